@@ -1,0 +1,201 @@
+/*
+ * libframelink: the C ABI applications use to talk to framelinkd.
+ *
+ * Depends on libc only.  Every function returns an int status (FL_OK = 0 or
+ * an fl_status); on failure fl_last_error() returns a thread-local message
+ * that says what was wrong and what to do.  One handle type, fl_client, with
+ * exactly one destroy function, fl_detach().
+ *
+ * Threading: an fl_client may be used from several threads at once; blocking
+ * calls do not hold its internal lock while they sleep.
+ *
+ * Producer:
+ *   fl_acquire -> write payload into slot.data -> fl_set_meta -> fl_submit
+ *   fl_poll_completions / fl_wait_completions: one completion per submitted
+ *   frame, status FL_OK (delivered to and released by the remote consumer)
+ *   or a failure status; the slot is free again after its completion.
+ * Consumer:
+ *   fl_receive -> read frame.data (read-only memory) -> fl_release
+ */
+#ifndef FRAMELINK_FRAMELINK_H
+#define FRAMELINK_FRAMELINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FRAMELINK_BUILDING) && defined(__GNUC__)
+#define FL_API __attribute__((visibility("default")))
+#else
+#define FL_API
+#endif
+
+#define FL_VERSION_MAJOR 0
+#define FL_VERSION_MINOR 1
+#define FL_VERSION_PATCH 0
+
+/*
+ * Status codes, grouped by blast radius.  Also used as completion statuses
+ * in the shared-memory rings and as reasons in peer NACKs.
+ */
+typedef enum fl_status {
+  FL_OK = 0, /* success; as a completion status: DELIVERED */
+
+  /* 1..99: outcome of one call, nothing is broken */
+  FL_EAGAIN = 1,    /* non-blocking call: nothing available now */
+  FL_ETIMEDOUT = 2, /* blocking call: the timeout expired */
+  FL_EINVAL = 3,    /* bad argument to the call */
+  FL_EINTR = 4,     /* interrupted by a signal */
+  FL_EBUSY = 5,     /* resource still in use */
+
+  /* 100..199: one frame failed (completion statuses) */
+  FL_ERR_BAD_SLOT = 100,       /* slot index out of range */
+  FL_ERR_SLOT_NOT_OWNED = 101, /* slot is already in flight or not held by this client */
+  FL_ERR_TOO_LARGE = 102,      /* length exceeds the producer's or the consumer's slot size */
+  FL_ERR_BAD_METADATA = 103,   /* slot header invalid (attribute length, flags) */
+  FL_ERR_BAD_DESCRIPTOR = 104, /* ring entry invalid (reserved flags set) */
+  FL_ERR_DOUBLE_RELEASE = 105, /* consumer released a slot it does not hold */
+  FL_ERR_NO_CONSUMER = 106,    /* no consumer took the frame before the credit timeout */
+  FL_ERR_TIMEOUT = 107,        /* the frame was not acknowledged in time */
+  FL_ERR_PEER_REJECTED = 108,  /* the remote daemon refused the frame (see its log) */
+  FL_ERR_CRC_MISMATCH = 109,   /* payload CRC32C did not match */
+  FL_ERR_NO_ROUTE = 110,       /* no peer is configured for this stream */
+  FL_ERR_LINK_LOST = 111,      /* the link to the peer broke while the frame was in flight */
+  FL_ERR_SHUTDOWN = 112,       /* the daemon is shutting down */
+
+  /* 200..299: this client's attachment */
+  FL_ERR_DAEMON_UNREACHABLE = 200, /* cannot connect to the daemon socket */
+  FL_ERR_ATTACH_REFUSED = 201,     /* policy refused this uid/gid */
+  FL_ERR_QUOTA = 202,              /* slot count/size or bytes over the configured quota */
+  FL_ERR_VERSION = 203,            /* attach protocol or layout version mismatch */
+  FL_ERR_BAD_REQUEST = 204,        /* malformed attach request (role, stream name, sizes) */
+  FL_ERR_DAEMON_GONE = 205,        /* the daemon went away: reattach */
+  FL_ERR_RESOURCES = 206,          /* the daemon could not allocate memory or fds */
+  FL_ERR_RING_CORRUPT = 207,       /* the client's rings were corrupted: detached */
+
+  /* 300..399: a peer link */
+  FL_ERR_AUTH = 300,          /* peer presented a wrong or no token */
+  FL_ERR_PEER_VERSION = 301,  /* peer speaks an incompatible protocol version */
+  FL_ERR_PROTOCOL = 302,      /* peer sent a malformed or unexpected message */
+  FL_ERR_UNKNOWN_STREAM = 303, /* peer referred to a stream that is not open */
+  FL_ERR_UNKNOWN_CREDIT = 304, /* peer used a credit it was not granted */
+
+  /* 400..499: the device / transport */
+  FL_ERR_TRANSPORT = 400, /* the transport failed (see the daemon log) */
+} fl_status;
+
+enum fl_client_role {
+  FL_PRODUCER = 1,
+  FL_CONSUMER = 2,
+};
+
+typedef struct fl_client fl_client;
+
+typedef struct fl_client_options {
+  uint32_t struct_size;    /* set by fl_client_options_init */
+  uint32_t role;           /* FL_PRODUCER or FL_CONSUMER */
+  const char* socket_path; /* NULL: $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock */
+  const char* stream;      /* stream name, [A-Za-z0-9._-]{1,63} */
+  const char* client_name; /* informational; NULL: the program name */
+  uint32_t slot_count;     /* 0: 8 */
+  uint32_t reserved;
+  uint64_t slot_size;      /* 0: 4 MiB */
+} fl_client_options;
+
+typedef struct fl_client_info {
+  uint64_t client_id;
+  uint64_t slot_size;
+  uint32_t slot_count;
+  uint32_t role;
+  uint64_t daemon_pid;
+  uint64_t daemon_start_ns;
+  uint32_t data_on_hugepages;
+  uint32_t reserved;
+} fl_client_info;
+
+/* A producer slot held by the application between fl_acquire and fl_submit. */
+typedef struct fl_slot {
+  uint32_t index;
+  uint32_t reserved;
+  uint8_t* data;     /* slot_size writable bytes */
+  uint64_t capacity; /* == slot_size */
+} fl_slot;
+
+enum fl_meta_flags {
+  FL_META_CRC32C = 1u << 0, /* compute the payload CRC32C at submit; the receiver checks it */
+};
+
+typedef struct fl_frame_meta {
+  uint64_t frame_id;
+  uint64_t wafer_id;
+  uint64_t timestamp_ns;
+  uint32_t flags;       /* enum fl_meta_flags */
+  uint32_t attr_length; /* <= FL_MAX_ATTR_BYTES (192) */
+  const uint8_t* attrs;
+} fl_frame_meta;
+
+typedef struct fl_completion {
+  uint32_t slot;
+  int32_t status; /* FL_OK = delivered, else why the frame failed */
+  uint64_t sequence;
+  uint64_t frame_id;
+  uint64_t length;
+} fl_completion;
+
+/* A delivered frame, valid until fl_release(frame.slot). */
+typedef struct fl_frame {
+  uint32_t slot;
+  uint32_t flags; /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked */
+  uint64_t sequence;
+  const uint8_t* data; /* read-only */
+  uint64_t length;
+  uint64_t frame_id;
+  uint64_t wafer_id;
+  uint64_t timestamp_ns;
+  uint32_t crc32c;
+  uint32_t attr_length;
+  const uint8_t* attrs; /* attr_length bytes, read-only */
+} fl_frame;
+
+/* Library */
+FL_API const char* fl_version(void);
+FL_API const char* fl_last_error(void);  /* thread-local, never NULL */
+FL_API const char* fl_status_str(int status); /* "FL_ERR_TOO_LARGE: ..." */
+
+/* Attach / detach */
+FL_API void fl_client_options_init(fl_client_options* options);
+FL_API int fl_attach(const fl_client_options* options, fl_client** out);
+FL_API void fl_detach(fl_client* client); /* NULL is fine */
+FL_API int fl_client_get_info(const fl_client* client, fl_client_info* out);
+/* FL_OK while the daemon that served the attach still serves it, FL_ERR_DAEMON_GONE otherwise. */
+FL_API int fl_check_daemon(fl_client* client);
+/* Readable (POLLIN) when fl_poll_completions / fl_receive may return something. */
+FL_API int fl_doorbell_fd(const fl_client* client);
+
+/* Producer.  timeout_ms: 0 = non-blocking (FL_EAGAIN), < 0 = wait forever. */
+FL_API int fl_acquire(fl_client* client, int timeout_ms, fl_slot* out);
+FL_API int fl_set_meta(fl_client* client, uint32_t slot, const fl_frame_meta* meta);
+FL_API int fl_submit(fl_client* client, uint32_t slot, uint64_t length);
+/* Give back an acquired slot without sending it. */
+FL_API int fl_abandon(fl_client* client, uint32_t slot);
+FL_API int fl_poll_completions(fl_client* client, fl_completion* out, size_t max, size_t* count);
+FL_API int fl_wait_completions(fl_client* client, fl_completion* out, size_t max, size_t* count,
+                               int timeout_ms);
+/* Frames submitted and not yet completed. */
+FL_API int fl_in_flight(const fl_client* client, uint32_t* count);
+
+/* Consumer.  timeout_ms as above. */
+FL_API int fl_receive(fl_client* client, fl_frame* out, int timeout_ms);
+FL_API int fl_release(fl_client* client, uint32_t slot);
+
+/* CRC32C (Castagnoli) of a buffer, as the daemon computes it. */
+FL_API uint32_t fl_crc32c(uint32_t seed, const void* data, size_t length);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FRAMELINK_FRAMELINK_H */

@@ -1,0 +1,205 @@
+/*
+ * framelink shared-memory ABI.
+ *
+ * This header is a wire protocol between framelinkd and every client library
+ * (C, .NET, Python).  Fixed-width fields, explicit padding, offsets (never
+ * pointers), a static assertion on every size and offset.  Bump
+ * FL_LAYOUT_VERSION whenever anything here changes.
+ *
+ * Each attached client gets two memfd segments:
+ *
+ *   control segment (client maps read-write)
+ *     fl_segment_header                      at 0
+ *     submit ring      (client -> daemon)    at header.submit_ring_offset
+ *     completion ring  (daemon -> client)    at header.completion_ring_offset
+ *
+ *   data segment (producer maps read-write, consumer maps read-only)
+ *     fl_slot_header[slot_count]             at header.slot_headers_offset
+ *     slots, slot_count x slot_stride        at header.slots_offset
+ *
+ * Producer: submit entries are frames to send, completion entries are their
+ * terminal outcome (DELIVERED = FL_OK, or a failure status).
+ * Consumer: completion entries are delivered frames, submit entries are
+ * releases of slots the consumer is done with.
+ */
+#ifndef FRAMELINK_SHM_LAYOUT_H
+#define FRAMELINK_SHM_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define FL_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+extern "C" {
+#else
+#define FL_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+#define FL_SEGMENT_MAGIC UINT64_C(0x4B4E4C454D415246) /* "FRAMELNK" little-endian */
+#define FL_LAYOUT_VERSION 1u
+#define FL_CACHE_LINE 64u
+#define FL_STREAM_NAME_MAX 64u  /* bytes, including the terminating NUL */
+#define FL_MAX_ATTR_BYTES 192u  /* user attributes per frame */
+#define FL_PAGE_SIZE 4096u
+#define FL_HUGE_PAGE_SIZE (2u * 1024u * 1024u)
+
+enum fl_role {
+  FL_ROLE_PRODUCER = 1,
+  FL_ROLE_CONSUMER = 2,
+};
+
+/* fl_segment_header.daemon_state */
+enum fl_daemon_state {
+  FL_DAEMON_SERVING = 1,  /* the daemon serves this attachment */
+  FL_DAEMON_DETACHED = 2, /* the daemon dropped this attachment (shutdown, error) */
+};
+
+/* fl_slot_header.flags */
+enum fl_slot_flags {
+  FL_SLOT_HAS_CRC32C = 1u << 0, /* crc32c holds the CRC32C of the payload */
+};
+
+/*
+ * One SPSC ring.  The header is followed by `capacity` entries of
+ * `entry_size` bytes.  head and tail are free-running (never wrapped);
+ * entry i lives at index (i & (capacity - 1)).
+ *
+ * Wake-up protocol: a reader about to sleep stores reader_sleeping = 1
+ * (seq_cst), re-checks the ring, and only then blocks on its eventfd.  A
+ * writer publishes tail (release), issues a seq_cst fence, and writes the
+ * reader's eventfd only when reader_sleeping is set.  The hot path makes no
+ * system call.
+ */
+typedef struct fl_ring_header {
+  uint64_t tail; /* written by the writer: entries [head, tail) are readable */
+  uint8_t pad0[FL_CACHE_LINE - 8];
+  uint64_t head; /* written by the reader: entries before head are consumed */
+  uint8_t pad1[FL_CACHE_LINE - 8];
+  uint32_t reader_sleeping; /* 1 while the reader is (about to be) blocked */
+  uint8_t pad2[FL_CACHE_LINE - 4];
+  uint32_t capacity;   /* power of two, written once by the daemon */
+  uint32_t entry_size; /* bytes per entry, written once by the daemon */
+  uint8_t pad3[FL_CACHE_LINE - 8];
+} fl_ring_header;
+
+FL_STATIC_ASSERT(sizeof(fl_ring_header) == 4 * FL_CACHE_LINE, "fl_ring_header size");
+FL_STATIC_ASSERT(offsetof(fl_ring_header, tail) == 0, "tail offset");
+FL_STATIC_ASSERT(offsetof(fl_ring_header, head) == FL_CACHE_LINE, "head offset");
+FL_STATIC_ASSERT(offsetof(fl_ring_header, reader_sleeping) == 2 * FL_CACHE_LINE, "sleep flag offset");
+FL_STATIC_ASSERT(offsetof(fl_ring_header, capacity) == 3 * FL_CACHE_LINE, "capacity offset");
+FL_STATIC_ASSERT(offsetof(fl_ring_header, entry_size) == 3 * FL_CACHE_LINE + 4, "entry_size offset");
+
+/* Submit ring entry (client -> daemon).  Producer: a frame in `slot` of
+ * `length` bytes.  Consumer: release of `slot` (length ignored). */
+typedef struct fl_submit_desc {
+  uint32_t slot;
+  uint32_t flags; /* reserved, must be 0 */
+  uint64_t length;
+} fl_submit_desc;
+
+FL_STATIC_ASSERT(sizeof(fl_submit_desc) == 16, "fl_submit_desc size");
+FL_STATIC_ASSERT(offsetof(fl_submit_desc, slot) == 0, "submit slot offset");
+FL_STATIC_ASSERT(offsetof(fl_submit_desc, flags) == 4, "submit flags offset");
+FL_STATIC_ASSERT(offsetof(fl_submit_desc, length) == 8, "submit length offset");
+
+/* Completion ring entry (daemon -> client).  Producer: terminal outcome of
+ * the frame submitted from `slot` (status FL_OK = delivered).  Consumer: a
+ * frame delivered into `slot` (status FL_OK). */
+typedef struct fl_completion_desc {
+  uint32_t slot;
+  int32_t status; /* enum fl_status from framelink.h */
+  uint64_t sequence;
+  uint64_t length;
+  uint64_t frame_id;
+} fl_completion_desc;
+
+FL_STATIC_ASSERT(sizeof(fl_completion_desc) == 32, "fl_completion_desc size");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, slot) == 0, "completion slot offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, status) == 4, "completion status offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, sequence) == 8, "completion sequence offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, length) == 16, "completion length offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, frame_id) == 24, "completion frame_id offset");
+
+/* Per-slot frame metadata, in the data segment.  Producer: written by the
+ * app before submit (the daemon copies and validates it).  Consumer: written
+ * by the daemon before delivery (read-only to the app). */
+typedef struct fl_slot_header {
+  uint64_t frame_id;
+  uint64_t wafer_id;
+  uint64_t timestamp_ns;
+  uint64_t length;   /* consumer: payload bytes delivered; producer: ignored */
+  uint64_t sequence; /* consumer: per-(link, stream) sequence; producer: ignored */
+  uint32_t crc32c;
+  uint32_t flags; /* enum fl_slot_flags */
+  uint32_t attr_length; /* <= FL_MAX_ATTR_BYTES */
+  uint32_t reserved0;
+  uint8_t reserved1[8];
+  uint8_t attrs[FL_MAX_ATTR_BYTES];
+} fl_slot_header;
+
+FL_STATIC_ASSERT(sizeof(fl_slot_header) == 256, "fl_slot_header size");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, frame_id) == 0, "frame_id offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, wafer_id) == 8, "wafer_id offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, timestamp_ns) == 16, "timestamp offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, length) == 24, "length offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, sequence) == 32, "sequence offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, crc32c) == 40, "crc32c offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, flags) == 44, "flags offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, attr_length) == 48, "attr_length offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, attrs) == 64, "attrs offset");
+
+/* The first bytes of the control segment. */
+typedef struct fl_segment_header {
+  uint64_t magic;          /* FL_SEGMENT_MAGIC */
+  uint32_t layout_version; /* FL_LAYOUT_VERSION */
+  uint32_t role;           /* enum fl_role */
+  uint64_t daemon_pid;
+  uint64_t daemon_start_ns; /* CLOCK_REALTIME at daemon start: (pid, start) names a daemon instance */
+  uint64_t client_id;
+  uint32_t slot_count;
+  uint32_t ring_capacity; /* both rings; power of two >= slot_count */
+  uint64_t slot_size;     /* usable bytes per slot */
+  uint64_t slot_stride;   /* distance between consecutive slots, page aligned */
+  uint64_t control_size;  /* bytes in the control segment */
+  uint64_t submit_ring_offset;     /* in the control segment */
+  uint64_t completion_ring_offset; /* in the control segment */
+  uint64_t data_size;              /* bytes in the data segment */
+  uint64_t slot_headers_offset;    /* in the data segment */
+  uint64_t slots_offset;           /* in the data segment */
+  uint32_t daemon_state;           /* enum fl_daemon_state */
+  uint32_t data_on_hugepages;      /* 1 when the data segment uses 2 MiB pages */
+  char stream_name[FL_STREAM_NAME_MAX];
+  uint8_t reserved[256 - 120 - FL_STREAM_NAME_MAX];
+} fl_segment_header;
+
+FL_STATIC_ASSERT(sizeof(fl_segment_header) == 256, "fl_segment_header size");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, magic) == 0, "magic offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, layout_version) == 8, "layout_version offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, role) == 12, "role offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_pid) == 16, "daemon_pid offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_start_ns) == 24, "daemon_start_ns offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, client_id) == 32, "client_id offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_count) == 40, "slot_count offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, ring_capacity) == 44, "ring_capacity offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_size) == 48, "slot_size offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_stride) == 56, "slot_stride offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, control_size) == 64, "control_size offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, submit_ring_offset) == 72, "submit_ring_offset offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, completion_ring_offset) == 80, "completion_ring_offset offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, data_size) == 88, "data_size offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_headers_offset) == 96, "slot_headers_offset offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slots_offset) == 104, "slots_offset offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_state) == 112, "daemon_state offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, data_on_hugepages) == 116, "data_on_hugepages offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, stream_name) == 120, "stream_name offset");
+
+/* Sizes of a ring with `capacity` entries of `entry_size` bytes. */
+static inline uint64_t fl_ring_bytes(uint32_t capacity, uint32_t entry_size) {
+  return (uint64_t)sizeof(fl_ring_header) + (uint64_t)capacity * entry_size;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FRAMELINK_SHM_LAYOUT_H */

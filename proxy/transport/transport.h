@@ -1,0 +1,116 @@
+// The data-plane transport between two daemons: one interface, several
+// implementations (tcp, grpc; rdma later), one conformance suite.
+//
+// Model (the same for every transport, shaped after RDMA WRITE_WITH_IMM):
+//   * The receiving side exposes a receive buffer under a credit id
+//     (exposeCredit) and tells the peer about it over the control link
+//     (CreditGrant, carrying the RemoteCredit this call returned).
+//   * The sending side posts a frame (header + payload pointer) naming that
+//     credit.  The payload is sent straight from the caller's memory (which
+//     must stay valid until the send completes) and lands straight in the
+//     credited buffer.
+//   * Both sides poll events: SendComplete for posted frames (with the
+//     caller's cookie), FrameArrived when a frame has fully landed in a
+//     credited buffer, LinkError when the link broke (after which every
+//     posted-but-uncompleted send is reported as SendComplete with an error).
+//
+// Threading: exposeCredit / retractCredit / post / poll / eventFd are called
+// from one thread (the daemon's data agent).  Implementations may use their
+// own threads internally.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "framelink/shm_layout.h"
+
+namespace framelink::transport {
+
+// Frame metadata as it crosses the wire (mirrors framelink.v1.FrameHeader).
+struct FrameHeader {
+  uint64_t stream_id = 0;
+  uint64_t sequence = 0;
+  uint64_t credit_id = 0;
+  uint64_t frame_id = 0;
+  uint64_t wafer_id = 0;
+  uint64_t timestamp_ns = 0;
+  uint64_t length = 0;
+  uint32_t crc32c = 0;
+  uint32_t has_crc32c = 0;
+  uint32_t attr_length = 0;  // <= FL_MAX_ATTR_BYTES
+  uint8_t attrs[FL_MAX_ATTR_BYTES] = {};
+};
+
+// What the sender needs to address a receive buffer (sent in CreditGrant).
+struct RemoteCredit {
+  uint64_t credit_id = 0;
+  uint64_t length = 0;       // capacity in bytes
+  uint64_t remote_addr = 0;  // rdma only
+  uint32_t rkey = 0;         // rdma only
+};
+
+// A receive buffer on this side.  `keepalive` keeps the memory mapped for as
+// long as the transport may still write into it.
+struct LocalCredit {
+  uint64_t credit_id = 0;
+  uint8_t* buffer = nullptr;
+  uint64_t capacity = 0;
+  std::shared_ptr<void> keepalive;
+};
+
+struct SendRequest {
+  uint64_t cookie = 0;            // returned in the SendComplete event
+  FrameHeader header;             // header.credit_id and header.length must be set
+  const uint8_t* payload = nullptr;  // header.length bytes, valid until SendComplete
+  RemoteCredit credit;            // the credit named by header.credit_id
+};
+
+enum class PostResult {
+  kOk,
+  kBackpressure,  // transport queue full: retry after polling
+  kNotConnected,  // link is down: nothing was queued
+  kInvalid,       // request is malformed (length > credit, null payload): nothing queued
+};
+
+struct TransportEvent {
+  enum class Kind { kSendComplete, kFrameArrived, kLinkError };
+  Kind kind = Kind::kSendComplete;
+  uint64_t cookie = 0;   // kSendComplete
+  int status = FL_OK;    // fl_status: FL_OK, or why the send / link failed
+  FrameHeader header;    // kFrameArrived: payload is in the buffer of header.credit_id
+  std::string message;   // human-readable detail for errors
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual const char* name() const noexcept = 0;
+  virtual bool connected() const noexcept = 0;
+
+  // Receive side.  After exposeCredit the peer may write one frame into the
+  // buffer; the credit is consumed by that frame's FrameArrived event.
+  virtual Result<RemoteCredit> exposeCredit(LocalCredit credit) = 0;
+  // The buffer is going away (consumer detached): frames that still arrive
+  // for this credit are discarded and reported as kLinkError-free drops
+  // (FrameArrived with status FL_ERR_UNKNOWN_CREDIT, payload not written).
+  virtual void retractCredit(uint64_t credit_id) = 0;
+
+  // Send side.  Non-blocking.
+  virtual PostResult post(const SendRequest& request) noexcept = 0;
+
+  // Fills up to `max` events; returns how many.
+  virtual size_t poll(TransportEvent* out, size_t max) noexcept = 0;
+
+  // Readable when poll() may return something (level: drain poll() until 0,
+  // then read/clear is done by the transport).
+  virtual int eventFd() const noexcept = 0;
+
+  // Closes the link; pending sends complete with FL_ERR_LINK_LOST.
+  virtual void shutdown() noexcept = 0;
+};
+
+}  // namespace framelink::transport
