@@ -1,0 +1,346 @@
+#include "attach_server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace framelink {
+
+namespace {
+
+std::string errnoText() { return std::strerror(errno); }
+
+bool validStreamName(const char* name, size_t max) {
+  size_t len = strnlen(name, max);
+  if (len == 0 || len == max) return false;
+  for (size_t i = 0; i < len; ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+HugepageMode hugepageMode(const std::string& s) {
+  if (s == "on") return HugepageMode::kOn;
+  if (s == "off") return HugepageMode::kOff;
+  return HugepageMode::kAuto;
+}
+
+}  // namespace
+
+AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach, OnDetach on_detach)
+    : config_(config), identity_(identity), on_attach_(std::move(on_attach)), on_detach_(std::move(on_detach)) {}
+
+AttachServer::~AttachServer() { stop(); }
+
+Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config, DaemonIdentity identity,
+                                                           OnAttach on_attach, OnDetach on_detach) {
+  std::unique_ptr<AttachServer> server(
+      new AttachServer(config, identity, std::move(on_attach), std::move(on_detach)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (config.socket_path.size() >= sizeof(addr.sun_path)) {
+    return makeError(FL_EINVAL, "socket path '" + config.socket_path + "' is longer than " +
+                                    std::to_string(sizeof(addr.sun_path) - 1) + " bytes; choose a shorter one");
+  }
+  std::strncpy(addr.sun_path, config.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "socket(AF_UNIX) failed: " + errnoText());
+  // A stale socket file from a crashed daemon: remove it if nobody answers.
+  struct stat st {};
+  if (::lstat(config.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      return makeError(FL_EBUSY, "another framelinkd already serves " + config.socket_path +
+                                     "; stop it or choose another --socket");
+    }
+    ::unlink(config.socket_path.c_str());
+  }
+  mode_t old_umask = ::umask(0177);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old_umask);
+  if (rc != 0) {
+    return makeError(FL_ERR_RESOURCES, "cannot bind " + config.socket_path + ": " + errnoText() +
+                                           " (does the directory exist and is it writable?)");
+  }
+  if (!config.socket_group.empty()) {
+    group* g = ::getgrnam(config.socket_group.c_str());
+    if (g == nullptr) {
+      return makeError(FL_EINVAL, "socket group '" + config.socket_group + "' does not exist; create it or "
+                                  "change socket_group");
+    }
+    if (::chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " + config.socket_group +
+                                             " failed: " + errnoText());
+    }
+  }
+  if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
+    return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + errnoText());
+  }
+  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "listen failed: " + errnoText());
+
+  server->listen_fd_ = std::move(fd);
+  server->epoll_fd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  server->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = server->listen_fd_.get();
+  ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->listen_fd_.get(), &ev);
+  ev.data.fd = server->stop_fd_.get();
+  ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->stop_fd_.get(), &ev);
+  return server;
+}
+
+void AttachServer::start() {
+  running_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+void AttachServer::stop() {
+  if (!running_.exchange(false)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(stop_fd_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  connections_.clear();
+  ::unlink(config_.socket_path.c_str());
+}
+
+void AttachServer::run() {
+  epoll_event events[32];
+  while (running_) {
+    int n = ::epoll_wait(epoll_fd_.get(), events, 32, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("attach: epoll_wait failed: {}", errnoText());
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == stop_fd_.get()) return;
+      if (fd == listen_fd_.get()) {
+        acceptAll();
+        continue;
+      }
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      if (it->second.client_id == 0 && (events[i].events & EPOLLIN)) {
+        handleRequest(fd);
+        continue;
+      }
+      if (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR | EPOLLIN)) {
+        // An attached client sends nothing after its request: any readable
+        // event is the close (or garbage, which we treat as a detach).
+        dropConnection(fd);
+      }
+    }
+  }
+}
+
+void AttachServer::acceptAll() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        spdlog::warn("attach: accept failed: {}", errnoText());
+      }
+      return;
+    }
+    Connection c;
+    c.fd = UniqueFd(fd);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
+    connections_.emplace(fd, std::move(c));
+  }
+}
+
+void AttachServer::dropConnection(int fd) {
+  auto it = connections_.find(fd);
+  if (it == connections_.end()) return;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  uint64_t client_id = it->second.client_id;
+  connections_.erase(it);
+  if (client_id != 0) on_detach_(client_id);
+}
+
+void AttachServer::sendRefusal(int fd, int status, const std::string& message) {
+  fl_attach_reply reply{};
+  reply.magic = FL_ATTACH_MAGIC;
+  reply.version = FL_ATTACH_VERSION;
+  reply.status = status;
+  std::strncpy(reply.message, message.c_str(), sizeof(reply.message) - 1);
+  [[maybe_unused]] auto n = ::send(fd, &reply, sizeof(reply), MSG_NOSIGNAL);
+}
+
+Status AttachServer::validateRequest(const Config& config, fl_attach_request& req, uid_t uid, gid_t gid) {
+  if (req.magic != FL_ATTACH_MAGIC) {
+    return makeError(FL_ERR_VERSION, "not a framelink attach request (bad magic); is the client a framelink "
+                                     "library?");
+  }
+  if (req.version != FL_ATTACH_VERSION) {
+    return makeError(FL_ERR_VERSION, "attach protocol version " + std::to_string(req.version) +
+                                         " is not supported (daemon speaks " + std::to_string(FL_ATTACH_VERSION) +
+                                         "); use a matching libframelink");
+  }
+  if (!config.allowed_uids.empty() || !config.allowed_gids.empty()) {
+    bool allowed = uid == ::getuid() ||
+                   std::find(config.allowed_uids.begin(), config.allowed_uids.end(), uid) != config.allowed_uids.end() ||
+                   std::find(config.allowed_gids.begin(), config.allowed_gids.end(), gid) != config.allowed_gids.end();
+    if (!allowed) {
+      return makeError(FL_ERR_ATTACH_REFUSED, "uid " + std::to_string(uid) + " / gid " + std::to_string(gid) +
+                                                  " is not allowed to attach; add it to allowed_uids or "
+                                                  "allowed_gids in the daemon's configuration");
+    }
+  }
+  if (req.role != FL_ROLE_PRODUCER && req.role != FL_ROLE_CONSUMER) {
+    return makeError(FL_ERR_BAD_REQUEST, "role " + std::to_string(req.role) + " is neither producer (1) nor consumer (2)");
+  }
+  if (req.flags != 0 || req.reserved != 0) {
+    return makeError(FL_ERR_BAD_REQUEST, "reserved attach flags are set; use a matching libframelink");
+  }
+  if (!validStreamName(req.stream, sizeof(req.stream))) {
+    return makeError(FL_ERR_BAD_REQUEST, "stream name must be 1-63 characters of [A-Za-z0-9._-]");
+  }
+  req.client_name[sizeof(req.client_name) - 1] = '\0';
+  if (req.slot_count == 0) req.slot_count = config.default_slot_count;
+  if (req.slot_size == 0) req.slot_size = config.default_slot_size;
+  if (req.slot_count > config.max_slots) {
+    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots requested, the limit is " +
+                                       std::to_string(config.max_slots) + " (max_slots)");
+  }
+  if (req.slot_size > config.max_slot_size) {
+    return makeError(FL_ERR_QUOTA, "slot size " + std::to_string(req.slot_size) + " bytes requested, the limit is " +
+                                       std::to_string(config.max_slot_size) + " (max_slot_size)");
+  }
+  if (req.slot_count * req.slot_size > config.max_client_bytes) {
+    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots of " + std::to_string(req.slot_size) +
+                                       " bytes exceed the per-client limit of " +
+                                       std::to_string(config.max_client_bytes) + " bytes (max_client_bytes)");
+  }
+  return {};
+}
+
+void AttachServer::handleRequest(int fd) {
+  fl_attach_request req{};
+  ssize_t n = ::recv(fd, &req, sizeof(req), MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) {
+    dropConnection(fd);
+    return;
+  }
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+
+  if (static_cast<size_t>(n) != sizeof(req)) {
+    spdlog::warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid, cred.uid, n,
+                 sizeof(req));
+    sendRefusal(fd, FL_ERR_BAD_REQUEST, "attach request of " + std::to_string(n) + " bytes, expected " +
+                                            std::to_string(sizeof(req)) + "; use a matching libframelink");
+    dropConnection(fd);
+    return;
+  }
+  Status valid = validateRequest(config_, req, cred.uid, cred.gid);
+  if (!valid) {
+    spdlog::warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, valid.error().message);
+    sendRefusal(fd, valid.error().code, valid.error().message);
+    dropConnection(fd);
+    return;
+  }
+
+  uint64_t client_id = next_client_id_++;
+  SegmentRequest sreq;
+  sreq.role = req.role;
+  sreq.slot_count = req.slot_count;
+  sreq.slot_size = req.slot_size;
+  sreq.client_id = client_id;
+  sreq.stream = req.stream;
+  sreq.hugepages = hugepageMode(config_.hugepages);
+  sreq.numa_node = -1;
+  sreq.daemon_pid = identity_.pid;
+  sreq.daemon_start_ns = identity_.start_ns;
+  auto segments = ClientSegments::create(sreq);
+  if (!segments) {
+    spdlog::error("attach: pid {} stream '{}': {}", cred.pid, req.stream, segments.error().message);
+    sendRefusal(fd, segments.error().code, segments.error().message);
+    dropConnection(fd);
+    return;
+  }
+  UniqueFd submit_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  UniqueFd completion_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  UniqueFd socket_dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!submit_doorbell.valid() || !completion_doorbell.valid() || !socket_dup.valid()) {
+    sendRefusal(fd, FL_ERR_RESOURCES, "the daemon ran out of file descriptors: " + errnoText());
+    dropConnection(fd);
+    return;
+  }
+
+  fl_attach_reply reply{};
+  reply.magic = FL_ATTACH_MAGIC;
+  reply.version = FL_ATTACH_VERSION;
+  reply.status = FL_OK;
+  reply.fd_count = FL_ATTACH_FD_COUNT;
+  reply.client_id = client_id;
+  reply.control_size = segments.value()->geometry().control_size;
+  reply.data_size = segments.value()->geometry().data_size;
+  std::snprintf(reply.message, sizeof(reply.message), "attached as client %llu",
+                static_cast<unsigned long long>(client_id));
+
+  int fds[FL_ATTACH_FD_COUNT] = {segments.value()->controlFd(), segments.value()->dataFd(), submit_doorbell.get(),
+                                 completion_doorbell.get()};
+  iovec iov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(fds));
+  std::memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(reply))) {
+    spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
+    dropConnection(fd);
+    return;
+  }
+  segments.value()->closeFds();
+
+  auto session = std::make_shared<ClientSession>();
+  session->id = client_id;
+  session->role = req.role;
+  session->stream = req.stream;
+  session->name = req.client_name;
+  session->pid = cred.pid;
+  session->uid = cred.uid;
+  session->gid = cred.gid;
+  session->segments = std::move(segments.value());
+  session->submit_doorbell = std::move(submit_doorbell);
+  session->completion_doorbell = std::move(completion_doorbell);
+  session->socket = std::move(socket_dup);
+  session->ring_capacity = session->segments->geometry().ring_capacity;
+  session->slots.resize(req.slot_count);
+  connections_[fd].client_id = client_id;
+  spdlog::info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id, cred.pid,
+               cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream,
+               req.slot_count, req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
+  on_attach_(std::move(session));
+}
+
+}  // namespace framelink

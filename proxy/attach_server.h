@@ -1,0 +1,71 @@
+// The local attach endpoint: an AF_UNIX SOCK_SEQPACKET socket.  Validates
+// each fl_attach_request, applies the SO_PEERCRED policy and quotas, creates
+// the client's segments and doorbells, passes them with SCM_RIGHTS, and
+// watches the socket so the daemon learns when the client goes away.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "client_session.h"
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "config.h"
+#include "framelink/attach_proto.h"
+
+namespace framelink {
+
+struct DaemonIdentity {
+  uint64_t pid = 0;
+  uint64_t start_ns = 0;
+};
+
+class AttachServer {
+ public:
+  using OnAttach = std::function<void(std::shared_ptr<ClientSession>)>;
+  using OnDetach = std::function<void(uint64_t client_id)>;
+
+  static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
+                                                      OnAttach on_attach, OnDetach on_detach);
+  ~AttachServer();
+
+  void start();
+  void stop();
+
+  // Validation of one request against the policy, without side effects
+  // (exposed for unit tests).  Fills `request` defaults on success.
+  static Status validateRequest(const Config& config, fl_attach_request& request, uid_t uid, gid_t gid);
+
+ private:
+  AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach, OnDetach on_detach);
+  void run();
+  void acceptAll();
+  void handleRequest(int fd);
+  void sendRefusal(int fd, int status, const std::string& message);
+  void dropConnection(int fd);
+
+  const Config& config_;
+  DaemonIdentity identity_;
+  OnAttach on_attach_;
+  OnDetach on_detach_;
+  UniqueFd listen_fd_;
+  UniqueFd epoll_fd_;
+  UniqueFd stop_fd_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  uint64_t next_client_id_ = 1;
+
+  struct Connection {
+    UniqueFd fd;
+    uint64_t client_id = 0;  // 0 until attached
+  };
+  std::map<int, Connection> connections_;  // owned by the attach thread
+};
+
+}  // namespace framelink

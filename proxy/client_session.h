@@ -1,0 +1,69 @@
+// One attached application as the data agent sees it: its segments, its
+// doorbells, and the daemon's private slot table (authoritative: the segment
+// is never trusted).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "framelink/shm_layout.h"
+#include "segment.h"
+
+namespace framelink {
+
+enum class SlotState : uint8_t {
+  kFree,       // producer: held by the app or free; consumer: free, not yet credited
+  kPending,    // producer: submitted, waiting for a credit (or a link)
+  kPosted,     // producer: posted to the transport, send not yet complete
+  kSent,       // producer: sent, waiting for the remote consumer's ACK
+  kCredited,   // consumer: exposed to a peer as a credit
+  kDelivered,  // consumer: frame delivered to the app, waiting for release
+};
+
+const char* slotStateName(SlotState state) noexcept;
+
+struct SlotEntry {
+  SlotState state = SlotState::kFree;
+  uint64_t sequence = 0;
+  uint64_t length = 0;
+  uint64_t frame_id = 0;
+  uint64_t peer_key = 0;    // producer: which peer; consumer: link id of the frame's sender
+  uint64_t stream_id = 0;   // producer: out-stream id; consumer: the sender's stream id
+  uint64_t credit_id = 0;   // consumer: credit this slot is exposed under
+  uint64_t deadline_ns = 0; // producer: credit or ACK deadline (CLOCK_MONOTONIC)
+  uint64_t submitted_ns = 0;
+};
+
+struct ClientSession {
+  uint64_t id = 0;
+  uint32_t role = 0;
+  std::string stream;
+  std::string name;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::shared_ptr<ClientSegments> segments;
+  UniqueFd submit_doorbell;      // client writes, daemon sleeps on it
+  UniqueFd completion_doorbell;  // daemon writes when the client sleeps
+  UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
+  uint32_t ring_capacity = 0;    // trusted copies, never re-read from the segment
+  std::vector<SlotEntry> slots;
+  bool gone = false;             // socket closed: no more submits, completions dropped
+  uint64_t in_progress = 0;      // producer: slots not kFree
+
+  // Counters.
+  uint64_t frames = 0;
+  uint64_t bytes = 0;
+  uint64_t errors = 0;
+
+  // Push one completion and ring the doorbell when the client sleeps.  Returns
+  // false when the ring is full or corrupt (the client misbehaves).
+  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length, uint64_t frame_id) noexcept;
+};
+
+}  // namespace framelink

@@ -1,0 +1,108 @@
+// Shared-memory segments handed to one client: the control segment (header +
+// rings) and the data segment (slot headers + slots), each a sealed memfd
+// that the daemon maps first.  No names in /dev/shm; the memory goes away
+// with the last mapping.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "framelink/shm_layout.h"
+
+namespace framelink {
+
+// A move-only mmap.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t length) noexcept : addr_(addr), length_(length) {}
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+
+  uint8_t* data() const noexcept { return static_cast<uint8_t*>(addr_); }
+  size_t size() const noexcept { return length_; }
+
+ private:
+  void* addr_ = nullptr;
+  size_t length_ = 0;
+};
+
+enum class HugepageMode { kAuto, kOn, kOff };
+
+struct SegmentRequest {
+  uint32_t role = FL_ROLE_PRODUCER;
+  uint32_t slot_count = 0;
+  uint64_t slot_size = 0;
+  uint64_t client_id = 0;
+  std::string stream;
+  HugepageMode hugepages = HugepageMode::kAuto;
+  int numa_node = -1;  // bind the data segment here when >= 0
+  uint64_t daemon_pid = 0;
+  uint64_t daemon_start_ns = 0;
+};
+
+// Sizes and offsets of both segments for a request (pure function, testable).
+struct SegmentGeometry {
+  uint32_t ring_capacity = 0;
+  uint64_t slot_stride = 0;
+  uint64_t control_size = 0;
+  uint64_t submit_ring_offset = 0;
+  uint64_t completion_ring_offset = 0;
+  uint64_t data_size = 0;
+  uint64_t slot_headers_offset = 0;
+  uint64_t slots_offset = 0;
+};
+SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hugepages);
+
+class ClientSegments {
+ public:
+  static Result<std::shared_ptr<ClientSegments>> create(const SegmentRequest& request);
+
+  fl_segment_header* header() const noexcept {
+    return reinterpret_cast<fl_segment_header*>(control_.data());
+  }
+  fl_ring_header* submitRing() const noexcept {
+    return reinterpret_cast<fl_ring_header*>(control_.data() + geometry_.submit_ring_offset);
+  }
+  fl_ring_header* completionRing() const noexcept {
+    return reinterpret_cast<fl_ring_header*>(control_.data() + geometry_.completion_ring_offset);
+  }
+  fl_slot_header* slotHeader(uint32_t slot) const noexcept {
+    return reinterpret_cast<fl_slot_header*>(data_.data() + geometry_.slot_headers_offset) + slot;
+  }
+  uint8_t* slot(uint32_t slot) const noexcept {
+    return data_.data() + geometry_.slots_offset + geometry_.slot_stride * slot;
+  }
+
+  const SegmentGeometry& geometry() const noexcept { return geometry_; }
+  uint32_t slotCount() const noexcept { return slot_count_; }
+  uint64_t slotSize() const noexcept { return slot_size_; }
+  bool onHugepages() const noexcept { return hugepages_; }
+  int controlFd() const noexcept { return control_fd_.get(); }
+  int dataFd() const noexcept { return data_fd_.get(); }
+  // The daemon keeps the fds only until they were passed to the client.
+  void closeFds() noexcept {
+    control_fd_.reset();
+    data_fd_.reset();
+  }
+
+ private:
+  ClientSegments() = default;
+
+  UniqueFd control_fd_;
+  UniqueFd data_fd_;
+  Mapping control_;
+  Mapping data_;
+  SegmentGeometry geometry_;
+  uint32_t slot_count_ = 0;
+  uint64_t slot_size_ = 0;
+  bool hugepages_ = false;
+};
+
+}  // namespace framelink
