@@ -1,0 +1,474 @@
+/*
+ * Attach / detach: the Unix-socket handshake with framelinkd, mapping the
+ * two segments it hands out, and validating the segment header before any
+ * of it is used.  The daemon is trusted to be framelinkd, but not to be bug
+ * free or of the same version: every size and offset is checked against
+ * the real size of the memfd, so a bad header is an error, never a fault.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "framelink/attach_proto.h"
+
+#define FLX_DEFAULT_SOCKET "/run/framelink/framelinkd.sock"
+#define FLX_REPLY_TIMEOUT_S 30 /* the daemon may be allocating and locking a large segment */
+#define FLX_MAX_FDS 8          /* room for more than we expect, so extras are seen and closed */
+/* Completions held locally at most, when an application never polls them. */
+#define FLX_MIN_QUEUE 4096u
+
+FL_API void fl_client_options_init(fl_client_options* options) {
+  if (!options) return;
+  memset(options, 0, sizeof(*options));
+  options->struct_size = (uint32_t)sizeof(*options);
+  options->role = FL_PRODUCER;
+}
+
+static int flx_valid_stream(const char* s) {
+  size_t n = 0;
+  for (; s[n] != '\0'; ++n) {
+    char ch = s[n];
+    int ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+             ch == '_' || ch == '-';
+    if (!ok || n >= FL_STREAM_NAME_MAX - 1) return 0;
+  }
+  return n > 0;
+}
+
+static void flx_close_fds(int* fds, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (fds[i] >= 0) close(fds[i]);
+    fds[i] = -1;
+  }
+}
+
+static int flx_add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+
+/* [a_off, a_off + a_len) and [b_off, b_off + b_len) intersect?  (no overflow: callers checked the ends) */
+static int flx_overlap(uint64_t a_off, uint64_t a_len, uint64_t b_off, uint64_t b_len) {
+  return a_off < b_off + b_len && b_off < a_off + a_len;
+}
+
+/*
+ * Checks a private copy of the segment header against the real segment
+ * sizes.  Returns FL_OK or an error with the message set.
+ */
+static int flx_validate_header(const fl_segment_header* g, uint32_t role, const char* stream, uint64_t client_id,
+                               uint64_t control_size, uint64_t data_size) {
+  const char* hint = "(framelinkd bug or version skew: update libframelink and framelinkd together)";
+  if (g->magic != FL_SEGMENT_MAGIC)
+    return flx_error(FL_ERR_VERSION, "control segment has magic 0x%016llx, not a framelink segment %s",
+                     (unsigned long long)g->magic, hint);
+  if (g->layout_version != FL_LAYOUT_VERSION)
+    return flx_error(FL_ERR_VERSION,
+                     "framelinkd uses shared-memory layout version %u, this libframelink %s understands %u: "
+                     "install matching versions",
+                     g->layout_version, fl_version(), FL_LAYOUT_VERSION);
+  if (g->role != role)
+    return flx_error(FL_ERR_RING_CORRUPT, "segment is for role %u, but role %u was requested %s", g->role, role, hint);
+  if (g->client_id != client_id)
+    return flx_error(FL_ERR_RING_CORRUPT, "segment names client %llu, the attach reply client %llu %s",
+                     (unsigned long long)g->client_id, (unsigned long long)client_id, hint);
+  if (strncmp(g->stream_name, stream, FL_STREAM_NAME_MAX) != 0)
+    return flx_error(FL_ERR_RING_CORRUPT, "segment is for another stream than '%s' %s", stream, hint);
+  if (g->control_size != control_size || g->data_size != data_size)
+    return flx_error(FL_ERR_RING_CORRUPT,
+                     "segment header sizes (control %llu, data %llu) disagree with the attach reply "
+                     "(control %llu, data %llu) %s",
+                     (unsigned long long)g->control_size, (unsigned long long)g->data_size,
+                     (unsigned long long)control_size, (unsigned long long)data_size, hint);
+  if (g->slot_count == 0 || g->slot_size == 0 || g->slot_stride < g->slot_size)
+    return flx_error(FL_ERR_RING_CORRUPT, "bad slot geometry: count %u, size %llu, stride %llu %s", g->slot_count,
+                     (unsigned long long)g->slot_size, (unsigned long long)g->slot_stride, hint);
+  if (!fl_ring_is_pow2(g->ring_capacity) || g->ring_capacity < g->slot_count)
+    return flx_error(FL_ERR_RING_CORRUPT, "ring capacity %u is not a power of two >= slot count %u %s",
+                     g->ring_capacity, g->slot_count, hint);
+
+  /* Control segment: header, submit ring, completion ring, inside and disjoint. */
+  const uint64_t sub_len = fl_ring_bytes(g->ring_capacity, sizeof(fl_submit_desc));
+  const uint64_t comp_len = fl_ring_bytes(g->ring_capacity, sizeof(fl_completion_desc));
+  uint64_t sub_end, comp_end;
+  if (g->submit_ring_offset % FL_CACHE_LINE != 0 || g->completion_ring_offset % FL_CACHE_LINE != 0 ||
+      flx_add_overflows(g->submit_ring_offset, sub_len, &sub_end) || sub_end > control_size ||
+      flx_add_overflows(g->completion_ring_offset, comp_len, &comp_end) || comp_end > control_size ||
+      flx_overlap(0, sizeof(fl_segment_header), g->submit_ring_offset, sub_len) ||
+      flx_overlap(0, sizeof(fl_segment_header), g->completion_ring_offset, comp_len) ||
+      flx_overlap(g->submit_ring_offset, sub_len, g->completion_ring_offset, comp_len))
+    return flx_error(FL_ERR_RING_CORRUPT,
+                     "rings (submit at %llu, completion at %llu, capacity %u) do not fit the %llu-byte control "
+                     "segment %s",
+                     (unsigned long long)g->submit_ring_offset, (unsigned long long)g->completion_ring_offset,
+                     g->ring_capacity, (unsigned long long)control_size, hint);
+
+  /* Data segment: slot headers and slots, inside and disjoint. */
+  const uint64_t hdr_len = (uint64_t)g->slot_count * sizeof(fl_slot_header);
+  uint64_t hdr_end, slots_len, slots_end;
+  if (g->slot_headers_offset % 8 != 0 || flx_add_overflows(g->slot_headers_offset, hdr_len, &hdr_end) ||
+      hdr_end > data_size || __builtin_mul_overflow((uint64_t)(g->slot_count - 1), g->slot_stride, &slots_len) ||
+      flx_add_overflows(slots_len, g->slot_size, &slots_len) ||
+      flx_add_overflows(g->slots_offset, slots_len, &slots_end) || slots_end > data_size ||
+      flx_overlap(g->slot_headers_offset, hdr_len, g->slots_offset, slots_len))
+    return flx_error(FL_ERR_RING_CORRUPT,
+                     "%u slots of %llu bytes (stride %llu, headers at %llu, slots at %llu) do not fit the "
+                     "%llu-byte data segment %s",
+                     g->slot_count, (unsigned long long)g->slot_size, (unsigned long long)g->slot_stride,
+                     (unsigned long long)g->slot_headers_offset, (unsigned long long)g->slots_offset,
+                     (unsigned long long)data_size, hint);
+  return FL_OK;
+}
+
+static int flx_connect(const char* path, int* out_sock) {
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  size_t len = strlen(path);
+  if (len == 0 || len >= sizeof(addr.sun_path))
+    return flx_error(FL_EINVAL, "socket path '%s' is empty or longer than %zu bytes", path, sizeof(addr.sun_path) - 1);
+  memcpy(addr.sun_path, path, len + 1);
+
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return flx_error(FL_ERR_RESOURCES, "cannot create a Unix socket: %s", strerror(errno));
+  int rc;
+  do {
+    rc = connect(s, (const struct sockaddr*)&addr, sizeof(addr));
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) {
+    int err = errno;
+    close(s);
+    if (err == EACCES || err == EPERM)
+      return flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                       "cannot connect to framelinkd at %s: %s; is this user in the socket's group (usually "
+                       "'framelink')? is framelinkd running? (systemctl status framelinkd)",
+                       path, strerror(err));
+    return flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                     "cannot connect to framelinkd at %s: %s; is framelinkd running? (systemctl status framelinkd); "
+                     "set FRAMELINK_SOCKET or the socket_path option if it listens elsewhere",
+                     path, strerror(err));
+  }
+  *out_sock = s;
+  return FL_OK;
+}
+
+/* Sends the request and receives the reply with its fds (all -1 on failure). */
+static int flx_handshake(int s, const char* path, const fl_attach_request* req, fl_attach_reply* reply,
+                         int fds[FL_ATTACH_FD_COUNT]) {
+  for (unsigned i = 0; i < FL_ATTACH_FD_COUNT; ++i) fds[i] = -1;
+  ssize_t n;
+  do {
+    n = send(s, req, sizeof(*req), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof(*req))
+    return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s", path,
+                     n < 0 ? strerror(errno) : "short write");
+
+  struct timeval tv = {.tv_sec = FLX_REPLY_TIMEOUT_S, .tv_usec = 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+  /* One byte more than a reply, so a longer (other-version) message shows as a size mismatch. */
+  union {
+    fl_attach_reply reply;
+    char bytes[sizeof(fl_attach_reply) + 1];
+  } buf;
+  union {
+    struct cmsghdr align;
+    char bytes[CMSG_SPACE(sizeof(int) * FLX_MAX_FDS)];
+  } control;
+  memset(&buf, 0, sizeof(buf));
+  memset(&control, 0, sizeof(control));
+  struct iovec iov = {.iov_base = &buf, .iov_len = sizeof(buf)};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.bytes;
+  msg.msg_controllen = sizeof(control.bytes);
+  do {
+    n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  int err = errno;
+
+  /* Collect every fd that arrived, so none leaks whatever happens next. */
+  int got[FLX_MAX_FDS];
+  int ngot = 0;
+  if (n >= 0) {
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k && ngot < FLX_MAX_FDS; ++i) memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+  }
+
+  int rc = FL_OK;
+  if (n < 0) {
+    rc = (err == EAGAIN || err == EWOULDBLOCK)
+             ? flx_error(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at %s did not answer the attach within %d s (see its log)",
+                         path, FLX_REPLY_TIMEOUT_S)
+             : flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot read the attach reply from framelinkd at %s: %s", path,
+                         strerror(err));
+  } else if (n == 0) {
+    rc = flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                   "framelinkd at %s closed the connection without answering the attach (see its log)", path);
+  } else if ((size_t)n < 8 || buf.reply.magic != FL_ATTACH_MAGIC) {
+    rc = flx_error(FL_ERR_VERSION, "%s did not answer with a framelink attach reply: is it really framelinkd?", path);
+  } else if (buf.reply.version != FL_ATTACH_VERSION || (size_t)n != sizeof(fl_attach_reply)) {
+    rc = flx_error(FL_ERR_VERSION,
+                   "framelinkd at %s speaks attach protocol version %u (%zd-byte reply), this libframelink %s "
+                   "speaks %u: install matching versions",
+                   path, buf.reply.version, n, fl_version(), FL_ATTACH_VERSION);
+  } else if (buf.reply.status != FL_OK) {
+    buf.reply.message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
+    rc = buf.reply.message[0] != '\0' ? flx_error(buf.reply.status, "%s", buf.reply.message)
+                                      : flx_error(buf.reply.status, "framelinkd refused the attach: %s",
+                                                  fl_status_str(buf.reply.status));
+  } else if (buf.reply.fd_count != FL_ATTACH_FD_COUNT || ngot != (int)FL_ATTACH_FD_COUNT ||
+             (msg.msg_flags & MSG_CTRUNC)) {
+    rc = flx_error(FL_ERR_VERSION, "framelinkd sent %d file descriptors (reply says %u), expected %u: version skew?",
+                   ngot, buf.reply.fd_count, FL_ATTACH_FD_COUNT);
+  }
+  if (rc != FL_OK) {
+    flx_close_fds(got, ngot);
+    return rc;
+  }
+  for (unsigned i = 0; i < FL_ATTACH_FD_COUNT; ++i) fds[i] = got[i];
+  *reply = buf.reply;
+  return FL_OK;
+}
+
+static int flx_map(int fd, uint64_t size, int prot, const char* what, uint8_t** out, size_t* out_len) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return flx_error(FL_ERR_RESOURCES, "cannot fstat the %s segment: %s", what, strerror(errno));
+  if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size < size || size == 0 || size > SIZE_MAX)
+    return flx_error(FL_ERR_RING_CORRUPT, "the %s segment (%lld bytes) is smaller than the %llu bytes announced",
+                     what, (long long)st.st_size, (unsigned long long)size);
+  void* p = mmap(NULL, (size_t)size, prot, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return flx_error(FL_ERR_RESOURCES, "cannot map the %llu-byte %s segment: %s", (unsigned long long)size, what,
+                     strerror(errno));
+  *out = (uint8_t*)p;
+  *out_len = (size_t)size;
+  return FL_OK;
+}
+
+static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
+  fl_client* c = (fl_client*)calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->sock = c->control_fd = c->data_fd = c->submit_efd = c->completion_efd = -1;
+  uint32_t qcap = FLX_MIN_QUEUE;
+  while (qcap < ring_cap * 4u && qcap < (1u << 24)) qcap <<= 1;
+  c->queue_cap = qcap;
+  c->slot_state = (uint8_t*)calloc(slot_count, 1);
+  c->slot_want_crc = (uint8_t*)calloc(slot_count, 1);
+  c->free_list = (uint32_t*)calloc(slot_count, sizeof(uint32_t));
+  c->queue = (fl_completion*)calloc(qcap, sizeof(fl_completion));
+  if (!c->slot_state || !c->slot_want_crc || !c->free_list || !c->queue || pthread_mutex_init(&c->mu, NULL) != 0) {
+    free(c->slot_state);
+    free(c->slot_want_crc);
+    free(c->free_list);
+    free(c->queue);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
+  if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
+  *out = NULL;
+  if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
+  if (options->struct_size < sizeof(fl_client_options))
+    return flx_error(FL_EINVAL, "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
+                     options->struct_size);
+  if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
+    return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)", options->role);
+  if (!options->stream || !flx_valid_stream(options->stream))
+    return flx_error(FL_EINVAL,
+                     "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
+                     options->stream ? options->stream : "(null)", FL_STREAM_NAME_MAX - 1);
+
+  const char* path = options->socket_path;
+  if (!path || !*path) path = getenv("FRAMELINK_SOCKET");
+  if (!path || !*path) path = FLX_DEFAULT_SOCKET;
+
+  fl_attach_request req;
+  memset(&req, 0, sizeof(req));
+  req.magic = FL_ATTACH_MAGIC;
+  req.version = FL_ATTACH_VERSION;
+  req.role = options->role;
+  /* 0 lets the daemon apply its configured defaults ([limits] default_slot_*). */
+  req.slot_count = options->slot_count;
+  req.slot_size = options->slot_size;
+  snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
+  snprintf(req.client_name, sizeof(req.client_name), "%s",
+           options->client_name ? options->client_name : program_invocation_short_name);
+
+  int sock = -1;
+  int rc = flx_connect(path, &sock);
+  if (rc != FL_OK) return rc;
+
+  fl_attach_reply reply;
+  memset(&reply, 0, sizeof(reply));
+  int fds[FL_ATTACH_FD_COUNT];
+  rc = flx_handshake(sock, path, &req, &reply, fds);
+  if (rc != FL_OK) {
+    close(sock);
+    return rc;
+  }
+
+  uint8_t* control = NULL;
+  size_t control_len = 0;
+  uint8_t* data = NULL;
+  size_t data_len = 0;
+  fl_client* c = NULL;
+  fl_segment_header geo;
+
+  rc = flx_map(fds[0], reply.control_size, PROT_READ | PROT_WRITE, "control", &control, &control_len);
+  if (rc != FL_OK) goto fail;
+  if (control_len < sizeof(fl_segment_header)) {
+    rc = flx_error(FL_ERR_RING_CORRUPT, "the control segment (%zu bytes) is smaller than its header", control_len);
+    goto fail;
+  }
+  memcpy(&geo, control, sizeof(geo));
+  rc = flx_validate_header(&geo, options->role, req.stream, reply.client_id, reply.control_size, reply.data_size);
+  if (rc != FL_OK) goto fail;
+  if (__atomic_load_n(&((const fl_segment_header*)control)->daemon_state, __ATOMIC_ACQUIRE) != FL_DAEMON_SERVING) {
+    rc = flx_gone_error();
+    goto fail;
+  }
+  {
+    const fl_ring_header* sr = (const fl_ring_header*)(control + geo.submit_ring_offset);
+    const fl_ring_header* cr = (const fl_ring_header*)(control + geo.completion_ring_offset);
+    if (sr->capacity != geo.ring_capacity || cr->capacity != geo.ring_capacity ||
+        sr->entry_size != sizeof(fl_submit_desc) || cr->entry_size != sizeof(fl_completion_desc)) {
+      rc = flx_error(FL_ERR_RING_CORRUPT,
+                     "ring headers (capacity %u/%u, entry size %u/%u) disagree with the segment header (capacity %u, "
+                     "entry sizes %zu/%zu)",
+                     sr->capacity, cr->capacity, sr->entry_size, cr->entry_size, geo.ring_capacity,
+                     sizeof(fl_submit_desc), sizeof(fl_completion_desc));
+      goto fail;
+    }
+  }
+  rc = flx_map(fds[1], reply.data_size, options->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ, "data",
+               &data, &data_len);
+  if (rc != FL_OK) goto fail;
+
+  c = flx_alloc_client(geo.slot_count, geo.ring_capacity);
+  if (!c) {
+    rc = flx_error(FL_ERR_RESOURCES, "out of memory for the bookkeeping of %u slots", geo.slot_count);
+    goto fail;
+  }
+  {
+    /* We only write the completion eventfd to pass a wake-up on and read it
+     * to clear it; non-blocking so several waiters never block in read(). */
+    int fl = fcntl(fds[3], F_GETFL);
+    if (fl < 0 || fcntl(fds[3], F_SETFL, fl | O_NONBLOCK) < 0) {
+      rc = flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s", strerror(errno));
+      goto fail;
+    }
+  }
+  c->role = options->role;
+  c->sock = sock;
+  c->control_fd = fds[0];
+  c->data_fd = fds[1];
+  c->submit_efd = fds[2];
+  c->completion_efd = fds[3];
+  c->control = control;
+  c->control_len = control_len;
+  c->data = data;
+  c->data_len = data_len;
+  c->geo = geo;
+  c->live_hdr = (const fl_segment_header*)control;
+  c->submit = (fl_ring_header*)(control + geo.submit_ring_offset);
+  c->completion = (fl_ring_header*)(control + geo.completion_ring_offset);
+  c->ring_cap = geo.ring_capacity;
+  c->slot_count = geo.slot_count;
+  c->slot_size = geo.slot_size;
+  c->slot_stride = geo.slot_stride;
+  c->slot_headers = (fl_slot_header*)(data + geo.slot_headers_offset);
+  c->slots = data + geo.slots_offset;
+  if (c->role == FL_PRODUCER) {
+    /* A stack: pushed in reverse so the first acquire gets slot 0. */
+    for (uint32_t i = 0; i < c->slot_count; ++i) c->free_list[i] = c->slot_count - 1 - i;
+    c->free_count = c->slot_count;
+  }
+  *out = c;
+  return FL_OK;
+
+fail:
+  if (c) {
+    pthread_mutex_destroy(&c->mu);
+    free(c->slot_state);
+    free(c->slot_want_crc);
+    free(c->free_list);
+    free(c->queue);
+    free(c);
+  }
+  if (data) munmap(data, data_len);
+  if (control) munmap(control, control_len);
+  flx_close_fds(fds, FL_ATTACH_FD_COUNT);
+  close(sock);
+  return rc;
+}
+
+FL_API void fl_detach(fl_client* c) {
+  if (!c) return;
+  if (c->data) munmap(c->data, c->data_len);
+  if (c->control) munmap(c->control, c->control_len);
+  int fds[5] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock};
+  flx_close_fds(fds, 5);
+  pthread_mutex_destroy(&c->mu);
+  free(c->slot_state);
+  free(c->slot_want_crc);
+  free(c->free_list);
+  free(c->queue);
+  free(c);
+}
+
+FL_API int fl_client_get_info(const fl_client* c, fl_client_info* out) {
+  if (!c || !out) return flx_error(FL_EINVAL, "fl_client_get_info: client or out is NULL");
+  memset(out, 0, sizeof(*out));
+  out->client_id = c->geo.client_id;
+  out->slot_size = c->slot_size;
+  out->slot_count = c->slot_count;
+  out->role = c->role;
+  out->daemon_pid = c->geo.daemon_pid;
+  out->daemon_start_ns = c->geo.daemon_start_ns;
+  out->data_on_hugepages = c->geo.data_on_hugepages;
+  return FL_OK;
+}
+
+FL_API int fl_check_daemon(fl_client* c) {
+  if (!c) return flx_error(FL_EINVAL, "fl_check_daemon: client is NULL");
+  pthread_mutex_lock(&c->mu);
+  int gone = flx_gone_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  if (gone || flx_socket_hung_up(c)) return flx_gone_error();
+  return FL_OK;
+}
+
+/*
+ * The completion doorbell, for event loops (epoll, libuv, asyncio, .NET).
+ * It is only rung once the library has been told the application may wait:
+ * call fl_poll_completions / fl_receive(..., 0) until it reports nothing
+ * (count 0 / FL_EAGAIN) -- that call arms the doorbell -- and only then wait
+ * for POLLIN.  Spurious readiness is possible; just poll again.  The library
+ * clears the fd itself.
+ */
+FL_API int fl_doorbell_fd(const fl_client* c) {
+  if (!c) {
+    flx_error(FL_EINVAL, "fl_doorbell_fd: client is NULL");
+    return -1;
+  }
+  return c->completion_efd;
+}

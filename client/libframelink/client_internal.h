@@ -1,0 +1,114 @@
+/*
+ * The state behind an fl_client handle and the helpers its source files
+ * share.  Not installed.
+ *
+ * Everything read from shared memory is either copied before it is trusted
+ * (segment geometry is copied once at attach, ring entries and slot headers
+ * are copied and validated per use) or is a single atomic word
+ * (daemon_state, ring indices).
+ */
+#ifndef FRAMELINK_CLIENT_INTERNAL_H
+#define FRAMELINK_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "framelink/framelink.h"
+#include "framelink/shm_layout.h"
+#include "framelink/shm_ring.h"
+
+#if defined(__GNUC__)
+#define FLX_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define FLX_PRINTF(fmt, args)
+#endif
+
+/* Local view of one slot.  Producer: FREE -> HELD (acquired) -> IN_FLIGHT
+ * (submitted) -> FREE (completion seen).  Consumer: FREE (the daemon's) ->
+ * HELD (delivered to the application) -> FREE (released). */
+enum flx_slot_state {
+  FLX_SLOT_FREE = 0,
+  FLX_SLOT_HELD = 1,
+  FLX_SLOT_IN_FLIGHT = 2,
+};
+
+struct fl_client {
+  pthread_mutex_t mu; /* guards everything below marked [mu] */
+
+  /* Immutable after attach. */
+  uint32_t role; /* FL_PRODUCER / FL_CONSUMER */
+  int sock;      /* attach socket: kept open, its closing is the detach */
+  int control_fd;
+  int data_fd;
+  int submit_efd;     /* we write it to wake the daemon */
+  int completion_efd; /* the daemon writes it to wake us (O_NONBLOCK) */
+  uint8_t* control;
+  size_t control_len;
+  uint8_t* data;
+  size_t data_len;
+  fl_segment_header geo;              /* validated private copy of the header */
+  const fl_segment_header* live_hdr;  /* shared: only daemon_state is read */
+  fl_ring_header* submit;             /* we write */
+  fl_ring_header* completion;         /* we read */
+  uint32_t ring_cap;
+  uint32_t slot_count;
+  uint64_t slot_size;
+  uint64_t slot_stride;
+  fl_slot_header* slot_headers; /* consumer: mapped read-only */
+  uint8_t* slots;
+
+  uint8_t* slot_state;    /* [mu] enum flx_slot_state per slot */
+  uint8_t* slot_want_crc; /* [mu] producer: FL_META_CRC32C was set for the held slot */
+  uint32_t* free_list;    /* [mu] producer: stack of FREE slots */
+  uint32_t free_count;    /* [mu] */
+
+  /* Producer: completions drained from the ring (to find free slots) but not
+   * yet returned by fl_poll/wait_completions.  Bounded: when an application
+   * never polls, the oldest are dropped (counted in queue_dropped). */
+  fl_completion* queue; /* [mu] */
+  uint32_t queue_cap;   /* power of two */
+  uint64_t queue_head;  /* [mu] */
+  uint64_t queue_tail;  /* [mu] */
+  uint64_t queue_dropped; /* [mu] */
+
+  uint32_t in_flight; /* atomic: written under mu, read lock-free by fl_in_flight */
+
+  /* Wake protocol on the completion ring: reader_sleeping must be set while
+   * any thread blocks in poll() (sleepers) or an asynchronous user found
+   * nothing and may now wait on fl_doorbell_fd (armed). */
+  uint32_t sleepers; /* [mu] */
+  int armed;         /* [mu] */
+
+  int gone;    /* atomic: the daemon dropped this attachment (latched) */
+  int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
+};
+
+/* error.c: set the thread-local message and return `status`. */
+int flx_error(int status, const char* fmt, ...) FLX_PRINTF(2, 3);
+
+/* wait.c */
+typedef int (*flx_try_fn)(fl_client* client, void* arg); /* called with mu held: FL_OK, FL_EAGAIN or an error */
+/* Runs `try_fn` until it returns something other than FL_EAGAIN, sleeping on
+ * the completion doorbell in between.  `what` names the awaited thing in
+ * timeout messages ("a free slot"). */
+int flx_wait(fl_client* client, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what);
+/* With mu held: 1 when the daemon is known to be gone (latched flag or the
+ * header's daemon_state); no system call. */
+int flx_gone_locked(fl_client* client);
+/* With mu held: a completion ring entry was consumed, so the application is
+ * busy and no longer needs the doorbell. */
+void flx_disarm_locked(fl_client* client);
+/* With mu held: latch the corrupt state and set the message. */
+int flx_corrupt_locked(fl_client* client, const char* fmt, ...) FLX_PRINTF(2, 3);
+/* Wake the daemon through the submit doorbell. */
+void flx_ring_submit_doorbell(fl_client* client);
+int flx_gone_error(void);
+/* Non-blocking check of the attach socket (takes mu): 1 when the daemon hung up. */
+int flx_socket_hung_up(fl_client* client);
+int flx_role_error(const char* function, const char* role);
+
+/* producer.c: drain the completion ring into the local queue (mu held). */
+int flx_drain_completions_locked(fl_client* client);
+
+#endif /* FRAMELINK_CLIENT_INTERNAL_H */

@@ -1,0 +1,191 @@
+/*
+ * Blocking waits on the completion ring and daemon liveness.
+ *
+ * Sleep protocol (shm_layout.h): set reader_sleeping, re-check the ring, and
+ * only then block on the completion eventfd.  The daemon writes the eventfd
+ * only while the flag is set, so neither side makes a system call while
+ * frames flow.  The attach socket is in the same poll set: when the daemon
+ * dies it hangs up, and a waiter returns FL_ERR_DAEMON_GONE instead of
+ * sleeping forever.
+ *
+ * Several threads may wait at once.  The flag stays set while any of them
+ * sleeps (sleepers) or while an asynchronous user may be waiting on
+ * fl_doorbell_fd (armed).  One thread's read() clears the eventfd for all,
+ * so a thread that leaves with work left over re-rings the doorbell.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+static int64_t flx_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int flx_gone_error(void) {
+  return flx_error(FL_ERR_DAEMON_GONE,
+                   "framelinkd dropped this attachment (daemon stopped, restarted or detached the client); "
+                   "call fl_detach and attach again");
+}
+
+int flx_role_error(const char* function, const char* role) {
+  return flx_error(FL_EINVAL, "%s needs a %s attachment", function, role);
+}
+
+int flx_gone_locked(fl_client* c) {
+  if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE)) return 1;
+  if (__atomic_load_n(&c->live_hdr->daemon_state, __ATOMIC_ACQUIRE) != FL_DAEMON_SERVING) {
+    __atomic_store_n(&c->gone, 1, __ATOMIC_RELEASE);
+    return 1;
+  }
+  return 0;
+}
+
+int flx_corrupt_locked(fl_client* c, const char* fmt, ...) {
+  char detail[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof(detail), fmt, ap);
+  va_end(ap);
+  c->corrupt = 1;
+  return flx_error(FL_ERR_RING_CORRUPT, "%s; the shared memory of this attachment cannot be trusted: detach", detail);
+}
+
+void flx_disarm_locked(fl_client* c) {
+  if (!c->armed) return;
+  c->armed = 0;
+  if (c->sleepers == 0) fl_ring_end_sleep(c->completion);
+}
+
+static void flx_sleep_done_locked(fl_client* c) {
+  c->sleepers--;
+  if (c->sleepers == 0 && !c->armed) fl_ring_end_sleep(c->completion);
+}
+
+void flx_ring_submit_doorbell(fl_client* c) {
+  uint64_t one = 1;
+  /* Nothing useful to do on failure: the eventfd counter cannot overflow in
+   * practice, and a dead daemon is reported through the socket. */
+  ssize_t n = write(c->submit_efd, &one, sizeof(one));
+  (void)n;
+}
+
+static void flx_clear_doorbell(fl_client* c) {
+  uint64_t v;
+  ssize_t n = read(c->completion_efd, &v, sizeof(v)); /* O_NONBLOCK: EAGAIN when already clear */
+  (void)n;
+}
+
+/* A non-blocking call found nothing: from now on the daemon rings the
+ * doorbell, so an asynchronous user can wait on fl_doorbell_fd.  Returns 1
+ * when an entry raced in and the caller should try again. */
+static int flx_arm_locked(fl_client* c) {
+  if (c->armed) return 0;
+  c->armed = 1;
+  flx_clear_doorbell(c); /* stale wake-ups from earlier rounds */
+  return !fl_ring_prepare_sleep(c->completion);
+}
+
+/* Socket readiness while attached: anything but "nothing" means the daemon
+ * went away (it never sends after the attach reply). */
+static void flx_note_socket_locked(fl_client* c, short revents) {
+  if (revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) {
+    __atomic_store_n(&c->gone, 1, __ATOMIC_RELEASE);
+    return;
+  }
+  if (revents & POLLIN) {
+    char buf[64];
+    ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      __atomic_store_n(&c->gone, 1, __ATOMIC_RELEASE);
+  }
+}
+
+int flx_socket_hung_up(fl_client* c) {
+  struct pollfd p = {.fd = c->sock, .events = POLLRDHUP};
+  int n = poll(&p, 1, 0);
+  if (n > 0) {
+    pthread_mutex_lock(&c->mu);
+    flx_note_socket_locked(c, p.revents);
+    pthread_mutex_unlock(&c->mu);
+  }
+  return __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+}
+
+/* Leave with work other sleepers could use: hand them the wake-up our
+ * read() may have taken from them. */
+static void flx_pass_wake_locked(fl_client* c) {
+  if (c->sleepers == 0) return;
+  if (c->free_count > 0 || c->queue_tail != c->queue_head || fl_ring_readable(c->completion) > 0) {
+    uint64_t one = 1;
+    ssize_t n = write(c->completion_efd, &one, sizeof(one));
+    (void)n;
+  }
+}
+
+int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what) {
+  const int64_t deadline = timeout_ms > 0 ? flx_now_ns() + (int64_t)timeout_ms * 1000000 : 0;
+  int rc;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    rc = try_fn(c, arg);
+    if (rc != FL_EAGAIN) break;
+    if (flx_gone_locked(c)) {
+      rc = flx_gone_error();
+      break;
+    }
+    if (timeout_ms == 0) {
+      if (flx_arm_locked(c)) {
+        rc = try_fn(c, arg);
+        if (rc != FL_EAGAIN) break;
+      }
+      rc = flx_error(FL_EAGAIN, "no %s available now (non-blocking call)", what);
+      break;
+    }
+    int wait_ms = -1;
+    if (timeout_ms > 0) {
+      int64_t left = deadline - flx_now_ns();
+      if (left <= 0) {
+        rc = flx_error(FL_ETIMEDOUT, "timed out after %d ms waiting for a %s", timeout_ms, what);
+        break;
+      }
+      wait_ms = (int)((left + 999999) / 1000000);
+    }
+    c->sleepers++;
+    if (!fl_ring_prepare_sleep(c->completion)) {
+      flx_sleep_done_locked(c);
+      continue; /* an entry raced in: go and take it */
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    struct pollfd p[2] = {{.fd = c->completion_efd, .events = POLLIN}, {.fd = c->sock, .events = POLLRDHUP}};
+    int n = poll(p, 2, wait_ms);
+    int err = errno;
+    if (n > 0 && (p[0].revents & POLLIN)) flx_clear_doorbell(c);
+
+    pthread_mutex_lock(&c->mu);
+    flx_sleep_done_locked(c);
+    if (n < 0) {
+      if (err == EINTR) {
+        rc = flx_error(FL_EINTR, "interrupted by a signal while waiting for a %s", what);
+        break;
+      }
+      rc = flx_error(FL_EINVAL, "poll() on the framelink doorbell failed: %s", strerror(err));
+      break;
+    }
+    if (n > 0 && p[1].revents) flx_note_socket_locked(c, p[1].revents);
+    /* Loop: take what arrived; a hang-up is reported once the ring is empty. */
+  }
+  if (rc == FL_OK) flx_pass_wake_locked(c);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
+}
