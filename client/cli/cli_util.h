@@ -1,0 +1,46 @@
+// Small helpers shared by the `framelink` subcommands: size parsing, clocks, formatting.
+#ifndef FRAMELINK_CLI_CLI_UTIL_H
+#define FRAMELINK_CLI_CLI_UTIL_H
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace framelink::cli {
+
+// "4096", "64K", "1M", "2G", "1.5M", "64KiB" -> bytes (binary multiples).
+std::optional<uint64_t> parseSize(std::string_view text);
+// "MIN:MAX" with sizes as above.
+std::optional<std::pair<uint64_t, uint64_t>> parseSizeRange(std::string_view text);
+// "64K,1M,4M" -> sizes; nullopt if any element is bad.
+std::optional<std::vector<uint64_t>> parseSizeList(std::string_view text);
+std::vector<std::string> splitList(std::string_view text, char sep);
+
+// "1.00 MiB", "64 KiB", "17 B".
+std::string formatBytes(uint64_t bytes);
+std::string jsonEscape(std::string_view s);
+
+uint64_t monotonicNs() noexcept;
+uint64_t realtimeNs() noexcept;
+void sleepNs(uint64_t ns) noexcept;
+
+// Percentile (0..100) of unsorted samples by nearest rank; sorts `v`.  0 when empty.
+double percentile(std::vector<double>& v, double p);
+
+// Set by SIGINT / SIGTERM once installInterruptHandler() ran.
+extern std::atomic<bool> g_interrupted;
+void installInterruptHandler();
+
+// Directory holding the running executable (from /proc/self/exe), with a trailing '/'.
+std::string selfDir();
+std::string selfExe();
+// First executable `name` in $PATH, or "".
+std::string findInPath(const std::string& name);
+
+}  // namespace framelink::cli
+
+#endif  // FRAMELINK_CLI_CLI_UTIL_H

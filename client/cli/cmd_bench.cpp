@@ -1,0 +1,527 @@
+// `framelink bench`: end-to-end throughput and latency through two framelinkd on this machine,
+// next to plain TCP and plain gRPC baselines measured by this same program, plus daemon CPU.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "bench_baselines.h"
+#include "child_process.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "consumer.h"
+#include "daemon_pair.h"
+#include "frame_pattern.h"
+#include "producer.h"
+
+namespace framelink::cli {
+namespace {
+
+struct BenchOptions {
+  std::string transports = "tcp,grpc";
+  std::string sizes = "64K,1M,4M";
+  double seconds = 3;
+  uint64_t latency_samples = 2000;
+  std::string framelinkd;
+  double idle_seconds = 2;
+};
+
+constexpr uint64_t kVerifyFrames = 8;   // checked byte-for-byte before each timed run
+constexpr uint64_t kLatencyWarmup = 100;
+
+struct CaseShared {
+  std::atomic<bool> stop_consumer{false};
+  std::atomic<bool> abort{false};
+  std::atomic<int> consumer_state{0};  // 0 starting, 1 attached, 2 failed
+  std::atomic<int> producer_phase{0};  // 0 starting, 1 verifying, 2 timed, 3 done
+  std::atomic<uint64_t> verified{0};
+  std::atomic<uint64_t> verify_bad{0};
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> delivered{0};
+  std::atomic<uint64_t> delivered_bytes{0};
+  std::atomic<uint64_t> failed{0};
+  std::atomic<int> first_failure{0};
+  std::atomic<uint64_t> first_submit_ns{0};
+  std::atomic<uint64_t> last_completion_ns{0};
+  std::atomic<uint64_t> latency_count{0};
+  SharedText<768> consumer_error;
+  SharedText<768> producer_error;
+  SharedText<512> first_bad;
+  // followed by latency samples (ns)
+};
+
+struct CaseConfig {
+  uint64_t size = 0;
+  uint32_t slots = 8;
+  double seconds = 0;          // timed run length; 0: send `count` frames
+  uint64_t count = 0;
+  uint32_t max_in_flight = 0;  // 1 for latency
+  bool latency = false;
+};
+
+struct CaseResult {
+  double gbps = 0;
+  double fps = 0;
+  double seconds = 0;
+  uint64_t delivered = 0;
+  uint64_t failed = 0;
+  uint64_t verified = 0;
+  uint64_t verify_bad = 0;
+  double cpu_a = -1;  // % of one core over the timed part
+  double cpu_b = -1;
+  double p50_us = 0;
+  double p99_us = 0;
+  uint64_t samples = 0;
+  std::string error;
+};
+
+uint32_t slotsFor(uint64_t size) {
+  // Keep ~32 MiB in flight so small frames are not limited by one ack round trip per slot.
+  const uint64_t want = (32ull << 20) / std::max<uint64_t>(size, 1);
+  return static_cast<uint32_t>(std::clamp<uint64_t>(want, 8, 64));
+}
+
+uint64_t pageRound(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::string& socket,
+                  const std::string& stream, const CaseConfig& c) {
+  ConsumerOptions co;
+  co.socket_path = socket;
+  co.stream = stream;
+  co.slot_count = c.slots;
+  co.slot_size = pageRound(c.size);
+  std::string err;
+  auto consumer = Consumer::attach(co, err);
+  if (!consumer) {
+    sh.consumer_error.set(err);
+    sh.consumer_state.store(2);
+    return 1;
+  }
+  sh.consumer_state.store(1);
+  CheckOptions checks;
+  checks.verify = true;
+  checks.expect_order = true;
+  checks.sizes.emplace(c.size);
+  FrameChecker checker(std::move(checks));
+  ReceiveLoopOptions lo;
+  lo.stop = &sh.stop_consumer;
+  uint64_t n = 0;
+  auto onFrame = [&](const fl_frame& f, uint64_t rx_real, std::string&) -> bool {
+    if (n < kVerifyFrames) {
+      const std::string why = checker.check(f);
+      if (why.empty()) {
+        sh.verified.fetch_add(1);
+      } else {
+        sh.verify_bad.fetch_add(1);
+        sh.first_bad.set(why);
+      }
+    } else if (c.latency && f.frame_id >= kVerifyFrames + kLatencyWarmup) {
+      const uint64_t i = sh.latency_count.load(std::memory_order_relaxed);
+      if (i < lat_cap) {
+        lat[i] = rx_real > f.timestamp_ns ? rx_real - f.timestamp_ns : 0;
+        sh.latency_count.store(i + 1, std::memory_order_release);
+      }
+    }
+    ++n;
+    sh.received.store(n, std::memory_order_relaxed);
+    return true;
+  };
+  ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  if (!st.error.empty()) sh.consumer_error.set(st.error);
+  return st.error.empty() ? 0 : 1;
+}
+
+int benchProducer(CaseShared& sh, const std::string& socket, const std::string& stream, const CaseConfig& c) {
+  ProducerOptions po;
+  po.socket_path = socket;
+  po.stream = stream;
+  po.slot_count = c.slots;
+  po.slot_size = pageRound(c.size);
+  po.stall_timeout_ms = 60000;
+  po.max_in_flight = c.max_in_flight;  // 1 for latency: submit, wait for DELIVERED, next
+  std::string err;
+  auto producer = Producer::attach(po, err);
+  if (!producer) {
+    sh.producer_error.set(err);
+    return 1;
+  }
+  auto recordFailure = [&](const fl_completion& comp) {
+    if (comp.status != FL_OK) {
+      int expected = 0;
+      sh.first_failure.compare_exchange_strong(expected, comp.status);
+    }
+  };
+  // Phase 1: a few frames with the full pattern, checked byte-for-byte by the consumer.
+  sh.producer_phase.store(1);
+  auto prepareFull = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string&) -> bool {
+    spec.frame_id = index;
+    spec.wafer_id = pattern::waferOf(index);
+    spec.length = c.size;
+    spec.attrs = pattern::makeAttrs(index);
+    pattern::fillPattern(index, slot.data, c.size);
+    return true;
+  };
+  ProducerStats v = producer->run([](uint64_t i) { return i < kVerifyFrames; }, prepareFull, recordFailure, &sh.abort);
+  if (!v.allDelivered()) {
+    sh.producer_error.set(v.error.empty() ? "the verification frames were not all delivered" : v.error);
+    sh.failed.store(v.failed);
+    return 1;
+  }
+  // Phase 2: slots already hold a pattern; only metadata changes per frame.
+  if (!producer->prefillAllSlots([&](fl_slot& s) { pattern::fillPattern(s.index, s.data, c.size); }, err)) {
+    sh.producer_error.set(err);
+    return 1;
+  }
+  const uint64_t deadline_ns = c.seconds > 0 ? monotonicNs() + static_cast<uint64_t>(c.seconds * 1e9) : 0;
+  auto more = [&](uint64_t i) {
+    if (c.seconds > 0) return monotonicNs() < deadline_ns;
+    return i < c.count;
+  };
+  auto prepareMeta = [&](uint64_t index, fl_slot&, FrameSpec& spec, std::string&) -> bool {
+    const uint64_t id = kVerifyFrames + index;
+    spec.frame_id = id;
+    spec.wafer_id = pattern::waferOf(id);
+    spec.length = c.size;
+    spec.attrs = pattern::makeAttrs(id);
+    return true;
+  };
+  sh.producer_phase.store(2);
+  ProducerStats st = producer->run(more, prepareMeta, recordFailure, &sh.abort);
+  sh.producer_phase.store(3);
+  sh.delivered.store(st.delivered);
+  sh.delivered_bytes.store(st.bytes_delivered);
+  sh.failed.store(st.failed);
+  sh.first_submit_ns.store(st.first_submit_ns);
+  sh.last_completion_ns.store(st.last_completion_ns);
+  if (!st.error.empty()) sh.producer_error.set(st.error);
+  return st.allDelivered() ? 0 : 1;
+}
+
+CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c) {
+  CaseResult r;
+  const uint64_t lat_cap = c.latency ? c.count : 0;
+  SharedRegion<CaseShared> sh(lat_cap * sizeof(uint64_t));
+  auto* lat = static_cast<uint64_t*>(sh.extra());
+  const std::string sock_a = pair.a().socket;
+  const std::string sock_b = pair.b().socket;
+  const pid_t consumer = forkChild([&] { return benchConsumer(*sh, lat, lat_cap, sock_b, stream, c); });
+  const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) usleep(2000);
+  if (sh->consumer_state.load() != 1) {
+    r.error = "consumer: " + (sh->consumer_error.get().empty() ? std::string("did not attach within 10 s")
+                                                               : sh->consumer_error.get());
+    sh->stop_consumer.store(true);
+    stopChild(consumer, 2000);
+    return r;
+  }
+  const pid_t producer = forkChild([&] { return benchProducer(*sh, sock_a, stream, c); });
+
+  double cpu_a0 = -1, cpu_b0 = -1, cpu_a1 = -1, cpu_b1 = -1;
+  uint64_t w0 = 0, w1 = 0;
+  int producer_rc = -1;
+  while (producer_rc < 0) {
+    producer_rc = waitChild(producer, 5);
+    if (w0 == 0 && sh->producer_phase.load() >= 2) {
+      w0 = monotonicNs();
+      cpu_a0 = processCpuSeconds(pair.a().pid);
+      cpu_b0 = processCpuSeconds(pair.b().pid);
+    }
+    if (w1 == 0 && sh->producer_phase.load() >= 3) {
+      w1 = monotonicNs();
+      cpu_a1 = processCpuSeconds(pair.a().pid);
+      cpu_b1 = processCpuSeconds(pair.b().pid);
+    }
+    if (g_interrupted.load()) sh->abort.store(true);
+    const std::string dead = pair.checkAlive();
+    if (!dead.empty()) {
+      r.error = dead;
+      sh->abort.store(true);
+      stopChild(producer, 2000);
+      producer_rc = 1;
+    }
+  }
+  sh->stop_consumer.store(true);
+  if (waitChild(consumer, 10000) < 0) stopChild(consumer, 2000);
+
+  r.verified = sh->verified.load();
+  r.verify_bad = sh->verify_bad.load();
+  r.delivered = sh->delivered.load();
+  r.failed = sh->failed.load();
+  const uint64_t first = sh->first_submit_ns.load();
+  const uint64_t last = sh->last_completion_ns.load();
+  r.seconds = last > first ? (last - first) / 1e9 : 0;
+  if (r.seconds > 0) {
+    r.gbps = sh->delivered_bytes.load() / r.seconds / 1e9;
+    r.fps = r.delivered / r.seconds;
+  }
+  if (w0 != 0 && w1 > w0 && cpu_a0 >= 0 && cpu_a1 >= 0) {
+    const double wall = (w1 - w0) / 1e9;
+    r.cpu_a = (cpu_a1 - cpu_a0) / wall * 100;
+    r.cpu_b = (cpu_b1 - cpu_b0) / wall * 100;
+  }
+  if (c.latency) {
+    std::vector<double> v;
+    const uint64_t n = std::min<uint64_t>(sh->latency_count.load(std::memory_order_acquire), lat_cap);
+    for (uint64_t i = 0; i < n; ++i) v.push_back(lat[i] / 1e3);
+    r.samples = n;
+    r.p50_us = percentile(v, 50);
+    r.p99_us = percentile(v, 99);
+  }
+  if (r.error.empty()) {
+    std::string e;
+    if (!sh->producer_error.get().empty()) e += "producer: " + sh->producer_error.get();
+    if (const int s = sh->first_failure.load(); s != 0) e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
+    if (!sh->consumer_error.get().empty()) e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh->consumer_error.get();
+    if (!sh->first_bad.get().empty()) e += std::string(e.empty() ? "" : "; ") + "verify: " + sh->first_bad.get();
+    if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
+    r.error = e;
+  }
+  return r;
+}
+
+struct IdleCpu {
+  double a = -1;
+  double b = -1;
+};
+
+IdleCpu measureIdle(DaemonPair& pair, double seconds) {
+  IdleCpu r;
+  const double a0 = processCpuSeconds(pair.a().pid);
+  const double b0 = processCpuSeconds(pair.b().pid);
+  const uint64_t t0 = monotonicNs();
+  sleepNs(static_cast<uint64_t>(seconds * 1e9));
+  const double wall = (monotonicNs() - t0) / 1e9;
+  const double a1 = processCpuSeconds(pair.a().pid);
+  const double b1 = processCpuSeconds(pair.b().pid);
+  if (a0 >= 0 && a1 >= 0) r.a = (a1 - a0) / wall * 100;
+  if (b0 >= 0 && b1 >= 0) r.b = (b1 - b0) / wall * 100;
+  return r;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string cpuPair(double a, double b) {
+  if (a < 0 || b < 0) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f%% / %.1f%%", a, b);
+  return buf;
+}
+
+struct Row {
+  std::string what;
+  std::string ours;
+  std::string baseline;
+  std::string ratio;
+  std::string cpu;
+  std::string note;
+};
+
+void status(const char* fmt_str, const std::string& a) {
+  std::fprintf(stderr, fmt_str, a.c_str());
+  std::fflush(stderr);
+}
+
+int runBench(const BenchOptions& o) {
+  installInterruptHandler();
+  auto sizes = parseSizeList(o.sizes);
+  if (!sizes) {
+    std::fprintf(stderr, "framelink bench: --sizes '%s' is not a comma list of sizes (e.g. 64K,1M,4M)\n",
+                 o.sizes.c_str());
+    return 2;
+  }
+  const auto transports = splitList(o.transports, ',');
+  for (const auto& t : transports) {
+    if (t != "tcp" && t != "grpc") {
+      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc)\n", t.c_str());
+      return 2;
+    }
+  }
+  if (transports.empty() || o.seconds <= 0) {
+    std::fprintf(stderr, "framelink bench: need at least one transport and --seconds > 0\n");
+    return 2;
+  }
+  std::string err;
+  DaemonPair::Options dopt;
+  dopt.framelinkd = findFramelinkd(o.framelinkd, err);
+  if (dopt.framelinkd.empty()) {
+    std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+    return 1;
+  }
+  dopt.temp_prefix = "framelink-bench";
+  dopt.log_level = "warn";
+
+  std::vector<Row> rows;
+  bool any_error = false;
+  std::vector<std::string> errors;
+  struct E2E {
+    std::string transport;
+    uint64_t size;
+    CaseResult r;
+  };
+  std::vector<E2E> e2e;
+  std::vector<std::pair<std::string, CaseResult>> lat;
+  std::vector<std::pair<std::string, IdleCpu>> idle;
+
+  for (const auto& t : transports) {
+    if (g_interrupted.load()) break;
+    dopt.transport = t;
+    status("starting two framelinkd over %s ...\n", t);
+    auto pair = DaemonPair::start(dopt, err);
+    if (!pair) {
+      std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+      return 1;
+    }
+    int stream_no = 0;
+    for (uint64_t size : *sizes) {
+      if (g_interrupted.load()) break;
+      status("  %s ...\n", t + " " + formatBytes(size) + " frames, " + fmt("%.0f s", o.seconds));
+      CaseConfig c;
+      c.size = size;
+      c.slots = slotsFor(size);
+      c.seconds = o.seconds;
+      CaseResult r = runCase(*pair, "bench" + std::to_string(stream_no++), c);
+      if (!r.error.empty()) {
+        errors.push_back(t + " " + formatBytes(size) + ": " + r.error);
+        any_error = true;
+      }
+      e2e.push_back({t, size, r});
+    }
+    if (!g_interrupted.load() && o.latency_samples > 0) {
+      status("  %s ...\n", t + " latency, 4 KiB frames one at a time");
+      CaseConfig c;
+      c.size = 4096;
+      c.slots = 8;
+      c.count = o.latency_samples + kLatencyWarmup;
+      c.max_in_flight = 1;
+      c.latency = true;
+      CaseResult r = runCase(*pair, "latency", c);
+      if (!r.error.empty()) {
+        errors.push_back(t + " latency: " + r.error);
+        any_error = true;
+      }
+      lat.emplace_back(t, r);
+    }
+    if (!g_interrupted.load()) {
+      status("  %s ...\n", t + " idle daemons, " + fmt("%.0f s", o.idle_seconds));
+      idle.emplace_back(t, measureIdle(*pair, o.idle_seconds));
+    }
+    if (!any_error) {
+      pair->stop();
+    } else {
+      pair->keepDir();
+      errors.push_back("daemon logs kept in " + pair->dir());
+    }
+  }
+
+  std::vector<ThroughputResult> tcp_base, grpc_base;
+  bool want_grpc = false;
+  for (const auto& t : transports) want_grpc |= t == "grpc";
+  bool want_tcp = false;
+  for (const auto& t : transports) want_tcp |= t == "tcp";
+  for (uint64_t size : *sizes) {
+    if (g_interrupted.load()) break;
+    status("  %s ...\n", "plain TCP " + formatBytes(size));
+    tcp_base.push_back(plainTcpThroughput(size, o.seconds));
+    if (!tcp_base.back().error.empty()) errors.push_back("plain TCP: " + tcp_base.back().error);
+  }
+  LatencyResult tcp_lat;
+  if (!g_interrupted.load() && o.latency_samples > 0) {
+    status("  %s ...\n", std::string("plain TCP ping-pong 4 KiB"));
+    tcp_lat = plainTcpOneWay(4096, o.latency_samples);
+    if (!tcp_lat.error.empty()) errors.push_back("plain TCP ping-pong: " + tcp_lat.error);
+  }
+  if (want_grpc) {
+    for (uint64_t size : *sizes) {
+      if (g_interrupted.load()) break;
+      status("  %s ...\n", "plain gRPC " + formatBytes(size));
+      grpc_base.push_back(plainGrpcThroughput(size, o.seconds));
+      if (!grpc_base.back().error.empty()) errors.push_back("plain gRPC: " + grpc_base.back().error);
+    }
+  }
+  (void)want_tcp;
+
+  // ---- the table ----
+  utsname u{};
+  uname(&u);
+  std::printf("\nframelink bench: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
+              sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
+  std::printf("framelink = producer app -> framelinkd hostA -> framelinkd hostB -> consumer app (separate processes)\n\n");
+  std::printf("| case | framelink | baseline | ratio | daemon CPU A / B |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (size_t i = 0; i < e2e.size(); ++i) {
+    const auto& e = e2e[i];
+    size_t si = 0;
+    while (si < sizes->size() && (*sizes)[si] != e.size) ++si;
+    const ThroughputResult* base = nullptr;
+    std::string base_name;
+    if (e.transport == "tcp" && si < tcp_base.size()) {
+      base = &tcp_base[si];
+      base_name = "plain TCP";
+    } else if (e.transport == "grpc" && si < grpc_base.size()) {
+      base = &grpc_base[si];
+      base_name = "plain gRPC";
+    }
+    std::string ours = e.r.gbps > 0 ? fmt("%.2f GB/s", e.r.gbps) + fmt(" (%.0f frames/s)", e.r.fps) : "failed";
+    if (e.r.verify_bad != 0 || e.r.verified < kVerifyFrames) ours += " UNVERIFIED";
+    std::string b = base && base->gbps() > 0 ? base_name + fmt(" %.2f GB/s", base->gbps()) : base_name + " n/a";
+    std::string ratio = base && base->gbps() > 0 && e.r.gbps > 0 ? fmt("%.2f", e.r.gbps / base->gbps()) : "-";
+    std::printf("| %s %s | %s | %s | %s | %s |\n", e.transport.c_str(), formatBytes(e.size).c_str(), ours.c_str(),
+                b.c_str(), ratio.c_str(), cpuPair(e.r.cpu_a, e.r.cpu_b).c_str());
+  }
+  for (const auto& [t, r] : lat) {
+    std::string ours = r.samples > 0 ? fmt("p50 %.1f us", r.p50_us) + fmt(" / p99 %.1f us", r.p99_us) : "failed";
+    std::string b = tcp_lat.samples > 0
+                        ? fmt("TCP one-way p50 %.1f us", tcp_lat.p50_us) + fmt(" / p99 %.1f us", tcp_lat.p99_us)
+                        : "n/a";
+    std::string ratio = r.samples > 0 && tcp_lat.samples > 0 && tcp_lat.p50_us > 0
+                            ? fmt("%.1f", r.p50_us / tcp_lat.p50_us) + " (p50)"
+                            : "-";
+    std::printf("| %s latency 4 KiB submit->receive (%llu samples) | %s | %s | %s | - |\n", t.c_str(),
+                (unsigned long long)r.samples, ours.c_str(), b.c_str(), ratio.c_str());
+  }
+  for (const auto& [t, c] : idle) {
+    std::printf("| %s daemons idle (%.0f s, link up, no clients) | - | - | - | %s |\n", t.c_str(), o.idle_seconds,
+                cpuPair(c.a, c.b).c_str());
+  }
+  std::printf("\nframelink GB/s = bytes delivered (consumer released) / first submit .. last completion; slots: %s;\n"
+              "payload verified byte-for-byte on %llu frames per case before the timed loop.  Baselines: one TCP\n"
+              "connection, size-byte send()/recv() between two processes; one gRPC bidi stream (client/cli/bench.proto)\n"
+              "between two processes, server acks every 8 MiB.  CPU = utime+stime of each framelinkd / wall time.\n",
+              [&] {
+                std::string s;
+                for (uint64_t size : *sizes) {
+                  if (!s.empty()) s += ", ";
+                  s += std::to_string(slotsFor(size)) + " x " + formatBytes(size);
+                }
+                return s;
+              }()
+                  .c_str(),
+              (unsigned long long)kVerifyFrames);
+  std::fflush(stdout);
+  for (const auto& e : errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
+  if (g_interrupted.load()) return 130;
+  return errors.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+void addBenchCommand(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Throughput, latency and daemon CPU vs plain TCP / gRPC baselines");
+  cmd->add_option("--transports", o->transports, "comma list of transports (default tcp,grpc)");
+  cmd->add_option("--sizes", o->sizes, "comma list of frame sizes (default 64K,1M,4M)");
+  cmd->add_option("--seconds", o->seconds, "seconds per throughput case (default 3)");
+  cmd->add_option("--latency-samples", o->latency_samples, "4 KiB frames for the latency case (default 2000; 0 = skip)");
+  cmd->add_option("--idle-seconds", o->idle_seconds, "seconds to sample idle daemon CPU (default 2)");
+  cmd->add_option("--framelinkd", o->framelinkd, "path of framelinkd (default: the build tree's, then $PATH)");
+  cmd->callback([o, &exit_code] { exit_code = runBench(*o); });
+}
+
+}  // namespace framelink::cli

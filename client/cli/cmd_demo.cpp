@@ -1,0 +1,304 @@
+// `framelink demo`: two framelinkd on this machine, a consumer app attached to hostB and a
+// producer app attached to hostA (separate processes), N verified frames, a throughput and
+// latency summary.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "child_process.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "consumer.h"
+#include "daemon_pair.h"
+#include "frame_pattern.h"
+#include "producer.h"
+
+namespace framelink::cli {
+namespace {
+
+struct DemoOptions {
+  uint64_t frames = 2000;
+  std::string size = "1M";
+  std::string transport = "tcp";
+  std::string framelinkd;
+  uint32_t slots = 8;
+  bool keep = false;
+};
+
+struct DemoShared {
+  std::atomic<bool> abort{false};
+  std::atomic<int> consumer_state{0};  // 0 starting, 1 attached, 2 failed to attach
+  std::atomic<uint64_t> submitted{0};
+  std::atomic<uint64_t> delivered{0};
+  std::atomic<uint64_t> failed{0};
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> received_bytes{0};
+  std::atomic<uint64_t> bad{0};
+  std::atomic<uint64_t> first_submit_ns{0};
+  std::atomic<uint64_t> last_completion_ns{0};
+  std::atomic<uint64_t> latency_samples{0};
+  std::atomic<int> failure_status{0};  // first failure status seen by the producer
+  SharedText<1024> consumer_error;
+  SharedText<1024> producer_error;
+  SharedText<512> first_bad;
+  // followed by `frames` uint64_t latency samples (ns)
+};
+
+constexpr const char* kStream = "demo";
+
+int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint64_t frames, uint64_t size,
+                 uint32_t slots) {
+  ConsumerOptions co;
+  co.socket_path = socket;
+  co.stream = kStream;
+  co.slot_count = slots;
+  co.slot_size = (size + 4095) / 4096 * 4096;
+  std::string err;
+  auto consumer = Consumer::attach(co, err);
+  if (!consumer) {
+    sh.consumer_error.set(err);
+    sh.consumer_state.store(2);
+    return 1;
+  }
+  sh.consumer_state.store(1);
+  CheckOptions checks;
+  checks.verify = true;
+  checks.expect_order = true;
+  checks.sizes.emplace(size);
+  FrameChecker checker(std::move(checks));
+  ReceiveLoopOptions lo;
+  lo.count = frames;
+  lo.idle_timeout_ms = 90000;  // longer than the daemons' 30 s ack/credit timeouts
+  lo.stop = &sh.abort;
+  auto onFrame = [&](const fl_frame& f, uint64_t rx_real, std::string&) -> bool {
+    const std::string why = checker.check(f);
+    if (!why.empty()) {
+      sh.bad.fetch_add(1);
+      sh.first_bad.set(why);
+    }
+    const uint64_t n = sh.latency_samples.load(std::memory_order_relaxed);
+    if (n < frames) {
+      lat[n] = rx_real > f.timestamp_ns ? rx_real - f.timestamp_ns : 0;
+      sh.latency_samples.store(n + 1, std::memory_order_release);
+    }
+    sh.received_bytes.fetch_add(f.length, std::memory_order_relaxed);
+    sh.received.fetch_add(1, std::memory_order_release);
+    return true;
+  };
+  ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  if (!st.error.empty()) sh.consumer_error.set(st.error);
+  if (st.timed_out) {
+    sh.consumer_error.set("received " + std::to_string(st.received) + " of " + std::to_string(frames) +
+                          " frames; nothing arrived for 90 s");
+  }
+  return st.error.empty() && !st.timed_out && !st.interrupted && checker.bad() == 0 ? 0 : 1;
+}
+
+int producerMain(DemoShared& sh, const std::string& socket, uint64_t frames, uint64_t size, uint32_t slots) {
+  ProducerOptions po;
+  po.socket_path = socket;
+  po.stream = kStream;
+  po.slot_count = slots;
+  po.slot_size = (size + 4095) / 4096 * 4096;
+  std::string err;
+  auto producer = Producer::attach(po, err);
+  if (!producer) {
+    sh.producer_error.set(err);
+    return 1;
+  }
+  auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string&) -> bool {
+    spec.frame_id = index;
+    spec.wafer_id = pattern::waferOf(index);
+    spec.length = size;
+    spec.attrs = pattern::makeAttrs(index);
+    pattern::fillPattern(index, slot.data, size);
+    if (index == 0) sh.first_submit_ns.store(monotonicNs());
+    sh.submitted.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  };
+  auto onCompletion = [&](const fl_completion& c) {
+    if (c.status == FL_OK) {
+      sh.delivered.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      int expected = 0;
+      sh.failure_status.compare_exchange_strong(expected, c.status);
+      sh.failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    sh.last_completion_ns.store(monotonicNs(), std::memory_order_relaxed);
+  };
+  ProducerStats st = producer->run([&](uint64_t i) { return i < frames; }, prepare, onCompletion, &sh.abort);
+  if (!st.error.empty()) sh.producer_error.set(st.error);
+  return st.allDelivered() ? 0 : 1;
+}
+
+void drawProgress(bool tty, uint64_t done, uint64_t total, double gbps, double elapsed) {
+  if (tty) {
+    constexpr int kWidth = 30;
+    const int fill = total ? static_cast<int>(static_cast<double>(done) / total * kWidth) : 0;
+    std::string bar(static_cast<size_t>(fill), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\r[%s] %llu/%llu frames  %.2f GB/s  %.1f s ", bar.c_str(), (unsigned long long)done,
+                 (unsigned long long)total, gbps, elapsed);
+  } else {
+    std::fprintf(stderr, "progress: %llu/%llu frames delivered, %.2f GB/s, %.1f s\n", (unsigned long long)done,
+                 (unsigned long long)total, gbps, elapsed);
+  }
+}
+
+int runDemo(const DemoOptions& o) {
+  installInterruptHandler();
+  auto size = parseSize(o.size);
+  if (!size || *size == 0) {
+    std::fprintf(stderr, "framelink demo: --size '%s' is not a size (e.g. 64K, 1M, 4M)\n", o.size.c_str());
+    return 2;
+  }
+  if (o.transport != "tcp" && o.transport != "grpc") {
+    std::fprintf(stderr, "framelink demo: --transport must be tcp or grpc, not '%s'\n", o.transport.c_str());
+    return 2;
+  }
+  if (o.frames == 0) {
+    std::fprintf(stderr, "framelink demo: --frames must be at least 1\n");
+    return 2;
+  }
+  std::string err;
+  DaemonPair::Options dopt;
+  dopt.framelinkd = findFramelinkd(o.framelinkd, err);
+  if (dopt.framelinkd.empty()) {
+    std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
+    return 1;
+  }
+  dopt.transport = o.transport;
+  dopt.temp_prefix = "framelink-demo";
+  std::fprintf(stderr, "starting two framelinkd (%s) over %s ...\n", dopt.framelinkd.c_str(), o.transport.c_str());
+  auto pair = DaemonPair::start(dopt, err);
+  if (!pair) {
+    std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
+    return 1;
+  }
+  if (o.keep) pair->keepDir();
+  std::fprintf(stderr, "hostA pid %d (socket %s) -> hostB pid %d (socket %s, gRPC port %u)\n", pair->a().pid,
+               pair->a().socket.c_str(), pair->b().pid, pair->b().socket.c_str(), pair->b().grpc_port);
+
+  SharedRegion<DemoShared> sh(o.frames * sizeof(uint64_t));
+  auto* lat = static_cast<uint64_t*>(sh.extra());
+  const uint64_t frames = o.frames;
+  const uint64_t bytes = *size;
+  const std::string sock_a = pair->a().socket;
+  const std::string sock_b = pair->b().socket;
+
+  const pid_t consumer = forkChild([&] { return consumerMain(*sh, lat, sock_b, frames, bytes, o.slots); });
+  if (consumer < 0) {
+    std::fprintf(stderr, "framelink demo: fork failed: %s\n", std::strerror(errno));
+    return 1;
+  }
+  // The consumer attaches first so the producer's first frames find a receiver with credits.
+  const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) usleep(2000);
+  if (sh->consumer_state.load() != 1) {
+    std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
+                 sh->consumer_error.get().empty() ? "it did not attach within 10 s" : sh->consumer_error.get().c_str());
+    sh->abort.store(true);
+    stopChild(consumer, 2000);
+    pair->keepDir();
+    std::fprintf(stderr, "daemon logs kept in %s\n", pair->dir().c_str());
+    return 1;
+  }
+  const pid_t producer = forkChild([&] { return producerMain(*sh, sock_a, frames, bytes, o.slots); });
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const uint64_t t0 = monotonicNs();
+  uint64_t last_draw = 0;
+  int producer_rc = -1;
+  int consumer_rc = -1;
+  std::string daemon_problem;
+  while (producer_rc < 0 || consumer_rc < 0) {
+    if (producer_rc < 0) producer_rc = waitChild(producer, 0);
+    if (consumer_rc < 0) consumer_rc = waitChild(consumer, 0);
+    if (g_interrupted.load()) sh->abort.store(true);
+    if (daemon_problem.empty()) {
+      daemon_problem = pair->checkAlive();
+      if (!daemon_problem.empty()) sh->abort.store(true);
+    }
+    const uint64_t now = monotonicNs();
+    if (now - last_draw >= (tty ? 100'000'000ull : 2'000'000'000ull)) {
+      last_draw = now;
+      const double elapsed = (now - t0) / 1e9;
+      const uint64_t done = sh->delivered.load();
+      const uint64_t first = sh->first_submit_ns.load();
+      const double gbps = first && now > first ? done * static_cast<double>(bytes) / ((now - first) / 1e9) / 1e9 : 0;
+      drawProgress(tty, done, frames, gbps, elapsed);
+    }
+    usleep(20000);
+  }
+  if (tty) {
+    drawProgress(true, sh->delivered.load(), frames, 0, (monotonicNs() - t0) / 1e9);
+    std::fprintf(stderr, "\n");
+  }
+
+  // Summary.
+  const uint64_t delivered = sh->delivered.load();
+  const uint64_t received = sh->received.load();
+  const uint64_t bad = sh->bad.load();
+  const uint64_t failed = sh->failed.load();
+  const uint64_t first = sh->first_submit_ns.load();
+  const uint64_t last = sh->last_completion_ns.load();
+  const double secs = last > first ? (last - first) / 1e9 : 0;
+  const double total_bytes = static_cast<double>(delivered) * static_cast<double>(bytes);
+  std::vector<double> lats;
+  const uint64_t nlat = std::min<uint64_t>(sh->latency_samples.load(std::memory_order_acquire), frames);
+  lats.reserve(nlat);
+  for (uint64_t i = 0; i < nlat; ++i) lats.push_back(lat[i] / 1e3);
+  const double p50 = percentile(lats, 50);
+  const double p99 = percentile(lats, 99);
+  const bool ok = producer_rc == 0 && consumer_rc == 0 && delivered == frames && received == frames && bad == 0 &&
+                  failed == 0 && daemon_problem.empty() && !g_interrupted.load();
+
+  std::printf("framelink demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
+              (unsigned long long)frames, formatBytes(bytes).c_str(), o.transport.c_str());
+  std::printf("  delivered  %llu / %llu   failed %llu   received %llu   verified %llu (bad %llu)\n",
+              (unsigned long long)delivered, (unsigned long long)frames, (unsigned long long)failed,
+              (unsigned long long)received, (unsigned long long)(received - bad), (unsigned long long)bad);
+  std::printf("  moved      %s in %.3f s\n", formatBytes(static_cast<uint64_t>(total_bytes)).c_str(), secs);
+  std::printf("  throughput %.3f GB/s   %.0f frames/s\n", secs > 0 ? total_bytes / secs / 1e9 : 0.0,
+              secs > 0 ? delivered / secs : 0.0);
+  std::printf("  latency    submit -> receive  p50 %.1f us   p99 %.1f us   (%llu samples, CLOCK_REALTIME)\n", p50,
+              p99, (unsigned long long)nlat);
+  std::printf("  result     %s\n", ok ? "OK: every frame delivered, in order, exactly once, every byte verified"
+                                      : "FAILED");
+  std::fflush(stdout);
+  if (!ok) {
+    if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
+    if (!sh->producer_error.get().empty()) std::fprintf(stderr, "  producer: %s\n", sh->producer_error.get().c_str());
+    if (const int s = sh->failure_status.load(); s != 0) std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
+    if (!sh->consumer_error.get().empty()) std::fprintf(stderr, "  consumer: %s\n", sh->consumer_error.get().c_str());
+    if (!sh->first_bad.get().empty()) std::fprintf(stderr, "  first bad frame: %s\n", sh->first_bad.get().c_str());
+    if (!daemon_problem.empty()) std::fprintf(stderr, "  %s", daemon_problem.c_str());
+    if (!g_interrupted.load()) {
+      pair->keepDir();
+      std::fprintf(stderr, "  daemon logs kept in %s\n  hostA log tail:\n%s  hostB log tail:\n%s", pair->dir().c_str(),
+                   pair->logTail(pair->a()).c_str(), pair->logTail(pair->b()).c_str());
+    }
+  }
+  pair->stop();
+  if (g_interrupted.load()) return 130;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+void addDemoCommand(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<DemoOptions>();
+  auto* cmd = app.add_subcommand("demo", "Two framelinkd on this machine, a producer and a consumer: N verified frames");
+  cmd->add_option("--frames", o->frames, "frames to send (default 2000)");
+  cmd->add_option("--size", o->size, "bytes per frame, suffixes K/M/G (default 1M)");
+  cmd->add_option("--transport", o->transport, "tcp or grpc (default tcp)");
+  cmd->add_option("--framelinkd", o->framelinkd, "path of framelinkd (default: the build tree's, then $PATH)");
+  cmd->add_option("--slots", o->slots, "slots per producer and consumer (default 8)");
+  cmd->add_flag("--keep-temp", o->keep, "keep the daemons' temporary directory (logs) after the run");
+  cmd->callback([o, &exit_code] { exit_code = runDemo(*o); });
+}
+
+}  // namespace framelink::cli

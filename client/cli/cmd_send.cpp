@@ -1,0 +1,205 @@
+// `framelink send`: synthetic frames (brief's pattern) or files, as a producer.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "frame_pattern.h"
+#include "producer.h"
+
+namespace framelink::cli {
+
+std::string statusName(int status) {
+  std::string s = fl_status_str(status);
+  const size_t colon = s.find(':');
+  if (colon != std::string::npos) s.resize(colon);
+  if (s.empty()) s = "status " + std::to_string(status);
+  return s;
+}
+
+namespace {
+
+struct SendOptions {
+  std::string socket;
+  std::string stream;
+  uint64_t count = 0;
+  bool count_set = false;
+  std::string size = "1M";
+  std::string random_size;
+  uint64_t seed = 1;
+  double rate = 0;
+  uint32_t slots = 0;
+  std::string slot_size;
+  bool crc = false;
+  uint64_t first_id = 0;
+  std::vector<std::string> files;
+  bool quiet = false;
+  bool json = false;
+};
+
+constexpr uint64_t kPage = 4096;
+uint64_t roundUpPage(uint64_t v) { return v == 0 ? kPage : (v + kPage - 1) / kPage * kPage; }
+
+int runSend(const SendOptions& o) {
+  installInterruptHandler();
+  std::optional<pattern::SizeSequence> sizes;
+  uint64_t largest = 0;
+  std::vector<uint64_t> file_sizes;
+  if (!o.files.empty()) {
+    if (!o.random_size.empty()) {
+      std::fprintf(stderr, "framelink send: --random-size makes no sense with FILES (each file is one frame)\n");
+      return 2;
+    }
+    for (const auto& f : o.files) {
+      struct stat sb {};
+      if (::stat(f.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        std::fprintf(stderr, "framelink send: cannot read %s: %s -- pass regular files\n", f.c_str(),
+                     errno != 0 ? std::strerror(errno) : "not a regular file");
+        return 2;
+      }
+      file_sizes.push_back(static_cast<uint64_t>(sb.st_size));
+      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(sb.st_size));
+    }
+  } else if (!o.random_size.empty()) {
+    auto range = parseSizeRange(o.random_size);
+    if (!range) {
+      std::fprintf(stderr, "framelink send: --random-size '%s' is not MIN:MAX (e.g. 1:8M)\n", o.random_size.c_str());
+      return 2;
+    }
+    sizes.emplace(range->first, range->second, o.seed);
+    largest = range->second;
+  } else {
+    auto s = parseSize(o.size);
+    if (!s) {
+      std::fprintf(stderr, "framelink send: --size '%s' is not a size (e.g. 4096, 64K, 1M)\n", o.size.c_str());
+      return 2;
+    }
+    sizes.emplace(*s);
+    largest = *s;
+  }
+  uint64_t slot_size = roundUpPage(largest);
+  if (!o.slot_size.empty()) {
+    auto s = parseSize(o.slot_size);
+    if (!s || *s == 0) {
+      std::fprintf(stderr, "framelink send: --slot-size '%s' is not a size\n", o.slot_size.c_str());
+      return 2;
+    }
+    if (*s < largest) {
+      std::fprintf(stderr, "framelink send: --slot-size %s is smaller than the largest frame (%s); raise it\n",
+                   formatBytes(*s).c_str(), formatBytes(largest).c_str());
+      return 2;
+    }
+    slot_size = *s;
+  }
+  const uint64_t count = !o.files.empty() ? o.files.size() : (o.count_set ? o.count : 100);
+
+  ProducerOptions po;
+  po.socket_path = o.socket;
+  po.stream = o.stream;
+  po.slot_count = o.slots;
+  po.slot_size = slot_size;
+  po.crc = o.crc;
+  po.rate_hz = o.rate;
+  std::string err;
+  auto producer = Producer::attach(po, err);
+  if (!producer) {
+    std::fprintf(stderr, "framelink send: %s\n", err.c_str());
+    return 1;
+  }
+  if (producer->info().slot_size < largest) {
+    std::fprintf(stderr, "framelink send: the daemon granted %s slots, smaller than the largest frame (%s); "
+                 "raise the daemon's --max-slot-size\n", formatBytes(producer->info().slot_size).c_str(),
+                 formatBytes(largest).c_str());
+    return 1;
+  }
+
+  std::vector<char> file_buf;
+  auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string& e) -> bool {
+    if (!o.files.empty()) {
+      const std::string& path = o.files[index];
+      std::ifstream in(path, std::ios::binary);
+      in.read(reinterpret_cast<char*>(slot.data), static_cast<std::streamsize>(file_sizes[index]));
+      if (!in || static_cast<uint64_t>(in.gcount()) != file_sizes[index]) {
+        e = "cannot read " + path + " (" + std::to_string(file_sizes[index]) + " bytes): " + std::strerror(errno);
+        return false;
+      }
+      spec.frame_id = index;
+      spec.wafer_id = 0;
+      spec.length = file_sizes[index];
+      const size_t slash = path.rfind('/');
+      spec.attrs = "name=" + (slash == std::string::npos ? path : path.substr(slash + 1));
+      if (spec.attrs.size() > 192) spec.attrs.resize(192);
+      return true;
+    }
+    const uint64_t id = o.first_id + index;
+    spec.frame_id = id;
+    spec.wafer_id = pattern::waferOf(id);
+    spec.length = sizes->sizeOf(id);
+    spec.attrs = pattern::makeAttrs(id);
+    pattern::fillPattern(id, slot.data, spec.length);
+    return true;
+  };
+  auto more = [&](uint64_t index) { return count == 0 || index < count; };
+  ProducerStats st = producer->run(more, prepare, nullptr, nullptr);
+
+  const double secs = st.seconds();
+  const double gbps = secs > 0 ? st.bytes_delivered / secs / 1e9 : 0.0;
+  const double fps = secs > 0 ? st.delivered / secs : 0.0;
+  if (o.json) {
+    std::string failures;
+    for (const auto& [status, n] : st.failures) {
+      if (!failures.empty()) failures += ",";
+      failures += "\"" + jsonEscape(statusName(status)) + "\":" + std::to_string(n);
+    }
+    std::printf("{\"submitted\":%llu,\"delivered\":%llu,\"failed\":%llu,\"failures\":{%s},\"bytes_delivered\":%llu,"
+                "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"interrupted\":%s,\"error\":\"%s\"}\n",
+                (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
+                failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps,
+                st.interrupted ? "true" : "false", jsonEscape(st.error).c_str());
+  } else if (!o.quiet || !st.allDelivered()) {
+    std::printf("sent %llu frames: %llu delivered, %llu failed; %s in %.3f s = %.3f GB/s, %.0f frames/s\n",
+                (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
+                formatBytes(st.bytes_delivered).c_str(), secs, gbps, fps);
+    for (const auto& [status, n] : st.failures) {
+      std::printf("  failed %llu x %s\n", (unsigned long long)n, fl_status_str(status));
+    }
+  }
+  if (!st.error.empty()) std::fprintf(stderr, "framelink send: %s\n", st.error.c_str());
+  if (st.interrupted) std::fprintf(stderr, "framelink send: interrupted after %llu frames\n",
+                                   (unsigned long long)st.submitted);
+  std::fflush(stdout);
+  if (st.interrupted) return 130;
+  return st.allDelivered() ? 0 : 1;
+}
+
+}  // namespace
+
+void addSendCommand(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<SendOptions>();
+  auto* cmd = app.add_subcommand("send", "Send synthetic frames or files as a producer");
+  cmd->add_option("--socket", o->socket, "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+  cmd->add_option("--stream", o->stream, "stream name")->required();
+  cmd->add_option("--count", o->count, "number of synthetic frames (default 100; 0 = until Ctrl-C)")
+      ->each([o](const std::string&) { o->count_set = true; });
+  auto* size = cmd->add_option("--size", o->size, "bytes per frame, suffixes K/M/G (default 1M)");
+  auto* rnd = cmd->add_option("--random-size", o->random_size, "MIN:MAX: random sizes (see --seed)");
+  size->excludes(rnd);
+  cmd->add_option("--seed", o->seed, "seed of --random-size (default 1)");
+  cmd->add_option("--rate", o->rate, "frames per second (default: as fast as possible)");
+  cmd->add_option("--slots", o->slots, "slots to ask the daemon for (default: library default)");
+  cmd->add_option("--slot-size", o->slot_size, "bytes per slot (default: the largest frame, page-rounded)");
+  cmd->add_flag("--crc", o->crc, "send a CRC32C with each frame; the receiving daemon checks it");
+  cmd->add_option("--first-id", o->first_id, "frame_id of the first synthetic frame (default 0)");
+  cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
+  cmd->add_flag("--json", o->json, "print the summary as one JSON object");
+  cmd->add_option("files", o->files, "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
+  cmd->callback([o, &exit_code] { exit_code = runSend(*o); });
+}
+
+}  // namespace framelink::cli

@@ -1,0 +1,22 @@
+// The `framelink` subcommands.  Each add*Command registers its options and stores its exit code
+// in `exit_code` when it runs.
+#ifndef FRAMELINK_CLI_COMMANDS_H
+#define FRAMELINK_CLI_COMMANDS_H
+
+#include <CLI/CLI.hpp>
+
+namespace framelink::cli {
+
+void addSendCommand(CLI::App& app, int& exit_code);
+void addRecvCommand(CLI::App& app, int& exit_code);
+void addDemoCommand(CLI::App& app, int& exit_code);
+void addBenchCommand(CLI::App& app, int& exit_code);
+// Hidden helpers that `bench` starts as separate processes (gRPC must not be used across fork).
+void addBenchHelperCommands(CLI::App& app, int& exit_code);
+
+// "FL_ERR_TOO_LARGE" from fl_status_str's "FL_ERR_TOO_LARGE: ...".
+std::string statusName(int status);
+
+}  // namespace framelink::cli
+
+#endif  // FRAMELINK_CLI_COMMANDS_H

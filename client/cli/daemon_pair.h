@@ -1,0 +1,74 @@
+// Two framelinkd processes on this machine, "hostA" (dials) and "hostB" (listens), wired to each
+// other over loopback with a random token: the setup `framelink demo` and `bench` run on.
+#ifndef FRAMELINK_CLI_DAEMON_PAIR_H
+#define FRAMELINK_CLI_DAEMON_PAIR_H
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace framelink::cli {
+
+// --framelinkd if given, else next to this binary (the build tree's proxy/framelinkd, or an
+// installed sibling), else $PATH.  "" and `err` set when none is found.
+std::string findFramelinkd(const std::string& explicit_path, std::string& err);
+
+struct DaemonProcess {
+  std::string id;
+  std::string socket;
+  std::string ready_file;
+  std::string log_file;
+  pid_t pid = -1;
+  uint16_t grpc_port = 0;
+  uint16_t data_port = 0;
+};
+
+class DaemonPair {
+ public:
+  struct Options {
+    std::string framelinkd;
+    std::string transport;                // "tcp" or "grpc"
+    std::string temp_prefix = "framelink";
+    std::string log_level = "info";
+    std::vector<std::string> extra_args;  // appended to both daemons' command lines
+    int ready_timeout_ms = 15000;
+  };
+
+  static std::unique_ptr<DaemonPair> start(const Options& options, std::string& err);
+  ~DaemonPair();
+  DaemonPair(const DaemonPair&) = delete;
+  DaemonPair& operator=(const DaemonPair&) = delete;
+
+  const DaemonProcess& a() const { return a_; }  // producer side
+  const DaemonProcess& b() const { return b_; }  // consumer side
+  const std::string& dir() const { return dir_; }
+
+  // "" while both daemons run; otherwise which one exited and how, plus its log tail.
+  std::string checkAlive();
+  // SIGTERM both, SIGKILL whatever still runs after 5 s; idempotent.
+  void stop();
+  std::string logTail(const DaemonProcess& d, int lines = 15) const;
+  // Keep the temporary directory (logs) after stop, e.g. after a failure.
+  void keepDir() { keep_dir_ = true; }
+
+ private:
+  DaemonPair() = default;
+  bool spawn(DaemonProcess& d, const std::vector<std::string>& args, std::string& err);
+  bool waitReady(DaemonProcess& d, int timeout_ms, std::string& err);
+
+  Options options_;
+  std::string dir_;
+  DaemonProcess a_;
+  DaemonProcess b_;
+  bool keep_dir_ = false;
+};
+
+// utime + stime of a process in seconds (from /proc/<pid>/stat); < 0 when unreadable.
+double processCpuSeconds(pid_t pid);
+
+}  // namespace framelink::cli
+
+#endif  // FRAMELINK_CLI_DAEMON_PAIR_H
