@@ -1,0 +1,89 @@
+// framelinkd configuration: one TOML file (--config) plus command-line flags
+// that override it.  Everything is validated here, at start-up, so that a
+// mistake in the file or on the command line stops the daemon with a message
+// that names the key and says what to write instead -- rather than surfacing
+// later as a refused peer link or a failed attach.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace framelink {
+
+struct PeerConfig {
+  std::string name;
+  std::string address;               // HOST:PORT of the peer's gRPC listener; this daemon dials it
+  std::vector<std::string> streams;  // stream names (or "*") routed to this peer; see routeFor()
+};
+
+inline constexpr uint64_t kMiB = uint64_t{1} << 20;
+inline constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+struct Config {
+  // [daemon]
+  std::string id;  // default: gethostname()
+  std::string socket_path = "/run/framelink/framelinkd.sock";
+  uint32_t socket_mode = 0660;
+  std::string socket_group;                          // empty: leave the group the socket was created with
+  std::vector<uint32_t> allowed_uids, allowed_gids;  // both empty: anyone who can open the socket
+  std::string hugepages = "auto";                    // auto | on | off
+  std::string log_level = "info";                    // trace | debug | info | warn | error
+  std::string ready_file;                            // empty: do not write one
+  int cpu = -1;                                      // pin the data agent; -1: do not pin
+
+  // [link]
+  std::string listen = "0.0.0.0:7700";
+  std::string data_listen = "0.0.0.0:0";
+  std::string token;                                   // empty: peer links are not authenticated
+  std::vector<std::string> transports{"tcp", "grpc"};  // preference order
+  uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
+           reconnect_min_ms = 100, reconnect_max_ms = 5000;
+  uint64_t grpc_chunk_bytes = 4 * kMiB;
+
+  // [limits]
+  uint64_t max_slot_size = 64 * kMiB;
+  uint32_t max_slots = 1024;
+  uint64_t max_client_bytes = 1 * kGiB;
+  uint32_t default_slot_count = 8;
+  uint64_t default_slot_size = 4 * kMiB;
+
+  // [metrics]
+  std::string metrics_listen;  // empty: no metrics endpoint
+
+  // [[peer]]
+  std::vector<PeerConfig> peers;
+
+  // Where the configuration came from (empty: flags only); for the start-up log.
+  std::string config_file;
+
+  // --help and --version: parseConfig() succeeds with exit_now set and the text
+  // to print in exit_message.  The caller prints it to stdout and exits 0
+  // without starting anything; every other field is then unspecified.
+  bool exit_now = false;
+  std::string exit_message;
+
+  // The peer a producer stream is routed to, or "" when there is none:
+  //   1. the first peer whose streams list the name itself;
+  //   2. else the first peer whose streams contain "*";
+  //   3. else, when exactly one peer has no streams list at all, that peer
+  //      (so a daemon with a single peer and no routes sends everything there);
+  //   4. else "" (the frame fails with FL_ERR_NO_ROUTE).
+  std::string routeFor(const std::string& stream) const;
+};
+
+// Parses the framelinkd command line (see README "framelinkd").  With
+// --config FILE the TOML file is loaded first and flags given on the command
+// line override it: scalar flags replace the file's value, --allow-uid /
+// --allow-gid / --transports replace the file's list, --peer adds a peer (or
+// replaces the address of the file's peer of that name), --route STREAM=PEER
+// adds STREAM to that peer's streams.  Errors carry FL_EINVAL and a message
+// that names the offending flag or key (and file) and the expected form.
+Result<Config> parseConfig(int argc, const char* const* argv);
+
+// One line for the start-up log: every effective setting, the token redacted.
+std::string describe(const Config& config);
+
+}  // namespace framelink

@@ -1,0 +1,4 @@
+// The one Catch2 main shared by every test executable (Catch2 2.13 has no
+// Catch2WithMain target): compile this file into each test.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>

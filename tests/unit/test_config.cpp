@@ -1,0 +1,430 @@
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace fl = framelink;
+
+namespace {
+
+// A private directory for the files one test writes; removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "fl_config_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+    REQUIRE(!path_.empty());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string path(const std::string& name) const { return path_ + "/" + name; }
+
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string file = path_ + "/" + name;
+    std::ofstream(file) << text;
+    return file;
+  }
+
+ private:
+  std::string path_;
+};
+
+fl::Result<fl::Config> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "framelinkd");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return fl::parseConfig(static_cast<int>(argv.size()), argv.data());
+}
+
+// Parsing must fail, with a message that contains every fragment given.
+void requireError(const std::vector<std::string>& args, const std::vector<std::string>& fragments) {
+  auto result = parse(args);
+  INFO("args: " << [&] {
+    std::string s;
+    for (const auto& a : args) s += a + " ";
+    return s;
+  }());
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.error().code == FL_EINVAL);
+  for (const auto& fragment : fragments) {
+    INFO("message: " << result.error().message);
+    CHECK(result.error().message.find(fragment) != std::string::npos);
+  }
+}
+
+const char* kFullToml = R"(
+[daemon]
+id = "hosta"
+socket = "/tmp/fl-a.sock"
+socket_mode = "0640"
+socket_group = "video"
+allowed_uids = [1000, 1001]
+allowed_gids = [44]
+log_level = "debug"
+ready_file = "/tmp/ready"
+cpu = 1
+hugepages = "off"
+
+[link]
+listen = "127.0.0.1:7701"
+data_listen = "127.0.0.1:0"
+token = "s3cret"
+transports = ["grpc", "tcp"]
+ack_timeout_ms = 1000
+credit_timeout_ms = 2000
+connect_timeout_ms = 300
+keepalive_ms = 250
+reconnect_min_ms = 10
+reconnect_max_ms = 900
+grpc_chunk_bytes = "1MiB"
+
+[limits]
+max_slot_size = "16MiB"
+max_slots = 64
+max_client_bytes = 268435456
+default_slot_count = 4
+default_slot_size = 1048576
+
+[metrics]
+listen = "127.0.0.1:9100"
+
+[[peer]]
+name = "hostb"
+address = "127.0.0.1:7702"
+streams = ["cam0", "cam1"]
+
+[[peer]]
+name = "hostc"
+address = "[::1]:7703"
+streams = ["*"]
+)";
+
+}  // namespace
+
+TEST_CASE("defaults without any flag", "[config]") {
+  auto c = parse({});
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->exit_now);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  CHECK(c->id == host);
+  CHECK(c->socket_path == "/run/framelink/framelinkd.sock");
+  CHECK(c->socket_mode == 0660);
+  CHECK(c->listen == "0.0.0.0:7700");
+  CHECK(c->data_listen == "0.0.0.0:0");
+  CHECK(c->transports == std::vector<std::string>{"tcp", "grpc"});
+  CHECK(c->hugepages == "auto");
+  CHECK(c->log_level == "info");
+  CHECK(c->max_slot_size == 64 * fl::kMiB);
+  CHECK(c->max_client_bytes == fl::kGiB);
+  CHECK(c->peers.empty());
+  CHECK(c->routeFor("cam0").empty());
+}
+
+TEST_CASE("a TOML file sets every key", "[config]") {
+  TempDir dir;
+  auto c = parse({"--config", dir.write("a.toml", kFullToml)});
+  REQUIRE(c.ok());
+  CHECK(c->id == "hosta");
+  CHECK(c->socket_path == "/tmp/fl-a.sock");
+  CHECK(c->socket_mode == 0640);
+  CHECK(c->socket_group == "video");
+  CHECK(c->allowed_uids == std::vector<uint32_t>{1000, 1001});
+  CHECK(c->allowed_gids == std::vector<uint32_t>{44});
+  CHECK(c->log_level == "debug");
+  CHECK(c->ready_file == "/tmp/ready");
+  CHECK(c->cpu == 1);
+  CHECK(c->hugepages == "off");
+  CHECK(c->listen == "127.0.0.1:7701");
+  CHECK(c->data_listen == "127.0.0.1:0");
+  CHECK(c->token == "s3cret");
+  CHECK(c->transports == std::vector<std::string>{"grpc", "tcp"});
+  CHECK(c->ack_timeout_ms == 1000);
+  CHECK(c->credit_timeout_ms == 2000);
+  CHECK(c->connect_timeout_ms == 300);
+  CHECK(c->keepalive_ms == 250);
+  CHECK(c->reconnect_min_ms == 10);
+  CHECK(c->reconnect_max_ms == 900);
+  CHECK(c->grpc_chunk_bytes == fl::kMiB);
+  CHECK(c->max_slot_size == 16 * fl::kMiB);
+  CHECK(c->max_slots == 64);
+  CHECK(c->max_client_bytes == 256 * fl::kMiB);
+  CHECK(c->default_slot_count == 4);
+  CHECK(c->default_slot_size == fl::kMiB);
+  CHECK(c->metrics_listen == "127.0.0.1:9100");
+  REQUIRE(c->peers.size() == 2);
+  CHECK(c->peers[0].name == "hostb");
+  CHECK(c->peers[0].address == "127.0.0.1:7702");
+  CHECK(c->peers[0].streams == std::vector<std::string>{"cam0", "cam1"});
+  CHECK(c->peers[1].address == "[::1]:7703");
+}
+
+TEST_CASE("a TOML octal literal is accepted as socket_mode", "[config]") {
+  TempDir dir;
+  auto c = parse({"--config", dir.write("a.toml", "[daemon]\nsocket_mode = 0o600\n")});
+  REQUIRE(c.ok());
+  CHECK(c->socket_mode == 0600);
+}
+
+TEST_CASE("flags override the file", "[config]") {
+  TempDir dir;
+  const auto file = dir.write("a.toml", kFullToml);
+  auto c = parse({"--config",
+                  file,
+                  "--id",
+                  "other",
+                  "--socket-mode",
+                  "0600",
+                  "--listen",
+                  "0.0.0.0:0",
+                  "--token",
+                  "flagtoken",
+                  "--transports",
+                  "tcp",
+                  "--hugepages",
+                  "auto",
+                  "--log-level",
+                  "warn",
+                  "--allow-uid",
+                  "7",
+                  "--max-slot-size",
+                  "8M",
+                  "--max-slots",
+                  "32",
+                  "--cpu",
+                  "-1",
+                  "--ack-timeout-ms",
+                  "5",
+                  "--peer",
+                  "hostb=10.0.0.9:7700",
+                  "--peer",
+                  "hostd=10.0.0.4:7700",
+                  "--route",
+                  "cam9=hostd",
+                  "--metrics",
+                  "127.0.0.1:0",
+                  "--ready-file",
+                  "/tmp/r2"});
+  REQUIRE(c.ok());
+  CHECK(c->id == "other");
+  CHECK(c->socket_mode == 0600);
+  CHECK(c->listen == "0.0.0.0:0");
+  CHECK(c->token == "flagtoken");
+  CHECK(c->transports == std::vector<std::string>{"tcp"});
+  CHECK(c->hugepages == "auto");
+  CHECK(c->log_level == "warn");
+  CHECK(c->allowed_uids == std::vector<uint32_t>{7});   // replaced, not appended
+  CHECK(c->allowed_gids == std::vector<uint32_t>{44});  // not given: from the file
+  CHECK(c->max_slot_size == 8 * fl::kMiB);
+  CHECK(c->max_slots == 32);
+  CHECK(c->cpu == -1);
+  CHECK(c->ack_timeout_ms == 5);
+  CHECK(c->credit_timeout_ms == 2000);  // not given: from the file
+  CHECK(c->metrics_listen == "127.0.0.1:0");
+  CHECK(c->ready_file == "/tmp/r2");
+  REQUIRE(c->peers.size() == 3);
+  CHECK(c->peers[0].address == "10.0.0.9:7700");  // same name: address replaced, routes kept
+  CHECK(c->peers[0].streams == std::vector<std::string>{"cam0", "cam1"});
+  CHECK(c->peers[2].name == "hostd");
+  CHECK(c->routeFor("cam9") == "hostd");
+}
+
+TEST_CASE("--token-file reads the secret without its trailing newline", "[config]") {
+  TempDir dir;
+  auto c = parse({"--token-file", dir.write("token", "abc123\n")});
+  REQUIRE(c.ok());
+  CHECK(c->token == "abc123");
+
+  auto crlf = parse({"--token-file", dir.write("token2", "xyz\r\n")});
+  REQUIRE(crlf.ok());
+  CHECK(crlf->token == "xyz");
+
+  requireError({"--token-file", dir.path("missing")}, {"--token-file", "cannot read"});
+  requireError({"--token-file", dir.write("empty", "\n")}, {"--token-file", "is empty"});
+  requireError({"--token", "a", "--token-file", dir.path("token")}, {"--token"});
+}
+
+TEST_CASE("link.token_file is read relative to the config file", "[config]") {
+  TempDir dir;
+  dir.write("peer.token", "tok\n");
+  auto c = parse({"--config", dir.write("a.toml", "[link]\ntoken_file = \"peer.token\"\n")});
+  REQUIRE(c.ok());
+  CHECK(c->token == "tok");
+  requireError({"--config", dir.write("b.toml", "[link]\ntoken = \"x\"\ntoken_file = \"peer.token\"\n")},
+               {"token_file", "keep one"});
+}
+
+TEST_CASE("--help and --version ask the caller to print and exit 0", "[config]") {
+  auto help = parse({"--help"});
+  REQUIRE(help.ok());
+  CHECK(help->exit_now);
+  CHECK(help->exit_message.find("--peer") != std::string::npos);
+  CHECK(help->exit_message.find("--token-file") != std::string::npos);
+
+  auto version = parse({"--version"});
+  REQUIRE(version.ok());
+  CHECK(version->exit_now);
+  CHECK(version->exit_message.rfind("framelinkd 0.", 0) == 0);
+}
+
+TEST_CASE("unknown keys and tables in the file are errors naming the key and the file", "[config]") {
+  TempDir dir;
+  const auto key = dir.write("key.toml", "[daemon]\nid = \"a\"\nsokcet = \"/tmp/x\"\n");
+  requireError({"--config", key}, {"daemon.sokcet", key, "line 3"});
+  const auto table = dir.write("table.toml", "[deamon]\nid = \"a\"\n");
+  requireError({"--config", table}, {"deamon", table});
+  const auto peer = dir.write("peer.toml", "[[peer]]\nname = \"b\"\naddress = \"h:1\"\nstream = [\"x\"]\n");
+  requireError({"--config", peer}, {"peer[0].stream", peer});
+  const auto top = dir.write("top.toml", "id = \"a\"\n");
+  requireError({"--config", top}, {"'id'", top});
+}
+
+TEST_CASE("file problems are reported with the file name", "[config]") {
+  TempDir dir;
+  requireError({"--config", dir.path("nope.toml")}, {"nope.toml"});
+  const auto syntax = dir.write("bad.toml", "[daemon\nid = 1\n");
+  requireError({"--config", syntax}, {syntax + ":1"});
+  requireError({"--config", dir.write("type.toml", "[daemon]\ncpu = \"one\"\n")}, {"daemon.cpu", "integer"});
+  requireError({"--config", dir.write("type2.toml", "[link]\ntransports = \"tcp\"\n")},
+               {"link.transports", "array"});
+  requireError({"--config", dir.write("neg.toml", "[limits]\nmax_slots = -1\n")}, {"limits.max_slots"});
+  requireError({"--config", dir.write("peer.toml", "[[peer]]\nname = \"b\"\n")}, {"address"});
+  requireError({"--config", dir.write("peert.toml", "[peer]\nname = \"b\"\n")}, {"[[peer]]"});
+}
+
+TEST_CASE("validation errors say what to fix", "[config]") {
+  SECTION("socket mode") {
+    requireError({"--socket-mode", "0980"}, {"--socket-mode", "octal"});
+    requireError({"--socket-mode", "rw"}, {"--socket-mode", "octal"});
+    requireError({"--socket-mode", "1777"}, {"--socket-mode", "0777"});
+    TempDir dir;
+    requireError({"--config", dir.write("m.toml", "[daemon]\nsocket_mode = \"999\"\n")},
+                 {"daemon.socket_mode", "octal"});
+  }
+  SECTION("transports") {
+    requireError({"--transports", "tcp,udp"}, {"--transports", "'udp'", "tcp, grpc, rdma"});
+    requireError({"--transports", "tcp,tcp"}, {"twice"});
+    requireError({"--transports", ""}, {"--transports"});
+    TempDir dir;
+    requireError({"--config", dir.write("t.toml", "[link]\ntransports = [\"ib\"]\n")},
+                 {"link.transports", "'ib'"});
+    CHECK(parse({"--transports", "rdma,tcp,grpc"}).ok());
+  }
+  SECTION("peers") {
+    requireError({"--peer", "hostb"}, {"--peer", "NAME=HOST:PORT"});
+    requireError({"--peer", "hostb=nohostport"}, {"--peer hostb", "HOST:PORT"});
+    requireError({"--peer", "hostb=h:0"}, {"port 0"});
+    requireError({"--peer", "hostb=h:99999"}, {"port"});
+    requireError({"--peer", "bad name=h:1"}, {"name"});
+    requireError({"--peer", "hostb=::1:7700"}, {"brackets"});
+  }
+  SECTION("routes") {
+    requireError({"--peer", "a=h:1", "--route", "cam0=b"},
+                 {"--route cam0=b", "no peer named 'b'", "--peer b="});
+    requireError({"--route", "cam0"}, {"--route", "STREAM=PEER"});
+    requireError({"--peer", "a=h:1", "--route", "bad/stream=a"}, {"stream name"});
+    requireError({"--peer", "a=h:1", "--peer", "b=h:2", "--route", "cam0=a", "--route", "cam0=b"},
+                 {"'cam0'", "both"});
+  }
+  SECTION("hugepages and log level") {
+    requireError({"--hugepages", "yes"}, {"--hugepages", "auto, on, off"});
+    requireError({"--log-level", "verbose"}, {"--log-level", "trace, debug, info, warn, error"});
+    TempDir dir;
+    requireError({"--config", dir.write("h.toml", "[daemon]\nhugepages = \"always\"\n")},
+                 {"daemon.hugepages"});
+    requireError({"--config", dir.write("l.toml", "[daemon]\nlog_level = \"loud\"\n")}, {"daemon.log_level"});
+  }
+  SECTION("sizes and counts of 0") {
+    requireError({"--max-slot-size", "0"}, {"--max-slot-size", "greater than 0"});
+    requireError({"--max-slots", "0"}, {"--max-slots", "greater than 0"});
+    requireError({"--max-client-bytes", "0"}, {"--max-client-bytes", "greater than 0"});
+    requireError({"--ack-timeout-ms", "0"}, {"--ack-timeout-ms"});
+    requireError({"--max-slot-size", "12XB"}, {"--max-slot-size", "not a size"});
+    TempDir dir;
+    requireError({"--config", dir.write("z.toml", "[limits]\ndefault_slot_size = 0\n")},
+                 {"limits.default_slot_size", "greater than 0"});
+    requireError({"--config", dir.write("z2.toml", "[limits]\ndefault_slot_count = 0\n")},
+                 {"limits.default_slot_count"});
+    requireError({"--config", dir.write("z3.toml", "[link]\ngrpc_chunk_bytes = 0\n")},
+                 {"link.grpc_chunk_bytes"});
+    requireError({"--config", dir.write("z4.toml", "[link]\nkeepalive_ms = 0\n")}, {"link.keepalive_ms"});
+  }
+  SECTION("settings that contradict each other") {
+    requireError({"--max-slot-size", "1M"}, {"default_slot_size", "max_slot_size"});
+    requireError({"--max-slots", "4"}, {"default_slot_count", "max_slots"});
+    requireError({"--max-client-bytes", "1M"}, {"max_client_bytes"});
+    TempDir dir;
+    requireError({"--config", dir.write("r.toml", "[link]\nreconnect_min_ms = 10000\n")},
+                 {"reconnect_min_ms", "reconnect_max_ms"});
+  }
+  SECTION("addresses, cpu, socket path, unknown flags") {
+    requireError({"--listen", "7700"}, {"--listen", "HOST:PORT"});
+    requireError({"--metrics", "localhost"}, {"--metrics"});
+    requireError({"--cpu", "-2"}, {"--cpu"});
+    requireError({"--socket", "/tmp/" + std::string(200, 'x')}, {"at most 107"});
+    requireError({"--no-such-flag"}, {"--help"});
+    requireError({"--id", "a", "--id", "b"}, {"--id"});
+  }
+}
+
+TEST_CASE("routing", "[config][routing]") {
+  fl::Config c;
+  SECTION("no peer: no route") {
+    CHECK(c.routeFor("cam0").empty());
+  }
+  SECTION("exactly one peer without routes takes every stream") {
+    c.peers = {{"b", "h:1", {}}};
+    CHECK(c.routeFor("cam0") == "b");
+    CHECK(c.routeFor("anything") == "b");
+  }
+  SECTION("two peers without routes: ambiguous, no route") {
+    c.peers = {{"b", "h:1", {}}, {"c", "h:2", {}}};
+    CHECK(c.routeFor("cam0").empty());
+  }
+  SECTION("an exact name wins over '*', whatever the order") {
+    c.peers = {{"star", "h:1", {"*"}}, {"exact", "h:2", {"cam0"}}};
+    CHECK(c.routeFor("cam0") == "exact");
+    CHECK(c.routeFor("cam1") == "star");
+  }
+  SECTION("listed streams only, no default: other streams have no route") {
+    c.peers = {{"b", "h:1", {"cam0"}}};
+    CHECK(c.routeFor("cam0") == "b");
+    CHECK(c.routeFor("cam1").empty());
+  }
+  SECTION("the one peer without a streams list is the default for the rest") {
+    c.peers = {{"b", "h:1", {"cam0"}}, {"d", "h:2", {}}};
+    CHECK(c.routeFor("cam0") == "b");
+    CHECK(c.routeFor("cam1") == "d");
+  }
+  SECTION("'*' wins over the peer without a list") {
+    c.peers = {{"d", "h:2", {}}, {"star", "h:1", {"*"}}};
+    CHECK(c.routeFor("cam1") == "star");
+  }
+  SECTION("routes from flags") {
+    auto parsed = parse({"--peer", "b=h:1", "--peer", "c=h:2", "--route", "cam0=c", "--route", "*=b"});
+    REQUIRE(parsed.ok());
+    CHECK(parsed->routeFor("cam0") == "c");
+    CHECK(parsed->routeFor("cam7") == "b");
+  }
+}
+
+TEST_CASE("describe redacts the token", "[config]") {
+  auto c = parse({"--token", "hunter2", "--peer", "b=h:1", "--route", "cam0=b", "--socket-mode", "0600"});
+  REQUIRE(c.ok());
+  const std::string line = fl::describe(*c);
+  CHECK(line.find("hunter2") == std::string::npos);
+  CHECK(line.find("token=<redacted>") != std::string::npos);
+  CHECK(line.find("mode=0600") != std::string::npos);
+  CHECK(line.find("b=h:1[cam0]") != std::string::npos);
+  auto none = parse({});
+  REQUIRE(none.ok());
+  CHECK(fl::describe(*none).find("token=none") != std::string::npos);
+}
