@@ -1,0 +1,135 @@
+// The bookkeeping every byte-stream transport (tcp, grpc) shares: the bounded
+// send queue, the credit table, the event queue with its eventfd, and the
+// "link failed exactly once" rule.  A transport implementation owns one
+// TransportCore and adds only the code that moves bytes.
+//
+// Threads:
+//   * data agent (one thread): exposeCredit, retractCredit, post, poll, eventFd
+//   * sender thread (one):     nextSend, completeSend
+//   * receiver thread (one):   beginReceive, endReceive, frameArrived
+//   * any thread:              fail, connected
+//
+// Ordering guarantees the daemon relies on:
+//   * Every request accepted by post() yields exactly one SendComplete.
+//   * A SendComplete with FL_OK is never reported after the LinkError: once
+//     the link failed, requests still queued or being written complete with
+//     FL_ERR_LINK_LOST (the payload may or may not have left the host, the
+//     ACK on the control link decides).
+//   * A SendComplete is reported only once the transport no longer reads the
+//     request's payload.
+//   * LinkError is reported once per transport, whatever the cause
+//     (peer closed, I/O error, protocol violation, local shutdown).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "transport/transport.h"
+
+namespace framelink::transport {
+
+// Default depth of the send queue: post() reports kBackpressure beyond it.
+inline constexpr size_t kDefaultSendQueueDepth = 256;
+
+// Checks a SendRequest the way every transport must before queueing it.
+// Returns an empty string when the request is well formed, else why not.
+const char* validateSendRequest(const SendRequest& request) noexcept;
+
+class TransportCore {
+ public:
+  static Result<std::unique_ptr<TransportCore>> create(size_t send_queue_depth = kDefaultSendQueueDepth);
+
+  TransportCore(const TransportCore&) = delete;
+  TransportCore& operator=(const TransportCore&) = delete;
+  ~TransportCore();
+
+  // ---- data agent ----
+  Result<RemoteCredit> exposeCredit(LocalCredit credit);
+  void retractCredit(uint64_t credit_id);
+  PostResult post(const SendRequest& request) noexcept;
+  size_t poll(TransportEvent* out, size_t max) noexcept;
+  int eventFd() const noexcept { return event_fd_.get(); }
+  bool connected() const noexcept;
+
+  // ---- sender thread ----
+  // Blocks until a request is queued (true) or the link failed (false).  The
+  // request stays "in flight" until completeSend().
+  bool nextSend(SendRequest* out) noexcept;
+  // Makes nextSend() return false from now on without failing the link:
+  // the transport stops writing (its stream is gone) and fails the link
+  // afterwards, once it knows why.  Queued requests stay queued until fail().
+  void stopSending() noexcept;
+  // The in-flight request was written (FL_OK), or failed with `status`; its
+  // payload is not read any more.  Reports FL_ERR_LINK_LOST instead of FL_OK
+  // if the link failed meanwhile.  Must be called for every nextSend() that
+  // returned true, also when the write failed.
+  void completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept;
+
+  // ---- receiver thread ----
+  // Takes the credit out of the table (it is consumed by this frame).
+  std::optional<LocalCredit> beginReceive(uint64_t credit_id) noexcept;
+  // True if the credit taken by beginReceive was not retracted meanwhile.
+  bool endReceive() noexcept;
+  void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
+
+  // ---- any thread ----
+  // Marks the link failed.  The first call reports LinkError(status, message)
+  // and completes every queued request with FL_ERR_LINK_LOST; it returns
+  // true.  Later calls do nothing and return false.
+  bool fail(int status, std::string message) noexcept;
+  bool failed() const noexcept;
+
+  // Counters for stats and benchmarks (approximate, relaxed).
+  struct Counters {
+    uint64_t frames_sent = 0;
+    uint64_t bytes_sent = 0;
+    uint64_t frames_received = 0;
+    uint64_t bytes_received = 0;
+    uint64_t unknown_credit_frames = 0;
+    uint64_t backpressure = 0;
+  };
+  Counters counters() const noexcept;
+  void countReceived(uint64_t bytes) noexcept;
+
+ private:
+  TransportCore(UniqueFd event_fd, size_t send_queue_depth);
+  void pushEventLocked(TransportEvent event) noexcept;  // REQUIRES events_mu_
+  void signal() noexcept;
+
+  UniqueFd event_fd_;
+
+  // Send queue: a fixed ring so post() never allocates.
+  mutable std::mutex send_mu_;
+  std::condition_variable send_cv_;
+  std::vector<SendRequest> ring_;  // GUARDED_BY(send_mu_)
+  size_t head_ = 0;                // GUARDED_BY(send_mu_)
+  size_t count_ = 0;               // GUARDED_BY(send_mu_)
+  bool in_flight_ = false;         // GUARDED_BY(send_mu_)
+  uint64_t in_flight_cookie_ = 0;  // GUARDED_BY(send_mu_)
+  bool failed_ = false;            // GUARDED_BY(send_mu_)
+  bool stopped_ = false;           // GUARDED_BY(send_mu_)
+
+  // Lock order: send_mu_ before events_mu_.
+  mutable std::mutex events_mu_;
+  std::deque<TransportEvent> events_;  // GUARDED_BY(events_mu_)
+
+  mutable std::mutex credits_mu_;
+  std::unordered_map<uint64_t, LocalCredit> credits_;  // GUARDED_BY(credits_mu_)
+  std::optional<uint64_t> receiving_;                  // GUARDED_BY(credits_mu_)
+  bool receiving_retracted_ = false;                   // GUARDED_BY(credits_mu_)
+
+  mutable std::mutex counters_mu_;
+  Counters counters_;  // GUARDED_BY(counters_mu_)
+};
+
+}  // namespace framelink::transport
