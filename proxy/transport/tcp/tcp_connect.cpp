@@ -1,0 +1,327 @@
+#include "transport/tcp/tcp_connect.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include <spdlog/spdlog.h>
+
+#include "framelink/framelink.h"
+#include "transport/tcp/tcp_wire.h"
+
+namespace framelink::transport::tcp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string errnoText() { return std::strerror(errno); }
+
+bool setNonBlocking(int fd, bool on) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) return false;
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  return ::fcntl(fd, F_SETFL, flags) == 0;
+}
+
+void applyBuffers(int fd, const TcpSocketOptions& options) {
+  if (options.buffer_bytes <= 0) return;
+  // Best effort: the kernel clamps to net.core.[rw]mem_max.
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &options.buffer_bytes, sizeof options.buffer_bytes);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &options.buffer_bytes, sizeof options.buffer_bytes);
+}
+
+int remainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+enum class Io { kOk, kTimeout, kClosed, kError, kWoken };
+
+// Moves exactly n bytes on a non-blocking socket before `deadline`.  A
+// readable `wake_fd` (if >= 0) aborts the wait.
+Io transferAll(int fd, void* buf, size_t n, bool sending, Clock::time_point deadline, int wake_fd) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = sending ? ::send(fd, p + done, n - done, MSG_NOSIGNAL) : ::recv(fd, p + done, n - done, 0);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 && !sending) return Io::kClosed;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Io::kError;
+    pollfd fds[2] = {{fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0}, {wake_fd, POLLIN, 0}};
+    int pr = ::poll(fds, wake_fd >= 0 ? 2 : 1, remainingMs(deadline));
+    if (pr < 0 && errno != EINTR) return Io::kError;
+    if (pr == 0) return Io::kTimeout;
+    if (wake_fd >= 0 && (fds[1].revents & POLLIN)) return Io::kWoken;
+  }
+  return Io::kOk;
+}
+
+std::string describe(const sockaddr_storage& ss) {
+  char host[NI_MAXHOST] = "?";
+  char serv[NI_MAXSERV] = "?";
+  ::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), sizeof ss, host, sizeof host, serv, sizeof serv,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+  std::string h = host;
+  if (h.find(':') != std::string::npos) h = "[" + h + "]";
+  return h + ":" + serv;
+}
+
+}  // namespace
+
+Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port) {
+  auto colon = host_port.rfind(':');
+  if (colon == std::string::npos) {
+    return makeError(FL_EINVAL, "'" + host_port + "' is not HOST:PORT (e.g. 0.0.0.0:0 or [::]:7701)");
+  }
+  std::string host = host_port.substr(0, colon);
+  std::string port_text = host_port.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  errno = 0;
+  unsigned long port = std::strtoul(port_text.c_str(), &end, 10);
+  if (port_text.empty() || *end != '\0' || errno != 0 || port > 65535) {
+    return makeError(FL_EINVAL, "'" + host_port + "': port must be a number 0..65535");
+  }
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+// ---------------------------------------------------------------- dialer
+
+Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id, const std::string& token,
+                          std::chrono::milliseconds timeout, TcpSocketOptions options) {
+  const auto deadline = Clock::now() + timeout;
+  const std::string target = host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  std::string port_text = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": cannot resolve host: " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
+
+  std::string last_error = "no address";
+  UniqueFd fd;
+  for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+    if (!s.valid()) {
+      last_error = "socket: " + errnoText();
+      continue;
+    }
+    applyBuffers(s.get(), options);
+    if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        last_error = "connect: " + errnoText();
+        continue;
+      }
+      pollfd pfd{s.get(), POLLOUT, 0};
+      int pr = ::poll(&pfd, 1, remainingMs(deadline));
+      if (pr <= 0) {
+        last_error = pr == 0 ? "connect timed out" : "poll: " + errnoText();
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last_error = std::string("connect: ") + std::strerror(err);
+        continue;
+      }
+    }
+    fd = std::move(s);
+    break;
+  }
+  if (!fd.valid()) {
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": " + last_error +
+                                           " (is the peer's data listener reachable?)");
+  }
+
+  TcpHello hello{};
+  std::memcpy(hello.magic, kTcpHelloMagic, sizeof hello.magic);
+  hello.version = kTcpWireVersion;
+  hello.session_id = session_id;
+  tokenDigest(token, session_id, hello.token);
+  if (Io io = transferAll(fd.get(), &hello, sizeof hello, true, deadline, -1); io != Io::kOk) {
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": sending the handshake " +
+                                           (io == Io::kTimeout ? "timed out" : "failed: " + errnoText()));
+  }
+  TcpHelloReply reply{};
+  if (Io io = transferAll(fd.get(), &reply, sizeof reply, false, deadline, -1); io != Io::kOk) {
+    return makeError(FL_ERR_TRANSPORT,
+                     "tcp data dial " + target + ": no handshake reply (" +
+                         (io == Io::kTimeout ? std::string("timed out")
+                          : io == Io::kClosed ? std::string("peer closed the connection")
+                                              : errnoText()) +
+                         ")");
+  }
+  if (reply.status != FL_OK) {
+    std::string why = reply.status == FL_ERR_AUTH           ? "token rejected (check --token on both daemons)"
+                      : reply.status == FL_ERR_PEER_VERSION ? "peer speaks tcp wire version " +
+                                                                  std::to_string(reply.version)
+                                                            : "handshake rejected";
+    int code = (reply.status == FL_ERR_AUTH || reply.status == FL_ERR_PEER_VERSION) ? static_cast<int>(reply.status)
+                                                                                     : FL_ERR_PROTOCOL;
+    return makeError(code, "tcp data dial " + target + ": " + why + " (status " + std::to_string(reply.status) + ")");
+  }
+  if (!setNonBlocking(fd.get(), false)) {
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": fcntl: " + errnoText());
+  }
+  return fd;
+}
+
+// ---------------------------------------------------------------- listener
+
+Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::string& host_port, std::string token,
+                                                                 OnConnection on_connection,
+                                                                 std::chrono::milliseconds handshake_timeout,
+                                                                 TcpSocketOptions options) {
+  auto hp = parseHostPort(host_port);
+  if (!hp) return std::move(hp).error().context("tcp data listener");
+  const std::string& host = hp->first;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* list = nullptr;
+  std::string port_text = std::to_string(hp->second);
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
+    return makeError(FL_EINVAL, "tcp data listener " + host_port + ": cannot resolve: " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
+
+  UniqueFd fd(::socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC, list->ai_protocol));
+  if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: socket: " + errnoText());
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  applyBuffers(fd.get(), options);  // inherited by accepted sockets
+  if (::bind(fd.get(), list->ai_addr, list->ai_addrlen) != 0) {
+    return makeError(FL_ERR_RESOURCES, "tcp data listener: bind " + host_port + ": " + errnoText() +
+                                           " (address in use? choose another --data-listen)");
+  }
+  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "tcp data listener: listen: " + errnoText());
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+  uint16_t port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: eventfd: " + errnoText());
+
+  std::unique_ptr<TcpDataListener> l(new TcpDataListener(std::move(fd), std::move(wake), port, std::move(token),
+                                                         std::move(on_connection), handshake_timeout));
+  try {
+    l->thread_ = std::thread([p = l.get()] { p->acceptLoop(); });
+  } catch (const std::system_error& e) {
+    return makeError(FL_ERR_RESOURCES, std::string("tcp data listener: cannot start thread: ") + e.what());
+  }
+  spdlog::info("tcp data listener on {} (port {})", host_port, port);
+  return l;
+}
+
+TcpDataListener::TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token,
+                                 OnConnection cb, std::chrono::milliseconds handshake_timeout)
+    : listen_fd_(std::move(listen_fd)),
+      wake_fd_(std::move(wake_fd)),
+      port_(port),
+      token_(std::move(token)),
+      on_connection_(std::move(cb)),
+      handshake_timeout_(handshake_timeout) {}
+
+TcpDataListener::~TcpDataListener() { stop(); }
+
+void TcpDataListener::stop() noexcept {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void TcpDataListener::acceptLoop() noexcept {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("tcp data listener: poll: {}", errnoText());
+      return;
+    }
+    if (fds[1].revents & POLLIN) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    UniqueFd conn(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn.valid()) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        spdlog::warn("tcp data listener: accept: {}", errnoText());
+        // EMFILE and friends: do not spin on a listen socket that stays readable.
+        pollfd wake{wake_fd_.get(), POLLIN, 0};
+        if (::poll(&wake, 1, 100) > 0) return;
+      }
+      continue;
+    }
+    handshake(std::move(conn), describe(peer));
+  }
+}
+
+void TcpDataListener::handshake(UniqueFd fd, const std::string& peer) noexcept {
+  const auto deadline = Clock::now() + handshake_timeout_;
+  TcpHello hello{};
+  Io io = transferAll(fd.get(), &hello, sizeof hello, false, deadline, wake_fd_.get());
+  if (io == Io::kWoken) return;
+  if (io != Io::kOk) {
+    spdlog::warn("tcp data listener: connection from {} dropped: no handshake ({})", peer,
+                 io == Io::kTimeout  ? "timed out"
+                 : io == Io::kClosed ? "closed early"
+                                     : errnoText());
+    return;
+  }
+  TcpHelloReply reply{FL_OK, kTcpWireVersion};
+  std::string why;
+  if (std::memcmp(hello.magic, kTcpHelloMagic, sizeof hello.magic) != 0) {
+    reply.status = FL_ERR_PROTOCOL;
+    why = "bad magic (not a framelink tcp data connection)";
+  } else if (hello.version != kTcpWireVersion) {
+    reply.status = FL_ERR_PEER_VERSION;
+    why = "tcp wire version " + std::to_string(hello.version) + ", this daemon speaks " +
+          std::to_string(kTcpWireVersion);
+  } else {
+    uint8_t expected[kTokenDigestBytes];
+    tokenDigest(token_, hello.session_id, expected);
+    if (!digestEqual(expected, hello.token)) {
+      reply.status = FL_ERR_AUTH;
+      why = "wrong token (check --token on both daemons)";
+    }
+  }
+  // The reply fits an empty send buffer; a peer that does not read it is
+  // not worth waiting for.
+  Io sent = transferAll(fd.get(), &reply, sizeof reply, true, Clock::now() + std::chrono::milliseconds(100), -1);
+  if (reply.status != FL_OK) {
+    spdlog::warn("tcp data listener: rejected connection from {} for session {:#x}: {}", peer, hello.session_id, why);
+    return;
+  }
+  if (sent != Io::kOk || !setNonBlocking(fd.get(), false)) {
+    spdlog::warn("tcp data listener: connection from {} lost during the handshake", peer);
+    return;
+  }
+  try {
+    on_connection_(hello.session_id, std::move(fd));
+  } catch (const std::exception& e) {
+    spdlog::error("tcp data listener: connection handler threw: {}", e.what());
+  } catch (...) {
+    spdlog::error("tcp data listener: connection handler threw");
+  }
+}
+
+}  // namespace framelink::transport::tcp

@@ -1,0 +1,79 @@
+// Establishing `tcp` data connections: the dialer side (dialData) and the
+// listener side (TcpDataListener).  Both do the handshake of tcp_wire.h and
+// hand over a socket ready for TcpTransport::create().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+namespace framelink::transport::tcp {
+
+// SO_SNDBUF / SO_RCVBUF for data sockets.  0 leaves the kernel's
+// autotuning alone (net.ipv4.tcp_rmem / tcp_wmem), which on loopback and on
+// typical LANs did as well as or better than a fixed size: setting SO_RCVBUF
+// switches receive autotuning off and is clamped to net.core.rmem_max.
+inline constexpr int kDefaultSocketBufferBytes = 0;
+
+struct TcpSocketOptions {
+  int buffer_bytes = kDefaultSocketBufferBytes;  // 0: kernel autotuning
+};
+
+// Connects to a peer's data listener, sends the handshake for `session_id`
+// and waits for the reply; `timeout` bounds the whole thing.  Errors:
+// FL_ERR_TRANSPORT (cannot connect / timed out), FL_ERR_AUTH (token
+// rejected), FL_ERR_PEER_VERSION, FL_ERR_PROTOCOL.
+Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id, const std::string& token,
+                          std::chrono::milliseconds timeout, TcpSocketOptions options = {});
+
+// Splits "host:port", "[v6]:port" or ":port" (any address).
+Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port);
+
+class TcpDataListener {
+ public:
+  // Called on the listener's accept thread for every connection whose
+  // handshake checked out.  The callee owns the socket; it should hand it on
+  // quickly (the daemon checks that session_id belongs to a live Session and
+  // builds a TcpTransport), since further connections wait meanwhile.
+  using OnConnection = std::function<void(uint64_t session_id, UniqueFd fd)>;
+
+  // Binds `host_port` ("0.0.0.0:0" for any address, ephemeral port) and
+  // starts the accept thread.  A connection whose handshake does not arrive
+  // within `handshake_timeout`, or has a bad magic, version or token, gets
+  // a status reply (where it makes sense), is closed and logged.
+  static Result<std::unique_ptr<TcpDataListener>> listen(
+      const std::string& host_port, std::string token, OnConnection on_connection,
+      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5), TcpSocketOptions options = {});
+
+  TcpDataListener(const TcpDataListener&) = delete;
+  TcpDataListener& operator=(const TcpDataListener&) = delete;
+  ~TcpDataListener();
+
+  uint16_t port() const noexcept { return port_; }
+  // Stops accepting and joins the accept thread (no callback runs after it
+  // returns).  Connections already handed over are not affected.
+  void stop() noexcept;
+
+ private:
+  TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token, OnConnection cb,
+                  std::chrono::milliseconds handshake_timeout);
+  void acceptLoop() noexcept;
+  void handshake(UniqueFd fd, const std::string& peer) noexcept;
+
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;  // eventfd: written by stop()
+  const uint16_t port_;
+  const std::string token_;
+  const OnConnection on_connection_;
+  const std::chrono::milliseconds handshake_timeout_;
+  std::thread thread_;
+};
+
+}  // namespace framelink::transport::tcp

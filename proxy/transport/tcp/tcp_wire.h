@@ -1,0 +1,137 @@
+// Wire format of the `tcp` data transport (one TCP connection per link,
+// dialed by the daemon that dialed the gRPC Session, after HelloAck chose
+// transport "tcp" and named the listener's tcp_data_port).
+//
+// All integers are little-endian; every struct has a fixed size and no
+// implicit padding.  Bump kTcpWireVersion whenever anything here changes.
+//
+// 1. Handshake, dialer -> listener, exactly 64 bytes (TcpHello):
+//      magic        8  "FLTCPDAT"
+//      version      4  kTcpWireVersion
+//      flags        4  0 (reserved)
+//      session_id   8  the session_id of the gRPC Session this connection belongs to
+//      token       32  tokenDigest(token, session_id), see below
+//      reserved     8  0
+//    Listener -> dialer, exactly 8 bytes (TcpHelloReply):
+//      status       4  fl_status: FL_OK, FL_ERR_AUTH, FL_ERR_PEER_VERSION, FL_ERR_PROTOCOL
+//      version      4  the listener's kTcpWireVersion
+//    On a non-OK status the listener closes the connection.
+//
+//    Token field: a 32-byte digest of (session_id, token), never the token
+//    itself, so the plaintext data connection does not leak the secret that
+//    the (possibly TLS-protected) gRPC Session carries.  The digest is four
+//    FNV-1a-64 lanes, lane i hashing (i, session_id, token).  It is NOT a
+//    cryptographic MAC: it stops misdirected and stale connections and casual
+//    misuse.  Authentication proper happens on the gRPC Session (token +
+//    optional mTLS); the listener additionally accepts a data connection only
+//    for a session_id that Session negotiated (the daemon checks that in its
+//    on_connection callback).  Empty token: all-zero digest field is not
+//    special, the digest of the empty token is compared like any other.
+//
+// 2. Frames, in both directions after a successful handshake: a TcpFrameHeader
+//    (256 bytes) followed by exactly `length` payload bytes, which land in the
+//    receive buffer named by credit_id.  A receiver closes the connection
+//    (FL_ERR_PROTOCOL) on a bad magic, attr_length > FL_MAX_ATTR_BYTES, or a
+//    length above the named credit's capacity.  Frames for an unknown or
+//    retracted credit are read and discarded (up to the receiver's
+//    max_frame_bytes) and reported as FL_ERR_UNKNOWN_CREDIT.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "framelink/shm_layout.h"
+#include "transport/transport.h"
+
+namespace framelink::transport::tcp {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the tcp wire format is little-endian; add byte swapping for this host");
+
+inline constexpr char kTcpHelloMagic[8] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T'};
+inline constexpr uint32_t kTcpWireVersion = 1;
+inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;  // bytes 31 4D 52 46 on the wire
+inline constexpr size_t kTokenDigestBytes = 32;
+
+struct TcpHello {
+  char magic[8];
+  uint32_t version;
+  uint32_t flags;
+  uint64_t session_id;
+  uint8_t token[kTokenDigestBytes];
+  uint8_t reserved[8];
+};
+static_assert(sizeof(TcpHello) == 64);
+static_assert(offsetof(TcpHello, session_id) == 16);
+static_assert(offsetof(TcpHello, token) == 24);
+
+struct TcpHelloReply {
+  uint32_t status;
+  uint32_t version;
+};
+static_assert(sizeof(TcpHelloReply) == 8);
+
+struct TcpFrameHeader {
+  uint32_t magic;        // kTcpFrameMagic
+  uint32_t has_crc32c;   // 0 or 1
+  uint64_t stream_id;
+  uint64_t sequence;
+  uint64_t credit_id;
+  uint64_t frame_id;
+  uint64_t wafer_id;
+  uint64_t timestamp_ns;
+  uint64_t length;       // payload bytes that follow
+  uint32_t crc32c;
+  uint32_t attr_length;  // <= FL_MAX_ATTR_BYTES
+  uint8_t attrs[FL_MAX_ATTR_BYTES];
+};
+static_assert(FL_MAX_ATTR_BYTES == 192, "TcpFrameHeader layout assumes 192 attribute bytes");
+static_assert(sizeof(TcpFrameHeader) == 264);
+static_assert(offsetof(TcpFrameHeader, stream_id) == 8);
+static_assert(offsetof(TcpFrameHeader, length) == 56);
+static_assert(offsetof(TcpFrameHeader, crc32c) == 64);
+static_assert(offsetof(TcpFrameHeader, attrs) == 72);
+
+// 32-byte digest of (token, session_id) for TcpHello::token.
+void tokenDigest(const std::string& token, uint64_t session_id, uint8_t out[kTokenDigestBytes]) noexcept;
+
+// Compares two digests in time independent of where they differ.
+bool digestEqual(const uint8_t a[kTokenDigestBytes], const uint8_t b[kTokenDigestBytes]) noexcept;
+
+inline TcpFrameHeader toWire(const FrameHeader& h) noexcept {
+  TcpFrameHeader w{};
+  w.magic = kTcpFrameMagic;
+  w.has_crc32c = h.has_crc32c ? 1 : 0;
+  w.stream_id = h.stream_id;
+  w.sequence = h.sequence;
+  w.credit_id = h.credit_id;
+  w.frame_id = h.frame_id;
+  w.wafer_id = h.wafer_id;
+  w.timestamp_ns = h.timestamp_ns;
+  w.length = h.length;
+  w.crc32c = h.crc32c;
+  w.attr_length = h.attr_length;
+  std::memcpy(w.attrs, h.attrs, sizeof w.attrs);
+  return w;
+}
+
+// Caller has checked w.attr_length <= FL_MAX_ATTR_BYTES.
+inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
+  FrameHeader h;
+  h.stream_id = w.stream_id;
+  h.sequence = w.sequence;
+  h.credit_id = w.credit_id;
+  h.frame_id = w.frame_id;
+  h.wafer_id = w.wafer_id;
+  h.timestamp_ns = w.timestamp_ns;
+  h.length = w.length;
+  h.crc32c = w.crc32c;
+  h.has_crc32c = w.has_crc32c ? 1 : 0;
+  h.attr_length = w.attr_length;
+  std::memcpy(h.attrs, w.attrs, w.attr_length);
+  return h;
+}
+
+}  // namespace framelink::transport::tcp
