@@ -1,0 +1,149 @@
+// The `grpc` data transport: frames as chunked DataMessages on a Link.Data
+// bidirectional stream, for networks where only the gRPC port is open.
+//
+// A frame is one or more DataMessages: the first carries the FrameHeader,
+// each carries the next <= chunk_bytes payload bytes at `offset`, the last
+// has `last` set (a zero-length frame is one message).  Frames do not
+// interleave on a stream.  Costs one copy per side (slot -> protobuf bytes,
+// protobuf bytes -> credited buffer) on top of gRPC's own.
+//
+// Dialing daemon:
+//   auto t = GrpcTransport::connect(channel, session_id, token, chunk_bytes);
+// Listening daemon, inside its Link::Service::Data handler:
+//   grpc::Status Data(grpc::ServerContext* ctx, DataStream* stream) override {
+//     DataMessage first;
+//     if (!stream->Read(&first)) return {grpc::StatusCode::CANCELLED, "no first message"};
+//     // check ctx metadata kTokenMetadataKey and first.session_id() against the Session
+//     auto t = GrpcTransport::adoptServerStream(ctx, stream, chunk_bytes);
+//     if (!t) return {grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
+//     handOver(*t);                  // the daemon keeps a shared_ptr<Transport>
+//     return (*t)->runUntilClosed();  // blocks: the reader runs on this thread
+//   }
+// runUntilClosed() returns once the stream ended (peer closed, error,
+// protocol violation) or the daemon called shutdown(); after that the
+// transport never touches the stream again and reports kNotConnected.
+// shutdown() on a server transport waits for runUntilClosed() to return
+// (it cancels the call first, so that is prompt).
+//
+// The namespace is framelink::transport (not ...::grpc, which would shadow
+// ::grpc inside it).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/result.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "transport/grpc/grpc_limits.h"
+#include "transport/transport.h"
+#include "transport/transport_core.h"
+
+namespace framelink::transport {
+
+using DataStream = grpc::ServerReaderWriter<framelink::v1::DataMessage, framelink::v1::DataMessage>;
+
+struct GrpcTransportOptions {
+  size_t chunk_bytes = kDefaultGrpcChunkBytes;  // clamped to [4 KiB, kMaxGrpcChunkBytes]
+  size_t send_queue_depth = kDefaultSendQueueDepth;
+  // Largest frame read (and discarded) for an unknown credit; see TcpTransportOptions.
+  uint64_t max_frame_bytes = uint64_t{1} << 30;
+};
+
+class GrpcServerTransport;
+
+class GrpcTransport : public Transport {
+ public:
+  // Opens Link.Data on `channel` (create it with channelArguments()), with
+  // the token in the call metadata and session_id in the first message.
+  // Does not wait for the server: a rejected call shows up as a LinkError
+  // (FL_ERR_AUTH for UNAUTHENTICATED / PERMISSION_DENIED).
+  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
+                                                    const std::string& token,
+                                                    size_t chunk_bytes = kDefaultGrpcChunkBytes);
+  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
+                                                    const std::string& token, const GrpcTransportOptions& options);
+
+  // Wraps the stream of a running Data handler whose first message the
+  // handler has already read.  `context` and `stream` must stay valid until
+  // runUntilClosed() returns, i.e. the handler calls it before returning.
+  // Fails only when out of resources (eventfd): return RESOURCE_EXHAUSTED then.
+  static Result<std::shared_ptr<GrpcServerTransport>> adoptServerStream(
+      grpc::ServerContext* context, DataStream* stream, size_t chunk_bytes = kDefaultGrpcChunkBytes);
+  static Result<std::shared_ptr<GrpcServerTransport>> adoptServerStream(grpc::ServerContext* context,
+                                                                        DataStream* stream,
+                                                                        const GrpcTransportOptions& options);
+
+  ~GrpcTransport() override;
+
+  const char* name() const noexcept override { return "grpc"; }
+  bool connected() const noexcept override { return core_->connected(); }
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override { return core_->exposeCredit(std::move(credit)); }
+  void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
+  PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
+  size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
+  int eventFd() const noexcept override { return core_->eventFd(); }
+
+  TransportCore::Counters counters() const noexcept { return core_->counters(); }
+  size_t chunkBytes() const noexcept { return options_.chunk_bytes; }
+
+ protected:
+  GrpcTransport(std::string peer_name, const GrpcTransportOptions& options, std::unique_ptr<TransportCore> core);
+
+  // The stream, as the concrete side has it.
+  virtual bool writeMessage(const framelink::v1::DataMessage& message) noexcept = 0;
+  virtual void cancelStream() noexcept = 0;
+
+  void senderLoop() noexcept;
+  // Reassembles one received message; false after a protocol violation
+  // (the link is failed then).
+  bool handleMessage(const framelink::v1::DataMessage& message) noexcept;
+  // Releases a credit held by a frame that will never complete.
+  void abandonFrame() noexcept;
+  void failLink(int status, const std::string& message) noexcept;
+
+  const std::string peer_name_;
+  const GrpcTransportOptions options_;
+  std::unique_ptr<TransportCore> core_;
+
+ private:
+  // Reassembly state, reader thread only.
+  bool in_frame_ = false;
+  FrameHeader frame_;
+  std::optional<LocalCredit> credit_;
+  uint64_t offset_ = 0;
+};
+
+class GrpcServerTransport final : public GrpcTransport {
+ public:
+  GrpcServerTransport(grpc::ServerContext* context, DataStream* stream, const GrpcTransportOptions& options,
+                      std::unique_ptr<TransportCore> core);
+  ~GrpcServerTransport() override;
+
+  // Runs the reader on the calling (handler) thread until the stream ends or
+  // shutdown() is called; returns the status for the handler to return.
+  // Call at most once; a second call returns FAILED_PRECONDITION.
+  grpc::Status runUntilClosed();
+
+  void shutdown() noexcept override;
+
+ private:
+  bool writeMessage(const framelink::v1::DataMessage& message) noexcept override;
+  void cancelStream() noexcept override;
+
+  enum class State { kAdopted, kRunning, kClosed };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kAdopted;      // GUARDED_BY(mu_)
+  grpc::ServerContext* context_;       // GUARDED_BY(mu_); null once closed
+  DataStream* stream_;                 // valid while kRunning; used by the reader and sender threads
+  std::thread sender_;                 // started and joined by runUntilClosed()
+};
+
+}  // namespace framelink::transport
