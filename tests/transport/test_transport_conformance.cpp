@@ -1,0 +1,620 @@
+// The Transport conformance suite: every test runs against every transport
+// (tcp, grpc with the default 4 MiB chunk, grpc with a small chunk so that
+// chunk boundaries are exercised by ordinary frame sizes).
+#include <poll.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "transport/transport.h"
+#include "transport_pair.h"
+
+namespace framelink::transport::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = TransportEvent::Kind;
+
+constexpr auto kDeadline = 20s;  // generous for sanitizer builds on 2 cores
+
+struct Tcp {
+  static constexpr TransportKind kKind = TransportKind::kTcp;
+  static constexpr size_t kChunk = 0;
+};
+struct Grpc {
+  static constexpr TransportKind kKind = TransportKind::kGrpc;
+  static constexpr size_t kChunk = 0;
+};
+struct GrpcSmallChunk {
+  static constexpr TransportKind kKind = TransportKind::kGrpc;
+  static constexpr size_t kChunk = 64 * 1024;
+};
+
+template <typename Flavor>
+std::unique_ptr<TransportPair> makePair() {
+  TransportPairOptions options;
+  options.grpc_chunk_bytes = Flavor::kChunk;
+  auto pair = TransportPair::make(Flavor::kKind, options);
+  if (!pair) FAIL("cannot build a " << kindName(Flavor::kKind) << " pair: " << pair.error().message);
+  REQUIRE(pair.value()->a->connected());
+  REQUIRE(pair.value()->b->connected());
+  return std::move(pair).value();
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::vector<uint8_t> pattern(uint64_t seed, size_t length) {
+  std::vector<uint8_t> v(length);
+  for (size_t i = 0; i < length; i += 8) {
+    uint64_t w = splitmix64(seed * 0x9E3779B97F4A7C15ull + i / 8);
+    std::memcpy(v.data() + i, &w, std::min<size_t>(8, length - i));
+  }
+  return v;
+}
+
+// First differing byte, or -1.
+long firstMismatch(const uint8_t* got, const std::vector<uint8_t>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i]) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+// Events seen on one transport, split by kind, in arrival order.
+struct Endpoint {
+  Transport* t = nullptr;
+  std::vector<TransportEvent> sends;
+  std::vector<TransportEvent> arrivals;
+  std::vector<TransportEvent> errors;
+  std::vector<Kind> order;
+
+  void pump() {
+    TransportEvent ev[32];
+    size_t n;
+    while ((n = t->poll(ev, 32)) > 0) {
+      for (size_t i = 0; i < n; ++i) {
+        order.push_back(ev[i].kind);
+        switch (ev[i].kind) {
+          case Kind::kSendComplete: sends.push_back(std::move(ev[i])); break;
+          case Kind::kFrameArrived: arrivals.push_back(std::move(ev[i])); break;
+          case Kind::kLinkError: errors.push_back(std::move(ev[i])); break;
+        }
+      }
+    }
+  }
+};
+
+// Pumps both endpoints until `done` holds; fails the test after kDeadline.
+template <typename Pred>
+void waitFor(Endpoint& x, Endpoint& y, Pred done, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  for (;;) {
+    x.pump();
+    y.pump();
+    if (done()) return;
+    if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for " << what);
+    pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
+    ::poll(fds, 2, 10);
+  }
+}
+
+bool readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN);
+}
+
+// A receive buffer that can be exposed as a credit.
+struct Buffer {
+  std::shared_ptr<std::vector<uint8_t>> mem;
+  explicit Buffer(size_t n, uint8_t fill = 0xEE) : mem(std::make_shared<std::vector<uint8_t>>(n, fill)) {}
+  LocalCredit credit(uint64_t id) const { return LocalCredit{id, mem->data(), mem->size(), mem}; }
+  uint8_t* data() const { return mem->data(); }
+};
+
+RemoteCredit expose(Transport& t, const LocalCredit& c) {
+  auto r = t.exposeCredit(c);
+  if (!r) FAIL("exposeCredit(" << c.credit_id << "): " << r.error().message);
+  return r.value();
+}
+
+SendRequest request(uint64_t cookie, const RemoteCredit& credit, const std::vector<uint8_t>& payload,
+                    uint64_t sequence) {
+  SendRequest r;
+  r.cookie = cookie;
+  r.credit = credit;
+  r.header.credit_id = credit.credit_id;
+  r.header.length = payload.size();
+  r.header.sequence = sequence;
+  r.header.stream_id = 7;
+  r.header.frame_id = sequence;
+  r.payload = payload.empty() ? nullptr : payload.data();
+  return r;
+}
+
+}  // namespace
+
+#define FL_TRANSPORTS Tcp, Grpc, GrpcSmallChunk
+
+TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  // Both directions: a -> b and b -> a.
+  for (int dir = 0; dir < 2; ++dir) {
+    CAPTURE(dir);
+    Endpoint tx{dir == 0 ? pair->a.get() : pair->b.get()};
+    Endpoint rx{dir == 0 ? pair->b.get() : pair->a.get()};
+    Buffer buf(100'000);
+    RemoteCredit credit = expose(*rx.t, buf.credit(41 + dir));
+    CHECK(credit.credit_id == 41u + dir);
+    CHECK(credit.length == 100'000u);
+
+    auto payload = pattern(1234 + dir, 77'777);
+    SendRequest r = request(0xC00C1E + dir, credit, payload, 99);
+    r.header.stream_id = 0x1122334455667788ull;
+    r.header.frame_id = 0xF00DF00DF00Dull;
+    r.header.wafer_id = 0xABCDEF;
+    r.header.timestamp_ns = 1'700'000'000'123'456'789ull;
+    r.header.crc32c = 0xDEADBEEF;
+    r.header.has_crc32c = 1;
+    r.header.attr_length = FL_MAX_ATTR_BYTES;
+    for (uint32_t i = 0; i < FL_MAX_ATTR_BYTES; ++i) r.header.attrs[i] = static_cast<uint8_t>(i * 7 + 1);
+    REQUIRE(tx.t->post(r) == PostResult::kOk);
+
+    waitFor(tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "send completion and arrival");
+    REQUIRE(tx.sends.size() == 1);
+    CHECK(tx.sends[0].cookie == 0xC00C1Eu + dir);
+    CHECK(tx.sends[0].status == FL_OK);
+    REQUIRE(rx.arrivals.size() == 1);
+    const TransportEvent& ev = rx.arrivals[0];
+    CHECK(ev.status == FL_OK);
+    CHECK(ev.header.stream_id == r.header.stream_id);
+    CHECK(ev.header.sequence == 99u);
+    CHECK(ev.header.credit_id == credit.credit_id);
+    CHECK(ev.header.frame_id == r.header.frame_id);
+    CHECK(ev.header.wafer_id == r.header.wafer_id);
+    CHECK(ev.header.timestamp_ns == r.header.timestamp_ns);
+    CHECK(ev.header.length == payload.size());
+    CHECK(ev.header.crc32c == 0xDEADBEEFu);
+    CHECK(ev.header.has_crc32c == 1u);
+    CHECK(ev.header.attr_length == FL_MAX_ATTR_BYTES);
+    CHECK(std::memcmp(ev.header.attrs, r.header.attrs, FL_MAX_ATTR_BYTES) == 0);
+    CHECK(firstMismatch(buf.data(), payload) == -1);
+    // Bytes past the frame are untouched.
+    CHECK(buf.data()[payload.size()] == 0xEE);
+    CHECK(tx.errors.empty());
+    CHECK(rx.errors.empty());
+  }
+}
+
+TEMPLATE_TEST_CASE("short attributes and no crc round trip", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  Buffer buf(64);
+  RemoteCredit credit = expose(*rx.t, buf.credit(1));
+  auto payload = pattern(5, 64);
+  SendRequest r = request(1, credit, payload, 1);
+  const char attrs[] = "frame=0;wafer=0";
+  r.header.attr_length = sizeof attrs - 1;
+  std::memcpy(r.header.attrs, attrs, r.header.attr_length);
+  REQUIRE(tx.t->post(r) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return !rx.arrivals.empty(); }, "arrival");
+  CHECK(rx.arrivals[0].header.has_crc32c == 0u);
+  CHECK(rx.arrivals[0].header.attr_length == sizeof attrs - 1);
+  CHECK(std::string(reinterpret_cast<const char*>(rx.arrivals[0].header.attrs), rx.arrivals[0].header.attr_length) ==
+        "frame=0;wafer=0");
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+}
+
+TEMPLATE_TEST_CASE("zero-length frame", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  Buffer buf(16);
+  RemoteCredit credit = expose(*rx.t, buf.credit(3));
+  std::vector<uint8_t> empty;
+  REQUIRE(tx.t->post(request(10, credit, empty, 1)) == PostResult::kOk);
+  // And a normal frame after it, to show the stream stayed in sync.
+  Buffer buf2(16);
+  RemoteCredit credit2 = expose(*rx.t, buf2.credit(4));
+  auto payload = pattern(9, 16);
+  REQUIRE(tx.t->post(request(11, credit2, payload, 2)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "two frames");
+  CHECK(tx.sends[0].cookie == 10u);
+  CHECK(tx.sends[0].status == FL_OK);
+  CHECK(rx.arrivals[0].status == FL_OK);
+  CHECK(rx.arrivals[0].header.length == 0u);
+  CHECK(rx.arrivals[0].header.credit_id == 3u);
+  CHECK(buf.data()[0] == 0xEE);
+  CHECK(rx.arrivals[1].status == FL_OK);
+  CHECK(rx.arrivals[1].header.sequence == 2u);
+  CHECK(firstMismatch(buf2.data(), payload) == -1);
+}
+
+TEMPLATE_TEST_CASE("8 MiB frame", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  const size_t size = size_t{8} << 20;
+  Buffer buf(size);
+  RemoteCredit credit = expose(*rx.t, buf.credit(8));
+  auto payload = pattern(88, size);
+  REQUIRE(tx.t->post(request(8, credit, payload, 1)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "8 MiB frame");
+  CHECK(tx.sends[0].status == FL_OK);
+  CHECK(rx.arrivals[0].status == FL_OK);
+  CHECK(rx.arrivals[0].header.length == size);
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+}
+
+TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  constexpr size_t kFrames = 500;
+  constexpr size_t kWindow = 24;  // credits outstanding, like the daemon's grants
+  std::mt19937_64 rng(20240611);
+  std::uniform_int_distribution<uint64_t> size_dist(1, 1 << 20);
+  std::vector<size_t> sizes(kFrames);
+  for (auto& s : sizes) s = size_dist(rng);
+
+  std::map<uint64_t, Buffer> buffers;           // credit id (= frame index + 1) -> buffer
+  std::map<uint64_t, RemoteCredit> granted;     // what the "control link" told the sender
+  std::map<uint64_t, std::vector<uint8_t>> in_flight;  // cookie -> payload, until SendComplete
+  auto grant = [&](size_t frame) {
+    if (frame >= kFrames) return;
+    auto [it, inserted] = buffers.emplace(frame + 1, Buffer(sizes[frame]));
+    granted[frame + 1] = expose(*rx.t, it->second.credit(frame + 1));
+  };
+  for (size_t i = 0; i < kWindow; ++i) grant(i);
+
+  size_t next_post = 0;
+  size_t verified = 0;
+  size_t sends_seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline * 3;
+  while (verified < kFrames || sends_seen < kFrames) {
+    while (next_post < kFrames && granted.count(next_post + 1)) {
+      auto payload = pattern(next_post, sizes[next_post]);
+      SendRequest r = request(next_post, granted[next_post + 1], payload, next_post + 1);
+      PostResult pr = tx.t->post(r);
+      if (pr == PostResult::kBackpressure) break;
+      REQUIRE(pr == PostResult::kOk);
+      in_flight.emplace(next_post, std::move(payload));
+      granted.erase(next_post + 1);
+      ++next_post;
+    }
+    tx.pump();
+    rx.pump();
+    for (; sends_seen < tx.sends.size(); ++sends_seen) {
+      const auto& ev = tx.sends[sends_seen];
+      REQUIRE(ev.status == FL_OK);
+      REQUIRE(ev.cookie == sends_seen);  // completions in posting order
+      in_flight.erase(ev.cookie);
+    }
+    for (; verified < rx.arrivals.size(); ++verified) {
+      const auto& ev = rx.arrivals[verified];
+      REQUIRE(ev.status == FL_OK);
+      REQUIRE(ev.header.sequence == verified + 1);
+      REQUIRE(ev.header.credit_id == verified + 1);
+      REQUIRE(ev.header.length == sizes[verified]);
+      auto want = pattern(verified, sizes[verified]);
+      long bad = firstMismatch(buffers.at(verified + 1).data(), want);
+      if (bad != -1) FAIL("frame " << verified << " differs at byte " << bad);
+      buffers.erase(verified + 1);
+      grant(verified + kWindow);
+    }
+    REQUIRE(tx.errors.empty());
+    REQUIRE(rx.errors.empty());
+    if (std::chrono::steady_clock::now() > deadline) {
+      FAIL("timed out: posted " << next_post << ", completed " << sends_seen << ", arrived " << verified);
+    }
+    pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
+    ::poll(fds, 2, 10);
+  }
+  CHECK(in_flight.empty());
+}
+
+TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing a frame", "[transport]",
+                   FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  constexpr size_t kFrames = 600;
+  constexpr size_t kSize = 256 * 1024;
+  // Every credit points at one shared buffer: this test is about counting,
+  // the content of the last frame is still checked.
+  Buffer shared(kSize);
+  std::vector<RemoteCredit> credits;
+  for (size_t i = 0; i < kFrames; ++i) credits.push_back(expose(*rx.t, shared.credit(1000 + i)));
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < kFrames; ++i) payloads.push_back(pattern(i, kSize));
+
+  size_t posted = 0;
+  bool saw_backpressure = false;
+  // Without polling, the queue must fill long before 600 x 256 KiB are on
+  // the wire.
+  while (posted < kFrames) {
+    PostResult pr = tx.t->post(request(posted, credits[posted], payloads[posted], posted + 1));
+    if (pr == PostResult::kBackpressure) {
+      saw_backpressure = true;
+      break;
+    }
+    REQUIRE(pr == PostResult::kOk);
+    ++posted;
+  }
+  REQUIRE(saw_backpressure);
+  INFO("backpressure after " << posted << " posts");
+  CHECK(posted >= 1);
+
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline * 3;
+  size_t backpressured = 1;
+  while (tx.sends.size() < kFrames || rx.arrivals.size() < kFrames) {
+    while (posted < kFrames) {
+      PostResult pr = tx.t->post(request(posted, credits[posted], payloads[posted], posted + 1));
+      if (pr == PostResult::kBackpressure) {
+        ++backpressured;
+        break;
+      }
+      REQUIRE(pr == PostResult::kOk);
+      ++posted;
+    }
+    tx.pump();
+    rx.pump();
+    REQUIRE(tx.errors.empty());
+    REQUIRE(rx.errors.empty());
+    if (std::chrono::steady_clock::now() > deadline) {
+      FAIL("timed out: posted " << posted << ", completed " << tx.sends.size() << ", arrived " << rx.arrivals.size());
+    }
+    pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
+    ::poll(fds, 2, 5);
+  }
+  REQUIRE(tx.sends.size() == kFrames);
+  REQUIRE(rx.arrivals.size() == kFrames);
+  for (size_t i = 0; i < kFrames; ++i) {
+    REQUIRE(tx.sends[i].cookie == i);
+    REQUIRE(tx.sends[i].status == FL_OK);
+    REQUIRE(rx.arrivals[i].status == FL_OK);
+    REQUIRE(rx.arrivals[i].header.sequence == i + 1);
+    REQUIRE(rx.arrivals[i].header.credit_id == 1000 + i);
+  }
+  CHECK(firstMismatch(shared.data(), payloads[kFrames - 1]) == -1);
+}
+
+TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  // The sender names a credit the receiver never exposed (3 MiB: crosses
+  // chunk boundaries and socket buffers while it is discarded).
+  RemoteCredit bogus{777, 4 << 20, 0, 0};
+  auto big = pattern(1, 3 << 20);
+  REQUIRE(tx.t->post(request(1, bogus, big, 5)) == PostResult::kOk);
+  Buffer buf(1000);
+  RemoteCredit good = expose(*rx.t, buf.credit(778));
+  auto payload = pattern(2, 1000);
+  REQUIRE(tx.t->post(request(2, good, payload, 6)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "both frames");
+  CHECK(tx.sends[0].status == FL_OK);  // the sender cannot know; the daemon NACKs
+  CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
+  CHECK(rx.arrivals[0].header.credit_id == 777u);
+  CHECK(rx.arrivals[0].header.sequence == 5u);
+  CHECK(!rx.arrivals[0].message.empty());
+  CHECK(rx.arrivals[1].status == FL_OK);
+  CHECK(rx.arrivals[1].header.sequence == 6u);
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+  CHECK(rx.errors.empty());
+  CHECK(tx.errors.empty());
+  CHECK(rx.t->connected());
+  // A credit is consumed by its frame: using it again is an unknown credit.
+  REQUIRE(tx.t->post(request(3, good, payload, 7)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return rx.arrivals.size() == 3; }, "reused credit");
+  CHECK(rx.arrivals[2].status == FL_ERR_UNKNOWN_CREDIT);
+}
+
+TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  Buffer gone(200'000);
+  RemoteCredit c = expose(*rx.t, gone.credit(50));
+  rx.t->retractCredit(50);
+  rx.t->retractCredit(12345);  // never exposed: harmless
+  auto payload = pattern(3, 200'000);
+  REQUIRE(tx.t->post(request(1, c, payload, 1)) == PostResult::kOk);
+  Buffer buf(10);
+  RemoteCredit good = expose(*rx.t, buf.credit(51));
+  auto small = pattern(4, 10);
+  REQUIRE(tx.t->post(request(2, good, small, 2)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return rx.arrivals.size() == 2 && tx.sends.size() == 2; }, "both frames");
+  CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
+  CHECK(rx.arrivals[0].header.credit_id == 50u);
+  CHECK(std::all_of(gone.mem->begin(), gone.mem->end(), [](uint8_t b) { return b == 0xEE; }));
+  CHECK(rx.arrivals[1].status == FL_OK);
+  CHECK(firstMismatch(buf.data(), small) == -1);
+  CHECK(rx.errors.empty());
+  // The id can be exposed again after the retraction.
+  Buffer again(10);
+  CHECK(rx.t->exposeCredit(again.credit(50)).ok());
+}
+
+TEMPLATE_TEST_CASE("malformed requests are refused by post", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  Buffer buf(100);
+  RemoteCredit c = expose(*rx.t, buf.credit(9));
+  auto payload = pattern(1, 101);
+  CHECK(tx.t->post(request(1, c, payload, 1)) == PostResult::kInvalid);  // length > credit
+  auto fits = pattern(1, 100);
+  SendRequest r = request(2, c, fits, 1);
+  r.header.attr_length = FL_MAX_ATTR_BYTES + 1;
+  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  r = request(3, c, fits, 1);
+  r.payload = nullptr;
+  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  r = request(4, c, fits, 1);
+  r.header.credit_id = 10;  // does not match request.credit
+  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  // Nothing was queued: the one valid frame is the first to arrive.
+  REQUIRE(tx.t->post(request(5, c, fits, 2)) == PostResult::kOk);
+  waitFor(tx, rx, [&] { return !rx.arrivals.empty() && !tx.sends.empty(); }, "the valid frame");
+  std::this_thread::sleep_for(50ms);
+  tx.pump();
+  rx.pump();
+  REQUIRE(tx.sends.size() == 1);
+  CHECK(tx.sends[0].cookie == 5u);
+  REQUIRE(rx.arrivals.size() == 1);
+  CHECK(rx.arrivals[0].header.sequence == 2u);
+  CHECK(rx.arrivals[0].status == FL_OK);
+}
+
+TEMPLATE_TEST_CASE("credit ids are unique per link", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Buffer x(10), y(10);
+  REQUIRE(pair->b->exposeCredit(x.credit(1)).ok());
+  auto dup = pair->b->exposeCredit(y.credit(1));
+  REQUIRE_FALSE(dup.ok());
+  CHECK(dup.error().code == FL_EINVAL);
+  LocalCredit null_buffer{2, nullptr, 10, nullptr};
+  CHECK_FALSE(pair->b->exposeCredit(null_buffer).ok());
+}
+
+TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  const bool dialer_goes_away = GENERATE(true, false);
+  CAPTURE(dialer_goes_away);
+  Endpoint survivor{dialer_goes_away ? pair->b.get() : pair->a.get()};
+  Endpoint leaver{dialer_goes_away ? pair->a.get() : pair->b.get()};
+
+  // Queue far more than can be in flight, then the peer goes away.  The
+  // leaver exposes no credits, so everything that does arrive is discarded.
+  constexpr size_t kSize = 1 << 20;
+  auto payload = pattern(1, kSize);
+  RemoteCredit c{1, kSize, 0, 0};
+  size_t posted = 0;
+  while (posted < 1000) {
+    SendRequest r = request(posted, c, payload, posted + 1);
+    PostResult pr = survivor.t->post(r);
+    if (pr == PostResult::kBackpressure) break;
+    REQUIRE(pr == PostResult::kOk);
+    ++posted;
+  }
+  REQUIRE(posted > 0);
+  leaver.t->shutdown();
+  CHECK_FALSE(leaver.t->connected());
+
+  waitFor(survivor, leaver, [&] { return !survivor.errors.empty() && survivor.sends.size() == posted; },
+          "LinkError and a completion for every posted frame");
+  CHECK(survivor.errors.size() == 1);
+  CHECK(survivor.errors[0].status != FL_OK);
+  CHECK(!survivor.errors[0].message.empty());
+  CHECK_FALSE(survivor.t->connected());
+  // Exactly one completion per cookie; nothing reported OK after the LinkError.
+  std::vector<int> seen(posted, 0);
+  size_t lost = 0;
+  for (const auto& ev : survivor.sends) {
+    REQUIRE(ev.cookie < posted);
+    ++seen[ev.cookie];
+    CHECK((ev.status == FL_OK || ev.status == FL_ERR_LINK_LOST));
+    if (ev.status == FL_ERR_LINK_LOST) ++lost;
+  }
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  CHECK(lost > 0);
+  bool after_error = false;
+  size_t send_index = 0;
+  for (Kind k : survivor.order) {
+    if (k == Kind::kLinkError) after_error = true;
+    if (k == Kind::kSendComplete) {
+      if (after_error) CHECK(survivor.sends[send_index].status == FL_ERR_LINK_LOST);
+      ++send_index;
+    }
+  }
+  CHECK(survivor.t->post(request(9999, c, payload, 9999)) == PostResult::kNotConnected);
+  Buffer b(10);
+  CHECK_FALSE(survivor.t->exposeCredit(b.credit(5)).ok());
+
+  // The side that shut down reports it once too, and refuses posts.
+  leaver.pump();
+  REQUIRE(leaver.errors.size() == 1);
+  CHECK(leaver.errors[0].status == FL_ERR_SHUTDOWN);
+  CHECK(leaver.t->post(request(1, c, payload, 1)) == PostResult::kNotConnected);
+
+  // shutdown() is idempotent and the survivor can be shut down after the loss.
+  leaver.t->shutdown();
+  survivor.t->shutdown();
+  survivor.pump();
+  CHECK(survivor.errors.size() == 1);
+}
+
+TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  constexpr size_t kSize = 1 << 20;
+  auto payload = pattern(1, kSize);
+  RemoteCredit c{1, kSize, 0, 0};
+  size_t posted = 0;
+  while (posted < 1000 && tx.t->post(request(posted, c, payload, posted + 1)) == PostResult::kOk) ++posted;
+  tx.t->shutdown();
+  // Everything is reported by the time shutdown() returns.
+  tx.pump();
+  REQUIRE(tx.sends.size() == posted);
+  CHECK(std::any_of(tx.sends.begin(), tx.sends.end(), [](const auto& e) { return e.status == FL_ERR_LINK_LOST; }));
+  REQUIRE(tx.errors.size() == 1);
+  CHECK(tx.errors[0].status == FL_ERR_SHUTDOWN);
+  waitFor(tx, rx, [&] { return !rx.errors.empty(); }, "LinkError on the peer");
+  CHECK_FALSE(rx.t->connected());
+}
+
+TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[transport]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
+  CHECK(tx.t->eventFd() >= 0);
+  CHECK(tx.t->eventFd() != rx.t->eventFd());
+  tx.pump();
+  rx.pump();
+  CHECK_FALSE(readable(tx.t->eventFd(), 0));
+  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+
+  Buffer bufs[3] = {Buffer(100), Buffer(100), Buffer(100)};
+  auto payload = pattern(7, 100);
+  for (uint64_t i = 0; i < 3; ++i) {
+    RemoteCredit c = expose(*rx.t, bufs[i].credit(i + 1));
+    REQUIRE(tx.t->post(request(i, c, payload, i + 1)) == PostResult::kOk);
+  }
+  const int wait_ms = static_cast<int>(std::chrono::milliseconds(kDeadline).count());
+  REQUIRE(readable(tx.t->eventFd(), wait_ms));
+  REQUIRE(readable(rx.t->eventFd(), wait_ms));
+
+  // Drain one event at a time: while any is left, the fd stays readable.
+  size_t arrived = 0;
+  TransportEvent ev;
+  while (arrived < 3) {
+    if (!readable(rx.t->eventFd(), wait_ms)) FAIL("eventFd not readable with " << (3 - arrived) << " frames to come");
+    size_t n = rx.t->poll(&ev, 1);
+    if (n == 1) {
+      CHECK(ev.kind == Kind::kFrameArrived);
+      ++arrived;
+    }
+  }
+  CHECK(rx.t->poll(&ev, 1) == 0);
+  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+
+  size_t completed = 0;
+  while (completed < 3) {
+    if (!readable(tx.t->eventFd(), wait_ms)) FAIL("eventFd not readable with completions to come");
+    completed += tx.t->poll(&ev, 1);
+  }
+  CHECK(tx.t->poll(&ev, 1) == 0);
+  CHECK_FALSE(readable(tx.t->eventFd(), 0));
+
+  // A LinkError makes it readable too.
+  rx.t->shutdown();
+  REQUIRE(readable(tx.t->eventFd(), wait_ms));
+  CHECK(std::string(tx.t->name()) == kindName(TestType::kKind));
+}
+
+}  // namespace framelink::transport::testing

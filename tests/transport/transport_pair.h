@@ -1,0 +1,61 @@
+// Two connected transports of one kind over loopback, for the conformance
+// suite (and for anything else that needs a live pair: benchmarks, the
+// faulty decorator's tests).  `a` is the dialing side, `b` the listening
+// side.  Port 0 everywhere, so pairs can be made in parallel.
+#pragma once
+
+#include <cstddef>
+#include <future>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/result.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/transport.h"
+
+namespace framelink::transport::testing {
+
+enum class TransportKind { kTcp, kGrpc };
+
+struct TransportPairOptions {
+  size_t grpc_chunk_bytes = 0;  // 0: the grpc transport's default
+  std::string token = "conformance-token";
+};
+
+class TransportPair {
+ public:
+  static Result<std::unique_ptr<TransportPair>> make(TransportKind kind, const TransportPairOptions& options = {});
+
+  virtual ~TransportPair() = default;  // shuts both transports down and stops listeners/servers
+
+  std::shared_ptr<Transport> a;  // dialer
+  std::shared_ptr<Transport> b;  // listener
+};
+
+// An in-process gRPC server implementing only Link.Data the way the daemon
+// does: checks the token metadata and the session id, adopts the stream,
+// hands the transport over and runs it until it closes.
+class GrpcTestServer {
+ public:
+  static constexpr uint64_t kSessionId = 0x5e55'1011'0000'0001ull;
+
+  static Result<std::unique_ptr<GrpcTestServer>> start(const std::string& token, size_t chunk_bytes);
+  ~GrpcTestServer();  // Shutdown with a 2 s grace period
+
+  int port() const noexcept { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The transport of the first Data call that passed the checks.
+  std::future<std::shared_ptr<GrpcServerTransport>>& adopted() noexcept;
+
+ private:
+  GrpcTestServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+const char* kindName(TransportKind kind) noexcept;
+
+}  // namespace framelink::transport::testing
