@@ -44,11 +44,11 @@ typedef struct fl_attach_request {
   uint32_t reserved;
 } fl_attach_request;
 
-FL_STATIC_ASSERT(sizeof(fl_attach_request) == 152, "fl_attach_request size");
+FL_STATIC_ASSERT(sizeof(fl_attach_request) == 160, "fl_attach_request size");
 FL_STATIC_ASSERT(offsetof(fl_attach_request, slot_size) == 16, "slot_size offset");
 FL_STATIC_ASSERT(offsetof(fl_attach_request, stream) == 24, "stream offset");
 FL_STATIC_ASSERT(offsetof(fl_attach_request, client_name) == 88, "client_name offset");
-FL_STATIC_ASSERT(offsetof(fl_attach_request, flags) == 144, "flags offset");
+FL_STATIC_ASSERT(offsetof(fl_attach_request, flags) == 152, "flags offset");
 
 typedef struct fl_attach_reply {
   uint32_t magic;   /* FL_ATTACH_MAGIC */

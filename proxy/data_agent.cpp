@@ -1,0 +1,1038 @@
+#include "data_agent.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "framelink/framelink.h"
+#include "framelink/shm_ring.h"
+#include "idle_strategy.h"
+#include "metrics.h"
+
+namespace framelink {
+
+namespace {
+
+// epoll tags: the top byte says what the low bits name.
+constexpr uint64_t kTagCommands = 0;
+constexpr uint64_t kTagClient = 1ULL << 56;
+constexpr uint64_t kTagLink = 2ULL << 56;
+constexpr uint64_t kTagMask = 0xFFULL << 56;
+
+constexpr size_t kMaxSubmitsPerRound = 64;
+constexpr size_t kMaxEventsPerRound = 64;
+constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
+constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
+constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
+
+std::string statusName(int status) {
+  const char* s = fl_status_str(status);
+  return s != nullptr ? std::string(s) : std::to_string(status);
+}
+
+void drainEventFd(int fd) {
+  uint64_t value;
+  while (::read(fd, &value, sizeof(value)) > 0) {
+  }
+}
+
+}  // namespace
+
+DataAgent::DataAgent(const Config& config, Metrics& metrics)
+    : config_(config), metrics_(metrics), epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagCommands;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, commands_.eventFd(), &ev);
+}
+
+DataAgent::~DataAgent() { stop(); }
+
+void DataAgent::start() {
+  running_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+void DataAgent::stop() {
+  if (!thread_.joinable()) return;
+  post(CmdStop{});
+  thread_.join();
+}
+
+uint64_t DataAgent::nowNs() const {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
+}
+
+ClientSession* DataAgent::client(uint64_t id) {
+  auto it = clients_.find(id);
+  return it == clients_.end() ? nullptr : it->second.get();
+}
+
+DataAgent::Link* DataAgent::link(uint64_t id) {
+  auto it = links_.find(id);
+  return it == links_.end() ? nullptr : &it->second;
+}
+
+void DataAgent::run() {
+  ::pthread_setname_np(::pthread_self(), "fl-data-agent");
+  if (config_.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(config_.cpu, &set);
+    if (::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set) != 0) {
+      spdlog::warn("cannot pin the data agent to CPU {}; running unpinned", config_.cpu);
+    }
+  }
+  // Spin ~20 us, yield a little, then sleep: on 2 cores a spinning agent
+  // would take the CPU the applications need.
+  IdleStrategy idle(2000, 20);
+  while (running_) {
+    uint64_t work = 0;
+    work += drainCommands();
+    if (!running_) break;
+    work += pollClients();
+    work += pollLinks();
+    work += pumpAll();
+    uint64_t now = nowNs();
+    if (now >= next_deadline_check_ns_) {
+      checkDeadlines();
+      next_deadline_check_ns_ = now + kDeadlineCheckNs;
+    }
+    if (now >= next_stats_ns_) {
+      publishStats();
+      next_stats_ns_ = now + kStatsNs;
+    }
+    if (idle.idle(work)) {
+      sleep();
+      idle.reset();
+    }
+  }
+  // Shutdown: every frame still in progress ends FAILED(shutdown).
+  for (auto& [id, c] : clients_) {
+    if (c->role != FL_ROLE_PRODUCER) continue;
+    for (uint32_t s = 0; s < c->slots.size(); ++s) {
+      if (c->slots[s].state != SlotState::kFree) finishFrame(*c, s, FL_ERR_SHUTDOWN, "the daemon is shutting down");
+    }
+    __atomic_store_n(&c->segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
+  }
+  for (auto& [id, l] : links_) {
+    v1::PeerMessage fin;
+    fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);
+    fin.mutable_fin()->set_reason("daemon shutting down");
+    if (l.session.writer) l.session.writer->send(std::move(fin));
+    if (l.transport) l.transport->shutdown();
+  }
+}
+
+void DataAgent::sleep() {
+  // Announce sleep on every submit ring, then re-check: a client that
+  // pushed meanwhile sees the flag and rings the doorbell, or we see its entry.
+  bool ready = false;
+  for (auto& [id, c] : clients_) {
+    if (c->gone) continue;
+    if (!fl_ring_prepare_sleep(c->segments->submitRing())) ready = true;
+  }
+  if (!ready) {
+    epoll_event events[32];
+    int timeout_ms = 10;
+    ::epoll_wait(epoll_fd_.get(), events, 32, timeout_ms);
+  }
+  for (auto& [id, c] : clients_) {
+    if (c->gone) continue;
+    fl_ring_end_sleep(c->segments->submitRing());
+    drainEventFd(c->submit_doorbell.get());
+  }
+}
+
+size_t DataAgent::drainCommands() {
+  std::deque<AgentCommand> batch;
+  size_t n = commands_.drain(batch);
+  for (auto& command : batch) {
+    std::visit(
+        [this](auto& cmd) {
+          using T = std::decay_t<decltype(cmd)>;
+          if constexpr (std::is_same_v<T, CmdClientAttached>) {
+            onClientAttached(std::move(cmd.client));
+          } else if constexpr (std::is_same_v<T, CmdClientGone>) {
+            onClientGone(cmd.client_id);
+          } else if constexpr (std::is_same_v<T, CmdLinkUp>) {
+            onLinkUp(cmd);
+          } else if constexpr (std::is_same_v<T, CmdLinkDown>) {
+            onLinkDown(cmd.link_id, cmd.reason);
+          } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
+            if (Link* l = link(cmd.link_id)) onPeerMessage(*l, *cmd.message);
+          } else if constexpr (std::is_same_v<T, CmdStop>) {
+            running_ = false;
+          }
+        },
+        command);
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------- clients
+
+void DataAgent::onClientAttached(std::shared_ptr<ClientSession> c) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagClient | c->id;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, c->submit_doorbell.get(), &ev);
+  metrics_.counters.clients_attached.fetch_add(1, std::memory_order_relaxed);
+  if (c->role == FL_ROLE_PRODUCER) headers_[c->id].resize(c->slots.size());
+  std::string stream = c->stream;
+  uint32_t role = c->role;
+  uint64_t id = c->id;
+  clients_.emplace(id, std::move(c));
+  if (role == FL_ROLE_CONSUMER) {
+    grantCredits(stream);
+  } else {
+    std::string peer = config_.routeFor(stream);
+    if (!peer.empty()) {
+      Peer& p = peers_[peer];
+      p.name = peer;
+      outStream(p, stream);  // announces it when the link is up
+    }
+  }
+}
+
+void DataAgent::detachClient(ClientSession& c, int status, const std::string& why) {
+  if (c.gone) return;
+  spdlog::error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream, statusName(status), why);
+  __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
+  // The attach thread sees the shutdown as a hang-up and reports CmdClientGone.
+  ::shutdown(c.socket.get(), SHUT_RDWR);
+  c.gone = true;
+}
+
+void DataAgent::onClientGone(uint64_t client_id) {
+  ClientSession* c = client(client_id);
+  if (c == nullptr) return;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, c->submit_doorbell.get(), nullptr);
+  c->gone = true;
+  metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", c->id, c->pid, c->stream, c->frames,
+               c->bytes);
+  if (c->role == FL_ROLE_CONSUMER) {
+    std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
+    for (uint32_t s = 0; s < c->slots.size(); ++s) {
+      SlotEntry& e = c->slots[s];
+      if (e.state == SlotState::kCredited) {
+        auto it = credits_.find(e.credit_id);
+        if (it != credits_.end()) {
+          if (Link* l = link(it->second.link_id)) {
+            if (l->transport) l->transport->retractCredit(e.credit_id);
+            auto& msg = revokes[{l->id, it->second.stream_id}];
+            msg.mutable_credit_revoke()->set_stream_id(it->second.stream_id);
+            msg.mutable_credit_revoke()->add_credit_ids(e.credit_id);
+          }
+          credits_.erase(it);
+        }
+      } else if (e.state == SlotState::kDelivered) {
+        if (Link* l = link(e.peer_key)) {
+          sendNack(*l, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
+                   "the consumer died before releasing the frame");
+        }
+      }
+      e = SlotEntry{};
+    }
+    for (auto& [key, msg] : revokes) {
+      if (Link* l = link(key.first)) l->session.writer->send(std::move(msg));
+    }
+  }
+  maybeForget(*c);
+}
+
+void DataAgent::maybeForget(ClientSession& c) {
+  // A dead producer stays until nothing of it is posted to a transport
+  // (which may still read its slots); its other frames are failed quietly.
+  if (!c.gone) return;
+  if (c.role == FL_ROLE_PRODUCER) {
+    for (uint32_t s = 0; s < c.slots.size(); ++s) {
+      if (c.slots[s].state == SlotState::kPosted) return;
+    }
+    for (uint32_t s = 0; s < c.slots.size(); ++s) {
+      if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, FL_ERR_SHUTDOWN, "producer detached");
+    }
+  }
+  uint64_t id = c.id;
+  headers_.erase(id);
+  clients_.erase(id);  // c is gone now
+}
+
+size_t DataAgent::pollClients() {
+  size_t work = 0;
+  // Iterate over a snapshot of ids: handlers may detach clients.
+  std::vector<uint64_t> ids;
+  ids.reserve(clients_.size());
+  for (auto& [id, c] : clients_) {
+    if (!c->gone) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    ClientSession* c = client(id);
+    if (c == nullptr || c->gone) continue;
+    fl_ring_header* ring = c->segments->submitRing();
+    for (size_t i = 0; i < kMaxSubmitsPerRound; ++i) {
+      fl_submit_desc desc;  // private copy: validated before use
+      fl_ring_result r = fl_ring_pop(ring, c->ring_capacity, sizeof(desc), &desc);
+      if (r == FL_RING_EMPTY) break;
+      if (r == FL_RING_CORRUPT) {
+        metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+        detachClient(*c, FL_ERR_RING_CORRUPT, "its submit ring indices are corrupt (tail beyond head + capacity)");
+        break;
+      }
+      ++work;
+      if (c->role == FL_ROLE_PRODUCER) {
+        onSubmit(*c, desc);
+      } else {
+        onRelease(*c, desc);
+      }
+      if (c->gone) break;
+    }
+  }
+  return work;
+}
+
+// ---------------------------------------------------------------- producer
+
+DataAgent::OutStream& DataAgent::outStream(Peer& p, const std::string& name) {
+  auto it = p.out_by_name.find(name);
+  if (it != p.out_by_name.end()) return p.out_streams[it->second];
+  uint64_t id = next_stream_id_++;
+  OutStream& s = p.out_streams[id];
+  s.id = id;
+  s.name = name;
+  p.out_by_name[name] = id;
+  if (Link* l = link(p.link_id)) {
+    v1::PeerMessage msg;
+    msg.mutable_stream_open()->set_stream_id(id);
+    msg.mutable_stream_open()->set_name(name);
+    l->session.writer->send(std::move(msg));
+    s.announced = true;
+  }
+  return s;
+}
+
+void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
+  auto reject = [&](uint32_t slot, int status, const std::string& why) {
+    metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(status);
+    ++c.errors;
+    spdlog::warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, slot, statusName(status), why);
+    if (!c.complete(slot, status, 0, desc.length, 0)) {
+      detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+    }
+  };
+  if (desc.slot >= c.slots.size()) {
+    reject(desc.slot, FL_ERR_BAD_SLOT,
+           "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+    return;
+  }
+  SlotEntry& e = c.slots[desc.slot];
+  if (desc.flags != 0) {
+    reject(desc.slot, FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
+    return;
+  }
+  if (e.state != SlotState::kFree) {
+    reject(desc.slot, FL_ERR_SLOT_NOT_OWNED,
+           std::string("the slot is already in flight (") + slotStateName(e.state) + "), submitted twice?");
+    return;
+  }
+  if (desc.length > c.segments->slotSize()) {
+    reject(desc.slot, FL_ERR_TOO_LARGE,
+           "length " + std::to_string(desc.length) + " exceeds the slot size " + std::to_string(c.segments->slotSize()));
+    return;
+  }
+  fl_slot_header sh;
+  std::memcpy(&sh, c.segments->slotHeader(desc.slot), sizeof(sh));  // private copy
+  if (sh.attr_length > FL_MAX_ATTR_BYTES || (sh.flags & ~uint32_t{FL_SLOT_HAS_CRC32C}) != 0) {
+    reject(desc.slot, FL_ERR_BAD_METADATA,
+           "slot header invalid (attr_length " + std::to_string(sh.attr_length) + " > " +
+               std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
+    return;
+  }
+  std::string peer_name = config_.routeFor(c.stream);
+  if (peer_name.empty()) {
+    reject(desc.slot, FL_ERR_NO_ROUTE, "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
+    return;
+  }
+  Peer& p = peers_[peer_name];
+  p.name = peer_name;
+  OutStream& s = outStream(p, c.stream);
+
+  transport::FrameHeader& h = headers_[c.id][desc.slot];
+  h = transport::FrameHeader{};
+  h.stream_id = s.id;
+  h.sequence = s.next_sequence++;
+  h.frame_id = sh.frame_id;
+  h.wafer_id = sh.wafer_id;
+  h.timestamp_ns = sh.timestamp_ns;
+  h.length = desc.length;
+  h.has_crc32c = (sh.flags & FL_SLOT_HAS_CRC32C) ? 1 : 0;
+  h.crc32c = sh.crc32c;
+  h.attr_length = sh.attr_length;
+  std::memcpy(h.attrs, sh.attrs, sh.attr_length);
+
+  uint64_t now = nowNs();
+  e = SlotEntry{};
+  e.state = SlotState::kPending;
+  e.sequence = h.sequence;
+  e.length = desc.length;
+  e.frame_id = sh.frame_id;
+  e.stream_id = s.id;
+  e.submitted_ns = now;
+  e.deadline_ns = now + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  ++c.in_progress;
+  metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
+  s.pending.push_back(FrameRef{c.id, desc.slot});
+  pump(p, s);
+}
+
+void DataAgent::pump(Peer& p, OutStream& s) {
+  Link* l = link(p.link_id);
+  if (l == nullptr || l->closing || !l->transport) return;
+  while (!s.pending.empty() && !s.credits.empty()) {
+    FrameRef f = s.pending.front();
+    ClientSession* c = client(f.client_id);
+    if (c == nullptr || c->slots[f.slot].state != SlotState::kPending) {
+      s.pending.pop_front();
+      continue;
+    }
+    SlotEntry& e = c->slots[f.slot];
+    const transport::RemoteCredit& credit = s.credits.front();
+    if (e.length > credit.length) {
+      s.pending.pop_front();
+      finishFrame(*c, f.slot, FL_ERR_TOO_LARGE,
+                  "frame of " + std::to_string(e.length) + " bytes does not fit the consumer's " +
+                      std::to_string(credit.length) + "-byte slots on peer " + p.name +
+                      " (attach the consumer with a larger slot size)");
+      continue;
+    }
+    transport::SendRequest req;
+    req.cookie = next_cookie_++;
+    req.header = headers_[c->id][f.slot];
+    req.header.credit_id = credit.credit_id;
+    req.payload = c->segments->slot(f.slot);
+    req.credit = credit;
+    transport::PostResult r = l->transport->post(req);
+    if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) return;
+    s.pending.pop_front();
+    s.credits.pop_front();
+    if (r == transport::PostResult::kInvalid) {
+      finishFrame(*c, f.slot, FL_ERR_TRANSPORT, "the transport refused the frame");
+      continue;
+    }
+    e.state = SlotState::kPosted;
+    e.credit_id = req.cookie;  // producer side: the cookie of the post
+    e.peer_key = l->id;
+    s.unacked[e.sequence] = f;
+    posted_[req.cookie] = Posted{f, p.name, s.id, e.sequence};
+    ++l->frames_out;
+  }
+}
+
+size_t DataAgent::pumpAll() {
+  size_t work = 0;
+  for (auto& [name, p] : peers_) {
+    if (p.link_id == 0) continue;
+    for (auto& [id, s] : p.out_streams) {
+      if (!s.pending.empty() && !s.credits.empty()) {
+        pump(p, s);
+        ++work;
+      }
+    }
+  }
+  return work;
+}
+
+void DataAgent::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+  SlotEntry& e = c.slots[slot];
+  if (e.state == SlotState::kFree) return;
+  if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+  if (status == FL_OK) {
+    metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
+    metrics_.counters.bytes_sent.fetch_add(e.length, std::memory_order_relaxed);
+    metrics_.recordDeliveryLatency((nowNs() - e.submitted_ns) / 1000);
+    ++c.frames;
+    c.bytes += e.length;
+  } else {
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(status);
+    ++c.errors;
+    spdlog::warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence, e.frame_id,
+                 statusName(status), why);
+  }
+  uint64_t sequence = e.sequence;
+  uint64_t length = e.length;
+  uint64_t frame_id = e.frame_id;
+  e = SlotEntry{};
+  if (c.in_progress > 0) --c.in_progress;
+  if (!c.complete(slot, status, sequence, length, frame_id)) {
+    detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+  }
+}
+
+void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status, const std::string& why) {
+  auto sit = p.out_streams.find(stream_id);
+  if (sit == p.out_streams.end()) {
+    spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", p.name, stream_id, sequence);
+    return;
+  }
+  OutStream& s = sit->second;
+  auto it = s.unacked.find(sequence);
+  if (it == s.unacked.end()) {
+    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)", p.name, s.name,
+                  sequence);
+    return;
+  }
+  FrameRef f = it->second;
+  s.unacked.erase(it);
+  ClientSession* c = client(f.client_id);
+  if (c == nullptr) return;
+  finishFrame(*c, f.slot, status, why);
+  maybeForget(*c);
+}
+
+// ---------------------------------------------------------------- consumer
+
+void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
+  auto reject = [&](int status, const std::string& why) {
+    metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+    ++c.errors;
+    spdlog::warn("client {} stream '{}': release of slot {} rejected: {}: {}", c.id, c.stream, desc.slot,
+                 statusName(status), why);
+    if (!c.complete(desc.slot, status, 0, 0, 0)) {
+      detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+    }
+  };
+  if (desc.slot >= c.slots.size()) {
+    reject(FL_ERR_BAD_SLOT, "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+    return;
+  }
+  if (desc.flags != 0) {
+    reject(FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
+    return;
+  }
+  SlotEntry& e = c.slots[desc.slot];
+  if (e.state != SlotState::kDelivered) {
+    reject(FL_ERR_DOUBLE_RELEASE, std::string("the slot holds no delivered frame (it is ") + slotStateName(e.state) + ")");
+    return;
+  }
+  metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
+  if (Link* l = link(e.peer_key)) {
+    v1::PeerMessage msg;
+    msg.mutable_ack()->set_stream_id(e.stream_id);
+    msg.mutable_ack()->set_sequence(e.sequence);
+    l->session.writer->send(std::move(msg));
+  } else {
+    spdlog::debug("client {}: released seq {} after its link went away; no ACK sent", c.id, e.sequence);
+  }
+  e = SlotEntry{};
+  grantCredits(c.stream);
+}
+
+void DataAgent::grantCredits(const std::string& name) {
+  // Where can credits go: every up link with an open in-stream of this name.
+  std::vector<std::pair<uint64_t, uint64_t>> targets;  // (link, stream id)
+  for (auto& [id, l] : links_) {
+    if (l.closing || !l.transport) continue;
+    for (auto& [sid, in] : l.in_streams) {
+      if (in.name == name) targets.emplace_back(id, sid);
+    }
+  }
+  if (targets.empty()) return;
+  std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> grants;
+  for (auto& [cid, c] : clients_) {
+    if (c->gone || c->role != FL_ROLE_CONSUMER || c->stream != name) continue;
+    for (uint32_t s = 0; s < c->slots.size(); ++s) {
+      SlotEntry& e = c->slots[s];
+      if (e.state != SlotState::kFree) continue;
+      auto target = targets[grant_cursor_++ % targets.size()];
+      Link& l = links_[target.first];
+      transport::LocalCredit local;
+      local.credit_id = next_credit_id_++;
+      local.buffer = c->segments->slot(s);
+      local.capacity = c->segments->slotSize();
+      local.keepalive = c->segments;
+      auto remote = l.transport->exposeCredit(std::move(local));
+      if (!remote) {
+        spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer, remote.error().message);
+        return;
+      }
+      credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
+      e.state = SlotState::kCredited;
+      e.credit_id = remote->credit_id;
+      e.peer_key = l.id;
+      e.stream_id = target.second;
+      auto& msg = grants[target];
+      auto* grant = msg.mutable_credit_grant();
+      grant->set_stream_id(target.second);
+      auto* credit = grant->add_credits();
+      credit->set_credit_id(remote->credit_id);
+      credit->set_length(remote->length);
+      credit->set_remote_addr(remote->remote_addr);
+      credit->set_rkey(remote->rkey);
+      metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  for (auto& [target, msg] : grants) {
+    if (Link* l = link(target.first)) l->session.writer->send(std::move(msg));
+  }
+}
+
+void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int code, const std::string& message) {
+  metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
+  spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence, statusName(code),
+               message);
+  v1::PeerMessage msg;
+  auto* nack = msg.mutable_nack();
+  nack->set_stream_id(stream_id);
+  nack->set_sequence(sequence);
+  nack->set_code(static_cast<v1::ErrorCode>(code));
+  nack->set_message(message);
+  l.session.writer->send(std::move(msg));
+}
+
+void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
+  const transport::FrameHeader& h = ev.header;
+  ++l.frames_in;
+  if (ev.status != FL_OK) {
+    sendNack(l, h.stream_id, h.sequence, ev.status, ev.message.empty() ? "frame for an unknown credit" : ev.message);
+    auto it = credits_.find(h.credit_id);
+    if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
+    return;
+  }
+  auto it = credits_.find(h.credit_id);
+  if (it == credits_.end() || it->second.link_id != l.id) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "credit " + std::to_string(h.credit_id) + " was not granted to this link");
+    return;
+  }
+  CreditEntry credit = it->second;
+  credits_.erase(it);
+  ClientSession* c = client(credit.client_id);
+  if (c == nullptr || c->gone) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_NO_CONSUMER, "the consumer detached");
+    return;
+  }
+  SlotEntry& e = c->slots[credit.slot];
+  auto regrant = [&] {
+    e = SlotEntry{};
+    grantCredits(c->stream);
+  };
+  if (h.stream_id != credit.stream_id || l.in_streams.count(h.stream_id) == 0) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_STREAM,
+             "frame names stream " + std::to_string(h.stream_id) + " but the credit belongs to stream " +
+                 std::to_string(credit.stream_id));
+    regrant();
+    return;
+  }
+  if (h.length > c->segments->slotSize() || h.attr_length > FL_MAX_ATTR_BYTES) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_PROTOCOL, "frame header out of bounds");
+    regrant();
+    return;
+  }
+  uint8_t* payload = c->segments->slot(credit.slot);
+  if (h.has_crc32c) {
+    uint32_t crc = fl_crc32c(0, payload, h.length);
+    if (crc != h.crc32c) {
+      sendNack(l, h.stream_id, h.sequence, FL_ERR_CRC_MISMATCH,
+               "payload CRC32C mismatch (expected " + std::to_string(h.crc32c) + ", got " + std::to_string(crc) + ")");
+      regrant();
+      return;
+    }
+  }
+  fl_slot_header* sh = c->segments->slotHeader(credit.slot);
+  sh->frame_id = h.frame_id;
+  sh->wafer_id = h.wafer_id;
+  sh->timestamp_ns = h.timestamp_ns;
+  sh->length = h.length;
+  sh->sequence = h.sequence;
+  sh->crc32c = h.crc32c;
+  sh->flags = h.has_crc32c ? FL_SLOT_HAS_CRC32C : 0;
+  sh->attr_length = h.attr_length;
+  std::memcpy(sh->attrs, h.attrs, h.attr_length);
+  e.state = SlotState::kDelivered;
+  e.sequence = h.sequence;
+  e.length = h.length;
+  e.frame_id = h.frame_id;
+  e.peer_key = l.id;
+  e.stream_id = h.stream_id;
+  ++c->frames;
+  c->bytes += h.length;
+  metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
+  metrics_.counters.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
+  // Release ordering of the ring publishes the slot header and payload.
+  if (!c->complete(credit.slot, FL_OK, h.sequence, h.length, h.frame_id)) {
+    detachClient(*c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+  }
+}
+
+void DataAgent::retractCreditsOfLink(uint64_t link_id) {
+  std::vector<std::string> names;
+  for (auto it = credits_.begin(); it != credits_.end();) {
+    if (it->second.link_id != link_id) {
+      ++it;
+      continue;
+    }
+    if (ClientSession* c = client(it->second.client_id)) {
+      SlotEntry& e = c->slots[it->second.slot];
+      if (e.state == SlotState::kCredited) e = SlotEntry{};
+      names.push_back(c->stream);
+    }
+    it = credits_.erase(it);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  for (auto& n : names) grantCredits(n);
+}
+
+// ---------------------------------------------------------------- links
+
+void DataAgent::onLinkUp(CmdLinkUp& cmd) {
+  Link& l = links_[cmd.link_id];
+  l.id = cmd.link_id;
+  l.peer = cmd.peer;
+  l.transport_name = cmd.transport_name;
+  l.transport = std::move(cmd.transport);
+  l.session = std::move(cmd.session);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagLink | l.id;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, l.transport->eventFd(), &ev);
+  metrics_.counters.links_up.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("link {} to peer {} is up over {}", l.id, l.peer, l.transport_name);
+
+  Peer& p = peers_[l.peer];
+  p.name = l.peer;
+  if (p.link_id != 0 && p.link_id != l.id) {
+    spdlog::info("peer {}: link {} replaces link {}", p.name, l.id, p.link_id);
+  }
+  p.link_id = l.id;
+  for (auto& [id, s] : p.out_streams) {
+    s.credits.clear();
+    v1::PeerMessage msg;
+    msg.mutable_stream_open()->set_stream_id(id);
+    msg.mutable_stream_open()->set_name(s.name);
+    l.session.writer->send(std::move(msg));
+    s.announced = true;
+  }
+}
+
+void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
+  Link* l = link(link_id);
+  if (l == nullptr) return;
+  spdlog::warn("link {} to peer {} is down: {}", l->id, l->peer, reason);
+  metrics_.counters.links_up.fetch_sub(1, std::memory_order_relaxed);
+  metrics_.counters.link_failures.fetch_add(1, std::memory_order_relaxed);
+  if (l->transport) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, l->transport->eventFd(), nullptr);
+    l->transport->shutdown();
+    // Sends still posted complete with FL_ERR_LINK_LOST; deliver those events.
+    transport::TransportEvent events[kMaxEventsPerRound];
+    size_t n;
+    while ((n = l->transport->poll(events, kMaxEventsPerRound)) > 0) {
+      for (size_t i = 0; i < n; ++i) {
+        if (events[i].kind == transport::TransportEvent::Kind::kSendComplete) onTransportEvent(*l, events[i]);
+      }
+    }
+  }
+  auto pit = peers_.find(l->peer);
+  if (pit != peers_.end() && pit->second.link_id == link_id) {
+    Peer& p = pit->second;
+    p.link_id = 0;
+    for (auto& [id, s] : p.out_streams) {
+      s.credits.clear();
+      s.announced = false;
+      std::vector<FrameRef> lost;
+      for (auto& [seq, f] : s.unacked) lost.push_back(f);
+      s.unacked.clear();
+      for (auto& f : lost) {
+        if (ClientSession* c = client(f.client_id)) {
+          finishFrame(*c, f.slot, FL_ERR_LINK_LOST, "the link to peer " + p.name + " broke: " + reason);
+          maybeForget(*c);
+        }
+      }
+    }
+  }
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if (ClientSession* c = client(it->second.frame.client_id)) {
+      if (c->slots[it->second.frame.slot].peer_key == link_id) {
+        it = posted_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  std::shared_ptr<transport::Transport> transport = std::move(l->transport);
+  l->in_streams.clear();
+  links_.erase(link_id);
+  retractCreditsOfLink(link_id);
+  // Clients that were only waiting for posts on this link may go now.
+  std::vector<uint64_t> gone;
+  for (auto& [id, c] : clients_) {
+    if (c->gone) gone.push_back(id);
+  }
+  for (uint64_t id : gone) {
+    if (ClientSession* c = client(id)) maybeForget(*c);
+  }
+}
+
+size_t DataAgent::pollLinks() {
+  size_t work = 0;
+  transport::TransportEvent events[kMaxEventsPerRound];
+  std::vector<uint64_t> ids;
+  for (auto& [id, l] : links_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    Link* l = link(id);
+    if (l == nullptr || !l->transport) continue;
+    size_t n = l->transport->poll(events, kMaxEventsPerRound);
+    for (size_t i = 0; i < n; ++i) {
+      l = link(id);
+      if (l == nullptr) break;
+      onTransportEvent(*l, events[i]);
+    }
+    work += n;
+  }
+  return work;
+}
+
+void DataAgent::onTransportEvent(Link& l, transport::TransportEvent& ev) {
+  switch (ev.kind) {
+    case transport::TransportEvent::Kind::kSendComplete: {
+      auto it = posted_.find(ev.cookie);
+      if (it == posted_.end()) return;  // already settled (ACK raced the completion)
+      Posted posted = it->second;
+      posted_.erase(it);
+      ClientSession* c = client(posted.frame.client_id);
+      if (c == nullptr) return;
+      SlotEntry& e = c->slots[posted.frame.slot];
+      if (e.state != SlotState::kPosted || e.sequence != posted.sequence) return;
+      if (ev.status == FL_OK) {
+        e.state = SlotState::kSent;
+        e.deadline_ns = nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+      } else {
+        auto pit = peers_.find(posted.peer);
+        if (pit != peers_.end()) {
+          auto sit = pit->second.out_streams.find(posted.stream_id);
+          if (sit != pit->second.out_streams.end()) sit->second.unacked.erase(posted.sequence);
+        }
+        finishFrame(*c, posted.frame.slot, ev.status, "send failed: " + ev.message);
+      }
+      maybeForget(*c);
+      return;
+    }
+    case transport::TransportEvent::Kind::kFrameArrived:
+      onFrameArrived(l, ev);
+      return;
+    case transport::TransportEvent::Kind::kLinkError:
+      if (!l.closing) {
+        spdlog::warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer, l.transport_name,
+                     statusName(ev.status), ev.message);
+        l.closing = true;
+        if (l.session.cancel) l.session.cancel();
+      }
+      return;
+  }
+}
+
+void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
+  auto protocolError = [&](const std::string& why) {
+    spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer, why);
+    if (!l.closing) {
+      l.closing = true;
+      v1::PeerMessage fin;
+      fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
+      fin.mutable_fin()->set_reason(why);
+      l.session.writer->send(std::move(fin));
+      if (l.session.cancel) l.session.cancel();
+    }
+  };
+  switch (msg.body_case()) {
+    case v1::PeerMessage::kStreamOpen: {
+      const auto& so = msg.stream_open();
+      const std::string& name = so.name();
+      bool valid = !name.empty() && name.size() < FL_STREAM_NAME_MAX &&
+                   std::all_of(name.begin(), name.end(), [](char ch) {
+                     return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+                   });
+      if (!valid) return protocolError("StreamOpen with an invalid stream name");
+      if (l.in_streams.size() >= 4096 && l.in_streams.count(so.stream_id()) == 0) {
+        return protocolError("too many streams opened");
+      }
+      l.in_streams[so.stream_id()] = InStream{name};
+      spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer, name, so.stream_id());
+      grantCredits(name);
+      return;
+    }
+    case v1::PeerMessage::kStreamClose: {
+      l.in_streams.erase(msg.stream_close().stream_id());
+      return;
+    }
+    case v1::PeerMessage::kCreditGrant: {
+      const auto& g = msg.credit_grant();
+      auto pit = peers_.find(l.peer);
+      if (pit == peers_.end() || pit->second.link_id != l.id) return;
+      auto sit = pit->second.out_streams.find(g.stream_id());
+      if (sit == pit->second.out_streams.end()) {
+        spdlog::debug("link {}: credits for unknown stream {} ignored", l.id, g.stream_id());
+        return;
+      }
+      OutStream& s = sit->second;
+      if (s.credits.size() + static_cast<size_t>(g.credits_size()) > kMaxCreditsPerStream) {
+        return protocolError("peer granted more than " + std::to_string(kMaxCreditsPerStream) + " credits");
+      }
+      for (const auto& cr : g.credits()) {
+        if (cr.length() == 0) return protocolError("credit of zero length");
+        transport::RemoteCredit rc;
+        rc.credit_id = cr.credit_id();
+        rc.length = cr.length();
+        rc.remote_addr = cr.remote_addr();
+        rc.rkey = cr.rkey();
+        s.credits.push_back(rc);
+      }
+      pump(pit->second, s);
+      return;
+    }
+    case v1::PeerMessage::kCreditRevoke: {
+      const auto& r = msg.credit_revoke();
+      auto pit = peers_.find(l.peer);
+      if (pit == peers_.end()) return;
+      auto sit = pit->second.out_streams.find(r.stream_id());
+      if (sit == pit->second.out_streams.end()) return;
+      auto& credits = sit->second.credits;
+      for (uint64_t id : r.credit_ids()) {
+        credits.erase(std::remove_if(credits.begin(), credits.end(),
+                                     [id](const transport::RemoteCredit& c) { return c.credit_id == id; }),
+                      credits.end());
+      }
+      return;
+    }
+    case v1::PeerMessage::kAck: {
+      auto pit = peers_.find(l.peer);
+      if (pit == peers_.end()) return;
+      onAck(pit->second, msg.ack().stream_id(), msg.ack().sequence(), FL_OK, "");
+      return;
+    }
+    case v1::PeerMessage::kNack: {
+      auto pit = peers_.find(l.peer);
+      if (pit == peers_.end()) return;
+      int code = static_cast<int>(msg.nack().code());
+      if (code == FL_OK) code = FL_ERR_PEER_REJECTED;
+      onAck(pit->second, msg.nack().stream_id(), msg.nack().sequence(), code,
+            "peer " + l.peer + " refused it: " + msg.nack().message().substr(0, 256));
+      return;
+    }
+    case v1::PeerMessage::kFin:
+      spdlog::info("link {}: peer {} closes the link: {}", l.id, l.peer, msg.fin().reason().substr(0, 256));
+      l.closing = true;
+      if (l.session.cancel) l.session.cancel();
+      return;
+    case v1::PeerMessage::kKeepalive:
+      return;
+    default:
+      return protocolError("unexpected message (field " + std::to_string(msg.body_case()) + ") after the handshake");
+  }
+}
+
+// ---------------------------------------------------------------- deadlines
+
+void DataAgent::checkDeadlines() {
+  uint64_t now = nowNs();
+  std::vector<uint64_t> ids;
+  for (auto& [id, c] : clients_) {
+    if (c->role == FL_ROLE_PRODUCER && c->in_progress > 0) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    ClientSession* c = client(id);
+    if (c == nullptr) continue;
+    for (uint32_t s = 0; s < c->slots.size(); ++s) {
+      SlotEntry& e = c->slots[s];
+      if (e.deadline_ns == 0 || now < e.deadline_ns) continue;
+      std::string peer_name = config_.routeFor(c->stream);
+      auto pit = peers_.find(peer_name);
+      if (e.state == SlotState::kPending) {
+        bool link_up = pit != peers_.end() && pit->second.link_id != 0;
+        if (pit != peers_.end()) {
+          auto sit = pit->second.out_streams.find(e.stream_id);
+          if (sit != pit->second.out_streams.end()) {
+            auto& pending = sit->second.pending;
+            pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                         [&](const FrameRef& f) { return f.client_id == id && f.slot == s; }),
+                          pending.end());
+          }
+        }
+        if (link_up) {
+          finishFrame(*c, s, FL_ERR_NO_CONSUMER,
+                      "no consumer of stream '" + c->stream + "' on peer " + peer_name + " took the frame within " +
+                          std::to_string(config_.credit_timeout_ms) + " ms");
+        } else {
+          finishFrame(*c, s, FL_ERR_LINK_LOST,
+                      "no link to peer " + peer_name + " within " + std::to_string(config_.credit_timeout_ms) + " ms");
+        }
+      } else if (e.state == SlotState::kSent) {
+        if (pit != peers_.end()) {
+          auto sit = pit->second.out_streams.find(e.stream_id);
+          if (sit != pit->second.out_streams.end()) sit->second.unacked.erase(e.sequence);
+        }
+        finishFrame(*c, s, FL_ERR_TIMEOUT,
+                    "no acknowledgement from peer " + peer_name + " within " + std::to_string(config_.ack_timeout_ms) +
+                        " ms");
+      }
+    }
+    if (ClientSession* again = client(id)) maybeForget(*again);
+  }
+}
+
+void DataAgent::publishStats() {
+  std::ostringstream out;
+  out << "{\"clients\":[";
+  bool first = true;
+  for (auto& [id, c] : clients_) {
+    if (!first) out << ',';
+    first = false;
+    uint32_t busy = 0;
+    for (auto& e : c->slots) busy += e.state != SlotState::kFree ? 1 : 0;
+    out << "{\"id\":" << id << ",\"pid\":" << c->pid << ",\"uid\":" << c->uid << ",\"role\":\""
+        << (c->role == FL_ROLE_PRODUCER ? "producer" : "consumer") << "\",\"stream\":\"" << c->stream
+        << "\",\"slots\":" << c->slots.size() << ",\"slots_busy\":" << busy << ",\"frames\":" << c->frames
+        << ",\"bytes\":" << c->bytes << ",\"errors\":" << c->errors << ",\"gone\":" << (c->gone ? "true" : "false")
+        << '}';
+  }
+  out << "],\"links\":[";
+  first = true;
+  for (auto& [id, l] : links_) {
+    if (!first) out << ',';
+    first = false;
+    out << "{\"id\":" << id << ",\"peer\":\"" << l.peer << "\",\"transport\":\"" << l.transport_name
+        << "\",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+        << ",\"in_streams\":" << l.in_streams.size() << '}';
+  }
+  out << "],\"streams\":[";
+  first = true;
+  for (auto& [name, p] : peers_) {
+    for (auto& [id, s] : p.out_streams) {
+      if (!first) out << ',';
+      first = false;
+      out << "{\"peer\":\"" << name << "\",\"stream\":\"" << s.name << "\",\"id\":" << id
+          << ",\"next_sequence\":" << s.next_sequence << ",\"credits\":" << s.credits.size()
+          << ",\"pending\":" << s.pending.size() << ",\"unacked\":" << s.unacked.size() << '}';
+    }
+  }
+  out << "],\"credits_outstanding\":" << credits_.size() << '}';
+  metrics_.setDetail(out.str());
+}
+
+}  // namespace framelink

@@ -1,0 +1,174 @@
+// The data agent: one thread that owns every client's slot table, every
+// stream, credit and link, drains submit rings round-robin, posts frames to
+// transports, polls their events and publishes completions.  Other threads
+// talk to it only through its command queue.  Idle strategy: spin, yield,
+// then sleep in epoll over the doorbells, the transports and the queue.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "client_session.h"
+#include "command_queue.h"
+#include "common/unique_fd.h"
+#include "config.h"
+#include "framelink/v1/link.pb.h"
+#include "peer_session.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+class Metrics;
+
+struct CmdClientAttached {
+  std::shared_ptr<ClientSession> client;
+};
+struct CmdClientGone {
+  uint64_t client_id = 0;
+};
+struct CmdLinkUp {
+  uint64_t link_id = 0;
+  std::string peer;            // configured peer name (dialer) or the peer's daemon id (listener)
+  std::string transport_name;
+  std::shared_ptr<transport::Transport> transport;
+  PeerSession session;
+};
+struct CmdLinkDown {
+  uint64_t link_id = 0;
+  std::string reason;
+};
+struct CmdPeerMessage {
+  uint64_t link_id = 0;
+  std::shared_ptr<v1::PeerMessage> message;
+};
+struct CmdStop {};
+
+using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage, CmdStop>;
+
+class DataAgent {
+ public:
+  DataAgent(const Config& config, Metrics& metrics);
+  ~DataAgent();
+  DataAgent(const DataAgent&) = delete;
+  DataAgent& operator=(const DataAgent&) = delete;
+
+  void post(AgentCommand command) { commands_.push(std::move(command)); }
+  void start();
+  // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.
+  void stop();
+
+ private:
+  struct FrameRef {
+    uint64_t client_id = 0;
+    uint32_t slot = 0;
+  };
+  struct OutStream {
+    uint64_t id = 0;
+    std::string name;
+    uint64_t next_sequence = 1;
+    std::deque<transport::RemoteCredit> credits;
+    std::deque<FrameRef> pending;                      // submitted, waiting for a credit
+    std::unordered_map<uint64_t, FrameRef> unacked;    // by sequence: posted or sent
+    bool announced = false;                            // StreamOpen sent on the current link
+  };
+  struct Peer {
+    std::string name;
+    uint64_t link_id = 0;  // 0 while no link is up
+    std::map<uint64_t, OutStream> out_streams;
+    std::unordered_map<std::string, uint64_t> out_by_name;
+  };
+  struct InStream {
+    std::string name;
+  };
+  struct Link {
+    uint64_t id = 0;
+    std::string peer;
+    std::string transport_name;
+    std::shared_ptr<transport::Transport> transport;
+    PeerSession session;
+    std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
+    bool closing = false;
+    uint64_t frames_in = 0;
+    uint64_t frames_out = 0;
+  };
+  struct CreditEntry {
+    uint64_t client_id = 0;
+    uint32_t slot = 0;
+    uint64_t link_id = 0;
+    uint64_t stream_id = 0;
+  };
+  struct Posted {
+    FrameRef frame;
+    std::string peer;
+    uint64_t stream_id = 0;
+    uint64_t sequence = 0;
+  };
+
+  void run();
+  size_t drainCommands();
+  size_t pollClients();
+  size_t pollLinks();
+  size_t pumpAll();
+  void checkDeadlines();
+  void sleep();
+  void publishStats();
+
+  void onClientAttached(std::shared_ptr<ClientSession> client);
+  void onClientGone(uint64_t client_id);
+  void onLinkUp(CmdLinkUp& command);
+  void onLinkDown(uint64_t link_id, const std::string& reason);
+  void onPeerMessage(Link& link, const v1::PeerMessage& message);
+  void onTransportEvent(Link& link, transport::TransportEvent& event);
+
+  // Producer side.
+  void onSubmit(ClientSession& client, const fl_submit_desc& desc);
+  void pump(Peer& peer, OutStream& stream);
+  void finishFrame(ClientSession& client, uint32_t slot, int status, const std::string& why);
+  void onAck(Peer& peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
+  OutStream& outStream(Peer& peer, const std::string& name);
+
+  // Consumer side.
+  void onRelease(ClientSession& client, const fl_submit_desc& desc);
+  void onFrameArrived(Link& link, transport::TransportEvent& event);
+  void grantCredits(const std::string& stream_name);
+  void sendNack(Link& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
+  void retractCreditsOfLink(uint64_t link_id);
+
+  void detachClient(ClientSession& client, int status, const std::string& why);
+  void maybeForget(ClientSession& client);
+  ClientSession* client(uint64_t id);
+  Link* link(uint64_t id);
+  uint64_t nowNs() const;
+
+  const Config& config_;
+  Metrics& metrics_;
+  CommandQueue<AgentCommand> commands_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  UniqueFd epoll_fd_;
+
+  std::map<uint64_t, std::shared_ptr<ClientSession>> clients_;
+  std::map<std::string, Peer> peers_;
+  std::map<uint64_t, Link> links_;
+  std::unordered_map<uint64_t, CreditEntry> credits_;
+  std::unordered_map<uint64_t, Posted> posted_;  // by cookie
+  std::vector<transport::FrameHeader> frame_headers_scratch_;
+  uint64_t next_stream_id_ = 1;
+  uint64_t next_credit_id_ = 1;
+  uint64_t next_cookie_ = 1;
+  uint64_t next_deadline_check_ns_ = 0;
+  uint64_t next_stats_ns_ = 0;
+  size_t grant_cursor_ = 0;
+  // Producer frame headers copied out of the segment at submit, by (client, slot).
+  std::unordered_map<uint64_t, std::vector<transport::FrameHeader>> headers_;
+};
+
+}  // namespace framelink

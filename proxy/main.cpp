@@ -1,0 +1,65 @@
+// framelinkd entry point: configuration, logging, signals, systemd readiness.
+#include <signal.h>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#ifdef FRAMELINK_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include <cstdio>
+
+#include "config.h"
+#include "daemon.h"
+
+int main(int argc, char** argv) {
+  auto config = framelink::parseConfig(argc, argv);
+  if (!config) {
+    std::fprintf(stderr, "framelinkd: %s\n", config.error().message.c_str());
+    return 2;
+  }
+  if (config->exit_now) {
+    std::fputs(config->exit_message.c_str(), stdout);
+    return 0;
+  }
+  auto logger = spdlog::stderr_color_mt("framelinkd");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config->id + "] %v");
+  spdlog::set_level(spdlog::level::from_str(config->log_level));
+  spdlog::info("starting: {}", framelink::describe(config.value()));
+
+  // Signals are taken synchronously by this thread; every other thread
+  // inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = framelink::Daemon::start(std::move(config.value()));
+  if (!daemon) {
+    spdlog::critical("cannot start: {}", daemon.error().message);
+    return 1;
+  }
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  sd_notify(0, "READY=1\nSTATUS=serving");
+#endif
+  int sig = 0;
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig == SIGHUP) {
+      spdlog::info("SIGHUP: configuration reload is not supported; restart the service to apply changes");
+      continue;
+    }
+    break;
+  }
+  spdlog::info("signal {}: shutting down", sig);
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  sd_notify(0, "STOPPING=1");
+#endif
+  daemon.value()->stop();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,126 @@
+#include "metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "framelink/framelink.h"
+
+#ifdef FRAMELINK_HAVE_HTTPLIB
+#include <httplib.h>
+#endif
+
+namespace framelink {
+
+struct Metrics::Server {
+#ifdef FRAMELINK_HAVE_HTTPLIB
+  httplib::Server http;
+#endif
+};
+
+Metrics::Metrics() = default;
+Metrics::~Metrics() { stop(); }
+
+void Metrics::recordDeliveryLatency(uint64_t micros) noexcept {
+  size_t bucket = 0;
+  while (bucket + 1 < kLatencyBuckets && (uint64_t{1} << bucket) < micros) ++bucket;
+  latency_[bucket].fetch_add(1, std::memory_order_relaxed);
+}
+
+void Metrics::recordFailure(int status) noexcept {
+  if (status >= 0 && static_cast<size_t>(status) < failures_by_status_.size()) {
+    failures_by_status_[static_cast<size_t>(status)].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Metrics::setDetail(std::string json) {
+  std::lock_guard<std::mutex> lock(detail_mutex_);
+  detail_ = std::move(json);
+}
+
+std::string Metrics::prometheus() const {
+  std::ostringstream out;
+  auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
+    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << " counter\nframelink_"
+        << name << ' ' << v.load(std::memory_order_relaxed) << '\n';
+  };
+  counter("clients_attached_total", "Clients that attached.", counters.clients_attached);
+  counter("clients_detached_total", "Clients that detached or died.", counters.clients_detached);
+  counter("frames_submitted_total", "Frames producers submitted.", counters.frames_submitted);
+  counter("frames_delivered_total", "Frames acknowledged by the remote consumer.", counters.frames_delivered);
+  counter("frames_failed_total", "Frames that ended FAILED.", counters.frames_failed);
+  counter("bytes_sent_total", "Payload bytes of delivered frames.", counters.bytes_sent);
+  counter("frames_received_total", "Frames delivered to local consumers.", counters.frames_received);
+  counter("bytes_received_total", "Payload bytes delivered to local consumers.", counters.bytes_received);
+  counter("frames_released_total", "Frames local consumers released.", counters.frames_released);
+  counter("bad_descriptors_total", "Ring entries or slot headers rejected.", counters.bad_descriptors);
+  counter("credits_granted_total", "Receive slots granted to peers.", counters.credits_granted);
+  counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
+  counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
+  counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
+  out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up gauge\nframelink_links_up "
+      << counters.links_up.load(std::memory_order_relaxed) << '\n';
+  out << "# HELP framelink_frames_failed_by_status Failed frames by fl_status.\n"
+         "# TYPE framelink_frames_failed_by_status counter\n";
+  for (size_t i = 0; i < failures_by_status_.size(); ++i) {
+    uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
+    if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
+  }
+  out << "# HELP framelink_delivery_latency_us Submit to ACK latency.\n"
+         "# TYPE framelink_delivery_latency_us histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kLatencyBuckets; ++i) {
+    cumulative += latency_[i].load(std::memory_order_relaxed);
+    out << "framelink_delivery_latency_us_bucket{le=\"" << (uint64_t{1} << i) << "\"} " << cumulative << '\n';
+  }
+  out << "framelink_delivery_latency_us_bucket{le=\"+Inf\"} " << cumulative << '\n';
+  out << "framelink_delivery_latency_us_count " << cumulative << '\n';
+  return out.str();
+}
+
+std::string Metrics::json() const {
+  std::ostringstream out;
+  out << "{\"frames_submitted\":" << counters.frames_submitted.load() << ",\"frames_delivered\":"
+      << counters.frames_delivered.load() << ",\"frames_failed\":" << counters.frames_failed.load()
+      << ",\"frames_received\":" << counters.frames_received.load() << ",\"frames_released\":"
+      << counters.frames_released.load() << ",\"bytes_sent\":" << counters.bytes_sent.load()
+      << ",\"bytes_received\":" << counters.bytes_received.load() << ",\"links_up\":" << counters.links_up.load()
+      << ",\"detail\":";
+  std::lock_guard<std::mutex> lock(detail_mutex_);
+  out << detail_ << '}';
+  return out.str();
+}
+
+Status Metrics::serve(const std::string& listen) {
+#ifdef FRAMELINK_HAVE_HTTPLIB
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return makeError(FL_EINVAL, "metrics listen address '" + listen + "' must be HOST:PORT");
+  }
+  std::string host = listen.substr(0, colon);
+  int port = std::stoi(listen.substr(colon + 1));
+  server_ = std::make_unique<Server>();
+  server_->http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus(), "text/plain; version=0.0.4");
+  });
+  server_->http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json(), "application/json");
+  });
+  int bound = port == 0 ? server_->http.bind_to_any_port(host) : (server_->http.bind_to_port(host, port) ? port : -1);
+  if (bound < 0) return makeError(FL_ERR_RESOURCES, "cannot listen for metrics on " + listen);
+  port_ = static_cast<uint16_t>(bound);
+  thread_ = std::thread([this] { server_->http.listen_after_bind(); });
+  return {};
+#else
+  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics");
+#endif
+}
+
+void Metrics::stop() {
+#ifdef FRAMELINK_HAVE_HTTPLIB
+  if (server_) server_->http.stop();
+#endif
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace framelink

@@ -1,0 +1,66 @@
+// Counters the data agent updates and a Prometheus text / JSON endpoint
+// (cpp-httplib) that reads them.  Counters are relaxed atomics: the agent is
+// the only writer, the HTTP thread only reads.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/result.h"
+
+namespace framelink {
+
+class Metrics {
+ public:
+  struct Counters {
+    std::atomic<uint64_t> clients_attached{0};
+    std::atomic<uint64_t> clients_detached{0};
+    std::atomic<uint64_t> frames_submitted{0};
+    std::atomic<uint64_t> frames_delivered{0};
+    std::atomic<uint64_t> frames_failed{0};
+    std::atomic<uint64_t> bytes_sent{0};
+    std::atomic<uint64_t> frames_received{0};
+    std::atomic<uint64_t> bytes_received{0};
+    std::atomic<uint64_t> frames_released{0};
+    std::atomic<uint64_t> bad_descriptors{0};
+    std::atomic<uint64_t> credits_granted{0};
+    std::atomic<uint64_t> nacks_sent{0};
+    std::atomic<uint64_t> links_up{0};
+    std::atomic<uint64_t> link_failures{0};
+    std::atomic<uint64_t> auth_failures{0};
+  };
+  static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
+
+  Counters counters;
+
+  void recordDeliveryLatency(uint64_t micros) noexcept;
+  void recordFailure(int status) noexcept;
+  void setDetail(std::string json);  // per client / stream / link, from the agent
+
+  std::string prometheus() const;
+  std::string json() const;
+
+  // Starts the HTTP endpoint ("host:port"; port 0 = ephemeral).
+  Status serve(const std::string& listen);
+  uint16_t port() const noexcept { return port_; }
+  void stop();
+  Metrics();
+  ~Metrics();
+
+ private:
+  std::array<std::atomic<uint64_t>, kLatencyBuckets> latency_{};
+  std::array<std::atomic<uint64_t>, 512> failures_by_status_{};
+  mutable std::mutex detail_mutex_;
+  std::string detail_ = "{}";  // GUARDED_BY(detail_mutex_)
+  struct Server;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace framelink

@@ -1,0 +1,483 @@
+#include "peer_link.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "data_agent.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "metrics.h"
+#include "peer_session.h"
+#include "transport/grpc/grpc_limits.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/tcp/tcp_connect.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace framelink {
+
+using transport::kTokenMetadataKey;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+
+bool transportBuilt(const std::string& name) { return name == "tcp" || name == "grpc"; }
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ",") + i;
+  return out.empty() ? "(none)" : out;
+}
+
+bool validDaemonId(const std::string& id) {
+  return !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+uint64_t randomSessionId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  uint64_t id = 0;
+  while (id == 0) id = rng();
+  return id;
+}
+
+}  // namespace
+
+class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
+ public:
+  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance)
+      : config_(config), agent_(agent), metrics_(metrics), instance_(instance) {}
+  ~PeerLinksImpl() override { stop(); }
+
+  Status init();
+  uint16_t grpcPort() const noexcept override { return static_cast<uint16_t>(grpc_port_); }
+  uint16_t dataPort() const noexcept override { return data_listener_ ? data_listener_->port() : 0; }
+  void stop() override;
+
+  ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
+  ::grpc::Status Data(::grpc::ServerContext* ctx,
+                      ::grpc::ServerReaderWriter<v1::DataMessage, v1::DataMessage>* stream) override;
+
+ private:
+  struct Pending {
+    std::string transport;
+    std::promise<std::shared_ptr<transport::Transport>> promise;
+    bool fulfilled = false;
+  };
+
+  std::shared_ptr<Pending> registerPending(uint64_t session_id, const std::string& transport);
+  void unregisterPending(uint64_t session_id);
+  void fulfil(uint64_t session_id, const std::string& transport, std::shared_ptr<transport::Transport> t);
+  void onTcpConnection(uint64_t session_id, UniqueFd fd);
+  bool tokenOk(const ::grpc::ServerContext* ctx) const;
+
+  template <typename Stream>
+  void runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
+                  std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel);
+  void dialLoop(PeerConfig peer);
+  bool dialOnce(const PeerConfig& peer);
+  ::grpc::ChannelArguments channelArguments() const;
+
+  const Config& config_;
+  DataAgent& agent_;
+  Metrics& metrics_;
+  uint64_t instance_;
+  std::unique_ptr<::grpc::Server> server_;
+  int grpc_port_ = 0;
+  std::unique_ptr<transport::tcp::TcpDataListener> data_listener_;
+  std::atomic<uint64_t> next_link_id_{1};
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+
+  std::mutex mutex_;
+  std::condition_variable stop_cv_;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;   // GUARDED_BY(mutex_)
+  std::set<::grpc::ServerContext*> server_contexts_;      // GUARDED_BY(mutex_)
+  std::set<::grpc::ClientContext*> client_contexts_;      // GUARDED_BY(mutex_)
+  std::vector<std::thread> dialers_;
+};
+
+Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                    uint64_t instance) {
+  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance);
+  Status s = links->init();
+  if (!s) return std::move(s).error();
+  return std::unique_ptr<PeerLinks>(std::move(links));
+}
+
+::grpc::ChannelArguments PeerLinksImpl::channelArguments() const {
+  ::grpc::ChannelArguments args = transport::channelArguments(config_.grpc_chunk_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(config_.reconnect_min_ms));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(config_.reconnect_max_ms));
+  // One channel per dial attempt: never share a subchannel with an earlier one.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+Status PeerLinksImpl::init() {
+  bool wants_tcp = std::find(config_.transports.begin(), config_.transports.end(), "tcp") != config_.transports.end();
+  if (wants_tcp) {
+    auto listener = transport::tcp::TcpDataListener::listen(
+        config_.data_listen, config_.token,
+        [this](uint64_t session_id, UniqueFd fd) { onTcpConnection(session_id, std::move(fd)); },
+        std::chrono::milliseconds(config_.connect_timeout_ms));
+    if (!listener) {
+      Error e = std::move(listener).error();
+      return e.context("tcp data listener on " + config_.data_listen);
+    }
+    data_listener_ = std::move(listener.value());
+  }
+
+  ::grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, ::grpc::InsecureServerCredentials(), &grpc_port_);
+  builder.RegisterService(this);
+  transport::configureServerBuilder(builder, config_.grpc_chunk_bytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  server_ = builder.BuildAndStart();
+  if (!server_ || grpc_port_ == 0) {
+    return makeError(FL_ERR_RESOURCES, "cannot listen for peers on " + config_.listen +
+                                           " (address in use? choose another --listen)");
+  }
+  for (const auto& peer : config_.peers) {
+    dialers_.emplace_back([this, peer] { dialLoop(peer); });
+  }
+  return {};
+}
+
+void PeerLinksImpl::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    for (auto* ctx : client_contexts_) ctx->TryCancel();
+    for (auto* ctx : server_contexts_) ctx->TryCancel();
+  }
+  stop_cv_.notify_all();
+  for (auto& t : dialers_) {
+    if (t.joinable()) t.join();
+  }
+  if (data_listener_) data_listener_->stop();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
+                                                                       const std::string& transport) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_.count(session_id) != 0) return nullptr;
+  auto p = std::make_shared<Pending>();
+  p->transport = transport;
+  pending_[session_id] = p;
+  return p;
+}
+
+void PeerLinksImpl::unregisterPending(uint64_t session_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.erase(session_id);
+}
+
+void PeerLinksImpl::fulfil(uint64_t session_id, const std::string& transport,
+                           std::shared_ptr<transport::Transport> t) {
+  std::shared_ptr<Pending> p;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pending_.find(session_id);
+    if (it == pending_.end() || it->second->transport != transport || it->second->fulfilled) {
+      spdlog::warn("a {} data channel for unknown session {:016x} was refused", transport, session_id);
+      return;
+    }
+    p = it->second;
+    p->fulfilled = true;
+    pending_.erase(it);
+  }
+  p->promise.set_value(std::move(t));
+}
+
+void PeerLinksImpl::onTcpConnection(uint64_t session_id, UniqueFd fd) {
+  auto t = transport::tcp::TcpTransport::create(std::move(fd), "session " + std::to_string(session_id));
+  if (!t) {
+    spdlog::warn("tcp data channel for session {:016x}: {}", session_id, t.error().message);
+    return;
+  }
+  fulfil(session_id, "tcp", std::shared_ptr<transport::Transport>(std::move(t.value())));
+}
+
+bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
+  if (config_.token.empty()) return true;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  return it != md.end() && std::string(it->second.data(), it->second.size()) == config_.token;
+}
+
+template <typename Stream>
+void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
+                               std::shared_ptr<transport::Transport> t, Stream* stream,
+                               std::function<void()> cancel) {
+  auto writer = std::make_shared<SessionWriter>([stream](const v1::PeerMessage& m) { return stream->Write(m); },
+                                                std::chrono::milliseconds(config_.keepalive_ms));
+  CmdLinkUp up;
+  up.link_id = link_id;
+  up.peer = peer;
+  up.transport_name = transport_name;
+  up.transport = std::move(t);
+  up.session = PeerSession{writer, cancel};
+  agent_.post(std::move(up));
+  auto msg = std::make_shared<v1::PeerMessage>();
+  while (stream->Read(msg.get())) {
+    if (msg->has_keepalive()) continue;
+    agent_.post(CmdPeerMessage{link_id, std::move(msg)});
+    msg = std::make_shared<v1::PeerMessage>();
+  }
+  cancel();  // a Write blocked on flow control fails now
+  writer->close();
+  agent_.post(CmdLinkDown{link_id, writer->failed() ? "writing to the peer failed" : "the session ended"});
+}
+
+::grpc::Status PeerLinksImpl::Session(::grpc::ServerContext* ctx, ServerStream* stream) {
+  const std::string from = ctx->peer();
+  if (!tokenOk(ctx)) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
+                 "daemons",
+                 from);
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token: configure the same token on both daemons"};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+    server_contexts_.insert(ctx);
+  }
+  struct Unregister {
+    PeerLinksImpl* self;
+    ::grpc::ServerContext* ctx;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      self->server_contexts_.erase(ctx);
+    }
+  } unregister{this, ctx};
+
+  v1::PeerMessage first;
+  if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
+  if (!first.has_hello()) {
+    spdlog::warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
+    return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
+  }
+  const v1::Hello& hello = first.hello();
+  if (hello.protocol_version() != kProtocolVersion) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)", from,
+                 hello.protocol_version(), kProtocolVersion);
+    return {::grpc::StatusCode::FAILED_PRECONDITION,
+            "protocol version " + std::to_string(hello.protocol_version()) + " is not supported; this daemon speaks " +
+                std::to_string(kProtocolVersion) + ": upgrade the older daemon"};
+  }
+  if (!config_.token.empty() && hello.token() != config_.token) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
+  }
+  if (!validDaemonId(hello.daemon_id())) {
+    return {::grpc::StatusCode::INVALID_ARGUMENT, "daemon id must be 1-64 characters of [A-Za-z0-9._-]"};
+  }
+  std::string chosen;
+  std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
+  for (const auto& t : offered) {
+    if (transportBuilt(t) &&
+        std::find(config_.transports.begin(), config_.transports.end(), t) != config_.transports.end()) {
+      chosen = t;
+      break;
+    }
+  }
+  if (chosen.empty()) {
+    spdlog::warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})", hello.daemon_id(), from,
+                 joined(offered), joined(config_.transports));
+    return {::grpc::StatusCode::FAILED_PRECONDITION,
+            "no common transport: you offer " + joined(offered) + ", this daemon allows " + joined(config_.transports)};
+  }
+  auto pending = registerPending(hello.session_id(), chosen);
+  if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
+  auto future = pending->promise.get_future();
+
+  v1::PeerMessage reply;
+  auto* ack = reply.mutable_hello_ack();
+  ack->set_protocol_version(kProtocolVersion);
+  ack->set_daemon_id(config_.id);
+  ack->set_transport(chosen);
+  ack->set_tcp_data_port(chosen == "tcp" ? dataPort() : 0);
+  ack->set_session_id(hello.session_id());
+  ack->set_instance(instance_);
+  ack->set_max_frame_bytes(config_.max_slot_size);
+  if (!stream->Write(reply)) {
+    unregisterPending(hello.session_id());
+    return {::grpc::StatusCode::CANCELLED, "peer went away"};
+  }
+  if (future.wait_for(std::chrono::milliseconds(config_.connect_timeout_ms)) != std::future_status::ready) {
+    unregisterPending(hello.session_id());
+    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from, chosen,
+                 config_.connect_timeout_ms);
+    return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
+  }
+  std::shared_ptr<transport::Transport> t = future.get();
+  uint64_t link_id = next_link_id_++;
+  spdlog::info("peer {} at {} connected (session {:016x}, transport {})", hello.daemon_id(), from, hello.session_id(),
+               chosen);
+  runSession(link_id, hello.daemon_id(), chosen, std::move(t), stream, [ctx] { ctx->TryCancel(); });
+  return ::grpc::Status::OK;
+}
+
+::grpc::Status PeerLinksImpl::Data(::grpc::ServerContext* ctx,
+                                   ::grpc::ServerReaderWriter<v1::DataMessage, v1::DataMessage>* stream) {
+  if (!tokenOk(ctx)) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
+  }
+  v1::DataMessage first;
+  if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no first message"};
+  uint64_t session_id = first.session_id();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pending_.find(session_id);
+    if (it == pending_.end() || it->second->transport != "grpc") {
+      spdlog::warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(), session_id);
+      return {::grpc::StatusCode::NOT_FOUND, "unknown session"};
+    }
+  }
+  auto t = transport::GrpcTransport::adoptServerStream(ctx, stream, config_.grpc_chunk_bytes);
+  if (!t) return {::grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
+  std::shared_ptr<transport::GrpcServerTransport> server_transport = t.value();
+  fulfil(session_id, "grpc", server_transport);
+  return server_transport->runUntilClosed();
+}
+
+bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
+  auto host_port = transport::tcp::parseHostPort(peer.address);
+  if (!host_port) {
+    spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
+    return false;
+  }
+  auto channel = ::grpc::CreateCustomChannel(peer.address, ::grpc::InsecureChannelCredentials(), channelArguments());
+  auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  if (!channel->WaitForConnected(deadline)) {
+    spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+    return false;
+  }
+  ::grpc::ClientContext ctx;
+  if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return false;
+    client_contexts_.insert(&ctx);
+  }
+  struct Unregister {
+    PeerLinksImpl* self;
+    ::grpc::ClientContext* ctx;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      self->client_contexts_.erase(ctx);
+    }
+  } unregister{this, &ctx};
+
+  auto stub = v1::Link::NewStub(channel);
+  std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
+  uint64_t session_id = randomSessionId();
+  v1::PeerMessage hello_msg;
+  auto* hello = hello_msg.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_daemon_id(config_.id);
+  for (const auto& t : config_.transports) {
+    if (transportBuilt(t)) hello->add_transports(t);
+  }
+  hello->set_token(config_.token);
+  hello->set_max_frame_bytes(config_.max_slot_size);
+  hello->set_tcp_data_port(dataPort());
+  hello->set_session_id(session_id);
+  hello->set_instance(instance_);
+  v1::PeerMessage reply;
+  if (!stream->Write(hello_msg) || !stream->Read(&reply)) {
+    ::grpc::Status status = stream->Finish();
+    if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
+      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side", peer.name,
+                  peer.address, status.error_message(), static_cast<int>(status.error_code()));
+    return false;
+  }
+  if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id ||
+      reply.hello_ack().protocol_version() != kProtocolVersion) {
+    spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  const v1::HelloAck& ack = reply.hello_ack();
+  if (ack.daemon_id() != peer.name) {
+    spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
+  }
+  std::shared_ptr<transport::Transport> t;
+  std::string error;
+  if (ack.transport() == "tcp") {
+    auto fd = transport::tcp::dialData(host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id,
+                                       config_.token, std::chrono::milliseconds(config_.connect_timeout_ms));
+    if (fd) {
+      auto made = transport::tcp::TcpTransport::create(std::move(fd.value()), peer.name);
+      if (made) {
+        t = std::move(made.value());
+      } else {
+        error = made.error().message;
+      }
+    } else {
+      error = fd.error().message;
+    }
+  } else if (ack.transport() == "grpc") {
+    auto made = transport::GrpcTransport::connect(channel, session_id, config_.token, config_.grpc_chunk_bytes);
+    if (made) {
+      t = std::move(made.value());
+    } else {
+      error = made.error().message;
+    }
+  } else {
+    error = "peer chose transport '" + ack.transport() + "' that this daemon did not offer";
+  }
+  if (!t) {
+    spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address, ack.transport(),
+                  error);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  spdlog::info("connected to peer {} at {} (session {:016x}, transport {})", peer.name, peer.address, session_id,
+               ack.transport());
+  runSession(next_link_id_++, peer.name, ack.transport(), std::move(t), stream.get(), [&ctx] { ctx.TryCancel(); });
+  stream->Finish();
+  return true;
+}
+
+void PeerLinksImpl::dialLoop(PeerConfig peer) {
+  uint32_t backoff_ms = config_.reconnect_min_ms;
+  while (!stopping_) {
+    bool was_up = dialOnce(peer);
+    if (stopping_) break;
+    backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
+    std::unique_lock<std::mutex> lock(mutex_);
+    stop_cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms), [this] { return stopping_.load(); });
+  }
+}
+
+}  // namespace framelink

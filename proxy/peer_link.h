@@ -1,0 +1,39 @@
+// Peer links: the gRPC `Link` service this daemon offers (Session control
+// streams and the `grpc` data transport), the `tcp` data listener, and one
+// dialer per configured peer that keeps a session up with backoff.
+//
+// A session: the dialer opens Session with the token in the call metadata and
+// sends Hello (version, id, transports in preference order, token, a random
+// session id); the listener checks the token and version, picks the first of
+// the dialer's transports it also allows, answers HelloAck, and both sides
+// open the data channel (a tcp connection to the listener's data port, or a
+// gRPC Data call) under that session id.  Then the data agent gets the link
+// (CmdLinkUp); when the Session call ends, for any reason, it gets CmdLinkDown.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/result.h"
+#include "config.h"
+
+namespace framelink {
+
+class DataAgent;
+class Metrics;
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+class PeerLinks {
+ public:
+  static Result<std::unique_ptr<PeerLinks>> start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                  uint64_t instance);
+  virtual ~PeerLinks() = default;
+
+  virtual uint16_t grpcPort() const noexcept = 0;
+  virtual uint16_t dataPort() const noexcept = 0;
+  // Stops dialers, ends every session, shuts the gRPC server down.
+  virtual void stop() = 0;
+};
+
+}  // namespace framelink

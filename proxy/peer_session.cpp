@@ -1,0 +1,64 @@
+#include "peer_session.h"
+
+#include <time.h>
+
+namespace framelink {
+
+SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive)
+    : write_(std::move(write)), keepalive_(keepalive) {
+  thread_ = std::thread([this] { run(); });
+}
+
+SessionWriter::~SessionWriter() { close(); }
+
+void SessionWriter::send(v1::PeerMessage message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closing_ || failed_) return;
+    queue_.push_back(std::move(message));
+  }
+  cv_.notify_one();
+}
+
+void SessionWriter::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool SessionWriter::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_;
+}
+
+void SessionWriter::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    bool woke = cv_.wait_for(lock, keepalive_, [this] { return closing_ || !queue_.empty(); });
+    if (!woke) {
+      v1::PeerMessage keepalive;
+      timespec ts{};
+      ::clock_gettime(CLOCK_REALTIME, &ts);
+      keepalive.mutable_keepalive()->set_timestamp_ns(uint64_t(ts.tv_sec) * 1000000000ULL + uint64_t(ts.tv_nsec));
+      queue_.push_back(std::move(keepalive));
+    }
+    while (!queue_.empty()) {
+      v1::PeerMessage message = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      bool ok = write_(message);
+      lock.lock();
+      if (!ok) {
+        failed_ = true;
+        queue_.clear();
+        return;
+      }
+    }
+    if (closing_) return;
+  }
+}
+
+}  // namespace framelink

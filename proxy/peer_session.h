@@ -1,0 +1,54 @@
+// What the data agent holds of one live peer session: a non-blocking way to
+// send control messages and a way to end the session.  The session's own
+// threads (gRPC reader, writer) live in peer_link.cpp.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "framelink/v1/link.pb.h"
+
+namespace framelink {
+
+namespace v1 = ::framelink::v1;
+
+// Serialises writes to one gRPC stream on a thread of its own, so the data
+// agent never blocks on the network.  Sends a Keepalive when idle.
+class SessionWriter {
+ public:
+  using WriteFn = std::function<bool(const v1::PeerMessage&)>;
+
+  SessionWriter(WriteFn write, std::chrono::milliseconds keepalive);
+  ~SessionWriter();
+  SessionWriter(const SessionWriter&) = delete;
+  SessionWriter& operator=(const SessionWriter&) = delete;
+
+  void send(v1::PeerMessage message);
+  // Stops the thread after what is queued was written (or writing failed).
+  void close();
+  bool failed() const;
+
+ private:
+  void run();
+
+  WriteFn write_;
+  std::chrono::milliseconds keepalive_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<v1::PeerMessage> queue_;  // GUARDED_BY(mutex_)
+  bool closing_ = false;               // GUARDED_BY(mutex_)
+  bool failed_ = false;                // GUARDED_BY(mutex_)
+  std::thread thread_;
+};
+
+// The agent's handle on a session.
+struct PeerSession {
+  std::shared_ptr<SessionWriter> writer;
+  std::function<void()> cancel;  // ends the gRPC call; the session thread then reports LinkDown
+};
+
+}  // namespace framelink
