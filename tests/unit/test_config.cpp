@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -428,3 +429,43 @@ TEST_CASE("describe redacts the token", "[config]") {
   REQUIRE(none.ok());
   CHECK(fl::describe(*none).find("token=none") != std::string::npos);
 }
+
+#ifdef FRAMELINK_SOURCE_DIR
+// The shipped example must stay loadable as-is and, with every setting
+// uncommented, must name only keys the parser knows.
+TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
+  const std::string example = std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml";
+  REQUIRE(parse({"--config", example}).ok());
+
+  std::ifstream in(example);
+  REQUIRE(in);
+  std::string text, line;
+  int uncommented = 0;
+  while (std::getline(in, line)) {
+    // "#key = value" and "#[[peer]]" are settings; "# words" is prose.
+    if (line.size() > 1 && line[0] == '#' && line[1] != ' ') {
+      line.erase(0, 1);
+      ++uncommented;
+    }
+    text += line + "\n";
+  }
+  CHECK(uncommented >= 30);
+  TempDir dir;
+  const auto file = dir.write("all.toml", text);
+  // Both token and token_file are shown; the parser rightly refuses both at once.
+  auto both = parse({"--config", file});
+  REQUIRE_FALSE(both.ok());
+  CHECK(both.error().message.find("keep one") != std::string::npos);
+  std::string one_token;
+  std::istringstream lines(text);
+  while (std::getline(lines, line)) {
+    if (line.rfind("token_file", 0) == 0) continue;
+    one_token += line + "\n";
+  }
+  auto c = parse({"--config", dir.write("one.toml", one_token)});
+  INFO((c.ok() ? std::string() : c.error().message));
+  REQUIRE(c.ok());
+  CHECK(c->routeFor("cam0") == "host-b");
+  CHECK(c->socket_group == "framelink");
+}
+#endif

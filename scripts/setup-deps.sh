@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building, testing and CI need.
+# Idempotent: when everything is already installed it touches nothing (no apt
+# at all), so the README commands and .ci/run can call it on every run.
+#
+#   scripts/setup-deps.sh              build + tests + CI
+#   scripts/setup-deps.sh --softroce   also the Soft-RoCE lane (QEMU guest with rdma_rxe)
+#   scripts/setup-deps.sh --check      only report what is missing (exit 1 if anything is)
+set -euo pipefail
+
+usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
+
+softroce=0
+check_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --softroce) softroce=1 ;;
+    --check) check_only=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "setup-deps: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config
+  # peer link (gRPC control + grpc data fallback) and its generated code
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # daemon libraries
+  libboost-dev libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
+  # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
+  libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
+  # tests and the style check in CI
+  catch2 clang-format
+)
+if ((softroce)); then
+  packages+=(
+    # a throw-away QEMU guest running Debian's kernel, which has rdma_rxe
+    qemu-system-x86 linux-image-amd64 busybox-static kmod cpio iproute2
+    # verbs tools and perftest (ib_write_bw baseline) inside the guest
+    ibverbs-utils rdmacm-utils perftest
+  )
+fi
+
+# One dpkg-query for all: packages it does not know are simply absent from its output.
+declare -A installed=()
+while read -r name status; do
+  [[ "$status" == "installed" ]] && installed[${name%%:*}]=1
+done < <(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${packages[@]}" 2>/dev/null || true)
+missing=()
+for pkg in "${packages[@]}"; do
+  [[ -n "${installed[$pkg]:-}" ]] || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup-deps: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+echo "setup-deps: missing: ${missing[*]}"
+if ((check_only)); then
+  exit 1
+fi
+
+if [[ $(id -u) -eq 0 ]]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo=(sudo -n)  # never prompt: CI has no terminal
+else
+  echo "setup-deps: need root (or sudo) to install: ${missing[*]}" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+echo "setup-deps: installed ${missing[*]}"
