@@ -48,7 +48,7 @@ int waitChild(pid_t pid, int timeout_ms) {
     if (r == pid) return decode(status);
     if (r < 0 && errno != EINTR) return 1;
     if (monotonicNs() >= deadline) return -1;
-    usleep(2000);
+    usleep(5000);  // a light poll: this process must not steal CPU from what it measures
   }
 }
 

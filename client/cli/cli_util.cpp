@@ -99,14 +99,18 @@ std::optional<std::vector<uint64_t>> parseSizeList(std::string_view text) {
 
 std::string formatBytes(uint64_t bytes) {
   char buf[64];
-  if (bytes >= (1ull << 30) && bytes % (1ull << 20) == 0) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
-  } else if (bytes >= (1ull << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1ull << 20));
-  } else if (bytes >= (1ull << 10)) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / (1ull << 10));
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  const bool exact = unit == 0 || bytes % (1ull << (10 * unit)) == 0;
+  if (exact) {
+    std::snprintf(buf, sizeof buf, "%.0f %s", v, kUnits[unit]);
   } else {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[unit]);
   }
   return buf;
 }

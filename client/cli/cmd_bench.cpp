@@ -27,6 +27,7 @@ struct BenchOptions {
   uint64_t latency_samples = 2000;
   std::string framelinkd;
   double idle_seconds = 2;
+  bool baselines_only = false;
 };
 
 constexpr uint64_t kVerifyFrames = 8;   // checked byte-for-byte before each timed run
@@ -223,7 +224,7 @@ CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig
   uint64_t w0 = 0, w1 = 0;
   int producer_rc = -1;
   while (producer_rc < 0) {
-    producer_rc = waitChild(producer, 5);
+    producer_rc = waitChild(producer, 20);
     if (w0 == 0 && sh->producer_phase.load() >= 2) {
       w0 = monotonicNs();
       cpu_a0 = processCpuSeconds(pair.a().pid);
@@ -349,8 +350,8 @@ int runBench(const BenchOptions& o) {
   }
   std::string err;
   DaemonPair::Options dopt;
-  dopt.framelinkd = findFramelinkd(o.framelinkd, err);
-  if (dopt.framelinkd.empty()) {
+  if (!o.baselines_only) dopt.framelinkd = findFramelinkd(o.framelinkd, err);
+  if (!o.baselines_only && dopt.framelinkd.empty()) {
     std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
     return 1;
   }
@@ -370,7 +371,7 @@ int runBench(const BenchOptions& o) {
   std::vector<std::pair<std::string, IdleCpu>> idle;
 
   for (const auto& t : transports) {
-    if (g_interrupted.load()) break;
+    if (g_interrupted.load() || o.baselines_only) break;
     dopt.transport = t;
     status("starting two framelinkd over %s ...\n", t);
     auto pair = DaemonPair::start(dopt, err);
@@ -475,6 +476,22 @@ int runBench(const BenchOptions& o) {
     std::printf("| %s %s | %s | %s | %s | %s |\n", e.transport.c_str(), formatBytes(e.size).c_str(), ours.c_str(),
                 b.c_str(), ratio.c_str(), cpuPair(e.r.cpu_a, e.r.cpu_b).c_str());
   }
+  if (o.baselines_only) {
+    for (size_t si = 0; si < sizes->size(); ++si) {
+      if (si < tcp_base.size()) {
+        std::printf("| plain TCP %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
+                    (fmt("%.2f GB/s", tcp_base[si].gbps()) + fmt(" (%.0f msg/s)", tcp_base[si].fps())).c_str());
+      }
+      if (si < grpc_base.size()) {
+        std::printf("| plain gRPC %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
+                    (fmt("%.2f GB/s", grpc_base[si].gbps()) + fmt(" (%.0f msg/s)", grpc_base[si].fps())).c_str());
+      }
+    }
+    if (tcp_lat.samples > 0) {
+      std::printf("| plain TCP 4 KiB one-way (RTT/2, %llu samples) | - | p50 %.1f us / p99 %.1f us | - | - |\n",
+                  (unsigned long long)tcp_lat.samples, tcp_lat.p50_us, tcp_lat.p99_us);
+    }
+  }
   for (const auto& [t, r] : lat) {
     std::string ours = r.samples > 0 ? fmt("p50 %.1f us", r.p50_us) + fmt(" / p99 %.1f us", r.p99_us) : "failed";
     std::string b = tcp_lat.samples > 0
@@ -521,6 +538,7 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--latency-samples", o->latency_samples, "4 KiB frames for the latency case (default 2000; 0 = skip)");
   cmd->add_option("--idle-seconds", o->idle_seconds, "seconds to sample idle daemon CPU (default 2)");
   cmd->add_option("--framelinkd", o->framelinkd, "path of framelinkd (default: the build tree's, then $PATH)");
+  cmd->add_flag("--baselines-only", o->baselines_only, "measure only the plain TCP / gRPC baselines (no daemons)");
   cmd->callback([o, &exit_code] { exit_code = runBench(*o); });
 }
 
