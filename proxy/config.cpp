@@ -29,9 +29,7 @@ constexpr std::array<std::string_view, 5> kLogLevels{"trace", "debug", "info", "
 constexpr size_t kMaxSocketPath = 107;
 constexpr size_t kMaxStreamName = 63;
 
-Error invalid(std::string message) {
-  return makeError(FL_EINVAL, std::move(message));
-}
+Error invalid(std::string message) { return makeError(FL_EINVAL, std::move(message)); }
 
 template <size_t N>
 std::string joinList(const std::array<std::string_view, N>& items) {

@@ -378,9 +378,7 @@ TEST_CASE("validation errors say what to fix", "[config]") {
 
 TEST_CASE("routing", "[config][routing]") {
   fl::Config c;
-  SECTION("no peer: no route") {
-    CHECK(c.routeFor("cam0").empty());
-  }
+  SECTION("no peer: no route") { CHECK(c.routeFor("cam0").empty()); }
   SECTION("exactly one peer without routes takes every stream") {
     c.peers = {{"b", "h:1", {}}};
     CHECK(c.routeFor("cam0") == "b");
