@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -272,7 +273,13 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   c->slot_want_crc = (uint8_t*)calloc(slot_count, 1);
   c->free_list = (uint32_t*)calloc(slot_count, sizeof(uint32_t));
   c->queue = (fl_completion*)calloc(qcap, sizeof(fl_completion));
-  if (!c->slot_state || !c->slot_want_crc || !c->free_list || !c->queue || pthread_mutex_init(&c->mu, NULL) != 0) {
+  pthread_condattr_t ca;
+  int cv_ok = pthread_condattr_init(&ca) == 0;
+  /* Followers' deadlines are CLOCK_MONOTONIC, like the poller's. */
+  cv_ok = cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
+  if (!c->slot_state || !c->slot_want_crc || !c->free_list || !c->queue || !cv_ok ||
+      pthread_mutex_init(&c->mu, NULL) != 0) {
+    if (cv_ok) pthread_cond_destroy(&c->cv);
     free(c->slot_state);
     free(c->slot_want_crc);
     free(c->free_list);
@@ -408,6 +415,7 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
 fail:
   if (c) {
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
     free(c->slot_state);
     free(c->slot_want_crc);
     free(c->free_list);
@@ -428,6 +436,7 @@ FL_API void fl_detach(fl_client* c) {
   int fds[5] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock};
   flx_close_fds(fds, 5);
   pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
   free(c->slot_state);
   free(c->slot_want_crc);
   free(c->free_list);

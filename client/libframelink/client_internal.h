@@ -74,11 +74,16 @@ struct fl_client {
 
   uint32_t in_flight; /* atomic: written under mu, read lock-free by fl_in_flight */
 
-  /* Wake protocol on the completion ring: reader_sleeping must be set while
-   * any thread blocks in poll() (sleepers) or an asynchronous user found
-   * nothing and may now wait on fl_doorbell_fd (armed). */
-  uint32_t sleepers; /* [mu] */
-  int armed;         /* [mu] */
+  /* Waiting.  One thread at a time (the poller) sleeps in poll() on the
+   * completion eventfd and the socket; other waiters (followers) sleep on
+   * `cv` and are woken whenever the poller returns or the local state
+   * changes.  reader_sleeping must be set while a poller sleeps or while an
+   * asynchronous user found nothing and may now wait on fl_doorbell_fd
+   * (armed). */
+  pthread_cond_t cv;       /* CLOCK_MONOTONIC */
+  int poller_active;       /* [mu] */
+  uint32_t followers;      /* [mu] */
+  int armed;               /* [mu] */
 
   int gone;    /* atomic: the daemon dropped this attachment (latched) */
   int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
@@ -99,6 +104,9 @@ int flx_gone_locked(fl_client* client);
 /* With mu held: a completion ring entry was consumed, so the application is
  * busy and no longer needs the doorbell. */
 void flx_disarm_locked(fl_client* client);
+/* With mu held: slots were freed or completions queued; wake the waiters
+ * that might now succeed. */
+void flx_notify_locked(fl_client* client);
 /* With mu held: latch the corrupt state and set the message. */
 int flx_corrupt_locked(fl_client* client, const char* fmt, ...) FLX_PRINTF(2, 3);
 /* Wake the daemon through the submit doorbell. */

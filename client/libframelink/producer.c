@@ -29,10 +29,13 @@ static void flx_queue_push_locked(fl_client* c, const fl_completion* comp) {
 
 int flx_drain_completions_locked(fl_client* c) {
   if (c->corrupt) return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
-  for (;;) {
+  for (uint32_t moved = 0;; ++moved) {
     fl_completion_desc d;
     fl_ring_result r = fl_ring_pop(c->completion, c->ring_cap, sizeof(d), &d);
-    if (r == FL_RING_EMPTY) return FL_OK;
+    if (r == FL_RING_EMPTY) {
+      if (moved > 0) flx_notify_locked(c); /* others may wait for a slot or a completion */
+      return FL_OK;
+    }
     if (r == FL_RING_CORRUPT) return flx_corrupt_locked(c, "completion ring indices are impossible");
     flx_disarm_locked(c);
     if (d.slot >= c->slot_count)
@@ -178,6 +181,7 @@ FL_API int fl_abandon(fl_client* c, uint32_t slot) {
   if (rc == FL_OK) {
     c->slot_state[slot] = FLX_SLOT_FREE;
     c->free_list[c->free_count++] = slot;
+    flx_notify_locked(c);
   }
   pthread_mutex_unlock(&c->mu);
   return rc;

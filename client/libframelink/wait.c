@@ -8,10 +8,12 @@
  * dies it hangs up, and a waiter returns FL_ERR_DAEMON_GONE instead of
  * sleeping forever.
  *
- * Several threads may wait at once.  The flag stays set while any of them
- * sleeps (sleepers) or while an asynchronous user may be waiting on
- * fl_doorbell_fd (armed).  One thread's read() clears the eventfd for all,
- * so a thread that leaves with work left over re-rings the doorbell.
+ * Several threads may wait at once, possibly for different things (a free
+ * slot, a completion).  They must not share the eventfd: one thread's read()
+ * would clear a wake-up another needed.  So one waiter at a time polls (the
+ * poller) and the rest wait on a condition variable (followers), woken when
+ * the poller returns and whenever a call frees a slot or queues a
+ * completion; a poller is woken for those by a write to the eventfd.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,12 +65,24 @@ int flx_corrupt_locked(fl_client* c, const char* fmt, ...) {
 void flx_disarm_locked(fl_client* c) {
   if (!c->armed) return;
   c->armed = 0;
-  if (c->sleepers == 0) fl_ring_end_sleep(c->completion);
+  if (!c->poller_active) fl_ring_end_sleep(c->completion);
 }
 
-static void flx_sleep_done_locked(fl_client* c) {
-  c->sleepers--;
-  if (c->sleepers == 0 && !c->armed) fl_ring_end_sleep(c->completion);
+static void flx_poller_done_locked(fl_client* c) {
+  c->poller_active = 0;
+  if (!c->armed) fl_ring_end_sleep(c->completion);
+  if (c->followers > 0) pthread_cond_broadcast(&c->cv); /* one of them polls next */
+}
+
+static void flx_kick_poller(fl_client* c) {
+  uint64_t one = 1;
+  ssize_t n = write(c->completion_efd, &one, sizeof(one));
+  (void)n;
+}
+
+void flx_notify_locked(fl_client* c) {
+  if (c->followers > 0) pthread_cond_broadcast(&c->cv);
+  if (c->poller_active) flx_kick_poller(c);
 }
 
 void flx_ring_submit_doorbell(fl_client* c) {
@@ -91,7 +105,7 @@ static void flx_clear_doorbell(fl_client* c) {
 static int flx_arm_locked(fl_client* c) {
   if (c->armed) return 0;
   c->armed = 1;
-  flx_clear_doorbell(c); /* stale wake-ups from earlier rounds */
+  if (!c->poller_active) flx_clear_doorbell(c); /* stale wake-ups; never the poller's */
   return !fl_ring_prepare_sleep(c->completion);
 }
 
@@ -119,17 +133,6 @@ int flx_socket_hung_up(fl_client* c) {
     pthread_mutex_unlock(&c->mu);
   }
   return __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
-}
-
-/* Leave with work other sleepers could use: hand them the wake-up our
- * read() may have taken from them. */
-static void flx_pass_wake_locked(fl_client* c) {
-  if (c->sleepers == 0) return;
-  if (c->free_count > 0 || c->queue_tail != c->queue_head || fl_ring_readable(c->completion) > 0) {
-    uint64_t one = 1;
-    ssize_t n = write(c->completion_efd, &one, sizeof(one));
-    (void)n;
-  }
 }
 
 int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what) {
@@ -160,9 +163,20 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       }
       wait_ms = (int)((left + 999999) / 1000000);
     }
-    c->sleepers++;
+    if (c->poller_active) {
+      c->followers++;
+      if (timeout_ms > 0) {
+        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000), .tv_nsec = (long)(deadline % 1000000000)};
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+      } else {
+        pthread_cond_wait(&c->cv, &c->mu);
+      }
+      c->followers--;
+      continue;
+    }
+    c->poller_active = 1;
     if (!fl_ring_prepare_sleep(c->completion)) {
-      flx_sleep_done_locked(c);
+      flx_poller_done_locked(c);
       continue; /* an entry raced in: go and take it */
     }
     pthread_mutex_unlock(&c->mu);
@@ -173,7 +187,7 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
     if (n > 0 && (p[0].revents & POLLIN)) flx_clear_doorbell(c);
 
     pthread_mutex_lock(&c->mu);
-    flx_sleep_done_locked(c);
+    flx_poller_done_locked(c);
     if (n < 0) {
       if (err == EINTR) {
         rc = flx_error(FL_EINTR, "interrupted by a signal while waiting for a %s", what);
@@ -182,10 +196,9 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       rc = flx_error(FL_EINVAL, "poll() on the framelink doorbell failed: %s", strerror(err));
       break;
     }
-    if (n > 0 && p[1].revents) flx_note_socket_locked(c, p[1].revents);
+    if (n > 0 && p[1].revents) flx_note_socket_locked(c, p[1].revents); /* followers already woken: they see it */
     /* Loop: take what arrived; a hang-up is reported once the ring is empty. */
   }
-  if (rc == FL_OK) flx_pass_wake_locked(c);
   pthread_mutex_unlock(&c->mu);
   return rc;
 }
