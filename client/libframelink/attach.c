@@ -54,7 +54,9 @@ static void flx_close_fds(int* fds, int n) {
   }
 }
 
-static int flx_add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+static int flx_add_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
 
 /* [a_off, a_off + a_len) and [b_off, b_off + b_len) intersect?  (no overflow: callers checked the ends) */
 static int flx_overlap(uint64_t a_off, uint64_t a_len, uint64_t b_off, uint64_t b_len) {
@@ -65,8 +67,8 @@ static int flx_overlap(uint64_t a_off, uint64_t a_len, uint64_t b_off, uint64_t 
  * Checks a private copy of the segment header against the real segment
  * sizes.  Returns FL_OK or an error with the message set.
  */
-static int flx_validate_header(const fl_segment_header* g, uint32_t role, const char* stream, uint64_t client_id,
-                               uint64_t control_size, uint64_t data_size) {
+static int flx_validate_header(const fl_segment_header* g, uint32_t role, const char* stream,
+                               uint64_t client_id, uint64_t control_size, uint64_t data_size) {
   const char* hint = "(framelinkd bug or version skew: update libframelink and framelinkd together)";
   if (g->magic != FL_SEGMENT_MAGIC)
     return flx_error(FL_ERR_VERSION, "control segment has magic 0x%016llx, not a framelink segment %s",
@@ -77,7 +79,8 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
                      "install matching versions",
                      g->layout_version, fl_version(), FL_LAYOUT_VERSION);
   if (g->role != role)
-    return flx_error(FL_ERR_RING_CORRUPT, "segment is for role %u, but role %u was requested %s", g->role, role, hint);
+    return flx_error(FL_ERR_RING_CORRUPT, "segment is for role %u, but role %u was requested %s", g->role,
+                     role, hint);
   if (g->client_id != client_id)
     return flx_error(FL_ERR_RING_CORRUPT, "segment names client %llu, the attach reply client %llu %s",
                      (unsigned long long)g->client_id, (unsigned long long)client_id, hint);
@@ -90,8 +93,9 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
                      (unsigned long long)g->control_size, (unsigned long long)g->data_size,
                      (unsigned long long)control_size, (unsigned long long)data_size, hint);
   if (g->slot_count == 0 || g->slot_size == 0 || g->slot_stride < g->slot_size)
-    return flx_error(FL_ERR_RING_CORRUPT, "bad slot geometry: count %u, size %llu, stride %llu %s", g->slot_count,
-                     (unsigned long long)g->slot_size, (unsigned long long)g->slot_stride, hint);
+    return flx_error(FL_ERR_RING_CORRUPT, "bad slot geometry: count %u, size %llu, stride %llu %s",
+                     g->slot_count, (unsigned long long)g->slot_size, (unsigned long long)g->slot_stride,
+                     hint);
   if (!fl_ring_is_pow2(g->ring_capacity) || g->ring_capacity < g->slot_count)
     return flx_error(FL_ERR_RING_CORRUPT, "ring capacity %u is not a power of two >= slot count %u %s",
                      g->ring_capacity, g->slot_count, hint);
@@ -106,17 +110,19 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
       flx_overlap(0, sizeof(fl_segment_header), g->submit_ring_offset, sub_len) ||
       flx_overlap(0, sizeof(fl_segment_header), g->completion_ring_offset, comp_len) ||
       flx_overlap(g->submit_ring_offset, sub_len, g->completion_ring_offset, comp_len))
-    return flx_error(FL_ERR_RING_CORRUPT,
-                     "rings (submit at %llu, completion at %llu, capacity %u) do not fit the %llu-byte control "
-                     "segment %s",
-                     (unsigned long long)g->submit_ring_offset, (unsigned long long)g->completion_ring_offset,
-                     g->ring_capacity, (unsigned long long)control_size, hint);
+    return flx_error(
+        FL_ERR_RING_CORRUPT,
+        "rings (submit at %llu, completion at %llu, capacity %u) do not fit the %llu-byte control "
+        "segment %s",
+        (unsigned long long)g->submit_ring_offset, (unsigned long long)g->completion_ring_offset,
+        g->ring_capacity, (unsigned long long)control_size, hint);
 
   /* Data segment: slot headers and slots, inside and disjoint. */
   const uint64_t hdr_len = (uint64_t)g->slot_count * sizeof(fl_slot_header);
   uint64_t hdr_end, slots_len, slots_end;
   if (g->slot_headers_offset % 8 != 0 || flx_add_overflows(g->slot_headers_offset, hdr_len, &hdr_end) ||
-      hdr_end > data_size || __builtin_mul_overflow((uint64_t)(g->slot_count - 1), g->slot_stride, &slots_len) ||
+      hdr_end > data_size ||
+      __builtin_mul_overflow((uint64_t)(g->slot_count - 1), g->slot_stride, &slots_len) ||
       flx_add_overflows(slots_len, g->slot_size, &slots_len) ||
       flx_add_overflows(g->slots_offset, slots_len, &slots_end) || slots_end > data_size ||
       flx_overlap(g->slot_headers_offset, hdr_len, g->slots_offset, slots_len))
@@ -135,7 +141,8 @@ static int flx_connect(const char* path, int* out_sock) {
   addr.sun_family = AF_UNIX;
   size_t len = strlen(path);
   if (len == 0 || len >= sizeof(addr.sun_path))
-    return flx_error(FL_EINVAL, "socket path '%s' is empty or longer than %zu bytes", path, sizeof(addr.sun_path) - 1);
+    return flx_error(FL_EINVAL, "socket path '%s' is empty or longer than %zu bytes", path,
+                     sizeof(addr.sun_path) - 1);
   memcpy(addr.sun_path, path, len + 1);
 
   int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -152,10 +159,11 @@ static int flx_connect(const char* path, int* out_sock) {
                        "cannot connect to framelinkd at %s: %s; is this user in the socket's group (usually "
                        "'framelink')? is framelinkd running? (systemctl status framelinkd)",
                        path, strerror(err));
-    return flx_error(FL_ERR_DAEMON_UNREACHABLE,
-                     "cannot connect to framelinkd at %s: %s; is framelinkd running? (systemctl status framelinkd); "
-                     "set FRAMELINK_SOCKET or the socket_path option if it listens elsewhere",
-                     path, strerror(err));
+    return flx_error(
+        FL_ERR_DAEMON_UNREACHABLE,
+        "cannot connect to framelinkd at %s: %s; is framelinkd running? (systemctl status framelinkd); "
+        "set FRAMELINK_SOCKET or the socket_path option if it listens elsewhere",
+        path, strerror(err));
   }
   *out_sock = s;
   return FL_OK;
@@ -170,8 +178,8 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
     n = send(s, req, sizeof(*req), MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n != (ssize_t)sizeof(*req))
-    return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s", path,
-                     n < 0 ? strerror(errno) : "short write");
+    return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s",
+                     path, n < 0 ? strerror(errno) : "short write");
 
   struct timeval tv = {.tv_sec = FLX_REPLY_TIMEOUT_S, .tv_usec = 0};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -206,27 +214,31 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
     for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k && ngot < FLX_MAX_FDS; ++i) memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      for (size_t i = 0; i < k && ngot < FLX_MAX_FDS; ++i)
+        memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
     }
   }
 
   int rc = FL_OK;
   if (n < 0) {
     rc = (err == EAGAIN || err == EWOULDBLOCK)
-             ? flx_error(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at %s did not answer the attach within %d s (see its log)",
-                         path, FLX_REPLY_TIMEOUT_S)
-             : flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot read the attach reply from framelinkd at %s: %s", path,
-                         strerror(err));
+             ? flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                         "framelinkd at %s did not answer the attach within %d s (see its log)", path,
+                         FLX_REPLY_TIMEOUT_S)
+             : flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot read the attach reply from framelinkd at %s: %s",
+                         path, strerror(err));
   } else if (n == 0) {
     rc = flx_error(FL_ERR_DAEMON_UNREACHABLE,
                    "framelinkd at %s closed the connection without answering the attach (see its log)", path);
   } else if ((size_t)n < 8 || buf.reply.magic != FL_ATTACH_MAGIC) {
-    rc = flx_error(FL_ERR_VERSION, "%s did not answer with a framelink attach reply: is it really framelinkd?", path);
-  } else if (buf.reply.version != FL_ATTACH_VERSION || (size_t)n != sizeof(fl_attach_reply)) {
     rc = flx_error(FL_ERR_VERSION,
-                   "framelinkd at %s speaks attach protocol version %u (%zd-byte reply), this libframelink %s "
-                   "speaks %u: install matching versions",
-                   path, buf.reply.version, n, fl_version(), FL_ATTACH_VERSION);
+                   "%s did not answer with a framelink attach reply: is it really framelinkd?", path);
+  } else if (buf.reply.version != FL_ATTACH_VERSION || (size_t)n != sizeof(fl_attach_reply)) {
+    rc =
+        flx_error(FL_ERR_VERSION,
+                  "framelinkd at %s speaks attach protocol version %u (%zd-byte reply), this libframelink %s "
+                  "speaks %u: install matching versions",
+                  path, buf.reply.version, n, fl_version(), FL_ATTACH_VERSION);
   } else if (buf.reply.status != FL_OK) {
     buf.reply.message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
     rc = buf.reply.message[0] != '\0' ? flx_error(buf.reply.status, "%s", buf.reply.message)
@@ -234,8 +246,9 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
                                                   fl_status_str(buf.reply.status));
   } else if (buf.reply.fd_count != FL_ATTACH_FD_COUNT || ngot != (int)FL_ATTACH_FD_COUNT ||
              (msg.msg_flags & MSG_CTRUNC)) {
-    rc = flx_error(FL_ERR_VERSION, "framelinkd sent %d file descriptors (reply says %u), expected %u: version skew?",
-                   ngot, buf.reply.fd_count, FL_ATTACH_FD_COUNT);
+    rc = flx_error(FL_ERR_VERSION,
+                   "framelinkd sent %d file descriptors (reply says %u), expected %u: version skew?", ngot,
+                   buf.reply.fd_count, FL_ATTACH_FD_COUNT);
   }
   if (rc != FL_OK) {
     flx_close_fds(got, ngot);
@@ -251,12 +264,13 @@ static int flx_map(int fd, uint64_t size, int prot, const char* what, uint8_t** 
   if (fstat(fd, &st) != 0)
     return flx_error(FL_ERR_RESOURCES, "cannot fstat the %s segment: %s", what, strerror(errno));
   if (!S_ISREG(st.st_mode) || st.st_size < 0 || (uint64_t)st.st_size < size || size == 0 || size > SIZE_MAX)
-    return flx_error(FL_ERR_RING_CORRUPT, "the %s segment (%lld bytes) is smaller than the %llu bytes announced",
-                     what, (long long)st.st_size, (unsigned long long)size);
+    return flx_error(FL_ERR_RING_CORRUPT,
+                     "the %s segment (%lld bytes) is smaller than the %llu bytes announced", what,
+                     (long long)st.st_size, (unsigned long long)size);
   void* p = mmap(NULL, (size_t)size, prot, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED)
-    return flx_error(FL_ERR_RESOURCES, "cannot map the %llu-byte %s segment: %s", (unsigned long long)size, what,
-                     strerror(errno));
+    return flx_error(FL_ERR_RESOURCES, "cannot map the %llu-byte %s segment: %s", (unsigned long long)size,
+                     what, strerror(errno));
   *out = (uint8_t*)p;
   *out_len = (size_t)size;
   return FL_OK;
@@ -276,7 +290,8 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   pthread_condattr_t ca;
   int cv_ok = pthread_condattr_init(&ca) == 0;
   /* Followers' deadlines are CLOCK_MONOTONIC, like the poller's. */
-  cv_ok = cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
+  cv_ok =
+      cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
   if (!c->slot_state || !c->slot_want_crc || !c->free_list || !c->queue || !cv_ok ||
       pthread_mutex_init(&c->mu, NULL) != 0) {
     if (cv_ok) pthread_cond_destroy(&c->cv);
@@ -295,10 +310,12 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   *out = NULL;
   if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
   if (options->struct_size < sizeof(fl_client_options))
-    return flx_error(FL_EINVAL, "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
+    return flx_error(FL_EINVAL,
+                     "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
                      options->struct_size);
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
-    return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)", options->role);
+    return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
+                     options->role);
   if (!options->stream || !flx_valid_stream(options->stream))
     return flx_error(FL_EINVAL,
                      "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
@@ -343,13 +360,16 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   rc = flx_map(fds[0], reply.control_size, PROT_READ | PROT_WRITE, "control", &control, &control_len);
   if (rc != FL_OK) goto fail;
   if (control_len < sizeof(fl_segment_header)) {
-    rc = flx_error(FL_ERR_RING_CORRUPT, "the control segment (%zu bytes) is smaller than its header", control_len);
+    rc = flx_error(FL_ERR_RING_CORRUPT, "the control segment (%zu bytes) is smaller than its header",
+                   control_len);
     goto fail;
   }
   memcpy(&geo, control, sizeof(geo));
-  rc = flx_validate_header(&geo, options->role, req.stream, reply.client_id, reply.control_size, reply.data_size);
+  rc = flx_validate_header(&geo, options->role, req.stream, reply.client_id, reply.control_size,
+                           reply.data_size);
   if (rc != FL_OK) goto fail;
-  if (__atomic_load_n(&((const fl_segment_header*)control)->daemon_state, __ATOMIC_ACQUIRE) != FL_DAEMON_SERVING) {
+  if (__atomic_load_n(&((const fl_segment_header*)control)->daemon_state, __ATOMIC_ACQUIRE) !=
+      FL_DAEMON_SERVING) {
     rc = flx_gone_error();
     goto fail;
   }
@@ -358,16 +378,17 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     const fl_ring_header* cr = (const fl_ring_header*)(control + geo.completion_ring_offset);
     if (sr->capacity != geo.ring_capacity || cr->capacity != geo.ring_capacity ||
         sr->entry_size != sizeof(fl_submit_desc) || cr->entry_size != sizeof(fl_completion_desc)) {
-      rc = flx_error(FL_ERR_RING_CORRUPT,
-                     "ring headers (capacity %u/%u, entry size %u/%u) disagree with the segment header (capacity %u, "
-                     "entry sizes %zu/%zu)",
-                     sr->capacity, cr->capacity, sr->entry_size, cr->entry_size, geo.ring_capacity,
-                     sizeof(fl_submit_desc), sizeof(fl_completion_desc));
+      rc = flx_error(
+          FL_ERR_RING_CORRUPT,
+          "ring headers (capacity %u/%u, entry size %u/%u) disagree with the segment header (capacity %u, "
+          "entry sizes %zu/%zu)",
+          sr->capacity, cr->capacity, sr->entry_size, cr->entry_size, geo.ring_capacity,
+          sizeof(fl_submit_desc), sizeof(fl_completion_desc));
       goto fail;
     }
   }
-  rc = flx_map(fds[1], reply.data_size, options->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ, "data",
-               &data, &data_len);
+  rc = flx_map(fds[1], reply.data_size, options->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ,
+               "data", &data, &data_len);
   if (rc != FL_OK) goto fail;
 
   c = flx_alloc_client(geo.slot_count, geo.ring_capacity);
@@ -380,7 +401,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
      * to clear it; non-blocking so several waiters never block in read(). */
     int fl = fcntl(fds[3], F_GETFL);
     if (fl < 0 || fcntl(fds[3], F_SETFL, fl | O_NONBLOCK) < 0) {
-      rc = flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s", strerror(errno));
+      rc = flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s",
+                     strerror(errno));
       goto fail;
     }
   }

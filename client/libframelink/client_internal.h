@@ -47,10 +47,10 @@ struct fl_client {
   size_t control_len;
   uint8_t* data;
   size_t data_len;
-  fl_segment_header geo;              /* validated private copy of the header */
-  const fl_segment_header* live_hdr;  /* shared: only daemon_state is read */
-  fl_ring_header* submit;             /* we write */
-  fl_ring_header* completion;         /* we read */
+  fl_segment_header geo;             /* validated private copy of the header */
+  const fl_segment_header* live_hdr; /* shared: only daemon_state is read */
+  fl_ring_header* submit;            /* we write */
+  fl_ring_header* completion;        /* we read */
   uint32_t ring_cap;
   uint32_t slot_count;
   uint64_t slot_size;
@@ -66,10 +66,10 @@ struct fl_client {
   /* Producer: completions drained from the ring (to find free slots) but not
    * yet returned by fl_poll/wait_completions.  Bounded: when an application
    * never polls, the oldest are dropped (counted in queue_dropped). */
-  fl_completion* queue; /* [mu] */
-  uint32_t queue_cap;   /* power of two */
-  uint64_t queue_head;  /* [mu] */
-  uint64_t queue_tail;  /* [mu] */
+  fl_completion* queue;   /* [mu] */
+  uint32_t queue_cap;     /* power of two */
+  uint64_t queue_head;    /* [mu] */
+  uint64_t queue_tail;    /* [mu] */
   uint64_t queue_dropped; /* [mu] */
 
   uint32_t in_flight; /* atomic: written under mu, read lock-free by fl_in_flight */
@@ -80,10 +80,10 @@ struct fl_client {
    * changes.  reader_sleeping must be set while a poller sleeps or while an
    * asynchronous user found nothing and may now wait on fl_doorbell_fd
    * (armed). */
-  pthread_cond_t cv;       /* CLOCK_MONOTONIC */
-  int poller_active;       /* [mu] */
-  uint32_t followers;      /* [mu] */
-  int armed;               /* [mu] */
+  pthread_cond_t cv;  /* CLOCK_MONOTONIC */
+  int poller_active;  /* [mu] */
+  uint32_t followers; /* [mu] */
+  int armed;          /* [mu] */
 
   int gone;    /* atomic: the daemon dropped this attachment (latched) */
   int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
@@ -93,7 +93,8 @@ struct fl_client {
 int flx_error(int status, const char* fmt, ...) FLX_PRINTF(2, 3);
 
 /* wait.c */
-typedef int (*flx_try_fn)(fl_client* client, void* arg); /* called with mu held: FL_OK, FL_EAGAIN or an error */
+typedef int (*flx_try_fn)(fl_client* client,
+                          void* arg); /* called with mu held: FL_OK, FL_EAGAIN or an error */
 /* Runs `try_fn` until it returns something other than FL_EAGAIN, sleeping on
  * the completion doorbell in between.  `what` names the awaited thing in
  * timeout messages ("a free slot"). */

@@ -15,7 +15,8 @@ static int flx_check_consumer(fl_client* c, const char* function) {
 
 static int flx_try_receive(fl_client* c, void* arg) {
   fl_frame* out = (fl_frame*)arg;
-  if (c->corrupt) return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
+  if (c->corrupt)
+    return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   fl_completion_desc d;
   fl_ring_result r = fl_ring_pop(c->completion, c->ring_cap, sizeof(d), &d);
   if (r == FL_RING_EMPTY) return FL_EAGAIN;
@@ -24,7 +25,8 @@ static int flx_try_receive(fl_client* c, void* arg) {
   if (d.status != FL_OK) {
     /* Not a frame: the daemon reports a problem with something we sent it,
      * e.g. the release of a slot it did not consider delivered. */
-    return flx_error(d.status, "framelinkd rejected the release of slot %u: %s", d.slot, fl_status_str(d.status));
+    return flx_error(d.status, "framelinkd rejected the release of slot %u: %s", d.slot,
+                     fl_status_str(d.status));
   }
   if (d.slot >= c->slot_count)
     return flx_corrupt_locked(c, "delivery into slot %u, but there are only %u slots", d.slot, c->slot_count);
@@ -69,7 +71,8 @@ FL_API int fl_release(fl_client* c, uint32_t slot) {
   pthread_mutex_lock(&c->mu);
   if (slot >= c->slot_count || c->slot_state[slot] != FLX_SLOT_HELD) {
     rc = flx_error(FL_ERR_DOUBLE_RELEASE,
-                   "fl_release: slot %u is not held by this consumer (released twice, or never received)", slot);
+                   "fl_release: slot %u is not held by this consumer (released twice, or never received)",
+                   slot);
   } else if (c->corrupt) {
     rc = flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   } else if (flx_gone_locked(c)) {

@@ -37,7 +37,8 @@ static void fl_crc32c_init(void) {
     g_table[0][i] = crc;
   }
   for (uint32_t i = 0; i < 256; ++i) {
-    for (int k = 1; k < 8; ++k) g_table[k][i] = (g_table[k - 1][i] >> 8) ^ g_table[0][g_table[k - 1][i] & 0xFFu];
+    for (int k = 1; k < 8; ++k)
+      g_table[k][i] = (g_table[k - 1][i] >> 8) ^ g_table[0][g_table[k - 1][i] & 0xFFu];
   }
 #if FL_CRC_HAVE_X86
   __builtin_cpu_init();
@@ -101,7 +102,9 @@ __attribute__((target("sse4.2"))) uint32_t fl_crc32c_hw(uint32_t seed, const voi
   return ~crc32;
 }
 #else
-uint32_t fl_crc32c_hw(uint32_t seed, const void* data, size_t length) { return fl_crc32c_sw(seed, data, length); }
+uint32_t fl_crc32c_hw(uint32_t seed, const void* data, size_t length) {
+  return fl_crc32c_sw(seed, data, length);
+}
 #endif
 
 FL_API uint32_t fl_crc32c(uint32_t seed, const void* data, size_t length) {

@@ -28,7 +28,8 @@ static void flx_queue_push_locked(fl_client* c, const fl_completion* comp) {
 }
 
 int flx_drain_completions_locked(fl_client* c) {
-  if (c->corrupt) return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
+  if (c->corrupt)
+    return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   for (uint32_t moved = 0;; ++moved) {
     fl_completion_desc d;
     fl_ring_result r = fl_ring_pop(c->completion, c->ring_cap, sizeof(d), &d);
@@ -39,21 +40,26 @@ int flx_drain_completions_locked(fl_client* c) {
     if (r == FL_RING_CORRUPT) return flx_corrupt_locked(c, "completion ring indices are impossible");
     flx_disarm_locked(c);
     if (d.slot >= c->slot_count)
-      return flx_corrupt_locked(c, "completion names slot %u, but there are only %u slots", d.slot, c->slot_count);
+      return flx_corrupt_locked(c, "completion names slot %u, but there are only %u slots", d.slot,
+                                c->slot_count);
     if (c->slot_state[d.slot] != FLX_SLOT_IN_FLIGHT)
       return flx_corrupt_locked(c, "completion for slot %u, which is not in flight", d.slot);
     c->slot_state[d.slot] = FLX_SLOT_FREE;
     c->free_list[c->free_count++] = d.slot;
     __atomic_store_n(&c->in_flight, c->in_flight - 1, __ATOMIC_RELAXED);
-    fl_completion comp = {
-        .slot = d.slot, .status = d.status, .sequence = d.sequence, .frame_id = d.frame_id, .length = d.length};
+    fl_completion comp = {.slot = d.slot,
+                          .status = d.status,
+                          .sequence = d.sequence,
+                          .frame_id = d.frame_id,
+                          .length = d.length};
     flx_queue_push_locked(c, &comp);
   }
 }
 
 static int flx_try_acquire(fl_client* c, void* arg) {
   fl_slot* out = (fl_slot*)arg;
-  if (c->corrupt) return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
+  if (c->corrupt)
+    return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   if (flx_gone_locked(c)) return flx_gone_error();
   if (c->free_count == 0) {
     int rc = flx_drain_completions_locked(c);
@@ -85,8 +91,9 @@ static int flx_check_held_locked(fl_client* c, uint32_t slot, const char* functi
     return flx_error(FL_EINVAL, "%s: slot %u is out of range (this attachment has %u slots)", function, slot,
                      c->slot_count);
   if (c->slot_state[slot] != FLX_SLOT_HELD)
-    return flx_error(FL_EINVAL, "%s: slot %u is not held by the application (%s); acquire it with fl_acquire first",
-                     function, slot, c->slot_state[slot] == FLX_SLOT_IN_FLIGHT ? "it is in flight" : "it is free");
+    return flx_error(
+        FL_EINVAL, "%s: slot %u is not held by the application (%s); acquire it with fl_acquire first",
+        function, slot, c->slot_state[slot] == FLX_SLOT_IN_FLIGHT ? "it is in flight" : "it is free");
   return FL_OK;
 }
 
@@ -129,7 +136,8 @@ FL_API int fl_submit(fl_client* c, uint32_t slot, uint64_t length) {
     rc = flx_check_held_locked(c, slot, "fl_submit");
   }
   if (rc == FL_OK && length > c->slot_size)
-    rc = flx_error(FL_ERR_TOO_LARGE, "fl_submit: frame of %llu bytes does not fit slot size %llu; attach with a larger "
+    rc = flx_error(FL_ERR_TOO_LARGE,
+                   "fl_submit: frame of %llu bytes does not fit slot size %llu; attach with a larger "
                    "slot_size",
                    (unsigned long long)length, (unsigned long long)c->slot_size);
   if (rc != FL_OK) {

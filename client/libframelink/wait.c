@@ -59,7 +59,8 @@ int flx_corrupt_locked(fl_client* c, const char* fmt, ...) {
   vsnprintf(detail, sizeof(detail), fmt, ap);
   va_end(ap);
   c->corrupt = 1;
-  return flx_error(FL_ERR_RING_CORRUPT, "%s; the shared memory of this attachment cannot be trusted: detach", detail);
+  return flx_error(FL_ERR_RING_CORRUPT, "%s; the shared memory of this attachment cannot be trusted: detach",
+                   detail);
 }
 
 void flx_disarm_locked(fl_client* c) {
@@ -166,7 +167,8 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
     if (c->poller_active) {
       c->followers++;
       if (timeout_ms > 0) {
-        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000), .tv_nsec = (long)(deadline % 1000000000)};
+        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000),
+                              .tv_nsec = (long)(deadline % 1000000000)};
         pthread_cond_timedwait(&c->cv, &c->mu, &ts);
       } else {
         pthread_cond_wait(&c->cv, &c->mu);
@@ -196,7 +198,8 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       rc = flx_error(FL_EINVAL, "poll() on the framelink doorbell failed: %s", strerror(err));
       break;
     }
-    if (n > 0 && p[1].revents) flx_note_socket_locked(c, p[1].revents); /* followers already woken: they see it */
+    if (n > 0 && p[1].revents)
+      flx_note_socket_locked(c, p[1].revents); /* followers already woken: they see it */
     /* Loop: take what arrived; a hang-up is reported once the ring is empty. */
   }
   pthread_mutex_unlock(&c->mu);

@@ -61,8 +61,8 @@ struct FrameMeta {
   uint64_t frame_id = 0;
   uint64_t wafer_id = 0;
   uint64_t timestamp_ns = 0;
-  bool crc32c = false;      // compute the payload CRC32C at submit
-  std::string_view attrs;   // at most FL_MAX_ATTR_BYTES (192) bytes
+  bool crc32c = false;     // compute the payload CRC32C at submit
+  std::string_view attrs;  // at most FL_MAX_ATTR_BYTES (192) bytes
 };
 
 // An attachment to framelinkd (one fl_client).  Move-only; detaches on destruction.
@@ -147,7 +147,8 @@ class SlotLease {
     m.flags = meta.crc32c ? static_cast<uint32_t>(FL_META_CRC32C) : 0u;
     m.attr_length = static_cast<uint32_t>(meta.attrs.size());
     m.attrs = reinterpret_cast<const uint8_t*>(meta.attrs.data());
-    if (meta.attrs.size() > FL_MAX_ATTR_BYTES) m.attr_length = FL_MAX_ATTR_BYTES + 1;  // let the library say why
+    if (meta.attrs.size() > FL_MAX_ATTR_BYTES)
+      m.attr_length = FL_MAX_ATTR_BYTES + 1;  // let the library say why
     detail::check(fl_set_meta(client_, slot_.index, &m), "fl_set_meta");
   }
 

@@ -4,10 +4,10 @@
  * with whatever C compiler they have.  Built as a tiny test program so the
  * build breaks as soon as a header stops being C11-clean.
  */
-#include "framelink/shm_layout.h"
-#include "framelink/shm_ring.h"
 #include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
+#include "framelink/shm_layout.h"
+#include "framelink/shm_ring.h"
 
 int main(void) {
   /* Use something from each header so nothing is optimised into a pass. */

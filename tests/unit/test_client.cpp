@@ -44,11 +44,22 @@ int countOpenFds() {
   return n - 1;  // the DIR's own fd
 }
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 // What the fake daemon does wrong on purpose.
-enum class Fault { kNone, kRefuse, kBadMagic, kBadLayoutVersion, kRingOutOfBounds, kSlotsOutOfBounds, kThreeFds,
-                   kNotServing, kSilentClose };
+enum class Fault {
+  kNone,
+  kRefuse,
+  kBadMagic,
+  kBadLayoutVersion,
+  kRingOutOfBounds,
+  kSlotsOutOfBounds,
+  kThreeFds,
+  kNotServing,
+  kSilentClose
+};
 
 class FakeDaemon {
  public:
@@ -96,9 +107,7 @@ class FakeDaemon {
   }
 
   // ---- the daemon's side ----
-  bool popSubmit(fl_submit_desc& d) {
-    return fl_ring_pop(submit_, cap_, sizeof(d), &d) == FL_RING_OK;
-  }
+  bool popSubmit(fl_submit_desc& d) { return fl_ring_pop(submit_, cap_, sizeof(d), &d) == FL_RING_OK; }
   void pushCompletion(const fl_completion_desc& d) {
     REQUIRE(fl_ring_push(completion_, cap_, sizeof(d), &d) == FL_RING_OK);
     ringIfAsleep();
@@ -116,7 +125,9 @@ class FakeDaemon {
     conn_ = -1;
   }
   void setState(uint32_t state) { __atomic_store_n(&hdr_->daemon_state, state, __ATOMIC_RELEASE); }
-  fl_slot_header* slotHeader(uint32_t slot) { return reinterpret_cast<fl_slot_header*>(data_ + hdr_->slot_headers_offset) + slot; }
+  fl_slot_header* slotHeader(uint32_t slot) {
+    return reinterpret_cast<fl_slot_header*>(data_ + hdr_->slot_headers_offset) + slot;
+  }
   uint8_t* slotData(uint32_t slot) { return data_ + hdr_->slots_offset + slot * hdr_->slot_stride; }
   fl_ring_header* completionRing() { return completion_; }
   fl_ring_header* submitRing() { return submit_; }
@@ -140,7 +151,8 @@ class FakeDaemon {
     reply.client_id = 77;
     if (fault_ == Fault::kRefuse) {
       reply.status = FL_ERR_QUOTA;
-      std::snprintf(reply.message, sizeof(reply.message), "4 slots of 65536 bytes exceed max_client_bytes; ask less");
+      std::snprintf(reply.message, sizeof(reply.message),
+                    "4 slots of 65536 bytes exceed max_client_bytes; ask less");
       send(conn_, &reply, sizeof(reply), MSG_NOSIGNAL);
       return;
     }
@@ -185,9 +197,11 @@ class FakeDaemon {
     completion_efd_ = eventfd(0, EFD_CLOEXEC);
     if (ftruncate(control_fd_, static_cast<off_t>(control_size_)) != 0) std::abort();
     if (ftruncate(data_fd_, static_cast<off_t>(data_size_)) != 0) std::abort();
-    control_ = static_cast<uint8_t*>(mmap(nullptr, control_size_, PROT_READ | PROT_WRITE, MAP_SHARED, control_fd_, 0));
+    control_ = static_cast<uint8_t*>(
+        mmap(nullptr, control_size_, PROT_READ | PROT_WRITE, MAP_SHARED, control_fd_, 0));
     data_ = static_cast<uint8_t*>(mmap(nullptr, data_size_, PROT_READ | PROT_WRITE, MAP_SHARED, data_fd_, 0));
-    if (req_.role == FL_ROLE_CONSUMER && fcntl(data_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0)
+    if (req_.role == FL_ROLE_CONSUMER &&
+        fcntl(data_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0)
       std::abort();
 
     hdr_ = reinterpret_cast<fl_segment_header*>(control_);
@@ -212,9 +226,10 @@ class FakeDaemon {
     completion_ = reinterpret_cast<fl_ring_header*>(control_ + comp_off);
     fl_ring_init(submit_, cap_, sizeof(fl_submit_desc));
     fl_ring_init(completion_, cap_, sizeof(fl_completion_desc));
-    __atomic_store_n(&hdr_->daemon_state,
-                     fault_ == Fault::kNotServing ? uint32_t{FL_DAEMON_DETACHED} : uint32_t{FL_DAEMON_SERVING},
-                     __ATOMIC_RELEASE);
+    __atomic_store_n(
+        &hdr_->daemon_state,
+        fault_ == Fault::kNotServing ? uint32_t{FL_DAEMON_DETACHED} : uint32_t{FL_DAEMON_SERVING},
+        __ATOMIC_RELEASE);
   }
 
   Fault fault_;
@@ -253,13 +268,38 @@ fl_client* attach(FakeDaemon& d, const fl_client_options& o) {
 TEST_CASE("version and status strings", "[client]") {
   CHECK(std::string(fl_version()) == "0.1.0");
   REQUIRE(fl_last_error() != nullptr);
-  const int codes[] = {FL_OK, FL_EAGAIN, FL_ETIMEDOUT, FL_EINVAL, FL_EINTR, FL_EBUSY, FL_ERR_BAD_SLOT,
-                       FL_ERR_SLOT_NOT_OWNED, FL_ERR_TOO_LARGE, FL_ERR_BAD_METADATA, FL_ERR_BAD_DESCRIPTOR,
-                       FL_ERR_DOUBLE_RELEASE, FL_ERR_NO_CONSUMER, FL_ERR_TIMEOUT, FL_ERR_PEER_REJECTED,
-                       FL_ERR_CRC_MISMATCH, FL_ERR_NO_ROUTE, FL_ERR_LINK_LOST, FL_ERR_SHUTDOWN,
-                       FL_ERR_DAEMON_UNREACHABLE, FL_ERR_ATTACH_REFUSED, FL_ERR_QUOTA, FL_ERR_VERSION,
-                       FL_ERR_BAD_REQUEST, FL_ERR_DAEMON_GONE, FL_ERR_RESOURCES, FL_ERR_RING_CORRUPT, FL_ERR_AUTH,
-                       FL_ERR_PEER_VERSION, FL_ERR_PROTOCOL, FL_ERR_UNKNOWN_STREAM, FL_ERR_UNKNOWN_CREDIT,
+  const int codes[] = {FL_OK,
+                       FL_EAGAIN,
+                       FL_ETIMEDOUT,
+                       FL_EINVAL,
+                       FL_EINTR,
+                       FL_EBUSY,
+                       FL_ERR_BAD_SLOT,
+                       FL_ERR_SLOT_NOT_OWNED,
+                       FL_ERR_TOO_LARGE,
+                       FL_ERR_BAD_METADATA,
+                       FL_ERR_BAD_DESCRIPTOR,
+                       FL_ERR_DOUBLE_RELEASE,
+                       FL_ERR_NO_CONSUMER,
+                       FL_ERR_TIMEOUT,
+                       FL_ERR_PEER_REJECTED,
+                       FL_ERR_CRC_MISMATCH,
+                       FL_ERR_NO_ROUTE,
+                       FL_ERR_LINK_LOST,
+                       FL_ERR_SHUTDOWN,
+                       FL_ERR_DAEMON_UNREACHABLE,
+                       FL_ERR_ATTACH_REFUSED,
+                       FL_ERR_QUOTA,
+                       FL_ERR_VERSION,
+                       FL_ERR_BAD_REQUEST,
+                       FL_ERR_DAEMON_GONE,
+                       FL_ERR_RESOURCES,
+                       FL_ERR_RING_CORRUPT,
+                       FL_ERR_AUTH,
+                       FL_ERR_PEER_VERSION,
+                       FL_ERR_PROTOCOL,
+                       FL_ERR_UNKNOWN_STREAM,
+                       FL_ERR_UNKNOWN_CREDIT,
                        FL_ERR_TRANSPORT};
   for (int code : codes) {
     std::string s = fl_status_str(code);
@@ -268,7 +308,8 @@ TEST_CASE("version and status strings", "[client]") {
     CHECK(contains(s, ": "));
     CHECK(s.size() > 12);
   }
-  CHECK(std::string(fl_status_str(FL_ERR_TOO_LARGE)) == "FL_ERR_TOO_LARGE: frame length exceeds the slot size");
+  CHECK(std::string(fl_status_str(FL_ERR_TOO_LARGE)) ==
+        "FL_ERR_TOO_LARGE: frame length exceeds the slot size");
   CHECK(std::string(fl_status_str(9999)) == "unknown status 9999");
   CHECK(std::string(fl_status_str(-1)) == "unknown status -1");
 }
@@ -458,7 +499,7 @@ TEST_CASE("producer: acquire, metadata, submit, completion", "[client]") {
   CHECK(fl_set_meta(c, 2, &meta) == FL_EINVAL);
   CHECK(fl_set_meta(c, 1, &meta) == FL_EINVAL);  // in flight
   fl_frame f{};
-  CHECK(fl_receive(c, &f, 0) == FL_EINVAL);      // consumer call
+  CHECK(fl_receive(c, &f, 0) == FL_EINVAL);  // consumer call
 
   // Abandon returns a slot; it can be acquired again.
   REQUIRE(fl_abandon(c, 3) == FL_OK);
