@@ -27,7 +27,6 @@ namespace {
 constexpr uint64_t kTagCommands = 0;
 constexpr uint64_t kTagClient = 1ULL << 56;
 constexpr uint64_t kTagLink = 2ULL << 56;
-constexpr uint64_t kTagMask = 0xFFULL << 56;
 
 constexpr size_t kMaxSubmitsPerRound = 64;
 constexpr size_t kMaxEventsPerRound = 64;
@@ -35,9 +34,12 @@ constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
 
+// "FL_ERR_TOO_LARGE" (the code's name, without fl_status_str's description).
 std::string statusName(int status) {
   const char* s = fl_status_str(status);
-  return s != nullptr ? std::string(s) : std::to_string(status);
+  if (s == nullptr) return std::to_string(status);
+  std::string text(s);
+  return text.substr(0, text.find(':'));
 }
 
 void drainEventFd(int fd) {
@@ -114,10 +116,9 @@ void DataAgent::run() {
       publishStats();
       next_stats_ns_ = now + kStatsNs;
     }
-    if (idle.idle(work)) {
-      sleep();
-      idle.reset();
-    }
+    // After a sleep that brought no work, sleep again at once: only work
+    // re-arms the spin phase.
+    if (idle.idle(work)) sleep();
   }
   // Shutdown: every frame still in progress ends FAILED(shutdown).
   for (auto& [id, c] : clients_) {
@@ -146,7 +147,8 @@ void DataAgent::sleep() {
   }
   if (!ready) {
     epoll_event events[32];
-    int timeout_ms = 10;
+    // Bounded so that credit and ACK deadlines are noticed.
+    int timeout_ms = 50;
     ::epoll_wait(epoll_fd_.get(), events, 32, timeout_ms);
   }
   for (auto& [id, c] : clients_) {
