@@ -30,6 +30,7 @@ struct DemoOptions {
 
 struct DemoShared {
   std::atomic<bool> abort{false};
+  std::atomic<bool> producer_done{false};
   std::atomic<int> consumer_state{0};  // 0 starting, 1 attached, 2 failed to attach
   std::atomic<uint64_t> submitted{0};
   std::atomic<uint64_t> delivered{0};
@@ -89,6 +90,10 @@ int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint6
     return true;
   };
   ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  // Stay attached until the producer has its completions: framelinkd may act on a detach before
+  // it has read the releases still queued in our ring, which would fail the last frames.
+  const uint64_t linger_deadline = monotonicNs() + 60'000'000'000ull;
+  while (!sh.producer_done.load() && !sh.abort.load() && monotonicNs() < linger_deadline) usleep(5000);
   if (!st.error.empty()) sh.consumer_error.set(st.error);
   if (st.timed_out) {
     sh.consumer_error.set("received " + std::to_string(st.received) + " of " + std::to_string(frames) +
@@ -215,7 +220,10 @@ int runDemo(const DemoOptions& o) {
   int consumer_rc = -1;
   std::string daemon_problem;
   while (producer_rc < 0 || consumer_rc < 0) {
-    if (producer_rc < 0) producer_rc = waitChild(producer, 0);
+    if (producer_rc < 0) {
+      producer_rc = waitChild(producer, 0);
+      if (producer_rc >= 0) sh->producer_done.store(true);
+    }
     if (consumer_rc < 0) consumer_rc = waitChild(consumer, 0);
     if (g_interrupted.load()) sh->abort.store(true);
     if (daemon_problem.empty()) {

@@ -1,6 +1,8 @@
 // `framelink recv`: receive frames as a consumer; verify them and/or write them to a directory.
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -96,6 +98,11 @@ int runRecv(const RecvOptions& o) {
     return true;
   };
   ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  if (st.error.empty() && !st.interrupted && st.received > 0) {
+    // Give framelinkd a moment to read the last releases from our ring before the detach: a
+    // daemon that handles the detach first fails those frames as FL_ERR_NO_CONSUMER.
+    usleep(200000);
+  }
 
   const double secs = st.seconds();
   const double gbps = secs > 0 ? st.bytes / secs / 1e9 : 0.0;
