@@ -13,7 +13,7 @@ std::string attachError(const char* role, const std::string& socket, const std::
                     "': " + fl_last_error();
   switch (rc) {
     case FL_ERR_DAEMON_UNREACHABLE:
-      msg += " -- is framelinkd running and listening on that socket? (start it, or pass --socket PATH)";
+      msg += " (with this command: --socket PATH)";
       break;
     case FL_ERR_ATTACH_REFUSED:
       msg += " -- the daemon's --allow-uid/--allow-gid policy refused this user";
