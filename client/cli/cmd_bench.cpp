@@ -370,6 +370,26 @@ int runBench(const BenchOptions& o) {
   std::vector<std::pair<std::string, CaseResult>> lat;
   std::vector<std::pair<std::string, IdleCpu>> idle;
 
+  // Each baseline runs right after the framelink case it is compared with (the daemons sit idle
+  // meanwhile), so both see the same machine: on a shared 2-vCPU host load changes by the minute.
+  std::vector<ThroughputResult> tcp_base(sizes->size()), grpc_base(sizes->size());
+  LatencyResult tcp_lat;
+  auto runBaseline = [&](const std::string& t, size_t si) {
+    if (t == "tcp") {
+      status("  %s ...\n", "plain TCP " + formatBytes((*sizes)[si]));
+      tcp_base[si] = plainTcpThroughput((*sizes)[si], o.seconds);
+      if (!tcp_base[si].error.empty()) errors.push_back("plain TCP: " + tcp_base[si].error);
+    } else {
+      status("  %s ...\n", "plain gRPC " + formatBytes((*sizes)[si]));
+      grpc_base[si] = plainGrpcThroughput((*sizes)[si], o.seconds);
+      if (!grpc_base[si].error.empty()) errors.push_back("plain gRPC: " + grpc_base[si].error);
+    }
+  };
+  auto runPingPong = [&] {
+    status("  %s ...\n", std::string("plain TCP ping-pong 4 KiB"));
+    tcp_lat = plainTcpOneWay(4096, o.latency_samples);
+    if (!tcp_lat.error.empty()) errors.push_back("plain TCP ping-pong: " + tcp_lat.error);
+  };
   for (const auto& t : transports) {
     if (g_interrupted.load() || o.baselines_only) break;
     dopt.transport = t;
@@ -380,7 +400,8 @@ int runBench(const BenchOptions& o) {
       return 1;
     }
     int stream_no = 0;
-    for (uint64_t size : *sizes) {
+    for (size_t si = 0; si < sizes->size(); ++si) {
+      const uint64_t size = (*sizes)[si];
       if (g_interrupted.load()) break;
       status("  %s ...\n", t + " " + formatBytes(size) + " frames, " + fmt("%.0f s", o.seconds));
       CaseConfig c;
@@ -393,6 +414,7 @@ int runBench(const BenchOptions& o) {
         any_error = true;
       }
       e2e.push_back({t, size, r});
+      if (!g_interrupted.load()) runBaseline(t, si);
     }
     if (!g_interrupted.load() && o.latency_samples > 0) {
       status("  %s ...\n", t + " latency, 4 KiB frames one at a time");
@@ -408,6 +430,7 @@ int runBench(const BenchOptions& o) {
         any_error = true;
       }
       lat.emplace_back(t, r);
+      if (!g_interrupted.load() && tcp_lat.samples == 0) runPingPong();
     }
     if (!g_interrupted.load()) {
       status("  %s ...\n", t + " idle daemons, " + fmt("%.0f s", o.idle_seconds));
@@ -421,32 +444,13 @@ int runBench(const BenchOptions& o) {
     }
   }
 
-  std::vector<ThroughputResult> tcp_base, grpc_base;
-  bool want_grpc = false;
-  for (const auto& t : transports) want_grpc |= t == "grpc";
-  bool want_tcp = false;
-  for (const auto& t : transports) want_tcp |= t == "tcp";
-  for (uint64_t size : *sizes) {
-    if (g_interrupted.load()) break;
-    status("  %s ...\n", "plain TCP " + formatBytes(size));
-    tcp_base.push_back(plainTcpThroughput(size, o.seconds));
-    if (!tcp_base.back().error.empty()) errors.push_back("plain TCP: " + tcp_base.back().error);
-  }
-  LatencyResult tcp_lat;
-  if (!g_interrupted.load() && o.latency_samples > 0) {
-    status("  %s ...\n", std::string("plain TCP ping-pong 4 KiB"));
-    tcp_lat = plainTcpOneWay(4096, o.latency_samples);
-    if (!tcp_lat.error.empty()) errors.push_back("plain TCP ping-pong: " + tcp_lat.error);
-  }
-  if (want_grpc) {
-    for (uint64_t size : *sizes) {
-      if (g_interrupted.load()) break;
-      status("  %s ...\n", "plain gRPC " + formatBytes(size));
-      grpc_base.push_back(plainGrpcThroughput(size, o.seconds));
-      if (!grpc_base.back().error.empty()) errors.push_back("plain gRPC: " + grpc_base.back().error);
+  if (o.baselines_only) {
+    for (size_t si = 0; si < sizes->size() && !g_interrupted.load(); ++si) {
+      runBaseline("tcp", si);
+      runBaseline("grpc", si);
     }
+    if (!g_interrupted.load() && o.latency_samples > 0) runPingPong();
   }
-  (void)want_tcp;
 
   // ---- the table ----
   utsname u{};
@@ -478,11 +482,11 @@ int runBench(const BenchOptions& o) {
   }
   if (o.baselines_only) {
     for (size_t si = 0; si < sizes->size(); ++si) {
-      if (si < tcp_base.size()) {
+      if (tcp_base[si].gbps() > 0) {
         std::printf("| plain TCP %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
                     (fmt("%.2f GB/s", tcp_base[si].gbps()) + fmt(" (%.0f msg/s)", tcp_base[si].fps())).c_str());
       }
-      if (si < grpc_base.size()) {
+      if (grpc_base[si].gbps() > 0) {
         std::printf("| plain gRPC %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
                     (fmt("%.2f GB/s", grpc_base[si].gbps()) + fmt(" (%.0f msg/s)", grpc_base[si].fps())).c_str());
       }
