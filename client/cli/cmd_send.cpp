@@ -25,6 +25,27 @@ std::string statusName(int status) {
 
 namespace {
 
+// What a user can do about a failed frame, by status.
+const char* failureHint(int status) {
+  switch (status) {
+    case FL_ERR_TOO_LARGE:
+      return "the receiving consumer's slots are smaller than the frame: give `framelink recv` a larger --slot-size";
+    case FL_ERR_NO_CONSUMER:
+      return "no consumer released the frame in time: start `framelink recv --stream <same name>` on the peer's daemon";
+    case FL_ERR_NO_ROUTE:
+      return "this daemon routes the stream nowhere: configure --peer (and --route) on framelinkd";
+    case FL_ERR_TIMEOUT:
+    case FL_ERR_LINK_LOST:
+      return "the peer link is slow or broke: check both daemons' logs and the network between them";
+    case FL_ERR_CRC_MISMATCH:
+      return "the payload changed between submit and send: do not write a slot after fl_submit";
+    case FL_ERR_SHUTDOWN:
+      return "a daemon is shutting down: retry once it is back";
+    default:
+      return nullptr;
+  }
+}
+
 struct SendOptions {
   std::string socket;
   std::string stream;
@@ -168,6 +189,7 @@ int runSend(const SendOptions& o) {
                 formatBytes(st.bytes_delivered).c_str(), secs, gbps, fps);
     for (const auto& [status, n] : st.failures) {
       std::printf("  failed %llu x %s\n", (unsigned long long)n, fl_status_str(status));
+      if (const char* hint = failureHint(status)) std::printf("    -> %s\n", hint);
     }
   }
   if (!st.error.empty()) std::fprintf(stderr, "framelink send: %s\n", st.error.c_str());
