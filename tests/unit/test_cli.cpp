@@ -103,3 +103,21 @@ TEST_CASE("cli: nearest-rank percentiles") {
   std::vector<double> empty;
   CHECK(cli::percentile(empty, 50) == 0);
 }
+
+TEST_CASE("pattern: the vectorised fill equals the word-by-word definition") {
+  std::vector<unsigned char> buf(70000 + 8);
+  for (uint64_t frame : {uint64_t{0}, uint64_t{1}, uint64_t{25}, uint64_t{1} << 40, ~uint64_t{0}}) {
+    for (size_t len : {size_t{127}, size_t{128}, size_t{129}, size_t{70000}}) {
+      unsigned char* p = buf.data() + (frame & 7);
+      pattern::fillPattern(frame, p, len);
+      for (size_t i = 0; i < len / 8; ++i) {
+        uint64_t w = 0;
+        std::memcpy(&w, p + i * 8, 8);
+        if (w != pattern::patternWord(frame, i)) {
+          FAIL("frame " << frame << " len " << len << " word " << i);
+        }
+      }
+      CHECK(pattern::verifyPattern(frame, p, len) == pattern::kNpos);
+    }
+  }
+}
