@@ -41,8 +41,12 @@ HugepageMode hugepageMode(const std::string& s) {
 
 }  // namespace
 
-AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach, OnDetach on_detach)
-    : config_(config), identity_(identity), on_attach_(std::move(on_attach)), on_detach_(std::move(on_detach)) {}
+AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach,
+                           OnDetach on_detach)
+    : config_(config),
+      identity_(identity),
+      on_attach_(std::move(on_attach)),
+      on_detach_(std::move(on_detach)) {}
 
 AttachServer::~AttachServer() { stop(); }
 
@@ -54,7 +58,8 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
   addr.sun_family = AF_UNIX;
   if (config.socket_path.size() >= sizeof(addr.sun_path)) {
     return makeError(FL_EINVAL, "socket path '" + config.socket_path + "' is longer than " +
-                                    std::to_string(sizeof(addr.sun_path) - 1) + " bytes; choose a shorter one");
+                                    std::to_string(sizeof(addr.sun_path) - 1) +
+                                    " bytes; choose a shorter one");
   }
   std::strncpy(addr.sun_path, config.socket_path.c_str(), sizeof(addr.sun_path) - 1);
 
@@ -80,12 +85,13 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
   if (!config.socket_group.empty()) {
     group* g = ::getgrnam(config.socket_group.c_str());
     if (g == nullptr) {
-      return makeError(FL_EINVAL, "socket group '" + config.socket_group + "' does not exist; create it or "
-                                  "change socket_group");
+      return makeError(FL_EINVAL, "socket group '" + config.socket_group +
+                                      "' does not exist; create it or "
+                                      "change socket_group");
     }
     if (::chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " + config.socket_group +
-                                             " failed: " + errnoText());
+      return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " +
+                                             config.socket_group + " failed: " + errnoText());
     }
   }
   if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
@@ -189,18 +195,21 @@ void AttachServer::sendRefusal(int fd, int status, const std::string& message) {
 
 Status AttachServer::validateRequest(const Config& config, fl_attach_request& req, uid_t uid, gid_t gid) {
   if (req.magic != FL_ATTACH_MAGIC) {
-    return makeError(FL_ERR_VERSION, "not a framelink attach request (bad magic); is the client a framelink "
-                                     "library?");
+    return makeError(FL_ERR_VERSION,
+                     "not a framelink attach request (bad magic); is the client a framelink "
+                     "library?");
   }
   if (req.version != FL_ATTACH_VERSION) {
     return makeError(FL_ERR_VERSION, "attach protocol version " + std::to_string(req.version) +
-                                         " is not supported (daemon speaks " + std::to_string(FL_ATTACH_VERSION) +
+                                         " is not supported (daemon speaks " +
+                                         std::to_string(FL_ATTACH_VERSION) +
                                          "); use a matching libframelink");
   }
   if (!config.allowed_uids.empty() || !config.allowed_gids.empty()) {
-    bool allowed = uid == ::getuid() ||
-                   std::find(config.allowed_uids.begin(), config.allowed_uids.end(), uid) != config.allowed_uids.end() ||
-                   std::find(config.allowed_gids.begin(), config.allowed_gids.end(), gid) != config.allowed_gids.end();
+    bool allowed =
+        uid == ::getuid() ||
+        std::find(config.allowed_uids.begin(), config.allowed_uids.end(), uid) != config.allowed_uids.end() ||
+        std::find(config.allowed_gids.begin(), config.allowed_gids.end(), gid) != config.allowed_gids.end();
     if (!allowed) {
       return makeError(FL_ERR_ATTACH_REFUSED, "uid " + std::to_string(uid) + " / gid " + std::to_string(gid) +
                                                   " is not allowed to attach; add it to allowed_uids or "
@@ -208,7 +217,8 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
     }
   }
   if (req.role != FL_ROLE_PRODUCER && req.role != FL_ROLE_CONSUMER) {
-    return makeError(FL_ERR_BAD_REQUEST, "role " + std::to_string(req.role) + " is neither producer (1) nor consumer (2)");
+    return makeError(FL_ERR_BAD_REQUEST,
+                     "role " + std::to_string(req.role) + " is neither producer (1) nor consumer (2)");
   }
   if (req.flags != 0 || req.reserved != 0) {
     return makeError(FL_ERR_BAD_REQUEST, "reserved attach flags are set; use a matching libframelink");
@@ -224,11 +234,13 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
                                        std::to_string(config.max_slots) + " (max_slots)");
   }
   if (req.slot_size > config.max_slot_size) {
-    return makeError(FL_ERR_QUOTA, "slot size " + std::to_string(req.slot_size) + " bytes requested, the limit is " +
+    return makeError(FL_ERR_QUOTA, "slot size " + std::to_string(req.slot_size) +
+                                       " bytes requested, the limit is " +
                                        std::to_string(config.max_slot_size) + " (max_slot_size)");
   }
   if (req.slot_count * req.slot_size > config.max_client_bytes) {
-    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots of " + std::to_string(req.slot_size) +
+    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots of " +
+                                       std::to_string(req.slot_size) +
                                        " bytes exceed the per-client limit of " +
                                        std::to_string(config.max_client_bytes) + " bytes (max_client_bytes)");
   }
@@ -250,8 +262,9 @@ void AttachServer::handleRequest(int fd) {
   if (static_cast<size_t>(n) != sizeof(req)) {
     spdlog::warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid, cred.uid, n,
                  sizeof(req));
-    sendRefusal(fd, FL_ERR_BAD_REQUEST, "attach request of " + std::to_string(n) + " bytes, expected " +
-                                            std::to_string(sizeof(req)) + "; use a matching libframelink");
+    sendRefusal(fd, FL_ERR_BAD_REQUEST,
+                "attach request of " + std::to_string(n) + " bytes, expected " + std::to_string(sizeof(req)) +
+                    "; use a matching libframelink");
     dropConnection(fd);
     return;
   }
@@ -301,8 +314,8 @@ void AttachServer::handleRequest(int fd) {
   std::snprintf(reply.message, sizeof(reply.message), "attached as client %llu",
                 static_cast<unsigned long long>(client_id));
 
-  int fds[FL_ATTACH_FD_COUNT] = {segments.value()->controlFd(), segments.value()->dataFd(), submit_doorbell.get(),
-                                 completion_doorbell.get()};
+  int fds[FL_ATTACH_FD_COUNT] = {segments.value()->controlFd(), segments.value()->dataFd(),
+                                 submit_doorbell.get(), completion_doorbell.get()};
   iovec iov{&reply, sizeof(reply)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
   msghdr msg{};
@@ -338,8 +351,9 @@ void AttachServer::handleRequest(int fd) {
   session->slots.resize(req.slot_count);
   connections_[fd].client_id = client_id;
   spdlog::info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id, cred.pid,
-               cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream,
-               req.slot_count, req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
+               cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer",
+               session->stream, req.slot_count, req.slot_size,
+               session->segments->onHugepages() ? " (hugepages)" : "");
   on_attach_(std::move(session));
 }
 

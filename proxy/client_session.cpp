@@ -8,12 +8,18 @@ namespace framelink {
 
 const char* slotStateName(SlotState state) noexcept {
   switch (state) {
-    case SlotState::kFree: return "free";
-    case SlotState::kPending: return "pending";
-    case SlotState::kPosted: return "posted";
-    case SlotState::kSent: return "sent";
-    case SlotState::kCredited: return "credited";
-    case SlotState::kDelivered: return "delivered";
+    case SlotState::kFree:
+      return "free";
+    case SlotState::kPending:
+      return "pending";
+    case SlotState::kPosted:
+      return "posted";
+    case SlotState::kSent:
+      return "sent";
+    case SlotState::kCredited:
+      return "credited";
+    case SlotState::kDelivered:
+      return "delivered";
   }
   return "?";
 }

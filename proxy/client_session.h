@@ -32,10 +32,10 @@ struct SlotEntry {
   uint64_t sequence = 0;
   uint64_t length = 0;
   uint64_t frame_id = 0;
-  uint64_t peer_key = 0;    // producer: which peer; consumer: link id of the frame's sender
-  uint64_t stream_id = 0;   // producer: out-stream id; consumer: the sender's stream id
-  uint64_t credit_id = 0;   // consumer: credit this slot is exposed under
-  uint64_t deadline_ns = 0; // producer: credit or ACK deadline (CLOCK_MONOTONIC)
+  uint64_t peer_key = 0;     // producer: which peer; consumer: link id of the frame's sender
+  uint64_t stream_id = 0;    // producer: out-stream id; consumer: the sender's stream id
+  uint64_t credit_id = 0;    // consumer: credit this slot is exposed under
+  uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (CLOCK_MONOTONIC)
   uint64_t submitted_ns = 0;
 };
 
@@ -53,8 +53,8 @@ struct ClientSession {
   UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
   uint32_t ring_capacity = 0;    // trusted copies, never re-read from the segment
   std::vector<SlotEntry> slots;
-  bool gone = false;             // socket closed: no more submits, completions dropped
-  uint64_t in_progress = 0;      // producer: slots not kFree
+  bool gone = false;         // socket closed: no more submits, completions dropped
+  uint64_t in_progress = 0;  // producer: slots not kFree
 
   // Counters.
   uint64_t frames = 0;
@@ -63,7 +63,8 @@ struct ClientSession {
 
   // Push one completion and ring the doorbell when the client sleeps.  Returns
   // false when the ring is full or corrupt (the client misbehaves).
-  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length, uint64_t frame_id) noexcept;
+  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length,
+                uint64_t frame_id) noexcept;
 };
 
 }  // namespace framelink

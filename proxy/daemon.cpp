@@ -44,7 +44,8 @@ class DaemonImpl final : public Daemon {
     agent_ = std::make_unique<DataAgent>(config_, metrics_);
     agent_->start();
     auto attach = AttachServer::create(
-        config_, identity, [this](std::shared_ptr<ClientSession> c) { agent_->post(CmdClientAttached{std::move(c)}); },
+        config_, identity,
+        [this](std::shared_ptr<ClientSession> c) { agent_->post(CmdClientAttached{std::move(c)}); },
         [this](uint64_t id) { agent_->post(CmdClientGone{id}); });
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
@@ -57,10 +58,10 @@ class DaemonImpl final : public Daemon {
     }
     attach_->start();
     if (!config_.ready_file.empty()) {
-      std::string content = "pid=" + std::to_string(::getpid()) + "\ngrpc_port=" + std::to_string(grpcPort()) +
-                            "\ndata_port=" + std::to_string(dataPort()) +
-                            "\nmetrics_port=" + std::to_string(metricsPort()) + "\nsocket=" + config_.socket_path +
-                            "\n";
+      std::string content =
+          "pid=" + std::to_string(::getpid()) + "\ngrpc_port=" + std::to_string(grpcPort()) +
+          "\ndata_port=" + std::to_string(dataPort()) + "\nmetrics_port=" + std::to_string(metricsPort()) +
+          "\nsocket=" + config_.socket_path + "\n";
       Status s = writeReadyFile(config_.ready_file, content);
       if (!s) return s;
     }

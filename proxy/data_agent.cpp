@@ -124,7 +124,8 @@ void DataAgent::run() {
   for (auto& [id, c] : clients_) {
     if (c->role != FL_ROLE_PRODUCER) continue;
     for (uint32_t s = 0; s < c->slots.size(); ++s) {
-      if (c->slots[s].state != SlotState::kFree) finishFrame(*c, s, FL_ERR_SHUTDOWN, "the daemon is shutting down");
+      if (c->slots[s].state != SlotState::kFree)
+        finishFrame(*c, s, FL_ERR_SHUTDOWN, "the daemon is shutting down");
     }
     __atomic_store_n(&c->segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
   }
@@ -211,7 +212,8 @@ void DataAgent::onClientAttached(std::shared_ptr<ClientSession> c) {
 
 void DataAgent::detachClient(ClientSession& c, int status, const std::string& why) {
   if (c.gone) return;
-  spdlog::error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream, statusName(status), why);
+  spdlog::error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
+                statusName(status), why);
   __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
   // The attach thread sees the shutdown as a hang-up and reports CmdClientGone.
   ::shutdown(c.socket.get(), SHUT_RDWR);
@@ -222,10 +224,24 @@ void DataAgent::onClientGone(uint64_t client_id) {
   ClientSession* c = client(client_id);
   if (c == nullptr) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, c->submit_doorbell.get(), nullptr);
+  if (!c->gone) {
+    // What the client put in its ring before it went away still counts: a
+    // consumer's last releases (so their frames are ACKed, not failed) and a
+    // producer's last submits (which are still sent).
+    fl_ring_header* ring = c->segments->submitRing();
+    fl_submit_desc desc;
+    while (!c->gone && fl_ring_pop(ring, c->ring_capacity, sizeof(desc), &desc) == FL_RING_OK) {
+      if (c->role == FL_ROLE_PRODUCER) {
+        onSubmit(*c, desc);
+      } else {
+        onRelease(*c, desc);
+      }
+    }
+  }
   c->gone = true;
   metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", c->id, c->pid, c->stream, c->frames,
-               c->bytes);
+  spdlog::info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", c->id, c->pid, c->stream,
+               c->frames, c->bytes);
   if (c->role == FL_ROLE_CONSUMER) {
     std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
     for (uint32_t s = 0; s < c->slots.size(); ++s) {
@@ -257,17 +273,12 @@ void DataAgent::onClientGone(uint64_t client_id) {
 }
 
 void DataAgent::maybeForget(ClientSession& c) {
-  // A dead producer stays until nothing of it is posted to a transport
-  // (which may still read its slots); its other frames are failed quietly.
+  // A producer that went away stays until each frame it submitted has ended
+  // (delivered, or failed by a NACK, the link or a deadline): the frames are
+  // still sent, and a transport may still be reading its slots.  Nobody
+  // reads the completions any more; the counters still count them.
   if (!c.gone) return;
-  if (c.role == FL_ROLE_PRODUCER) {
-    for (uint32_t s = 0; s < c.slots.size(); ++s) {
-      if (c.slots[s].state == SlotState::kPosted) return;
-    }
-    for (uint32_t s = 0; s < c.slots.size(); ++s) {
-      if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, FL_ERR_SHUTDOWN, "producer detached");
-    }
-  }
+  if (c.role == FL_ROLE_PRODUCER && c.in_progress > 0) return;
   uint64_t id = c.id;
   headers_.erase(id);
   clients_.erase(id);  // c is gone now
@@ -291,7 +302,8 @@ size_t DataAgent::pollClients() {
       if (r == FL_RING_EMPTY) break;
       if (r == FL_RING_CORRUPT) {
         metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
-        detachClient(*c, FL_ERR_RING_CORRUPT, "its submit ring indices are corrupt (tail beyond head + capacity)");
+        detachClient(*c, FL_ERR_RING_CORRUPT,
+                     "its submit ring indices are corrupt (tail beyond head + capacity)");
         break;
       }
       ++work;
@@ -354,7 +366,8 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
   }
   if (desc.length > c.segments->slotSize()) {
     reject(desc.slot, FL_ERR_TOO_LARGE,
-           "length " + std::to_string(desc.length) + " exceeds the slot size " + std::to_string(c.segments->slotSize()));
+           "length " + std::to_string(desc.length) + " exceeds the slot size " +
+               std::to_string(c.segments->slotSize()));
     return;
   }
   fl_slot_header sh;
@@ -367,7 +380,8 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
   }
   std::string peer_name = config_.routeFor(c.stream);
   if (peer_name.empty()) {
-    reject(desc.slot, FL_ERR_NO_ROUTE, "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
+    reject(desc.slot, FL_ERR_NO_ROUTE,
+           "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
     return;
   }
   Peer& p = peers_[peer_name];
@@ -473,8 +487,8 @@ void DataAgent::finishFrame(ClientSession& c, uint32_t slot, int status, const s
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(status);
     ++c.errors;
-    spdlog::warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence, e.frame_id,
-                 statusName(status), why);
+    spdlog::warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
+                 e.frame_id, statusName(status), why);
   }
   uint64_t sequence = e.sequence;
   uint64_t length = e.length;
@@ -495,8 +509,8 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
   OutStream& s = sit->second;
   auto it = s.unacked.find(sequence);
   if (it == s.unacked.end()) {
-    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)", p.name, s.name,
-                  sequence);
+    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)", p.name,
+                  s.name, sequence);
     return;
   }
   FrameRef f = it->second;
@@ -520,7 +534,8 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
     }
   };
   if (desc.slot >= c.slots.size()) {
-    reject(FL_ERR_BAD_SLOT, "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+    reject(FL_ERR_BAD_SLOT,
+           "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
     return;
   }
   if (desc.flags != 0) {
@@ -529,7 +544,8 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
   }
   SlotEntry& e = c.slots[desc.slot];
   if (e.state != SlotState::kDelivered) {
-    reject(FL_ERR_DOUBLE_RELEASE, std::string("the slot holds no delivered frame (it is ") + slotStateName(e.state) + ")");
+    reject(FL_ERR_DOUBLE_RELEASE,
+           std::string("the slot holds no delivered frame (it is ") + slotStateName(e.state) + ")");
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
@@ -570,7 +586,8 @@ void DataAgent::grantCredits(const std::string& name) {
       local.keepalive = c->segments;
       auto remote = l.transport->exposeCredit(std::move(local));
       if (!remote) {
-        spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer, remote.error().message);
+        spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer,
+                      remote.error().message);
         return;
       }
       credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
@@ -594,10 +611,11 @@ void DataAgent::grantCredits(const std::string& name) {
   }
 }
 
-void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int code, const std::string& message) {
+void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int code,
+                         const std::string& message) {
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
-  spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence, statusName(code),
-               message);
+  spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
+               statusName(code), message);
   v1::PeerMessage msg;
   auto* nack = msg.mutable_nack();
   nack->set_stream_id(stream_id);
@@ -611,7 +629,8 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
   const transport::FrameHeader& h = ev.header;
   ++l.frames_in;
   if (ev.status != FL_OK) {
-    sendNack(l, h.stream_id, h.sequence, ev.status, ev.message.empty() ? "frame for an unknown credit" : ev.message);
+    sendNack(l, h.stream_id, h.sequence, ev.status,
+             ev.message.empty() ? "frame for an unknown credit" : ev.message);
     auto it = credits_.find(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
     return;
@@ -651,7 +670,8 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
     uint32_t crc = fl_crc32c(0, payload, h.length);
     if (crc != h.crc32c) {
       sendNack(l, h.stream_id, h.sequence, FL_ERR_CRC_MISMATCH,
-               "payload CRC32C mismatch (expected " + std::to_string(h.crc32c) + ", got " + std::to_string(crc) + ")");
+               "payload CRC32C mismatch (expected " + std::to_string(h.crc32c) + ", got " +
+                   std::to_string(crc) + ")");
       regrant();
       return;
     }
@@ -866,10 +886,11 @@ void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
     case v1::PeerMessage::kStreamOpen: {
       const auto& so = msg.stream_open();
       const std::string& name = so.name();
-      bool valid = !name.empty() && name.size() < FL_STREAM_NAME_MAX &&
-                   std::all_of(name.begin(), name.end(), [](char ch) {
-                     return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-                   });
+      bool valid =
+          !name.empty() && name.size() < FL_STREAM_NAME_MAX &&
+          std::all_of(name.begin(), name.end(), [](char ch) {
+            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+          });
       if (!valid) return protocolError("StreamOpen with an invalid stream name");
       if (l.in_streams.size() >= 4096 && l.in_streams.count(so.stream_id()) == 0) {
         return protocolError("too many streams opened");
@@ -945,7 +966,8 @@ void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
     case v1::PeerMessage::kKeepalive:
       return;
     default:
-      return protocolError("unexpected message (field " + std::to_string(msg.body_case()) + ") after the handshake");
+      return protocolError("unexpected message (field " + std::to_string(msg.body_case()) +
+                           ") after the handshake");
   }
 }
 
@@ -978,11 +1000,12 @@ void DataAgent::checkDeadlines() {
         }
         if (link_up) {
           finishFrame(*c, s, FL_ERR_NO_CONSUMER,
-                      "no consumer of stream '" + c->stream + "' on peer " + peer_name + " took the frame within " +
-                          std::to_string(config_.credit_timeout_ms) + " ms");
+                      "no consumer of stream '" + c->stream + "' on peer " + peer_name +
+                          " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");
         } else {
           finishFrame(*c, s, FL_ERR_LINK_LOST,
-                      "no link to peer " + peer_name + " within " + std::to_string(config_.credit_timeout_ms) + " ms");
+                      "no link to peer " + peer_name + " within " +
+                          std::to_string(config_.credit_timeout_ms) + " ms");
         }
       } else if (e.state == SlotState::kSent) {
         if (pit != peers_.end()) {
@@ -990,8 +1013,8 @@ void DataAgent::checkDeadlines() {
           if (sit != pit->second.out_streams.end()) sit->second.unacked.erase(e.sequence);
         }
         finishFrame(*c, s, FL_ERR_TIMEOUT,
-                    "no acknowledgement from peer " + peer_name + " within " + std::to_string(config_.ack_timeout_ms) +
-                        " ms");
+                    "no acknowledgement from peer " + peer_name + " within " +
+                        std::to_string(config_.ack_timeout_ms) + " ms");
       }
     }
     if (ClientSession* again = client(id)) maybeForget(*again);
@@ -1010,8 +1033,8 @@ void DataAgent::publishStats() {
     out << "{\"id\":" << id << ",\"pid\":" << c->pid << ",\"uid\":" << c->uid << ",\"role\":\""
         << (c->role == FL_ROLE_PRODUCER ? "producer" : "consumer") << "\",\"stream\":\"" << c->stream
         << "\",\"slots\":" << c->slots.size() << ",\"slots_busy\":" << busy << ",\"frames\":" << c->frames
-        << ",\"bytes\":" << c->bytes << ",\"errors\":" << c->errors << ",\"gone\":" << (c->gone ? "true" : "false")
-        << '}';
+        << ",\"bytes\":" << c->bytes << ",\"errors\":" << c->errors
+        << ",\"gone\":" << (c->gone ? "true" : "false") << '}';
   }
   out << "],\"links\":[";
   first = true;

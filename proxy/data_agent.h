@@ -36,7 +36,7 @@ struct CmdClientGone {
 };
 struct CmdLinkUp {
   uint64_t link_id = 0;
-  std::string peer;            // configured peer name (dialer) or the peer's daemon id (listener)
+  std::string peer;  // configured peer name (dialer) or the peer's daemon id (listener)
   std::string transport_name;
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
@@ -51,7 +51,8 @@ struct CmdPeerMessage {
 };
 struct CmdStop {};
 
-using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage, CmdStop>;
+using AgentCommand =
+    std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage, CmdStop>;
 
 class DataAgent {
  public:
@@ -75,9 +76,9 @@ class DataAgent {
     std::string name;
     uint64_t next_sequence = 1;
     std::deque<transport::RemoteCredit> credits;
-    std::deque<FrameRef> pending;                      // submitted, waiting for a credit
-    std::unordered_map<uint64_t, FrameRef> unacked;    // by sequence: posted or sent
-    bool announced = false;                            // StreamOpen sent on the current link
+    std::deque<FrameRef> pending;                    // submitted, waiting for a credit
+    std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
+    bool announced = false;                          // StreamOpen sent on the current link
   };
   struct Peer {
     std::string name;

@@ -41,8 +41,8 @@ void Metrics::setDetail(std::string json) {
 std::string Metrics::prometheus() const {
   std::ostringstream out;
   auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
-    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << " counter\nframelink_"
-        << name << ' ' << v.load(std::memory_order_relaxed) << '\n';
+    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name
+        << " counter\nframelink_" << name << ' ' << v.load(std::memory_order_relaxed) << '\n';
   };
   counter("clients_attached_total", "Clients that attached.", counters.clients_attached);
   counter("clients_detached_total", "Clients that detached or died.", counters.clients_detached);
@@ -58,7 +58,8 @@ std::string Metrics::prometheus() const {
   counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
   counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
   counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
-  out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up gauge\nframelink_links_up "
+  out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
+         "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';
   out << "# HELP framelink_frames_failed_by_status Failed frames by fl_status.\n"
          "# TYPE framelink_frames_failed_by_status counter\n";
@@ -80,12 +81,14 @@ std::string Metrics::prometheus() const {
 
 std::string Metrics::json() const {
   std::ostringstream out;
-  out << "{\"frames_submitted\":" << counters.frames_submitted.load() << ",\"frames_delivered\":"
-      << counters.frames_delivered.load() << ",\"frames_failed\":" << counters.frames_failed.load()
-      << ",\"frames_received\":" << counters.frames_received.load() << ",\"frames_released\":"
-      << counters.frames_released.load() << ",\"bytes_sent\":" << counters.bytes_sent.load()
-      << ",\"bytes_received\":" << counters.bytes_received.load() << ",\"links_up\":" << counters.links_up.load()
-      << ",\"detail\":";
+  out << "{\"frames_submitted\":" << counters.frames_submitted.load()
+      << ",\"frames_delivered\":" << counters.frames_delivered.load()
+      << ",\"frames_failed\":" << counters.frames_failed.load()
+      << ",\"frames_received\":" << counters.frames_received.load()
+      << ",\"frames_released\":" << counters.frames_released.load()
+      << ",\"bytes_sent\":" << counters.bytes_sent.load()
+      << ",\"bytes_received\":" << counters.bytes_received.load()
+      << ",\"links_up\":" << counters.links_up.load() << ",\"detail\":";
   std::lock_guard<std::mutex> lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();
@@ -106,7 +109,8 @@ Status Metrics::serve(const std::string& listen) {
   server_->http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(json(), "application/json");
   });
-  int bound = port == 0 ? server_->http.bind_to_any_port(host) : (server_->http.bind_to_port(host, port) ? port : -1);
+  int bound =
+      port == 0 ? server_->http.bind_to_any_port(host) : (server_->http.bind_to_port(host, port) ? port : -1);
   if (bound < 0) return makeError(FL_ERR_RESOURCES, "cannot listen for metrics on " + listen);
   port_ = static_cast<uint16_t>(bound);
   thread_ = std::thread([this] { server_->http.listen_after_bind(); });

@@ -103,7 +103,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
 
   std::mutex mutex_;
   std::condition_variable stop_cv_;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_;   // GUARDED_BY(mutex_)
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // GUARDED_BY(mutex_)
   std::set<::grpc::ServerContext*> server_contexts_;      // GUARDED_BY(mutex_)
   std::set<::grpc::ClientContext*> client_contexts_;      // GUARDED_BY(mutex_)
   std::vector<std::thread> dialers_;
@@ -130,7 +130,8 @@ Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAg
 }
 
 Status PeerLinksImpl::init() {
-  bool wants_tcp = std::find(config_.transports.begin(), config_.transports.end(), "tcp") != config_.transports.end();
+  bool wants_tcp =
+      std::find(config_.transports.begin(), config_.transports.end(), "tcp") != config_.transports.end();
   if (wants_tcp) {
     auto listener = transport::tcp::TcpDataListener::listen(
         config_.data_listen, config_.token,
@@ -229,8 +230,9 @@ template <typename Stream>
 void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
                                std::shared_ptr<transport::Transport> t, Stream* stream,
                                std::function<void()> cancel) {
-  auto writer = std::make_shared<SessionWriter>([stream](const v1::PeerMessage& m) { return stream->Write(m); },
-                                                std::chrono::milliseconds(config_.keepalive_ms));
+  auto writer =
+      std::make_shared<SessionWriter>([stream](const v1::PeerMessage& m) { return stream->Write(m); },
+                                      std::chrono::milliseconds(config_.keepalive_ms));
   CmdLinkUp up;
   up.link_id = link_id;
   up.peer = peer;
@@ -253,10 +255,12 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   const std::string from = ctx->peer();
   if (!tokenOk(ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
-                 "daemons",
-                 from);
-    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token: configure the same token on both daemons"};
+    spdlog::warn(
+        "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
+        "daemons",
+        from);
+    return {::grpc::StatusCode::UNAUTHENTICATED,
+            "wrong or missing token: configure the same token on both daemons"};
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -284,8 +288,9 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     spdlog::warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)", from,
                  hello.protocol_version(), kProtocolVersion);
     return {::grpc::StatusCode::FAILED_PRECONDITION,
-            "protocol version " + std::to_string(hello.protocol_version()) + " is not supported; this daemon speaks " +
-                std::to_string(kProtocolVersion) + ": upgrade the older daemon"};
+            "protocol version " + std::to_string(hello.protocol_version()) +
+                " is not supported; this daemon speaks " + std::to_string(kProtocolVersion) +
+                ": upgrade the older daemon"};
   }
   if (!config_.token.empty() && hello.token() != config_.token) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
@@ -305,10 +310,11 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     }
   }
   if (chosen.empty()) {
-    spdlog::warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})", hello.daemon_id(), from,
-                 joined(offered), joined(config_.transports));
-    return {::grpc::StatusCode::FAILED_PRECONDITION,
-            "no common transport: you offer " + joined(offered) + ", this daemon allows " + joined(config_.transports)};
+    spdlog::warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})",
+                 hello.daemon_id(), from, joined(offered), joined(config_.transports));
+    return {::grpc::StatusCode::FAILED_PRECONDITION, "no common transport: you offer " + joined(offered) +
+                                                         ", this daemon allows " +
+                                                         joined(config_.transports)};
   }
   auto pending = registerPending(hello.session_id(), chosen);
   if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
@@ -329,14 +335,14 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   }
   if (future.wait_for(std::chrono::milliseconds(config_.connect_timeout_ms)) != std::future_status::ready) {
     unregisterPending(hello.session_id());
-    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from, chosen,
-                 config_.connect_timeout_ms);
+    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
+                 chosen, config_.connect_timeout_ms);
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
   std::shared_ptr<transport::Transport> t = future.get();
   uint64_t link_id = next_link_id_++;
-  spdlog::info("peer {} at {} connected (session {:016x}, transport {})", hello.daemon_id(), from, hello.session_id(),
-               chosen);
+  spdlog::info("peer {} at {} connected (session {:016x}, transport {})", hello.daemon_id(), from,
+               hello.session_id(), chosen);
   runSession(link_id, hello.daemon_id(), chosen, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
@@ -372,7 +378,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
     return false;
   }
-  auto channel = ::grpc::CreateCustomChannel(peer.address, ::grpc::InsecureChannelCredentials(), channelArguments());
+  auto channel =
+      ::grpc::CreateCustomChannel(peer.address, ::grpc::InsecureChannelCredentials(), channelArguments());
   auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
   if (!channel->WaitForConnected(deadline)) {
     spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
@@ -415,8 +422,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
     if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
       metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     }
-    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side", peer.name,
-                  peer.address, status.error_message(), static_cast<int>(status.error_code()));
+    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
+                  peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
     return false;
   }
   if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id ||
@@ -433,8 +440,9 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
   std::shared_ptr<transport::Transport> t;
   std::string error;
   if (ack.transport() == "tcp") {
-    auto fd = transport::tcp::dialData(host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id,
-                                       config_.token, std::chrono::milliseconds(config_.connect_timeout_ms));
+    auto fd =
+        transport::tcp::dialData(host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id,
+                                 config_.token, std::chrono::milliseconds(config_.connect_timeout_ms));
     if (fd) {
       auto made = transport::tcp::TcpTransport::create(std::move(fd.value()), peer.name);
       if (made) {
@@ -446,7 +454,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
       error = fd.error().message;
     }
   } else if (ack.transport() == "grpc") {
-    auto made = transport::GrpcTransport::connect(channel, session_id, config_.token, config_.grpc_chunk_bytes);
+    auto made =
+        transport::GrpcTransport::connect(channel, session_id, config_.token, config_.grpc_chunk_bytes);
     if (made) {
       t = std::move(made.value());
     } else {
@@ -456,15 +465,16 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
     error = "peer chose transport '" + ack.transport() + "' that this daemon did not offer";
   }
   if (!t) {
-    spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address, ack.transport(),
-                  error);
+    spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
+                  ack.transport(), error);
     ctx.TryCancel();
     stream->Finish();
     return false;
   }
-  spdlog::info("connected to peer {} at {} (session {:016x}, transport {})", peer.name, peer.address, session_id,
-               ack.transport());
-  runSession(next_link_id_++, peer.name, ack.transport(), std::move(t), stream.get(), [&ctx] { ctx.TryCancel(); });
+  spdlog::info("connected to peer {} at {} (session {:016x}, transport {})", peer.name, peer.address,
+               session_id, ack.transport());
+  runSession(next_link_id_++, peer.name, ack.transport(), std::move(t), stream.get(),
+             [&ctx] { ctx.TryCancel(); });
   stream->Finish();
   return true;
 }

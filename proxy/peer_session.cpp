@@ -42,7 +42,8 @@ void SessionWriter::run() {
       v1::PeerMessage keepalive;
       timespec ts{};
       ::clock_gettime(CLOCK_REALTIME, &ts);
-      keepalive.mutable_keepalive()->set_timestamp_ns(uint64_t(ts.tv_sec) * 1000000000ULL + uint64_t(ts.tv_nsec));
+      keepalive.mutable_keepalive()->set_timestamp_ns(uint64_t(ts.tv_sec) * 1000000000ULL +
+                                                      uint64_t(ts.tv_nsec));
       queue_.push_back(std::move(keepalive));
     }
     while (!queue_.empty()) {

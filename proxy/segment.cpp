@@ -47,9 +47,9 @@ Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool req
         return Memfd{std::move(owned), true};
       }
       if (require_huge) {
-        return makeError(FL_ERR_RESOURCES,
-                         "cannot size a hugepage memfd of " + std::to_string(size) +
-                             " bytes: " + errnoText(errno) + "; reserve more: echo N > /proc/sys/vm/nr_hugepages");
+        return makeError(FL_ERR_RESOURCES, "cannot size a hugepage memfd of " + std::to_string(size) +
+                                               " bytes: " + errnoText(errno) +
+                                               "; reserve more: echo N > /proc/sys/vm/nr_hugepages");
       }
     } else if (require_huge) {
       return makeError(FL_ERR_RESOURCES, "memfd_create(MFD_HUGETLB) failed: " + errnoText(errno) +
@@ -60,7 +60,8 @@ Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool req
   if (fd < 0) return makeError(FL_ERR_RESOURCES, std::string("memfd_create failed: ") + errnoText(errno));
   UniqueFd owned(fd);
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    return makeError(FL_ERR_RESOURCES, "cannot size a memfd of " + std::to_string(size) + " bytes: " + errnoText(errno));
+    return makeError(FL_ERR_RESOURCES,
+                     "cannot size a memfd of " + std::to_string(size) + " bytes: " + errnoText(errno));
   }
   return Memfd{std::move(owned), false};
 }
@@ -70,8 +71,9 @@ Result<Mapping> mapShared(int fd, uint64_t size, bool huge, const char* what) {
   // here (ENOMEM) and not as a SIGBUS on the data path.
   void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (addr == MAP_FAILED) {
-    return makeError(FL_ERR_RESOURCES, std::string("mmap of the ") + what + " segment (" + std::to_string(size) +
-                                           " bytes" + (huge ? ", hugepages" : "") + ") failed: " + errnoText(errno));
+    return makeError(FL_ERR_RESOURCES, std::string("mmap of the ") + what + " segment (" +
+                                           std::to_string(size) + " bytes" + (huge ? ", hugepages" : "") +
+                                           ") failed: " + errnoText(errno));
   }
   return Mapping(addr, size);
 }
@@ -102,8 +104,8 @@ SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hu
   g.submit_ring_offset = roundUp(sizeof(fl_segment_header), FL_CACHE_LINE);
   g.completion_ring_offset =
       roundUp(g.submit_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_submit_desc)), FL_CACHE_LINE);
-  g.control_size =
-      roundUp(g.completion_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_completion_desc)), FL_PAGE_SIZE);
+  g.control_size = roundUp(
+      g.completion_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_completion_desc)), FL_PAGE_SIZE);
   // Slots are page aligned; slots of 2 MiB or more start on a hugepage
   // boundary when the segment is on hugepages.
   uint64_t slot_align = (hugepages && slot_size >= FL_HUGE_PAGE_SIZE) ? FL_HUGE_PAGE_SIZE : FL_PAGE_SIZE;
@@ -145,7 +147,8 @@ Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequ
       data_fd.reset();
     }
   }
-  SegmentGeometry geometry = huge ? huge_geometry : computeGeometry(request.slot_count, request.slot_size, false);
+  SegmentGeometry geometry =
+      huge ? huge_geometry : computeGeometry(request.slot_count, request.slot_size, false);
   if (!huge) {
     if (try_huge && !g_warned_no_hugepages.exchange(true)) {
       spdlog::warn(

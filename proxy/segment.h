@@ -64,9 +64,7 @@ class ClientSegments {
  public:
   static Result<std::shared_ptr<ClientSegments>> create(const SegmentRequest& request);
 
-  fl_segment_header* header() const noexcept {
-    return reinterpret_cast<fl_segment_header*>(control_.data());
-  }
+  fl_segment_header* header() const noexcept { return reinterpret_cast<fl_segment_header*>(control_.data()); }
   fl_ring_header* submitRing() const noexcept {
     return reinterpret_cast<fl_ring_header*>(control_.data() + geometry_.submit_ring_offset);
   }

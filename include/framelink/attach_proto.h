@@ -38,9 +38,9 @@ typedef struct fl_attach_request {
   uint32_t role;    /* enum fl_role */
   uint32_t slot_count;
   uint64_t slot_size;
-  char stream[FL_STREAM_NAME_MAX];           /* NUL-terminated, [A-Za-z0-9._-]+ */
-  char client_name[FL_CLIENT_NAME_MAX];      /* NUL-terminated, informational */
-  uint32_t flags;                            /* reserved, must be 0 */
+  char stream[FL_STREAM_NAME_MAX];      /* NUL-terminated, [A-Za-z0-9._-]+ */
+  char client_name[FL_CLIENT_NAME_MAX]; /* NUL-terminated, informational */
+  uint32_t flags;                       /* reserved, must be 0 */
   uint32_t reserved;
 } fl_attach_request;
 
@@ -51,9 +51,9 @@ FL_STATIC_ASSERT(offsetof(fl_attach_request, client_name) == 88, "client_name of
 FL_STATIC_ASSERT(offsetof(fl_attach_request, flags) == 152, "flags offset");
 
 typedef struct fl_attach_reply {
-  uint32_t magic;   /* FL_ATTACH_MAGIC */
-  uint32_t version; /* FL_ATTACH_VERSION */
-  int32_t status;   /* enum fl_status: FL_OK or why the attach was refused */
+  uint32_t magic;    /* FL_ATTACH_MAGIC */
+  uint32_t version;  /* FL_ATTACH_VERSION */
+  int32_t status;    /* enum fl_status: FL_OK or why the attach was refused */
   uint32_t fd_count; /* FL_ATTACH_FD_COUNT when status == FL_OK, else 0 */
   uint64_t client_id;
   uint64_t control_size;

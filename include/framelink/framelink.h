@@ -77,9 +77,9 @@ typedef enum fl_status {
   FL_ERR_RING_CORRUPT = 207,       /* the client's rings were corrupted: detached */
 
   /* 300..399: a peer link */
-  FL_ERR_AUTH = 300,          /* peer presented a wrong or no token */
-  FL_ERR_PEER_VERSION = 301,  /* peer speaks an incompatible protocol version */
-  FL_ERR_PROTOCOL = 302,      /* peer sent a malformed or unexpected message */
+  FL_ERR_AUTH = 300,           /* peer presented a wrong or no token */
+  FL_ERR_PEER_VERSION = 301,   /* peer speaks an incompatible protocol version */
+  FL_ERR_PROTOCOL = 302,       /* peer sent a malformed or unexpected message */
   FL_ERR_UNKNOWN_STREAM = 303, /* peer referred to a stream that is not open */
   FL_ERR_UNKNOWN_CREDIT = 304, /* peer used a credit it was not granted */
 
@@ -102,7 +102,7 @@ typedef struct fl_client_options {
   const char* client_name; /* informational; NULL: the program name */
   uint32_t slot_count;     /* 0: 8 */
   uint32_t reserved;
-  uint64_t slot_size;      /* 0: 4 MiB */
+  uint64_t slot_size; /* 0: 4 MiB */
 } fl_client_options;
 
 typedef struct fl_client_info {
@@ -162,7 +162,7 @@ typedef struct fl_frame {
 
 /* Library */
 FL_API const char* fl_version(void);
-FL_API const char* fl_last_error(void);  /* thread-local, never NULL */
+FL_API const char* fl_last_error(void);       /* thread-local, never NULL */
 FL_API const char* fl_status_str(int status); /* "FL_ERR_TOO_LARGE: ..." */
 
 /* Attach / detach */

@@ -38,8 +38,8 @@ extern "C" {
 #define FL_SEGMENT_MAGIC UINT64_C(0x4B4E4C454D415246) /* "FRAMELNK" little-endian */
 #define FL_LAYOUT_VERSION 1u
 #define FL_CACHE_LINE 64u
-#define FL_STREAM_NAME_MAX 64u  /* bytes, including the terminating NUL */
-#define FL_MAX_ATTR_BYTES 192u  /* user attributes per frame */
+#define FL_STREAM_NAME_MAX 64u /* bytes, including the terminating NUL */
+#define FL_MAX_ATTR_BYTES 192u /* user attributes per frame */
 #define FL_PAGE_SIZE 4096u
 #define FL_HUGE_PAGE_SIZE (2u * 1024u * 1024u)
 
@@ -130,7 +130,7 @@ typedef struct fl_slot_header {
   uint64_t length;   /* consumer: payload bytes delivered; producer: ignored */
   uint64_t sequence; /* consumer: per-(link, stream) sequence; producer: ignored */
   uint32_t crc32c;
-  uint32_t flags; /* enum fl_slot_flags */
+  uint32_t flags;       /* enum fl_slot_flags */
   uint32_t attr_length; /* <= FL_MAX_ATTR_BYTES */
   uint32_t reserved0;
   uint8_t reserved1[8];
@@ -157,10 +157,10 @@ typedef struct fl_segment_header {
   uint64_t daemon_start_ns; /* CLOCK_REALTIME at daemon start: (pid, start) names a daemon instance */
   uint64_t client_id;
   uint32_t slot_count;
-  uint32_t ring_capacity; /* both rings; power of two >= slot_count */
-  uint64_t slot_size;     /* usable bytes per slot */
-  uint64_t slot_stride;   /* distance between consecutive slots, page aligned */
-  uint64_t control_size;  /* bytes in the control segment */
+  uint32_t ring_capacity;          /* both rings; power of two >= slot_count */
+  uint64_t slot_size;              /* usable bytes per slot */
+  uint64_t slot_stride;            /* distance between consecutive slots, page aligned */
+  uint64_t control_size;           /* bytes in the control segment */
   uint64_t submit_ring_offset;     /* in the control segment */
   uint64_t completion_ring_offset; /* in the control segment */
   uint64_t data_size;              /* bytes in the data segment */

@@ -28,20 +28,35 @@ inline Error makeError(int code, std::string message) { return Error{code, std::
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor): by design
-  Result(Error error) : v_(std::move(error)) {}     // NOLINT(google-explicit-constructor): by design
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor): by design
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor): by design
 
   bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
 
-  T& value() & { assert(ok()); return std::get<0>(v_); }
-  T&& value() && { assert(ok()); return std::get<0>(std::move(v_)); }
-  const T& value() const& { assert(ok()); return std::get<0>(v_); }
+  T& value() & {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<0>(std::move(v_));
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<0>(v_);
+  }
   T* operator->() { return &value(); }
   T& operator*() { return value(); }
 
-  const Error& error() const& { assert(!ok()); return std::get<1>(v_); }
-  Error&& error() && { assert(!ok()); return std::get<1>(std::move(v_)); }
+  const Error& error() const& {
+    assert(!ok());
+    return std::get<1>(v_);
+  }
+  Error&& error() && {
+    assert(!ok());
+    return std::get<1>(std::move(v_));
+  }
 
  private:
   std::variant<T, Error> v_;
@@ -55,8 +70,14 @@ class [[nodiscard]] Result<void> {
 
   bool ok() const noexcept { return ok_; }
   explicit operator bool() const noexcept { return ok_; }
-  const Error& error() const& { assert(!ok_); return error_; }
-  Error&& error() && { assert(!ok_); return std::move(error_); }
+  const Error& error() const& {
+    assert(!ok_);
+    return error_;
+  }
+  Error&& error() && {
+    assert(!ok_);
+    return std::move(error_);
+  }
 
  private:
   Error error_;

@@ -62,10 +62,10 @@ struct LocalCredit {
 };
 
 struct SendRequest {
-  uint64_t cookie = 0;            // returned in the SendComplete event
-  FrameHeader header;             // header.credit_id and header.length must be set
+  uint64_t cookie = 0;               // returned in the SendComplete event
+  FrameHeader header;                // header.credit_id and header.length must be set
   const uint8_t* payload = nullptr;  // header.length bytes, valid until SendComplete
-  RemoteCredit credit;            // the credit named by header.credit_id
+  RemoteCredit credit;               // the credit named by header.credit_id
 };
 
 enum class PostResult {
@@ -78,10 +78,10 @@ enum class PostResult {
 struct TransportEvent {
   enum class Kind { kSendComplete, kFrameArrived, kLinkError };
   Kind kind = Kind::kSendComplete;
-  uint64_t cookie = 0;   // kSendComplete
-  int status = FL_OK;    // fl_status: FL_OK, or why the send / link failed
-  FrameHeader header;    // kFrameArrived: payload is in the buffer of header.credit_id
-  std::string message;   // human-readable detail for errors
+  uint64_t cookie = 0;  // kSendComplete
+  int status = FL_OK;   // fl_status: FL_OK, or why the send / link failed
+  FrameHeader header;   // kFrameArrived: payload is in the buffer of header.credit_id
+  std::string message;  // human-readable detail for errors
 };
 
 class Transport {

@@ -121,7 +121,8 @@ struct TestClient {
   }
 };
 
-TestClient makeClient(uint64_t id, uint32_t role, const std::string& stream, uint32_t slots, uint64_t slot_size) {
+TestClient makeClient(uint64_t id, uint32_t role, const std::string& stream, uint32_t slots,
+                      uint64_t slot_size) {
   SegmentRequest req;
   req.role = role;
   req.slot_count = slots;
@@ -184,8 +185,8 @@ struct AgentFixture {
     up.peer = "remote";
     up.transport_name = "tcp";
     up.transport = std::shared_ptr<transport::Transport>(std::move(pair.a));
-    auto writer = std::make_shared<SessionWriter>([this](const v1::PeerMessage& m) { return capture.write(m); },
-                                                  std::chrono::milliseconds(60000));
+    auto writer = std::make_shared<SessionWriter>(
+        [this](const v1::PeerMessage& m) { return capture.write(m); }, std::chrono::milliseconds(60000));
     up.session = PeerSession{writer, [] {}};
     agent->post(std::move(up));
   }
@@ -426,9 +427,7 @@ TEST_CASE("producer side: no credit within the credit timeout fails NO_CONSUMER"
 }
 
 TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route]") {
-  AgentFixture f([](Config& c) {
-    c.peers.clear();
-  });
+  AgentFixture f([](Config& c) { c.peers.clear(); });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   f.agent->post(CmdClientAttached{producer.session});
   producer.push(0, 10);
@@ -455,7 +454,8 @@ TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]")
     std::this_thread::sleep_for(1ms);
   }
   CHECK(n == 0);
-  CHECK(__atomic_load_n(&bad.session->segments->header()->daemon_state, __ATOMIC_ACQUIRE) == FL_DAEMON_DETACHED);
+  CHECK(__atomic_load_n(&bad.session->segments->header()->daemon_state, __ATOMIC_ACQUIRE) ==
+        FL_DAEMON_DETACHED);
   good.push(0, 10);
   good.push(7, 10);
   CHECK(good.pop().status == FL_ERR_BAD_SLOT);  // the good client is still served (in order)
