@@ -33,6 +33,7 @@ constexpr size_t kMaxEventsPerRound = 64;
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
+constexpr size_t kMaxAcksPerMessage = 4096;
 
 // "FL_ERR_TOO_LARGE" (the code's name, without fl_status_str's description).
 std::string statusName(int status) {
@@ -106,6 +107,7 @@ void DataAgent::run() {
     if (!running_) break;
     work += pollClients();
     work += pollLinks();
+    flushControl();
     work += pumpAll();
     uint64_t now = nowNs();
     if (now >= next_deadline_check_ns_) {
@@ -549,16 +551,32 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
-  if (Link* l = link(e.peer_key)) {
-    v1::PeerMessage msg;
-    msg.mutable_ack()->set_stream_id(e.stream_id);
-    msg.mutable_ack()->set_sequence(e.sequence);
-    l->session.writer->send(std::move(msg));
+  if (link(e.peer_key) != nullptr) {
+    // Sent at the end of this round, together with the other releases.
+    pending_acks_[{e.peer_key, e.stream_id}].push_back(e.sequence);
   } else {
     spdlog::debug("client {}: released seq {} after its link went away; no ACK sent", c.id, e.sequence);
   }
   e = SlotEntry{};
-  grantCredits(c.stream);
+  dirty_grants_.insert(c.stream);
+}
+
+void DataAgent::flushControl() {
+  for (auto& [key, sequences] : pending_acks_) {
+    Link* l = link(key.first);
+    if (l == nullptr) continue;
+    for (size_t i = 0; i < sequences.size(); i += kMaxAcksPerMessage) {
+      v1::PeerMessage msg;
+      auto* ack = msg.mutable_ack();
+      ack->set_stream_id(key.second);
+      size_t end = std::min(sequences.size(), i + kMaxAcksPerMessage);
+      for (size_t k = i; k < end; ++k) ack->add_sequences(sequences[k]);
+      l->session.writer->send(std::move(msg));
+    }
+  }
+  pending_acks_.clear();
+  for (const auto& name : dirty_grants_) grantCredits(name);
+  dirty_grants_.clear();
 }
 
 void DataAgent::grantCredits(const std::string& name) {
@@ -946,7 +964,12 @@ void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
     case v1::PeerMessage::kAck: {
       auto pit = peers_.find(l.peer);
       if (pit == peers_.end()) return;
-      onAck(pit->second, msg.ack().stream_id(), msg.ack().sequence(), FL_OK, "");
+      if (msg.ack().sequences_size() > static_cast<int>(kMaxAcksPerMessage)) {
+        return protocolError("ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames");
+      }
+      for (uint64_t sequence : msg.ack().sequences()) {
+        onAck(pit->second, msg.ack().stream_id(), sequence, FL_OK, "");
+      }
       return;
     }
     case v1::PeerMessage::kNack: {

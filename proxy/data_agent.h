@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -138,6 +139,8 @@ class DataAgent {
 
   // Consumer side.
   void onRelease(ClientSession& client, const fl_submit_desc& desc);
+  // Sends the ACKs and credit grants collected during this round.
+  void flushControl();
   void onFrameArrived(Link& link, transport::TransportEvent& event);
   void grantCredits(const std::string& stream_name);
   void sendNack(Link& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
@@ -168,6 +171,9 @@ class DataAgent {
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
   size_t grant_cursor_ = 0;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
+      pending_acks_;                    // (link, stream) -> sequences
+  std::set<std::string> dirty_grants_;  // streams with slots to grant again
   // Producer frame headers copied out of the segment at submit, by (client, slot).
   std::unordered_map<uint64_t, std::vector<transport::FrameHeader>> headers_;
 };

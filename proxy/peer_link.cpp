@@ -230,9 +230,13 @@ template <typename Stream>
 void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
                                std::shared_ptr<transport::Transport> t, Stream* stream,
                                std::function<void()> cancel) {
-  auto writer =
-      std::make_shared<SessionWriter>([stream](const v1::PeerMessage& m) { return stream->Write(m); },
-                                      std::chrono::milliseconds(config_.keepalive_ms));
+  auto writer = std::make_shared<SessionWriter>(
+      [stream](const v1::PeerMessage& m, bool more) {
+        ::grpc::WriteOptions options;
+        if (more) options.set_buffer_hint();
+        return stream->Write(m, options);
+      },
+      std::chrono::milliseconds(config_.keepalive_ms));
   CmdLinkUp up;
   up.link_id = link_id;
   up.peer = peer;

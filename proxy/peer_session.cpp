@@ -49,8 +49,9 @@ void SessionWriter::run() {
     while (!queue_.empty()) {
       v1::PeerMessage message = std::move(queue_.front());
       queue_.pop_front();
+      bool more = !queue_.empty();
       lock.unlock();
-      bool ok = write_(message);
+      bool ok = write_(message, more);
       lock.lock();
       if (!ok) {
         failed_ = true;

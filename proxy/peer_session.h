@@ -20,7 +20,9 @@ namespace v1 = ::framelink::v1;
 // agent never blocks on the network.  Sends a Keepalive when idle.
 class SessionWriter {
  public:
-  using WriteFn = std::function<bool(const v1::PeerMessage&)>;
+  // `more`: further messages follow at once, so the stream may hold this one
+  // back and coalesce (grpc::WriteOptions::set_buffer_hint).
+  using WriteFn = std::function<bool(const v1::PeerMessage&, bool more)>;
 
   SessionWriter(WriteFn write, std::chrono::milliseconds keepalive);
   ~SessionWriter();

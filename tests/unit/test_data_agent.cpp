@@ -185,8 +185,9 @@ struct AgentFixture {
     up.peer = "remote";
     up.transport_name = "tcp";
     up.transport = std::shared_ptr<transport::Transport>(std::move(pair.a));
-    auto writer = std::make_shared<SessionWriter>(
-        [this](const v1::PeerMessage& m) { return capture.write(m); }, std::chrono::milliseconds(60000));
+    auto writer =
+        std::make_shared<SessionWriter>([this](const v1::PeerMessage& m, bool) { return capture.write(m); },
+                                        std::chrono::milliseconds(60000));
     up.session = PeerSession{writer, [] {}};
     agent->post(std::move(up));
   }
@@ -242,7 +243,8 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     consumer.push(d.slot, 0);
     auto ack = f.capture.next([](auto& m) { return m.has_ack(); });
     CHECK(ack.ack().stream_id() == 42);
-    CHECK(ack.ack().sequence() == 1);
+    REQUIRE(ack.ack().sequences_size() == 1);
+    CHECK(ack.ack().sequences(0) == 1);
     auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
     CHECK(regrant.credit_grant().credits_size() == 1);
 
@@ -346,7 +348,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     CHECK(producer.idleFor(50ms));  // sent is not delivered
     v1::PeerMessage ack;
     ack.mutable_ack()->set_stream_id(stream_id);
-    ack.mutable_ack()->set_sequence(1);
+    ack.mutable_ack()->add_sequences(1);
     f.peerSays(ack);
     fl_completion_desc d = producer.pop();
     CHECK(d.slot == 0);
