@@ -94,12 +94,20 @@ class Transport {
   // Receive side.  After exposeCredit the peer may write one frame into the
   // buffer; the credit is consumed by that frame's FrameArrived event.
   virtual Result<RemoteCredit> exposeCredit(LocalCredit credit) = 0;
-  // The buffer is going away (consumer detached): frames that still arrive
-  // for this credit are discarded and reported as kLinkError-free drops
-  // (FrameArrived with status FL_ERR_UNKNOWN_CREDIT, payload not written).
+  // The buffer is going away (consumer detached): a frame that still
+  // arrives for this credit is reported as FrameArrived with status
+  // FL_ERR_UNKNOWN_CREDIT (the link stays up).  A frame already landing when
+  // the credit is retracted may still write into the buffer, which the
+  // credit's keepalive keeps mapped until then.
+  // Credit ids are unique per link; exposeCredit after the link went down
+  // fails with FL_ERR_LINK_LOST.
   virtual void retractCredit(uint64_t credit_id) = 0;
 
-  // Send side.  Non-blocking.
+  // Send side.  Non-blocking.  kInvalid when header.credit_id differs from
+  // credit.credit_id, the length exceeds the credit, attr_length exceeds
+  // FL_MAX_ATTR_BYTES or the payload is null with a non-zero length.  Every
+  // accepted post gets exactly one SendComplete, after the transport stopped
+  // reading the payload; none is FL_OK after the link's (single) LinkError.
   virtual PostResult post(const SendRequest& request) noexcept = 0;
 
   // Fills up to `max` events; returns how many.
