@@ -170,7 +170,7 @@ void DaemonProcess::start() {
   std::vector<std::string> args = {"--id",          options_.id,
                                    "--socket",      socket_path_,
                                    "--ready-file",  ready_path_,
-                                   "--listen",      "127.0.0.1:0",
+                                   "--listen",      options_.listen,
                                    "--data-listen", "127.0.0.1:0",
                                    "--hugepages",   "off",
                                    "--log-level",   options_.log_level};

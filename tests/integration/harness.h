@@ -66,6 +66,7 @@ class DaemonProcess {
     std::vector<std::string> peers;       // NAME=HOST:PORT
     std::vector<std::string> extra_args;  // anything else, e.g. {"--credit-timeout-ms", "1000"}
     std::string log_level = "info";
+    std::string listen = "127.0.0.1:0";  // gRPC listener; a fixed port to restart "the same" peer
     Millis ready_timeout = Millis(15000);
   };
 

@@ -292,7 +292,7 @@ TEST_CASE("api: attach refusals carry a specific status and message", "[integrat
   INFO("transport " << transport);
   DaemonPair::Options opt;
   opt.transport = transport;
-  opt.extra_args_a = {"--max-slot-size", "1048576", "--max-slots", "16"};
+  opt.extra_args_a = {"--max-slot-size", "4194304", "--max-slots", "16"};
   DaemonPair pair(opt);
   const std::string sock = pair.a().socketPath();
 
@@ -304,7 +304,7 @@ TEST_CASE("api: attach refusals carry a specific status and message", "[integrat
     CHECK_FALSE(r.message.empty());
   }
   {
-    AttachResult r = tryAttach(sock, FL_PRODUCER, "q", 2, 2 * kMiB);
+    AttachResult r = tryAttach(sock, FL_PRODUCER, "q", 2, 4 * kMiB + 4096);
     INFO("slot size over --max-slot-size: " << statusName(r.status) << " '" << r.message << "'");
     CHECK(r.status == FL_ERR_QUOTA);
     CHECK_FALSE(r.message.empty());
@@ -323,7 +323,7 @@ TEST_CASE("api: attach refusals carry a specific status and message", "[integrat
     CHECK_FALSE(r.message.empty());
   }
   // A valid attach at the limits works.
-  AttachResult ok = tryAttach(sock, FL_PRODUCER, std::string(63, 'y'), 16, kMiB);
+  AttachResult ok = tryAttach(sock, FL_PRODUCER, std::string(63, 'y'), 16, 4 * kMiB);
   INFO("attach at the limits: " << statusName(ok.status) << " '" << ok.message << "'");
   CHECK(ok.status == FL_OK);
   requireServing(pair.a(), pair.b(), "after-refusals");

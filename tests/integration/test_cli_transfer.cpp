@@ -115,7 +115,7 @@ TEST_CASE("cli: several producers attached to one daemon at once", "[integration
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
   DaemonPair pair(transport);
-  const uint64_t frames = 150;
+  const uint64_t frames = 300;
 
   SECTION("three streams, one consumer each") {
     std::vector<std::unique_ptr<ChildProcess>> consumers, producers;

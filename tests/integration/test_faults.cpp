@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cctype>
+#include <memory>
 #include <map>
 #include <set>
 #include <sstream>
@@ -15,7 +16,9 @@
 
 #include "client_util.h"
 #include "framelink/framelink.h"
+#include "framelink/shm_ring.h"
 #include "harness.h"
+#include "raw_client.h"
 
 using namespace framelink::integ;
 
@@ -46,6 +49,59 @@ int readByte(int fd, Millis timeout) {
   if (::poll(&pfd, 1, static_cast<int>(timeout.count())) <= 0) return -1;
   char c;
   return ::read(fd, &c, 1) == 1 ? static_cast<unsigned char>(c) : -1;
+}
+
+// Drains `consumer` (verifying and releasing every frame) and the producer's
+// completions until every frame in `submitted` has one, then checks the
+// "nothing lost silently" rules: exactly one completion per frame; DELIVERED
+// exactly for the frames `consumer` received and released; every frame with
+// id >= `must_deliver_from` delivered.
+void drainAndCheck(fl_client* producer, fl_client* consumer, const std::set<uint64_t>& submitted,
+                   uint64_t must_deliver_from, uint64_t length) {
+  std::map<uint64_t, int> received;  // frame id -> times received by `consumer`
+  std::map<uint64_t, std::vector<int>> completions;
+  size_t completion_count = 0;
+  const auto deadline = Clock::now() + Millis(30000);
+  while (completion_count < submitted.size() && Clock::now() < deadline) {
+    fl_frame f{};
+    int rc = fl_receive(consumer, &f, 20);
+    if (rc == FL_OK) {
+      ++received[f.frame_id];
+      checkSyntheticFrame(f, f.frame_id, length);
+      REQUIRE(fl_release(consumer, f.slot) == FL_OK);
+    } else {
+      INFO("fl_receive: " << statusName(rc));
+      REQUIRE((rc == FL_ETIMEDOUT || rc == FL_EAGAIN));
+    }
+    fl_completion buf[16];
+    size_t n = 0;
+    REQUIRE(fl_poll_completions(producer, buf, 16, &n) == FL_OK);
+    for (size_t i = 0; i < n; ++i) {
+      completions[buf[i].frame_id].push_back(buf[i].status);
+      ++completion_count;
+    }
+  }
+  // Anything late would be a second completion for some frame.
+  for (const auto& c : collectCompletions(producer, 1, Millis(500))) {
+    completions[c.frame_id].push_back(c.status);
+    ++completion_count;
+  }
+
+  CHECK(completion_count == submitted.size());
+  for (uint64_t id : submitted) {
+    const auto& st = completions[id];
+    std::string statuses;
+    for (int s : st) statuses += statusName(s) + " ";
+    INFO("frame " << id << ": completions [" << statuses << "], received by the new consumer "
+                  << received[id] << " time(s)");
+    CHECK(st.size() == 1);
+    CHECK(received[id] <= 1);
+    if (st.size() == 1) {
+      // DELIVERED means a consumer released it: only frames `consumer` got.
+      CHECK((st[0] == FL_OK) == (received[id] == 1));
+    }
+    if (id >= must_deliver_from) CHECK(received[id] == 1);
+  }
 }
 
 }  // namespace
@@ -161,51 +217,128 @@ TEST_CASE("faults: a consumer killed while holding frames", "[integration][fault
     submitted.insert(id);
   }
 
-  // Drain both ends until every submitted frame has its completion.
-  std::map<uint64_t, int> received;  // frame id -> times received by the new consumer
-  std::map<uint64_t, std::vector<int>> completions;
-  size_t completion_count = 0;
-  const auto deadline = Clock::now() + Millis(30000);
-  while (completion_count < submitted.size() && Clock::now() < deadline) {
-    fl_frame f{};
-    int rc = fl_receive(consumer.get(), &f, 20);
-    if (rc == FL_OK) {
-      ++received[f.frame_id];
-      checkSyntheticFrame(f, f.frame_id, kLen);
-      REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
-    } else {
-      REQUIRE((rc == FL_ETIMEDOUT || rc == FL_EAGAIN));
-    }
-    fl_completion buf[16];
-    size_t n = 0;
-    REQUIRE(fl_poll_completions(producer.get(), buf, 16, &n) == FL_OK);
-    for (size_t i = 0; i < n; ++i) {
-      completions[buf[i].frame_id].push_back(buf[i].status);
-      ++completion_count;
-    }
-  }
-  // Anything late would be a second completion for some frame.
-  for (const auto& c : collectCompletions(producer.get(), 1, Millis(500))) {
-    completions[c.frame_id].push_back(c.status);
-    ++completion_count;
-  }
-
-  CHECK(completion_count == submitted.size());
-  for (uint64_t id : submitted) {
-    const auto& st = completions[id];
-    std::string statuses;
-    for (int s : st) statuses += statusName(s) + " ";
-    INFO("frame " << id << ": completions [" << statuses << "], received by the new consumer "
-                  << received[id] << " time(s)");
-    CHECK(st.size() == 1);
-    CHECK(received[id] <= 1);
-    if (st.size() == 1) {
-      // DELIVERED means a consumer released it: only frames the new consumer got.
-      CHECK((st[0] == FL_OK) == (received[id] == 1));
-    }
-    if (id >= first_new) CHECK(received[id] == 1);
-  }
+  drainAndCheck(producer.get(), consumer.get(), submitted, first_new, kLen);
   CHECK(pair.a().alive());
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "after-consumer-death");
+}
+
+TEST_CASE("faults: SIGTERM fails pending frames with FL_ERR_SHUTDOWN", "[integration][faults]") {
+  const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
+  INFO("transport " << transport);
+  DaemonPair pair(transport);  // default credit timeout (30 s): the frames stay pending
+
+  auto expectShutdownExit = [&] {
+    const int status = pair.a().terminate(Millis(10000));
+    INFO("framelinkd wait status " << status);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  };
+
+  SECTION("frames the daemon has already taken from the submit ring") {
+    RawClient raw(pair.a().socketPath(), FL_ROLE_PRODUCER, "pending", 4, 64 * 1024);
+    for (uint32_t slot = 0; slot < 2; ++slot) {
+      raw.writeMeta(slot, slot + 1);
+      raw.submit(slot, 1000);
+    }
+    fl_ring_header* ring = raw.submitRing();
+    REQUIRE(waitUntil(
+        [&] {
+          return __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE) ==
+                 __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
+        },
+        Millis(5000)));
+    expectShutdownExit();
+    // The completion ring outlives the daemon: it is shared memory we map.
+    for (int i = 0; i < 2; ++i) {
+      auto c = raw.waitCompletion(Millis(2000));
+      REQUIRE(c.has_value());
+      INFO("completion for slot " << c->slot << ": " << statusName(c->status));
+      CHECK(c->status == FL_ERR_SHUTDOWN);
+    }
+    CHECK_FALSE(raw.waitCompletion(Millis(100)).has_value());
+    CHECK(__atomic_load_n(&raw.header()->daemon_state, __ATOMIC_ACQUIRE) == FL_DAEMON_DETACHED);
+  }
+
+  SECTION("frames submitted just before the signal") {
+    // No wait between fl_submit and SIGTERM: descriptors may still sit in
+    // the submit ring (or the attach may still be queued inside the daemon).
+    // They were submitted, so each must still end in exactly one completion.
+    Client producer = attachProducer(pair.a(), "pending", 4, 64 * 1024);
+    submitFrame(producer.get(), 1, 1000);
+    submitFrame(producer.get(), 2, 1000);
+    expectShutdownExit();
+    std::map<uint64_t, std::vector<int>> completions;
+    waitUntil(
+        [&] {
+          fl_completion buf[8];
+          size_t n = 0;
+          if (fl_poll_completions(producer.get(), buf, 8, &n) != FL_OK) return true;
+          for (size_t i = 0; i < n; ++i) completions[buf[i].frame_id].push_back(buf[i].status);
+          return completions.size() >= 2;
+        },
+        Millis(3000), Millis(5));
+    for (uint64_t id : {1, 2}) {
+      const auto& st = completions[id];
+      std::string statuses;
+      for (int s : st) statuses += statusName(s) + " ";
+      INFO("frame " << id << ": completions [" << statuses << "]");
+      REQUIRE(st.size() == 1);
+      CHECK(st[0] == FL_ERR_SHUTDOWN);
+    }
+    CHECK(fl_check_daemon(producer.get()) == FL_ERR_DAEMON_GONE);
+  }
+  // The peer sees A's FIN / a closed link, never a reason to exit.
+  const bool b_alive = pair.b().alive();
+  INFO("hostB wait status " << pair.b().exitStatus().value_or(-1));
+  REQUIRE(b_alive);
+}
+
+TEST_CASE("faults: the peer daemon is killed and restarted on the same port", "[integration][faults]") {
+  const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
+  INFO("transport " << transport);
+  constexpr uint64_t kLen = 30000;
+  const std::vector<std::string> timeouts = {"--credit-timeout-ms", "5000", "--ack-timeout-ms", "10000"};
+
+  DaemonProcess::Options bo;
+  bo.id = "hostB";
+  bo.token = "restart-token";
+  bo.transports = transport;
+  bo.extra_args = timeouts;
+  auto b1 = std::make_unique<DaemonProcess>(bo);
+  const uint16_t port = b1->grpcPort();
+
+  DaemonProcess::Options ao = bo;
+  ao.id = "hostA";
+  ao.peers = {"hostB=127.0.0.1:" + std::to_string(port)};
+  DaemonProcess a(ao);
+
+  Client producer = attachProducer(a, "restart", 8, 64 * 1024);
+  std::set<uint64_t> submitted;
+  {
+    Client holder = attachConsumer(*b1, "restart", 4, 64 * 1024);
+    for (uint64_t id = 0; id < 2; ++id) {
+      submitFrame(producer.get(), id, kLen);
+      submitted.insert(id);
+    }
+    for (int i = 0; i < 2; ++i) (void)receiveFrame(holder.get(), Millis(15000));  // held, never released
+    b1->kill9();
+    CHECK(waitUntil([&] { return fl_check_daemon(holder.get()) == FL_ERR_DAEMON_GONE; }, Millis(5000),
+                    Millis(10)));
+  }
+  REQUIRE(a.alive());
+
+  bo.listen = "127.0.0.1:" + std::to_string(port);
+  DaemonProcess b2(bo);
+  Client consumer = attachConsumer(b2, "restart", 4, 64 * 1024);
+  for (uint64_t id = 2; id < 4; ++id) {
+    submitFrame(producer.get(), id, kLen);
+    submitted.insert(id);
+  }
+  // Frames 0 and 1 died with hostB's first instance or were replayed to the
+  // second; 2 and 3 must arrive.  Either way, one completion each.
+  drainAndCheck(producer.get(), consumer.get(), submitted, 2, kLen);
+  CHECK(a.alive());
+  CHECK(b2.alive());
+  requireServing(a, b2, "after-restart");
 }
