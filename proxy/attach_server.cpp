@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
+#ifdef FRAMELINK_HAVE_NUMA
+#include <numa.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -31,6 +34,16 @@ bool validStreamName(const char* name, size_t max) {
     if (!ok) return false;
   }
   return true;
+}
+
+// Segments live on the NUMA node of the CPU the data agent is pinned to
+// (the NIC's node, when the operator pinned it there); unpinned: no binding.
+int numaNodeForSegments(const Config& config) {
+#ifdef FRAMELINK_HAVE_NUMA
+  if (config.cpu >= 0 && numa_available() >= 0) return numa_node_of_cpu(config.cpu);
+#endif
+  (void)config;
+  return -1;
 }
 
 HugepageMode hugepageMode(const std::string& s) {
@@ -284,7 +297,7 @@ void AttachServer::handleRequest(int fd) {
   sreq.client_id = client_id;
   sreq.stream = req.stream;
   sreq.hugepages = hugepageMode(config_.hugepages);
-  sreq.numa_node = -1;
+  sreq.numa_node = numaNodeForSegments(config_);
   sreq.daemon_pid = identity_.pid;
   sreq.daemon_start_ns = identity_.start_ns;
   auto segments = ClientSegments::create(sreq);

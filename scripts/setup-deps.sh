@@ -27,7 +27,7 @@ packages=(
   # peer link (gRPC control + grpc data fallback) and its generated code
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # daemon libraries
-  libboost-dev libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
+  libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   # tests and the style check in CI
