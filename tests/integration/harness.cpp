@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -234,7 +235,17 @@ void DaemonProcess::start() {
 }
 
 DaemonProcess::~DaemonProcess() {
-  if (pid_ > 0 && alive()) terminate();
+  if (pid_ > 0 && alive()) {
+    const int status = terminate();
+    // A daemon that crashes on its way down (or on a peer's) is a failure of
+    // the test that ran it -- unless that test is already unwinding.
+    if (std::uncaught_exceptions() == 0) {
+      INFO("framelinkd " << options_.id << " must exit 0 on SIGTERM; wait status " << status
+                         << (WIFSIGNALED(status) ? " (killed by signal " + std::to_string(WTERMSIG(status)) + ")"
+                                                 : std::string()));
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    }
+  }
   if (currentTestFailed()) printLog();
 }
 
