@@ -134,7 +134,9 @@ void AttachServer::stop() {
   uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(stop_fd_.get(), &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
-  connections_.clear();
+  // The client sockets stay open until the server is destroyed: the daemon
+  // first lets the data agent finish (and mark every attachment DETACHED),
+  // so a client never sees a hang-up while its frames are still completed.
   ::unlink(config_.socket_path.c_str());
 }
 

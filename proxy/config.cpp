@@ -507,7 +507,7 @@ class TomlReader {
 struct Flags {
   std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
       transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
-      max_slot_size, max_slots, max_client_bytes, cpu;
+      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
 
@@ -633,6 +633,19 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   if (given("--max-slots")) {
     if (auto st = assign(parseSize32(f.max_slots, "--max-slots"), c.max_slots); !st) return st;
   }
+  if (given("--default-slot-size")) {
+    if (auto st = assign(parseSize(f.default_slot_size, "--default-slot-size"), c.default_slot_size); !st) {
+      return st;
+    }
+  } else if (given("--max-slot-size") && c.default_slot_size > c.max_slot_size) {
+    c.default_slot_size = c.max_slot_size;  // lowering the limit lowers the default with it
+  }
+  if (given("--default-slots")) {
+    if (auto st = assign(parseSize32(f.default_slots, "--default-slots"), c.default_slot_count); !st)
+      return st;
+  } else if (given("--max-slots") && c.default_slot_count > c.max_slots) {
+    c.default_slot_count = c.max_slots;
+  }
   if (given("--max-client-bytes")) {
     if (auto st = assign(parseSize(f.max_client_bytes, "--max-client-bytes"), c.max_client_bytes); !st) {
       return st;
@@ -752,6 +765,9 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   app.add_option("--max-slot-size", f.max_slot_size, "Default 64MiB")->type_name("BYTES");
   app.add_option("--max-slots", f.max_slots, "Per client, default 1024")->type_name("N");
   app.add_option("--max-client-bytes", f.max_client_bytes, "Per client, default 1GiB")->type_name("BYTES");
+  app.add_option("--default-slot-size", f.default_slot_size, "For clients that ask for 0, default 4MiB")
+      ->type_name("BYTES");
+  app.add_option("--default-slots", f.default_slots, "For clients that ask for 0, default 8")->type_name("N");
   app.add_option("--cpu", f.cpu, "Pin the data agent to this CPU (-1 = no)")->type_name("N");
 
   try {

@@ -83,6 +83,7 @@ class DaemonImpl final : public Daemon {
     if (attach_) attach_->stop();
     if (agent_) agent_->stop();
     if (links_) links_->stop();
+    attach_.reset();  // closes the client sockets: clients see the hang-up last
     metrics_.stop();
     if (!config_.ready_file.empty()) ::unlink(config_.ready_file.c_str());
   }

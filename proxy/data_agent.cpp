@@ -122,13 +122,20 @@ void DataAgent::run() {
     // re-arms the spin phase.
     if (idle.idle(work)) sleep();
   }
-  // Shutdown: every frame still in progress ends FAILED(shutdown).
+  // Shutdown: every frame still in progress ends FAILED(shutdown), also
+  // those still in a ring and those of a client attached at the last moment.
+  shutting_down_ = true;
+  drainCommands();
+  pollClients();
   for (auto& [id, c] : clients_) {
-    if (c->role != FL_ROLE_PRODUCER) continue;
-    for (uint32_t s = 0; s < c->slots.size(); ++s) {
-      if (c->slots[s].state != SlotState::kFree)
-        finishFrame(*c, s, FL_ERR_SHUTDOWN, "the daemon is shutting down");
+    if (c->role == FL_ROLE_PRODUCER) {
+      for (uint32_t s = 0; s < c->slots.size(); ++s) {
+        if (c->slots[s].state != SlotState::kFree)
+          finishFrame(*c, s, FL_ERR_SHUTDOWN, "the daemon is shutting down");
+      }
     }
+    // After the last completion: from here the client fails whatever it
+    // still has in flight itself.
     __atomic_store_n(&c->segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
   }
   for (auto& [id, l] : links_) {
@@ -351,6 +358,16 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
       detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
     }
   };
+  if (shutting_down_ && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(FL_ERR_SHUTDOWN);
+    // frame_id is only echoed back to the client, so reading it unvalidated is harmless.
+    uint64_t frame_id = c.segments->slotHeader(desc.slot)->frame_id;
+    if (!c.complete(desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, frame_id)) {
+      detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+    }
+    return;
+  }
   if (desc.slot >= c.slots.size()) {
     reject(desc.slot, FL_ERR_BAD_SLOT,
            "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");

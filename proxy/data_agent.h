@@ -157,6 +157,7 @@ class DataAgent {
   CommandQueue<AgentCommand> commands_;
   std::thread thread_;
   std::atomic<bool> running_{false};
+  bool shutting_down_ = false;
   UniqueFd epoll_fd_;
 
   std::map<uint64_t, std::shared_ptr<ClientSession>> clients_;

@@ -46,6 +46,24 @@ bool validDaemonId(const std::string& id) {
   });
 }
 
+// Calls `cancel` until disarmed, never after.
+class CancelGuard {
+ public:
+  explicit CancelGuard(std::function<void()> cancel) : cancel_(std::move(cancel)) {}
+  void fire() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cancel_) cancel_();
+  }
+  void disarm() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancel_ = nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::function<void()> cancel_;  // GUARDED_BY(mutex_)
+};
+
 uint64_t randomSessionId() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   uint64_t id = 0;
@@ -242,7 +260,10 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   up.peer = peer;
   up.transport_name = transport_name;
   up.transport = std::move(t);
-  up.session = PeerSession{writer, cancel};
+  // The agent may ask to cancel at any time, also after this call ended and
+  // its context is gone: the guard turns such late calls into no-ops.
+  auto guard = std::make_shared<CancelGuard>(std::move(cancel));
+  up.session = PeerSession{writer, [guard] { guard->fire(); }};
   agent_.post(std::move(up));
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
@@ -250,8 +271,9 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     agent_.post(CmdPeerMessage{link_id, std::move(msg)});
     msg = std::make_shared<v1::PeerMessage>();
   }
-  cancel();  // a Write blocked on flow control fails now
+  guard->fire();  // a Write blocked on flow control fails now
   writer->close();
+  guard->disarm();
   agent_.post(CmdLinkDown{link_id, writer->failed() ? "writing to the peer failed" : "the session ended"});
 }
 

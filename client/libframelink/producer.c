@@ -7,6 +7,9 @@
  * free slot is needed; they wait in a local queue until the application
  * polls them.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -27,14 +30,48 @@ static void flx_queue_push_locked(fl_client* c, const fl_completion* comp) {
   c->queue_tail++;
 }
 
+/*
+ * Frames the daemon will never complete: once it has dropped this attachment
+ * (daemon_state DETACHED, stored after its last completion for us) or its
+ * process is gone (killed), whatever is still in flight ends here, so every
+ * submitted frame still gets exactly one completion.
+ */
+static int flx_daemon_finished_locked(fl_client* c) {
+  if (__atomic_load_n(&c->live_hdr->daemon_state, __ATOMIC_ACQUIRE) == FL_DAEMON_DETACHED)
+    return FL_ERR_SHUTDOWN;
+  if (__atomic_load_n(&c->gone, __ATOMIC_ACQUIRE) && kill((pid_t)c->geo.daemon_pid, 0) != 0 && errno == ESRCH)
+    return FL_ERR_DAEMON_GONE;
+  return FL_OK;
+}
+
+static void flx_fail_orphans_locked(fl_client* c, int status) {
+  uint32_t failed = 0;
+  for (uint32_t slot = 0; slot < c->slot_count; ++slot) {
+    if (c->slot_state[slot] != FLX_SLOT_IN_FLIGHT) continue;
+    const fl_slot_header* sh =
+        (const fl_slot_header*)(c->data + c->geo.slot_headers_offset) + slot; /* our own memory */
+    fl_completion comp = {
+        .slot = slot, .status = status, .sequence = 0, .frame_id = sh->frame_id, .length = 0};
+    c->slot_state[slot] = FLX_SLOT_FREE;
+    c->free_list[c->free_count++] = slot;
+    __atomic_store_n(&c->in_flight, c->in_flight - 1, __ATOMIC_RELAXED);
+    flx_queue_push_locked(c, &comp);
+    ++failed;
+  }
+  if (failed > 0) flx_notify_locked(c);
+}
+
 int flx_drain_completions_locked(fl_client* c) {
   if (c->corrupt)
     return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
+  /* Read before draining: completions pushed before DETACHED are then visible. */
+  const int finished = c->in_flight > 0 ? flx_daemon_finished_locked(c) : FL_OK;
   for (uint32_t moved = 0;; ++moved) {
     fl_completion_desc d;
     fl_ring_result r = fl_ring_pop(c->completion, c->ring_cap, sizeof(d), &d);
     if (r == FL_RING_EMPTY) {
       if (moved > 0) flx_notify_locked(c); /* others may wait for a slot or a completion */
+      if (finished != FL_OK) flx_fail_orphans_locked(c, finished);
       return FL_OK;
     }
     if (r == FL_RING_CORRUPT) return flx_corrupt_locked(c, "completion ring indices are impossible");

@@ -359,8 +359,9 @@ TEST_CASE("validation errors say what to fix", "[config]") {
     requireError({"--config", dir.write("z4.toml", "[link]\nkeepalive_ms = 0\n")}, {"link.keepalive_ms"});
   }
   SECTION("settings that contradict each other") {
-    requireError({"--max-slot-size", "1M"}, {"default_slot_size", "max_slot_size"});
-    requireError({"--max-slots", "4"}, {"default_slot_count", "max_slots"});
+    requireError({"--max-slot-size", "1M", "--default-slot-size", "4M"},
+                 {"default_slot_size", "max_slot_size"});
+    requireError({"--max-slots", "4", "--default-slots", "8"}, {"default_slot_count", "max_slots"});
     requireError({"--max-client-bytes", "1M"}, {"max_client_bytes"});
     TempDir dir;
     requireError({"--config", dir.write("r.toml", "[link]\nreconnect_min_ms = 10000\n")},
@@ -374,6 +375,17 @@ TEST_CASE("validation errors say what to fix", "[config]") {
     requireError({"--no-such-flag"}, {"--help"});
     requireError({"--id", "a", "--id", "b"}, {"--id"});
   }
+}
+
+TEST_CASE("lowering a limit on the command line lowers the built-in default with it", "[config]") {
+  auto parsed = parse({"--max-slot-size", "1M", "--max-slots", "4"});
+  REQUIRE(parsed.ok());
+  CHECK(parsed.value().default_slot_size == (1u << 20));
+  CHECK(parsed.value().default_slot_count == 4);
+  auto explicit_defaults = parse({"--default-slot-size", "64K", "--default-slots", "2"});
+  REQUIRE(explicit_defaults.ok());
+  CHECK(explicit_defaults.value().default_slot_size == 64 * 1024);
+  CHECK(explicit_defaults.value().default_slot_count == 2);
 }
 
 TEST_CASE("routing", "[config][routing]") {
