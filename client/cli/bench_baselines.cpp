@@ -193,8 +193,9 @@ constexpr uint64_t kAckEveryBytes = 8ull << 20;
 
 class PipeService final : public framelink::bench::Pipe::Service {
  public:
-  grpc::Status Stream(grpc::ServerContext*,
-                      grpc::ServerReaderWriter<framelink::bench::Ack, framelink::bench::Chunk>* stream) override {
+  grpc::Status Stream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<framelink::bench::Ack, framelink::bench::Chunk>* stream) override {
     framelink::bench::Chunk chunk;
     framelink::bench::Ack ack;
     uint64_t bytes = 0;

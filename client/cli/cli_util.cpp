@@ -40,11 +40,24 @@ std::optional<uint64_t> parseSize(std::string_view text) {
   if (!stripSuffix("ib")) stripSuffix("b");
   if (!s.empty()) {
     switch (std::tolower(static_cast<unsigned char>(s.back()))) {
-      case 'k': mult = 1ull << 10; s.pop_back(); break;
-      case 'm': mult = 1ull << 20; s.pop_back(); break;
-      case 'g': mult = 1ull << 30; s.pop_back(); break;
-      case 't': mult = 1ull << 40; s.pop_back(); break;
-      default: break;
+      case 'k':
+        mult = 1ull << 10;
+        s.pop_back();
+        break;
+      case 'm':
+        mult = 1ull << 20;
+        s.pop_back();
+        break;
+      case 'g':
+        mult = 1ull << 30;
+        s.pop_back();
+        break;
+      case 't':
+        mult = 1ull << 40;
+        s.pop_back();
+        break;
+      default:
+        break;
     }
   }
   if (s.empty()) return std::nullopt;
@@ -120,11 +133,21 @@ std::string jsonEscape(std::string_view s) {
   out.reserve(s.size() + 2);
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];

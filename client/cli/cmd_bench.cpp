@@ -30,7 +30,7 @@ struct BenchOptions {
   bool baselines_only = false;
 };
 
-constexpr uint64_t kVerifyFrames = 8;   // checked byte-for-byte before each timed run
+constexpr uint64_t kVerifyFrames = 8;  // checked byte-for-byte before each timed run
 constexpr uint64_t kLatencyWarmup = 100;
 
 struct CaseShared {
@@ -57,7 +57,7 @@ struct CaseShared {
 struct CaseConfig {
   uint64_t size = 0;
   uint32_t slots = 8;
-  double seconds = 0;          // timed run length; 0: send `count` frames
+  double seconds = 0;  // timed run length; 0: send `count` frames
   uint64_t count = 0;
   uint32_t max_in_flight = 0;  // 1 for latency
   bool latency = false;
@@ -165,7 +165,8 @@ int benchProducer(CaseShared& sh, const std::string& socket, const std::string& 
     pattern::fillPattern(index, slot.data, c.size);
     return true;
   };
-  ProducerStats v = producer->run([](uint64_t i) { return i < kVerifyFrames; }, prepareFull, recordFailure, &sh.abort);
+  ProducerStats v =
+      producer->run([](uint64_t i) { return i < kVerifyFrames; }, prepareFull, recordFailure, &sh.abort);
   if (!v.allDelivered()) {
     sh.producer_error.set(v.error.empty() ? "the verification frames were not all delivered" : v.error);
     sh.failed.store(v.failed);
@@ -210,7 +211,8 @@ CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig
   const std::string sock_b = pair.b().socket;
   const pid_t consumer = forkChild([&] { return benchConsumer(*sh, lat, lat_cap, sock_b, stream, c); });
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) usleep(2000);
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load())
+    usleep(2000);
   if (sh->consumer_state.load() != 1) {
     r.error = "consumer: " + (sh->consumer_error.get().empty() ? std::string("did not attach within 10 s")
                                                                : sh->consumer_error.get());
@@ -274,9 +276,12 @@ CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig
   if (r.error.empty()) {
     std::string e;
     if (!sh->producer_error.get().empty()) e += "producer: " + sh->producer_error.get();
-    if (const int s = sh->first_failure.load(); s != 0) e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
-    if (!sh->consumer_error.get().empty()) e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh->consumer_error.get();
-    if (!sh->first_bad.get().empty()) e += std::string(e.empty() ? "" : "; ") + "verify: " + sh->first_bad.get();
+    if (const int s = sh->first_failure.load(); s != 0)
+      e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
+    if (!sh->consumer_error.get().empty())
+      e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh->consumer_error.get();
+    if (!sh->first_bad.get().empty())
+      e += std::string(e.empty() ? "" : "; ") + "verify: " + sh->first_bad.get();
     if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
     r.error = e;
   }
@@ -340,7 +345,8 @@ int runBench(const BenchOptions& o) {
   const auto transports = splitList(o.transports, ',');
   for (const auto& t : transports) {
     if (t != "tcp" && t != "grpc") {
-      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc)\n", t.c_str());
+      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc)\n",
+                   t.c_str());
       return 2;
     }
   }
@@ -457,7 +463,9 @@ int runBench(const BenchOptions& o) {
   uname(&u);
   std::printf("\nframelink bench: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
               sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
-  std::printf("framelink = producer app -> framelinkd hostA -> framelinkd hostB -> consumer app (separate processes)\n\n");
+  std::printf(
+      "framelink = producer app -> framelinkd hostA -> framelinkd hostB -> consumer app (separate "
+      "processes)\n\n");
   std::printf("| case | framelink | baseline | ratio | daemon CPU A / B |\n");
   std::printf("|---|---|---|---|---|\n");
   for (size_t i = 0; i < e2e.size(); ++i) {
@@ -473,34 +481,40 @@ int runBench(const BenchOptions& o) {
       base = &grpc_base[si];
       base_name = "plain gRPC";
     }
-    std::string ours = e.r.gbps > 0 ? fmt("%.2f GB/s", e.r.gbps) + fmt(" (%.0f frames/s)", e.r.fps) : "failed";
+    std::string ours =
+        e.r.gbps > 0 ? fmt("%.2f GB/s", e.r.gbps) + fmt(" (%.0f frames/s)", e.r.fps) : "failed";
     if (e.r.verify_bad != 0 || e.r.verified < kVerifyFrames) ours += " UNVERIFIED";
-    std::string b = base && base->gbps() > 0 ? base_name + fmt(" %.2f GB/s", base->gbps()) : base_name + " n/a";
+    std::string b =
+        base && base->gbps() > 0 ? base_name + fmt(" %.2f GB/s", base->gbps()) : base_name + " n/a";
     std::string ratio = base && base->gbps() > 0 && e.r.gbps > 0 ? fmt("%.2f", e.r.gbps / base->gbps()) : "-";
-    std::printf("| %s %s | %s | %s | %s | %s |\n", e.transport.c_str(), formatBytes(e.size).c_str(), ours.c_str(),
-                b.c_str(), ratio.c_str(), cpuPair(e.r.cpu_a, e.r.cpu_b).c_str());
+    std::printf("| %s %s | %s | %s | %s | %s |\n", e.transport.c_str(), formatBytes(e.size).c_str(),
+                ours.c_str(), b.c_str(), ratio.c_str(), cpuPair(e.r.cpu_a, e.r.cpu_b).c_str());
   }
   if (o.baselines_only) {
     for (size_t si = 0; si < sizes->size(); ++si) {
       if (tcp_base[si].gbps() > 0) {
-        std::printf("| plain TCP %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
-                    (fmt("%.2f GB/s", tcp_base[si].gbps()) + fmt(" (%.0f msg/s)", tcp_base[si].fps())).c_str());
+        std::printf(
+            "| plain TCP %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
+            (fmt("%.2f GB/s", tcp_base[si].gbps()) + fmt(" (%.0f msg/s)", tcp_base[si].fps())).c_str());
       }
       if (grpc_base[si].gbps() > 0) {
-        std::printf("| plain gRPC %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
-                    (fmt("%.2f GB/s", grpc_base[si].gbps()) + fmt(" (%.0f msg/s)", grpc_base[si].fps())).c_str());
+        std::printf(
+            "| plain gRPC %s | - | %s | - | - |\n", formatBytes((*sizes)[si]).c_str(),
+            (fmt("%.2f GB/s", grpc_base[si].gbps()) + fmt(" (%.0f msg/s)", grpc_base[si].fps())).c_str());
       }
     }
     if (tcp_lat.samples > 0) {
-      std::printf("| plain TCP 4 KiB one-way (RTT/2, %llu samples) | - | p50 %.1f us / p99 %.1f us | - | - |\n",
-                  (unsigned long long)tcp_lat.samples, tcp_lat.p50_us, tcp_lat.p99_us);
+      std::printf(
+          "| plain TCP 4 KiB one-way (RTT/2, %llu samples) | - | p50 %.1f us / p99 %.1f us | - | - |\n",
+          (unsigned long long)tcp_lat.samples, tcp_lat.p50_us, tcp_lat.p99_us);
     }
   }
   for (const auto& [t, r] : lat) {
-    std::string ours = r.samples > 0 ? fmt("p50 %.1f us", r.p50_us) + fmt(" / p99 %.1f us", r.p99_us) : "failed";
-    std::string b = tcp_lat.samples > 0
-                        ? fmt("TCP one-way p50 %.1f us", tcp_lat.p50_us) + fmt(" / p99 %.1f us", tcp_lat.p99_us)
-                        : "n/a";
+    std::string ours =
+        r.samples > 0 ? fmt("p50 %.1f us", r.p50_us) + fmt(" / p99 %.1f us", r.p99_us) : "failed";
+    std::string b = tcp_lat.samples > 0 ? fmt("TCP one-way p50 %.1f us", tcp_lat.p50_us) +
+                                              fmt(" / p99 %.1f us", tcp_lat.p99_us)
+                                        : "n/a";
     std::string ratio = r.samples > 0 && tcp_lat.samples > 0 && tcp_lat.p50_us > 0
                             ? fmt("%.1f", r.p50_us / tcp_lat.p50_us) + " (p50)"
                             : "-";
@@ -508,23 +522,25 @@ int runBench(const BenchOptions& o) {
                 (unsigned long long)r.samples, ours.c_str(), b.c_str(), ratio.c_str());
   }
   for (const auto& [t, c] : idle) {
-    std::printf("| %s daemons idle (%.0f s, link up, no clients) | - | - | - | %s |\n", t.c_str(), o.idle_seconds,
-                cpuPair(c.a, c.b).c_str());
+    std::printf("| %s daemons idle (%.0f s, link up, no clients) | - | - | - | %s |\n", t.c_str(),
+                o.idle_seconds, cpuPair(c.a, c.b).c_str());
   }
-  std::printf("\nframelink GB/s = bytes delivered (consumer released) / first submit .. last completion; slots: %s;\n"
-              "payload verified byte-for-byte on %llu frames per case before the timed loop.  Baselines: one TCP\n"
-              "connection, size-byte send()/recv() between two processes; one gRPC bidi stream (client/cli/bench.proto)\n"
-              "between two processes, server acks every 8 MiB.  CPU = utime+stime of each framelinkd / wall time.\n",
-              [&] {
-                std::string s;
-                for (uint64_t size : *sizes) {
-                  if (!s.empty()) s += ", ";
-                  s += std::to_string(slotsFor(size)) + " x " + formatBytes(size);
-                }
-                return s;
-              }()
-                  .c_str(),
-              (unsigned long long)kVerifyFrames);
+  std::printf(
+      "\nframelink GB/s = bytes delivered (consumer released) / first submit .. last completion; slots: %s;\n"
+      "payload verified byte-for-byte on %llu frames per case before the timed loop.  Baselines: one TCP\n"
+      "connection, size-byte send()/recv() between two processes; one gRPC bidi stream "
+      "(client/cli/bench.proto)\n"
+      "between two processes, server acks every 8 MiB.  CPU = utime+stime of each framelinkd / wall time.\n",
+      [&] {
+        std::string s;
+        for (uint64_t size : *sizes) {
+          if (!s.empty()) s += ", ";
+          s += std::to_string(slotsFor(size)) + " x " + formatBytes(size);
+        }
+        return s;
+      }()
+          .c_str(),
+      (unsigned long long)kVerifyFrames);
   std::fflush(stdout);
   for (const auto& e : errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
   if (g_interrupted.load()) return 130;
@@ -539,10 +555,13 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--transports", o->transports, "comma list of transports (default tcp,grpc)");
   cmd->add_option("--sizes", o->sizes, "comma list of frame sizes (default 64K,1M,4M)");
   cmd->add_option("--seconds", o->seconds, "seconds per throughput case (default 3)");
-  cmd->add_option("--latency-samples", o->latency_samples, "4 KiB frames for the latency case (default 2000; 0 = skip)");
+  cmd->add_option("--latency-samples", o->latency_samples,
+                  "4 KiB frames for the latency case (default 2000; 0 = skip)");
   cmd->add_option("--idle-seconds", o->idle_seconds, "seconds to sample idle daemon CPU (default 2)");
-  cmd->add_option("--framelinkd", o->framelinkd, "path of framelinkd (default: the build tree's, then $PATH)");
-  cmd->add_flag("--baselines-only", o->baselines_only, "measure only the plain TCP / gRPC baselines (no daemons)");
+  cmd->add_option("--framelinkd", o->framelinkd,
+                  "path of framelinkd (default: the build tree's, then $PATH)");
+  cmd->add_flag("--baselines-only", o->baselines_only,
+                "measure only the plain TCP / gRPC baselines (no daemons)");
   cmd->callback([o, &exit_code] { exit_code = runBench(*o); });
 }
 

@@ -148,8 +148,8 @@ void drawProgress(bool tty, uint64_t done, uint64_t total, double gbps, double e
     std::fprintf(stderr, "\r[%s] %llu/%llu frames  %.2f GB/s  %.1f s ", bar.c_str(), (unsigned long long)done,
                  (unsigned long long)total, gbps, elapsed);
   } else {
-    std::fprintf(stderr, "progress: %llu/%llu frames delivered, %.2f GB/s, %.1f s\n", (unsigned long long)done,
-                 (unsigned long long)total, gbps, elapsed);
+    std::fprintf(stderr, "progress: %llu/%llu frames delivered, %.2f GB/s, %.1f s\n",
+                 (unsigned long long)done, (unsigned long long)total, gbps, elapsed);
   }
 }
 
@@ -177,7 +177,8 @@ int runDemo(const DemoOptions& o) {
   }
   dopt.transport = o.transport;
   dopt.temp_prefix = "framelink-demo";
-  std::fprintf(stderr, "starting two framelinkd (%s) over %s ...\n", dopt.framelinkd.c_str(), o.transport.c_str());
+  std::fprintf(stderr, "starting two framelinkd (%s) over %s ...\n", dopt.framelinkd.c_str(),
+               o.transport.c_str());
   auto pair = DaemonPair::start(dopt, err);
   if (!pair) {
     std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
@@ -201,10 +202,12 @@ int runDemo(const DemoOptions& o) {
   }
   // The consumer attaches first so the producer's first frames find a receiver with credits.
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) usleep(2000);
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load())
+    usleep(2000);
   if (sh->consumer_state.load() != 1) {
     std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
-                 sh->consumer_error.get().empty() ? "it did not attach within 10 s" : sh->consumer_error.get().c_str());
+                 sh->consumer_error.get().empty() ? "it did not attach within 10 s"
+                                                  : sh->consumer_error.get().c_str());
     sh->abort.store(true);
     stopChild(consumer, 2000);
     pair->keepDir();
@@ -236,7 +239,8 @@ int runDemo(const DemoOptions& o) {
       const double elapsed = (now - t0) / 1e9;
       const uint64_t done = sh->delivered.load();
       const uint64_t first = sh->first_submit_ns.load();
-      const double gbps = first && now > first ? done * static_cast<double>(bytes) / ((now - first) / 1e9) / 1e9 : 0;
+      const double gbps =
+          first && now > first ? done * static_cast<double>(bytes) / ((now - first) / 1e9) / 1e9 : 0;
       drawProgress(tty, done, frames, gbps, elapsed);
     }
     usleep(20000);
@@ -261,8 +265,8 @@ int runDemo(const DemoOptions& o) {
   for (uint64_t i = 0; i < nlat; ++i) lats.push_back(lat[i] / 1e3);
   const double p50 = percentile(lats, 50);
   const double p99 = percentile(lats, 99);
-  const bool ok = producer_rc == 0 && consumer_rc == 0 && delivered == frames && received == frames && bad == 0 &&
-                  failed == 0 && daemon_problem.empty() && !g_interrupted.load();
+  const bool ok = producer_rc == 0 && consumer_rc == 0 && delivered == frames && received == frames &&
+                  bad == 0 && failed == 0 && daemon_problem.empty() && !g_interrupted.load();
 
   std::printf("framelink demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
               (unsigned long long)frames, formatBytes(bytes).c_str(), o.transport.c_str());
@@ -272,22 +276,26 @@ int runDemo(const DemoOptions& o) {
   std::printf("  moved      %s in %.3f s\n", formatBytes(static_cast<uint64_t>(total_bytes)).c_str(), secs);
   std::printf("  throughput %.3f GB/s   %.0f frames/s\n", secs > 0 ? total_bytes / secs / 1e9 : 0.0,
               secs > 0 ? delivered / secs : 0.0);
-  std::printf("  latency    submit -> receive  p50 %.1f us   p99 %.1f us   (%llu samples, CLOCK_REALTIME)\n", p50,
-              p99, (unsigned long long)nlat);
-  std::printf("  result     %s\n", ok ? "OK: every frame delivered, in order, exactly once, every byte verified"
-                                      : "FAILED");
+  std::printf("  latency    submit -> receive  p50 %.1f us   p99 %.1f us   (%llu samples, CLOCK_REALTIME)\n",
+              p50, p99, (unsigned long long)nlat);
+  std::printf("  result     %s\n",
+              ok ? "OK: every frame delivered, in order, exactly once, every byte verified" : "FAILED");
   std::fflush(stdout);
   if (!ok) {
     if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
-    if (!sh->producer_error.get().empty()) std::fprintf(stderr, "  producer: %s\n", sh->producer_error.get().c_str());
-    if (const int s = sh->failure_status.load(); s != 0) std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
-    if (!sh->consumer_error.get().empty()) std::fprintf(stderr, "  consumer: %s\n", sh->consumer_error.get().c_str());
-    if (!sh->first_bad.get().empty()) std::fprintf(stderr, "  first bad frame: %s\n", sh->first_bad.get().c_str());
+    if (!sh->producer_error.get().empty())
+      std::fprintf(stderr, "  producer: %s\n", sh->producer_error.get().c_str());
+    if (const int s = sh->failure_status.load(); s != 0)
+      std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
+    if (!sh->consumer_error.get().empty())
+      std::fprintf(stderr, "  consumer: %s\n", sh->consumer_error.get().c_str());
+    if (!sh->first_bad.get().empty())
+      std::fprintf(stderr, "  first bad frame: %s\n", sh->first_bad.get().c_str());
     if (!daemon_problem.empty()) std::fprintf(stderr, "  %s", daemon_problem.c_str());
     if (!g_interrupted.load()) {
       pair->keepDir();
-      std::fprintf(stderr, "  daemon logs kept in %s\n  hostA log tail:\n%s  hostB log tail:\n%s", pair->dir().c_str(),
-                   pair->logTail(pair->a()).c_str(), pair->logTail(pair->b()).c_str());
+      std::fprintf(stderr, "  daemon logs kept in %s\n  hostA log tail:\n%s  hostB log tail:\n%s",
+                   pair->dir().c_str(), pair->logTail(pair->a()).c_str(), pair->logTail(pair->b()).c_str());
     }
   }
   pair->stop();
@@ -299,11 +307,13 @@ int runDemo(const DemoOptions& o) {
 
 void addDemoCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<DemoOptions>();
-  auto* cmd = app.add_subcommand("demo", "Two framelinkd on this machine, a producer and a consumer: N verified frames");
+  auto* cmd = app.add_subcommand(
+      "demo", "Two framelinkd on this machine, a producer and a consumer: N verified frames");
   cmd->add_option("--frames", o->frames, "frames to send (default 2000)");
   cmd->add_option("--size", o->size, "bytes per frame, suffixes K/M/G (default 1M)");
   cmd->add_option("--transport", o->transport, "tcp or grpc (default tcp)");
-  cmd->add_option("--framelinkd", o->framelinkd, "path of framelinkd (default: the build tree's, then $PATH)");
+  cmd->add_option("--framelinkd", o->framelinkd,
+                  "path of framelinkd (default: the build tree's, then $PATH)");
   cmd->add_option("--slots", o->slots, "slots per producer and consumer (default 8)");
   cmd->add_flag("--keep-temp", o->keep, "keep the daemons' temporary directory (logs) after the run");
   cmd->callback([o, &exit_code] { exit_code = runDemo(*o); });

@@ -41,7 +41,8 @@ int runRecv(const RecvOptions& o) {
   if (!o.expect_random_size.empty()) {
     auto range = parseSizeRange(o.expect_random_size);
     if (!range) {
-      std::fprintf(stderr, "framelink recv: --expect-random-size '%s' is not MIN:MAX\n", o.expect_random_size.c_str());
+      std::fprintf(stderr, "framelink recv: --expect-random-size '%s' is not MIN:MAX\n",
+                   o.expect_random_size.c_str());
       return 2;
     }
     checks.sizes.emplace(range->first, range->second, o.expect_seed);
@@ -67,7 +68,8 @@ int runRecv(const RecvOptions& o) {
   if (!o.out.empty()) {
     struct stat sb {};
     if (::stat(o.out.c_str(), &sb) != 0 && ::mkdir(o.out.c_str(), 0755) != 0) {
-      std::fprintf(stderr, "framelink recv: cannot create --out directory %s: %s\n", o.out.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "framelink recv: cannot create --out directory %s: %s\n", o.out.c_str(),
+                   std::strerror(errno));
       return 2;
     }
   }
@@ -109,11 +111,12 @@ int runRecv(const RecvOptions& o) {
   const bool complete = o.count == 0 ? !st.timed_out : st.received == o.count;
   const bool ok = st.error.empty() && checker.bad() == 0 && complete && !st.interrupted;
   if (o.json) {
-    std::printf("{\"received\":%llu,\"expected\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
-                "\"bad\":%llu,\"first_error\":\"%s\",\"timed_out\":%s,\"error\":\"%s\",\"ok\":%s}\n",
-                (unsigned long long)st.received, (unsigned long long)o.count, (unsigned long long)st.bytes, secs,
-                gbps, (unsigned long long)checker.bad(), jsonEscape(checker.firstError()).c_str(),
-                st.timed_out ? "true" : "false", jsonEscape(st.error).c_str(), ok ? "true" : "false");
+    std::printf(
+        "{\"received\":%llu,\"expected\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
+        "\"bad\":%llu,\"first_error\":\"%s\",\"timed_out\":%s,\"error\":\"%s\",\"ok\":%s}\n",
+        (unsigned long long)st.received, (unsigned long long)o.count, (unsigned long long)st.bytes, secs,
+        gbps, (unsigned long long)checker.bad(), jsonEscape(checker.firstError()).c_str(),
+        st.timed_out ? "true" : "false", jsonEscape(st.error).c_str(), ok ? "true" : "false");
   } else if (!o.quiet || !ok) {
     std::printf("received %llu frames, %s in %.3f s = %.3f GB/s", (unsigned long long)st.received,
                 formatBytes(st.bytes).c_str(), secs, gbps);
@@ -128,9 +131,11 @@ int runRecv(const RecvOptions& o) {
   }
   std::fflush(stdout);
   if (!st.error.empty()) std::fprintf(stderr, "framelink recv: %s\n", st.error.c_str());
-  if (checker.bad() != 0) std::fprintf(stderr, "framelink recv: first bad frame: %s\n", checker.firstError().c_str());
+  if (checker.bad() != 0)
+    std::fprintf(stderr, "framelink recv: first bad frame: %s\n", checker.firstError().c_str());
   if (st.timed_out) {
-    std::fprintf(stderr, "framelink recv: received %llu of %llu frames; no frame for %d ms (--timeout-ms) -- is the "
+    std::fprintf(stderr,
+                 "framelink recv: received %llu of %llu frames; no frame for %d ms (--timeout-ms) -- is the "
                  "producer running and the peer link up? see both daemons' logs\n",
                  (unsigned long long)st.received, (unsigned long long)o.count, o.timeout_ms);
   }
@@ -147,19 +152,25 @@ int runRecv(const RecvOptions& o) {
 void addRecvCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<RecvOptions>();
   auto* cmd = app.add_subcommand("recv", "Receive frames as a consumer; verify and/or save them");
-  cmd->add_option("--socket", o->socket, "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+  cmd->add_option("--socket", o->socket,
+                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
   cmd->add_option("--stream", o->stream, "stream name")->required();
   cmd->add_option("--count", o->count, "frames to receive before exiting (default 0 = until Ctrl-C)");
-  cmd->add_flag("--verify", o->verify, "check each payload against the synthetic pattern, its attrs and wafer_id");
+  cmd->add_flag("--verify", o->verify,
+                "check each payload against the synthetic pattern, its attrs and wafer_id");
   cmd->add_option("--expect-seed", o->expect_seed, "seed the sender used with --random-size (default 1)");
-  auto* rnd = cmd->add_option("--expect-random-size", o->expect_random_size, "MIN:MAX: check each frame's length");
+  auto* rnd =
+      cmd->add_option("--expect-random-size", o->expect_random_size, "MIN:MAX: check each frame's length");
   auto* fix = cmd->add_option("--expect-size", o->expect_size, "check that every frame has this length");
   rnd->excludes(fix);
-  cmd->add_flag("--expect-order", o->expect_order, "frame ids must go up by one from the first, exactly once");
+  cmd->add_flag("--expect-order", o->expect_order,
+                "frame ids must go up by one from the first, exactly once");
   cmd->add_option("--out", o->out, "write each frame to DIR/<frame_id>.bin (+ .json metadata), atomically");
-  cmd->add_option("--timeout-ms", o->timeout_ms, "give up when no frame arrives for this long (default 0 = never)");
+  cmd->add_option("--timeout-ms", o->timeout_ms,
+                  "give up when no frame arrives for this long (default 0 = never)");
   cmd->add_option("--slots", o->slots, "receive slots to ask the daemon for");
-  cmd->add_option("--slot-size", o->slot_size, "bytes per receive slot (default: --expect-* max, else library default)");
+  cmd->add_option("--slot-size", o->slot_size,
+                  "bytes per receive slot (default: --expect-* max, else library default)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
   cmd->callback([o, &exit_code] { exit_code = runRecv(*o); });

@@ -29,9 +29,11 @@ namespace {
 const char* failureHint(int status) {
   switch (status) {
     case FL_ERR_TOO_LARGE:
-      return "the receiving consumer's slots are smaller than the frame: give `framelink recv` a larger --slot-size";
+      return "the receiving consumer's slots are smaller than the frame: give `framelink recv` a larger "
+             "--slot-size";
     case FL_ERR_NO_CONSUMER:
-      return "no consumer released the frame in time: start `framelink recv --stream <same name>` on the peer's daemon";
+      return "no consumer released the frame in time: start `framelink recv --stream <same name>` on the "
+             "peer's daemon";
     case FL_ERR_NO_ROUTE:
       return "this daemon routes the stream nowhere: configure --peer (and --route) on framelinkd";
     case FL_ERR_TIMEOUT:
@@ -74,7 +76,8 @@ int runSend(const SendOptions& o) {
   std::vector<uint64_t> file_sizes;
   if (!o.files.empty()) {
     if (!o.random_size.empty()) {
-      std::fprintf(stderr, "framelink send: --random-size makes no sense with FILES (each file is one frame)\n");
+      std::fprintf(stderr,
+                   "framelink send: --random-size makes no sense with FILES (each file is one frame)\n");
       return 2;
     }
     for (const auto& f : o.files) {
@@ -90,7 +93,8 @@ int runSend(const SendOptions& o) {
   } else if (!o.random_size.empty()) {
     auto range = parseSizeRange(o.random_size);
     if (!range) {
-      std::fprintf(stderr, "framelink send: --random-size '%s' is not MIN:MAX (e.g. 1:8M)\n", o.random_size.c_str());
+      std::fprintf(stderr, "framelink send: --random-size '%s' is not MIN:MAX (e.g. 1:8M)\n",
+                   o.random_size.c_str());
       return 2;
     }
     sizes.emplace(range->first, range->second, o.seed);
@@ -98,7 +102,8 @@ int runSend(const SendOptions& o) {
   } else {
     auto s = parseSize(o.size);
     if (!s) {
-      std::fprintf(stderr, "framelink send: --size '%s' is not a size (e.g. 4096, 64K, 1M)\n", o.size.c_str());
+      std::fprintf(stderr, "framelink send: --size '%s' is not a size (e.g. 4096, 64K, 1M)\n",
+                   o.size.c_str());
       return 2;
     }
     sizes.emplace(*s);
@@ -112,7 +117,8 @@ int runSend(const SendOptions& o) {
       return 2;
     }
     if (*s < largest) {
-      std::fprintf(stderr, "framelink send: --slot-size %s is smaller than the largest frame (%s); raise it\n",
+      std::fprintf(stderr,
+                   "framelink send: --slot-size %s is smaller than the largest frame (%s); raise it\n",
                    formatBytes(*s).c_str(), formatBytes(largest).c_str());
       return 2;
     }
@@ -134,9 +140,10 @@ int runSend(const SendOptions& o) {
     return 1;
   }
   if (producer->info().slot_size < largest) {
-    std::fprintf(stderr, "framelink send: the daemon granted %s slots, smaller than the largest frame (%s); "
-                 "raise the daemon's --max-slot-size\n", formatBytes(producer->info().slot_size).c_str(),
-                 formatBytes(largest).c_str());
+    std::fprintf(stderr,
+                 "framelink send: the daemon granted %s slots, smaller than the largest frame (%s); "
+                 "raise the daemon's --max-slot-size\n",
+                 formatBytes(producer->info().slot_size).c_str(), formatBytes(largest).c_str());
     return 1;
   }
 
@@ -147,7 +154,8 @@ int runSend(const SendOptions& o) {
       std::ifstream in(path, std::ios::binary);
       in.read(reinterpret_cast<char*>(slot.data), static_cast<std::streamsize>(file_sizes[index]));
       if (!in || static_cast<uint64_t>(in.gcount()) != file_sizes[index]) {
-        e = "cannot read " + path + " (" + std::to_string(file_sizes[index]) + " bytes): " + std::strerror(errno);
+        e = "cannot read " + path + " (" + std::to_string(file_sizes[index]) +
+            " bytes): " + std::strerror(errno);
         return false;
       }
       spec.frame_id = index;
@@ -178,23 +186,24 @@ int runSend(const SendOptions& o) {
       if (!failures.empty()) failures += ",";
       failures += "\"" + jsonEscape(statusName(status)) + "\":" + std::to_string(n);
     }
-    std::printf("{\"submitted\":%llu,\"delivered\":%llu,\"failed\":%llu,\"failures\":{%s},\"bytes_delivered\":%llu,"
-                "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"interrupted\":%s,\"error\":\"%s\"}\n",
-                (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
-                failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps,
-                st.interrupted ? "true" : "false", jsonEscape(st.error).c_str());
+    std::printf(
+        "{\"submitted\":%llu,\"delivered\":%llu,\"failed\":%llu,\"failures\":{%s},\"bytes_delivered\":%llu,"
+        "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"interrupted\":%s,\"error\":\"%s\"}\n",
+        (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
+        failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps,
+        st.interrupted ? "true" : "false", jsonEscape(st.error).c_str());
   } else if (!o.quiet || !st.allDelivered()) {
     std::printf("sent %llu frames: %llu delivered, %llu failed; %s in %.3f s = %.3f GB/s, %.0f frames/s\n",
-                (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
-                formatBytes(st.bytes_delivered).c_str(), secs, gbps, fps);
+                (unsigned long long)st.submitted, (unsigned long long)st.delivered,
+                (unsigned long long)st.failed, formatBytes(st.bytes_delivered).c_str(), secs, gbps, fps);
     for (const auto& [status, n] : st.failures) {
       std::printf("  failed %llu x %s\n", (unsigned long long)n, fl_status_str(status));
       if (const char* hint = failureHint(status)) std::printf("    -> %s\n", hint);
     }
   }
   if (!st.error.empty()) std::fprintf(stderr, "framelink send: %s\n", st.error.c_str());
-  if (st.interrupted) std::fprintf(stderr, "framelink send: interrupted after %llu frames\n",
-                                   (unsigned long long)st.submitted);
+  if (st.interrupted)
+    std::fprintf(stderr, "framelink send: interrupted after %llu frames\n", (unsigned long long)st.submitted);
   std::fflush(stdout);
   if (st.interrupted) return 130;
   return st.allDelivered() ? 0 : 1;
@@ -205,7 +214,8 @@ int runSend(const SendOptions& o) {
 void addSendCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<SendOptions>();
   auto* cmd = app.add_subcommand("send", "Send synthetic frames or files as a producer");
-  cmd->add_option("--socket", o->socket, "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+  cmd->add_option("--socket", o->socket,
+                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
   cmd->add_option("--stream", o->stream, "stream name")->required();
   cmd->add_option("--count", o->count, "number of synthetic frames (default 100; 0 = until Ctrl-C)")
       ->each([o](const std::string&) { o->count_set = true; });
@@ -220,7 +230,8 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--first-id", o->first_id, "frame_id of the first synthetic frame (default 0)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
-  cmd->add_option("files", o->files, "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
+  cmd->add_option("files", o->files,
+                  "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
   cmd->callback([o, &exit_code] { exit_code = runSend(*o); });
 }
 

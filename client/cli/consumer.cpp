@@ -44,7 +44,8 @@ std::string FrameChecker::check(const fl_frame& f) {
   if (options_.expect_order) {
     if (have_prev_ && f.frame_id != prev_id_ + 1) {
       if (f.frame_id <= prev_id_) {
-        why = "frame " + id + " arrived after frame " + std::to_string(prev_id_) + " (duplicate or out of order)";
+        why = "frame " + id + " arrived after frame " + std::to_string(prev_id_) +
+              " (duplicate or out of order)";
       } else {
         why = "frame " + id + " arrived after frame " + std::to_string(prev_id_) + ": frames " +
               std::to_string(prev_id_ + 1) + ".." + std::to_string(f.frame_id - 1) + " are missing";
@@ -65,14 +66,15 @@ std::string FrameChecker::check(const fl_frame& f) {
     const std::string want_attrs = pattern::makeAttrs(f.frame_id);
     const std::string got_attrs(reinterpret_cast<const char*>(f.attrs), f.attr_length);
     if (f.wafer_id != want_wafer) {
-      why = "frame " + id + " has wafer_id " + std::to_string(f.wafer_id) + ", expected " + std::to_string(want_wafer);
+      why = "frame " + id + " has wafer_id " + std::to_string(f.wafer_id) + ", expected " +
+            std::to_string(want_wafer);
     } else if (got_attrs != want_attrs) {
       why = "frame " + id + " has attrs \"" + jsonEscape(got_attrs) + "\", expected \"" + want_attrs + "\"";
     } else {
       const size_t off = pattern::verifyPattern(f.frame_id, f.data, f.length);
       if (off != pattern::kNpos) {
-        why = "frame " + id + " (" + std::to_string(f.length) + " bytes) differs from its pattern at byte offset " +
-              std::to_string(off);
+        why = "frame " + id + " (" + std::to_string(f.length) +
+              " bytes) differs from its pattern at byte offset " + std::to_string(off);
       }
     }
   }
@@ -129,9 +131,9 @@ bool writeFrameFiles(const std::string& dir, const fl_frame& f, std::string& err
   const std::string attrs(reinterpret_cast<const char*>(f.attrs), f.attr_length);
   const std::string json = "{\"frame_id\":" + id + ",\"wafer_id\":" + std::to_string(f.wafer_id) +
                            ",\"timestamp_ns\":" + std::to_string(f.timestamp_ns) +
-                           ",\"length\":" + std::to_string(f.length) + ",\"sequence\":" +
-                           std::to_string(f.sequence) + ",\"crc32c\":" + crc + ",\"attrs\":\"" +
-                           jsonEscape(attrs) + "\"}\n";
+                           ",\"length\":" + std::to_string(f.length) +
+                           ",\"sequence\":" + std::to_string(f.sequence) + ",\"crc32c\":" + crc +
+                           ",\"attrs\":\"" + jsonEscape(attrs) + "\"}\n";
   return writeAtomically(dir, id + ".json", ".tmp-" + id + ".json", json.data(), json.size(), err);
 }
 
@@ -156,7 +158,8 @@ ReceiveLoopStats receiveLoop(Consumer& consumer, const ReceiveLoopOptions& optio
     }
     if (rc != FL_OK) {
       st.error = std::string("receiving failed: ") + fl_last_error();
-      if (rc == FL_ERR_DAEMON_GONE) st.error += " -- the daemon went away; check that framelinkd is still running";
+      if (rc == FL_ERR_DAEMON_GONE)
+        st.error += " -- the daemon went away; check that framelinkd is still running";
       break;
     }
     const uint64_t rx_real = realtimeNs();

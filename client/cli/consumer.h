@@ -40,9 +40,9 @@ class Consumer {
 
 // What `recv --verify/--expect-*` checks about each frame.
 struct CheckOptions {
-  bool verify = false;                           // payload pattern, attrs, wafer_id
-  std::optional<pattern::SizeSequence> sizes;    // expected length per frame id
-  bool expect_order = false;                     // frame ids first, first+1, ... exactly once
+  bool verify = false;                         // payload pattern, attrs, wafer_id
+  std::optional<pattern::SizeSequence> sizes;  // expected length per frame id
+  bool expect_order = false;                   // frame ids first, first+1, ... exactly once
 };
 
 class FrameChecker {
@@ -62,8 +62,8 @@ class FrameChecker {
 };
 
 struct ReceiveLoopOptions {
-  uint64_t count = 0;              // 0: until stopped
-  int idle_timeout_ms = 0;         // give up when no frame arrives for this long; 0: never
+  uint64_t count = 0;       // 0: until stopped
+  int idle_timeout_ms = 0;  // give up when no frame arrives for this long; 0: never
   const std::atomic<bool>* stop = nullptr;
 };
 
@@ -74,7 +74,7 @@ struct ReceiveLoopStats {
   uint64_t last_ns = 0;   // monotonic, last frame
   bool timed_out = false;
   bool interrupted = false;
-  std::string error;      // fatal: the attachment broke or a callback failed
+  std::string error;  // fatal: the attachment broke or a callback failed
   double seconds() const { return last_ns > first_ns ? (last_ns - first_ns) / 1e9 : 0.0; }
 };
 

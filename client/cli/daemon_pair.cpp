@@ -28,8 +28,8 @@ std::string findFramelinkd(const std::string& explicit_path, std::string& err) {
     return {};
   }
   const std::string here = selfDir();
-  for (const std::string& candidate : {here + "../../proxy/framelinkd", here + "framelinkd",
-                                       here + "../sbin/framelinkd"}) {
+  for (const std::string& candidate :
+       {here + "../../proxy/framelinkd", here + "framelinkd", here + "../sbin/framelinkd"}) {
     if (access(candidate.c_str(), X_OK) == 0) {
       std::error_code ec;
       auto canon = std::filesystem::weakly_canonical(candidate, ec);
@@ -38,7 +38,8 @@ std::string findFramelinkd(const std::string& explicit_path, std::string& err) {
   }
   std::string in_path = findInPath("framelinkd");
   if (!in_path.empty()) return in_path;
-  err = "cannot find framelinkd: looked in " + here + "../../proxy/ (build tree), next to this binary and in "
+  err = "cannot find framelinkd: looked in " + here +
+        "../../proxy/ (build tree), next to this binary and in "
         "$PATH -- build it (cmake --build <dir> --target framelinkd) or pass --framelinkd PATH";
   return {};
 }
@@ -86,10 +87,23 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
   setup(pair->a_, "hostA", "a");
 
   auto common = [&](const DaemonProcess& d) {
-    std::vector<std::string> args = {options.framelinkd, "--id", d.id, "--socket", d.socket,
-                                     "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-                                     "--transports", options.transport, "--token", token,
-                                     "--ready-file", d.ready_file, "--log-level", options.log_level};
+    std::vector<std::string> args = {options.framelinkd,
+                                     "--id",
+                                     d.id,
+                                     "--socket",
+                                     d.socket,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--data-listen",
+                                     "127.0.0.1:0",
+                                     "--transports",
+                                     options.transport,
+                                     "--token",
+                                     token,
+                                     "--ready-file",
+                                     d.ready_file,
+                                     "--log-level",
+                                     options.log_level};
     args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
     return args;
   };

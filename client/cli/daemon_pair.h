@@ -30,7 +30,7 @@ class DaemonPair {
  public:
   struct Options {
     std::string framelinkd;
-    std::string transport;                // "tcp" or "grpc"
+    std::string transport;  // "tcp" or "grpc"
     std::string temp_prefix = "framelink";
     std::string log_level = "info";
     std::vector<std::string> extra_args;  // appended to both daemons' command lines

@@ -110,8 +110,7 @@ inline void fillPattern(uint64_t frame_id, void* buf, size_t len) noexcept {
   // Four independent chains keep the multipliers busy; memcpy keeps unaligned buffers legal.
   for (; i + 4 <= words; i += 4) {
     uint64_t w[4] = {toLittleEndian(splitmix64(base + i)), toLittleEndian(splitmix64(base + i + 1)),
-                     toLittleEndian(splitmix64(base + i + 2)),
-                     toLittleEndian(splitmix64(base + i + 3))};
+                     toLittleEndian(splitmix64(base + i + 2)), toLittleEndian(splitmix64(base + i + 3))};
     std::memcpy(out + i * 8, w, sizeof w);
   }
   for (; i < words; ++i) {

@@ -9,8 +9,8 @@
 namespace framelink::cli {
 
 std::string attachError(const char* role, const std::string& socket, const std::string& stream, int rc) {
-  std::string msg = "cannot attach to " + socket + " as " + role + " of stream '" + stream +
-                    "': " + fl_last_error();
+  std::string msg =
+      "cannot attach to " + socket + " as " + role + " of stream '" + stream + "': " + fl_last_error();
   switch (rc) {
     case FL_ERR_DAEMON_UNREACHABLE:
       msg += " (with this command: --socket PATH)";
@@ -79,8 +79,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
                             const std::atomic<bool>* stop) {
   ProducerStats st;
   fl_completion comps[64];
-  const uint32_t window = options_.max_in_flight != 0 ? std::min(options_.max_in_flight, info_.slot_count)
-                                                      : info_.slot_count;
+  const uint32_t window =
+      options_.max_in_flight != 0 ? std::min(options_.max_in_flight, info_.slot_count) : info_.slot_count;
   uint64_t index = 0;
   bool sending = true;
   uint64_t last_progress_ns = monotonicNs();
@@ -154,7 +154,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       if (now < next_due_ns) {
         const uint64_t wait_ms = (next_due_ns - now) / 1000000ull;
         if (wait_ms >= 1 && inFlight() > 0) {
-          rc = fl_wait_completions(client_, comps, 64, &n, static_cast<int>(std::min<uint64_t>(wait_ms, 100)));
+          rc =
+              fl_wait_completions(client_, comps, 64, &n, static_cast<int>(std::min<uint64_t>(wait_ms, 100)));
           if (rc == FL_OK) handle(n);
         } else {
           sleepNs(std::min<uint64_t>(next_due_ns - now, 100'000'000ull));
@@ -197,7 +198,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       // Nothing in flight, so no completion will free a slot: let the library block.
       rc = fl_acquire(client_, 200, &slot);
       if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT || rc == FL_EINTR) {
-        if (monotonicNs() - last_progress_ns > static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
+        if (monotonicNs() - last_progress_ns >
+            static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
           fatal("no free slot for " + std::to_string(options_.stall_timeout_ms / 1000) +
                 " s although no frame is in flight; check the daemon's log");
         }

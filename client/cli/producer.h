@@ -27,7 +27,7 @@ struct ProducerOptions {
   uint32_t slot_count = 0;  // 0: library default
   uint64_t slot_size = 0;   // 0: library default
   bool crc = false;
-  double rate_hz = 0;       // 0: as fast as completions allow
+  double rate_hz = 0;          // 0: as fast as completions allow
   uint32_t max_in_flight = 0;  // 0: every slot; 1 = one frame at a time (latency runs)
   // With frames in flight and no completion for this long, give up (the daemon's ack and
   // credit timeouts default to 30 s, so a healthy daemon always answers before this).

@@ -21,9 +21,9 @@
 //     (peer closed, I/O error, protocol violation, local shutdown).
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>

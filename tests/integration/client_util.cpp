@@ -37,12 +37,11 @@ AttachResult tryAttach(const std::string& socket, uint32_t role, const std::stri
 }
 
 namespace {
-Client attachOrFail(const DaemonProcess& d, uint32_t role, const std::string& stream,
-                    uint32_t slot_count, uint64_t slot_size) {
+Client attachOrFail(const DaemonProcess& d, uint32_t role, const std::string& stream, uint32_t slot_count,
+                    uint64_t slot_size) {
   AttachResult r = tryAttach(d.socketPath(), role, stream, slot_count, slot_size);
-  INFO((role == FL_PRODUCER ? "producer" : "consumer")
-       << " attach to " << d.id() << " stream " << stream << ": " << statusName(r.status) << " "
-       << r.message);
+  INFO((role == FL_PRODUCER ? "producer" : "consumer") << " attach to " << d.id() << " stream " << stream
+                                                       << ": " << statusName(r.status) << " " << r.message);
   REQUIRE(r.status == FL_OK);
   return std::move(r.client);
 }
@@ -125,8 +124,7 @@ std::vector<fl_completion> collectCompletions(fl_client* producer, size_t count,
   return got;
 }
 
-void requireServing(const DaemonProcess& a, const DaemonProcess& b, const std::string& stream,
-                    int frames) {
+void requireServing(const DaemonProcess& a, const DaemonProcess& b, const std::string& stream, int frames) {
   INFO("daemons must still serve a fresh producer/consumer pair on stream " << stream);
   Client consumer = attachConsumer(b, stream, 4, 256 * 1024);
   Client producer = attachProducer(a, stream, 4, 256 * 1024);

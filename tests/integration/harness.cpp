@@ -149,8 +149,7 @@ TempDir::~TempDir() {
 
 // ---------------------------------------------------------------- DaemonProcess
 
-DaemonProcess::DaemonProcess(Options options)
-    : options_(std::move(options)), dir_("fl-" + options_.id) {
+DaemonProcess::DaemonProcess(Options options) : options_(std::move(options)), dir_("fl-" + options_.id) {
   socket_path_ = dir_.file("d.sock");
   ready_path_ = dir_.file("ready");
   log_path_ = dir_.file("daemon.log");
@@ -168,12 +167,9 @@ void DaemonProcess::start() {
   REQUIRE_FALSE(bin.empty());
   REQUIRE(::access(bin.c_str(), X_OK) == 0);
 
-  std::vector<std::string> args = {"--id",          options_.id,
-                                   "--socket",      socket_path_,
-                                   "--ready-file",  ready_path_,
-                                   "--listen",      options_.listen,
-                                   "--data-listen", "127.0.0.1:0",
-                                   "--hugepages",   "off",
+  std::vector<std::string> args = {"--id",          options_.id,       "--socket",    socket_path_,
+                                   "--ready-file",  ready_path_,       "--listen",    options_.listen,
+                                   "--data-listen", "127.0.0.1:0",     "--hugepages", "off",
                                    "--log-level",   options_.log_level};
   if (!options_.token.empty()) {
     args.push_back("--token");
@@ -211,8 +207,9 @@ void DaemonProcess::start() {
       options_.ready_timeout, Millis(5));
   if (!alive() || !ready) {
     printLog();
-    FAIL("framelinkd " << options_.id << (alive() ? " did not write its ready file within "
-                                                  : " exited before it was ready; wait status ")
+    FAIL("framelinkd " << options_.id
+                       << (alive() ? " did not write its ready file within "
+                                   : " exited before it was ready; wait status ")
                        << (alive() ? std::to_string(options_.ready_timeout.count()) + " ms"
                                    : std::to_string(exit_status_.value_or(-1))));
   }
@@ -241,8 +238,9 @@ DaemonProcess::~DaemonProcess() {
     // the test that ran it -- unless that test is already unwinding.
     if (std::uncaught_exceptions() == 0) {
       INFO("framelinkd " << options_.id << " must exit 0 on SIGTERM; wait status " << status
-                         << (WIFSIGNALED(status) ? " (killed by signal " + std::to_string(WTERMSIG(status)) + ")"
-                                                 : std::string()));
+                         << (WIFSIGNALED(status)
+                                 ? " (killed by signal " + std::to_string(WTERMSIG(status)) + ")"
+                                 : std::string()));
       CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
     }
   }
@@ -322,10 +320,9 @@ DaemonPair::DaemonPair(Options options) {
 
 // ---------------------------------------------------------------- ChildProcess
 
-ChildProcess::ChildProcess(std::string label, std::vector<std::string> args,
-                           std::vector<std::string> env, std::string program)
-    : label_(std::move(label)), args_(std::move(args)), program_(std::move(program)),
-      dir_("fl-" + label_) {
+ChildProcess::ChildProcess(std::string label, std::vector<std::string> args, std::vector<std::string> env,
+                           std::string program)
+    : label_(std::move(label)), args_(std::move(args)), program_(std::move(program)), dir_("fl-" + label_) {
   out_path_ = dir_.file("output.log");
   REQUIRE_FALSE(program_.empty());
   REQUIRE(::access(program_.c_str(), X_OK) == 0);
@@ -370,8 +367,7 @@ int ChildProcess::wait(Millis timeout) {
   if (auto st = reapWithin(pid_, timeout); st && !exit_code_) exit_code_ = decodeWaitStatus(*st);
   if (!exit_code_) {
     kill9();
-    FAIL(label_ << " did not finish within " << timeout.count() << " ms: " << commandLine()
-                << "\noutput:\n"
+    FAIL(label_ << " did not finish within " << timeout.count() << " ms: " << commandLine() << "\noutput:\n"
                 << output());
   }
   return *exit_code_;

@@ -116,7 +116,7 @@ class DaemonPair {
   struct Options {
     std::string transport = "tcp";
     std::string token = "integ-secret";
-    std::string token_a;  // non-empty: A uses this token instead (wrong-token tests)
+    std::string token_a;                    // non-empty: A uses this token instead (wrong-token tests)
     std::vector<std::string> extra_args;    // both daemons
     std::vector<std::string> extra_args_a;  // A only
     std::vector<std::string> extra_args_b;  // B only
@@ -139,8 +139,8 @@ class DaemonPair {
 // file in its own temp dir.  The destructor kills it if it is still running.
 class ChildProcess {
  public:
-  ChildProcess(std::string label, std::vector<std::string> args,
-               std::vector<std::string> env = {}, std::string program = cliBinary());
+  ChildProcess(std::string label, std::vector<std::string> args, std::vector<std::string> env = {},
+               std::string program = cliBinary());
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

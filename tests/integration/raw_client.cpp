@@ -96,8 +96,8 @@ RawReply rawExchange(const std::string& socket, const void* message, size_t leng
   return out;
 }
 
-RawClient::RawClient(const std::string& socket, uint32_t role, const std::string& stream,
-                     uint32_t slot_count, uint64_t slot_size)
+RawClient::RawClient(const std::string& socket, uint32_t role, const std::string& stream, uint32_t slot_count,
+                     uint64_t slot_size)
     : role_(role) {
   fl_attach_request req = makeAttachRequest(role, stream, slot_count, slot_size);
   RawReply r = rawExchange(socket, &req, sizeof req, Millis(10000), &sock_);
@@ -134,8 +134,7 @@ RawClient::RawClient(const std::string& socket, uint32_t role, const std::string
   REQUIRE(h->slot_count == slot_count);
   REQUIRE(h->slot_size >= slot_size);
   REQUIRE(fl_ring_is_pow2(h->ring_capacity));
-  REQUIRE(h->submit_ring_offset + fl_ring_bytes(h->ring_capacity, sizeof(fl_submit_desc)) <=
-          control_size_);
+  REQUIRE(h->submit_ring_offset + fl_ring_bytes(h->ring_capacity, sizeof(fl_submit_desc)) <= control_size_);
   REQUIRE(h->completion_ring_offset + fl_ring_bytes(h->ring_capacity, sizeof(fl_completion_desc)) <=
           control_size_);
   REQUIRE(h->slots_offset + uint64_t(h->slot_count) * h->slot_stride <= data_size_);
@@ -198,9 +197,8 @@ void RawClient::writeMeta(uint32_t slot, uint64_t frame_id) {
 
 std::optional<fl_completion_desc> RawClient::waitCompletion(Millis timeout) {
   fl_completion_desc d{};
-  bool got = waitUntil(
-      [&] { return fl_ring_pop(completionRing(), capacity_, sizeof d, &d) == FL_RING_OK; }, timeout,
-      Millis(1));
+  bool got = waitUntil([&] { return fl_ring_pop(completionRing(), capacity_, sizeof d, &d) == FL_RING_OK; },
+                       timeout, Millis(1));
   if (!got) return std::nullopt;
   return d;
 }

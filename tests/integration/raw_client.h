@@ -21,11 +21,11 @@ fl_attach_request makeAttachRequest(uint32_t role, const std::string& stream, ui
 
 // Outcome of sending one message to the attach socket.
 struct RawReply {
-  bool closed = false;         // the daemon closed the socket without a reply
-  bool timed_out = false;      // neither a reply nor a close within the deadline
-  size_t bytes = 0;            // size of the reply message
-  fl_attach_reply reply{};     // valid when bytes >= sizeof(fl_attach_reply)
-  std::vector<int> fds;        // received with SCM_RIGHTS (owned by the caller)
+  bool closed = false;      // the daemon closed the socket without a reply
+  bool timed_out = false;   // neither a reply nor a close within the deadline
+  size_t bytes = 0;         // size of the reply message
+  fl_attach_reply reply{};  // valid when bytes >= sizeof(fl_attach_reply)
+  std::vector<int> fds;     // received with SCM_RIGHTS (owned by the caller)
 };
 
 // Connects to `socket`, sends `message` as one SOCK_SEQPACKET message and waits
@@ -38,8 +38,8 @@ class RawClient {
  public:
   // Attaches; REQUIREs status FL_OK and four fds, maps both segments
   // (consumer data segment read-only) and checks the header.
-  RawClient(const std::string& socket, uint32_t role, const std::string& stream,
-            uint32_t slot_count, uint64_t slot_size);
+  RawClient(const std::string& socket, uint32_t role, const std::string& stream, uint32_t slot_count,
+            uint64_t slot_size);
   ~RawClient();
   RawClient(const RawClient&) = delete;
   RawClient& operator=(const RawClient&) = delete;

@@ -51,9 +51,9 @@ TEST_CASE("api: round trip with every metadata field", "[integration][api]") {
   for (size_t i = 0; i < binary_attrs.size(); ++i) binary_attrs[i] = uint8_t(255 - i);
   const std::vector<Case> cases = {
       {1, true, {'x'}},
-      {4096, false, {}},                 // no attributes at all
-      {kMiB, true, binary_attrs},        // exactly slot_size, the full attribute area, any bytes
-      {12345, true, {'a', 0, 'b'}},      // embedded NUL
+      {4096, false, {}},             // no attributes at all
+      {kMiB, true, binary_attrs},    // exactly slot_size, the full attribute area, any bytes
+      {12345, true, {'a', 0, 'b'}},  // embedded NUL
   };
 
   uint64_t prev_seq = 0;
@@ -179,8 +179,7 @@ TEST_CASE("api: a frame longer than the producer's slot is refused locally", "[i
   CHECK(done[0].status == FL_OK);
 }
 
-TEST_CASE("api: a frame larger than the consumer's slot fails with FL_ERR_TOO_LARGE",
-          "[integration][api]") {
+TEST_CASE("api: a frame larger than the consumer's slot fails with FL_ERR_TOO_LARGE", "[integration][api]") {
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
   DaemonPair pair(transport);
@@ -297,7 +296,7 @@ TEST_CASE("api: attach refusals carry a specific status and message", "[integrat
   const std::string sock = pair.a().socketPath();
 
   for (const std::string& bad : {std::string(""), std::string("has space"), std::string("a/b"),
-                                std::string("semi;colon"), std::string(64, 'x')}) {
+                                 std::string("semi;colon"), std::string(64, 'x')}) {
     INFO("stream name '" << bad << "'");
     AttachResult r = tryAttach(sock, FL_PRODUCER, bad, 2, 64 * 1024);
     CHECK(r.status == FL_EINVAL);
@@ -336,6 +335,6 @@ TEST_CASE("api: a client notices that its daemon is gone", "[integration][api]")
   Client producer = attachProducer(pair.a(), "gone", 2, 64 * 1024);
   REQUIRE(fl_check_daemon(producer.get()) == FL_OK);
   pair.a().kill9();
-  CHECK(waitUntil([&] { return fl_check_daemon(producer.get()) == FL_ERR_DAEMON_GONE; },
-                  Millis(5000), Millis(10)));
+  CHECK(waitUntil([&] { return fl_check_daemon(producer.get()) == FL_ERR_DAEMON_GONE; }, Millis(5000),
+                  Millis(10)));
 }

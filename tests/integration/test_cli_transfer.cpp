@@ -74,33 +74,29 @@ void checkReceiver(const Summary& s, uint64_t frames, const std::string& what) {
 
 std::vector<std::string> recvArgs(const DaemonProcess& b, const std::string& stream, uint64_t count,
                                   const std::string& slot_size, std::vector<std::string> checks) {
-  std::vector<std::string> args = {"recv",        "--socket",     b.socketPath(),
-                                   "--stream",    stream,         "--count",
-                                   std::to_string(count),         "--slot-size",
-                                   slot_size,     "--timeout-ms", "60000",
-                                   "--json"};
+  std::vector<std::string> args = {
+      "recv",        "--socket", b.socketPath(), "--stream", stream,  "--count", std::to_string(count),
+      "--slot-size", slot_size,  "--timeout-ms", "60000",    "--json"};
   args.insert(args.end(), checks.begin(), checks.end());
   return args;
 }
 
 }  // namespace
 
-TEST_CASE("cli: 2,000 frames of random sizes 1 B .. 8 MiB through two daemons",
-          "[integration][cli][bulk]") {
+TEST_CASE("cli: 2,000 frames of random sizes 1 B .. 8 MiB through two daemons", "[integration][cli][bulk]") {
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
   DaemonPair pair(transport);
   const uint64_t frames = 2000;
   const std::string seed = transport == "tcp" ? "20240601" : "777";
 
-  ChildProcess consumer(
-      "recv-" + transport,
-      recvArgs(pair.b(), "bulk", frames, "8M",
-               {"--verify", "--expect-seed", seed, "--expect-random-size", "1:8M", "--expect-order"}));
-  ChildProcess producer("send-" + transport,
-                        {"send", "--socket", pair.a().socketPath(), "--stream", "bulk", "--random-size",
-                         "1:8M", "--seed", seed, "--count", std::to_string(frames), "--slot-size", "8M",
-                         "--slots", "8", "--crc", "--json"});
+  ChildProcess consumer("recv-" + transport, recvArgs(pair.b(), "bulk", frames, "8M",
+                                                      {"--verify", "--expect-seed", seed,
+                                                       "--expect-random-size", "1:8M", "--expect-order"}));
+  ChildProcess producer(
+      "send-" + transport,
+      {"send", "--socket", pair.a().socketPath(), "--stream", "bulk", "--random-size", "1:8M", "--seed", seed,
+       "--count", std::to_string(frames), "--slot-size", "8M", "--slots", "8", "--crc", "--json"});
 
   // ~8 GB of payload per run; generous bounds for a loaded 2-core machine.
   Summary sent = finish(producer, Millis(150000));
@@ -125,8 +121,7 @@ TEST_CASE("cli: several producers attached to one daemon at once", "[integration
       consumers.push_back(std::make_unique<ChildProcess>(
           "recv-" + stream,
           recvArgs(pair.b(), stream, frames, "2M",
-                   {"--verify", "--expect-seed", seed, "--expect-random-size", "1:2M",
-                    "--expect-order"})));
+                   {"--verify", "--expect-seed", seed, "--expect-random-size", "1:2M", "--expect-order"})));
     }
     for (int i = 1; i <= 3; ++i) {
       const std::string stream = "s" + std::to_string(i);
@@ -134,8 +129,8 @@ TEST_CASE("cli: several producers attached to one daemon at once", "[integration
       producers.push_back(std::make_unique<ChildProcess>(
           "send-" + stream,
           std::vector<std::string>{"send", "--socket", pair.a().socketPath(), "--stream", stream,
-                                   "--random-size", "1:2M", "--seed", seed, "--count",
-                                   std::to_string(frames), "--slots", "4", "--crc", "--json"}));
+                                   "--random-size", "1:2M", "--seed", seed, "--count", std::to_string(frames),
+                                   "--slots", "4", "--crc", "--json"}));
     }
     for (auto& p : producers) checkSender(finish(*p, Millis(90000)), frames, p->label());
     for (auto& c : consumers) checkReceiver(finish(*c, Millis(30000)), frames, c->label());
@@ -154,8 +149,8 @@ TEST_CASE("cli: several producers attached to one daemon at once", "[integration
           "send-shared-" + std::to_string(i),
           std::vector<std::string>{"send", "--socket", pair.a().socketPath(), "--stream", "shared",
                                    "--random-size", "1:1M", "--seed", seed, "--first-id",
-                                   std::to_string(i * 10000), "--count", std::to_string(frames),
-                                   "--slots", "4", "--json"}));
+                                   std::to_string(i * 10000), "--count", std::to_string(frames), "--slots",
+                                   "4", "--json"}));
     }
     for (auto& p : producers) checkSender(finish(*p, Millis(90000)), frames, p->label());
     checkReceiver(finish(consumer, Millis(30000)), 3 * frames, "recv-shared");

@@ -7,8 +7,8 @@
 
 #include <catch2/catch.hpp>
 #include <cctype>
-#include <memory>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -34,10 +34,8 @@ bool hasAuthErrorLine(const std::string& log) {
   std::istringstream in(lower(log));
   std::string line;
   while (std::getline(in, line)) {
-    const bool about_auth = line.find("auth") != std::string::npos ||
-                            line.find("token") != std::string::npos;
-    const bool is_error = line.find("warn") != std::string::npos ||
-                          line.find("error") != std::string::npos;
+    const bool about_auth = line.find("auth") != std::string::npos || line.find("token") != std::string::npos;
+    const bool is_error = line.find("warn") != std::string::npos || line.find("error") != std::string::npos;
     if (about_auth && is_error) return true;
   }
   return false;
@@ -92,8 +90,8 @@ void drainAndCheck(fl_client* producer, fl_client* consumer, const std::set<uint
     const auto& st = completions[id];
     std::string statuses;
     for (int s : st) statuses += statusName(s) + " ";
-    INFO("frame " << id << ": completions [" << statuses << "], received by the new consumer "
-                  << received[id] << " time(s)");
+    INFO("frame " << id << ": completions [" << statuses << "], received by the new consumer " << received[id]
+                  << " time(s)");
     CHECK(st.size() == 1);
     CHECK(received[id] <= 1);
     if (st.size() == 1) {

@@ -34,8 +34,7 @@ void expectCompletion(RawClient& raw, int status, int64_t slot = -1) {
 }
 
 // One good frame from `raw` (slot `slot`) through to `consumer`, verified, DELIVERED.
-void rawSendGood(RawClient& raw, fl_client* consumer, uint32_t slot, uint64_t frame_id,
-                 uint64_t length) {
+void rawSendGood(RawClient& raw, fl_client* consumer, uint32_t slot, uint64_t frame_id, uint64_t length) {
   raw.writeMeta(slot, frame_id);
   framelink::pattern::fillPattern(frame_id, raw.slot(slot), length);
   raw.submit(slot, length);
@@ -236,8 +235,8 @@ TEST_CASE("raw attach: bad requests get a specific refusal", "[integration][raw]
     expectRefused(rawExchange(sock, &req, sizeof req, Millis(5000)), FL_ERR_BAD_REQUEST);
   }
   SECTION("garbage-sized messages are rejected without crashing") {
-    const std::vector<size_t> sizes = {1, 7, sizeof(fl_attach_request) - 1,
-                                       sizeof(fl_attach_request) + 1, 4000};
+    const std::vector<size_t> sizes = {1, 7, sizeof(fl_attach_request) - 1, sizeof(fl_attach_request) + 1,
+                                       4000};
     for (size_t n : sizes) {
       INFO("message of " << n << " bytes");
       std::vector<uint8_t> junk(n, 0xA5);

@@ -79,7 +79,9 @@ struct RawPeer {
     }
     return ev;
   }
-  void sendRaw(const void* p, size_t n) { REQUIRE(::send(raw.get(), p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n)); }
+  void sendRaw(const void* p, size_t n) {
+    REQUIRE(::send(raw.get(), p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
+  }
 };
 
 }  // namespace

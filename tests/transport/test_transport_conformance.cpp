@@ -88,9 +88,15 @@ struct Endpoint {
       for (size_t i = 0; i < n; ++i) {
         order.push_back(ev[i].kind);
         switch (ev[i].kind) {
-          case Kind::kSendComplete: sends.push_back(std::move(ev[i])); break;
-          case Kind::kFrameArrived: arrivals.push_back(std::move(ev[i])); break;
-          case Kind::kLinkError: errors.push_back(std::move(ev[i])); break;
+          case Kind::kSendComplete:
+            sends.push_back(std::move(ev[i]));
+            break;
+          case Kind::kFrameArrived:
+            arrivals.push_back(std::move(ev[i]));
+            break;
+          case Kind::kLinkError:
+            errors.push_back(std::move(ev[i]));
+            break;
         }
       }
     }
@@ -172,7 +178,8 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     for (uint32_t i = 0; i < FL_MAX_ATTR_BYTES; ++i) r.header.attrs[i] = static_cast<uint8_t>(i * 7 + 1);
     REQUIRE(tx.t->post(r) == PostResult::kOk);
 
-    waitFor(tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "send completion and arrival");
+    waitFor(
+        tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "send completion and arrival");
     REQUIRE(tx.sends.size() == 1);
     CHECK(tx.sends[0].cookie == 0xC00C1Eu + dir);
     CHECK(tx.sends[0].status == FL_OK);
@@ -209,11 +216,12 @@ TEMPLATE_TEST_CASE("short attributes and no crc round trip", "[transport]", FL_T
   r.header.attr_length = sizeof attrs - 1;
   std::memcpy(r.header.attrs, attrs, r.header.attr_length);
   REQUIRE(tx.t->post(r) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return !rx.arrivals.empty(); }, "arrival");
+  waitFor(
+      tx, rx, [&] { return !rx.arrivals.empty(); }, "arrival");
   CHECK(rx.arrivals[0].header.has_crc32c == 0u);
   CHECK(rx.arrivals[0].header.attr_length == sizeof attrs - 1);
-  CHECK(std::string(reinterpret_cast<const char*>(rx.arrivals[0].header.attrs), rx.arrivals[0].header.attr_length) ==
-        "frame=0;wafer=0");
+  CHECK(std::string(reinterpret_cast<const char*>(rx.arrivals[0].header.attrs),
+                    rx.arrivals[0].header.attr_length) == "frame=0;wafer=0");
   CHECK(firstMismatch(buf.data(), payload) == -1);
 }
 
@@ -229,7 +237,8 @@ TEMPLATE_TEST_CASE("zero-length frame", "[transport]", FL_TRANSPORTS) {
   RemoteCredit credit2 = expose(*rx.t, buf2.credit(4));
   auto payload = pattern(9, 16);
   REQUIRE(tx.t->post(request(11, credit2, payload, 2)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "two frames");
+  waitFor(
+      tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "two frames");
   CHECK(tx.sends[0].cookie == 10u);
   CHECK(tx.sends[0].status == FL_OK);
   CHECK(rx.arrivals[0].status == FL_OK);
@@ -249,14 +258,16 @@ TEMPLATE_TEST_CASE("8 MiB frame", "[transport]", FL_TRANSPORTS) {
   RemoteCredit credit = expose(*rx.t, buf.credit(8));
   auto payload = pattern(88, size);
   REQUIRE(tx.t->post(request(8, credit, payload, 1)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "8 MiB frame");
+  waitFor(
+      tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "8 MiB frame");
   CHECK(tx.sends[0].status == FL_OK);
   CHECK(rx.arrivals[0].status == FL_OK);
   CHECK(rx.arrivals[0].header.length == size);
   CHECK(firstMismatch(buf.data(), payload) == -1);
 }
 
-TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", "[transport]", FL_TRANSPORTS) {
+TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", "[transport]",
+                   FL_TRANSPORTS) {
   auto pair = makePair<TestType>();
   Endpoint tx{pair->a.get()}, rx{pair->b.get()};
   constexpr size_t kFrames = 500;
@@ -266,8 +277,8 @@ TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", 
   std::vector<size_t> sizes(kFrames);
   for (auto& s : sizes) s = size_dist(rng);
 
-  std::map<uint64_t, Buffer> buffers;           // credit id (= frame index + 1) -> buffer
-  std::map<uint64_t, RemoteCredit> granted;     // what the "control link" told the sender
+  std::map<uint64_t, Buffer> buffers;                  // credit id (= frame index + 1) -> buffer
+  std::map<uint64_t, RemoteCredit> granted;            // what the "control link" told the sender
   std::map<uint64_t, std::vector<uint8_t>> in_flight;  // cookie -> payload, until SendComplete
   auto grant = [&](size_t frame) {
     if (frame >= kFrames) return;
@@ -370,7 +381,8 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
     REQUIRE(tx.errors.empty());
     REQUIRE(rx.errors.empty());
     if (std::chrono::steady_clock::now() > deadline) {
-      FAIL("timed out: posted " << posted << ", completed " << tx.sends.size() << ", arrived " << rx.arrivals.size());
+      FAIL("timed out: posted " << posted << ", completed " << tx.sends.size() << ", arrived "
+                                << rx.arrivals.size());
     }
     pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
     ::poll(fds, 2, 5);
@@ -399,7 +411,8 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   RemoteCredit good = expose(*rx.t, buf.credit(778));
   auto payload = pattern(2, 1000);
   REQUIRE(tx.t->post(request(2, good, payload, 6)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "both frames");
+  waitFor(
+      tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "both frames");
   CHECK(tx.sends[0].status == FL_OK);  // the sender cannot know; the daemon NACKs
   CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
   CHECK(rx.arrivals[0].header.credit_id == 777u);
@@ -413,11 +426,13 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   CHECK(rx.t->connected());
   // A credit is consumed by its frame: using it again is an unknown credit.
   REQUIRE(tx.t->post(request(3, good, payload, 7)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return rx.arrivals.size() == 3; }, "reused credit");
+  waitFor(
+      tx, rx, [&] { return rx.arrivals.size() == 3; }, "reused credit");
   CHECK(rx.arrivals[2].status == FL_ERR_UNKNOWN_CREDIT);
 }
 
-TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written", "[transport]", FL_TRANSPORTS) {
+TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written", "[transport]",
+                   FL_TRANSPORTS) {
   auto pair = makePair<TestType>();
   Endpoint tx{pair->a.get()}, rx{pair->b.get()};
   Buffer gone(200'000);
@@ -430,7 +445,8 @@ TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written",
   RemoteCredit good = expose(*rx.t, buf.credit(51));
   auto small = pattern(4, 10);
   REQUIRE(tx.t->post(request(2, good, small, 2)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return rx.arrivals.size() == 2 && tx.sends.size() == 2; }, "both frames");
+  waitFor(
+      tx, rx, [&] { return rx.arrivals.size() == 2 && tx.sends.size() == 2; }, "both frames");
   CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
   CHECK(rx.arrivals[0].header.credit_id == 50u);
   CHECK(std::all_of(gone.mem->begin(), gone.mem->end(), [](uint8_t b) { return b == 0xEE; }));
@@ -461,7 +477,8 @@ TEMPLATE_TEST_CASE("malformed requests are refused by post", "[transport]", FL_T
   CHECK(tx.t->post(r) == PostResult::kInvalid);
   // Nothing was queued: the one valid frame is the first to arrive.
   REQUIRE(tx.t->post(request(5, c, fits, 2)) == PostResult::kOk);
-  waitFor(tx, rx, [&] { return !rx.arrivals.empty() && !tx.sends.empty(); }, "the valid frame");
+  waitFor(
+      tx, rx, [&] { return !rx.arrivals.empty() && !tx.sends.empty(); }, "the valid frame");
   std::this_thread::sleep_for(50ms);
   tx.pump();
   rx.pump();
@@ -507,8 +524,9 @@ TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport
   leaver.t->shutdown();
   CHECK_FALSE(leaver.t->connected());
 
-  waitFor(survivor, leaver, [&] { return !survivor.errors.empty() && survivor.sends.size() == posted; },
-          "LinkError and a completion for every posted frame");
+  waitFor(
+      survivor, leaver, [&] { return !survivor.errors.empty() && survivor.sends.size() == posted; },
+      "LinkError and a completion for every posted frame");
   CHECK(survivor.errors.size() == 1);
   CHECK(survivor.errors[0].status != FL_OK);
   CHECK(!survivor.errors[0].message.empty());
@@ -550,7 +568,8 @@ TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport
   CHECK(survivor.errors.size() == 1);
 }
 
-TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST", "[transport]", FL_TRANSPORTS) {
+TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST", "[transport]",
+                   FL_TRANSPORTS) {
   auto pair = makePair<TestType>();
   Endpoint tx{pair->a.get()}, rx{pair->b.get()};
   constexpr size_t kSize = 1 << 20;
@@ -562,10 +581,12 @@ TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST
   // Everything is reported by the time shutdown() returns.
   tx.pump();
   REQUIRE(tx.sends.size() == posted);
-  CHECK(std::any_of(tx.sends.begin(), tx.sends.end(), [](const auto& e) { return e.status == FL_ERR_LINK_LOST; }));
+  CHECK(std::any_of(tx.sends.begin(), tx.sends.end(),
+                    [](const auto& e) { return e.status == FL_ERR_LINK_LOST; }));
   REQUIRE(tx.errors.size() == 1);
   CHECK(tx.errors[0].status == FL_ERR_SHUTDOWN);
-  waitFor(tx, rx, [&] { return !rx.errors.empty(); }, "LinkError on the peer");
+  waitFor(
+      tx, rx, [&] { return !rx.errors.empty(); }, "LinkError on the peer");
   CHECK_FALSE(rx.t->connected());
 }
 
@@ -593,7 +614,8 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
   size_t arrived = 0;
   TransportEvent ev;
   while (arrived < 3) {
-    if (!readable(rx.t->eventFd(), wait_ms)) FAIL("eventFd not readable with " << (3 - arrived) << " frames to come");
+    if (!readable(rx.t->eventFd(), wait_ms))
+      FAIL("eventFd not readable with " << (3 - arrived) << " frames to come");
     size_t n = rx.t->poll(&ev, 1);
     if (n == 1) {
       CHECK(ev.kind == Kind::kFrameArrived);

@@ -33,8 +33,8 @@ Result<std::unique_ptr<TransportPair>> makeTcp(const TransportPairOptions& optio
   std::promise<UniqueFd> accepted;
   auto accepted_future = accepted.get_future();
   std::once_flag once;
-  auto listener = tcp::TcpDataListener::listen(
-      "127.0.0.1:0", options.token, [&](uint64_t session_id, UniqueFd fd) {
+  auto listener =
+      tcp::TcpDataListener::listen("127.0.0.1:0", options.token, [&](uint64_t session_id, UniqueFd fd) {
         if (session_id != kSessionId) return;
         std::call_once(once, [&] { accepted.set_value(std::move(fd)); });
       });
@@ -97,11 +97,13 @@ namespace {
 
 class DataOnlyService final : public framelink::v1::Link::Service {
  public:
-  DataOnlyService(std::string token, size_t chunk_bytes) : token_(std::move(token)), chunk_bytes_(chunk_bytes) {}
+  DataOnlyService(std::string token, size_t chunk_bytes)
+      : token_(std::move(token)), chunk_bytes_(chunk_bytes) {}
 
   grpc::Status Data(grpc::ServerContext* context, DataStream* stream) override {
     auto md = context->client_metadata().find(kTokenMetadataKey);
-    if (md == context->client_metadata().end() || std::string(md->second.data(), md->second.size()) != token_) {
+    if (md == context->client_metadata().end() ||
+        std::string(md->second.data(), md->second.size()) != token_) {
       return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     }
     framelink::v1::DataMessage first;
@@ -148,17 +150,22 @@ Result<std::unique_ptr<GrpcTestServer>> GrpcTestServer::start(const std::string&
   builder.RegisterService(s->impl_->service.get());
   configureServerBuilder(builder, chunk_bytes);
   s->impl_->server = builder.BuildAndStart();
-  if (!s->impl_->server || s->port_ == 0) return makeError(FL_ERR_RESOURCES, "grpc test server: cannot start");
+  if (!s->impl_->server || s->port_ == 0)
+    return makeError(FL_ERR_RESOURCES, "grpc test server: cannot start");
   return s;
 }
 
 GrpcTestServer::~GrpcTestServer() {
-  if (impl_ && impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (impl_ && impl_->server)
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
-std::future<std::shared_ptr<GrpcServerTransport>>& GrpcTestServer::adopted() noexcept { return impl_->adopted; }
+std::future<std::shared_ptr<GrpcServerTransport>>& GrpcTestServer::adopted() noexcept {
+  return impl_->adopted;
+}
 
-Result<std::unique_ptr<TransportPair>> TransportPair::make(TransportKind kind, const TransportPairOptions& options) {
+Result<std::unique_ptr<TransportPair>> TransportPair::make(TransportKind kind,
+                                                           const TransportPairOptions& options) {
   switch (kind) {
     case TransportKind::kTcp:
       return makeTcp(options);

@@ -26,7 +26,8 @@ struct TransportPairOptions {
 
 class TransportPair {
  public:
-  static Result<std::unique_ptr<TransportPair>> make(TransportKind kind, const TransportPairOptions& options = {});
+  static Result<std::unique_ptr<TransportPair>> make(TransportKind kind,
+                                                     const TransportPairOptions& options = {});
 
   virtual ~TransportPair() = default;  // shuts both transports down and stops listeners/servers
 

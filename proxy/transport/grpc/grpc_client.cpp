@@ -86,8 +86,8 @@ class GrpcClientTransport final : public GrpcTransport {
     if (sender_.joinable()) sender_.join();
     grpc::Status status = stream_->Finish();
     finished_ = true;
-    std::string text = "grpc data link: stream ended: " + std::to_string(status.error_code()) + " " +
-                       status.error_message();
+    std::string text =
+        "grpc data link: stream ended: " + std::to_string(status.error_code()) + " " + status.error_message();
     failLink(status.ok() ? FL_ERR_LINK_LOST : statusToFl(status), text);
   }
 
@@ -102,15 +102,16 @@ class GrpcClientTransport final : public GrpcTransport {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
-                                                          const std::string& token, size_t chunk_bytes) {
+Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel,
+                                                          uint64_t session_id, const std::string& token,
+                                                          size_t chunk_bytes) {
   GrpcTransportOptions options;
   options.chunk_bytes = chunk_bytes;
   return connect(std::move(channel), session_id, token, options);
 }
 
-Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
-                                                          const std::string& token,
+Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel,
+                                                          uint64_t session_id, const std::string& token,
                                                           const GrpcTransportOptions& options) {
   if (!channel) return makeError(FL_EINVAL, "GrpcTransport::connect: null channel");
   auto core = TransportCore::create(options.send_queue_depth);

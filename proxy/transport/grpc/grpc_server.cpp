@@ -18,9 +18,8 @@ Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(gr
   return adoptServerStream(context, stream, options);
 }
 
-Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(grpc::ServerContext* context,
-                                                                              DataStream* stream,
-                                                                              const GrpcTransportOptions& options) {
+Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(
+    grpc::ServerContext* context, DataStream* stream, const GrpcTransportOptions& options) {
   if (context == nullptr || stream == nullptr) {
     return makeError(FL_EINVAL, "GrpcTransport::adoptServerStream: null context or stream");
   }
@@ -30,7 +29,8 @@ Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(gr
 }
 
 GrpcServerTransport::GrpcServerTransport(grpc::ServerContext* context, DataStream* stream,
-                                         const GrpcTransportOptions& options, std::unique_ptr<TransportCore> core)
+                                         const GrpcTransportOptions& options,
+                                         std::unique_ptr<TransportCore> core)
     : GrpcTransport(context->peer(), options, std::move(core)), context_(context), stream_(stream) {}
 
 GrpcServerTransport::~GrpcServerTransport() { shutdown(); }

@@ -116,7 +116,8 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
     credit_ = core_->beginReceive(frame_.credit_id);
     if (credit_ && frame_.length > credit_->capacity) {
       return violation("frame of " + std::to_string(frame_.length) + " bytes exceeds credit " +
-                       std::to_string(frame_.credit_id) + " of " + std::to_string(credit_->capacity) + " bytes");
+                       std::to_string(frame_.credit_id) + " of " + std::to_string(credit_->capacity) +
+                       " bytes");
     }
     if (!credit_ && frame_.length > options_.max_frame_bytes) {
       return violation("frame of " + std::to_string(frame_.length) + " bytes for unknown credit " +
@@ -126,7 +127,8 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
     return violation("frame header in the middle of frame " + std::to_string(frame_.sequence));
   }
   if (m.offset() != offset_) {
-    return violation("chunk at offset " + std::to_string(m.offset()) + ", expected " + std::to_string(offset_));
+    return violation("chunk at offset " + std::to_string(m.offset()) + ", expected " +
+                     std::to_string(offset_));
   }
   const std::string& payload = m.payload();
   if (payload.size() > frame_.length - offset_) {
@@ -136,7 +138,8 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
   offset_ += payload.size();
   if (!m.last()) return true;
   if (offset_ != frame_.length) {
-    return violation("last chunk at " + std::to_string(offset_) + " of " + std::to_string(frame_.length) + " bytes");
+    return violation("last chunk at " + std::to_string(offset_) + " of " + std::to_string(frame_.length) +
+                     " bytes");
   }
   in_frame_ = false;
   if (!credit_) {
@@ -149,8 +152,9 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
     core_->countReceived(frame_.length);
     core_->frameArrived(frame_, FL_OK);
   } else {
-    core_->frameArrived(frame_, FL_ERR_UNKNOWN_CREDIT,
-                        "credit " + std::to_string(frame_.credit_id) + " was retracted while the frame landed");
+    core_->frameArrived(
+        frame_, FL_ERR_UNKNOWN_CREDIT,
+        "credit " + std::to_string(frame_.credit_id) + " was retracted while the frame landed");
   }
   return true;
 }

@@ -64,11 +64,12 @@ class GrpcTransport : public Transport {
   // the token in the call metadata and session_id in the first message.
   // Does not wait for the server: a rejected call shows up as a LinkError
   // (FL_ERR_AUTH for UNAUTHENTICATED / PERMISSION_DENIED).
-  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
-                                                    const std::string& token,
+  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel,
+                                                    uint64_t session_id, const std::string& token,
                                                     size_t chunk_bytes = kDefaultGrpcChunkBytes);
-  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel, uint64_t session_id,
-                                                    const std::string& token, const GrpcTransportOptions& options);
+  static Result<std::unique_ptr<Transport>> connect(std::shared_ptr<grpc::Channel> channel,
+                                                    uint64_t session_id, const std::string& token,
+                                                    const GrpcTransportOptions& options);
 
   // Wraps the stream of a running Data handler whose first message the
   // handler has already read.  `context` and `stream` must stay valid until
@@ -84,7 +85,9 @@ class GrpcTransport : public Transport {
 
   const char* name() const noexcept override { return "grpc"; }
   bool connected() const noexcept override { return core_->connected(); }
-  Result<RemoteCredit> exposeCredit(LocalCredit credit) override { return core_->exposeCredit(std::move(credit)); }
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
+    return core_->exposeCredit(std::move(credit));
+  }
   void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
@@ -94,7 +97,8 @@ class GrpcTransport : public Transport {
   size_t chunkBytes() const noexcept { return options_.chunk_bytes; }
 
  protected:
-  GrpcTransport(std::string peer_name, const GrpcTransportOptions& options, std::unique_ptr<TransportCore> core);
+  GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
+                std::unique_ptr<TransportCore> core);
 
   // The stream, as the concrete side has it.
   virtual bool writeMessage(const framelink::v1::DataMessage& message) noexcept = 0;
@@ -140,10 +144,10 @@ class GrpcServerTransport final : public GrpcTransport {
   enum class State { kAdopted, kRunning, kClosed };
   std::mutex mu_;
   std::condition_variable cv_;
-  State state_ = State::kAdopted;      // GUARDED_BY(mu_)
-  grpc::ServerContext* context_;       // GUARDED_BY(mu_); null once closed
-  DataStream* stream_;                 // valid while kRunning; used by the reader and sender threads
-  std::thread sender_;                 // started and joined by runUntilClosed()
+  State state_ = State::kAdopted;  // GUARDED_BY(mu_)
+  grpc::ServerContext* context_;   // GUARDED_BY(mu_); null once closed
+  DataStream* stream_;             // valid while kRunning; used by the reader and sender threads
+  std::thread sender_;             // started and joined by runUntilClosed()
 };
 
 }  // namespace framelink::transport

@@ -100,8 +100,9 @@ Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_p
 
 // ---------------------------------------------------------------- dialer
 
-Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id, const std::string& token,
-                          std::chrono::milliseconds timeout, TcpSocketOptions options) {
+Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id,
+                          const std::string& token, std::chrono::milliseconds timeout,
+                          TcpSocketOptions options) {
   const auto deadline = Clock::now() + timeout;
   const std::string target = host + ":" + std::to_string(port);
   addrinfo hints{};
@@ -110,7 +111,8 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
   addrinfo* list = nullptr;
   std::string port_text = std::to_string(port);
   if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
-    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": cannot resolve host: " + gai_strerror(rc));
+    return makeError(FL_ERR_TRANSPORT,
+                     "tcp data dial " + target + ": cannot resolve host: " + gai_strerror(rc));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
 
@@ -161,21 +163,22 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
   }
   TcpHelloReply reply{};
   if (Io io = transferAll(fd.get(), &reply, sizeof reply, false, deadline, -1); io != Io::kOk) {
-    return makeError(FL_ERR_TRANSPORT,
-                     "tcp data dial " + target + ": no handshake reply (" +
-                         (io == Io::kTimeout ? std::string("timed out")
-                          : io == Io::kClosed ? std::string("peer closed the connection")
-                                              : errnoText()) +
-                         ")");
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": no handshake reply (" +
+                                           (io == Io::kTimeout  ? std::string("timed out")
+                                            : io == Io::kClosed ? std::string("peer closed the connection")
+                                                                : errnoText()) +
+                                           ")");
   }
   if (reply.status != FL_OK) {
-    std::string why = reply.status == FL_ERR_AUTH           ? "token rejected (check --token on both daemons)"
-                      : reply.status == FL_ERR_PEER_VERSION ? "peer speaks tcp wire version " +
-                                                                  std::to_string(reply.version)
-                                                            : "handshake rejected";
-    int code = (reply.status == FL_ERR_AUTH || reply.status == FL_ERR_PEER_VERSION) ? static_cast<int>(reply.status)
-                                                                                     : FL_ERR_PROTOCOL;
-    return makeError(code, "tcp data dial " + target + ": " + why + " (status " + std::to_string(reply.status) + ")");
+    std::string why = reply.status == FL_ERR_AUTH ? "token rejected (check --token on both daemons)"
+                      : reply.status == FL_ERR_PEER_VERSION
+                          ? "peer speaks tcp wire version " + std::to_string(reply.version)
+                          : "handshake rejected";
+    int code = (reply.status == FL_ERR_AUTH || reply.status == FL_ERR_PEER_VERSION)
+                   ? static_cast<int>(reply.status)
+                   : FL_ERR_PROTOCOL;
+    return makeError(
+        code, "tcp data dial " + target + ": " + why + " (status " + std::to_string(reply.status) + ")");
   }
   if (!setNonBlocking(fd.get(), false)) {
     return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": fcntl: " + errnoText());
@@ -185,7 +188,8 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
 
 // ---------------------------------------------------------------- listener
 
-Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::string& host_port, std::string token,
+Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::string& host_port,
+                                                                 std::string token,
                                                                  OnConnection on_connection,
                                                                  std::chrono::milliseconds handshake_timeout,
                                                                  TcpSocketOptions options) {
@@ -198,7 +202,8 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* list = nullptr;
   std::string port_text = std::to_string(hp->second);
-  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &list);
+      rc != 0) {
     return makeError(FL_EINVAL, "tcp data listener " + host_port + ": cannot resolve: " + gai_strerror(rc));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
@@ -212,7 +217,8 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
     return makeError(FL_ERR_RESOURCES, "tcp data listener: bind " + host_port + ": " + errnoText() +
                                            " (address in use? choose another --data-listen)");
   }
-  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "tcp data listener: listen: " + errnoText());
+  if (::listen(fd.get(), 64) != 0)
+    return makeError(FL_ERR_RESOURCES, "tcp data listener: listen: " + errnoText());
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
@@ -221,8 +227,8 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: eventfd: " + errnoText());
 
-  std::unique_ptr<TcpDataListener> l(new TcpDataListener(std::move(fd), std::move(wake), port, std::move(token),
-                                                         std::move(on_connection), handshake_timeout));
+  std::unique_ptr<TcpDataListener> l(new TcpDataListener(
+      std::move(fd), std::move(wake), port, std::move(token), std::move(on_connection), handshake_timeout));
   try {
     l->thread_ = std::thread([p = l.get()] { p->acceptLoop(); });
   } catch (const std::system_error& e) {
@@ -261,7 +267,8 @@ void TcpDataListener::acceptLoop() noexcept {
     if (!(fds[0].revents & POLLIN)) continue;
     sockaddr_storage peer{};
     socklen_t len = sizeof peer;
-    UniqueFd conn(::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    UniqueFd conn(
+        ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         spdlog::warn("tcp data listener: accept: {}", errnoText());
@@ -306,9 +313,11 @@ void TcpDataListener::handshake(UniqueFd fd, const std::string& peer) noexcept {
   }
   // The reply fits an empty send buffer; a peer that does not read it is
   // not worth waiting for.
-  Io sent = transferAll(fd.get(), &reply, sizeof reply, true, Clock::now() + std::chrono::milliseconds(100), -1);
+  Io sent =
+      transferAll(fd.get(), &reply, sizeof reply, true, Clock::now() + std::chrono::milliseconds(100), -1);
   if (reply.status != FL_OK) {
-    spdlog::warn("tcp data listener: rejected connection from {} for session {:#x}: {}", peer, hello.session_id, why);
+    spdlog::warn("tcp data listener: rejected connection from {} for session {:#x}: {}", peer,
+                 hello.session_id, why);
     return;
   }
   if (sent != Io::kOk || !setNonBlocking(fd.get(), false)) {

@@ -32,8 +32,9 @@ struct TcpSocketOptions {
 // and waits for the reply; `timeout` bounds the whole thing.  Errors:
 // FL_ERR_TRANSPORT (cannot connect / timed out), FL_ERR_AUTH (token
 // rejected), FL_ERR_PEER_VERSION, FL_ERR_PROTOCOL.
-Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id, const std::string& token,
-                          std::chrono::milliseconds timeout, TcpSocketOptions options = {});
+Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id,
+                          const std::string& token, std::chrono::milliseconds timeout,
+                          TcpSocketOptions options = {});
 
 // Splits "host:port", "[v6]:port" or ":port" (any address).
 Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port);

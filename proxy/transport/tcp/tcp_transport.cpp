@@ -22,8 +22,8 @@ Result<std::unique_ptr<Transport>> TcpTransport::create(UniqueFd fd, std::string
   int one = 1;
   // Frames are written whole; Nagle would only delay the tail of each one.
   if (::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
-    return makeError(FL_ERR_TRANSPORT, std::string("TCP_NODELAY on data socket to ") + peer_name +
-                                           ": " + std::strerror(errno));
+    return makeError(FL_ERR_TRANSPORT,
+                     std::string("TCP_NODELAY on data socket to ") + peer_name + ": " + std::strerror(errno));
   }
   auto core = TransportCore::create(options.send_queue_depth);
   if (!core) return std::move(core).error().context("tcp transport to " + peer_name);
@@ -79,7 +79,8 @@ void TcpTransport::senderLoop() noexcept {
       ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
-        failLink(FL_ERR_LINK_LOST, "tcp data link to " + peer_name_ + ": send failed: " + std::strerror(errno));
+        failLink(FL_ERR_LINK_LOST,
+                 "tcp data link to " + peer_name_ + ": send failed: " + std::strerror(errno));
         ok = false;
         break;
       }
@@ -152,7 +153,8 @@ void TcpTransport::receiverLoop() noexcept {
       return;
     }
     if (wire.magic != kTcpFrameMagic) {
-      failLink(FL_ERR_PROTOCOL, where + "bad frame magic (not a framelink peer, or the stream is out of sync)");
+      failLink(FL_ERR_PROTOCOL,
+               where + "bad frame magic (not a framelink peer, or the stream is out of sync)");
       return;
     }
     if (wire.attr_length > FL_MAX_ATTR_BYTES) {
@@ -179,8 +181,8 @@ void TcpTransport::receiverLoop() noexcept {
     }
     if (header.length > credit->capacity) {
       core_->endReceive();
-      failLink(FL_ERR_PROTOCOL, where + "frame of " + std::to_string(header.length) + " bytes exceeds credit " +
-                                    std::to_string(header.credit_id) + " of " +
+      failLink(FL_ERR_PROTOCOL, where + "frame of " + std::to_string(header.length) +
+                                    " bytes exceeds credit " + std::to_string(header.credit_id) + " of " +
                                     std::to_string(credit->capacity) + " bytes");
       return;
     }
@@ -194,8 +196,9 @@ void TcpTransport::receiverLoop() noexcept {
       core_->countReceived(header.length);
       core_->frameArrived(header, FL_OK);
     } else {
-      core_->frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                          "credit " + std::to_string(header.credit_id) + " was retracted while the frame landed");
+      core_->frameArrived(
+          header, FL_ERR_UNKNOWN_CREDIT,
+          "credit " + std::to_string(header.credit_id) + " was retracted while the frame landed");
     }
   }
 }

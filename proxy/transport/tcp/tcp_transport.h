@@ -41,7 +41,9 @@ class TcpTransport final : public Transport {
 
   const char* name() const noexcept override { return "tcp"; }
   bool connected() const noexcept override { return core_->connected(); }
-  Result<RemoteCredit> exposeCredit(LocalCredit credit) override { return core_->exposeCredit(std::move(credit)); }
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
+    return core_->exposeCredit(std::move(credit));
+  }
   void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }

@@ -74,15 +74,15 @@ struct TcpHelloReply {
 static_assert(sizeof(TcpHelloReply) == 8);
 
 struct TcpFrameHeader {
-  uint32_t magic;        // kTcpFrameMagic
-  uint32_t has_crc32c;   // 0 or 1
+  uint32_t magic;       // kTcpFrameMagic
+  uint32_t has_crc32c;  // 0 or 1
   uint64_t stream_id;
   uint64_t sequence;
   uint64_t credit_id;
   uint64_t frame_id;
   uint64_t wafer_id;
   uint64_t timestamp_ns;
-  uint64_t length;       // payload bytes that follow
+  uint64_t length;  // payload bytes that follow
   uint32_t crc32c;
   uint32_t attr_length;  // <= FL_MAX_ATTR_BYTES
   uint8_t attrs[FL_MAX_ATTR_BYTES];
