@@ -1,4 +1,4 @@
-// `framelink send`: synthetic frames (brief's pattern) or files, as a producer.
+// `framelink send`: synthetic frames (see frame_pattern.h) or files, as a producer.
 #include <sys/stat.h>
 
 #include <cerrno>
