@@ -89,7 +89,10 @@ FL_API const char* fl_status_str(int status) {
     case FL_ERR_UNKNOWN_CREDIT:
       return "FL_ERR_UNKNOWN_CREDIT: the peer used a credit it was not granted";
     case FL_ERR_TRANSPORT:
-      return "FL_ERR_TRANSPORT: the transport failed (see the daemon log)";
+      return "FL_ERR_TRANSPORT: the transport failed this frame (see the daemon log)";
+    case FL_ERR_DEVICE:
+      return "FL_ERR_DEVICE: the RDMA device failed; links on it are down until it recovers (see the daemon "
+             "log)";
     default:
       break;
   }

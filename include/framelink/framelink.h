@@ -84,7 +84,8 @@ typedef enum fl_status {
   FL_ERR_UNKNOWN_CREDIT = 304, /* peer used a credit it was not granted */
 
   /* 400..499: the device / transport */
-  FL_ERR_TRANSPORT = 400, /* the transport failed (see the daemon log) */
+  FL_ERR_TRANSPORT = 400, /* the transport failed this frame (see the daemon log) */
+  FL_ERR_DEVICE = 401,    /* the RDMA device failed: every link on it is down until it recovers */
 } fl_status;
 
 enum fl_client_role {

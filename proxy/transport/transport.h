@@ -54,6 +54,10 @@ struct RemoteCredit {
 
 // A receive buffer on this side.  `keepalive` keeps the memory mapped for as
 // long as the transport may still write into it.
+//
+// rdma: the 256-byte fl_slot_header of the slot lies immediately before
+// `buffer` (the daemon's segment layout guarantees it), and the frame's
+// header lands there together with the payload in one RDMA write.
 struct LocalCredit {
   uint64_t credit_id = 0;
   uint8_t* buffer = nullptr;
@@ -109,6 +113,12 @@ class Transport {
   // accepted post gets exactly one SendComplete, after the transport stopped
   // reading the payload; none is FL_OK after the link's (single) LinkError.
   virtual PostResult post(const SendRequest& request) noexcept = 0;
+
+  // Hands everything accepted by post() since the last flush to the
+  // hardware (rdma: one chained ibv_post_send).  The agent calls it after
+  // each round of posts; a transport may also flush on its own when its
+  // batch is full.  Byte-stream transports hand requests over in post().
+  virtual void flush() noexcept {}
 
   // Fills up to `max` events; returns how many.
   virtual size_t poll(TransportEvent* out, size_t max) noexcept = 0;

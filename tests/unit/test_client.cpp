@@ -300,7 +300,8 @@ TEST_CASE("version and status strings", "[client]") {
                        FL_ERR_PROTOCOL,
                        FL_ERR_UNKNOWN_STREAM,
                        FL_ERR_UNKNOWN_CREDIT,
-                       FL_ERR_TRANSPORT};
+                       FL_ERR_TRANSPORT,
+                       FL_ERR_DEVICE};
   for (int code : codes) {
     std::string s = fl_status_str(code);
     INFO(code << " -> " << s);
