@@ -1,0 +1,40 @@
+"""framelink: move large frames between hosts through the local framelinkd.
+
+    import framelink
+    with framelink.Producer("cam0") as p:
+        with p.acquire() as loan:
+            loan.ndarray((1024, 1024))[:] = image      # write in place: zero copies
+            loan.submit(1024 * 1024, frame_id=42, wafer_id=1)
+        done = p.wait_completions(timeout=30)          # done[0].delivered
+
+A thin layer over libframelink (ctypes): views of shared memory, lifetime
+checks, asyncio.  The protocol itself lives in the C library.
+"""
+
+from ._client import (
+    ClientInfo,
+    Completion,
+    Consumer,
+    Frame,
+    FrameLinkError,
+    FrameLinkTimeout,
+    Loan,
+    Producer,
+    Status,
+    crc32c,
+    version,
+)
+
+__all__ = [
+    "ClientInfo",
+    "Completion",
+    "Consumer",
+    "Frame",
+    "FrameLinkError",
+    "FrameLinkTimeout",
+    "Loan",
+    "Producer",
+    "Status",
+    "crc32c",
+    "version",
+]

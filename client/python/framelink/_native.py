@@ -1,0 +1,148 @@
+"""ctypes declarations of libframelink's C ABI (include/framelink/framelink.h).
+
+Nothing here knows the shared-memory protocol: every ring index, atomic and
+system call stays in the C library.  This module only loads it and declares
+the fl_* functions and structs, which tests/test_abi.py checks against the
+header with a C compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+
+SONAME = "libframelink.so.0"
+MAX_ATTR_BYTES = 192
+META_CRC32C = 1
+SLOT_HAS_CRC32C = 1
+PRODUCER = 1
+CONSUMER = 2
+
+
+class ClientOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("role", c_uint32),
+        ("socket_path", c_char_p),
+        ("stream", c_char_p),
+        ("client_name", c_char_p),
+        ("slot_count", c_uint32),
+        ("reserved", c_uint32),
+        ("slot_size", c_uint64),
+    ]
+
+
+class ClientInfo(ctypes.Structure):
+    _fields_ = [
+        ("client_id", c_uint64),
+        ("slot_size", c_uint64),
+        ("slot_count", c_uint32),
+        ("role", c_uint32),
+        ("daemon_pid", c_uint64),
+        ("daemon_start_ns", c_uint64),
+        ("data_on_hugepages", c_uint32),
+        ("reserved", c_uint32),
+    ]
+
+
+class Slot(ctypes.Structure):
+    _fields_ = [
+        ("index", c_uint32),
+        ("reserved", c_uint32),
+        ("data", c_void_p),
+        ("capacity", c_uint64),
+    ]
+
+
+class FrameMeta(ctypes.Structure):
+    _fields_ = [
+        ("frame_id", c_uint64),
+        ("wafer_id", c_uint64),
+        ("timestamp_ns", c_uint64),
+        ("flags", c_uint32),
+        ("attr_length", c_uint32),
+        ("attrs", c_void_p),
+    ]
+
+
+class CompletionStruct(ctypes.Structure):
+    _fields_ = [
+        ("slot", c_uint32),
+        ("status", c_int32),
+        ("sequence", c_uint64),
+        ("frame_id", c_uint64),
+        ("length", c_uint64),
+    ]
+
+
+class FrameStruct(ctypes.Structure):
+    _fields_ = [
+        ("slot", c_uint32),
+        ("flags", c_uint32),
+        ("sequence", c_uint64),
+        ("data", c_void_p),
+        ("length", c_uint64),
+        ("frame_id", c_uint64),
+        ("wafer_id", c_uint64),
+        ("timestamp_ns", c_uint64),
+        ("crc32c", c_uint32),
+        ("attr_length", c_uint32),
+        ("attrs", c_void_p),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    h = c_void_p  # fl_client*
+    sig = {
+        "fl_version": (c_char_p, []),
+        "fl_last_error": (c_char_p, []),
+        "fl_status_str": (c_char_p, [c_int]),
+        "fl_client_options_init": (None, [POINTER(ClientOptions)]),
+        "fl_attach": (c_int, [POINTER(ClientOptions), POINTER(c_void_p)]),
+        "fl_detach": (None, [h]),
+        "fl_client_get_info": (c_int, [h, POINTER(ClientInfo)]),
+        "fl_check_daemon": (c_int, [h]),
+        "fl_doorbell_fd": (c_int, [h]),
+        "fl_acquire": (c_int, [h, c_int, POINTER(Slot)]),
+        "fl_set_meta": (c_int, [h, c_uint32, POINTER(FrameMeta)]),
+        "fl_submit": (c_int, [h, c_uint32, c_uint64]),
+        "fl_abandon": (c_int, [h, c_uint32]),
+        "fl_poll_completions": (c_int, [h, POINTER(CompletionStruct), c_size_t, POINTER(c_size_t)]),
+        "fl_wait_completions": (c_int, [h, POINTER(CompletionStruct), c_size_t, POINTER(c_size_t), c_int]),
+        "fl_in_flight": (c_int, [h, POINTER(c_uint32)]),
+        "fl_receive": (c_int, [h, POINTER(FrameStruct), c_int]),
+        "fl_release": (c_int, [h, c_uint32]),
+        "fl_crc32c": (c_uint32, [c_uint32, c_void_p, c_size_t]),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+def _load() -> ctypes.CDLL:
+    """$FRAMELINK_LIBRARY, then a copy bundled next to this package, then the system SONAME."""
+    tried = []
+    candidates = []
+    env = os.environ.get("FRAMELINK_LIBRARY")
+    if env:
+        candidates.append(env)
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", SONAME)
+    if os.path.exists(bundled):
+        candidates.append(bundled)
+    candidates.append(SONAME)
+    for path in candidates:
+        try:
+            # CDLL (not PyDLL): every call releases the GIL while it runs.
+            return _declare(ctypes.CDLL(path))
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    raise ImportError(
+        "framelink: cannot load libframelink (" + "; ".join(tried) + "). Install the framelink package "
+        "(it provides " + SONAME + ") or set FRAMELINK_LIBRARY to the path of libframelink.so.0"
+    )
+
+
+lib = _load()

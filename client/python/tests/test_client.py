@@ -1,0 +1,245 @@
+"""Producer -> framelinkd a -> framelinkd b -> consumer, through real daemons and shared memory."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import framelink
+from framelink import Consumer, FrameLinkError, Producer, Status, pattern
+
+from conftest import HERE
+
+SIZE = 64 * 1024
+
+
+def consume(pair, stream, count, out, slots=4):
+    with Consumer(stream, socket_path=pair.b.socket, slot_count=slots, slot_size=SIZE) as c:
+        out["attached"].set()
+        for _ in range(count):
+            f = c.receive(timeout=20)
+            if f is None:
+                out["error"] = "timed out waiting for a frame"
+                return
+            with f:
+                view = f.ndarray()
+                out["frames"].append((f.frame_id, f.wafer_id, f.timestamp_ns, f.attributes, f.length,
+                                      pattern.mismatch(f.frame_id, view), view.flags.writeable, f.has_crc32c))
+                del view
+
+
+def start_consumer(pair, stream, count):
+    out = {"frames": [], "error": None, "attached": threading.Event()}
+    t = threading.Thread(target=consume, args=(pair, stream, count, out), daemon=True)
+    t.start()
+    assert out["attached"].wait(10)
+    return t, out
+
+
+def test_round_trip_every_byte_and_field(pair, stream):
+    n = 12
+    t, out = start_consumer(pair, stream, n)
+    sent = {}
+    with Producer(stream, socket_path=pair.a.socket, slot_count=4, slot_size=SIZE) as p:
+        assert p.slot_size >= SIZE and p.slot_count == 4
+        done = []
+        for i in range(n):
+            length = SIZE - 8 * i - (i % 3)
+            with p.acquire(timeout=20) as loan:
+                if i % 2:
+                    loan.ndarray(length)[:] = pattern.payload(i, length)  # in place, zero copies
+                    kw = {"length": length}
+                else:
+                    assert loan.write(pattern.payload(i, length)) == length  # one copy
+                    kw = {}
+                ts = time.time_ns()
+                loan.submit(**kw, frame_id=i, wafer_id=pattern.wafer_of(i), timestamp_ns=ts,
+                            attributes=pattern.attributes(i), crc=(i == 3))
+                sent[i] = (length, ts)
+            done += p.poll_completions()
+        while len(done) < n:
+            got = p.wait_completions(timeout=20)
+            assert got, "no completion within 20 s"
+            done += got
+        assert p.in_flight == 0
+    t.join(20)
+    assert out["error"] is None
+    assert sorted(c.frame_id for c in done) == list(range(n))
+    assert all(c.delivered and c.status == Status.OK for c in done), [c.reason for c in done if not c.delivered]
+    assert all(c.length == sent[c.frame_id][0] for c in done)
+    assert [f[0] for f in out["frames"]] == list(range(n))
+    for fid, wafer, ts, attrs, length, bad, writeable, has_crc in out["frames"]:
+        assert (wafer, ts, attrs, length) == (pattern.wafer_of(fid), sent[fid][1], pattern.attributes(fid),
+                                              sent[fid][0])
+        assert bad == -1, f"frame {fid} differs from the pattern at byte {bad}"
+        assert writeable is False
+        assert has_crc == (fid == 3)
+
+
+def test_view_lifetime_guard(pair, stream):
+    t, out = start_consumer(pair, stream, 1)
+    with Producer(stream, socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as p:
+        loan = p.acquire(timeout=10)
+        view = loan.ndarray((256, 256))
+        tail = view[100:][::3]  # a derived view keeps the slot too
+        del view
+        view2 = loan.buffer()[10:20]
+        with pytest.raises(BufferError, match="still alive"):
+            loan.submit(SIZE, frame_id=0)
+        del view2
+        with pytest.raises(BufferError):
+            loan.abandon()
+        assert not loan.submitted_or_abandoned
+        del tail
+        loan.write(pattern.payload(0, SIZE))
+        loan.submit(frame_id=0, wafer_id=0, attributes=pattern.attributes(0))
+        with pytest.raises(ValueError, match="already submitted"):
+            loan.buffer()
+        with pytest.raises(ValueError, match="already submitted"):
+            loan.submit(SIZE, frame_id=0)
+        assert p.wait_completions(timeout=20)[0].delivered
+    t.join(20)
+    assert out["frames"][0][5] == -1
+
+
+def test_consumer_views_are_read_only_and_guard_release(pair, stream):
+    with Consumer(stream, socket_path=pair.b.socket, slot_count=2, slot_size=SIZE) as c, \
+         Producer(stream, socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as p:
+        with p.acquire(timeout=10) as loan:
+            loan.write(b"\x07" * 100)
+            loan.submit(frame_id=5)
+        f = c.receive(timeout=20)
+        assert f is not None and f.length == 100
+        a = f.ndarray()
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0] = 1
+        mv = f.buffer()
+        assert mv.readonly and mv[99] == 7
+        with pytest.raises(TypeError):
+            mv[0] = 1
+        with pytest.raises(BufferError, match="release the frame"):
+            f.release()
+        del a, mv
+        f.release()
+        with pytest.raises(ValueError, match="already released"):
+            f.buffer()
+        assert p.wait_completions(timeout=20)[0].delivered
+
+
+def test_bad_input_says_what_to_do(pair, stream, tmp_path):
+    with pytest.raises(FrameLinkError) as e:
+        Producer(stream, socket_path=str(tmp_path / "nothing.sock"))
+    assert e.value.status == Status.ERR_DAEMON_UNREACHABLE
+    assert "nothing.sock" in str(e.value)
+    with pytest.raises(FrameLinkError) as e:
+        Producer("bad name!", socket_path=pair.a.socket)
+    assert e.value.status in (Status.ERR_BAD_REQUEST, Status.EINVAL)
+    with Producer(stream, socket_path=pair.a.socket, slot_count=1, slot_size=SIZE) as p:
+        with p.acquire(timeout=10) as loan:
+            with pytest.raises(ValueError, match="at most 192"):
+                loan.submit(1, frame_id=1, attributes=b"x" * 193)
+            with pytest.raises(ValueError, match="do not fit"):
+                loan.write(b"x" * (p.slot_size + 1))
+            with pytest.raises(ValueError, match="outside the slot"):
+                loan.submit(p.slot_size + 1, frame_id=1)
+        # the context manager abandoned the loan: the only slot is free again
+        assert p.try_acquire() is not None
+        with pytest.raises(framelink.FrameLinkTimeout):
+            p.acquire(timeout=0.05)  # the one slot is held by the loan above (never submitted)
+
+
+CTRL_C_CHILD = r"""
+import sys, framelink
+c = framelink.Consumer(sys.argv[2], socket_path=sys.argv[1])
+print("waiting", flush=True)
+try:
+    c.receive()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(42)
+"""
+
+
+def test_ctrl_c_interrupts_a_blocking_receive(pair, stream):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, pair.b.socket, stream], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)  # now inside receive()
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        rc = child.wait(5)
+        elapsed = time.monotonic() - t0
+    finally:
+        if child.poll() is None:
+            child.kill()
+    out, err = child.communicate()
+    assert rc == 42, err
+    assert "interrupted" in out
+    assert elapsed < 2.0
+
+
+def test_asyncio_round_trip_and_cancellation(pair, stream):
+    n = 10
+
+    async def main():
+        with Consumer(stream, socket_path=pair.b.socket, slot_count=4, slot_size=SIZE) as c, \
+             Producer(stream, socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as p:
+            # A receive on an idle stream waits on the doorbell and can be cancelled.
+            idle = asyncio.ensure_future(c.receive_async())
+            await asyncio.sleep(0.2)
+            assert not idle.done()
+            idle.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await idle
+
+            async def produce():
+                for i in range(n):
+                    loan = await p.acquire_async()  # only 2 slots: waits for completions
+                    loan.write(pattern.payload(i, 1000 + i))
+                    loan.submit(frame_id=i, wafer_id=pattern.wafer_of(i))
+
+            async def collect():
+                got = []
+                async for comp in p.completions():
+                    got.append(comp)
+                    if len(got) == n:
+                        return got
+
+            async def receive():
+                seen = []
+                async for f in c.frames():
+                    with f:
+                        seen.append((f.frame_id, f.length, pattern.mismatch(f.frame_id, f.buffer())))
+                    if len(seen) == n:
+                        return seen
+
+            _, comps, seen = await asyncio.wait_for(asyncio.gather(produce(), collect(), receive()), 30)
+            assert [x.frame_id for x in comps] == list(range(n)) and all(x.delivered for x in comps)
+            assert seen == [(i, 1000 + i, -1) for i in range(n)]
+            assert not c._waiters and c._reader_loop is None
+
+    asyncio.run(main())
+
+
+def test_crc32c_known_value():
+    assert framelink.crc32c(b"123456789") == 0xE3069283
+
+
+def test_frames_from_the_c_cli_match_the_python_pattern(pair, stream):
+    cli = os.path.join(os.path.dirname(os.environ["FRAMELINKD"]), "..", "client", "cli", "framelink")
+    t, out = start_consumer(pair, stream, 3)
+    r = subprocess.run([cli, "send", "--socket", pair.a.socket, "--stream", stream, "--count", "3", "--size",
+                        str(SIZE - 3), "--slots", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    t.join(20)
+    assert [(f[0], f[1], f[3], f[4], f[5]) for f in out["frames"]] == [
+        (i, pattern.wafer_of(i), pattern.attributes(i), SIZE - 3, -1) for i in range(3)]
