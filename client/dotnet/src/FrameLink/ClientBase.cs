@@ -1,0 +1,96 @@
+using System.Runtime.InteropServices;
+
+namespace FrameLink;
+
+/// <summary>What producer and consumer share: attach, info, the doorbell, bounded blocking waits.</summary>
+public abstract unsafe class FrameLinkClient : IDisposable
+{
+    // Blocking calls wait in slices of at most this long so that a CancellationToken is seen promptly.
+    private protected const int WaitSliceMs = 100;
+
+    private protected readonly SafeClientHandle handle;
+    private readonly Lazy<Doorbell> doorbell;
+
+    private protected FrameLinkClient(string stream, FrameLinkOptions? options, uint role, string roleName)
+    {
+        ArgumentException.ThrowIfNullOrEmpty(stream);
+        options ??= new FrameLinkOptions();
+        if (options.SlotCount < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotCount must be >= 0 (0: the default)");
+        if (options.SlotSize < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotSize must be >= 0 (0: the default)");
+        Stream = stream;
+        var o = new FlClientOptions();
+        Native.fl_client_options_init(&o);
+        o.Role = role;
+        o.SlotCount = (uint)options.SlotCount;
+        o.SlotSize = (ulong)options.SlotSize;
+        IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
+        IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
+        IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);
+        try
+        {
+            o.Stream = (byte*)s;
+            o.SocketPath = (byte*)sock;
+            o.ClientName = (byte*)name;
+            int rc = Native.fl_attach(&o, out handle);
+            if (rc != 0)
+            {
+                handle.Dispose();
+                throw Native.Error(rc, $"cannot attach {roleName} to stream '{stream}'");
+            }
+        }
+        finally
+        {
+            Marshal.FreeCoTaskMem(s);
+            if (sock != IntPtr.Zero) Marshal.FreeCoTaskMem(sock);
+            if (name != IntPtr.Zero) Marshal.FreeCoTaskMem(name);
+        }
+        FlClientInfo info;
+        Native.Check(Native.fl_client_get_info(handle, &info), "fl_client_get_info");
+        Info = new ClientInfo(info.ClientId, (long)info.SlotSize, (int)info.SlotCount, info.DaemonPid, info.DataOnHugepages != 0);
+        doorbell = new Lazy<Doorbell>(() => new Doorbell(handle), LazyThreadSafetyMode.ExecutionAndPublication);
+    }
+
+    public string Stream { get; }
+    public ClientInfo Info { get; }
+    public long SlotSize => Info.SlotSize;
+    public int SlotCount => Info.SlotCount;
+
+    /// <summary>Throws FrameLinkException(DaemonGone) when the daemon that served the attach is gone.</summary>
+    public void CheckDaemon() => Native.Check(Native.fl_check_daemon(Handle), "framelinkd");
+
+    private protected SafeClientHandle Handle
+    {
+        get
+        {
+            ObjectDisposedException.ThrowIf(handle.IsClosed, this);
+            return handle;
+        }
+    }
+
+    private protected Task WaitDoorbellAsync(CancellationToken ct)
+    {
+        ObjectDisposedException.ThrowIf(handle.IsClosed, this);
+        return doorbell.Value.WaitAsync(ct);
+    }
+
+    /// <summary>Runs attempt(ms) in slices until it returns true, the timeout passes (false) or ct fires.</summary>
+    private protected static bool WaitInSlices(Func<int, bool> attempt, TimeSpan? timeout, CancellationToken ct)
+    {
+        long deadline = timeout is { } t ? Environment.TickCount64 + (long)Math.Max(0, t.TotalMilliseconds) : long.MaxValue;
+        while (true)
+        {
+            ct.ThrowIfCancellationRequested();
+            long left = deadline - Environment.TickCount64;
+            int ms = left <= 0 ? 0 : (int)Math.Min(WaitSliceMs, left);
+            if (attempt(ms)) return true;
+            if (Environment.TickCount64 >= deadline) return false;
+        }
+    }
+
+    public void Dispose()
+    {
+        if (doorbell.IsValueCreated) doorbell.Value.Dispose();
+        handle.Dispose();
+        GC.SuppressFinalize(this);
+    }
+}

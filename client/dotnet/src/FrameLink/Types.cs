@@ -1,0 +1,100 @@
+using System.Runtime.InteropServices;
+
+namespace FrameLink;
+
+/// <summary>fl_status from framelink.h.</summary>
+public enum FrameLinkStatus
+{
+    Ok = 0,
+    Again = 1,
+    TimedOut = 2,
+    InvalidArgument = 3,
+    Interrupted = 4,
+    Busy = 5,
+    BadSlot = 100,
+    SlotNotOwned = 101,
+    TooLarge = 102,
+    BadMetadata = 103,
+    BadDescriptor = 104,
+    DoubleRelease = 105,
+    NoConsumer = 106,
+    FrameTimeout = 107,
+    PeerRejected = 108,
+    CrcMismatch = 109,
+    NoRoute = 110,
+    LinkLost = 111,
+    Shutdown = 112,
+    DaemonUnreachable = 200,
+    AttachRefused = 201,
+    Quota = 202,
+    Version = 203,
+    BadRequest = 204,
+    DaemonGone = 205,
+    Resources = 206,
+    RingCorrupt = 207,
+    Auth = 300,
+    PeerVersion = 301,
+    Protocol = 302,
+    UnknownStream = 303,
+    UnknownCredit = 304,
+    Transport = 400,
+    Device = 401,
+}
+
+/// <summary>A libframelink call failed. The message says what was wrong and what to do.</summary>
+public sealed class FrameLinkException : Exception
+{
+    public FrameLinkException(FrameLinkStatus status, string message) : base(message) => Status = status;
+    public FrameLinkStatus Status { get; }
+}
+
+/// <summary>Attach options; every field has a default.</summary>
+public sealed record FrameLinkOptions
+{
+    /// <summary>The daemon's Unix socket; null: $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock.</summary>
+    public string? SocketPath { get; init; }
+    /// <summary>Slots to ask for; 0: the library default (8).</summary>
+    public int SlotCount { get; init; }
+    /// <summary>Bytes per slot; 0: the library default (4 MiB).</summary>
+    public long SlotSize { get; init; }
+    /// <summary>Shown in the daemon's logs; null: the program name.</summary>
+    public string? ClientName { get; init; }
+}
+
+/// <summary>What the daemon granted at attach.</summary>
+public readonly record struct ClientInfo(ulong ClientId, long SlotSize, int SlotCount, ulong DaemonPid, bool DataOnHugepages);
+
+/// <summary>One per submitted frame: delivered (Status Ok) or why it failed. Layout of fl_completion.</summary>
+[StructLayout(LayoutKind.Sequential)]
+public readonly struct Completion
+{
+    private readonly uint slot;
+    private readonly int status;
+    private readonly ulong sequence;
+    private readonly ulong frameId;
+    private readonly ulong length;
+
+    public int Slot => (int)slot;
+    public FrameLinkStatus Status => (FrameLinkStatus)status;
+    public ulong Sequence => sequence;
+    public ulong FrameId => frameId;
+    public long Length => (long)length;
+    public bool Delivered => status == 0;
+    /// <summary>"FL_ERR_...: what it means", from fl_status_str.</summary>
+    public unsafe string Reason => Marshal.PtrToStringUTF8((IntPtr)Native.fl_status_str(status)) ?? status.ToString();
+    public override string ToString() => $"frame {FrameId}: {(Delivered ? "delivered" : Reason)}";
+}
+
+public static class FrameLinkLibrary
+{
+    /// <summary>Version of the loaded libframelink.</summary>
+    public static unsafe string Version => Marshal.PtrToStringUTF8((IntPtr)Native.fl_version()) ?? "";
+
+    /// <summary>CRC32C (Castagnoli) as the daemon computes it.</summary>
+    public static unsafe uint Crc32c(ReadOnlySpan<byte> data, uint seed = 0)
+    {
+        fixed (byte* p = data) return Native.fl_crc32c(seed, p, (nuint)data.Length);
+    }
+
+    internal static ulong NowNs() => (ulong)(DateTimeOffset.UtcNow - DateTimeOffset.UnixEpoch).Ticks * 100;
+}

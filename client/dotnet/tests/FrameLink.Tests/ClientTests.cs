@@ -1,0 +1,168 @@
+using System.Runtime.CompilerServices;
+using FrameLink.Examples;
+
+namespace FrameLink.Tests;
+
+[Collection("daemons")]
+public sealed class ClientTests
+{
+    private const int Size = 64 * 1024;
+    private readonly DaemonPair pair;
+
+    public ClientTests(DaemonPair pair) => this.pair = pair;
+
+    private static string StreamName([CallerMemberName] string test = "") => "cs-" + test;
+    private FrameLinkOptions A(int slots = 4) => new() { SocketPath = pair.SocketA, SlotCount = slots, SlotSize = Size };
+    private FrameLinkOptions B(int slots = 4) => new() { SocketPath = pair.SocketB, SlotCount = slots, SlotSize = Size };
+
+    [Fact]
+    public async Task RoundTripThroughTwoDaemonsKeepsEveryByteAndField()
+    {
+        const int n = 16;
+        string stream = StreamName();
+        using var consumer = new FrameLinkConsumer(stream, B());
+        using var producer = new FrameLinkProducer(stream, A());
+        Assert.Equal(4, producer.SlotCount);
+        Assert.True(producer.SlotSize >= Size);
+        using var cts = new CancellationTokenSource(TimeSpan.FromSeconds(30));
+
+        var received = Task.Run(async () =>
+        {
+            var seen = new List<(ulong Id, ulong Wafer, ulong Ts, string Attrs, int Length, int Bad, bool Crc)>();
+            await foreach (var f in consumer.ReadAllAsync(cts.Token))
+            {
+                using (f)
+                    seen.Add((f.FrameId, f.WaferId, f.TimestampNs, f.AttributesText, f.Length, FramePattern.Mismatch(f.FrameId, f.Span), f.HasCrc32c));
+                if (seen.Count == n) return seen;
+            }
+            return seen;
+        });
+
+        var sent = new Dictionary<ulong, (int Length, ulong Ts)>();
+        var completions = new List<Completion>();
+        var reading = Task.Run(async () =>
+        {
+            await foreach (var c in producer.ReadCompletionsAsync(cts.Token))
+            {
+                completions.Add(c);
+                if (completions.Count == n) return;
+            }
+        });
+        for (ulong id = 0; id < n; id++)
+        {
+            using var lease = await producer.AcquireAsync(cts.Token); // 4 slots: backpressure after 4
+            int length = Size - 8 * (int)id - (int)(id % 3);
+            FramePattern.Fill(id, lease.Span[..length]);
+            lease.FrameId = id;
+            lease.WaferId = FramePattern.WaferOf(id);
+            lease.TimestampNs = 1_700_000_000_000_000_000UL + id;
+            lease.SetAttributes(FramePattern.Attributes(id));
+            lease.Crc32c = id == 3;
+            lease.Submit(length);
+            sent[id] = (length, lease.TimestampNs);
+        }
+        await reading.WaitAsync(cts.Token);
+        var frames = await received.WaitAsync(cts.Token);
+
+        Assert.Equal(Enumerable.Range(0, n).Select(i => (ulong)i), completions.Select(c => c.FrameId).Order());
+        Assert.All(completions, c => Assert.True(c.Delivered, c.ToString()));
+        Assert.All(completions, c => Assert.Equal(sent[c.FrameId].Length, c.Length));
+        Assert.Equal(0, producer.InFlight);
+        Assert.Equal(Enumerable.Range(0, n).Select(i => (ulong)i), frames.Select(f => f.Id));
+        foreach (var f in frames)
+        {
+            Assert.Equal(FramePattern.WaferOf(f.Id), f.Wafer);
+            Assert.Equal(sent[f.Id].Ts, f.Ts);
+            Assert.Equal(FramePattern.Attributes(f.Id), f.Attrs);
+            Assert.Equal(sent[f.Id].Length, f.Length);
+            Assert.Equal(-1, f.Bad);
+            Assert.Equal(f.Id == 3, f.Crc);
+        }
+    }
+
+    [Fact]
+    public void LeaseMisuseThrows()
+    {
+        string stream = StreamName();
+        using var consumer = new FrameLinkConsumer(stream, B());
+        using var producer = new FrameLinkProducer(stream, A(slots: 1));
+        var lease = producer.Acquire(TimeSpan.FromSeconds(10));
+        Memory<byte> memory = lease.Memory;
+        memory.Span[0] = 42;
+        Assert.Throws<ArgumentOutOfRangeException>(() => lease.Submit(lease.Capacity + 1));
+        Assert.Throws<ArgumentException>(() => lease.SetAttributes(new byte[193]));
+        // The only slot is held: a second acquire times out with a message that says why.
+        var timeout = Assert.Throws<TimeoutException>(() => producer.Acquire(TimeSpan.FromMilliseconds(50)));
+        Assert.Contains("held or in flight", timeout.Message);
+        lease.FrameId = 7;
+        lease.Submit(1);
+        Assert.Throws<ObjectDisposedException>(() => lease.Span.Length);
+        Assert.Throws<ObjectDisposedException>(() => memory.Span.Length); // Memory taken before Submit
+        Assert.Throws<ObjectDisposedException>(() => { using var pin = memory.Pin(); });
+        Assert.Throws<ObjectDisposedException>(() => lease.Submit(1));
+        lease.Dispose(); // after Submit: nothing to give back, no exception
+
+        using var frame = consumer.Receive(TimeSpan.FromSeconds(20));
+        Assert.NotNull(frame);
+        Assert.Equal(42, frame.Span[0]);
+        ReadOnlyMemory<byte> payload = frame.Memory;
+        frame.Release();
+        Assert.Throws<ObjectDisposedException>(() => frame.Span.Length);
+        Assert.Throws<ObjectDisposedException>(() => payload.Span.Length);
+        Assert.Throws<ObjectDisposedException>(() => frame.Release());
+
+        var done = new Completion[1];
+        Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(20)));
+        Assert.True(done[0].Delivered, done[0].ToString());
+        Assert.Equal(7UL, done[0].FrameId);
+
+        // Dispose without Submit gives the slot back: it can be acquired again at once.
+        using (producer.Acquire(TimeSpan.FromSeconds(5))) { }
+        Assert.True(producer.TryAcquire(out var again));
+        again.Dispose();
+    }
+
+    [Fact]
+    public async Task CancellationEndsAsyncWaitsPromptly()
+    {
+        string stream = StreamName();
+        using var consumer = new FrameLinkConsumer(stream, B());
+        using var producer = new FrameLinkProducer(stream, A(slots: 1));
+        using var cts = new CancellationTokenSource(TimeSpan.FromMilliseconds(300));
+        var t0 = DateTime.UtcNow;
+        await Assert.ThrowsAnyAsync<OperationCanceledException>(async () => await consumer.ReceiveAsync(cts.Token));
+        Assert.True(DateTime.UtcNow - t0 < TimeSpan.FromSeconds(2));
+
+        using var cts2 = new CancellationTokenSource(TimeSpan.FromMilliseconds(300));
+        await Assert.ThrowsAnyAsync<OperationCanceledException>(async () =>
+        {
+            await foreach (var _ in producer.ReadCompletionsAsync(cts2.Token)) { }
+        });
+
+        using var held = producer.Acquire(TimeSpan.FromSeconds(5));
+        using var cts3 = new CancellationTokenSource(TimeSpan.FromMilliseconds(300));
+        await Assert.ThrowsAnyAsync<OperationCanceledException>(async () => await producer.AcquireAsync(cts3.Token));
+        Assert.Throws<OperationCanceledException>(() => producer.Acquire(null, new CancellationToken(true)));
+    }
+
+    [Fact]
+    public void AttachFailuresSayWhatWasWrong()
+    {
+        var bad = new FrameLinkOptions { SocketPath = "/nonexistent/framelink.sock" };
+        var e = Assert.Throws<FrameLinkException>(() => new FrameLinkProducer(StreamName(), bad));
+        Assert.Equal(FrameLinkStatus.DaemonUnreachable, e.Status);
+        Assert.Contains("/nonexistent/framelink.sock", e.Message);
+        var e2 = Assert.Throws<FrameLinkException>(() => new FrameLinkConsumer("bad name!", B()));
+        Assert.Contains(e2.Status, new[] { FrameLinkStatus.BadRequest, FrameLinkStatus.InvalidArgument });
+        Assert.Throws<ArgumentException>(() => new FrameLinkProducer("", A()));
+    }
+
+    [Fact]
+    public void UseAfterDisposeThrows()
+    {
+        var producer = new FrameLinkProducer(StreamName(), A());
+        producer.Dispose();
+        Assert.Throws<ObjectDisposedException>(() => producer.TryAcquire(out _));
+        Assert.Throws<ObjectDisposedException>(() => producer.InFlight);
+    }
+}
