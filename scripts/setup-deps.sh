@@ -32,6 +32,8 @@ packages=(
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   # tests and the style check in CI
   catch2 clang-format
+  # the Python client's tests and its optional numpy views (/usr/bin/python3)
+  python3 python3-numpy python3-pytest
 )
 if ((softroce)); then
   packages+=(
@@ -40,6 +42,12 @@ if ((softroce)); then
     # verbs tools and perftest (ib_write_bw baseline) inside the guest
     ibverbs-utils rdmacm-utils perftest
   )
+fi
+
+# The .NET client needs the .NET SDK (8.0 or later), which is not a Debian package: say so loudly.
+if ! command -v dotnet >/dev/null 2>&1; then
+  echo "setup-deps: WARNING: dotnet (the .NET SDK) is not installed; client/dotnet and its tests need it" >&2
+  echo "  (scripts/test.sh fails without it; install the SDK, e.g. from Microsoft's Debian repository)" >&2
 fi
 
 # One dpkg-query for all: packages it does not know are simply absent from its output.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds what is needed, then runs the test suite.
 #   scripts/test.sh                 every test (labels: unit, transport, integration)
-#   scripts/test.sh -L unit         any further arguments go to ctest
+#   scripts/test.sh -L unit         any further arguments go to ctest (and skip the client tests)
+#   scripts/test.sh clients         only the .NET and Python client tests (scripts/test-clients.sh)
+# With no arguments the .NET and Python client tests run after ctest; FRAMELINK_CLIENT_TESTS=0 skips them.
 # FRAMELINK_BUILD_DIR selects the build tree (default build/), as for scripts/build.sh.
 set -euo pipefail
 
@@ -11,7 +13,14 @@ build=${FRAMELINK_BUILD_DIR:-$root/build}
 "$root/scripts/build.sh"
 
 status=0
-ctest --test-dir "$build" --output-on-failure "$@" || status=$?
+if [[ "${1:-}" == clients ]]; then
+  FRAMELINK_BUILD_DIR=$build "$root/scripts/test-clients.sh" || status=$?
+else
+  ctest --test-dir "$build" --output-on-failure "$@" || status=$?
+  if (($# == 0)) && [[ "${FRAMELINK_CLIENT_TESTS:-1}" != 0 ]]; then
+    FRAMELINK_BUILD_DIR=$build "$root/scripts/test-clients.sh" || status=$?
+  fi
+fi
 if ((status == 0)); then
   echo "scripts/test.sh: all tests passed ($build)"
 else
