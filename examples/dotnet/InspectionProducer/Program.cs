@@ -1,11 +1,12 @@
 // An inspection processor: renders one frame per die image, tags it with frame id, wafer id and
 // capture time, hands it to framelinkd and awaits its delivery to the remote consumer.
 //
-//   InspectionProducer --stream inspect [--socket PATH] [--count N | --seconds S] [--size 1M] [--slots 8] [--json]
+//   InspectionProducer --stream inspect [--socket PATH] [--count N | --seconds S] [--size 1M] [--slots 8]
+//                      [--copy] [--json]
 //
 // Payloads follow FramePattern (the deterministic pattern of `framelink send`), so a receiver can
-// check every byte. With --seconds the payload is copied from one rendered image per slot instead of
-// being rendered per frame (a benchmark of the client, not of the renderer).
+// check every byte. With --copy (implied by --seconds) every frame is a copy of one image rendered
+// up front instead of being rendered in place (a benchmark of the client, not of the renderer).
 using System.Diagnostics;
 using FrameLink;
 using FrameLink.Examples;
@@ -25,7 +26,7 @@ bool sending = true;
 var clock = Stopwatch.StartNew();
 var deadline = opt.Seconds > 0 ? TimeSpan.FromSeconds(opt.Seconds) : TimeSpan.MaxValue;
 byte[]? rendered = null;
-if (opt.Seconds > 0)
+if (opt.Seconds > 0 || opt.Copy)
 {
     rendered = new byte[opt.Size];
     FramePattern.Fill(0, rendered);
@@ -81,14 +82,14 @@ else
                       $"{bytes / secs / 1e9:F3} GB/s, {delivered / secs:F0} frames/s");
 return failed == 0 && delivered == submitted ? 0 : 1;
 
-sealed record Options(string Stream, string? Socket, int Count, double Seconds, int Size, int Slots, bool Json)
+sealed record Options(string Stream, string? Socket, int Count, double Seconds, int Size, int Slots, bool Copy, bool Json)
 {
     public static Options? Parse(string[] args)
     {
         string? stream = null, socket = null;
         int count = 100, slots = 8, size = 1 << 20;
         double seconds = 0;
-        bool json = false;
+        bool json = false, copy = false;
         try
         {
             for (int i = 0; i < args.Length; i++)
@@ -103,6 +104,7 @@ sealed record Options(string Stream, string? Socket, int Count, double Seconds, 
                     case "--size": size = ParseSize(Next()); break;
                     case "--slots": slots = int.Parse(Next()); break;
                     case "--json": json = true; break;
+                    case "--copy": copy = true; break;
                     default: throw new ArgumentException($"unknown option '{args[i]}'");
                 }
             }
@@ -111,10 +113,10 @@ sealed record Options(string Stream, string? Socket, int Count, double Seconds, 
         catch (Exception e) when (e is ArgumentException or FormatException or OverflowException)
         {
             Console.Error.WriteLine($"InspectionProducer: {e.Message}\nusage: InspectionProducer --stream NAME [--socket PATH] " +
-                                    "[--count N | --seconds S] [--size 1M] [--slots 8] [--json]");
+                                    "[--count N | --seconds S] [--size 1M] [--slots 8] [--copy] [--json]");
             return null;
         }
-        return new Options(stream, socket, count, seconds, size, slots, json);
+        return new Options(stream, socket, count, seconds, size, slots, copy, json);
     }
 
     private static int ParseSize(string s)
