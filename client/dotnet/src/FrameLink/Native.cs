@@ -136,7 +136,7 @@ internal static unsafe partial class Native
             if (NativeLibrary.TryLoad(candidate, out var h)) return h;
         }
         throw new DllNotFoundException(
-            "libframelink not found. Looked for the bundled runtimes/linux-x64/native/libframelink.so next to " +
+            "libframelink not found. Looked for the bundled runtimes/linux-x64/native/libframelink.so.0 next to " +
             "the FrameLink assembly, then $FRAMELINK_LIBRARY, then the system libframelink.so.0. Install the " +
             "framelink package, or set FRAMELINK_LIBRARY to the path of libframelink.so.0.");
     }
@@ -148,10 +148,13 @@ internal static unsafe partial class Native
         dirs.Add(AppContext.BaseDirectory);
         foreach (var dir in dirs.Distinct())
         {
-            var bundled = Path.Combine(dir, "runtimes", "linux-x64", "native", "libframelink.so");
-            if (File.Exists(bundled)) yield return bundled;
-            var flat = Path.Combine(dir, "libframelink.so");
-            if (File.Exists(flat)) yield return flat;
+            foreach (var file in new[] { "libframelink.so.0", "libframelink.so" })
+            {
+                var bundled = Path.Combine(dir, "runtimes", "linux-x64", "native", file);
+                if (File.Exists(bundled)) yield return bundled;
+                var flat = Path.Combine(dir, file); // RID-specific publish copies native assets flat
+                if (File.Exists(flat)) yield return flat;
+            }
         }
         var env = Environment.GetEnvironmentVariable("FRAMELINK_LIBRARY");
         if (!string.IsNullOrEmpty(env)) yield return env;
