@@ -1,5 +1,8 @@
 // `framelink bench`: end-to-end throughput and latency through two framelinkd on this machine,
 // next to plain TCP and plain gRPC baselines measured by this same program, plus daemon CPU.
+// --host-a / --host-b put the two daemons on given local addresses (two RDMA devices, e.g. the
+// Soft-RoCE lane's rxe_a and rxe_b); rdma has no in-program baseline (compare with perftest's
+// ib_write_bw, as tests/softroce/bench.sh does).
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -28,7 +31,13 @@ struct BenchOptions {
   std::string framelinkd;
   double idle_seconds = 2;
   bool baselines_only = false;
+  bool no_baselines = false;
+  std::string host_a = "127.0.0.1";
+  std::string host_b = "127.0.0.1";
+  std::vector<std::string> daemon_args;
 };
+
+bool hasBaseline(const std::string& transport) { return transport == "tcp" || transport == "grpc"; }
 
 constexpr uint64_t kVerifyFrames = 8;  // checked byte-for-byte before each timed run
 constexpr uint64_t kLatencyWarmup = 100;
@@ -344,11 +353,15 @@ int runBench(const BenchOptions& o) {
   }
   const auto transports = splitList(o.transports, ',');
   for (const auto& t : transports) {
-    if (t != "tcp" && t != "grpc") {
-      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc)\n",
+    if (t != "tcp" && t != "grpc" && t != "rdma") {
+      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc, rdma)\n",
                    t.c_str());
       return 2;
     }
+  }
+  if (o.baselines_only && o.no_baselines) {
+    std::fprintf(stderr, "framelink bench: --baselines-only and --no-baselines exclude each other\n");
+    return 2;
   }
   if (transports.empty() || o.seconds <= 0) {
     std::fprintf(stderr, "framelink bench: need at least one transport and --seconds > 0\n");
@@ -363,6 +376,9 @@ int runBench(const BenchOptions& o) {
   }
   dopt.temp_prefix = "framelink-bench";
   dopt.log_level = "warn";
+  dopt.host_a = o.host_a;
+  dopt.host_b = o.host_b;
+  dopt.extra_args = o.daemon_args;
 
   std::vector<Row> rows;
   bool any_error = false;
@@ -381,6 +397,7 @@ int runBench(const BenchOptions& o) {
   std::vector<ThroughputResult> tcp_base(sizes->size()), grpc_base(sizes->size());
   LatencyResult tcp_lat;
   auto runBaseline = [&](const std::string& t, size_t si) {
+    if (o.no_baselines || !hasBaseline(t)) return;
     if (t == "tcp") {
       status("  %s ...\n", "plain TCP " + formatBytes((*sizes)[si]));
       tcp_base[si] = plainTcpThroughput((*sizes)[si], o.seconds);
@@ -392,6 +409,7 @@ int runBench(const BenchOptions& o) {
     }
   };
   auto runPingPong = [&] {
+    if (o.no_baselines) return;
     status("  %s ...\n", std::string("plain TCP ping-pong 4 KiB"));
     tcp_lat = plainTcpOneWay(4096, o.latency_samples);
     if (!tcp_lat.error.empty()) errors.push_back("plain TCP ping-pong: " + tcp_lat.error);
@@ -463,6 +481,8 @@ int runBench(const BenchOptions& o) {
   uname(&u);
   std::printf("\nframelink bench: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
               sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
+  if (o.host_a != "127.0.0.1" || o.host_b != "127.0.0.1")
+    std::printf("daemon A on %s, daemon B on %s\n", o.host_a.c_str(), o.host_b.c_str());
   std::printf(
       "framelink = producer app -> framelinkd hostA -> framelinkd hostB -> consumer app (separate "
       "processes)\n\n");
@@ -484,8 +504,9 @@ int runBench(const BenchOptions& o) {
     std::string ours =
         e.r.gbps > 0 ? fmt("%.2f GB/s", e.r.gbps) + fmt(" (%.0f frames/s)", e.r.fps) : "failed";
     if (e.r.verify_bad != 0 || e.r.verified < kVerifyFrames) ours += " UNVERIFIED";
-    std::string b =
-        base && base->gbps() > 0 ? base_name + fmt(" %.2f GB/s", base->gbps()) : base_name + " n/a";
+    std::string b = !base              ? "-"
+                    : base->gbps() > 0 ? base_name + fmt(" %.2f GB/s", base->gbps())
+                                       : base_name + " n/a";
     std::string ratio = base && base->gbps() > 0 && e.r.gbps > 0 ? fmt("%.2f", e.r.gbps / base->gbps()) : "-";
     std::printf("| %s %s | %s | %s | %s | %s |\n", e.transport.c_str(), formatBytes(e.size).c_str(),
                 ours.c_str(), b.c_str(), ratio.c_str(), cpuPair(e.r.cpu_a, e.r.cpu_b).c_str());
@@ -562,6 +583,15 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
                   "path of framelinkd (default: the build tree's, then $PATH)");
   cmd->add_flag("--baselines-only", o->baselines_only,
                 "measure only the plain TCP / gRPC baselines (no daemons)");
+  cmd->add_flag("--no-baselines", o->no_baselines, "skip the plain TCP / gRPC baselines");
+  cmd->add_option(
+      "--host-a", o->host_a,
+      "local address daemon A (producer side) listens on; it dials B at --host-b (default 127.0.0.1)");
+  cmd->add_option("--host-b", o->host_b,
+                  "local address daemon B (consumer side) listens on (default 127.0.0.1)");
+  cmd->add_option("--daemon-arg", o->daemon_args,
+                  "extra framelinkd argument for both daemons (repeatable; e.g. --daemon-arg=--rdma-port=0)")
+      ->allow_extra_args(false);
   cmd->callback([o, &exit_code] { exit_code = runBench(*o); });
 }
 

@@ -86,16 +86,16 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
   setup(pair->b_, "hostB", "b");
   setup(pair->a_, "hostA", "a");
 
-  auto common = [&](const DaemonProcess& d) {
+  auto common = [&](const DaemonProcess& d, const std::string& host) {
     std::vector<std::string> args = {options.framelinkd,
                                      "--id",
                                      d.id,
                                      "--socket",
                                      d.socket,
                                      "--listen",
-                                     "127.0.0.1:0",
+                                     host + ":0",
                                      "--data-listen",
-                                     "127.0.0.1:0",
+                                     host + ":0",
                                      "--transports",
                                      options.transport,
                                      "--token",
@@ -108,14 +108,14 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
     return args;
   };
 
-  if (!pair->spawn(pair->b_, common(pair->b_), err) ||
+  if (!pair->spawn(pair->b_, common(pair->b_, options.host_b), err) ||
       !pair->waitReady(pair->b_, options.ready_timeout_ms, err)) {
     pair->keepDir();
     return nullptr;
   }
-  auto args_a = common(pair->a_);
+  auto args_a = common(pair->a_, options.host_a);
   args_a.push_back("--peer");
-  args_a.push_back("hostB=127.0.0.1:" + std::to_string(pair->b_.grpc_port));
+  args_a.push_back("hostB=" + options.host_b + ":" + std::to_string(pair->b_.grpc_port));
   if (!pair->spawn(pair->a_, args_a, err) || !pair->waitReady(pair->a_, options.ready_timeout_ms, err)) {
     pair->keepDir();
     return nullptr;

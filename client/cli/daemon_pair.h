@@ -30,7 +30,11 @@ class DaemonPair {
  public:
   struct Options {
     std::string framelinkd;
-    std::string transport;  // "tcp" or "grpc"
+    std::string transport;  // "tcp", "grpc" or "rdma" (a --transports list)
+    // Addresses the daemons listen on (gRPC and data); A dials B there.  Two addresses on RDMA
+    // devices place the pair on two "hosts" (e.g. the Soft-RoCE lane's rxe_a / rxe_b).
+    std::string host_a = "127.0.0.1";
+    std::string host_b = "127.0.0.1";
     std::string temp_prefix = "framelink";
     std::string log_level = "info";
     std::vector<std::string> extra_args;  // appended to both daemons' command lines
