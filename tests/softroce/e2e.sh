@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# Two framelinkd over the rdma transport on two local RDMA addresses, a `framelink send` producer
+# attached to daemon A and a `framelink recv` consumer attached to daemon B; every frame is checked
+# byte for byte and exactly once, in order.  Cases:
+#   transfer  N frames of random sizes; /stats of both daemons says the link's transport is rdma
+#   cut       the same while the "cable" is cut and restored mid-stream (--cut-down / --cut-up):
+#             every frame must still be delivered exactly once after the link recovers
+#   fallback  A offers rdma,tcp, B allows only tcp: the link runs tcp and a daemon says why
+#
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback]
+#                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
+#                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
+#
+# Runs as is on a machine with an RDMA NIC (both addresses may be the same) and inside the
+# Soft-RoCE guest (tests/softroce/run-lane.sh).  Without --cut-down/--cut-up the cut case is
+# reported as not run and counts as a failure, unless --cases leaves it out.
+# Exit status: the number of failed cases.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${FRAMELINK_BUILD_DIR:-$root/build}
+a_ip=${FRAMELINK_RDMA_A_IP:-}
+b_ip=${FRAMELINK_RDMA_B_IP:-}
+cases=transfer,cut,fallback
+transport=rdma
+frames=300
+sizes=64K:1M
+cut_down=""
+cut_up=""
+cut_seconds=4
+keep=0
+
+usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+while (($#)); do
+  case "$1" in
+    --a-ip) a_ip=$2; shift 2 ;;
+    --b-ip) b_ip=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --cases) cases=$2; shift 2 ;;
+    --transport) transport=$2; shift 2 ;;
+    --frames) frames=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --cut-down) cut_down=$2; shift 2 ;;
+    --cut-up) cut_up=$2; shift 2 ;;
+    --cut-seconds) cut_seconds=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "e2e: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ -n "$a_ip" && -n "$b_ip" ]] || { echo "e2e: need --a-ip and --b-ip (or FRAMELINK_RDMA_A_IP/B_IP)" >&2; exit 2; }
+
+daemon=$build/proxy/framelinkd
+cli=$build/client/cli/framelink
+for b in "$daemon" "$cli"; do
+  [[ -x "$b" ]] || { echo "e2e: $b is missing: cmake --build $build --target framelinkd framelink_cli" >&2; exit 2; }
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fl-rdma-e2e.XXXXXX")
+token=e2e-$RANDOM$RANDOM
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]+"${pids[@]}"}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  pids=()
+}
+trap 'cleanup; ((keep)) || rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
+
+log() { printf '[e2e %6.1fs] %s\n' "$(awk -v s="$start_ns" -v e="$(date +%s%N)" 'BEGIN{print (e-s)/1e9}')" "$*"; }
+start_ns=$(date +%s%N)
+
+# key=value from a ready file
+ready_value() { sed -n "s/^$2=//p" "$1" | head -1; }
+
+# GET http://127.0.0.1:PORT/PATH without curl (bash /dev/tcp); prints the body.
+http_get() {
+  local port=$1 path=$2 resp
+  { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$path" >&3
+  resp=$(timeout 5 cat <&3)
+  exec 3<&-
+  printf '%s\n' "${resp#*$'\r\n\r\n'}"
+}
+
+# start_daemon NAME IP TRANSPORTS PORT [extra args...]; sets ${NAME}_pid, files in $work/NAME.*
+start_daemon() {
+  local name=$1 ip=$2 transports=$3 port=$4
+  shift 4
+  local dir=$work/$name
+  mkdir -p "$dir"
+  rm -f "$dir/ready"
+  local rdma_args=()
+  [[ "$transports" == *rdma* ]] && rdma_args=(--rdma-port 0)
+  "$daemon" --id "host${name^^}" --socket "$dir/sock" --listen "$ip:$port" --data-listen "$ip:0" \
+    "${rdma_args[@]}" --transports "$transports" --token "$token" --metrics 127.0.0.1:0 \
+    --ready-file "$dir/ready" --log-level info "$@" >"$dir/log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  printf -v "${name}_pid" '%s' "$pid"
+  for _ in $(seq 150); do
+    [[ -s "$dir/ready" ]] && grep -q '^metrics_port=' "$dir/ready" && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "e2e: framelinkd $name did not get ready (15 s); its log:"
+  tail -20 "$dir/log"
+  return 1
+}
+
+# stats NAME: the daemon's /stats JSON on one line
+stats() { http_get "$(ready_value "$work/$1/ready" metrics_port)" /stats | tr -d '\n'; }
+# link_transport NAME: the transport of the daemon's first link in /stats ("" when no link)
+link_transport() { stats "$1" | grep -o '"links":\[{[^]]*' | grep -o '"transport":"[a-z]*"' | head -1 | cut -d'"' -f4; }
+json_num() { grep -o "\"$2\":[0-9]*" <<<"$1" | head -1 | cut -d: -f2; }
+
+wait_link() { # NAME TRANSPORT: wait (20 s) until the daemon reports a link, print its transport
+  local t=""
+  for _ in $(seq 200); do
+    t=$(link_transport "$1")
+    [[ -n "$t" ]] && break
+    sleep 0.1
+  done
+  echo "$t"
+}
+
+# start_pair TRANSPORTS_A TRANSPORTS_B: B listens, A dials B (A routes every stream to its peer)
+start_pair() {
+  local port_b=7700
+  [[ "$a_ip" == "$b_ip" ]] && port_b=7701
+  start_daemon b "$b_ip" "$2" "$port_b" || return 1
+  start_daemon a "$a_ip" "$1" 7700 --peer "hostB=$b_ip:$port_b" || return 1
+  log "daemons up: A pid $a_pid on $a_ip ($1), B pid $b_pid on $b_ip:$port_b ($2); rdma ports A=$(ready_value "$work/a/ready" rdma_port) B=$(ready_value "$work/b/ready" rdma_port)"
+}
+
+show_logs() {
+  local n
+  for n in a b; do
+    [[ -f "$work/$n/log" ]] || continue
+    echo "---- framelinkd $n log (last 25 lines; $work/$n/log)"
+    tail -25 "$work/$n/log"
+  done
+}
+
+# transfer STREAM [send args...]: runs consumer (B) and producer (A); sets send_json/recv_json/send_rc/recv_rc
+run_transfer() {
+  local stream=$1
+  shift
+  "$cli" recv --socket "$work/b/sock" --stream "$stream" --count "$frames" --verify --expect-order \
+    --expect-random-size "$sizes" --expect-seed 7 --timeout-ms 60000 --json >"$work/$stream.recv" 2>&1 &
+  local rpid=$!
+  pids+=("$rpid")
+  sleep 0.5
+  "$cli" send --socket "$work/a/sock" --stream "$stream" --count "$frames" --random-size "$sizes" --seed 7 \
+    --json "$@" >"$work/$stream.send" 2>&1 &
+  send_pid=$!
+  pids+=("$send_pid")
+  recv_pid=$rpid
+}
+finish_transfer() {
+  local stream=$1
+  wait "$send_pid"
+  send_rc=$?
+  wait "$recv_pid"
+  recv_rc=$?
+  send_json=$(grep '^{' "$work/$stream.send" | tail -1)
+  recv_json=$(grep '^{' "$work/$stream.recv" | tail -1)
+  echo "  sender:   rc=$send_rc $send_json"
+  echo "  receiver: rc=$recv_rc $recv_json"
+  grep -v '^{' "$work/$stream.send" "$work/$stream.recv" | head -10
+}
+check_transfer() { # -> 0 when every frame was delivered exactly once, in order, verified
+  local ok=0 delivered failed received bad
+  delivered=$(json_num "$send_json" delivered)
+  failed=$(json_num "$send_json" failed)
+  received=$(json_num "$recv_json" received)
+  bad=$(json_num "$recv_json" bad)
+  [[ "$send_rc" == 0 && "$delivered" == "$frames" && "$failed" == 0 ]] ||
+    { echo "  !! sender: expected $frames delivered and 0 failed, got delivered=${delivered:-?} failed=${failed:-?} (rc $send_rc)"; ok=1; }
+  [[ "$recv_rc" == 0 && "$received" == "$frames" && "$bad" == 0 ]] && grep -q '"ok":true' <<<"$recv_json" ||
+    { echo "  !! receiver: expected $frames frames, verified, in order, no duplicates; got received=${received:-?} bad=${bad:-?} (rc $recv_rc)"; ok=1; }
+  return $ok
+}
+
+fails=0
+result() { # CASE STATUS DETAIL
+  printf 'e2e %-9s %s  %s\n' "$1" "$2" "$3"
+  [[ "$2" == PASS ]] || fails=$((fails + 1))
+}
+
+case_transfer() {
+  log "case transfer: $frames frames of $sizes over $transport"
+  start_pair "$transport" "$transport" || { show_logs; result transfer FAIL "daemons did not start (does this framelinkd have --rdma-port and the rdma transport?)"; return; }
+  local ta tb
+  ta=$(wait_link a)
+  tb=$(wait_link b)
+  log "link transport in /stats: A=$ta B=$tb"
+  run_transfer xfer
+  finish_transfer xfer
+  local why=""
+  check_transfer || why="frames lost, duplicated or corrupted"
+  [[ "$ta" == "$transport" && "$tb" == "$transport" ]] ||
+    why="${why:+$why; }/stats link transport A='$ta' B='$tb', want $transport"
+  if [[ -z "$why" ]]; then
+    result transfer PASS "$frames frames verified, exactly once, in order; link transport $transport; $(json_num "$send_json" bytes_delivered) bytes, $(grep -o '"gb_per_s":[0-9.]*' <<<"$send_json" | cut -d: -f2) GB/s"
+  else
+    show_logs
+    result transfer FAIL "$why"
+  fi
+  cleanup
+}
+
+case_cut() {
+  if [[ -z "$cut_down" || -z "$cut_up" ]]; then
+    result cut FAIL "not run: give --cut-down and --cut-up commands (e.g. 'ip link set IFACE down')"
+    return
+  fi
+  log "case cut: $frames frames at 30 frames/s, link cut for ${cut_seconds}s mid-stream"
+  start_pair "$transport" "$transport" || { show_logs; result cut FAIL "daemons did not start"; return; }
+  local ta
+  ta=$(wait_link a)
+  run_transfer cut --rate 30
+  # cut once the consumer side has seen some frames, while most are still to come
+  local got=0
+  for _ in $(seq 300); do
+    got=$(json_num "$(stats b)" frames_received)
+    ((${got:-0} >= frames / 6)) && break
+    sleep 0.1
+  done
+  log "B has received $got frames: cutting the link ($cut_down)"
+  bash -c "$cut_down"
+  sleep "$cut_seconds"
+  log "restoring the link ($cut_up); B has received $(json_num "$(stats b)" frames_received) frames"
+  bash -c "$cut_up"
+  finish_transfer cut
+  local tb_after link_failures
+  tb_after=$(link_transport a)
+  link_failures=$(stats a | grep -o '"link_failures":[0-9]*' | cut -d: -f2)
+  log "after the cut: A's link transport '$tb_after'"
+  local why=""
+  check_transfer || why="not every frame was delivered exactly once after the link recovered (replay after link loss)"
+  [[ "$ta" == "$transport" ]] || why="${why:+$why; }link transport before the cut '$ta', want $transport"
+  if [[ -z "$why" ]]; then
+    result cut PASS "link cut ${cut_seconds}s mid-stream; $frames frames verified, exactly once, in order${link_failures:+; link failures $link_failures}"
+  else
+    grep -iE 'link .* down|reconnect|replay|rdma' "$work/a/log" "$work/b/log" | tail -12
+    show_logs
+    result cut FAIL "$why"
+  fi
+  cleanup
+}
+
+case_fallback() {
+  log "case fallback: A offers rdma,tcp, B allows tcp only"
+  start_pair rdma,tcp tcp || { show_logs; result fallback FAIL "daemons did not start"; return; }
+  local ta tb
+  ta=$(wait_link a)
+  tb=$(wait_link b)
+  local saved=$frames
+  frames=50
+  run_transfer fb
+  finish_transfer fb
+  local why=""
+  check_transfer || why="the transfer over the fallback link failed"
+  frames=$saved
+  [[ "$ta" == tcp && "$tb" == tcp ]] || why="${why:+$why; }link transport A='$ta' B='$tb', want tcp"
+  # The reason must be visible to an operator: in /stats or in a daemon's log.
+  local reason
+  reason=$( { stats a; echo; stats b; echo; } | grep -oiE '"[a-z_]*reason[a-z_]*":"[^"]*"' | head -2)
+  [[ -n "$reason" ]] || reason=$(grep -hiE 'rdma.*(not offered|not allowed|not supported|unavailable|fall|instead|because|reason)|(fall ?back|instead|reason).*rdma' \
+    "$work/a/log" "$work/b/log" | head -2)
+  echo "  reason given: ${reason:-(none)}"
+  [[ -n "$reason" ]] || why="${why:+$why; }neither /stats nor the logs say why the link is not rdma"
+  if [[ -z "$why" ]]; then
+    result fallback PASS "link runs tcp; reason: $(head -1 <<<"$reason" | cut -c1-160)"
+  else
+    show_logs
+    result fallback FAIL "$why"
+  fi
+  cleanup
+}
+
+echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
+IFS=, read -r -a want <<<"$cases"
+for c in "${want[@]}"; do
+  case "$c" in
+    transfer) case_transfer ;;
+    cut) case_cut ;;
+    fallback) case_fallback ;;
+    *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
+  esac
+done
+((keep)) && echo "e2e: work dir kept: $work"
+echo "e2e: $fails case(s) failed"
+exit "$fails"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The Soft-RoCE lane inside the guest (started by tests/softroce/run-lane.sh through
+# tests/softroce/vm/softroce-vm.sh --pair): each step under its own timeout, one PASS/FAIL line per
+# step, and $SOFTROCE_OUT/summary.txt for the host.
+#   ctest     ctest -L rdma (the rdma conformance suite and every other rdma-labelled test)
+#   hugepage  a daemon segment on 2 MiB pages registered as an MR, one RDMA WRITE into it
+#   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
+#   bench     framelink rdma vs ib_write_bw (informational, never fails the lane)
+# Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), SOFTROCE_* from the VM.
+# Exit status: number of failed steps among ctest, hugepage, e2e.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${FRAMELINK_BUILD_DIR:-$root/build}
+out=${SOFTROCE_OUT:-/tmp/softroce-lane}
+steps=${LANE_STEPS:-ctest,hugepage,e2e,bench}
+export FRAMELINK_RDMA_A_IP=${FRAMELINK_RDMA_A_IP:-${SOFTROCE_A_IP:-10.77.1.1}}
+export FRAMELINK_RDMA_B_IP=${FRAMELINK_RDMA_B_IP:-${SOFTROCE_B_IP:-10.77.1.2}}
+a_dev=${SOFTROCE_A_DEV:-rxe_a}
+b_dev=${SOFTROCE_B_DEV:-rxe_b}
+a_net=${SOFTROCE_A_NETDEV:-sra}
+summary=$out/summary.txt
+mkdir -p "$out"
+: >"$summary"
+failed=0
+t0=$(date +%s.%N)
+
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+echo "lane: guest up ${SECONDS}s into the command, uptime $(uptime_s)s; build $build; steps $steps"
+echo "lane: A=$FRAMELINK_RDMA_A_IP ($a_dev on $a_net), B=$FRAMELINK_RDMA_B_IP ($b_dev), $(nproc) vCPUs," \
+  "hugepages $(cat /proc/sys/vm/nr_hugepages)"
+
+# step NAME GATED(1|0) LIMIT_SECONDS CMD...: runs CMD under timeout, log in $out/NAME.log (and the console)
+step() {
+  local name=$1 gated=$2 limit=$3
+  shift 3
+  local s e rc took verdict detail
+  printf '\n==== lane step %s (limit %ss): %s\n' "$name" "$limit" "$*"
+  s=$(date +%s.%N)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  rc=${PIPESTATUS[0]}
+  e=$(date +%s.%N)
+  took=$(awk -v s="$s" -v e="$e" 'BEGIN{printf "%.1f", e-s}')
+  if ((rc == 0)); then
+    verdict=PASS
+  elif ((gated)); then
+    verdict=FAIL
+    failed=$((failed + 1))
+  else
+    verdict=INFO
+  fi
+  detail=""
+  case "$rc" in
+    0) ;;
+    124 | 137) detail="timed out after ${limit}s" ;;
+    *) detail="exit $rc" ;;
+  esac
+  case "$name" in
+    ctest) detail="${detail:+$detail; }$(grep -E 'tests passed|No tests were found' "$out/$name.log" | tail -1)" ;;
+    hugepage) detail="${detail:+$detail; }$(grep -E '^(PASS|FAIL|SKIP)' "$out/$name.log" | tail -1)" ;;
+    e2e) detail="${detail:+$detail; }$(grep -E '^e2e [a-z]+ +(PASS|FAIL)' "$out/$name.log" | awk '{printf "%s%s=%s", sep, $2, $3; sep=", "}')" ;;
+  esac
+  printf '==== %s %s (%ss)%s\n' "$verdict" "$name" "$took" "${detail:+: $detail}"
+  printf '%-4s %-9s %6ss  %s\n' "$verdict" "$name" "$took" "$detail" >>"$summary"
+  if [[ "$name" == e2e ]]; then grep -E '^e2e [a-z]+ +(PASS|FAIL)' "$out/$name.log" | sed 's/^/       /' >>"$summary"; fi
+}
+
+# The "cable" between the two hosts is the veth sra<->srb.  Taking sra down flushes the policy
+# route and the permanent neighbour entry on it (see vm/guest-init.sh), so bringing it back
+# restores them.
+cut_down="ip link set $a_net down"
+cut_up="ip link set $a_net up && ip route replace $FRAMELINK_RDMA_B_IP/32 dev $a_net src $FRAMELINK_RDMA_A_IP table 100 && \
+ip neigh replace $FRAMELINK_RDMA_B_IP lladdr \$(cat /sys/class/net/${SOFTROCE_B_NETDEV:-srb}/address) dev $a_net nud permanent && \
+for i in \$(seq 50); do rdma link show $a_dev/1 | grep -q 'state ACTIVE' && break; sleep 0.1; done"
+
+IFS=, read -r -a want <<<"$steps"
+for s in "${want[@]}"; do
+  case "$s" in
+    ctest)
+      # The hugepage test is labelled rdma too; it gets its own step below.
+      step ctest 1 180 ctest --test-dir "$build" -L rdma -E '^rdma_hugepage_mr$' --output-on-failure \
+        --no-tests=error --timeout 150
+      ;;
+    hugepage)
+      step hugepage 1 60 env FRAMELINK_RDMA_REQUIRE_HUGEPAGES=1 "$build/tests/softroce/framelink_rdma_hugepage_mr"
+      ;;
+    e2e)
+      step e2e 1 200 bash "$here/e2e.sh" --build "$build" --a-ip "$FRAMELINK_RDMA_A_IP" \
+        --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up"
+      ;;
+    bench)
+      step bench 0 200 bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
+        --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --out "$out/bench-table.md"
+      ;;
+    *) echo "lane: unknown step $s" | tee -a "$summary"; failed=$((failed + 1)) ;;
+  esac
+done
+
+for d in "$a_dev" "$b_dev"; do
+  echo "$d counters: $(rdma statistic show link "$d/1" 2>/dev/null |
+    awk '{for(i=3;i<NF;i+=2) if($(i+1)!=0) printf "%s=%s ", $i, $(i+1)}')"
+done | tee "$out/rxe-counters.txt"
+total=$(awk -v s="$t0" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}')
+echo "steps took ${total}s; guest uptime $(uptime_s)s" >>"$summary"
+exit "$failed"
