@@ -1,0 +1,405 @@
+#include "transport/rdma/rdma_connect.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "transport/rdma/rdma_addr.h"
+#include "transport/rdma/rdma_wire.h"
+
+namespace framelink::transport::rdma {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// rnr_retry 7 = retry for ever on "receiver not ready": the receiver keeps
+// receive WRs posted and replenishes them from poll(), so an RNR only means
+// its data agent is a moment behind.  retry_count bounds transport retries
+// (a peer that vanished is noticed after about 7 x the ACK timeout).
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetryCount = 7;
+
+struct CmEvent {
+  rdma_cm_event_type type = RDMA_CM_EVENT_CONNECT_ERROR;
+  int status = 0;
+  rdma_cm_id* id = nullptr;
+  std::vector<uint8_t> private_data;
+};
+
+bool setNonBlocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+std::string addressText(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (sa == nullptr) return buf;
+  if (sa->sa_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa);
+    ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(v4->sin_port));
+  }
+  if (sa->sa_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(v6->sin6_port));
+  }
+  return buf;
+}
+
+// Takes the next event off `channel` (non-blocking fd), waiting until
+// `deadline`; copies what callers need and acks it at once, so that
+// rdma_migrate_id / rdma_destroy_id never wait for it.  1: an event, 0: timed
+// out, -1: `wake_fd` became readable or polling failed.
+int nextCmEvent(VerbsApi& api, rdma_event_channel* channel, int wake_fd, Clock::time_point deadline,
+                CmEvent* out) {
+  for (;;) {
+    rdma_cm_event* ev = nullptr;
+    if (api.getCmEvent(channel, &ev) == 0) {
+      out->type = ev->event;
+      out->status = ev->status;
+      out->id = ev->id;
+      out->private_data.clear();
+      if (ev->param.conn.private_data != nullptr && ev->param.conn.private_data_len > 0) {
+        const auto* p = static_cast<const uint8_t*>(ev->param.conn.private_data);
+        out->private_data.assign(p, p + ev->param.conn.private_data_len);
+      }
+      api.ackCmEvent(ev);
+      return 1;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return 0;
+    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    int n = ::poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (n < 0 && errno != EINTR) return -1;
+    if (wake_fd >= 0 && n > 0 && fds[1].revents != 0) return -1;
+  }
+}
+
+Result<CmId> newCmId(const std::shared_ptr<VerbsApi>& api) {
+  rdma_event_channel* channel = api->createEventChannel();
+  if (channel == nullptr) {
+    return makeError(FL_ERR_RESOURCES, std::string("rdma_create_event_channel: ") + std::strerror(errno) +
+                                           " (is rdma_ucm loaded? /dev/infiniband/rdma_cm must exist)");
+  }
+  rdma_cm_id* id = nullptr;
+  if (api->createId(channel, &id, nullptr, RDMA_PS_TCP) != 0) {
+    int e = errno;
+    api->destroyEventChannel(channel);
+    return makeError(FL_ERR_RESOURCES, std::string("rdma_create_id: ") + std::strerror(e));
+  }
+  CmId cm(api, channel, id);
+  if (!setNonBlocking(channel->fd)) {
+    return makeError(FL_ERR_RESOURCES,
+                     std::string("O_NONBLOCK on the rdma_cm channel: ") + std::strerror(errno));
+  }
+  return cm;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- dialer
+
+Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, const std::string& host,
+                                            uint16_t port, uint64_t session_id,
+                                            std::chrono::milliseconds timeout, RdmaTransportOptions options) {
+  if (!device) return makeError(FL_EINVAL, "dialRdma: no device");
+  const std::string where = "rdma connect to " + host + ":" + std::to_string(port);
+  const auto deadline = Clock::now() + timeout;
+  auto left_ms = [&] {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    return static_cast<int>(std::clamp<long long>(ms, 1, 60'000));
+  };
+  auto dst = parseIp(host, port);
+  if (!dst) return std::move(dst).error().context(where);
+  std::optional<sockaddr_storage> src;
+  if (!device->bindIp().empty()) {
+    auto s = parseIp(device->bindIp(), 0);
+    if (!s) return std::move(s).error().context(where);
+    src = s.value();
+  }
+  VerbsApi& api = device->api();
+  auto cm = newCmId(device->apiPtr());
+  if (!cm) return std::move(cm).error().context(where);
+
+  CmEvent ev;
+  if (api.resolveAddr(cm->id(), src ? reinterpret_cast<sockaddr*>(&*src) : nullptr,
+                      reinterpret_cast<sockaddr*>(&dst.value()), left_ms()) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_addr: " + std::strerror(errno));
+  }
+  int got = nextCmEvent(api, cm->channel(), -1, deadline, &ev);
+  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the address");
+  if (got < 0 || ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+    return makeError(FL_ERR_TRANSPORT,
+                     where + ": cannot resolve the address (" +
+                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
+                         ", status " + std::to_string(ev.status) +
+                         "): is there a route to it over an RDMA device?");
+  }
+  if (api.resolveRoute(cm->id(), left_ms()) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_route: " + std::strerror(errno));
+  }
+  got = nextCmEvent(api, cm->channel(), -1, deadline, &ev);
+  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the route");
+  if (got < 0 || ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return makeError(FL_ERR_TRANSPORT,
+                     where + ": cannot resolve the route (" +
+                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
+                         ", status " + std::to_string(ev.status) + ")");
+  }
+
+  auto created = RdmaTransport::create(device, std::move(cm).value(), options);
+  if (!created) return std::move(created).error().context(where);
+  std::unique_ptr<RdmaTransport> t = std::move(created).value();
+
+  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, session_id};
+  rdma_conn_param param{};
+  param.private_data = &data;
+  param.private_data_len = sizeof data;
+  param.responder_resources = 0;  // no RDMA READ in either direction
+  param.initiator_depth = 0;
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryCount;
+  if (api.connect(t->cmId(), &param) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_connect: " + std::strerror(errno));
+  }
+  for (;;) {
+    got = nextCmEvent(api, t->cmChannel(), -1, deadline, &ev);
+    if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out waiting for the peer to accept");
+    if (got < 0) return makeError(FL_ERR_TRANSPORT, where + ": rdma_get_cm_event: " + std::strerror(errno));
+    if (ev.type == RDMA_CM_EVENT_ESTABLISHED) break;
+    if (ev.type == RDMA_CM_EVENT_REJECTED) {
+      RdmaRejectData why{};
+      if (ev.private_data.size() >= sizeof why) std::memcpy(&why, ev.private_data.data(), sizeof why);
+      if (why.magic == kRdmaConnectMagic) {
+        int status = why.status != 0 ? why.status : FL_ERR_TRANSPORT;
+        const char* why_text = status == FL_ERR_AUTH           ? "it does not know this session"
+                               : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
+                                                               : "see its log";
+        return makeError(status, where + ": the peer refused the connection: " + why_text + " (status " +
+                                     std::to_string(status) + ")");
+      }
+      return makeError(FL_ERR_TRANSPORT,
+                       where + ": rejected (status " + std::to_string(ev.status) +
+                           "): is a framelinkd listening for rdma on that address and port?");
+    }
+    if (ev.type == RDMA_CM_EVENT_UNREACHABLE || ev.type == RDMA_CM_EVENT_CONNECT_ERROR) {
+      return makeError(FL_ERR_TRANSPORT, where + ": " + rdma_event_str(ev.type) + " (status " +
+                                             std::to_string(ev.status) + ")");
+    }
+    // Anything else (e.g. a stray CONNECT_RESPONSE) is not for us: keep waiting.
+  }
+  t->established(host + ":" + std::to_string(port));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+// ---------------------------------------------------------------- listener
+
+Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaDevice> device,
+                                                           const std::string& host, uint16_t port,
+                                                           Authorize authorize, OnConnected on_connected,
+                                                           RdmaTransportOptions options,
+                                                           std::chrono::milliseconds handshake_timeout) {
+  if (!device) return makeError(FL_EINVAL, "RdmaListener: no device");
+  const std::string where = "rdma listen on " + host + ":" + std::to_string(port);
+  auto addr = parseIp(host, port);
+  if (!addr) return std::move(addr).error().context(where);
+  auto cm = newCmId(device->apiPtr());
+  if (!cm) return std::move(cm).error().context(where);
+  VerbsApi& api = device->api();
+  if (api.bindAddr(cm->id(), reinterpret_cast<sockaddr*>(&addr.value())) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_bind_addr: " + std::strerror(errno));
+  }
+  if (cm->id()->verbs != nullptr && cm->id()->verbs != device->context()) {
+    const char* other = api.deviceName(cm->id()->verbs);
+    return makeError(FL_ERR_TRANSPORT, where + ": that address belongs to RDMA device " +
+                                           (other ? other : "?") + ", not to " + device->name());
+  }
+  if (api.listen(cm->id(), 64) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_listen: " + std::strerror(errno));
+  }
+  const uint16_t bound = api.getSrcPort(cm->id());
+  int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake < 0) return makeError(FL_ERR_RESOURCES, where + ": eventfd: " + std::strerror(errno));
+  std::unique_ptr<RdmaListener> l(new RdmaListener(std::move(device), std::move(cm).value(), UniqueFd(wake),
+                                                   bound, std::move(authorize), std::move(on_connected),
+                                                   options, handshake_timeout));
+  try {
+    l->thread_ = std::thread([p = l.get()] { p->loop(); });
+  } catch (const std::system_error& e) {
+    return makeError(FL_ERR_RESOURCES, where + ": cannot start the listener thread: " + e.what());
+  }
+  spdlog::info("rdma: listening on {}:{} ({})", host, bound, l->device_->name());
+  return l;
+}
+
+RdmaListener::RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, UniqueFd wake_fd,
+                           uint16_t port, Authorize authorize, OnConnected on_connected,
+                           RdmaTransportOptions options, std::chrono::milliseconds handshake_timeout)
+    : device_(std::move(device)),
+      listen_id_(std::move(listen_id)),
+      wake_fd_(std::move(wake_fd)),
+      port_(port),
+      authorize_(std::move(authorize)),
+      on_connected_(std::move(on_connected)),
+      options_(options),
+      handshake_timeout_(handshake_timeout) {}
+
+RdmaListener::~RdmaListener() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+    thread_.join();
+  }
+  // Connect requests still queued on the channel are rejected by the
+  // kernel when the listening id goes away.
+  listen_id_.reset();
+}
+
+void RdmaListener::loop() noexcept {
+  VerbsApi& api = device_->api();
+  for (;;) {
+    pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {listen_id_.channel()->fd, POLLIN, 0}};
+    int n = ::poll(fds, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("rdma listener on port {}: poll failed: {}", port_, std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    rdma_cm_event* ev = nullptr;
+    while (api.getCmEvent(listen_id_.channel(), &ev) == 0) {
+      const rdma_cm_event_type type = ev->event;
+      if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        rdma_cm_id* id = ev->id;
+        std::vector<uint8_t> pd;
+        if (ev->param.conn.private_data != nullptr && ev->param.conn.private_data_len > 0) {
+          const auto* p = static_cast<const uint8_t*>(ev->param.conn.private_data);
+          pd.assign(p, p + ev->param.conn.private_data_len);
+        }
+        const std::string peer = addressText(reinterpret_cast<const sockaddr*>(&id->route.addr.dst_addr));
+        api.ackCmEvent(ev);
+        onConnectRequest(id, peer, pd.data(), static_cast<uint8_t>(pd.size()));
+      } else {
+        const int status = ev->status;
+        api.ackCmEvent(ev);
+        if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+          spdlog::error("rdma listener on port {}: device {} was removed; no more connections", port_,
+                        device_->name());
+          return;
+        }
+        spdlog::info("rdma listener on port {}: rdma_cm event {} (status {})", port_, rdma_event_str(type),
+                     status);
+      }
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      spdlog::error("rdma listener on port {}: rdma_get_cm_event: {}", port_, std::strerror(errno));
+      return;
+    }
+  }
+}
+
+void RdmaListener::reject(rdma_cm_id* id, int status, const std::string& peer,
+                          const std::string& why) noexcept {
+  spdlog::warn("rdma listener on port {}: refused connection from {}: {}", port_, peer, why);
+  RdmaRejectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, status, 0};
+  device_->api().reject(id, &data, sizeof data);
+  device_->api().destroyId(id);
+}
+
+void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer, const void* private_data,
+                                    uint8_t private_data_len) noexcept {
+  VerbsApi& api = device_->api();
+  RdmaConnectData data{};
+  if (private_data_len < sizeof data) {
+    return reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)");
+  }
+  std::memcpy(&data, private_data, sizeof data);
+  if (data.magic != kRdmaConnectMagic) return reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic");
+  if (data.version != kRdmaProtocolVersion) {
+    return reject(id, FL_ERR_PEER_VERSION, peer,
+                  "rdma protocol version " + std::to_string(data.version) + ", this daemon speaks " +
+                      std::to_string(kRdmaProtocolVersion));
+  }
+  if (id->verbs != device_->context()) {
+    const char* other = id->verbs ? api.deviceName(id->verbs) : "no device";
+    return reject(id, FL_ERR_TRANSPORT, peer,
+                  std::string("arrived on RDMA device ") + (other ? other : "?") + ", this daemon uses " +
+                      device_->name());
+  }
+  bool ok = false;
+  try {
+    ok = authorize_ && authorize_(data.session_id);
+  } catch (...) {
+    ok = false;
+  }
+  if (!ok) {
+    return reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here");
+  }
+
+  // The connection's own event channel, so its transport can watch for
+  // DISCONNECTED without this thread.
+  rdma_event_channel* channel = api.createEventChannel();
+  if (channel == nullptr) return reject(id, FL_ERR_RESOURCES, peer, "rdma_create_event_channel failed");
+  int flags = ::fcntl(channel->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0 ||
+      api.migrateId(id, channel) != 0) {
+    api.destroyEventChannel(channel);
+    return reject(id, FL_ERR_RESOURCES, peer,
+                  std::string("cannot move the id to its own channel: ") + std::strerror(errno));
+  }
+  CmId cm(device_->apiPtr(), channel, id);
+  auto created = RdmaTransport::create(device_, std::move(cm), options_);
+  if (!created) {
+    // Destroying a requested id rejects the request.
+    spdlog::warn("rdma listener on port {}: refused connection from {}: {}", port_, peer,
+                 created.error().message);
+    return;
+  }
+  std::unique_ptr<RdmaTransport> t = std::move(created).value();
+  rdma_conn_param param{};
+  param.responder_resources = 0;
+  param.initiator_depth = 0;
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryCount;
+  if (api.accept(t->cmId(), &param) != 0) {
+    spdlog::warn("rdma listener on port {}: rdma_accept for {} failed: {}", port_, peer,
+                 std::strerror(errno));
+    return;
+  }
+  const auto deadline = Clock::now() + handshake_timeout_;
+  CmEvent ev;
+  for (;;) {
+    int got = nextCmEvent(api, t->cmChannel(), wake_fd_.get(), deadline, &ev);
+    if (got <= 0) {
+      if (got == 0) spdlog::warn("rdma listener on port {}: {} never completed the connection", port_, peer);
+      return;
+    }
+    if (ev.type == RDMA_CM_EVENT_ESTABLISHED) break;
+    if (ev.type == RDMA_CM_EVENT_CONNECT_ERROR || ev.type == RDMA_CM_EVENT_UNREACHABLE ||
+        ev.type == RDMA_CM_EVENT_REJECTED || ev.type == RDMA_CM_EVENT_DISCONNECTED) {
+      spdlog::warn("rdma listener on port {}: connection from {} failed: {} (status {})", port_, peer,
+                   rdma_event_str(ev.type), ev.status);
+      return;
+    }
+  }
+  t->established(peer);
+  spdlog::info("rdma: connection from {} for session {} on {}", peer, data.session_id, device_->name());
+  try {
+    on_connected_(data.session_id, std::unique_ptr<Transport>(std::move(t)));
+  } catch (...) {
+    spdlog::error("rdma listener on port {}: the connection handler threw; connection dropped", port_);
+  }
+}
+
+}  // namespace framelink::transport::rdma

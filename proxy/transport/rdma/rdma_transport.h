@@ -1,0 +1,211 @@
+// The `rdma` data transport over one RC queue pair set up with rdma_cm (see
+// rdma_connect.h for how the connection is made).
+//
+// Send: post() builds one RDMA_WRITE_WITH_IMM per frame — SGE 0 the 256-byte
+// RdmaWireHeader (in a small MR this transport owns, one header per
+// send-queue entry), SGE 1 the payload straight from the producer's slot —
+// into the credited consumer slot (remote_addr/rkey of the credit, which
+// point at the slot header).  The immediate data is the low 32 bits of the
+// credit id: the receiving daemon assigns credit ids, and this transport
+// refuses to expose two credits whose low 32 bits collide.  WRs accumulate
+// and go to the adapter as one chain in flush() (or when max_batch wait);
+// every signal_interval-th WR and the last WR of each chain are signalled,
+// and a signalled completion completes every earlier WR, so there is still
+// exactly one SendComplete per accepted post, in posting order.
+//
+// Receive: receive WRs without SGEs stay posted (replenished from poll());
+// each WRITE_WITH_IMM consumes one and completes it with the immediate data
+// and the byte count, which poll() checks against the header that landed in
+// the credit's slot header before reporting FrameArrived.
+//
+// Events: poll() drains the CQ (completion channel events acked, then the CQ
+// re-armed and polled once more to close the race), the connection's own
+// rdma_cm event channel (DISCONNECTED) and the errors the device's event
+// thread reported.  eventFd() is an epoll fd over all of those plus an
+// eventfd that stays readable while reported events wait in the queue.
+//
+// Threads: all Transport methods may be called from any thread (one mutex;
+// the data agent is its only caller in practice).
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "transport/rdma/rdma_device.h"
+#include "transport/rdma/rdma_wire.h"
+#include "transport/transport.h"
+
+namespace framelink::transport::rdma {
+
+struct RdmaTransportOptions {
+  uint32_t send_queue_depth = 256;  // WRs on the send queue; post() reports kBackpressure beyond
+  uint32_t recv_queue_depth = 512;  // receive WRs kept posted (RNR retry covers a burst beyond)
+  uint32_t signal_interval = 16;    // at least every this many WRs is one signalled
+  uint32_t max_batch = 32;          // post() flushes itself once this many WRs wait
+  // Retracted credits whose buffers are kept mapped, so that a frame that
+  // still lands in one is reported with its header; the oldest beyond this
+  // are forgotten (such a frame is then reported with credit_id = its low 32
+  // bits and an empty header).
+  uint32_t max_retracted_credits = 4096;
+};
+
+// An rdma_cm id with its own event channel: destroys both (id first).
+class CmId {
+ public:
+  CmId() = default;
+  CmId(std::shared_ptr<VerbsApi> api, rdma_event_channel* channel, rdma_cm_id* id) noexcept
+      : api_(std::move(api)), channel_(channel), id_(id) {}
+  CmId(CmId&& o) noexcept : api_(std::move(o.api_)), channel_(o.channel_), id_(o.id_) {
+    o.channel_ = nullptr;
+    o.id_ = nullptr;
+  }
+  CmId& operator=(CmId&& o) noexcept;
+  CmId(const CmId&) = delete;
+  CmId& operator=(const CmId&) = delete;
+  ~CmId() { reset(); }
+
+  rdma_cm_id* id() const noexcept { return id_; }
+  rdma_event_channel* channel() const noexcept { return channel_; }
+  // Acks whatever events are still queued, destroys the QP if the id has
+  // one, the id, and the channel.
+  void reset() noexcept;
+
+ private:
+  std::shared_ptr<VerbsApi> api_;
+  rdma_event_channel* channel_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+};
+
+class RdmaTransport final : public Transport {
+ public:
+  // Creates the completion channel, CQ and QP on `id` (whose address is
+  // resolved, or which came with a connect request), registers the header
+  // ring and posts the receive WRs.  The transport is not connected until
+  // established() — the caller runs rdma_connect / rdma_accept meanwhile.
+  static Result<std::unique_ptr<RdmaTransport>> create(std::shared_ptr<RdmaDevice> device, CmId id,
+                                                       RdmaTransportOptions options = {});
+  ~RdmaTransport() override;
+
+  rdma_cm_id* cmId() const noexcept { return cm_.id(); }
+  rdma_event_channel* cmChannel() const noexcept { return cm_.channel(); }
+  // The rdma_cm ESTABLISHED event was seen: posts are accepted from now on.
+  void established(std::string peer_name) noexcept;
+
+  const char* name() const noexcept override { return "rdma"; }
+  bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
+  void retractCredit(uint64_t credit_id) override;
+  PostResult post(const SendRequest& request) noexcept override;
+  // Hands every WR post() accumulated to the adapter as one chain.
+  void flush() noexcept;
+  size_t poll(TransportEvent* out, size_t max) noexcept override;
+  int eventFd() const noexcept override { return epoll_fd_.get(); }
+  void shutdown() noexcept override;
+
+  struct Counters {
+    uint64_t frames_sent = 0;
+    uint64_t bytes_sent = 0;
+    uint64_t frames_received = 0;
+    uint64_t bytes_received = 0;
+    uint64_t unknown_credit_frames = 0;
+    uint64_t backpressure = 0;
+    uint64_t post_send_calls = 0;  // ibv_post_send calls (one per flushed chain)
+    uint64_t send_wrs = 0;         // WRs handed to ibv_post_send
+    uint64_t signalled_wrs = 0;
+    uint64_t recv_wrs = 0;  // receive WRs posted
+  };
+  Counters counters() const noexcept;
+
+ private:
+  RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options);
+  Status setUp();
+  void flushLocked() noexcept;                                       // REQUIRES mu_
+  void failLocked(int status, const std::string& message) noexcept;  // REQUIRES mu_
+  void drainCmEventsLocked() noexcept;                               // REQUIRES mu_
+  void drainAsyncErrorLocked() noexcept;                             // REQUIRES mu_
+  void drainCqLocked() noexcept;                                     // REQUIRES mu_
+  void handleWc(const ibv_wc& wc) noexcept;                          // REQUIRES mu_
+  void handleSendWc(const ibv_wc& wc) noexcept;                      // REQUIRES mu_
+  void handleRecvWc(const ibv_wc& wc) noexcept;                      // REQUIRES mu_
+  void completeSendsThrough(uint64_t seq, int status) noexcept;      // REQUIRES mu_
+  void completeUnpostedIfDrainedLocked() noexcept;                   // REQUIRES mu_
+  void replenishRecvsLocked() noexcept;                              // REQUIRES mu_
+  void tearDownLocked() noexcept;                                    // REQUIRES mu_
+  void pushEvent(TransportEvent event) noexcept;                     // REQUIRES mu_
+  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept;
+
+  struct Credit {
+    uint64_t credit_id = 0;
+    uint8_t* buffer = nullptr;  // payload; the slot header is the 256 bytes before it
+    uint64_t capacity = 0;
+    std::shared_ptr<void> keepalive;
+    bool retracted = false;
+  };
+  struct PendingSend {
+    uint64_t cookie = 0;
+    uint64_t bytes = 0;
+  };
+
+  const std::shared_ptr<RdmaDevice> device_;
+  VerbsApi& api_;
+  const RdmaTransportOptions options_;
+  std::string peer_name_ = "peer";
+
+  mutable std::mutex mu_;
+  // Verbs resources; torn down in shutdown() in this order: QP (with the
+  // id), CQ, completion channel, header MR, id, event channel.
+  CmId cm_;
+  ibv_comp_channel* comp_channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  std::unique_ptr<RdmaWireHeader[]> headers_;
+  ibv_mr* headers_mr_ = nullptr;
+  uint64_t watch_id_ = 0;
+  bool torn_down_ = false;
+  bool cq_armed_ = false;
+  unsigned int unacked_cq_events_ = 0;
+
+  // Send ring, indexed by sequence % send_queue_depth.  Sequences
+  // [done_seq_, posted_seq_) are on the send queue, [posted_seq_, next_seq_)
+  // wait for flush().
+  std::vector<PendingSend> sends_;
+  std::vector<ibv_send_wr> send_wrs_;
+  std::vector<ibv_sge> send_sges_;  // two per entry
+  uint64_t next_seq_ = 0;
+  uint64_t posted_seq_ = 0;
+  uint64_t done_seq_ = 0;
+  uint32_t since_signal_ = 0;
+
+  std::vector<ibv_recv_wr> recv_wrs_;
+  uint32_t recvs_posted_ = 0;  // receive WRs on the receive queue
+
+  std::unordered_map<uint32_t, Credit> credits_;  // by the low 32 bits of the credit id
+  std::deque<uint32_t> retracted_;                // oldest first
+
+  std::deque<TransportEvent> events_;
+  bool failed_ = false;
+  std::atomic<bool> connected_{false};
+  Counters counters_;
+
+  // Written by the device's event thread.
+  std::mutex async_mu_;
+  std::optional<std::pair<int, std::string>> async_error_;  // GUARDED_BY(async_mu_)
+
+  UniqueFd event_fd_;  // eventfd: readable while events_ is not empty
+  UniqueFd link_fd_;   // eventfd: the device's event thread reported an error
+  UniqueFd epoll_fd_;  // what eventFd() returns
+};
+
+}  // namespace framelink::transport::rdma

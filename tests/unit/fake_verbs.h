@@ -1,0 +1,157 @@
+// An in-memory VerbsApi for unit tests of the rdma transport.
+//
+// Fake devices (name + IP) live on one fake fabric: rdma_cm ids bind,
+// listen, resolve and connect by IP and port; an accepted connection links
+// two fake QPs, and an RDMA_WRITE_WITH_IMM posted on one really copies the
+// bytes of its SGEs (checked against the local MRs' lkeys) into the peer's
+// memory (checked against the peer's MRs: rkey, bounds, remote-write
+// access), consumes one of the peer's receive WRs and completes it with
+// the immediate data and the byte count.  Completion channels, rdma_cm event
+// channels and async event fds are eventfds, so epoll works as with real
+// verbs.  Tests can pause delivery (WRs stay on the send queue), inject a
+// completion error or an asynchronous event, and read counters; misuse that
+// real verbs would punish (destroying an id that still has a QP, a CQ with
+// unacked events, more WRs than the queue holds) is recorded in errors().
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/rdma/verbs_api.h"
+
+namespace framelink::transport::rdma::testing {
+
+class FakeVerbs final : public VerbsApi {
+ public:
+  struct DeviceSpec {
+    std::string name;
+    std::string ip;
+    ibv_port_state port_state = IBV_PORT_ACTIVE;
+  };
+  explicit FakeVerbs(std::vector<DeviceSpec> devices);
+  ~FakeVerbs() override;
+
+  // ---- test controls
+  void pauseDelivery(bool paused);
+  // The next send WR that executes completes with `status`; its QP goes to
+  // ERR (flushing the rest).
+  void injectSendError(ibv_wc_status status);
+  // An asynchronous event on `device` (QP events need `qp`; they also move
+  // it to ERR, as the adapter would).
+  void injectAsyncEvent(const std::string& device, ibv_event_type type, ibv_qp* qp = nullptr);
+
+  struct Stats {
+    uint64_t post_send_calls = 0;
+    uint64_t send_wrs = 0;
+    uint64_t signalled_wrs = 0;
+    uint64_t post_recv_calls = 0;
+    uint64_t recv_wrs = 0;
+    uint64_t cm_events = 0;
+    uint64_t cm_events_acked = 0;
+    uint64_t live_qps = 0;
+    uint64_t live_ids = 0;
+    uint64_t live_cqs = 0;
+    uint64_t live_mrs = 0;
+  };
+  Stats stats() const;
+  std::vector<std::string> errors() const;
+  // IBV_QPS_* of a live QP (IBV_QPS_UNKNOWN when it is gone).
+  ibv_qp_state qpState(const ibv_qp* qp) const;
+
+  // ---- VerbsApi
+  ibv_context** getDevices(int* count) override;
+  void freeDevices(ibv_context** list) override;
+  const char* deviceName(ibv_context* context) override;
+  int queryDevice(ibv_context* context, ibv_device_attr* attr) override;
+  int queryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) override;
+  int getAsyncEvent(ibv_context* context, ibv_async_event* event) override;
+  void ackAsyncEvent(ibv_async_event* event) override;
+  ibv_pd* allocPd(ibv_context* context) override;
+  int deallocPd(ibv_pd* pd) override;
+  ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) override;
+  int deregMr(ibv_mr* mr) override;
+  ibv_comp_channel* createCompChannel(ibv_context* context) override;
+  int destroyCompChannel(ibv_comp_channel* channel) override;
+  ibv_cq* createCq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                   int comp_vector) override;
+  int destroyCq(ibv_cq* cq) override;
+  int reqNotifyCq(ibv_cq* cq, int solicited_only) override;
+  int getCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) override;
+  void ackCqEvents(ibv_cq* cq, unsigned int count) override;
+  int pollCq(ibv_cq* cq, int entries, ibv_wc* wc) override;
+  int postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) override;
+  int postRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) override;
+  int modifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) override;
+  rdma_event_channel* createEventChannel() override;
+  void destroyEventChannel(rdma_event_channel* channel) override;
+  int createId(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) override;
+  int destroyId(rdma_cm_id* id) override;
+  int migrateId(rdma_cm_id* id, rdma_event_channel* channel) override;
+  int bindAddr(rdma_cm_id* id, sockaddr* addr) override;
+  int listen(rdma_cm_id* id, int backlog) override;
+  uint16_t getSrcPort(rdma_cm_id* id) override;
+  int resolveAddr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int timeout_ms) override;
+  int resolveRoute(rdma_cm_id* id, int timeout_ms) override;
+  int createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) override;
+  void destroyQp(rdma_cm_id* id) override;
+  int connect(rdma_cm_id* id, rdma_conn_param* param) override;
+  int accept(rdma_cm_id* id, rdma_conn_param* param) override;
+  int reject(rdma_cm_id* id, const void* private_data, uint8_t length) override;
+  int disconnect(rdma_cm_id* id) override;
+  int getCmEvent(rdma_event_channel* channel, rdma_cm_event** event) override;
+  int ackCmEvent(rdma_cm_event* event) override;
+
+ private:
+  struct Device;
+  struct Mr;
+  struct CompChannel;
+  struct Cq;
+  struct Qp;
+  struct EventChannel;
+  struct Id;
+  struct SendWr {
+    uint64_t wr_id;
+    bool signalled;
+    uint32_t imm;
+    uint64_t remote_addr;
+    uint32_t rkey;
+    std::vector<ibv_sge> sges;
+  };
+
+  Device* deviceOf(const ibv_context* ctx) const;
+  Device* deviceByIp(const std::string& ip) const;
+  void pushWc(Cq* cq, const ibv_wc& wc);
+  void queueCmEvent(Id* id, rdma_cm_event_type type, int status, Id* listen_id = nullptr,
+                    const void* private_data = nullptr, uint8_t private_data_len = 0);
+  void flushQp(Qp* qp);
+  void deliver(Qp* qp);
+  void disconnectLocked(Id* id);
+  void error(std::string what);
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::map<const void*, std::unique_ptr<Mr>> mrs_;
+  std::map<const void*, std::unique_ptr<CompChannel>> comp_channels_;
+  std::map<const void*, std::unique_ptr<Cq>> cqs_;
+  std::map<const void*, std::unique_ptr<Qp>> qps_;
+  std::map<const void*, std::unique_ptr<EventChannel>> event_channels_;
+  std::map<const void*, std::unique_ptr<Id>> ids_;
+  std::map<const void*, std::vector<uint8_t>> event_private_data_;
+  std::map<std::pair<std::string, uint16_t>, Id*> listeners_;
+  std::vector<std::unique_ptr<ibv_pd>> pds_;
+  bool paused_ = false;
+  std::optional<ibv_wc_status> inject_;
+  uint32_t next_key_ = 0x100;
+  uint32_t next_qp_num_ = 0x10;
+  uint16_t next_port_ = 20000;
+  Stats stats_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace framelink::transport::rdma::testing
