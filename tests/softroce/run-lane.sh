@@ -82,7 +82,7 @@ start=$SECONDS
   -w "$build" -o "$out" \
   -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
-  -- bash "$here/guest-lane.sh")
+  -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
 rc=$?
 
 took=$((SECONDS - start))
@@ -99,7 +99,7 @@ case "$rc" in
   124) [[ -s "$out/summary.txt" ]] || did_not_run "the guest hit its time limit before any step finished (exit 124)"
        echo "SOFT-ROCE LANE FAILED: the guest hit its time limit (${timeout_s}s) -- see $out/cmd.log"
        exit 1 ;;
-  125) did_not_run "VM or infrastructure failure (exit 125): $(grep -m1 -E 'missing packages|did not report|cannot' "$out/console.log" 2>/dev/null || echo "see the output above")" ;;
+  125) did_not_run "VM or infrastructure failure (exit 125): $(grep -h -m1 -E 'missing packages|did not report|cannot|hard timeout' "$out/vm-stderr.log" 2>/dev/null || echo "see the output above")" ;;
   126) did_not_run "guest setup failed (exit 126: modprobe rdma_rxe / rdma link add); see $out/setup.log" ;;
 esac
 if [[ ! -s "$out/summary.txt" ]]; then
