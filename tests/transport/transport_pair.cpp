@@ -3,6 +3,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -11,6 +12,13 @@
 #include "transport/grpc/grpc_transport.h"
 #include "transport/tcp/tcp_connect.h"
 #include "transport/tcp/tcp_transport.h"
+
+#ifdef FRAMELINK_HAVE_RDMA
+#include <cstdlib>
+
+#include "transport/rdma/rdma_connect.h"
+#include "transport/rdma/rdma_device.h"
+#endif
 
 namespace framelink::transport::testing {
 
@@ -88,6 +96,73 @@ Result<std::unique_ptr<TransportPair>> makeGrpc(const TransportPairOptions& opti
   pair->b = adopted.get();
   return std::unique_ptr<TransportPair>(std::move(pair));
 }
+
+// ---------------------------------------------------------------- rdma
+
+#ifdef FRAMELINK_HAVE_RDMA
+class RdmaPair final : public TransportPair {
+ public:
+  ~RdmaPair() override {
+    if (a) a->shutdown();
+    if (b) b->shutdown();
+    a.reset();
+    b.reset();
+    listener.reset();
+  }
+  Result<std::shared_ptr<void>> registerMemory(void* addr, size_t length, bool receive) override {
+    const auto access = receive ? rdma::MemoryAccess::kRemoteWrite : rdma::MemoryAccess::kLocalRead;
+    auto both = std::make_shared<std::vector<std::unique_ptr<rdma::MemoryRegistration>>>();
+    for (auto& device : {device_a, device_b}) {
+      auto r = device->registerMemory(addr, length, access);
+      if (!r) return std::move(r).error();
+      both->push_back(std::move(r).value());
+    }
+    return std::shared_ptr<void>(both);
+  }
+  std::shared_ptr<rdma::RdmaDevice> device_a, device_b;
+  std::unique_ptr<rdma::RdmaListener> listener;
+};
+
+Result<std::unique_ptr<TransportPair>> makeRdma() {
+  const char* a_ip = std::getenv("FRAMELINK_RDMA_A_IP");
+  const char* b_ip = std::getenv("FRAMELINK_RDMA_B_IP");
+  if (a_ip == nullptr || b_ip == nullptr || *a_ip == '\0' || *b_ip == '\0') {
+    return makeError(
+        FL_ERR_TRANSPORT,
+        "the rdma conformance suite needs two RDMA devices: set FRAMELINK_RDMA_A_IP and "
+        "FRAMELINK_RDMA_B_IP to their IPs (the Soft-RoCE lane does: /work/shared/softroce/"
+        "softroce-vm.sh --pair -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2)");
+  }
+  auto pair = std::make_unique<RdmaPair>();
+  auto da = rdma::RdmaDevice::open({"", a_ip});
+  if (!da) return std::move(da).error().context("rdma pair, device A");
+  auto db = rdma::RdmaDevice::open({"", b_ip});
+  if (!db) return std::move(db).error().context("rdma pair, device B");
+  pair->device_a = da.value();
+  pair->device_b = db.value();
+  // The listener outlives this function: its callback holds what it uses.
+  auto accepted = std::make_shared<std::promise<std::unique_ptr<Transport>>>();
+  auto accepted_future = accepted->get_future();
+  auto once = std::make_shared<std::once_flag>();
+  auto listener = rdma::RdmaListener::listen(
+      pair->device_b, b_ip, 0, [](uint64_t session_id) { return session_id == kSessionId; },
+      [accepted, once](uint64_t, std::unique_ptr<Transport> t) {
+        std::call_once(*once, [&] { accepted->set_value(std::move(t)); });
+      });
+  if (!listener) return std::move(listener).error().context("rdma pair");
+  pair->listener = std::move(listener).value();
+  // From A to B's IP, never to A's own (see the Soft-RoCE notes, pitfall 6).
+  auto dialed = rdma::dialRdma(pair->device_a, b_ip, pair->listener->port(), kSessionId,
+                               std::chrono::duration_cast<std::chrono::milliseconds>(kSetupTimeout));
+  if (!dialed) return std::move(dialed).error().context("rdma pair");
+  if (accepted_future.wait_for(kSetupTimeout) != std::future_status::ready) {
+    return makeError(FL_ERR_TIMEOUT, "rdma pair: the listener never handed over the connection");
+  }
+  pair->a = std::move(dialed).value();
+  pair->b = accepted_future.get();
+  return std::unique_ptr<TransportPair>(std::move(pair));
+}
+#endif
 
 }  // namespace
 
@@ -171,10 +246,26 @@ Result<std::unique_ptr<TransportPair>> TransportPair::make(TransportKind kind,
       return makeTcp(options);
     case TransportKind::kGrpc:
       return makeGrpc(options);
+    case TransportKind::kRdma:
+#ifdef FRAMELINK_HAVE_RDMA
+      return makeRdma();
+#else
+      return makeError(FL_ERR_TRANSPORT, "this build has no rdma transport (FRAMELINK_ENABLE_RDMA=OFF)");
+#endif
   }
   return makeError(FL_EINVAL, "unknown transport kind");
 }
 
-const char* kindName(TransportKind kind) noexcept { return kind == TransportKind::kTcp ? "tcp" : "grpc"; }
+const char* kindName(TransportKind kind) noexcept {
+  switch (kind) {
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kGrpc:
+      return "grpc";
+    case TransportKind::kRdma:
+      return "rdma";
+  }
+  return "?";
+}
 
 }  // namespace framelink::transport::testing

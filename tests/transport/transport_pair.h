@@ -2,6 +2,12 @@
 // suite (and for anything else that needs a live pair: benchmarks, the
 // faulty decorator's tests).  `a` is the dialing side, `b` the listening
 // side.  Port 0 everywhere, so pairs can be made in parallel.
+//
+// rdma needs two RDMA devices whose IPs are in FRAMELINK_RDMA_A_IP and
+// FRAMELINK_RDMA_B_IP (the Soft-RoCE lane's `--pair` guest: rxe_a 10.77.1.1
+// and rxe_b 10.77.1.2); `a` dials from A to B's IP.  Its payloads and
+// receive buffers must be registered memory: registerMemory() does that on
+// both devices (a no-op for the other kinds).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +23,7 @@
 
 namespace framelink::transport::testing {
 
-enum class TransportKind { kTcp, kGrpc };
+enum class TransportKind { kTcp, kGrpc, kRdma };
 
 struct TransportPairOptions {
   size_t grpc_chunk_bytes = 0;  // 0: the grpc transport's default
@@ -30,6 +36,15 @@ class TransportPair {
                                                      const TransportPairOptions& options = {});
 
   virtual ~TransportPair() = default;  // shuts both transports down and stops listeners/servers
+
+  // Registers [addr, addr + length) for sending from (receive = false) or
+  // for peers to write into (receive = true) on every device of the pair;
+  // the registration lasts as long as the returned handle.  Null handle and
+  // ok for transports without registered memory.
+  virtual Result<std::shared_ptr<void>> registerMemory(void* addr, size_t length, bool receive) {
+    (void)addr, (void)length, (void)receive;
+    return std::shared_ptr<void>();
+  }
 
   std::shared_ptr<Transport> a;  // dialer
   std::shared_ptr<Transport> b;  // listener

@@ -14,8 +14,8 @@
 
 namespace framelink::transport::rdma {
 
-// FL_ERR_DEVICE in include/framelink/framelink.h.
-inline constexpr int kStatusDevice = 401;
+// The device scope's status (named here so call sites read as a scope).
+inline constexpr int kStatusDevice = FL_ERR_DEVICE;
 
 enum class ErrorScope { kNone, kFrame, kLink, kDevice };
 

@@ -109,7 +109,7 @@ class RdmaTransport final : public Transport {
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
   // Hands every WR post() accumulated to the adapter as one chain.
-  void flush() noexcept;
+  void flush() noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
   int eventFd() const noexcept override { return epoll_fd_.get(); }
   void shutdown() noexcept override;
