@@ -106,12 +106,14 @@ SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hu
       roundUp(g.submit_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_submit_desc)), FL_CACHE_LINE);
   g.control_size = roundUp(
       g.completion_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_completion_desc)), FL_PAGE_SIZE);
-  // Slots are page aligned; slots of 2 MiB or more start on a hugepage
-  // boundary when the segment is on hugepages.
-  uint64_t slot_align = (hugepages && slot_size >= FL_HUGE_PAGE_SIZE) ? FL_HUGE_PAGE_SIZE : FL_PAGE_SIZE;
-  g.slot_stride = roundUp(slot_size, slot_align);
-  g.slot_headers_offset = 0;
-  g.slots_offset = roundUp(uint64_t{slot_count} * sizeof(fl_slot_header), slot_align);
+  // Each slot's header lies immediately before its payload, so that one
+  // RDMA write lands both; payloads are page aligned.  (Hugepage-aligning
+  // every payload would waste up to half of a hugepage segment for slots a
+  // little over 2 MiB; the segment itself is on hugepages either way.)
+  g.slot_stride = roundUp(slot_size + sizeof(fl_slot_header), FL_PAGE_SIZE);
+  g.slot_header_stride = g.slot_stride;
+  g.slots_offset = FL_PAGE_SIZE;
+  g.slot_headers_offset = g.slots_offset - sizeof(fl_slot_header);
   g.data_size = g.slots_offset + g.slot_stride * slot_count;
   if (hugepages) g.data_size = roundUp(g.data_size, FL_HUGE_PAGE_SIZE);
   return g;
@@ -203,6 +205,7 @@ Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequ
   h->completion_ring_offset = geometry.completion_ring_offset;
   h->data_size = geometry.data_size;
   h->slot_headers_offset = geometry.slot_headers_offset;
+  h->slot_header_stride = geometry.slot_header_stride;
   h->slots_offset = geometry.slots_offset;
   h->data_on_hugepages = huge ? 1 : 0;
   std::strncpy(h->stream_name, request.stream.c_str(), FL_STREAM_NAME_MAX - 1);

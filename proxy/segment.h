@@ -56,6 +56,7 @@ struct SegmentGeometry {
   uint64_t completion_ring_offset = 0;
   uint64_t data_size = 0;
   uint64_t slot_headers_offset = 0;
+  uint64_t slot_header_stride = 0;
   uint64_t slots_offset = 0;
 };
 SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hugepages);
@@ -72,11 +73,17 @@ class ClientSegments {
     return reinterpret_cast<fl_ring_header*>(control_.data() + geometry_.completion_ring_offset);
   }
   fl_slot_header* slotHeader(uint32_t slot) const noexcept {
-    return reinterpret_cast<fl_slot_header*>(data_.data() + geometry_.slot_headers_offset) + slot;
+    return reinterpret_cast<fl_slot_header*>(data_.data() + geometry_.slot_headers_offset +
+                                             geometry_.slot_header_stride * slot);
   }
   uint8_t* slot(uint32_t slot) const noexcept {
     return data_.data() + geometry_.slots_offset + geometry_.slot_stride * slot;
   }
+
+  // The whole data segment (slot headers and payloads): what an rdma
+  // device registers as this client's memory region.
+  uint8_t* dataBase() const noexcept { return data_.data(); }
+  uint64_t dataSize() const noexcept { return geometry_.data_size; }
 
   const SegmentGeometry& geometry() const noexcept { return geometry_; }
   uint32_t slotCount() const noexcept { return slot_count_; }

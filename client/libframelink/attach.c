@@ -117,21 +117,28 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
         (unsigned long long)g->submit_ring_offset, (unsigned long long)g->completion_ring_offset,
         g->ring_capacity, (unsigned long long)control_size, hint);
 
-  /* Data segment: slot headers and slots, inside and disjoint. */
-  const uint64_t hdr_len = (uint64_t)g->slot_count * sizeof(fl_slot_header);
-  uint64_t hdr_end, slots_len, slots_end;
-  if (g->slot_headers_offset % 8 != 0 || flx_add_overflows(g->slot_headers_offset, hdr_len, &hdr_end) ||
-      hdr_end > data_size ||
+  /* Data segment: slot headers and slots, inside and disjoint.  Two shapes:
+   * a packed header array apart from the slots, or each header immediately
+   * before its slot (what framelinkd makes). */
+  const int packed = g->slot_header_stride == sizeof(fl_slot_header);
+  const int interleaved = g->slot_header_stride == g->slot_stride &&
+                          g->slot_stride - g->slot_size >= sizeof(fl_slot_header) &&
+                          g->slot_headers_offset + sizeof(fl_slot_header) == g->slots_offset;
+  uint64_t hdr_len, hdr_end, slots_len, slots_end;
+  if ((!packed && !interleaved) || g->slot_headers_offset % 8 != 0 ||
+      __builtin_mul_overflow((uint64_t)(g->slot_count - 1), g->slot_header_stride, &hdr_len) ||
+      flx_add_overflows(hdr_len, sizeof(fl_slot_header), &hdr_len) ||
+      flx_add_overflows(g->slot_headers_offset, hdr_len, &hdr_end) || hdr_end > data_size ||
       __builtin_mul_overflow((uint64_t)(g->slot_count - 1), g->slot_stride, &slots_len) ||
       flx_add_overflows(slots_len, g->slot_size, &slots_len) ||
       flx_add_overflows(g->slots_offset, slots_len, &slots_end) || slots_end > data_size ||
-      flx_overlap(g->slot_headers_offset, hdr_len, g->slots_offset, slots_len))
+      (packed && !interleaved && flx_overlap(g->slot_headers_offset, hdr_len, g->slots_offset, slots_len)))
     return flx_error(FL_ERR_RING_CORRUPT,
-                     "%u slots of %llu bytes (stride %llu, headers at %llu, slots at %llu) do not fit the "
-                     "%llu-byte data segment %s",
+                     "%u slots of %llu bytes (stride %llu, headers at %llu stride %llu, slots at %llu) do "
+                     "not fit the %llu-byte data segment %s",
                      g->slot_count, (unsigned long long)g->slot_size, (unsigned long long)g->slot_stride,
-                     (unsigned long long)g->slot_headers_offset, (unsigned long long)g->slots_offset,
-                     (unsigned long long)data_size, hint);
+                     (unsigned long long)g->slot_headers_offset, (unsigned long long)g->slot_header_stride,
+                     (unsigned long long)g->slots_offset, (unsigned long long)data_size, hint);
   return FL_OK;
 }
 
@@ -424,7 +431,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   c->slot_count = geo.slot_count;
   c->slot_size = geo.slot_size;
   c->slot_stride = geo.slot_stride;
-  c->slot_headers = (fl_slot_header*)(data + geo.slot_headers_offset);
+  c->slot_headers = data + geo.slot_headers_offset;
+  c->slot_header_stride = geo.slot_header_stride;
   c->slots = data + geo.slots_offset;
   if (c->role == FL_PRODUCER) {
     /* A stack: pushed in reverse so the first acquire gets slot 0. */

@@ -55,7 +55,8 @@ struct fl_client {
   uint32_t slot_count;
   uint64_t slot_size;
   uint64_t slot_stride;
-  fl_slot_header* slot_headers; /* consumer: mapped read-only */
+  uint8_t* slot_headers; /* consumer: mapped read-only; see flx_slot_header() */
+  uint64_t slot_header_stride;
   uint8_t* slots;
 
   uint8_t* slot_state;    /* [mu] enum flx_slot_state per slot */
@@ -88,6 +89,11 @@ struct fl_client {
   int gone;    /* atomic: the daemon dropped this attachment (latched) */
   int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
 };
+
+/* Slot `slot`'s header (the caller has checked slot < slot_count). */
+static inline fl_slot_header* flx_slot_header(const fl_client* c, uint32_t slot) {
+  return (fl_slot_header*)(c->slot_headers + (uint64_t)slot * c->slot_header_stride);
+}
 
 /* error.c: set the thread-local message and return `status`. */
 int flx_error(int status, const char* fmt, ...) FLX_PRINTF(2, 3);

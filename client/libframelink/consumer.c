@@ -34,7 +34,7 @@ static int flx_try_receive(fl_client* c, void* arg) {
     return flx_corrupt_locked(c, "delivery into slot %u, which the application still holds", d.slot);
 
   fl_slot_header h;
-  memcpy(&h, &c->slot_headers[d.slot], sizeof(h));
+  memcpy(&h, flx_slot_header(c, d.slot), sizeof(h));
   if (h.length > c->slot_size)
     return flx_corrupt_locked(c, "slot %u header says %llu bytes, more than the slot size %llu", d.slot,
                               (unsigned long long)h.length, (unsigned long long)c->slot_size);
@@ -54,7 +54,7 @@ static int flx_try_receive(fl_client* c, void* arg) {
   out->timestamp_ns = h.timestamp_ns;
   out->crc32c = h.crc32c;
   out->attr_length = h.attr_length;
-  out->attrs = c->slot_headers[d.slot].attrs;
+  out->attrs = flx_slot_header(c, d.slot)->attrs;
   return FL_OK;
 }
 

@@ -48,8 +48,7 @@ static void flx_fail_orphans_locked(fl_client* c, int status) {
   uint32_t failed = 0;
   for (uint32_t slot = 0; slot < c->slot_count; ++slot) {
     if (c->slot_state[slot] != FLX_SLOT_IN_FLIGHT) continue;
-    const fl_slot_header* sh =
-        (const fl_slot_header*)(c->data + c->geo.slot_headers_offset) + slot; /* our own memory */
+    const fl_slot_header* sh = flx_slot_header(c, slot); /* our own memory */
     fl_completion comp = {
         .slot = slot, .status = status, .sequence = 0, .frame_id = sh->frame_id, .length = 0};
     c->slot_state[slot] = FLX_SLOT_FREE;
@@ -108,7 +107,7 @@ static int flx_try_acquire(fl_client* c, void* arg) {
   c->slot_want_crc[slot] = 0;
   /* No stale metadata from the slot's previous frame goes out if the
    * application skips fl_set_meta. */
-  memset(&c->slot_headers[slot], 0, sizeof(fl_slot_header));
+  memset(flx_slot_header(c, slot), 0, sizeof(fl_slot_header));
   out->index = slot;
   out->reserved = 0;
   out->data = c->slots + (uint64_t)slot * c->slot_stride;
@@ -148,7 +147,7 @@ FL_API int fl_set_meta(fl_client* c, uint32_t slot, const fl_frame_meta* meta) {
   pthread_mutex_lock(&c->mu);
   rc = flx_check_held_locked(c, slot, "fl_set_meta");
   if (rc == FL_OK) {
-    fl_slot_header* h = &c->slot_headers[slot];
+    fl_slot_header* h = flx_slot_header(c, slot);
     memset(h, 0, sizeof(*h));
     h->frame_id = meta->frame_id;
     h->wafer_id = meta->wafer_id;
@@ -181,7 +180,7 @@ FL_API int fl_submit(fl_client* c, uint32_t slot, uint64_t length) {
     pthread_mutex_unlock(&c->mu);
     return rc;
   }
-  fl_slot_header* h = &c->slot_headers[slot];
+  fl_slot_header* h = flx_slot_header(c, slot);
   const uint8_t* payload = c->slots + (uint64_t)slot * c->slot_stride;
   h->length = length;
   if (c->slot_want_crc[slot]) {

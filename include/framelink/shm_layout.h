@@ -14,8 +14,14 @@
  *     completion ring  (daemon -> client)    at header.completion_ring_offset
  *
  *   data segment (producer maps read-write, consumer maps read-only)
- *     fl_slot_header[slot_count]             at header.slot_headers_offset
- *     slots, slot_count x slot_stride        at header.slots_offset
+ *     slot i's fl_slot_header   at slot_headers_offset + i * slot_header_stride
+ *     slot i's payload          at slots_offset + i * slot_stride
+ *
+ * framelinkd lays each slot header immediately before its payload
+ * (slot_header_stride == slot_stride, slots_offset == slot_headers_offset +
+ * 256, payloads page aligned), so that one RDMA write lands a frame's header
+ * and payload together.  Clients accept that shape and the plain one (a
+ * packed header array, slot_header_stride == 256, apart from the slots).
  *
  * Producer: submit entries are frames to send, completion entries are their
  * terminal outcome (DELIVERED = FL_OK, or a failure status).
@@ -36,7 +42,7 @@ extern "C" {
 #endif
 
 #define FL_SEGMENT_MAGIC UINT64_C(0x4B4E4C454D415246) /* "FRAMELNK" little-endian */
-#define FL_LAYOUT_VERSION 1u
+#define FL_LAYOUT_VERSION 2u
 #define FL_CACHE_LINE 64u
 #define FL_STREAM_NAME_MAX 64u /* bytes, including the terminating NUL */
 #define FL_MAX_ATTR_BYTES 192u /* user attributes per frame */
@@ -169,7 +175,8 @@ typedef struct fl_segment_header {
   uint32_t daemon_state;           /* enum fl_daemon_state */
   uint32_t data_on_hugepages;      /* 1 when the data segment uses 2 MiB pages */
   char stream_name[FL_STREAM_NAME_MAX];
-  uint8_t reserved[256 - 120 - FL_STREAM_NAME_MAX];
+  uint64_t slot_header_stride; /* distance between consecutive slot headers */
+  uint8_t reserved[256 - 128 - FL_STREAM_NAME_MAX];
 } fl_segment_header;
 
 FL_STATIC_ASSERT(sizeof(fl_segment_header) == 256, "fl_segment_header size");
@@ -192,6 +199,7 @@ FL_STATIC_ASSERT(offsetof(fl_segment_header, slots_offset) == 104, "slots_offset
 FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_state) == 112, "daemon_state offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, data_on_hugepages) == 116, "data_on_hugepages offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, stream_name) == 120, "stream_name offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_header_stride) == 184, "slot_header_stride offset");
 
 /* Sizes of a ring with `capacity` entries of `entry_size` bytes. */
 static inline uint64_t fl_ring_bytes(uint32_t capacity, uint32_t entry_size) {

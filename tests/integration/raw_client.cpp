@@ -162,7 +162,8 @@ fl_ring_header* RawClient::completionRing() const noexcept {
   return reinterpret_cast<fl_ring_header*>(control_ + header()->completion_ring_offset);
 }
 fl_slot_header* RawClient::slotHeader(uint32_t slot) const noexcept {
-  return reinterpret_cast<fl_slot_header*>(data_ + header()->slot_headers_offset) + slot;
+  return reinterpret_cast<fl_slot_header*>(data_ + header()->slot_headers_offset +
+                                           header()->slot_header_stride * slot);
 }
 uint8_t* RawClient::slot(uint32_t slot) const noexcept {
   return data_ + header()->slots_offset + header()->slot_stride * slot;

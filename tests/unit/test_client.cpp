@@ -126,7 +126,8 @@ class FakeDaemon {
   }
   void setState(uint32_t state) { __atomic_store_n(&hdr_->daemon_state, state, __ATOMIC_RELEASE); }
   fl_slot_header* slotHeader(uint32_t slot) {
-    return reinterpret_cast<fl_slot_header*>(data_ + hdr_->slot_headers_offset) + slot;
+    return reinterpret_cast<fl_slot_header*>(data_ + hdr_->slot_headers_offset +
+                                             hdr_->slot_header_stride * slot);
   }
   uint8_t* slotData(uint32_t slot) { return data_ + hdr_->slots_offset + slot * hdr_->slot_stride; }
   fl_ring_header* completionRing() { return completion_; }
@@ -220,6 +221,7 @@ class FakeDaemon {
     hdr_->completion_ring_offset = comp_off;
     hdr_->data_size = data_size_;
     hdr_->slot_headers_offset = 0;
+    hdr_->slot_header_stride = sizeof(fl_slot_header);
     hdr_->slots_offset = fault_ == Fault::kSlotsOutOfBounds ? slots_off + FL_PAGE_SIZE : slots_off;
     std::snprintf(hdr_->stream_name, sizeof(hdr_->stream_name), "%.63s", req_.stream);
     submit_ = reinterpret_cast<fl_ring_header*>(control_ + sub_off);

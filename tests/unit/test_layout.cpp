@@ -72,7 +72,8 @@ TEST_CASE("segment header layout", "[layout]") {
   CHECK(offsetof(fl_segment_header, daemon_state) == 112);
   CHECK(offsetof(fl_segment_header, data_on_hugepages) == 116);
   CHECK(offsetof(fl_segment_header, stream_name) == 120);
-  CHECK(offsetof(fl_segment_header, reserved) == 120 + FL_STREAM_NAME_MAX);
+  CHECK(offsetof(fl_segment_header, slot_header_stride) == 120 + FL_STREAM_NAME_MAX);
+  CHECK(offsetof(fl_segment_header, reserved) == 128 + FL_STREAM_NAME_MAX);
 }
 
 TEST_CASE("magic numbers spell their names in memory", "[layout]") {
