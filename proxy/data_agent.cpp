@@ -34,6 +34,24 @@ constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
 constexpr size_t kMaxAcksPerMessage = 4096;
+constexpr size_t kMaxRefusedRemembered = 4096;
+
+// A string as the inside of a JSON string literal.
+std::string jsonEscape(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  for (char ch : in) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
 
 // "FL_ERR_TOO_LARGE" (the code's name, without fl_status_str's description).
 std::string statusName(int status) {
@@ -438,6 +456,14 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
 void DataAgent::pump(Peer& p, OutStream& s) {
   Link* l = link(p.link_id);
   if (l == nullptr || l->closing || !l->transport) return;
+  size_t posted = 0;
+  struct FlushAtEnd {
+    transport::Transport* t;
+    const size_t& n;
+    ~FlushAtEnd() {
+      if (n > 0) t->flush();
+    }
+  } flush_at_end{l->transport.get(), posted};
   while (!s.pending.empty() && !s.credits.empty()) {
     FrameRef f = s.pending.front();
     ClientSession* c = client(f.client_id);
@@ -475,6 +501,7 @@ void DataAgent::pump(Peer& p, OutStream& s) {
     s.unacked[e.sequence] = f;
     posted_[req.cookie] = Posted{f, p.name, s.id, e.sequence};
     ++l->frames_out;
+    ++posted;
   }
 }
 
@@ -568,11 +595,27 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
-  if (link(e.peer_key) != nullptr) {
-    // Sent at the end of this round, together with the other releases.
-    pending_acks_[{e.peer_key, e.stream_id}].push_back(e.sequence);
-  } else {
-    spdlog::debug("client {}: released seq {} after its link went away; no ACK sent", c.id, e.sequence);
+  auto ist = in_states_.find(e.in_state);
+  if (ist != in_states_.end()) {
+    InState& in = ist->second;
+    in.held.erase(e.sequence);
+    // The ACK goes over the sender's current link, which need not be the
+    // one the frame came over.  With no link up it is not sent: the sender
+    // replays the frame on its next link and gets the ACK then.
+    const Link* target = nullptr;
+    for (const auto& [id, l] : links_) {
+      if (!l.closing && l.transport && l.peer == in.peer && l.peer_instance == in.instance) {
+        target = &l;
+        break;
+      }
+    }
+    if (target != nullptr) {
+      // Sent at the end of this round, together with the other releases.
+      pending_acks_[{target->id, in.stream_id}].push_back(e.sequence);
+    } else {
+      spdlog::debug("client {}: released seq {} while no link to peer {} is up; ACK follows its replay", c.id,
+                    e.sequence, in.peer);
+    }
   }
   e = SlotEntry{};
   dirty_grants_.insert(c.stream);
@@ -651,6 +694,13 @@ void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int cod
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
   spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
                statusName(code), message);
+  if (l.in_streams.count(stream_id) != 0) {
+    // Remembered so that a replay of this frame gets the same answer.
+    InState& in = in_states_[inStateId(l, stream_id)];
+    in.refused[sequence] = code;
+    if (in.refused.size() > kMaxRefusedRemembered) in.refused.erase(in.refused.begin());
+    in.highest = std::max(in.highest, sequence);
+  }
   v1::PeerMessage msg;
   auto* nack = msg.mutable_nack();
   nack->set_stream_id(stream_id);
@@ -700,6 +750,10 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
     regrant();
     return;
   }
+  if (dropDuplicate(l, h)) {
+    regrant();
+    return;
+  }
   uint8_t* payload = c->segments->slot(credit.slot);
   if (h.has_crc32c) {
     uint32_t crc = fl_crc32c(0, payload, h.length);
@@ -721,12 +775,17 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
   sh->flags = h.has_crc32c ? FL_SLOT_HAS_CRC32C : 0;
   sh->attr_length = h.attr_length;
   std::memcpy(sh->attrs, h.attrs, h.attr_length);
+  uint64_t in_state = inStateId(l, h.stream_id);
+  InState& in = in_states_[in_state];
+  in.highest = std::max(in.highest, h.sequence);
+  in.held.insert(h.sequence);
   e.state = SlotState::kDelivered;
   e.sequence = h.sequence;
   e.length = h.length;
   e.frame_id = h.frame_id;
   e.peer_key = l.id;
   e.stream_id = h.stream_id;
+  e.in_state = in_state;
   ++c->frames;
   c->bytes += h.length;
   metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
@@ -734,6 +793,77 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
   // Release ordering of the ring publishes the slot header and payload.
   if (!c->complete(credit.slot, FL_OK, h.sequence, h.length, h.frame_id)) {
     detachClient(*c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+  }
+}
+
+uint64_t DataAgent::inStateId(const Link& l, uint64_t stream_id) {
+  auto key = std::make_tuple(l.peer, l.peer_instance, stream_id);
+  auto it = in_state_ids_.find(key);
+  if (it != in_state_ids_.end()) return it->second;
+  uint64_t id = next_in_state_id_++;
+  in_state_ids_.emplace(key, id);
+  InState& in = in_states_[id];
+  in.peer = l.peer;
+  in.instance = l.peer_instance;
+  in.stream_id = stream_id;
+  return id;
+}
+
+bool DataAgent::dropDuplicate(Link& l, const transport::FrameHeader& h) {
+  InState& in = in_states_[inStateId(l, h.stream_id)];
+  if (h.sequence > in.highest) return false;
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  if (in.held.count(h.sequence) != 0) {
+    spdlog::debug("[peer {} stream {} seq {}] replay of a frame the consumer still holds: dropped", l.peer,
+                  h.stream_id, h.sequence);
+    return true;
+  }
+  auto refused = in.refused.find(h.sequence);
+  if (refused != in.refused.end()) {
+    sendNack(l, h.stream_id, h.sequence, refused->second, "refused before the link broke");
+    return true;
+  }
+  // Delivered and released before: the first ACK was lost with the old link.
+  spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again", l.peer,
+                h.stream_id, h.sequence);
+  pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+  return true;
+}
+
+void DataAgent::requeueUnacked(uint64_t link_id, const std::string& reason) {
+  uint64_t deadline = nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  for (auto& [name, p] : peers_) {
+    for (auto& [id, s] : p.out_streams) {
+      std::vector<std::pair<uint64_t, FrameRef>> replay;
+      for (auto it = s.unacked.begin(); it != s.unacked.end();) {
+        ClientSession* c = client(it->second.client_id);
+        if (c == nullptr) {
+          it = s.unacked.erase(it);
+          continue;
+        }
+        SlotEntry& e = c->slots[it->second.slot];
+        if (e.peer_key != link_id || (e.state != SlotState::kPosted && e.state != SlotState::kSent)) {
+          ++it;
+          continue;
+        }
+        if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+        e.state = SlotState::kPending;
+        e.credit_id = 0;
+        e.peer_key = 0;
+        e.deadline_ns = deadline;  // FAILED(LINK_LOST) when no link takes it in time
+        replay.emplace_back(it->first, it->second);
+        it = s.unacked.erase(it);
+      }
+      if (replay.empty()) continue;
+      // Oldest first, ahead of the frames that never left.
+      std::sort(replay.begin(), replay.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto r = replay.rbegin(); r != replay.rend(); ++r) s.pending.push_front(r->second);
+      metrics_.counters.frames_replayed.fetch_add(replay.size(), std::memory_order_relaxed);
+      spdlog::info(
+          "peer {} stream '{}': {} unacknowledged frames (seq {}..{}) will be sent again on the next "
+          "link ({})",
+          p.name, s.name, replay.size(), replay.front().first, replay.back().first, reason);
+    }
   }
 }
 
@@ -762,7 +892,9 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   Link& l = links_[cmd.link_id];
   l.id = cmd.link_id;
   l.peer = cmd.peer;
+  l.peer_instance = cmd.peer_instance;
   l.transport_name = cmd.transport_name;
+  l.transport_reason = cmd.transport_reason;
   l.transport = std::move(cmd.transport);
   l.session = std::move(cmd.session);
   epoll_event ev{};
@@ -770,7 +902,19 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   ev.data.u64 = kTagLink | l.id;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, l.transport->eventFd(), &ev);
   metrics_.counters.links_up.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("link {} to peer {} is up over {}", l.id, l.peer, l.transport_name);
+  spdlog::info("link {} to peer {} is up over {}{}", l.id, l.peer, l.transport_name,
+               l.transport_reason.empty() ? "" : " (" + l.transport_reason + ")");
+  // What was kept for an earlier instance of this peer (a restarted daemon)
+  // is of no use any more, unless a consumer still holds such a frame.
+  for (auto it = in_states_.begin(); it != in_states_.end();) {
+    const InState& in = it->second;
+    if (in.peer == l.peer && in.instance != l.peer_instance && in.held.empty()) {
+      in_state_ids_.erase(std::make_tuple(in.peer, in.instance, in.stream_id));
+      it = in_states_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 
   Peer& p = peers_[l.peer];
   p.name = l.peer;
@@ -813,26 +957,11 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
     for (auto& [id, s] : p.out_streams) {
       s.credits.clear();
       s.announced = false;
-      std::vector<FrameRef> lost;
-      for (auto& [seq, f] : s.unacked) lost.push_back(f);
-      s.unacked.clear();
-      for (auto& f : lost) {
-        if (ClientSession* c = client(f.client_id)) {
-          finishFrame(*c, f.slot, FL_ERR_LINK_LOST, "the link to peer " + p.name + " broke: " + reason);
-          maybeForget(*c);
-        }
-      }
     }
   }
-  for (auto it = posted_.begin(); it != posted_.end();) {
-    if (ClientSession* c = client(it->second.frame.client_id)) {
-      if (c->slots[it->second.frame.slot].peer_key == link_id) {
-        it = posted_.erase(it);
-        continue;
-      }
-    }
-    ++it;
-  }
+  // Nothing sent on this link is lost: what the peer did not acknowledge
+  // goes again on the next link, and the peer drops what it already had.
+  requeueUnacked(link_id, reason);
   std::shared_ptr<transport::Transport> transport = std::move(l->transport);
   l->in_streams.clear();
   links_.erase(link_id);
@@ -880,6 +1009,9 @@ void DataAgent::onTransportEvent(Link& l, transport::TransportEvent& ev) {
       if (ev.status == FL_OK) {
         e.state = SlotState::kSent;
         e.deadline_ns = nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+      } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
+        // The link broke, not the frame: it stays unacknowledged and is
+        // replayed on the next link (requeueUnacked, when the link is down).
       } else {
         auto pit = peers_.find(posted.peer);
         if (pit != peers_.end()) {
@@ -1082,6 +1214,7 @@ void DataAgent::publishStats() {
     if (!first) out << ',';
     first = false;
     out << "{\"id\":" << id << ",\"peer\":\"" << l.peer << "\",\"transport\":\"" << l.transport_name
+        << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
         << "\",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
         << ",\"in_streams\":" << l.in_streams.size() << '}';
   }
@@ -1096,7 +1229,10 @@ void DataAgent::publishStats() {
           << ",\"pending\":" << s.pending.size() << ",\"unacked\":" << s.unacked.size() << '}';
     }
   }
-  out << "],\"credits_outstanding\":" << credits_.size() << '}';
+  out << "],\"credits_outstanding\":" << credits_.size() << ",\"frames_held_by_consumers\":";
+  size_t held = 0;
+  for (const auto& [id, in] : in_states_) held += in.held.size();
+  out << held << '}';
   metrics_.setDetail(out.str());
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -37,8 +38,10 @@ struct CmdClientGone {
 };
 struct CmdLinkUp {
   uint64_t link_id = 0;
-  std::string peer;  // configured peer name (dialer) or the peer's daemon id (listener)
+  std::string peer;            // configured peer name (dialer) or the peer's daemon id (listener)
+  uint64_t peer_instance = 0;  // the peer daemon's instance id (from its Hello / HelloAck)
   std::string transport_name;
+  std::string transport_reason;  // why this transport (e.g. why not rdma)
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
 };
@@ -93,13 +96,28 @@ class DataAgent {
   struct Link {
     uint64_t id = 0;
     std::string peer;
+    uint64_t peer_instance = 0;
     std::string transport_name;
+    std::string transport_reason;
     std::shared_ptr<transport::Transport> transport;
     PeerSession session;
     std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
     bool closing = false;
     uint64_t frames_in = 0;
     uint64_t frames_out = 0;
+  };
+  // Receive side of one sender stream, kept across links so that frames
+  // replayed after a link broke are recognised: per (peer, peer instance,
+  // sender's stream id).  The sender numbers frames in order and replays
+  // from its oldest unacknowledged one, so every sequence up to `highest`
+  // arrived before.
+  struct InState {
+    std::string peer;
+    uint64_t instance = 0;
+    uint64_t stream_id = 0;
+    uint64_t highest = 0;             // highest sequence that arrived intact
+    std::set<uint64_t> held;          // delivered, not yet released by the consumer
+    std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
   };
   struct CreditEntry {
     uint64_t client_id = 0;
@@ -145,6 +163,12 @@ class DataAgent {
   void grantCredits(const std::string& stream_name);
   void sendNack(Link& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   void retractCreditsOfLink(uint64_t link_id);
+  uint64_t inStateId(const Link& link, uint64_t stream_id);
+  // Whether the frame is a replay this daemon already had; answers it.
+  bool dropDuplicate(Link& link, const transport::FrameHeader& header);
+  // Producer side: frames posted on a broken link go back to the front of
+  // their stream's queue, to be sent again on the next link.
+  void requeueUnacked(uint64_t link_id, const std::string& reason);
 
   void detachClient(ClientSession& client, int status, const std::string& why);
   void maybeForget(ClientSession& client);
@@ -165,6 +189,9 @@ class DataAgent {
   std::map<uint64_t, Link> links_;
   std::unordered_map<uint64_t, CreditEntry> credits_;
   std::unordered_map<uint64_t, Posted> posted_;  // by cookie
+  std::map<uint64_t, InState> in_states_;        // by id
+  std::map<std::tuple<std::string, uint64_t, uint64_t>, uint64_t> in_state_ids_;
+  uint64_t next_in_state_id_ = 1;
   std::vector<transport::FrameHeader> frame_headers_scratch_;
   uint64_t next_stream_id_ = 1;
   uint64_t next_credit_id_ = 1;

@@ -58,6 +58,10 @@ std::string Metrics::prometheus() const {
   counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
   counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
   counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
+  counter("frames_replayed_total", "Unacknowledged frames sent again after a link broke.",
+          counters.frames_replayed);
+  counter("duplicates_dropped_total", "Replayed frames this daemon already had (not delivered again).",
+          counters.duplicates_dropped);
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';

@@ -33,6 +33,8 @@ class Metrics {
     std::atomic<uint64_t> links_up{0};
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
+    std::atomic<uint64_t> frames_replayed{0};     // sent again on a new link after a link broke
+    std::atomic<uint64_t> duplicates_dropped{0};  // replays of frames this daemon already had
   };
   static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
 

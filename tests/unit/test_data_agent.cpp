@@ -179,12 +179,12 @@ struct AgentFixture {
   }
   ~AgentFixture() { agent->stop(); }
 
-  void linkUp(uint64_t link_id = 1) {
+  void linkUp(uint64_t link_id = 1, std::unique_ptr<transport::Transport> t = nullptr) {
     CmdLinkUp up;
     up.link_id = link_id;
     up.peer = "remote";
     up.transport_name = "tcp";
-    up.transport = std::shared_ptr<transport::Transport>(std::move(pair.a));
+    up.transport = std::shared_ptr<transport::Transport>(t ? std::move(t) : std::move(pair.a));
     auto writer =
         std::make_shared<SessionWriter>([this](const v1::PeerMessage& m, bool) { return capture.write(m); },
                                         std::chrono::milliseconds(60000));
@@ -247,6 +247,33 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     CHECK(ack.ack().sequences(0) == 1);
     auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
     CHECK(regrant.credit_grant().credits_size() == 1);
+
+    SECTION("the same frame replayed on a new link is dropped and ACKed again, not delivered twice") {
+      f.agent->post(CmdLinkDown{1, "test cut the link"});
+      TcpPair second = makeTcpPair();
+      auto& sender = *second.a;  // the test plays the sender on the new link
+      f.linkUp(2, std::move(second.b));
+      f.peerSays(open, 2);
+      auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+      REQUIRE(grant2.credit_grant().credits_size() >= 1);
+      req.header.credit_id = grant2.credit_grant().credits(0).credit_id();
+      req.credit.credit_id = req.header.credit_id;
+      REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      auto ack2 = f.capture.next([](auto& m) { return m.has_ack(); });
+      REQUIRE(ack2.ack().sequences_size() == 1);
+      CHECK(ack2.ack().sequences(0) == 1);
+      CHECK(consumer.idleFor(100ms));  // nothing delivered a second time
+      CHECK(f.metrics.counters.duplicates_dropped.load() == 1);
+
+      req.header.sequence = 2;  // a new frame after the replay is delivered
+      req.header.credit_id =
+          grant2.credit_grant().credits(1 % grant2.credit_grant().credits_size()).credit_id();
+      req.credit.credit_id = req.header.credit_id;
+      REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      fl_completion_desc d2 = consumer.pop();
+      CHECK(d2.status == FL_OK);
+      CHECK(d2.sequence == 2);
+    }
 
     SECTION("releasing it again is a double release, reported to the consumer only") {
       consumer.push(d.slot, 0);
@@ -407,15 +434,67 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     CHECK(arrived.header.frame_id == 16);
   }
 
-  SECTION("a link that breaks fails frames in flight with LINK_LOST") {
+  SECTION("a link that breaks: the unacknowledged frame goes again on the next link, same sequence") {
     fill(0, 17, 10);
     producer.push(0, 10);
     grantOne(500, landing.size());
-    waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    auto first = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
     f.agent->post(CmdLinkDown{1, "test cut the link"});
+    TcpPair second = makeTcpPair();
+    std::vector<uint8_t> landing2(64 * 1024);
+    transport::LocalCredit lc2;
+    lc2.credit_id = 501;
+    lc2.buffer = landing2.data();
+    lc2.capacity = landing2.size();
+    REQUIRE(second.b->exposeCredit(lc2).ok());
+    auto& peer_side = *second.b;
+    f.linkUp(2, std::move(second.a));
+    auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
+    CHECK(reopen.stream_open().stream_id() == stream_id);  // the stream keeps its id and sequences
+    v1::PeerMessage g;
+    g.mutable_credit_grant()->set_stream_id(stream_id);
+    auto* c = g.mutable_credit_grant()->add_credits();
+    c->set_credit_id(501);
+    c->set_length(landing2.size());
+    f.peerSays(g, 2);
+    auto again = waitEvent(peer_side, transport::TransportEvent::Kind::kFrameArrived);
+    CHECK(again.header.sequence == first.header.sequence);
+    CHECK(again.header.frame_id == 17);
+    CHECK(landing2[0] == 17);
+    v1::PeerMessage ack;
+    ack.mutable_ack()->set_stream_id(stream_id);
+    ack.mutable_ack()->add_sequences(again.header.sequence);
+    f.peerSays(ack, 2);
     fl_completion_desc d = producer.pop();
-    CHECK(d.status == FL_ERR_LINK_LOST);
+    CHECK(d.status == FL_OK);
+    CHECK(d.sequence == first.header.sequence);
+    CHECK(f.metrics.counters.frames_replayed.load() == 1);
   }
+}
+
+TEST_CASE("producer side: a broken link that does not come back fails the frame LINK_LOST",
+          "[agent][timeout]") {
+  AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  std::vector<uint8_t> landing(4096);
+  transport::LocalCredit lc;
+  lc.credit_id = 7;
+  lc.buffer = landing.data();
+  lc.capacity = landing.size();
+  REQUIRE(f.pair.b->exposeCredit(lc).ok());
+  v1::PeerMessage g;
+  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
+  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
+  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
+  f.peerSays(g);
+  producer.push(0, 10);
+  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  f.agent->post(CmdLinkDown{1, "test cut the link"});
+  fl_completion_desc d = producer.pop();
+  CHECK(d.status == FL_ERR_LINK_LOST);
 }
 
 TEST_CASE("producer side: no credit within the credit timeout fails NO_CONSUMER", "[agent][timeout]") {
@@ -473,10 +552,14 @@ TEST_CASE("segment geometry keeps every region inside its segment", "[segment]")
         CHECK(g.submit_ring_offset >= sizeof(fl_segment_header));
         CHECK(g.completion_ring_offset >= g.submit_ring_offset + fl_ring_bytes(g.ring_capacity, 16));
         CHECK(g.control_size >= g.completion_ring_offset + fl_ring_bytes(g.ring_capacity, 32));
-        CHECK(g.slot_stride >= size);
+        CHECK(g.slot_stride >= size + sizeof(fl_slot_header));
         CHECK(g.slot_stride % FL_PAGE_SIZE == 0);
-        CHECK(g.slots_offset >= uint64_t{slots} * sizeof(fl_slot_header));
         CHECK(g.slots_offset % FL_PAGE_SIZE == 0);
+        // Each header immediately before its payload (one RDMA write lands
+        // both), never overlapping the previous slot's payload.
+        CHECK(g.slot_header_stride == g.slot_stride);
+        CHECK(g.slot_headers_offset + sizeof(fl_slot_header) == g.slots_offset);
+        CHECK(g.slot_stride - size >= sizeof(fl_slot_header));
         CHECK(g.data_size >= g.slots_offset + g.slot_stride * slots);
         if (huge) CHECK(g.data_size % FL_HUGE_PAGE_SIZE == 0);
       }
