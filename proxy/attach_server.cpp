@@ -54,6 +54,11 @@ HugepageMode hugepageMode(const std::string& s) {
 
 }  // namespace
 
+void AttachServer::setSegmentRegistrar(RegisterSegment registrar, int numa_node) {
+  registrar_ = std::move(registrar);
+  numa_node_ = numa_node;
+}
+
 AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach,
                            OnDetach on_detach)
     : config_(config),
@@ -299,7 +304,7 @@ void AttachServer::handleRequest(int fd) {
   sreq.client_id = client_id;
   sreq.stream = req.stream;
   sreq.hugepages = hugepageMode(config_.hugepages);
-  sreq.numa_node = numaNodeForSegments(config_);
+  sreq.numa_node = numa_node_ >= 0 ? numa_node_ : numaNodeForSegments(config_);
   sreq.daemon_pid = identity_.pid;
   sreq.daemon_start_ns = identity_.start_ns;
   auto segments = ClientSegments::create(sreq);
@@ -308,6 +313,20 @@ void AttachServer::handleRequest(int fd) {
     sendRefusal(fd, segments.error().code, segments.error().message);
     dropConnection(fd);
     return;
+  }
+  if (registrar_) {
+    auto registration = registrar_(*segments.value(), req.role);
+    if (!registration) {
+      spdlog::error("attach: pid {} stream '{}': cannot register the segment with the RDMA device: {}",
+                    cred.pid, req.stream, registration.error().message);
+      sendRefusal(fd, FL_ERR_RESOURCES,
+                  "the daemon cannot register the segment with its RDMA device (" +
+                      registration.error().message +
+                      "); ask for fewer or smaller slots, or raise its memlock limit");
+      dropConnection(fd);
+      return;
+    }
+    segments.value()->holdRegistration(std::move(registration.value()));
   }
   UniqueFd submit_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   UniqueFd completion_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));

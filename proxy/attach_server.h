@@ -35,6 +35,14 @@ class AttachServer {
                                                       OnAttach on_attach, OnDetach on_detach);
   ~AttachServer();
 
+  // Registers each client's data segment with the rdma device (producer:
+  // local read; consumer: remote write) before the client gets it; the
+  // returned handle lives as long as the segment.  `numa_node` >= 0 places
+  // segments on the NIC's node.  Call before start().
+  using RegisterSegment =
+      std::function<Result<std::shared_ptr<void>>(ClientSegments& segments, uint32_t role)>;
+  void setSegmentRegistrar(RegisterSegment registrar, int numa_node);
+
   void start();
   void stop();
 
@@ -54,6 +62,8 @@ class AttachServer {
   DaemonIdentity identity_;
   OnAttach on_attach_;
   OnDetach on_detach_;
+  RegisterSegment registrar_;
+  int numa_node_ = -1;
   UniqueFd listen_fd_;
   UniqueFd epoll_fd_;
   UniqueFd stop_fd_;

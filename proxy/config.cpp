@@ -425,6 +425,15 @@ class TomlReader {
     if (k == "reconnect_min_ms") return assign(u32(key, node), c.reconnect_min_ms);
     if (k == "reconnect_max_ms") return assign(u32(key, node), c.reconnect_max_ms);
     if (k == "grpc_chunk_bytes") return assign(size(key, node), c.grpc_chunk_bytes);
+    if (k == "rdma_device") return assign(str(key, node), c.rdma_device);
+    if (k == "rdma_port") {
+      uint32_t port = 0;
+      if (auto st = assign(u32(key, node, true), port); !st) return st;
+      if (port > 65535) return invalid(label(key, node) + ": a port is 0-65535 (0 = any free port)");
+      c.rdma_port = port;
+      return {};
+    }
+    if (k == "rdma_retry_ms") return assign(u32(key, node), c.rdma_retry_ms);
     return unknown(key, node);
   }
 
@@ -507,7 +516,8 @@ class TomlReader {
 struct Flags {
   std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
       transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
-      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu;
+      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, rdma_device,
+      rdma_port, rdma_retry;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
 
@@ -610,6 +620,15 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
     c.metrics_listen = f.metrics;
   }
   if (given("--ready-file")) c.ready_file = f.ready_file;
+  if (given("--rdma-device")) c.rdma_device = f.rdma_device;
+  if (given("--rdma-port")) {
+    if (auto st = assign(parseU32(f.rdma_port, "--rdma-port", true), c.rdma_port); !st) return st;
+    if (c.rdma_port > 65535)
+      return invalid("--rdma-port " + f.rdma_port + ": a port is 0-65535 (0 = any free port)");
+  }
+  if (given("--rdma-retry-ms")) {
+    if (auto st = assign(parseU32(f.rdma_retry, "--rdma-retry-ms", false), c.rdma_retry_ms); !st) return st;
+  }
   if (given("--ack-timeout-ms")) {
     if (auto st = assign(parseU32(f.ack_timeout, "--ack-timeout-ms", false), c.ack_timeout_ms); !st) {
       return st;
@@ -750,6 +769,14 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
       ->excludes(token);
   app.add_option("--transports", f.transports, "Comma list in preference order (default tcp,grpc)")
       ->type_name("LIST");
+  app.add_option("--rdma-device", f.rdma_device,
+                 "RDMA device (default: the one that owns the --listen address)")
+      ->type_name("NAME");
+  app.add_option("--rdma-port", f.rdma_port, "rdma_cm listen port, announced to peers (default 0 = any)")
+      ->type_name("PORT");
+  app.add_option("--rdma-retry-ms", f.rdma_retry,
+                 "How often a link that fell back from rdma tries it again (default 30000)")
+      ->type_name("MS");
   one(app.add_option("--peer", f.peer, "A peer daemon's gRPC address (repeatable)"))
       ->type_name("NAME=HOST:PORT");
   one(app.add_option("--route", f.route, "Route a stream (or '*') to a peer (repeatable)"))
@@ -827,7 +854,9 @@ std::string describe(const Config& c) {
       << " ack_timeout_ms=" << c.ack_timeout_ms << " credit_timeout_ms=" << c.credit_timeout_ms
       << " connect_timeout_ms=" << c.connect_timeout_ms << " keepalive_ms=" << c.keepalive_ms
       << " reconnect_ms=" << c.reconnect_min_ms << ".." << c.reconnect_max_ms
-      << " grpc_chunk_bytes=" << c.grpc_chunk_bytes << " max_slot_size=" << c.max_slot_size
+      << " grpc_chunk_bytes=" << c.grpc_chunk_bytes
+      << " rdma_device=" << (c.rdma_device.empty() ? "auto" : c.rdma_device) << " rdma_port=" << c.rdma_port
+      << " rdma_retry_ms=" << c.rdma_retry_ms << " max_slot_size=" << c.max_slot_size
       << " max_slots=" << c.max_slots << " max_client_bytes=" << c.max_client_bytes
       << " default_slots=" << c.default_slot_count << "x" << c.default_slot_size;
   return out.str();

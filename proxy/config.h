@@ -42,6 +42,13 @@ struct Config {
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
   uint64_t grpc_chunk_bytes = 4 * kMiB;
+  // rdma: the device (empty: the one that owns the host of `listen`, or the
+  // address a peer link resolves to), the rdma_cm port this daemon listens
+  // on (0: ephemeral; either way announced to peers in the HelloAck), and how
+  // often a link that fell back to another transport tries rdma again.
+  std::string rdma_device;
+  uint32_t rdma_port = 0;
+  uint32_t rdma_retry_ms = 30000;
 
   // [limits]
   uint64_t max_slot_size = 64 * kMiB;

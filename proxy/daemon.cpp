@@ -3,19 +3,38 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <fstream>
+
+#ifdef FRAMELINK_HAVE_NUMA
+#include <numa.h>
+#endif
 
 #include "attach_server.h"
 #include "data_agent.h"
 #include "metrics.h"
 #include "peer_link.h"
+#include "transport/tcp/tcp_connect.h"
+#ifdef FRAMELINK_HAVE_RDMA
+#include "transport/rdma/rdma_device.h"
+#endif
 
 namespace framelink {
 
 namespace {
+
+int numaNodeOfCpu(int cpu) {
+#ifdef FRAMELINK_HAVE_NUMA
+  if (numa_available() >= 0) return numa_node_of_cpu(cpu);
+#endif
+  (void)cpu;
+  return -1;
+}
 
 Status writeReadyFile(const std::string& path, const std::string& content) {
   std::string tmp = path + ".tmp";
@@ -49,7 +68,8 @@ class DaemonImpl final : public Daemon {
         [this](uint64_t id) { agent_->post(CmdClientGone{id}); });
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
-    auto links = PeerLinks::start(config_, *agent_, metrics_, identity.start_ns);
+    RdmaSupport rdma = openRdma();
+    auto links = PeerLinks::start(config_, *agent_, metrics_, identity.start_ns, std::move(rdma));
     if (!links) return std::move(links).error();
     links_ = std::move(links.value());
     if (!config_.metrics_listen.empty()) {
@@ -60,8 +80,8 @@ class DaemonImpl final : public Daemon {
     if (!config_.ready_file.empty()) {
       std::string content =
           "pid=" + std::to_string(::getpid()) + "\ngrpc_port=" + std::to_string(grpcPort()) +
-          "\ndata_port=" + std::to_string(dataPort()) + "\nmetrics_port=" + std::to_string(metricsPort()) +
-          "\nsocket=" + config_.socket_path + "\n";
+          "\ndata_port=" + std::to_string(dataPort()) + "\nrdma_port=" + std::to_string(rdmaPort()) +
+          "\nmetrics_port=" + std::to_string(metricsPort()) + "\nsocket=" + config_.socket_path + "\n";
       Status s = writeReadyFile(config_.ready_file, content);
       if (!s) return s;
     }
@@ -73,6 +93,7 @@ class DaemonImpl final : public Daemon {
 
   uint16_t grpcPort() const noexcept override { return links_ ? links_->grpcPort() : 0; }
   uint16_t dataPort() const noexcept override { return links_ ? links_->dataPort() : 0; }
+  uint16_t rdmaPort() const noexcept { return links_ ? links_->rdmaPort() : 0; }
   uint16_t metricsPort() const noexcept override { return metrics_.port(); }
   const Config& config() const noexcept override { return config_; }
 
@@ -89,6 +110,51 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // Opens the RDMA device when rdma is among the transports, and has every
+  // client segment registered with it and placed on its NUMA node.  Without
+  // a usable device the daemon runs on the other transports and says why.
+  RdmaSupport openRdma() {
+    RdmaSupport rdma;
+    if (std::find(config_.transports.begin(), config_.transports.end(), "rdma") == config_.transports.end()) {
+      rdma.unavailable = "rdma is not in --transports";
+      return rdma;
+    }
+#ifdef FRAMELINK_HAVE_RDMA
+    namespace rdma_ns = transport::rdma;
+    auto host_port = transport::tcp::parseHostPort(config_.listen);
+    rdma_ns::RdmaDeviceOptions options{config_.rdma_device, host_port ? host_port->first : "0.0.0.0"};
+    auto device = rdma_ns::RdmaDevice::open(options);
+    if (!device) {
+      rdma.unavailable = device.error().message;
+      spdlog::warn("rdma is configured but not usable: {}; links use the next of {}", rdma.unavailable,
+                   fmt::join(config_.transports, ","));
+      return rdma;
+    }
+    rdma.device = device.value();
+    int node = rdma.device->numaNode();
+    spdlog::info("rdma: device {} (NUMA node {}); client segments are registered with it{}",
+                 rdma.device->name(), node, node >= 0 ? " and placed on that node" : "");
+    if (node >= 0 && config_.cpu >= 0 && numaNodeOfCpu(config_.cpu) != node) {
+      spdlog::warn("the data agent is pinned to CPU {}, which is not on the NIC's NUMA node {}", config_.cpu,
+                   node);
+    }
+    std::shared_ptr<rdma_ns::RdmaDevice> dev = rdma.device;
+    attach_->setSegmentRegistrar(
+        [dev](ClientSegments& segments, uint32_t role) -> Result<std::shared_ptr<void>> {
+          auto access = role == FL_ROLE_CONSUMER ? rdma_ns::MemoryAccess::kRemoteWrite
+                                                 : rdma_ns::MemoryAccess::kLocalRead;
+          auto mr = dev->registerMemory(segments.dataBase(), segments.dataSize(), access);
+          if (!mr) return std::move(mr).error();
+          return std::shared_ptr<void>(std::move(mr.value()));
+        },
+        node);
+#else
+    rdma.unavailable = "this framelinkd was built without rdma (FRAMELINK_ENABLE_RDMA=OFF)";
+    spdlog::warn("{}", rdma.unavailable);
+#endif
+    return rdma;
+  }
+
   Config config_;
   Metrics metrics_;
   std::unique_ptr<DataAgent> agent_;

@@ -21,6 +21,10 @@
 #include "transport/grpc/grpc_transport.h"
 #include "transport/tcp/tcp_connect.h"
 #include "transport/tcp/tcp_transport.h"
+#ifdef FRAMELINK_HAVE_RDMA
+#include "transport/rdma/rdma_connect.h"
+#include "transport/rdma/rdma_device.h"
+#endif
 
 namespace framelink {
 
@@ -32,7 +36,9 @@ using Clock = std::chrono::steady_clock;
 using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
 using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
 
-bool transportBuilt(const std::string& name) { return name == "tcp" || name == "grpc"; }
+bool listed(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
 
 std::string joined(const std::vector<std::string>& items) {
   std::string out;
@@ -75,13 +81,20 @@ uint64_t randomSessionId() {
 
 class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
  public:
-  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance)
-      : config_(config), agent_(agent), metrics_(metrics), instance_(instance) {}
+  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance, RdmaSupport rdma)
+      : config_(config), agent_(agent), metrics_(metrics), instance_(instance), rdma_(std::move(rdma)) {}
   ~PeerLinksImpl() override { stop(); }
 
   Status init();
   uint16_t grpcPort() const noexcept override { return static_cast<uint16_t>(grpc_port_); }
   uint16_t dataPort() const noexcept override { return data_listener_ ? data_listener_->port() : 0; }
+  uint16_t rdmaPort() const noexcept override {
+#ifdef FRAMELINK_HAVE_RDMA
+    return rdma_listener_ ? rdma_listener_->port() : 0;
+#else
+    return 0;
+#endif
+  }
   void stop() override;
 
   ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
@@ -95,6 +108,14 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
     bool fulfilled = false;
   };
 
+  // Per configured peer, kept by its dialer across sessions.
+  struct DialState {
+    Clock::time_point rdma_retry_at{};  // rdma is not offered before this
+    std::string rdma_failure;           // why the last rdma connection failed
+  };
+
+  // Whether this daemon can run `transport` now; else why not.
+  bool usable(const std::string& transport, std::string* why) const;
   std::shared_ptr<Pending> registerPending(uint64_t session_id, const std::string& transport);
   void unregisterPending(uint64_t session_id);
   void fulfil(uint64_t session_id, const std::string& transport, std::shared_ptr<transport::Transport> t);
@@ -102,10 +123,11 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   bool tokenOk(const ::grpc::ServerContext* ctx) const;
 
   template <typename Stream>
-  void runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
+  void runSession(uint64_t link_id, const std::string& peer, uint64_t peer_instance,
+                  const std::string& transport_name, const std::string& transport_reason,
                   std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel);
   void dialLoop(PeerConfig peer);
-  bool dialOnce(const PeerConfig& peer);
+  bool dialOnce(const PeerConfig& peer, DialState& state);
   ::grpc::ChannelArguments channelArguments() const;
 
   const Config& config_;
@@ -115,6 +137,10 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::unique_ptr<::grpc::Server> server_;
   int grpc_port_ = 0;
   std::unique_ptr<transport::tcp::TcpDataListener> data_listener_;
+  RdmaSupport rdma_;
+#ifdef FRAMELINK_HAVE_RDMA
+  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;
+#endif
   std::atomic<uint64_t> next_link_id_{1};
   std::atomic<bool> stopping_{false};
   bool stopped_ = false;
@@ -128,8 +154,8 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
 };
 
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
-                                                    uint64_t instance) {
-  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance);
+                                                    uint64_t instance, RdmaSupport rdma) {
+  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance, std::move(rdma));
   Status s = links->init();
   if (!s) return std::move(s).error();
   return std::unique_ptr<PeerLinks>(std::move(links));
@@ -161,6 +187,32 @@ Status PeerLinksImpl::init() {
     }
     data_listener_ = std::move(listener.value());
   }
+#ifdef FRAMELINK_HAVE_RDMA
+  if (listed(config_.transports, "rdma") && rdma_.device) {
+    auto host_port = transport::tcp::parseHostPort(config_.listen);
+    std::string host = host_port ? host_port->first : std::string("0.0.0.0");
+    auto listener = transport::rdma::RdmaListener::listen(
+        rdma_.device, host, static_cast<uint16_t>(config_.rdma_port),
+        [this](uint64_t session_id) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          auto it = pending_.find(session_id);
+          return it != pending_.end() && it->second->transport == "rdma" && !it->second->fulfilled;
+        },
+        [this](uint64_t session_id, std::unique_ptr<transport::Transport> t) {
+          fulfil(session_id, "rdma", std::shared_ptr<transport::Transport>(std::move(t)));
+        },
+        {}, std::chrono::milliseconds(config_.connect_timeout_ms));
+    if (listener) {
+      rdma_listener_ = std::move(listener.value());
+      spdlog::info("rdma: listening on {}:{} (device {})", host, rdma_listener_->port(),
+                   rdma_.device->name());
+    } else {
+      rdma_.unavailable = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
+      spdlog::warn("rdma is not usable: {}; links use the next transport of {}", rdma_.unavailable,
+                   joined(config_.transports));
+    }
+  }
+#endif
 
   ::grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, ::grpc::InsecureServerCredentials(), &grpc_port_);
@@ -192,8 +244,24 @@ void PeerLinksImpl::stop() {
   for (auto& t : dialers_) {
     if (t.joinable()) t.join();
   }
+#ifdef FRAMELINK_HAVE_RDMA
+  rdma_listener_.reset();
+#endif
   if (data_listener_) data_listener_->stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+bool PeerLinksImpl::usable(const std::string& transport, std::string* why) const {
+  if (transport == "tcp" || transport == "grpc") return true;
+  if (transport == "rdma") {
+    if (rdmaPort() != 0) return true;
+    if (why != nullptr) {
+      *why = rdma_.unavailable.empty() ? "this daemon has no usable RDMA device" : rdma_.unavailable;
+    }
+    return false;
+  }
+  if (why != nullptr) *why = "unknown transport";
+  return false;
 }
 
 std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
@@ -245,7 +313,8 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
 }
 
 template <typename Stream>
-void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const std::string& transport_name,
+void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64_t peer_instance,
+                               const std::string& transport_name, const std::string& transport_reason,
                                std::shared_ptr<transport::Transport> t, Stream* stream,
                                std::function<void()> cancel) {
   auto writer = std::make_shared<SessionWriter>(
@@ -258,7 +327,9 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   CmdLinkUp up;
   up.link_id = link_id;
   up.peer = peer;
+  up.peer_instance = peer_instance;
   up.transport_name = transport_name;
+  up.transport_reason = transport_reason;
   up.transport = std::move(t);
   // The agent may ask to cancel at any time, also after this call ended and
   // its context is gone: the guard turns such late calls into no-ops.
@@ -327,13 +398,17 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     return {::grpc::StatusCode::INVALID_ARGUMENT, "daemon id must be 1-64 characters of [A-Za-z0-9._-]"};
   }
   std::string chosen;
+  std::string reason;  // why not the transports the dialer preferred
   std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
   for (const auto& t : offered) {
-    if (transportBuilt(t) &&
-        std::find(config_.transports.begin(), config_.transports.end(), t) != config_.transports.end()) {
+    std::string why;
+    if (!listed(config_.transports, t)) {
+      why = "peer " + config_.id + " does not allow it (transports " + joined(config_.transports) + ")";
+    } else if (usable(t, &why)) {
       chosen = t;
       break;
     }
+    reason += (reason.empty() ? "" : "; ") + std::string("not ") + t + ": " + why;
   }
   if (chosen.empty()) {
     spdlog::warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})",
@@ -355,6 +430,8 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   ack->set_session_id(hello.session_id());
   ack->set_instance(instance_);
   ack->set_max_frame_bytes(config_.max_slot_size);
+  ack->set_rdma_port(rdmaPort());
+  ack->set_transport_reason(reason);
   if (!stream->Write(reply)) {
     unregisterPending(hello.session_id());
     return {::grpc::StatusCode::CANCELLED, "peer went away"};
@@ -367,9 +444,10 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   }
   std::shared_ptr<transport::Transport> t = future.get();
   uint64_t link_id = next_link_id_++;
-  spdlog::info("peer {} at {} connected (session {:016x}, transport {})", hello.daemon_id(), from,
-               hello.session_id(), chosen);
-  runSession(link_id, hello.daemon_id(), chosen, std::move(t), stream, [ctx] { ctx->TryCancel(); });
+  spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
+               hello.session_id(), chosen, reason.empty() ? "" : "; " + reason);
+  runSession(link_id, hello.daemon_id(), hello.instance(), chosen, reason, std::move(t), stream,
+             [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
 
@@ -398,7 +476,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   return server_transport->runUntilClosed();
 }
 
-bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
+bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   auto host_port = transport::tcp::parseHostPort(peer.address);
   if (!host_port) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
@@ -434,8 +512,21 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
   auto* hello = hello_msg.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
   hello->set_daemon_id(config_.id);
+  // What this side leaves out, and why: part of the link's reason.
+  std::string local_reason;
   for (const auto& t : config_.transports) {
-    if (transportBuilt(t)) hello->add_transports(t);
+    std::string why;
+    if (!usable(t, &why)) {
+      local_reason += (local_reason.empty() ? "" : "; ") + std::string("not ") + t + ": " + why;
+      continue;
+    }
+    if (t == "rdma" && Clock::now() < state.rdma_retry_at) {
+      auto left = std::chrono::duration_cast<std::chrono::seconds>(state.rdma_retry_at - Clock::now());
+      local_reason += (local_reason.empty() ? "" : "; ") + std::string("not rdma: ") + state.rdma_failure +
+                      " (tried again in " + std::to_string(left.count() + 1) + " s)";
+      continue;
+    }
+    hello->add_transports(t);
   }
   hello->set_token(config_.token);
   hello->set_max_frame_bytes(config_.max_slot_size);
@@ -465,7 +556,34 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
   }
   std::shared_ptr<transport::Transport> t;
   std::string error;
-  if (ack.transport() == "tcp") {
+  if (ack.transport() == "rdma") {
+#ifdef FRAMELINK_HAVE_RDMA
+    if (rdma_.device && ack.rdma_port() != 0) {
+      auto made =
+          transport::rdma::dialRdma(rdma_.device, host_port->first, static_cast<uint16_t>(ack.rdma_port()),
+                                    session_id, std::chrono::milliseconds(config_.connect_timeout_ms));
+      if (made) {
+        t = std::move(made.value());
+        state.rdma_failure.clear();
+      } else {
+        error = made.error().message;
+      }
+    } else {
+      error = "the peer chose rdma but announced no rdma port";
+    }
+    if (!t) {
+      // Offer the next transport at once; rdma again after rdma_retry_ms.
+      state.rdma_failure = error;
+      state.rdma_retry_at = Clock::now() + std::chrono::milliseconds(config_.rdma_retry_ms);
+      spdlog::warn(
+          "peer {}: rdma connection failed ({}); falling back to the next transport, rdma is tried "
+          "again in {} ms",
+          peer.name, error, config_.rdma_retry_ms);
+    }
+#else
+    error = "this framelinkd was built without rdma";
+#endif
+  } else if (ack.transport() == "tcp") {
     auto fd =
         transport::tcp::dialData(host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id,
                                  config_.token, std::chrono::milliseconds(config_.connect_timeout_ms));
@@ -497,18 +615,51 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer) {
     stream->Finish();
     return false;
   }
-  spdlog::info("connected to peer {} at {} (session {:016x}, transport {})", peer.name, peer.address,
-               session_id, ack.transport());
-  runSession(next_link_id_++, peer.name, ack.transport(), std::move(t), stream.get(),
+  std::string reason = local_reason;
+  if (!ack.transport_reason().empty()) {
+    reason += (reason.empty() ? "" : "; ") + ack.transport_reason().substr(0, 512);
+  }
+  spdlog::info("connected to peer {} at {} (session {:016x}, transport {}{})", peer.name, peer.address,
+               session_id, ack.transport(), reason.empty() ? "" : "; " + reason);
+
+  // A link that fell back from rdma while both sides have it moves back:
+  // after rdma_retry_ms the session is ended and the next dial offers rdma
+  // first again.  Frames in flight are replayed by the data agent.
+  std::mutex upgrade_mu;
+  std::condition_variable upgrade_cv;
+  bool session_over = false;
+  std::thread upgrader;
+  auto rdma_pos = std::find(config_.transports.begin(), config_.transports.end(), "rdma");
+  auto chosen_pos = std::find(config_.transports.begin(), config_.transports.end(), ack.transport());
+  if (ack.transport() != "rdma" && rdma_pos < chosen_pos && usable("rdma", nullptr) && ack.rdma_port() != 0) {
+    auto wait =
+        std::max(std::chrono::milliseconds(config_.rdma_retry_ms),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(state.rdma_retry_at - Clock::now()));
+    upgrader = std::thread([&, wait] {
+      std::unique_lock<std::mutex> lock(upgrade_mu);
+      if (upgrade_cv.wait_for(lock, wait, [&] { return session_over || stopping_.load(); })) return;
+      spdlog::info("peer {}: trying rdma again; the link moves back to it if it works", peer.name);
+      state.rdma_retry_at = Clock::time_point{};
+      ctx.TryCancel();
+    });
+  }
+  runSession(next_link_id_++, peer.name, ack.instance(), ack.transport(), reason, std::move(t), stream.get(),
              [&ctx] { ctx.TryCancel(); });
+  {
+    std::lock_guard<std::mutex> lock(upgrade_mu);
+    session_over = true;
+  }
+  upgrade_cv.notify_all();
+  if (upgrader.joinable()) upgrader.join();
   stream->Finish();
   return true;
 }
 
 void PeerLinksImpl::dialLoop(PeerConfig peer) {
   uint32_t backoff_ms = config_.reconnect_min_ms;
+  DialState state;
   while (!stopping_) {
-    bool was_up = dialOnce(peer);
+    bool was_up = dialOnce(peer, state);
     if (stopping_) break;
     backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
     std::unique_lock<std::mutex> lock(mutex_);

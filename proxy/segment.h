@@ -91,6 +91,11 @@ class ClientSegments {
   bool onHugepages() const noexcept { return hugepages_; }
   int controlFd() const noexcept { return control_fd_.get(); }
   int dataFd() const noexcept { return data_fd_.get(); }
+  // Keeps the segment's rdma registration (type-erased) until the segment
+  // goes: deregistered before the memory is unmapped.
+  void holdRegistration(std::shared_ptr<void> registration) noexcept {
+    registration_ = std::move(registration);
+  }
   // The daemon keeps the fds only until they were passed to the client.
   void closeFds() noexcept {
     control_fd_.reset();
@@ -108,6 +113,7 @@ class ClientSegments {
   uint32_t slot_count_ = 0;
   uint64_t slot_size_ = 0;
   bool hugepages_ = false;
+  std::shared_ptr<void> registration_;  // last member: released first
 };
 
 }  // namespace framelink
