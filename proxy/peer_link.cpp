@@ -70,6 +70,11 @@ class CancelGuard {
   std::function<void()> cancel_;  // GUARDED_BY(mutex_)
 };
 
+// rdma_cm retransmits a lost connection request only after seconds (the CM
+// response timeout), and right after a link comes back the first one is
+// often lost: an rdma handshake gets this many connect timeouts.
+constexpr int kRdmaHandshakeFactor = 3;
+
 uint64_t randomSessionId() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   uint64_t id = 0;
@@ -90,6 +95,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   uint16_t dataPort() const noexcept override { return data_listener_ ? data_listener_->port() : 0; }
   uint16_t rdmaPort() const noexcept override {
 #ifdef FRAMELINK_HAVE_RDMA
+    std::lock_guard<std::mutex> lock(rdma_mu_);
     return rdma_listener_ ? rdma_listener_->port() : 0;
 #else
     return 0;
@@ -139,7 +145,11 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::unique_ptr<transport::tcp::TcpDataListener> data_listener_;
   RdmaSupport rdma_;
 #ifdef FRAMELINK_HAVE_RDMA
-  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;
+  // Replaced when connections stop completing (see restartRdmaListener).
+  mutable std::mutex rdma_mu_;                                    // never held together with mutex_
+  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // GUARDED_BY(rdma_mu_)
+  void startRdmaListener(uint16_t port);
+  void restartRdmaListener(const std::string& why);
 #endif
   std::atomic<uint64_t> next_link_id_{1};
   std::atomic<bool> stopping_{false};
@@ -189,28 +199,7 @@ Status PeerLinksImpl::init() {
   }
 #ifdef FRAMELINK_HAVE_RDMA
   if (listed(config_.transports, "rdma") && rdma_.device) {
-    auto host_port = transport::tcp::parseHostPort(config_.listen);
-    std::string host = host_port ? host_port->first : std::string("0.0.0.0");
-    auto listener = transport::rdma::RdmaListener::listen(
-        rdma_.device, host, static_cast<uint16_t>(config_.rdma_port),
-        [this](uint64_t session_id) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          auto it = pending_.find(session_id);
-          return it != pending_.end() && it->second->transport == "rdma" && !it->second->fulfilled;
-        },
-        [this](uint64_t session_id, std::unique_ptr<transport::Transport> t) {
-          fulfil(session_id, "rdma", std::shared_ptr<transport::Transport>(std::move(t)));
-        },
-        {}, std::chrono::milliseconds(config_.connect_timeout_ms));
-    if (listener) {
-      rdma_listener_ = std::move(listener.value());
-      spdlog::info("rdma: listening on {}:{} (device {})", host, rdma_listener_->port(),
-                   rdma_.device->name());
-    } else {
-      rdma_.unavailable = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
-      spdlog::warn("rdma is not usable: {}; links use the next transport of {}", rdma_.unavailable,
-                   joined(config_.transports));
-    }
+    startRdmaListener(static_cast<uint16_t>(config_.rdma_port));
   }
 #endif
 
@@ -245,11 +234,60 @@ void PeerLinksImpl::stop() {
     if (t.joinable()) t.join();
   }
 #ifdef FRAMELINK_HAVE_RDMA
-  rdma_listener_.reset();
+  std::unique_ptr<transport::rdma::RdmaListener> listener;
+  {
+    std::lock_guard<std::mutex> lock(rdma_mu_);
+    listener = std::move(rdma_listener_);
+  }
+  listener.reset();
 #endif
   if (data_listener_) data_listener_->stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
+
+#ifdef FRAMELINK_HAVE_RDMA
+void PeerLinksImpl::startRdmaListener(uint16_t port) {
+  auto host_port = transport::tcp::parseHostPort(config_.listen);
+  std::string host = host_port ? host_port->first : std::string("0.0.0.0");
+  auto listener = transport::rdma::RdmaListener::listen(
+      rdma_.device, host, port,
+      [this](uint64_t session_id) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = pending_.find(session_id);
+        return it != pending_.end() && it->second->transport == "rdma" && !it->second->fulfilled;
+      },
+      [this](uint64_t session_id, std::unique_ptr<transport::Transport> t) {
+        fulfil(session_id, "rdma", std::shared_ptr<transport::Transport>(std::move(t)));
+      },
+      {}, std::chrono::milliseconds(config_.connect_timeout_ms) * kRdmaHandshakeFactor);
+  if (!listener) {
+    rdma_.unavailable = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
+    spdlog::warn("rdma is not usable: {}; links use the next transport of {}", rdma_.unavailable,
+                 joined(config_.transports));
+    return;
+  }
+  spdlog::info("rdma: listening on {}:{} (device {})", host, listener.value()->port(), rdma_.device->name());
+  std::lock_guard<std::mutex> lock(rdma_mu_);
+  rdma_listener_ = std::move(listener.value());
+}
+
+// After a port went down and up again, a listening rdma_cm id can keep
+// answering connection requests with addressing from before (seen with
+// rxe: the request arrives, the reply never does).  A fresh one on the same
+// port takes the port's current state.
+void PeerLinksImpl::restartRdmaListener(const std::string& why) {
+  std::unique_ptr<transport::rdma::RdmaListener> old;
+  {
+    std::lock_guard<std::mutex> lock(rdma_mu_);
+    old = std::move(rdma_listener_);
+  }
+  if (!old || stopping_) return;
+  uint16_t port = old->port();
+  spdlog::warn("rdma: re-creating the listener on port {} ({})", port, why);
+  old.reset();
+  startRdmaListener(port);
+}
+#endif
 
 bool PeerLinksImpl::usable(const std::string& transport, std::string* why) const {
   if (transport == "tcp" || transport == "grpc") return true;
@@ -436,10 +474,15 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
     unregisterPending(hello.session_id());
     return {::grpc::StatusCode::CANCELLED, "peer went away"};
   }
-  if (future.wait_for(std::chrono::milliseconds(config_.connect_timeout_ms)) != std::future_status::ready) {
+  auto data_timeout =
+      std::chrono::milliseconds(config_.connect_timeout_ms) * (chosen == "rdma" ? kRdmaHandshakeFactor : 1);
+  if (future.wait_for(data_timeout) != std::future_status::ready) {
     unregisterPending(hello.session_id());
     spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
-                 chosen, config_.connect_timeout_ms);
+                 chosen, data_timeout.count());
+#ifdef FRAMELINK_HAVE_RDMA
+    if (chosen == "rdma") restartRdmaListener("an rdma connection did not complete");
+#endif
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
   std::shared_ptr<transport::Transport> t = future.get();
@@ -514,13 +557,16 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   hello->set_daemon_id(config_.id);
   // What this side leaves out, and why: part of the link's reason.
   std::string local_reason;
+  // rdma waits out its retry interval only when something else can run.
+  bool alternative = std::any_of(config_.transports.begin(), config_.transports.end(),
+                                 [this](const std::string& t) { return t != "rdma" && usable(t, nullptr); });
   for (const auto& t : config_.transports) {
     std::string why;
     if (!usable(t, &why)) {
       local_reason += (local_reason.empty() ? "" : "; ") + std::string("not ") + t + ": " + why;
       continue;
     }
-    if (t == "rdma" && Clock::now() < state.rdma_retry_at) {
+    if (t == "rdma" && alternative && Clock::now() < state.rdma_retry_at) {
       auto left = std::chrono::duration_cast<std::chrono::seconds>(state.rdma_retry_at - Clock::now());
       local_reason += (local_reason.empty() ? "" : "; ") + std::string("not rdma: ") + state.rdma_failure +
                       " (tried again in " + std::to_string(left.count() + 1) + " s)";
@@ -559,9 +605,9 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   if (ack.transport() == "rdma") {
 #ifdef FRAMELINK_HAVE_RDMA
     if (rdma_.device && ack.rdma_port() != 0) {
-      auto made =
-          transport::rdma::dialRdma(rdma_.device, host_port->first, static_cast<uint16_t>(ack.rdma_port()),
-                                    session_id, std::chrono::milliseconds(config_.connect_timeout_ms));
+      auto made = transport::rdma::dialRdma(
+          rdma_.device, host_port->first, static_cast<uint16_t>(ack.rdma_port()), session_id,
+          std::chrono::milliseconds(config_.connect_timeout_ms) * kRdmaHandshakeFactor);
       if (made) {
         t = std::move(made.value());
         state.rdma_failure.clear();
