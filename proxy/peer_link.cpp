@@ -145,11 +145,9 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::unique_ptr<transport::tcp::TcpDataListener> data_listener_;
   RdmaSupport rdma_;
 #ifdef FRAMELINK_HAVE_RDMA
-  // Replaced when connections stop completing (see restartRdmaListener).
   mutable std::mutex rdma_mu_;                                    // never held together with mutex_
   std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // GUARDED_BY(rdma_mu_)
   void startRdmaListener(uint16_t port);
-  void restartRdmaListener(const std::string& why);
 #endif
   std::atomic<uint64_t> next_link_id_{1};
   std::atomic<bool> stopping_{false};
@@ -271,22 +269,6 @@ void PeerLinksImpl::startRdmaListener(uint16_t port) {
   rdma_listener_ = std::move(listener.value());
 }
 
-// After a port went down and up again, a listening rdma_cm id can keep
-// answering connection requests with addressing from before (seen with
-// rxe: the request arrives, the reply never does).  A fresh one on the same
-// port takes the port's current state.
-void PeerLinksImpl::restartRdmaListener(const std::string& why) {
-  std::unique_ptr<transport::rdma::RdmaListener> old;
-  {
-    std::lock_guard<std::mutex> lock(rdma_mu_);
-    old = std::move(rdma_listener_);
-  }
-  if (!old || stopping_) return;
-  uint16_t port = old->port();
-  spdlog::warn("rdma: re-creating the listener on port {} ({})", port, why);
-  old.reset();
-  startRdmaListener(port);
-}
 #endif
 
 bool PeerLinksImpl::usable(const std::string& transport, std::string* why) const {
@@ -480,9 +462,6 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
     unregisterPending(hello.session_id());
     spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
                  chosen, data_timeout.count());
-#ifdef FRAMELINK_HAVE_RDMA
-    if (chosen == "rdma") restartRdmaListener("an rdma connection did not complete");
-#endif
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
   std::shared_ptr<transport::Transport> t = future.get();
