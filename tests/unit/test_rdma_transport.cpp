@@ -96,6 +96,13 @@ struct Pair {
   std::unique_ptr<Transport> a, b;  // dialer, listener side
   RdmaTransport* ra() const { return static_cast<RdmaTransport*>(a.get()); }
   RdmaTransport* rb() const { return static_cast<RdmaTransport*>(b.get()); }
+  // Registered memory lives as the daemon's segments do: longer than the
+  // transports that may still write into it or read from it while tearing down.
+  std::vector<std::unique_ptr<Memory>> memory;
+  Memory& mem(RdmaDevice& device, size_t n, MemoryAccess access, uint8_t fill = 0xEE) {
+    memory.push_back(std::make_unique<Memory>(device, n, access, fill));
+    return *memory.back();
+  }
   ~Pair() {
     a.reset();
     b.reset();
@@ -267,8 +274,8 @@ TEST_CASE("rdma connect brings both QPs to RTS; refusals say why", "[rdma]") {
 TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory slot(*p->dev_b, 256 + 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& slot = p->mem(*p->dev_b, 256 + 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
   for (size_t i = 0; i < 1000; ++i) src.data[i] = static_cast<uint8_t>(i * 13);
 
   auto credit = p->b->exposeCredit({0x7'0000'0005ull, slot.data + 256, 4096, nullptr});
@@ -323,8 +330,8 @@ TEST_CASE("rdma batching: N posts go to the adapter as one chain on flush, selec
   auto p = makePair(o);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
   constexpr size_t kFrames = 10;
-  Memory dst(*p->dev_b, kFrames * 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x11);
+  Memory& dst = p->mem(*p->dev_b, kFrames * 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x11);
   const auto before = p->fake->stats();
   for (size_t i = 0; i < kFrames; ++i) {
     auto c = p->b->exposeCredit({i + 1, dst.data + i * 4096 + 256, 1024, nullptr});
@@ -354,8 +361,8 @@ TEST_CASE("rdma post flushes by itself once max_batch WRs wait", "[rdma]") {
   RdmaTransportOptions o;
   o.max_batch = 8;
   auto p = makePair(o);
-  Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
   const auto before = p->fake->stats();
   for (uint64_t i = 0; i < 20; ++i) {
     auto c = p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr});
@@ -374,8 +381,8 @@ TEST_CASE("rdma backpressure at the send queue depth, and no frame lost after it
   o.signal_interval = 4;
   auto p = makePair(o);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
   std::vector<RemoteCredit> credits;
   for (uint64_t i = 0; i < 20; ++i)
     credits.push_back(p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr}).value());
@@ -405,8 +412,8 @@ TEST_CASE("rdma backpressure at the send queue depth, and no frame lost after it
 
 TEST_CASE("rdma refuses unregistered memory without crashing", "[rdma]") {
   auto p = makePair();
-  Memory dst(*p->dev_b, 8192, MemoryAccess::kRemoteWrite);
-  Memory local(*p->dev_b, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 8192, MemoryAccess::kRemoteWrite);
+  Memory& local = p->mem(*p->dev_b, 4096, MemoryAccess::kLocalRead);
   std::vector<uint8_t> plain(4096);
   // Credit buffers: no registration, a local-read one, no header room, past the end.
   CHECK(p->b->exposeCredit({1, plain.data() + 256, 100, nullptr}).error().code == FL_EINVAL);
@@ -428,8 +435,8 @@ TEST_CASE("rdma refuses unregistered memory without crashing", "[rdma]") {
 TEST_CASE("rdma unknown, retracted and reused credits are reported; the link stays up", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory dst(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x42);
+  Memory& dst = p->mem(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x42);
   auto kept = std::make_shared<int>(1);
   auto retracted = p->b->exposeCredit({50, dst.data + 256, 1000, kept}).value();
   p->b->retractCredit(50);
@@ -494,8 +501,8 @@ TEST_CASE("rdma work completion statuses map to frame, link and device scope", "
     // And end to end: the 2nd of 4 frames fails.
     auto p = makePair();
     Endpoint tx{p->a.get()}, rx{p->b.get()};
-    Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-    Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+    Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+    Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
     std::vector<RemoteCredit> credits;
     for (uint64_t i = 0; i < 4; ++i)
       credits.push_back(p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr}).value());
@@ -529,8 +536,8 @@ TEST_CASE("rdma work completion statuses map to frame, link and device scope", "
 TEST_CASE("rdma write to a bad rkey fails that frame and the link", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
   auto c = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
   c.rkey ^= 1;
   REQUIRE(p->a->post(request(0, c, src.data, 64, 1)) == PostResult::kOk);
@@ -555,8 +562,8 @@ TEST_CASE("rdma asynchronous events fail the links they concern, once", "[rdma]"
     CAPTURE(ibv_event_type_str(c.type));
     auto p = makePair();
     Endpoint tx{p->a.get()}, rx{p->b.get()};
-    Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-    Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+    Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+    Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
     auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
     p->fake->pauseDelivery(true);
     REQUIRE(p->a->post(request(0, credit, src.data, 64, 1)) == PostResult::kOk);
@@ -577,8 +584,8 @@ TEST_CASE("rdma asynchronous events fail the links they concern, once", "[rdma]"
 TEST_CASE("rdma peer disconnect fails the link once and flushes posted sends", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
   auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
   p->fake->pauseDelivery(true);
   for (uint64_t i = 0; i < 5; ++i)
@@ -601,8 +608,8 @@ TEST_CASE("rdma peer disconnect fails the link once and flushes posted sends", "
 TEST_CASE("rdma shutdown completes everything and tears down in order", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory dst(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
   auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
   p->fake->pauseDelivery(true);
   for (uint64_t i = 0; i < 5; ++i)
@@ -633,8 +640,8 @@ TEST_CASE("rdma shutdown completes everything and tears down in order", "[rdma]"
 TEST_CASE("rdma eventFd is readable exactly while something is to be polled", "[rdma]") {
   auto p = makePair();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory src(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory dst(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
+  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  Memory& dst = p->mem(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
   tx.pump();
   rx.pump();
   CHECK_FALSE(readable(p->a->eventFd(), 0));
