@@ -177,7 +177,12 @@ struct AgentFixture {
     agent->start();
     pair = makeTcpPair();
   }
-  ~AgentFixture() { agent->stop(); }
+  ~AgentFixture() {
+    agent->stop();
+    // The agent's links own session writers whose threads write into
+    // `capture`: they must be joined before `capture` goes.
+    agent.reset();
+  }
 
   void linkUp(uint64_t link_id = 1, std::unique_ptr<transport::Transport> t = nullptr) {
     CmdLinkUp up;
@@ -354,8 +359,12 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     f.peerSays(g);
   };
   // The peer side exposes a buffer under credit 500 so the frame can land.
-  std::vector<uint8_t> landing(64 * 1024);
+  // Shared with the transport (keepalive): a frame still landing while a
+  // section ends must not write into freed memory.
+  auto landing_memory = std::make_shared<std::vector<uint8_t>>(64 * 1024);
+  std::vector<uint8_t>& landing = *landing_memory;
   transport::LocalCredit lc;
+  lc.keepalive = landing_memory;
   lc.credit_id = 500;
   lc.buffer = landing.data();
   lc.capacity = landing.size();
@@ -392,11 +401,35 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     v1::PeerMessage nack;
     nack.mutable_nack()->set_stream_id(stream_id);
     nack.mutable_nack()->set_sequence(1);
-    nack.mutable_nack()->set_code(v1::ERROR_CODE_CRC_MISMATCH);
+    nack.mutable_nack()->set_code(v1::ERROR_CODE_UNKNOWN_STREAM);
     f.peerSays(nack);
     fl_completion_desc d = producer.pop();
     CHECK(d.slot == 1);
+    CHECK(d.status == FL_ERR_UNKNOWN_STREAM);
+  }
+
+  SECTION("a CRC mismatch NACK sends the frame again, three times at most, then fails it") {
+    fill(1, 12, 10);
+    producer.push(1, 10);
+    v1::PeerMessage nack;
+    nack.mutable_nack()->set_stream_id(stream_id);
+    nack.mutable_nack()->set_sequence(1);
+    nack.mutable_nack()->set_code(v1::ERROR_CODE_CRC_MISMATCH);
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      INFO("attempt " << attempt);
+      // Each copy needs a credit of its own; the same buffer is granted again.
+      if (attempt > 0) REQUIRE(f.pair.b->exposeCredit(lc).ok());
+      grantOne(500, landing.size());
+      auto arrived = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+      CHECK(arrived.header.sequence == 1);  // the same frame, not a new one
+      CHECK(arrived.header.frame_id == 12);
+      if (attempt < 3) CHECK(producer.idleFor(20ms));
+      f.peerSays(nack);
+    }
+    fl_completion_desc d = producer.pop();
+    CHECK(d.slot == 1);
     CHECK(d.status == FL_ERR_CRC_MISMATCH);
+    CHECK(f.metrics.counters.frames_resent_crc.load() == 3);
   }
 
   SECTION("a frame larger than the consumer's slot fails TOO_LARGE and the credit stays for the next") {
@@ -441,8 +474,10 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     auto first = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
     f.agent->post(CmdLinkDown{1, "test cut the link"});
     TcpPair second = makeTcpPair();
-    std::vector<uint8_t> landing2(64 * 1024);
+    auto landing2_memory = std::make_shared<std::vector<uint8_t>>(64 * 1024);
+    std::vector<uint8_t>& landing2 = *landing2_memory;
     transport::LocalCredit lc2;
+    lc2.keepalive = landing2_memory;
     lc2.credit_id = 501;
     lc2.buffer = landing2.data();
     lc2.capacity = landing2.size();
@@ -479,8 +514,10 @@ TEST_CASE("producer side: a broken link that does not come back fails the frame 
   f.agent->post(CmdClientAttached{producer.session});
   f.linkUp();
   auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  std::vector<uint8_t> landing(4096);
+  auto landing_memory = std::make_shared<std::vector<uint8_t>>(4096);
+  std::vector<uint8_t>& landing = *landing_memory;
   transport::LocalCredit lc;
+  lc.keepalive = landing_memory;
   lc.credit_id = 7;
   lc.buffer = landing.data();
   lc.capacity = landing.size();

@@ -156,7 +156,10 @@ def test_bad_input_says_what_to_do(pair, stream, tmp_path):
 
 
 CTRL_C_CHILD = r"""
-import sys, framelink
+import signal, sys, framelink
+# A shell that starts the tests in the background makes them ignore SIGINT,
+# and Python keeps an inherited SIG_IGN: restore what an interactive run has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 c = framelink.Consumer(sys.argv[2], socket_path=sys.argv[1])
 print("waiting", flush=True)
 try:
