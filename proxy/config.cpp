@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "framelink/framelink.h"
+#include "transport/faulty/faulty_transport.h"
 
 namespace framelink {
 namespace {
@@ -517,7 +518,7 @@ struct Flags {
   std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
       transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
       max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, rdma_device,
-      rdma_port, rdma_retry;
+      rdma_port, rdma_retry, fault_inject;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
 
@@ -621,6 +622,11 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   }
   if (given("--ready-file")) c.ready_file = f.ready_file;
   if (given("--rdma-device")) c.rdma_device = f.rdma_device;
+  if (given("--fault-inject")) {
+    auto spec = transport::parseFaultSpec(f.fault_inject);
+    if (!spec) return invalid("--fault-inject: " + spec.error().message);
+    c.fault_inject = f.fault_inject;
+  }
   if (given("--rdma-port")) {
     if (auto st = assign(parseU32(f.rdma_port, "--rdma-port", true), c.rdma_port); !st) return st;
     if (c.rdma_port > 65535)
@@ -774,6 +780,9 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
       ->type_name("NAME");
   app.add_option("--rdma-port", f.rdma_port, "rdma_cm listen port, announced to peers (default 0 = any)")
       ->type_name("PORT");
+  app.add_option("--fault-inject", f.fault_inject,
+                 "Tests only: inject link faults, e.g. seed=7,drop=0.01,delay=0.05 (see README)")
+      ->type_name("SPEC");
   app.add_option("--rdma-retry-ms", f.rdma_retry,
                  "How often a link that fell back from rdma tries it again (default 30000)")
       ->type_name("MS");
@@ -856,9 +865,11 @@ std::string describe(const Config& c) {
       << " reconnect_ms=" << c.reconnect_min_ms << ".." << c.reconnect_max_ms
       << " grpc_chunk_bytes=" << c.grpc_chunk_bytes
       << " rdma_device=" << (c.rdma_device.empty() ? "auto" : c.rdma_device) << " rdma_port=" << c.rdma_port
-      << " rdma_retry_ms=" << c.rdma_retry_ms << " max_slot_size=" << c.max_slot_size
-      << " max_slots=" << c.max_slots << " max_client_bytes=" << c.max_client_bytes
-      << " default_slots=" << c.default_slot_count << "x" << c.default_slot_size;
+      << " rdma_retry_ms=" << c.rdma_retry_ms
+      << (c.fault_inject.empty() ? "" : " fault_inject=" + c.fault_inject)
+      << " max_slot_size=" << c.max_slot_size << " max_slots=" << c.max_slots
+      << " max_client_bytes=" << c.max_client_bytes << " default_slots=" << c.default_slot_count << "x"
+      << c.default_slot_size;
   return out.str();
 }
 

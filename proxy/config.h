@@ -49,6 +49,9 @@ struct Config {
   std::string rdma_device;
   uint32_t rdma_port = 0;
   uint32_t rdma_retry_ms = 30000;
+  // Tests only: wrap every link's transport in the `faulty` decorator with
+  // this spec (see transport/faulty/faulty_transport.h).  Empty: no faults.
+  std::string fault_inject;
 
   // [limits]
   uint64_t max_slot_size = 64 * kMiB;

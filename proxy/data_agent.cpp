@@ -35,6 +35,9 @@ constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
 constexpr size_t kMaxAcksPerMessage = 4096;
 constexpr size_t kMaxRefusedRemembered = 4096;
+// A frame whose CRC32C the receiver found wrong is sent this many more times
+// before it fails FL_ERR_CRC_MISMATCH (the damage is then in the producer's slot).
+constexpr uint32_t kMaxCrcResends = 3;
 
 // A string as the inside of a JSON string literal.
 std::string jsonEscape(const std::string& in) {
@@ -563,6 +566,23 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
   s.unacked.erase(it);
   ClientSession* c = client(f.client_id);
   if (c == nullptr) return;
+  SlotEntry& e = c->slots[f.slot];
+  if (status == FL_ERR_CRC_MISMATCH && e.crc_resends < kMaxCrcResends && !shutting_down_ &&
+      (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
+    // Damaged on the way: the payload is still in the producer's slot, so
+    // send it again, ahead of the frames that never left.
+    ++e.crc_resends;
+    if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+    e.state = SlotState::kPending;
+    e.credit_id = 0;
+    e.peer_key = 0;
+    e.deadline_ns = nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+    s.pending.push_front(f);
+    metrics_.counters.frames_resent_crc.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c->id,
+                 c->stream, e.sequence, e.frame_id, why, e.crc_resends + 1, kMaxCrcResends + 1);
+    return;
+  }
   finishFrame(*c, f.slot, status, why);
   maybeForget(*c);
 }
@@ -694,7 +714,13 @@ void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int cod
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
   spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
                statusName(code), message);
-  if (l.in_streams.count(stream_id) != 0) {
+  if (code == FL_ERR_CRC_MISMATCH && l.in_streams.count(stream_id) != 0) {
+    // Damaged in transit: the sender sends it again, and that copy is not
+    // a duplicate even when later frames arrived meanwhile.
+    InState& in = in_states_[inStateId(l, stream_id)];
+    in.resend.insert(sequence);
+    if (in.resend.size() > kMaxRefusedRemembered) in.resend.erase(in.resend.begin());
+  } else if (l.in_streams.count(stream_id) != 0) {
     // Remembered so that a replay of this frame gets the same answer.
     InState& in = in_states_[inStateId(l, stream_id)];
     in.refused[sequence] = code;
@@ -811,6 +837,7 @@ uint64_t DataAgent::inStateId(const Link& l, uint64_t stream_id) {
 
 bool DataAgent::dropDuplicate(Link& l, const transport::FrameHeader& h) {
   InState& in = in_states_[inStateId(l, h.stream_id)];
+  if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
   if (h.sequence > in.highest) return false;
   metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
   if (in.held.count(h.sequence) != 0) {

@@ -118,6 +118,7 @@ class DataAgent {
     uint64_t highest = 0;             // highest sequence that arrived intact
     std::set<uint64_t> held;          // delivered, not yet released by the consumer
     std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
+    std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
   };
   struct CreditEntry {
     uint64_t client_id = 0;

@@ -62,6 +62,8 @@ std::string Metrics::prometheus() const {
           counters.frames_replayed);
   counter("duplicates_dropped_total", "Replayed frames this daemon already had (not delivered again).",
           counters.duplicates_dropped);
+  counter("frames_resent_crc_total", "Frames sent again after the peer found their CRC32C wrong.",
+          counters.frames_resent_crc);
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';

@@ -17,6 +17,7 @@
 #include "framelink/v1/link.grpc.pb.h"
 #include "metrics.h"
 #include "peer_session.h"
+#include "transport/faulty/faulty_transport.h"
 #include "transport/grpc/grpc_limits.h"
 #include "transport/grpc/grpc_transport.h"
 #include "transport/tcp/tcp_connect.h"
@@ -350,6 +351,18 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
   up.peer_instance = peer_instance;
   up.transport_name = transport_name;
   up.transport_reason = transport_reason;
+  if (!config_.fault_inject.empty()) {
+    // Validated at start-up (parseConfig).
+    auto spec = transport::parseFaultSpec(config_.fault_inject);
+    auto faulty = transport::FaultyTransport::wrap(t, spec.value(), link_id);
+    if (faulty) {
+      spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, peer,
+                   transport::describe(spec.value()));
+      t = std::move(faulty).value();
+    } else {
+      spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, peer, faulty.error().message);
+    }
+  }
   up.transport = std::move(t);
   // The agent may ask to cancel at any time, also after this call ended and
   // its context is gone: the guard turns such late calls into no-ops.

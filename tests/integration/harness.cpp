@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <httplib.h>
 #include <algorithm>
+
 #include <catch2/catch.hpp>
 #include <cctype>
 #include <cerrno>
@@ -222,6 +224,7 @@ void DaemonProcess::start() {
     std::string key = line.substr(0, eq), value = line.substr(eq + 1);
     if (key == "grpc_port") grpc_port_ = static_cast<uint16_t>(std::stoul(value));
     if (key == "data_port") data_port_ = static_cast<uint16_t>(std::stoul(value));
+    if (key == "metrics_port") metrics_port_ = static_cast<uint16_t>(std::stoul(value));
   }
   INFO("ready file of " << options_.id << ":\n" << readFile(ready_path_));
   REQUIRE(grpc_port_ != 0);
@@ -229,6 +232,24 @@ void DaemonProcess::start() {
   struct stat st {};
   REQUIRE(::stat(socket_path_.c_str(), &st) == 0);
   REQUIRE(S_ISSOCK(st.st_mode));
+}
+
+std::string DaemonProcess::httpGet(const std::string& path) const {
+  if (metrics_port_ == 0) return "";
+  httplib::Client client("127.0.0.1", metrics_port_);
+  client.set_connection_timeout(2, 0);
+  client.set_read_timeout(5, 0);
+  auto res = client.Get(path.c_str());
+  return res && res->status == 200 ? res->body : std::string();
+}
+
+int64_t DaemonProcess::metric(const std::string& name) const {
+  std::istringstream in(httpGet("/metrics"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, name.size() + 1, name + " ") == 0) return std::stoll(line.substr(name.size() + 1));
+  }
+  return -1;
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -307,6 +328,7 @@ DaemonPair::DaemonPair(Options options) {
   b.token = options.token;
   b.transports = options.transport;
   b.extra_args = concat(options.extra_args, options.extra_args_b);
+  b.log_level = options.log_level;
   b_ = std::make_unique<DaemonProcess>(b);
 
   DaemonProcess::Options a;
@@ -315,6 +337,7 @@ DaemonPair::DaemonPair(Options options) {
   a.transports = options.transport;
   a.peers = {"hostB=" + b_->grpcAddress()};
   a.extra_args = concat(options.extra_args, options.extra_args_a);
+  a.log_level = options.log_level;
   a_ = std::make_unique<DaemonProcess>(a);
 }
 

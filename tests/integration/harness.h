@@ -79,6 +79,14 @@ class DaemonProcess {
   const std::string& socketPath() const noexcept { return socket_path_; }
   uint16_t grpcPort() const noexcept { return grpc_port_; }
   uint16_t dataPort() const noexcept { return data_port_; }
+  // 0 unless the daemon was started with --metrics.
+  uint16_t metricsPort() const noexcept { return metrics_port_; }
+  // GET http://127.0.0.1:<metrics port><path>; the body, or "" when the
+  // request failed.
+  std::string httpGet(const std::string& path) const;
+  // A counter (or gauge) from /metrics, e.g. "framelink_frames_replayed_total";
+  // -1 when the request failed or the metric is missing.
+  int64_t metric(const std::string& name) const;
   pid_t pid() const noexcept { return pid_; }
   std::string grpcAddress() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
 
@@ -106,6 +114,7 @@ class DaemonProcess {
   std::optional<int> exit_status_;
   uint16_t grpc_port_ = 0;
   uint16_t data_port_ = 0;
+  uint16_t metrics_port_ = 0;
 };
 
 // Two daemons on loopback: B listens, A dials B (--peer <B id>=127.0.0.1:<B port>),
@@ -120,6 +129,7 @@ class DaemonPair {
     std::vector<std::string> extra_args;    // both daemons
     std::vector<std::string> extra_args_a;  // A only
     std::vector<std::string> extra_args_b;  // B only
+    std::string log_level = "info";
   };
 
   explicit DaemonPair(Options options);

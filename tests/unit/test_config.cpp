@@ -319,6 +319,15 @@ TEST_CASE("validation errors say what to fix", "[config]") {
                  {"link.transports", "'ib'"});
     CHECK(parse({"--transports", "rdma,tcp,grpc"}).ok());
   }
+  SECTION("fault injection (tests only)") {
+    requireError({"--fault-inject", "drop=1.5"}, {"--fault-inject", "drop", "probabilit"});
+    requireError({"--fault-inject", "lose=0.1"}, {"--fault-inject", "lose", "unknown key"});
+    auto ok = parse({"--fault-inject", "seed=3,drop=0.01"});
+    REQUIRE(ok.ok());
+    CHECK(ok.value().fault_inject == "seed=3,drop=0.01");
+    CHECK(fl::describe(ok.value()).find("fault_inject=seed=3,drop=0.01") != std::string::npos);
+    CHECK(parse({}).value().fault_inject.empty());
+  }
   SECTION("peers") {
     requireError({"--peer", "hostb"}, {"--peer", "NAME=HOST:PORT"});
     requireError({"--peer", "hostb=nohostport"}, {"--peer hostb", "HOST:PORT"});
