@@ -552,6 +552,61 @@ TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route
   CHECK(producer.pop().status == FL_ERR_NO_ROUTE);
 }
 
+TEST_CASE("out-of-bounds peer messages close that link with a PROTOCOL fin", "[agent][security]") {
+  // Each message is one a well-behaved peer never sends; every size a peer
+  // controls is bounded before anything is allocated for it.
+  const int which = GENERATE(0, 1, 2, 3);
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 64 * 1024);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  producer.push(0, 10);  // opens the stream towards the peer
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  const uint64_t stream_id = open.stream_open().stream_id();
+  v1::PeerMessage bad;
+  std::string expect;
+  switch (which) {
+    case 0: {  // more credits than any consumer could have
+      auto* g = bad.mutable_credit_grant();
+      g->set_stream_id(stream_id);
+      for (int i = 0; i < 65537; ++i) {
+        auto* c = g->add_credits();
+        c->set_credit_id(uint64_t(i) + 1);
+        c->set_length(4096);
+      }
+      expect = "credits";
+      break;
+    }
+    case 1: {  // a credit of zero bytes
+      auto* c = bad.mutable_credit_grant()->add_credits();
+      bad.mutable_credit_grant()->set_stream_id(stream_id);
+      c->set_credit_id(1);
+      c->set_length(0);
+      expect = "zero length";
+      break;
+    }
+    case 2: {  // an ACK of more frames than may be in flight
+      bad.mutable_ack()->set_stream_id(stream_id);
+      for (int i = 0; i < 5000; ++i) bad.mutable_ack()->add_sequences(uint64_t(i) + 1);
+      expect = "ACK";
+      break;
+    }
+    case 3: {  // a stream name that is not one
+      bad.mutable_stream_open()->set_stream_id(9);
+      bad.mutable_stream_open()->set_name(std::string(300, 'x'));
+      expect = "stream";
+      break;
+    }
+  }
+  INFO("case " << which);
+  f.peerSays(bad);
+  auto fin = f.capture.next([](auto& m) { return m.has_fin(); });
+  CHECK(int(fin.fin().code()) == FL_ERR_PROTOCOL);
+  CHECK_THAT(fin.fin().reason(), Catch::Contains(expect, Catch::CaseSensitive::No));
+  // The producer's frame is not failed by it: it waits for the next link.
+  CHECK(producer.idleFor(50ms));
+}
+
 TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]") {
   AgentFixture f;
   TestClient bad = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);

@@ -1,0 +1,129 @@
+// Local security rules, checked with a second local user: a forked child
+// that drops to nobody/nogroup (65534) and tries what another user on the
+// host could try.  (The tests run as root, as CI does; without root they fail
+// and say so.)
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "client_util.h"
+#include "framelink/framelink.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+constexpr uid_t kNobody = 65534;
+constexpr gid_t kNogroup = 65534;
+
+// Runs `body` in a child process as nobody:nogroup; returns its exit code
+// (-1 when it did not exit normally).
+template <typename Body>
+int runAsNobody(Body body) {
+  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
+  ::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kNogroup) != 0 || ::setuid(kNobody) != 0) ::_exit(250);
+    ::_exit(body());
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+// fl_attach as the calling user; the status as an exit code (statuses fit in 0..255).
+int attachStatus(const std::string& socket) {
+  fl_client_options opt;
+  fl_client_options_init(&opt);
+  opt.socket_path = socket.c_str();
+  opt.role = FL_PRODUCER;
+  opt.stream = "sec";
+  opt.slot_count = 2;
+  opt.slot_size = 64 * 1024;
+  fl_client* c = nullptr;
+  const int rc = fl_attach(&opt, &c);
+  if (rc == FL_OK) fl_detach(c);
+  if (rc != FL_OK && std::strlen(fl_last_error()) == 0) return 251;  // a refusal must say why
+  return rc;
+}
+
+}  // namespace
+
+TEST_CASE("security: the uid/gid allow-list decides who may attach", "[security]") {
+  DaemonPair::Options po;
+  // World-connectable socket, so that only SO_PEERCRED stands between
+  // nobody and the daemon: A allows root only, B also allows the group nogroup.
+  po.extra_args_a = {"--socket-mode", "0666", "--allow-uid", "0"};
+  po.extra_args_b = {"--socket-mode", "0666", "--allow-uid", "0", "--allow-gid", std::to_string(kNogroup)};
+  DaemonPair pair(po);
+  for (auto* d : {&pair.a(), &pair.b()}) REQUIRE(::chmod(dirOf(d->socketPath()).c_str(), 0711) == 0);
+
+  const std::string sock_a = pair.a().socketPath(), sock_b = pair.b().socketPath();
+  CHECK(runAsNobody([&] { return attachStatus(sock_a); }) == FL_ERR_ATTACH_REFUSED);
+  CHECK(pair.a().waitForLog("is not allowed to attach", Millis(5000)));
+  CHECK(runAsNobody([&] { return attachStatus(sock_b); }) == FL_OK);
+  CHECK(attachStatus(sock_a) == FL_OK);  // root is on A's list
+  requireServing(pair.a(), pair.b(), "after-refusal");
+}
+
+TEST_CASE("security: the socket mode keeps other users out before any policy", "[security]") {
+  DaemonPair::Options po;
+  po.extra_args_a = {"--socket-mode", "0600"};
+  DaemonPair pair(po);
+  REQUIRE(::chmod(dirOf(pair.a().socketPath()).c_str(), 0711) == 0);
+  struct stat st {};
+  REQUIRE(::stat(pair.a().socketPath().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(runAsNobody([&] { return attachStatus(pair.a().socketPath()); }) == FL_ERR_DAEMON_UNREACHABLE);
+}
+
+TEST_CASE("security: another user cannot reach a client's segments", "[security]") {
+  DaemonPair pair("tcp");
+  Client producer = attachProducer(pair.a(), "private", 2, 64 * 1024);
+  Client consumer = attachConsumer(pair.b(), "private", 2, 64 * 1024);
+  submitFrame(producer.get(), 1, 1000, true);
+  fl_frame f = receiveFrame(consumer.get(), Millis(15000));
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+
+  // The segments are memfds handed over the socket: no name in /dev/shm, and
+  // the daemon's descriptors under /proc are closed to other users.
+  for (pid_t pid : {pair.a().pid(), pair.b().pid(), ::getpid()}) {
+    INFO("pid " << pid);
+    const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+    const int code = runAsNobody([&] {
+      DIR* d = ::opendir(fd_dir.c_str());
+      if (d != nullptr) return 10;  // could list them
+      if (errno != EACCES) return 11;
+      for (int fd = 0; fd < 64; ++fd) {
+        const std::string p = fd_dir + "/" + std::to_string(fd);
+        const int o = ::open(p.c_str(), O_RDONLY);
+        if (o >= 0) return 12;  // could open one
+      }
+      const std::string maps = "/proc/" + std::to_string(pid) + "/map_files";
+      if (::opendir(maps.c_str()) != nullptr) return 13;
+      return 0;
+    });
+    CHECK(code == 0);
+  }
+  DIR* shm = ::opendir("/dev/shm");
+  REQUIRE(shm != nullptr);
+  while (dirent* e = ::readdir(shm)) {
+    INFO("/dev/shm/" << e->d_name);
+    CHECK(std::string(e->d_name).find("framelink") == std::string::npos);
+  }
+  ::closedir(shm);
+}
