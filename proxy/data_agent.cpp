@@ -288,6 +288,13 @@ void DataAgent::onClientGone(uint64_t client_id) {
           credits_.erase(it);
         }
       } else if (e.state == SlotState::kDelivered) {
+        // Not held any more; a replay of it (the NACK may be lost with the
+        // link) gets the same refusal instead of waiting for a release.
+        auto ist = in_states_.find(e.in_state);
+        if (ist != in_states_.end()) {
+          ist->second.held.erase(e.sequence);
+          ist->second.refused[e.sequence] = FL_ERR_NO_CONSUMER;
+        }
         if (Link* l = link(e.peer_key)) {
           sendNack(*l, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
                    "the consumer died before releasing the frame");

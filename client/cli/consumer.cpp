@@ -55,6 +55,9 @@ std::string FrameChecker::check(const fl_frame& f) {
     if (!have_prev_ || f.frame_id > prev_id_) prev_id_ = f.frame_id;
     have_prev_ = true;
   }
+  if (why.empty() && !options_.expect_order && !seen_.insert(f.frame_id).second) {
+    why = "frame " + id + " arrived twice (duplicate)";
+  }
   if (why.empty() && options_.sizes) {
     const uint64_t want = options_.sizes->sizeOf(f.frame_id);
     if (f.length != want) {

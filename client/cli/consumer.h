@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 #include "frame_pattern.h"
 
@@ -57,6 +58,7 @@ class FrameChecker {
   CheckOptions options_;
   bool have_prev_ = false;
   uint64_t prev_id_ = 0;
+  std::unordered_set<uint64_t> seen_;  // without expect_order: ids seen, to catch duplicates
   uint64_t bad_ = 0;
   std::string first_error_;
 };

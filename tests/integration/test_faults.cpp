@@ -149,7 +149,7 @@ TEST_CASE("faults: a consumer killed while holding frames", "[integration][fault
   INFO("transport " << transport);
   DaemonPair::Options opt;
   opt.transport = transport;
-  opt.extra_args = {"--credit-timeout-ms", "3000"};
+  opt.extra_args = {"--credit-timeout-ms", "3000", "--metrics", "127.0.0.1:0"};
   DaemonPair pair(opt);
   constexpr uint32_t kConsumerSlots = 4;
   constexpr uint64_t kLen = 50000;
@@ -218,6 +218,11 @@ TEST_CASE("faults: a consumer killed while holding frames", "[integration][fault
   drainAndCheck(producer.get(), consumer.get(), submitted, first_new, kLen);
   CHECK(pair.a().alive());
   CHECK(pair.b().alive());
+  // The dead consumer's frames are not counted as held any more.
+  CHECK(waitUntil(
+      [&] { return pair.b().httpGet("/stats").find("\"frames_held_by_consumers\":0") != std::string::npos; },
+      Millis(5000), Millis(100)));
+  INFO("B /stats " << pair.b().httpGet("/stats"));
   requireServing(pair.a(), pair.b(), "after-consumer-death");
 }
 

@@ -6,8 +6,11 @@
 #   cut       the same while the "cable" is cut and restored mid-stream (--cut-down / --cut-up):
 #             every frame must still be delivered exactly once after the link recovers
 #   fallback  A offers rdma,tcp, B allows only tcp: the link runs tcp and a daemon says why
+#   faults    both daemons inject link faults (--fault-inject: A drops frames, fails work requests
+#             and disconnects; B damages payloads that carry a CRC32C): every frame must still be
+#             delivered exactly once, verified (order may change where a damaged frame is resent)
 #
-#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback]
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
 #                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
 #
@@ -22,7 +25,7 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-cases=transfer,cut,fallback
+cases=transfer,cut,fallback,faults
 transport=rdma
 frames=300
 sizes=64K:1M
@@ -31,7 +34,7 @@ cut_up=""
 cut_seconds=4
 keep=0
 
-usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --a-ip) a_ip=$2; shift 2 ;;
@@ -60,6 +63,9 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-rdma-e2e.XXXXXX")
 token=e2e-$RANDOM$RANDOM
 pids=()
+extra_a=() # more framelinkd flags for A / B (the faults case)
+extra_b=()
+order_flag=--expect-order
 cleanup() {
   local p
   for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null; done
@@ -134,8 +140,8 @@ wait_link() { # NAME TRANSPORT: wait (20 s) until the daemon reports a link, pri
 start_pair() {
   local port_b=7700
   [[ "$a_ip" == "$b_ip" ]] && port_b=7701
-  start_daemon b "$b_ip" "$2" "$port_b" || return 1
-  start_daemon a "$a_ip" "$1" 7700 --peer "hostB=$b_ip:$port_b" || return 1
+  start_daemon b "$b_ip" "$2" "$port_b" "${extra_b[@]}" || return 1
+  start_daemon a "$a_ip" "$1" 7700 --peer "hostB=$b_ip:$port_b" "${extra_a[@]}" || return 1
   log "daemons up: A pid $a_pid on $a_ip ($1), B pid $b_pid on $b_ip:$port_b ($2); rdma ports A=$(ready_value "$work/a/ready" rdma_port) B=$(ready_value "$work/b/ready" rdma_port)"
 }
 
@@ -152,7 +158,7 @@ show_logs() {
 run_transfer() {
   local stream=$1
   shift
-  "$cli" recv --socket "$work/b/sock" --stream "$stream" --count "$frames" --verify --expect-order \
+  "$cli" recv --socket "$work/b/sock" --stream "$stream" --count "$frames" --verify $order_flag \
     --expect-random-size "$sizes" --expect-seed 7 --timeout-ms 60000 --json >"$work/$stream.recv" 2>&1 &
   local rpid=$!
   pids+=("$rpid")
@@ -286,6 +292,42 @@ case_fallback() {
   cleanup
 }
 
+case_faults() {
+  local saved_frames=$frames saved_sizes=$sizes
+  frames=120
+  sizes=64K:256K
+  extra_a=(--fault-inject "seed=5,drop=0.02,fail=0.02,disconnect=0.01,dup=0.05,delay=0.05,delay_ms=20")
+  extra_b=(--fault-inject "seed=6,corrupt=0.05,delay=0.05,delay_ms=20")
+  order_flag="" # a resent frame arrives after later ones
+  log "case faults: $frames frames of $sizes over $transport with injected link faults"
+  start_pair "$transport" "$transport" || { show_logs; result faults FAIL "daemons did not start"; }
+  if [[ -n "${a_pid:-}" ]] && kill -0 "$a_pid" 2>/dev/null; then
+    wait_link a >/dev/null
+    run_transfer faults --crc
+    finish_transfer faults
+    local metrics_a replayed resent breaks why=""
+    metrics_a=$(http_get "$(ready_value "$work/a/ready" metrics_port)" /metrics)
+    replayed=$(sed -n 's/^framelink_frames_replayed_total //p' <<<"$metrics_a")
+    resent=$(sed -n 's/^framelink_frames_resent_crc_total //p' <<<"$metrics_a")
+    breaks=$(sed -n 's/^framelink_link_failures_total //p' <<<"$metrics_a")
+    log "A: link failures ${breaks:-?}, frames replayed ${replayed:-?}, resent after CRC mismatch ${resent:-?}"
+    check_transfer || why="not every frame was delivered exactly once, verified, through the faults"
+    ((${breaks:-0} > 0)) || why="${why:+$why; }no link broke: the faults were not injected"
+    if [[ -z "$why" ]]; then
+      result faults PASS "$frames frames verified, exactly once; link failures $breaks, replayed $replayed, resent after CRC mismatch $resent"
+    else
+      show_logs
+      result faults FAIL "$why"
+    fi
+  fi
+  cleanup
+  frames=$saved_frames
+  sizes=$saved_sizes
+  extra_a=()
+  extra_b=()
+  order_flag=--expect-order
+}
+
 echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
@@ -293,6 +335,7 @@ for c in "${want[@]}"; do
     transfer) case_transfer ;;
     cut) case_cut ;;
     fallback) case_fallback ;;
+    faults) case_faults ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done
