@@ -38,7 +38,7 @@ struct SlotEntry {
   uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
   uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (CLOCK_MONOTONIC)
   uint64_t submitted_ns = 0;
-  uint32_t crc_resends = 0;  // producer: times the peer's CRC check failed and the frame was sent again
+  uint32_t resends = 0;  // producer: times the peer refused the frame undelivered and it was sent again
 };
 
 struct ClientSession {

@@ -35,9 +35,13 @@ constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 constexpr size_t kMaxCreditsPerStream = 65536;     // bound on what a peer may grant us
 constexpr size_t kMaxAcksPerMessage = 4096;
 constexpr size_t kMaxRefusedRemembered = 4096;
-// A frame whose CRC32C the receiver found wrong is sent this many more times
-// before it fails FL_ERR_CRC_MISMATCH (the damage is then in the producer's slot).
-constexpr uint32_t kMaxCrcResends = 3;
+// A frame the receiver refused without delivering it -- its CRC32C was wrong,
+// or it landed in a credit withdrawn meanwhile (its consumer went away) -- is
+// sent this many more times before it fails with that code (a CRC mismatch is
+// then in the producer's slot).
+constexpr uint32_t kMaxResends = 3;
+
+bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
 
 // A string as the inside of a JSON string literal.
 std::string jsonEscape(const std::string& in) {
@@ -574,20 +578,23 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
   ClientSession* c = client(f.client_id);
   if (c == nullptr) return;
   SlotEntry& e = c->slots[f.slot];
-  if (status == FL_ERR_CRC_MISMATCH && e.crc_resends < kMaxCrcResends && !shutting_down_ &&
+  if (resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
       (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
-    // Damaged on the way: the payload is still in the producer's slot, so
-    // send it again, ahead of the frames that never left.
-    ++e.crc_resends;
+    // Not delivered (damaged on the way, or its credit was withdrawn): the
+    // payload is still in the producer's slot, so send it again, ahead of
+    // the frames that never left.
+    ++e.resends;
     if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
     e.state = SlotState::kPending;
     e.credit_id = 0;
     e.peer_key = 0;
     e.deadline_ns = nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
     s.pending.push_front(f);
-    metrics_.counters.frames_resent_crc.fetch_add(1, std::memory_order_relaxed);
+    (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
+                                   : metrics_.counters.frames_resent_credit)
+        .fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c->id,
-                 c->stream, e.sequence, e.frame_id, why, e.crc_resends + 1, kMaxCrcResends + 1);
+                 c->stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
     return;
   }
   finishFrame(*c, f.slot, status, why);
@@ -721,9 +728,10 @@ void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int cod
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
   spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
                statusName(code), message);
-  if (code == FL_ERR_CRC_MISMATCH && l.in_streams.count(stream_id) != 0) {
-    // Damaged in transit: the sender sends it again, and that copy is not
-    // a duplicate even when later frames arrived meanwhile.
+  if (resendable(code) && l.in_streams.count(stream_id) != 0) {
+    // Not delivered (damaged in transit, or its credit was withdrawn): the
+    // sender sends it again, and that copy is not a duplicate even when
+    // later frames arrived meanwhile.
     InState& in = in_states_[inStateId(l, stream_id)];
     in.resend.insert(sequence);
     if (in.resend.size() > kMaxRefusedRemembered) in.resend.erase(in.resend.begin());
@@ -763,7 +771,8 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
   credits_.erase(it);
   ClientSession* c = client(credit.client_id);
   if (c == nullptr || c->gone) {
-    sendNack(l, h.stream_id, h.sequence, FL_ERR_NO_CONSUMER, "the consumer detached");
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "its receive slot was withdrawn: the consumer detached");
     return;
   }
   SlotEntry& e = c->slots[credit.slot];

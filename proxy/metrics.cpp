@@ -64,6 +64,9 @@ std::string Metrics::prometheus() const {
           counters.duplicates_dropped);
   counter("frames_resent_crc_total", "Frames sent again after the peer found their CRC32C wrong.",
           counters.frames_resent_crc);
+  counter("frames_resent_credit_total",
+          "Frames sent again after they reached a receive slot withdrawn meanwhile (its consumer left).",
+          counters.frames_resent_credit);
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';

@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -16,6 +17,23 @@
 namespace framelink::cli {
 
 std::atomic<bool> g_interrupted{false};
+
+Journal::~Journal() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool Journal::open(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  return fd_ >= 0;
+}
+
+void Journal::record(const char* event, uint64_t frame_id, int status) noexcept {
+  if (fd_ < 0) return;
+  char line[96];
+  const int n = std::snprintf(line, sizeof line, "%llu %s %llu %d\n", (unsigned long long)monotonicNs(),
+                              event, (unsigned long long)frame_id, status);
+  if (n > 0) (void)!::write(fd_, line, static_cast<size_t>(n));
+}
 
 std::optional<uint64_t> parseSize(std::string_view text) {
   std::string s(text);

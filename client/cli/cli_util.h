@@ -35,6 +35,24 @@ double percentile(std::vector<double>& v, double p);
 extern std::atomic<bool> g_interrupted;
 void installInterruptHandler();
 
+// An append-only record of what happened to each frame, one line per event
+// ("<CLOCK_MONOTONIC ns> <event> <frame id> [<status>]"), written with one
+// write(2) each so that it survives the process being killed at any point.
+// A closed journal (no path given) ignores everything.
+class Journal {
+ public:
+  Journal() = default;
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+  // Opens (creates, appends to) `path`; false with errno set on failure.
+  bool open(const std::string& path);
+  void record(const char* event, uint64_t frame_id, int status = 0) noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
 // Directory holding the running executable (from /proc/self/exe), with a trailing '/'.
 std::string selfDir();
 std::string selfExe();

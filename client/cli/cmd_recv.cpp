@@ -31,6 +31,7 @@ struct RecvOptions {
   std::string slot_size;
   bool quiet = false;
   bool json = false;
+  std::string journal;
 };
 
 int runRecv(const RecvOptions& o) {
@@ -86,16 +87,24 @@ int runRecv(const RecvOptions& o) {
     return 1;
   }
 
+  Journal journal;
+  if (!o.journal.empty() && !journal.open(o.journal)) {
+    std::fprintf(stderr, "framelink recv: cannot open the journal %s: %s\n", o.journal.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
   FrameChecker checker(std::move(checks));
   const bool checking = o.verify || o.expect_order || !o.expect_random_size.empty() || !o.expect_size.empty();
   ReceiveLoopOptions lo;
   lo.count = o.count;
   lo.idle_timeout_ms = o.timeout_ms;
   auto onFrame = [&](const fl_frame& f, uint64_t, std::string& e) -> bool {
+    std::string why;
     if (checking) {
-      const std::string why = checker.check(f);
+      why = checker.check(f);
       if (!why.empty() && checker.bad() == 1) std::fprintf(stderr, "framelink recv: %s\n", why.c_str());
     }
+    journal.record(why.empty() ? "R" : "B", f.frame_id);  // received (B: failed a check), not yet released
     if (!o.out.empty() && !writeFrameFiles(o.out, f, e)) return false;
     return true;
   };
@@ -173,6 +182,8 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
                   "bytes per receive slot (default: --expect-* max, else library default)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
+  cmd->add_option("--journal", o->journal,
+                  "append '<monotonic ns> R|B <frame id> 0' per frame received to FILE");
   cmd->callback([o, &exit_code] { exit_code = runRecv(*o); });
 }
 

@@ -64,6 +64,7 @@ struct SendOptions {
   std::vector<std::string> files;
   bool quiet = false;
   bool json = false;
+  std::string journal;
 };
 
 constexpr uint64_t kPage = 4096;
@@ -147,6 +148,12 @@ int runSend(const SendOptions& o) {
     return 1;
   }
 
+  Journal journal;
+  if (!o.journal.empty() && !journal.open(o.journal)) {
+    std::fprintf(stderr, "framelink send: cannot open the journal %s: %s\n", o.journal.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
   std::vector<char> file_buf;
   auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string& e) -> bool {
     if (!o.files.empty()) {
@@ -172,10 +179,12 @@ int runSend(const SendOptions& o) {
     spec.length = sizes->sizeOf(id);
     spec.attrs = pattern::makeAttrs(id);
     pattern::fillPattern(id, slot.data, spec.length);
+    journal.record("S", id);  // about to be submitted
     return true;
   };
   auto more = [&](uint64_t index) { return count == 0 || index < count; };
-  ProducerStats st = producer->run(more, prepare, nullptr, nullptr);
+  auto completed = [&](const fl_completion& c) { journal.record("C", c.frame_id, c.status); };
+  ProducerStats st = producer->run(more, prepare, completed, nullptr);
 
   const double secs = st.seconds();
   const double gbps = secs > 0 ? st.bytes_delivered / secs / 1e9 : 0.0;
@@ -230,6 +239,8 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--first-id", o->first_id, "frame_id of the first synthetic frame (default 0)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
+  cmd->add_option("--journal", o->journal,
+                  "append '<monotonic ns> S|C <frame id> <status>' per frame submitted / completed to FILE");
   cmd->add_option("files", o->files,
                   "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
   cmd->callback([o, &exit_code] { exit_code = runSend(*o); });
