@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -250,6 +251,14 @@ int64_t DaemonProcess::metric(const std::string& name) const {
     if (line.compare(0, name.size() + 1, name + " ") == 0) return std::stoll(line.substr(name.size() + 1));
   }
   return -1;
+}
+
+bool DaemonProcess::idle() const {
+  const std::string stats = httpGet("/stats");
+  if (stats.empty()) return false;
+  static const std::regex busy(
+      R"re("(pending|unacked|credits_outstanding|frames_held_by_consumers)":[1-9])re");
+  return stats.find("\"clients\":[]") != std::string::npos && !std::regex_search(stats, busy);
 }
 
 DaemonProcess::~DaemonProcess() {

@@ -87,6 +87,9 @@ class DaemonProcess {
   // A counter (or gauge) from /metrics, e.g. "framelink_frames_replayed_total";
   // -1 when the request failed or the metric is missing.
   int64_t metric(const std::string& name) const;
+  // From /stats: no client, nothing pending or unacknowledged, no credit
+  // outstanding and no frame held -- nothing leaked.  False without --metrics.
+  bool idle() const;
   pid_t pid() const noexcept { return pid_; }
   std::string grpcAddress() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
 

@@ -9,7 +9,6 @@
 
 #include <cstdio>
 #include <map>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,16 +26,6 @@ struct Audit {
   std::map<uint64_t, std::vector<int>> completed;  // frame id -> completion statuses
   std::map<int, int> failures;                     // status -> frames
 };
-
-// Everything settled: no client, nothing pending or unacknowledged, no
-// credit outstanding, nothing held (from the daemon's /stats).
-bool idle(const DaemonProcess& d) {
-  const std::string stats = d.httpGet("/stats");
-  if (stats.empty()) return false;
-  static const std::regex busy(
-      R"re("(pending|unacked|credits_outstanding|frames_held_by_consumers)":[1-9])re");
-  return stats.find("\"clients\":[]") != std::string::npos && !std::regex_search(stats, busy);
-}
 
 uint64_t lengthOf(uint64_t id) { return 48 * 1024 + (id * 7919) % (16 * 1024); }
 
@@ -138,11 +127,11 @@ TEST_CASE("chaos: frames through faulty links arrive exactly once or fail, nothi
   CHECK(resent_crc > 0);
 
   // Nothing leaked: both daemons back to idle once the clients are gone.
-  CHECK(waitUntil([&] { return idle(pair.a()) && idle(pair.b()); }, Millis(15000), Millis(100)));
+  CHECK(waitUntil([&] { return pair.a().idle() && pair.b().idle(); }, Millis(15000), Millis(100)));
   INFO("A /stats " << pair.a().httpGet("/stats"));
   INFO("B /stats " << pair.b().httpGet("/stats"));
-  CHECK(idle(pair.a()));
-  CHECK(idle(pair.b()));
+  CHECK(pair.a().idle());
+  CHECK(pair.b().idle());
   REQUIRE(pair.a().alive());
   REQUIRE(pair.b().alive());
 }

@@ -24,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -70,14 +69,6 @@ std::vector<Event> readJournal(const std::string& path) {
     }
   }
   return out;
-}
-
-bool idle(const DaemonProcess& d) {
-  const std::string stats = d.httpGet("/stats");
-  if (stats.empty()) return false;
-  static const std::regex busy(
-      R"re("(pending|unacked|credits_outstanding|frames_held_by_consumers)":[1-9])re");
-  return stats.find("\"clients\":[]") != std::string::npos && !std::regex_search(stats, busy);
 }
 
 }  // namespace
@@ -170,10 +161,10 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
     ::kill(producer->pid(), SIGINT);
     producer->wait(Millis(30000));
   }
-  CHECK(waitUntil([&] { return idle(*a); }, Millis(20000), Millis(100)));
+  CHECK(waitUntil([&] { return a->idle(); }, Millis(20000), Millis(100)));
   ::kill(consumer->pid(), SIGINT);
   consumer->wait(Millis(15000));
-  const bool settled = waitUntil([&] { return idle(*a) && idle(*b); }, Millis(15000), Millis(100));
+  const bool settled = waitUntil([&] { return a->idle() && b->idle(); }, Millis(15000), Millis(100));
   INFO("A /stats " << a->httpGet("/stats"));
   INFO("B /stats " << b->httpGet("/stats"));
   CHECK(settled);

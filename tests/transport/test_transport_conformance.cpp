@@ -775,6 +775,17 @@ FaultyPair faultyPair(const std::string& spec_a, const std::string& spec_b) {
   return f;
 }
 
+// Posts frames 0..n-1 (cookie i, sequence i + 1) from tx, each into its own
+// 4 KiB piece of `buf` exposed on rx as credit i + 1.
+void postEach(Endpoint& tx, Endpoint& rx, const Buffer& buf, uint64_t n, const Payload& payload) {
+  for (uint64_t i = 0; i < n; ++i) {
+    LocalCredit c = buf.credit(i + 1);
+    c.buffer += i * 4096;
+    c.capacity = 4096;
+    REQUIRE(tx.t->post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fault spec: every key parses, mistakes name the key", "[transport][faulty]") {
@@ -840,12 +851,7 @@ TEST_CASE("faulty dup: every send completion is reported twice", "[transport][fa
   Endpoint tx{f.a.get()}, rx{f.b.get()};
   Buffer buf(4096 * 4);
   auto payload = pattern(3, 100);
-  for (uint64_t i = 0; i < 4; ++i) {
-    LocalCredit c = buf.credit(i + 1);
-    c.buffer += i * 4096;
-    c.capacity = 4096;
-    REQUIRE(tx.t->post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
-  }
+  postEach(tx, rx, buf, 4, payload);
   waitFor(
       tx, rx, [&] { return tx.sends.size() == 8 && rx.arrivals.size() == 4; }, "8 completions");
   std::map<uint64_t, int> per_cookie;
@@ -865,12 +871,7 @@ TEST_CASE("faulty delay: events come late, arrivals still in order, eventFd wake
   Buffer buf(4096 * kFrames);
   auto payload = pattern(4, 64);
   const auto t0 = std::chrono::steady_clock::now();
-  for (uint64_t i = 0; i < kFrames; ++i) {
-    LocalCredit c = buf.credit(i + 1);
-    c.buffer += i * 4096;
-    c.capacity = 4096;
-    REQUIRE(tx.t->post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
-  }
+  postEach(tx, rx, buf, kFrames, payload);
   // Only the wake-up of the eventFd brings the held arrivals out.
   while (rx.arrivals.size() < kFrames) {
     REQUIRE(readable(rx.t->eventFd(), 5000));
@@ -909,12 +910,7 @@ TEST_CASE("faulty: the same seed injects the same faults", "[transport][faulty]"
     Endpoint tx{f.a.get()}, rx{f.b.get()};
     Buffer buf(4096 * 30);
     auto payload = pattern(6, 10);
-    for (uint64_t i = 0; i < 30; ++i) {
-      LocalCredit c = buf.credit(i + 1);
-      c.buffer += i * 4096;
-      c.capacity = 4096;
-      REQUIRE(tx.t->post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
-    }
+    postEach(tx, rx, buf, 30, payload);
     std::map<uint64_t, int> per_cookie;
     waitFor(
         tx, rx,
