@@ -30,8 +30,8 @@ packages=(
   libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
-  # tests and the style check in CI
-  catch2 clang-format
+  # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh)
+  catch2 clang-format clang-14 libclang-rt-14-dev
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
 )

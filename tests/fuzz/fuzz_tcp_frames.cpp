@@ -1,0 +1,115 @@
+// libFuzzer target: the tcp data transport's receiver fed whatever a peer
+// could send after the handshake (frame headers, payloads, garbage, a cut in
+// the middle).  Two credits are exposed, each a buffer exactly as large as
+// its capacity, so ASan reports a write past a credit.  Invariants: no crash,
+// every FrameArrived names one of the credits (or reports an error status),
+// says a length within that credit, and the link ends with one LinkError when
+// the peer closes -- the transport never hangs on a frame that does not come.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "common/unique_fd.h"
+#include "transport/tcp/tcp_transport.h"
+
+using namespace framelink;
+using namespace framelink::transport;
+using framelink::transport::tcp::TcpTransport;
+using framelink::transport::tcp::TcpTransportOptions;
+
+namespace {
+
+// A connected loopback TCP pair: {transport side, peer side}.
+bool tcpPair(int out[2]) {
+  static int listener = [] {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0) std::abort();
+    return fd;
+  }();
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  out[1] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(out[1], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
+  out[0] = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  return out[0] >= 0;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  spdlog::set_level(spdlog::level::off);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  int fds[2];
+  if (!tcpPair(fds)) std::abort();
+  TcpTransportOptions options;
+  options.max_frame_bytes = 1 << 16;  // what an unknown credit may make it read and discard
+  auto made = TcpTransport::create(UniqueFd(fds[0]), "fuzz", options);
+  if (!made) std::abort();
+  std::unique_ptr<Transport> t = std::move(made).value();
+
+  constexpr uint64_t kCapacity[2] = {4096, 100};
+  std::shared_ptr<std::vector<uint8_t>> buffers[2];
+  for (int i = 0; i < 2; ++i) {
+    buffers[i] = std::make_shared<std::vector<uint8_t>>(kCapacity[i]);
+    LocalCredit c;
+    c.credit_id = uint64_t(i) + 1;
+    c.buffer = buffers[i]->data();
+    c.capacity = kCapacity[i];
+    c.keepalive = buffers[i];
+    if (!t->exposeCredit(c).ok()) std::abort();
+  }
+
+  // The peer: everything, then a close (the socket buffer holds it all for
+  // the sizes libFuzzer generates; -max_len keeps it that way).
+  size_t off = 0;
+  while (off < size) {
+    const ssize_t n = ::send(fds[1], data + off, size - off, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+  ::shutdown(fds[1], SHUT_WR);
+
+  bool link_error = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!link_error) {
+    TransportEvent ev[8];
+    const size_t n = t->poll(ev, 8);
+    for (size_t i = 0; i < n; ++i) {
+      if (ev[i].kind == TransportEvent::Kind::kLinkError) {
+        if (link_error) std::abort();  // a single LinkError
+        link_error = true;
+      } else if (ev[i].kind == TransportEvent::Kind::kFrameArrived && ev[i].status == FL_OK) {
+        const uint64_t id = ev[i].header.credit_id;
+        if (id != 1 && id != 2) std::abort();
+        if (ev[i].header.length > kCapacity[id - 1]) std::abort();
+        if (ev[i].header.attr_length > FL_MAX_ATTR_BYTES) std::abort();
+      }
+    }
+    if (n == 0) {
+      if (std::chrono::steady_clock::now() > deadline) std::abort();  // hangs on a closed peer
+      pollfd p{t->eventFd(), POLLIN, 0};
+      ::poll(&p, 1, 10);
+    }
+  }
+  t->shutdown();
+  ::close(fds[1]);
+  return 0;
+}
