@@ -11,8 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -30,6 +32,12 @@ using framelink::transport::tcp::TcpTransportOptions;
 
 namespace {
 
+// A broken invariant: say which, then crash so libFuzzer keeps the input.
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_tcp_frames: %s (errno %d: %s)\n", what, errno, std::strerror(errno));
+  std::abort();
+}
+
 // A connected loopback TCP pair: {transport side, peer side}.
 bool tcpPair(int out[2]) {
   static int listener = [] {
@@ -37,15 +45,28 @@ bool tcpPair(int out[2]) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0) std::abort();
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 16) != 0)
+      fail("loopback listener");
     return fd;
   }();
   sockaddr_in a{};
   socklen_t len = sizeof a;
   if (::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
   out[1] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (::connect(out[1], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return false;
-  out[0] = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (::connect(out[1], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    // libFuzzer's once-a-second SIGALRM (for -timeout) can interrupt the
+    // handshake; the connection then completes in the background.
+    if (errno != EINTR) return false;
+    pollfd p{out[1], POLLOUT, 0};
+    int pr;
+    while ((pr = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t err_len = sizeof err;
+    if (pr != 1 || ::getsockopt(out[1], SOL_SOCKET, SO_ERROR, &err, &err_len) != 0 || err != 0) return false;
+  }
+  while ((out[0] = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)) < 0 && errno == EINTR) {
+  }
   return out[0] >= 0;
 }
 
@@ -58,11 +79,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int fds[2];
-  if (!tcpPair(fds)) std::abort();
+  if (!tcpPair(fds)) fail("loopback connection");
   TcpTransportOptions options;
   options.max_frame_bytes = 1 << 16;  // what an unknown credit may make it read and discard
   auto made = TcpTransport::create(UniqueFd(fds[0]), "fuzz", options);
-  if (!made) std::abort();
+  if (!made) fail("TcpTransport::create");
   std::unique_ptr<Transport> t = std::move(made).value();
 
   constexpr uint64_t kCapacity[2] = {4096, 100};
@@ -74,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.buffer = buffers[i]->data();
     c.capacity = kCapacity[i];
     c.keepalive = buffers[i];
-    if (!t->exposeCredit(c).ok()) std::abort();
+    if (!t->exposeCredit(c).ok()) fail("exposeCredit");
   }
 
   // The peer: everything, then a close (the socket buffer holds it all for
@@ -82,7 +103,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t off = 0;
   while (off < size) {
     const ssize_t n = ::send(fds[1], data + off, size - off, MSG_NOSIGNAL);
-    if (n <= 0) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the transport already closed on a protocol error
     off += static_cast<size_t>(n);
   }
   ::shutdown(fds[1], SHUT_WR);
@@ -94,17 +116,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t n = t->poll(ev, 8);
     for (size_t i = 0; i < n; ++i) {
       if (ev[i].kind == TransportEvent::Kind::kLinkError) {
-        if (link_error) std::abort();  // a single LinkError
+        if (link_error) fail("a second LinkError");
         link_error = true;
       } else if (ev[i].kind == TransportEvent::Kind::kFrameArrived && ev[i].status == FL_OK) {
         const uint64_t id = ev[i].header.credit_id;
-        if (id != 1 && id != 2) std::abort();
-        if (ev[i].header.length > kCapacity[id - 1]) std::abort();
-        if (ev[i].header.attr_length > FL_MAX_ATTR_BYTES) std::abort();
+        if (id != 1 && id != 2) fail("FrameArrived names a credit that was never exposed");
+        if (ev[i].header.length > kCapacity[id - 1]) fail("FrameArrived longer than its credit");
+        if (ev[i].header.attr_length > FL_MAX_ATTR_BYTES) fail("FrameArrived with oversized attributes");
       }
     }
     if (n == 0) {
-      if (std::chrono::steady_clock::now() > deadline) std::abort();  // hangs on a closed peer
+      if (std::chrono::steady_clock::now() > deadline) fail("no LinkError 5 s after the peer closed");
       pollfd p{t->eventFd(), POLLIN, 0};
       ::poll(&p, 1, 10);
     }
