@@ -308,6 +308,14 @@ class TomlReader {
     if (const auto* v = node.as_string()) return v->get();
     return invalid(label(key, node) + ": must be a string (in quotes)");
   }
+  // A file name, relative to the directory of the config file that names it.
+  Result<std::string> path(const std::string& key, const toml::node& node) const {
+    auto s = str(key, node);
+    if (!s || s->empty()) return s;
+    std::filesystem::path p(*s);
+    if (p.is_relative()) p = std::filesystem::path(file_).parent_path() / p;
+    return p.string();
+  }
   Result<int64_t> integer(const std::string& key, const toml::node& node) const {
     if (const auto* v = node.as_integer()) return v->get();
     return invalid(label(key, node) + ": must be an integer");
@@ -435,6 +443,17 @@ class TomlReader {
       return {};
     }
     if (k == "rdma_retry_ms") return assign(u32(key, node), c.rdma_retry_ms);
+    if (k == "tls_cert_file") return assign(path(key, node), c.tls_cert_file);
+    if (k == "tls_key_file") return assign(path(key, node), c.tls_key_file);
+    if (k == "tls_ca_file") return assign(path(key, node), c.tls_ca_file);
+    if (k == "tls_server_name") return assign(str(key, node), c.tls_server_name);
+    if (k == "tls_client_auth") {
+      if (const auto* v = node.as_boolean()) {
+        c.tls_client_auth = v->get();
+        return {};
+      }
+      return invalid(label(key, node) + ": must be true or false");
+    }
     return unknown(key, node);
   }
 
@@ -518,7 +537,8 @@ struct Flags {
   std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
       transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
       max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, rdma_device,
-      rdma_port, rdma_retry, fault_inject;
+      rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
+  bool tls_client_auth = false;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
 
@@ -563,6 +583,11 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   if (given("--token-file")) {
     if (auto st = assign(readTokenFile(f.token_file, "--token-file"), c.token); !st) return st;
   }
+  if (given("--tls-cert")) c.tls_cert_file = f.tls_cert;
+  if (given("--tls-key")) c.tls_key_file = f.tls_key;
+  if (given("--tls-ca")) c.tls_ca_file = f.tls_ca;
+  if (given("--tls-server-name")) c.tls_server_name = f.tls_server_name;
+  if (given("--tls-client-auth")) c.tls_client_auth = f.tls_client_auth;
   if (given("--transports")) {
     auto list = splitComma(f.transports);
     if (auto st = checkTransports(list, "--transports"); !st) return st;
@@ -683,6 +708,54 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
 }
 
 // Checks that involve more than one setting, after file and flags are merged.
+// A PEM file for TLS: readable, not empty, and PEM ("-----BEGIN ").
+Result<std::string> readPem(const std::string& path, const std::string& label, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return invalid(label + ": cannot read '" + path + "': " + std::strerror(errno));
+  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return invalid(label + ": '" + path + "' is not PEM; it should hold " + what +
+                   " (-----BEGIN ...----- blocks)");
+  }
+  return pem;
+}
+
+// The TLS settings go together; reads their files.
+Status loadTls(Config& c) {
+  const bool cert = !c.tls_cert_file.empty();
+  if (cert != !c.tls_key_file.empty()) {
+    return invalid(
+        "link.tls_cert_file (--tls-cert) and link.tls_key_file (--tls-key) go together: "
+        "give this daemon's certificate chain and its private key, or neither");
+  }
+  if (!cert) {
+    if (!c.tls_ca_file.empty() || !c.tls_server_name.empty() || c.tls_client_auth) {
+      return invalid(
+          "TLS settings without a certificate: tls_ca_file, tls_server_name and tls_client_auth "
+          "apply only when link.tls_cert_file and link.tls_key_file (--tls-cert, --tls-key) are set");
+    }
+    return {};
+  }
+  if (c.tls_client_auth && c.tls_ca_file.empty()) {
+    return invalid(
+        "link.tls_client_auth (--tls-client-auth) needs link.tls_ca_file (--tls-ca): the CA "
+        "that signs the certificates of the peers allowed to dial in");
+  }
+  if (auto st = assign(readPem(c.tls_cert_file, "link.tls_cert_file", "a certificate chain"), c.tls_cert_pem);
+      !st) {
+    return st;
+  }
+  if (auto st = assign(readPem(c.tls_key_file, "link.tls_key_file", "a private key"), c.tls_key_pem); !st) {
+    return st;
+  }
+  if (!c.tls_ca_file.empty()) {
+    if (auto st = assign(readPem(c.tls_ca_file, "link.tls_ca_file", "CA certificates"), c.tls_ca_pem); !st) {
+      return st;
+    }
+  }
+  return {};
+}
+
 Status validate(Config& c) {
   if (c.id.empty()) {
     char host[256] = {};
@@ -728,7 +801,7 @@ Status validate(Config& c) {
                    std::to_string(c.default_slot_size) + " bytes) would exceed max_client_bytes (" +
                    std::to_string(c.max_client_bytes) + "); raise max_client_bytes or lower the defaults");
   }
-  return {};
+  return loadTls(c);
 }
 
 }  // namespace
@@ -773,6 +846,16 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   app.add_option("--token-file", f.token_file, "Read the shared secret from FILE")
       ->type_name("FILE")
       ->excludes(token);
+  app.add_option("--tls-cert", f.tls_cert, "TLS on the gRPC link: this daemon's certificate chain (PEM)")
+      ->type_name("FILE");
+  app.add_option("--tls-key", f.tls_key, "The private key of --tls-cert (PEM)")->type_name("FILE");
+  app.add_option("--tls-ca", f.tls_ca, "CA certificates that sign the peers' certificates (PEM)")
+      ->type_name("FILE");
+  app.add_option("--tls-server-name", f.tls_server_name,
+                 "Name to verify in the peer's certificate (default: the host of its address)")
+      ->type_name("NAME");
+  app.add_flag("--tls-client-auth", f.tls_client_auth,
+               "Mutual TLS: peers that dial in must present a certificate signed by --tls-ca");
   app.add_option("--transports", f.transports, "Comma list in preference order (default tcp,grpc)")
       ->type_name("LIST");
   app.add_option("--rdma-device", f.rdma_device,
@@ -855,8 +938,13 @@ std::string describe(const Config& c) {
       << " socket=" << c.socket_path << " mode=" << mode(c.socket_mode)
       << " group=" << (c.socket_group.empty() ? "-" : c.socket_group) << " uids=" << ids(c.allowed_uids)
       << " gids=" << ids(c.allowed_gids) << " listen=" << c.listen << " data_listen=" << c.data_listen
-      << " token=" << (c.token.empty() ? "none" : "<redacted>") << " transports=" << join(c.transports)
-      << " peers={" << peers << "}"
+      << " token=" << (c.token.empty() ? "none" : "<redacted>") << " tls="
+      << (!c.tlsEnabled()     ? std::string("off")
+          : c.tls_client_auth ? "mutual(cert=" + c.tls_cert_file + ",ca=" + c.tls_ca_file + ")"
+                              : "on(cert=" + c.tls_cert_file +
+                                    ",ca=" + (c.tls_ca_file.empty() ? "system" : c.tls_ca_file) + ")")
+      << (c.tls_server_name.empty() ? "" : " tls_server_name=" + c.tls_server_name)
+      << " transports=" << join(c.transports) << " peers={" << peers << "}"
       << " hugepages=" << c.hugepages << " log_level=" << c.log_level
       << " metrics=" << (c.metrics_listen.empty() ? "off" : c.metrics_listen)
       << " ready_file=" << (c.ready_file.empty() ? "-" : c.ready_file) << " cpu=" << c.cpu

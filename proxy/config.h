@@ -49,6 +49,17 @@ struct Config {
   std::string rdma_device;
   uint32_t rdma_port = 0;
   uint32_t rdma_retry_ms = 30000;
+  // TLS on the gRPC link (the control session and the grpc data transport):
+  // on when tls_cert_file is set.  The listener presents cert + key and, with
+  // tls_client_auth, requires a client certificate signed by tls_ca_file
+  // (mutual TLS); a dialing daemon presents the same pair and verifies the
+  // peer against tls_ca_file (empty: the system's CA store), by the host of
+  // the peer address or by tls_server_name.  parseConfig reads the files into
+  // the *_pem fields.
+  std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
+  bool tls_client_auth = false;
+  std::string tls_cert_pem, tls_key_pem, tls_ca_pem;
+  bool tlsEnabled() const noexcept { return !tls_cert_file.empty(); }
   // Tests only: wrap every link's transport in the `faulty` decorator with
   // this spec (see transport/faulty/faulty_transport.h).  Empty: no faults.
   std::string fault_inject;

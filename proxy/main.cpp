@@ -27,6 +27,16 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config->id + "] %v");
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
+  if (config->tlsEnabled()) {
+    for (const auto& t : config->transports) {
+      if (t == "tcp" || t == "rdma") {
+        spdlog::warn(
+            "TLS protects the gRPC link and the grpc data transport; frames sent over '{}' are "
+            "authenticated but not encrypted (list only grpc in transports to encrypt them)",
+            t);
+      }
+    }
+  }
 
   // Signals are taken synchronously by this thread; every other thread
   // inherits the blocked mask.

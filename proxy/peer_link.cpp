@@ -119,6 +119,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   struct DialState {
     Clock::time_point rdma_retry_at{};  // rdma is not offered before this
     std::string rdma_failure;           // why the last rdma connection failed
+    bool unreachable_logged = false;    // the warning for this streak of failed connects is out
   };
 
   // Whether this daemon can run `transport` now; else why not.
@@ -136,6 +137,8 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   void dialLoop(PeerConfig peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
   ::grpc::ChannelArguments channelArguments() const;
+  std::shared_ptr<::grpc::ServerCredentials> serverCredentials() const;
+  std::shared_ptr<::grpc::ChannelCredentials> channelCredentials() const;
 
   const Config& config_;
   DataAgent& agent_;
@@ -179,7 +182,29 @@ Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAg
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(config_.reconnect_max_ms));
   // One channel per dial attempt: never share a subchannel with an earlier one.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (config_.tlsEnabled() && !config_.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(config_.tls_server_name);
+  }
   return args;
+}
+
+std::shared_ptr<::grpc::ServerCredentials> PeerLinksImpl::serverCredentials() const {
+  if (!config_.tlsEnabled()) return ::grpc::InsecureServerCredentials();
+  ::grpc::SslServerCredentialsOptions options(config_.tls_client_auth
+                                                  ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = config_.tls_ca_pem;
+  options.pem_key_cert_pairs.push_back({config_.tls_key_pem, config_.tls_cert_pem});
+  return ::grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<::grpc::ChannelCredentials> PeerLinksImpl::channelCredentials() const {
+  if (!config_.tlsEnabled()) return ::grpc::InsecureChannelCredentials();
+  ::grpc::SslCredentialsOptions options;
+  options.pem_root_certs = config_.tls_ca_pem;  // empty: the system's CA store
+  options.pem_private_key = config_.tls_key_pem;
+  options.pem_cert_chain = config_.tls_cert_pem;
+  return ::grpc::SslCredentials(options);
 }
 
 Status PeerLinksImpl::init() {
@@ -203,15 +228,17 @@ Status PeerLinksImpl::init() {
 #endif
 
   ::grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.listen, ::grpc::InsecureServerCredentials(), &grpc_port_);
+  builder.AddListeningPort(config_.listen, serverCredentials(), &grpc_port_);
   builder.RegisterService(this);
   transport::configureServerBuilder(builder, config_.grpc_chunk_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   server_ = builder.BuildAndStart();
   if (!server_ || grpc_port_ == 0) {
-    return makeError(FL_ERR_RESOURCES, "cannot listen for peers on " + config_.listen +
-                                           " (address in use? choose another --listen)");
+    return makeError(FL_ERR_RESOURCES,
+                     "cannot listen for peers on " + config_.listen +
+                         " (address in use? choose another --listen" +
+                         (config_.tlsEnabled() ? "; or the TLS certificate and key do not match)" : ")"));
   }
   for (const auto& peer : config_.peers) {
     dialers_.emplace_back([this, peer] { dialLoop(peer); });
@@ -517,13 +544,34 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
     return false;
   }
-  auto channel =
-      ::grpc::CreateCustomChannel(peer.address, ::grpc::InsecureChannelCredentials(), channelArguments());
-  auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
-  if (!channel->WaitForConnected(deadline)) {
-    spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+  auto channel = ::grpc::CreateCustomChannel(peer.address, channelCredentials(), channelArguments());
+  // In slices, so that a shutdown does not wait out the connect timeout (a
+  // failing TLS handshake keeps gRPC retrying until the deadline).
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  bool connected = false;
+  while (!connected && !stopping_) {
+    const auto now = std::chrono::system_clock::now();
+    if (now >= deadline) break;
+    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
+  }
+  if (stopping_) return false;
+  if (!connected) {
+    if (config_.tlsEnabled() && !state.unreachable_logged) {
+      // A refused handshake looks like an unreachable peer from here.
+      spdlog::warn(
+          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
+          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
+          "ours must be signed by its CA); retrying",
+          peer.name, peer.address,
+          config_.tls_server_name.empty() ? host_port->first : config_.tls_server_name);
+      state.unreachable_logged = true;
+    } else {
+      spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+    }
     return false;
   }
+  state.unreachable_logged = false;
   ::grpc::ClientContext ctx;
   if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
   {

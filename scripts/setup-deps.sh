@@ -32,6 +32,8 @@ packages=(
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh)
   catch2 clang-format clang-14 libclang-rt-14-dev
+  # certificates for the TLS integration tests
+  openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
 )

@@ -263,6 +263,58 @@ TEST_CASE("link.token_file is read relative to the config file", "[config]") {
                {"token_file", "keep one"});
 }
 
+TEST_CASE("TLS settings: files are read, relative to the config file, and go together", "[config][tls]") {
+  TempDir dir;
+  const std::string cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  const std::string key = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n";
+  dir.write("d.pem", cert);
+  dir.write("d.key", key);
+  dir.write("ca.pem", cert);
+  dir.write("not.pem", "hello\n");
+
+  auto off = parse({});
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->tlsEnabled());
+  CHECK(fl::describe(*off).find("tls=off") != std::string::npos);
+
+  auto c = parse({"--config", dir.write("a.toml",
+                                        "[link]\ntls_cert_file = \"d.pem\"\ntls_key_file = \"d.key\"\n"
+                                        "tls_ca_file = \"ca.pem\"\ntls_client_auth = true\n"
+                                        "tls_server_name = \"hostb\"\n")});
+  INFO((c.ok() ? std::string() : c.error().message));
+  REQUIRE(c.ok());
+  CHECK(c->tlsEnabled());
+  CHECK(c->tls_cert_file == dir.path("d.pem"));
+  CHECK(c->tls_cert_pem == cert);
+  CHECK(c->tls_key_pem == key);
+  CHECK(c->tls_ca_pem == cert);
+  CHECK(c->tls_client_auth);
+  CHECK(c->tls_server_name == "hostb");
+  const std::string text = fl::describe(*c);
+  CHECK(text.find("tls=mutual(cert=" + dir.path("d.pem")) != std::string::npos);
+  CHECK(text.find("MIIE") == std::string::npos);  // never the key
+
+  auto flags = parse({"--tls-cert", dir.path("d.pem"), "--tls-key", dir.path("d.key")});
+  REQUIRE(flags.ok());
+  CHECK(flags->tlsEnabled());
+  CHECK_FALSE(flags->tls_client_auth);
+  CHECK(flags->tls_ca_pem.empty());  // the system's CA store
+  CHECK(fl::describe(*flags).find("ca=system") != std::string::npos);
+
+  requireError({"--tls-cert", dir.path("d.pem")}, {"--tls-key", "go together"});
+  requireError({"--tls-key", dir.path("d.key")}, {"--tls-cert", "go together"});
+  requireError({"--tls-ca", dir.path("ca.pem")}, {"without a certificate"});
+  requireError({"--tls-client-auth"}, {"without a certificate"});
+  requireError({"--tls-cert", dir.path("d.pem"), "--tls-key", dir.path("d.key"), "--tls-client-auth"},
+               {"--tls-ca", "CA that signs"});
+  requireError({"--tls-cert", dir.path("missing.pem"), "--tls-key", dir.path("d.key")},
+               {"link.tls_cert_file", "cannot read", "missing.pem"});
+  requireError({"--tls-cert", dir.path("d.pem"), "--tls-key", dir.path("not.pem")},
+               {"link.tls_key_file", "not PEM", "private key"});
+  requireError({"--config", dir.write("b.toml", "[link]\ntls_client_auth = \"yes\"\n")},
+               {"link.tls_client_auth", "true or false"});
+}
+
 TEST_CASE("--help and --version ask the caller to print and exit 0", "[config]") {
   auto help = parse({"--help"});
   REQUIRE(help.ok());
@@ -481,7 +533,24 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
     if (line.rfind("token_file", 0) == 0) continue;
     one_token += line + "\n";
   }
-  auto c = parse({"--config", dir.write("one.toml", one_token)});
+  // The TLS files named there do not exist here: every tls_ key is known
+  // (the error is about reading the file), then parse without them.
+  auto tls = parse({"--config", dir.write("tls.toml", one_token)});
+  REQUIRE_FALSE(tls.ok());
+  CHECK(tls.error().message.find("link.tls_cert_file: cannot read '/etc/framelink/tls/framelinkd.pem'") !=
+        std::string::npos);
+  std::string no_tls;
+  std::istringstream again(one_token);
+  int tls_keys = 0;
+  while (std::getline(again, line)) {
+    if (line.rfind("tls_", 0) == 0) {
+      ++tls_keys;
+      continue;
+    }
+    no_tls += line + "\n";
+  }
+  CHECK(tls_keys == 5);
+  auto c = parse({"--config", dir.write("one.toml", no_tls)});
   INFO((c.ok() ? std::string() : c.error().message));
   REQUIRE(c.ok());
   CHECK(c->routeFor("cam0") == "host-b");

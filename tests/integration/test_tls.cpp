@@ -1,0 +1,139 @@
+// TLS on the gRPC link between two real daemons, with certificates made by
+// `openssl` for this run: mutual TLS carries frames; a peer whose certificate
+// the listener's CA did not sign, a plaintext peer, and a dialer that expects
+// another name in the listener's certificate get nothing through, and the
+// listener keeps serving a peer with the right certificate.
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "client_util.h"
+#include "framelink/framelink.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+// A throw-away PKI: a CA signing hostA, hostB and hostC (each certificate
+// names its host and 127.0.0.1), and a second, unrelated CA signing "rogue".
+class TestPki {
+ public:
+  TestPki() {
+    REQUIRE(std::system("command -v openssl >/dev/null 2>&1") == 0);  // scripts/setup-deps.sh installs it
+    makeCa("ca");
+    makeCa("rogue-ca");
+    for (const char* host : {"hostA", "hostB", "hostC"}) issue(host, "ca");
+    issue("rogue", "rogue-ca");
+  }
+
+  std::string file(const std::string& name) const { return dir_.file(name); }
+  // --tls-cert/--tls-key of `who`, the CA to trust, and mutual TLS.
+  std::vector<std::string> args(const std::string& who, const std::string& ca = "ca") const {
+    return {"--tls-cert", file(who + ".pem"), "--tls-key",        file(who + ".key"),
+            "--tls-ca",   file(ca + ".pem"),  "--tls-client-auth"};
+  }
+
+ private:
+  void run(const std::string& command) const {
+    const std::string line = "cd '" + dir_.path() + "' && " + command + " >>openssl.log 2>&1";
+    INFO("openssl: " << line << "\n" << readFile(dir_.file("openssl.log")));
+    REQUIRE(std::system(line.c_str()) == 0);
+  }
+  void makeCa(const std::string& name) const {
+    run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=" + name +
+        " -keyout " + name + ".key -out " + name + ".pem");
+  }
+  void issue(const std::string& host, const std::string& ca) const {
+    std::ofstream(dir_.file(host + ".ext")) << "subjectAltName=DNS:" << host << ",IP:127.0.0.1\n";
+    run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=" + host + " -keyout " +
+        host + ".key -out " + host + ".csr");
+    run("openssl x509 -req -in " + host + ".csr -CA " + ca + ".pem -CAkey " + ca +
+        ".key -CAcreateserial -days 2" + " -extfile " + host + ".ext -out " + host + ".pem");
+  }
+
+  TempDir dir_{"fl-tls"};
+};
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("tls: mutual TLS between two daemons carries frames", "[integration][tls]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  INFO("transport " << transport);
+  TestPki pki;
+  DaemonPair::Options opt;
+  opt.transport = transport;
+  opt.extra_args_a = pki.args("hostA");
+  opt.extra_args_b = pki.args("hostB");
+  DaemonPair pair(opt);
+
+  requireServing(pair.a(), pair.b(), "tls-" + transport, 5);
+  CHECK(pair.b().log().find("tls=mutual(cert=" + pki.file("hostB.pem")) != std::string::npos);
+  const bool warned = pair.a().log().find("authenticated but not encrypted") != std::string::npos;
+  CHECK(warned == (transport == "tcp"));  // the operator learns that tcp frames are not encrypted
+}
+
+TEST_CASE("tls: a peer the listener cannot verify, or that cannot verify it, gets nothing through",
+          "[integration][tls]") {
+  struct Case {
+    const char* what;
+    std::vector<std::string> a_args;  // A's TLS flags (B: mutual TLS with hostB's certificate)
+    bool a_has_tls;
+  };
+  TestPki pki;
+  const Case c = GENERATE_REF(values<Case>({
+      {"A's certificate is signed by another CA", {}, true},
+      {"A speaks plaintext", {}, false},
+      {"A expects another name in B's certificate", {"--tls-server-name", "hostZ"}, true},
+  }));
+  INFO(c.what);
+  std::vector<std::string> a_args = c.a_args;
+  if (c.a_has_tls) {
+    const bool rogue = std::string(c.what).find("another CA") != std::string::npos;
+    a_args = concat(rogue ? pki.args("rogue", "ca") : pki.args("hostA"), a_args);
+  }
+  DaemonPair::Options opt;
+  opt.transport = "grpc";
+  opt.extra_args = {"--credit-timeout-ms", "1500"};
+  opt.extra_args_a = a_args;
+  opt.extra_args_b = pki.args("hostB");
+  DaemonPair pair(opt);
+
+  Client consumer = attachConsumer(pair.b(), "tls-refused", 4, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "tls-refused", 4, 64 * 1024);
+  submitFrame(producer.get(), 1, 1000);
+  submitFrame(producer.get(), 2, 2000);
+  auto done = collectCompletions(producer.get(), 2, Millis(20000));
+  REQUIRE(done.size() == 2);
+  for (const auto& d : done) {
+    INFO("frame " << d.frame_id << " completion " << statusName(d.status));
+    CHECK((d.status == FL_ERR_NO_CONSUMER || d.status == FL_ERR_LINK_LOST));
+  }
+  fl_frame none{};
+  CHECK(fl_receive(consumer.get(), &none, 0) == FL_EAGAIN);
+  if (c.a_has_tls) {
+    INFO("A must say why its link does not come up");
+    CHECK(waitUntil([&] { return pair.a().log().find("no TLS connection yet") != std::string::npos; },
+                    Millis(5000), Millis(50)));
+  }
+  REQUIRE(pair.a().alive());
+  REQUIRE(pair.b().alive());
+
+  // B still serves a peer whose certificate its CA signed.
+  DaemonProcess::Options good;
+  good.id = "hostC";
+  good.token = "integ-secret";
+  good.transports = "grpc";
+  good.peers = {"hostB=" + pair.b().grpcAddress()};
+  good.extra_args = pki.args("hostC");
+  DaemonProcess peer_c(good);
+  requireServing(peer_c, pair.b(), "tls-ok");
+}
