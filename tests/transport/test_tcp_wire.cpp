@@ -187,7 +187,8 @@ TEST_CASE("tcp receiver reports a connection cut in the middle of a frame", "[tr
   h.credit_id = 5;
   h.length = 100;
   peer.sendRaw(&h, sizeof h);
-  peer.sendRaw(buf.data(), 50);
+  const std::vector<uint8_t> half(50, 0x5a);  // not buf: the receiver is writing into that
+  peer.sendRaw(half.data(), half.size());
   peer.raw.reset();
   TransportEvent ev = peer.waitEvent();
   CHECK(ev.kind == TransportEvent::Kind::kLinkError);

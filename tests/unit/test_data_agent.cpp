@@ -161,6 +161,10 @@ transport::TransportEvent waitEvent(transport::Transport& t, transport::Transpor
   return ev;
 }
 
+// A posted request's payload is read by the sender thread until its
+// SendComplete: waits for that before the payload may go.
+void sendDone(transport::Transport& t) { waitEvent(t, transport::TransportEvent::Kind::kSendComplete); }
+
 struct AgentFixture {
   Config config;
   Metrics metrics;
@@ -234,6 +238,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.credit.credit_id = req.header.credit_id;
     req.credit.length = 64 * 1024;
     REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
     fl_completion_desc d = consumer.pop();
     CHECK(d.status == FL_OK);
     CHECK(d.sequence == 1);
@@ -264,6 +269,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
       req.header.credit_id = grant2.credit_grant().credits(0).credit_id();
       req.credit.credit_id = req.header.credit_id;
       REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      sendDone(sender);
       auto ack2 = f.capture.next([](auto& m) { return m.has_ack(); });
       REQUIRE(ack2.ack().sequences_size() == 1);
       CHECK(ack2.ack().sequences(0) == 1);
@@ -275,6 +281,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
           grant2.credit_grant().credits(1 % grant2.credit_grant().credits_size()).credit_id();
       req.credit.credit_id = req.header.credit_id;
       REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      sendDone(sender);
       fl_completion_desc d2 = consumer.pop();
       CHECK(d2.status == FL_OK);
       CHECK(d2.sequence == 2);
@@ -300,6 +307,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.credit.credit_id = req.header.credit_id;
     req.credit.length = 64 * 1024;
     REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
     auto nack = f.capture.next([](auto& m) { return m.has_nack(); });
     CHECK(nack.nack().sequence() == 7);
     CHECK(int(nack.nack().code()) == FL_ERR_UNKNOWN_CREDIT);
@@ -320,6 +328,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.credit.credit_id = req.header.credit_id;
     req.credit.length = 64 * 1024;
     REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
     auto nack = f.capture.next([](auto& m) { return m.has_nack(); });
     CHECK(int(nack.nack().code()) == FL_ERR_CRC_MISMATCH);
     auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
