@@ -211,15 +211,29 @@ Status PeerLinksImpl::init() {
   bool wants_tcp =
       std::find(config_.transports.begin(), config_.transports.end(), "tcp") != config_.transports.end();
   if (wants_tcp) {
-    auto listener = transport::tcp::TcpDataListener::listen(
-        config_.data_listen, config_.token,
-        [this](uint64_t session_id, UniqueFd fd) { onTcpConnection(session_id, std::move(fd)); },
-        std::chrono::milliseconds(config_.connect_timeout_ms));
-    if (!listener) {
-      Error e = std::move(listener).error();
-      return e.context("tcp data listener on " + config_.data_listen);
+    // The gRPC listener binds after this one.  An ephemeral data port can be
+    // the very port --listen names (a daemon restarted on its old port is
+    // handed it when that port is free for a moment): keep such a listener
+    // open while binding another, so that the kernel picks a different port.
+    auto grpc_host_port = transport::tcp::parseHostPort(config_.listen);
+    const uint16_t grpc_port = grpc_host_port ? grpc_host_port->second : 0;
+    std::vector<std::unique_ptr<transport::tcp::TcpDataListener>> collided;
+    while (!data_listener_) {
+      auto listener = transport::tcp::TcpDataListener::listen(
+          config_.data_listen, config_.token,
+          [this](uint64_t session_id, UniqueFd fd) { onTcpConnection(session_id, std::move(fd)); },
+          std::chrono::milliseconds(config_.connect_timeout_ms));
+      if (!listener) {
+        Error e = std::move(listener).error();
+        return e.context("tcp data listener on " + config_.data_listen);
+      }
+      if (grpc_port != 0 && listener.value()->port() == grpc_port && collided.size() < 8) {
+        collided.push_back(std::move(listener.value()));
+        continue;
+      }
+      data_listener_ = std::move(listener.value());
     }
-    data_listener_ = std::move(listener.value());
+    for (auto& l : collided) l->stop();
   }
 #ifdef FRAMELINK_HAVE_RDMA
   if (listed(config_.transports, "rdma") && rdma_.device) {
