@@ -495,10 +495,17 @@ void DataAgent::pump(Peer& p, OutStream& s) {
                       " (attach the consumer with a larger slot size)");
       continue;
     }
+    // The receiving daemon restarted since this frame was last sent: the one
+    // before may have delivered it, and the new one cannot know.
+    if (e.sent_to_instance != 0 && e.sent_to_instance != l->peer_instance && !e.maybe_redelivered) {
+      e.maybe_redelivered = true;
+      metrics_.counters.frames_maybe_redelivered.fetch_add(1, std::memory_order_relaxed);
+    }
     transport::SendRequest req;
     req.cookie = next_cookie_++;
     req.header = headers_[c->id][f.slot];
     req.header.credit_id = credit.credit_id;
+    req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
     req.payload = c->segments->slot(f.slot);
     req.credit = credit;
     transport::PostResult r = l->transport->post(req);
@@ -512,6 +519,7 @@ void DataAgent::pump(Peer& p, OutStream& s) {
     e.state = SlotState::kPosted;
     e.credit_id = req.cookie;  // producer side: the cookie of the post
     e.peer_key = l->id;
+    e.sent_to_instance = l->peer_instance;
     s.unacked[e.sequence] = f;
     posted_[req.cookie] = Posted{f, p.name, s.id, e.sequence};
     ++l->frames_out;
@@ -814,7 +822,8 @@ void DataAgent::onFrameArrived(Link& l, transport::TransportEvent& ev) {
   sh->length = h.length;
   sh->sequence = h.sequence;
   sh->crc32c = h.crc32c;
-  sh->flags = h.has_crc32c ? FL_SLOT_HAS_CRC32C : 0;
+  sh->flags = (h.has_crc32c ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
+              (h.maybe_redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u);
   sh->attr_length = h.attr_length;
   std::memcpy(sh->attrs, h.attrs, h.attr_length);
   uint64_t in_state = inStateId(l, h.stream_id);
@@ -963,6 +972,12 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   p.name = l.peer;
   if (p.link_id != 0 && p.link_id != l.id) {
     spdlog::info("peer {}: link {} replaces link {}", p.name, l.id, p.link_id);
+    // The old link is not down yet (its end is noticed later, or never, when
+    // the peer restarted).  What it carried without an ACK goes first on the
+    // new link, before any newer frame: the receiver counts on each stream
+    // arriving in sequence order, replays first, and takes a sequence at or
+    // below the highest it has seen for one it has had.
+    requeueUnacked(p.link_id, "link " + std::to_string(l.id) + " replaces it");
   }
   p.link_id = l.id;
   for (auto& [id, s] : p.out_streams) {

@@ -60,6 +60,10 @@ std::string Metrics::prometheus() const {
   counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
   counter("frames_replayed_total", "Unacknowledged frames sent again after a link broke.",
           counters.frames_replayed);
+  counter(
+      "frames_maybe_redelivered_total",
+      "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
+      counters.frames_maybe_redelivered);
   counter("duplicates_dropped_total", "Replayed frames this daemon already had (not delivered again).",
           counters.duplicates_dropped);
   counter("frames_resent_crc_total", "Frames sent again after the peer found their CRC32C wrong.",

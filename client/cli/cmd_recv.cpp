@@ -104,7 +104,8 @@ int runRecv(const RecvOptions& o) {
       why = checker.check(f);
       if (!why.empty() && checker.bad() == 1) std::fprintf(stderr, "framelink recv: %s\n", why.c_str());
     }
-    journal.record(why.empty() ? "R" : "B", f.frame_id);  // received (B: failed a check), not yet released
+    // Received (B: failed a check), not yet released; the status column holds the frame's flags.
+    journal.record(why.empty() ? "R" : "B", f.frame_id, static_cast<int>(f.flags));
     if (!o.out.empty() && !writeFrameFiles(o.out, f, e)) return false;
     return true;
   };

@@ -63,6 +63,9 @@ enum fl_daemon_state {
 /* fl_slot_header.flags */
 enum fl_slot_flags {
   FL_SLOT_HAS_CRC32C = 1u << 0, /* crc32c holds the CRC32C of the payload */
+  /* Consumer: the frame was sent again after the receiving daemon restarted.
+   * The consumer of the daemon before the restart may have seen it already. */
+  FL_SLOT_MAYBE_REDELIVERED = 1u << 1,
 };
 
 /*

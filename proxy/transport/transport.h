@@ -41,6 +41,9 @@ struct FrameHeader {
   uint32_t crc32c = 0;
   uint32_t has_crc32c = 0;
   uint32_t attr_length = 0;  // <= FL_MAX_ATTR_BYTES
+  // Sent again to a new instance of the receiving daemon: the instance before
+  // it may have delivered the frame (FL_SLOT_MAYBE_REDELIVERED for the consumer).
+  uint32_t maybe_redelivered = 0;
   uint8_t attrs[FL_MAX_ATTR_BYTES] = {};
 };
 

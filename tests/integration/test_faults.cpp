@@ -55,7 +55,8 @@ int readByte(int fd, Millis timeout) {
 // exactly for the frames `consumer` received and released; every frame with
 // id >= `must_deliver_from` delivered.
 void drainAndCheck(fl_client* producer, fl_client* consumer, const std::set<uint64_t>& submitted,
-                   uint64_t must_deliver_from, uint64_t length) {
+                   uint64_t must_deliver_from, uint64_t length,
+                   std::map<uint64_t, uint32_t>* flags = nullptr) {
   std::map<uint64_t, int> received;  // frame id -> times received by `consumer`
   std::map<uint64_t, std::vector<int>> completions;
   size_t completion_count = 0;
@@ -65,6 +66,7 @@ void drainAndCheck(fl_client* producer, fl_client* consumer, const std::set<uint
     int rc = fl_receive(consumer, &f, 20);
     if (rc == FL_OK) {
       ++received[f.frame_id];
+      if (flags != nullptr) (*flags)[f.frame_id] = f.flags;
       checkSyntheticFrame(f, f.frame_id, length);
       REQUIRE(fl_release(consumer, f.slot) == FL_OK);
     } else {
@@ -301,7 +303,8 @@ TEST_CASE("faults: the peer daemon is killed and restarted on the same port", "[
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
   constexpr uint64_t kLen = 30000;
-  const std::vector<std::string> timeouts = {"--credit-timeout-ms", "5000", "--ack-timeout-ms", "10000"};
+  const std::vector<std::string> timeouts = {"--credit-timeout-ms", "5000",       "--ack-timeout-ms", "10000",
+                                             "--metrics",           "127.0.0.1:0"};
 
   DaemonProcess::Options bo;
   bo.id = "hostB";
@@ -340,7 +343,15 @@ TEST_CASE("faults: the peer daemon is killed and restarted on the same port", "[
   }
   // Frames 0 and 1 died with hostB's first instance or were replayed to the
   // second; 2 and 3 must arrive.  Either way, one completion each.
-  drainAndCheck(producer.get(), consumer.get(), submitted, 2, kLen);
+  std::map<uint64_t, uint32_t> flags;
+  drainAndCheck(producer.get(), consumer.get(), submitted, 2, kLen, &flags);
+  // The first instance delivered 0 and 1 before it died: a replay of them is
+  // flagged as a possible redelivery, the frames sent after are not.
+  for (const auto& [id, f] : flags) {
+    INFO("frame " << id << " flags " << f);
+    CHECK(((f & FL_SLOT_MAYBE_REDELIVERED) != 0) == (id < 2));
+  }
+  if (flags.count(0) != 0) CHECK(a.metric("framelink_frames_maybe_redelivered_total") >= 1);
   CHECK(a.alive());
   CHECK(b2.alive());
   requireServing(a, b2, "after-restart");

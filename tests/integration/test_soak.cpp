@@ -9,7 +9,8 @@
 //   * a frame completed DELIVERED was received by a consumer;
 //   * nothing is received that was not submitted, and every payload verifies;
 //   * a frame reaches consumers twice only across a restart of daemon B (the
-//     receiving daemon's memory of what it delivered died with it);
+//     receiving daemon's memory of what it delivered died with it), and then
+//     the later copy is flagged FL_SLOT_MAYBE_REDELIVERED;
 //   * no daemon died other than by our SIGKILL, and both stop cleanly;
 //   * afterwards both daemons are idle: no slot, credit or held frame left.
 // FRAMELINK_SOAK_CYCLES and FRAMELINK_SOAK_SEED change the run.
@@ -32,6 +33,7 @@
 
 #include "client_util.h"
 #include "framelink/framelink.h"
+#include "framelink/shm_layout.h"
 #include "harness.h"
 
 using namespace framelink::integ;
@@ -174,18 +176,22 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
   const auto got = readJournal(recv_journal);
   std::set<uint64_t> submitted;
   std::map<uint64_t, std::vector<int>> completed;
-  std::map<uint64_t, std::vector<uint64_t>> received;  // id -> times
+  std::map<uint64_t, std::vector<uint64_t>> received;   // id -> times
+  std::map<uint64_t, std::vector<int>> received_flags;  // id -> fl_frame.flags, per time
   uint64_t bad = 0;
   for (const auto& e : sent) {
     if (e.kind == 'S') submitted.insert(e.id);
     if (e.kind == 'C') completed[e.id].push_back(e.status);
   }
   for (const auto& e : got) {
-    if (e.kind == 'R') received[e.id].push_back(e.t);
+    if (e.kind == 'R') {
+      received[e.id].push_back(e.t);
+      received_flags[e.id].push_back(e.status);
+    }
     if (e.kind == 'B') ++bad;
   }
   uint64_t delivered = 0, unknown = 0, twice_completed = 0, lost = 0, phantom = 0, redelivered = 0,
-           unexplained_dups = 0, failed_but_seen = 0;
+           unexplained_dups = 0, failed_but_seen = 0, unflagged_redeliveries = 0;
   std::map<int, uint64_t> failures;
   std::string findings;
   for (uint64_t id : submitted) {
@@ -214,6 +220,15 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
           std::any_of(b_deaths.begin(), b_deaths.end(), [&](uint64_t t) { return t > first && t < second; });
       if (b_died_between) {
         redelivered += times - 1;
+        // The new instance of B cannot know what the old one delivered, but it
+        // says so: every later copy carries FL_SLOT_MAYBE_REDELIVERED.
+        for (size_t k = 1; k < times; ++k) {
+          if ((received_flags[id][k] & FL_SLOT_MAYBE_REDELIVERED) == 0) {
+            ++unflagged_redeliveries;
+            findings +=
+                "frame " + std::to_string(id) + " reached a consumer again without the redelivery flag\n";
+          }
+        }
       } else {
         ++unexplained_dups;
         std::ostringstream why;
@@ -233,14 +248,15 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
   std::printf(
       "soak: %llu cycles (kills: producer %d, consumer %d, daemon A %d, daemon B %d); frames submitted %zu, "
       "delivered %llu, failed %llu [%s], outcome unknown to a killed producer %llu; received %zu distinct; "
-      "duplicates seen by consumers %llu (all after a restart of B: %s); DELIVERED but never received %llu; "
+      "duplicates seen by consumers %llu (all after a restart of B: %s, flagged: %s); DELIVERED but never "
+      "received %llu; "
       "failed but seen by a consumer %llu; bad payloads %llu; daemon crashes 0\n",
       (unsigned long long)cycles, kills["producer"], kills["consumer"], kills["daemon A"], kills["daemon B"],
       submitted.size(), (unsigned long long)delivered,
       (unsigned long long)(submitted.size() - delivered - unknown), failure_text.c_str(),
       (unsigned long long)unknown, received.size(), (unsigned long long)(redelivered + unexplained_dups),
-      unexplained_dups == 0 ? "yes" : "NO", (unsigned long long)lost, (unsigned long long)failed_but_seen,
-      (unsigned long long)bad);
+      unexplained_dups == 0 ? "yes" : "NO", unflagged_redeliveries == 0 ? "yes" : "NO",
+      (unsigned long long)lost, (unsigned long long)failed_but_seen, (unsigned long long)bad);
   std::fflush(stdout);
   if (!findings.empty()) std::printf("%s%s", findings.c_str(), actions.c_str());
   INFO(findings);
@@ -250,6 +266,7 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
   CHECK(lost == 0);
   CHECK(phantom == 0);
   CHECK(unexplained_dups == 0);
+  CHECK(unflagged_redeliveries == 0);
   CHECK(bad == 0);
   // Both daemons still up; their destructors check that SIGTERM ends them with status 0.
   CHECK(a->alive());

@@ -25,6 +25,7 @@ void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p) {
   p->set_timestamp_ns(h.timestamp_ns);
   p->set_length(h.length);
   p->set_has_crc32c(h.has_crc32c != 0);
+  p->set_maybe_redelivered(h.maybe_redelivered != 0);
   p->set_crc32c(h.crc32c);
   p->set_attributes(reinterpret_cast<const char*>(h.attrs), h.attr_length);
 }
@@ -109,6 +110,7 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
     frame_.length = p.length();
     frame_.crc32c = p.crc32c();
     frame_.has_crc32c = p.has_crc32c() ? 1 : 0;
+    frame_.maybe_redelivered = p.maybe_redelivered() ? 1 : 0;
     frame_.attr_length = static_cast<uint32_t>(p.attributes().size());
     std::memcpy(frame_.attrs, p.attributes().data(), p.attributes().size());
     offset_ = 0;

@@ -31,7 +31,7 @@ struct RdmaWireHeader {
   uint64_t length;  // payload bytes that follow in the same write
   uint64_t sequence;
   uint32_t crc32c;
-  uint32_t flags;  // FL_SLOT_HAS_CRC32C when has_crc32c
+  uint32_t flags;  // FL_SLOT_HAS_CRC32C when has_crc32c, FL_SLOT_MAYBE_REDELIVERED
   uint32_t attr_length;
   uint32_t has_crc32c;  // fl_slot_header.reserved0
   uint64_t stream_id;   // fl_slot_header.reserved1
@@ -60,7 +60,8 @@ inline void toWire(const FrameHeader& h, RdmaWireHeader* w) noexcept {
   w->length = h.length;
   w->sequence = h.sequence;
   w->crc32c = h.crc32c;
-  w->flags = h.has_crc32c ? static_cast<uint32_t>(FL_SLOT_HAS_CRC32C) : 0u;
+  w->flags = (h.has_crc32c ? static_cast<uint32_t>(FL_SLOT_HAS_CRC32C) : 0u) |
+             (h.maybe_redelivered ? static_cast<uint32_t>(FL_SLOT_MAYBE_REDELIVERED) : 0u);
   w->attr_length = h.attr_length;
   w->has_crc32c = h.has_crc32c;
   w->stream_id = h.stream_id;
@@ -79,6 +80,7 @@ inline void fromWire(const RdmaWireHeader& w, uint64_t credit_id, FrameHeader* h
   h->length = w.length;
   h->crc32c = w.crc32c;
   h->has_crc32c = w.has_crc32c;
+  h->maybe_redelivered = (w.flags & FL_SLOT_MAYBE_REDELIVERED) ? 1 : 0;
   h->attr_length = w.attr_length <= FL_MAX_ATTR_BYTES ? w.attr_length : 0;
   std::memcpy(h->attrs, w.attrs, h->attr_length);
 }

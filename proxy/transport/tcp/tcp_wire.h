@@ -74,8 +74,8 @@ struct TcpHelloReply {
 static_assert(sizeof(TcpHelloReply) == 8);
 
 struct TcpFrameHeader {
-  uint32_t magic;       // kTcpFrameMagic
-  uint32_t has_crc32c;  // 0 or 1
+  uint32_t magic;  // kTcpFrameMagic
+  uint32_t flags;  // kTcpFrameCrc32c | kTcpFrameMaybeRedelivered
   uint64_t stream_id;
   uint64_t sequence;
   uint64_t credit_id;
@@ -100,10 +100,13 @@ void tokenDigest(const std::string& token, uint64_t session_id, uint8_t out[kTok
 // Compares two digests in time independent of where they differ.
 bool digestEqual(const uint8_t a[kTokenDigestBytes], const uint8_t b[kTokenDigestBytes]) noexcept;
 
+inline constexpr uint32_t kTcpFrameCrc32c = 1u << 0;
+inline constexpr uint32_t kTcpFrameMaybeRedelivered = 1u << 1;
+
 inline TcpFrameHeader toWire(const FrameHeader& h) noexcept {
   TcpFrameHeader w{};
   w.magic = kTcpFrameMagic;
-  w.has_crc32c = h.has_crc32c ? 1 : 0;
+  w.flags = (h.has_crc32c ? kTcpFrameCrc32c : 0u) | (h.maybe_redelivered ? kTcpFrameMaybeRedelivered : 0u);
   w.stream_id = h.stream_id;
   w.sequence = h.sequence;
   w.credit_id = h.credit_id;
@@ -128,7 +131,8 @@ inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
   h.timestamp_ns = w.timestamp_ns;
   h.length = w.length;
   h.crc32c = w.crc32c;
-  h.has_crc32c = w.has_crc32c ? 1 : 0;
+  h.has_crc32c = (w.flags & kTcpFrameCrc32c) ? 1 : 0;
+  h.maybe_redelivered = (w.flags & kTcpFrameMaybeRedelivered) ? 1 : 0;
   h.attr_length = w.attr_length;
   std::memcpy(h.attrs, w.attrs, w.attr_length);
   return h;
