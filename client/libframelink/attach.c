@@ -312,38 +312,8 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   return c;
 }
 
-FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
-  if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
-  *out = NULL;
-  if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
-  if (options->struct_size < sizeof(fl_client_options))
-    return flx_error(FL_EINVAL,
-                     "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
-                     options->struct_size);
-  if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
-    return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
-                     options->role);
-  if (!options->stream || !flx_valid_stream(options->stream))
-    return flx_error(FL_EINVAL,
-                     "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
-                     options->stream ? options->stream : "(null)", FL_STREAM_NAME_MAX - 1);
-
-  const char* path = options->socket_path;
-  if (!path || !*path) path = getenv("FRAMELINK_SOCKET");
-  if (!path || !*path) path = FLX_DEFAULT_SOCKET;
-
-  fl_attach_request req;
-  memset(&req, 0, sizeof(req));
-  req.magic = FL_ATTACH_MAGIC;
-  req.version = FL_ATTACH_VERSION;
-  req.role = options->role;
-  /* 0 lets the daemon apply its configured defaults ([limits] default_slot_*). */
-  req.slot_count = options->slot_count;
-  req.slot_size = options->slot_size;
-  snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
-  snprintf(req.client_name, sizeof(req.client_name), "%s",
-           options->client_name ? options->client_name : program_invocation_short_name);
-
+/* Connects to `path`, sends `req` and maps what the daemon hands out. */
+static int flx_attach_at(const char* path, const fl_attach_request* req, fl_client** out) {
   int sock = -1;
   int rc = flx_connect(path, &sock);
   if (rc != FL_OK) return rc;
@@ -351,7 +321,7 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   fl_attach_reply reply;
   memset(&reply, 0, sizeof(reply));
   int fds[FL_ATTACH_FD_COUNT];
-  rc = flx_handshake(sock, path, &req, &reply, fds);
+  rc = flx_handshake(sock, path, req, &reply, fds);
   if (rc != FL_OK) {
     close(sock);
     return rc;
@@ -372,8 +342,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     goto fail;
   }
   memcpy(&geo, control, sizeof(geo));
-  rc = flx_validate_header(&geo, options->role, req.stream, reply.client_id, reply.control_size,
-                           reply.data_size);
+  rc =
+      flx_validate_header(&geo, req->role, req->stream, reply.client_id, reply.control_size, reply.data_size);
   if (rc != FL_OK) goto fail;
   if (__atomic_load_n(&((const fl_segment_header*)control)->daemon_state, __ATOMIC_ACQUIRE) !=
       FL_DAEMON_SERVING) {
@@ -394,8 +364,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
       goto fail;
     }
   }
-  rc = flx_map(fds[1], reply.data_size, options->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ,
-               "data", &data, &data_len);
+  rc = flx_map(fds[1], reply.data_size, req->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ, "data",
+               &data, &data_len);
   if (rc != FL_OK) goto fail;
 
   c = flx_alloc_client(geo.slot_count, geo.ring_capacity);
@@ -413,7 +383,7 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
       goto fail;
     }
   }
-  c->role = options->role;
+  c->role = req->role;
   c->sock = sock;
   c->control_fd = fds[0];
   c->data_fd = fds[1];
@@ -459,10 +429,150 @@ fail:
   return rc;
 }
 
+FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
+  if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
+  *out = NULL;
+  if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
+  if (options->struct_size < sizeof(fl_client_options))
+    return flx_error(FL_EINVAL,
+                     "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
+                     options->struct_size);
+  if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
+    return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
+                     options->role);
+  if (!options->stream || !flx_valid_stream(options->stream))
+    return flx_error(FL_EINVAL,
+                     "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
+                     options->stream ? options->stream : "(null)", FL_STREAM_NAME_MAX - 1);
+
+  const char* path = options->socket_path;
+  if (!path || !*path) path = getenv("FRAMELINK_SOCKET");
+  if (!path || !*path) path = FLX_DEFAULT_SOCKET;
+
+  fl_attach_request req;
+  memset(&req, 0, sizeof(req));
+  req.magic = FL_ATTACH_MAGIC;
+  req.version = FL_ATTACH_VERSION;
+  req.role = options->role;
+  /* 0 lets the daemon apply its configured defaults ([limits] default_slot_*). */
+  req.slot_count = options->slot_count;
+  req.slot_size = options->slot_size;
+  snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
+  snprintf(req.client_name, sizeof(req.client_name), "%s",
+           options->client_name ? options->client_name : program_invocation_short_name);
+
+  if (strlen(path) >= sizeof(((fl_client*)0)->socket_path))
+    return flx_error(FL_EINVAL, "fl_attach: socket path '%.80s...' is too long for a Unix socket", path);
+
+  fl_client* c = NULL;
+  int rc = flx_attach_at(path, &req, &c);
+  if (rc != FL_OK) return rc;
+  c->request = req;
+  snprintf(c->socket_path, sizeof(c->socket_path), "%s", path);
+  *out = c;
+  return FL_OK;
+}
+
+/*
+ * A segment of an earlier attachment: replaced in place by private anonymous
+ * memory, so that the daemon's memfd (maybe hugepages) is freed while a
+ * pointer the application kept into it stays harmless until fl_detach.
+ */
+static void flx_retire_locked(fl_client* c, uint8_t* addr, size_t len) {
+  if (!addr) return;
+  struct flx_region* grown =
+      (struct flx_region*)realloc(c->retired, (c->retired_count + 1) * sizeof(struct flx_region));
+  void* p = grown ? mmap(addr, len, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
+                  : MAP_FAILED;
+  if (grown) c->retired = grown;
+  if (p == MAP_FAILED) {
+    munmap(addr, len);
+    return;
+  }
+  c->retired[c->retired_count++] = (struct flx_region){addr, len};
+}
+
+/* The new attachment's fd takes the number of the old one (closing the old
+ * file), so that nobody holding the number is left with a closed fd. */
+static void flx_adopt_fd(int* old_fd, int new_fd) {
+  if (*old_fd >= 0 && dup3(new_fd, *old_fd, O_CLOEXEC) >= 0) {
+    close(new_fd);
+    return;
+  }
+  if (*old_fd >= 0) close(*old_fd);
+  *old_fd = new_fd;
+}
+
+FL_API int fl_reattach(fl_client* c) {
+  if (!c) return flx_error(FL_EINVAL, "fl_reattach: client is NULL");
+  pthread_mutex_lock(&c->mu);
+  int stale = flx_gone_locked(c) || c->corrupt;
+  pthread_mutex_unlock(&c->mu);
+  if (!stale && !flx_socket_hung_up(c)) return FL_OK; /* still served: nothing to do */
+
+  fl_client* n = NULL;
+  int rc = flx_attach_at(c->socket_path, &c->request, &n);
+  if (rc != FL_OK) return rc;
+
+  pthread_mutex_lock(&c->mu);
+  if (c->role == FL_PRODUCER) {
+    /* Outcomes the old daemon wrote before it went are still in its ring;
+     * whatever is in flight after that ends as unknown. */
+    if (!c->corrupt) (void)flx_drain_completions_locked(c);
+    flx_fail_orphans_locked(c, FL_ERR_DAEMON_GONE);
+  }
+  flx_adopt_fd(&c->sock, n->sock);
+  flx_adopt_fd(&c->control_fd, n->control_fd);
+  flx_adopt_fd(&c->data_fd, n->data_fd);
+  flx_adopt_fd(&c->submit_efd, n->submit_efd);
+  flx_adopt_fd(&c->completion_efd, n->completion_efd);
+  flx_retire_locked(c, c->data, c->data_len);
+  flx_retire_locked(c, c->control, c->control_len);
+  c->control = n->control;
+  c->control_len = n->control_len;
+  c->data = n->data;
+  c->data_len = n->data_len;
+  c->geo = n->geo;
+  c->live_hdr = n->live_hdr;
+  c->submit = n->submit;
+  c->completion = n->completion;
+  c->ring_cap = n->ring_cap;
+  c->slot_count = n->slot_count;
+  c->slot_size = n->slot_size;
+  c->slot_stride = n->slot_stride;
+  c->slot_headers = n->slot_headers;
+  c->slot_header_stride = n->slot_header_stride;
+  c->slots = n->slots;
+  free(c->slot_state);
+  free(c->slot_want_crc);
+  free(c->free_list);
+  c->slot_state = n->slot_state;
+  c->slot_want_crc = n->slot_want_crc;
+  c->free_list = n->free_list;
+  c->free_count = n->free_count;
+  __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
+  c->armed = 0; /* the new doorbell is rung once a call finds nothing again */
+  c->corrupt = 0;
+  __atomic_store_n(&c->generation, c->generation + 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->gone, 0, __ATOMIC_RELEASE);
+  flx_notify_locked(c); /* waiters look again, at the new attachment */
+  pthread_mutex_unlock(&c->mu);
+
+  /* The new attachment's parts now belong to c; n keeps only its shell. */
+  pthread_mutex_destroy(&n->mu);
+  pthread_cond_destroy(&n->cv);
+  free(n->queue);
+  free(n);
+  return FL_OK;
+}
+
 FL_API void fl_detach(fl_client* c) {
   if (!c) return;
   if (c->data) munmap(c->data, c->data_len);
   if (c->control) munmap(c->control, c->control_len);
+  for (uint32_t i = 0; i < c->retired_count; ++i) munmap(c->retired[i].addr, c->retired[i].len);
+  free(c->retired);
   int fds[5] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock};
   flx_close_fds(fds, 5);
   pthread_mutex_destroy(&c->mu);
@@ -484,6 +594,7 @@ FL_API int fl_client_get_info(const fl_client* c, fl_client_info* out) {
   out->daemon_pid = c->geo.daemon_pid;
   out->daemon_start_ns = c->geo.daemon_start_ns;
   out->data_on_hugepages = c->geo.data_on_hugepages;
+  out->generation = __atomic_load_n(&c->generation, __ATOMIC_RELAXED);
   return FL_OK;
 }
 

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
 #include "framelink/shm_ring.h"
@@ -88,6 +89,18 @@ struct fl_client {
 
   int gone;    /* atomic: the daemon dropped this attachment (latched) */
   int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
+
+  /* For fl_reattach: what fl_attach asked for, and where. */
+  fl_attach_request request;
+  char socket_path[108]; /* sizeof(sockaddr_un.sun_path) */
+  uint32_t generation;   /* [mu] reattachments so far */
+  /* Segments of earlier attachments, replaced by anonymous memory so that a
+   * stale pointer into them cannot fault; unmapped by fl_detach. [mu] */
+  struct flx_region {
+    uint8_t* addr;
+    size_t len;
+  } * retired;
+  uint32_t retired_count;
 };
 
 /* Slot `slot`'s header (the caller has checked slot < slot_count). */
@@ -125,5 +138,7 @@ int flx_role_error(const char* function, const char* role);
 
 /* producer.c: drain the completion ring into the local queue (mu held). */
 int flx_drain_completions_locked(fl_client* client);
+/* producer.c: every frame still in flight completes with `status` (mu held). */
+void flx_fail_orphans_locked(fl_client* client, int status);
 
 #endif /* FRAMELINK_CLIENT_INTERNAL_H */

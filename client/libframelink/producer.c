@@ -44,7 +44,7 @@ static int flx_daemon_finished_locked(fl_client* c) {
   return FL_OK;
 }
 
-static void flx_fail_orphans_locked(fl_client* c, int status) {
+void flx_fail_orphans_locked(fl_client* c, int status) {
   uint32_t failed = 0;
   for (uint32_t slot = 0; slot < c->slot_count; ++slot) {
     if (c->slot_state[slot] != FLX_SLOT_IN_FLIGHT) continue;

@@ -114,7 +114,7 @@ typedef struct fl_client_info {
   uint64_t daemon_pid;
   uint64_t daemon_start_ns;
   uint32_t data_on_hugepages;
-  uint32_t reserved;
+  uint32_t generation; /* 0 after fl_attach, +1 for each fl_reattach that attached anew */
 } fl_client_info;
 
 /* A producer slot held by the application between fl_acquire and fl_submit. */
@@ -149,7 +149,7 @@ typedef struct fl_completion {
 /* A delivered frame, valid until fl_release(frame.slot). */
 typedef struct fl_frame {
   uint32_t slot;
-  uint32_t flags; /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked */
+  uint32_t flags; /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked; FL_SLOT_MAYBE_REDELIVERED */
   uint64_t sequence;
   const uint8_t* data; /* read-only */
   uint64_t length;
@@ -173,6 +173,25 @@ FL_API void fl_detach(fl_client* client); /* NULL is fine */
 FL_API int fl_client_get_info(const fl_client* client, fl_client_info* out);
 /* FL_OK while the daemon that served the attach still serves it, FL_ERR_DAEMON_GONE otherwise. */
 FL_API int fl_check_daemon(fl_client* client);
+/*
+ * Attach again to the daemon at the same socket, with the options of
+ * fl_attach, after the daemon went away (FL_ERR_DAEMON_GONE) and is back --
+ * without a new handle.  FL_OK at once, changing nothing, while the daemon
+ * that served the attach still serves it.  While no daemon accepts it fails
+ * (FL_ERR_DAEMON_UNREACHABLE ...) and the client stays as it was: try later.
+ * After FL_OK:
+ *   - producer: each frame that was in flight gets its completion with
+ *     FL_ERR_DAEMON_GONE (the old daemon may or may not have delivered it);
+ *     completions not yet polled are kept;
+ *   - every slot, frame and data pointer from before is void: its memory
+ *     reads as zeros and takes writes harmlessly until fl_detach;
+ *   - slot_count / slot_size may differ (the new daemon's limits): see
+ *     fl_client_get_info, whose generation has grown by one;
+ *   - the doorbell fd keeps its number, but is a new file: an epoll (or
+ *     event loop) registration of it must be made again.
+ * Call it when no other thread is inside a call on the same client.
+ */
+FL_API int fl_reattach(fl_client* client);
 /* Readable (POLLIN) when fl_poll_completions / fl_receive may return something. */
 FL_API int fl_doorbell_fd(const fl_client* client);
 

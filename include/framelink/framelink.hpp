@@ -91,6 +91,9 @@ class Client {
   }
   // False once the daemon went away (reattach then).
   bool daemonAlive() noexcept { return fl_check_daemon(client_) == FL_OK; }
+  // fl_reattach: the same handle, attached to the daemon that is back.  Throws
+  // while none accepts; see fl_reattach for what becomes of slots and frames.
+  void reattach() { detail::check(fl_reattach(client_), "cannot reattach"); }
   int doorbellFd() const noexcept { return fl_doorbell_fd(client_); }
 
   void reset() noexcept {
@@ -236,6 +239,8 @@ class Frame {
   uint64_t timestampNs() const noexcept { return frame_.timestamp_ns; }
   uint64_t sequence() const noexcept { return frame_.sequence; }
   bool crcChecked() const noexcept { return (frame_.flags & FL_SLOT_HAS_CRC32C) != 0; }
+  // Sent again after the receiving daemon restarted: may have been seen before.
+  bool maybeRedelivered() const noexcept { return (frame_.flags & FL_SLOT_MAYBE_REDELIVERED) != 0; }
   std::string_view attrs() const noexcept {
     return {reinterpret_cast<const char*>(frame_.attrs), frame_.attr_length};
   }

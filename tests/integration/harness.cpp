@@ -146,6 +146,11 @@ TempDir::TempDir(const std::string& prefix) {
 }
 
 TempDir::~TempDir() {
+  // Daemon logs and journals of a failed test are kept for the post-mortem.
+  if (currentTestFailed() || std::getenv("FRAMELINK_KEEP_TEMP") != nullptr) {
+    std::cerr << "kept " << path_ << (currentTestFailed() ? " (the test failed)\n" : "\n");
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }
@@ -189,7 +194,7 @@ void DaemonProcess::start() {
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
 
   {
-    std::ofstream cmd(log_path_);
+    std::ofstream cmd(log_path_, std::ios::app);  // a restart adds to the log
     cmd << "# " << bin;
     for (const auto& a : args) cmd << ' ' << a;
     cmd << '\n';
@@ -284,6 +289,14 @@ bool DaemonProcess::alive() {
     return false;
   }
   return true;
+}
+
+void DaemonProcess::restart() {
+  REQUIRE_FALSE(alive());
+  ::unlink(ready_path_.c_str());
+  exit_status_.reset();
+  grpc_port_ = data_port_ = metrics_port_ = 0;
+  start();
 }
 
 void DaemonProcess::kill9() {

@@ -98,6 +98,9 @@ class DaemonProcess {
   // The exit status as from waitpid, once the process has exited.
   std::optional<int> exitStatus() const noexcept { return exit_status_; }
   void kill9();
+  // Starts the daemon again, after it exited, with the same options, socket and
+  // log file (the log gets the new run appended).
+  void restart();
   // SIGTERM and a bounded wait; SIGKILL after `timeout`.  Returns the wait status.
   int terminate(Millis timeout = Millis(5000));
 

@@ -1,5 +1,6 @@
 // libframelink's API-level behaviour against real daemons (in-process client,
 // daemons as child processes).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
@@ -337,4 +338,115 @@ TEST_CASE("api: a client notices that its daemon is gone", "[integration][api]")
   pair.a().kill9();
   CHECK(waitUntil([&] { return fl_check_daemon(producer.get()) == FL_ERR_DAEMON_GONE; }, Millis(5000),
                   Millis(10)));
+}
+
+TEST_CASE("api: fl_reattach after the daemon restarts, same handle", "[integration][api][reattach]") {
+  DaemonPair pair("tcp");
+  Client consumer = attachConsumer(pair.b(), "reattach", 4, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "reattach", 4, 64 * 1024);
+  fl_client* p = producer.get();
+  fl_client* c = consumer.get();
+  const int doorbell = fl_doorbell_fd(p);
+  fl_client_info before{};
+  REQUIRE(fl_client_get_info(p, &before) == FL_OK);
+  CHECK(before.generation == 0);
+  CHECK(fl_reattach(p) == FL_OK);  // still served: nothing changes
+  fl_client_info same{};
+  REQUIRE(fl_client_get_info(p, &same) == FL_OK);
+  CHECK(same.generation == 0);
+  CHECK(same.client_id == before.client_id);
+
+  // Two frames reach the consumer, which holds them: in flight for the producer.
+  submitFrame(p, 1, 4000);
+  submitFrame(p, 2, 5000);
+  fl_frame f1 = receiveFrame(c, 10s);
+  fl_frame f2 = receiveFrame(c, 10s);
+  checkSyntheticFrame(f1, 1, 4000);
+  checkSyntheticFrame(f2, 2, 5000);
+  // And one slot the application holds when the daemon dies.
+  fl_slot held{};
+  REQUIRE(fl_acquire(p, 1000, &held) == FL_OK);
+  uint8_t* stale = held.data;
+
+  pair.a().kill9();
+  REQUIRE(waitUntil([&] { return fl_check_daemon(p) == FL_ERR_DAEMON_GONE; }, 5s, 10ms));
+  {
+    int rc = fl_reattach(p);
+    INFO("reattach with no daemon: " << statusName(rc) << " '" << fl_last_error() << "'");
+    CHECK(rc == FL_ERR_DAEMON_UNREACHABLE);
+    CHECK(fl_check_daemon(p) == FL_ERR_DAEMON_GONE);  // unchanged, may try again
+  }
+
+  pair.a().restart();
+  {
+    int rc = fl_reattach(p);
+    INFO("reattach: " << statusName(rc) << " '" << fl_last_error() << "'");
+    REQUIRE(rc == FL_OK);
+  }
+  CHECK(fl_check_daemon(p) == FL_OK);
+  CHECK(fl_doorbell_fd(p) == doorbell);
+  fl_client_info after{};
+  REQUIRE(fl_client_get_info(p, &after) == FL_OK);
+  CHECK(after.generation == 1);
+  CHECK(after.daemon_pid == static_cast<uint64_t>(pair.a().pid()));
+  CHECK(after.daemon_pid != before.daemon_pid);
+  uint32_t in_flight = 99;
+  REQUIRE(fl_in_flight(p, &in_flight) == FL_OK);
+  CHECK(in_flight == 0);
+
+  // The two frames in flight ended as unknown, each with one completion.
+  std::vector<fl_completion> ended = collectCompletions(p, 2, 2s);
+  REQUIRE(ended.size() == 2);
+  std::vector<uint64_t> ids;
+  for (const auto& e : ended) {
+    CHECK(e.status == FL_ERR_DAEMON_GONE);
+    ids.push_back(e.frame_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  CHECK(ids == std::vector<uint64_t>{1, 2});
+  CHECK(collectCompletions(p, 1, 200ms).empty());
+
+  // The slot held before is void: submitting it fails, writing through the
+  // old pointer is harmless and does not reach the new slots.
+  CHECK(fl_submit(p, held.index, 10) != FL_OK);
+  std::memset(stale, 0xEE, 4096);
+  fl_slot fresh{};
+  REQUIRE(fl_acquire(p, 1000, &fresh) == FL_OK);
+  CHECK(fresh.data != stale);
+  CHECK(std::count(fresh.data, fresh.data + 4096, 0xEE) == 0);
+  REQUIRE(fl_abandon(p, fresh.index) == FL_OK);
+
+  // The consumer lets go of the frames of the old attachment; the restarted
+  // daemon's link to B serves new frames, each delivered once.
+  CHECK(fl_release(c, f1.slot) == FL_OK);
+  CHECK(fl_release(c, f2.slot) == FL_OK);
+  for (uint64_t id = 10; id < 13; ++id) {
+    submitFrame(p, id, 3000 + id);
+    fl_frame f = receiveFrame(c, 20s);
+    checkSyntheticFrame(f, id, 3000 + id);
+    REQUIRE(fl_release(c, f.slot) == FL_OK);
+  }
+  std::vector<fl_completion> done = collectCompletions(p, 3, 20s);
+  REQUIRE(done.size() == 3);
+  for (const auto& d : done) CHECK(d.status == FL_OK);
+  fl_frame none{};
+  CHECK(fl_receive(c, &none, 300) == FL_ETIMEDOUT);
+}
+
+TEST_CASE("api: a consumer reattaches to its restarted daemon", "[integration][api][reattach]") {
+  DaemonPair pair("tcp");
+  Client consumer = attachConsumer(pair.a(), "reattach-c", 4, 64 * 1024);
+  fl_client* c = consumer.get();
+  pair.a().kill9();
+  fl_frame f{};
+  CHECK(fl_receive(c, &f, 2000) == FL_ERR_DAEMON_GONE);
+  pair.a().restart();
+  REQUIRE(fl_reattach(c) == FL_OK);
+  fl_client_info info{};
+  REQUIRE(fl_client_get_info(c, &info) == FL_OK);
+  CHECK(info.generation == 1);
+  CHECK(info.role == FL_CONSUMER);
+  CHECK(fl_receive(c, &f, 100) == FL_ETIMEDOUT);  // attached and waiting, not gone
+  CHECK(fl_release(c, 0) != FL_OK);               // holds nothing of the new attachment
+  CHECK(fl_check_daemon(c) == FL_OK);
 }

@@ -186,6 +186,7 @@ class ClientInfo:
     role: int
     daemon_pid: int
     data_on_hugepages: bool
+    generation: int = 0  # reattachments so far
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,10 @@ class _Client:
         slot_count: int = 0,
         slot_size: int = 0,
         client_name: Optional[str] = None,
+        auto_reattach: bool = False,
     ):
+        """auto_reattach: when the daemon goes away, attach again by itself once it is back (see reattach());
+        until then calls find no slot / no frame instead of raising ERR_DAEMON_GONE."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
@@ -237,13 +241,58 @@ class _Client:
             raise _error(rc, f"cannot attach {self._role_name} to stream '{stream}'")
         self._h = handle
         self.stream = stream
-        info = _native.ClientInfo()
-        _check(lib.fl_client_get_info(self._h, ctypes.byref(info)), "fl_client_get_info")
-        self.info = ClientInfo(info.client_id, info.slot_size, info.slot_count, info.role, info.daemon_pid,
-                               bool(info.data_on_hugepages))
+        self.auto_reattach = auto_reattach
+        self._read_info()
         self._fd = lib.fl_doorbell_fd(self._h)
         self._waiters: set = set()
         self._reader_loop = None
+
+    def _read_info(self) -> None:
+        info = _native.ClientInfo()
+        _check(lib.fl_client_get_info(self._h, ctypes.byref(info)), "fl_client_get_info")
+        self.info = ClientInfo(info.client_id, info.slot_size, info.slot_count, info.role, info.daemon_pid,
+                               bool(info.data_on_hugepages), info.generation)
+
+    @property
+    def generation(self) -> int:
+        """Reattachments so far; loans and frames belong to the generation they were made in."""
+        return self.info.generation
+
+    def reattach(self) -> None:
+        """Attach again after the daemon restarted; nothing happens while the daemon still serves this client.
+
+        Raises FrameLinkError (ERR_DAEMON_UNREACHABLE ...) while no daemon accepts: call again later.
+        Afterwards loans and frames from before are void, a producer's frames that were in flight complete
+        with ERR_DAEMON_GONE, and `info` describes the new attachment.  Call it from one thread while no
+        other thread uses this client.
+        """
+        _check(lib.fl_reattach(self._handle()), f"cannot reattach to the daemon of stream '{self.stream}'")
+        self._after_reattach()
+
+    def _after_reattach(self) -> None:
+        before = self.info.generation
+        self._read_info()
+        if self.info.generation != before and self._reader_loop is not None:
+            # Same fd number, new file: the event loop's registration went with the old one.
+            self._reader_loop.remove_reader(self._fd)
+            self._reader_loop.add_reader(self._fd, self._ring)
+
+    def _auto_reattached(self, rc: int) -> bool:
+        """With auto_reattach, after a call failed with rc: True when attached again (retry the call)."""
+        if not self.auto_reattach or rc != Status.ERR_DAEMON_GONE:
+            return False
+        if lib.fl_reattach(self._handle()) != 0:
+            return False
+        self._after_reattach()
+        return True
+
+    def _awaiting_daemon(self, rc: int, ms: int) -> bool:
+        """With auto_reattach, a DAEMON_GONE not mended yet is "nothing now" (after sleeping ms)."""
+        if not self.auto_reattach or rc != Status.ERR_DAEMON_GONE:
+            return False
+        if ms > 0:
+            time.sleep(min(ms, _WAIT_SLICE_MS) / 1000)
+        return True
 
     @property
     def slot_size(self) -> int:
@@ -310,7 +359,9 @@ class _Client:
         try:
             done, _ = await asyncio.wait({fut}, timeout=_LIVENESS_S)
             if not done:
-                self.check_daemon()
+                rc = lib.fl_check_daemon(self._handle())
+                if rc != 0 and not self._auto_reattached(rc) and not self.auto_reattach:
+                    raise _error(rc, "framelinkd")
         finally:
             self._waiters.discard(fut)
             if not self._waiters and self._reader_loop is not None:
@@ -333,6 +384,7 @@ class Loan:
 
     def __init__(self, producer: "Producer", slot: _native.Slot):
         self._producer = producer  # keeps the attachment (and the mapping) alive
+        self._generation = producer.generation
         self.slot = slot.index
         self.capacity = slot.capacity
         self.address = slot.data
@@ -412,6 +464,7 @@ class Loan:
         if not 0 <= length <= self.capacity:
             raise ValueError(f"length {length} is outside the slot (0..{self.capacity} bytes)")
         attrs = _attrs_bytes(attributes)
+        self._check_current()
         self._guard.retire("submit the frame")
         h = self._producer._handle()
         meta = _native.FrameMeta(frame_id, wafer_id, time.time_ns() if timestamp_ns is None else timestamp_ns,
@@ -430,7 +483,7 @@ class Loan:
         self._guard.retire("abandon the loan")
         self._done = True
         h = self._producer._h
-        if h is not None:
+        if h is not None and self._generation == self._producer.generation:
             _check(lib.fl_abandon(h, self.slot), "fl_abandon")
 
     @property
@@ -440,6 +493,13 @@ class Loan:
     def _check_open(self) -> None:
         if self._done:
             raise ValueError(f"slot {self.slot} was already submitted or abandoned; acquire a new loan")
+        self._check_current()
+
+    def _check_current(self) -> None:
+        if self._generation != self._producer.generation:
+            raise FrameLinkError(Status.ERR_DAEMON_GONE,
+                                 f"slot {self.slot} belonged to the attachment before the producer reattached to a "
+                                 "restarted daemon; acquire a new loan")
 
     def _check_fits(self, offset: int, n: int) -> None:
         if offset < 0 or offset + n > self.capacity:
@@ -475,9 +535,11 @@ class Producer(_Client):
     def _try_acquire(self, ms: int) -> Optional[Loan]:
         slot = _native.Slot()
         rc = lib.fl_acquire(self._handle(), ms, ctypes.byref(slot))
+        if rc != 0 and self._auto_reattached(rc):
+            rc = lib.fl_acquire(self._handle(), ms, ctypes.byref(slot))
         if rc == 0:
             return Loan(self, slot)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR):
+        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms):
             return None
         raise _error(rc, "cannot acquire a slot")
 
@@ -502,11 +564,17 @@ class Producer(_Client):
 
     def _take(self, ms: Optional[int], max_count: int):
         max_count = max(1, min(max_count, len(self._comps)))
-        if ms is None:
-            rc = lib.fl_poll_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count))
-        else:
-            rc = lib.fl_wait_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count), ms)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR):
+
+        def call(wait_ms):
+            if wait_ms is None:
+                return lib.fl_poll_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count))
+            return lib.fl_wait_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count),
+                                           wait_ms)
+
+        rc = call(ms)
+        if rc != 0 and self._auto_reattached(rc):
+            rc = call(None)
+        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms or 0):
             return None
         _check(rc, "cannot read completions")
         n = self._count.value
@@ -548,6 +616,7 @@ class Frame:
 
     def __init__(self, consumer: "Consumer", f: _native.FrameStruct):
         self._consumer = consumer
+        self._generation = consumer.generation
         self.slot = f.slot
         self.sequence = f.sequence
         self.length = f.length
@@ -555,6 +624,8 @@ class Frame:
         self.wafer_id = f.wafer_id
         self.timestamp_ns = f.timestamp_ns
         self.has_crc32c = bool(f.flags & _native.SLOT_HAS_CRC32C)
+        # Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.
+        self.maybe_redelivered = bool(f.flags & _native.SLOT_MAYBE_REDELIVERED)
         self.crc32c = f.crc32c
         self.attributes = ctypes.string_at(f.attrs, f.attr_length) if f.attr_length else b""
         self.address = f.data
@@ -586,6 +657,8 @@ class Frame:
         if self._guard is not None:
             self._guard.retire("release the frame")
         self._released = True
+        if self._generation != self._consumer.generation:
+            return  # its attachment, and the slot, are gone
         _check(lib.fl_release(self._consumer._handle(), self.slot), f"cannot release frame {self.frame_id}")
 
     @property
@@ -595,6 +668,10 @@ class Frame:
     def _check_open(self) -> None:
         if self._released:
             raise ValueError(f"frame {self.frame_id} was already released; its memory may hold another frame now")
+        if self._generation != self._consumer.generation:
+            raise FrameLinkError(Status.ERR_DAEMON_GONE,
+                                 f"frame {self.frame_id} belonged to the attachment before the consumer reattached "
+                                 "to a restarted daemon; its memory is gone")
 
     def __enter__(self) -> "Frame":
         return self
@@ -620,9 +697,11 @@ class Consumer(_Client):
     def _try_receive(self, ms: int) -> Optional[Frame]:
         f = _native.FrameStruct()
         rc = lib.fl_receive(self._handle(), ctypes.byref(f), ms)
+        if rc != 0 and self._auto_reattached(rc):
+            rc = lib.fl_receive(self._handle(), ctypes.byref(f), ms)
         if rc == 0:
             return Frame(self, f)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR):
+        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms):
             return None
         raise _error(rc, "cannot receive a frame")
 

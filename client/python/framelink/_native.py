@@ -16,6 +16,7 @@ SONAME = "libframelink.so.0"
 MAX_ATTR_BYTES = 192
 META_CRC32C = 1
 SLOT_HAS_CRC32C = 1
+SLOT_MAYBE_REDELIVERED = 2
 PRODUCER = 1
 CONSUMER = 2
 
@@ -42,7 +43,7 @@ class ClientInfo(ctypes.Structure):
         ("daemon_pid", c_uint64),
         ("daemon_start_ns", c_uint64),
         ("data_on_hugepages", c_uint32),
-        ("reserved", c_uint32),
+        ("generation", c_uint32),
     ]
 
 
@@ -103,6 +104,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fl_detach": (None, [h]),
         "fl_client_get_info": (c_int, [h, POINTER(ClientInfo)]),
         "fl_check_daemon": (c_int, [h]),
+        "fl_reattach": (c_int, [h]),
         "fl_doorbell_fd": (c_int, [h]),
         "fl_acquire": (c_int, [h, c_int, POINTER(Slot)]),
         "fl_set_meta": (c_int, [h, c_uint32, POINTER(FrameMeta)]),

@@ -35,7 +35,9 @@ class Daemon:
         self.log_file = os.path.join(directory, name + ".log")
         argv = [daemon_binary(), "--id", name, "--socket", self.socket, "--listen", "127.0.0.1:0",
                 "--data-listen", "127.0.0.1:0", "--ready-file", self.ready_file] + args
-        self._log = open(self.log_file, "wb")
+        if os.path.exists(self.ready_file):  # from an earlier run under this name (a restart)
+            os.unlink(self.ready_file)
+        self._log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + ready_timeout
         self.ready = {}
@@ -65,6 +67,13 @@ class Daemon:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """kill -9, as a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
     def stop(self) -> Optional[int]:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -87,11 +96,16 @@ class DaemonPair:
         common = ["--transports", transport, "--token", token, "--log-level", "warn"] + (extra_args or [])
         self.a = None
         self.b = Daemon(self.dir, "b", common)
+        self._args_a = common + ["--peer", f"b=127.0.0.1:{self.b.grpc_port}"]
         try:
-            self.a = Daemon(self.dir, "a", common + ["--peer", f"b=127.0.0.1:{self.b.grpc_port}"])
+            self.a = Daemon(self.dir, "a", self._args_a)
         except Exception:
             self.b.stop()
             raise
+
+    def restart_a(self) -> None:
+        """Start a again (after a.kill()) with the same socket and arguments."""
+        self.a = Daemon(self.dir, "a", self._args_a)
 
     def stop(self) -> List[Optional[int]]:
         codes = [d.stop() for d in (self.a, self.b) if d is not None]

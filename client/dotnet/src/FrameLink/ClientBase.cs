@@ -1,3 +1,4 @@
+using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 
 namespace FrameLink;
@@ -10,6 +11,9 @@ public abstract unsafe class FrameLinkClient : IDisposable
 
     private protected readonly SafeClientHandle handle;
     private readonly Lazy<Doorbell> doorbell;
+    private readonly bool autoReattach;
+    private readonly object reattachGate = new();
+    private volatile StrongBox<ClientInfo> info; // replaced whole on reattach
 
     private protected FrameLinkClient(string stream, FrameLinkOptions? options, uint role, string roleName)
     {
@@ -18,6 +22,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         if (options.SlotCount < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotCount must be >= 0 (0: the default)");
         if (options.SlotSize < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotSize must be >= 0 (0: the default)");
         Stream = stream;
+        autoReattach = options.AutoReattach;
         var o = new FlClientOptions();
         Native.fl_client_options_init(&o);
         o.Role = role;
@@ -44,19 +49,59 @@ public abstract unsafe class FrameLinkClient : IDisposable
             if (sock != IntPtr.Zero) Marshal.FreeCoTaskMem(sock);
             if (name != IntPtr.Zero) Marshal.FreeCoTaskMem(name);
         }
-        FlClientInfo info;
-        Native.Check(Native.fl_client_get_info(handle, &info), "fl_client_get_info");
-        Info = new ClientInfo(info.ClientId, (long)info.SlotSize, (int)info.SlotCount, info.DaemonPid, info.DataOnHugepages != 0);
+        info = new StrongBox<ClientInfo>(ReadInfo(handle));
         doorbell = new Lazy<Doorbell>(() => new Doorbell(handle), LazyThreadSafetyMode.ExecutionAndPublication);
     }
 
+    private static ClientInfo ReadInfo(SafeClientHandle h)
+    {
+        FlClientInfo i;
+        Native.Check(Native.fl_client_get_info(h, &i), "fl_client_get_info");
+        return new ClientInfo(i.ClientId, (long)i.SlotSize, (int)i.SlotCount, i.DaemonPid, i.DataOnHugepages != 0, (int)i.Generation);
+    }
+
     public string Stream { get; }
-    public ClientInfo Info { get; }
+    public ClientInfo Info => info.Value;
     public long SlotSize => Info.SlotSize;
     public int SlotCount => Info.SlotCount;
+    /// <summary>How often this client attached again (<see cref="Reattach"/>); leases and frames belong to one generation.</summary>
+    public int Generation => Info.Generation;
 
     /// <summary>Throws FrameLinkException(DaemonGone) when the daemon that served the attach is gone.</summary>
     public void CheckDaemon() => Native.Check(Native.fl_check_daemon(Handle), "framelinkd");
+
+    /// <summary>
+    /// Attaches this client again after its daemon restarted; does nothing while the daemon that served the
+    /// attach still serves it. Throws (DaemonUnreachable ...) while no daemon accepts: call again later.
+    /// Afterwards leases and frames from before are unusable (their memory is gone), a producer's frames that
+    /// were in flight complete with DaemonGone, and <see cref="Info"/> describes the new attachment.
+    /// </summary>
+    public void Reattach()
+    {
+        lock (reattachGate)
+        {
+            Native.Check(Native.fl_reattach(Handle), $"cannot reattach to the daemon of stream '{Stream}'");
+            info = new StrongBox<ClientInfo>(ReadInfo(handle));
+        }
+    }
+
+    /// <summary>
+    /// With AutoReattach, for a call that failed with <paramref name="rc"/>: true when the client attached
+    /// again (retry the call); false when it did not (the daemon is not back yet, or rc is not DaemonGone).
+    /// </summary>
+    private protected bool AutoReattached(int rc)
+    {
+        if (!autoReattach || rc != (int)FrameLinkStatus.DaemonGone) return false;
+        lock (reattachGate)
+        {
+            if (Native.fl_reattach(Handle) != 0) return false;
+            info = new StrongBox<ClientInfo>(ReadInfo(handle));
+            return true;
+        }
+    }
+
+    /// <summary>With AutoReattach, a DaemonGone that could not be mended yet is "nothing available now".</summary>
+    private protected bool AwaitingDaemon(int rc) => autoReattach && rc == (int)FrameLinkStatus.DaemonGone;
 
     private protected SafeClientHandle Handle
     {

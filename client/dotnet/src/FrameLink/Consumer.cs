@@ -20,7 +20,13 @@ public sealed class FrameLinkConsumer : FrameLinkClient
     {
         FlFrame f;
         int rc = Native.fl_receive(Handle, &f, timeoutMs);
-        frame = rc == 0 ? new ReceivedFrame(this, f) : null;
+        if (rc != 0 && AutoReattached(rc)) rc = Native.fl_receive(Handle, &f, timeoutMs);
+        frame = rc == 0 ? new ReceivedFrame(this, f, Generation) : null;
+        if (AwaitingDaemon(rc))
+        {
+            if (timeoutMs > 0) Thread.Sleep(Math.Min(timeoutMs, WaitSliceMs)); // the daemon is not back yet
+            return (int)FrameLinkStatus.Again;
+        }
         return rc;
     }
 
@@ -77,13 +83,15 @@ public sealed unsafe class ReceivedFrame : IDisposable
     private readonly byte* data;
     private readonly int length;
     private readonly uint slot;
+    private readonly int generation;
     private readonly byte[] attributes;
     private FrameMemory? memory;
     private int released;
 
-    internal ReceivedFrame(FrameLinkConsumer consumer, in FlFrame f)
+    internal ReceivedFrame(FrameLinkConsumer consumer, in FlFrame f, int generation)
     {
         this.consumer = consumer;
+        this.generation = generation;
         data = f.Data;
         length = (int)f.Length;
         slot = f.Slot;
@@ -92,6 +100,7 @@ public sealed unsafe class ReceivedFrame : IDisposable
         WaferId = f.WaferId;
         TimestampNs = f.TimestampNs;
         HasCrc32c = (f.Flags & Native.SlotHasCrc32c) != 0;
+        MaybeRedelivered = (f.Flags & Native.SlotMaybeRedelivered) != 0;
         Crc32c = f.Crc32c;
         attributes = new ReadOnlySpan<byte>(f.Attrs, (int)f.AttrLength).ToArray(); // <= 192 bytes of header
     }
@@ -102,12 +111,16 @@ public sealed unsafe class ReceivedFrame : IDisposable
     public DateTimeOffset Timestamp => DateTimeOffset.UnixEpoch.AddTicks((long)(TimestampNs / 100));
     public ulong Sequence { get; }
     public bool HasCrc32c { get; }
+    /// <summary>Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.</summary>
+    public bool MaybeRedelivered { get; }
     public uint Crc32c { get; }
     public int Length => length;
     public int SlotIndex => (int)slot;
     public ReadOnlySpan<byte> Attributes => attributes;
     public string AttributesText => Encoding.UTF8.GetString(attributes);
     public bool IsReleased => Volatile.Read(ref released) != 0;
+    /// <summary>False once the consumer reattached to a restarted daemon: the frame's memory is gone.</summary>
+    public bool IsValid => !IsReleased && generation == consumer.Generation;
 
     /// <summary>The payload, read-only, no copy.</summary>
     public ReadOnlySpan<byte> Span
@@ -134,6 +147,7 @@ public sealed unsafe class ReceivedFrame : IDisposable
     {
         if (Interlocked.Exchange(ref released, 1) != 0)
             throw new ObjectDisposedException(nameof(ReceivedFrame), $"frame {FrameId} was already released");
+        if (generation != consumer.Generation) return; // its attachment, and the slot, are gone
         Native.Check(Native.fl_release(consumer.NativeHandle, slot), $"cannot release frame {FrameId}");
     }
 
@@ -152,6 +166,9 @@ public sealed unsafe class ReceivedFrame : IDisposable
 
     internal void ThrowIfReleased()
     {
+        if (generation != consumer.Generation && !IsReleased)
+            throw new ObjectDisposedException(nameof(ReceivedFrame),
+                $"frame {FrameId} belonged to the attachment before the consumer reattached to a restarted daemon; its memory is gone");
         if (IsReleased)
             throw new ObjectDisposedException(nameof(ReceivedFrame),
                 $"frame {FrameId} was released; its slot may hold another frame now. Copy what you need before releasing.");

@@ -28,7 +28,7 @@ internal struct FlClientInfo
     public ulong DaemonPid;
     public ulong DaemonStartNs;
     public uint DataOnHugepages;
-    public uint Reserved;
+    public uint Generation;
 }
 
 [StructLayout(LayoutKind.Sequential)]
@@ -85,6 +85,7 @@ internal static unsafe partial class Native
     internal const int MaxAttrBytes = 192;
     internal const uint MetaCrc32c = 1;
     internal const uint SlotHasCrc32c = 1;
+    internal const uint SlotMaybeRedelivered = 2;
     internal const uint RoleProducer = 1;
     internal const uint RoleConsumer = 2;
 
@@ -96,6 +97,7 @@ internal static unsafe partial class Native
     [LibraryImport(Library)] internal static partial void fl_detach(IntPtr client);
     [LibraryImport(Library)] internal static partial int fl_client_get_info(SafeClientHandle client, FlClientInfo* info);
     [LibraryImport(Library)] internal static partial int fl_check_daemon(SafeClientHandle client);
+    [LibraryImport(Library)] internal static partial int fl_reattach(SafeClientHandle client);
     [LibraryImport(Library)] internal static partial int fl_doorbell_fd(SafeClientHandle client);
     [LibraryImport(Library)] internal static partial int fl_acquire(SafeClientHandle client, int timeoutMs, FlSlot* slot);
     [LibraryImport(Library)] internal static partial int fl_set_meta(SafeClientHandle client, uint slot, FlFrameMeta* meta);

@@ -21,7 +21,13 @@ public sealed class FrameLinkProducer : FrameLinkClient
     {
         FlSlot slot;
         int rc = Native.fl_acquire(Handle, timeoutMs, &slot);
-        lease = rc == 0 ? new ProducerLease(this, slot) : null;
+        if (rc != 0 && AutoReattached(rc)) rc = Native.fl_acquire(Handle, timeoutMs, &slot);
+        lease = rc == 0 ? new ProducerLease(this, slot, Generation) : null;
+        if (AwaitingDaemon(rc))
+        {
+            if (timeoutMs > 0) Thread.Sleep(Math.Min(timeoutMs, WaitSliceMs)); // the daemon is not back yet
+            return (int)FrameLinkStatus.Again;
+        }
         return rc;
     }
 
@@ -75,8 +81,13 @@ public sealed class FrameLinkProducer : FrameLinkClient
         if (into.IsEmpty) return 0;
         nuint n = 0;
         int rc;
-        fixed (Completion* p = into) rc = Native.fl_poll_completions(Handle, p, (nuint)into.Length, &n);
+        fixed (Completion* p = into)
+        {
+            rc = Native.fl_poll_completions(Handle, p, (nuint)into.Length, &n);
+            if (rc != 0 && AutoReattached(rc)) rc = Native.fl_poll_completions(Handle, p, (nuint)into.Length, &n);
+        }
         if (rc == 0) return (int)n;
+        if (AwaitingDaemon(rc)) return 0;
         if (Transient(rc)) return 0;
         throw Native.Error(rc, "cannot read completions");
     }
@@ -114,7 +125,13 @@ public sealed class FrameLinkProducer : FrameLinkClient
             {
                 nuint n = 0;
                 int rc = Native.fl_wait_completions(Handle, (Completion*)ptr, (nuint)len, &n, ms);
+                if (rc != 0 && AutoReattached(rc)) rc = Native.fl_wait_completions(Handle, (Completion*)ptr, (nuint)len, &n, 0);
                 if (rc == 0 && n > 0) { got = (int)n; return true; }
+                if (AwaitingDaemon(rc))
+                {
+                    Thread.Sleep(ms); // the daemon is not back yet
+                    return false;
+                }
                 if (rc == 0 || Transient(rc)) return false;
                 throw Native.Error(rc, "cannot read completions");
             }, timeout, cancellationToken);
@@ -157,13 +174,15 @@ public sealed unsafe class ProducerLease : IDisposable
     private readonly byte* data;
     private readonly int capacity;
     private readonly uint slot;
+    private readonly int generation;
     private byte[]? attributes;
     private LeaseMemory? memory;
     private int ended; // 0 active, 1 submitted, 2 abandoned
 
-    internal ProducerLease(FrameLinkProducer producer, FlSlot s)
+    internal ProducerLease(FrameLinkProducer producer, FlSlot s, int generation)
     {
         this.producer = producer;
+        this.generation = generation;
         data = s.Data;
         capacity = (int)Math.Min(s.Capacity, int.MaxValue);
         slot = s.Index;
@@ -172,7 +191,7 @@ public sealed unsafe class ProducerLease : IDisposable
 
     public int SlotIndex => (int)slot;
     public int Capacity => capacity;
-    public bool IsActive => Volatile.Read(ref ended) == 0;
+    public bool IsActive => Volatile.Read(ref ended) == 0 && generation == producer.Generation;
 
     /// <summary>The whole slot (Capacity bytes), writable, no copy.</summary>
     public Span<byte> Span
@@ -246,6 +265,7 @@ public sealed unsafe class ProducerLease : IDisposable
     public void Dispose()
     {
         if (Interlocked.CompareExchange(ref ended, 2, 0) != 0) return;
+        if (generation != producer.Generation) return; // its attachment, and the slot, are gone
         try
         {
             Native.fl_abandon(producer.NativeHandle, slot);
@@ -258,6 +278,9 @@ public sealed unsafe class ProducerLease : IDisposable
 
     internal void ThrowIfEnded()
     {
+        if (generation != producer.Generation)
+            throw new ObjectDisposedException(nameof(ProducerLease),
+                $"slot {slot} belonged to the attachment before the producer reattached to a restarted daemon; acquire a new lease");
         int e = Volatile.Read(ref ended);
         if (e != 0)
             throw new ObjectDisposedException(nameof(ProducerLease),

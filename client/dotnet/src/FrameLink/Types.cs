@@ -59,10 +59,18 @@ public sealed record FrameLinkOptions
     public long SlotSize { get; init; }
     /// <summary>Shown in the daemon's logs; null: the program name.</summary>
     public string? ClientName { get; init; }
+    /// <summary>
+    /// When the daemon goes away, attach again by itself (<see cref="FrameLinkClient.Reattach"/>) as soon as
+    /// it is back, instead of throwing <see cref="FrameLinkStatus.DaemonGone"/>: until then no slot and no
+    /// frame are available. Leases and frames from before become unusable; a frame that was in flight
+    /// completes with DaemonGone (it may or may not have been delivered).
+    /// </summary>
+    public bool AutoReattach { get; init; }
 }
 
-/// <summary>What the daemon granted at attach.</summary>
-public readonly record struct ClientInfo(ulong ClientId, long SlotSize, int SlotCount, ulong DaemonPid, bool DataOnHugepages);
+/// <summary>What the daemon granted at attach. Generation counts the reattachments.</summary>
+public readonly record struct ClientInfo(ulong ClientId, long SlotSize, int SlotCount, ulong DaemonPid, bool DataOnHugepages,
+                                         int Generation = 0);
 
 /// <summary>One per submitted frame: delivered (Status Ok) or why it failed. Layout of fl_completion.</summary>
 [StructLayout(LayoutKind.Sequential)]

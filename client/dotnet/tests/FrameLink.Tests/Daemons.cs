@@ -34,6 +34,7 @@ internal sealed class Daemon : IDisposable
         Socket = Path.Combine(dir, name + ".sock");
         LogFile = Path.Combine(dir, name + ".log");
         string ready = Path.Combine(dir, name + ".ready");
+        File.Delete(ready); // from an earlier run under this name (a restart)
         if (!File.Exists(Repo.Daemon))
             throw new InvalidOperationException($"framelinkd not found at {Repo.Daemon}: build it (scripts/build.sh) or set FRAMELINKD");
         var psi = new ProcessStartInfo("/bin/sh") { UseShellExecute = false, RedirectStandardInput = true };
@@ -65,6 +66,13 @@ internal sealed class Daemon : IDisposable
         throw new InvalidOperationException($"framelinkd {name} did not get ready within 15 s:\n{Log()}");
     }
 
+    /// <summary>kill -9, as a crash.</summary>
+    public void Kill()
+    {
+        if (!process.HasExited) process.Kill();
+        process.WaitForExit();
+    }
+
     public string Log() => File.Exists(LogFile) ? File.ReadAllText(LogFile) : "";
 
     public int Stop()
@@ -85,7 +93,8 @@ internal sealed class Daemon : IDisposable
 public sealed class DaemonPair : IDisposable
 {
     private readonly string dir;
-    internal Daemon A { get; }
+    private readonly string[] argsA;
+    internal Daemon A { get; private set; }
     internal Daemon B { get; }
 
     public DaemonPair()
@@ -94,8 +103,12 @@ public sealed class DaemonPair : IDisposable
         string token = Convert.ToHexString(RandomNumberGenerator.GetBytes(16));
         string[] common = ["--transports", "tcp", "--token", token, "--log-level", "warn"];
         B = new Daemon(dir, "b", common);
-        A = new Daemon(dir, "a", [.. common, "--peer", $"b=127.0.0.1:{B.GrpcPort}"]);
+        argsA = [.. common, "--peer", $"b=127.0.0.1:{B.GrpcPort}"];
+        A = new Daemon(dir, "a", argsA);
     }
+
+    /// <summary>Starts A again (after <see cref="Daemon.Kill"/>) on the same socket.</summary>
+    internal void RestartA() => A = new Daemon(dir, "a", argsA);
 
     public string SocketA => A.Socket;
     public string SocketB => B.Socket;
