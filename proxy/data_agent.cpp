@@ -127,22 +127,9 @@ void DataAgent::run() {
   // would take the CPU the applications need.
   IdleStrategy idle(2000, 20);
   while (running_) {
-    uint64_t work = 0;
-    work += drainCommands();
+    uint64_t work = drainCommands();
     if (!running_) break;
-    work += pollClients();
-    work += pollLinks();
-    flushControl();
-    work += pumpAll();
-    uint64_t now = nowNs();
-    if (now >= next_deadline_check_ns_) {
-      checkDeadlines();
-      next_deadline_check_ns_ = now + kDeadlineCheckNs;
-    }
-    if (now >= next_stats_ns_) {
-      publishStats();
-      next_stats_ns_ = now + kStatsNs;
-    }
+    work += doWork();
     // After a sleep that brought no work, sleep again at once: only work
     // re-arms the spin phase.
     if (idle.idle(work)) sleep();
@@ -170,6 +157,33 @@ void DataAgent::run() {
     if (l.session.writer) l.session.writer->send(std::move(fin));
     if (l.transport) l.transport->shutdown();
   }
+}
+
+size_t DataAgent::doWork() {
+  size_t work = 0;
+  work += pollClients();
+  work += pollLinks();
+  flushControl();
+  work += pumpAll();
+  uint64_t now = nowNs();
+  if (now >= next_deadline_check_ns_) {
+    checkDeadlines();
+    next_deadline_check_ns_ = now + kDeadlineCheckNs;
+  }
+  if (now >= next_stats_ns_) {
+    publishStats();
+    next_stats_ns_ = now + kStatsNs;
+  }
+  return work;
+}
+
+bool DataAgent::runUntilIdle(size_t max_rounds) {
+  for (size_t i = 0; i < max_rounds; ++i) {
+    size_t work = drainCommands();
+    work += doWork();
+    if (work == 0) return true;
+  }
+  return false;
 }
 
 void DataAgent::sleep() {
@@ -530,7 +544,10 @@ void DataAgent::pump(Peer& p, OutStream& s) {
 size_t DataAgent::pumpAll() {
   size_t work = 0;
   for (auto& [name, p] : peers_) {
-    if (p.link_id == 0) continue;
+    // A link that is closing takes no posts until it is down: frames and
+    // credits waiting for it are no work (counting them would spin the agent).
+    const Link* l = link(p.link_id);
+    if (l == nullptr || l->closing || !l->transport) continue;
     for (auto& [id, s] : p.out_streams) {
       if (!s.pending.empty() && !s.credits.empty()) {
         pump(p, s);

@@ -70,6 +70,15 @@ class DataAgent {
   // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.
   void stop();
 
+  // Test hook, for an agent that was never start()ed (fuzzers): runs the
+  // agent's rounds on the calling thread until one finds no work -- every
+  // command posted before is handled, and what it set off (client rings,
+  // transport events, ACKs and grants to send) too.  No thread, no sleep: the
+  // same commands and events give the same rounds (deadlines aside, which
+  // follow the clock).  False when there was still work after `max_rounds`
+  // (the agent would spin).
+  bool runUntilIdle(size_t max_rounds);
+
  private:
   struct FrameRef {
     uint64_t client_id = 0;
@@ -134,6 +143,9 @@ class DataAgent {
   };
 
   void run();
+  // One round after the commands: client rings, transport events, control
+  // messages, posts, deadlines, stats.  Returns the work it found.
+  size_t doWork();
   size_t drainCommands();
   size_t pollClients();
   size_t pollLinks();

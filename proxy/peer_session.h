@@ -14,8 +14,6 @@
 
 namespace framelink {
 
-namespace v1 = ::framelink::v1;
-
 // Serialises writes to one gRPC stream on a thread of its own, so the data
 // agent never blocks on the network.  Sends a Keepalive when idle.
 class SessionWriter {

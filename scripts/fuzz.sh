@@ -11,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 seconds=${1:-${FUZZ_SECONDS:-60}}
 build=${FRAMELINK_FUZZ_BUILD_DIR:-$root/build-fuzz}
-targets=(fuzz_ring fuzz_attach fuzz_tcp_frames)
+targets=(fuzz_ring fuzz_attach fuzz_tcp_frames fuzz_peer_messages)
 
 for tool in clang-14 clang++-14; do
   command -v "$tool" >/dev/null 2>&1 ||

@@ -1,0 +1,710 @@
+// libFuzzer target: the peer protocol messages a remote daemon sends on the
+// control session (StreamOpen/Close, CreditGrant/Revoke, Ack/Nack, Fin,
+// Keepalive, and those only the handshake or rdma may carry), handed to the
+// data agent's real handler through its command queue, in between what else
+// a link sees (frames landing, sends completing, the transport failing, the
+// link going down or being replaced) and what the local producer and consumer
+// of stream "cam" (4 slots of 4 KiB each) do.  Each input gets a fresh agent,
+// driven on this thread by DataAgent::runUntilIdle after every step, over
+// in-memory transports that check every post.
+//
+// Input: records, each an op byte (low 3 bits: what, high 5: `arg`) and its
+// operands; a record cut short ends the input.
+//   0 message  u16 LE length, that many bytes of a serialized
+//              framelink.v1.PeerMessage (records that do not parse are
+//              skipped), fed 2^(arg & 7) times to link (arg >> 3) & 3:
+//              0 the current one; 1 the current one, copy i naming its
+//              stream id + i (many streams); 2 the previous one; 3 one that
+//              never was
+//   1 submit   slot u8 (mod 5: 4 is out of range), length u8 (x 32 bytes)
+//   2 complete the current transport completes its sends: arg % 3 picks
+//              FL_OK, FL_ERR_LINK_LOST or FL_ERR_TRANSPORT
+//   3 arrive   credit u8, stream u8, sequence u8, length u8, flags u8: a
+//              frame lands on the current link (credit: an index into those
+//              exposed, one past them an unknown id, with flag 0x40 one that
+//              was retracted; flags: 1 has a CRC32C, 2 a wrong one, 0x80
+//              maybe redelivered, 0x3c attributes)
+//   4 release  slot u8 (mod 5): the consumer releases it
+//   5 relink   the current link goes down and a new one comes up (arg & 1:
+//              from a restarted peer, a new instance)
+//   6 replace  a new link comes up while the current one is still up
+//   7 event    arg % 4: the current transport fails; the previous link goes
+//              down; the consumer goes; the producer goes
+//
+// Invariants, besides no crash and no ASan/UBSan report:
+//   * a message out of bounds in any state (no body, a handshake or rdma
+//     message, an invalid stream name, an ACK of more than 4096 frames) ends
+//     the session it came on, which gets exactly one Fin(PROTOCOL); no
+//     message ends another link's session; every Fin the agent sends says
+//     PROTOCOL, at most one per link;
+//   * every post is valid and goes into a credit the peer granted on that link
+//     for that stream, with that length, not revoked and not used before;
+//   * the producer sees FL_OK only for a frame posted and then ACKed, once;
+//   * the agent grants credits only for streams opened on that link, of the
+//     consumer's slot size, each credit id once, and ACKs (and delivers) only
+//     frames that landed;
+//   * after each step the agent becomes idle within 100 rounds (no spinning).
+#include <sys/eventfd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <google/protobuf/stubs/logging.h>
+#include <spdlog/spdlog.h>
+
+#include "client_session.h"
+#include "config.h"
+#include "data_agent.h"
+#include "framelink/framelink.h"
+#include "framelink/shm_ring.h"
+#include "metrics.h"
+#include "peer_session.h"
+#include "segment.h"
+#include "transport/transport.h"
+
+using namespace framelink;
+using framelink::transport::FrameHeader;
+using framelink::transport::LocalCredit;
+using framelink::transport::PostResult;
+using framelink::transport::RemoteCredit;
+using framelink::transport::SendRequest;
+using framelink::transport::TransportEvent;
+
+namespace {
+
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kSlotSize = 4096;
+constexpr size_t kMaxLinks = 16;  // further link ops are skipped
+constexpr size_t kMaxRounds = 100;
+constexpr uint64_t kNoLink = 1000;  // a link id the agent never heard of
+constexpr int kMaxAckSequences = 4096;
+
+// A broken invariant: say which, then crash so libFuzzer keeps the input.
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_peer_messages: %s\n", what);
+  std::abort();
+}
+
+using StreamSeq = std::pair<uint64_t, uint64_t>;  // (stream id, sequence)
+
+// Out of bounds whatever the agent's state: it must close the link.
+bool outOfBounds(const v1::PeerMessage& m) {
+  switch (m.body_case()) {
+    case v1::PeerMessage::kStreamOpen: {
+      const std::string& name = m.stream_open().name();
+      if (name.empty() || name.size() >= FL_STREAM_NAME_MAX) return true;
+      for (char ch : name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') return true;
+      }
+      return false;
+    }
+    case v1::PeerMessage::kAck:
+      return m.ack().sequences_size() > kMaxAckSequences;
+    case v1::PeerMessage::kStreamClose:
+    case v1::PeerMessage::kCreditGrant:
+    case v1::PeerMessage::kCreditRevoke:
+    case v1::PeerMessage::kNack:
+    case v1::PeerMessage::kFin:
+    case v1::PeerMessage::kKeepalive:
+      return false;
+    default:  // no body, Hello, HelloAck, FrameHeader: not after the handshake
+      return true;
+  }
+}
+
+// Copy i of a message fed many times, naming a stream of its own.
+void shiftStreamId(v1::PeerMessage& m, uint64_t by) {
+  switch (m.body_case()) {
+    case v1::PeerMessage::kStreamOpen:
+      m.mutable_stream_open()->set_stream_id(m.stream_open().stream_id() + by);
+      break;
+    case v1::PeerMessage::kStreamClose:
+      m.mutable_stream_close()->set_stream_id(m.stream_close().stream_id() + by);
+      break;
+    case v1::PeerMessage::kCreditGrant:
+      m.mutable_credit_grant()->set_stream_id(m.credit_grant().stream_id() + by);
+      break;
+    case v1::PeerMessage::kCreditRevoke:
+      m.mutable_credit_revoke()->set_stream_id(m.credit_revoke().stream_id() + by);
+      break;
+    case v1::PeerMessage::kAck:
+      m.mutable_ack()->set_stream_id(m.ack().stream_id() + by);
+      break;
+    case v1::PeerMessage::kNack:
+      m.mutable_nack()->set_stream_id(m.nack().stream_id() + by);
+      break;
+    default:
+      break;
+  }
+}
+
+// The control session of one link: the agent's writer and what it wrote.
+// Kept for the whole process, one per link index, and used by one input at
+// a time: a writer thread per link and input would cost more than the input.
+class Session {
+ public:
+  Session()
+      : writer_(std::make_shared<SessionWriter>(
+            [this](const v1::PeerMessage& m, bool) {
+              std::lock_guard<std::mutex> lock(mutex_);
+              messages_.push_back(m);
+              cv_.notify_all();
+              return true;
+            },
+            std::chrono::hours(1))) {}  // no keepalive of its own during a run
+
+  const std::shared_ptr<SessionWriter>& writer() const { return writer_; }
+
+  // Everything the agent sent since the last call, once its writer thread
+  // wrote it: a marker sent now comes out after all of it.
+  std::vector<v1::PeerMessage> take() {
+    constexpr uint64_t kMarker = ~uint64_t{0};
+    v1::PeerMessage marker;
+    marker.mutable_keepalive()->set_timestamp_ns(kMarker);
+    writer_->send(marker);
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] {
+      return !messages_.empty() && messages_.back().has_keepalive() &&
+             messages_.back().keepalive().timestamp_ns() == kMarker;
+    });
+    messages_.pop_back();
+    return std::exchange(messages_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<v1::PeerMessage> messages_;  // GUARDED_BY(mutex_)
+  std::shared_ptr<SessionWriter> writer_;  // last: its thread stops before the rest goes
+};
+
+Session& session(size_t index) {
+  static std::array<std::unique_ptr<Session>, kMaxLinks> sessions;
+  if (!sessions[index]) sessions[index] = std::make_unique<Session>();
+  return *sessions[index];
+}
+
+class FakeTransport;
+
+struct LinkState {
+  uint64_t id = 0;
+  bool up = false;            // the agent was told it is up, and not yet that it is down
+  int cancels = 0;            // times the agent ended the session (called on this thread)
+  bool must_fin = false;      // an out-of-bounds message came while the session was open
+  std::set<uint64_t> opened;  // stream ids of valid StreamOpens the peer sent on it
+  // Credits the peer granted on it, not revoked or used yet: how many of
+  // each (stream, credit id, length).
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, uint64_t> granted;
+  std::shared_ptr<FakeTransport> transport;
+  Session* session = nullptr;
+};
+
+// What every link of one input saw, for the invariants.
+struct Ledger {
+  std::shared_ptr<ClientSession> producer;
+  std::map<StreamSeq, uint32_t> posted;  // producer frames posted: the slot of each
+  std::set<StreamSeq> acked;             // ACKed by the peer after they were posted
+  std::set<StreamSeq> delivered;         // completed FL_OK to the producer
+  std::set<StreamSeq> landed;            // frames that landed in a consumer's credit
+};
+
+// The data transport of one link, in memory: posts complete when the input
+// says so, frames land when it says so.
+class FakeTransport final : public transport::Transport {
+ public:
+  FakeTransport(LinkState& link, Ledger& ledger)
+      : link_(link), ledger_(ledger), event_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+  const char* name() const noexcept override { return "fuzz"; }
+  bool connected() const noexcept override { return !down_; }
+
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
+    if (down_) return makeError(FL_ERR_LINK_LOST, "the fuzz transport is down");
+    if (!exposed_.insert(credit.credit_id).second) fail("the agent exposed a credit id twice on one link");
+    if (credit.buffer == nullptr || credit.capacity == 0) fail("the agent exposed an empty receive buffer");
+    RemoteCredit remote;
+    remote.credit_id = credit.credit_id;
+    remote.length = credit.capacity;
+    credits_.emplace(credit.credit_id, std::move(credit));
+    return remote;
+  }
+
+  void retractCredit(uint64_t credit_id) override {
+    if (credits_.erase(credit_id) != 0) retracted_.push_back(credit_id);
+  }
+
+  PostResult post(const SendRequest& r) noexcept override {
+    if (down_) return PostResult::kNotConnected;
+    const FrameHeader& h = r.header;
+    if (h.credit_id != r.credit.credit_id || h.length > r.credit.length ||
+        h.attr_length > FL_MAX_ATTR_BYTES || (r.payload == nullptr && h.length != 0)) {
+      fail("the agent posted a malformed request (credit, length or attributes)");
+    }
+    uint32_t slot = kSlots;
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      if (r.payload == ledger_.producer->segments->slot(s)) slot = s;
+    }
+    if (slot == kSlots || h.length > kSlotSize) {
+      fail("the agent posted a payload that is not a producer slot");
+    }
+    (void)fl_crc32c(0, r.payload, h.length);  // reads it as a transport would
+    auto it = link_.granted.find({h.stream_id, h.credit_id, r.credit.length});
+    if (it == link_.granted.end()) {
+      fail(
+          "the agent posted into a credit the peer did not grant on this link (or revoked, or used already)");
+    }
+    if (--it->second == 0) link_.granted.erase(it);
+    ledger_.posted[{h.stream_id, h.sequence}] = slot;
+    in_flight_.push_back(r.cookie);
+    return PostResult::kOk;
+  }
+
+  size_t poll(TransportEvent* out, size_t max) noexcept override {
+    size_t n = 0;
+    while (n < max && !events_.empty()) {
+      out[n++] = std::move(events_.front());
+      events_.pop_front();
+    }
+    return n;
+  }
+
+  int eventFd() const noexcept override { return event_fd_.get(); }
+
+  void shutdown() noexcept override {
+    down_ = true;
+    completeSends(FL_ERR_LINK_LOST);
+  }
+
+  // ---- the input's side ----
+  void completeSends(int status) {
+    for (uint64_t cookie : in_flight_) {
+      TransportEvent ev;
+      ev.kind = TransportEvent::Kind::kSendComplete;
+      ev.cookie = cookie;
+      ev.status = down_ && status == FL_OK ? FL_ERR_LINK_LOST : status;
+      events_.push_back(std::move(ev));
+    }
+    in_flight_.clear();
+  }
+
+  // The link broke: one LinkError, then every send still in flight fails.
+  void failLink() {
+    if (down_) return;
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kLinkError;
+    ev.status = FL_ERR_LINK_LOST;
+    ev.message = "the fuzz input broke the link";
+    events_.push_back(std::move(ev));
+    down_ = true;
+    completeSends(FL_ERR_LINK_LOST);
+  }
+
+  void arrive(const uint8_t* b) {
+    if (down_) return;
+    const uint8_t which = b[0], flags = b[4];
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kFrameArrived;
+    ev.header.stream_id = b[1];
+    ev.header.sequence = b[2];
+    ev.header.frame_id = b[2];
+    ev.header.maybe_redelivered = (flags & 0x80) ? 1 : 0;
+    const size_t index = which % (credits_.size() + 1);
+    if (index == credits_.size()) {
+      // What a byte-stream transport reports for a credit it does not have.
+      ev.status = FL_ERR_UNKNOWN_CREDIT;
+      ev.message = "frame for an unknown credit";
+      ev.header.credit_id =
+          (!retracted_.empty() && (flags & 0x40)) ? retracted_[which % retracted_.size()] : 1'000'000 + which;
+      events_.push_back(std::move(ev));
+      return;
+    }
+    auto it = std::next(credits_.begin(), static_cast<std::ptrdiff_t>(index));
+    const LocalCredit& credit = it->second;
+    FrameHeader& h = ev.header;
+    h.credit_id = credit.credit_id;
+    h.length = (uint64_t{b[3]} * 17) % (credit.capacity + 1);
+    std::memset(credit.buffer, b[2], h.length);
+    h.attr_length = (((flags >> 2) & 0x0f) * 13u) % (FL_MAX_ATTR_BYTES + 1);
+    std::memset(h.attrs, 'a', h.attr_length);
+    if (flags & 1) {
+      h.has_crc32c = 1;
+      h.crc32c = fl_crc32c(0, credit.buffer, h.length) ^ ((flags >> 1) & 1);
+    }
+    credits_.erase(it);  // consumed by this frame
+    ledger_.landed.insert({h.stream_id, h.sequence});
+    events_.push_back(std::move(ev));
+  }
+
+ private:
+  LinkState& link_;
+  Ledger& ledger_;
+  UniqueFd event_fd_;
+  bool down_ = false;
+  std::map<uint64_t, LocalCredit> credits_;  // exposed, not consumed or retracted
+  std::set<uint64_t> exposed_;               // every credit id ever exposed
+  std::vector<uint64_t> retracted_;
+  std::vector<uint64_t> in_flight_;  // cookies of posts not completed yet
+  std::deque<TransportEvent> events_;
+};
+
+const Config& config() {
+  static const Config kConfig = [] {
+    Config c;
+    c.id = "local";
+    c.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});  // the only peer: every stream goes there
+    // No deadline passes during an input: the same input takes the same path.
+    c.credit_timeout_ms = 3'600'000;
+    c.ack_timeout_ms = 3'600'000;
+    return c;
+  }();
+  return kConfig;
+}
+
+// A client's segments, made once per role and for each input put back the
+// way ClientSegments::create leaves them: making them costs more than an input.
+std::shared_ptr<ClientSegments> segments(uint32_t role) {
+  static std::shared_ptr<ClientSegments> made[2];
+  std::shared_ptr<ClientSegments>& seg = made[role == FL_ROLE_CONSUMER ? 1 : 0];
+  if (!seg) {
+    SegmentRequest req;
+    req.role = role;
+    req.slot_count = kSlots;
+    req.slot_size = kSlotSize;
+    req.stream = "cam";
+    req.hugepages = HugepageMode::kOff;
+    auto created = ClientSegments::create(req);
+    if (!created) fail("ClientSegments::create");
+    seg = std::move(created).value();
+  }
+  const uint32_t capacity = seg->geometry().ring_capacity;
+  fl_ring_init(seg->submitRing(), capacity, sizeof(fl_submit_desc));
+  fl_ring_init(seg->completionRing(), capacity, sizeof(fl_completion_desc));
+  __atomic_store_n(&seg->header()->daemon_state, uint32_t{FL_DAEMON_SERVING}, __ATOMIC_RELEASE);
+  for (uint32_t s = 0; s < kSlots; ++s) std::memset(seg->slotHeader(s), 0, sizeof(fl_slot_header));
+  return seg;
+}
+
+std::shared_ptr<ClientSession> makeClient(uint64_t id, uint32_t role) {
+  auto c = std::make_shared<ClientSession>();
+  c->id = id;
+  c->role = role;
+  c->stream = "cam";
+  c->segments = segments(role);
+  c->submit_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  c->completion_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  c->ring_capacity = c->segments->geometry().ring_capacity;
+  c->slots.resize(kSlots);
+  return c;
+}
+
+// One input: a fresh agent with a producer, a consumer and a first link.
+class Run {
+ public:
+  Run() : agent_(std::make_unique<DataAgent>(config(), metrics())) {
+    ledger_.producer = makeClient(1, FL_ROLE_PRODUCER);
+    consumer_ = makeClient(2, FL_ROLE_CONSUMER);
+    agent_->post(CmdClientAttached{ledger_.producer});
+    agent_->post(CmdClientAttached{consumer_});
+    linkUp(instance_);
+    settle();
+  }
+
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  // Ends the input: the agent goes, then what it sent on each link is held
+  // to the invariants.
+  void finish() {
+    agent_.reset();
+    std::set<uint64_t> credit_ids;
+    for (auto& l : links_) {
+      int fins = 0;
+      for (const v1::PeerMessage& m : l->session->take()) {
+        if (m.has_fin()) {
+          ++fins;
+          if (m.fin().code() != v1::ERROR_CODE_PROTOCOL) {
+            fail("the agent sent a Fin that does not say PROTOCOL");
+          }
+        } else if (m.has_credit_grant()) {
+          if (l->opened.count(m.credit_grant().stream_id()) == 0) {
+            fail("the agent granted credits for a stream the peer never opened on that link");
+          }
+          for (const auto& c : m.credit_grant().credits()) {
+            if (c.length() != kSlotSize) fail("the agent granted a credit of another size than the slot");
+            if (!credit_ids.insert(c.credit_id()).second) fail("the agent granted one credit id twice");
+          }
+        } else if (m.has_ack()) {
+          if (m.ack().sequences_size() > kMaxAckSequences) fail("the agent sent an ACK over its own bound");
+          for (uint64_t seq : m.ack().sequences()) {
+            if (ledger_.landed.count({m.ack().stream_id(), seq}) == 0) {
+              fail("the agent ACKed a frame that never landed");
+            }
+          }
+        }
+      }
+      if (fins > 1) fail("the agent sent more than one Fin on a link");
+      if (l->must_fin && fins != 1) fail("an out-of-bounds message did not get its link a Fin(PROTOCOL)");
+    }
+  }
+
+  // Runs the records of one input; returns at the first one cut short.
+  void feed(const uint8_t* data, size_t size) {
+    size_t pos = 0;
+    auto take = [&](size_t n) -> const uint8_t* {
+      if (size - pos < n) return nullptr;
+      const uint8_t* p = data + pos;
+      pos += n;
+      return p;
+    };
+    while (pos < size) {
+      const uint8_t op = data[pos++];
+      const unsigned arg = op >> 3;
+      switch (op & 7) {
+        case 0: {
+          const uint8_t* len = take(2);
+          if (len == nullptr) return;
+          const size_t n = std::min<size_t>(len[0] | (size_t{len[1]} << 8), size - pos);
+          const uint8_t* bytes = take(n);
+          auto message = std::make_shared<v1::PeerMessage>();
+          if (!message->ParseFromArray(bytes, static_cast<int>(n))) break;
+          const unsigned target = (arg >> 3) & 3;
+          LinkState* l = target <= 1 ? current() : target == 2 ? previous() : nullptr;
+          peerSays(l, std::move(message), 1u << (arg & 7), target == 1);
+          break;
+        }
+        case 1: {
+          const uint8_t* b = take(2);
+          if (b == nullptr) return;
+          submit(b[0] % (kSlots + 1), uint64_t{b[1]} * 32);
+          break;
+        }
+        case 2: {
+          static constexpr int kStatus[3] = {FL_OK, FL_ERR_LINK_LOST, FL_ERR_TRANSPORT};
+          current()->transport->completeSends(kStatus[arg % 3]);
+          settle();
+          break;
+        }
+        case 3: {
+          const uint8_t* b = take(5);
+          if (b == nullptr) return;
+          current()->transport->arrive(b);
+          settle();
+          break;
+        }
+        case 4: {
+          const uint8_t* b = take(1);
+          if (b == nullptr) return;
+          release(b[0] % (kSlots + 1));
+          break;
+        }
+        case 5:
+          if (links_.size() >= kMaxLinks) break;
+          linkDown(current());
+          linkUp((arg & 1) ? ++instance_ : instance_);
+          settle();
+          break;
+        case 6:
+          if (links_.size() >= kMaxLinks) break;
+          linkUp(instance_);
+          settle();
+          break;
+        case 7:
+          switch (arg % 4) {
+            case 0:
+              current()->transport->failLink();
+              break;
+            case 1:
+              if (LinkState* l = previous()) linkDown(l);
+              break;
+            case 2:
+              agent_->post(CmdClientGone{consumer_->id});
+              break;
+            case 3:
+              agent_->post(CmdClientGone{ledger_.producer->id});
+              break;
+          }
+          settle();
+          break;
+      }
+    }
+  }
+
+ private:
+  static Metrics& metrics() {
+    static Metrics m;  // counters only: nothing reads them back into the agent
+    return m;
+  }
+
+  LinkState* current() { return links_.back().get(); }
+  LinkState* previous() { return links_.size() >= 2 ? links_[links_.size() - 2].get() : nullptr; }
+
+  void linkUp(uint64_t instance) {
+    auto l = std::make_unique<LinkState>();
+    l->id = links_.size() + 1;
+    l->up = true;
+    l->transport = std::make_shared<FakeTransport>(*l, ledger_);
+    l->session = &session(links_.size());
+    CmdLinkUp up;
+    up.link_id = l->id;
+    up.peer = "remote";
+    up.peer_instance = instance;
+    up.transport_name = "fuzz";
+    up.transport = l->transport;
+    up.session = PeerSession{l->session->writer(), [state = l.get()] { ++state->cancels; }};
+    agent_->post(std::move(up));
+    links_.push_back(std::move(l));
+  }
+
+  void linkDown(LinkState* l) {
+    if (!l->up) return;
+    l->up = false;
+    agent_->post(CmdLinkDown{l->id, "the fuzz input took it down"});
+  }
+
+  void peerSays(LinkState* l, std::shared_ptr<v1::PeerMessage> m, unsigned copies, bool spread) {
+    std::vector<int> before;
+    for (auto& other : links_) before.push_back(other->cancels);
+    for (unsigned i = 0; i < copies; ++i) {
+      std::shared_ptr<v1::PeerMessage> copy = m;
+      if (spread && i > 0) {
+        copy = std::make_shared<v1::PeerMessage>(*m);
+        shiftStreamId(*copy, i);
+      }
+      if (l != nullptr && (spread || i == 0)) note(*l, *copy, spread ? 1 : copies);
+      agent_->post(CmdPeerMessage{l != nullptr ? l->id : kNoLink, std::move(copy)});
+    }
+    settle();
+    for (size_t i = 0; i < links_.size(); ++i) {
+      if (links_[i].get() != l && links_[i]->cancels != before[i]) {
+        fail("a message on one link ended another link's session");
+      }
+    }
+    if (l == nullptr || !l->up || !outOfBounds(*m)) return;
+    const size_t index = static_cast<size_t>(l->id - 1);
+    if (before[index] == 0) {
+      if (l->cancels == 0) fail("an out-of-bounds message did not end its session");
+      l->must_fin = true;
+    }
+  }
+
+  // What the peer said (`copies` times) that later posts, completions and
+  // ACKs are held to.
+  void note(LinkState& l, const v1::PeerMessage& m, unsigned copies) {
+    switch (m.body_case()) {
+      case v1::PeerMessage::kStreamOpen:
+        if (!outOfBounds(m)) l.opened.insert(m.stream_open().stream_id());
+        break;
+      case v1::PeerMessage::kCreditGrant:
+        for (const auto& c : m.credit_grant().credits()) {
+          l.granted[{m.credit_grant().stream_id(), c.credit_id(), c.length()}] += copies;
+        }
+        break;
+      case v1::PeerMessage::kCreditRevoke:
+        for (uint64_t id : m.credit_revoke().credit_ids()) {
+          const uint64_t stream = m.credit_revoke().stream_id();
+          auto it = l.granted.lower_bound({stream, id, 0});
+          while (it != l.granted.end() && std::get<0>(it->first) == stream && std::get<1>(it->first) == id) {
+            it = l.granted.erase(it);
+          }
+        }
+        break;
+      case v1::PeerMessage::kAck:
+        for (uint64_t seq : m.ack().sequences()) {
+          const StreamSeq key{m.ack().stream_id(), seq};
+          if (ledger_.posted.count(key) != 0) ledger_.acked.insert(key);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+  void submit(uint32_t slot, uint64_t length) {
+    ClientSession& p = *ledger_.producer;
+    if (slot < kSlots) p.segments->slotHeader(slot)->frame_id = ++frame_id_;
+    fl_submit_desc d{slot, 0, length};
+    if (fl_ring_push(p.segments->submitRing(), p.ring_capacity, sizeof d, &d) != FL_RING_OK) return;
+    settle();
+  }
+
+  void release(uint32_t slot) {
+    fl_submit_desc d{slot, 0, 0};
+    if (fl_ring_push(consumer_->segments->submitRing(), consumer_->ring_capacity, sizeof d, &d) !=
+        FL_RING_OK) {
+      return;
+    }
+    settle();
+  }
+
+  // Lets the agent handle everything posted so far, then checks what it
+  // completed to the applications.
+  void settle() {
+    if (!agent_->runUntilIdle(kMaxRounds)) fail("the agent still finds work after 100 rounds: it would spin");
+    fl_completion_desc d;
+    ClientSession& p = *ledger_.producer;
+    while (fl_ring_pop(p.segments->completionRing(), p.ring_capacity, sizeof d, &d) == FL_RING_OK) {
+      if (d.status != FL_OK) continue;
+      if (d.slot >= kSlots) fail("the producer got FL_OK for a slot it does not have");
+      bool acked = false;
+      for (const auto& [key, slot] : ledger_.posted) {
+        if (key.second == d.sequence && slot == d.slot && ledger_.acked.count(key) != 0) {
+          acked = true;
+          if (!ledger_.delivered.insert(key).second) fail("the producer got FL_OK twice for one frame");
+        }
+      }
+      if (!acked) fail("the producer got FL_OK for a frame the peer did not ACK after it was posted");
+    }
+    while (fl_ring_pop(consumer_->segments->completionRing(), consumer_->ring_capacity, sizeof d, &d) ==
+           FL_RING_OK) {
+      if (d.status != FL_OK) continue;
+      if (d.slot >= kSlots) fail("the consumer got a frame in a slot it does not have");
+      bool landed = false;
+      for (const auto& key : ledger_.landed) landed = landed || key.second == d.sequence;
+      if (!landed) fail("the consumer got a frame that never landed");
+    }
+  }
+
+  Ledger ledger_;
+  std::shared_ptr<ClientSession> consumer_;
+  std::vector<std::unique_ptr<LinkState>> links_;  // by id - 1
+  uint64_t instance_ = 1;
+  uint64_t frame_id_ = 0;
+  // Last, so it goes first: it calls back into the links (cancel) and its
+  // transports into the ledger.
+  std::unique_ptr<DataAgent> agent_;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // FRAMELINK_FUZZ_LOG=debug shows what the agent made of an input (to reproduce one).
+  const char* level = std::getenv("FRAMELINK_FUZZ_LOG");
+  spdlog::set_level(level != nullptr ? spdlog::level::from_str(level) : spdlog::level::off);
+  // Not a line per string field that is not UTF-8 (such a message does not parse: skipped).
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Run run;
+  run.feed(data, size);
+  run.finish();
+  return 0;
+}
