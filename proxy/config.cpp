@@ -399,6 +399,7 @@ class TomlReader {
       if (!v) return std::move(v).error();
       return assign(parseCpu(std::to_string(*v), label(key, node)), c.cpu);
     }
+    if (k == "idle_spin_us") return assign(u32(key, node, true), c.idle_spin_us);
     if (k == "hugepages") {
       auto s = str(key, node);
       if (!s) return std::move(s).error();
@@ -536,8 +537,8 @@ class TomlReader {
 struct Flags {
   std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
       transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
-      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, rdma_device,
-      rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
+      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, idle_spin,
+      rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
   bool tls_client_auth = false;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
@@ -703,6 +704,9 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   }
   if (given("--cpu")) {
     if (auto st = assign(parseCpu(f.cpu, "--cpu"), c.cpu); !st) return st;
+  }
+  if (given("--idle-spin-us")) {
+    if (auto st = assign(parseU32(f.idle_spin, "--idle-spin-us", true), c.idle_spin_us); !st) return st;
   }
   return {};
 }
@@ -888,6 +892,11 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
       ->type_name("BYTES");
   app.add_option("--default-slots", f.default_slots, "For clients that ask for 0, default 8")->type_name("N");
   app.add_option("--cpu", f.cpu, "Pin the data agent to this CPU (-1 = no)")->type_name("N");
+  app.add_option(
+         "--idle-spin-us", f.idle_spin,
+         "The data agent spins this long after its last work, yields as long, then sleeps (0 = sleep at "
+         "once; default 50)")
+      ->type_name("US");
 
   try {
     app.parse(argc, argv);
@@ -948,10 +957,10 @@ std::string describe(const Config& c) {
       << " hugepages=" << c.hugepages << " log_level=" << c.log_level
       << " metrics=" << (c.metrics_listen.empty() ? "off" : c.metrics_listen)
       << " ready_file=" << (c.ready_file.empty() ? "-" : c.ready_file) << " cpu=" << c.cpu
-      << " ack_timeout_ms=" << c.ack_timeout_ms << " credit_timeout_ms=" << c.credit_timeout_ms
-      << " connect_timeout_ms=" << c.connect_timeout_ms << " keepalive_ms=" << c.keepalive_ms
-      << " reconnect_ms=" << c.reconnect_min_ms << ".." << c.reconnect_max_ms
-      << " grpc_chunk_bytes=" << c.grpc_chunk_bytes
+      << " idle_spin_us=" << c.idle_spin_us << " ack_timeout_ms=" << c.ack_timeout_ms
+      << " credit_timeout_ms=" << c.credit_timeout_ms << " connect_timeout_ms=" << c.connect_timeout_ms
+      << " keepalive_ms=" << c.keepalive_ms << " reconnect_ms=" << c.reconnect_min_ms << ".."
+      << c.reconnect_max_ms << " grpc_chunk_bytes=" << c.grpc_chunk_bytes
       << " rdma_device=" << (c.rdma_device.empty() ? "auto" : c.rdma_device) << " rdma_port=" << c.rdma_port
       << " rdma_retry_ms=" << c.rdma_retry_ms
       << (c.fault_inject.empty() ? "" : " fault_inject=" + c.fault_inject)

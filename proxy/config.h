@@ -33,6 +33,9 @@ struct Config {
   std::string log_level = "info";                    // trace | debug | info | warn | error
   std::string ready_file;                            // empty: do not write one
   int cpu = -1;                                      // pin the data agent; -1: do not pin
+  // The data agent spins this long after its last work, yields as long again,
+  // then sleeps in epoll; 0: sleep at once (least CPU, more latency).
+  uint32_t idle_spin_us = 50;
 
   // [link]
   std::string listen = "0.0.0.0:7700";

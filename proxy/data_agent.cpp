@@ -123,16 +123,16 @@ void DataAgent::run() {
       spdlog::warn("cannot pin the data agent to CPU {}; running unpinned", config_.cpu);
     }
   }
-  // Spin ~20 us, yield a little, then sleep: on 2 cores a spinning agent
-  // would take the CPU the applications need.
-  IdleStrategy idle(2000, 20);
+  // Spin, yield a little, then sleep: on 2 cores a spinning agent would take
+  // the CPU the applications (and a software RDMA device) need.
+  IdleStrategy idle(uint64_t{config_.idle_spin_us} * 1000);
   while (running_) {
     uint64_t work = drainCommands();
     if (!running_) break;
     work += doWork();
     // After a sleep that brought no work, sleep again at once: only work
     // re-arms the spin phase.
-    if (idle.idle(work)) sleep();
+    if (idle.idle(work, nowNs())) sleep();
   }
   // Shutdown: every frame still in progress ends FAILED(shutdown), also
   // those still in a ring and those of a client attached at the last moment.

@@ -72,6 +72,7 @@ allowed_gids = [44]
 log_level = "debug"
 ready_file = "/tmp/ready"
 cpu = 1
+idle_spin_us = 7
 hugepages = "off"
 
 [link]
@@ -143,6 +144,7 @@ TEST_CASE("a TOML file sets every key", "[config]") {
   CHECK(c->log_level == "debug");
   CHECK(c->ready_file == "/tmp/ready");
   CHECK(c->cpu == 1);
+  CHECK(c->idle_spin_us == 7);
   CHECK(c->hugepages == "off");
   CHECK(c->listen == "127.0.0.1:7701");
   CHECK(c->data_listen == "127.0.0.1:0");
@@ -202,6 +204,8 @@ TEST_CASE("flags override the file", "[config]") {
                   "32",
                   "--cpu",
                   "-1",
+                  "--idle-spin-us",
+                  "0",
                   "--ack-timeout-ms",
                   "5",
                   "--peer",
@@ -227,6 +231,7 @@ TEST_CASE("flags override the file", "[config]") {
   CHECK(c->max_slot_size == 8 * fl::kMiB);
   CHECK(c->max_slots == 32);
   CHECK(c->cpu == -1);
+  CHECK(c->idle_spin_us == 0);
   CHECK(c->ack_timeout_ms == 5);
   CHECK(c->credit_timeout_ms == 2000);  // not given: from the file
   CHECK(c->metrics_listen == "127.0.0.1:0");
@@ -432,6 +437,7 @@ TEST_CASE("validation errors say what to fix", "[config]") {
     requireError({"--listen", "7700"}, {"--listen", "HOST:PORT"});
     requireError({"--metrics", "localhost"}, {"--metrics"});
     requireError({"--cpu", "-2"}, {"--cpu"});
+    requireError({"--idle-spin-us", "-5"}, {"--idle-spin-us"});
     requireError({"--socket", "/tmp/" + std::string(200, 'x')}, {"at most 107"});
     requireError({"--no-such-flag"}, {"--help"});
     requireError({"--id", "a", "--id", "b"}, {"--id"});
