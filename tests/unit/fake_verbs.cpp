@@ -54,6 +54,7 @@ struct FakeVerbs::Id {
   Id* peer = nullptr;
   bool requested = false;  // a connect request not yet accepted or rejected
   bool connected = false;
+  int ack_timeout = -1;  // setAckTimeout; -1: the rdma_cm default
 };
 
 namespace {
@@ -671,6 +672,15 @@ int FakeVerbs::resolveRoute(rdma_cm_id* id, int) {
   queueCmEvent(ids_.at(id).get(), RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
   return 0;
 }
+int FakeVerbs::setAckTimeout(rdma_cm_id* id, uint8_t timeout) {
+  std::lock_guard lock(mu_);
+  if (timeout > 31) {
+    errno = EINVAL;
+    return -1;
+  }
+  ids_.at(id)->ack_timeout = timeout;
+  return 0;
+}
 int FakeVerbs::createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   std::lock_guard lock(mu_);
   if (id->verbs == nullptr || pd->context != id->verbs) {
@@ -711,6 +721,7 @@ int FakeVerbs::connect(rdma_cm_id* id, rdma_conn_param* param) {
     return 0;
   }
   if (param->rnr_retry_count != 7) error("rdma_connect without rnr_retry_count 7");
+  if (i->ack_timeout < 0) error("rdma_connect without an ACK timeout (the rdma_cm default is ~0.5 s)");
   Id* listener = l->second;
   auto c = std::make_unique<Id>();
   c->id.channel = listener->id.channel;
@@ -741,6 +752,7 @@ int FakeVerbs::accept(rdma_cm_id* id, rdma_conn_param* param) {
     return -1;
   }
   if (param->rnr_retry_count != 7) error("rdma_accept without rnr_retry_count 7");
+  if (c->ack_timeout < 0) error("rdma_accept without an ACK timeout (the rdma_cm default is ~0.5 s)");
   c->requested = false;
   Qp* a = qps_.at(c->id.qp).get();
   Qp* b = qps_.at(d->id.qp).get();

@@ -98,6 +98,7 @@ class FakeVerbs final : public VerbsApi {
   uint16_t getSrcPort(rdma_cm_id* id) override;
   int resolveAddr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int timeout_ms) override;
   int resolveRoute(rdma_cm_id* id, int timeout_ms) override;
+  int setAckTimeout(rdma_cm_id* id, uint8_t timeout) override;
   int createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) override;
   void destroyQp(rdma_cm_id* id) override;
   int connect(rdma_cm_id* id, rdma_conn_param* param) override;

@@ -27,6 +27,20 @@ using Clock = std::chrono::steady_clock;
 // (a peer that vanished is noticed after about 7 x the ACK timeout).
 constexpr uint8_t kRetryCount = 7;
 constexpr uint8_t kRnrRetryCount = 7;
+// The local ACK timeout, 4.096 us x 2^14 = 67 ms (perftest's default).  For
+// RoCE rdma_cm otherwise derives it from a fixed packet lifetime: 2^17, about
+// 0.54 s, so one lost packet stalls the queue pair for half a second before
+// the retransmission -- seen as throughput collapsing on a lossy Soft-RoCE
+// link.  A peer that vanished is noticed after ~7 x 67 ms.
+constexpr uint8_t kAckTimeout = 14;
+
+// Best effort: a kernel that refuses the option keeps its default.
+void setAckTimeout(VerbsApi& api, rdma_cm_id* id, const std::string& where) {
+  if (api.setAckTimeout(id, kAckTimeout) != 0) {
+    spdlog::debug("{}: cannot set the ACK timeout ({}); the rdma_cm default applies", where,
+                  std::strerror(errno));
+  }
+}
 
 struct CmEvent {
   rdma_cm_event_type type = RDMA_CM_EVENT_CONNECT_ERROR;
@@ -170,6 +184,7 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
   param.initiator_depth = 0;
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
+  setAckTimeout(api, t->cmId(), where);
   if (api.connect(t->cmId(), &param) != 0) {
     return makeError(FL_ERR_TRANSPORT, where + ": rdma_connect: " + std::strerror(errno));
   }
@@ -372,6 +387,7 @@ void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer, con
   param.initiator_depth = 0;
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
+  setAckTimeout(api, t->cmId(), "rdma listener");
   if (api.accept(t->cmId(), &param) != 0) {
     spdlog::warn("rdma listener on port {}: rdma_accept for {} failed: {}", port_, peer,
                  std::strerror(errno));

@@ -68,6 +68,9 @@ class RealVerbs final : public VerbsApi {
     return rdma_resolve_addr(id, src, dst, timeout_ms);
   }
   int resolveRoute(rdma_cm_id* id, int timeout_ms) override { return rdma_resolve_route(id, timeout_ms); }
+  int setAckTimeout(rdma_cm_id* id, uint8_t timeout) override {
+    return rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_ID_ACK_TIMEOUT, &timeout, sizeof timeout);
+  }
   int createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) override {
     return rdma_create_qp(id, pd, attr);
   }

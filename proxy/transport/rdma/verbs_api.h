@@ -65,6 +65,9 @@ class VerbsApi {
   virtual uint16_t getSrcPort(rdma_cm_id* id) = 0;  // rdma_get_src_port, converted to host order
   virtual int resolveAddr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int timeout_ms) = 0;
   virtual int resolveRoute(rdma_cm_id* id, int timeout_ms) = 0;
+  // rdma_set_option(RDMA_OPTION_IB, RDMA_OPTION_ID_ACK_TIMEOUT): the QP's
+  // local ACK timeout, 4.096 us x 2^timeout; before rdma_connect / rdma_accept.
+  virtual int setAckTimeout(rdma_cm_id* id, uint8_t timeout) = 0;
   virtual int createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) = 0;
   virtual void destroyQp(rdma_cm_id* id) = 0;
   virtual int connect(rdma_cm_id* id, rdma_conn_param* param) = 0;
