@@ -92,6 +92,13 @@ if [ "$SR_PAIR" = 1 ]; then
     for d in sra srb; do
         run ip link set "$d" mtu "$SR_MTU"
         run sysctl -qw "net.ipv4.conf.$d.accept_local=1" "net.ipv4.conf.$d.rp_filter=0"
+        # A veth hands each packet to the receive backlog of the CPU that sent
+        # it, so a queue pair whose packets leave from two CPUs arrives out of
+        # order (rxe: sequence NAKs, go-back-N resends, retry timeouts; none
+        # lost).  RPS keeps each flow on one CPU, in order, as a NIC queue does.
+        for q in /sys/class/net/"$d"/queues/rx-*; do
+            printf '%x' $(((1 << $(nproc)) - 1)) >"$q/rps_cpus" || die "rps_cpus on $d"
+        done
     done
     run sysctl -qw net.ipv4.conf.all.rp_filter=0
     run ip addr add "$SR_A_IP/24" dev sra
