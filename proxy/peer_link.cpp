@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -156,6 +158,8 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::atomic<uint64_t> next_link_id_{1};
   std::atomic<bool> stopping_{false};
   bool stopped_ = false;
+  // Readable once stop() began: wakes dials and handshakes blocked in poll().
+  UniqueFd stop_fd_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
 
   std::mutex mutex_;
   std::condition_variable stop_cv_;
@@ -268,6 +272,18 @@ void PeerLinksImpl::stop() {
     stopping_ = true;
     for (auto* ctx : client_contexts_) ctx->TryCancel();
     for (auto* ctx : server_contexts_) ctx->TryCancel();
+    // A Session waiting for its data channel ends now, not at its timeout.
+    for (auto& [id, p] : pending_) {
+      if (!p->fulfilled) {
+        p->fulfilled = true;
+        p->promise.set_value(nullptr);
+      }
+    }
+    pending_.clear();
+  }
+  if (stop_fd_.valid()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
   }
   stop_cv_.notify_all();
   for (auto& t : dialers_) {
@@ -512,13 +528,22 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
   }
   auto data_timeout =
       std::chrono::milliseconds(config_.connect_timeout_ms) * (chosen == "rdma" ? kRdmaHandshakeFactor : 1);
-  if (future.wait_for(data_timeout) != std::future_status::ready) {
+  // In slices: stop() fulfils the promise with nothing, and a dialer that gave
+  // up cancels its call; neither waits out the timeout.
+  const auto data_deadline = Clock::now() + data_timeout;
+  bool ready = false;
+  while (!ready && Clock::now() < data_deadline && !ctx->IsCancelled()) {
+    ready = future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
+  }
+  if (!ready) {
     unregisterPending(hello.session_id());
+    if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
     spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
                  chosen, data_timeout.count());
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
   std::shared_ptr<transport::Transport> t = future.get();
+  if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
   uint64_t link_id = next_link_id_++;
   spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
                hello.session_id(), chosen, reason.empty() ? "" : "; " + reason);
@@ -661,7 +686,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     if (rdma_.device && ack.rdma_port() != 0) {
       auto made = transport::rdma::dialRdma(
           rdma_.device, host_port->first, static_cast<uint16_t>(ack.rdma_port()), session_id,
-          std::chrono::milliseconds(config_.connect_timeout_ms) * kRdmaHandshakeFactor);
+          std::chrono::milliseconds(config_.connect_timeout_ms) * kRdmaHandshakeFactor, {}, stop_fd_.get());
       if (made) {
         t = std::move(made.value());
         state.rdma_failure.clear();
@@ -684,9 +709,9 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     error = "this framelinkd was built without rdma";
 #endif
   } else if (ack.transport() == "tcp") {
-    auto fd =
-        transport::tcp::dialData(host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id,
-                                 config_.token, std::chrono::milliseconds(config_.connect_timeout_ms));
+    auto fd = transport::tcp::dialData(
+        host_port->first, static_cast<uint16_t>(ack.tcp_data_port()), session_id, config_.token,
+        std::chrono::milliseconds(config_.connect_timeout_ms), {}, stop_fd_.get());
     if (fd) {
       auto made = transport::tcp::TcpTransport::create(std::move(fd.value()), peer.name);
       if (made) {

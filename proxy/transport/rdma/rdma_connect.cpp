@@ -126,7 +126,8 @@ Result<CmId> newCmId(const std::shared_ptr<VerbsApi>& api) {
 
 Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, const std::string& host,
                                             uint16_t port, uint64_t session_id,
-                                            std::chrono::milliseconds timeout, RdmaTransportOptions options) {
+                                            std::chrono::milliseconds timeout, RdmaTransportOptions options,
+                                            int wake_fd) {
   if (!device) return makeError(FL_EINVAL, "dialRdma: no device");
   const std::string where = "rdma connect to " + host + ":" + std::to_string(port);
   const auto deadline = Clock::now() + timeout;
@@ -151,7 +152,7 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
                       reinterpret_cast<sockaddr*>(&dst.value()), left_ms()) != 0) {
     return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_addr: " + std::strerror(errno));
   }
-  int got = nextCmEvent(api, cm->channel(), -1, deadline, &ev);
+  int got = nextCmEvent(api, cm->channel(), wake_fd, deadline, &ev);
   if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the address");
   if (got < 0 || ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
     return makeError(FL_ERR_TRANSPORT,
@@ -163,7 +164,7 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
   if (api.resolveRoute(cm->id(), left_ms()) != 0) {
     return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_route: " + std::strerror(errno));
   }
-  got = nextCmEvent(api, cm->channel(), -1, deadline, &ev);
+  got = nextCmEvent(api, cm->channel(), wake_fd, deadline, &ev);
   if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the route");
   if (got < 0 || ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
     return makeError(FL_ERR_TRANSPORT,
@@ -189,7 +190,7 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
     return makeError(FL_ERR_TRANSPORT, where + ": rdma_connect: " + std::strerror(errno));
   }
   for (;;) {
-    got = nextCmEvent(api, t->cmChannel(), -1, deadline, &ev);
+    got = nextCmEvent(api, t->cmChannel(), wake_fd, deadline, &ev);
     if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out waiting for the peer to accept");
     if (got < 0) return makeError(FL_ERR_TRANSPORT, where + ": rdma_get_cm_event: " + std::strerror(errno));
     if (ev.type == RDMA_CM_EVENT_ESTABLISHED) break;

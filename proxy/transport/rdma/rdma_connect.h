@@ -77,6 +77,6 @@ class RdmaListener {
 Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, const std::string& host,
                                             uint16_t port, uint64_t session_id,
                                             std::chrono::milliseconds timeout,
-                                            RdmaTransportOptions options = {});
+                                            RdmaTransportOptions options = {}, int wake_fd = -1);
 
 }  // namespace framelink::transport::rdma

@@ -102,7 +102,7 @@ Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_p
 
 Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id,
                           const std::string& token, std::chrono::milliseconds timeout,
-                          TcpSocketOptions options) {
+                          TcpSocketOptions options, int wake_fd) {
   const auto deadline = Clock::now() + timeout;
   const std::string target = host + ":" + std::to_string(port);
   addrinfo hints{};
@@ -130,8 +130,11 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
         last_error = "connect: " + errnoText();
         continue;
       }
-      pollfd pfd{s.get(), POLLOUT, 0};
-      int pr = ::poll(&pfd, 1, remainingMs(deadline));
+      pollfd pfd[2] = {{s.get(), POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+      int pr = ::poll(pfd, wake_fd >= 0 ? 2 : 1, remainingMs(deadline));
+      if (pr > 0 && wake_fd >= 0 && (pfd[1].revents & POLLIN)) {
+        return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": the daemon is stopping");
+      }
       if (pr <= 0) {
         last_error = pr == 0 ? "connect timed out" : "poll: " + errnoText();
         continue;
@@ -157,15 +160,19 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
   hello.version = kTcpWireVersion;
   hello.session_id = session_id;
   tokenDigest(token, session_id, hello.token);
-  if (Io io = transferAll(fd.get(), &hello, sizeof hello, true, deadline, -1); io != Io::kOk) {
-    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": sending the handshake " +
-                                           (io == Io::kTimeout ? "timed out" : "failed: " + errnoText()));
+  if (Io io = transferAll(fd.get(), &hello, sizeof hello, true, deadline, wake_fd); io != Io::kOk) {
+    return makeError(FL_ERR_TRANSPORT,
+                     "tcp data dial " + target + ": sending the handshake " +
+                         (io == Io::kTimeout ? std::string("timed out")
+                          : io == Io::kWoken ? std::string("stopped: the daemon is stopping")
+                                             : "failed: " + errnoText()));
   }
   TcpHelloReply reply{};
-  if (Io io = transferAll(fd.get(), &reply, sizeof reply, false, deadline, -1); io != Io::kOk) {
+  if (Io io = transferAll(fd.get(), &reply, sizeof reply, false, deadline, wake_fd); io != Io::kOk) {
     return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": no handshake reply (" +
                                            (io == Io::kTimeout  ? std::string("timed out")
                                             : io == Io::kClosed ? std::string("peer closed the connection")
+                                            : io == Io::kWoken  ? std::string("the daemon is stopping")
                                                                 : errnoText()) +
                                            ")");
   }

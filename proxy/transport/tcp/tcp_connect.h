@@ -30,11 +30,13 @@ struct TcpSocketOptions {
 
 // Connects to a peer's data listener, sends the handshake for `session_id`
 // and waits for the reply; `timeout` bounds the whole thing.  Errors:
+// A readable `wake_fd` (the daemon stopping) ends the dial at once with
+// FL_ERR_TRANSPORT.
 // FL_ERR_TRANSPORT (cannot connect / timed out), FL_ERR_AUTH (token
 // rejected), FL_ERR_PEER_VERSION, FL_ERR_PROTOCOL.
 Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t session_id,
                           const std::string& token, std::chrono::milliseconds timeout,
-                          TcpSocketOptions options = {});
+                          TcpSocketOptions options = {}, int wake_fd = -1);
 
 // Splits "host:port", "[v6]:port" or ":port" (any address).
 Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port);
