@@ -335,8 +335,35 @@ void DataAgent::maybeForget(ClientSession& c) {
   if (!c.gone) return;
   if (c.role == FL_ROLE_PRODUCER && c.in_progress > 0) return;
   uint64_t id = c.id;
+  const bool producer = c.role == FL_ROLE_PRODUCER;
+  std::string stream = c.stream;
   headers_.erase(id);
   clients_.erase(id);  // c is gone now
+  if (producer) maybeForgetStream(stream);
+}
+
+void DataAgent::maybeForgetStream(const std::string& name) {
+  for (const auto& [id, c] : clients_) {
+    if (c->role == FL_ROLE_PRODUCER && c->stream == name) return;  // attached, or gone with frames in flight
+  }
+  auto pit = peers_.find(config_.routeFor(name));
+  if (pit == peers_.end()) return;
+  Peer& p = pit->second;
+  auto nit = p.out_by_name.find(name);
+  if (nit == p.out_by_name.end()) return;
+  auto sit = p.out_streams.find(nit->second);
+  if (sit != p.out_streams.end()) {
+    const OutStream& s = sit->second;
+    if (!s.pending.empty() || !s.unacked.empty()) return;
+    if (Link* l = link(p.link_id); l != nullptr && s.announced) {
+      v1::PeerMessage msg;
+      msg.mutable_stream_close()->set_stream_id(s.id);
+      l->session.writer->send(std::move(msg));
+    }
+    p.out_streams.erase(sit);
+  }
+  p.out_by_name.erase(nit);
+  metrics_.counters.streams_forgotten.fetch_add(1, std::memory_order_relaxed);
 }
 
 size_t DataAgent::pollClients() {
@@ -477,14 +504,15 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
   e.deadline_ns = now + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
   ++c.in_progress;
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
-  s.pending.push_back(FrameRef{c.id, desc.slot});
+  s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
   pump(p, s);
 }
 
-void DataAgent::pump(Peer& p, OutStream& s) {
+size_t DataAgent::pump(Peer& p, OutStream& s) {
   Link* l = link(p.link_id);
-  if (l == nullptr || l->closing || !l->transport) return;
+  if (l == nullptr || l->closing || !l->transport) return 0;
   size_t posted = 0;
+  size_t work = 0;
   struct FlushAtEnd {
     transport::Transport* t;
     const size_t& n;
@@ -493,22 +521,34 @@ void DataAgent::pump(Peer& p, OutStream& s) {
     }
   } flush_at_end{l->transport.get(), posted};
   while (!s.pending.empty() && !s.credits.empty()) {
-    FrameRef f = s.pending.front();
+    auto first = s.pending.begin();
+    const uint64_t sequence = first->first;
+    FrameRef f = first->second;
     ClientSession* c = client(f.client_id);
-    if (c == nullptr || c->slots[f.slot].state != SlotState::kPending) {
-      s.pending.pop_front();
+    if (c == nullptr || c->slots[f.slot].state != SlotState::kPending ||
+        c->slots[f.slot].sequence != sequence) {
+      s.pending.erase(first);
+      ++work;
       continue;
     }
     SlotEntry& e = c->slots[f.slot];
-    const transport::RemoteCredit& credit = s.credits.front();
-    if (e.length > credit.length) {
-      s.pending.pop_front();
+    // The oldest credit the frame fits: consumers of one stream may have
+    // slots of different sizes, and a small one must not block a frame that
+    // a larger one can take.
+    auto fit = std::find_if(s.credits.begin(), s.credits.end(),
+                            [&](const transport::RemoteCredit& cr) { return cr.length >= e.length; });
+    if (fit == s.credits.end()) {
+      if (e.length <= s.largest_credit) break;  // a consumer with such slots exists: wait for its credit
+      s.pending.erase(first);
+      ++work;
       finishFrame(*c, f.slot, FL_ERR_TOO_LARGE,
-                  "frame of " + std::to_string(e.length) + " bytes does not fit the consumer's " +
-                      std::to_string(credit.length) + "-byte slots on peer " + p.name +
-                      " (attach the consumer with a larger slot size)");
+                  "frame of " + std::to_string(e.length) +
+                      " bytes does not fit any consumer's slots on peer " + p.name + " (the largest are " +
+                      std::to_string(s.largest_credit) +
+                      " bytes; attach a consumer with a larger slot size)");
       continue;
     }
+    const transport::RemoteCredit credit = *fit;
     // The receiving daemon restarted since this frame was last sent: the one
     // before may have delivered it, and the new one cannot know.
     if (e.sent_to_instance != 0 && e.sent_to_instance != l->peer_instance && !e.maybe_redelivered) {
@@ -523,9 +563,12 @@ void DataAgent::pump(Peer& p, OutStream& s) {
     req.payload = c->segments->slot(f.slot);
     req.credit = credit;
     transport::PostResult r = l->transport->post(req);
-    if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) return;
-    s.pending.pop_front();
-    s.credits.pop_front();
+    if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
+      return work + 1;  // the transport takes it later: still work
+    }
+    s.pending.erase(first);
+    s.credits.erase(fit);
+    ++work;
     if (r == transport::PostResult::kInvalid) {
       finishFrame(*c, f.slot, FL_ERR_TRANSPORT, "the transport refused the frame");
       continue;
@@ -534,11 +577,13 @@ void DataAgent::pump(Peer& p, OutStream& s) {
     e.credit_id = req.cookie;  // producer side: the cookie of the post
     e.peer_key = l->id;
     e.sent_to_instance = l->peer_instance;
+    e.was_posted = true;
     s.unacked[e.sequence] = f;
     posted_[req.cookie] = Posted{f, p.name, s.id, e.sequence};
     ++l->frames_out;
     ++posted;
   }
+  return work;
 }
 
 size_t DataAgent::pumpAll() {
@@ -549,10 +594,8 @@ size_t DataAgent::pumpAll() {
     const Link* l = link(p.link_id);
     if (l == nullptr || l->closing || !l->transport) continue;
     for (auto& [id, s] : p.out_streams) {
-      if (!s.pending.empty() && !s.credits.empty()) {
-        pump(p, s);
-        ++work;
-      }
+      // Frames waiting for a credit they fit are no work either.
+      if (!s.pending.empty() && !s.credits.empty()) work += pump(p, s);
     }
   }
   return work;
@@ -594,6 +637,22 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
   OutStream& s = sit->second;
   auto it = s.unacked.find(sequence);
   if (it == s.unacked.end()) {
+    // A frame waiting to be replayed (its link broke before the ACK came) is
+    // settled by the ACK its receiver sends again on the new link: it needs
+    // no credit for that, and must not fail for the want of one.
+    auto pit = s.pending.find(sequence);
+    if (status == FL_OK && pit != s.pending.end()) {
+      FrameRef f = pit->second;
+      ClientSession* c = client(f.client_id);
+      if (c != nullptr && c->slots[f.slot].state == SlotState::kPending &&
+          c->slots[f.slot].sequence == sequence && c->slots[f.slot].was_posted) {
+        s.pending.erase(pit);
+        metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
+        finishFrame(*c, f.slot, FL_OK, "");
+        maybeForget(*c);
+        return;
+      }
+    }
     spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)", p.name,
                   s.name, sequence);
     return;
@@ -614,7 +673,7 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
     e.credit_id = 0;
     e.peer_key = 0;
     e.deadline_ns = nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
-    s.pending.push_front(f);
+    s.pending.emplace(e.sequence, f);
     (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
                                    : metrics_.counters.frames_resent_credit)
         .fetch_add(1, std::memory_order_relaxed);
@@ -658,6 +717,8 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
   if (ist != in_states_.end()) {
     InState& in = ist->second;
     in.held.erase(e.sequence);
+    in.released.push_back(e.sequence);
+    if (in.released.size() > kMaxRefusedRemembered) in.released.pop_front();
     // The ACK goes over the sender's current link, which need not be the
     // one the frame came over.  With no link up it is not sent: the sender
     // replays the frame on its next link and gets the ACK then.
@@ -924,15 +985,24 @@ void DataAgent::requeueUnacked(uint64_t link_id, const std::string& reason) {
         it = s.unacked.erase(it);
       }
       if (replay.empty()) continue;
-      // Oldest first, ahead of the frames that never left.
+      // In sequence order with the frames that never left (and those a NACK
+      // sent back): the next link carries the stream in order.
       std::sort(replay.begin(), replay.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (auto r = replay.rbegin(); r != replay.rend(); ++r) s.pending.push_front(r->second);
+      for (const auto& [sequence, frame] : replay) s.pending.emplace(sequence, frame);
       metrics_.counters.frames_replayed.fetch_add(replay.size(), std::memory_order_relaxed);
       spdlog::info(
           "peer {} stream '{}': {} unacknowledged frames (seq {}..{}) will be sent again on the next "
           "link ({})",
           p.name, s.name, replay.size(), replay.front().first, replay.back().first, reason);
     }
+  }
+}
+
+void DataAgent::resendReleasedAcks(Link& l) {
+  for (const auto& [id, in] : in_states_) {
+    if (in.peer != l.peer || in.instance != l.peer_instance || in.released.empty()) continue;
+    auto& acks = pending_acks_[{l.id, in.stream_id}];
+    acks.insert(acks.end(), in.released.begin(), in.released.end());
   }
 }
 
@@ -985,6 +1055,8 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
     }
   }
 
+  resendReleasedAcks(l);
+
   Peer& p = peers_[l.peer];
   p.name = l.peer;
   if (p.link_id != 0 && p.link_id != l.id) {
@@ -999,6 +1071,7 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   p.link_id = l.id;
   for (auto& [id, s] : p.out_streams) {
     s.credits.clear();
+    s.largest_credit = 0;
     v1::PeerMessage msg;
     msg.mutable_stream_open()->set_stream_id(id);
     msg.mutable_stream_open()->set_name(s.name);
@@ -1031,6 +1104,7 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
     p.link_id = 0;
     for (auto& [id, s] : p.out_streams) {
       s.credits.clear();
+      s.largest_credit = 0;
       s.announced = false;
     }
   }
@@ -1143,7 +1217,35 @@ void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
       return;
     }
     case v1::PeerMessage::kStreamClose: {
-      l.in_streams.erase(msg.stream_close().stream_id());
+      const uint64_t sid = msg.stream_close().stream_id();
+      auto it = l.in_streams.find(sid);
+      if (it == l.in_streams.end()) return;
+      const std::string name = it->second.name;
+      l.in_streams.erase(it);
+      // The stream's credits go back to their consumers, for other streams.
+      for (auto cit = credits_.begin(); cit != credits_.end();) {
+        if (cit->second.link_id != l.id || cit->second.stream_id != sid) {
+          ++cit;
+          continue;
+        }
+        if (ClientSession* c = client(cit->second.client_id)) {
+          SlotEntry& e = c->slots[cit->second.slot];
+          if (e.state == SlotState::kCredited && e.credit_id == cit->first) e = SlotEntry{};
+        }
+        if (l.transport) l.transport->retractCredit(cit->first);
+        cit = credits_.erase(cit);
+      }
+      // The sender closes a stream with nothing in flight: what was kept to
+      // answer its replays can go, unless a consumer still holds a frame.
+      auto key = std::make_tuple(l.peer, l.peer_instance, sid);
+      if (auto idit = in_state_ids_.find(key); idit != in_state_ids_.end()) {
+        auto ist = in_states_.find(idit->second);
+        if (ist == in_states_.end() || ist->second.held.empty()) {
+          if (ist != in_states_.end()) in_states_.erase(ist);
+          in_state_ids_.erase(idit);
+        }
+      }
+      grantCredits(name);
       return;
     }
     case v1::PeerMessage::kCreditGrant: {
@@ -1167,6 +1269,7 @@ void DataAgent::onPeerMessage(Link& l, const v1::PeerMessage& msg) {
         rc.remote_addr = cr.remote_addr();
         rc.rkey = cr.rkey();
         s.credits.push_back(rc);
+        s.largest_credit = std::max(s.largest_credit, rc.length);
       }
       pump(pit->second, s);
       return;
@@ -1240,9 +1343,8 @@ void DataAgent::checkDeadlines() {
           auto sit = pit->second.out_streams.find(e.stream_id);
           if (sit != pit->second.out_streams.end()) {
             auto& pending = sit->second.pending;
-            pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                         [&](const FrameRef& f) { return f.client_id == id && f.slot == s; }),
-                          pending.end());
+            auto f = pending.find(e.sequence);
+            if (f != pending.end() && f->second.client_id == id && f->second.slot == s) pending.erase(f);
           }
         }
         if (link_up) {

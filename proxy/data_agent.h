@@ -89,7 +89,13 @@ class DataAgent {
     std::string name;
     uint64_t next_sequence = 1;
     std::deque<transport::RemoteCredit> credits;
-    std::deque<FrameRef> pending;                    // submitted, waiting for a credit
+    uint64_t largest_credit = 0;  // the largest credit granted on the current link
+    // Submitted or to be sent again, waiting for a credit; by sequence, so a
+    // stream always leaves in sequence order -- also when NACKed frames and
+    // a broken link's unacknowledged ones go back into it.  The receiver
+    // relies on that: on a stream, a sequence at or below the highest it has
+    // seen is one it has had (dropDuplicate).
+    std::map<uint64_t, FrameRef> pending;
     std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
     bool announced = false;                          // StreamOpen sent on the current link
   };
@@ -128,6 +134,11 @@ class DataAgent {
     std::set<uint64_t> held;          // delivered, not yet released by the consumer
     std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
     std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
+    // Recently released sequences (bounded): their ACKs are sent again on
+    // every new link from this peer instance, since an ACK can be lost with
+    // the link that carried it, and the sender must learn of the release
+    // even when it gets no credit to replay the frame before its deadline.
+    std::deque<uint64_t> released;
   };
   struct CreditEntry {
     uint64_t client_id = 0;
@@ -163,10 +174,15 @@ class DataAgent {
 
   // Producer side.
   void onSubmit(ClientSession& client, const fl_submit_desc& desc);
-  void pump(Peer& peer, OutStream& stream);
+  // Posts what the stream's credits allow, in sequence order; returns the work done.
+  size_t pump(Peer& peer, OutStream& stream);
   void finishFrame(ClientSession& client, uint32_t slot, int status, const std::string& why);
   void onAck(Peer& peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
   OutStream& outStream(Peer& peer, const std::string& name);
+  // Forgets the out-stream `name` once no producer of it is left and none of
+  // its frames is in flight, and closes it on the link (a producer churning
+  // through stream names must not leave them all announced forever).
+  void maybeForgetStream(const std::string& name);
 
   // Consumer side.
   void onRelease(ClientSession& client, const fl_submit_desc& desc);
@@ -179,6 +195,9 @@ class DataAgent {
   uint64_t inStateId(const Link& link, uint64_t stream_id);
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(Link& link, const transport::FrameHeader& header);
+  // Sends the ACKs of recently released frames of this link's peer instance
+  // again (a new link: the old one may have lost them).
+  void resendReleasedAcks(Link& link);
   // Producer side: frames posted on a broken link go back to the front of
   // their stream's queue, to be sent again on the next link.
   void requeueUnacked(uint64_t link_id, const std::string& reason);

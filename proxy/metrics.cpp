@@ -66,6 +66,12 @@ std::string Metrics::prometheus() const {
       counters.frames_maybe_redelivered);
   counter("duplicates_dropped_total", "Replayed frames this daemon already had (not delivered again).",
           counters.duplicates_dropped);
+  counter("acks_for_replays_total",
+          "Frames waiting to be replayed that their receiver's repeated ACK settled (released before the "
+          "link broke).",
+          counters.acks_for_replays);
+  counter("streams_forgotten_total", "Out-streams closed on the link when their last producer left.",
+          counters.streams_forgotten);
   counter("frames_resent_crc_total", "Frames sent again after the peer found their CRC32C wrong.",
           counters.frames_resent_crc);
   counter("frames_resent_credit_total",

@@ -38,6 +38,8 @@ class Metrics {
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     std::atomic<uint64_t> frames_resent_crc{0};         // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};      // sent again after landing in a withdrawn credit
+    std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
+    std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
   };
   static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
 

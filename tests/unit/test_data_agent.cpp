@@ -293,6 +293,29 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
       CHECK(err.status == FL_ERR_DOUBLE_RELEASE);
       CHECK(err.slot == d.slot);
     }
+
+    SECTION("its ACK is sent again on the next link, before any replay (the first may be lost)") {
+      f.agent->post(CmdLinkDown{1, "test cut the link"});
+      TcpPair second = makeTcpPair();
+      f.linkUp(2, std::move(second.b));
+      auto again = f.capture.next([](auto& m) { return m.has_ack(); });
+      CHECK(again.ack().stream_id() == 42);
+      REQUIRE(again.ack().sequences_size() == 1);
+      CHECK(again.ack().sequences(0) == 1);
+    }
+  }
+
+  SECTION("a stream the sender closes gives its credits back to the consumer for the next stream") {
+    v1::PeerMessage close;
+    close.mutable_stream_close()->set_stream_id(42);
+    f.peerSays(close);
+    v1::PeerMessage open2;
+    open2.mutable_stream_open()->set_stream_id(43);
+    open2.mutable_stream_open()->set_name("cam");
+    f.peerSays(open2);
+    auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+    CHECK(grant2.credit_grant().stream_id() == 43);
+    CHECK(grant2.credit_grant().credits_size() == 4);  // every slot again, none left on stream 42
   }
 
   SECTION("a frame for a credit never granted is NACKed and the link stays usable") {
@@ -514,6 +537,136 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     CHECK(d.sequence == first.header.sequence);
     CHECK(f.metrics.counters.frames_replayed.load() == 1);
   }
+
+  SECTION("an ACK the receiver repeats on the next link settles a frame waiting for its replay") {
+    fill(0, 18, 10);
+    producer.push(0, 10);
+    grantOne(500, landing.size());
+    auto first = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    f.agent->post(CmdLinkDown{1, "test cut the link"});
+    TcpPair second = makeTcpPair();
+    f.linkUp(2, std::move(second.a));
+    // No credit on the new link: the receiver's repeated ACK alone completes it.
+    v1::PeerMessage ack;
+    ack.mutable_ack()->set_stream_id(stream_id);
+    ack.mutable_ack()->add_sequences(first.header.sequence);
+    f.peerSays(ack, 2);
+    fl_completion_desc d = producer.pop();
+    CHECK(d.status == FL_OK);
+    CHECK(d.frame_id == 18);
+    CHECK(f.metrics.counters.acks_for_replays.load() == 1);
+  }
+
+  SECTION("frames a NACK and a broken link send back go again in sequence order") {
+    // Four frames in four credits; the receiver refuses 1 and 2 (their credits
+    // were withdrawn), then the link breaks with 3 and 4 unacknowledged.  The
+    // receiver takes a sequence at or below the highest it saw for one it
+    // had, so the next link must carry 1, 2, 3, 4 -- in that order.
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> keep;
+    auto expose = [&](transport::Transport& t, uint64_t id) {
+      keep.push_back(std::make_shared<std::vector<uint8_t>>(4096));
+      transport::LocalCredit c;
+      c.keepalive = keep.back();
+      c.credit_id = id;
+      c.buffer = keep.back()->data();
+      c.capacity = keep.back()->size();
+      REQUIRE(t.exposeCredit(c).ok());
+    };
+    for (uint64_t id = 501; id <= 503; ++id) expose(*f.pair.b, id);
+    for (uint32_t slot = 0; slot < 4; ++slot) {
+      fill(slot, 30 + slot, 10);
+      producer.push(slot, 10);
+    }
+    for (uint64_t id = 500; id <= 503; ++id) grantOne(id, 4096);
+    for (int i = 0; i < 4; ++i) waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    for (uint64_t seq : {1, 2}) {
+      v1::PeerMessage nack;
+      nack.mutable_nack()->set_stream_id(stream_id);
+      nack.mutable_nack()->set_sequence(seq);
+      nack.mutable_nack()->set_code(v1::ERROR_CODE_UNKNOWN_CREDIT);
+      f.peerSays(nack);
+    }
+    f.agent->post(CmdLinkDown{1, "test cut the link"});
+    TcpPair second = makeTcpPair();
+    for (uint64_t id = 600; id < 604; ++id) expose(*second.b, id);
+    auto& peer_side = *second.b;
+    f.linkUp(2, std::move(second.a));
+    f.capture.next([](auto& m) { return m.has_stream_open(); });
+    v1::PeerMessage g;
+    g.mutable_credit_grant()->set_stream_id(stream_id);
+    for (uint64_t id = 600; id < 604; ++id) {
+      auto* c = g.mutable_credit_grant()->add_credits();
+      c->set_credit_id(id);
+      c->set_length(4096);
+    }
+    f.peerSays(g, 2);
+    std::vector<uint64_t> order;
+    for (int i = 0; i < 4; ++i) {
+      order.push_back(waitEvent(peer_side, transport::TransportEvent::Kind::kFrameArrived).header.sequence);
+    }
+    CHECK(order == std::vector<uint64_t>{1, 2, 3, 4});
+  }
+
+  SECTION("a frame too large for one consumer's slots takes another consumer's larger credit") {
+    v1::PeerMessage g;  // two consumers' credits: a small one first
+    g.mutable_credit_grant()->set_stream_id(stream_id);
+    auto* small_credit = g.mutable_credit_grant()->add_credits();
+    small_credit->set_credit_id(501);
+    small_credit->set_length(4096);
+    auto* large_credit = g.mutable_credit_grant()->add_credits();
+    large_credit->set_credit_id(500);
+    large_credit->set_length(landing.size());
+    f.peerSays(g);
+    fill(0, 19, 5000);
+    producer.push(0, 5000);
+    auto arrived = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    CHECK(arrived.header.frame_id == 19);
+    CHECK(arrived.header.credit_id == 500);
+    // The next large frame waits for a large credit (one exists), not TOO_LARGE;
+    // a small frame behind it keeps the stream's order and waits too.
+    fill(1, 20, 5000);
+    producer.push(1, 5000);
+    fill(2, 21, 100);
+    producer.push(2, 100);
+    CHECK(producer.idleFor(50ms));
+    auto small_memory = std::make_shared<std::vector<uint8_t>>(4096);
+    transport::LocalCredit small;
+    small.keepalive = small_memory;
+    small.credit_id = 501;
+    small.buffer = small_memory->data();
+    small.capacity = small_memory->size();
+    REQUIRE(f.pair.b->exposeCredit(small).ok());
+    REQUIRE(f.pair.b->exposeCredit(lc).ok());
+    grantOne(500, landing.size());
+    auto second = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    CHECK(second.header.frame_id == 20);
+    CHECK(second.header.credit_id == 500);
+    auto third = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    CHECK(third.header.frame_id == 21);
+    CHECK(third.header.credit_id == 501);
+  }
+}
+
+TEST_CASE("producer side: a stream is closed on the link when its last producer leaves",
+          "[agent][producer][streams]") {
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam-1", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  CHECK(open.stream_open().name() == "cam-1");
+  f.agent->post(CmdClientGone{1});
+  auto close = f.capture.next([](auto& m) { return m.has_stream_close(); });
+  CHECK(close.stream_close().stream_id() == open.stream_open().stream_id());
+  CHECK(f.metrics.counters.streams_forgotten.load() == 1);
+  // Not announced again on the next link.
+  f.agent->post(CmdLinkDown{1, "test cut the link"});
+  TcpPair second = makeTcpPair();
+  TestClient other = makeClient(2, FL_ROLE_PRODUCER, "cam-2", 2, 4096);
+  f.agent->post(CmdClientAttached{other.session});
+  f.linkUp(2, std::move(second.a));
+  auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  CHECK(reopen.stream_open().name() == "cam-2");
 }
 
 TEST_CASE("producer side: a broken link that does not come back fails the frame LINK_LOST",
