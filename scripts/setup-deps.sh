@@ -23,7 +23,7 @@ done
 
 packages=(
   # toolchain
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   # peer link (gRPC control + grpc data fallback) and its generated code
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # daemon libraries

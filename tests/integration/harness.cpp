@@ -299,6 +299,11 @@ void DaemonProcess::restart() {
   start();
 }
 
+void DaemonProcess::restart(Options options) {
+  options_ = std::move(options);
+  restart();
+}
+
 void DaemonProcess::kill9() {
   if (!alive()) return;
   ::kill(pid_, SIGKILL);

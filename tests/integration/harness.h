@@ -101,6 +101,8 @@ class DaemonProcess {
   // Starts the daemon again, after it exited, with the same options, socket and
   // log file (the log gets the new run appended).
   void restart();
+  // The same, with other options (e.g. the fixed port it first got from the kernel).
+  void restart(Options options);
   // SIGTERM and a bounded wait; SIGKILL after `timeout`.  Returns the wait status.
   int terminate(Millis timeout = Millis(5000));
 

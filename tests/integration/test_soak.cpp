@@ -139,12 +139,12 @@ TEST_CASE("soak: kill -9 cycles across producer, consumer and both daemons lose 
         break;
       case 2:
         a->kill9();
-        a = std::make_unique<DaemonProcess>(ao);
+        a->restart(ao);  // same directory and log: every instance's log is kept, in order
         break;
       case 3:
         b->kill9();
         b_deaths.push_back(monoNs());  // once it is dead: what it delivered before may come again
-        b = std::make_unique<DaemonProcess>(bo);
+        b->restart(bo);
         break;
     }
     // The apps of a daemon that died ended themselves (FL_ERR_DAEMON_GONE);
