@@ -27,6 +27,25 @@ enum class SlotState : uint8_t {
 
 const char* slotStateName(SlotState state) noexcept;
 
+// A doorbell: a datagram socket pair, one end the daemon's and one the
+// client's.  They are two open files, so nothing a client does to its end --
+// clearing O_NONBLOCK, never reading it, flooding it -- can make the daemon
+// block: the daemon only ever uses recv/send with MSG_DONTWAIT on its own end,
+// and a full queue just means the doorbell is already ringing.  (An eventfd
+// handed over by SCM_RIGHTS would share its file status flags and its counter
+// with the client.)
+struct Doorbell {
+  UniqueFd daemon_end;
+  UniqueFd client_end;
+};
+// False (errno set) when the socket pair cannot be made.
+bool makeDoorbell(Doorbell* out) noexcept;
+// Rings: one datagram; never blocks.
+void ringDoorbell(int daemon_end) noexcept;
+// Clears what is queued on the daemon's end, at most `max` rings (a client
+// that floods its doorbell gets no more attention than one that rings once).
+void drainDoorbell(int daemon_end, int max = 64) noexcept;
+
 struct SlotEntry {
   SlotState state = SlotState::kFree;
   uint64_t sequence = 0;
@@ -53,8 +72,8 @@ struct ClientSession {
   uid_t uid = 0;
   gid_t gid = 0;
   std::shared_ptr<ClientSegments> segments;
-  UniqueFd submit_doorbell;      // client writes, daemon sleeps on it
-  UniqueFd completion_doorbell;  // daemon writes when the client sleeps
+  UniqueFd submit_doorbell;      // daemon's end: the client rings it, the daemon sleeps on it
+  UniqueFd completion_doorbell;  // daemon's end: the daemon rings it when the client sleeps
   UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
   uint32_t ring_capacity = 0;    // trusted copies, never re-read from the segment
   std::vector<SlotEntry> slots;

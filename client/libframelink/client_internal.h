@@ -42,8 +42,9 @@ struct fl_client {
   int sock;      /* attach socket: kept open, its closing is the detach */
   int control_fd;
   int data_fd;
-  int submit_efd;     /* we write it to wake the daemon */
-  int completion_efd; /* the daemon writes it to wake us (O_NONBLOCK) */
+  int submit_efd;     /* our end of the submit doorbell: we write it to wake the daemon */
+  int completion_efd; /* our end of the completion doorbell: the daemon rings it (O_NONBLOCK) */
+  int kick_efd;       /* our own eventfd, made by the first poller: wakes it (guarded by mu) */
   uint8_t* control;
   size_t control_len;
   uint8_t* data;
@@ -92,8 +93,9 @@ struct fl_client {
 
   /* For fl_reattach: what fl_attach asked for, and where. */
   fl_attach_request request;
-  char socket_path[108]; /* sizeof(sockaddr_un.sun_path) */
-  uint32_t generation;   /* [mu] reattachments so far */
+  char socket_path[108];      /* sizeof(sockaddr_un.sun_path) */
+  uint32_t attach_timeout_ms; /* from the options, for fl_reattach */
+  uint32_t generation;        /* [mu] reattachments so far */
   /* Segments of earlier attachments, replaced by anonymous memory so that a
    * stale pointer into them cannot fault; unmapped by fl_detach. [mu] */
   struct flx_region {

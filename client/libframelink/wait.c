@@ -2,18 +2,19 @@
  * Blocking waits on the completion ring and daemon liveness.
  *
  * Sleep protocol (shm_layout.h): set reader_sleeping, re-check the ring, and
- * only then block on the completion eventfd.  The daemon writes the eventfd
- * only while the flag is set, so neither side makes a system call while
- * frames flow.  The attach socket is in the same poll set: when the daemon
+ * only then block on the completion doorbell (our end of a datagram socket
+ * pair).  The daemon rings it only while the flag is set, so neither side
+ * makes a system call while frames flow.  The attach socket is in the same poll set: when the daemon
  * dies it hangs up, and a waiter returns FL_ERR_DAEMON_GONE instead of
  * sleeping forever.
  *
  * Several threads may wait at once, possibly for different things (a free
- * slot, a completion).  They must not share the eventfd: one thread's read()
+ * slot, a completion).  They must not share the doorbell: one thread's read()
  * would clear a wake-up another needed.  So one waiter at a time polls (the
  * poller) and the rest wait on a condition variable (followers), woken when
  * the poller returns and whenever a call frees a slot or queues a
- * completion; a poller is woken for those by a write to the eventfd.
+ * completion; a poller is woken for those by a write to our own eventfd
+ * (kick_efd), which it polls too.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,8 +78,9 @@ static void flx_poller_done_locked(fl_client* c) {
 }
 
 static void flx_kick_poller(fl_client* c) {
+  if (c->kick_efd < 0) return;
   uint64_t one = 1;
-  ssize_t n = write(c->completion_efd, &one, sizeof(one));
+  ssize_t n = write(c->kick_efd, &one, sizeof(one));
   (void)n;
 }
 
@@ -88,16 +91,19 @@ void flx_notify_locked(fl_client* c) {
 
 void flx_ring_submit_doorbell(fl_client* c) {
   uint64_t one = 1;
-  /* Nothing useful to do on failure: the eventfd counter cannot overflow in
-   * practice, and a dead daemon is reported through the socket. */
+  /* Nothing useful to do on failure: a full doorbell is already ringing, and a
+   * dead daemon is reported through the socket. */
   ssize_t n = write(c->submit_efd, &one, sizeof(one));
   (void)n;
 }
 
 static void flx_clear_doorbell(fl_client* c) {
+  /* The doorbell is a datagram socket: one read per ring, until EAGAIN
+   * (O_NONBLOCK); bounded, since its queue is short. */
   uint64_t v;
-  ssize_t n = read(c->completion_efd, &v, sizeof(v)); /* O_NONBLOCK: EAGAIN when already clear */
-  (void)n;
+  for (int i = 0; i < 64; ++i) {
+    if (read(c->completion_efd, &v, sizeof(v)) < 0) break;
+  }
 }
 
 /* A non-blocking call found nothing: from now on the daemon rings the
@@ -176,6 +182,9 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       c->followers--;
       continue;
     }
+    if (c->kick_efd < 0) c->kick_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: no kicks, polls */
+    const int kick = c->kick_efd;
+    if (kick < 0 && (wait_ms < 0 || wait_ms > 10)) wait_ms = 10; /* no kicks: poll in slices */
     c->poller_active = 1;
     if (!fl_ring_prepare_sleep(c->completion)) {
       flx_poller_done_locked(c);
@@ -183,10 +192,17 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
     }
     pthread_mutex_unlock(&c->mu);
 
-    struct pollfd p[2] = {{.fd = c->completion_efd, .events = POLLIN}, {.fd = c->sock, .events = POLLRDHUP}};
-    int n = poll(p, 2, wait_ms);
+    struct pollfd p[3] = {{.fd = c->completion_efd, .events = POLLIN},
+                          {.fd = c->sock, .events = POLLRDHUP},
+                          {.fd = kick, .events = POLLIN}};
+    int n = poll(p, kick >= 0 ? 3 : 2, wait_ms);
     int err = errno;
     if (n > 0 && (p[0].revents & POLLIN)) flx_clear_doorbell(c);
+    if (n > 0 && kick >= 0 && (p[2].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t r = read(kick, &v, sizeof(v));
+      (void)r;
+    }
 
     pthread_mutex_lock(&c->mu);
     flx_poller_done_locked(c);

@@ -407,8 +407,10 @@ std::shared_ptr<ClientSession> makeClient(uint64_t id, uint32_t role) {
   c->role = role;
   c->stream = "cam";
   c->segments = segments(role);
-  c->submit_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  c->completion_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  Doorbell submit, completion;  // the application's ends close: nobody rings them here
+  if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) std::abort();
+  c->submit_doorbell = std::move(submit.daemon_end);
+  c->completion_doorbell = std::move(completion.daemon_end);
   c->ring_capacity = c->segments->geometry().ring_capacity;
   c->slots.resize(kSlots);
   return c;

@@ -116,7 +116,10 @@ class FakeDaemon {
   bool ringIfAsleep() {
     if (!fl_ring_reader_needs_wake(completion_)) return false;
     uint64_t one = 1;
-    if (write(completion_efd_, &one, sizeof(one)) != sizeof(one)) std::abort();
+    // A full doorbell queue is a doorbell already ringing, as in framelinkd.
+    if (send(completion_efd_, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof(one) &&
+        errno != EAGAIN)
+      std::abort();
     wakes_++;
     return true;
   }
@@ -162,7 +165,7 @@ class FakeDaemon {
     reply.fd_count = FL_ATTACH_FD_COUNT;
     reply.control_size = control_size_;
     reply.data_size = data_size_;
-    int fds[4] = {control_fd_, data_fd_, submit_efd_, completion_efd_};
+    int fds[4] = {control_fd_, data_fd_, client_submit_.get(), client_completion_.get()};
     int nfds = fault_ == Fault::kThreeFds ? 3 : 4;
     char cbuf[CMSG_SPACE(sizeof(fds))] = {};
     iovec iov{&reply, sizeof(reply)};
@@ -177,6 +180,8 @@ class FakeDaemon {
     c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
     std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     sendmsg(conn_, &msg, MSG_NOSIGNAL);
+    client_submit_.reset();  // the client has its own copies now
+    client_completion_.reset();
   }
 
   // Segments laid out the way framelinkd lays them out.
@@ -194,8 +199,14 @@ class FakeDaemon {
 
     control_fd_ = memfd_create("framelink-control", MFD_CLOEXEC);
     data_fd_ = memfd_create("framelink-data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    submit_efd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    completion_efd_ = eventfd(0, EFD_CLOEXEC);
+    // Doorbells as framelinkd makes them: datagram socket pairs, one end each.
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) std::abort();
+    submit_efd_ = sv[0];
+    client_submit_.reset(sv[1]);
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) std::abort();
+    completion_efd_ = sv[0];
+    client_completion_.reset(sv[1]);
     if (ftruncate(control_fd_, static_cast<off_t>(control_size_)) != 0) std::abort();
     if (ftruncate(data_fd_, static_cast<off_t>(data_size_)) != 0) std::abort();
     control_ = static_cast<uint8_t*>(
@@ -241,7 +252,16 @@ class FakeDaemon {
   int conn_ = -1;
   std::thread thread_;
   fl_attach_request req_{};
-  int control_fd_ = -1, data_fd_ = -1, submit_efd_ = -1, completion_efd_ = -1;
+  int control_fd_ = -1, data_fd_ = -1, submit_efd_ = -1, completion_efd_ = -1;  // the daemon's ends
+  struct OwnedFd {
+    int fd = -1;
+    ~OwnedFd() { reset(); }
+    void reset(int n = -1) {
+      if (fd >= 0) close(fd);
+      fd = n;
+    }
+    int get() const { return fd; }
+  } client_submit_, client_completion_;  // the client's ends until they are sent
   uint8_t* control_ = nullptr;
   uint8_t* data_ = nullptr;
   uint64_t control_size_ = 0, data_size_ = 0;

@@ -94,7 +94,9 @@ TcpPair makeTcpPair() {
 
 struct TestClient {
   std::shared_ptr<ClientSession> session;
-  UniqueFd peer_socket;  // the "application" end of the attach socket
+  UniqueFd peer_socket;      // the "application" end of the attach socket
+  UniqueFd submit_bell;      // the application's end of the submit doorbell
+  UniqueFd completion_bell;  // the application's end of the completion doorbell
 
   fl_ring_header* submit() const { return session->segments->submitRing(); }
   fl_ring_header* completion() const { return session->segments->completionRing(); }
@@ -104,7 +106,7 @@ struct TestClient {
     fl_submit_desc d{slot, flags, length};
     REQUIRE(fl_ring_push(submit(), cap(), sizeof(d), &d) == FL_RING_OK);
     uint64_t one = 1;
-    REQUIRE(::write(session->submit_doorbell.get(), &one, sizeof(one)) == sizeof(one));
+    REQUIRE(::write(submit_bell.get(), &one, sizeof(one)) == sizeof(one));
   }
   fl_completion_desc pop() {
     fl_completion_desc c{};
@@ -140,8 +142,13 @@ TestClient makeClient(uint64_t id, uint32_t role, const std::string& stream, uin
   c.session->role = role;
   c.session->stream = stream;
   c.session->segments = seg.value();
-  c.session->submit_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  c.session->completion_doorbell = UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  Doorbell submit, completion;
+  REQUIRE(makeDoorbell(&submit));
+  REQUIRE(makeDoorbell(&completion));
+  c.session->submit_doorbell = std::move(submit.daemon_end);
+  c.session->completion_doorbell = std::move(completion.daemon_end);
+  c.submit_bell = std::move(submit.client_end);
+  c.completion_bell = std::move(completion.client_end);
   c.session->socket = UniqueFd(sv[0]);
   c.session->ring_capacity = seg.value()->geometry().ring_capacity;
   c.session->slots.resize(slots);
@@ -778,7 +785,7 @@ TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]")
   f.linkUp();
   __atomic_store_n(&bad.submit()->tail, uint64_t{1000}, __ATOMIC_RELEASE);
   uint64_t one = 1;
-  REQUIRE(::write(bad.session->submit_doorbell.get(), &one, sizeof(one)) == sizeof(one));
+  REQUIRE(::write(bad.submit_bell.get(), &one, sizeof(one)) == sizeof(one));
   // The agent shuts the attach socket down: the application end sees EOF.
   char byte;
   auto end = std::chrono::steady_clock::now() + kDeadline;
