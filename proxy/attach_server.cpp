@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -57,9 +58,13 @@ AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAtta
 AttachServer::~AttachServer() { stop(); }
 
 Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config, DaemonIdentity identity,
-                                                           OnAttach on_attach, OnDetach on_detach) {
+                                                           OnAttach on_attach, OnDetach on_detach,
+                                                           Metrics* metrics) {
   std::unique_ptr<AttachServer> server(
       new AttachServer(config, identity, std::move(on_attach), std::move(on_detach)));
+  server->metrics_ = metrics;
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) server->fd_limit_ = nofile.rlim_cur;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (config.socket_path.size() >= sizeof(addr.sun_path)) {
@@ -133,10 +138,48 @@ void AttachServer::stop() {
   ::unlink(config_.socket_path.c_str());
 }
 
+void AttachServer::reject(Metrics::AttachReject reason) {
+  if (metrics_ != nullptr) metrics_->recordAttachReject(reason);
+}
+
+int AttachServer::expireHandshakes() {
+  const auto now = std::chrono::steady_clock::now();
+  if (accept_paused_ && now >= accept_resume_) {
+    accept_paused_ = false;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = listen_fd_.get();
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
+  }
+  std::vector<int> expired;
+  auto next = std::chrono::steady_clock::time_point::max();
+  for (const auto& [fd, c] : connections_) {
+    if (c.client_id != 0) continue;
+    if (c.deadline <= now) {
+      expired.push_back(fd);
+    } else {
+      next = std::min(next, c.deadline);
+    }
+  }
+  for (int fd : expired) {
+    const uid_t uid = connections_[fd].uid;
+    log_timeout_.warn("attach: a connection of uid {} sent no attach request within {} ms: closed", uid,
+                      kHandshakeMs);
+    reject(Metrics::AttachReject::kHandshakeTimeout);
+    sendRefusal(fd, FL_ERR_BAD_REQUEST,
+                "no attach request within " + std::to_string(kHandshakeMs) + " ms of connecting");
+    dropConnection(fd);
+  }
+  if (accept_paused_) next = std::min(next, accept_resume_);
+  if (next == std::chrono::steady_clock::time_point::max()) return -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+  return static_cast<int>(std::clamp<long long>(ms, 1, kHandshakeMs));
+}
+
 void AttachServer::run() {
   epoll_event events[32];
   while (running_) {
-    int n = ::epoll_wait(epoll_fd_.get(), events, 32, -1);
+    int n = ::epoll_wait(epoll_fd_.get(), events, 32, expireHandshakes());
     if (n < 0) {
       if (errno == EINTR) continue;
       spdlog::error("attach: epoll_wait failed: {}", errnoText());
@@ -165,16 +208,51 @@ void AttachServer::run() {
 }
 
 void AttachServer::acceptAll() {
-  for (;;) {
+  for (int accepted = 0; accepted < 64; ++accepted) {  // bounded: the other connections get their turn
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        spdlog::warn("attach: accept failed: {}", errnoText());
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: the connection stays in the backlog.  Pause
+        // accepting instead of spinning on a listener that stays readable.
+        reject(Metrics::AttachReject::kFdLimit);
+        log_accept_.warn(
+            "attach: accept failed: {}; not accepting for {} ms (raise LimitNOFILE, or find the process "
+            "holding connections: framelink clients)",
+            errnoText(), kAcceptBackoffMs);
+        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+        accept_paused_ = true;
+        accept_resume_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAcceptBackoffMs);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        log_accept_.warn("attach: accept failed: {}", errnoText());
       }
       return;
     }
+    if (fd_limit_ > 0 && static_cast<uint64_t>(fd) >= fd_limit_ * 8 / 10 && !fd_warned_) {
+      spdlog::warn("attach: {} of {} file descriptors in use (80 %); raise LimitNOFILE for more clients", fd,
+                   fd_limit_);
+      fd_warned_ = true;
+    } else if (fd_limit_ > 0 && static_cast<uint64_t>(fd) < fd_limit_ / 2) {
+      fd_warned_ = false;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+    if (pending_by_uid_[cred.uid] >= kMaxPendingPerUid) {
+      reject(Metrics::AttachReject::kTooManyPending);
+      log_pending_.warn(
+          "attach: uid {} (pid {}) already has {} connections without an attach request: refused", cred.uid,
+          cred.pid, kMaxPendingPerUid);
+      sendRefusal(fd, FL_ERR_QUOTA,
+                  "too many connections of this user are waiting to attach (" +
+                      std::to_string(kMaxPendingPerUid) + "); close the idle ones");
+      ::close(fd);
+      continue;
+    }
+    ++pending_by_uid_[cred.uid];
     Connection c;
     c.fd = UniqueFd(fd);
+    c.uid = cred.uid;
+    c.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kHandshakeMs);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
@@ -188,6 +266,10 @@ void AttachServer::dropConnection(int fd) {
   if (it == connections_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   uint64_t client_id = it->second.client_id;
+  if (client_id == 0) {
+    auto p = pending_by_uid_.find(it->second.uid);
+    if (p != pending_by_uid_.end() && --p->second == 0) pending_by_uid_.erase(p);
+  }
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
 }
@@ -214,8 +296,9 @@ void AttachServer::handleRequest(int fd) {
   ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
 
   if (static_cast<size_t>(n) != sizeof(req)) {
-    spdlog::warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid, cred.uid, n,
-                 sizeof(req));
+    reject(Metrics::AttachReject::kInvalid);
+    log_refused_.warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid,
+                      cred.uid, n, sizeof(req));
     sendRefusal(fd, FL_ERR_BAD_REQUEST,
                 "attach request of " + std::to_string(n) + " bytes, expected " + std::to_string(sizeof(req)) +
                     "; use a matching libframelink");
@@ -224,7 +307,8 @@ void AttachServer::handleRequest(int fd) {
   }
   Status valid = validateRequest(config_, req, cred.uid, cred.gid);
   if (!valid) {
-    spdlog::warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, valid.error().message);
+    reject(Metrics::AttachReject::kInvalid);
+    log_refused_.warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, valid.error().message);
     sendRefusal(fd, valid.error().code, valid.error().message);
     dropConnection(fd);
     return;
@@ -262,10 +346,11 @@ void AttachServer::handleRequest(int fd) {
     }
     segments.value()->holdRegistration(std::move(registration.value()));
   }
-  UniqueFd submit_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  UniqueFd completion_doorbell(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  Doorbell submit_doorbell;
+  Doorbell completion_doorbell;
+  bool doorbells = makeDoorbell(&submit_doorbell) && makeDoorbell(&completion_doorbell);
   UniqueFd socket_dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!submit_doorbell.valid() || !completion_doorbell.valid() || !socket_dup.valid()) {
+  if (!doorbells || !socket_dup.valid()) {
     sendRefusal(fd, FL_ERR_RESOURCES, "the daemon ran out of file descriptors: " + errnoText());
     dropConnection(fd);
     return;
@@ -283,7 +368,7 @@ void AttachServer::handleRequest(int fd) {
                 static_cast<unsigned long long>(client_id));
 
   int fds[FL_ATTACH_FD_COUNT] = {segments.value()->controlFd(), segments.value()->dataFd(),
-                                 submit_doorbell.get(), completion_doorbell.get()};
+                                 submit_doorbell.client_end.get(), completion_doorbell.client_end.get()};
   iovec iov{&reply, sizeof(reply)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
   msghdr msg{};
@@ -312,12 +397,16 @@ void AttachServer::handleRequest(int fd) {
   session->uid = cred.uid;
   session->gid = cred.gid;
   session->segments = std::move(segments.value());
-  session->submit_doorbell = std::move(submit_doorbell);
-  session->completion_doorbell = std::move(completion_doorbell);
+  session->submit_doorbell = std::move(submit_doorbell.daemon_end);
+  session->completion_doorbell = std::move(completion_doorbell.daemon_end);
   session->socket = std::move(socket_dup);
   session->ring_capacity = session->segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);
-  connections_[fd].client_id = client_id;
+  Connection& conn = connections_[fd];
+  conn.client_id = client_id;
+  if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
+    pending_by_uid_.erase(p);
+  }
   spdlog::info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id, cred.pid,
                cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer",
                session->stream, req.slot_count, req.slot_size,

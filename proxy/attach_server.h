@@ -14,10 +14,12 @@
 #include <thread>
 
 #include "client_session.h"
+#include "common/log_limit.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "config.h"
 #include "framelink/attach_proto.h"
+#include "metrics.h"
 
 namespace framelink {
 
@@ -31,8 +33,17 @@ class AttachServer {
   using OnAttach = std::function<void(std::shared_ptr<ClientSession>)>;
   using OnDetach = std::function<void(uint64_t client_id)>;
 
+  // What a connection that has not attached yet may hold: it must send its
+  // request within kHandshakeMs, and one uid may have at most
+  // kMaxPendingPerUid such connections at once.
+  static constexpr int kHandshakeMs = 2000;
+  static constexpr size_t kMaxPendingPerUid = 32;
+  // Out of file descriptors: accepting pauses this long instead of spinning.
+  static constexpr int kAcceptBackoffMs = 100;
+
   static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
-                                                      OnAttach on_attach, OnDetach on_detach);
+                                                      OnAttach on_attach, OnDetach on_detach,
+                                                      Metrics* metrics = nullptr);
   ~AttachServer();
 
   // Registers each client's data segment with the rdma device (producer:
@@ -57,6 +68,10 @@ class AttachServer {
   void handleRequest(int fd);
   void sendRefusal(int fd, int status, const std::string& message);
   void dropConnection(int fd);
+  // Drops connections that sent no request before their deadline; returns
+  // the epoll timeout until the next deadline (-1: none).
+  int expireHandshakes();
+  void reject(Metrics::AttachReject reason);
 
   const Config& config_;
   DaemonIdentity identity_;
@@ -70,12 +85,22 @@ class AttachServer {
   std::thread thread_;
   std::atomic<bool> running_{false};
   uint64_t next_client_id_ = 1;
+  Metrics* metrics_ = nullptr;  // may be null (tests)
 
   struct Connection {
     UniqueFd fd;
     uint64_t client_id = 0;  // 0 until attached
+    uid_t uid = 0;
+    std::chrono::steady_clock::time_point deadline{};  // for the request, while not attached
   };
-  std::map<int, Connection> connections_;  // owned by the attach thread
+  // Owned by the attach thread.
+  std::map<int, Connection> connections_;
+  std::map<uid_t, size_t> pending_by_uid_;  // connections that have not attached yet
+  bool accept_paused_ = false;
+  std::chrono::steady_clock::time_point accept_resume_{};
+  uint64_t fd_limit_ = 0;  // RLIMIT_NOFILE at start
+  bool fd_warned_ = false;
+  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_;
 };
 
 }  // namespace framelink

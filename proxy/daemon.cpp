@@ -65,7 +65,7 @@ class DaemonImpl final : public Daemon {
     auto attach = AttachServer::create(
         config_, identity,
         [this](std::shared_ptr<ClientSession> c) { agent_->post(CmdClientAttached{std::move(c)}); },
-        [this](uint64_t id) { agent_->post(CmdClientGone{id}); });
+        [this](uint64_t id) { agent_->post(CmdClientGone{id}); }, &metrics_);
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
     RdmaSupport rdma = openRdma();

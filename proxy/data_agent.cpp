@@ -68,12 +68,6 @@ std::string statusName(int status) {
   return text.substr(0, text.find(':'));
 }
 
-void drainEventFd(int fd) {
-  uint64_t value;
-  while (::read(fd, &value, sizeof(value)) > 0) {
-  }
-}
-
 }  // namespace
 
 DataAgent::DataAgent(const Config& config, Metrics& metrics)
@@ -203,7 +197,7 @@ void DataAgent::sleep() {
   for (auto& [id, c] : clients_) {
     if (c->gone) continue;
     fl_ring_end_sleep(c->segments->submitRing());
-    drainEventFd(c->submit_doorbell.get());
+    drainDoorbell(c->submit_doorbell.get());
   }
 }
 
@@ -426,7 +420,8 @@ void DataAgent::onSubmit(ClientSession& c, const fl_submit_desc& desc) {
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(status);
     ++c.errors;
-    spdlog::warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, slot, statusName(status), why);
+    log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, slot, statusName(status),
+                            why);
     if (!c.complete(slot, status, 0, desc.length, 0)) {
       detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
     }
@@ -615,8 +610,8 @@ void DataAgent::finishFrame(ClientSession& c, uint32_t slot, int status, const s
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(status);
     ++c.errors;
-    spdlog::warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
-                 e.frame_id, statusName(status), why);
+    log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
+                     e.frame_id, statusName(status), why);
   }
   uint64_t sequence = e.sequence;
   uint64_t length = e.length;
@@ -677,8 +672,8 @@ void DataAgent::onAck(Peer& p, uint64_t stream_id, uint64_t sequence, int status
     (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
                                    : metrics_.counters.frames_resent_credit)
         .fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c->id,
-                 c->stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
+    log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c->id,
+                     c->stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
     return;
   }
   finishFrame(*c, f.slot, status, why);
@@ -691,8 +686,8 @@ void DataAgent::onRelease(ClientSession& c, const fl_submit_desc& desc) {
   auto reject = [&](int status, const std::string& why) {
     metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
     ++c.errors;
-    spdlog::warn("client {} stream '{}': release of slot {} rejected: {}: {}", c.id, c.stream, desc.slot,
-                 statusName(status), why);
+    log_client_errors_.warn("client {} stream '{}': release of slot {} rejected: {}: {}", c.id, c.stream,
+                            desc.slot, statusName(status), why);
     if (!c.complete(desc.slot, status, 0, 0, 0)) {
       detachClient(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
     }
@@ -812,8 +807,8 @@ void DataAgent::grantCredits(const std::string& name) {
 void DataAgent::sendNack(Link& l, uint64_t stream_id, uint64_t sequence, int code,
                          const std::string& message) {
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
-  spdlog::warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
-               statusName(code), message);
+  log_refused_.warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer, stream_id, sequence,
+                    statusName(code), message);
   if (resendable(code) && l.in_streams.count(stream_id) != 0) {
     // Not delivered (damaged in transit, or its credit was withdrawn): the
     // sender sends it again, and that copy is not a duplicate even when

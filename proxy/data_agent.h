@@ -20,6 +20,7 @@
 
 #include "client_session.h"
 #include "command_queue.h"
+#include "common/log_limit.h"
 #include "common/unique_fd.h"
 #include "config.h"
 #include "framelink/v1/link.pb.h"
@@ -234,6 +235,9 @@ class DataAgent {
   std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
       pending_acks_;                    // (link, stream) -> sequences
   std::set<std::string> dirty_grants_;  // streams with slots to grant again
+  // What clients and peers can make the agent log, per frame: at most a line
+  // a second per cause, with the number suppressed.
+  LogLimiter log_client_errors_, log_failed_, log_resent_, log_refused_;
   // Producer frame headers copied out of the segment at submit, by (client, slot).
   std::unordered_map<uint64_t, std::vector<transport::FrameHeader>> headers_;
 };

@@ -33,6 +33,22 @@ void Metrics::recordFailure(int status) noexcept {
   }
 }
 
+const char* Metrics::attachRejectName(AttachReject reason) noexcept {
+  switch (reason) {
+    case AttachReject::kHandshakeTimeout:
+      return "handshake_timeout";
+    case AttachReject::kTooManyPending:
+      return "too_many_pending";
+    case AttachReject::kFdLimit:
+      return "fd_limit";
+    case AttachReject::kInvalid:
+      return "invalid";
+    case AttachReject::kCount:
+      break;
+  }
+  return "?";
+}
+
 void Metrics::setDetail(std::string json) {
   std::lock_guard<std::mutex> lock(detail_mutex_);
   detail_ = std::move(json);
@@ -80,6 +96,16 @@ std::string Metrics::prometheus() const {
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';
+  counter("handshakes_timed_out_total", "tcp data handshakes that did not finish before their deadline.",
+          counters.handshakes_timed_out);
+  counter("handshakes_refused_total", "tcp data connections refused: too many handshakes at once.",
+          counters.handshakes_refused);
+  out << "# HELP framelink_attach_rejected_total Attach connections turned away, by reason.\n"
+         "# TYPE framelink_attach_rejected_total counter\n";
+  for (size_t i = 0; i < attach_rejected_.size(); ++i) {
+    out << "framelink_attach_rejected_total{reason=\"" << attachRejectName(static_cast<AttachReject>(i))
+        << "\"} " << attach_rejected_[i].load(std::memory_order_relaxed) << '\n';
+  }
   out << "# HELP framelink_frames_failed_by_status Failed frames by fl_status.\n"
          "# TYPE framelink_frames_failed_by_status counter\n";
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {
@@ -107,7 +133,13 @@ std::string Metrics::json() const {
       << ",\"frames_released\":" << counters.frames_released.load()
       << ",\"bytes_sent\":" << counters.bytes_sent.load()
       << ",\"bytes_received\":" << counters.bytes_received.load()
-      << ",\"links_up\":" << counters.links_up.load() << ",\"detail\":";
+      << ",\"links_up\":" << counters.links_up.load() << ",\"attach_rejected\":{";
+  for (size_t i = 0; i < attach_rejected_.size(); ++i) {
+    out << (i == 0 ? "" : ",") << '"' << attachRejectName(static_cast<AttachReject>(i))
+        << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
+  }
+  out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
+      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"detail\":";
   std::lock_guard<std::mutex> lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();

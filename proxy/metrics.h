@@ -38,10 +38,28 @@ class Metrics {
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     std::atomic<uint64_t> frames_resent_crc{0};         // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};      // sent again after landing in a withdrawn credit
+    std::atomic<uint64_t> handshakes_timed_out{0};      // tcp data handshakes that did not finish in time
+    std::atomic<uint64_t> handshakes_refused{0};        // tcp data handshakes refused (too many at once)
     std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
     std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
   };
   static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
+
+  // Why the attach endpoint turned a connection away.
+  enum class AttachReject : size_t {
+    kHandshakeTimeout,  // connected and sent no request in time
+    kTooManyPending,    // one uid had too many connections without a request
+    kFdLimit,           // the daemon was out of file descriptors
+    kInvalid,           // malformed request or refused by policy / quota
+    kCount,
+  };
+  static const char* attachRejectName(AttachReject reason) noexcept;
+  void recordAttachReject(AttachReject reason) noexcept {
+    attach_rejected_[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t attachRejected(AttachReject reason) const noexcept {
+    return attach_rejected_[static_cast<size_t>(reason)].load(std::memory_order_relaxed);
+  }
 
   Counters counters;
 
@@ -62,6 +80,7 @@ class Metrics {
  private:
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency_{};
   std::array<std::atomic<uint64_t>, 512> failures_by_status_{};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
   mutable std::mutex detail_mutex_;
   std::string detail_ = "{}";  // GUARDED_BY(detail_mutex_)
   struct Server;
