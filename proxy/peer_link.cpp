@@ -226,7 +226,11 @@ Status PeerLinksImpl::init() {
       auto listener = transport::tcp::TcpDataListener::listen(
           config_.data_listen, config_.token,
           [this](uint64_t session_id, UniqueFd fd) { onTcpConnection(session_id, std::move(fd)); },
-          std::chrono::milliseconds(config_.connect_timeout_ms));
+          // Shorter than the dialer's whole dial: a stalled stranger goes
+          // before a genuine peer would give up.
+          std::chrono::milliseconds(std::max<uint32_t>(config_.connect_timeout_ms / 2, 100)), {},
+          transport::tcp::TcpListenerCounters{&metrics_.counters.handshakes_timed_out,
+                                              &metrics_.counters.handshakes_refused});
       if (!listener) {
         Error e = std::move(listener).error();
         return e.context("tcp data listener on " + config_.data_listen);

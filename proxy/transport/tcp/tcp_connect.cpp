@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -195,11 +196,9 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
 
 // ---------------------------------------------------------------- listener
 
-Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::string& host_port,
-                                                                 std::string token,
-                                                                 OnConnection on_connection,
-                                                                 std::chrono::milliseconds handshake_timeout,
-                                                                 TcpSocketOptions options) {
+Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
+    const std::string& host_port, std::string token, OnConnection on_connection,
+    std::chrono::milliseconds handshake_timeout, TcpSocketOptions options, TcpListenerCounters counters) {
   auto hp = parseHostPort(host_port);
   if (!hp) return std::move(hp).error().context("tcp data listener");
   const std::string& host = hp->first;
@@ -215,7 +214,7 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
 
-  UniqueFd fd(::socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC, list->ai_protocol));
+  UniqueFd fd(::socket(list->ai_family, list->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, list->ai_protocol));
   if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: socket: " + errnoText());
   int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -234,8 +233,9 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: eventfd: " + errnoText());
 
-  std::unique_ptr<TcpDataListener> l(new TcpDataListener(
-      std::move(fd), std::move(wake), port, std::move(token), std::move(on_connection), handshake_timeout));
+  std::unique_ptr<TcpDataListener> l(new TcpDataListener(std::move(fd), std::move(wake), port,
+                                                         std::move(token), std::move(on_connection),
+                                                         handshake_timeout, counters));
   try {
     l->thread_ = std::thread([p = l.get()] { p->acceptLoop(); });
   } catch (const std::system_error& e) {
@@ -246,13 +246,15 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(const std::stri
 }
 
 TcpDataListener::TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token,
-                                 OnConnection cb, std::chrono::milliseconds handshake_timeout)
+                                 OnConnection cb, std::chrono::milliseconds handshake_timeout,
+                                 TcpListenerCounters counters)
     : listen_fd_(std::move(listen_fd)),
       wake_fd_(std::move(wake_fd)),
       port_(port),
       token_(std::move(token)),
       on_connection_(std::move(cb)),
-      handshake_timeout_(handshake_timeout) {}
+      handshake_timeout_(handshake_timeout),
+      counters_(counters) {}
 
 TcpDataListener::~TcpDataListener() { stop(); }
 
@@ -262,45 +264,119 @@ void TcpDataListener::stop() noexcept {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
+struct TcpDataListener::Pending {
+  UniqueFd fd;
+  std::string peer;  // address:port
+  std::string host;  // address
+  TcpHello hello{};
+  size_t got = 0;
+  Clock::time_point deadline{};
+};
+
 void TcpDataListener::acceptLoop() noexcept {
+  std::vector<Pending> pending;
+  Clock::time_point accept_resume{};  // accept paused until then (out of descriptors)
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    const auto now = Clock::now();
+    // Deadlines first: a handshake that stalls half-way is dropped here.
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (now < it->deadline) {
+        ++it;
+        continue;
+      }
+      if (counters_.timed_out != nullptr) counters_.timed_out->fetch_add(1, std::memory_order_relaxed);
+      log_drop_.warn(
+          "tcp data listener: connection from {} dropped: no handshake within {} ms ({} of {} bytes)",
+          it->peer, handshake_timeout_.count(), it->got, sizeof(TcpHello));
+      it = pending.erase(it);
+    }
+    const bool accepting = now >= accept_resume && pending.size() < kMaxPendingHandshakes;
+    fds.clear();
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
+    auto next =
+        accepting ? Clock::time_point::max() : std::max(accept_resume, now + std::chrono::milliseconds(10));
+    for (const auto& p : pending) {
+      fds.push_back({p.fd.get(), POLLIN, 0});
+      next = std::min(next, p.deadline);
+    }
+    int timeout_ms = next == Clock::time_point::max() ? -1 : std::max(1, remainingMs(next));
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("tcp data listener: poll: {}", errnoText());
       return;
     }
-    if (fds[1].revents & POLLIN) return;
-    if (!(fds[0].revents & POLLIN)) continue;
-    sockaddr_storage peer{};
-    socklen_t len = sizeof peer;
-    UniqueFd conn(
-        ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!conn.valid()) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-        spdlog::warn("tcp data listener: accept: {}", errnoText());
-        // EMFILE and friends: do not spin on a listen socket that stays readable.
-        pollfd wake{wake_fd_.get(), POLLIN, 0};
-        if (::poll(&wake, 1, 100) > 0) return;
-      }
-      continue;
+    if (fds[0].revents & POLLIN) return;
+    // Handshakes that made progress (indices into `pending` match fds[2..]).
+    std::vector<bool> done(pending.size(), false);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[i + 2].revents != 0) done[i] = advance(pending[i]);
     }
-    handshake(std::move(conn), describe(peer));
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (done[i]) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (accepting && (fds[1].revents & POLLIN)) {
+      acceptSome(pending);
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        accept_resume = Clock::now() + std::chrono::milliseconds(100);  // no spinning on a readable listener
+      }
+    }
   }
 }
 
-void TcpDataListener::handshake(UniqueFd fd, const std::string& peer) noexcept {
-  const auto deadline = Clock::now() + handshake_timeout_;
-  TcpHello hello{};
-  Io io = transferAll(fd.get(), &hello, sizeof hello, false, deadline, wake_fd_.get());
-  if (io == Io::kWoken) return;
-  if (io != Io::kOk) {
-    spdlog::warn("tcp data listener: connection from {} dropped: no handshake ({})", peer,
-                 io == Io::kTimeout  ? "timed out"
-                 : io == Io::kClosed ? "closed early"
-                                     : errnoText());
-    return;
+void TcpDataListener::acceptSome(std::vector<Pending>& pending) noexcept {
+  while (pending.size() < kMaxPendingHandshakes) {
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    errno = 0;
+    UniqueFd conn(
+        ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn.valid()) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        log_accept_.warn("tcp data listener: accept: {} (pausing 100 ms)", errnoText());
+      }
+      return;
+    }
+    Pending p;
+    p.peer = describe(peer);
+    p.host = p.peer.substr(0, p.peer.rfind(':'));
+    size_t same = 0;
+    for (const auto& other : pending) same += other.host == p.host ? 1 : 0;
+    if (same >= kMaxPendingPerHost) {
+      // One host cannot take every slot: its extra connections are closed.
+      if (counters_.refused != nullptr) counters_.refused->fetch_add(1, std::memory_order_relaxed);
+      log_drop_.warn(
+          "tcp data listener: connection from {} refused: {} handshakes from {} in progress already", p.peer,
+          kMaxPendingPerHost, p.host);
+      continue;
+    }
+    p.fd = std::move(conn);
+    p.deadline = Clock::now() + handshake_timeout_;
+    pending.push_back(std::move(p));
   }
+  errno = 0;  // full: further connections wait in the backlog until a slot frees
+}
+
+bool TcpDataListener::advance(Pending& p) noexcept {
+  auto* buf = reinterpret_cast<uint8_t*>(&p.hello);
+  while (p.got < sizeof p.hello) {
+    ssize_t r = ::recv(p.fd.get(), buf + p.got, sizeof p.hello - p.got, MSG_DONTWAIT);
+    if (r > 0) {
+      p.got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    log_drop_.warn("tcp data listener: connection from {} dropped: no handshake ({})", p.peer,
+                   r == 0 ? std::string("closed early") : errnoText());
+    return true;
+  }
+  finish(p);
+  return true;
+}
+
+void TcpDataListener::finish(Pending& p) noexcept {
+  const TcpHello& hello = p.hello;
   TcpHelloReply reply{FL_OK, kTcpWireVersion};
   std::string why;
   if (std::memcmp(hello.magic, kTcpHelloMagic, sizeof hello.magic) != 0) {
@@ -318,21 +394,20 @@ void TcpDataListener::handshake(UniqueFd fd, const std::string& peer) noexcept {
       why = "wrong token (check --token on both daemons)";
     }
   }
-  // The reply fits an empty send buffer; a peer that does not read it is
-  // not worth waiting for.
-  Io sent =
-      transferAll(fd.get(), &reply, sizeof reply, true, Clock::now() + std::chrono::milliseconds(100), -1);
+  // The reply fits an empty send buffer: one non-blocking send, no waiting
+  // for a peer that does not read.
+  ssize_t sent = ::send(p.fd.get(), &reply, sizeof reply, MSG_DONTWAIT | MSG_NOSIGNAL);
   if (reply.status != FL_OK) {
-    spdlog::warn("tcp data listener: rejected connection from {} for session {:#x}: {}", peer,
-                 hello.session_id, why);
+    log_drop_.warn("tcp data listener: rejected connection from {} for session {:#x}: {}", p.peer,
+                   hello.session_id, why);
     return;
   }
-  if (sent != Io::kOk || !setNonBlocking(fd.get(), false)) {
-    spdlog::warn("tcp data listener: connection from {} lost during the handshake", peer);
+  if (sent != static_cast<ssize_t>(sizeof reply) || !setNonBlocking(p.fd.get(), false)) {
+    log_drop_.warn("tcp data listener: connection from {} lost during the handshake", p.peer);
     return;
   }
   try {
-    on_connection_(hello.session_id, std::move(fd));
+    on_connection_(hello.session_id, std::move(p.fd));
   } catch (const std::exception& e) {
     spdlog::error("tcp data listener: connection handler threw: {}", e.what());
   } catch (...) {

@@ -11,6 +11,9 @@
 #include <string>
 #include <thread>
 
+#include <vector>
+
+#include "common/log_limit.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 
@@ -41,21 +44,36 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
 // Splits "host:port", "[v6]:port" or ":port" (any address).
 Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port);
 
+// What a listener counts (pointers into the daemon's metrics; null: not counted).
+struct TcpListenerCounters {
+  std::atomic<uint64_t>* timed_out = nullptr;  // handshakes that did not finish before their deadline
+  std::atomic<uint64_t>* refused = nullptr;    // connections closed at once: too many from one address
+};
+
 class TcpDataListener {
  public:
-  // Called on the listener's accept thread for every connection whose
-  // handshake checked out.  The callee owns the socket; it should hand it on
-  // quickly (the daemon checks that session_id belongs to a live Session and
-  // builds a TcpTransport), since further connections wait meanwhile.
+  // Called on the listener's thread for every connection whose handshake
+  // checked out.  The callee owns the socket; it should hand it on quickly
+  // (the daemon checks that session_id belongs to a live Session and builds
+  // a TcpTransport).
   using OnConnection = std::function<void(uint64_t session_id, UniqueFd fd)>;
 
+  // Handshakes in progress at once (further connections wait in the
+  // backlog), and from one address (further ones are closed at once).
+  static constexpr size_t kMaxPendingHandshakes = 64;
+  static constexpr size_t kMaxPendingPerHost = 16;
+
   // Binds `host_port` ("0.0.0.0:0" for any address, ephemeral port) and
-  // starts the accept thread.  A connection whose handshake does not arrive
-  // within `handshake_timeout`, or has a bad magic, version or token, gets
-  // a status reply (where it makes sense), is closed and logged.
+  // starts the listener thread.  Handshakes run side by side on it, each
+  // without blocking: one that does not arrive within `handshake_timeout`,
+  // or has a bad magic, version or token, gets a status reply (where it
+  // makes sense), is closed and logged (rate-limited) -- a peer that stalls
+  // half-way holds one slot of kMaxPendingHandshakes until its deadline and
+  // delays nobody else.
   static Result<std::unique_ptr<TcpDataListener>> listen(
       const std::string& host_port, std::string token, OnConnection on_connection,
-      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5), TcpSocketOptions options = {});
+      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5), TcpSocketOptions options = {},
+      TcpListenerCounters counters = {});
 
   TcpDataListener(const TcpDataListener&) = delete;
   TcpDataListener& operator=(const TcpDataListener&) = delete;
@@ -67,10 +85,14 @@ class TcpDataListener {
   void stop() noexcept;
 
  private:
+  struct Pending;
   TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token, OnConnection cb,
-                  std::chrono::milliseconds handshake_timeout);
+                  std::chrono::milliseconds handshake_timeout, TcpListenerCounters counters);
   void acceptLoop() noexcept;
-  void handshake(UniqueFd fd, const std::string& peer) noexcept;
+  void acceptSome(std::vector<Pending>& pending) noexcept;
+  // Reads what arrived; true when the connection is finished with (handed on or dropped).
+  bool advance(Pending& p) noexcept;
+  void finish(Pending& p) noexcept;
 
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // eventfd: written by stop()
@@ -78,6 +100,8 @@ class TcpDataListener {
   const std::string token_;
   const OnConnection on_connection_;
   const std::chrono::milliseconds handshake_timeout_;
+  const TcpListenerCounters counters_;
+  LogLimiter log_drop_, log_accept_;
   std::thread thread_;
 };
 
