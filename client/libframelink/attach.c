@@ -24,8 +24,9 @@
 #include "framelink/attach_proto.h"
 
 #define FLX_DEFAULT_SOCKET "/run/framelink/framelinkd.sock"
-#define FLX_REPLY_TIMEOUT_S 30 /* the daemon may be allocating and locking a large segment */
-#define FLX_MAX_FDS 8          /* room for more than we expect, so extras are seen and closed */
+#define FLX_ATTACH_TIMEOUT_MS \
+  10000               /* default: connect, then the reply (the daemon may be locking a large segment) */
+#define FLX_MAX_FDS 8 /* room for more than we expect, so extras are seen and closed */
 /* Completions held locally at most, when an application never polls them. */
 #define FLX_MIN_QUEUE 4096u
 
@@ -142,7 +143,17 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
   return FL_OK;
 }
 
-static int flx_connect(const char* path, int* out_sock) {
+static int64_t flx_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Connects before `deadline_ms` (CLOCK_MONOTONIC).  A Unix socket's connect
+ * does not wait in the kernel when the daemon's backlog is full (EAGAIN on a
+ * non-blocking socket): it is retried until the deadline, so a daemon that
+ * does not accept never hangs the caller. */
+static int flx_connect(const char* path, int64_t deadline_ms, uint32_t timeout_ms, int* out_sock) {
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof(addr));
   addr.sun_family = AF_UNIX;
@@ -152,12 +163,29 @@ static int flx_connect(const char* path, int* out_sock) {
                      sizeof(addr.sun_path) - 1);
   memcpy(addr.sun_path, path, len + 1);
 
-  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return flx_error(FL_ERR_RESOURCES, "cannot create a Unix socket: %s", strerror(errno));
   int rc;
-  do {
+  for (;;) {
     rc = connect(s, (const struct sockaddr*)&addr, sizeof(addr));
-  } while (rc < 0 && errno == EINTR);
+    if (rc == 0 || (errno != EINTR && errno != EAGAIN)) break;
+    if (errno == EAGAIN) {
+      if (flx_mono_ms() >= deadline_ms) {
+        close(s);
+        return flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                         "framelinkd at %s did not accept the connection within %u ms (its backlog is full: "
+                         "overloaded, or out of file descriptors -- see its log); raise attach_timeout_ms "
+                         "or try again",
+                         path, timeout_ms);
+      }
+      struct timespec pause = {.tv_sec = 0, .tv_nsec = 5 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+    }
+  }
+  if (rc == 0) {
+    int fl = fcntl(s, F_GETFL);
+    if (fl >= 0) (void)fcntl(s, F_SETFL, fl & ~O_NONBLOCK);
+  }
   if (rc < 0) {
     int err = errno;
     close(s);
@@ -177,8 +205,8 @@ static int flx_connect(const char* path, int* out_sock) {
 }
 
 /* Sends the request and receives the reply with its fds (all -1 on failure). */
-static int flx_handshake(int s, const char* path, const fl_attach_request* req, fl_attach_reply* reply,
-                         int fds[FL_ATTACH_FD_COUNT]) {
+static int flx_handshake(int s, const char* path, const fl_attach_request* req, int64_t deadline_ms,
+                         uint32_t timeout_ms, fl_attach_reply* reply, int fds[FL_ATTACH_FD_COUNT]) {
   for (unsigned i = 0; i < FL_ATTACH_FD_COUNT; ++i) fds[i] = -1;
   ssize_t n;
   do {
@@ -188,7 +216,9 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
     return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s",
                      path, n < 0 ? strerror(errno) : "short write");
 
-  struct timeval tv = {.tv_sec = FLX_REPLY_TIMEOUT_S, .tv_usec = 0};
+  int64_t left_ms = deadline_ms - flx_mono_ms();
+  if (left_ms < 1) left_ms = 1;
+  struct timeval tv = {.tv_sec = (time_t)(left_ms / 1000), .tv_usec = (suseconds_t)(left_ms % 1000) * 1000};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 
   /* One byte more than a reply, so a longer (other-version) message shows as a size mismatch. */
@@ -230,8 +260,9 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
   if (n < 0) {
     rc = (err == EAGAIN || err == EWOULDBLOCK)
              ? flx_error(FL_ERR_DAEMON_UNREACHABLE,
-                         "framelinkd at %s did not answer the attach within %d s (see its log)", path,
-                         FLX_REPLY_TIMEOUT_S)
+                         "framelinkd at %s accepted the connection but did not answer the attach request "
+                         "within %u ms (overloaded? see its log); raise attach_timeout_ms or try again",
+                         path, timeout_ms)
              : flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot read the attach reply from framelinkd at %s: %s",
                          path, strerror(err));
   } else if (n == 0) {
@@ -286,7 +317,7 @@ static int flx_map(int fd, uint64_t size, int prot, const char* what, uint8_t** 
 static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   fl_client* c = (fl_client*)calloc(1, sizeof(*c));
   if (!c) return NULL;
-  c->sock = c->control_fd = c->data_fd = c->submit_efd = c->completion_efd = -1;
+  c->sock = c->control_fd = c->data_fd = c->submit_efd = c->completion_efd = c->kick_efd = -1;
   uint32_t qcap = FLX_MIN_QUEUE;
   while (qcap < ring_cap * 4u && qcap < (1u << 24)) qcap <<= 1;
   c->queue_cap = qcap;
@@ -313,15 +344,18 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
 }
 
 /* Connects to `path`, sends `req` and maps what the daemon hands out. */
-static int flx_attach_at(const char* path, const fl_attach_request* req, fl_client** out) {
+static int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms,
+                         fl_client** out) {
+  if (timeout_ms == 0) timeout_ms = FLX_ATTACH_TIMEOUT_MS;
+  const int64_t deadline_ms = flx_mono_ms() + timeout_ms;
   int sock = -1;
-  int rc = flx_connect(path, &sock);
+  int rc = flx_connect(path, deadline_ms, timeout_ms, &sock);
   if (rc != FL_OK) return rc;
 
   fl_attach_reply reply;
   memset(&reply, 0, sizeof(reply));
   int fds[FL_ATTACH_FD_COUNT];
-  rc = flx_handshake(sock, path, req, &reply, fds);
+  rc = flx_handshake(sock, path, req, deadline_ms, timeout_ms, &reply, fds);
   if (rc != FL_OK) {
     close(sock);
     return rc;
@@ -374,8 +408,8 @@ static int flx_attach_at(const char* path, const fl_attach_request* req, fl_clie
     goto fail;
   }
   {
-    /* We only write the completion eventfd to pass a wake-up on and read it
-     * to clear it; non-blocking so several waiters never block in read(). */
+    /* We only read the completion doorbell to clear it: non-blocking, so
+     * several waiters never block in read(). */
     int fl = fcntl(fds[3], F_GETFL);
     if (fl < 0 || fcntl(fds[3], F_SETFL, fl | O_NONBLOCK) < 0) {
       rc = flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s",
@@ -465,9 +499,10 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     return flx_error(FL_EINVAL, "fl_attach: socket path '%.80s...' is too long for a Unix socket", path);
 
   fl_client* c = NULL;
-  int rc = flx_attach_at(path, &req, &c);
+  int rc = flx_attach_at(path, &req, options->attach_timeout_ms, &c);
   if (rc != FL_OK) return rc;
   c->request = req;
+  c->attach_timeout_ms = options->attach_timeout_ms;
   snprintf(c->socket_path, sizeof(c->socket_path), "%s", path);
   *out = c;
   return FL_OK;
@@ -512,7 +547,7 @@ FL_API int fl_reattach(fl_client* c) {
   if (!stale && !flx_socket_hung_up(c)) return FL_OK; /* still served: nothing to do */
 
   fl_client* n = NULL;
-  int rc = flx_attach_at(c->socket_path, &c->request, &n);
+  int rc = flx_attach_at(c->socket_path, &c->request, c->attach_timeout_ms, &n);
   if (rc != FL_OK) return rc;
 
   pthread_mutex_lock(&c->mu);
@@ -573,8 +608,8 @@ FL_API void fl_detach(fl_client* c) {
   if (c->control) munmap(c->control, c->control_len);
   for (uint32_t i = 0; i < c->retired_count; ++i) munmap(c->retired[i].addr, c->retired[i].len);
   free(c->retired);
-  int fds[5] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock};
-  flx_close_fds(fds, 5);
+  int fds[6] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock, c->kick_efd};
+  flx_close_fds(fds, 6);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c->slot_state);

@@ -102,8 +102,9 @@ typedef struct fl_client_options {
   const char* stream;      /* stream name, [A-Za-z0-9._-]{1,63} */
   const char* client_name; /* informational; NULL: the program name */
   uint32_t slot_count;     /* 0: 8 */
-  uint32_t reserved;
-  uint64_t slot_size; /* 0: 4 MiB */
+  uint32_t
+      attach_timeout_ms; /* 0: 10000; bounds the connect and the daemon's reply (fl_attach, fl_reattach) */
+  uint64_t slot_size;    /* 0: 4 MiB */
 } fl_client_options;
 
 typedef struct fl_client_info {

@@ -51,10 +51,11 @@ inline bool checkWait(int status, const char* what) {
 
 struct Options {
   std::string stream;
-  std::string socket_path;  // empty: $FRAMELINK_SOCKET, else the default socket
-  std::string client_name;  // empty: the program name
-  uint32_t slot_count = 0;  // 0: the daemon's default
-  uint64_t slot_size = 0;   // 0: the daemon's default
+  std::string socket_path;         // empty: $FRAMELINK_SOCKET, else the default socket
+  std::string client_name;         // empty: the program name
+  uint32_t slot_count = 0;         // 0: the daemon's default
+  uint64_t slot_size = 0;          // 0: the daemon's default
+  uint32_t attach_timeout_ms = 0;  // 0: 10 s (connect and the daemon's answer)
 };
 
 struct FrameMeta {
@@ -111,6 +112,7 @@ class Client {
     o.client_name = options.client_name.empty() ? nullptr : options.client_name.c_str();
     o.slot_count = options.slot_count;
     o.slot_size = options.slot_size;
+    o.attach_timeout_ms = options.attach_timeout_ms;
     detail::check(fl_attach(&o, &client_), "fl_attach");
   }
 

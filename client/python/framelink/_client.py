@@ -221,9 +221,11 @@ class _Client:
         slot_size: int = 0,
         client_name: Optional[str] = None,
         auto_reattach: bool = False,
+        attach_timeout_ms: int = 0,
     ):
         """auto_reattach: when the daemon goes away, attach again by itself once it is back (see reattach());
-        until then calls find no slot / no frame instead of raising ERR_DAEMON_GONE."""
+        until then calls find no slot / no frame instead of raising ERR_DAEMON_GONE.
+        attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
@@ -235,6 +237,7 @@ class _Client:
         opts.stream, opts.socket_path, opts.client_name = self._keep
         opts.slot_count = slot_count
         opts.slot_size = slot_size
+        opts.attach_timeout_ms = attach_timeout_ms
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:

@@ -29,7 +29,7 @@ class ClientOptions(ctypes.Structure):
         ("stream", c_char_p),
         ("client_name", c_char_p),
         ("slot_count", c_uint32),
-        ("reserved", c_uint32),
+        ("attach_timeout_ms", c_uint32),
         ("slot_size", c_uint64),
     ]
 

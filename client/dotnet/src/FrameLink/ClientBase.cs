@@ -21,6 +21,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         options ??= new FrameLinkOptions();
         if (options.SlotCount < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotCount must be >= 0 (0: the default)");
         if (options.SlotSize < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotSize must be >= 0 (0: the default)");
+        if (options.AttachTimeoutMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "AttachTimeoutMs must be >= 0 (0: the default)");
         Stream = stream;
         autoReattach = options.AutoReattach;
         var o = new FlClientOptions();
@@ -28,6 +29,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.Role = role;
         o.SlotCount = (uint)options.SlotCount;
         o.SlotSize = (ulong)options.SlotSize;
+        o.AttachTimeoutMs = (uint)options.AttachTimeoutMs;
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);

@@ -14,7 +14,7 @@ internal unsafe struct FlClientOptions
     public byte* Stream;
     public byte* ClientName;
     public uint SlotCount;
-    public uint Reserved;
+    public uint AttachTimeoutMs;
     public ulong SlotSize;
 }
 

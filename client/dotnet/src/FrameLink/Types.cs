@@ -66,6 +66,11 @@ public sealed record FrameLinkOptions
     /// completes with DaemonGone (it may or may not have been delivered).
     /// </summary>
     public bool AutoReattach { get; init; }
+    /// <summary>
+    /// Bounds connecting to the daemon and waiting for its answer, in attach and reattach;
+    /// 0: the library default (10 s). Past it the attach fails with DaemonUnreachable, saying which step.
+    /// </summary>
+    public int AttachTimeoutMs { get; init; }
 }
 
 /// <summary>What the daemon granted at attach. Generation counts the reattachments.</summary>
