@@ -455,6 +455,13 @@ class TomlReader {
       }
       return invalid(label(key, node) + ": must be true or false");
     }
+    if (k == "allow_unauthenticated") {
+      if (const auto* v = node.as_boolean()) {
+        c.allow_unauthenticated = v->get();
+        return {};
+      }
+      return invalid(label(key, node) + ": must be true or false");
+    }
     return unknown(key, node);
   }
 
@@ -540,6 +547,7 @@ struct Flags {
       max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, idle_spin,
       rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
   bool tls_client_auth = false;
+  bool allow_unauthenticated = false;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
 };
 
@@ -589,6 +597,7 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   if (given("--tls-ca")) c.tls_ca_file = f.tls_ca;
   if (given("--tls-server-name")) c.tls_server_name = f.tls_server_name;
   if (given("--tls-client-auth")) c.tls_client_auth = f.tls_client_auth;
+  if (given("--allow-unauthenticated")) c.allow_unauthenticated = f.allow_unauthenticated;
   if (given("--transports")) {
     auto list = splitComma(f.transports);
     if (auto st = checkTransports(list, "--transports"); !st) return st;
@@ -760,6 +769,21 @@ Status loadTls(Config& c) {
   return {};
 }
 
+// "127.0.0.1:7700", "[::1]:0", "localhost:7700": only this host can connect.
+bool loopbackHost(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+bool Config::unauthenticatedFromNetwork() const {
+  return token.empty() && !tlsEnabled() && (!loopbackHost(listen) || !loopbackHost(data_listen));
+}
+
+namespace {
+
 Status validate(Config& c) {
   if (c.id.empty()) {
     char host[256] = {};
@@ -786,6 +810,16 @@ Status validate(Config& c) {
         }
       }
     }
+  }
+  if (c.unauthenticatedFromNetwork() && !c.allow_unauthenticated) {
+    return invalid(
+        "link.listen " + c.listen + " / data_listen " + c.data_listen +
+        " accept peers from the network, but neither a token nor TLS is configured: any host that reaches "
+        "the port could link and push frames to local consumers.  Generate a token the daemon alone can "
+        "read (umask 077; head -c 32 /dev/urandom | base64 > /etc/framelink/peer.token; chown framelink "
+        "/etc/framelink/peer.token) and set link.token_file (--token-file) to it on both daemons; or turn "
+        "on mutual TLS (tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth); or listen on "
+        "127.0.0.1; or set link.allow_unauthenticated = true (--allow-unauthenticated) to accept the risk");
   }
   if (c.reconnect_min_ms > c.reconnect_max_ms) {
     return invalid("reconnect_min_ms (" + std::to_string(c.reconnect_min_ms) +
@@ -860,6 +894,8 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
       ->type_name("NAME");
   app.add_flag("--tls-client-auth", f.tls_client_auth,
                "Mutual TLS: peers that dial in must present a certificate signed by --tls-ca");
+  app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
+               "Listen for peers on a non-loopback address without --token or TLS (refused otherwise)");
   app.add_option("--transports", f.transports, "Comma list in preference order (default tcp,grpc)")
       ->type_name("LIST");
   app.add_option("--rdma-device", f.rdma_device,
@@ -953,6 +989,7 @@ std::string describe(const Config& c) {
                               : "on(cert=" + c.tls_cert_file +
                                     ",ca=" + (c.tls_ca_file.empty() ? "system" : c.tls_ca_file) + ")")
       << (c.tls_server_name.empty() ? "" : " tls_server_name=" + c.tls_server_name)
+      << (c.allow_unauthenticated ? " allow_unauthenticated=true" : "")
       << " transports=" << join(c.transports) << " peers={" << peers << "}"
       << " hugepages=" << c.hugepages << " log_level=" << c.log_level
       << " metrics=" << (c.metrics_listen.empty() ? "off" : c.metrics_listen)

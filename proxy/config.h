@@ -62,6 +62,13 @@ struct Config {
   std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
   bool tls_client_auth = false;
   std::string tls_cert_pem, tls_key_pem, tls_ca_pem;
+  // Listening for peers on a non-loopback address with neither a token nor
+  // TLS lets any host that reaches the port link and push frames: refused
+  // unless this says the operator wants it (then a warning at start).
+  bool allow_unauthenticated = false;
+  // Whether peers can reach this daemon from other hosts without presenting
+  // a token or a certificate.
+  bool unauthenticatedFromNetwork() const;
   bool tlsEnabled() const noexcept { return !tls_cert_file.empty(); }
   // Tests only: wrap every link's transport in the `faulty` decorator with
   // this spec (see transport/faulty/faulty_transport.h).  Empty: no faults.

@@ -27,6 +27,13 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config->id + "] %v");
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
+  if (config->unauthenticatedFromNetwork()) {
+    spdlog::warn(
+        "peers are not authenticated (no token, no TLS) and link.listen {} / data_listen {} are reachable "
+        "from the network: any host that reaches them can link and push frames to local consumers "
+        "(allowed by allow_unauthenticated)",
+        config->listen, config->data_listen);
+  }
   if (config->tlsEnabled()) {
     for (const auto& t : config->transports) {
       if (t == "tcp" || t == "rdma") {

@@ -38,11 +38,19 @@ class TempDir {
   std::string path_;
 };
 
-fl::Result<fl::Config> parse(std::vector<std::string> args) {
+fl::Result<fl::Config> parseAsIs(std::vector<std::string> args) {
   args.insert(args.begin(), "framelinkd");
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   return fl::parseConfig(static_cast<int>(argv.size()), argv.data());
+}
+
+// Most cases are about other settings, with the default listen address
+// (0.0.0.0) and no token: they accept that explicitly.  The rule itself is
+// tested with parseAsIs.
+fl::Result<fl::Config> parse(std::vector<std::string> args) {
+  args.push_back("--allow-unauthenticated");
+  return parseAsIs(std::move(args));
 }
 
 // Parsing must fail, with a message that contains every fragment given.
@@ -512,7 +520,24 @@ TEST_CASE("describe redacts the token", "[config]") {
 // uncommented, must name only keys the parser knows.
 TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
   const std::string example = std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml";
-  REQUIRE(parse({"--config", example}).ok());
+  TempDir dir;
+  {
+    // As installed: the token file the package generates, and nothing else
+    // (in particular not allow_unauthenticated) -- a secure default.
+    std::ifstream original(example);
+    REQUIRE(original);
+    std::string as_installed((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());
+    const std::string packaged_token = "/etc/framelink/peer.token";
+    const auto at = as_installed.find("token_file = \"" + packaged_token + "\"");
+    REQUIRE(at != std::string::npos);
+    REQUIRE((at == 0 || as_installed[at - 1] == '\n'));  // active, not commented out
+    const std::string token = dir.write("peer.token", "generated-secret\n");
+    as_installed.replace(as_installed.find(packaged_token, at), packaged_token.size(), token);
+    auto installed = parseAsIs({"--config", dir.write("installed.toml", as_installed)});
+    REQUIRE(installed.ok());
+    CHECK(installed->token == "generated-secret");
+    CHECK_FALSE(installed->allow_unauthenticated);
+  }
 
   std::ifstream in(example);
   REQUIRE(in);
@@ -527,7 +552,6 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
     text += line + "\n";
   }
   CHECK(uncommented >= 30);
-  TempDir dir;
   const auto file = dir.write("all.toml", text);
   // Both token and token_file are shown; the parser rightly refuses both at once.
   auto both = parse({"--config", file});
@@ -563,3 +587,32 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
   CHECK(c->socket_group == "framelink");
 }
 #endif
+
+TEST_CASE("peers from the network without a token or TLS are refused unless allowed", "[config][security]") {
+  auto bare = parseAsIs({});
+  REQUIRE_FALSE(bare.ok());
+  CHECK(bare.error().code == FL_EINVAL);
+  for (const char* fragment :
+       {"0.0.0.0:7700", "neither a token nor TLS", "token_file", "allow_unauthenticated"}) {
+    INFO(bare.error().message);
+    CHECK(bare.error().message.find(fragment) != std::string::npos);
+  }
+  // A data listener on the network is just as open.
+  CHECK_FALSE(parseAsIs({"--listen", "127.0.0.1:7700"}).ok());
+  // Any one of these makes it acceptable.
+  CHECK(parseAsIs({"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"}).ok());
+  CHECK(parseAsIs({"--listen", "[::1]:0", "--data-listen", "localhost:0"}).ok());
+  CHECK(parseAsIs({"--token", "s3cret"}).ok());
+  auto allowed = parseAsIs({"--allow-unauthenticated"});
+  REQUIRE(allowed.ok());
+  CHECK(allowed->allow_unauthenticated);
+  CHECK(allowed->unauthenticatedFromNetwork());
+  CHECK(fl::describe(allowed.value()).find("allow_unauthenticated=true") != std::string::npos);
+  TempDir dir;
+  const auto file = dir.write("open.toml", "[link]\nallow_unauthenticated = true\n");
+  CHECK(parseAsIs({"--config", file}).ok());
+  const auto bad = dir.write("bad.toml", "[link]\nallow_unauthenticated = \"yes\"\n");
+  auto refused = parseAsIs({"--config", bad});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message.find("true or false") != std::string::npos);
+}
