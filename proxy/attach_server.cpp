@@ -245,6 +245,10 @@ void AttachServer::acceptAll() {
       sendRefusal(fd, FL_ERR_QUOTA,
                   "too many connections of this user are waiting to attach (" +
                       std::to_string(kMaxPendingPerUid) + "); close the idle ones");
+      // A request already queued is read first: closing over unread data
+      // resets the connection, and the client might see that before the refusal.
+      char discard[sizeof(fl_attach_request)];
+      [[maybe_unused]] ssize_t unread = ::recv(fd, discard, sizeof(discard), MSG_DONTWAIT);
       ::close(fd);
       continue;
     }

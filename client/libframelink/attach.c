@@ -242,6 +242,13 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
   do {
     n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == ECONNRESET) {
+    /* The daemon answered and closed before reading our request (a refusal):
+     * the reset is reported first, its answer may still be queued. */
+    msg.msg_controllen = sizeof(control.bytes);
+    n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) errno = ECONNRESET;
+  }
   int err = errno;
 
   /* Collect every fd that arrived, so none leaks whatever happens next. */

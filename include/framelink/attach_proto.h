@@ -8,8 +8,8 @@
  *                      [0] control segment memfd   (map read-write)
  *                      [1] data segment memfd      (producer: read-write,
  *                                                   consumer: read-only, sealed)
- *                      [2] submit doorbell eventfd (client writes to wake the daemon)
- *                      [3] completion doorbell eventfd (daemon writes to wake the client)
+ *                      [2] submit doorbell: the client's end of a SOCK_DGRAM pair (write to wake the daemon)
+ *                      [3] completion doorbell: the client's end of a SOCK_DGRAM pair (the daemon rings it)
  *
  * The socket then stays open for the life of the attachment; closing it is
  * the detach (or tells the daemon that the client died).  The daemon
@@ -27,7 +27,8 @@ extern "C" {
 #endif
 
 #define FL_ATTACH_MAGIC 0x54414C46u /* "FLAT" */
-#define FL_ATTACH_VERSION 1u
+/* 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon). */
+#define FL_ATTACH_VERSION 2u
 #define FL_ATTACH_FD_COUNT 4u
 #define FL_CLIENT_NAME_MAX 64u
 #define FL_ATTACH_MESSAGE_MAX 256u

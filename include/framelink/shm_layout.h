@@ -74,9 +74,9 @@ enum fl_slot_flags {
  * entry i lives at index (i & (capacity - 1)).
  *
  * Wake-up protocol: a reader about to sleep stores reader_sleeping = 1
- * (seq_cst), re-checks the ring, and only then blocks on its eventfd.  A
+ * (seq_cst), re-checks the ring, and only then blocks on its doorbell.  A
  * writer publishes tail (release), issues a seq_cst fence, and writes the
- * reader's eventfd only when reader_sleeping is set.  The hot path makes no
+ * reader's doorbell only when reader_sleeping is set.  The hot path makes no
  * system call.
  */
 typedef struct fl_ring_header {

@@ -56,7 +56,7 @@ static inline fl_ring_result fl_ring_push(fl_ring_header* ring, uint32_t cap, ui
 
 /*
  * After one or more pushes: returns 1 when the reader asked to be woken
- * (the caller then writes the reader's eventfd).  The seq_cst fence pairs
+ * (the caller then rings the reader's doorbell).  The seq_cst fence pairs
  * with the reader's seq_cst store of reader_sleeping.
  */
 static inline int fl_ring_reader_needs_wake(fl_ring_header* ring) {
@@ -84,7 +84,7 @@ static inline uint64_t fl_ring_readable(fl_ring_header* ring) {
 
 /*
  * Reader about to sleep: announce it, then re-check.  Returns 1 when the
- * ring is still empty (the caller may block on its eventfd), 0 when an entry
+ * ring is still empty (the caller may block on its doorbell), 0 when an entry
  * arrived meanwhile (the caller must not block; it should clear the flag).
  */
 static inline int fl_ring_prepare_sleep(fl_ring_header* ring) {

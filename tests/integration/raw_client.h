@@ -57,6 +57,8 @@ class RawClient {
   // REQUIREs room in the ring.
   void submit(uint32_t slot, uint64_t length, uint32_t flags = 0);
   void doorbell();
+  // The fds the daemon handed over: control, data, submit doorbell, completion doorbell.
+  int fd(size_t i) const noexcept { return i < FL_ATTACH_FD_COUNT ? fds_[i] : -1; }
   // Writes a plausible slot header (the synthetic frame's metadata).
   void writeMeta(uint32_t slot, uint64_t frame_id);
 

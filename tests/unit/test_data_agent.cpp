@@ -877,7 +877,7 @@ TEST_CASE("attach request validation", "[attach]") {
   r.magic = 1;
   check(r, FL_ERR_VERSION);
   r = request();
-  r.version = 2;
+  r.version = FL_ATTACH_VERSION + 1;
   check(r, FL_ERR_VERSION);
   r = request();
   r.role = 3;

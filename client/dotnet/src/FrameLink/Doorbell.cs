@@ -3,7 +3,7 @@ using System.Runtime.InteropServices;
 namespace FrameLink;
 
 /// <summary>
-/// Async waits on the client's doorbell fd (fl_doorbell_fd, an eventfd) without timers: one dedicated
+/// Async waits on the client's doorbell fd (fl_doorbell_fd, a datagram socket) without timers: one dedicated
 /// thread per client blocks in poll(2) on it while someone awaits, and completes every waiter when it
 /// becomes readable. The waiter then retries its non-blocking fl_* call, which re-arms the doorbell when
 /// it finds nothing. Every second without a wake-up the thread asks fl_check_daemon whether the daemon is

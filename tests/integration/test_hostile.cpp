@@ -1,0 +1,313 @@
+// Hostile neighbours: a local client or a network host that abuses what it
+// can reach -- its doorbells, the attach socket, stream names, the tcp data
+// port, the gRPC Session -- must not stall, wedge or flood the daemon.  After
+// each attack every other client is still served with every frame verified,
+// the daemons end idle (no held slot, credit or stream) and stop cleanly on
+// SIGTERM within a second.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client_util.h"
+#include "framelink/framelink.h"
+#include "framelink/shm_ring.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "harness.h"
+#include "raw_client.h"
+
+using namespace framelink::integ;
+namespace v1 = framelink::v1;
+
+namespace {
+
+const std::vector<std::string> kMetrics = {"--metrics", "127.0.0.1:0"};
+
+DaemonPair::Options pairOptions() {
+  DaemonPair::Options o;
+  o.extra_args = kMetrics;
+  return o;
+}
+
+// SIGTERM must end the daemon cleanly (exit 0) within a second, whatever an
+// attacker left pending.
+void requireQuickCleanStop(DaemonProcess& d) {
+  const auto start = std::chrono::steady_clock::now();
+  const int status = d.terminate(Millis(1000));
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO("framelinkd " << d.id() << " took " << took.count() << " ms to stop; wait status " << status);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+void clearNonBlocking(int fd) {
+  const int fl = ::fcntl(fd, F_GETFL);
+  REQUIRE(fl >= 0);
+  REQUIRE(::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0);
+}
+
+// A plain connection to the attach socket that never sends a request.
+int idleAttachConnection(const std::string& path) {
+  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  REQUIRE(s >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return s;
+}
+
+// Connects to 127.0.0.1:port and sends the first `bytes` bytes of nothing
+// useful, then stalls (the caller closes it).
+int stalledTcp(uint16_t port, size_t bytes) {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  std::vector<char> junk(bytes, 'x');
+  REQUIRE(::send(s, junk.data(), junk.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("hostile: a client that makes its doorbells blocking and floods them stalls nobody",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  // A producer and a consumer of their own stream, both abusing their doorbells.
+  RawClient producer(pair.a().socketPath(), FL_ROLE_PRODUCER, "evil", 4, 64 * 1024);
+  RawClient consumer(pair.b().socketPath(), FL_ROLE_CONSUMER, "evil", 4, 64 * 1024);
+  for (RawClient* raw : {&producer, &consumer}) {
+    // Fill the submit doorbell while it is still non-blocking, then make both
+    // of our ends blocking: the daemon's ends must not care.
+    uint64_t one = 1;
+    int rings = 0;
+    while (::write(raw->fd(2), &one, sizeof one) == sizeof one && rings < 100000) ++rings;
+    CHECK(rings > 0);
+    clearNonBlocking(raw->fd(2));
+    clearNonBlocking(raw->fd(3));
+    // Asleep on completions, never reading the completion doorbell: every
+    // completion makes the daemon ring it.
+    fl_ring_prepare_sleep(raw->completionRing());
+  }
+  // Bad submits, each answered with a completion and a ring of the full
+  // doorbell, until the ring is full and the daemon detaches the client.
+  for (uint32_t i = 0; i < producer.ringCapacity() + 4; ++i) {
+    fl_submit_desc d{99, 0, 10};
+    if (fl_ring_push(producer.submitRing(), producer.ringCapacity(), sizeof d, &d) != FL_RING_OK) break;
+  }
+  // The daemon's doorbell queue is full: a ring from us would block now, so
+  // the daemon has to find the work by itself (its spin phase or a neighbour's ring).
+  requireServing(pair.a(), pair.b(), "good", 20);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
+TEST_CASE("hostile: connections that never send an attach request are closed and bounded",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(idleAttachConnection(pair.a().socketPath()));
+  // This user's connections beyond the cap are refused at once; an attach
+  // of the same user is refused too while the cap is reached -- quickly, and
+  // saying why -- instead of hanging.
+  const auto start = std::chrono::steady_clock::now();
+  AttachResult refused = tryAttach(pair.a().socketPath(), FL_PRODUCER, "good", 2, 64 * 1024);
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO("fl_attach: " << statusName(refused.status) << ": " << refused.message << " after " << took.count()
+                     << " ms");
+  CHECK(refused.status == FL_ERR_QUOTA);
+  CHECK(refused.message.find("waiting to attach") != std::string::npos);
+  CHECK(took < Millis(1500));
+  // The daemon closes the idle ones at their deadline; then attaching works again.
+  CHECK(waitUntil(
+      [&] { return pair.a().metric("framelink_attach_rejected_total{reason=\"handshake_timeout\"}") >= 32; },
+      Millis(6000), Millis(50)));
+  CHECK(pair.a().metric("framelink_attach_rejected_total{reason=\"too_many_pending\"}") >= 8);
+  for (int fd : idle) {
+    char buf[512];
+    // Closed by the daemon (after a refusal message), not left open.
+    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    CHECK(n == 0);
+    ::close(fd);
+  }
+  requireServing(pair.a(), pair.b(), "good", 5);
+  // The daemon's log says so, but not 40 times.
+  const std::string log = pair.a().log();
+  size_t lines = 0;
+  for (size_t at = log.find("sent no attach request"); at != std::string::npos;
+       at = log.find("sent no attach request", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines >= 1);
+  CHECK(lines <= 3);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
+TEST_CASE("hostile: fl_attach gives up on a daemon that does not answer, and says why",
+          "[integration][hostile]") {
+  TempDir dir("fl-mute");
+  const std::string path = dir.file("mute.sock");
+  int l = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  REQUIRE(l >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(l, 0) == 0);  // accepts nothing: the backlog fills at once
+  fl_client_options o;
+  fl_client_options_init(&o);
+  o.role = FL_PRODUCER;
+  o.socket_path = path.c_str();
+  o.stream = "cam";
+  o.attach_timeout_ms = 300;
+  std::vector<int> fillers;
+  for (int i = 0; i < 8; ++i) {
+    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(s);
+      break;
+    }
+    fillers.push_back(s);
+  }
+  fl_client* c = nullptr;
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = fl_attach(&o, &c);
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO(fl_last_error() << " after " << took.count() << " ms");
+  CHECK(rc == FL_ERR_DAEMON_UNREACHABLE);
+  CHECK(took < Millis(2000));
+  const std::string why = fl_last_error();
+  // Either the backlog was full (connect) or the connection was queued and
+  // nobody answered (reply): the message names the step.
+  CHECK((why.find("did not accept the connection within 300 ms") != std::string::npos ||
+         why.find("did not answer the attach request within 300 ms") != std::string::npos));
+  for (int s : fillers) ::close(s);
+  ::close(l);
+}
+
+TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from linking",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  requireServing(pair.a(), pair.b(), "good", 2);
+  // Three strangers send ten bytes of a hello each and stall.
+  std::vector<int> stalled;
+  for (int i = 0; i < 3; ++i) stalled.push_back(stalledTcp(pair.b().dataPort(), 10));
+  // The peer restarts and must link at once, not after the strangers' deadlines.
+  pair.a().kill9();
+  const auto start = std::chrono::steady_clock::now();
+  pair.a().restart();
+  REQUIRE(pair.a().waitForLog("connected to peer", Millis(10000)));
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO("linked after " << took.count() << " ms");
+  CHECK(took < Millis(2000));  // the strangers' handshake deadline is 2.5 s; before, each held 5 s
+  requireServing(pair.a(), pair.b(), "good2", 3);
+  // Their deadline passes: dropped, counted, logged once (not three times).
+  CHECK(waitUntil([&] { return pair.b().metric("framelink_handshakes_timed_out_total") >= 3; }, Millis(6000),
+                  Millis(50)));
+  for (int s : stalled) ::close(s);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
+TEST_CASE("hostile: a Session that never opens its data channel does not delay SIGTERM",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  // A peer with the right token says Hello, takes the HelloAck and never
+  // dials the tcp data port: the daemon waits for the data channel.
+  auto channel = grpc::CreateChannel(pair.b().grpcAddress(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Link::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-framelink-token", "integ-secret");
+  auto stream = stub->Session(&ctx);
+  v1::PeerMessage hello;
+  hello.mutable_hello()->set_protocol_version(1);
+  hello.mutable_hello()->set_daemon_id("stalling-peer");
+  hello.mutable_hello()->add_transports("tcp");
+  hello.mutable_hello()->set_token("integ-secret");
+  hello.mutable_hello()->set_session_id(0x5eed);
+  hello.mutable_hello()->set_instance(1);
+  REQUIRE(stream->Write(hello));
+  v1::PeerMessage ack;
+  REQUIRE(stream->Read(&ack));
+  REQUIRE(ack.has_hello_ack());
+  CHECK(ack.hello_ack().transport() == "tcp");
+  requireQuickCleanStop(pair.b());
+  ctx.TryCancel();
+  requireQuickCleanStop(pair.a());
+}
+
+TEST_CASE("hostile: a producer churning through stream names does not break the link for others",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  Client consumer = attachConsumer(pair.b(), "steady", 8, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "steady", 8, 64 * 1024);
+  const int64_t failures_before = pair.b().metric("framelink_link_failures_total");
+  // More names than a link takes at once (4096), each attached and detached
+  // without sending, while frames flow on "steady".
+  constexpr int kNames = 4300;
+  uint64_t next_id = 1;
+  for (int i = 0; i < kNames; ++i) {
+    AttachResult churn = tryAttach(pair.a().socketPath(), FL_PRODUCER, "churn-" + std::to_string(i), 1, 4096);
+    REQUIRE(churn.status == FL_OK);
+    churn.client.reset();
+    if (i % 100 == 0) {
+      submitFrame(producer.get(), next_id, 4096 + uint64_t(i));
+      fl_frame f = receiveFrame(consumer.get(), Millis(15000));
+      checkSyntheticFrame(f, next_id, 4096 + uint64_t(i));
+      REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+      auto done = collectCompletions(producer.get(), 1, Millis(15000));
+      REQUIRE(done.size() == 1);
+      CHECK(done[0].status == FL_OK);  // DELIVERED, since its consumer released it
+      ++next_id;
+    }
+  }
+  CHECK(pair.b().metric("framelink_link_failures_total") == failures_before);
+  CHECK(waitUntil([&] { return pair.a().metric("framelink_streams_forgotten_total") >= kNames; },
+                  Millis(10000), Millis(50)));
+  producer.reset();
+  consumer.reset();
+  CHECK(waitUntil([&] { return pair.a().idle() && pair.b().idle(); }, Millis(10000), Millis(100)));
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
+TEST_CASE("hostile: a consumer with small slots does not block frames another consumer can take",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  Client small = attachConsumer(pair.b(), "mixed", 4, 64 * 1024);
+  Client large = attachConsumer(pair.b(), "mixed", 4, 1 << 20);
+  Client producer = attachProducer(pair.a(), "mixed", 4, 1 << 20);
+  for (uint64_t id = 1; id <= 12; ++id) {
+    submitFrame(producer.get(), id, 256 * 1024, true);
+    fl_frame f = receiveFrame(large.get(), Millis(15000));
+    checkSyntheticFrame(f, id, 256 * 1024);
+    REQUIRE(fl_release(large.get(), f.slot) == FL_OK);
+    auto done = collectCompletions(producer.get(), 1, Millis(15000));
+    REQUIRE(done.size() == 1);
+    INFO("frame " << id << ": " << statusName(done[0].status));
+    CHECK(done[0].status == FL_OK);
+  }
+  fl_frame none;
+  CHECK(fl_receive(small.get(), &none, 0) == FL_EAGAIN);  // nothing landed in a slot too small
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
