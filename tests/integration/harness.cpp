@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -202,7 +203,13 @@ void DaemonProcess::start() {
 
   pid_ = ::fork();
   REQUIRE(pid_ >= 0);
-  if (pid_ == 0) execChild(bin, args, {}, log_path_);
+  if (pid_ == 0) {
+    if (options_.max_fds != 0) {
+      rlimit nofile{options_.max_fds, options_.max_fds};
+      if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) ::_exit(126);
+    }
+    execChild(bin, args, {}, log_path_);
+  }
 
   // Ready = the ready file exists with a grpc_port line (the daemon writes it
   // atomically, so a partial file is never seen).

@@ -68,6 +68,7 @@ class DaemonProcess {
     std::string log_level = "info";
     std::string listen = "127.0.0.1:0";  // gRPC listener; a fixed port to restart "the same" peer
     Millis ready_timeout = Millis(15000);
+    uint64_t max_fds = 0;  // non-zero: the daemon's RLIMIT_NOFILE
   };
 
   explicit DaemonProcess(Options options);

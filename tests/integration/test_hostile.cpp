@@ -17,7 +17,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -310,4 +313,86 @@ TEST_CASE("hostile: a consumer with small slots does not block frames another co
   CHECK(fl_receive(small.get(), &none, 0) == FL_EAGAIN);  // nothing landed in a slot too small
   requireQuickCleanStop(pair.a());
   requireQuickCleanStop(pair.b());
+}
+
+namespace {
+// user + system CPU time of a process, in clock ticks.
+uint64_t cpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return utime + stime;
+}
+}  // namespace
+
+TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors stalls nothing",
+          "[integration][hostile]") {
+  DaemonProcess::Options bo;
+  bo.id = "hostB";
+  bo.token = "integ-secret";
+  bo.transports = "tcp";
+  bo.extra_args = kMetrics;
+  DaemonProcess b(bo);
+  DaemonProcess::Options ao = bo;
+  ao.id = "hostA";
+  ao.peers = {"hostB=" + b.grpcAddress()};
+  ao.max_fds = 96;  // a few dozen clients' worth
+  DaemonProcess a(ao);
+  requireServing(a, b, "good", 1);
+  // Attach (legitimately, each with its own stream) until the daemon cannot
+  // take more; then more connections wait in its backlog.
+  std::vector<Client> hogs;
+  int refused = 0;
+  for (int i = 0; i < 60 && refused == 0; ++i) {
+    fl_client_options o;
+    fl_client_options_init(&o);
+    o.role = FL_PRODUCER;
+    o.socket_path = a.socketPath().c_str();
+    const std::string stream = "hog-" + std::to_string(i);
+    o.stream = stream.c_str();
+    o.slot_count = 1;
+    o.slot_size = 4096;
+    o.attach_timeout_ms = 500;
+    fl_client* c = nullptr;
+    if (fl_attach(&o, &c) == FL_OK) {
+      hogs.emplace_back(c);
+    } else {
+      UNSCOPED_INFO("refused: " << fl_last_error());
+      ++refused;
+    }
+  }
+  INFO(hogs.size() << " clients attached before the daemon ran out of descriptors");
+  REQUIRE(refused == 1);
+  REQUIRE(hogs.size() >= 5);
+  std::vector<int> waiting;
+  for (int i = 0; i < 8; ++i) waiting.push_back(idleAttachConnection(a.socketPath()));
+  // Out of descriptors the daemon pauses accepting: no spinning, a bounded log.
+  const size_t log_before = a.log().size();
+  const uint64_t ticks_before = cpuTicks(a.pid());
+  std::this_thread::sleep_for(Millis(2000));
+  const uint64_t ticks = cpuTicks(a.pid()) - ticks_before;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  INFO("daemon CPU while out of descriptors: " << ticks << " ticks in 2 s (" << hz << " per s)");
+  CHECK(ticks < static_cast<uint64_t>(hz) / 5);  // under 10 % of a core (it spun at 100 %)
+  const size_t logged = a.log().size() - log_before;
+  INFO("log grew by " << logged << " bytes in 2 s");
+  CHECK(logged < 4096);  // a few rate-limited lines (it wrote 16 MB/s)
+  for (int fd : waiting) ::close(fd);
+  // When the hog lets go, everyone is served again.
+  hogs.clear();
+  CHECK(waitUntil(
+      [&] {
+        AttachResult r = tryAttach(a.socketPath(), FL_PRODUCER, "after", 1, 4096);
+        return r.status == FL_OK;
+      },
+      Millis(5000), Millis(100)));
+  requireServing(a, b, "good", 3);
+  requireQuickCleanStop(a);
+  requireQuickCleanStop(b);
 }
