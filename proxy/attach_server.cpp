@@ -237,6 +237,20 @@ void AttachServer::acceptAll() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+    if (fd_limit_ > 0 && static_cast<uint64_t>(fd) + kFdReserve >= fd_limit_) {
+      // The last descriptors stay for links, logs and the daemon's own work:
+      // a new client is refused while it would have to use them.
+      reject(Metrics::AttachReject::kFdLimit);
+      log_accept_.warn("attach: {} of {} file descriptors in use: refusing new clients (raise LimitNOFILE)",
+                       fd, fd_limit_);
+      sendRefusal(fd, FL_ERR_RESOURCES,
+                  "the daemon is out of file descriptors (limit " + std::to_string(fd_limit_) +
+                      "): try again later, or ask the operator to raise LimitNOFILE");
+      char discard[sizeof(fl_attach_request)];
+      [[maybe_unused]] ssize_t unread = ::recv(fd, discard, sizeof(discard), MSG_DONTWAIT);
+      ::close(fd);
+      continue;
+    }
     if (pending_by_uid_[cred.uid] >= kMaxPendingPerUid) {
       reject(Metrics::AttachReject::kTooManyPending);
       log_pending_.warn(

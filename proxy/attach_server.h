@@ -40,6 +40,9 @@ class AttachServer {
   static constexpr size_t kMaxPendingPerUid = 32;
   // Out of file descriptors: accepting pauses this long instead of spinning.
   static constexpr int kAcceptBackoffMs = 100;
+  // Descriptors kept free for links, logs and the daemon's own work: new
+  // clients are refused (FL_ERR_RESOURCES) rather than take the last ones.
+  static constexpr uint64_t kFdReserve = 32;
 
   static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
                                                       OnAttach on_attach, OnDetach on_detach,

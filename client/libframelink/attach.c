@@ -212,9 +212,10 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
   do {
     n = send(s, req, sizeof(*req), MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n != (ssize_t)sizeof(*req))
-    return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s",
-                     path, n < 0 ? strerror(errno) : "short write");
+  /* A daemon that refuses before reading (out of descriptors, too many
+   * connections) has closed already: its refusal may still be queued. */
+  const int send_failed = n != (ssize_t)sizeof(*req);
+  const int send_errno = errno;
 
   int64_t left_ms = deadline_ms - flx_mono_ms();
   if (left_ms < 1) left_ms = 1;
@@ -240,7 +241,7 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
   msg.msg_control = control.bytes;
   msg.msg_controllen = sizeof(control.bytes);
   do {
-    n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+    n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | (send_failed ? MSG_DONTWAIT : 0));
   } while (n < 0 && errno == EINTR);
   if (n < 0 && errno == ECONNRESET) {
     /* The daemon answered and closed before reading our request (a refusal):
@@ -249,6 +250,9 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
     n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) errno = ECONNRESET;
   }
+  if (send_failed && n <= 0)
+    return flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot send the attach request to framelinkd at %s: %s",
+                     path, send_errno != 0 ? strerror(send_errno) : "short write");
   int err = errno;
 
   /* Collect every fd that arrived, so none leaks whatever happens next. */

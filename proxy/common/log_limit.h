@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <utility>
 
 namespace framelink {
@@ -34,17 +33,17 @@ class LogLimiter {
     return true;
   }
 
+  // Formats through spdlog alone (one formatting path for every log line);
+  // after a quiet spell, a line first says how many were suppressed.
   template <typename... Args>
-  void warn(fmt::format_string<Args...> format, Args&&... args) {
+  void warn(spdlog::format_string_t<Args...> format, Args&&... args) {
     uint64_t suppressed = 0;
     if (!allow(&suppressed)) return;
-    std::string text = fmt::format(format, std::forward<Args>(args)...);
     if (suppressed > 0) {
-      spdlog::warn("{} ({} more like this suppressed in the last {} ms)", text, suppressed,
+      spdlog::warn("{} more lines like the next were suppressed in the last {} ms", suppressed,
                    interval_.count());
-    } else {
-      spdlog::warn("{}", text);
     }
+    spdlog::warn(format, std::forward<Args>(args)...);
   }
 
  private:

@@ -364,6 +364,7 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
       hogs.emplace_back(c);
     } else {
       UNSCOPED_INFO("refused: " << fl_last_error());
+      CHECK(std::string(fl_last_error()).find("out of file descriptors") != std::string::npos);
       ++refused;
     }
   }
