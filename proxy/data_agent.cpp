@@ -349,6 +349,7 @@ void DataAgent::maybeForgetStream(const std::string& name) {
   if (sit != p.out_streams.end()) {
     const OutStream& s = sit->second;
     if (!s.pending.empty() || !s.unacked.empty()) return;
+    metrics_.counters.streams_forgotten.fetch_add(1, std::memory_order_relaxed);  // counted before it is said
     if (Link* l = link(p.link_id); l != nullptr && s.announced) {
       v1::PeerMessage msg;
       msg.mutable_stream_close()->set_stream_id(s.id);
@@ -357,7 +358,6 @@ void DataAgent::maybeForgetStream(const std::string& name) {
     p.out_streams.erase(sit);
   }
   p.out_by_name.erase(nit);
-  metrics_.counters.streams_forgotten.fetch_add(1, std::memory_order_relaxed);
 }
 
 size_t DataAgent::pollClients() {
