@@ -211,7 +211,7 @@ void AttachServer::acceptAll() {
   for (int accepted = 0; accepted < 64; ++accepted) {  // bounded: the other connections get their turn
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      if (outOfDescriptors(errno)) {
         // Out of descriptors: the connection stays in the backlog.  Pause
         // accepting instead of spinning on a listener that stays readable.
         reject(Metrics::AttachReject::kFdLimit);
@@ -243,12 +243,9 @@ void AttachServer::acceptAll() {
       reject(Metrics::AttachReject::kFdLimit);
       log_accept_.warn("attach: {} of {} file descriptors in use: refusing new clients (raise LimitNOFILE)",
                        fd, fd_limit_);
-      sendRefusal(fd, FL_ERR_RESOURCES,
-                  "the daemon is out of file descriptors (limit " + std::to_string(fd_limit_) +
-                      "): try again later, or ask the operator to raise LimitNOFILE");
-      char discard[sizeof(fl_attach_request)];
-      [[maybe_unused]] ssize_t unread = ::recv(fd, discard, sizeof(discard), MSG_DONTWAIT);
-      ::close(fd);
+      refuseAndClose(fd, FL_ERR_RESOURCES,
+                     "the daemon is out of file descriptors (limit " + std::to_string(fd_limit_) +
+                         "): try again later, or ask the operator to raise LimitNOFILE");
       continue;
     }
     if (pending_by_uid_[cred.uid] >= kMaxPendingPerUid) {
@@ -256,14 +253,9 @@ void AttachServer::acceptAll() {
       log_pending_.warn(
           "attach: uid {} (pid {}) already has {} connections without an attach request: refused", cred.uid,
           cred.pid, kMaxPendingPerUid);
-      sendRefusal(fd, FL_ERR_QUOTA,
-                  "too many connections of this user are waiting to attach (" +
-                      std::to_string(kMaxPendingPerUid) + "); close the idle ones");
-      // A request already queued is read first: closing over unread data
-      // resets the connection, and the client might see that before the refusal.
-      char discard[sizeof(fl_attach_request)];
-      [[maybe_unused]] ssize_t unread = ::recv(fd, discard, sizeof(discard), MSG_DONTWAIT);
-      ::close(fd);
+      refuseAndClose(fd, FL_ERR_QUOTA,
+                     "too many connections of this user are waiting to attach (" +
+                         std::to_string(kMaxPendingPerUid) + "); close the idle ones");
       continue;
     }
     ++pending_by_uid_[cred.uid];
@@ -290,6 +282,15 @@ void AttachServer::dropConnection(int fd) {
   }
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
+}
+
+void AttachServer::refuseAndClose(int fd, int status, const std::string& message) {
+  sendRefusal(fd, status, message);
+  // A request already queued is read first: closing over unread data resets
+  // the connection, and the client might see that before the refusal.
+  char discard[sizeof(fl_attach_request)];
+  [[maybe_unused]] ssize_t unread = ::recv(fd, discard, sizeof(discard), MSG_DONTWAIT);
+  ::close(fd);
 }
 
 void AttachServer::sendRefusal(int fd, int status, const std::string& message) {

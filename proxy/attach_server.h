@@ -70,6 +70,8 @@ class AttachServer {
   void acceptAll();
   void handleRequest(int fd);
   void sendRefusal(int fd, int status, const std::string& message);
+  // For a connection just accepted and not yet tracked: refuses it and closes it.
+  void refuseAndClose(int fd, int status, const std::string& message);
   void dropConnection(int fd);
   // Drops connections that sent no request before their deadline; returns
   // the epoll timeout until the next deadline (-1: none).

@@ -3,9 +3,16 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <utility>
 
 namespace framelink {
+
+// accept()/socket() failed for want of descriptors or kernel memory: a
+// listener that stays readable must back off, not spin.
+inline bool outOfDescriptors(int err) noexcept {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
 
 class UniqueFd {
  public:

@@ -316,27 +316,28 @@ void TcpDataListener::acceptLoop() noexcept {
     for (size_t i = pending.size(); i-- > 0;) {
       if (done[i]) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    if (accepting && (fds[1].revents & POLLIN)) {
-      acceptSome(pending);
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        accept_resume = Clock::now() + std::chrono::milliseconds(100);  // no spinning on a readable listener
-      }
+    if (accepting && (fds[1].revents & POLLIN) && !acceptSome(pending)) {
+      accept_resume = Clock::now() + std::chrono::milliseconds(100);  // no spinning on a readable listener
     }
   }
 }
 
-void TcpDataListener::acceptSome(std::vector<Pending>& pending) noexcept {
+bool TcpDataListener::acceptSome(std::vector<Pending>& pending) noexcept {
   while (pending.size() < kMaxPendingHandshakes) {
     sockaddr_storage peer{};
     socklen_t len = sizeof peer;
-    errno = 0;
     UniqueFd conn(
         ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        log_accept_.warn("tcp data listener: accept: {} (pausing 100 ms)", errnoText());
+      const int err = errno;
+      if (outOfDescriptors(err)) {
+        log_accept_.warn("tcp data listener: accept: {}; not accepting for 100 ms", std::strerror(err));
+        return false;
       }
-      return;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR && err != ECONNABORTED) {
+        log_accept_.warn("tcp data listener: accept: {}", std::strerror(err));
+      }
+      return true;
     }
     Pending p;
     p.peer = describe(peer);
@@ -355,7 +356,7 @@ void TcpDataListener::acceptSome(std::vector<Pending>& pending) noexcept {
     p.deadline = Clock::now() + handshake_timeout_;
     pending.push_back(std::move(p));
   }
-  errno = 0;  // full: further connections wait in the backlog until a slot frees
+  return true;  // full: further connections wait in the backlog until a slot frees
 }
 
 bool TcpDataListener::advance(Pending& p) noexcept {

@@ -89,7 +89,9 @@ class TcpDataListener {
   TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token, OnConnection cb,
                   std::chrono::milliseconds handshake_timeout, TcpListenerCounters counters);
   void acceptLoop() noexcept;
-  void acceptSome(std::vector<Pending>& pending) noexcept;
+  // Accepts what the backlog holds, up to the handshake limit; false when
+  // out of descriptors (the caller pauses accepting).
+  bool acceptSome(std::vector<Pending>& pending) noexcept;
   // Reads what arrived; true when the connection is finished with (handed on or dropped).
   bool advance(Pending& p) noexcept;
   void finish(Pending& p) noexcept;
