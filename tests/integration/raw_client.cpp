@@ -30,8 +30,6 @@ fl_attach_request makeAttachRequest(uint32_t role, const std::string& stream, ui
   return req;
 }
 
-namespace {
-
 int connectSeqpacket(const std::string& path) {
   int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   REQUIRE(s >= 0);
@@ -45,8 +43,6 @@ int connectSeqpacket(const std::string& path) {
   REQUIRE(rc == 0);
   return s;
 }
-
-}  // namespace
 
 RawReply rawExchange(const std::string& socket, const void* message, size_t length, Millis timeout,
                      int* sock_out) {

@@ -19,6 +19,10 @@ namespace framelink::integ {
 fl_attach_request makeAttachRequest(uint32_t role, const std::string& stream, uint32_t slot_count,
                                     uint64_t slot_size);
 
+// A SOCK_SEQPACKET connection to the attach socket at `path` (REQUIREs success);
+// the caller closes it.
+int connectSeqpacket(const std::string& path);
+
 // Outcome of sending one message to the attach socket.
 struct RawReply {
   bool closed = false;      // the daemon closed the socket without a reply

@@ -62,17 +62,6 @@ void clearNonBlocking(int fd) {
   REQUIRE(::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0);
 }
 
-// A plain connection to the attach socket that never sends a request.
-int idleAttachConnection(const std::string& path) {
-  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  REQUIRE(s >= 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  return s;
-}
-
 // Connects to 127.0.0.1:port and sends the first `bytes` bytes of nothing
 // useful, then stalls (the caller closes it).
 int stalledTcp(uint16_t port, size_t bytes) {
@@ -126,7 +115,7 @@ TEST_CASE("hostile: connections that never send an attach request are closed and
           "[integration][hostile]") {
   DaemonPair pair(pairOptions());
   std::vector<int> idle;
-  for (int i = 0; i < 40; ++i) idle.push_back(idleAttachConnection(pair.a().socketPath()));
+  for (int i = 0; i < 40; ++i) idle.push_back(connectSeqpacket(pair.a().socketPath()));
   // This user's connections beyond the cap are refused at once; an attach
   // of the same user is refused too while the cap is reached -- quickly, and
   // saying why -- instead of hanging.
@@ -372,7 +361,7 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
   REQUIRE(refused == 1);
   REQUIRE(hogs.size() >= 5);
   std::vector<int> waiting;
-  for (int i = 0; i < 8; ++i) waiting.push_back(idleAttachConnection(a.socketPath()));
+  for (int i = 0; i < 8; ++i) waiting.push_back(connectSeqpacket(a.socketPath()));
   // Out of descriptors the daemon pauses accepting: no spinning, a bounded log.
   const size_t log_before = a.log().size();
   const uint64_t ticks_before = cpuTicks(a.pid());

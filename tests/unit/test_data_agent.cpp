@@ -168,6 +168,22 @@ transport::TransportEvent waitEvent(transport::Transport& t, transport::Transpor
   return ev;
 }
 
+// Plays the receiving daemon: exposes a fresh buffer of `bytes` under
+// `credit_id` on the peer-side transport.  The transport keeps the buffer
+// alive too (keepalive): a frame still landing when a test ends must not
+// write into freed memory.
+std::shared_ptr<std::vector<uint8_t>> exposeLanding(transport::Transport& t, uint64_t credit_id,
+                                                    size_t bytes) {
+  auto memory = std::make_shared<std::vector<uint8_t>>(bytes);
+  transport::LocalCredit credit;
+  credit.keepalive = memory;
+  credit.credit_id = credit_id;
+  credit.buffer = memory->data();
+  credit.capacity = memory->size();
+  REQUIRE(t.exposeCredit(credit).ok());
+  return memory;
+}
+
 // A posted request's payload is read by the sender thread until its
 // SendComplete: waits for that before the payload may go.
 void sendDone(transport::Transport& t) { waitEvent(t, transport::TransportEvent::Kind::kSendComplete); }
@@ -513,14 +529,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     auto first = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
     f.agent->post(CmdLinkDown{1, "test cut the link"});
     TcpPair second = makeTcpPair();
-    auto landing2_memory = std::make_shared<std::vector<uint8_t>>(64 * 1024);
-    std::vector<uint8_t>& landing2 = *landing2_memory;
-    transport::LocalCredit lc2;
-    lc2.keepalive = landing2_memory;
-    lc2.credit_id = 501;
-    lc2.buffer = landing2.data();
-    lc2.capacity = landing2.size();
-    REQUIRE(second.b->exposeCredit(lc2).ok());
+    auto landing2 = exposeLanding(*second.b, 501, 64 * 1024);
     auto& peer_side = *second.b;
     f.linkUp(2, std::move(second.a));
     auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
@@ -529,12 +538,12 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     g.mutable_credit_grant()->set_stream_id(stream_id);
     auto* c = g.mutable_credit_grant()->add_credits();
     c->set_credit_id(501);
-    c->set_length(landing2.size());
+    c->set_length(landing2->size());
     f.peerSays(g, 2);
     auto again = waitEvent(peer_side, transport::TransportEvent::Kind::kFrameArrived);
     CHECK(again.header.sequence == first.header.sequence);
     CHECK(again.header.frame_id == 17);
-    CHECK(landing2[0] == 17);
+    CHECK((*landing2)[0] == 17);
     v1::PeerMessage ack;
     ack.mutable_ack()->set_stream_id(stream_id);
     ack.mutable_ack()->add_sequences(again.header.sequence);
@@ -569,17 +578,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     // were withdrawn), then the link breaks with 3 and 4 unacknowledged.  The
     // receiver takes a sequence at or below the highest it saw for one it
     // had, so the next link must carry 1, 2, 3, 4 -- in that order.
-    std::vector<std::shared_ptr<std::vector<uint8_t>>> keep;
-    auto expose = [&](transport::Transport& t, uint64_t id) {
-      keep.push_back(std::make_shared<std::vector<uint8_t>>(4096));
-      transport::LocalCredit c;
-      c.keepalive = keep.back();
-      c.credit_id = id;
-      c.buffer = keep.back()->data();
-      c.capacity = keep.back()->size();
-      REQUIRE(t.exposeCredit(c).ok());
-    };
-    for (uint64_t id = 501; id <= 503; ++id) expose(*f.pair.b, id);
+    for (uint64_t id = 501; id <= 503; ++id) exposeLanding(*f.pair.b, id, 4096);
     for (uint32_t slot = 0; slot < 4; ++slot) {
       fill(slot, 30 + slot, 10);
       producer.push(slot, 10);
@@ -595,7 +594,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     }
     f.agent->post(CmdLinkDown{1, "test cut the link"});
     TcpPair second = makeTcpPair();
-    for (uint64_t id = 600; id < 604; ++id) expose(*second.b, id);
+    for (uint64_t id = 600; id < 604; ++id) exposeLanding(*second.b, id, 4096);
     auto& peer_side = *second.b;
     f.linkUp(2, std::move(second.a));
     f.capture.next([](auto& m) { return m.has_stream_open(); });
@@ -636,13 +635,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     fill(2, 21, 100);
     producer.push(2, 100);
     CHECK(producer.idleFor(50ms));
-    auto small_memory = std::make_shared<std::vector<uint8_t>>(4096);
-    transport::LocalCredit small;
-    small.keepalive = small_memory;
-    small.credit_id = 501;
-    small.buffer = small_memory->data();
-    small.capacity = small_memory->size();
-    REQUIRE(f.pair.b->exposeCredit(small).ok());
+    exposeLanding(*f.pair.b, 501, 4096);
     REQUIRE(f.pair.b->exposeCredit(lc).ok());
     grantOne(500, landing.size());
     auto second = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
@@ -683,14 +676,7 @@ TEST_CASE("producer side: a broken link that does not come back fails the frame 
   f.agent->post(CmdClientAttached{producer.session});
   f.linkUp();
   auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  auto landing_memory = std::make_shared<std::vector<uint8_t>>(4096);
-  std::vector<uint8_t>& landing = *landing_memory;
-  transport::LocalCredit lc;
-  lc.keepalive = landing_memory;
-  lc.credit_id = 7;
-  lc.buffer = landing.data();
-  lc.capacity = landing.size();
-  REQUIRE(f.pair.b->exposeCredit(lc).ok());
+  exposeLanding(*f.pair.b, 7, 4096);
   v1::PeerMessage g;
   g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
   g.mutable_credit_grant()->add_credits()->set_credit_id(7);
