@@ -1,5 +1,5 @@
 // The data-plane transport between two daemons: one interface, several
-// implementations (tcp, grpc; rdma later), one conformance suite.
+// implementations (rdma, tcp, grpc, and the faulty decorator), one conformance suite.
 //
 // Model (the same for every transport, shaped after RDMA WRITE_WITH_IMM):
 //   * The receiving side exposes a receive buffer under a credit id
