@@ -1,7 +1,7 @@
 // The Transport conformance suite: every test runs against every transport
 // (tcp, grpc with the default 4 MiB chunk, grpc with a small chunk so that
 // chunk boundaries are exercised by ordinary frame sizes, tcp wrapped in the
-// `faulty` decorator with no faults on).  Built a second
+// `faulty` decorator with no faults on, and the in-memory loopback link).  Built a second
 // time with FL_CONFORMANCE_RDMA for rdma, which needs two RDMA devices (the
 // Soft-RoCE lane), so that it never runs where there are none.
 //
@@ -45,6 +45,10 @@ struct Grpc {
 struct GrpcSmallChunk {
   static constexpr TransportKind kKind = TransportKind::kGrpc;
   static constexpr size_t kChunk = 64 * 1024;
+};
+struct Loopback {
+  static constexpr TransportKind kKind = TransportKind::kLoopback;
+  static constexpr size_t kChunk = 0;
 };
 struct Rdma {
   static constexpr TransportKind kKind = TransportKind::kRdma;
@@ -234,7 +238,7 @@ SendRequest request(uint64_t cookie, const RemoteCredit& credit, const Payload& 
 #ifdef FL_CONFORMANCE_RDMA
 #define FL_TRANSPORTS Rdma
 #else
-#define FL_TRANSPORTS Tcp, Grpc, GrpcSmallChunk, FaultyTcp
+#define FL_TRANSPORTS Tcp, Grpc, GrpcSmallChunk, FaultyTcp, Loopback
 #endif
 
 TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[transport]", FL_TRANSPORTS) {

@@ -10,6 +10,7 @@
 #include "framelink/v1/link.grpc.pb.h"
 #include "transport/grpc/grpc_limits.h"
 #include "transport/grpc/grpc_transport.h"
+#include "transport/loopback/loopback_transport.h"
 #include "transport/tcp/tcp_connect.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -26,6 +27,16 @@ namespace {
 
 constexpr auto kSetupTimeout = std::chrono::seconds(10);
 constexpr uint64_t kSessionId = GrpcTestServer::kSessionId;
+
+// ---------------------------------------------------------------- loopback
+
+class LoopbackPair final : public TransportPair {
+ public:
+  ~LoopbackPair() override {
+    if (a) a->shutdown();
+    if (b) b->shutdown();
+  }
+};
 
 // ---------------------------------------------------------------- tcp
 
@@ -252,6 +263,14 @@ Result<std::unique_ptr<TransportPair>> TransportPair::make(TransportKind kind,
 #else
       return makeError(FL_ERR_TRANSPORT, "this build has no rdma transport (FRAMELINK_ENABLE_RDMA=OFF)");
 #endif
+    case TransportKind::kLoopback: {
+      auto made = loopback::makePair();
+      if (!made) return std::move(made).error();
+      auto pair = std::make_unique<LoopbackPair>();
+      pair->a = std::move(made->a);
+      pair->b = std::move(made->b);
+      return std::unique_ptr<TransportPair>(std::move(pair));
+    }
   }
   return makeError(FL_EINVAL, "unknown transport kind");
 }
@@ -264,6 +283,8 @@ const char* kindName(TransportKind kind) noexcept {
       return "grpc";
     case TransportKind::kRdma:
       return "rdma";
+    case TransportKind::kLoopback:
+      return "loopback";
   }
   return "?";
 }

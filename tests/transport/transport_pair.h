@@ -23,7 +23,7 @@
 
 namespace framelink::transport::testing {
 
-enum class TransportKind { kTcp, kGrpc, kRdma };
+enum class TransportKind { kTcp, kGrpc, kRdma, kLoopback };
 
 struct TransportPairOptions {
   size_t grpc_chunk_bytes = 0;  // 0: the grpc transport's default

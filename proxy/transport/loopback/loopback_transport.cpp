@@ -1,0 +1,252 @@
+#include "transport/loopback/loopback_transport.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/unique_fd.h"
+#include "transport/transport_core.h"
+
+namespace framelink::transport::loopback {
+namespace {
+
+// One direction's state, owned by the end that posts into it.
+struct EndState {
+  UniqueFd event_fd;
+  std::deque<SendRequest> outgoing;                   // posted, not yet delivered
+  std::unordered_map<uint64_t, LocalCredit> credits;  // exposed by this end
+  std::deque<TransportEvent> events;                  // for this end's poll()
+  bool error_reported = false;                        // this end's one LinkError is queued
+};
+
+class Shared final : public LoopbackLink {
+ public:
+  explicit Shared(const LoopbackOptions& options) : options_(options) {}
+
+  // ---- LoopbackLink ----
+  size_t waiting(int end) const noexcept override {
+    std::lock_guard lock(mu_);
+    return ends_[end & 1].outgoing.size();
+  }
+  bool deliverOne(int end, Damage damage) noexcept override {
+    std::lock_guard lock(mu_);
+    return deliverLocked(end & 1, damage);
+  }
+  void breakLink(int status, const std::string& why) noexcept override {
+    std::lock_guard lock(mu_);
+    failLocked(status, why, status, why);
+  }
+  bool up() const noexcept override {
+    std::lock_guard lock(mu_);
+    return up_;
+  }
+
+  // ---- the ends' calls ----
+  Result<RemoteCredit> exposeCredit(int end, LocalCredit credit) {
+    if (credit.buffer == nullptr && credit.capacity > 0) {
+      return makeError(FL_EINVAL, "exposeCredit: null buffer with non-zero capacity");
+    }
+    std::lock_guard lock(mu_);
+    if (!up_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
+    RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
+    if (!ends_[end].credits.emplace(credit.credit_id, std::move(credit)).second) {
+      return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(remote.credit_id) +
+                                      " is already exposed (credit ids must be unique per link)");
+    }
+    return remote;
+  }
+
+  void retractCredit(int end, uint64_t credit_id) noexcept {
+    std::lock_guard lock(mu_);
+    ends_[end].credits.erase(credit_id);
+  }
+
+  PostResult post(int end, const SendRequest& request) noexcept {
+    if (*validateSendRequest(request) != '\0') return PostResult::kInvalid;
+    std::lock_guard lock(mu_);
+    if (!up_) return PostResult::kNotConnected;
+    EndState& self = ends_[end];
+    if (self.outgoing.size() >= options_.send_queue_depth) return PostResult::kBackpressure;
+    self.outgoing.push_back(request);
+    if (!options_.manual) signalLocked(end);  // come back (poll) to move it
+    return PostResult::kOk;
+  }
+
+  void flush(int end) noexcept {
+    std::lock_guard lock(mu_);
+    if (!options_.manual) deliverSomeLocked(end);
+  }
+
+  size_t poll(int end, TransportEvent* out, size_t max) noexcept {
+    std::lock_guard lock(mu_);
+    if (!options_.manual) deliverSomeLocked(end);
+    EndState& self = ends_[end];
+    size_t n = 0;
+    while (n < max && !self.events.empty()) {
+      out[n++] = std::move(self.events.front());
+      self.events.pop_front();
+    }
+    const bool more = !self.events.empty() || (!options_.manual && !self.outgoing.empty());
+    if (!more) {
+      uint64_t drained = 0;
+      (void)!::read(self.event_fd.get(), &drained, sizeof drained);
+    }
+    return n;
+  }
+
+  bool connected() const noexcept {
+    std::lock_guard lock(mu_);
+    return up_;
+  }
+
+  int eventFd(int end) const noexcept { return ends_[end].event_fd.get(); }
+
+  void shutdown(int end) noexcept {
+    std::lock_guard lock(mu_);
+    if (!up_) return;
+    // This end reports its own shutdown; the peer sees the link go.
+    if (end == 0) {
+      failLocked(FL_ERR_SHUTDOWN, "loopback link shut down locally", FL_ERR_LINK_LOST,
+                 "loopback peer shut the link down");
+    } else {
+      failLocked(FL_ERR_LINK_LOST, "loopback peer shut the link down", FL_ERR_SHUTDOWN,
+                 "loopback link shut down locally");
+    }
+  }
+
+  Result<void> init() {
+    for (auto& e : ends_) {
+      int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (fd < 0) {
+        return makeError(FL_ERR_RESOURCES, std::string("loopback: eventfd failed: ") + std::strerror(errno) +
+                                               " (raise the fd limit?)");
+      }
+      e.event_fd = UniqueFd(fd);
+    }
+    return {};
+  }
+
+ private:
+  void signalLocked(int end) noexcept {
+    const uint64_t one = 1;
+    (void)!::write(ends_[end].event_fd.get(), &one, sizeof one);
+  }
+
+  void pushLocked(int end, TransportEvent event) noexcept {
+    ends_[end].events.push_back(std::move(event));
+    signalLocked(end);
+  }
+
+  void deliverSomeLocked(int end) noexcept {
+    for (size_t i = 0; i < options_.deliveries_per_call && deliverLocked(end, Damage::kNone); ++i) {
+    }
+  }
+
+  // Lands the oldest frame `end` posted in the peer's credited buffer.
+  bool deliverLocked(int end, Damage damage) noexcept {
+    if (!up_) return false;
+    EndState& self = ends_[end];
+    if (self.outgoing.empty()) return false;
+    SendRequest request = self.outgoing.front();
+    self.outgoing.pop_front();
+    const int peer = end ^ 1;
+    TransportEvent arrived;
+    arrived.kind = TransportEvent::Kind::kFrameArrived;
+    arrived.header = request.header;
+    auto it = ends_[peer].credits.find(request.header.credit_id);
+    if (it == ends_[peer].credits.end()) {
+      arrived.status = FL_ERR_UNKNOWN_CREDIT;
+      arrived.message = "frame for credit " + std::to_string(request.header.credit_id) +
+                        " which is not exposed (retracted or already used)";
+    } else {
+      LocalCredit credit = std::move(it->second);
+      ends_[peer].credits.erase(it);  // a credit is consumed by its frame
+      if (request.header.length > 0) {
+        std::memcpy(credit.buffer, request.payload, request.header.length);
+        if (damage == Damage::kFlipPayloadByte) credit.buffer[request.header.length / 2] ^= 0x5a;
+      }
+    }
+    pushLocked(peer, std::move(arrived));
+    TransportEvent done;
+    done.kind = TransportEvent::Kind::kSendComplete;
+    done.cookie = request.cookie;
+    pushLocked(end, std::move(done));
+    return true;
+  }
+
+  // Both ends fail once: waiting frames complete FL_ERR_LINK_LOST, then each
+  // end gets its LinkError.
+  void failLocked(int status_a, const std::string& why_a, int status_b, const std::string& why_b) noexcept {
+    if (!up_) return;
+    up_ = false;
+    const int statuses[2] = {status_a, status_b};
+    const std::string* whys[2] = {&why_a, &why_b};
+    for (int end = 0; end < 2; ++end) {
+      EndState& self = ends_[end];
+      while (!self.outgoing.empty()) {
+        TransportEvent lost;
+        lost.kind = TransportEvent::Kind::kSendComplete;
+        lost.cookie = self.outgoing.front().cookie;
+        lost.status = FL_ERR_LINK_LOST;
+        lost.message = "the loopback link went down before the frame was delivered";
+        self.outgoing.pop_front();
+        pushLocked(end, std::move(lost));
+      }
+      self.credits.clear();
+      TransportEvent error;
+      error.kind = TransportEvent::Kind::kLinkError;
+      error.status = statuses[end];
+      error.message = *whys[end];
+      pushLocked(end, std::move(error));
+      self.error_reported = true;
+    }
+  }
+
+  const LoopbackOptions options_;
+  mutable std::mutex mu_;
+  bool up_ = true;    // guarded by mu_
+  EndState ends_[2];  // guarded by mu_ (event fds are set once, before use)
+};
+
+class LoopbackEnd final : public Transport {
+ public:
+  LoopbackEnd(std::shared_ptr<Shared> shared, int end) : shared_(std::move(shared)), end_(end) {}
+  ~LoopbackEnd() override { shared_->shutdown(end_); }
+
+  const char* name() const noexcept override { return "loopback"; }
+  bool connected() const noexcept override { return shared_->connected(); }
+  Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
+    return shared_->exposeCredit(end_, std::move(credit));
+  }
+  void retractCredit(uint64_t credit_id) override { shared_->retractCredit(end_, credit_id); }
+  PostResult post(const SendRequest& request) noexcept override { return shared_->post(end_, request); }
+  void flush() noexcept override { shared_->flush(end_); }
+  size_t poll(TransportEvent* out, size_t max) noexcept override { return shared_->poll(end_, out, max); }
+  int eventFd() const noexcept override { return shared_->eventFd(end_); }
+  void shutdown() noexcept override { shared_->shutdown(end_); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  int end_;
+};
+
+}  // namespace
+
+Result<LoopbackPair> makePair(const LoopbackOptions& options) {
+  if (options.send_queue_depth == 0)
+    return makeError(FL_EINVAL, "loopback: send_queue_depth must be at least 1");
+  auto shared = std::make_shared<Shared>(options);
+  if (auto r = shared->init(); !r) return std::move(r).error();
+  LoopbackPair pair;
+  pair.a = std::make_shared<LoopbackEnd>(shared, 0);
+  pair.b = std::make_shared<LoopbackEnd>(shared, 1);
+  pair.link = shared;
+  return pair;
+}
+
+}  // namespace framelink::transport::loopback

@@ -1,0 +1,74 @@
+// The in-memory transport: two ends of one link inside one process, with no
+// thread and no socket of its own.  A posted frame waits in the link until it
+// is delivered; delivery copies the payload into the peer's credited buffer,
+// exactly as an RDMA write or a tcp `recv` would land it, and reports
+// FrameArrived there and SendComplete here.
+//
+// Two ways to drive delivery:
+//   * automatic (the default): every flush() and poll() of the sending end
+//     delivers up to `deliveries_per_call` of its waiting frames, and the
+//     sending end's event fd stays readable while frames wait, so an agent
+//     that sleeps in epoll comes back to move them.  This is how the
+//     conformance suite and the agent's unit tests use it.
+//   * manual: nothing moves until the owner of the LoopbackLink says so
+//     (deliver, breakLink).  A simulator uses this to decide, from a seed,
+//     when each frame lands, when a link breaks and which payload is damaged.
+//
+// Like tcp and RC queue pairs, a link is reliable and ordered while it is up:
+// frames are delivered in the order they were posted, never twice.
+//
+// Threading: every call takes the link's one mutex, so the two ends may be
+// driven from two threads (two data agents in one test).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "transport/transport.h"
+
+namespace framelink::transport::loopback {
+
+struct LoopbackOptions {
+  bool manual = false;             // deliveries only through LoopbackLink
+  size_t send_queue_depth = 256;   // post() reports kBackpressure beyond it
+  size_t deliveries_per_call = 4;  // automatic mode: frames moved per flush()/poll()
+};
+
+class LoopbackLink;
+
+// What makePair returns: both ends and the link that joins them.
+struct LoopbackPair {
+  std::shared_ptr<Transport> a;
+  std::shared_ptr<Transport> b;
+  std::shared_ptr<LoopbackLink> link;
+};
+
+// Both ends of a new, connected link.  Fails only when an eventfd cannot be
+// made (out of descriptors).
+Result<LoopbackPair> makePair(const LoopbackOptions& options = {});
+
+// The link's controls, for whoever schedules it.  `end` is 0 for `a`, 1 for `b`.
+class LoopbackLink {
+ public:
+  enum class Damage {
+    kNone,
+    kFlipPayloadByte,  // the payload lands with one byte changed (a CRC32C check must catch it)
+  };
+
+  virtual ~LoopbackLink() = default;
+
+  // Frames posted by `end` and not yet delivered.
+  virtual size_t waiting(int end) const noexcept = 0;
+  // Delivers the oldest frame posted by `end`; false when none waits or the
+  // link is down.
+  virtual bool deliverOne(int end, Damage damage = Damage::kNone) noexcept = 0;
+  // The link breaks (cable pulled): both ends report LinkError(status)
+  // once, and every waiting frame completes with FL_ERR_LINK_LOST.
+  virtual void breakLink(int status, const std::string& why) noexcept = 0;
+  virtual bool up() const noexcept = 0;
+};
+
+}  // namespace framelink::transport::loopback
