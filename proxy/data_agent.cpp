@@ -533,7 +533,10 @@ size_t DataAgent::pump(Peer& p, OutStream& s) {
     auto fit = std::find_if(s.credits.begin(), s.credits.end(),
                             [&](const transport::RemoteCredit& cr) { return cr.length >= e.length; });
     if (fit == s.credits.end()) {
-      if (e.length <= s.largest_credit) break;  // a consumer with such slots exists: wait for its credit
+      // A consumer with such slots exists: wait for its credit.  So does a
+      // frame sent before (a replay): it fitted a credit of this stream, and
+      // it may already be at that consumer, so it is never refused here.
+      if (e.length <= s.largest_credit || e.was_posted) break;
       s.pending.erase(first);
       ++work;
       finishFrame(*c, f.slot, FL_ERR_TOO_LARGE,
@@ -1342,7 +1345,14 @@ void DataAgent::checkDeadlines() {
             if (f != pending.end() && f->second.client_id == id && f->second.slot == s) pending.erase(f);
           }
         }
-        if (link_up) {
+        if (e.was_posted) {
+          // Sent before and waiting to be sent again: the consumer may have
+          // it, so its fate is unknown -- never a FAILED that says nobody did.
+          finishFrame(*c, s, FL_ERR_TIMEOUT,
+                      "frame sent to peer " + peer_name +
+                          " was neither acknowledged nor sent again within its deadline (it may have been "
+                          "delivered)");
+        } else if (link_up) {
           finishFrame(*c, s, FL_ERR_NO_CONSUMER,
                       "no consumer of stream '" + c->stream + "' on peer " + peer_name +
                           " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");

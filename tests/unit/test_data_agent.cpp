@@ -669,8 +669,10 @@ TEST_CASE("producer side: a stream is closed on the link when its last producer 
   CHECK(reopen.stream_open().name() == "cam-2");
 }
 
-TEST_CASE("producer side: a broken link that does not come back fails the frame LINK_LOST",
+TEST_CASE("producer side: a frame sent on a link that breaks for good ends TIMEOUT, not FAILED",
           "[agent][timeout]") {
+  // It reached the peer: its consumer may have released it, so no status may
+  // say that nobody did.
   AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   f.agent->post(CmdClientAttached{producer.session});
@@ -686,7 +688,48 @@ TEST_CASE("producer side: a broken link that does not come back fails the frame 
   waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
   f.agent->post(CmdLinkDown{1, "test cut the link"});
   fl_completion_desc d = producer.pop();
+  CHECK(d.status == FL_ERR_TIMEOUT);
+}
+
+TEST_CASE("producer side: a frame never sent whose link does not come back fails LINK_LOST",
+          "[agent][timeout]") {
+  AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  (void)f.capture.next([](auto& m) { return m.has_stream_open(); });
+  f.agent->post(CmdLinkDown{1, "test cut the link"});
+  producer.push(0, 10);  // no credit was ever granted: it never left
+  fl_completion_desc d = producer.pop();
   CHECK(d.status == FL_ERR_LINK_LOST);
+}
+
+TEST_CASE("producer side: a replay never fails TOO_LARGE on a link with only smaller credits", "[agent]") {
+  // Sent into a 4 KiB credit, then the link breaks; the next link grants only
+  // 1 KiB credits.  The frame may already be at the 4 KiB consumer: it waits.
+  AgentFixture f([](Config& c) { c.credit_timeout_ms = 60'000; });
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  exposeLanding(*f.pair.b, 7, 4096);
+  v1::PeerMessage g;
+  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
+  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
+  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
+  f.peerSays(g);
+  producer.push(0, 3000);
+  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  TcpPair second = makeTcpPair();
+  f.agent->post(CmdLinkDown{1, "test cut the link"});
+  f.linkUp(2, std::move(second.a));
+  auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  v1::PeerMessage small;
+  small.mutable_credit_grant()->set_stream_id(reopen.stream_open().stream_id());
+  small.mutable_credit_grant()->add_credits()->set_credit_id(8);
+  small.mutable_credit_grant()->mutable_credits(0)->set_length(1024);
+  f.peerSays(small, 2);
+  CHECK(producer.idleFor(300ms));  // no TOO_LARGE (nor anything else): it waits
 }
 
 TEST_CASE("producer side: no credit within the credit timeout fails NO_CONSUMER", "[agent][timeout]") {

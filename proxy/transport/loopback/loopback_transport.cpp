@@ -33,6 +33,13 @@ class Shared final : public LoopbackLink {
     std::lock_guard lock(mu_);
     return ends_[end & 1].outgoing.size();
   }
+  bool peekNext(int end, FrameHeader* header) const noexcept override {
+    std::lock_guard lock(mu_);
+    const auto& outgoing = ends_[end & 1].outgoing;
+    if (outgoing.empty()) return false;
+    *header = outgoing.front().header;
+    return true;
+  }
   bool deliverOne(int end, Damage damage) noexcept override {
     std::lock_guard lock(mu_);
     return deliverLocked(end & 1, damage);

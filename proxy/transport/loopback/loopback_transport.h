@@ -62,6 +62,9 @@ class LoopbackLink {
 
   // Frames posted by `end` and not yet delivered.
   virtual size_t waiting(int end) const noexcept = 0;
+  // The header of the oldest frame posted by `end` (what deliverOne would
+  // land next); false when none waits.
+  virtual bool peekNext(int end, FrameHeader* header) const noexcept = 0;
   // Delivers the oldest frame posted by `end`; false when none waits or the
   // link is down.
   virtual bool deliverOne(int end, Damage damage = Damage::kNone) noexcept = 0;
