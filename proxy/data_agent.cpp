@@ -767,13 +767,34 @@ void DataAgent::grantCredits(const std::string& name) {
     }
   }
   if (targets.empty()) return;
+  // Fair shares: when several peers send this stream, none may hold more than
+  // its share of the consumers' slots as credits, or one that has nothing to
+  // send would sit on them while another starves.
+  size_t slots = 0;
+  for (auto& [cid, c] : clients_) {
+    if (!c->gone && c->role == FL_ROLE_CONSUMER && c->stream == name) slots += c->slots.size();
+  }
+  const size_t share = (slots + targets.size() - 1) / targets.size();
+  std::map<std::pair<uint64_t, uint64_t>, size_t> held;  // credits outstanding per target
+  for (const auto& [credit_id, entry] : credits_) {
+    ++held[{entry.link_id, entry.stream_id}];
+  }
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> grants;
   for (auto& [cid, c] : clients_) {
     if (c->gone || c->role != FL_ROLE_CONSUMER || c->stream != name) continue;
     for (uint32_t s = 0; s < c->slots.size(); ++s) {
       SlotEntry& e = c->slots[s];
       if (e.state != SlotState::kFree) continue;
-      auto target = targets[grant_cursor_++ % targets.size()];
+      std::pair<uint64_t, uint64_t> target{0, 0};
+      for (size_t tries = 0; tries < targets.size(); ++tries) {
+        auto candidate = targets[grant_cursor_++ % targets.size()];
+        if (held[candidate] < share) {
+          target = candidate;
+          break;
+        }
+      }
+      if (target.first == 0) return;  // every peer holds its share
+      ++held[target];
       Link& l = links_[target.first];
       transport::LocalCredit local;
       local.credit_id = next_credit_id_++;

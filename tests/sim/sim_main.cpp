@@ -19,13 +19,18 @@ int main(int argc, char** argv) {
   uint64_t seed = 1, schedules = 0;
   double seconds = 0;
   size_t steps = 120;
-  bool trace = false;
+  std::string daemons = "mixed";
+  bool trace = false, keep_going = false;
   std::string log_level = "off";
   app.add_option("--seed", seed, "first seed");
   app.add_option("--schedules", schedules, "number of schedules (0: until --seconds)");
   app.add_option("--seconds", seconds, "run for this long (with --schedules, whichever ends first)");
   app.add_option("--steps", steps, "events per schedule before healing");
+  app.add_option("--daemons", daemons,
+                 "2, 3 (two senders to one receiver), or mixed (every third schedule has 3)")
+      ->check(CLI::IsMember({"2", "3", "mixed"}));
   app.add_flag("--trace", trace, "print every schedule's events");
+  app.add_flag("--keep-going", keep_going, "do not stop at the first failing seed: list every one");
   app.add_option("--log-level", log_level, "the agents' log level (off, debug, ...)");
   CLI11_PARSE(app, argc, argv);
   if (schedules == 0 && seconds <= 0) schedules = 1000;
@@ -38,25 +43,28 @@ int main(int argc, char** argv) {
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   framelink::sim::SimResult total;
-  uint64_t ran = 0;
+  uint64_t ran = 0, failed = 0;
   for (uint64_t s = seed;; ++s) {
     if (schedules != 0 && ran >= schedules) break;
     if (seconds > 0 && Clock::now() >= deadline) break;
     framelink::sim::SimOptions options;
     options.seed = s;
     options.steps = steps;
+    options.daemons = daemons == "mixed" ? (s % 3 == 0 ? 3 : 2) : std::stoi(daemons);
     options.keep_trace = trace;
     framelink::sim::SimResult r = framelink::sim::runSchedule(options);
     ++ran;
-    if (trace || !r.ok) {
+    if (trace || (!r.ok && !keep_going)) {
       for (const auto& line : r.trace) std::printf("  %s\n", line.c_str());
     }
     if (!r.ok) {
-      std::printf("SIMULATION FAILED at seed %llu: %s\n", static_cast<unsigned long long>(s),
-                  r.failure.c_str());
-      std::printf("replay: framelink_sim --seed %llu --schedules 1 --trace\n",
-                  static_cast<unsigned long long>(s));
-      return 1;
+      ++failed;
+      std::printf("SIMULATION FAILED at seed %llu (%d daemons): %s\n", static_cast<unsigned long long>(s),
+                  options.daemons, r.failure.c_str());
+      std::printf("replay: framelink_sim --seed %llu --schedules 1 --daemons %d --trace\n",
+                  static_cast<unsigned long long>(s), options.daemons);
+      if (!keep_going) return 1;
+      continue;
     }
     total.frames += r.frames;
     total.delivered += r.delivered;
@@ -69,6 +77,11 @@ int main(int argc, char** argv) {
     total.released_then_lost += r.released_then_lost;
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  if (failed > 0) {
+    std::printf("SIMULATION FAILED: %llu of %llu schedules broke an invariant\n",
+                static_cast<unsigned long long>(failed), static_cast<unsigned long long>(ran));
+    return 1;
+  }
   std::printf(
       "SIMULATION PASSED: %llu schedules (seeds %llu..%llu) in %.1f s, %.0f schedules/s; frames %llu: "
       "delivered "

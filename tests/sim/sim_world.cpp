@@ -31,8 +31,7 @@ constexpr uint32_t kSlots = 4;
 constexpr uint64_t kSlotSize = 4096;
 constexpr uint64_t kSmallSlotSize = 1024;  // a second consumer with small slots
 constexpr size_t kMaxRounds = 200;
-constexpr int kSender = 0;    // the daemon of the producers (dials)
-constexpr int kReceiver = 1;  // the daemon of the consumers
+constexpr int kReceiver = 1;  // the daemon of the consumers; d0 (and d2) dial it and send
 const char* const kStream = "cam";
 
 // A broken invariant or a stuck world: ends the schedule.
@@ -104,13 +103,13 @@ class Capture {
 struct App {
   uint64_t id = 0;
   uint32_t role = FL_ROLE_PRODUCER;
-  int daemon = kSender;
+  int daemon = 0;
   uint64_t instance = 0;  // of its daemon when it attached
   uint64_t slot_size = kSlotSize;
   bool alive = true;
   std::shared_ptr<ClientSession> session;
   std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);  // frame per slot (0: free)
-  uint64_t last_plain = 0;                                           // consumer: order check
+  std::map<int, uint64_t> last_plain;  // consumer: the last frame in order, per sender
 };
 
 struct Daemon {
@@ -123,6 +122,7 @@ struct Daemon {
 
 struct Link {
   uint64_t id = 0;
+  int sender = 0;  // the dialing daemon; the other end is the receiver
   bool up = true;
   // The dialer ended its session and dialed again; the listener has not
   // noticed yet (a half-open connection, until its keepalive ends it).
@@ -135,6 +135,7 @@ struct Link {
 
 struct FrameRecord {
   uint64_t producer = 0;
+  int sender = 0;
   bool outcome_known = false;
   int status = 0;
   std::vector<uint64_t> released_on;  // receiving daemon instances a consumer released it on
@@ -146,15 +147,16 @@ class World {
  public:
   World(const SimOptions& options, SimResult& result)
       : options_(options), result_(result), rng_(options.seed) {
-    for (int d = 0; d < 2; ++d) {
-      daemons_[d].id = d == kSender ? "d0" : "d1";
+    daemons_.resize(options.daemons == 3 ? 3 : 2);
+    for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) {
+      daemons_[d].id = "d" + std::to_string(d);
       daemons_[d].config.id = daemons_[d].id;
       // No deadline passes during a schedule: the same seed takes the same path.
       daemons_[d].config.credit_timeout_ms = 3'600'000;
       daemons_[d].config.ack_timeout_ms = 3'600'000;
       boot(d);
     }
-    daemons_[kSender].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", {}});
+    for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", {}});
     damage_on_ = rng_.chance(50);  // then every frame carries a CRC32C
   }
 
@@ -164,9 +166,9 @@ class World {
   }
 
   void run() {
-    attach(kSender, FL_ROLE_PRODUCER, kSlotSize);
+    for (int d : senders()) attach(d, FL_ROLE_PRODUCER, kSlotSize);
     attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
-    linkUp();
+    for (int d : senders()) linkUp(d);
     settle();
     for (size_t step = 0; step < options_.steps; ++step) {
       oneEvent();
@@ -182,6 +184,8 @@ class World {
     const uint64_t r = rng_.below(1000);
     std::vector<Link*> up = upLinks();
     Link* any = up.empty() ? nullptr : up[rng_.below(up.size())];
+    const std::vector<int> all_senders = senders();
+    const int sender = all_senders[rng_.below(all_senders.size())];
     if (r < 250) {
       submit();
     } else if (r < 450) {
@@ -195,9 +199,9 @@ class World {
     } else if (r < 930) {
       if (any) breakLink(*any, "cable pulled");
     } else if (r < 960) {
-      if (up.empty()) linkUp();
+      if (liveLink(sender) == nullptr) linkUp(sender);
     } else if (r < 965) {
-      if (Link* live = liveLink(); live != nullptr && up.size() < 2) replaceLink(*live);
+      if (Link* live = liveLink(sender); live != nullptr && up.size() < 4) replaceLink(*live);
     } else if (r < 975) {
       killApp(FL_ROLE_CONSUMER);
     } else if (r < 985) {
@@ -207,11 +211,11 @@ class World {
     } else if (r < 988) {
       killApp(FL_ROLE_PRODUCER);
     } else if (r < 993) {
-      if (countApps(FL_ROLE_PRODUCER) == 0) attach(kSender, FL_ROLE_PRODUCER, kSlotSize);
+      if (countApps(FL_ROLE_PRODUCER, sender) == 0) attach(sender, FL_ROLE_PRODUCER, kSlotSize);
     } else if (r < 997) {
       if (options_.crash_receiver) crash(kReceiver);
     } else {
-      if (options_.crash_sender) crash(kSender);
+      if (options_.crash_sender) crash(sender);
     }
   }
 
@@ -255,11 +259,22 @@ class World {
     daemons_[d].agent->post(CmdClientAttached{c});
     apps_.push_back(std::move(app));
   }
-
-  size_t countApps(uint32_t role) const {
-    return static_cast<size_t>(std::count_if(apps_.begin(), apps_.end(),
-                                             [&](const auto& a) { return a->alive && a->role == role; }));
+  size_t countApps(uint32_t role, int daemon = -1) const {
+    return static_cast<size_t>(std::count_if(apps_.begin(), apps_.end(), [&](const auto& a) {
+      return a->alive && a->role == role && (daemon < 0 || a->daemon == daemon);
+    }));
   }
+
+  std::vector<int> senders() const {
+    std::vector<int> out;
+    for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) {
+      if (d != kReceiver) out.push_back(d);
+    }
+    return out;
+  }
+
+  // The daemon at one end of a link: 0 the sender, 1 the receiver.
+  static int daemonAt(const Link& link, int end) { return end == 0 ? link.sender : kReceiver; }
 
   App* pickApp(uint32_t role) {
     std::vector<App*> alive;
@@ -277,10 +292,12 @@ class World {
     app->alive = false;
     daemons_[app->daemon].agent->post(CmdClientGone{app->id});
   }
-
   void submit() {
-    App* p = pickApp(FL_ROLE_PRODUCER);
-    if (p == nullptr) return;
+    if (App* p = pickApp(FL_ROLE_PRODUCER)) submitFrom(*p);
+  }
+
+  void submitFrom(App& producer) {
+    App* p = &producer;
     uint32_t slot = kSlots;
     for (uint32_t s = 0; s < kSlots; ++s) {
       if (p->in_slot[s] == 0) slot = s;
@@ -305,6 +322,7 @@ class World {
     }
     p->in_slot[slot] = frame;
     frames_[frame].producer = p->id;
+    frames_[frame].sender = p->daemon;
     ++result_.frames;
     note("submit frame " + std::to_string(frame) + " slot " + std::to_string(slot) + " length " +
          std::to_string(length) + (crc ? " crc" : ""));
@@ -349,10 +367,10 @@ class World {
     return up;
   }
 
-  // The link both daemons consider up.
-  Link* liveLink() {
+  // The link from `sender` both daemons consider up.
+  Link* liveLink(int sender) {
     for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
-      if ((*it)->up && !(*it)->dialer_gone) return it->get();
+      if ((*it)->sender == sender && (*it)->up && !(*it)->dialer_gone) return it->get();
     }
     return nullptr;
   }
@@ -363,14 +381,14 @@ class World {
   void replaceLink(Link& old) {
     note("link " + std::to_string(old.id) + " ended by the dialer only");
     old.dialer_gone = true;
-    old.in_flight[kReceiver].clear();
-    daemons_[kSender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
-    linkUp();
+    old.in_flight[1].clear();
+    daemons_[old.sender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
+    linkUp(old.sender);
   }
-
-  void linkUp() {
+  void linkUp(int sender) {
     auto link = std::make_unique<Link>();
     link->id = ++next_link_;
+    link->sender = sender;
     transport::loopback::LoopbackOptions lo;
     lo.manual = true;
     auto pair = transport::loopback::makePair(lo);
@@ -380,16 +398,16 @@ class World {
     for (int end = 0; end < 2; ++end) {
       link->capture[end] = std::make_unique<Capture>([raw] { raw->cancelled = true; });
     }
-    note("link " + std::to_string(link->id) + " up");
+    note("link " + std::to_string(link->id) + " up from " + daemons_[sender].id);
     for (int end = 0; end < 2; ++end) {
       CmdLinkUp up;
       up.link_id = link->id;
-      up.peer = end == kSender ? "d1" : "d0";
-      up.peer_instance = daemons_[end ^ 1].instance;
+      up.peer = daemons_[daemonAt(*link, end ^ 1)].id;
+      up.peer_instance = daemons_[daemonAt(*link, end ^ 1)].instance;
       up.transport_name = "loopback";
       up.transport = end == 0 ? link->pair.a : link->pair.b;
       up.session = link->capture[end]->session();
-      daemons_[end].agent->post(std::move(up));
+      daemons_[daemonAt(*link, end)].agent->post(std::move(up));
     }
     links_.push_back(std::move(link));
   }
@@ -407,27 +425,29 @@ class World {
     link.up = false;
     link.pair.link->breakLink(FL_ERR_LINK_LOST, why);
     for (int end = 0; end < 2; ++end) {
-      if (end == kSender && link.dialer_gone) continue;  // told already
-      daemons_[end].agent->post(CmdLinkDown{link.id, why});
+      if (end == 0 && link.dialer_gone) continue;  // told already
+      daemons_[daemonAt(link, end)].agent->post(CmdLinkDown{link.id, why});
     }
   }
 
   void deliverControl(Link& link, int from, size_t n) {
     auto& queue = link.in_flight[from];
-    if (link.dialer_gone && from == kReceiver) {
+    if (link.dialer_gone && from == 1) {
       queue.clear();  // the dialer no longer reads that session
       return;
     }
     for (; n > 0 && !queue.empty(); --n) {
-      note("control " + daemons_[from].id + "->" + daemons_[from ^ 1].id + " " + describe(*queue.front()));
-      daemons_[from ^ 1].agent->post(CmdPeerMessage{link.id, std::move(queue.front())});
+      const int to = daemonAt(link, from ^ 1);
+      note("control " + daemons_[daemonAt(link, from)].id + "->" + daemons_[to].id + " " +
+           describe(*queue.front()));
+      daemons_[to].agent->post(CmdPeerMessage{link.id, std::move(queue.front())});
       queue.pop_front();
     }
   }
 
   void deliverData(Link& link, uint64_t n, bool damage) {
     for (; n > 0; --n) {
-      const int from = link.pair.link->waiting(kSender) > 0 ? kSender : kReceiver;
+      const int from = link.pair.link->waiting(0) > 0 ? 0 : 1;
       transport::FrameHeader next;
       if (link.pair.link->peekNext(from, &next)) {
         auto it = frames_.find(next.frame_id);
@@ -447,13 +467,15 @@ class World {
     ++result_.crashes;
     note("crash " + daemons_[d].id);
     for (auto& link : links_) {
-      if (!link->up) continue;
+      if (!link->up || (d != kReceiver && link->sender != d)) continue;
       link->in_flight[0].clear();
       link->in_flight[1].clear();
       link->up = false;
       link->pair.link->breakLink(FL_ERR_LINK_LOST, "peer daemon crashed");
-      if (!(d == kReceiver && link->dialer_gone))
-        daemons_[d ^ 1].agent->post(CmdLinkDown{link->id, "peer daemon crashed"});
+      const int survivor = d == kReceiver ? link->sender : kReceiver;
+      if (!(d == kReceiver && link->dialer_gone)) {
+        daemons_[survivor].agent->post(CmdLinkDown{link->id, "peer daemon crashed"});
+      }
     }
     for (auto& app : apps_) {
       if (!app->alive || app->daemon != d) continue;
@@ -601,11 +623,12 @@ class World {
     // frame sent again after a NACK (damaged, or its credit withdrawn) may
     // come after frames sent behind it.
     if (!flagged && rec.landings <= 1) {
-      if (frame <= c.last_plain) {
+      uint64_t& last = c.last_plain[rec.sender];
+      if (frame <= last) {
         throw Broken{"consumer #" + std::to_string(c.id) + " got frame " + std::to_string(frame) +
-                     " after frame " + std::to_string(c.last_plain) + ": out of order"};
+                     " after frame " + std::to_string(last) + " of the same sender: out of order"};
       }
-      c.last_plain = frame;
+      last = frame;
     }
     c.in_slot[d.slot] = frame;
   }
@@ -620,18 +643,24 @@ class World {
       return a->alive && a->role == FL_ROLE_CONSUMER && a->slot_size == kSlotSize;
     });
     if (!big_consumer) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
-    if (countApps(FL_ROLE_PRODUCER) == 0) attach(kSender, FL_ROLE_PRODUCER, kSlotSize);
+    for (int d : senders()) {
+      if (countApps(FL_ROLE_PRODUCER, d) == 0) attach(d, FL_ROLE_PRODUCER, kSlotSize);
+    }
     for (Link* link : upLinks()) {
       if (link->dialer_gone) breakLink(*link, "keepalive timeout");
     }
-    if (liveLink() == nullptr) linkUp();
+    for (int d : senders()) {
+      if (liveLink(d) == nullptr) linkUp(d);
+    }
     settle();
     drain();
     requireEveryFrameEnded("after healing");
     // Fresh frames: nothing leaked, the stream still flows.
-    App* p = pickApp(FL_ROLE_PRODUCER);
     const uint64_t first = next_frame_ + 1;
-    for (uint32_t i = 0; i < kSlots; ++i) submit();
+    for (auto& app : apps_) {
+      if (!app->alive || app->role != FL_ROLE_PRODUCER) continue;
+      for (uint32_t i = 0; i < kSlots; ++i) submitFrom(*app);
+    }
     settle();
     drain();
     requireEveryFrameEnded("for the fresh frames");
@@ -641,27 +670,28 @@ class World {
                      std::to_string(frames_[f].status) + ", not DELIVERED (a leaked credit or slot?)"};
       }
     }
-    (void)p;
   }
 
   void drain() {
     for (int round = 0; round < 200; ++round) {
-      Link* live = liveLink();
-      if (live == nullptr) {
-        linkUp();
-        settle();
-        continue;
-      }
       bool moved = false;
-      for (int end = 0; end < 2; ++end) {
-        if (!live->in_flight[end].empty()) {
-          deliverControl(*live, end, live->in_flight[end].size());
+      for (int d : senders()) {
+        Link* live = liveLink(d);
+        if (live == nullptr) {
+          linkUp(d);
+          moved = true;
+          continue;
+        }
+        for (int end = 0; end < 2; ++end) {
+          if (!live->in_flight[end].empty()) {
+            deliverControl(*live, end, live->in_flight[end].size());
+            moved = true;
+          }
+        }
+        while (live->pair.link->waiting(0) + live->pair.link->waiting(1) > 0) {
+          deliverData(*live, 1, false);
           moved = true;
         }
-      }
-      while (live->pair.link->waiting(kSender) + live->pair.link->waiting(kReceiver) > 0) {
-        deliverData(*live, 1, false);
-        moved = true;
       }
       for (auto& app : apps_) {
         if (!app->alive || app->role != FL_ROLE_CONSUMER) continue;
@@ -736,7 +766,7 @@ class World {
   SimResult& result_;
   Rng rng_;
   bool damage_on_ = false;
-  Daemon daemons_[2];
+  std::vector<Daemon> daemons_;
   std::vector<std::unique_ptr<App>> apps_;
   std::vector<std::unique_ptr<Link>> links_;
   std::map<uint64_t, FrameRecord> frames_;

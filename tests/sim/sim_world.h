@@ -1,5 +1,5 @@
 // A deterministic simulation of the frame protocol, in the manner of
-// FoundationDB's simulation testing: the real data agents of two daemons run
+// FoundationDB's simulation testing: the real data agents of two or three daemons run
 // in one process on this thread (DataAgent::runUntilIdle), joined by in-memory
 // links (the loopback transport in manual mode, plus the control messages each
 // agent writes to its session), and a seeded schedule decides everything that
@@ -37,6 +37,7 @@ namespace framelink::sim {
 struct SimOptions {
   uint64_t seed = 1;
   size_t steps = 120;          // scheduled events before the world is healed
+  int daemons = 2;             // 2: d0 sends to d1; 3: d0 and d2 both send to d1 on one stream
   bool crash_receiver = true;  // the consumer's daemon may crash and restart
   bool crash_sender = true;    // the producer's daemon may crash and restart
   bool keep_trace = false;     // keep the event trace even when the run passes
