@@ -30,7 +30,7 @@ step() { printf '\n---- %s\n' "$*"; }
 
 [[ -f "$build/CPackConfig.cmake" ]] ||
   fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
-for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf; do
+for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf pkg-config "${CC:-cc}"; do
   command -v "$tool" >/dev/null ||
     fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, dpkg-dev, binutils)"
 done
@@ -77,6 +77,29 @@ for p in "${packages[@]}"; do
   dpkg-deb -f "${deb[$p]}" Package Version Section Depends Recommends Suggests | sed 's/^/  /'
   dpkg-deb -c "${deb[$p]}" | awk '$1 !~ /^d/ { print "  " $1, $6, $7, $8 }'
 done
+
+step "the packaged libframelink-dev builds examples/c"
+# Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is
+# relocatable), pkg-config through PKG_CONFIG_SYSROOT_DIR (framelink.pc says prefix=/usr).
+sysroot=$work/sysroot
+for p in libframelink0 libframelink-dev; do dpkg-deb -x "${deb[$p]}" "$sysroot"; done
+cmake -S "$root/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$sysroot/usr" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$work/example.log" 2>&1 &&
+  cmake --build "$work/example" >>"$work/example.log" 2>&1 ||
+  { cat "$work/example.log"; fail "examples/c does not build against the unpacked libframelink-dev"; }
+grep -qxF "framelink_DIR:PATH=$sysroot/usr/lib/cmake/framelink" "$work/example/CMakeCache.txt" ||
+  fail "examples/c found another framelink package than the unpacked one"
+pc_flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$sysroot/usr/lib/pkgconfig pkg-config --cflags --libs framelink)
+# shellcheck disable=SC2086  # a list of compiler arguments
+"${CC:-cc}" -std=c11 -Wall -Werror -o "$work/example/pc_attach_info" "$root/examples/c/attach_info.c" $pc_flags ||
+  fail "examples/c/attach_info.c does not build with pkg-config's flags ($pc_flags)"
+for bin in framelink_attach_info framelink_attach_info_static pc_attach_info; do
+  status=0
+  LD_LIBRARY_PATH=$sysroot/usr/lib "$work/example/$bin" example "$work/no-daemon.sock" >/dev/null 2>"$work/err" || status=$?
+  ((status == 2)) && grep -q 'cannot connect to framelinkd' "$work/err" ||
+    fail "$bin (built against the package) should fail to attach with exit 2, got $status: $(cat "$work/err")"
+done
+echo "ok: find_package and pkg-config builds of examples/c link and run (they report the missing daemon)"
 
 step "lintian (debs)"
 lintian_log=$work/lintian.log
