@@ -30,16 +30,19 @@ step() { printf '\n---- %s\n' "$*"; }
 
 [[ -f "$build/CPackConfig.cmake" ]] ||
   fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
-for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf pkg-config "${CC:-cc}"; do
+for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf help2man pkg-config "${CC:-cc}"; do
   command -v "$tool" >/dev/null ||
-    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, dpkg-dev, binutils)"
+    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, help2man, dpkg-dev, binutils)"
 done
-# CPack writes the rpm generator into CPackConfig.cmake only when it found rpmbuild at configure time.
-grep -q 'set(CPACK_GENERATOR "DEB;RPM")' "$build/CPackConfig.cmake" || cmake "$build" >/dev/null
+# The configure step looks for rpmbuild and help2man: configure again if they came later.
+if ! grep -q 'set(CPACK_GENERATOR "DEB;RPM")' "$build/CPackConfig.cmake" ||
+  grep -q '^FRAMELINK_HELP2MAN:FILEPATH=.*NOTFOUND' "$build/CMakeCache.txt"; then
+  cmake "$build" >/dev/null
+fi
 
 start=$SECONDS
 step "build the packaged targets ($build)"
-cmake --build "$build" --target framelinkd framelink_cli framelink_client framelink_client_static
+cmake --build "$build" --target framelinkd framelink_cli framelink_client framelink_client_static framelink_manpages
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-package.XXXXXX")
 trap 'rm -rf "$work"' EXIT
