@@ -6,6 +6,10 @@
 # Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
 # framelink-tools, each as .deb and .rpm.  Checks:
 #   * every install rule belongs to one of the four packages' components;
+#   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
+#   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
+#     overlay of this system (root only): user, token, enabled unit, ldconfig trigger, conffile
+#     kept on remove, nothing left after the purge;
 #   * lintian on the debs: no error or warning (the overridden tags are explained in
 #     packaging/lintian/<package>);
 #   * the rpms against the debs: the same files with the same modes per package (modulo the
@@ -73,6 +77,7 @@ for p in "${packages[@]}"; do
 done
 extra=$(find "$work/cpack" -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) -printf '%f ')
 [[ -z "$extra" ]] || fail "cpack made packages nobody asked for: $extra"
+version=$(dpkg-deb -f "${deb[framelinkd]}" Version)  # 0.1.0-1
 
 step "debs"
 for p in "${packages[@]}"; do
@@ -104,6 +109,74 @@ for bin in framelink_attach_info framelink_attach_info_static pc_attach_info; do
 done
 echo "ok: find_package and pkg-config builds of examples/c link and run (they report the missing daemon)"
 
+step "the debs installed, reinstalled, removed and purged with dpkg (a throw-away overlay of this system)"
+# A private mount namespace: an overlay of / (writes go to a tmpfs and vanish with the
+# namespace), an empty /run so that no systemd is seen and no service is started (the QEMU
+# guest stage does that with systemd), and dpkg in a chroot of it.  This machine's own
+# /etc and dpkg database are never written.
+if [[ $(id -u) -ne 0 ]] || ! command -v unshare >/dev/null || ! grep -qw overlay /proc/filesystems; then
+  echo "NOTE: not run -- needs root, unshare and overlayfs (CI has all three)"
+else
+  upstream=${version%-*}
+  FL_WORK=$work FL_UPSTREAM=$upstream unshare --mount --fork -- bash -s "${deb[@]}" <<'IN_NAMESPACE' || fail "dpkg install/remove/purge of the debs (above)"
+set -euo pipefail
+ov=$FL_WORK/overlay
+mkdir -p "$ov"
+mount -t tmpfs tmpfs "$ov"
+mkdir -p "$ov/upper" "$ov/work" "$ov/root"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$ov/upper,workdir=$ov/work" "$ov/root"
+mount -t proc proc "$ov/root/proc"
+mount --rbind /dev "$ov/root/dev"
+mount -t tmpfs tmpfs "$ov/root/run"
+mount -t tmpfs tmpfs "$ov/root/tmp"
+mkdir "$ov/root/tmp/debs"
+cp "$@" "$ov/root/tmp/debs/"
+in_root() { chroot "$ov/root" /bin/sh -c "$1"; }
+bad() { echo "FAILED: $*" >&2; exit 1; }
+wants=/etc/systemd/system/multi-user.target.wants/framelinkd.service
+
+in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-install.log" 2>&1 || { cat "$FL_WORK/dpkg-install.log"; bad "dpkg -i"; }
+in_root 'getent passwd framelink || true' | grep -x 'framelink:x:[0-9]*:[0-9]*:framelink daemon:/nonexistent:/usr/sbin/nologin' >/dev/null ||
+  bad "the postinst made no framelink system user: $(in_root 'getent passwd framelink' || true)"
+[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "640 root framelink" ]] ||
+  bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 640 root framelink"
+token=$(in_root 'cat /etc/framelink/peer.token')
+[[ -L "$ov/root$wants" ]] || bad "framelinkd.service is not enabled ($wants missing)"
+# Captured first: grep -q stopping early would fail the pipeline (pipefail).
+ld_cache=$(in_root 'ldconfig -p')
+grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not register libframelink.so.0"
+[[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
+[[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
+in_root 'man -w framelinkd framelink' >/dev/null || bad "man -w framelinkd framelink"
+echo "ok: installed: user framelink, peer.token 640 root:framelink, unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
+
+in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "$FL_WORK/dpkg-reinstall.log"; bad "dpkg -i again (upgrade path)"; }
+[[ "$(in_root 'cat /etc/framelink/peer.token')" == "$token" ]] || bad "reinstalling replaced the peer token"
+echo "ok: reinstalled: the peer token is kept"
+
+in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+  { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
+# The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
+# keeps the unit enabled or disabled as the admin left it.
+for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/lib/libframelink.so.0; do
+  [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
+done
+for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token; do
+  [[ -e "$ov/root$kept" ]] || bad "$kept is gone after dpkg -r (only a purge removes it)"
+done
+echo "ok: removed: binaries and libraries gone, conffile and token kept"
+
+in_root 'dpkg -P framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+  { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
+[[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
+[[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"
+left=$(cd "$ov/upper" && find . -name '*framelink*' | sort)
+[[ -z "$left" ]] || bad "the purge left files behind: $left"
+in_root 'getent passwd framelink' >/dev/null || bad "the purge removed the framelink user, which it should keep"
+echo "ok: purged: no file named *framelink* left, /etc/framelink gone; the framelink user and group are kept (see README)"
+IN_NAMESPACE
+fi
+
 step "lintian (debs)"
 lintian_log=$work/lintian.log
 status=0
@@ -123,7 +196,6 @@ rpm_files() { rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/nul
 # the ld.so.conf.d entry only in the rpm of libframelink0.
 deb_only() { echo "/usr/share/lintian/overrides/$1"; }
 rpm_only() { [[ "$1" != libframelink0 ]] || echo /etc/ld.so.conf.d/framelink.conf; }
-version=$(dpkg-deb -f "${deb[framelinkd]}" Version)
 for p in "${packages[@]}"; do
   r=${rpmf[$p]}
   echo "== $(basename "$r") ($(du -k "$r" | cut -f1) KiB)"
