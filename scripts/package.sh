@@ -30,7 +30,8 @@ fail() {
   echo "scripts/package.sh: FAILED: $*" >&2
   exit 1
 }
-step() { printf '\n---- %s\n' "$*"; }
+step() { printf '\n---- [%3ds] %s\n' $((SECONDS - start)) "$*"; }
+start=$SECONDS
 
 [[ -f "$build/CPackConfig.cmake" ]] ||
   fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
@@ -44,7 +45,6 @@ if ! grep -q 'set(CPACK_GENERATOR "DEB;RPM")' "$build/CPackConfig.cmake" ||
   cmake "$build" >/dev/null
 fi
 
-start=$SECONDS
 step "build the packaged targets ($build)"
 cmake --build "$build" --target framelinkd framelink_cli framelink_client framelink_client_static framelink_manpages
 
@@ -114,8 +114,14 @@ step "the debs installed, reinstalled, removed and purged with dpkg (a throw-awa
 # namespace), an empty /run so that no systemd is seen and no service is started (the QEMU
 # guest stage does that with systemd), and dpkg in a chroot of it.  This machine's own
 # /etc and dpkg database are never written.
-if [[ $(id -u) -ne 0 ]] || ! command -v unshare >/dev/null || ! grep -qw overlay /proc/filesystems; then
-  echo "NOTE: not run -- needs root, unshare and overlayfs (CI has all three)"
+can_overlay() {
+  [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null && grep -qw overlay /proc/filesystems || return 1
+  mkdir -p "$work/probe"
+  unshare --mount --fork -- sh -c "mount -t tmpfs tmpfs '$work/probe' && mkdir '$work/probe/u' '$work/probe/w' '$work/probe/m' &&
+    mount -t overlay overlay -o 'lowerdir=/,upperdir=$work/probe/u,workdir=$work/probe/w' '$work/probe/m'" 2>/dev/null
+}
+if ! can_overlay; then
+  echo "NOTE: not run -- needs root and a private mount namespace with overlayfs (unshare -m), which this machine refuses"
 else
   upstream=${version%-*}
   FL_WORK=$work FL_UPSTREAM=$upstream unshare --mount --fork -- bash -s "${deb[@]}" <<'IN_NAMESPACE' || fail "dpkg install/remove/purge of the debs (above)"
@@ -132,6 +138,8 @@ mount -t tmpfs tmpfs "$ov/root/tmp"
 mkdir "$ov/root/tmp/debs"
 cp "$@" "$ov/root/tmp/debs/"
 in_root() { chroot "$ov/root" /bin/sh -c "$1"; }
+# The man-db trigger would rebuild the whole manual index on each dpkg call, for nothing here.
+rm -f "$ov/root/var/lib/man-db/auto-update"
 bad() { echo "FAILED: $*" >&2; exit 1; }
 wants=/etc/systemd/system/multi-user.target.wants/framelinkd.service
 
