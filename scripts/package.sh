@@ -35,6 +35,10 @@ start=$SECONDS
 
 [[ -f "$build/CPackConfig.cmake" ]] ||
   fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
+libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
+# The lintian overrides, the rpm's ld.so.conf.d entry and the checks below name /usr/lib.
+[[ "$libdir" == lib ]] ||
+  fail "$build has CMAKE_INSTALL_LIBDIR=$libdir; the packages are made with lib (/usr/lib): configure a build tree without -DCMAKE_INSTALL_LIBDIR (or with =lib)"
 for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf help2man pkg-config "${CC:-cc}"; do
   command -v "$tool" >/dev/null ||
     fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, help2man, dpkg-dev, binutils)"
