@@ -36,6 +36,10 @@ packages=(
   openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
+  # scripts/package.sh: rpmbuild for the rpms (CPack), lintian for the debs, file for CPack's
+  # shared-library scan (dpkg-shlibdeps comes with build-essential's dpkg-dev), help2man for
+  # the packages' manual pages (from --help)
+  rpm lintian file help2man
 )
 if ((softroce)); then
   packages+=(

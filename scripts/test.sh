@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what is needed, then runs the test suite.
-#   scripts/test.sh                 every test (labels: unit, transport, integration; not `rdma`,
+#   scripts/test.sh                 every test (labels: unit, transport, integration, install; not `rdma`,
 #                                   which needs RDMA devices: tests/softroce/run-lane.sh runs it)
 #   scripts/test.sh -L unit         any further arguments go to ctest (and skip the client tests)
 #   scripts/test.sh clients         only the .NET and Python client tests (scripts/test-clients.sh)

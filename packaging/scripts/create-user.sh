@@ -1,7 +1,4 @@
-#!/bin/sh
-# Creates the framelink system group and user that framelinkd.service runs as.
-# Used as the deb postinst and the rpm %pre; idempotent.
-set -e
+# The framelink system group and user that framelinkd.service runs as (idempotent).
 if ! getent group framelink >/dev/null; then
   groupadd --system framelink
 fi
@@ -17,8 +14,3 @@ if [ ! -e /etc/framelink/peer.token ]; then
   chgrp framelink /etc/framelink/peer.token
   chmod 0640 /etc/framelink/peer.token
 fi
-# Debian: pick up the new or changed unit.
-if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
-  systemctl daemon-reload >/dev/null 2>&1 || true
-fi
-exit 0

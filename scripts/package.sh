@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# Builds the deb and rpm packages from a build tree and checks them.
+#   scripts/package.sh [OUTPUT_DIR]      default OUTPUT_DIR: <build>/packages
+# Environment: FRAMELINK_BUILD_DIR   build tree (default: build/ at the top of the repository)
+#
+# Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
+# framelink-tools, each as .deb and .rpm.  Checks:
+#   * every install rule belongs to one of the four packages' components;
+#   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
+#   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
+#     overlay of this system (root only): user, token, enabled unit, ldconfig trigger, conffile
+#     kept on remove, nothing left after the purge;
+#   * lintian on the debs: no error or warning (the overridden tags are explained in
+#     packaging/lintian/<package>);
+#   * the rpms against the debs: the same files with the same modes per package (modulo the
+#     differences listed at the top of packaging/CMakeLists.txt), the same conffiles, a
+#     requirement for every shared library the binaries need, the provides and the scriptlets
+#     (parsed with sh -n).  No Fedora/Rocky root can be fetched here, so the rpms are never
+#     installed: these checks are all the proof they get.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FRAMELINK_BUILD_DIR:-$root/build}
+out=${1:-$build/packages}
+packages=(framelinkd libframelink0 libframelink-dev framelink-tools)
+declare -A component=([framelinkd]=daemon [libframelink0]=client [libframelink-dev]=client_dev
+  [framelink-tools]=cli)
+
+fail() {
+  echo "scripts/package.sh: FAILED: $*" >&2
+  exit 1
+}
+step() { printf '\n---- [%3ds] %s\n' $((SECONDS - start)) "$*"; }
+start=$SECONDS
+
+[[ -f "$build/CPackConfig.cmake" ]] ||
+  fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
+libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
+# The lintian overrides, the rpm's ld.so.conf.d entry and the checks below name /usr/lib.
+[[ "$libdir" == lib ]] ||
+  fail "$build has CMAKE_INSTALL_LIBDIR=$libdir; the packages are made with lib (/usr/lib): configure a build tree without -DCMAKE_INSTALL_LIBDIR (or with =lib)"
+for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf help2man pkg-config "${CC:-cc}"; do
+  command -v "$tool" >/dev/null ||
+    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, help2man, dpkg-dev, binutils)"
+done
+# The configure step looks for rpmbuild and help2man: configure again if they came later.
+if ! grep -q 'set(CPACK_GENERATOR "DEB;RPM")' "$build/CPackConfig.cmake" ||
+  grep -q '^FRAMELINK_HELP2MAN:FILEPATH=.*NOTFOUND' "$build/CMakeCache.txt"; then
+  cmake "$build" >/dev/null
+fi
+
+step "build the packaged targets ($build)"
+cmake --build "$build" --target framelinkd framelink_cli framelink_client framelink_client_static framelink_manpages
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fl-package.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+step "every install rule is packaged"
+# Install rules without one of the four components land in no package.
+cmake --install "$build" --prefix "$work/unspecified" --component Unspecified >/dev/null
+if [[ -d "$work/unspecified" ]] && [[ -n "$(find "$work/unspecified" -type f -o -type l)" ]]; then
+  find "$work/unspecified" -type f -o -type l | sed "s|^$work/unspecified|  |" >&2
+  fail "these files are installed without a COMPONENT (daemon, client, client_dev or cli) and would be in no package"
+fi
+echo "ok: nothing outside the components daemon, client, client_dev, cli"
+
+step "cpack -G DEB;RPM"
+cpack --config "$build/CPackConfig.cmake" -G "DEB;RPM" -B "$work/cpack" >"$work/cpack.log" 2>&1 ||
+  { cat "$work/cpack.log"; fail "cpack"; }
+mkdir -p "$out"
+rm -f "$out"/*.deb "$out"/*.rpm
+declare -A deb=() rpmf=()
+for p in "${packages[@]}"; do
+  mapfile -t d < <(find "$work/cpack" -maxdepth 1 -name "${p}_*.deb")
+  mapfile -t r < <(find "$work/cpack" -maxdepth 1 -name "${p}-[0-9]*.rpm")
+  ((${#d[@]} == 1 && ${#r[@]} == 1)) ||
+    fail "expected one deb and one rpm of $p, got: ${d[*]:-no deb} ${r[*]:-no rpm}"
+  mv "${d[0]}" "${r[0]}" "$out/"
+  deb[$p]=$out/$(basename "${d[0]}")
+  rpmf[$p]=$out/$(basename "${r[0]}")
+done
+extra=$(find "$work/cpack" -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) -printf '%f ')
+[[ -z "$extra" ]] || fail "cpack made packages nobody asked for: $extra"
+version=$(dpkg-deb -f "${deb[framelinkd]}" Version)  # 0.1.0-1
+
+step "debs"
+for p in "${packages[@]}"; do
+  echo "== $(basename "${deb[$p]}") ($(du -k "${deb[$p]}" | cut -f1) KiB)"
+  dpkg-deb -f "${deb[$p]}" Package Version Section Depends Recommends Suggests | sed 's/^/  /'
+  dpkg-deb -c "${deb[$p]}" | awk '$1 !~ /^d/ { print "  " $1, $6, $7, $8 }'
+done
+
+step "the packaged libframelink-dev builds examples/c"
+# Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is
+# relocatable), pkg-config through PKG_CONFIG_SYSROOT_DIR (framelink.pc says prefix=/usr).
+sysroot=$work/sysroot
+for p in libframelink0 libframelink-dev; do dpkg-deb -x "${deb[$p]}" "$sysroot"; done
+cmake -S "$root/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$sysroot/usr" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$work/example.log" 2>&1 &&
+  cmake --build "$work/example" >>"$work/example.log" 2>&1 ||
+  { cat "$work/example.log"; fail "examples/c does not build against the unpacked libframelink-dev"; }
+grep -qxF "framelink_DIR:PATH=$sysroot/usr/lib/cmake/framelink" "$work/example/CMakeCache.txt" ||
+  fail "examples/c found another framelink package than the unpacked one"
+pc_flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$sysroot/usr/lib/pkgconfig pkg-config --cflags --libs framelink)
+# shellcheck disable=SC2086  # a list of compiler arguments
+"${CC:-cc}" -std=c11 -Wall -Werror -o "$work/example/pc_attach_info" "$root/examples/c/attach_info.c" $pc_flags ||
+  fail "examples/c/attach_info.c does not build with pkg-config's flags ($pc_flags)"
+for bin in framelink_attach_info framelink_attach_info_static pc_attach_info; do
+  status=0
+  LD_LIBRARY_PATH=$sysroot/usr/lib "$work/example/$bin" example "$work/no-daemon.sock" >/dev/null 2>"$work/err" || status=$?
+  ((status == 2)) && grep -q 'cannot connect to framelinkd' "$work/err" ||
+    fail "$bin (built against the package) should fail to attach with exit 2, got $status: $(cat "$work/err")"
+done
+echo "ok: find_package and pkg-config builds of examples/c link and run (they report the missing daemon)"
+
+step "the debs installed, reinstalled, removed and purged with dpkg (a throw-away overlay of this system)"
+# A private mount namespace: an overlay of / (writes go to a tmpfs and vanish with the
+# namespace), an empty /run so that no systemd is seen and no service is started (the QEMU
+# guest stage does that with systemd), and dpkg in a chroot of it.  This machine's own
+# /etc and dpkg database are never written.
+can_overlay() {
+  [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null && grep -qw overlay /proc/filesystems || return 1
+  mkdir -p "$work/probe"
+  unshare --mount --fork -- sh -c "mount -t tmpfs tmpfs '$work/probe' && mkdir '$work/probe/u' '$work/probe/w' '$work/probe/m' &&
+    mount -t overlay overlay -o 'lowerdir=/,upperdir=$work/probe/u,workdir=$work/probe/w' '$work/probe/m'" 2>/dev/null
+}
+if ! can_overlay; then
+  echo "NOTE: not run -- needs root and a private mount namespace with overlayfs (unshare -m), which this machine refuses"
+else
+  upstream=${version%-*}
+  FL_WORK=$work FL_UPSTREAM=$upstream unshare --mount --fork -- bash -s "${deb[@]}" <<'IN_NAMESPACE' || fail "dpkg install/remove/purge of the debs (above)"
+set -euo pipefail
+ov=$FL_WORK/overlay
+mkdir -p "$ov"
+mount -t tmpfs tmpfs "$ov"
+mkdir -p "$ov/upper" "$ov/work" "$ov/root"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$ov/upper,workdir=$ov/work" "$ov/root"
+mount -t proc proc "$ov/root/proc"
+mount --rbind /dev "$ov/root/dev"
+mount -t tmpfs tmpfs "$ov/root/run"
+mount -t tmpfs tmpfs "$ov/root/tmp"
+mkdir "$ov/root/tmp/debs"
+cp "$@" "$ov/root/tmp/debs/"
+in_root() { chroot "$ov/root" /bin/sh -c "$1"; }
+# The man-db trigger would rebuild the whole manual index on each dpkg call, for nothing here.
+rm -f "$ov/root/var/lib/man-db/auto-update"
+bad() { echo "FAILED: $*" >&2; exit 1; }
+wants=/etc/systemd/system/multi-user.target.wants/framelinkd.service
+
+in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-install.log" 2>&1 || { cat "$FL_WORK/dpkg-install.log"; bad "dpkg -i"; }
+in_root 'getent passwd framelink || true' | grep -x 'framelink:x:[0-9]*:[0-9]*:framelink daemon:/nonexistent:/usr/sbin/nologin' >/dev/null ||
+  bad "the postinst made no framelink system user: $(in_root 'getent passwd framelink' || true)"
+[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "640 root framelink" ]] ||
+  bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 640 root framelink"
+token=$(in_root 'cat /etc/framelink/peer.token')
+[[ -L "$ov/root$wants" ]] || bad "framelinkd.service is not enabled ($wants missing)"
+# Captured first: grep -q stopping early would fail the pipeline (pipefail).
+ld_cache=$(in_root 'ldconfig -p')
+grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not register libframelink.so.0"
+[[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
+[[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
+in_root 'man -w framelinkd framelink' >/dev/null || bad "man -w framelinkd framelink"
+echo "ok: installed: user framelink, peer.token 640 root:framelink, unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
+
+in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "$FL_WORK/dpkg-reinstall.log"; bad "dpkg -i again (upgrade path)"; }
+[[ "$(in_root 'cat /etc/framelink/peer.token')" == "$token" ]] || bad "reinstalling replaced the peer token"
+echo "ok: reinstalled: the peer token is kept"
+
+in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+  { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
+# The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
+# keeps the unit enabled or disabled as the admin left it.
+for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/lib/libframelink.so.0; do
+  [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
+done
+for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token; do
+  [[ -e "$ov/root$kept" ]] || bad "$kept is gone after dpkg -r (only a purge removes it)"
+done
+echo "ok: removed: binaries and libraries gone, conffile and token kept"
+
+in_root 'dpkg -P framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+  { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
+[[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
+[[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"
+left=$(cd "$ov/upper" && find . -name '*framelink*' | sort)
+[[ -z "$left" ]] || bad "the purge left files behind: $left"
+in_root 'getent passwd framelink' >/dev/null || bad "the purge removed the framelink user, which it should keep"
+echo "ok: purged: no file named *framelink* left, /etc/framelink gone; the framelink user and group are kept (see README)"
+IN_NAMESPACE
+fi
+
+step "lintian (debs)"
+lintian_log=$work/lintian.log
+status=0
+lintian --pedantic --fail-on error,warning "${deb[@]}" >"$lintian_log" 2>&1 || status=$?
+grep -v 'running with root privileges is not recommended' "$lintian_log" || true
+overridden=$(lintian --show-overrides "${deb[@]}" 2>/dev/null | grep -c '^O:' || true)
+((status == 0)) || fail "lintian found errors or warnings in the debs (above)"
+echo "ok: lintian --pedantic: no errors or warnings ($overridden tags overridden, reasons in packaging/lintian/)"
+
+step "rpms, checked against the debs"
+echo "NOTE: no Fedora or Rocky root is reachable from this machine (only Debian's mirrors are),"
+echo "      so the rpms are not installed anywhere; the checks below are their only proof."
+# "mode path" of every non-directory entry.
+deb_files() { dpkg-deb -c "$1" | awk '$1 !~ /^d/ { sub(/^\./, "", $6); print $1, $6 }' | sort; }
+rpm_files() { rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/null | awk '$1 !~ /^d/' | sort; }
+# The documented differences (packaging/CMakeLists.txt): lintian overrides only in the debs,
+# the ld.so.conf.d entry only in the rpm of libframelink0.
+deb_only() { echo "/usr/share/lintian/overrides/$1"; }
+rpm_only() { [[ "$1" != libframelink0 ]] || echo /etc/ld.so.conf.d/framelink.conf; }
+for p in "${packages[@]}"; do
+  r=${rpmf[$p]}
+  echo "== $(basename "$r") ($(du -k "$r" | cut -f1) KiB)"
+  rpm_files "$r" | sed 's/^/  /'
+  # Files: the same list with the same modes, modulo the documented differences.
+  diff_out=$(diff <(deb_files "${deb[$p]}" | grep -vxF -f <(deb_only "$p" | sed 's/^/-rw-r--r-- /') || true) \
+    <(rpm_files "$r" | grep -vxF -f <(rpm_only "$p" | sed 's/^/-rw-r--r-- /') || true) || true)
+  [[ -z "$diff_out" ]] || { echo "$diff_out"; fail "$p: the rpm's files differ from the deb's (< deb, > rpm)"; }
+  for f in $(deb_only "$p"); do
+    deb_files "${deb[$p]}" | grep -q " $f\$" || fail "$p: the deb lacks $f"
+  done
+  for f in $(rpm_only "$p"); do
+    rpm_files "$r" | grep -q " $f\$" || fail "$p: the rpm lacks $f"
+  done
+  echo "  files: same as the deb"
+  [[ "$(rpm -qp --qf '%{NAME} %{VERSION}-%{RELEASE}' "$r" 2>/dev/null)" == "$p $version" ]] ||
+    fail "$p: the rpm is $(rpm -qp --qf '%{NAME} %{VERSION}-%{RELEASE}' "$r"), the deb $p $version"
+
+  # Conffiles.
+  dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -x -C "$work" --one-top-level="ctrl-$p"
+  deb_conf=$(sort "$work/ctrl-$p/conffiles" 2>/dev/null || true)
+  rpm_conf=$(rpm -qp --configfiles "$r" 2>/dev/null | grep -vxF -f <(rpm_only "$p") | sort || true)
+  [[ "$deb_conf" == "$rpm_conf" ]] ||
+    fail "$p: conffiles differ: deb '${deb_conf//$'\n'/ }', rpm %config '${rpm_conf//$'\n'/ }'"
+  [[ -z "$deb_conf" ]] || echo "  conffiles: ${deb_conf//$'\n'/ } (deb conffiles = rpm %config)"
+
+  # Requires: every shared library a packaged ELF file needs, as the deb's shlibdeps saw them.
+  requires=$(rpm -qp --requires "$r" 2>/dev/null)
+  mkdir -p "$work/data-$p"
+  dpkg-deb -x "${deb[$p]}" "$work/data-$p"
+  mapfile -t needed < <(find "$work/data-$p" -type f -exec sh -c 'readelf -d "$1" 2>/dev/null' _ {} \; |
+    sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | sort -u)
+  for so in "${needed[@]}"; do
+    grep -qxF "$so()(64bit)" <<<"$requires" || fail "$p: needs $so, which the rpm does not require"
+  done
+  echo "  requires: all ${#needed[@]} needed shared libraries (${needed[*]:-none})"
+  deps=$(dpkg-deb -f "${deb[$p]}" Depends)
+  case $p in
+    libframelink-dev)
+      grep -qxF "libframelink0 = $version" <<<"$requires" || fail "$p: the rpm does not require libframelink0 = $version"
+      [[ "$deps" == *"libframelink0 (= $version)"* ]] || fail "$p: the deb does not depend on libframelink0 (= $version)"
+      echo "  requires: libframelink0 = $version (deb: libframelink0 (= $version))" ;;
+    framelink-tools)
+      [[ "$deps" == *"libframelink0 (= $version)"* ]] || fail "$p: the deb does not depend on libframelink0 (= $version)" ;;
+    framelinkd)
+      grep -qx 'shadow-utils' <<<"$requires" || fail "$p: the rpm does not require shadow-utils (useradd in %pre)"
+      [[ "$deps" == *passwd* ]] || fail "$p: the deb does not depend on passwd (useradd in the postinst)" ;;
+  esac
+  if [[ $p == libframelink0 ]]; then
+    rpm -qp --provides "$r" 2>/dev/null | grep -qxF 'libframelink.so.0()(64bit)' ||
+      fail "libframelink0: the rpm does not provide libframelink.so.0()(64bit)"
+    dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -xO ./shlibs | grep -q '^libframelink 0 libframelink0' ||
+      fail "libframelink0: the deb has no shlibs entry for libframelink.so.0"
+    echo "  provides: libframelink.so.0()(64bit) (deb: shlibs 'libframelink 0 libframelink0')"
+  fi
+
+  # Scriptlets: parse them, and see the ones that matter are there.
+  for tag in PREIN POSTIN PREUN POSTUN; do
+    body=$(rpm -qp --qf "%{$tag}" "$r" 2>/dev/null)
+    [[ "$body" == "(none)" ]] && continue
+    sh -n <(printf '%s\n' "$body") || fail "$p: the rpm's $tag scriptlet does not parse"
+  done
+  for s in preinst postinst prerm postrm; do
+    [[ -f "$work/ctrl-$p/$s" ]] || continue
+    sh -n "$work/ctrl-$p/$s" || fail "$p: the deb's $s does not parse"
+  done
+  if [[ $p == framelinkd ]]; then
+    scripts=$(rpm -qp --scripts "$r" 2>/dev/null)
+    for want in 'useradd --system' 'groupadd --system' 'peer.token' 'systemctl daemon-reload' \
+      'disable --now framelinkd.service' 'try-restart framelinkd.service'; do
+      grep -qF -- "$want" <<<"$scripts" || fail "framelinkd: the rpm scriptlets lack '$want'"
+    done
+    grep -qF 'useradd --system' "$work/ctrl-$p/postinst" || fail "framelinkd: the deb postinst creates no user"
+    grep -qF 'deb-systemd-invoke stop' "$work/ctrl-$p/prerm" || fail "framelinkd: the deb prerm does not stop the service"
+    echo "  scriptlets: %pre user+group+token, %post daemon-reload+preset, %preun disable --now, %postun try-restart (deb: postinst, prerm stop, postrm purge)"
+  fi
+done
+
+took=$((SECONDS - start))
+echo
+echo "PACKAGES OK: ${#packages[@]} debs + ${#packages[@]} rpms in $out, lintian clean;" \
+  "rpms checked against the debs by metadata only (not installed: no Fedora/Rocky root here) (${took}s)"
