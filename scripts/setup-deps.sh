@@ -36,6 +36,9 @@ packages=(
   openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
+  # the Python client as a wheel, built offline (setuptools backend + wheel, pip without build
+  # isolation) and installed into a venv for its tests; mypy checks its type hints (py.typed)
+  python3-venv python3-pip python3-setuptools python3-wheel mypy
 )
 if ((softroce)); then
   packages+=(

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Tests of the .NET and Python clients against real daemons:
 #   1. dotnet test client/dotnet/tests/FrameLink.Tests   (xunit)
-#   2. pytest client/python/tests tests/clients            (Python client; C# producer -> Python ingestor)
+#   2. pytest client/python/tests tests/clients            (Python client; C# producer -> Python ingestor),
+#      against the installed package: the wheel is built into $FRAMELINK_BUILD_DIR/python/dist and
+#      installed into a fresh venv there (--system-site-packages: numpy and pytest from Debian);
+#      mypy checks the installed package's type hints (py.typed)
 # Needs framelinkd and libframelink in FRAMELINK_BUILD_DIR (default build/; scripts/build.sh makes them),
-# dotnet (the .NET SDK) and /usr/bin/python3 with python3-numpy and python3-pytest (scripts/setup-deps.sh).
+# dotnet (the .NET SDK) and /usr/bin/python3 with python3-numpy, python3-pytest, python3-venv,
+# python3-pip, python3-setuptools, python3-wheel and mypy (scripts/setup-deps.sh).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,8 +23,10 @@ if ! command -v dotnet >/dev/null 2>&1; then
   echo "  Install it (Debian: the dotnet-sdk package from Microsoft's repository) and run again." >&2
   exit 1
 fi
-if ! "$python" -c 'import numpy, pytest' 2>/dev/null; then
-  echo "test-clients: $python lacks numpy or pytest: run scripts/setup-deps.sh (python3-numpy python3-pytest)" >&2
+if ! "$python" -c 'import numpy, pytest, venv, pip, setuptools, wheel' 2>/dev/null || ! command -v mypy >/dev/null; then
+  echo "test-clients: $python lacks numpy, pytest, venv, pip, setuptools or wheel, or mypy is missing:" \
+    "run scripts/setup-deps.sh (python3-numpy python3-pytest python3-venv python3-pip python3-setuptools" \
+    "python3-wheel mypy)" >&2
   exit 1
 fi
 
@@ -28,9 +34,25 @@ status=0
 echo "== dotnet test client/dotnet/tests/FrameLink.Tests"
 dotnet build "$root/examples/dotnet/InspectionProducer" -c Release -nologo -v q -clp:ErrorsOnly || status=1
 dotnet test "$root/client/dotnet/tests/FrameLink.Tests" -c Release -nologo -v q || status=1
-echo "== pytest client/python/tests tests/clients"
-FRAMELINK_DOTNET_EXAMPLE="$root/examples/dotnet/InspectionProducer/bin/Release/net10.0/InspectionProducer.dll" \
-  "$python" -m pytest -q -p no:cacheprovider "$root/client/python/tests" "$root/tests/clients" || status=1
+echo "== python: wheel, venv, mypy, pytest client/python/tests tests/clients"
+py=$FRAMELINK_BUILD_DIR/python
+rm -rf "$py" && mkdir -p "$py/src"
+# Built from a copy, so that setuptools leaves no build/ or egg-info in the source tree.
+cp -r "$root/client/python/pyproject.toml" "$root/client/python/framelink" "$py/src/"
+"$python" -m venv --system-site-packages --without-pip "$py/venv"  # pip: Debian's, seen through the system site
+venv_python=$py/venv/bin/python
+if "$venv_python" -m pip wheel -q --no-build-isolation --no-deps --no-index -w "$py/dist" "$py/src" &&
+  "$venv_python" -m pip install -q --no-deps --no-index "$py"/dist/framelink-*.whl; then
+  ls "$py"/dist/framelink-*.whl
+  # From $py: neither mypy nor pytest may see the source tree's framelink/ (conftest checks it).
+  (cd "$py" && mypy --python-executable "$venv_python" --cache-dir "$py/mypy-cache" \
+    --config-file "$root/client/python/pyproject.toml" -p framelink) || status=1
+  (cd "$py" && FRAMELINK_DOTNET_EXAMPLE="$root/examples/dotnet/InspectionProducer/bin/Release/net10.0/InspectionProducer.dll" \
+    "$venv_python" -m pytest -q -p no:cacheprovider "$root/client/python/tests" "$root/tests/clients") || status=1
+else
+  echo "test-clients: building or installing the framelink wheel failed" >&2
+  status=1
+fi
 if ((status == 0)); then
   echo "test-clients: .NET and Python client tests passed"
 else
