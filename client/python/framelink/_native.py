@@ -145,6 +145,8 @@ def _load() -> ctypes.CDLL:
         if tried:  # $FRAMELINK_LIBRARY was set and did not load: say so rather than hide it
             warnings.warn(f"framelink: {tried[0]}; using {label} instead", RuntimeWarning, stacklevel=2)
         return loaded
+    if not env:
+        tried.insert(0, "$FRAMELINK_LIBRARY: not set")
     raise ImportError(
         "framelink: cannot load libframelink; tried " + "; ".join(tried) + ". Install the system library "
         "(the libframelink0 package provides " + SONAME + ") or set FRAMELINK_LIBRARY to the path of "

@@ -70,3 +70,6 @@ def test_when_nothing_loads_the_error_names_both_places():
         assert "ImportError: framelink: cannot load libframelink" in r.stderr
         assert "$FRAMELINK_LIBRARY=/nonexistent/libframelink.so.0" in r.stderr
         assert "the system's libframelink.so.0" in r.stderr and "libframelink0 package" in r.stderr
+    r = run_child({})
+    if not ctypes.util.find_library("framelink"):
+        assert "$FRAMELINK_LIBRARY: not set; the system's libframelink.so.0: " in r.stderr
