@@ -40,6 +40,9 @@ packages=(
   # shared-library scan (dpkg-shlibdeps comes with build-essential's dpkg-dev), help2man for
   # the packages' manual pages (from --help)
   rpm lintian file help2man
+  # the Python client as a wheel, built offline (setuptools backend + wheel, pip without build
+  # isolation) and installed into a venv for its tests; mypy checks its type hints (py.typed)
+  python3-venv python3-pip python3-setuptools python3-wheel mypy
 )
 if ((softroce)); then
   packages+=(
@@ -50,7 +53,8 @@ if ((softroce)); then
   )
 fi
 
-# The .NET client needs the .NET SDK (8.0 or later), which is not a Debian package: say so loudly.
+# The .NET client needs the .NET SDK (10.0 or later: FrameLink builds for net8.0 and net10.0), which is
+# not a Debian package: say so loudly.
 if ! command -v dotnet >/dev/null 2>&1; then
   echo "setup-deps: WARNING: dotnet (the .NET SDK) is not installed; client/dotnet and its tests need it" >&2
   echo "  (scripts/test.sh fails without it; install the SDK, e.g. from Microsoft's Debian repository)" >&2

@@ -17,10 +17,13 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))  # run from a source tree
+try:
+    import framelink
+except ImportError:  # not installed (pip install client/python): use the source tree next to this file
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
+    import framelink
 
-import framelink  # noqa: E402
+    print(f"ingestor: using framelink from the source tree ({framelink.__file__})", file=sys.stderr)
 
 
 def write_atomically(path: str, data) -> None:

@@ -1,8 +1,9 @@
 """C# producer (examples/dotnet/InspectionProducer) -> framelinkd a -> tcp -> framelinkd b -> Python
 ingestor (examples/python/ingestor.py), which checks every byte and field and stores every frame.
 
-Needs FRAMELINK_BUILD_DIR (default <repo>/build) with framelinkd and libframelink, and the C# example
-built: FRAMELINK_DOTNET_EXAMPLE names its InspectionProducer.dll (scripts/test-clients.sh builds it).
+Needs FRAMELINK_BUILD_DIR (default <repo>/build) with framelinkd and libframelink, the framelink package
+installed (not the source tree), and the C# example built: FRAMELINK_DOTNET_EXAMPLE names its
+InspectionProducer.dll (scripts/test-clients.sh installs the wheel in a venv and builds the example).
 """
 
 import json
@@ -16,10 +17,14 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("FRAMELINK_BUILD_DIR") or os.path.join(ROOT, "build")
 os.environ.setdefault("FRAMELINKD", os.path.join(BUILD, "proxy", "framelinkd"))
 os.environ.setdefault("FRAMELINK_LIBRARY", os.path.join(BUILD, "client", "libframelink.so.0"))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
+import framelink  # noqa: E402
 from framelink import pattern  # noqa: E402
 from framelink.testing import DaemonPair  # noqa: E402
+
+assert os.path.abspath(framelink.__file__).startswith(sys.prefix + os.sep), (
+    f"framelink was imported from {framelink.__file__}, not from an installed package under {sys.prefix}: "
+    "install it (pip install client/python, or run scripts/test-clients.sh)")
 
 EXAMPLE = os.environ.get("FRAMELINK_DOTNET_EXAMPLE") or os.path.join(
     ROOT, "examples", "dotnet", "InspectionProducer", "bin", "Release", "net10.0", "InspectionProducer.dll")
@@ -59,6 +64,7 @@ def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path):
     sent = json.loads(producer.stdout.strip().splitlines()[-1])
     assert sent["delivered"] == COUNT and sent["failed"] == 0
     assert ingestor.returncode == 0, ing_err
+    assert "framelink from the source tree" not in ing_err  # the ingestor used the installed package
     got = json.loads(ing_out.strip().splitlines()[-1])
     assert got == {"stored": COUNT, "bad": 0, "seconds": got["seconds"]}
     # What the ingestor stored is the frame, byte for byte, with its metadata next to it.

@@ -11,6 +11,10 @@ A thin layer over libframelink (ctypes): views of shared memory, lifetime
 checks, asyncio.  The protocol itself lives in the C library.
 """
 
+# The package's version, the same as the C library's project version (CMakeLists.txt);
+# version() is the version of the libframelink that was loaded.
+__version__ = "0.1.0"
+
 from ._client import (
     ClientInfo,
     Completion,
@@ -26,6 +30,7 @@ from ._client import (
 )
 
 __all__ = [
+    "__version__",
     "ClientInfo",
     "Completion",
     "Consumer",

@@ -20,15 +20,27 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Optional, Union
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Set,
+                    TypeVar, Union)
 
 from . import _native
 from ._native import lib
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 try:  # optional: numpy views and the GIL-free copy in write()
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy is a Debian package here
-    _np = None
+    _np = None  # type: ignore[assignment]
+
+_T = TypeVar("_T")
+_Self = TypeVar("_Self", bound="_Client")
+# What a write() or crc32c() accepts: any object with the buffer protocol (bytes, bytearray,
+# memoryview, array.array, a numpy array, ...).
+Buffer = Any
+# A numpy dtype or anything numpy.dtype() takes ("uint8", numpy.float32, ...).
+DTypeLike = Any
 
 # Blocking calls wait in slices of this many milliseconds, so that Ctrl-C
 # (KeyboardInterrupt) is seen within a slice even if the C wait is not
@@ -125,16 +137,16 @@ def _attrs_bytes(attributes: Union[bytes, bytearray, memoryview, str, None]) -> 
     return data
 
 
-_array_types: dict = {}
+_array_types: Dict[int, Any] = {}
 
 
-def _exporter(address: int, length: int):
+def _exporter(address: int, length: int) -> Any:
     """A fresh ctypes array over [address, address+length).
 
     A Python subclass so it can be weakly referenced: every buffer made from
     it (memoryview, numpy array, slices of those) holds a strong reference.
     """
-    cls = _array_types.get(length)
+    cls: Any = _array_types.get(length)
     if cls is None:
         cls = type("SlotMemory", (ctypes.c_uint8 * length,), {})
         if len(_array_types) < 64:
@@ -151,7 +163,7 @@ class _ViewGuard:
         self._exporter = _exporter(address, length)
         self._ref = None
 
-    def exporter(self):
+    def exporter(self) -> Any:
         if self._exporter is None:
             raise ValueError("this frame's memory was already handed back; views of it are no longer available")
         return self._exporter
@@ -242,13 +254,13 @@ class _Client:
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:
             raise _error(rc, f"cannot attach {self._role_name} to stream '{stream}'")
-        self._h = handle
+        self._h: Optional[ctypes.c_void_p] = handle
         self.stream = stream
         self.auto_reattach = auto_reattach
         self._read_info()
         self._fd = lib.fl_doorbell_fd(self._h)
-        self._waiters: set = set()
-        self._reader_loop = None
+        self._waiters: Set["asyncio.Future[None]"] = set()
+        self._reader_loop: Optional[asyncio.AbstractEventLoop] = None
 
     def _read_info(self) -> None:
         info = _native.ClientInfo()
@@ -305,7 +317,7 @@ class _Client:
     def slot_count(self) -> int:
         return self.info.slot_count
 
-    def _handle(self):
+    def _handle(self) -> ctypes.c_void_p:
         h = self._h
         if h is None:
             raise ValueError(f"this {self._role_name} is closed")
@@ -325,18 +337,18 @@ class _Client:
         if h is not None:
             lib.fl_detach(h)
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_h", None) is not None:
             self.close()
 
     # --- waiting -------------------------------------------------------
-    def _blocking(self, attempt, timeout: Optional[float], what: str):
+    def _blocking(self, attempt: Callable[[int], Optional[_T]], timeout: Optional[float], what: str) -> Optional[_T]:
         """Call attempt(ms) in bounded slices until it returns non-None or the timeout expires."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
@@ -354,7 +366,7 @@ class _Client:
     async def _doorbell(self) -> None:
         """Wait until the doorbell fd is readable (or a liveness interval passes)."""
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut: "asyncio.Future[None]" = loop.create_future()
         if not self._waiters:
             loop.add_reader(self._fd, self._ring)
             self._reader_loop = loop
@@ -400,7 +412,7 @@ class Loan:
         self._check_open()
         return memoryview(self._guard.exporter()).cast("B")
 
-    def ndarray(self, shape=None, dtype="uint8"):
+    def ndarray(self, shape: Union[int, Sequence[int], None] = None, dtype: DTypeLike = "uint8") -> npt.NDArray[Any]:
         """A writable numpy array over the slot, no copy; shape defaults to as many items as fit."""
         if _np is None:
             raise RuntimeError("numpy is not installed: apt-get install python3-numpy, or use buffer()")
@@ -416,7 +428,7 @@ class Loan:
             raise ValueError(f"shape {shape} of {dt} needs {count * dt.itemsize} bytes, the slot holds {self.capacity}")
         return _np.frombuffer(self._guard.exporter(), dtype=dt, count=count).reshape(shape)
 
-    def write(self, data, offset: int = 0) -> int:
+    def write(self, data: Buffer, offset: int = 0) -> int:
         """Copy `data` (any contiguous bytes-like or numpy array) into the slot at `offset`: exactly one copy.
 
         Returns the end offset, which submit() uses as the length unless told otherwise.
@@ -512,7 +524,7 @@ class Loan:
     def __enter__(self) -> "Loan":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
         if self._done:
             return
         try:
@@ -530,7 +542,7 @@ class Producer(_Client):
     _role = _native.PRODUCER
     _role_name = "producer"
 
-    def __init__(self, stream: str, **kwargs):
+    def __init__(self, stream: str, **kwargs: Any):
         super().__init__(stream, **kwargs)
         self._comps = (_native.CompletionStruct * 64)()
         self._count = ctypes.c_size_t()
@@ -565,10 +577,10 @@ class Producer(_Client):
                 return loan
             await self._doorbell()
 
-    def _take(self, ms: Optional[int], max_count: int):
+    def _take(self, ms: Optional[int], max_count: int) -> Optional[List[Completion]]:
         max_count = max(1, min(max_count, len(self._comps)))
 
-        def call(wait_ms):
+        def call(wait_ms: Optional[int]) -> int:
             if wait_ms is None:
                 return lib.fl_poll_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count))
             return lib.fl_wait_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count),
@@ -585,15 +597,15 @@ class Producer(_Client):
             return None
         return [Completion(c.slot, Status.of(c.status), c.sequence, c.frame_id, c.length) for c in self._comps[:n]]
 
-    def poll_completions(self, max_count: int = 64) -> list:
+    def poll_completions(self, max_count: int = 64) -> List[Completion]:
         """Completions available now (possibly none)."""
         return self._take(None, max_count) or []
 
-    def wait_completions(self, timeout: Optional[float] = None, max_count: int = 64) -> list:
+    def wait_completions(self, timeout: Optional[float] = None, max_count: int = 64) -> List[Completion]:
         """At least one completion, or [] when `timeout` seconds pass first."""
         return self._blocking(lambda ms: self._take(ms, max_count), timeout, "completion") or []
 
-    async def completions_async(self, max_count: int = 64) -> list:
+    async def completions_async(self, max_count: int = 64) -> List[Completion]:
         """At least one completion, waiting on the doorbell in the running event loop."""
         while True:
             got = self._take(None, max_count)
@@ -642,7 +654,7 @@ class Frame:
             return memoryview(b"")
         return memoryview(self._guard.exporter()).cast("B").toreadonly()
 
-    def ndarray(self, shape=None, dtype="uint8"):
+    def ndarray(self, shape: Union[int, Sequence[int], None] = None, dtype: DTypeLike = "uint8") -> npt.NDArray[Any]:
         """A read-only numpy array over the payload, no copy."""
         if _np is None:
             raise RuntimeError("numpy is not installed: apt-get install python3-numpy, or use buffer()")
@@ -679,7 +691,7 @@ class Frame:
     def __enter__(self) -> "Frame":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
         if self._released:
             return
         try:
@@ -729,14 +741,16 @@ class Consumer(_Client):
 
     def __iter__(self) -> Iterator[Frame]:
         while True:
-            yield self.receive()
+            frame = self.receive()  # no timeout: waits until there is one
+            if frame is not None:
+                yield frame
 
 
 def version() -> str:
     return lib.fl_version().decode()
 
 
-def crc32c(data, seed: int = 0) -> int:
+def crc32c(data: Buffer, seed: int = 0) -> int:
     """CRC32C (Castagnoli) as the daemon computes it."""
     mv = memoryview(data).cast("B")
     if mv.readonly:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from typing import List, Tuple
 
 SONAME = "libframelink.so.0"
 MAX_ATTR_BYTES = 192
@@ -125,25 +127,30 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _load() -> ctypes.CDLL:
-    """$FRAMELINK_LIBRARY, then a copy bundled next to this package, then the system SONAME."""
-    tried = []
-    candidates = []
+    """$FRAMELINK_LIBRARY when set, then the system's libframelink.so.0 (the dynamic loader's search:
+    LD_LIBRARY_PATH, then the ld.so cache, where the libframelink0 package puts it)."""
+    tried: List[str] = []
+    candidates: List[Tuple[str, str]] = []
     env = os.environ.get("FRAMELINK_LIBRARY")
     if env:
-        candidates.append(env)
-    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", SONAME)
-    if os.path.exists(bundled):
-        candidates.append(bundled)
-    candidates.append(SONAME)
-    for path in candidates:
+        candidates.append(("$FRAMELINK_LIBRARY=" + env, env))
+    candidates.append(("the system's " + SONAME, SONAME))
+    for label, path in candidates:
         try:
             # CDLL (not PyDLL): every call releases the GIL while it runs.
-            return _declare(ctypes.CDLL(path))
+            loaded = _declare(ctypes.CDLL(path))
         except OSError as e:
-            tried.append(f"{path}: {e}")
+            tried.append(f"{label}: {e}")
+            continue
+        if tried:  # $FRAMELINK_LIBRARY was set and did not load: say so rather than hide it
+            warnings.warn(f"framelink: {tried[0]}; using {label} instead", RuntimeWarning, stacklevel=2)
+        return loaded
+    if not env:
+        tried.insert(0, "$FRAMELINK_LIBRARY: not set")
     raise ImportError(
-        "framelink: cannot load libframelink (" + "; ".join(tried) + "). Install the framelink package "
-        "(it provides " + SONAME + ") or set FRAMELINK_LIBRARY to the path of libframelink.so.0"
+        "framelink: cannot load libframelink; tried " + "; ".join(tried) + ". Install the system library "
+        "(the libframelink0 package provides " + SONAME + ") or set FRAMELINK_LIBRARY to the path of "
+        + SONAME + " (in a build tree: build/client/" + SONAME + ")"
     )
 
 

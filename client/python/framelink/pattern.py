@@ -6,7 +6,10 @@ partial word truncated; wafer_id = frame_id // 25; attributes = b"frame=<id>;waf
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 GOLDEN = 0x9E3779B97F4A7C15
 FRAMES_PER_WAFER = 25
@@ -21,7 +24,7 @@ def attributes(frame_id: int) -> bytes:
     return f"frame={frame_id};wafer={wafer_of(frame_id)}".encode()
 
 
-def payload(frame_id: int, length: int) -> np.ndarray:
+def payload(frame_id: int, length: int) -> npt.NDArray[np.uint8]:
     """The payload of `frame_id` as a uint8 array of `length` bytes."""
     words = (length + 7) // 8
     with np.errstate(over="ignore"):
@@ -35,7 +38,7 @@ def payload(frame_id: int, length: int) -> np.ndarray:
     return z.astype("<u8", copy=False).view(np.uint8)[:length]
 
 
-def mismatch(frame_id: int, data) -> int:
+def mismatch(frame_id: int, data: Any) -> int:
     """Index of the first byte of `data` that differs from the pattern, or -1."""
     got = np.frombuffer(data, dtype=np.uint8)
     want = payload(frame_id, got.size)

@@ -116,5 +116,5 @@ class DaemonPair:
     def __enter__(self) -> "DaemonPair":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

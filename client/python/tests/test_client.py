@@ -14,7 +14,6 @@ import pytest
 import framelink
 from framelink import Consumer, FrameLinkError, Producer, Status, pattern
 
-from conftest import HERE
 
 SIZE = 64 * 1024
 
@@ -171,7 +170,7 @@ except KeyboardInterrupt:
 
 
 def test_ctrl_c_interrupts_a_blocking_receive(pair, stream):
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed framelink, as here
     child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, pair.b.socket, stream], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -138,9 +138,11 @@ internal static unsafe partial class Native
             if (NativeLibrary.TryLoad(candidate, out var h)) return h;
         }
         throw new DllNotFoundException(
-            "libframelink not found. Looked for the bundled runtimes/linux-x64/native/libframelink.so.0 next to " +
-            "the FrameLink assembly, then $FRAMELINK_LIBRARY, then the system libframelink.so.0. Install the " +
-            "framelink package, or set FRAMELINK_LIBRARY to the path of libframelink.so.0.");
+            "libframelink not found. Looked for runtimes/linux-x64/native/libframelink.so.0 next to the FrameLink " +
+            "assembly (builds in the framelink source tree put it there), then $FRAMELINK_LIBRARY" +
+            (Environment.GetEnvironmentVariable("FRAMELINK_LIBRARY") is { Length: > 0 } env ? $" ({env})" : " (not set)") +
+            ", then the system's libframelink.so.0. Install the system library (the libframelink0 package, " +
+            "installed with framelinkd), or set FRAMELINK_LIBRARY to the path of libframelink.so.0.");
     }
 
     internal static IEnumerable<string> Candidates(Assembly assembly)
