@@ -9,9 +9,23 @@ SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive)
   thread_ = std::thread([this] { run(); });
 }
 
+SessionWriter::SessionWriter(WriteFn write, Inline)
+    : write_(std::move(write)), keepalive_(0), inline_(true) {}
+
 SessionWriter::~SessionWriter() { close(); }
 
 void SessionWriter::send(v1::PeerMessage message) {
+  if (inline_) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closing_ || failed_) return;
+    }
+    if (!write_(message, false)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed_ = true;
+    }
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closing_ || failed_) return;

@@ -23,6 +23,11 @@ class SessionWriter {
   using WriteFn = std::function<bool(const v1::PeerMessage&, bool more)>;
 
   SessionWriter(WriteFn write, std::chrono::milliseconds keepalive);
+  // Writes on the caller's thread as send() is called: no thread and no
+  // keepalive of its own.  For a caller that is one deterministic thread (the
+  // protocol simulator drives two agents and their sessions this way).
+  struct Inline {};
+  SessionWriter(WriteFn write, Inline);
   ~SessionWriter();
   SessionWriter(const SessionWriter&) = delete;
   SessionWriter& operator=(const SessionWriter&) = delete;
@@ -42,6 +47,7 @@ class SessionWriter {
   std::deque<v1::PeerMessage> queue_;  // GUARDED_BY(mutex_)
   bool closing_ = false;               // GUARDED_BY(mutex_)
   bool failed_ = false;                // GUARDED_BY(mutex_)
+  bool inline_ = false;                // set once, at construction
   std::thread thread_;
 };
 

@@ -1,12 +1,10 @@
 #include "sim_world.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -59,43 +57,27 @@ uint8_t patternByte(uint64_t frame, uint64_t i) {
   return static_cast<uint8_t>((frame * 0x9E37 + i * 13) >> 3);
 }
 
-// What one agent writes on one session, taken out in order once its writer
-// thread has written it: a marker sent now comes out after all of it.
+// What one agent writes on one session, as it writes it (the writer runs
+// on the agent's thread: no thread hand-off, the same order every run).
 class Capture {
  public:
   explicit Capture(std::function<void()> cancel) : cancel_(std::move(cancel)) {
     writer_ = std::make_shared<SessionWriter>(
         [this](const v1::PeerMessage& m, bool) {
-          std::lock_guard<std::mutex> lock(mutex_);
           messages_.push_back(m);
-          cv_.notify_all();
           return true;
         },
-        std::chrono::hours(1));
+        SessionWriter::Inline{});
   }
   ~Capture() { writer_->close(); }
 
   PeerSession session() const { return PeerSession{writer_, cancel_}; }
 
-  std::vector<v1::PeerMessage> take() {
-    constexpr uint64_t kMarker = ~uint64_t{0};
-    v1::PeerMessage marker;
-    marker.mutable_keepalive()->set_timestamp_ns(kMarker);
-    writer_->send(marker);
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] {
-      return !messages_.empty() && messages_.back().has_keepalive() &&
-             messages_.back().keepalive().timestamp_ns() == kMarker;
-    });
-    messages_.pop_back();
-    return std::exchange(messages_, {});
-  }
+  std::vector<v1::PeerMessage> take() { return std::exchange(messages_, {}); }
 
  private:
   std::function<void()> cancel_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<v1::PeerMessage> messages_;  // guarded by mutex_
+  std::vector<v1::PeerMessage> messages_;
   std::shared_ptr<SessionWriter> writer_;
 };
 
