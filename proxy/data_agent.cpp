@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -70,8 +69,8 @@ std::string statusName(int status) {
 
 }  // namespace
 
-DataAgent::DataAgent(const Config& config, Metrics& metrics)
-    : config_(config), metrics_(metrics), epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
+DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock)
+    : config_(config), metrics_(metrics), clock_(clock), epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -89,12 +88,6 @@ void DataAgent::stop() {
   if (!thread_.joinable()) return;
   post(CmdStop{});
   thread_.join();
-}
-
-uint64_t DataAgent::nowNs() const {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
 }
 
 ClientSession* DataAgent::client(uint64_t id) {

@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "agent_clock.h"
 #include "client_session.h"
 #include "command_queue.h"
 #include "common/log_limit.h"
@@ -61,7 +62,9 @@ using AgentCommand =
 
 class DataAgent {
  public:
-  DataAgent(const Config& config, Metrics& metrics);
+  // `clock`: the time deadlines, the idle strategy and the stats period
+  // follow (a ManualClock in tests); it must outlive the agent.
+  DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock = steadyClock());
   ~DataAgent();
   DataAgent(const DataAgent&) = delete;
   DataAgent& operator=(const DataAgent&) = delete;
@@ -207,10 +210,11 @@ class DataAgent {
   void maybeForget(ClientSession& client);
   ClientSession* client(uint64_t id);
   Link* link(uint64_t id);
-  uint64_t nowNs() const;
+  uint64_t nowNs() const { return clock_.nowNs(); }
 
   const Config& config_;
   Metrics& metrics_;
+  const AgentClock& clock_;
   CommandQueue<AgentCommand> commands_;
   std::thread thread_;
   std::atomic<bool> running_{false};

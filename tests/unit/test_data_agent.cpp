@@ -20,6 +20,7 @@
 
 #include "attach_server.h"
 #include "client_session.h"
+#include "agent_clock.h"
 #include "config.h"
 #include "data_agent.h"
 #include "framelink/framelink.h"
@@ -156,6 +157,16 @@ TestClient makeClient(uint64_t id, uint32_t role, const std::string& stream, uin
   return c;
 }
 
+// Waits (real time) until `pred` holds: how a test knows the agent thread
+// has got as far as a counter shows, before it moves the manual clock.
+void waitUntil(const std::function<bool()>& pred, const char* what) {
+  auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) FAIL(std::string("not within 5 s: ") + what);
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 // Polls the peer-side transport until an event of `kind` arrives.
 transport::TransportEvent waitEvent(transport::Transport& t, transport::TransportEvent::Kind kind) {
   auto end = std::chrono::steady_clock::now() + kDeadline;
@@ -191,6 +202,8 @@ void sendDone(transport::Transport& t) { waitEvent(t, transport::TransportEvent:
 struct AgentFixture {
   Config config;
   Metrics metrics;
+  // The agent's time: deadlines fire when a test moves it, never by themselves.
+  ManualClock clock;
   std::unique_ptr<DataAgent> agent;
   Capture capture;
   TcpPair pair;
@@ -199,8 +212,10 @@ struct AgentFixture {
     config.id = "local";
     config.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});
     config.credit_timeout_ms = 60000;
+    // The spin phase is measured on the manual clock, which stands still.
+    config.idle_spin_us = 0;
     if (tweak) tweak(config);
-    agent = std::make_unique<DataAgent>(config, metrics);
+    agent = std::make_unique<DataAgent>(config, metrics, clock);
     agent->start();
     pair = makeTcpPair();
   }
@@ -685,6 +700,11 @@ TEST_CASE("producer side: a broken link that does not come back fails the frame 
   producer.push(0, 10);
   waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
   f.agent->post(CmdLinkDown{1, "test cut the link"});
+  // The frame waits for the next link from the moment the link went down.
+  waitUntil([&] { return f.metrics.counters.frames_replayed.load() == 1; }, "the frame is queued for replay");
+  f.clock.advanceMs(299);
+  CHECK(producer.idleFor(100ms));  // a millisecond short of the credit timeout: still waiting
+  f.clock.advanceMs(11);  // past it, and past the agent's 10 ms deadline tick
   fl_completion_desc d = producer.pop();
   CHECK(d.status == FL_ERR_LINK_LOST);
 }
@@ -694,9 +714,45 @@ TEST_CASE("producer side: no credit within the credit timeout fails NO_CONSUMER"
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   f.agent->post(CmdClientAttached{producer.session});
   f.linkUp();
+  f.capture.next([](auto& m) { return m.has_stream_open(); });
   producer.push(0, 10);
+  waitUntil([&] { return f.metrics.counters.frames_submitted.load() == 1; }, "the agent takes the frame");
+  f.clock.advanceMs(199);
+  CHECK(producer.idleFor(100ms));  // before the credit timeout: still waiting for a credit
+  f.clock.advanceMs(11);  // past it, and past the agent's 10 ms deadline tick
   fl_completion_desc d = producer.pop();
   CHECK(d.status == FL_ERR_NO_CONSUMER);
+}
+
+TEST_CASE("producer side: a frame sent and never acknowledged fails TIMEOUT after the ACK timeout",
+          "[agent][timeout]") {
+  AgentFixture f([](Config& c) { c.ack_timeout_ms = 1000; });
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  exposeLanding(*f.pair.b, 7, 4096);
+  v1::PeerMessage g;
+  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
+  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
+  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
+  f.peerSays(g);
+  producer.push(0, 10);
+  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  CHECK(producer.idleFor(50ms));  // sent, not acknowledged, and no time has passed
+  // The ACK deadline starts when the agent sees its send complete, which it
+  // learns from the transport's own thread: move the clock a timeout at a
+  // time until the frame fails.  Whatever comes first must be the timeout.
+  fl_completion_desc d{};
+  auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (fl_ring_pop(producer.completion(), producer.cap(), sizeof(d), &d) != FL_RING_OK) {
+    if (std::chrono::steady_clock::now() > end) FAIL("no completion within 5 s");
+    f.clock.advanceMs(1001);
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(d.slot == 0);
+  CHECK(d.status == FL_ERR_TIMEOUT);
+  CHECK(f.metrics.counters.frames_failed.load() == 1);
 }
 
 TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route]") {
