@@ -2,6 +2,8 @@
 // arrival, CRC32C, duplicate suppression, release and the ACKs repeated on a
 // new link.
 #include "agent_fixture.h"
+#include "inbound_streams.h"
+#include "peer_messages.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -164,4 +166,96 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     auto revoke = f.capture.next([](auto& m) { return m.has_credit_revoke(); });
     CHECK(revoke.credit_revoke().credit_ids_size() == 4);
   }
+}
+
+// The consumer side on its own, without the agent's thread: frames arrive as
+// transport events, the consumer releases them, and each round's ACKs and
+// grants go out through flushControl.
+TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 released frames' ACKs again",
+          "[agent][inbound][replay]") {
+  Metrics metrics;
+  Capture on_first, on_second;  // outlive the links' session writers
+  NameTable names;
+  PeerTable peers;
+  LinkTable links;
+  ClientTable clients(metrics, names);
+  InboundStreams inbound(metrics, clients, links, names);
+  TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 4096);
+  AgentClient& ac = clients.add(consumer.session);
+  inbound.onConsumerAttached(ac);
+  CHECK(names.size() == 1);
+
+  TcpPair first = makeTcpPair();
+  TcpPair second = makeTcpPair();
+  auto addLink = [&](uint64_t id, Capture& capture, std::unique_ptr<transport::Transport> t) -> AgentLink& {
+    AgentLink& l = links.add(id);
+    l.peer = peers.resolve("sender");
+    l.peer_name = "sender";
+    l.peer_instance = 9;
+    l.transport = std::move(t);
+    l.session.writer = std::make_shared<SessionWriter>(
+        [&capture](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
+    return l;
+  };
+  // Lands sequence `seq` into whichever slot is credited on the link, as the
+  // transport reports it; returns the slot (or -1 when none is credited).
+  auto arrive = [&](AgentLink& l, uint64_t seq) -> int {
+    for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
+      const SlotEntry& e = consumer.session->slots[s];
+      if (e.state != SlotState::kCredited || e.peer_key != l.id) continue;
+      transport::TransportEvent ev;
+      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+      ev.header.stream_id = 42;
+      ev.header.sequence = seq;
+      ev.header.credit_id = e.credit_id;
+      ev.header.length = 10;
+      inbound.onFrameArrived(l, ev);
+      return int(s);
+    }
+    return -1;
+  };
+
+  AgentLink& l1 = addLink(1, on_first, std::move(first.a));
+  REQUIRE(inbound.onStreamOpen(l1, peer::StreamOpen{42, "cam"}).empty());
+  CHECK(inbound.creditsOutstanding() == 4);
+  constexpr uint64_t kFrames = InboundStreams::kMaxRemembered + 904;
+  for (uint64_t seq = 1; seq <= kFrames; ++seq) {
+    const int slot = arrive(l1, seq);
+    REQUIRE(slot >= 0);
+    fl_completion_desc d = consumer.pop();
+    REQUIRE(d.sequence == seq);
+    inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
+    inbound.flushControl();  // the ACK, and the slot granted again
+  }
+  CHECK(metrics.counters.frames_released.load() == kFrames);
+
+  // The first link goes (its last ACKs may be lost with it); the sender's
+  // next link gets the ACKs of the last kMaxRemembered releases first.
+  inbound.onLinkDown(l1);
+  links.erase(1);
+  inbound.retractCreditsOfLink(1);
+  CHECK(inbound.creditsOutstanding() == 0);
+  AgentLink& l2 = addLink(2, on_second, std::move(second.a));
+  inbound.onLinkUp(l2);
+  inbound.flushControl();
+  auto again = on_second.next([](auto& m) { return m.has_ack(); });
+  CHECK(again.ack().stream_id() == 42);
+  REQUIRE(again.ack().sequences_size() == int(InboundStreams::kMaxRemembered));
+  CHECK(again.ack().sequences(0) == kFrames - InboundStreams::kMaxRemembered + 1);
+  CHECK(again.ack().sequences(again.ack().sequences_size() - 1) == kFrames);
+
+  // A frame replayed on it that was released already is ACKed again, not
+  // delivered a second time.
+  REQUIRE(inbound.onStreamOpen(l2, peer::StreamOpen{42, "cam"}).empty());
+  REQUIRE(arrive(l2, kFrames - 1) >= 0);
+  inbound.flushControl();
+  auto replayed = on_second.next([](auto& m) { return m.has_ack(); });
+  REQUIRE(replayed.ack().sequences_size() == 1);
+  CHECK(replayed.ack().sequences(0) == kFrames - 1);
+  CHECK(metrics.counters.duplicates_dropped.load() == 1);
+  CHECK(consumer.idleFor(10ms));
+  // Frames after the replay are delivered.
+  REQUIRE(arrive(l2, kFrames + 1) >= 0);
+  CHECK(consumer.pop().sequence == kFrames + 1);
+  for (auto& [id, l] : links) l.session.writer->close();
 }
