@@ -3,6 +3,8 @@
 // sequence order, stream close, and the credit and ACK deadlines on the
 // agent's manual clock.
 #include "agent_fixture.h"
+#include "outbound_streams.h"
+#include "peer_messages.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -365,4 +367,101 @@ TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route
   f.agent->post(CmdClientAttached{producer.session});
   producer.push(0, 10);
   CHECK(producer.pop().status == FL_ERR_NO_ROUTE);
+}
+
+// The producer side on its own, on simulated time and without the agent's
+// thread: the test hands it submits, grants and send completions, and moves
+// the clock; each deadline fires exactly when it is due.
+namespace {
+
+struct OutboundRig {
+  Config config;
+  Metrics metrics;
+  ManualClock clock;
+  Capture capture;  // outlives the link's session writer
+  NameTable names;
+  PeerTable peers;
+  LinkTable links;
+  ClientTable clients{metrics, names};
+  OutboundStreams out{config, metrics, clock, clients, peers, links};
+  TcpPair pair = makeTcpPair();
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  AgentClient* client = nullptr;
+  AgentLink* link = nullptr;
+  uint64_t stream_id = 0;
+
+  OutboundRig() {
+    config.id = "local";
+    config.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});
+    config.credit_timeout_ms = 200;
+    config.ack_timeout_ms = 1000;
+    client = &clients.add(producer.session);
+    out.onProducerAttached(*client);
+    REQUIRE(client->route != kNoPeer);
+    link = &links.add(1);
+    link->peer = peers.resolve("remote");
+    link->peer_name = "remote";
+    link->peer_instance = 1;
+    link->transport = std::move(pair.a);
+    link->session.writer = std::make_shared<SessionWriter>(
+        [this](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
+    out.onLinkUp(*link);
+    stream_id = capture.next([](auto& m) { return m.has_stream_open(); }).stream_open().stream_id();
+    CHECK(stream_id == client->out_stream);
+  }
+  ~OutboundRig() { link->session.writer->close(); }
+
+  void submit(uint32_t slot, uint64_t length) {
+    std::memset(producer.session->segments->slotHeader(slot), 0, sizeof(fl_slot_header));
+    producer.session->segments->slotHeader(slot)->frame_id = 100 + slot;
+    out.onSubmit(*client, fl_submit_desc{slot, 0, length});
+  }
+  bool completed(fl_completion_desc* d) {
+    return fl_ring_pop(producer.completion(), producer.cap(), sizeof(*d), d) == FL_RING_OK;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("outbound streams: the credit deadline fires when due on the clock, not before",
+          "[agent][outbound][timeout]") {
+  OutboundRig rig;
+  rig.submit(0, 10);
+  fl_completion_desc d{};
+  rig.clock.advanceMs(199);
+  rig.out.checkDeadlines();
+  CHECK_FALSE(rig.completed(&d));
+  rig.clock.advanceMs(1);
+  rig.out.checkDeadlines();
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_NO_CONSUMER);
+  CHECK(d.frame_id == 100);
+  CHECK(rig.producer.session->in_progress == 0);
+}
+
+TEST_CASE("outbound streams: the ACK deadline runs from the send's completion", "[agent][outbound][timeout]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(1, 10);
+  rig.clock.advanceMs(150);  // most of the credit timeout goes by waiting for a credit
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{7, 4096, 0, 0});
+  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  CHECK(rig.producer.session->slots[1].state == SlotState::kPosted);
+  rig.out.onSendComplete(waitEvent(*rig.link->transport, transport::TransportEvent::Kind::kSendComplete));
+  CHECK(rig.producer.session->slots[1].state == SlotState::kSent);
+  fl_completion_desc d{};
+  rig.clock.advanceMs(999);  // well past the credit timeout: a sent frame waits for its ACK
+  rig.out.checkDeadlines();
+  CHECK_FALSE(rig.completed(&d));
+  rig.clock.advanceMs(1);
+  rig.out.checkDeadlines();
+  REQUIRE(rig.completed(&d));
+  CHECK(d.slot == 1);
+  CHECK(d.status == FL_ERR_TIMEOUT);
+  // A late ACK for it changes nothing.
+  rig.out.onAck(rig.link->peer, rig.stream_id, 1, FL_OK, {});
+  CHECK_FALSE(rig.completed(&d));
+  CHECK(rig.metrics.counters.frames_delivered.load() == 0);
 }
