@@ -439,7 +439,8 @@ TEST_CASE("outbound streams: the credit deadline fires when due on the clock, no
   CHECK(rig.producer.session->in_progress == 0);
 }
 
-TEST_CASE("outbound streams: the ACK deadline runs from the send's completion", "[agent][outbound][timeout]") {
+TEST_CASE("outbound streams: the ACK deadline runs from the send's completion",
+          "[agent][outbound][timeout]") {
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(1, 10);
