@@ -55,7 +55,7 @@ struct SlotEntry {
   uint64_t stream_id = 0;    // producer: out-stream id; consumer: the sender's stream id
   uint64_t credit_id = 0;    // consumer: credit this slot is exposed under
   uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
-  uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (CLOCK_MONOTONIC)
+  uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (the agent's clock)
   uint64_t submitted_ns = 0;
   uint32_t resends = 0;  // producer: times the peer refused the frame undelivered and it was sent again
   uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to

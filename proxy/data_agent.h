@@ -3,27 +3,29 @@
 // transports, polls their events and publishes completions.  Other threads
 // talk to it only through its command queue.  Idle strategy: spin, yield,
 // then sleep in epoll over the doorbells, the transports and the queue.
+//
+// This file is the loop and the wiring; the protocol lives in its parts:
+// ClientTable (client rings), OutboundStreams (producer side),
+// InboundStreams (consumer side), peer::decode (peer messages), AgentStats.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <unordered_map>
 #include <variant>
-#include <vector>
 
+#include "agent_clock.h"
+#include "agent_state.h"
 #include "client_session.h"
+#include "client_table.h"
 #include "command_queue.h"
-#include "common/log_limit.h"
 #include "common/unique_fd.h"
 #include "config.h"
 #include "framelink/v1/link.pb.h"
+#include "inbound_streams.h"
+#include "outbound_streams.h"
 #include "peer_session.h"
 #include "transport/transport.h"
 
@@ -61,7 +63,9 @@ using AgentCommand =
 
 class DataAgent {
  public:
-  DataAgent(const Config& config, Metrics& metrics);
+  // `clock`: the time deadlines, the idle strategy and the stats period
+  // follow (a ManualClock in tests); it must outlive the agent.
+  DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock = steadyClock());
   ~DataAgent();
   DataAgent(const DataAgent&) = delete;
   DataAgent& operator=(const DataAgent&) = delete;
@@ -81,165 +85,45 @@ class DataAgent {
   bool runUntilIdle(size_t max_rounds);
 
  private:
-  struct FrameRef {
-    uint64_t client_id = 0;
-    uint32_t slot = 0;
-  };
-  struct OutStream {
-    uint64_t id = 0;
-    std::string name;
-    uint64_t next_sequence = 1;
-    std::deque<transport::RemoteCredit> credits;
-    uint64_t largest_credit = 0;  // the largest credit granted on the current link
-    // Submitted or to be sent again, waiting for a credit; by sequence, so a
-    // stream always leaves in sequence order -- also when NACKed frames and
-    // a broken link's unacknowledged ones go back into it.  The receiver
-    // relies on that: on a stream, a sequence at or below the highest it has
-    // seen is one it has had (dropDuplicate).
-    std::map<uint64_t, FrameRef> pending;
-    std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
-    bool announced = false;                          // StreamOpen sent on the current link
-  };
-  struct Peer {
-    std::string name;
-    uint64_t link_id = 0;  // 0 while no link is up
-    std::map<uint64_t, OutStream> out_streams;
-    std::unordered_map<std::string, uint64_t> out_by_name;
-  };
-  struct InStream {
-    std::string name;
-  };
-  struct Link {
-    uint64_t id = 0;
-    std::string peer;
-    uint64_t peer_instance = 0;
-    std::string transport_name;
-    std::string transport_reason;
-    std::shared_ptr<transport::Transport> transport;
-    PeerSession session;
-    std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
-    bool closing = false;
-    uint64_t frames_in = 0;
-    uint64_t frames_out = 0;
-  };
-  // Receive side of one sender stream, kept across links so that frames
-  // replayed after a link broke are recognised: per (peer, peer instance,
-  // sender's stream id).  The sender numbers frames in order and replays
-  // from its oldest unacknowledged one, so every sequence up to `highest`
-  // arrived before.
-  struct InState {
-    std::string peer;
-    uint64_t instance = 0;
-    uint64_t stream_id = 0;
-    uint64_t highest = 0;             // highest sequence that arrived intact
-    std::set<uint64_t> held;          // delivered, not yet released by the consumer
-    std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
-    std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
-    // Recently released sequences (bounded): their ACKs are sent again on
-    // every new link from this peer instance, since an ACK can be lost with
-    // the link that carried it, and the sender must learn of the release
-    // even when it gets no credit to replay the frame before its deadline.
-    std::deque<uint64_t> released;
-  };
-  struct CreditEntry {
-    uint64_t client_id = 0;
-    uint32_t slot = 0;
-    uint64_t link_id = 0;
-    uint64_t stream_id = 0;
-  };
-  struct Posted {
-    FrameRef frame;
-    std::string peer;
-    uint64_t stream_id = 0;
-    uint64_t sequence = 0;
-  };
-
   void run();
   // One round after the commands: client rings, transport events, control
   // messages, posts, deadlines, stats.  Returns the work it found.
   size_t doWork();
   size_t drainCommands();
-  size_t pollClients();
   size_t pollLinks();
-  size_t pumpAll();
-  void checkDeadlines();
   void sleep();
   void publishStats();
+  void shutdown();
 
   void onClientAttached(std::shared_ptr<ClientSession> client);
   void onClientGone(uint64_t client_id);
   void onLinkUp(CmdLinkUp& command);
   void onLinkDown(uint64_t link_id, const std::string& reason);
-  void onPeerMessage(Link& link, const v1::PeerMessage& message);
-  void onTransportEvent(Link& link, transport::TransportEvent& event);
-
-  // Producer side.
-  void onSubmit(ClientSession& client, const fl_submit_desc& desc);
-  // Posts what the stream's credits allow, in sequence order; returns the work done.
-  size_t pump(Peer& peer, OutStream& stream);
-  void finishFrame(ClientSession& client, uint32_t slot, int status, const std::string& why);
-  void onAck(Peer& peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
-  OutStream& outStream(Peer& peer, const std::string& name);
-  // Forgets the out-stream `name` once no producer of it is left and none of
-  // its frames is in flight, and closes it on the link (a producer churning
-  // through stream names must not leave them all announced forever).
-  void maybeForgetStream(const std::string& name);
-
-  // Consumer side.
-  void onRelease(ClientSession& client, const fl_submit_desc& desc);
-  // Sends the ACKs and credit grants collected during this round.
-  void flushControl();
-  void onFrameArrived(Link& link, transport::TransportEvent& event);
-  void grantCredits(const std::string& stream_name);
-  void sendNack(Link& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
-  void retractCreditsOfLink(uint64_t link_id);
-  uint64_t inStateId(const Link& link, uint64_t stream_id);
-  // Whether the frame is a replay this daemon already had; answers it.
-  bool dropDuplicate(Link& link, const transport::FrameHeader& header);
-  // Sends the ACKs of recently released frames of this link's peer instance
-  // again (a new link: the old one may have lost them).
-  void resendReleasedAcks(Link& link);
-  // Producer side: frames posted on a broken link go back to the front of
-  // their stream's queue, to be sent again on the next link.
-  void requeueUnacked(uint64_t link_id, const std::string& reason);
-
-  void detachClient(ClientSession& client, int status, const std::string& why);
-  void maybeForget(ClientSession& client);
-  ClientSession* client(uint64_t id);
-  Link* link(uint64_t id);
-  uint64_t nowNs() const;
+  void onPeerMessage(AgentLink& link, const v1::PeerMessage& message);
+  void onTransportEvent(AgentLink& link, transport::TransportEvent& event);
+  // A descriptor from a client's submit ring: a producer's frame or a
+  // consumer's release.
+  void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
+  // Closes the link with a Fin(PROTOCOL) saying why.
+  void protocolError(AgentLink& link, const std::string& why);
 
   const Config& config_;
   Metrics& metrics_;
+  const AgentClock& clock_;
   CommandQueue<AgentCommand> commands_;
   std::thread thread_;
   std::atomic<bool> running_{false};
-  bool shutting_down_ = false;
   UniqueFd epoll_fd_;
 
-  std::map<uint64_t, std::shared_ptr<ClientSession>> clients_;
-  std::map<std::string, Peer> peers_;
-  std::map<uint64_t, Link> links_;
-  std::unordered_map<uint64_t, CreditEntry> credits_;
-  std::unordered_map<uint64_t, Posted> posted_;  // by cookie
-  std::map<uint64_t, InState> in_states_;        // by id
-  std::map<std::tuple<std::string, uint64_t, uint64_t>, uint64_t> in_state_ids_;
-  uint64_t next_in_state_id_ = 1;
-  std::vector<transport::FrameHeader> frame_headers_scratch_;
-  uint64_t next_stream_id_ = 1;
-  uint64_t next_credit_id_ = 1;
-  uint64_t next_cookie_ = 1;
+  // The parts, in the order they depend on each other.
+  NameTable names_;
+  PeerTable peers_;
+  LinkTable links_;
+  ClientTable clients_;
+  OutboundStreams outbound_;
+  InboundStreams inbound_;
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
-  size_t grant_cursor_ = 0;
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
-      pending_acks_;                    // (link, stream) -> sequences
-  std::set<std::string> dirty_grants_;  // streams with slots to grant again
-  // What clients and peers can make the agent log, per frame: at most a line
-  // a second per cause, with the number suppressed.
-  LogLimiter log_client_errors_, log_failed_, log_resent_, log_refused_;
-  // Producer frame headers copied out of the segment at submit, by (client, slot).
-  std::unordered_map<uint64_t, std::vector<transport::FrameHeader>> headers_;
 };
 
 }  // namespace framelink

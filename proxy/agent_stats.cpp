@@ -1,0 +1,65 @@
+#include "agent_stats.h"
+
+#include <algorithm>
+#include <sstream>
+#include <tuple>
+
+namespace framelink {
+
+std::string jsonEscape(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  for (char ch : in) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += ' ';
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+std::string toJson(AgentStats stats) {
+  std::sort(stats.streams.begin(), stats.streams.end(), [](const StreamStats& a, const StreamStats& b) {
+    return std::tie(a.peer, a.id) < std::tie(b.peer, b.id);
+  });
+  std::ostringstream out;
+  out << "{\"clients\":[";
+  bool first = true;
+  for (const auto& c : stats.clients) {
+    if (!first) out << ',';
+    first = false;
+    out << "{\"id\":" << c.id << ",\"pid\":" << c.pid << ",\"uid\":" << c.uid << ",\"role\":\""
+        << (c.producer ? "producer" : "consumer") << "\",\"stream\":\"" << jsonEscape(c.stream)
+        << "\",\"slots\":" << c.slots << ",\"slots_busy\":" << c.slots_busy << ",\"frames\":" << c.frames
+        << ",\"bytes\":" << c.bytes << ",\"errors\":" << c.errors
+        << ",\"gone\":" << (c.gone ? "true" : "false") << '}';
+  }
+  out << "],\"links\":[";
+  first = true;
+  for (const auto& l : stats.links) {
+    if (!first) out << ',';
+    first = false;
+    out << "{\"id\":" << l.id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"transport\":\""
+        << jsonEscape(l.transport) << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
+        << "\",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+        << ",\"in_streams\":" << l.in_streams << '}';
+  }
+  out << "],\"streams\":[";
+  first = true;
+  for (const auto& s : stats.streams) {
+    if (!first) out << ',';
+    first = false;
+    out << "{\"peer\":\"" << jsonEscape(s.peer) << "\",\"stream\":\"" << jsonEscape(s.stream)
+        << "\",\"id\":" << s.id << ",\"next_sequence\":" << s.next_sequence << ",\"credits\":" << s.credits
+        << ",\"pending\":" << s.pending << ",\"unacked\":" << s.unacked << '}';
+  }
+  out << "],\"credits_outstanding\":" << stats.credits_outstanding
+      << ",\"frames_held_by_consumers\":" << stats.frames_held_by_consumers << '}';
+  return out.str();
+}
+
+}  // namespace framelink

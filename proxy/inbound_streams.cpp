@@ -1,0 +1,425 @@
+#include "inbound_streams.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+namespace {
+
+bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
+
+}  // namespace
+
+InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names)
+    : metrics_(metrics), clients_(clients), links_(links), names_(names) {}
+
+void InboundStreams::onConsumerAttached(AgentClient& c) {
+  c.stream = names_.acquire(c.session->stream);
+  grantCredits(c.stream);
+}
+
+void InboundStreams::onConsumerGone(AgentClient& ac) {
+  ClientSession& c = *ac.session;
+  std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
+  for (uint32_t s = 0; s < c.slots.size(); ++s) {
+    SlotEntry& e = c.slots[s];
+    if (e.state == SlotState::kCredited) {
+      auto it = credits_.find(e.credit_id);
+      if (it != credits_.end()) {
+        if (AgentLink* l = links_.find(it->second.link_id)) {
+          if (l->transport) l->transport->retractCredit(e.credit_id);
+          auto& msg = revokes[{l->id, it->second.stream_id}];
+          msg.mutable_credit_revoke()->set_stream_id(it->second.stream_id);
+          msg.mutable_credit_revoke()->add_credit_ids(e.credit_id);
+        }
+        credits_.erase(it);
+      }
+    } else if (e.state == SlotState::kDelivered) {
+      // Not held any more; a replay of it (the NACK may be lost with the
+      // link) gets the same refusal instead of waiting for a release.
+      auto ist = in_states_.find(e.in_state);
+      if (ist != in_states_.end()) {
+        ist->second.held.erase(e.sequence);
+        ist->second.refused[e.sequence] = FL_ERR_NO_CONSUMER;
+      }
+      if (AgentLink* l = links_.find(e.peer_key)) {
+        sendNack(*l, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
+                 "the consumer died before releasing the frame");
+      }
+    }
+    e = SlotEntry{};
+  }
+  for (auto& [key, msg] : revokes) {
+    if (AgentLink* l = links_.find(key.first)) l->send(std::move(msg));
+  }
+}
+
+void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
+  ClientSession& c = *ac.session;
+  auto reject = [&](int status, const std::string& why) {
+    metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+    ++c.errors;
+    log_client_errors_.warn("client {} stream '{}': release of slot {} rejected: {}: {}", c.id, c.stream,
+                            desc.slot, statusName(status), why);
+    clients_.complete(c, desc.slot, status, 0, 0, 0);
+  };
+  if (desc.slot >= c.slots.size()) {
+    reject(FL_ERR_BAD_SLOT,
+           "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+    return;
+  }
+  if (desc.flags != 0) {
+    reject(FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
+    return;
+  }
+  SlotEntry& e = c.slots[desc.slot];
+  if (e.state != SlotState::kDelivered) {
+    reject(FL_ERR_DOUBLE_RELEASE,
+           std::string("the slot holds no delivered frame (it is ") + slotStateName(e.state) + ")");
+    return;
+  }
+  metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
+  auto ist = in_states_.find(e.in_state);
+  if (ist != in_states_.end()) {
+    InState& in = ist->second;
+    in.held.erase(e.sequence);
+    in.released.push_back(e.sequence);
+    if (in.released.size() > kMaxRemembered) in.released.pop_front();
+    // The ACK goes over the sender's current link, which need not be the
+    // one the frame came over.  With no link up it is not sent: the sender
+    // replays the frame on its next link and gets the ACK then.
+    if (const AgentLink* target = links_.usableTo(in.peer, in.instance)) {
+      // Sent at the end of this round, together with the other releases.
+      pending_acks_[{target->id, in.stream_id}].push_back(e.sequence);
+    } else {
+      spdlog::debug("client {}: released seq {} while no link to its sender is up; ACK follows its replay",
+                    c.id, e.sequence);
+    }
+  }
+  e = SlotEntry{};
+  dirty_grants_.insert(ac.stream);
+}
+
+void InboundStreams::flushControl() {
+  for (auto& [key, sequences] : pending_acks_) {
+    AgentLink* l = links_.find(key.first);
+    if (l == nullptr) continue;
+    for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
+      v1::PeerMessage msg;
+      auto* ack = msg.mutable_ack();
+      ack->set_stream_id(key.second);
+      const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
+      for (size_t k = i; k < end; ++k) ack->add_sequences(sequences[k]);
+      l->send(std::move(msg));
+    }
+  }
+  pending_acks_.clear();
+  for (NameKey stream : dirty_grants_) grantCredits(stream);
+  dirty_grants_.clear();
+}
+
+void InboundStreams::grantCredits(NameKey stream) {
+  if (stream == kNoName) return;
+  // Where can credits go: every usable link with an open in-stream of this name.
+  std::vector<std::pair<uint64_t, uint64_t>> targets;  // (link, stream id)
+  for (auto& [id, l] : links_) {
+    if (!l.usable()) continue;
+    for (auto& [sid, in] : l.in_streams) {
+      if (in.key == stream) targets.emplace_back(id, sid);
+    }
+  }
+  if (targets.empty()) return;
+  std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> grants;
+  for (auto& [cid, ac] : clients_.all()) {
+    ClientSession& c = *ac.session;
+    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    for (uint32_t s = 0; s < c.slots.size(); ++s) {
+      SlotEntry& e = c.slots[s];
+      if (e.state != SlotState::kFree) continue;
+      const auto target = targets[grant_cursor_++ % targets.size()];
+      AgentLink& l = *links_.find(target.first);
+      transport::LocalCredit local;
+      local.credit_id = next_credit_id_++;
+      local.buffer = c.segments->slot(s);
+      local.capacity = c.segments->slotSize();
+      local.keepalive = c.segments;
+      auto remote = l.transport->exposeCredit(std::move(local));
+      if (!remote) {
+        spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
+                      remote.error().message);
+        return;
+      }
+      credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
+      e.state = SlotState::kCredited;
+      e.credit_id = remote->credit_id;
+      e.peer_key = l.id;
+      e.stream_id = target.second;
+      auto& msg = grants[target];
+      auto* grant = msg.mutable_credit_grant();
+      grant->set_stream_id(target.second);
+      auto* credit = grant->add_credits();
+      credit->set_credit_id(remote->credit_id);
+      credit->set_length(remote->length);
+      credit->set_remote_addr(remote->remote_addr);
+      credit->set_rkey(remote->rkey);
+      metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  for (auto& [target, msg] : grants) {
+    if (AgentLink* l = links_.find(target.first)) l->send(std::move(msg));
+  }
+}
+
+void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
+                              const std::string& message) {
+  metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
+  log_refused_.warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer_name, stream_id, sequence,
+                    statusName(code), message);
+  if (resendable(code) && l.in_streams.count(stream_id) != 0) {
+    // Not delivered (damaged in transit, or its credit was withdrawn): the
+    // sender sends it again, and that copy is not a duplicate even when
+    // later frames arrived meanwhile.
+    InState& in = in_states_[inStateId(l, stream_id)];
+    in.resend.insert(sequence);
+    if (in.resend.size() > kMaxRemembered) in.resend.erase(in.resend.begin());
+  } else if (l.in_streams.count(stream_id) != 0) {
+    // Remembered so that a replay of this frame gets the same answer.
+    InState& in = in_states_[inStateId(l, stream_id)];
+    in.refused[sequence] = code;
+    if (in.refused.size() > kMaxRemembered) in.refused.erase(in.refused.begin());
+    in.highest = std::max(in.highest, sequence);
+  }
+  v1::PeerMessage msg;
+  auto* nack = msg.mutable_nack();
+  nack->set_stream_id(stream_id);
+  nack->set_sequence(sequence);
+  nack->set_code(static_cast<v1::ErrorCode>(code));
+  nack->set_message(message);
+  l.send(std::move(msg));
+}
+
+void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEvent& ev) {
+  const transport::FrameHeader& h = ev.header;
+  ++l.frames_in;
+  if (ev.status != FL_OK) {
+    sendNack(l, h.stream_id, h.sequence, ev.status,
+             ev.message.empty() ? "frame for an unknown credit" : ev.message);
+    auto it = credits_.find(h.credit_id);
+    if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
+    return;
+  }
+  auto it = credits_.find(h.credit_id);
+  if (it == credits_.end() || it->second.link_id != l.id) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "credit " + std::to_string(h.credit_id) + " was not granted to this link");
+    return;
+  }
+  const CreditEntry credit = it->second;
+  credits_.erase(it);
+  AgentClient* ac = clients_.find(credit.client_id);
+  if (ac == nullptr || ac->session->gone) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "its receive slot was withdrawn: the consumer detached");
+    return;
+  }
+  ClientSession& c = *ac->session;
+  SlotEntry& e = c.slots[credit.slot];
+  auto regrant = [&] {
+    e = SlotEntry{};
+    grantCredits(ac->stream);
+  };
+  if (h.stream_id != credit.stream_id || l.in_streams.count(h.stream_id) == 0) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_STREAM,
+             "frame names stream " + std::to_string(h.stream_id) + " but the credit belongs to stream " +
+                 std::to_string(credit.stream_id));
+    regrant();
+    return;
+  }
+  if (h.length > c.segments->slotSize() || h.attr_length > FL_MAX_ATTR_BYTES) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_PROTOCOL, "frame header out of bounds");
+    regrant();
+    return;
+  }
+  if (dropDuplicate(l, h)) {
+    regrant();
+    return;
+  }
+  uint8_t* payload = c.segments->slot(credit.slot);
+  if (h.has_crc32c) {
+    const uint32_t crc = fl_crc32c(0, payload, h.length);
+    if (crc != h.crc32c) {
+      sendNack(l, h.stream_id, h.sequence, FL_ERR_CRC_MISMATCH,
+               "payload CRC32C mismatch (expected " + std::to_string(h.crc32c) + ", got " +
+                   std::to_string(crc) + ")");
+      regrant();
+      return;
+    }
+  }
+  fl_slot_header* sh = c.segments->slotHeader(credit.slot);
+  sh->frame_id = h.frame_id;
+  sh->wafer_id = h.wafer_id;
+  sh->timestamp_ns = h.timestamp_ns;
+  sh->length = h.length;
+  sh->sequence = h.sequence;
+  sh->crc32c = h.crc32c;
+  sh->flags = (h.has_crc32c ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
+              (h.maybe_redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u);
+  sh->attr_length = h.attr_length;
+  std::memcpy(sh->attrs, h.attrs, h.attr_length);
+  const uint64_t in_state = inStateId(l, h.stream_id);
+  InState& in = in_states_[in_state];
+  in.highest = std::max(in.highest, h.sequence);
+  in.held.insert(h.sequence);
+  e.state = SlotState::kDelivered;
+  e.sequence = h.sequence;
+  e.length = h.length;
+  e.frame_id = h.frame_id;
+  e.peer_key = l.id;
+  e.stream_id = h.stream_id;
+  e.in_state = in_state;
+  ++c.frames;
+  c.bytes += h.length;
+  metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
+  metrics_.counters.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
+  // Release ordering of the ring publishes the slot header and payload.
+  clients_.complete(c, credit.slot, FL_OK, h.sequence, h.length, h.frame_id);
+}
+
+uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
+  const InStateKey key{l.peer, l.peer_instance, stream_id};
+  auto it = in_state_ids_.find(key);
+  if (it != in_state_ids_.end()) return it->second;
+  const uint64_t id = next_in_state_id_++;
+  in_state_ids_.emplace(key, id);
+  InState& in = in_states_[id];
+  in.peer = l.peer;
+  in.instance = l.peer_instance;
+  in.stream_id = stream_id;
+  return id;
+}
+
+bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
+  InState& in = in_states_[inStateId(l, h.stream_id)];
+  if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
+  if (h.sequence > in.highest) return false;
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  if (in.held.count(h.sequence) != 0) {
+    spdlog::debug("[peer {} stream {} seq {}] replay of a frame the consumer still holds: dropped",
+                  l.peer_name, h.stream_id, h.sequence);
+    return true;
+  }
+  auto refused = in.refused.find(h.sequence);
+  if (refused != in.refused.end()) {
+    sendNack(l, h.stream_id, h.sequence, refused->second, "refused before the link broke");
+    return true;
+  }
+  // Delivered and released before: the first ACK was lost with the old link.
+  spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
+                l.peer_name, h.stream_id, h.sequence);
+  pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+  return true;
+}
+
+std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& so) {
+  auto existing = l.in_streams.find(so.stream_id);
+  if (existing == l.in_streams.end() && l.in_streams.size() >= peer::kMaxStreamsPerLink) {
+    return "too many streams opened";
+  }
+  const NameKey key = names_.acquire(so.name);
+  if (existing != l.in_streams.end()) {
+    names_.release(existing->second.key);
+    existing->second = InStream{so.name, key};
+  } else {
+    l.in_streams.emplace(so.stream_id, InStream{so.name, key});
+  }
+  spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
+  grantCredits(key);
+  return {};
+}
+
+void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
+  auto it = l.in_streams.find(sid);
+  if (it == l.in_streams.end()) return;
+  const NameKey key = it->second.key;  // still held: released after the regrant below
+  l.in_streams.erase(it);
+  // The stream's credits go back to their consumers, for other streams.
+  for (auto cit = credits_.begin(); cit != credits_.end();) {
+    if (cit->second.link_id != l.id || cit->second.stream_id != sid) {
+      ++cit;
+      continue;
+    }
+    if (AgentClient* ac = clients_.find(cit->second.client_id)) {
+      SlotEntry& e = ac->session->slots[cit->second.slot];
+      if (e.state == SlotState::kCredited && e.credit_id == cit->first) e = SlotEntry{};
+    }
+    if (l.transport) l.transport->retractCredit(cit->first);
+    cit = credits_.erase(cit);
+  }
+  // The sender closes a stream with nothing in flight: what was kept to
+  // answer its replays can go, unless a consumer still holds a frame.
+  if (auto idit = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, sid}); idit != in_state_ids_.end()) {
+    auto ist = in_states_.find(idit->second);
+    if (ist == in_states_.end() || ist->second.held.empty()) {
+      if (ist != in_states_.end()) in_states_.erase(ist);
+      in_state_ids_.erase(idit);
+    }
+  }
+  grantCredits(key);
+  names_.release(key);
+}
+
+void InboundStreams::onLinkUp(AgentLink& l) {
+  // What was kept for an earlier instance of this peer (a restarted daemon)
+  // is of no use any more, unless a consumer still holds such a frame.
+  for (auto it = in_states_.begin(); it != in_states_.end();) {
+    const InState& in = it->second;
+    if (in.peer == l.peer && in.instance != l.peer_instance && in.held.empty()) {
+      in_state_ids_.erase(InStateKey{in.peer, in.instance, in.stream_id});
+      it = in_states_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // The ACKs of recently released frames go again: the old link may have
+  // lost them.
+  for (const auto& [id, in] : in_states_) {
+    if (in.peer != l.peer || in.instance != l.peer_instance || in.released.empty()) continue;
+    auto& acks = pending_acks_[{l.id, in.stream_id}];
+    acks.insert(acks.end(), in.released.begin(), in.released.end());
+  }
+}
+
+void InboundStreams::onLinkDown(AgentLink& l) {
+  for (auto& [sid, in] : l.in_streams) names_.release(in.key);
+  l.in_streams.clear();
+}
+
+void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
+  std::set<NameKey> streams;
+  for (auto it = credits_.begin(); it != credits_.end();) {
+    if (it->second.link_id != link_id) {
+      ++it;
+      continue;
+    }
+    if (AgentClient* ac = clients_.find(it->second.client_id)) {
+      SlotEntry& e = ac->session->slots[it->second.slot];
+      if (e.state == SlotState::kCredited) e = SlotEntry{};
+      streams.insert(ac->stream);
+    }
+    it = credits_.erase(it);
+  }
+  for (NameKey stream : streams) grantCredits(stream);
+}
+
+size_t InboundStreams::framesHeld() const {
+  size_t held = 0;
+  for (const auto& [id, in] : in_states_) held += in.held.size();
+  return held;
+}
+
+}  // namespace framelink

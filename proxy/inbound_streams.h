@@ -1,0 +1,110 @@
+// The consumer side of the frame protocol: the streams peers open towards
+// local consumers, a credit per free consumer slot granted to them, frames
+// arriving into those credits (checked, CRC32C included, then delivered),
+// replays dropped by sequence, releases ACKed, and what is remembered per
+// sender stream across links -- held and released sequences and refusals --
+// so that a frame replayed after a link broke is answered the way the first
+// copy was, never delivered twice.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "agent_state.h"
+#include "client_table.h"
+#include "common/log_limit.h"
+#include "metrics.h"
+#include "peer_messages.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+class InboundStreams {
+ public:
+  // Released sequences remembered per sender stream (their ACKs are sent
+  // again on every new link), and NACKs repeated to a replay.
+  static constexpr size_t kMaxRemembered = 4096;
+
+  InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names);
+
+  // A consumer attached: its slots are granted to every stream of its name.
+  void onConsumerAttached(AgentClient& c);
+  // A consumer went: its credits are revoked, the frames it held refused.
+  void onConsumerGone(AgentClient& c);
+  void onRelease(AgentClient& c, const fl_submit_desc& desc);
+  // Sends the ACKs and credit grants collected during this round.
+  void flushControl();
+
+  void onFrameArrived(AgentLink& link, const transport::TransportEvent& event);
+  // A stream opened on `link`; a peer over its stream bound gets the violation back.
+  std::string onStreamOpen(AgentLink& link, const peer::StreamOpen& open);
+  void onStreamClose(AgentLink& link, uint64_t stream_id);
+
+  // A new link: what was kept for an earlier instance of its peer goes, and
+  // the ACKs of frames released recently are sent again on it.
+  void onLinkUp(AgentLink& link);
+  // The link's streams close; call retractCreditsOfLink once it is gone.
+  void onLinkDown(AgentLink& link);
+  void retractCreditsOfLink(uint64_t link_id);
+
+  size_t creditsOutstanding() const { return credits_.size(); }
+  size_t framesHeld() const;
+
+ private:
+  struct CreditEntry {
+    uint64_t client_id = 0;
+    uint32_t slot = 0;
+    uint64_t link_id = 0;
+    uint64_t stream_id = 0;
+  };
+  // Receive side of one sender stream, kept across links so that frames
+  // replayed after a link broke are recognised: per (peer, peer instance,
+  // sender's stream id).  The sender numbers frames in order and replays
+  // from its oldest unacknowledged one, so every sequence up to `highest`
+  // arrived before.
+  struct InState {
+    PeerId peer = kNoPeer;
+    uint64_t instance = 0;
+    uint64_t stream_id = 0;
+    uint64_t highest = 0;             // highest sequence that arrived intact
+    std::set<uint64_t> held;          // delivered, not yet released by the consumer
+    std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
+    std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
+    // Recently released sequences (bounded): their ACKs are sent again on
+    // every new link from this peer instance, since an ACK can be lost with
+    // the link that carried it, and the sender must learn of the release
+    // even when it gets no credit to replay the frame before its deadline.
+    std::deque<uint64_t> released;
+  };
+  using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
+
+  void grantCredits(NameKey stream);
+  void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
+  uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
+  // Whether the frame is a replay this daemon already had; answers it.
+  bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
+
+  Metrics& metrics_;
+  ClientTable& clients_;
+  LinkTable& links_;
+  NameTable& names_;
+  std::unordered_map<uint64_t, CreditEntry> credits_;  // by credit id
+  std::map<uint64_t, InState> in_states_;              // by id
+  std::map<InStateKey, uint64_t> in_state_ids_;
+  uint64_t next_in_state_id_ = 1;
+  uint64_t next_credit_id_ = 1;
+  size_t grant_cursor_ = 0;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
+      pending_acks_;                // (link, stream) -> sequences
+  std::set<NameKey> dirty_grants_;  // streams with slots to grant again
+  LogLimiter log_client_errors_, log_refused_;
+};
+
+}  // namespace framelink

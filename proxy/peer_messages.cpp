@@ -1,0 +1,72 @@
+#include "peer_messages.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "framelink/framelink.h"
+
+namespace framelink::peer {
+
+bool validStreamName(const std::string& name) {
+  return !name.empty() && name.size() < FL_STREAM_NAME_MAX &&
+         std::all_of(name.begin(), name.end(), [](char ch) {
+           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+         });
+}
+
+Message decode(const v1::PeerMessage& msg) {
+  switch (msg.body_case()) {
+    case v1::PeerMessage::kStreamOpen: {
+      const auto& so = msg.stream_open();
+      if (!validStreamName(so.name())) return Violation{"StreamOpen with an invalid stream name"};
+      return StreamOpen{so.stream_id(), so.name()};
+    }
+    case v1::PeerMessage::kStreamClose:
+      return StreamClose{msg.stream_close().stream_id()};
+    case v1::PeerMessage::kCreditGrant: {
+      const auto& g = msg.credit_grant();
+      if (static_cast<size_t>(g.credits_size()) > kMaxCreditsPerStream) {
+        return Violation{"peer granted more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
+      }
+      CreditGrant out;
+      out.stream_id = g.stream_id();
+      out.credits.reserve(static_cast<size_t>(g.credits_size()));
+      for (const auto& cr : g.credits()) {
+        if (cr.length() == 0) return Violation{"credit of zero length"};
+        transport::RemoteCredit rc;
+        rc.credit_id = cr.credit_id();
+        rc.length = cr.length();
+        rc.remote_addr = cr.remote_addr();
+        rc.rkey = cr.rkey();
+        out.credits.push_back(rc);
+      }
+      return out;
+    }
+    case v1::PeerMessage::kCreditRevoke: {
+      const auto& r = msg.credit_revoke();
+      return CreditRevoke{r.stream_id(), {r.credit_ids().begin(), r.credit_ids().end()}};
+    }
+    case v1::PeerMessage::kAck: {
+      const auto& a = msg.ack();
+      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) {
+        return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
+      }
+      return Ack{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
+    }
+    case v1::PeerMessage::kNack: {
+      const auto& n = msg.nack();
+      int code = static_cast<int>(n.code());
+      if (code == FL_OK) code = FL_ERR_PEER_REJECTED;
+      return Nack{n.stream_id(), n.sequence(), code, n.message().substr(0, kMaxTextBytes)};
+    }
+    case v1::PeerMessage::kFin:
+      return Fin{msg.fin().reason().substr(0, kMaxTextBytes)};
+    case v1::PeerMessage::kKeepalive:
+      return Keepalive{};
+    default:
+      return Violation{"unexpected message (field " + std::to_string(msg.body_case()) +
+                       ") after the handshake"};
+  }
+}
+
+}  // namespace framelink::peer

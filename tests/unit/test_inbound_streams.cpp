@@ -1,0 +1,261 @@
+// The consumer side (inbound_streams.cpp) through the data agent: credits,
+// arrival, CRC32C, duplicate suppression, release and the ACKs repeated on a
+// new link.
+#include "agent_fixture.h"
+#include "inbound_streams.h"
+#include "peer_messages.h"
+
+using namespace framelink;
+using namespace framelink::agent_test;
+using namespace std::chrono_literals;
+
+TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot", "[agent][credits]") {
+  AgentFixture f;
+  TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 64 * 1024);
+  f.agent->post(CmdClientAttached{consumer.session});
+  f.linkUp();
+  v1::PeerMessage open;
+  open.mutable_stream_open()->set_stream_id(42);
+  open.mutable_stream_open()->set_name("cam");
+  f.peerSays(open);
+  auto grant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+  CHECK(grant.credit_grant().stream_id() == 42);
+  REQUIRE(grant.credit_grant().credits_size() == 4);
+  for (const auto& c : grant.credit_grant().credits()) CHECK(c.length() == 64 * 1024);
+
+  SECTION("a frame into a credit is delivered, its release ACKs it and re-grants the slot") {
+    std::vector<uint8_t> payload(1000);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 7);
+    transport::SendRequest req;
+    req.cookie = 1;
+    req.header.stream_id = 42;
+    req.header.sequence = 1;
+    req.header.credit_id = grant.credit_grant().credits(0).credit_id();
+    req.header.frame_id = 99;
+    req.header.wafer_id = 5;
+    req.header.length = payload.size();
+    req.header.attr_length = 3;
+    std::memcpy(req.header.attrs, "abc", 3);
+    req.payload = payload.data();
+    req.credit.credit_id = req.header.credit_id;
+    req.credit.length = 64 * 1024;
+    REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
+    fl_completion_desc d = consumer.pop();
+    CHECK(d.status == FL_OK);
+    CHECK(d.sequence == 1);
+    CHECK(d.frame_id == 99);
+    CHECK(d.length == 1000);
+    const fl_slot_header* sh = consumer.session->segments->slotHeader(d.slot);
+    CHECK(sh->wafer_id == 5);
+    CHECK(sh->attr_length == 3);
+    CHECK(std::memcmp(sh->attrs, "abc", 3) == 0);
+    CHECK(std::memcmp(consumer.session->segments->slot(d.slot), payload.data(), payload.size()) == 0);
+
+    consumer.push(d.slot, 0);
+    auto ack = f.capture.next([](auto& m) { return m.has_ack(); });
+    CHECK(ack.ack().stream_id() == 42);
+    REQUIRE(ack.ack().sequences_size() == 1);
+    CHECK(ack.ack().sequences(0) == 1);
+    auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+    CHECK(regrant.credit_grant().credits_size() == 1);
+
+    SECTION("the same frame replayed on a new link is dropped and ACKed again, not delivered twice") {
+      f.agent->post(CmdLinkDown{1, "test cut the link"});
+      TcpPair second = makeTcpPair();
+      auto& sender = *second.a;  // the test plays the sender on the new link
+      f.linkUp(2, std::move(second.b));
+      f.peerSays(open, 2);
+      auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+      REQUIRE(grant2.credit_grant().credits_size() >= 1);
+      req.header.credit_id = grant2.credit_grant().credits(0).credit_id();
+      req.credit.credit_id = req.header.credit_id;
+      REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      sendDone(sender);
+      auto ack2 = f.capture.next([](auto& m) { return m.has_ack(); });
+      REQUIRE(ack2.ack().sequences_size() == 1);
+      CHECK(ack2.ack().sequences(0) == 1);
+      CHECK(consumer.idleFor(100ms));  // nothing delivered a second time
+      CHECK(f.metrics.counters.duplicates_dropped.load() == 1);
+
+      req.header.sequence = 2;  // a new frame after the replay is delivered
+      req.header.credit_id =
+          grant2.credit_grant().credits(1 % grant2.credit_grant().credits_size()).credit_id();
+      req.credit.credit_id = req.header.credit_id;
+      REQUIRE(sender.post(req) == transport::PostResult::kOk);
+      sendDone(sender);
+      fl_completion_desc d2 = consumer.pop();
+      CHECK(d2.status == FL_OK);
+      CHECK(d2.sequence == 2);
+    }
+
+    SECTION("releasing it again is a double release, reported to the consumer only") {
+      consumer.push(d.slot, 0);
+      fl_completion_desc err = consumer.pop();
+      CHECK(err.status == FL_ERR_DOUBLE_RELEASE);
+      CHECK(err.slot == d.slot);
+    }
+
+    SECTION("its ACK is sent again on the next link, before any replay (the first may be lost)") {
+      f.agent->post(CmdLinkDown{1, "test cut the link"});
+      TcpPair second = makeTcpPair();
+      f.linkUp(2, std::move(second.b));
+      auto again = f.capture.next([](auto& m) { return m.has_ack(); });
+      CHECK(again.ack().stream_id() == 42);
+      REQUIRE(again.ack().sequences_size() == 1);
+      CHECK(again.ack().sequences(0) == 1);
+    }
+  }
+
+  SECTION("a stream the sender closes gives its credits back to the consumer for the next stream") {
+    v1::PeerMessage close;
+    close.mutable_stream_close()->set_stream_id(42);
+    f.peerSays(close);
+    v1::PeerMessage open2;
+    open2.mutable_stream_open()->set_stream_id(43);
+    open2.mutable_stream_open()->set_name("cam");
+    f.peerSays(open2);
+    auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+    CHECK(grant2.credit_grant().stream_id() == 43);
+    CHECK(grant2.credit_grant().credits_size() == 4);  // every slot again, none left on stream 42
+  }
+
+  SECTION("a frame for a credit never granted is NACKed and the link stays usable") {
+    std::vector<uint8_t> payload(10, 1);
+    transport::SendRequest req;
+    req.cookie = 2;
+    req.header.stream_id = 42;
+    req.header.sequence = 7;
+    req.header.credit_id = 123456789;
+    req.header.length = payload.size();
+    req.payload = payload.data();
+    req.credit.credit_id = req.header.credit_id;
+    req.credit.length = 64 * 1024;
+    REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
+    auto nack = f.capture.next([](auto& m) { return m.has_nack(); });
+    CHECK(nack.nack().sequence() == 7);
+    CHECK(int(nack.nack().code()) == FL_ERR_UNKNOWN_CREDIT);
+    CHECK(consumer.idleFor(50ms));
+  }
+
+  SECTION("a frame with a wrong CRC32C is NACKed, not delivered, and the slot is granted again") {
+    std::vector<uint8_t> payload(100, 9);
+    transport::SendRequest req;
+    req.cookie = 3;
+    req.header.stream_id = 42;
+    req.header.sequence = 1;
+    req.header.credit_id = grant.credit_grant().credits(1).credit_id();
+    req.header.length = payload.size();
+    req.header.has_crc32c = 1;
+    req.header.crc32c = fl_crc32c(0, payload.data(), payload.size()) ^ 1;
+    req.payload = payload.data();
+    req.credit.credit_id = req.header.credit_id;
+    req.credit.length = 64 * 1024;
+    REQUIRE(f.pair.b->post(req) == transport::PostResult::kOk);
+    sendDone(*f.pair.b);
+    auto nack = f.capture.next([](auto& m) { return m.has_nack(); });
+    CHECK(int(nack.nack().code()) == FL_ERR_CRC_MISMATCH);
+    auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+    CHECK(regrant.credit_grant().credits_size() == 1);
+    CHECK(consumer.idleFor(50ms));
+  }
+
+  SECTION("a consumer that goes away revokes its credits") {
+    f.agent->post(CmdClientGone{1});
+    auto revoke = f.capture.next([](auto& m) { return m.has_credit_revoke(); });
+    CHECK(revoke.credit_revoke().credit_ids_size() == 4);
+  }
+}
+
+// The consumer side on its own, without the agent's thread: frames arrive as
+// transport events, the consumer releases them, and each round's ACKs and
+// grants go out through flushControl.
+TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 released frames' ACKs again",
+          "[agent][inbound][replay]") {
+  Metrics metrics;
+  Capture on_first, on_second;  // outlive the links' session writers
+  NameTable names;
+  PeerTable peers;
+  LinkTable links;
+  ClientTable clients(metrics, names);
+  InboundStreams inbound(metrics, clients, links, names);
+  TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 4096);
+  AgentClient& ac = clients.add(consumer.session);
+  inbound.onConsumerAttached(ac);
+  CHECK(names.size() == 1);
+
+  TcpPair first = makeTcpPair();
+  TcpPair second = makeTcpPair();
+  auto addLink = [&](uint64_t id, Capture& capture, std::unique_ptr<transport::Transport> t) -> AgentLink& {
+    AgentLink& l = links.add(id);
+    l.peer = peers.resolve("sender");
+    l.peer_name = "sender";
+    l.peer_instance = 9;
+    l.transport = std::move(t);
+    l.session.writer = std::make_shared<SessionWriter>(
+        [&capture](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
+    return l;
+  };
+  // Lands sequence `seq` into whichever slot is credited on the link, as the
+  // transport reports it; returns the slot (or -1 when none is credited).
+  auto arrive = [&](AgentLink& l, uint64_t seq) -> int {
+    for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
+      const SlotEntry& e = consumer.session->slots[s];
+      if (e.state != SlotState::kCredited || e.peer_key != l.id) continue;
+      transport::TransportEvent ev;
+      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+      ev.header.stream_id = 42;
+      ev.header.sequence = seq;
+      ev.header.credit_id = e.credit_id;
+      ev.header.length = 10;
+      inbound.onFrameArrived(l, ev);
+      return int(s);
+    }
+    return -1;
+  };
+
+  AgentLink& l1 = addLink(1, on_first, std::move(first.a));
+  REQUIRE(inbound.onStreamOpen(l1, peer::StreamOpen{42, "cam"}).empty());
+  CHECK(inbound.creditsOutstanding() == 4);
+  constexpr uint64_t kFrames = InboundStreams::kMaxRemembered + 904;
+  for (uint64_t seq = 1; seq <= kFrames; ++seq) {
+    const int slot = arrive(l1, seq);
+    REQUIRE(slot >= 0);
+    fl_completion_desc d = consumer.pop();
+    REQUIRE(d.sequence == seq);
+    inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
+    inbound.flushControl();  // the ACK, and the slot granted again
+  }
+  CHECK(metrics.counters.frames_released.load() == kFrames);
+
+  // The first link goes (its last ACKs may be lost with it); the sender's
+  // next link gets the ACKs of the last kMaxRemembered releases first.
+  inbound.onLinkDown(l1);
+  links.erase(1);
+  inbound.retractCreditsOfLink(1);
+  CHECK(inbound.creditsOutstanding() == 0);
+  AgentLink& l2 = addLink(2, on_second, std::move(second.a));
+  inbound.onLinkUp(l2);
+  inbound.flushControl();
+  auto again = on_second.next([](auto& m) { return m.has_ack(); });
+  CHECK(again.ack().stream_id() == 42);
+  REQUIRE(again.ack().sequences_size() == int(InboundStreams::kMaxRemembered));
+  CHECK(again.ack().sequences(0) == kFrames - InboundStreams::kMaxRemembered + 1);
+  CHECK(again.ack().sequences(again.ack().sequences_size() - 1) == kFrames);
+
+  // A frame replayed on it that was released already is ACKed again, not
+  // delivered a second time.
+  REQUIRE(inbound.onStreamOpen(l2, peer::StreamOpen{42, "cam"}).empty());
+  REQUIRE(arrive(l2, kFrames - 1) >= 0);
+  inbound.flushControl();
+  auto replayed = on_second.next([](auto& m) { return m.has_ack(); });
+  REQUIRE(replayed.ack().sequences_size() == 1);
+  CHECK(replayed.ack().sequences(0) == kFrames - 1);
+  CHECK(metrics.counters.duplicates_dropped.load() == 1);
+  CHECK(consumer.idleFor(10ms));
+  // Frames after the replay are delivered.
+  REQUIRE(arrive(l2, kFrames + 1) >= 0);
+  CHECK(consumer.pop().sequence == kFrames + 1);
+  for (auto& [id, l] : links) l.session.writer->close();
+}

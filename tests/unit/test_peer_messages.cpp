@@ -1,0 +1,119 @@
+// The peer-message decoder: every message a peer sends after the handshake
+// comes out as a plain struct within the protocol's bounds, or as the
+// violation that closes its link.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <variant>
+
+#include "framelink/framelink.h"
+#include "peer_messages.h"
+
+using namespace framelink;
+
+namespace {
+
+std::string violation(const v1::PeerMessage& m) {
+  auto decoded = peer::decode(m);
+  const auto* v = std::get_if<peer::Violation>(&decoded);
+  return v == nullptr ? std::string() : v->why;
+}
+
+}  // namespace
+
+TEST_CASE("peer messages: stream names are checked", "[peer_messages]") {
+  v1::PeerMessage m;
+  m.mutable_stream_open()->set_stream_id(7);
+  m.mutable_stream_open()->set_name("cam-1.left_2");
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::StreamOpen>(decoded));
+  CHECK(std::get<peer::StreamOpen>(decoded).stream_id == 7);
+  CHECK(std::get<peer::StreamOpen>(decoded).name == "cam-1.left_2");
+
+  const std::string longest(FL_STREAM_NAME_MAX - 1, 'a');
+  CHECK(peer::validStreamName(longest));
+  for (const std::string& bad : {std::string(), std::string(FL_STREAM_NAME_MAX, 'a'), std::string("cam/1"),
+                                 std::string("cam 1"), std::string("ca\0m", 4), std::string("caméra")}) {
+    INFO("name '" << bad << "'");
+    m.mutable_stream_open()->set_name(bad);
+    CHECK_THAT(violation(m), Catch::Contains("invalid stream name"));
+  }
+}
+
+TEST_CASE("peer messages: credit grants are bounded and never of zero length", "[peer_messages]") {
+  v1::PeerMessage m;
+  auto* g = m.mutable_credit_grant();
+  g->set_stream_id(3);
+  for (uint64_t i = 1; i <= 3; ++i) {
+    auto* c = g->add_credits();
+    c->set_credit_id(i);
+    c->set_length(4096 * i);
+    c->set_remote_addr(0x1000 * i);
+    c->set_rkey(uint32_t(i + 10));
+  }
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::CreditGrant>(decoded));
+  const auto& grant = std::get<peer::CreditGrant>(decoded);
+  CHECK(grant.stream_id == 3);
+  REQUIRE(grant.credits.size() == 3);
+  CHECK(grant.credits[2].credit_id == 3);
+  CHECK(grant.credits[2].length == 3 * 4096);
+  CHECK(grant.credits[2].remote_addr == 0x3000);
+  CHECK(grant.credits[2].rkey == 13);
+
+  SECTION("a zero-length credit anywhere in the grant") {
+    g->mutable_credits(1)->set_length(0);
+    CHECK_THAT(violation(m), Catch::Contains("zero length"));
+  }
+  SECTION("more credits than one stream may hold, in one message") {
+    while (static_cast<size_t>(g->credits_size()) <= peer::kMaxCreditsPerStream) {
+      auto* c = g->add_credits();
+      c->set_credit_id(uint64_t(g->credits_size()));
+      c->set_length(4096);
+    }
+    CHECK_THAT(violation(m), Catch::Contains("more than 65536 credits"));
+  }
+}
+
+TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[peer_messages]") {
+  v1::PeerMessage ack;
+  ack.mutable_ack()->set_stream_id(5);
+  for (uint64_t s = 1; s <= peer::kMaxAcksPerMessage; ++s) ack.mutable_ack()->add_sequences(s);
+  auto decoded = peer::decode(ack);
+  REQUIRE(std::holds_alternative<peer::Ack>(decoded));
+  CHECK(std::get<peer::Ack>(decoded).sequences.size() == peer::kMaxAcksPerMessage);
+  CHECK(std::get<peer::Ack>(decoded).sequences.back() == peer::kMaxAcksPerMessage);
+  ack.mutable_ack()->add_sequences(peer::kMaxAcksPerMessage + 1);
+  CHECK_THAT(violation(ack), Catch::Contains("ACK of more than 4096"));
+
+  v1::PeerMessage nack;
+  nack.mutable_nack()->set_stream_id(5);
+  nack.mutable_nack()->set_sequence(9);
+  nack.mutable_nack()->set_message(std::string(1000, 'x'));
+  decoded = peer::decode(nack);  // code 0: a refusal all the same
+  REQUIRE(std::holds_alternative<peer::Nack>(decoded));
+  CHECK(std::get<peer::Nack>(decoded).code == FL_ERR_PEER_REJECTED);
+  CHECK(std::get<peer::Nack>(decoded).sequence == 9);
+  CHECK(std::get<peer::Nack>(decoded).message.size() == peer::kMaxTextBytes);
+  nack.mutable_nack()->set_code(v1::ERROR_CODE_CRC_MISMATCH);
+  CHECK(std::get<peer::Nack>(peer::decode(nack)).code == FL_ERR_CRC_MISMATCH);
+}
+
+TEST_CASE("peer messages: the rest, and what may not come after the handshake", "[peer_messages]") {
+  v1::PeerMessage m;
+  m.mutable_fin()->set_reason(std::string(300, 'r'));
+  CHECK(std::get<peer::Fin>(peer::decode(m)).reason.size() == peer::kMaxTextBytes);
+  m.mutable_keepalive();
+  CHECK(std::holds_alternative<peer::Keepalive>(peer::decode(m)));
+  m.mutable_stream_close()->set_stream_id(4);
+  CHECK(std::get<peer::StreamClose>(peer::decode(m)).stream_id == 4);
+  m.mutable_credit_revoke()->set_stream_id(4);
+  m.mutable_credit_revoke()->add_credit_ids(11);
+  m.mutable_credit_revoke()->add_credit_ids(12);
+  CHECK(std::get<peer::CreditRevoke>(peer::decode(m)).credit_ids == std::vector<uint64_t>{11, 12});
+
+  CHECK_THAT(violation(v1::PeerMessage{}), Catch::Contains("unexpected message"));
+  v1::PeerMessage hello;
+  hello.mutable_hello();
+  CHECK_THAT(violation(hello), Catch::Contains("after the handshake"));
+}
