@@ -218,6 +218,8 @@ size_t DataAgent::drainCommands() {
             onLinkDown(cmd.link_id, cmd.reason);
           } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
             if (Link* l = link(cmd.link_id)) onPeerMessage(*l, *cmd.message);
+          } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
+            if (Link* l = link(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
           } else if constexpr (std::is_same_v<T, CmdStop>) {
             running_ = false;
           }
@@ -985,6 +987,7 @@ void DataAgent::requeueUnacked(uint64_t link_id, const std::string& reason) {
       std::sort(replay.begin(), replay.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       for (const auto& [sequence, frame] : replay) s.pending.emplace(sequence, frame);
       metrics_.counters.frames_replayed.fetch_add(replay.size(), std::memory_order_relaxed);
+      p.replayed += replay.size();
       spdlog::info(
           "peer {} stream '{}': {} unacknowledged frames (seq {}..{}) will be sent again on the next "
           "link ({})",
@@ -1029,6 +1032,10 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   l.peer_instance = cmd.peer_instance;
   l.transport_name = cmd.transport_name;
   l.transport_reason = cmd.transport_reason;
+  l.address = cmd.address;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  l.up_since_ns = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
   l.transport = std::move(cmd.transport);
   l.session = std::move(cmd.session);
   epoll_event ev{};
@@ -1373,10 +1380,17 @@ void DataAgent::publishStats() {
     if (!first) out << ',';
     first = false;
     uint32_t busy = 0;
-    for (auto& e : c->slots) busy += e.state != SlotState::kFree ? 1 : 0;
-    out << "{\"id\":" << id << ",\"pid\":" << c->pid << ",\"uid\":" << c->uid << ",\"role\":\""
-        << (c->role == FL_ROLE_PRODUCER ? "producer" : "consumer") << "\",\"stream\":\"" << c->stream
-        << "\",\"slots\":" << c->slots.size() << ",\"slots_busy\":" << busy << ",\"frames\":" << c->frames
+    uint32_t held = 0;  // consumer: delivered, not yet released
+    for (auto& e : c->slots) {
+      busy += e.state != SlotState::kFree ? 1 : 0;
+      held += e.state == SlotState::kDelivered ? 1 : 0;
+    }
+    const bool producer = c->role == FL_ROLE_PRODUCER;
+    out << "{\"id\":" << id << ",\"pid\":" << c->pid << ",\"uid\":" << c->uid << ",\"gid\":" << c->gid
+        << ",\"name\":\"" << jsonEscape(c->name) << "\",\"role\":\"" << (producer ? "producer" : "consumer")
+        << "\",\"stream\":\"" << c->stream << "\",\"slots\":" << c->slots.size()
+        << ",\"slot_size\":" << (c->segments ? c->segments->slotSize() : 0) << ",\"slots_busy\":" << busy
+        << ",\"in_flight\":" << (producer ? busy : held) << ",\"frames\":" << c->frames
         << ",\"bytes\":" << c->bytes << ",\"errors\":" << c->errors
         << ",\"gone\":" << (c->gone ? "true" : "false") << '}';
   }
@@ -1385,9 +1399,25 @@ void DataAgent::publishStats() {
   for (auto& [id, l] : links_) {
     if (!first) out << ',';
     first = false;
-    out << "{\"id\":" << id << ",\"peer\":\"" << l.peer << "\",\"transport\":\"" << l.transport_name
+    // Frames of this daemon's producers posted or sent on the link and not yet acknowledged.
+    size_t in_flight = 0, pending = 0;
+    uint64_t replayed = 0;
+    if (auto p = peers_.find(l.peer); p != peers_.end()) {
+      replayed = p->second.replayed;
+      if (p->second.link_id == id) {
+        for (const auto& [sid, s] : p->second.out_streams) {
+          in_flight += s.unacked.size();
+          pending += s.pending.size();
+        }
+      }
+    }
+    out << "{\"id\":" << id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"address\":\""
+        << jsonEscape(l.address) << "\",\"state\":\"" << (l.closing ? "closing" : "up")
+        << "\",\"peer_instance\":" << l.peer_instance << ",\"transport\":\"" << l.transport_name
         << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
-        << "\",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+        << "\",\"up_since_ns\":" << l.up_since_ns << ",\"rtt_ns\":" << l.rtt_ns
+        << ",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+        << ",\"in_flight\":" << in_flight << ",\"pending\":" << pending << ",\"replayed\":" << replayed
         << ",\"in_streams\":" << l.in_streams.size() << '}';
   }
   out << "],\"streams\":[";

@@ -43,8 +43,14 @@ struct CmdLinkUp {
   uint64_t peer_instance = 0;  // the peer daemon's instance id (from its Hello / HelloAck)
   std::string transport_name;
   std::string transport_reason;  // why this transport (e.g. why not rdma)
+  std::string address;           // the peer's address as this daemon sees it (for framelink links)
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
+};
+// A keepalive came back: the link's round trip, for framelink links.
+struct CmdLinkRtt {
+  uint64_t link_id = 0;
+  uint64_t rtt_ns = 0;
 };
 struct CmdLinkDown {
   uint64_t link_id = 0;
@@ -56,8 +62,8 @@ struct CmdPeerMessage {
 };
 struct CmdStop {};
 
-using AgentCommand =
-    std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage, CmdStop>;
+using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
+                                  CmdLinkRtt, CmdStop>;
 
 class DataAgent {
  public:
@@ -105,6 +111,7 @@ class DataAgent {
     uint64_t link_id = 0;  // 0 while no link is up
     std::map<uint64_t, OutStream> out_streams;
     std::unordered_map<std::string, uint64_t> out_by_name;
+    uint64_t replayed = 0;  // frames sent again on a new link after one to this peer broke
   };
   struct InStream {
     std::string name;
@@ -121,6 +128,9 @@ class DataAgent {
     bool closing = false;
     uint64_t frames_in = 0;
     uint64_t frames_out = 0;
+    std::string address;
+    uint64_t up_since_ns = 0;  // CLOCK_REALTIME
+    uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
   };
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <sstream>
+#include <utility>
 
 #include "framelink/framelink.h"
 
@@ -100,6 +101,11 @@ std::string Metrics::prometheus() const {
           counters.handshakes_timed_out);
   counter("handshakes_refused_total", "tcp data connections refused: too many handshakes at once.",
           counters.handshakes_refused);
+  counter("admin_requests_total", "Admin requests answered (framelink stats, clients, links).",
+          counters.admin_requests);
+  counter("admin_refused_total",
+          "Admin requests refused: not root, the daemon's user or group, or the admin group; or malformed.",
+          counters.admin_refused);
   out << "# HELP framelink_attach_rejected_total Attach connections turned away, by reason.\n"
          "# TYPE framelink_attach_rejected_total counter\n";
   for (size_t i = 0; i < attach_rejected_.size(); ++i) {
@@ -139,7 +145,50 @@ std::string Metrics::json() const {
         << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
   }
   out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
-      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"detail\":";
+      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"counters\":{";
+  // Every counter, by its Prometheus name without framelink_ and _total.
+  const std::pair<const char*, const std::atomic<uint64_t>*> all[] = {
+      {"clients_attached", &counters.clients_attached},
+      {"clients_detached", &counters.clients_detached},
+      {"frames_submitted", &counters.frames_submitted},
+      {"frames_delivered", &counters.frames_delivered},
+      {"frames_failed", &counters.frames_failed},
+      {"bytes_sent", &counters.bytes_sent},
+      {"frames_received", &counters.frames_received},
+      {"bytes_received", &counters.bytes_received},
+      {"frames_released", &counters.frames_released},
+      {"bad_descriptors", &counters.bad_descriptors},
+      {"credits_granted", &counters.credits_granted},
+      {"nacks_sent", &counters.nacks_sent},
+      {"links_up", &counters.links_up},
+      {"link_failures", &counters.link_failures},
+      {"auth_failures", &counters.auth_failures},
+      {"frames_replayed", &counters.frames_replayed},
+      {"frames_maybe_redelivered", &counters.frames_maybe_redelivered},
+      {"duplicates_dropped", &counters.duplicates_dropped},
+      {"frames_resent_crc", &counters.frames_resent_crc},
+      {"frames_resent_credit", &counters.frames_resent_credit},
+      {"handshakes_timed_out", &counters.handshakes_timed_out},
+      {"handshakes_refused", &counters.handshakes_refused},
+      {"acks_for_replays", &counters.acks_for_replays},
+      {"streams_forgotten", &counters.streams_forgotten},
+      {"admin_requests", &counters.admin_requests},
+      {"admin_refused", &counters.admin_refused},
+  };
+  bool first = true;
+  for (const auto& [name, value] : all) {
+    out << (first ? "" : ",") << '"' << name << "\":" << value->load(std::memory_order_relaxed);
+    first = false;
+  }
+  out << "},\"failed_by_status\":{";
+  first = true;
+  for (size_t i = 0; i < failures_by_status_.size(); ++i) {
+    uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
+    if (v == 0) continue;
+    out << (first ? "" : ",") << '"' << i << "\":" << v;
+    first = false;
+  }
+  out << "},\"detail\":";
   std::lock_guard<std::mutex> lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();

@@ -42,6 +42,8 @@ class Metrics {
     std::atomic<uint64_t> handshakes_refused{0};        // tcp data handshakes refused (too many at once)
     std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
     std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
+    std::atomic<uint64_t> admin_requests{0};     // admin snapshots sent (framelink stats, clients, links)
+    std::atomic<uint64_t> admin_refused{0};      // admin requests refused (not allowed, malformed)
   };
   static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
 
