@@ -23,10 +23,11 @@ namespace {
 
 constexpr const char* kDefaultSocket = "/run/framelink/framelinkd.sock";
 
-AdminReply failure(int status, std::string message) {
+AdminReply failure(int status, std::string message, std::string hint = {}) {
   AdminReply r;
   r.status = status;
   r.error = std::move(message);
+  r.hint = std::move(hint);
   return r;
 }
 
@@ -141,10 +142,10 @@ AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     if (err == EACCES || err == EPERM) {
-      return failure(FL_ERR_DAEMON_UNREACHABLE,
-                     "cannot connect to framelinkd at " + socket + ": " + strerror(err) +
-                         "; this user needs to be in the socket's group (usually 'framelink'; "
-                         "framelink doctor says which) or to run this as root");
+      return failure(
+          FL_ERR_DAEMON_UNREACHABLE, "cannot connect to framelinkd at " + socket + ": " + strerror(err),
+          "this user needs to be in the socket's group (usually 'framelink'; framelink doctor says "
+          "which) or to run this as root");
     }
     if (err == EAGAIN || err == ETIMEDOUT) {
       return failure(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at " + socket + " did not accept within " +
@@ -152,10 +153,9 @@ AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
                                                     " ms (overloaded? see its log)");
     }
     return failure(
-        FL_ERR_DAEMON_UNREACHABLE,
-        "cannot connect to framelinkd at " + socket + ": " + strerror(err) +
-            "; is it running (systemctl status framelinkd)? if it listens elsewhere, pass --socket "
-            "or set FRAMELINK_SOCKET");
+        FL_ERR_DAEMON_UNREACHABLE, "cannot connect to framelinkd at " + socket + ": " + strerror(err),
+        "is it running (systemctl status framelinkd)? if it listens elsewhere, pass --socket or set "
+        "FRAMELINK_SOCKET");
   }
   fl_admin_request req{};
   req.magic = FL_ADMIN_MAGIC;

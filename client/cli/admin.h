@@ -17,7 +17,9 @@ std::string resolveSocket(const std::string& flag);
 
 struct AdminReply {
   int status = 0;     // FL_OK, or the fl_status of the failure
-  std::string error;  // what went wrong and what to do, when status != FL_OK
+  std::string error;  // what went wrong, when status != FL_OK
+  std::string hint;   // what to do about it (may be empty)
+  std::string message() const { return hint.empty() ? error : error + "; " + hint; }
   Json snapshot;
 };
 

@@ -34,7 +34,7 @@ void addCommon(CLI::App* cmd, AdminOptions& o) {
 std::optional<Json> fetch(const AdminOptions& o, const char* command) {
   AdminReply r = fetchSnapshot(resolveSocket(o.socket), o.timeout_ms);
   if (r.status != 0) {
-    std::fprintf(stderr, "framelink %s: %s\n", command, r.error.c_str());
+    std::fprintf(stderr, "framelink %s: %s\n", command, r.message().c_str());
     return std::nullopt;
   }
   return std::move(r.snapshot);

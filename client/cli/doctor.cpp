@@ -190,7 +190,7 @@ Check checkDaemon(const std::string& socket, const AdminReply& reply) {
     return c;
   }
   c.verdict = Verdict::kFail;
-  c.what = "no framelinkd answers: " + reply.error;
+  c.what = reply.error;
   c.fix = "start it (systemctl start framelinkd, or framelinkd --config " + std::string(kDefaultConfig) +
           "); if it listens elsewhere pass --socket or set FRAMELINK_SOCKET";
   return c;
