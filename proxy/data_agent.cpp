@@ -1374,6 +1374,9 @@ void DataAgent::checkDeadlines() {
 
 void DataAgent::publishStats() {
   std::ostringstream out;
+  Metrics::Gauges gauges;
+  std::map<std::string, Metrics::LinkGauge>
+      by_peer;  // one series per peer, also while a link replaces another
   out << "{\"clients\":[";
   bool first = true;
   for (auto& [id, c] : clients_) {
@@ -1386,6 +1389,7 @@ void DataAgent::publishStats() {
       held += e.state == SlotState::kDelivered ? 1 : 0;
     }
     const bool producer = c->role == FL_ROLE_PRODUCER;
+    (producer ? gauges.frames_in_flight : gauges.frames_held) += producer ? busy : held;
     out << "{\"id\":" << id << ",\"pid\":" << c->pid << ",\"uid\":" << c->uid << ",\"gid\":" << c->gid
         << ",\"name\":\"" << jsonEscape(c->name) << "\",\"role\":\"" << (producer ? "producer" : "consumer")
         << "\",\"stream\":\"" << c->stream << "\",\"slots\":" << c->slots.size()
@@ -1411,6 +1415,12 @@ void DataAgent::publishStats() {
         }
       }
     }
+    Metrics::LinkGauge& g = by_peer[l.peer];
+    g.peer = l.peer;
+    if (!l.closing || g.transport.empty()) g.transport = l.transport_name;
+    if (l.rtt_ns != 0) g.rtt_ns = l.rtt_ns;
+    g.in_flight += in_flight;
+    g.replayed = replayed;
     out << "{\"id\":" << id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"address\":\""
         << jsonEscape(l.address) << "\",\"state\":\"" << (l.closing ? "closing" : "up")
         << "\",\"peer_instance\":" << l.peer_instance << ",\"transport\":\"" << l.transport_name
@@ -1436,6 +1446,14 @@ void DataAgent::publishStats() {
   for (const auto& [id, in] : in_states_) held += in.held.size();
   out << held << '}';
   metrics_.setDetail(out.str());
+  for (const auto& peer : config_.peers) {
+    if (by_peer.count(peer.name) != 0) continue;
+    Metrics::LinkGauge& g = by_peer[peer.name];
+    g.peer = peer.name;
+    if (auto p = peers_.find(peer.name); p != peers_.end()) g.replayed = p->second.replayed;
+  }
+  for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
+  metrics_.setGauges(std::move(gauges));
 }
 
 }  // namespace framelink

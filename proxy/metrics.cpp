@@ -55,6 +55,30 @@ void Metrics::setDetail(std::string json) {
   detail_ = std::move(json);
 }
 
+void Metrics::setGauges(Gauges gauges) {
+  std::lock_guard<std::mutex> lock(detail_mutex_);
+  gauges_ = std::move(gauges);
+}
+
+namespace {
+
+// A label value as the text format wants it: backslash, quote and newline
+// escaped (peer names on the listening side come from the peer's Hello).
+std::string labelValue(const std::string& in) {
+  std::string out;
+  for (char ch : in) {
+    if (ch == '\\' || ch == '"') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string Metrics::prometheus() const {
   std::ostringstream out;
   auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
@@ -117,6 +141,43 @@ std::string Metrics::prometheus() const {
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {
     uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
     if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
+  }
+  {
+    std::lock_guard<std::mutex> lock(detail_mutex_);
+    out << "# HELP framelink_frames_in_flight Producers' frames submitted and not yet DELIVERED or FAILED.\n"
+           "# TYPE framelink_frames_in_flight gauge\nframelink_frames_in_flight "
+        << gauges_.frames_in_flight << '\n';
+    out << "# HELP framelink_frames_held Frames delivered to local consumers and not yet released.\n"
+           "# TYPE framelink_frames_held gauge\nframelink_frames_held "
+        << gauges_.frames_held << '\n';
+    out << "# HELP framelink_link_up Peer links by peer and transport: 1 up; 0 a configured peer with no "
+           "link.\n# TYPE framelink_link_up gauge\n";
+    for (const auto& l : gauges_.links) {
+      out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
+          << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} "
+          << (l.transport.empty() ? 0 : 1) << '\n';
+    }
+    out << "# HELP framelink_link_rtt_seconds Round trip of the link's last echoed keepalive.\n"
+           "# TYPE framelink_link_rtt_seconds gauge\n";
+    for (const auto& l : gauges_.links) {
+      if (l.rtt_ns != 0) {
+        out << "framelink_link_rtt_seconds{peer=\"" << labelValue(l.peer) << "\"} " << l.rtt_ns / 1e9 << '\n';
+      }
+    }
+    out << "# HELP framelink_link_frames_in_flight Frames posted or sent on the link, not yet acknowledged.\n"
+           "# TYPE framelink_link_frames_in_flight gauge\n";
+    for (const auto& l : gauges_.links) {
+      if (!l.transport.empty()) {
+        out << "framelink_link_frames_in_flight{peer=\"" << labelValue(l.peer) << "\"} " << l.in_flight
+            << '\n';
+      }
+    }
+    out << "# HELP framelink_link_frames_replayed_total Frames sent again after a link to this peer broke.\n"
+           "# TYPE framelink_link_frames_replayed_total counter\n";
+    for (const auto& l : gauges_.links) {
+      out << "framelink_link_frames_replayed_total{peer=\"" << labelValue(l.peer) << "\"} " << l.replayed
+          << '\n';
+    }
   }
   out << "# HELP framelink_delivery_latency_us Submit to ACK latency.\n"
          "# TYPE framelink_delivery_latency_us histogram\n";

@@ -249,6 +249,11 @@ TEST_CASE("admin: a user outside the admin rule is refused, the admin group is a
   // Root is always allowed.
   CHECK(runCli("root-links", {"links", "--socket", pair.a().socketPath()}).code == 0);
   CHECK(pair.a().metric("framelink_admin_requests_total") == 1);
+  // The per-link gauges the Grafana dashboard shows.
+  const std::string up_series = "framelink_link_up{peer=\"" + pair.b().id() + "\",transport=\"tcp\"} 1";
+  CHECK(waitUntil([&] { return pair.a().httpGet("/metrics").find(up_series) != std::string::npos; },
+                  Millis(10000), Millis(100)));
+  CHECK(pair.a().httpGet("/metrics").find("framelink_frames_in_flight 0") != std::string::npos);
 }
 
 TEST_CASE("admin: doctor against a running daemon and against none", "[admin]") {
