@@ -404,7 +404,9 @@ std::string formatLinks(const Json& snapshot) {
            std::to_string(u64(l, "in_flight")), std::to_string(u64(l, "pending")),
            std::to_string(u64(l, "replayed")), std::to_string(u64(l, "frames_out")),
            std::to_string(u64(l, "frames_in")),
-           str(l, "transport_reason").empty() ? "-" : str(l, "transport_reason")});
+           !str(l, "transport_reason").empty() ? str(l, "transport_reason")
+           : str(l, "state") == "down"         ? "-"
+                                               : "first choice"});
   }
   return t.str();
 }
