@@ -43,7 +43,9 @@ constexpr uint32_t kMaxResends = 3;
 
 bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
 
-// A string as the inside of a JSON string literal.
+// A string as the inside of a JSON string literal.  Client names and peer
+// ids come from outside: control characters become spaces and bytes beyond
+// ASCII '?', so the snapshot stays valid JSON (valid UTF-8) whatever they hold.
 std::string jsonEscape(const std::string& in) {
   std::string out;
   out.reserve(in.size());
@@ -53,6 +55,8 @@ std::string jsonEscape(const std::string& in) {
       out += ch;
     } else if (static_cast<unsigned char>(ch) < 0x20) {
       out += ' ';
+    } else if (static_cast<unsigned char>(ch) >= 0x80) {
+      out += '?';
     } else {
       out += ch;
     }

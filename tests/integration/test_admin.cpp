@@ -329,3 +329,28 @@ TEST_CASE("admin: doctor against a running daemon and against none", "[admin]") 
   CHECK(down.output.find("FAIL peer       gone at 127.0.0.1:" + std::to_string(closed_port) +
                          ": Connection refused -- fix: ") != std::string::npos);
 }
+
+TEST_CASE("admin: a client name with control and non-ASCII bytes leaves the snapshot valid JSON", "[admin]") {
+  DaemonPair pair("tcp");
+  fl_client_options opt;
+  fl_client_options_init(&opt);
+  const std::string socket = pair.a().socketPath();
+  opt.socket_path = socket.c_str();
+  opt.role = FL_PRODUCER;
+  opt.stream = "adm-odd";
+  opt.slot_count = 2;
+  opt.slot_size = 64 * 1024;
+  opt.client_name = "cam\xff\x01\"x\\";
+  fl_client* raw = nullptr;
+  REQUIRE(fl_attach(&opt, &raw) == FL_OK);
+  Client odd(raw);
+  Json clients;
+  REQUIRE(waitUntil(
+      [&] {
+        clients = cliJson("clients-odd", {"clients", "--json", "--socket", socket});
+        return clients.size() == 1;
+      },
+      Millis(10000), Millis(200)));
+  CHECK(clients[0].value("name", "") == "cam? \"x\\");
+  CHECK(runCli("clients-odd-table", {"clients", "--socket", socket}).code == 0);
+}
