@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,6 +25,7 @@
 #include "client_util.h"
 #include "framelink/framelink.h"
 #include "harness.h"
+#include "raw_client.h"
 
 using namespace framelink::integ;
 using Json = nlohmann::json;
@@ -86,6 +89,41 @@ Run runCliAsNobody(const TempDir& dir, const std::vector<std::string>& args) {
 }
 
 std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+// Sends `length` bytes of `message` on a fresh connection and reads the admin
+// reply (bounded); bytes is 0 when none came.
+struct RawAdmin {
+  size_t bytes = 0;
+  fl_admin_reply reply{};
+  int fds = 0;
+};
+RawAdmin rawAdmin(const std::string& socket, const void* message, size_t length) {
+  const int s = connectSeqpacket(socket);
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  REQUIRE(::send(s, message, length, MSG_NOSIGNAL) == static_cast<ssize_t>(length));
+  RawAdmin r;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  iovec iov{&r.reply, sizeof r.reply};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  r.bytes = n > 0 ? static_cast<size_t>(n) : 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      ::close(fd);
+      ++r.fds;
+    }
+  }
+  ::close(s);
+  return r;
+}
 
 const Json* findClient(const Json& clients, const std::string& role) {
   for (const auto& c : clients) {
@@ -353,4 +391,52 @@ TEST_CASE("admin: a client name with control and non-ASCII bytes leaves the snap
       Millis(10000), Millis(200)));
   CHECK(clients[0].value("name", "") == "cam? \"x\\");
   CHECK(runCli("clients-odd-table", {"clients", "--socket", socket}).code == 0);
+}
+
+TEST_CASE("admin: malformed admin requests get a clear refusal; unread snapshots cost the daemon nothing",
+          "[admin]") {
+  DaemonPair pair("tcp");
+  const std::string socket = pair.a().socketPath();
+  fl_admin_request req{};
+  req.magic = FL_ADMIN_MAGIC;
+  req.version = 99;
+  req.command = FL_ADMIN_SNAPSHOT;
+  RawAdmin wrong_version = rawAdmin(socket, &req, sizeof req);
+  REQUIRE(wrong_version.bytes == sizeof(fl_admin_reply));
+  CHECK(wrong_version.reply.magic == FL_ADMIN_MAGIC);
+  CHECK(wrong_version.reply.status == FL_ERR_VERSION);
+  CHECK(std::string(wrong_version.reply.message).find("admin protocol version 99") != std::string::npos);
+  CHECK(wrong_version.fds == 0);
+
+  req.version = FL_ADMIN_VERSION;
+  RawAdmin short_request = rawAdmin(socket, &req, 12);
+  REQUIRE(short_request.bytes == sizeof(fl_admin_reply));
+  CHECK(short_request.reply.status == FL_ERR_BAD_REQUEST);
+  CHECK(std::string(short_request.reply.message).find("admin request of 12 bytes, expected 32") !=
+        std::string::npos);
+
+  req.command = 7;
+  RawAdmin unknown = rawAdmin(socket, &req, sizeof req);
+  CHECK(unknown.reply.status == FL_ERR_BAD_REQUEST);
+  CHECK(std::string(unknown.reply.message).find("unknown admin command 7") != std::string::npos);
+
+  req.command = FL_ADMIN_SNAPSHOT;
+  RawAdmin good = rawAdmin(socket, &req, sizeof req);
+  REQUIRE(good.bytes == sizeof(fl_admin_reply));
+  CHECK(good.reply.status == FL_OK);
+  CHECK(good.reply.fd_count == 1);
+  CHECK(good.fds == 1);
+  CHECK(good.reply.json_size > 0);
+
+  // Admin clients that ask and never read: the daemon answers each with one
+  // datagram and moves on; attaching and the commands keep working.
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    const int s = connectSeqpacket(socket);
+    REQUIRE(::send(s, &req, sizeof req, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof req));
+    idle.push_back(s);
+  }
+  requireServing(pair.a(), pair.b(), "adm-after-idle");
+  CHECK(runCli("clients-after-idle", {"clients", "--socket", socket}).code == 0);
+  for (int s : idle) ::close(s);
 }
