@@ -85,6 +85,9 @@ struct AgentLink {
   bool closing = false;
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
+  std::string address;       // the peer's address as this daemon sees it
+  uint64_t up_since_ns = 0;  // CLOCK_REALTIME
+  uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
 
   // Takes posts and credits: up, and not being closed.
   bool usable() const { return !closing && transport != nullptr; }

@@ -15,6 +15,8 @@ std::string jsonEscape(const std::string& in) {
       out += ch;
     } else if (static_cast<unsigned char>(ch) < 0x20) {
       out += ' ';
+    } else if (static_cast<unsigned char>(ch) >= 0x80) {
+      out += '?';  // names come from outside: the snapshot stays valid UTF-8 whatever they hold
     } else {
       out += ch;
     }
@@ -32,20 +34,25 @@ std::string toJson(AgentStats stats) {
   for (const auto& c : stats.clients) {
     if (!first) out << ',';
     first = false;
-    out << "{\"id\":" << c.id << ",\"pid\":" << c.pid << ",\"uid\":" << c.uid << ",\"role\":\""
-        << (c.producer ? "producer" : "consumer") << "\",\"stream\":\"" << jsonEscape(c.stream)
-        << "\",\"slots\":" << c.slots << ",\"slots_busy\":" << c.slots_busy << ",\"frames\":" << c.frames
-        << ",\"bytes\":" << c.bytes << ",\"errors\":" << c.errors
-        << ",\"gone\":" << (c.gone ? "true" : "false") << '}';
+    out << "{\"id\":" << c.id << ",\"pid\":" << c.pid << ",\"uid\":" << c.uid << ",\"gid\":" << c.gid
+        << ",\"name\":\"" << jsonEscape(c.name) << "\",\"role\":\"" << (c.producer ? "producer" : "consumer")
+        << "\",\"stream\":\"" << jsonEscape(c.stream) << "\",\"slots\":" << c.slots
+        << ",\"slot_size\":" << c.slot_size << ",\"slots_busy\":" << c.slots_busy
+        << ",\"in_flight\":" << c.in_flight << ",\"frames\":" << c.frames << ",\"bytes\":" << c.bytes
+        << ",\"errors\":" << c.errors << ",\"gone\":" << (c.gone ? "true" : "false") << '}';
   }
   out << "],\"links\":[";
   first = true;
   for (const auto& l : stats.links) {
     if (!first) out << ',';
     first = false;
-    out << "{\"id\":" << l.id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"transport\":\""
-        << jsonEscape(l.transport) << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
-        << "\",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+    out << "{\"id\":" << l.id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"address\":\""
+        << jsonEscape(l.address) << "\",\"state\":\"" << (l.closing ? "closing" : "up")
+        << "\",\"peer_instance\":" << l.peer_instance << ",\"transport\":\"" << jsonEscape(l.transport)
+        << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
+        << "\",\"up_since_ns\":" << l.up_since_ns << ",\"rtt_ns\":" << l.rtt_ns
+        << ",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
+        << ",\"in_flight\":" << l.in_flight << ",\"pending\":" << l.pending << ",\"replayed\":" << l.replayed
         << ",\"in_streams\":" << l.in_streams << '}';
   }
   out << "],\"streams\":[";

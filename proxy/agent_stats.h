@@ -15,10 +15,14 @@ struct ClientStats {
   uint64_t id = 0;
   int64_t pid = 0;
   uint64_t uid = 0;
+  uint64_t gid = 0;
+  std::string name;  // what the application called itself (from outside: escaped)
   bool producer = false;
   std::string stream;
   size_t slots = 0;
+  uint64_t slot_size = 0;
   size_t slots_busy = 0;
+  size_t in_flight = 0;  // producer: submitted, not yet ended; consumer: delivered, not yet released
   uint64_t frames = 0;
   uint64_t bytes = 0;
   uint64_t errors = 0;
@@ -28,10 +32,18 @@ struct ClientStats {
 struct LinkStats {
   uint64_t id = 0;
   std::string peer;
+  std::string address;
+  bool closing = false;
+  uint64_t peer_instance = 0;
   std::string transport;
   std::string transport_reason;
+  uint64_t up_since_ns = 0;  // CLOCK_REALTIME
+  uint64_t rtt_ns = 0;       // 0: not measured yet
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
+  size_t in_flight = 0;  // this daemon's frames on the link, not yet acknowledged
+  size_t pending = 0;    // this daemon's frames for the peer, waiting for a credit
+  uint64_t replayed = 0;
   size_t in_streams = 0;
 };
 

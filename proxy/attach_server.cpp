@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -104,6 +105,26 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
       return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " +
                                              config.socket_group + " failed: " + errnoText());
     }
+  }
+  // Admin requests: the configured group, else whatever group the socket has now.
+  server->own_uid_ = ::geteuid();
+  server->own_gid_ = ::getegid();
+  if (!config.admin_group.empty()) {
+    group* g = ::getgrnam(config.admin_group.c_str());
+    if (g == nullptr) {
+      return makeError(FL_EINVAL, "admin group '" + config.admin_group +
+                                      "' does not exist; create it or change admin_group (--admin-group)");
+    }
+    server->admin_gid_ = g->gr_gid;
+    server->admin_group_ = config.admin_group;
+  } else {
+    struct stat sock_st {};
+    if (::stat(config.socket_path.c_str(), &sock_st) != 0) {
+      return makeError(FL_ERR_RESOURCES, "stat of " + config.socket_path + " failed: " + errnoText());
+    }
+    server->admin_gid_ = sock_st.st_gid;
+    group* g = ::getgrgid(sock_st.st_gid);
+    server->admin_group_ = g != nullptr ? g->gr_name : std::to_string(sock_st.st_gid);
   }
   if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
     return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + errnoText());
@@ -302,9 +323,110 @@ void AttachServer::sendRefusal(int fd, int status, const std::string& message) {
   [[maybe_unused]] auto n = ::send(fd, &reply, sizeof(reply), MSG_NOSIGNAL);
 }
 
+std::string AttachServer::adminRefusal(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const {
+  if (uid == 0 || uid == own_uid_ || gid == own_gid_ || gid == admin_gid_) return {};
+  for (gid_t g : groups) {
+    if (g == own_gid_ || g == admin_gid_) return {};
+  }
+  return "admin requests are refused to uid " + std::to_string(uid) + " (gid " + std::to_string(gid) +
+         "): only root, the daemon's uid " + std::to_string(own_uid_) + " or gid " +
+         std::to_string(own_gid_) + ", and members of the admin group '" + admin_group_ +
+         "' may ask (daemon.admin_group); add the user to that group or run as root";
+}
+
+void AttachServer::sendAdminReply(int fd, int status, const std::string& message, int json_fd,
+                                  uint64_t json_size) {
+  fl_admin_reply reply{};
+  reply.magic = FL_ADMIN_MAGIC;
+  reply.version = FL_ADMIN_VERSION;
+  reply.status = status;
+  reply.fd_count = json_fd >= 0 ? 1 : 0;
+  reply.json_size = json_size;
+  std::strncpy(reply.message, message.c_str(), sizeof(reply.message) - 1);
+  iovec iov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (json_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &json_fd, sizeof(int));
+  }
+  // The connection is fresh and the reply one small datagram: it fits, and
+  // MSG_DONTWAIT makes sure a full queue costs the client its answer, never
+  // the daemon its time.
+  [[maybe_unused]] auto n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void AttachServer::handleAdmin(int fd, const fl_admin_request& req, ssize_t size, const ucred& cred) {
+  auto refuse = [&](int status, const std::string& why) {
+    if (metrics_ != nullptr) metrics_->counters.admin_refused.fetch_add(1, std::memory_order_relaxed);
+    log_refused_.warn("admin: pid {} uid {} refused: {}", cred.pid, cred.uid, why);
+    sendAdminReply(fd, status, why, -1, 0);
+    dropConnection(fd);
+  };
+  if (static_cast<size_t>(size) != sizeof(req)) {
+    return refuse(FL_ERR_BAD_REQUEST, "admin request of " + std::to_string(size) + " bytes, expected " +
+                                          std::to_string(sizeof(req)) + "; use a matching framelink tool");
+  }
+  if (req.version != FL_ADMIN_VERSION) {
+    return refuse(FL_ERR_VERSION, "admin protocol version " + std::to_string(req.version) +
+                                      ", this framelinkd speaks " + std::to_string(FL_ADMIN_VERSION) +
+                                      ": install matching versions of framelink and framelinkd");
+  }
+  if (req.command != FL_ADMIN_SNAPSHOT || req.flags != 0) {
+    return refuse(FL_ERR_BAD_REQUEST, "unknown admin command " + std::to_string(req.command) + " (flags " +
+                                          std::to_string(req.flags) + "); use a matching framelink tool");
+  }
+  // Supplementary groups as they were when the peer connected.
+  std::vector<gid_t> groups(64);
+  socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0 && errno == ERANGE) {
+    groups.resize(glen / sizeof(gid_t));
+    glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) glen = 0;
+  }
+  groups.resize(glen / sizeof(gid_t));
+  if (std::string why = adminRefusal(cred.uid, cred.gid, groups); !why.empty()) {
+    return refuse(FL_ERR_ATTACH_REFUSED, why);
+  }
+  const std::string json = admin_snapshot_ ? admin_snapshot_() : std::string("{}");
+  if (json.size() > FL_ADMIN_JSON_MAX) {
+    return refuse(FL_ERR_RESOURCES, "the snapshot is " + std::to_string(json.size()) + " bytes, more than " +
+                                        std::to_string(FL_ADMIN_JSON_MAX) + "; read /stats with --metrics");
+  }
+  UniqueFd mem(::memfd_create("framelink-admin", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  size_t written = 0;
+  while (mem.valid() && written < json.size()) {
+    ssize_t w = ::write(mem.get(), json.data() + written, json.size() - written);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    written += static_cast<size_t>(w);
+  }
+  // Sealed: the client reads exactly what was written, and cannot hand the
+  // daemon's memory back to it grown.
+  if (!mem.valid() || written != json.size() ||
+      ::fcntl(mem.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    return refuse(FL_ERR_RESOURCES, "the daemon cannot make the snapshot: " + errnoText());
+  }
+  if (metrics_ != nullptr) metrics_->counters.admin_requests.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("admin: pid {} uid {}: snapshot of {} bytes", cred.pid, cred.uid, json.size());
+  sendAdminReply(fd, FL_OK, "snapshot", mem.get(), json.size());
+  dropConnection(fd);
+}
+
 void AttachServer::handleRequest(int fd) {
-  fl_attach_request req{};
-  ssize_t n = ::recv(fd, &req, sizeof(req), MSG_DONTWAIT | MSG_TRUNC);
+  // Big enough for either kind of request; MSG_TRUNC gives the real size.
+  union {
+    fl_attach_request attach;
+    fl_admin_request admin;
+  } buf{};
+  ssize_t n = ::recv(fd, &buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     dropConnection(fd);
@@ -313,6 +435,11 @@ void AttachServer::handleRequest(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+  if (n >= static_cast<ssize_t>(sizeof(uint32_t)) && buf.admin.magic == FL_ADMIN_MAGIC) {
+    handleAdmin(fd, buf.admin, n, cred);
+    return;
+  }
+  fl_attach_request& req = buf.attach;
 
   if (static_cast<size_t>(n) != sizeof(req)) {
     reject(Metrics::AttachReject::kInvalid);

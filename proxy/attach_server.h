@@ -4,6 +4,7 @@
 // watches the socket so the daemon learns when the client goes away.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "client_session.h"
 #include "common/log_limit.h"
@@ -57,8 +59,18 @@ class AttachServer {
       std::function<Result<std::shared_ptr<void>>(ClientSegments& segments, uint32_t role)>;
   void setSegmentRegistrar(RegisterSegment registrar, int numa_node);
 
+  // Builds the JSON an admin request gets (counters, clients, links); called
+  // on the attach thread.  Call before start().
+  using AdminSnapshot = std::function<std::string()>;
+  void setAdminSnapshot(AdminSnapshot snapshot) { admin_snapshot_ = std::move(snapshot); }
+
   void start();
   void stop();
+
+  // Whether a peer with these credentials may send admin requests: root, the
+  // daemon's own uid or gid, or a member (primary or supplementary group) of
+  // the admin group.  Empty when allowed, else the refusal naming the rule.
+  std::string adminRefusal(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const;
 
   // Validation of one request against the policy, without side effects
   // (exposed for unit tests).  Fills `request` defaults on success.
@@ -69,6 +81,8 @@ class AttachServer {
   void run();
   void acceptAll();
   void handleRequest(int fd);
+  void handleAdmin(int fd, const fl_admin_request& request, ssize_t size, const ucred& cred);
+  void sendAdminReply(int fd, int status, const std::string& message, int json_fd, uint64_t json_size);
   void sendRefusal(int fd, int status, const std::string& message);
   // For a connection just accepted and not yet tracked: refuses it and closes it.
   void refuseAndClose(int fd, int status, const std::string& message);
@@ -91,6 +105,11 @@ class AttachServer {
   std::atomic<bool> running_{false};
   uint64_t next_client_id_ = 1;
   Metrics* metrics_ = nullptr;  // may be null (tests)
+  AdminSnapshot admin_snapshot_;
+  uid_t own_uid_ = 0;
+  gid_t own_gid_ = 0;
+  gid_t admin_gid_ = 0;
+  std::string admin_group_;  // its name, for messages
 
   struct Connection {
     UniqueFd fd;

@@ -384,6 +384,7 @@ class TomlReader {
       return assign(parseMode(*s, label(key, node)), c.socket_mode);
     }
     if (k == "socket_group") return assign(str(key, node), c.socket_group);
+    if (k == "admin_group") return assign(str(key, node), c.admin_group);
     if (k == "allowed_uids") return assign(ids(key, node), c.allowed_uids);
     if (k == "allowed_gids") return assign(ids(key, node), c.allowed_gids);
     if (k == "log_level") {
@@ -542,10 +543,10 @@ class TomlReader {
 // same checks (and messages) as the TOML file, and so that only the flags
 // actually given override the file.
 struct Flags {
-  std::string config, id, socket, socket_mode, socket_group, listen, data_listen, token, token_file,
-      transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout, connect_timeout,
-      max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu, idle_spin,
-      rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
+  std::string config, id, socket, socket_mode, socket_group, admin_group, listen, data_listen, token,
+      token_file, transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout,
+      connect_timeout, max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu,
+      idle_spin, rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
   bool tls_client_auth = false;
   bool allow_unauthenticated = false;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
@@ -564,6 +565,7 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
     if (auto st = assign(parseMode(f.socket_mode, "--socket-mode"), c.socket_mode); !st) return st;
   }
   if (given("--socket-group")) c.socket_group = f.socket_group;
+  if (given("--admin-group")) c.admin_group = f.admin_group;
   if (given("--allow-uid")) {
     c.allowed_uids.clear();
     for (const auto& v : f.allow_uid) {
@@ -873,6 +875,10 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
       ->type_name("PATH");
   app.add_option("--socket-mode", f.socket_mode, "Socket mode (default 0660)")->type_name("OCTAL");
   app.add_option("--socket-group", f.socket_group, "Socket group (default: as created)")->type_name("NAME");
+  app.add_option("--admin-group", f.admin_group,
+                 "Group whose members may query the daemon (framelink stats, clients, links; default: the "
+                 "socket's group)")
+      ->type_name("NAME");
   one(app.add_option("--allow-uid", f.allow_uid, "Allow this uid to attach (repeatable; default: anyone)"))
       ->type_name("N");
   one(app.add_option("--allow-gid", f.allow_gid, "Allow this gid to attach (repeatable)"))->type_name("N");
@@ -981,7 +987,8 @@ std::string describe(const Config& c) {
   std::ostringstream out;
   out << "id=" << c.id << " config=" << (c.config_file.empty() ? "-" : c.config_file)
       << " socket=" << c.socket_path << " mode=" << mode(c.socket_mode)
-      << " group=" << (c.socket_group.empty() ? "-" : c.socket_group) << " uids=" << ids(c.allowed_uids)
+      << " group=" << (c.socket_group.empty() ? "-" : c.socket_group)
+      << " admin_group=" << (c.admin_group.empty() ? "-" : c.admin_group) << " uids=" << ids(c.allowed_uids)
       << " gids=" << ids(c.allowed_gids) << " listen=" << c.listen << " data_listen=" << c.data_listen
       << " token=" << (c.token.empty() ? "none" : "<redacted>") << " tls="
       << (!c.tlsEnabled()     ? std::string("off")

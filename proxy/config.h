@@ -27,7 +27,10 @@ struct Config {
   std::string id;  // default: gethostname()
   std::string socket_path = "/run/framelink/framelinkd.sock";
   uint32_t socket_mode = 0660;
-  std::string socket_group;                          // empty: leave the group the socket was created with
+  std::string socket_group;  // empty: leave the group the socket was created with
+  // Members of this group (besides root and the daemon's own uid and gid) may
+  // send admin requests (framelink stats/clients/links); empty: the socket's group.
+  std::string admin_group;
   std::vector<uint32_t> allowed_uids, allowed_gids;  // both empty: anyone who can open the socket
   std::string hugepages = "auto";                    // auto | on | off
   std::string log_level = "info";                    // trace | debug | info | warn | error

@@ -17,6 +17,7 @@
 
 #include "attach_server.h"
 #include "data_agent.h"
+#include "framelink/framelink.h"
 #include "metrics.h"
 #include "peer_link.h"
 #include "transport/tcp/tcp_connect.h"
@@ -68,6 +69,8 @@ class DaemonImpl final : public Daemon {
         [this](uint64_t id) { agent_->post(CmdClientGone{id}); }, &metrics_);
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
+    start_ns_ = identity.start_ns;
+    attach_->setAdminSnapshot([this] { return adminSnapshot(); });
     RdmaSupport rdma = openRdma();
     auto links = PeerLinks::start(config_, *agent_, metrics_, identity.start_ns, std::move(rdma));
     if (!links) return std::move(links).error();
@@ -110,6 +113,36 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // What `framelink stats / clients / links` get over the attach socket: who
+  // this daemon is, its configured peers, and the counters and per-client /
+  // per-link detail the data agent publishes (Metrics::json, as on /stats).
+  std::string adminSnapshot() const {
+    auto quoted = [](const std::string& s) {
+      std::string out = "\"";
+      for (char ch : s) {
+        if (ch == '"' || ch == '\\') out += '\\';
+        out += static_cast<unsigned char>(ch) < 0x20 ? ' ' : ch;
+      }
+      return out + '"';
+    };
+    std::string out =
+        "{\"daemon\":{\"id\":" + quoted(config_.id) + ",\"pid\":" + std::to_string(::getpid()) +
+        ",\"version\":\"" + std::to_string(FL_VERSION_MAJOR) + "." + std::to_string(FL_VERSION_MINOR) + "." +
+        std::to_string(FL_VERSION_PATCH) + "\",\"start_ns\":" + std::to_string(start_ns_) +
+        ",\"socket\":" + quoted(config_.socket_path) + ",\"listen\":" + quoted(config_.listen) +
+        ",\"grpc_port\":" + std::to_string(grpcPort()) + ",\"data_port\":" + std::to_string(dataPort()) +
+        ",\"rdma_port\":" + std::to_string(rdmaPort()) +
+        ",\"metrics_port\":" + std::to_string(metricsPort()) + ",\"transports\":[";
+    for (size_t i = 0; i < config_.transports.size(); ++i)
+      out += (i ? "," : "") + quoted(config_.transports[i]);
+    out += "]},\"peers\":[";
+    for (size_t i = 0; i < config_.peers.size(); ++i) {
+      out += std::string(i ? "," : "") + "{\"name\":" + quoted(config_.peers[i].name) +
+             ",\"address\":" + quoted(config_.peers[i].address) + "}";
+    }
+    return out + "],\"metrics\":" + metrics_.json() + "}";
+  }
+
   // Opens the RDMA device when rdma is among the transports, and has every
   // client segment registered with it and placed on its NUMA node.  Without
   // a usable device the daemon runs on the other transports and says why.
@@ -161,6 +194,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<PeerLinks> links_;
   bool stopped_ = false;
+  uint64_t start_ns_ = 0;
 };
 
 }  // namespace

@@ -3,10 +3,12 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -162,6 +164,8 @@ size_t DataAgent::drainCommands() {
             onLinkDown(cmd.link_id, cmd.reason);
           } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
             if (AgentLink* l = links_.find(cmd.link_id)) onPeerMessage(*l, *cmd.message);
+          } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
+            if (AgentLink* l = links_.find(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
           } else if constexpr (std::is_same_v<T, CmdStop>) {
             running_ = false;
           }
@@ -222,6 +226,10 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   l.peer_instance = cmd.peer_instance;
   l.transport_name = cmd.transport_name;
   l.transport_reason = cmd.transport_reason;
+  l.address = cmd.address;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  l.up_since_ns = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
   l.transport = std::move(cmd.transport);
   l.session = std::move(cmd.session);
   epoll_event ev{};
@@ -353,17 +361,70 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
 
 void DataAgent::publishStats() {
   AgentStats stats;
+  Metrics::Gauges gauges;
   for (const auto& [id, c] : clients_.all()) {
     const ClientSession& s = *c.session;
-    size_t busy = 0;
-    for (const auto& e : s.slots) busy += e.state != SlotState::kFree ? 1 : 0;
-    stats.clients.push_back(ClientStats{id, int64_t{s.pid}, uint64_t{s.uid}, s.role == FL_ROLE_PRODUCER,
-                                        s.stream, s.slots.size(), busy, s.frames, s.bytes, s.errors, s.gone});
+    ClientStats cs;
+    cs.id = id;
+    cs.pid = int64_t{s.pid};
+    cs.uid = uint64_t{s.uid};
+    cs.gid = uint64_t{s.gid};
+    cs.name = s.name;
+    cs.producer = s.role == FL_ROLE_PRODUCER;
+    cs.stream = s.stream;
+    cs.slots = s.slots.size();
+    cs.slot_size = s.segments ? s.segments->slotSize() : 0;
+    size_t held = 0;  // consumer: delivered, not yet released
+    for (const auto& e : s.slots) {
+      cs.slots_busy += e.state != SlotState::kFree ? 1 : 0;
+      held += e.state == SlotState::kDelivered ? 1 : 0;
+    }
+    cs.in_flight = cs.producer ? cs.slots_busy : held;
+    (cs.producer ? gauges.frames_in_flight : gauges.frames_held) += cs.in_flight;
+    cs.frames = s.frames;
+    cs.bytes = s.bytes;
+    cs.errors = s.errors;
+    cs.gone = s.gone;
+    stats.clients.push_back(std::move(cs));
   }
+  std::map<std::string, Metrics::LinkGauge>
+      by_peer;  // one series per peer, also while a link replaces another
   for (const auto& [id, l] : links_) {
-    stats.links.push_back(LinkStats{id, l.peer_name, l.transport_name, l.transport_reason, l.frames_in,
-                                    l.frames_out, l.in_streams.size()});
+    LinkStats ls;
+    ls.id = id;
+    ls.peer = l.peer_name;
+    ls.address = l.address;
+    ls.closing = l.closing;
+    ls.peer_instance = l.peer_instance;
+    ls.transport = l.transport_name;
+    ls.transport_reason = l.transport_reason;
+    ls.up_since_ns = l.up_since_ns;
+    ls.rtt_ns = l.rtt_ns;
+    ls.frames_in = l.frames_in;
+    ls.frames_out = l.frames_out;
+    const OutboundStreams::PeerTraffic t = outbound_.traffic(l.peer);
+    ls.replayed = t.replayed;
+    if (l.peer != kNoPeer && peers_[l.peer].link_id == id) {
+      ls.in_flight = t.in_flight;
+      ls.pending = t.pending;
+    }
+    ls.in_streams = l.in_streams.size();
+    Metrics::LinkGauge& g = by_peer[l.peer_name];
+    g.peer = l.peer_name;
+    if (!l.closing || g.transport.empty()) g.transport = l.transport_name;
+    if (l.rtt_ns != 0) g.rtt_ns = l.rtt_ns;
+    g.in_flight += ls.in_flight;
+    g.replayed = t.replayed;
+    stats.links.push_back(std::move(ls));
   }
+  for (const auto& peer : config_.peers) {
+    if (by_peer.count(peer.name) != 0) continue;
+    Metrics::LinkGauge& g = by_peer[peer.name];
+    g.peer = peer.name;
+    g.replayed = outbound_.traffic(peers_.resolve(peer.name)).replayed;
+  }
+  for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
+  metrics_.setGauges(std::move(gauges));
   outbound_.collectStats(stats.streams);
   stats.credits_outstanding = inbound_.creditsOutstanding();
   stats.frames_held_by_consumers = inbound_.framesHeld();

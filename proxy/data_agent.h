@@ -45,8 +45,14 @@ struct CmdLinkUp {
   uint64_t peer_instance = 0;  // the peer daemon's instance id (from its Hello / HelloAck)
   std::string transport_name;
   std::string transport_reason;  // why this transport (e.g. why not rdma)
+  std::string address;           // the peer's address as this daemon sees it (for framelink links)
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
+};
+// A keepalive came back: the link's round trip, for framelink links.
+struct CmdLinkRtt {
+  uint64_t link_id = 0;
+  uint64_t rtt_ns = 0;
 };
 struct CmdLinkDown {
   uint64_t link_id = 0;
@@ -58,8 +64,8 @@ struct CmdPeerMessage {
 };
 struct CmdStop {};
 
-using AgentCommand =
-    std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage, CmdStop>;
+using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
+                                  CmdLinkRtt, CmdStop>;
 
 class DataAgent {
  public:

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <sstream>
+#include <utility>
 
 #include "framelink/framelink.h"
 
@@ -54,6 +55,30 @@ void Metrics::setDetail(std::string json) {
   detail_ = std::move(json);
 }
 
+void Metrics::setGauges(Gauges gauges) {
+  std::lock_guard<std::mutex> lock(detail_mutex_);
+  gauges_ = std::move(gauges);
+}
+
+namespace {
+
+// A label value as the text format wants it: backslash, quote and newline
+// escaped (peer names on the listening side come from the peer's Hello).
+std::string labelValue(const std::string& in) {
+  std::string out;
+  for (char ch : in) {
+    if (ch == '\\' || ch == '"') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string Metrics::prometheus() const {
   std::ostringstream out;
   auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
@@ -100,6 +125,11 @@ std::string Metrics::prometheus() const {
           counters.handshakes_timed_out);
   counter("handshakes_refused_total", "tcp data connections refused: too many handshakes at once.",
           counters.handshakes_refused);
+  counter("admin_requests_total", "Admin requests answered (framelink stats, clients, links).",
+          counters.admin_requests);
+  counter("admin_refused_total",
+          "Admin requests refused: not root, the daemon's user or group, or the admin group; or malformed.",
+          counters.admin_refused);
   out << "# HELP framelink_attach_rejected_total Attach connections turned away, by reason.\n"
          "# TYPE framelink_attach_rejected_total counter\n";
   for (size_t i = 0; i < attach_rejected_.size(); ++i) {
@@ -111,6 +141,43 @@ std::string Metrics::prometheus() const {
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {
     uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
     if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
+  }
+  {
+    std::lock_guard<std::mutex> lock(detail_mutex_);
+    out << "# HELP framelink_frames_in_flight Producers' frames submitted and not yet DELIVERED or FAILED.\n"
+           "# TYPE framelink_frames_in_flight gauge\nframelink_frames_in_flight "
+        << gauges_.frames_in_flight << '\n';
+    out << "# HELP framelink_frames_held Frames delivered to local consumers and not yet released.\n"
+           "# TYPE framelink_frames_held gauge\nframelink_frames_held "
+        << gauges_.frames_held << '\n';
+    out << "# HELP framelink_link_up Peer links by peer and transport: 1 up; 0 a configured peer with no "
+           "link.\n# TYPE framelink_link_up gauge\n";
+    for (const auto& l : gauges_.links) {
+      out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
+          << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} "
+          << (l.transport.empty() ? 0 : 1) << '\n';
+    }
+    out << "# HELP framelink_link_rtt_seconds Round trip of the link's last echoed keepalive.\n"
+           "# TYPE framelink_link_rtt_seconds gauge\n";
+    for (const auto& l : gauges_.links) {
+      if (l.rtt_ns != 0) {
+        out << "framelink_link_rtt_seconds{peer=\"" << labelValue(l.peer) << "\"} " << l.rtt_ns / 1e9 << '\n';
+      }
+    }
+    out << "# HELP framelink_link_frames_in_flight Frames posted or sent on the link, not yet acknowledged.\n"
+           "# TYPE framelink_link_frames_in_flight gauge\n";
+    for (const auto& l : gauges_.links) {
+      if (!l.transport.empty()) {
+        out << "framelink_link_frames_in_flight{peer=\"" << labelValue(l.peer) << "\"} " << l.in_flight
+            << '\n';
+      }
+    }
+    out << "# HELP framelink_link_frames_replayed_total Frames sent again after a link to this peer broke.\n"
+           "# TYPE framelink_link_frames_replayed_total counter\n";
+    for (const auto& l : gauges_.links) {
+      out << "framelink_link_frames_replayed_total{peer=\"" << labelValue(l.peer) << "\"} " << l.replayed
+          << '\n';
+    }
   }
   out << "# HELP framelink_delivery_latency_us Submit to ACK latency.\n"
          "# TYPE framelink_delivery_latency_us histogram\n";
@@ -139,7 +206,50 @@ std::string Metrics::json() const {
         << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
   }
   out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
-      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"detail\":";
+      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"counters\":{";
+  // Every counter, by its Prometheus name without framelink_ and _total.
+  const std::pair<const char*, const std::atomic<uint64_t>*> all[] = {
+      {"clients_attached", &counters.clients_attached},
+      {"clients_detached", &counters.clients_detached},
+      {"frames_submitted", &counters.frames_submitted},
+      {"frames_delivered", &counters.frames_delivered},
+      {"frames_failed", &counters.frames_failed},
+      {"bytes_sent", &counters.bytes_sent},
+      {"frames_received", &counters.frames_received},
+      {"bytes_received", &counters.bytes_received},
+      {"frames_released", &counters.frames_released},
+      {"bad_descriptors", &counters.bad_descriptors},
+      {"credits_granted", &counters.credits_granted},
+      {"nacks_sent", &counters.nacks_sent},
+      {"links_up", &counters.links_up},
+      {"link_failures", &counters.link_failures},
+      {"auth_failures", &counters.auth_failures},
+      {"frames_replayed", &counters.frames_replayed},
+      {"frames_maybe_redelivered", &counters.frames_maybe_redelivered},
+      {"duplicates_dropped", &counters.duplicates_dropped},
+      {"frames_resent_crc", &counters.frames_resent_crc},
+      {"frames_resent_credit", &counters.frames_resent_credit},
+      {"handshakes_timed_out", &counters.handshakes_timed_out},
+      {"handshakes_refused", &counters.handshakes_refused},
+      {"acks_for_replays", &counters.acks_for_replays},
+      {"streams_forgotten", &counters.streams_forgotten},
+      {"admin_requests", &counters.admin_requests},
+      {"admin_refused", &counters.admin_refused},
+  };
+  bool first = true;
+  for (const auto& [name, value] : all) {
+    out << (first ? "" : ",") << '"' << name << "\":" << value->load(std::memory_order_relaxed);
+    first = false;
+  }
+  out << "},\"failed_by_status\":{";
+  first = true;
+  for (size_t i = 0; i < failures_by_status_.size(); ++i) {
+    uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
+    if (v == 0) continue;
+    out << (first ? "" : ",") << '"' << i << "\":" << v;
+    first = false;
+  }
+  out << "},\"detail\":";
   std::lock_guard<std::mutex> lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();

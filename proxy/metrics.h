@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/result.h"
 
@@ -42,6 +43,8 @@ class Metrics {
     std::atomic<uint64_t> handshakes_refused{0};        // tcp data handshakes refused (too many at once)
     std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
     std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
+    std::atomic<uint64_t> admin_requests{0};     // admin snapshots sent (framelink stats, clients, links)
+    std::atomic<uint64_t> admin_refused{0};      // admin requests refused (not allowed, malformed)
   };
   static constexpr size_t kLatencyBuckets = 24;  // 2^0 .. 2^23 microseconds
 
@@ -67,6 +70,21 @@ class Metrics {
   void recordFailure(int status) noexcept;
   void setDetail(std::string json);  // per client / stream / link, from the agent
 
+  // Gauges per link and of frames in flight, from the agent (with the detail).
+  struct LinkGauge {
+    std::string peer;
+    std::string transport;  // empty: a configured peer with no link up
+    uint64_t rtt_ns = 0;    // 0: not measured
+    uint64_t in_flight = 0;
+    uint64_t replayed = 0;
+  };
+  struct Gauges {
+    std::vector<LinkGauge> links;
+    uint64_t frames_in_flight = 0;  // producers' frames submitted and not yet DELIVERED or FAILED
+    uint64_t frames_held = 0;       // delivered to local consumers, not yet released
+  };
+  void setGauges(Gauges gauges);
+
   std::string prometheus() const;
   std::string json() const;
 
@@ -83,6 +101,7 @@ class Metrics {
   std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
   mutable std::mutex detail_mutex_;
   std::string detail_ = "{}";  // GUARDED_BY(detail_mutex_)
+  Gauges gauges_;              // GUARDED_BY(detail_mutex_)
   struct Server;
   std::unique_ptr<Server> server_;
   std::thread thread_;

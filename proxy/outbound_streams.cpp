@@ -465,6 +465,7 @@ void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason
       std::sort(replay.begin(), replay.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       for (const auto& [sequence, frame] : replay) s.pending.emplace(sequence, frame);
       metrics_.counters.frames_replayed.fetch_add(replay.size(), std::memory_order_relaxed);
+      out_[peer].replayed += replay.size();
       spdlog::info(
           "peer {} stream '{}': {} unacknowledged frames (seq {}..{}) will be sent again on the next "
           "link ({})",
@@ -557,6 +558,17 @@ void OutboundStreams::forgetStreamIfUnused(PeerId peer, uint64_t stream_id) {
   }
   po.by_name.erase(s.name);
   po.streams.erase(sit);
+}
+
+OutboundStreams::PeerTraffic OutboundStreams::traffic(PeerId peer) const {
+  PeerTraffic t;
+  if (peer >= out_.size()) return t;
+  t.replayed = out_[peer].replayed;
+  for (const auto& [id, s] : out_[peer].streams) {
+    t.in_flight += s.unacked.size();
+    t.pending += s.pending.size();
+  }
+  return t;
 }
 
 void OutboundStreams::collectStats(std::vector<StreamStats>& out) const {

@@ -61,6 +61,14 @@ class OutboundStreams {
   void failAllInProgress(ClientSession& c, int status, const std::string& why);
 
   void collectStats(std::vector<StreamStats>& out) const;
+  // This daemon's frames to `peer`: posted or sent and not yet acknowledged,
+  // waiting for a credit, and replayed so far.
+  struct PeerTraffic {
+    size_t in_flight = 0;
+    size_t pending = 0;
+    uint64_t replayed = 0;
+  };
+  PeerTraffic traffic(PeerId peer) const;
 
  private:
   struct FrameRef {
@@ -85,6 +93,7 @@ class OutboundStreams {
   struct PeerOut {
     std::map<uint64_t, OutStream> streams;              // by stream id
     std::unordered_map<std::string, uint64_t> by_name;  // at attach only
+    uint64_t replayed = 0;  // frames sent again on a new link after one to this peer broke
   };
   struct Posted {
     FrameRef frame;

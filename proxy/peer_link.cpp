@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -133,9 +134,10 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   bool tokenOk(const ::grpc::ServerContext* ctx) const;
 
   template <typename Stream>
-  void runSession(uint64_t link_id, const std::string& peer, uint64_t peer_instance,
-                  const std::string& transport_name, const std::string& transport_reason,
-                  std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel);
+  void runSession(uint64_t link_id, const std::string& peer, const std::string& address,
+                  uint64_t peer_instance, const std::string& transport_name,
+                  const std::string& transport_reason, std::shared_ptr<transport::Transport> t,
+                  Stream* stream, std::function<void()> cancel);
   void dialLoop(PeerConfig peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
   ::grpc::ChannelArguments channelArguments() const;
@@ -399,10 +401,10 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
 }
 
 template <typename Stream>
-void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64_t peer_instance,
-                               const std::string& transport_name, const std::string& transport_reason,
-                               std::shared_ptr<transport::Transport> t, Stream* stream,
-                               std::function<void()> cancel) {
+void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const std::string& address,
+                               uint64_t peer_instance, const std::string& transport_name,
+                               const std::string& transport_reason, std::shared_ptr<transport::Transport> t,
+                               Stream* stream, std::function<void()> cancel) {
   auto writer = std::make_shared<SessionWriter>(
       [stream](const v1::PeerMessage& m, bool more) {
         ::grpc::WriteOptions options;
@@ -416,6 +418,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
   up.peer_instance = peer_instance;
   up.transport_name = transport_name;
   up.transport_reason = transport_reason;
+  up.address = address;
   if (!config_.fault_inject.empty()) {
     // Validated at start-up (parseConfig).
     auto spec = transport::parseFaultSpec(config_.fault_inject);
@@ -436,7 +439,23 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
   agent_.post(std::move(up));
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
-    if (msg->has_keepalive()) continue;
+    if (msg->has_keepalive()) {
+      // The round trip, for framelink links: each side sends its keepalive
+      // time back once (echo_ns), and measures when its own comes back.
+      // Older daemons ignore the field; their links show no RTT.
+      const auto& keepalive = msg->keepalive();
+      if (keepalive.echo_ns() != 0) {
+        timespec ts{};
+        ::clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
+        if (now > keepalive.echo_ns()) agent_.post(CmdLinkRtt{link_id, now - keepalive.echo_ns()});
+      } else if (keepalive.timestamp_ns() != 0) {
+        v1::PeerMessage echo;
+        echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
+        writer->send(std::move(echo));
+      }
+      continue;
+    }
     agent_.post(CmdPeerMessage{link_id, std::move(msg)});
     msg = std::make_shared<v1::PeerMessage>();
   }
@@ -555,8 +574,8 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, uint64
   uint64_t link_id = next_link_id_++;
   spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
                hello.session_id(), chosen, reason.empty() ? "" : "; " + reason);
-  runSession(link_id, hello.daemon_id(), hello.instance(), chosen, reason, std::move(t), stream,
-             [ctx] { ctx->TryCancel(); });
+  runSession(link_id, hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(), chosen, reason,
+             std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
 
@@ -776,8 +795,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
       ctx.TryCancel();
     });
   }
-  runSession(next_link_id_++, peer.name, ack.instance(), ack.transport(), reason, std::move(t), stream.get(),
-             [&ctx] { ctx.TryCancel(); });
+  runSession(next_link_id_++, peer.name, peer.address, ack.instance(), ack.transport(), reason, std::move(t),
+             stream.get(), [&ctx] { ctx.TryCancel(); });
   {
     std::lock_guard<std::mutex> lock(upgrade_mu);
     session_over = true;

@@ -28,6 +28,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # daemon libraries
   libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
+  # the framelink tool: parsing the daemon's admin snapshots (JSON)
+  nlohmann-json3-dev
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh)

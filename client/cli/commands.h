@@ -13,6 +13,9 @@ void addDemoCommand(CLI::App& app, int& exit_code);
 void addBenchCommand(CLI::App& app, int& exit_code);
 // Hidden helpers that `bench` starts as separate processes (gRPC must not be used across fork).
 void addBenchHelperCommands(CLI::App& app, int& exit_code);
+// Operator commands: stats, clients, links (admin requests to the daemon) and doctor (preflight).
+void addAdminCommands(CLI::App& app, int& exit_code);
+void addDoctorCommand(CLI::App& app, int& exit_code);
 
 // "FL_ERR_TOO_LARGE" from fl_status_str's "FL_ERR_TOO_LARGE: ...".
 std::string statusName(int status);

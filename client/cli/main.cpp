@@ -1,4 +1,4 @@
-// `framelink`: the command-line tool (send, recv, demo, bench).
+// `framelink`: the command-line tool (send, recv, demo, bench, stats, clients, links, doctor).
 #include <framelink/framelink.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   framelink::cli::addDemoCommand(app, exit_code);
   framelink::cli::addBenchCommand(app, exit_code);
   framelink::cli::addBenchHelperCommands(app, exit_code);
+  framelink::cli::addAdminCommands(app, exit_code);
+  framelink::cli::addDoctorCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,6 +14,23 @@
  * The socket then stays open for the life of the attachment; closing it is
  * the detach (or tells the daemon that the client died).  The daemon
  * identifies the peer with SO_PEERCRED.
+ *
+ * Admin requests (framelink stats / clients / links) use the same socket
+ * with a message of their own kind, told apart by its magic:
+ *
+ *   client -> daemon   fl_admin_request (exactly one message)
+ *   daemon -> client   fl_admin_reply; when status == FL_OK it carries one fd
+ *                      with SCM_RIGHTS: a sealed memfd holding `json_size`
+ *                      bytes of JSON (the daemon's counters, clients, links)
+ *
+ * and the daemon then closes the connection.  The snapshot travels in a
+ * memfd, not in the socket, so a reply of any size is one small datagram
+ * and an admin client that never reads cannot make the daemon wait.  Only
+ * root, the daemon's own uid or gid and members of its admin group may ask;
+ * anyone else gets FL_ERR_ATTACH_REFUSED with a message naming the rule.
+ * The attach messages and FL_ATTACH_VERSION are unchanged by this: a daemon
+ * that predates admin requests answers one with an fl_attach_reply refusing
+ * a request of the wrong size.
  */
 #ifndef FRAMELINK_ATTACH_PROTO_H
 #define FRAMELINK_ATTACH_PROTO_H
@@ -65,6 +82,38 @@ typedef struct fl_attach_reply {
 FL_STATIC_ASSERT(sizeof(fl_attach_reply) == 296, "fl_attach_reply size");
 FL_STATIC_ASSERT(offsetof(fl_attach_reply, client_id) == 16, "client_id offset");
 FL_STATIC_ASSERT(offsetof(fl_attach_reply, message) == 40, "message offset");
+
+#define FL_ADMIN_MAGIC 0x44414C46u /* "FLAD" */
+#define FL_ADMIN_VERSION 1u
+#define FL_ADMIN_JSON_MAX (16u << 20) /* the daemon refuses to build a larger snapshot */
+
+enum fl_admin_command {
+  FL_ADMIN_SNAPSHOT = 1, /* counters, clients and links, as JSON */
+};
+
+typedef struct fl_admin_request {
+  uint32_t magic;   /* FL_ADMIN_MAGIC */
+  uint32_t version; /* FL_ADMIN_VERSION */
+  uint32_t command; /* enum fl_admin_command */
+  uint32_t flags;   /* reserved, must be 0 */
+  uint64_t reserved[2];
+} fl_admin_request;
+
+FL_STATIC_ASSERT(sizeof(fl_admin_request) == 32, "fl_admin_request size");
+FL_STATIC_ASSERT(offsetof(fl_admin_request, command) == 8, "command offset");
+
+typedef struct fl_admin_reply {
+  uint32_t magic;    /* FL_ADMIN_MAGIC */
+  uint32_t version;  /* FL_ADMIN_VERSION */
+  int32_t status;    /* enum fl_status: FL_OK or why the request was refused */
+  uint32_t fd_count; /* 1 when status == FL_OK, else 0 */
+  uint64_t json_size;
+  char message[FL_ATTACH_MESSAGE_MAX]; /* NUL-terminated: what was wrong and what to do */
+} fl_admin_reply;
+
+FL_STATIC_ASSERT(sizeof(fl_admin_reply) == 280, "fl_admin_reply size");
+FL_STATIC_ASSERT(offsetof(fl_admin_reply, json_size) == 16, "json_size offset");
+FL_STATIC_ASSERT(offsetof(fl_admin_reply, message) == 24, "admin message offset");
 
 #ifdef __cplusplus
 }

@@ -7,8 +7,38 @@ using namespace framelink;
 
 TEST_CASE("agent stats: every row and total, streams in peer then id order", "[agent_stats]") {
   AgentStats s;
-  s.clients.push_back(ClientStats{3, 1234, 1000, true, "cam", 8, 2, 10, 4096, 1, false});
-  s.links.push_back(LinkStats{1, "hostb", "tcp", "rdma: no \"device\"", 5, 6, 1});
+  ClientStats c;
+  c.id = 3;
+  c.pid = 1234;
+  c.uid = 1000;
+  c.gid = 100;
+  c.name = "acq\xc3\xa9";  // beyond ASCII: '?' each byte
+  c.producer = true;
+  c.stream = "cam";
+  c.slots = 8;
+  c.slot_size = 4096;
+  c.slots_busy = 2;
+  c.in_flight = 2;
+  c.frames = 10;
+  c.bytes = 4096;
+  c.errors = 1;
+  s.clients.push_back(c);
+  LinkStats l;
+  l.id = 1;
+  l.peer = "hostb";
+  l.address = "10.0.0.2:7700";
+  l.peer_instance = 77;
+  l.transport = "tcp";
+  l.transport_reason = "rdma: no \"device\"";
+  l.up_since_ns = 5000;
+  l.rtt_ns = 120;
+  l.frames_in = 5;
+  l.frames_out = 6;
+  l.in_flight = 3;
+  l.pending = 4;
+  l.replayed = 2;
+  l.in_streams = 1;
+  s.links.push_back(l);
   s.streams.push_back(StreamStats{"zeta", "cam", 1, 11, 2, 3, 4});
   s.streams.push_back(StreamStats{"alpha", "cam", 9, 1, 0, 0, 0});
   s.streams.push_back(StreamStats{"alpha", "cam", 2, 1, 0, 0, 0});
@@ -16,11 +46,13 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   s.frames_held_by_consumers = 2;
   const std::string json = toJson(s);
   CHECK(json ==
-        "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"role\":\"producer\",\"stream\":\"cam\","
-        "\"slots\":8,"
-        "\"slots_busy\":2,\"frames\":10,\"bytes\":4096,\"errors\":1,\"gone\":false}],"
-        "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"transport\":\"tcp\",\"transport_reason\":\"rdma: no "
-        "\\\"device\\\"\",\"frames_in\":5,\"frames_out\":6,\"in_streams\":1}],"
+        "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq??\",\"role\":"
+        "\"producer\",\"stream\":\"cam\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,\"in_flight\":2,"
+        "\"frames\":10,\"bytes\":4096,\"errors\":1,\"gone\":false}],"
+        "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"address\":\"10.0.0.2:7700\",\"state\":\"up\","
+        "\"peer_instance\":77,\"transport\":\"tcp\",\"transport_reason\":\"rdma: no \\\"device\\\"\","
+        "\"up_since_ns\":5000,\"rtt_ns\":120,\"frames_in\":5,\"frames_out\":6,\"in_flight\":3,"
+        "\"pending\":4,\"replayed\":2,\"in_streams\":1}],"
         "\"streams\":[{\"peer\":\"alpha\",\"stream\":\"cam\",\"id\":2,\"next_sequence\":1,\"credits\":0,"
         "\"pending\":0,\"unacked\":0},{\"peer\":\"alpha\",\"stream\":\"cam\",\"id\":9,\"next_sequence\":1,"
         "\"credits\":0,\"pending\":0,\"unacked\":0},{\"peer\":\"zeta\",\"stream\":\"cam\",\"id\":1,"

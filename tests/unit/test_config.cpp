@@ -185,6 +185,25 @@ TEST_CASE("a TOML octal literal is accepted as socket_mode", "[config]") {
   CHECK(c->socket_mode == 0600);
 }
 
+TEST_CASE("admin_group: the TOML key and the flag of the same name; empty by default", "[config]") {
+  auto none = parse({});
+  REQUIRE(none.ok());
+  CHECK(none->admin_group.empty());  // the socket's group, resolved when the socket exists
+  TempDir dir;
+  const auto file = dir.write("a.toml", "[daemon]\nsocket_group = \"video\"\nadmin_group = \"wheel\"\n");
+  auto from_file = parse({"--config", file});
+  REQUIRE(from_file.ok());
+  CHECK(from_file->admin_group == "wheel");
+  CHECK(from_file->socket_group == "video");
+  auto overridden = parse({"--config", file, "--admin-group", "operators"});
+  REQUIRE(overridden.ok());
+  CHECK(overridden->admin_group == "operators");
+  CHECK(fl::describe(*overridden).find("admin_group=operators") != std::string::npos);
+  auto wrong_type = parse({"--config", dir.write("b.toml", "[daemon]\nadmin_group = 4\n")});
+  REQUIRE_FALSE(wrong_type.ok());
+  CHECK(wrong_type.error().message.find("admin_group") != std::string::npos);
+}
+
 TEST_CASE("flags override the file", "[config]") {
   TempDir dir;
   const auto file = dir.write("a.toml", kFullToml);
