@@ -426,10 +426,10 @@ void AttachServer::handleRequest(int fd) {
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }
-  spdlog::info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id, cred.pid,
-               cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer",
-               session->stream, req.slot_count, req.slot_size,
-               session->segments->onHugepages() ? " (hugepages)" : "");
+  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
+                     cred.pid, cred.uid, session->name,
+                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
+                     req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
   on_attach_(std::move(session));
 }
 

@@ -254,8 +254,8 @@ void DataAgent::onClientAttached(std::shared_ptr<ClientSession> c) {
 
 void DataAgent::detachClient(ClientSession& c, int status, const std::string& why) {
   if (c.gone) return;
-  spdlog::error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
-                statusName(status), why);
+  log_detached_.error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
+                      statusName(status), why);
   __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
   // The attach thread sees the shutdown as a hang-up and reports CmdClientGone.
   ::shutdown(c.socket.get(), SHUT_RDWR);
@@ -282,8 +282,8 @@ void DataAgent::onClientGone(uint64_t client_id) {
   }
   c->gone = true;
   metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", c->id, c->pid, c->stream,
-               c->frames, c->bytes);
+  log_detached_.info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", c->id, c->pid,
+                     c->stream, c->frames, c->bytes);
   if (c->role == FL_ROLE_CONSUMER) {
     std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
     for (uint32_t s = 0; s < c->slots.size(); ++s) {

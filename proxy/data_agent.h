@@ -238,6 +238,8 @@ class DataAgent {
   // What clients and peers can make the agent log, per frame: at most a line
   // a second per cause, with the number suppressed.
   LogLimiter log_client_errors_, log_failed_, log_resent_, log_refused_;
+  // Detaches (see AttachServer::kLoggedAttachesPerSecond).
+  LogLimiter log_detached_{std::chrono::seconds(1), 20};
   // Producer frame headers copied out of the segment at submit, by (client, slot).
   std::unordered_map<uint64_t, std::vector<transport::FrameHeader>> headers_;
 };

@@ -96,10 +96,18 @@ std::string Metrics::prometheus() const {
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';
-  counter("handshakes_timed_out_total", "tcp data handshakes that did not finish before their deadline.",
-          counters.handshakes_timed_out);
-  counter("handshakes_refused_total", "tcp data connections refused: too many handshakes at once.",
-          counters.handshakes_refused);
+  auto byTransport = [&](const char* name, const char* help, const std::atomic<uint64_t>& tcp,
+                         const std::atomic<uint64_t>& rdma) {
+    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << " counter\n"
+        << "framelink_" << name << "{transport=\"tcp\"} " << tcp.load(std::memory_order_relaxed) << '\n'
+        << "framelink_" << name << "{transport=\"rdma\"} " << rdma.load(std::memory_order_relaxed) << '\n';
+  };
+  byTransport("handshakes_timed_out_total",
+              "Data-channel handshakes (tcp, rdma listeners) that did not finish before their deadline.",
+              counters.handshakes_timed_out_tcp, counters.handshakes_timed_out_rdma);
+  byTransport("handshakes_refused_total",
+              "Data-channel connections refused: too many handshakes at once (in all, or from one address).",
+              counters.handshakes_refused_tcp, counters.handshakes_refused_rdma);
   out << "# HELP framelink_attach_rejected_total Attach connections turned away, by reason.\n"
          "# TYPE framelink_attach_rejected_total counter\n";
   for (size_t i = 0; i < attach_rejected_.size(); ++i) {
@@ -138,7 +146,8 @@ std::string Metrics::json() const {
     out << (i == 0 ? "" : ",") << '"' << attachRejectName(static_cast<AttachReject>(i))
         << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
   }
-  out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
+  out << "},\"handshakes_timed_out\":{\"tcp\":" << counters.handshakes_timed_out_tcp.load()
+      << ",\"rdma\":" << counters.handshakes_timed_out_rdma.load() << '}'
       << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"detail\":";
   std::lock_guard<std::mutex> lock(detail_mutex_);
   out << detail_ << '}';

@@ -38,8 +38,12 @@ class Metrics {
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     std::atomic<uint64_t> frames_resent_crc{0};         // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};      // sent again after landing in a withdrawn credit
-    std::atomic<uint64_t> handshakes_timed_out{0};      // tcp data handshakes that did not finish in time
-    std::atomic<uint64_t> handshakes_refused{0};        // tcp data handshakes refused (too many at once)
+    // Data-channel handshakes (tcp listener, rdma listener) that did not
+    // finish before their deadline, and those refused: too many at once.
+    std::atomic<uint64_t> handshakes_timed_out_tcp{0};
+    std::atomic<uint64_t> handshakes_timed_out_rdma{0};
+    std::atomic<uint64_t> handshakes_refused_tcp{0};
+    std::atomic<uint64_t> handshakes_refused_rdma{0};
     std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
     std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
   };

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -213,8 +215,9 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
   CHECK(took < Millis(4000));  // inline handshakes held 5 s each (15 s for these three)
   requireServing(pair.a(), pair.b(), "good2", 3);
   // Their deadline passes: dropped, counted, logged once (not three times).
-  CHECK(waitUntil([&] { return pair.b().metric("framelink_handshakes_timed_out_total") >= 3; }, Millis(6000),
-                  Millis(50)));
+  CHECK(waitUntil(
+      [&] { return pair.b().metric("framelink_handshakes_timed_out_total{transport=\"tcp\"}") >= 3; },
+      Millis(6000), Millis(50)));
   for (int s : stalled) ::close(s);
   requireQuickCleanStop(pair.a());
   requireQuickCleanStop(pair.b());
@@ -257,6 +260,7 @@ TEST_CASE("hostile: a producer churning through stream names does not break the 
   // without sending, while frames flow on "steady".
   constexpr int kNames = 4300;
   uint64_t next_id = 1;
+  const auto churn_start = std::chrono::steady_clock::now();
   for (int i = 0; i < kNames; ++i) {
     AttachResult churn = tryAttach(pair.a().socketPath(), FL_PRODUCER, "churn-" + std::to_string(i), 1, 4096);
     REQUIRE(churn.status == FL_OK);
@@ -272,7 +276,19 @@ TEST_CASE("hostile: a producer churning through stream names does not break the 
       ++next_id;
     }
   }
+  const auto churn_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - churn_start)
+          .count();
   CHECK(pair.b().metric("framelink_link_failures_total") == failures_before);
+  // Every attach and detach is logged, but at most 20 a second each (not 4300).
+  const std::string log = pair.a().log();
+  for (const char* what : {" attached: pid ", " detached (pid "}) {
+    int64_t lines = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++lines;
+    INFO("'" << what << "' lines: " << lines << " in " << churn_s << " s of churn");
+    CHECK(lines >= 1);
+    CHECK(lines <= 20 * (churn_s + 3));
+  }
   CHECK(waitUntil([&] { return pair.a().metric("framelink_streams_forgotten_total") >= kNames; },
                   Millis(10000), Millis(50)));
   producer.reset();
@@ -288,6 +304,11 @@ TEST_CASE("hostile: a consumer with small slots does not block frames another co
   Client small = attachConsumer(pair.b(), "mixed", 4, 64 * 1024);
   Client large = attachConsumer(pair.b(), "mixed", 4, 1 << 20);
   Client producer = attachProducer(pair.a(), "mixed", 4, 1 << 20);
+  // Both consumers' credits must have reached A: a frame that fits none of
+  // the credits A knows fails FL_ERR_TOO_LARGE at once, by design.
+  const std::regex all_credits(R"re("stream":"mixed","id":[0-9]+,"next_sequence":[0-9]+,"credits":8,)re");
+  REQUIRE(waitUntil([&] { return std::regex_search(pair.a().httpGet("/stats"), all_credits); }, Millis(10000),
+                    Millis(20)));
   for (uint64_t id = 1; id <= 12; ++id) {
     submitFrame(producer.get(), id, 256 * 1024, true);
     fl_frame f = receiveFrame(large.get(), Millis(15000));
@@ -385,4 +406,79 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
   requireServing(a, b, "good", 3);
   requireQuickCleanStop(a);
   requireQuickCleanStop(b);
+}
+
+TEST_CASE(
+    "hostile: strangers on the gRPC and tcp data ports are refused, counted, logged a few times, not kept",
+    "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  requireServing(pair.a(), pair.b(), "good", 2);
+  const int64_t auth_before = pair.b().metric("framelink_auth_failures_total");
+  // Calls without the token, as fast as they go.
+  auto channel = grpc::CreateChannel(pair.b().grpcAddress(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Link::NewStub(channel);
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext ctx;
+    if (i % 2 == 1) ctx.AddMetadata("x-framelink-token", "guess-" + std::to_string(i));
+    auto stream = i % 3 == 0 ? nullptr : stub->Session(&ctx);
+    if (stream) {
+      CHECK(stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    } else {
+      auto data = stub->Data(&ctx);
+      CHECK(data->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
+  CHECK(pair.b().metric("framelink_auth_failures_total") - auth_before == kCalls);
+  // Complete tcp data handshakes with a guessed token: refused and counted the same way.
+  constexpr int kHellos = 20;
+  for (int i = 0; i < kHellos; ++i) {
+    uint8_t hello[64] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T', 1};  // magic, version 1 (little-endian)
+    std::memset(hello + 16, 0x5a + i, sizeof hello - 16);             // session id, token digest
+    int fd = stalledTcp(pair.b().dataPort(), 0);
+    REQUIRE(::send(fd, hello, sizeof hello, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello));
+    uint32_t reply[2] = {};
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 5000) == 1);
+    CHECK(::recv(fd, reply, sizeof reply, MSG_WAITALL) == static_cast<ssize_t>(sizeof reply));
+    CHECK(reply[0] == static_cast<uint32_t>(FL_ERR_AUTH));
+    ::close(fd);
+  }
+  CHECK(pair.b().metric("framelink_auth_failures_total") - auth_before == kCalls + kHellos);
+  // Connections that never say anything (no TLS, no HTTP/2 preface) are
+  // closed after the connect timeout, not kept for minutes.
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(stalledTcp(pair.b().grpcPort(), 0));
+  const auto start = std::chrono::steady_clock::now();
+  for (int fd : silent) {
+    // The server's own preface may come first; then the close (or a reset).
+    ssize_t n = 1;
+    while (n > 0) {
+      pollfd p{fd, POLLIN, 0};
+      const auto left =
+          Millis(15000) - std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+      REQUIRE(::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1);
+      char buf[256];
+      n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) n = 1;
+    }
+    CHECK(n <= 0);
+    ::close(fd);
+  }
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO("silent connections closed after " << took.count() << " ms");
+  CHECK(took < Millis(10000));
+  // The peers are still linked and serving; the log says it a few times, not 300.
+  requireServing(pair.a(), pair.b(), "good2", 3);
+  const std::string log = pair.b().log();
+  size_t lines = 0;
+  for (size_t at = log.find("wrong or missing token"); at != std::string::npos;
+       at = log.find("wrong or missing token", at + 1)) {
+    ++lines;
+  }
+  INFO("log lines about the token: " << lines);
+  CHECK(lines >= 1);
+  CHECK(lines <= 6);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
 }
