@@ -103,12 +103,13 @@ class AttachServer {
   };
   // Owned by the attach thread.
   std::map<int, Connection> connections_;
-  std::map<uid_t, size_t> pending_by_uid_;  // connections that have not attached yet
+  std::map<uid_t, size_t> pending_by_uid_;   // connections that have not attached yet
+  std::map<uid_t, size_t> attached_by_uid_;  // attached clients (limits.max_clients_per_uid)
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_{};
   uint64_t fd_limit_ = 0;  // RLIMIT_NOFILE at start
   bool fd_warned_ = false;
-  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_;
+  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_, log_clients_;
   // Attaches are logged, but a user who attaches in a loop cannot flood the log.
   LogLimiter log_attached_{std::chrono::seconds(1), kLoggedAttachesPerSecond};
 };

@@ -43,6 +43,8 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
       return "fd_limit";
     case AttachReject::kInvalid:
       return "invalid";
+    case AttachReject::kTooManyClients:
+      return "too_many_clients";
     case AttachReject::kCount:
       break;
   }

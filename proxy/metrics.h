@@ -55,6 +55,7 @@ class Metrics {
     kTooManyPending,    // one uid had too many connections without a request
     kFdLimit,           // the daemon was out of file descriptors
     kInvalid,           // malformed request or refused by policy / quota
+    kTooManyClients,    // the uid has limits.max_clients_per_uid clients attached already
     kCount,
   };
   static const char* attachRejectName(AttachReject reason) noexcept;

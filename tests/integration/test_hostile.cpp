@@ -6,10 +6,12 @@
 // SIGTERM within a second.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -406,6 +408,136 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
   requireServing(a, b, "good", 3);
   requireQuickCleanStop(a);
   requireQuickCleanStop(b);
+}
+
+namespace {
+
+// Runs `body` in a child process as nobody:nogroup (a second local user;
+// the tests run as root, as CI does); returns its exit code.
+template <typename Body>
+int runAsNobody(Body body) {
+  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
+  ::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(250);
+    ::_exit(body());
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Attaches a producer to `socket` and sends `frames` frames (ids 1..frames,
+// the synthetic pattern); 0 when every one completed DELIVERED, else the
+// first status that was not FL_OK (fits an exit code).  No Catch macros:
+// this runs in a forked child.
+int sendFrames(const std::string& socket, const std::string& stream, int frames) {
+  fl_client_options o;
+  fl_client_options_init(&o);
+  o.role = FL_PRODUCER;
+  o.socket_path = socket.c_str();
+  o.stream = stream.c_str();
+  o.slot_count = 2;
+  o.slot_size = 64 * 1024;
+  fl_client* c = nullptr;
+  if (int rc = fl_attach(&o, &c); rc != FL_OK) return rc;
+  int result = 0;
+  for (int id = 1; id <= frames && result == 0; ++id) {
+    fl_slot slot{};
+    if (int rc = fl_acquire(c, 10000, &slot); rc != FL_OK) {
+      result = rc;
+      break;
+    }
+    std::memset(slot.data, id, 4096);
+    fl_frame_meta meta{};
+    meta.frame_id = static_cast<uint64_t>(id);
+    if (int rc = fl_set_meta(c, slot.index, &meta); rc != FL_OK) result = rc;
+    if (int rc = fl_submit(c, slot.index, 4096); rc != FL_OK) result = rc;
+    fl_completion done{};
+    size_t n = 0;
+    for (int tries = 0; n == 0 && tries < 150 && result == 0; ++tries) {
+      int rc = fl_wait_completions(c, &done, 1, &n, 100);
+      if (rc != FL_OK && rc != FL_ETIMEDOUT && rc != FL_EAGAIN) result = rc;
+    }
+    if (result == 0) result = n == 0 ? 252 : done.status;
+  }
+  fl_detach(c);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("hostile: one user attaching beyond limits.max_clients_per_uid is refused; others are served",
+          "[integration][hostile]") {
+  DaemonPair::Options o = pairOptions();
+  o.extra_args_a = {"--max-clients-per-uid", "3", "--socket-mode", "0666"};
+  DaemonPair pair(o);
+  // A client of this user that was there first, and keeps sending.
+  Client consumer = attachConsumer(pair.b(), "kept", 8, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "kept", 8, 64 * 1024);
+  // The same user attaches until the cap...
+  std::vector<AttachResult> hogs;
+  for (int i = 0; i < 2; ++i) {
+    hogs.push_back(tryAttach(pair.a().socketPath(), FL_PRODUCER, "hog-" + std::to_string(i), 1, 4096));
+    REQUIRE(hogs.back().status == FL_OK);
+  }
+  // ...and beyond: refused at once, saying which limit and where to change it.
+  for (int i = 0; i < 5; ++i) {
+    AttachResult refused = tryAttach(pair.a().socketPath(), FL_CONSUMER, "hog-x", 1, 4096);
+    INFO("fl_attach: " << statusName(refused.status) << ": " << refused.message);
+    CHECK(refused.status == FL_ERR_QUOTA);
+    CHECK(refused.message.find("limits.max_clients_per_uid = 3") != std::string::npos);
+    CHECK(refused.message.find("--max-clients-per-uid") != std::string::npos);
+  }
+  CHECK(pair.a().metric("framelink_attach_rejected_total{reason=\"too_many_clients\"}") == 5);
+
+  // Another user attaches to the same daemon meanwhile and is served.
+  const std::string& sock = pair.a().socketPath();
+  REQUIRE(::chmod(sock.substr(0, sock.rfind('/')).c_str(), 0711) == 0);  // let it reach the socket
+  Client other_consumer = attachConsumer(pair.b(), "other-user", 4, 64 * 1024);
+  std::vector<uint64_t> received;
+  std::thread receiver([&] {
+    for (int i = 0; i < 3; ++i) {
+      fl_frame f{};
+      if (fl_receive(other_consumer.get(), &f, 20000) != FL_OK) return;
+      bool intact = f.length == 4096;
+      for (uint64_t b = 0; intact && b < f.length; ++b)
+        intact = f.data[b] == static_cast<uint8_t>(f.frame_id);
+      received.push_back(intact ? f.frame_id : 0);
+      fl_release(other_consumer.get(), f.slot);
+    }
+  });
+  const int other = runAsNobody([&] { return sendFrames(pair.a().socketPath(), "other-user", 3); });
+  receiver.join();
+  INFO("the other user's producer: " << statusName(other));
+  CHECK(other == 0);
+  CHECK(received == std::vector<uint64_t>{1, 2, 3});
+
+  // This user's clients already attached are served too, every frame verified.
+  for (uint64_t id = 1; id <= 10; ++id) {
+    submitFrame(producer.get(), id, 4096 + id);
+    fl_frame f = receiveFrame(consumer.get(), Millis(15000));
+    checkSyntheticFrame(f, id, 4096 + id);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+    auto done = collectCompletions(producer.get(), 1, Millis(15000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_OK);
+  }
+  // A detach frees a place; the refusals took none.
+  hogs.pop_back();
+  CHECK(waitUntil(
+      [&] { return tryAttach(pair.a().socketPath(), FL_PRODUCER, "after", 1, 4096).status == FL_OK; },
+      Millis(5000), Millis(50)));
+  hogs.clear();
+  producer.reset();
+  consumer.reset();
+  other_consumer.reset();
+  requireServing(pair.a(), pair.b(), "good", 3);
+  CHECK(waitUntil([&] { return pair.a().idle() && pair.b().idle(); }, Millis(10000), Millis(100)));
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
 }
 
 TEST_CASE(
