@@ -297,10 +297,9 @@ void AttachServer::dropConnection(int fd) {
   if (it == connections_.end()) return;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
   uint64_t client_id = it->second.client_id;
-  if (client_id == 0) {
-    auto p = pending_by_uid_.find(it->second.uid);
-    if (p != pending_by_uid_.end() && --p->second == 0) pending_by_uid_.erase(p);
-  }
+  auto& by_uid = client_id == 0 ? pending_by_uid_ : attached_by_uid_;
+  auto p = by_uid.find(it->second.uid);
+  if (p != by_uid.end() && --p->second == 0) by_uid.erase(p);
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
 }
@@ -459,6 +458,19 @@ void AttachServer::handleRequest(int fd) {
     dropConnection(fd);
     return;
   }
+  if (auto a = attached_by_uid_.find(cred.uid);
+      a != attached_by_uid_.end() && a->second >= config_.max_clients_per_uid) {
+    reject(Metrics::AttachReject::kTooManyClients);
+    log_clients_.warn("attach: pid {} uid {} refused: {} clients of this uid are attached already", cred.pid,
+                      cred.uid, a->second);
+    sendRefusal(fd, FL_ERR_QUOTA,
+                "this user has " + std::to_string(a->second) +
+                    " clients attached already, the limit limits.max_clients_per_uid = " +
+                    std::to_string(config_.max_clients_per_uid) +
+                    " (--max-clients-per-uid): detach one, or ask the operator to raise it");
+    dropConnection(fd);
+    return;
+  }
 
   uint64_t client_id = next_client_id_++;
   SegmentRequest sreq;
@@ -553,10 +565,11 @@ void AttachServer::handleRequest(int fd) {
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }
-  spdlog::info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id, cred.pid,
-               cred.uid, session->name, req.role == FL_ROLE_PRODUCER ? "producer" : "consumer",
-               session->stream, req.slot_count, req.slot_size,
-               session->segments->onHugepages() ? " (hugepages)" : "");
+  ++attached_by_uid_[conn.uid];
+  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
+                     cred.pid, cred.uid, session->name,
+                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
+                     req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
   on_attach_(std::move(session));
 }
 

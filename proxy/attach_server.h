@@ -45,6 +45,9 @@ class AttachServer {
   // Descriptors kept free for links, logs and the daemon's own work: new
   // clients are refused (FL_ERR_RESOURCES) rather than take the last ones.
   static constexpr uint64_t kFdReserve = 32;
+  // Attach (and detach) lines logged per second at most; the rest are counted
+  // in a "suppressed" line.
+  static constexpr uint32_t kLoggedAttachesPerSecond = 20;
 
   static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
                                                       OnAttach on_attach, OnDetach on_detach,
@@ -119,12 +122,15 @@ class AttachServer {
   };
   // Owned by the attach thread.
   std::map<int, Connection> connections_;
-  std::map<uid_t, size_t> pending_by_uid_;  // connections that have not attached yet
+  std::map<uid_t, size_t> pending_by_uid_;   // connections that have not attached yet
+  std::map<uid_t, size_t> attached_by_uid_;  // attached clients (limits.max_clients_per_uid)
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_{};
   uint64_t fd_limit_ = 0;  // RLIMIT_NOFILE at start
   bool fd_warned_ = false;
-  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_;
+  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_, log_clients_;
+  // Attaches are logged, but a user who attaches in a loop cannot flood the log.
+  LogLimiter log_attached_{std::chrono::seconds(1), kLoggedAttachesPerSecond};
 };
 
 }  // namespace framelink

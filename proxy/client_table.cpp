@@ -39,8 +39,8 @@ void ClientTable::endSleep() {
 
 void ClientTable::detach(ClientSession& c, int status, const std::string& why) {
   if (c.gone) return;
-  spdlog::error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
-                statusName(status), why);
+  log_detached_.error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
+                      statusName(status), why);
   __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
   // The attach thread sees the shutdown as a hang-up and reports CmdClientGone.
   ::shutdown(c.socket.get(), SHUT_RDWR);

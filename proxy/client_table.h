@@ -14,6 +14,7 @@
 
 #include "agent_state.h"
 #include "client_session.h"
+#include "common/log_limit.h"
 #include "framelink/shm_layout.h"
 #include "framelink/shm_ring.h"
 #include "metrics.h"
@@ -63,9 +64,14 @@ class ClientTable {
     }
   }
 
+  // Attach and detach lines: a local user attaching in a loop must not
+  // flood the log (see AttachServer::kLoggedAttachesPerSecond).
+  LogLimiter& detachLog() { return log_detached_; }
+
  private:
   Metrics& metrics_;
   NameTable& names_;
+  LogLimiter log_detached_{std::chrono::seconds(1), 20};
   std::map<uint64_t, AgentClient> clients_;
   std::vector<uint64_t> ids_scratch_;
 };

@@ -473,6 +473,7 @@ class TomlReader {
     if (k == "max_client_bytes") return assign(size(key, node), c.max_client_bytes);
     if (k == "default_slot_count") return assign(count(key, node), c.default_slot_count);
     if (k == "default_slot_size") return assign(size(key, node), c.default_slot_size);
+    if (k == "max_clients_per_uid") return assign(u32(key, node), c.max_clients_per_uid);
     return unknown(key, node);
   }
 
@@ -545,8 +546,9 @@ class TomlReader {
 struct Flags {
   std::string config, id, socket, socket_mode, socket_group, admin_group, listen, data_listen, token,
       token_file, transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout,
-      connect_timeout, max_slot_size, max_slots, max_client_bytes, default_slot_size, default_slots, cpu,
-      idle_spin, rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key, tls_ca, tls_server_name;
+      connect_timeout, max_slot_size, max_slots, max_client_bytes, max_clients_per_uid, default_slot_size,
+      default_slots, cpu, idle_spin, rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key,
+      tls_ca, tls_server_name;
   bool tls_client_auth = false;
   bool allow_unauthenticated = false;
   std::vector<std::string> allow_uid, allow_gid, peer, route;
@@ -710,6 +712,13 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   }
   if (given("--max-client-bytes")) {
     if (auto st = assign(parseSize(f.max_client_bytes, "--max-client-bytes"), c.max_client_bytes); !st) {
+      return st;
+    }
+  }
+  if (given("--max-clients-per-uid")) {
+    if (auto st =
+            assign(parseU32(f.max_clients_per_uid, "--max-clients-per-uid", false), c.max_clients_per_uid);
+        !st) {
       return st;
     }
   }
@@ -930,6 +939,8 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   app.add_option("--max-slot-size", f.max_slot_size, "Default 64MiB")->type_name("BYTES");
   app.add_option("--max-slots", f.max_slots, "Per client, default 1024")->type_name("N");
   app.add_option("--max-client-bytes", f.max_client_bytes, "Per client, default 1GiB")->type_name("BYTES");
+  app.add_option("--max-clients-per-uid", f.max_clients_per_uid, "Clients one uid may attach, default 256")
+      ->type_name("N");
   app.add_option("--default-slot-size", f.default_slot_size, "For clients that ask for 0, default 4MiB")
       ->type_name("BYTES");
   app.add_option("--default-slots", f.default_slots, "For clients that ask for 0, default 8")->type_name("N");
@@ -1009,8 +1020,8 @@ std::string describe(const Config& c) {
       << " rdma_retry_ms=" << c.rdma_retry_ms
       << (c.fault_inject.empty() ? "" : " fault_inject=" + c.fault_inject)
       << " max_slot_size=" << c.max_slot_size << " max_slots=" << c.max_slots
-      << " max_client_bytes=" << c.max_client_bytes << " default_slots=" << c.default_slot_count << "x"
-      << c.default_slot_size;
+      << " max_client_bytes=" << c.max_client_bytes << " max_clients_per_uid=" << c.max_clients_per_uid
+      << " default_slots=" << c.default_slot_count << "x" << c.default_slot_size;
   return out.str();
 }
 

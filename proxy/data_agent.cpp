@@ -211,8 +211,8 @@ void DataAgent::onClientGone(uint64_t client_id) {
     clients_.drainAll(*c, [this](AgentClient& ac, const fl_submit_desc& d) { onDescriptor(ac, d); });
   s.gone = true;
   metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", s.id, s.pid, s.stream,
-               s.frames, s.bytes);
+  clients_.detachLog().info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", s.id, s.pid,
+                            s.stream, s.frames, s.bytes);
   if (s.role == FL_ROLE_CONSUMER) inbound_.onConsumerGone(*c);
   outbound_.maybeForget(*c);
 }

@@ -44,6 +44,8 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
       return "fd_limit";
     case AttachReject::kInvalid:
       return "invalid";
+    case AttachReject::kTooManyClients:
+      return "too_many_clients";
     case AttachReject::kCount:
       break;
   }
@@ -121,10 +123,18 @@ std::string Metrics::prometheus() const {
   out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
          "gauge\nframelink_links_up "
       << counters.links_up.load(std::memory_order_relaxed) << '\n';
-  counter("handshakes_timed_out_total", "tcp data handshakes that did not finish before their deadline.",
-          counters.handshakes_timed_out);
-  counter("handshakes_refused_total", "tcp data connections refused: too many handshakes at once.",
-          counters.handshakes_refused);
+  auto byTransport = [&](const char* name, const char* help, const std::atomic<uint64_t>& tcp,
+                         const std::atomic<uint64_t>& rdma) {
+    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << " counter\n"
+        << "framelink_" << name << "{transport=\"tcp\"} " << tcp.load(std::memory_order_relaxed) << '\n'
+        << "framelink_" << name << "{transport=\"rdma\"} " << rdma.load(std::memory_order_relaxed) << '\n';
+  };
+  byTransport("handshakes_timed_out_total",
+              "Data-channel handshakes (tcp, rdma listeners) that did not finish before their deadline.",
+              counters.handshakes_timed_out_tcp, counters.handshakes_timed_out_rdma);
+  byTransport("handshakes_refused_total",
+              "Data-channel connections refused: too many handshakes at once (in all, or from one address).",
+              counters.handshakes_refused_tcp, counters.handshakes_refused_rdma);
   counter("admin_requests_total", "Admin requests answered (framelink stats, clients, links).",
           counters.admin_requests);
   counter("admin_refused_total",
@@ -205,7 +215,8 @@ std::string Metrics::json() const {
     out << (i == 0 ? "" : ",") << '"' << attachRejectName(static_cast<AttachReject>(i))
         << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
   }
-  out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
+  out << "},\"handshakes_timed_out\":{\"tcp\":" << counters.handshakes_timed_out_tcp.load()
+      << ",\"rdma\":" << counters.handshakes_timed_out_rdma.load() << '}'
       << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"counters\":{";
   // Every counter, by its Prometheus name without framelink_ and _total.
   const std::pair<const char*, const std::atomic<uint64_t>*> all[] = {
@@ -229,8 +240,10 @@ std::string Metrics::json() const {
       {"duplicates_dropped", &counters.duplicates_dropped},
       {"frames_resent_crc", &counters.frames_resent_crc},
       {"frames_resent_credit", &counters.frames_resent_credit},
-      {"handshakes_timed_out", &counters.handshakes_timed_out},
-      {"handshakes_refused", &counters.handshakes_refused},
+      {"handshakes_timed_out_tcp", &counters.handshakes_timed_out_tcp},
+      {"handshakes_timed_out_rdma", &counters.handshakes_timed_out_rdma},
+      {"handshakes_refused_tcp", &counters.handshakes_refused_tcp},
+      {"handshakes_refused_rdma", &counters.handshakes_refused_rdma},
       {"acks_for_replays", &counters.acks_for_replays},
       {"streams_forgotten", &counters.streams_forgotten},
       {"admin_requests", &counters.admin_requests},

@@ -39,8 +39,12 @@ class Metrics {
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     std::atomic<uint64_t> frames_resent_crc{0};         // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};      // sent again after landing in a withdrawn credit
-    std::atomic<uint64_t> handshakes_timed_out{0};      // tcp data handshakes that did not finish in time
-    std::atomic<uint64_t> handshakes_refused{0};        // tcp data handshakes refused (too many at once)
+    // Data-channel handshakes (tcp listener, rdma listener) that did not
+    // finish before their deadline, and those refused: too many at once.
+    std::atomic<uint64_t> handshakes_timed_out_tcp{0};
+    std::atomic<uint64_t> handshakes_timed_out_rdma{0};
+    std::atomic<uint64_t> handshakes_refused_tcp{0};
+    std::atomic<uint64_t> handshakes_refused_rdma{0};
     std::atomic<uint64_t> acks_for_replays{0};  // frames settled by an ACK repeated on a new link, not resent
     std::atomic<uint64_t> streams_forgotten{0};  // out-streams closed when their last producer left
     std::atomic<uint64_t> admin_requests{0};     // admin snapshots sent (framelink stats, clients, links)
@@ -54,6 +58,7 @@ class Metrics {
     kTooManyPending,    // one uid had too many connections without a request
     kFdLimit,           // the daemon was out of file descriptors
     kInvalid,           // malformed request or refused by policy / quota
+    kTooManyClients,    // the uid has limits.max_clients_per_uid clients attached already
     kCount,
   };
   static const char* attachRejectName(AttachReject reason) noexcept;

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "common/log_limit.h"
 #include "data_agent.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "metrics.h"
@@ -169,6 +170,8 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::set<::grpc::ServerContext*> server_contexts_;      // GUARDED_BY(mutex_)
   std::set<::grpc::ClientContext*> client_contexts_;      // GUARDED_BY(mutex_)
   std::vector<std::thread> dialers_;
+  // What strangers on the network can make this daemon log, per cause.
+  LogLimiter log_auth_, log_protocol_, log_session_;
 };
 
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
@@ -231,8 +234,9 @@ Status PeerLinksImpl::init() {
           // Shorter than the dialer's whole dial: a stalled stranger goes
           // before a genuine peer would give up.
           std::chrono::milliseconds(std::max<uint32_t>(config_.connect_timeout_ms / 2, 100)), {},
-          transport::tcp::TcpListenerCounters{&metrics_.counters.handshakes_timed_out,
-                                              &metrics_.counters.handshakes_refused});
+          transport::tcp::TcpListenerCounters{&metrics_.counters.handshakes_timed_out_tcp,
+                                              &metrics_.counters.handshakes_refused_tcp,
+                                              &metrics_.counters.auth_failures});
       if (!listener) {
         Error e = std::move(listener).error();
         return e.context("tcp data listener on " + config_.data_listen);
@@ -257,6 +261,14 @@ Status PeerLinksImpl::init() {
   transport::configureServerBuilder(builder, config_.grpc_chunk_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  // What a stranger's connection may hold: one that does not finish its
+  // (TLS and HTTP/2) handshake within the dialer's connect timeout is closed
+  // (the default was two minutes), one without calls after a minute, and
+  // a peer needs two concurrent calls (Session, Data) per connection.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(config_.connect_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
   server_ = builder.BuildAndStart();
   if (!server_ || grpc_port_ == 0) {
     return makeError(FL_ERR_RESOURCES,
@@ -325,7 +337,13 @@ void PeerLinksImpl::startRdmaListener(uint16_t port) {
       [this](uint64_t session_id, std::unique_ptr<transport::Transport> t) {
         fulfil(session_id, "rdma", std::shared_ptr<transport::Transport>(std::move(t)));
       },
-      {}, std::chrono::milliseconds(config_.connect_timeout_ms) * kRdmaHandshakeFactor);
+      // Shorter than the dialer's whole dial (kRdmaHandshakeFactor connect
+      // timeouts), long enough for one lost REP to be sent again: a stalled
+      // stranger goes before a genuine peer would give up.
+      {}, std::chrono::milliseconds(config_.connect_timeout_ms) * (kRdmaHandshakeFactor - 1),
+      transport::rdma::RdmaListenerCounters{&metrics_.counters.handshakes_timed_out_rdma,
+                                            &metrics_.counters.handshakes_refused_rdma,
+                                            &metrics_.counters.auth_failures});
   if (!listener) {
     rdma_.unavailable = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
     spdlog::warn("rdma is not usable: {}; links use the next transport of {}", rdma_.unavailable,
@@ -374,7 +392,7 @@ void PeerLinksImpl::fulfil(uint64_t session_id, const std::string& transport,
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pending_.find(session_id);
     if (it == pending_.end() || it->second->transport != transport || it->second->fulfilled) {
-      spdlog::warn("a {} data channel for unknown session {:016x} was refused", transport, session_id);
+      log_session_.warn("a {} data channel for unknown session {:016x} was refused", transport, session_id);
       return;
     }
     p = it->second;
@@ -387,7 +405,7 @@ void PeerLinksImpl::fulfil(uint64_t session_id, const std::string& transport,
 void PeerLinksImpl::onTcpConnection(uint64_t session_id, UniqueFd fd) {
   auto t = transport::tcp::TcpTransport::create(std::move(fd), "session " + std::to_string(session_id));
   if (!t) {
-    spdlog::warn("tcp data channel for session {:016x}: {}", session_id, t.error().message);
+    log_session_.warn("tcp data channel for session {:016x}: {}", session_id, t.error().message);
     return;
   }
   fulfil(session_id, "tcp", std::shared_ptr<transport::Transport>(std::move(t.value())));
@@ -469,7 +487,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   const std::string from = ctx->peer();
   if (!tokenOk(ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn(
+    log_auth_.warn(
         "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
         "daemons",
         from);
@@ -493,14 +511,14 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   v1::PeerMessage first;
   if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
   if (!first.has_hello()) {
-    spdlog::warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
+    log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
     return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
   }
   const v1::Hello& hello = first.hello();
   if (hello.protocol_version() != kProtocolVersion) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)", from,
-                 hello.protocol_version(), kProtocolVersion);
+    log_protocol_.warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)",
+                       from, hello.protocol_version(), kProtocolVersion);
     return {::grpc::StatusCode::FAILED_PRECONDITION,
             "protocol version " + std::to_string(hello.protocol_version()) +
                 " is not supported; this daemon speaks " + std::to_string(kProtocolVersion) +
@@ -508,7 +526,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   }
   if (!config_.token.empty() && hello.token() != config_.token) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
+    log_auth_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
   }
   if (!validDaemonId(hello.daemon_id())) {
@@ -528,8 +546,8 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     reason += (reason.empty() ? "" : "; ") + std::string("not ") + t + ": " + why;
   }
   if (chosen.empty()) {
-    spdlog::warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})",
-                 hello.daemon_id(), from, joined(offered), joined(config_.transports));
+    log_protocol_.warn("peer {} at {}: no common transport (it offers {}, this daemon allows {})",
+                       hello.daemon_id(), from, joined(offered), joined(config_.transports));
     return {::grpc::StatusCode::FAILED_PRECONDITION, "no common transport: you offer " + joined(offered) +
                                                          ", this daemon allows " +
                                                          joined(config_.transports)};
@@ -583,7 +601,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
                                    ::grpc::ServerReaderWriter<v1::DataMessage, v1::DataMessage>* stream) {
   if (!tokenOk(ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
+    log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
   }
   v1::DataMessage first;
@@ -593,7 +611,8 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pending_.find(session_id);
     if (it == pending_.end() || it->second->transport != "grpc") {
-      spdlog::warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(), session_id);
+      log_session_.warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(),
+                        session_id);
       return {::grpc::StatusCode::NOT_FOUND, "unknown session"};
     }
   }

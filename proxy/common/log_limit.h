@@ -1,7 +1,7 @@
 // Rate-limited logging for what a hostile client or peer can cause: at most
-// one line per cause and interval, and the next line that gets through says
-// how many were suppressed meanwhile.  So an attack costs a bounded amount of
-// log, and the log still says that (and how often) it happened.
+// `burst` lines per cause and interval, and the next line that gets through
+// says how many were suppressed meanwhile.  So an attack costs a bounded
+// amount of log, and the log still says that (and how often) it happened.
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -15,19 +15,24 @@ namespace framelink {
 
 class LogLimiter {
  public:
-  explicit LogLimiter(std::chrono::milliseconds interval = std::chrono::seconds(1)) : interval_(interval) {}
+  explicit LogLimiter(std::chrono::milliseconds interval = std::chrono::seconds(1), uint32_t burst = 1)
+      : interval_(interval), burst_(burst == 0 ? 1 : burst) {}
 
   // True when a line may be written now; `*suppressed` is how many were
   // dropped since the last one that was.
   bool allow(uint64_t* suppressed) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
-    if (written_ && now - last_ < interval_) {
+    if (!started_ || now - window_start_ >= interval_) {
+      started_ = true;
+      window_start_ = now;
+      in_window_ = 0;
+    }
+    if (in_window_ >= burst_) {
       ++suppressed_;
       return false;
     }
-    written_ = true;
-    last_ = now;
+    ++in_window_;
     *suppressed = suppressed_;
     suppressed_ = 0;
     return true;
@@ -37,20 +42,36 @@ class LogLimiter {
   // after a quiet spell, a line first says how many were suppressed.
   template <typename... Args>
   void warn(spdlog::format_string_t<Args...> format, Args&&... args) {
-    uint64_t suppressed = 0;
-    if (!allow(&suppressed)) return;
-    if (suppressed > 0) {
-      spdlog::warn("{} more lines like the next were suppressed in the last {} ms", suppressed,
-                   interval_.count());
-    }
-    spdlog::warn(format, std::forward<Args>(args)...);
+    log(spdlog::level::warn, format, std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  void info(spdlog::format_string_t<Args...> format, Args&&... args) {
+    log(spdlog::level::info, format, std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  void error(spdlog::format_string_t<Args...> format, Args&&... args) {
+    log(spdlog::level::err, format, std::forward<Args>(args)...);
   }
 
  private:
+  template <typename... Args>
+  void log(spdlog::level::level_enum level, spdlog::format_string_t<Args...> format, Args&&... args) {
+    if (!spdlog::should_log(level)) return;
+    uint64_t suppressed = 0;
+    if (!allow(&suppressed)) return;
+    if (suppressed > 0) {
+      spdlog::log(level, "{} more lines like the next were suppressed in the last {} ms", suppressed,
+                  interval_.count());
+    }
+    spdlog::log(level, format, std::forward<Args>(args)...);
+  }
+
   const std::chrono::milliseconds interval_;
+  const uint32_t burst_;
   std::mutex mutex_;
-  bool written_ = false;
-  std::chrono::steady_clock::time_point last_{};
+  bool started_ = false;
+  std::chrono::steady_clock::time_point window_start_{};
+  uint32_t in_window_ = 0;
   uint64_t suppressed_ = 0;
 };
 

@@ -6,9 +6,12 @@
 // SIGTERM within a second.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -213,8 +217,9 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
   CHECK(took < Millis(4000));  // inline handshakes held 5 s each (15 s for these three)
   requireServing(pair.a(), pair.b(), "good2", 3);
   // Their deadline passes: dropped, counted, logged once (not three times).
-  CHECK(waitUntil([&] { return pair.b().metric("framelink_handshakes_timed_out_total") >= 3; }, Millis(6000),
-                  Millis(50)));
+  CHECK(waitUntil(
+      [&] { return pair.b().metric("framelink_handshakes_timed_out_total{transport=\"tcp\"}") >= 3; },
+      Millis(6000), Millis(50)));
   for (int s : stalled) ::close(s);
   requireQuickCleanStop(pair.a());
   requireQuickCleanStop(pair.b());
@@ -257,6 +262,7 @@ TEST_CASE("hostile: a producer churning through stream names does not break the 
   // without sending, while frames flow on "steady".
   constexpr int kNames = 4300;
   uint64_t next_id = 1;
+  const auto churn_start = std::chrono::steady_clock::now();
   for (int i = 0; i < kNames; ++i) {
     AttachResult churn = tryAttach(pair.a().socketPath(), FL_PRODUCER, "churn-" + std::to_string(i), 1, 4096);
     REQUIRE(churn.status == FL_OK);
@@ -272,7 +278,19 @@ TEST_CASE("hostile: a producer churning through stream names does not break the 
       ++next_id;
     }
   }
+  const auto churn_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - churn_start)
+          .count();
   CHECK(pair.b().metric("framelink_link_failures_total") == failures_before);
+  // Every attach and detach is logged, but at most 20 a second each (not 4300).
+  const std::string log = pair.a().log();
+  for (const char* what : {" attached: pid ", " detached (pid "}) {
+    int64_t lines = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++lines;
+    INFO("'" << what << "' lines: " << lines << " in " << churn_s << " s of churn");
+    CHECK(lines >= 1);
+    CHECK(lines <= 20 * (churn_s + 3));
+  }
   CHECK(waitUntil([&] { return pair.a().metric("framelink_streams_forgotten_total") >= kNames; },
                   Millis(10000), Millis(50)));
   producer.reset();
@@ -288,6 +306,11 @@ TEST_CASE("hostile: a consumer with small slots does not block frames another co
   Client small = attachConsumer(pair.b(), "mixed", 4, 64 * 1024);
   Client large = attachConsumer(pair.b(), "mixed", 4, 1 << 20);
   Client producer = attachProducer(pair.a(), "mixed", 4, 1 << 20);
+  // Both consumers' credits must have reached A: a frame that fits none of
+  // the credits A knows fails FL_ERR_TOO_LARGE at once, by design.
+  const std::regex all_credits(R"re("stream":"mixed","id":[0-9]+,"next_sequence":[0-9]+,"credits":8,)re");
+  REQUIRE(waitUntil([&] { return std::regex_search(pair.a().httpGet("/stats"), all_credits); }, Millis(10000),
+                    Millis(20)));
   for (uint64_t id = 1; id <= 12; ++id) {
     submitFrame(producer.get(), id, 256 * 1024, true);
     fl_frame f = receiveFrame(large.get(), Millis(15000));
@@ -385,4 +408,209 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
   requireServing(a, b, "good", 3);
   requireQuickCleanStop(a);
   requireQuickCleanStop(b);
+}
+
+namespace {
+
+// Runs `body` in a child process as nobody:nogroup (a second local user;
+// the tests run as root, as CI does); returns its exit code.
+template <typename Body>
+int runAsNobody(Body body) {
+  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
+  ::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(250);
+    ::_exit(body());
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Attaches a producer to `socket` and sends `frames` frames (ids 1..frames,
+// the synthetic pattern); 0 when every one completed DELIVERED, else the
+// first status that was not FL_OK (fits an exit code).  No Catch macros:
+// this runs in a forked child.
+int sendFrames(const std::string& socket, const std::string& stream, int frames) {
+  fl_client_options o;
+  fl_client_options_init(&o);
+  o.role = FL_PRODUCER;
+  o.socket_path = socket.c_str();
+  o.stream = stream.c_str();
+  o.slot_count = 2;
+  o.slot_size = 64 * 1024;
+  fl_client* c = nullptr;
+  if (int rc = fl_attach(&o, &c); rc != FL_OK) return rc;
+  int result = 0;
+  for (int id = 1; id <= frames && result == 0; ++id) {
+    fl_slot slot{};
+    if (int rc = fl_acquire(c, 10000, &slot); rc != FL_OK) {
+      result = rc;
+      break;
+    }
+    std::memset(slot.data, id, 4096);
+    fl_frame_meta meta{};
+    meta.frame_id = static_cast<uint64_t>(id);
+    if (int rc = fl_set_meta(c, slot.index, &meta); rc != FL_OK) result = rc;
+    if (int rc = fl_submit(c, slot.index, 4096); rc != FL_OK) result = rc;
+    fl_completion done{};
+    size_t n = 0;
+    for (int tries = 0; n == 0 && tries < 150 && result == 0; ++tries) {
+      int rc = fl_wait_completions(c, &done, 1, &n, 100);
+      if (rc != FL_OK && rc != FL_ETIMEDOUT && rc != FL_EAGAIN) result = rc;
+    }
+    if (result == 0) result = n == 0 ? 252 : done.status;
+  }
+  fl_detach(c);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("hostile: one user attaching beyond limits.max_clients_per_uid is refused; others are served",
+          "[integration][hostile]") {
+  DaemonPair::Options o = pairOptions();
+  o.extra_args_a = {"--max-clients-per-uid", "3", "--socket-mode", "0666"};
+  DaemonPair pair(o);
+  // A client of this user that was there first, and keeps sending.
+  Client consumer = attachConsumer(pair.b(), "kept", 8, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "kept", 8, 64 * 1024);
+  // The same user attaches until the cap...
+  std::vector<AttachResult> hogs;
+  for (int i = 0; i < 2; ++i) {
+    hogs.push_back(tryAttach(pair.a().socketPath(), FL_PRODUCER, "hog-" + std::to_string(i), 1, 4096));
+    REQUIRE(hogs.back().status == FL_OK);
+  }
+  // ...and beyond: refused at once, saying which limit and where to change it.
+  for (int i = 0; i < 5; ++i) {
+    AttachResult refused = tryAttach(pair.a().socketPath(), FL_CONSUMER, "hog-x", 1, 4096);
+    INFO("fl_attach: " << statusName(refused.status) << ": " << refused.message);
+    CHECK(refused.status == FL_ERR_QUOTA);
+    CHECK(refused.message.find("limits.max_clients_per_uid = 3") != std::string::npos);
+    CHECK(refused.message.find("--max-clients-per-uid") != std::string::npos);
+  }
+  CHECK(pair.a().metric("framelink_attach_rejected_total{reason=\"too_many_clients\"}") == 5);
+
+  // Another user attaches to the same daemon meanwhile and is served.
+  const std::string& sock = pair.a().socketPath();
+  REQUIRE(::chmod(sock.substr(0, sock.rfind('/')).c_str(), 0711) == 0);  // let it reach the socket
+  Client other_consumer = attachConsumer(pair.b(), "other-user", 4, 64 * 1024);
+  std::vector<uint64_t> received;
+  std::thread receiver([&] {
+    for (int i = 0; i < 3; ++i) {
+      fl_frame f{};
+      if (fl_receive(other_consumer.get(), &f, 20000) != FL_OK) return;
+      bool intact = f.length == 4096;
+      for (uint64_t b = 0; intact && b < f.length; ++b)
+        intact = f.data[b] == static_cast<uint8_t>(f.frame_id);
+      received.push_back(intact ? f.frame_id : 0);
+      fl_release(other_consumer.get(), f.slot);
+    }
+  });
+  const int other = runAsNobody([&] { return sendFrames(pair.a().socketPath(), "other-user", 3); });
+  receiver.join();
+  INFO("the other user's producer: " << statusName(other));
+  CHECK(other == 0);
+  CHECK(received == std::vector<uint64_t>{1, 2, 3});
+
+  // This user's clients already attached are served too, every frame verified.
+  for (uint64_t id = 1; id <= 10; ++id) {
+    submitFrame(producer.get(), id, 4096 + id);
+    fl_frame f = receiveFrame(consumer.get(), Millis(15000));
+    checkSyntheticFrame(f, id, 4096 + id);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+    auto done = collectCompletions(producer.get(), 1, Millis(15000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_OK);
+  }
+  // A detach frees a place; the refusals took none.
+  hogs.pop_back();
+  CHECK(waitUntil(
+      [&] { return tryAttach(pair.a().socketPath(), FL_PRODUCER, "after", 1, 4096).status == FL_OK; },
+      Millis(5000), Millis(50)));
+  hogs.clear();
+  producer.reset();
+  consumer.reset();
+  other_consumer.reset();
+  requireServing(pair.a(), pair.b(), "good", 3);
+  CHECK(waitUntil([&] { return pair.a().idle() && pair.b().idle(); }, Millis(10000), Millis(100)));
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
+TEST_CASE(
+    "hostile: strangers on the gRPC and tcp data ports are refused, counted, logged a few times, not kept",
+    "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  requireServing(pair.a(), pair.b(), "good", 2);
+  const int64_t auth_before = pair.b().metric("framelink_auth_failures_total");
+  // Calls without the token, as fast as they go.
+  auto channel = grpc::CreateChannel(pair.b().grpcAddress(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Link::NewStub(channel);
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext ctx;
+    if (i % 2 == 1) ctx.AddMetadata("x-framelink-token", "guess-" + std::to_string(i));
+    auto stream = i % 3 == 0 ? nullptr : stub->Session(&ctx);
+    if (stream) {
+      CHECK(stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    } else {
+      auto data = stub->Data(&ctx);
+      CHECK(data->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
+  CHECK(pair.b().metric("framelink_auth_failures_total") - auth_before == kCalls);
+  // Complete tcp data handshakes with a guessed token: refused and counted the same way.
+  constexpr int kHellos = 20;
+  for (int i = 0; i < kHellos; ++i) {
+    uint8_t hello[64] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T', 1};  // magic, version 1 (little-endian)
+    std::memset(hello + 16, 0x5a + i, sizeof hello - 16);             // session id, token digest
+    int fd = stalledTcp(pair.b().dataPort(), 0);
+    REQUIRE(::send(fd, hello, sizeof hello, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello));
+    uint32_t reply[2] = {};
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 5000) == 1);
+    CHECK(::recv(fd, reply, sizeof reply, MSG_WAITALL) == static_cast<ssize_t>(sizeof reply));
+    CHECK(reply[0] == static_cast<uint32_t>(FL_ERR_AUTH));
+    ::close(fd);
+  }
+  CHECK(pair.b().metric("framelink_auth_failures_total") - auth_before == kCalls + kHellos);
+  // Connections that never say anything (no TLS, no HTTP/2 preface) are
+  // closed after the connect timeout, not kept for minutes.
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) silent.push_back(stalledTcp(pair.b().grpcPort(), 0));
+  const auto start = std::chrono::steady_clock::now();
+  for (int fd : silent) {
+    // The server's own preface may come first; then the close (or a reset).
+    ssize_t n = 1;
+    while (n > 0) {
+      pollfd p{fd, POLLIN, 0};
+      const auto left =
+          Millis(15000) - std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+      REQUIRE(::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1);
+      char buf[256];
+      n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) n = 1;
+    }
+    CHECK(n <= 0);
+    ::close(fd);
+  }
+  const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  INFO("silent connections closed after " << took.count() << " ms");
+  CHECK(took < Millis(10000));
+  // The peers are still linked and serving; the log says it a few times, not 300.
+  requireServing(pair.a(), pair.b(), "good2", 3);
+  const std::string log = pair.b().log();
+  size_t lines = 0;
+  for (size_t at = log.find("wrong or missing token"); at != std::string::npos;
+       at = log.find("wrong or missing token", at + 1)) {
+    ++lines;
+  }
+  INFO("log lines about the token: " << lines);
+  CHECK(lines >= 1);
+  CHECK(lines <= 6);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
 }

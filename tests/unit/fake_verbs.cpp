@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -125,6 +126,13 @@ void FakeVerbs::pauseDelivery(bool paused) {
   if (!paused) {
     for (auto& [k, q] : qps_) deliver(q.get());
   }
+}
+
+void FakeVerbs::stallDialersFrom(const std::string& dialer_ip, bool stall) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(stalled_dialers_.begin(), stalled_dialers_.end(), dialer_ip);
+  if (stall && it == stalled_dialers_.end()) stalled_dialers_.push_back(dialer_ip);
+  if (!stall && it != stalled_dialers_.end()) stalled_dialers_.erase(it);
 }
 
 void FakeVerbs::injectSendError(ibv_wc_status status) {
@@ -747,6 +755,11 @@ int FakeVerbs::accept(rdma_cm_id* id, rdma_conn_param* param) {
   std::lock_guard lock(mu_);
   Id* c = ids_.at(id).get();
   Id* d = c->peer;
+  if (d != nullptr && c->id.qp != nullptr &&
+      std::find(stalled_dialers_.begin(), stalled_dialers_.end(), d->ip) != stalled_dialers_.end()) {
+    if (c->ack_timeout < 0) error("rdma_accept without an ACK timeout (the rdma_cm default is ~0.5 s)");
+    return 0;  // the reply went out; the dialer never completes the connection
+  }
   if (d == nullptr || c->id.qp == nullptr || d->id.qp == nullptr) {
     errno = EINVAL;
     return -1;

@@ -45,6 +45,10 @@ class FakeVerbs final : public VerbsApi {
   // An asynchronous event on `device` (QP events need `qp`; they also move
   // it to ERR, as the adapter would).
   void injectAsyncEvent(const std::string& device, ibv_event_type type, ibv_qp* qp = nullptr);
+  // Connect requests from `dialer_ip` are accepted, but their dialer never
+  // answers (as a peer that sends a request and stalls): no ESTABLISHED on
+  // either side; destroying the listener's id then rejects the dialer.
+  void stallDialersFrom(const std::string& dialer_ip, bool stall);
 
   struct Stats {
     uint64_t post_send_calls = 0;
@@ -147,6 +151,7 @@ class FakeVerbs final : public VerbsApi {
   std::map<std::pair<std::string, uint16_t>, Id*> listeners_;
   std::vector<std::unique_ptr<ibv_pd>> pds_;
   bool paused_ = false;
+  std::vector<std::string> stalled_dialers_;
   std::optional<ibv_wc_status> inject_;
   uint32_t next_key_ = 0x100;
   uint32_t next_qp_num_ = 0x10;

@@ -635,3 +635,26 @@ TEST_CASE("peers from the network without a token or TLS are refused unless allo
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().message.find("true or false") != std::string::npos);
 }
+
+TEST_CASE("limits.max_clients_per_uid: default, file, flag over file, and its errors", "[config]") {
+  auto defaults = parse({});
+  REQUIRE(defaults.ok());
+  CHECK(defaults.value().max_clients_per_uid == 256);
+  CHECK(fl::describe(defaults.value()).find("max_clients_per_uid=256") != std::string::npos);
+  TempDir dir;
+  const auto file = dir.write("clients.toml", "[limits]\nmax_clients_per_uid = 12\n");
+  auto from_file = parse({"--config", file});
+  REQUIRE(from_file.ok());
+  CHECK(from_file.value().max_clients_per_uid == 12);
+  auto flag_wins = parse({"--config", file, "--max-clients-per-uid", "3"});
+  REQUIRE(flag_wins.ok());
+  CHECK(flag_wins.value().max_clients_per_uid == 3);
+  requireError({"--max-clients-per-uid", "0"}, {"--max-clients-per-uid", "greater than 0"});
+  requireError({"--max-clients-per-uid", "many"}, {"--max-clients-per-uid", "not a non-negative"});
+  requireError({"--config", dir.write("zero.toml", "[limits]\nmax_clients_per_uid = 0\n")},
+               {"limits.max_clients_per_uid", "greater than 0"});
+  requireError({"--config", dir.write("neg.toml", "[limits]\nmax_clients_per_uid = -2\n")},
+               {"limits.max_clients_per_uid", "negative"});
+  requireError({"--config", dir.write("str.toml", "[limits]\nmax_clients_per_uid = \"4\"\n")},
+               {"limits.max_clients_per_uid", "integer"});
+}

@@ -201,7 +201,9 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
         int status = why.status != 0 ? why.status : FL_ERR_TRANSPORT;
         const char* why_text = status == FL_ERR_AUTH           ? "it does not know this session"
                                : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
-                                                               : "see its log";
+                               : status == FL_ERR_RESOURCES
+                                   ? "it has too many rdma handshakes in progress (try again)"
+                                   : "see its log";
         return makeError(status, where + ": the peer refused the connection: " + why_text + " (status " +
                                      std::to_string(status) + ")");
       }
@@ -225,7 +227,8 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
                                                            const std::string& host, uint16_t port,
                                                            Authorize authorize, OnConnected on_connected,
                                                            RdmaTransportOptions options,
-                                                           std::chrono::milliseconds handshake_timeout) {
+                                                           std::chrono::milliseconds handshake_timeout,
+                                                           RdmaListenerCounters counters) {
   if (!device) return makeError(FL_EINVAL, "RdmaListener: no device");
   const std::string where = "rdma listen on " + host + ":" + std::to_string(port);
   auto addr = parseIp(host, port);
@@ -241,7 +244,7 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
     return makeError(FL_ERR_TRANSPORT, where + ": that address belongs to RDMA device " +
                                            (other ? other : "?") + ", not to " + device->name());
   }
-  if (api.listen(cm->id(), 64) != 0) {
+  if (api.listen(cm->id(), static_cast<int>(kMaxPendingHandshakes)) != 0) {
     return makeError(FL_ERR_TRANSPORT, where + ": rdma_listen: " + std::strerror(errno));
   }
   const uint16_t bound = api.getSrcPort(cm->id());
@@ -249,7 +252,7 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
   if (wake < 0) return makeError(FL_ERR_RESOURCES, where + ": eventfd: " + std::strerror(errno));
   std::unique_ptr<RdmaListener> l(new RdmaListener(std::move(device), std::move(cm).value(), UniqueFd(wake),
                                                    bound, std::move(authorize), std::move(on_connected),
-                                                   options, handshake_timeout));
+                                                   options, handshake_timeout, counters));
   try {
     l->thread_ = std::thread([p = l.get()] { p->loop(); });
   } catch (const std::system_error& e) {
@@ -261,7 +264,8 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
 
 RdmaListener::RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, UniqueFd wake_fd,
                            uint16_t port, Authorize authorize, OnConnected on_connected,
-                           RdmaTransportOptions options, std::chrono::milliseconds handshake_timeout)
+                           RdmaTransportOptions options, std::chrono::milliseconds handshake_timeout,
+                           RdmaListenerCounters counters)
     : device_(std::move(device)),
       listen_id_(std::move(listen_id)),
       wake_fd_(std::move(wake_fd)),
@@ -269,7 +273,8 @@ RdmaListener::RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, U
       authorize_(std::move(authorize)),
       on_connected_(std::move(on_connected)),
       options_(options),
-      handshake_timeout_(handshake_timeout) {}
+      handshake_timeout_(handshake_timeout),
+      counters_(counters) {}
 
 RdmaListener::~RdmaListener() {
   if (thread_.joinable()) {
@@ -282,76 +287,131 @@ RdmaListener::~RdmaListener() {
   listen_id_.reset();
 }
 
+// An accepted connect request waiting for ESTABLISHED.  Its transport owns
+// the id (on a channel of its own) and the QP: destroying it rejects the
+// request.
+struct RdmaListener::Pending {
+  std::unique_ptr<RdmaTransport> transport;
+  std::string peer;  // address:port
+  std::string host;  // address
+  uint64_t session_id = 0;
+  Clock::time_point deadline{};
+};
+
 void RdmaListener::loop() noexcept {
-  VerbsApi& api = device_->api();
+  std::vector<Pending> pending;
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {listen_id_.channel()->fd, POLLIN, 0}};
-    int n = ::poll(fds, 2, -1);
-    if (n < 0) {
+    const auto now = Clock::now();
+    // Deadlines first: a handshake that stalls half-way is dropped here.
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (now < it->deadline) {
+        ++it;
+        continue;
+      }
+      if (counters_.timed_out != nullptr) counters_.timed_out->fetch_add(1, std::memory_order_relaxed);
+      log_failed_.warn(
+          "rdma listener on port {}: {} (session {:#x}) did not complete the connection within {} ms", port_,
+          it->peer, it->session_id, handshake_timeout_.count());
+      it = pending.erase(it);
+    }
+    fds.clear();
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
+    fds.push_back({listen_id_.channel()->fd, POLLIN, 0});
+    auto next = Clock::time_point::max();
+    for (const auto& p : pending) {
+      fds.push_back({p.transport->cmChannel()->fd, POLLIN, 0});
+      next = std::min(next, p.deadline);
+    }
+    int timeout_ms = -1;
+    if (next != Clock::time_point::max()) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1;
+      timeout_ms = static_cast<int>(std::clamp<long long>(ms, 1, 60'000));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("rdma listener on port {}: poll failed: {}", port_, std::strerror(errno));
       return;
     }
     if (fds[0].revents != 0) return;
-    rdma_cm_event* ev = nullptr;
-    while (api.getCmEvent(listen_id_.channel(), &ev) == 0) {
-      const rdma_cm_event_type type = ev->event;
-      if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        rdma_cm_id* id = ev->id;
-        std::vector<uint8_t> pd;
-        if (ev->param.conn.private_data != nullptr && ev->param.conn.private_data_len > 0) {
-          const auto* p = static_cast<const uint8_t*>(ev->param.conn.private_data);
-          pd.assign(p, p + ev->param.conn.private_data_len);
-        }
-        const std::string peer = addressText(reinterpret_cast<const sockaddr*>(&id->route.addr.dst_addr));
-        api.ackCmEvent(ev);
-        onConnectRequest(id, peer, pd.data(), static_cast<uint8_t>(pd.size()));
-      } else {
-        const int status = ev->status;
-        api.ackCmEvent(ev);
-        if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-          spdlog::error("rdma listener on port {}: device {} was removed; no more connections", port_,
-                        device_->name());
-          return;
-        }
-        spdlog::info("rdma listener on port {}: rdma_cm event {} (status {})", port_, rdma_event_str(type),
-                     status);
-      }
+    // Handshakes that made progress (indices into `pending` match fds[2..]).
+    std::vector<bool> done(pending.size(), false);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[i + 2].revents != 0) done[i] = advance(pending[i]);
     }
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      spdlog::error("rdma listener on port {}: rdma_get_cm_event: {}", port_, std::strerror(errno));
-      return;
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (done[i]) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    if (fds[1].revents != 0 && !drainListenChannel(pending)) return;
   }
 }
 
-void RdmaListener::reject(rdma_cm_id* id, int status, const std::string& peer,
-                          const std::string& why) noexcept {
-  spdlog::warn("rdma listener on port {}: refused connection from {}: {}", port_, peer, why);
+bool RdmaListener::drainListenChannel(std::vector<Pending>& pending) noexcept {
+  VerbsApi& api = device_->api();
+  rdma_cm_event* ev = nullptr;
+  while (api.getCmEvent(listen_id_.channel(), &ev) == 0) {
+    const rdma_cm_event_type type = ev->event;
+    if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_cm_id* id = ev->id;
+      std::vector<uint8_t> pd;
+      if (ev->param.conn.private_data != nullptr && ev->param.conn.private_data_len > 0) {
+        const auto* p = static_cast<const uint8_t*>(ev->param.conn.private_data);
+        pd.assign(p, p + ev->param.conn.private_data_len);
+      }
+      const std::string peer = addressText(reinterpret_cast<const sockaddr*>(&id->route.addr.dst_addr));
+      api.ackCmEvent(ev);
+      onConnectRequest(id, peer, pd, pending);
+      continue;
+    }
+    const int status = ev->status;
+    api.ackCmEvent(ev);
+    if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      spdlog::error("rdma listener on port {}: device {} was removed; no more connections", port_,
+                    device_->name());
+      return false;
+    }
+    log_failed_.warn("rdma listener on port {}: rdma_cm event {} (status {})", port_, rdma_event_str(type),
+                     status);
+  }
+  if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    spdlog::error("rdma listener on port {}: rdma_get_cm_event: {}", port_, std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+void RdmaListener::reject(rdma_cm_id* id, int status, const std::string& peer, const std::string& why,
+                          LogLimiter& log) noexcept {
+  log.warn("rdma listener on port {}: refused connection from {}: {}", port_, peer, why);
   RdmaRejectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, status, 0};
   device_->api().reject(id, &data, sizeof data);
   device_->api().destroyId(id);
 }
 
-void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer, const void* private_data,
-                                    uint8_t private_data_len) noexcept {
+void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer,
+                                    const std::vector<uint8_t>& private_data,
+                                    std::vector<Pending>& pending) noexcept {
   VerbsApi& api = device_->api();
   RdmaConnectData data{};
-  if (private_data_len < sizeof data) {
-    return reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)");
+  if (private_data.size() < sizeof data) {
+    return reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)", log_refused_);
   }
-  std::memcpy(&data, private_data, sizeof data);
-  if (data.magic != kRdmaConnectMagic) return reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic");
+  std::memcpy(&data, private_data.data(), sizeof data);
+  if (data.magic != kRdmaConnectMagic) {
+    return reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic", log_refused_);
+  }
   if (data.version != kRdmaProtocolVersion) {
     return reject(id, FL_ERR_PEER_VERSION, peer,
                   "rdma protocol version " + std::to_string(data.version) + ", this daemon speaks " +
-                      std::to_string(kRdmaProtocolVersion));
+                      std::to_string(kRdmaProtocolVersion),
+                  log_refused_);
   }
   if (id->verbs != device_->context()) {
     const char* other = id->verbs ? api.deviceName(id->verbs) : "no device";
     return reject(id, FL_ERR_TRANSPORT, peer,
                   std::string("arrived on RDMA device ") + (other ? other : "?") + ", this daemon uses " +
-                      device_->name());
+                      device_->name(),
+                  log_refused_);
   }
   bool ok = false;
   try {
@@ -360,63 +420,95 @@ void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer, con
     ok = false;
   }
   if (!ok) {
-    return reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here");
+    if (counters_.auth_failures != nullptr) counters_.auth_failures->fetch_add(1, std::memory_order_relaxed);
+    return reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here",
+                  log_refused_);
+  }
+  // Bounded: a host that opens handshakes and stalls them cannot take every
+  // slot, and nobody can make the table grow without limit.
+  const std::string host = peer.substr(0, peer.rfind(':'));
+  size_t same = 0;
+  for (const auto& p : pending) same += p.host == host ? 1 : 0;
+  if (pending.size() >= kMaxPendingHandshakes || same >= kMaxPendingPerHost) {
+    if (counters_.refused != nullptr) counters_.refused->fetch_add(1, std::memory_order_relaxed);
+    return reject(
+        id, FL_ERR_RESOURCES, peer,
+        pending.size() >= kMaxPendingHandshakes
+            ? std::to_string(kMaxPendingHandshakes) + " handshakes in progress already"
+            : std::to_string(kMaxPendingPerHost) + " handshakes from " + host + " in progress already",
+        log_busy_);
   }
 
-  // The connection's own event channel, so its transport can watch for
-  // DISCONNECTED without this thread.
+  // The connection's own event channel: its transport watches it for
+  // DISCONNECTED later, and this thread polls it for ESTABLISHED meanwhile.
   rdma_event_channel* channel = api.createEventChannel();
-  if (channel == nullptr) return reject(id, FL_ERR_RESOURCES, peer, "rdma_create_event_channel failed");
-  int flags = ::fcntl(channel->fd, F_GETFL);
-  if (flags < 0 || ::fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0 ||
-      api.migrateId(id, channel) != 0) {
+  if (channel == nullptr) {
+    return reject(id, FL_ERR_RESOURCES, peer, "rdma_create_event_channel failed", log_failed_);
+  }
+  if (!setNonBlocking(channel->fd) || api.migrateId(id, channel) != 0) {
+    const std::string why = std::string("cannot move the id to its own channel: ") + std::strerror(errno);
     api.destroyEventChannel(channel);
-    return reject(id, FL_ERR_RESOURCES, peer,
-                  std::string("cannot move the id to its own channel: ") + std::strerror(errno));
+    return reject(id, FL_ERR_RESOURCES, peer, why, log_failed_);
   }
   CmId cm(device_->apiPtr(), channel, id);
   auto created = RdmaTransport::create(device_, std::move(cm), options_);
   if (!created) {
     // Destroying a requested id rejects the request.
-    spdlog::warn("rdma listener on port {}: refused connection from {}: {}", port_, peer,
-                 created.error().message);
+    log_failed_.warn("rdma listener on port {}: refused connection from {}: {}", port_, peer,
+                     created.error().message);
     return;
   }
-  std::unique_ptr<RdmaTransport> t = std::move(created).value();
+  Pending p;
+  p.transport = std::move(created).value();
+  p.peer = peer;
+  p.host = host;
+  p.session_id = data.session_id;
+  p.deadline = Clock::now() + handshake_timeout_;
   rdma_conn_param param{};
   param.responder_resources = 0;
   param.initiator_depth = 0;
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
-  setAckTimeout(api, t->cmId(), "rdma listener");
-  if (api.accept(t->cmId(), &param) != 0) {
-    spdlog::warn("rdma listener on port {}: rdma_accept for {} failed: {}", port_, peer,
-                 std::strerror(errno));
+  setAckTimeout(api, p.transport->cmId(), "rdma listener");
+  if (api.accept(p.transport->cmId(), &param) != 0) {
+    log_failed_.warn("rdma listener on port {}: rdma_accept for {} failed: {}", port_, peer,
+                     std::strerror(errno));
     return;
   }
-  const auto deadline = Clock::now() + handshake_timeout_;
-  CmEvent ev;
-  for (;;) {
-    int got = nextCmEvent(api, t->cmChannel(), wake_fd_.get(), deadline, &ev);
-    if (got <= 0) {
-      if (got == 0) spdlog::warn("rdma listener on port {}: {} never completed the connection", port_, peer);
-      return;
+  pending.push_back(std::move(p));
+}
+
+bool RdmaListener::advance(Pending& p) noexcept {
+  VerbsApi& api = device_->api();
+  rdma_cm_event* ev = nullptr;
+  while (api.getCmEvent(p.transport->cmChannel(), &ev) == 0) {
+    const rdma_cm_event_type type = ev->event;
+    const int status = ev->status;
+    api.ackCmEvent(ev);
+    if (type == RDMA_CM_EVENT_ESTABLISHED) {
+      // Whatever follows on the channel (a DISCONNECTED) is the transport's.
+      p.transport->established(p.peer);
+      spdlog::info("rdma: connection from {} for session {} on {}", p.peer, p.session_id, device_->name());
+      try {
+        on_connected_(p.session_id, std::unique_ptr<Transport>(std::move(p.transport)));
+      } catch (...) {
+        spdlog::error("rdma listener on port {}: the connection handler threw; connection dropped", port_);
+      }
+      return true;
     }
-    if (ev.type == RDMA_CM_EVENT_ESTABLISHED) break;
-    if (ev.type == RDMA_CM_EVENT_CONNECT_ERROR || ev.type == RDMA_CM_EVENT_UNREACHABLE ||
-        ev.type == RDMA_CM_EVENT_REJECTED || ev.type == RDMA_CM_EVENT_DISCONNECTED) {
-      spdlog::warn("rdma listener on port {}: connection from {} failed: {} (status {})", port_, peer,
-                   rdma_event_str(ev.type), ev.status);
-      return;
+    if (type == RDMA_CM_EVENT_CONNECT_ERROR || type == RDMA_CM_EVENT_UNREACHABLE ||
+        type == RDMA_CM_EVENT_REJECTED || type == RDMA_CM_EVENT_DISCONNECTED) {
+      log_failed_.warn("rdma listener on port {}: connection from {} failed: {} (status {})", port_, p.peer,
+                       rdma_event_str(type), status);
+      return true;
     }
   }
-  t->established(peer);
-  spdlog::info("rdma: connection from {} for session {} on {}", peer, data.session_id, device_->name());
-  try {
-    on_connected_(data.session_id, std::unique_ptr<Transport>(std::move(t)));
-  } catch (...) {
-    spdlog::error("rdma listener on port {}: the connection handler threw; connection dropped", port_);
+  if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    log_failed_.warn("rdma listener on port {}: connection from {}: rdma_get_cm_event: {}", port_, p.peer,
+                     std::strerror(errno));
+    return true;
   }
+  return false;
 }
 
 }  // namespace framelink::transport::rdma

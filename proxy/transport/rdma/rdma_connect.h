@@ -9,13 +9,16 @@
 // DISCONNECTED from poll(): no thread per connection.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "common/log_limit.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "transport/rdma/rdma_device.h"
@@ -24,38 +27,64 @@
 
 namespace framelink::transport::rdma {
 
+// What a listener counts (pointers into the daemon's metrics; null: not counted).
+struct RdmaListenerCounters {
+  std::atomic<uint64_t>* timed_out = nullptr;      // accepted requests not ESTABLISHED before their deadline
+  std::atomic<uint64_t>* refused = nullptr;        // requests rejected: too many handshakes at once
+  std::atomic<uint64_t>* auth_failures = nullptr;  // requests for a session the daemon does not know
+};
+
 class RdmaListener {
  public:
   using Authorize = std::function<bool(uint64_t session_id)>;
   using OnConnected = std::function<void(uint64_t session_id, std::unique_ptr<Transport> transport)>;
 
+  // Handshakes in progress at once, and from one address: requests beyond
+  // either are rejected at once (FL_ERR_RESOURCES in the reject data), so
+  // that the kernel's backlog never fills with them either.
+  static constexpr size_t kMaxPendingHandshakes = 64;
+  static constexpr size_t kMaxPendingPerHost = 16;
+
   // rdma_cm listener on host:port (port 0: ephemeral; host "0.0.0.0" only
   // when the device was chosen by name).  on_connected runs on the
   // listener's thread for each connection whose private data names a session
   // that authorize() accepts; others are rejected with a logged reason.
-  // Connections that do not reach ESTABLISHED within handshake_timeout are
-  // dropped.
+  //
+  // The listener's thread never waits for a peer: a request that checks out
+  // is accepted and kept in a table (its id on a channel of its own, watched
+  // by the same poll()) until ESTABLISHED, a failure or `handshake_timeout`
+  // -- then it is destroyed (which rejects it), counted and logged
+  // (rate-limited).  A peer that stalls half-way holds one table slot and
+  // delays nobody else.
   static Result<std::unique_ptr<RdmaListener>> listen(
       std::shared_ptr<RdmaDevice> device, const std::string& host, uint16_t port, Authorize authorize,
       OnConnected on_connected, RdmaTransportOptions options = {},
-      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5));
+      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5),
+      RdmaListenerCounters counters = {});
 
   RdmaListener(const RdmaListener&) = delete;
   RdmaListener& operator=(const RdmaListener&) = delete;
   // Stops the thread (no callback runs after it returns) and destroys the
-  // listening id; a connection half-way through setup is rejected.
+  // listening id; connections half-way through setup are rejected.
   ~RdmaListener();
 
   uint16_t port() const noexcept { return port_; }
 
  private:
+  struct Pending;
   RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, UniqueFd wake_fd, uint16_t port,
                Authorize authorize, OnConnected on_connected, RdmaTransportOptions options,
-               std::chrono::milliseconds handshake_timeout);
+               std::chrono::milliseconds handshake_timeout, RdmaListenerCounters counters);
   void loop() noexcept;
-  void onConnectRequest(rdma_cm_id* id, const std::string& peer, const void* private_data,
-                        uint8_t private_data_len) noexcept;
-  void reject(rdma_cm_id* id, int status, const std::string& peer, const std::string& why) noexcept;
+  // Drains the listening channel; false when the listener cannot go on.
+  bool drainListenChannel(std::vector<Pending>& pending) noexcept;
+  void onConnectRequest(rdma_cm_id* id, const std::string& peer, const std::vector<uint8_t>& private_data,
+                        std::vector<Pending>& pending) noexcept;
+  // Reads what arrived on a pending connection's channel; true when it is
+  // finished with (handed on or dropped).
+  bool advance(Pending& p) noexcept;
+  void reject(rdma_cm_id* id, int status, const std::string& peer, const std::string& why,
+              LogLimiter& log) noexcept;
 
   const std::shared_ptr<RdmaDevice> device_;
   CmId listen_id_;
@@ -65,6 +94,8 @@ class RdmaListener {
   const OnConnected on_connected_;
   const RdmaTransportOptions options_;
   const std::chrono::milliseconds handshake_timeout_;
+  const RdmaListenerCounters counters_;
+  LogLimiter log_refused_, log_busy_, log_failed_;
   std::thread thread_;
 };
 

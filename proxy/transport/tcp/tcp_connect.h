@@ -46,8 +46,9 @@ Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_p
 
 // What a listener counts (pointers into the daemon's metrics; null: not counted).
 struct TcpListenerCounters {
-  std::atomic<uint64_t>* timed_out = nullptr;  // handshakes that did not finish before their deadline
-  std::atomic<uint64_t>* refused = nullptr;    // connections closed at once: too many from one address
+  std::atomic<uint64_t>* timed_out = nullptr;      // handshakes that did not finish before their deadline
+  std::atomic<uint64_t>* refused = nullptr;        // connections closed at once: too many from one address
+  std::atomic<uint64_t>* auth_failures = nullptr;  // handshakes with a wrong token
 };
 
 class TcpDataListener {
