@@ -308,7 +308,8 @@ Status applyFlags(const Flags& f, Config& c) {
     } else {
       values = {v.text};
     }
-    if (auto st = config::setFromText(option, values, {config::flagName(option)}, c); !st) return st;
+    if (auto st = config::setFromText(option, values, {config::flagName(option), false, {}}, c); !st)
+      return st;
   }
   // A token given here replaces the file's token_file.
   if (given(f, "link.token")) c.token_file.clear();

@@ -781,11 +781,13 @@ std::string described(const std::string& line, std::string_view section, std::st
   return line.substr(value, line.find(' ', value) - value);
 }
 
+#ifdef FRAMELINK_SOURCE_DIR
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   REQUIRE(in);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
+#endif
 
 bool isPeers(const cfg::Option& option) { return std::holds_alternative<cfg::Peers>(option.value); }
 
