@@ -7,24 +7,9 @@
 #include <string>
 
 #include "attach_server.h"
+#include "framelink/shm_layout.h"
 
 namespace framelink {
-
-namespace {
-
-bool validStreamName(const char* name, size_t max) {
-  size_t len = strnlen(name, max);
-  if (len == 0 || len == max) return false;
-  for (size_t i = 0; i < len; ++i) {
-    char c = name[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 Status AttachServer::validateRequest(const Config& config, fl_attach_request& req, uid_t uid, gid_t gid) {
   if (req.magic != FL_ATTACH_MAGIC) {
@@ -56,8 +41,9 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
   if (req.flags != 0 || req.reserved != 0) {
     return makeError(FL_ERR_BAD_REQUEST, "reserved attach flags are set; use a matching libframelink");
   }
-  if (!validStreamName(req.stream, sizeof(req.stream))) {
-    return makeError(FL_ERR_BAD_REQUEST, "stream name must be 1-63 characters of [A-Za-z0-9._-]");
+  if (!fl_stream_name_valid(req.stream, strnlen(req.stream, sizeof(req.stream)))) {
+    return makeError(FL_ERR_BAD_REQUEST, "stream name must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) +
+                                             " characters of [A-Za-z0-9._-]");
   }
   req.client_name[sizeof(req.client_name) - 1] = '\0';
   if (req.slot_count == 0) req.slot_count = config.default_slot_count;

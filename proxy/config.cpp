@@ -5,56 +5,26 @@
 #include <toml++/toml.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
-#include <cctype>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <sstream>
-#include <string_view>
 
+#include "config_options.h"
+#include "config_values.h"
 #include "framelink/framelink.h"
-#include "transport/faulty/faulty_transport.h"
+#include "framelink/shm_layout.h"
 
 namespace framelink {
 namespace {
 
-constexpr std::array<std::string_view, 3> kTransports{"tcp", "grpc", "rdma"};
-constexpr std::array<std::string_view, 3> kHugepages{"auto", "on", "off"};
-constexpr std::array<std::string_view, 5> kLogLevels{"trace", "debug", "info", "warn", "error"};
+using config::Option;
+using config::options;
+
 // sockaddr_un::sun_path is 108 bytes including the terminating NUL.
 constexpr size_t kMaxSocketPath = 107;
-constexpr size_t kMaxStreamName = 63;
 
-Error invalid(std::string message) { return makeError(FL_EINVAL, std::move(message)); }
-
-template <size_t N>
-std::string joinList(const std::array<std::string_view, N>& items) {
-  std::string out;
-  for (auto item : items) {
-    if (!out.empty()) out += ", ";
-    out += item;
-  }
-  return out;
-}
-
-std::string join(const std::vector<std::string>& items, const char* sep = ",") {
-  std::string out;
-  for (const auto& item : items) {
-    if (!out.empty()) out += sep;
-    out += item;
-  }
-  return out;
-}
-
-template <size_t N>
-bool oneOf(const std::array<std::string_view, N>& items, const std::string& value) {
-  return std::find(items.begin(), items.end(), value) != items.end();
-}
+Error invalid(std::string message) { return invalidSetting(std::move(message)); }
 
 // Moves a parsed value into its field, or passes the error on.
 template <typename T, typename U>
@@ -64,164 +34,22 @@ Status assign(Result<T> parsed, U& field) {
   return {};
 }
 
-Result<uint64_t> parseUnsigned(const std::string& text, const std::string& label) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    return invalid(label + ": '" + text + "' is not a non-negative decimal integer");
-  }
-  errno = 0;
-  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
-  if (errno == ERANGE) return invalid(label + ": '" + text + "' is too large");
-  return static_cast<uint64_t>(value);
-}
-
-Result<uint32_t> parseU32(const std::string& text, const std::string& label, bool allow_zero) {
-  auto value = parseUnsigned(text, label);
-  if (!value) return std::move(value).error();
-  if (*value > std::numeric_limits<uint32_t>::max()) {
-    return invalid(label + ": " + text + " is too large (at most 4294967295)");
-  }
-  if (*value == 0 && !allow_zero) return invalid(label + ": must be greater than 0");
-  return static_cast<uint32_t>(*value);
-}
-
-// Byte counts: a plain number of bytes, or a number with a binary suffix
-// K/KiB, M/MiB, G/GiB (case-insensitive): "4MiB", "64M", "1GiB".
-Result<uint64_t> parseSize(const std::string& text, const std::string& label) {
-  const size_t digits = text.find_first_not_of("0123456789");
-  const std::string number = text.substr(0, digits);
-  std::string suffix = digits == std::string::npos ? "" : text.substr(digits);
-  std::transform(suffix.begin(), suffix.end(), suffix.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  uint64_t unit = 1;
-  if (suffix == "k" || suffix == "kib") {
-    unit = uint64_t{1} << 10;
-  } else if (suffix == "m" || suffix == "mib") {
-    unit = uint64_t{1} << 20;
-  } else if (suffix == "g" || suffix == "gib") {
-    unit = uint64_t{1} << 30;
-  } else if (!suffix.empty() && suffix != "b") {
-    return invalid(label + ": '" + text +
-                   "' is not a size; write bytes, optionally with K, KiB, M, MiB, G or GiB (e.g. 4MiB)");
-  }
-  if (number.empty()) {
-    return invalid(label + ": '" + text + "' is not a size; write e.g. 4194304 or 4MiB");
-  }
-  auto value = parseUnsigned(number, label);
-  if (!value) return std::move(value).error();
-  if (*value > std::numeric_limits<uint64_t>::max() / unit) {
-    return invalid(label + ": '" + text + "' is too large");
-  }
-  if (*value == 0) return invalid(label + ": must be greater than 0");
-  return *value * unit;
-}
-
-Result<uint32_t> parseSize32(const std::string& text, const std::string& label) {
-  auto value = parseSize(text, label);
-  if (!value) return std::move(value).error();
-  if (*value > std::numeric_limits<uint32_t>::max()) return invalid(label + ": '" + text + "' is too large");
-  return static_cast<uint32_t>(*value);
-}
-
-Result<uint32_t> parseMode(const std::string& text, const std::string& label) {
-  if (text.empty() || text.size() > 4 || text.find_first_not_of("01234567") != std::string::npos) {
-    return invalid(label + ": '" + text + "' is not an octal file mode; write e.g. 0660");
-  }
-  const auto mode = static_cast<uint32_t>(std::strtoul(text.c_str(), nullptr, 8));
-  if (mode > 0777) return invalid(label + ": '" + text + "' has bits outside 0777; write e.g. 0660");
-  return mode;
-}
-
-Result<int> parseCpu(const std::string& text, const std::string& label) {
-  if (text == "-1") return -1;
-  auto value = parseUnsigned(text, label);
-  if (!value || *value > 4095) {
-    return invalid(label + ": '" + text + "' is not a CPU number; write 0, 1, ... or -1 to not pin");
-  }
-  return static_cast<int>(*value);
-}
-
-Status checkOneOf(const std::string& value, const std::string& label, const std::string& allowed, bool ok) {
-  if (ok) return {};
-  return invalid(label + ": '" + value + "' is not one of " + allowed);
-}
-
-Status checkHugepages(const std::string& value, const std::string& label) {
-  return checkOneOf(value, label, joinList(kHugepages), oneOf(kHugepages, value));
-}
-
-Status checkLogLevel(const std::string& value, const std::string& label) {
-  return checkOneOf(value, label, joinList(kLogLevels), oneOf(kLogLevels, value));
-}
-
-// HOST:PORT with a numeric port; IPv6 hosts in brackets ("[::1]:7700").
-Status checkHostPort(const std::string& value, const std::string& label, bool allow_port0) {
-  const std::string example =
-      allow_port0 ? " (e.g. 0.0.0.0:7700, port 0 = any free port)" : " (e.g. 10.0.0.2:7700)";
-  const size_t colon = value.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == value.size()) {
-    return invalid(label + ": '" + value + "' is not HOST:PORT" + example);
-  }
-  const std::string host = value.substr(0, colon);
-  if ((host.front() == '[') != (host.back() == ']') ||
-      (host.front() != '[' && host.find(':') != std::string::npos)) {
-    return invalid(label + ": '" + value + "': write IPv6 addresses in brackets, e.g. [::1]:7700");
-  }
-  auto port = parseUnsigned(value.substr(colon + 1), label);
-  if (!port || *port > 65535) {
-    return invalid(label + ": '" + value + "' has no valid port (0-65535)" + example);
-  }
-  if (*port == 0 && !allow_port0) {
-    return invalid(label + ": '" + value + "': port 0 cannot be dialled" + example);
-  }
-  return {};
-}
-
-bool validName(const std::string& name) {
-  return !name.empty() && name.size() <= kMaxStreamName &&
-         name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
-             std::string::npos;
-}
-
-Status checkStream(const std::string& stream, const std::string& label) {
-  if (stream == "*" || validName(stream)) return {};
-  return invalid(label + ": '" + stream + "' is not a stream name ([A-Za-z0-9._-], 1-63 characters) or '*'");
-}
-
-Status checkTransports(const std::vector<std::string>& transports, const std::string& label) {
-  if (transports.empty()) {
-    return invalid(label + ": name at least one transport (" + joinList(kTransports) + ")");
-  }
-  for (size_t i = 0; i < transports.size(); ++i) {
-    if (!oneOf(kTransports, transports[i])) {
-      return invalid(label + ": unknown transport '" + transports[i] + "'; use " + joinList(kTransports));
-    }
-    if (std::find(transports.begin(), transports.begin() + static_cast<long>(i), transports[i]) !=
-        transports.begin() + static_cast<long>(i)) {
-      return invalid(label + ": transport '" + transports[i] + "' is listed twice");
-    }
-  }
-  return {};
-}
-
-std::vector<std::string> splitComma(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    out.push_back(item);
+// "[daemon], [link], [limits], [metrics], [[peer]]"
+std::string sectionList() {
+  std::string out;
+  std::string_view last;
+  for (const auto& option : options()) {
+    if (option.section == last) continue;
+    last = option.section;
+    if (!out.empty()) out += ", ";
+    out += std::holds_alternative<config::Peers>(option.value) ? "[[" + std::string(last) + "]]"
+                                                               : "[" + std::string(last) + "]";
   }
   return out;
 }
 
-Result<std::string> readTokenFile(const std::string& path, const std::string& label) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalid(label + ": cannot read '" + path + "': " + std::strerror(errno));
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty()) return invalid(label + ": '" + path + "' is empty; put the shared secret in it");
-  return token;
+bool isSection(const std::string& name) {
+  return std::any_of(options().begin(), options().end(), [&](const Option& o) { return o.section == name; });
 }
 
 // ---- TOML ----
@@ -245,36 +73,20 @@ class TomlReader {
     for (auto&& [key, node] : root) {
       const std::string name{key.str()};
       Status status;
-      if (name == "daemon") {
-        status = section(node, name,
-                         [&](const std::string& k, const toml::node& n) { return daemonKey(k, n, config); });
-      } else if (name == "link") {
-        status = section(node, name,
-                         [&](const std::string& k, const toml::node& n) { return linkKey(k, n, config); });
-      } else if (name == "limits") {
-        status = section(node, name,
-                         [&](const std::string& k, const toml::node& n) { return limitsKey(k, n, config); });
-      } else if (name == "metrics") {
-        status = section(node, name,
-                         [&](const std::string& k, const toml::node& n) { return metricsKey(k, n, config); });
-      } else if (name == "peer") {
+      if (name == "peer") {
         status = peers(node, config);
+      } else if (isSection(name)) {
+        status = section(node, name, config);
       } else {
-        status = invalid("unknown table or key '" + name + "' " + at(node) +
-                         "; known: [daemon], [link], [limits], [metrics], [[peer]]");
+        status = invalid("unknown table or key '" + name + "' " + at(node) + "; known: " + sectionList());
       }
       if (!status) return status;
     }
-    if (!config.token.empty() && !token_file_.empty()) {
+    if (config.token_file.empty()) return {};
+    if (!config.token.empty()) {
       return invalid("link.token and link.token_file are both set in " + file_ + "; keep one");
     }
-    if (!token_file_.empty()) {
-      // Relative to the file that names it, so a config directory can be moved as a whole.
-      std::filesystem::path path(token_file_);
-      if (path.is_relative()) path = std::filesystem::path(file_).parent_path() / path;
-      return assign(readTokenFile(path.string(), "link.token_file in " + file_), config.token);
-    }
-    return {};
+    return assign(readTokenFile(config.token_file, "link.token_file in " + file_), config.token);
   }
 
  private:
@@ -284,17 +96,20 @@ class TomlReader {
     if (line == 0) return "in " + file_;
     return "(line " + std::to_string(line) + " of " + file_ + ")";
   }
-  std::string label(const std::string& key, const toml::node& node) const { return key + " " + at(node); }
+  config::Origin origin(const std::string& key, const toml::node& node) const {
+    return {key + " " + at(node), true, std::filesystem::path(file_).parent_path().string()};
+  }
 
-  template <typename Fn>
-  Status section(const toml::node& node, const std::string& name, Fn&& fn) {
+  Status section(const toml::node& node, const std::string& name, Config& config) {
     const toml::table* table = node.as_table();
     if (table == nullptr) {
       return invalid("'" + name + "' " + at(node) + " must be a table: write [" + name + "]");
     }
     for (auto&& [key, value] : *table) {
-      Status status = fn(name + "." + std::string(key.str()), value);
-      if (!status) return status;
+      const std::string full = name + "." + std::string(key.str());
+      const Option* option = config::findOption(name, key.str());
+      if (option == nullptr) return unknown(full, value);
+      if (auto st = config::setFromToml(*option, value, origin(full, value), config); !st) return st;
     }
     return {};
   }
@@ -306,191 +121,10 @@ class TomlReader {
 
   Result<std::string> str(const std::string& key, const toml::node& node) const {
     if (const auto* v = node.as_string()) return v->get();
-    return invalid(label(key, node) + ": must be a string (in quotes)");
-  }
-  // A file name, relative to the directory of the config file that names it.
-  Result<std::string> path(const std::string& key, const toml::node& node) const {
-    auto s = str(key, node);
-    if (!s || s->empty()) return s;
-    std::filesystem::path p(*s);
-    if (p.is_relative()) p = std::filesystem::path(file_).parent_path() / p;
-    return p.string();
-  }
-  Result<int64_t> integer(const std::string& key, const toml::node& node) const {
-    if (const auto* v = node.as_integer()) return v->get();
-    return invalid(label(key, node) + ": must be an integer");
-  }
-  Result<uint32_t> u32(const std::string& key, const toml::node& node, bool allow_zero = false) const {
-    auto v = integer(key, node);
-    if (!v) return std::move(v).error();
-    if (*v < 0) return invalid(label(key, node) + ": must not be negative");
-    return parseU32(std::to_string(*v), label(key, node), allow_zero);
-  }
-  // An integer number of bytes or a string with a suffix ("4MiB").
-  Result<uint64_t> size(const std::string& key, const toml::node& node) const {
-    if (const auto* v = node.as_integer()) {
-      if (v->get() < 0) return invalid(label(key, node) + ": must not be negative");
-      return parseSize(std::to_string(v->get()), label(key, node));
-    }
-    if (const auto* v = node.as_string()) return parseSize(v->get(), label(key, node));
-    return invalid(label(key, node) + ": must be a number of bytes or a string such as \"4MiB\"");
-  }
-  Result<uint32_t> count(const std::string& key, const toml::node& node) const {
-    auto v = size(key, node);
-    if (!v) return std::move(v).error();
-    return parseSize32(std::to_string(*v), label(key, node));
-  }
-  Result<std::vector<std::string>> strings(const std::string& key, const toml::node& node) const {
-    const auto* array = node.as_array();
-    if (array == nullptr) {
-      return invalid(label(key, node) + R"(: must be an array of strings, e.g. ["a", "b"])");
-    }
-    std::vector<std::string> out;
-    for (const auto& element : *array) {
-      auto s = str(key, element);
-      if (!s) return std::move(s).error();
-      out.push_back(std::move(*s));
-    }
-    return out;
-  }
-  Result<std::vector<uint32_t>> ids(const std::string& key, const toml::node& node) const {
-    const auto* array = node.as_array();
-    if (array == nullptr) {
-      return invalid(label(key, node) + ": must be an array of integers, e.g. [1000, 1001]");
-    }
-    std::vector<uint32_t> out;
-    for (const auto& element : *array) {
-      auto v = u32(key, element, /*allow_zero=*/true);
-      if (!v) return std::move(v).error();
-      out.push_back(*v);
-    }
-    return out;
+    return invalid(key + " " + at(node) + ": must be a string (in quotes)");
   }
 
-  Status daemonKey(const std::string& key, const toml::node& node, Config& c) {
-    const std::string k = key.substr(key.find('.') + 1);
-    if (k == "id") return assign(str(key, node), c.id);
-    if (k == "socket") return assign(str(key, node), c.socket_path);
-    if (k == "socket_mode") {
-      if (const auto* v = node.as_integer()) {  // a TOML octal literal, 0o660
-        if (v->get() < 0 || v->get() > 0777) {
-          return invalid(label(key, node) + ": must be within 0o000..0o777");
-        }
-        c.socket_mode = static_cast<uint32_t>(v->get());
-        return {};
-      }
-      auto s = str(key, node);
-      if (!s) return invalid(label(key, node) + ": must be an octal string such as \"0660\"");
-      return assign(parseMode(*s, label(key, node)), c.socket_mode);
-    }
-    if (k == "socket_group") return assign(str(key, node), c.socket_group);
-    if (k == "admin_group") return assign(str(key, node), c.admin_group);
-    if (k == "allowed_uids") return assign(ids(key, node), c.allowed_uids);
-    if (k == "allowed_gids") return assign(ids(key, node), c.allowed_gids);
-    if (k == "log_level") {
-      auto s = str(key, node);
-      if (!s) return std::move(s).error();
-      if (auto st = checkLogLevel(*s, label(key, node)); !st) return st;
-      c.log_level = *s;
-      return {};
-    }
-    if (k == "ready_file") return assign(str(key, node), c.ready_file);
-    if (k == "cpu") {
-      auto v = integer(key, node);
-      if (!v) return std::move(v).error();
-      return assign(parseCpu(std::to_string(*v), label(key, node)), c.cpu);
-    }
-    if (k == "idle_spin_us") return assign(u32(key, node, true), c.idle_spin_us);
-    if (k == "hugepages") {
-      auto s = str(key, node);
-      if (!s) return std::move(s).error();
-      if (auto st = checkHugepages(*s, label(key, node)); !st) return st;
-      c.hugepages = *s;
-      return {};
-    }
-    return unknown(key, node);
-  }
-
-  Status linkKey(const std::string& key, const toml::node& node, Config& c) {
-    const std::string k = key.substr(key.find('.') + 1);
-    if (k == "listen" || k == "data_listen") {
-      auto s = str(key, node);
-      if (!s) return std::move(s).error();
-      if (auto st = checkHostPort(*s, label(key, node), true); !st) return st;
-      (k == "listen" ? c.listen : c.data_listen) = *s;
-      return {};
-    }
-    if (k == "token") return assign(str(key, node), c.token);
-    if (k == "token_file") return assign(str(key, node), token_file_);
-    if (k == "transports") {
-      auto list = strings(key, node);
-      if (!list) return std::move(list).error();
-      if (auto st = checkTransports(*list, label(key, node)); !st) return st;
-      c.transports = std::move(*list);
-      return {};
-    }
-    if (k == "ack_timeout_ms") return assign(u32(key, node), c.ack_timeout_ms);
-    if (k == "credit_timeout_ms") return assign(u32(key, node), c.credit_timeout_ms);
-    if (k == "connect_timeout_ms") return assign(u32(key, node), c.connect_timeout_ms);
-    if (k == "keepalive_ms") return assign(u32(key, node), c.keepalive_ms);
-    if (k == "reconnect_min_ms") return assign(u32(key, node), c.reconnect_min_ms);
-    if (k == "reconnect_max_ms") return assign(u32(key, node), c.reconnect_max_ms);
-    if (k == "grpc_chunk_bytes") return assign(size(key, node), c.grpc_chunk_bytes);
-    if (k == "rdma_device") return assign(str(key, node), c.rdma_device);
-    if (k == "rdma_port") {
-      uint32_t port = 0;
-      if (auto st = assign(u32(key, node, true), port); !st) return st;
-      if (port > 65535) return invalid(label(key, node) + ": a port is 0-65535 (0 = any free port)");
-      c.rdma_port = port;
-      return {};
-    }
-    if (k == "rdma_retry_ms") return assign(u32(key, node), c.rdma_retry_ms);
-    if (k == "tls_cert_file") return assign(path(key, node), c.tls_cert_file);
-    if (k == "tls_key_file") return assign(path(key, node), c.tls_key_file);
-    if (k == "tls_ca_file") return assign(path(key, node), c.tls_ca_file);
-    if (k == "tls_server_name") return assign(str(key, node), c.tls_server_name);
-    if (k == "tls_client_auth") {
-      if (const auto* v = node.as_boolean()) {
-        c.tls_client_auth = v->get();
-        return {};
-      }
-      return invalid(label(key, node) + ": must be true or false");
-    }
-    if (k == "allow_unauthenticated") {
-      if (const auto* v = node.as_boolean()) {
-        c.allow_unauthenticated = v->get();
-        return {};
-      }
-      return invalid(label(key, node) + ": must be true or false");
-    }
-    return unknown(key, node);
-  }
-
-  Status limitsKey(const std::string& key, const toml::node& node, Config& c) {
-    const std::string k = key.substr(key.find('.') + 1);
-    if (k == "max_slot_size") return assign(size(key, node), c.max_slot_size);
-    if (k == "max_slots") return assign(count(key, node), c.max_slots);
-    if (k == "max_client_bytes") return assign(size(key, node), c.max_client_bytes);
-    if (k == "default_slot_count") return assign(count(key, node), c.default_slot_count);
-    if (k == "default_slot_size") return assign(size(key, node), c.default_slot_size);
-    if (k == "max_clients_per_uid") return assign(u32(key, node), c.max_clients_per_uid);
-    return unknown(key, node);
-  }
-
-  Status metricsKey(const std::string& key, const toml::node& node, Config& c) {
-    const std::string k = key.substr(key.find('.') + 1);
-    if (k == "listen") {
-      auto s = str(key, node);
-      if (!s) return std::move(s).error();
-      if (!s->empty()) {
-        if (auto st = checkHostPort(*s, label(key, node), true); !st) return st;
-      }
-      c.metrics_listen = *s;
-      return {};
-    }
-    return unknown(key, node);
-  }
-
+  // [[peer]] tables: name, address, streams.
   Status peers(const toml::node& node, Config& c) {
     const auto* array = node.as_array();
     if (array == nullptr || !array->is_array_of_tables()) {
@@ -511,7 +145,14 @@ class TomlReader {
           status = assign(str(key, value), peer.address);
           has_address = true;
         } else if (name == "streams") {
-          status = assign(strings(key, value), peer.streams);
+          const auto* list = value.as_array();
+          if (list == nullptr)
+            return invalid(key + " " + at(value) + R"(: must be an array of strings, e.g. ["a", "b"])");
+          for (const auto& stream : *list) {
+            std::string s;
+            if (auto st = assign(str(key, stream), s); !st) return st;
+            peer.streams.push_back(std::move(s));
+          }
         } else {
           status = unknown(key, value);
         }
@@ -522,12 +163,10 @@ class TomlReader {
                        R"(: every [[peer]] needs name = "..." and address = "HOST:PORT")");
       }
       const std::string where = "[[peer]] '" + peer.name + "' " + at(element);
-      if (!validName(peer.name)) {
-        return invalid(where + ": name must be [A-Za-z0-9._-], 1-63 characters");
-      }
+      if (auto st = checkStreamName(peer.name, where + " name", false); !st) return st;
       if (auto st = checkHostPort(peer.address, where + " address", false); !st) return st;
       for (const auto& stream : peer.streams) {
-        if (auto st = checkStream(stream, where + " streams"); !st) return st;
+        if (auto st = checkStreamName(stream, where + " stream name", true); !st) return st;
       }
       c.peers.push_back(std::move(peer));
     }
@@ -535,87 +174,93 @@ class TomlReader {
   }
 
   std::string file_;
-  std::string token_file_;
 };
 
 // ---- command line ----
-
-// Flags are parsed into strings first so that every value goes through the
-// same checks (and messages) as the TOML file, and so that only the flags
-// actually given override the file.
-struct Flags {
-  std::string config, id, socket, socket_mode, socket_group, admin_group, listen, data_listen, token,
-      token_file, transports, hugepages, log_level, metrics, ready_file, ack_timeout, credit_timeout,
-      connect_timeout, max_slot_size, max_slots, max_client_bytes, max_clients_per_uid, default_slot_size,
-      default_slots, cpu, idle_spin, rdma_device, rdma_port, rdma_retry, fault_inject, tls_cert, tls_key,
-      tls_ca, tls_server_name;
-  bool tls_client_auth = false;
-  bool allow_unauthenticated = false;
-  std::vector<std::string> allow_uid, allow_gid, peer, route;
-};
 
 std::string versionText() {
   return "framelinkd " + std::to_string(FL_VERSION_MAJOR) + "." + std::to_string(FL_VERSION_MINOR) + "." +
          std::to_string(FL_VERSION_PATCH);
 }
 
-Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
-  auto given = [&](const char* name) { return app.count(name) > 0; };
-  if (given("--id")) c.id = f.id;
-  if (given("--socket")) c.socket_path = f.socket;
-  if (given("--socket-mode")) {
-    if (auto st = assign(parseMode(f.socket_mode, "--socket-mode"), c.socket_mode); !st) return st;
+// What CLI11 collected for one option of the table.  Values stay text until
+// setFromText, so that flags and the file go through the same checks.
+struct FlagValue {
+  CLI::Option* cli = nullptr;
+  std::string text;
+  std::vector<std::string> list;
+  bool on = false;
+};
+
+struct Flags {
+  std::string config;
+  bool print_reference = false;
+  std::vector<FlagValue> values;  // parallel to options()
+  std::vector<std::string> peer, route;
+};
+
+// The flag of a setting, by its key ("link.token").
+const FlagValue& flagOf(const Flags& f, std::string_view key) {
+  for (size_t i = 0; i < options().size(); ++i) {
+    if (config::keyName(options()[i]) == key) return f.values[i];
   }
-  if (given("--socket-group")) c.socket_group = f.socket_group;
-  if (given("--admin-group")) c.admin_group = f.admin_group;
-  if (given("--allow-uid")) {
-    c.allowed_uids.clear();
-    for (const auto& v : f.allow_uid) {
-      auto id = parseU32(v, "--allow-uid", true);
-      if (!id) return std::move(id).error();
-      c.allowed_uids.push_back(*id);
+  static const FlagValue kNone;
+  return kNone;
+}
+
+bool given(const Flags& f, std::string_view key) {
+  const FlagValue& flag = flagOf(f, key);
+  return flag.cli != nullptr && flag.cli->count() > 0;
+}
+
+void addFlags(CLI::App& app, Flags& f) {
+  app.add_option("--config", f.config, "TOML file, loaded first; flags override it")->type_name("FILE");
+  app.add_flag("--print-config-reference", f.print_reference,
+               "Print the table of settings (markdown, as in the README) and exit");
+  f.values.resize(options().size());
+  for (size_t i = 0; i < options().size(); ++i) {
+    const Option& option = options()[i];
+    FlagValue& v = f.values[i];
+    const std::string group = "[" + std::string(option.section) + "]";
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      app.add_option("--peer", f.peer, "A peer daemon this daemon dials (repeatable)")
+          ->allow_extra_args(false)
+          ->type_name("NAME=HOST:PORT")
+          ->group("[[peer]]");
+      app.add_option("--route", f.route, "Route a stream (or '*') to a peer (repeatable)")
+          ->allow_extra_args(false)
+          ->type_name("STREAM=PEER")
+          ->group("[[peer]]");
+      continue;
     }
-  }
-  if (given("--allow-gid")) {
-    c.allowed_gids.clear();
-    for (const auto& v : f.allow_gid) {
-      auto id = parseU32(v, "--allow-gid", true);
-      if (!id) return std::move(id).error();
-      c.allowed_gids.push_back(*id);
+    std::string names = config::flagName(option);
+    for (auto alias : option.aliases) names += "," + std::string(alias);
+    std::string help(option.help);
+    if (const auto text = config::defaultText(option);
+        !text.empty() && text != "-" && !config::isSwitch(option)) {
+      help += " (default " + text + ")";
     }
+    if (config::isSwitch(option)) {
+      v.cli = app.add_flag(names, v.on, help);
+    } else if (config::isList(option)) {
+      v.cli =
+          app.add_option(names, v.list, help + "; repeatable or comma-separated")->allow_extra_args(false);
+    } else {
+      v.cli = app.add_option(names, v.text, help);
+    }
+    v.cli->type_name(config::placeholder(option))->group(option.in_file ? group : "command line only");
   }
-  if (given("--listen")) {
-    if (auto st = checkHostPort(f.listen, "--listen", true); !st) return st;
-    c.listen = f.listen;
-  }
-  if (given("--data-listen")) {
-    if (auto st = checkHostPort(f.data_listen, "--data-listen", true); !st) return st;
-    c.data_listen = f.data_listen;
-  }
-  if (given("--token")) c.token = f.token;
-  if (given("--token-file")) {
-    if (auto st = assign(readTokenFile(f.token_file, "--token-file"), c.token); !st) return st;
-  }
-  if (given("--tls-cert")) c.tls_cert_file = f.tls_cert;
-  if (given("--tls-key")) c.tls_key_file = f.tls_key;
-  if (given("--tls-ca")) c.tls_ca_file = f.tls_ca;
-  if (given("--tls-server-name")) c.tls_server_name = f.tls_server_name;
-  if (given("--tls-client-auth")) c.tls_client_auth = f.tls_client_auth;
-  if (given("--allow-unauthenticated")) c.allow_unauthenticated = f.allow_unauthenticated;
-  if (given("--transports")) {
-    auto list = splitComma(f.transports);
-    if (auto st = checkTransports(list, "--transports"); !st) return st;
-    c.transports = std::move(list);
-  }
+  flagOf(f, "link.token_file").cli->excludes(flagOf(f, "link.token").cli);
+}
+
+Status applyPeerFlags(const Flags& f, Config& c) {
   for (const auto& spec : f.peer) {
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
       return invalid("--peer '" + spec + "': write NAME=HOST:PORT, e.g. --peer hostb=10.0.0.2:7700");
     }
     PeerConfig peer{spec.substr(0, eq), spec.substr(eq + 1), {}};
-    if (!validName(peer.name)) {
-      return invalid("--peer '" + spec + "': the name must be [A-Za-z0-9._-], 1-63 characters");
-    }
+    if (auto st = checkStreamName(peer.name, "--peer '" + spec + "': the name", false); !st) return st;
     if (auto st = checkHostPort(peer.address, "--peer " + peer.name, false); !st) return st;
     auto existing = std::find_if(c.peers.begin(), c.peers.end(),
                                  [&](const PeerConfig& p) { return p.name == peer.name; });
@@ -633,7 +278,7 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
     }
     const std::string stream = spec.substr(0, eq);
     const std::string name = spec.substr(eq + 1);
-    if (auto st = checkStream(stream, "--route " + spec); !st) return st;
+    if (auto st = checkStreamName(stream, "--route " + spec + ": stream name", true); !st) return st;
     auto peer =
         std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
     if (peer == c.peers.end()) {
@@ -647,122 +292,61 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
       peer->streams.push_back(stream);
     }
   }
-  if (given("--hugepages")) {
-    if (auto st = checkHugepages(f.hugepages, "--hugepages"); !st) return st;
-    c.hugepages = f.hugepages;
-  }
-  if (given("--log-level")) {
-    if (auto st = checkLogLevel(f.log_level, "--log-level"); !st) return st;
-    c.log_level = f.log_level;
-  }
-  if (given("--metrics")) {
-    if (auto st = checkHostPort(f.metrics, "--metrics", true); !st) return st;
-    c.metrics_listen = f.metrics;
-  }
-  if (given("--ready-file")) c.ready_file = f.ready_file;
-  if (given("--rdma-device")) c.rdma_device = f.rdma_device;
-  if (given("--fault-inject")) {
-    auto spec = transport::parseFaultSpec(f.fault_inject);
-    if (!spec) return invalid("--fault-inject: " + spec.error().message);
-    c.fault_inject = f.fault_inject;
-  }
-  if (given("--rdma-port")) {
-    if (auto st = assign(parseU32(f.rdma_port, "--rdma-port", true), c.rdma_port); !st) return st;
-    if (c.rdma_port > 65535)
-      return invalid("--rdma-port " + f.rdma_port + ": a port is 0-65535 (0 = any free port)");
-  }
-  if (given("--rdma-retry-ms")) {
-    if (auto st = assign(parseU32(f.rdma_retry, "--rdma-retry-ms", false), c.rdma_retry_ms); !st) return st;
-  }
-  if (given("--ack-timeout-ms")) {
-    if (auto st = assign(parseU32(f.ack_timeout, "--ack-timeout-ms", false), c.ack_timeout_ms); !st) {
-      return st;
-    }
-  }
-  if (given("--credit-timeout-ms")) {
-    if (auto st = assign(parseU32(f.credit_timeout, "--credit-timeout-ms", false), c.credit_timeout_ms);
-        !st) {
-      return st;
-    }
-  }
-  if (given("--connect-timeout-ms")) {
-    if (auto st = assign(parseU32(f.connect_timeout, "--connect-timeout-ms", false), c.connect_timeout_ms);
-        !st) {
-      return st;
-    }
-  }
-  if (given("--max-slot-size")) {
-    if (auto st = assign(parseSize(f.max_slot_size, "--max-slot-size"), c.max_slot_size); !st) return st;
-  }
-  if (given("--max-slots")) {
-    if (auto st = assign(parseSize32(f.max_slots, "--max-slots"), c.max_slots); !st) return st;
-  }
-  if (given("--default-slot-size")) {
-    if (auto st = assign(parseSize(f.default_slot_size, "--default-slot-size"), c.default_slot_size); !st) {
-      return st;
-    }
-  } else if (given("--max-slot-size") && c.default_slot_size > c.max_slot_size) {
-    c.default_slot_size = c.max_slot_size;  // lowering the limit lowers the default with it
-  }
-  if (given("--default-slots")) {
-    if (auto st = assign(parseSize32(f.default_slots, "--default-slots"), c.default_slot_count); !st)
-      return st;
-  } else if (given("--max-slots") && c.default_slot_count > c.max_slots) {
-    c.default_slot_count = c.max_slots;
-  }
-  if (given("--max-client-bytes")) {
-    if (auto st = assign(parseSize(f.max_client_bytes, "--max-client-bytes"), c.max_client_bytes); !st) {
-      return st;
-    }
-  }
-  if (given("--max-clients-per-uid")) {
-    if (auto st =
-            assign(parseU32(f.max_clients_per_uid, "--max-clients-per-uid", false), c.max_clients_per_uid);
-        !st) {
-      return st;
-    }
-  }
-  if (given("--cpu")) {
-    if (auto st = assign(parseCpu(f.cpu, "--cpu"), c.cpu); !st) return st;
-  }
-  if (given("--idle-spin-us")) {
-    if (auto st = assign(parseU32(f.idle_spin, "--idle-spin-us", true), c.idle_spin_us); !st) return st;
-  }
   return {};
 }
 
-// Checks that involve more than one setting, after file and flags are merged.
-// A PEM file for TLS: readable, not empty, and PEM ("-----BEGIN ").
-Result<std::string> readPem(const std::string& path, const std::string& label, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalid(label + ": cannot read '" + path + "': " + std::strerror(errno));
-  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (pem.find("-----BEGIN ") == std::string::npos) {
-    return invalid(label + ": '" + path + "' is not PEM; it should hold " + what +
-                   " (-----BEGIN ...----- blocks)");
+Status applyFlags(const Flags& f, Config& c) {
+  for (size_t i = 0; i < options().size(); ++i) {
+    const FlagValue& v = f.values[i];
+    if (v.cli == nullptr || v.cli->count() == 0) continue;
+    const Option& option = options()[i];
+    std::vector<std::string> values;
+    if (config::isSwitch(option)) {
+      values = {v.on ? "true" : "false"};
+    } else if (config::isList(option)) {
+      values = v.list;
+    } else {
+      values = {v.text};
+    }
+    if (auto st = config::setFromText(option, values, {config::flagName(option), false, {}}, c); !st)
+      return st;
   }
-  return pem;
+  // A token given here replaces the file's token_file.
+  if (given(f, "link.token")) c.token_file.clear();
+  // Lowering a limit on the command line lowers the default with it.
+  if (given(f, "limits.max_slot_size") && !given(f, "limits.default_slot_size") &&
+      c.default_slot_size > c.max_slot_size) {
+    c.default_slot_size = c.max_slot_size;
+  }
+  if (given(f, "limits.max_slots") && !given(f, "limits.default_slot_count") &&
+      c.default_slot_count > c.max_slots) {
+    c.default_slot_count = c.max_slots;
+  }
+  return applyPeerFlags(f, c);
 }
+
+// ---- checks that involve more than one setting, after file and flags are merged ----
 
 // The TLS settings go together; reads their files.
 Status loadTls(Config& c) {
   const bool cert = !c.tls_cert_file.empty();
   if (cert != !c.tls_key_file.empty()) {
     return invalid(
-        "link.tls_cert_file (--tls-cert) and link.tls_key_file (--tls-key) go together: "
+        "link.tls_cert_file (--tls-cert-file) and link.tls_key_file (--tls-key-file) go together: "
         "give this daemon's certificate chain and its private key, or neither");
   }
   if (!cert) {
     if (!c.tls_ca_file.empty() || !c.tls_server_name.empty() || c.tls_client_auth) {
       return invalid(
           "TLS settings without a certificate: tls_ca_file, tls_server_name and tls_client_auth "
-          "apply only when link.tls_cert_file and link.tls_key_file (--tls-cert, --tls-key) are set");
+          "apply only when link.tls_cert_file and link.tls_key_file (--tls-cert-file, --tls-key-file) are "
+          "set");
     }
     return {};
   }
   if (c.tls_client_auth && c.tls_ca_file.empty()) {
     return invalid(
-        "link.tls_client_auth (--tls-client-auth) needs link.tls_ca_file (--tls-ca): the CA "
+        "link.tls_client_auth (--tls-client-auth) needs link.tls_ca_file (--tls-ca-file): the CA "
         "that signs the certificates of the peers allowed to dial in");
   }
   if (auto st = assign(readPem(c.tls_cert_file, "link.tls_cert_file", "a certificate chain"), c.tls_cert_pem);
@@ -803,6 +387,8 @@ Status validate(Config& c) {
     }
     c.id = host;
   }
+  // Peers name this daemon by its id in [[peer]] tables and routes: the same rule.
+  if (auto st = checkStreamName(c.id, "daemon.id (--id)", false); !st) return st;
   if (c.socket_path.empty()) return invalid("socket path is empty; pass --socket PATH");
   if (c.socket_path.size() > kMaxSocketPath) {
     return invalid("socket path '" + c.socket_path + "' is " + std::to_string(c.socket_path.size()) +
@@ -853,6 +439,13 @@ Status validate(Config& c) {
   return loadTls(c);
 }
 
+// A markdown table cell: '|' would end it.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return out;
+}
+
 }  // namespace
 
 std::string Config::routeFor(const std::string& stream) const {
@@ -875,82 +468,9 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   CLI::App app{"framelinkd: moves frames between hosts, zero-copy, over shared memory and RDMA/TCP/gRPC",
                "framelinkd"};
   app.set_version_flag("--version", versionText(), "Print the version and exit");
-  app.get_formatter()->column_width(34);
+  app.get_formatter()->column_width(40);
   Flags f;
-  auto one = [](CLI::Option* o) { return o->allow_extra_args(false); };
-  app.add_option("--config", f.config, "TOML file (flags override it)")->type_name("FILE");
-  app.add_option("--id", f.id, "Daemon id (default: host name)")->type_name("NAME");
-  app.add_option("--socket", f.socket, "Unix attach socket (default /run/framelink/framelinkd.sock)")
-      ->type_name("PATH");
-  app.add_option("--socket-mode", f.socket_mode, "Socket mode (default 0660)")->type_name("OCTAL");
-  app.add_option("--socket-group", f.socket_group, "Socket group (default: as created)")->type_name("NAME");
-  app.add_option("--admin-group", f.admin_group,
-                 "Group whose members may query the daemon (framelink stats, clients, links; default: the "
-                 "socket's group)")
-      ->type_name("NAME");
-  one(app.add_option("--allow-uid", f.allow_uid, "Allow this uid to attach (repeatable; default: anyone)"))
-      ->type_name("N");
-  one(app.add_option("--allow-gid", f.allow_gid, "Allow this gid to attach (repeatable)"))->type_name("N");
-  app.add_option("--listen", f.listen, "gRPC listener for peers (default 0.0.0.0:7700)")
-      ->type_name("HOST:PORT");
-  app.add_option("--data-listen", f.data_listen, "tcp data listener (default 0.0.0.0:0)")
-      ->type_name("HOST:PORT");
-  auto* token = app.add_option("--token", f.token, "Shared secret for peer links")->type_name("TOKEN");
-  app.add_option("--token-file", f.token_file, "Read the shared secret from FILE")
-      ->type_name("FILE")
-      ->excludes(token);
-  app.add_option("--tls-cert", f.tls_cert, "TLS on the gRPC link: this daemon's certificate chain (PEM)")
-      ->type_name("FILE");
-  app.add_option("--tls-key", f.tls_key, "The private key of --tls-cert (PEM)")->type_name("FILE");
-  app.add_option("--tls-ca", f.tls_ca, "CA certificates that sign the peers' certificates (PEM)")
-      ->type_name("FILE");
-  app.add_option("--tls-server-name", f.tls_server_name,
-                 "Name to verify in the peer's certificate (default: the host of its address)")
-      ->type_name("NAME");
-  app.add_flag("--tls-client-auth", f.tls_client_auth,
-               "Mutual TLS: peers that dial in must present a certificate signed by --tls-ca");
-  app.add_flag("--allow-unauthenticated", f.allow_unauthenticated,
-               "Listen for peers on a non-loopback address without --token or TLS (refused otherwise)");
-  app.add_option("--transports", f.transports, "Comma list in preference order (default tcp,grpc)")
-      ->type_name("LIST");
-  app.add_option("--rdma-device", f.rdma_device,
-                 "RDMA device (default: the one that owns the --listen address)")
-      ->type_name("NAME");
-  app.add_option("--rdma-port", f.rdma_port, "rdma_cm listen port, announced to peers (default 0 = any)")
-      ->type_name("PORT");
-  app.add_option("--fault-inject", f.fault_inject,
-                 "Tests only: inject link faults, e.g. seed=7,drop=0.01,delay=0.05 (see README)")
-      ->type_name("SPEC");
-  app.add_option("--rdma-retry-ms", f.rdma_retry,
-                 "How often a link that fell back from rdma tries it again (default 30000)")
-      ->type_name("MS");
-  one(app.add_option("--peer", f.peer, "A peer daemon's gRPC address (repeatable)"))
-      ->type_name("NAME=HOST:PORT");
-  one(app.add_option("--route", f.route, "Route a stream (or '*') to a peer (repeatable)"))
-      ->type_name("STREAM=PEER");
-  app.add_option("--hugepages", f.hugepages, "auto|on|off (default auto)")->type_name("MODE");
-  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error (default info)")
-      ->type_name("LEVEL");
-  app.add_option("--metrics", f.metrics, "Serve /metrics and /stats (default off)")->type_name("HOST:PORT");
-  app.add_option("--ready-file", f.ready_file, "Write pid/ports here once serving")->type_name("PATH");
-  app.add_option("--ack-timeout-ms", f.ack_timeout, "Default 30000")->type_name("N");
-  app.add_option("--credit-timeout-ms", f.credit_timeout, "Default 30000")->type_name("N");
-  app.add_option("--connect-timeout-ms", f.connect_timeout, "Default 5000")->type_name("N");
-  app.add_option("--max-slot-size", f.max_slot_size, "Default 64MiB")->type_name("BYTES");
-  app.add_option("--max-slots", f.max_slots, "Per client, default 1024")->type_name("N");
-  app.add_option("--max-client-bytes", f.max_client_bytes, "Per client, default 1GiB")->type_name("BYTES");
-  app.add_option("--max-clients-per-uid", f.max_clients_per_uid, "Clients one uid may attach, default 256")
-      ->type_name("N");
-  app.add_option("--default-slot-size", f.default_slot_size, "For clients that ask for 0, default 4MiB")
-      ->type_name("BYTES");
-  app.add_option("--default-slots", f.default_slots, "For clients that ask for 0, default 8")->type_name("N");
-  app.add_option("--cpu", f.cpu, "Pin the data agent to this CPU (-1 = no)")->type_name("N");
-  app.add_option(
-         "--idle-spin-us", f.idle_spin,
-         "The data agent spins this long after its last work, yields as long, then sleeps (0 = sleep at "
-         "once; default 50)")
-      ->type_name("US");
-
+  addFlags(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -966,63 +486,68 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return invalid(std::string(e.what()) + "; run framelinkd --help");
   }
+  if (f.print_reference) {
+    Config config;
+    config.exit_now = true;
+    config.exit_message = configReference();
+    return config;
+  }
 
   Config config;
   if (!f.config.empty()) {
     config.config_file = f.config;
     if (auto st = TomlReader(f.config).load(config); !st) return std::move(st).error();
   }
-  if (auto st = applyFlags(app, f, config); !st) return std::move(st).error();
+  if (auto st = applyFlags(f, config); !st) return std::move(st).error();
   if (auto st = validate(config); !st) return std::move(st).error();
   return config;
 }
 
 std::string describe(const Config& c) {
-  auto mode = [](uint32_t m) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "%04o", m);
-    return std::string(buf);
-  };
-  auto ids = [](const std::vector<uint32_t>& v) {
-    std::vector<std::string> s;
-    s.reserve(v.size());
-    for (auto id : v) s.push_back(std::to_string(id));
-    return v.empty() ? std::string("any") : join(s);
-  };
-  std::string peers;
-  for (const auto& p : c.peers) {
-    if (!peers.empty()) peers += ' ';
-    peers += p.name + "=" + p.address;
-    if (!p.streams.empty()) peers += "[" + join(p.streams) + "]";
+  std::string out = "config=" + (c.config_file.empty() ? std::string("-") : c.config_file);
+  std::string_view section;
+  for (const auto& option : options()) {
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      out += " [[" + std::string(option.section) + "]] " + config::show(option, c);
+      continue;
+    }
+    if (option.section != section) {
+      section = option.section;
+      out += " [" + std::string(section) + "]";
+    }
+    out += " " + std::string(option.key) + "=" + config::show(option, c);
   }
-  std::ostringstream out;
-  out << "id=" << c.id << " config=" << (c.config_file.empty() ? "-" : c.config_file)
-      << " socket=" << c.socket_path << " mode=" << mode(c.socket_mode)
-      << " group=" << (c.socket_group.empty() ? "-" : c.socket_group)
-      << " admin_group=" << (c.admin_group.empty() ? "-" : c.admin_group) << " uids=" << ids(c.allowed_uids)
-      << " gids=" << ids(c.allowed_gids) << " listen=" << c.listen << " data_listen=" << c.data_listen
-      << " token=" << (c.token.empty() ? "none" : "<redacted>") << " tls="
-      << (!c.tlsEnabled()     ? std::string("off")
-          : c.tls_client_auth ? "mutual(cert=" + c.tls_cert_file + ",ca=" + c.tls_ca_file + ")"
-                              : "on(cert=" + c.tls_cert_file +
-                                    ",ca=" + (c.tls_ca_file.empty() ? "system" : c.tls_ca_file) + ")")
-      << (c.tls_server_name.empty() ? "" : " tls_server_name=" + c.tls_server_name)
-      << (c.allow_unauthenticated ? " allow_unauthenticated=true" : "")
-      << " transports=" << join(c.transports) << " peers={" << peers << "}"
-      << " hugepages=" << c.hugepages << " log_level=" << c.log_level
-      << " metrics=" << (c.metrics_listen.empty() ? "off" : c.metrics_listen)
-      << " ready_file=" << (c.ready_file.empty() ? "-" : c.ready_file) << " cpu=" << c.cpu
-      << " idle_spin_us=" << c.idle_spin_us << " ack_timeout_ms=" << c.ack_timeout_ms
-      << " credit_timeout_ms=" << c.credit_timeout_ms << " connect_timeout_ms=" << c.connect_timeout_ms
-      << " keepalive_ms=" << c.keepalive_ms << " reconnect_ms=" << c.reconnect_min_ms << ".."
-      << c.reconnect_max_ms << " grpc_chunk_bytes=" << c.grpc_chunk_bytes
-      << " rdma_device=" << (c.rdma_device.empty() ? "auto" : c.rdma_device) << " rdma_port=" << c.rdma_port
-      << " rdma_retry_ms=" << c.rdma_retry_ms
-      << (c.fault_inject.empty() ? "" : " fault_inject=" + c.fault_inject)
-      << " max_slot_size=" << c.max_slot_size << " max_slots=" << c.max_slots
-      << " max_client_bytes=" << c.max_client_bytes << " max_clients_per_uid=" << c.max_clients_per_uid
-      << " default_slots=" << c.default_slot_count << "x" << c.default_slot_size;
-  return out.str();
+  return out;
+}
+
+std::string configReference() {
+  std::string out =
+      "| key | flag | default | |\n"
+      "|---|---|---|---|\n"
+      "| | `--config FILE` | | TOML file, loaded first; flags override it |\n";
+  for (const auto& option : options()) {
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      out +=
+          "| `[[peer]]` `name`, `address`, `streams` | `--peer NAME=HOST:PORT`, `--route STREAM=PEER` | | " +
+          cell(std::string(option.help)) + " (both flags repeatable) |\n";
+      continue;
+    }
+    std::string flag = "`" + config::flagName(option);
+    if (const auto ph = config::placeholder(option); !ph.empty()) flag += " " + ph;
+    flag += "`";
+    for (size_t i = 0; i < option.aliases.size(); ++i) {
+      flag += (i == 0 ? " (also `" : ", `") + std::string(option.aliases[i]) + "`";
+      if (i + 1 == option.aliases.size()) flag += ")";
+    }
+    std::string key = option.in_file
+                          ? "`[" + std::string(option.section) + "] " + std::string(option.key) + "`"
+                          : "(flag only)";
+    std::string fallback = config::defaultText(option);
+    const bool literal = !config::tomlValue(option, Config{}).empty();
+    out += "| " + key + " | " + cell(flag) + " | " + (literal ? "`" + cell(fallback) + "`" : cell(fallback)) +
+           " | " + cell(std::string(option.help)) + " |\n";
+  }
+  return out;
 }
 
 }  // namespace framelink

@@ -44,6 +44,7 @@ struct Config {
   std::string listen = "0.0.0.0:7700";
   std::string data_listen = "0.0.0.0:0";
   std::string token;                                   // empty: peer links are not authenticated
+  std::string token_file;                              // where `token` was read from, if from a file
   std::vector<std::string> transports{"tcp", "grpc"};  // preference order
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
@@ -97,7 +98,7 @@ struct Config {
   // Where the configuration came from (empty: flags only); for the start-up log.
   std::string config_file;
 
-  // --help and --version: parseConfig() succeeds with exit_now set and the text
+  // --help, --version and --print-config-reference: parseConfig() succeeds with exit_now set and the text
   // to print in exit_message.  The caller prints it to stdout and exits 0
   // without starting anything; every other field is then unspecified.
   bool exit_now = false;
@@ -112,16 +113,25 @@ struct Config {
   std::string routeFor(const std::string& stream) const;
 };
 
+// Every setting is a row of the option table (config_options.h): its TOML
+// key, its flag, its help text and its checks are written once, there.
+//
 // Parses the framelinkd command line (see README "framelinkd").  With
 // --config FILE the TOML file is loaded first and flags given on the command
-// line override it: scalar flags replace the file's value, --allow-uid /
-// --allow-gid / --transports replace the file's list, --peer adds a peer (or
+// line override it: scalar flags replace the file's value, --allowed-uids /
+// --allowed-gids / --transports replace the file's list, --peer adds a peer (or
 // replaces the address of the file's peer of that name), --route STREAM=PEER
 // adds STREAM to that peer's streams.  Errors carry FL_EINVAL and a message
 // that names the offending flag or key (and file) and the expected form.
 Result<Config> parseConfig(int argc, const char* const* argv);
 
-// One line for the start-up log: every effective setting, the token redacted.
+// One line for the start-up log: every effective setting, the token redacted:
+// "config=FILE [daemon] id=a socket=... [link] listen=... token=<redacted> ...
+//  [limits] ... [metrics] listen=off [[peer]] {b=h:1[cam0]}".
 std::string describe(const Config& config);
+
+// The README's configuration table (markdown), one row per setting; printed
+// by framelinkd --print-config-reference.
+std::string configReference();
 
 }  // namespace framelink

@@ -18,6 +18,7 @@
 
 #include "common/log_limit.h"
 #include "data_agent.h"
+#include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "metrics.h"
 #include "peer_session.h"
@@ -49,12 +50,6 @@ std::string joined(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& i : items) out += (out.empty() ? "" : ",") + i;
   return out.empty() ? "(none)" : out;
-}
-
-bool validDaemonId(const std::string& id) {
-  return !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-  });
 }
 
 // Calls `cancel` until disarmed, never after.
@@ -529,8 +524,11 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     log_auth_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
   }
-  if (!validDaemonId(hello.daemon_id())) {
-    return {::grpc::StatusCode::INVALID_ARGUMENT, "daemon id must be 1-64 characters of [A-Za-z0-9._-]"};
+  // A daemon id names the peer in routes and [[peer]] tables: the stream-name rule.
+  if (!fl_stream_name_valid(hello.daemon_id().data(), hello.daemon_id().size())) {
+    return {
+        ::grpc::StatusCode::INVALID_ARGUMENT,
+        "daemon id must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-]"};
   }
   std::string chosen;
   std::string reason;  // why not the transports the dialer preferred

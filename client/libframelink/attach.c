@@ -37,17 +37,6 @@ FL_API void fl_client_options_init(fl_client_options* options) {
   options->role = FL_PRODUCER;
 }
 
-static int flx_valid_stream(const char* s) {
-  size_t n = 0;
-  for (; s[n] != '\0'; ++n) {
-    char ch = s[n];
-    int ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-             ch == '_' || ch == '-';
-    if (!ok || n >= FL_STREAM_NAME_MAX - 1) return 0;
-  }
-  return n > 0;
-}
-
 static void flx_close_fds(int* fds, int n) {
   for (int i = 0; i < n; ++i) {
     if (fds[i] >= 0) close(fds[i]);
@@ -485,10 +474,11 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
-  if (!options->stream || !flx_valid_stream(options->stream))
+  if (!options->stream ||
+      !fl_stream_name_valid(options->stream, strnlen(options->stream, FL_STREAM_NAME_MAX)))
     return flx_error(FL_EINVAL,
                      "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
-                     options->stream ? options->stream : "(null)", FL_STREAM_NAME_MAX - 1);
+                     options->stream ? options->stream : "(null)", FL_STREAM_NAME_LEN_MAX);
 
   const char* path = options->socket_path;
   if (!path || !*path) path = getenv("FRAMELINK_SOCKET");

@@ -45,9 +45,33 @@ extern "C" {
 #define FL_LAYOUT_VERSION 2u
 #define FL_CACHE_LINE 64u
 #define FL_STREAM_NAME_MAX 64u /* bytes, including the terminating NUL */
+/* The longest stream name: the NUL-terminated name must fit the fixed fields
+ * that carry it (fl_attach_request.stream, fl_segment_header.stream_name). */
+#define FL_STREAM_NAME_LEN_MAX (FL_STREAM_NAME_MAX - 1u)
 #define FL_MAX_ATTR_BYTES 192u /* user attributes per frame */
 #define FL_PAGE_SIZE 4096u
 #define FL_HUGE_PAGE_SIZE (2u * 1024u * 1024u)
+
+/*
+ * The one stream-name rule, shared by the client library, the daemon's attach
+ * check, its configuration (peer names and routes) and the peer protocol:
+ * 1 to FL_STREAM_NAME_LEN_MAX (63) characters of [A-Za-z0-9._-].  `len` is
+ * the name's length without a terminator; a NUL inside it makes the name
+ * invalid.  For a fixed field that may lack its NUL, pass
+ * strnlen(field, sizeof field): a full field (no NUL) is then too long.
+ * Returns 1 when valid, 0 otherwise.
+ */
+static inline int fl_stream_name_valid(const char* name, size_t len) {
+  size_t i;
+  if (name == NULL || len == 0 || len > FL_STREAM_NAME_LEN_MAX) return 0;
+  for (i = 0; i < len; ++i) {
+    const char c = name[i];
+    const int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+                   c == '_' || c == '-';
+    if (!ok) return 0;
+  }
+  return 1;
+}
 
 enum fl_role {
   FL_ROLE_PRODUCER = 1,

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
@@ -164,4 +165,31 @@ TEST_CASE("C API structs have the layout bindings assume", "[layout]") {
   CHECK(offsetof(fl_frame, crc32c) == 56);
   CHECK(offsetof(fl_frame, attr_length) == 60);
   CHECK(offsetof(fl_frame, attrs) == 64);
+}
+
+TEST_CASE("fl_stream_name_valid: 1 to FL_STREAM_NAME_LEN_MAX characters of [A-Za-z0-9._-]", "[layout]") {
+  // The limit is what the fixed, NUL-terminated fields can carry.
+  CHECK(FL_STREAM_NAME_LEN_MAX == 63);
+  CHECK(FL_STREAM_NAME_LEN_MAX + 1 == sizeof(fl_attach_request{}.stream));
+  CHECK(FL_STREAM_NAME_LEN_MAX + 1 == sizeof(fl_segment_header{}.stream_name));
+
+  const std::string longest(FL_STREAM_NAME_LEN_MAX, 'a');
+  CHECK(fl_stream_name_valid(longest.data(), longest.size()) == 1);
+  const std::string too_long(FL_STREAM_NAME_LEN_MAX + 1, 'a');
+  CHECK(fl_stream_name_valid(too_long.data(), too_long.size()) == 0);
+  CHECK(fl_stream_name_valid("", 0) == 0);
+  CHECK(fl_stream_name_valid(nullptr, 3) == 0);
+  CHECK(fl_stream_name_valid("Cam_0.left-1", 12) == 1);
+  for (const char* bad : {"cam 0", "cam/0", "cam*", "*", "cäm", "cam\n", "cam:0"}) {
+    INFO(bad);
+    CHECK(fl_stream_name_valid(bad, std::strlen(bad)) == 0);
+  }
+  // An embedded NUL is not part of a name.
+  CHECK(fl_stream_name_valid("ab\0c", 4) == 0);
+  // A full fixed field has no terminator: strnlen returns its size, one too many.
+  fl_attach_request req{};
+  std::memset(req.stream, 'x', sizeof req.stream);
+  CHECK(fl_stream_name_valid(req.stream, strnlen(req.stream, sizeof req.stream)) == 0);
+  req.stream[FL_STREAM_NAME_LEN_MAX] = '\0';
+  CHECK(fl_stream_name_valid(req.stream, strnlen(req.stream, sizeof req.stream)) == 1);
 }
