@@ -1,18 +1,11 @@
 #include "peer_messages.h"
 
-#include <algorithm>
-#include <cctype>
-
 #include "framelink/framelink.h"
+#include "framelink/shm_layout.h"
 
 namespace framelink::peer {
 
-bool validStreamName(const std::string& name) {
-  return !name.empty() && name.size() < FL_STREAM_NAME_MAX &&
-         std::all_of(name.begin(), name.end(), [](char ch) {
-           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-         });
-}
+bool validStreamName(const std::string& name) { return fl_stream_name_valid(name.data(), name.size()) != 0; }
 
 Message decode(const v1::PeerMessage& msg) {
   switch (msg.body_case()) {
