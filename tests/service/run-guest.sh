@@ -62,7 +62,8 @@ if [[ -z "$debs" ]]; then
   echo "  (build them first: scripts/package.sh, or cmake --build build --target package)" >&2
   exit 2
 fi
-debs=$(cd "$debs" 2>/dev/null && pwd) || { echo "run-guest: --debs $debs is not a directory" >&2; exit 2; }
+debs_abs=$(cd "$debs" 2>/dev/null && pwd) || { echo "run-guest: --debs $debs is not a directory" >&2; exit 2; }
+debs=$debs_abs
 shopt -s nullglob
 deb_files=("$debs"/*.deb)
 shopt -u nullglob
