@@ -4,11 +4,12 @@
 # at all), so the README commands and .ci/run can call it on every run.
 #
 #   scripts/setup-deps.sh              build + tests + CI
-#   scripts/setup-deps.sh --softroce   also the Soft-RoCE lane (QEMU guest with rdma_rxe)
+#   scripts/setup-deps.sh --softroce   also the QEMU guests: the Soft-RoCE lane (rdma_rxe) and the
+#                                      service test (debootstrap, a clean Debian 12 with systemd)
 #   scripts/setup-deps.sh --check      only report what is missing (exit 1 if anything is)
 set -euo pipefail
 
-usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
 
 softroce=0
 check_only=0
@@ -52,6 +53,9 @@ if ((softroce)); then
     qemu-system-x86 linux-image-amd64 busybox-static kmod cpio iproute2
     # verbs tools and perftest (ib_write_bw baseline) inside the guest
     ibverbs-utils rdmacm-utils perftest
+    # the service test (tests/service): a clean Debian 12 root file system made by debootstrap,
+    # written to an ext4 image with mke2fs -d, booted with the same QEMU and kernel
+    debootstrap e2fsprogs
   )
 fi
 

@@ -65,6 +65,7 @@ struct SendOptions {
   bool quiet = false;
   bool json = false;
   std::string journal;
+  bool reattach = false;
 };
 
 constexpr uint64_t kPage = 4096;
@@ -134,6 +135,7 @@ int runSend(const SendOptions& o) {
   po.slot_size = slot_size;
   po.crc = o.crc;
   po.rate_hz = o.rate;
+  po.reattach = o.reattach;
   std::string err;
   auto producer = Producer::attach(po, err);
   if (!producer) {
@@ -197,9 +199,10 @@ int runSend(const SendOptions& o) {
     }
     std::printf(
         "{\"submitted\":%llu,\"delivered\":%llu,\"failed\":%llu,\"failures\":{%s},\"bytes_delivered\":%llu,"
-        "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"interrupted\":%s,\"error\":\"%s\"}\n",
+        "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"reattaches\":%u,\"interrupted\":%s,"
+        "\"error\":\"%s\"}\n",
         (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
-        failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps,
+        failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps, st.reattaches,
         st.interrupted ? "true" : "false", jsonEscape(st.error).c_str());
   } else if (!o.quiet || !st.allDelivered()) {
     std::printf("sent %llu frames: %llu delivered, %llu failed; %s in %.3f s = %.3f GB/s, %.0f frames/s\n",
@@ -241,6 +244,9 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
   cmd->add_option("--journal", o->journal,
                   "append '<monotonic ns> S|C <frame id> <status>' per frame submitted / completed to FILE");
+  cmd->add_flag("--reattach", o->reattach,
+                "when the daemon goes away (restart), attach again once it is back and go on; frames "
+                "in flight then fail FL_ERR_DAEMON_GONE (outcome unknown)");
   cmd->add_option("files", o->files,
                   "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
   cmd->callback([o, &exit_code] { exit_code = runSend(*o); });

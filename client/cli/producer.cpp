@@ -79,8 +79,11 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
                             const std::atomic<bool>* stop) {
   ProducerStats st;
   fl_completion comps[64];
-  const uint32_t window =
-      options_.max_in_flight != 0 ? std::min(options_.max_in_flight, info_.slot_count) : info_.slot_count;
+  auto windowOf = [&] {
+    return options_.max_in_flight != 0 ? std::min(options_.max_in_flight, info_.slot_count)
+                                       : info_.slot_count;
+  };
+  uint32_t window = windowOf();
   uint64_t index = 0;
   bool sending = true;
   uint64_t last_progress_ns = monotonicNs();
@@ -111,6 +114,27 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
     if (st.error.empty()) st.error = std::move(msg);
     sending = false;
   };
+  // After FL_ERR_DAEMON_GONE with options_.reattach: waits for the daemon to be back and attaches
+  // again.  True: attached, retry; false: rc was something else, or the daemon stayed away.
+  auto mended = [&](int rc) {
+    if (!options_.reattach || rc != FL_ERR_DAEMON_GONE) return false;
+    const uint64_t give_up_ns = monotonicNs() + static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull;
+    int r = fl_reattach(client_);
+    while (r != FL_OK && monotonicNs() < give_up_ns && !g_interrupted.load()) {
+      sleepNs(100'000'000ull);
+      r = fl_reattach(client_);
+    }
+    if (r != FL_OK || fl_client_get_info(client_, &info_) != FL_OK) {
+      fatal(std::string("the daemon went away and attaching again failed: ") + fl_last_error());
+      return false;
+    }
+    window = windowOf();
+    ++st.reattaches;
+    last_progress_ns = monotonicNs();
+    std::fprintf(stderr, "framelink: the daemon went away; attached again (generation %u, %u slots)\n",
+                 info_.generation, info_.slot_count);
+    return true;
+  };
 
   while (true) {
     if (sending && ((stop != nullptr && stop->load(std::memory_order_relaxed)) || g_interrupted.load())) {
@@ -121,6 +145,7 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
 
     size_t n = 0;
     int rc = fl_poll_completions(client_, comps, 64, &n);
+    if (rc != FL_OK && mended(rc)) continue;
     if (rc != FL_OK) {
       fatal(std::string("polling completions failed: ") + fl_last_error());
       break;
@@ -136,6 +161,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       rc = fl_wait_completions(client_, comps, 64, &n, 200);
       if (rc == FL_OK) {
         handle(n);
+      } else if (mended(rc)) {
+        continue;
       } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
         fatal(std::string("waiting for completions failed: ") + fl_last_error());
         break;
@@ -168,6 +195,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       rc = fl_wait_completions(client_, comps, 64, &n, 200);
       if (rc == FL_OK) {
         handle(n);
+      } else if (mended(rc)) {
+        continue;
       } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
         fatal(std::string("waiting for completions failed: ") + fl_last_error());
       } else if (monotonicNs() - last_progress_ns >
@@ -185,6 +214,8 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       rc = fl_wait_completions(client_, comps, 64, &n, 200);
       if (rc == FL_OK) {
         handle(n);
+      } else if (mended(rc)) {
+        continue;
       } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
         fatal(std::string("waiting for completions failed: ") + fl_last_error());
       } else if (monotonicNs() - last_progress_ns >
@@ -206,7 +237,7 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
         continue;
       }
     }
-    if (rc == FL_EINTR) continue;
+    if (rc == FL_EINTR || (rc != FL_OK && mended(rc))) continue;
     if (rc != FL_OK) {
       fatal(std::string("acquiring a slot failed: ") + fl_last_error());
       continue;
@@ -229,12 +260,14 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
     rc = fl_set_meta(client_, slot.index, &meta);
     if (rc != FL_OK) {
       fl_abandon(client_, slot.index);
+      if (mended(rc)) continue;  // the same frame again, in a slot of the new attachment
       fatal("cannot set the metadata of frame " + std::to_string(spec.frame_id) + ": " + fl_last_error());
       continue;
     }
     rc = fl_submit(client_, slot.index, spec.length);
     if (rc != FL_OK) {
       fl_abandon(client_, slot.index);
+      if (mended(rc)) continue;
       fatal("cannot submit frame " + std::to_string(spec.frame_id) + " (" + std::to_string(spec.length) +
             " bytes): " + fl_last_error());
       continue;

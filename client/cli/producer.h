@@ -32,6 +32,9 @@ struct ProducerOptions {
   // With frames in flight and no completion for this long, give up (the daemon's ack and
   // credit timeouts default to 30 s, so a healthy daemon always answers before this).
   int stall_timeout_ms = 120000;
+  // When the daemon goes away (FL_ERR_DAEMON_GONE), attach again with fl_reattach once it is back
+  // (for up to stall_timeout_ms) and go on; frames that were in flight fail FL_ERR_DAEMON_GONE.
+  bool reattach = false;
 };
 
 struct ProducerStats {
@@ -45,6 +48,7 @@ struct ProducerStats {
   uint64_t last_completion_ns = 0;   // monotonic
   std::string error;                 // set when the run stopped early
   bool interrupted = false;
+  uint32_t reattaches = 0;  // with ProducerOptions::reattach: times the daemon went away and was back
 
   double seconds() const {
     return last_completion_ns > first_submit_ns ? (last_completion_ns - first_submit_ns) / 1e9 : 0.0;

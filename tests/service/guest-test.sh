@@ -1,0 +1,275 @@
+#!/bin/bash
+# The service test proper, run as root inside the clean Debian 12 guest (see run-guest.sh): no
+# network, systemd as init, the debs under test in $1/debs.  One PASS or FAIL line per check
+# (INFO lines report without judging); exit status 0 when every check passed.
+set -u
+payload=${1:-/mnt/ci}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C
+work=/var/tmp/framelink-service-test
+rm -rf "$work"
+mkdir -p "$work"
+start_all=$SECONDS
+npass=0
+nfail=0
+pass() { echo "PASS $1: $2"; npass=$((npass + 1)); }
+fail() {
+  echo "FAIL $1: $2"
+  nfail=$((nfail + 1))
+  shift 2
+  local f
+  for f in "$@"; do
+    [[ -s "$f" ]] || continue
+    echo "  ---- $f (last lines)"
+    tail -n 25 "$f" | sed 's/^/  | /'
+  done
+}
+journal() { journalctl -u "$1" --no-pager -n 40 >"$work/journal-$1.log" 2>&1; echo "$work/journal-$1.log"; }
+finish() {
+  echo "guest-test: $npass passed, $nfail failed in $((SECONDS - start_all)) s"
+  ((nfail == 0 && npass > 0))
+  exit $?
+}
+# A JSON number or the failures object from `framelink send|recv --json`.
+jnum() { sed -nE "s/.*\"$2\":([0-9]+).*/\1/p" "$1" | head -1; }
+jstr() { sed -nE "s/.*\"$2\":\"([^\"]*)\".*/\1/p" "$1" | head -1; }
+# Runs a command as USER with that user's groups, no root left (setpriv execs: the pid is the
+# command's, so signals reach it).
+as() {
+  local u=$1
+  shift
+  setpriv --reuid="$u" --regid="$u" --init-groups --reset-env "$@"
+}
+# The same for a background job: a function run with & would be a subshell, and $! its pid.
+as_member=(setpriv --reuid=fl-member --regid=fl-member --init-groups --reset-env)
+is_active() { [[ "$(systemctl is-active "$1" 2>/dev/null)" == active ]]; }
+main_pid() { systemctl show -p MainPID --value "$1" 2>/dev/null; }
+socket_a=/run/framelink/framelinkd.sock
+socket_b=/run/framelink-second/framelinkd.sock
+member=fl-member
+outsider=fl-outsider
+
+echo "guest-test: $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r), init $(cat /proc/1/comm)," \
+  "$(nproc) CPUs; no network: $(ls /sys/class/net | paste -sd' ' -)"
+
+# ---- 1. install, offline: the guest has no package lists and no network, so apt resolves every
+# dependency against what the image already has installed.
+mkdir -p /srv/debs
+cp "$payload"/debs/*.deb /srv/debs/
+chmod 0644 /srv/debs/*.deb
+mapfile -t names < <(for f in /srv/debs/*.deb; do dpkg-deb -f "$f" Package; done)
+# Every path the debs hold, and which of their directories the system had before (those must
+# stay after the purge; the others must go).
+for f in /srv/debs/*.deb; do dpkg-deb -c "$f"; done |
+  awk '{ p = $6; sub(/^\./, "", p); sub(/\/$/, "", p); if (p != "") print substr($1, 1, 1), p }' | sort -u >"$work/contents"
+awk '$1 == "d" { print $2 }' "$work/contents" | while read -r d; do [[ -d "$d" ]] && echo "$d"; done >"$work/dirs-before"
+t=$SECONDS
+(cd /srv/debs && apt install -y ./*.deb) >"$work/apt-install.log" 2>&1
+rc=$?
+not_installed=()
+for n in "${names[@]}"; do
+  [[ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$n" 2>/dev/null)" == ii* ]] || not_installed+=("$n")
+done
+if ((rc == 0 && ${#not_installed[@]} == 0)); then
+  pass install "apt install ./*.deb (${names[*]}) without network in $((SECONDS - t)) s"
+else
+  fail install "apt install exited $rc; not installed: ${not_installed[*]:-none}" "$work/apt-install.log"
+  finish
+fi
+if getent group framelink >/dev/null && getent passwd framelink >/dev/null && [[ -r /etc/framelink/peer.token ]]; then
+  pass install-user "system user and group framelink exist; /etc/framelink/peer.token is $(stat -c '%U:%G %a' /etc/framelink/peer.token)"
+else
+  fail install-user "after the install: group framelink $(getent group framelink >/dev/null && echo exists || echo MISSING)," \
+    "user framelink $(getent passwd framelink >/dev/null && echo exists || echo MISSING)," \
+    "/etc/framelink/peer.token $([[ -r /etc/framelink/peer.token ]] && echo exists || echo MISSING)"
+fi
+
+# ---- 2. the packaged service
+t=$SECONDS
+systemctl start framelinkd >"$work/start.log" 2>&1
+rc=$?
+pid=$(main_pid framelinkd)
+if ((rc == 0)) && is_active framelinkd && [[ -S $socket_a ]]; then
+  uid=$(awk '/^Uid:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+  pass service-start "systemctl start framelinkd: $(systemctl is-active framelinkd) in $((SECONDS - t)) s, pid $pid as $(getent passwd "$uid" | cut -d: -f1); $socket_a is $(stat -c '%U:%G %a' $socket_a)"
+else
+  fail service-start "systemctl start framelinkd exited $rc, is-active: $(systemctl is-active framelinkd), socket $socket_a $([[ -S $socket_a ]] && echo exists || echo MISSING)" \
+    "$work/start.log" "$(journal framelinkd)"
+  finish
+fi
+
+# ---- 3. a second daemon in the same guest, as a transient unit: its own config, socket and
+# ports, the packaged token; the packaged daemon dials it (a [[peer]] added to its conffile, as
+# an operator would).
+mkdir -p /etc/framelink-second
+cat >/etc/framelink-second/framelinkd.toml <<EOF
+[daemon]
+id = "second"
+socket = "$socket_b"
+[link]
+listen = "127.0.0.1:7701"
+data_listen = "127.0.0.1:0"
+token_file = "/etc/framelink/peer.token"
+EOF
+cat >>/etc/framelink/framelinkd.toml <<'EOF'
+
+[[peer]]
+name = "second"
+address = "127.0.0.1:7701"
+EOF
+t=$SECONDS
+systemd-run --unit=framelinkd-second --property=Type=notify --property=User=framelink --property=Group=framelink \
+  --property=RuntimeDirectory=framelink-second --property=RuntimeDirectoryMode=0750 \
+  /usr/sbin/framelinkd --config /etc/framelink-second/framelinkd.toml >"$work/second.log" 2>&1
+rc=$?
+systemctl restart framelinkd >>"$work/second.log" 2>&1
+rc2=$?
+if ((rc == 0 && rc2 == 0)) && is_active framelinkd-second && is_active framelinkd && [[ -S $socket_b ]]; then
+  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7701, $socket_b) active; framelinkd restarted with it as [[peer]] in $((SECONDS - t)) s"
+else
+  fail second-daemon "systemd-run exited $rc, restart $rc2; framelinkd-second $(systemctl is-active framelinkd-second), framelinkd $(systemctl is-active framelinkd)" \
+    "$work/second.log" "$(journal framelinkd-second)" "$(journal framelinkd)"
+  finish
+fi
+
+# ---- 4. the users: one in group framelink, one outside it
+useradd --create-home --groups framelink "$member" && useradd --create-home "$outsider"
+if id -nG "$member" | grep -qw framelink && ! id -nG "$outsider" | grep -qw framelink; then
+  pass users "$member in groups ($(id -nG "$member")), $outsider in ($(id -nG "$outsider"))"
+else
+  fail users "useradd did not give $member group framelink: $(id "$member" 2>&1); $(id "$outsider" 2>&1)"
+fi
+
+# ---- 5. frames from the packaged daemon to the second one, as the member: a consumer on the
+# second daemon, a producer on the packaged one (the default socket)
+t=$SECONDS
+"${as_member[@]}" framelink recv --socket "$socket_b" --stream svc-a --count 200 --verify --expect-order \
+  --expect-size 256K --timeout-ms 60000 >"$work/recv1.log" 2>&1 &
+rpid=$!
+as "$member" framelink send --stream svc-a --count 200 --size 256K --crc >"$work/send1.log" 2>&1
+src=$?
+wait "$rpid"
+rrc=$?
+if ((src == 0 && rrc == 0)) && grep -q 'all passed the checks' "$work/recv1.log"; then
+  pass frames "$member: 200 frames of 256 KiB, framelinkd -> framelinkd-second, every frame verified (payload, attrs, order, CRC) in $((SECONDS - t)) s: $(head -1 "$work/send1.log")"
+else
+  fail frames "send exited $src, recv exited $rrc" "$work/send1.log" "$work/recv1.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
+fi
+
+# ---- 6. a user outside the group is refused, with a message that says why
+as "$outsider" framelink send --stream svc-x --count 1 --size 4K >"$work/outsider.log" 2>&1
+rc=$?
+if ((rc != 0)) && grep -q 'Permission denied' "$work/outsider.log" && grep -q "group" "$work/outsider.log"; then
+  pass outsider "$outsider refused (exit $rc): $(head -1 "$work/outsider.log")"
+else
+  fail outsider "$outsider: framelink send exited $rc; expected a refusal that names the permission and the group" "$work/outsider.log"
+fi
+
+# ---- 7. systemctl restart under a running producer: it attaches again (--reattach) and goes on;
+# the consumer on the second daemon sees every frame that was delivered, none twice.
+t=$SECONDS
+"${as_member[@]}" framelink recv --socket "$socket_b" --stream svc-r --verify --json >"$work/recv2.json" 2>"$work/recv2.err" &
+rpid=$!
+# SIGINT after 150 s at most: the producer then stops and still prints its summary.
+timeout -s INT -k 10 150 "${as_member[@]}" framelink send --stream svc-r --count 300 --rate 30 --size 64K --reattach --json \
+  >"$work/send2.json" 2>"$work/send2.err" &
+spid=$!
+sleep 3
+pid_before=$(main_pid framelinkd)
+systemctl restart framelinkd >"$work/restart.log" 2>&1
+rc=$?
+pid_after=$(main_pid framelinkd)
+if ((rc == 0)) && is_active framelinkd && [[ "$pid_before" != "$pid_after" ]]; then
+  pass restart "systemctl restart framelinkd with a producer attached: active again, pid $pid_before -> $pid_after"
+else
+  fail restart "systemctl restart exited $rc, is-active $(systemctl is-active framelinkd), pid $pid_before -> $pid_after" \
+    "$work/restart.log" "$(journal framelinkd)"
+fi
+wait "$spid"
+src=$?
+sleep 1
+kill -INT "$rpid" 2>/dev/null
+for _ in $(seq 1 50); do kill -0 "$rpid" 2>/dev/null || break; sleep 0.1; done
+kill -KILL "$rpid" 2>/dev/null
+wait "$rpid"
+submitted=$(jnum "$work/send2.json" submitted)
+delivered=$(jnum "$work/send2.json" delivered)
+failed=$(jnum "$work/send2.json" failed)
+reattaches=$(jnum "$work/send2.json" reattaches)
+failures=$(grep -o '"failures":{[^}]*}' "$work/send2.json")
+# What a restart may do to a frame in flight: ended by the stopping daemon, or outcome unknown.
+other_failures=$(echo "$failures" | grep -oE '"FL_[A-Z_]+"' | grep -vE '"FL_ERR_(SHUTDOWN|DAEMON_GONE)"' | paste -sd, -)
+received=$(jnum "$work/recv2.json" received)
+bad=$(jnum "$work/recv2.json" bad)
+recv_error=$(jstr "$work/recv2.json" error)
+why=""
+[[ "${submitted:-}" == 300 ]] || why+="submitted ${submitted:-?} of 300; "
+((${delivered:-0} + ${failed:-0} == 300)) || why+="delivered ${delivered:-?} + failed ${failed:-?} != 300; "
+((${reattaches:-0} >= 1)) || why+="the producer never attached again; "
+[[ -z "$other_failures" ]] || why+="frames failed with $other_failures; "
+((${delivered:-0} >= 280)) || why+="only ${delivered:-?} delivered (at most 20 may be caught by the restart); "
+[[ "${bad:-x}" == 0 && -z "$recv_error" ]] || why+="the consumer saw ${bad:-?} bad frames (${recv_error:-}); "
+((${received:-0} >= ${delivered:-1} && ${received:-0} <= ${submitted:-0})) ||
+  why+="the consumer received ${received:-?}, not between delivered ${delivered:-?} and submitted ${submitted:-?}; "
+if [[ -z "$why" ]]; then
+  caught=""
+  ((failed == 0)) || caught=" ${failures#\"failures\":}"
+  pass reattach "the producer attached again $reattaches time(s): $submitted frames, $delivered delivered, $failed ended by the restart$caught; the consumer received $received, all verified, none twice ($((SECONDS - t)) s)"
+else
+  fail reattach "${why%; } (send exit $src)" "$work/send2.json" "$work/send2.err" "$work/recv2.json" "$work/recv2.err" \
+    "$(journal framelinkd)" "$(journal framelinkd-second)"
+fi
+
+# ---- 8. purge: nothing of the packages may be left
+systemctl stop framelinkd-second >/dev/null 2>&1
+rm -rf /etc/framelink-second
+t=$SECONDS
+apt purge -y "${names[@]}" >"$work/apt-purge.log" 2>&1
+rc=$?
+left_pkgs=()
+for n in "${names[@]}"; do
+  s=$(dpkg-query -W -f='${db:Status-Abbrev}' "$n" 2>/dev/null)
+  [[ -z "$s" || "${s:1:1}" == n ]] || left_pkgs+=("$n($s)")
+done
+if ((rc == 0 && ${#left_pkgs[@]} == 0)); then
+  pass purge "apt purge ${names[*]} in $((SECONDS - t)) s"
+else
+  fail purge "apt purge exited $rc; still known to dpkg: ${left_pkgs[*]:-none}" "$work/apt-purge.log"
+fi
+left=()
+while read -r type p; do
+  if [[ "$type" == d ]]; then
+    [[ -d "$p" ]] && ! grep -qxF "$p" "$work/dirs-before" && left+=("$p/")
+  elif [[ -e "$p" || -L "$p" ]]; then
+    left+=("$p")
+  fi
+done <"$work/contents"
+if ((${#left[@]} == 0)); then
+  pass purge-files "none of the $(wc -l <"$work/contents") paths the debs held is left (conffile and its directory included)"
+else
+  fail purge-files "left after the purge: ${left[*]}"
+fi
+leftovers=()
+[[ -e /etc/framelink/peer.token ]] && leftovers+=(/etc/framelink/peer.token)
+[[ -e /etc/framelink ]] && leftovers+=(/etc/framelink)
+[[ -e /run/framelink ]] && leftovers+=(/run/framelink)
+load=$(systemctl show -p LoadState --value framelinkd 2>/dev/null)
+[[ "$load" == not-found ]] || leftovers+=("unit framelinkd.service (LoadState=$load)")
+procs=$(grep -lx framelinkd /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3 | paste -sd, -)
+[[ -z "$procs" ]] || leftovers+=("framelinkd processes $procs")
+if getent passwd framelink >/dev/null || getent group framelink >/dev/null; then
+  owned=$(find / /run -xdev \( -user framelink -o -group framelink \) 2>/dev/null | head -5 | paste -sd' ' -)
+  [[ -z "$owned" ]] || leftovers+=("files owned by framelink: $owned")
+fi
+if ((${#leftovers[@]} == 0)); then
+  pass purge-clean "no /etc/framelink (peer.token), no /run/framelink, unit not-found, no framelinkd process, no file owned by framelink"
+else
+  fail purge-clean "left after the purge: $(printf '%s; ' "${leftovers[@]}")"
+fi
+# Debian leaves system users in place on purge unless the package removes them: report which.
+if getent passwd framelink >/dev/null; then
+  echo "INFO user: the system user framelink is kept after the purge (the packages do not remove it)"
+else
+  echo "INFO user: the purge removed the system user framelink"
+fi
+finish
