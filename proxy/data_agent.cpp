@@ -340,7 +340,11 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
         } else if constexpr (std::is_same_v<T, peer::CreditGrant>) {
           if (std::string why = outbound_.onCreditGrant(l, m); !why.empty()) protocolError(l, why);
         } else if constexpr (std::is_same_v<T, peer::CreditRevoke>) {
-          outbound_.onCreditRevoke(l, m);
+          if (m.returned) {
+            inbound_.onCreditsReturned(l, m);
+          } else {
+            outbound_.onCreditRevoke(l, m);
+          }
         } else if constexpr (std::is_same_v<T, peer::Ack>) {
           for (uint64_t sequence : m.sequences) outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {});
         } else if constexpr (std::is_same_v<T, peer::Nack>) {

@@ -134,14 +134,36 @@ void InboundStreams::grantCredits(NameKey stream) {
     }
   }
   if (targets.empty()) return;
-  std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> grants;
+  // Fair shares: when several peers send this stream, none holds more than
+  // its share of each consumer's slots, or one with nothing to send would sit
+  // on them while another starves (and each sees every consumer's slot size).
+  uint64_t largest_slot = 0;
+  for (auto& [cid, ac] : clients_.all()) {
+    const ClientSession& c = *ac.session;
+    if (!c.gone && c.role == FL_ROLE_CONSUMER && ac.stream == stream) {
+      largest_slot = std::max<uint64_t>(largest_slot, c.segments->slotSize());
+    }
+  }
+  using Target = std::pair<uint64_t, uint64_t>;        // (link, stream id)
+  std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
+  for (const auto& [credit_id, entry] : credits_) {
+    if (!entry.recalled) ++held[{{entry.link_id, entry.stream_id}, entry.client_id}];
+  }
+  std::map<Target, v1::PeerMessage> grants;
+  std::map<Target, v1::PeerMessage> recalls;
   for (auto& [cid, ac] : clients_.all()) {
     ClientSession& c = *ac.session;
     if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    const size_t share = (c.slots.size() + targets.size() - 1) / targets.size();
     for (uint32_t s = 0; s < c.slots.size(); ++s) {
       SlotEntry& e = c.slots[s];
       if (e.state != SlotState::kFree) continue;
-      const auto target = targets[grant_cursor_++ % targets.size()];
+      Target target{0, 0};
+      for (size_t tries = 0; tries < targets.size() && target.first == 0; ++tries) {
+        const Target candidate = targets[grant_cursor_++ % targets.size()];
+        if (held[{candidate, cid}] < share) target = candidate;
+      }
+      if (target.first == 0) break;  // every sender holds its share of this consumer
       AgentLink& l = *links_.find(target.first);
       transport::LocalCredit local;
       local.credit_id = next_credit_id_++;
@@ -154,6 +176,7 @@ void InboundStreams::grantCredits(NameKey stream) {
                       remote.error().message);
         return;
       }
+      ++held[{target, cid}];
       credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
       e.state = SlotState::kCredited;
       e.credit_id = remote->credit_id;
@@ -162,6 +185,7 @@ void InboundStreams::grantCredits(NameKey stream) {
       auto& msg = grants[target];
       auto* grant = msg.mutable_credit_grant();
       grant->set_stream_id(target.second);
+      grant->set_largest_slot(largest_slot);
       auto* credit = grant->add_credits();
       credit->set_credit_id(remote->credit_id);
       credit->set_length(remote->length);
@@ -169,10 +193,51 @@ void InboundStreams::grantCredits(NameKey stream) {
       credit->set_rkey(remote->rkey);
       metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
     }
+    // A sender still below its share of this consumer with no free slot
+    // left: recall what the others hold beyond theirs.  They give back what
+    // they have not used (onCreditsReturned), and only then are those slots
+    // granted again.
+    const bool starving = std::any_of(targets.begin(), targets.end(), [&](const Target& t) {
+      return held[{t, cid}] < share;
+    });
+    if (!starving) continue;
+    for (auto& [credit_id, entry] : credits_) {
+      const Target owner{entry.link_id, entry.stream_id};
+      if (entry.client_id != cid || entry.recalled || held[{owner, cid}] <= share) continue;
+      if (std::find(targets.begin(), targets.end(), owner) == targets.end()) continue;
+      entry.recalled = true;
+      --held[{owner, cid}];
+      auto& msg = recalls[owner];
+      msg.mutable_credit_revoke()->set_stream_id(owner.second);
+      msg.mutable_credit_revoke()->add_credit_ids(credit_id);
+    }
   }
   for (auto& [target, msg] : grants) {
     if (AgentLink* l = links_.find(target.first)) l->send(std::move(msg));
   }
+  for (auto& [owner, msg] : recalls) {
+    metrics_.counters.credits_recalled.fetch_add(msg.credit_revoke().credit_ids_size(),
+                                                 std::memory_order_relaxed);
+    if (AgentLink* l = links_.find(owner.first)) l->send(std::move(msg));
+  }
+}
+
+void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
+  NameKey stream = kNoName;
+  for (uint64_t id : returned.credit_ids) {
+    auto it = credits_.find(id);
+    // Only what this link held: a peer cannot give back another's credits.
+    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id)
+      continue;
+    if (l.transport) l.transport->retractCredit(id);
+    if (AgentClient* ac = clients_.find(it->second.client_id)) {
+      SlotEntry& e = ac->session->slots[it->second.slot];
+      if (e.state == SlotState::kCredited && e.credit_id == id) e = SlotEntry{};
+      stream = ac->stream;
+    }
+    credits_.erase(it);
+  }
+  if (stream != kNoName) grantCredits(stream);
 }
 
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
@@ -206,15 +271,21 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
 void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEvent& ev) {
   const transport::FrameHeader& h = ev.header;
   ++l.frames_in;
+  // A replay of a frame this daemon already answered gets that answer again,
+  // whatever credit it came in: refused stays refused, held stays held.  A
+  // "send it again" would bring it to another consumer.
+  auto answeredBefore = [&] { return l.in_streams.count(h.stream_id) != 0 && dropDuplicate(l, h); };
   if (ev.status != FL_OK) {
-    sendNack(l, h.stream_id, h.sequence, ev.status,
-             ev.message.empty() ? "frame for an unknown credit" : ev.message);
     auto it = credits_.find(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
+    if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return;
+    sendNack(l, h.stream_id, h.sequence, ev.status,
+             ev.message.empty() ? "frame for an unknown credit" : ev.message);
     return;
   }
   auto it = credits_.find(h.credit_id);
   if (it == credits_.end() || it->second.link_id != l.id) {
+    if (answeredBefore()) return;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
              "credit " + std::to_string(h.credit_id) + " was not granted to this link");
     return;
@@ -223,6 +294,7 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   credits_.erase(it);
   AgentClient* ac = clients_.find(credit.client_id);
   if (ac == nullptr || ac->session->gone) {
+    if (answeredBefore()) return;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
              "its receive slot was withdrawn: the consumer detached");
     return;

@@ -53,6 +53,9 @@ class InboundStreams {
   // The link's streams close; call retractCreditsOfLink once it is gone.
   void onLinkDown(AgentLink& link);
   void retractCreditsOfLink(uint64_t link_id);
+  // The sender gave back credits it did not use (after a recall): their
+  // slots are free for any sender of the stream.
+  void onCreditsReturned(AgentLink& link, const peer::CreditRevoke& returned);
 
   size_t creditsOutstanding() const { return credits_.size(); }
   size_t framesHeld() const;
@@ -63,6 +66,7 @@ class InboundStreams {
     uint32_t slot = 0;
     uint64_t link_id = 0;
     uint64_t stream_id = 0;
+    bool recalled = false;  // revoked to share the stream's slots again; the sender returns it or uses it
   };
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,

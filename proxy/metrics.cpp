@@ -98,6 +98,9 @@ std::string Metrics::prometheus() const {
   counter("frames_released_total", "Frames local consumers released.", counters.frames_released);
   counter("bad_descriptors_total", "Ring entries or slot headers rejected.", counters.bad_descriptors);
   counter("credits_granted_total", "Receive slots granted to peers.", counters.credits_granted);
+  counter("credits_recalled_total",
+          "Credits recalled from a peer to share a stream's slots with its other senders.",
+          counters.credits_recalled);
   counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
   counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
   counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
@@ -231,6 +234,7 @@ std::string Metrics::json() const {
       {"frames_released", &counters.frames_released},
       {"bad_descriptors", &counters.bad_descriptors},
       {"credits_granted", &counters.credits_granted},
+      {"credits_recalled", &counters.credits_recalled},
       {"nacks_sent", &counters.nacks_sent},
       {"links_up", &counters.links_up},
       {"link_failures", &counters.link_failures},

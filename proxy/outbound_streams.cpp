@@ -364,6 +364,8 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     s.credits.push_back(rc);
     s.largest_credit = std::max(s.largest_credit, rc.length);
   }
+  // Another sender of the stream may hold the large consumer's credits now.
+  s.largest_credit = std::max(s.largest_credit, g.largest_slot);
   pump(l.peer, s);
   return {};
 }
@@ -371,10 +373,20 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
 void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
   OutStream* s = stream(l.peer, r.stream_id);
   if (s == nullptr) return;
+  // Those not used yet are given back, so the receiver may grant their slots
+  // to another sender; one already used lands (or is refused) as it would have.
+  v1::PeerMessage back;
   for (uint64_t id : r.credit_ids) {
-    s->credits.erase(std::remove_if(s->credits.begin(), s->credits.end(),
-                                    [id](const transport::RemoteCredit& c) { return c.credit_id == id; }),
-                     s->credits.end());
+    auto it = std::find_if(s->credits.begin(), s->credits.end(),
+                           [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
+    if (it == s->credits.end()) continue;
+    s->credits.erase(it);
+    back.mutable_credit_revoke()->add_credit_ids(id);
+  }
+  if (back.has_credit_revoke()) {
+    back.mutable_credit_revoke()->set_stream_id(r.stream_id);
+    back.mutable_credit_revoke()->set_returned(true);
+    l.send(std::move(back));
   }
 }
 

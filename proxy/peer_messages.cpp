@@ -23,6 +23,7 @@ Message decode(const v1::PeerMessage& msg) {
       }
       CreditGrant out;
       out.stream_id = g.stream_id();
+      out.largest_slot = g.largest_slot();
       out.credits.reserve(static_cast<size_t>(g.credits_size()));
       for (const auto& cr : g.credits()) {
         if (cr.length() == 0) return Violation{"credit of zero length"};
@@ -37,7 +38,7 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kCreditRevoke: {
       const auto& r = msg.credit_revoke();
-      return CreditRevoke{r.stream_id(), {r.credit_ids().begin(), r.credit_ids().end()}};
+      return CreditRevoke{r.stream_id(), {r.credit_ids().begin(), r.credit_ids().end()}, r.returned()};
     }
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();

@@ -32,10 +32,12 @@ struct StreamClose {
 struct CreditGrant {
   uint64_t stream_id = 0;
   std::vector<transport::RemoteCredit> credits;  // each of a non-zero length
+  uint64_t largest_slot = 0;                     // of the stream's consumers; 0: not said
 };
 struct CreditRevoke {
   uint64_t stream_id = 0;
   std::vector<uint64_t> credit_ids;
+  bool returned = false;  // the sender gives back credits it did not use
 };
 struct Ack {
   uint64_t stream_id = 0;
