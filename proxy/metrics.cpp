@@ -50,7 +50,7 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
 }
 
 void Metrics::setDetail(std::string json) {
-  std::lock_guard<std::mutex> lock(detail_mutex_);
+  MutexLock lock(detail_mutex_);
   detail_ = std::move(json);
 }
 
@@ -140,7 +140,7 @@ std::string Metrics::json() const {
   }
   out << "},\"handshakes_timed_out\":" << counters.handshakes_timed_out.load()
       << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"detail\":";
-  std::lock_guard<std::mutex> lock(detail_mutex_);
+  MutexLock lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();
 }

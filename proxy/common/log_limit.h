@@ -8,8 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <utility>
+
+#include "common/thread_annotations.h"
 
 namespace framelink {
 
@@ -20,7 +21,7 @@ class LogLimiter {
   // True when a line may be written now; `*suppressed` is how many were
   // dropped since the last one that was.
   bool allow(uint64_t* suppressed) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     if (written_ && now - last_ < interval_) {
       ++suppressed_;
@@ -48,10 +49,10 @@ class LogLimiter {
 
  private:
   const std::chrono::milliseconds interval_;
-  std::mutex mutex_;
-  bool written_ = false;
-  std::chrono::steady_clock::time_point last_{};
-  uint64_t suppressed_ = 0;
+  Mutex mutex_;
+  bool written_ FL_GUARDED_BY(mutex_) = false;
+  std::chrono::steady_clock::time_point last_ FL_GUARDED_BY(mutex_){};
+  uint64_t suppressed_ FL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace framelink

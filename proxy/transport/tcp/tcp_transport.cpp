@@ -30,6 +30,7 @@ Result<std::unique_ptr<Transport>> TcpTransport::create(UniqueFd fd, std::string
   std::unique_ptr<TcpTransport> t(
       new TcpTransport(std::move(fd), std::move(peer_name), options, std::move(core).value()));
   try {
+    MutexLock lock(t->join_mu_);
     t->receiver_ = std::thread([p = t.get()] { p->receiverLoop(); });
     t->sender_ = std::thread([p = t.get()] { p->senderLoop(); });
   } catch (const std::system_error& e) {
@@ -47,7 +48,7 @@ TcpTransport::~TcpTransport() { shutdown(); }
 
 void TcpTransport::shutdown() noexcept {
   failLink(FL_ERR_SHUTDOWN, "tcp transport to " + peer_name_ + " shut down locally");
-  std::lock_guard lock(join_mu_);
+  MutexLock lock(join_mu_);
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
 }
