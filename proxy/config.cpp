@@ -664,8 +664,9 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
   }
   if (given("--rdma-port")) {
     if (auto st = assign(parseU32(f.rdma_port, "--rdma-port", true), c.rdma_port); !st) return st;
-    if (c.rdma_port > 65535)
+    if (c.rdma_port > 65535) {
       return invalid("--rdma-port " + f.rdma_port + ": a port is 0-65535 (0 = any free port)");
+    }
   }
   if (given("--rdma-retry-ms")) {
     if (auto st = assign(parseU32(f.rdma_retry, "--rdma-retry-ms", false), c.rdma_retry_ms); !st) return st;
@@ -701,8 +702,9 @@ Status applyFlags(const CLI::App& app, const Flags& f, Config& c) {
     c.default_slot_size = c.max_slot_size;  // lowering the limit lowers the default with it
   }
   if (given("--default-slots")) {
-    if (auto st = assign(parseSize32(f.default_slots, "--default-slots"), c.default_slot_count); !st)
+    if (auto st = assign(parseSize32(f.default_slots, "--default-slots"), c.default_slot_count); !st) {
       return st;
+    }
   } else if (given("--max-slots") && c.default_slot_count > c.max_slots) {
     c.default_slot_count = c.max_slots;
   }

@@ -167,7 +167,7 @@ Status Metrics::serve(const std::string& listen) {
   thread_ = std::thread([this] { server_->http.listen_after_bind(); });
   return {};
 #else
-  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics");
+  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics " + listen);
 #endif
 }
 

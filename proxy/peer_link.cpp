@@ -136,7 +136,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   void runSession(uint64_t link_id, const std::string& peer, uint64_t peer_instance,
                   const std::string& transport_name, const std::string& transport_reason,
                   std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel);
-  void dialLoop(PeerConfig peer);
+  void dialLoop(const PeerConfig& peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
   ::grpc::ChannelArguments channelArguments() const;
   std::shared_ptr<::grpc::ServerCredentials> serverCredentials() const;
@@ -788,7 +788,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   return true;
 }
 
-void PeerLinksImpl::dialLoop(PeerConfig peer) {
+void PeerLinksImpl::dialLoop(const PeerConfig& peer) {
   uint32_t backoff_ms = config_.reconnect_min_ms;
   DialState state;
   while (!stopping_) {

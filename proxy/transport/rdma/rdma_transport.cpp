@@ -526,7 +526,7 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   }
   Credit credit = std::move(it->second);
   credits_.erase(it);  // consumed by this frame
-  RdmaWireHeader wire;
+  RdmaWireHeader wire{};
   std::memcpy(&wire, credit.buffer - kWireHeaderBytes, sizeof wire);
   fromWire(wire, credit.credit_id, &header);
   if (credit.retracted) {

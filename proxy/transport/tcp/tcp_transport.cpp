@@ -124,7 +124,7 @@ int TcpTransport::readFull(void* buf, size_t n) noexcept {
 
 bool TcpTransport::discard(uint64_t n) noexcept {
   try {
-    if (scratch_.empty()) scratch_.resize(256 * 1024);
+    if (scratch_.empty()) scratch_.resize(size_t{256} * 1024);
   } catch (...) {
     io_error_ = "out of memory for the discard buffer";
     return false;
@@ -143,7 +143,7 @@ bool TcpTransport::discard(uint64_t n) noexcept {
 void TcpTransport::receiverLoop() noexcept {
   const std::string where = "tcp data link from " + peer_name_ + ": ";
   for (;;) {
-    TcpFrameHeader wire;
+    TcpFrameHeader wire{};
     int r = readFull(&wire, sizeof wire);
     if (r == 0) {
       failLink(FL_ERR_LINK_LOST, where + "peer closed the connection");
