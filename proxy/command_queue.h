@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include <deque>
-#include <mutex>
 #include <utility>
 
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 
 namespace framelink {
@@ -26,7 +26,7 @@ class CommandQueue {
 
   void push(T command) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       queue_.push_back(std::move(command));
     }
     uint64_t one = 1;
@@ -37,7 +37,7 @@ class CommandQueue {
   size_t drain(std::deque<T>& out) {
     uint64_t value;
     [[maybe_unused]] auto n = ::read(event_fd_.get(), &value, sizeof(value));
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     size_t count = queue_.size();
     while (!queue_.empty()) {
       out.push_back(std::move(queue_.front()));
@@ -50,8 +50,8 @@ class CommandQueue {
 
  private:
   UniqueFd event_fd_;
-  std::mutex mutex_;
-  std::deque<T> queue_;  // GUARDED_BY(mutex_)
+  Mutex mutex_;
+  std::deque<T> queue_ FL_GUARDED_BY(mutex_);
 };
 
 }  // namespace framelink

@@ -8,11 +8,15 @@
 #endif
 
 #include <cstdio>
+#include <exception>
 
 #include "config.h"
 #include "daemon.h"
 
-int main(int argc, char** argv) {
+// An exception that gets here (a logger that cannot be created, out of
+// memory while starting) ends the daemon with its message, not with a bare
+// std::terminate.
+int main(int argc, char** argv) try {
   auto config = framelink::parseConfig(argc, argv);
   if (!config) {
     std::fprintf(stderr, "framelinkd: %s\n", config.error().message.c_str());
@@ -79,4 +83,10 @@ int main(int argc, char** argv) {
   daemon.value()->stop();
   spdlog::info("stopped");
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "framelinkd: %s\n", e.what());
+  return 1;
+} catch (...) {
+  std::fprintf(stderr, "framelinkd: unknown exception\n");
+  return 1;
 }

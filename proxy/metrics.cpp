@@ -53,12 +53,12 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
 }
 
 void Metrics::setDetail(std::string json) {
-  std::lock_guard<std::mutex> lock(detail_mutex_);
+  MutexLock lock(detail_mutex_);
   detail_ = std::move(json);
 }
 
 void Metrics::setGauges(Gauges gauges) {
-  std::lock_guard<std::mutex> lock(detail_mutex_);
+  MutexLock lock(detail_mutex_);
   gauges_ = std::move(gauges);
 }
 
@@ -156,7 +156,7 @@ std::string Metrics::prometheus() const {
     if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
   }
   {
-    std::lock_guard<std::mutex> lock(detail_mutex_);
+    MutexLock lock(detail_mutex_);
     out << "# HELP framelink_frames_in_flight Producers' frames submitted and not yet DELIVERED or FAILED.\n"
            "# TYPE framelink_frames_in_flight gauge\nframelink_frames_in_flight "
         << gauges_.frames_in_flight << '\n';
@@ -267,7 +267,7 @@ std::string Metrics::json() const {
     first = false;
   }
   out << "},\"detail\":";
-  std::lock_guard<std::mutex> lock(detail_mutex_);
+  MutexLock lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();
 }
@@ -294,7 +294,7 @@ Status Metrics::serve(const std::string& listen) {
   thread_ = std::thread([this] { server_->http.listen_after_bind(); });
   return {};
 #else
-  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics");
+  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics " + listen);
 #endif
 }
 

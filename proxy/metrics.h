@@ -7,12 +7,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 
 namespace framelink {
 
@@ -105,9 +105,9 @@ class Metrics {
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency_{};
   std::array<std::atomic<uint64_t>, 512> failures_by_status_{};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
-  mutable std::mutex detail_mutex_;
-  std::string detail_ = "{}";  // GUARDED_BY(detail_mutex_)
-  Gauges gauges_;              // GUARDED_BY(detail_mutex_)
+  mutable Mutex detail_mutex_;
+  std::string detail_ FL_GUARDED_BY(detail_mutex_) = "{}";
+  Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
   struct Server;
   std::unique_ptr<Server> server_;
   std::thread thread_;

@@ -11,12 +11,12 @@
 #include <condition_variable>
 #include <future>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "common/log_limit.h"
+#include "common/thread_annotations.h"
 #include "data_agent.h"
 #include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
@@ -57,17 +57,17 @@ class CancelGuard {
  public:
   explicit CancelGuard(std::function<void()> cancel) : cancel_(std::move(cancel)) {}
   void fire() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (cancel_) cancel_();
   }
   void disarm() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     cancel_ = nullptr;
   }
 
  private:
-  std::mutex mutex_;
-  std::function<void()> cancel_;  // GUARDED_BY(mutex_)
+  Mutex mutex_;
+  std::function<void()> cancel_ FL_GUARDED_BY(mutex_);
 };
 
 // rdma_cm retransmits a lost connection request only after seconds (the CM
@@ -95,7 +95,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   uint16_t dataPort() const noexcept override { return data_listener_ ? data_listener_->port() : 0; }
   uint16_t rdmaPort() const noexcept override {
 #ifdef FRAMELINK_HAVE_RDMA
-    std::lock_guard<std::mutex> lock(rdma_mu_);
+    MutexLock lock(rdma_mu_);
     return rdma_listener_ ? rdma_listener_->port() : 0;
 #else
     return 0;
@@ -134,7 +134,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
                   uint64_t peer_instance, const std::string& transport_name,
                   const std::string& transport_reason, std::shared_ptr<transport::Transport> t,
                   Stream* stream, std::function<void()> cancel);
-  void dialLoop(PeerConfig peer);
+  void dialLoop(const PeerConfig& peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
   ::grpc::ChannelArguments channelArguments() const;
   std::shared_ptr<::grpc::ServerCredentials> serverCredentials() const;
@@ -149,8 +149,8 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   std::unique_ptr<transport::tcp::TcpDataListener> data_listener_;
   RdmaSupport rdma_;
 #ifdef FRAMELINK_HAVE_RDMA
-  mutable std::mutex rdma_mu_;                                    // never held together with mutex_
-  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // GUARDED_BY(rdma_mu_)
+  mutable Mutex rdma_mu_;  // never held together with mutex_
+  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_ FL_GUARDED_BY(rdma_mu_);
   void startRdmaListener(uint16_t port);
 #endif
   std::atomic<uint64_t> next_link_id_{1};
@@ -159,11 +159,11 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   // Readable once stop() began: wakes dials and handshakes blocked in poll().
   UniqueFd stop_fd_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
 
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable stop_cv_;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // GUARDED_BY(mutex_)
-  std::set<::grpc::ServerContext*> server_contexts_;      // GUARDED_BY(mutex_)
-  std::set<::grpc::ClientContext*> client_contexts_;      // GUARDED_BY(mutex_)
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_ FL_GUARDED_BY(mutex_);
+  std::set<::grpc::ServerContext*> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::set<::grpc::ClientContext*> client_contexts_ FL_GUARDED_BY(mutex_);
   std::vector<std::thread> dialers_;
   // What strangers on the network can make this daemon log, per cause.
   LogLimiter log_auth_, log_protocol_, log_session_;
@@ -279,7 +279,7 @@ Status PeerLinksImpl::init() {
 
 void PeerLinksImpl::stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopped_) return;
     stopped_ = true;
     stopping_ = true;
@@ -305,7 +305,7 @@ void PeerLinksImpl::stop() {
 #ifdef FRAMELINK_HAVE_RDMA
   std::unique_ptr<transport::rdma::RdmaListener> listener;
   {
-    std::lock_guard<std::mutex> lock(rdma_mu_);
+    MutexLock lock(rdma_mu_);
     listener = std::move(rdma_listener_);
   }
   listener.reset();
@@ -325,7 +325,7 @@ void PeerLinksImpl::startRdmaListener(uint16_t port) {
   auto listener = transport::rdma::RdmaListener::listen(
       rdma_.device, host, port,
       [this](uint64_t session_id) {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         auto it = pending_.find(session_id);
         return it != pending_.end() && it->second->transport == "rdma" && !it->second->fulfilled;
       },
@@ -346,7 +346,7 @@ void PeerLinksImpl::startRdmaListener(uint16_t port) {
     return;
   }
   spdlog::info("rdma: listening on {}:{} (device {})", host, listener.value()->port(), rdma_.device->name());
-  std::lock_guard<std::mutex> lock(rdma_mu_);
+  MutexLock lock(rdma_mu_);
   rdma_listener_ = std::move(listener.value());
 }
 
@@ -367,7 +367,7 @@ bool PeerLinksImpl::usable(const std::string& transport, std::string* why) const
 
 std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
                                                                        const std::string& transport) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (pending_.count(session_id) != 0) return nullptr;
   auto p = std::make_shared<Pending>();
   p->transport = transport;
@@ -376,7 +376,7 @@ std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t 
 }
 
 void PeerLinksImpl::unregisterPending(uint64_t session_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   pending_.erase(session_id);
 }
 
@@ -384,7 +384,7 @@ void PeerLinksImpl::fulfil(uint64_t session_id, const std::string& transport,
                            std::shared_ptr<transport::Transport> t) {
   std::shared_ptr<Pending> p;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = pending_.find(session_id);
     if (it == pending_.end() || it->second->transport != transport || it->second->fulfilled) {
       log_session_.warn("a {} data channel for unknown session {:016x} was refused", transport, session_id);
@@ -490,7 +490,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
             "wrong or missing token: configure the same token on both daemons"};
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
     server_contexts_.insert(ctx);
   }
@@ -498,7 +498,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
     PeerLinksImpl* self;
     ::grpc::ServerContext* ctx;
     ~Unregister() {
-      std::lock_guard<std::mutex> lock(self->mutex_);
+      MutexLock lock(self->mutex_);
       self->server_contexts_.erase(ctx);
     }
   } unregister{this, ctx};
@@ -606,7 +606,7 @@ void PeerLinksImpl::runSession(uint64_t link_id, const std::string& peer, const 
   if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no first message"};
   uint64_t session_id = first.session_id();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = pending_.find(session_id);
     if (it == pending_.end() || it->second->transport != "grpc") {
       log_session_.warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(),
@@ -658,7 +658,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   ::grpc::ClientContext ctx;
   if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return false;
     client_contexts_.insert(&ctx);
   }
@@ -666,7 +666,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     PeerLinksImpl* self;
     ::grpc::ClientContext* ctx;
     ~Unregister() {
-      std::lock_guard<std::mutex> lock(self->mutex_);
+      MutexLock lock(self->mutex_);
       self->client_contexts_.erase(ctx);
     }
   } unregister{this, &ctx};
@@ -794,7 +794,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   // A link that fell back from rdma while both sides have it moves back:
   // after rdma_retry_ms the session is ended and the next dial offers rdma
   // first again.  Frames in flight are replayed by the data agent.
-  std::mutex upgrade_mu;
+  Mutex upgrade_mu;
   std::condition_variable upgrade_cv;
   bool session_over = false;
   std::thread upgrader;
@@ -805,8 +805,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
         std::max(std::chrono::milliseconds(config_.rdma_retry_ms),
                  std::chrono::duration_cast<std::chrono::milliseconds>(state.rdma_retry_at - Clock::now()));
     upgrader = std::thread([&, wait] {
-      std::unique_lock<std::mutex> lock(upgrade_mu);
-      if (upgrade_cv.wait_for(lock, wait, [&] { return session_over || stopping_.load(); })) return;
+      MutexLock lock(upgrade_mu);
+      if (lock.waitFor(upgrade_cv, wait, [&] { return session_over || stopping_.load(); })) return;
       spdlog::info("peer {}: trying rdma again; the link moves back to it if it works", peer.name);
       state.rdma_retry_at = Clock::time_point{};
       ctx.TryCancel();
@@ -815,7 +815,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   runSession(next_link_id_++, peer.name, peer.address, ack.instance(), ack.transport(), reason, std::move(t),
              stream.get(), [&ctx] { ctx.TryCancel(); });
   {
-    std::lock_guard<std::mutex> lock(upgrade_mu);
+    MutexLock lock(upgrade_mu);
     session_over = true;
   }
   upgrade_cv.notify_all();
@@ -824,15 +824,15 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   return true;
 }
 
-void PeerLinksImpl::dialLoop(PeerConfig peer) {
+void PeerLinksImpl::dialLoop(const PeerConfig& peer) {
   uint32_t backoff_ms = config_.reconnect_min_ms;
   DialState state;
   while (!stopping_) {
     bool was_up = dialOnce(peer, state);
     if (stopping_) break;
     backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
-    std::unique_lock<std::mutex> lock(mutex_);
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms), [this] { return stopping_.load(); });
+    MutexLock lock(mutex_);
+    lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this] { return stopping_.load(); });
   }
 }
 

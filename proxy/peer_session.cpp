@@ -17,17 +17,17 @@ SessionWriter::~SessionWriter() { close(); }
 void SessionWriter::send(v1::PeerMessage message) {
   if (inline_) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (closing_ || failed_) return;
     }
     if (!write_(message, false)) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       failed_ = true;
     }
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (closing_ || failed_) return;
     queue_.push_back(std::move(message));
   }
@@ -36,7 +36,7 @@ void SessionWriter::send(v1::PeerMessage message) {
 
 void SessionWriter::close() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     closing_ = true;
   }
   cv_.notify_one();
@@ -44,14 +44,15 @@ void SessionWriter::close() {
 }
 
 bool SessionWriter::failed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return failed_;
 }
 
 void SessionWriter::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
-    bool woke = cv_.wait_for(lock, keepalive_, [this] { return closing_ || !queue_.empty(); });
+    bool woke =
+        lock.waitFor(cv_, keepalive_, [this]() FL_REQUIRES(mutex_) { return closing_ || !queue_.empty(); });
     if (!woke) {
       v1::PeerMessage keepalive;
       timespec ts{};

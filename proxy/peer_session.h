@@ -7,9 +7,9 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "framelink/v1/link.pb.h"
 
 namespace framelink {
@@ -42,12 +42,12 @@ class SessionWriter {
 
   WriteFn write_;
   std::chrono::milliseconds keepalive_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::condition_variable cv_;
-  std::deque<v1::PeerMessage> queue_;  // GUARDED_BY(mutex_)
-  bool closing_ = false;               // GUARDED_BY(mutex_)
-  bool failed_ = false;                // GUARDED_BY(mutex_)
-  bool inline_ = false;                // set once, at construction
+  std::deque<v1::PeerMessage> queue_ FL_GUARDED_BY(mutex_);
+  bool closing_ FL_GUARDED_BY(mutex_) = false;
+  bool failed_ FL_GUARDED_BY(mutex_) = false;
+  bool inline_ = false;  // set once, at construction
   std::thread thread_;
 };
 

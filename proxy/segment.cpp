@@ -43,7 +43,7 @@ Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool req
     int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
     if (fd >= 0) {
       UniqueFd owned(fd);
-      if (::ftruncate(fd, static_cast<off_t>(roundUp(size, FL_HUGE_PAGE_SIZE))) == 0) {
+      if (::ftruncate(fd, static_cast<off_t>(roundUp(size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE)))) == 0) {
         return Memfd{std::move(owned), true};
       }
       if (require_huge) {
@@ -115,7 +115,7 @@ SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hu
   g.slots_offset = FL_PAGE_SIZE;
   g.slot_headers_offset = g.slots_offset - sizeof(fl_slot_header);
   g.data_size = g.slots_offset + g.slot_stride * slot_count;
-  if (hugepages) g.data_size = roundUp(g.data_size, FL_HUGE_PAGE_SIZE);
+  if (hugepages) g.data_size = roundUp(g.data_size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE));
   return g;
 }
 

@@ -33,8 +33,11 @@ packages=(
   nlohmann-json3-dev
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
-  # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh)
+  # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh, whose clang
+  # build also runs the thread-safety analysis)
   catch2 clang-format clang-14 libclang-rt-14-dev
+  # clang-tidy with the repository's .clang-tidy (scripts/tidy.sh)
+  clang-tidy-14
   # certificates for the TLS integration tests
   openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)

@@ -321,6 +321,7 @@ pid_t spawnSelf(const std::vector<std::string>& args, int& stdout_fd, int* stdin
   std::vector<std::string> full = {exe};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(full.size() + 1);
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t pid = fork();

@@ -220,8 +220,9 @@ CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig
   const std::string sock_b = pair.b().socket;
   const pid_t consumer = forkChild([&] { return benchConsumer(*sh, lat, lat_cap, sock_b, stream, c); });
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load())
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
     usleep(2000);
+  }
   if (sh->consumer_state.load() != 1) {
     r.error = "consumer: " + (sh->consumer_error.get().empty() ? std::string("did not attach within 10 s")
                                                                : sh->consumer_error.get());
@@ -285,12 +286,15 @@ CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig
   if (r.error.empty()) {
     std::string e;
     if (!sh->producer_error.get().empty()) e += "producer: " + sh->producer_error.get();
-    if (const int s = sh->first_failure.load(); s != 0)
+    if (const int s = sh->first_failure.load(); s != 0) {
       e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
-    if (!sh->consumer_error.get().empty())
+    }
+    if (!sh->consumer_error.get().empty()) {
       e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh->consumer_error.get();
-    if (!sh->first_bad.get().empty())
+    }
+    if (!sh->first_bad.get().empty()) {
       e += std::string(e.empty() ? "" : "; ") + "verify: " + sh->first_bad.get();
+    }
     if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
     r.error = e;
   }
@@ -485,15 +489,15 @@ int runBench(const BenchOptions& o) {
   uname(&u);
   std::printf("\nframelink bench: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
               sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
-  if (o.host_a != "127.0.0.1" || o.host_b != "127.0.0.1")
+  if (o.host_a != "127.0.0.1" || o.host_b != "127.0.0.1") {
     std::printf("daemon A on %s, daemon B on %s\n", o.host_a.c_str(), o.host_b.c_str());
+  }
   std::printf(
       "framelink = producer app -> framelinkd hostA -> framelinkd hostB -> consumer app (separate "
       "processes)\n\n");
   std::printf("| case | framelink | baseline | ratio | daemon CPU A / B |\n");
   std::printf("|---|---|---|---|---|\n");
-  for (size_t i = 0; i < e2e.size(); ++i) {
-    const auto& e = e2e[i];
+  for (const auto& e : e2e) {
     size_t si = 0;
     while (si < sizes->size() && (*sizes)[si] != e.size) ++si;
     const ThroughputResult* base = nullptr;

@@ -202,8 +202,9 @@ int runDemo(const DemoOptions& o) {
   }
   // The consumer attaches first so the producer's first frames find a receiver with credits.
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load())
+  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
     usleep(2000);
+  }
   if (sh->consumer_state.load() != 1) {
     std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
                  sh->consumer_error.get().empty() ? "it did not attach within 10 s"
@@ -283,14 +284,18 @@ int runDemo(const DemoOptions& o) {
   std::fflush(stdout);
   if (!ok) {
     if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
-    if (!sh->producer_error.get().empty())
+    if (!sh->producer_error.get().empty()) {
       std::fprintf(stderr, "  producer: %s\n", sh->producer_error.get().c_str());
-    if (const int s = sh->failure_status.load(); s != 0)
+    }
+    if (const int s = sh->failure_status.load(); s != 0) {
       std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
-    if (!sh->consumer_error.get().empty())
+    }
+    if (!sh->consumer_error.get().empty()) {
       std::fprintf(stderr, "  consumer: %s\n", sh->consumer_error.get().c_str());
-    if (!sh->first_bad.get().empty())
+    }
+    if (!sh->first_bad.get().empty()) {
       std::fprintf(stderr, "  first bad frame: %s\n", sh->first_bad.get().c_str());
+    }
     if (!daemon_problem.empty()) std::fprintf(stderr, "  %s", daemon_problem.c_str());
     if (!g_interrupted.load()) {
       pair->keepDir();

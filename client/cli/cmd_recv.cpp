@@ -141,8 +141,9 @@ int runRecv(const RecvOptions& o) {
   }
   std::fflush(stdout);
   if (!st.error.empty()) std::fprintf(stderr, "framelink recv: %s\n", st.error.c_str());
-  if (checker.bad() != 0)
+  if (checker.bad() != 0) {
     std::fprintf(stderr, "framelink recv: first bad frame: %s\n", checker.firstError().c_str());
+  }
   if (st.timed_out) {
     std::fprintf(stderr,
                  "framelink recv: received %llu of %llu frames; no frame for %d ms (--timeout-ms) -- is the "

@@ -214,8 +214,9 @@ int runSend(const SendOptions& o) {
     }
   }
   if (!st.error.empty()) std::fprintf(stderr, "framelink send: %s\n", st.error.c_str());
-  if (st.interrupted)
+  if (st.interrupted) {
     std::fprintf(stderr, "framelink send: interrupted after %llu frames\n", (unsigned long long)st.submitted);
+  }
   std::fflush(stdout);
   if (st.interrupted) return 130;
   return st.allDelivered() ? 0 : 1;

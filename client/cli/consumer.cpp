@@ -136,7 +136,7 @@ bool writeFrameFiles(const std::string& dir, const fl_frame& f, std::string& err
                            ",\"timestamp_ns\":" + std::to_string(f.timestamp_ns) +
                            ",\"length\":" + std::to_string(f.length) +
                            ",\"sequence\":" + std::to_string(f.sequence) + ",\"crc32c\":" + crc +
-                           ",\"attrs\":\"" + jsonEscape(attrs) + "\"}\n";
+                           R"(,"attrs":")" + jsonEscape(attrs) + "\"}\n";
   return writeAtomically(dir, id + ".json", ".tmp-" + id + ".json", json.data(), json.size(), err);
 }
 
@@ -161,8 +161,9 @@ ReceiveLoopStats receiveLoop(Consumer& consumer, const ReceiveLoopOptions& optio
     }
     if (rc != FL_OK) {
       st.error = std::string("receiving failed: ") + fl_last_error();
-      if (rc == FL_ERR_DAEMON_GONE)
+      if (rc == FL_ERR_DAEMON_GONE) {
         st.error += " -- the daemon went away; check that framelinkd is still running";
+      }
       break;
     }
     const uint64_t rx_real = realtimeNs();

@@ -114,7 +114,7 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
     return nullptr;
   }
   auto args_a = common(pair->a_, options.host_a);
-  args_a.push_back("--peer");
+  args_a.emplace_back("--peer");
   args_a.push_back("hostB=" + options.host_b + ":" + std::to_string(pair->b_.grpc_port));
   if (!pair->spawn(pair->a_, args_a, err) || !pair->waitReady(pair->a_, options.ready_timeout_ms, err)) {
     pair->keepDir();
@@ -130,6 +130,7 @@ bool DaemonPair::spawn(DaemonProcess& d, const std::vector<std::string>& args, s
     return false;
   }
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();

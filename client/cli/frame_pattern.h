@@ -75,8 +75,12 @@ __attribute__((target("avx2"))) inline void fillWordsAvx2(uint64_t base, uint64_
   const __m256i m2_hi = _mm256_set1_epi64x(0x94D049BB133111EBull >> 32);
   const __m256i step = _mm256_set1_epi64x(4);
   const uint64_t s0 = base + first + kGolden;
-  __m256i x = _mm256_set_epi64x(static_cast<long long>(s0 + 3), static_cast<long long>(s0 + 2),
-                                static_cast<long long>(s0 + 1), static_cast<long long>(s0));
+  // Lane values wrap modulo 2^64 first, then are handed over bit for bit.
+  const uint64_t s1 = s0 + 1;
+  const uint64_t s2 = s0 + 2;
+  const uint64_t s3 = s0 + 3;
+  __m256i x = _mm256_set_epi64x(static_cast<long long>(s3), static_cast<long long>(s2),
+                                static_cast<long long>(s1), static_cast<long long>(s0));
   for (size_t k = 0; k < n; ++k) {
     __m256i z = x;
     z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), m1_lo, m1_hi);
@@ -88,8 +92,8 @@ __attribute__((target("avx2"))) inline void fillWordsAvx2(uint64_t base, uint64_
 }
 
 inline bool haveAvx2() noexcept {
-  static const bool have = __builtin_cpu_supports("avx2");
-  return have;
+  static const bool kHave = __builtin_cpu_supports("avx2");
+  return kHave;
 }
 }  // namespace detail
 #endif

@@ -3,10 +3,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 
 #include "commands.h"
 
-int main(int argc, char** argv) {
+// An exception that gets here ends the tool with its message, not with a
+// bare std::terminate.
+int main(int argc, char** argv) try {
   CLI::App app{"framelink: move frames between hosts through framelinkd"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("framelink ") + fl_version());
@@ -24,4 +27,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   return exit_code;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "framelink: %s\n", e.what());
+  return 1;
+} catch (...) {
+  std::fprintf(stderr, "framelink: unknown exception\n");
+  return 1;
 }

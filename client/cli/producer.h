@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace framelink::cli {
 
@@ -82,7 +83,7 @@ class Producer {
   bool prefillAllSlots(const std::function<void(fl_slot&)>& fill, std::string& err);
 
  private:
-  Producer(fl_client* client, const ProducerOptions& options) : client_(client), options_(options) {}
+  Producer(fl_client* client, ProducerOptions options) : client_(client), options_(std::move(options)) {}
   fl_client* client_;
   ProducerOptions options_;
   fl_client_info info_{};

@@ -8,8 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <utility>
+
+#include "common/thread_annotations.h"
 
 namespace framelink {
 
@@ -21,7 +22,7 @@ class LogLimiter {
   // True when a line may be written now; `*suppressed` is how many were
   // dropped since the last one that was.
   bool allow(uint64_t* suppressed) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     if (!started_ || now - window_start_ >= interval_) {
       started_ = true;
@@ -68,11 +69,11 @@ class LogLimiter {
 
   const std::chrono::milliseconds interval_;
   const uint32_t burst_;
-  std::mutex mutex_;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point window_start_{};
-  uint32_t in_window_ = 0;
-  uint64_t suppressed_ = 0;
+  Mutex mutex_;
+  bool started_ FL_GUARDED_BY(mutex_) = false;
+  std::chrono::steady_clock::time_point window_start_ FL_GUARDED_BY(mutex_){};
+  uint32_t in_window_ FL_GUARDED_BY(mutex_) = 0;
+  uint64_t suppressed_ FL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace framelink

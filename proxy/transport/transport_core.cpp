@@ -39,7 +39,7 @@ Result<RemoteCredit> TransportCore::exposeCredit(LocalCredit credit) {
   }
   if (failed()) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
   RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
-  std::lock_guard lock(credits_mu_);
+  MutexLock lock(credits_mu_);
   if (credits_.count(credit.credit_id) != 0 || receiving_ == credit.credit_id) {
     return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(credit.credit_id) +
                                     " is already exposed (credit ids must be unique per link)");
@@ -49,7 +49,7 @@ Result<RemoteCredit> TransportCore::exposeCredit(LocalCredit credit) {
 }
 
 void TransportCore::retractCredit(uint64_t credit_id) {
-  std::lock_guard lock(credits_mu_);
+  MutexLock lock(credits_mu_);
   credits_.erase(credit_id);
   // A frame may be landing in this buffer right now: the buffer stays mapped
   // (keepalive), and the frame is reported as for an unknown credit.
@@ -57,7 +57,7 @@ void TransportCore::retractCredit(uint64_t credit_id) {
 }
 
 std::optional<LocalCredit> TransportCore::beginReceive(uint64_t credit_id) noexcept {
-  std::lock_guard lock(credits_mu_);
+  MutexLock lock(credits_mu_);
   auto it = credits_.find(credit_id);
   if (it == credits_.end()) return std::nullopt;
   LocalCredit credit = std::move(it->second);
@@ -68,7 +68,7 @@ std::optional<LocalCredit> TransportCore::beginReceive(uint64_t credit_id) noexc
 }
 
 bool TransportCore::endReceive() noexcept {
-  std::lock_guard lock(credits_mu_);
+  MutexLock lock(credits_mu_);
   bool ok = !receiving_retracted_;
   receiving_.reset();
   receiving_retracted_ = false;
@@ -80,10 +80,10 @@ bool TransportCore::endReceive() noexcept {
 PostResult TransportCore::post(const SendRequest& request) noexcept {
   if (*validateSendRequest(request) != '\0') return PostResult::kInvalid;
   {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     if (failed_) return PostResult::kNotConnected;
     if (count_ == ring_.size()) {
-      std::lock_guard c(counters_mu_);
+      MutexLock c(counters_mu_);
       ++counters_.backpressure;
       return PostResult::kBackpressure;
     }
@@ -95,8 +95,8 @@ PostResult TransportCore::post(const SendRequest& request) noexcept {
 }
 
 bool TransportCore::nextSend(SendRequest* out) noexcept {
-  std::unique_lock lock(send_mu_);
-  send_cv_.wait(lock, [&] { return failed_ || stopped_ || count_ > 0; });
+  MutexLock lock(send_mu_);
+  lock.wait(send_cv_, [&]() FL_REQUIRES(send_mu_) { return failed_ || stopped_ || count_ > 0; });
   if (failed_ || stopped_) return false;
   *out = ring_[head_];
   head_ = (head_ + 1) % ring_.size();
@@ -108,19 +108,19 @@ bool TransportCore::nextSend(SendRequest* out) noexcept {
 
 void TransportCore::stopSending() noexcept {
   {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     stopped_ = true;
   }
   send_cv_.notify_all();
 }
 
 void TransportCore::completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   if (!in_flight_ || in_flight_cookie_ != cookie) return;  // not the request nextSend() gave out
   in_flight_ = false;
   if (failed_ && status == FL_OK) status = FL_ERR_LINK_LOST;
   if (status == FL_OK) {
-    std::lock_guard c(counters_mu_);
+    MutexLock c(counters_mu_);
     ++counters_.frames_sent;
     counters_.bytes_sent += bytes;
   }
@@ -129,7 +129,7 @@ void TransportCore::completeSend(uint64_t cookie, int status, uint64_t bytes) no
   ev.cookie = cookie;
   ev.status = status;
   {
-    std::lock_guard e(events_mu_);
+    MutexLock e(events_mu_);
     pushEventLocked(std::move(ev));
   }
   signal();
@@ -139,7 +139,7 @@ void TransportCore::completeSend(uint64_t cookie, int status, uint64_t bytes) no
 
 void TransportCore::frameArrived(const FrameHeader& header, int status, std::string message) noexcept {
   if (status == FL_ERR_UNKNOWN_CREDIT) {
-    std::lock_guard c(counters_mu_);
+    MutexLock c(counters_mu_);
     ++counters_.unknown_credit_frames;
   }
   TransportEvent ev;
@@ -148,7 +148,7 @@ void TransportCore::frameArrived(const FrameHeader& header, int status, std::str
   ev.header = header;
   ev.message = std::move(message);
   {
-    std::lock_guard e(events_mu_);
+    MutexLock e(events_mu_);
     pushEventLocked(std::move(ev));
   }
   signal();
@@ -156,10 +156,10 @@ void TransportCore::frameArrived(const FrameHeader& header, int status, std::str
 
 bool TransportCore::fail(int status, std::string message) noexcept {
   {
-    std::lock_guard lock(send_mu_);
+    MutexLock lock(send_mu_);
     if (failed_) return false;
     failed_ = true;
-    std::lock_guard e(events_mu_);
+    MutexLock e(events_mu_);
     TransportEvent link;
     link.kind = TransportEvent::Kind::kLinkError;
     link.status = status;
@@ -184,7 +184,7 @@ bool TransportCore::fail(int status, std::string message) noexcept {
 }
 
 bool TransportCore::failed() const noexcept {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(send_mu_);
   return failed_;
 }
 
@@ -211,7 +211,7 @@ size_t TransportCore::poll(TransportEvent* out, size_t max) noexcept {
   size_t taken = 0;
   bool more = false;
   {
-    std::lock_guard e(events_mu_);
+    MutexLock e(events_mu_);
     while (taken < max && !events_.empty()) {
       out[taken++] = std::move(events_.front());
       events_.pop_front();
@@ -223,12 +223,12 @@ size_t TransportCore::poll(TransportEvent* out, size_t max) noexcept {
 }
 
 TransportCore::Counters TransportCore::counters() const noexcept {
-  std::lock_guard c(counters_mu_);
+  MutexLock c(counters_mu_);
   return counters_;
 }
 
 void TransportCore::countReceived(uint64_t bytes) noexcept {
-  std::lock_guard c(counters_mu_);
+  MutexLock c(counters_mu_);
   ++counters_.frames_received;
   counters_.bytes_received += bytes;
 }

@@ -26,13 +26,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "transport/transport.h"
 
@@ -103,33 +103,33 @@ class TransportCore {
 
  private:
   TransportCore(UniqueFd event_fd, size_t send_queue_depth);
-  void pushEventLocked(TransportEvent event) noexcept;  // REQUIRES events_mu_
+  void pushEventLocked(TransportEvent event) noexcept FL_REQUIRES(events_mu_);
   void signal() noexcept;
 
   UniqueFd event_fd_;
 
   // Send queue: a fixed ring so post() never allocates.
-  mutable std::mutex send_mu_;
+  mutable Mutex send_mu_;
   std::condition_variable send_cv_;
-  std::vector<SendRequest> ring_;  // GUARDED_BY(send_mu_)
-  size_t head_ = 0;                // GUARDED_BY(send_mu_)
-  size_t count_ = 0;               // GUARDED_BY(send_mu_)
-  bool in_flight_ = false;         // GUARDED_BY(send_mu_)
-  uint64_t in_flight_cookie_ = 0;  // GUARDED_BY(send_mu_)
-  bool failed_ = false;            // GUARDED_BY(send_mu_)
-  bool stopped_ = false;           // GUARDED_BY(send_mu_)
+  std::vector<SendRequest> ring_ FL_GUARDED_BY(send_mu_);
+  size_t head_ FL_GUARDED_BY(send_mu_) = 0;
+  size_t count_ FL_GUARDED_BY(send_mu_) = 0;
+  bool in_flight_ FL_GUARDED_BY(send_mu_) = false;
+  uint64_t in_flight_cookie_ FL_GUARDED_BY(send_mu_) = 0;
+  bool failed_ FL_GUARDED_BY(send_mu_) = false;
+  bool stopped_ FL_GUARDED_BY(send_mu_) = false;
 
-  // Lock order: send_mu_ before events_mu_.
-  mutable std::mutex events_mu_;
-  std::deque<TransportEvent> events_;  // GUARDED_BY(events_mu_)
+  // Lock order: send_mu_ before events_mu_ and counters_mu_.
+  mutable Mutex events_mu_ FL_ACQUIRED_AFTER(send_mu_);
+  std::deque<TransportEvent> events_ FL_GUARDED_BY(events_mu_);
 
-  mutable std::mutex credits_mu_;
-  std::unordered_map<uint64_t, LocalCredit> credits_;  // GUARDED_BY(credits_mu_)
-  std::optional<uint64_t> receiving_;                  // GUARDED_BY(credits_mu_)
-  bool receiving_retracted_ = false;                   // GUARDED_BY(credits_mu_)
+  mutable Mutex credits_mu_;
+  std::unordered_map<uint64_t, LocalCredit> credits_ FL_GUARDED_BY(credits_mu_);
+  std::optional<uint64_t> receiving_ FL_GUARDED_BY(credits_mu_);
+  bool receiving_retracted_ FL_GUARDED_BY(credits_mu_) = false;
 
-  mutable std::mutex counters_mu_;
-  Counters counters_;  // GUARDED_BY(counters_mu_)
+  mutable Mutex counters_mu_ FL_ACQUIRED_AFTER(send_mu_);
+  Counters counters_ FL_GUARDED_BY(counters_mu_);
 };
 
 }  // namespace framelink::transport

@@ -48,14 +48,16 @@ class FaultyTransportImpl final : public FaultyTransport {
     epoll_fd_.reset(::epoll_create1(EPOLL_CLOEXEC));
     ready_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
-    if (!epoll_fd_.valid() || !ready_fd_.valid() || !timer_fd_.valid())
+    if (!epoll_fd_.valid() || !ready_fd_.valid() || !timer_fd_.valid()) {
       return sysError("faulty transport: epoll/eventfd/timerfd");
+    }
     for (int fd : {inner_->eventFd(), ready_fd_.get(), timer_fd_.get()}) {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.fd = fd;
-      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
         return sysError("faulty transport: epoll_ctl");
+      }
     }
     return true;
   }

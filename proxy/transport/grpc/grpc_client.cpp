@@ -46,6 +46,7 @@ class GrpcClientTransport final : public GrpcTransport {
     try {
       // Sender first: the reader joins it, so it must exist before the reader runs.
       sender_ = std::thread([this] { senderLoop(); });
+      MutexLock lock(join_mu_);
       reader_ = std::thread([this] { readerLoop(); });
     } catch (const std::system_error& e) {
       shutdown();
@@ -56,7 +57,7 @@ class GrpcClientTransport final : public GrpcTransport {
 
   void shutdown() noexcept override {
     failLink(FL_ERR_SHUTDOWN, "grpc data link shut down locally");
-    std::lock_guard lock(join_mu_);
+    MutexLock lock(join_mu_);
     if (reader_.joinable()) {
       reader_.join();  // joins the sender and finishes the call
     } else if (stream_ && !finished_) {
@@ -94,9 +95,9 @@ class GrpcClientTransport final : public GrpcTransport {
   std::unique_ptr<framelink::v1::Link::Stub> stub_;
   grpc::ClientContext context_;
   std::unique_ptr<ClientStream> stream_;  // destroyed before context_
-  std::mutex join_mu_;
-  bool finished_ = false;  // reader thread, then shutdown() after joining it
-  std::thread reader_;
+  Mutex join_mu_;                         // one shutdown() joins the reader, a concurrent one waits for that
+  bool finished_ = false;                 // reader thread, then shutdown() after joining it
+  std::thread reader_ FL_GUARDED_BY(join_mu_);
   std::thread sender_;  // joined by the reader thread
 };
 

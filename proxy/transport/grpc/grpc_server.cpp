@@ -40,13 +40,13 @@ bool GrpcServerTransport::writeMessage(const framelink::v1::DataMessage& message
 }
 
 void GrpcServerTransport::cancelStream() noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (state_ == State::kRunning && context_ != nullptr) context_->TryCancel();
 }
 
 grpc::Status GrpcServerTransport::runUntilClosed() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (state_ != State::kAdopted) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "data transport already closed"};
     }
@@ -79,7 +79,7 @@ grpc::Status GrpcServerTransport::runUntilClosed() {
     result = {grpc::StatusCode::CANCELLED, "data transport shut down"};
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     state_ = State::kClosed;
     context_ = nullptr;
     stream_ = nullptr;
@@ -90,13 +90,13 @@ grpc::Status GrpcServerTransport::runUntilClosed() {
 
 void GrpcServerTransport::shutdown() noexcept {
   failLink(FL_ERR_SHUTDOWN, "grpc data link with " + peer_name_ + " shut down locally");
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (state_ == State::kAdopted) {
     state_ = State::kClosed;  // runUntilClosed() will return at once
     context_ = nullptr;
     return;
   }
-  cv_.wait(lock, [&] { return state_ == State::kClosed; });
+  lock.wait(cv_, [&]() FL_REQUIRES(mu_) { return state_ == State::kClosed; });
 }
 
 }  // namespace framelink::transport

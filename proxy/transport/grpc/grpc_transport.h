@@ -32,7 +32,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -40,6 +39,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "transport/grpc/grpc_limits.h"
 #include "transport/transport.h"
@@ -142,12 +142,12 @@ class GrpcServerTransport final : public GrpcTransport {
   void cancelStream() noexcept override;
 
   enum class State { kAdopted, kRunning, kClosed };
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  State state_ = State::kAdopted;  // GUARDED_BY(mu_)
-  grpc::ServerContext* context_;   // GUARDED_BY(mu_); null once closed
-  DataStream* stream_;             // valid while kRunning; used by the reader and sender threads
-  std::thread sender_;             // started and joined by runUntilClosed()
+  State state_ FL_GUARDED_BY(mu_) = State::kAdopted;
+  grpc::ServerContext* context_ FL_GUARDED_BY(mu_);  // null once closed
+  DataStream* stream_;  // valid while kRunning; used by the reader and sender threads
+  std::thread sender_;  // started and joined by runUntilClosed()
 };
 
 }  // namespace framelink::transport

@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <unordered_map>
 
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "transport/transport_core.h"
 
@@ -30,26 +30,26 @@ class Shared final : public LoopbackLink {
 
   // ---- LoopbackLink ----
   size_t waiting(int end) const noexcept override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return ends_[end & 1].outgoing.size();
   }
   bool peekNext(int end, FrameHeader* header) const noexcept override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto& outgoing = ends_[end & 1].outgoing;
     if (outgoing.empty()) return false;
     *header = outgoing.front().header;
     return true;
   }
   bool deliverOne(int end, Damage damage) noexcept override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return deliverLocked(end & 1, damage);
   }
   void breakLink(int status, const std::string& why) noexcept override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     failLocked(status, why, status, why);
   }
   bool up() const noexcept override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return up_;
   }
 
@@ -58,7 +58,7 @@ class Shared final : public LoopbackLink {
     if (credit.buffer == nullptr && credit.capacity > 0) {
       return makeError(FL_EINVAL, "exposeCredit: null buffer with non-zero capacity");
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!up_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
     RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
     if (!ends_[end].credits.emplace(credit.credit_id, std::move(credit)).second) {
@@ -69,13 +69,13 @@ class Shared final : public LoopbackLink {
   }
 
   void retractCredit(int end, uint64_t credit_id) noexcept {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ends_[end].credits.erase(credit_id);
   }
 
   PostResult post(int end, const SendRequest& request) noexcept {
     if (*validateSendRequest(request) != '\0') return PostResult::kInvalid;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!up_) return PostResult::kNotConnected;
     EndState& self = ends_[end];
     if (self.outgoing.size() >= options_.send_queue_depth) return PostResult::kBackpressure;
@@ -85,12 +85,12 @@ class Shared final : public LoopbackLink {
   }
 
   void flush(int end) noexcept {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!options_.manual) deliverSomeLocked(end);
   }
 
   size_t poll(int end, TransportEvent* out, size_t max) noexcept {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!options_.manual) deliverSomeLocked(end);
     EndState& self = ends_[end];
     size_t n = 0;
@@ -107,14 +107,17 @@ class Shared final : public LoopbackLink {
   }
 
   bool connected() const noexcept {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return up_;
   }
 
-  int eventFd(int end) const noexcept { return ends_[end].event_fd.get(); }
+  int eventFd(int end) const noexcept {
+    MutexLock lock(mu_);
+    return ends_[end].event_fd.get();
+  }
 
   void shutdown(int end) noexcept {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!up_) return;
     // This end reports its own shutdown; the peer sees the link go.
     if (end == 0) {
@@ -127,6 +130,7 @@ class Shared final : public LoopbackLink {
   }
 
   Result<void> init() {
+    MutexLock lock(mu_);
     for (auto& e : ends_) {
       int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
       if (fd < 0) {
@@ -139,23 +143,23 @@ class Shared final : public LoopbackLink {
   }
 
  private:
-  void signalLocked(int end) noexcept {
+  void signalLocked(int end) noexcept FL_REQUIRES(mu_) {
     const uint64_t one = 1;
     (void)!::write(ends_[end].event_fd.get(), &one, sizeof one);
   }
 
-  void pushLocked(int end, TransportEvent event) noexcept {
+  void pushLocked(int end, TransportEvent event) noexcept FL_REQUIRES(mu_) {
     ends_[end].events.push_back(std::move(event));
     signalLocked(end);
   }
 
-  void deliverSomeLocked(int end) noexcept {
+  void deliverSomeLocked(int end) noexcept FL_REQUIRES(mu_) {
     for (size_t i = 0; i < options_.deliveries_per_call && deliverLocked(end, Damage::kNone); ++i) {
     }
   }
 
   // Lands the oldest frame `end` posted in the peer's credited buffer.
-  bool deliverLocked(int end, Damage damage) noexcept {
+  bool deliverLocked(int end, Damage damage) noexcept FL_REQUIRES(mu_) {
     if (!up_) return false;
     EndState& self = ends_[end];
     if (self.outgoing.empty()) return false;
@@ -188,7 +192,8 @@ class Shared final : public LoopbackLink {
 
   // Both ends fail once: waiting frames complete FL_ERR_LINK_LOST, then each
   // end gets its LinkError.
-  void failLocked(int status_a, const std::string& why_a, int status_b, const std::string& why_b) noexcept {
+  void failLocked(int status_a, const std::string& why_a, int status_b, const std::string& why_b) noexcept
+      FL_REQUIRES(mu_) {
     if (!up_) return;
     up_ = false;
     const int statuses[2] = {status_a, status_b};
@@ -215,9 +220,9 @@ class Shared final : public LoopbackLink {
   }
 
   const LoopbackOptions options_;
-  mutable std::mutex mu_;
-  bool up_ = true;    // guarded by mu_
-  EndState ends_[2];  // guarded by mu_ (event fds are set once, before use)
+  mutable Mutex mu_;
+  bool up_ FL_GUARDED_BY(mu_) = true;
+  EndState ends_[2] FL_GUARDED_BY(mu_);
 };
 
 class LoopbackEnd final : public Transport {

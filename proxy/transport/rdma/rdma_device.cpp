@@ -209,7 +209,7 @@ Result<std::unique_ptr<MemoryRegistration>> RdmaDevice::registerMemory(void* add
   }
   const auto start = reinterpret_cast<uintptr_t>(addr);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto next = regions_.lower_bound(start);
     bool overlaps = next != regions_.end() && next->first < start + length;
     if (!overlaps && next != regions_.begin()) overlaps = std::prev(next)->second.end > start;
@@ -234,7 +234,7 @@ Result<std::unique_ptr<MemoryRegistration>> RdmaDevice::registerMemory(void* add
                                            name_ + " failed: " + std::strerror(e) + hint);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     regions_[start] = Region{start + length, mr->lkey, mr->rkey, access, mr};
   }
   return std::unique_ptr<MemoryRegistration>(new MemoryRegistration(shared_from_this(), mr, access));
@@ -248,7 +248,7 @@ MemoryRegistration::~MemoryRegistration() {
 }
 
 void RdmaDevice::forget(const ibv_mr* mr) noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = regions_.find(reinterpret_cast<uintptr_t>(mr->addr));
   if (it != regions_.end() && it->second.mr == mr) regions_.erase(it);
 }
@@ -262,7 +262,7 @@ const RdmaDevice::Region* RdmaDevice::findLocked(uintptr_t start, size_t length)
 }
 
 bool RdmaDevice::lookupLocal(const void* addr, size_t length, uint32_t* lkey) const noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
   if (r == nullptr) return false;
   *lkey = r->lkey;
@@ -270,7 +270,7 @@ bool RdmaDevice::lookupLocal(const void* addr, size_t length, uint32_t* lkey) co
 }
 
 bool RdmaDevice::lookupRemote(const void* addr, size_t length, uint32_t* rkey) const noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
   if (r == nullptr || r->access != MemoryAccess::kRemoteWrite) return false;
   *rkey = r->rkey;
@@ -280,14 +280,14 @@ bool RdmaDevice::lookupRemote(const void* addr, size_t length, uint32_t* rkey) c
 // ---------------------------------------------------------------- async events
 
 uint64_t RdmaDevice::watch(const ibv_qp* qp, const ibv_cq* cq, AsyncErrorCallback on_error) {
-  std::lock_guard lock(watch_mu_);
+  MutexLock lock(watch_mu_);
   uint64_t id = next_watch_id_++;
   watchers_.emplace(id, Watcher{qp, cq, std::move(on_error)});
   return id;
 }
 
 void RdmaDevice::unwatch(uint64_t id) noexcept {
-  std::lock_guard lock(watch_mu_);
+  MutexLock lock(watch_mu_);
   watchers_.erase(id);
 }
 
@@ -326,7 +326,7 @@ void RdmaDevice::dispatch(const ibv_async_event& event) noexcept {
   } else {
     spdlog::warn("{}", message);
   }
-  std::lock_guard lock(watch_mu_);
+  MutexLock lock(watch_mu_);
   for (auto& [id, w] : watchers_) {
     bool hit = device_wide;
     if (!hit && event.event_type == IBV_EVENT_CQ_ERR) hit = w.cq == event.element.cq;

@@ -12,11 +12,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "transport/rdma/verbs_api.h"
 
@@ -118,7 +118,7 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
     MemoryAccess access;
     const ibv_mr* mr;
   };
-  const Region* findLocked(uintptr_t start, size_t length) const noexcept;  // REQUIRES mu_
+  const Region* findLocked(uintptr_t start, size_t length) const noexcept FL_REQUIRES(mu_);
 
   struct Watcher {
     const ibv_qp* qp;
@@ -135,12 +135,12 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
   const ibv_device_attr attr_;
   int numa_node_ = -1;
 
-  mutable std::mutex mu_;
-  std::map<uintptr_t, Region> regions_;  // GUARDED_BY(mu_), by start address
+  mutable Mutex mu_;
+  std::map<uintptr_t, Region> regions_ FL_GUARDED_BY(mu_);  // by start address
 
-  std::mutex watch_mu_;
-  std::map<uint64_t, Watcher> watchers_;  // GUARDED_BY(watch_mu_)
-  uint64_t next_watch_id_ = 1;            // GUARDED_BY(watch_mu_)
+  Mutex watch_mu_;
+  std::map<uint64_t, Watcher> watchers_ FL_GUARDED_BY(watch_mu_);
+  uint64_t next_watch_id_ FL_GUARDED_BY(watch_mu_) = 1;
 
   UniqueFd wake_fd_;  // eventfd: stops the event thread
   std::thread async_thread_;

@@ -100,6 +100,9 @@ RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTr
     : device_(std::move(device)), api_(device_->api()), options_(options), cm_(std::move(id)) {}
 
 Status RdmaTransport::setUp() {
+  // Nothing else holds the transport yet; the lock is for the analysis (the
+  // members below are guarded) and costs nothing.
+  MutexLock lock(mu_);
   const uint32_t sq = options_.send_queue_depth;
   const uint32_t rq = options_.recv_queue_depth;
   const auto& attr = device_->attributes();
@@ -172,7 +175,6 @@ Status RdmaTransport::setUp() {
     }
   }
 
-  std::lock_guard lock(mu_);
   // Receives before the connection is accepted: the peer may write at once.
   replenishRecvsLocked();
   if (recvs_posted_ != rq) return makeError(FL_ERR_RESOURCES, "ibv_post_recv failed while setting up");
@@ -182,7 +184,7 @@ Status RdmaTransport::setUp() {
   cq_armed_ = true;
   watch_id_ = device_->watch(qp_, cq_, [this](int status, const std::string& message) {
     {
-      std::lock_guard l(async_mu_);
+      MutexLock l(async_mu_);
       if (!async_error_) async_error_.emplace(status, message);
     }
     signalEventFd(link_fd_.get());
@@ -191,14 +193,14 @@ Status RdmaTransport::setUp() {
 }
 
 void RdmaTransport::established(std::string peer_name) noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   peer_name_ = std::move(peer_name);
   if (!failed_ && !torn_down_) connected_.store(true, std::memory_order_release);
 }
 
 RdmaTransport::~RdmaTransport() {
   shutdown();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   tearDownLocked();
 }
 
@@ -206,7 +208,7 @@ RdmaTransport::~RdmaTransport() {
 
 Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   if (credit.buffer == nullptr) return makeError(FL_EINVAL, "exposeCredit: null buffer");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (failed_ || torn_down_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
   uint8_t* landing = credit.buffer - kWireHeaderBytes;
   const uint64_t landing_length = kWireHeaderBytes + credit.capacity;
@@ -239,7 +241,7 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
 }
 
 void RdmaTransport::retractCredit(uint64_t credit_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = credits_.find(static_cast<uint32_t>(credit_id));
   if (it == credits_.end() || it->second.credit_id != credit_id || it->second.retracted) return;
   // The peer may have posted its write already, and nothing stops an RDMA
@@ -258,7 +260,7 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
 
 PostResult RdmaTransport::post(const SendRequest& r) noexcept {
   if (*validateSendRequest(r) != '\0') return PostResult::kInvalid;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (failed_ || torn_down_ || !connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
   uint32_t lkey = 0;
   if (r.header.length > 0 && !device_->lookupLocal(r.payload, r.header.length, &lkey)) {
@@ -295,7 +297,7 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
 }
 
 void RdmaTransport::flush() noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   flushLocked();
 }
 
@@ -407,7 +409,7 @@ void RdmaTransport::drainAsyncErrorLocked() noexcept {
   drainEventFd(link_fd_.get());
   std::optional<std::pair<int, std::string>> e;
   {
-    std::lock_guard l(async_mu_);
+    MutexLock l(async_mu_);
     e = async_error_;
   }
   if (e) failLocked(e->first, e->second + " (link to " + peer_name_ + ")");
@@ -524,7 +526,7 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   }
   Credit credit = std::move(it->second);
   credits_.erase(it);  // consumed by this frame
-  RdmaWireHeader wire;
+  RdmaWireHeader wire{};
   std::memcpy(&wire, credit.buffer - kWireHeaderBytes, sizeof wire);
   fromWire(wire, credit.credit_id, &header);
   if (credit.retracted) {
@@ -571,7 +573,7 @@ void RdmaTransport::replenishRecvsLocked() noexcept {
 }
 
 size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!torn_down_) {
     drainAsyncErrorLocked();
     drainCmEventsLocked();
@@ -597,7 +599,7 @@ size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
 // ---------------------------------------------------------------- teardown
 
 void RdmaTransport::shutdown() noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   failLocked(FL_ERR_SHUTDOWN, "rdma link to " + peer_name_ + " shut down locally");
   tearDownLocked();
   if (!events_.empty()) signalEventFd(event_fd_.get());
@@ -662,7 +664,7 @@ void RdmaTransport::tearDownLocked() noexcept {
 }
 
 RdmaTransport::Counters RdmaTransport::counters() const noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counters_;
 }
 

@@ -35,13 +35,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "transport/rdma/rdma_device.h"
 #include "transport/rdma/rdma_wire.h"
@@ -98,8 +98,14 @@ class RdmaTransport final : public Transport {
                                                        RdmaTransportOptions options = {});
   ~RdmaTransport() override;
 
-  rdma_cm_id* cmId() const noexcept { return cm_.id(); }
-  rdma_event_channel* cmChannel() const noexcept { return cm_.channel(); }
+  rdma_cm_id* cmId() const noexcept {
+    MutexLock lock(mu_);
+    return cm_.id();
+  }
+  rdma_event_channel* cmChannel() const noexcept {
+    MutexLock lock(mu_);
+    return cm_.channel();
+  }
   // The rdma_cm ESTABLISHED event was seen: posts are accepted from now on.
   void established(std::string peer_name) noexcept;
 
@@ -131,20 +137,20 @@ class RdmaTransport final : public Transport {
  private:
   RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options);
   Status setUp();
-  void flushLocked() noexcept;                                       // REQUIRES mu_
-  void failLocked(int status, const std::string& message) noexcept;  // REQUIRES mu_
-  void drainCmEventsLocked() noexcept;                               // REQUIRES mu_
-  void drainAsyncErrorLocked() noexcept;                             // REQUIRES mu_
-  void drainCqLocked() noexcept;                                     // REQUIRES mu_
-  void handleWc(const ibv_wc& wc) noexcept;                          // REQUIRES mu_
-  void handleSendWc(const ibv_wc& wc) noexcept;                      // REQUIRES mu_
-  void handleRecvWc(const ibv_wc& wc) noexcept;                      // REQUIRES mu_
-  void completeSendsThrough(uint64_t seq, int status) noexcept;      // REQUIRES mu_
-  void completeUnpostedIfDrainedLocked() noexcept;                   // REQUIRES mu_
-  void replenishRecvsLocked() noexcept;                              // REQUIRES mu_
-  void tearDownLocked() noexcept;                                    // REQUIRES mu_
-  void pushEvent(TransportEvent event) noexcept;                     // REQUIRES mu_
-  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept;
+  void flushLocked() noexcept FL_REQUIRES(mu_);
+  void failLocked(int status, const std::string& message) noexcept FL_REQUIRES(mu_);
+  void drainCmEventsLocked() noexcept FL_REQUIRES(mu_);
+  void drainAsyncErrorLocked() noexcept FL_REQUIRES(mu_);
+  void drainCqLocked() noexcept FL_REQUIRES(mu_);
+  void handleWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
+  void handleSendWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
+  void handleRecvWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
+  void completeSendsThrough(uint64_t seq, int status) noexcept FL_REQUIRES(mu_);
+  void completeUnpostedIfDrainedLocked() noexcept FL_REQUIRES(mu_);
+  void replenishRecvsLocked() noexcept FL_REQUIRES(mu_);
+  void tearDownLocked() noexcept FL_REQUIRES(mu_);
+  void pushEvent(TransportEvent event) noexcept FL_REQUIRES(mu_);
+  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept FL_REQUIRES(mu_);
 
   struct Credit {
     uint64_t credit_id = 0;
@@ -161,47 +167,48 @@ class RdmaTransport final : public Transport {
   const std::shared_ptr<RdmaDevice> device_;
   VerbsApi& api_;
   const RdmaTransportOptions options_;
-  std::string peer_name_ = "peer";
 
-  mutable std::mutex mu_;
+  // Everything below up to connected_ is guarded by mu_.
+  mutable Mutex mu_;
+  std::string peer_name_ FL_GUARDED_BY(mu_) = "peer";
   // Verbs resources; torn down in shutdown() in this order: QP (with the
   // id), CQ, completion channel, header MR, id, event channel.
-  CmId cm_;
-  ibv_comp_channel* comp_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
-  ibv_qp* qp_ = nullptr;
-  std::unique_ptr<RdmaWireHeader[]> headers_;
-  ibv_mr* headers_mr_ = nullptr;
-  uint64_t watch_id_ = 0;
-  bool torn_down_ = false;
-  bool cq_armed_ = false;
-  unsigned int unacked_cq_events_ = 0;
+  CmId cm_ FL_GUARDED_BY(mu_);
+  ibv_comp_channel* comp_channel_ FL_GUARDED_BY(mu_) = nullptr;
+  ibv_cq* cq_ FL_GUARDED_BY(mu_) = nullptr;
+  ibv_qp* qp_ FL_GUARDED_BY(mu_) = nullptr;
+  std::unique_ptr<RdmaWireHeader[]> headers_ FL_GUARDED_BY(mu_);
+  ibv_mr* headers_mr_ FL_GUARDED_BY(mu_) = nullptr;
+  uint64_t watch_id_ FL_GUARDED_BY(mu_) = 0;
+  bool torn_down_ FL_GUARDED_BY(mu_) = false;
+  bool cq_armed_ FL_GUARDED_BY(mu_) = false;
+  unsigned int unacked_cq_events_ FL_GUARDED_BY(mu_) = 0;
 
   // Send ring, indexed by sequence % send_queue_depth.  Sequences
   // [done_seq_, posted_seq_) are on the send queue, [posted_seq_, next_seq_)
   // wait for flush().
-  std::vector<PendingSend> sends_;
-  std::vector<ibv_send_wr> send_wrs_;
-  std::vector<ibv_sge> send_sges_;  // two per entry
-  uint64_t next_seq_ = 0;
-  uint64_t posted_seq_ = 0;
-  uint64_t done_seq_ = 0;
-  uint32_t since_signal_ = 0;
+  std::vector<PendingSend> sends_ FL_GUARDED_BY(mu_);
+  std::vector<ibv_send_wr> send_wrs_ FL_GUARDED_BY(mu_);
+  std::vector<ibv_sge> send_sges_ FL_GUARDED_BY(mu_);  // two per entry
+  uint64_t next_seq_ FL_GUARDED_BY(mu_) = 0;
+  uint64_t posted_seq_ FL_GUARDED_BY(mu_) = 0;
+  uint64_t done_seq_ FL_GUARDED_BY(mu_) = 0;
+  uint32_t since_signal_ FL_GUARDED_BY(mu_) = 0;
 
-  std::vector<ibv_recv_wr> recv_wrs_;
-  uint32_t recvs_posted_ = 0;  // receive WRs on the receive queue
+  std::vector<ibv_recv_wr> recv_wrs_ FL_GUARDED_BY(mu_);
+  uint32_t recvs_posted_ FL_GUARDED_BY(mu_) = 0;  // receive WRs on the receive queue
 
-  std::unordered_map<uint32_t, Credit> credits_;  // by the low 32 bits of the credit id
-  std::deque<uint32_t> retracted_;                // oldest first
+  std::unordered_map<uint32_t, Credit> credits_ FL_GUARDED_BY(mu_);  // by the low 32 bits of the credit id
+  std::deque<uint32_t> retracted_ FL_GUARDED_BY(mu_);                // oldest first
 
-  std::deque<TransportEvent> events_;
-  bool failed_ = false;
-  std::atomic<bool> connected_{false};
-  Counters counters_;
+  std::deque<TransportEvent> events_ FL_GUARDED_BY(mu_);
+  bool failed_ FL_GUARDED_BY(mu_) = false;
+  Counters counters_ FL_GUARDED_BY(mu_);
+  std::atomic<bool> connected_{false};  // read without mu_ by connected()
 
-  // Written by the device's event thread.
-  std::mutex async_mu_;
-  std::optional<std::pair<int, std::string>> async_error_;  // GUARDED_BY(async_mu_)
+  // Written by the device's event thread; taken inside mu_ (poll()).
+  Mutex async_mu_ FL_ACQUIRED_AFTER(mu_);
+  std::optional<std::pair<int, std::string>> async_error_ FL_GUARDED_BY(async_mu_);
 
   UniqueFd event_fd_;  // eventfd: readable while events_ is not empty
   UniqueFd link_fd_;   // eventfd: the device's event thread reported an error

@@ -90,8 +90,8 @@ class RealVerbs final : public VerbsApi {
 }  // namespace
 
 std::shared_ptr<VerbsApi> realVerbs() {
-  static const std::shared_ptr<VerbsApi> instance = std::make_shared<RealVerbs>();
-  return instance;
+  static const std::shared_ptr<VerbsApi> kInstance = std::make_shared<RealVerbs>();
+  return kInstance;
 }
 
 }  // namespace framelink::transport::rdma

@@ -223,8 +223,9 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
     return makeError(FL_ERR_RESOURCES, "tcp data listener: bind " + host_port + ": " + errnoText() +
                                            " (address in use? choose another --data-listen)");
   }
-  if (::listen(fd.get(), 64) != 0)
+  if (::listen(fd.get(), 64) != 0) {
     return makeError(FL_ERR_RESOURCES, "tcp data listener: listen: " + errnoText());
+  }
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);

@@ -30,6 +30,7 @@ Result<std::unique_ptr<Transport>> TcpTransport::create(UniqueFd fd, std::string
   std::unique_ptr<TcpTransport> t(
       new TcpTransport(std::move(fd), std::move(peer_name), options, std::move(core).value()));
   try {
+    MutexLock lock(t->join_mu_);
     t->receiver_ = std::thread([p = t.get()] { p->receiverLoop(); });
     t->sender_ = std::thread([p = t.get()] { p->senderLoop(); });
   } catch (const std::system_error& e) {
@@ -47,7 +48,7 @@ TcpTransport::~TcpTransport() { shutdown(); }
 
 void TcpTransport::shutdown() noexcept {
   failLink(FL_ERR_SHUTDOWN, "tcp transport to " + peer_name_ + " shut down locally");
-  std::lock_guard lock(join_mu_);
+  MutexLock lock(join_mu_);
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
 }
@@ -123,7 +124,7 @@ int TcpTransport::readFull(void* buf, size_t n) noexcept {
 
 bool TcpTransport::discard(uint64_t n) noexcept {
   try {
-    if (scratch_.empty()) scratch_.resize(256 * 1024);
+    if (scratch_.empty()) scratch_.resize(size_t{256} * 1024);
   } catch (...) {
     io_error_ = "out of memory for the discard buffer";
     return false;
@@ -142,7 +143,7 @@ bool TcpTransport::discard(uint64_t n) noexcept {
 void TcpTransport::receiverLoop() noexcept {
   const std::string where = "tcp data link from " + peer_name_ + ": ";
   for (;;) {
-    TcpFrameHeader wire;
+    TcpFrameHeader wire{};
     int r = readFull(&wire, sizeof wire);
     if (r == 0) {
       failLink(FL_ERR_LINK_LOST, where + "peer closed the connection");

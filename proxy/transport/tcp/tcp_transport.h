@@ -9,12 +9,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/result.h"
+#include "common/thread_annotations.h"
 #include "common/unique_fd.h"
 #include "transport/transport.h"
 #include "transport/transport_core.h"
@@ -71,9 +71,9 @@ class TcpTransport final : public Transport {
   std::unique_ptr<TransportCore> core_;
   std::vector<uint8_t> scratch_;  // receiver thread only
   std::string io_error_;          // receiver thread only
-  std::mutex join_mu_;
-  std::thread sender_;
-  std::thread receiver_;
+  Mutex join_mu_;                 // one shutdown() joins the threads, a concurrent one waits for that
+  std::thread sender_ FL_GUARDED_BY(join_mu_);
+  std::thread receiver_ FL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace framelink::transport::tcp

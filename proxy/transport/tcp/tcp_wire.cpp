@@ -23,7 +23,7 @@ void tokenDigest(const std::string& token, uint64_t session_id, uint8_t out[kTok
     uint64_t h = fnv1a(kFnvOffset, &lane, 1);
     h = fnv1a(h, &session_id, sizeof session_id);
     h = fnv1a(h, token.data(), token.size());
-    std::memcpy(out + lane * 8, &h, 8);
+    std::memcpy(out + size_t{lane} * 8, &h, 8);
   }
 }
 
