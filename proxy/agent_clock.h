@@ -29,8 +29,8 @@ class SteadyClock final : public AgentClock {
 
 // The process's one SteadyClock (it has no state).
 inline const AgentClock& steadyClock() noexcept {
-  static const SteadyClock clock;
-  return clock;
+  static const SteadyClock kClock;
+  return kClock;
 }
 
 // Stands still until told to move.  Safe to advance from another thread than

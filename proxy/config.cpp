@@ -146,8 +146,9 @@ class TomlReader {
           has_address = true;
         } else if (name == "streams") {
           const auto* list = value.as_array();
-          if (list == nullptr)
+          if (list == nullptr) {
             return invalid(key + " " + at(value) + R"(: must be an array of strings, e.g. ["a", "b"])");
+          }
           for (const auto& stream : *list) {
             std::string s;
             if (auto st = assign(str(key, stream), s); !st) return st;
@@ -308,8 +309,9 @@ Status applyFlags(const Flags& f, Config& c) {
     } else {
       values = {v.text};
     }
-    if (auto st = config::setFromText(option, values, {config::flagName(option), false, {}}, c); !st)
+    if (auto st = config::setFromText(option, values, {config::flagName(option), false, {}}, c); !st) {
       return st;
+    }
   }
   // A token given here replaces the file's token_file.
   if (given(f, "link.token")) c.token_file.clear();

@@ -99,6 +99,7 @@ std::string tomlList(const std::vector<std::string>& items, bool quote) {
 template <typename T>
 std::vector<std::string> texts(const std::vector<T>& values) {
   std::vector<std::string> out;
+  out.reserve(values.size());
   for (const auto& v : values) out.push_back(std::to_string(v));
   return out;
 }

@@ -83,8 +83,9 @@ Result<uint64_t> parseSize(const std::string& text, const std::string& label, ui
     return invalidSetting(label + ": " + quoted(text) + " is too large (at most " + std::to_string(max) +
                           ")");
   }
-  if (*value == 0)
+  if (*value == 0) {
     return invalidSetting(label + ": " + quoted(text) + " is too small: must be greater than 0");
+  }
   return *value * unit;
 }
 
@@ -102,8 +103,9 @@ Result<uint32_t> parseMode(const std::string& text, const std::string& label) {
     return invalidSetting(label + ": " + quoted(text) + " is not an octal file mode; write e.g. 0660");
   }
   const auto mode = static_cast<uint32_t>(std::strtoul(text.c_str(), nullptr, 8));
-  if (mode > 0777)
+  if (mode > 0777) {
     return invalidSetting(label + ": " + quoted(text) + " has bits outside 0777; write e.g. 0660");
+  }
   return mode;
 }
 
@@ -214,8 +216,9 @@ Result<std::string> readTokenFile(const std::string& path, const std::string& la
   if (!in) return invalidSetting(label + ": cannot read " + quoted(path) + ": " + std::strerror(errno));
   std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty())
+  if (token.empty()) {
     return invalidSetting(label + ": " + quoted(path) + " is empty; put the shared secret in it");
+  }
   return token;
 }
 

@@ -133,8 +133,9 @@ class DaemonImpl final : public Daemon {
         ",\"grpc_port\":" + std::to_string(grpcPort()) + ",\"data_port\":" + std::to_string(dataPort()) +
         ",\"rdma_port\":" + std::to_string(rdmaPort()) +
         ",\"metrics_port\":" + std::to_string(metricsPort()) + ",\"transports\":[";
-    for (size_t i = 0; i < config_.transports.size(); ++i)
+    for (size_t i = 0; i < config_.transports.size(); ++i) {
       out += (i ? "," : "") + quoted(config_.transports[i]);
+    }
     out += "]},\"peers\":[";
     for (size_t i = 0; i < config_.peers.size(); ++i) {
       out += std::string(i ? "," : "") + "{\"name\":" + quoted(config_.peers[i].name) +

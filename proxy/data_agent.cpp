@@ -207,8 +207,9 @@ void DataAgent::onClientGone(uint64_t client_id) {
   // What the client put in its ring before it went away still counts: a
   // consumer's last releases (so their frames are ACKed, not failed) and a
   // producer's last submits (which are still sent).
-  if (!s.gone)
+  if (!s.gone) {
     clients_.drainAll(*c, [this](AgentClient& ac, const fl_submit_desc& d) { onDescriptor(ac, d); });
+  }
   s.gone = true;
   metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
   clients_.detachLog().info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", s.id, s.pid,
@@ -257,8 +258,9 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
     size_t n;
     while ((n = l->transport->poll(events, kMaxEventsPerRound)) > 0) {
       for (size_t i = 0; i < n; ++i) {
-        if (events[i].kind == transport::TransportEvent::Kind::kSendComplete)
+        if (events[i].kind == transport::TransportEvent::Kind::kSendComplete) {
           outbound_.onSendComplete(events[i]);
+        }
       }
     }
   }

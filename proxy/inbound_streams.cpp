@@ -26,8 +26,7 @@ void InboundStreams::onConsumerAttached(AgentClient& c) {
 void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
-  for (uint32_t s = 0; s < c.slots.size(); ++s) {
-    SlotEntry& e = c.slots[s];
+  for (SlotEntry& e : c.slots) {
     if (e.state == SlotState::kCredited) {
       auto it = credits_.find(e.credit_id);
       if (it != credits_.end()) {
@@ -197,8 +196,9 @@ void InboundStreams::grantCredits(NameKey stream) {
     // left: recall what the others hold beyond theirs.  They give back what
     // they have not used (onCreditsReturned), and only then are those slots
     // granted again.
+    const uint64_t consumer = cid;  // a copy: clang 14 cannot capture a structured binding
     const bool starving = std::any_of(targets.begin(), targets.end(), [&](const Target& t) {
-      return held[{t, cid}] < share;
+      return held[{t, consumer}] < share;
     });
     if (!starving) continue;
     for (auto& [credit_id, entry] : credits_) {
@@ -227,8 +227,9 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
   for (uint64_t id : returned.credit_ids) {
     auto it = credits_.find(id);
     // Only what this link held: a peer cannot give back another's credits.
-    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id)
+    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id) {
       continue;
+    }
     if (l.transport) l.transport->retractCredit(id);
     if (AgentClient* ac = clients_.find(it->second.client_id)) {
       SlotEntry& e = ac->session->slots[it->second.slot];

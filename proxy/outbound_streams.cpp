@@ -507,8 +507,9 @@ void OutboundStreams::checkDeadlines() {
         const bool link_up = route != kNoPeer && peers_[route].link_id != 0;
         if (s != nullptr) {
           auto f = s->pending.find(e.sequence);
-          if (f != s->pending.end() && f->second.client_id == id && f->second.slot == slot)
+          if (f != s->pending.end() && f->second.client_id == id && f->second.slot == slot) {
             s->pending.erase(f);
+          }
         }
         if (e.was_posted) {
           // Sent before and waiting to be sent again: the consumer may have

@@ -129,14 +129,15 @@ AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
   }
   std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0)
+  if (fd < 0) {
     return failure(FL_ERR_RESOURCES, std::string("cannot create a Unix socket: ") + strerror(errno));
+  }
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   // Bounds the connect (a full backlog), the send and the reply alike.
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  timeval tv{timeout_ms / 1000, static_cast<suseconds_t>(timeout_ms % 1000) * 1000};
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -320,8 +321,9 @@ std::string formatStats(const Json& now, const Json* before, double seconds) {
                     str(d, "version") + ", up " + formatDuration(uptime) + ", socket " + str(d, "socket") +
                     "\n";
   size_t producers = 0, consumers = 0;
-  for (const auto& c : member(detail(now), "clients"))
+  for (const auto& c : member(detail(now), "clients")) {
     (str(c, "role") == "producer" ? producers : consumers)++;
+  }
   out += "clients: " + std::to_string(producers) + " producer(s), " + std::to_string(consumers) +
          " consumer(s); links up: " + std::to_string(u64(counters(now), "links_up")) + "\n\n";
   Table t({"COUNTER", "TOTAL", before != nullptr ? "PER SECOND" : "PER SECOND (next refresh)"});

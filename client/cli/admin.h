@@ -15,7 +15,8 @@ using Json = nlohmann::json;
 // --socket, else $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock.
 std::string resolveSocket(const std::string& flag);
 
-struct AdminReply {
+// nlohmann::json may allocate: a reply that cannot be built ends the command.
+struct AdminReply {   // NOLINT(bugprone-exception-escape)
   int status = 0;     // FL_OK, or the fl_status of the failure
   std::string error;  // what went wrong, when status != FL_OK
   std::string hint;   // what to do about it (may be empty)

@@ -253,8 +253,9 @@ Check checkMemlock(const Json* snapshot, bool rdma) {
   }
   if (!limit) {
     rlimit rl{};
-    if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
+    if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
       limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+    }
     whose = "this shell's (a service gets LimitMEMLOCK from its unit)";
   }
   if (!limit) {
@@ -446,8 +447,9 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
     std::string link;
     if (snapshot != nullptr) {
       for (const auto& l : (*snapshot)["metrics"]["detail"]["links"]) {
-        if (l.value("peer", std::string()) == name)
+        if (l.value("peer", std::string()) == name) {
           link = ", link up over " + l.value("transport", std::string());
+        }
       }
     }
     if (why.empty()) {

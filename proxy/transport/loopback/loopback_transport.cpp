@@ -250,8 +250,9 @@ class LoopbackEnd final : public Transport {
 }  // namespace
 
 Result<LoopbackPair> makePair(const LoopbackOptions& options) {
-  if (options.send_queue_depth == 0)
+  if (options.send_queue_depth == 0) {
     return makeError(FL_EINVAL, "loopback: send_queue_depth must be at least 1");
+  }
   auto shared = std::make_shared<Shared>(options);
   if (auto r = shared->init(); !r) return std::move(r).error();
   LoopbackPair pair;

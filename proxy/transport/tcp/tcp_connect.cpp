@@ -394,8 +394,9 @@ void TcpDataListener::finish(Pending& p) noexcept {
     if (!digestEqual(expected, hello.token)) {
       reply.status = FL_ERR_AUTH;
       why = "wrong token (check --token on both daemons)";
-      if (counters_.auth_failures != nullptr)
+      if (counters_.auth_failures != nullptr) {
         counters_.auth_failures->fetch_add(1, std::memory_order_relaxed);
+      }
     }
   }
   // The reply fits an empty send buffer: one non-blocking send, no waiting
