@@ -132,6 +132,16 @@ else
   finish
 fi
 
+# ---- 3b. the operator's preflight on an installed system: framelink doctor reads the packaged
+# configuration and asks the daemon over its socket (its lines are printed for the log)
+framelink doctor >"$work/doctor.log" 2>&1
+sed 's/^/  doctor| /' "$work/doctor.log"
+if grep -q '^OK   daemon' "$work/doctor.log" && grep -Eq '^OK   peer +second ' "$work/doctor.log"; then
+  pass doctor "framelink doctor: daemon answers, peer 'second' reachable ($(grep -c '^OK' "$work/doctor.log") OK, $(grep -c '^WARN' "$work/doctor.log") WARN, $(grep -c '^FAIL' "$work/doctor.log") FAIL)"
+else
+  fail doctor "framelink doctor did not find the daemon or the peer 'second'" "$work/doctor.log"
+fi
+
 # ---- 4. the users: one in group framelink, one outside it
 useradd --create-home --groups framelink "$member" && useradd --create-home "$outsider"
 if id -nG "$member" | grep -qw framelink && ! id -nG "$outsider" | grep -qw framelink; then

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "agent_clock.h"
 #include "client_session.h"
 #include "config.h"
 #include "data_agent.h"
@@ -29,6 +30,8 @@ constexpr uint32_t kSlots = 4;
 constexpr uint64_t kSlotSize = 4096;
 constexpr uint64_t kSmallSlotSize = 1024;  // a second consumer with small slots
 constexpr size_t kMaxRounds = 200;
+constexpr uint32_t kCreditTimeoutMs = 2000;
+constexpr uint32_t kAckTimeoutMs = 3000;
 constexpr int kReceiver = 1;  // the daemon of the consumers; d0 (and d2) dial it and send
 const char* const kStream = "cam";
 
@@ -133,9 +136,9 @@ class World {
     for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) {
       daemons_[d].id = "d" + std::to_string(d);
       daemons_[d].config.id = daemons_[d].id;
-      // No deadline passes during a schedule: the same seed takes the same path.
-      daemons_[d].config.credit_timeout_ms = 3'600'000;
-      daemons_[d].config.ack_timeout_ms = 3'600'000;
+      // Deadlines follow the world's clock, which moves only when the schedule says so.
+      daemons_[d].config.credit_timeout_ms = kCreditTimeoutMs;
+      daemons_[d].config.ack_timeout_ms = kAckTimeoutMs;
       boot(d);
     }
     for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", {}});
@@ -192,8 +195,14 @@ class World {
       }
     } else if (r < 988) {
       killApp(FL_ROLE_PRODUCER);
-    } else if (r < 993) {
+    } else if (r < 990) {
       if (countApps(FL_ROLE_PRODUCER, sender) == 0) attach(sender, FL_ROLE_PRODUCER, kSlotSize);
+    } else if (r < 993) {
+      // Time passes: up to a little over the ACK deadline, so credit and ACK
+      // deadlines fire in the middle of everything else.
+      const uint64_t ms = 1 + rng_.below(kAckTimeoutMs + 500);
+      clock_.advanceMs(ms);
+      note("clock +" + std::to_string(ms) + " ms");
     } else if (r < 997) {
       if (options_.crash_receiver) crash(kReceiver);
     } else {
@@ -205,7 +214,7 @@ class World {
     Daemon& daemon = daemons_[d];
     daemon.instance = ++next_instance_;
     daemon.metrics = std::make_unique<Metrics>();
-    daemon.agent = std::make_unique<DataAgent>(daemon.config, *daemon.metrics);
+    daemon.agent = std::make_unique<DataAgent>(daemon.config, *daemon.metrics, clock_);
     note("boot " + daemon.id + " instance " + std::to_string(daemon.instance));
   }
 
@@ -747,6 +756,7 @@ class World {
   const SimOptions& options_;
   SimResult& result_;
   Rng rng_;
+  ManualClock clock_;
   bool damage_on_ = false;
   std::vector<Daemon> daemons_;
   std::vector<std::unique_ptr<App>> apps_;
