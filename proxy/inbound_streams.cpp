@@ -42,12 +42,17 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
       // Not held any more; a replay of it (the NACK may be lost with the
       // link) gets the same refusal instead of waiting for a release.
       auto ist = in_states_.find(e.in_state);
+      AgentLink* to = links_.find(e.peer_key);
       if (ist != in_states_.end()) {
-        ist->second.held.erase(e.sequence);
-        ist->second.refused[e.sequence] = FL_ERR_NO_CONSUMER;
+        InState& in = ist->second;
+        in.held.erase(e.sequence);
+        in.refused[e.sequence] = FL_ERR_NO_CONSUMER;
+        // The link it came on may be gone; the sender hears it on the one
+        // that replaced it (and on every later one: onLinkUp).
+        if (to == nullptr || !to->usable()) to = linkOf(in.peer, in.instance);
       }
-      if (AgentLink* l = links_.find(e.peer_key)) {
-        sendNack(*l, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
+      if (to != nullptr) {
+        sendNack(*to, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
                  "the consumer died before releasing the frame");
       }
     }
@@ -458,13 +463,27 @@ void InboundStreams::onLinkUp(AgentLink& l) {
       ++it;
     }
   }
-  // The ACKs of recently released frames go again: the old link may have
-  // lost them.
+  // The ACKs of recently released frames go again, and so do the recent
+  // refusals: the old link may have lost them.
+  std::vector<std::tuple<uint64_t, uint64_t, int>> refusals;  // (stream, sequence, code)
   for (const auto& [id, in] : in_states_) {
-    if (in.peer != l.peer || in.instance != l.peer_instance || in.released.empty()) continue;
-    auto& acks = pending_acks_[{l.id, in.stream_id}];
-    acks.insert(acks.end(), in.released.begin(), in.released.end());
+    if (in.peer != l.peer || in.instance != l.peer_instance) continue;
+    if (!in.released.empty()) {
+      auto& acks = pending_acks_[{l.id, in.stream_id}];
+      acks.insert(acks.end(), in.released.begin(), in.released.end());
+    }
+    for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
   }
+  for (const auto& [stream_id, sequence, code] : refusals) {
+    sendNack(l, stream_id, sequence, code, "refused before the link broke");
+  }
+}
+
+AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) {
+  for (auto& [id, l] : links_) {
+    if (l.usable() && l.peer == peer && l.peer_instance == instance) return &l;
+  }
+  return nullptr;
 }
 
 void InboundStreams::onLinkDown(AgentLink& l) {

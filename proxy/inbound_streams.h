@@ -92,6 +92,8 @@ class InboundStreams {
   void grantCredits(NameKey stream);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
+  // A usable link from that instance of a peer, or null.
+  AgentLink* linkOf(PeerId peer, uint64_t instance);
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
 

@@ -299,10 +299,11 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
   auto it = s.unacked.find(sequence);
   if (it == s.unacked.end()) {
     // A frame waiting to be replayed (its link broke before the ACK came) is
-    // settled by the ACK its receiver sends again on the new link: it needs
-    // no credit for that, and must not fail for the want of one.
+    // settled by the ACK its receiver sends again on the new link -- or by
+    // its refusal (the consumer died holding it): it needs no credit for
+    // that, and must not fail for the want of one.
     auto pit = s.pending.find(sequence);
-    if (status == FL_OK && pit != s.pending.end()) {
+    if ((status == FL_OK || !resendable(status)) && pit != s.pending.end()) {
       FrameRef f = pit->second;
       AgentClient* ac = clients_.find(f.client_id);
       if (ac != nullptr) {
@@ -310,7 +311,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
         if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
           s.pending.erase(pit);
           metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
-          finishFrame(*ac->session, f.slot, FL_OK, "");
+          finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
           maybeForget(*ac);
           return;
         }
