@@ -280,7 +280,7 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   // A replay of a frame this daemon already answered gets that answer again,
   // whatever credit it came in: refused stays refused, held stays held.  A
   // "send it again" would bring it to another consumer.
-  auto answeredBefore = [&] { return l.in_streams.count(h.stream_id) != 0 && dropDuplicate(l, h); };
+  auto answeredBefore = [&] { return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h); };
   if (ev.status != FL_OK) {
     auto it = credits_.find(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
@@ -379,6 +379,28 @@ uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
   in.instance = l.peer_instance;
   in.stream_id = stream_id;
   return id;
+}
+
+bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h) {
+  auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
+  if (id == in_state_ids_.end()) return false;
+  InState& in = in_states_[id->second];
+  if (in.resend.count(h.sequence) != 0) return false;  // asked for again: not answered yet
+  if (in.held.count(h.sequence) != 0) {
+    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    return true;  // its consumer still holds it: the ACK or NACK comes with the release
+  }
+  if (auto refused = in.refused.find(h.sequence); refused != in.refused.end()) {
+    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    sendNack(l, h.stream_id, h.sequence, refused->second, "refused before");
+    return true;
+  }
+  if (std::find(in.released.begin(), in.released.end(), h.sequence) != in.released.end()) {
+    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+    return true;
+  }
+  return false;
 }
 
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {

@@ -94,6 +94,10 @@ class InboundStreams {
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
   // A usable link from that instance of a peer, or null.
   AgentLink* linkOf(PeerId peer, uint64_t instance);
+  // Whether the frame is one this daemon answered and still remembers (held,
+  // refused, released recently); answers it again.  Assumes nothing from the
+  // order of sequences, so it may answer a frame that came in no credit.
+  bool answerKnown(AgentLink& link, const transport::FrameHeader& header);
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
 
