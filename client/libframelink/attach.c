@@ -555,7 +555,7 @@ FL_API int fl_reattach(fl_client* c) {
   if (c->role == FL_PRODUCER) {
     /* Outcomes the old daemon wrote before it went are still in its ring;
      * whatever is in flight after that ends as unknown. */
-    if (!c->corrupt) (void)flx_drain_completions_locked(c);
+    if (!c->corrupt) (void)flx_drain_completions_locked(c, 1);
     flx_fail_orphans_locked(c, FL_ERR_DAEMON_GONE);
   }
   flx_adopt_fd(&c->sock, n->sock);

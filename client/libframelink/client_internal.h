@@ -67,13 +67,18 @@ struct fl_client {
   uint32_t free_count;    /* [mu] */
 
   /* Producer: completions drained from the ring (to find free slots) but not
-   * yet returned by fl_poll/wait_completions.  Bounded: when an application
-   * never polls, the oldest are dropped (counted in queue_dropped). */
+   * yet returned by fl_poll/wait_completions.  Bounded.  Once the
+   * application has asked for completions (completions_wanted) none is ever
+   * dropped: a full queue leaves the rest in the completion ring, their
+   * slots stay in flight, and fl_acquire waits until the application reads
+   * (backpressure).  An application that never asks keeps acquiring; the
+   * oldest completions are dropped for it (counted in queue_dropped). */
   fl_completion* queue;   /* [mu] */
-  uint32_t queue_cap;     /* power of two */
+  uint32_t queue_cap;     /* [mu] power of two */
   uint64_t queue_head;    /* [mu] */
   uint64_t queue_tail;    /* [mu] */
   uint64_t queue_dropped; /* [mu] */
+  int completions_wanted; /* [mu] */
 
   uint32_t in_flight; /* atomic: written under mu, read lock-free by fl_in_flight */
 
@@ -138,8 +143,13 @@ int flx_gone_error(void);
 int flx_socket_hung_up(fl_client* client);
 int flx_role_error(const char* function, const char* role);
 
-/* producer.c: drain the completion ring into the local queue (mu held). */
-int flx_drain_completions_locked(fl_client* client);
+/* producer.c: drain the completion ring into the local queue (mu held).
+ * It stops at a full queue the application reads (see completions_wanted)
+ * unless `force` (fl_reattach: the old ring is about to go away). */
+int flx_drain_completions_locked(fl_client* client, int force);
+/* producer.c: 1 when fl_acquire must wait for the application to read
+ * completions: its queue is full and it has asked for them before (mu held). */
+int flx_queue_backlogged_locked(const fl_client* client);
 /* producer.c: every frame still in flight completes with `status` (mu held). */
 void flx_fail_orphans_locked(fl_client* client, int status);
 

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -20,11 +21,35 @@ static int flx_check_producer(fl_client* c, const char* function) {
   return FL_OK;
 }
 
+int flx_queue_backlogged_locked(const fl_client* c) {
+  return c->completions_wanted && c->queue_tail - c->queue_head == c->queue_cap;
+}
+
+/* Doubles the queue, keeping its order; 0 when there is no memory. */
+static int flx_queue_grow_locked(fl_client* c) {
+  if (c->queue_cap >= (1u << 30)) return 0;
+  const uint32_t cap = c->queue_cap * 2;
+  fl_completion* q = (fl_completion*)calloc(cap, sizeof(fl_completion));
+  if (!q) return 0;
+  uint32_t n = 0;
+  for (uint64_t i = c->queue_head; i != c->queue_tail; ++i) q[n++] = c->queue[i & (c->queue_cap - 1)];
+  free(c->queue);
+  c->queue = q;
+  c->queue_cap = cap;
+  c->queue_head = 0;
+  c->queue_tail = n;
+  return 1;
+}
+
 static void flx_queue_push_locked(fl_client* c, const fl_completion* comp) {
   if (c->queue_tail - c->queue_head == c->queue_cap) {
-    /* The application never polls completions: keep the newest. */
-    c->queue_head++;
-    c->queue_dropped++;
+    /* Only a forced drain or the orphans of a dead daemon (at most one per
+     * slot) get here for an application that reads its completions: make
+     * room.  One that never reads them keeps the newest. */
+    if (!c->completions_wanted || !flx_queue_grow_locked(c)) {
+      c->queue_head++;
+      c->queue_dropped++;
+    }
   }
   c->queue[c->queue_tail & (c->queue_cap - 1)] = *comp;
   c->queue_tail++;
@@ -60,12 +85,18 @@ void flx_fail_orphans_locked(fl_client* c, int status) {
   if (failed > 0) flx_notify_locked(c);
 }
 
-int flx_drain_completions_locked(fl_client* c) {
+int flx_drain_completions_locked(fl_client* c, int force) {
   if (c->corrupt)
     return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   /* Read before draining: completions pushed before DETACHED are then visible. */
   const int finished = c->in_flight > 0 ? flx_daemon_finished_locked(c) : FL_OK;
   for (uint32_t moved = 0;; ++moved) {
+    if (!force && flx_queue_backlogged_locked(c)) {
+      /* The rest stay in the ring, their slots in flight, until the
+       * application reads: nothing is dropped (the ring holds every slot). */
+      if (moved > 0) flx_notify_locked(c);
+      return FL_OK;
+    }
     fl_completion_desc d;
     fl_ring_result r = fl_ring_pop(c->completion, c->ring_cap, sizeof(d), &d);
     if (r == FL_RING_EMPTY) {
@@ -98,7 +129,7 @@ static int flx_try_acquire(fl_client* c, void* arg) {
     return flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   if (flx_gone_locked(c)) return flx_gone_error();
   if (c->free_count == 0) {
-    int rc = flx_drain_completions_locked(c);
+    int rc = flx_drain_completions_locked(c, 0);
     if (rc != FL_OK) return rc;
     if (c->free_count == 0) return FL_EAGAIN;
   }
@@ -237,13 +268,23 @@ typedef struct flx_batch {
   size_t count;
 } flx_batch;
 
-static int flx_try_completions(fl_client* c, void* arg) {
-  flx_batch* b = (flx_batch*)arg;
-  int rc = flx_drain_completions_locked(c);
+static void flx_take_queued_locked(fl_client* c, flx_batch* b) {
   while (b->count < b->max && c->queue_head != c->queue_tail) {
     b->out[b->count++] = c->queue[c->queue_head & (c->queue_cap - 1)];
     c->queue_head++;
   }
+}
+
+static int flx_try_completions(fl_client* c, void* arg) {
+  flx_batch* b = (flx_batch*)arg;
+  c->completions_wanted = 1;
+  const int was_backlogged = flx_queue_backlogged_locked(c);
+  /* Oldest first: the queue, then what the ring adds behind it (reading
+   * the queue first makes room, so a backlogged ring moves on). */
+  flx_take_queued_locked(c, b);
+  int rc = flx_drain_completions_locked(c, 0);
+  flx_take_queued_locked(c, b);
+  if (was_backlogged && b->count > 0) flx_notify_locked(c); /* acquirers waited on us, not the ring */
   /* Completions already drained are handed out even if the ring then
    * turned out to be corrupt; the error comes on the next call. */
   if (b->count > 0) return FL_OK;

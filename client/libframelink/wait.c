@@ -142,6 +142,16 @@ int flx_socket_hung_up(fl_client* c) {
   return __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
 }
 
+/* The error of a wait that ended empty-handed; says so when the cause is
+ * completions the application has not read (flx_queue_backlogged_locked). */
+static int flx_backlogged_error(fl_client* c, int status, const char* head) {
+  if (!flx_queue_backlogged_locked(c)) return flx_error(status, "%s", head);
+  return flx_error(status,
+                   "%s: %llu completions wait unread, and slots come back only as they are read; call "
+                   "fl_poll_completions or fl_wait_completions (from another thread, or between acquires)",
+                   head, (unsigned long long)(c->queue_tail - c->queue_head));
+}
+
 int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what) {
   const int64_t deadline = timeout_ms > 0 ? flx_now_ns() + (int64_t)timeout_ms * 1000000 : 0;
   int rc;
@@ -158,19 +168,25 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
         rc = try_fn(c, arg);
         if (rc != FL_EAGAIN) break;
       }
-      rc = flx_error(FL_EAGAIN, "no %s available now (non-blocking call)", what);
+      char head[256];
+      snprintf(head, sizeof(head), "no %s available now (non-blocking call)", what);
+      rc = flx_backlogged_error(c, FL_EAGAIN, head);
       break;
     }
     int wait_ms = -1;
     if (timeout_ms > 0) {
       int64_t left = deadline - flx_now_ns();
       if (left <= 0) {
-        rc = flx_error(FL_ETIMEDOUT, "timed out after %d ms waiting for a %s", timeout_ms, what);
+        char head[256];
+        snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", timeout_ms, what);
+        rc = flx_backlogged_error(c, FL_ETIMEDOUT, head);
         break;
       }
       wait_ms = (int)((left + 999999) / 1000000);
     }
-    if (c->poller_active) {
+    /* Behind the poller, or behind the application itself: a backlogged
+     * queue frees slots only when a completion is read, which notifies. */
+    if (c->poller_active || flx_queue_backlogged_locked(c)) {
       c->followers++;
       if (timeout_ms > 0) {
         struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000),

@@ -202,6 +202,14 @@ FL_API int fl_set_meta(fl_client* client, uint32_t slot, const fl_frame_meta* me
 FL_API int fl_submit(fl_client* client, uint32_t slot, uint64_t length);
 /* Give back an acquired slot without sending it. */
 FL_API int fl_abandon(fl_client* client, uint32_t slot);
+/*
+ * Completions, oldest first.  Once an application has called either of these
+ * it loses none: completions it has not read yet wait in a local queue (4096
+ * or more), and when that is full fl_acquire waits (or fails FL_EAGAIN /
+ * FL_ETIMEDOUT, saying so) until they are read.  Read them from another
+ * thread, or between acquires.  An application that never calls them keeps
+ * acquiring; only the newest completions are kept for it.
+ */
 FL_API int fl_poll_completions(fl_client* client, fl_completion* out, size_t max, size_t* count);
 FL_API int fl_wait_completions(fl_client* client, fl_completion* out, size_t max, size_t* count,
                                int timeout_ms);

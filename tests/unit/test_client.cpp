@@ -746,6 +746,85 @@ TEST_CASE("producer: several threads share one client", "[client]") {
   fl_detach(c);
 }
 
+TEST_CASE("producer: an application that reads completions never loses one", "[client]") {
+  // A reader that falls behind by the whole local queue (a GC pause, a slow
+  // collector thread) holds acquirers back instead of losing completions.
+  FakeDaemon d;
+  fl_client* c = attach(d, d.options(FL_PRODUCER));
+  fl_completion comps[64];
+  size_t count = 0;
+  REQUIRE(fl_poll_completions(c, comps, 64, &count) == FL_OK);  // reads completions from now on
+  REQUIRE(count == 0);
+  uint64_t sequence = 0;
+  fl_slot s{};
+  int rc = FL_OK;
+  while ((rc = fl_acquire(c, 0, &s)) == FL_OK) {
+    REQUIRE(fl_submit(c, s.index, 8) == FL_OK);
+    fl_submit_desc sd{};
+    REQUIRE(d.popSubmit(sd));
+    d.pushCompletion(fl_completion_desc{sd.slot, FL_OK, ++sequence, sd.length, 0});
+    REQUIRE(sequence < 100000);  // the queue is bounded: acquiring must stop
+  }
+  CHECK(rc == FL_EAGAIN);
+  CHECK(contains(fl_last_error(), "completions wait unread"));
+  CHECK(contains(fl_last_error(), "fl_poll_completions"));
+  // A blocking acquire waits for the reader, not for the daemon.
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    size_t n = 0;
+    fl_completion one{};
+    (void)fl_poll_completions(c, &one, 1, &n);
+  });
+  CHECK(fl_acquire(c, 5000, &s) == FL_OK);
+  reader.join();
+  CHECK(fl_abandon(c, s.index) == FL_OK);
+  // Every completion comes out, in order, none dropped.
+  uint64_t expect = 2;  // the reader took the first
+  for (;;) {
+    REQUIRE(fl_poll_completions(c, comps, 64, &count) == FL_OK);
+    if (count == 0) break;
+    for (size_t i = 0; i < count; ++i) {
+      REQUIRE(comps[i].sequence == expect);
+      ++expect;
+    }
+  }
+  CHECK(expect == sequence + 1);
+  uint32_t in_flight = 1;
+  REQUIRE(fl_in_flight(c, &in_flight) == FL_OK);
+  CHECK(in_flight == 0);
+  fl_detach(c);
+}
+
+TEST_CASE("producer: an application that never reads completions keeps acquiring", "[client]") {
+  FakeDaemon d;
+  fl_client* c = attach(d, d.options(FL_PRODUCER));
+  constexpr uint64_t kFrames = 10000;  // more than the local queue holds
+  for (uint64_t i = 1; i <= kFrames; ++i) {
+    fl_slot s{};
+    REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
+    REQUIRE(fl_submit(c, s.index, 8) == FL_OK);
+    fl_submit_desc sd{};
+    REQUIRE(d.popSubmit(sd));
+    d.pushCompletion(fl_completion_desc{sd.slot, FL_OK, i, sd.length, 0});
+  }
+  // The newest are kept: the last one read is the last one completed.
+  fl_completion comps[64];
+  size_t count = 0;
+  uint64_t last = 0;
+  size_t total = 0;
+  do {
+    REQUIRE(fl_poll_completions(c, comps, 64, &count) == FL_OK);
+    for (size_t i = 0; i < count; ++i) {
+      CHECK(comps[i].sequence > last);
+      last = comps[i].sequence;
+    }
+    total += count;
+  } while (count > 0);
+  CHECK(last == kFrames);
+  CHECK(total < kFrames);
+  fl_detach(c);
+}
+
 // ---------------------------------------------------------------- consumer
 
 TEST_CASE("consumer: receive, read-only data, release", "[client]") {
