@@ -56,10 +56,10 @@ class AttachServer {
 
   // Registers each client's data segment with the rdma device (producer:
   // local read; consumer: remote write) before the client gets it; the
-  // returned handle lives as long as the segment.  `numa_node` >= 0 places
-  // segments on the NIC's node.  Call before start().
-  using RegisterSegment =
-      std::function<Result<std::shared_ptr<void>>(ClientSegments& segments, uint32_t role)>;
+  // returned handle lives as long as the segment, and its key goes with
+  // every send from it.  `numa_node` >= 0 places segments on the NIC's node.
+  // Call before start().
+  using RegisterSegment = std::function<Result<SegmentRegistration>(ClientSegments& segments, uint32_t role)>;
   void setSegmentRegistrar(RegisterSegment registrar, int numa_node);
 
   // Builds the JSON an admin request gets (counters, clients, links); called

@@ -174,12 +174,13 @@ class DaemonImpl final : public Daemon {
     }
     std::shared_ptr<rdma_ns::RdmaDevice> dev = rdma.device;
     attach_->setSegmentRegistrar(
-        [dev](ClientSegments& segments, uint32_t role) -> Result<std::shared_ptr<void>> {
+        [dev](ClientSegments& segments, uint32_t role) -> Result<SegmentRegistration> {
           auto access = role == FL_ROLE_CONSUMER ? rdma_ns::MemoryAccess::kRemoteWrite
                                                  : rdma_ns::MemoryAccess::kLocalRead;
           auto mr = dev->registerMemory(segments.dataBase(), segments.dataSize(), access);
           if (!mr) return std::move(mr).error();
-          return std::shared_ptr<void>(std::move(mr.value()));
+          const uint32_t lkey = mr.value()->lkey();
+          return SegmentRegistration{std::shared_ptr<void>(std::move(mr.value())), lkey};
         },
         node);
 #else

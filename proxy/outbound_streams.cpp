@@ -216,6 +216,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     req.header.credit_id = credit.credit_id;
     req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
     req.payload = c.segments->slot(f.slot);
+    req.local_key = c.segments->localKey();  // from the registration made at attach
     req.credit = credit;
     transport::PostResult r = l->transport->post(req);
     if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
@@ -225,7 +226,8 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     s.credits.erase(fit);
     ++work;
     if (r == transport::PostResult::kInvalid) {
-      finishFrame(c, f.slot, FL_ERR_TRANSPORT, "the transport refused the frame");
+      finishFrame(c, f.slot, FL_ERR_TRANSPORT,
+                  "the transport refused the frame: " + std::string(l->transport->lastRefusal()));
       continue;
     }
     e.state = SlotState::kPosted;

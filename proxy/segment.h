@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/result.h"
@@ -13,6 +14,15 @@
 #include "framelink/shm_layout.h"
 
 namespace framelink {
+
+// A data segment's registration with a device (rdma: the ibv_mr), made
+// once when the client attached.  `handle` keeps it registered;
+// `local_key` is what a send names the segment's memory by (rdma: the lkey),
+// so the data path never looks it up.
+struct SegmentRegistration {
+  std::shared_ptr<void> handle;
+  std::optional<uint32_t> local_key;
+};
 
 // A move-only mmap.
 class Mapping {
@@ -91,11 +101,16 @@ class ClientSegments {
   bool onHugepages() const noexcept { return hugepages_; }
   int controlFd() const noexcept { return control_fd_.get(); }
   int dataFd() const noexcept { return data_fd_.get(); }
-  // Keeps the segment's rdma registration (type-erased) until the segment
-  // goes: deregistered before the memory is unmapped.
-  void holdRegistration(std::shared_ptr<void> registration) noexcept {
-    registration_ = std::move(registration);
+  // Keeps the segment's rdma registration until the segment goes:
+  // deregistered before the memory is unmapped.  Called once, before the
+  // client reaches the data agent.
+  void holdRegistration(SegmentRegistration registration) noexcept {
+    local_key_ = registration.local_key;
+    registration_ = std::move(registration.handle);
   }
+  // The registration's key for sends from this segment (SendRequest::local_key);
+  // none without a registration.
+  std::optional<uint32_t> localKey() const noexcept { return local_key_; }
   // The daemon keeps the fds only until they were passed to the client.
   void closeFds() noexcept {
     control_fd_.reset();
@@ -113,6 +128,7 @@ class ClientSegments {
   uint32_t slot_count_ = 0;
   uint64_t slot_size_ = 0;
   bool hugepages_ = false;
+  std::optional<uint32_t> local_key_;
   std::shared_ptr<void> registration_;  // last member: released first
 };
 

@@ -1,5 +1,5 @@
 // The data-plane transport between two daemons: one interface, several
-// implementations (rdma, tcp, grpc, and the faulty decorator), one conformance suite.
+// implementations (rdma, tcp, grpc, loopback, and the faulty decorator), one conformance suite.
 //
 // Model (the same for every transport, shaped after RDMA WRITE_WITH_IMM):
 //   * The receiving side exposes a receive buffer under a credit id
@@ -14,15 +14,35 @@
 //     credited buffer, LinkError when the link broke (after which every
 //     posted-but-uncompleted send is reported as SendComplete with an error).
 //
-// Threading: exposeCredit / retractCredit / post / poll / eventFd are called
-// from one thread (the daemon's data agent).  Implementations may use their
-// own threads internally.
+// Threading: one calling thread at a time, handed over once.
+//   * Setup: the thread that makes a transport (peer_link's dialer, the gRPC
+//     Session handler, the rdma or tcp listener's thread) calls only what its
+//     handshake needs (rdma: cmId, cmChannel, established) and then hands it
+//     to the data agent in CmdLinkUp.  The command queue orders every setup
+//     call before the agent's first call.
+//   * From then on the data agent is the only caller of every method below:
+//     name, connected, exposeCredit, retractCredit, post, flush, poll,
+//     eventFd, and shutdown (on link down and when the daemon stops).
+//   * The destructor runs after the last call, on the thread that drops the
+//     last reference: the agent, the daemon's main thread after the agent
+//     was joined, or the setup thread when the link never reached the agent.
+//     It shuts the transport down if nobody did.
+//   * An implementation's own threads (tcp sender and receiver, gRPC reader
+//     and writer, the rdma device's event thread) share state with the
+//     calling thread only under their own mutexes (FL_GUARDED_BY); what only
+//     the calling thread touches takes no lock.  So rdma's post() takes none:
+//     the payload's memory key comes in the request (SendRequest::local_key).
+//   Two exceptions are documented where they apply: a loopback link's two
+//   ends may be driven from two threads, and the faulty decorator forwards
+//   every call on the thread it was made on.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/result.h"
 #include "framelink/shm_layout.h"
@@ -73,6 +93,11 @@ struct SendRequest {
   FrameHeader header;                // header.credit_id and header.length must be set
   const uint8_t* payload = nullptr;  // header.length bytes, valid until SendComplete
   RemoteCredit credit;               // the credit named by header.credit_id
+  // The key of the memory registration that holds the payload: rdma's lkey
+  // of the producer's data segment, registered with the device when the
+  // producer attached (ClientSegments::localKey).  rdma refuses a non-empty
+  // frame without one (kInvalid); the other transports ignore it.
+  std::optional<uint32_t> local_key;
 };
 
 enum class PostResult {
@@ -112,10 +137,14 @@ class Transport {
 
   // Send side.  Non-blocking.  kInvalid when header.credit_id differs from
   // credit.credit_id, the length exceeds the credit, attr_length exceeds
-  // FL_MAX_ATTR_BYTES or the payload is null with a non-zero length.  Every
-  // accepted post gets exactly one SendComplete, after the transport stopped
-  // reading the payload; none is FL_OK after the link's (single) LinkError.
+  // FL_MAX_ATTR_BYTES or the payload is null with a non-zero length (rdma
+  // also: a non-empty payload without local_key).  Every accepted post gets
+  // exactly one SendComplete, after the transport stopped reading the
+  // payload; none is FL_OK after the link's (single) LinkError.
   virtual PostResult post(const SendRequest& request) noexcept = 0;
+  // Why the last post() returned kInvalid, for the frame's completion;
+  // valid until the next post().
+  virtual std::string_view lastRefusal() const noexcept { return "the request is malformed"; }
 
   // Hands everything accepted by post() since the last flush to the
   // hardware (rdma: one chained ibv_post_send).  The agent calls it after

@@ -144,6 +144,14 @@ struct Endpoint {
   std::vector<TransportEvent> errors;
   std::vector<Kind> order;
 
+  // Posts as the daemon does: with the key of the payload's registration.
+  PostResult post(SendRequest r) {
+    if (g_pair != nullptr && r.payload != nullptr && r.header.length > 0) {
+      r.local_key = g_pair->localKey(*t, r.payload, r.header.length);
+    }
+    return t->post(r);
+  }
+
   void pump() {
     t->flush();  // as the data agent does after each round of posts
     TransportEvent ev[32];
@@ -264,7 +272,7 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     r.header.maybe_redelivered = 1;
     r.header.attr_length = FL_MAX_ATTR_BYTES;
     for (uint32_t i = 0; i < FL_MAX_ATTR_BYTES; ++i) r.header.attrs[i] = static_cast<uint8_t>(i * 7 + 1);
-    REQUIRE(tx.t->post(r) == PostResult::kOk);
+    REQUIRE(tx.post(r) == PostResult::kOk);
 
     waitFor(
         tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "send completion and arrival");
@@ -304,7 +312,7 @@ TEMPLATE_TEST_CASE("short attributes and no crc round trip", "[transport]", FL_T
   const char attrs[] = "frame=0;wafer=0";
   r.header.attr_length = sizeof attrs - 1;
   std::memcpy(r.header.attrs, attrs, r.header.attr_length);
-  REQUIRE(tx.t->post(r) == PostResult::kOk);
+  REQUIRE(tx.post(r) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return !rx.arrivals.empty(); }, "arrival");
   CHECK(rx.arrivals[0].header.has_crc32c == 0u);
@@ -321,12 +329,12 @@ TEMPLATE_TEST_CASE("zero-length frame", "[transport]", FL_TRANSPORTS) {
   Buffer buf(16);
   RemoteCredit credit = expose(*rx.t, buf.credit(3));
   Payload empty;
-  REQUIRE(tx.t->post(request(10, credit, empty, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(10, credit, empty, 1)) == PostResult::kOk);
   // And a normal frame after it, to show the stream stayed in sync.
   Buffer buf2(16);
   RemoteCredit credit2 = expose(*rx.t, buf2.credit(4));
   auto payload = pattern(9, 16);
-  REQUIRE(tx.t->post(request(11, credit2, payload, 2)) == PostResult::kOk);
+  REQUIRE(tx.post(request(11, credit2, payload, 2)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "two frames");
   CHECK(tx.sends[0].cookie == 10u);
@@ -347,7 +355,7 @@ TEMPLATE_TEST_CASE("8 MiB frame", "[transport]", FL_TRANSPORTS) {
   Buffer buf(size);
   RemoteCredit credit = expose(*rx.t, buf.credit(8));
   auto payload = pattern(88, size);
-  REQUIRE(tx.t->post(request(8, credit, payload, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(8, credit, payload, 1)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return !tx.sends.empty() && !rx.arrivals.empty(); }, "8 MiB frame");
   CHECK(tx.sends[0].status == FL_OK);
@@ -385,7 +393,7 @@ TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", 
     while (next_post < kFrames && granted.count(next_post + 1)) {
       auto payload = pattern(next_post, sizes[next_post]);
       SendRequest r = request(next_post, granted[next_post + 1], payload, next_post + 1);
-      PostResult pr = tx.t->post(r);
+      PostResult pr = tx.post(r);
       if (pr == PostResult::kBackpressure) break;
       REQUIRE(pr == PostResult::kOk);
       in_flight.emplace(next_post, std::move(payload));
@@ -449,7 +457,7 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
   // Without polling, the queue must fill long before 600 x 256 KiB are on
   // the wire.
   while (posted < kFrames) {
-    PostResult pr = tx.t->post(request(posted, credits[posted], payloads[posted], posted + 1));
+    PostResult pr = tx.post(request(posted, credits[posted], payloads[posted], posted + 1));
     if (pr == PostResult::kBackpressure) {
       saw_backpressure = true;
       break;
@@ -465,7 +473,7 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
   size_t backpressured = 1;
   while (tx.sends.size() < kFrames || rx.arrivals.size() < kFrames) {
     while (posted < kFrames) {
-      PostResult pr = tx.t->post(request(posted, credits[posted], payloads[posted], posted + 1));
+      PostResult pr = tx.post(request(posted, credits[posted], payloads[posted], posted + 1));
       if (pr == PostResult::kBackpressure) {
         ++backpressured;
         break;
@@ -507,11 +515,11 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   RemoteCredit bogus = expose(*rx.t, bogus_buf.credit(777));
   rx.t->retractCredit(777);
   auto big = pattern(1, 3 << 20);
-  REQUIRE(tx.t->post(request(1, bogus, big, 5)) == PostResult::kOk);
+  REQUIRE(tx.post(request(1, bogus, big, 5)) == PostResult::kOk);
   Buffer buf(1000);
   RemoteCredit good = expose(*rx.t, buf.credit(778));
   auto payload = pattern(2, 1000);
-  REQUIRE(tx.t->post(request(2, good, payload, 6)) == PostResult::kOk);
+  REQUIRE(tx.post(request(2, good, payload, 6)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "both frames");
   CHECK(tx.sends[0].status == FL_OK);  // the sender cannot know; the daemon NACKs
@@ -526,7 +534,7 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   CHECK(tx.errors.empty());
   CHECK(rx.t->connected());
   // A credit is consumed by its frame: using it again is an unknown credit.
-  REQUIRE(tx.t->post(request(3, good, payload, 7)) == PostResult::kOk);
+  REQUIRE(tx.post(request(3, good, payload, 7)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return rx.arrivals.size() == 3; }, "reused credit");
   CHECK(rx.arrivals[2].status == FL_ERR_UNKNOWN_CREDIT);
@@ -541,11 +549,11 @@ TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written",
   rx.t->retractCredit(50);
   rx.t->retractCredit(12345);  // never exposed: harmless
   auto payload = pattern(3, 200'000);
-  REQUIRE(tx.t->post(request(1, c, payload, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(1, c, payload, 1)) == PostResult::kOk);
   Buffer buf(10);
   RemoteCredit good = expose(*rx.t, buf.credit(51));
   auto small = pattern(4, 10);
-  REQUIRE(tx.t->post(request(2, good, small, 2)) == PostResult::kOk);
+  REQUIRE(tx.post(request(2, good, small, 2)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return rx.arrivals.size() == 2 && tx.sends.size() == 2; }, "both frames");
   CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
@@ -569,19 +577,19 @@ TEMPLATE_TEST_CASE("malformed requests are refused by post", "[transport]", FL_T
   Buffer buf(100);
   RemoteCredit c = expose(*rx.t, buf.credit(9));
   auto payload = pattern(1, 101);
-  CHECK(tx.t->post(request(1, c, payload, 1)) == PostResult::kInvalid);  // length > credit
+  CHECK(tx.post(request(1, c, payload, 1)) == PostResult::kInvalid);  // length > credit
   auto fits = pattern(1, 100);
   SendRequest r = request(2, c, fits, 1);
   r.header.attr_length = FL_MAX_ATTR_BYTES + 1;
-  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  CHECK(tx.post(r) == PostResult::kInvalid);
   r = request(3, c, fits, 1);
   r.payload = nullptr;
-  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  CHECK(tx.post(r) == PostResult::kInvalid);
   r = request(4, c, fits, 1);
   r.header.credit_id = 10;  // does not match request.credit
-  CHECK(tx.t->post(r) == PostResult::kInvalid);
+  CHECK(tx.post(r) == PostResult::kInvalid);
   // Nothing was queued: the one valid frame is the first to arrive.
-  REQUIRE(tx.t->post(request(5, c, fits, 2)) == PostResult::kOk);
+  REQUIRE(tx.post(request(5, c, fits, 2)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return !rx.arrivals.empty() && !tx.sends.empty(); }, "the valid frame");
   std::this_thread::sleep_for(50ms);
@@ -623,7 +631,7 @@ TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport
   size_t posted = 0;
   while (posted < 1000) {
     SendRequest r = request(posted, c, payload, posted + 1);
-    PostResult pr = survivor.t->post(r);
+    PostResult pr = survivor.post(r);
     if (pr == PostResult::kBackpressure) break;
     REQUIRE(pr == PostResult::kOk);
     ++posted;
@@ -660,7 +668,7 @@ TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport
       ++send_index;
     }
   }
-  CHECK(survivor.t->post(request(9999, c, payload, 9999)) == PostResult::kNotConnected);
+  CHECK(survivor.post(request(9999, c, payload, 9999)) == PostResult::kNotConnected);
   Buffer b(10);
   CHECK_FALSE(survivor.t->exposeCredit(b.credit(5)).ok());
 
@@ -668,7 +676,7 @@ TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport
   leaver.pump();
   REQUIRE(leaver.errors.size() == 1);
   CHECK(leaver.errors[0].status == FL_ERR_SHUTDOWN);
-  CHECK(leaver.t->post(request(1, c, payload, 1)) == PostResult::kNotConnected);
+  CHECK(leaver.post(request(1, c, payload, 1)) == PostResult::kNotConnected);
 
   // shutdown() is idempotent and the survivor can be shut down after the loss.
   leaver.t->shutdown();
@@ -687,7 +695,7 @@ TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST
   RemoteCredit c = expose(*rx.t, sink.credit(1));
   rx.t->retractCredit(1);
   size_t posted = 0;
-  while (posted < 1000 && tx.t->post(request(posted, c, payload, posted + 1)) == PostResult::kOk) ++posted;
+  while (posted < 1000 && tx.post(request(posted, c, payload, posted + 1)) == PostResult::kOk) ++posted;
   tx.t->flush();
   tx.t->shutdown();
   // Everything is reported by the time shutdown() returns.
@@ -716,7 +724,7 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
   auto payload = pattern(7, 100);
   for (uint64_t i = 0; i < 3; ++i) {
     RemoteCredit c = expose(*rx.t, bufs[i].credit(i + 1));
-    REQUIRE(tx.t->post(request(i, c, payload, i + 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(i, c, payload, i + 1)) == PostResult::kOk);
   }
   tx.t->flush();
   const int wait_ms = static_cast<int>(std::chrono::milliseconds(kDeadline).count());
@@ -789,7 +797,7 @@ void postEach(Endpoint& tx, Endpoint& rx, const Buffer& buf, uint64_t n, const P
     LocalCredit c = buf.credit(i + 1);
     c.buffer += i * 4096;
     c.capacity = 4096;
-    REQUIRE(tx.t->post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
   }
 }
 
@@ -824,7 +832,7 @@ TEST_CASE("faulty drop: the frame never arrives, its send fails and the link bre
   Endpoint tx{f.a.get()}, rx{f.b.get()};
   Buffer buf(4096);
   auto payload = pattern(1, 1000);
-  REQUIRE(tx.t->post(request(5, expose(*rx.t, buf.credit(1)), payload, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(5, expose(*rx.t, buf.credit(1)), payload, 1)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return !tx.sends.empty() && !tx.errors.empty() && !rx.errors.empty(); },
       "the failed send and both link errors");
@@ -834,7 +842,7 @@ TEST_CASE("faulty drop: the frame never arrives, its send fails and the link bre
   CHECK(rx.arrivals.empty());
   CHECK(buf.data()[0] == 0xEE);
   CHECK_FALSE(tx.t->connected());
-  CHECK(tx.t->post(request(6, RemoteCredit{2, 4096, 0, 0}, payload, 2)) == PostResult::kNotConnected);
+  CHECK(tx.post(request(6, RemoteCredit{2, 4096, 0, 0}, payload, 2)) == PostResult::kNotConnected);
   CHECK(f.a->counts().drops == 1);
 }
 
@@ -844,7 +852,7 @@ TEST_CASE("faulty fail: the send is reported failed and the link breaks, no OK a
   Endpoint tx{f.a.get()}, rx{f.b.get()};
   Buffer buf(4096);
   auto payload = pattern(2, 500);
-  REQUIRE(tx.t->post(request(9, expose(*rx.t, buf.credit(1)), payload, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(9, expose(*rx.t, buf.credit(1)), payload, 1)) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return !tx.sends.empty() && !tx.errors.empty(); }, "the failed send");
   REQUIRE(tx.sends.size() == 1);
@@ -900,8 +908,8 @@ TEST_CASE("faulty corrupt: a frame with a CRC32C lands with one byte changed", "
   SendRequest r1 = request(1, expose(*rx.t, with_crc.credit(1)), payload, 1);
   r1.header.has_crc32c = 1;
   SendRequest r2 = request(2, expose(*rx.t, without_crc.credit(2)), payload, 2);
-  REQUIRE(tx.t->post(r1) == PostResult::kOk);
-  REQUIRE(tx.t->post(r2) == PostResult::kOk);
+  REQUIRE(tx.post(r1) == PostResult::kOk);
+  REQUIRE(tx.post(r2) == PostResult::kOk);
   waitFor(
       tx, rx, [&] { return rx.arrivals.size() == 2; }, "both arrivals");
   size_t changed = 0;

@@ -130,6 +130,12 @@ class RdmaPair final : public TransportPair {
     }
     return std::shared_ptr<void>(both);
   }
+  std::optional<uint32_t> localKey(const Transport& sender, const void* addr, size_t length) const override {
+    const auto& device = &sender == a.get() ? device_a : device_b;
+    uint32_t lkey = 0;
+    if (!device->lookupLocal(addr, length, &lkey)) return std::nullopt;
+    return lkey;
+  }
   std::shared_ptr<rdma::RdmaDevice> device_a, device_b;
   std::unique_ptr<rdma::RdmaListener> listener;
 };

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -44,6 +45,13 @@ class TransportPair {
   virtual Result<std::shared_ptr<void>> registerMemory(void* addr, size_t length, bool receive) {
     (void)addr, (void)length, (void)receive;
     return std::shared_ptr<void>();
+  }
+  // The key `sender` (a or b) sends [addr, addr + length) under
+  // (SendRequest::local_key): rdma's lkey of the registration made by
+  // registerMemory on the sender's device; none for the other kinds.
+  virtual std::optional<uint32_t> localKey(const Transport& sender, const void* addr, size_t length) const {
+    (void)sender, (void)addr, (void)length;
+    return std::nullopt;
   }
 
   std::shared_ptr<Transport> a;  // dialer

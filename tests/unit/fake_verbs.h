@@ -67,6 +67,8 @@ class FakeVerbs final : public VerbsApi {
   std::vector<std::string> errors() const;
   // IBV_QPS_* of a live QP (IBV_QPS_UNKNOWN when it is gone).
   ibv_qp_state qpState(const ibv_qp* qp) const;
+  // The SGEs of the last send WR handed to ibv_post_send, as posted.
+  std::vector<ibv_sge> lastSendSges() const;
 
   // ---- VerbsApi
   ibv_context** getDevices(int* count) override;
@@ -157,6 +159,7 @@ class FakeVerbs final : public VerbsApi {
   uint32_t next_qp_num_ = 0x10;
   uint16_t next_port_ = 20000;
   Stats stats_;
+  std::vector<ibv_sge> last_send_sges_;
   std::vector<std::string> errors_;
 };
 

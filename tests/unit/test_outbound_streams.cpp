@@ -2,6 +2,9 @@
 // sequencing, posting into credits, ACK/NACK, resend, replay on a new link in
 // sequence order, stream close, and the credit and ACK deadlines on the
 // agent's manual clock.
+#include <atomic>
+#include <optional>
+
 #include "agent_fixture.h"
 #include "outbound_streams.h"
 #include "peer_messages.h"
@@ -266,6 +269,62 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     CHECK(third.header.frame_id == 21);
     CHECK(third.header.credit_id == 501);
   }
+}
+
+namespace {
+
+// Forwards to a real transport and remembers the memory key of the last post
+// (kNoKey for a request without one).
+class KeyRecorder final : public transport::Transport {
+ public:
+  static constexpr uint64_t kNoKey = ~uint64_t{0};
+  explicit KeyRecorder(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  std::shared_ptr<std::atomic<uint64_t>> last_key = std::make_shared<std::atomic<uint64_t>>(0);
+
+  const char* name() const noexcept override { return inner_->name(); }
+  bool connected() const noexcept override { return inner_->connected(); }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit c) override {
+    return inner_->exposeCredit(std::move(c));
+  }
+  void retractCredit(uint64_t id) override { inner_->retractCredit(id); }
+  transport::PostResult post(const transport::SendRequest& r) noexcept override {
+    last_key->store(r.local_key ? *r.local_key : kNoKey);
+    return inner_->post(r);
+  }
+  void flush() noexcept override { inner_->flush(); }
+  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
+  int eventFd() const noexcept override { return inner_->eventFd(); }
+  void shutdown() noexcept override { inner_->shutdown(); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+}  // namespace
+
+TEST_CASE("producer side: a frame is posted under its segment's key from the registration at attach",
+          "[agent][producer]") {
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  const bool registered = GENERATE(true, false);
+  if (registered) producer.session->segments->holdRegistration(SegmentRegistration{nullptr, 0xBEEF});
+  CHECK(producer.session->segments->localKey() ==
+        (registered ? std::optional<uint32_t>(0xBEEF) : std::nullopt));
+  auto recorder = std::make_unique<KeyRecorder>(std::move(f.pair.a));
+  auto last_key = recorder->last_key;
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp(1, std::move(recorder));
+  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  auto landing = exposeLanding(*f.pair.b, 700, 4096);
+  producer.push(0, 100);
+  v1::PeerMessage g;
+  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
+  auto* c = g.mutable_credit_grant()->add_credits();
+  c->set_credit_id(700);
+  c->set_length(4096);
+  f.peerSays(g);
+  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  CHECK(last_key->load() == (registered ? 0xBEEF : KeyRecorder::kNoKey));
 }
 
 TEST_CASE("producer side: a stream is closed on the link when its last producer leaves",

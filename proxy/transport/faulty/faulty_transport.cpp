@@ -108,6 +108,7 @@ class FaultyTransportImpl final : public FaultyTransport {
     }
     return PostResult::kOk;
   }
+  std::string_view lastRefusal() const noexcept override { return inner_->lastRefusal(); }
 
   void flush() noexcept override {
     if (!broken_) inner_->flush();

@@ -12,35 +12,22 @@
 
 #include <spdlog/spdlog.h>
 
-#include "transport/rdma/rdma_status.h"
 #include "transport/transport_core.h"
 
 namespace framelink::transport::rdma {
 namespace {
-
-// Receive WRs carry this bit in wr_id; send WRs carry their sequence, which
-// never gets there.  Error completions have no valid opcode, so wr_id is
-// what tells a send from a receive.
-constexpr uint64_t kRecvTag = uint64_t{1} << 63;
-constexpr int kPollBatch = 32;
-constexpr unsigned int kCqEventAckBatch = 64;
 
 bool setNonBlocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
   return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
 }
 
-void drainEventFd(int fd) {
-  uint64_t v;
-  [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
-}
+}  // namespace
 
-void signalEventFd(int fd) {
+void RdmaTransport::signalEventFd(int fd) noexcept {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- CmId
 
@@ -100,9 +87,6 @@ RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTr
     : device_(std::move(device)), api_(device_->api()), options_(options), cm_(std::move(id)) {}
 
 Status RdmaTransport::setUp() {
-  // Nothing else holds the transport yet; the lock is for the analysis (the
-  // members below are guarded) and costs nothing.
-  MutexLock lock(mu_);
   const uint32_t sq = options_.send_queue_depth;
   const uint32_t rq = options_.recv_queue_depth;
   const auto& attr = device_->attributes();
@@ -176,7 +160,7 @@ Status RdmaTransport::setUp() {
   }
 
   // Receives before the connection is accepted: the peer may write at once.
-  replenishRecvsLocked();
+  replenishRecvs();
   if (recvs_posted_ != rq) return makeError(FL_ERR_RESOURCES, "ibv_post_recv failed while setting up");
   if (api_.reqNotifyCq(cq_, 0) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_req_notify_cq: ") + std::strerror(errno));
@@ -193,22 +177,16 @@ Status RdmaTransport::setUp() {
 }
 
 void RdmaTransport::established(std::string peer_name) noexcept {
-  MutexLock lock(mu_);
   peer_name_ = std::move(peer_name);
   if (!failed_ && !torn_down_) connected_.store(true, std::memory_order_release);
 }
 
-RdmaTransport::~RdmaTransport() {
-  shutdown();
-  MutexLock lock(mu_);
-  tearDownLocked();
-}
+RdmaTransport::~RdmaTransport() { shutdown(); }
 
 // ---------------------------------------------------------------- credits
 
 Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   if (credit.buffer == nullptr) return makeError(FL_EINVAL, "exposeCredit: null buffer");
-  MutexLock lock(mu_);
   if (failed_ || torn_down_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
   uint8_t* landing = credit.buffer - kWireHeaderBytes;
   const uint64_t landing_length = kWireHeaderBytes + credit.capacity;
@@ -241,7 +219,6 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
 }
 
 void RdmaTransport::retractCredit(uint64_t credit_id) {
-  MutexLock lock(mu_);
   auto it = credits_.find(static_cast<uint32_t>(credit_id));
   if (it == credits_.end() || it->second.credit_id != credit_id || it->second.retracted) return;
   // The peer may have posted its write already, and nothing stops an RDMA
@@ -258,13 +235,21 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
 
 // ---------------------------------------------------------------- sending
 
+PostResult RdmaTransport::refuse(const char* why) noexcept {
+  refusal_ = why;
+  return PostResult::kInvalid;
+}
+
+// The common path takes no lock and looks nothing up: the payload's lkey
+// comes with the request, from the registration made when its producer
+// attached.
 PostResult RdmaTransport::post(const SendRequest& r) noexcept {
-  if (*validateSendRequest(r) != '\0') return PostResult::kInvalid;
-  MutexLock lock(mu_);
+  if (const char* why = validateSendRequest(r); *why != '\0') return refuse(why);
   if (failed_ || torn_down_ || !connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
-  uint32_t lkey = 0;
-  if (r.header.length > 0 && !device_->lookupLocal(r.payload, r.header.length, &lkey)) {
-    return PostResult::kInvalid;  // payload not registered on this device
+  if (r.header.length > 0 && !r.local_key) {
+    return refuse(
+        "the payload carries no local memory key (rdma sends only from memory registered with its "
+        "device: the producer's data segment, registered when it attached)");
   }
   if (next_seq_ - done_seq_ >= options_.send_queue_depth) {
     ++counters_.backpressure;
@@ -280,7 +265,7 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
   sge[0].lkey = headers_mr_->lkey;
   sge[1].addr = reinterpret_cast<uint64_t>(r.payload);
   sge[1].length = static_cast<uint32_t>(r.header.length);
-  sge[1].lkey = lkey;
+  sge[1].lkey = r.local_key.value_or(0);  // unused when the frame is empty (one SGE)
   ibv_send_wr& wr = send_wrs_[slot];
   wr = {};
   wr.wr_id = seq;
@@ -292,16 +277,13 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
   wr.wr.rdma.rkey = r.credit.rkey;
   sends_[slot] = PendingSend{r.cookie, r.header.length};
   ++next_seq_;
-  if (next_seq_ - posted_seq_ >= options_.max_batch) flushLocked();
+  if (next_seq_ - posted_seq_ >= options_.max_batch) flushChain();
   return PostResult::kOk;
 }
 
-void RdmaTransport::flush() noexcept {
-  MutexLock lock(mu_);
-  flushLocked();
-}
+void RdmaTransport::flush() noexcept { flushChain(); }
 
-void RdmaTransport::flushLocked() noexcept {
+void RdmaTransport::flushChain() noexcept {
   if (posted_seq_ == next_seq_ || failed_ || torn_down_) return;
   const uint32_t depth = options_.send_queue_depth;
   ibv_send_wr* first = &send_wrs_[posted_seq_ % depth];
@@ -330,12 +312,12 @@ void RdmaTransport::flushLocked() noexcept {
   uint64_t accepted = bad != nullptr ? bad->wr_id : posted_seq_;
   counters_.send_wrs += accepted - posted_seq_;
   posted_seq_ = accepted;
-  failLocked(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
+  fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
 }
 
 // ---------------------------------------------------------------- failure
 
-void RdmaTransport::failLocked(int status, const std::string& message) noexcept {
+void RdmaTransport::fail(int status, const std::string& message) noexcept {
   if (failed_) return;
   failed_ = true;
   connected_.store(false, std::memory_order_release);
@@ -354,258 +336,18 @@ void RdmaTransport::failLocked(int status, const std::string& message) noexcept 
     api_.modifyQp(qp_, &attr, IBV_QP_STATE);
     api_.disconnect(cm_.id());
   }
-  completeUnpostedIfDrainedLocked();
-}
-
-void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
-  // RC completes in order: an error at `seq` means every earlier WR
-  // succeeded (or it would have completed in error first).
-  for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
-    const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
-    int s = done_seq_ == seq ? status : FL_OK;
-    if (failed_ && s == FL_OK) s = FL_ERR_LINK_LOST;
-    if (s == FL_OK) {
-      ++counters_.frames_sent;
-      counters_.bytes_sent += p.bytes;
-    }
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kSendComplete;
-    ev.cookie = p.cookie;
-    ev.status = s;
-    pushEvent(std::move(ev));
-  }
-}
-
-void RdmaTransport::completeUnpostedIfDrainedLocked() noexcept {
-  // Once the queue has given back every WR, the ones that never reached it
-  // are reported, after them (in posting order).
-  if (!failed_ || done_seq_ < posted_seq_) return;
-  posted_seq_ = next_seq_;
-  if (next_seq_ > done_seq_) completeSendsThrough(next_seq_ - 1, FL_ERR_LINK_LOST);
-}
-
-// ---------------------------------------------------------------- events
-
-void RdmaTransport::pushEvent(TransportEvent event) noexcept {
-  try {
-    events_.push_back(std::move(event));
-  } catch (...) {
-    // Out of memory while reporting: the control link's ACK timeout
-    // recovers the frame.
-  }
-}
-
-void RdmaTransport::frameArrived(const FrameHeader& header, int status, std::string message) noexcept {
-  if (status == FL_ERR_UNKNOWN_CREDIT) ++counters_.unknown_credit_frames;
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kFrameArrived;
-  ev.status = status;
-  ev.header = header;
-  ev.message = std::move(message);
-  pushEvent(std::move(ev));
-}
-
-void RdmaTransport::drainAsyncErrorLocked() noexcept {
-  drainEventFd(link_fd_.get());
-  std::optional<std::pair<int, std::string>> e;
-  {
-    MutexLock l(async_mu_);
-    e = async_error_;
-  }
-  if (e) failLocked(e->first, e->second + " (link to " + peer_name_ + ")");
-}
-
-void RdmaTransport::drainCmEventsLocked() noexcept {
-  rdma_cm_event* event = nullptr;
-  while (api_.getCmEvent(cm_.channel(), &event) == 0) {
-    const rdma_cm_event_type type = event->event;
-    const int status = event->status;
-    api_.ackCmEvent(event);
-    switch (type) {
-      case RDMA_CM_EVENT_DISCONNECTED:
-        failLocked(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": the peer disconnected");
-        break;
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        failLocked(kStatusDevice,
-                   "rdma link to " + peer_name_ + ": device " + device_->name() + " was removed");
-        break;
-      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-      case RDMA_CM_EVENT_ESTABLISHED:
-        break;
-      default:
-        spdlog::info("rdma link to {}: rdma_cm event {} (status {})", peer_name_, rdma_event_str(type),
-                     status);
-        break;
-    }
-  }
-}
-
-void RdmaTransport::drainCqLocked() noexcept {
-  ibv_cq* ev_cq = nullptr;
-  void* ev_ctx = nullptr;
-  while (api_.getCqEvent(comp_channel_, &ev_cq, &ev_ctx) == 0) {
-    cq_armed_ = false;
-    if (++unacked_cq_events_ >= kCqEventAckBatch) {
-      api_.ackCqEvents(cq_, unacked_cq_events_);
-      unacked_cq_events_ = 0;
-    }
-  }
-  ibv_wc wcs[kPollBatch];
-  for (;;) {
-    int n = api_.pollCq(cq_, kPollBatch, wcs);
-    if (n < 0) {
-      failLocked(kStatusDevice, "rdma link to " + peer_name_ + ": ibv_poll_cq failed on " + device_->name());
-      return;
-    }
-    for (int i = 0; i < n; ++i) handleWc(wcs[i]);
-    if (n == kPollBatch) continue;
-    if (cq_armed_) return;
-    // Empty: arm, then poll once more — a completion that came between the
-    // last poll and the arming raised no event.
-    if (api_.reqNotifyCq(cq_, 0) != 0) {
-      failLocked(kStatusDevice,
-                 "rdma link to " + peer_name_ + ": ibv_req_notify_cq failed on " + device_->name());
-      return;
-    }
-    cq_armed_ = true;
-  }
-}
-
-void RdmaTransport::handleWc(const ibv_wc& wc) noexcept {
-  if (wc.wr_id & kRecvTag) {
-    handleRecvWc(wc);
-  } else {
-    handleSendWc(wc);
-  }
-}
-
-void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
-  const uint64_t seq = wc.wr_id;
-  if (seq < done_seq_ || seq >= posted_seq_) return;  // not one of ours any more
-  if (wc.status == IBV_WC_SUCCESS) {
-    completeSendsThrough(seq, FL_OK);
-    return;
-  }
-  const WcClassification c = classifyWcStatus(wc.status);
-  if (failed_) {  // flushed after the link went down: expected
-    completeSendsThrough(seq, FL_ERR_LINK_LOST);
-    completeUnpostedIfDrainedLocked();
-    return;
-  }
-  completeSendsThrough(seq, c.frame_status);
-  failLocked(c.link_status, "rdma link to " + peer_name_ + ": send completed with " +
-                                ibv_wc_status_str(wc.status) + " (vendor error " +
-                                std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) + " error)");
-}
-
-void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
-  if (recvs_posted_ > 0) --recvs_posted_;
-  if (wc.status != IBV_WC_SUCCESS) {
-    if (!failed_) {
-      const WcClassification c = classifyWcStatus(wc.status);
-      failLocked(c.link_status, "rdma link to " + peer_name_ + ": receive completed with " +
-                                    ibv_wc_status_str(wc.status) + " (" + scopeName(c.scope) + " error)");
-    }
-    return;
-  }
-  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
-    failLocked(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ +
-                                    ": the peer sent something other than "
-                                    "RDMA_WRITE_WITH_IMM (opcode " +
-                                    std::to_string(wc.opcode) + ")");
-    return;
-  }
-  const uint32_t index = ntohl(wc.imm_data);
-  FrameHeader header;
-  auto it = credits_.find(index);
-  if (it == credits_.end()) {
-    header.credit_id = index;
-    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                 "frame for an unknown credit (immediate data " + std::to_string(index) + ")");
-    return;
-  }
-  Credit credit = std::move(it->second);
-  credits_.erase(it);  // consumed by this frame
-  RdmaWireHeader wire{};
-  std::memcpy(&wire, credit.buffer - kWireHeaderBytes, sizeof wire);
-  fromWire(wire, credit.credit_id, &header);
-  if (credit.retracted) {
-    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                 "frame for retracted credit " + std::to_string(credit.credit_id));
-    return;
-  }
-  if (wire.attr_length > FL_MAX_ATTR_BYTES || wire.length > credit.capacity ||
-      wc.byte_len != kWireHeaderBytes + wire.length) {
-    failLocked(FL_ERR_PROTOCOL,
-               "rdma link to " + peer_name_ + ": frame for credit " + std::to_string(credit.credit_id) +
-                   " wrote " + std::to_string(wc.byte_len) + " bytes for a header announcing " +
-                   std::to_string(wire.length) + " (capacity " + std::to_string(credit.capacity) +
-                   ", attr_length " + std::to_string(wire.attr_length) + ")");
-    return;
-  }
-  ++counters_.frames_received;
-  counters_.bytes_received += wire.length;
-  frameArrived(header, FL_OK, {});
-}
-
-void RdmaTransport::replenishRecvsLocked() noexcept {
-  if (failed_ || torn_down_) return;
-  const uint32_t want = options_.recv_queue_depth - recvs_posted_;
-  if (want == 0) return;
-  for (uint32_t i = 0; i < want; ++i) {
-    ibv_recv_wr& wr = recv_wrs_[i];
-    wr = {};
-    wr.wr_id = kRecvTag | i;
-    wr.sg_list = nullptr;
-    wr.num_sge = 0;
-    wr.next = i + 1 < want ? &recv_wrs_[i + 1] : nullptr;
-  }
-  ibv_recv_wr* bad = nullptr;
-  int rc = api_.postRecv(qp_, recv_wrs_.data(), &bad);
-  uint32_t posted = want;
-  if (rc != 0) posted = bad != nullptr ? static_cast<uint32_t>(bad - recv_wrs_.data()) : 0;
-  recvs_posted_ += posted;
-  counters_.recv_wrs += posted;
-  if (rc != 0) {
-    failLocked(FL_ERR_LINK_LOST,
-               "rdma link to " + peer_name_ + ": ibv_post_recv failed: " + std::strerror(rc));
-  }
-}
-
-size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
-  MutexLock lock(mu_);
-  if (!torn_down_) {
-    drainAsyncErrorLocked();
-    drainCmEventsLocked();
-    drainCqLocked();
-    completeUnpostedIfDrainedLocked();
-    // Receives the peer used up, and WRs a caller forgot to flush.
-    if (recvs_posted_ < options_.recv_queue_depth / 2 + 1) replenishRecvsLocked();
-    flushLocked();
-  }
-  size_t taken = 0;
-  while (taken < max && !events_.empty()) {
-    out[taken++] = std::move(events_.front());
-    events_.pop_front();
-  }
-  if (events_.empty()) {
-    drainEventFd(event_fd_.get());
-  } else {
-    signalEventFd(event_fd_.get());  // level-triggered for the caller
-  }
-  return taken;
+  completeUnpostedIfDrained();
 }
 
 // ---------------------------------------------------------------- teardown
 
 void RdmaTransport::shutdown() noexcept {
-  MutexLock lock(mu_);
-  failLocked(FL_ERR_SHUTDOWN, "rdma link to " + peer_name_ + " shut down locally");
-  tearDownLocked();
+  fail(FL_ERR_SHUTDOWN, "rdma link to " + peer_name_ + " shut down locally");
+  tearDown();
   if (!events_.empty()) signalEventFd(event_fd_.get());
 }
 
-void RdmaTransport::tearDownLocked() noexcept {
+void RdmaTransport::tearDown() noexcept {
   if (torn_down_) return;
   torn_down_ = true;
   connected_.store(false, std::memory_order_release);
@@ -663,9 +405,6 @@ void RdmaTransport::tearDownLocked() noexcept {
   retracted_.clear();
 }
 
-RdmaTransport::Counters RdmaTransport::counters() const noexcept {
-  MutexLock lock(mu_);
-  return counters_;
-}
+RdmaTransport::Counters RdmaTransport::counters() const noexcept { return counters_; }
 
 }  // namespace framelink::transport::rdma

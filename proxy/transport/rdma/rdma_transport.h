@@ -3,7 +3,9 @@
 //
 // Send: post() builds one RDMA_WRITE_WITH_IMM per frame — SGE 0 the 256-byte
 // RdmaWireHeader (in a small MR this transport owns, one header per
-// send-queue entry), SGE 1 the payload straight from the producer's slot —
+// send-queue entry), SGE 1 the payload straight from the producer's slot
+// under the request's local_key (the lkey of the segment's registration,
+// made at attach: post() looks nothing up and takes no lock) —
 // into the credited consumer slot (remote_addr/rkey of the credit, which
 // point at the slot header).  The immediate data is the low 32 bits of the
 // credit id: the receiving daemon assigns credit ids, and this transport
@@ -18,14 +20,19 @@
 // and the byte count, which poll() checks against the header that landed in
 // the credit's slot header before reporting FrameArrived.
 //
-// Events: poll() drains the CQ (completion channel events acked, then the CQ
-// re-armed and polled once more to close the race), the connection's own
-// rdma_cm event channel (DISCONNECTED) and the errors the device's event
-// thread reported.  eventFd() is an epoll fd over all of those plus an
-// eventfd that stays readable while reported events wait in the queue.
+// Events (rdma_completions.cpp): poll() drains the CQ (completion channel
+// events acked, then the CQ re-armed and polled once more to close the race),
+// the connection's own rdma_cm event channel (DISCONNECTED) and the errors
+// the device's event thread reported.  eventFd() is an epoll fd over all of
+// those plus an eventfd that stays readable while reported events wait in
+// the queue.
 //
-// Threads: all Transport methods may be called from any thread (one mutex;
-// the data agent is its only caller in practice).
+// Threads, as transport.h says: the connecting thread calls create, cmId,
+// cmChannel and established (rdma_connect.cpp) before the transport is handed
+// over; from then on one thread (the data agent) calls every Transport
+// method, counters() and the destructor's shutdown, and those members take
+// no lock.  The one other thread is the device's event thread, which reports
+// asynchronous errors through async_mu_ and link_fd_.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -37,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -98,14 +106,9 @@ class RdmaTransport final : public Transport {
                                                        RdmaTransportOptions options = {});
   ~RdmaTransport() override;
 
-  rdma_cm_id* cmId() const noexcept {
-    MutexLock lock(mu_);
-    return cm_.id();
-  }
-  rdma_event_channel* cmChannel() const noexcept {
-    MutexLock lock(mu_);
-    return cm_.channel();
-  }
+  // For the connecting thread, before the hand-over.
+  rdma_cm_id* cmId() const noexcept { return cm_.id(); }
+  rdma_event_channel* cmChannel() const noexcept { return cm_.channel(); }
   // The rdma_cm ESTABLISHED event was seen: posts are accepted from now on.
   void established(std::string peer_name) noexcept;
 
@@ -114,6 +117,7 @@ class RdmaTransport final : public Transport {
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
+  std::string_view lastRefusal() const noexcept override { return refusal_; }
   // Hands every WR post() accumulated to the adapter as one chain.
   void flush() noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
@@ -136,21 +140,27 @@ class RdmaTransport final : public Transport {
 
  private:
   RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options);
+  // Completions are polled this many at a time.
+  static constexpr int kPollBatch = 32;
+  static void signalEventFd(int fd) noexcept;
+
   Status setUp();
-  void flushLocked() noexcept FL_REQUIRES(mu_);
-  void failLocked(int status, const std::string& message) noexcept FL_REQUIRES(mu_);
-  void drainCmEventsLocked() noexcept FL_REQUIRES(mu_);
-  void drainAsyncErrorLocked() noexcept FL_REQUIRES(mu_);
-  void drainCqLocked() noexcept FL_REQUIRES(mu_);
-  void handleWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
-  void handleSendWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
-  void handleRecvWc(const ibv_wc& wc) noexcept FL_REQUIRES(mu_);
-  void completeSendsThrough(uint64_t seq, int status) noexcept FL_REQUIRES(mu_);
-  void completeUnpostedIfDrainedLocked() noexcept FL_REQUIRES(mu_);
-  void replenishRecvsLocked() noexcept FL_REQUIRES(mu_);
-  void tearDownLocked() noexcept FL_REQUIRES(mu_);
-  void pushEvent(TransportEvent event) noexcept FL_REQUIRES(mu_);
-  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept FL_REQUIRES(mu_);
+  PostResult refuse(const char* why) noexcept;
+  void flushChain() noexcept;
+  void fail(int status, const std::string& message) noexcept;
+  void tearDown() noexcept;
+  // rdma_completions.cpp: completions and events become TransportEvents.
+  void drainCmEvents() noexcept;
+  void drainAsyncError() noexcept;
+  void drainCq() noexcept;
+  void handleWc(const ibv_wc& wc) noexcept;
+  void handleSendWc(const ibv_wc& wc) noexcept;
+  void handleRecvWc(const ibv_wc& wc) noexcept;
+  void completeSendsThrough(uint64_t seq, int status) noexcept;
+  void completeUnpostedIfDrained() noexcept;
+  void replenishRecvs() noexcept;
+  void pushEvent(TransportEvent event) noexcept;
+  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept;
 
   struct Credit {
     uint64_t credit_id = 0;
@@ -168,46 +178,50 @@ class RdmaTransport final : public Transport {
   VerbsApi& api_;
   const RdmaTransportOptions options_;
 
-  // Everything below up to connected_ is guarded by mu_.
-  mutable Mutex mu_;
-  std::string peer_name_ FL_GUARDED_BY(mu_) = "peer";
+  // Everything below up to connected_ belongs to the calling thread (see
+  // the top of this file): no lock.
+  std::string peer_name_ = "peer";
   // Verbs resources; torn down in shutdown() in this order: QP (with the
   // id), CQ, completion channel, header MR, id, event channel.
-  CmId cm_ FL_GUARDED_BY(mu_);
-  ibv_comp_channel* comp_channel_ FL_GUARDED_BY(mu_) = nullptr;
-  ibv_cq* cq_ FL_GUARDED_BY(mu_) = nullptr;
-  ibv_qp* qp_ FL_GUARDED_BY(mu_) = nullptr;
-  std::unique_ptr<RdmaWireHeader[]> headers_ FL_GUARDED_BY(mu_);
-  ibv_mr* headers_mr_ FL_GUARDED_BY(mu_) = nullptr;
-  uint64_t watch_id_ FL_GUARDED_BY(mu_) = 0;
-  bool torn_down_ FL_GUARDED_BY(mu_) = false;
-  bool cq_armed_ FL_GUARDED_BY(mu_) = false;
-  unsigned int unacked_cq_events_ FL_GUARDED_BY(mu_) = 0;
+  CmId cm_;
+  ibv_comp_channel* comp_channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  std::unique_ptr<RdmaWireHeader[]> headers_;
+  ibv_mr* headers_mr_ = nullptr;
+  uint64_t watch_id_ = 0;
+  bool torn_down_ = false;
+  bool cq_armed_ = false;
+  unsigned int unacked_cq_events_ = 0;
 
   // Send ring, indexed by sequence % send_queue_depth.  Sequences
   // [done_seq_, posted_seq_) are on the send queue, [posted_seq_, next_seq_)
   // wait for flush().
-  std::vector<PendingSend> sends_ FL_GUARDED_BY(mu_);
-  std::vector<ibv_send_wr> send_wrs_ FL_GUARDED_BY(mu_);
-  std::vector<ibv_sge> send_sges_ FL_GUARDED_BY(mu_);  // two per entry
-  uint64_t next_seq_ FL_GUARDED_BY(mu_) = 0;
-  uint64_t posted_seq_ FL_GUARDED_BY(mu_) = 0;
-  uint64_t done_seq_ FL_GUARDED_BY(mu_) = 0;
-  uint32_t since_signal_ FL_GUARDED_BY(mu_) = 0;
+  std::vector<PendingSend> sends_;
+  std::vector<ibv_send_wr> send_wrs_;
+  std::vector<ibv_sge> send_sges_;  // two per entry
+  uint64_t next_seq_ = 0;
+  uint64_t posted_seq_ = 0;
+  uint64_t done_seq_ = 0;
+  uint32_t since_signal_ = 0;
 
-  std::vector<ibv_recv_wr> recv_wrs_ FL_GUARDED_BY(mu_);
-  uint32_t recvs_posted_ FL_GUARDED_BY(mu_) = 0;  // receive WRs on the receive queue
+  std::vector<ibv_recv_wr> recv_wrs_;
+  uint32_t recvs_posted_ = 0;  // receive WRs on the receive queue
 
-  std::unordered_map<uint32_t, Credit> credits_ FL_GUARDED_BY(mu_);  // by the low 32 bits of the credit id
-  std::deque<uint32_t> retracted_ FL_GUARDED_BY(mu_);                // oldest first
+  std::unordered_map<uint32_t, Credit> credits_;  // by the low 32 bits of the credit id
+  std::deque<uint32_t> retracted_;                // oldest first
 
-  std::deque<TransportEvent> events_ FL_GUARDED_BY(mu_);
-  bool failed_ FL_GUARDED_BY(mu_) = false;
-  Counters counters_ FL_GUARDED_BY(mu_);
-  std::atomic<bool> connected_{false};  // read without mu_ by connected()
+  std::deque<TransportEvent> events_;
+  bool failed_ = false;
+  const char* refusal_ = "";  // why the last post() returned kInvalid
+  Counters counters_;
+  // Set by the connecting thread (established), cleared by the calling
+  // thread; atomic so that connected() is a plain read for either.
+  std::atomic<bool> connected_{false};
 
-  // Written by the device's event thread; taken inside mu_ (poll()).
-  Mutex async_mu_ FL_ACQUIRED_AFTER(mu_);
+  // Written by the device's event thread, read by poll(): the one state
+  // shared between threads.
+  Mutex async_mu_;
   std::optional<std::pair<int, std::string>> async_error_ FL_GUARDED_BY(async_mu_);
 
   UniqueFd event_fd_;  // eventfd: readable while events_ is not empty

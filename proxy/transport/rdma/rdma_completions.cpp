@@ -1,0 +1,271 @@
+// RdmaTransport's event side: work completions, the connection's rdma_cm
+// events and the device's asynchronous errors become TransportEvents (one
+// SendComplete per accepted post, in posting order; FrameArrived once the
+// landed header matches the byte count; one LinkError), and poll() hands
+// them out.  Runs on the calling thread, like the rest of the transport
+// (see rdma_transport.h); only async_error_ is shared with the device's
+// event thread.
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "transport/rdma/rdma_status.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace framelink::transport::rdma {
+namespace {
+
+// Receive WRs carry this bit in wr_id; send WRs carry their sequence, which
+// never gets there.  Error completions have no valid opcode, so wr_id is
+// what tells a send from a receive.
+constexpr uint64_t kRecvTag = uint64_t{1} << 63;
+constexpr unsigned int kCqEventAckBatch = 64;
+
+void drainEventFd(int fd) {
+  uint64_t v;
+  [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- sends
+
+void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
+  // RC completes in order: an error at `seq` means every earlier WR
+  // succeeded (or it would have completed in error first).
+  for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
+    const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
+    int s = done_seq_ == seq ? status : FL_OK;
+    if (failed_ && s == FL_OK) s = FL_ERR_LINK_LOST;
+    if (s == FL_OK) {
+      ++counters_.frames_sent;
+      counters_.bytes_sent += p.bytes;
+    }
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kSendComplete;
+    ev.cookie = p.cookie;
+    ev.status = s;
+    pushEvent(std::move(ev));
+  }
+}
+
+void RdmaTransport::completeUnpostedIfDrained() noexcept {
+  // Once the queue has given back every WR, the ones that never reached it
+  // are reported, after them (in posting order).
+  if (!failed_ || done_seq_ < posted_seq_) return;
+  posted_seq_ = next_seq_;
+  if (next_seq_ > done_seq_) completeSendsThrough(next_seq_ - 1, FL_ERR_LINK_LOST);
+}
+
+// ---------------------------------------------------------------- events
+
+void RdmaTransport::pushEvent(TransportEvent event) noexcept {
+  try {
+    events_.push_back(std::move(event));
+  } catch (...) {
+    // Out of memory while reporting: the control link's ACK timeout
+    // recovers the frame.
+  }
+}
+
+void RdmaTransport::frameArrived(const FrameHeader& header, int status, std::string message) noexcept {
+  if (status == FL_ERR_UNKNOWN_CREDIT) ++counters_.unknown_credit_frames;
+  TransportEvent ev;
+  ev.kind = TransportEvent::Kind::kFrameArrived;
+  ev.status = status;
+  ev.header = header;
+  ev.message = std::move(message);
+  pushEvent(std::move(ev));
+}
+
+void RdmaTransport::drainAsyncError() noexcept {
+  drainEventFd(link_fd_.get());
+  std::optional<std::pair<int, std::string>> e;
+  {
+    MutexLock l(async_mu_);
+    e = async_error_;
+  }
+  if (e) fail(e->first, e->second + " (link to " + peer_name_ + ")");
+}
+
+void RdmaTransport::drainCmEvents() noexcept {
+  rdma_cm_event* event = nullptr;
+  while (api_.getCmEvent(cm_.channel(), &event) == 0) {
+    const rdma_cm_event_type type = event->event;
+    const int status = event->status;
+    api_.ackCmEvent(event);
+    switch (type) {
+      case RDMA_CM_EVENT_DISCONNECTED:
+        fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": the peer disconnected");
+        break;
+      case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        fail(kStatusDevice, "rdma link to " + peer_name_ + ": device " + device_->name() + " was removed");
+        break;
+      case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+      case RDMA_CM_EVENT_ESTABLISHED:
+        break;
+      default:
+        spdlog::info("rdma link to {}: rdma_cm event {} (status {})", peer_name_, rdma_event_str(type),
+                     status);
+        break;
+    }
+  }
+}
+
+void RdmaTransport::drainCq() noexcept {
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  while (api_.getCqEvent(comp_channel_, &ev_cq, &ev_ctx) == 0) {
+    cq_armed_ = false;
+    if (++unacked_cq_events_ >= kCqEventAckBatch) {
+      api_.ackCqEvents(cq_, unacked_cq_events_);
+      unacked_cq_events_ = 0;
+    }
+  }
+  ibv_wc wcs[kPollBatch];
+  for (;;) {
+    int n = api_.pollCq(cq_, kPollBatch, wcs);
+    if (n < 0) {
+      fail(kStatusDevice, "rdma link to " + peer_name_ + ": ibv_poll_cq failed on " + device_->name());
+      return;
+    }
+    for (int i = 0; i < n; ++i) handleWc(wcs[i]);
+    if (n == kPollBatch) continue;
+    if (cq_armed_) return;
+    // Empty: arm, then poll once more — a completion that came between the
+    // last poll and the arming raised no event.
+    if (api_.reqNotifyCq(cq_, 0) != 0) {
+      fail(kStatusDevice, "rdma link to " + peer_name_ + ": ibv_req_notify_cq failed on " + device_->name());
+      return;
+    }
+    cq_armed_ = true;
+  }
+}
+
+void RdmaTransport::handleWc(const ibv_wc& wc) noexcept {
+  if (wc.wr_id & kRecvTag) {
+    handleRecvWc(wc);
+  } else {
+    handleSendWc(wc);
+  }
+}
+
+void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
+  const uint64_t seq = wc.wr_id;
+  if (seq < done_seq_ || seq >= posted_seq_) return;  // not one of ours any more
+  if (wc.status == IBV_WC_SUCCESS) {
+    completeSendsThrough(seq, FL_OK);
+    return;
+  }
+  const WcClassification c = classifyWcStatus(wc.status);
+  if (failed_) {  // flushed after the link went down: expected
+    completeSendsThrough(seq, FL_ERR_LINK_LOST);
+    completeUnpostedIfDrained();
+    return;
+  }
+  completeSendsThrough(seq, c.frame_status);
+  fail(c.link_status, "rdma link to " + peer_name_ + ": send completed with " + ibv_wc_status_str(wc.status) +
+                          " (vendor error " + std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) +
+                          " error)");
+}
+
+void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
+  if (recvs_posted_ > 0) --recvs_posted_;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (!failed_) {
+      const WcClassification c = classifyWcStatus(wc.status);
+      fail(c.link_status, "rdma link to " + peer_name_ + ": receive completed with " +
+                              ibv_wc_status_str(wc.status) + " (" + scopeName(c.scope) + " error)");
+    }
+    return;
+  }
+  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ +
+                              ": the peer sent something other than "
+                              "RDMA_WRITE_WITH_IMM (opcode " +
+                              std::to_string(wc.opcode) + ")");
+    return;
+  }
+  const uint32_t index = ntohl(wc.imm_data);
+  FrameHeader header;
+  auto it = credits_.find(index);
+  if (it == credits_.end()) {
+    header.credit_id = index;
+    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
+                 "frame for an unknown credit (immediate data " + std::to_string(index) + ")");
+    return;
+  }
+  Credit credit = std::move(it->second);
+  credits_.erase(it);  // consumed by this frame
+  RdmaWireHeader wire{};
+  std::memcpy(&wire, credit.buffer - kWireHeaderBytes, sizeof wire);
+  fromWire(wire, credit.credit_id, &header);
+  if (credit.retracted) {
+    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
+                 "frame for retracted credit " + std::to_string(credit.credit_id));
+    return;
+  }
+  if (wire.attr_length > FL_MAX_ATTR_BYTES || wire.length > credit.capacity ||
+      wc.byte_len != kWireHeaderBytes + wire.length) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": frame for credit " +
+                              std::to_string(credit.credit_id) + " wrote " + std::to_string(wc.byte_len) +
+                              " bytes for a header announcing " + std::to_string(wire.length) +
+                              " (capacity " + std::to_string(credit.capacity) + ", attr_length " +
+                              std::to_string(wire.attr_length) + ")");
+    return;
+  }
+  ++counters_.frames_received;
+  counters_.bytes_received += wire.length;
+  frameArrived(header, FL_OK, {});
+}
+
+void RdmaTransport::replenishRecvs() noexcept {
+  if (failed_ || torn_down_) return;
+  const uint32_t want = options_.recv_queue_depth - recvs_posted_;
+  if (want == 0) return;
+  for (uint32_t i = 0; i < want; ++i) {
+    ibv_recv_wr& wr = recv_wrs_[i];
+    wr = {};
+    wr.wr_id = kRecvTag | i;
+    wr.sg_list = nullptr;
+    wr.num_sge = 0;
+    wr.next = i + 1 < want ? &recv_wrs_[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  int rc = api_.postRecv(qp_, recv_wrs_.data(), &bad);
+  uint32_t posted = want;
+  if (rc != 0) posted = bad != nullptr ? static_cast<uint32_t>(bad - recv_wrs_.data()) : 0;
+  recvs_posted_ += posted;
+  counters_.recv_wrs += posted;
+  if (rc != 0) {
+    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_recv failed: " + std::strerror(rc));
+  }
+}
+
+size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
+  if (!torn_down_) {
+    drainAsyncError();
+    drainCmEvents();
+    drainCq();
+    completeUnpostedIfDrained();
+    // Receives the peer used up, and WRs a caller forgot to flush.
+    if (recvs_posted_ < options_.recv_queue_depth / 2 + 1) replenishRecvs();
+    flushChain();
+  }
+  size_t taken = 0;
+  while (taken < max && !events_.empty()) {
+    out[taken++] = std::move(events_.front());
+    events_.pop_front();
+  }
+  if (events_.empty()) {
+    drainEventFd(event_fd_.get());
+  } else {
+    signalEventFd(event_fd_.get());  // level-triggered for the caller
+  }
+  return taken;
+}
+
+}  // namespace framelink::transport::rdma
