@@ -47,12 +47,13 @@ uint64_t randomSessionId() {
 
 class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
  public:
-  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance, RdmaSupport rdma)
+  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance,
+                TransportRegistry transports)
       : config_(config),
         agent_(agent),
         metrics_(metrics),
         instance_(instance),
-        transports_(makeDaemonTransports(std::move(rdma))) {}
+        transports_(std::move(transports)) {}
   ~PeerLinksImpl() override { stop(); }
 
   Status init();
@@ -121,7 +122,12 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
 
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
                                                     uint64_t instance, RdmaSupport rdma) {
-  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance, std::move(rdma));
+  return start(config, agent, metrics, instance, makeDaemonTransports(std::move(rdma)));
+}
+
+Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                    uint64_t instance, TransportRegistry transports) {
+  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance, std::move(transports));
   Status s = links->init();
   if (!s) return std::move(s).error();
   return std::unique_ptr<PeerLinks>(std::move(links));

@@ -39,6 +39,9 @@ class PeerLinks {
  public:
   static Result<std::unique_ptr<PeerLinks>> start(const Config& config, DataAgent& agent, Metrics& metrics,
                                                   uint64_t instance, RdmaSupport rdma = {});
+  // With other transports than the daemon's (tests).
+  static Result<std::unique_ptr<PeerLinks>> start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                  uint64_t instance, TransportRegistry transports);
   virtual ~PeerLinks() = default;
 
   virtual uint16_t grpcPort() const noexcept = 0;

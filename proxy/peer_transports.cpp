@@ -354,10 +354,14 @@ static_assert(sameNames(), "add the new transport to kTransportNames (transport_
 
 }  // namespace
 
-TransportRegistry makeDaemonTransports(RdmaSupport rdma) {
+std::vector<std::unique_ptr<PeerTransport>> daemonTransportEntries(RdmaSupport rdma) {
   std::vector<std::unique_ptr<PeerTransport>> entries;
   for (const Entry& e : kEntries) entries.push_back(e.make(rdma));
-  return TransportRegistry(std::move(entries));
+  return entries;
+}
+
+TransportRegistry makeDaemonTransports(RdmaSupport rdma) {
+  return TransportRegistry(daemonTransportEntries(std::move(rdma)));
 }
 
 }  // namespace framelink

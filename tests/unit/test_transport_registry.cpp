@@ -3,7 +3,9 @@
 // a refused one says, and the loopback transport between two daemons.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -173,46 +175,109 @@ TEST_CASE("daemon transports: loopback refuses a peer in another process, and sa
   CHECK(!loopback->usable(kSelf, nullptr));
 }
 
-TEST_CASE("peer links: two daemons of one process link over loopback", "[registry]") {
+// Two daemons of this process, A dialing B, each with its PeerLinks and data agent.
+struct TwoDaemons {
   struct Side {
     Config config;
     Metrics metrics;
     std::unique_ptr<DataAgent> agent;
     std::unique_ptr<PeerLinks> links;
   };
-  Side b, a;
-  for (auto* s : {&a, &b}) {
-    s->config.id = s == &a ? "host-a" : "host-b";
-    s->config.listen = "127.0.0.1:0";
-    s->config.data_listen = "127.0.0.1:0";
-    s->config.transports = {"loopback"};
-    s->config.reconnect_min_ms = 50;
-    s->config.reconnect_max_ms = 200;
-  }
-  b.agent = std::make_unique<DataAgent>(b.config, b.metrics);
-  b.agent->start();
-  auto links_b = PeerLinks::start(b.config, *b.agent, b.metrics, /*instance=*/0xb0b);
-  REQUIRE(links_b.ok());
-  b.links = std::move(links_b.value());
-  a.config.peers.push_back(PeerConfig{"host-b", "127.0.0.1:" + std::to_string(b.links->grpcPort()), {}});
-  a.agent = std::make_unique<DataAgent>(a.config, a.metrics);
-  a.agent->start();
-  auto links_a = PeerLinks::start(a.config, *a.agent, a.metrics, /*instance=*/0xa11ce);
-  REQUIRE(links_a.ok());
-  a.links = std::move(links_a.value());
+  Side a, b;
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  auto up = [](Side& s) { return s.metrics.counters.links_up.load() == 1; };
-  while (!(up(a) && up(b)) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  explicit TwoDaemons(std::vector<std::string> transports) {
+    for (auto* s : {&a, &b}) {
+      s->config.id = s == &a ? "host-a" : "host-b";
+      s->config.listen = "127.0.0.1:0";
+      s->config.data_listen = "127.0.0.1:0";
+      s->config.transports = transports;
+      s->config.reconnect_min_ms = 20;
+      s->config.reconnect_max_ms = 100;
+      s->config.connect_timeout_ms = 2000;
+    }
   }
-  CHECK(up(a));
-  CHECK(up(b));
-  CHECK(a.links->listenPort("tcp") == 0);  // tcp is not configured: no data port
-  for (auto* s : {&a, &b}) {
-    s->links->stop();
-    s->agent->stop();
+  // B first (A needs its port), then A.
+  void start(TransportRegistry for_a, TransportRegistry for_b) {
+    startSide(b, std::move(for_b), 0xb0b);
+    a.config.peers.push_back(PeerConfig{"host-b", "127.0.0.1:" + std::to_string(b.links->grpcPort()), {}});
+    startSide(a, std::move(for_a), 0xa11ce);
   }
+  ~TwoDaemons() {
+    for (auto* s : {&a, &b}) {
+      if (s->links) s->links->stop();
+      if (s->agent) s->agent->stop();
+    }
+  }
+  static bool up(const Side& s) { return s.metrics.counters.links_up.load() == 1; }
+
+ private:
+  static void startSide(Side& s, TransportRegistry transports, uint64_t instance) {
+    s.agent = std::make_unique<DataAgent>(s.config, s.metrics);
+    s.agent->start();
+    auto links = PeerLinks::start(s.config, *s.agent, s.metrics, instance, std::move(transports));
+    REQUIRE(links.ok());
+    s.links = std::move(links.value());
+  }
+};
+
+bool waitFor(const std::function<bool()>& pred,
+             std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+// A transport whose dial always fails and that, like rdma, is offered again
+// only after its fallback interval.
+class FlakyTransport final : public PeerTransport {
+ public:
+  std::string_view name() const noexcept override { return "flaky"; }
+  bool usable(uint64_t, std::string*) const override { return true; }
+  Status listen(const ListenContext&) override { return {}; }
+  Result<std::shared_ptr<transport::Transport>> dial(const DialContext&) override {
+    dials.fetch_add(1);
+    return makeError(FL_ERR_TRANSPORT, "no route to the flaky network");
+  }
+  std::chrono::milliseconds fallbackFor(const Config& config) const override {
+    return std::chrono::milliseconds(config.rdma_retry_ms);
+  }
+  std::atomic<int> dials{0};
+};
+
+TransportRegistry withFlaky(FlakyTransport** flaky) {
+  auto entries = daemonTransportEntries({});
+  auto f = std::make_unique<FlakyTransport>();
+  if (flaky != nullptr) *flaky = f.get();
+  entries.insert(entries.begin(), std::move(f));
+  return TransportRegistry(std::move(entries));
+}
+
+// The peer-link tests run gRPC (Session calls): left out under ThreadSanitizer.
+TEST_CASE("peer links: two daemons of one process link over loopback", "[registry][grpc]") {
+  TwoDaemons pair({"loopback"});
+  pair.start(makeDaemonTransports({}), makeDaemonTransports({}));
+  CHECK(waitFor([&] { return TwoDaemons::up(pair.a) && TwoDaemons::up(pair.b); }));
+  CHECK(pair.a.links->listenPort("tcp") == 0);  // tcp is not configured: no data port
+}
+
+TEST_CASE("peer links: a failed transport is passed over, and the link moves back to it at its deadline",
+          "[registry][grpc]") {
+  TwoDaemons pair({"flaky", "loopback"});
+  pair.a.config.rdma_retry_ms = 300;
+  FlakyTransport* flaky = nullptr;
+  pair.start(withFlaky(&flaky), withFlaky(nullptr));
+  // B takes flaky (A prefers it), A's dial fails: the next dial offers loopback alone.
+  REQUIRE(waitFor([&] { return flaky->dials.load() >= 1; }));
+  bool up_between = false;
+  CHECK(waitFor([&] {
+    if (flaky->dials.load() == 1 && TwoDaemons::up(pair.a)) up_between = true;
+    return flaky->dials.load() >= 2;
+  }));
+  // The loopback link came up in between, and was ended to try flaky again.
+  CHECK(up_between);
+  CHECK(waitFor([&] { return TwoDaemons::up(pair.a); }));
 }
 
 }  // namespace framelink
