@@ -147,7 +147,8 @@ constexpr int kRdmaHandshakeFactor = 3;
 
 class RdmaPeerTransport final : public PeerTransport {
  public:
-  explicit RdmaPeerTransport(RdmaSupport support) : support_(std::move(support)) {}
+  explicit RdmaPeerTransport(RdmaSupport support)
+      : device_(std::move(support.device)), unavailable_(std::move(support.unavailable)) {}
 
   static constexpr std::string_view kName = "rdma";
   std::string_view name() const noexcept override { return kName; }
@@ -155,7 +156,7 @@ class RdmaPeerTransport final : public PeerTransport {
     if (port() != 0) return true;
     if (why != nullptr) {
       MutexLock lock(mutex_);
-      *why = support_.unavailable.empty() ? "this daemon has no usable RDMA device" : support_.unavailable;
+      *why = unavailable_.empty() ? "this daemon has no usable RDMA device" : unavailable_;
     }
     return false;
   }
@@ -188,13 +189,13 @@ class RdmaPeerTransport final : public PeerTransport {
 
   Status listen(const ListenContext& ctx) override {
 #ifdef FRAMELINK_HAVE_RDMA
-    if (!support_.device) return {};
+    if (!device_) return {};
     const Config& config = ctx.config;
     auto host_port = transport::tcp::parseHostPort(config.listen);
     std::string host = host_port ? host_port->first : std::string("0.0.0.0");
     AcceptHooks hooks = ctx.hooks;
     auto listener = transport::rdma::RdmaListener::listen(
-        support_.device, host, static_cast<uint16_t>(config.rdma_port), hooks.expected,
+        device_, host, static_cast<uint16_t>(config.rdma_port), hooks.expected,
         [hooks](uint64_t session_id, std::unique_ptr<transport::Transport> t) {
           hooks.accepted(session_id, std::shared_ptr<transport::Transport>(std::move(t)));
         },
@@ -207,14 +208,12 @@ class RdmaPeerTransport final : public PeerTransport {
                                               &ctx.metrics.counters.auth_failures});
     MutexLock lock(mutex_);
     if (!listener) {
-      support_.unavailable =
-          "cannot listen for rdma connections on " + host + ": " + listener.error().message;
-      spdlog::warn("rdma is not usable: {}; links use the next transport of {}", support_.unavailable,
+      unavailable_ = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
+      spdlog::warn("rdma is not usable: {}; links use the next transport of {}", unavailable_,
                    joinedNames(config.transports));
       return {};
     }
-    spdlog::info("rdma: listening on {}:{} (device {})", host, listener.value()->port(),
-                 support_.device->name());
+    spdlog::info("rdma: listening on {}:{} (device {})", host, listener.value()->port(), device_->name());
     listener_ = std::move(listener.value());
 #else
     (void)ctx;
@@ -224,12 +223,11 @@ class RdmaPeerTransport final : public PeerTransport {
 
   Made dial(const DialContext& ctx) override {
 #ifdef FRAMELINK_HAVE_RDMA
-    if (!support_.device || ctx.ack.rdma_port() == 0) {
+    if (!device_ || ctx.ack.rdma_port() == 0) {
       return makeError(FL_ERR_TRANSPORT, "the peer chose rdma but announced no rdma port");
     }
-    return shared(transport::rdma::dialRdma(support_.device, ctx.host,
-                                            static_cast<uint16_t>(ctx.ack.rdma_port()), ctx.session_id,
-                                            handshakeTimeout(ctx.config), {}, ctx.stop_fd));
+    return shared(transport::rdma::dialRdma(device_, ctx.host, static_cast<uint16_t>(ctx.ack.rdma_port()),
+                                            ctx.session_id, handshakeTimeout(ctx.config), {}, ctx.stop_fd));
 #else
     (void)ctx;
     return makeError(FL_ERR_TRANSPORT, "this framelinkd was built without rdma");
@@ -237,8 +235,9 @@ class RdmaPeerTransport final : public PeerTransport {
   }
 
  private:
+  const std::shared_ptr<transport::rdma::RdmaDevice> device_;  // null: none
   mutable Mutex mutex_;
-  RdmaSupport support_ FL_GUARDED_BY(mutex_);  // `unavailable` grows a reason when listening fails
+  std::string unavailable_ FL_GUARDED_BY(mutex_);  // why not; gets a reason when listening fails
 #ifdef FRAMELINK_HAVE_RDMA
   std::unique_ptr<transport::rdma::RdmaListener> listener_ FL_GUARDED_BY(mutex_);
 #endif
