@@ -43,7 +43,7 @@ struct AcceptHooks {
 struct ListenContext {
   const Config& config;
   Metrics& metrics;
-  uint64_t instance;  // this daemon's
+  uint64_t instance = 0;  // this daemon's
   AcceptHooks hooks;
 };
 
@@ -53,9 +53,9 @@ struct DialContext {
   const std::string& peer;  // its configured name, for messages
   const std::string& host;  // the address the Session went to
   const v1::HelloAck& ack;  // the listener's answer: its ports and instance
-  uint64_t session_id;
+  uint64_t session_id = 0;
   std::shared_ptr<::grpc::Channel> channel;  // the Session's channel
-  int stop_fd;                               // readable once the daemon stops: a dial in progress gives up
+  int stop_fd = -1;                          // readable once the daemon stops: a dial in progress gives up
 };
 
 using DataCall = ::grpc::ServerReaderWriter<v1::DataMessage, v1::DataMessage>;
