@@ -299,6 +299,7 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   }
   std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
   auto [chosen, reason] = transports_.choose(offered, config_.transports, config_.id, hello.instance());
+  reason.resize(std::min<size_t>(reason.size(), 512));  // a peer may offer many names
   if (chosen == nullptr) {
     log_protocol_.warn("peer {} at {}: no common transport (it offers {}, this daemon allows {}{}{})",
                        hello.daemon_id(), from, joinedNames(offered), joinedNames(config_.transports),
