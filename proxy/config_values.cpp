@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "framelink/shm_layout.h"
+#include "transport_names.h"
 
 namespace framelink {
 
@@ -168,7 +169,7 @@ Status checkStreamName(const std::string& name, const std::string& label, bool a
 }
 
 const std::vector<std::string_view>& knownTransports() {
-  static const std::vector<std::string_view> kTransports{"tcp", "grpc", "rdma"};
+  static const std::vector<std::string_view> kTransports(kTransportNames.begin(), kTransportNames.end());
   return kTransports;
 }
 

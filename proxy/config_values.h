@@ -47,7 +47,7 @@ Status checkHostPort(const std::string& value, const std::string& label, bool al
 // with allow_star, "*".
 Status checkStreamName(const std::string& name, const std::string& label, bool allow_star);
 
-// The data transports framelinkd knows, in no particular order.
+// The data transports framelinkd registers (kTransportNames), in registry order.
 const std::vector<std::string_view>& knownTransports();
 // A preference list: known transports, none twice, at least one.
 Status checkTransports(const std::vector<std::string>& transports, const std::string& label);

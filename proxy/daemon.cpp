@@ -95,8 +95,8 @@ class DaemonImpl final : public Daemon {
   }
 
   uint16_t grpcPort() const noexcept override { return links_ ? links_->grpcPort() : 0; }
-  uint16_t dataPort() const noexcept override { return links_ ? links_->dataPort() : 0; }
-  uint16_t rdmaPort() const noexcept { return links_ ? links_->rdmaPort() : 0; }
+  uint16_t dataPort() const noexcept override { return links_ ? links_->listenPort("tcp") : 0; }
+  uint16_t rdmaPort() const noexcept { return links_ ? links_->listenPort("rdma") : 0; }
   uint16_t metricsPort() const noexcept override { return metrics_.port(); }
   const Config& config() const noexcept override { return config_; }
 

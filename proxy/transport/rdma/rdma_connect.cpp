@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "transport/handshake_table.h"
 #include "transport/rdma/rdma_addr.h"
 #include "transport/rdma/rdma_wire.h"
 
@@ -299,50 +300,24 @@ struct RdmaListener::Pending {
 };
 
 void RdmaListener::loop() noexcept {
-  std::vector<Pending> pending;
-  std::vector<pollfd> fds;
+  HandshakeTable<Pending> table;
   for (;;) {
-    const auto now = Clock::now();
     // Deadlines first: a handshake that stalls half-way is dropped here.
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (now < it->deadline) {
-        ++it;
-        continue;
-      }
+    table.expire(Clock::now(), [this](const Pending& p) {
       if (counters_.timed_out != nullptr) counters_.timed_out->fetch_add(1, std::memory_order_relaxed);
       log_failed_.warn(
           "rdma listener on port {}: {} (session {:#x}) did not complete the connection within {} ms", port_,
-          it->peer, it->session_id, handshake_timeout_.count());
-      it = pending.erase(it);
-    }
-    fds.clear();
-    fds.push_back({wake_fd_.get(), POLLIN, 0});
-    fds.push_back({listen_id_.channel()->fd, POLLIN, 0});
-    auto next = Clock::time_point::max();
-    for (const auto& p : pending) {
-      fds.push_back({p.transport->cmChannel()->fd, POLLIN, 0});
-      next = std::min(next, p.deadline);
-    }
-    int timeout_ms = -1;
-    if (next != Clock::time_point::max()) {
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1;
-      timeout_ms = static_cast<int>(std::clamp<long long>(ms, 1, 60'000));
-    }
-    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
-      if (errno == EINTR) continue;
+          p.peer, p.session_id, handshake_timeout_.count());
+    });
+    auto waited = table.wait(wake_fd_.get(), listen_id_.channel()->fd, Clock::time_point::max(),
+                             [](const Pending& p) { return p.transport->cmChannel()->fd; });
+    if (waited == HandshakeWait::kFailed) {
       spdlog::error("rdma listener on port {}: poll failed: {}", port_, std::strerror(errno));
       return;
     }
-    if (fds[0].revents != 0) return;
-    // Handshakes that made progress (indices into `pending` match fds[2..]).
-    std::vector<bool> done(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (fds[i + 2].revents != 0) done[i] = advance(pending[i]);
-    }
-    for (size_t i = pending.size(); i-- > 0;) {
-      if (done[i]) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    if (fds[1].revents != 0 && !drainListenChannel(pending)) return;
+    if (waited == HandshakeWait::kWoken) return;
+    table.advanceReady([this](Pending& p) { return advance(p); });
+    if (table.listenReady() && !drainListenChannel(table.pending())) return;
   }
 }
 

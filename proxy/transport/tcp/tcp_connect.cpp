@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "framelink/framelink.h"
+#include "transport/handshake_table.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace framelink::transport::tcp {
@@ -275,49 +276,29 @@ struct TcpDataListener::Pending {
 };
 
 void TcpDataListener::acceptLoop() noexcept {
-  std::vector<Pending> pending;
+  HandshakeTable<Pending> table;
   Clock::time_point accept_resume{};  // accept paused until then (out of descriptors)
-  std::vector<pollfd> fds;
   for (;;) {
     const auto now = Clock::now();
     // Deadlines first: a handshake that stalls half-way is dropped here.
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (now < it->deadline) {
-        ++it;
-        continue;
-      }
+    table.expire(now, [this](const Pending& p) {
       if (counters_.timed_out != nullptr) counters_.timed_out->fetch_add(1, std::memory_order_relaxed);
       log_drop_.warn(
-          "tcp data listener: connection from {} dropped: no handshake within {} ms ({} of {} bytes)",
-          it->peer, handshake_timeout_.count(), it->got, sizeof(TcpHello));
-      it = pending.erase(it);
-    }
-    const bool accepting = now >= accept_resume && pending.size() < kMaxPendingHandshakes;
-    fds.clear();
-    fds.push_back({wake_fd_.get(), POLLIN, 0});
-    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
-    auto next =
+          "tcp data listener: connection from {} dropped: no handshake within {} ms ({} of {} bytes)", p.peer,
+          handshake_timeout_.count(), p.got, sizeof(TcpHello));
+    });
+    const bool accepting = now >= accept_resume && table.size() < kMaxPendingHandshakes;
+    auto until =
         accepting ? Clock::time_point::max() : std::max(accept_resume, now + std::chrono::milliseconds(10));
-    for (const auto& p : pending) {
-      fds.push_back({p.fd.get(), POLLIN, 0});
-      next = std::min(next, p.deadline);
-    }
-    int timeout_ms = next == Clock::time_point::max() ? -1 : std::max(1, remainingMs(next));
-    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
-      if (errno == EINTR) continue;
+    auto waited = table.wait(wake_fd_.get(), accepting ? listen_fd_.get() : -1, until,
+                             [](const Pending& p) { return p.fd.get(); });
+    if (waited == HandshakeWait::kFailed) {
       spdlog::error("tcp data listener: poll: {}", errnoText());
       return;
     }
-    if (fds[0].revents & POLLIN) return;
-    // Handshakes that made progress (indices into `pending` match fds[2..]).
-    std::vector<bool> done(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (fds[i + 2].revents != 0) done[i] = advance(pending[i]);
-    }
-    for (size_t i = pending.size(); i-- > 0;) {
-      if (done[i]) pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    if (accepting && (fds[1].revents & POLLIN) && !acceptSome(pending)) {
+    if (waited == HandshakeWait::kWoken) return;
+    table.advanceReady([this](Pending& p) { return advance(p); });
+    if (accepting && table.listenReady() && !acceptSome(table.pending())) {
       accept_resume = Clock::now() + std::chrono::milliseconds(100);  // no spinning on a readable listener
     }
   }
