@@ -27,6 +27,7 @@
 #define FLX_ATTACH_TIMEOUT_MS \
   10000               /* default: connect, then the reply (the daemon may be locking a large segment) */
 #define FLX_MAX_FDS 8 /* room for more than we expect, so extras are seen and closed */
+#define FLX_REATTACH_INTERVAL_MS 200 /* default least time between two automatic reattach attempts */
 /* Completions held locally at most, when an application never polls them. */
 #define FLX_MIN_QUEUE 4096u
 
@@ -132,7 +133,7 @@ static int flx_validate_header(const fl_segment_header* g, uint32_t role, const 
   return FL_OK;
 }
 
-static int64_t flx_mono_ms(void) {
+int64_t flx_mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -318,6 +319,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   fl_client* c = (fl_client*)calloc(1, sizeof(*c));
   if (!c) return NULL;
   c->sock = c->control_fd = c->data_fd = c->submit_efd = c->completion_efd = c->kick_efd = -1;
+  c->epoll_fd = c->retry_tfd = -1;
   uint32_t qcap = FLX_MIN_QUEUE;
   while (qcap < ring_cap * 4u && qcap < (1u << 24)) qcap <<= 1;
   c->queue_cap = qcap;
@@ -330,8 +332,13 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   /* Followers' deadlines are CLOCK_MONOTONIC, like the poller's. */
   cv_ok =
       cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
-  if (!c->slot_state || !c->slot_want_crc || !c->free_list || !c->queue || !cv_ok ||
-      pthread_mutex_init(&c->mu, NULL) != 0) {
+  int mu_ok = 0, rmu_ok = 0;
+  if (c->slot_state && c->slot_want_crc && c->free_list && c->queue && cv_ok) {
+    mu_ok = pthread_mutex_init(&c->mu, NULL) == 0;
+    rmu_ok = mu_ok && pthread_mutex_init(&c->reattach_mu, NULL) == 0;
+  }
+  if (!rmu_ok) {
+    if (mu_ok) pthread_mutex_destroy(&c->mu);
     if (cv_ok) pthread_cond_destroy(&c->cv);
     free(c->slot_state);
     free(c->slot_want_crc);
@@ -343,9 +350,18 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   return c;
 }
 
-/* Connects to `path`, sends `req` and maps what the daemon hands out. */
-static int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms,
-                         fl_client** out) {
+void flx_free_shell(fl_client* c) {
+  pthread_mutex_destroy(&c->reattach_mu);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c->slot_state);
+  free(c->slot_want_crc);
+  free(c->free_list);
+  free(c->queue);
+  free(c);
+}
+
+int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms, fl_client** out) {
   if (timeout_ms == 0) timeout_ms = FLX_ATTACH_TIMEOUT_MS;
   const int64_t deadline_ms = flx_mono_ms() + timeout_ms;
   int sock = -1;
@@ -447,15 +463,7 @@ static int flx_attach_at(const char* path, const fl_attach_request* req, uint32_
   return FL_OK;
 
 fail:
-  if (c) {
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
-    free(c->slot_state);
-    free(c->slot_want_crc);
-    free(c->free_list);
-    free(c->queue);
-    free(c);
-  }
+  if (c) flx_free_shell(c);
   if (data) munmap(data, data_len);
   if (control) munmap(control, control_len);
   flx_close_fds(fds, FL_ATTACH_FD_COUNT);
@@ -467,10 +475,13 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
   *out = NULL;
   if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
-  if (options->struct_size < sizeof(fl_client_options))
+  /* Older applications pass the smaller struct of their header: the fields
+   * they do not know keep their defaults. */
+  if (options->struct_size < FL_CLIENT_OPTIONS_SIZE_V1)
     return flx_error(FL_EINVAL,
                      "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
                      options->struct_size);
+  const int has_v2 = options->struct_size >= sizeof(fl_client_options);
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
@@ -504,102 +515,16 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   if (rc != FL_OK) return rc;
   c->request = req;
   c->attach_timeout_ms = options->attach_timeout_ms;
+  c->auto_reattach = has_v2 && options->auto_reattach;
+  c->reattach_interval_ms =
+      has_v2 && options->reattach_interval_ms ? options->reattach_interval_ms : FLX_REATTACH_INTERVAL_MS;
   snprintf(c->socket_path, sizeof(c->socket_path), "%s", path);
+  rc = flx_watch_init(c);
+  if (rc != FL_OK) {
+    fl_detach(c);
+    return rc;
+  }
   *out = c;
-  return FL_OK;
-}
-
-/*
- * A segment of an earlier attachment: replaced in place by private anonymous
- * memory, so that the daemon's memfd (maybe hugepages) is freed while a
- * pointer the application kept into it stays harmless until fl_detach.
- */
-static void flx_retire_locked(fl_client* c, uint8_t* addr, size_t len) {
-  if (!addr) return;
-  struct flx_region* grown =
-      (struct flx_region*)realloc(c->retired, (c->retired_count + 1) * sizeof(struct flx_region));
-  void* p = grown ? mmap(addr, len, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
-                  : MAP_FAILED;
-  if (grown) c->retired = grown;
-  if (p == MAP_FAILED) {
-    munmap(addr, len);
-    return;
-  }
-  c->retired[c->retired_count++] = (struct flx_region){addr, len};
-}
-
-/* The new attachment's fd takes the number of the old one (closing the old
- * file), so that nobody holding the number is left with a closed fd. */
-static void flx_adopt_fd(int* old_fd, int new_fd) {
-  if (*old_fd >= 0 && dup3(new_fd, *old_fd, O_CLOEXEC) >= 0) {
-    close(new_fd);
-    return;
-  }
-  if (*old_fd >= 0) close(*old_fd);
-  *old_fd = new_fd;
-}
-
-FL_API int fl_reattach(fl_client* c) {
-  if (!c) return flx_error(FL_EINVAL, "fl_reattach: client is NULL");
-  pthread_mutex_lock(&c->mu);
-  int stale = flx_gone_locked(c) || c->corrupt;
-  pthread_mutex_unlock(&c->mu);
-  if (!stale && !flx_socket_hung_up(c)) return FL_OK; /* still served: nothing to do */
-
-  fl_client* n = NULL;
-  int rc = flx_attach_at(c->socket_path, &c->request, c->attach_timeout_ms, &n);
-  if (rc != FL_OK) return rc;
-
-  pthread_mutex_lock(&c->mu);
-  if (c->role == FL_PRODUCER) {
-    /* Outcomes the old daemon wrote before it went are still in its ring;
-     * whatever is in flight after that ends as unknown. */
-    if (!c->corrupt) (void)flx_drain_completions_locked(c, 1);
-    flx_fail_orphans_locked(c, FL_ERR_DAEMON_GONE);
-  }
-  flx_adopt_fd(&c->sock, n->sock);
-  flx_adopt_fd(&c->control_fd, n->control_fd);
-  flx_adopt_fd(&c->data_fd, n->data_fd);
-  flx_adopt_fd(&c->submit_efd, n->submit_efd);
-  flx_adopt_fd(&c->completion_efd, n->completion_efd);
-  flx_retire_locked(c, c->data, c->data_len);
-  flx_retire_locked(c, c->control, c->control_len);
-  c->control = n->control;
-  c->control_len = n->control_len;
-  c->data = n->data;
-  c->data_len = n->data_len;
-  c->geo = n->geo;
-  c->live_hdr = n->live_hdr;
-  c->submit = n->submit;
-  c->completion = n->completion;
-  c->ring_cap = n->ring_cap;
-  c->slot_count = n->slot_count;
-  c->slot_size = n->slot_size;
-  c->slot_stride = n->slot_stride;
-  c->slot_headers = n->slot_headers;
-  c->slot_header_stride = n->slot_header_stride;
-  c->slots = n->slots;
-  free(c->slot_state);
-  free(c->slot_want_crc);
-  free(c->free_list);
-  c->slot_state = n->slot_state;
-  c->slot_want_crc = n->slot_want_crc;
-  c->free_list = n->free_list;
-  c->free_count = n->free_count;
-  __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
-  c->armed = 0; /* the new doorbell is rung once a call finds nothing again */
-  c->corrupt = 0;
-  __atomic_store_n(&c->generation, c->generation + 1, __ATOMIC_RELAXED);
-  __atomic_store_n(&c->gone, 0, __ATOMIC_RELEASE);
-  flx_notify_locked(c); /* waiters look again, at the new attachment */
-  pthread_mutex_unlock(&c->mu);
-
-  /* The new attachment's parts now belong to c; n keeps only its shell. */
-  pthread_mutex_destroy(&n->mu);
-  pthread_cond_destroy(&n->cv);
-  free(n->queue);
-  free(n);
   return FL_OK;
 }
 
@@ -609,15 +534,10 @@ FL_API void fl_detach(fl_client* c) {
   if (c->control) munmap(c->control, c->control_len);
   for (uint32_t i = 0; i < c->retired_count; ++i) munmap(c->retired[i].addr, c->retired[i].len);
   free(c->retired);
-  int fds[6] = {c->control_fd, c->data_fd, c->submit_efd, c->completion_efd, c->sock, c->kick_efd};
-  flx_close_fds(fds, 6);
-  pthread_mutex_destroy(&c->mu);
-  pthread_cond_destroy(&c->cv);
-  free(c->slot_state);
-  free(c->slot_want_crc);
-  free(c->free_list);
-  free(c->queue);
-  free(c);
+  int fds[8] = {c->epoll_fd,   c->retry_tfd,      c->control_fd, c->data_fd,
+                c->submit_efd, c->completion_efd, c->sock,       c->kick_efd};
+  flx_close_fds(fds, 8);
+  flx_free_shell(c);
 }
 
 FL_API int fl_client_get_info(const fl_client* c, fl_client_info* out) {
@@ -643,18 +563,12 @@ FL_API int fl_check_daemon(fl_client* c) {
   return FL_OK;
 }
 
-/*
- * The completion doorbell, for event loops (epoll, libuv, asyncio, .NET).
- * It is only rung once the library has been told the application may wait:
- * call fl_poll_completions / fl_receive(..., 0) until it reports nothing
- * (count 0 / FL_EAGAIN) -- that call arms the doorbell -- and only then wait
- * for POLLIN.  Spurious readiness is possible; just poll again.  The library
- * clears the fd itself.
- */
+/* See framelink.h: an epoll fd over the doorbell and the attach socket
+ * (reattach.c keeps its set current). */
 FL_API int fl_doorbell_fd(const fl_client* c) {
   if (!c) {
     flx_error(FL_EINVAL, "fl_doorbell_fd: client is NULL");
     return -1;
   }
-  return c->completion_efd;
+  return c->epoll_fd;
 }

@@ -45,6 +45,8 @@ struct fl_client {
   int submit_efd;     /* our end of the submit doorbell: we write it to wake the daemon */
   int completion_efd; /* our end of the completion doorbell: the daemon rings it (O_NONBLOCK) */
   int kick_efd;       /* our own eventfd, made by the first poller: wakes it (guarded by mu) */
+  int epoll_fd;  /* fl_doorbell_fd: completion doorbell + attach socket (+ retry_tfd); lives as long as c */
+  int retry_tfd; /* auto_reattach: timerfd in epoll_fd, due when the next attempt is */
   uint8_t* control;
   size_t control_len;
   uint8_t* data;
@@ -88,19 +90,27 @@ struct fl_client {
    * changes.  reader_sleeping must be set while a poller sleeps or while an
    * asynchronous user found nothing and may now wait on fl_doorbell_fd
    * (armed). */
-  pthread_cond_t cv;  /* CLOCK_MONOTONIC */
-  int poller_active;  /* [mu] */
-  uint32_t followers; /* [mu] */
-  int armed;          /* [mu] */
+  pthread_cond_t cv;         /* CLOCK_MONOTONIC */
+  int poller_active;         /* [mu] */
+  uint32_t followers;        /* [mu] */
+  int armed;                 /* [mu] */
+  int64_t socket_checked_ns; /* [mu] last look at the attach socket by an empty non-blocking call */
 
   int gone;    /* atomic: the daemon dropped this attachment (latched) */
   int corrupt; /* [mu] the daemon wrote impossible ring/slot contents (latched) */
 
   /* For fl_reattach: what fl_attach asked for, and where. */
   fl_attach_request request;
-  char socket_path[108];      /* sizeof(sockaddr_un.sun_path) */
-  uint32_t attach_timeout_ms; /* from the options, for fl_reattach */
-  uint32_t generation;        /* [mu] reattachments so far */
+  char socket_path[108];         /* sizeof(sockaddr_un.sun_path) */
+  uint32_t attach_timeout_ms;    /* from the options, for fl_reattach */
+  int auto_reattach;             /* from the options */
+  uint32_t reattach_interval_ms; /* from the options (0 replaced by the default) */
+  pthread_mutex_t reattach_mu;   /* one reattach at a time; taken before mu, never while holding it */
+  int reattaching;               /* [mu] a call is inside an automatic reattach */
+  int socket_watched;            /* [mu] the attach socket is in epoll_fd (not while parked) */
+  int64_t next_reattach_ms;      /* [mu] CLOCK_MONOTONIC: no automatic attempt before */
+  char reattach_error[256];      /* [mu] why the last automatic attempt failed */
+  uint32_t generation;           /* [mu] reattachments so far */
   /* Segments of earlier attachments, replaced by anonymous memory so that a
    * stale pointer into them cannot fault; unmapped by fl_detach. [mu] */
   struct flx_region {
@@ -141,7 +151,25 @@ void flx_ring_submit_doorbell(fl_client* client);
 int flx_gone_error(void);
 /* Non-blocking check of the attach socket (takes mu): 1 when the daemon hung up. */
 int flx_socket_hung_up(fl_client* client);
+/* The same with mu held. */
+int flx_socket_hung_up_locked(fl_client* client);
 int flx_role_error(const char* function, const char* role);
+
+/* attach.c: connects to `path`, sends `req` and maps what the daemon hands
+ * out, into a new client (no epoll fd: fl_attach adds it, fl_reattach keeps
+ * its own). */
+int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms, fl_client** out);
+/* attach.c: frees a client that flx_attach_at made and nobody adopted. */
+void flx_free_shell(fl_client* client);
+int64_t flx_mono_ms(void);
+
+/* reattach.c: builds epoll_fd (and retry_tfd) for a new client. */
+int flx_watch_init(fl_client* client);
+/* reattach.c, for a call that found the daemon gone, with auto_reattach, mu
+ * held (dropped while it connects): FL_OK when the client is attached again
+ * (try again), FL_EAGAIN when not now: the daemon is not back, or the next
+ * attempt is not due (*retry_ms: when it is, CLOCK_MONOTONIC). */
+int flx_auto_reattach_locked(fl_client* client, int64_t* retry_ms);
 
 /* producer.c: drain the completion ring into the local queue (mu held).
  * It stops at a full queue the application reads (see completions_wanted)

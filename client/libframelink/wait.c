@@ -4,9 +4,12 @@
  * Sleep protocol (shm_layout.h): set reader_sleeping, re-check the ring, and
  * only then block on the completion doorbell (our end of a datagram socket
  * pair).  The daemon rings it only while the flag is set, so neither side
- * makes a system call while frames flow.  The attach socket is in the same poll set: when the daemon
- * dies it hangs up, and a waiter returns FL_ERR_DAEMON_GONE instead of
- * sleeping forever.
+ * makes a system call while frames flow.  The attach socket is in the same
+ * poll set: when the daemon dies it hangs up, and a waiter returns
+ * FL_ERR_DAEMON_GONE instead of sleeping forever -- or, with auto_reattach,
+ * attaches again (reattach.c) and carries on, sleeping between attempts.
+ * (Applications with their own event loop wait on fl_doorbell_fd, an epoll
+ * set of the same two fds; the blocking calls poll the fds themselves.)
  *
  * Several threads may wait at once, possibly for different things (a free
  * slot, a completion).  They must not share the doorbell: one thread's read()
@@ -142,6 +145,21 @@ int flx_socket_hung_up(fl_client* c) {
   return __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
 }
 
+int flx_socket_hung_up_locked(fl_client* c) {
+  struct pollfd p = {.fd = c->sock, .events = POLLRDHUP};
+  if (poll(&p, 1, 0) > 0) flx_note_socket_locked(c, p.revents);
+  return __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+}
+
+/* The error of a call that, with auto_reattach, found the daemon gone and
+ * could not attach again yet. */
+static int flx_awaiting_daemon_error(fl_client* c, int status, const char* head) {
+  return flx_error(status,
+                   "%s: framelinkd is gone and not back yet; auto_reattach tries again every %u ms (last "
+                   "attempt: %s)",
+                   head, c->reattach_interval_ms, c->reattach_error[0] ? c->reattach_error : "none yet");
+}
+
 /* The error of a wait that ended empty-handed; says so when the cause is
  * completions the application has not read (flx_queue_backlogged_locked). */
 static int flx_backlogged_error(fl_client* c, int status, const char* head) {
@@ -158,15 +176,54 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
   pthread_mutex_lock(&c->mu);
   for (;;) {
     rc = try_fn(c, arg);
-    if (rc != FL_EAGAIN) break;
-    if (flx_gone_locked(c)) {
+    const int gone = rc == FL_EAGAIN || rc == FL_ERR_DAEMON_GONE ? flx_gone_locked(c) : 0;
+    if (rc != FL_EAGAIN && !(gone && c->auto_reattach)) break;
+    if (gone && !c->auto_reattach) {
       rc = flx_gone_error();
       break;
     }
+    if (gone) {
+      int64_t retry_ms = 0;
+      if (flx_auto_reattach_locked(c, &retry_ms) == FL_OK) continue; /* attached again: try there */
+      char head[256];
+      if (timeout_ms == 0) {
+        snprintf(head, sizeof(head), "no %s available now (non-blocking call)", what);
+        rc = flx_awaiting_daemon_error(c, FL_EAGAIN, head);
+        break;
+      }
+      int64_t wake_ns = retry_ms * 1000000;
+      if (timeout_ms > 0 && deadline <= wake_ns) {
+        if (deadline <= flx_now_ns()) {
+          snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", timeout_ms, what);
+          rc = flx_awaiting_daemon_error(c, FL_ETIMEDOUT, head);
+          break;
+        }
+        wake_ns = deadline;
+      }
+      /* Until the next attempt is due (or another thread's attempt ended). */
+      c->followers++;
+      struct timespec ts = {.tv_sec = (time_t)(wake_ns / 1000000000),
+                            .tv_nsec = (long)(wake_ns % 1000000000)};
+      pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+      c->followers--;
+      continue;
+    }
     if (timeout_ms == 0) {
+      const int was_armed = c->armed;
       if (flx_arm_locked(c)) {
         rc = try_fn(c, arg);
         if (rc != FL_EAGAIN) break;
+      }
+      /* Nothing again, after the caller may have waited on fl_doorbell_fd,
+       * which a dead daemon's socket keeps readable: was that why it woke?
+       * At most once a millisecond, so that spinning on an empty ring makes
+       * no system call per call. */
+      if (was_armed) {
+        const int64_t now = flx_now_ns();
+        if (now - c->socket_checked_ns >= 1000000) {
+          c->socket_checked_ns = now;
+          if (flx_socket_hung_up_locked(c)) continue;
+        }
       }
       char head[256];
       snprintf(head, sizeof(head), "no %s available now (non-blocking call)", what);

@@ -105,7 +105,29 @@ typedef struct fl_client_options {
   uint32_t
       attach_timeout_ms; /* 0: 10000; bounds the connect and the daemon's reply (fl_attach, fl_reattach) */
   uint64_t slot_size;    /* 0: 4 MiB */
+  /* Read only when struct_size covers them: an application built against the
+   * header before them (FL_CLIENT_OPTIONS_SIZE_V1) gets their defaults. */
+  /*
+   * Nonzero: a call that waits for work (fl_acquire, fl_poll_completions,
+   * fl_wait_completions, fl_receive) and finds the daemon gone calls
+   * fl_reattach itself, at most once every reattach_interval_ms (an attempt
+   * may take up to attach_timeout_ms), and carries on with the new attachment
+   * when it succeeds: a producer's frames that were in flight complete with
+   * FL_ERR_DAEMON_GONE, as fl_reattach says.  Until the daemon is back these
+   * calls find nothing instead of failing -- FL_EAGAIN (fl_poll_completions:
+   * count 0) when non-blocking, FL_ETIMEDOUT at their timeout, the message
+   * saying that the daemon is gone -- and fl_doorbell_fd turns readable when
+   * the next attempt is due.  fl_submit and fl_release while the daemon is
+   * gone, and fl_check_daemon, still report FL_ERR_DAEMON_GONE.  Slots and
+   * frames of an earlier attachment are void after a reattach:
+   * fl_client_get_info's generation says which attachment is current.
+   */
+  uint32_t auto_reattach;
+  uint32_t reattach_interval_ms; /* 0: 200; the least time between two automatic attempts */
 } fl_client_options;
+
+/* struct_size of an fl_client_options from before auto_reattach (still accepted). */
+#define FL_CLIENT_OPTIONS_SIZE_V1 48u
 
 typedef struct fl_client_info {
   uint64_t client_id;
@@ -188,12 +210,28 @@ FL_API int fl_check_daemon(fl_client* client);
  *     reads as zeros and takes writes harmlessly until fl_detach;
  *   - slot_count / slot_size may differ (the new daemon's limits): see
  *     fl_client_get_info, whose generation has grown by one;
- *   - the doorbell fd keeps its number, but is a new file: an epoll (or
- *     event loop) registration of it must be made again.
- * Call it when no other thread is inside a call on the same client.
+ *   - fl_doorbell_fd is the same fd, the same file and watches the new
+ *     attachment: registrations of it in an event loop stay valid.
+ * Other threads may be inside calls on the same client meanwhile (they carry
+ * on with the new attachment); slots and frames they hold become void.
+ * With auto_reattach (fl_client_options) the waiting calls do this themselves.
  */
 FL_API int fl_reattach(fl_client* client);
-/* Readable (POLLIN) when fl_poll_completions / fl_receive may return something. */
+/*
+ * One fd for an event loop (epoll, poll, libuv, asyncio, .NET): readable
+ * (POLLIN) when fl_acquire / fl_poll_completions / fl_receive may return
+ * something, and also when the daemon that serves the client goes away, so
+ * an application waiting on it never sleeps through the loss of its daemon.
+ * It is an epoll fd holding the completion doorbell and the attach socket
+ * (and, with auto_reattach, a timer for the next attempt): wait on it, never
+ * read it.  Only rung after a call found nothing: call fl_poll_completions /
+ * fl_acquire(..., 0) / fl_receive(..., 0) until it reports nothing (count 0 /
+ * FL_EAGAIN) -- that arms the doorbell -- and only then wait.  Readiness may
+ * be spurious; just call again.  After the daemon went away it stays readable
+ * and the calls report FL_ERR_DAEMON_GONE, until fl_reattach (or, with
+ * auto_reattach, until the next attempt is due).  The same fd for the life of
+ * the client, across fl_reattach; closed by fl_detach.
+ */
 FL_API int fl_doorbell_fd(const fl_client* client);
 
 /* Producer.  timeout_ms: 0 = non-blocking (FL_EAGAIN), < 0 = wait forever. */

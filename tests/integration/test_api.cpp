@@ -1,5 +1,7 @@
 // libframelink's API-level behaviour against real daemons (in-process client,
 // daemons as child processes).
+#include <poll.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -449,4 +451,74 @@ TEST_CASE("api: a consumer reattaches to its restarted daemon", "[integration][a
   CHECK(fl_receive(c, &f, 100) == FL_ETIMEDOUT);  // attached and waiting, not gone
   CHECK(fl_release(c, 0) != FL_OK);               // holds nothing of the new attachment
   CHECK(fl_check_daemon(c) == FL_OK);
+}
+
+TEST_CASE("api: auto_reattach and the doorbell fd carry a producer over a daemon restart",
+          "[integration][api][reattach]") {
+  DaemonPair pair("tcp");
+  Client consumer = attachConsumer(pair.b(), "auto", 4, 64 * 1024);
+  const std::string socket = pair.a().socketPath();
+  fl_client_options o;
+  fl_client_options_init(&o);
+  o.role = FL_PRODUCER;
+  o.stream = "auto";
+  o.socket_path = socket.c_str();
+  o.slot_count = 4;
+  o.slot_size = 64 * 1024;
+  o.auto_reattach = 1;
+  o.reattach_interval_ms = 50;
+  fl_client* raw = nullptr;
+  REQUIRE(fl_attach(&o, &raw) == FL_OK);
+  Client producer(raw);
+  fl_client* p = producer.get();
+  const int fd = fl_doorbell_fd(p);
+  fl_completion comp{};
+  size_t count = 0;
+  REQUIRE(fl_poll_completions(p, &comp, 1, &count) == FL_OK);  // nothing: arms the doorbell
+  REQUIRE(count == 0);
+  pollfd pf{fd, POLLIN, 0};
+  CHECK(poll(&pf, 1, 0) == 0);
+
+  pair.a().kill9();
+  CHECK(poll(&pf, 1, 5000) == 1);  // an event loop on the doorbell wakes for the loss
+  REQUIRE(fl_poll_completions(p, &comp, 1, &count) == FL_OK);
+  CHECK(count == 0);
+  fl_slot s{};
+  {
+    int rc = fl_acquire(p, 300, &s);
+    INFO(statusName(rc) << " '" << fl_last_error() << "'");
+    CHECK(rc == FL_ETIMEDOUT);  // not back yet: nothing, not an error
+    CHECK(std::string(fl_last_error()).find("framelinkd is gone and not back yet") != std::string::npos);
+  }
+
+  pair.a().restart();
+  {
+    int rc = fl_acquire(p, 20000, &s);  // attaches again by itself
+    INFO(statusName(rc) << " '" << fl_last_error() << "'");
+    REQUIRE(rc == FL_OK);
+  }
+  fl_client_info info{};
+  REQUIRE(fl_client_get_info(p, &info) == FL_OK);
+  CHECK(info.generation == 1);
+  CHECK(info.daemon_pid == static_cast<uint64_t>(pair.a().pid()));
+  CHECK(fl_doorbell_fd(p) == fd);
+  REQUIRE(fl_abandon(p, s.index) == FL_OK);
+
+  submitFrame(p, 7, 2000);
+  fl_frame f = receiveFrame(consumer.get(), 20s);
+  checkSyntheticFrame(f, 7, 2000);
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  // The completion wakes the same fd, registered before the restart.
+  bool delivered = false;
+  for (int i = 0; i < 100 && !delivered; ++i) {
+    REQUIRE(fl_poll_completions(p, &comp, 1, &count) == FL_OK);
+    if (count == 1) {
+      CHECK(comp.status == FL_OK);
+      CHECK(comp.frame_id == 7);
+      delivered = true;
+      break;
+    }
+    REQUIRE(poll(&pf, 1, 20000) == 1);
+  }
+  CHECK(delivered);
 }

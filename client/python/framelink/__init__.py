@@ -18,16 +18,14 @@ __version__ = "0.1.0"
 from ._client import (
     ClientInfo,
     Completion,
-    Consumer,
-    Frame,
     FrameLinkError,
     FrameLinkTimeout,
-    Loan,
-    Producer,
     Status,
     crc32c,
     version,
 )
+from ._consumer import Consumer, Frame
+from ._producer import Loan, Producer
 
 __all__ = [
     "__version__",

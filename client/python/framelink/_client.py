@@ -1,4 +1,4 @@
-"""Producer and consumer over libframelink.
+"""What producer and consumer share over libframelink (see _producer.py, _consumer.py).
 
 Frames live in shared memory that the daemon hands out.  A producer loan
 (`Producer.acquire`) and a received frame (`Consumer.receive`) give Python
@@ -17,22 +17,12 @@ import enum
 import gc
 import os
 import time
-import warnings
 import weakref
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Set,
-                    TypeVar, Union)
+from typing import Any, Callable, Dict, Optional, Set, TypeVar, Union
 
 from . import _native
 from ._native import lib
-
-if TYPE_CHECKING:
-    import numpy.typing as npt
-
-try:  # optional: numpy views and the GIL-free copy in write()
-    import numpy as _np
-except ImportError:  # pragma: no cover - numpy is a Debian package here
-    _np = None  # type: ignore[assignment]
 
 _T = TypeVar("_T")
 _Self = TypeVar("_Self", bound="_Client")
@@ -46,9 +36,6 @@ DTypeLike = Any
 # (KeyboardInterrupt) is seen within a slice even if the C wait is not
 # interrupted by the signal itself.
 _WAIT_SLICE_MS = 100
-# How often an asyncio waiter checks that the daemon is still there while
-# the doorbell stays quiet (the doorbell does not ring when the daemon dies).
-_LIVENESS_S = 1.0
 
 
 class Status(enum.IntEnum):
@@ -234,9 +221,11 @@ class _Client:
         client_name: Optional[str] = None,
         auto_reattach: bool = False,
         attach_timeout_ms: int = 0,
+        reattach_interval_ms: int = 0,
     ):
-        """auto_reattach: when the daemon goes away, attach again by itself once it is back (see reattach());
-        until then calls find no slot / no frame instead of raising ERR_DAEMON_GONE.
+        """auto_reattach: when the daemon goes away, attach again by itself once it is back (libframelink's
+        auto_reattach option, tried at most every reattach_interval_ms, 0: 200 ms); until then calls find no
+        slot / no frame instead of raising ERR_DAEMON_GONE.
         attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
@@ -250,6 +239,8 @@ class _Client:
         opts.slot_count = slot_count
         opts.slot_size = slot_size
         opts.attach_timeout_ms = attach_timeout_ms
+        opts.auto_reattach = 1 if auto_reattach else 0
+        opts.reattach_interval_ms = reattach_interval_ms
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:
@@ -257,16 +248,17 @@ class _Client:
         self._h: Optional[ctypes.c_void_p] = handle
         self.stream = stream
         self.auto_reattach = auto_reattach
-        self._read_info()
         self._fd = lib.fl_doorbell_fd(self._h)
         self._waiters: Set["asyncio.Future[None]"] = set()
         self._reader_loop: Optional[asyncio.AbstractEventLoop] = None
 
-    def _read_info(self) -> None:
+    @property
+    def info(self) -> ClientInfo:
+        """The current attachment (a reattach, by reattach() or auto_reattach, changes it)."""
         info = _native.ClientInfo()
-        _check(lib.fl_client_get_info(self._h, ctypes.byref(info)), "fl_client_get_info")
-        self.info = ClientInfo(info.client_id, info.slot_size, info.slot_count, info.role, info.daemon_pid,
-                               bool(info.data_on_hugepages), info.generation)
+        _check(lib.fl_client_get_info(self._handle(), ctypes.byref(info)), "fl_client_get_info")
+        return ClientInfo(info.client_id, info.slot_size, info.slot_count, info.role, info.daemon_pid,
+                          bool(info.data_on_hugepages), info.generation)
 
     @property
     def generation(self) -> int:
@@ -278,36 +270,10 @@ class _Client:
 
         Raises FrameLinkError (ERR_DAEMON_UNREACHABLE ...) while no daemon accepts: call again later.
         Afterwards loans and frames from before are void, a producer's frames that were in flight complete
-        with ERR_DAEMON_GONE, and `info` describes the new attachment.  Call it from one thread while no
-        other thread uses this client.
+        with ERR_DAEMON_GONE, and `info` describes the new attachment.  fileno() stays the same fd, watching
+        the new attachment.
         """
         _check(lib.fl_reattach(self._handle()), f"cannot reattach to the daemon of stream '{self.stream}'")
-        self._after_reattach()
-
-    def _after_reattach(self) -> None:
-        before = self.info.generation
-        self._read_info()
-        if self.info.generation != before and self._reader_loop is not None:
-            # Same fd number, new file: the event loop's registration went with the old one.
-            self._reader_loop.remove_reader(self._fd)
-            self._reader_loop.add_reader(self._fd, self._ring)
-
-    def _auto_reattached(self, rc: int) -> bool:
-        """With auto_reattach, after a call failed with rc: True when attached again (retry the call)."""
-        if not self.auto_reattach or rc != Status.ERR_DAEMON_GONE:
-            return False
-        if lib.fl_reattach(self._handle()) != 0:
-            return False
-        self._after_reattach()
-        return True
-
-    def _awaiting_daemon(self, rc: int, ms: int) -> bool:
-        """With auto_reattach, a DAEMON_GONE not mended yet is "nothing now" (after sleeping ms)."""
-        if not self.auto_reattach or rc != Status.ERR_DAEMON_GONE:
-            return False
-        if ms > 0:
-            time.sleep(min(ms, _WAIT_SLICE_MS) / 1000)
-        return True
 
     @property
     def slot_size(self) -> int:
@@ -324,7 +290,8 @@ class _Client:
         return h
 
     def fileno(self) -> int:
-        """The doorbell fd: readable when a non-blocking call that found nothing may now succeed."""
+        """The doorbell fd (fl_doorbell_fd): readable when a non-blocking call that found nothing may now
+        succeed, and when the daemon goes away; the same fd across reattachments."""
         self._handle()
         return self._fd
 
@@ -364,7 +331,7 @@ class _Client:
                 return None
 
     async def _doorbell(self) -> None:
-        """Wait until the doorbell fd is readable (or a liveness interval passes)."""
+        """Wait until the doorbell fd is readable: work, or the daemon's loss (then the next call says so)."""
         loop = asyncio.get_running_loop()
         fut: "asyncio.Future[None]" = loop.create_future()
         if not self._waiters:
@@ -372,11 +339,7 @@ class _Client:
             self._reader_loop = loop
         self._waiters.add(fut)
         try:
-            done, _ = await asyncio.wait({fut}, timeout=_LIVENESS_S)
-            if not done:
-                rc = lib.fl_check_daemon(self._handle())
-                if rc != 0 and not self._auto_reattached(rc) and not self.auto_reattach:
-                    raise _error(rc, "framelinkd")
+            await fut
         finally:
             self._waiters.discard(fut)
             if not self._waiters and self._reader_loop is not None:
@@ -387,363 +350,6 @@ class _Client:
         for fut in list(self._waiters):
             if not fut.done():
                 fut.set_result(None)
-
-
-class Loan:
-    """A producer slot, held from acquire() until submit() or abandon().
-
-    Write the payload through buffer()/ndarray() (zero copies) or write() (one
-    copy), then submit().  Used as a context manager, a loan that was not
-    submitted is abandoned on exit.
-    """
-
-    def __init__(self, producer: "Producer", slot: _native.Slot):
-        self._producer = producer  # keeps the attachment (and the mapping) alive
-        self._generation = producer.generation
-        self.slot = slot.index
-        self.capacity = slot.capacity
-        self.address = slot.data
-        self._guard = _ViewGuard(slot.data, slot.capacity)
-        self._written = 0
-        self._done = False
-
-    def buffer(self) -> memoryview:
-        """A writable memoryview of the whole slot (capacity bytes), no copy."""
-        self._check_open()
-        return memoryview(self._guard.exporter()).cast("B")
-
-    def ndarray(self, shape: Union[int, Sequence[int], None] = None, dtype: DTypeLike = "uint8") -> npt.NDArray[Any]:
-        """A writable numpy array over the slot, no copy; shape defaults to as many items as fit."""
-        if _np is None:
-            raise RuntimeError("numpy is not installed: apt-get install python3-numpy, or use buffer()")
-        self._check_open()
-        dt = _np.dtype(dtype)
-        if shape is None:
-            return _np.frombuffer(self._guard.exporter(), dtype=dt, count=self.capacity // dt.itemsize)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        count = 1
-        for s in shape:
-            count *= s
-        if count * dt.itemsize > self.capacity:
-            raise ValueError(f"shape {shape} of {dt} needs {count * dt.itemsize} bytes, the slot holds {self.capacity}")
-        return _np.frombuffer(self._guard.exporter(), dtype=dt, count=count).reshape(shape)
-
-    def write(self, data: Buffer, offset: int = 0) -> int:
-        """Copy `data` (any contiguous bytes-like or numpy array) into the slot at `offset`: exactly one copy.
-
-        Returns the end offset, which submit() uses as the length unless told otherwise.
-        """
-        self._check_open()
-        if _np is not None and isinstance(data, _np.ndarray):
-            n = data.nbytes
-            self._check_fits(offset, n)
-            dst = _np.frombuffer(self._guard.exporter(), dtype=data.dtype, count=data.size,
-                                 offset=offset).reshape(data.shape)
-            _np.copyto(dst, data)  # releases the GIL
-            del dst
-        else:
-            src = memoryview(data)
-            if not src.c_contiguous:
-                raise ValueError("write() needs a contiguous buffer; pass a numpy array for strided data")
-            n = src.nbytes
-            self._check_fits(offset, n)
-            if _np is not None:
-                dst = _np.frombuffer(self._guard.exporter(), dtype=_np.uint8, count=n, offset=offset)
-                _np.copyto(dst, _np.frombuffer(src.cast("B"), dtype=_np.uint8))
-                del dst
-            else:
-                memoryview(self._guard.exporter()).cast("B")[offset:offset + n] = src.cast("B")
-            src.release()
-        self._written = max(self._written, offset + n)
-        return offset + n
-
-    def submit(
-        self,
-        length: Optional[int] = None,
-        *,
-        frame_id: int,
-        wafer_id: int = 0,
-        timestamp_ns: Optional[int] = None,
-        attributes: Union[bytes, str, None] = None,
-        crc: bool = False,
-    ) -> None:
-        """Send the first `length` bytes (default: what write() wrote) with this metadata.
-
-        Raises BufferError while a view of the slot is alive; the loan is then still held.
-        """
-        self._check_open()
-        if length is None:
-            if self._written == 0:
-                raise ValueError("submit() needs length= when the payload was written through a view")
-            length = self._written
-        if not 0 <= length <= self.capacity:
-            raise ValueError(f"length {length} is outside the slot (0..{self.capacity} bytes)")
-        attrs = _attrs_bytes(attributes)
-        self._check_current()
-        self._guard.retire("submit the frame")
-        h = self._producer._handle()
-        meta = _native.FrameMeta(frame_id, wafer_id, time.time_ns() if timestamp_ns is None else timestamp_ns,
-                                 _native.META_CRC32C if crc else 0, len(attrs), None)
-        abuf = ctypes.create_string_buffer(attrs, len(attrs)) if attrs else None
-        if abuf is not None:
-            meta.attrs = ctypes.addressof(abuf)
-        _check(lib.fl_set_meta(h, self.slot, ctypes.byref(meta)), f"cannot set the metadata of frame {frame_id}")
-        _check(lib.fl_submit(h, self.slot, length), f"cannot submit frame {frame_id}")
-        self._done = True
-
-    def abandon(self) -> None:
-        """Give the slot back without sending it (BufferError while a view is alive)."""
-        if self._done:
-            return
-        self._guard.retire("abandon the loan")
-        self._done = True
-        h = self._producer._h
-        if h is not None and self._generation == self._producer.generation:
-            _check(lib.fl_abandon(h, self.slot), "fl_abandon")
-
-    @property
-    def submitted_or_abandoned(self) -> bool:
-        return self._done
-
-    def _check_open(self) -> None:
-        if self._done:
-            raise ValueError(f"slot {self.slot} was already submitted or abandoned; acquire a new loan")
-        self._check_current()
-
-    def _check_current(self) -> None:
-        if self._generation != self._producer.generation:
-            raise FrameLinkError(Status.ERR_DAEMON_GONE,
-                                 f"slot {self.slot} belonged to the attachment before the producer reattached to a "
-                                 "restarted daemon; acquire a new loan")
-
-    def _check_fits(self, offset: int, n: int) -> None:
-        if offset < 0 or offset + n > self.capacity:
-            raise ValueError(f"{n} bytes at offset {offset} do not fit the slot ({self.capacity} bytes); "
-                             "attach with a larger slot_size")
-
-    def __enter__(self) -> "Loan":
-        return self
-
-    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
-        if self._done:
-            return
-        try:
-            self.abandon()
-        except BufferError:
-            if exc_type is None:
-                raise
-            warnings.warn(f"slot {self.slot} stays held: a view of it outlived the failed block",
-                          ResourceWarning, stacklevel=2)
-
-
-class Producer(_Client):
-    """Attach to the local framelinkd as the producer of `stream`."""
-
-    _role = _native.PRODUCER
-    _role_name = "producer"
-
-    def __init__(self, stream: str, **kwargs: Any):
-        super().__init__(stream, **kwargs)
-        self._comps = (_native.CompletionStruct * 64)()
-        self._count = ctypes.c_size_t()
-
-    def _try_acquire(self, ms: int) -> Optional[Loan]:
-        slot = _native.Slot()
-        rc = lib.fl_acquire(self._handle(), ms, ctypes.byref(slot))
-        if rc != 0 and self._auto_reattached(rc):
-            rc = lib.fl_acquire(self._handle(), ms, ctypes.byref(slot))
-        if rc == 0:
-            return Loan(self, slot)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms):
-            return None
-        raise _error(rc, "cannot acquire a slot")
-
-    def try_acquire(self) -> Optional[Loan]:
-        """A free slot now, or None."""
-        return self._try_acquire(0)
-
-    def acquire(self, timeout: Optional[float] = None) -> Loan:
-        """Wait (GIL released, Ctrl-C honoured) for a free slot; FrameLinkTimeout after `timeout` seconds."""
-        loan = self._blocking(self._try_acquire, timeout, "slot")
-        if loan is None:
-            raise FrameLinkTimeout(Status.ETIMEDOUT, f"no free slot within {timeout} s: every slot is held "
-                                   "or in flight; poll completions or submit the loans you hold")
-        return loan
-
-    async def acquire_async(self) -> Loan:
-        while True:
-            loan = self._try_acquire(0)
-            if loan is not None:
-                return loan
-            await self._doorbell()
-
-    def _take(self, ms: Optional[int], max_count: int) -> Optional[List[Completion]]:
-        max_count = max(1, min(max_count, len(self._comps)))
-
-        def call(wait_ms: Optional[int]) -> int:
-            if wait_ms is None:
-                return lib.fl_poll_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count))
-            return lib.fl_wait_completions(self._handle(), self._comps, max_count, ctypes.byref(self._count),
-                                           wait_ms)
-
-        rc = call(ms)
-        if rc != 0 and self._auto_reattached(rc):
-            rc = call(None)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms or 0):
-            return None
-        _check(rc, "cannot read completions")
-        n = self._count.value
-        if n == 0:
-            return None
-        return [Completion(c.slot, Status.of(c.status), c.sequence, c.frame_id, c.length) for c in self._comps[:n]]
-
-    def poll_completions(self, max_count: int = 64) -> List[Completion]:
-        """Completions available now (possibly none)."""
-        return self._take(None, max_count) or []
-
-    def wait_completions(self, timeout: Optional[float] = None, max_count: int = 64) -> List[Completion]:
-        """At least one completion, or [] when `timeout` seconds pass first."""
-        return self._blocking(lambda ms: self._take(ms, max_count), timeout, "completion") or []
-
-    async def completions_async(self, max_count: int = 64) -> List[Completion]:
-        """At least one completion, waiting on the doorbell in the running event loop."""
-        while True:
-            got = self._take(None, max_count)
-            if got:
-                return got
-            await self._doorbell()
-
-    async def completions(self) -> AsyncIterator[Completion]:
-        """Every completion, forever (break out or cancel the task to stop)."""
-        while True:
-            for c in await self.completions_async():
-                yield c
-
-    @property
-    def in_flight(self) -> int:
-        n = ctypes.c_uint32()
-        _check(lib.fl_in_flight(self._handle(), ctypes.byref(n)), "fl_in_flight")
-        return n.value
-
-
-class Frame:
-    """A received frame in read-only shared memory, valid until release()."""
-
-    def __init__(self, consumer: "Consumer", f: _native.FrameStruct):
-        self._consumer = consumer
-        self._generation = consumer.generation
-        self.slot = f.slot
-        self.sequence = f.sequence
-        self.length = f.length
-        self.frame_id = f.frame_id
-        self.wafer_id = f.wafer_id
-        self.timestamp_ns = f.timestamp_ns
-        self.has_crc32c = bool(f.flags & _native.SLOT_HAS_CRC32C)
-        # Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.
-        self.maybe_redelivered = bool(f.flags & _native.SLOT_MAYBE_REDELIVERED)
-        self.crc32c = f.crc32c
-        self.attributes = ctypes.string_at(f.attrs, f.attr_length) if f.attr_length else b""
-        self.address = f.data
-        self._guard = _ViewGuard(f.data, f.length) if f.length else None
-        self._released = False
-
-    def buffer(self) -> memoryview:
-        """A read-only memoryview of the payload, no copy."""
-        self._check_open()
-        if self._guard is None:
-            return memoryview(b"")
-        return memoryview(self._guard.exporter()).cast("B").toreadonly()
-
-    def ndarray(self, shape: Union[int, Sequence[int], None] = None, dtype: DTypeLike = "uint8") -> npt.NDArray[Any]:
-        """A read-only numpy array over the payload, no copy."""
-        if _np is None:
-            raise RuntimeError("numpy is not installed: apt-get install python3-numpy, or use buffer()")
-        dt = _np.dtype(dtype)
-        arr = _np.frombuffer(self.buffer(), dtype=dt, count=self.length // dt.itemsize)
-        return arr if shape is None else arr.reshape(shape)
-
-    def release(self) -> None:
-        """Hand the slot back: this is the ACK, the producer sees DELIVERED.
-
-        Raises BufferError while a view of the payload is alive.
-        """
-        if self._released:
-            return
-        if self._guard is not None:
-            self._guard.retire("release the frame")
-        self._released = True
-        if self._generation != self._consumer.generation:
-            return  # its attachment, and the slot, are gone
-        _check(lib.fl_release(self._consumer._handle(), self.slot), f"cannot release frame {self.frame_id}")
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def _check_open(self) -> None:
-        if self._released:
-            raise ValueError(f"frame {self.frame_id} was already released; its memory may hold another frame now")
-        if self._generation != self._consumer.generation:
-            raise FrameLinkError(Status.ERR_DAEMON_GONE,
-                                 f"frame {self.frame_id} belonged to the attachment before the consumer reattached "
-                                 "to a restarted daemon; its memory is gone")
-
-    def __enter__(self) -> "Frame":
-        return self
-
-    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
-        if self._released:
-            return
-        try:
-            self.release()
-        except BufferError:
-            if exc_type is None:
-                raise
-            warnings.warn(f"frame {self.frame_id} stays held: a view of it outlived the failed block",
-                          ResourceWarning, stacklevel=2)
-
-
-class Consumer(_Client):
-    """Attach to the local framelinkd as the consumer of `stream`."""
-
-    _role = _native.CONSUMER
-    _role_name = "consumer"
-
-    def _try_receive(self, ms: int) -> Optional[Frame]:
-        f = _native.FrameStruct()
-        rc = lib.fl_receive(self._handle(), ctypes.byref(f), ms)
-        if rc != 0 and self._auto_reattached(rc):
-            rc = lib.fl_receive(self._handle(), ctypes.byref(f), ms)
-        if rc == 0:
-            return Frame(self, f)
-        if rc in (Status.EAGAIN, Status.ETIMEDOUT, Status.EINTR) or self._awaiting_daemon(rc, ms):
-            return None
-        raise _error(rc, "cannot receive a frame")
-
-    def try_receive(self) -> Optional[Frame]:
-        return self._try_receive(0)
-
-    def receive(self, timeout: Optional[float] = None) -> Optional[Frame]:
-        """The next frame, or None when `timeout` seconds pass first (GIL released, Ctrl-C honoured)."""
-        return self._blocking(self._try_receive, timeout, "frame")
-
-    async def receive_async(self) -> Frame:
-        while True:
-            frame = self._try_receive(0)
-            if frame is not None:
-                return frame
-            await self._doorbell()
-
-    async def frames(self) -> AsyncIterator[Frame]:
-        """Every frame, forever; release each one."""
-        while True:
-            yield await self.receive_async()
-
-    def __iter__(self) -> Iterator[Frame]:
-        while True:
-            frame = self.receive()  # no timeout: waits until there is one
-            if frame is not None:
-                yield frame
 
 
 def version() -> str:

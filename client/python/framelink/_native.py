@@ -33,6 +33,8 @@ class ClientOptions(ctypes.Structure):
         ("slot_count", c_uint32),
         ("attach_timeout_ms", c_uint32),
         ("slot_size", c_uint64),
+        ("auto_reattach", c_uint32),
+        ("reattach_interval_ms", c_uint32),
     ]
 
 

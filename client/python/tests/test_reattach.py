@@ -102,3 +102,25 @@ def test_reattach_with_one_call(own_pair):
         assert consumer.generation == 1
         consumer.check_daemon()
         assert consumer.try_receive() is None
+
+
+def test_an_asyncio_waiter_learns_of_the_daemons_loss_from_the_doorbell(own_pair):
+    # No polling of the daemon: the doorbell fd itself becomes readable when the daemon dies.
+    pair = own_pair
+    with Consumer("py-loss", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as consumer:
+        fd = consumer.fileno()
+
+        async def receive_while_the_daemon_dies():
+            task = asyncio.ensure_future(consumer.receive_async())
+            await asyncio.sleep(0.2)
+            assert not task.done()
+            pair.a.kill()
+            with pytest.raises(FrameLinkError) as e:
+                await asyncio.wait_for(task, 5)
+            return e.value.status
+
+        assert asyncio.run(receive_while_the_daemon_dies()) == Status.ERR_DAEMON_GONE
+        pair.restart_a()
+        consumer.reattach()
+        assert consumer.fileno() == fd  # the same fd, watching the new attachment
+        assert consumer.generation == 1

@@ -1,4 +1,3 @@
-using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
 
 namespace FrameLink;
@@ -11,9 +10,6 @@ public abstract unsafe class FrameLinkClient : IDisposable
 
     private protected readonly SafeClientHandle handle;
     private readonly Lazy<Doorbell> doorbell;
-    private readonly bool autoReattach;
-    private readonly object reattachGate = new();
-    private volatile StrongBox<ClientInfo> info; // replaced whole on reattach
 
     private protected FrameLinkClient(string stream, FrameLinkOptions? options, uint role, string roleName)
     {
@@ -22,14 +18,16 @@ public abstract unsafe class FrameLinkClient : IDisposable
         if (options.SlotCount < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotCount must be >= 0 (0: the default)");
         if (options.SlotSize < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotSize must be >= 0 (0: the default)");
         if (options.AttachTimeoutMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "AttachTimeoutMs must be >= 0 (0: the default)");
+        if (options.ReattachIntervalMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "ReattachIntervalMs must be >= 0 (0: the default)");
         Stream = stream;
-        autoReattach = options.AutoReattach;
         var o = new FlClientOptions();
         Native.fl_client_options_init(&o);
         o.Role = role;
         o.SlotCount = (uint)options.SlotCount;
         o.SlotSize = (ulong)options.SlotSize;
         o.AttachTimeoutMs = (uint)options.AttachTimeoutMs;
+        o.AutoReattach = options.AutoReattach ? 1u : 0u;
+        o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);
@@ -51,7 +49,6 @@ public abstract unsafe class FrameLinkClient : IDisposable
             if (sock != IntPtr.Zero) Marshal.FreeCoTaskMem(sock);
             if (name != IntPtr.Zero) Marshal.FreeCoTaskMem(name);
         }
-        info = new StrongBox<ClientInfo>(ReadInfo(handle));
         doorbell = new Lazy<Doorbell>(() => new Doorbell(handle), LazyThreadSafetyMode.ExecutionAndPublication);
     }
 
@@ -63,7 +60,8 @@ public abstract unsafe class FrameLinkClient : IDisposable
     }
 
     public string Stream { get; }
-    public ClientInfo Info => info.Value;
+    /// <summary>The current attachment: a reattach (<see cref="Reattach"/> or AutoReattach) changes it.</summary>
+    public ClientInfo Info => ReadInfo(Handle);
     public long SlotSize => Info.SlotSize;
     public int SlotCount => Info.SlotCount;
     /// <summary>How often this client attached again (<see cref="Reattach"/>); leases and frames belong to one generation.</summary>
@@ -78,32 +76,8 @@ public abstract unsafe class FrameLinkClient : IDisposable
     /// Afterwards leases and frames from before are unusable (their memory is gone), a producer's frames that
     /// were in flight complete with DaemonGone, and <see cref="Info"/> describes the new attachment.
     /// </summary>
-    public void Reattach()
-    {
-        lock (reattachGate)
-        {
-            Native.Check(Native.fl_reattach(Handle), $"cannot reattach to the daemon of stream '{Stream}'");
-            info = new StrongBox<ClientInfo>(ReadInfo(handle));
-        }
-    }
-
-    /// <summary>
-    /// With AutoReattach, for a call that failed with <paramref name="rc"/>: true when the client attached
-    /// again (retry the call); false when it did not (the daemon is not back yet, or rc is not DaemonGone).
-    /// </summary>
-    private protected bool AutoReattached(int rc)
-    {
-        if (!autoReattach || rc != (int)FrameLinkStatus.DaemonGone) return false;
-        lock (reattachGate)
-        {
-            if (Native.fl_reattach(Handle) != 0) return false;
-            info = new StrongBox<ClientInfo>(ReadInfo(handle));
-            return true;
-        }
-    }
-
-    /// <summary>With AutoReattach, a DaemonGone that could not be mended yet is "nothing available now".</summary>
-    private protected bool AwaitingDaemon(int rc) => autoReattach && rc == (int)FrameLinkStatus.DaemonGone;
+    public void Reattach() =>
+        Native.Check(Native.fl_reattach(Handle), $"cannot reattach to the daemon of stream '{Stream}'");
 
     private protected SafeClientHandle Handle
     {

@@ -19,14 +19,8 @@ public sealed class FrameLinkConsumer : FrameLinkClient
     private unsafe int ReceiveCore(int timeoutMs, out ReceivedFrame? frame)
     {
         FlFrame f;
-        int rc = Native.fl_receive(Handle, &f, timeoutMs);
-        if (rc != 0 && AutoReattached(rc)) rc = Native.fl_receive(Handle, &f, timeoutMs);
+        int rc = Native.fl_receive(Handle, &f, timeoutMs); // with AutoReattach: Again/TimedOut while the daemon is away
         frame = rc == 0 ? new ReceivedFrame(this, f, Generation) : null;
-        if (AwaitingDaemon(rc))
-        {
-            if (timeoutMs > 0) Thread.Sleep(Math.Min(timeoutMs, WaitSliceMs)); // the daemon is not back yet
-            return (int)FrameLinkStatus.Again;
-        }
         return rc;
     }
 

@@ -3,15 +3,14 @@ using System.Runtime.InteropServices;
 namespace FrameLink;
 
 /// <summary>
-/// Async waits on the client's doorbell fd (fl_doorbell_fd, a datagram socket) without timers: one dedicated
-/// thread per client blocks in poll(2) on it while someone awaits, and completes every waiter when it
-/// becomes readable. The waiter then retries its non-blocking fl_* call, which re-arms the doorbell when
-/// it finds nothing. Every second without a wake-up the thread asks fl_check_daemon whether the daemon is
-/// still there (the doorbell does not ring when it dies) and wakes the waiters if not.
+/// Async waits on the client's doorbell fd (fl_doorbell_fd) without timers: one dedicated thread per client
+/// blocks in poll(2) on it while someone awaits, and completes every waiter when it becomes readable. The
+/// waiter then retries its non-blocking fl_* call, which re-arms the doorbell when it finds nothing. The fd
+/// is also readable when the daemon goes away (and, with AutoReattach, when the next attempt is due), so the
+/// retried call reports that or attaches again; it stays the same fd across reattachments.
 /// </summary>
 internal sealed unsafe class Doorbell : IDisposable
 {
-    private readonly SafeClientHandle client;
     private readonly int doorbellFd;
     private readonly int wakeFd; // our own eventfd: new waiter or dispose
     private readonly object gate = new();
@@ -21,7 +20,6 @@ internal sealed unsafe class Doorbell : IDisposable
 
     public Doorbell(SafeClientHandle client)
     {
-        this.client = client;
         doorbellFd = Native.fl_doorbell_fd(client);
         if (doorbellFd < 0) throw Native.Error((int)FrameLinkStatus.InvalidArgument, "fl_doorbell_fd");
         wakeFd = Libc.eventfd(0, Libc.EFD_CLOEXEC | Libc.EFD_NONBLOCK);
@@ -76,17 +74,10 @@ internal sealed unsafe class Doorbell : IDisposable
             }
             fds[0] = new Libc.PollFd { Fd = wakeFd, Events = Libc.POLLIN };
             fds[1] = new Libc.PollFd { Fd = doorbellFd, Events = Libc.POLLIN };
-            int n = Libc.poll(fds, anyone ? 2u : 1u, anyone ? 1000 : -1);
+            int n = Libc.poll(fds, anyone ? 2u : 1u, -1);
             if (n < 0) continue; // EINTR
             if ((fds[0].Revents & Libc.POLLIN) != 0) Libc.read(wakeFd, &drain, 8);
-            bool wake = anyone && (fds[1].Revents != 0);
-            if (anyone && n == 0)
-            {
-                // Quiet for a second: make sure the daemon is still there.
-                try { wake = Native.fl_check_daemon(client) != 0; }
-                catch (ObjectDisposedException) { wake = true; }
-            }
-            if (!wake) continue;
+            if (!anyone || fds[1].Revents == 0) continue;
             TaskCompletionSource[] ready;
             lock (gate)
             {

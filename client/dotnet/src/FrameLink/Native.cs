@@ -16,6 +16,8 @@ internal unsafe struct FlClientOptions
     public uint SlotCount;
     public uint AttachTimeoutMs;
     public ulong SlotSize;
+    public uint AutoReattach;
+    public uint ReattachIntervalMs;
 }
 
 [StructLayout(LayoutKind.Sequential)]

@@ -20,14 +20,8 @@ public sealed class FrameLinkProducer : FrameLinkClient
     private unsafe int TryAcquireCore(int timeoutMs, out ProducerLease? lease)
     {
         FlSlot slot;
-        int rc = Native.fl_acquire(Handle, timeoutMs, &slot);
-        if (rc != 0 && AutoReattached(rc)) rc = Native.fl_acquire(Handle, timeoutMs, &slot);
+        int rc = Native.fl_acquire(Handle, timeoutMs, &slot); // with AutoReattach: Again/TimedOut while the daemon is away
         lease = rc == 0 ? new ProducerLease(this, slot, Generation) : null;
-        if (AwaitingDaemon(rc))
-        {
-            if (timeoutMs > 0) Thread.Sleep(Math.Min(timeoutMs, WaitSliceMs)); // the daemon is not back yet
-            return (int)FrameLinkStatus.Again;
-        }
         return rc;
     }
 
@@ -84,10 +78,8 @@ public sealed class FrameLinkProducer : FrameLinkClient
         fixed (Completion* p = into)
         {
             rc = Native.fl_poll_completions(Handle, p, (nuint)into.Length, &n);
-            if (rc != 0 && AutoReattached(rc)) rc = Native.fl_poll_completions(Handle, p, (nuint)into.Length, &n);
         }
         if (rc == 0) return (int)n;
-        if (AwaitingDaemon(rc)) return 0;
         if (Transient(rc)) return 0;
         throw Native.Error(rc, "cannot read completions");
     }
@@ -125,13 +117,7 @@ public sealed class FrameLinkProducer : FrameLinkClient
             {
                 nuint n = 0;
                 int rc = Native.fl_wait_completions(Handle, (Completion*)ptr, (nuint)len, &n, ms);
-                if (rc != 0 && AutoReattached(rc)) rc = Native.fl_wait_completions(Handle, (Completion*)ptr, (nuint)len, &n, 0);
                 if (rc == 0 && n > 0) { got = (int)n; return true; }
-                if (AwaitingDaemon(rc))
-                {
-                    Thread.Sleep(ms); // the daemon is not back yet
-                    return false;
-                }
                 if (rc == 0 || Transient(rc)) return false;
                 throw Native.Error(rc, "cannot read completions");
             }, timeout, cancellationToken);

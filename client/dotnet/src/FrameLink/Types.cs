@@ -63,9 +63,12 @@ public sealed record FrameLinkOptions
     /// When the daemon goes away, attach again by itself (<see cref="FrameLinkClient.Reattach"/>) as soon as
     /// it is back, instead of throwing <see cref="FrameLinkStatus.DaemonGone"/>: until then no slot and no
     /// frame are available. Leases and frames from before become unusable; a frame that was in flight
-    /// completes with DaemonGone (it may or may not have been delivered).
+    /// completes with DaemonGone (it may or may not have been delivered). This is libframelink's
+    /// auto_reattach option: the library makes the attempts, at most one per <see cref="ReattachIntervalMs"/>.
     /// </summary>
     public bool AutoReattach { get; init; }
+    /// <summary>With AutoReattach, the least time between two attempts; 0: the library default (200 ms).</summary>
+    public int ReattachIntervalMs { get; init; }
     /// <summary>
     /// Bounds connecting to the daemon and waiting for its answer, in attach and reattach;
     /// 0: the library default (10 s). Past it the attach fails with DaemonUnreachable, saying which step.
