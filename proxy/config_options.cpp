@@ -31,7 +31,7 @@ const std::vector<Option>& options() {
       {"link",   "token",              Text{&Config::token, "TOKEN", "none", false, true},     "Shared secret every peer must present"},
       {"link",   "token_file",         TokenFile{&Config::token_file},                         "Read the shared secret from this file (excludes token)"},
       {"link",   "allow_unauthenticated", Switch{&Config::allow_unauthenticated},              "Accept peers from the network with neither a token nor TLS (refused otherwise; warns at start)"},
-      {"link",   "transports",         Transports{&Config::transports},                        "Data transports in preference order, from rdma, tcp, grpc"},
+      {"link",   "transports",         Transports{&Config::transports},                        "Data transports in preference order, from rdma, tcp, grpc (loopback: two daemons of one process)"},
       {"link",   "tls_cert_file",      Text{&Config::tls_cert_file, "FILE", "off", true},      "TLS on the gRPC link: this daemon's certificate chain (PEM)", {"--tls-cert"}},
       {"link",   "tls_key_file",       Text{&Config::tls_key_file, "FILE", "-", true},         "The private key of tls_cert_file (PEM)", {"--tls-key"}},
       {"link",   "tls_ca_file",        Text{&Config::tls_ca_file, "FILE", "system", true},     "CA certificates that sign the peers' certificates (PEM); system: the system's CA store", {"--tls-ca"}},
