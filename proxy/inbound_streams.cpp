@@ -3,9 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "framelink/framelink.h"
+#include "transport/frame_header.h"
 
 namespace framelink {
 
@@ -338,17 +338,7 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
       return;
     }
   }
-  fl_slot_header* sh = c.segments->slotHeader(credit.slot);
-  sh->frame_id = h.frame_id;
-  sh->wafer_id = h.wafer_id;
-  sh->timestamp_ns = h.timestamp_ns;
-  sh->length = h.length;
-  sh->sequence = h.sequence;
-  sh->crc32c = h.crc32c;
-  sh->flags = (h.has_crc32c ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
-              (h.maybe_redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u);
-  sh->attr_length = h.attr_length;
-  std::memcpy(sh->attrs, h.attrs, h.attr_length);
+  transport::toSlotHeader(h, c.segments->slotHeader(credit.slot));
   const uint64_t in_state = inStateId(l, h.stream_id);
   InState& in = in_states_[in_state];
   in.highest = std::max(in.highest, h.sequence);

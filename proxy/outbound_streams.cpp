@@ -7,6 +7,7 @@
 
 #include "agent_stats.h"
 #include "framelink/framelink.h"
+#include "transport/frame_header.h"
 
 namespace framelink {
 
@@ -133,16 +134,11 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
 
   transport::FrameHeader& h = ac.headers[desc.slot];
   h = transport::FrameHeader{};
+  transport::fromSlotHeader(sh, &h);
+  // A producer's slot header has no say in these.
   h.stream_id = s.id;
   h.sequence = s.next_sequence++;
-  h.frame_id = sh.frame_id;
-  h.wafer_id = sh.wafer_id;
-  h.timestamp_ns = sh.timestamp_ns;
   h.length = desc.length;
-  h.has_crc32c = (sh.flags & FL_SLOT_HAS_CRC32C) ? 1 : 0;
-  h.crc32c = sh.crc32c;
-  h.attr_length = sh.attr_length;
-  std::memcpy(h.attrs, sh.attrs, sh.attr_length);
 
   const uint64_t now = clock_.nowNs();
   e = SlotEntry{};

@@ -46,26 +46,9 @@
 
 #include "common/result.h"
 #include "framelink/shm_layout.h"
+#include "transport/frame_header.h"  // FrameHeader: the frame metadata every transport carries
 
 namespace framelink::transport {
-
-// Frame metadata as it crosses the wire (mirrors framelink.v1.FrameHeader).
-struct FrameHeader {
-  uint64_t stream_id = 0;
-  uint64_t sequence = 0;
-  uint64_t credit_id = 0;
-  uint64_t frame_id = 0;
-  uint64_t wafer_id = 0;
-  uint64_t timestamp_ns = 0;
-  uint64_t length = 0;
-  uint32_t crc32c = 0;
-  uint32_t has_crc32c = 0;
-  uint32_t attr_length = 0;  // <= FL_MAX_ATTR_BYTES
-  // Sent again to a new instance of the receiving daemon: the instance before
-  // it may have delivered the frame (FL_SLOT_MAYBE_REDELIVERED for the consumer).
-  uint32_t maybe_redelivered = 0;
-  uint8_t attrs[FL_MAX_ATTR_BYTES] = {};
-};
 
 // What the sender needs to address a receive buffer (sent in CreditGrant).
 struct RemoteCredit {

@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "transport/grpc/grpc_wire.h"
+
 namespace framelink::transport {
 
 namespace {
@@ -14,20 +16,6 @@ namespace {
 GrpcTransportOptions clampOptions(GrpcTransportOptions o) {
   o.chunk_bytes = std::clamp<size_t>(o.chunk_bytes, 4096, kMaxGrpcChunkBytes);
   return o;
-}
-
-void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p) {
-  p->set_stream_id(h.stream_id);
-  p->set_sequence(h.sequence);
-  p->set_credit_id(h.credit_id);
-  p->set_frame_id(h.frame_id);
-  p->set_wafer_id(h.wafer_id);
-  p->set_timestamp_ns(h.timestamp_ns);
-  p->set_length(h.length);
-  p->set_has_crc32c(h.has_crc32c != 0);
-  p->set_maybe_redelivered(h.maybe_redelivered != 0);
-  p->set_crc32c(h.crc32c);
-  p->set_attributes(reinterpret_cast<const char*>(h.attrs), h.attr_length);
 }
 
 }  // namespace
@@ -96,23 +84,10 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
   if (!in_frame_) {
     if (!m.has_header()) return violation("chunk without a frame header");
     const auto& p = m.header();
-    if (p.attributes().size() > FL_MAX_ATTR_BYTES) {
+    if (!fromProto(p, &frame_)) {
       return violation("attributes of " + std::to_string(p.attributes().size()) + " bytes exceed " +
                        std::to_string(FL_MAX_ATTR_BYTES));
     }
-    frame_ = FrameHeader{};
-    frame_.stream_id = p.stream_id();
-    frame_.sequence = p.sequence();
-    frame_.credit_id = p.credit_id();
-    frame_.frame_id = p.frame_id();
-    frame_.wafer_id = p.wafer_id();
-    frame_.timestamp_ns = p.timestamp_ns();
-    frame_.length = p.length();
-    frame_.crc32c = p.crc32c();
-    frame_.has_crc32c = p.has_crc32c() ? 1 : 0;
-    frame_.maybe_redelivered = p.maybe_redelivered() ? 1 : 0;
-    frame_.attr_length = static_cast<uint32_t>(p.attributes().size());
-    std::memcpy(frame_.attrs, p.attributes().data(), p.attributes().size());
     offset_ = 0;
     in_frame_ = true;
     credit_ = core_->beginReceive(frame_.credit_id);

@@ -43,7 +43,7 @@
 #include <string>
 
 #include "framelink/shm_layout.h"
-#include "transport/transport.h"
+#include "transport/frame_header.h"
 
 namespace framelink::transport::tcp {
 
@@ -120,7 +120,9 @@ inline TcpFrameHeader toWire(const FrameHeader& h) noexcept {
   return w;
 }
 
-// Caller has checked w.attr_length <= FL_MAX_ATTR_BYTES.
+// The receiver fails the link on a bad magic or an attr_length above
+// FL_MAX_ATTR_BYTES before it converts; should such a header reach here
+// anyway, its attr_length becomes 0 with no attributes.
 inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
   FrameHeader h;
   h.stream_id = w.stream_id;
@@ -133,8 +135,8 @@ inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
   h.crc32c = w.crc32c;
   h.has_crc32c = (w.flags & kTcpFrameCrc32c) ? 1 : 0;
   h.maybe_redelivered = (w.flags & kTcpFrameMaybeRedelivered) ? 1 : 0;
-  h.attr_length = w.attr_length;
-  std::memcpy(h.attrs, w.attrs, w.attr_length);
+  h.attr_length = w.attr_length <= FL_MAX_ATTR_BYTES ? w.attr_length : 0;
+  std::memcpy(h.attrs, w.attrs, h.attr_length);
   return h;
 }
 
