@@ -280,7 +280,9 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   // A replay of a frame this daemon already answered gets that answer again,
   // whatever credit it came in: refused stays refused, held stays held.  A
   // "send it again" would bring it to another consumer.
-  auto answeredBefore = [&] { return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h); };
+  auto answeredBefore = [&] {
+    return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h, "refused before");
+  };
   if (ev.status != FL_OK) {
     auto it = credits_.find(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
@@ -371,47 +373,44 @@ uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
   return id;
 }
 
-bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h) {
+bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, const char* refused_note) {
   auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
   if (id == in_state_ids_.end()) return false;
   InState& in = in_states_[id->second];
   if (in.resend.count(h.sequence) != 0) return false;  // asked for again: not answered yet
   if (in.held.count(h.sequence) != 0) {
     metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("[peer {} stream {} seq {}] replay of a frame the consumer still holds: dropped",
+                  l.peer_name, h.stream_id, h.sequence);
     return true;  // its consumer still holds it: the ACK or NACK comes with the release
   }
   if (auto refused = in.refused.find(h.sequence); refused != in.refused.end()) {
     metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
-    sendNack(l, h.stream_id, h.sequence, refused->second, "refused before");
+    sendNack(l, h.stream_id, h.sequence, refused->second, refused_note);
     return true;
   }
   if (std::find(in.released.begin(), in.released.end(), h.sequence) != in.released.end()) {
-    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
-    pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+    ackAgain(l, h);
     return true;
   }
   return false;
+}
+
+void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h) {
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
+                l.peer_name, h.stream_id, h.sequence);
+  pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
 }
 
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
   InState& in = in_states_[inStateId(l, h.stream_id)];
   if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
   if (h.sequence > in.highest) return false;
-  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
-  if (in.held.count(h.sequence) != 0) {
-    spdlog::debug("[peer {} stream {} seq {}] replay of a frame the consumer still holds: dropped",
-                  l.peer_name, h.stream_id, h.sequence);
-    return true;
-  }
-  auto refused = in.refused.find(h.sequence);
-  if (refused != in.refused.end()) {
-    sendNack(l, h.stream_id, h.sequence, refused->second, "refused before the link broke");
-    return true;
-  }
-  // Delivered and released before: the first ACK was lost with the old link.
-  spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
-                l.peer_name, h.stream_id, h.sequence);
-  pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+  if (answerKnown(l, h, "refused before the link broke")) return true;
+  // At or below the highest sequence and no longer remembered: delivered and
+  // released before, and the first ACK was lost with the old link.
+  ackAgain(l, h);
   return true;
 }
 

@@ -97,9 +97,12 @@ class InboundStreams {
   // Whether the frame is one this daemon answered and still remembers (held,
   // refused, released recently); answers it again.  Assumes nothing from the
   // order of sequences, so it may answer a frame that came in no credit.
-  bool answerKnown(AgentLink& link, const transport::FrameHeader& header);
+  // `refused_note` is the message of the NACK that answers a refused frame.
+  bool answerKnown(AgentLink& link, const transport::FrameHeader& header, const char* refused_note);
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
+  // Answers a replay of a frame delivered and released before: its ACK again.
+  void ackAgain(AgentLink& link, const transport::FrameHeader& header);
 
   Metrics& metrics_;
   ClientTable& clients_;

@@ -6,7 +6,7 @@
 // link going down or being replaced) and what the local producer and consumer
 // of stream "cam" (4 slots of 4 KiB each) do.  Each input gets a fresh agent,
 // driven on this thread by DataAgent::runUntilIdle after every step, over
-// in-memory transports that check every post.
+// in-memory transports that check every post (peer_fuzz_link.h).
 //
 // Input: records, each an op byte (low 3 bits: what, high 5: `arg`) and its
 // operands; a record cut short ends the input.
@@ -44,22 +44,13 @@
 //     consumer's slot size, each credit id once, and ACKs (and delivers) only
 //     frames that landed;
 //   * after each step the agent becomes idle within 100 rounds (no spinning).
-#include <sys/eventfd.h>
-
 #include <algorithm>
-#include <array>
 #include <cctype>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <tuple>
@@ -75,34 +66,19 @@
 #include "framelink/framelink.h"
 #include "framelink/shm_ring.h"
 #include "metrics.h"
+#include "peer_fuzz_link.h"
 #include "peer_session.h"
 #include "segment.h"
-#include "transport/transport.h"
 
 using namespace framelink;
-using framelink::transport::FrameHeader;
-using framelink::transport::LocalCredit;
-using framelink::transport::PostResult;
-using framelink::transport::RemoteCredit;
-using framelink::transport::SendRequest;
-using framelink::transport::TransportEvent;
+using namespace framelink::fuzz;
 
 namespace {
 
-constexpr uint32_t kSlots = 4;
-constexpr uint64_t kSlotSize = 4096;
 constexpr size_t kMaxLinks = 16;  // further link ops are skipped
 constexpr size_t kMaxRounds = 100;
 constexpr uint64_t kNoLink = 1000;  // a link id the agent never heard of
 constexpr int kMaxAckSequences = 4096;
-
-// A broken invariant: say which, then crash so libFuzzer keeps the input.
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_peer_messages: %s\n", what);
-  std::abort();
-}
-
-using StreamSeq = std::pair<uint64_t, uint64_t>;  // (stream id, sequence)
 
 // Out of bounds whatever the agent's state: it must close the link.
 bool outOfBounds(const v1::PeerMessage& m) {
@@ -154,215 +130,6 @@ void shiftStreamId(v1::PeerMessage& m, uint64_t by) {
       break;
   }
 }
-
-// The control session of one link: the agent's writer and what it wrote.
-// Kept for the whole process, one per link index, and used by one input at
-// a time: a writer thread per link and input would cost more than the input.
-class Session {
- public:
-  Session()
-      : writer_(std::make_shared<SessionWriter>(
-            [this](const v1::PeerMessage& m, bool) {
-              std::lock_guard<std::mutex> lock(mutex_);
-              messages_.push_back(m);
-              cv_.notify_all();
-              return true;
-            },
-            std::chrono::hours(1))) {}  // no keepalive of its own during a run
-
-  const std::shared_ptr<SessionWriter>& writer() const { return writer_; }
-
-  // Everything the agent sent since the last call, once its writer thread
-  // wrote it: a marker sent now comes out after all of it.
-  std::vector<v1::PeerMessage> take() {
-    constexpr uint64_t kMarker = ~uint64_t{0};
-    v1::PeerMessage marker;
-    marker.mutable_keepalive()->set_timestamp_ns(kMarker);
-    writer_->send(marker);
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] {
-      return !messages_.empty() && messages_.back().has_keepalive() &&
-             messages_.back().keepalive().timestamp_ns() == kMarker;
-    });
-    messages_.pop_back();
-    return std::exchange(messages_, {});
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<v1::PeerMessage> messages_;  // GUARDED_BY(mutex_)
-  std::shared_ptr<SessionWriter> writer_;  // last: its thread stops before the rest goes
-};
-
-Session& session(size_t index) {
-  static std::array<std::unique_ptr<Session>, kMaxLinks> sessions;
-  if (!sessions[index]) sessions[index] = std::make_unique<Session>();
-  return *sessions[index];
-}
-
-class FakeTransport;
-
-struct LinkState {
-  uint64_t id = 0;
-  bool up = false;            // the agent was told it is up, and not yet that it is down
-  int cancels = 0;            // times the agent ended the session (called on this thread)
-  bool must_fin = false;      // an out-of-bounds message came while the session was open
-  std::set<uint64_t> opened;  // stream ids of valid StreamOpens the peer sent on it
-  // Credits the peer granted on it, not revoked or used yet: how many of
-  // each (stream, credit id, length).
-  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, uint64_t> granted;
-  std::shared_ptr<FakeTransport> transport;
-  Session* session = nullptr;
-};
-
-// What every link of one input saw, for the invariants.
-struct Ledger {
-  std::shared_ptr<ClientSession> producer;
-  std::map<StreamSeq, uint32_t> posted;  // producer frames posted: the slot of each
-  std::set<StreamSeq> acked;             // ACKed by the peer after they were posted
-  std::set<StreamSeq> delivered;         // completed FL_OK to the producer
-  std::set<StreamSeq> landed;            // frames that landed in a consumer's credit
-};
-
-// The data transport of one link, in memory: posts complete when the input
-// says so, frames land when it says so.
-class FakeTransport final : public transport::Transport {
- public:
-  FakeTransport(LinkState& link, Ledger& ledger)
-      : link_(link), ledger_(ledger), event_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-
-  const char* name() const noexcept override { return "fuzz"; }
-  bool connected() const noexcept override { return !down_; }
-
-  Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
-    if (down_) return makeError(FL_ERR_LINK_LOST, "the fuzz transport is down");
-    if (!exposed_.insert(credit.credit_id).second) fail("the agent exposed a credit id twice on one link");
-    if (credit.buffer == nullptr || credit.capacity == 0) fail("the agent exposed an empty receive buffer");
-    RemoteCredit remote;
-    remote.credit_id = credit.credit_id;
-    remote.length = credit.capacity;
-    credits_.emplace(credit.credit_id, std::move(credit));
-    return remote;
-  }
-
-  void retractCredit(uint64_t credit_id) override {
-    if (credits_.erase(credit_id) != 0) retracted_.push_back(credit_id);
-  }
-
-  PostResult post(const SendRequest& r) noexcept override {
-    if (down_) return PostResult::kNotConnected;
-    const FrameHeader& h = r.header;
-    if (h.credit_id != r.credit.credit_id || h.length > r.credit.length ||
-        h.attr_length > FL_MAX_ATTR_BYTES || (r.payload == nullptr && h.length != 0)) {
-      fail("the agent posted a malformed request (credit, length or attributes)");
-    }
-    uint32_t slot = kSlots;
-    for (uint32_t s = 0; s < kSlots; ++s) {
-      if (r.payload == ledger_.producer->segments->slot(s)) slot = s;
-    }
-    if (slot == kSlots || h.length > kSlotSize) {
-      fail("the agent posted a payload that is not a producer slot");
-    }
-    (void)fl_crc32c(0, r.payload, h.length);  // reads it as a transport would
-    auto it = link_.granted.find({h.stream_id, h.credit_id, r.credit.length});
-    if (it == link_.granted.end()) {
-      fail(
-          "the agent posted into a credit the peer did not grant on this link (or revoked, or used already)");
-    }
-    if (--it->second == 0) link_.granted.erase(it);
-    ledger_.posted[{h.stream_id, h.sequence}] = slot;
-    in_flight_.push_back(r.cookie);
-    return PostResult::kOk;
-  }
-
-  size_t poll(TransportEvent* out, size_t max) noexcept override {
-    size_t n = 0;
-    while (n < max && !events_.empty()) {
-      out[n++] = std::move(events_.front());
-      events_.pop_front();
-    }
-    return n;
-  }
-
-  int eventFd() const noexcept override { return event_fd_.get(); }
-
-  void shutdown() noexcept override {
-    down_ = true;
-    completeSends(FL_ERR_LINK_LOST);
-  }
-
-  // ---- the input's side ----
-  void completeSends(int status) {
-    for (uint64_t cookie : in_flight_) {
-      TransportEvent ev;
-      ev.kind = TransportEvent::Kind::kSendComplete;
-      ev.cookie = cookie;
-      ev.status = down_ && status == FL_OK ? FL_ERR_LINK_LOST : status;
-      events_.push_back(std::move(ev));
-    }
-    in_flight_.clear();
-  }
-
-  // The link broke: one LinkError, then every send still in flight fails.
-  void failLink() {
-    if (down_) return;
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kLinkError;
-    ev.status = FL_ERR_LINK_LOST;
-    ev.message = "the fuzz input broke the link";
-    events_.push_back(std::move(ev));
-    down_ = true;
-    completeSends(FL_ERR_LINK_LOST);
-  }
-
-  void arrive(const uint8_t* b) {
-    if (down_) return;
-    const uint8_t which = b[0], flags = b[4];
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kFrameArrived;
-    ev.header.stream_id = b[1];
-    ev.header.sequence = b[2];
-    ev.header.frame_id = b[2];
-    ev.header.maybe_redelivered = (flags & 0x80) ? 1 : 0;
-    const size_t index = which % (credits_.size() + 1);
-    if (index == credits_.size()) {
-      // What a byte-stream transport reports for a credit it does not have.
-      ev.status = FL_ERR_UNKNOWN_CREDIT;
-      ev.message = "frame for an unknown credit";
-      ev.header.credit_id =
-          (!retracted_.empty() && (flags & 0x40)) ? retracted_[which % retracted_.size()] : 1'000'000 + which;
-      events_.push_back(std::move(ev));
-      return;
-    }
-    auto it = std::next(credits_.begin(), static_cast<std::ptrdiff_t>(index));
-    const LocalCredit& credit = it->second;
-    FrameHeader& h = ev.header;
-    h.credit_id = credit.credit_id;
-    h.length = (uint64_t{b[3]} * 17) % (credit.capacity + 1);
-    std::memset(credit.buffer, b[2], h.length);
-    h.attr_length = (((flags >> 2) & 0x0f) * 13u) % (FL_MAX_ATTR_BYTES + 1);
-    std::memset(h.attrs, 'a', h.attr_length);
-    if (flags & 1) {
-      h.has_crc32c = 1;
-      h.crc32c = fl_crc32c(0, credit.buffer, h.length) ^ ((flags >> 1) & 1);
-    }
-    credits_.erase(it);  // consumed by this frame
-    ledger_.landed.insert({h.stream_id, h.sequence});
-    events_.push_back(std::move(ev));
-  }
-
- private:
-  LinkState& link_;
-  Ledger& ledger_;
-  UniqueFd event_fd_;
-  bool down_ = false;
-  std::map<uint64_t, LocalCredit> credits_;  // exposed, not consumed or retracted
-  std::set<uint64_t> exposed_;               // every credit id ever exposed
-  std::vector<uint64_t> retracted_;
-  std::vector<uint64_t> in_flight_;  // cookies of posts not completed yet
-  std::deque<TransportEvent> events_;
-};
 
 const Config& config() {
   static const Config kConfig = [] {
@@ -438,7 +205,7 @@ class Run {
     std::set<uint64_t> credit_ids;
     for (auto& l : links_) {
       int fins = 0;
-      for (const v1::PeerMessage& m : l->session->take()) {
+      for (const v1::PeerMessage& m : l->session.take()) {
         if (m.has_fin()) {
           ++fins;
           if (m.fin().code() != v1::ERROR_CODE_PROTOCOL) {
@@ -562,14 +329,13 @@ class Run {
     l->id = links_.size() + 1;
     l->up = true;
     l->transport = std::make_shared<FakeTransport>(*l, ledger_);
-    l->session = &session(links_.size());
     CmdLinkUp up;
     up.link_id = l->id;
     up.peer = "remote";
     up.peer_instance = instance;
     up.transport_name = "fuzz";
     up.transport = l->transport;
-    up.session = PeerSession{l->session->writer(), [state = l.get()] { ++state->cancels; }};
+    up.session = PeerSession{l->session.writer(), [state = l.get()] { ++state->cancels; }};
     agent_->post(std::move(up));
     links_.push_back(std::move(l));
   }

@@ -1,0 +1,58 @@
+// One case of `framelink bench`: a producer and a consumer process attached to the two daemons
+// of a DaemonPair, frames checked byte-for-byte and then timed (or one at a time, for latency),
+// with the daemons' CPU over the timed part; and the daemons' CPU while idle.
+#ifndef FRAMELINK_CLI_BENCH_CASE_H
+#define FRAMELINK_CLI_BENCH_CASE_H
+
+#include <cstdint>
+#include <string>
+
+#include "daemon_pair.h"
+
+namespace framelink::cli {
+
+constexpr uint64_t kVerifyFrames = 8;  // checked byte-for-byte before each timed run
+constexpr uint64_t kLatencyWarmup = 100;
+
+struct CaseConfig {
+  uint64_t size = 0;
+  uint32_t slots = 8;
+  double seconds = 0;  // timed run length; 0: send `count` frames
+  uint64_t count = 0;
+  uint32_t max_in_flight = 0;  // 1 for latency
+  bool latency = false;
+};
+
+struct CaseResult {
+  double gbps = 0;
+  double fps = 0;
+  double seconds = 0;
+  uint64_t delivered = 0;
+  uint64_t failed = 0;
+  uint64_t verified = 0;
+  uint64_t verify_bad = 0;
+  double cpu_a = -1;  // % of one core over the timed part
+  double cpu_b = -1;
+  double p50_us = 0;
+  double p99_us = 0;
+  uint64_t samples = 0;
+  std::string error;
+};
+
+// Slots per stream for frames of `size`.
+uint32_t slotsFor(uint64_t size);
+
+// Runs one case on `stream`; CaseResult::error says what went wrong, if anything.
+CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c);
+
+struct IdleCpu {
+  double a = -1;
+  double b = -1;
+};
+
+// The CPU each daemon uses (% of one core) over `seconds` with no client.
+IdleCpu measureIdle(DaemonPair& pair, double seconds);
+
+}  // namespace framelink::cli
+
+#endif  // FRAMELINK_CLI_BENCH_CASE_H

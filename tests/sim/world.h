@@ -1,0 +1,201 @@
+// The simulated world of sim_world.h: the daemons (their real data agents),
+// the applications attached to them, the links between them, and what the
+// world remembers of every frame to check the promises against.  Events and
+// links are in sim_world.cpp; settling after each event and the checks of
+// every completion and delivery, and the healing at the end, in
+// world_checks.cpp.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent_clock.h"
+#include "client_session.h"
+#include "config.h"
+#include "data_agent.h"
+#include "framelink/framelink.h"
+#include "metrics.h"
+#include "peer_session.h"
+#include "segment.h"
+#include "sim_world.h"
+#include "transport/loopback/loopback_transport.h"
+
+namespace framelink::sim {
+
+using transport::loopback::LoopbackLink;
+using transport::loopback::LoopbackPair;
+
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kSlotSize = 4096;
+constexpr uint64_t kSmallSlotSize = 1024;  // a second consumer with small slots
+constexpr size_t kMaxRounds = 200;
+constexpr uint32_t kCreditTimeoutMs = 2000;
+constexpr uint32_t kAckTimeoutMs = 3000;
+constexpr int kReceiver = 1;  // the daemon of the consumers; d0 (and d2) dial it and send
+const char* const kStream = "cam";
+
+// A broken invariant or a stuck world: ends the schedule.
+struct Broken {
+  std::string what;
+};
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return n == 0 ? 0 : next() % n; }
+  bool chance(unsigned percent) { return below(100) < percent; }
+
+ private:
+  uint64_t state_;
+};
+
+inline uint8_t patternByte(uint64_t frame, uint64_t i) {
+  return static_cast<uint8_t>((frame * 0x9E37 + i * 13) >> 3);
+}
+
+// What one agent writes on one session, as it writes it (the writer runs
+// on the agent's thread: no thread hand-off, the same order every run).
+class Capture {
+ public:
+  explicit Capture(std::function<void()> cancel) : cancel_(std::move(cancel)) {
+    writer_ = std::make_shared<SessionWriter>(
+        [this](const v1::PeerMessage& m, bool) {
+          messages_.push_back(m);
+          return true;
+        },
+        SessionWriter::Inline{});
+  }
+  ~Capture() { writer_->close(); }
+
+  PeerSession session() const { return PeerSession{writer_, cancel_}; }
+
+  std::vector<v1::PeerMessage> take() { return std::exchange(messages_, {}); }
+
+ private:
+  std::function<void()> cancel_;
+  std::vector<v1::PeerMessage> messages_;
+  std::shared_ptr<SessionWriter> writer_;
+};
+
+// One simulated application attached to a daemon.
+struct App {
+  uint64_t id = 0;
+  uint32_t role = FL_ROLE_PRODUCER;
+  int daemon = 0;
+  uint64_t instance = 0;  // of its daemon when it attached
+  uint64_t slot_size = kSlotSize;
+  bool alive = true;
+  std::shared_ptr<ClientSession> session;
+  std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);  // frame per slot (0: free)
+  std::map<int, uint64_t> last_plain;  // consumer: the last frame in order, per sender
+};
+
+struct Daemon {
+  std::string id;
+  uint64_t instance = 0;
+  Config config;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<DataAgent> agent;
+};
+
+struct Link {
+  uint64_t id = 0;
+  int sender = 0;  // the dialing daemon; the other end is the receiver
+  bool up = true;
+  // The dialer ended its session and dialed again; the listener has not
+  // noticed yet (a half-open connection, until its keepalive ends it).
+  bool dialer_gone = false;
+  LoopbackPair pair;
+  std::unique_ptr<Capture> capture[2];                        // what each end's agent writes
+  std::deque<std::shared_ptr<v1::PeerMessage>> in_flight[2];  // written by end i, not yet read
+  bool cancelled = false;
+};
+
+struct FrameRecord {
+  uint64_t producer = 0;
+  int sender = 0;
+  bool outcome_known = false;
+  int status = 0;
+  std::vector<uint64_t> released_on;  // receiving daemon instances a consumer released it on
+  int receptions = 0;
+  int landings = 0;  // times the frame crossed a data link (a resend after a NACK crosses again)
+};
+
+class World {
+ public:
+  World(const SimOptions& options, SimResult& result);
+  ~World();
+  void run();
+
+ private:
+  // ---------------------------------------------------------------- events
+  void oneEvent();
+  void boot(int d);
+  void attach(int d, uint32_t role, uint64_t slot_size);
+  size_t countApps(uint32_t role, int daemon = -1) const;
+  std::vector<int> senders() const;
+  // The daemon at one end of a link: 0 the sender, 1 the receiver.
+  static int daemonAt(const Link& link, int end) { return end == 0 ? link.sender : kReceiver; }
+  App* pickApp(uint32_t role);
+  void killApp(uint32_t role);
+  void submit();
+  void submitFrom(App& producer);
+  void consume(uint64_t n);
+  void release(App& c, uint32_t slot);
+
+  // ---------------------------------------------------------------- links
+  std::vector<Link*> upLinks();
+  Link* liveLink(int sender);
+  void replaceLink(Link& old);
+  void linkUp(int sender);
+  void breakLink(Link& link, const std::string& why);
+  void deliverControl(Link& link, int from, size_t n);
+  void deliverData(Link& link, uint64_t n, bool damage);
+  void crash(int d);
+
+  // ---------------------------------------------------------------- settling (world_checks.cpp)
+  void settle();
+  void readCompletions();
+  void onProducerCompletion(App& p, const fl_completion_desc& d);
+  static bool unknownOutcome(int status) { return status == FL_ERR_DAEMON_GONE || status == FL_ERR_TIMEOUT; }
+  void endFrame(uint64_t frame, int status);
+  void onDelivery(App& c, const fl_completion_desc& d);
+
+  // ---------------------------------------------------------------- the end (world_checks.cpp)
+  void heal();
+  void drain();
+  void requireEveryFrameEnded(const char* when);
+
+  // ---------------------------------------------------------------- trace
+  void note(const std::string& event);
+  static std::string describe(const v1::PeerMessage& m);
+
+ public:
+  bool tracing_ = false;
+
+ private:
+  const SimOptions& options_;
+  SimResult& result_;
+  Rng rng_;
+  ManualClock clock_;
+  bool damage_on_ = false;
+  std::vector<Daemon> daemons_;
+  std::vector<std::unique_ptr<App>> apps_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::map<uint64_t, FrameRecord> frames_;
+  uint64_t next_instance_ = 0, next_app_ = 0, next_link_ = 0, next_frame_ = 0;
+};
+
+}  // namespace framelink::sim

@@ -1,0 +1,232 @@
+// The world after each event: the agents run until idle, the applications
+// read their completions, and every completion and delivery is checked
+// against the promises listed in sim_world.h.  At the end the world heals
+// and must go quiet with every frame ended.
+#include <algorithm>
+#include <string>
+
+#include "framelink/framelink.h"
+#include "framelink/shm_ring.h"
+#include "world.h"
+
+namespace framelink::sim {
+
+// The agents handle everything posted; their messages are collected; the
+// applications read their completion rings.
+void World::settle() {
+  for (int pass = 0; pass < 4; ++pass) {
+    bool more = false;
+    for (auto& d : daemons_) {
+      if (!d.agent->runUntilIdle(kMaxRounds)) {
+        throw Broken{"the agent of " + d.id + " still finds work after " + std::to_string(kMaxRounds) +
+                     " rounds: it would spin"};
+      }
+    }
+    for (auto& link : links_) {
+      if (!link->up) continue;
+      for (int end = 0; end < 2; ++end) {
+        for (auto& m : link->capture[end]->take()) {
+          link->in_flight[end].push_back(std::make_shared<v1::PeerMessage>(std::move(m)));
+        }
+      }
+    }
+    for (auto& link : links_) {
+      if (link->up && link->cancelled) {
+        breakLink(*link, "an agent ended the session");
+        more = true;
+      }
+    }
+    readCompletions();
+    if (!more) return;
+  }
+}
+
+void World::readCompletions() {
+  fl_completion_desc d;
+  for (auto& app : apps_) {
+    ClientSegments& seg = *app->session->segments;
+    while (fl_ring_pop(seg.completionRing(), app->session->ring_capacity, sizeof d, &d) == FL_RING_OK) {
+      if (app->role == FL_ROLE_PRODUCER) {
+        onProducerCompletion(*app, d);
+      } else if (app->alive) {
+        onDelivery(*app, d);
+      }
+    }
+  }
+}
+
+void World::onProducerCompletion(App& p, const fl_completion_desc& d) {
+  if (d.slot >= kSlots || p.in_slot[d.slot] == 0) {
+    if (!p.alive) return;  // the daemon may publish to a producer the world already wrote off
+    throw Broken{"producer #" + std::to_string(p.id) + " got a completion for slot " +
+                 std::to_string(d.slot) + " which has no frame in flight"};
+  }
+  if (p.in_slot[d.slot] != d.frame_id) {
+    throw Broken{"producer #" + std::to_string(p.id) + " slot " + std::to_string(d.slot) + " holds frame " +
+                 std::to_string(p.in_slot[d.slot]) + " but the completion names " +
+                 std::to_string(d.frame_id)};
+  }
+  p.in_slot[d.slot] = 0;
+  endFrame(d.frame_id, d.status);
+}
+
+void World::endFrame(uint64_t frame, int status) {
+  FrameRecord& rec = frames_[frame];
+  if (rec.outcome_known) {
+    throw Broken{"frame " + std::to_string(frame) + " got a second completion (" + std::to_string(status) +
+                 " after " + std::to_string(rec.status) + ")"};
+  }
+  rec.outcome_known = true;
+  rec.status = status;
+  note("frame " + std::to_string(frame) + " ends " + std::to_string(status));
+  if (status == FL_OK) {
+    ++result_.delivered;
+    if (rec.released_on.empty()) {
+      throw Broken{"frame " + std::to_string(frame) + " completed DELIVERED but no consumer released it"};
+    }
+    return;
+  }
+  if (unknownOutcome(status)) {
+    ++result_.unknown;
+    return;
+  }
+  ++result_.failed;
+  for (uint64_t instance : rec.released_on) {
+    if (instance == daemons_[kReceiver].instance) {
+      throw Broken{"frame " + std::to_string(frame) + " completed FAILED (" + std::to_string(status) +
+                   ") but a consumer of the live receiving daemon released it"};
+    }
+  }
+  // Released only on a receiving daemon that crashed before its ACK went out:
+  // the sender cannot know (documented).
+  if (!rec.released_on.empty()) ++result_.released_then_lost;
+}
+
+void World::onDelivery(App& c, const fl_completion_desc& d) {
+  if (d.status != FL_OK) return;
+  if (d.slot >= kSlots) throw Broken{"a consumer got a frame in a slot it does not have"};
+  if (c.in_slot[d.slot] != 0) {
+    throw Broken{"consumer #" + std::to_string(c.id) + " got a frame in slot " + std::to_string(d.slot) +
+                 " which it still holds"};
+  }
+  ClientSegments& seg = *c.session->segments;
+  const fl_slot_header* h = seg.slotHeader(d.slot);
+  const uint64_t frame = d.frame_id;
+  auto it = frames_.find(frame);
+  if (frame == 0 || it == frames_.end())
+    throw Broken{"a consumer got frame " + std::to_string(frame) + " never submitted"};
+  if (h->frame_id != frame) throw Broken{"a delivered slot header names another frame than its completion"};
+  const uint8_t* bytes = seg.slot(d.slot);
+  for (uint64_t i = 0; i < d.length; ++i) {
+    if (bytes[i] != patternByte(frame, i)) {
+      throw Broken{"frame " + std::to_string(frame) + " reached consumer #" + std::to_string(c.id) +
+                   " with byte " + std::to_string(i) + " damaged"};
+    }
+  }
+  const bool flagged = (h->flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
+  FrameRecord& rec = it->second;
+  ++rec.receptions;
+  note("consumer #" + std::to_string(c.id) + " gets frame " + std::to_string(frame) +
+       (flagged ? " (maybe redelivered)" : ""));
+  if (rec.receptions > 1) {
+    if (!flagged)
+      throw Broken{"frame " + std::to_string(frame) + " reached a consumer twice without the flag"};
+    ++result_.redelivered;
+  }
+  // Order: frames that crossed the link once arrive in submission order.  A
+  // frame sent again after a NACK (damaged, or its credit withdrawn) may
+  // come after frames sent behind it.
+  if (!flagged && rec.landings <= 1) {
+    uint64_t& last = c.last_plain[rec.sender];
+    if (frame <= last) {
+      throw Broken{"consumer #" + std::to_string(c.id) + " got frame " + std::to_string(frame) +
+                   " after frame " + std::to_string(last) + " of the same sender: out of order"};
+    }
+    last = frame;
+  }
+  c.in_slot[d.slot] = frame;
+}
+
+// Links healed, a producer and a consumer attached, everything delivered
+// and released: every frame must end and fresh frames must still pass.
+void World::heal() {
+  note("heal");
+  const bool big_consumer = std::any_of(apps_.begin(), apps_.end(), [](const auto& a) {
+    return a->alive && a->role == FL_ROLE_CONSUMER && a->slot_size == kSlotSize;
+  });
+  if (!big_consumer) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
+  for (int d : senders()) {
+    if (countApps(FL_ROLE_PRODUCER, d) == 0) attach(d, FL_ROLE_PRODUCER, kSlotSize);
+  }
+  for (Link* link : upLinks()) {
+    if (link->dialer_gone) breakLink(*link, "keepalive timeout");
+  }
+  for (int d : senders()) {
+    if (liveLink(d) == nullptr) linkUp(d);
+  }
+  settle();
+  drain();
+  requireEveryFrameEnded("after healing");
+  // Fresh frames: nothing leaked, the stream still flows.
+  const uint64_t first = next_frame_ + 1;
+  for (auto& app : apps_) {
+    if (!app->alive || app->role != FL_ROLE_PRODUCER) continue;
+    for (uint32_t i = 0; i < kSlots; ++i) submitFrom(*app);
+  }
+  settle();
+  drain();
+  requireEveryFrameEnded("for the fresh frames");
+  for (uint64_t f = first; f <= next_frame_; ++f) {
+    if (frames_[f].status != FL_OK) {
+      throw Broken{"fresh frame " + std::to_string(f) + " after healing ended " +
+                   std::to_string(frames_[f].status) + ", not DELIVERED (a leaked credit or slot?)"};
+    }
+  }
+}
+
+void World::drain() {
+  for (int round = 0; round < 200; ++round) {
+    bool moved = false;
+    for (int d : senders()) {
+      Link* live = liveLink(d);
+      if (live == nullptr) {
+        linkUp(d);
+        moved = true;
+        continue;
+      }
+      for (int end = 0; end < 2; ++end) {
+        if (!live->in_flight[end].empty()) {
+          deliverControl(*live, end, live->in_flight[end].size());
+          moved = true;
+        }
+      }
+      while (live->pair.link->waiting(0) + live->pair.link->waiting(1) > 0) {
+        deliverData(*live, 1, false);
+        moved = true;
+      }
+    }
+    for (auto& app : apps_) {
+      if (!app->alive || app->role != FL_ROLE_CONSUMER) continue;
+      for (uint32_t s = 0; s < kSlots; ++s) {
+        if (app->in_slot[s] != 0) {
+          release(*app, s);
+          moved = true;
+        }
+      }
+    }
+    settle();
+    if (!moved) return;
+  }
+  throw Broken{"the world does not go quiet after healing (200 rounds)"};
+}
+
+void World::requireEveryFrameEnded(const char* when) {
+  for (auto& app : apps_) {
+    if (!app->alive || app->role != FL_ROLE_PRODUCER) continue;
+    for (uint64_t frame : app->in_slot) {
+      if (frame != 0) throw Broken{"frame " + std::to_string(frame) + " never ended " + when};
+    }
+  }
+}
+
+}  // namespace framelink::sim

@@ -1,0 +1,460 @@
+// The option table (proxy/config_options.cpp): every row reaches the TOML
+// file, the flags, describe(), the defaults, --help, the shipped example
+// (packaging/framelinkd.toml) and the README's configuration table.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "config.h"
+#include "config_options.h"
+#include "config_test_util.h"
+
+namespace fl = framelink;
+namespace cfg = framelink::config;
+using namespace framelink::config_test;
+
+namespace {
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+// A non-default value for one option: as a TOML literal, as flag arguments
+// (one per repetition), as describe() prints it, and a check on Config.
+struct Sample {
+  std::string toml;
+  std::vector<std::string> flag;
+  std::string shown;
+  std::function<bool(const fl::Config&)> holds;
+};
+
+// 4194304 -> "4MiB": what describe() should print for a size.
+std::string humanBytes(uint64_t n) {
+  if (n % fl::kGiB == 0) return std::to_string(n / fl::kGiB) + "GiB";
+  if (n % fl::kMiB == 0) return std::to_string(n / fl::kMiB) + "MiB";
+  return std::to_string(n);
+}
+
+std::string quote(const std::string& s) { return "\"" + s + "\""; }
+
+// Two different non-default samples per option (variant 1 and 2).
+Sample sampleFor(const cfg::Option& option, int variant, const TempDir& dir) {
+  const fl::Config d;
+  const std::string v = std::to_string(variant);
+  return std::visit(
+      Overloaded{
+          [&](const cfg::Text& t) -> Sample {
+            if (t.path) {
+              const std::string file = dir.write("sample" + v + ".pem", kPem);
+              return {quote("sample" + v + ".pem"), {file}, file, [=](const fl::Config& c) {
+                        return c.*t.field == file;
+                      }};
+            }
+            const std::string value = "sample-" + v;
+            return {quote(value), {value}, t.secret ? "<redacted>" : value, [=](const fl::Config& c) {
+                      return c.*t.field == value;
+                    }};
+          },
+          [&](const cfg::Choice& ch) -> Sample {
+            std::vector<std::string> others;
+            for (auto choice : ch.choices) {
+              if (choice != d.*ch.field) others.emplace_back(choice);
+            }
+            const std::string value = others.at(static_cast<size_t>(variant - 1));
+            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*ch.field == value; }};
+          },
+          [&](const cfg::Address& a) -> Sample {
+            const std::string value = "127.0.0.1:123" + v;
+            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*a.field == value; }};
+          },
+          [&](const cfg::Number& n) -> Sample {
+            const uint32_t value = d.*n.field + static_cast<uint32_t>(variant) <= n.max
+                                       ? d.*n.field + static_cast<uint32_t>(variant)
+                                       : d.*n.field - static_cast<uint32_t>(variant);
+            const std::string text = std::to_string(value);
+            return {text, {text}, text, [=](const fl::Config& c) { return c.*n.field == value; }};
+          },
+          [&](const cfg::Bytes& b) -> Sample {
+            const uint64_t value = d.*b.field * static_cast<uint64_t>(variant + 1);
+            return {std::to_string(value), {humanBytes(value)}, humanBytes(value), [=](const fl::Config& c) {
+                      return c.*b.field == value;
+                    }};
+          },
+          [&](const cfg::Count& n) -> Sample {
+            const uint32_t value = d.*n.field * static_cast<uint32_t>(variant + 1);
+            const std::string text = std::to_string(value);
+            return {text, {text}, text, [=](const fl::Config& c) { return c.*n.field == value; }};
+          },
+          [&](const cfg::Mode& m) -> Sample {
+            const uint32_t value = variant == 1 ? 0640 : 0600;
+            const std::string text = variant == 1 ? "0640" : "0600";
+            return {quote(text), {text}, text, [=](const fl::Config& c) { return c.*m.field == value; }};
+          },
+          [&](const cfg::Cpu& cpu) -> Sample {
+            return {v, {v}, v, [=](const fl::Config& c) { return c.*cpu.field == variant; }};
+          },
+          [&](const cfg::Switch& sw) -> Sample {
+            const bool value = !(d.*sw.field);
+            const std::string text = value ? "true" : "false";
+            return {text, {}, text, [=](const fl::Config& c) { return c.*sw.field == value; }};
+          },
+          [&](const cfg::Ids& ids) -> Sample {
+            if (variant == 1) {
+              return {"[7, 8]", {"7", "8"}, "7,8", [=](const fl::Config& c) {
+                        return c.*ids.field == std::vector<uint32_t>{7, 8};
+                      }};
+            }
+            return {"[9, 10]", {"9,10"}, "9,10", [=](const fl::Config& c) {
+                      return c.*ids.field == std::vector<uint32_t>{9, 10};
+                    }};
+          },
+          [&](const cfg::Transports& t) -> Sample {
+            if (variant == 1) {
+              return {R"(["grpc"])", {"grpc"}, "grpc", [=](const fl::Config& c) {
+                        return c.*t.field == std::vector<std::string>{"grpc"};
+                      }};
+            }
+            return {R"(["rdma", "tcp"])", {"rdma,tcp"}, "rdma,tcp", [=](const fl::Config& c) {
+                      return c.*t.field == std::vector<std::string>{"rdma", "tcp"};
+                    }};
+          },
+          [&](const cfg::FaultSpec& f) -> Sample {
+            const std::string value = variant == 1 ? "seed=3,drop=0.01" : "seed=4";
+            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*f.field == value; }};
+          },
+          [&](const cfg::TokenFile& t) -> Sample {
+            const std::string file = dir.write("token" + v, "tok" + v + "\n");
+            return {quote("token" + v), {file}, file, [=](const fl::Config& c) {
+                      return c.*t.field == file && c.token == "tok" + v;
+                    }};
+          },
+          [&](const cfg::Peers&) -> Sample { return {}; },
+      },
+      option.value);
+}
+
+// A config file that sets `key = literal` in the option's section, plus what
+// the option needs to be accepted alone (a certificate for the tls_ keys).
+std::string fileWith(const cfg::Option& option, const std::string& literal, const TempDir& dir) {
+  std::map<std::string, std::string> sections;
+  if (option.key.rfind("tls_", 0) == 0) {
+    const std::string base = dir.write("base.pem", kPem);
+    for (const char* key : {"tls_cert_file", "tls_key_file", "tls_ca_file"}) {
+      if (option.key != key) sections["link"] += std::string(key) + " = " + quote(base) + "\n";
+    }
+  }
+  if (!literal.empty())
+    sections[std::string(option.section)] += std::string(option.key) + " = " + literal + "\n";
+  std::string text;
+  for (const auto& [section, lines] : sections) text += "[" + section + "]\n" + lines;
+  return dir.write("sample.toml", text);
+}
+
+// The value describe() prints for [section] key.
+std::string described(const std::string& line, std::string_view section, std::string_view key) {
+  const size_t start = line.find("[" + std::string(section) + "]");
+  if (start == std::string::npos) return "(no section)";
+  const size_t end = std::min(line.find(" [", start + 1), line.size());
+  const std::string needle = " " + std::string(key) + "=";
+  const size_t at = line.find(needle, start);
+  if (at == std::string::npos || at > end) return "(no key)";
+  const size_t value = at + needle.size();
+  return line.substr(value, line.find(' ', value) - value);
+}
+
+bool isPeers(const cfg::Option& option) { return std::holds_alternative<cfg::Peers>(option.value); }
+
+}  // namespace
+
+TEST_CASE("every key round-trips: TOML -> Config -> describe()", "[config][table]") {
+  TempDir dir;
+  int tested = 0;
+  for (const auto& option : cfg::options()) {
+    if (!option.in_file || isPeers(option)) continue;
+    INFO(cfg::keyName(option));
+    const Sample sample = sampleFor(option, 1, dir);
+    CHECK_FALSE(sample.holds(fl::Config{}));  // the sample is not the default
+    auto c = parse({"--config", fileWith(option, sample.toml, dir)});
+    INFO((c.ok() ? std::string() : c.error().message));
+    REQUIRE(c.ok());
+    CHECK(sample.holds(*c));
+    CHECK(described(fl::describe(*c), option.section, option.key) == sample.shown);
+    ++tested;
+  }
+  CHECK(tested >= 38);
+}
+
+TEST_CASE("every key has a flag named after it, and the flag overrides the file", "[config][table]") {
+  TempDir dir;
+  std::set<std::string> names{"--config", "--help", "--version", "--print-config-reference", "--route"};
+  for (const auto& option : cfg::options()) {
+    if (isPeers(option)) continue;
+    const std::string flag = cfg::flagName(option);
+    INFO(cfg::keyName(option) << " " << flag);
+    std::string dashed(option.key);
+    for (auto& ch : dashed) ch = ch == '_' ? '-' : ch;
+    CHECK((flag == "--" + dashed || flag == "--" + std::string(option.section) + "-" + dashed));
+    CHECK(names.insert(flag).second);
+    std::vector<std::string> spellings{flag};
+    for (auto alias : option.aliases) {
+      CHECK(names.insert(std::string(alias)).second);
+      spellings.emplace_back(alias);
+    }
+
+    const bool is_switch = cfg::isSwitch(option);
+    // A switch can only turn on: the file leaves it off.
+    const Sample in_file = sampleFor(option, 1, dir);
+    const Sample given = sampleFor(option, 2, dir);
+    for (const auto& spelling : spellings) {
+      INFO("as " << spelling);
+      std::vector<std::string> args;
+      if (option.in_file) args = {"--config", fileWith(option, is_switch ? "" : in_file.toml, dir)};
+      if (is_switch) {
+        args.push_back(spelling);
+      } else {
+        for (const auto& value : given.flag) args.insert(args.end(), {spelling, value});
+      }
+      // Authenticated by a token, so that --allow-unauthenticated is tested alone.
+      if (option.key != "token" && option.key != "token_file" && option.key != "allow_unauthenticated") {
+        args.insert(args.end(), {"--token", "t"});
+      }
+      auto c = parseAsIs(args);
+      INFO((c.ok() ? std::string() : c.error().message));
+      REQUIRE(c.ok());
+      CHECK(given.holds(*c));
+      CHECK(described(fl::describe(*c), option.section, option.key) == given.shown);
+    }
+  }
+}
+
+TEST_CASE("the defaults are Config's, and the table shows them", "[config][table]") {
+  auto c = parse({});
+  REQUIRE(c.ok());
+  const fl::Config defaults;
+  for (const auto& option : cfg::options()) {
+    if (isPeers(option) || option.key == "id" || option.key == "allow_unauthenticated") continue;
+    INFO(cfg::keyName(option));
+    CHECK(cfg::show(option, *c) == cfg::show(option, defaults));
+    // describe() is one line of key=value words.
+    CHECK(cfg::show(option, defaults).find(' ') == std::string::npos);
+  }
+  CHECK(cfg::defaultText(*cfg::findOption("daemon", "id")) == "hostname");
+  CHECK(cfg::defaultText(*cfg::findOption("daemon", "socket_mode")) == "\"0660\"");
+  CHECK(cfg::defaultText(*cfg::findOption("daemon", "allowed_uids")) == "anyone");
+  CHECK(cfg::defaultText(*cfg::findOption("link", "keepalive_ms")) == "1000");
+  CHECK(cfg::defaultText(*cfg::findOption("link", "transports")) == R"(["tcp", "grpc"])");
+  CHECK(cfg::defaultText(*cfg::findOption("link", "allow_unauthenticated")) == "false");
+  CHECK(cfg::defaultText(*cfg::findOption("limits", "max_client_bytes")) == "\"1GiB\"");
+  CHECK(cfg::defaultText(*cfg::findOption("metrics", "listen")) == "off");
+  CHECK(cfg::findOption("link", "fault_inject") == nullptr);  // a flag, not a key
+}
+
+TEST_CASE("refused values: the message names the key or flag and the value", "[config][table]") {
+  TempDir dir;
+  for (const auto& option : cfg::options()) {
+    if (isPeers(option)) continue;
+    // A value of the right TOML type that the option refuses, and one for the flag.
+    std::string toml, flag, value;
+    std::visit(Overloaded{
+                   [&](const cfg::Text&) {},  // free text
+                   [&](const cfg::Choice&) { value = "bogus", toml = quote(value), flag = value; },
+                   [&](const cfg::Address&) { value = "nohostport", toml = quote(value), flag = value; },
+                   [&](const cfg::Number& n) {
+                     value = n.max == UINT32_MAX ? "4294967296" : std::to_string(uint64_t{n.max} + 1);
+                     toml = flag = value;
+                   },
+                   [&](const cfg::Bytes&) { value = "12XB", toml = quote(value), flag = value; },
+                   [&](const cfg::Count&) { value = "12XB", toml = quote(value), flag = value; },
+                   [&](const cfg::Mode&) { value = "999", toml = quote(value), flag = value; },
+                   [&](const cfg::Cpu&) { value = "-2", toml = flag = value; },
+                   [&](const cfg::Switch&) { value = "yes", toml = quote(value); },
+                   [&](const cfg::Ids&) { value = "x7", toml = "[\"x7\"]", flag = value; },
+                   [&](const cfg::Transports&) { value = "ib", toml = "[\"ib\"]", flag = value; },
+                   [&](const cfg::FaultSpec&) { value = "lose=0.1", flag = value; },
+                   [&](const cfg::TokenFile&) { value = "missing-file", toml = quote(value), flag = value; },
+                   [&](const cfg::Peers&) {},
+               },
+               option.value);
+    if (value.empty()) continue;
+    INFO(cfg::keyName(option) << " = " << value);
+    if (option.in_file && !toml.empty()) {
+      auto c = parse({"--config", fileWith(option, toml, dir)});
+      REQUIRE_FALSE(c.ok());
+      INFO(c.error().message);
+      CHECK(c.error().message.find(cfg::keyName(option)) != std::string::npos);
+      CHECK(c.error().message.find(value) != std::string::npos);
+    }
+    if (!flag.empty()) {
+      auto c = parse({cfg::flagName(option), flag});
+      REQUIRE_FALSE(c.ok());
+      INFO(c.error().message);
+      CHECK(c.error().message.find(cfg::flagName(option)) != std::string::npos);
+      CHECK(c.error().message.find(value) != std::string::npos);
+    }
+  }
+  // Numbers at the bottom of their range.
+  requireError({"--keepalive-ms", "0"}, {"--keepalive-ms", "'0'", "greater than 0"});
+  requireError({"--rdma-port", "65536"}, {"--rdma-port", "65536", "65535"});
+  CHECK(parse({"--rdma-port", "65535"}).ok());
+}
+
+TEST_CASE("--help lists every flag; old spellings still work", "[config][table]") {
+  auto help = parse({"--help"});
+  REQUIRE(help.ok());
+  for (const auto& option : cfg::options()) {
+    INFO(cfg::keyName(option));
+    CHECK(help->exit_message.find(cfg::flagName(option)) != std::string::npos);
+  }
+  TempDir dir;
+  const std::string pem = dir.write("d.pem", kPem);
+  auto old = parse({"--tls-cert", pem, "--tls-key", pem, "--tls-ca", pem, "--metrics", "127.0.0.1:0",
+                    "--default-slots", "2", "--allow-uid", "5", "--allow-gid", "6"});
+  INFO((old.ok() ? std::string() : old.error().message));
+  REQUIRE(old.ok());
+  CHECK(old->tls_cert_file == pem);
+  CHECK(old->tls_ca_file == pem);
+  CHECK(old->metrics_listen == "127.0.0.1:0");
+  CHECK(old->default_slot_count == 2);
+  CHECK(old->allowed_uids == std::vector<uint32_t>{5});
+  CHECK(old->allowed_gids == std::vector<uint32_t>{6});
+}
+
+#ifdef FRAMELINK_SOURCE_DIR
+// The shipped example must stay loadable as-is and, with every setting
+// uncommented, must name only keys the parser knows.
+TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
+  const std::string example = std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml";
+  TempDir dir;
+  {
+    // As installed: the token file the package generates, and nothing else
+    // (in particular not allow_unauthenticated) -- a secure default.
+    std::ifstream original(example);
+    REQUIRE(original);
+    std::string as_installed((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());
+    const std::string packaged_token = "/etc/framelink/peer.token";
+    const auto at = as_installed.find("token_file = \"" + packaged_token + "\"");
+    REQUIRE(at != std::string::npos);
+    REQUIRE((at == 0 || as_installed[at - 1] == '\n'));  // active, not commented out
+    const std::string token = dir.write("peer.token", "generated-secret\n");
+    as_installed.replace(as_installed.find(packaged_token, at), packaged_token.size(), token);
+    auto installed = parseAsIs({"--config", dir.write("installed.toml", as_installed)});
+    REQUIRE(installed.ok());
+    CHECK(installed->token == "generated-secret");
+    CHECK_FALSE(installed->allow_unauthenticated);
+  }
+
+  std::ifstream in(example);
+  REQUIRE(in);
+  std::string text, line;
+  int uncommented = 0;
+  while (std::getline(in, line)) {
+    // "#key = value" and "#[[peer]]" are settings; "# words" is prose.
+    if (line.size() > 1 && line[0] == '#' && line[1] != ' ') {
+      line.erase(0, 1);
+      ++uncommented;
+    }
+    text += line + "\n";
+  }
+  CHECK(uncommented >= 30);
+  const auto file = dir.write("all.toml", text);
+  // Both token and token_file are shown; the parser rightly refuses both at once.
+  auto both = parse({"--config", file});
+  REQUIRE_FALSE(both.ok());
+  CHECK(both.error().message.find("keep one") != std::string::npos);
+  std::string one_token;
+  std::istringstream lines(text);
+  while (std::getline(lines, line)) {
+    if (line.rfind("token_file", 0) == 0) continue;
+    one_token += line + "\n";
+  }
+  // The TLS files named there do not exist here: every tls_ key is known
+  // (the error is about reading the file), then parse without them.
+  auto tls = parse({"--config", dir.write("tls.toml", one_token)});
+  REQUIRE_FALSE(tls.ok());
+  CHECK(tls.error().message.find("link.tls_cert_file: cannot read '/etc/framelink/tls/framelinkd.pem'") !=
+        std::string::npos);
+  std::string no_tls;
+  std::istringstream again(one_token);
+  int tls_keys = 0;
+  while (std::getline(again, line)) {
+    if (line.rfind("tls_", 0) == 0) {
+      ++tls_keys;
+      continue;
+    }
+    no_tls += line + "\n";
+  }
+  CHECK(tls_keys == 5);
+  auto c = parse({"--config", dir.write("one.toml", no_tls)});
+  INFO((c.ok() ? std::string() : c.error().message));
+  REQUIRE(c.ok());
+  CHECK(c->routeFor("cam0") == "host-b");
+  CHECK(c->socket_group == "framelink");
+}
+
+TEST_CASE("packaging/framelinkd.toml shows every key with its default", "[config][table]") {
+  // "#key = value" (commented out) or "key = value", under [section].
+  std::map<std::string, std::string> shown;
+  std::istringstream lines(readFile(std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml"));
+  std::string line, section;
+  while (std::getline(lines, line)) {
+    if (line.rfind("#", 0) == 0 && line.rfind("# ", 0) != 0) line.erase(0, 1);
+    if (line.rfind("[", 0) == 0) {
+      section = line.substr(line.find_first_not_of('['), line.find(']') - line.find_first_not_of('['));
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos || line.rfind("#", 0) == 0) continue;
+    shown[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  for (const auto& option : cfg::options()) {
+    if (!option.in_file || isPeers(option)) continue;
+    const std::string key = cfg::keyName(option);
+    INFO("packaging/framelinkd.toml must show " << key << ", commented out, with its default");
+    REQUIRE(shown.count(key) == 1);
+    // Keys without a default show an example instead.
+    const std::string literal = cfg::tomlValue(option, fl::Config{});
+    if (!literal.empty()) CHECK(shown[key] == literal);
+  }
+  for (const auto& [key, value] : shown) {
+    INFO(key);
+    CHECK((key.rfind("peer.", 0) == 0 ||
+           cfg::findOption(key.substr(0, key.find('.')), key.substr(key.find('.') + 1))));
+  }
+}
+
+TEST_CASE("the README's configuration table is the option table", "[config][table]") {
+  const std::string readme = readFile(std::string(FRAMELINK_SOURCE_DIR) + "/README.md");
+  const std::string begin = "<!-- BEGIN config-reference";
+  const std::string end = "<!-- END config-reference -->";
+  const size_t from = readme.find(begin);
+  REQUIRE(from != std::string::npos);
+  const size_t body = readme.find('\n', from) + 1;
+  const size_t to = readme.find(end, body);
+  REQUIRE(to != std::string::npos);
+  INFO(
+      "README.md's configuration table differs from the option table (proxy/config_options.cpp); "
+      "regenerate it: scripts/update-config-reference.sh build/proxy/framelinkd");
+  CHECK(readme.substr(body, to - body) == fl::configReference());
+
+  auto printed = parse({"--print-config-reference"});
+  REQUIRE(printed.ok());
+  CHECK(printed->exit_now);
+  CHECK(printed->exit_message == fl::configReference());
+  for (const auto& option : cfg::options()) {
+    INFO(cfg::keyName(option));
+    CHECK(printed->exit_message.find("`" + cfg::flagName(option)) != std::string::npos);
+  }
+}
+#endif
