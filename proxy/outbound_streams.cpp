@@ -219,6 +219,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       return work + 1;  // the transport takes it later: still work
     }
     s.pending.erase(first);
+    s.credit_ids.erase(fit->credit_id);
     s.credits.erase(fit);
     ++work;
     if (r == transport::PostResult::kInvalid) {
@@ -360,6 +361,12 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
   }
   for (const auto& rc : g.credits) {
+    // Credit ids are unique on a link: one held twice would take two frames
+    // into one slot.
+    if (!s.credit_ids.insert(rc.credit_id).second) {
+      return "peer granted credit " + std::to_string(rc.credit_id) + " of stream " +
+             std::to_string(g.stream_id) + " while that credit was already granted";
+    }
     s.credits.push_back(rc);
     s.largest_credit = std::max(s.largest_credit, rc.length);
   }
@@ -379,6 +386,7 @@ void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) 
     auto it = std::find_if(s->credits.begin(), s->credits.end(),
                            [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
     if (it == s->credits.end()) continue;
+    s->credit_ids.erase(id);
     s->credits.erase(it);
     back.mutable_credit_revoke()->add_credit_ids(id);
   }
@@ -426,6 +434,7 @@ void OutboundStreams::onLinkUp(AgentLink& l) {
   p.link_id = l.id;
   for (auto& [id, s] : peerOut(l.peer).streams) {
     s.credits.clear();
+    s.credit_ids.clear();
     s.largest_credit = 0;
     announce(l, s);
   }
@@ -437,6 +446,7 @@ void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) 
     p.link_id = 0;
     for (auto& [id, s] : peerOut(l.peer).streams) {
       s.credits.clear();
+      s.credit_ids.clear();
       s.largest_credit = 0;
       s.announced = false;
     }

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "agent_clock.h"
@@ -80,7 +81,8 @@ class OutboundStreams {
     std::string name;
     uint64_t next_sequence = 1;
     std::deque<transport::RemoteCredit> credits;
-    uint64_t largest_credit = 0;  // the largest credit granted on the current link
+    std::unordered_set<uint64_t> credit_ids;  // of `credits`: a peer granting one twice is refused
+    uint64_t largest_credit = 0;              // the largest credit granted on the current link
     // Submitted or to be sent again, waiting for a credit; by sequence, so a
     // stream always leaves in sequence order -- also when NACKed frames and
     // a broken link's unacknowledged ones go back into it.  The receiver

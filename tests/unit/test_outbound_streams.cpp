@@ -570,3 +570,28 @@ TEST_CASE("outbound streams: the ACK deadline runs from the send's completion",
   CHECK_FALSE(rig.completed(&d));
   CHECK(rig.metrics.counters.frames_delivered.load() == 0);
 }
+
+TEST_CASE("outbound streams: a grant of a credit already held is refused", "[agent][outbound]") {
+  // Two copies of one credit would take two frames into one slot; the
+  // fuzzer found a peer that grants a credit twice and revokes it once.
+  OutboundRig rig;
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{102, 4096, 0, 0});
+  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  const std::string again = rig.out.onCreditGrant(*rig.link, grant);
+  CHECK_THAT(again, Catch::Matchers::Contains("credit 102") && Catch::Matchers::Contains("already granted"));
+  peer::CreditGrant twice;
+  twice.stream_id = rig.stream_id;
+  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
+  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
+  CHECK_THAT(rig.out.onCreditGrant(*rig.link, twice), Catch::Matchers::Contains("credit 103"));
+  // Once used, an id is free again as far as the sender can tell.
+  auto landing = exposeLanding(*rig.pair.b, 102, 4096);
+  rig.submit(0, 10);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
+  peer::CreditGrant fresh;
+  fresh.stream_id = rig.stream_id;
+  fresh.credits.push_back(transport::RemoteCredit{104, 4096, 0, 0});
+  CHECK(rig.out.onCreditGrant(*rig.link, fresh).empty());
+}
