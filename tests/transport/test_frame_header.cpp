@@ -240,6 +240,17 @@ TEST_CASE("rdma wire: the receiver reads has_crc32c from reserved0", "[transport
   CHECK(h.has_crc32c == 0);
 }
 
+TEST_CASE("rdma wire: a reused header buffer carries no earlier frame's attributes",
+          "[transport][frame_header][rdma]") {
+  // The transport reuses its send-header buffers across the link's streams.
+  rdma::RdmaWireHeader w{};
+  rdma::toWire(sample(FL_MAX_ATTR_BYTES, false, false), &w);
+  const FrameHeader shorter = sample(5, false, false);
+  rdma::toWire(shorter, &w);
+  CHECK(std::memcmp(w.attrs, shorter.attrs, 5) == 0);
+  for (uint32_t i = 5; i < FL_MAX_ATTR_BYTES; ++i) CHECK(w.attrs[i] == 0);
+}
+
 TEST_CASE("rdma wire bounds: attr_length above FL_MAX_ATTR_BYTES", "[transport][frame_header][rdma]") {
   SECTION("read: becomes 0 with no attributes") {
     rdma::RdmaWireHeader w{};

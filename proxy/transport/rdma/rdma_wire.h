@@ -39,6 +39,11 @@ inline constexpr size_t kWireHeaderBytes = sizeof(RdmaWireHeader);  // 256
 
 inline void toWire(const FrameHeader& h, RdmaWireHeader* w) noexcept {
   toSlotHeader(h, w);
+  // The send-header buffers are reused across the link's streams: the bytes
+  // past attr_length would carry an earlier frame's attributes (of another
+  // stream, perhaps) into this consumer's slot.
+  const uint32_t n = h.attr_length <= FL_MAX_ATTR_BYTES ? h.attr_length : FL_MAX_ATTR_BYTES;
+  std::memset(w->attrs + n, 0, FL_MAX_ATTR_BYTES - n);
   w->reserved0 = h.has_crc32c;
   std::memcpy(w->reserved1, &h.stream_id, sizeof w->reserved1);
 }
