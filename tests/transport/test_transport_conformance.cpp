@@ -317,8 +317,10 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   CHECK(rx.t->connected());
   // A credit is consumed by its frame: using it again is an unknown credit.
   REQUIRE(tx.post(request(3, good, payload, 7)) == PostResult::kOk);
+  // The payload stays valid until its send completes: a receiver may report
+  // a frame for an unknown credit before the sender has written all of it.
   waitFor(
-      tx, rx, [&] { return rx.arrivals.size() == 3; }, "reused credit");
+      tx, rx, [&] { return rx.arrivals.size() == 3 && tx.sends.size() == 3; }, "reused credit and its send");
   CHECK(rx.arrivals[2].status == FL_ERR_UNKNOWN_CREDIT);
 }
 
