@@ -1,8 +1,93 @@
 #include "agent_state.h"
 
+#include <algorithm>
+
 #include "framelink/framelink.h"
+#include "peer_messages.h"
 
 namespace framelink {
+
+bool isPerFrameMessage(const v1::PeerMessage& message) {
+  switch (message.body_case()) {
+    case v1::PeerMessage::kCreditGrant:
+    case v1::PeerMessage::kCreditRevoke:
+    case v1::PeerMessage::kAck:
+    case v1::PeerMessage::kNack:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void AgentLink::send(v1::PeerMessage message) {
+  if (!isPerFrameMessage(message)) {
+    session.writer->send(std::move(message));
+    return;
+  }
+  if (message.has_credit_grant() &&
+      static_cast<size_t>(message.credit_grant().credits_size()) > kMaxCreditsPerGrant) {
+    // Split so that every record stays small.
+    const auto& grant = message.credit_grant();
+    for (int i = 0; i < grant.credits_size(); i += static_cast<int>(kMaxCreditsPerGrant)) {
+      v1::PeerMessage part;
+      auto* g = part.mutable_credit_grant();
+      g->set_stream_id(grant.stream_id());
+      g->set_largest_slot(grant.largest_slot());
+      const int end = std::min(grant.credits_size(), i + static_cast<int>(kMaxCreditsPerGrant));
+      for (int k = i; k < end; ++k) *g->add_credits() = grant.credits(k);
+      send(std::move(part));
+    }
+    return;
+  }
+  if (message.has_credit_revoke() &&
+      static_cast<size_t>(message.credit_revoke().credit_ids_size()) > peer::kMaxAcksPerMessage) {
+    const auto& revoke = message.credit_revoke();
+    for (int i = 0; i < revoke.credit_ids_size(); i += static_cast<int>(peer::kMaxAcksPerMessage)) {
+      v1::PeerMessage part;
+      auto* r = part.mutable_credit_revoke();
+      r->set_stream_id(revoke.stream_id());
+      r->set_returned(revoke.returned());
+      const int end = std::min(revoke.credit_ids_size(), i + static_cast<int>(peer::kMaxAcksPerMessage));
+      for (int k = i; k < end; ++k) r->add_credit_ids(revoke.credit_ids(k));
+      send(std::move(part));
+    }
+    return;
+  }
+  if (control_bytes >= kMaxControlRecordBytes) {
+    control_out.push_back(control.SerializeAsString());
+    control.Clear();
+    control_bytes = 0;
+  }
+  control_bytes += message.ByteSizeLong() + 4;  // + the field's tag and length
+  control.add_messages()->Swap(&message);
+}
+
+size_t AgentLink::flushControl(std::string* refused) {
+  if (control.messages_size() > 0) {
+    control_out.push_back(control.SerializeAsString());
+    control.Clear();
+    control_bytes = 0;
+  }
+  size_t handed = 0;
+  while (!control_out.empty() && transport != nullptr) {
+    const size_t size = control_out.front().size();
+    // A copy: a record refused for backpressure stays queued.
+    const transport::PostResult r = transport->postControl(control_out.front());
+    if (r == transport::PostResult::kBackpressure) break;  // kept; tried again next round
+    control_out.pop_front();
+    if (r == transport::PostResult::kOk) {
+      ++handed;
+    } else if (r == transport::PostResult::kInvalid) {
+      *refused = "the transport refused a control record of " + std::to_string(size) + " bytes";
+      control_out.clear();
+      break;
+    }
+    // kNotConnected: the link is going down; what it would have said is lost
+    // with it, as on a broken Session (replay recovers the frames).
+  }
+  if (handed > 0) transport->flush();
+  return handed;
+}
 
 std::string statusName(int status) {
   const char* s = fl_status_str(status);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -89,10 +90,35 @@ struct AgentLink {
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
   uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
 
+  // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
+  // this round, and records the transport had no room for yet.
+  v1::ControlBatch control;
+  size_t control_bytes = 0;
+  std::deque<std::string> control_out;
+
   // Takes posts and credits: up, and not being closed.
   bool usable() const { return !closing && transport != nullptr; }
-  void send(v1::PeerMessage message) { session.writer->send(std::move(message)); }
+  // To the peer: a per-frame message waits for the end of the round and goes
+  // in a control record on the transport (flushControl); anything else goes
+  // on the Session now.
+  void send(v1::PeerMessage message);
+  // Hands the round's per-frame messages to the transport as control
+  // records, one per kMaxControlRecordBytes.  Returns the records handed
+  // over; sets `refused` when the transport called one malformed (a bug).
+  size_t flushControl(std::string* refused);
 };
+
+// True for the messages that travel in control records on the transport
+// (protocol 2), never on the Session.
+bool isPerFrameMessage(const v1::PeerMessage& message);
+
+// What one control record holds before another is started.  A record may
+// end one message beyond it; the largest message (kMaxCreditsPerGrant
+// credits of at most 41 bytes, or kMaxAcksPerMessage ACKs of at most 11) is
+// below 90 KiB, so a record stays below transport::kMaxControlBytes.
+inline constexpr size_t kMaxControlRecordBytes = 64 * 1024;
+// Credits in one CreditGrant on the wire (larger grants are split).
+inline constexpr size_t kMaxCreditsPerGrant = 2048;
 
 class LinkTable {
  public:

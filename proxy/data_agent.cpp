@@ -123,7 +123,23 @@ size_t DataAgent::doWork() {
     publishStats();
     next_stats_ns_ = now + kStatsNs;
   }
+  // Last: whatever this round decided for a peer (ACKs, grants, NACKs) goes
+  // before the agent may sleep.
+  work += flushLinkControl();
   return work;
+}
+
+size_t DataAgent::flushLinkControl() {
+  size_t records = 0;
+  for (auto& [id, l] : links_) {
+    if (l.control.messages_size() == 0 && l.control_out.empty()) continue;
+    std::string refused;
+    const size_t n = l.flushControl(&refused);
+    records += n;
+    metrics_.counters.control_records_sent.fetch_add(n, std::memory_order_relaxed);
+    if (!refused.empty()) protocolError(l, refused);
+  }
+  return records;
 }
 
 bool DataAgent::runUntilIdle(size_t max_rounds) {
@@ -163,7 +179,15 @@ size_t DataAgent::drainCommands() {
           } else if constexpr (std::is_same_v<T, CmdLinkDown>) {
             onLinkDown(cmd.link_id, cmd.reason);
           } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
-            if (AgentLink* l = links_.find(cmd.link_id)) onPeerMessage(*l, *cmd.message);
+            AgentLink* l = links_.find(cmd.link_id);
+            if (l == nullptr) return;
+            if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
+              protocolError(*l,
+                            "a per-frame message (credit grant or revoke, ACK, NACK) came on the Session; "
+                            "protocol version 2 carries those on the data transport only");
+              return;
+            }
+            onPeerMessage(*l, *cmd.message);
           } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
             if (AgentLink* l = links_.find(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
           } else if constexpr (std::is_same_v<T, CmdStop>) {
@@ -307,6 +331,9 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
     case transport::TransportEvent::Kind::kFrameArrived:
       inbound_.onFrameArrived(l, ev);
       return;
+    case transport::TransportEvent::Kind::kControl:
+      onControlRecord(l, ev.control);
+      return;
     case transport::TransportEvent::Kind::kLinkError:
       if (!l.closing) {
         spdlog::warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer_name, l.transport_name,
@@ -327,6 +354,25 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   fin.mutable_fin()->set_reason(why);
   l.send(std::move(fin));
   if (l.session.cancel) l.session.cancel();
+}
+
+void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
+  if (l.closing) return;
+  metrics_.counters.control_records_received.fetch_add(1, std::memory_order_relaxed);
+  v1::ControlBatch batch;
+  if (!batch.ParseFromString(record)) {
+    protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
+    return;
+  }
+  for (const v1::PeerMessage& m : batch.messages()) {
+    if (!isPerFrameMessage(m)) {
+      protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +
+                           "; only credit grants and revokes, ACKs and NACKs travel there");
+      return;
+    }
+    onPeerMessage(l, m);
+    if (l.closing) return;
+  }
 }
 
 void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {

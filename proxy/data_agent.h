@@ -61,6 +61,9 @@ struct CmdLinkDown {
 struct CmdPeerMessage {
   uint64_t link_id = 0;
   std::shared_ptr<v1::PeerMessage> message;
+  // Read from the gRPC Session, where a per-frame message is a protocol
+  // error (version 2 carries those on the transport).
+  bool from_session = false;
 };
 struct CmdStop {};
 
@@ -106,6 +109,10 @@ class DataAgent {
   void onLinkUp(CmdLinkUp& command);
   void onLinkDown(uint64_t link_id, const std::string& reason);
   void onPeerMessage(AgentLink& link, const v1::PeerMessage& message);
+  // A control record from the link's transport: a ControlBatch of per-frame messages.
+  void onControlRecord(AgentLink& link, const std::string& record);
+  // Every link's per-frame messages of this round, to its transport.
+  size_t flushLinkControl();
   void onTransportEvent(AgentLink& link, transport::TransportEvent& event);
   // A descriptor from a client's submit ring: a producer's frame or a
   // consumer's release.

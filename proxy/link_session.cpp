@@ -69,7 +69,7 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
       }
       continue;
     }
-    agent.post(CmdPeerMessage{link_id, std::move(msg)});
+    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true});
     msg = std::make_shared<v1::PeerMessage>();
   }
   guard->fire();  // a Write blocked on flow control fails now

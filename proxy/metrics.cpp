@@ -101,6 +101,11 @@ std::string Metrics::prometheus() const {
   counter("credits_recalled_total",
           "Credits recalled from a peer to share a stream's slots with its other senders.",
           counters.credits_recalled);
+  counter("control_records_sent_total",
+          "Control records (credit grants, ACKs, NACKs of one round) sent on data transports.",
+          counters.control_records_sent);
+  counter("control_records_received_total", "Control records received on data transports.",
+          counters.control_records_received);
   counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
   counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
   counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
@@ -235,6 +240,8 @@ std::string Metrics::json() const {
       {"bad_descriptors", &counters.bad_descriptors},
       {"credits_granted", &counters.credits_granted},
       {"credits_recalled", &counters.credits_recalled},
+      {"control_records_sent", &counters.control_records_sent},
+      {"control_records_received", &counters.control_records_received},
       {"nacks_sent", &counters.nacks_sent},
       {"links_up", &counters.links_up},
       {"link_failures", &counters.link_failures},

@@ -445,8 +445,16 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
                   peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
     return false;
   }
-  if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id ||
-      reply.hello_ack().protocol_version() != kProtocolVersion) {
+  if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
+    spdlog::error(
+        "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
+        "run the same framelink version on both hosts",
+        peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
     spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
     ctx.TryCancel();
     stream->Finish();

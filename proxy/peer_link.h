@@ -33,7 +33,7 @@ namespace framelink {
 class DataAgent;
 class Metrics;
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: per-frame protocol on the data transport
 
 class PeerLinks {
  public:

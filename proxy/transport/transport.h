@@ -13,6 +13,10 @@
 //     caller's cookie), FrameArrived when a frame has fully landed in a
 //     credited buffer, LinkError when the link broke (after which every
 //     posted-but-uncompleted send is reported as SendComplete with an error).
+//   * The per-frame protocol travels on the transport too (peer protocol 2):
+//     the daemons exchange credit grants, ACKs and NACKs as control records
+//     (postControl, Control events), so nothing per frame waits for the gRPC
+//     Session.  A record is opaque bytes to the transport.
 //
 // Threading: one calling thread at a time, handed over once.
 //   * Setup: the thread that makes a transport (peer_link's dialer, the gRPC
@@ -90,13 +94,23 @@ enum class PostResult {
   kInvalid,       // request is malformed (length > credit, null payload): nothing queued
 };
 
+// The largest control record (postControl); a receiver fails the link with
+// FL_ERR_PROTOCOL on a larger one.  The daemon keeps its records well below:
+// it splits grants and ACKs (peer_messages.h bounds).
+inline constexpr size_t kMaxControlBytes = 256 * 1024;
+// Control bytes a transport holds unsent before postControl reports
+// kBackpressure: a peer that stops reading cannot make this side queue
+// without bound.
+inline constexpr size_t kMaxControlBacklogBytes = 8 * 1024 * 1024;
+
 struct TransportEvent {
-  enum class Kind { kSendComplete, kFrameArrived, kLinkError };
+  enum class Kind { kSendComplete, kFrameArrived, kLinkError, kControl };
   Kind kind = Kind::kSendComplete;
   uint64_t cookie = 0;  // kSendComplete
   int status = FL_OK;   // fl_status: FL_OK, or why the send / link failed
   FrameHeader header;   // kFrameArrived: payload is in the buffer of header.credit_id
   std::string message;  // human-readable detail for errors
+  std::string control;  // kControl: the record, exactly as the peer posted it
 };
 
 class Transport {
@@ -129,7 +143,17 @@ class Transport {
   // valid until the next post().
   virtual std::string_view lastRefusal() const noexcept { return "the request is malformed"; }
 
-  // Hands everything accepted by post() since the last flush to the
+  // Queues one control record for the peer, which receives it as one
+  // kControl event with exactly these bytes.  Records arrive in the order
+  // they were posted, exactly once, unless the link fails first (then any of
+  // them may be lost, like a frame in flight).  A record may overtake
+  // frames posted before it: what it says never refers to frames sent the
+  // same way.  Non-blocking.  kInvalid: empty or larger than
+  // kMaxControlBytes; kBackpressure: more than kMaxControlBacklogBytes wait
+  // unsent (retry after polling); kNotConnected: the link is down.
+  virtual PostResult postControl(std::string record) noexcept = 0;
+
+  // Hands everything accepted by post() and postControl() since the last flush to the
   // hardware (rdma: one chained ibv_post_send).  The agent calls it after
   // each round of posts; a transport may also flush on its own when its
   // batch is full.  Byte-stream transports hand requests over in post().

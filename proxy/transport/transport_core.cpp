@@ -94,15 +94,51 @@ PostResult TransportCore::post(const SendRequest& request) noexcept {
   return PostResult::kOk;
 }
 
-bool TransportCore::nextSend(SendRequest* out) noexcept {
+PostResult TransportCore::postControl(std::string record) noexcept {
+  if (record.empty() || record.size() > kMaxControlBytes) return PostResult::kInvalid;
+  {
+    MutexLock lock(send_mu_);
+    if (failed_) return PostResult::kNotConnected;
+    if (control_bytes_ + record.size() > kMaxControlBacklogBytes) {
+      MutexLock c(counters_mu_);
+      ++counters_.backpressure;
+      return PostResult::kBackpressure;
+    }
+    try {
+      control_bytes_ += record.size();
+      control_.push_back(std::move(record));
+    } catch (...) {
+      control_bytes_ -= record.size();
+      return PostResult::kBackpressure;
+    }
+  }
+  send_cv_.notify_one();
+  return PostResult::kOk;
+}
+
+bool TransportCore::nextSend(Outgoing* out) noexcept {
+  out->control.clear();
+  out->has_frame = false;
   MutexLock lock(send_mu_);
-  lock.wait(send_cv_, [&]() FL_REQUIRES(send_mu_) { return failed_ || stopped_ || count_ > 0; });
+  lock.wait(send_cv_,
+            [&]() FL_REQUIRES(send_mu_) { return failed_ || stopped_ || count_ > 0 || !control_.empty(); });
   if (failed_ || stopped_) return false;
-  *out = ring_[head_];
-  head_ = (head_ + 1) % ring_.size();
-  --count_;
-  in_flight_ = true;
-  in_flight_cookie_ = out->cookie;
+  if (!control_.empty()) {
+    {
+      MutexLock c(counters_mu_);
+      counters_.control_sent += control_.size();
+    }
+    out->control.swap(control_);
+    control_bytes_ = 0;
+  }
+  if (count_ > 0) {
+    out->frame = ring_[head_];
+    out->has_frame = true;
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+    in_flight_ = true;
+    in_flight_cookie_ = out->frame.cookie;
+  }
   return true;
 }
 
@@ -154,6 +190,21 @@ void TransportCore::frameArrived(const FrameHeader& header, int status, std::str
   signal();
 }
 
+void TransportCore::controlArrived(std::string record) noexcept {
+  {
+    MutexLock c(counters_mu_);
+    ++counters_.control_received;
+  }
+  TransportEvent ev;
+  ev.kind = TransportEvent::Kind::kControl;
+  ev.control = std::move(record);
+  {
+    MutexLock e(events_mu_);
+    pushEventLocked(std::move(ev));
+  }
+  signal();
+}
+
 bool TransportCore::fail(int status, std::string message) noexcept {
   {
     MutexLock lock(send_mu_);
@@ -177,6 +228,8 @@ bool TransportCore::fail(int status, std::string message) noexcept {
       pushEventLocked(std::move(ev));
       head_ = (head_ + 1) % ring_.size();
     }
+    control_.clear();
+    control_bytes_ = 0;
   }
   send_cv_.notify_all();
   signal();

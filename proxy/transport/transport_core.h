@@ -4,9 +4,9 @@
 // TransportCore and adds only the code that moves bytes.
 //
 // Threads:
-//   * data agent (one thread): exposeCredit, retractCredit, post, poll, eventFd
+//   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd
 //   * sender thread (one):     nextSend, completeSend
-//   * receiver thread (one):   beginReceive, endReceive, frameArrived
+//   * receiver thread (one):   beginReceive, endReceive, frameArrived, controlArrived
 //   * any thread:              fail, connected
 //
 // Ordering guarantees the daemon relies on:
@@ -57,14 +57,22 @@ class TransportCore {
   Result<RemoteCredit> exposeCredit(LocalCredit credit);
   void retractCredit(uint64_t credit_id);
   PostResult post(const SendRequest& request) noexcept;
+  PostResult postControl(std::string record) noexcept;
   size_t poll(TransportEvent* out, size_t max) noexcept;
   int eventFd() const noexcept { return event_fd_.get(); }
   bool connected() const noexcept;
 
   // ---- sender thread ----
-  // Blocks until a request is queued (true) or the link failed (false).  The
-  // request stays "in flight" until completeSend().
-  bool nextSend(SendRequest* out) noexcept;
+  // What the sender writes next: the control records queued so far (written
+  // first, they are small and someone waits for them), then at most one frame.
+  struct Outgoing {
+    std::vector<std::string> control;
+    bool has_frame = false;
+    SendRequest frame;
+  };
+  // Blocks until a control record or a request is queued (true) or the link
+  // failed (false).  A frame stays "in flight" until completeSend().
+  bool nextSend(Outgoing* out) noexcept;
   // Makes nextSend() return false from now on without failing the link:
   // the transport stops writing (its stream is gone) and fails the link
   // afterwards, once it knows why.  Queued requests stay queued until fail().
@@ -81,6 +89,7 @@ class TransportCore {
   // True if the credit taken by beginReceive was not retracted meanwhile.
   bool endReceive() noexcept;
   void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
+  void controlArrived(std::string record) noexcept;
 
   // ---- any thread ----
   // Marks the link failed.  The first call reports LinkError(status, message)
@@ -97,6 +106,8 @@ class TransportCore {
     uint64_t bytes_received = 0;
     uint64_t unknown_credit_frames = 0;
     uint64_t backpressure = 0;
+    uint64_t control_sent = 0;      // records
+    uint64_t control_received = 0;  // records
   };
   Counters counters() const noexcept;
   void countReceived(uint64_t bytes) noexcept;
@@ -116,6 +127,8 @@ class TransportCore {
   size_t count_ FL_GUARDED_BY(send_mu_) = 0;
   bool in_flight_ FL_GUARDED_BY(send_mu_) = false;
   uint64_t in_flight_cookie_ FL_GUARDED_BY(send_mu_) = 0;
+  std::vector<std::string> control_ FL_GUARDED_BY(send_mu_);
+  size_t control_bytes_ FL_GUARDED_BY(send_mu_) = 0;
   bool failed_ FL_GUARDED_BY(send_mu_) = false;
   bool stopped_ FL_GUARDED_BY(send_mu_) = false;
 

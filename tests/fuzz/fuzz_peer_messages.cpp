@@ -356,7 +356,12 @@ class Run {
         shiftStreamId(*copy, i);
       }
       if (l != nullptr && (spread || i == 0)) note(*l, *copy, spread ? 1 : copies);
-      agent_->post(CmdPeerMessage{l != nullptr ? l->id : kNoLink, std::move(copy)});
+      if (l != nullptr && isPerFrameMessage(*copy)) {
+        // Protocol 2: per-frame messages come in control records on the transport.
+        l->transport->controlArrives(*copy);
+      } else {
+        agent_->post(CmdPeerMessage{l != nullptr ? l->id : kNoLink, std::move(copy), /*from_session=*/true});
+      }
     }
     settle();
     for (size_t i = 0; i < links_.size(); ++i) {

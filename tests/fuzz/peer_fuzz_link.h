@@ -62,8 +62,10 @@ class Session {
 
   const std::shared_ptr<SessionWriter>& writer() const { return writer_; }
 
-  // Everything the agent sent since the last call.
+  // Everything the agent sent since the last call, on the Session and in
+  // control records on the transport, in the order it sent them.
   std::vector<v1::PeerMessage> take() { return std::exchange(messages_, {}); }
+  void recordInBand(const v1::PeerMessage& m) { messages_.push_back(m); }
 
  private:
   std::vector<v1::PeerMessage> messages_;
@@ -143,6 +145,30 @@ class FakeTransport final : public transport::Transport {
     ledger_.posted[{h.stream_id, h.sequence}] = slot;
     in_flight_.push_back(r.cookie);
     return PostResult::kOk;
+  }
+
+  PostResult postControl(std::string record) noexcept override {
+    if (down_) return PostResult::kNotConnected;
+    if (record.empty() || record.size() > kMaxControlBytes)
+      fail("the agent posted a control record out of bounds");
+    v1::ControlBatch batch;
+    if (!batch.ParseFromString(record)) fail("the agent posted a control record that is not a ControlBatch");
+    for (const v1::PeerMessage& m : batch.messages()) {
+      if (!isPerFrameMessage(m)) fail("the agent put a Session message in a control record");
+      link_.session.recordInBand(m);
+    }
+    return PostResult::kOk;
+  }
+
+  // The peer's control record lands.
+  void controlArrives(const v1::PeerMessage& m) {
+    if (down_) return;
+    v1::ControlBatch batch;
+    *batch.add_messages() = m;
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kControl;
+    ev.control = batch.SerializeAsString();
+    events_.push_back(std::move(ev));
   }
 
   size_t poll(TransportEvent* out, size_t max) noexcept override {

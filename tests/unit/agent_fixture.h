@@ -1,7 +1,8 @@
 // What the data agent's tests share: the agent driven the way the daemon
 // drives it -- real segments, a real tcp transport pair over loopback, peer
 // messages in through the command queue, the agent's outgoing control
-// messages captured from its session writer, and a manual clock.
+// messages captured from its session writer and from the control records
+// that reach the peer's end of the transport, and a manual clock.
 #pragma once
 
 #include <sys/socket.h>
@@ -9,9 +10,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
@@ -38,7 +41,9 @@ namespace agent_test {
 
 inline constexpr auto kDeadline = 5s;
 
-// Collects what the agent sends to its peer.
+// Collects what the agent sends to its peer: on the Session (write, from
+// the session writer's thread) and in control records on the transport
+// (pump, from the test's thread, which plays the peer).
 class Capture {
  public:
   bool write(const v1::PeerMessage& m) {
@@ -47,22 +52,62 @@ class Capture {
     cv_.notify_all();
     return true;
   }
-  // Waits for the next message matching `pred` (skipping others, e.g. keepalives).
-  v1::PeerMessage next(const std::function<bool(const v1::PeerMessage&)>& pred) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    v1::PeerMessage found;
-    bool ok = cv_.wait_for(lock, kDeadline, [&] {
-      for (size_t i = cursor_; i < messages_.size(); ++i) {
-        if (pred(messages_[i])) {
-          found = messages_[i];
-          cursor_ = i + 1;
-          return true;
+  // A peer-side transport whose control records carry the agent's
+  // per-frame messages (one per link the test brings up).  Only the test's
+  // thread polls them.
+  void watch(transport::Transport* peer) { peers_.push_back(peer); }
+  bool watching(const transport::Transport* t) const {
+    return std::find(peers_.begin(), peers_.end(), t) != peers_.end();
+  }
+  void takeControl(const std::string& record) {
+    v1::ControlBatch batch;
+    REQUIRE(batch.ParseFromString(record));
+    for (const auto& m : batch.messages()) write(m);
+  }
+  // Polls the watched transport: control records become messages, other
+  // events wait for waitEvent().
+  void pump() {
+    transport::TransportEvent ev;
+    for (transport::Transport* peer : peers_) {
+      while (peer->poll(&ev, 1) == 1) {
+        if (ev.kind == transport::TransportEvent::Kind::kControl) {
+          takeControl(ev.control);
+        } else {
+          stash_.push_back(std::move(ev));
         }
       }
-      return false;
-    });
-    if (!ok) FAIL("the agent did not send the expected peer message within 5 s");
-    return found;
+    }
+  }
+  bool popStashed(transport::TransportEvent::Kind kind, transport::TransportEvent* out) {
+    for (auto it = stash_.begin(); it != stash_.end(); ++it) {
+      if (it->kind == kind) {
+        *out = std::move(*it);
+        stash_.erase(it);
+        return true;
+      }
+    }
+    stash_.clear();  // what came before the awaited event is skipped, as waitEvent always did
+    return false;
+  }
+  // Waits for the next message matching `pred` (skipping others, e.g. keepalives).
+  v1::PeerMessage next(const std::function<bool(const v1::PeerMessage&)>& pred) {
+    const auto end = std::chrono::steady_clock::now() + kDeadline;
+    for (;;) {
+      pump();
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (size_t i = cursor_; i < messages_.size(); ++i) {
+          if (pred(messages_[i])) {
+            cursor_ = i + 1;
+            return messages_[i];
+          }
+        }
+        if (std::chrono::steady_clock::now() > end) break;
+        cv_.wait_for(lock, 1ms);
+      }
+    }
+    FAIL("the agent did not send the expected peer message within 5 s");
+    return {};
   }
 
  private:
@@ -70,7 +115,12 @@ class Capture {
   std::condition_variable cv_;
   std::vector<v1::PeerMessage> messages_;
   size_t cursor_ = 0;
+  std::vector<transport::Transport*> peers_;     // test thread only
+  std::deque<transport::TransportEvent> stash_;  // test thread only
 };
+
+// The capture of the running fixture, for waitEvent.
+inline Capture* g_capture = nullptr;
 
 struct TcpPair {
   std::unique_ptr<transport::Transport> a;  // given to the agent
@@ -169,11 +219,21 @@ inline void waitUntil(const std::function<bool()>& pred, const char* what) {
 }
 
 // Polls the peer-side transport until an event of `kind` arrives.
+// Control records on the way go to the fixture's capture.
 inline transport::TransportEvent waitEvent(transport::Transport& t, transport::TransportEvent::Kind kind) {
   auto end = std::chrono::steady_clock::now() + kDeadline;
   transport::TransportEvent ev;
   while (std::chrono::steady_clock::now() < end) {
-    if (t.poll(&ev, 1) == 1 && ev.kind == kind) return ev;
+    if (g_capture != nullptr && g_capture->watching(&t)) {
+      g_capture->pump();
+      if (g_capture->popStashed(kind, &ev)) return ev;
+    } else if (t.poll(&ev, 1) == 1) {
+      if (ev.kind == kind) return ev;
+      if (ev.kind == transport::TransportEvent::Kind::kControl && g_capture != nullptr) {
+        g_capture->takeControl(ev.control);
+      }
+      continue;
+    }
     std::this_thread::sleep_for(1ms);
   }
   FAIL("no transport event within 5 s");
@@ -221,8 +281,11 @@ struct AgentFixture {
     agent = std::make_unique<DataAgent>(config, metrics, clock);
     agent->start();
     pair = makeTcpPair();
+    capture.watch(pair.b.get());
+    g_capture = &capture;
   }
   ~AgentFixture() {
+    g_capture = nullptr;
     agent->stop();
     // The agent's links own session writers whose threads write into
     // `capture`: they must be joined before `capture` goes.

@@ -64,6 +64,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
       f.agent->post(CmdLinkDown{1, "test cut the link"});
       TcpPair second = makeTcpPair();
       auto& sender = *second.a;  // the test plays the sender on the new link
+      f.capture.watch(&sender);
       f.linkUp(2, std::move(second.b));
       f.peerSays(open, 2);
       auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
@@ -99,6 +100,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     SECTION("its ACK is sent again on the next link, before any replay (the first may be lost)") {
       f.agent->post(CmdLinkDown{1, "test cut the link"});
       TcpPair second = makeTcpPair();
+      f.capture.watch(second.a.get());
       f.linkUp(2, std::move(second.b));
       auto again = f.capture.next([](auto& m) { return m.has_ack(); });
       CHECK(again.ack().stream_id() == 42);
@@ -170,7 +172,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
 
 // The consumer side on its own, without the agent's thread: frames arrive as
 // transport events, the consumer releases them, and each round's ACKs and
-// grants go out through flushControl.
+// grants go out through flushControl, in control records on the link's transport.
 TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 released frames' ACKs again",
           "[agent][inbound][replay]") {
   Metrics metrics;
@@ -215,6 +217,19 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
     return -1;
   };
 
+  // The round's end as the agent does it: the ACKs and grants the streams
+  // decided go to each link's transport in a control record.
+  auto flushControl = [&] {
+    inbound.flushControl();
+    for (auto& [id, l] : links) {
+      std::string refused;
+      l.flushControl(&refused);
+      REQUIRE(refused.empty());
+    }
+  };
+  on_first.watch(first.b.get());
+  on_second.watch(second.b.get());
+
   AgentLink& l1 = addLink(1, on_first, std::move(first.a));
   REQUIRE(inbound.onStreamOpen(l1, peer::StreamOpen{42, "cam"}).empty());
   CHECK(inbound.creditsOutstanding() == 4);
@@ -225,7 +240,7 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
     fl_completion_desc d = consumer.pop();
     REQUIRE(d.sequence == seq);
     inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
-    inbound.flushControl();  // the ACK, and the slot granted again
+    flushControl();  // the ACK, and the slot granted again
   }
   CHECK(metrics.counters.frames_released.load() == kFrames);
 
@@ -237,7 +252,7 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
   CHECK(inbound.creditsOutstanding() == 0);
   AgentLink& l2 = addLink(2, on_second, std::move(second.a));
   inbound.onLinkUp(l2);
-  inbound.flushControl();
+  flushControl();
   auto again = on_second.next([](auto& m) { return m.has_ack(); });
   CHECK(again.ack().stream_id() == 42);
   REQUIRE(again.ack().sequences_size() == int(InboundStreams::kMaxRemembered));
@@ -248,7 +263,7 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
   // delivered a second time.
   REQUIRE(inbound.onStreamOpen(l2, peer::StreamOpen{42, "cam"}).empty());
   REQUIRE(arrive(l2, kFrames - 1) >= 0);
-  inbound.flushControl();
+  flushControl();
   auto replayed = on_second.next([](auto& m) { return m.has_ack(); });
   REQUIRE(replayed.ack().sequences_size() == 1);
   CHECK(replayed.ack().sequences(0) == kFrames - 1);

@@ -291,6 +291,9 @@ class KeyRecorder final : public transport::Transport {
     last_key->store(r.local_key ? *r.local_key : kNoKey);
     return inner_->post(r);
   }
+  transport::PostResult postControl(std::string record) noexcept override {
+    return inner_->postControl(std::move(record));
+  }
   void flush() noexcept override { inner_->flush(); }
   size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
   int eventFd() const noexcept override { return inner_->eventFd(); }

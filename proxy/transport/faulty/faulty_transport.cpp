@@ -110,6 +110,11 @@ class FaultyTransportImpl final : public FaultyTransport {
   }
   std::string_view lastRefusal() const noexcept override { return inner_->lastRefusal(); }
 
+  PostResult postControl(std::string record) noexcept override {
+    if (broken_) return PostResult::kNotConnected;
+    return inner_->postControl(std::move(record));
+  }
+
   void flush() noexcept override {
     if (!broken_) inner_->flush();
   }
@@ -186,9 +191,9 @@ class FaultyTransportImpl final : public FaultyTransport {
     }
     const uint64_t now = monotonicNs();
     const uint64_t hold = uint64_t{spec_.delay_ms} * 1'000'000ull;
-    if (ev.kind == Kind::kFrameArrived) {
-      // Arrivals keep their order (tcp and RC queue pairs deliver in
-      // order): one held back holds back those behind it.  Whatever is due
+    if (ev.kind == Kind::kFrameArrived || ev.kind == Kind::kControl) {
+      // Arrivals and control records keep their order (tcp and RC queue
+      // pairs deliver in order): one held back holds back those behind it.  Whatever is due
       // goes first, so that this one cannot overtake a held one now due.
       releaseDue(now);
       uint64_t due = now;

@@ -14,7 +14,8 @@
 //   dup         a send completion is reported twice.
 //   delay       an event is held back for delay_ms: send completions then
 //               overtake each other and the peer's ACKs; a held-back arrival
-//               holds back the arrivals behind it (links deliver in order).
+//               or control record holds back those behind it (links deliver
+//               in order).
 //   corrupt     one payload byte of an arriving frame that carries a CRC32C is
 //               flipped before the arrival is reported.
 //

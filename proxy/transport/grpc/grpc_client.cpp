@@ -70,8 +70,10 @@ class GrpcClientTransport final : public GrpcTransport {
   }
 
  private:
-  bool writeMessage(const framelink::v1::DataMessage& message) noexcept override {
-    return stream_->Write(message);
+  bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept override {
+    grpc::WriteOptions options;
+    if (more) options.set_buffer_hint();
+    return stream_->Write(message, options);
   }
   void cancelStream() noexcept override { context_.TryCancel(); }
 

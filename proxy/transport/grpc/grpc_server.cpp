@@ -35,8 +35,10 @@ GrpcServerTransport::GrpcServerTransport(grpc::ServerContext* context, DataStrea
 
 GrpcServerTransport::~GrpcServerTransport() { shutdown(); }
 
-bool GrpcServerTransport::writeMessage(const framelink::v1::DataMessage& message) noexcept {
-  return stream_->Write(message);
+bool GrpcServerTransport::writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept {
+  grpc::WriteOptions options;
+  if (more) options.set_buffer_hint();
+  return stream_->Write(message, options);
 }
 
 void GrpcServerTransport::cancelStream() noexcept {

@@ -36,13 +36,28 @@ void GrpcTransport::failLink(int status, const std::string& message) noexcept {
 
 void GrpcTransport::senderLoop() noexcept {
   framelink::v1::DataMessage msg;  // reused: keeps the payload string's capacity
-  SendRequest r;
-  while (core_->nextSend(&r)) {
-    const uint64_t length = r.header.length;
-    uint64_t offset = 0;
+  TransportCore::Outgoing out;
+  while (core_->nextSend(&out)) {
     bool ok = true;
     try {
-      do {
+      for (size_t i = 0; ok && i < out.control.size(); ++i) {
+        msg.Clear();
+        msg.set_control(std::move(out.control[i]));
+        // Held back while a frame or more control follows at once, so they share a write.
+        ok = writeMessage(msg, out.has_frame || i + 1 < out.control.size());
+      }
+    } catch (...) {  // bad_alloc from protobuf
+      ok = false;
+    }
+    if (!out.has_frame) {
+      if (!ok) return;
+      continue;
+    }
+    const SendRequest& r = out.frame;
+    const uint64_t length = r.header.length;
+    uint64_t offset = 0;
+    try {
+      while (ok) {
         msg.Clear();
         if (offset == 0) toProto(r.header, msg.mutable_header());
         size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
@@ -50,11 +65,12 @@ void GrpcTransport::senderLoop() noexcept {
         if (n > 0) msg.set_payload(r.payload + offset, n);
         offset += n;
         msg.set_last(offset == length);
-        if (!writeMessage(msg)) {
+        if (!writeMessage(msg, false)) {
           ok = false;
           break;
         }
-      } while (offset < length);
+        if (offset >= length) break;
+      }
     } catch (...) {  // bad_alloc from protobuf
       ok = false;
     }
@@ -81,6 +97,17 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
     failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": " + what);
     return false;
   };
+  if (!m.control().empty()) {
+    if (m.has_header() || !m.payload().empty() || m.offset() != 0 || m.last()) {
+      return violation("a control record shares its message with frame data");
+    }
+    if (m.control().size() > kMaxControlBytes) {
+      return violation("control record of " + std::to_string(m.control().size()) + " bytes exceeds " +
+                       std::to_string(kMaxControlBytes));
+    }
+    core_->controlArrived(m.control());
+    return true;
+  }
   if (!in_frame_) {
     if (!m.has_header()) return violation("chunk without a frame header");
     const auto& p = m.header();

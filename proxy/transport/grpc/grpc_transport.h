@@ -90,6 +90,9 @@ class GrpcTransport : public Transport {
   }
   void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
+  PostResult postControl(std::string record) noexcept override {
+    return core_->postControl(std::move(record));
+  }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
   int eventFd() const noexcept override { return core_->eventFd(); }
 
@@ -101,7 +104,8 @@ class GrpcTransport : public Transport {
                 std::unique_ptr<TransportCore> core);
 
   // The stream, as the concrete side has it.
-  virtual bool writeMessage(const framelink::v1::DataMessage& message) noexcept = 0;
+  // `more`: another message follows at once (grpc::WriteOptions::set_buffer_hint).
+  virtual bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept = 0;
   virtual void cancelStream() noexcept = 0;
 
   void senderLoop() noexcept;
@@ -138,7 +142,7 @@ class GrpcServerTransport final : public GrpcTransport {
   void shutdown() noexcept override;
 
  private:
-  bool writeMessage(const framelink::v1::DataMessage& message) noexcept override;
+  bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept override;
   void cancelStream() noexcept override;
 
   enum class State { kAdopted, kRunning, kClosed };

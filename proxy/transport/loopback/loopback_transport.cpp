@@ -15,10 +15,18 @@
 namespace framelink::transport::loopback {
 namespace {
 
+// A frame or a control record on its way, in the order they were posted.
+struct Outgoing {
+  SendRequest request;  // a frame, unless `control` is set
+  std::string control;  // a control record (never empty)
+};
+
 // One direction's state, owned by the end that posts into it.
 struct EndState {
   UniqueFd event_fd;
-  std::deque<SendRequest> outgoing;                   // posted, not yet delivered
+  std::deque<Outgoing> outgoing;                      // posted, not yet delivered
+  size_t frames_waiting = 0;                          // of `outgoing`, bounded by send_queue_depth
+  size_t control_bytes = 0;                           // of `outgoing`, bounded by kMaxControlBacklogBytes
   std::unordered_map<uint64_t, LocalCredit> credits;  // exposed by this end
   std::deque<TransportEvent> events;                  // for this end's poll()
   bool error_reported = false;                        // this end's one LinkError is queued
@@ -36,8 +44,8 @@ class Shared final : public LoopbackLink {
   bool peekNext(int end, FrameHeader* header) const noexcept override {
     MutexLock lock(mu_);
     const auto& outgoing = ends_[end & 1].outgoing;
-    if (outgoing.empty()) return false;
-    *header = outgoing.front().header;
+    if (outgoing.empty() || !outgoing.front().control.empty()) return false;
+    *header = outgoing.front().request.header;
     return true;
   }
   bool deliverOne(int end, Damage damage) noexcept override {
@@ -78,9 +86,22 @@ class Shared final : public LoopbackLink {
     MutexLock lock(mu_);
     if (!up_) return PostResult::kNotConnected;
     EndState& self = ends_[end];
-    if (self.outgoing.size() >= options_.send_queue_depth) return PostResult::kBackpressure;
-    self.outgoing.push_back(request);
+    if (self.frames_waiting >= options_.send_queue_depth) return PostResult::kBackpressure;
+    self.outgoing.push_back(Outgoing{request, {}});
+    ++self.frames_waiting;
     if (!options_.manual) signalLocked(end);  // come back (poll) to move it
+    return PostResult::kOk;
+  }
+
+  PostResult postControl(int end, std::string record) noexcept {
+    if (record.empty() || record.size() > kMaxControlBytes) return PostResult::kInvalid;
+    MutexLock lock(mu_);
+    if (!up_) return PostResult::kNotConnected;
+    EndState& self = ends_[end];
+    if (self.control_bytes + record.size() > kMaxControlBacklogBytes) return PostResult::kBackpressure;
+    self.control_bytes += record.size();
+    self.outgoing.push_back(Outgoing{{}, std::move(record)});
+    if (!options_.manual) signalLocked(end);
     return PostResult::kOk;
   }
 
@@ -158,14 +179,25 @@ class Shared final : public LoopbackLink {
     }
   }
 
-  // Lands the oldest frame `end` posted in the peer's credited buffer.
+  // Lands the oldest frame `end` posted in the peer's credited buffer (or
+  // hands the peer the oldest control record).
   bool deliverLocked(int end, Damage damage) noexcept FL_REQUIRES(mu_) {
     if (!up_) return false;
     EndState& self = ends_[end];
     if (self.outgoing.empty()) return false;
-    SendRequest request = self.outgoing.front();
-    self.outgoing.pop_front();
     const int peer = end ^ 1;
+    if (!self.outgoing.front().control.empty()) {
+      TransportEvent control;
+      control.kind = TransportEvent::Kind::kControl;
+      control.control = std::move(self.outgoing.front().control);
+      self.control_bytes -= control.control.size();
+      self.outgoing.pop_front();
+      pushLocked(peer, std::move(control));
+      return true;
+    }
+    SendRequest request = self.outgoing.front().request;
+    self.outgoing.pop_front();
+    --self.frames_waiting;
     TransportEvent arrived;
     arrived.kind = TransportEvent::Kind::kFrameArrived;
     arrived.header = request.header;
@@ -200,15 +232,17 @@ class Shared final : public LoopbackLink {
     const std::string* whys[2] = {&why_a, &why_b};
     for (int end = 0; end < 2; ++end) {
       EndState& self = ends_[end];
-      while (!self.outgoing.empty()) {
+      for (; !self.outgoing.empty(); self.outgoing.pop_front()) {
+        if (!self.outgoing.front().control.empty()) continue;  // lost with the link
         TransportEvent lost;
         lost.kind = TransportEvent::Kind::kSendComplete;
-        lost.cookie = self.outgoing.front().cookie;
+        lost.cookie = self.outgoing.front().request.cookie;
         lost.status = FL_ERR_LINK_LOST;
         lost.message = "the loopback link went down before the frame was delivered";
-        self.outgoing.pop_front();
         pushLocked(end, std::move(lost));
       }
+      self.frames_waiting = 0;
+      self.control_bytes = 0;
       self.credits.clear();
       TransportEvent error;
       error.kind = TransportEvent::Kind::kLinkError;
@@ -237,6 +271,9 @@ class LoopbackEnd final : public Transport {
   }
   void retractCredit(uint64_t credit_id) override { shared_->retractCredit(end_, credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return shared_->post(end_, request); }
+  PostResult postControl(std::string record) noexcept override {
+    return shared_->postControl(end_, std::move(record));
+  }
   void flush() noexcept override { shared_->flush(end_); }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return shared_->poll(end_, out, max); }
   int eventFd() const noexcept override { return shared_->eventFd(end_); }

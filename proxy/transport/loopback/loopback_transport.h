@@ -15,7 +15,8 @@
 //     when each frame lands, when a link breaks and which payload is damaged.
 //
 // Like tcp and RC queue pairs, a link is reliable and ordered while it is up:
-// frames are delivered in the order they were posted, never twice.
+// frames and control records are delivered in the order they were posted,
+// never twice.
 //
 // Threading: every call takes the link's one mutex, so the two ends may be
 // driven from two threads (two data agents in one test).
@@ -60,13 +61,14 @@ class LoopbackLink {
 
   virtual ~LoopbackLink() = default;
 
-  // Frames posted by `end` and not yet delivered.
+  // Frames and control records posted by `end` and not yet delivered.
   virtual size_t waiting(int end) const noexcept = 0;
-  // The header of the oldest frame posted by `end` (what deliverOne would
-  // land next); false when none waits.
+  // The header of the oldest frame posted by `end` when a frame is what
+  // deliverOne would land next; false when nothing waits or a control
+  // record is next.
   virtual bool peekNext(int end, FrameHeader* header) const noexcept = 0;
-  // Delivers the oldest frame posted by `end`; false when none waits or the
-  // link is down.
+  // Delivers what `end` posted first (a frame, or a control record: damage
+  // applies to frames only); false when nothing waits or the link is down.
   virtual bool deliverOne(int end, Damage damage = Damage::kNone) noexcept = 0;
   // The link breaks (cable pulled): both ends report LinkError(status)
   // once, and every waiting frame completes with FL_ERR_LINK_LOST.

@@ -235,6 +235,11 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
 
 // ---------------------------------------------------------------- sending
 
+PostResult RdmaTransport::postControl(std::string record) noexcept {
+  (void)record;
+  return refuse("control records are not carried by rdma yet");
+}
+
 PostResult RdmaTransport::refuse(const char* why) noexcept {
   refusal_ = why;
   return PostResult::kInvalid;

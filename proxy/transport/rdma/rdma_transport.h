@@ -117,6 +117,7 @@ class RdmaTransport final : public Transport {
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
+  PostResult postControl(std::string record) noexcept override;
   std::string_view lastRefusal() const noexcept override { return refusal_; }
   // Hands every WR post() accumulated to the adapter as one chain.
   void flush() noexcept override;

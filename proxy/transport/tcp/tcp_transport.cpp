@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <system_error>
 
@@ -65,40 +66,60 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
 // ---------------------------------------------------------------- sender
 
 void TcpTransport::senderLoop() noexcept {
-  SendRequest r;
-  while (core_->nextSend(&r)) {
-    TcpFrameHeader wire = toWire(r.header);
-    iovec iov[2];
-    iov[0] = {&wire, sizeof wire};
-    // sendmsg does not write through iov_base; the cast only satisfies its type.
-    iov[1] = {const_cast<uint8_t*>(r.payload), static_cast<size_t>(r.header.length)};  // NOLINT
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = r.header.length > 0 ? 2 : 1;
-    bool ok = true;
-    while (msg.msg_iovlen > 0) {
-      ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        failLink(FL_ERR_LINK_LOST,
-                 "tcp data link to " + peer_name_ + ": send failed: " + std::strerror(errno));
-        ok = false;
-        break;
-      }
-      auto left = static_cast<size_t>(n);
-      while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
-        left -= msg.msg_iov[0].iov_len;
-        ++msg.msg_iov;
-        --msg.msg_iovlen;
-      }
-      if (msg.msg_iovlen > 0) {
-        msg.msg_iov[0].iov_base = static_cast<uint8_t*>(msg.msg_iov[0].iov_base) + left;
-        msg.msg_iov[0].iov_len -= left;
+  TransportCore::Outgoing out;
+  std::vector<TcpFrameHeader> control_headers;
+  std::vector<iovec> iov;
+  while (core_->nextSend(&out)) {
+    // Control records first, then the frame: one sendmsg for all of it.
+    control_headers.assign(out.control.size(), TcpFrameHeader{});
+    iov.clear();
+    for (size_t i = 0; i < out.control.size(); ++i) {
+      control_headers[i].magic = kTcpControlMagic;
+      control_headers[i].length = out.control[i].size();
+      iov.push_back({&control_headers[i], sizeof(TcpFrameHeader)});
+      iov.push_back({out.control[i].data(), out.control[i].size()});
+    }
+    TcpFrameHeader wire{};
+    if (out.has_frame) {
+      wire = toWire(out.frame.header);
+      iov.push_back({&wire, sizeof wire});
+      // sendmsg does not write through iov_base; the cast only satisfies its type.
+      if (out.frame.header.length > 0) {
+        iov.push_back({const_cast<uint8_t*>(out.frame.payload),  // NOLINT
+                       static_cast<size_t>(out.frame.header.length)});
       }
     }
-    core_->completeSend(r.cookie, ok ? FL_OK : FL_ERR_LINK_LOST, r.header.length);
+    const bool ok = writeAll(iov.data(), iov.size());
+    if (out.has_frame) {
+      core_->completeSend(out.frame.cookie, ok ? FL_OK : FL_ERR_LINK_LOST, out.frame.header.length);
+    }
     if (!ok) break;
   }
+}
+
+bool TcpTransport::writeAll(iovec* iov, size_t count) noexcept {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  while (count > 0) {
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      failLink(FL_ERR_LINK_LOST, "tcp data link to " + peer_name_ + ": send failed: " + std::strerror(errno));
+      return false;
+    }
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= msg.msg_iov[0].iov_len) {
+      left -= msg.msg_iov[0].iov_len;
+      ++msg.msg_iov;
+      --count;
+    }
+    if (count > 0) {
+      msg.msg_iov[0].iov_base = static_cast<uint8_t*>(msg.msg_iov[0].iov_base) + left;
+      msg.msg_iov[0].iov_len -= left;
+    }
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------- receiver
@@ -152,6 +173,27 @@ void TcpTransport::receiverLoop() noexcept {
     if (r < 0) {
       failLink(FL_ERR_LINK_LOST, where + io_error_);
       return;
+    }
+    if (wire.magic == kTcpControlMagic) {
+      if (wire.length == 0 || wire.length > kMaxControlBytes) {
+        failLink(FL_ERR_PROTOCOL, where + "control record of " + std::to_string(wire.length) +
+                                      " bytes (allowed: 1.." + std::to_string(kMaxControlBytes) + ")");
+        return;
+      }
+      std::string record;
+      try {
+        record.resize(static_cast<size_t>(wire.length));
+      } catch (...) {
+        failLink(FL_ERR_RESOURCES, where + "out of memory for a control record");
+        return;
+      }
+      if (readFull(record.data(), record.size()) != 1) {
+        if (io_error_.empty()) io_error_ = "peer closed the connection in the middle of a control record";
+        failLink(FL_ERR_LINK_LOST, where + io_error_);
+        return;
+      }
+      core_->controlArrived(std::move(record));
+      continue;
     }
     if (wire.magic != kTcpFrameMagic) {
       failLink(FL_ERR_PROTOCOL,

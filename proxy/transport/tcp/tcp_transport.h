@@ -7,6 +7,8 @@
 // on either side.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,6 +48,9 @@ class TcpTransport final : public Transport {
   }
   void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
+  PostResult postControl(std::string record) noexcept override {
+    return core_->postControl(std::move(record));
+  }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
   int eventFd() const noexcept override { return core_->eventFd(); }
   void shutdown() noexcept override;
@@ -56,6 +61,8 @@ class TcpTransport final : public Transport {
   TcpTransport(UniqueFd fd, std::string peer_name, TcpTransportOptions options,
                std::unique_ptr<TransportCore> core);
   void senderLoop() noexcept;
+  // Writes every byte of iov[0..count) (adjusting it); false after failing the link.
+  bool writeAll(iovec* iov, size_t count) noexcept;
   void receiverLoop() noexcept;
   void failLink(int status, const std::string& message) noexcept;
   // 1: all n bytes read; 0: orderly EOF before the first byte; -1: error or

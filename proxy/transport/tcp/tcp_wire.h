@@ -35,6 +35,13 @@
 //    length above the named credit's capacity.  Frames for an unknown or
 //    retracted credit are read and discarded (up to the receiver's
 //    max_frame_bytes) and reported as FL_ERR_UNKNOWN_CREDIT.
+//
+// 3. Control records (credit grants, ACKs, NACKs of the peer protocol), in
+//    both directions, between frames: a TcpFrameHeader with magic
+//    kTcpControlMagic, `length` the record's size (1..kMaxControlBytes) and
+//    every other field 0, followed by the record's bytes.  A sender writes the
+//    control it has queued ahead of its next frame, in one sendmsg.  A larger
+//    length closes the connection (FL_ERR_PROTOCOL).
 #pragma once
 
 #include <cstddef>
@@ -51,8 +58,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the tcp wire format is little-endian; add byte swapping for this host");
 
 inline constexpr char kTcpHelloMagic[8] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T'};
-inline constexpr uint32_t kTcpWireVersion = 1;
-inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;  // bytes 31 4D 52 46 on the wire
+inline constexpr uint32_t kTcpWireVersion = 2;            // 2: control records
+inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;    // bytes 31 4D 52 46 on the wire
+inline constexpr uint32_t kTcpControlMagic = 0x4C544331;  // bytes 31 43 54 4C on the wire
 inline constexpr size_t kTokenDigestBytes = 32;
 
 struct TcpHello {
