@@ -52,6 +52,39 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
   requireQuickCleanStop(pair.b());
 }
 
+// The versions this build speaks (proxy/peer_link.h kProtocolVersion,
+// proxy/transport/tcp/tcp_wire.h kTcpWireVersion): a bump must change these
+// tests too, on purpose.
+constexpr uint32_t kPeerProtocolVersion = 2;
+constexpr uint8_t kTcpWireVersion = 2;
+
+TEST_CASE("hostile: a daemon of protocol version 1 is refused, and told both versions",
+          "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  auto channel = grpc::CreateChannel(pair.b().grpcAddress(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Link::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-framelink-token", "integ-secret");
+  auto stream = stub->Session(&ctx);
+  v1::PeerMessage hello;
+  hello.mutable_hello()->set_protocol_version(1);
+  hello.mutable_hello()->set_daemon_id("old-peer");
+  hello.mutable_hello()->add_transports("tcp");
+  hello.mutable_hello()->set_token("integ-secret");
+  hello.mutable_hello()->set_session_id(0x01d);
+  hello.mutable_hello()->set_instance(1);
+  REQUIRE(stream->Write(hello));
+  v1::PeerMessage reply;
+  CHECK_FALSE(stream->Read(&reply));
+  const grpc::Status status = stream->Finish();
+  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(status.error_message(), Catch::Contains("protocol version 1 is not supported") &&
+                                         Catch::Contains("speaks " + std::to_string(kPeerProtocolVersion)));
+  CHECK(pair.b().waitForLog("speaks protocol version 1, this daemon speaks 2", std::chrono::seconds(5)));
+  // The daemon goes on serving peers of its own version.
+  requireServing(pair.a(), pair.b(), "after-old-peer", 2);
+}
+
 TEST_CASE("hostile: a Session that never opens its data channel does not delay SIGTERM",
           "[integration][hostile]") {
   DaemonPair pair(pairOptions());
@@ -63,7 +96,7 @@ TEST_CASE("hostile: a Session that never opens its data channel does not delay S
   ctx.AddMetadata("x-framelink-token", "integ-secret");
   auto stream = stub->Session(&ctx);
   v1::PeerMessage hello;
-  hello.mutable_hello()->set_protocol_version(1);
+  hello.mutable_hello()->set_protocol_version(kPeerProtocolVersion);
   hello.mutable_hello()->set_daemon_id("stalling-peer");
   hello.mutable_hello()->add_transports("tcp");
   hello.mutable_hello()->set_token("integ-secret");
@@ -104,8 +137,8 @@ TEST_CASE(
   // Complete tcp data handshakes with a guessed token: refused and counted the same way.
   constexpr int kHellos = 20;
   for (int i = 0; i < kHellos; ++i) {
-    uint8_t hello[64] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T', 1};  // magic, version 1 (little-endian)
-    std::memset(hello + 16, 0x5a + i, sizeof hello - 16);             // session id, token digest
+    uint8_t hello[64] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T', kTcpWireVersion};  // magic, version (LE)
+    std::memset(hello + 16, 0x5a + i, sizeof hello - 16);  // session id, token digest
     int fd = stalledTcp(pair.b().dataPort(), 0);
     REQUIRE(::send(fd, hello, sizeof hello, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello));
     uint32_t reply[2] = {};

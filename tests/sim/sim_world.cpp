@@ -292,6 +292,17 @@ void World::breakLink(Link& link, const std::string& why) {
     const size_t keep = rng_.below(link.in_flight[end].size() + 1);
     deliverControl(link, end, keep);
     link.in_flight[end].clear();
+    // What was written to the transport before it broke: a prefix may still
+    // land (bytes already in the receiver's socket buffer).
+    const size_t landed = rng_.below(link.pair.link->waiting(end) + 1);
+    for (size_t i = 0; i < landed; ++i) {
+      transport::FrameHeader next;
+      if (link.pair.link->peekNext(end, &next)) {
+        auto it = frames_.find(next.frame_id);
+        if (it != frames_.end()) ++it->second.landings;
+      }
+      if (!link.pair.link->deliverOne(end)) break;
+    }
   }
   link.up = false;
   link.pair.link->breakLink(FL_ERR_LINK_LOST, why);
@@ -316,20 +327,27 @@ void World::deliverControl(Link& link, int from, size_t n) {
   }
 }
 
+// What a transport carries, frames and control records (credits, ACKs,
+// NACKs), each way in order; which way moves next is the schedule's choice.
 void World::deliverData(Link& link, uint64_t n, bool damage) {
   for (; n > 0; --n) {
-    const int from = link.pair.link->waiting(0) > 0 ? 0 : 1;
+    const size_t waiting[2] = {link.pair.link->waiting(0), link.pair.link->waiting(1)};
+    if (waiting[0] + waiting[1] == 0) return;
+    const int from = waiting[0] == 0 ? 1 : waiting[1] == 0 ? 0 : static_cast<int>(rng_.below(2));
     transport::FrameHeader next;
-    if (link.pair.link->peekNext(from, &next)) {
+    const bool frame = link.pair.link->peekNext(from, &next);
+    if (frame) {
       auto it = frames_.find(next.frame_id);
       if (it != frames_.end()) ++it->second.landings;
     }
+    const bool damaged = damage && frame;  // a control record is never damaged: it has no CRC32C
     if (!link.pair.link->deliverOne(
-            from, damage ? LoopbackLink::Damage::kFlipPayloadByte : LoopbackLink::Damage::kNone)) {
+            from, damaged ? LoopbackLink::Damage::kFlipPayloadByte : LoopbackLink::Damage::kNone)) {
       return;
     }
-    if (damage) ++result_.damaged;
-    note("data on link " + std::to_string(link.id) + (damage ? " (damaged)" : ""));
+    if (damaged) ++result_.damaged;
+    note(std::string(frame ? "data" : "control record") + " on link " + std::to_string(link.id) +
+         " from end " + std::to_string(from) + (damaged ? " (damaged)" : ""));
   }
 }
 
