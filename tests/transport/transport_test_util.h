@@ -136,6 +136,7 @@ struct Endpoint {
   std::vector<TransportEvent> sends;
   std::vector<TransportEvent> arrivals;
   std::vector<TransportEvent> errors;
+  std::vector<std::string> controls;  // kControl records, in arrival order
   std::vector<Kind> order;
 
   // Posts as the daemon does: with the key of the payload's registration.
@@ -163,6 +164,9 @@ struct Endpoint {
           case Kind::kLinkError:
             errors.push_back(std::move(ev[i]));
             break;
+          case Kind::kControl:
+            controls.push_back(std::move(ev[i].control));
+            break;
         }
       }
     }
@@ -181,6 +185,26 @@ void waitFor(Endpoint& x, Endpoint& y, Pred done, const std::string& what) {
     pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
     ::poll(fds, 2, 10);
   }
+}
+
+// A control record of `length` bytes that says which it is (every byte
+// depends on the seed and its position, zero bytes included).
+inline std::string controlRecord(uint64_t seed, size_t length) {
+  std::string r(length, '\0');
+  for (size_t i = 0; i < length; i += 8) {
+    uint64_t w = splitmix64(seed * 0xD1B54A32D192ED03ull + i / 8);
+    std::memcpy(r.data() + i, &w, std::min<size_t>(8, length - i));
+  }
+  return r;
+}
+
+// Where two records first differ, for a readable failure (-1: equal).
+inline long firstDifference(const std::string& got, const std::string& want) {
+  const size_t n = std::min(got.size(), want.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (got[i] != want[i]) return static_cast<long>(i);
+  }
+  return got.size() == want.size() ? -1 : static_cast<long>(n);
 }
 
 inline bool readable(int fd, int timeout_ms) {

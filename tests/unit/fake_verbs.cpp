@@ -296,12 +296,31 @@ int FakeVerbs::pollCq(ibv_cq* cq, int entries, ibv_wc* wc) {
     // unsignalled WRs before it.
     for (auto& [k, q] : qps_) {
       if (q->qp.qp_num != wc[n].qp_num) continue;
-      while (!q->window.empty() && q->window.front() <= wc[n].wr_id && !(wc[n].wr_id >> 63))
+      // The send queue completes in posting order: everything up to this
+      // WR in the window is done (wr_ids need not grow: control WRs are
+      // tagged).  Receive completions are not in the window.
+      if (std::find(q->window.begin(), q->window.end(), wc[n].wr_id) == q->window.end()) continue;
+      while (!q->window.empty()) {
+        const uint64_t done = q->window.front();
         q->window.pop_front();
+        if (done == wc[n].wr_id) break;
+      }
     }
     ++n;
   }
   return n;
+}
+
+FakeVerbs::Mr* FakeVerbs::findMr(uint32_t lkey, ibv_pd* pd, uint64_t addr, uint64_t length,
+                                 int access) const {
+  for (auto& [k, m] : mrs_) {
+    auto start = reinterpret_cast<uint64_t>(m->mr.addr);
+    if (m->mr.lkey == lkey && m->mr.pd == pd && (m->access & access) == access && addr >= start &&
+        addr + length <= start + m->mr.length) {
+      return m.get();
+    }
+  }
+  return nullptr;
 }
 
 void FakeVerbs::pushWc(Cq* cq, const ibv_wc& wc) {
@@ -328,9 +347,9 @@ void FakeVerbs::flushQp(Qp* q) {
     q->window.push_back(wr.wr_id);
   }
   q->pending.clear();
-  for (uint64_t id : q->recvs) {
+  for (const RecvWr& r : q->recvs) {
     ibv_wc wc{};
-    wc.wr_id = id;
+    wc.wr_id = r.wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = q->qp.qp_num;
@@ -356,6 +375,8 @@ void FakeVerbs::deliver(Qp* q) {
     Qp* peer = q->peer;
     uint64_t total = 0;
     for (auto& sge : wr.sges) total += sge.length;
+    const bool is_send = wr.opcode == IBV_WR_SEND_WITH_IMM;
+    if (is_send) wc.opcode = IBV_WC_SEND;
     if (inject_) {
       wc.status = *inject_;
       inject_.reset();
@@ -363,42 +384,76 @@ void FakeVerbs::deliver(Qp* q) {
       wc.status = IBV_WC_RETRY_EXC_ERR;
     } else {
       for (auto& sge : wr.sges) {
-        bool ok = false;
-        for (auto& [k, m] : mrs_) {
-          auto start = reinterpret_cast<uint64_t>(m->mr.addr);
-          if (m->mr.lkey == sge.lkey && m->mr.pd == q->qp.pd && sge.addr >= start &&
-              sge.addr + sge.length <= start + m->mr.length) {
-            ok = true;
-          }
-        }
-        if (!ok) wc.status = IBV_WC_LOC_PROT_ERR;
+        if (findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) wc.status = IBV_WC_LOC_PROT_ERR;
       }
       Mr* target = nullptr;
-      for (auto& [k, m] : mrs_) {
-        auto start = reinterpret_cast<uint64_t>(m->mr.addr);
-        if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_WRITE) &&
-            wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
-          target = m.get();
+      if (!is_send) {
+        for (auto& [k, m] : mrs_) {
+          auto start = reinterpret_cast<uint64_t>(m->mr.addr);
+          if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_WRITE) &&
+              wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
+            target = m.get();
+          }
         }
+        if (wc.status == IBV_WC_SUCCESS && target == nullptr) wc.status = IBV_WC_REM_ACCESS_ERR;
       }
-      if (wc.status == IBV_WC_SUCCESS && target == nullptr) wc.status = IBV_WC_REM_ACCESS_ERR;
       if (wc.status == IBV_WC_SUCCESS) {
         if (peer->recvs.empty()) return;  // receiver not ready: RNR retry (rnr_retry 7) until it posts
-        auto* dst = reinterpret_cast<uint8_t*>(wr.remote_addr);
-        for (auto& sge : wr.sges) {
-          std::memcpy(dst, reinterpret_cast<const void*>(sge.addr), sge.length);
-          dst += sge.length;
-        }
-        ibv_wc rwc{};
-        rwc.wr_id = peer->recvs.front();
+        RecvWr recv = std::move(peer->recvs.front());
         peer->recvs.pop_front();
+        ibv_wc rwc{};
+        rwc.wr_id = recv.wr_id;
         rwc.status = IBV_WC_SUCCESS;
         rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
         rwc.wc_flags = IBV_WC_WITH_IMM;
         rwc.imm_data = wr.imm;
         rwc.byte_len = static_cast<uint32_t>(total);
         rwc.qp_num = peer->qp.qp_num;
-        pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
+        if (is_send) {
+          // A SEND lands in the receive WR's buffers, which must hold it
+          // and lie in memory registered for local write.
+          rwc.opcode = IBV_WC_RECV;
+          uint64_t room = 0;
+          bool registered = true;
+          for (auto& sge : recv.sges) {
+            room += sge.length;
+            if (findMr(sge.lkey, peer->qp.pd, sge.addr, sge.length, IBV_ACCESS_LOCAL_WRITE) == nullptr) {
+              registered = false;
+            }
+          }
+          if (!registered || room < total) {
+            rwc.status = registered ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
+            wc.status = IBV_WC_REM_INV_REQ_ERR;
+            pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
+            peer->qp.state = IBV_QPS_ERR;
+            flushQp(peer);
+          } else {
+            size_t si = 0, off = 0;
+            for (auto& sge : wr.sges) {
+              auto* src = reinterpret_cast<const uint8_t*>(sge.addr);
+              for (uint32_t left = sge.length; left > 0;) {
+                const ibv_sge& d = recv.sges[si];
+                const uint32_t n = std::min<uint32_t>(left, d.length - static_cast<uint32_t>(off));
+                std::memcpy(reinterpret_cast<uint8_t*>(d.addr) + off, src, n);
+                src += n;
+                left -= n;
+                off += n;
+                if (off == d.length) {
+                  ++si;
+                  off = 0;
+                }
+              }
+            }
+            pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
+          }
+        } else {
+          auto* dst = reinterpret_cast<uint8_t*>(wr.remote_addr);
+          for (auto& sge : wr.sges) {
+            std::memcpy(dst, reinterpret_cast<const void*>(sge.addr), sge.length);
+            dst += sge.length;
+          }
+          pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
+        }
       }
     }
     q->window.push_back(wr.wr_id);
@@ -428,13 +483,18 @@ int FakeVerbs::postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       *bad_wr = wr;
       return ENOMEM;
     }
-    if (wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM || wr->num_sge < 1 || wr->num_sge > 2) {
+    if ((wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM && wr->opcode != IBV_WR_SEND_WITH_IMM) || wr->num_sge < 1 ||
+        wr->num_sge > 2) {
       *bad_wr = wr;
       return EINVAL;
     }
-    SendWr w{wr->wr_id,        (wr->send_flags & IBV_SEND_SIGNALED) != 0,
-             wr->imm_data,     wr->wr.rdma.remote_addr,
-             wr->wr.rdma.rkey, std::vector<ibv_sge>(wr->sg_list, wr->sg_list + wr->num_sge)};
+    SendWr w{wr->wr_id,
+             wr->opcode,
+             (wr->send_flags & IBV_SEND_SIGNALED) != 0,
+             wr->imm_data,
+             wr->opcode == IBV_WR_SEND_WITH_IMM ? 0 : wr->wr.rdma.remote_addr,
+             wr->opcode == IBV_WR_SEND_WITH_IMM ? 0 : wr->wr.rdma.rkey,
+             std::vector<ibv_sge>(wr->sg_list, wr->sg_list + wr->num_sge)};
     ++stats_.send_wrs;
     if (w.signalled) ++stats_.signalled_wrs;
     last_send_sges_ = w.sges;
@@ -454,7 +514,12 @@ int FakeVerbs::postRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
       *bad_wr = wr;
       return ENOMEM;
     }
-    q->recvs.push_back(wr->wr_id);
+    if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(q->cap.max_recv_sge)) {
+      error("ibv_post_recv with more SGEs than max_recv_sge");
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    q->recvs.push_back(RecvWr{wr->wr_id, std::vector<ibv_sge>(wr->sg_list, wr->sg_list + wr->num_sge)});
     ++stats_.recv_wrs;
   }
   if (q->qp.state == IBV_QPS_ERR) flushQp(q);

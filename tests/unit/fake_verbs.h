@@ -6,7 +6,10 @@
 // bytes of its SGEs (checked against the local MRs' lkeys) into the peer's
 // memory (checked against the peer's MRs: rkey, bounds, remote-write
 // access), consumes one of the peer's receive WRs and completes it with
-// the immediate data and the byte count.  Completion channels, rdma_cm event
+// the immediate data and the byte count.  A SEND_WITH_IMM copies its bytes
+// into the buffers of the peer's next receive WR (checked against the
+// peer's MRs with local-write access; too small a buffer fails both sides
+// as LOC_LEN_ERR / REM_INV_REQ_ERR would).  Completion channels, rdma_cm event
 // channels and async event fds are eventfds, so epoll works as with real
 // verbs.  Tests can pause delivery (WRs stay on the send queue), inject a
 // completion error or an asynchronous event, and read counters; misuse that
@@ -124,12 +127,20 @@ class FakeVerbs final : public VerbsApi {
   struct Id;
   struct SendWr {
     uint64_t wr_id;
+    ibv_wr_opcode opcode;  // RDMA_WRITE_WITH_IMM or SEND_WITH_IMM
     bool signalled;
     uint32_t imm;
     uint64_t remote_addr;
     uint32_t rkey;
     std::vector<ibv_sge> sges;
   };
+  struct RecvWr {
+    uint64_t wr_id;
+    std::vector<ibv_sge> sges;  // where a SEND lands
+  };
+  // The MR with `lkey` on `pd` that holds [addr, addr + length) with at
+  // least `access`, or null.
+  Mr* findMr(uint32_t lkey, ibv_pd* pd, uint64_t addr, uint64_t length, int access) const;
 
   Device* deviceOf(const ibv_context* ctx) const;
   Device* deviceByIp(const std::string& ip) const;

@@ -44,7 +44,7 @@ struct FakeVerbs::Qp {
   Qp* peer = nullptr;
   std::deque<SendWr> pending;   // posted, not executed (paused or waiting for a receive WR)
   std::deque<uint64_t> window;  // executed, slot not yet freed by a polled completion
-  std::deque<uint64_t> recvs;   // receive WR ids
+  std::deque<RecvWr> recvs;     // receive WRs, in posting order
 };
 struct FakeVerbs::EventChannel {
   rdma_event_channel channel{};

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -53,6 +54,7 @@ struct Memory {
 struct Endpoint {
   Transport* t = nullptr;
   std::vector<TransportEvent> sends, arrivals, errors;
+  std::vector<std::string> controls;
   std::vector<Kind> order;
   void pump() {
     TransportEvent ev[16];
@@ -63,6 +65,7 @@ struct Endpoint {
         if (ev[i].kind == Kind::kSendComplete) sends.push_back(ev[i]);
         if (ev[i].kind == Kind::kFrameArrived) arrivals.push_back(ev[i]);
         if (ev[i].kind == Kind::kLinkError) errors.push_back(ev[i]);
+        if (ev[i].kind == Kind::kControl) controls.push_back(ev[i].control);
       }
     }
   }

@@ -18,10 +18,6 @@
 namespace framelink::transport::rdma {
 namespace {
 
-// Receive WRs carry this bit in wr_id; send WRs carry their sequence, which
-// never gets there.  Error completions have no valid opcode, so wr_id is
-// what tells a send from a receive.
-constexpr uint64_t kRecvTag = uint64_t{1} << 63;
 constexpr unsigned int kCqEventAckBatch = 64;
 
 void drainEventFd(int fd) {
@@ -33,9 +29,19 @@ void drainEventFd(int fd) {
 
 // ---------------------------------------------------------------- sends
 
+void RdmaTransport::releaseControlBeforeFrame(uint64_t frame_seq) noexcept {
+  // The send queue completes in order: every control WR posted before frame
+  // `frame_seq` is done with its chunk.
+  const uint32_t chunks = options_.control_send_chunks;
+  while (ctl_done_seq_ < ctl_posted_seq_ && ctl_frames_before_[ctl_done_seq_ % chunks] <= frame_seq) {
+    ++ctl_done_seq_;
+  }
+}
+
 void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
   // RC completes in order: an error at `seq` means every earlier WR
   // succeeded (or it would have completed in error first).
+  if (seq < posted_seq_) releaseControlBeforeFrame(seq);
   for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
     const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
     int s = done_seq_ == seq ? status : FL_OK;
@@ -148,9 +154,31 @@ void RdmaTransport::drainCq() noexcept {
 void RdmaTransport::handleWc(const ibv_wc& wc) noexcept {
   if (wc.wr_id & kRecvTag) {
     handleRecvWc(wc);
+  } else if (wc.wr_id & kControlTag) {
+    handleControlSendWc(wc);
   } else {
     handleSendWc(wc);
   }
+}
+
+void RdmaTransport::handleControlSendWc(const ibv_wc& wc) noexcept {
+  const uint64_t cseq = wc.wr_id & ~kControlTag;
+  if (cseq < ctl_done_seq_ || cseq >= ctl_posted_seq_) return;  // not one of ours any more
+  // This WR and every earlier one are done: the frames posted before it
+  // completed (in order, and without error, or they would have completed in
+  // error first), and the earlier control chunks are free.
+  const uint64_t frames_before = ctl_frames_before_[cseq % options_.control_send_chunks];
+  ctl_done_seq_ = cseq + 1;
+  if (frames_before > done_seq_) completeSendsThrough(frames_before - 1, FL_OK);
+  if (wc.status == IBV_WC_SUCCESS) return;
+  if (failed_) {  // flushed after the link went down: expected
+    completeUnpostedIfDrained();
+    return;
+  }
+  const WcClassification c = classifyWcStatus(wc.status);
+  fail(c.link_status, "rdma link to " + peer_name_ + ": control send completed with " +
+                          ibv_wc_status_str(wc.status) + " (vendor error " + std::to_string(wc.vendor_err) +
+                          "; " + scopeName(c.scope) + " error)");
 }
 
 void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
@@ -182,11 +210,15 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
     }
     return;
   }
+  if (wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM)) {
+    controlArrived(wc);
+    return;
+  }
   if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM)) {
     fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ +
                               ": the peer sent something other than "
-                              "RDMA_WRITE_WITH_IMM (opcode " +
-                              std::to_string(wc.opcode) + ")");
+                              "RDMA_WRITE_WITH_IMM or SEND_WITH_IMM (opcode " +
+                              std::to_string(wc.opcode) + ", flags " + std::to_string(wc.wc_flags) + ")");
     return;
   }
   const uint32_t index = ntohl(wc.imm_data);
@@ -222,16 +254,60 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   frameArrived(header, FL_OK, {});
 }
 
+void RdmaTransport::controlArrived(const ibv_wc& wc) noexcept {
+  const uint32_t imm = ntohl(wc.imm_data);
+  const uint64_t chunk = wc.wr_id & ~kRecvTag;
+  if ((imm != kControlImmMore && imm != kControlImmLast) || chunk >= options_.recv_queue_depth ||
+      wc.byte_len > options_.control_chunk_bytes) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": a SEND_WITH_IMM that is no control fragment " +
+                              "(immediate data " + std::to_string(imm) + ", " + std::to_string(wc.byte_len) +
+                              " bytes; peers of different framelink versions?)");
+    return;
+  }
+  if (ctl_rx_.size() + wc.byte_len > kMaxControlBytes) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": the peer sent a control record of more than " +
+                              std::to_string(kMaxControlBytes) + " bytes (kMaxControlBytes; " +
+                              std::to_string(ctl_rx_.size() + wc.byte_len) + " so far)");
+    return;
+  }
+  const uint8_t* data = recv_buf_.get() + chunk * options_.control_chunk_bytes;
+  try {
+    ctl_rx_.append(reinterpret_cast<const char*>(data), wc.byte_len);
+  } catch (...) {
+    fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory for a control record");
+    return;
+  }
+  if (imm == kControlImmMore) return;
+  if (ctl_rx_.empty()) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": the peer sent an empty control record");
+    return;
+  }
+  ++counters_.control_received;
+  TransportEvent ev;
+  ev.kind = TransportEvent::Kind::kControl;
+  ev.control = std::move(ctl_rx_);
+  ctl_rx_.clear();
+  pushEvent(std::move(ev));
+}
+
 void RdmaTransport::replenishRecvs() noexcept {
   if (failed_ || torn_down_) return;
-  const uint32_t want = options_.recv_queue_depth - recvs_posted_;
+  const uint32_t depth = options_.recv_queue_depth;
+  const uint32_t want = depth - recvs_posted_;
   if (want == 0) return;
+  // The receive queue consumes WRs in posting order, so the chunks of the
+  // `want` WRs it gave back are the ones after those still posted.
   for (uint32_t i = 0; i < want; ++i) {
+    const uint64_t chunk = (recv_next_ + i) % depth;
+    ibv_sge& sge = recv_sges_[i];
+    sge.addr = reinterpret_cast<uint64_t>(recv_buf_.get() + chunk * options_.control_chunk_bytes);
+    sge.length = options_.control_chunk_bytes;
+    sge.lkey = recv_mr_->lkey;
     ibv_recv_wr& wr = recv_wrs_[i];
     wr = {};
-    wr.wr_id = kRecvTag | i;
-    wr.sg_list = nullptr;
-    wr.num_sge = 0;
+    wr.wr_id = kRecvTag | chunk;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
     wr.next = i + 1 < want ? &recv_wrs_[i + 1] : nullptr;
   }
   ibv_recv_wr* bad = nullptr;
@@ -239,6 +315,7 @@ void RdmaTransport::replenishRecvs() noexcept {
   uint32_t posted = want;
   if (rc != 0) posted = bad != nullptr ? static_cast<uint32_t>(bad - recv_wrs_.data()) : 0;
   recvs_posted_ += posted;
+  recv_next_ += posted;
   counters_.recv_wrs += posted;
   if (rc != 0) {
     fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_recv failed: " + std::strerror(rc));

@@ -63,8 +63,14 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::create(std::shared_ptr<Rdm
     return makeError(FL_EINVAL, "rdma transport: needs a device and an rdma_cm id with its own channel");
   }
   if (options.send_queue_depth == 0 || options.recv_queue_depth == 0 || options.signal_interval == 0 ||
-      options.max_batch == 0) {
-    return makeError(FL_EINVAL, "rdma transport: queue depths, signal interval and batch must be >= 1");
+      options.max_batch == 0 || options.control_send_chunks == 0) {
+    return makeError(FL_EINVAL,
+                     "rdma transport: queue depths, signal interval, batch and control chunks must be >= 1");
+  }
+  if (options.control_chunk_bytes < 64 || options.control_chunk_bytes > kMaxControlBytes) {
+    return makeError(FL_EINVAL, "rdma transport: control_chunk_bytes " +
+                                    std::to_string(options.control_chunk_bytes) + " is outside [64, " +
+                                    std::to_string(kMaxControlBytes) + "]");
   }
   if (id.id()->verbs != device->context()) {
     const char* other = id.id()->verbs ? device->api().deviceName(id.id()->verbs) : "no device";
@@ -141,10 +147,34 @@ Status RdmaTransport::setUp() {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_reg_mr of the header ring: ") + std::strerror(errno));
   }
 
+  // Control fragments: sent from chunks only the adapter reads, received
+  // into chunks it writes (every receive WR carries one).
+  const size_t chunk = options_.control_chunk_bytes;
+  const size_t send_bytes = chunk * options_.control_send_chunks;
+  const size_t recv_bytes = chunk * rq;
+  ctl_send_buf_.reset(new (std::nothrow) uint8_t[send_bytes]);
+  recv_buf_.reset(new (std::nothrow) uint8_t[recv_bytes]);
+  if (!ctl_send_buf_ || !recv_buf_)
+    return makeError(FL_ERR_RESOURCES, "out of memory for the control chunks");
+  ctl_send_mr_ = api_.regMr(device_->pd(), ctl_send_buf_.get(), send_bytes, 0);
+  if (ctl_send_mr_ == nullptr) {
+    return makeError(FL_ERR_RESOURCES, "ibv_reg_mr of the control send chunks (" +
+                                           std::to_string(send_bytes) + " bytes): " + std::strerror(errno));
+  }
+  recv_mr_ = api_.regMr(device_->pd(), recv_buf_.get(), recv_bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (recv_mr_ == nullptr) {
+    return makeError(FL_ERR_RESOURCES, "ibv_reg_mr of the receive chunks (" + std::to_string(recv_bytes) +
+                                           " bytes): " + std::strerror(errno));
+  }
+
   sends_.resize(sq);
   send_wrs_.resize(sq);
   send_sges_.resize(size_t{2} * sq);
+  ctl_wrs_.resize(options_.control_send_chunks);
+  ctl_sges_.resize(options_.control_send_chunks);
+  ctl_frames_before_.resize(options_.control_send_chunks);
   recv_wrs_.resize(rq);
+  recv_sges_.resize(rq);
 
   if (!setNonBlocking(comp_channel_->fd) || !setNonBlocking(cm_.channel()->fd)) {
     return makeError(FL_ERR_RESOURCES,
@@ -235,9 +265,24 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
 
 // ---------------------------------------------------------------- sending
 
+// Queues only: the agent flushes after its round (and poll() posts what
+// waits), so a round's records leave in one chain with its frames.
 PostResult RdmaTransport::postControl(std::string record) noexcept {
-  (void)record;
-  return refuse("control records are not carried by rdma yet");
+  if (record.empty()) return refuse("an empty control record");
+  if (record.size() > kMaxControlBytes) return refuse("the control record exceeds kMaxControlBytes");
+  if (failed_ || torn_down_ || !connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
+  if (ctl_backlog_bytes_ + record.size() > kMaxControlBacklogBytes) {
+    ++counters_.backpressure;
+    return PostResult::kBackpressure;
+  }
+  const size_t size = record.size();
+  try {
+    ctl_backlog_.push_back(std::move(record));
+  } catch (...) {
+    return PostResult::kBackpressure;  // out of memory: the caller keeps the record and retries
+  }
+  ctl_backlog_bytes_ += size;
+  return PostResult::kOk;
 }
 
 PostResult RdmaTransport::refuse(const char* why) noexcept {
@@ -256,7 +301,7 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
         "the payload carries no local memory key (rdma sends only from memory registered with its "
         "device: the producer's data segment, registered when it attached)");
   }
-  if (next_seq_ - done_seq_ >= options_.send_queue_depth) {
+  if (sendQueueUsed() >= options_.send_queue_depth) {
     ++counters_.backpressure;
     return PostResult::kBackpressure;
   }
@@ -288,34 +333,114 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
 
 void RdmaTransport::flush() noexcept { flushChain(); }
 
+uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
+  const uint32_t chunks = options_.control_send_chunks;
+  const size_t chunk_bytes = options_.control_chunk_bytes;
+  uint32_t built = 0;
+  while (built < room && !ctl_backlog_.empty() && ctl_posted_seq_ + built - ctl_done_seq_ < chunks) {
+    const uint64_t cseq = ctl_posted_seq_ + built;
+    const size_t slot = cseq % chunks;
+    const std::string& record = ctl_backlog_.front();
+    const size_t n = std::min(chunk_bytes, record.size() - ctl_backlog_offset_);
+    uint8_t* dst = ctl_send_buf_.get() + slot * chunk_bytes;
+    std::memcpy(dst, record.data() + ctl_backlog_offset_, n);
+    ctl_backlog_offset_ += n;
+    ctl_backlog_bytes_ -= n;
+    const bool last = ctl_backlog_offset_ == record.size();
+    ibv_sge& sge = ctl_sges_[slot];
+    sge.addr = reinterpret_cast<uint64_t>(dst);
+    sge.length = static_cast<uint32_t>(n);
+    sge.lkey = ctl_send_mr_->lkey;
+    ibv_send_wr& wr = ctl_wrs_[slot];
+    wr = {};
+    wr.wr_id = kControlTag | cseq;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(last ? kControlImmLast : kControlImmMore);
+    if (built > 0) ctl_wrs_[(cseq - 1) % chunks].next = &wr;
+    // Frames in this chain follow every control WR: posted_seq_ frames came
+    // before this one on the queue.
+    ctl_frames_before_[slot] = posted_seq_;
+    ++built;
+    if (last) {
+      ctl_backlog_.pop_front();
+      ctl_backlog_offset_ = 0;
+      ++counters_.control_sent;
+    }
+  }
+  return built;
+}
+
 void RdmaTransport::flushChain() noexcept {
-  if (posted_seq_ == next_seq_ || failed_ || torn_down_) return;
+  if (failed_ || torn_down_) return;
+  if (posted_seq_ == next_seq_ && ctl_backlog_.empty()) return;
   const uint32_t depth = options_.send_queue_depth;
-  ibv_send_wr* first = &send_wrs_[posted_seq_ % depth];
-  for (uint64_t seq = posted_seq_; seq < next_seq_; ++seq) {
-    ibv_send_wr& wr = send_wrs_[seq % depth];
-    const bool last = seq + 1 == next_seq_;
-    wr.next = last ? nullptr : &send_wrs_[(seq + 1) % depth];
-    if (last || ++since_signal_ >= options_.signal_interval) {
+  const uint32_t chunks = options_.control_send_chunks;
+  // Control first: what is queued fits in the send queue entries frames
+  // have not claimed.
+  const uint64_t used = sendQueueUsed();
+  const uint32_t room = used < depth ? static_cast<uint32_t>(depth - used) : 0;
+  const uint32_t nctl = ctl_backlog_.empty() ? 0 : buildControlWrs(room);
+  if (nctl == 0 && posted_seq_ == next_seq_) return;
+  ibv_send_wr* frames_first = posted_seq_ == next_seq_ ? nullptr : &send_wrs_[posted_seq_ % depth];
+  ibv_send_wr* first = nctl > 0 ? &ctl_wrs_[ctl_posted_seq_ % chunks] : frames_first;
+  ibv_send_wr* last_wr = nullptr;
+  for (uint32_t i = 0; i < nctl; ++i) {
+    ibv_send_wr& wr = ctl_wrs_[(ctl_posted_seq_ + i) % chunks];
+    if (++since_signal_ >= options_.signal_interval) {
       wr.send_flags = IBV_SEND_SIGNALED;
       since_signal_ = 0;
       ++counters_.signalled_wrs;
     } else {
       wr.send_flags = 0;
     }
+    last_wr = &wr;
+  }
+  if (last_wr != nullptr) last_wr->next = frames_first;
+  for (uint64_t seq = posted_seq_; seq < next_seq_; ++seq) {
+    ibv_send_wr& wr = send_wrs_[seq % depth];
+    wr.next = seq + 1 == next_seq_ ? nullptr : &send_wrs_[(seq + 1) % depth];
+    if (++since_signal_ >= options_.signal_interval) {
+      wr.send_flags = IBV_SEND_SIGNALED;
+      since_signal_ = 0;
+      ++counters_.signalled_wrs;
+    } else {
+      wr.send_flags = 0;
+    }
+    last_wr = &wr;
+  }
+  // The chain's last WR is always signalled: nothing waits for a later one.
+  if (!(last_wr->send_flags & IBV_SEND_SIGNALED)) {
+    last_wr->send_flags = IBV_SEND_SIGNALED;
+    since_signal_ = 0;
+    ++counters_.signalled_wrs;
   }
   ibv_send_wr* bad = nullptr;
   ++counters_.post_send_calls;
   int rc = api_.postSend(qp_, first, &bad);
   if (rc == 0) {
-    counters_.send_wrs += next_seq_ - posted_seq_;
+    counters_.send_wrs += nctl + (next_seq_ - posted_seq_);
+    counters_.control_wrs += nctl;
+    ctl_posted_seq_ += nctl;
     posted_seq_ = next_seq_;
     return;
   }
-  // WRs before `bad` are on the queue; the rest never got there and
-  // complete as lost once the queue has flushed.
-  uint64_t accepted = bad != nullptr ? bad->wr_id : posted_seq_;
-  counters_.send_wrs += accepted - posted_seq_;
+  // WRs before `bad` are on the queue; the rest never got there: frames
+  // complete as lost once the queue has flushed, control records are lost
+  // with the link.
+  uint64_t ctl_accepted = ctl_posted_seq_;
+  uint64_t accepted = posted_seq_;
+  if (bad == nullptr) {
+  } else if (bad->wr_id & kControlTag) {
+    ctl_accepted = bad->wr_id & ~kControlTag;
+  } else {
+    ctl_accepted = ctl_posted_seq_ + nctl;
+    accepted = bad->wr_id;
+  }
+  counters_.send_wrs += (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
+  counters_.control_wrs += ctl_accepted - ctl_posted_seq_;
+  ctl_posted_seq_ = ctl_accepted;
   posted_seq_ = accepted;
   fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
 }
@@ -395,10 +520,13 @@ void RdmaTransport::tearDown() noexcept {
     api_.destroyCompChannel(comp_channel_);
     comp_channel_ = nullptr;
   }
-  if (headers_mr_ != nullptr) {
-    api_.deregMr(headers_mr_);
-    headers_mr_ = nullptr;
+  for (ibv_mr** mr : {&headers_mr_, &ctl_send_mr_, &recv_mr_}) {
+    if (*mr != nullptr) api_.deregMr(*mr);
+    *mr = nullptr;
   }
+  ctl_backlog_.clear();
+  ctl_backlog_bytes_ = 0;
+  ctl_rx_.clear();
   if (cm_.channel() != nullptr) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, cm_.channel()->fd, nullptr);
     rdma_cm_event* event = nullptr;

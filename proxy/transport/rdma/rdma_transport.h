@@ -15,10 +15,30 @@
 // and a signalled completion completes every earlier WR, so there is still
 // exactly one SendComplete per accepted post, in posting order.
 //
-// Receive: receive WRs without SGEs stay posted (replenished from poll());
-// each WRITE_WITH_IMM consumes one and completes it with the immediate data
-// and the byte count, which poll() checks against the header that landed in
-// the credit's slot header before reporting FrameArrived.
+// Control records (postControl: credit grants, ACKs, NACKs) travel on the
+// same queue pair as SEND_WITH_IMM work requests (rdma_wire.h, part 2).
+// postControl only queues the record (bounded by kMaxControlBacklogBytes);
+// flush() and poll() copy queued records, split into fragments of at most
+// control_chunk_bytes, into a ring of control_send_chunks registered chunks
+// this transport owns and put one WR per fragment at the head of the chain,
+// ahead of the frames waiting in the same flush: the peer waits for credits
+// and ACKs, and they are small.  Control WRs share the send queue and the
+// selective signalling with frames; their completions free their chunks and
+// report nothing.  A record that finds no free chunk or send-queue entry
+// waits (fragments already posted stay posted: the peer reassembles them in
+// order) until completions free some.
+//
+// Receive: every receive WR carries one SGE, a control_chunk_bytes chunk of
+// a registered receive buffer (one chunk per WR, recv_queue_depth in all;
+// the receive queue consumes them in posting order, so the chunks are used
+// as a ring).  An RDMA_WRITE_WITH_IMM consumes one without touching its
+// chunk and completes it with the immediate data and the byte count, which
+// poll() checks against the header that landed in the credit's slot header
+// before reporting FrameArrived.  A SEND_WITH_IMM lands in the chunk:
+// poll() appends it to the record being reassembled (failing the link with
+// FL_ERR_PROTOCOL beyond kMaxControlBytes) and reports one Control event
+// per record.  Receive WRs are replenished from poll(), one ibv_post_recv
+// chain at a time.
 //
 // Events (rdma_completions.cpp): poll() drains the CQ (completion channel
 // events acked, then the CQ re-armed and polled once more to close the race),
@@ -31,8 +51,8 @@
 // cmChannel and established (rdma_connect.cpp) before the transport is handed
 // over; from then on one thread (the data agent) calls every Transport
 // method, counters() and the destructor's shutdown, and those members take
-// no lock.  The one other thread is the device's event thread, which reports
-// asynchronous errors through async_mu_ and link_fd_.
+// no lock (postControl neither).  The one other thread is the device's event
+// thread, which reports asynchronous errors through async_mu_ and link_fd_.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -62,6 +82,11 @@ struct RdmaTransportOptions {
   uint32_t recv_queue_depth = 512;  // receive WRs kept posted (RNR retry covers a burst beyond)
   uint32_t signal_interval = 16;    // at least every this many WRs is one signalled
   uint32_t max_batch = 32;          // post() flushes itself once this many WRs wait
+  // Control records go in fragments of at most this many bytes; each receive
+  // WR carries a buffer of this size (both peers must use the same).
+  uint32_t control_chunk_bytes = kControlChunkBytes;
+  // Registered chunks control fragments are sent from (in flight at once).
+  uint32_t control_send_chunks = 64;
   // Retracted credits whose buffers are kept mapped, so that a frame that
   // still lands in one is reported with its header; the oldest beyond this
   // are forgotten (such a frame is then reported with credit_id = its low 32
@@ -135,7 +160,10 @@ class RdmaTransport final : public Transport {
     uint64_t post_send_calls = 0;  // ibv_post_send calls (one per flushed chain)
     uint64_t send_wrs = 0;         // WRs handed to ibv_post_send
     uint64_t signalled_wrs = 0;
-    uint64_t recv_wrs = 0;  // receive WRs posted
+    uint64_t recv_wrs = 0;          // receive WRs posted
+    uint64_t control_sent = 0;      // records whose last fragment was posted
+    uint64_t control_wrs = 0;       // control fragments handed to ibv_post_send
+    uint64_t control_received = 0;  // records reassembled and reported
   };
   Counters counters() const noexcept;
 
@@ -143,11 +171,25 @@ class RdmaTransport final : public Transport {
   RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options);
   // Completions are polled this many at a time.
   static constexpr int kPollBatch = 32;
+  // wr_id tags: receive WRs carry kRecvTag | chunk index; control send WRs
+  // kControlTag | their control sequence; frame WRs their frame sequence,
+  // which never reaches either bit.  Error completions have no valid opcode,
+  // so wr_id is what tells them apart.
+  static constexpr uint64_t kRecvTag = uint64_t{1} << 63;
+  static constexpr uint64_t kControlTag = uint64_t{1} << 62;
   static void signalEventFd(int fd) noexcept;
 
   Status setUp();
   PostResult refuse(const char* why) noexcept;
   void flushChain() noexcept;
+  // Copies queued control records into free send chunks (at most `room`
+  // WRs) and links their WRs in posting order; returns how many it built.
+  uint32_t buildControlWrs(uint32_t room) noexcept;
+  // Send-queue entries in use: frames accepted (flushed or not) and
+  // control fragments on the queue.
+  uint64_t sendQueueUsed() const noexcept {
+    return (next_seq_ - done_seq_) + (ctl_posted_seq_ - ctl_done_seq_);
+  }
   void fail(int status, const std::string& message) noexcept;
   void tearDown() noexcept;
   // rdma_completions.cpp: completions and events become TransportEvents.
@@ -158,6 +200,11 @@ class RdmaTransport final : public Transport {
   void handleSendWc(const ibv_wc& wc) noexcept;
   void handleRecvWc(const ibv_wc& wc) noexcept;
   void completeSendsThrough(uint64_t seq, int status) noexcept;
+  // Frame `frame_seq` completed, so did every control fragment posted
+  // before it: their chunks are free again.
+  void releaseControlBeforeFrame(uint64_t frame_seq) noexcept;
+  void handleControlSendWc(const ibv_wc& wc) noexcept;
+  void controlArrived(const ibv_wc& wc) noexcept;
   void completeUnpostedIfDrained() noexcept;
   void replenishRecvs() noexcept;
   void pushEvent(TransportEvent event) noexcept;
@@ -190,6 +237,12 @@ class RdmaTransport final : public Transport {
   ibv_qp* qp_ = nullptr;
   std::unique_ptr<RdmaWireHeader[]> headers_;
   ibv_mr* headers_mr_ = nullptr;
+  // Control send chunks (control_send_chunks x control_chunk_bytes) and the
+  // receive chunks (recv_queue_depth x control_chunk_bytes), one MR each.
+  std::unique_ptr<uint8_t[]> ctl_send_buf_;
+  ibv_mr* ctl_send_mr_ = nullptr;
+  std::unique_ptr<uint8_t[]> recv_buf_;
+  ibv_mr* recv_mr_ = nullptr;
   uint64_t watch_id_ = 0;
   bool torn_down_ = false;
   bool cq_armed_ = false;
@@ -206,8 +259,27 @@ class RdmaTransport final : public Transport {
   uint64_t done_seq_ = 0;
   uint32_t since_signal_ = 0;
 
+  // Control fragments: control sequence c uses send chunk c % chunks.
+  // [ctl_done_seq_, ctl_posted_seq_) are on the send queue; each remembers
+  // how many frames had been posted before it (its place in the queue's
+  // completion order).  ctl_backlog_ holds records not yet fully copied into
+  // chunks; ctl_backlog_offset_ bytes of its front one already are.
+  std::vector<ibv_send_wr> ctl_wrs_;
+  std::vector<ibv_sge> ctl_sges_;
+  std::vector<uint64_t> ctl_frames_before_;
+  uint64_t ctl_posted_seq_ = 0;
+  uint64_t ctl_done_seq_ = 0;
+  std::deque<std::string> ctl_backlog_;
+  size_t ctl_backlog_offset_ = 0;
+  size_t ctl_backlog_bytes_ = 0;  // unsent bytes in ctl_backlog_
+
+  // Receive WRs use the receive chunks as a ring: the next one posted takes
+  // chunk recv_next_ % recv_queue_depth (the queue consumes in order).
   std::vector<ibv_recv_wr> recv_wrs_;
+  std::vector<ibv_sge> recv_sges_;
+  uint64_t recv_next_ = 0;
   uint32_t recvs_posted_ = 0;  // receive WRs on the receive queue
+  std::string ctl_rx_;         // the record being reassembled
 
   std::unordered_map<uint32_t, Credit> credits_;  // by the low 32 bits of the credit id
   std::deque<uint32_t> retracted_;                // oldest first

@@ -12,8 +12,18 @@
 //      reserved1  stream_id (8 bytes)
 //    The credit id is not carried: the immediate data names the receiver's
 //    credit slot, and the receiver knows its credit id.
-// 2. RdmaConnectData / RdmaRejectData: rdma_cm private data of the connect
-//    request and of a reject.
+// 2. Control records (Transport::postControl): each record goes as one or
+//    more SEND_WITH_IMM fragments of 1 to kControlChunkBytes bytes, sent
+//    back to back on the queue pair (never interleaved with another
+//    record's), each landing in one receive WR's buffer.  The immediate data
+//    says whether more fragments of the record follow (kControlImmMore) or
+//    this is the last one (kControlImmLast); the receiver appends fragments
+//    in arrival order and fails the link with FL_ERR_PROTOCOL when a record
+//    grows beyond kMaxControlBytes, or on any other immediate value.  Frames
+//    (RDMA_WRITE_WITH_IMM) consume receive WRs too, without touching their
+//    buffers, and may sit between two fragments of a record.
+// 3. RdmaConnectData / RdmaRejectData: rdma_cm private data of the connect
+//    request and of a reject.  Version 2 added control records.
 //
 // Both peers are little-endian x86-64/aarch64 hosts; integers go as they lie
 // in memory, except the immediate data, which verbs defines as big-endian.
@@ -58,8 +68,14 @@ inline void fromWire(const RdmaWireHeader& w, uint64_t credit_id, FrameHeader* h
   h->credit_id = credit_id;
 }
 
+// Control fragments: the payload of a SEND_WITH_IMM, and the size of the
+// buffer every receive WR carries.
+inline constexpr uint32_t kControlChunkBytes = 4096;
+inline constexpr uint32_t kControlImmMore = 0x464C4301;  // "FLC" 1: more fragments follow
+inline constexpr uint32_t kControlImmLast = 0x464C4302;  // "FLC" 2: the record ends here
+
 inline constexpr uint32_t kRdmaConnectMagic = 0x4D44524C;  // "LRDM"
-inline constexpr uint16_t kRdmaProtocolVersion = 1;
+inline constexpr uint16_t kRdmaProtocolVersion = 2;
 
 // Private data of rdma_connect (at most 56 bytes for RC).
 struct RdmaConnectData {
