@@ -135,7 +135,8 @@ TEST_CASE("grpc wire: malformed messages are refused with the reason", "[grpc][g
     const char* reason;
   };
   const std::vector<Case> cases = {
-      {std::string("\x80", 1), "truncated field tag"},
+      {std::string("\x80", 1), "truncated or overlong field tag"},
+      {std::string("\x88\x80\x80\x80\x80\x00", 6), "truncated or overlong field tag"},
       {std::string("\x10\x80\x80", 3), "truncated varint"},
       {std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12), "truncated varint"},
       {std::string("\x1a\x05"
@@ -145,7 +146,11 @@ TEST_CASE("grpc wire: malformed messages are refused with the reason", "[grpc][g
       {std::string("\x1a\xff\xff\xff\xff\x0f"
                    "ab",
                    8),
-       "runs past"},
+       "overlong length of field 3"},
+      {std::string("\x1a\x82\x80\x80\x80\x80\x00"
+                   "ab",
+                   9),
+       "overlong length of field 3"},
       {std::string("\x12\x01x", 3), "field 2 has wire type 2"},
       {std::string("\x18\x01", 2), "field 3 has wire type 0"},
       {std::string("\x0b", 1), "field 1 has wire type 3"},

@@ -46,9 +46,11 @@ class SliceCursor {
   size_t slice() const noexcept { return slice_; }
   size_t pos() const noexcept { return pos_; }
 
-  bool readVarint(uint64_t* v) noexcept {
+  // At most `max_bytes` bytes: protobuf reads tags and lengths as 32-bit
+  // varints of up to five bytes, other varints of up to ten.
+  bool readVarint(uint64_t* v, int max_bytes = 10) noexcept {
     uint64_t result = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       if (remaining_ == 0) return false;
       const uint8_t b = slices_[slice_].begin()[pos_];
       advance(1);
@@ -58,7 +60,7 @@ class SliceCursor {
         return true;
       }
     }
-    return false;  // more than ten bytes
+    return false;  // longer than max_bytes
   }
 
   bool skip(uint64_t n) noexcept {
@@ -223,10 +225,11 @@ std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out)
   std::string scratch;  // a header split across slices
   while (in.remaining() > 0) {
     uint64_t tag = 0;
-    if (!in.readVarint(&tag)) return "truncated field tag";
+    if (!in.readVarint(&tag, 5)) return "truncated or overlong field tag";
+    tag &= 0xffffffff;  // as protobuf reads it
     const uint64_t field = tag >> 3;
     const uint32_t wire = static_cast<uint32_t>(tag & 7);
-    if (field == 0 || field > 0x1fffffff) return "field number " + std::to_string(field) + " is invalid";
+    if (field == 0) return "field number 0 is invalid";
     const bool known = field >= kFieldHeader && field <= kFieldControl;
     const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl;
     if (known && wire != (length_field ? kWireLength : kWireVarint)) {
@@ -247,7 +250,9 @@ std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out)
         if (!in.skip(4)) return "truncated fixed32 in field " + std::to_string(field);
         break;
       case kWireLength: {
-        if (!in.readVarint(&value)) return "truncated length of field " + std::to_string(field);
+        if (!in.readVarint(&value, 5) || value > 0x7fffffff) {
+          return "truncated or overlong length of field " + std::to_string(field);
+        }
         if (value > in.remaining()) {
           return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
                  std::to_string(in.remaining()) + " bytes left in the message";
