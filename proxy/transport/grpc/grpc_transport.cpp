@@ -205,7 +205,11 @@ bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
   } catch (...) {  // bad_alloc
     malformed = "out of memory while parsing a message";
   }
-  if (malformed.empty()) return handleMessage(received_);
+  if (malformed.empty()) {
+    const bool ok = handleMessage(received_);
+    received_.slices.clear();  // gRPC's receive buffers go back now, not with the next message
+    return ok;
+  }
   abandonFrame();
   failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": malformed DataMessage: " + malformed);
   return false;
