@@ -65,7 +65,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   void stop() override;
 
   ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
-  ::grpc::Status RawData(::grpc::ServerContext* ctx, DataCall* stream) override;
+  ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
 
  private:
   struct Pending {
@@ -352,7 +352,7 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   return ::grpc::Status::OK;
 }
 
-::grpc::Status PeerLinksImpl::RawData(::grpc::ServerContext* ctx, DataCall* stream) {
+::grpc::Status PeerLinksImpl::serveRawData(::grpc::ServerContext* ctx, DataCall* stream) {
   if (!tokenOk(ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());

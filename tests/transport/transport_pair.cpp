@@ -192,7 +192,7 @@ class DataOnlyService final : public RawDataLinkService {
   DataOnlyService(std::string token, size_t chunk_bytes)
       : token_(std::move(token)), chunk_bytes_(chunk_bytes) {}
 
-  grpc::Status RawData(grpc::ServerContext* context, DataStream* stream) override {
+  grpc::Status serveRawData(grpc::ServerContext* context, DataStream* stream) override {
     auto md = context->client_metadata().find(kTokenMetadataKey);
     if (md == context->client_metadata().end() ||
         std::string(md->second.data(), md->second.size()) != token_) {

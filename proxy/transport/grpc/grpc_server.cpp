@@ -20,7 +20,7 @@ RawDataLinkService::RawDataLinkService() {
       kDataMethodIndex,
       new grpc::internal::BidiStreamingHandler<RawDataLinkService, grpc::ByteBuffer, grpc::ByteBuffer>(
           [](RawDataLinkService* service, grpc::ServerContext* context, DataStream* stream) {
-            return service->RawData(context, stream);
+            return service->serveRawData(context, stream);
           },
           this));
 }

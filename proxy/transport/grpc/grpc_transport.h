@@ -18,7 +18,7 @@
 //   auto t = GrpcTransport::connect(channel, session_id, token, chunk_bytes);
 // Listening daemon, in a RawDataLinkService (its Data method streams raw
 // ByteBuffers):
-//   grpc::Status RawData(grpc::ServerContext* ctx, DataStream* stream) override {
+//   grpc::Status serveRawData(grpc::ServerContext* ctx, DataStream* stream) override {
 //     grpc::ByteBuffer first;
 //     if (!stream->Read(&first)) return {grpc::StatusCode::CANCELLED, "no first message"};
 //     // parseDataMessage(&first, ...); check ctx metadata kTokenMetadataKey
@@ -62,11 +62,11 @@ using DataStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // A Link service whose Data method hands its handler raw ByteBuffers
 // (gRPC 1.51 generates that only for the async and callback APIs): derive
-// from it and implement RawData instead of Data.
+// from it and implement serveRawData instead of Data.
 class RawDataLinkService : public framelink::v1::Link::Service {
  public:
   RawDataLinkService();
-  virtual grpc::Status RawData(grpc::ServerContext* context, DataStream* stream) = 0;
+  virtual grpc::Status serveRawData(grpc::ServerContext* context, DataStream* stream) = 0;
 };
 
 struct GrpcTransportOptions {
