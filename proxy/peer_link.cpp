@@ -45,7 +45,7 @@ uint64_t randomSessionId() {
 
 }  // namespace
 
-class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
+class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkService {
  public:
   PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance,
                 TransportRegistry transports)
@@ -65,7 +65,7 @@ class PeerLinksImpl final : public PeerLinks, public v1::Link::Service {
   void stop() override;
 
   ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
-  ::grpc::Status Data(::grpc::ServerContext* ctx, DataCall* stream) override;
+  ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
 
  private:
   struct Pending {
@@ -352,7 +352,7 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   return ::grpc::Status::OK;
 }
 
-::grpc::Status PeerLinksImpl::Data(::grpc::ServerContext* ctx, DataCall* stream) {
+::grpc::Status PeerLinksImpl::serveRawData(::grpc::ServerContext* ctx, DataCall* stream) {
   if (!tokenOk(ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());

@@ -117,9 +117,13 @@ class GrpcPeerTransport final : public PeerTransport {
 
   bool servesDataCalls() const noexcept override { return true; }
   ::grpc::Status serveDataCall(::grpc::ServerContext* ctx, DataCall* call) override {
-    v1::DataMessage first;
+    ::grpc::ByteBuffer first;
     if (!call->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no first message"};
-    const uint64_t session_id = first.session_id();
+    transport::ReceivedDataMessage parsed;
+    if (std::string why = transport::parseDataMessage(&first, &parsed); !why.empty()) {
+      return {::grpc::StatusCode::INVALID_ARGUMENT, "malformed first DataMessage: " + why};
+    }
+    const uint64_t session_id = parsed.session_id;
     if (!hooks_.expected || !hooks_.expected(session_id)) {
       log_session_.warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(),
                         session_id);

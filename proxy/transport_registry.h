@@ -12,6 +12,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/sync_stream.h>
 
 #include <chrono>
@@ -58,7 +59,8 @@ struct DialContext {
   int stop_fd = -1;                          // readable once the daemon stops: a dial in progress gives up
 };
 
-using DataCall = ::grpc::ServerReaderWriter<v1::DataMessage, v1::DataMessage>;
+// A Link.Data call, its DataMessages as raw bytes (transport/grpc/grpc_wire.h).
+using DataCall = ::grpc::ServerReaderWriter<::grpc::ByteBuffer, ::grpc::ByteBuffer>;
 
 // One registered transport.  Called from the peer-link threads (dialers and
 // gRPC handlers) at once: an entry guards whatever it changes after listen().

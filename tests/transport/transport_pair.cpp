@@ -187,20 +187,21 @@ Result<std::unique_ptr<TransportPair>> makeRdma() {
 
 namespace {
 
-class DataOnlyService final : public framelink::v1::Link::Service {
+class DataOnlyService final : public RawDataLinkService {
  public:
   DataOnlyService(std::string token, size_t chunk_bytes)
       : token_(std::move(token)), chunk_bytes_(chunk_bytes) {}
 
-  grpc::Status Data(grpc::ServerContext* context, DataStream* stream) override {
+  grpc::Status serveRawData(grpc::ServerContext* context, DataStream* stream) override {
     auto md = context->client_metadata().find(kTokenMetadataKey);
     if (md == context->client_metadata().end() ||
         std::string(md->second.data(), md->second.size()) != token_) {
       return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
     }
-    framelink::v1::DataMessage first;
+    grpc::ByteBuffer first;
     if (!stream->Read(&first)) return {grpc::StatusCode::CANCELLED, "no first message"};
-    if (first.session_id() != GrpcTestServer::kSessionId) {
+    ReceivedDataMessage parsed;
+    if (!parseDataMessage(&first, &parsed).empty() || parsed.session_id != GrpcTestServer::kSessionId) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "unknown session"};
     }
     auto t = GrpcTransport::adoptServerStream(context, stream, chunk_bytes_);

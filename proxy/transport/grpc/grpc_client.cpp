@@ -10,8 +10,6 @@ namespace framelink::transport {
 
 namespace {
 
-using ClientStream = grpc::ClientReaderWriter<framelink::v1::DataMessage, framelink::v1::DataMessage>;
-
 int statusToFl(const grpc::Status& s) {
   switch (s.error_code()) {
     case grpc::StatusCode::UNAUTHENTICATED:
@@ -30,19 +28,23 @@ class GrpcClientTransport final : public GrpcTransport {
   GrpcClientTransport(std::shared_ptr<grpc::Channel> channel, const GrpcTransportOptions& options,
                       std::unique_ptr<TransportCore> core)
       : GrpcTransport("the dialed peer", options, std::move(core)),
-        stub_(framelink::v1::Link::NewStub(channel)) {}
+        channel_(std::move(channel)),
+        context_(std::make_unique<grpc::ClientContext>()) {}
 
   ~GrpcClientTransport() override { shutdown(); }
 
   Status start(uint64_t session_id, const std::string& token) {
-    context_.AddMetadata(kTokenMetadataKey, token);
-    stream_ = stub_->Data(&context_);
+    grpc::ClientContext* context = nullptr;
+    {
+      MutexLock lock(context_mu_);
+      context = context_.get();
+    }
+    context->AddMetadata(kTokenMetadataKey, token);
+    stream_ = openRawDataCall(channel_, context);
     if (!stream_) return makeError(FL_ERR_TRANSPORT, "grpc data link: cannot open the Data call");
-    framelink::v1::DataMessage first;
-    first.set_session_id(session_id);
     // A failed first write means the call is already over; the reader then
     // reports why (e.g. UNAUTHENTICATED) as the LinkError.
-    stream_->Write(first);
+    stream_->Write(encodeSessionId(session_id));
     try {
       // Sender first: the reader joins it, so it must exist before the reader runs.
       sender_ = std::thread([this] { senderLoop(); });
@@ -62,43 +64,59 @@ class GrpcClientTransport final : public GrpcTransport {
       reader_.join();  // joins the sender and finishes the call
     } else if (stream_ && !finished_) {
       // start() failed before the reader ran.
-      core_->stopSending();
+      stopSender();
       if (sender_.joinable()) sender_.join();
       stream_->Finish();
       finished_ = true;
+      releaseCall();
     }
+    settleReleases();
   }
 
  private:
-  bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept override {
+  bool writeMessage(const grpc::ByteBuffer& message, bool more) noexcept override {
     grpc::WriteOptions options;
     if (more) options.set_buffer_hint();
     return stream_->Write(message, options);
   }
-  void cancelStream() noexcept override { context_.TryCancel(); }
+  void cancelStream() noexcept override {
+    MutexLock lock(context_mu_);
+    if (context_) context_->TryCancel();
+  }
+
+  // Frees the finished call.  gRPC may hold payload slices of a frame whose
+  // write failed until then (in the call's stream), and that frame's
+  // SendComplete waits for them.
+  void releaseCall() noexcept {
+    stream_.reset();
+    MutexLock lock(context_mu_);
+    context_.reset();  // the context holds the call's last reference
+  }
 
   void readerLoop() noexcept {
-    framelink::v1::DataMessage msg;
+    grpc::ByteBuffer msg;
     bool protocol_ok = true;
-    while (protocol_ok && stream_->Read(&msg)) protocol_ok = handleMessage(msg);
+    while (protocol_ok && stream_->Read(&msg)) protocol_ok = handleBuffer(&msg);
     abandonFrame();
     // Finish() may not overlap a Write(): stop the sender first.  Once Read
     // returned false the call is over, so a Write in progress returns soon;
     // after a protocol violation failLink() cancelled the call.
-    core_->stopSending();
+    stopSender();
     if (sender_.joinable()) sender_.join();
     grpc::Status status = stream_->Finish();
     finished_ = true;
     std::string text =
         "grpc data link: stream ended: " + std::to_string(status.error_code()) + " " + status.error_message();
     failLink(status.ok() ? FL_ERR_LINK_LOST : statusToFl(status), text);
+    releaseCall();
   }
 
-  std::unique_ptr<framelink::v1::Link::Stub> stub_;
-  grpc::ClientContext context_;
-  std::unique_ptr<ClientStream> stream_;  // destroyed before context_
-  Mutex join_mu_;                         // one shutdown() joins the reader, a concurrent one waits for that
-  bool finished_ = false;                 // reader thread, then shutdown() after joining it
+  std::shared_ptr<grpc::Channel> channel_;
+  Mutex context_mu_;  // cancelStream() may run on any thread while the reader frees the call
+  std::unique_ptr<grpc::ClientContext> context_ FL_GUARDED_BY(context_mu_);
+  std::unique_ptr<RawClientDataStream> stream_;  // freed before context_
+  Mutex join_mu_;          // one shutdown() joins the reader, a concurrent one waits for that
+  bool finished_ = false;  // reader thread, then shutdown() after joining it
   std::thread reader_ FL_GUARDED_BY(join_mu_);
   std::thread sender_;  // joined by the reader thread
 };

@@ -22,6 +22,12 @@ grpc::ChannelArguments channelArguments(size_t chunk_bytes) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
+  // The retry layer keeps a reference to every message sent before the call
+  // commits, and the grpc transport's payload slices point into producers'
+  // slots: it must not hold them.  (The Data server also sends its headers at
+  // once, which commits the call where retries stay on.)  Nothing on these
+  // channels has a retry policy anyway.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   return args;
 }
 

@@ -32,7 +32,8 @@ size_t grpcMaxMessageBytes(size_t chunk_bytes) noexcept;
 // Raises the server's receive (and send) message limits for `chunk_bytes`.
 void configureServerBuilder(grpc::ServerBuilder& builder, size_t chunk_bytes);
 
-// Channel arguments with the matching limits; add your own on top.
+// Channel arguments with the matching limits, and retries off (see the
+// .cpp); add your own on top.
 grpc::ChannelArguments channelArguments(size_t chunk_bytes);
 
 }  // namespace framelink::transport

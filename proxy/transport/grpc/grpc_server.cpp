@@ -4,11 +4,26 @@
 // after the handler returns.
 #include <spdlog/spdlog.h>
 
+#include <grpcpp/support/method_handler.h>
+
 #include <system_error>
 
 #include "transport/grpc/grpc_transport.h"
 
 namespace framelink::transport {
+
+RawDataLinkService::RawDataLinkService() {
+  // Data is method 1 of Link (link.proto declares Session, then Data).  The
+  // handler is the one the generated code uses, typed for ByteBuffers.
+  constexpr int kDataMethodIndex = 1;
+  MarkMethodStreamed(
+      kDataMethodIndex,
+      new grpc::internal::BidiStreamingHandler<RawDataLinkService, grpc::ByteBuffer, grpc::ByteBuffer>(
+          [](RawDataLinkService* service, grpc::ServerContext* context, DataStream* stream) {
+            return service->serveRawData(context, stream);
+          },
+          this));
+}
 
 Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(grpc::ServerContext* context,
                                                                               DataStream* stream,
@@ -33,9 +48,11 @@ GrpcServerTransport::GrpcServerTransport(grpc::ServerContext* context, DataStrea
                                          std::unique_ptr<TransportCore> core)
     : GrpcTransport(context->peer(), options, std::move(core)), context_(context), stream_(stream) {}
 
-GrpcServerTransport::~GrpcServerTransport() { shutdown(); }
+// Not shutdown(): the last reference may go on the handler thread, before
+// the call (and any payload slice it holds) is freed.
+GrpcServerTransport::~GrpcServerTransport() { close(); }
 
-bool GrpcServerTransport::writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept {
+bool GrpcServerTransport::writeMessage(const grpc::ByteBuffer& message, bool more) noexcept {
   grpc::WriteOptions options;
   if (more) options.set_buffer_hint();
   return stream_->Write(message, options);
@@ -55,6 +72,10 @@ grpc::Status GrpcServerTransport::runUntilClosed() {
     state_ = State::kRunning;
   }
   grpc::Status result = grpc::Status::OK;
+  // The headers commit the call on the dialing side: until then a channel
+  // with retries on keeps a reference to every message (payload slices
+  // included), and a frame's SendComplete waits for gRPC to drop those.
+  stream_->SendInitialMetadata();
   try {
     sender_ = std::thread([this] { senderLoop(); });
   } catch (const std::system_error& e) {
@@ -64,19 +85,19 @@ grpc::Status GrpcServerTransport::runUntilClosed() {
   // shutdown() may have run before this call was marked running, in which
   // case it could not cancel the call: do not start reading then.
   if (sender_.joinable() && !core_->failed()) {
-    framelink::v1::DataMessage msg;
+    grpc::ByteBuffer msg;
     bool protocol_ok = true;
-    while (protocol_ok && stream_->Read(&msg)) protocol_ok = handleMessage(msg);
+    while (protocol_ok && stream_->Read(&msg)) protocol_ok = handleBuffer(&msg);
     abandonFrame();
     if (!protocol_ok) result = {grpc::StatusCode::INVALID_ARGUMENT, "framelink data protocol violation"};
     // The peer stopped sending; make sure a Write blocked on flow control
     // returns, then stop the sender before the stream goes away.
-    core_->stopSending();
+    stopSender();
     cancelStream();
     sender_.join();
     failLink(FL_ERR_LINK_LOST, "grpc data link with " + peer_name_ + ": peer closed the stream");
   } else if (sender_.joinable()) {
-    core_->stopSending();
+    stopSender();
     sender_.join();
     result = {grpc::StatusCode::CANCELLED, "data transport shut down"};
   }
@@ -91,6 +112,11 @@ grpc::Status GrpcServerTransport::runUntilClosed() {
 }
 
 void GrpcServerTransport::shutdown() noexcept {
+  close();
+  settleReleases();
+}
+
+void GrpcServerTransport::close() noexcept {
   failLink(FL_ERR_SHUTDOWN, "grpc data link with " + peer_name_ + " shut down locally");
   MutexLock lock(mu_);
   if (state_ == State::kAdopted) {

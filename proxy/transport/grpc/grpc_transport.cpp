@@ -1,8 +1,10 @@
 // Parts of the grpc transport shared by the dialing and the serving side:
-// chunking on send, reassembly on receive.
+// chunking on send (payload slices that point into the slot), reassembly on
+// receive.
 #include "transport/grpc/grpc_transport.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -20,33 +22,136 @@ GrpcTransportOptions clampOptions(GrpcTransportOptions o) {
 
 }  // namespace
 
+// Counts the payload slices of the frame being written that gRPC still
+// references, and holds a frame's completion until the count drops to zero.
+// Shared by the transport and every slice (their destroy callbacks run on
+// gRPC's threads, possibly after the transport is gone).
+class GrpcTransport::SliceRelease {
+ public:
+  explicit SliceRelease(std::shared_ptr<TransportCore> core) : core_(std::move(core)) {}
+
+  // A slice over `n` payload bytes at `data` (the producer's slot), counted
+  // until gRPC drops its last reference.
+  static grpc::Slice payloadSlice(const std::shared_ptr<SliceRelease>& self, const uint8_t* data, size_t n) {
+    auto* ref = new std::shared_ptr<SliceRelease>(self);
+    {
+      MutexLock lock(self->mu_);
+      ++self->outstanding_;
+    }
+    // gRPC only reads the slice (its buffer is not const in the API).
+    return grpc::Slice(const_cast<uint8_t*>(data), n, &SliceRelease::onDestroy, ref);
+  }
+
+  // Called by the sender after the frame's last write.  True once gRPC
+  // released every slice: the caller reports the completion.  False when the
+  // sender was stopped first: the last release reports it then.
+  bool waitReleased(uint64_t cookie, int status, uint64_t bytes) noexcept {
+    MutexLock lock(mu_);
+    lock.wait(cv_, [&]() FL_REQUIRES(mu_) { return outstanding_ == 0 || stopped_; });
+    if (outstanding_ == 0) {
+      ++frames_released_;
+      return true;
+    }
+    deferred_ = Deferred{cookie, status, bytes};
+    return false;
+  }
+
+  void stop() noexcept {
+    {
+      MutexLock lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  void settle(std::chrono::milliseconds limit) noexcept {
+    MutexLock lock(mu_);
+    lock.waitFor(cv_, limit, [&]() FL_REQUIRES(mu_) { return outstanding_ == 0; });
+  }
+
+  uint64_t framesReleased() const noexcept {
+    MutexLock lock(mu_);
+    return frames_released_;
+  }
+
+ private:
+  struct Deferred {
+    uint64_t cookie = 0;
+    int status = FL_OK;
+    uint64_t bytes = 0;
+  };
+
+  static void onDestroy(void* user_data) {
+    auto* ref = static_cast<std::shared_ptr<SliceRelease>*>(user_data);
+    (*ref)->released();
+    delete ref;
+  }
+
+  void released() noexcept {
+    std::optional<Deferred> done;
+    {
+      MutexLock lock(mu_);
+      if (--outstanding_ == 0 && deferred_) {
+        done = deferred_;
+        deferred_.reset();
+        ++frames_released_;
+      }
+    }
+    cv_.notify_all();
+    if (done) core_->completeSend(done->cookie, done->status, done->bytes);
+  }
+
+  const std::shared_ptr<TransportCore> core_;
+  mutable Mutex mu_;
+  std::condition_variable cv_;
+  size_t outstanding_ FL_GUARDED_BY(mu_) = 0;
+  bool stopped_ FL_GUARDED_BY(mu_) = false;
+  std::optional<Deferred> deferred_ FL_GUARDED_BY(mu_);
+  uint64_t frames_released_ FL_GUARDED_BY(mu_) = 0;
+};
+
 GrpcTransport::GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
                              std::unique_ptr<TransportCore> core)
-    : peer_name_(std::move(peer_name)), options_(clampOptions(options)), core_(std::move(core)) {}
+    : peer_name_(std::move(peer_name)),
+      options_(clampOptions(options)),
+      core_(std::move(core)),
+      release_(std::make_shared<SliceRelease>(core_)) {}
 
 GrpcTransport::~GrpcTransport() = default;
 
+uint64_t GrpcTransport::payloadsReleased() const noexcept { return release_->framesReleased(); }
+
 void GrpcTransport::failLink(int status, const std::string& message) noexcept {
+  release_->stop();
   if (!core_->fail(status, message)) return;
   if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
   cancelStream();
 }
 
+void GrpcTransport::stopSender() noexcept {
+  core_->stopSending();
+  release_->stop();
+}
+
+void GrpcTransport::settleReleases() noexcept {
+  // gRPC frees a finished call's stream on its own threads, right after the
+  // call: a second is plenty, and a shutdown never hangs on it.
+  release_->settle(std::chrono::seconds(1));
+}
+
 // ---------------------------------------------------------------- sending
 
 void GrpcTransport::senderLoop() noexcept {
-  framelink::v1::DataMessage msg;  // reused: keeps the payload string's capacity
   TransportCore::Outgoing out;
+  std::string prefix;  // reused: keeps its capacity
   while (core_->nextSend(&out)) {
     bool ok = true;
     try {
       for (size_t i = 0; ok && i < out.control.size(); ++i) {
-        msg.Clear();
-        msg.set_control(std::move(out.control[i]));
         // Held back while a frame or more control follows at once, so they share a write.
-        ok = writeMessage(msg, out.has_frame || i + 1 < out.control.size());
+        ok = writeMessage(encodeControl(out.control[i]), out.has_frame || i + 1 < out.control.size());
       }
-    } catch (...) {  // bad_alloc from protobuf
+    } catch (...) {  // bad_alloc
       ok = false;
     }
     if (!out.has_frame) {
@@ -58,23 +163,25 @@ void GrpcTransport::senderLoop() noexcept {
     uint64_t offset = 0;
     try {
       while (ok) {
-        msg.Clear();
-        if (offset == 0) toProto(r.header, msg.mutable_header());
-        size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
-        msg.set_offset(offset);
-        if (n > 0) msg.set_payload(r.payload + offset, n);
-        offset += n;
-        msg.set_last(offset == length);
-        if (!writeMessage(msg, false)) {
-          ok = false;
-          break;
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
+        prefix.clear();
+        encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, offset + n == length, n, &prefix);
+        {
+          // This scope's references go before waitReleased: gRPC's are what it waits for.
+          grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice()};
+          if (n > 0) slices[1] = SliceRelease::payloadSlice(release_, r.payload + offset, n);
+          grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
+          ok = writeMessage(message, false);
         }
+        offset += n;
         if (offset >= length) break;
       }
-    } catch (...) {  // bad_alloc from protobuf
+    } catch (...) {  // bad_alloc
       ok = false;
     }
-    core_->completeSend(r.cookie, ok ? FL_OK : FL_ERR_LINK_LOST, length);
+    const int status = ok ? FL_OK : FL_ERR_LINK_LOST;
+    if (!release_->waitReleased(r.cookie, status, length)) return;  // completed by the last release
+    core_->completeSend(r.cookie, status, length);
     // A failed write means the call is over; the reader sees that too and
     // fails the link with the call's status.
     if (!ok) return;
@@ -91,26 +198,43 @@ void GrpcTransport::abandonFrame() noexcept {
   in_frame_ = false;
 }
 
-bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept {
+bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
+  std::string malformed;
+  try {
+    malformed = parseDataMessage(buffer, &received_);
+  } catch (...) {  // bad_alloc
+    malformed = "out of memory while parsing a message";
+  }
+  if (malformed.empty()) {
+    const bool ok = handleMessage(received_);
+    received_.slices.clear();  // gRPC's receive buffers go back now, not with the next message
+    return ok;
+  }
+  abandonFrame();
+  failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": malformed DataMessage: " + malformed);
+  return false;
+}
+
+bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
   auto violation = [&](const std::string& what) {
     abandonFrame();
     failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": " + what);
     return false;
   };
-  if (!m.control().empty()) {
-    if (m.has_header() || !m.payload().empty() || m.offset() != 0 || m.last()) {
+  if (!m.control.empty()) {
+    if (m.has_header || m.payload_bytes != 0 || m.offset != 0 || m.last) {
       return violation("a control record shares its message with frame data");
     }
-    if (m.control().size() > kMaxControlBytes) {
-      return violation("control record of " + std::to_string(m.control().size()) + " bytes exceeds " +
+    if (m.control.size() > kMaxControlBytes) {
+      return violation("control record of " + std::to_string(m.control.size()) + " bytes exceeds " +
                        std::to_string(kMaxControlBytes));
     }
-    core_->controlArrived(m.control());
+    core_->controlArrived(m.control);
     return true;
   }
   if (!in_frame_) {
-    if (!m.has_header()) return violation("chunk without a frame header");
-    const auto& p = m.header();
+    if (!m.has_header) return violation("chunk without a frame header");
+    const auto& p = m.header;
     if (!fromProto(p, &frame_)) {
       return violation("attributes of " + std::to_string(p.attributes().size()) + " bytes exceed " +
                        std::to_string(FL_MAX_ATTR_BYTES));
@@ -127,20 +251,19 @@ bool GrpcTransport::handleMessage(const framelink::v1::DataMessage& m) noexcept 
       return violation("frame of " + std::to_string(frame_.length) + " bytes for unknown credit " +
                        std::to_string(frame_.credit_id) + " exceeds max_frame_bytes");
     }
-  } else if (m.has_header()) {
+  } else if (m.has_header) {
     return violation("frame header in the middle of frame " + std::to_string(frame_.sequence));
   }
-  if (m.offset() != offset_) {
-    return violation("chunk at offset " + std::to_string(m.offset()) + ", expected " +
-                     std::to_string(offset_));
+  if (m.offset != offset_) {
+    return violation("chunk at offset " + std::to_string(m.offset) + ", expected " + std::to_string(offset_));
   }
-  const std::string& payload = m.payload();
-  if (payload.size() > frame_.length - offset_) {
+  if (m.payload_bytes > frame_.length - offset_) {
     return violation("chunk runs past the frame length " + std::to_string(frame_.length));
   }
-  if (credit_ && !payload.empty()) std::memcpy(credit_->buffer + offset_, payload.data(), payload.size());
-  offset_ += payload.size();
-  if (!m.last()) return true;
+  // The one copy on this side: from gRPC's receive slices into the slot.
+  if (credit_ && m.payload_bytes > 0) m.copyPayload(credit_->buffer + offset_);
+  offset_ += m.payload_bytes;
+  if (!m.last) return true;
   if (offset_ != frame_.length) {
     return violation("last chunk at " + std::to_string(offset_) + " of " + std::to_string(frame_.length) +
                      " bytes");

@@ -4,16 +4,25 @@
 // A frame is one or more DataMessages: the first carries the FrameHeader,
 // each carries the next <= chunk_bytes payload bytes at `offset`, the last
 // has `last` set (a zero-length frame is one message).  Frames do not
-// interleave on a stream.  Costs one copy per side (slot -> protobuf bytes,
-// protobuf bytes -> credited buffer) on top of gRPC's own.
+// interleave on a stream.  The messages travel as raw grpc::ByteBuffers
+// (grpc_wire.h): a chunk's payload is a slice that points into the
+// producer's slot, and the receiver copies it once, from gRPC's receive
+// slices straight into the credited buffer.  A frame's SendComplete comes
+// only after gRPC dropped its last reference to those slices (their destroy
+// callback ran), because the producer may reuse the slot after it.
+//
+// Chunking stays: gRPC's message size limits apply to every message, and a
+// chunk bounds what one Write holds of the slot.
 //
 // Dialing daemon:
 //   auto t = GrpcTransport::connect(channel, session_id, token, chunk_bytes);
-// Listening daemon, inside its Link::Service::Data handler:
-//   grpc::Status Data(grpc::ServerContext* ctx, DataStream* stream) override {
-//     DataMessage first;
+// Listening daemon, in a RawDataLinkService (its Data method streams raw
+// ByteBuffers):
+//   grpc::Status serveRawData(grpc::ServerContext* ctx, DataStream* stream) override {
+//     grpc::ByteBuffer first;
 //     if (!stream->Read(&first)) return {grpc::StatusCode::CANCELLED, "no first message"};
-//     // check ctx metadata kTokenMetadataKey and first.session_id() against the Session
+//     // parseDataMessage(&first, ...); check ctx metadata kTokenMetadataKey
+//     // and the session_id against the Session
 //     auto t = GrpcTransport::adoptServerStream(ctx, stream, chunk_bytes);
 //     if (!t) return {grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
 //     handOver(*t);                  // the daemon keeps a shared_ptr<Transport>
@@ -42,12 +51,23 @@
 #include "common/thread_annotations.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "transport/grpc/grpc_limits.h"
+#include "transport/grpc/grpc_wire.h"
 #include "transport/transport.h"
 #include "transport/transport_core.h"
 
 namespace framelink::transport {
 
-using DataStream = grpc::ServerReaderWriter<framelink::v1::DataMessage, framelink::v1::DataMessage>;
+// The server side of a Link.Data call: DataMessages as raw ByteBuffers.
+using DataStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// A Link service whose Data method hands its handler raw ByteBuffers
+// (gRPC 1.51 generates that only for the async and callback APIs): derive
+// from it and implement serveRawData instead of Data.
+class RawDataLinkService : public framelink::v1::Link::Service {
+ public:
+  RawDataLinkService();
+  virtual grpc::Status serveRawData(grpc::ServerContext* context, DataStream* stream) = 0;
+};
 
 struct GrpcTransportOptions {
   size_t chunk_bytes = kDefaultGrpcChunkBytes;  // clamped to [4 KiB, kMaxGrpcChunkBytes]
@@ -98,6 +118,9 @@ class GrpcTransport : public Transport {
 
   TransportCore::Counters counters() const noexcept { return core_->counters(); }
   size_t chunkBytes() const noexcept { return options_.chunk_bytes; }
+  // Frames whose payload slices gRPC has released (all of them): a frame's
+  // SendComplete is reported only after this count covers it.
+  uint64_t payloadsReleased() const noexcept;
 
  protected:
   GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
@@ -105,22 +128,36 @@ class GrpcTransport : public Transport {
 
   // The stream, as the concrete side has it.
   // `more`: another message follows at once (grpc::WriteOptions::set_buffer_hint).
-  virtual bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept = 0;
+  virtual bool writeMessage(const grpc::ByteBuffer& message, bool more) noexcept = 0;
   virtual void cancelStream() noexcept = 0;
 
   void senderLoop() noexcept;
-  // Reassembles one received message; false after a protocol violation
-  // (the link is failed then).
-  bool handleMessage(const framelink::v1::DataMessage& message) noexcept;
+  // Stops the sender (TransportCore::stopSending) and wakes it if it waits
+  // for gRPC to release a frame's slices.
+  void stopSender() noexcept;
+  // After the call ended: waits (briefly) until gRPC released the slices of
+  // a frame whose completion the sender left to the last release, so that
+  // its SendComplete is there when shutdown() returns.
+  void settleReleases() noexcept;
+  // Parses and reassembles one received message; false after a protocol
+  // violation (the link is failed then).
+  bool handleBuffer(grpc::ByteBuffer* buffer) noexcept;
   // Releases a credit held by a frame that will never complete.
   void abandonFrame() noexcept;
   void failLink(int status, const std::string& message) noexcept;
 
+  class SliceRelease;
+
   const std::string peer_name_;
   const GrpcTransportOptions options_;
-  std::unique_ptr<TransportCore> core_;
+  // Shared with the payload slices' destroy callbacks, which may run on a
+  // gRPC thread after this transport is gone.
+  std::shared_ptr<TransportCore> core_;
+  std::shared_ptr<SliceRelease> release_;
 
  private:
+  bool handleMessage(const ReceivedDataMessage& message) noexcept;
+  ReceivedDataMessage received_;  // reader thread only
   // Reassembly state, reader thread only.
   bool in_frame_ = false;
   FrameHeader frame_;
@@ -142,8 +179,10 @@ class GrpcServerTransport final : public GrpcTransport {
   void shutdown() noexcept override;
 
  private:
-  bool writeMessage(const framelink::v1::DataMessage& message, bool more) noexcept override;
+  bool writeMessage(const grpc::ByteBuffer& message, bool more) noexcept override;
   void cancelStream() noexcept override;
+  // shutdown() without settleReleases().
+  void close() noexcept;
 
   enum class State { kAdopted, kRunning, kClosed };
   Mutex mu_;

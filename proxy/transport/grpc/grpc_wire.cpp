@@ -1,8 +1,114 @@
 #include "transport/grpc/grpc_wire.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include <grpcpp/impl/rpc_method.h>
+
 namespace framelink::transport {
+
+namespace {
+
+// DataMessage field numbers (link.proto).
+constexpr uint32_t kFieldHeader = 1;
+constexpr uint32_t kFieldOffset = 2;
+constexpr uint32_t kFieldPayload = 3;
+constexpr uint32_t kFieldLast = 4;
+constexpr uint32_t kFieldSessionId = 5;
+constexpr uint32_t kFieldControl = 6;
+
+constexpr uint32_t kWireVarint = 0;
+constexpr uint32_t kWireFixed64 = 1;
+constexpr uint32_t kWireLength = 2;
+constexpr uint32_t kWireFixed32 = 5;
+
+void putVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+void putTag(uint32_t field, uint32_t wire_type, std::string* out) {
+  putVarint((field << 3) | wire_type, out);
+}
+
+// Reads across the slices of one message.
+class SliceCursor {
+ public:
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const auto& s : slices_) remaining_ += s.size();
+    skipEmpty();
+  }
+
+  uint64_t remaining() const noexcept { return remaining_; }
+  size_t slice() const noexcept { return slice_; }
+  size_t pos() const noexcept { return pos_; }
+
+  // At most `max_bytes` bytes: protobuf reads tags and lengths as 32-bit
+  // varints of up to five bytes, other varints of up to ten.
+  bool readVarint(uint64_t* v, int max_bytes = 10) noexcept {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
+      if (remaining_ == 0) return false;
+      const uint8_t b = slices_[slice_].begin()[pos_];
+      advance(1);
+      result |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) {
+        *v = result;
+        return true;
+      }
+    }
+    return false;  // longer than max_bytes
+  }
+
+  bool skip(uint64_t n) noexcept {
+    if (n > remaining_) return false;
+    while (n > 0) {
+      const size_t here = std::min<uint64_t>(n, slices_[slice_].size() - pos_);
+      advance(here);
+      n -= here;
+    }
+    return true;
+  }
+
+  // The next n bytes (n <= remaining()) appended to `out`.
+  void append(uint64_t n, std::string* out) {
+    while (n > 0) {
+      const size_t here = std::min<uint64_t>(n, slices_[slice_].size() - pos_);
+      out->append(reinterpret_cast<const char*>(slices_[slice_].begin()) + pos_, here);
+      advance(here);
+      n -= here;
+    }
+  }
+
+  // The next n bytes if they lie in one slice, else null.
+  const uint8_t* contiguous(uint64_t n) const noexcept {
+    if (remaining_ == 0 || slices_[slice_].size() - pos_ < n) return nullptr;
+    return slices_[slice_].begin() + pos_;
+  }
+
+ private:
+  void advance(size_t n) noexcept {
+    pos_ += n;
+    remaining_ -= n;
+    skipEmpty();
+  }
+  void skipEmpty() noexcept {
+    while (slice_ < slices_.size() && pos_ == slices_[slice_].size()) {
+      ++slice_;
+      pos_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t pos_ = 0;
+  uint64_t remaining_ = 0;
+};
+
+}  // namespace
 
 void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p) {
   p->set_stream_id(h.stream_id);
@@ -35,6 +141,155 @@ bool fromProto(const framelink::v1::FrameHeader& p, FrameHeader* h) noexcept {
   h->attr_length = static_cast<uint32_t>(p.attributes().size());
   std::memcpy(h->attrs, p.attributes().data(), h->attr_length);
   return true;
+}
+
+std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc::Channel>& channel,
+                                                     grpc::ClientContext* context) {
+  const grpc::internal::RpcMethod method(kDataMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  return std::unique_ptr<RawClientDataStream>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(),
+                                                                                            method, context));
+}
+
+void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, uint64_t payload_bytes,
+                       std::string* out) {
+  if (header != nullptr) {
+    framelink::v1::FrameHeader p;
+    toProto(*header, &p);
+    putTag(kFieldHeader, kWireLength, out);
+    putVarint(p.ByteSizeLong(), out);
+    p.AppendToString(out);
+  }
+  // proto3 leaves default values out; so does this.
+  if (offset != 0) {
+    putTag(kFieldOffset, kWireVarint, out);
+    putVarint(offset, out);
+  }
+  if (last) {
+    putTag(kFieldLast, kWireVarint, out);
+    putVarint(1, out);
+  }
+  if (payload_bytes > 0) {
+    putTag(kFieldPayload, kWireLength, out);
+    putVarint(payload_bytes, out);
+  }
+}
+
+grpc::ByteBuffer encodeControl(const std::string& record) {
+  std::string bytes;
+  bytes.reserve(record.size() + 11);
+  putTag(kFieldControl, kWireLength, &bytes);
+  putVarint(record.size(), &bytes);
+  bytes.append(record);
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer encodeSessionId(uint64_t session_id) {
+  std::string bytes;
+  putTag(kFieldSessionId, kWireVarint, &bytes);
+  putVarint(session_id, &bytes);
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+void ReceivedDataMessage::copyPayload(uint8_t* dst) const noexcept {
+  uint64_t n = payload_bytes;
+  size_t s = payload_slice;
+  size_t pos = payload_pos;
+  while (n > 0) {
+    const size_t here = std::min<uint64_t>(n, slices[s].size() - pos);
+    std::memcpy(dst, slices[s].begin() + pos, here);
+    dst += here;
+    n -= here;
+    ++s;
+    pos = 0;
+  }
+}
+
+std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out) {
+  out->has_header = false;
+  out->header.Clear();
+  out->offset = 0;
+  out->last = false;
+  out->session_id = 0;
+  out->control.clear();
+  out->payload_bytes = 0;
+  out->payload_slice = 0;
+  out->payload_pos = 0;
+  out->slices.clear();
+  if (!buffer->Dump(&out->slices).ok()) return "the message could not be read";
+  buffer->Clear();
+
+  SliceCursor in(out->slices);
+  std::string scratch;  // a header split across slices
+  while (in.remaining() > 0) {
+    uint64_t tag = 0;
+    if (!in.readVarint(&tag, 5)) return "truncated or overlong field tag";
+    tag &= 0xffffffff;  // as protobuf reads it
+    const uint64_t field = tag >> 3;
+    const uint32_t wire = static_cast<uint32_t>(tag & 7);
+    if (field == 0) return "field number 0 is invalid";
+    const bool known = field >= kFieldHeader && field <= kFieldControl;
+    const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl;
+    if (known && wire != (length_field ? kWireLength : kWireVarint)) {
+      return "field " + std::to_string(field) + " has wire type " + std::to_string(wire);
+    }
+    uint64_t value = 0;
+    switch (wire) {
+      case kWireVarint:
+        if (!in.readVarint(&value)) return "truncated varint in field " + std::to_string(field);
+        if (field == kFieldOffset) out->offset = value;
+        if (field == kFieldLast) out->last = value != 0;
+        if (field == kFieldSessionId) out->session_id = value;
+        break;
+      case kWireFixed64:
+        if (!in.skip(8)) return "truncated fixed64 in field " + std::to_string(field);
+        break;
+      case kWireFixed32:
+        if (!in.skip(4)) return "truncated fixed32 in field " + std::to_string(field);
+        break;
+      case kWireLength: {
+        if (!in.readVarint(&value, 5) || value > 0x7fffffff) {
+          return "truncated or overlong length of field " + std::to_string(field);
+        }
+        if (value > in.remaining()) {
+          return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
+                 std::to_string(in.remaining()) + " bytes left in the message";
+        }
+        if (field == kFieldHeader) {
+          if (out->has_header) return "two frame headers in one message";
+          const uint8_t* p = in.contiguous(value);
+          bool parsed = false;
+          if (p != nullptr) {
+            parsed = out->header.ParseFromArray(p, static_cast<int>(value));
+            in.skip(value);
+          } else {
+            in.append(value, &scratch);
+            parsed = out->header.ParseFromString(scratch);
+          }
+          if (!parsed) return "the frame header does not parse";
+          out->has_header = true;
+        } else if (field == kFieldPayload) {
+          // The last occurrence counts, as in protobuf.
+          out->payload_bytes = value;
+          out->payload_slice = in.slice();
+          out->payload_pos = in.pos();
+          in.skip(value);
+        } else if (field == kFieldControl) {
+          out->control.clear();
+          in.append(value, &out->control);
+        } else {
+          in.skip(value);
+        }
+        break;
+      }
+      default:
+        return "field " + std::to_string(field) + " has wire type " + std::to_string(wire) +
+               " (groups are not used)";
+    }
+  }
+  return {};
 }
 
 }  // namespace framelink::transport

@@ -1,11 +1,33 @@
-// The frame header on the `grpc` data transport: framelink.v1.FrameHeader
-// (proto/framelink/v1/link.proto), carried by the first DataMessage of each
-// frame.  These are the grpc wire's only converters to and from the daemon's
-// FrameHeader.
+// The `grpc` data transport's wire: framelink.v1.DataMessage
+// (proto/framelink/v1/link.proto) on the Link.Data call, handled as raw
+// grpc::ByteBuffers so that payload bytes are never copied into or out of a
+// protobuf `bytes` field.
+//
+// Sending: the sender encodes the small fields of a chunk (header, offset,
+// last, and the tag and length of `payload`) itself and appends the payload
+// as a grpc::Slice that points into the producer's slot.  The fields go in
+// the order 1, 2, 4, 3 -- protobuf parsers accept any order, so the bytes
+// are still a valid DataMessage for any peer that parses it with protobuf.
+//
+// Receiving: parseDataMessage() walks the fields over the received slices
+// and remembers where the payload lies; the caller copies it once, straight
+// into the credited buffer.
 //
 // The namespace is framelink::transport (not ...::grpc, which would shadow
 // ::grpc inside it).
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "framelink/v1/link.pb.h"
 #include "transport/frame_header.h"
@@ -19,5 +41,56 @@ void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p);
 // FL_MAX_ATTR_BYTES: the receiver fails the link on it.  Otherwise fills
 // every field of `h`; the attribute bytes past attr_length are zero.
 bool fromProto(const framelink::v1::FrameHeader& p, FrameHeader* h) noexcept;
+
+// The full name of the Link.Data method.
+inline constexpr char kDataMethod[] = "/framelink.v1.Link/Data";
+
+using RawClientDataStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// Starts a Link.Data call whose messages are raw ByteBuffers.  gRPC 1.51's
+// generated stub offers ByteBuffers only on its async and callback APIs; the
+// blocking API the transport uses is reached the way the generated code
+// reaches it.  Add the call metadata to `context` first.
+std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc::Channel>& channel,
+                                                     grpc::ClientContext* context);
+
+// The bytes of a DataMessage that carries one chunk, except its payload:
+// fields header (only when `header` is set), offset, last, then the tag and
+// length of `payload` (when payload_bytes > 0).  The payload bytes follow
+// in the same message.  Appends to `out`.
+void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, uint64_t payload_bytes,
+                       std::string* out);
+
+// A DataMessage with only `control` set.
+grpc::ByteBuffer encodeControl(const std::string& record);
+// A DataMessage with only `session_id` set (the first message of a call).
+grpc::ByteBuffer encodeSessionId(uint64_t session_id);
+
+// One received DataMessage.  Holds references to the received slices; reuse
+// one for every message of a stream (it keeps its capacity).
+struct ReceivedDataMessage {
+  bool has_header = false;
+  framelink::v1::FrameHeader header;
+  uint64_t offset = 0;
+  bool last = false;
+  uint64_t session_id = 0;
+  std::string control;
+  uint64_t payload_bytes = 0;
+
+  // Copies the payload (payload_bytes) to `dst`.
+  void copyPayload(uint8_t* dst) const noexcept;
+
+  // Where the payload lies, for copyPayload.
+  std::vector<grpc::Slice> slices;
+  size_t payload_slice = 0;
+  size_t payload_pos = 0;
+};
+
+// Parses `buffer` into `out`.  Returns an empty string, or what is wrong with
+// the bytes (truncated field, length past the end, a known field with the
+// wrong wire type, an unparsable header, two headers).  Unknown fields are
+// skipped, as protobuf does.  `buffer` is left empty (its slices move to
+// `out`).
+std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out);
 
 }  // namespace framelink::transport
