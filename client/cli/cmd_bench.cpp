@@ -277,8 +277,8 @@ int runBench(const BenchOptions& o) {
       if (!g_interrupted.load() && tcp_lat.samples == 0) runPingPong();
       if (!g_interrupted.load() && t == "tcp") runUcxLatency();
     }
-    if (!g_interrupted.load()) {
-      status("  %s ...\n", t + " idle daemons, " + fmt("%.0f s", o.idle_seconds));
+    if (!g_interrupted.load() && o.idle_seconds > 0) {
+      status("  %s ...\n", t + " idle daemons, " + fmt("%.1f s", o.idle_seconds));
       idle.emplace_back(t, measureIdle(*pair, o.idle_seconds));
     }
     if (!any_error) {
@@ -478,7 +478,9 @@ int runBench(const BenchOptions& o) {
         "UCX: ucx_perftest -t tag_bw -s SIZE (and -t tag_lat -s 4096, one-way) with UCX_TLS=tcp, server and "
         "client "
         "processes,\nclient to 127.0.0.1; UCX picks its own tcp devices (all local); GB/s from its overall "
-        "MB/s (2^20 bytes).\n");
+        "MB/s (2^20 bytes).\nBoth ucx_perftest processes busy-poll: on a machine with other load their "
+        "figures "
+        "drop by up to 20x.\n");
   }
   std::fflush(stdout);
   for (const auto& e : errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
@@ -501,7 +503,8 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seconds", o->seconds, "seconds per throughput case (default 3)");
   cmd->add_option("--latency-samples", o->latency_samples,
                   "4 KiB frames for the latency case (default 2000; 0 = skip)");
-  cmd->add_option("--idle-seconds", o->idle_seconds, "seconds to sample idle daemon CPU (default 2)");
+  cmd->add_option("--idle-seconds", o->idle_seconds,
+                  "seconds to sample idle daemon CPU (default 2; 0 = skip)");
   cmd->add_option("--framelinkd", o->framelinkd,
                   "path of framelinkd (default: the build tree's, then $PATH)");
   cmd->add_flag("--baselines-only", o->baselines_only,
