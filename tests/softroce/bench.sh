@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # framelink over rdma next to perftest (ib_write_bw, ib_write_lat) and UCX (ucx_perftest tag_bw /
-# tag_lat, UCX_TLS=rc_verbs) on the same two devices, size by size (each baseline run right after
-# the framelink case it is compared with).  A benchmark: it measures and prints one table, it does
-# not pass or fail on numbers.
+# tag_lat, UCX_TLS=rc_v: rc_verbs, with ud_verbs only for the wire-up) on the same two devices, size
+# by size (each baseline run right after the framelink case it is compared with).  A benchmark: it
+# measures and prints one table, it does not pass or fail on numbers.
 #
 #   tests/softroce/bench.sh --a-dev rxe_a --a-ip 10.77.1.1 --b-dev rxe_b --b-ip 10.77.1.2
 #                           [--build DIR] [--sizes 4K,64K,1M,4M] [--seconds 5] [--gid 1]
@@ -13,8 +13,9 @@
 # frames/s and each daemon's CPU microseconds per frame; --pairs N pairs on N streams at once at
 # --pairs-size (0: skip); 4 KiB latency submit -> receive.  ib_write_bw / ib_write_lat = server on
 # B's device, client on A's, -x GID, -n iterations (never -D: its duration mode gives nonsense
-# under QEMU TCG).  UCX = ucx_perftest server on B (UCX_NET_DEVICES=B:1), client on A, UCX_TLS=rc_verbs,
-# the same iterations.  GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured
+# under QEMU TCG).  UCX = ucx_perftest server on B (UCX_NET_DEVICES=B:1), client on A, UCX_TLS=rc_v
+# (plain rc_verbs cannot connect: UCX needs an auxiliary transport for the wire-up), the same
+# iterations.  GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured
 # (the table still shows the rest), else 0.
 set -uo pipefail
 
@@ -69,6 +70,18 @@ if [[ -x "$daemon" ]] && "$daemon" --help 2>&1 | grep -q -- '--rdma-port'; then
   daemon_args+=(--daemon-arg=--rdma-port=0)
 fi
 
+# wait_listen PORT: until something listens on TCP PORT (at most 15 s).  Under TCG a server can
+# take seconds to start, and a client that comes too early gives up at once.
+wait_listen() {
+  local hex i
+  hex=$(printf ':%04X' "$1")
+  for ((i = 0; i < 150; ++i)); do
+    awk -v p="$hex" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # cell ROW N: the Nth cell (from 1) of a markdown table row, trimmed.
 cell() { awk -F'|' -v n="$2" '{ v = $(n + 1); gsub(/^ +| +$/, "", v); print v }' <<<"$1"; }
 ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.2f", a/b; else print "-" }'; }
@@ -76,18 +89,18 @@ ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.2f", 
 ucx=$(command -v ucx_perftest || true)
 ucx_missing="n/a (ucx_perftest not installed: apt-get install ucx-utils)"
 ucx_port=$((20000 + $$ % 20000))
-# ucx_perftest TEST SIZE ITERS [EXTRA...]: server on B's device, client on A's, UCX_TLS=rc_verbs;
+# ucx_perftest TEST SIZE ITERS [EXTRA...]: server on B's device, client on A's, UCX_TLS=rc_v;
 # prints the client's "Final:" line (iterations, 3 x latency or overhead in us, MB/s avg/overall, msg/s avg/overall).
 run_ucx() {
   local test=$1 size=$2 iters=$3
   shift 3
   local warm=$((iters / 10 + 2)) log=/tmp/ucx_perftest.srv.$$ res crc src
   ucx_port=$((ucx_port + 1))
-  UCX_TLS=rc_verbs UCX_NET_DEVICES="$b_dev:1" UCX_IB_GID_INDEX="$gid" \
+  UCX_TLS=rc_v UCX_NET_DEVICES="$b_dev:1" UCX_IB_GID_INDEX="$gid" \
     timeout 120 "$ucx" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" "$@" >"$log" 2>&1 &
   local spid=$!
-  sleep 1
-  res=$(UCX_TLS=rc_verbs UCX_NET_DEVICES="$a_dev:1" UCX_IB_GID_INDEX="$gid" \
+  wait_listen "$ucx_port"
+  res=$(UCX_TLS=rc_v UCX_NET_DEVICES="$a_dev:1" UCX_IB_GID_INDEX="$gid" \
     timeout 120 "$ucx" "$b_ip" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" "$@" 2>&1)
   crc=$?
   wait "$spid"
@@ -165,7 +178,7 @@ for sz in "${size_list[@]}"; do
   echo "== ib_write_bw $sz x $iters ($a_dev -> $b_dev)"
   timeout 120 ib_write_bw -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" >/tmp/ib_write_bw.srv.$$ 2>&1 &
   spid=$!
-  sleep 1
+  wait_listen 18515 # perftest's default port
   res=$(timeout 120 ib_write_bw -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$b_ip" 2>&1)
   crc=$?
   wait "$spid"
@@ -184,11 +197,11 @@ for sz in "${size_list[@]}"; do
   fi
   rm -f /tmp/ib_write_bw.srv.$$
   echo "   $line"
-  # UCX tag_bw over rc_verbs
+  # UCX tag_bw over rc_v
   ux="$ucx_missing"
   ux_gbs=""
   if [[ -n "$ucx" ]]; then
-    echo "== ucx_perftest tag_bw $sz x $iters (UCX_TLS=rc_verbs, $a_dev -> $b_dev)"
+    echo "== ucx_perftest tag_bw $sz x $iters (UCX_TLS=rc_v, $a_dev -> $b_dev)"
     final=$(run_ucx tag_bw "$n" "$iters")
     echo "   $final"
     ux_mbs=$(awk '{print $7}' <<<"$final")
@@ -209,7 +222,7 @@ if [[ -n "${fl_lat:-}" ]]; then
   echo "== ib_write_lat 4096 x $lat_iters ($a_dev -> $b_dev)"
   timeout 120 ib_write_lat -d "$b_dev" -x "$gid" -F -s 4096 -n "$lat_iters" >/tmp/ib_write_lat.srv.$$ 2>&1 &
   spid=$!
-  sleep 1
+  wait_listen 18515 # perftest's default port
   res=$(timeout 120 ib_write_lat -d "$a_dev" -x "$gid" -F -s 4096 -n "$lat_iters" "$b_ip" 2>&1)
   crc=$?
   wait "$spid"
@@ -230,7 +243,7 @@ if [[ -n "${fl_lat:-}" ]]; then
   uxl="$ucx_missing"
   uxl_p50=""
   if [[ -n "$ucx" ]]; then
-    echo "== ucx_perftest tag_lat 4096 x $lat_iters (UCX_TLS=rc_verbs)"
+    echo "== ucx_perftest tag_lat 4096 x $lat_iters (UCX_TLS=rc_v)"
     final=$(run_ucx tag_lat 4096 "$lat_iters")
     echo "   $final"
     uxl_p50=$(awk '{print $3}' <<<"$final")
@@ -246,9 +259,9 @@ fi
 
 {
   echo
-  echo "rdma: framelink vs ib_write_bw and UCX rc_verbs, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
+  echo "rdma: framelink vs ib_write_bw and UCX rc_v, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
   echo
-  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | frames/s | daemon CPU per frame A / B | ib_write_bw (verbs, -x $gid) | ratio | UCX tag_bw (UCX_TLS=rc_verbs) | ratio to UCX |"
+  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | frames/s | daemon CPU per frame A / B | ib_write_bw (verbs, -x $gid) | ratio | UCX tag_bw (UCX_TLS=rc_v) | ratio to UCX |"
   echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   ((${#extra_rows[@]})) && printf '%s\n' "${extra_rows[@]}"
@@ -257,6 +270,6 @@ fi
   echo "  (--pairs $pairs at $pairs_size: ratio = aggregate / one pair, then slowest / fastest pair; --latency-samples $lat_samples)"
   echo "ib_write_bw: server ib_write_bw -d $b_dev -x $gid -F --report_gbits -s SIZE -n ITERS; client the same with -d $a_dev ... $b_ip"
   echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
-  echo "UCX: ucx_perftest -t tag_bw|tag_lat -s SIZE -n ITERS, UCX_TLS=rc_verbs UCX_IB_GID_INDEX=$gid, server UCX_NET_DEVICES=$b_dev:1, client $a_dev:1 -> $b_ip"
+  echo "UCX: ucx_perftest -t tag_bw|tag_lat -s SIZE -n ITERS, UCX_TLS=rc_v UCX_IB_GID_INDEX=$gid, server UCX_NET_DEVICES=$b_dev:1, client $a_dev:1 -> $b_ip"
 } | tee ${out:+"$out"}
 ((unmeasured == 0))
