@@ -168,35 +168,6 @@ class LineReader {
   std::deque<std::string> tail_;
 };
 
-// One line of ucx_perftest's table: "[thread 0] <iters> <3 x latency or overhead, us>
-// <bandwidth avg, overall, MB/s> <message rate avg, overall>", and the same after "Final:".
-struct UcxReport {
-  double iterations = 0;
-  double percentile_us = 0;
-  double avg_us = 0;
-  double overall_us = 0;
-  double bw_avg = 0;
-  double bw_overall = 0;
-  double rate_avg = 0;
-  double rate_overall = 0;
-  bool final = false;
-};
-
-bool parseReport(const std::string& line, UcxReport& r) {
-  size_t from;
-  if (line.rfind("Final:", 0) == 0) {
-    from = 6;
-    r.final = true;
-  } else if (line.rfind("[thread", 0) == 0 && line.find(']') != std::string::npos) {
-    from = line.find(']') + 1;
-    r.final = false;
-  } else {
-    return false;
-  }
-  return std::sscanf(line.c_str() + from, "%lf %lf %lf %lf %lf %lf %lf %lf", &r.iterations, &r.percentile_us,
-                     &r.avg_us, &r.overall_us, &r.bw_avg, &r.bw_overall, &r.rate_avg, &r.rate_overall) == 8;
-}
-
 struct UcxRun {
   UcxReport last;
   bool got = false;
@@ -267,7 +238,7 @@ UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int st
       break;
     }
     UcxReport rep;
-    if (!parseReport(line, rep)) continue;
+    if (!parseUcxReport(line, rep)) continue;
     run.last = rep;
     run.got = true;
     if (rep.final || (stop_after_reports > 0 && ++reports >= stop_after_reports)) break;
@@ -287,6 +258,21 @@ UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int st
 }
 
 }  // namespace
+
+bool parseUcxReport(const std::string& line, UcxReport& r) {
+  size_t from;
+  if (line.rfind("Final:", 0) == 0) {
+    from = 6;
+    r.final = true;
+  } else if (line.rfind("[thread", 0) == 0 && line.find(']') != std::string::npos) {
+    from = line.find(']') + 1;
+    r.final = false;
+  } else {
+    return false;
+  }
+  return std::sscanf(line.c_str() + from, "%lf %lf %lf %lf %lf %lf %lf %lf", &r.iterations, &r.percentile_us,
+                     &r.avg_us, &r.overall_us, &r.bw_avg, &r.bw_overall, &r.rate_avg, &r.rate_overall) == 8;
+}
 
 std::string ucxPerftestPath() { return findInPath("ucx_perftest"); }
 

@@ -15,6 +15,24 @@ namespace framelink::cli {
 // What the UCX cells say when the tool is missing: never an empty cell.
 inline constexpr const char* kUcxMissing = "n/a (ucx_perftest not installed: apt-get install ucx-utils)";
 
+// One line of ucx_perftest's table: "[thread 0] <iterations> <latency or overhead, us: percentile,
+// average, overall> <bandwidth, MB/s = 2^20 bytes/s: average, overall> <messages/s: average,
+// overall>", printed about once a second, and the same after "Final:" at the end.
+struct UcxReport {
+  double iterations = 0;
+  double percentile_us = 0;
+  double avg_us = 0;
+  double overall_us = 0;
+  double bw_avg = 0;
+  double bw_overall = 0;
+  double rate_avg = 0;
+  double rate_overall = 0;
+  bool final = false;
+};
+
+// False for every other line (headers, rules, UCX's log lines).
+bool parseUcxReport(const std::string& line, UcxReport& r);
+
 // Path of ucx_perftest in $PATH, or "".
 std::string ucxPerftestPath();
 

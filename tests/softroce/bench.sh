@@ -108,9 +108,10 @@ run_ucx() {
   if [[ $crc$src == 00 ]] && grep -q '^Final:' <<<"$res"; then
     grep '^Final:' <<<"$res" | tail -1
   else
+    # UCX's own error lines, not its backtrace
     echo "ucx_perftest $test -s $size failed (rc $crc/$src):" >&2
-    grep -v '^[+|]' <<<"$res" | tail -6 >&2
-    tail -4 "$log" >&2
+    grep -E 'UCX +(ERROR|WARN)|ssertion|[Ee]rror' <<<"$res" | head -6 >&2
+    grep -E 'UCX +(ERROR|WARN)|ssertion|[Ee]rror' "$log" | head -4 >&2
   fi
   rm -f "$log"
 }
@@ -254,7 +255,11 @@ if [[ -n "${fl_lat:-}" ]]; then
       unmeasured=$((unmeasured + 1))
     fi
   fi
-  extra_rows+=("| 4 KiB latency, submit -> receive | $fl_lat | - | $fl_lat_cpu | ib_write_lat $ibl | $(ratio_of "${fl_lat_p50:-}" "$ibl_p50") (p50) | $uxl | $(ratio_of "${fl_lat_p50:-}" "$uxl_p50") (p50) |")
+  r_ib=$(ratio_of "${fl_lat_p50:-}" "$ibl_p50")
+  r_ux=$(ratio_of "${fl_lat_p50:-}" "$uxl_p50")
+  [[ $r_ib != - ]] && r_ib+=" (p50)"
+  [[ $r_ux != - ]] && r_ux+=" (p50)"
+  extra_rows+=("| 4 KiB latency, submit -> receive | $fl_lat | - | $fl_lat_cpu | ib_write_lat $ibl | $r_ib | $uxl | $r_ux |")
 fi
 
 {
