@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# framelink over rdma next to perftest (ib_write_bw, ib_write_lat) and UCX (ucx_perftest tag_bw /
-# tag_lat, UCX_TLS=rc_v: rc_verbs, with ud_verbs only for the wire-up) on the same two devices, size
-# by size (each baseline run right after the framelink case it is compared with).  A benchmark: it
-# measures and prints one table, it does not pass or fail on numbers.
+# framelink over rdma next to perftest (ib_write_bw, ib_write_lat) and UCX (ucx_perftest put_bw /
+# put_lat over UCX's rc_verbs transport) on the same two devices, size by size (each baseline run
+# right after the framelink case it is compared with).  A benchmark: it measures and prints one
+# table, it does not pass or fail on numbers.
 #
 #   tests/softroce/bench.sh --a-dev rxe_a --a-ip 10.77.1.1 --b-dev rxe_b --b-ip 10.77.1.2
 #                           [--build DIR] [--sizes 4K,64K,1M,4M] [--seconds 5] [--gid 1]
@@ -13,10 +13,11 @@
 # frames/s and each daemon's CPU microseconds per frame; --pairs N pairs on N streams at once at
 # --pairs-size (0: skip); 4 KiB latency submit -> receive.  ib_write_bw / ib_write_lat = server on
 # B's device, client on A's, -x GID, -n iterations (never -D: its duration mode gives nonsense
-# under QEMU TCG).  UCX = ucx_perftest server on B (UCX_NET_DEVICES=B:1), client on A, UCX_TLS=rc_v
-# (plain rc_verbs cannot connect: UCX needs an auxiliary transport for the wire-up), the same
-# iterations.  GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured
-# (the table still shows the rest), else 0.
+# under QEMU TCG).  UCX = ucx_perftest -x rc_verbs -D zcopy, server -d B:1, client -d A:1, the
+# same iterations: UCX's transport layer (UCT).  Its tag matching (UCP tag_bw, UCX_TLS=rc_v)
+# cannot connect on Soft-RoCE: it wires RC up over UD, and UCX's UD endpoints time out on rxe.
+# GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured (the table still shows
+# the rest), else 0.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,7 +35,7 @@ pairs_size=1M
 lat_samples=300
 out=""
 
-usage() { sed -n '2,19s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --a-dev) a_dev=$2; shift 2 ;;
@@ -89,19 +90,19 @@ ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.2f", 
 ucx=$(command -v ucx_perftest || true)
 ucx_missing="n/a (ucx_perftest not installed: apt-get install ucx-utils)"
 ucx_port=$((20000 + $$ % 20000))
-# ucx_perftest TEST SIZE ITERS [EXTRA...]: server on B's device, client on A's, UCX_TLS=rc_v;
+# ucx_perftest TEST SIZE ITERS: UCT over rc_verbs, zero-copy, server on B's device, client on A's;
 # prints the client's "Final:" line (iterations, 3 x latency or overhead in us, MB/s avg/overall, msg/s avg/overall).
 run_ucx() {
   local test=$1 size=$2 iters=$3
   shift 3
   local warm=$((iters / 10 + 2)) log=/tmp/ucx_perftest.srv.$$ res crc src
   ucx_port=$((ucx_port + 1))
-  UCX_TLS=rc_v UCX_NET_DEVICES="$b_dev:1" UCX_IB_GID_INDEX="$gid" \
-    timeout 120 "$ucx" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" "$@" >"$log" 2>&1 &
+  UCX_IB_GID_INDEX="$gid" timeout 120 "$ucx" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" \
+    -x rc_verbs -D zcopy -d "$b_dev:1" >"$log" 2>&1 &
   local spid=$!
   wait_listen "$ucx_port"
-  res=$(UCX_TLS=rc_v UCX_NET_DEVICES="$a_dev:1" UCX_IB_GID_INDEX="$gid" \
-    timeout 120 "$ucx" "$b_ip" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" "$@" 2>&1)
+  res=$(UCX_IB_GID_INDEX="$gid" timeout 120 "$ucx" "$b_ip" -t "$test" -s "$size" -n "$iters" -w "$warm" \
+    -p "$ucx_port" -x rc_verbs -D zcopy -d "$a_dev:1" 2>&1)
   crc=$?
   wait "$spid"
   src=$?
@@ -116,7 +117,7 @@ run_ucx() {
   rm -f "$log"
 }
 
-# Iterations of ib_write_bw and UCX tag_bw: ~128 MiB per size, 16 .. 2000.
+# Iterations of ib_write_bw and UCX put_bw: ~128 MiB per size, 16 .. 2000.
 iters_for() {
   local n=$1 it=$(((128 << 20) / $1))
   ((it > 2000)) && it=2000
@@ -198,12 +199,12 @@ for sz in "${size_list[@]}"; do
   fi
   rm -f /tmp/ib_write_bw.srv.$$
   echo "   $line"
-  # UCX tag_bw over rc_v
+  # UCX put_bw over rc_verbs
   ux="$ucx_missing"
   ux_gbs=""
   if [[ -n "$ucx" ]]; then
-    echo "== ucx_perftest tag_bw $sz x $iters (UCX_TLS=rc_v, $a_dev -> $b_dev)"
-    final=$(run_ucx tag_bw "$n" "$iters")
+    echo "== ucx_perftest put_bw $sz x $iters (-x rc_verbs, $a_dev -> $b_dev)"
+    final=$(run_ucx put_bw "$n" "$iters")
     echo "   $final"
     ux_mbs=$(awk '{print $7}' <<<"$final")
     if [[ -n "$ux_mbs" ]]; then
@@ -217,7 +218,7 @@ for sz in "${size_list[@]}"; do
   rows+=("| $sz | $fl | $fl_fps | $fl_cpu | $ib | $(ratio_of "$fl_gbs" "$ib_gbs") | $ux | $(ratio_of "$fl_gbs" "$ux_gbs") |")
 done
 
-# 4 KiB latency: ib_write_lat (one-way, half the round trip) and UCX tag_lat next to framelink's
+# 4 KiB latency: ib_write_lat and UCX put_lat (both one-way, half the round trip) next to framelink's
 if [[ -n "${fl_lat:-}" ]]; then
   lat_iters=1000
   echo "== ib_write_lat 4096 x $lat_iters ($a_dev -> $b_dev)"
@@ -244,12 +245,12 @@ if [[ -n "${fl_lat:-}" ]]; then
   uxl="$ucx_missing"
   uxl_p50=""
   if [[ -n "$ucx" ]]; then
-    echo "== ucx_perftest tag_lat 4096 x $lat_iters (UCX_TLS=rc_v)"
-    final=$(run_ucx tag_lat 4096 "$lat_iters")
+    echo "== ucx_perftest put_lat 4096 x $lat_iters (-x rc_verbs)"
+    final=$(run_ucx put_lat 4096 "$lat_iters")
     echo "   $final"
     uxl_p50=$(awk '{print $3}' <<<"$final")
     if [[ -n "$uxl_p50" ]]; then
-      uxl="tag_lat p50 $uxl_p50 us"
+      uxl="put_lat p50 $uxl_p50 us"
     else
       uxl="failed"
       unmeasured=$((unmeasured + 1))
@@ -264,9 +265,9 @@ fi
 
 {
   echo
-  echo "rdma: framelink vs ib_write_bw and UCX rc_v, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
+  echo "rdma: framelink vs ib_write_bw and UCX rc_verbs, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
   echo
-  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | frames/s | daemon CPU per frame A / B | ib_write_bw (verbs, -x $gid) | ratio | UCX tag_bw (UCX_TLS=rc_v) | ratio to UCX |"
+  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | frames/s | daemon CPU per frame A / B | ib_write_bw (verbs, -x $gid) | ratio | UCX put_bw (rc_verbs) | ratio to UCX |"
   echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   ((${#extra_rows[@]})) && printf '%s\n' "${extra_rows[@]}"
@@ -275,6 +276,7 @@ fi
   echo "  (--pairs $pairs at $pairs_size: ratio = aggregate / one pair, then slowest / fastest pair; --latency-samples $lat_samples)"
   echo "ib_write_bw: server ib_write_bw -d $b_dev -x $gid -F --report_gbits -s SIZE -n ITERS; client the same with -d $a_dev ... $b_ip"
   echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
-  echo "UCX: ucx_perftest -t tag_bw|tag_lat -s SIZE -n ITERS, UCX_TLS=rc_v UCX_IB_GID_INDEX=$gid, server UCX_NET_DEVICES=$b_dev:1, client $a_dev:1 -> $b_ip"
+  echo "UCX: ucx_perftest -t put_bw|put_lat -s SIZE -n ITERS -x rc_verbs -D zcopy, UCX_IB_GID_INDEX=$gid, server -d $b_dev:1, client -d $a_dev:1 $b_ip"
+  echo "  (UCX's transport layer: its tag matching, UCX_TLS=rc_v, wires RC up over UD, which times out on rxe)"
 } | tee ${out:+"$out"}
 ((unmeasured == 0))

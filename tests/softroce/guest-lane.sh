@@ -5,7 +5,7 @@
 #   ctest     ctest -L rdma (the rdma conformance suite and every other rdma-labelled test)
 #   hugepage  a daemon segment on 2 MiB pages registered as an MR, one RDMA WRITE into it
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
-#   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_v (informational, never fails the lane)
+#   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
 # Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), SOFTROCE_* from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
 set -uo pipefail
