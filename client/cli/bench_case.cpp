@@ -185,10 +185,12 @@ namespace {
 std::string pairError(const CaseShared& sh, int producer_rc) {
   std::string e;
   if (!sh.producer_error.get().empty()) e += "producer: " + sh.producer_error.get();
-  if (const int s = sh.first_failure.load(); s != 0)
+  if (const int s = sh.first_failure.load(); s != 0) {
     e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
-  if (!sh.consumer_error.get().empty())
+  }
+  if (!sh.consumer_error.get().empty()) {
     e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh.consumer_error.get();
+  }
   if (!sh.first_bad.get().empty()) e += std::string(e.empty() ? "" : "; ") + "verify: " + sh.first_bad.get();
   if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
   return e;

@@ -20,8 +20,6 @@
 #include "child_process.h"
 #include "cli_util.h"
 
-extern char** environ;
-
 namespace framelink::cli {
 namespace {
 
@@ -78,6 +76,7 @@ Spawned spawnPerftest(const std::string& path, const std::vector<std::string>& a
   std::vector<std::string> full = {path};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(full.size() + 1);
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::string tls_var = "UCX_TLS=" + tls;

@@ -192,8 +192,9 @@ int runBench(const BenchOptions& o) {
       if (have_ucx) {
         status("  %s ...\n", "UCX tag_bw (UCX_TLS=tcp) " + formatBytes(size));
         ucx_base[si] = ucxTagBandwidth("tcp", size, o.seconds);
-        if (!ucx_base[si].error.empty())
+        if (!ucx_base[si].error.empty()) {
           errors.push_back("UCX " + formatBytes(size) + ": " + ucx_base[si].error);
+        }
       } else {
         ucx_base[si].error = kUcxMissing;
       }
@@ -343,8 +344,9 @@ int runBench(const BenchOptions& o) {
     }
     if (e.transport == "tcp" && want_ucx && si < ucx_base.size()) {
       row.ucx = ucxCell(ucx_base[si]);
-      if (ucx_base[si].gbps() > 0 && e.r.gbps > 0)
+      if (ucx_base[si].gbps() > 0 && e.r.gbps > 0) {
         row.ucx_ratio = fmt("%.2f", e.r.gbps / ucx_base[si].gbps());
+      }
     }
     row.cpu = cpuPair(e.r.cpu_a, e.r.cpu_b);
     row.us_per_frame = usPerFramePair(e.r);
