@@ -31,6 +31,9 @@ packages=(
   libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
   # the framelink tool: parsing the daemon's admin snapshots (JSON)
   nlohmann-json3-dev
+  # `framelink bench` and tests/softroce/bench.sh: UCX's ucx_perftest (tag_bw / tag_lat), the UCX
+  # baseline beside framelink (UCX_TLS=tcp on loopback; rc_verbs on the Soft-RoCE devices)
+  ucx-utils
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)
   libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
   # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh, whose clang

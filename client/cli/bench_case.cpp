@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,11 +18,17 @@
 namespace framelink::cli {
 namespace {
 
+// Written by the parent, read by every producer of a case.
+struct CaseControl {
+  std::atomic<uint64_t> go_ns{0};  // monotonic time at which all producers start their timed runs
+  // followed by one CaseShared per pair, then the latency samples (ns) of pair 0
+};
+
 struct CaseShared {
   std::atomic<bool> stop_consumer{false};
   std::atomic<bool> abort{false};
   std::atomic<int> consumer_state{0};  // 0 starting, 1 attached, 2 failed
-  std::atomic<int> producer_phase{0};  // 0 starting, 1 verifying, 2 timed, 3 done
+  std::atomic<int> producer_phase{0};  // 0 starting, 1 verifying, 2 ready, 3 timed, 4 done
   std::atomic<uint64_t> verified{0};
   std::atomic<uint64_t> verify_bad{0};
   std::atomic<uint64_t> received{0};
@@ -35,8 +42,9 @@ struct CaseShared {
   SharedText<768> consumer_error;
   SharedText<768> producer_error;
   SharedText<512> first_bad;
-  // followed by latency samples (ns)
 };
+static_assert(sizeof(CaseControl) % alignof(CaseShared) == 0 && sizeof(CaseShared) % alignof(uint64_t) == 0,
+              "the pairs and the latency samples follow CaseControl in one mapping");
 
 uint64_t pageRound(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
@@ -88,7 +96,8 @@ int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::st
   return st.error.empty() ? 0 : 1;
 }
 
-int benchProducer(CaseShared& sh, const std::string& socket, const std::string& stream, const CaseConfig& c) {
+int benchProducer(const CaseControl& ctl, CaseShared& sh, const std::string& socket,
+                  const std::string& stream, const CaseConfig& c) {
   ProducerOptions po;
   po.socket_path = socket;
   po.stream = stream;
@@ -130,7 +139,14 @@ int benchProducer(CaseShared& sh, const std::string& socket, const std::string& 
     sh.producer_error.set(err);
     return 1;
   }
-  const uint64_t deadline_ns = c.seconds > 0 ? monotonicNs() + static_cast<uint64_t>(c.seconds * 1e9) : 0;
+  // Every pair starts (and, when timed, stops) at the same moment, so that N pairs share the
+  // daemons for the whole measured interval.
+  sh.producer_phase.store(2);
+  while (ctl.go_ns.load() == 0) {
+    if (sh.abort.load()) return 1;
+    usleep(500);
+  }
+  const uint64_t deadline_ns = c.seconds > 0 ? ctl.go_ns.load() + static_cast<uint64_t>(c.seconds * 1e9) : 0;
   auto more = [&](uint64_t i) {
     if (c.seconds > 0) return monotonicNs() < deadline_ns;
     return i < c.count;
@@ -143,9 +159,9 @@ int benchProducer(CaseShared& sh, const std::string& socket, const std::string& 
     spec.attrs = pattern::makeAttrs(id);
     return true;
   };
-  sh.producer_phase.store(2);
-  ProducerStats st = producer->run(more, prepareMeta, recordFailure, &sh.abort);
   sh.producer_phase.store(3);
+  ProducerStats st = producer->run(more, prepareMeta, recordFailure, &sh.abort);
+  sh.producer_phase.store(4);
   sh.delivered.store(st.delivered);
   sh.delivered_bytes.store(st.bytes_delivered);
   sh.failed.store(st.failed);
@@ -163,94 +179,176 @@ uint32_t slotsFor(uint64_t size) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(want, 8, 64));
 }
 
-CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c) {
-  CaseResult r;
+namespace {
+
+// What went wrong in one pair, or "".
+std::string pairError(const CaseShared& sh, int producer_rc) {
+  std::string e;
+  if (!sh.producer_error.get().empty()) e += "producer: " + sh.producer_error.get();
+  if (const int s = sh.first_failure.load(); s != 0) {
+    e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
+  }
+  if (!sh.consumer_error.get().empty()) {
+    e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh.consumer_error.get();
+  }
+  if (!sh.first_bad.get().empty()) e += std::string(e.empty() ? "" : "; ") + "verify: " + sh.first_bad.get();
+  if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
+  return e;
+}
+
+PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams, const CaseConfig& c) {
+  PairsResult res;
+  CaseResult& r = res.total;
+  const size_t n = streams.size();
   const uint64_t lat_cap = c.latency ? c.count : 0;
-  SharedRegion<CaseShared> sh(lat_cap * sizeof(uint64_t));
-  auto* lat = static_cast<uint64_t*>(sh.extra());
+  SharedRegion<CaseControl> ctl(n * sizeof(CaseShared) + lat_cap * sizeof(uint64_t));
+  auto* base = static_cast<char*>(ctl.extra());
+  std::vector<CaseShared*> sh(n);
+  for (size_t i = 0; i < n; ++i) sh[i] = new (base + i * sizeof(CaseShared)) CaseShared();
+  auto* lat = reinterpret_cast<uint64_t*>(base + n * sizeof(CaseShared));
   const std::string sock_a = pair.a().socket;
   const std::string sock_b = pair.b().socket;
-  const pid_t consumer = forkChild([&] { return benchConsumer(*sh, lat, lat_cap, sock_b, stream, c); });
+  auto label = [&](size_t i) { return n == 1 ? std::string() : streams[i] + ": "; };
+
+  std::vector<pid_t> consumers(n, -1);
+  auto stopConsumers = [&](int wait_ms) {
+    for (auto* s : sh) s->stop_consumer.store(true);
+    const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(wait_ms) * 1000000ull;
+    for (const pid_t p : consumers) {
+      const uint64_t now = monotonicNs();
+      const int left = now < deadline ? static_cast<int>((deadline - now) / 1000000) : 0;
+      if (waitChild(p, left) < 0) stopChild(p, 2000);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    consumers[i] = forkChild([&, i] {
+      return benchConsumer(*sh[i], i == 0 ? lat : nullptr, i == 0 ? lat_cap : 0, sock_b, streams[i], c);
+    });
+  }
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
-    usleep(2000);
+  for (size_t i = 0; i < n; ++i) {
+    while (sh[i]->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
+      usleep(2000);
+    }
+    if (sh[i]->consumer_state.load() != 1) {
+      r.error = label(i) + "consumer: " +
+                (sh[i]->consumer_error.get().empty() ? std::string("did not attach within 10 s")
+                                                     : sh[i]->consumer_error.get());
+      stopConsumers(2000);
+      return res;
+    }
   }
-  if (sh->consumer_state.load() != 1) {
-    r.error = "consumer: " + (sh->consumer_error.get().empty() ? std::string("did not attach within 10 s")
-                                                               : sh->consumer_error.get());
-    sh->stop_consumer.store(true);
-    stopChild(consumer, 2000);
-    return r;
+  std::vector<pid_t> producers(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    producers[i] = forkChild([&, i] { return benchProducer(*ctl, *sh[i], sock_a, streams[i], c); });
   }
-  const pid_t producer = forkChild([&] { return benchProducer(*sh, sock_a, stream, c); });
 
   double cpu_a0 = -1, cpu_b0 = -1, cpu_a1 = -1, cpu_b1 = -1;
   uint64_t w0 = 0, w1 = 0;
-  int producer_rc = -1;
-  while (producer_rc < 0) {
-    producer_rc = waitChild(producer, 20);
-    if (w0 == 0 && sh->producer_phase.load() >= 2) {
-      w0 = monotonicNs();
+  std::vector<int> producer_rc(n, -1);
+  auto every = [&](int min_phase) {
+    for (size_t i = 0; i < n; ++i) {
+      if (producer_rc[i] < 0 && sh[i]->producer_phase.load() < min_phase) return false;
+    }
+    return true;
+  };
+  while (true) {
+    size_t running = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (producer_rc[i] < 0) producer_rc[i] = waitChild(producers[i], 0);
+      if (producer_rc[i] < 0) ++running;
+    }
+    if (w0 == 0 && every(2)) {
       cpu_a0 = processCpuSeconds(pair.a().pid);
       cpu_b0 = processCpuSeconds(pair.b().pid);
+      w0 = monotonicNs();
+      ctl->go_ns.store(w0);
     }
-    if (w1 == 0 && sh->producer_phase.load() >= 3) {
+    if (w0 != 0 && w1 == 0 && every(4)) {
       w1 = monotonicNs();
       cpu_a1 = processCpuSeconds(pair.a().pid);
       cpu_b1 = processCpuSeconds(pair.b().pid);
     }
-    if (g_interrupted.load()) sh->abort.store(true);
+    if (running == 0) break;
+    if (g_interrupted.load()) {
+      for (auto* s : sh) s->abort.store(true);
+    }
     const std::string dead = pair.checkAlive();
     if (!dead.empty()) {
       r.error = dead;
-      sh->abort.store(true);
-      stopChild(producer, 2000);
-      producer_rc = 1;
+      for (auto* s : sh) s->abort.store(true);
+      for (size_t i = 0; i < n; ++i) {
+        if (producer_rc[i] < 0) {
+          stopChild(producers[i], 2000);
+          producer_rc[i] = 1;
+        }
+      }
+      break;
     }
+    // Poll quickly until the timed part starts (every producer waits for it), lightly after.
+    usleep(w0 == 0 ? 1000 : 20000);
   }
-  sh->stop_consumer.store(true);
-  if (waitChild(consumer, 10000) < 0) stopChild(consumer, 2000);
+  stopConsumers(10000);
 
-  r.verified = sh->verified.load();
-  r.verify_bad = sh->verify_bad.load();
-  r.delivered = sh->delivered.load();
-  r.failed = sh->failed.load();
-  const uint64_t first = sh->first_submit_ns.load();
-  const uint64_t last = sh->last_completion_ns.load();
-  r.seconds = last > first ? (last - first) / 1e9 : 0;
+  uint64_t bytes = 0, first = 0, last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const CaseShared& s = *sh[i];
+    r.verified += s.verified.load();
+    r.verify_bad += s.verify_bad.load();
+    r.delivered += s.delivered.load();
+    r.failed += s.failed.load();
+    bytes += s.delivered_bytes.load();
+    const uint64_t f = s.first_submit_ns.load();
+    const uint64_t l = s.last_completion_ns.load();
+    if (f != 0 && (first == 0 || f < first)) first = f;
+    last = std::max(last, l);
+    res.pair_gbps.push_back(l > f && f != 0 ? s.delivered_bytes.load() / ((l - f) / 1e9) / 1e9 : 0);
+  }
+  r.seconds = last > first && first != 0 ? (last - first) / 1e9 : 0;
   if (r.seconds > 0) {
-    r.gbps = sh->delivered_bytes.load() / r.seconds / 1e9;
+    r.gbps = bytes / r.seconds / 1e9;
     r.fps = r.delivered / r.seconds;
   }
-  if (w0 != 0 && w1 > w0 && cpu_a0 >= 0 && cpu_a1 >= 0) {
+  if (w0 != 0 && w1 > w0 && cpu_a0 >= 0 && cpu_a1 >= 0 && cpu_b0 >= 0 && cpu_b1 >= 0) {
     const double wall = (w1 - w0) / 1e9;
     r.cpu_a = (cpu_a1 - cpu_a0) / wall * 100;
     r.cpu_b = (cpu_b1 - cpu_b0) / wall * 100;
+    if (r.delivered > 0) {
+      r.cpu_us_per_frame_a = (cpu_a1 - cpu_a0) * 1e6 / static_cast<double>(r.delivered);
+      r.cpu_us_per_frame_b = (cpu_b1 - cpu_b0) * 1e6 / static_cast<double>(r.delivered);
+    }
   }
   if (c.latency) {
     std::vector<double> v;
-    const uint64_t n = std::min<uint64_t>(sh->latency_count.load(std::memory_order_acquire), lat_cap);
-    for (uint64_t i = 0; i < n; ++i) v.push_back(lat[i] / 1e3);
-    r.samples = n;
+    const uint64_t got = std::min<uint64_t>(sh[0]->latency_count.load(std::memory_order_acquire), lat_cap);
+    for (uint64_t i = 0; i < got; ++i) v.push_back(lat[i] / 1e3);
+    r.samples = got;
     r.p50_us = percentile(v, 50);
     r.p99_us = percentile(v, 99);
   }
   if (r.error.empty()) {
-    std::string e;
-    if (!sh->producer_error.get().empty()) e += "producer: " + sh->producer_error.get();
-    if (const int s = sh->first_failure.load(); s != 0) {
-      e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
+    size_t failed_pairs = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string e = pairError(*sh[i], producer_rc[i]);
+      if (e.empty()) continue;
+      if (++failed_pairs <= 3) r.error += (r.error.empty() ? "" : "; ") + label(i) + e;
     }
-    if (!sh->consumer_error.get().empty()) {
-      e += std::string(e.empty() ? "" : "; ") + "consumer: " + sh->consumer_error.get();
-    }
-    if (!sh->first_bad.get().empty()) {
-      e += std::string(e.empty() ? "" : "; ") + "verify: " + sh->first_bad.get();
-    }
-    if (producer_rc != 0 && e.empty()) e = "producer exited with status " + std::to_string(producer_rc);
-    r.error = e;
+    if (failed_pairs > 3) r.error += "; and " + std::to_string(failed_pairs - 3) + " more pairs failed";
   }
-  return r;
+  return res;
+}
+
+}  // namespace
+
+CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c) {
+  return runStreams(pair, {stream}, c).total;
+}
+
+PairsResult runPairs(DaemonPair& pair, const std::string& stream_prefix, const CaseConfig& c,
+                     uint32_t pairs) {
+  std::vector<std::string> streams;
+  for (uint32_t i = 0; i < pairs; ++i) streams.push_back(stream_prefix + std::to_string(i));
+  return runStreams(pair, streams, c);
 }
 
 IdleCpu measureIdle(DaemonPair& pair, double seconds) {

@@ -1,11 +1,13 @@
-// One case of `framelink bench`: a producer and a consumer process attached to the two daemons
-// of a DaemonPair, frames checked byte-for-byte and then timed (or one at a time, for latency),
-// with the daemons' CPU over the timed part; and the daemons' CPU while idle.
+// One case of `framelink bench`: producer and consumer processes attached to the two daemons of a
+// DaemonPair (one pair, or N pairs on N streams at once), frames checked byte-for-byte and then
+// timed (or one at a time, for latency), with the daemons' CPU over the timed part; and the
+// daemons' CPU while idle.
 #ifndef FRAMELINK_CLI_BENCH_CASE_H
 #define FRAMELINK_CLI_BENCH_CASE_H
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "daemon_pair.h"
 
@@ -33,6 +35,8 @@ struct CaseResult {
   uint64_t verify_bad = 0;
   double cpu_a = -1;  // % of one core over the timed part
   double cpu_b = -1;
+  double cpu_us_per_frame_a = -1;  // CPU microseconds of each daemon per frame delivered
+  double cpu_us_per_frame_b = -1;
   double p50_us = 0;
   double p99_us = 0;
   uint64_t samples = 0;
@@ -44,6 +48,17 @@ uint32_t slotsFor(uint64_t size);
 
 // Runs one case on `stream`; CaseResult::error says what went wrong, if anything.
 CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c);
+
+struct PairsResult {
+  // All pairs together: bytes and frames delivered by every pair over the earliest first submit ..
+  // the latest last completion; the daemons' CPU over the same timed part.
+  CaseResult total;
+  std::vector<double> pair_gbps;  // each pair's own GB/s over its own first submit .. last completion
+};
+
+// `pairs` producer/consumer pairs on the streams <prefix>0 .. <prefix>N-1 through the same daemons
+// at once: every producer verifies its first frames, then all start their timed runs together.
+PairsResult runPairs(DaemonPair& pair, const std::string& stream_prefix, const CaseConfig& c, uint32_t pairs);
 
 struct IdleCpu {
   double a = -1;

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# framelink over rdma next to perftest's ib_write_bw on the same two devices, size by size
-# (each ib_write_bw run right after the framelink case it is compared with).  A benchmark:
-# it measures and prints one table, it does not pass or fail on numbers.
+# framelink over rdma next to perftest (ib_write_bw, ib_write_lat) and UCX (ucx_perftest put_bw /
+# put_lat over UCX's rc_verbs transport) on the same two devices, size by size (each baseline run
+# right after the framelink case it is compared with).  A benchmark: it measures and prints one
+# table, it does not pass or fail on numbers.
 #
 #   tests/softroce/bench.sh --a-dev rxe_a --a-ip 10.77.1.1 --b-dev rxe_b --b-ip 10.77.1.2
-#                           [--build DIR] [--sizes 64K,1M,4M] [--seconds 5] [--gid 1] [--out FILE]
+#                           [--build DIR] [--sizes 4K,64K,1M,4M] [--seconds 5] [--gid 1]
+#                           [--pairs 16] [--pairs-size 1M] [--latency-samples 300] [--out FILE]
 #
 # framelink = `framelink bench --transports rdma --host-a A --host-b B --no-baselines`: producer
-# app -> framelinkd A -> framelinkd B -> consumer app, GB/s of delivered (consumer-released) frames.
-# ib_write_bw = server on B's device, client on A's, -x GID, -n iterations (never -D: its duration
-# mode gives nonsense under QEMU TCG).  GB/s = 10^9 bytes/s.  Exit status 1 when a case could not
-# be measured (the table still shows the rest), else 0.
+# app -> framelinkd A -> framelinkd B -> consumer app, GB/s of delivered (consumer-released) frames,
+# frames/s and each daemon's CPU microseconds per frame; --pairs N pairs on N streams at once at
+# --pairs-size (0: skip); 4 KiB latency submit -> receive.  ib_write_bw / ib_write_lat = server on
+# B's device, client on A's, -x GID, -n iterations (never -D: its duration mode gives nonsense
+# under QEMU TCG).  UCX = ucx_perftest -x rc_verbs -D zcopy, server -d B:1, client -d A:1, the
+# same iterations: UCX's transport layer (UCT).  Its tag matching (UCP tag_bw, UCX_TLS=rc_v)
+# cannot connect on Soft-RoCE: it wires RC up over UD, and UCX's UD endpoints time out on rxe.
+# GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured (the table still shows
+# the rest), else 0.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,12 +27,15 @@ a_dev=${SOFTROCE_A_DEV:-}
 b_dev=${SOFTROCE_B_DEV:-}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-sizes=64K,1M,4M
+sizes=4K,64K,1M,4M
 seconds=5
 gid=1
+pairs=16
+pairs_size=1M
+lat_samples=300
 out=""
 
-usage() { sed -n '2,13s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --a-dev) a_dev=$2; shift 2 ;;
@@ -36,6 +46,9 @@ while (($#)); do
     --sizes) sizes=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --gid) gid=$2; shift 2 ;;
+    --pairs) pairs=$2; shift 2 ;;
+    --pairs-size) pairs_size=$2; shift 2 ;;
+    --latency-samples) lat_samples=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -58,39 +71,116 @@ if [[ -x "$daemon" ]] && "$daemon" --help 2>&1 | grep -q -- '--rdma-port'; then
   daemon_args+=(--daemon-arg=--rdma-port=0)
 fi
 
+# wait_listen PORT: until something listens on TCP PORT (at most 15 s).  Under TCG a server can
+# take seconds to start, and a client that comes too early gives up at once.
+wait_listen() {
+  local hex i
+  hex=$(printf ':%04X' "$1")
+  for ((i = 0; i < 150; ++i)); do
+    awk -v p="$hex" '$2 ~ p"$" && $4 == "0A" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# cell ROW N: the Nth cell (from 1) of a markdown table row, trimmed.
+cell() { awk -F'|' -v n="$2" '{ v = $(n + 1); gsub(/^ +| +$/, "", v); print v }' <<<"$1"; }
+ratio_of() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.2f", a/b; else print "-" }'; }
+
+ucx=$(command -v ucx_perftest || true)
+ucx_missing="n/a (ucx_perftest not installed: apt-get install ucx-utils)"
+ucx_port=$((20000 + $$ % 20000))
+# ucx_perftest TEST SIZE ITERS: UCT over rc_verbs, zero-copy, server on B's device, client on A's;
+# prints the client's "Final:" line (iterations, 3 x latency or overhead in us, MB/s avg/overall, msg/s avg/overall).
+run_ucx() {
+  local test=$1 size=$2 iters=$3
+  shift 3
+  local warm=$((iters / 10 + 2)) log=/tmp/ucx_perftest.srv.$$ res crc src
+  ucx_port=$((ucx_port + 1))
+  UCX_IB_GID_INDEX="$gid" timeout 120 "$ucx" -t "$test" -s "$size" -n "$iters" -w "$warm" -p "$ucx_port" \
+    -x rc_verbs -D zcopy -d "$b_dev:1" >"$log" 2>&1 &
+  local spid=$!
+  wait_listen "$ucx_port"
+  res=$(UCX_IB_GID_INDEX="$gid" timeout 120 "$ucx" "$b_ip" -t "$test" -s "$size" -n "$iters" -w "$warm" \
+    -p "$ucx_port" -x rc_verbs -D zcopy -d "$a_dev:1" 2>&1)
+  crc=$?
+  wait "$spid"
+  src=$?
+  if [[ $crc$src == 00 ]] && grep -q '^Final:' <<<"$res"; then
+    grep '^Final:' <<<"$res" | tail -1
+  else
+    # UCX's own error lines, not its backtrace
+    echo "ucx_perftest $test -s $size failed (rc $crc/$src):" >&2
+    grep -E 'UCX +(ERROR|WARN)|ssertion|[Ee]rror' <<<"$res" | head -6 >&2
+    grep -E 'UCX +(ERROR|WARN)|ssertion|[Ee]rror' "$log" | head -4 >&2
+  fi
+  rm -f "$log"
+}
+
+# Iterations of ib_write_bw and UCX put_bw: ~128 MiB per size, 16 .. 2000.
+iters_for() {
+  local n=$1 it=$(((128 << 20) / $1))
+  ((it > 2000)) && it=2000
+  ((it < 16)) && it=16
+  echo "$it"
+}
+
 rows=()
+extra_rows=()
 unmeasured=0
 IFS=, read -r -a size_list <<<"$sizes"
+pairs_bytes=$(bytes_of "$pairs_size")
+first=1
 for sz in "${size_list[@]}"; do
   n=$(bytes_of "$sz")
-  # framelink
+  iters=$(iters_for "$n")
+  # framelink; the first invocation also measures the 4 KiB latency, the one at --pairs-size the pairs
   fl="failed"
   fl_gbs=""
+  fl_fps="-"
+  fl_cpu="-"
   if [[ -x "$cli" ]]; then
-    echo "== framelink bench rdma $sz (${seconds}s)"
-    res=$(timeout 120 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
-      --sizes "$sz" --seconds "$seconds" --latency-samples 0 --idle-seconds 0 "${daemon_args[@]}" 2>&1)
+    more=(--latency-samples 0 --pairs 0)
+    ((first)) && more[1]=$lat_samples
+    ((n == pairs_bytes && pairs > 1)) && more[3]=$pairs && more+=(--pairs-size "$sz")
+    echo "== framelink bench rdma $sz (${seconds}s) ${more[*]}"
+    res=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+      --sizes "$sz" --seconds "$seconds" --idle-seconds 0 "${more[@]}" "${daemon_args[@]}" 2>&1)
     rc=$?
-    row=$(grep -E '^\| rdma ' <<<"$res" | head -1)
+    row=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$res" | head -1)
     fl_gbs=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$row")
     if [[ -n "$fl_gbs" ]]; then
-      fl="$fl_gbs GB/s ($(sed -nE 's/.*\(([0-9]+) frames\/s\).*/\1/p' <<<"$row") frames/s)"
+      fl="$fl_gbs GB/s"
       grep -q UNVERIFIED <<<"$row" && fl="$fl UNVERIFIED"
+      fl_fps=$(cell "$row" 3)
+      fl_cpu=$(cell "$row" 9)
     else
       unmeasured=$((unmeasured + 1))
       echo "$res" | tail -15
       fl="failed (rc $rc)"
     fi
     echo "   $row"
+    prow=$(grep -E '^\| rdma .* pairs at once \|' <<<"$res" | head -1)
+    if [[ -n "$prow" ]]; then
+      echo "   $prow"
+      extra_rows+=("| $(cell "$prow" 1) | $(cell "$prow" 2) | $(cell "$prow" 3) | $(cell "$prow" 9) | $(cell "$prow" 4) | $(cell "$prow" 5) | - | - |")
+      grep -qE '^[0-9.]+ GB/s' <<<"$(cell "$prow" 2)" || unmeasured=$((unmeasured + 1))
+    fi
+    lrow=$(grep -E '^\| rdma latency ' <<<"$res" | head -1)
+    if [[ -n "$lrow" ]]; then
+      echo "   $lrow"
+      fl_lat=$(cell "$lrow" 2)
+      fl_lat_cpu=$(cell "$lrow" 9)
+      fl_lat_p50=$(sed -nE 's/^p50 ([0-9.]+) us.*/\1/p' <<<"$fl_lat")
+      [[ -n "$fl_lat_p50" ]] || unmeasured=$((unmeasured + 1))
+    fi
   fi
-  # ib_write_bw: ~128 MiB per size, at most 2000 iterations
-  iters=$(((128 << 20) / n))
-  ((iters > 2000)) && iters=2000
-  ((iters < 16)) && iters=16
+  first=0
+  # ib_write_bw
   echo "== ib_write_bw $sz x $iters ($a_dev -> $b_dev)"
   timeout 120 ib_write_bw -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" >/tmp/ib_write_bw.srv.$$ 2>&1 &
   spid=$!
-  sleep 1
+  wait_listen 18515 # perftest's default port
   res=$(timeout 120 ib_write_bw -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$b_ip" 2>&1)
   crc=$?
   wait "$spid"
@@ -109,22 +199,84 @@ for sz in "${size_list[@]}"; do
   fi
   rm -f /tmp/ib_write_bw.srv.$$
   echo "   $line"
-  ratio="-"
-  if [[ -n "$fl_gbs" && -n "$ib_gbs" ]]; then
-    ratio=$(awk -v a="$fl_gbs" -v b="$ib_gbs" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "-" }')
+  # UCX put_bw over rc_verbs
+  ux="$ucx_missing"
+  ux_gbs=""
+  if [[ -n "$ucx" ]]; then
+    echo "== ucx_perftest put_bw $sz x $iters (-x rc_verbs, $a_dev -> $b_dev)"
+    final=$(run_ucx put_bw "$n" "$iters")
+    echo "   $final"
+    ux_mbs=$(awk '{print $7}' <<<"$final")
+    if [[ -n "$ux_mbs" ]]; then
+      ux_gbs=$(awk -v m="$ux_mbs" 'BEGIN{printf "%.3f", m * 1048576 / 1e9}')
+      ux="$ux_gbs GB/s ($(awk '{printf "%.0f", $9}' <<<"$final") msg/s)"
+    else
+      ux="failed"
+      unmeasured=$((unmeasured + 1))
+    fi
   fi
-  rows+=("| $sz | $fl | $ib | $ratio |")
+  rows+=("| $sz | $fl | $fl_fps | $fl_cpu | $ib | $(ratio_of "$fl_gbs" "$ib_gbs") | $ux | $(ratio_of "$fl_gbs" "$ux_gbs") |")
 done
+
+# 4 KiB latency: ib_write_lat and UCX put_lat (both one-way, half the round trip) next to framelink's
+if [[ -n "${fl_lat:-}" ]]; then
+  lat_iters=1000
+  echo "== ib_write_lat 4096 x $lat_iters ($a_dev -> $b_dev)"
+  timeout 120 ib_write_lat -d "$b_dev" -x "$gid" -F -s 4096 -n "$lat_iters" >/tmp/ib_write_lat.srv.$$ 2>&1 &
+  spid=$!
+  wait_listen 18515 # perftest's default port
+  res=$(timeout 120 ib_write_lat -d "$a_dev" -x "$gid" -F -s 4096 -n "$lat_iters" "$b_ip" 2>&1)
+  crc=$?
+  wait "$spid"
+  src=$?
+  line=$(awk '$1 == 4096 {print}' <<<"$res" | tail -1)
+  echo "   $line"
+  ibl="failed (rc $crc/$src)"
+  ibl_p50=""
+  if [[ $crc$src == 00 && -n "$line" ]]; then
+    ibl_p50=$(awk '{print $5}' <<<"$line")
+    ibl="typical $ibl_p50 us / p99 $(awk '{print $8}' <<<"$line") us"
+  else
+    unmeasured=$((unmeasured + 1))
+    echo "$res" | tail -8
+    tail -5 /tmp/ib_write_lat.srv.$$
+  fi
+  rm -f /tmp/ib_write_lat.srv.$$
+  uxl="$ucx_missing"
+  uxl_p50=""
+  if [[ -n "$ucx" ]]; then
+    echo "== ucx_perftest put_lat 4096 x $lat_iters (-x rc_verbs)"
+    final=$(run_ucx put_lat 4096 "$lat_iters")
+    echo "   $final"
+    uxl_p50=$(awk '{print $3}' <<<"$final")
+    if [[ -n "$uxl_p50" ]]; then
+      uxl="put_lat p50 $uxl_p50 us"
+    else
+      uxl="failed"
+      unmeasured=$((unmeasured + 1))
+    fi
+  fi
+  r_ib=$(ratio_of "${fl_lat_p50:-}" "$ibl_p50")
+  r_ux=$(ratio_of "${fl_lat_p50:-}" "$uxl_p50")
+  [[ $r_ib != - ]] && r_ib+=" (p50)"
+  [[ $r_ux != - ]] && r_ux+=" (p50)"
+  extra_rows+=("| 4 KiB latency, submit -> receive | $fl_lat | - | $fl_lat_cpu | ib_write_lat $ibl | $r_ib | $uxl | $r_ux |")
+fi
 
 {
   echo
-  echo "rdma: framelink vs ib_write_bw, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
+  echo "rdma: framelink vs ib_write_bw and UCX rc_verbs, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
   echo
-  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | ib_write_bw (verbs, -x $gid) | ratio |"
-  echo "|---|---|---|---|"
+  echo "| frame size | framelink rdma (app -> daemon -> daemon -> app) | frames/s | daemon CPU per frame A / B | ib_write_bw (verbs, -x $gid) | ratio | UCX put_bw (rc_verbs) | ratio to UCX |"
+  echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
+  ((${#extra_rows[@]})) && printf '%s\n' "${extra_rows[@]}"
   echo
   echo "framelink: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds"
+  echo "  (--pairs $pairs at $pairs_size: ratio = aggregate / one pair, then slowest / fastest pair; --latency-samples $lat_samples)"
   echo "ib_write_bw: server ib_write_bw -d $b_dev -x $gid -F --report_gbits -s SIZE -n ITERS; client the same with -d $a_dev ... $b_ip"
+  echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
+  echo "UCX: ucx_perftest -t put_bw|put_lat -s SIZE -n ITERS -x rc_verbs -D zcopy, UCX_IB_GID_INDEX=$gid, server -d $b_dev:1, client -d $a_dev:1 $b_ip"
+  echo "  (UCX's transport layer: its tag matching, UCX_TLS=rc_v, wires RC up over UD, which times out on rxe)"
 } | tee ${out:+"$out"}
 ((unmeasured == 0))

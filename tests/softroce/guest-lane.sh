@@ -5,7 +5,7 @@
 #   ctest     ctest -L rdma (the rdma conformance suite and every other rdma-labelled test)
 #   hugepage  a daemon segment on 2 MiB pages registered as an MR, one RDMA WRITE into it
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
-#   bench     framelink rdma vs ib_write_bw (informational, never fails the lane)
+#   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
 # Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), SOFTROCE_* from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
 set -uo pipefail
@@ -92,8 +92,11 @@ for s in "${want[@]}"; do
         --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up"
       ;;
     bench)
-      step bench 0 200 bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
-        --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --out "$out/bench-table.md"
+      # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency
+      # case), a short latency run.
+      step bench 0 260 bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
+        --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --sizes 64K,1M,4M --latency-samples 200 \
+        --out "$out/bench-table.md"
       ;;
     *) echo "lane: unknown step $s" | tee -a "$summary"; failed=$((failed + 1)) ;;
   esac

@@ -1,9 +1,10 @@
 // The synthetic frame definition (client/cli/frame_pattern.h) that send/recv, demo, bench and the
-// integration tests share, and the CLI's size parsing.
+// integration tests share, the CLI's size parsing, and how `bench` reads ucx_perftest's output.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
+#include "bench_ucx.h"
 #include "cli_util.h"
 #include "frame_pattern.h"
 
@@ -119,5 +120,36 @@ TEST_CASE("pattern: the vectorised fill equals the word-by-word definition") {
       }
       CHECK(pattern::verifyPattern(frame, p, len) == pattern::kNpos);
     }
+  }
+}
+
+TEST_CASE("bench: ucx_perftest's progress and final lines (ucx-utils 1.13), nothing else") {
+  cli::UcxReport r;
+  REQUIRE(
+      cli::parseUcxReport("[thread 0]            493435      3.552     4.217     4.055      926.28     "
+                          "963.40      237128      246629",
+                          r));
+  CHECK_FALSE(r.final);
+  CHECK(r.iterations == 493435);
+  CHECK(r.percentile_us == Approx(3.552));
+  CHECK(r.bw_overall == Approx(963.40));
+  CHECK(r.rate_overall == 246629);
+  REQUIRE(
+      cli::parseUcxReport("Final:                 20000      4.872     5.640     5.640      692.59     "
+                          "692.59      177303      177303",
+                          r));
+  CHECK(r.final);
+  CHECK(r.iterations == 20000);
+  CHECK(r.percentile_us == Approx(4.872));
+  CHECK(r.avg_us == Approx(5.640));
+  CHECK(r.rate_avg == 177303);
+  for (const char* other :
+       {"|    Stage     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  "
+        "overall  |",
+        "+--------------+--------------+----------+---------+---------+----------+----------+-----------+",
+        "Waiting for connection...", "Final:  20000  4.872  (truncated)",
+        "[1795538170.248004] [vm:305  :0]  select.c:549  UCX  ERROR   no auxiliary transport", ""}) {
+    CAPTURE(other);
+    CHECK_FALSE(cli::parseUcxReport(other, r));
   }
 }
