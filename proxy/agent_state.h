@@ -116,7 +116,7 @@ bool isPerFrameMessage(const v1::PeerMessage& message);
 // end one message beyond it; the largest message (kMaxCreditsPerGrant
 // credits of at most 41 bytes, or kMaxAcksPerMessage ACKs of at most 11) is
 // below 90 KiB, so a record stays below transport::kMaxControlBytes.
-inline constexpr size_t kMaxControlRecordBytes = 64 * 1024;
+inline constexpr size_t kMaxControlRecordBytes = size_t{64} * 1024;
 // Credits in one CreditGrant on the wire (larger grants are split).
 inline constexpr size_t kMaxCreditsPerGrant = 2048;
 

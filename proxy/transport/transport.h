@@ -97,11 +97,11 @@ enum class PostResult {
 // The largest control record (postControl); a receiver fails the link with
 // FL_ERR_PROTOCOL on a larger one.  The daemon keeps its records well below:
 // it splits grants and ACKs (peer_messages.h bounds).
-inline constexpr size_t kMaxControlBytes = 256 * 1024;
+inline constexpr size_t kMaxControlBytes = size_t{256} * 1024;
 // Control bytes a transport holds unsent before postControl reports
 // kBackpressure: a peer that stops reading cannot make this side queue
 // without bound.
-inline constexpr size_t kMaxControlBacklogBytes = 8 * 1024 * 1024;
+inline constexpr size_t kMaxControlBacklogBytes = size_t{8} * 1024 * 1024;
 
 struct TransportEvent {
   enum class Kind { kSendComplete, kFrameArrived, kLinkError, kControl };

@@ -149,8 +149,9 @@ class FakeTransport final : public transport::Transport {
 
   PostResult postControl(std::string record) noexcept override {
     if (down_) return PostResult::kNotConnected;
-    if (record.empty() || record.size() > kMaxControlBytes)
+    if (record.empty() || record.size() > transport::kMaxControlBytes) {
       fail("the agent posted a control record out of bounds");
+    }
     v1::ControlBatch batch;
     if (!batch.ParseFromString(record)) fail("the agent posted a control record that is not a ControlBatch");
     for (const v1::PeerMessage& m : batch.messages()) {
