@@ -58,6 +58,18 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
 constexpr uint32_t kPeerProtocolVersion = 2;
 constexpr uint8_t kTcpWireVersion = 2;
 
+// A Hello as a daemon of `version` sends it, with the right token.
+static v1::PeerMessage helloOf(uint32_t version, const std::string& daemon_id, uint64_t session_id) {
+  v1::PeerMessage hello;
+  hello.mutable_hello()->set_protocol_version(version);
+  hello.mutable_hello()->set_daemon_id(daemon_id);
+  hello.mutable_hello()->add_transports("tcp");
+  hello.mutable_hello()->set_token("integ-secret");
+  hello.mutable_hello()->set_session_id(session_id);
+  hello.mutable_hello()->set_instance(1);
+  return hello;
+}
+
 TEST_CASE("hostile: a daemon of protocol version 1 is refused, and told both versions",
           "[integration][hostile]") {
   DaemonPair pair(pairOptions());
@@ -66,14 +78,7 @@ TEST_CASE("hostile: a daemon of protocol version 1 is refused, and told both ver
   grpc::ClientContext ctx;
   ctx.AddMetadata("x-framelink-token", "integ-secret");
   auto stream = stub->Session(&ctx);
-  v1::PeerMessage hello;
-  hello.mutable_hello()->set_protocol_version(1);
-  hello.mutable_hello()->set_daemon_id("old-peer");
-  hello.mutable_hello()->add_transports("tcp");
-  hello.mutable_hello()->set_token("integ-secret");
-  hello.mutable_hello()->set_session_id(0x01d);
-  hello.mutable_hello()->set_instance(1);
-  REQUIRE(stream->Write(hello));
+  REQUIRE(stream->Write(helloOf(1, "old-peer", 0x01d)));
   v1::PeerMessage reply;
   CHECK_FALSE(stream->Read(&reply));
   const grpc::Status status = stream->Finish();
@@ -95,14 +100,7 @@ TEST_CASE("hostile: a Session that never opens its data channel does not delay S
   grpc::ClientContext ctx;
   ctx.AddMetadata("x-framelink-token", "integ-secret");
   auto stream = stub->Session(&ctx);
-  v1::PeerMessage hello;
-  hello.mutable_hello()->set_protocol_version(kPeerProtocolVersion);
-  hello.mutable_hello()->set_daemon_id("stalling-peer");
-  hello.mutable_hello()->add_transports("tcp");
-  hello.mutable_hello()->set_token("integ-secret");
-  hello.mutable_hello()->set_session_id(0x5eed);
-  hello.mutable_hello()->set_instance(1);
-  REQUIRE(stream->Write(hello));
+  REQUIRE(stream->Write(helloOf(kPeerProtocolVersion, "stalling-peer", 0x5eed)));
   v1::PeerMessage ack;
   REQUIRE(stream->Read(&ack));
   REQUIRE(ack.has_hello_ack());

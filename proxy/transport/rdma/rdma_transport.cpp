@@ -386,8 +386,8 @@ void RdmaTransport::flushChain() noexcept {
   ibv_send_wr* frames_first = posted_seq_ == next_seq_ ? nullptr : &send_wrs_[posted_seq_ % depth];
   ibv_send_wr* first = nctl > 0 ? &ctl_wrs_[ctl_posted_seq_ % chunks] : frames_first;
   ibv_send_wr* last_wr = nullptr;
-  for (uint32_t i = 0; i < nctl; ++i) {
-    ibv_send_wr& wr = ctl_wrs_[(ctl_posted_seq_ + i) % chunks];
+  // Every signal_interval-th WR of the chain is signalled, control or frame.
+  auto signalEvery = [this](ibv_send_wr& wr) {
     if (++since_signal_ >= options_.signal_interval) {
       wr.send_flags = IBV_SEND_SIGNALED;
       since_signal_ = 0;
@@ -395,19 +395,17 @@ void RdmaTransport::flushChain() noexcept {
     } else {
       wr.send_flags = 0;
     }
+  };
+  for (uint32_t i = 0; i < nctl; ++i) {
+    ibv_send_wr& wr = ctl_wrs_[(ctl_posted_seq_ + i) % chunks];
+    signalEvery(wr);
     last_wr = &wr;
   }
   if (last_wr != nullptr) last_wr->next = frames_first;
   for (uint64_t seq = posted_seq_; seq < next_seq_; ++seq) {
     ibv_send_wr& wr = send_wrs_[seq % depth];
     wr.next = seq + 1 == next_seq_ ? nullptr : &send_wrs_[(seq + 1) % depth];
-    if (++since_signal_ >= options_.signal_interval) {
-      wr.send_flags = IBV_SEND_SIGNALED;
-      since_signal_ = 0;
-      ++counters_.signalled_wrs;
-    } else {
-      wr.send_flags = 0;
-    }
+    signalEvery(wr);
     last_wr = &wr;
   }
   // The chain's last WR is always signalled: nothing waits for a later one.
