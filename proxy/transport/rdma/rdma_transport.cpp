@@ -154,8 +154,9 @@ Status RdmaTransport::setUp() {
   const size_t recv_bytes = chunk * rq;
   ctl_send_buf_.reset(new (std::nothrow) uint8_t[send_bytes]);
   recv_buf_.reset(new (std::nothrow) uint8_t[recv_bytes]);
-  if (!ctl_send_buf_ || !recv_buf_)
+  if (!ctl_send_buf_ || !recv_buf_) {
     return makeError(FL_ERR_RESOURCES, "out of memory for the control chunks");
+  }
   ctl_send_mr_ = api_.regMr(device_->pd(), ctl_send_buf_.get(), send_bytes, 0);
   if (ctl_send_mr_ == nullptr) {
     return makeError(FL_ERR_RESOURCES, "ibv_reg_mr of the control send chunks (" +
@@ -343,7 +344,7 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
     const std::string& record = ctl_backlog_.front();
     const size_t n = std::min(chunk_bytes, record.size() - ctl_backlog_offset_);
     uint8_t* dst = ctl_send_buf_.get() + slot * chunk_bytes;
-    std::memcpy(dst, record.data() + ctl_backlog_offset_, n);
+    record.copy(reinterpret_cast<char*>(dst), n, ctl_backlog_offset_);
     ctl_backlog_offset_ += n;
     ctl_backlog_bytes_ -= n;
     const bool last = ctl_backlog_offset_ == record.size();
