@@ -136,6 +136,7 @@ struct Endpoint {
   std::vector<TransportEvent> sends;
   std::vector<TransportEvent> arrivals;
   std::vector<TransportEvent> errors;
+  std::vector<TransportEvent> controls;
   std::vector<Kind> order;
 
   // Posts as the daemon does: with the key of the payload's registration.
@@ -162,6 +163,9 @@ struct Endpoint {
             break;
           case Kind::kLinkError:
             errors.push_back(std::move(ev[i]));
+            break;
+          case Kind::kControl:
+            controls.push_back(std::move(ev[i]));
             break;
         }
       }

@@ -249,7 +249,8 @@ bool TcpTransport::startWrite() noexcept {
   }
   counters_.control_sent += records;
   tx_has_frame_ = false;
-  if (count_ > 0) {
+  // Control first: a frame joins the write only once no record waits.
+  if (count_ > 0 && control_.empty()) {
     const SendRequest& r = ring_[head_];
     tx_frame_header_ = toWire(r.header);
     tx_iov_.push_back({&tx_frame_header_, sizeof tx_frame_header_});
