@@ -137,16 +137,26 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
 }
 
 void TcpTransport::pushEvent(TransportEvent event) noexcept {
-  try {
-    events_.push_back(std::move(event));
-  } catch (...) {
-    // Out of memory while reporting: nothing sensible is left to do but drop
-    // the event; the ACK timeout of the peer protocol recovers the frame.
+  if (events_count_ == events_.size()) {
+    try {
+      std::vector<TransportEvent> grown(std::max<size_t>(64, 2 * events_.size()));
+      for (size_t i = 0; i < events_count_; ++i) {
+        grown[i] = std::move(events_[(events_head_ + i) % events_.size()]);
+      }
+      events_.swap(grown);
+      events_head_ = 0;
+    } catch (...) {
+      // Out of memory while reporting: nothing sensible is left to do but
+      // drop the event; the ACK timeout of the peer protocol recovers the frame.
+      return;
+    }
   }
+  events_[(events_head_ + events_count_) % events_.size()] = std::move(event);
+  ++events_count_;
 }
 
 void TcpTransport::syncSignal() noexcept {
-  const bool want = !events_.empty();
+  const bool want = events_count_ > 0;
   if (want == signalled_) return;
   uint64_t value = 1;
   if (want) {
@@ -333,9 +343,10 @@ size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
   if (!failed_ && tx_active_) drainSends();
   if (!failed_) receive(max);
   size_t taken = 0;
-  while (taken < max && !events_.empty()) {
-    out[taken++] = std::move(events_.front());
-    events_.pop_front();
+  while (taken < max && events_count_ > 0) {
+    out[taken++] = std::move(events_[events_head_]);
+    events_head_ = (events_head_ + 1) % events_.size();
+    --events_count_;
   }
   syncSignal();
   return taken;
@@ -344,7 +355,7 @@ size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
 void TcpTransport::receive(size_t max_events) noexcept {
   const std::string_view where = "tcp data link from ";
   size_t budget = options_.read_budget_bytes;
-  while (!failed_ && events_.size() < max_events) {
+  while (!failed_ && events_count_ < max_events) {
     if (budget == 0) {
       ++counters_.read_budget_hits;
       return;

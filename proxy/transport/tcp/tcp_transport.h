@@ -136,7 +136,11 @@ class TcpTransport final : public Transport {
   bool signalled_ = false;  // event_fd_ is set
   bool watch_out_ = false;  // EPOLLOUT is in epoll_fd_'s interest
   std::string_view refusal_ = "the request is malformed";
-  std::deque<TransportEvent> events_;
+  // Events not yet polled, a ring that grows by doubling: a deque would
+  // allocate for every event (one TransportEvent fills a deque block).
+  std::vector<TransportEvent> events_;
+  size_t events_head_ = 0;
+  size_t events_count_ = 0;
   Counters counters_;
 
   std::unordered_map<uint64_t, LocalCredit> credits_;
