@@ -31,11 +31,16 @@
 //     last reference: the agent, the daemon's main thread after the agent
 //     was joined, or the setup thread when the link never reached the agent.
 //     It shuts the transport down if nobody did.
-//   * An implementation's own threads (tcp sender and receiver, gRPC reader
-//     and writer, the rdma device's event thread) share state with the
-//     calling thread only under their own mutexes (FL_GUARDED_BY); what only
-//     the calling thread touches takes no lock.  So rdma's post() takes none:
-//     the payload's memory key comes in the request (SendRequest::local_key).
+//   * An implementation may do its I/O on the calling thread: tcp has no
+//     threads of its own (post() writes to the socket, poll() reads from it,
+//     so a frame costs the agent no hand-off and no extra wake-up), and then
+//     eventFd() must also wake the caller when that I/O can go on (tcp's is
+//     an epoll fd over its socket).  An implementation's own threads (gRPC
+//     reader and writer, the rdma device's event thread) share state with
+//     the calling thread only under their own mutexes (FL_GUARDED_BY); what
+//     only the calling thread touches takes no lock.  So rdma's post() takes
+//     none: the payload's memory key comes in the request
+//     (SendRequest::local_key).
 //   Two exceptions are documented where they apply: a loopback link's two
 //   ends may be driven from two threads, and the faulty decorator forwards
 //   every call on the thread it was made on.
@@ -156,14 +161,21 @@ class Transport {
   // Hands everything accepted by post() and postControl() since the last flush to the
   // hardware (rdma: one chained ibv_post_send).  The agent calls it after
   // each round of posts; a transport may also flush on its own when its
-  // batch is full.  Byte-stream transports hand requests over in post().
+  // batch is full.  Byte-stream transports hand requests over in post()
+  // (tcp writes them to its socket there when nothing is queued ahead).
   virtual void flush() noexcept {}
 
-  // Fills up to `max` events; returns how many.
+  // Fills up to `max` events; returns how many.  A transport that does its
+  // I/O on the calling thread does it here (tcp: continues a write the
+  // socket did not take whole, reads what arrived), bounded per call so that
+  // one busy link cannot hold up the caller's others.
   virtual size_t poll(TransportEvent* out, size_t max) noexcept = 0;
 
   // Readable when poll() may return something (level: drain poll() until 0,
-  // then read/clear is done by the transport).
+  // then read/clear is done by the transport).  For a transport that does
+  // its I/O in poll(), also while that I/O can make progress (tcp: data
+  // waits in its socket, or its socket has room for a waiting write), even
+  // if poll() then has no event yet.
   virtual int eventFd() const noexcept = 0;
 
   // Closes the link; pending sends complete with FL_ERR_LINK_LOST.

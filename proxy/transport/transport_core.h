@@ -1,7 +1,11 @@
-// The bookkeeping every byte-stream transport (tcp, grpc) shares: the bounded
-// send queue, the credit table, the event queue with its eventfd, and the
-// "link failed exactly once" rule.  A transport implementation owns one
-// TransportCore and adds only the code that moves bytes.
+// The bookkeeping of a byte-stream transport that moves its bytes on threads
+// of its own (grpc's reader and writer): the bounded send queue, the credit
+// table, the event queue with its eventfd, and the "link failed exactly
+// once" rule, shared between those threads and the calling thread under
+// mutexes.  Such a transport owns one TransportCore and adds only the code
+// that moves bytes.  tcp does not use it: it does its I/O on the calling
+// thread and keeps the same bookkeeping without locks (tcp_transport.h);
+// validateSendRequest() and kDefaultSendQueueDepth serve every transport.
 //
 // Threads:
 //   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd
@@ -9,7 +13,8 @@
 //   * receiver thread (one):   beginReceive, endReceive, frameArrived, controlArrived
 //   * any thread:              fail, connected
 //
-// Ordering guarantees the daemon relies on:
+// Ordering guarantees the daemon relies on (every transport keeps them, with
+// or without this class):
 //   * Every request accepted by post() yields exactly one SendComplete.
 //   * A SendComplete with FL_OK is never reported after the LinkError: once
 //     the link failed, requests still queued or being written complete with

@@ -751,4 +751,64 @@ TEMPLATE_TEST_CASE("control records after the link failed are refused with kNotC
   CHECK(leaver.errors.size() == 1);
 }
 
+TEMPLATE_TEST_CASE("control records arrive in order, exactly once, among frames of any size",
+                   "[transport][control]", FL_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  for (int dir = 0; dir < 2; ++dir) {
+    CAPTURE(dir);
+    Endpoint tx{dir == 0 ? pair->a.get() : pair->b.get()};
+    Endpoint rx{dir == 0 ? pair->b.get() : pair->a.get()};
+    constexpr size_t kRecords = 600;
+    constexpr size_t kEvery = 50;  // a frame after every 50th record
+    constexpr size_t kFrames = kRecords / kEvery;
+    auto recordSize = [](size_t i) {
+      return i == 300 || i == 301 ? kMaxControlBytes : 1 + (i * 37) % 2000;  // the largest allowed, twice
+    };
+    std::vector<Buffer> buffers;
+    std::vector<Payload> payloads;
+    for (size_t f = 0; f < kFrames; ++f) {
+      const size_t size = f % 3 == 0 ? (3u << 20) + f : 1024 * (f + 1);
+      buffers.emplace_back(size);
+      payloads.push_back(pattern(500 + f, size));
+    }
+    size_t frames = 0;
+    for (size_t i = 0; i < kRecords; ++i) {
+      PostResult pr;
+      while ((pr = tx.t->postControl(controlRecord(i, recordSize(i)))) == PostResult::kBackpressure) {
+        tx.pump();
+        rx.pump();
+      }
+      REQUIRE(pr == PostResult::kOk);
+      if (i % kEvery == kEvery - 1) {
+        RemoteCredit c = expose(*rx.t, buffers[frames].credit(100 + frames));
+        REQUIRE(tx.post(request(frames, c, payloads[frames], frames + 1)) == PostResult::kOk);
+        ++frames;
+      }
+    }
+    tx.t->flush();
+    waitFor(
+        tx, rx,
+        [&] {
+          return rx.controls.size() == kRecords && rx.arrivals.size() == kFrames && tx.sends.size() == kFrames;
+        },
+        "every record and frame");
+    for (size_t i = 0; i < kRecords; ++i) {
+      if (rx.controls[i] != controlRecord(i, recordSize(i))) {
+        FAIL("record " << i << " differs, is out of order or was doubled");
+      }
+    }
+    for (size_t f = 0; f < kFrames; ++f) {
+      REQUIRE(tx.sends[f].status == FL_OK);
+      REQUIRE(tx.sends[f].cookie == f);
+      REQUIRE(rx.arrivals[f].status == FL_OK);
+      REQUIRE(rx.arrivals[f].header.sequence == f + 1);
+      long bad = firstMismatch(buffers[f].data(), payloads[f]);
+      if (bad != -1) FAIL("frame " << f << " differs at byte " << bad);
+    }
+    CHECK(tx.controls.empty());  // nothing echoes back
+    CHECK(tx.errors.empty());
+    CHECK(rx.errors.empty());
+  }
+}
+
 }  // namespace framelink::transport::testing

@@ -256,8 +256,9 @@ inline std::shared_ptr<std::vector<uint8_t>> exposeLanding(transport::Transport&
   return memory;
 }
 
-// A posted request's payload is read by the sender thread until its
-// SendComplete: waits for that before the payload may go.
+// A posted request's payload is read until its SendComplete (tcp: what the
+// socket did not take at once is written by later poll() calls, here on
+// the test's thread): waits for that before the payload may go.
 inline void sendDone(transport::Transport& t) {
   waitEvent(t, transport::TransportEvent::Kind::kSendComplete);
 }

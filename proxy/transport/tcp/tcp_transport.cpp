@@ -2,248 +2,516 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <system_error>
 
 #include <spdlog/spdlog.h>
 
-#include "transport/tcp/tcp_wire.h"
-
 namespace framelink::transport::tcp {
 
-Result<std::unique_ptr<Transport>> TcpTransport::create(UniqueFd fd, std::string peer_name,
-                                                        TcpTransportOptions options) {
+namespace {
+
+// A write unit holds two iovecs per control record and two for its frame;
+// sendmsg takes at most IOV_MAX of them.
+constexpr size_t kMaxRecordsPerWrite = (IOV_MAX - 2) / 2;
+constexpr size_t kScratchBytes = size_t{256} * 1024;
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+}  // namespace
+
+Result<std::unique_ptr<TcpTransport>> TcpTransport::make(UniqueFd fd, std::string peer_name,
+                                                         TcpTransportOptions options) {
   if (!fd.valid()) return makeError(FL_EINVAL, "TcpTransport::create: invalid socket");
+  if (options.send_queue_depth == 0)
+    return makeError(FL_EINVAL, "tcp transport: send queue depth must be at least 1");
+  if (options.read_budget_bytes == 0)
+    return makeError(FL_EINVAL, "tcp transport: read budget must be at least 1 byte");
   int one = 1;
   // Frames are written whole; Nagle would only delay the tail of each one.
   if (::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
     return makeError(FL_ERR_TRANSPORT,
-                     std::string("TCP_NODELAY on data socket to ") + peer_name + ": " + std::strerror(errno));
+                     std::string("TCP_NODELAY on data socket to ") + peer_name + ": " + errnoText(errno));
   }
-  auto core = TransportCore::create(options.send_queue_depth);
-  if (!core) return std::move(core).error().context("tcp transport to " + peer_name);
-  std::unique_ptr<TcpTransport> t(
-      new TcpTransport(std::move(fd), std::move(peer_name), options, std::move(core).value()));
+  UniqueFd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
+  UniqueFd event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epoll_fd.valid() || !event_fd.valid()) {
+    return makeError(FL_ERR_RESOURCES, "tcp transport to " + peer_name + ": epoll/eventfd failed: " +
+                                           errnoText(errno) + " (raise the fd limit?)");
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = event_fd.get();
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, event_fd.get(), &ev) != 0) {
+    return makeError(FL_ERR_RESOURCES, "tcp transport to " + peer_name + ": epoll_ctl: " + errnoText(errno));
+  }
+  ev.events = EPOLLIN;
+  ev.data.fd = fd.get();
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd.get(), &ev) != 0) {
+    return makeError(FL_ERR_RESOURCES, "tcp transport to " + peer_name + ": epoll_ctl: " + errnoText(errno));
+  }
   try {
-    MutexLock lock(t->join_mu_);
-    t->receiver_ = std::thread([p = t.get()] { p->receiverLoop(); });
-    t->sender_ = std::thread([p = t.get()] { p->senderLoop(); });
-  } catch (const std::system_error& e) {
-    t->shutdown();
-    return makeError(FL_ERR_RESOURCES, std::string("tcp transport: cannot start threads: ") + e.what());
+    return std::unique_ptr<TcpTransport>(new TcpTransport(
+        std::move(fd), std::move(epoll_fd), std::move(event_fd), std::move(peer_name), options));
+  } catch (const std::bad_alloc&) {
+    return makeError(FL_ERR_RESOURCES, "tcp transport: out of memory for the send queue");
   }
-  return std::unique_ptr<Transport>(std::move(t));
 }
 
-TcpTransport::TcpTransport(UniqueFd fd, std::string peer_name, TcpTransportOptions options,
-                           std::unique_ptr<TransportCore> core)
-    : fd_(std::move(fd)), peer_name_(std::move(peer_name)), options_(options), core_(std::move(core)) {}
+Result<std::unique_ptr<Transport>> TcpTransport::create(UniqueFd fd, std::string peer_name,
+                                                        TcpTransportOptions options) {
+  auto t = make(std::move(fd), std::move(peer_name), options);
+  if (!t) return std::move(t).error();
+  return std::unique_ptr<Transport>(std::move(t).value());
+}
+
+TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, std::string peer_name,
+                           TcpTransportOptions options)
+    : fd_(std::move(fd)),
+      epoll_fd_(std::move(epoll_fd)),
+      event_fd_(std::move(event_fd)),
+      peer_name_(std::move(peer_name)),
+      options_(options),
+      ring_(options.send_queue_depth) {
+  // The largest write unit's iovecs: startWrite() then never allocates for them.
+  tx_iov_.reserve(2 * kMaxRecordsPerWrite + 2);
+}
 
 TcpTransport::~TcpTransport() { shutdown(); }
 
 void TcpTransport::shutdown() noexcept {
   failLink(FL_ERR_SHUTDOWN, "tcp transport to " + peer_name_ + " shut down locally");
-  MutexLock lock(join_mu_);
-  if (sender_.joinable()) sender_.join();
-  if (receiver_.joinable()) receiver_.join();
+  syncSignal();
 }
 
 void TcpTransport::failLink(int status, const std::string& message) noexcept {
-  if (!core_->fail(status, message)) return;
+  if (failed_) return;
+  failed_ = true;
   if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
-  // Wakes both threads: a blocked recv() sees EOF, a blocked sendmsg() EPIPE.
-  // The descriptor itself stays open until the destructor, after the joins,
-  // so no thread can ever touch a reused fd number.
+  TransportEvent link;
+  link.kind = TransportEvent::Kind::kLinkError;
+  link.status = status;
+  link.message = message;
+  pushEvent(std::move(link));
+  // Nothing is being written now (every write happens on this thread), so
+  // every frame not yet written whole completes here, and its payload is
+  // never read again.
+  auto lost = [this](uint64_t cookie) {
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kSendComplete;
+    ev.cookie = cookie;
+    ev.status = FL_ERR_LINK_LOST;
+    pushEvent(std::move(ev));
+  };
+  if (tx_active_ && tx_has_frame_) lost(tx_cookie_);
+  tx_active_ = false;
+  tx_has_frame_ = false;
+  tx_records_.clear();
+  tx_iov_.clear();
+  for (; count_ > 0; --count_) {
+    lost(ring_[head_].cookie);
+    ring_[head_] = SendRequest{};
+    head_ = (head_ + 1) % ring_.size();
+  }
+  control_.clear();
+  control_bytes_ = 0;
+  // A frame landing now stays unreported: the link is gone.  Its credit's
+  // keepalive is released here, the buffer is not written any more.
+  rx_credit_.reset();
+  rx_body_ = Body::kNone;
+  credits_.clear();
+  // The socket leaves the epoll set (a hung-up socket would keep eventFd()
+  // readable for ever); the peer sees the connection end now.  The
+  // descriptor itself is closed by the destructor.
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd_.get(), nullptr);
+  watch_out_ = false;
   ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
-// ---------------------------------------------------------------- sender
-
-void TcpTransport::senderLoop() noexcept {
-  TransportCore::Outgoing out;
-  std::vector<TcpFrameHeader> control_headers;
-  std::vector<iovec> iov;
-  while (core_->nextSend(&out)) {
-    // Control records first, then the frame: one sendmsg for all of it.
-    control_headers.assign(out.control.size(), TcpFrameHeader{});
-    iov.clear();
-    for (size_t i = 0; i < out.control.size(); ++i) {
-      control_headers[i].magic = kTcpControlMagic;
-      control_headers[i].length = out.control[i].size();
-      iov.push_back({&control_headers[i], sizeof(TcpFrameHeader)});
-      iov.push_back({out.control[i].data(), out.control[i].size()});
-    }
-    TcpFrameHeader wire{};
-    if (out.has_frame) {
-      wire = toWire(out.frame.header);
-      iov.push_back({&wire, sizeof wire});
-      // sendmsg does not write through iov_base; the cast only satisfies its type.
-      if (out.frame.header.length > 0) {
-        iov.push_back({const_cast<uint8_t*>(out.frame.payload),  // NOLINT
-                       static_cast<size_t>(out.frame.header.length)});
+void TcpTransport::pushEvent(TransportEvent event) noexcept {
+  if (events_count_ == events_.size()) {
+    try {
+      std::vector<TransportEvent> grown(std::max<size_t>(64, 2 * events_.size()));
+      for (size_t i = 0; i < events_count_; ++i) {
+        grown[i] = std::move(events_[(events_head_ + i) % events_.size()]);
       }
-    }
-    const bool ok = writeAll(iov.data(), iov.size());
-    if (out.has_frame) {
-      core_->completeSend(out.frame.cookie, ok ? FL_OK : FL_ERR_LINK_LOST, out.frame.header.length);
-    }
-    if (!ok) break;
-  }
-}
-
-bool TcpTransport::writeAll(iovec* iov, size_t count) noexcept {
-  msghdr msg{};
-  msg.msg_iov = iov;
-  while (count > 0) {
-    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
-    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      failLink(FL_ERR_LINK_LOST, "tcp data link to " + peer_name_ + ": send failed: " + std::strerror(errno));
-      return false;
-    }
-    auto left = static_cast<size_t>(n);
-    while (count > 0 && left >= msg.msg_iov[0].iov_len) {
-      left -= msg.msg_iov[0].iov_len;
-      ++msg.msg_iov;
-      --count;
-    }
-    if (count > 0) {
-      msg.msg_iov[0].iov_base = static_cast<uint8_t*>(msg.msg_iov[0].iov_base) + left;
-      msg.msg_iov[0].iov_len -= left;
+      events_.swap(grown);
+      events_head_ = 0;
+    } catch (...) {
+      // Out of memory while reporting: nothing sensible is left to do but
+      // drop the event; the ACK timeout of the peer protocol recovers the frame.
+      return;
     }
   }
-  return true;
+  events_[(events_head_ + events_count_) % events_.size()] = std::move(event);
+  ++events_count_;
 }
 
-// ---------------------------------------------------------------- receiver
-
-int TcpTransport::readFull(void* buf, size_t n) noexcept {
-  auto* p = static_cast<uint8_t*>(buf);
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::recv(fd_.get(), p + got, n - got, MSG_WAITALL);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r == 0) {
-      if (got == 0) return 0;
-      io_error_ = "peer closed the connection in the middle of a frame";
-      return -1;
-    } else if (errno != EINTR) {
-      io_error_ = std::string("recv failed: ") + std::strerror(errno);
-      return -1;
-    }
+void TcpTransport::syncSignal() noexcept {
+  const bool want = events_count_ > 0;
+  if (want == signalled_) return;
+  uint64_t value = 1;
+  if (want) {
+    // EAGAIN only when the counter would overflow: it is readable then anyway.
+    [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &value, sizeof value);
+  } else {
+    [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &value, sizeof value);
   }
-  return 1;
+  signalled_ = want;
 }
 
-bool TcpTransport::discard(uint64_t n) noexcept {
+// ---------------------------------------------------------------- credits
+
+Result<RemoteCredit> TcpTransport::exposeCredit(LocalCredit credit) {
+  if (credit.buffer == nullptr && credit.capacity > 0) {
+    return makeError(FL_EINVAL, "exposeCredit: null buffer with non-zero capacity");
+  }
+  if (failed_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
+  if (credits_.count(credit.credit_id) != 0 || (rx_credit_ && rx_credit_->credit_id == credit.credit_id)) {
+    return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(credit.credit_id) +
+                                    " is already exposed (credit ids must be unique per link)");
+  }
+  RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
+  credits_.emplace(credit.credit_id, std::move(credit));
+  return remote;
+}
+
+void TcpTransport::retractCredit(uint64_t credit_id) {
+  credits_.erase(credit_id);
+  // A frame landing in this buffer right now: the rest of it is read into
+  // the scratch buffer, and the frame is reported as for an unknown credit.
+  if (rx_credit_ && rx_credit_->credit_id == credit_id) rx_retracted_ = true;
+}
+
+// ---------------------------------------------------------------- sending
+
+PostResult TcpTransport::post(const SendRequest& request) noexcept {
+  const char* why = validateSendRequest(request);
+  if (*why != '\0') {
+    refusal_ = why;
+    return PostResult::kInvalid;
+  }
+  if (failed_) return PostResult::kNotConnected;
+  if (count_ == ring_.size()) {
+    ++counters_.backpressure;
+    return PostResult::kBackpressure;
+  }
+  ring_[(head_ + count_) % ring_.size()] = request;
+  ++count_;
+  // Something queued ahead is continued by poll() when the socket has room.
+  if (!tx_active_) drainSends();
+  syncSignal();
+  return PostResult::kOk;
+}
+
+PostResult TcpTransport::postControl(std::string record) noexcept {
+  if (record.empty() || record.size() > kMaxControlBytes) return PostResult::kInvalid;
+  if (failed_) return PostResult::kNotConnected;
+  if (control_bytes_ + record.size() > kMaxControlBacklogBytes) {
+    ++counters_.backpressure;
+    return PostResult::kBackpressure;
+  }
+  const size_t size = record.size();
   try {
-    if (scratch_.empty()) scratch_.resize(size_t{256} * 1024);
+    control_.push_back(std::move(record));
   } catch (...) {
-    io_error_ = "out of memory for the discard buffer";
+    return PostResult::kBackpressure;
+  }
+  control_bytes_ += size;
+  if (!tx_active_) drainSends();
+  syncSignal();
+  return PostResult::kOk;
+}
+
+bool TcpTransport::startWrite() noexcept {
+  if (control_.empty() && count_ == 0) return false;
+  const size_t records = std::min(control_.size(), kMaxRecordsPerWrite);
+  try {
+    tx_records_.clear();
+    tx_iov_.clear();
+    // Sized before any address is taken: the iovecs point into it.
+    tx_headers_.resize(records);
+    for (size_t i = 0; i < records; ++i) {
+      tx_records_.push_back(std::move(control_.front()));
+      control_.pop_front();
+      control_bytes_ -= tx_records_.back().size();
+    }
+  } catch (...) {
+    // Out of memory for the bookkeeping of a write: the link cannot go on
+    // in order.
+    failLink(FL_ERR_RESOURCES, "tcp data link to " + peer_name_ + ": out of memory for a write");
     return false;
   }
-  while (n > 0) {
-    size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, scratch_.size()));
-    if (readFull(scratch_.data(), chunk) != 1) {
-      if (io_error_.empty()) io_error_ = "peer closed the connection in the middle of a frame";
-      return false;
-    }
-    n -= chunk;
+  for (size_t i = 0; i < records; ++i) {
+    tx_headers_[i] = TcpFrameHeader{};
+    tx_headers_[i].magic = kTcpControlMagic;
+    tx_headers_[i].length = tx_records_[i].size();
+    tx_iov_.push_back({&tx_headers_[i], sizeof(TcpFrameHeader)});
+    tx_iov_.push_back({tx_records_[i].data(), tx_records_[i].size()});
   }
+  counters_.control_sent += records;
+  tx_has_frame_ = false;
+  // Control first: a frame joins the write only once no record waits.
+  if (count_ > 0 && control_.empty()) {
+    const SendRequest& r = ring_[head_];
+    tx_frame_header_ = toWire(r.header);
+    tx_iov_.push_back({&tx_frame_header_, sizeof tx_frame_header_});
+    // sendmsg does not write through iov_base; the cast only satisfies its type.
+    if (r.header.length > 0) {
+      tx_iov_.push_back({const_cast<uint8_t*>(r.payload),  // NOLINT
+                         static_cast<size_t>(r.header.length)});
+    }
+    tx_has_frame_ = true;
+    tx_cookie_ = r.cookie;
+    tx_length_ = r.header.length;
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+  tx_next_ = 0;
+  tx_active_ = true;
   return true;
 }
 
-void TcpTransport::receiverLoop() noexcept {
-  const std::string where = "tcp data link from " + peer_name_ + ": ";
-  for (;;) {
-    TcpFrameHeader wire{};
-    int r = readFull(&wire, sizeof wire);
-    if (r == 0) {
-      failLink(FL_ERR_LINK_LOST, where + "peer closed the connection");
-      return;
-    }
-    if (r < 0) {
-      failLink(FL_ERR_LINK_LOST, where + io_error_);
-      return;
-    }
-    if (wire.magic == kTcpControlMagic) {
-      if (wire.length == 0 || wire.length > kMaxControlBytes) {
-        failLink(FL_ERR_PROTOCOL, where + "control record of " + std::to_string(wire.length) +
-                                      " bytes (allowed: 1.." + std::to_string(kMaxControlBytes) + ")");
+void TcpTransport::finishWrite() noexcept {
+  tx_active_ = false;
+  tx_records_.clear();
+  if (!tx_has_frame_) return;
+  tx_has_frame_ = false;
+  ++counters_.frames_sent;
+  counters_.bytes_sent += tx_length_;
+  TransportEvent ev;
+  ev.kind = TransportEvent::Kind::kSendComplete;
+  ev.cookie = tx_cookie_;
+  ev.status = FL_OK;
+  pushEvent(std::move(ev));
+}
+
+void TcpTransport::drainSends() noexcept {
+  while (!failed_) {
+    if (!tx_active_ && !startWrite()) break;
+    msghdr msg{};
+    msg.msg_iov = tx_iov_.data() + tx_next_;
+    msg.msg_iovlen = tx_iov_.size() - tx_next_;
+    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        ++counters_.send_blocked;
+        watchWritable(true);
         return;
       }
-      std::string record;
-      try {
-        record.resize(static_cast<size_t>(wire.length));
-      } catch (...) {
-        failLink(FL_ERR_RESOURCES, where + "out of memory for a control record");
-        return;
-      }
-      if (readFull(record.data(), record.size()) != 1) {
-        if (io_error_.empty()) io_error_ = "peer closed the connection in the middle of a control record";
-        failLink(FL_ERR_LINK_LOST, where + io_error_);
-        return;
-      }
-      core_->controlArrived(std::move(record));
-      continue;
-    }
-    if (wire.magic != kTcpFrameMagic) {
-      failLink(FL_ERR_PROTOCOL,
-               where + "bad frame magic (not a framelink peer, or the stream is out of sync)");
+      failLink(FL_ERR_LINK_LOST, "tcp data link to " + peer_name_ + ": send failed: " + errnoText(errno));
       return;
     }
-    if (wire.attr_length > FL_MAX_ATTR_BYTES) {
-      failLink(FL_ERR_PROTOCOL, where + "attr_length " + std::to_string(wire.attr_length) + " > " +
-                                    std::to_string(FL_MAX_ATTR_BYTES));
+    auto left = static_cast<size_t>(n);
+    while (tx_next_ < tx_iov_.size() && left >= tx_iov_[tx_next_].iov_len) {
+      left -= tx_iov_[tx_next_].iov_len;
+      ++tx_next_;
+    }
+    if (tx_next_ < tx_iov_.size()) {
+      // The socket is full: the rest waits for EPOLLOUT (or the next poll).
+      tx_iov_[tx_next_].iov_base = static_cast<uint8_t*>(tx_iov_[tx_next_].iov_base) + left;
+      tx_iov_[tx_next_].iov_len -= left;
+      ++counters_.send_blocked;
+      watchWritable(true);
       return;
     }
-    FrameHeader header = fromWire(wire);
-    std::optional<LocalCredit> credit = core_->beginReceive(header.credit_id);
-    if (!credit) {
-      if (header.length > options_.max_frame_bytes) {
-        failLink(FL_ERR_PROTOCOL, where + "frame of " + std::to_string(header.length) +
-                                      " bytes for unknown credit " + std::to_string(header.credit_id) +
-                                      " exceeds max_frame_bytes");
-        return;
-      }
-      if (!discard(header.length)) {
-        failLink(FL_ERR_LINK_LOST, where + io_error_);
-        return;
-      }
-      core_->frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                          "frame for unknown or retracted credit " + std::to_string(header.credit_id));
-      continue;
-    }
-    if (header.length > credit->capacity) {
-      core_->endReceive();
-      failLink(FL_ERR_PROTOCOL, where + "frame of " + std::to_string(header.length) +
-                                    " bytes exceeds credit " + std::to_string(header.credit_id) + " of " +
-                                    std::to_string(credit->capacity) + " bytes");
-      return;
-    }
-    if (header.length > 0 && readFull(credit->buffer, header.length) != 1) {
-      core_->endReceive();
-      if (io_error_.empty()) io_error_ = "peer closed the connection in the middle of a frame";
-      failLink(FL_ERR_LINK_LOST, where + io_error_);
-      return;
-    }
-    if (core_->endReceive()) {
-      core_->countReceived(header.length);
-      core_->frameArrived(header, FL_OK);
-    } else {
-      core_->frameArrived(
-          header, FL_ERR_UNKNOWN_CREDIT,
-          "credit " + std::to_string(header.credit_id) + " was retracted while the frame landed");
-    }
+    finishWrite();
   }
+  watchWritable(false);
+}
+
+void TcpTransport::watchWritable(bool on) noexcept {
+  if (on == watch_out_ || failed_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.fd = fd_.get();
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, fd_.get(), &ev) == 0) watch_out_ = on;
+}
+
+// ---------------------------------------------------------------- receiving
+
+size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
+  if (!failed_ && tx_active_) drainSends();
+  if (!failed_) receive(max);
+  size_t taken = 0;
+  while (taken < max && events_count_ > 0) {
+    out[taken++] = std::move(events_[events_head_]);
+    events_head_ = (events_head_ + 1) % events_.size();
+    --events_count_;
+  }
+  syncSignal();
+  return taken;
+}
+
+void TcpTransport::receive(size_t max_events) noexcept {
+  const std::string_view where = "tcp data link from ";
+  size_t budget = options_.read_budget_bytes;
+  while (!failed_ && events_count_ < max_events) {
+    if (budget == 0) {
+      ++counters_.read_budget_hits;
+      return;
+    }
+    // The body being read (if any), then the next header: one call usually
+    // finishes a frame and starts the next.
+    iovec iov[2];
+    size_t iovcnt = 0;
+    if (rx_body_ != Body::kNone) {
+      const uint64_t rest = rx_body_length_ - rx_body_got_;
+      if (rx_body_ == Body::kFrame && !rx_retracted_) {
+        iov[iovcnt++] = {rx_credit_->buffer + rx_body_got_, static_cast<size_t>(rest)};
+      } else if (rx_body_ == Body::kControl) {
+        iov[iovcnt++] = {rx_record_.data() + rx_body_got_, static_cast<size_t>(rest)};
+      } else {
+        // An unknown credit's frame, or the rest of a retracted one: read and dropped.
+        try {
+          if (scratch_.empty()) scratch_.resize(kScratchBytes);
+        } catch (...) {
+          failLink(FL_ERR_RESOURCES,
+                   std::string(where) + peer_name_ + ": out of memory for the discard buffer");
+          return;
+        }
+        iov[iovcnt++] = {scratch_.data(), static_cast<size_t>(std::min<uint64_t>(rest, scratch_.size()))};
+      }
+    }
+    iov[iovcnt++] = {reinterpret_cast<uint8_t*>(&rx_header_) + rx_header_got_,
+                     sizeof rx_header_ - rx_header_got_};
+    // Never more than the budget: the rest stays in the socket for the next poll().
+    size_t room = budget;
+    for (size_t i = 0; i < iovcnt; ++i) {
+      iov[i].iov_len = std::min(iov[i].iov_len, room);
+      room -= iov[i].iov_len;
+    }
+    if (iov[iovcnt - 1].iov_len == 0) --iovcnt;
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = iovcnt;
+    const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      failLink(FL_ERR_LINK_LOST, std::string(where) + peer_name_ + ": recv failed: " + errnoText(errno));
+      return;
+    }
+    if (n == 0) {
+      const bool between = rx_body_ == Body::kNone && rx_header_got_ == 0;
+      failLink(FL_ERR_LINK_LOST, std::string(where) + peer_name_ + ": " +
+                                     (between ? "peer closed the connection"
+                                      : rx_body_ == Body::kControl
+                                          ? "peer closed the connection in the middle of a control record"
+                                          : "peer closed the connection in the middle of a frame"));
+      return;
+    }
+    auto got = static_cast<size_t>(n);
+    budget -= got;
+    if (rx_body_ != Body::kNone) {
+      const size_t body = std::min<uint64_t>(got, rx_body_length_ - rx_body_got_);
+      rx_body_got_ += body;
+      got -= body;
+      if (rx_body_got_ == rx_body_length_) endBody();
+    }
+    rx_header_got_ += got;
+    if (rx_header_got_ == sizeof rx_header_) beginBody();
+  }
+}
+
+void TcpTransport::beginBody() noexcept {
+  rx_header_got_ = 0;
+  // Built only when something went wrong: this runs once per frame.
+  auto where = [this] { return "tcp data link from " + peer_name_ + ": "; };
+  const TcpFrameHeader& wire = rx_header_;
+  rx_body_got_ = 0;
+  rx_body_length_ = wire.length;
+  if (wire.magic == kTcpControlMagic) {
+    if (wire.length == 0 || wire.length > kMaxControlBytes) {
+      failLink(FL_ERR_PROTOCOL, where() + "control record of " + std::to_string(wire.length) +
+                                    " bytes (allowed: 1.." + std::to_string(kMaxControlBytes) + ")");
+      return;
+    }
+    try {
+      rx_record_.assign(static_cast<size_t>(wire.length), '\0');
+    } catch (...) {
+      failLink(FL_ERR_RESOURCES, where() + "out of memory for a control record");
+      return;
+    }
+    rx_body_ = Body::kControl;
+    return;
+  }
+  if (wire.magic != kTcpFrameMagic) {
+    failLink(FL_ERR_PROTOCOL,
+             where() + "bad frame magic (not a framelink peer, or the stream is out of sync)");
+    return;
+  }
+  if (wire.attr_length > FL_MAX_ATTR_BYTES) {
+    failLink(FL_ERR_PROTOCOL, where() + "attr_length " + std::to_string(wire.attr_length) + " > " +
+                                  std::to_string(FL_MAX_ATTR_BYTES));
+    return;
+  }
+  rx_frame_ = fromWire(wire);
+  auto it = credits_.find(rx_frame_.credit_id);
+  if (it == credits_.end()) {
+    if (rx_frame_.length > options_.max_frame_bytes) {
+      failLink(FL_ERR_PROTOCOL, where() + "frame of " + std::to_string(rx_frame_.length) +
+                                    " bytes for unknown credit " + std::to_string(rx_frame_.credit_id) +
+                                    " exceeds max_frame_bytes");
+      return;
+    }
+    rx_body_ = Body::kDiscard;
+  } else {
+    if (rx_frame_.length > it->second.capacity) {
+      failLink(FL_ERR_PROTOCOL, where() + "frame of " + std::to_string(rx_frame_.length) +
+                                    " bytes exceeds credit " + std::to_string(rx_frame_.credit_id) + " of " +
+                                    std::to_string(it->second.capacity) + " bytes");
+      return;
+    }
+    // The credit is consumed by this frame.
+    rx_credit_ = std::move(it->second);
+    credits_.erase(it);
+    rx_retracted_ = false;
+    rx_body_ = Body::kFrame;
+  }
+  if (rx_body_length_ == 0) endBody();
+}
+
+void TcpTransport::endBody() noexcept {
+  const Body body = rx_body_;
+  rx_body_ = Body::kNone;
+  if (body == Body::kControl) {
+    ++counters_.control_received;
+    TransportEvent ev;
+    ev.kind = TransportEvent::Kind::kControl;
+    ev.control = std::move(rx_record_);
+    rx_record_.clear();
+    pushEvent(std::move(ev));
+    return;
+  }
+  TransportEvent ev;
+  ev.kind = TransportEvent::Kind::kFrameArrived;
+  ev.header = rx_frame_;
+  if (body == Body::kFrame && !rx_retracted_) {
+    ++counters_.frames_received;
+    counters_.bytes_received += rx_frame_.length;
+    ev.status = FL_OK;
+  } else {
+    if (rx_retracted_ && body == Body::kFrame) {
+      ev.message = "credit " + std::to_string(rx_frame_.credit_id) + " was retracted while the frame landed";
+    } else {
+      ev.message = "frame for unknown or retracted credit " + std::to_string(rx_frame_.credit_id);
+    }
+    ++counters_.unknown_credit_frames;
+    ev.status = FL_ERR_UNKNOWN_CREDIT;
+  }
+  rx_credit_.reset();
+  rx_retracted_ = false;
+  pushEvent(std::move(ev));
 }
 
 }  // namespace framelink::transport::tcp

@@ -1,0 +1,506 @@
+// The tcp transport's I/O on the calling thread: writes the socket does not
+// take whole (small socket buffers, a reader that is slow on purpose), a big
+// frame with many control records around it, the link failing while a frame
+// is half written, and poll()'s bound per call.  The contract itself is the
+// conformance suite's; these tests look at what only this implementation
+// has (its counters, its read budget, its eventFd over the socket).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/unique_fd.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport_test_util.h"
+
+namespace framelink::transport::tcp {
+namespace {
+
+using testing::Buffer;
+using testing::Endpoint;
+using testing::firstMismatch;
+using testing::kDeadline;
+using testing::Kind;
+using testing::pattern;
+using testing::Payload;
+using testing::readable;
+using testing::request;
+using testing::waitFor;
+
+// A connected loopback socket pair, both ends' buffers set to `buffer_bytes`
+// (0: the kernel's autotuning) before the connection is made, so that the
+// window follows them.
+std::pair<UniqueFd, UniqueFd> socketPair(int buffer_bytes) {
+  auto sized = [buffer_bytes](int fd) {
+    if (buffer_bytes <= 0) return;
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes) == 0);
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes) == 0);
+  };
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(listener.valid());
+  sized(listener.get());  // accepted sockets inherit it
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener.get(), 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  UniqueFd dialer(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(dialer.valid());
+  sized(dialer.get());
+  REQUIRE(::connect(dialer.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  UniqueFd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  REQUIRE(accepted.valid());
+  return {std::move(dialer), std::move(accepted)};
+}
+
+struct Pair {
+  std::unique_ptr<TcpTransport> a;
+  std::unique_ptr<TcpTransport> b;
+  int b_fd = -1;  // b's socket (owned by b): to see what waits in it
+};
+
+Pair makePair(int buffer_bytes, TcpTransportOptions a_options = {}, TcpTransportOptions b_options = {}) {
+  testing::g_pair = nullptr;  // no registered memory here (a conformance test's pair is gone)
+  auto [x, y] = socketPair(buffer_bytes);
+  const int b_fd = y.get();
+  auto a = TcpTransport::make(std::move(x), "a", a_options);
+  auto b = TcpTransport::make(std::move(y), "b", b_options);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  return Pair{std::move(a).value(), std::move(b).value(), b_fd};
+}
+
+// Bytes received and not yet read on a socket.
+int queued(int fd) {
+  int n = 0;
+  REQUIRE(::ioctl(fd, FIONREAD, &n) == 0);
+  return n;
+}
+
+// Endpoint::pump, also keeping the control records.
+struct Side {
+  Transport* t;
+  Endpoint e{t};
+  std::vector<std::string> records;
+  std::vector<Kind> order;  // every event kind, in arrival order
+  void pump(size_t max_per_poll = 32) {
+    TransportEvent ev[32];
+    size_t n;
+    while ((n = t->poll(ev, std::min<size_t>(max_per_poll, 32))) > 0) take(ev, n);
+  }
+  // One poll() call, as a reader that is slow on purpose.
+  void pumpOnce() {
+    TransportEvent ev[32];
+    take(ev, t->poll(ev, 32));
+  }
+  void take(TransportEvent* ev, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      order.push_back(ev[i].kind);
+      switch (ev[i].kind) {
+        case Kind::kControl:
+          records.push_back(std::move(ev[i].control));
+          break;
+        case Kind::kSendComplete:
+          e.sends.push_back(std::move(ev[i]));
+          break;
+        case Kind::kFrameArrived:
+          e.arrivals.push_back(std::move(ev[i]));
+          break;
+        case Kind::kLinkError:
+          e.errors.push_back(std::move(ev[i]));
+          break;
+      }
+    }
+  }
+};
+
+template <typename Pred>
+void pumpUntil(Side& x, Side& y, Pred done, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  for (;;) {
+    x.pump();
+    y.pump();
+    if (done()) return;
+    if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for " << what);
+    pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
+    ::poll(fds, 2, 10);
+  }
+}
+
+std::string record(size_t index, size_t size) {
+  std::string r(size, '\0');
+  for (size_t i = 0; i < size; ++i) r[i] = static_cast<char>((index * 131 + i * 7) & 0xFF);
+  std::memcpy(r.data(), &index, std::min(size, sizeof index));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before any poll",
+          "[transport][tcp]") {
+  Pair p = makePair(0);
+  Buffer buf(4096);
+  RemoteCredit c = testing::expose(*p.b, buf.credit(1));
+  auto payload = pattern(1, 4096);
+  CHECK_FALSE(readable(p.a->eventFd(), 0));
+  REQUIRE(p.a->post(request(7, c, payload, 1)) == PostResult::kOk);
+  // Nothing else ran: the write happened on this thread, in post().
+  CHECK(p.a->counters().frames_sent == 1);
+  CHECK(p.a->counters().send_blocked == 0);
+  REQUIRE(readable(p.a->eventFd(), 0));
+  TransportEvent ev;
+  REQUIRE(p.a->poll(&ev, 1) == 1);
+  CHECK(ev.kind == Kind::kSendComplete);
+  CHECK(ev.cookie == 7u);
+  CHECK(ev.status == FL_OK);
+  CHECK_FALSE(readable(p.a->eventFd(), 0));
+  // A control record goes out the same way; the receiver reads both in poll().
+  REQUIRE(p.a->postControl("grant") == PostResult::kOk);
+  CHECK(p.a->counters().control_sent == 1);
+  CHECK_FALSE(readable(p.a->eventFd(), 0));  // a record has no completion
+  Side b{p.b.get()};
+  Side a{p.a.get()};
+  pumpUntil(
+      a, b, [&] { return b.e.arrivals.size() == 1 && b.records.size() == 1; }, "frame and record");
+  CHECK(b.e.arrivals[0].status == FL_OK);
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+  CHECK(b.records[0] == "grant");
+}
+
+TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep every frame whole",
+          "[transport][tcp]") {
+  // 16 KiB socket buffers (the kernel doubles them) against frames up to
+  // 300 KiB: nearly every frame is written in many pieces.  The reader takes
+  // 8 KiB per poll() and sleeps between polls.
+  TcpTransportOptions slow;
+  slow.read_budget_bytes = 8 * 1024;
+  Pair p = makePair(16 * 1024, {}, slow);
+  Side tx{p.a.get()};
+  Side rx{p.b.get()};
+  constexpr size_t kFrames = 40;
+  std::vector<size_t> sizes(kFrames);
+  for (size_t i = 0; i < kFrames; ++i) sizes[i] = 1 + (i * 7919 * 37) % (300 * 1024);
+  std::vector<Buffer> buffers;
+  std::vector<Payload> payloads;
+  for (size_t i = 0; i < kFrames; ++i) {
+    buffers.emplace_back(sizes[i]);
+    payloads.push_back(pattern(100 + i, sizes[i]));
+  }
+  size_t posted = 0;
+  for (; posted < kFrames; ++posted) {
+    RemoteCredit c = testing::expose(*rx.t, buffers[posted].credit(posted + 1));
+    REQUIRE(tx.e.post(request(posted, c, payloads[posted], posted + 1)) == PostResult::kOk);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline * 2;
+  size_t scribbled = 0;
+  while (rx.e.arrivals.size() < kFrames || tx.e.sends.size() < kFrames) {
+    tx.pump();
+    // A completed frame's payload is not read any more: overwrite it, so a
+    // transport that still sent from it would deliver these bytes.
+    for (; scribbled < tx.e.sends.size(); ++scribbled) {
+      const TransportEvent& ev = tx.e.sends[scribbled];
+      REQUIRE(ev.status == FL_OK);
+      REQUIRE(ev.cookie == scribbled);  // in posting order, once each
+      std::memset(payloads[ev.cookie].data(), 0xA5, payloads[ev.cookie].size());
+    }
+    rx.pumpOnce();
+    REQUIRE(tx.e.errors.empty());
+    REQUIRE(rx.e.errors.empty());
+    if (std::chrono::steady_clock::now() > deadline) {
+      FAIL("timed out: completed " << tx.e.sends.size() << ", arrived " << rx.e.arrivals.size());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(tx.e.sends.size() == kFrames);
+  REQUIRE(rx.e.arrivals.size() == kFrames);
+  for (size_t i = 0; i < kFrames; ++i) {
+    const TransportEvent& ev = rx.e.arrivals[i];
+    REQUIRE(ev.status == FL_OK);
+    REQUIRE(ev.header.sequence == i + 1);
+    REQUIRE(ev.header.length == sizes[i]);
+    long bad = firstMismatch(buffers[i].data(), pattern(100 + i, sizes[i]));
+    if (bad != -1) FAIL("frame " << i << " differs at byte " << bad);
+  }
+  // The paths this test is about were taken.
+  CHECK(p.a->counters().send_blocked > 0);
+  CHECK(p.b->counters().read_budget_hits > 0);
+  CHECK(p.a->counters().frames_sent == kFrames);
+  CHECK(p.b->counters().frames_received == kFrames);
+}
+
+TEST_CASE("tcp: eventFd wakes a sender whose write waits once the socket has room", "[transport][tcp]") {
+  TcpTransportOptions slow;
+  slow.read_budget_bytes = 64 * 1024;
+  Pair p = makePair(32 * 1024, {}, slow);
+  Buffer buf(4 << 20);
+  RemoteCredit c = testing::expose(*p.b, buf.credit(1));
+  auto payload = pattern(3, 4 << 20);
+  REQUIRE(p.a->post(request(1, c, payload, 1)) == PostResult::kOk);
+  REQUIRE(p.a->counters().send_blocked == 1);
+  // Until the reader reads, the socket fills up and stays full: nothing is
+  // pending and eventFd() is quiet, so a caller may sleep.
+  TransportEvent ev;
+  bool quiet = false;
+  for (int i = 0; i < 100 && !quiet; ++i) {
+    CHECK(p.a->poll(&ev, 1) == 0);
+    quiet = !readable(p.a->eventFd(), 50);
+  }
+  REQUIRE(quiet);
+  // The reader drains a little: the sender's eventFd turns readable with no
+  // event pending (the write can go on), and poll() goes on with it.
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  bool woke = false;
+  while (!woke) {
+    p.b->poll(&ev, 1);
+    woke = readable(p.a->eventFd(), 5);
+    if (std::chrono::steady_clock::now() > deadline) FAIL("the sender's eventFd never became readable");
+  }
+  const uint64_t blocked = p.a->counters().send_blocked;
+  CHECK(p.a->poll(&ev, 1) == 0);                       // wrote more, the frame is not finished
+  CHECK(p.a->counters().send_blocked == blocked + 1);  // and blocked again
+  Side a{p.a.get()};
+  Side b{p.b.get()};
+  pumpUntil(
+      a, b, [&] { return a.e.sends.size() == 1 && b.e.arrivals.size() == 1; }, "the 4 MiB frame");
+  CHECK(a.e.sends[0].status == FL_OK);
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+  a.pump();
+  b.pump();
+  CHECK_FALSE(readable(p.a->eventFd(), 0));  // nothing waits: no EPOLLOUT interest left behind
+  CHECK_FALSE(readable(p.b->eventFd(), 0));
+}
+
+TEST_CASE("tcp: control records posted behind a half-written frame go ahead of queued frames, in order",
+          "[transport][tcp]") {
+  // Both directions at once from one thread, as two agents would: each side
+  // writes a 16 MiB frame (it cannot fit the 64 KiB socket buffers), then
+  // 2000 records of 1..300 bytes with a small frame after every 500th.
+  Pair p = makePair(64 * 1024);
+  Side sides[2] = {Side{p.a.get()}, Side{p.b.get()}};
+  constexpr size_t kBig = size_t{16} << 20;
+  constexpr size_t kRecords = 2000;
+  struct Out {
+    Buffer big{kBig};
+    std::vector<Buffer> small;
+    Payload big_payload;
+    std::vector<Payload> small_payloads;
+  };
+  Out out[2];
+  for (int s = 0; s < 2; ++s) {
+    Side& tx = sides[s];
+    Side& rx = sides[1 - s];
+    out[s].big_payload = pattern(50 + s, kBig);
+    RemoteCredit c = testing::expose(*rx.t, out[s].big.credit(1));
+    REQUIRE(tx.e.post(request(1, c, out[s].big_payload, 1)) == PostResult::kOk);
+    uint64_t sequence = 1;
+    for (size_t i = 0; i < kRecords; ++i) {
+      if (i % 500 == 499) {
+        out[s].small.emplace_back(1024);
+        out[s].small_payloads.push_back(pattern(sequence + 1, 1024));
+        ++sequence;
+        RemoteCredit sc = testing::expose(*rx.t, out[s].small.back().credit(sequence));
+        REQUIRE(tx.e.post(request(sequence, sc, out[s].small_payloads.back(), sequence)) == PostResult::kOk);
+      }
+      REQUIRE(tx.t->postControl(record(i, 1 + (i * 37) % 300)) == PostResult::kOk);
+    }
+  }
+  REQUIRE(p.a->counters().send_blocked > 0);
+  REQUIRE(p.b->counters().send_blocked > 0);
+  pumpUntil(
+      sides[0], sides[1],
+      [&] {
+        return sides[0].records.size() == kRecords && sides[1].records.size() == kRecords &&
+               sides[0].e.arrivals.size() == 5 && sides[1].e.arrivals.size() == 5 &&
+               sides[0].e.sends.size() == 5 && sides[1].e.sends.size() == 5;
+      },
+      "every record and frame in both directions");
+  for (int s = 0; s < 2; ++s) {
+    CAPTURE(s);
+    Side& tx = sides[s];
+    Side& rx = sides[1 - s];
+    for (size_t i = 0; i < kRecords; ++i) {
+      if (rx.records[i] != record(i, 1 + (i * 37) % 300))
+        FAIL("record " << i << " differs or is out of order");
+    }
+    for (size_t i = 0; i < 5; ++i) {
+      REQUIRE(rx.e.arrivals[i].status == FL_OK);
+      REQUIRE(rx.e.arrivals[i].header.sequence == i + 1);
+      REQUIRE(tx.e.sends[i].status == FL_OK);
+      REQUIRE(tx.e.sends[i].cookie == i + 1);
+    }
+    CHECK(firstMismatch(out[s].big.data(), out[s].big_payload) == -1);
+    for (size_t i = 0; i < 4; ++i)
+      CHECK(firstMismatch(out[s].small[i].data(), out[s].small_payloads[i]) == -1);
+    // Wire order: the big frame (being written when everything else was
+    // posted), then every record (queued control goes first), then the
+    // four small frames.
+    std::vector<Kind> want{Kind::kFrameArrived};
+    want.insert(want.end(), kRecords, Kind::kControl);
+    want.insert(want.end(), 4, Kind::kFrameArrived);
+    std::vector<Kind> got;
+    for (Kind k : rx.order) {
+      if (k == Kind::kFrameArrived || k == Kind::kControl) got.push_back(k);
+    }
+    CHECK(got == want);
+    CHECK(tx.e.errors.empty());
+  }
+}
+
+TEST_CASE("tcp: the link failing while a frame is half written completes every send once, none OK",
+          "[transport][tcp]") {
+  Pair p = makePair(32 * 1024);
+  Side tx{p.a.get()};
+  Side rx{p.b.get()};
+  Buffer big(4 << 20);
+  RemoteCredit c = testing::expose(*rx.t, big.credit(1));
+  auto big_payload = std::make_unique<Payload>(pattern(1, 4 << 20));
+  REQUIRE(tx.e.post(request(0, c, *big_payload, 1)) == PostResult::kOk);
+  std::vector<Buffer> small;
+  std::vector<Payload> small_payloads;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    small.emplace_back(100);
+    small_payloads.push_back(pattern(i, 100));
+    RemoteCredit sc = testing::expose(*rx.t, small.back().credit(i + 1));
+    REQUIRE(tx.e.post(request(i, sc, small_payloads.back(), i + 1)) == PostResult::kOk);
+  }
+  REQUIRE(tx.t->postControl("after the frames") == PostResult::kOk);
+  REQUIRE(p.a->counters().send_blocked == 1);
+  CHECK(tx.e.sends.empty());
+
+  SECTION("the peer goes away") {
+    rx.pumpOnce();  // part of the big frame lands
+    rx.t->shutdown();
+    pumpUntil(
+        tx, rx, [&] { return !tx.e.errors.empty() && tx.e.sends.size() == 4; },
+        "LinkError and 4 completions");
+    CHECK(tx.e.errors[0].status == FL_ERR_LINK_LOST);
+    CHECK(!tx.e.errors[0].message.empty());
+  }
+  SECTION("local shutdown") {
+    tx.t->shutdown();
+    // Everything is reported when shutdown() returns; the payload may go at once.
+    tx.pump();
+    REQUIRE(tx.e.sends.size() == 4);
+    big_payload.reset();
+    CHECK(tx.e.errors[0].status == FL_ERR_SHUTDOWN);
+    pumpUntil(
+        tx, rx, [&] { return !rx.e.errors.empty(); }, "the peer's LinkError");
+    CHECK(rx.e.errors[0].status == FL_ERR_LINK_LOST);
+    INFO(rx.e.errors[0].message);
+    CHECK(rx.e.errors[0].message.find("in the middle of a frame") != std::string::npos);
+    CHECK(rx.e.arrivals.empty());
+  }
+  REQUIRE(tx.e.errors.size() == 1);
+  std::vector<int> seen(4, 0);
+  for (const auto& ev : tx.e.sends) {
+    REQUIRE(ev.cookie < 4);
+    ++seen[ev.cookie];
+    CHECK(ev.status == FL_ERR_LINK_LOST);  // the big one never left whole, the others never started
+  }
+  CHECK(seen == std::vector<int>{1, 1, 1, 1});
+  // The LinkError comes before the completions it caused.
+  CHECK(tx.order.front() == Kind::kLinkError);
+  CHECK(tx.t->post(request(9, c, small_payloads[0], 9)) == PostResult::kNotConnected);
+  CHECK(tx.t->postControl("late") == PostResult::kNotConnected);
+  CHECK_FALSE(tx.t->connected());
+  // A broken link leaves nothing readable behind: the caller can sleep.
+  tx.pump();
+  CHECK_FALSE(readable(tx.t->eventFd(), 0));
+  tx.t->shutdown();
+  tx.pump();
+  CHECK(tx.e.errors.size() == 1);
+}
+
+TEST_CASE("tcp: a peer cut in the middle of a control record fails the link", "[transport][tcp]") {
+  auto [x, raw] = socketPair(0);
+  auto made = TcpTransport::make(std::move(x), "raw");
+  REQUIRE(made.ok());
+  std::unique_ptr<TcpTransport> t = std::move(made).value();
+  TcpFrameHeader h{};
+  h.magic = kTcpControlMagic;
+  h.length = 100;
+  REQUIRE(::send(raw.get(), &h, sizeof h, MSG_NOSIGNAL) == sizeof h);
+  REQUIRE(::send(raw.get(), "only forty bytes of the hundred announced", 40, MSG_NOSIGNAL) == 40);
+  raw.reset();
+  Side s{t.get()};
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (s.e.errors.empty()) {
+    s.pump();
+    if (std::chrono::steady_clock::now() > deadline) FAIL("no LinkError");
+    readable(t->eventFd(), 10);
+  }
+  CHECK(s.records.empty());
+  CHECK(s.e.errors[0].status == FL_ERR_LINK_LOST);
+  CHECK(s.e.errors[0].message.find("in the middle of a control record") != std::string::npos);
+}
+
+TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[transport][tcp]") {
+  TcpTransportOptions budget;
+  budget.read_budget_bytes = 16 * 1024;
+  Pair p = makePair(0, {}, budget);
+  Side a{p.a.get()};
+  Side b{p.b.get()};
+  Buffer big(1 << 20);
+  RemoteCredit c = testing::expose(*p.b, big.credit(1));
+  auto payload = pattern(9, 1 << 20);
+  REQUIRE(p.a->post(request(1, c, payload, 1)) == PostResult::kOk);
+  // Far more than one budget waits in the receiver's socket...
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (queued(p.b_fd) < 48 * 1024) {
+    a.pump();
+    if (std::chrono::steady_clock::now() > deadline) FAIL("the sender never filled the receiver's socket");
+    readable(p.b->eventFd(), 10);
+  }
+  // ...and one poll() takes a budget of it and leaves the rest, readable.
+  TransportEvent ev[64];
+  CHECK(p.b->poll(ev, 64) == 0);
+  CHECK(p.b->counters().read_budget_hits == 1);
+  CHECK(queued(p.b_fd) > 0);
+  CHECK(readable(p.b->eventFd(), 0));
+  pumpUntil(
+      a, b, [&] { return a.e.sends.size() == 1 && b.e.arrivals.size() == 1; }, "the 1 MiB frame");
+  CHECK(firstMismatch(big.data(), payload) == -1);
+  // 1 MiB in budgets of 16 KiB: at least 64 polls hit the budget.
+  CHECK(p.b->counters().read_budget_hits >= 64);
+
+  // Ten small frames wait in the socket: never more events than asked for,
+  // and eventFd() stays readable while some are left.
+  std::vector<Buffer> small;
+  std::vector<Payload> small_payloads;
+  for (uint64_t i = 0; i < 10; ++i) {
+    small.emplace_back(16);
+    small_payloads.push_back(pattern(20 + i, 16));
+    RemoteCredit sc = testing::expose(*p.b, small.back().credit(10 + i));
+    REQUIRE(p.a->post(request(10 + i, sc, small_payloads.back(), 2 + i)) == PostResult::kOk);
+  }
+  while (queued(p.b_fd) < static_cast<int>(10 * (sizeof(TcpFrameHeader) + 16))) {
+    if (std::chrono::steady_clock::now() > deadline) FAIL("the small frames never arrived in the socket");
+    readable(p.b->eventFd(), 10);
+  }
+  size_t arrived = 0;
+  while (arrived < 10) {
+    REQUIRE(readable(p.b->eventFd(), 0));
+    const size_t n = p.b->poll(ev, 2);
+    REQUIRE(n == 2);
+    for (size_t i = 0; i < n; ++i) CHECK(ev[i].header.sequence == arrived + i + 2);
+    arrived += n;
+  }
+  CHECK(p.b->poll(ev, 64) == 0);
+  CHECK_FALSE(readable(p.b->eventFd(), 0));
+}
+
+}  // namespace framelink::transport::tcp
