@@ -118,7 +118,7 @@ void InboundStreams::flushControl() {
       auto* ack = msg.mutable_ack();
       ack->set_stream_id(key.second);
       const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
-      for (size_t k = i; k < end; ++k) ack->add_sequences(sequences[k]);
+      peer::encodeAck(sequences.data() + i, end - i, ack);
       l->send(std::move(msg));
     }
   }

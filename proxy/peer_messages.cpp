@@ -42,10 +42,20 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();
-      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) {
-        return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
+      const std::string too_many = "ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames";
+      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return Violation{too_many};
+      if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
+      Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
+      for (int i = 0; i < a.runs_size(); i += 2) {
+        const uint64_t first = a.runs(i);
+        const uint64_t count = a.runs(i + 1);
+        if (count < 2 || first == 0 || count - 1 > UINT64_MAX - first) {
+          return Violation{"ACK run of " + std::to_string(count) + " frames from " + std::to_string(first)};
+        }
+        if (count > kMaxAcksPerMessage - out.sequences.size()) return Violation{too_many};
+        for (uint64_t k = 0; k < count; ++k) out.sequences.push_back(first + k);
       }
-      return Ack{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
+      return out;
     }
     case v1::PeerMessage::kNack: {
       const auto& n = msg.nack();
@@ -60,6 +70,21 @@ Message decode(const v1::PeerMessage& msg) {
     default:
       return Violation{"unexpected message (field " + std::to_string(msg.body_case()) +
                        ") after the handshake"};
+  }
+}
+
+void encodeAck(const uint64_t* sequences, size_t count, v1::Ack* out) {
+  size_t i = 0;
+  while (i < count) {
+    size_t run = 1;
+    while (i + run < count && sequences[i + run] == sequences[i] + run) ++run;
+    if (run == 1) {
+      out->add_sequences(sequences[i]);
+    } else {
+      out->add_runs(sequences[i]);
+      out->add_runs(run);
+    }
+    i += run;
   }
 }
 

@@ -64,6 +64,12 @@ using Message =
 
 Message decode(const v1::PeerMessage& message);
 
+// Fills `out` (stream_id aside) with these sequences, at most
+// kMaxAcksPerMessage: each run of consecutive ones as a (first, count) pair,
+// the others one by one.  decode() gives back the same sequences in the
+// same order.
+void encodeAck(const uint64_t* sequences, size_t count, v1::Ack* out);
+
 // A stream name a peer may open: 1..FL_STREAM_NAME_MAX-1 of [A-Za-z0-9._-].
 bool validStreamName(const std::string& name);
 

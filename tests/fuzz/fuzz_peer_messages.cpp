@@ -55,6 +55,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <google/protobuf/stubs/logging.h>
@@ -67,6 +68,7 @@
 #include "framelink/shm_ring.h"
 #include "metrics.h"
 #include "peer_fuzz_link.h"
+#include "peer_messages.h"
 #include "peer_session.h"
 #include "segment.h"
 
@@ -91,8 +93,19 @@ bool outOfBounds(const v1::PeerMessage& m) {
       }
       return false;
     }
-    case v1::PeerMessage::kAck:
-      return m.ack().sequences_size() > kMaxAckSequences;
+    case v1::PeerMessage::kAck: {
+      const auto& runs = m.ack().runs();
+      if (runs.size() % 2 != 0) return true;
+      // Counted in long double: a run's count may be any 64-bit number.
+      long double frames = m.ack().sequences_size();
+      for (int i = 0; i < runs.size(); i += 2) {
+        const long double last =
+            static_cast<long double>(runs[i]) + static_cast<long double>(runs[i + 1]) - 1;
+        if (runs[i] == 0 || runs[i + 1] < 2 || last > static_cast<long double>(UINT64_MAX)) return true;
+        frames += static_cast<long double>(runs[i + 1]);
+      }
+      return frames > kMaxAckSequences;
+    }
     case v1::PeerMessage::kStreamClose:
     case v1::PeerMessage::kCreditGrant:
     case v1::PeerMessage::kCreditRevoke:
@@ -220,8 +233,13 @@ class Run {
             if (!credit_ids.insert(c.credit_id()).second) fail("the agent granted one credit id twice");
           }
         } else if (m.has_ack()) {
-          if (m.ack().sequences_size() > kMaxAckSequences) fail("the agent sent an ACK over its own bound");
-          for (uint64_t seq : m.ack().sequences()) {
+          const auto decoded = peer::decode(m);
+          const auto* ack = std::get_if<peer::Ack>(&decoded);
+          if (ack == nullptr)
+            fail("the agent sent an ACK its peer refuses (malformed run, or over the bound)");
+          if (ack->sequences.size() > size_t{kMaxAckSequences})
+            fail("the agent sent an ACK over its own bound");
+          for (uint64_t seq : ack->sequences) {
             if (ledger_.landed.count({m.ack().stream_id(), seq}) == 0) {
               fail("the agent ACKed a frame that never landed");
             }
@@ -398,12 +416,17 @@ class Run {
           }
         }
         break;
-      case v1::PeerMessage::kAck:
-        for (uint64_t seq : m.ack().sequences()) {
-          const StreamSeq key{m.ack().stream_id(), seq};
-          if (ledger_.posted.count(key) != 0) ledger_.acked.insert(key);
+      case v1::PeerMessage::kAck: {
+        // What the agent takes of it: a malformed one closes the link instead.
+        const auto decoded = peer::decode(m);
+        if (const auto* ack = std::get_if<peer::Ack>(&decoded)) {
+          for (uint64_t seq : ack->sequences) {
+            const StreamSeq key{m.ack().stream_id(), seq};
+            if (ledger_.posted.count(key) != 0) ledger_.acked.insert(key);
+          }
         }
         break;
+      }
       default:
         break;
     }

@@ -405,6 +405,9 @@ std::string World::describe(const v1::PeerMessage& m) {
     case v1::PeerMessage::kAck:
       out << "Ack stream " << m.ack().stream_id() << " seqs";
       for (uint64_t s : m.ack().sequences()) out << ' ' << s;
+      for (int i = 0; i + 1 < m.ack().runs_size(); i += 2) {
+        out << ' ' << m.ack().runs(i) << ".." << m.ack().runs(i) + m.ack().runs(i + 1) - 1;
+      }
       break;
     case v1::PeerMessage::kNack:
       out << "Nack stream " << m.nack().stream_id() << " seq " << m.nack().sequence() << " code "

@@ -789,7 +789,8 @@ TEMPLATE_TEST_CASE("control records arrive in order, exactly once, among frames 
     waitFor(
         tx, rx,
         [&] {
-          return rx.controls.size() == kRecords && rx.arrivals.size() == kFrames && tx.sends.size() == kFrames;
+          return rx.controls.size() == kRecords && rx.arrivals.size() == kFrames &&
+                 tx.sends.size() == kFrames;
         },
         "every record and frame");
     for (size_t i = 0; i < kRecords; ++i) {

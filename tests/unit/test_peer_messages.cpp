@@ -3,6 +3,7 @@
 // violation that closes its link.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -73,6 +74,60 @@ TEST_CASE("peer messages: credit grants are bounded and never of zero length", "
     }
     CHECK_THAT(violation(m), Catch::Contains("more than 65536 credits"));
   }
+}
+
+TEST_CASE("peer messages: an ACK carries runs of consecutive frames as pairs and decodes to the same order",
+          "[peer_messages]") {
+  const std::vector<uint64_t> released = {5, 6, 7, 8, 2, 10, 11, 3, 100, 99, 12, 13, 14};
+  v1::PeerMessage msg;
+  msg.mutable_ack()->set_stream_id(9);
+  peer::encodeAck(released.data(), released.size(), msg.mutable_ack());
+  // Three runs (5..8, 10..11, 12..14) as pairs, the rest one by one.
+  CHECK(std::vector<uint64_t>(msg.ack().runs().begin(), msg.ack().runs().end()) ==
+        std::vector<uint64_t>{5, 4, 10, 2, 12, 3});
+  CHECK(std::vector<uint64_t>(msg.ack().sequences().begin(), msg.ack().sequences().end()) ==
+        std::vector<uint64_t>{2, 3, 100, 99});
+  auto decoded = peer::decode(msg);
+  REQUIRE(std::holds_alternative<peer::Ack>(decoded));
+  auto got = std::get<peer::Ack>(decoded).sequences;
+  std::sort(got.begin(), got.end());
+  auto want = released;
+  std::sort(want.begin(), want.end());
+  CHECK(got == want);
+
+  // A streaming consumer's 4096 releases are one pair, 2 numbers.
+  std::vector<uint64_t> in_order(peer::kMaxAcksPerMessage);
+  for (size_t i = 0; i < in_order.size(); ++i) in_order[i] = 1000 + i;
+  v1::PeerMessage full;
+  peer::encodeAck(in_order.data(), in_order.size(), full.mutable_ack());
+  CHECK(full.ack().runs_size() == 2);
+  CHECK(full.ack().sequences_size() == 0);
+  decoded = peer::decode(full);
+  REQUIRE(std::holds_alternative<peer::Ack>(decoded));
+  CHECK(std::get<peer::Ack>(decoded).sequences == in_order);
+  // One frame more, as a single or as a longer run, is too many.
+  full.mutable_ack()->add_sequences(1);
+  CHECK_THAT(violation(full), Catch::Contains("ACK of more than 4096"));
+  full.mutable_ack()->clear_sequences();
+  full.mutable_ack()->set_runs(1, peer::kMaxAcksPerMessage + 1);
+  CHECK_THAT(violation(full), Catch::Contains("ACK of more than 4096"));
+}
+
+TEST_CASE("peer messages: a malformed ACK run is a violation", "[peer_messages]") {
+  auto withRuns = [](std::vector<uint64_t> runs) {
+    v1::PeerMessage m;
+    m.mutable_ack()->set_stream_id(1);
+    for (uint64_t r : runs) m.mutable_ack()->add_runs(r);
+    return m;
+  };
+  CHECK_THAT(violation(withRuns({7})), Catch::Contains("run that has no count"));
+  CHECK_THAT(violation(withRuns({7, 1})), Catch::Contains("ACK run of 1 frames from 7"));
+  CHECK_THAT(violation(withRuns({7, 0})), Catch::Contains("ACK run of 0 frames"));
+  CHECK_THAT(violation(withRuns({0, 5})), Catch::Contains("from 0"));
+  CHECK_THAT(violation(withRuns({UINT64_MAX - 1, 3})), Catch::Contains("ACK run of 3 frames"));
+  CHECK_THAT(violation(withRuns({1, UINT64_MAX})), Catch::Contains("ACK of more than 4096"));
+  CHECK(std::holds_alternative<peer::Ack>(
+      peer::decode(withRuns({UINT64_MAX - 1, 2}))));  // ends at the last one
 }
 
 TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[peer_messages]") {
