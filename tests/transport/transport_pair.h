@@ -54,6 +54,12 @@ class TransportPair {
     return std::nullopt;
   }
 
+  // What a test let go of while a transport may still read it: a payload
+  // whose post got no SendComplete yet (a test that waits only for the
+  // arrival).  Declared before a and b, so freed after both are shut down.
+  std::shared_ptr<std::vector<std::shared_ptr<void>>> kept_until_shutdown =
+      std::make_shared<std::vector<std::shared_ptr<void>>>();
+
   std::shared_ptr<Transport> a;  // dialer
   std::shared_ptr<Transport> b;  // listener
 };

@@ -92,25 +92,50 @@ inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Payload bytes, registered for sending with the running test's pair.
+// Payload bytes, registered for sending with the running test's pair.  A
+// transport may read them until the post's SendComplete, as it may read a
+// producer's slot; a test that lets go of a Payload before that (it waited
+// for the arrival only) leaves its bytes and registration to the pair,
+// which frees them after shutting its transports down.
 class Payload {
  public:
   Payload() = default;
-  explicit Payload(size_t n) : bytes_(n) { registration_ = registerWithPair(bytes_.data(), n, false); }
+  explicit Payload(size_t n) : bytes_(std::make_shared<std::vector<uint8_t>>(n)) {
+    registration_ = registerWithPair(bytes_->data(), n, false);
+    if (g_pair != nullptr) kept_by_ = g_pair->kept_until_shutdown;
+  }
   Payload(Payload&&) = default;
-  Payload& operator=(Payload&&) = default;
+  Payload& operator=(Payload&& other) noexcept {
+    release();
+    bytes_ = std::move(other.bytes_);
+    registration_ = std::move(other.registration_);
+    kept_by_ = std::move(other.kept_by_);
+    return *this;
+  }
   Payload(const Payload&) = delete;  // a copy would not be registered
   Payload& operator=(const Payload&) = delete;
+  ~Payload() { release(); }
 
-  uint8_t* data() noexcept { return bytes_.data(); }
-  const uint8_t* data() const noexcept { return bytes_.data(); }
-  size_t size() const noexcept { return bytes_.size(); }
-  bool empty() const noexcept { return bytes_.empty(); }
-  uint8_t operator[](size_t i) const noexcept { return bytes_[i]; }
+  uint8_t* data() noexcept { return bytes_ ? bytes_->data() : nullptr; }
+  const uint8_t* data() const noexcept { return bytes_ ? bytes_->data() : nullptr; }
+  size_t size() const noexcept { return bytes_ ? bytes_->size() : 0; }
+  bool empty() const noexcept { return size() == 0; }
+  uint8_t operator[](size_t i) const noexcept { return (*bytes_)[i]; }
 
  private:
-  std::vector<uint8_t> bytes_;
-  std::shared_ptr<void> registration_;  // declared last: deregistered before the bytes go
+  void release() noexcept {
+    if (auto kept = kept_by_.lock(); kept && bytes_) {
+      // The registration first: deregistered before the bytes go.
+      kept->push_back(std::move(registration_));
+      kept->push_back(std::move(bytes_));
+    }
+    registration_.reset();
+    bytes_.reset();
+  }
+
+  std::shared_ptr<std::vector<uint8_t>> bytes_;
+  std::shared_ptr<void> registration_;
+  std::weak_ptr<std::vector<std::shared_ptr<void>>> kept_by_;  // the pair's, while it lives
 };
 
 inline Payload pattern(uint64_t seed, size_t length) {
