@@ -27,7 +27,6 @@ constexpr uint64_t kTagCommands = 0;
 constexpr uint64_t kTagClient = 1ULL << 56;
 constexpr uint64_t kTagLink = 2ULL << 56;
 
-constexpr size_t kMaxEventsPerRound = 64;
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
 
@@ -278,7 +277,7 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, l->transport->eventFd(), nullptr);
     l->transport->shutdown();
     // Sends still posted complete with FL_ERR_LINK_LOST; deliver those events.
-    transport::TransportEvent events[kMaxEventsPerRound];
+    transport::TransportEvent* events = events_.get();
     size_t n;
     while ((n = l->transport->poll(events, kMaxEventsPerRound)) > 0) {
       for (size_t i = 0; i < n; ++i) {
@@ -305,11 +304,11 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
 
 size_t DataAgent::pollLinks() {
   size_t work = 0;
-  transport::TransportEvent events[kMaxEventsPerRound];
-  std::vector<uint64_t> ids;
-  ids.reserve(links_.size());
-  for (auto& [id, l] : links_) ids.push_back(id);
-  for (uint64_t id : ids) {
+  transport::TransportEvent* events = events_.get();
+  // By id: handling an event may close a link (and erase it from links_).
+  link_ids_.clear();
+  for (auto& [id, l] : links_) link_ids_.push_back(id);
+  for (uint64_t id : link_ids_) {
     AgentLink* l = links_.find(id);
     if (l == nullptr || !l->transport) continue;
     const size_t n = l->transport->poll(events, kMaxEventsPerRound);

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "agent_clock.h"
 #include "agent_state.h"
@@ -137,6 +138,11 @@ class DataAgent {
   InboundStreams inbound_;
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
+  // What pollLinks() reuses each round: the event array (a few hundred bytes
+  // an event, strings keep their capacity) and the ids of the links.
+  static constexpr size_t kMaxEventsPerRound = 64;
+  std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
+  std::vector<uint64_t> link_ids_;
 };
 
 }  // namespace framelink
