@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -406,10 +407,18 @@ ThroughputResult plainGrpcThroughput(uint64_t size, double seconds) {
   return res;
 }
 
+void keepFreedMemoryLikeTheDaemon() {
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+
 void addBenchHelperCommands(CLI::App& app, int& exit_code) {
   auto* server = app.add_subcommand("__bench-grpc-server", "");  // empty description: hidden
   server->group("");
-  server->callback([&exit_code] { exit_code = grpcServerMain(); });
+  server->callback([&exit_code] {
+    keepFreedMemoryLikeTheDaemon();
+    exit_code = grpcServerMain();
+  });
   auto* client = app.add_subcommand("__bench-grpc-client", "");
   client->group("");
   auto port = std::make_shared<int>(0);
@@ -418,7 +427,10 @@ void addBenchHelperCommands(CLI::App& app, int& exit_code) {
   client->add_option("--port", *port)->required();
   client->add_option("--size", *size)->required();
   client->add_option("--seconds", *seconds);
-  client->callback([&exit_code, port, size, seconds] { exit_code = grpcClientMain(*port, *size, *seconds); });
+  client->callback([&exit_code, port, size, seconds] {
+    keepFreedMemoryLikeTheDaemon();
+    exit_code = grpcClientMain(*port, *size, *seconds);
+  });
 }
 
 }  // namespace framelink::cli

@@ -9,6 +9,12 @@
 
 namespace framelink::cli {
 
+// The daemon's malloc setting (proxy/main.cpp, keepFreedMemory): freed heap
+// memory is kept, not handed back to the kernel at once.  The baselines run
+// with it too, so that a ratio compares like with like; `framelink bench`
+// sets it before it forks the plain TCP ends, the gRPC helpers at start.
+void keepFreedMemoryLikeTheDaemon();
+
 struct ThroughputResult {
   uint64_t bytes = 0;
   uint64_t messages = 0;

@@ -105,6 +105,7 @@ void status(const char* fmt_str, const std::string& a) {
 
 int runBench(const BenchOptions& o) {
   installInterruptHandler();
+  keepFreedMemoryLikeTheDaemon();  // for the plain TCP ends this process forks
   auto sizes = parseSizeList(o.sizes);
   if (!sizes) {
     std::fprintf(stderr, "framelink bench: --sizes '%s' is not a comma list of sizes (e.g. 4K,64K,1M,4M)\n",
