@@ -31,10 +31,12 @@ std::string errnoText(int err) { return std::strerror(err); }
 Result<std::unique_ptr<TcpTransport>> TcpTransport::make(UniqueFd fd, std::string peer_name,
                                                          TcpTransportOptions options) {
   if (!fd.valid()) return makeError(FL_EINVAL, "TcpTransport::create: invalid socket");
-  if (options.send_queue_depth == 0)
+  if (options.send_queue_depth == 0) {
     return makeError(FL_EINVAL, "tcp transport: send queue depth must be at least 1");
-  if (options.read_budget_bytes == 0)
+  }
+  if (options.read_budget_bytes == 0) {
     return makeError(FL_EINVAL, "tcp transport: read budget must be at least 1 byte");
+  }
   int one = 1;
   // Frames are written whole; Nagle would only delay the tail of each one.
   if (::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
