@@ -244,6 +244,7 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
   }
 
   double cpu_a0 = -1, cpu_b0 = -1, cpu_a1 = -1, cpu_b1 = -1;
+  long long sleeps_a0 = -1, sleeps_b0 = -1, sleeps_a1 = -1, sleeps_b1 = -1;
   uint64_t w0 = 0, w1 = 0;
   std::vector<int> producer_rc(n, -1);
   auto every = [&](int min_phase) {
@@ -261,6 +262,8 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
     if (w0 == 0 && every(2)) {
       cpu_a0 = processCpuSeconds(pair.a().pid);
       cpu_b0 = processCpuSeconds(pair.b().pid);
+      sleeps_a0 = processSleeps(pair.a().pid);
+      sleeps_b0 = processSleeps(pair.b().pid);
       w0 = monotonicNs();
       ctl->go_ns.store(w0);
     }
@@ -268,6 +271,8 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
       w1 = monotonicNs();
       cpu_a1 = processCpuSeconds(pair.a().pid);
       cpu_b1 = processCpuSeconds(pair.b().pid);
+      sleeps_a1 = processSleeps(pair.a().pid);
+      sleeps_b1 = processSleeps(pair.b().pid);
     }
     if (running == 0) break;
     if (g_interrupted.load()) {
@@ -317,6 +322,11 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
       r.cpu_us_per_frame_a = (cpu_a1 - cpu_a0) * 1e6 / static_cast<double>(r.delivered);
       r.cpu_us_per_frame_b = (cpu_b1 - cpu_b0) * 1e6 / static_cast<double>(r.delivered);
     }
+  }
+  if (w0 != 0 && w1 > w0 && r.delivered > 0 && sleeps_a0 >= 0 && sleeps_a1 >= 0 && sleeps_b0 >= 0 &&
+      sleeps_b1 >= 0) {
+    r.sleeps_per_frame_a = static_cast<double>(sleeps_a1 - sleeps_a0) / static_cast<double>(r.delivered);
+    r.sleeps_per_frame_b = static_cast<double>(sleeps_b1 - sleeps_b0) / static_cast<double>(r.delivered);
   }
   if (c.latency) {
     std::vector<double> v;

@@ -69,6 +69,11 @@ std::string usPerFramePair(const CaseResult& r) {
   return buf;
 }
 
+std::string sleepsPerFramePair(const CaseResult& r) {
+  if (r.sleeps_per_frame_a < 0 || r.sleeps_per_frame_b < 0) return "n/a";
+  return fmt("%.2f", r.sleeps_per_frame_a) + fmt(" / %.2f", r.sleeps_per_frame_b);
+}
+
 // One line of the table.
 struct Row {
   std::string what;
@@ -80,12 +85,13 @@ struct Row {
   std::string ucx_ratio = "-";
   std::string cpu = "-";
   std::string us_per_frame = "-";
+  std::string sleeps = "-";
 };
 
 void printRow(const Row& r) {
-  std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.what.c_str(), r.ours.c_str(),
+  std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.what.c_str(), r.ours.c_str(),
               r.fps.c_str(), r.baseline.c_str(), r.ratio.c_str(), r.ucx.c_str(), r.ucx_ratio.c_str(),
-              r.cpu.c_str(), r.us_per_frame.c_str());
+              r.cpu.c_str(), r.us_per_frame.c_str(), r.sleeps.c_str());
 }
 
 std::string ucxCell(const ThroughputResult& u) {
@@ -316,8 +322,8 @@ int runBench(const BenchOptions& o) {
   std::printf(
       "| case | framelink | frames/s | baseline | ratio | UCX (UCX_TLS=tcp) | ratio to UCX | daemon CPU A / "
       "B | "
-      "CPU per frame A / B |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "CPU per frame A / B | sleeps per frame A / B |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   auto sizeIndex = [&](uint64_t size) {
     size_t si = 0;
     while (si < sizes->size() && (*sizes)[si] != size) ++si;
@@ -351,6 +357,7 @@ int runBench(const BenchOptions& o) {
     }
     row.cpu = cpuPair(e.r.cpu_a, e.r.cpu_b);
     row.us_per_frame = usPerFramePair(e.r);
+    row.sleeps = sleepsPerFramePair(e.r);
     printRow(row);
   }
   for (const auto& m : many) {
@@ -382,6 +389,7 @@ int runBench(const BenchOptions& o) {
         vs_one + " (slowest / fastest pair " + (hi > 0 ? fmt("%.2f", lo / hi) : std::string("-")) + ")";
     row.cpu = cpuPair(r.cpu_a, r.cpu_b);
     row.us_per_frame = usPerFramePair(r);
+    row.sleeps = sleepsPerFramePair(r);
     printRow(row);
   }
   if (o.baselines_only) {
@@ -442,6 +450,7 @@ int runBench(const BenchOptions& o) {
     }
     row.cpu = cpuPair(r.cpu_a, r.cpu_b);
     row.us_per_frame = usPerFramePair(r);
+    row.sleeps = sleepsPerFramePair(r);
     printRow(row);
   }
   for (const auto& [t, c] : idle) {
@@ -456,7 +465,8 @@ int runBench(const BenchOptions& o) {
       "connection, size-byte send()/recv() between two processes; one gRPC bidi stream "
       "(client/cli/bench.proto)\n"
       "between two processes, server acks every 8 MiB.  CPU = utime+stime of each framelinkd / wall time;\n"
-      "CPU per frame = the same CPU time / frames delivered in the timed part.\n",
+      "CPU per frame = the same CPU time / frames delivered in the timed part; sleeps per frame = times a\n"
+      "thread of the daemon blocked (voluntary context switches of all its threads) / the same frames.\n",
       [&] {
         std::string s;
         for (uint64_t size : *sizes) {

@@ -288,4 +288,23 @@ double processCpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+long long processSleeps(pid_t pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator tasks("/proc/" + std::to_string(pid) + "/task", ec);
+  if (ec) return -1;
+  long long total = 0;
+  for (const auto& task : tasks) {
+    std::ifstream in(task.path() / "status");
+    std::string line;
+    while (std::getline(in, line)) {
+      static constexpr char kKey[] = "voluntary_ctxt_switches:";
+      if (line.rfind(kKey, 0) == 0) {
+        total += std::strtoll(line.c_str() + sizeof kKey - 1, nullptr, 10);
+        break;
+      }
+    }
+  }
+  return total;
+}
+
 }  // namespace framelink::cli

@@ -72,6 +72,9 @@ class DaemonPair {
 
 // utime + stime of a process in seconds (from /proc/<pid>/stat); < 0 when unreadable.
 double processCpuSeconds(pid_t pid);
+// How often the threads of a process went to sleep so far: the sum of
+// voluntary_ctxt_switches over /proc/<pid>/task/*/status; < 0 when unreadable.
+long long processSleeps(pid_t pid);
 
 }  // namespace framelink::cli
 
