@@ -247,10 +247,19 @@ size_t OutboundStreams::pumpAll() {
     // credits waiting for it are no work (counting them would spin the agent).
     const AgentLink* l = links_.find(peers_[peer].link_id);
     if (l == nullptr || !l->usable()) continue;
-    for (auto& [id, s] : out_[peer].streams) {
+    PeerOut& po = out_[peer];
+    if (po.streams.empty()) continue;
+    // Every stream once, starting one further than the round before.
+    auto start = po.streams.lower_bound(po.first_pumped);
+    if (start == po.streams.end()) start = po.streams.begin();
+    auto it = start;
+    do {
+      OutStream& s = it->second;
       // Frames waiting for a credit they fit are no work either.
       if (!s.pending.empty() && !s.credits.empty()) work += pump(peer, s);
-    }
+      if (++it == po.streams.end()) it = po.streams.begin();
+    } while (it != start);
+    po.first_pumped = start->first + 1;
   }
   return work;
 }

@@ -96,6 +96,9 @@ class OutboundStreams {
     std::map<uint64_t, OutStream> streams;              // by stream id
     std::unordered_map<std::string, uint64_t> by_name;  // at attach only
     uint64_t replayed = 0;  // frames sent again on a new link after one to this peer broke
+    // The stream pumpAll() starts with: one further each round, so that no
+    // stream's frames always go first on the shared link.
+    uint64_t first_pumped = 0;
   };
   struct Posted {
     FrameRef frame;
