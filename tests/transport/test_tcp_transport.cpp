@@ -91,56 +91,6 @@ int queued(int fd) {
   return n;
 }
 
-// Endpoint::pump, also keeping the control records.
-struct Side {
-  Transport* t;
-  Endpoint e{t};
-  std::vector<std::string> records;
-  std::vector<Kind> order;  // every event kind, in arrival order
-  void pump(size_t max_per_poll = 32) {
-    TransportEvent ev[32];
-    size_t n;
-    while ((n = t->poll(ev, std::min<size_t>(max_per_poll, 32))) > 0) take(ev, n);
-  }
-  // One poll() call, as a reader that is slow on purpose.
-  void pumpOnce() {
-    TransportEvent ev[32];
-    take(ev, t->poll(ev, 32));
-  }
-  void take(TransportEvent* ev, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      order.push_back(ev[i].kind);
-      switch (ev[i].kind) {
-        case Kind::kControl:
-          records.push_back(std::move(ev[i].control));
-          break;
-        case Kind::kSendComplete:
-          e.sends.push_back(std::move(ev[i]));
-          break;
-        case Kind::kFrameArrived:
-          e.arrivals.push_back(std::move(ev[i]));
-          break;
-        case Kind::kLinkError:
-          e.errors.push_back(std::move(ev[i]));
-          break;
-      }
-    }
-  }
-};
-
-template <typename Pred>
-void pumpUntil(Side& x, Side& y, Pred done, const std::string& what) {
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  for (;;) {
-    x.pump();
-    y.pump();
-    if (done()) return;
-    if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for " << what);
-    pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
-    ::poll(fds, 2, 10);
-  }
-}
-
 std::string record(size_t index, size_t size) {
   std::string r(size, '\0');
   for (size_t i = 0; i < size; ++i) r[i] = static_cast<char>((index * 131 + i * 7) & 0xFF);
@@ -172,13 +122,13 @@ TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before a
   REQUIRE(p.a->postControl("grant") == PostResult::kOk);
   CHECK(p.a->counters().control_sent == 1);
   CHECK_FALSE(readable(p.a->eventFd(), 0));  // a record has no completion
-  Side b{p.b.get()};
-  Side a{p.a.get()};
-  pumpUntil(
-      a, b, [&] { return b.e.arrivals.size() == 1 && b.records.size() == 1; }, "frame and record");
-  CHECK(b.e.arrivals[0].status == FL_OK);
+  Endpoint b{p.b.get()};
+  Endpoint a{p.a.get()};
+  waitFor(
+      a, b, [&] { return b.arrivals.size() == 1 && b.controls.size() == 1; }, "frame and record");
+  CHECK(b.arrivals[0].status == FL_OK);
   CHECK(firstMismatch(buf.data(), payload) == -1);
-  CHECK(b.records[0] == "grant");
+  CHECK(b.controls[0] == "grant");
 }
 
 TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep every frame whole",
@@ -189,8 +139,8 @@ TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep
   TcpTransportOptions slow;
   slow.read_budget_bytes = 8 * 1024;
   Pair p = makePair(16 * 1024, {}, slow);
-  Side tx{p.a.get()};
-  Side rx{p.b.get()};
+  Endpoint tx{p.a.get()};
+  Endpoint rx{p.b.get()};
   constexpr size_t kFrames = 40;
   std::vector<size_t> sizes(kFrames);
   for (size_t i = 0; i < kFrames; ++i) sizes[i] = 1 + (i * 7919 * 37) % (300 * 1024);
@@ -203,32 +153,32 @@ TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep
   size_t posted = 0;
   for (; posted < kFrames; ++posted) {
     RemoteCredit c = testing::expose(*rx.t, buffers[posted].credit(posted + 1));
-    REQUIRE(tx.e.post(request(posted, c, payloads[posted], posted + 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(posted, c, payloads[posted], posted + 1)) == PostResult::kOk);
   }
   const auto deadline = std::chrono::steady_clock::now() + kDeadline * 2;
   size_t scribbled = 0;
-  while (rx.e.arrivals.size() < kFrames || tx.e.sends.size() < kFrames) {
+  while (rx.arrivals.size() < kFrames || tx.sends.size() < kFrames) {
     tx.pump();
     // A completed frame's payload is not read any more: overwrite it, so a
     // transport that still sent from it would deliver these bytes.
-    for (; scribbled < tx.e.sends.size(); ++scribbled) {
-      const TransportEvent& ev = tx.e.sends[scribbled];
+    for (; scribbled < tx.sends.size(); ++scribbled) {
+      const TransportEvent& ev = tx.sends[scribbled];
       REQUIRE(ev.status == FL_OK);
       REQUIRE(ev.cookie == scribbled);  // in posting order, once each
       std::memset(payloads[ev.cookie].data(), 0xA5, payloads[ev.cookie].size());
     }
     rx.pumpOnce();
-    REQUIRE(tx.e.errors.empty());
-    REQUIRE(rx.e.errors.empty());
+    REQUIRE(tx.errors.empty());
+    REQUIRE(rx.errors.empty());
     if (std::chrono::steady_clock::now() > deadline) {
-      FAIL("timed out: completed " << tx.e.sends.size() << ", arrived " << rx.e.arrivals.size());
+      FAIL("timed out: completed " << tx.sends.size() << ", arrived " << rx.arrivals.size());
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  REQUIRE(tx.e.sends.size() == kFrames);
-  REQUIRE(rx.e.arrivals.size() == kFrames);
+  REQUIRE(tx.sends.size() == kFrames);
+  REQUIRE(rx.arrivals.size() == kFrames);
   for (size_t i = 0; i < kFrames; ++i) {
-    const TransportEvent& ev = rx.e.arrivals[i];
+    const TransportEvent& ev = rx.arrivals[i];
     REQUIRE(ev.status == FL_OK);
     REQUIRE(ev.header.sequence == i + 1);
     REQUIRE(ev.header.length == sizes[i]);
@@ -272,11 +222,11 @@ TEST_CASE("tcp: eventFd wakes a sender whose write waits once the socket has roo
   const uint64_t blocked = p.a->counters().send_blocked;
   CHECK(p.a->poll(&ev, 1) == 0);                       // wrote more, the frame is not finished
   CHECK(p.a->counters().send_blocked == blocked + 1);  // and blocked again
-  Side a{p.a.get()};
-  Side b{p.b.get()};
-  pumpUntil(
-      a, b, [&] { return a.e.sends.size() == 1 && b.e.arrivals.size() == 1; }, "the 4 MiB frame");
-  CHECK(a.e.sends[0].status == FL_OK);
+  Endpoint a{p.a.get()};
+  Endpoint b{p.b.get()};
+  waitFor(
+      a, b, [&] { return a.sends.size() == 1 && b.arrivals.size() == 1; }, "the 4 MiB frame");
+  CHECK(a.sends[0].status == FL_OK);
   CHECK(firstMismatch(buf.data(), payload) == -1);
   a.pump();
   b.pump();
@@ -290,7 +240,7 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
   // writes a 16 MiB frame (it cannot fit the 64 KiB socket buffers), then
   // 2000 records of 1..300 bytes with a small frame after every 500th.
   Pair p = makePair(64 * 1024);
-  Side sides[2] = {Side{p.a.get()}, Side{p.b.get()}};
+  Endpoint sides[2] = {Endpoint{p.a.get()}, Endpoint{p.b.get()}};
   constexpr size_t kBig = size_t{16} << 20;
   constexpr size_t kRecords = 2000;
   struct Out {
@@ -301,11 +251,11 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
   };
   Out out[2];
   for (int s = 0; s < 2; ++s) {
-    Side& tx = sides[s];
-    Side& rx = sides[1 - s];
+    Endpoint& tx = sides[s];
+    Endpoint& rx = sides[1 - s];
     out[s].big_payload = pattern(50 + s, kBig);
     RemoteCredit c = testing::expose(*rx.t, out[s].big.credit(1));
-    REQUIRE(tx.e.post(request(1, c, out[s].big_payload, 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(1, c, out[s].big_payload, 1)) == PostResult::kOk);
     uint64_t sequence = 1;
     for (size_t i = 0; i < kRecords; ++i) {
       if (i % 500 == 499) {
@@ -313,34 +263,34 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
         out[s].small_payloads.push_back(pattern(sequence + 1, 1024));
         ++sequence;
         RemoteCredit sc = testing::expose(*rx.t, out[s].small.back().credit(sequence));
-        REQUIRE(tx.e.post(request(sequence, sc, out[s].small_payloads.back(), sequence)) == PostResult::kOk);
+        REQUIRE(tx.post(request(sequence, sc, out[s].small_payloads.back(), sequence)) == PostResult::kOk);
       }
       REQUIRE(tx.t->postControl(record(i, 1 + (i * 37) % 300)) == PostResult::kOk);
     }
   }
   REQUIRE(p.a->counters().send_blocked > 0);
   REQUIRE(p.b->counters().send_blocked > 0);
-  pumpUntil(
+  waitFor(
       sides[0], sides[1],
       [&] {
-        return sides[0].records.size() == kRecords && sides[1].records.size() == kRecords &&
-               sides[0].e.arrivals.size() == 5 && sides[1].e.arrivals.size() == 5 &&
-               sides[0].e.sends.size() == 5 && sides[1].e.sends.size() == 5;
+        return sides[0].controls.size() == kRecords && sides[1].controls.size() == kRecords &&
+               sides[0].arrivals.size() == 5 && sides[1].arrivals.size() == 5 && sides[0].sends.size() == 5 &&
+               sides[1].sends.size() == 5;
       },
       "every record and frame in both directions");
   for (int s = 0; s < 2; ++s) {
     CAPTURE(s);
-    Side& tx = sides[s];
-    Side& rx = sides[1 - s];
+    Endpoint& tx = sides[s];
+    Endpoint& rx = sides[1 - s];
     for (size_t i = 0; i < kRecords; ++i) {
-      if (rx.records[i] != record(i, 1 + (i * 37) % 300))
+      if (rx.controls[i] != record(i, 1 + (i * 37) % 300))
         FAIL("record " << i << " differs or is out of order");
     }
     for (size_t i = 0; i < 5; ++i) {
-      REQUIRE(rx.e.arrivals[i].status == FL_OK);
-      REQUIRE(rx.e.arrivals[i].header.sequence == i + 1);
-      REQUIRE(tx.e.sends[i].status == FL_OK);
-      REQUIRE(tx.e.sends[i].cookie == i + 1);
+      REQUIRE(rx.arrivals[i].status == FL_OK);
+      REQUIRE(rx.arrivals[i].header.sequence == i + 1);
+      REQUIRE(tx.sends[i].status == FL_OK);
+      REQUIRE(tx.sends[i].cookie == i + 1);
     }
     CHECK(firstMismatch(out[s].big.data(), out[s].big_payload) == -1);
     for (size_t i = 0; i < 4; ++i)
@@ -356,57 +306,56 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
       if (k == Kind::kFrameArrived || k == Kind::kControl) got.push_back(k);
     }
     CHECK(got == want);
-    CHECK(tx.e.errors.empty());
+    CHECK(tx.errors.empty());
   }
 }
 
 TEST_CASE("tcp: the link failing while a frame is half written completes every send once, none OK",
           "[transport][tcp]") {
   Pair p = makePair(32 * 1024);
-  Side tx{p.a.get()};
-  Side rx{p.b.get()};
+  Endpoint tx{p.a.get()};
+  Endpoint rx{p.b.get()};
   Buffer big(4 << 20);
   RemoteCredit c = testing::expose(*rx.t, big.credit(1));
   auto big_payload = std::make_unique<Payload>(pattern(1, 4 << 20));
-  REQUIRE(tx.e.post(request(0, c, *big_payload, 1)) == PostResult::kOk);
+  REQUIRE(tx.post(request(0, c, *big_payload, 1)) == PostResult::kOk);
   std::vector<Buffer> small;
   std::vector<Payload> small_payloads;
   for (uint64_t i = 1; i <= 3; ++i) {
     small.emplace_back(100);
     small_payloads.push_back(pattern(i, 100));
     RemoteCredit sc = testing::expose(*rx.t, small.back().credit(i + 1));
-    REQUIRE(tx.e.post(request(i, sc, small_payloads.back(), i + 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(i, sc, small_payloads.back(), i + 1)) == PostResult::kOk);
   }
   REQUIRE(tx.t->postControl("after the frames") == PostResult::kOk);
   REQUIRE(p.a->counters().send_blocked == 1);
-  CHECK(tx.e.sends.empty());
+  CHECK(tx.sends.empty());
 
   SECTION("the peer goes away") {
     rx.pumpOnce();  // part of the big frame lands
     rx.t->shutdown();
-    pumpUntil(
-        tx, rx, [&] { return !tx.e.errors.empty() && tx.e.sends.size() == 4; },
-        "LinkError and 4 completions");
-    CHECK(tx.e.errors[0].status == FL_ERR_LINK_LOST);
-    CHECK(!tx.e.errors[0].message.empty());
+    waitFor(
+        tx, rx, [&] { return !tx.errors.empty() && tx.sends.size() == 4; }, "LinkError and 4 completions");
+    CHECK(tx.errors[0].status == FL_ERR_LINK_LOST);
+    CHECK(!tx.errors[0].message.empty());
   }
   SECTION("local shutdown") {
     tx.t->shutdown();
     // Everything is reported when shutdown() returns; the payload may go at once.
     tx.pump();
-    REQUIRE(tx.e.sends.size() == 4);
+    REQUIRE(tx.sends.size() == 4);
     big_payload.reset();
-    CHECK(tx.e.errors[0].status == FL_ERR_SHUTDOWN);
-    pumpUntil(
-        tx, rx, [&] { return !rx.e.errors.empty(); }, "the peer's LinkError");
-    CHECK(rx.e.errors[0].status == FL_ERR_LINK_LOST);
-    INFO(rx.e.errors[0].message);
-    CHECK(rx.e.errors[0].message.find("in the middle of a frame") != std::string::npos);
-    CHECK(rx.e.arrivals.empty());
+    CHECK(tx.errors[0].status == FL_ERR_SHUTDOWN);
+    waitFor(
+        tx, rx, [&] { return !rx.errors.empty(); }, "the peer's LinkError");
+    CHECK(rx.errors[0].status == FL_ERR_LINK_LOST);
+    INFO(rx.errors[0].message);
+    CHECK(rx.errors[0].message.find("in the middle of a frame") != std::string::npos);
+    CHECK(rx.arrivals.empty());
   }
-  REQUIRE(tx.e.errors.size() == 1);
+  REQUIRE(tx.errors.size() == 1);
   std::vector<int> seen(4, 0);
-  for (const auto& ev : tx.e.sends) {
+  for (const auto& ev : tx.sends) {
     REQUIRE(ev.cookie < 4);
     ++seen[ev.cookie];
     CHECK(ev.status == FL_ERR_LINK_LOST);  // the big one never left whole, the others never started
@@ -422,7 +371,7 @@ TEST_CASE("tcp: the link failing while a frame is half written completes every s
   CHECK_FALSE(readable(tx.t->eventFd(), 0));
   tx.t->shutdown();
   tx.pump();
-  CHECK(tx.e.errors.size() == 1);
+  CHECK(tx.errors.size() == 1);
 }
 
 TEST_CASE("tcp: a peer cut in the middle of a control record fails the link", "[transport][tcp]") {
@@ -436,24 +385,24 @@ TEST_CASE("tcp: a peer cut in the middle of a control record fails the link", "[
   REQUIRE(::send(raw.get(), &h, sizeof h, MSG_NOSIGNAL) == sizeof h);
   REQUIRE(::send(raw.get(), "only forty bytes of the hundred announced", 40, MSG_NOSIGNAL) == 40);
   raw.reset();
-  Side s{t.get()};
+  Endpoint s{t.get()};
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (s.e.errors.empty()) {
+  while (s.errors.empty()) {
     s.pump();
     if (std::chrono::steady_clock::now() > deadline) FAIL("no LinkError");
     readable(t->eventFd(), 10);
   }
-  CHECK(s.records.empty());
-  CHECK(s.e.errors[0].status == FL_ERR_LINK_LOST);
-  CHECK(s.e.errors[0].message.find("in the middle of a control record") != std::string::npos);
+  CHECK(s.controls.empty());
+  CHECK(s.errors[0].status == FL_ERR_LINK_LOST);
+  CHECK(s.errors[0].message.find("in the middle of a control record") != std::string::npos);
 }
 
 TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[transport][tcp]") {
   TcpTransportOptions budget;
   budget.read_budget_bytes = 16 * 1024;
   Pair p = makePair(0, {}, budget);
-  Side a{p.a.get()};
-  Side b{p.b.get()};
+  Endpoint a{p.a.get()};
+  Endpoint b{p.b.get()};
   Buffer big(1 << 20);
   RemoteCredit c = testing::expose(*p.b, big.credit(1));
   auto payload = pattern(9, 1 << 20);
@@ -471,8 +420,8 @@ TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[trans
   CHECK(p.b->counters().read_budget_hits == 1);
   CHECK(queued(p.b_fd) > 0);
   CHECK(readable(p.b->eventFd(), 0));
-  pumpUntil(
-      a, b, [&] { return a.e.sends.size() == 1 && b.e.arrivals.size() == 1; }, "the 1 MiB frame");
+  waitFor(
+      a, b, [&] { return a.sends.size() == 1 && b.arrivals.size() == 1; }, "the 1 MiB frame");
   CHECK(firstMismatch(big.data(), payload) == -1);
   // 1 MiB in budgets of 16 KiB: at least 64 polls hit the budget.
   CHECK(p.b->counters().read_budget_hits >= 64);

@@ -172,27 +172,35 @@ struct Endpoint {
     return t->post(r);
   }
 
-  void pump() {
+  // Polls until nothing is left, at most `max_per_poll` events a call.
+  void pump(size_t max_per_poll = 32) {
     t->flush();  // as the data agent does after each round of posts
     TransportEvent ev[32];
     size_t n;
-    while ((n = t->poll(ev, 32)) > 0) {
-      for (size_t i = 0; i < n; ++i) {
-        order.push_back(ev[i].kind);
-        switch (ev[i].kind) {
-          case Kind::kSendComplete:
-            sends.push_back(std::move(ev[i]));
-            break;
-          case Kind::kFrameArrived:
-            arrivals.push_back(std::move(ev[i]));
-            break;
-          case Kind::kLinkError:
-            errors.push_back(std::move(ev[i]));
-            break;
-          case Kind::kControl:
-            controls.push_back(std::move(ev[i].control));
-            break;
-        }
+    while ((n = t->poll(ev, std::min<size_t>(max_per_poll, 32))) > 0) take(ev, n);
+  }
+  // One poll() call, as a reader that is slow on purpose.
+  void pumpOnce() {
+    t->flush();
+    TransportEvent ev[32];
+    take(ev, t->poll(ev, 32));
+  }
+  void take(TransportEvent* ev, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      order.push_back(ev[i].kind);
+      switch (ev[i].kind) {
+        case Kind::kSendComplete:
+          sends.push_back(std::move(ev[i]));
+          break;
+        case Kind::kFrameArrived:
+          arrivals.push_back(std::move(ev[i]));
+          break;
+        case Kind::kLinkError:
+          errors.push_back(std::move(ev[i]));
+          break;
+        case Kind::kControl:
+          controls.push_back(std::move(ev[i].control));
+          break;
       }
     }
   }
