@@ -116,6 +116,23 @@ struct TransportEvent {
   FrameHeader header;   // kFrameArrived: payload is in the buffer of header.credit_id
   std::string message;  // human-readable detail for errors
   std::string control;  // kControl: the record, exactly as the peer posted it
+
+  static TransportEvent sendComplete(uint64_t cookie, int status, std::string message = {}) {
+    TransportEvent ev;
+    ev.kind = Kind::kSendComplete;
+    ev.cookie = cookie;
+    ev.status = status;
+    ev.message = std::move(message);
+    return ev;
+  }
+  // Takes the record; `record` is left empty, ready for the next one.
+  static TransportEvent controlRecord(std::string& record) {
+    TransportEvent ev;
+    ev.kind = Kind::kControl;
+    ev.control = std::move(record);
+    record.clear();
+    return ev;
+  }
 };
 
 class Transport {

@@ -160,10 +160,7 @@ void TransportCore::completeSend(uint64_t cookie, int status, uint64_t bytes) no
     ++counters_.frames_sent;
     counters_.bytes_sent += bytes;
   }
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kSendComplete;
-  ev.cookie = cookie;
-  ev.status = status;
+  TransportEvent ev = TransportEvent::sendComplete(cookie, status);
   {
     MutexLock e(events_mu_);
     pushEventLocked(std::move(ev));
@@ -195,12 +192,9 @@ void TransportCore::controlArrived(std::string record) noexcept {
     MutexLock c(counters_mu_);
     ++counters_.control_received;
   }
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kControl;
-  ev.control = std::move(record);
   {
     MutexLock e(events_mu_);
-    pushEventLocked(std::move(ev));
+    pushEventLocked(TransportEvent::controlRecord(record));
   }
   signal();
 }
@@ -221,11 +215,7 @@ bool TransportCore::fail(int status, std::string message) noexcept {
     // unblocks that write (socket shutdown, call cancel) right after this.
     // Its completeSend() then reports FL_ERR_LINK_LOST.
     for (; count_ > 0; --count_) {
-      TransportEvent ev;
-      ev.kind = TransportEvent::Kind::kSendComplete;
-      ev.cookie = ring_[head_].cookie;
-      ev.status = FL_ERR_LINK_LOST;
-      pushEventLocked(std::move(ev));
+      pushEventLocked(TransportEvent::sendComplete(ring_[head_].cookie, FL_ERR_LINK_LOST));
       head_ = (head_ + 1) % ring_.size();
     }
     control_.clear();

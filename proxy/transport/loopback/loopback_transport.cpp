@@ -215,10 +215,7 @@ class Shared final : public LoopbackLink {
       }
     }
     pushLocked(peer, std::move(arrived));
-    TransportEvent done;
-    done.kind = TransportEvent::Kind::kSendComplete;
-    done.cookie = request.cookie;
-    pushLocked(end, std::move(done));
+    pushLocked(end, TransportEvent::sendComplete(request.cookie, FL_OK));
     return true;
   }
 
@@ -234,12 +231,9 @@ class Shared final : public LoopbackLink {
       EndState& self = ends_[end];
       for (; !self.outgoing.empty(); self.outgoing.pop_front()) {
         if (!self.outgoing.front().control.empty()) continue;  // lost with the link
-        TransportEvent lost;
-        lost.kind = TransportEvent::Kind::kSendComplete;
-        lost.cookie = self.outgoing.front().request.cookie;
-        lost.status = FL_ERR_LINK_LOST;
-        lost.message = "the loopback link went down before the frame was delivered";
-        pushLocked(end, std::move(lost));
+        pushLocked(
+            end, TransportEvent::sendComplete(self.outgoing.front().request.cookie, FL_ERR_LINK_LOST,
+                                              "the loopback link went down before the frame was delivered"));
       }
       self.frames_waiting = 0;
       self.control_bytes = 0;

@@ -50,11 +50,7 @@ void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
       ++counters_.frames_sent;
       counters_.bytes_sent += p.bytes;
     }
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kSendComplete;
-    ev.cookie = p.cookie;
-    ev.status = s;
-    pushEvent(std::move(ev));
+    pushEvent(TransportEvent::sendComplete(p.cookie, s));
   }
 }
 
@@ -283,11 +279,7 @@ void RdmaTransport::controlArrived(const ibv_wc& wc) noexcept {
     return;
   }
   ++counters_.control_received;
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kControl;
-  ev.control = std::move(ctl_rx_);
-  ctl_rx_.clear();
-  pushEvent(std::move(ev));
+  pushEvent(TransportEvent::controlRecord(ctl_rx_));
 }
 
 void RdmaTransport::replenishRecvs() noexcept {

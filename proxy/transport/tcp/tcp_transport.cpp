@@ -106,13 +106,7 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   // Nothing is being written now (every write happens on this thread), so
   // every frame not yet written whole completes here, and its payload is
   // never read again.
-  auto lost = [this](uint64_t cookie) {
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kSendComplete;
-    ev.cookie = cookie;
-    ev.status = FL_ERR_LINK_LOST;
-    pushEvent(std::move(ev));
-  };
+  auto lost = [this](uint64_t cookie) { pushEvent(TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST)); };
   if (tx_active_ && tx_has_frame_) lost(tx_cookie_);
   tx_active_ = false;
   tx_has_frame_ = false;
@@ -289,11 +283,7 @@ void TcpTransport::finishWrite() noexcept {
   tx_has_frame_ = false;
   ++counters_.frames_sent;
   counters_.bytes_sent += tx_length_;
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kSendComplete;
-  ev.cookie = tx_cookie_;
-  ev.status = FL_OK;
-  pushEvent(std::move(ev));
+  pushEvent(TransportEvent::sendComplete(tx_cookie_, FL_OK));
 }
 
 void TcpTransport::drainSends() noexcept {
@@ -488,11 +478,7 @@ void TcpTransport::endBody() noexcept {
   rx_body_ = Body::kNone;
   if (body == Body::kControl) {
     ++counters_.control_received;
-    TransportEvent ev;
-    ev.kind = TransportEvent::Kind::kControl;
-    ev.control = std::move(rx_record_);
-    rx_record_.clear();
-    pushEvent(std::move(ev));
+    pushEvent(TransportEvent::controlRecord(rx_record_));
     return;
   }
   TransportEvent ev;
