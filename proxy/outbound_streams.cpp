@@ -152,7 +152,7 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   ++c.in_progress;
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
   s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
-  pump(ac.route, s);
+  // Posted by pumpAll() at the end of this round, with every other stream's.
 }
 
 size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
@@ -381,7 +381,8 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
   }
   // Another sender of the stream may hold the large consumer's credits now.
   s.largest_credit = std::max(s.largest_credit, g.largest_slot);
-  pump(l.peer, s);
+  // Used by pumpAll() in this round: had each grant sent its stream's frames
+  // at once, the stream the peer happens to grant first would always go first.
   return {};
 }
 

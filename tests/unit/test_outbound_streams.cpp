@@ -556,6 +556,8 @@ TEST_CASE("outbound streams: the ACK deadline runs from the send's completion",
   grant.stream_id = rig.stream_id;
   grant.credits.push_back(transport::RemoteCredit{7, 4096, 0, 0});
   CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  CHECK(rig.producer.session->slots[1].state == SlotState::kPending);  // posted at the end of the round
+  CHECK(rig.out.pumpAll() > 0);
   CHECK(rig.producer.session->slots[1].state == SlotState::kPosted);
   rig.out.onSendComplete(waitEvent(*rig.link->transport, transport::TransportEvent::Kind::kSendComplete));
   CHECK(rig.producer.session->slots[1].state == SlotState::kSent);
@@ -592,9 +594,55 @@ TEST_CASE("outbound streams: a grant of a credit already held is refused", "[age
   // Once used, an id is free again as far as the sender can tell.
   auto landing = exposeLanding(*rig.pair.b, 102, 4096);
   rig.submit(0, 10);
+  CHECK(rig.out.pumpAll() > 0);
   CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
   peer::CreditGrant fresh;
   fresh.stream_id = rig.stream_id;
   fresh.credits.push_back(transport::RemoteCredit{104, 4096, 0, 0});
   CHECK(rig.out.onCreditGrant(*rig.link, fresh).empty());
+}
+
+TEST_CASE("outbound streams: each round the streams of a peer take turns going first on the link",
+          "[agent][outbound]") {
+  // Two streams with a frame and a credit each: the one posted first is on
+  // the wire first.  Whichever it was in one round, the other goes first in
+  // the next, whatever order the grants came in.
+  OutboundRig rig;
+  TestClient other = makeClient(2, FL_ROLE_PRODUCER, "cam2", 4, 4096);
+  AgentClient& other_client = rig.clients.add(other.session);
+  rig.out.onProducerAttached(other_client);
+  rig.out.onLinkUp(*rig.link);  // announces the new stream
+  const uint64_t other_stream = other_client.out_stream;
+  REQUIRE(other_stream != rig.stream_id);
+
+  std::vector<uint64_t> first_streams;
+  for (int round = 0; round < 4; ++round) {
+    const uint64_t credit_a = 1000 + 2 * round;
+    const uint64_t credit_b = credit_a + 1;
+    auto landing_a = exposeLanding(*rig.pair.b, credit_a, 4096);
+    auto landing_b = exposeLanding(*rig.pair.b, credit_b, 4096);
+    const uint32_t slot = static_cast<uint32_t>(round);
+    rig.submit(slot, 10);
+    std::memset(other.session->segments->slotHeader(slot), 0, sizeof(fl_slot_header));
+    rig.out.onSubmit(other_client, fl_submit_desc{slot, 0, 10});
+    // The grants always come in the same order: the first producer's stream first.
+    peer::CreditGrant ga;
+    ga.stream_id = rig.stream_id;
+    ga.credits.push_back(transport::RemoteCredit{credit_a, 4096, 0, 0});
+    peer::CreditGrant gb;
+    gb.stream_id = other_stream;
+    gb.credits.push_back(transport::RemoteCredit{credit_b, 4096, 0, 0});
+    REQUIRE(rig.out.onCreditGrant(*rig.link, ga).empty());
+    REQUIRE(rig.out.onCreditGrant(*rig.link, gb).empty());
+    REQUIRE(rig.out.pumpAll() > 0);
+    const auto first = waitEvent(*rig.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    const auto second = waitEvent(*rig.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+    CHECK(first.header.stream_id != second.header.stream_id);
+    first_streams.push_back(first.header.stream_id);
+    for (int i = 0; i < 2; ++i) {
+      rig.out.onSendComplete(waitEvent(*rig.link->transport, transport::TransportEvent::Kind::kSendComplete));
+    }
+  }
+  CAPTURE(first_streams);
+  for (size_t i = 1; i < first_streams.size(); ++i) CHECK(first_streams[i] != first_streams[i - 1]);
 }
