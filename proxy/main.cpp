@@ -14,9 +14,6 @@
 #include "config.h"
 #include "daemon.h"
 
-// An exception that gets here (a logger that cannot be created, out of
-// memory while starting) ends the daemon with its message, not with a bare
-// std::terminate.
 // Keep freed heap memory instead of handing it back to the kernel at once.
 // gRPC allocates a receive buffer per message and frees it after; with
 // glibc's defaults those pages went back to the kernel and were faulted in
@@ -29,6 +26,9 @@ static void keepFreedMemory() {
   ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
 
+// An exception that gets here (a logger that cannot be created, out of
+// memory while starting) ends the daemon with its message, not with a bare
+// std::terminate.
 int main(int argc, char** argv) try {
   keepFreedMemory();
   auto config = framelink::parseConfig(argc, argv);

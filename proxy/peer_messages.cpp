@@ -42,8 +42,10 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();
-      const std::string too_many = "ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames";
-      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return Violation{too_many};
+      auto too_many = [] {
+        return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
+      };
+      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return too_many();
       if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
       Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
       for (int i = 0; i < a.runs_size(); i += 2) {
@@ -52,7 +54,7 @@ Message decode(const v1::PeerMessage& msg) {
         if (count < 2 || first == 0 || count - 1 > UINT64_MAX - first) {
           return Violation{"ACK run of " + std::to_string(count) + " frames from " + std::to_string(first)};
         }
-        if (count > kMaxAcksPerMessage - out.sequences.size()) return Violation{too_many};
+        if (count > kMaxAcksPerMessage - out.sequences.size()) return too_many();
         for (uint64_t k = 0; k < count; ++k) out.sequences.push_back(first + k);
       }
       return out;
