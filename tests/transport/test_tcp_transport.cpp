@@ -452,4 +452,43 @@ TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[trans
   CHECK_FALSE(readable(p.b->eventFd(), 0));
 }
 
+TEST_CASE("tcp: a discarded frame a little larger than the scratch buffer keeps the next header whole",
+          "[transport][tcp]") {
+  // The receiver reads a frame for an unknown credit into a 256 KiB scratch
+  // buffer, a piece at a time.  When the rest of it is a few bytes more
+  // than the scratch buffer and the next header already waits in the
+  // socket, one read must not run on from the scratch buffer into the
+  // header: those bytes are still the discarded frame's.
+  for (size_t extra : {size_t{1}, size_t{100}, sizeof(TcpFrameHeader) - 1, sizeof(TcpFrameHeader)}) {
+    CAPTURE(extra);
+    Pair p = makePair(8 << 20);
+    Endpoint tx{p.a.get()};
+    Endpoint rx{p.b.get()};
+    Buffer gone(512 * 1024);
+    RemoteCredit unknown = testing::expose(*rx.t, gone.credit(1));
+    rx.t->retractCredit(1);
+    Buffer buf(4096);
+    RemoteCredit good = testing::expose(*rx.t, buf.credit(2));
+    auto discarded = pattern(1, 256 * 1024 + extra);
+    auto payload = pattern(2, 4096);
+    REQUIRE(tx.post(request(1, unknown, discarded, 1)) == PostResult::kOk);
+    REQUIRE(tx.post(request(2, good, payload, 2)) == PostResult::kOk);
+    // Both frames wait in the receiver's socket before it reads anything.
+    const size_t total = 2 * sizeof(TcpFrameHeader) + discarded.size() + payload.size();
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    while (static_cast<size_t>(queued(p.b_fd)) < total) {
+      tx.pump();
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    waitFor(
+        tx, rx, [&] { return rx.arrivals.size() == 2 || !rx.errors.empty(); }, "both frames");
+    REQUIRE(rx.errors.empty());
+    CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
+    CHECK(rx.arrivals[1].status == FL_OK);
+    CHECK(rx.arrivals[1].header.sequence == 2u);
+    CHECK(firstMismatch(buf.data(), payload) == -1);
+  }
+}
+
 }  // namespace framelink::transport::tcp

@@ -374,8 +374,13 @@ void TcpTransport::receive(size_t max_events) noexcept {
         iov[iovcnt++] = {scratch_.data(), static_cast<size_t>(std::min<uint64_t>(rest, scratch_.size()))};
       }
     }
-    iov[iovcnt++] = {reinterpret_cast<uint8_t*>(&rx_header_) + rx_header_got_,
-                     sizeof rx_header_ - rx_header_got_};
+    // The next header only behind the body's last byte: a scratch buffer
+    // smaller than the rest of a discarded body must not let the read run on
+    // into the header with bytes that are still the body's.
+    if (iovcnt == 0 || iov[0].iov_len == rx_body_length_ - rx_body_got_) {
+      iov[iovcnt++] = {reinterpret_cast<uint8_t*>(&rx_header_) + rx_header_got_,
+                       sizeof rx_header_ - rx_header_got_};
+    }
     // Never more than the budget: the rest stays in the socket for the next poll().
     size_t room = budget;
     for (size_t i = 0; i < iovcnt; ++i) {
