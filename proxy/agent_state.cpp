@@ -24,18 +24,33 @@ void AgentLink::send(v1::PeerMessage message) {
     session.writer->send(std::move(message));
     return;
   }
-  if (message.has_credit_grant() &&
-      static_cast<size_t>(message.credit_grant().credits_size()) > kMaxCreditsPerGrant) {
-    // Split so that every record stays small.
+  if (message.has_credit_grant() && static_cast<size_t>(message.credit_grant().credits_size()) +
+                                            message.credit_grant().slot_credits_size() >
+                                        kMaxCreditsPerGrant) {
+    // Split so that every record stays small; the regions go first, before
+    // any slot credit that names them.
     const auto& grant = message.credit_grant();
-    for (int i = 0; i < grant.credits_size(); i += static_cast<int>(kMaxCreditsPerGrant)) {
-      v1::PeerMessage part;
-      auto* g = part.mutable_credit_grant();
+    const int step = static_cast<int>(kMaxCreditsPerGrant);
+    auto part = [&grant](bool first) {
+      v1::PeerMessage m;
+      auto* g = m.mutable_credit_grant();
       g->set_stream_id(grant.stream_id());
       g->set_largest_slot(grant.largest_slot());
-      const int end = std::min(grant.credits_size(), i + static_cast<int>(kMaxCreditsPerGrant));
-      for (int k = i; k < end; ++k) *g->add_credits() = grant.credits(k);
-      send(std::move(part));
+      if (first) *g->mutable_regions() = grant.regions();
+      return m;
+    };
+    for (int i = 0; i < grant.slot_credits_size(); i += step) {
+      v1::PeerMessage m = part(i == 0);
+      const int end = std::min(grant.slot_credits_size(), i + step);
+      m.mutable_credit_grant()->mutable_slot_credits()->Add(grant.slot_credits().begin() + i,
+                                                            grant.slot_credits().begin() + end);
+      send(std::move(m));
+    }
+    for (int i = 0; i < grant.credits_size(); i += step) {
+      v1::PeerMessage m = part(i == 0 && grant.slot_credits_size() == 0);
+      const int end = std::min(grant.credits_size(), i + step);
+      for (int k = i; k < end; ++k) *m.mutable_credit_grant()->add_credits() = grant.credits(k);
+      send(std::move(m));
     }
     return;
   }
@@ -49,6 +64,7 @@ void AgentLink::send(v1::PeerMessage message) {
       r->set_returned(revoke.returned());
       const int end = std::min(revoke.credit_ids_size(), i + static_cast<int>(peer::kMaxAcksPerMessage));
       for (int k = i; k < end; ++k) r->add_credit_ids(revoke.credit_ids(k));
+      if (end == revoke.credit_ids_size()) *r->mutable_retired_regions() = revoke.retired_regions();
       send(std::move(part));
     }
     return;

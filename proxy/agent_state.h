@@ -15,6 +15,7 @@
 
 #include "client_session.h"
 #include "framelink/v1/link.pb.h"
+#include "peer_messages.h"
 #include "peer_session.h"
 #include "transport/transport.h"
 
@@ -89,6 +90,8 @@ struct AgentLink {
   std::string address;       // the peer's address as this daemon sees it
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
   uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
+  // The slot regions the peer announced on this link (it receives, we send).
+  peer::SlotRegions peer_regions;
 
   // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
   // this round, and records the transport had no room for yet.

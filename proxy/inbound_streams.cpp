@@ -58,6 +58,20 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
     }
     e = SlotEntry{};
   }
+  // Its regions go too: the peer forgets them, and their ids are free again.
+  for (auto it = regions_.lower_bound({0, 0}); it != regions_.end();) {
+    if (it->first.second != c.id) {
+      ++it;
+      continue;
+    }
+    const uint64_t link_id = it->first.first;
+    if (it->second.announced) {
+      auto msg = revokes.lower_bound({link_id, 0});
+      if (msg == revokes.end() || msg->first.first != link_id) msg = revokes.try_emplace(msg, {link_id, 0});
+      msg->second.mutable_credit_revoke()->add_retired_regions(it->second.id);
+    }
+    it = regions_.erase(it);
+  }
   for (auto& [key, msg] : revokes) {
     if (AgentLink* l = links_.find(key.first)) l->send(std::move(msg));
   }
@@ -169,8 +183,10 @@ void InboundStreams::grantCredits(NameKey stream) {
       }
       if (target.first == 0) break;  // every sender holds its share of this consumer
       AgentLink& l = *links_.find(target.first);
+      Region* region = regionOf(l.id, cid, c);
+      const uint32_t generation = nextGeneration();
       transport::LocalCredit local;
-      local.credit_id = next_credit_id_++;
+      local.credit_id = region != nullptr ? peer::slotCreditId(region->id, s, generation) : generation;
       local.buffer = c.segments->slot(s);
       local.capacity = c.segments->slotSize();
       local.keepalive = c.segments;
@@ -190,11 +206,34 @@ void InboundStreams::grantCredits(NameKey stream) {
       auto* grant = msg.mutable_credit_grant();
       grant->set_stream_id(target.second);
       grant->set_largest_slot(largest_slot);
-      auto* credit = grant->add_credits();
-      credit->set_credit_id(remote->credit_id);
-      credit->set_length(remote->length);
-      credit->set_remote_addr(remote->remote_addr);
-      credit->set_rkey(remote->rkey);
+      if (region != nullptr && !region->announced) {
+        // Slots lie slot_stride apart in the consumer's segment, and so do
+        // the addresses a transport that has them gives out.
+        region->slot_stride = remote->remote_addr != 0 ? c.segments->geometry().slot_stride : 0;
+        region->base_addr = remote->remote_addr - uint64_t{s} * region->slot_stride;
+        region->rkey = remote->rkey;
+        region->slot_bytes = remote->length;
+        region->announced = true;
+        auto* r = grant->add_regions();
+        r->set_region_id(region->id);
+        r->set_base_addr(region->base_addr);
+        r->set_rkey(region->rkey);
+        r->set_slot_stride(region->slot_stride);
+        r->set_slot_bytes(region->slot_bytes);
+        r->set_slot_count(static_cast<uint32_t>(c.slots.size()));
+      }
+      if (region != nullptr && remote->remote_addr == region->base_addr + uint64_t{s} * region->slot_stride &&
+          remote->rkey == region->rkey && remote->length == region->slot_bytes) {
+        grant->add_slot_credits(remote->credit_id);
+      } else {
+        // Not where the region says (a transport that registers slots one
+        // by one): the credit goes whole.
+        auto* credit = grant->add_credits();
+        credit->set_credit_id(remote->credit_id);
+        credit->set_length(remote->length);
+        credit->set_remote_addr(remote->remote_addr);
+        credit->set_rkey(remote->rkey);
+      }
       metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
     }
     // A sender still below its share of this consumer with no free slot
@@ -225,6 +264,30 @@ void InboundStreams::grantCredits(NameKey stream) {
                                                  std::memory_order_relaxed);
     if (AgentLink* l = links_.find(owner.first)) l->send(std::move(msg));
   }
+}
+
+InboundStreams::Region* InboundStreams::regionOf(uint64_t link_id, uint64_t client_id,
+                                                 const ClientSession& consumer) {
+  auto it = regions_.find({link_id, client_id});
+  if (it != regions_.end()) return &it->second;
+  if (consumer.slots.size() > peer::kMaxRegionSlots) return nullptr;
+  // The lowest id the link does not use (regions are made once per
+  // consumer and link, so this walk is rare).
+  std::set<uint32_t> used;
+  for (auto r = regions_.lower_bound({link_id, 0}); r != regions_.end() && r->first.first == link_id; ++r) {
+    used.insert(r->second.id);
+  }
+  uint32_t id = 1;
+  while (used.count(id) != 0) ++id;
+  if (id > peer::kMaxRegionId) return nullptr;
+  Region& region = regions_[{link_id, client_id}];
+  region.id = id;
+  return &region;
+}
+
+uint32_t InboundStreams::nextGeneration() {
+  if (next_generation_ == 0) next_generation_ = 1;
+  return next_generation_++;
 }
 
 void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
@@ -503,6 +566,8 @@ void InboundStreams::onLinkDown(AgentLink& l) {
 }
 
 void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
+  // The link's regions die with it: a new link announces them again.
+  regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
   std::set<NameKey> streams;
   for (auto it = credits_.begin(); it != credits_.end();) {
     if (it->second.link_id != link_id) {

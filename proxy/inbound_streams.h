@@ -89,7 +89,24 @@ class InboundStreams {
   };
   using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
 
+  // A consumer's slots as one region announced on one link (link.proto
+  // SlotRegion); its addressing is known once its first credit is exposed.
+  struct Region {
+    uint32_t id = 0;
+    bool announced = false;
+    uint64_t base_addr = 0;
+    uint32_t rkey = 0;
+    uint64_t slot_stride = 0;
+    uint64_t slot_bytes = 0;
+  };
+
   void grantCredits(NameKey stream);
+  // The region of that consumer's slots on that link, made when first
+  // needed; null when it cannot have one (more slots than a region holds,
+  // or every region id of the link in use): its credits then go whole.
+  Region* regionOf(uint64_t link_id, uint64_t client_id, const ClientSession& consumer);
+  // The next credit generation: never 0.
+  uint32_t nextGeneration();
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
   // A usable link from that instance of a peer, or null.
@@ -112,7 +129,8 @@ class InboundStreams {
   std::map<uint64_t, InState> in_states_;              // by id
   std::map<InStateKey, uint64_t> in_state_ids_;
   uint64_t next_in_state_id_ = 1;
-  uint64_t next_credit_id_ = 1;
+  uint32_t next_generation_ = 1;
+  std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)
   size_t grant_cursor_ = 0;
   std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
       pending_acks_;                // (link, stream) -> sequences

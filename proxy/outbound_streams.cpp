@@ -359,6 +359,10 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
 }
 
 std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant& g) {
+  // The regions are the link's, whatever becomes of this grant's credits.
+  for (const peer::SlotRegion& r : g.regions) {
+    if (std::string why = l.peer_regions.add(r); !why.empty()) return why;
+  }
   if (peers_[l.peer].link_id != l.id) return {};  // a replaced link: its credits are gone
   OutStream* sp = stream(l.peer, g.stream_id);
   if (sp == nullptr) {
@@ -366,10 +370,10 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     return {};
   }
   OutStream& s = *sp;
-  if (s.credits.size() + g.credits.size() > peer::kMaxCreditsPerStream) {
+  if (s.credits.size() + g.credits.size() + g.slot_credits.size() > peer::kMaxCreditsPerStream) {
     return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
   }
-  for (const auto& rc : g.credits) {
+  auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
     // Credit ids are unique on a link: one held twice would take two frames
     // into one slot.
     if (!s.credit_ids.insert(rc.credit_id).second) {
@@ -378,6 +382,15 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     }
     s.credits.push_back(rc);
     s.largest_credit = std::max(s.largest_credit, rc.length);
+    return {};
+  };
+  for (const auto& rc : g.credits) {
+    if (std::string why = take(rc); !why.empty()) return why;
+  }
+  for (uint64_t id : g.slot_credits) {
+    transport::RemoteCredit rc;
+    if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
+    if (std::string why = take(rc); !why.empty()) return why;
   }
   // Another sender of the stream may hold the large consumer's credits now.
   s.largest_credit = std::max(s.largest_credit, g.largest_slot);
@@ -387,6 +400,9 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
 }
 
 void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
+  // The credits already taken from a retired region stay addressable: each
+  // holds its own address.
+  for (uint32_t id : r.retired_regions) l.peer_regions.retire(id);
   OutStream* s = stream(l.peer, r.stream_id);
   if (s == nullptr) return;
   // Those not used yet are given back, so the receiver may grant their slots

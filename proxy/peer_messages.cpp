@@ -18,12 +18,37 @@ Message decode(const v1::PeerMessage& msg) {
       return StreamClose{msg.stream_close().stream_id()};
     case v1::PeerMessage::kCreditGrant: {
       const auto& g = msg.credit_grant();
-      if (static_cast<size_t>(g.credits_size()) > kMaxCreditsPerStream) {
+      const auto whole_credits = static_cast<size_t>(g.credits_size());
+      if (whole_credits > kMaxCreditsPerStream ||
+          static_cast<size_t>(g.slot_credits_size()) > kMaxCreditsPerStream - whole_credits) {
         return Violation{"peer granted more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
+      }
+      if (static_cast<size_t>(g.regions_size()) > kMaxRegionId) {
+        return Violation{"a grant announced more than " + std::to_string(kMaxRegionId) + " slot regions"};
       }
       CreditGrant out;
       out.stream_id = g.stream_id();
       out.largest_slot = g.largest_slot();
+      out.regions.reserve(static_cast<size_t>(g.regions_size()));
+      for (const auto& r : g.regions()) {
+        if (r.region_id() == 0 || r.region_id() > kMaxRegionId) {
+          return Violation{"slot region id " + std::to_string(r.region_id()) + " is outside 1.." +
+                           std::to_string(kMaxRegionId)};
+        }
+        if (r.slot_bytes() == 0 || r.slot_count() == 0 || r.slot_count() > kMaxRegionSlots) {
+          return Violation{"slot region " + std::to_string(r.region_id()) + " of " +
+                           std::to_string(r.slot_count()) + " slots of " + std::to_string(r.slot_bytes()) +
+                           " bytes (1.." + std::to_string(kMaxRegionSlots) + " slots of at least 1 byte)"};
+        }
+        out.regions.push_back(SlotRegion{r.region_id(), r.base_addr(), r.rkey(), r.slot_stride(),
+                                         r.slot_bytes(), r.slot_count()});
+      }
+      out.slot_credits.assign(g.slot_credits().begin(), g.slot_credits().end());
+      for (uint64_t id : out.slot_credits) {
+        if (slotCreditRegion(id) == 0 || static_cast<uint32_t>(id) == 0) {
+          return Violation{"slot credit " + std::to_string(id) + " names no region or has generation 0"};
+        }
+      }
       out.credits.reserve(static_cast<size_t>(g.credits_size()));
       for (const auto& cr : g.credits()) {
         if (cr.length() == 0) return Violation{"credit of zero length"};
@@ -38,7 +63,13 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kCreditRevoke: {
       const auto& r = msg.credit_revoke();
-      return CreditRevoke{r.stream_id(), {r.credit_ids().begin(), r.credit_ids().end()}, r.returned()};
+      if (static_cast<size_t>(r.retired_regions_size()) > kMaxRegionId) {
+        return Violation{"a revoke retired more than " + std::to_string(kMaxRegionId) + " slot regions"};
+      }
+      return CreditRevoke{r.stream_id(),
+                          {r.credit_ids().begin(), r.credit_ids().end()},
+                          r.returned(),
+                          {r.retired_regions().begin(), r.retired_regions().end()}};
     }
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();
@@ -73,6 +104,32 @@ Message decode(const v1::PeerMessage& msg) {
       return Violation{"unexpected message (field " + std::to_string(msg.body_case()) +
                        ") after the handshake"};
   }
+}
+
+std::string SlotRegions::add(const SlotRegion& region) {
+  if (!regions_.emplace(region.region_id, region).second) {
+    return "slot region " + std::to_string(region.region_id) + " announced while it was announced already";
+  }
+  return {};
+}
+
+std::string SlotRegions::resolve(uint64_t credit_id, transport::RemoteCredit* out) const {
+  auto it = regions_.find(slotCreditRegion(credit_id));
+  if (it == regions_.end()) {
+    return "slot credit " + std::to_string(credit_id) + " names region " +
+           std::to_string(slotCreditRegion(credit_id)) + ", which was not announced";
+  }
+  const SlotRegion& r = it->second;
+  const uint32_t slot = slotCreditSlot(credit_id);
+  if (slot >= r.slot_count) {
+    return "slot credit " + std::to_string(credit_id) + " names slot " + std::to_string(slot) +
+           " of region " + std::to_string(r.region_id) + ", which has " + std::to_string(r.slot_count);
+  }
+  out->credit_id = credit_id;
+  out->length = r.slot_bytes;
+  out->remote_addr = r.base_addr + uint64_t{slot} * r.slot_stride;
+  out->rkey = r.rkey;
+  return {};
 }
 
 void encodeAck(const uint64_t* sequences, size_t count, v1::Ack* out) {

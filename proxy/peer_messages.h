@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -22,6 +23,20 @@ constexpr size_t kMaxAcksPerMessage = 4096;     // frames one ACK may name
 constexpr size_t kMaxStreamsPerLink = 4096;     // streams a peer may have open on one link
 constexpr size_t kMaxTextBytes = 256;           // what a NACK message or Fin reason keeps
 
+// Slot credits: region_id << 52 | slot << 32 | generation.  The generation
+// is the low 32 bits, which the rdma transport sends as immediate data, so
+// it alone tells the live credits of a link apart; it is never 0, and a
+// credit id below 2^32 (region 0) is one sent as a whole Credit.
+constexpr uint32_t kMaxRegionId = (1u << 12) - 1;  // region ids a link may have announced at once
+constexpr uint32_t kMaxRegionSlots = 1u << 20;     // slots of one region
+constexpr uint64_t slotCreditId(uint32_t region_id, uint32_t slot, uint32_t generation) {
+  return uint64_t{region_id} << 52 | uint64_t{slot} << 32 | generation;
+}
+constexpr uint32_t slotCreditRegion(uint64_t credit_id) { return static_cast<uint32_t>(credit_id >> 52); }
+constexpr uint32_t slotCreditSlot(uint64_t credit_id) {
+  return static_cast<uint32_t>(credit_id >> 32) & (kMaxRegionSlots - 1);
+}
+
 struct StreamOpen {
   uint64_t stream_id = 0;
   std::string name;
@@ -29,15 +44,29 @@ struct StreamOpen {
 struct StreamClose {
   uint64_t stream_id = 0;
 };
+// A consumer's receive slots as one region (link.proto SlotRegion): the
+// first grant that names one of them announces it on the link, and from then
+// on a credit for one of its slots is a slot credit, an id alone.
+struct SlotRegion {
+  uint32_t region_id = 0;  // 1..kMaxRegionId
+  uint64_t base_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t slot_stride = 0;
+  uint64_t slot_bytes = 0;  // non-zero
+  uint32_t slot_count = 0;  // 1..kMaxRegionSlots
+};
 struct CreditGrant {
   uint64_t stream_id = 0;
   std::vector<transport::RemoteCredit> credits;  // each of a non-zero length
   uint64_t largest_slot = 0;                     // of the stream's consumers; 0: not said
+  std::vector<SlotRegion> regions;               // announced by this grant
+  std::vector<uint64_t> slot_credits;            // each of a region (slotCreditRegion != 0)
 };
 struct CreditRevoke {
   uint64_t stream_id = 0;
   std::vector<uint64_t> credit_ids;
-  bool returned = false;  // the sender gives back credits it did not use
+  bool returned = false;                  // the sender gives back credits it did not use
+  std::vector<uint32_t> retired_regions;  // from the receiver: these regions are gone
 };
 struct Ack {
   uint64_t stream_id = 0;
@@ -69,6 +98,23 @@ Message decode(const v1::PeerMessage& message);
 // the others one by one.  decode() gives back the same sequences in the
 // same order.
 void encodeAck(const uint64_t* sequences, size_t count, v1::Ack* out);
+
+// The regions a peer announced on one link, which its slot credits name:
+// what turns a slot credit back into the RemoteCredit a frame is posted to.
+class SlotRegions {
+ public:
+  // Empty, or why the announcement breaks the protocol (the id is
+  // announced already: a region is retired before its id is used again).
+  std::string add(const SlotRegion& region);
+  void retire(uint32_t region_id) { regions_.erase(region_id); }
+  // The credit a slot credit names; empty, or why it names nothing (its
+  // region was never announced, or retired; its slot lies past the region).
+  std::string resolve(uint64_t credit_id, transport::RemoteCredit* out) const;
+  size_t size() const { return regions_.size(); }
+
+ private:
+  std::unordered_map<uint32_t, SlotRegion> regions_;
+};
 
 // A stream name a peer may open: 1..FL_STREAM_NAME_MAX-1 of [A-Za-z0-9._-].
 bool validStreamName(const std::string& name);

@@ -218,6 +218,10 @@ class Run {
     std::set<uint64_t> credit_ids;
     for (auto& l : links_) {
       int fins = 0;
+      std::set<uint32_t> announced;  // the agent's slot regions on this link
+      auto grantOnce = [&](uint64_t id) {
+        if (!credit_ids.insert(id).second) fail("the agent granted one credit id twice");
+      };
       for (const v1::PeerMessage& m : l->session.take()) {
         if (m.has_fin()) {
           ++fins;
@@ -230,7 +234,24 @@ class Run {
           }
           for (const auto& c : m.credit_grant().credits()) {
             if (c.length() != kSlotSize) fail("the agent granted a credit of another size than the slot");
-            if (!credit_ids.insert(c.credit_id()).second) fail("the agent granted one credit id twice");
+            grantOnce(c.credit_id());
+          }
+          for (const auto& r : m.credit_grant().regions()) {
+            if (!announced.insert(r.region_id()).second) fail("the agent announced a slot region twice");
+            if (r.slot_bytes() != kSlotSize || r.slot_count() != kSlots) {
+              fail("the agent announced a slot region that is not its consumer's slots");
+            }
+          }
+          for (uint64_t id : m.credit_grant().slot_credits()) {
+            if (announced.count(static_cast<uint32_t>(id >> 52)) == 0) {
+              fail("the agent granted a slot credit of a region it had not announced on that link");
+            }
+            if (((id >> 32) & 0xFFFFF) >= kSlots) fail("the agent granted a slot credit past its region");
+            grantOnce(id);
+          }
+        } else if (m.has_credit_revoke()) {
+          for (uint32_t id : m.credit_revoke().retired_regions()) {
+            if (announced.erase(id) == 0) fail("the agent retired a slot region it had not announced");
           }
         } else if (m.has_ack()) {
           const auto decoded = peer::decode(m);
@@ -402,12 +423,27 @@ class Run {
       case v1::PeerMessage::kStreamOpen:
         if (!outOfBounds(m)) l.opened.insert(m.stream_open().stream_id());
         break;
-      case v1::PeerMessage::kCreditGrant:
-        for (const auto& c : m.credit_grant().credits()) {
-          l.granted[{m.credit_grant().stream_id(), c.credit_id(), c.length()}] += copies;
+      case v1::PeerMessage::kCreditGrant: {
+        const auto& g = m.credit_grant();
+        for (const auto& c : g.credits()) l.granted[{g.stream_id(), c.credit_id(), c.length()}] += copies;
+        // A region's slot credits are the slots it holds; one announced
+        // again or out of bounds closes the link instead.
+        for (const auto& r : g.regions()) {
+          if (r.region_id() >= 1 && r.region_id() < 4096 && r.slot_bytes() > 0 && r.slot_count() >= 1 &&
+              r.slot_count() <= (1u << 20)) {
+            l.regions.emplace(r.region_id(), std::make_pair(r.slot_bytes(), r.slot_count()));
+          }
+        }
+        for (uint64_t id : g.slot_credits()) {
+          auto r = l.regions.find(static_cast<uint32_t>(id >> 52));
+          if (r != l.regions.end() && ((id >> 32) & 0xFFFFF) < r->second.second) {
+            l.granted[{g.stream_id(), id, r->second.first}] += copies;
+          }
         }
         break;
+      }
       case v1::PeerMessage::kCreditRevoke:
+        for (uint32_t id : m.credit_revoke().retired_regions()) l.regions.erase(id);
         for (uint64_t id : m.credit_revoke().credit_ids()) {
           const uint64_t stream = m.credit_revoke().stream_id();
           auto it = l.granted.lower_bound({stream, id, 0});

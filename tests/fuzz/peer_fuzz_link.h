@@ -83,6 +83,8 @@ struct LinkState {
   // Credits the peer granted on it, not revoked or used yet: how many of
   // each (stream, credit id, length).
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, uint64_t> granted;
+  // Slot regions the peer announced on it, not retired: (slot bytes, slot count) by id.
+  std::map<uint32_t, std::pair<uint64_t, uint32_t>> regions;
   std::shared_ptr<FakeTransport> transport;
   Session session;
 };

@@ -396,11 +396,16 @@ std::string World::describe(const v1::PeerMessage& m) {
       out << "StreamClose id " << m.stream_close().stream_id();
       break;
     case v1::PeerMessage::kCreditGrant:
-      out << "CreditGrant stream " << m.credit_grant().stream_id() << " x" << m.credit_grant().credits_size();
+      out << "CreditGrant stream " << m.credit_grant().stream_id() << " x"
+          << m.credit_grant().credits_size() + m.credit_grant().slot_credits_size();
+      if (m.credit_grant().regions_size() > 0) out << " regions " << m.credit_grant().regions_size();
       break;
     case v1::PeerMessage::kCreditRevoke:
       out << "CreditRevoke stream " << m.credit_revoke().stream_id() << " x"
           << m.credit_revoke().credit_ids_size();
+      if (m.credit_revoke().retired_regions_size() > 0) {
+        out << " retiring " << m.credit_revoke().retired_regions_size() << " regions";
+      }
       break;
     case v1::PeerMessage::kAck:
       out << "Ack stream " << m.ack().stream_id() << " seqs";

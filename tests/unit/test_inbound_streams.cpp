@@ -1,6 +1,8 @@
 // The consumer side (inbound_streams.cpp) through the data agent: credits,
 // arrival, CRC32C, duplicate suppression, release and the ACKs repeated on a
 // new link.
+#include <set>
+
 #include "agent_fixture.h"
 #include "inbound_streams.h"
 #include "peer_messages.h"
@@ -20,8 +22,20 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
   f.peerSays(open);
   auto grant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
   CHECK(grant.credit_grant().stream_id() == 42);
-  REQUIRE(grant.credit_grant().credits_size() == 4);
-  for (const auto& c : grant.credit_grant().credits()) CHECK(c.length() == 64 * 1024);
+  // The consumer's slots are announced once, as a region; each credit is a
+  // slot credit (8 bytes) naming it.
+  CHECK(grant.credit_grant().credits_size() == 0);
+  REQUIRE(grant.credit_grant().regions_size() == 1);
+  const v1::SlotRegion region = grant.credit_grant().regions(0);
+  CHECK(region.slot_bytes() == 64 * 1024);
+  CHECK(region.slot_count() == 4);
+  REQUIRE(grant.credit_grant().slot_credits_size() == 4);
+  std::set<uint32_t> slots;
+  for (uint64_t id : grant.credit_grant().slot_credits()) {
+    CHECK(peer::slotCreditRegion(id) == region.region_id());
+    slots.insert(peer::slotCreditSlot(id));
+  }
+  CHECK(slots == std::set<uint32_t>{0, 1, 2, 3});
 
   SECTION("a frame into a credit is delivered, its release ACKs it and re-grants the slot") {
     std::vector<uint8_t> payload(1000);
@@ -30,7 +44,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.cookie = 1;
     req.header.stream_id = 42;
     req.header.sequence = 1;
-    req.header.credit_id = grant.credit_grant().credits(0).credit_id();
+    req.header.credit_id = grant.credit_grant().slot_credits(0);
     req.header.frame_id = 99;
     req.header.wafer_id = 5;
     req.header.length = payload.size();
@@ -58,7 +72,13 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     REQUIRE(ack.ack().sequences_size() == 1);
     CHECK(ack.ack().sequences(0) == 1);
     auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
-    CHECK(regrant.credit_grant().credits_size() == 1);
+    CHECK(regrant.credit_grant().regions_size() == 0);  // announced already on this link
+    CHECK(regrant.credit_grant().credits_size() == 0);
+    REQUIRE(regrant.credit_grant().slot_credits_size() == 1);
+    const uint64_t again = regrant.credit_grant().slot_credits(0);
+    CHECK(peer::slotCreditSlot(again) == d.slot);
+    // A new generation: not the credit the frame came in.
+    CHECK(again != req.header.credit_id);
 
     SECTION("the same frame replayed on a new link is dropped and ACKed again, not delivered twice") {
       f.agent->post(CmdLinkDown{1, "test cut the link"});
@@ -68,8 +88,9 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
       f.linkUp(2, std::move(second.b));
       f.peerSays(open, 2);
       auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
-      REQUIRE(grant2.credit_grant().credits_size() >= 1);
-      req.header.credit_id = grant2.credit_grant().credits(0).credit_id();
+      CHECK(grant2.credit_grant().regions_size() == 1);  // a new link hears of the region anew
+      REQUIRE(grant2.credit_grant().slot_credits_size() >= 1);
+      req.header.credit_id = grant2.credit_grant().slot_credits(0);
       req.credit.credit_id = req.header.credit_id;
       REQUIRE(sender.post(req) == transport::PostResult::kOk);
       sendDone(sender);
@@ -81,7 +102,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
 
       req.header.sequence = 2;  // a new frame after the replay is delivered
       req.header.credit_id =
-          grant2.credit_grant().credits(1 % grant2.credit_grant().credits_size()).credit_id();
+          grant2.credit_grant().slot_credits(1 % grant2.credit_grant().slot_credits_size());
       req.credit.credit_id = req.header.credit_id;
       REQUIRE(sender.post(req) == transport::PostResult::kOk);
       sendDone(sender);
@@ -119,7 +140,8 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     f.peerSays(open2);
     auto grant2 = f.capture.next([](auto& m) { return m.has_credit_grant(); });
     CHECK(grant2.credit_grant().stream_id() == 43);
-    CHECK(grant2.credit_grant().credits_size() == 4);  // every slot again, none left on stream 42
+    CHECK(grant2.credit_grant().slot_credits_size() == 4);  // every slot again, none left on stream 42
+    CHECK(grant2.credit_grant().regions_size() == 0);       // the region is the link's, not the stream's
   }
 
   SECTION("a frame for a credit never granted is NACKed and the link stays usable") {
@@ -147,7 +169,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.cookie = 3;
     req.header.stream_id = 42;
     req.header.sequence = 1;
-    req.header.credit_id = grant.credit_grant().credits(1).credit_id();
+    req.header.credit_id = grant.credit_grant().slot_credits(1);
     req.header.length = payload.size();
     req.header.has_crc32c = 1;
     req.header.crc32c = fl_crc32c(0, payload.data(), payload.size()) ^ 1;
@@ -159,7 +181,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     auto nack = f.capture.next([](auto& m) { return m.has_nack(); });
     CHECK(int(nack.nack().code()) == FL_ERR_CRC_MISMATCH);
     auto regrant = f.capture.next([](auto& m) { return m.has_credit_grant(); });
-    CHECK(regrant.credit_grant().credits_size() == 1);
+    CHECK(regrant.credit_grant().slot_credits_size() == 1);
     CHECK(consumer.idleFor(50ms));
   }
 
@@ -167,6 +189,16 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     f.agent->post(CmdClientGone{1});
     auto revoke = f.capture.next([](auto& m) { return m.has_credit_revoke(); });
     CHECK(revoke.credit_revoke().credit_ids_size() == 4);
+    // and retires its region, whose id the next consumer may get
+    REQUIRE(revoke.credit_revoke().retired_regions_size() == 1);
+    CHECK(revoke.credit_revoke().retired_regions(0) == region.region_id());
+    TestClient next = makeClient(2, FL_ROLE_CONSUMER, "cam", 2, 4096);
+    f.agent->post(CmdClientAttached{next.session});
+    auto fresh = f.capture.next([](auto& m) { return m.has_credit_grant(); });
+    REQUIRE(fresh.credit_grant().regions_size() == 1);
+    CHECK(fresh.credit_grant().regions(0).region_id() == region.region_id());
+    CHECK(fresh.credit_grant().regions(0).slot_count() == 2);
+    CHECK(fresh.credit_grant().slot_credits_size() == 2);
   }
 }
 

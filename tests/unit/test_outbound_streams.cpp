@@ -602,6 +602,47 @@ TEST_CASE("outbound streams: a grant of a credit already held is refused", "[age
   CHECK(rig.out.onCreditGrant(*rig.link, fresh).empty());
 }
 
+TEST_CASE("outbound streams: slot credits name a region the peer announced on the link",
+          "[agent][outbound]") {
+  OutboundRig rig;
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.regions.push_back(peer::SlotRegion{3, 0, 0, 0, 4096, 4});
+  grant.slot_credits.push_back(peer::slotCreditId(3, 2, 41));
+  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  // The frame goes to that credit: the receiver exposed it under the slot
+  // credit's id.
+  auto landing = exposeLanding(*rig.pair.b, peer::slotCreditId(3, 2, 41), 4096);
+  rig.submit(0, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
+
+  SECTION("a region announced again before it was retired breaks the protocol") {
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, grant), Catch::Matchers::Contains("region 3 announced"));
+  }
+  SECTION("a slot credit of a region never announced, or retired, breaks the protocol") {
+    peer::CreditGrant stray;
+    stray.stream_id = rig.stream_id;
+    stray.slot_credits.push_back(peer::slotCreditId(4, 0, 42));
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 4, which was not"));
+    peer::CreditRevoke retire;
+    retire.retired_regions.push_back(3);  // stream 0: a revoke that only retires
+    rig.out.onCreditRevoke(*rig.link, retire);
+    stray.slot_credits[0] = peer::slotCreditId(3, 1, 43);
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 3, which was not"));
+  }
+  SECTION("regions are announced for the link: one for a stream the sender does not know still counts") {
+    peer::CreditGrant other;
+    other.stream_id = 999;
+    other.regions.push_back(peer::SlotRegion{8, 0, 0, 0, 1024, 2});
+    CHECK(rig.out.onCreditGrant(*rig.link, other).empty());
+    peer::CreditGrant later;
+    later.stream_id = rig.stream_id;
+    later.slot_credits.push_back(peer::slotCreditId(8, 1, 44));
+    CHECK(rig.out.onCreditGrant(*rig.link, later).empty());
+  }
+}
+
 TEST_CASE("outbound streams: each round the streams of a peer take turns going first on the link",
           "[agent][outbound]") {
   // Two streams with a frame and a credit each: the one posted first is on

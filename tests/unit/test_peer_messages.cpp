@@ -76,6 +76,83 @@ TEST_CASE("peer messages: credit grants are bounded and never of zero length", "
   }
 }
 
+TEST_CASE("peer messages: slot regions and slot credits are bounded, and resolve to their slot's address",
+          "[peer_messages]") {
+  v1::PeerMessage m;
+  auto* g = m.mutable_credit_grant();
+  g->set_stream_id(3);
+  auto* r = g->add_regions();
+  r->set_region_id(5);
+  r->set_base_addr(0x10000);
+  r->set_rkey(77);
+  r->set_slot_stride(0x2100);
+  r->set_slot_bytes(0x2000);
+  r->set_slot_count(8);
+  g->add_slot_credits(peer::slotCreditId(5, 7, 1234));
+  g->add_slot_credits(peer::slotCreditId(5, 0, 1235));
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::CreditGrant>(decoded));
+  const auto grant = std::get<peer::CreditGrant>(decoded);
+  REQUIRE(grant.regions.size() == 1);
+  REQUIRE(grant.slot_credits.size() == 2);
+  peer::SlotRegions regions;
+  CHECK(regions.add(grant.regions[0]).empty());
+  transport::RemoteCredit rc;
+  CHECK(regions.resolve(grant.slot_credits[0], &rc).empty());
+  CHECK(rc.credit_id == grant.slot_credits[0]);
+  CHECK(static_cast<uint32_t>(rc.credit_id) == 1234);  // the generation: the rdma immediate data
+  CHECK(rc.remote_addr == 0x10000 + 7 * 0x2100);
+  CHECK(rc.length == 0x2000);
+  CHECK(rc.rkey == 77);
+  CHECK(regions.resolve(grant.slot_credits[1], &rc).empty());
+  CHECK(rc.remote_addr == 0x10000);
+
+  SECTION("a region announced twice on one link") {
+    CHECK_THAT(regions.add(grant.regions[0]), Catch::Contains("region 5 announced while it was announced"));
+  }
+  SECTION("a slot past the region, a region never announced or retired") {
+    CHECK_THAT(regions.resolve(peer::slotCreditId(5, 8, 1), &rc),
+               Catch::Contains("slot 8 of region 5, which has 8"));
+    CHECK_THAT(regions.resolve(peer::slotCreditId(6, 0, 1), &rc),
+               Catch::Contains("region 6, which was not announced"));
+    regions.retire(5);
+    CHECK_THAT(regions.resolve(grant.slot_credits[0], &rc), Catch::Contains("not announced"));
+    CHECK(regions.add(grant.regions[0]).empty());  // its id may come back for other slots
+  }
+  SECTION("a region id outside 1..4095") {
+    r->set_region_id(0);
+    CHECK_THAT(violation(m), Catch::Contains("region id 0 is outside 1..4095"));
+    r->set_region_id(4096);
+    CHECK_THAT(violation(m), Catch::Contains("region id 4096 is outside"));
+  }
+  SECTION("a region of no slots, too many, or slots of no bytes") {
+    r->set_slot_count(0);
+    CHECK_THAT(violation(m), Catch::Contains("of 0 slots"));
+    r->set_slot_count((1u << 20) + 1);
+    CHECK_THAT(violation(m), Catch::Contains("of 1048577 slots"));
+    r->set_slot_count(8);
+    r->set_slot_bytes(0);
+    CHECK_THAT(violation(m), Catch::Contains("slots of 0 bytes"));
+  }
+  SECTION("a slot credit that names no region, or has generation 0") {
+    g->add_slot_credits(1234);
+    CHECK_THAT(violation(m), Catch::Contains("slot credit 1234 names no region"));
+    g->set_slot_credits(2, peer::slotCreditId(5, 1, 0));
+    CHECK_THAT(violation(m), Catch::Contains("has generation 0"));
+  }
+  SECTION("more credits than one stream may hold, whole and slot credits together") {
+    for (size_t i = 0; i < peer::kMaxCreditsPerStream; ++i) g->add_slot_credits(peer::slotCreditId(5, 1, 9));
+    CHECK_THAT(violation(m), Catch::Contains("more than 65536 credits"));
+  }
+  SECTION("a revoke that retires regions") {
+    v1::PeerMessage revoke;
+    revoke.mutable_credit_revoke()->add_retired_regions(5);
+    auto d = peer::decode(revoke);
+    REQUIRE(std::holds_alternative<peer::CreditRevoke>(d));
+    CHECK(std::get<peer::CreditRevoke>(d).retired_regions == std::vector<uint32_t>{5});
+  }
+}
+
 TEST_CASE("peer messages: an ACK carries runs of consecutive frames as pairs and decodes to the same order",
           "[peer_messages]") {
   const std::vector<uint64_t> released = {5, 6, 7, 8, 2, 10, 11, 3, 100, 99, 12, 13, 14};
