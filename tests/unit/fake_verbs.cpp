@@ -16,6 +16,7 @@ FakeVerbs::FakeVerbs(std::vector<DeviceSpec> devices) {
     d->name = spec.name;
     d->ip = spec.ip;
     d->port_state = spec.port_state;
+    d->max_inline_data = spec.max_inline_data;
     std::snprintf(d->device.name, sizeof d->device.name, "%s", spec.name.c_str());
     d->context.device = &d->device;
     d->context.async_fd = newEventFd();
@@ -384,7 +385,9 @@ void FakeVerbs::deliver(Qp* q) {
       wc.status = IBV_WC_RETRY_EXC_ERR;
     } else {
       for (auto& sge : wr.sges) {
-        if (findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) wc.status = IBV_WC_LOC_PROT_ERR;
+        if (wr.inline_bytes.empty() && findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) {
+          wc.status = IBV_WC_LOC_PROT_ERR;
+        }
       }
       Mr* target = nullptr;
       if (!is_send) {
@@ -494,7 +497,26 @@ int FakeVerbs::postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
              wr->imm_data,
              wr->opcode == IBV_WR_SEND_WITH_IMM ? 0 : wr->wr.rdma.remote_addr,
              wr->opcode == IBV_WR_SEND_WITH_IMM ? 0 : wr->wr.rdma.rkey,
-             std::vector<ibv_sge>(wr->sg_list, wr->sg_list + wr->num_sge)};
+             std::vector<ibv_sge>(wr->sg_list, wr->sg_list + wr->num_sge),
+             {}};
+    if (wr->send_flags & IBV_SEND_INLINE) {
+      // The adapter copies the bytes now: the caller may reuse its buffer at
+      // once, and no memory key is checked.
+      uint64_t total = 0;
+      for (const ibv_sge& sge : w.sges) total += sge.length;
+      if (total > q->cap.max_inline_data) {
+        error("IBV_SEND_INLINE of " + std::to_string(total) + " bytes beyond the QP's max_inline_data " +
+              std::to_string(q->cap.max_inline_data));
+        *bad_wr = wr;
+        return EINVAL;
+      }
+      for (const ibv_sge& sge : w.sges) {
+        const auto* p = reinterpret_cast<const uint8_t*>(sge.addr);
+        w.inline_bytes.insert(w.inline_bytes.end(), p, p + sge.length);
+      }
+      w.sges = {ibv_sge{reinterpret_cast<uint64_t>(w.inline_bytes.data()), static_cast<uint32_t>(total), 0}};
+      ++stats_.inline_wrs;
+    }
     ++stats_.send_wrs;
     if (w.signalled) ++stats_.signalled_wrs;
     last_send_sges_ = w.sges;

@@ -36,6 +36,7 @@ class FakeVerbs final : public VerbsApi {
     std::string name;
     std::string ip;
     ibv_port_state port_state = IBV_PORT_ACTIVE;
+    uint32_t max_inline_data = 512;  // a QP asking for more is refused, as a real device does
   };
   explicit FakeVerbs(std::vector<DeviceSpec> devices);
   ~FakeVerbs() override;
@@ -57,6 +58,7 @@ class FakeVerbs final : public VerbsApi {
     uint64_t post_send_calls = 0;
     uint64_t send_wrs = 0;
     uint64_t signalled_wrs = 0;
+    uint64_t inline_wrs = 0;  // IBV_SEND_INLINE: bytes taken at post time, no lkey
     uint64_t post_recv_calls = 0;
     uint64_t recv_wrs = 0;
     uint64_t cm_events = 0;
@@ -133,6 +135,8 @@ class FakeVerbs final : public VerbsApi {
     uint64_t remote_addr;
     uint32_t rkey;
     std::vector<ibv_sge> sges;
+    // IBV_SEND_INLINE: the bytes as they were at post time (sges point here).
+    std::vector<uint8_t> inline_bytes;
   };
   struct RecvWr {
     uint64_t wr_id;

@@ -169,6 +169,14 @@ int FakeVerbs::createQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
     errno = EINVAL;
     return -1;
   }
+  const Device* device = nullptr;
+  for (const auto& d : devices_) {
+    if (&d->context == id->verbs) device = d.get();
+  }
+  if (device != nullptr && attr->cap.max_inline_data > device->max_inline_data) {
+    errno = EINVAL;
+    return -1;
+  }
   auto q = std::make_unique<Qp>();
   q->qp.context = id->verbs;
   q->qp.pd = pd;

@@ -18,6 +18,7 @@ struct FakeVerbs::Device {
   std::string name;
   std::string ip;
   ibv_port_state port_state;
+  uint32_t max_inline_data = 0;
   ibv_device device{};
   ibv_context context{};
   std::deque<ibv_async_event> async_events;

@@ -527,6 +527,7 @@ TEST_CASE("rdma control records go as SEND_WITH_IMM fragments ahead of the flush
   CHECK(after.post_send_calls == before.post_send_calls + 1);  // one chain
   CHECK(after.send_wrs == before.send_wrs + 4 + 2);
   CHECK(after.signalled_wrs == before.signalled_wrs + 2);  // the 4th WR and the chain's last
+  CHECK(after.inline_wrs == before.inline_wrs + 4);        // 64-byte fragments: inline, frames not
   until(tx, rx, [&] { return rx.controls.size() == 2 && rx.arrivals.size() == 2 && tx.sends.size() == 2; });
   CHECK(rx.controls[0] == big);
   CHECK(rx.controls[1] == small);
@@ -543,6 +544,42 @@ TEST_CASE("rdma control records go as SEND_WITH_IMM fragments ahead of the flush
   CHECK(p->rb()->counters().control_received == 2);
   CHECK(p->rb()->counters().frames_received == 2);
   CHECK(p->fake->errors().empty());
+}
+
+TEST_CASE("rdma control fragments up to control_inline_bytes go inline, larger ones from the chunk",
+          "[rdma][control]") {
+  RdmaTransportOptions o;
+  o.control_chunk_bytes = 64;
+  o.control_inline_bytes = 32;
+  const std::string big = record('b', 150);  // 64 + 64 + 22: the last fragment inline
+  const std::string small = record('s', 20);
+  SECTION("a device with the inline room") {
+    auto p = makePair(o);
+    Endpoint tx{p->a.get()}, rx{p->b.get()};
+    REQUIRE(p->a->postControl(big) == PostResult::kOk);
+    REQUIRE(p->a->postControl(small) == PostResult::kOk);
+    const auto before = p->fake->stats();
+    p->ra()->flush();
+    CHECK(p->fake->stats().inline_wrs == before.inline_wrs + 2);
+    CHECK(p->ra()->counters().control_inline_wrs == 2);
+    until(tx, rx, [&] { return rx.controls.size() == 2; });
+    CHECK(rx.controls[0] == big);
+    CHECK(rx.controls[1] == small);
+    CHECK(p->fake->errors().empty());
+  }
+  SECTION("a device that has none: the queue pair goes without, every fragment from the chunks") {
+    auto fake = std::make_shared<FakeVerbs>(std::vector<FakeVerbs::DeviceSpec>{
+        {"fake_a", "10.0.0.1", IBV_PORT_ACTIVE, 0}, {"fake_b", "10.0.0.2", IBV_PORT_ACTIVE, 0}});
+    auto p = makePair(o, fake);
+    Endpoint tx{p->a.get()}, rx{p->b.get()};
+    REQUIRE(p->a->postControl(small) == PostResult::kOk);
+    p->ra()->flush();
+    until(tx, rx, [&] { return rx.controls.size() == 1; });
+    CHECK(rx.controls[0] == small);
+    CHECK(p->fake->stats().inline_wrs == 0);
+    CHECK(p->ra()->counters().control_inline_wrs == 0);
+    CHECK(p->fake->errors().empty());
+  }
 }
 
 TEST_CASE("rdma control records wait for free chunks and send-queue entries", "[rdma][control]") {

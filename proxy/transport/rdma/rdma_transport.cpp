@@ -131,12 +131,21 @@ Status RdmaTransport::setUp() {
   qa.cap.max_recv_wr = rq;
   qa.cap.max_send_sge = 2;  // header + payload
   qa.cap.max_recv_sge = 1;  // receives carry no SGE; some providers want at least 1 here
-  qa.cap.max_inline_data = 0;
-  if (api_.createQp(cm_.id(), device_->pd(), &qa) != 0) {
+  qa.cap.max_inline_data = options_.control_inline_bytes;
+  int qp_rc = api_.createQp(cm_.id(), device_->pd(), &qa);
+  if (qp_rc != 0 && options_.control_inline_bytes > 0) {
+    // A device with less inline room than asked: control goes from the
+    // registered chunks only.
+    qa.cap.max_inline_data = 0;
+    qp_rc = api_.createQp(cm_.id(), device_->pd(), &qa);
+  }
+  if (qp_rc != 0) {
     return makeError(FL_ERR_RESOURCES, "rdma_create_qp (send " + std::to_string(sq) + ", recv " +
                                            std::to_string(rq) + " WRs): " + std::strerror(errno));
   }
   qp_ = cm_.id()->qp;
+  // What the device granted (it may round up), never more than asked.
+  max_inline_ = std::min(qa.cap.max_inline_data, options_.control_inline_bytes);
 
   headers_.reset(new (std::nothrow) RdmaWireHeader[sq]);
   if (!headers_) return makeError(FL_ERR_RESOURCES, "out of memory for the header ring");
@@ -359,6 +368,10 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND_WITH_IMM;
     wr.imm_data = htonl(last ? kControlImmLast : kControlImmMore);
+    if (n <= max_inline_) {
+      wr.send_flags = IBV_SEND_INLINE;
+      ++counters_.control_inline_wrs;
+    }
     if (built > 0) ctl_wrs_[(cseq - 1) % chunks].next = &wr;
     // Frames in this chain follow every control WR: posted_seq_ frames came
     // before this one on the queue.
@@ -389,12 +402,11 @@ void RdmaTransport::flushChain() noexcept {
   ibv_send_wr* last_wr = nullptr;
   // Every signal_interval-th WR of the chain is signalled, control or frame.
   auto signalEvery = [this](ibv_send_wr& wr) {
+    wr.send_flags &= ~unsigned{IBV_SEND_SIGNALED};  // keeps IBV_SEND_INLINE
     if (++since_signal_ >= options_.signal_interval) {
-      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.send_flags |= IBV_SEND_SIGNALED;
       since_signal_ = 0;
       ++counters_.signalled_wrs;
-    } else {
-      wr.send_flags = 0;
     }
   };
   for (uint32_t i = 0; i < nctl; ++i) {
@@ -411,7 +423,7 @@ void RdmaTransport::flushChain() noexcept {
   }
   // The chain's last WR is always signalled: nothing waits for a later one.
   if (!(last_wr->send_flags & IBV_SEND_SIGNALED)) {
-    last_wr->send_flags = IBV_SEND_SIGNALED;
+    last_wr->send_flags |= IBV_SEND_SIGNALED;
     since_signal_ = 0;
     ++counters_.signalled_wrs;
   }

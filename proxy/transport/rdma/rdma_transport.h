@@ -87,6 +87,12 @@ struct RdmaTransportOptions {
   uint32_t control_chunk_bytes = kControlChunkBytes;
   // Registered chunks control fragments are sent from (in flight at once).
   uint32_t control_send_chunks = 64;
+  // A control fragment of at most this many bytes goes inline
+  // (IBV_SEND_INLINE): the adapter takes its bytes with the WR instead of
+  // reading the chunk by DMA, which saves a PCIe round trip per credit/ACK
+  // record.  The queue pair is asked for this much inline room; a device that
+  // refuses it gets a queue pair without (0: never inline).
+  uint32_t control_inline_bytes = 256;
   // Retracted credits whose buffers are kept mapped, so that a frame that
   // still lands in one is reported with its header; the oldest beyond this
   // are forgotten (such a frame is then reported with credit_id = its low 32
@@ -160,10 +166,11 @@ class RdmaTransport final : public Transport {
     uint64_t post_send_calls = 0;  // ibv_post_send calls (one per flushed chain)
     uint64_t send_wrs = 0;         // WRs handed to ibv_post_send
     uint64_t signalled_wrs = 0;
-    uint64_t recv_wrs = 0;          // receive WRs posted
-    uint64_t control_sent = 0;      // records whose last fragment was posted
-    uint64_t control_wrs = 0;       // control fragments handed to ibv_post_send
-    uint64_t control_received = 0;  // records reassembled and reported
+    uint64_t recv_wrs = 0;            // receive WRs posted
+    uint64_t control_sent = 0;        // records whose last fragment was posted
+    uint64_t control_wrs = 0;         // control fragments handed to ibv_post_send
+    uint64_t control_inline_wrs = 0;  // of those, sent inline
+    uint64_t control_received = 0;    // records reassembled and reported
   };
   Counters counters() const noexcept;
 
@@ -258,6 +265,7 @@ class RdmaTransport final : public Transport {
   uint64_t posted_seq_ = 0;
   uint64_t done_seq_ = 0;
   uint32_t since_signal_ = 0;
+  uint32_t max_inline_ = 0;  // inline room the queue pair got
 
   // Control fragments: control sequence c uses send chunk c % chunks.
   // [ctl_done_seq_, ctl_posted_seq_) are on the send queue; each remembers
