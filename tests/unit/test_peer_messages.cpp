@@ -153,6 +153,29 @@ TEST_CASE("peer messages: slot regions and slot credits are bounded, and resolve
   }
 }
 
+TEST_CASE("peer messages: 64 slot credits take under 40 % of the bytes of 64 whole credits",
+          "[peer_messages]") {
+  // An rdma consumer's 64 slots of 64 KiB in a hugepage segment, granted
+  // again after its region was announced.
+  const uint64_t base = 0x7f3a'4000'0000;
+  const uint64_t stride = 64 * 1024 + 256;
+  v1::PeerMessage whole, slots;
+  whole.mutable_credit_grant()->set_stream_id(7);
+  slots.mutable_credit_grant()->set_stream_id(7);
+  for (uint32_t s = 0; s < 64; ++s) {
+    const uint64_t id = peer::slotCreditId(1, s, 100000 + s);
+    auto* c = whole.mutable_credit_grant()->add_credits();
+    c->set_credit_id(100000 + s);
+    c->set_length(64 * 1024);
+    c->set_remote_addr(base + s * stride);
+    c->set_rkey(0x1a2b3c);
+    slots.mutable_credit_grant()->add_slot_credits(id);
+  }
+  INFO("whole credits: " << whole.ByteSizeLong() << " bytes, slot credits: " << slots.ByteSizeLong());
+  CHECK(slots.ByteSizeLong() * 5 < whole.ByteSizeLong() * 2);  // 520 and 1413 bytes
+  CHECK(slots.ByteSizeLong() <= 64 * 8 + 8);
+}
+
 TEST_CASE("peer messages: an ACK carries runs of consecutive frames as pairs and decodes to the same order",
           "[peer_messages]") {
   const std::vector<uint64_t> released = {5, 6, 7, 8, 2, 10, 11, 3, 100, 99, 12, 13, 14};
