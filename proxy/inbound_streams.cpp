@@ -233,6 +233,7 @@ void InboundStreams::grantCredits(NameKey stream) {
         credit->set_length(remote->length);
         credit->set_remote_addr(remote->remote_addr);
         credit->set_rkey(remote->rkey);
+        metrics_.counters.credits_granted_whole.fetch_add(1, std::memory_order_relaxed);
       }
       metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
     }

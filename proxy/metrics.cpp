@@ -98,6 +98,9 @@ std::string Metrics::prometheus() const {
   counter("frames_released_total", "Frames local consumers released.", counters.frames_released);
   counter("bad_descriptors_total", "Ring entries or slot headers rejected.", counters.bad_descriptors);
   counter("credits_granted_total", "Receive slots granted to peers.", counters.credits_granted);
+  counter("credits_granted_whole_total",
+          "Of those, granted as a whole credit rather than a slot credit of an announced region.",
+          counters.credits_granted_whole);
   counter("credits_recalled_total",
           "Credits recalled from a peer to share a stream's slots with its other senders.",
           counters.credits_recalled);
@@ -239,6 +242,7 @@ std::string Metrics::json() const {
       {"frames_released", &counters.frames_released},
       {"bad_descriptors", &counters.bad_descriptors},
       {"credits_granted", &counters.credits_granted},
+      {"credits_granted_whole", &counters.credits_granted_whole},
       {"credits_recalled", &counters.credits_recalled},
       {"control_records_sent", &counters.control_records_sent},
       {"control_records_received", &counters.control_records_received},

@@ -30,8 +30,9 @@ class Metrics {
     std::atomic<uint64_t> frames_released{0};
     std::atomic<uint64_t> bad_descriptors{0};
     std::atomic<uint64_t> credits_granted{0};
-    std::atomic<uint64_t> credits_recalled{0};      // recalled to share a stream's slots among its senders
-    std::atomic<uint64_t> control_records_sent{0};  // per-frame protocol records to peers' transports
+    std::atomic<uint64_t> credits_granted_whole{0};  // of those, not as a slot credit (design §4)
+    std::atomic<uint64_t> credits_recalled{0};       // recalled to share a stream's slots among its senders
+    std::atomic<uint64_t> control_records_sent{0};   // per-frame protocol records to peers' transports
     std::atomic<uint64_t> control_records_received{0};  // and from them
     std::atomic<uint64_t> nacks_sent{0};
     std::atomic<uint64_t> links_up{0};
