@@ -155,7 +155,13 @@ void InboundStreams::grantCredits(NameKey stream) {
   }
   std::map<Target, v1::PeerMessage> grants;
   std::map<Target, v1::PeerMessage> recalls;
+  // A link whose transport went down (its LinkDown not handled yet) refuses
+  // to expose a slot: what was decided before that still goes out, or the
+  // credits already entered would be held by no one and those marked
+  // recalled would never be asked back.
+  bool exposing = true;
   for (auto& [cid, ac] : clients_.all()) {
+    if (!exposing) break;
     ClientSession& c = *ac.session;
     if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
     const size_t share = (c.slots.size() + targets.size() - 1) / targets.size();
@@ -178,7 +184,8 @@ void InboundStreams::grantCredits(NameKey stream) {
       if (!remote) {
         spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
                       remote.error().message);
-        return;
+        exposing = false;
+        break;
       }
       ++held[{target, cid}];
       credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
@@ -201,6 +208,7 @@ void InboundStreams::grantCredits(NameKey stream) {
     // left: recall what the others hold beyond theirs.  They give back what
     // they have not used (onCreditsReturned), and only then are those slots
     // granted again.
+    if (!exposing) break;
     const uint64_t consumer = cid;  // a copy: clang 14 cannot capture a structured binding
     const bool starving = std::any_of(targets.begin(), targets.end(), [&](const Target& t) {
       return held[{t, consumer}] < share;
