@@ -40,6 +40,8 @@ Message decode(const v1::PeerMessage& msg) {
       const auto& r = msg.credit_revoke();
       return CreditRevoke{r.stream_id(), {r.credit_ids().begin(), r.credit_ids().end()}, r.returned()};
     }
+    case v1::PeerMessage::kCreditLow:
+      return CreditLow{msg.credit_low().stream_id(), msg.credit_low().credits_left()};
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();
       auto too_many = [] {

@@ -39,6 +39,11 @@ struct CreditRevoke {
   std::vector<uint64_t> credit_ids;
   bool returned = false;  // the sender gives back credits it did not use
 };
+// The sender's credits on the stream fell to a quarter of what it held.
+struct CreditLow {
+  uint64_t stream_id = 0;
+  uint64_t credits_left = 0;
+};
 struct Ack {
   uint64_t stream_id = 0;
   std::vector<uint64_t> sequences;  // at most kMaxAcksPerMessage
@@ -59,8 +64,8 @@ struct Violation {
   std::string why;
 };
 
-using Message =
-    std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, Ack, Nack, Fin, Keepalive, Violation>;
+using Message = std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, CreditLow, Ack, Nack, Fin,
+                             Keepalive, Violation>;
 
 Message decode(const v1::PeerMessage& message);
 
