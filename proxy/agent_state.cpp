@@ -11,6 +11,7 @@ bool isPerFrameMessage(const v1::PeerMessage& message) {
   switch (message.body_case()) {
     case v1::PeerMessage::kCreditGrant:
     case v1::PeerMessage::kCreditRevoke:
+    case v1::PeerMessage::kCreditLow:
     case v1::PeerMessage::kAck:
     case v1::PeerMessage::kNack:
       return true;

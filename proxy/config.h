@@ -48,6 +48,11 @@ struct Config {
   std::vector<std::string> transports{"tcp", "grpc"};  // preference order
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
+  // How long a consumer's release may wait before its ACK and its slot's
+  // credit go back to the sender, so that several go in one control record;
+  // they go sooner once a quarter of the sender's window waits, or when the
+  // sender says it is low on credits.  0: at the end of the round.
+  uint32_t ack_delay_us = 20;
   uint64_t grpc_chunk_bytes = 4 * kMiB;
   // rdma: the device (empty: the one that owns the host of `listen`, or the
   // address a peer link resolves to), the rdma_cm port this daemon listens

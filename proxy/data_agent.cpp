@@ -8,6 +8,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <map>
 #include <type_traits>
 #include <vector>
@@ -29,6 +32,25 @@ constexpr uint64_t kTagLink = 2ULL << 56;
 
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
+// The longest sleep: credit and ACK deadlines are checked at least this often.
+constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
+
+// Waits for epoll events at most `timeout_ns`.  epoll_pwait2 (Linux 5.11)
+// takes nanoseconds, so an ACK held back for some microseconds is not sent a
+// millisecond late; an older kernel gets epoll_wait, rounded up to a
+// millisecond.
+void waitEvents(int epoll_fd, uint64_t timeout_ns) {
+  static std::atomic<bool> no_pwait2{false};
+  epoll_event events[32];
+  if (!no_pwait2.load(std::memory_order_relaxed)) {
+    timespec timeout{};
+    timeout.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000ULL);
+    timeout.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000ULL);
+    if (::epoll_pwait2(epoll_fd, events, 32, &timeout, nullptr) >= 0 || errno != ENOSYS) return;
+    no_pwait2.store(true, std::memory_order_relaxed);
+  }
+  ::epoll_wait(epoll_fd, events, 32, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
+}
 
 }  // namespace
 
@@ -39,7 +61,7 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)),
       clients_(metrics, names_),
       outbound_(config, metrics, clock, clients_, peers_, links_),
-      inbound_(metrics, clients_, links_, names_) {
+      inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -154,10 +176,14 @@ void DataAgent::sleep() {
   // Announce sleep on every submit ring, then re-check: a client that
   // pushed meanwhile sees the flag and rings the doorbell, or we see its entry.
   if (clients_.prepareSleep()) {
-    epoll_event events[32];
-    // Bounded so that credit and ACK deadlines are noticed.
-    const int timeout_ms = 50;
-    ::epoll_wait(epoll_fd_.get(), events, 32, timeout_ms);
+    // Bounded so that credit and ACK deadlines are noticed, and never past
+    // the moment the oldest ACK held back for coalescing is due.
+    uint64_t timeout_ns = kMaxSleepNs;
+    if (const uint64_t due = inbound_.nextControlDeadlineNs(); due != 0) {
+      const uint64_t now = clock_.nowNs();
+      timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);
+    }
+    waitEvents(epoll_fd_.get(), timeout_ns);
   }
   clients_.endSleep();
 }
@@ -181,9 +207,10 @@ size_t DataAgent::drainCommands() {
             AgentLink* l = links_.find(cmd.link_id);
             if (l == nullptr) return;
             if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
-              protocolError(*l,
-                            "a per-frame message (credit grant or revoke, ACK, NACK) came on the Session; "
-                            "protocol version 2 carries those on the data transport only");
+              protocolError(
+                  *l,
+                  "a per-frame message (credit grant, revoke or low, ACK, NACK) came on the Session; "
+                  "protocol version 2 carries those on the data transport only");
               return;
             }
             onPeerMessage(*l, *cmd.message);
@@ -366,7 +393,7 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
   for (const v1::PeerMessage& m : batch.messages()) {
     if (!isPerFrameMessage(m)) {
       protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +
-                           "; only credit grants and revokes, ACKs and NACKs travel there");
+                           "; only credit grants, revokes and lows, ACKs and NACKs travel there");
       return;
     }
     onPeerMessage(l, m);
@@ -392,6 +419,8 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
           } else {
             outbound_.onCreditRevoke(l, m);
           }
+        } else if constexpr (std::is_same_v<T, peer::CreditLow>) {
+          inbound_.onCreditLow(l, m);
         } else if constexpr (std::is_same_v<T, peer::Ack>) {
           for (uint64_t sequence : m.sequences) outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {});
         } else if constexpr (std::is_same_v<T, peer::Nack>) {

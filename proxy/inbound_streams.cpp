@@ -15,8 +15,14 @@ bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR
 
 }  // namespace
 
-InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names)
-    : metrics_(metrics), clients_(clients), links_(links), names_(names) {}
+InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
+                               const AgentClock& clock, uint64_t ack_delay_ns)
+    : metrics_(metrics),
+      clients_(clients),
+      links_(links),
+      names_(names),
+      clock_(clock),
+      ack_delay_ns_(ack_delay_ns) {}
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
@@ -112,33 +118,95 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     // one the frame came over.  With no link up it is not sent: the sender
     // replays the frame on its next link and gets the ACK then.
     if (const AgentLink* target = links_.usableTo(in.peer, in.instance)) {
-      // Sent at the end of this round, together with the other releases.
-      pending_acks_[{target->id, in.stream_id}].push_back(e.sequence);
-    } else {
-      spdlog::debug("client {}: released seq {} while no link to its sender is up; ACK follows its replay",
-                    c.id, e.sequence);
+      // Held back with the sender's other releases until enough of them
+      // wait to be worth a control record, or not for long (flushControl).
+      // The slot is granted again with the ACK.
+      HeldBack& held = held_back_[{target->id, in.stream_id}];
+      if (held.acks.empty()) held.since_ns = clock_.nowNs();
+      held.acks.push_back(e.sequence);
+      held.stream = ac.stream;
+      e = SlotEntry{};
+      return;
     }
+    spdlog::debug("client {}: released seq {} while no link to its sender is up; ACK follows its replay",
+                  c.id, e.sequence);
   }
   e = SlotEntry{};
   dirty_grants_.insert(ac.stream);
 }
 
-void InboundStreams::flushControl() {
-  for (auto& [key, sequences] : pending_acks_) {
-    AgentLink* l = links_.find(key.first);
-    if (l == nullptr) continue;
-    for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
-      v1::PeerMessage msg;
-      auto* ack = msg.mutable_ack();
-      ack->set_stream_id(key.second);
-      const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
-      peer::encodeAck(sequences.data() + i, end - i, ack);
-      l->send(std::move(msg));
-    }
+bool InboundStreams::due(const Target& target, const HeldBack& held, uint64_t now_ns) const {
+  if (held.now || ack_delay_ns_ == 0) return true;
+  if (held.acks.empty()) return false;
+  if (held.low || now_ns - held.since_ns >= ack_delay_ns_) return true;
+  // A quarter of what the sender may hold: it still has the other three
+  // quarters to send while this goes back.
+  auto window = windows_.find(target);
+  const size_t quarter = window == windows_.end() ? 1 : std::max<size_t>(1, window->second / 4);
+  return held.acks.size() >= quarter;
+}
+
+void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<uint64_t>& sequences) {
+  for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
+    v1::PeerMessage msg;
+    auto* ack = msg.mutable_ack();
+    ack->set_stream_id(stream_id);
+    const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
+    peer::encodeAck(sequences.data() + i, end - i, ack);
+    l.send(std::move(msg));
   }
-  pending_acks_.clear();
+}
+
+void InboundStreams::flushControl() {
+  const uint64_t now = held_back_.empty() ? 0 : clock_.nowNs();
+  for (auto it = held_back_.begin(); it != held_back_.end();) {
+    HeldBack& held = it->second;
+    if (!due(it->first, held, now)) {
+      ++it;
+      continue;
+    }
+    if (AgentLink* l = links_.find(it->first.first)) sendAcks(*l, it->first.second, held.acks);
+    if (held.stream != kNoName) dirty_grants_.insert(held.stream);
+    it = held_back_.erase(it);
+  }
+  // Granting a stream's slots hands out every free one, those held back for
+  // another sender of the stream too: their ACKs still wait, their credits
+  // need not.
   for (NameKey stream : dirty_grants_) grantCredits(stream);
   dirty_grants_.clear();
+}
+
+uint64_t InboundStreams::nextControlDeadlineNs() const {
+  uint64_t next = 0;
+  for (const auto& [target, held] : held_back_) {
+    if (held.acks.empty()) continue;
+    const uint64_t at = held.since_ns + ack_delay_ns_;
+    if (next == 0 || at < next) next = at;
+  }
+  return next;
+}
+
+void InboundStreams::onCreditLow(AgentLink& l, const peer::CreditLow& low) {
+  auto in = l.in_streams.find(low.stream_id);
+  if (in == l.in_streams.end()) return;  // not open on this link: nothing waits for it
+  HeldBack& held = held_back_[{l.id, low.stream_id}];
+  if (held.acks.empty()) {
+    held.low = true;
+  } else {
+    held.now = true;
+  }
+  // Slots released by the stream's other senders, still waiting, may go to this one now.
+  dirty_grants_.insert(in->second.key);
+}
+
+void InboundStreams::dropHeldBack(uint64_t link_id) {
+  for (auto it = held_back_.lower_bound({link_id, 0});
+       it != held_back_.end() && it->first.first == link_id;) {
+    // The ACKs go again on the sender's next link (onLinkUp).
+    if (it->second.stream != kNoName) dirty_grants_.insert(it->second.stream);
+    it = held_back_.erase(it);
+  }
+  windows_.erase(windows_.lower_bound({link_id, 0}), windows_.lower_bound({link_id + 1, 0}));
 }
 
 void InboundStreams::grantCredits(NameKey stream) {
@@ -152,6 +220,14 @@ void InboundStreams::grantCredits(NameKey stream) {
     }
   }
   if (targets.empty()) return;
+  size_t window = 0;  // what each sender may hold: its share of every consumer
+  for (auto& [cid, ac] : clients_.all()) {
+    const ClientSession& c = *ac.session;
+    if (!c.gone && c.role == FL_ROLE_CONSUMER && ac.stream == stream) {
+      window += (c.slots.size() + targets.size() - 1) / targets.size();
+    }
+  }
+  for (const auto& target : targets) windows_[target] = window;
   // Fair shares: when several peers send this stream, none holds more than
   // its share of each consumer's slots, or one with nothing to send would sit
   // on them while another starves (and each sees every consumer's slot size).
@@ -162,14 +238,19 @@ void InboundStreams::grantCredits(NameKey stream) {
       largest_slot = std::max<uint64_t>(largest_slot, c.segments->slotSize());
     }
   }
-  using Target = std::pair<uint64_t, uint64_t>;        // (link, stream id)
   std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
   for (const auto& [credit_id, entry] : credits_) {
     if (!entry.recalled) ++held[{{entry.link_id, entry.stream_id}, entry.client_id}];
   }
   std::map<Target, v1::PeerMessage> grants;
   std::map<Target, v1::PeerMessage> recalls;
+  // A link whose transport went down (its LinkDown not handled yet) refuses
+  // to expose a slot: what was decided before that still goes out, or the
+  // credits already entered would be held by no one and those marked
+  // recalled would never be asked back.
+  bool exposing = true;
   for (auto& [cid, ac] : clients_.all()) {
+    if (!exposing) break;
     ClientSession& c = *ac.session;
     if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
     const size_t share = (c.slots.size() + targets.size() - 1) / targets.size();
@@ -194,7 +275,8 @@ void InboundStreams::grantCredits(NameKey stream) {
       if (!remote) {
         spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
                       remote.error().message);
-        return;
+        exposing = false;
+        break;
       }
       ++held[{target, cid}];
       credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
@@ -241,6 +323,7 @@ void InboundStreams::grantCredits(NameKey stream) {
     // left: recall what the others hold beyond theirs.  They give back what
     // they have not used (onCreditsReturned), and only then are those slots
     // granted again.
+    if (!exposing) break;
     const uint64_t consumer = cid;  // a copy: clang 14 cannot capture a structured binding
     const bool starving = std::any_of(targets.begin(), targets.end(), [&](const Target& t) {
       return held[{t, consumer}] < share;
@@ -464,7 +547,10 @@ void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h) {
   metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
                 l.peer_name, h.stream_id, h.sequence);
-  pending_acks_[{l.id, h.stream_id}].push_back(h.sequence);
+  // At once: the sender is replaying, and waits for this answer.
+  HeldBack& held = held_back_[{l.id, h.stream_id}];
+  held.acks.push_back(h.sequence);
+  held.now = true;
 }
 
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
@@ -500,6 +586,9 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
   if (it == l.in_streams.end()) return;
   const NameKey key = it->second.key;  // still held: released after the regrant below
   l.in_streams.erase(it);
+  // What was held back for the stream goes now; the sender may be gone.
+  if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.now = true;
+  windows_.erase({l.id, sid});
   // The stream's credits go back to their consumers, for other streams.
   for (auto cit = credits_.begin(); cit != credits_.end();) {
     if (cit->second.link_id != l.id || cit->second.stream_id != sid) {
@@ -544,8 +633,9 @@ void InboundStreams::onLinkUp(AgentLink& l) {
   for (const auto& [id, in] : in_states_) {
     if (in.peer != l.peer || in.instance != l.peer_instance) continue;
     if (!in.released.empty()) {
-      auto& acks = pending_acks_[{l.id, in.stream_id}];
-      acks.insert(acks.end(), in.released.begin(), in.released.end());
+      HeldBack& held = held_back_[{l.id, in.stream_id}];
+      held.acks.insert(held.acks.end(), in.released.begin(), in.released.end());
+      held.now = true;
     }
     for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
   }
@@ -562,6 +652,7 @@ AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) {
 }
 
 void InboundStreams::onLinkDown(AgentLink& l) {
+  dropHeldBack(l.id);
   for (auto& [sid, in] : l.in_streams) names_.release(in.key);
   l.in_streams.clear();
 }

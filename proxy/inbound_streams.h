@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent_clock.h"
 #include "agent_state.h"
 #include "client_table.h"
 #include "common/log_limit.h"
@@ -32,15 +33,28 @@ class InboundStreams {
   // again on every new link), and NACKs repeated to a replay.
   static constexpr size_t kMaxRemembered = 4096;
 
-  InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names);
+  // `ack_delay_ns`: the longest a release's ACK and its slot's credit wait
+  // to go back to the sender with others (0: at the end of the round); the
+  // wait follows `clock`.
+  InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
+                 const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0);
 
   // A consumer attached: its slots are granted to every stream of its name.
   void onConsumerAttached(AgentClient& c);
   // A consumer went: its credits are revoked, the frames it held refused.
   void onConsumerGone(AgentClient& c);
   void onRelease(AgentClient& c, const fl_submit_desc& desc);
-  // Sends the ACKs and credit grants collected during this round.
+  // Sends the ACKs and credit grants that are due: per (link, stream), once
+  // the releases waiting reach a quarter of that sender's window, once the
+  // oldest has waited ack_delay, or at once when the sender is low on
+  // credits (and whatever must not wait: answers to replays, link up).
   void flushControl();
+  // When the oldest ACK still held back is due (on the agent's clock); 0:
+  // none waits.  The agent does not sleep past it.
+  uint64_t nextControlDeadlineNs() const;
+  // The sender says its credits on the stream are low: what is held back
+  // for it goes at once, or else its next release does.
+  void onCreditLow(AgentLink& link, const peer::CreditLow& low);
 
   void onFrameArrived(AgentLink& link, const transport::TransportEvent& event);
   // A stream opened on `link`; a peer over its stream bound gets the violation back.
@@ -100,6 +114,20 @@ class InboundStreams {
     uint64_t slot_bytes = 0;
   };
 
+  using Target = std::pair<uint64_t, uint64_t>;  // (link, the sender's stream id)
+  // What waits to go back to one sender's stream: the ACKs of released
+  // frames, whose slots are granted again with them.
+  struct HeldBack {
+    std::vector<uint64_t> acks;
+    NameKey stream = kNoName;  // the consumers' stream whose slots were released
+    uint64_t since_ns = 0;     // when the oldest of `acks` was released
+    bool now = false;          // goes at the end of this round (answers to replays, a new link)
+    bool low = false;          // the sender is low on credits: the next release goes at once
+  };
+  bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
+  void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<uint64_t>& sequences);
+  // Nothing waits for a link that is going: its releases' slots are granted again now.
+  void dropHeldBack(uint64_t link_id);
   void grantCredits(NameKey stream);
   // The region of that consumer's slots on that link, made when first
   // needed; null when it cannot have one (more slots than a region holds,
@@ -125,6 +153,8 @@ class InboundStreams {
   ClientTable& clients_;
   LinkTable& links_;
   NameTable& names_;
+  const AgentClock& clock_;
+  const uint64_t ack_delay_ns_;
   std::unordered_map<uint64_t, CreditEntry> credits_;  // by credit id
   std::map<uint64_t, InState> in_states_;              // by id
   std::map<InStateKey, uint64_t> in_state_ids_;
@@ -132,9 +162,12 @@ class InboundStreams {
   uint32_t next_generation_ = 1;
   std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)
   size_t grant_cursor_ = 0;
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>>
-      pending_acks_;                // (link, stream) -> sequences
-  std::set<NameKey> dirty_grants_;  // streams with slots to grant again
+  std::map<Target, HeldBack> held_back_;
+  // Credits each sender may hold (its share of every consumer of the
+  // stream), as the last grant reckoned it: a quarter of it is what is worth
+  // a control record.
+  std::map<Target, size_t> windows_;
+  std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
   LogLimiter log_client_errors_, log_refused_;
 };
 

@@ -221,6 +221,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     s.pending.erase(first);
     s.credit_ids.erase(fit->credit_id);
     s.credits.erase(fit);
+    maybeSayLow(*l, s);
     ++work;
     if (r == transport::PostResult::kInvalid) {
       finishFrame(c, f.slot, FL_ERR_TRANSPORT,
@@ -394,9 +395,31 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
   }
   // Another sender of the stream may hold the large consumer's credits now.
   s.largest_credit = std::max(s.largest_credit, g.largest_slot);
+  s.credit_peak = std::max(s.credit_peak, s.credits.size());
+  if (s.credits.size() > s.credit_peak / 4) s.said_low = false;
   // Used by pumpAll() in this round: had each grant sent its stream's frames
   // at once, the stream the peer happens to grant first would always go first.
   return {};
+}
+
+void OutboundStreams::dropCredits(OutStream& s) {
+  s.credits.clear();
+  s.credit_ids.clear();
+  s.largest_credit = 0;
+  s.credit_peak = 0;
+  s.said_low = false;
+}
+
+void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {
+  // Below 8 credits a quarter is at most one frame, and the receiver sends
+  // every release back at once anyway.
+  constexpr size_t kLowSignalMinCredits = 8;
+  if (s.said_low || s.credit_peak < kLowSignalMinCredits || s.credits.size() > s.credit_peak / 4) return;
+  s.said_low = true;
+  v1::PeerMessage low;
+  low.mutable_credit_low()->set_stream_id(s.id);
+  low.mutable_credit_low()->set_credits_left(s.credits.size());
+  l.send(std::move(low));
 }
 
 void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
@@ -459,9 +482,7 @@ void OutboundStreams::onLinkUp(AgentLink& l) {
   }
   p.link_id = l.id;
   for (auto& [id, s] : peerOut(l.peer).streams) {
-    s.credits.clear();
-    s.credit_ids.clear();
-    s.largest_credit = 0;
+    dropCredits(s);
     announce(l, s);
   }
 }
@@ -471,9 +492,7 @@ void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) 
   if (p.link_id == l.id) {
     p.link_id = 0;
     for (auto& [id, s] : peerOut(l.peer).streams) {
-      s.credits.clear();
-      s.credit_ids.clear();
-      s.largest_credit = 0;
+      dropCredits(s);
       s.announced = false;
     }
   }

@@ -91,6 +91,10 @@ class OutboundStreams {
     std::map<uint64_t, FrameRef> pending;
     std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
     bool announced = false;                          // StreamOpen sent on the current link
+    // The low-credit signal: the most credits held on the current link, and
+    // whether CreditLow went since the credits were last above a quarter of it.
+    size_t credit_peak = 0;
+    bool said_low = false;
   };
   struct PeerOut {
     std::map<uint64_t, OutStream> streams;              // by stream id
@@ -111,6 +115,11 @@ class OutboundStreams {
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
   void announce(AgentLink& link, OutStream& s);
+  // After a credit was spent: tells the receiver when the stream's credits
+  // fell to a quarter of what it held (CreditLow), once until they rise again.
+  void maybeSayLow(AgentLink& link, OutStream& s);
+  // The link's credits are gone (link up or down).
+  static void dropCredits(OutStream& s);
   size_t pump(PeerId peer, OutStream& s);
   void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);

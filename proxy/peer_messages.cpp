@@ -71,6 +71,8 @@ Message decode(const v1::PeerMessage& msg) {
                           r.returned(),
                           {r.retired_regions().begin(), r.retired_regions().end()}};
     }
+    case v1::PeerMessage::kCreditLow:
+      return CreditLow{msg.credit_low().stream_id(), msg.credit_low().credits_left()};
     case v1::PeerMessage::kAck: {
       const auto& a = msg.ack();
       auto too_many = [] {

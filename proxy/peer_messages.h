@@ -68,6 +68,11 @@ struct CreditRevoke {
   bool returned = false;                  // the sender gives back credits it did not use
   std::vector<uint32_t> retired_regions;  // from the receiver: these regions are gone
 };
+// The sender's credits on the stream fell to a quarter of what it held.
+struct CreditLow {
+  uint64_t stream_id = 0;
+  uint64_t credits_left = 0;
+};
 struct Ack {
   uint64_t stream_id = 0;
   std::vector<uint64_t> sequences;  // at most kMaxAcksPerMessage
@@ -88,8 +93,8 @@ struct Violation {
   std::string why;
 };
 
-using Message =
-    std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, Ack, Nack, Fin, Keepalive, Violation>;
+using Message = std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, CreditLow, Ack, Nack, Fin,
+                             Keepalive, Violation>;
 
 Message decode(const v1::PeerMessage& message);
 

@@ -1,5 +1,5 @@
 // libFuzzer target: the peer protocol messages a remote daemon sends on the
-// control session (StreamOpen/Close, CreditGrant/Revoke, Ack/Nack, Fin,
+// control session (StreamOpen/Close, CreditGrant/Revoke/Low, Ack/Nack, Fin,
 // Keepalive, and those only the handshake or rdma may carry), handed to the
 // data agent's real handler through its command queue, in between what else
 // a link sees (frames landing, sends completing, the transport failing, the
@@ -109,6 +109,7 @@ bool outOfBounds(const v1::PeerMessage& m) {
     case v1::PeerMessage::kStreamClose:
     case v1::PeerMessage::kCreditGrant:
     case v1::PeerMessage::kCreditRevoke:
+    case v1::PeerMessage::kCreditLow:
     case v1::PeerMessage::kNack:
     case v1::PeerMessage::kFin:
     case v1::PeerMessage::kKeepalive:
@@ -133,6 +134,9 @@ void shiftStreamId(v1::PeerMessage& m, uint64_t by) {
     case v1::PeerMessage::kCreditRevoke:
       m.mutable_credit_revoke()->set_stream_id(m.credit_revoke().stream_id() + by);
       break;
+    case v1::PeerMessage::kCreditLow:
+      m.mutable_credit_low()->set_stream_id(m.credit_low().stream_id() + by);
+      break;
     case v1::PeerMessage::kAck:
       m.mutable_ack()->set_stream_id(m.ack().stream_id() + by);
       break;
@@ -152,6 +156,9 @@ const Config& config() {
     // No deadline passes during an input: the same input takes the same path.
     c.credit_timeout_ms = 3'600'000;
     c.ack_timeout_ms = 3'600'000;
+    // Nor the coalescing timer: ACKs and credits go back by the quarter
+    // rule (1 of the consumer's 4 slots) or on CreditLow.
+    c.ack_delay_us = UINT32_MAX;
     return c;
   }();
   return kConfig;

@@ -24,6 +24,7 @@ World::World(const SimOptions& options, SimResult& result)
     // Deadlines follow the world's clock, which moves only when the schedule says so.
     daemons_[d].config.credit_timeout_ms = kCreditTimeoutMs;
     daemons_[d].config.ack_timeout_ms = kAckTimeoutMs;
+    daemons_[d].config.ack_delay_us = options.seed % 2 == 1 ? kAckDelayUs : 0;
     boot(d);
   }
   for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", {}});

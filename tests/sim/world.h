@@ -37,6 +37,9 @@ constexpr uint64_t kSmallSlotSize = 1024;  // a second consumer with small slots
 constexpr size_t kMaxRounds = 200;
 constexpr uint32_t kCreditTimeoutMs = 2000;
 constexpr uint32_t kAckTimeoutMs = 3000;
+// Odd seeds hold ACKs and credits back for coalescing this long (even
+// seeds: none, every release goes at the end of its round).
+constexpr uint32_t kAckDelayUs = 100;
 constexpr int kReceiver = 1;  // the daemon of the consumers; d0 (and d2) dial it and send
 const char* const kStream = "cam";
 

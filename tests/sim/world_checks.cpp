@@ -186,6 +186,9 @@ void World::heal() {
 
 void World::drain() {
   for (int round = 0; round < 200; ++round) {
+    // Time passes a little: ACKs and credits held back for coalescing go.
+    clock_.advanceNs(uint64_t{kAckDelayUs} * 1000);
+    settle();
     bool moved = false;
     for (int d : senders()) {
       Link* live = liveLink(d);

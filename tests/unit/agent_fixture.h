@@ -278,6 +278,8 @@ struct AgentFixture {
     config.credit_timeout_ms = 60000;
     // The spin phase is measured on the manual clock, which stands still.
     config.idle_spin_us = 0;
+    // Every release is ACKed at the end of its round unless a test says otherwise.
+    config.ack_delay_us = 0;
     if (tweak) tweak(config);
     agent = std::make_unique<DataAgent>(config, metrics, clock);
     agent->start();

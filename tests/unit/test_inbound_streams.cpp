@@ -308,3 +308,168 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
   CHECK(consumer.pop().sequence == kFrames + 1);
   for (auto& [id, l] : links) l.session.writer->close();
 }
+
+// Coalescing on the agent's manual clock: a release's ACK and its slot's
+// credit wait until a quarter of the sender's window waits, until the
+// oldest has waited ack_delay, or until the sender says it is low on
+// credits; answers to a replay never wait.
+TEST_CASE(
+    "inbound streams: ACKs and credits go back per quarter window, after the delay, or when the sender is "
+    "low",
+    "[agent][inbound][coalesce]") {
+  constexpr uint64_t kDelayNs = 1'000'000;  // 1 ms of the manual clock
+  constexpr uint32_t kWindow = 16;          // a quarter: 4 releases
+  Metrics metrics;
+  Capture capture;  // outlives the link's session writer
+  ManualClock clock;
+  NameTable names;
+  PeerTable peers;
+  LinkTable links;
+  ClientTable clients(metrics, names);
+  InboundStreams inbound(metrics, clients, links, names, clock, kDelayNs);
+  TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", kWindow, 4096);
+  AgentClient& ac = clients.add(consumer.session);
+  inbound.onConsumerAttached(ac);
+
+  TcpPair pair = makeTcpPair();
+  capture.watch(pair.b.get());
+  AgentLink& l = links.add(1);
+  l.peer = peers.resolve("sender");
+  l.peer_name = "sender";
+  l.peer_instance = 9;
+  l.transport = std::move(pair.a);
+  l.session.writer = std::make_shared<SessionWriter>(
+      [&capture](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
+  REQUIRE(inbound.onStreamOpen(l, peer::StreamOpen{42, "cam"}).empty());
+
+  // What one round decided for the sender: the sequences ACKed and the
+  // credits granted, read off the link's batch before it goes out.
+  struct Round {
+    std::vector<uint64_t> acked;
+    size_t granted = 0;
+  };
+  auto round = [&] {
+    inbound.flushControl();
+    Round r;
+    for (const auto& m : l.control.messages()) {
+      const peer::Message decoded = peer::decode(m);
+      if (const auto* ack = std::get_if<peer::Ack>(&decoded)) {
+        r.acked.insert(r.acked.end(), ack->sequences.begin(), ack->sequences.end());
+      }
+      if (m.has_credit_grant()) {
+        r.granted +=
+            static_cast<size_t>(m.credit_grant().credits_size() + m.credit_grant().slot_credits_size());
+      }
+    }
+    std::string refused;
+    l.flushControl(&refused);
+    REQUIRE(refused.empty());
+    capture.pump();
+    return r;
+  };
+  REQUIRE(round().granted == kWindow);
+  uint64_t next_seq = 1;
+  // A frame lands in a credited slot and the consumer releases it.
+  auto arriveAndRelease = [&] {
+    for (uint32_t s = 0; s < kWindow; ++s) {
+      const SlotEntry& e = consumer.session->slots[s];
+      if (e.state != SlotState::kCredited) continue;
+      transport::TransportEvent ev;
+      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+      ev.header.stream_id = 42;
+      ev.header.sequence = next_seq++;
+      ev.header.credit_id = e.credit_id;
+      ev.header.length = 10;
+      inbound.onFrameArrived(l, ev);
+      fl_completion_desc d = consumer.pop();
+      REQUIRE(d.sequence == ev.header.sequence);
+      inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
+      return;
+    }
+    FAIL("no credited slot left");
+  };
+
+  SECTION("a quarter of the window goes in one record, not before") {
+    for (int i = 0; i < 3; ++i) {
+      arriveAndRelease();
+      const Round r = round();
+      CHECK(r.acked.empty());
+      CHECK(r.granted == 0);
+    }
+    CHECK(inbound.nextControlDeadlineNs() == clock.nowNs() + kDelayNs);
+    arriveAndRelease();
+    const Round r = round();
+    CHECK(r.acked == std::vector<uint64_t>{1, 2, 3, 4});
+    CHECK(r.granted == 4);
+    CHECK(inbound.nextControlDeadlineNs() == 0);
+  }
+
+  SECTION("a single release goes when the oldest has waited the delay") {
+    arriveAndRelease();
+    CHECK(round().acked.empty());
+    clock.advanceNs(kDelayNs / 2);
+    arriveAndRelease();  // does not move the deadline
+    CHECK(round().acked.empty());
+    clock.advanceNs(kDelayNs / 2 - 1);
+    CHECK(round().acked.empty());
+    clock.advanceNs(1);
+    const Round r = round();
+    CHECK(r.acked == std::vector<uint64_t>{1, 2});
+    CHECK(r.granted == 2);
+  }
+
+  SECTION("the sender low on credits gets what waits at once, and its next release") {
+    arriveAndRelease();
+    CHECK(round().acked.empty());
+    inbound.onCreditLow(l, peer::CreditLow{42, 3});
+    CHECK(round().acked == std::vector<uint64_t>{1});
+    // Nothing waits when it says so again: its next release goes at once,
+    // the one after waits again.
+    inbound.onCreditLow(l, peer::CreditLow{42, 3});
+    CHECK(round().acked.empty());
+    arriveAndRelease();
+    CHECK(round().acked == std::vector<uint64_t>{2});
+    arriveAndRelease();
+    CHECK(round().acked.empty());
+    // A stream the link does not have open is no one's to hurry.
+    inbound.onCreditLow(l, peer::CreditLow{77, 0});
+    CHECK(round().acked.empty());
+  }
+
+  SECTION("a replay of a released frame is answered at once") {
+    for (int i = 0; i < 4; ++i) arriveAndRelease();
+    CHECK(round().acked.size() == 4);
+    arriveAndRelease();  // 5 waits
+    CHECK(round().acked.empty());
+    // Sequence 2 again, in a credited slot: the ACK goes now, and takes 5 with it.
+    for (uint32_t s = 0; s < kWindow; ++s) {
+      const SlotEntry& e = consumer.session->slots[s];
+      if (e.state != SlotState::kCredited) continue;
+      transport::TransportEvent ev;
+      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+      ev.header.stream_id = 42;
+      ev.header.sequence = 2;
+      ev.header.credit_id = e.credit_id;
+      ev.header.length = 10;
+      inbound.onFrameArrived(l, ev);
+      break;
+    }
+    CHECK(round().acked == std::vector<uint64_t>{5, 2});
+    CHECK(metrics.counters.duplicates_dropped.load() == 1);
+  }
+
+  SECTION("the link going down grants the released slots again at once; their ACKs follow on the next link") {
+    arriveAndRelease();
+    CHECK(round().acked.empty());
+    inbound.onLinkDown(l);
+    const uint64_t outstanding = inbound.creditsOutstanding();
+    links.erase(1);
+    inbound.retractCreditsOfLink(1);
+    CHECK(outstanding == kWindow - 1);
+    CHECK(inbound.nextControlDeadlineNs() == 0);
+    inbound.flushControl();  // no link left to grant to; nothing is sent and nothing waits
+    CHECK(inbound.creditsOutstanding() == 0);
+    CHECK(consumer.session->slots[0].state == SlotState::kFree);
+  }
+  if (links.find(1) != nullptr) l.session.writer->close();
+}

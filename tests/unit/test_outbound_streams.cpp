@@ -492,12 +492,12 @@ struct OutboundRig {
   ClientTable clients{metrics, names};
   OutboundStreams out{config, metrics, clock, clients, peers, links};
   TcpPair pair = makeTcpPair();
-  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  TestClient producer;
   AgentClient* client = nullptr;
   AgentLink* link = nullptr;
   uint64_t stream_id = 0;
 
-  OutboundRig() {
+  explicit OutboundRig(uint32_t slots = 4) : producer(makeClient(1, FL_ROLE_PRODUCER, "cam", slots, 4096)) {
     config.id = "local";
     config.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});
     config.credit_timeout_ms = 200;
@@ -686,4 +686,73 @@ TEST_CASE("outbound streams: each round the streams of a peer take turns going f
   }
   CAPTURE(first_streams);
   for (size_t i = 1; i < first_streams.size(); ++i) CHECK(first_streams[i] != first_streams[i - 1]);
+}
+
+TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quarter of what was held",
+          "[agent][outbound][coalesce]") {
+  OutboundRig rig(16);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
+  // Grants `n` fresh credits; the peer's end takes frames into them.
+  uint64_t next_credit = 1000;
+  auto grant = [&](size_t n) {
+    peer::CreditGrant g;
+    g.stream_id = rig.stream_id;
+    for (size_t i = 0; i < n; ++i, ++next_credit) {
+      landings.push_back(exposeLanding(*rig.pair.b, next_credit, 4096));
+      g.credits.push_back(transport::RemoteCredit{next_credit, 4096, 0, 0});
+    }
+    REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
+  };
+  // The CreditLow messages the sender gathered for the peer so far.
+  std::vector<v1::CreditLow> lows;
+  auto takeLows = [&] {
+    for (const auto& m : rig.link->control.messages()) {
+      if (!m.has_credit_low()) continue;
+      CHECK(isPerFrameMessage(m));
+      lows.push_back(m.credit_low());
+    }
+    rig.link->control.Clear();
+  };
+  auto submitAndPump = [&](uint32_t first, uint32_t count) {
+    for (uint32_t slot = first; slot < first + count; ++slot) rig.submit(slot, 10);
+    CHECK(rig.out.pumpAll() > 0);
+    takeLows();
+  };
+
+  grant(16);
+  submitAndPump(0, 11);  // 5 credits left: above a quarter of 16
+  CHECK(lows.empty());
+  submitAndPump(11, 1);  // 4 left
+  REQUIRE(lows.size() == 1);
+  CHECK(lows[0].stream_id() == rig.stream_id);
+  CHECK(lows[0].credits_left() == 4);
+  submitAndPump(12, 4);  // down to none: said once is enough
+  CHECK(lows.size() == 1);
+
+  // Credits back above a quarter: the next fall is said again.
+  for (uint64_t seq = 1; seq <= 16; ++seq) rig.out.onAck(rig.link->peer, rig.stream_id, seq, FL_OK, {});
+  fl_completion_desc d{};
+  for (int i = 0; i < 16; ++i) REQUIRE(rig.completed(&d));
+  grant(8);
+  submitAndPump(0, 3);  // 5 left
+  CHECK(lows.size() == 1);
+  submitAndPump(3, 1);  // 4 left: a quarter of the 16 held at most
+  REQUIRE(lows.size() == 2);
+  CHECK(lows[1].credits_left() == 4);
+}
+
+TEST_CASE("outbound streams: a window below 8 credits never sends CreditLow", "[agent][outbound][coalesce]") {
+  OutboundRig rig(4);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
+  peer::CreditGrant g;
+  g.stream_id = rig.stream_id;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    landings.push_back(exposeLanding(*rig.pair.b, id, 4096));
+    g.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
+  }
+  REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
+  for (uint32_t slot = 0; slot < 4; ++slot) rig.submit(slot, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[3].state == SlotState::kPosted);
+  for (const auto& m : rig.link->control.messages()) CHECK_FALSE(m.has_credit_low());
 }
