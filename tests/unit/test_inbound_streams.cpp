@@ -11,6 +11,29 @@ using namespace framelink;
 using namespace framelink::agent_test;
 using namespace std::chrono_literals;
 
+namespace {
+
+// Lands sequence `seq` of stream 42 into whichever of the consumer's slots is
+// credited on the link, as the transport reports a frame; returns the slot
+// (or -1 when none is credited).
+int landFrame(InboundStreams& inbound, TestClient& consumer, AgentLink& l, uint64_t seq) {
+  for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
+    const SlotEntry& e = consumer.session->slots[s];
+    if (e.state != SlotState::kCredited || e.peer_key != l.id) continue;
+    transport::TransportEvent ev;
+    ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+    ev.header.stream_id = 42;
+    ev.header.sequence = seq;
+    ev.header.credit_id = e.credit_id;
+    ev.header.length = 10;
+    inbound.onFrameArrived(l, ev);
+    return static_cast<int>(s);
+  }
+  return -1;
+}
+
+}  // namespace
+
 TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot", "[agent][credits]") {
   AgentFixture f;
   TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 64 * 1024);
@@ -231,23 +254,7 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
         [&capture](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
     return l;
   };
-  // Lands sequence `seq` into whichever slot is credited on the link, as the
-  // transport reports it; returns the slot (or -1 when none is credited).
-  auto arrive = [&](AgentLink& l, uint64_t seq) -> int {
-    for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
-      const SlotEntry& e = consumer.session->slots[s];
-      if (e.state != SlotState::kCredited || e.peer_key != l.id) continue;
-      transport::TransportEvent ev;
-      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-      ev.header.stream_id = 42;
-      ev.header.sequence = seq;
-      ev.header.credit_id = e.credit_id;
-      ev.header.length = 10;
-      inbound.onFrameArrived(l, ev);
-      return int(s);
-    }
-    return -1;
-  };
+  auto arrive = [&](AgentLink& l, uint64_t seq) { return landFrame(inbound, consumer, l, seq); };
 
   // The round's end as the agent does it: the ACKs and grants the streams
   // decided go to each link's transport in a control record.
@@ -369,24 +376,16 @@ TEST_CASE(
   };
   REQUIRE(round().granted == kWindow);
   uint64_t next_seq = 1;
-  // A frame lands in a credited slot and the consumer releases it.
+  auto arrive = [&](uint64_t sequence) {
+    if (landFrame(inbound, consumer, l, sequence) < 0) FAIL("no credited slot left");
+  };
+  // A new frame lands and the consumer releases it.
   auto arriveAndRelease = [&] {
-    for (uint32_t s = 0; s < kWindow; ++s) {
-      const SlotEntry& e = consumer.session->slots[s];
-      if (e.state != SlotState::kCredited) continue;
-      transport::TransportEvent ev;
-      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-      ev.header.stream_id = 42;
-      ev.header.sequence = next_seq++;
-      ev.header.credit_id = e.credit_id;
-      ev.header.length = 10;
-      inbound.onFrameArrived(l, ev);
-      fl_completion_desc d = consumer.pop();
-      REQUIRE(d.sequence == ev.header.sequence);
-      inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
-      return;
-    }
-    FAIL("no credited slot left");
+    const uint64_t sequence = next_seq++;
+    arrive(sequence);
+    fl_completion_desc d = consumer.pop();
+    REQUIRE(d.sequence == sequence);
+    inbound.onRelease(ac, fl_submit_desc{d.slot, 0, 0});
   };
 
   SECTION("a quarter of the window goes in one record, not before") {
@@ -442,18 +441,7 @@ TEST_CASE(
     arriveAndRelease();  // 5 waits
     CHECK(round().acked.empty());
     // Sequence 2 again, in a credited slot: the ACK goes now, and takes 5 with it.
-    for (uint32_t s = 0; s < kWindow; ++s) {
-      const SlotEntry& e = consumer.session->slots[s];
-      if (e.state != SlotState::kCredited) continue;
-      transport::TransportEvent ev;
-      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-      ev.header.stream_id = 42;
-      ev.header.sequence = 2;
-      ev.header.credit_id = e.credit_id;
-      ev.header.length = 10;
-      inbound.onFrameArrived(l, ev);
-      break;
-    }
+    arrive(2);
     CHECK(round().acked == std::vector<uint64_t>{5, 2});
     CHECK(metrics.counters.duplicates_dropped.load() == 1);
   }
