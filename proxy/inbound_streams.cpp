@@ -65,7 +65,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
     e = SlotEntry{};
   }
   // Its regions go too: the peer forgets them, and their ids are free again.
-  for (auto it = regions_.lower_bound({0, 0}); it != regions_.end();) {
+  for (auto it = regions_.begin(); it != regions_.end();) {
     if (it->first.second != c.id) {
       ++it;
       continue;

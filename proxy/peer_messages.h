@@ -115,7 +115,6 @@ class SlotRegions {
   // The credit a slot credit names; empty, or why it names nothing (its
   // region was never announced, or retired; its slot lies past the region).
   std::string resolve(uint64_t credit_id, transport::RemoteCredit* out) const;
-  size_t size() const { return regions_.size(); }
 
  private:
   std::unordered_map<uint32_t, SlotRegion> regions_;
