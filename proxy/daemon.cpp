@@ -15,11 +15,11 @@
 #include <numa.h>
 #endif
 
-#include "attach_server.h"
-#include "data_agent.h"
+#include "agent/data_agent.h"
+#include "attach/attach_server.h"
 #include "framelink/framelink.h"
-#include "metrics.h"
-#include "peer_link.h"
+#include "link/peer_links.h"
+#include "metrics/metrics.h"
 #include "transport/tcp/tcp_connect.h"
 #ifdef FRAMELINK_HAVE_RDMA
 #include "transport/rdma/rdma_device.h"

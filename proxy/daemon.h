@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "common/result.h"
-#include "config.h"
+#include "config/config.h"
 
 namespace framelink {
 

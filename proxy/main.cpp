@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "config.h"
+#include "config/config.h"
 #include "daemon.h"
 
 // Keep freed heap memory instead of handing it back to the kernel at once.

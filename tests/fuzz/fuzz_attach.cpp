@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "attach_server.h"
-#include "config.h"
+#include "attach/attach_server.h"
+#include "config/config.h"
 #include "framelink/attach_proto.h"
 
 using namespace framelink;

@@ -61,16 +61,16 @@
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
-#include "client_session.h"
-#include "config.h"
-#include "data_agent.h"
+#include "agent/data_agent.h"
+#include "agent/peer_messages.h"
+#include "agent/session_writer.h"
+#include "attach/client_session.h"
+#include "attach/segment.h"
+#include "config/config.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_ring.h"
-#include "metrics.h"
+#include "metrics/metrics.h"
 #include "peer_fuzz_link.h"
-#include "peer_messages.h"
-#include "peer_session.h"
-#include "segment.h"
 
 using namespace framelink;
 using namespace framelink::fuzz;

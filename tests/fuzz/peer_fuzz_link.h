@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "client_session.h"
+#include "agent/session_writer.h"
+#include "attach/client_session.h"
 #include "framelink/framelink.h"
-#include "peer_session.h"
 #include "transport/transport.h"
 
 namespace framelink::fuzz {

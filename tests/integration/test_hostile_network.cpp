@@ -52,7 +52,7 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
   requireQuickCleanStop(pair.b());
 }
 
-// The versions this build speaks (proxy/peer_link.h kProtocolVersion,
+// The versions this build speaks (proxy/link/peer_links.h kProtocolVersion,
 // proxy/transport/tcp/tcp_wire.h kTcpWireVersion): a bump must change these
 // tests too, on purpose.
 constexpr uint32_t kPeerProtocolVersion = 2;

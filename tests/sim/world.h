@@ -15,14 +15,14 @@
 #include <utility>
 #include <vector>
 
-#include "agent_clock.h"
-#include "client_session.h"
-#include "config.h"
-#include "data_agent.h"
+#include "agent/agent_clock.h"
+#include "agent/data_agent.h"
+#include "agent/session_writer.h"
+#include "attach/client_session.h"
+#include "attach/segment.h"
+#include "config/config.h"
 #include "framelink/framelink.h"
-#include "metrics.h"
-#include "peer_session.h"
-#include "segment.h"
+#include "metrics/metrics.h"
 #include "sim_world.h"
 #include "transport/loopback/loopback_transport.h"
 

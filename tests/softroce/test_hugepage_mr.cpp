@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "attach/segment.h"
 #include "framelink/shm_layout.h"
-#include "segment.h"
 
 #if FRAMELINK_SOFTROCE_HAVE_RDMA_DEVICE
 #include "transport/rdma/rdma_device.h"

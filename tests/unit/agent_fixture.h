@@ -23,14 +23,14 @@
 #include <thread>
 #include <vector>
 
-#include "agent_clock.h"
-#include "client_session.h"
-#include "config.h"
-#include "data_agent.h"
+#include "agent/agent_clock.h"
+#include "agent/data_agent.h"
+#include "attach/client_session.h"
+#include "attach/segment.h"
+#include "config/config.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_ring.h"
-#include "metrics.h"
-#include "segment.h"
+#include "metrics/metrics.h"
 #include "transport/tcp/tcp_connect.h"
 #include "transport/tcp/tcp_transport.h"
 

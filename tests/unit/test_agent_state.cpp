@@ -1,7 +1,7 @@
 // Ids the data agent resolves once: interned stream names and peers.
 #include <catch2/catch.hpp>
 
-#include "agent_state.h"
+#include "agent/agent_state.h"
 #include "framelink/framelink.h"
 
 using namespace framelink;

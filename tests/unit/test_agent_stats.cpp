@@ -1,7 +1,7 @@
 // The data agent's stats detail as JSON.
 #include <catch2/catch.hpp>
 
-#include "agent_stats.h"
+#include "agent/agent_stats.h"
 
 using namespace framelink;
 

@@ -7,8 +7,8 @@
 
 #include <vector>
 
+#include "agent/client_table.h"
 #include "agent_fixture.h"
-#include "client_table.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;

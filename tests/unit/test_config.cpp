@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
-#include "config_options.h"
+#include "config/config.h"
+#include "config/config_options.h"
 #include "config_test_util.h"
 #include "framelink/shm_layout.h"
 

@@ -1,4 +1,4 @@
-// The option table (proxy/config_options.cpp): every row reaches the TOML
+// The option table (proxy/config/config_options.cpp): every row reaches the TOML
 // file, the flags, describe(), the defaults, --help, the shipped example
 // (packaging/framelinkd.toml) and the README's configuration table.
 #include <catch2/catch.hpp>
@@ -12,8 +12,8 @@
 #include <variant>
 #include <vector>
 
-#include "config.h"
-#include "config_options.h"
+#include "config/config.h"
+#include "config/config_options.h"
 #include "config_test_util.h"
 
 namespace fl = framelink;
@@ -444,7 +444,7 @@ TEST_CASE("the README's configuration table is the option table", "[config][tabl
   const size_t to = readme.find(end, body);
   REQUIRE(to != std::string::npos);
   INFO(
-      "README.md's configuration table differs from the option table (proxy/config_options.cpp); "
+      "README.md's configuration table differs from the option table (proxy/config/config_options.cpp); "
       "regenerate it: scripts/update-config-reference.sh build/proxy/framelinkd");
   CHECK(readme.substr(body, to - body) == fl::configReference());
 

@@ -5,7 +5,7 @@
 #include <sys/mman.h>
 
 #include "agent_fixture.h"
-#include "attach_server.h"
+#include "attach/attach_server.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;

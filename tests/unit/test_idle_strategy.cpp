@@ -1,7 +1,7 @@
 // The data agent's backoff: phases measured in time, only work re-arms them.
 #include <catch2/catch.hpp>
 
-#include "idle_strategy.h"
+#include "agent/idle_strategy.h"
 
 using framelink::IdleStrategy;
 

@@ -3,9 +3,9 @@
 // new link.
 #include <set>
 
+#include "agent/inbound_streams.h"
+#include "agent/peer_messages.h"
 #include "agent_fixture.h"
-#include "inbound_streams.h"
-#include "peer_messages.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;

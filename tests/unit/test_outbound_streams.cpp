@@ -5,9 +5,9 @@
 #include <atomic>
 #include <optional>
 
+#include "agent/outbound_streams.h"
+#include "agent/peer_messages.h"
 #include "agent_fixture.h"
-#include "outbound_streams.h"
-#include "peer_messages.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;

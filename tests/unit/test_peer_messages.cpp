@@ -7,8 +7,8 @@
 #include <string>
 #include <variant>
 
+#include "agent/peer_messages.h"
 #include "framelink/framelink.h"
-#include "peer_messages.h"
 
 using namespace framelink;
 

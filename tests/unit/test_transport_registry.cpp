@@ -1,5 +1,5 @@
 // The transport registry (proxy/transport_registry.*) and the daemon's table
-// of transports (proxy/peer_transports.cpp): how a transport is chosen, what
+// of transports (proxy/link/peer_transports.cpp): how a transport is chosen, what
 // a refused one says, and the loopback transport between two daemons.
 #include <catch2/catch.hpp>
 
@@ -11,14 +11,14 @@
 #include <thread>
 #include <vector>
 
-#include "config.h"
-#include "config_values.h"
-#include "data_agent.h"
-#include "metrics.h"
-#include "peer_link.h"
-#include "peer_transports.h"
-#include "transport_names.h"
-#include "transport_registry.h"
+#include "agent/data_agent.h"
+#include "config/config.h"
+#include "config/config_values.h"
+#include "config/transport_names.h"
+#include "link/peer_links.h"
+#include "link/peer_transports.h"
+#include "link/transport_registry.h"
+#include "metrics/metrics.h"
 
 namespace framelink {
 namespace {

@@ -1,0 +1,154 @@
+#include "agent/agent_state.h"
+
+#include <algorithm>
+
+#include "agent/peer_messages.h"
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+bool isPerFrameMessage(const v1::PeerMessage& message) {
+  switch (message.body_case()) {
+    case v1::PeerMessage::kCreditGrant:
+    case v1::PeerMessage::kCreditRevoke:
+    case v1::PeerMessage::kCreditLow:
+    case v1::PeerMessage::kAck:
+    case v1::PeerMessage::kNack:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void AgentLink::send(v1::PeerMessage message) {
+  if (!isPerFrameMessage(message)) {
+    session.writer->send(std::move(message));
+    return;
+  }
+  if (message.has_credit_grant() && static_cast<size_t>(message.credit_grant().credits_size()) +
+                                            message.credit_grant().slot_credits_size() >
+                                        kMaxCreditsPerGrant) {
+    // Split so that every record stays small; the regions go first, before
+    // any slot credit that names them.
+    const auto& grant = message.credit_grant();
+    const int step = static_cast<int>(kMaxCreditsPerGrant);
+    auto part = [&grant](bool first) {
+      v1::PeerMessage m;
+      auto* g = m.mutable_credit_grant();
+      g->set_stream_id(grant.stream_id());
+      g->set_largest_slot(grant.largest_slot());
+      if (first) *g->mutable_regions() = grant.regions();
+      return m;
+    };
+    for (int i = 0; i < grant.slot_credits_size(); i += step) {
+      v1::PeerMessage m = part(i == 0);
+      const int end = std::min(grant.slot_credits_size(), i + step);
+      m.mutable_credit_grant()->mutable_slot_credits()->Add(grant.slot_credits().begin() + i,
+                                                            grant.slot_credits().begin() + end);
+      send(std::move(m));
+    }
+    for (int i = 0; i < grant.credits_size(); i += step) {
+      v1::PeerMessage m = part(i == 0 && grant.slot_credits_size() == 0);
+      const int end = std::min(grant.credits_size(), i + step);
+      for (int k = i; k < end; ++k) *m.mutable_credit_grant()->add_credits() = grant.credits(k);
+      send(std::move(m));
+    }
+    return;
+  }
+  if (message.has_credit_revoke() &&
+      static_cast<size_t>(message.credit_revoke().credit_ids_size()) > peer::kMaxAcksPerMessage) {
+    const auto& revoke = message.credit_revoke();
+    for (int i = 0; i < revoke.credit_ids_size(); i += static_cast<int>(peer::kMaxAcksPerMessage)) {
+      v1::PeerMessage part;
+      auto* r = part.mutable_credit_revoke();
+      r->set_stream_id(revoke.stream_id());
+      r->set_returned(revoke.returned());
+      const int end = std::min(revoke.credit_ids_size(), i + static_cast<int>(peer::kMaxAcksPerMessage));
+      for (int k = i; k < end; ++k) r->add_credit_ids(revoke.credit_ids(k));
+      if (end == revoke.credit_ids_size()) *r->mutable_retired_regions() = revoke.retired_regions();
+      send(std::move(part));
+    }
+    return;
+  }
+  if (control_bytes >= kMaxControlRecordBytes) {
+    control_out.push_back(control.SerializeAsString());
+    control.Clear();
+    control_bytes = 0;
+  }
+  control_bytes += message.ByteSizeLong() + 4;  // + the field's tag and length
+  control.add_messages()->Swap(&message);
+}
+
+size_t AgentLink::flushControl(std::string* refused) {
+  if (control.messages_size() > 0) {
+    control_out.push_back(control.SerializeAsString());
+    control.Clear();
+    control_bytes = 0;
+  }
+  size_t handed = 0;
+  while (!control_out.empty() && transport != nullptr) {
+    const size_t size = control_out.front().size();
+    // A copy: a record refused for backpressure stays queued.
+    const transport::PostResult r = transport->postControl(control_out.front());
+    if (r == transport::PostResult::kBackpressure) break;  // kept; tried again next round
+    control_out.pop_front();
+    if (r == transport::PostResult::kOk) {
+      ++handed;
+    } else if (r == transport::PostResult::kInvalid) {
+      *refused = "the transport refused a control record of " + std::to_string(size) + " bytes";
+      control_out.clear();
+      break;
+    }
+    // kNotConnected: the link is going down; what it would have said is lost
+    // with it, as on a broken Session (replay recovers the frames).
+  }
+  if (handed > 0) transport->flush();
+  return handed;
+}
+
+std::string statusName(int status) {
+  const char* s = fl_status_str(status);
+  if (s == nullptr) return std::to_string(status);
+  std::string text(s);
+  return text.substr(0, text.find(':'));
+}
+
+NameKey NameTable::acquire(const std::string& name) {
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) {
+    ++entries_[it->second].users;
+    return it->second;
+  }
+  NameKey key;
+  if (!free_.empty()) {
+    key = free_.back();
+    free_.pop_back();
+  } else {
+    key = static_cast<NameKey>(entries_.size());
+    entries_.emplace_back();
+  }
+  entries_[key].name = name;
+  entries_[key].users = 1;
+  by_name_.emplace(name, key);
+  return key;
+}
+
+void NameTable::release(NameKey key) {
+  if (key >= entries_.size() || entries_[key].users == 0) return;
+  Entry& e = entries_[key];
+  if (--e.users > 0) return;
+  by_name_.erase(e.name);
+  e.name.clear();
+  free_.push_back(key);
+}
+
+PeerId PeerTable::resolve(const std::string& name) {
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second;
+  const PeerId id = static_cast<PeerId>(peers_.size());
+  peers_.push_back(PeerEntry{name, 0});
+  by_name_.emplace(name, id);
+  return id;
+}
+
+}  // namespace framelink

@@ -1,0 +1,165 @@
+// What the data agent's parts share: the links, the peers and the attached
+// clients, each resolved to an integer id once -- a peer when a link comes up
+// or a producer attaches (its route), a stream name when a consumer attaches
+// or a peer opens a stream -- so that the per-frame path compares integers
+// and builds no string.  All of it is owned by the agent thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/peer_messages.h"
+#include "agent/session_writer.h"
+#include "attach/client_session.h"
+#include "framelink/v1/link.pb.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+using PeerId = uint32_t;
+constexpr PeerId kNoPeer = ~PeerId{0};
+using NameKey = uint32_t;  // an interned stream name
+constexpr NameKey kNoName = ~NameKey{0};
+
+// "FL_ERR_TOO_LARGE" (the code's name, without fl_status_str's description).
+std::string statusName(int status);
+
+// Stream names interned to small integers, counted by their users and
+// forgotten with the last one: a peer churning through stream names must
+// not grow the table for ever.
+class NameTable {
+ public:
+  NameKey acquire(const std::string& name);
+  void release(NameKey key);
+  const std::string& name(NameKey key) const { return entries_[key].name; }
+  size_t size() const { return by_name_.size(); }
+
+ private:
+  struct Entry {
+    std::string name;
+    uint32_t users = 0;
+  };
+  std::vector<Entry> entries_;
+  std::vector<NameKey> free_;
+  std::unordered_map<std::string, NameKey> by_name_;
+};
+
+// Peers by name, each given an id the first time it is named (a configured
+// route, or the peer of a link).  Never shrinks: peers are configured or
+// authenticated daemons.
+struct PeerEntry {
+  std::string name;
+  uint64_t link_id = 0;  // its current link; 0 while none is up
+};
+class PeerTable {
+ public:
+  PeerId resolve(const std::string& name);
+  PeerEntry& operator[](PeerId id) { return peers_[id]; }
+  const PeerEntry& operator[](PeerId id) const { return peers_[id]; }
+  size_t size() const { return peers_.size(); }
+
+ private:
+  std::vector<PeerEntry> peers_;
+  std::unordered_map<std::string, PeerId> by_name_;
+};
+
+// A stream a peer opened towards us, on one link.
+struct InStream {
+  std::string name;
+  NameKey key = kNoName;
+};
+
+struct AgentLink {
+  uint64_t id = 0;
+  PeerId peer = kNoPeer;
+  std::string peer_name;
+  uint64_t peer_instance = 0;
+  std::string transport_name;
+  std::string transport_reason;
+  std::shared_ptr<transport::Transport> transport;
+  PeerSession session;
+  std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
+  bool closing = false;
+  uint64_t frames_in = 0;
+  uint64_t frames_out = 0;
+  std::string address;       // the peer's address as this daemon sees it
+  uint64_t up_since_ns = 0;  // CLOCK_REALTIME
+  uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
+  // The slot regions the peer announced on this link (it receives, we send).
+  peer::SlotRegions peer_regions;
+
+  // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
+  // this round, and records the transport had no room for yet.
+  v1::ControlBatch control;
+  size_t control_bytes = 0;
+  std::deque<std::string> control_out;
+
+  // Takes posts and credits: up, and not being closed.
+  bool usable() const { return !closing && transport != nullptr; }
+  // To the peer: a per-frame message waits for the end of the round and goes
+  // in a control record on the transport (flushControl); anything else goes
+  // on the Session now.
+  void send(v1::PeerMessage message);
+  // Hands the round's per-frame messages to the transport as control
+  // records, one per kMaxControlRecordBytes.  Returns the records handed
+  // over; sets `refused` when the transport called one malformed (a bug).
+  size_t flushControl(std::string* refused);
+};
+
+// True for the messages that travel in control records on the transport
+// (protocol 2), never on the Session.
+bool isPerFrameMessage(const v1::PeerMessage& message);
+
+// What one control record holds before another is started.  A record may
+// end one message beyond it; the largest message (kMaxCreditsPerGrant
+// credits of at most 41 bytes, or kMaxAcksPerMessage ACKs of at most 11) is
+// below 90 KiB, so a record stays below transport::kMaxControlBytes.
+inline constexpr size_t kMaxControlRecordBytes = size_t{64} * 1024;
+// Credits in one CreditGrant on the wire (larger grants are split).
+inline constexpr size_t kMaxCreditsPerGrant = 2048;
+
+class LinkTable {
+ public:
+  AgentLink* find(uint64_t id) {
+    auto it = links_.find(id);
+    return it == links_.end() ? nullptr : &it->second;
+  }
+  AgentLink& add(uint64_t id) {
+    AgentLink& l = links_[id];
+    l.id = id;
+    return l;
+  }
+  void erase(uint64_t id) { links_.erase(id); }
+  // The usable link to this instance of a peer, if any.
+  AgentLink* usableTo(PeerId peer, uint64_t instance) {
+    for (auto& [id, l] : links_) {
+      if (l.usable() && l.peer == peer && l.peer_instance == instance) return &l;
+    }
+    return nullptr;
+  }
+  std::map<uint64_t, AgentLink>::iterator begin() { return links_.begin(); }
+  std::map<uint64_t, AgentLink>::iterator end() { return links_.end(); }
+  std::map<uint64_t, AgentLink>::const_iterator begin() const { return links_.begin(); }
+  std::map<uint64_t, AgentLink>::const_iterator end() const { return links_.end(); }
+  size_t size() const { return links_.size(); }
+
+ private:
+  std::map<uint64_t, AgentLink> links_;
+};
+
+// One attached client and what the agent resolved for it at attach.
+struct AgentClient {
+  std::shared_ptr<ClientSession> session;
+  PeerId route = kNoPeer;    // producer: the peer its stream goes to (kNoPeer: no route)
+  uint64_t out_stream = 0;   // producer: its stream's id towards that peer
+  NameKey stream = kNoName;  // consumer: its stream name
+  // Producer: each slot's frame header, copied out of the segment at submit.
+  std::vector<transport::FrameHeader> headers;
+};
+
+}  // namespace framelink

@@ -1,0 +1,50 @@
+#include "agent/client_table.h"
+
+#include <sys/socket.h>
+
+#include <spdlog/spdlog.h>
+
+namespace framelink {
+
+AgentClient& ClientTable::add(std::shared_ptr<ClientSession> session) {
+  const uint64_t id = session->id;
+  AgentClient& c = clients_[id];
+  c.session = std::move(session);
+  return c;
+}
+
+void ClientTable::erase(uint64_t id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  if (it->second.stream != kNoName) names_.release(it->second.stream);
+  clients_.erase(it);
+}
+
+bool ClientTable::prepareSleep() {
+  bool ready = false;
+  for (auto& [id, c] : clients_) {
+    if (c.session->gone) continue;
+    if (!fl_ring_prepare_sleep(c.session->segments->submitRing())) ready = true;
+  }
+  return !ready;
+}
+
+void ClientTable::endSleep() {
+  for (auto& [id, c] : clients_) {
+    if (c.session->gone) continue;
+    fl_ring_end_sleep(c.session->segments->submitRing());
+    drainDoorbell(c.session->submit_doorbell.get());
+  }
+}
+
+void ClientTable::detach(ClientSession& c, int status, const std::string& why) {
+  if (c.gone) return;
+  log_detached_.error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
+                      statusName(status), why);
+  __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);
+  // The attach thread sees the shutdown as a hang-up and reports CmdClientGone.
+  ::shutdown(c.socket.get(), SHUT_RDWR);
+  c.gone = true;
+}
+
+}  // namespace framelink

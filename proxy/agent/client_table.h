@@ -1,0 +1,117 @@
+// The data agent's side of the client rings: every attached client, its
+// submit ring drained round-robin (a bounded number of descriptors each per
+// round, so one busy client cannot starve the others), its completions
+// pushed, and a client that corrupts its rings detached without disturbing
+// anyone else.  What a descriptor means is the outbound and inbound parts'
+// business; this part only moves them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/agent_state.h"
+#include "attach/client_session.h"
+#include "common/log_limit.h"
+#include "framelink/shm_layout.h"
+#include "framelink/shm_ring.h"
+#include "metrics/metrics.h"
+
+namespace framelink {
+
+class ClientTable {
+ public:
+  static constexpr size_t kMaxSubmitsPerRound = 64;
+
+  ClientTable(Metrics& metrics, NameTable& names) : metrics_(metrics), names_(names) {}
+
+  AgentClient& add(std::shared_ptr<ClientSession> session);
+  AgentClient* find(uint64_t id) {
+    auto it = clients_.find(id);
+    return it == clients_.end() ? nullptr : &it->second;
+  }
+  // Forgets the client (and its claim on its stream's name).
+  void erase(uint64_t id);
+  std::map<uint64_t, AgentClient>& all() { return clients_; }
+  const std::map<uint64_t, AgentClient>& all() const { return clients_; }
+
+  // Pops up to kMaxSubmitsPerRound descriptors from each attached client's
+  // submit ring and hands each to `handle(AgentClient&, const fl_submit_desc&)`,
+  // which may detach clients.  Returns the descriptors handled.
+  template <typename Handle>
+  size_t drainRings(Handle&& handle);
+  // What a client put in its ring before it went away, all of it.
+  template <typename Handle>
+  void drainAll(AgentClient& c, Handle&& handle);
+
+  // Announces sleep on every submit ring; false when one has work after all
+  // (a client pushed before it saw the flag).
+  bool prepareSleep();
+  // Clears the sleep flags and the doorbells after a sleep.
+  void endSleep();
+
+  // Kicks a misbehaving client out: marks its segment detached and shuts its
+  // attach socket down (the attach thread then reports it gone).
+  void detach(ClientSession& c, int status, const std::string& why);
+  // Pushes a completion; a client whose completion ring is full or corrupt
+  // is detached.
+  void complete(ClientSession& c, uint32_t slot, int status, uint64_t sequence, uint64_t length,
+                uint64_t frame_id) {
+    if (!c.complete(slot, status, sequence, length, frame_id)) {
+      detach(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+    }
+  }
+
+  // Attach and detach lines: a local user attaching in a loop must not
+  // flood the log (see AttachServer::kLoggedAttachesPerSecond).
+  LogLimiter& detachLog() { return log_detached_; }
+
+ private:
+  Metrics& metrics_;
+  NameTable& names_;
+  LogLimiter log_detached_{std::chrono::seconds(1), 20};
+  std::map<uint64_t, AgentClient> clients_;
+  std::vector<uint64_t> ids_scratch_;
+};
+
+template <typename Handle>
+size_t ClientTable::drainRings(Handle&& handle) {
+  size_t work = 0;
+  // A snapshot of ids: handlers may detach (never erase) clients.
+  ids_scratch_.clear();
+  for (auto& [id, c] : clients_) {
+    if (!c.session->gone) ids_scratch_.push_back(id);
+  }
+  for (uint64_t id : ids_scratch_) {
+    AgentClient* c = find(id);
+    if (c == nullptr || c->session->gone) continue;
+    ClientSession& s = *c->session;
+    fl_ring_header* ring = s.segments->submitRing();
+    for (size_t i = 0; i < kMaxSubmitsPerRound; ++i) {
+      fl_submit_desc desc;  // private copy: validated before use
+      fl_ring_result r = fl_ring_pop(ring, s.ring_capacity, sizeof(desc), &desc);
+      if (r == FL_RING_EMPTY) break;
+      if (r == FL_RING_CORRUPT) {
+        metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+        detach(s, FL_ERR_RING_CORRUPT, "its submit ring indices are corrupt (tail beyond head + capacity)");
+        break;
+      }
+      ++work;
+      handle(*c, desc);
+      if (s.gone) break;
+    }
+  }
+  return work;
+}
+
+template <typename Handle>
+void ClientTable::drainAll(AgentClient& c, Handle&& handle) {
+  ClientSession& s = *c.session;
+  fl_ring_header* ring = s.segments->submitRing();
+  fl_submit_desc desc;
+  while (!s.gone && fl_ring_pop(ring, s.ring_capacity, sizeof(desc), &desc) == FL_RING_OK) handle(c, desc);
+}
+
+}  // namespace framelink

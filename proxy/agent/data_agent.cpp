@@ -1,0 +1,514 @@
+#include "agent/data_agent.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <type_traits>
+#include <vector>
+
+#include "agent/agent_stats.h"
+#include "agent/idle_strategy.h"
+#include "agent/peer_messages.h"
+#include "framelink/framelink.h"
+#include "metrics/metrics.h"
+
+namespace framelink {
+
+namespace {
+
+// epoll tags: the top byte says what the low bits name.
+constexpr uint64_t kTagCommands = 0;
+constexpr uint64_t kTagClient = 1ULL << 56;
+constexpr uint64_t kTagLink = 2ULL << 56;
+
+constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
+constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
+// The longest sleep: credit and ACK deadlines are checked at least this often.
+constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
+
+// Waits for epoll events at most `timeout_ns`.  epoll_pwait2 (Linux 5.11)
+// takes nanoseconds, so an ACK held back for some microseconds is not sent a
+// millisecond late; an older kernel gets epoll_wait, rounded up to a
+// millisecond.
+void waitEvents(int epoll_fd, uint64_t timeout_ns) {
+  static std::atomic<bool> no_pwait2{false};
+  epoll_event events[32];
+  if (!no_pwait2.load(std::memory_order_relaxed)) {
+    timespec timeout{};
+    timeout.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000ULL);
+    timeout.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000ULL);
+    if (::epoll_pwait2(epoll_fd, events, 32, &timeout, nullptr) >= 0 || errno != ENOSYS) return;
+    no_pwait2.store(true, std::memory_order_relaxed);
+  }
+  ::epoll_wait(epoll_fd, events, 32, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
+}
+
+}  // namespace
+
+DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock)
+    : config_(config),
+      metrics_(metrics),
+      clock_(clock),
+      epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)),
+      clients_(metrics, names_),
+      outbound_(config, metrics, clock, clients_, peers_, links_),
+      inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagCommands;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, commands_.eventFd(), &ev);
+}
+
+DataAgent::~DataAgent() { stop(); }
+
+void DataAgent::start() {
+  running_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+void DataAgent::stop() {
+  if (!thread_.joinable()) return;
+  post(CmdStop{});
+  thread_.join();
+}
+
+void DataAgent::run() {
+  ::pthread_setname_np(::pthread_self(), "fl-data-agent");
+  if (config_.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(config_.cpu, &set);
+    if (::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set) != 0) {
+      spdlog::warn("cannot pin the data agent to CPU {}; running unpinned", config_.cpu);
+    }
+  }
+  // Spin, yield a little, then sleep: on 2 cores a spinning agent would take
+  // the CPU the applications (and a software RDMA device) need.
+  IdleStrategy idle(uint64_t{config_.idle_spin_us} * 1000);
+  while (running_) {
+    uint64_t work = drainCommands();
+    if (!running_) break;
+    work += doWork();
+    // After a sleep that brought no work, sleep again at once: only work
+    // re-arms the spin phase.
+    if (idle.idle(work, clock_.nowNs())) sleep();
+  }
+  shutdown();
+}
+
+void DataAgent::shutdown() {
+  // Every frame still in progress ends FAILED(shutdown), also those still in
+  // a ring and those of a client attached at the last moment.
+  outbound_.startShutdown();
+  drainCommands();
+  clients_.drainRings([this](AgentClient& c, const fl_submit_desc& d) { onDescriptor(c, d); });
+  for (auto& [id, c] : clients_.all()) {
+    if (c.session->role == FL_ROLE_PRODUCER) {
+      outbound_.failAllInProgress(*c.session, FL_ERR_SHUTDOWN, "the daemon is shutting down");
+    }
+    // After the last completion: from here the client fails whatever it
+    // still has in flight itself.
+    __atomic_store_n(&c.session->segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED},
+                     __ATOMIC_RELEASE);
+  }
+  for (auto& [id, l] : links_) {
+    v1::PeerMessage fin;
+    fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);
+    fin.mutable_fin()->set_reason("daemon shutting down");
+    if (l.session.writer) l.session.writer->send(std::move(fin));
+    if (l.transport) l.transport->shutdown();
+  }
+}
+
+size_t DataAgent::doWork() {
+  size_t work = 0;
+  work += clients_.drainRings([this](AgentClient& c, const fl_submit_desc& d) { onDescriptor(c, d); });
+  work += pollLinks();
+  inbound_.flushControl();
+  work += outbound_.pumpAll();
+  const uint64_t now = clock_.nowNs();
+  if (now >= next_deadline_check_ns_) {
+    outbound_.checkDeadlines();
+    next_deadline_check_ns_ = now + kDeadlineCheckNs;
+  }
+  if (now >= next_stats_ns_) {
+    publishStats();
+    next_stats_ns_ = now + kStatsNs;
+  }
+  // Last: whatever this round decided for a peer (ACKs, grants, NACKs) goes
+  // before the agent may sleep.
+  work += flushLinkControl();
+  return work;
+}
+
+size_t DataAgent::flushLinkControl() {
+  size_t records = 0;
+  for (auto& [id, l] : links_) {
+    if (l.control.messages_size() == 0 && l.control_out.empty()) continue;
+    std::string refused;
+    const size_t n = l.flushControl(&refused);
+    records += n;
+    metrics_.counters.control_records_sent.fetch_add(n, std::memory_order_relaxed);
+    if (!refused.empty()) protocolError(l, refused);
+  }
+  return records;
+}
+
+bool DataAgent::runUntilIdle(size_t max_rounds) {
+  for (size_t i = 0; i < max_rounds; ++i) {
+    size_t work = drainCommands();
+    work += doWork();
+    if (work == 0) return true;
+  }
+  return false;
+}
+
+void DataAgent::sleep() {
+  // Announce sleep on every submit ring, then re-check: a client that
+  // pushed meanwhile sees the flag and rings the doorbell, or we see its entry.
+  if (clients_.prepareSleep()) {
+    // Bounded so that credit and ACK deadlines are noticed, and never past
+    // the moment the oldest ACK held back for coalescing is due.
+    uint64_t timeout_ns = kMaxSleepNs;
+    if (const uint64_t due = inbound_.nextControlDeadlineNs(); due != 0) {
+      const uint64_t now = clock_.nowNs();
+      timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);
+    }
+    waitEvents(epoll_fd_.get(), timeout_ns);
+  }
+  clients_.endSleep();
+}
+
+size_t DataAgent::drainCommands() {
+  std::deque<AgentCommand> batch;
+  const size_t n = commands_.drain(batch);
+  for (auto& command : batch) {
+    std::visit(
+        [this](auto& cmd) {
+          using T = std::decay_t<decltype(cmd)>;
+          if constexpr (std::is_same_v<T, CmdClientAttached>) {
+            onClientAttached(std::move(cmd.client));
+          } else if constexpr (std::is_same_v<T, CmdClientGone>) {
+            onClientGone(cmd.client_id);
+          } else if constexpr (std::is_same_v<T, CmdLinkUp>) {
+            onLinkUp(cmd);
+          } else if constexpr (std::is_same_v<T, CmdLinkDown>) {
+            onLinkDown(cmd.link_id, cmd.reason);
+          } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
+            AgentLink* l = links_.find(cmd.link_id);
+            if (l == nullptr) return;
+            if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
+              protocolError(
+                  *l,
+                  "a per-frame message (credit grant, revoke or low, ACK, NACK) came on the Session; "
+                  "protocol version 2 carries those on the data transport only");
+              return;
+            }
+            onPeerMessage(*l, *cmd.message);
+          } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
+            if (AgentLink* l = links_.find(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
+          } else if constexpr (std::is_same_v<T, CmdStop>) {
+            running_ = false;
+          }
+        },
+        command);
+  }
+  return n;
+}
+
+void DataAgent::onDescriptor(AgentClient& c, const fl_submit_desc& desc) {
+  if (c.session->role == FL_ROLE_PRODUCER) {
+    outbound_.onSubmit(c, desc);
+  } else {
+    inbound_.onRelease(c, desc);
+  }
+}
+
+// ---------------------------------------------------------------- clients
+
+void DataAgent::onClientAttached(std::shared_ptr<ClientSession> session) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagClient | session->id;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, session->submit_doorbell.get(), &ev);
+  metrics_.counters.clients_attached.fetch_add(1, std::memory_order_relaxed);
+  AgentClient& c = clients_.add(std::move(session));
+  if (c.session->role == FL_ROLE_CONSUMER) {
+    inbound_.onConsumerAttached(c);
+  } else {
+    outbound_.onProducerAttached(c);
+  }
+}
+
+void DataAgent::onClientGone(uint64_t client_id) {
+  AgentClient* c = clients_.find(client_id);
+  if (c == nullptr) return;
+  ClientSession& s = *c->session;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, s.submit_doorbell.get(), nullptr);
+  // What the client put in its ring before it went away still counts: a
+  // consumer's last releases (so their frames are ACKed, not failed) and a
+  // producer's last submits (which are still sent).
+  if (!s.gone) {
+    clients_.drainAll(*c, [this](AgentClient& ac, const fl_submit_desc& d) { onDescriptor(ac, d); });
+  }
+  s.gone = true;
+  metrics_.counters.clients_detached.fetch_add(1, std::memory_order_relaxed);
+  clients_.detachLog().info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", s.id, s.pid,
+                            s.stream, s.frames, s.bytes);
+  if (s.role == FL_ROLE_CONSUMER) inbound_.onConsumerGone(*c);
+  outbound_.maybeForget(*c);
+}
+
+// ---------------------------------------------------------------- links
+
+void DataAgent::onLinkUp(CmdLinkUp& cmd) {
+  AgentLink& l = links_.add(cmd.link_id);
+  l.peer = peers_.resolve(cmd.peer);
+  l.peer_name = cmd.peer;
+  l.peer_instance = cmd.peer_instance;
+  l.transport_name = cmd.transport_name;
+  l.transport_reason = cmd.transport_reason;
+  l.address = cmd.address;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  l.up_since_ns = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
+  l.transport = std::move(cmd.transport);
+  l.session = std::move(cmd.session);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagLink | l.id;
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, l.transport->eventFd(), &ev);
+  metrics_.counters.links_up.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("link {} to peer {} is up over {}{}", l.id, l.peer_name, l.transport_name,
+               l.transport_reason.empty() ? "" : " (" + l.transport_reason + ")");
+  inbound_.onLinkUp(l);
+  outbound_.onLinkUp(l);
+}
+
+void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
+  AgentLink* l = links_.find(link_id);
+  if (l == nullptr) return;
+  spdlog::warn("link {} to peer {} is down: {}", l->id, l->peer_name, reason);
+  metrics_.counters.links_up.fetch_sub(1, std::memory_order_relaxed);
+  metrics_.counters.link_failures.fetch_add(1, std::memory_order_relaxed);
+  if (l->transport) {
+    ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, l->transport->eventFd(), nullptr);
+    l->transport->shutdown();
+    // Sends still posted complete with FL_ERR_LINK_LOST; deliver those events.
+    transport::TransportEvent* events = events_.get();
+    size_t n;
+    while ((n = l->transport->poll(events, kMaxEventsPerRound)) > 0) {
+      for (size_t i = 0; i < n; ++i) {
+        if (events[i].kind == transport::TransportEvent::Kind::kSendComplete) {
+          outbound_.onSendComplete(events[i]);
+        }
+      }
+    }
+  }
+  outbound_.onLinkDown(*l, reason);
+  std::shared_ptr<transport::Transport> transport = std::move(l->transport);
+  inbound_.onLinkDown(*l);
+  links_.erase(link_id);
+  inbound_.retractCreditsOfLink(link_id);
+  // Clients that were only waiting for posts on this link may go now.
+  std::vector<uint64_t> gone;
+  for (auto& [id, c] : clients_.all()) {
+    if (c.session->gone) gone.push_back(id);
+  }
+  for (uint64_t id : gone) {
+    if (AgentClient* c = clients_.find(id)) outbound_.maybeForget(*c);
+  }
+}
+
+size_t DataAgent::pollLinks() {
+  size_t work = 0;
+  transport::TransportEvent* events = events_.get();
+  // By id: handling an event may close a link (and erase it from links_).
+  link_ids_.clear();
+  for (auto& [id, l] : links_) link_ids_.push_back(id);
+  for (uint64_t id : link_ids_) {
+    AgentLink* l = links_.find(id);
+    if (l == nullptr || !l->transport) continue;
+    const size_t n = l->transport->poll(events, kMaxEventsPerRound);
+    for (size_t i = 0; i < n; ++i) {
+      l = links_.find(id);
+      if (l == nullptr) break;
+      onTransportEvent(*l, events[i]);
+    }
+    work += n;
+  }
+  return work;
+}
+
+void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
+  switch (ev.kind) {
+    case transport::TransportEvent::Kind::kSendComplete:
+      outbound_.onSendComplete(ev);
+      return;
+    case transport::TransportEvent::Kind::kFrameArrived:
+      inbound_.onFrameArrived(l, ev);
+      return;
+    case transport::TransportEvent::Kind::kControl:
+      onControlRecord(l, ev.control);
+      return;
+    case transport::TransportEvent::Kind::kLinkError:
+      if (!l.closing) {
+        spdlog::warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer_name, l.transport_name,
+                     statusName(ev.status), ev.message);
+        l.closing = true;
+        if (l.session.cancel) l.session.cancel();
+      }
+      return;
+  }
+}
+
+void DataAgent::protocolError(AgentLink& l, const std::string& why) {
+  spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
+  if (l.closing) return;
+  l.closing = true;
+  v1::PeerMessage fin;
+  fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
+  fin.mutable_fin()->set_reason(why);
+  l.send(std::move(fin));
+  if (l.session.cancel) l.session.cancel();
+}
+
+void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
+  if (l.closing) return;
+  metrics_.counters.control_records_received.fetch_add(1, std::memory_order_relaxed);
+  v1::ControlBatch batch;
+  if (!batch.ParseFromString(record)) {
+    protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
+    return;
+  }
+  for (const v1::PeerMessage& m : batch.messages()) {
+    if (!isPerFrameMessage(m)) {
+      protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +
+                           "; only credit grants, revokes and lows, ACKs and NACKs travel there");
+      return;
+    }
+    onPeerMessage(l, m);
+    if (l.closing) return;
+  }
+}
+
+void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, peer::Violation>) {
+          protocolError(l, m.why);
+        } else if constexpr (std::is_same_v<T, peer::StreamOpen>) {
+          if (std::string why = inbound_.onStreamOpen(l, m); !why.empty()) protocolError(l, why);
+        } else if constexpr (std::is_same_v<T, peer::StreamClose>) {
+          inbound_.onStreamClose(l, m.stream_id);
+        } else if constexpr (std::is_same_v<T, peer::CreditGrant>) {
+          if (std::string why = outbound_.onCreditGrant(l, m); !why.empty()) protocolError(l, why);
+        } else if constexpr (std::is_same_v<T, peer::CreditRevoke>) {
+          if (m.returned) {
+            inbound_.onCreditsReturned(l, m);
+          } else {
+            outbound_.onCreditRevoke(l, m);
+          }
+        } else if constexpr (std::is_same_v<T, peer::CreditLow>) {
+          inbound_.onCreditLow(l, m);
+        } else if constexpr (std::is_same_v<T, peer::Ack>) {
+          for (uint64_t sequence : m.sequences) outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {});
+        } else if constexpr (std::is_same_v<T, peer::Nack>) {
+          outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
+                          "peer " + l.peer_name + " refused it: " + m.message);
+        } else if constexpr (std::is_same_v<T, peer::Fin>) {
+          spdlog::info("link {}: peer {} closes the link: {}", l.id, l.peer_name, m.reason);
+          l.closing = true;
+          if (l.session.cancel) l.session.cancel();
+        } else {
+          static_assert(std::is_same_v<T, peer::Keepalive>);
+        }
+      },
+      peer::decode(message));
+}
+
+// ---------------------------------------------------------------- stats
+
+void DataAgent::publishStats() {
+  AgentStats stats;
+  Metrics::Gauges gauges;
+  for (const auto& [id, c] : clients_.all()) {
+    const ClientSession& s = *c.session;
+    ClientStats cs;
+    cs.id = id;
+    cs.pid = int64_t{s.pid};
+    cs.uid = uint64_t{s.uid};
+    cs.gid = uint64_t{s.gid};
+    cs.name = s.name;
+    cs.producer = s.role == FL_ROLE_PRODUCER;
+    cs.stream = s.stream;
+    cs.slots = s.slots.size();
+    cs.slot_size = s.segments ? s.segments->slotSize() : 0;
+    size_t held = 0;  // consumer: delivered, not yet released
+    for (const auto& e : s.slots) {
+      cs.slots_busy += e.state != SlotState::kFree ? 1 : 0;
+      held += e.state == SlotState::kDelivered ? 1 : 0;
+    }
+    cs.in_flight = cs.producer ? cs.slots_busy : held;
+    (cs.producer ? gauges.frames_in_flight : gauges.frames_held) += cs.in_flight;
+    cs.frames = s.frames;
+    cs.bytes = s.bytes;
+    cs.errors = s.errors;
+    cs.gone = s.gone;
+    stats.clients.push_back(std::move(cs));
+  }
+  std::map<std::string, Metrics::LinkGauge>
+      by_peer;  // one series per peer, also while a link replaces another
+  for (const auto& [id, l] : links_) {
+    LinkStats ls;
+    ls.id = id;
+    ls.peer = l.peer_name;
+    ls.address = l.address;
+    ls.closing = l.closing;
+    ls.peer_instance = l.peer_instance;
+    ls.transport = l.transport_name;
+    ls.transport_reason = l.transport_reason;
+    ls.up_since_ns = l.up_since_ns;
+    ls.rtt_ns = l.rtt_ns;
+    ls.frames_in = l.frames_in;
+    ls.frames_out = l.frames_out;
+    const OutboundStreams::PeerTraffic t = outbound_.traffic(l.peer);
+    ls.replayed = t.replayed;
+    if (l.peer != kNoPeer && peers_[l.peer].link_id == id) {
+      ls.in_flight = t.in_flight;
+      ls.pending = t.pending;
+    }
+    ls.in_streams = l.in_streams.size();
+    Metrics::LinkGauge& g = by_peer[l.peer_name];
+    g.peer = l.peer_name;
+    if (!l.closing || g.transport.empty()) g.transport = l.transport_name;
+    if (l.rtt_ns != 0) g.rtt_ns = l.rtt_ns;
+    g.in_flight += ls.in_flight;
+    g.replayed = t.replayed;
+    stats.links.push_back(std::move(ls));
+  }
+  for (const auto& peer : config_.peers) {
+    if (by_peer.count(peer.name) != 0) continue;
+    Metrics::LinkGauge& g = by_peer[peer.name];
+    g.peer = peer.name;
+    g.replayed = outbound_.traffic(peers_.resolve(peer.name)).replayed;
+  }
+  for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
+  metrics_.setGauges(std::move(gauges));
+  outbound_.collectStats(stats.streams);
+  stats.credits_outstanding = inbound_.creditsOutstanding();
+  stats.frames_held_by_consumers = inbound_.framesHeld();
+  metrics_.setDetail(toJson(std::move(stats)));
+}
+
+}  // namespace framelink

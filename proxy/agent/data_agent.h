@@ -1,0 +1,148 @@
+// The data agent: one thread that owns every client's slot table, every
+// stream, credit and link, drains submit rings round-robin, posts frames to
+// transports, polls their events and publishes completions.  Other threads
+// talk to it only through its command queue.  Idle strategy: spin, yield,
+// then sleep in epoll over the doorbells, the transports and the queue.
+//
+// This file is the loop and the wiring; the protocol lives in its parts:
+// ClientTable (client rings), OutboundStreams (producer side),
+// InboundStreams (consumer side), peer::decode (peer messages), AgentStats.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "agent/agent_clock.h"
+#include "agent/agent_state.h"
+#include "agent/client_table.h"
+#include "agent/command_queue.h"
+#include "agent/inbound_streams.h"
+#include "agent/outbound_streams.h"
+#include "agent/session_writer.h"
+#include "attach/client_session.h"
+#include "common/unique_fd.h"
+#include "config/config.h"
+#include "framelink/v1/link.pb.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+class Metrics;
+
+struct CmdClientAttached {
+  std::shared_ptr<ClientSession> client;
+};
+struct CmdClientGone {
+  uint64_t client_id = 0;
+};
+struct CmdLinkUp {
+  uint64_t link_id = 0;
+  std::string peer;            // configured peer name (dialer) or the peer's daemon id (listener)
+  uint64_t peer_instance = 0;  // the peer daemon's instance id (from its Hello / HelloAck)
+  std::string transport_name;
+  std::string transport_reason;  // why this transport (e.g. why not rdma)
+  std::string address;           // the peer's address as this daemon sees it (for framelink links)
+  std::shared_ptr<transport::Transport> transport;
+  PeerSession session;
+};
+// A keepalive came back: the link's round trip, for framelink links.
+struct CmdLinkRtt {
+  uint64_t link_id = 0;
+  uint64_t rtt_ns = 0;
+};
+struct CmdLinkDown {
+  uint64_t link_id = 0;
+  std::string reason;
+};
+struct CmdPeerMessage {
+  uint64_t link_id = 0;
+  std::shared_ptr<v1::PeerMessage> message;
+  // Read from the gRPC Session, where a per-frame message is a protocol
+  // error (version 2 carries those on the transport).
+  bool from_session = false;
+};
+struct CmdStop {};
+
+using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
+                                  CmdLinkRtt, CmdStop>;
+
+class DataAgent {
+ public:
+  // `clock`: the time deadlines, the idle strategy and the stats period
+  // follow (a ManualClock in tests); it must outlive the agent.
+  DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock = steadyClock());
+  ~DataAgent();
+  DataAgent(const DataAgent&) = delete;
+  DataAgent& operator=(const DataAgent&) = delete;
+
+  void post(AgentCommand command) { commands_.push(std::move(command)); }
+  void start();
+  // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.
+  void stop();
+
+  // Test hook, for an agent that was never start()ed (fuzzers): runs the
+  // agent's rounds on the calling thread until one finds no work -- every
+  // command posted before is handled, and what it set off (client rings,
+  // transport events, ACKs and grants to send) too.  No thread, no sleep: the
+  // same commands and events give the same rounds (deadlines aside, which
+  // follow the clock).  False when there was still work after `max_rounds`
+  // (the agent would spin).
+  bool runUntilIdle(size_t max_rounds);
+
+ private:
+  void run();
+  // One round after the commands: client rings, transport events, control
+  // messages, posts, deadlines, stats.  Returns the work it found.
+  size_t doWork();
+  size_t drainCommands();
+  size_t pollLinks();
+  void sleep();
+  void publishStats();
+  void shutdown();
+
+  void onClientAttached(std::shared_ptr<ClientSession> client);
+  void onClientGone(uint64_t client_id);
+  void onLinkUp(CmdLinkUp& command);
+  void onLinkDown(uint64_t link_id, const std::string& reason);
+  void onPeerMessage(AgentLink& link, const v1::PeerMessage& message);
+  // A control record from the link's transport: a ControlBatch of per-frame messages.
+  void onControlRecord(AgentLink& link, const std::string& record);
+  // Every link's per-frame messages of this round, to its transport.
+  size_t flushLinkControl();
+  void onTransportEvent(AgentLink& link, transport::TransportEvent& event);
+  // A descriptor from a client's submit ring: a producer's frame or a
+  // consumer's release.
+  void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
+  // Closes the link with a Fin(PROTOCOL) saying why.
+  void protocolError(AgentLink& link, const std::string& why);
+
+  const Config& config_;
+  Metrics& metrics_;
+  const AgentClock& clock_;
+  CommandQueue<AgentCommand> commands_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  UniqueFd epoll_fd_;
+
+  // The parts, in the order they depend on each other.
+  NameTable names_;
+  PeerTable peers_;
+  LinkTable links_;
+  ClientTable clients_;
+  OutboundStreams outbound_;
+  InboundStreams inbound_;
+  uint64_t next_deadline_check_ns_ = 0;
+  uint64_t next_stats_ns_ = 0;
+  // What pollLinks() reuses each round: the event array (a few hundred bytes
+  // an event, strings keep their capacity) and the ids of the links.
+  static constexpr size_t kMaxEventsPerRound = 64;
+  std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
+  std::vector<uint64_t> link_ids_;
+};
+
+}  // namespace framelink

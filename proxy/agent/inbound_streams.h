@@ -1,0 +1,174 @@
+// The consumer side of the frame protocol: the streams peers open towards
+// local consumers, a credit per free consumer slot granted to them, frames
+// arriving into those credits (checked, CRC32C included, then delivered),
+// replays dropped by sequence, releases ACKed, and what is remembered per
+// sender stream across links -- held and released sequences and refusals --
+// so that a frame replayed after a link broke is answered the way the first
+// copy was, never delivered twice.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "agent/agent_clock.h"
+#include "agent/agent_state.h"
+#include "agent/client_table.h"
+#include "agent/peer_messages.h"
+#include "common/log_limit.h"
+#include "metrics/metrics.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+class InboundStreams {
+ public:
+  // Released sequences remembered per sender stream (their ACKs are sent
+  // again on every new link), and NACKs repeated to a replay.
+  static constexpr size_t kMaxRemembered = 4096;
+
+  // `ack_delay_ns`: the longest a release's ACK and its slot's credit wait
+  // to go back to the sender with others (0: at the end of the round); the
+  // wait follows `clock`.
+  InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
+                 const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0);
+
+  // A consumer attached: its slots are granted to every stream of its name.
+  void onConsumerAttached(AgentClient& c);
+  // A consumer went: its credits are revoked, the frames it held refused.
+  void onConsumerGone(AgentClient& c);
+  void onRelease(AgentClient& c, const fl_submit_desc& desc);
+  // Sends the ACKs and credit grants that are due: per (link, stream), once
+  // the releases waiting reach a quarter of that sender's window, once the
+  // oldest has waited ack_delay, or at once when the sender is low on
+  // credits (and whatever must not wait: answers to replays, link up).
+  void flushControl();
+  // When the oldest ACK still held back is due (on the agent's clock); 0:
+  // none waits.  The agent does not sleep past it.
+  uint64_t nextControlDeadlineNs() const;
+  // The sender says its credits on the stream are low: what is held back
+  // for it goes at once, or else its next release does.
+  void onCreditLow(AgentLink& link, const peer::CreditLow& low);
+
+  void onFrameArrived(AgentLink& link, const transport::TransportEvent& event);
+  // A stream opened on `link`; a peer over its stream bound gets the violation back.
+  std::string onStreamOpen(AgentLink& link, const peer::StreamOpen& open);
+  void onStreamClose(AgentLink& link, uint64_t stream_id);
+
+  // A new link: what was kept for an earlier instance of its peer goes, and
+  // the ACKs of frames released recently are sent again on it.
+  void onLinkUp(AgentLink& link);
+  // The link's streams close; call retractCreditsOfLink once it is gone.
+  void onLinkDown(AgentLink& link);
+  void retractCreditsOfLink(uint64_t link_id);
+  // The sender gave back credits it did not use (after a recall): their
+  // slots are free for any sender of the stream.
+  void onCreditsReturned(AgentLink& link, const peer::CreditRevoke& returned);
+
+  size_t creditsOutstanding() const { return credits_.size(); }
+  size_t framesHeld() const;
+
+ private:
+  struct CreditEntry {
+    uint64_t client_id = 0;
+    uint32_t slot = 0;
+    uint64_t link_id = 0;
+    uint64_t stream_id = 0;
+    bool recalled = false;  // revoked to share the stream's slots again; the sender returns it or uses it
+  };
+  // Receive side of one sender stream, kept across links so that frames
+  // replayed after a link broke are recognised: per (peer, peer instance,
+  // sender's stream id).  The sender numbers frames in order and replays
+  // from its oldest unacknowledged one, so every sequence up to `highest`
+  // arrived before.
+  struct InState {
+    PeerId peer = kNoPeer;
+    uint64_t instance = 0;
+    uint64_t stream_id = 0;
+    uint64_t highest = 0;             // highest sequence that arrived intact
+    std::set<uint64_t> held;          // delivered, not yet released by the consumer
+    std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
+    std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
+    // Recently released sequences (bounded): their ACKs are sent again on
+    // every new link from this peer instance, since an ACK can be lost with
+    // the link that carried it, and the sender must learn of the release
+    // even when it gets no credit to replay the frame before its deadline.
+    std::deque<uint64_t> released;
+  };
+  using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
+
+  // A consumer's slots as one region announced on one link (link.proto
+  // SlotRegion); its addressing is known once its first credit is exposed.
+  struct Region {
+    uint32_t id = 0;
+    bool announced = false;
+    uint64_t base_addr = 0;
+    uint32_t rkey = 0;
+    uint64_t slot_stride = 0;
+    uint64_t slot_bytes = 0;
+  };
+
+  using Target = std::pair<uint64_t, uint64_t>;  // (link, the sender's stream id)
+  // What waits to go back to one sender's stream: the ACKs of released
+  // frames, whose slots are granted again with them.
+  struct HeldBack {
+    std::vector<uint64_t> acks;
+    NameKey stream = kNoName;  // the consumers' stream whose slots were released
+    uint64_t since_ns = 0;     // when the oldest of `acks` was released
+    bool now = false;          // goes at the end of this round (answers to replays, a new link)
+    bool low = false;          // the sender is low on credits: the next release goes at once
+  };
+  bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
+  void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<uint64_t>& sequences);
+  // Nothing waits for a link that is going: its releases' slots are granted again now.
+  void dropHeldBack(uint64_t link_id);
+  void grantCredits(NameKey stream);
+  // The region of that consumer's slots on that link, made when first
+  // needed; null when it cannot have one (more slots than a region holds,
+  // or every region id of the link in use): its credits then go whole.
+  Region* regionOf(uint64_t link_id, uint64_t client_id, const ClientSession& consumer);
+  // The next credit generation: never 0.
+  uint32_t nextGeneration();
+  void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
+  uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
+  // A usable link from that instance of a peer, or null.
+  AgentLink* linkOf(PeerId peer, uint64_t instance);
+  // Whether the frame is one this daemon answered and still remembers (held,
+  // refused, released recently); answers it again.  Assumes nothing from the
+  // order of sequences, so it may answer a frame that came in no credit.
+  // `refused_note` is the message of the NACK that answers a refused frame.
+  bool answerKnown(AgentLink& link, const transport::FrameHeader& header, const char* refused_note);
+  // Whether the frame is a replay this daemon already had; answers it.
+  bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
+  // Answers a replay of a frame delivered and released before: its ACK again.
+  void ackAgain(AgentLink& link, const transport::FrameHeader& header);
+
+  Metrics& metrics_;
+  ClientTable& clients_;
+  LinkTable& links_;
+  NameTable& names_;
+  const AgentClock& clock_;
+  const uint64_t ack_delay_ns_;
+  std::unordered_map<uint64_t, CreditEntry> credits_;  // by credit id
+  std::map<uint64_t, InState> in_states_;              // by id
+  std::map<InStateKey, uint64_t> in_state_ids_;
+  uint64_t next_in_state_id_ = 1;
+  uint32_t next_generation_ = 1;
+  std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)
+  size_t grant_cursor_ = 0;
+  std::map<Target, HeldBack> held_back_;
+  // Credits each sender may hold (its share of every consumer of the
+  // stream), as the last grant reckoned it: a quarter of it is what is worth
+  // a control record.
+  std::map<Target, size_t> windows_;
+  std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
+  LogLimiter log_client_errors_, log_refused_;
+};
+
+}  // namespace framelink

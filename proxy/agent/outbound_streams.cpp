@@ -1,0 +1,650 @@
+#include "agent/outbound_streams.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "agent/agent_stats.h"
+#include "framelink/framelink.h"
+#include "transport/frame_header.h"
+
+namespace framelink {
+
+namespace {
+
+// A frame the receiver refused without delivering it -- its CRC32C was wrong,
+// or it landed in a credit withdrawn meanwhile (its consumer went away) -- is
+// sent this many more times before it fails with that code (a CRC mismatch is
+// then in the producer's slot).
+constexpr uint32_t kMaxResends = 3;
+
+bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
+
+}  // namespace
+
+OutboundStreams::OutboundStreams(const Config& config, Metrics& metrics, const AgentClock& clock,
+                                 ClientTable& clients, PeerTable& peers, LinkTable& links)
+    : config_(config), metrics_(metrics), clock_(clock), clients_(clients), peers_(peers), links_(links) {}
+
+uint64_t OutboundStreams::creditDeadline() const {
+  return clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+}
+
+OutboundStreams::PeerOut& OutboundStreams::peerOut(PeerId peer) {
+  if (peer >= out_.size()) out_.resize(size_t{peer} + 1);
+  return out_[peer];
+}
+
+OutboundStreams::OutStream* OutboundStreams::stream(PeerId peer, uint64_t stream_id) {
+  if (peer >= out_.size()) return nullptr;
+  auto it = out_[peer].streams.find(stream_id);
+  return it == out_[peer].streams.end() ? nullptr : &it->second;
+}
+
+void OutboundStreams::announce(AgentLink& l, OutStream& s) {
+  v1::PeerMessage msg;
+  msg.mutable_stream_open()->set_stream_id(s.id);
+  msg.mutable_stream_open()->set_name(s.name);
+  l.send(std::move(msg));
+  s.announced = true;
+}
+
+uint64_t OutboundStreams::openStream(PeerId peer, const std::string& name) {
+  PeerOut& po = peerOut(peer);
+  auto it = po.by_name.find(name);
+  if (it != po.by_name.end()) return it->second;
+  const uint64_t id = next_stream_id_++;
+  OutStream& s = po.streams[id];
+  s.id = id;
+  s.name = name;
+  po.by_name[name] = id;
+  if (AgentLink* l = links_.find(peers_[peer].link_id)) announce(*l, s);
+  return id;
+}
+
+void OutboundStreams::onProducerAttached(AgentClient& c) {
+  c.headers.resize(c.session->slots.size());
+  const std::string peer = config_.routeFor(c.session->stream);
+  if (peer.empty()) return;  // its frames fail NO_ROUTE
+  c.route = peers_.resolve(peer);
+  c.out_stream = openStream(c.route, c.session->stream);
+}
+
+void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
+  ClientSession& c = *ac.session;
+  auto reject = [&](uint32_t slot, int status, const std::string& why) {
+    metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(status);
+    ++c.errors;
+    log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, slot, statusName(status),
+                            why);
+    clients_.complete(c, slot, status, 0, desc.length, 0);
+  };
+  if (shutting_down_ && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(FL_ERR_SHUTDOWN);
+    // frame_id is only echoed back to the client, so reading it unvalidated is harmless.
+    uint64_t frame_id = c.segments->slotHeader(desc.slot)->frame_id;
+    clients_.complete(c, desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, frame_id);
+    return;
+  }
+  if (desc.slot >= c.slots.size()) {
+    reject(desc.slot, FL_ERR_BAD_SLOT,
+           "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+    return;
+  }
+  SlotEntry& e = c.slots[desc.slot];
+  if (desc.flags != 0) {
+    reject(desc.slot, FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
+    return;
+  }
+  if (e.state != SlotState::kFree) {
+    reject(desc.slot, FL_ERR_SLOT_NOT_OWNED,
+           std::string("the slot is already in flight (") + slotStateName(e.state) + "), submitted twice?");
+    return;
+  }
+  if (desc.length > c.segments->slotSize()) {
+    reject(desc.slot, FL_ERR_TOO_LARGE,
+           "length " + std::to_string(desc.length) + " exceeds the slot size " +
+               std::to_string(c.segments->slotSize()));
+    return;
+  }
+  fl_slot_header sh;
+  std::memcpy(&sh, c.segments->slotHeader(desc.slot), sizeof(sh));  // private copy
+  if (sh.attr_length > FL_MAX_ATTR_BYTES || (sh.flags & ~uint32_t{FL_SLOT_HAS_CRC32C}) != 0) {
+    reject(desc.slot, FL_ERR_BAD_METADATA,
+           "slot header invalid (attr_length " + std::to_string(sh.attr_length) + " > " +
+               std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
+    return;
+  }
+  if (ac.route == kNoPeer) {
+    reject(desc.slot, FL_ERR_NO_ROUTE,
+           "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
+    return;
+  }
+  // Opened at attach, and kept while a producer of it is attached.
+  OutStream* sp = stream(ac.route, ac.out_stream);
+  if (sp == nullptr) {
+    ac.out_stream = openStream(ac.route, c.stream);
+    sp = stream(ac.route, ac.out_stream);
+  }
+  OutStream& s = *sp;
+
+  transport::FrameHeader& h = ac.headers[desc.slot];
+  h = transport::FrameHeader{};
+  transport::fromSlotHeader(sh, &h);
+  // A producer's slot header has no say in these.
+  h.stream_id = s.id;
+  h.sequence = s.next_sequence++;
+  h.length = desc.length;
+
+  const uint64_t now = clock_.nowNs();
+  e = SlotEntry{};
+  e.state = SlotState::kPending;
+  e.sequence = h.sequence;
+  e.length = desc.length;
+  e.frame_id = sh.frame_id;
+  e.stream_id = s.id;
+  e.submitted_ns = now;
+  e.deadline_ns = now + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  ++c.in_progress;
+  metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
+  s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
+  // Posted by pumpAll() at the end of this round, with every other stream's.
+}
+
+size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
+  AgentLink* l = links_.find(peers_[peer].link_id);
+  if (l == nullptr || !l->usable()) return 0;
+  size_t posted = 0;
+  size_t work = 0;
+  struct FlushAtEnd {
+    transport::Transport* t;
+    const size_t& n;
+    ~FlushAtEnd() {
+      if (n > 0) t->flush();
+    }
+  } flush_at_end{l->transport.get(), posted};
+  while (!s.pending.empty() && !s.credits.empty()) {
+    auto first = s.pending.begin();
+    const uint64_t sequence = first->first;
+    FrameRef f = first->second;
+    AgentClient* ac = clients_.find(f.client_id);
+    if (ac == nullptr || ac->session->slots[f.slot].state != SlotState::kPending ||
+        ac->session->slots[f.slot].sequence != sequence) {
+      s.pending.erase(first);
+      ++work;
+      continue;
+    }
+    ClientSession& c = *ac->session;
+    SlotEntry& e = c.slots[f.slot];
+    // The oldest credit the frame fits: consumers of one stream may have
+    // slots of different sizes, and a small one must not block a frame that
+    // a larger one can take.
+    auto fit = std::find_if(s.credits.begin(), s.credits.end(),
+                            [&](const transport::RemoteCredit& cr) { return cr.length >= e.length; });
+    if (fit == s.credits.end()) {
+      // A consumer with such slots exists: wait for its credit.  So does a
+      // frame sent before (a replay): it fitted a credit of this stream, and
+      // it may already be at that consumer, so it is never refused here.
+      if (e.length <= s.largest_credit || e.was_posted) break;
+      s.pending.erase(first);
+      ++work;
+      finishFrame(c, f.slot, FL_ERR_TOO_LARGE,
+                  "frame of " + std::to_string(e.length) +
+                      " bytes does not fit any consumer's slots on peer " + peers_[peer].name +
+                      " (the largest are " + std::to_string(s.largest_credit) +
+                      " bytes; attach a consumer with a larger slot size)");
+      continue;
+    }
+    const transport::RemoteCredit credit = *fit;
+    // The receiving daemon restarted since this frame was last sent: the one
+    // before may have delivered it, and the new one cannot know.
+    if (e.sent_to_instance != 0 && e.sent_to_instance != l->peer_instance && !e.maybe_redelivered) {
+      e.maybe_redelivered = true;
+      metrics_.counters.frames_maybe_redelivered.fetch_add(1, std::memory_order_relaxed);
+    }
+    transport::SendRequest req;
+    req.cookie = next_cookie_++;
+    req.header = ac->headers[f.slot];
+    req.header.credit_id = credit.credit_id;
+    req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
+    req.payload = c.segments->slot(f.slot);
+    req.local_key = c.segments->localKey();  // from the registration made at attach
+    req.credit = credit;
+    transport::PostResult r = l->transport->post(req);
+    if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
+      return work + 1;  // the transport takes it later: still work
+    }
+    s.pending.erase(first);
+    s.credit_ids.erase(fit->credit_id);
+    s.credits.erase(fit);
+    maybeSayLow(*l, s);
+    ++work;
+    if (r == transport::PostResult::kInvalid) {
+      finishFrame(c, f.slot, FL_ERR_TRANSPORT,
+                  "the transport refused the frame: " + std::string(l->transport->lastRefusal()));
+      continue;
+    }
+    e.state = SlotState::kPosted;
+    e.credit_id = req.cookie;  // producer side: the cookie of the post
+    e.peer_key = l->id;
+    e.sent_to_instance = l->peer_instance;
+    e.was_posted = true;
+    s.unacked[e.sequence] = f;
+    posted_[req.cookie] = Posted{f, peer, s.id, e.sequence};
+    ++l->frames_out;
+    ++posted;
+  }
+  return work;
+}
+
+size_t OutboundStreams::pumpAll() {
+  size_t work = 0;
+  for (PeerId peer = 0; peer < out_.size(); ++peer) {
+    // A link that is closing takes no posts until it is down: frames and
+    // credits waiting for it are no work (counting them would spin the agent).
+    const AgentLink* l = links_.find(peers_[peer].link_id);
+    if (l == nullptr || !l->usable()) continue;
+    PeerOut& po = out_[peer];
+    if (po.streams.empty()) continue;
+    // Every stream once, starting one further than the round before.
+    auto start = po.streams.lower_bound(po.first_pumped);
+    if (start == po.streams.end()) start = po.streams.begin();
+    auto it = start;
+    do {
+      OutStream& s = it->second;
+      // Frames waiting for a credit they fit are no work either.
+      if (!s.pending.empty() && !s.credits.empty()) work += pump(peer, s);
+      if (++it == po.streams.end()) it = po.streams.begin();
+    } while (it != start);
+    po.first_pumped = start->first + 1;
+  }
+  return work;
+}
+
+void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+  SlotEntry& e = c.slots[slot];
+  if (e.state == SlotState::kFree) return;
+  if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+  if (status == FL_OK) {
+    metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
+    metrics_.counters.bytes_sent.fetch_add(e.length, std::memory_order_relaxed);
+    metrics_.recordDeliveryLatency((clock_.nowNs() - e.submitted_ns) / 1000);
+    ++c.frames;
+    c.bytes += e.length;
+  } else {
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(status);
+    ++c.errors;
+    log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
+                     e.frame_id, statusName(status), why);
+  }
+  const uint64_t sequence = e.sequence;
+  const uint64_t length = e.length;
+  const uint64_t frame_id = e.frame_id;
+  e = SlotEntry{};
+  if (c.in_progress > 0) --c.in_progress;
+  clients_.complete(c, slot, status, sequence, length, frame_id);
+}
+
+void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std::string& why) {
+  for (uint32_t s = 0; s < c.slots.size(); ++s) {
+    if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, status, why);
+  }
+}
+
+void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
+                            const std::string& why) {
+  OutStream* sp = stream(peer, stream_id);
+  if (sp == nullptr) {
+    spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", peers_[peer].name, stream_id,
+                  sequence);
+    return;
+  }
+  OutStream& s = *sp;
+  auto it = s.unacked.find(sequence);
+  if (it == s.unacked.end()) {
+    // A frame waiting to be replayed (its link broke before the ACK came) is
+    // settled by the ACK its receiver sends again on the new link -- or by
+    // its refusal (the consumer died holding it): it needs no credit for
+    // that, and must not fail for the want of one.
+    auto pit = s.pending.find(sequence);
+    if ((status == FL_OK || !resendable(status)) && pit != s.pending.end()) {
+      FrameRef f = pit->second;
+      AgentClient* ac = clients_.find(f.client_id);
+      if (ac != nullptr) {
+        const SlotEntry& e = ac->session->slots[f.slot];
+        if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
+          s.pending.erase(pit);
+          metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
+          finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
+          maybeForget(*ac);
+          return;
+        }
+      }
+    }
+    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)",
+                  peers_[peer].name, s.name, sequence);
+    return;
+  }
+  FrameRef f = it->second;
+  s.unacked.erase(it);
+  AgentClient* ac = clients_.find(f.client_id);
+  if (ac == nullptr) return;
+  ClientSession& c = *ac->session;
+  SlotEntry& e = c.slots[f.slot];
+  if (resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
+      (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
+    // Not delivered (damaged on the way, or its credit was withdrawn): the
+    // payload is still in the producer's slot, so send it again, ahead of
+    // the frames that never left.
+    ++e.resends;
+    if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+    e.state = SlotState::kPending;
+    e.credit_id = 0;
+    e.peer_key = 0;
+    e.deadline_ns = creditDeadline();
+    s.pending.emplace(e.sequence, f);
+    (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
+                                   : metrics_.counters.frames_resent_credit)
+        .fetch_add(1, std::memory_order_relaxed);
+    log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c.id,
+                     c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
+    return;
+  }
+  finishFrame(c, f.slot, status, why);
+  maybeForget(*ac);
+}
+
+std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant& g) {
+  // The regions are the link's, whatever becomes of this grant's credits.
+  for (const peer::SlotRegion& r : g.regions) {
+    if (std::string why = l.peer_regions.add(r); !why.empty()) return why;
+  }
+  if (peers_[l.peer].link_id != l.id) return {};  // a replaced link: its credits are gone
+  OutStream* sp = stream(l.peer, g.stream_id);
+  if (sp == nullptr) {
+    spdlog::debug("link {}: credits for unknown stream {} ignored", l.id, g.stream_id);
+    return {};
+  }
+  OutStream& s = *sp;
+  if (s.credits.size() + g.credits.size() + g.slot_credits.size() > peer::kMaxCreditsPerStream) {
+    return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
+  }
+  auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
+    // Credit ids are unique on a link: one held twice would take two frames
+    // into one slot.
+    if (!s.credit_ids.insert(rc.credit_id).second) {
+      return "peer granted credit " + std::to_string(rc.credit_id) + " of stream " +
+             std::to_string(g.stream_id) + " while that credit was already granted";
+    }
+    s.credits.push_back(rc);
+    s.largest_credit = std::max(s.largest_credit, rc.length);
+    return {};
+  };
+  for (const auto& rc : g.credits) {
+    if (std::string why = take(rc); !why.empty()) return why;
+  }
+  for (uint64_t id : g.slot_credits) {
+    transport::RemoteCredit rc;
+    if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
+    if (std::string why = take(rc); !why.empty()) return why;
+  }
+  // Another sender of the stream may hold the large consumer's credits now.
+  s.largest_credit = std::max(s.largest_credit, g.largest_slot);
+  s.credit_peak = std::max(s.credit_peak, s.credits.size());
+  if (s.credits.size() > s.credit_peak / 4) s.said_low = false;
+  // Used by pumpAll() in this round: had each grant sent its stream's frames
+  // at once, the stream the peer happens to grant first would always go first.
+  return {};
+}
+
+void OutboundStreams::dropCredits(OutStream& s) {
+  s.credits.clear();
+  s.credit_ids.clear();
+  s.largest_credit = 0;
+  s.credit_peak = 0;
+  s.said_low = false;
+}
+
+void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {
+  // Below 8 credits a quarter is at most one frame, and the receiver sends
+  // every release back at once anyway.
+  constexpr size_t kLowSignalMinCredits = 8;
+  if (s.said_low || s.credit_peak < kLowSignalMinCredits || s.credits.size() > s.credit_peak / 4) return;
+  s.said_low = true;
+  v1::PeerMessage low;
+  low.mutable_credit_low()->set_stream_id(s.id);
+  low.mutable_credit_low()->set_credits_left(s.credits.size());
+  l.send(std::move(low));
+}
+
+void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
+  // The credits already taken from a retired region stay addressable: each
+  // holds its own address.
+  for (uint32_t id : r.retired_regions) l.peer_regions.retire(id);
+  OutStream* s = stream(l.peer, r.stream_id);
+  if (s == nullptr) return;
+  // Those not used yet are given back, so the receiver may grant their slots
+  // to another sender; one already used lands (or is refused) as it would have.
+  v1::PeerMessage back;
+  for (uint64_t id : r.credit_ids) {
+    auto it = std::find_if(s->credits.begin(), s->credits.end(),
+                           [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
+    if (it == s->credits.end()) continue;
+    s->credit_ids.erase(id);
+    s->credits.erase(it);
+    back.mutable_credit_revoke()->add_credit_ids(id);
+  }
+  if (back.has_credit_revoke()) {
+    back.mutable_credit_revoke()->set_stream_id(r.stream_id);
+    back.mutable_credit_revoke()->set_returned(true);
+    l.send(std::move(back));
+  }
+}
+
+void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
+  auto it = posted_.find(ev.cookie);
+  if (it == posted_.end()) return;  // already settled (ACK raced the completion)
+  const Posted posted = it->second;
+  posted_.erase(it);
+  AgentClient* ac = clients_.find(posted.frame.client_id);
+  if (ac == nullptr) return;
+  ClientSession& c = *ac->session;
+  SlotEntry& e = c.slots[posted.frame.slot];
+  if (e.state != SlotState::kPosted || e.sequence != posted.sequence) return;
+  if (ev.status == FL_OK) {
+    e.state = SlotState::kSent;
+    e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+  } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
+    // The link broke, not the frame: it stays unacknowledged and is
+    // replayed on the next link (requeueUnacked, when the link is down).
+  } else {
+    if (OutStream* s = stream(posted.peer, posted.stream_id)) s->unacked.erase(posted.sequence);
+    finishFrame(c, posted.frame.slot, ev.status, "send failed: " + ev.message);
+  }
+  maybeForget(*ac);
+}
+
+void OutboundStreams::onLinkUp(AgentLink& l) {
+  PeerEntry& p = peers_[l.peer];
+  if (p.link_id != 0 && p.link_id != l.id) {
+    spdlog::info("peer {}: link {} replaces link {}", p.name, l.id, p.link_id);
+    // The old link is not down yet (its end is noticed later, or never, when
+    // the peer restarted).  What it carried without an ACK goes first on the
+    // new link, before any newer frame: the receiver counts on each stream
+    // arriving in sequence order, replays first, and takes a sequence at or
+    // below the highest it has seen for one it has had.
+    requeueUnacked(p.link_id, "link " + std::to_string(l.id) + " replaces it");
+  }
+  p.link_id = l.id;
+  for (auto& [id, s] : peerOut(l.peer).streams) {
+    dropCredits(s);
+    announce(l, s);
+  }
+}
+
+void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) {
+  PeerEntry& p = peers_[l.peer];
+  if (p.link_id == l.id) {
+    p.link_id = 0;
+    for (auto& [id, s] : peerOut(l.peer).streams) {
+      dropCredits(s);
+      s.announced = false;
+    }
+  }
+  // Nothing sent on this link is lost: what the peer did not acknowledge
+  // goes again on the next link, and the peer drops what it already had.
+  requeueUnacked(l.id, reason);
+}
+
+void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason) {
+  const uint64_t deadline = creditDeadline();
+  for (PeerId peer = 0; peer < out_.size(); ++peer) {
+    for (auto& [id, s] : out_[peer].streams) {
+      std::vector<std::pair<uint64_t, FrameRef>> replay;
+      for (auto it = s.unacked.begin(); it != s.unacked.end();) {
+        AgentClient* ac = clients_.find(it->second.client_id);
+        if (ac == nullptr) {
+          it = s.unacked.erase(it);
+          continue;
+        }
+        SlotEntry& e = ac->session->slots[it->second.slot];
+        if (e.peer_key != link_id || (e.state != SlotState::kPosted && e.state != SlotState::kSent)) {
+          ++it;
+          continue;
+        }
+        if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+        e.state = SlotState::kPending;
+        e.credit_id = 0;
+        e.peer_key = 0;
+        e.deadline_ns = deadline;  // FAILED(LINK_LOST) when no link takes it in time
+        replay.emplace_back(it->first, it->second);
+        it = s.unacked.erase(it);
+      }
+      if (replay.empty()) continue;
+      // In sequence order with the frames that never left (and those a NACK
+      // sent back): the next link carries the stream in order.
+      std::sort(replay.begin(), replay.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& [sequence, frame] : replay) s.pending.emplace(sequence, frame);
+      metrics_.counters.frames_replayed.fetch_add(replay.size(), std::memory_order_relaxed);
+      out_[peer].replayed += replay.size();
+      spdlog::info(
+          "peer {} stream '{}': {} unacknowledged frames (seq {}..{}) will be sent again on the next "
+          "link ({})",
+          peers_[peer].name, s.name, replay.size(), replay.front().first, replay.back().first, reason);
+    }
+  }
+}
+
+void OutboundStreams::checkDeadlines() {
+  const uint64_t now = clock_.nowNs();
+  std::vector<uint64_t> ids;
+  for (auto& [id, c] : clients_.all()) {
+    if (c.session->role == FL_ROLE_PRODUCER && c.session->in_progress > 0) ids.push_back(id);
+  }
+  static const std::string kNoPeerName;
+  for (uint64_t id : ids) {
+    AgentClient* ac = clients_.find(id);
+    if (ac == nullptr) continue;
+    ClientSession& c = *ac->session;
+    const PeerId route = ac->route;
+    for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
+      SlotEntry& e = c.slots[slot];
+      if (e.deadline_ns == 0 || now < e.deadline_ns) continue;
+      OutStream* s = route != kNoPeer ? stream(route, e.stream_id) : nullptr;
+      const std::string& peer_name = route != kNoPeer ? peers_[route].name : kNoPeerName;
+      if (e.state == SlotState::kPending) {
+        const bool link_up = route != kNoPeer && peers_[route].link_id != 0;
+        if (s != nullptr) {
+          auto f = s->pending.find(e.sequence);
+          if (f != s->pending.end() && f->second.client_id == id && f->second.slot == slot) {
+            s->pending.erase(f);
+          }
+        }
+        if (e.was_posted) {
+          // Sent before and waiting to be sent again: the consumer may have
+          // it, so its fate is unknown -- never a FAILED that says nobody did.
+          finishFrame(c, slot, FL_ERR_TIMEOUT,
+                      "frame sent to peer " + peer_name +
+                          " was neither acknowledged nor sent again within its deadline (it may have been "
+                          "delivered)");
+        } else if (link_up) {
+          finishFrame(c, slot, FL_ERR_NO_CONSUMER,
+                      "no consumer of stream '" + c.stream + "' on peer " + peer_name +
+                          " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");
+        } else {
+          finishFrame(c, slot, FL_ERR_LINK_LOST,
+                      "no link to peer " + peer_name + " within " +
+                          std::to_string(config_.credit_timeout_ms) + " ms");
+        }
+      } else if (e.state == SlotState::kSent) {
+        if (s != nullptr) s->unacked.erase(e.sequence);
+        finishFrame(c, slot, FL_ERR_TIMEOUT,
+                    "no acknowledgement from peer " + peer_name + " within " +
+                        std::to_string(config_.ack_timeout_ms) + " ms");
+      }
+    }
+    if (AgentClient* again = clients_.find(id)) maybeForget(*again);
+  }
+}
+
+void OutboundStreams::maybeForget(AgentClient& c) {
+  // A producer that went away stays until each frame it submitted has ended
+  // (delivered, or failed by a NACK, the link or a deadline): the frames are
+  // still sent, and a transport may still be reading its slots.  Nobody
+  // reads the completions any more; the counters still count them.
+  const ClientSession& s = *c.session;
+  if (!s.gone) return;
+  const bool producer = s.role == FL_ROLE_PRODUCER;
+  if (producer && s.in_progress > 0) return;
+  const PeerId route = c.route;
+  const uint64_t stream_id = c.out_stream;
+  clients_.erase(s.id);  // c is gone now
+  if (producer && route != kNoPeer) forgetStreamIfUnused(route, stream_id);
+}
+
+void OutboundStreams::forgetStreamIfUnused(PeerId peer, uint64_t stream_id) {
+  for (const auto& [id, c] : clients_.all()) {
+    // Attached, or gone with frames in flight.
+    if (c.session->role == FL_ROLE_PRODUCER && c.route == peer && c.out_stream == stream_id) return;
+  }
+  PeerOut& po = peerOut(peer);
+  auto sit = po.streams.find(stream_id);
+  if (sit == po.streams.end()) return;
+  const OutStream& s = sit->second;
+  if (!s.pending.empty() || !s.unacked.empty()) return;
+  metrics_.counters.streams_forgotten.fetch_add(1, std::memory_order_relaxed);  // counted before it is said
+  if (AgentLink* l = links_.find(peers_[peer].link_id); l != nullptr && s.announced) {
+    v1::PeerMessage msg;
+    msg.mutable_stream_close()->set_stream_id(s.id);
+    l->send(std::move(msg));
+  }
+  po.by_name.erase(s.name);
+  po.streams.erase(sit);
+}
+
+OutboundStreams::PeerTraffic OutboundStreams::traffic(PeerId peer) const {
+  PeerTraffic t;
+  if (peer >= out_.size()) return t;
+  t.replayed = out_[peer].replayed;
+  for (const auto& [id, s] : out_[peer].streams) {
+    t.in_flight += s.unacked.size();
+    t.pending += s.pending.size();
+  }
+  return t;
+}
+
+void OutboundStreams::collectStats(std::vector<StreamStats>& out) const {
+  for (PeerId peer = 0; peer < out_.size(); ++peer) {
+    for (const auto& [id, s] : out_[peer].streams) {
+      out.push_back(StreamStats{peers_[peer].name, s.name, id, s.next_sequence, s.credits.size(),
+                                s.pending.size(), s.unacked.size()});
+    }
+  }
+}
+
+}  // namespace framelink

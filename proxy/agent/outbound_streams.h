@@ -1,0 +1,143 @@
+// The producer side of the frame protocol: each local producer's stream
+// towards its peer, numbered in sequence, posted into the peer's credits in
+// sequence order, settled by ACK or NACK (a frame refused undelivered is sent
+// again, a few times), failed by its credit or ACK deadline, and replayed from
+// the oldest unacknowledged frame when its link breaks or is replaced.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "agent/agent_clock.h"
+#include "agent/agent_state.h"
+#include "agent/client_table.h"
+#include "agent/peer_messages.h"
+#include "common/log_limit.h"
+#include "config/config.h"
+#include "metrics/metrics.h"
+#include "transport/transport.h"
+
+namespace framelink {
+
+struct StreamStats;
+
+class OutboundStreams {
+ public:
+  OutboundStreams(const Config& config, Metrics& metrics, const AgentClock& clock, ClientTable& clients,
+                  PeerTable& peers, LinkTable& links);
+
+  // A producer attached: its route is resolved and its stream opened (and
+  // announced, when its peer's link is up) once, here.
+  void onProducerAttached(AgentClient& c);
+  void onSubmit(AgentClient& c, const fl_submit_desc& desc);
+  // Posts what each stream's credits allow; returns the work done.
+  size_t pumpAll();
+
+  // Control messages of the peer at the other end of `link`.  A grant that
+  // overflows the stream's bound returns the violation (the link is closed).
+  std::string onCreditGrant(AgentLink& link, const peer::CreditGrant& grant);
+  void onCreditRevoke(AgentLink& link, const peer::CreditRevoke& revoke);
+  void onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
+  void onSendComplete(const transport::TransportEvent& event);
+
+  // A link to a peer is up: it becomes the peer's link (what a replaced one
+  // carried unacknowledged goes first on it) and every stream is announced.
+  void onLinkUp(AgentLink& link);
+  // Before the link goes: its posts are replayed on the next link.
+  void onLinkDown(const AgentLink& link, const std::string& reason);
+
+  // Fails the frames whose credit or ACK deadline passed.
+  void checkDeadlines();
+  // Forgets a client that went away once it has nothing in progress (a
+  // producer's frames are still sent after it went; a transport may still
+  // read its slots), and its stream with its last producer.
+  void maybeForget(AgentClient& c);
+  // The daemon is stopping: frames end FAILED(shutdown) from here.
+  void startShutdown() { shutting_down_ = true; }
+  void failAllInProgress(ClientSession& c, int status, const std::string& why);
+
+  void collectStats(std::vector<StreamStats>& out) const;
+  // This daemon's frames to `peer`: posted or sent and not yet acknowledged,
+  // waiting for a credit, and replayed so far.
+  struct PeerTraffic {
+    size_t in_flight = 0;
+    size_t pending = 0;
+    uint64_t replayed = 0;
+  };
+  PeerTraffic traffic(PeerId peer) const;
+
+ private:
+  struct FrameRef {
+    uint64_t client_id = 0;
+    uint32_t slot = 0;
+  };
+  struct OutStream {
+    uint64_t id = 0;
+    std::string name;
+    uint64_t next_sequence = 1;
+    std::deque<transport::RemoteCredit> credits;
+    std::unordered_set<uint64_t> credit_ids;  // of `credits`: a peer granting one twice is refused
+    uint64_t largest_credit = 0;              // the largest credit granted on the current link
+    // Submitted or to be sent again, waiting for a credit; by sequence, so a
+    // stream always leaves in sequence order -- also when NACKed frames and
+    // a broken link's unacknowledged ones go back into it.  The receiver
+    // relies on that: on a stream, a sequence at or below the highest it has
+    // seen is one it has had (InboundStreams' duplicate check).
+    std::map<uint64_t, FrameRef> pending;
+    std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
+    bool announced = false;                          // StreamOpen sent on the current link
+    // The low-credit signal: the most credits held on the current link, and
+    // whether CreditLow went since the credits were last above a quarter of it.
+    size_t credit_peak = 0;
+    bool said_low = false;
+  };
+  struct PeerOut {
+    std::map<uint64_t, OutStream> streams;              // by stream id
+    std::unordered_map<std::string, uint64_t> by_name;  // at attach only
+    uint64_t replayed = 0;  // frames sent again on a new link after one to this peer broke
+    // The stream pumpAll() starts with: one further each round, so that no
+    // stream's frames always go first on the shared link.
+    uint64_t first_pumped = 0;
+  };
+  struct Posted {
+    FrameRef frame;
+    PeerId peer = kNoPeer;
+    uint64_t stream_id = 0;
+    uint64_t sequence = 0;
+  };
+
+  PeerOut& peerOut(PeerId peer);
+  OutStream* stream(PeerId peer, uint64_t stream_id);
+  uint64_t openStream(PeerId peer, const std::string& name);
+  void announce(AgentLink& link, OutStream& s);
+  // After a credit was spent: tells the receiver when the stream's credits
+  // fell to a quarter of what it held (CreditLow), once until they rise again.
+  void maybeSayLow(AgentLink& link, OutStream& s);
+  // The link's credits are gone (link up or down).
+  static void dropCredits(OutStream& s);
+  size_t pump(PeerId peer, OutStream& s);
+  void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
+  void requeueUnacked(uint64_t link_id, const std::string& reason);
+  uint64_t creditDeadline() const;
+
+  const Config& config_;
+  Metrics& metrics_;
+  const AgentClock& clock_;
+  ClientTable& clients_;
+  PeerTable& peers_;
+  LinkTable& links_;
+  std::vector<PeerOut> out_;                     // by PeerId
+  std::unordered_map<uint64_t, Posted> posted_;  // by cookie
+  uint64_t next_stream_id_ = 1;
+  uint64_t next_cookie_ = 1;
+  bool shutting_down_ = false;
+  LogLimiter log_client_errors_, log_failed_, log_resent_;
+};
+
+}  // namespace framelink

@@ -1,0 +1,136 @@
+// The local attach endpoint: an AF_UNIX SOCK_SEQPACKET socket.  Validates
+// each fl_attach_request, applies the SO_PEERCRED policy and quotas, creates
+// the client's segments and doorbells, passes them with SCM_RIGHTS, and
+// watches the socket so the daemon learns when the client goes away.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attach/client_session.h"
+#include "common/log_limit.h"
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "config/config.h"
+#include "framelink/attach_proto.h"
+#include "metrics/metrics.h"
+
+namespace framelink {
+
+struct DaemonIdentity {
+  uint64_t pid = 0;
+  uint64_t start_ns = 0;
+};
+
+class AttachServer {
+ public:
+  using OnAttach = std::function<void(std::shared_ptr<ClientSession>)>;
+  using OnDetach = std::function<void(uint64_t client_id)>;
+
+  // What a connection that has not attached yet may hold: it must send its
+  // request within kHandshakeMs, and one uid may have at most
+  // kMaxPendingPerUid such connections at once.
+  static constexpr int kHandshakeMs = 2000;
+  static constexpr size_t kMaxPendingPerUid = 32;
+  // Out of file descriptors: accepting pauses this long instead of spinning.
+  static constexpr int kAcceptBackoffMs = 100;
+  // Descriptors kept free for links, logs and the daemon's own work: new
+  // clients are refused (FL_ERR_RESOURCES) rather than take the last ones.
+  static constexpr uint64_t kFdReserve = 32;
+  // Attach (and detach) lines logged per second at most; the rest are counted
+  // in a "suppressed" line.
+  static constexpr uint32_t kLoggedAttachesPerSecond = 20;
+
+  static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
+                                                      OnAttach on_attach, OnDetach on_detach,
+                                                      Metrics* metrics = nullptr);
+  ~AttachServer();
+
+  // Registers each client's data segment with the rdma device (producer:
+  // local read; consumer: remote write) before the client gets it; the
+  // returned handle lives as long as the segment, and its key goes with
+  // every send from it.  `numa_node` >= 0 places segments on the NIC's node.
+  // Call before start().
+  using RegisterSegment = std::function<Result<SegmentRegistration>(ClientSegments& segments, uint32_t role)>;
+  void setSegmentRegistrar(RegisterSegment registrar, int numa_node);
+
+  // Builds the JSON an admin request gets (counters, clients, links); called
+  // on the attach thread.  Call before start().
+  using AdminSnapshot = std::function<std::string()>;
+  void setAdminSnapshot(AdminSnapshot snapshot) { admin_snapshot_ = std::move(snapshot); }
+
+  void start();
+  void stop();
+
+  // Whether a peer with these credentials may send admin requests: root, the
+  // daemon's own uid or gid, or a member (primary or supplementary group) of
+  // the admin group.  Empty when allowed, else the refusal naming the rule.
+  std::string adminRefusal(uid_t uid, gid_t gid, const std::vector<gid_t>& groups) const;
+
+  // Validation of one request against the policy, without side effects
+  // (exposed for unit tests).  Fills `request` defaults on success.
+  static Status validateRequest(const Config& config, fl_attach_request& request, uid_t uid, gid_t gid);
+
+ private:
+  AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach, OnDetach on_detach);
+  void run();
+  void acceptAll();
+  void handleRequest(int fd);
+  void handleAdmin(int fd, const fl_admin_request& request, ssize_t size, const ucred& cred);
+  void sendAdminReply(int fd, int status, const std::string& message, int json_fd, uint64_t json_size);
+  void sendRefusal(int fd, int status, const std::string& message);
+  // For a connection just accepted and not yet tracked: refuses it and closes it.
+  void refuseAndClose(int fd, int status, const std::string& message);
+  void dropConnection(int fd);
+  // Drops connections that sent no request before their deadline; returns
+  // the epoll timeout until the next deadline (-1: none).
+  int expireHandshakes();
+  void reject(Metrics::AttachReject reason);
+
+  const Config& config_;
+  DaemonIdentity identity_;
+  OnAttach on_attach_;
+  OnDetach on_detach_;
+  RegisterSegment registrar_;
+  int numa_node_ = -1;
+  UniqueFd listen_fd_;
+  UniqueFd epoll_fd_;
+  UniqueFd stop_fd_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  uint64_t next_client_id_ = 1;
+  Metrics* metrics_ = nullptr;  // may be null (tests)
+  AdminSnapshot admin_snapshot_;
+  uid_t own_uid_ = 0;
+  gid_t own_gid_ = 0;
+  gid_t admin_gid_ = 0;
+  std::string admin_group_;  // its name, for messages
+
+  struct Connection {
+    UniqueFd fd;
+    uint64_t client_id = 0;  // 0 until attached
+    uid_t uid = 0;
+    std::chrono::steady_clock::time_point deadline{};  // for the request, while not attached
+  };
+  // Owned by the attach thread.
+  std::map<int, Connection> connections_;
+  std::map<uid_t, size_t> pending_by_uid_;   // connections that have not attached yet
+  std::map<uid_t, size_t> attached_by_uid_;  // attached clients (limits.max_clients_per_uid)
+  bool accept_paused_ = false;
+  std::chrono::steady_clock::time_point accept_resume_{};
+  uint64_t fd_limit_ = 0;  // RLIMIT_NOFILE at start
+  bool fd_warned_ = false;
+  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_, log_clients_;
+  // Attaches are logged, but a user who attaches in a loop cannot flood the log.
+  LogLimiter log_attached_{std::chrono::seconds(1), kLoggedAttachesPerSecond};
+};
+
+}  // namespace framelink

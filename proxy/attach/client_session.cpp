@@ -1,0 +1,63 @@
+#include "attach/client_session.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "framelink/shm_ring.h"
+
+namespace framelink {
+
+const char* slotStateName(SlotState state) noexcept {
+  switch (state) {
+    case SlotState::kFree:
+      return "free";
+    case SlotState::kPending:
+      return "pending";
+    case SlotState::kPosted:
+      return "posted";
+    case SlotState::kSent:
+      return "sent";
+    case SlotState::kCredited:
+      return "credited";
+    case SlotState::kDelivered:
+      return "delivered";
+  }
+  return "?";
+}
+
+bool makeDoorbell(Doorbell* out) noexcept {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return false;
+  out->daemon_end = UniqueFd(sv[0]);
+  out->client_end = UniqueFd(sv[1]);
+  return true;
+}
+
+void ringDoorbell(int daemon_end) noexcept {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::send(daemon_end, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void drainDoorbell(int daemon_end, int max) noexcept {
+  char buf[16];
+  for (int i = 0; i < max; ++i) {
+    if (::recv(daemon_end, buf, sizeof(buf), MSG_DONTWAIT) < 0) return;
+  }
+}
+
+bool ClientSession::complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length,
+                             uint64_t frame_id) noexcept {
+  if (gone) return true;
+  fl_completion_desc desc{};
+  desc.slot = slot;
+  desc.status = status;
+  desc.sequence = sequence;
+  desc.length = length;
+  desc.frame_id = frame_id;
+  fl_ring_header* ring = segments->completionRing();
+  if (fl_ring_push(ring, ring_capacity, sizeof(fl_completion_desc), &desc) != FL_RING_OK) return false;
+  if (fl_ring_reader_needs_wake(ring)) ringDoorbell(completion_doorbell.get());
+  return true;
+}
+
+}  // namespace framelink

@@ -1,0 +1,94 @@
+// One attached application as the data agent sees it: its segments, its
+// doorbells, and the daemon's private slot table (authoritative: the segment
+// is never trusted).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attach/segment.h"
+#include "common/unique_fd.h"
+#include "framelink/shm_layout.h"
+
+namespace framelink {
+
+enum class SlotState : uint8_t {
+  kFree,       // producer: held by the app or free; consumer: free, not yet credited
+  kPending,    // producer: submitted, waiting for a credit (or a link)
+  kPosted,     // producer: posted to the transport, send not yet complete
+  kSent,       // producer: sent, waiting for the remote consumer's ACK
+  kCredited,   // consumer: exposed to a peer as a credit
+  kDelivered,  // consumer: frame delivered to the app, waiting for release
+};
+
+const char* slotStateName(SlotState state) noexcept;
+
+// A doorbell: a datagram socket pair, one end the daemon's and one the
+// client's.  They are two open files, so nothing a client does to its end --
+// clearing O_NONBLOCK, never reading it, flooding it -- can make the daemon
+// block: the daemon only ever uses recv/send with MSG_DONTWAIT on its own end,
+// and a full queue just means the doorbell is already ringing.  (An eventfd
+// handed over by SCM_RIGHTS would share its file status flags and its counter
+// with the client.)
+struct Doorbell {
+  UniqueFd daemon_end;
+  UniqueFd client_end;
+};
+// False (errno set) when the socket pair cannot be made.
+bool makeDoorbell(Doorbell* out) noexcept;
+// Rings: one datagram; never blocks.
+void ringDoorbell(int daemon_end) noexcept;
+// Clears what is queued on the daemon's end, at most `max` rings (a client
+// that floods its doorbell gets no more attention than one that rings once).
+void drainDoorbell(int daemon_end, int max = 64) noexcept;
+
+struct SlotEntry {
+  SlotState state = SlotState::kFree;
+  uint64_t sequence = 0;
+  uint64_t length = 0;
+  uint64_t frame_id = 0;
+  uint64_t peer_key = 0;     // producer: which peer; consumer: link id of the frame's sender
+  uint64_t stream_id = 0;    // producer: out-stream id; consumer: the sender's stream id
+  uint64_t credit_id = 0;    // consumer: credit this slot is exposed under
+  uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
+  uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (the agent's clock)
+  uint64_t submitted_ns = 0;
+  uint32_t resends = 0;  // producer: times the peer refused the frame undelivered and it was sent again
+  uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to
+  bool was_posted = false;         // producer: posted to a link at least once (an ACK may come for it)
+  bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon
+};
+
+struct ClientSession {
+  uint64_t id = 0;
+  uint32_t role = 0;
+  std::string stream;
+  std::string name;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::shared_ptr<ClientSegments> segments;
+  UniqueFd submit_doorbell;      // daemon's end: the client rings it, the daemon sleeps on it
+  UniqueFd completion_doorbell;  // daemon's end: the daemon rings it when the client sleeps
+  UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
+  uint32_t ring_capacity = 0;    // trusted copies, never re-read from the segment
+  std::vector<SlotEntry> slots;
+  bool gone = false;         // socket closed: no more submits, completions dropped
+  uint64_t in_progress = 0;  // producer: slots not kFree
+
+  // Counters.
+  uint64_t frames = 0;
+  uint64_t bytes = 0;
+  uint64_t errors = 0;
+
+  // Push one completion and ring the doorbell when the client sleeps.  Returns
+  // false when the ring is full or corrupt (the client misbehaves).
+  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length,
+                uint64_t frame_id) noexcept;
+};
+
+}  // namespace framelink

@@ -1,0 +1,233 @@
+#include "attach/segment.h"
+
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#ifdef FRAMELINK_HAVE_NUMA
+#include <numa.h>
+#include <numaif.h>
+#endif
+
+#include "framelink/shm_ring.h"
+
+namespace framelink {
+
+namespace {
+
+uint64_t roundUp(uint64_t value, uint64_t align) { return (value + align - 1) / align * align; }
+
+uint32_t nextPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+std::string errnoText(int err) { return std::string(std::strerror(err)); }
+
+struct Memfd {
+  UniqueFd fd;
+  bool huge = false;
+};
+
+Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool require_huge) {
+  if (try_huge) {
+    int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
+    if (fd >= 0) {
+      UniqueFd owned(fd);
+      if (::ftruncate(fd, static_cast<off_t>(roundUp(size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE)))) == 0) {
+        return Memfd{std::move(owned), true};
+      }
+      if (require_huge) {
+        return makeError(FL_ERR_RESOURCES, "cannot size a hugepage memfd of " + std::to_string(size) +
+                                               " bytes: " + errnoText(errno) +
+                                               "; reserve more: echo N > /proc/sys/vm/nr_hugepages");
+      }
+    } else if (require_huge) {
+      return makeError(FL_ERR_RESOURCES, "memfd_create(MFD_HUGETLB) failed: " + errnoText(errno) +
+                                             "; is hugetlbfs available? or set hugepages = \"auto\"");
+    }
+  }
+  int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return makeError(FL_ERR_RESOURCES, std::string("memfd_create failed: ") + errnoText(errno));
+  UniqueFd owned(fd);
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return makeError(FL_ERR_RESOURCES,
+                     "cannot size a memfd of " + std::to_string(size) + " bytes: " + errnoText(errno));
+  }
+  return Memfd{std::move(owned), false};
+}
+
+Result<Mapping> mapShared(int fd, uint64_t size, bool huge, const char* what) {
+  // MAP_POPULATE: fault everything in now, so a hugepage shortage shows up
+  // here (ENOMEM) and not as a SIGBUS on the data path.
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (addr == MAP_FAILED) {
+    return makeError(FL_ERR_RESOURCES, std::string("mmap of the ") + what + " segment (" +
+                                           std::to_string(size) + " bytes" + (huge ? ", hugepages" : "") +
+                                           ") failed: " + errnoText(errno));
+  }
+  return Mapping(addr, size);
+}
+
+std::atomic<bool> g_warned_no_hugepages{false};
+
+}  // namespace
+
+Mapping::Mapping(Mapping&& other) noexcept
+    : addr_(std::exchange(other.addr_, nullptr)), length_(std::exchange(other.length_, 0)) {}
+
+Mapping& Mapping::operator=(Mapping&& other) noexcept {
+  if (this != &other) {
+    if (addr_ != nullptr) ::munmap(addr_, length_);
+    addr_ = std::exchange(other.addr_, nullptr);
+    length_ = std::exchange(other.length_, 0);
+  }
+  return *this;
+}
+
+Mapping::~Mapping() {
+  if (addr_ != nullptr) ::munmap(addr_, length_);
+}
+
+SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hugepages) {
+  SegmentGeometry g;
+  g.ring_capacity = nextPow2(slot_count < 2 ? 2 : slot_count);
+  g.submit_ring_offset = roundUp(sizeof(fl_segment_header), FL_CACHE_LINE);
+  g.completion_ring_offset =
+      roundUp(g.submit_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_submit_desc)), FL_CACHE_LINE);
+  g.control_size = roundUp(
+      g.completion_ring_offset + fl_ring_bytes(g.ring_capacity, sizeof(fl_completion_desc)), FL_PAGE_SIZE);
+  // Each slot's header lies immediately before its payload, so that one
+  // RDMA write lands both; payloads are page aligned.  (Hugepage-aligning
+  // every payload would waste up to half of a hugepage segment for slots a
+  // little over 2 MiB; the segment itself is on hugepages either way.)
+  g.slot_stride = roundUp(slot_size + sizeof(fl_slot_header), FL_PAGE_SIZE);
+  g.slot_header_stride = g.slot_stride;
+  g.slots_offset = FL_PAGE_SIZE;
+  g.slot_headers_offset = g.slots_offset - sizeof(fl_slot_header);
+  g.data_size = g.slots_offset + g.slot_stride * slot_count;
+  if (hugepages) g.data_size = roundUp(g.data_size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE));
+  return g;
+}
+
+Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequest& request) {
+  std::shared_ptr<ClientSegments> seg(new ClientSegments());
+  seg->slot_count_ = request.slot_count;
+  seg->slot_size_ = request.slot_size;
+
+  bool try_huge = request.hugepages != HugepageMode::kOff;
+  bool require_huge = request.hugepages == HugepageMode::kOn;
+  SegmentGeometry huge_geometry = computeGeometry(request.slot_count, request.slot_size, true);
+
+  Mapping data;
+  UniqueFd data_fd;
+  bool huge = false;
+  if (try_huge) {
+    auto memfd = makeMemfd("framelink-data", huge_geometry.data_size, true, require_huge);
+    if (!memfd) return std::move(memfd).error();
+    if (memfd->huge) {
+      auto mapping = mapShared(memfd->fd.get(), huge_geometry.data_size, true, "data");
+      if (mapping) {
+        data = std::move(mapping.value());
+        data_fd = std::move(memfd->fd);
+        huge = true;
+      } else if (require_huge) {
+        return makeError(FL_ERR_RESOURCES, mapping.error().message +
+                                               "; reserve hugepages (echo N > /proc/sys/vm/nr_hugepages)");
+      }
+    } else {
+      data_fd = std::move(memfd->fd);  // plain memfd fallback, sized for the plain geometry below
+      data_fd.reset();
+    }
+  }
+  SegmentGeometry geometry =
+      huge ? huge_geometry : computeGeometry(request.slot_count, request.slot_size, false);
+  if (!huge) {
+    if (try_huge && !g_warned_no_hugepages.exchange(true)) {
+      spdlog::warn(
+          "no 2 MiB hugepages available: client data segments use 4 KiB pages (slower first touch, more "
+          "TLB misses); reserve some with `echo N > /proc/sys/vm/nr_hugepages` or set hugepages = \"off\" to "
+          "silence this");
+    }
+    auto memfd = makeMemfd("framelink-data", geometry.data_size, false, false);
+    if (!memfd) return std::move(memfd).error();
+    auto mapping = mapShared(memfd->fd.get(), geometry.data_size, false, "data");
+    if (!mapping) return std::move(mapping).error();
+    data = std::move(mapping.value());
+    data_fd = std::move(memfd->fd);
+  }
+
+#ifdef FRAMELINK_HAVE_NUMA
+  if (request.numa_node >= 0 && numa_available() >= 0) {
+    // The pages are already populated; move them to the node (best effort).
+    unsigned long mask = 1UL << request.numa_node;
+    if (::mbind(data.data(), data.size(), MPOL_BIND, &mask, sizeof(mask) * 8, MPOL_MF_MOVE) != 0) {
+      spdlog::debug("mbind of a data segment to node {} failed: {}", request.numa_node, errnoText(errno));
+    }
+  }
+#endif
+
+  auto control_memfd = makeMemfd("framelink-control", geometry.control_size, false, false);
+  if (!control_memfd) return std::move(control_memfd).error();
+  auto control = mapShared(control_memfd->fd.get(), geometry.control_size, false, "control");
+  if (!control) return std::move(control).error();
+
+  seg->control_fd_ = std::move(control_memfd->fd);
+  seg->data_fd_ = std::move(data_fd);
+  seg->control_ = std::move(control.value());
+  seg->data_ = std::move(data);
+  seg->geometry_ = geometry;
+  seg->hugepages_ = huge;
+
+  std::memset(seg->control_.data(), 0, seg->control_.size());
+  auto* h = seg->header();
+  h->magic = FL_SEGMENT_MAGIC;
+  h->layout_version = FL_LAYOUT_VERSION;
+  h->role = request.role;
+  h->daemon_pid = request.daemon_pid;
+  h->daemon_start_ns = request.daemon_start_ns;
+  h->client_id = request.client_id;
+  h->slot_count = request.slot_count;
+  h->ring_capacity = geometry.ring_capacity;
+  h->slot_size = request.slot_size;
+  h->slot_stride = geometry.slot_stride;
+  h->control_size = geometry.control_size;
+  h->submit_ring_offset = geometry.submit_ring_offset;
+  h->completion_ring_offset = geometry.completion_ring_offset;
+  h->data_size = geometry.data_size;
+  h->slot_headers_offset = geometry.slot_headers_offset;
+  h->slot_header_stride = geometry.slot_header_stride;
+  h->slots_offset = geometry.slots_offset;
+  h->data_on_hugepages = huge ? 1 : 0;
+  std::strncpy(h->stream_name, request.stream.c_str(), FL_STREAM_NAME_MAX - 1);
+  fl_ring_init(seg->submitRing(), geometry.ring_capacity, sizeof(fl_submit_desc));
+  fl_ring_init(seg->completionRing(), geometry.ring_capacity, sizeof(fl_completion_desc));
+  __atomic_store_n(&h->daemon_state, static_cast<uint32_t>(FL_DAEMON_SERVING), __ATOMIC_RELEASE);
+
+  // Seal the sizes so a client cannot truncate memory under the daemon (a
+  // SIGBUS in the daemon otherwise).  A consumer may only map its data
+  // read-only: F_SEAL_FUTURE_WRITE keeps the daemon's existing writable
+  // mapping but refuses new writable ones.
+  int control_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (::fcntl(seg->control_fd_.get(), F_ADD_SEALS, control_seals) != 0) {
+    return makeError(FL_ERR_RESOURCES, std::string("sealing the control memfd failed: ") + errnoText(errno));
+  }
+  int data_seals = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (request.role == FL_ROLE_CONSUMER) data_seals |= F_SEAL_FUTURE_WRITE;
+  data_seals |= F_SEAL_SEAL;
+  if (::fcntl(seg->data_fd_.get(), F_ADD_SEALS, data_seals) != 0) {
+    return makeError(FL_ERR_RESOURCES, std::string("sealing the data memfd failed: ") + errnoText(errno));
+  }
+  return seg;
+}
+
+}  // namespace framelink

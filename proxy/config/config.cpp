@@ -1,0 +1,555 @@
+#include "config/config.h"
+
+#include <unistd.h>
+
+#include <toml++/toml.h>
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "config/config_options.h"
+#include "config/config_values.h"
+#include "framelink/framelink.h"
+#include "framelink/shm_layout.h"
+
+namespace framelink {
+namespace {
+
+using config::Option;
+using config::options;
+
+// sockaddr_un::sun_path is 108 bytes including the terminating NUL.
+constexpr size_t kMaxSocketPath = 107;
+
+Error invalid(std::string message) { return invalidSetting(std::move(message)); }
+
+// Moves a parsed value into its field, or passes the error on.
+template <typename T, typename U>
+Status assign(Result<T> parsed, U& field) {
+  if (!parsed) return std::move(parsed).error();
+  field = std::move(*parsed);
+  return {};
+}
+
+// "[daemon], [link], [limits], [metrics], [[peer]]"
+std::string sectionList() {
+  std::string out;
+  std::string_view last;
+  for (const auto& option : options()) {
+    if (option.section == last) continue;
+    last = option.section;
+    if (!out.empty()) out += ", ";
+    out += std::holds_alternative<config::Peers>(option.value) ? "[[" + std::string(last) + "]]"
+                                                               : "[" + std::string(last) + "]";
+  }
+  return out;
+}
+
+bool isSection(const std::string& name) {
+  return std::any_of(options().begin(), options().end(), [&](const Option& o) { return o.section == name; });
+}
+
+// ---- TOML ----
+
+class TomlReader {
+ public:
+  explicit TomlReader(std::string file) : file_(std::move(file)) {}
+
+  Status load(Config& config) {
+    if (std::ifstream probe(file_); !probe) {
+      return invalid("cannot read config file '" + file_ + "': " + std::strerror(errno));
+    }
+    toml::table root;
+    try {
+      root = toml::parse_file(file_);
+    } catch (const toml::parse_error& e) {
+      const auto& where = e.source().begin;
+      return invalid("config file " + file_ + ":" + std::to_string(where.line) + ":" +
+                     std::to_string(where.column) + ": " + std::string(e.description()));
+    }
+    for (auto&& [key, node] : root) {
+      const std::string name{key.str()};
+      Status status;
+      if (name == "peer") {
+        status = peers(node, config);
+      } else if (isSection(name)) {
+        status = section(node, name, config);
+      } else {
+        status = invalid("unknown table or key '" + name + "' " + at(node) + "; known: " + sectionList());
+      }
+      if (!status) return status;
+    }
+    if (config.token_file.empty()) return {};
+    if (!config.token.empty()) {
+      return invalid("link.token and link.token_file are both set in " + file_ + "; keep one");
+    }
+    return assign(readTokenFile(config.token_file, "link.token_file in " + file_), config.token);
+  }
+
+ private:
+  // "(line 3 of /etc/framelink/framelinkd.toml)"
+  std::string at(const toml::node& node) const {
+    const auto line = node.source().begin.line;
+    if (line == 0) return "in " + file_;
+    return "(line " + std::to_string(line) + " of " + file_ + ")";
+  }
+  config::Origin origin(const std::string& key, const toml::node& node) const {
+    return {key + " " + at(node), true, std::filesystem::path(file_).parent_path().string()};
+  }
+
+  Status section(const toml::node& node, const std::string& name, Config& config) {
+    const toml::table* table = node.as_table();
+    if (table == nullptr) {
+      return invalid("'" + name + "' " + at(node) + " must be a table: write [" + name + "]");
+    }
+    for (auto&& [key, value] : *table) {
+      const std::string full = name + "." + std::string(key.str());
+      const Option* option = config::findOption(name, key.str());
+      if (option == nullptr) return unknown(full, value);
+      if (auto st = config::setFromToml(*option, value, origin(full, value), config); !st) return st;
+    }
+    return {};
+  }
+
+  Status unknown(const std::string& key, const toml::node& node) const {
+    return invalid("unknown key '" + key + "' " + at(node) +
+                   "; the README section \"Configuration\" lists every key");
+  }
+
+  Result<std::string> str(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_string()) return v->get();
+    return invalid(key + " " + at(node) + ": must be a string (in quotes)");
+  }
+
+  // [[peer]] tables: name, address, streams.
+  Status peers(const toml::node& node, Config& c) {
+    const auto* array = node.as_array();
+    if (array == nullptr || !array->is_array_of_tables()) {
+      return invalid("'peer' " + at(node) + " must be written as [[peer]] tables");
+    }
+    size_t index = 0;
+    for (const auto& element : *array) {
+      const std::string base = "peer[" + std::to_string(index++) + "]";
+      PeerConfig peer;
+      bool has_address = false;
+      for (auto&& [k, value] : *element.as_table()) {
+        const std::string name{k.str()};
+        const std::string key = base + "." + name;
+        Status status;
+        if (name == "name") {
+          status = assign(str(key, value), peer.name);
+        } else if (name == "address") {
+          status = assign(str(key, value), peer.address);
+          has_address = true;
+        } else if (name == "streams") {
+          const auto* list = value.as_array();
+          if (list == nullptr) {
+            return invalid(key + " " + at(value) + R"(: must be an array of strings, e.g. ["a", "b"])");
+          }
+          for (const auto& stream : *list) {
+            std::string s;
+            if (auto st = assign(str(key, stream), s); !st) return st;
+            peer.streams.push_back(std::move(s));
+          }
+        } else {
+          status = unknown(key, value);
+        }
+        if (!status) return status;
+      }
+      if (peer.name.empty() || !has_address) {
+        return invalid(base + " " + at(element) +
+                       R"(: every [[peer]] needs name = "..." and address = "HOST:PORT")");
+      }
+      const std::string where = "[[peer]] '" + peer.name + "' " + at(element);
+      if (auto st = checkStreamName(peer.name, where + " name", false); !st) return st;
+      if (auto st = checkHostPort(peer.address, where + " address", false); !st) return st;
+      for (const auto& stream : peer.streams) {
+        if (auto st = checkStreamName(stream, where + " stream name", true); !st) return st;
+      }
+      c.peers.push_back(std::move(peer));
+    }
+    return {};
+  }
+
+  std::string file_;
+};
+
+// ---- command line ----
+
+std::string versionText() {
+  return "framelinkd " + std::to_string(FL_VERSION_MAJOR) + "." + std::to_string(FL_VERSION_MINOR) + "." +
+         std::to_string(FL_VERSION_PATCH);
+}
+
+// What CLI11 collected for one option of the table.  Values stay text until
+// setFromText, so that flags and the file go through the same checks.
+struct FlagValue {
+  CLI::Option* cli = nullptr;
+  std::string text;
+  std::vector<std::string> list;
+  bool on = false;
+};
+
+struct Flags {
+  std::string config;
+  bool print_reference = false;
+  std::vector<FlagValue> values;  // parallel to options()
+  std::vector<std::string> peer, route;
+};
+
+// The flag of a setting, by its key ("link.token").
+const FlagValue& flagOf(const Flags& f, std::string_view key) {
+  for (size_t i = 0; i < options().size(); ++i) {
+    if (config::keyName(options()[i]) == key) return f.values[i];
+  }
+  static const FlagValue kNone;
+  return kNone;
+}
+
+bool given(const Flags& f, std::string_view key) {
+  const FlagValue& flag = flagOf(f, key);
+  return flag.cli != nullptr && flag.cli->count() > 0;
+}
+
+void addFlags(CLI::App& app, Flags& f) {
+  app.add_option("--config", f.config, "TOML file, loaded first; flags override it")->type_name("FILE");
+  app.add_flag("--print-config-reference", f.print_reference,
+               "Print the table of settings (markdown, as in the README) and exit");
+  f.values.resize(options().size());
+  for (size_t i = 0; i < options().size(); ++i) {
+    const Option& option = options()[i];
+    FlagValue& v = f.values[i];
+    const std::string group = "[" + std::string(option.section) + "]";
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      app.add_option("--peer", f.peer, "A peer daemon this daemon dials (repeatable)")
+          ->allow_extra_args(false)
+          ->type_name("NAME=HOST:PORT")
+          ->group("[[peer]]");
+      app.add_option("--route", f.route, "Route a stream (or '*') to a peer (repeatable)")
+          ->allow_extra_args(false)
+          ->type_name("STREAM=PEER")
+          ->group("[[peer]]");
+      continue;
+    }
+    std::string names = config::flagName(option);
+    for (auto alias : option.aliases) names += "," + std::string(alias);
+    std::string help(option.help);
+    if (const auto text = config::defaultText(option);
+        !text.empty() && text != "-" && !config::isSwitch(option)) {
+      help += " (default " + text + ")";
+    }
+    if (config::isSwitch(option)) {
+      v.cli = app.add_flag(names, v.on, help);
+    } else if (config::isList(option)) {
+      v.cli =
+          app.add_option(names, v.list, help + "; repeatable or comma-separated")->allow_extra_args(false);
+    } else {
+      v.cli = app.add_option(names, v.text, help);
+    }
+    v.cli->type_name(config::placeholder(option))->group(option.in_file ? group : "command line only");
+  }
+  flagOf(f, "link.token_file").cli->excludes(flagOf(f, "link.token").cli);
+}
+
+Status applyPeerFlags(const Flags& f, Config& c) {
+  for (const auto& spec : f.peer) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      return invalid("--peer '" + spec + "': write NAME=HOST:PORT, e.g. --peer hostb=10.0.0.2:7700");
+    }
+    PeerConfig peer{spec.substr(0, eq), spec.substr(eq + 1), {}};
+    if (auto st = checkStreamName(peer.name, "--peer '" + spec + "': the name", false); !st) return st;
+    if (auto st = checkHostPort(peer.address, "--peer " + peer.name, false); !st) return st;
+    auto existing = std::find_if(c.peers.begin(), c.peers.end(),
+                                 [&](const PeerConfig& p) { return p.name == peer.name; });
+    if (existing != c.peers.end()) {
+      existing->address = peer.address;
+    } else {
+      c.peers.push_back(std::move(peer));
+    }
+  }
+  for (const auto& spec : f.route) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      return invalid("--route '" + spec +
+                     "': write STREAM=PEER, e.g. --route cam0=hostb (STREAM may be '*')");
+    }
+    const std::string stream = spec.substr(0, eq);
+    const std::string name = spec.substr(eq + 1);
+    if (auto st = checkStreamName(stream, "--route " + spec + ": stream name", true); !st) return st;
+    auto peer =
+        std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
+    if (peer == c.peers.end()) {
+      std::vector<std::string> names;
+      for (const auto& p : c.peers) names.push_back(p.name);
+      return invalid("--route " + spec + ": no peer named '" + name +
+                     "' (configured: " + (names.empty() ? std::string("none") : join(names, ", ")) +
+                     "); add --peer " + name + "=HOST:PORT or a [[peer]] table");
+    }
+    if (std::find(peer->streams.begin(), peer->streams.end(), stream) == peer->streams.end()) {
+      peer->streams.push_back(stream);
+    }
+  }
+  return {};
+}
+
+Status applyFlags(const Flags& f, Config& c) {
+  for (size_t i = 0; i < options().size(); ++i) {
+    const FlagValue& v = f.values[i];
+    if (v.cli == nullptr || v.cli->count() == 0) continue;
+    const Option& option = options()[i];
+    std::vector<std::string> values;
+    if (config::isSwitch(option)) {
+      values = {v.on ? "true" : "false"};
+    } else if (config::isList(option)) {
+      values = v.list;
+    } else {
+      values = {v.text};
+    }
+    if (auto st = config::setFromText(option, values, {config::flagName(option), false, {}}, c); !st) {
+      return st;
+    }
+  }
+  // A token given here replaces the file's token_file.
+  if (given(f, "link.token")) c.token_file.clear();
+  // Lowering a limit on the command line lowers the default with it.
+  if (given(f, "limits.max_slot_size") && !given(f, "limits.default_slot_size") &&
+      c.default_slot_size > c.max_slot_size) {
+    c.default_slot_size = c.max_slot_size;
+  }
+  if (given(f, "limits.max_slots") && !given(f, "limits.default_slot_count") &&
+      c.default_slot_count > c.max_slots) {
+    c.default_slot_count = c.max_slots;
+  }
+  return applyPeerFlags(f, c);
+}
+
+// ---- checks that involve more than one setting, after file and flags are merged ----
+
+// The TLS settings go together; reads their files.
+Status loadTls(Config& c) {
+  const bool cert = !c.tls_cert_file.empty();
+  if (cert != !c.tls_key_file.empty()) {
+    return invalid(
+        "link.tls_cert_file (--tls-cert-file) and link.tls_key_file (--tls-key-file) go together: "
+        "give this daemon's certificate chain and its private key, or neither");
+  }
+  if (!cert) {
+    if (!c.tls_ca_file.empty() || !c.tls_server_name.empty() || c.tls_client_auth) {
+      return invalid(
+          "TLS settings without a certificate: tls_ca_file, tls_server_name and tls_client_auth "
+          "apply only when link.tls_cert_file and link.tls_key_file (--tls-cert-file, --tls-key-file) are "
+          "set");
+    }
+    return {};
+  }
+  if (c.tls_client_auth && c.tls_ca_file.empty()) {
+    return invalid(
+        "link.tls_client_auth (--tls-client-auth) needs link.tls_ca_file (--tls-ca-file): the CA "
+        "that signs the certificates of the peers allowed to dial in");
+  }
+  if (auto st = assign(readPem(c.tls_cert_file, "link.tls_cert_file", "a certificate chain"), c.tls_cert_pem);
+      !st) {
+    return st;
+  }
+  if (auto st = assign(readPem(c.tls_key_file, "link.tls_key_file", "a private key"), c.tls_key_pem); !st) {
+    return st;
+  }
+  if (!c.tls_ca_file.empty()) {
+    if (auto st = assign(readPem(c.tls_ca_file, "link.tls_ca_file", "CA certificates"), c.tls_ca_pem); !st) {
+      return st;
+    }
+  }
+  return {};
+}
+
+// "127.0.0.1:7700", "[::1]:0", "localhost:7700": only this host can connect.
+bool loopbackHost(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+bool Config::unauthenticatedFromNetwork() const {
+  return token.empty() && !tlsEnabled() && (!loopbackHost(listen) || !loopbackHost(data_listen));
+}
+
+namespace {
+
+Status validate(Config& c) {
+  if (c.id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') {
+      return invalid("cannot determine the host name for the daemon id; pass --id NAME");
+    }
+    c.id = host;
+  }
+  // Peers name this daemon by its id in [[peer]] tables and routes: the same rule.
+  if (auto st = checkStreamName(c.id, "daemon.id (--id)", false); !st) return st;
+  if (c.socket_path.empty()) return invalid("socket path is empty; pass --socket PATH");
+  if (c.socket_path.size() > kMaxSocketPath) {
+    return invalid("socket path '" + c.socket_path + "' is " + std::to_string(c.socket_path.size()) +
+                   " bytes; a Unix socket path must be at most " + std::to_string(kMaxSocketPath));
+  }
+  for (size_t i = 0; i < c.peers.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (c.peers[i].name == c.peers[j].name) {
+        return invalid("peer '" + c.peers[i].name + "' is configured twice; give each peer a unique name");
+      }
+      for (const auto& stream : c.peers[i].streams) {
+        const auto& other = c.peers[j].streams;
+        if (std::find(other.begin(), other.end(), stream) != other.end()) {
+          return invalid("stream '" + stream + "' is routed to both peer '" + c.peers[j].name +
+                         "' and peer '" + c.peers[i].name + "'; route it to one");
+        }
+      }
+    }
+  }
+  if (c.unauthenticatedFromNetwork() && !c.allow_unauthenticated) {
+    return invalid(
+        "link.listen " + c.listen + " / data_listen " + c.data_listen +
+        " accept peers from the network, but neither a token nor TLS is configured: any host that reaches "
+        "the port could link and push frames to local consumers.  Generate a token the daemon alone can "
+        "read (umask 077; head -c 32 /dev/urandom | base64 > /etc/framelink/peer.token; chown framelink "
+        "/etc/framelink/peer.token) and set link.token_file (--token-file) to it on both daemons; or turn "
+        "on mutual TLS (tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth); or listen on "
+        "127.0.0.1; or set link.allow_unauthenticated = true (--allow-unauthenticated) to accept the risk");
+  }
+  if (c.reconnect_min_ms > c.reconnect_max_ms) {
+    return invalid("reconnect_min_ms (" + std::to_string(c.reconnect_min_ms) +
+                   ") is larger than reconnect_max_ms (" + std::to_string(c.reconnect_max_ms) + ")");
+  }
+  if (c.default_slot_size > c.max_slot_size) {
+    return invalid("limits.default_slot_size (" + std::to_string(c.default_slot_size) +
+                   ") is larger than max_slot_size (" + std::to_string(c.max_slot_size) +
+                   "); lower one or raise the other");
+  }
+  if (c.default_slot_count > c.max_slots) {
+    return invalid("limits.default_slot_count (" + std::to_string(c.default_slot_count) +
+                   ") is larger than max_slots (" + std::to_string(c.max_slots) + ")");
+  }
+  if (c.default_slot_size * c.default_slot_count > c.max_client_bytes) {
+    return invalid("a client with the default slots (" + std::to_string(c.default_slot_count) + " x " +
+                   std::to_string(c.default_slot_size) + " bytes) would exceed max_client_bytes (" +
+                   std::to_string(c.max_client_bytes) + "); raise max_client_bytes or lower the defaults");
+  }
+  return loadTls(c);
+}
+
+// A markdown table cell: '|' would end it.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return out;
+}
+
+}  // namespace
+
+std::string Config::routeFor(const std::string& stream) const {
+  for (const auto& peer : peers) {
+    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) return peer.name;
+  }
+  for (const auto& peer : peers) {
+    if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) return peer.name;
+  }
+  const PeerConfig* fallback = nullptr;
+  for (const auto& peer : peers) {
+    if (!peer.streams.empty()) continue;
+    if (fallback != nullptr) return "";  // two peers without routes: ambiguous
+    fallback = &peer;
+  }
+  return fallback != nullptr ? fallback->name : "";
+}
+
+Result<Config> parseConfig(int argc, const char* const* argv) {
+  CLI::App app{"framelinkd: moves frames between hosts, zero-copy, over shared memory and RDMA/TCP/gRPC",
+               "framelinkd"};
+  app.set_version_flag("--version", versionText(), "Print the version and exit");
+  app.get_formatter()->column_width(40);
+  Flags f;
+  addFlags(app, f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    Config config;
+    config.exit_now = true;
+    config.exit_message = app.help();
+    return config;
+  } catch (const CLI::CallForVersion& e) {
+    Config config;
+    config.exit_now = true;
+    config.exit_message = std::string(e.what()) + "\n";
+    return config;
+  } catch (const CLI::ParseError& e) {
+    return invalid(std::string(e.what()) + "; run framelinkd --help");
+  }
+  if (f.print_reference) {
+    Config config;
+    config.exit_now = true;
+    config.exit_message = configReference();
+    return config;
+  }
+
+  Config config;
+  if (!f.config.empty()) {
+    config.config_file = f.config;
+    if (auto st = TomlReader(f.config).load(config); !st) return std::move(st).error();
+  }
+  if (auto st = applyFlags(f, config); !st) return std::move(st).error();
+  if (auto st = validate(config); !st) return std::move(st).error();
+  return config;
+}
+
+std::string describe(const Config& c) {
+  std::string out = "config=" + (c.config_file.empty() ? std::string("-") : c.config_file);
+  std::string_view section;
+  for (const auto& option : options()) {
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      out += " [[" + std::string(option.section) + "]] " + config::show(option, c);
+      continue;
+    }
+    if (option.section != section) {
+      section = option.section;
+      out += " [" + std::string(section) + "]";
+    }
+    out += " " + std::string(option.key) + "=" + config::show(option, c);
+  }
+  return out;
+}
+
+std::string configReference() {
+  std::string out =
+      "| key | flag | default | |\n"
+      "|---|---|---|---|\n"
+      "| | `--config FILE` | | TOML file, loaded first; flags override it |\n";
+  for (const auto& option : options()) {
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      out +=
+          "| `[[peer]]` `name`, `address`, `streams` | `--peer NAME=HOST:PORT`, `--route STREAM=PEER` | | " +
+          cell(std::string(option.help)) + " (both flags repeatable) |\n";
+      continue;
+    }
+    std::string flag = "`" + config::flagName(option);
+    if (const auto ph = config::placeholder(option); !ph.empty()) flag += " " + ph;
+    flag += "`";
+    for (size_t i = 0; i < option.aliases.size(); ++i) {
+      flag += (i == 0 ? " (also `" : ", `") + std::string(option.aliases[i]) + "`";
+      if (i + 1 == option.aliases.size()) flag += ")";
+    }
+    std::string key = option.in_file
+                          ? "`[" + std::string(option.section) + "] " + std::string(option.key) + "`"
+                          : "(flag only)";
+    std::string fallback = config::defaultText(option);
+    const bool literal = !config::tomlValue(option, Config{}).empty();
+    out += "| " + key + " | " + cell(flag) + " | " + (literal ? "`" + cell(fallback) + "`" : cell(fallback)) +
+           " | " + cell(std::string(option.help)) + " |\n";
+  }
+  return out;
+}
+
+}  // namespace framelink

@@ -1,0 +1,549 @@
+#include "link/peer_links.h"
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "agent/data_agent.h"
+#include "common/log_limit.h"
+#include "common/thread_annotations.h"
+#include "framelink/shm_layout.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "link/peer_grpc_options.h"
+#include "link/session_reader.h"
+#include "metrics/metrics.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/tcp/tcp_connect.h"
+
+namespace framelink {
+
+using transport::kTokenMetadataKey;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+
+uint64_t randomSessionId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  uint64_t id = 0;
+  while (id == 0) id = rng();
+  return id;
+}
+
+}  // namespace
+
+class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkService {
+ public:
+  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance,
+                TransportRegistry transports)
+      : config_(config),
+        agent_(agent),
+        metrics_(metrics),
+        instance_(instance),
+        transports_(std::move(transports)) {}
+  ~PeerLinksImpl() override { stop(); }
+
+  Status init();
+  uint16_t grpcPort() const noexcept override { return static_cast<uint16_t>(grpc_port_); }
+  uint16_t listenPort(std::string_view transport) const noexcept override {
+    const PeerTransport* t = transports_.find(transport);
+    return t != nullptr ? t->port() : 0;
+  }
+  void stop() override;
+
+  ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
+  ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
+
+ private:
+  struct Pending {
+    const PeerTransport* transport = nullptr;
+    std::promise<std::shared_ptr<transport::Transport>> promise;
+    bool fulfilled = false;
+  };
+
+  // Per configured peer, kept by its dialer across sessions.
+  struct DialState {
+    // Transports whose dial failed: not offered before `until` (while
+    // another can run), and why they failed.
+    struct Fallback {
+      Clock::time_point until{};
+      std::string failure;
+    };
+    std::map<const PeerTransport*, Fallback> fallbacks;
+    bool unreachable_logged = false;  // the warning for this streak of failed connects is out
+  };
+
+  // The hooks through which `t`'s listener hands over the data channels it accepts.
+  AcceptHooks acceptHooks(const PeerTransport* t);
+  std::shared_ptr<Pending> registerPending(uint64_t session_id, const PeerTransport* transport);
+  void unregisterPending(uint64_t session_id);
+  void fulfil(uint64_t session_id, const PeerTransport* transport, std::shared_ptr<transport::Transport> t);
+  bool tokenOk(const ::grpc::ServerContext* ctx) const;
+
+  void dialLoop(const PeerConfig& peer);
+  bool dialOnce(const PeerConfig& peer, DialState& state);
+
+  const Config& config_;
+  DataAgent& agent_;
+  Metrics& metrics_;
+  uint64_t instance_;
+  TransportRegistry transports_;
+  std::vector<PeerTransport*> configured_;  // config_.transports, in its order; set by init()
+  std::unique_ptr<::grpc::Server> server_;
+  int grpc_port_ = 0;
+  std::atomic<uint64_t> next_link_id_{1};
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+  // Readable once stop() began: wakes dials and handshakes blocked in poll().
+  UniqueFd stop_fd_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+
+  Mutex mutex_;
+  std::condition_variable stop_cv_;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_ FL_GUARDED_BY(mutex_);
+  std::set<::grpc::ServerContext*> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::set<::grpc::ClientContext*> client_contexts_ FL_GUARDED_BY(mutex_);
+  std::vector<std::thread> dialers_;
+  // What strangers on the network can make this daemon log, per cause.
+  LogLimiter log_auth_, log_protocol_, log_session_;
+};
+
+Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                    uint64_t instance, RdmaSupport rdma) {
+  return start(config, agent, metrics, instance, makeDaemonTransports(std::move(rdma)));
+}
+
+Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
+                                                    uint64_t instance, TransportRegistry transports) {
+  auto links = std::make_unique<PeerLinksImpl>(config, agent, metrics, instance, std::move(transports));
+  Status s = links->init();
+  if (!s) return std::move(s).error();
+  return std::unique_ptr<PeerLinks>(std::move(links));
+}
+
+Status PeerLinksImpl::init() {
+  auto configured = transports_.select(config_.transports);
+  if (!configured) return std::move(configured).error().context("transports");
+  configured_ = std::move(configured.value());
+  // Each configured transport's listener, before the gRPC listener binds
+  // (the tcp one keeps clear of --listen's port).
+  for (PeerTransport* t : configured_) {
+    Status s = t->listen(ListenContext{config_, metrics_, instance_, acceptHooks(t)});
+    if (!s) return s;
+  }
+
+  ::grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, peerServerCredentials(config_), &grpc_port_);
+  builder.RegisterService(this);
+  configurePeerServer(builder, config_);
+  server_ = builder.BuildAndStart();
+  if (!server_ || grpc_port_ == 0) {
+    return makeError(FL_ERR_RESOURCES,
+                     "cannot listen for peers on " + config_.listen +
+                         " (address in use? choose another --listen" +
+                         (config_.tlsEnabled() ? "; or the TLS certificate and key do not match)" : ")"));
+  }
+  for (const auto& peer : config_.peers) {
+    dialers_.emplace_back([this, peer] { dialLoop(peer); });
+  }
+  return {};
+}
+
+void PeerLinksImpl::stop() {
+  {
+    MutexLock lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    for (auto* ctx : client_contexts_) ctx->TryCancel();
+    for (auto* ctx : server_contexts_) ctx->TryCancel();
+    // A Session waiting for its data channel ends now, not at its timeout.
+    for (auto& [id, p] : pending_) {
+      if (!p->fulfilled) {
+        p->fulfilled = true;
+        p->promise.set_value(nullptr);
+      }
+    }
+    pending_.clear();
+  }
+  if (stop_fd_.valid()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
+  }
+  stop_cv_.notify_all();
+  for (auto& t : dialers_) {
+    if (t.joinable()) t.join();
+  }
+  for (PeerTransport* t : configured_) t->stop();
+  // Every handler has returned by now (their contexts are cancelled, pending
+  // data channels failed); what is left are calls whose peer has not closed
+  // its side -- a stranger that stalls must not hold the shutdown, so they are
+  // cancelled after a short grace (the Fins already went out).
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+}
+
+AcceptHooks PeerLinksImpl::acceptHooks(const PeerTransport* t) {
+  return AcceptHooks{[this, t](uint64_t session_id) {
+                       MutexLock lock(mutex_);
+                       auto it = pending_.find(session_id);
+                       return it != pending_.end() && it->second->transport == t && !it->second->fulfilled;
+                     },
+                     [this, t](uint64_t session_id, std::shared_ptr<transport::Transport> channel) {
+                       fulfil(session_id, t, std::move(channel));
+                     }};
+}
+
+std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
+                                                                       const PeerTransport* transport) {
+  MutexLock lock(mutex_);
+  if (pending_.count(session_id) != 0) return nullptr;
+  auto p = std::make_shared<Pending>();
+  p->transport = transport;
+  pending_[session_id] = p;
+  return p;
+}
+
+void PeerLinksImpl::unregisterPending(uint64_t session_id) {
+  MutexLock lock(mutex_);
+  pending_.erase(session_id);
+}
+
+void PeerLinksImpl::fulfil(uint64_t session_id, const PeerTransport* transport,
+                           std::shared_ptr<transport::Transport> t) {
+  std::shared_ptr<Pending> p;
+  {
+    MutexLock lock(mutex_);
+    auto it = pending_.find(session_id);
+    if (it == pending_.end() || it->second->transport != transport || it->second->fulfilled) {
+      log_session_.warn("a {} data channel for unknown session {:016x} was refused", transport->name(),
+                        session_id);
+      return;
+    }
+    p = it->second;
+    p->fulfilled = true;
+    pending_.erase(it);
+  }
+  p->promise.set_value(std::move(t));
+}
+
+bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
+  if (config_.token.empty()) return true;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  return it != md.end() && std::string(it->second.data(), it->second.size()) == config_.token;
+}
+
+::grpc::Status PeerLinksImpl::Session(::grpc::ServerContext* ctx, ServerStream* stream) {
+  const std::string from = ctx->peer();
+  if (!tokenOk(ctx)) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_auth_.warn(
+        "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
+        "daemons",
+        from);
+    return {::grpc::StatusCode::UNAUTHENTICATED,
+            "wrong or missing token: configure the same token on both daemons"};
+  }
+  {
+    MutexLock lock(mutex_);
+    if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+    server_contexts_.insert(ctx);
+  }
+  struct Unregister {
+    PeerLinksImpl* self;
+    ::grpc::ServerContext* ctx;
+    ~Unregister() {
+      MutexLock lock(self->mutex_);
+      self->server_contexts_.erase(ctx);
+    }
+  } unregister{this, ctx};
+
+  v1::PeerMessage first;
+  if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
+  if (!first.has_hello()) {
+    log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
+    return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
+  }
+  const v1::Hello& hello = first.hello();
+  if (hello.protocol_version() != kProtocolVersion) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_protocol_.warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)",
+                       from, hello.protocol_version(), kProtocolVersion);
+    return {::grpc::StatusCode::FAILED_PRECONDITION,
+            "protocol version " + std::to_string(hello.protocol_version()) +
+                " is not supported; this daemon speaks " + std::to_string(kProtocolVersion) +
+                ": upgrade the older daemon"};
+  }
+  if (!config_.token.empty() && hello.token() != config_.token) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_auth_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
+  }
+  // A daemon id names the peer in routes and [[peer]] tables: the stream-name rule.
+  if (!fl_stream_name_valid(hello.daemon_id().data(), hello.daemon_id().size())) {
+    return {
+        ::grpc::StatusCode::INVALID_ARGUMENT,
+        "daemon id must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-]"};
+  }
+  std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
+  auto [chosen, reason] = transports_.choose(offered, config_.transports, config_.id, hello.instance());
+  reason.resize(std::min<size_t>(reason.size(), 512));  // a peer may offer many names
+  if (chosen == nullptr) {
+    log_protocol_.warn("peer {} at {}: no common transport (it offers {}, this daemon allows {}{}{})",
+                       hello.daemon_id(), from, joinedNames(offered), joinedNames(config_.transports),
+                       reason.empty() ? "" : "; ", reason);
+    return {::grpc::StatusCode::FAILED_PRECONDITION,
+            "no common transport: you offer " + joinedNames(offered) + ", this daemon allows " +
+                joinedNames(config_.transports) + (reason.empty() ? "" : " (" + reason + ")")};
+  }
+  auto pending = registerPending(hello.session_id(), chosen);
+  if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
+  auto future = pending->promise.get_future();
+
+  v1::PeerMessage reply;
+  auto* ack = reply.mutable_hello_ack();
+  ack->set_protocol_version(kProtocolVersion);
+  ack->set_daemon_id(config_.id);
+  ack->set_transport(std::string(chosen->name()));
+  ack->set_session_id(hello.session_id());
+  ack->set_instance(instance_);
+  ack->set_max_frame_bytes(config_.max_slot_size);
+  for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
+  ack->set_transport_reason(reason);
+  if (!stream->Write(reply)) {
+    unregisterPending(hello.session_id());
+    return {::grpc::StatusCode::CANCELLED, "peer went away"};
+  }
+  const auto data_timeout = chosen->handshakeTimeout(config_);
+  // In slices: stop() fulfils the promise with nothing, and a dialer that gave
+  // up cancels its call; neither waits out the timeout.
+  const auto data_deadline = Clock::now() + data_timeout;
+  bool ready = false;
+  while (!ready && Clock::now() < data_deadline && !ctx->IsCancelled()) {
+    ready = future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
+  }
+  if (!ready) {
+    unregisterPending(hello.session_id());
+    if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
+    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
+                 chosen->name(), data_timeout.count());
+    return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
+  }
+  std::shared_ptr<transport::Transport> t = future.get();
+  if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+  uint64_t link_id = next_link_id_++;
+  spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
+               hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
+  LinkSessionInfo info{link_id,          hello.daemon_id(),           from.substr(from.find(':') + 1),
+                       hello.instance(), std::string(chosen->name()), reason};
+  runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
+  return ::grpc::Status::OK;
+}
+
+::grpc::Status PeerLinksImpl::serveRawData(::grpc::ServerContext* ctx, DataCall* stream) {
+  if (!tokenOk(ctx)) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
+  }
+  for (const auto& t : transports_.entries()) {
+    if (t->servesDataCalls()) return t->serveDataCall(ctx, stream);
+  }
+  return {::grpc::StatusCode::UNIMPLEMENTED, "no transport of this daemon uses the Data call"};
+}
+
+bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
+  auto host_port = transport::tcp::parseHostPort(peer.address);
+  if (!host_port) {
+    spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
+    return false;
+  }
+  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_),
+                                             peerChannelArguments(config_));
+  // In slices, so that a shutdown does not wait out the connect timeout (a
+  // failing TLS handshake keeps gRPC retrying until the deadline).
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  bool connected = false;
+  while (!connected && !stopping_) {
+    const auto now = std::chrono::system_clock::now();
+    if (now >= deadline) break;
+    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
+  }
+  if (stopping_) return false;
+  if (!connected) {
+    if (config_.tlsEnabled() && !state.unreachable_logged) {
+      // A refused handshake looks like an unreachable peer from here.
+      spdlog::warn(
+          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
+          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
+          "ours must be signed by its CA); retrying",
+          peer.name, peer.address,
+          config_.tls_server_name.empty() ? host_port->first : config_.tls_server_name);
+      state.unreachable_logged = true;
+    } else {
+      spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+    }
+    return false;
+  }
+  state.unreachable_logged = false;
+  ::grpc::ClientContext ctx;
+  if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
+  {
+    MutexLock lock(mutex_);
+    if (stopping_) return false;
+    client_contexts_.insert(&ctx);
+  }
+  struct Unregister {
+    PeerLinksImpl* self;
+    ::grpc::ClientContext* ctx;
+    ~Unregister() {
+      MutexLock lock(self->mutex_);
+      self->client_contexts_.erase(ctx);
+    }
+  } unregister{this, &ctx};
+
+  auto stub = v1::Link::NewStub(channel);
+  std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
+  uint64_t session_id = randomSessionId();
+  v1::PeerMessage hello_msg;
+  auto* hello = hello_msg.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_daemon_id(config_.id);
+  // What this side leaves out, and why, is part of the link's reason.
+  const auto offer = TransportRegistry::offer(configured_, [&state](const PeerTransport& t) -> std::string {
+    auto it = state.fallbacks.find(&t);
+    if (it == state.fallbacks.end() || Clock::now() >= it->second.until) return {};
+    auto left = std::chrono::duration_cast<std::chrono::seconds>(it->second.until - Clock::now());
+    return it->second.failure + " (tried again in " + std::to_string(left.count() + 1) + " s)";
+  });
+  for (const PeerTransport* t : offer.transports) hello->add_transports(std::string(t->name()));
+  hello->set_token(config_.token);
+  hello->set_max_frame_bytes(config_.max_slot_size);
+  for (const auto& t : transports_.entries()) t->announce(*hello);
+  hello->set_session_id(session_id);
+  hello->set_instance(instance_);
+  v1::PeerMessage reply;
+  if (!stream->Write(hello_msg) || !stream->Read(&reply)) {
+    ::grpc::Status status = stream->Finish();
+    if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
+      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
+                  peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
+    return false;
+  }
+  if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
+    spdlog::error(
+        "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
+        "run the same framelink version on both hosts",
+        peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
+    spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  const v1::HelloAck& ack = reply.hello_ack();
+  if (ack.daemon_id() != peer.name) {
+    spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
+  }
+  auto chosen_it = std::find_if(offer.transports.begin(), offer.transports.end(),
+                                [&ack](const PeerTransport* t) { return t->name() == ack.transport(); });
+  PeerTransport* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
+  Result<std::shared_ptr<transport::Transport>> made =
+      chosen != nullptr ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id,
+                                                   channel, stop_fd_.get()})
+                        : makeError(FL_ERR_PROTOCOL, "peer chose transport '" + ack.transport() +
+                                                         "' that this daemon did not offer");
+  if (!made) {
+    const std::string& error = made.error().message;
+    if (chosen != nullptr && chosen->fallbackFor(config_).count() > 0) {
+      // Offer the next transport at once; this one again after its interval.
+      state.fallbacks[chosen] = DialState::Fallback{Clock::now() + chosen->fallbackFor(config_), error};
+      spdlog::warn(
+          "peer {}: {} connection failed ({}); falling back to the next transport, {} is tried again in {} "
+          "ms",
+          peer.name, chosen->name(), error, chosen->name(), chosen->fallbackFor(config_).count());
+    }
+    spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
+                  ack.transport(), error);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  state.fallbacks.erase(chosen);
+  std::string reason = offer.reason;
+  if (!ack.transport_reason().empty()) {
+    reason += (reason.empty() ? "" : "; ") + ack.transport_reason().substr(0, 512);
+  }
+  spdlog::info("connected to peer {} at {} (session {:016x}, transport {}{})", peer.name, peer.address,
+               session_id, ack.transport(), reason.empty() ? "" : "; " + reason);
+
+  // A link that fell back from a transport it prefers, while both sides have
+  // that one, moves back: at a deadline (an alarm on gRPC's timer, no thread)
+  // the session is ended, and the next dial offers that transport first
+  // again.  Frames in flight are replayed by the data agent.
+  const PeerTransport* preferred = nullptr;
+  Clock::time_point move_back_at = Clock::time_point::max();
+  for (const PeerTransport* t : configured_) {
+    if (t == chosen) break;
+    const auto interval = t->fallbackFor(config_);
+    if (interval.count() == 0 || !t->usable(0, nullptr) || !t->peerListens(ack)) continue;
+    auto at = Clock::now() + interval;
+    if (auto it = state.fallbacks.find(t); it != state.fallbacks.end()) at = std::max(at, it->second.until);
+    if (at < move_back_at) {
+      move_back_at = at;
+      preferred = t;
+    }
+  }
+  auto move_back = std::make_shared<CancelGuard>([&ctx] { ctx.TryCancel(); });
+  auto moved_back = std::make_shared<std::atomic<bool>>(false);
+  ::grpc::Alarm alarm;
+  if (preferred != nullptr) {
+    alarm.Set(std::chrono::system_clock::now() + (move_back_at - Clock::now()),
+              [move_back, moved_back, name = peer.name, to = std::string(preferred->name())](bool fired) {
+                if (!fired) return;  // cancelled: the session ended first
+                spdlog::info("peer {}: trying {} again; the link moves back to it if it works", name, to);
+                moved_back->store(true);
+                move_back->fire();
+              });
+  }
+  LinkSessionInfo info{next_link_id_++, peer.name, peer.address, ack.instance(), ack.transport(), reason};
+  runLinkSession(agent_, config_, info, std::move(made).value(), stream.get(), [&ctx] { ctx.TryCancel(); });
+  alarm.Cancel();
+  move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more
+  if (moved_back->load()) state.fallbacks.erase(preferred);
+  stream->Finish();
+  return true;
+}
+
+void PeerLinksImpl::dialLoop(const PeerConfig& peer) {
+  uint32_t backoff_ms = config_.reconnect_min_ms;
+  DialState state;
+  while (!stopping_) {
+    bool was_up = dialOnce(peer, state);
+    if (stopping_) break;
+    backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
+    MutexLock lock(mutex_);
+    lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this] { return stopping_.load(); });
+  }
+}
+
+}  // namespace framelink

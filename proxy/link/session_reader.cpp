@@ -1,0 +1,90 @@
+#include "link/session_reader.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/sync_stream.h>
+#include <spdlog/spdlog.h>
+#include <time.h>
+
+#include "agent/data_agent.h"
+#include "agent/session_writer.h"
+#include "config/config.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "transport/faulty/faulty_transport.h"
+
+namespace framelink {
+
+template <typename Stream>
+void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
+                    std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel) {
+  const uint64_t link_id = info.link_id;
+  auto writer = std::make_shared<SessionWriter>(
+      [stream](const v1::PeerMessage& m, bool more) {
+        ::grpc::WriteOptions options;
+        if (more) options.set_buffer_hint();
+        return stream->Write(m, options);
+      },
+      std::chrono::milliseconds(config.keepalive_ms));
+  CmdLinkUp up;
+  up.link_id = link_id;
+  up.peer = info.peer;
+  up.peer_instance = info.peer_instance;
+  up.transport_name = info.transport_name;
+  up.transport_reason = info.transport_reason;
+  up.address = info.address;
+  if (!config.fault_inject.empty()) {
+    // Validated at start-up (parseConfig).
+    auto spec = transport::parseFaultSpec(config.fault_inject);
+    auto faulty = transport::FaultyTransport::wrap(t, spec.value(), link_id);
+    if (faulty) {
+      spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, info.peer,
+                   transport::describe(spec.value()));
+      t = std::move(faulty).value();
+    } else {
+      spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, info.peer,
+                    faulty.error().message);
+    }
+  }
+  up.transport = std::move(t);
+  // The agent may ask to cancel at any time, also after this call ended and
+  // its context is gone: the guard turns such late calls into no-ops.
+  auto guard = std::make_shared<CancelGuard>(std::move(cancel));
+  up.session = PeerSession{writer, [guard] { guard->fire(); }};
+  agent.post(std::move(up));
+  auto msg = std::make_shared<v1::PeerMessage>();
+  while (stream->Read(msg.get())) {
+    if (msg->has_keepalive()) {
+      // The round trip, for framelink links: each side sends its keepalive
+      // time back once (echo_ns), and measures when its own comes back.
+      // Older daemons ignore the field; their links show no RTT.
+      const auto& keepalive = msg->keepalive();
+      if (keepalive.echo_ns() != 0) {
+        timespec ts{};
+        ::clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
+        if (now > keepalive.echo_ns()) agent.post(CmdLinkRtt{link_id, now - keepalive.echo_ns()});
+      } else if (keepalive.timestamp_ns() != 0) {
+        v1::PeerMessage echo;
+        echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
+        writer->send(std::move(echo));
+      }
+      continue;
+    }
+    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true});
+    msg = std::make_shared<v1::PeerMessage>();
+  }
+  guard->fire();  // a Write blocked on flow control fails now
+  writer->close();
+  guard->disarm();
+  agent.post(CmdLinkDown{link_id, writer->failed() ? "writing to the peer failed" : "the session ended"});
+}
+
+template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,
+                             std::shared_ptr<transport::Transport>,
+                             ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>*,
+                             std::function<void()>);
+template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,
+                             std::shared_ptr<transport::Transport>,
+                             ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>*,
+                             std::function<void()>);
+
+}  // namespace framelink
