@@ -9,12 +9,6 @@
 
 namespace framelink {
 
-namespace {
-
-bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
-
-}  // namespace
-
 InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
                                const AgentClock& clock, uint64_t ack_delay_ns)
     : metrics_(metrics),
@@ -48,7 +42,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
       // Not held any more; a replay of it (the NACK may be lost with the
       // link) gets the same refusal instead of waiting for a release.
       auto ist = in_states_.find(e.in_state);
-      AgentLink* to = links_.find(e.peer_key);
+      AgentLink* to = links_.find(e.link_id);
       if (ist != in_states_.end()) {
         InState& in = ist->second;
         in.held.erase(e.sequence);
@@ -135,270 +129,12 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
   dirty_grants_.insert(ac.stream);
 }
 
-bool InboundStreams::due(const Target& target, const HeldBack& held, uint64_t now_ns) const {
-  if (held.now || ack_delay_ns_ == 0) return true;
-  if (held.acks.empty()) return false;
-  if (held.low || now_ns - held.since_ns >= ack_delay_ns_) return true;
-  // A quarter of what the sender may hold: it still has the other three
-  // quarters to send while this goes back.
-  auto window = windows_.find(target);
-  const size_t quarter = window == windows_.end() ? 1 : std::max<size_t>(1, window->second / 4);
-  return held.acks.size() >= quarter;
-}
-
-void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<uint64_t>& sequences) {
-  for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
-    v1::PeerMessage msg;
-    auto* ack = msg.mutable_ack();
-    ack->set_stream_id(stream_id);
-    const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
-    peer::encodeAck(sequences.data() + i, end - i, ack);
-    l.send(std::move(msg));
-  }
-}
-
-void InboundStreams::flushControl() {
-  const uint64_t now = held_back_.empty() ? 0 : clock_.nowNs();
-  for (auto it = held_back_.begin(); it != held_back_.end();) {
-    HeldBack& held = it->second;
-    if (!due(it->first, held, now)) {
-      ++it;
-      continue;
-    }
-    if (AgentLink* l = links_.find(it->first.first)) sendAcks(*l, it->first.second, held.acks);
-    if (held.stream != kNoName) dirty_grants_.insert(held.stream);
-    it = held_back_.erase(it);
-  }
-  // Granting a stream's slots hands out every free one, those held back for
-  // another sender of the stream too: their ACKs still wait, their credits
-  // need not.
-  for (NameKey stream : dirty_grants_) grantCredits(stream);
-  dirty_grants_.clear();
-}
-
-uint64_t InboundStreams::nextControlDeadlineNs() const {
-  uint64_t next = 0;
-  for (const auto& [target, held] : held_back_) {
-    if (held.acks.empty()) continue;
-    const uint64_t at = held.since_ns + ack_delay_ns_;
-    if (next == 0 || at < next) next = at;
-  }
-  return next;
-}
-
-void InboundStreams::onCreditLow(AgentLink& l, const peer::CreditLow& low) {
-  auto in = l.in_streams.find(low.stream_id);
-  if (in == l.in_streams.end()) return;  // not open on this link: nothing waits for it
-  HeldBack& held = held_back_[{l.id, low.stream_id}];
-  if (held.acks.empty()) {
-    held.low = true;
-  } else {
-    held.now = true;
-  }
-  // Slots released by the stream's other senders, still waiting, may go to this one now.
-  dirty_grants_.insert(in->second.key);
-}
-
-void InboundStreams::dropHeldBack(uint64_t link_id) {
-  for (auto it = held_back_.lower_bound({link_id, 0});
-       it != held_back_.end() && it->first.first == link_id;) {
-    // The ACKs go again on the sender's next link (onLinkUp).
-    if (it->second.stream != kNoName) dirty_grants_.insert(it->second.stream);
-    it = held_back_.erase(it);
-  }
-  windows_.erase(windows_.lower_bound({link_id, 0}), windows_.lower_bound({link_id + 1, 0}));
-}
-
-void InboundStreams::grantCredits(NameKey stream) {
-  if (stream == kNoName) return;
-  // Where can credits go: every usable link with an open in-stream of this name.
-  std::vector<std::pair<uint64_t, uint64_t>> targets;  // (link, stream id)
-  for (auto& [id, l] : links_) {
-    if (!l.usable()) continue;
-    for (auto& [sid, in] : l.in_streams) {
-      if (in.key == stream) targets.emplace_back(id, sid);
-    }
-  }
-  if (targets.empty()) return;
-  size_t window = 0;  // what each sender may hold: its share of every consumer
-  for (auto& [cid, ac] : clients_.all()) {
-    const ClientSession& c = *ac.session;
-    if (!c.gone && c.role == FL_ROLE_CONSUMER && ac.stream == stream) {
-      window += (c.slots.size() + targets.size() - 1) / targets.size();
-    }
-  }
-  for (const auto& target : targets) windows_[target] = window;
-  // Fair shares: when several peers send this stream, none holds more than
-  // its share of each consumer's slots, or one with nothing to send would sit
-  // on them while another starves (and each sees every consumer's slot size).
-  uint64_t largest_slot = 0;
-  for (auto& [cid, ac] : clients_.all()) {
-    const ClientSession& c = *ac.session;
-    if (!c.gone && c.role == FL_ROLE_CONSUMER && ac.stream == stream) {
-      largest_slot = std::max<uint64_t>(largest_slot, c.segments->slotSize());
-    }
-  }
-  std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
-  for (const auto& [credit_id, entry] : credits_) {
-    if (!entry.recalled) ++held[{{entry.link_id, entry.stream_id}, entry.client_id}];
-  }
-  std::map<Target, v1::PeerMessage> grants;
-  std::map<Target, v1::PeerMessage> recalls;
-  // A link whose transport went down (its LinkDown not handled yet) refuses
-  // to expose a slot: what was decided before that still goes out, or the
-  // credits already entered would be held by no one and those marked
-  // recalled would never be asked back.
-  bool exposing = true;
-  for (auto& [cid, ac] : clients_.all()) {
-    if (!exposing) break;
-    ClientSession& c = *ac.session;
-    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
-    const size_t share = (c.slots.size() + targets.size() - 1) / targets.size();
-    for (uint32_t s = 0; s < c.slots.size(); ++s) {
-      SlotEntry& e = c.slots[s];
-      if (e.state != SlotState::kFree) continue;
-      Target target{0, 0};
-      for (size_t tries = 0; tries < targets.size() && target.first == 0; ++tries) {
-        const Target candidate = targets[grant_cursor_++ % targets.size()];
-        if (held[{candidate, cid}] < share) target = candidate;
-      }
-      if (target.first == 0) break;  // every sender holds its share of this consumer
-      AgentLink& l = *links_.find(target.first);
-      Region* region = regionOf(l.id, cid, c);
-      const uint32_t generation = nextGeneration();
-      transport::LocalCredit local;
-      local.credit_id = region != nullptr ? peer::slotCreditId(region->id, s, generation) : generation;
-      local.buffer = c.segments->slot(s);
-      local.capacity = c.segments->slotSize();
-      local.keepalive = c.segments;
-      auto remote = l.transport->exposeCredit(std::move(local));
-      if (!remote) {
-        spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
-                      remote.error().message);
-        exposing = false;
-        break;
-      }
-      ++held[{target, cid}];
-      credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
-      e.state = SlotState::kCredited;
-      e.credit_id = remote->credit_id;
-      e.peer_key = l.id;
-      e.stream_id = target.second;
-      auto& msg = grants[target];
-      auto* grant = msg.mutable_credit_grant();
-      grant->set_stream_id(target.second);
-      grant->set_largest_slot(largest_slot);
-      if (region != nullptr && !region->announced) {
-        // Slots lie slot_stride apart in the consumer's segment, and so do
-        // the addresses a transport that has them gives out.
-        region->slot_stride = remote->remote_addr != 0 ? c.segments->geometry().slot_stride : 0;
-        region->base_addr = remote->remote_addr - uint64_t{s} * region->slot_stride;
-        region->rkey = remote->rkey;
-        region->slot_bytes = remote->length;
-        region->announced = true;
-        auto* r = grant->add_regions();
-        r->set_region_id(region->id);
-        r->set_base_addr(region->base_addr);
-        r->set_rkey(region->rkey);
-        r->set_slot_stride(region->slot_stride);
-        r->set_slot_bytes(region->slot_bytes);
-        r->set_slot_count(static_cast<uint32_t>(c.slots.size()));
-      }
-      if (region != nullptr && remote->remote_addr == region->base_addr + uint64_t{s} * region->slot_stride &&
-          remote->rkey == region->rkey && remote->length == region->slot_bytes) {
-        grant->add_slot_credits(remote->credit_id);
-      } else {
-        // Not where the region says (a transport that registers slots one
-        // by one): the credit goes whole.
-        auto* credit = grant->add_credits();
-        credit->set_credit_id(remote->credit_id);
-        credit->set_length(remote->length);
-        credit->set_remote_addr(remote->remote_addr);
-        credit->set_rkey(remote->rkey);
-        metrics_.counters.credits_granted_whole.fetch_add(1, std::memory_order_relaxed);
-      }
-      metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
-    }
-    // A sender still below its share of this consumer with no free slot
-    // left: recall what the others hold beyond theirs.  They give back what
-    // they have not used (onCreditsReturned), and only then are those slots
-    // granted again.
-    if (!exposing) break;
-    const uint64_t consumer = cid;  // a copy: clang 14 cannot capture a structured binding
-    const bool starving = std::any_of(targets.begin(), targets.end(), [&](const Target& t) {
-      return held[{t, consumer}] < share;
-    });
-    if (!starving) continue;
-    for (auto& [credit_id, entry] : credits_) {
-      const Target owner{entry.link_id, entry.stream_id};
-      if (entry.client_id != cid || entry.recalled || held[{owner, cid}] <= share) continue;
-      if (std::find(targets.begin(), targets.end(), owner) == targets.end()) continue;
-      entry.recalled = true;
-      --held[{owner, cid}];
-      auto& msg = recalls[owner];
-      msg.mutable_credit_revoke()->set_stream_id(owner.second);
-      msg.mutable_credit_revoke()->add_credit_ids(credit_id);
-    }
-  }
-  for (auto& [target, msg] : grants) {
-    if (AgentLink* l = links_.find(target.first)) l->send(std::move(msg));
-  }
-  for (auto& [owner, msg] : recalls) {
-    metrics_.counters.credits_recalled.fetch_add(msg.credit_revoke().credit_ids_size(),
-                                                 std::memory_order_relaxed);
-    if (AgentLink* l = links_.find(owner.first)) l->send(std::move(msg));
-  }
-}
-
-InboundStreams::Region* InboundStreams::regionOf(uint64_t link_id, uint64_t client_id,
-                                                 const ClientSession& consumer) {
-  auto it = regions_.find({link_id, client_id});
-  if (it != regions_.end()) return &it->second;
-  if (consumer.slots.size() > peer::kMaxRegionSlots) return nullptr;
-  // The lowest id the link does not use (regions are made once per
-  // consumer and link, so this walk is rare).
-  std::set<uint32_t> used;
-  for (auto r = regions_.lower_bound({link_id, 0}); r != regions_.end() && r->first.first == link_id; ++r) {
-    used.insert(r->second.id);
-  }
-  uint32_t id = 1;
-  while (used.count(id) != 0) ++id;
-  if (id > peer::kMaxRegionId) return nullptr;
-  Region& region = regions_[{link_id, client_id}];
-  region.id = id;
-  return &region;
-}
-
-uint32_t InboundStreams::nextGeneration() {
-  if (next_generation_ == 0) next_generation_ = 1;
-  return next_generation_++;
-}
-
-void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
-  NameKey stream = kNoName;
-  for (uint64_t id : returned.credit_ids) {
-    auto it = credits_.find(id);
-    // Only what this link held: a peer cannot give back another's credits.
-    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id) {
-      continue;
-    }
-    if (l.transport) l.transport->retractCredit(id);
-    if (AgentClient* ac = clients_.find(it->second.client_id)) {
-      SlotEntry& e = ac->session->slots[it->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == id) e = SlotEntry{};
-      stream = ac->stream;
-    }
-    credits_.erase(it);
-  }
-  if (stream != kNoName) grantCredits(stream);
-}
-
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
                               const std::string& message) {
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
   log_refused_.warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer_name, stream_id, sequence,
                     statusName(code), message);
-  if (resendable(code) && l.in_streams.count(stream_id) != 0) {
+  if (peer::resendable(code) && l.in_streams.count(stream_id) != 0) {
     // Not delivered (damaged in transit, or its credit was withdrawn): the
     // sender sends it again, and that copy is not a duplicate even when
     // later frames arrived meanwhile.
@@ -496,7 +232,7 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   e.sequence = h.sequence;
   e.length = h.length;
   e.frame_id = h.frame_id;
-  e.peer_key = l.id;
+  e.link_id = l.id;
   e.stream_id = h.stream_id;
   e.in_state = in_state;
   ++c.frames;
@@ -550,7 +286,7 @@ void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h) {
   // At once: the sender is replaying, and waits for this answer.
   HeldBack& held = held_back_[{l.id, h.stream_id}];
   held.acks.push_back(h.sequence);
-  held.now = true;
+  held.this_round = true;
 }
 
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
@@ -587,7 +323,7 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
   const NameKey key = it->second.key;  // still held: released after the regrant below
   l.in_streams.erase(it);
   // What was held back for the stream goes now; the sender may be gone.
-  if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.now = true;
+  if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
   // The stream's credits go back to their consumers, for other streams.
   for (auto cit = credits_.begin(); cit != credits_.end();) {
@@ -635,7 +371,7 @@ void InboundStreams::onLinkUp(AgentLink& l) {
     if (!in.released.empty()) {
       HeldBack& held = held_back_[{l.id, in.stream_id}];
       held.acks.insert(held.acks.end(), in.released.begin(), in.released.end());
-      held.now = true;
+      held.this_round = true;
     }
     for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
   }
@@ -655,25 +391,6 @@ void InboundStreams::onLinkDown(AgentLink& l) {
   dropHeldBack(l.id);
   for (auto& [sid, in] : l.in_streams) names_.release(in.key);
   l.in_streams.clear();
-}
-
-void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
-  // The link's regions die with it: a new link announces them again.
-  regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
-  std::set<NameKey> streams;
-  for (auto it = credits_.begin(); it != credits_.end();) {
-    if (it->second.link_id != link_id) {
-      ++it;
-      continue;
-    }
-    if (AgentClient* ac = clients_.find(it->second.client_id)) {
-      SlotEntry& e = ac->session->slots[it->second.slot];
-      if (e.state == SlotState::kCredited) e = SlotEntry{};
-      streams.insert(ac->stream);
-    }
-    it = credits_.erase(it);
-  }
-  for (NameKey stream : streams) grantCredits(stream);
 }
 
 size_t InboundStreams::framesHeld() const {

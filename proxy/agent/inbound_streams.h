@@ -121,14 +121,35 @@ class InboundStreams {
     std::vector<uint64_t> acks;
     NameKey stream = kNoName;  // the consumers' stream whose slots were released
     uint64_t since_ns = 0;     // when the oldest of `acks` was released
-    bool now = false;          // goes at the end of this round (answers to replays, a new link)
-    bool low = false;          // the sender is low on credits: the next release goes at once
+    bool this_round = false;   // goes at the end of this round (answers to replays, a new link)
+    bool sender_low = false;   // the sender is low on credits: the next release goes at once
   };
+  // Whether what is held back for that sender stream goes now.
   bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
   void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<uint64_t>& sequences);
   // Nothing waits for a link that is going: its releases' slots are granted again now.
   void dropHeldBack(uint64_t link_id);
+  // One round of granting a stream's free consumer slots.
+  struct GrantRound {
+    std::vector<Target> targets;  // every usable (link, sender stream) of the stream's name
+    uint64_t largest_slot = 0;    // of any consumer of the stream: each sender sees it
+    std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
+    std::map<Target, v1::PeerMessage> grants;
+    std::map<Target, v1::PeerMessage> recalls;
+    bool exposing = true;  // false once a link refused to expose a slot: the round ends there
+  };
+  // Grants every free slot of the stream's consumers, a fair share to each
+  // sender, and recalls credits held beyond a share.
   void grantCredits(NameKey stream);
+  std::vector<Target> creditTargets(NameKey stream) const;
+  // Each sender's window (windows_), the largest slot, and the credits out.
+  void reckonShares(NameKey stream, GrantRound& round);
+  void grantFreeSlots(GrantRound& round, uint64_t client_id, ClientSession& consumer, size_t share);
+  // One exposed slot into the grant: a slot credit of its region (announced
+  // with the first), or whole when its address does not follow the region.
+  void addCredit(v1::CreditGrant* grant, Region* region, const transport::RemoteCredit& remote,
+                 const ClientSession& consumer, uint32_t slot);
+  void recallBeyondShares(GrantRound& round, uint64_t client_id, size_t share);
   // The region of that consumer's slots on that link, made when first
   // needed; null when it cannot have one (more slots than a region holds,
   // or every region id of the link in use): its credits then go whole.

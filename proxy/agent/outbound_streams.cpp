@@ -19,16 +19,14 @@ namespace {
 // then in the producer's slot).
 constexpr uint32_t kMaxResends = 3;
 
-bool resendable(int code) { return code == FL_ERR_CRC_MISMATCH || code == FL_ERR_UNKNOWN_CREDIT; }
-
 }  // namespace
 
 OutboundStreams::OutboundStreams(const Config& config, Metrics& metrics, const AgentClock& clock,
                                  ClientTable& clients, PeerTable& peers, LinkTable& links)
     : config_(config), metrics_(metrics), clock_(clock), clients_(clients), peers_(peers), links_(links) {}
 
-uint64_t OutboundStreams::creditDeadline() const {
-  return clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+uint64_t OutboundStreams::creditDeadline(uint64_t now_ns) const {
+  return now_ns + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
 }
 
 OutboundStreams::PeerOut& OutboundStreams::peerOut(PeerId peer) {
@@ -71,17 +69,53 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
   c.out_stream = openStream(c.route, c.session->stream);
 }
 
+void OutboundStreams::rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status,
+                                   const std::string& why) {
+  metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+  metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+  metrics_.recordFailure(status);
+  ++c.errors;
+  log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, desc.slot,
+                          statusName(status), why);
+  clients_.complete(c, desc.slot, status, 0, desc.length, 0);
+}
+
+bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& desc, fl_slot_header* sh,
+                                  int* status, std::string* why) const {
+  const ClientSession& c = *ac.session;
+  auto refuse = [&](int code, std::string text) {
+    *status = code;
+    *why = std::move(text);
+    return false;
+  };
+  if (desc.slot >= c.slots.size()) {
+    return refuse(FL_ERR_BAD_SLOT,
+                  "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+  }
+  const SlotEntry& e = c.slots[desc.slot];
+  if (desc.flags != 0) return refuse(FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
+  if (e.state != SlotState::kFree) {
+    return refuse(FL_ERR_SLOT_NOT_OWNED, std::string("the slot is already in flight (") +
+                                             slotStateName(e.state) + "), submitted twice?");
+  }
+  if (desc.length > c.segments->slotSize()) {
+    return refuse(FL_ERR_TOO_LARGE, "length " + std::to_string(desc.length) + " exceeds the slot size " +
+                                        std::to_string(c.segments->slotSize()));
+  }
+  std::memcpy(sh, c.segments->slotHeader(desc.slot), sizeof(*sh));  // private copy
+  if (sh->attr_length > FL_MAX_ATTR_BYTES || (sh->flags & ~uint32_t{FL_SLOT_HAS_CRC32C}) != 0) {
+    return refuse(FL_ERR_BAD_METADATA, "slot header invalid (attr_length " + std::to_string(sh->attr_length) +
+                                           " > " + std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
+  }
+  if (ac.route == kNoPeer) {
+    return refuse(FL_ERR_NO_ROUTE,
+                  "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
+  }
+  return true;
+}
+
 void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   ClientSession& c = *ac.session;
-  auto reject = [&](uint32_t slot, int status, const std::string& why) {
-    metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);
-    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
-    metrics_.recordFailure(status);
-    ++c.errors;
-    log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, slot, statusName(status),
-                            why);
-    clients_.complete(c, slot, status, 0, desc.length, 0);
-  };
   if (shutting_down_ && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(FL_ERR_SHUTDOWN);
@@ -90,40 +124,14 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
     clients_.complete(c, desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, frame_id);
     return;
   }
-  if (desc.slot >= c.slots.size()) {
-    reject(desc.slot, FL_ERR_BAD_SLOT,
-           "slot index out of range (the client has " + std::to_string(c.slots.size()) + " slots)");
+  fl_slot_header sh;
+  int status = FL_OK;
+  std::string why;
+  if (!checkSubmit(ac, desc, &sh, &status, &why)) {
+    rejectSubmit(c, desc, status, why);
     return;
   }
   SlotEntry& e = c.slots[desc.slot];
-  if (desc.flags != 0) {
-    reject(desc.slot, FL_ERR_BAD_DESCRIPTOR, "reserved descriptor flags are set");
-    return;
-  }
-  if (e.state != SlotState::kFree) {
-    reject(desc.slot, FL_ERR_SLOT_NOT_OWNED,
-           std::string("the slot is already in flight (") + slotStateName(e.state) + "), submitted twice?");
-    return;
-  }
-  if (desc.length > c.segments->slotSize()) {
-    reject(desc.slot, FL_ERR_TOO_LARGE,
-           "length " + std::to_string(desc.length) + " exceeds the slot size " +
-               std::to_string(c.segments->slotSize()));
-    return;
-  }
-  fl_slot_header sh;
-  std::memcpy(&sh, c.segments->slotHeader(desc.slot), sizeof(sh));  // private copy
-  if (sh.attr_length > FL_MAX_ATTR_BYTES || (sh.flags & ~uint32_t{FL_SLOT_HAS_CRC32C}) != 0) {
-    reject(desc.slot, FL_ERR_BAD_METADATA,
-           "slot header invalid (attr_length " + std::to_string(sh.attr_length) + " > " +
-               std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
-    return;
-  }
-  if (ac.route == kNoPeer) {
-    reject(desc.slot, FL_ERR_NO_ROUTE,
-           "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
-    return;
-  }
   // Opened at attach, and kept while a producer of it is attached.
   OutStream* sp = stream(ac.route, ac.out_stream);
   if (sp == nullptr) {
@@ -148,11 +156,51 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   e.frame_id = sh.frame_id;
   e.stream_id = s.id;
   e.submitted_ns = now;
-  e.deadline_ns = now + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  e.deadline_ns = creditDeadline(now);
   ++c.in_progress;
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
   s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
   // Posted by pumpAll() at the end of this round, with every other stream's.
+}
+
+transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, uint32_t slot,
+                                            const transport::RemoteCredit& credit, uint64_t cookie) {
+  ClientSession& c = *ac.session;
+  SlotEntry& e = c.slots[slot];
+  // The receiving daemon restarted since this frame was last sent: the one
+  // before may have delivered it, and the new one cannot know.
+  if (e.sent_to_instance != 0 && e.sent_to_instance != l.peer_instance && !e.maybe_redelivered) {
+    e.maybe_redelivered = true;
+    metrics_.counters.frames_maybe_redelivered.fetch_add(1, std::memory_order_relaxed);
+  }
+  transport::SendRequest req;
+  req.cookie = cookie;
+  req.header = ac.headers[slot];
+  req.header.credit_id = credit.credit_id;
+  req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
+  req.payload = c.segments->slot(slot);
+  req.local_key = c.segments->localKey();  // from the registration made at attach
+  req.credit = credit;
+  return l.transport->post(req);
+}
+
+void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, FrameRef f, SlotEntry& e,
+                                 uint64_t cookie) {
+  e.state = SlotState::kPosted;
+  e.post_cookie = cookie;
+  e.link_id = l.id;
+  e.sent_to_instance = l.peer_instance;
+  e.was_posted = true;
+  s.unacked[e.sequence] = f;
+  posted_[cookie] = Posted{f, peer, s.id, e.sequence};
+}
+
+void OutboundStreams::unpost(SlotEntry& e, uint64_t deadline_ns) {
+  if (e.state == SlotState::kPosted) posted_.erase(e.post_cookie);
+  e.state = SlotState::kPending;
+  e.post_cookie = 0;
+  e.link_id = 0;
+  e.deadline_ns = deadline_ns;
 }
 
 size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
@@ -200,21 +248,8 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       continue;
     }
     const transport::RemoteCredit credit = *fit;
-    // The receiving daemon restarted since this frame was last sent: the one
-    // before may have delivered it, and the new one cannot know.
-    if (e.sent_to_instance != 0 && e.sent_to_instance != l->peer_instance && !e.maybe_redelivered) {
-      e.maybe_redelivered = true;
-      metrics_.counters.frames_maybe_redelivered.fetch_add(1, std::memory_order_relaxed);
-    }
-    transport::SendRequest req;
-    req.cookie = next_cookie_++;
-    req.header = ac->headers[f.slot];
-    req.header.credit_id = credit.credit_id;
-    req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
-    req.payload = c.segments->slot(f.slot);
-    req.local_key = c.segments->localKey();  // from the registration made at attach
-    req.credit = credit;
-    transport::PostResult r = l->transport->post(req);
+    const uint64_t cookie = next_cookie_++;
+    transport::PostResult r = post(*l, *ac, f.slot, credit, cookie);
     if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
       return work + 1;  // the transport takes it later: still work
     }
@@ -228,13 +263,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
                   "the transport refused the frame: " + std::string(l->transport->lastRefusal()));
       continue;
     }
-    e.state = SlotState::kPosted;
-    e.credit_id = req.cookie;  // producer side: the cookie of the post
-    e.peer_key = l->id;
-    e.sent_to_instance = l->peer_instance;
-    e.was_posted = true;
-    s.unacked[e.sequence] = f;
-    posted_[req.cookie] = Posted{f, peer, s.id, e.sequence};
+    markPosted(*l, peer, s, f, e, cookie);
     ++l->frames_out;
     ++posted;
   }
@@ -268,7 +297,7 @@ size_t OutboundStreams::pumpAll() {
 void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
   SlotEntry& e = c.slots[slot];
   if (e.state == SlotState::kFree) return;
-  if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
+  if (e.state == SlotState::kPosted) posted_.erase(e.post_cookie);
   if (status == FL_OK) {
     metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
     metrics_.counters.bytes_sent.fetch_add(e.length, std::memory_order_relaxed);
@@ -312,7 +341,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
     // its refusal (the consumer died holding it): it needs no credit for
     // that, and must not fail for the want of one.
     auto pit = s.pending.find(sequence);
-    if ((status == FL_OK || !resendable(status)) && pit != s.pending.end()) {
+    if ((status == FL_OK || !peer::resendable(status)) && pit != s.pending.end()) {
       FrameRef f = pit->second;
       AgentClient* ac = clients_.find(f.client_id);
       if (ac != nullptr) {
@@ -336,17 +365,13 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
   if (ac == nullptr) return;
   ClientSession& c = *ac->session;
   SlotEntry& e = c.slots[f.slot];
-  if (resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
+  if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
       (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
     // Not delivered (damaged on the way, or its credit was withdrawn): the
     // payload is still in the producer's slot, so send it again, ahead of
     // the frames that never left.
     ++e.resends;
-    if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
-    e.state = SlotState::kPending;
-    e.credit_id = 0;
-    e.peer_key = 0;
-    e.deadline_ns = creditDeadline();
+    unpost(e, creditDeadline(clock_.nowNs()));
     s.pending.emplace(e.sequence, f);
     (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
                                    : metrics_.counters.frames_resent_credit)
@@ -357,93 +382,6 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
   }
   finishFrame(c, f.slot, status, why);
   maybeForget(*ac);
-}
-
-std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant& g) {
-  // The regions are the link's, whatever becomes of this grant's credits.
-  for (const peer::SlotRegion& r : g.regions) {
-    if (std::string why = l.peer_regions.add(r); !why.empty()) return why;
-  }
-  if (peers_[l.peer].link_id != l.id) return {};  // a replaced link: its credits are gone
-  OutStream* sp = stream(l.peer, g.stream_id);
-  if (sp == nullptr) {
-    spdlog::debug("link {}: credits for unknown stream {} ignored", l.id, g.stream_id);
-    return {};
-  }
-  OutStream& s = *sp;
-  if (s.credits.size() + g.credits.size() + g.slot_credits.size() > peer::kMaxCreditsPerStream) {
-    return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
-  }
-  auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
-    // Credit ids are unique on a link: one held twice would take two frames
-    // into one slot.
-    if (!s.credit_ids.insert(rc.credit_id).second) {
-      return "peer granted credit " + std::to_string(rc.credit_id) + " of stream " +
-             std::to_string(g.stream_id) + " while that credit was already granted";
-    }
-    s.credits.push_back(rc);
-    s.largest_credit = std::max(s.largest_credit, rc.length);
-    return {};
-  };
-  for (const auto& rc : g.credits) {
-    if (std::string why = take(rc); !why.empty()) return why;
-  }
-  for (uint64_t id : g.slot_credits) {
-    transport::RemoteCredit rc;
-    if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
-    if (std::string why = take(rc); !why.empty()) return why;
-  }
-  // Another sender of the stream may hold the large consumer's credits now.
-  s.largest_credit = std::max(s.largest_credit, g.largest_slot);
-  s.credit_peak = std::max(s.credit_peak, s.credits.size());
-  if (s.credits.size() > s.credit_peak / 4) s.said_low = false;
-  // Used by pumpAll() in this round: had each grant sent its stream's frames
-  // at once, the stream the peer happens to grant first would always go first.
-  return {};
-}
-
-void OutboundStreams::dropCredits(OutStream& s) {
-  s.credits.clear();
-  s.credit_ids.clear();
-  s.largest_credit = 0;
-  s.credit_peak = 0;
-  s.said_low = false;
-}
-
-void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {
-  // Below 8 credits a quarter is at most one frame, and the receiver sends
-  // every release back at once anyway.
-  constexpr size_t kLowSignalMinCredits = 8;
-  if (s.said_low || s.credit_peak < kLowSignalMinCredits || s.credits.size() > s.credit_peak / 4) return;
-  s.said_low = true;
-  v1::PeerMessage low;
-  low.mutable_credit_low()->set_stream_id(s.id);
-  low.mutable_credit_low()->set_credits_left(s.credits.size());
-  l.send(std::move(low));
-}
-
-void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
-  // The credits already taken from a retired region stay addressable: each
-  // holds its own address.
-  for (uint32_t id : r.retired_regions) l.peer_regions.retire(id);
-  OutStream* s = stream(l.peer, r.stream_id);
-  if (s == nullptr) return;
-  // Those not used yet are given back, so the receiver may grant their slots
-  // to another sender; one already used lands (or is refused) as it would have.
-  v1::PeerMessage back;
-  for (uint64_t id : r.credit_ids) {
-    auto it = std::find_if(s->credits.begin(), s->credits.end(),
-                           [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
-    if (it == s->credits.end()) continue;
-    s->credit_ids.erase(id);
-    s->credits.erase(it);
-    back.mutable_credit_revoke()->add_credit_ids(id);
-  }
-  if (back.has_credit_revoke()) {
-    back.mutable_credit_revoke()->set_stream_id(r.stream_id);
-    back.mutable_credit_revoke()->set_returned(true);
-    l.send(std::move(back));
-  }
 }
 
 void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
@@ -502,7 +440,7 @@ void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) 
 }
 
 void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason) {
-  const uint64_t deadline = creditDeadline();
+  const uint64_t deadline = creditDeadline(clock_.nowNs());
   for (PeerId peer = 0; peer < out_.size(); ++peer) {
     for (auto& [id, s] : out_[peer].streams) {
       std::vector<std::pair<uint64_t, FrameRef>> replay;
@@ -513,15 +451,11 @@ void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason
           continue;
         }
         SlotEntry& e = ac->session->slots[it->second.slot];
-        if (e.peer_key != link_id || (e.state != SlotState::kPosted && e.state != SlotState::kSent)) {
+        if (e.link_id != link_id || (e.state != SlotState::kPosted && e.state != SlotState::kSent)) {
           ++it;
           continue;
         }
-        if (e.state == SlotState::kPosted) posted_.erase(e.credit_id);
-        e.state = SlotState::kPending;
-        e.credit_id = 0;
-        e.peer_key = 0;
-        e.deadline_ns = deadline;  // FAILED(LINK_LOST) when no link takes it in time
+        unpost(e, deadline);  // FAILED(LINK_LOST) when no link takes it in time
         replay.emplace_back(it->first, it->second);
         it = s.unacked.erase(it);
       }

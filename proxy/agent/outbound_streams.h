@@ -121,10 +121,23 @@ class OutboundStreams {
   // The link's credits are gone (link up or down).
   static void dropCredits(OutStream& s);
   size_t pump(PeerId peer, OutStream& s);
+  // Posts the frame in that slot of `c` into `credit` on the link.
+  transport::PostResult post(AgentLink& link, AgentClient& c, uint32_t slot,
+                             const transport::RemoteCredit& credit, uint64_t cookie);
+  // The frame is on the link now (kPosted): its SendComplete and ACK are awaited.
+  void markPosted(const AgentLink& link, PeerId peer, OutStream& s, FrameRef frame, SlotEntry& e,
+                  uint64_t cookie);
+  // Back to kPending (posted or sent, not ACKed): it goes again on a link by `deadline_ns`.
+  void unpost(SlotEntry& e, uint64_t deadline_ns);
+  // Whether a submitted descriptor may be taken; copies the slot header into
+  // `sh` (never read again from shared memory), else says what is wrong.
+  bool checkSubmit(const AgentClient& c, const fl_submit_desc& desc, fl_slot_header* sh, int* status,
+                   std::string* why) const;
+  void rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status, const std::string& why);
   void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
   void requeueUnacked(uint64_t link_id, const std::string& reason);
-  uint64_t creditDeadline() const;
+  uint64_t creditDeadline(uint64_t now_ns) const;
 
   const Config& config_;
   Metrics& metrics_;

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "framelink/framelink.h"
 #include "framelink/v1/link.pb.h"
 #include "transport/transport.h"
 
@@ -22,6 +23,12 @@ constexpr size_t kMaxCreditsPerStream = 65536;  // bound on what a peer may gran
 constexpr size_t kMaxAcksPerMessage = 4096;     // frames one ACK may name
 constexpr size_t kMaxStreamsPerLink = 4096;     // streams a peer may have open on one link
 constexpr size_t kMaxTextBytes = 256;           // what a NACK message or Fin reason keeps
+
+// A NACK the sender answers by sending the frame again (it was damaged on
+// the way, or landed in a credit withdrawn meanwhile), not by failing it.
+constexpr bool resendable(int nack_code) {
+  return nack_code == FL_ERR_CRC_MISMATCH || nack_code == FL_ERR_UNKNOWN_CREDIT;
+}
 
 // Slot credits: region_id << 52 | slot << 32 | generation.  The generation
 // is the low 32 bits, which the rdma transport sends as immediate data, so

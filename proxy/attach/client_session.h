@@ -51,9 +51,10 @@ struct SlotEntry {
   uint64_t sequence = 0;
   uint64_t length = 0;
   uint64_t frame_id = 0;
-  uint64_t peer_key = 0;     // producer: which peer; consumer: link id of the frame's sender
+  uint64_t link_id = 0;      // producer: link it was posted on; consumer: link its credit went to
   uint64_t stream_id = 0;    // producer: out-stream id; consumer: the sender's stream id
   uint64_t credit_id = 0;    // consumer: credit this slot is exposed under
+  uint64_t post_cookie = 0;  // producer: the cookie of its post (SendComplete names it)
   uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
   uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (the agent's clock)
   uint64_t submitted_ns = 0;

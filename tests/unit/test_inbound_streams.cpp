@@ -19,7 +19,7 @@ namespace {
 int landFrame(InboundStreams& inbound, TestClient& consumer, AgentLink& l, uint64_t seq) {
   for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
     const SlotEntry& e = consumer.session->slots[s];
-    if (e.state != SlotState::kCredited || e.peer_key != l.id) continue;
+    if (e.state != SlotState::kCredited || e.link_id != l.id) continue;
     transport::TransportEvent ev;
     ev.kind = transport::TransportEvent::Kind::kFrameArrived;
     ev.header.stream_id = 42;

@@ -1,0 +1,303 @@
+// The consumer side's credits and the control records that carry them: a
+// credit per free consumer slot, shared fairly among the stream's senders
+// (recalled beyond a share), the regions slot credits name, and the ACKs and
+// grants held back to go together (a quarter of the sender's window,
+// ack_delay, or CreditLow).  The rest of InboundStreams -- arrival, release,
+// what is remembered per sender stream -- is in inbound_streams.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "agent/inbound_streams.h"
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+bool InboundStreams::due(const Target& target, const HeldBack& held, uint64_t now_ns) const {
+  if (held.this_round || ack_delay_ns_ == 0) return true;
+  if (held.acks.empty()) return false;
+  if (held.sender_low || now_ns - held.since_ns >= ack_delay_ns_) return true;
+  // A quarter of what the sender may hold: it still has the other three
+  // quarters to send while this goes back.
+  auto window = windows_.find(target);
+  const size_t quarter = window == windows_.end() ? 1 : std::max<size_t>(1, window->second / 4);
+  return held.acks.size() >= quarter;
+}
+
+void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<uint64_t>& sequences) {
+  for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
+    v1::PeerMessage msg;
+    auto* ack = msg.mutable_ack();
+    ack->set_stream_id(stream_id);
+    const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
+    peer::encodeAck(sequences.data() + i, end - i, ack);
+    l.send(std::move(msg));
+  }
+}
+
+void InboundStreams::flushControl() {
+  const uint64_t now = held_back_.empty() ? 0 : clock_.nowNs();
+  for (auto it = held_back_.begin(); it != held_back_.end();) {
+    HeldBack& held = it->second;
+    if (!due(it->first, held, now)) {
+      ++it;
+      continue;
+    }
+    if (AgentLink* l = links_.find(it->first.first)) sendAcks(*l, it->first.second, held.acks);
+    if (held.stream != kNoName) dirty_grants_.insert(held.stream);
+    it = held_back_.erase(it);
+  }
+  // Granting a stream's slots hands out every free one, those held back for
+  // another sender of the stream too: their ACKs still wait, their credits
+  // need not.
+  for (NameKey stream : dirty_grants_) grantCredits(stream);
+  dirty_grants_.clear();
+}
+
+uint64_t InboundStreams::nextControlDeadlineNs() const {
+  uint64_t next = 0;
+  for (const auto& [target, held] : held_back_) {
+    if (held.acks.empty()) continue;
+    const uint64_t at = held.since_ns + ack_delay_ns_;
+    if (next == 0 || at < next) next = at;
+  }
+  return next;
+}
+
+void InboundStreams::onCreditLow(AgentLink& l, const peer::CreditLow& low) {
+  auto in = l.in_streams.find(low.stream_id);
+  if (in == l.in_streams.end()) return;  // not open on this link: nothing waits for it
+  HeldBack& held = held_back_[{l.id, low.stream_id}];
+  if (held.acks.empty()) {
+    held.sender_low = true;
+  } else {
+    held.this_round = true;
+  }
+  // Slots released by the stream's other senders, still waiting, may go to this one now.
+  dirty_grants_.insert(in->second.key);
+}
+
+void InboundStreams::dropHeldBack(uint64_t link_id) {
+  for (auto it = held_back_.lower_bound({link_id, 0});
+       it != held_back_.end() && it->first.first == link_id;) {
+    // The ACKs go again on the sender's next link (onLinkUp).
+    if (it->second.stream != kNoName) dirty_grants_.insert(it->second.stream);
+    it = held_back_.erase(it);
+  }
+  windows_.erase(windows_.lower_bound({link_id, 0}), windows_.lower_bound({link_id + 1, 0}));
+}
+
+std::vector<InboundStreams::Target> InboundStreams::creditTargets(NameKey stream) const {
+  std::vector<Target> targets;
+  for (const auto& [id, l] : links_) {
+    if (!l.usable()) continue;
+    for (const auto& [sid, in] : l.in_streams) {
+      if (in.key == stream) targets.emplace_back(id, sid);
+    }
+  }
+  return targets;
+}
+
+void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
+  const size_t senders = round.targets.size();
+  size_t window = 0;  // what each sender may hold: its share of every consumer
+  for (auto& [cid, ac] : clients_.all()) {
+    const ClientSession& c = *ac.session;
+    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    window += (c.slots.size() + senders - 1) / senders;
+    // Each sender sees every consumer's slot size.
+    round.largest_slot = std::max<uint64_t>(round.largest_slot, c.segments->slotSize());
+  }
+  for (const auto& target : round.targets) windows_[target] = window;
+  for (const auto& [credit_id, entry] : credits_) {
+    if (!entry.recalled) ++round.held[{{entry.link_id, entry.stream_id}, entry.client_id}];
+  }
+}
+
+void InboundStreams::grantCredits(NameKey stream) {
+  if (stream == kNoName) return;
+  GrantRound round;
+  round.targets = creditTargets(stream);
+  if (round.targets.empty()) return;
+  // Fair shares: when several peers send this stream, none holds more than
+  // its share of each consumer's slots, or one with nothing to send would sit
+  // on them while another starves.
+  reckonShares(stream, round);
+  for (auto& [cid, ac] : clients_.all()) {
+    ClientSession& c = *ac.session;
+    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    const size_t share = (c.slots.size() + round.targets.size() - 1) / round.targets.size();
+    grantFreeSlots(round, cid, c, share);
+    // A link whose transport went down (its LinkDown not handled yet) refuses
+    // to expose a slot: what was decided before that still goes out, or the
+    // credits already entered would be held by no one and those marked
+    // recalled would never be asked back.
+    if (!round.exposing) break;
+    recallBeyondShares(round, cid, share);
+  }
+  for (auto& [target, msg] : round.grants) {
+    if (AgentLink* l = links_.find(target.first)) l->send(std::move(msg));
+  }
+  for (auto& [owner, msg] : round.recalls) {
+    metrics_.counters.credits_recalled.fetch_add(msg.credit_revoke().credit_ids_size(),
+                                                 std::memory_order_relaxed);
+    if (AgentLink* l = links_.find(owner.first)) l->send(std::move(msg));
+  }
+}
+
+void InboundStreams::grantFreeSlots(GrantRound& round, uint64_t cid, ClientSession& c, size_t share) {
+  for (uint32_t s = 0; s < c.slots.size(); ++s) {
+    SlotEntry& e = c.slots[s];
+    if (e.state != SlotState::kFree) continue;
+    Target target{0, 0};
+    for (size_t tries = 0; tries < round.targets.size() && target.first == 0; ++tries) {
+      const Target candidate = round.targets[grant_cursor_++ % round.targets.size()];
+      if (round.held[{candidate, cid}] < share) target = candidate;
+    }
+    if (target.first == 0) return;  // every sender holds its share of this consumer
+    AgentLink& l = *links_.find(target.first);
+    Region* region = regionOf(l.id, cid, c);
+    const uint32_t generation = nextGeneration();
+    transport::LocalCredit local;
+    local.credit_id = region != nullptr ? peer::slotCreditId(region->id, s, generation) : generation;
+    local.buffer = c.segments->slot(s);
+    local.capacity = c.segments->slotSize();
+    local.keepalive = c.segments;
+    auto remote = l.transport->exposeCredit(std::move(local));
+    if (!remote) {
+      spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
+                    remote.error().message);
+      round.exposing = false;
+      return;
+    }
+    ++round.held[{target, cid}];
+    credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
+    e.state = SlotState::kCredited;
+    e.credit_id = remote->credit_id;
+    e.link_id = l.id;
+    e.stream_id = target.second;
+    auto* grant = round.grants[target].mutable_credit_grant();
+    grant->set_stream_id(target.second);
+    grant->set_largest_slot(round.largest_slot);
+    addCredit(grant, region, *remote, c, s);
+  }
+}
+
+void InboundStreams::addCredit(v1::CreditGrant* grant, Region* region, const transport::RemoteCredit& remote,
+                               const ClientSession& c, uint32_t slot) {
+  if (region != nullptr && !region->announced) {
+    // Slots lie slot_stride apart in the consumer's segment, and so do
+    // the addresses a transport that has them gives out.
+    region->slot_stride = remote.remote_addr != 0 ? c.segments->geometry().slot_stride : 0;
+    region->base_addr = remote.remote_addr - uint64_t{slot} * region->slot_stride;
+    region->rkey = remote.rkey;
+    region->slot_bytes = remote.length;
+    region->announced = true;
+    auto* r = grant->add_regions();
+    r->set_region_id(region->id);
+    r->set_base_addr(region->base_addr);
+    r->set_rkey(region->rkey);
+    r->set_slot_stride(region->slot_stride);
+    r->set_slot_bytes(region->slot_bytes);
+    r->set_slot_count(static_cast<uint32_t>(c.slots.size()));
+  }
+  if (region != nullptr && remote.remote_addr == region->base_addr + uint64_t{slot} * region->slot_stride &&
+      remote.rkey == region->rkey && remote.length == region->slot_bytes) {
+    grant->add_slot_credits(remote.credit_id);
+  } else {
+    // Not where the region says (a transport that registers slots one
+    // by one): the credit goes whole.
+    auto* credit = grant->add_credits();
+    credit->set_credit_id(remote.credit_id);
+    credit->set_length(remote.length);
+    credit->set_remote_addr(remote.remote_addr);
+    credit->set_rkey(remote.rkey);
+    metrics_.counters.credits_granted_whole.fetch_add(1, std::memory_order_relaxed);
+  }
+  metrics_.counters.credits_granted.fetch_add(1, std::memory_order_relaxed);
+}
+
+void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t share) {
+  // A sender still below its share of this consumer with no free slot
+  // left: recall what the others hold beyond theirs.  They give back what
+  // they have not used (onCreditsReturned), and only then are those slots
+  // granted again.
+  const bool starving = std::any_of(round.targets.begin(), round.targets.end(), [&](const Target& t) {
+    return round.held[{t, cid}] < share;
+  });
+  if (!starving) return;
+  for (auto& [credit_id, entry] : credits_) {
+    const Target owner{entry.link_id, entry.stream_id};
+    if (entry.client_id != cid || entry.recalled || round.held[{owner, cid}] <= share) continue;
+    if (std::find(round.targets.begin(), round.targets.end(), owner) == round.targets.end()) continue;
+    entry.recalled = true;
+    --round.held[{owner, cid}];
+    auto* revoke = round.recalls[owner].mutable_credit_revoke();
+    revoke->set_stream_id(owner.second);
+    revoke->add_credit_ids(credit_id);
+  }
+}
+
+InboundStreams::Region* InboundStreams::regionOf(uint64_t link_id, uint64_t client_id,
+                                                 const ClientSession& consumer) {
+  auto it = regions_.find({link_id, client_id});
+  if (it != regions_.end()) return &it->second;
+  if (consumer.slots.size() > peer::kMaxRegionSlots) return nullptr;
+  // The lowest id the link does not use (regions are made once per
+  // consumer and link, so this walk is rare).
+  std::set<uint32_t> used;
+  for (auto r = regions_.lower_bound({link_id, 0}); r != regions_.end() && r->first.first == link_id; ++r) {
+    used.insert(r->second.id);
+  }
+  uint32_t id = 1;
+  while (used.count(id) != 0) ++id;
+  if (id > peer::kMaxRegionId) return nullptr;
+  Region& region = regions_[{link_id, client_id}];
+  region.id = id;
+  return &region;
+}
+
+uint32_t InboundStreams::nextGeneration() {
+  if (next_generation_ == 0) next_generation_ = 1;
+  return next_generation_++;
+}
+
+void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
+  NameKey stream = kNoName;
+  for (uint64_t id : returned.credit_ids) {
+    auto it = credits_.find(id);
+    // Only what this link held: a peer cannot give back another's credits.
+    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id) {
+      continue;
+    }
+    if (l.transport) l.transport->retractCredit(id);
+    if (AgentClient* ac = clients_.find(it->second.client_id)) {
+      SlotEntry& e = ac->session->slots[it->second.slot];
+      if (e.state == SlotState::kCredited && e.credit_id == id) e = SlotEntry{};
+      stream = ac->stream;
+    }
+    credits_.erase(it);
+  }
+  if (stream != kNoName) grantCredits(stream);
+}
+
+void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
+  // The link's regions die with it: a new link announces them again.
+  regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
+  std::set<NameKey> streams;
+  for (auto it = credits_.begin(); it != credits_.end();) {
+    if (it->second.link_id != link_id) {
+      ++it;
+      continue;
+    }
+    if (AgentClient* ac = clients_.find(it->second.client_id)) {
+      SlotEntry& e = ac->session->slots[it->second.slot];
+      if (e.state == SlotState::kCredited) e = SlotEntry{};
+      streams.insert(ac->stream);
+    }
+    it = credits_.erase(it);
+  }
+  for (NameKey stream : streams) grantCredits(stream);
+}
+
+}  // namespace framelink

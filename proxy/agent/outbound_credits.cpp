@@ -1,0 +1,99 @@
+// The producer side's credits: what a peer grants (whole or as slot credits
+// of an announced region), what it recalls and retires, and CreditLow when a
+// stream runs short.  The rest of OutboundStreams is in outbound_streams.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "agent/outbound_streams.h"
+
+namespace framelink {
+
+std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant& g) {
+  // The regions are the link's, whatever becomes of this grant's credits.
+  for (const peer::SlotRegion& r : g.regions) {
+    if (std::string why = l.peer_regions.add(r); !why.empty()) return why;
+  }
+  if (peers_[l.peer].link_id != l.id) return {};  // a replaced link: its credits are gone
+  OutStream* sp = stream(l.peer, g.stream_id);
+  if (sp == nullptr) {
+    spdlog::debug("link {}: credits for unknown stream {} ignored", l.id, g.stream_id);
+    return {};
+  }
+  OutStream& s = *sp;
+  if (s.credits.size() + g.credits.size() + g.slot_credits.size() > peer::kMaxCreditsPerStream) {
+    return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
+  }
+  auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
+    // Credit ids are unique on a link: one held twice would take two frames
+    // into one slot.
+    if (!s.credit_ids.insert(rc.credit_id).second) {
+      return "peer granted credit " + std::to_string(rc.credit_id) + " of stream " +
+             std::to_string(g.stream_id) + " while that credit was already granted";
+    }
+    s.credits.push_back(rc);
+    s.largest_credit = std::max(s.largest_credit, rc.length);
+    return {};
+  };
+  for (const auto& rc : g.credits) {
+    if (std::string why = take(rc); !why.empty()) return why;
+  }
+  for (uint64_t id : g.slot_credits) {
+    transport::RemoteCredit rc;
+    if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
+    if (std::string why = take(rc); !why.empty()) return why;
+  }
+  // Another sender of the stream may hold the large consumer's credits now.
+  s.largest_credit = std::max(s.largest_credit, g.largest_slot);
+  s.credit_peak = std::max(s.credit_peak, s.credits.size());
+  if (s.credits.size() > s.credit_peak / 4) s.said_low = false;
+  // Used by pumpAll() in this round: had each grant sent its stream's frames
+  // at once, the stream the peer happens to grant first would always go first.
+  return {};
+}
+
+void OutboundStreams::dropCredits(OutStream& s) {
+  s.credits.clear();
+  s.credit_ids.clear();
+  s.largest_credit = 0;
+  s.credit_peak = 0;
+  s.said_low = false;
+}
+
+void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {
+  // Below 8 credits a quarter is at most one frame, and the receiver sends
+  // every release back at once anyway.
+  constexpr size_t kLowSignalMinCredits = 8;
+  if (s.said_low || s.credit_peak < kLowSignalMinCredits || s.credits.size() > s.credit_peak / 4) return;
+  s.said_low = true;
+  v1::PeerMessage low;
+  low.mutable_credit_low()->set_stream_id(s.id);
+  low.mutable_credit_low()->set_credits_left(s.credits.size());
+  l.send(std::move(low));
+}
+
+void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) {
+  // The credits already taken from a retired region stay addressable: each
+  // holds its own address.
+  for (uint32_t id : r.retired_regions) l.peer_regions.retire(id);
+  OutStream* s = stream(l.peer, r.stream_id);
+  if (s == nullptr) return;
+  // Those not used yet are given back, so the receiver may grant their slots
+  // to another sender; one already used lands (or is refused) as it would have.
+  v1::PeerMessage back;
+  for (uint64_t id : r.credit_ids) {
+    auto it = std::find_if(s->credits.begin(), s->credits.end(),
+                           [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
+    if (it == s->credits.end()) continue;
+    s->credit_ids.erase(id);
+    s->credits.erase(it);
+    back.mutable_credit_revoke()->add_credit_ids(id);
+  }
+  if (back.has_credit_revoke()) {
+    back.mutable_credit_revoke()->set_stream_id(r.stream_id);
+    back.mutable_credit_revoke()->set_returned(true);
+    l.send(std::move(back));
+  }
+}
+
+}  // namespace framelink
