@@ -160,6 +160,21 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
 void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEvent& ev) {
   const transport::FrameHeader& h = ev.header;
   ++l.frames_in;
+  CreditEntry credit;
+  AgentClient* ac = takeCredit(l, ev, &credit);
+  if (ac == nullptr) return;  // answered already
+  ClientSession& c = *ac->session;
+  if (!acceptFrame(l, c, credit, h)) {
+    // Refused or a duplicate: the slot is free for another frame.
+    c.slots[credit.slot] = SlotEntry{};
+    grantCredits(ac->stream);
+    return;
+  }
+  deliver(l, c, credit, h);
+}
+
+AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::TransportEvent& ev, CreditEntry* out) {
+  const transport::FrameHeader& h = ev.header;
   // A replay of a frame this daemon already answered gets that answer again,
   // whatever credit it came in: refused stays refused, held stays held.  A
   // "send it again" would bring it to another consumer.
@@ -169,65 +184,63 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   if (ev.status != FL_OK) {
     auto it = credits_.find(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
-    if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return;
+    if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, ev.status,
              ev.message.empty() ? "frame for an unknown credit" : ev.message);
-    return;
+    return nullptr;
   }
   auto it = credits_.find(h.credit_id);
   if (it == credits_.end() || it->second.link_id != l.id) {
-    if (answeredBefore()) return;
+    if (answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
              "credit " + std::to_string(h.credit_id) + " was not granted to this link");
-    return;
+    return nullptr;
   }
-  const CreditEntry credit = it->second;
+  *out = it->second;
   credits_.erase(it);
-  AgentClient* ac = clients_.find(credit.client_id);
+  AgentClient* ac = clients_.find(out->client_id);
   if (ac == nullptr || ac->session->gone) {
-    if (answeredBefore()) return;
+    if (answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
              "its receive slot was withdrawn: the consumer detached");
-    return;
+    return nullptr;
   }
-  ClientSession& c = *ac->session;
-  SlotEntry& e = c.slots[credit.slot];
-  auto regrant = [&] {
-    e = SlotEntry{};
-    grantCredits(ac->stream);
-  };
+  return ac;
+}
+
+bool InboundStreams::acceptFrame(AgentLink& l, ClientSession& c, const CreditEntry& credit,
+                                 const transport::FrameHeader& h) {
   if (h.stream_id != credit.stream_id || l.in_streams.count(h.stream_id) == 0) {
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_STREAM,
              "frame names stream " + std::to_string(h.stream_id) + " but the credit belongs to stream " +
                  std::to_string(credit.stream_id));
-    regrant();
-    return;
+    return false;
   }
   if (h.length > c.segments->slotSize() || h.attr_length > FL_MAX_ATTR_BYTES) {
     sendNack(l, h.stream_id, h.sequence, FL_ERR_PROTOCOL, "frame header out of bounds");
-    regrant();
-    return;
+    return false;
   }
-  if (dropDuplicate(l, h)) {
-    regrant();
-    return;
-  }
-  uint8_t* payload = c.segments->slot(credit.slot);
+  if (dropDuplicate(l, h)) return false;
   if (h.has_crc32c) {
-    const uint32_t crc = fl_crc32c(0, payload, h.length);
+    const uint32_t crc = fl_crc32c(0, c.segments->slot(credit.slot), h.length);
     if (crc != h.crc32c) {
       sendNack(l, h.stream_id, h.sequence, FL_ERR_CRC_MISMATCH,
                "payload CRC32C mismatch (expected " + std::to_string(h.crc32c) + ", got " +
                    std::to_string(crc) + ")");
-      regrant();
-      return;
+      return false;
     }
   }
+  return true;
+}
+
+void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& credit,
+                             const transport::FrameHeader& h) {
   transport::toSlotHeader(h, c.segments->slotHeader(credit.slot));
   const uint64_t in_state = inStateId(l, h.stream_id);
   InState& in = in_states_[in_state];
   in.highest = std::max(in.highest, h.sequence);
   in.held.insert(h.sequence);
+  SlotEntry& e = c.slots[credit.slot];
   e.state = SlotState::kDelivered;
   e.sequence = h.sequence;
   e.length = h.length;

@@ -156,6 +156,15 @@ class InboundStreams {
   Region* regionOf(uint64_t link_id, uint64_t client_id, const ClientSession& consumer);
   // The next credit generation: never 0.
   uint32_t nextGeneration();
+  // The credit a frame arrived in, taken; null when the frame was answered
+  // instead (a refusal, an unknown credit, a consumer gone, or a replay).
+  AgentClient* takeCredit(AgentLink& link, const transport::TransportEvent& event, CreditEntry* credit);
+  // Whether the frame in that credit may be delivered; NACKs it (or drops a
+  // duplicate) when not.
+  bool acceptFrame(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
+                   const transport::FrameHeader& header);
+  void deliver(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
+               const transport::FrameHeader& header);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
   // A usable link from that instance of a peer, or null.
