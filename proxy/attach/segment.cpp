@@ -119,77 +119,96 @@ SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hu
   return g;
 }
 
-Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequest& request) {
-  std::shared_ptr<ClientSegments> seg(new ClientSegments());
-  seg->slot_count_ = request.slot_count;
-  seg->slot_size_ = request.slot_size;
+namespace {
 
-  bool try_huge = request.hugepages != HugepageMode::kOff;
-  bool require_huge = request.hugepages == HugepageMode::kOn;
-  SegmentGeometry huge_geometry = computeGeometry(request.slot_count, request.slot_size, true);
-
-  Mapping data;
-  UniqueFd data_fd;
+// The data memfd, mapped: on 2 MiB hugepages when asked and available
+// (required with HugepageMode::kOn), else on plain pages.
+struct DataMapping {
+  Mapping mapping;
+  UniqueFd fd;
+  SegmentGeometry geometry;
   bool huge = false;
+};
+
+Result<DataMapping> mapDataSegment(const SegmentRequest& request) {
+  const bool try_huge = request.hugepages != HugepageMode::kOff;
+  const bool require_huge = request.hugepages == HugepageMode::kOn;
+  DataMapping out;
   if (try_huge) {
+    const SegmentGeometry huge_geometry = computeGeometry(request.slot_count, request.slot_size, true);
     auto memfd = makeMemfd("framelink-data", huge_geometry.data_size, true, require_huge);
     if (!memfd) return std::move(memfd).error();
     if (memfd->huge) {
       auto mapping = mapShared(memfd->fd.get(), huge_geometry.data_size, true, "data");
       if (mapping) {
-        data = std::move(mapping.value());
-        data_fd = std::move(memfd->fd);
-        huge = true;
-      } else if (require_huge) {
+        out.mapping = std::move(mapping.value());
+        out.fd = std::move(memfd->fd);
+        out.geometry = huge_geometry;
+        out.huge = true;
+        return out;
+      }
+      if (require_huge) {
         return makeError(FL_ERR_RESOURCES, mapping.error().message +
                                                "; reserve hugepages (echo N > /proc/sys/vm/nr_hugepages)");
       }
-    } else {
-      data_fd = std::move(memfd->fd);  // plain memfd fallback, sized for the plain geometry below
-      data_fd.reset();
     }
-  }
-  SegmentGeometry geometry =
-      huge ? huge_geometry : computeGeometry(request.slot_count, request.slot_size, false);
-  if (!huge) {
-    if (try_huge && !g_warned_no_hugepages.exchange(true)) {
+    // No hugepages (or they could not be mapped): plain pages, with their own geometry.
+    if (!g_warned_no_hugepages.exchange(true)) {
       spdlog::warn(
           "no 2 MiB hugepages available: client data segments use 4 KiB pages (slower first touch, more "
           "TLB misses); reserve some with `echo N > /proc/sys/vm/nr_hugepages` or set hugepages = \"off\" to "
           "silence this");
     }
-    auto memfd = makeMemfd("framelink-data", geometry.data_size, false, false);
-    if (!memfd) return std::move(memfd).error();
-    auto mapping = mapShared(memfd->fd.get(), geometry.data_size, false, "data");
-    if (!mapping) return std::move(mapping).error();
-    data = std::move(mapping.value());
-    data_fd = std::move(memfd->fd);
   }
+  out.geometry = computeGeometry(request.slot_count, request.slot_size, false);
+  auto memfd = makeMemfd("framelink-data", out.geometry.data_size, false, false);
+  if (!memfd) return std::move(memfd).error();
+  auto mapping = mapShared(memfd->fd.get(), out.geometry.data_size, false, "data");
+  if (!mapping) return std::move(mapping).error();
+  out.mapping = std::move(mapping.value());
+  out.fd = std::move(memfd->fd);
+  return out;
+}
 
+}  // namespace
+
+Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequest& request) {
+  std::shared_ptr<ClientSegments> seg(new ClientSegments());
+  seg->slot_count_ = request.slot_count;
+  seg->slot_size_ = request.slot_size;
+  auto data = mapDataSegment(request);
+  if (!data) return std::move(data).error();
 #ifdef FRAMELINK_HAVE_NUMA
   if (request.numa_node >= 0 && numa_available() >= 0) {
     // The pages are already populated; move them to the node (best effort).
     unsigned long mask = 1UL << request.numa_node;
-    if (::mbind(data.data(), data.size(), MPOL_BIND, &mask, sizeof(mask) * 8, MPOL_MF_MOVE) != 0) {
+    if (::mbind(data->mapping.data(), data->mapping.size(), MPOL_BIND, &mask, sizeof(mask) * 8,
+                MPOL_MF_MOVE) != 0) {
       spdlog::debug("mbind of a data segment to node {} failed: {}", request.numa_node, errnoText(errno));
     }
   }
 #endif
-
+  const SegmentGeometry& geometry = data->geometry;
   auto control_memfd = makeMemfd("framelink-control", geometry.control_size, false, false);
   if (!control_memfd) return std::move(control_memfd).error();
   auto control = mapShared(control_memfd->fd.get(), geometry.control_size, false, "control");
   if (!control) return std::move(control).error();
 
   seg->control_fd_ = std::move(control_memfd->fd);
-  seg->data_fd_ = std::move(data_fd);
+  seg->data_fd_ = std::move(data->fd);
   seg->control_ = std::move(control.value());
-  seg->data_ = std::move(data);
+  seg->data_ = std::move(data->mapping);
   seg->geometry_ = geometry;
-  seg->hugepages_ = huge;
+  seg->hugepages_ = data->huge;
+  seg->initControl(request);
+  if (Status sealed = seg->seal(request.role); !sealed) return std::move(sealed).error();
+  return seg;
+}
 
-  std::memset(seg->control_.data(), 0, seg->control_.size());
-  auto* h = seg->header();
+void ClientSegments::initControl(const SegmentRequest& request) {
+  const SegmentGeometry& geometry = geometry_;
+  std::memset(control_.data(), 0, control_.size());
+  auto* h = header();
   h->magic = FL_SEGMENT_MAGIC;
   h->layout_version = FL_LAYOUT_VERSION;
   h->role = request.role;
@@ -207,27 +226,29 @@ Result<std::shared_ptr<ClientSegments>> ClientSegments::create(const SegmentRequ
   h->slot_headers_offset = geometry.slot_headers_offset;
   h->slot_header_stride = geometry.slot_header_stride;
   h->slots_offset = geometry.slots_offset;
-  h->data_on_hugepages = huge ? 1 : 0;
+  h->data_on_hugepages = hugepages_ ? 1 : 0;
   std::strncpy(h->stream_name, request.stream.c_str(), FL_STREAM_NAME_MAX - 1);
-  fl_ring_init(seg->submitRing(), geometry.ring_capacity, sizeof(fl_submit_desc));
-  fl_ring_init(seg->completionRing(), geometry.ring_capacity, sizeof(fl_completion_desc));
+  fl_ring_init(submitRing(), geometry.ring_capacity, sizeof(fl_submit_desc));
+  fl_ring_init(completionRing(), geometry.ring_capacity, sizeof(fl_completion_desc));
   __atomic_store_n(&h->daemon_state, static_cast<uint32_t>(FL_DAEMON_SERVING), __ATOMIC_RELEASE);
+}
 
+Status ClientSegments::seal(uint32_t role) {
   // Seal the sizes so a client cannot truncate memory under the daemon (a
   // SIGBUS in the daemon otherwise).  A consumer may only map its data
   // read-only: F_SEAL_FUTURE_WRITE keeps the daemon's existing writable
   // mapping but refuses new writable ones.
   int control_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-  if (::fcntl(seg->control_fd_.get(), F_ADD_SEALS, control_seals) != 0) {
+  if (::fcntl(control_fd_.get(), F_ADD_SEALS, control_seals) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("sealing the control memfd failed: ") + errnoText(errno));
   }
   int data_seals = F_SEAL_SHRINK | F_SEAL_GROW;
-  if (request.role == FL_ROLE_CONSUMER) data_seals |= F_SEAL_FUTURE_WRITE;
+  if (role == FL_ROLE_CONSUMER) data_seals |= F_SEAL_FUTURE_WRITE;
   data_seals |= F_SEAL_SEAL;
-  if (::fcntl(seg->data_fd_.get(), F_ADD_SEALS, data_seals) != 0) {
+  if (::fcntl(data_fd_.get(), F_ADD_SEALS, data_seals) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("sealing the data memfd failed: ") + errnoText(errno));
   }
-  return seg;
+  return {};
 }
 
 }  // namespace framelink

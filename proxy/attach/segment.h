@@ -119,6 +119,10 @@ class ClientSegments {
 
  private:
   ClientSegments() = default;
+  // The header and both rings of a fresh control segment.
+  void initControl(const SegmentRequest& request);
+  // Sizes sealed on both memfds; a consumer's data also against new writable mappings.
+  Status seal(uint32_t role);
 
   UniqueFd control_fd_;
   UniqueFd data_fd_;
