@@ -7,6 +7,74 @@ namespace framelink::peer {
 
 bool validStreamName(const std::string& name) { return fl_stream_name_valid(name.data(), name.size()) != 0; }
 
+namespace {
+
+Message decodeGrant(const v1::CreditGrant& g) {
+  const auto whole_credits = static_cast<size_t>(g.credits_size());
+  if (whole_credits > kMaxCreditsPerStream ||
+      static_cast<size_t>(g.slot_credits_size()) > kMaxCreditsPerStream - whole_credits) {
+    return Violation{"peer granted more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
+  }
+  if (static_cast<size_t>(g.regions_size()) > kMaxRegionId) {
+    return Violation{"a grant announced more than " + std::to_string(kMaxRegionId) + " slot regions"};
+  }
+  CreditGrant out;
+  out.stream_id = g.stream_id();
+  out.largest_slot = g.largest_slot();
+  out.regions.reserve(static_cast<size_t>(g.regions_size()));
+  for (const auto& r : g.regions()) {
+    if (r.region_id() == 0 || r.region_id() > kMaxRegionId) {
+      return Violation{"slot region id " + std::to_string(r.region_id()) + " is outside 1.." +
+                       std::to_string(kMaxRegionId)};
+    }
+    if (r.slot_bytes() == 0 || r.slot_count() == 0 || r.slot_count() > kMaxRegionSlots) {
+      return Violation{"slot region " + std::to_string(r.region_id()) + " of " +
+                       std::to_string(r.slot_count()) + " slots of " + std::to_string(r.slot_bytes()) +
+                       " bytes (1.." + std::to_string(kMaxRegionSlots) + " slots of at least 1 byte)"};
+    }
+    out.regions.push_back(
+        SlotRegion{r.region_id(), r.base_addr(), r.rkey(), r.slot_stride(), r.slot_bytes(), r.slot_count()});
+  }
+  out.slot_credits.assign(g.slot_credits().begin(), g.slot_credits().end());
+  for (uint64_t id : out.slot_credits) {
+    if (slotCreditRegion(id) == 0 || static_cast<uint32_t>(id) == 0) {
+      return Violation{"slot credit " + std::to_string(id) + " names no region or has generation 0"};
+    }
+  }
+  out.credits.reserve(static_cast<size_t>(g.credits_size()));
+  for (const auto& cr : g.credits()) {
+    if (cr.length() == 0) return Violation{"credit of zero length"};
+    transport::RemoteCredit rc;
+    rc.credit_id = cr.credit_id();
+    rc.length = cr.length();
+    rc.remote_addr = cr.remote_addr();
+    rc.rkey = cr.rkey();
+    out.credits.push_back(rc);
+  }
+  return out;
+}
+
+Message decodeAck(const v1::Ack& a) {
+  auto too_many = [] {
+    return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
+  };
+  if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return too_many();
+  if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
+  Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
+  for (int i = 0; i < a.runs_size(); i += 2) {
+    const uint64_t first = a.runs(i);
+    const uint64_t count = a.runs(i + 1);
+    if (count < 2 || first == 0 || count - 1 > UINT64_MAX - first) {
+      return Violation{"ACK run of " + std::to_string(count) + " frames from " + std::to_string(first)};
+    }
+    if (count > kMaxAcksPerMessage - out.sequences.size()) return too_many();
+    for (uint64_t k = 0; k < count; ++k) out.sequences.push_back(first + k);
+  }
+  return out;
+}
+
+}  // namespace
+
 Message decode(const v1::PeerMessage& msg) {
   switch (msg.body_case()) {
     case v1::PeerMessage::kStreamOpen: {
@@ -16,51 +84,8 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kStreamClose:
       return StreamClose{msg.stream_close().stream_id()};
-    case v1::PeerMessage::kCreditGrant: {
-      const auto& g = msg.credit_grant();
-      const auto whole_credits = static_cast<size_t>(g.credits_size());
-      if (whole_credits > kMaxCreditsPerStream ||
-          static_cast<size_t>(g.slot_credits_size()) > kMaxCreditsPerStream - whole_credits) {
-        return Violation{"peer granted more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
-      }
-      if (static_cast<size_t>(g.regions_size()) > kMaxRegionId) {
-        return Violation{"a grant announced more than " + std::to_string(kMaxRegionId) + " slot regions"};
-      }
-      CreditGrant out;
-      out.stream_id = g.stream_id();
-      out.largest_slot = g.largest_slot();
-      out.regions.reserve(static_cast<size_t>(g.regions_size()));
-      for (const auto& r : g.regions()) {
-        if (r.region_id() == 0 || r.region_id() > kMaxRegionId) {
-          return Violation{"slot region id " + std::to_string(r.region_id()) + " is outside 1.." +
-                           std::to_string(kMaxRegionId)};
-        }
-        if (r.slot_bytes() == 0 || r.slot_count() == 0 || r.slot_count() > kMaxRegionSlots) {
-          return Violation{"slot region " + std::to_string(r.region_id()) + " of " +
-                           std::to_string(r.slot_count()) + " slots of " + std::to_string(r.slot_bytes()) +
-                           " bytes (1.." + std::to_string(kMaxRegionSlots) + " slots of at least 1 byte)"};
-        }
-        out.regions.push_back(SlotRegion{r.region_id(), r.base_addr(), r.rkey(), r.slot_stride(),
-                                         r.slot_bytes(), r.slot_count()});
-      }
-      out.slot_credits.assign(g.slot_credits().begin(), g.slot_credits().end());
-      for (uint64_t id : out.slot_credits) {
-        if (slotCreditRegion(id) == 0 || static_cast<uint32_t>(id) == 0) {
-          return Violation{"slot credit " + std::to_string(id) + " names no region or has generation 0"};
-        }
-      }
-      out.credits.reserve(static_cast<size_t>(g.credits_size()));
-      for (const auto& cr : g.credits()) {
-        if (cr.length() == 0) return Violation{"credit of zero length"};
-        transport::RemoteCredit rc;
-        rc.credit_id = cr.credit_id();
-        rc.length = cr.length();
-        rc.remote_addr = cr.remote_addr();
-        rc.rkey = cr.rkey();
-        out.credits.push_back(rc);
-      }
-      return out;
-    }
+    case v1::PeerMessage::kCreditGrant:
+      return decodeGrant(msg.credit_grant());
     case v1::PeerMessage::kCreditRevoke: {
       const auto& r = msg.credit_revoke();
       if (static_cast<size_t>(r.retired_regions_size()) > kMaxRegionId) {
@@ -73,25 +98,8 @@ Message decode(const v1::PeerMessage& msg) {
     }
     case v1::PeerMessage::kCreditLow:
       return CreditLow{msg.credit_low().stream_id(), msg.credit_low().credits_left()};
-    case v1::PeerMessage::kAck: {
-      const auto& a = msg.ack();
-      auto too_many = [] {
-        return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
-      };
-      if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return too_many();
-      if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
-      Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
-      for (int i = 0; i < a.runs_size(); i += 2) {
-        const uint64_t first = a.runs(i);
-        const uint64_t count = a.runs(i + 1);
-        if (count < 2 || first == 0 || count - 1 > UINT64_MAX - first) {
-          return Violation{"ACK run of " + std::to_string(count) + " frames from " + std::to_string(first)};
-        }
-        if (count > kMaxAcksPerMessage - out.sequences.size()) return too_many();
-        for (uint64_t k = 0; k < count; ++k) out.sequences.push_back(first + k);
-      }
-      return out;
-    }
+    case v1::PeerMessage::kAck:
+      return decodeAck(msg.ack());
     case v1::PeerMessage::kNack: {
       const auto& n = msg.nack();
       int code = static_cast<int>(n.code());
