@@ -56,7 +56,7 @@ typedef struct fl_attach_request {
   uint32_t role;    /* enum fl_role */
   uint32_t slot_count;
   uint64_t slot_size;
-  char stream[FL_STREAM_NAME_MAX];      /* NUL-terminated, [A-Za-z0-9._-]+ */
+  char stream[FL_STREAM_NAME_MAX];      /* NUL-terminated; the rule: fl_stream_name_valid() */
   char client_name[FL_CLIENT_NAME_MAX]; /* NUL-terminated, informational */
   uint32_t flags;                       /* reserved, must be 0 */
   uint32_t reserved;

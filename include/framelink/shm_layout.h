@@ -165,6 +165,17 @@ typedef struct fl_slot_header {
   uint32_t crc32c;
   uint32_t flags;       /* enum fl_slot_flags */
   uint32_t attr_length; /* <= FL_MAX_ATTR_BYTES */
+  /*
+   * No application reads or writes these, but they are not unused.  On rdma
+   * the frame header on the wire is this struct
+   * (proxy/transport/rdma/rdma_wire.h), and the RDMA write lands it in the
+   * consumer's slot header with
+   *   reserved0  has_crc32c (0 or 1)
+   *   reserved1  the sending daemon's id for the stream (8 bytes, little-endian)
+   * A consumer's slot header holds those after a frame that came over rdma,
+   * and older bytes otherwise; a producer's are ignored.  Moving or resizing
+   * them changes the rdma wire as well.
+   */
   uint32_t reserved0;
   uint8_t reserved1[8];
   uint8_t attrs[FL_MAX_ATTR_BYTES];
@@ -179,6 +190,8 @@ FL_STATIC_ASSERT(offsetof(fl_slot_header, sequence) == 32, "sequence offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, crc32c) == 40, "crc32c offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, flags) == 44, "flags offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, attr_length) == 48, "attr_length offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, reserved0) == 52, "reserved0 offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, reserved1) == 56, "reserved1 offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, attrs) == 64, "attrs offset");
 
 /* The first bytes of the control segment. */
@@ -203,6 +216,9 @@ typedef struct fl_segment_header {
   uint32_t data_on_hugepages;      /* 1 when the data segment uses 2 MiB pages */
   char stream_name[FL_STREAM_NAME_MAX];
   uint64_t slot_header_stride; /* distance between consecutive slot headers */
+  /* Pads the header to 256 bytes: 128 is the bytes of the fields other than
+   * stream_name (120 before it, 8 after), so reserved starts at
+   * 128 + FL_STREAM_NAME_MAX (asserted below). */
   uint8_t reserved[256 - 128 - FL_STREAM_NAME_MAX];
 } fl_segment_header;
 
@@ -227,6 +243,7 @@ FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_state) == 112, "daemon_state
 FL_STATIC_ASSERT(offsetof(fl_segment_header, data_on_hugepages) == 116, "data_on_hugepages offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, stream_name) == 120, "stream_name offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_header_stride) == 184, "slot_header_stride offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, reserved) == 128 + FL_STREAM_NAME_MAX, "reserved offset");
 
 /* Sizes of a ring with `capacity` entries of `entry_size` bytes. */
 static inline uint64_t fl_ring_bytes(uint32_t capacity, uint32_t entry_size) {
