@@ -101,10 +101,10 @@ typedef struct fl_client_options {
   const char* socket_path; /* NULL: $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock */
   const char* stream;      /* stream name, [A-Za-z0-9._-]{1,63} */
   const char* client_name; /* informational; NULL: the program name */
-  uint32_t slot_count;     /* 0: 8 */
+  uint32_t slot_count;     /* 0: the daemon's [limits] default_slot_count (8 unless configured) */
   uint32_t
       attach_timeout_ms; /* 0: 10000; bounds the connect and the daemon's reply (fl_attach, fl_reattach) */
-  uint64_t slot_size;    /* 0: 4 MiB */
+  uint64_t slot_size;    /* 0: the daemon's [limits] default_slot_size (4 MiB unless configured) */
   /* Read only when struct_size covers them: an application built against the
    * header before them (FL_CLIENT_OPTIONS_SIZE_V1) gets their defaults. */
   /*

@@ -53,9 +53,9 @@ public sealed record FrameLinkOptions
 {
     /// <summary>The daemon's Unix socket; null: $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock.</summary>
     public string? SocketPath { get; init; }
-    /// <summary>Slots to ask for; 0: the library default (8).</summary>
+    /// <summary>Slots to ask for; 0: the daemon's configured default ([limits] default_slot_count, 8 unless set).</summary>
     public int SlotCount { get; init; }
-    /// <summary>Bytes per slot; 0: the library default (4 MiB).</summary>
+    /// <summary>Bytes per slot; 0: the daemon's configured default ([limits] default_slot_size, 4 MiB unless set).</summary>
     public long SlotSize { get; init; }
     /// <summary>Shown in the daemon's logs; null: the program name.</summary>
     public string? ClientName { get; init; }
