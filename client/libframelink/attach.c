@@ -31,6 +31,11 @@
 /* Completions held locally at most, when an application never polls them. */
 #define FLX_MIN_QUEUE 4096u
 
+/* The application names its role with fl_client_role (framelink.h); the
+ * request and the segment header carry it as an fl_role (shm_layout.h). */
+FL_STATIC_ASSERT((int)FL_PRODUCER == (int)FL_ROLE_PRODUCER && (int)FL_CONSUMER == (int)FL_ROLE_CONSUMER,
+                 "fl_client_role and fl_role must have the same values");
+
 FL_API void fl_client_options_init(fl_client_options* options) {
   if (!options) return;
   memset(options, 0, sizeof(*options));
@@ -318,7 +323,7 @@ static int flx_map(int fd, uint64_t size, int prot, const char* what, uint8_t** 
 static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   fl_client* c = (fl_client*)calloc(1, sizeof(*c));
   if (!c) return NULL;
-  c->sock = c->control_fd = c->data_fd = c->submit_efd = c->completion_efd = c->kick_efd = -1;
+  c->sock = c->control_fd = c->data_fd = c->submit_bell = c->completion_bell = c->kick_efd = -1;
   c->epoll_fd = c->retry_tfd = -1;
   uint32_t qcap = FLX_MIN_QUEUE;
   while (qcap < ring_cap * 4u && qcap < (1u << 24)) qcap <<= 1;
@@ -437,8 +442,8 @@ int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeo
   c->sock = sock;
   c->control_fd = fds[0];
   c->data_fd = fds[1];
-  c->submit_efd = fds[2];
-  c->completion_efd = fds[3];
+  c->submit_bell = fds[2];
+  c->completion_bell = fds[3];
   c->control = control;
   c->control_len = control_len;
   c->data = data;
@@ -534,8 +539,8 @@ FL_API void fl_detach(fl_client* c) {
   if (c->control) munmap(c->control, c->control_len);
   for (uint32_t i = 0; i < c->retired_count; ++i) munmap(c->retired[i].addr, c->retired[i].len);
   free(c->retired);
-  int fds[8] = {c->epoll_fd,   c->retry_tfd,      c->control_fd, c->data_fd,
-                c->submit_efd, c->completion_efd, c->sock,       c->kick_efd};
+  int fds[8] = {c->epoll_fd,    c->retry_tfd,       c->control_fd, c->data_fd,
+                c->submit_bell, c->completion_bell, c->sock,       c->kick_efd};
   flx_close_fds(fds, 8);
   flx_free_shell(c);
 }

@@ -42,9 +42,10 @@ struct fl_client {
   int sock;      /* attach socket: kept open, its closing is the detach */
   int control_fd;
   int data_fd;
-  int submit_efd;     /* our end of the submit doorbell: we write it to wake the daemon */
-  int completion_efd; /* our end of the completion doorbell: the daemon rings it (O_NONBLOCK) */
-  int kick_efd;       /* our own eventfd, made by the first poller: wakes it (guarded by mu) */
+  /* The doorbells: our ends of two SOCK_DGRAM socket pairs (attach_proto.h). */
+  int submit_bell;     /* we write it to wake the daemon */
+  int completion_bell; /* the daemon rings it; we drain it (O_NONBLOCK) */
+  int kick_efd;        /* our own eventfd, made by the first poller: wakes it (guarded by mu) */
   int epoll_fd;  /* fl_doorbell_fd: completion doorbell + attach socket (+ retry_tfd); lives as long as c */
   int retry_tfd; /* auto_reattach: timerfd in epoll_fd, due when the next attempt is */
   uint8_t* control;
@@ -85,11 +86,11 @@ struct fl_client {
   uint32_t in_flight; /* atomic: written under mu, read lock-free by fl_in_flight */
 
   /* Waiting.  One thread at a time (the poller) sleeps in poll() on the
-   * completion eventfd and the socket; other waiters (followers) sleep on
-   * `cv` and are woken whenever the poller returns or the local state
-   * changes.  reader_sleeping must be set while a poller sleeps or while an
-   * asynchronous user found nothing and may now wait on fl_doorbell_fd
-   * (armed). */
+   * completion doorbell (completion_bell) and the attach socket; other
+   * waiters (followers) sleep on `cv` and are woken whenever the poller
+   * returns or the local state changes.  reader_sleeping must be set while a
+   * poller sleeps or while an asynchronous user found nothing and may now
+   * wait on fl_doorbell_fd (armed). */
   pthread_cond_t cv;         /* CLOCK_MONOTONIC */
   int poller_active;         /* [mu] */
   uint32_t followers;        /* [mu] */

@@ -43,7 +43,7 @@ int flx_watch_init(fl_client* c) {
     return flx_error(FL_ERR_RESOURCES, "cannot create the doorbell's epoll fd: %s", strerror(errno));
   /* The socket: the daemon never sends after its reply, so only a hang-up
    * (EPOLLRDHUP, and EPOLLHUP/EPOLLERR which epoll always reports) counts. */
-  if (flx_epoll_add(c->epoll_fd, c->completion_efd, EPOLLIN) != 0 ||
+  if (flx_epoll_add(c->epoll_fd, c->completion_bell, EPOLLIN) != 0 ||
       flx_epoll_add(c->epoll_fd, c->sock, EPOLLRDHUP) != 0)
     return flx_error(FL_ERR_RESOURCES, "cannot watch the doorbell and the attach socket: %s",
                      strerror(errno));
@@ -133,13 +133,13 @@ static int flx_reattach_serialized(fl_client* c) {
   /* Out of the set while the numbers still name the old files (epoll knows
    * a file by its number and the file together). */
   if (c->socket_watched) (void)epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, c->sock, NULL);
-  (void)epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, c->completion_efd, NULL);
+  (void)epoll_ctl(c->epoll_fd, EPOLL_CTL_DEL, c->completion_bell, NULL);
   flx_adopt_fd(&c->sock, n->sock);
   flx_adopt_fd(&c->control_fd, n->control_fd);
   flx_adopt_fd(&c->data_fd, n->data_fd);
-  flx_adopt_fd(&c->submit_efd, n->submit_efd);
-  flx_adopt_fd(&c->completion_efd, n->completion_efd);
-  const int watch_err = flx_epoll_add(c->epoll_fd, c->completion_efd, EPOLLIN) != 0 ||
+  flx_adopt_fd(&c->submit_bell, n->submit_bell);
+  flx_adopt_fd(&c->completion_bell, n->completion_bell);
+  const int watch_err = flx_epoll_add(c->epoll_fd, c->completion_bell, EPOLLIN) != 0 ||
                                 flx_epoll_add(c->epoll_fd, c->sock, EPOLLRDHUP) != 0
                             ? errno
                             : 0;

@@ -96,7 +96,7 @@ void flx_ring_submit_doorbell(fl_client* c) {
   uint64_t one = 1;
   /* Nothing useful to do on failure: a full doorbell is already ringing, and a
    * dead daemon is reported through the socket. */
-  ssize_t n = write(c->submit_efd, &one, sizeof(one));
+  ssize_t n = write(c->submit_bell, &one, sizeof(one));
   (void)n;
 }
 
@@ -105,7 +105,7 @@ static void flx_clear_doorbell(fl_client* c) {
    * (O_NONBLOCK); bounded, since its queue is short. */
   uint64_t v;
   for (int i = 0; i < 64; ++i) {
-    if (read(c->completion_efd, &v, sizeof(v)) < 0) break;
+    if (read(c->completion_bell, &v, sizeof(v)) < 0) break;
   }
 }
 
@@ -265,7 +265,7 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
     }
     pthread_mutex_unlock(&c->mu);
 
-    struct pollfd p[3] = {{.fd = c->completion_efd, .events = POLLIN},
+    struct pollfd p[3] = {{.fd = c->completion_bell, .events = POLLIN},
                           {.fd = c->sock, .events = POLLRDHUP},
                           {.fd = kick, .events = POLLIN}};
     int n = poll(p, kick >= 0 ? 3 : 2, wait_ms);

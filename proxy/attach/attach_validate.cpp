@@ -34,6 +34,7 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
                                                   "allowed_gids in the daemon's configuration");
     }
   }
+  static_assert(int{FL_ROLE_PRODUCER} == int{FL_PRODUCER} && int{FL_ROLE_CONSUMER} == int{FL_CONSUMER});
   if (req.role != FL_ROLE_PRODUCER && req.role != FL_ROLE_CONSUMER) {
     return makeError(FL_ERR_BAD_REQUEST,
                      "role " + std::to_string(req.role) + " is neither producer (1) nor consumer (2)");
