@@ -35,7 +35,7 @@ for tool in clang-14 clang++-14; do
 done
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFRAMELINK_BUILD_FUZZERS=ON -DFRAMELINK_BUILD_EXAMPLES=OFF -DFRAMELINK_BUILD_BENCH=OFF \
+    -DFRAMELINK_BUILD_FUZZERS=ON -DFRAMELINK_BUILD_EXAMPLES=OFF \
     -DFRAMELINK_THREAD_SAFETY=ON >/dev/null
 else
   cmake -DFRAMELINK_THREAD_SAFETY=ON "$build" >/dev/null  # a tree configured before the option existed

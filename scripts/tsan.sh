@@ -14,7 +14,7 @@ build=${FRAMELINK_TSAN_BUILD_DIR:-$root/build-tsan}
 
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFRAMELINK_SANITIZE=thread \
-    -DFRAMELINK_BUILD_EXAMPLES=OFF -DFRAMELINK_BUILD_BENCH=OFF >/dev/null
+    -DFRAMELINK_BUILD_EXAMPLES=OFF >/dev/null
 fi
 # The unit and transport test executables (the rdma conformance suite needs devices).
 mapfile -t targets < <(cmake --build "$build" --target help |

@@ -20,7 +20,12 @@ int flx_error(int status, const char* fmt, ...) {
 
 FL_API const char* fl_last_error(void) { return tls_error; }
 
-FL_API const char* fl_version(void) { return "0.1.0"; }
+#define FLX_STR_(x) #x
+#define FLX_STR(x) FLX_STR_(x)
+
+FL_API const char* fl_version(void) {
+  return FLX_STR(FL_VERSION_MAJOR) "." FLX_STR(FL_VERSION_MINOR) "." FLX_STR(FL_VERSION_PATCH);
+}
 
 FL_API const char* fl_status_str(int status) {
   switch (status) {

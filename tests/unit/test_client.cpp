@@ -14,7 +14,9 @@ using client_test::Fault;
 // ---------------------------------------------------------------- library
 
 TEST_CASE("version and status strings", "[client]") {
-  CHECK(std::string(fl_version()) == "0.1.0");
+  CHECK(std::string(fl_version()) == std::to_string(FL_VERSION_MAJOR) + "." +
+                                         std::to_string(FL_VERSION_MINOR) + "." +
+                                         std::to_string(FL_VERSION_PATCH));
   REQUIRE(fl_last_error() != nullptr);
   const int codes[] = {FL_OK,
                        FL_EAGAIN,

@@ -11,8 +11,9 @@ A thin layer over libframelink (ctypes): views of shared memory, lifetime
 checks, asyncio.  The protocol itself lives in the C library.
 """
 
-# The package's version, the same as the C library's project version (CMakeLists.txt);
-# version() is the version of the libframelink that was loaded.
+# The package's version: project(framelink VERSION ...) in the top-level CMakeLists.txt, whose
+# configure stops while this differs (pyproject.toml reads it from here); version() is the version
+# of the libframelink that was loaded.
 __version__ = "0.1.0"
 
 from ._client import (
