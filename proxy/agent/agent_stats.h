@@ -1,6 +1,8 @@
 // The data agent's detail for `framelink stats` and the metrics endpoint: a
-// plain snapshot each part fills in, written as JSON in one place.  (None of
-// the daemon's dependencies writes JSON; the writer is small and escapes
+// plain snapshot, written as JSON in one place (toJson).  DataAgent::publishStats
+// fills in the clients and links from its own tables, the streams through
+// OutboundStreams::collectStats and the two totals from InboundStreams.  (None
+// of the daemon's dependencies writes JSON; the writer is small and escapes
 // what a peer or the configuration could name.)
 #pragma once
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/agent_state.h"
+#include "attach/attach_server.h"
 #include "attach/client_session.h"
 #include "common/log_limit.h"
 #include "framelink/shm_layout.h"
@@ -64,14 +65,14 @@ class ClientTable {
     }
   }
 
-  // Attach and detach lines: a local user attaching in a loop must not
-  // flood the log (see AttachServer::kLoggedAttachesPerSecond).
+  // Detach lines, at most as many per second as the attach server logs
+  // attaches: a local user attaching in a loop must not flood the log.
   LogLimiter& detachLog() { return log_detached_; }
 
  private:
   Metrics& metrics_;
   NameTable& names_;
-  LogLimiter log_detached_{std::chrono::seconds(1), 20};
+  LogLimiter log_detached_{std::chrono::seconds(1), AttachServer::kLoggedAttachesPerSecond};
   std::map<uint64_t, AgentClient> clients_;
   std::vector<uint64_t> ids_scratch_;
 };

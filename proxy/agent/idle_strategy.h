@@ -21,9 +21,10 @@ class IdleStrategy {
   // as long again.  0: sleep as soon as a round finds nothing.
   explicit IdleStrategy(uint64_t spin_ns) noexcept : spin_ns_(spin_ns) {}
 
-  // `now_ns` is CLOCK_MONOTONIC.  Returns true when the caller should block
-  // (epoll) now.  Only work re-arms the spin phase: after a sleep that
-  // brought nothing, the caller sleeps again at once.
+  // `now_ns` is the caller's clock (the data agent's AgentClock: CLOCK_MONOTONIC
+  // in the daemon, a ManualClock in tests); only differences matter.  Returns
+  // true when the caller should block (epoll) now.  Only work re-arms the spin
+  // phase: after a sleep that brought nothing, the caller sleeps again at once.
   bool idle(uint64_t work_count, uint64_t now_ns) noexcept {
     if (work_count > 0) {
       last_work_ns_ = now_ns;

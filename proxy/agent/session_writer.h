@@ -1,6 +1,9 @@
 // What the data agent holds of one live peer session: a non-blocking way to
-// send control messages and a way to end the session.  The session's own
-// threads (gRPC reader, writer) live in peer_links.cpp.
+// send control messages and a way to end the session.  The session's writer
+// is SessionWriter's own thread (session_writer.cpp); its reader is
+// runLinkSession (link/session_reader.cpp), which starts the writer and runs
+// on the thread that owns the gRPC call (a dialer's or a gRPC handler's,
+// link/peer_links.cpp).
 #pragma once
 
 #include <chrono>
