@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 
 namespace framelink {
 
@@ -40,6 +41,33 @@ HugepageMode hugepageMode(const std::string& s) {
   if (s == "on") return HugepageMode::kOn;
   if (s == "off") return HugepageMode::kOff;
   return HugepageMode::kAuto;
+}
+
+// The most descriptors one reply passes: the attach reply's.
+constexpr size_t kMaxPassedFds = FL_ATTACH_FD_COUNT;
+
+// Sends `size` bytes at `data` as one datagram, with `fds` passed along by
+// SCM_RIGHTS (no control message when there are none).
+ssize_t sendWithFds(int socket, void* data, size_t size, std::span<const int> fds, int flags) {
+  if (fds.size() > kMaxPassedFds) {
+    errno = EINVAL;
+    return -1;
+  }
+  iovec iov{data, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size_bytes());
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(fds.size_bytes());
+    std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size_bytes());
+  }
+  return ::sendmsg(socket, &msg, flags);
 }
 
 }  // namespace
@@ -342,24 +370,11 @@ void AttachServer::sendAdminReply(int fd, int status, const std::string& message
   reply.fd_count = json_fd >= 0 ? 1 : 0;
   reply.json_size = json_size;
   std::strncpy(reply.message, message.c_str(), sizeof(reply.message) - 1);
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (json_fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &json_fd, sizeof(int));
-  }
+  const std::span<const int> fds = json_fd >= 0 ? std::span<const int>(&json_fd, 1) : std::span<const int>();
   // The connection is fresh and the reply one small datagram: it fits, and
   // MSG_DONTWAIT makes sure a full queue costs the client its answer, never
   // the daemon its time.
-  [[maybe_unused]] auto n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  [[maybe_unused]] auto n = sendWithFds(fd, &reply, sizeof(reply), fds, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void AttachServer::handleAdmin(int fd, const fl_admin_request& req, ssize_t size, const ucred& cred) {
@@ -438,17 +453,62 @@ void AttachServer::handleRequest(int fd) {
     handleAdmin(fd, buf.admin, n, cred);
     return;
   }
-  fl_attach_request& req = buf.attach;
+  handleAttach(fd, buf.attach, n, cred);
+}
 
-  if (static_cast<size_t>(n) != sizeof(req)) {
-    reject(Metrics::AttachReject::kInvalid);
-    log_refused_.warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid,
-                      cred.uid, n, sizeof(req));
-    sendRefusal(fd, FL_ERR_BAD_REQUEST,
-                "attach request of " + std::to_string(n) + " bytes, expected " + std::to_string(sizeof(req)) +
-                    "; use a matching libframelink");
+void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, const ucred& cred) {
+  if (!admitAttach(fd, req, size, cred)) return;
+  uint64_t client_id = next_client_id_++;
+  std::shared_ptr<ClientSegments> segments = makeSegments(fd, req, cred, client_id);
+  if (!segments) return;
+  Doorbell submit_doorbell;
+  Doorbell completion_doorbell;
+  bool doorbells = makeDoorbell(&submit_doorbell) && makeDoorbell(&completion_doorbell);
+  UniqueFd socket_dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!doorbells || !socket_dup.valid()) {
+    sendRefusal(fd, FL_ERR_RESOURCES, "the daemon ran out of file descriptors: " + errnoText());
     dropConnection(fd);
     return;
+  }
+  if (!sendAttachReply(fd, client_id, *segments, submit_doorbell, completion_doorbell)) {
+    spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
+    dropConnection(fd);
+    return;
+  }
+  segments->closeFds();
+
+  auto session = std::make_shared<ClientSession>();
+  session->id = client_id;
+  session->role = req.role;
+  session->stream = req.stream;
+  session->name = req.client_name;
+  session->pid = cred.pid;
+  session->uid = cred.uid;
+  session->gid = cred.gid;
+  session->segments = std::move(segments);
+  session->submit_doorbell = std::move(submit_doorbell.daemon_end);
+  session->completion_doorbell = std::move(completion_doorbell.daemon_end);
+  session->socket = std::move(socket_dup);
+  session->ring_capacity = session->segments->geometry().ring_capacity;
+  session->slots.resize(req.slot_count);
+  markAttached(fd, client_id);
+  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
+                     cred.pid, cred.uid, session->name,
+                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
+                     req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
+  on_attach_(std::move(session));
+}
+
+bool AttachServer::admitAttach(int fd, fl_attach_request& req, ssize_t size, const ucred& cred) {
+  if (static_cast<size_t>(size) != sizeof(req)) {
+    reject(Metrics::AttachReject::kInvalid);
+    log_refused_.warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid,
+                      cred.uid, size, sizeof(req));
+    sendRefusal(fd, FL_ERR_BAD_REQUEST,
+                "attach request of " + std::to_string(size) + " bytes, expected " +
+                    std::to_string(sizeof(req)) + "; use a matching libframelink");
+    dropConnection(fd);
+    return false;
   }
   Status valid = validateRequest(config_, req, cred.uid, cred.gid);
   if (!valid) {
@@ -456,7 +516,7 @@ void AttachServer::handleRequest(int fd) {
     log_refused_.warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, valid.error().message);
     sendRefusal(fd, valid.error().code, valid.error().message);
     dropConnection(fd);
-    return;
+    return false;
   }
   if (auto a = attached_by_uid_.find(cred.uid);
       a != attached_by_uid_.end() && a->second >= config_.max_clients_per_uid) {
@@ -469,10 +529,13 @@ void AttachServer::handleRequest(int fd) {
                     std::to_string(config_.max_clients_per_uid) +
                     " (--max-clients-per-uid): detach one, or ask the operator to raise it");
     dropConnection(fd);
-    return;
+    return false;
   }
+  return true;
+}
 
-  uint64_t client_id = next_client_id_++;
+std::shared_ptr<ClientSegments> AttachServer::makeSegments(int fd, const fl_attach_request& req,
+                                                           const ucred& cred, uint64_t client_id) {
   SegmentRequest sreq;
   sreq.role = req.role;
   sreq.slot_count = req.slot_count;
@@ -488,7 +551,7 @@ void AttachServer::handleRequest(int fd) {
     spdlog::error("attach: pid {} stream '{}': {}", cred.pid, req.stream, segments.error().message);
     sendRefusal(fd, segments.error().code, segments.error().message);
     dropConnection(fd);
-    return;
+    return nullptr;
   }
   if (registrar_) {
     auto registration = registrar_(*segments.value(), req.role);
@@ -500,77 +563,37 @@ void AttachServer::handleRequest(int fd) {
                       registration.error().message +
                       "); ask for fewer or smaller slots, or raise its memlock limit");
       dropConnection(fd);
-      return;
+      return nullptr;
     }
     segments.value()->holdRegistration(std::move(registration.value()));
   }
-  Doorbell submit_doorbell;
-  Doorbell completion_doorbell;
-  bool doorbells = makeDoorbell(&submit_doorbell) && makeDoorbell(&completion_doorbell);
-  UniqueFd socket_dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!doorbells || !socket_dup.valid()) {
-    sendRefusal(fd, FL_ERR_RESOURCES, "the daemon ran out of file descriptors: " + errnoText());
-    dropConnection(fd);
-    return;
-  }
+  return std::move(segments.value());
+}
 
+bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments,
+                                   const Doorbell& submit, const Doorbell& completion) {
   fl_attach_reply reply{};
   reply.magic = FL_ATTACH_MAGIC;
   reply.version = FL_ATTACH_VERSION;
   reply.status = FL_OK;
   reply.fd_count = FL_ATTACH_FD_COUNT;
   reply.client_id = client_id;
-  reply.control_size = segments.value()->geometry().control_size;
-  reply.data_size = segments.value()->geometry().data_size;
+  reply.control_size = segments.geometry().control_size;
+  reply.data_size = segments.geometry().data_size;
   std::snprintf(reply.message, sizeof(reply.message), "attached as client %llu",
                 static_cast<unsigned long long>(client_id));
+  const int fds[FL_ATTACH_FD_COUNT] = {segments.controlFd(), segments.dataFd(), submit.client_end.get(),
+                                       completion.client_end.get()};
+  return sendWithFds(fd, &reply, sizeof(reply), fds, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
+}
 
-  int fds[FL_ATTACH_FD_COUNT] = {segments.value()->controlFd(), segments.value()->dataFd(),
-                                 submit_doorbell.client_end.get(), completion_doorbell.client_end.get()};
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(fds));
-  std::memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
-  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(reply))) {
-    spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
-    dropConnection(fd);
-    return;
-  }
-  segments.value()->closeFds();
-
-  auto session = std::make_shared<ClientSession>();
-  session->id = client_id;
-  session->role = req.role;
-  session->stream = req.stream;
-  session->name = req.client_name;
-  session->pid = cred.pid;
-  session->uid = cred.uid;
-  session->gid = cred.gid;
-  session->segments = std::move(segments.value());
-  session->submit_doorbell = std::move(submit_doorbell.daemon_end);
-  session->completion_doorbell = std::move(completion_doorbell.daemon_end);
-  session->socket = std::move(socket_dup);
-  session->ring_capacity = session->segments->geometry().ring_capacity;
-  session->slots.resize(req.slot_count);
+void AttachServer::markAttached(int fd, uint64_t client_id) {
   Connection& conn = connections_[fd];
   conn.client_id = client_id;
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }
   ++attached_by_uid_[conn.uid];
-  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
-                     cred.pid, cred.uid, session->name,
-                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
-                     req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
-  on_attach_(std::move(session));
 }
 
 }  // namespace framelink

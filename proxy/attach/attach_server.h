@@ -84,6 +84,23 @@ class AttachServer {
   void run();
   void acceptAll();
   void handleRequest(int fd);
+  // An attach request: admitted, its segments and doorbells made and passed
+  // to the client, the session handed to on_attach_.
+  void handleAttach(int fd, fl_attach_request& request, ssize_t size, const ucred& cred);
+  // Checks its size, the policy (filling defaults) and the per-uid quota;
+  // false: refused, counted and dropped.
+  bool admitAttach(int fd, fl_attach_request& request, ssize_t size, const ucred& cred);
+  // The client's segments, registered with the rdma device when there is
+  // one; null: refused and dropped.
+  std::shared_ptr<ClientSegments> makeSegments(int fd, const fl_attach_request& request, const ucred& cred,
+                                               uint64_t client_id);
+  // The success reply with the segments' and doorbells' client ends; false
+  // (errno set) when it did not go out whole.
+  bool sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments, const Doorbell& submit,
+                       const Doorbell& completion);
+  // The connection's client is attached: it counts against the per-uid
+  // limit, no longer as pending.
+  void markAttached(int fd, uint64_t client_id);
   void handleAdmin(int fd, const fl_admin_request& request, ssize_t size, const ucred& cred);
   void sendAdminReply(int fd, int status, const std::string& message, int json_fd, uint64_t json_size);
   void sendRefusal(int fd, int status, const std::string& message);

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "agent/data_agent.h"
 #include "common/log_limit.h"
@@ -41,6 +42,17 @@ uint64_t randomSessionId() {
   uint64_t id = 0;
   while (id == 0) id = rng();
   return id;
+}
+
+// Waits for the data channel in slices: stop() fulfils the promise with nothing,
+// and a dialer that gave up cancels its call; neither waits out the deadline.
+bool dataChannelReady(std::future<std::shared_ptr<transport::Transport>>& future, Clock::time_point deadline,
+                      const ::grpc::ServerContext& ctx) {
+  bool ready = false;
+  while (!ready && Clock::now() < deadline && !ctx.IsCancelled()) {
+    ready = future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
+  }
+  return ready;
 }
 
 }  // namespace
@@ -86,15 +98,44 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     bool unreachable_logged = false;  // the warning for this streak of failed connects is out
   };
 
+  // Takes a call's context off the list of those stop() cancels, when the call ends.
+  template <typename Context>
+  struct Unregister {
+    PeerLinksImpl* self;
+    Context* ctx;
+    ~Unregister() {
+      MutexLock lock(self->mutex_);
+      if constexpr (std::is_same_v<Context, ::grpc::ServerContext>) {
+        self->server_contexts_.erase(ctx);
+      } else {
+        self->client_contexts_.erase(ctx);
+      }
+    }
+  };
+
   // The hooks through which `t`'s listener hands over the data channels it accepts.
   AcceptHooks acceptHooks(const PeerTransport* t);
   std::shared_ptr<Pending> registerPending(uint64_t session_id, const PeerTransport* transport);
   void unregisterPending(uint64_t session_id);
   void fulfil(uint64_t session_id, const PeerTransport* transport, std::shared_ptr<transport::Transport> t);
   bool tokenOk(const ::grpc::ServerContext* ctx) const;
+  // Checks the Hello and picks the first transport it offers that this daemon allows and can run.
+  ::grpc::Status admitHello(const std::string& from, const v1::PeerMessage& first,
+                            TransportRegistry::Choice& choice);
 
   void dialLoop(const PeerConfig& peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
+  // A connected channel to `peer`; null when it was not reachable in time (logged) or the daemon stops.
+  std::shared_ptr<::grpc::Channel> connectChannel(const PeerConfig& peer, const std::string& host,
+                                                  DialState& state);
+  // Sends the Hello, reads the HelloAck; false (logged, the call ended): refused or a bad answer.
+  bool exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer, uint64_t session_id,
+                     ::grpc::ClientContext& ctx, ClientStream& stream, v1::PeerMessage& reply);
+  void dialFailed(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+                  const std::string& error, DialState& state);
+  void runDialedLink(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+                     const std::string& reason, std::shared_ptr<transport::Transport> data,
+                     ::grpc::ClientContext& ctx, ClientStream& stream, DialState& state);
 
   const Config& config_;
   DataAgent& agent_;
@@ -261,17 +302,53 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
     if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
     server_contexts_.insert(ctx);
   }
-  struct Unregister {
-    PeerLinksImpl* self;
-    ::grpc::ServerContext* ctx;
-    ~Unregister() {
-      MutexLock lock(self->mutex_);
-      self->server_contexts_.erase(ctx);
-    }
-  } unregister{this, ctx};
+  Unregister<::grpc::ServerContext> unregister{this, ctx};
 
   v1::PeerMessage first;
   if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
+  TransportRegistry::Choice choice;
+  if (::grpc::Status refused = admitHello(from, first, choice); !refused.ok()) return refused;
+  const v1::Hello& hello = first.hello();
+  const auto& [chosen, reason] = choice;
+  auto pending = registerPending(hello.session_id(), chosen);
+  if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
+  auto future = pending->promise.get_future();
+
+  v1::PeerMessage reply;
+  auto* ack = reply.mutable_hello_ack();
+  ack->set_protocol_version(kProtocolVersion);
+  ack->set_daemon_id(config_.id);
+  ack->set_transport(std::string(chosen->name()));
+  ack->set_session_id(hello.session_id());
+  ack->set_instance(instance_);
+  ack->set_max_frame_bytes(config_.max_slot_size);
+  for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
+  ack->set_transport_reason(reason);
+  if (!stream->Write(reply)) {
+    unregisterPending(hello.session_id());
+    return {::grpc::StatusCode::CANCELLED, "peer went away"};
+  }
+  const auto data_timeout = chosen->handshakeTimeout(config_);
+  if (!dataChannelReady(future, Clock::now() + data_timeout, *ctx)) {
+    unregisterPending(hello.session_id());
+    if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
+    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
+                 chosen->name(), data_timeout.count());
+    return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
+  }
+  std::shared_ptr<transport::Transport> t = future.get();
+  if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+  uint64_t link_id = next_link_id_++;
+  spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
+               hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
+  LinkSessionInfo info{link_id,          hello.daemon_id(),           from.substr(from.find(':') + 1),
+                       hello.instance(), std::string(chosen->name()), reason};
+  runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
+  return ::grpc::Status::OK;
+}
+
+::grpc::Status PeerLinksImpl::admitHello(const std::string& from, const v1::PeerMessage& first,
+                                         TransportRegistry::Choice& choice) {
   if (!first.has_hello()) {
     log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
     return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
@@ -298,57 +375,16 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
         "daemon id must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-]"};
   }
   std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
-  auto [chosen, reason] = transports_.choose(offered, config_.transports, config_.id, hello.instance());
-  reason.resize(std::min<size_t>(reason.size(), 512));  // a peer may offer many names
-  if (chosen == nullptr) {
+  choice = transports_.choose(offered, config_.transports, config_.id, hello.instance());
+  choice.reason.resize(std::min<size_t>(choice.reason.size(), 512));  // a peer may offer many names
+  if (choice.transport == nullptr) {
     log_protocol_.warn("peer {} at {}: no common transport (it offers {}, this daemon allows {}{}{})",
                        hello.daemon_id(), from, joinedNames(offered), joinedNames(config_.transports),
-                       reason.empty() ? "" : "; ", reason);
+                       choice.reason.empty() ? "" : "; ", choice.reason);
     return {::grpc::StatusCode::FAILED_PRECONDITION,
             "no common transport: you offer " + joinedNames(offered) + ", this daemon allows " +
-                joinedNames(config_.transports) + (reason.empty() ? "" : " (" + reason + ")")};
+                joinedNames(config_.transports) + (choice.reason.empty() ? "" : " (" + choice.reason + ")")};
   }
-  auto pending = registerPending(hello.session_id(), chosen);
-  if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
-  auto future = pending->promise.get_future();
-
-  v1::PeerMessage reply;
-  auto* ack = reply.mutable_hello_ack();
-  ack->set_protocol_version(kProtocolVersion);
-  ack->set_daemon_id(config_.id);
-  ack->set_transport(std::string(chosen->name()));
-  ack->set_session_id(hello.session_id());
-  ack->set_instance(instance_);
-  ack->set_max_frame_bytes(config_.max_slot_size);
-  for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
-  ack->set_transport_reason(reason);
-  if (!stream->Write(reply)) {
-    unregisterPending(hello.session_id());
-    return {::grpc::StatusCode::CANCELLED, "peer went away"};
-  }
-  const auto data_timeout = chosen->handshakeTimeout(config_);
-  // In slices: stop() fulfils the promise with nothing, and a dialer that gave
-  // up cancels its call; neither waits out the timeout.
-  const auto data_deadline = Clock::now() + data_timeout;
-  bool ready = false;
-  while (!ready && Clock::now() < data_deadline && !ctx->IsCancelled()) {
-    ready = future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
-  }
-  if (!ready) {
-    unregisterPending(hello.session_id());
-    if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
-    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
-                 chosen->name(), data_timeout.count());
-    return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
-  }
-  std::shared_ptr<transport::Transport> t = future.get();
-  if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
-  uint64_t link_id = next_link_id_++;
-  spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
-               hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
-  LinkSessionInfo info{link_id,          hello.daemon_id(),           from.substr(from.find(':') + 1),
-                       hello.instance(), std::string(chosen->name()), reason};
-  runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
 
@@ -370,35 +406,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
     return false;
   }
-  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_),
-                                             peerChannelArguments(config_));
-  // In slices, so that a shutdown does not wait out the connect timeout (a
-  // failing TLS handshake keeps gRPC retrying until the deadline).
-  const auto deadline =
-      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
-  bool connected = false;
-  while (!connected && !stopping_) {
-    const auto now = std::chrono::system_clock::now();
-    if (now >= deadline) break;
-    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
-  }
-  if (stopping_) return false;
-  if (!connected) {
-    if (config_.tlsEnabled() && !state.unreachable_logged) {
-      // A refused handshake looks like an unreachable peer from here.
-      spdlog::warn(
-          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
-          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
-          "ours must be signed by its CA); retrying",
-          peer.name, peer.address,
-          config_.tls_server_name.empty() ? host_port->first : config_.tls_server_name);
-      state.unreachable_logged = true;
-    } else {
-      spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
-    }
-    return false;
-  }
-  state.unreachable_logged = false;
+  auto channel = connectChannel(peer, host_port->first, state);
+  if (!channel) return false;
   ::grpc::ClientContext ctx;
   if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
   {
@@ -406,22 +415,11 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     if (stopping_) return false;
     client_contexts_.insert(&ctx);
   }
-  struct Unregister {
-    PeerLinksImpl* self;
-    ::grpc::ClientContext* ctx;
-    ~Unregister() {
-      MutexLock lock(self->mutex_);
-      self->client_contexts_.erase(ctx);
-    }
-  } unregister{this, &ctx};
+  Unregister<::grpc::ClientContext> unregister{this, &ctx};
 
   auto stub = v1::Link::NewStub(channel);
   std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
   uint64_t session_id = randomSessionId();
-  v1::PeerMessage hello_msg;
-  auto* hello = hello_msg.mutable_hello();
-  hello->set_protocol_version(kProtocolVersion);
-  hello->set_daemon_id(config_.id);
   // What this side leaves out, and why, is part of the link's reason.
   const auto offer = TransportRegistry::offer(configured_, [&state](const PeerTransport& t) -> std::string {
     auto it = state.fallbacks.find(&t);
@@ -429,37 +427,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     auto left = std::chrono::duration_cast<std::chrono::seconds>(it->second.until - Clock::now());
     return it->second.failure + " (tried again in " + std::to_string(left.count() + 1) + " s)";
   });
-  for (const PeerTransport* t : offer.transports) hello->add_transports(std::string(t->name()));
-  hello->set_token(config_.token);
-  hello->set_max_frame_bytes(config_.max_slot_size);
-  for (const auto& t : transports_.entries()) t->announce(*hello);
-  hello->set_session_id(session_id);
-  hello->set_instance(instance_);
   v1::PeerMessage reply;
-  if (!stream->Write(hello_msg) || !stream->Read(&reply)) {
-    ::grpc::Status status = stream->Finish();
-    if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
-      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    }
-    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
-                  peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
-    return false;
-  }
-  if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
-    spdlog::error(
-        "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
-        "run the same framelink version on both hosts",
-        peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
-    ctx.TryCancel();
-    stream->Finish();
-    return false;
-  }
-  if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
-    spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
-    ctx.TryCancel();
-    stream->Finish();
-    return false;
-  }
+  if (!exchangeHello(peer, offer, session_id, ctx, *stream, reply)) return false;
   const v1::HelloAck& ack = reply.hello_ack();
   if (ack.daemon_id() != peer.name) {
     spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
@@ -473,17 +442,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
                         : makeError(FL_ERR_PROTOCOL, "peer chose transport '" + ack.transport() +
                                                          "' that this daemon did not offer");
   if (!made) {
-    const std::string& error = made.error().message;
-    if (chosen != nullptr && chosen->fallbackFor(config_).count() > 0) {
-      // Offer the next transport at once; this one again after its interval.
-      state.fallbacks[chosen] = DialState::Fallback{Clock::now() + chosen->fallbackFor(config_), error};
-      spdlog::warn(
-          "peer {}: {} connection failed ({}); falling back to the next transport, {} is tried again in {} "
-          "ms",
-          peer.name, chosen->name(), error, chosen->name(), chosen->fallbackFor(config_).count());
-    }
-    spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
-                  ack.transport(), error);
+    dialFailed(peer, chosen, ack, made.error().message, state);
     ctx.TryCancel();
     stream->Finish();
     return false;
@@ -495,11 +454,104 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   }
   spdlog::info("connected to peer {} at {} (session {:016x}, transport {}{})", peer.name, peer.address,
                session_id, ack.transport(), reason.empty() ? "" : "; " + reason);
+  runDialedLink(peer, chosen, ack, reason, std::move(made).value(), ctx, *stream, state);
+  return true;
+}
 
-  // A link that fell back from a transport it prefers, while both sides have
-  // that one, moves back: at a deadline (an alarm on gRPC's timer, no thread)
-  // the session is ended, and the next dial offers that transport first
-  // again.  Frames in flight are replayed by the data agent.
+std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig& peer,
+                                                               const std::string& host, DialState& state) {
+  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_),
+                                             peerChannelArguments(config_));
+  // In slices, so that a shutdown does not wait out the connect timeout (a
+  // failing TLS handshake keeps gRPC retrying until the deadline).
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  bool connected = false;
+  while (!connected && !stopping_) {
+    const auto now = std::chrono::system_clock::now();
+    if (now >= deadline) break;
+    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
+  }
+  if (stopping_) return nullptr;
+  if (!connected) {
+    if (config_.tlsEnabled() && !state.unreachable_logged) {
+      // A refused handshake looks like an unreachable peer from here.
+      spdlog::warn(
+          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
+          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
+          "ours must be signed by its CA); retrying",
+          peer.name, peer.address, config_.tls_server_name.empty() ? host : config_.tls_server_name);
+      state.unreachable_logged = true;
+    } else {
+      spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+    }
+    return nullptr;
+  }
+  state.unreachable_logged = false;
+  return channel;
+}
+
+bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer,
+                                  uint64_t session_id, ::grpc::ClientContext& ctx, ClientStream& stream,
+                                  v1::PeerMessage& reply) {
+  v1::PeerMessage hello_msg;
+  auto* hello = hello_msg.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_daemon_id(config_.id);
+  for (const PeerTransport* t : offer.transports) hello->add_transports(std::string(t->name()));
+  hello->set_token(config_.token);
+  hello->set_max_frame_bytes(config_.max_slot_size);
+  for (const auto& t : transports_.entries()) t->announce(*hello);
+  hello->set_session_id(session_id);
+  hello->set_instance(instance_);
+  if (!stream.Write(hello_msg) || !stream.Read(&reply)) {
+    ::grpc::Status status = stream.Finish();
+    if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
+      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
+                  peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
+    return false;
+  }
+  if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
+    spdlog::error(
+        "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
+        "run the same framelink version on both hosts",
+        peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
+  } else if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
+    spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
+  } else {
+    return true;
+  }
+  ctx.TryCancel();
+  stream.Finish();
+  return false;
+}
+
+// Logs a data channel that did not open; a transport with a fallback interval
+// is not offered for that long.
+void PeerLinksImpl::dialFailed(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+                               const std::string& error, DialState& state) {
+  if (chosen != nullptr && chosen->fallbackFor(config_).count() > 0) {
+    // Offer the next transport at once; this one again after its interval.
+    state.fallbacks[chosen] = DialState::Fallback{Clock::now() + chosen->fallbackFor(config_), error};
+    spdlog::warn(
+        "peer {}: {} connection failed ({}); falling back to the next transport, {} is tried again in {} "
+        "ms",
+        peer.name, chosen->name(), error, chosen->name(), chosen->fallbackFor(config_).count());
+  }
+  spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
+                ack.transport(), error);
+}
+
+// Runs the link until the Session call ends, then finishes the call.  A link that fell back from a
+// transport it prefers, while both sides have that one, moves back: at a deadline (an alarm on gRPC's
+// timer, no thread) the session is ended, and the next dial offers that transport first again.
+// Frames in flight are replayed by the data agent.
+void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const PeerTransport* chosen,
+                                  const v1::HelloAck& ack, const std::string& reason,
+                                  std::shared_ptr<transport::Transport> data, ::grpc::ClientContext& ctx,
+                                  ClientStream& stream, DialState& state) {
   const PeerTransport* preferred = nullptr;
   Clock::time_point move_back_at = Clock::time_point::max();
   for (const PeerTransport* t : configured_) {
@@ -526,12 +578,11 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
               });
   }
   LinkSessionInfo info{next_link_id_++, peer.name, peer.address, ack.instance(), ack.transport(), reason};
-  runLinkSession(agent_, config_, info, std::move(made).value(), stream.get(), [&ctx] { ctx.TryCancel(); });
+  runLinkSession(agent_, config_, info, std::move(data), &stream, [&ctx] { ctx.TryCancel(); });
   alarm.Cancel();
   move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more
   if (moved_back->load()) state.fallbacks.erase(preferred);
-  stream->Finish();
-  return true;
+  stream.Finish();
 }
 
 void PeerLinksImpl::dialLoop(const PeerConfig& peer) {
