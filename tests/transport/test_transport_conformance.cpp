@@ -1,35 +1,22 @@
-// The Transport conformance suite: every test runs against every transport
-// (tcp, grpc with the default 4 MiB chunk, grpc with a small chunk so that
-// chunk boundaries are exercised by ordinary frame sizes, tcp wrapped in the
-// `faulty` decorator with no faults on, and the in-memory loopback link).  Built a second
-// time with FL_CONFORMANCE_RDMA for rdma, which needs two RDMA devices (the
-// Soft-RoCE lane), so that it never runs where there are none.
-//
-// Memory follows the daemon's layout for every kind: a receive buffer has
-// 256 bytes of slot header room before it, and payloads and receive buffers
-// are registered with the pair (rdma needs that; the others ignore it).
-#include <algorithm>
+// The Transport conformance suite (transport_conformance.h), frames: every
+// header field and payload byte arrives, frames of any size and in any
+// number arrive in order, backpressure loses none, and eventFd says when
+// there is something to poll.
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "transport/transport.h"
+#include "transport_conformance.h"
 #include "transport_pair.h"
 #include "transport_test_util.h"
 
 namespace framelink::transport::testing {
-
-#ifdef FL_CONFORMANCE_RDMA
-#define FL_TRANSPORTS Rdma
-#else
-#define FL_TRANSPORTS Tcp, Grpc, GrpcSmallChunk, FaultyTcp, Loopback
-#endif
 
 TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[transport]", FL_TRANSPORTS) {
   auto pair = makePair<TestType>();
@@ -157,29 +144,22 @@ TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", 
   std::vector<size_t> sizes(kFrames);
   for (auto& s : sizes) s = size_dist(rng);
 
-  std::map<uint64_t, Buffer> buffers;        // credit id (= frame index + 1) -> buffer
-  std::map<uint64_t, RemoteCredit> granted;  // what the "control link" told the sender
-  std::map<uint64_t, Payload> in_flight;     // cookie -> payload, until SendComplete
-  auto grant = [&](size_t frame) {
-    if (frame >= kFrames) return;
-    auto [it, inserted] = buffers.emplace(frame + 1, Buffer(sizes[frame]));
-    granted[frame + 1] = expose(*rx.t, it->second.credit(frame + 1));
-  };
-  for (size_t i = 0; i < kWindow; ++i) grant(i);
+  CreditWindow window(*rx.t, kFrames, kWindow, [&](size_t frame) { return sizes[frame]; });
+  std::map<uint64_t, Payload> in_flight;  // cookie -> payload, until SendComplete
 
   size_t next_post = 0;
   size_t verified = 0;
   size_t sends_seen = 0;
   const auto deadline = std::chrono::steady_clock::now() + kDeadline * 3;
   while (verified < kFrames || sends_seen < kFrames) {
-    while (next_post < kFrames && granted.count(next_post + 1)) {
+    while (next_post < kFrames && window.granted(next_post) != nullptr) {
       auto payload = pattern(next_post, sizes[next_post]);
-      SendRequest r = request(next_post, granted[next_post + 1], payload, next_post + 1);
+      SendRequest r = request(next_post, *window.granted(next_post), payload, next_post + 1);
       PostResult pr = tx.post(r);
       if (pr == PostResult::kBackpressure) break;
       REQUIRE(pr == PostResult::kOk);
       in_flight.emplace(next_post, std::move(payload));
-      granted.erase(next_post + 1);
+      window.posted(next_post);
       ++next_post;
     }
     tx.pump();
@@ -197,18 +177,16 @@ TEMPLATE_TEST_CASE("500 frames of random sizes arrive in order, byte for byte", 
       REQUIRE(ev.header.credit_id == verified + 1);
       REQUIRE(ev.header.length == sizes[verified]);
       auto want = pattern(verified, sizes[verified]);
-      long bad = firstMismatch(buffers.at(verified + 1).data(), want);
+      long bad = firstMismatch(window.landed(verified).data(), want);
       if (bad != -1) FAIL("frame " << verified << " differs at byte " << bad);
-      buffers.erase(verified + 1);
-      grant(verified + kWindow);
+      window.release(verified);
     }
     REQUIRE(tx.errors.empty());
     REQUIRE(rx.errors.empty());
     if (std::chrono::steady_clock::now() > deadline) {
       FAIL("timed out: posted " << next_post << ", completed " << sends_seen << ", arrived " << verified);
     }
-    pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
-    ::poll(fds, 2, 10);
+    awaitEvents(tx, rx, 10);
   }
   CHECK(in_flight.empty());
 }
@@ -271,8 +249,7 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
       FAIL("timed out: posted " << posted << ", completed " << tx.sends.size() << ", arrived "
                                 << rx.arrivals.size());
     }
-    pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
-    ::poll(fds, 2, 5);
+    awaitEvents(tx, rx, 5);
   }
   REQUIRE(tx.sends.size() == kFrames);
   REQUIRE(rx.arrivals.size() == kFrames);
@@ -284,214 +261,6 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
     REQUIRE(rx.arrivals[i].header.credit_id == 1000 + i);
   }
   CHECK(firstMismatch(buffers.back().data(), payloads[kFrames - 1]) == -1);
-}
-
-TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[transport]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  // The sender names a credit the receiver does not know (3 MiB: crosses
-  // chunk boundaries and socket buffers while it is discarded).  It was
-  // exposed and retracted, so that its address and rkey are valid memory:
-  // an rdma write to memory never registered breaks the link by design.
-  Buffer bogus_buf(4 << 20);
-  RemoteCredit bogus = expose(*rx.t, bogus_buf.credit(777));
-  rx.t->retractCredit(777);
-  auto big = pattern(1, 3 << 20);
-  REQUIRE(tx.post(request(1, bogus, big, 5)) == PostResult::kOk);
-  Buffer buf(1000);
-  RemoteCredit good = expose(*rx.t, buf.credit(778));
-  auto payload = pattern(2, 1000);
-  REQUIRE(tx.post(request(2, good, payload, 6)) == PostResult::kOk);
-  waitFor(
-      tx, rx, [&] { return tx.sends.size() == 2 && rx.arrivals.size() == 2; }, "both frames");
-  CHECK(tx.sends[0].status == FL_OK);  // the sender cannot know; the daemon NACKs
-  CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
-  CHECK(rx.arrivals[0].header.credit_id == 777u);
-  CHECK(rx.arrivals[0].header.sequence == 5u);
-  CHECK(!rx.arrivals[0].message.empty());
-  CHECK(rx.arrivals[1].status == FL_OK);
-  CHECK(rx.arrivals[1].header.sequence == 6u);
-  CHECK(firstMismatch(buf.data(), payload) == -1);
-  CHECK(rx.errors.empty());
-  CHECK(tx.errors.empty());
-  CHECK(rx.t->connected());
-  // A credit is consumed by its frame: using it again is an unknown credit.
-  REQUIRE(tx.post(request(3, good, payload, 7)) == PostResult::kOk);
-  // The payload stays valid until its send completes: a receiver may report
-  // a frame for an unknown credit before the sender has written all of it.
-  waitFor(
-      tx, rx, [&] { return rx.arrivals.size() == 3 && tx.sends.size() == 3; }, "reused credit and its send");
-  CHECK(rx.arrivals[2].status == FL_ERR_UNKNOWN_CREDIT);
-}
-
-TEMPLATE_TEST_CASE("retracted credit is reported and its buffer is not written", "[transport]",
-                   FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  Buffer gone(200'000);
-  RemoteCredit c = expose(*rx.t, gone.credit(50));
-  rx.t->retractCredit(50);
-  rx.t->retractCredit(12345);  // never exposed: harmless
-  auto payload = pattern(3, 200'000);
-  REQUIRE(tx.post(request(1, c, payload, 1)) == PostResult::kOk);
-  Buffer buf(10);
-  RemoteCredit good = expose(*rx.t, buf.credit(51));
-  auto small = pattern(4, 10);
-  REQUIRE(tx.post(request(2, good, small, 2)) == PostResult::kOk);
-  waitFor(
-      tx, rx, [&] { return rx.arrivals.size() == 2 && tx.sends.size() == 2; }, "both frames");
-  CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
-  CHECK(rx.arrivals[0].header.credit_id == 50u);
-  // An rdma write cannot be stopped by the receiver: it lands in the
-  // retracted buffer (kept mapped for that) and is reported as unknown.
-  if (TestType::kKind != TransportKind::kRdma) {
-    CHECK(std::all_of(gone.data(), gone.data() + gone.size(), [](uint8_t b) { return b == 0xEE; }));
-  }
-  CHECK(rx.arrivals[1].status == FL_OK);
-  CHECK(firstMismatch(buf.data(), small) == -1);
-  CHECK(rx.errors.empty());
-  // The id can be exposed again after the retraction.
-  Buffer again(10);
-  CHECK(rx.t->exposeCredit(again.credit(50)).ok());
-}
-
-TEMPLATE_TEST_CASE("malformed requests are refused by post", "[transport]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  Buffer buf(100);
-  RemoteCredit c = expose(*rx.t, buf.credit(9));
-  auto payload = pattern(1, 101);
-  CHECK(tx.post(request(1, c, payload, 1)) == PostResult::kInvalid);  // length > credit
-  auto fits = pattern(1, 100);
-  SendRequest r = request(2, c, fits, 1);
-  r.header.attr_length = FL_MAX_ATTR_BYTES + 1;
-  CHECK(tx.post(r) == PostResult::kInvalid);
-  r = request(3, c, fits, 1);
-  r.payload = nullptr;
-  CHECK(tx.post(r) == PostResult::kInvalid);
-  r = request(4, c, fits, 1);
-  r.header.credit_id = 10;  // does not match request.credit
-  CHECK(tx.post(r) == PostResult::kInvalid);
-  // Nothing was queued: the one valid frame is the first to arrive.
-  REQUIRE(tx.post(request(5, c, fits, 2)) == PostResult::kOk);
-  waitFor(
-      tx, rx, [&] { return !rx.arrivals.empty() && !tx.sends.empty(); }, "the valid frame");
-  std::this_thread::sleep_for(50ms);
-  tx.pump();
-  rx.pump();
-  REQUIRE(tx.sends.size() == 1);
-  CHECK(tx.sends[0].cookie == 5u);
-  REQUIRE(rx.arrivals.size() == 1);
-  CHECK(rx.arrivals[0].header.sequence == 2u);
-  CHECK(rx.arrivals[0].status == FL_OK);
-}
-
-TEMPLATE_TEST_CASE("credit ids are unique per link", "[transport]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Buffer x(10), y(10);
-  REQUIRE(pair->b->exposeCredit(x.credit(1)).ok());
-  auto dup = pair->b->exposeCredit(y.credit(1));
-  REQUIRE_FALSE(dup.ok());
-  CHECK(dup.error().code == FL_EINVAL);
-  LocalCredit null_buffer{2, nullptr, 10, nullptr};
-  CHECK_FALSE(pair->b->exposeCredit(null_buffer).ok());
-}
-
-TEMPLATE_TEST_CASE("peer shutdown fails the link on the other side", "[transport]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  const bool dialer_goes_away = GENERATE(true, false);
-  CAPTURE(dialer_goes_away);
-  Endpoint survivor{dialer_goes_away ? pair->b.get() : pair->a.get()};
-  Endpoint leaver{dialer_goes_away ? pair->a.get() : pair->b.get()};
-
-  // Queue far more than can be in flight, then the peer goes away.  The
-  // leaver's only credit is retracted, so everything that does arrive is
-  // discarded (rdma: lands in that buffer and is reported as unknown).
-  constexpr size_t kSize = 1 << 20;
-  auto payload = pattern(1, kSize);
-  Buffer sink(kSize);
-  RemoteCredit c = expose(*leaver.t, sink.credit(1));
-  leaver.t->retractCredit(1);
-  size_t posted = 0;
-  while (posted < 1000) {
-    SendRequest r = request(posted, c, payload, posted + 1);
-    PostResult pr = survivor.post(r);
-    if (pr == PostResult::kBackpressure) break;
-    REQUIRE(pr == PostResult::kOk);
-    ++posted;
-  }
-  REQUIRE(posted > 0);
-  survivor.t->flush();
-  leaver.t->shutdown();
-  CHECK_FALSE(leaver.t->connected());
-
-  waitFor(
-      survivor, leaver, [&] { return !survivor.errors.empty() && survivor.sends.size() == posted; },
-      "LinkError and a completion for every posted frame");
-  CHECK(survivor.errors.size() == 1);
-  CHECK(survivor.errors[0].status != FL_OK);
-  CHECK(!survivor.errors[0].message.empty());
-  CHECK_FALSE(survivor.t->connected());
-  // Exactly one completion per cookie; nothing reported OK after the LinkError.
-  std::vector<int> seen(posted, 0);
-  size_t lost = 0;
-  for (const auto& ev : survivor.sends) {
-    REQUIRE(ev.cookie < posted);
-    ++seen[ev.cookie];
-    CHECK((ev.status == FL_OK || ev.status == FL_ERR_LINK_LOST));
-    if (ev.status == FL_ERR_LINK_LOST) ++lost;
-  }
-  CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
-  CHECK(lost > 0);
-  bool after_error = false;
-  size_t send_index = 0;
-  for (Kind k : survivor.order) {
-    if (k == Kind::kLinkError) after_error = true;
-    if (k == Kind::kSendComplete) {
-      if (after_error) CHECK(survivor.sends[send_index].status == FL_ERR_LINK_LOST);
-      ++send_index;
-    }
-  }
-  CHECK(survivor.post(request(9999, c, payload, 9999)) == PostResult::kNotConnected);
-  Buffer b(10);
-  CHECK_FALSE(survivor.t->exposeCredit(b.credit(5)).ok());
-
-  // The side that shut down reports it once too, and refuses posts.
-  leaver.pump();
-  REQUIRE(leaver.errors.size() == 1);
-  CHECK(leaver.errors[0].status == FL_ERR_SHUTDOWN);
-  CHECK(leaver.post(request(1, c, payload, 1)) == PostResult::kNotConnected);
-
-  // shutdown() is idempotent and the survivor can be shut down after the loss.
-  leaver.t->shutdown();
-  survivor.t->shutdown();
-  survivor.pump();
-  CHECK(survivor.errors.size() == 1);
-}
-
-TEMPLATE_TEST_CASE("local shutdown completes pending sends with FL_ERR_LINK_LOST", "[transport]",
-                   FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  constexpr size_t kSize = 1 << 20;
-  auto payload = pattern(1, kSize);
-  Buffer sink(kSize);
-  RemoteCredit c = expose(*rx.t, sink.credit(1));
-  rx.t->retractCredit(1);
-  size_t posted = 0;
-  while (posted < 1000 && tx.post(request(posted, c, payload, posted + 1)) == PostResult::kOk) ++posted;
-  tx.t->flush();
-  tx.t->shutdown();
-  // Everything is reported by the time shutdown() returns.
-  tx.pump();
-  REQUIRE(tx.sends.size() == posted);
-  CHECK(std::any_of(tx.sends.begin(), tx.sends.end(),
-                    [](const auto& e) { return e.status == FL_ERR_LINK_LOST; }));
-  REQUIRE(tx.errors.size() == 1);
-  CHECK(tx.errors[0].status == FL_ERR_SHUTDOWN);
-  waitFor(
-      tx, rx, [&] { return !rx.errors.empty(); }, "LinkError on the peer");
-  CHECK_FALSE(rx.t->connected());
 }
 
 TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[transport]", FL_TRANSPORTS) {
@@ -542,274 +311,6 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
   rx.t->shutdown();
   REQUIRE(readable(tx.t->eventFd(), wait_ms));
   CHECK(std::string(tx.t->name()) == kindName(TestType::kKind));
-}
-
-// ---------------------------------------------------------------- control records
-//
-// Sizes around 4 KiB cross rdma's control fragment size (one fragment per
-// SEND, kControlChunkBytes); tcp and grpc frame records in-band.
-
-TEMPLATE_TEST_CASE("control records arrive in order with exact bytes, both directions",
-                   "[transport][control]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  const std::vector<size_t> sizes = {1, 2, 7, 8, 64, 255, 4095, 4096, 4097, 8192, 12'289, 1000, 3};
-  for (int dir = 0; dir < 2; ++dir) {
-    CAPTURE(dir);
-    Endpoint tx{dir == 0 ? pair->a.get() : pair->b.get()};
-    Endpoint rx{dir == 0 ? pair->b.get() : pair->a.get()};
-    std::vector<std::string> sent;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      sent.push_back(controlRecord(100 * dir + i, sizes[i]));
-      REQUIRE(tx.t->postControl(sent.back()) == PostResult::kOk);
-    }
-    // A record that is all zero bytes is a record too.
-    sent.push_back(std::string(300, '\0'));
-    REQUIRE(tx.t->postControl(sent.back()) == PostResult::kOk);
-    waitFor(
-        tx, rx, [&] { return rx.controls.size() >= sent.size(); }, "every control record");
-    // Nothing more arrives, nothing arrives twice, and records are no frames.
-    std::this_thread::sleep_for(50ms);
-    tx.pump();
-    rx.pump();
-    REQUIRE(rx.controls.size() == sent.size());
-    for (size_t i = 0; i < sent.size(); ++i) {
-      CAPTURE(i, sent[i].size());
-      CHECK(rx.controls[i].size() == sent[i].size());
-      CHECK(firstDifference(rx.controls[i], sent[i]) == -1);
-    }
-    CHECK(rx.arrivals.empty());
-    CHECK(tx.sends.empty());  // records are not frames: no SendComplete
-    CHECK(tx.controls.empty());
-    CHECK(tx.errors.empty());
-    CHECK(rx.errors.empty());
-  }
-}
-
-TEMPLATE_TEST_CASE("empty and oversized control records are refused, the largest one arrives whole",
-                   "[transport][control]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  CHECK(tx.t->postControl(std::string()) == PostResult::kInvalid);
-  CHECK(tx.t->postControl(controlRecord(1, kMaxControlBytes + 1)) == PostResult::kInvalid);
-  CHECK(tx.t->postControl(controlRecord(2, 4 * kMaxControlBytes)) == PostResult::kInvalid);
-  // Nothing of the refused ones was queued: the first record to arrive is
-  // the largest allowed one, then a small one after it.
-  const std::string largest = controlRecord(3, kMaxControlBytes);
-  const std::string small = controlRecord(4, 10);
-  REQUIRE(tx.t->postControl(largest) == PostResult::kOk);
-  REQUIRE(tx.t->postControl(small) == PostResult::kOk);
-  waitFor(
-      tx, rx, [&] { return rx.controls.size() >= 2 || !rx.errors.empty(); }, "the two records");
-  REQUIRE(rx.errors.empty());
-  std::this_thread::sleep_for(50ms);
-  tx.pump();
-  rx.pump();
-  REQUIRE(rx.controls.size() == 2);
-  CHECK(rx.controls[0].size() == kMaxControlBytes);
-  CHECK(firstDifference(rx.controls[0], largest) == -1);
-  CHECK(rx.controls[1] == small);
-  CHECK(tx.errors.empty());
-  CHECK(tx.t->connected());
-  CHECK(rx.t->connected());
-}
-
-TEMPLATE_TEST_CASE("a 100 KiB control record arrives whole", "[transport][control]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  // Several of them back to back, so that one record's last fragment and
-  // the next one's first follow each other on the wire.
-  std::vector<std::string> sent;
-  for (uint64_t i = 0; i < 5; ++i) {
-    sent.push_back(controlRecord(50 + i, 100 * 1024 + i));
-    REQUIRE(tx.t->postControl(sent.back()) == PostResult::kOk);
-  }
-  waitFor(
-      tx, rx, [&] { return rx.controls.size() >= sent.size() || !rx.errors.empty(); },
-      "five 100 KiB records");
-  REQUIRE(rx.errors.empty());
-  REQUIRE(rx.controls.size() == sent.size());
-  for (size_t i = 0; i < sent.size(); ++i) {
-    CAPTURE(i);
-    CHECK(rx.controls[i].size() == 100 * 1024 + i);
-    CHECK(firstDifference(rx.controls[i], sent[i]) == -1);
-  }
-}
-
-TEMPLATE_TEST_CASE("many control records interleaved with frames all arrive", "[transport][control]",
-                   FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint tx{pair->a.get()}, rx{pair->b.get()};
-  constexpr size_t kFrames = 300;
-  constexpr size_t kRecordsPerFrame = 4;
-  constexpr size_t kWindow = 32;  // credits outstanding
-  constexpr size_t kFrameSize = 16 * 1024;
-  std::mt19937_64 rng(20261124);
-  // Mostly small records (like grants and ACKs), some beyond one rdma fragment.
-  auto record_size = [&] { return rng() % 8 == 0 ? 1 + rng() % 20'000 : 1 + rng() % 200; };
-
-  std::map<uint64_t, Buffer> buffers;
-  std::map<uint64_t, RemoteCredit> granted;
-  std::map<uint64_t, Payload> in_flight;
-  auto grant = [&](size_t frame) {
-    if (frame >= kFrames) return;
-    auto [it, inserted] = buffers.emplace(frame + 1, Buffer(kFrameSize));
-    granted[frame + 1] = expose(*rx.t, it->second.credit(frame + 1));
-  };
-  for (size_t i = 0; i < kWindow; ++i) grant(i);
-
-  std::vector<std::string> sent;
-  std::vector<std::string> reverse_sent;  // b -> a, at the same time
-  size_t next_post = 0;
-  size_t records_due = 0;  // records to post before the next frame
-  size_t verified = 0;
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline * 3;
-  while (verified < kFrames || tx.sends.size() < kFrames || rx.controls.size() < sent.size() ||
-         tx.controls.size() < reverse_sent.size() || next_post < kFrames) {
-    while (next_post < kFrames) {
-      bool blocked = false;
-      while (records_due > 0) {
-        std::string r = controlRecord(sent.size(), record_size());
-        PostResult pr = tx.t->postControl(r);
-        if (pr == PostResult::kBackpressure) {
-          blocked = true;
-          break;
-        }
-        REQUIRE(pr == PostResult::kOk);
-        sent.push_back(std::move(r));
-        --records_due;
-      }
-      if (blocked || !granted.count(next_post + 1)) break;
-      auto payload = pattern(next_post, kFrameSize);
-      PostResult pr = tx.post(request(next_post, granted[next_post + 1], payload, next_post + 1));
-      if (pr == PostResult::kBackpressure) break;
-      REQUIRE(pr == PostResult::kOk);
-      in_flight.emplace(next_post, std::move(payload));
-      granted.erase(next_post + 1);
-      ++next_post;
-      records_due = kRecordsPerFrame;
-    }
-    tx.pump();
-    rx.pump();
-    for (; verified < rx.arrivals.size(); ++verified) {
-      const auto& ev = rx.arrivals[verified];
-      REQUIRE(ev.status == FL_OK);
-      REQUIRE(ev.header.sequence == verified + 1);
-      long bad = firstMismatch(buffers.at(verified + 1).data(), pattern(verified, kFrameSize));
-      if (bad != -1) FAIL("frame " << verified << " differs at byte " << bad);
-      buffers.erase(verified + 1);
-      grant(verified + kWindow);
-      // The receiver answers each frame with a record, as it would ACK it.
-      std::string ack = controlRecord(1'000'000 + verified, 24);
-      REQUIRE(rx.t->postControl(ack) == PostResult::kOk);
-      reverse_sent.push_back(std::move(ack));
-    }
-    for (const auto& ev : tx.sends) REQUIRE(ev.status == FL_OK);
-    REQUIRE(tx.errors.empty());
-    REQUIRE(rx.errors.empty());
-    if (std::chrono::steady_clock::now() > deadline) {
-      FAIL("timed out: posted " << next_post << " frames and " << sent.size() << " records; "
-                                << tx.sends.size() << " completed, " << verified << " frames and "
-                                << rx.controls.size() << " records arrived, " << tx.controls.size() << " of "
-                                << reverse_sent.size() << " answers");
-    }
-    pollfd fds[2] = {{tx.t->eventFd(), POLLIN, 0}, {rx.t->eventFd(), POLLIN, 0}};
-    ::poll(fds, 2, 5);
-  }
-  REQUIRE(rx.controls.size() == sent.size());
-  CHECK(sent.size() == (kFrames - 1) * kRecordsPerFrame);
-  for (size_t i = 0; i < sent.size(); ++i) {
-    if (rx.controls[i] != sent[i]) {
-      FAIL("record " << i << " of " << sent.size() << " (" << sent[i].size() << " bytes) arrived as "
-                     << rx.controls[i].size() << " bytes differing at "
-                     << firstDifference(rx.controls[i], sent[i]));
-    }
-  }
-  REQUIRE(tx.controls.size() == reverse_sent.size());
-  CHECK(tx.controls == reverse_sent);
-  for (size_t i = 0; i < kFrames; ++i) REQUIRE(tx.sends[i].cookie == i);
-}
-
-TEMPLATE_TEST_CASE("control records after the link failed are refused with kNotConnected",
-                   "[transport][control]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  Endpoint survivor{pair->a.get()}, leaver{pair->b.get()};
-  // The link works first.
-  REQUIRE(survivor.t->postControl("before") == PostResult::kOk);
-  waitFor(
-      survivor, leaver, [&] { return !leaver.controls.empty(); }, "the record before the failure");
-  CHECK(leaver.controls[0] == "before");
-
-  leaver.t->shutdown();
-  CHECK(leaver.t->postControl("after shutdown") == PostResult::kNotConnected);
-  waitFor(
-      survivor, leaver, [&] { return !survivor.errors.empty(); }, "LinkError on the peer");
-  CHECK(survivor.t->postControl("after the peer left") == PostResult::kNotConnected);
-  CHECK(survivor.t->postControl(controlRecord(9, 100 * 1024)) == PostResult::kNotConnected);
-  survivor.pump();
-  leaver.pump();
-  CHECK(survivor.errors.size() == 1);
-  CHECK(leaver.errors.size() == 1);
-}
-
-TEMPLATE_TEST_CASE("control records arrive in order, exactly once, among frames of any size",
-                   "[transport][control]", FL_TRANSPORTS) {
-  auto pair = makePair<TestType>();
-  for (int dir = 0; dir < 2; ++dir) {
-    CAPTURE(dir);
-    Endpoint tx{dir == 0 ? pair->a.get() : pair->b.get()};
-    Endpoint rx{dir == 0 ? pair->b.get() : pair->a.get()};
-    constexpr size_t kRecords = 600;
-    constexpr size_t kEvery = 50;  // a frame after every 50th record
-    constexpr size_t kFrames = kRecords / kEvery;
-    auto recordSize = [](size_t i) {
-      return i == 300 || i == 301 ? kMaxControlBytes : 1 + (i * 37) % 2000;  // the largest allowed, twice
-    };
-    std::vector<Buffer> buffers;
-    std::vector<Payload> payloads;
-    for (size_t f = 0; f < kFrames; ++f) {
-      const size_t size = f % 3 == 0 ? (3u << 20) + f : 1024 * (f + 1);
-      buffers.emplace_back(size);
-      payloads.push_back(pattern(500 + f, size));
-    }
-    size_t frames = 0;
-    for (size_t i = 0; i < kRecords; ++i) {
-      PostResult pr;
-      while ((pr = tx.t->postControl(controlRecord(i, recordSize(i)))) == PostResult::kBackpressure) {
-        tx.pump();
-        rx.pump();
-      }
-      REQUIRE(pr == PostResult::kOk);
-      if (i % kEvery == kEvery - 1) {
-        RemoteCredit c = expose(*rx.t, buffers[frames].credit(100 + frames));
-        REQUIRE(tx.post(request(frames, c, payloads[frames], frames + 1)) == PostResult::kOk);
-        ++frames;
-      }
-    }
-    tx.t->flush();
-    waitFor(
-        tx, rx,
-        [&] {
-          return rx.controls.size() == kRecords && rx.arrivals.size() == kFrames &&
-                 tx.sends.size() == kFrames;
-        },
-        "every record and frame");
-    for (size_t i = 0; i < kRecords; ++i) {
-      if (rx.controls[i] != controlRecord(i, recordSize(i))) {
-        FAIL("record " << i << " differs, is out of order or was doubled");
-      }
-    }
-    for (size_t f = 0; f < kFrames; ++f) {
-      REQUIRE(tx.sends[f].status == FL_OK);
-      REQUIRE(tx.sends[f].cookie == f);
-      REQUIRE(rx.arrivals[f].status == FL_OK);
-      REQUIRE(rx.arrivals[f].header.sequence == f + 1);
-      long bad = firstMismatch(buffers[f].data(), payloads[f]);
-      if (bad != -1) FAIL("frame " << f << " differs at byte " << bad);
-    }
-    CHECK(tx.controls.empty());  // nothing echoes back
-    CHECK(tx.errors.empty());
-    CHECK(rx.errors.empty());
-  }
 }
 
 }  // namespace framelink::transport::testing

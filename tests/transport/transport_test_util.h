@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -206,6 +207,12 @@ struct Endpoint {
   }
 };
 
+// Sleeps until either endpoint's transport has events, at most `timeout_ms`.
+inline void awaitEvents(const Endpoint& x, const Endpoint& y, int timeout_ms) {
+  pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
+  ::poll(fds, 2, timeout_ms);
+}
+
 // Pumps both endpoints until `done` holds; fails the test after kDeadline.
 template <typename Pred>
 void waitFor(Endpoint& x, Endpoint& y, Pred done, const std::string& what) {
@@ -215,9 +222,16 @@ void waitFor(Endpoint& x, Endpoint& y, Pred done, const std::string& what) {
     y.pump();
     if (done()) return;
     if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for " << what);
-    pollfd fds[2] = {{x.t->eventFd(), POLLIN, 0}, {y.t->eventFd(), POLLIN, 0}};
-    ::poll(fds, 2, 10);
+    awaitEvents(x, y, 10);
   }
+}
+
+// Gives whatever is still on its way 50 ms, then pumps both endpoints: what
+// a test has not seen after that did not come (nothing late, nothing twice).
+inline void settle(Endpoint& x, Endpoint& y) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  x.pump();
+  y.pump();
 }
 
 // A control record of `length` bytes that says which it is (every byte

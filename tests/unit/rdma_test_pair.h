@@ -1,5 +1,6 @@
 // What the rdma transport's unit tests share: two fake devices on one fake
-// fabric, registered memory, a connected pair of transports, and an endpoint
+// fabric, registered memory, a connected pair of transports (with the
+// memory most data-path tests send from and into: DataPath), and an endpoint
 // that polls one of them and sorts its events.
 #pragma once
 
@@ -104,37 +105,49 @@ struct Pair {
     memory.push_back(std::make_unique<Memory>(device, n, access, fill));
     return *memory.back();
   }
+
+  Pair() = default;
+  // Delegates, so that the destructor tears down whatever connect() built
+  // before a check failed.
+  Pair(RdmaTransportOptions options, std::shared_ptr<FakeVerbs> with) : Pair() {
+    connect(options, std::move(with));
+  }
   ~Pair() {
     a.reset();
     b.reset();
     listener.reset();
+  }
+
+  // Opens both devices on `with` and connects a to b.
+  void connect(RdmaTransportOptions options, std::shared_ptr<FakeVerbs> with) {
+    fake = with;
+    auto da = RdmaDevice::open({"", "10.0.0.1"}, fake);
+    REQUIRE(da.ok());
+    auto db = RdmaDevice::open({"fake_b", "10.0.0.2"}, fake);
+    REQUIRE(db.ok());
+    dev_a = da.value();
+    dev_b = db.value();
+    std::promise<std::unique_ptr<Transport>> accepted;
+    auto fut = accepted.get_future();
+    auto l = RdmaListener::listen(
+        dev_b, "10.0.0.2", 0, [](uint64_t s) { return s == kSession; },
+        [&](uint64_t, std::unique_ptr<Transport> t) { accepted.set_value(std::move(t)); }, options);
+    REQUIRE(l.ok());
+    listener = std::move(l).value();
+    auto d = dialRdma(dev_a, "10.0.0.2", listener->port(), kSession, 2s, options);
+    if (!d) FAIL("dial: " << d.error().message);
+    a = std::move(d).value();
+    REQUIRE(fut.wait_for(2s) == std::future_status::ready);
+    b = fut.get();
+    REQUIRE(a->connected());
+    REQUIRE(b->connected());
   }
 };
 
 inline std::unique_ptr<Pair> makePair(RdmaTransportOptions options = {},
                                       std::shared_ptr<FakeVerbs> fake = twoDevices()) {
   auto p = std::make_unique<Pair>();
-  p->fake = fake;
-  auto a = RdmaDevice::open({"", "10.0.0.1"}, fake);
-  REQUIRE(a.ok());
-  auto b = RdmaDevice::open({"fake_b", "10.0.0.2"}, fake);
-  REQUIRE(b.ok());
-  p->dev_a = a.value();
-  p->dev_b = b.value();
-  std::promise<std::unique_ptr<Transport>> accepted;
-  auto fut = accepted.get_future();
-  auto l = RdmaListener::listen(
-      p->dev_b, "10.0.0.2", 0, [](uint64_t s) { return s == kSession; },
-      [&](uint64_t, std::unique_ptr<Transport> t) { accepted.set_value(std::move(t)); }, options);
-  REQUIRE(l.ok());
-  p->listener = std::move(l).value();
-  auto d = dialRdma(p->dev_a, "10.0.0.2", p->listener->port(), kSession, 2s, options);
-  if (!d) FAIL("dial: " << d.error().message);
-  p->a = std::move(d).value();
-  REQUIRE(fut.wait_for(2s) == std::future_status::ready);
-  p->b = fut.get();
-  REQUIRE(p->a->connected());
-  REQUIRE(p->b->connected());
+  p->connect(options, std::move(fake));
   return p;
 }
 
@@ -159,6 +172,40 @@ inline SendRequest request(uint64_t cookie, const RemoteCredit& c, const Memory&
   SendRequest r = request(cookie, c, src.data, length, seq);
   r.local_key = src.mr->lkey();
   return r;
+}
+
+// What most tests of the data path start from: a connected pair, a 4 KiB
+// payload source registered on a's device and `dst_bytes` registered on b's
+// for credits, in slots of 4 KiB (256 bytes of slot header, then the frame).
+struct DataPath : Pair {
+  Memory& src;
+  Memory& dst;
+
+  explicit DataPath(RdmaTransportOptions options = {}, size_t dst_bytes = 4096, uint8_t src_fill = 0xEE)
+      : Pair(options, twoDevices()),
+        src(mem(*dev_a, 4096, MemoryAccess::kLocalRead, src_fill)),
+        dst(mem(*dev_b, dst_bytes, MemoryAccess::kRemoteWrite)) {}
+
+  // Exposes `length` bytes of dst's slot `slot` on b under `credit_id`.
+  RemoteCredit credit(uint64_t credit_id, uint64_t length, size_t slot = 0) {
+    auto c = b->exposeCredit({credit_id, dst.data + slot * 4096 + 256, length, nullptr});
+    REQUIRE(c.ok());
+    return c.value();
+  }
+
+  // Holds delivery back and posts frames 0 to 5 of 64 bytes from src into
+  // `c` (cookie and sequence i): 0 to 4 flushed to the adapter, 5 not yet.
+  void holdSixFrames(const RemoteCredit& c) {
+    fake->pauseDelivery(true);
+    for (uint64_t i = 0; i < 5; ++i) REQUIRE(a->post(request(i, c, src, 64, i)) == PostResult::kOk);
+    ra()->flush();
+    REQUIRE(a->post(request(5, c, src, 64, 5)) == PostResult::kOk);  // not flushed yet
+  }
+};
+
+inline std::unique_ptr<DataPath> makeDataPath(RdmaTransportOptions options = {}, size_t dst_bytes = 4096,
+                                              uint8_t src_fill = 0xEE) {
+  return std::make_unique<DataPath>(options, dst_bytes, src_fill);
 }
 
 // Pumps until `done` or 2 s.

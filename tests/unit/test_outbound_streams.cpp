@@ -1,13 +1,16 @@
 // The producer side (outbound_streams.cpp) through the data agent:
 // sequencing, posting into credits, ACK/NACK, resend, replay on a new link in
 // sequence order, stream close, and the credit and ACK deadlines on the
-// agent's manual clock.
+// agent's manual clock; then on its own, the deadlines on simulated time and
+// the order of streams on a link.  Grants, regions and CreditLow:
+// test_outbound_credits.cpp.
 #include <atomic>
 #include <optional>
 
 #include "agent/outbound_streams.h"
 #include "agent/peer_messages.h"
 #include "agent_fixture.h"
+#include "outbound_fixture.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -16,11 +19,9 @@ using namespace std::chrono_literals;
 TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]") {
   AgentFixture f;
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 4, 64 * 1024);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  CHECK(open.stream_open().name() == "cam");
-  uint64_t stream_id = open.stream_open().stream_id();
+  const v1::StreamOpen open = attachAndOpen(f, producer);
+  CHECK(open.name() == "cam");
+  uint64_t stream_id = open.stream_id();
 
   auto fill = [&](uint32_t slot, uint64_t frame_id, size_t n) {
     fl_slot_header* sh = producer.session->segments->slotHeader(slot);
@@ -30,12 +31,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     std::memset(producer.session->segments->slot(slot), int(frame_id), n);
   };
   auto grantOne = [&](uint64_t credit_id, uint64_t length) {
-    v1::PeerMessage g;
-    g.mutable_credit_grant()->set_stream_id(stream_id);
-    auto* c = g.mutable_credit_grant()->add_credits();
-    c->set_credit_id(credit_id);
-    c->set_length(length);
-    f.peerSays(g);
+    f.peerSays(creditGrant(stream_id, {{credit_id, length}}));
   };
   // The peer side exposes a buffer under credit 500 so the frame can land.
   // Shared with the transport (keepalive): a frame still landing while a
@@ -158,12 +154,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     f.linkUp(2, std::move(second.a));
     auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
     CHECK(reopen.stream_open().stream_id() == stream_id);  // the stream keeps its id and sequences
-    v1::PeerMessage g;
-    g.mutable_credit_grant()->set_stream_id(stream_id);
-    auto* c = g.mutable_credit_grant()->add_credits();
-    c->set_credit_id(501);
-    c->set_length(landing2->size());
-    f.peerSays(g, 2);
+    f.peerSays(creditGrant(stream_id, {{501, landing2->size()}}), 2);
     auto again = waitEvent(peer_side, transport::TransportEvent::Kind::kFrameArrived);
     CHECK(again.header.sequence == first.header.sequence);
     CHECK(again.header.frame_id == 17);
@@ -222,14 +213,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     auto& peer_side = *second.b;
     f.linkUp(2, std::move(second.a));
     f.capture.next([](auto& m) { return m.has_stream_open(); });
-    v1::PeerMessage g;
-    g.mutable_credit_grant()->set_stream_id(stream_id);
-    for (uint64_t id = 600; id < 604; ++id) {
-      auto* c = g.mutable_credit_grant()->add_credits();
-      c->set_credit_id(id);
-      c->set_length(4096);
-    }
-    f.peerSays(g, 2);
+    f.peerSays(creditGrant(stream_id, {{600, 4096}, {601, 4096}, {602, 4096}, {603, 4096}}), 2);
     std::vector<uint64_t> order;
     for (int i = 0; i < 4; ++i) {
       order.push_back(waitEvent(peer_side, transport::TransportEvent::Kind::kFrameArrived).header.sequence);
@@ -238,15 +222,8 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
   }
 
   SECTION("a frame too large for one consumer's slots takes another consumer's larger credit") {
-    v1::PeerMessage g;  // two consumers' credits: a small one first
-    g.mutable_credit_grant()->set_stream_id(stream_id);
-    auto* small_credit = g.mutable_credit_grant()->add_credits();
-    small_credit->set_credit_id(501);
-    small_credit->set_length(4096);
-    auto* large_credit = g.mutable_credit_grant()->add_credits();
-    large_credit->set_credit_id(500);
-    large_credit->set_length(landing.size());
-    f.peerSays(g);
+    // Two consumers' credits: a small one first.
+    f.peerSays(creditGrant(stream_id, {{501, 4096}, {500, landing.size()}}));
     fill(0, 19, 5000);
     producer.push(0, 5000);
     auto arrived = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
@@ -315,17 +292,10 @@ TEST_CASE("producer side: a frame is posted under its segment's key from the reg
         (registered ? std::optional<uint32_t>(0xBEEF) : std::nullopt));
   auto recorder = std::make_unique<KeyRecorder>(std::move(f.pair.a));
   auto last_key = recorder->last_key;
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp(1, std::move(recorder));
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
+  const uint64_t stream_id = attachAndOpen(f, producer, 1, std::move(recorder)).stream_id();
   auto landing = exposeLanding(*f.pair.b, 700, 4096);
   producer.push(0, 100);
-  v1::PeerMessage g;
-  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
-  auto* c = g.mutable_credit_grant()->add_credits();
-  c->set_credit_id(700);
-  c->set_length(4096);
-  f.peerSays(g);
+  f.peerSays(creditGrant(stream_id, {{700, 4096}}));
   waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
   CHECK(last_key->load() == (registered ? 0xBEEF : KeyRecorder::kNoKey));
 }
@@ -334,22 +304,18 @@ TEST_CASE("producer side: a stream is closed on the link when its last producer 
           "[agent][producer][streams]") {
   AgentFixture f;
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam-1", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  CHECK(open.stream_open().name() == "cam-1");
+  const v1::StreamOpen open = attachAndOpen(f, producer);
+  CHECK(open.name() == "cam-1");
   f.agent->post(CmdClientGone{1});
   auto close = f.capture.next([](auto& m) { return m.has_stream_close(); });
-  CHECK(close.stream_close().stream_id() == open.stream_open().stream_id());
+  CHECK(close.stream_close().stream_id() == open.stream_id());
   CHECK(f.metrics.counters.streams_forgotten.load() == 1);
   // Not announced again on the next link.
   f.agent->post(CmdLinkDown{1, "test cut the link"});
   TcpPair second = makeTcpPair();
   TestClient other = makeClient(2, FL_ROLE_PRODUCER, "cam-2", 2, 4096);
-  f.agent->post(CmdClientAttached{other.session});
-  f.linkUp(2, std::move(second.a));
-  auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  CHECK(reopen.stream_open().name() == "cam-2");
+  const v1::StreamOpen reopen = attachAndOpen(f, other, 2, std::move(second.a));
+  CHECK(reopen.name() == "cam-2");
 }
 
 TEST_CASE("producer side: a frame sent on a link that breaks for good ends TIMEOUT, not FAILED",
@@ -358,17 +324,7 @@ TEST_CASE("producer side: a frame sent on a link that breaks for good ends TIMEO
   // say that nobody did.
   AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  exposeLanding(*f.pair.b, 7, 4096);
-  v1::PeerMessage g;
-  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
-  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
-  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
-  f.peerSays(g);
-  producer.push(0, 10);
-  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  sendOneFrame(f, producer, 10);
   f.agent->post(CmdLinkDown{1, "test cut the link"});
   // The frame waits for the next link from the moment the link went down.
   waitUntil([&] { return f.metrics.counters.frames_replayed.load() == 1; }, "the frame is queued for replay");
@@ -383,9 +339,7 @@ TEST_CASE("producer side: a frame never sent whose link does not come back fails
           "[agent][timeout]") {
   AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  f.capture.next([](auto& m) { return m.has_stream_open(); });
+  attachAndOpen(f, producer);
   f.agent->post(CmdLinkDown{1, "test cut the link"});
   producer.push(0, 10);  // no credit was ever granted: it never left
   waitUntil([&] { return f.metrics.counters.frames_submitted.load() == 1; }, "the agent takes the frame");
@@ -399,35 +353,19 @@ TEST_CASE("producer side: a replay never fails TOO_LARGE on a link with only sma
   // 1 KiB credits.  The frame may already be at the 4 KiB consumer: it waits.
   AgentFixture f;
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  exposeLanding(*f.pair.b, 7, 4096);
-  v1::PeerMessage g;
-  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
-  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
-  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
-  f.peerSays(g);
-  producer.push(0, 3000);
-  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  sendOneFrame(f, producer, 3000);
   TcpPair second = makeTcpPair();
   f.agent->post(CmdLinkDown{1, "test cut the link"});
   f.linkUp(2, std::move(second.a));
   auto reopen = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  v1::PeerMessage small;
-  small.mutable_credit_grant()->set_stream_id(reopen.stream_open().stream_id());
-  small.mutable_credit_grant()->add_credits()->set_credit_id(8);
-  small.mutable_credit_grant()->mutable_credits(0)->set_length(1024);
-  f.peerSays(small, 2);
+  f.peerSays(creditGrant(reopen.stream_open().stream_id(), {{8, 1024}}), 2);
   CHECK(producer.idleFor(300ms));  // no TOO_LARGE (nor anything else): it waits
 }
 
 TEST_CASE("producer side: no credit within the credit timeout fails NO_CONSUMER", "[agent][timeout]") {
   AgentFixture f([](Config& c) { c.credit_timeout_ms = 200; });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  f.capture.next([](auto& m) { return m.has_stream_open(); });
+  attachAndOpen(f, producer);
   producer.push(0, 10);
   waitUntil([&] { return f.metrics.counters.frames_submitted.load() == 1; }, "the agent takes the frame");
   f.clock.advanceMs(199);
@@ -441,17 +379,7 @@ TEST_CASE("producer side: a frame sent and never acknowledged fails TIMEOUT afte
           "[agent][timeout]") {
   AgentFixture f([](Config& c) { c.ack_timeout_ms = 1000; });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
-  f.agent->post(CmdClientAttached{producer.session});
-  f.linkUp();
-  auto open = f.capture.next([](auto& m) { return m.has_stream_open(); });
-  exposeLanding(*f.pair.b, 7, 4096);
-  v1::PeerMessage g;
-  g.mutable_credit_grant()->set_stream_id(open.stream_open().stream_id());
-  g.mutable_credit_grant()->add_credits()->set_credit_id(7);
-  g.mutable_credit_grant()->mutable_credits(0)->set_length(4096);
-  f.peerSays(g);
-  producer.push(0, 10);
-  waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  sendOneFrame(f, producer, 10);
   CHECK(producer.idleFor(50ms));  // sent, not acknowledged, and no time has passed
   // The ACK deadline starts when the agent sees its send complete, which it
   // learns from the transport's own thread: move the clock a timeout at a
@@ -476,59 +404,7 @@ TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route
   CHECK(producer.pop().status == FL_ERR_NO_ROUTE);
 }
 
-// The producer side on its own, on simulated time and without the agent's
-// thread: the test hands it submits, grants and send completions, and moves
-// the clock; each deadline fires exactly when it is due.
-namespace {
-
-struct OutboundRig {
-  Config config;
-  Metrics metrics;
-  ManualClock clock;
-  Capture capture;  // outlives the link's session writer
-  NameTable names;
-  PeerTable peers;
-  LinkTable links;
-  ClientTable clients{metrics, names};
-  OutboundStreams out{config, metrics, clock, clients, peers, links};
-  TcpPair pair = makeTcpPair();
-  TestClient producer;
-  AgentClient* client = nullptr;
-  AgentLink* link = nullptr;
-  uint64_t stream_id = 0;
-
-  explicit OutboundRig(uint32_t slots = 4) : producer(makeClient(1, FL_ROLE_PRODUCER, "cam", slots, 4096)) {
-    config.id = "local";
-    config.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});
-    config.credit_timeout_ms = 200;
-    config.ack_timeout_ms = 1000;
-    client = &clients.add(producer.session);
-    out.onProducerAttached(*client);
-    REQUIRE(client->route != kNoPeer);
-    link = &links.add(1);
-    link->peer = peers.resolve("remote");
-    link->peer_name = "remote";
-    link->peer_instance = 1;
-    link->transport = std::move(pair.a);
-    link->session.writer = std::make_shared<SessionWriter>(
-        [this](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
-    out.onLinkUp(*link);
-    stream_id = capture.next([](auto& m) { return m.has_stream_open(); }).stream_open().stream_id();
-    CHECK(stream_id == client->out_stream);
-  }
-  ~OutboundRig() { link->session.writer->close(); }
-
-  void submit(uint32_t slot, uint64_t length) {
-    std::memset(producer.session->segments->slotHeader(slot), 0, sizeof(fl_slot_header));
-    producer.session->segments->slotHeader(slot)->frame_id = 100 + slot;
-    out.onSubmit(*client, fl_submit_desc{slot, 0, length});
-  }
-  bool completed(fl_completion_desc* d) {
-    return fl_ring_pop(producer.completion(), producer.cap(), sizeof(*d), d) == FL_RING_OK;
-  }
-};
-
-}  // namespace
+// ---------------------------------------------------------------- on its own (OutboundRig)
 
 TEST_CASE("outbound streams: the credit deadline fires when due on the clock, not before",
           "[agent][outbound][timeout]") {
@@ -576,73 +452,6 @@ TEST_CASE("outbound streams: the ACK deadline runs from the send's completion",
   CHECK(rig.metrics.counters.frames_delivered.load() == 0);
 }
 
-TEST_CASE("outbound streams: a grant of a credit already held is refused", "[agent][outbound]") {
-  // Two copies of one credit would take two frames into one slot; the
-  // fuzzer found a peer that grants a credit twice and revokes it once.
-  OutboundRig rig;
-  peer::CreditGrant grant;
-  grant.stream_id = rig.stream_id;
-  grant.credits.push_back(transport::RemoteCredit{102, 4096, 0, 0});
-  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
-  const std::string again = rig.out.onCreditGrant(*rig.link, grant);
-  CHECK_THAT(again, Catch::Matchers::Contains("credit 102") && Catch::Matchers::Contains("already granted"));
-  peer::CreditGrant twice;
-  twice.stream_id = rig.stream_id;
-  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
-  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
-  CHECK_THAT(rig.out.onCreditGrant(*rig.link, twice), Catch::Matchers::Contains("credit 103"));
-  // Once used, an id is free again as far as the sender can tell.
-  auto landing = exposeLanding(*rig.pair.b, 102, 4096);
-  rig.submit(0, 10);
-  CHECK(rig.out.pumpAll() > 0);
-  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
-  peer::CreditGrant fresh;
-  fresh.stream_id = rig.stream_id;
-  fresh.credits.push_back(transport::RemoteCredit{104, 4096, 0, 0});
-  CHECK(rig.out.onCreditGrant(*rig.link, fresh).empty());
-}
-
-TEST_CASE("outbound streams: slot credits name a region the peer announced on the link",
-          "[agent][outbound]") {
-  OutboundRig rig;
-  peer::CreditGrant grant;
-  grant.stream_id = rig.stream_id;
-  grant.regions.push_back(peer::SlotRegion{3, 0, 0, 0, 4096, 4});
-  grant.slot_credits.push_back(peer::slotCreditId(3, 2, 41));
-  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
-  // The frame goes to that credit: the receiver exposed it under the slot
-  // credit's id.
-  auto landing = exposeLanding(*rig.pair.b, peer::slotCreditId(3, 2, 41), 4096);
-  rig.submit(0, 10);
-  CHECK(rig.out.pumpAll() > 0);
-  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
-
-  SECTION("a region announced again before it was retired breaks the protocol") {
-    CHECK_THAT(rig.out.onCreditGrant(*rig.link, grant), Catch::Matchers::Contains("region 3 announced"));
-  }
-  SECTION("a slot credit of a region never announced, or retired, breaks the protocol") {
-    peer::CreditGrant stray;
-    stray.stream_id = rig.stream_id;
-    stray.slot_credits.push_back(peer::slotCreditId(4, 0, 42));
-    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 4, which was not"));
-    peer::CreditRevoke retire;
-    retire.retired_regions.push_back(3);  // stream 0: a revoke that only retires
-    rig.out.onCreditRevoke(*rig.link, retire);
-    stray.slot_credits[0] = peer::slotCreditId(3, 1, 43);
-    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 3, which was not"));
-  }
-  SECTION("regions are announced for the link: one for a stream the sender does not know still counts") {
-    peer::CreditGrant other;
-    other.stream_id = 999;
-    other.regions.push_back(peer::SlotRegion{8, 0, 0, 0, 1024, 2});
-    CHECK(rig.out.onCreditGrant(*rig.link, other).empty());
-    peer::CreditGrant later;
-    later.stream_id = rig.stream_id;
-    later.slot_credits.push_back(peer::slotCreditId(8, 1, 44));
-    CHECK(rig.out.onCreditGrant(*rig.link, later).empty());
-  }
-}
-
 TEST_CASE("outbound streams: each round the streams of a peer take turns going first on the link",
           "[agent][outbound]") {
   // Two streams with a frame and a credit each: the one posted first is on
@@ -686,73 +495,4 @@ TEST_CASE("outbound streams: each round the streams of a peer take turns going f
   }
   CAPTURE(first_streams);
   for (size_t i = 1; i < first_streams.size(); ++i) CHECK(first_streams[i] != first_streams[i - 1]);
-}
-
-TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quarter of what was held",
-          "[agent][outbound][coalesce]") {
-  OutboundRig rig(16);
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
-  // Grants `n` fresh credits; the peer's end takes frames into them.
-  uint64_t next_credit = 1000;
-  auto grant = [&](size_t n) {
-    peer::CreditGrant g;
-    g.stream_id = rig.stream_id;
-    for (size_t i = 0; i < n; ++i, ++next_credit) {
-      landings.push_back(exposeLanding(*rig.pair.b, next_credit, 4096));
-      g.credits.push_back(transport::RemoteCredit{next_credit, 4096, 0, 0});
-    }
-    REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
-  };
-  // The CreditLow messages the sender gathered for the peer so far.
-  std::vector<v1::CreditLow> lows;
-  auto takeLows = [&] {
-    for (const auto& m : rig.link->control.messages()) {
-      if (!m.has_credit_low()) continue;
-      CHECK(isPerFrameMessage(m));
-      lows.push_back(m.credit_low());
-    }
-    rig.link->control.Clear();
-  };
-  auto submitAndPump = [&](uint32_t first, uint32_t count) {
-    for (uint32_t slot = first; slot < first + count; ++slot) rig.submit(slot, 10);
-    CHECK(rig.out.pumpAll() > 0);
-    takeLows();
-  };
-
-  grant(16);
-  submitAndPump(0, 11);  // 5 credits left: above a quarter of 16
-  CHECK(lows.empty());
-  submitAndPump(11, 1);  // 4 left
-  REQUIRE(lows.size() == 1);
-  CHECK(lows[0].stream_id() == rig.stream_id);
-  CHECK(lows[0].credits_left() == 4);
-  submitAndPump(12, 4);  // down to none: said once is enough
-  CHECK(lows.size() == 1);
-
-  // Credits back above a quarter: the next fall is said again.
-  for (uint64_t seq = 1; seq <= 16; ++seq) rig.out.onAck(rig.link->peer, rig.stream_id, seq, FL_OK, {});
-  fl_completion_desc d{};
-  for (int i = 0; i < 16; ++i) REQUIRE(rig.completed(&d));
-  grant(8);
-  submitAndPump(0, 3);  // 5 left
-  CHECK(lows.size() == 1);
-  submitAndPump(3, 1);  // 4 left: a quarter of the 16 held at most
-  REQUIRE(lows.size() == 2);
-  CHECK(lows[1].credits_left() == 4);
-}
-
-TEST_CASE("outbound streams: a window below 8 credits never sends CreditLow", "[agent][outbound][coalesce]") {
-  OutboundRig rig(4);
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
-  peer::CreditGrant g;
-  g.stream_id = rig.stream_id;
-  for (uint64_t id = 1; id <= 4; ++id) {
-    landings.push_back(exposeLanding(*rig.pair.b, id, 4096));
-    g.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
-  }
-  REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
-  for (uint32_t slot = 0; slot < 4; ++slot) rig.submit(slot, 10);
-  CHECK(rig.out.pumpAll() > 0);
-  CHECK(rig.producer.session->slots[3].state == SlotState::kPosted);
-  for (const auto& m : rig.link->control.messages()) CHECK_FALSE(m.has_credit_low());
 }

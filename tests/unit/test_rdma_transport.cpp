@@ -1,9 +1,9 @@
 // Unit tests of the rdma transport's data path against FakeVerbs: the send
 // path (batching, selective signalling, backpressure, the request's memory
 // key), the receive path (landed headers, unknown credits) and how every
-// kind of verbs failure is reported.  No RDMA device needed.  Device
-// selection, connection setup and the listener: test_rdma_connect.cpp.
-#include <arpa/inet.h>
+// kind of verbs failure is reported.  No RDMA device needed.  Control
+// records: test_rdma_control.cpp.  Device selection, connection setup and the
+// listener: test_rdma_connect.cpp.
 #include <poll.h>
 
 #include <atomic>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,11 +30,10 @@ namespace framelink::transport::rdma::testing {
 // ---------------------------------------------------------------- data path
 
 TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath({}, 256 + 4096);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& slot = p->mem(*p->dev_b, 256 + 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  for (size_t i = 0; i < 1000; ++i) src.data[i] = static_cast<uint8_t>(i * 13);
+  Memory& slot = p->dst;
+  for (size_t i = 0; i < 1000; ++i) p->src.data[i] = static_cast<uint8_t>(i * 13);
 
   auto credit = p->b->exposeCredit({0x7'0000'0005ull, slot.data + 256, 4096, nullptr});
   REQUIRE(credit.ok());
@@ -41,7 +41,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   CHECK(credit->rkey == slot.mr->rkey());
   CHECK(credit->length == 4096u);
 
-  SendRequest r = request(1, credit.value(), src, 1000, 77);
+  SendRequest r = request(1, credit.value(), p->src, 1000, 77);
   r.header.frame_id = 0xF1;
   r.header.wafer_id = 0xA2;
   r.header.timestamp_ns = 123456789;
@@ -65,7 +65,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   CHECK(ev.header.has_crc32c == 1u);
   CHECK(ev.header.maybe_redelivered == 1u);
   CHECK(ev.header.attr_length == 3u);
-  CHECK(std::memcmp(slot.data + 256, src.data, 1000) == 0);
+  CHECK(std::memcmp(slot.data + 256, p->src.data, 1000) == 0);
   CHECK(slot.data[256 + 1000] == 0xEE);
   // What landed is a valid slot header for the consumer.
   fl_slot_header landed;
@@ -86,16 +86,12 @@ TEST_CASE("rdma batching: N posts go to the adapter as one chain on flush, selec
   RdmaTransportOptions o;
   o.signal_interval = 4;
   o.max_batch = 64;
-  auto p = makePair(o);
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
   constexpr size_t kFrames = 10;
-  Memory& dst = p->mem(*p->dev_b, kFrames * 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x11);
+  auto p = makeDataPath(o, kFrames * 4096, 0x11);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
   const auto before = p->fake->stats();
   for (size_t i = 0; i < kFrames; ++i) {
-    auto c = p->b->exposeCredit({i + 1, dst.data + i * 4096 + 256, 1024, nullptr});
-    REQUIRE(c.ok());
-    REQUIRE(p->a->post(request(i, c.value(), src, 100 + i, i + 1)) == PostResult::kOk);
+    REQUIRE(p->a->post(request(i, p->credit(i + 1, 1024, i), p->src, 100 + i, i + 1)) == PostResult::kOk);
   }
   CHECK(p->fake->stats().post_send_calls == before.post_send_calls);  // nothing before flush
   p->ra()->flush();
@@ -119,14 +115,10 @@ TEST_CASE("rdma batching: N posts go to the adapter as one chain on flush, selec
 TEST_CASE("rdma post flushes by itself once max_batch WRs wait", "[rdma]") {
   RdmaTransportOptions o;
   o.max_batch = 8;
-  auto p = makePair(o);
-  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
+  auto p = makeDataPath(o);
   const auto before = p->fake->stats();
   for (uint64_t i = 0; i < 20; ++i) {
-    auto c = p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr});
-    REQUIRE(c.ok());
-    REQUIRE(p->a->post(request(i, c.value(), src, 64, i)) == PostResult::kOk);
+    REQUIRE(p->a->post(request(i, p->credit(i + 1, 64), p->src, 64, i)) == PostResult::kOk);
   }
   CHECK(p->fake->stats().post_send_calls == before.post_send_calls + 2);
   p->ra()->flush();
@@ -138,25 +130,23 @@ TEST_CASE("rdma backpressure at the send queue depth, and no frame lost after it
   RdmaTransportOptions o;
   o.send_queue_depth = 8;
   o.signal_interval = 4;
-  auto p = makePair(o);
+  auto p = makeDataPath(o);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
   std::vector<RemoteCredit> credits;
-  for (uint64_t i = 0; i < 20; ++i)
-    credits.push_back(p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr}).value());
+  for (uint64_t i = 0; i < 20; ++i) credits.push_back(p->credit(i + 1, 64));
   p->fake->pauseDelivery(true);
   size_t posted = 0;
-  while (posted < 20 && p->a->post(request(posted, credits[posted], src, 64, posted)) == PostResult::kOk) {
+  while (posted < 20 && p->a->post(request(posted, credits[posted], p->src, 64, posted)) == PostResult::kOk) {
     ++posted;
   }
   CHECK(posted == 8);
   p->ra()->flush();
-  CHECK(p->a->post(request(99, credits[8], src, 64, 8)) == PostResult::kBackpressure);
+  CHECK(p->a->post(request(99, credits[8], p->src, 64, 8)) == PostResult::kBackpressure);
   CHECK(p->ra()->counters().backpressure == 2);
   p->fake->pauseDelivery(false);
   until(tx, rx, [&] {
-    while (posted < 20 && p->a->post(request(posted, credits[posted], src, 64, posted)) == PostResult::kOk) {
+    while (posted < 20 &&
+           p->a->post(request(posted, credits[posted], p->src, 64, posted)) == PostResult::kOk) {
       ++posted;
     }
     p->ra()->flush();
@@ -190,42 +180,40 @@ TEST_CASE("rdma refuses unregistered memory without crashing", "[rdma]") {
 }
 
 TEST_CASE("rdma post sends under the request's memory key and refuses a payload without one", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath({}, 2 * 4096, 0x5A);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 2 * 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x5A);
   Memory& other = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  REQUIRE(src.mr->lkey() != other.mr->lkey());
-  auto c1 = p->b->exposeCredit({1, dst.data + 256, 1000, nullptr}).value();
-  auto c2 = p->b->exposeCredit({2, dst.data + 4096 + 256, 1000, nullptr}).value();
+  REQUIRE(p->src.mr->lkey() != other.mr->lkey());
+  auto c1 = p->credit(1, 1000);
+  auto c2 = p->credit(2, 1000, 1);
   const auto before = p->fake->stats();
 
   // No key: refused before anything is queued, and the refusal says why.
-  CHECK(p->a->post(request(7, c1, src.data, 500, 1)) == PostResult::kInvalid);
+  CHECK(p->a->post(request(7, c1, p->src.data, 500, 1)) == PostResult::kInvalid);
   CHECK_THAT(std::string(p->a->lastRefusal()),
              Catch::Contains("no local memory key") && Catch::Contains("registered"));
   // The checks every transport makes say why as well.
-  CHECK(p->a->post(request(8, c1, src, 1001, 1)) == PostResult::kInvalid);
+  CHECK(p->a->post(request(8, c1, p->src, 1001, 1)) == PostResult::kInvalid);
   CHECK_THAT(std::string(p->a->lastRefusal()), Catch::Contains("exceeds the credit"));
   p->ra()->flush();
   CHECK(p->fake->stats().send_wrs == before.send_wrs);
 
   // The payload's SGE carries the request's key as it is.
-  REQUIRE(p->a->post(request(0, c1, src, 500, 1)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(0, c1, p->src, 500, 1)) == PostResult::kOk);
   p->ra()->flush();
   auto sges = p->fake->lastSendSges();
   REQUIRE(sges.size() == 2);
-  CHECK(sges[1].lkey == src.mr->lkey());
-  CHECK(sges[1].addr == reinterpret_cast<uint64_t>(src.data));
+  CHECK(sges[1].lkey == p->src.mr->lkey());
+  CHECK(sges[1].addr == reinterpret_cast<uint64_t>(p->src.data));
   CHECK(sges[1].length == 500u);
   until(tx, rx, [&] { return tx.sends.size() == 1 && rx.arrivals.size() == 1; });
   CHECK(tx.sends[0].status == FL_OK);
   CHECK(rx.arrivals[0].status == FL_OK);
-  CHECK(std::memcmp(dst.data + 256, src.data, 500) == 0);
+  CHECK(std::memcmp(p->dst.data + 256, p->src.data, 500) == 0);
 
   // The key of a registration that does not hold the payload is not
   // corrected by a lookup: the adapter refuses the access and the frame fails.
-  SendRequest wrong = request(1, c2, src, 500, 2);
+  SendRequest wrong = request(1, c2, p->src, 500, 2);
   wrong.local_key = other.mr->lkey();
   REQUIRE(p->a->post(wrong) == PostResult::kOk);
   p->ra()->flush();
@@ -239,27 +227,25 @@ TEST_CASE("rdma post sends under the request's memory key and refuses a payload 
 }
 
 TEST_CASE("rdma unknown, retracted and reused credits are reported; the link stays up", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath({}, 3 * 4096, 0x42);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x42);
   auto kept = std::make_shared<int>(1);
-  auto retracted = p->b->exposeCredit({50, dst.data + 256, 1000, kept}).value();
+  auto retracted = p->b->exposeCredit({50, p->dst.data + 256, 1000, kept}).value();
   p->b->retractCredit(50);
   p->b->retractCredit(51);       // never exposed
   CHECK(kept.use_count() == 2);  // mapped while a write can still land
-  auto good = p->b->exposeCredit({60, dst.data + 4096 + 256, 1000, nullptr}).value();
+  auto good = p->credit(60, 1000, 1);
   // A credit id the receiver never exposed, aimed at valid memory.
   RemoteCredit never{61, 1000, good.remote_addr + 4096, good.rkey};
-  REQUIRE(p->a->post(request(0, retracted, src, 500, 1)) == PostResult::kOk);
-  REQUIRE(p->a->post(request(1, good, src, 500, 2)) == PostResult::kOk);
-  REQUIRE(p->a->post(request(2, never, src, 10, 3)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(0, retracted, p->src, 500, 1)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(1, good, p->src, 500, 2)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(2, never, p->src, 10, 3)) == PostResult::kOk);
   p->ra()->flush();
   until(tx, rx, [&] { return tx.sends.size() == 3 && rx.arrivals.size() == 3; });
   // The credit was consumed by frame 2: using it again is an unknown credit.
   // (Only after frame 2 was seen: a write into the same slot before that
   // would overwrite its header, as it would on real hardware.)
-  REQUIRE(p->a->post(request(3, good, src, 10, 4)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(3, good, p->src, 10, 4)) == PostResult::kOk);
   p->ra()->flush();
   until(tx, rx, [&] { return tx.sends.size() == 4 && rx.arrivals.size() == 4; });
   CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
@@ -305,19 +291,16 @@ TEST_CASE("rdma work completion statuses map to frame, link and device scope", "
     CHECK(k.link_status == c.link_status);
 
     // And end to end: the 2nd of 4 frames fails.
-    auto p = makePair();
+    auto p = makeDataPath();
     Endpoint tx{p->a.get()}, rx{p->b.get()};
-    Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-    Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
     std::vector<RemoteCredit> credits;
-    for (uint64_t i = 0; i < 4; ++i)
-      credits.push_back(p->b->exposeCredit({i + 1, dst.data + 256, 64, nullptr}).value());
-    REQUIRE(p->a->post(request(0, credits[0], src, 64, 1)) == PostResult::kOk);
+    for (uint64_t i = 0; i < 4; ++i) credits.push_back(p->credit(i + 1, 64));
+    REQUIRE(p->a->post(request(0, credits[0], p->src, 64, 1)) == PostResult::kOk);
     p->ra()->flush();
     until(tx, rx, [&] { return tx.sends.size() == 1; });
     p->fake->injectSendError(c.status);
     for (uint64_t i = 1; i < 4; ++i)
-      REQUIRE(p->a->post(request(i, credits[i], src, 64, i + 1)) == PostResult::kOk);
+      REQUIRE(p->a->post(request(i, credits[i], p->src, 64, i + 1)) == PostResult::kOk);
     p->ra()->flush();
     until(tx, rx, [&] { return tx.sends.size() == 4 && !tx.errors.empty(); });
     tx.checkCompletions(4);
@@ -329,8 +312,8 @@ TEST_CASE("rdma work completion statuses map to frame, link and device scope", "
     CHECK(tx.errors[0].status == c.link_status);
     CHECK_THAT(tx.errors[0].message, Catch::Contains(ibv_wc_status_str(c.status)));
     CHECK_FALSE(p->a->connected());
-    CHECK(p->a->post(request(9, credits[0], src, 64, 9)) == PostResult::kNotConnected);
-    CHECK(p->a->exposeCredit({99, dst.data + 256, 1, nullptr}).error().code == FL_ERR_LINK_LOST);
+    CHECK(p->a->post(request(9, credits[0], p->src, 64, 9)) == PostResult::kNotConnected);
+    CHECK(p->a->exposeCredit({99, p->dst.data + 256, 1, nullptr}).error().code == FL_ERR_LINK_LOST);
     // The peer learns through rdma_cm (the failing side disconnects).
     until(tx, rx, [&] { return !rx.errors.empty(); });
     CHECK(rx.errors[0].status == FL_ERR_LINK_LOST);
@@ -340,18 +323,16 @@ TEST_CASE("rdma work completion statuses map to frame, link and device scope", "
 }
 
 TEST_CASE("rdma write to a bad rkey fails that frame and the link", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  auto c = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
+  auto c = p->credit(1, 64);
   c.rkey ^= 1;
-  REQUIRE(p->a->post(request(0, c, src, 64, 1)) == PostResult::kOk);
+  REQUIRE(p->a->post(request(0, c, p->src, 64, 1)) == PostResult::kOk);
   p->ra()->flush();
   until(tx, rx, [&] { return tx.sends.size() == 1 && !tx.errors.empty(); });
   CHECK(tx.sends[0].status == FL_ERR_TRANSPORT);
   CHECK(tx.errors[0].status == FL_ERR_LINK_LOST);
-  CHECK(dst.data[256] == 0xEE);
+  CHECK(p->dst.data[256] == 0xEE);
 }
 
 TEST_CASE("rdma asynchronous events fail the links they concern, once", "[rdma]") {
@@ -366,13 +347,11 @@ TEST_CASE("rdma asynchronous events fail the links they concern, once", "[rdma]"
                         {IBV_EVENT_QP_ACCESS_ERR, true, FL_ERR_LINK_LOST}};
   for (const Case& c : cases) {
     CAPTURE(ibv_event_type_str(c.type));
-    auto p = makePair();
+    auto p = makeDataPath();
     Endpoint tx{p->a.get()}, rx{p->b.get()};
-    Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-    Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-    auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
+    auto credit = p->credit(1, 64);
     p->fake->pauseDelivery(true);
-    REQUIRE(p->a->post(request(0, credit, src, 64, 1)) == PostResult::kOk);
+    REQUIRE(p->a->post(request(0, credit, p->src, 64, 1)) == PostResult::kOk);
     p->ra()->flush();
     p->fake->injectAsyncEvent("fake_a", c.type, c.qp ? p->ra()->cmId()->qp : nullptr);
     REQUIRE(readable(p->a->eventFd(), 2000));
@@ -388,15 +367,10 @@ TEST_CASE("rdma asynchronous events fail the links they concern, once", "[rdma]"
 }
 
 TEST_CASE("rdma peer disconnect fails the link once and flushes posted sends", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
-  p->fake->pauseDelivery(true);
-  for (uint64_t i = 0; i < 5; ++i) REQUIRE(p->a->post(request(i, credit, src, 64, i)) == PostResult::kOk);
-  p->ra()->flush();
-  REQUIRE(p->a->post(request(5, credit, src, 64, 5)) == PostResult::kOk);  // not flushed yet
+  auto credit = p->credit(1, 64);
+  p->holdSixFrames(credit);
   p->b->shutdown();
   rx.pump();
   REQUIRE(rx.errors.size() == 1);
@@ -411,15 +385,10 @@ TEST_CASE("rdma peer disconnect fails the link once and flushes posted sends", "
 }
 
 TEST_CASE("rdma shutdown completes everything and tears down in order", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath();
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory& dst = p->mem(*p->dev_b, 4096, MemoryAccess::kRemoteWrite);
-  auto credit = p->b->exposeCredit({1, dst.data + 256, 64, nullptr}).value();
-  p->fake->pauseDelivery(true);
-  for (uint64_t i = 0; i < 5; ++i) REQUIRE(p->a->post(request(i, credit, src, 64, i)) == PostResult::kOk);
-  p->ra()->flush();
-  REQUIRE(p->a->post(request(5, credit, src, 64, 5)) == PostResult::kOk);
+  auto credit = p->credit(1, 64);
+  p->holdSixFrames(credit);
   const auto before = p->fake->stats();
   p->a->shutdown();
   tx.pump();  // everything is reported by the time shutdown() returns
@@ -431,7 +400,7 @@ TEST_CASE("rdma shutdown completes everything and tears down in order", "[rdma]"
   CHECK(after.live_qps == before.live_qps - 1);
   CHECK(after.live_cqs == before.live_cqs - 1);
   CHECK(after.live_ids == before.live_ids - 1);
-  CHECK(p->a->post(request(7, credit, src, 64, 7)) == PostResult::kNotConnected);
+  CHECK(p->a->post(request(7, credit, p->src, 64, 7)) == PostResult::kNotConnected);
   p->a->shutdown();  // idempotent
   tx.pump();
   CHECK(tx.errors.size() == 1);
@@ -442,17 +411,15 @@ TEST_CASE("rdma shutdown completes everything and tears down in order", "[rdma]"
 }
 
 TEST_CASE("rdma eventFd is readable exactly while something is to be polled", "[rdma]") {
-  auto p = makePair();
+  auto p = makeDataPath({}, 3 * 4096);
   Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead);
-  Memory& dst = p->mem(*p->dev_b, 3 * 4096, MemoryAccess::kRemoteWrite);
   tx.pump();
   rx.pump();
   CHECK_FALSE(readable(p->a->eventFd(), 0));
   CHECK_FALSE(readable(p->b->eventFd(), 0));
   for (uint64_t i = 0; i < 3; ++i) {
-    auto c = p->b->exposeCredit({i + 1, dst.data + i * 4096 + 256, 64, nullptr}).value();
-    REQUIRE(p->a->post(request(i, c, src, 64, i)) == PostResult::kOk);
+    auto c = p->credit(i + 1, 64, i);
+    REQUIRE(p->a->post(request(i, c, p->src, 64, i)) == PostResult::kOk);
   }
   CHECK_FALSE(readable(p->b->eventFd(), 0));  // not flushed yet
   p->ra()->flush();
@@ -477,219 +444,4 @@ TEST_CASE("rdma eventFd is readable exactly while something is to be polled", "[
   REQUIRE(readable(p->a->eventFd(), 1000));
 }
 
-// ---------------------------------------------------------------- control records
-
-namespace {
-
-std::string record(char seed, size_t n) {
-  std::string r(n, '\0');
-  for (size_t i = 0; i < n; ++i) r[i] = static_cast<char>(seed + i * 31 + (i >> 8));
-  return r;
-}
-
-// Posts a raw SEND_WITH_IMM on `qp` from `src` (as a misbehaving peer
-// would); its completion carries a wr_id the transport does not know.
-void rawSend(FakeVerbs& fake, ibv_qp* qp, const Memory& src, uint32_t length, uint32_t imm) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(src.data), length, src.mr->lkey()};
-  ibv_send_wr wr{};
-  wr.wr_id = (uint64_t{1} << 62) | (uint64_t{1} << 40);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.imm_data = htonl(imm);
-  ibv_send_wr* bad = nullptr;
-  REQUIRE(fake.postSend(qp, &wr, &bad) == 0);
-}
-
-}  // namespace
-
-TEST_CASE("rdma control records go as SEND_WITH_IMM fragments ahead of the flush's frames",
-          "[rdma][control]") {
-  RdmaTransportOptions o;
-  o.control_chunk_bytes = 64;
-  o.signal_interval = 4;
-  auto p = makePair(o);
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 2 * 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x42);
-  for (uint64_t i = 0; i < 2; ++i) {
-    auto c = p->b->exposeCredit({i + 1, dst.data + i * 4096 + 256, 1024, nullptr});
-    REQUIRE(c.ok());
-    REQUIRE(p->a->post(request(i, c.value(), src, 100, i + 1)) == PostResult::kOk);
-  }
-  const std::string big = record('a', 150);  // 64 + 64 + 22: three fragments
-  const std::string small = record('z', 10);
-  REQUIRE(p->a->postControl(big) == PostResult::kOk);
-  REQUIRE(p->a->postControl(small) == PostResult::kOk);
-  const auto before = p->fake->stats();
-  p->ra()->flush();
-  const auto after = p->fake->stats();
-  CHECK(after.post_send_calls == before.post_send_calls + 1);  // one chain
-  CHECK(after.send_wrs == before.send_wrs + 4 + 2);
-  CHECK(after.signalled_wrs == before.signalled_wrs + 2);  // the 4th WR and the chain's last
-  CHECK(after.inline_wrs == before.inline_wrs + 4);        // 64-byte fragments: inline, frames not
-  until(tx, rx, [&] { return rx.controls.size() == 2 && rx.arrivals.size() == 2 && tx.sends.size() == 2; });
-  CHECK(rx.controls[0] == big);
-  CHECK(rx.controls[1] == small);
-  // The records went ahead of the frames posted before them.
-  REQUIRE(rx.order.size() == 4);
-  CHECK(rx.order[0] == Kind::kControl);
-  CHECK(rx.order[1] == Kind::kControl);
-  CHECK(rx.order[2] == Kind::kFrameArrived);
-  // Control WRs report nothing to the sender: one SendComplete per frame.
-  tx.checkCompletions(2);
-  for (auto& ev : tx.sends) CHECK(ev.status == FL_OK);
-  CHECK(p->ra()->counters().control_wrs == 4);
-  CHECK(p->ra()->counters().control_sent == 2);
-  CHECK(p->rb()->counters().control_received == 2);
-  CHECK(p->rb()->counters().frames_received == 2);
-  CHECK(p->fake->errors().empty());
-}
-
-TEST_CASE("rdma control fragments up to control_inline_bytes go inline, larger ones from the chunk",
-          "[rdma][control]") {
-  RdmaTransportOptions o;
-  o.control_chunk_bytes = 64;
-  o.control_inline_bytes = 32;
-  const std::string big = record('b', 150);  // 64 + 64 + 22: the last fragment inline
-  const std::string small = record('s', 20);
-  SECTION("a device with the inline room") {
-    auto p = makePair(o);
-    Endpoint tx{p->a.get()}, rx{p->b.get()};
-    REQUIRE(p->a->postControl(big) == PostResult::kOk);
-    REQUIRE(p->a->postControl(small) == PostResult::kOk);
-    const auto before = p->fake->stats();
-    p->ra()->flush();
-    CHECK(p->fake->stats().inline_wrs == before.inline_wrs + 2);
-    CHECK(p->ra()->counters().control_inline_wrs == 2);
-    until(tx, rx, [&] { return rx.controls.size() == 2; });
-    CHECK(rx.controls[0] == big);
-    CHECK(rx.controls[1] == small);
-    CHECK(p->fake->errors().empty());
-  }
-  SECTION("a device that has none: the queue pair goes without, every fragment from the chunks") {
-    auto fake = std::make_shared<FakeVerbs>(std::vector<FakeVerbs::DeviceSpec>{
-        {"fake_a", "10.0.0.1", IBV_PORT_ACTIVE, 0}, {"fake_b", "10.0.0.2", IBV_PORT_ACTIVE, 0}});
-    auto p = makePair(o, fake);
-    Endpoint tx{p->a.get()}, rx{p->b.get()};
-    REQUIRE(p->a->postControl(small) == PostResult::kOk);
-    p->ra()->flush();
-    until(tx, rx, [&] { return rx.controls.size() == 1; });
-    CHECK(rx.controls[0] == small);
-    CHECK(p->fake->stats().inline_wrs == 0);
-    CHECK(p->ra()->counters().control_inline_wrs == 0);
-    CHECK(p->fake->errors().empty());
-  }
-}
-
-TEST_CASE("rdma control records wait for free chunks and send-queue entries", "[rdma][control]") {
-  RdmaTransportOptions o;
-  o.control_chunk_bytes = 64;
-  o.control_send_chunks = 2;
-  o.send_queue_depth = 8;
-  o.signal_interval = 8;
-  auto p = makePair(o);
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& dst = p->mem(*p->dev_b, 8 * 4096, MemoryAccess::kRemoteWrite);
-  Memory& src = p->mem(*p->dev_a, 4096, MemoryAccess::kLocalRead, 0x42);
-  p->fake->pauseDelivery(true);
-  const std::string rec = record('r', 5 * 64 + 1);  // six fragments, two chunks
-  REQUIRE(p->a->postControl(rec) == PostResult::kOk);
-  const auto before = p->fake->stats();
-  p->ra()->flush();
-  CHECK(p->fake->stats().send_wrs == before.send_wrs + 2);  // as many as there are chunks
-  // Two send-queue entries are taken by control: six frames fit, not seven.
-  std::vector<RemoteCredit> credits;
-  for (uint64_t i = 0; i < 7; ++i)
-    credits.push_back(p->b->exposeCredit({i + 1, dst.data + i * 4096 + 256, 64, nullptr}).value());
-  for (uint64_t i = 0; i < 6; ++i)
-    REQUIRE(p->a->post(request(i, credits[i], src, 64, i + 1)) == PostResult::kOk);
-  CHECK(p->a->post(request(6, credits[6], src, 64, 7)) == PostResult::kBackpressure);
-  p->ra()->flush();
-  p->fake->pauseDelivery(false);
-  // Completions free chunks; poll() posts the rest of the record.
-  until(tx, rx, [&] { return rx.controls.size() == 1 && rx.arrivals.size() == 6 && tx.sends.size() == 6; });
-  CHECK(rx.controls[0] == rec);
-  REQUIRE(p->a->post(request(6, credits[6], src, 64, 7)) == PostResult::kOk);
-  REQUIRE(p->a->postControl("after") == PostResult::kOk);
-  p->ra()->flush();
-  until(tx, rx, [&] { return rx.controls.size() == 2 && rx.arrivals.size() == 7; });
-  CHECK(rx.controls[1] == "after");
-  tx.checkCompletions(7);
-  CHECK(p->ra()->counters().control_wrs == 7);
-  CHECK(tx.errors.empty());
-  CHECK(rx.errors.empty());
-  CHECK(p->fake->errors().empty());
-}
-
-TEST_CASE("rdma control backlog is bounded by kMaxControlBacklogBytes", "[rdma][control]") {
-  auto p = makePair();
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  const std::string rec = record('b', kMaxControlBytes);
-  size_t accepted = 0;
-  PostResult r;
-  while ((r = p->a->postControl(rec)) == PostResult::kOk) ++accepted;
-  CHECK(r == PostResult::kBackpressure);
-  CHECK(accepted == kMaxControlBacklogBytes / kMaxControlBytes);
-  CHECK(p->a->postControl("x") == PostResult::kBackpressure);  // not even one byte more
-  CHECK(p->ra()->counters().control_wrs == 0);                 // postControl only queues
-  until(tx, rx, [&] { return rx.controls.size() == accepted || !rx.errors.empty(); });
-  REQUIRE(rx.errors.empty());
-  for (size_t i = 0; i < accepted; ++i) REQUIRE(rx.controls[i] == rec);
-  CHECK(p->a->postControl("x") == PostResult::kOk);  // room again once sent
-  until(tx, rx, [&] { return rx.controls.size() == accepted + 1; });
-  CHECK(rx.controls.back() == "x");
-  CHECK(p->fake->errors().empty());
-}
-
-TEST_CASE("rdma receiver fails the link on an oversized control record", "[rdma][control]") {
-  auto p = makePair();
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& src = p->mem(*p->dev_a, kControlChunkBytes, MemoryAccess::kLocalRead, 0x11);
-  // kMaxControlBytes in "more follows" fragments is still a record in the
-  // making; one byte more is too much.
-  ibv_qp* qp = p->ra()->cmId()->qp;
-  for (size_t i = 0; i < kMaxControlBytes / kControlChunkBytes; ++i) {
-    rawSend(*p->fake, qp, src, kControlChunkBytes, kControlImmMore);
-    rx.pump();
-  }
-  rx.pump();
-  CHECK(rx.errors.empty());
-  rawSend(*p->fake, qp, src, 1, kControlImmLast);
-  until(tx, rx, [&] { return !rx.errors.empty(); });
-  CHECK(rx.errors[0].status == FL_ERR_PROTOCOL);
-  CHECK(rx.errors[0].message.find("control record of more than 262144 bytes") != std::string::npos);
-  CHECK(rx.controls.empty());
-  CHECK_FALSE(p->b->connected());
-}
-
-TEST_CASE("rdma receiver fails the link on a SEND that is no control fragment", "[rdma][control]") {
-  auto p = makePair();
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  Memory& src = p->mem(*p->dev_a, 64, MemoryAccess::kLocalRead, 0x11);
-  rawSend(*p->fake, p->ra()->cmId()->qp, src, 16, 0x12345678);
-  until(tx, rx, [&] { return !rx.errors.empty(); });
-  CHECK(rx.errors[0].status == FL_ERR_PROTOCOL);
-  CHECK(rx.errors[0].message.find("no control fragment") != std::string::npos);
-  CHECK(rx.controls.empty());
-}
-
-TEST_CASE("rdma control records are refused when malformed or after the link failed", "[rdma][control]") {
-  auto p = makePair();
-  Endpoint tx{p->a.get()}, rx{p->b.get()};
-  CHECK(p->a->postControl(std::string()) == PostResult::kInvalid);
-  CHECK(p->a->postControl(std::string(kMaxControlBytes + 1, 'x')) == PostResult::kInvalid);
-  p->fake->pauseDelivery(true);
-  REQUIRE(p->a->postControl("lost with the link") == PostResult::kOk);
-  p->ra()->flush();
-  p->a->shutdown();
-  CHECK(p->a->postControl("late") == PostResult::kNotConnected);
-  tx.pump();
-  CHECK(tx.sends.empty());  // a control WR flushed in error reports nothing either
-  REQUIRE(tx.errors.size() == 1);
-  until(tx, rx, [&] { return !rx.errors.empty(); });
-  CHECK(p->b->postControl("late") == PostResult::kNotConnected);
-  p->fake->pauseDelivery(false);
-  CHECK(p->fake->errors().empty());
-}
 }  // namespace framelink::transport::rdma::testing

@@ -1,0 +1,150 @@
+// The producer side's credits, on OutboundRig (OutboundStreams on its own):
+// grants of whole credits and of slot credits in regions the peer announced,
+// the grants that break the protocol, and CreditLow when a stream runs short.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/outbound_streams.h"
+#include "agent/peer_messages.h"
+#include "agent_fixture.h"
+#include "outbound_fixture.h"
+
+using namespace framelink;
+using namespace framelink::agent_test;
+
+TEST_CASE("outbound streams: a grant of a credit already held is refused", "[agent][outbound]") {
+  // Two copies of one credit would take two frames into one slot; the
+  // fuzzer found a peer that grants a credit twice and revokes it once.
+  OutboundRig rig;
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{102, 4096, 0, 0});
+  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  const std::string again = rig.out.onCreditGrant(*rig.link, grant);
+  CHECK_THAT(again, Catch::Matchers::Contains("credit 102") && Catch::Matchers::Contains("already granted"));
+  peer::CreditGrant twice;
+  twice.stream_id = rig.stream_id;
+  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
+  twice.credits.push_back(transport::RemoteCredit{103, 4096, 0, 0});
+  CHECK_THAT(rig.out.onCreditGrant(*rig.link, twice), Catch::Matchers::Contains("credit 103"));
+  // Once used, an id is free again as far as the sender can tell.
+  auto landing = exposeLanding(*rig.pair.b, 102, 4096);
+  rig.submit(0, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
+  peer::CreditGrant fresh;
+  fresh.stream_id = rig.stream_id;
+  fresh.credits.push_back(transport::RemoteCredit{104, 4096, 0, 0});
+  CHECK(rig.out.onCreditGrant(*rig.link, fresh).empty());
+}
+
+TEST_CASE("outbound streams: slot credits name a region the peer announced on the link",
+          "[agent][outbound]") {
+  OutboundRig rig;
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.regions.push_back(peer::SlotRegion{3, 0, 0, 0, 4096, 4});
+  grant.slot_credits.push_back(peer::slotCreditId(3, 2, 41));
+  CHECK(rig.out.onCreditGrant(*rig.link, grant).empty());
+  // The frame goes to that credit: the receiver exposed it under the slot
+  // credit's id.
+  auto landing = exposeLanding(*rig.pair.b, peer::slotCreditId(3, 2, 41), 4096);
+  rig.submit(0, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
+
+  SECTION("a region announced again before it was retired breaks the protocol") {
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, grant), Catch::Matchers::Contains("region 3 announced"));
+  }
+  SECTION("a slot credit of a region never announced, or retired, breaks the protocol") {
+    peer::CreditGrant stray;
+    stray.stream_id = rig.stream_id;
+    stray.slot_credits.push_back(peer::slotCreditId(4, 0, 42));
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 4, which was not"));
+    peer::CreditRevoke retire;
+    retire.retired_regions.push_back(3);  // stream 0: a revoke that only retires
+    rig.out.onCreditRevoke(*rig.link, retire);
+    stray.slot_credits[0] = peer::slotCreditId(3, 1, 43);
+    CHECK_THAT(rig.out.onCreditGrant(*rig.link, stray), Catch::Matchers::Contains("region 3, which was not"));
+  }
+  SECTION("regions are announced for the link: one for a stream the sender does not know still counts") {
+    peer::CreditGrant other;
+    other.stream_id = 999;
+    other.regions.push_back(peer::SlotRegion{8, 0, 0, 0, 1024, 2});
+    CHECK(rig.out.onCreditGrant(*rig.link, other).empty());
+    peer::CreditGrant later;
+    later.stream_id = rig.stream_id;
+    later.slot_credits.push_back(peer::slotCreditId(8, 1, 44));
+    CHECK(rig.out.onCreditGrant(*rig.link, later).empty());
+  }
+}
+
+TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quarter of what was held",
+          "[agent][outbound][coalesce]") {
+  OutboundRig rig(16);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
+  // Grants `n` fresh credits; the peer's end takes frames into them.
+  uint64_t next_credit = 1000;
+  auto grant = [&](size_t n) {
+    peer::CreditGrant g;
+    g.stream_id = rig.stream_id;
+    for (size_t i = 0; i < n; ++i, ++next_credit) {
+      landings.push_back(exposeLanding(*rig.pair.b, next_credit, 4096));
+      g.credits.push_back(transport::RemoteCredit{next_credit, 4096, 0, 0});
+    }
+    REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
+  };
+  // The CreditLow messages the sender gathered for the peer so far.
+  std::vector<v1::CreditLow> lows;
+  auto takeLows = [&] {
+    for (const auto& m : rig.link->control.messages()) {
+      if (!m.has_credit_low()) continue;
+      CHECK(isPerFrameMessage(m));
+      lows.push_back(m.credit_low());
+    }
+    rig.link->control.Clear();
+  };
+  auto submitAndPump = [&](uint32_t first, uint32_t count) {
+    for (uint32_t slot = first; slot < first + count; ++slot) rig.submit(slot, 10);
+    CHECK(rig.out.pumpAll() > 0);
+    takeLows();
+  };
+
+  grant(16);
+  submitAndPump(0, 11);  // 5 credits left: above a quarter of 16
+  CHECK(lows.empty());
+  submitAndPump(11, 1);  // 4 left
+  REQUIRE(lows.size() == 1);
+  CHECK(lows[0].stream_id() == rig.stream_id);
+  CHECK(lows[0].credits_left() == 4);
+  submitAndPump(12, 4);  // down to none: said once is enough
+  CHECK(lows.size() == 1);
+
+  // Credits back above a quarter: the next fall is said again.
+  for (uint64_t seq = 1; seq <= 16; ++seq) rig.out.onAck(rig.link->peer, rig.stream_id, seq, FL_OK, {});
+  fl_completion_desc d{};
+  for (int i = 0; i < 16; ++i) REQUIRE(rig.completed(&d));
+  grant(8);
+  submitAndPump(0, 3);  // 5 left
+  CHECK(lows.size() == 1);
+  submitAndPump(3, 1);  // 4 left: a quarter of the 16 held at most
+  REQUIRE(lows.size() == 2);
+  CHECK(lows[1].credits_left() == 4);
+}
+
+TEST_CASE("outbound streams: a window below 8 credits never sends CreditLow", "[agent][outbound][coalesce]") {
+  OutboundRig rig(4);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> landings;
+  peer::CreditGrant g;
+  g.stream_id = rig.stream_id;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    landings.push_back(exposeLanding(*rig.pair.b, id, 4096));
+    g.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
+  }
+  REQUIRE(rig.out.onCreditGrant(*rig.link, g).empty());
+  for (uint32_t slot = 0; slot < 4; ++slot) rig.submit(slot, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[3].state == SlotState::kPosted);
+  for (const auto& m : rig.link->control.messages()) CHECK_FALSE(m.has_credit_low());
+}
