@@ -427,7 +427,9 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
           outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
                           "peer " + l.peer_name + " refused it: " + m.message);
         } else if constexpr (std::is_same_v<T, peer::Fin>) {
-          spdlog::info("link {}: peer {} closes the link: {}", l.id, l.peer_name, m.reason);
+          spdlog::info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
+                       v1::ErrorCode_IsValid(m.code) ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))
+                                                     : "code " + std::to_string(m.code));
           l.closing = true;
           if (l.session.cancel) l.session.cancel();
         } else {

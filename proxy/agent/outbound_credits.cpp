@@ -68,7 +68,6 @@ void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {
   s.said_low = true;
   v1::PeerMessage low;
   low.mutable_credit_low()->set_stream_id(s.id);
-  low.mutable_credit_low()->set_credits_left(s.credits.size());
   l.send(std::move(low));
 }
 

@@ -97,7 +97,7 @@ Message decode(const v1::PeerMessage& msg) {
                           {r.retired_regions().begin(), r.retired_regions().end()}};
     }
     case v1::PeerMessage::kCreditLow:
-      return CreditLow{msg.credit_low().stream_id(), msg.credit_low().credits_left()};
+      return CreditLow{msg.credit_low().stream_id()};
     case v1::PeerMessage::kAck:
       return decodeAck(msg.ack());
     case v1::PeerMessage::kNack: {
@@ -107,7 +107,7 @@ Message decode(const v1::PeerMessage& msg) {
       return Nack{n.stream_id(), n.sequence(), code, n.message().substr(0, kMaxTextBytes)};
     }
     case v1::PeerMessage::kFin:
-      return Fin{msg.fin().reason().substr(0, kMaxTextBytes)};
+      return Fin{static_cast<int>(msg.fin().code()), msg.fin().reason().substr(0, kMaxTextBytes)};
     case v1::PeerMessage::kKeepalive:
       return Keepalive{};
     default:

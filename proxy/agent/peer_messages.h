@@ -78,7 +78,6 @@ struct CreditRevoke {
 // The sender's credits on the stream fell to a quarter of what it held.
 struct CreditLow {
   uint64_t stream_id = 0;
-  uint64_t credits_left = 0;
 };
 struct Ack {
   uint64_t stream_id = 0;
@@ -91,6 +90,7 @@ struct Nack {
   std::string message;  // at most kMaxTextBytes
 };
 struct Fin {
+  int code = 0;        // a v1::ErrorCode, as the peer sent it
   std::string reason;  // at most kMaxTextBytes
 };
 struct Keepalive {};

@@ -321,7 +321,6 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   ack->set_transport(std::string(chosen->name()));
   ack->set_session_id(hello.session_id());
   ack->set_instance(instance_);
-  ack->set_max_frame_bytes(config_.max_slot_size);
   for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
   ack->set_transport_reason(reason);
   if (!stream->Write(reply)) {
@@ -500,7 +499,6 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   hello->set_daemon_id(config_.id);
   for (const PeerTransport* t : offer.transports) hello->add_transports(std::string(t->name()));
   hello->set_token(config_.token);
-  hello->set_max_frame_bytes(config_.max_slot_size);
   for (const auto& t : transports_.entries()) t->announce(*hello);
   hello->set_session_id(session_id);
   hello->set_instance(instance_);

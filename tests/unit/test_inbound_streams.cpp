@@ -420,18 +420,18 @@ TEST_CASE(
   SECTION("the sender low on credits gets what waits at once, and its next release") {
     arriveAndRelease();
     CHECK(round().acked.empty());
-    inbound.onCreditLow(l, peer::CreditLow{42, 3});
+    inbound.onCreditLow(l, peer::CreditLow{42});
     CHECK(round().acked == std::vector<uint64_t>{1});
     // Nothing waits when it says so again: its next release goes at once,
     // the one after waits again.
-    inbound.onCreditLow(l, peer::CreditLow{42, 3});
+    inbound.onCreditLow(l, peer::CreditLow{42});
     CHECK(round().acked.empty());
     arriveAndRelease();
     CHECK(round().acked == std::vector<uint64_t>{2});
     arriveAndRelease();
     CHECK(round().acked.empty());
     // A stream the link does not have open is no one's to hurry.
-    inbound.onCreditLow(l, peer::CreditLow{77, 0});
+    inbound.onCreditLow(l, peer::CreditLow{77});
     CHECK(round().acked.empty());
   }
 

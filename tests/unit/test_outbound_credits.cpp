@@ -117,7 +117,6 @@ TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quar
   submitAndPump(11, 1);  // 4 left
   REQUIRE(lows.size() == 1);
   CHECK(lows[0].stream_id() == rig.stream_id);
-  CHECK(lows[0].credits_left() == 4);
   submitAndPump(12, 4);  // down to none: said once is enough
   CHECK(lows.size() == 1);
 
@@ -130,7 +129,6 @@ TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quar
   CHECK(lows.size() == 1);
   submitAndPump(3, 1);  // 4 left: a quarter of the 16 held at most
   REQUIRE(lows.size() == 2);
-  CHECK(lows[1].credits_left() == 4);
 }
 
 TEST_CASE("outbound streams: a window below 8 credits never sends CreditLow", "[agent][outbound][coalesce]") {
