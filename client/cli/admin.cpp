@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "cli_util.h"
@@ -120,138 +122,169 @@ std::string resolveSocket(const std::string& flag) {
   return kDefaultSocket;
 }
 
-AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socket.empty() || socket.size() >= sizeof(addr.sun_path)) {
-    return failure(FL_EINVAL, "socket path '" + socket + "' is empty or longer than " +
-                                  std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+namespace {
+
+// A descriptor, closed when its owner goes.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
   }
-  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    return failure(FL_ERR_RESOURCES, std::string("cannot create a Unix socket: ") + strerror(errno));
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// What one recvmsg brought: the bytes, the descriptors passed along (closed with it), errno.
+struct RawReply {
+  RawReply() = default;
+  ~RawReply() {
+    for (int f : fds) ::close(f);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  // Bounds the connect (a full backlog), the send and the reply alike.
-  timeval tv{timeout_ms / 1000, static_cast<suseconds_t>(timeout_ms % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    if (err == EACCES || err == EPERM) {
-      return failure(
-          FL_ERR_DAEMON_UNREACHABLE, "cannot connect to framelinkd at " + socket + ": " + strerror(err),
-          "this user needs to be in the socket's group (usually 'framelink'; framelink doctor says "
-          "which) or to run this as root");
-    }
-    if (err == EAGAIN || err == ETIMEDOUT) {
-      return failure(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at " + socket + " did not accept within " +
-                                                    std::to_string(timeout_ms) +
-                                                    " ms (overloaded? see its log)");
-    }
-    return failure(
-        FL_ERR_DAEMON_UNREACHABLE, "cannot connect to framelinkd at " + socket + ": " + strerror(err),
-        "is it running (systemctl status framelinkd)? if it listens elsewhere, pass --socket or set "
-        "FRAMELINK_SOCKET");
-  }
-  fl_admin_request req{};
-  req.magic = FL_ADMIN_MAGIC;
-  req.version = FL_ADMIN_VERSION;
-  req.command = FL_ADMIN_SNAPSHOT;
-  if (::send(fd, &req, sizeof(req), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req))) {
-    return failure(FL_ERR_DAEMON_UNREACHABLE,
-                   "cannot send the admin request to framelinkd at " + socket + ": " + strerror(errno));
-  }
+  RawReply(const RawReply&) = delete;
+  RawReply& operator=(const RawReply&) = delete;
+
   // Larger than either reply kind, so a daemon of another version shows as a size mismatch.
   union {
     fl_admin_reply admin;
     fl_attach_reply attach;
     char bytes[sizeof(fl_attach_reply) + sizeof(fl_admin_reply)];
   } buf{};
+  ssize_t n = -1;
+  int err = 0;
+  std::vector<int> fds;
+};
+
+// Connects `fd` to the daemon at `socket`; the failure, with what to do about it, if any.
+std::optional<AdminReply> connectAdmin(int fd, const sockaddr_un& addr, const std::string& socket,
+                                       int timeout_ms) {
+  // Bounds the connect (a full backlog), the send and the reply alike.
+  timeval tv{timeout_ms / 1000, static_cast<suseconds_t>(timeout_ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return std::nullopt;
+  const int err = errno;
+  if (err == EACCES || err == EPERM) {
+    return failure(FL_ERR_DAEMON_UNREACHABLE,
+                   "cannot connect to framelinkd at " + socket + ": " + strerror(err),
+                   "this user needs to be in the socket's group (usually 'framelink'; framelink doctor says "
+                   "which) or to run this as root");
+  }
+  if (err == EAGAIN || err == ETIMEDOUT) {
+    return failure(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at " + socket + " did not accept within " +
+                                                  std::to_string(timeout_ms) +
+                                                  " ms (overloaded? see its log)");
+  }
+  return failure(FL_ERR_DAEMON_UNREACHABLE,
+                 "cannot connect to framelinkd at " + socket + ": " + strerror(err),
+                 "is it running (systemctl status framelinkd)? if it listens elsewhere, pass --socket or set "
+                 "FRAMELINK_SOCKET");
+}
+
+// Sends the FL_ADMIN_SNAPSHOT request; the failure, if any.
+std::optional<AdminReply> sendSnapshotRequest(int fd, const std::string& socket) {
+  fl_admin_request req{};
+  req.magic = FL_ADMIN_MAGIC;
+  req.version = FL_ADMIN_VERSION;
+  req.command = FL_ADMIN_SNAPSHOT;
+  if (::send(fd, &req, sizeof(req), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(req))) return std::nullopt;
+  return failure(FL_ERR_DAEMON_UNREACHABLE,
+                 "cannot send the admin request to framelinkd at " + socket + ": " + strerror(errno));
+}
+
+// Waits for the answer and takes the descriptors that came with it.
+void receiveReply(int fd, RawReply& raw) {
   union {
     cmsghdr align;
     char bytes[CMSG_SPACE(sizeof(int) * 8)];
   } control{};
-  iovec iov{&buf, sizeof(buf)};
+  iovec iov{&raw.buf, sizeof(raw.buf)};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control.bytes;
   msg.msg_controllen = sizeof(control.bytes);
-  ssize_t n;
   do {
-    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  const int err = errno;
-  std::vector<int> fds;
-  if (n >= 0) {
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) {
-        int f = -1;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.push_back(f);
-      }
+    raw.n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (raw.n < 0 && errno == EINTR);
+  raw.err = errno;
+  if (raw.n < 0) return;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; ++i) {
+      int f = -1;
+      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      raw.fds.push_back(f);
     }
   }
-  struct FdsCloser {
-    std::vector<int>& fds;
-    ~FdsCloser() {
-      for (int f : fds) ::close(f);
-    }
-  } fds_closer{fds};
-  if (n < 0) {
-    if (err == EAGAIN || err == EWOULDBLOCK) {
+}
+
+// The failure when no answer came: a timeout, an error, or the connection closed.
+std::optional<AdminReply> noAnswerFailure(const RawReply& raw, const std::string& socket, int timeout_ms) {
+  if (raw.n < 0) {
+    if (raw.err == EAGAIN || raw.err == EWOULDBLOCK) {
       return failure(FL_ERR_DAEMON_UNREACHABLE, "framelinkd at " + socket + " did not answer within " +
                                                     std::to_string(timeout_ms) +
                                                     " ms (overloaded? see its log)");
     }
     return failure(FL_ERR_DAEMON_UNREACHABLE,
-                   "cannot read the answer of framelinkd at " + socket + ": " + strerror(err));
+                   "cannot read the answer of framelinkd at " + socket + ": " + strerror(raw.err));
   }
-  if (n == 0) {
+  if (raw.n == 0) {
     return failure(FL_ERR_DAEMON_UNREACHABLE,
                    "framelinkd at " + socket + " closed the connection without answering (see its log)");
   }
-  if (static_cast<size_t>(n) >= 8 && buf.attach.magic == FL_ATTACH_MAGIC) {
+  return std::nullopt;
+}
+
+// The failure the answer shows, if any: another program or protocol version, the daemon's refusal,
+// or not exactly one snapshot descriptor.
+std::optional<AdminReply> answerFailure(RawReply& raw, const std::string& socket) {
+  const auto n = static_cast<size_t>(raw.n);
+  auto& buf = raw.buf;
+  if (n >= 8 && buf.attach.magic == FL_ATTACH_MAGIC) {
     buf.attach.message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
     return failure(FL_ERR_VERSION, "framelinkd at " + socket +
                                        " does not know admin requests (it predates this framelink tool; it "
                                        "answered: " +
                                        buf.attach.message + "); upgrade framelinkd");
   }
-  if (static_cast<size_t>(n) < 8 || buf.admin.magic != FL_ADMIN_MAGIC) {
+  if (n < 8 || buf.admin.magic != FL_ADMIN_MAGIC) {
     return failure(FL_ERR_VERSION,
                    socket + " did not answer with a framelink admin reply: is it framelinkd?");
   }
-  if (buf.admin.version != FL_ADMIN_VERSION || static_cast<size_t>(n) != sizeof(fl_admin_reply)) {
+  if (buf.admin.version != FL_ADMIN_VERSION || n != sizeof(fl_admin_reply)) {
     return failure(FL_ERR_VERSION, "framelinkd at " + socket + " speaks admin protocol version " +
                                        std::to_string(buf.admin.version) + ", this tool " +
                                        std::to_string(FL_ADMIN_VERSION) + ": install matching versions");
   }
   buf.admin.message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
   if (buf.admin.status != FL_OK) return failure(buf.admin.status, buf.admin.message);
-  if (fds.size() != 1 || buf.admin.json_size > FL_ADMIN_JSON_MAX) {
-    return failure(FL_ERR_VERSION, "framelinkd sent " + std::to_string(fds.size()) + " descriptors and a " +
-                                       std::to_string(buf.admin.json_size) +
+  if (raw.fds.size() != 1 || buf.admin.json_size > FL_ADMIN_JSON_MAX) {
+    return failure(FL_ERR_VERSION, "framelinkd sent " + std::to_string(raw.fds.size()) +
+                                       " descriptors and a " + std::to_string(buf.admin.json_size) +
                                        "-byte snapshot; expected one of at most " +
                                        std::to_string(FL_ADMIN_JSON_MAX) + " (version skew?)");
   }
+  return std::nullopt;
+}
+
+// Reads the `size`-byte snapshot from the sealed memfd the daemon passed, and parses it.
+AdminReply readSnapshot(int memfd, uint64_t size) {
   struct stat st {};
-  if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) != buf.admin.json_size) {
-    return failure(FL_ERR_VERSION, "the snapshot framelinkd sent is not the announced " +
-                                       std::to_string(buf.admin.json_size) + " bytes");
+  if (::fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != size) {
+    return failure(FL_ERR_VERSION,
+                   "the snapshot framelinkd sent is not the announced " + std::to_string(size) + " bytes");
   }
-  std::string text(buf.admin.json_size, '\0');
+  std::string text(size, '\0');
   size_t got = 0;
   while (got < text.size()) {
-    const ssize_t r = ::pread(fds[0], text.data() + got, text.size() - got, static_cast<off_t>(got));
+    const ssize_t r = ::pread(memfd, text.data() + got, text.size() - got, static_cast<off_t>(got));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return failure(FL_ERR_RESOURCES, std::string("cannot read the snapshot: ") + strerror(errno));
     got += static_cast<size_t>(r);
@@ -263,6 +296,29 @@ AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
     return failure(FL_ERR_VERSION, std::string("framelinkd sent a snapshot that is not JSON: ") + e.what());
   }
   return reply;
+}
+
+}  // namespace
+
+AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket.empty() || socket.size() >= sizeof(addr.sun_path)) {
+    return failure(FL_EINVAL, "socket path '" + socket + "' is empty or longer than " +
+                                  std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  }
+  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+  const Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) {
+    return failure(FL_ERR_RESOURCES, std::string("cannot create a Unix socket: ") + strerror(errno));
+  }
+  if (auto f = connectAdmin(fd.get(), addr, socket, timeout_ms)) return std::move(*f);
+  if (auto f = sendSnapshotRequest(fd.get(), socket)) return std::move(*f);
+  RawReply raw;
+  receiveReply(fd.get(), raw);
+  if (auto f = noAnswerFailure(raw, socket, timeout_ms)) return std::move(*f);
+  if (auto f = answerFailure(raw, socket)) return std::move(*f);
+  return readSnapshot(raw.fds[0], raw.buf.admin.json_size);
 }
 
 std::string formatDuration(double seconds) {

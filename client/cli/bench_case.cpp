@@ -6,13 +6,13 @@
 #include <atomic>
 #include <new>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "child_process.h"
 #include "cli_util.h"
 #include "consumer.h"
 #include "frame_pattern.h"
+#include "pattern_clients.h"
 #include "producer.h"
 
 namespace framelink::cli {
@@ -46,28 +46,19 @@ struct CaseShared {
 static_assert(sizeof(CaseControl) % alignof(CaseShared) == 0 && sizeof(CaseShared) % alignof(uint64_t) == 0,
               "the pairs and the latency samples follow CaseControl in one mapping");
 
-uint64_t pageRound(uint64_t v) { return (v + 4095) / 4096 * 4096; }
-
+// Consumer process of one pair: checks the first kVerifyFrames frames byte-for-byte, then (for a
+// latency case) records the submit -> receive time of each frame after the warm-up into `lat`.
 int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::string& socket,
                   const std::string& stream, const CaseConfig& c) {
-  ConsumerOptions co;
-  co.socket_path = socket;
-  co.stream = stream;
-  co.slot_count = c.slots;
-  co.slot_size = pageRound(c.size);
   std::string err;
-  auto consumer = Consumer::attach(co, err);
+  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err);
   if (!consumer) {
     sh.consumer_error.set(err);
     sh.consumer_state.store(2);
     return 1;
   }
   sh.consumer_state.store(1);
-  CheckOptions checks;
-  checks.verify = true;
-  checks.expect_order = true;
-  checks.sizes.emplace(c.size);
-  FrameChecker checker(std::move(checks));
+  FrameChecker checker(patternChecks(c.size));
   ReceiveLoopOptions lo;
   lo.stop = &sh.stop_consumer;
   uint64_t n = 0;
@@ -96,71 +87,65 @@ int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::st
   return st.error.empty() ? 0 : 1;
 }
 
-int benchProducer(const CaseControl& ctl, CaseShared& sh, const std::string& socket,
-                  const std::string& stream, const CaseConfig& c) {
-  ProducerOptions po;
-  po.socket_path = socket;
-  po.stream = stream;
-  po.slot_count = c.slots;
-  po.slot_size = pageRound(c.size);
-  po.stall_timeout_ms = 60000;
-  po.max_in_flight = c.max_in_flight;  // 1 for latency: submit, wait for DELIVERED, next
-  std::string err;
-  auto producer = Producer::attach(po, err);
-  if (!producer) {
-    sh.producer_error.set(err);
-    return 1;
+// The first failed completion of a pair is the one its error names.
+void recordFailure(CaseShared& sh, const fl_completion& comp) {
+  if (comp.status != FL_OK) {
+    int expected = 0;
+    sh.first_failure.compare_exchange_strong(expected, comp.status);
   }
-  auto recordFailure = [&](const fl_completion& comp) {
-    if (comp.status != FL_OK) {
-      int expected = 0;
-      sh.first_failure.compare_exchange_strong(expected, comp.status);
-    }
-  };
-  // Phase 1: a few frames with the full pattern, checked byte-for-byte by the consumer.
+}
+
+// Phase 1: a few frames with the full pattern, checked byte-for-byte by the consumer; then every
+// slot gets a pattern once, so that the timed frames only change metadata.  False on failure.
+bool verifyAndPrefill(Producer& producer, CaseShared& sh, const CaseConfig& c) {
   sh.producer_phase.store(1);
   auto prepareFull = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string&) -> bool {
-    spec.frame_id = index;
-    spec.wafer_id = pattern::waferOf(index);
-    spec.length = c.size;
-    spec.attrs = pattern::makeAttrs(index);
+    describePatternFrame(index, c.size, spec);
     pattern::fillPattern(index, slot.data, c.size);
     return true;
   };
+  auto onCompletion = [&](const fl_completion& comp) { recordFailure(sh, comp); };
   ProducerStats v =
-      producer->run([](uint64_t i) { return i < kVerifyFrames; }, prepareFull, recordFailure, &sh.abort);
+      producer.run([](uint64_t i) { return i < kVerifyFrames; }, prepareFull, onCompletion, &sh.abort);
   if (!v.allDelivered()) {
     sh.producer_error.set(v.error.empty() ? "the verification frames were not all delivered" : v.error);
     sh.failed.store(v.failed);
-    return 1;
+    return false;
   }
-  // Phase 2: slots already hold a pattern; only metadata changes per frame.
-  if (!producer->prefillAllSlots([&](fl_slot& s) { pattern::fillPattern(s.index, s.data, c.size); }, err)) {
+  std::string err;
+  if (!producer.prefillAllSlots([&](fl_slot& s) { pattern::fillPattern(s.index, s.data, c.size); }, err)) {
     sh.producer_error.set(err);
-    return 1;
+    return false;
   }
-  // Every pair starts (and, when timed, stops) at the same moment, so that N pairs share the
-  // daemons for the whole measured interval.
+  return true;
+}
+
+// Every pair starts (and, when timed, stops) at the same moment, so that N pairs share the
+// daemons for the whole measured interval: waits for the parent's go.  False when aborted.
+bool awaitGo(const CaseControl& ctl, CaseShared& sh) {
   sh.producer_phase.store(2);
   while (ctl.go_ns.load() == 0) {
-    if (sh.abort.load()) return 1;
+    if (sh.abort.load()) return false;
     usleep(500);
   }
+  return true;
+}
+
+// Phase 2, timed: frames in the pre-filled slots for `seconds` after the go (or `count` frames);
+// the pair's figures go to `sh`.
+int timedRun(Producer& producer, const CaseControl& ctl, CaseShared& sh, const CaseConfig& c) {
   const uint64_t deadline_ns = c.seconds > 0 ? ctl.go_ns.load() + static_cast<uint64_t>(c.seconds * 1e9) : 0;
   auto more = [&](uint64_t i) {
     if (c.seconds > 0) return monotonicNs() < deadline_ns;
     return i < c.count;
   };
   auto prepareMeta = [&](uint64_t index, fl_slot&, FrameSpec& spec, std::string&) -> bool {
-    const uint64_t id = kVerifyFrames + index;
-    spec.frame_id = id;
-    spec.wafer_id = pattern::waferOf(id);
-    spec.length = c.size;
-    spec.attrs = pattern::makeAttrs(id);
+    describePatternFrame(kVerifyFrames + index, c.size, spec);
     return true;
   };
+  auto onCompletion = [&](const fl_completion& comp) { recordFailure(sh, comp); };
   sh.producer_phase.store(3);
-  ProducerStats st = producer->run(more, prepareMeta, recordFailure, &sh.abort);
+  ProducerStats st = producer.run(more, prepareMeta, onCompletion, &sh.abort);
   sh.producer_phase.store(4);
   sh.delivered.store(st.delivered);
   sh.delivered_bytes.store(st.bytes_delivered);
@@ -171,6 +156,22 @@ int benchProducer(const CaseControl& ctl, CaseShared& sh, const std::string& soc
   return st.allDelivered() ? 0 : 1;
 }
 
+// Producer process of one pair: verification frames, the common go, the timed run.
+int benchProducer(const CaseControl& ctl, CaseShared& sh, const std::string& socket,
+                  const std::string& stream, const CaseConfig& c) {
+  ProducerOptions po = patternProducerOptions(socket, stream, c.slots, c.size);
+  po.stall_timeout_ms = 60000;
+  po.max_in_flight = c.max_in_flight;  // 1 for latency: submit, wait for DELIVERED, next
+  std::string err;
+  auto producer = Producer::attach(po, err);
+  if (!producer) {
+    sh.producer_error.set(err);
+    return 1;
+  }
+  if (!verifyAndPrefill(*producer, sh, c) || !awaitGo(ctl, sh)) return 1;
+  return timedRun(*producer, ctl, sh, c);
+}
+
 }  // namespace
 
 uint32_t slotsFor(uint64_t size) {
@@ -178,6 +179,8 @@ uint32_t slotsFor(uint64_t size) {
   const uint64_t want = (32ull << 20) / std::max<uint64_t>(size, 1);
   return static_cast<uint32_t>(std::clamp<uint64_t>(want, 8, 64));
 }
+
+uint32_t pairSlotsFor(uint64_t size, uint32_t pairs) { return std::max<uint32_t>(8, slotsFor(size) / pairs); }
 
 namespace {
 
@@ -196,108 +199,175 @@ std::string pairError(const CaseShared& sh, int producer_rc) {
   return e;
 }
 
-PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams, const CaseConfig& c) {
-  PairsResult res;
-  CaseResult& r = res.total;
-  const size_t n = streams.size();
-  const uint64_t lat_cap = c.latency ? c.count : 0;
-  SharedRegion<CaseControl> ctl(n * sizeof(CaseShared) + lat_cap * sizeof(uint64_t));
-  auto* base = static_cast<char*>(ctl.extra());
-  std::vector<CaseShared*> sh(n);
-  for (size_t i = 0; i < n; ++i) sh[i] = new (base + i * sizeof(CaseShared)) CaseShared();
-  auto* lat = reinterpret_cast<uint64_t*>(base + n * sizeof(CaseShared));
-  const std::string sock_a = pair.a().socket;
-  const std::string sock_b = pair.b().socket;
-  auto label = [&](size_t i) { return n == 1 ? std::string() : streams[i] + ": "; };
+// CPU time and sleeps of both daemons at one moment.
+struct DaemonUsage {
+  double cpu_a = -1;
+  double cpu_b = -1;
+  long long sleeps_a = -1;
+  long long sleeps_b = -1;
+};
 
-  std::vector<pid_t> consumers(n, -1);
-  auto stopConsumers = [&](int wait_ms) {
-    for (auto* s : sh) s->stop_consumer.store(true);
-    const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(wait_ms) * 1000000ull;
-    for (const pid_t p : consumers) {
-      const uint64_t now = monotonicNs();
-      const int left = now < deadline ? static_cast<int>((deadline - now) / 1000000) : 0;
-      if (waitChild(p, left) < 0) stopChild(p, 2000);
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    consumers[i] = forkChild([&, i] {
-      return benchConsumer(*sh[i], i == 0 ? lat : nullptr, i == 0 ? lat_cap : 0, sock_b, streams[i], c);
+DaemonUsage daemonUsage(const DaemonPair& pair) {
+  DaemonUsage u;
+  u.cpu_a = processCpuSeconds(pair.a().pid);
+  u.cpu_b = processCpuSeconds(pair.b().pid);
+  u.sleeps_a = processSleeps(pair.a().pid);
+  u.sleeps_b = processSleeps(pair.b().pid);
+  return u;
+}
+
+// One run of N pairs: the mapping the children report through (CaseControl, one CaseShared per
+// pair, pair 0's latency samples), their pids, and the daemons' usage around the timed part.
+struct StreamsRun {
+  StreamsRun(DaemonPair& daemons, const std::vector<std::string>& names, const CaseConfig& config)
+      : pair(daemons),
+        streams(names),
+        c(config),
+        n(names.size()),
+        lat_cap(config.latency ? config.count : 0),
+        ctl(n * sizeof(CaseShared) + lat_cap * sizeof(uint64_t)),
+        sh(n),
+        sock_a(daemons.a().socket),
+        sock_b(daemons.b().socket),
+        consumers(n, -1),
+        producers(n, -1),
+        producer_rc(n, -1) {
+    auto* base = static_cast<char*>(ctl.extra());
+    for (size_t i = 0; i < n; ++i) sh[i] = new (base + i * sizeof(CaseShared)) CaseShared();
+    lat = reinterpret_cast<uint64_t*>(base + n * sizeof(CaseShared));
+  }
+  // What an error of pair `i` starts with: its stream, unless it is the only one.
+  std::string label(size_t i) const { return n == 1 ? std::string() : streams[i] + ": "; }
+
+  DaemonPair& pair;
+  const std::vector<std::string>& streams;
+  const CaseConfig& c;
+  const size_t n;
+  const uint64_t lat_cap;
+  SharedRegion<CaseControl> ctl;
+  std::vector<CaseShared*> sh;
+  uint64_t* lat = nullptr;
+  const std::string sock_a;
+  const std::string sock_b;
+  std::vector<pid_t> consumers;
+  std::vector<pid_t> producers;
+  std::vector<int> producer_rc;  // -1 while the producer runs
+  uint64_t w0 = 0;               // monotonic start of the timed part (the go), 0 before
+  uint64_t w1 = 0;               // monotonic end of the timed part, 0 before
+  DaemonUsage at_w0;
+  DaemonUsage at_w1;
+};
+
+// Asks every consumer to stop and waits `wait_ms` for all of them together; a consumer still
+// running then is killed.
+void stopConsumers(StreamsRun& run, int wait_ms) {
+  for (auto* s : run.sh) s->stop_consumer.store(true);
+  const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(wait_ms) * 1000000ull;
+  for (const pid_t p : run.consumers) {
+    const uint64_t now = monotonicNs();
+    const int left = now < deadline ? static_cast<int>((deadline - now) / 1000000) : 0;
+    if (waitChild(p, left) < 0) stopChild(p, 2000);
+  }
+}
+
+// Forks a consumer per stream and waits until each has attached; false, with `error` set and the
+// consumers stopped, when one did not.
+bool startConsumers(StreamsRun& run, std::string& error) {
+  for (size_t i = 0; i < run.n; ++i) {
+    run.consumers[i] = forkChild([&run, i] {
+      return benchConsumer(*run.sh[i], i == 0 ? run.lat : nullptr, i == 0 ? run.lat_cap : 0, run.sock_b,
+                           run.streams[i], run.c);
     });
   }
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  for (size_t i = 0; i < n; ++i) {
-    while (sh[i]->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
-      usleep(2000);
-    }
-    if (sh[i]->consumer_state.load() != 1) {
-      r.error = label(i) + "consumer: " +
-                (sh[i]->consumer_error.get().empty() ? std::string("did not attach within 10 s")
-                                                     : sh[i]->consumer_error.get());
-      stopConsumers(2000);
-      return res;
-    }
+  for (size_t i = 0; i < run.n; ++i) {
+    if (waitForAttach(run.sh[i]->consumer_state, attach_deadline)) continue;
+    error = run.label(i) + "consumer: " +
+            (run.sh[i]->consumer_error.get().empty() ? std::string("did not attach within 10 s")
+                                                     : run.sh[i]->consumer_error.get());
+    stopConsumers(run, 2000);
+    return false;
   }
-  std::vector<pid_t> producers(n, -1);
-  for (size_t i = 0; i < n; ++i) {
-    producers[i] = forkChild([&, i] { return benchProducer(*ctl, *sh[i], sock_a, streams[i], c); });
-  }
+  return true;
+}
 
-  double cpu_a0 = -1, cpu_b0 = -1, cpu_a1 = -1, cpu_b1 = -1;
-  long long sleeps_a0 = -1, sleeps_b0 = -1, sleeps_a1 = -1, sleeps_b1 = -1;
-  uint64_t w0 = 0, w1 = 0;
-  std::vector<int> producer_rc(n, -1);
-  auto every = [&](int min_phase) {
-    for (size_t i = 0; i < n; ++i) {
-      if (producer_rc[i] < 0 && sh[i]->producer_phase.load() < min_phase) return false;
-    }
-    return true;
-  };
+// Forks a producer per stream; each verifies its first frames, then waits for the go.
+void startProducers(StreamsRun& run) {
+  for (size_t i = 0; i < run.n; ++i) {
+    run.producers[i] = forkChild(
+        [&run, i] { return benchProducer(*run.ctl, *run.sh[i], run.sock_a, run.streams[i], run.c); });
+  }
+}
+
+// True when every producer still running has reached `min_phase` (CaseShared::producer_phase).
+bool everyProducerAt(const StreamsRun& run, int min_phase) {
+  for (size_t i = 0; i < run.n; ++i) {
+    if (run.producer_rc[i] < 0 && run.sh[i]->producer_phase.load() < min_phase) return false;
+  }
+  return true;
+}
+
+// Reaps the producers that exited; returns how many still run.
+size_t reapProducers(StreamsRun& run) {
+  size_t running = 0;
+  for (size_t i = 0; i < run.n; ++i) {
+    if (run.producer_rc[i] < 0) run.producer_rc[i] = waitChild(run.producers[i], 0);
+    if (run.producer_rc[i] < 0) ++running;
+  }
+  return running;
+}
+
+// Samples the daemons and gives the go once every producer is ready; samples them again once
+// every producer is done.
+void sampleTimedPart(StreamsRun& run) {
+  if (run.w0 == 0 && everyProducerAt(run, 2)) {
+    run.at_w0 = daemonUsage(run.pair);
+    run.w0 = monotonicNs();
+    run.ctl->go_ns.store(run.w0);
+  }
+  if (run.w0 != 0 && run.w1 == 0 && everyProducerAt(run, 4)) {
+    run.w1 = monotonicNs();
+    run.at_w1 = daemonUsage(run.pair);
+  }
+}
+
+// Tells every producer and consumer to stop early.
+void abortPairs(StreamsRun& run) {
+  for (auto* s : run.sh) s->abort.store(true);
+}
+
+// Watches the producers until every one has exited, timing the part they run together; passes
+// Ctrl-C on, and when a daemon dies, says so in `error` and stops everything.
+void superviseProducers(StreamsRun& run, std::string& error) {
   while (true) {
-    size_t running = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (producer_rc[i] < 0) producer_rc[i] = waitChild(producers[i], 0);
-      if (producer_rc[i] < 0) ++running;
-    }
-    if (w0 == 0 && every(2)) {
-      cpu_a0 = processCpuSeconds(pair.a().pid);
-      cpu_b0 = processCpuSeconds(pair.b().pid);
-      sleeps_a0 = processSleeps(pair.a().pid);
-      sleeps_b0 = processSleeps(pair.b().pid);
-      w0 = monotonicNs();
-      ctl->go_ns.store(w0);
-    }
-    if (w0 != 0 && w1 == 0 && every(4)) {
-      w1 = monotonicNs();
-      cpu_a1 = processCpuSeconds(pair.a().pid);
-      cpu_b1 = processCpuSeconds(pair.b().pid);
-      sleeps_a1 = processSleeps(pair.a().pid);
-      sleeps_b1 = processSleeps(pair.b().pid);
-    }
+    const size_t running = reapProducers(run);
+    sampleTimedPart(run);
     if (running == 0) break;
-    if (g_interrupted.load()) {
-      for (auto* s : sh) s->abort.store(true);
-    }
-    const std::string dead = pair.checkAlive();
+    if (g_interrupted.load()) abortPairs(run);
+    const std::string dead = run.pair.checkAlive();
     if (!dead.empty()) {
-      r.error = dead;
-      for (auto* s : sh) s->abort.store(true);
-      for (size_t i = 0; i < n; ++i) {
-        if (producer_rc[i] < 0) {
-          stopChild(producers[i], 2000);
-          producer_rc[i] = 1;
+      error = dead;
+      abortPairs(run);
+      for (size_t i = 0; i < run.n; ++i) {
+        if (run.producer_rc[i] < 0) {
+          stopChild(run.producers[i], 2000);
+          run.producer_rc[i] = 1;
         }
       }
       break;
     }
     // Poll quickly until the timed part starts (every producer waits for it), lightly after.
-    usleep(w0 == 0 ? 1000 : 20000);
+    usleep(run.w0 == 0 ? 1000 : 20000);
   }
-  stopConsumers(10000);
+}
 
+// Bytes and frames of every pair together over the earliest first submit .. the latest last
+// completion, and each pair's own GB/s.
+void gatherThroughput(const StreamsRun& run, PairsResult& res) {
+  CaseResult& r = res.total;
   uint64_t bytes = 0, first = 0, last = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const CaseShared& s = *sh[i];
+  for (size_t i = 0; i < run.n; ++i) {
+    const CaseShared& s = *run.sh[i];
     r.verified += s.verified.load();
     r.verify_bad += s.verify_bad.load();
     r.delivered += s.delivered.load();
@@ -314,37 +384,63 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
     r.gbps = bytes / r.seconds / 1e9;
     r.fps = r.delivered / r.seconds;
   }
-  if (w0 != 0 && w1 > w0 && cpu_a0 >= 0 && cpu_a1 >= 0 && cpu_b0 >= 0 && cpu_b1 >= 0) {
-    const double wall = (w1 - w0) / 1e9;
-    r.cpu_a = (cpu_a1 - cpu_a0) / wall * 100;
-    r.cpu_b = (cpu_b1 - cpu_b0) / wall * 100;
+}
+
+// The daemons' CPU over the timed part: share of a core, and CPU time and sleeps per frame.
+void gatherDaemonCost(const StreamsRun& run, CaseResult& r) {
+  const DaemonUsage& u0 = run.at_w0;
+  const DaemonUsage& u1 = run.at_w1;
+  if (run.w0 != 0 && run.w1 > run.w0 && u0.cpu_a >= 0 && u1.cpu_a >= 0 && u0.cpu_b >= 0 && u1.cpu_b >= 0) {
+    const double wall = (run.w1 - run.w0) / 1e9;
+    r.cpu_a = (u1.cpu_a - u0.cpu_a) / wall * 100;
+    r.cpu_b = (u1.cpu_b - u0.cpu_b) / wall * 100;
     if (r.delivered > 0) {
-      r.cpu_us_per_frame_a = (cpu_a1 - cpu_a0) * 1e6 / static_cast<double>(r.delivered);
-      r.cpu_us_per_frame_b = (cpu_b1 - cpu_b0) * 1e6 / static_cast<double>(r.delivered);
+      r.cpu_us_per_frame_a = (u1.cpu_a - u0.cpu_a) * 1e6 / static_cast<double>(r.delivered);
+      r.cpu_us_per_frame_b = (u1.cpu_b - u0.cpu_b) * 1e6 / static_cast<double>(r.delivered);
     }
   }
-  if (w0 != 0 && w1 > w0 && r.delivered > 0 && sleeps_a0 >= 0 && sleeps_a1 >= 0 && sleeps_b0 >= 0 &&
-      sleeps_b1 >= 0) {
-    r.sleeps_per_frame_a = static_cast<double>(sleeps_a1 - sleeps_a0) / static_cast<double>(r.delivered);
-    r.sleeps_per_frame_b = static_cast<double>(sleeps_b1 - sleeps_b0) / static_cast<double>(r.delivered);
+  if (run.w0 != 0 && run.w1 > run.w0 && r.delivered > 0 && u0.sleeps_a >= 0 && u1.sleeps_a >= 0 &&
+      u0.sleeps_b >= 0 && u1.sleeps_b >= 0) {
+    r.sleeps_per_frame_a = static_cast<double>(u1.sleeps_a - u0.sleeps_a) / static_cast<double>(r.delivered);
+    r.sleeps_per_frame_b = static_cast<double>(u1.sleeps_b - u0.sleeps_b) / static_cast<double>(r.delivered);
   }
-  if (c.latency) {
-    std::vector<double> v;
-    const uint64_t got = std::min<uint64_t>(sh[0]->latency_count.load(std::memory_order_acquire), lat_cap);
-    for (uint64_t i = 0; i < got; ++i) v.push_back(lat[i] / 1e3);
-    r.samples = got;
-    r.p50_us = percentile(v, 50);
-    r.p99_us = percentile(v, 99);
+}
+
+// Pair 0's submit -> receive times (latency case), as percentiles.
+void gatherLatency(const StreamsRun& run, CaseResult& r) {
+  std::vector<double> v;
+  const uint64_t got =
+      std::min<uint64_t>(run.sh[0]->latency_count.load(std::memory_order_acquire), run.lat_cap);
+  for (uint64_t i = 0; i < got; ++i) v.push_back(run.lat[i] / 1e3);
+  r.samples = got;
+  r.p50_us = percentile(v, 50);
+  r.p99_us = percentile(v, 99);
+}
+
+// What went wrong in the pairs: the first three in full, then how many more.
+void gatherPairErrors(const StreamsRun& run, CaseResult& r) {
+  size_t failed_pairs = 0;
+  for (size_t i = 0; i < run.n; ++i) {
+    const std::string e = pairError(*run.sh[i], run.producer_rc[i]);
+    if (e.empty()) continue;
+    if (++failed_pairs <= 3) r.error += (r.error.empty() ? "" : "; ") + run.label(i) + e;
   }
-  if (r.error.empty()) {
-    size_t failed_pairs = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const std::string e = pairError(*sh[i], producer_rc[i]);
-      if (e.empty()) continue;
-      if (++failed_pairs <= 3) r.error += (r.error.empty() ? "" : "; ") + label(i) + e;
-    }
-    if (failed_pairs > 3) r.error += "; and " + std::to_string(failed_pairs - 3) + " more pairs failed";
-  }
+  if (failed_pairs > 3) r.error += "; and " + std::to_string(failed_pairs - 3) + " more pairs failed";
+}
+
+// Consumers first (attached before any frame is sent), then producers; the timed part, then the
+// figures of all pairs together.
+PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams, const CaseConfig& c) {
+  PairsResult res;
+  StreamsRun run(pair, streams, c);
+  if (!startConsumers(run, res.total.error)) return res;
+  startProducers(run);
+  superviseProducers(run, res.total.error);
+  stopConsumers(run, 10000);
+  gatherThroughput(run, res);
+  gatherDaemonCost(run, res.total);
+  if (c.latency) gatherLatency(run, res.total);
+  if (res.total.error.empty()) gatherPairErrors(run, res.total);
   return res;
 }
 

@@ -173,6 +173,54 @@ struct UcxRun {
   std::string error;
 };
 
+// Starts the server and waits until it listens on `port` (for up to 10 s, not past `deadline`); a
+// server that does not is stopped and `error` says why, with its last lines.  pid -1 then.
+Spawned startServer(const std::string& path, const std::vector<std::string>& args, const std::string& tls,
+                    uint16_t port, uint64_t deadline, std::string& error) {
+  const Spawned server = spawnPerftest(path, args, tls);
+  if (server.pid < 0) {
+    error = "cannot start " + path + ": " + std::strerror(errno);
+    return server;
+  }
+  LineReader srv(server.fd);
+  // Its "Waiting for connection..." sits in a stdio buffer while stdout is a pipe, and a probe
+  // connection would be taken for the client: watch the kernel's socket table instead.
+  bool listening = false;
+  bool server_gone = false;
+  const uint64_t listen_deadline = std::min<uint64_t>(deadline, monotonicNs() + 10'000'000'000ull);
+  while (!listening && !server_gone && monotonicNs() < listen_deadline) {
+    listening = tcpListening(port);
+    if (!listening) {
+      server_gone = waitChild(server.pid, 10) >= 0;
+    }
+  }
+  if (listening) return server;
+  if (!server_gone) stopChild(server.pid, 1000);
+  std::string line;
+  while (srv.next(line, monotonicNs() + 1'000'000'000ull) == 1) {
+  }
+  ::close(server.fd);
+  error = "ucx_perftest server (UCX_TLS=" + tls + ") did not start listening on port " +
+          std::to_string(port) + ":" + srv.tail();
+  return Spawned{};
+}
+
+// Reads the client's progress lines into `run` until its final line, `stop_after_reports` of
+// them (0: the final line only) or `deadline`; true when the deadline passed.
+bool readReports(LineReader& cli, int stop_after_reports, uint64_t deadline, UcxRun& run) {
+  std::string line;
+  int reports = 0;
+  while (true) {
+    const int r = cli.next(line, deadline);
+    if (r <= 0) return r < 0;
+    UcxReport rep;
+    if (!parseUcxReport(line, rep)) continue;
+    run.last = rep;
+    run.got = true;
+    if (rep.final || (stop_after_reports > 0 && ++reports >= stop_after_reports)) return false;
+  }
+}
+
 // Server, then client on 127.0.0.1; stops both after `stop_after_reports` progress lines (one a
 // second; 0: wait for the final line) or at `timeout_s`.
 UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int stop_after_reports,
@@ -191,33 +239,8 @@ UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int st
   args.emplace_back("-p");
   args.push_back(std::to_string(port));
   const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(timeout_s * 1e9);
-  const Spawned server = spawnPerftest(path, args, tls);
-  if (server.pid < 0) {
-    run.error = "cannot start " + path + ": " + std::strerror(errno);
-    return run;
-  }
-  LineReader srv(server.fd);
-  std::string line;
-  // Its "Waiting for connection..." sits in a stdio buffer while stdout is a pipe, and a probe
-  // connection would be taken for the client: watch the kernel's socket table instead.
-  bool listening = false;
-  bool server_gone = false;
-  const uint64_t listen_deadline = std::min<uint64_t>(deadline, monotonicNs() + 10'000'000'000ull);
-  while (!listening && !server_gone && monotonicNs() < listen_deadline) {
-    listening = tcpListening(port);
-    if (!listening) {
-      server_gone = waitChild(server.pid, 10) >= 0;
-    }
-  }
-  if (!listening) {
-    if (!server_gone) stopChild(server.pid, 1000);
-    while (srv.next(line, monotonicNs() + 1'000'000'000ull) == 1) {
-    }
-    ::close(server.fd);
-    run.error = "ucx_perftest server (UCX_TLS=" + tls + ") did not start listening on port " +
-                std::to_string(port) + ":" + srv.tail();
-    return run;
-  }
+  const Spawned server = startServer(path, args, tls, port, deadline, run.error);
+  if (server.pid < 0) return run;
   std::vector<std::string> client_args = {"127.0.0.1"};
   client_args.insert(client_args.end(), args.begin(), args.end());
   const Spawned client = spawnPerftest(path, client_args, tls);
@@ -228,20 +251,7 @@ UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int st
     return run;
   }
   LineReader cli(client.fd);
-  int reports = 0;
-  bool timed_out = false;
-  while (true) {
-    const int r = cli.next(line, deadline);
-    if (r <= 0) {
-      timed_out = r < 0;
-      break;
-    }
-    UcxReport rep;
-    if (!parseUcxReport(line, rep)) continue;
-    run.last = rep;
-    run.got = true;
-    if (rep.final || (stop_after_reports > 0 && ++reports >= stop_after_reports)) break;
-  }
+  const bool timed_out = readReports(cli, stop_after_reports, deadline, run);
   // After its final line a client exits by itself, and so does the server; a timed run is cut.
   const int grace = run.got && run.last.final ? 3000 : 0;
   if (waitChild(client.pid, grace) < 0) stopChild(client.pid, 1000);

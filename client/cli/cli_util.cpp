@@ -128,6 +128,8 @@ std::optional<std::vector<uint64_t>> parseSizeList(std::string_view text) {
   return out;
 }
 
+uint64_t pageRound(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
 std::string formatBytes(uint64_t bytes) {
   char buf[64];
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};

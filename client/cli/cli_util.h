@@ -20,6 +20,9 @@ std::optional<std::pair<uint64_t, uint64_t>> parseSizeRange(std::string_view tex
 std::optional<std::vector<uint64_t>> parseSizeList(std::string_view text);
 std::vector<std::string> splitList(std::string_view text, char sep);
 
+// `v` rounded up to a whole number of 4 KiB pages: the slot size for frames of `v` bytes.
+uint64_t pageRound(uint64_t v);
+
 // "1.00 MiB", "64 KiB", "17 B".
 std::string formatBytes(uint64_t bytes);
 std::string jsonEscape(std::string_view s);

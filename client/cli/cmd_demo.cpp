@@ -14,6 +14,7 @@
 #include "consumer.h"
 #include "daemon_pair.h"
 #include "frame_pattern.h"
+#include "pattern_clients.h"
 #include "producer.h"
 
 namespace framelink::cli {
@@ -50,26 +51,18 @@ struct DemoShared {
 
 constexpr const char* kStream = "demo";
 
+// The consumer process: checks every frame and records its submit -> receive time in `lat`.
 int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint64_t frames, uint64_t size,
                  uint32_t slots) {
-  ConsumerOptions co;
-  co.socket_path = socket;
-  co.stream = kStream;
-  co.slot_count = slots;
-  co.slot_size = (size + 4095) / 4096 * 4096;
   std::string err;
-  auto consumer = Consumer::attach(co, err);
+  auto consumer = attachPatternConsumer(socket, kStream, slots, size, err);
   if (!consumer) {
     sh.consumer_error.set(err);
     sh.consumer_state.store(2);
     return 1;
   }
   sh.consumer_state.store(1);
-  CheckOptions checks;
-  checks.verify = true;
-  checks.expect_order = true;
-  checks.sizes.emplace(size);
-  FrameChecker checker(std::move(checks));
+  FrameChecker checker(patternChecks(size));
   ReceiveLoopOptions lo;
   lo.count = frames;
   lo.idle_timeout_ms = 90000;  // longer than the daemons' 30 s ack/credit timeouts
@@ -102,23 +95,16 @@ int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint6
   return st.error.empty() && !st.timed_out && !st.interrupted && checker.bad() == 0 ? 0 : 1;
 }
 
+// The producer process: `frames` pattern frames, counting what becomes of each.
 int producerMain(DemoShared& sh, const std::string& socket, uint64_t frames, uint64_t size, uint32_t slots) {
-  ProducerOptions po;
-  po.socket_path = socket;
-  po.stream = kStream;
-  po.slot_count = slots;
-  po.slot_size = (size + 4095) / 4096 * 4096;
   std::string err;
-  auto producer = Producer::attach(po, err);
+  auto producer = Producer::attach(patternProducerOptions(socket, kStream, slots, size), err);
   if (!producer) {
     sh.producer_error.set(err);
     return 1;
   }
   auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string&) -> bool {
-    spec.frame_id = index;
-    spec.wafer_id = pattern::waferOf(index);
-    spec.length = size;
-    spec.attrs = pattern::makeAttrs(index);
+    describePatternFrame(index, size, spec);
     pattern::fillPattern(index, slot.data, size);
     if (index == 0) sh.first_submit_ns.store(monotonicNs());
     sh.submitted.fetch_add(1, std::memory_order_relaxed);
@@ -153,10 +139,10 @@ void drawProgress(bool tty, uint64_t done, uint64_t total, double gbps, double e
   }
 }
 
-int runDemo(const DemoOptions& o) {
-  installInterruptHandler();
-  auto size = parseSize(o.size);
-  if (!size || *size == 0) {
+// 0 when the options make sense (`size` parsed), else the exit code after saying what is wrong.
+int checkDemoOptions(const DemoOptions& o, uint64_t& size) {
+  const auto parsed = parseSize(o.size);
+  if (!parsed || *parsed == 0) {
     std::fprintf(stderr, "framelink demo: --size '%s' is not a size (e.g. 64K, 1M, 4M)\n", o.size.c_str());
     return 2;
   }
@@ -168,12 +154,18 @@ int runDemo(const DemoOptions& o) {
     std::fprintf(stderr, "framelink demo: --frames must be at least 1\n");
     return 2;
   }
+  size = *parsed;
+  return 0;
+}
+
+// Finds framelinkd and starts hostA and hostB; nullptr after saying why not.
+std::unique_ptr<DaemonPair> startDaemons(const DemoOptions& o) {
   std::string err;
   DaemonPair::Options dopt;
   dopt.framelinkd = findFramelinkd(o.framelinkd, err);
   if (dopt.framelinkd.empty()) {
     std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
-    return 1;
+    return nullptr;
   }
   dopt.transport = o.transport;
   dopt.temp_prefix = "framelink-demo";
@@ -182,95 +174,125 @@ int runDemo(const DemoOptions& o) {
   auto pair = DaemonPair::start(dopt, err);
   if (!pair) {
     std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
-    return 1;
+    return nullptr;
   }
   if (o.keep) pair->keepDir();
   std::fprintf(stderr, "hostA pid %d (socket %s) -> hostB pid %d (socket %s, gRPC port %u)\n", pair->a().pid,
                pair->a().socket.c_str(), pair->b().pid, pair->b().socket.c_str(), pair->b().grpc_port);
+  return pair;
+}
 
-  SharedRegion<DemoShared> sh(o.frames * sizeof(uint64_t));
-  auto* lat = static_cast<uint64_t*>(sh.extra());
-  const uint64_t frames = o.frames;
-  const uint64_t bytes = *size;
-  const std::string sock_a = pair->a().socket;
-  const std::string sock_b = pair->b().socket;
+// One demo transfer: the mapping the two processes report through (DemoShared, then one latency
+// sample per frame), their pids and exit codes, and what went wrong with a daemon.
+struct DemoRun {
+  DemoRun(const DemoOptions& options, DaemonPair& daemons, uint64_t size)
+      : o(options),
+        pair(daemons),
+        sh(options.frames * sizeof(uint64_t)),
+        lat(static_cast<uint64_t*>(sh.extra())),
+        frames(options.frames),
+        bytes(size),
+        sock_a(daemons.a().socket),
+        sock_b(daemons.b().socket) {}
 
-  const pid_t consumer = forkChild([&] { return consumerMain(*sh, lat, sock_b, frames, bytes, o.slots); });
-  if (consumer < 0) {
+  const DemoOptions& o;
+  DaemonPair& pair;
+  SharedRegion<DemoShared> sh;
+  uint64_t* lat;
+  const uint64_t frames;
+  const uint64_t bytes;
+  const std::string sock_a;
+  const std::string sock_b;
+  pid_t consumer = -1;
+  pid_t producer = -1;
+  int consumer_rc = -1;  // -1 while it runs
+  int producer_rc = -1;
+  std::string daemon_problem;
+};
+
+// Forks the consumer and waits until it has attached to hostB, so that the producer's first
+// frames find a receiver with credits; false after saying why not.
+bool startConsumer(DemoRun& run) {
+  run.consumer = forkChild(
+      [&run] { return consumerMain(*run.sh, run.lat, run.sock_b, run.frames, run.bytes, run.o.slots); });
+  if (run.consumer < 0) {
     std::fprintf(stderr, "framelink demo: fork failed: %s\n", std::strerror(errno));
-    return 1;
+    return false;
   }
-  // The consumer attaches first so the producer's first frames find a receiver with credits.
-  const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
-  while (sh->consumer_state.load() == 0 && monotonicNs() < attach_deadline && !g_interrupted.load()) {
-    usleep(2000);
-  }
-  if (sh->consumer_state.load() != 1) {
-    std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
-                 sh->consumer_error.get().empty() ? "it did not attach within 10 s"
-                                                  : sh->consumer_error.get().c_str());
-    sh->abort.store(true);
-    stopChild(consumer, 2000);
-    pair->keepDir();
-    std::fprintf(stderr, "daemon logs kept in %s\n", pair->dir().c_str());
-    return 1;
-  }
-  const pid_t producer = forkChild([&] { return producerMain(*sh, sock_a, frames, bytes, o.slots); });
+  if (waitForAttach(run.sh->consumer_state, monotonicNs() + 10'000'000'000ull)) return true;
+  std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
+               run.sh->consumer_error.get().empty() ? "it did not attach within 10 s"
+                                                    : run.sh->consumer_error.get().c_str());
+  run.sh->abort.store(true);
+  stopChild(run.consumer, 2000);
+  run.pair.keepDir();
+  std::fprintf(stderr, "daemon logs kept in %s\n", run.pair.dir().c_str());
+  return false;
+}
 
+// Reaps whichever process exited (the consumer lingers until the producer is done), and aborts
+// both on Ctrl-C or when a daemon died.
+void checkProcesses(DemoRun& run) {
+  if (run.producer_rc < 0) {
+    run.producer_rc = waitChild(run.producer, 0);
+    if (run.producer_rc >= 0) run.sh->producer_done.store(true);
+  }
+  if (run.consumer_rc < 0) run.consumer_rc = waitChild(run.consumer, 0);
+  if (g_interrupted.load()) run.sh->abort.store(true);
+  if (run.daemon_problem.empty()) {
+    run.daemon_problem = run.pair.checkAlive();
+    if (!run.daemon_problem.empty()) run.sh->abort.store(true);
+  }
+}
+
+// Waits for both processes, with a progress bar on a terminal (a line every 2 s otherwise).
+void watchTransfer(DemoRun& run) {
   const bool tty = isatty(STDERR_FILENO) != 0;
   const uint64_t t0 = monotonicNs();
   uint64_t last_draw = 0;
-  int producer_rc = -1;
-  int consumer_rc = -1;
-  std::string daemon_problem;
-  while (producer_rc < 0 || consumer_rc < 0) {
-    if (producer_rc < 0) {
-      producer_rc = waitChild(producer, 0);
-      if (producer_rc >= 0) sh->producer_done.store(true);
-    }
-    if (consumer_rc < 0) consumer_rc = waitChild(consumer, 0);
-    if (g_interrupted.load()) sh->abort.store(true);
-    if (daemon_problem.empty()) {
-      daemon_problem = pair->checkAlive();
-      if (!daemon_problem.empty()) sh->abort.store(true);
-    }
+  while (run.producer_rc < 0 || run.consumer_rc < 0) {
+    checkProcesses(run);
     const uint64_t now = monotonicNs();
     if (now - last_draw >= (tty ? 100'000'000ull : 2'000'000'000ull)) {
       last_draw = now;
       const double elapsed = (now - t0) / 1e9;
-      const uint64_t done = sh->delivered.load();
-      const uint64_t first = sh->first_submit_ns.load();
+      const uint64_t done = run.sh->delivered.load();
+      const uint64_t first = run.sh->first_submit_ns.load();
       const double gbps =
-          first && now > first ? done * static_cast<double>(bytes) / ((now - first) / 1e9) / 1e9 : 0;
-      drawProgress(tty, done, frames, gbps, elapsed);
+          first && now > first ? done * static_cast<double>(run.bytes) / ((now - first) / 1e9) / 1e9 : 0;
+      drawProgress(tty, done, run.frames, gbps, elapsed);
     }
     usleep(20000);
   }
   if (tty) {
-    drawProgress(true, sh->delivered.load(), frames, 0, (monotonicNs() - t0) / 1e9);
+    drawProgress(true, run.sh->delivered.load(), run.frames, 0, (monotonicNs() - t0) / 1e9);
     std::fprintf(stderr, "\n");
   }
+}
 
-  // Summary.
-  const uint64_t delivered = sh->delivered.load();
-  const uint64_t received = sh->received.load();
-  const uint64_t bad = sh->bad.load();
-  const uint64_t failed = sh->failed.load();
-  const uint64_t first = sh->first_submit_ns.load();
-  const uint64_t last = sh->last_completion_ns.load();
+// Prints the summary on stdout; true when every frame arrived, verified, and nothing failed.
+bool printSummary(const DemoRun& run) {
+  const DemoShared& sh = *run.sh;
+  const uint64_t frames = run.frames;
+  const uint64_t delivered = sh.delivered.load();
+  const uint64_t received = sh.received.load();
+  const uint64_t bad = sh.bad.load();
+  const uint64_t failed = sh.failed.load();
+  const uint64_t first = sh.first_submit_ns.load();
+  const uint64_t last = sh.last_completion_ns.load();
   const double secs = last > first ? (last - first) / 1e9 : 0;
-  const double total_bytes = static_cast<double>(delivered) * static_cast<double>(bytes);
+  const double total_bytes = static_cast<double>(delivered) * static_cast<double>(run.bytes);
   std::vector<double> lats;
-  const uint64_t nlat = std::min<uint64_t>(sh->latency_samples.load(std::memory_order_acquire), frames);
+  const uint64_t nlat = std::min<uint64_t>(sh.latency_samples.load(std::memory_order_acquire), frames);
   lats.reserve(nlat);
-  for (uint64_t i = 0; i < nlat; ++i) lats.push_back(lat[i] / 1e3);
+  for (uint64_t i = 0; i < nlat; ++i) lats.push_back(run.lat[i] / 1e3);
   const double p50 = percentile(lats, 50);
   const double p99 = percentile(lats, 99);
-  const bool ok = producer_rc == 0 && consumer_rc == 0 && delivered == frames && received == frames &&
-                  bad == 0 && failed == 0 && daemon_problem.empty() && !g_interrupted.load();
+  const bool ok = run.producer_rc == 0 && run.consumer_rc == 0 && delivered == frames && received == frames &&
+                  bad == 0 && failed == 0 && run.daemon_problem.empty() && !g_interrupted.load();
 
   std::printf("framelink demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
-              (unsigned long long)frames, formatBytes(bytes).c_str(), o.transport.c_str());
+              (unsigned long long)frames, formatBytes(run.bytes).c_str(), run.o.transport.c_str());
   std::printf("  delivered  %llu / %llu   failed %llu   received %llu   verified %llu (bad %llu)\n",
               (unsigned long long)delivered, (unsigned long long)frames, (unsigned long long)failed,
               (unsigned long long)received, (unsigned long long)(received - bad), (unsigned long long)bad);
@@ -282,27 +304,49 @@ int runDemo(const DemoOptions& o) {
   std::printf("  result     %s\n",
               ok ? "OK: every frame delivered, in order, exactly once, every byte verified" : "FAILED");
   std::fflush(stdout);
-  if (!ok) {
-    if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
-    if (!sh->producer_error.get().empty()) {
-      std::fprintf(stderr, "  producer: %s\n", sh->producer_error.get().c_str());
-    }
-    if (const int s = sh->failure_status.load(); s != 0) {
-      std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
-    }
-    if (!sh->consumer_error.get().empty()) {
-      std::fprintf(stderr, "  consumer: %s\n", sh->consumer_error.get().c_str());
-    }
-    if (!sh->first_bad.get().empty()) {
-      std::fprintf(stderr, "  first bad frame: %s\n", sh->first_bad.get().c_str());
-    }
-    if (!daemon_problem.empty()) std::fprintf(stderr, "  %s", daemon_problem.c_str());
-    if (!g_interrupted.load()) {
-      pair->keepDir();
-      std::fprintf(stderr, "  daemon logs kept in %s\n  hostA log tail:\n%s  hostB log tail:\n%s",
-                   pair->dir().c_str(), pair->logTail(pair->a()).c_str(), pair->logTail(pair->b()).c_str());
-    }
+  return ok;
+}
+
+// After a failed run: what each side said, and (unless interrupted) the daemons' log tails, with
+// their directory kept.
+void explainFailure(DemoRun& run) {
+  const DemoShared& sh = *run.sh;
+  if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
+  if (!sh.producer_error.get().empty()) {
+    std::fprintf(stderr, "  producer: %s\n", sh.producer_error.get().c_str());
   }
+  if (const int s = sh.failure_status.load(); s != 0) {
+    std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
+  }
+  if (!sh.consumer_error.get().empty()) {
+    std::fprintf(stderr, "  consumer: %s\n", sh.consumer_error.get().c_str());
+  }
+  if (!sh.first_bad.get().empty()) {
+    std::fprintf(stderr, "  first bad frame: %s\n", sh.first_bad.get().c_str());
+  }
+  if (!run.daemon_problem.empty()) std::fprintf(stderr, "  %s", run.daemon_problem.c_str());
+  if (!g_interrupted.load()) {
+    DaemonPair& pair = run.pair;
+    pair.keepDir();
+    std::fprintf(stderr, "  daemon logs kept in %s\n  hostA log tail:\n%s  hostB log tail:\n%s",
+                 pair.dir().c_str(), pair.logTail(pair.a()).c_str(), pair.logTail(pair.b()).c_str());
+  }
+}
+
+// Options, daemons, consumer, producer; then the summary, and on failure what each side said.
+int runDemo(const DemoOptions& o) {
+  installInterruptHandler();
+  uint64_t size = 0;
+  if (const int rc = checkDemoOptions(o, size); rc != 0) return rc;
+  auto pair = startDaemons(o);
+  if (!pair) return 1;
+  DemoRun run(o, *pair, size);
+  if (!startConsumer(run)) return 1;
+  run.producer =
+      forkChild([&run] { return producerMain(*run.sh, run.sock_a, run.frames, run.bytes, run.o.slots); });
+  watchTransfer(run);
+  const bool ok = printSummary(run);
+  if (!ok) explainFailure(run);
   pair->stop();
   if (g_interrupted.load()) return 130;
   return ok ? 0 : 1;

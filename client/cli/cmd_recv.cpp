@@ -34,9 +34,8 @@ struct RecvOptions {
   std::string journal;
 };
 
-int runRecv(const RecvOptions& o) {
-  installInterruptHandler();
-  CheckOptions checks;
+// The --expect-* checks; 0, or the exit code after saying what is wrong.
+int parseChecks(const RecvOptions& o, CheckOptions& checks) {
   checks.verify = o.verify;
   checks.expect_order = o.expect_order;
   if (!o.expect_random_size.empty()) {
@@ -55,7 +54,12 @@ int runRecv(const RecvOptions& o) {
     }
     checks.sizes.emplace(*s);
   }
-  uint64_t slot_size = 0;
+  return 0;
+}
+
+// --slot-size, else the largest expected frame page-rounded, else 0 (the daemon's default); 0, or
+// the exit code after saying what is wrong.
+int chooseSlotSize(const RecvOptions& o, const CheckOptions& checks, uint64_t& slot_size) {
   if (!o.slot_size.empty()) {
     auto s = parseSize(o.slot_size);
     if (!s || *s == 0) {
@@ -64,37 +68,27 @@ int runRecv(const RecvOptions& o) {
     }
     slot_size = *s;
   } else if (checks.sizes) {
-    slot_size = (checks.sizes->max() + 4095) / 4096 * 4096;
+    slot_size = pageRound(checks.sizes->max());
   }
-  if (!o.out.empty()) {
-    struct stat sb {};
-    if (::stat(o.out.c_str(), &sb) != 0 && ::mkdir(o.out.c_str(), 0755) != 0) {
-      std::fprintf(stderr, "framelink recv: cannot create --out directory %s: %s\n", o.out.c_str(),
-                   std::strerror(errno));
-      return 2;
-    }
-  }
+  return 0;
+}
 
-  ConsumerOptions co;
-  co.socket_path = o.socket;
-  co.stream = o.stream;
-  co.slot_count = o.slots;
-  co.slot_size = slot_size;
-  std::string err;
-  auto consumer = Consumer::attach(co, err);
-  if (!consumer) {
-    std::fprintf(stderr, "framelink recv: %s\n", err.c_str());
-    return 1;
-  }
-
-  Journal journal;
-  if (!o.journal.empty() && !journal.open(o.journal)) {
-    std::fprintf(stderr, "framelink recv: cannot open the journal %s: %s\n", o.journal.c_str(),
+// Creates the --out directory if it does not exist; 0, or the exit code after saying why not.
+int makeOutDir(const RecvOptions& o) {
+  if (o.out.empty()) return 0;
+  struct stat sb {};
+  if (::stat(o.out.c_str(), &sb) != 0 && ::mkdir(o.out.c_str(), 0755) != 0) {
+    std::fprintf(stderr, "framelink recv: cannot create --out directory %s: %s\n", o.out.c_str(),
                  std::strerror(errno));
     return 2;
   }
-  FrameChecker checker(std::move(checks));
-  const bool checking = o.verify || o.expect_order || !o.expect_random_size.empty() || !o.expect_size.empty();
+  return 0;
+}
+
+// Receives until --count, --timeout-ms or Ctrl-C: checks each frame (saying the first failure at
+// once), journals it and writes it to --out.
+ReceiveLoopStats receiveFrames(const RecvOptions& o, Consumer& consumer, FrameChecker& checker, bool checking,
+                               Journal& journal) {
   ReceiveLoopOptions lo;
   lo.count = o.count;
   lo.idle_timeout_ms = o.timeout_ms;
@@ -109,17 +103,21 @@ int runRecv(const RecvOptions& o) {
     if (!o.out.empty() && !writeFrameFiles(o.out, f, e)) return false;
     return true;
   };
-  ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  ReceiveLoopStats st = receiveLoop(consumer, lo, onFrame);
   if (st.error.empty() && !st.interrupted && st.received > 0) {
     // Give framelinkd a moment to read the last releases from our ring before the detach: a
     // daemon that handles the detach first fails those frames as FL_ERR_NO_CONSUMER.
     usleep(200000);
   }
+  return st;
+}
 
+// The summary on stdout (one JSON object, or one line unless --quiet and all went well), then
+// what went wrong on stderr.
+void printRecvSummary(const RecvOptions& o, const ReceiveLoopStats& st, const FrameChecker& checker,
+                      bool checking, bool ok) {
   const double secs = st.seconds();
   const double gbps = secs > 0 ? st.bytes / secs / 1e9 : 0.0;
-  const bool complete = o.count == 0 ? !st.timed_out : st.received == o.count;
-  const bool ok = st.error.empty() && checker.bad() == 0 && complete && !st.interrupted;
   if (o.json) {
     std::printf(
         "{\"received\":%llu,\"expected\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
@@ -150,6 +148,42 @@ int runRecv(const RecvOptions& o) {
                  "producer running and the peer link up? see both daemons' logs\n",
                  (unsigned long long)st.received, (unsigned long long)o.count, o.timeout_ms);
   }
+}
+
+// Checks the options, attaches and receives; then the summary.
+int runRecv(const RecvOptions& o) {
+  installInterruptHandler();
+  CheckOptions checks;
+  if (const int rc = parseChecks(o, checks); rc != 0) return rc;
+  uint64_t slot_size = 0;
+  if (const int rc = chooseSlotSize(o, checks, slot_size); rc != 0) return rc;
+  if (const int rc = makeOutDir(o); rc != 0) return rc;
+
+  ConsumerOptions co;
+  co.socket_path = o.socket;
+  co.stream = o.stream;
+  co.slot_count = o.slots;
+  co.slot_size = slot_size;
+  std::string err;
+  auto consumer = Consumer::attach(co, err);
+  if (!consumer) {
+    std::fprintf(stderr, "framelink recv: %s\n", err.c_str());
+    return 1;
+  }
+
+  Journal journal;
+  if (!o.journal.empty() && !journal.open(o.journal)) {
+    std::fprintf(stderr, "framelink recv: cannot open the journal %s: %s\n", o.journal.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  FrameChecker checker(std::move(checks));
+  const bool checking = o.verify || o.expect_order || !o.expect_random_size.empty() || !o.expect_size.empty();
+  ReceiveLoopStats st = receiveFrames(o, *consumer, checker, checking, journal);
+
+  const bool complete = o.count == 0 ? !st.timed_out : st.received == o.count;
+  const bool ok = st.error.empty() && checker.bad() == 0 && complete && !st.interrupted;
+  printRecvSummary(o, st, checker, checking, ok);
   if (st.interrupted) {
     std::fprintf(stderr, "framelink recv: interrupted; received %llu of %llu frames\n",
                  (unsigned long long)st.received, (unsigned long long)o.count);
@@ -181,7 +215,7 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
                   "give up when no frame arrives for this long (default 0 = never)");
   cmd->add_option("--slots", o->slots, "receive slots to ask the daemon for");
   cmd->add_option("--slot-size", o->slot_size,
-                  "bytes per receive slot (default: --expect-* max, else library default)");
+                  "bytes per receive slot (default: --expect-* max, else the daemon's default_slot_size)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
   cmd->add_option("--journal", o->journal,

@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "frame_pattern.h"
+#include "pattern_clients.h"
 #include "producer.h"
 
 namespace framelink::cli {
@@ -68,66 +69,82 @@ struct SendOptions {
   bool reattach = false;
 };
 
-constexpr uint64_t kPage = 4096;
-uint64_t roundUpPage(uint64_t v) { return v == 0 ? kPage : (v + kPage - 1) / kPage * kPage; }
+// A slot holds at least a page, even when every frame is empty.
+uint64_t roundUpPage(uint64_t v) { return v == 0 ? 4096 : pageRound(v); }
 
-int runSend(const SendOptions& o) {
-  installInterruptHandler();
-  std::optional<pattern::SizeSequence> sizes;
+// What is sent: FILES (their sizes), else synthetic frames of one size or of random sizes.
+struct FramePlan {
+  std::optional<pattern::SizeSequence> sizes;  // synthetic frames
+  std::vector<uint64_t> file_sizes;            // FILES, one frame each
   uint64_t largest = 0;
-  std::vector<uint64_t> file_sizes;
-  if (!o.files.empty()) {
-    if (!o.random_size.empty()) {
-      std::fprintf(stderr,
-                   "framelink send: --random-size makes no sense with FILES (each file is one frame)\n");
+};
+
+// The sizes of FILES, which must be regular files; 0, or the exit code after saying why not.
+int planFiles(const SendOptions& o, FramePlan& plan) {
+  if (!o.random_size.empty()) {
+    std::fprintf(stderr,
+                 "framelink send: --random-size makes no sense with FILES (each file is one frame)\n");
+    return 2;
+  }
+  for (const auto& f : o.files) {
+    struct stat sb {};
+    if (::stat(f.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+      std::fprintf(stderr, "framelink send: cannot read %s: %s -- pass regular files\n", f.c_str(),
+                   errno != 0 ? std::strerror(errno) : "not a regular file");
       return 2;
     }
-    for (const auto& f : o.files) {
-      struct stat sb {};
-      if (::stat(f.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        std::fprintf(stderr, "framelink send: cannot read %s: %s -- pass regular files\n", f.c_str(),
-                     errno != 0 ? std::strerror(errno) : "not a regular file");
-        return 2;
-      }
-      file_sizes.push_back(static_cast<uint64_t>(sb.st_size));
-      largest = std::max<uint64_t>(largest, static_cast<uint64_t>(sb.st_size));
-    }
-  } else if (!o.random_size.empty()) {
+    plan.file_sizes.push_back(static_cast<uint64_t>(sb.st_size));
+    plan.largest = std::max<uint64_t>(plan.largest, static_cast<uint64_t>(sb.st_size));
+  }
+  return 0;
+}
+
+// The frames to send, from FILES, --random-size or --size; 0, or the exit code after saying why not.
+int planFrames(const SendOptions& o, FramePlan& plan) {
+  if (!o.files.empty()) return planFiles(o, plan);
+  if (!o.random_size.empty()) {
     auto range = parseSizeRange(o.random_size);
     if (!range) {
       std::fprintf(stderr, "framelink send: --random-size '%s' is not MIN:MAX (e.g. 1:8M)\n",
                    o.random_size.c_str());
       return 2;
     }
-    sizes.emplace(range->first, range->second, o.seed);
-    largest = range->second;
-  } else {
-    auto s = parseSize(o.size);
-    if (!s) {
-      std::fprintf(stderr, "framelink send: --size '%s' is not a size (e.g. 4096, 64K, 1M)\n",
-                   o.size.c_str());
-      return 2;
-    }
-    sizes.emplace(*s);
-    largest = *s;
+    plan.sizes.emplace(range->first, range->second, o.seed);
+    plan.largest = range->second;
+    return 0;
   }
-  uint64_t slot_size = roundUpPage(largest);
-  if (!o.slot_size.empty()) {
-    auto s = parseSize(o.slot_size);
-    if (!s || *s == 0) {
-      std::fprintf(stderr, "framelink send: --slot-size '%s' is not a size\n", o.slot_size.c_str());
-      return 2;
-    }
-    if (*s < largest) {
-      std::fprintf(stderr,
-                   "framelink send: --slot-size %s is smaller than the largest frame (%s); raise it\n",
-                   formatBytes(*s).c_str(), formatBytes(largest).c_str());
-      return 2;
-    }
-    slot_size = *s;
+  auto s = parseSize(o.size);
+  if (!s) {
+    std::fprintf(stderr, "framelink send: --size '%s' is not a size (e.g. 4096, 64K, 1M)\n", o.size.c_str());
+    return 2;
   }
-  const uint64_t count = !o.files.empty() ? o.files.size() : (o.count_set ? o.count : 100);
+  plan.sizes.emplace(*s);
+  plan.largest = *s;
+  return 0;
+}
 
+// --slot-size, which must hold the largest frame, else the largest frame page-rounded; 0, or the
+// exit code after saying what is wrong.
+int chooseSlotSize(const SendOptions& o, uint64_t largest, uint64_t& slot_size) {
+  slot_size = roundUpPage(largest);
+  if (o.slot_size.empty()) return 0;
+  auto s = parseSize(o.slot_size);
+  if (!s || *s == 0) {
+    std::fprintf(stderr, "framelink send: --slot-size '%s' is not a size\n", o.slot_size.c_str());
+    return 2;
+  }
+  if (*s < largest) {
+    std::fprintf(stderr, "framelink send: --slot-size %s is smaller than the largest frame (%s); raise it\n",
+                 formatBytes(*s).c_str(), formatBytes(largest).c_str());
+    return 2;
+  }
+  slot_size = *s;
+  return 0;
+}
+
+// Attaches with slots of `slot_size` and checks that the daemon's slots hold the largest frame;
+// nullptr after saying why not.
+std::unique_ptr<Producer> attachProducer(const SendOptions& o, uint64_t slot_size, uint64_t largest) {
   ProducerOptions po;
   po.socket_path = o.socket;
   po.stream = o.stream;
@@ -140,54 +157,38 @@ int runSend(const SendOptions& o) {
   auto producer = Producer::attach(po, err);
   if (!producer) {
     std::fprintf(stderr, "framelink send: %s\n", err.c_str());
-    return 1;
+    return nullptr;
   }
   if (producer->info().slot_size < largest) {
     std::fprintf(stderr,
                  "framelink send: the daemon granted %s slots, smaller than the largest frame (%s); "
                  "raise the daemon's --max-slot-size\n",
                  formatBytes(producer->info().slot_size).c_str(), formatBytes(largest).c_str());
-    return 1;
+    return nullptr;
   }
+  return producer;
+}
 
-  Journal journal;
-  if (!o.journal.empty() && !journal.open(o.journal)) {
-    std::fprintf(stderr, "framelink send: cannot open the journal %s: %s\n", o.journal.c_str(),
-                 std::strerror(errno));
-    return 2;
+// FILE number `index` as a frame: its bytes in the slot, frame_id = index, attrs = its name.
+bool prepareFile(const std::string& path, uint64_t size, uint64_t index, fl_slot& slot, FrameSpec& spec,
+                 std::string& e) {
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(slot.data), static_cast<std::streamsize>(size));
+  if (!in || static_cast<uint64_t>(in.gcount()) != size) {
+    e = "cannot read " + path + " (" + std::to_string(size) + " bytes): " + std::strerror(errno);
+    return false;
   }
-  std::vector<char> file_buf;
-  auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string& e) -> bool {
-    if (!o.files.empty()) {
-      const std::string& path = o.files[index];
-      std::ifstream in(path, std::ios::binary);
-      in.read(reinterpret_cast<char*>(slot.data), static_cast<std::streamsize>(file_sizes[index]));
-      if (!in || static_cast<uint64_t>(in.gcount()) != file_sizes[index]) {
-        e = "cannot read " + path + " (" + std::to_string(file_sizes[index]) +
-            " bytes): " + std::strerror(errno);
-        return false;
-      }
-      spec.frame_id = index;
-      spec.wafer_id = 0;
-      spec.length = file_sizes[index];
-      const size_t slash = path.rfind('/');
-      spec.attrs = "name=" + (slash == std::string::npos ? path : path.substr(slash + 1));
-      if (spec.attrs.size() > 192) spec.attrs.resize(192);
-      return true;
-    }
-    const uint64_t id = o.first_id + index;
-    spec.frame_id = id;
-    spec.wafer_id = pattern::waferOf(id);
-    spec.length = sizes->sizeOf(id);
-    spec.attrs = pattern::makeAttrs(id);
-    pattern::fillPattern(id, slot.data, spec.length);
-    journal.record("S", id);  // about to be submitted
-    return true;
-  };
-  auto more = [&](uint64_t index) { return count == 0 || index < count; };
-  auto completed = [&](const fl_completion& c) { journal.record("C", c.frame_id, c.status); };
-  ProducerStats st = producer->run(more, prepare, completed, nullptr);
+  spec.frame_id = index;
+  spec.wafer_id = 0;
+  spec.length = size;
+  const size_t slash = path.rfind('/');
+  spec.attrs = "name=" + (slash == std::string::npos ? path : path.substr(slash + 1));
+  if (spec.attrs.size() > 192) spec.attrs.resize(192);
+  return true;
+}
 
+// The summary on stdout: one JSON object, or a line plus one per failure reason with what to do.
+void printSendSummary(const SendOptions& o, const ProducerStats& st) {
   const double secs = st.seconds();
   const double gbps = secs > 0 ? st.bytes_delivered / secs / 1e9 : 0.0;
   const double fps = secs > 0 ? st.delivered / secs : 0.0;
@@ -213,6 +214,38 @@ int runSend(const SendOptions& o) {
       if (const char* hint = failureHint(status)) std::printf("    -> %s\n", hint);
     }
   }
+}
+
+// Plans the frames, attaches, sends them all and waits for their completions; then the summary.
+int runSend(const SendOptions& o) {
+  installInterruptHandler();
+  FramePlan plan;
+  if (const int rc = planFrames(o, plan); rc != 0) return rc;
+  uint64_t slot_size = 0;
+  if (const int rc = chooseSlotSize(o, plan.largest, slot_size); rc != 0) return rc;
+  const uint64_t count = !o.files.empty() ? o.files.size() : (o.count_set ? o.count : 100);
+  auto producer = attachProducer(o, slot_size, plan.largest);
+  if (!producer) return 1;
+
+  Journal journal;
+  if (!o.journal.empty() && !journal.open(o.journal)) {
+    std::fprintf(stderr, "framelink send: cannot open the journal %s: %s\n", o.journal.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  auto prepare = [&](uint64_t index, fl_slot& slot, FrameSpec& spec, std::string& e) -> bool {
+    if (!o.files.empty()) return prepareFile(o.files[index], plan.file_sizes[index], index, slot, spec, e);
+    const uint64_t id = o.first_id + index;
+    describePatternFrame(id, plan.sizes->sizeOf(id), spec);
+    pattern::fillPattern(id, slot.data, spec.length);
+    journal.record("S", id);  // about to be submitted
+    return true;
+  };
+  auto more = [&](uint64_t index) { return count == 0 || index < count; };
+  auto completed = [&](const fl_completion& c) { journal.record("C", c.frame_id, c.status); };
+  ProducerStats st = producer->run(more, prepare, completed, nullptr);
+
+  printSendSummary(o, st);
   if (!st.error.empty()) std::fprintf(stderr, "framelink send: %s\n", st.error.c_str());
   if (st.interrupted) {
     std::fprintf(stderr, "framelink send: interrupted after %llu frames\n", (unsigned long long)st.submitted);
@@ -237,7 +270,8 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   size->excludes(rnd);
   cmd->add_option("--seed", o->seed, "seed of --random-size (default 1)");
   cmd->add_option("--rate", o->rate, "frames per second (default: as fast as possible)");
-  cmd->add_option("--slots", o->slots, "slots to ask the daemon for (default: library default)");
+  cmd->add_option("--slots", o->slots,
+                  "slots to ask the daemon for (default: its [limits] default_slot_count)");
   cmd->add_option("--slot-size", o->slot_size, "bytes per slot (default: the largest frame, page-rounded)");
   cmd->add_flag("--crc", o->crc, "send a CRC32C with each frame; the receiving daemon checks it");
   cmd->add_option("--first-id", o->first_id, "frame_id of the first synthetic frame (default 0)");

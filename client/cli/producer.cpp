@@ -1,7 +1,9 @@
 #include "producer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cli_util.h"
@@ -75,48 +77,99 @@ bool Producer::prefillAllSlots(const std::function<void(fl_slot&)>& fill, std::s
   return ok;
 }
 
-ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const CompletionFn& on_completion,
-                            const std::atomic<bool>* stop) {
-  ProducerStats st;
-  fl_completion comps[64];
-  auto windowOf = [&] {
+namespace {
+
+// One Producer::run: its figures so far and the steps of its loop.  A step's Next::kAgain starts
+// the loop over (after a wait, a reattach, or a failure that stops sending); kStop ends it at once.
+class SendLoop {
+ public:
+  enum class Next { kGo, kAgain, kStop };
+
+  SendLoop(fl_client* client, const ProducerOptions& options, fl_client_info& info,
+           const Producer::MoreFn& more, const Producer::PrepareFn& prepare,
+           const Producer::CompletionFn& on_completion, const std::atomic<bool>* stop)
+      : client_(client),
+        options_(options),
+        info_(info),
+        more_(more),
+        prepare_(prepare),
+        on_completion_(on_completion),
+        stop_(stop),
+        window_(windowOf()),
+        last_progress_ns_(monotonicNs()),
+        rate_period_ns_(options.rate_hz > 0 ? static_cast<uint64_t>(1e9 / options.rate_hz) : 0) {}
+
+  // Sends while more() says so and nothing stops it, paced by the rate and the window, then waits
+  // for the completions of everything in flight.
+  ProducerStats run() {
+    while (true) {
+      checkStop();
+      if (const Next next = poll(); next != Next::kGo) {
+        if (next == Next::kStop) break;
+        continue;
+      }
+      if (!sending_) {
+        if (drain() == Next::kStop) break;
+        continue;
+      }
+      if (waitedForRate()) continue;
+      if (inFlight() >= window_) {
+        awaitCompletion();
+        continue;
+      }
+      fl_slot slot{};
+      if (acquire(slot)) submit(slot);
+    }
+    if (st_.last_completion_ns == 0) st_.last_completion_ns = monotonicNs();
+    return st_;
+  }
+
+ private:
+  enum class Wait { kGot, kMended, kQuiet, kFailed };
+
+  // Frames allowed in flight at once: max_in_flight, but never more than the slots.
+  uint32_t windowOf() const {
     return options_.max_in_flight != 0 ? std::min(options_.max_in_flight, info_.slot_count)
                                        : info_.slot_count;
-  };
-  uint32_t window = windowOf();
-  uint64_t index = 0;
-  bool sending = true;
-  uint64_t last_progress_ns = monotonicNs();
-  const uint64_t rate_period_ns = options_.rate_hz > 0 ? static_cast<uint64_t>(1e9 / options_.rate_hz) : 0;
-  uint64_t next_due_ns = 0;
-  std::string attrs_buf;
+  }
+  uint64_t inFlight() const { return st_.submitted - st_.delivered - st_.failed; }
+  // No completion (or first submit, or reattach) for stall_timeout_ms.
+  bool stalled() const {
+    return monotonicNs() - last_progress_ns_ > static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull;
+  }
+  std::string stallMessage() const {
+    return "no completion for " + std::to_string(options_.stall_timeout_ms / 1000) + " s with " +
+           std::to_string(inFlight()) + " frames in flight; check both daemons' logs";
+  }
+  // The first fatal error is the one reported; sending stops, what is in flight is waited for.
+  void fatal(std::string msg) {
+    if (st_.error.empty()) st_.error = std::move(msg);
+    sending_ = false;
+  }
 
-  auto handle = [&](size_t n) {
+  // Counts `n` completions in comps_ and passes each on.
+  void handle(size_t n) {
     const uint64_t now = monotonicNs();
     for (size_t i = 0; i < n; ++i) {
-      const fl_completion& c = comps[i];
+      const fl_completion& c = comps_[i];
       if (c.status == FL_OK) {
-        ++st.delivered;
-        st.bytes_delivered += c.length;
+        ++st_.delivered;
+        st_.bytes_delivered += c.length;
       } else {
-        ++st.failed;
-        ++st.failures[c.status];
+        ++st_.failed;
+        ++st_.failures[c.status];
       }
-      if (on_completion) on_completion(c);
+      if (on_completion_) on_completion_(c);
     }
     if (n > 0) {
-      st.last_completion_ns = now;
-      last_progress_ns = now;
+      st_.last_completion_ns = now;
+      last_progress_ns_ = now;
     }
-  };
-  auto inFlight = [&] { return st.submitted - st.delivered - st.failed; };
-  auto fatal = [&](std::string msg) {
-    if (st.error.empty()) st.error = std::move(msg);
-    sending = false;
-  };
+  }
+
   // After FL_ERR_DAEMON_GONE with options_.reattach: waits for the daemon to be back and attaches
   // again.  True: attached, retry; false: rc was something else, or the daemon stayed away.
-  auto mended = [&](int rc) {
+  bool mended(int rc) {
     if (!options_.reattach || rc != FL_ERR_DAEMON_GONE) return false;
     const uint64_t give_up_ns = monotonicNs() + static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull;
     int r = fl_reattach(client_);
@@ -128,127 +181,131 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
       fatal(std::string("the daemon went away and attaching again failed: ") + fl_last_error());
       return false;
     }
-    window = windowOf();
-    ++st.reattaches;
-    last_progress_ns = monotonicNs();
+    window_ = windowOf();
+    ++st_.reattaches;
+    last_progress_ns_ = monotonicNs();
     std::fprintf(stderr, "framelink: the daemon went away; attached again (generation %u, %u slots)\n",
                  info_.generation, info_.slot_count);
     return true;
-  };
+  }
 
-  while (true) {
-    if (sending && ((stop != nullptr && stop->load(std::memory_order_relaxed)) || g_interrupted.load())) {
-      st.interrupted = true;
-      sending = false;
+  // Sending stops on request (stop flag, Ctrl-C: interrupted) or when there is nothing more to send.
+  void checkStop() {
+    if (sending_ && ((stop_ != nullptr && stop_->load(std::memory_order_relaxed)) || g_interrupted.load())) {
+      st_.interrupted = true;
+      sending_ = false;
     }
-    if (sending && !more(index)) sending = false;
+    if (sending_ && !more_(index_)) sending_ = false;
+  }
 
+  // Takes whatever completions are already there.
+  Next poll() {
     size_t n = 0;
-    int rc = fl_poll_completions(client_, comps, 64, &n);
-    if (rc != FL_OK && mended(rc)) continue;
+    const int rc = fl_poll_completions(client_, comps_, 64, &n);
+    if (rc != FL_OK && mended(rc)) return Next::kAgain;
     if (rc != FL_OK) {
       fatal(std::string("polling completions failed: ") + fl_last_error());
-      break;
+      return Next::kStop;
     }
     handle(n);
+    return Next::kGo;
+  }
 
-    if (!sending) {
-      if (inFlight() == 0) break;
-      if (g_interrupted.load() && monotonicNs() - last_progress_ns > 10'000'000'000ull) {
-        fatal("interrupted with " + std::to_string(inFlight()) + " frames still in flight");
-        break;
-      }
-      rc = fl_wait_completions(client_, comps, 64, &n, 200);
-      if (rc == FL_OK) {
-        handle(n);
-      } else if (mended(rc)) {
-        continue;
-      } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
-        fatal(std::string("waiting for completions failed: ") + fl_last_error());
-        break;
-      }
-      if (monotonicNs() - last_progress_ns > static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
-        fatal("no completion for " + std::to_string(options_.stall_timeout_ms / 1000) + " s with " +
-              std::to_string(inFlight()) + " frames in flight; check both daemons' logs");
-        break;
-      }
-      continue;
+  // Waits up to 200 ms for completions and handles them.
+  Wait waitCompletions() {
+    size_t n = 0;
+    const int rc = fl_wait_completions(client_, comps_, 64, &n, 200);
+    if (rc == FL_OK) {
+      handle(n);
+      return Wait::kGot;
     }
-
-    if (rate_period_ns != 0) {
-      const uint64_t now = monotonicNs();
-      if (next_due_ns == 0) next_due_ns = now;
-      if (now < next_due_ns) {
-        const uint64_t wait_ms = (next_due_ns - now) / 1000000ull;
-        if (wait_ms >= 1 && inFlight() > 0) {
-          rc =
-              fl_wait_completions(client_, comps, 64, &n, static_cast<int>(std::min<uint64_t>(wait_ms, 100)));
-          if (rc == FL_OK) handle(n);
-        } else {
-          sleepNs(std::min<uint64_t>(next_due_ns - now, 100'000'000ull));
-        }
-        continue;
-      }
+    if (mended(rc)) return Wait::kMended;
+    if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
+      fatal(std::string("waiting for completions failed: ") + fl_last_error());
+      return Wait::kFailed;
     }
+    return Wait::kQuiet;
+  }
 
-    if (inFlight() >= window) {
-      rc = fl_wait_completions(client_, comps, 64, &n, 200);
-      if (rc == FL_OK) {
-        handle(n);
-      } else if (mended(rc)) {
-        continue;
-      } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
-        fatal(std::string("waiting for completions failed: ") + fl_last_error());
-      } else if (monotonicNs() - last_progress_ns >
-                 static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
-        fatal("no completion for " + std::to_string(options_.stall_timeout_ms / 1000) + " s with " +
-              std::to_string(inFlight()) + " frames in flight; check both daemons' logs");
-      }
-      continue;
+  // Sending is over: waits for the completions of what is in flight; gives up when they stall, or
+  // 10 s after Ctrl-C.
+  Next drain() {
+    if (inFlight() == 0) return Next::kStop;
+    if (g_interrupted.load() && monotonicNs() - last_progress_ns_ > 10'000'000'000ull) {
+      fatal("interrupted with " + std::to_string(inFlight()) + " frames still in flight");
+      return Next::kStop;
     }
+    const Wait w = waitCompletions();
+    if (w == Wait::kMended) return Next::kAgain;
+    if (w == Wait::kFailed) return Next::kStop;
+    if (stalled()) {
+      fatal(stallMessage());
+      return Next::kStop;
+    }
+    return Next::kAgain;
+  }
 
-    fl_slot slot{};
-    rc = fl_acquire(client_, 0, &slot);
+  // Every slot of the window is in flight: a completion frees one.
+  void awaitCompletion() {
+    if (waitCompletions() == Wait::kQuiet && stalled()) fatal(stallMessage());
+  }
+
+  // With --rate: true while the next frame is not due yet, after waiting (for completions, when
+  // frames are in flight) for up to 100 ms of that time.
+  bool waitedForRate() {
+    if (rate_period_ns_ == 0) return false;
+    const uint64_t now = monotonicNs();
+    if (next_due_ns_ == 0) next_due_ns_ = now;
+    if (now >= next_due_ns_) return false;
+    const uint64_t wait_ms = (next_due_ns_ - now) / 1000000ull;
+    if (wait_ms >= 1 && inFlight() > 0) {
+      size_t n = 0;
+      const int rc =
+          fl_wait_completions(client_, comps_, 64, &n, static_cast<int>(std::min<uint64_t>(wait_ms, 100)));
+      if (rc == FL_OK) handle(n);
+    } else {
+      sleepNs(std::min<uint64_t>(next_due_ns_ - now, 100'000'000ull));
+    }
+    return true;
+  }
+
+  // A free slot into `slot`; false when there is none yet (after waiting a little) or acquiring
+  // failed.
+  bool acquire(fl_slot& slot) {
+    int rc = fl_acquire(client_, 0, &slot);
     if ((rc == FL_EAGAIN || rc == FL_ETIMEDOUT) && inFlight() > 0) {
       // Every slot is busy: the next free one comes back with a completion.
-      rc = fl_wait_completions(client_, comps, 64, &n, 200);
-      if (rc == FL_OK) {
-        handle(n);
-      } else if (mended(rc)) {
-        continue;
-      } else if (rc != FL_ETIMEDOUT && rc != FL_EAGAIN && rc != FL_EINTR) {
-        fatal(std::string("waiting for completions failed: ") + fl_last_error());
-      } else if (monotonicNs() - last_progress_ns >
-                 static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
-        fatal("no completion for " + std::to_string(options_.stall_timeout_ms / 1000) + " s with " +
-              std::to_string(inFlight()) + " frames in flight; check both daemons' logs");
-      }
-      continue;
+      awaitCompletion();
+      return false;
     }
     if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT) {
       // Nothing in flight, so no completion will free a slot: let the library block.
       rc = fl_acquire(client_, 200, &slot);
       if (rc == FL_EAGAIN || rc == FL_ETIMEDOUT || rc == FL_EINTR) {
-        if (monotonicNs() - last_progress_ns >
-            static_cast<uint64_t>(options_.stall_timeout_ms) * 1000000ull) {
+        if (stalled()) {
           fatal("no free slot for " + std::to_string(options_.stall_timeout_ms / 1000) +
                 " s although no frame is in flight; check the daemon's log");
         }
-        continue;
+        return false;
       }
     }
-    if (rc == FL_EINTR || (rc != FL_OK && mended(rc))) continue;
+    if (rc == FL_EINTR || (rc != FL_OK && mended(rc))) return false;
     if (rc != FL_OK) {
       fatal(std::string("acquiring a slot failed: ") + fl_last_error());
-      continue;
+      return false;
     }
+    return true;
+  }
 
+  // Fills the slot (prepare), sets the frame's metadata and submits it; a slot that cannot go is
+  // given back.  After a reattach the same frame goes again, in a slot of the new attachment.
+  void submit(fl_slot& slot) {
     FrameSpec spec;
     std::string err;
-    if (!prepare(index, slot, spec, err)) {
+    if (!prepare_(index_, slot, spec, err)) {
       fl_abandon(client_, slot.index);
       fatal(err);
-      continue;
+      return;
     }
     fl_frame_meta meta{};
     meta.frame_id = spec.frame_id;
@@ -257,33 +314,61 @@ ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const 
     meta.attr_length = static_cast<uint32_t>(spec.attrs.size());
     meta.attrs = reinterpret_cast<const uint8_t*>(spec.attrs.data());
     meta.timestamp_ns = realtimeNs();
-    rc = fl_set_meta(client_, slot.index, &meta);
+    int rc = fl_set_meta(client_, slot.index, &meta);
     if (rc != FL_OK) {
       fl_abandon(client_, slot.index);
-      if (mended(rc)) continue;  // the same frame again, in a slot of the new attachment
-      fatal("cannot set the metadata of frame " + std::to_string(spec.frame_id) + ": " + fl_last_error());
-      continue;
+      if (!mended(rc)) {
+        fatal("cannot set the metadata of frame " + std::to_string(spec.frame_id) + ": " + fl_last_error());
+      }
+      return;
     }
     rc = fl_submit(client_, slot.index, spec.length);
     if (rc != FL_OK) {
       fl_abandon(client_, slot.index);
-      if (mended(rc)) continue;
-      fatal("cannot submit frame " + std::to_string(spec.frame_id) + " (" + std::to_string(spec.length) +
-            " bytes): " + fl_last_error());
-      continue;
+      if (!mended(rc)) {
+        fatal("cannot submit frame " + std::to_string(spec.frame_id) + " (" + std::to_string(spec.length) +
+              " bytes): " + fl_last_error());
+      }
+      return;
     }
-    const uint64_t now = monotonicNs();
-    if (st.submitted == 0) {
-      st.first_submit_ns = now;
-      last_progress_ns = now;
-    }
-    ++st.submitted;
-    st.bytes_submitted += spec.length;
-    ++index;
-    if (rate_period_ns != 0) next_due_ns += rate_period_ns;
+    submitted(spec.length);
   }
-  if (st.last_completion_ns == 0) st.last_completion_ns = monotonicNs();
-  return st;
+
+  // Counts a submitted frame; the first one starts the clock.
+  void submitted(uint64_t length) {
+    const uint64_t now = monotonicNs();
+    if (st_.submitted == 0) {
+      st_.first_submit_ns = now;
+      last_progress_ns_ = now;
+    }
+    ++st_.submitted;
+    st_.bytes_submitted += length;
+    ++index_;
+    if (rate_period_ns_ != 0) next_due_ns_ += rate_period_ns_;
+  }
+
+  fl_client* client_;
+  const ProducerOptions& options_;
+  fl_client_info& info_;  // the Producer's: a reattach refreshes it
+  const Producer::MoreFn& more_;
+  const Producer::PrepareFn& prepare_;
+  const Producer::CompletionFn& on_completion_;
+  const std::atomic<bool>* stop_;
+  ProducerStats st_;
+  fl_completion comps_[64]{};
+  uint32_t window_;
+  uint64_t index_ = 0;
+  bool sending_ = true;
+  uint64_t last_progress_ns_;
+  const uint64_t rate_period_ns_;
+  uint64_t next_due_ns_ = 0;
+};
+
+}  // namespace
+
+ProducerStats Producer::run(const MoreFn& more, const PrepareFn& prepare, const CompletionFn& on_completion,
+                            const std::atomic<bool>* stop) {
+  return SendLoop(client_, options_, info_, more, prepare, on_completion, stop).run();
 }
 
 }  // namespace framelink::cli

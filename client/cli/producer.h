@@ -25,8 +25,8 @@ struct FrameSpec {
 struct ProducerOptions {
   std::string socket_path;
   std::string stream;
-  uint32_t slot_count = 0;  // 0: library default
-  uint64_t slot_size = 0;   // 0: library default
+  uint32_t slot_count = 0;  // 0: the daemon's [limits] default_slot_count
+  uint64_t slot_size = 0;   // 0: the daemon's [limits] default_slot_size
   bool crc = false;
   double rate_hz = 0;          // 0: as fast as completions allow
   uint32_t max_in_flight = 0;  // 0: every slot; 1 = one frame at a time (latency runs)
