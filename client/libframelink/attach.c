@@ -366,6 +366,96 @@ void flx_free_shell(fl_client* c) {
   free(c);
 }
 
+/* What an attach maps: both segments, and the validated private copy of the
+ * control segment's header. */
+struct flx_segments {
+  uint8_t* control;
+  size_t control_len;
+  uint8_t* data;
+  size_t data_len;
+  fl_segment_header geo;
+};
+
+/* The ring headers the daemon wrote must agree with the (validated) segment
+ * header before either ring is used. */
+static int flx_check_ring_headers(const uint8_t* control, const fl_segment_header* geo) {
+  const fl_ring_header* sr = (const fl_ring_header*)(control + geo->submit_ring_offset);
+  const fl_ring_header* cr = (const fl_ring_header*)(control + geo->completion_ring_offset);
+  if (sr->capacity != geo->ring_capacity || cr->capacity != geo->ring_capacity ||
+      sr->entry_size != sizeof(fl_submit_desc) || cr->entry_size != sizeof(fl_completion_desc))
+    return flx_error(
+        FL_ERR_RING_CORRUPT,
+        "ring headers (capacity %u/%u, entry size %u/%u) disagree with the segment header (capacity %u, "
+        "entry sizes %zu/%zu)",
+        sr->capacity, cr->capacity, sr->entry_size, cr->entry_size, geo->ring_capacity,
+        sizeof(fl_submit_desc), sizeof(fl_completion_desc));
+  return FL_OK;
+}
+
+/* Maps the control segment into seg and checks it before anything in it is
+ * used: its header (copied to seg->geo), the daemon still serving, the ring
+ * headers.  On failure seg->control may be mapped: the caller unmaps it. */
+static int flx_map_control(int fd, const fl_attach_request* req, const fl_attach_reply* reply,
+                           struct flx_segments* seg) {
+  int rc =
+      flx_map(fd, reply->control_size, PROT_READ | PROT_WRITE, "control", &seg->control, &seg->control_len);
+  if (rc != FL_OK) return rc;
+  if (seg->control_len < sizeof(fl_segment_header))
+    return flx_error(FL_ERR_RING_CORRUPT, "the control segment (%zu bytes) is smaller than its header",
+                     seg->control_len);
+  memcpy(&seg->geo, seg->control, sizeof(seg->geo));
+  rc = flx_validate_header(&seg->geo, req->role, req->stream, reply->client_id, reply->control_size,
+                           reply->data_size);
+  if (rc != FL_OK) return rc;
+  if (__atomic_load_n(&((const fl_segment_header*)seg->control)->daemon_state, __ATOMIC_ACQUIRE) !=
+      FL_DAEMON_SERVING)
+    return flx_gone_error();
+  return flx_check_ring_headers(seg->control, &seg->geo);
+}
+
+/* We only read the completion doorbell to clear it: non-blocking, so
+ * several waiters never block in read(). */
+static int flx_completion_bell_nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    return flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s",
+                     strerror(errno));
+  return FL_OK;
+}
+
+/* Gives the new client `c` (nobody else sees it yet) the attach socket, the
+ * passed fds and the mapped segments; fl_detach releases them from here on. */
+static void flx_fill_client(fl_client* c, const fl_attach_request* req, int sock,
+                            const int fds[FL_ATTACH_FD_COUNT], const struct flx_segments* seg) {
+  const fl_segment_header* geo = &seg->geo;
+  c->role = req->role;
+  c->sock = sock;
+  c->control_fd = fds[0];
+  c->data_fd = fds[1];
+  c->submit_bell = fds[2];
+  c->completion_bell = fds[3];
+  c->control = seg->control;
+  c->control_len = seg->control_len;
+  c->data = seg->data;
+  c->data_len = seg->data_len;
+  c->geo = *geo;
+  c->live_hdr = (const fl_segment_header*)seg->control;
+  c->submit = (fl_ring_header*)(seg->control + geo->submit_ring_offset);
+  c->completion = (fl_ring_header*)(seg->control + geo->completion_ring_offset);
+  c->ring_cap = geo->ring_capacity;
+  c->slot_count = geo->slot_count;
+  c->slot_size = geo->slot_size;
+  c->slot_stride = geo->slot_stride;
+  c->slot_headers = seg->data + geo->slot_headers_offset;
+  c->slot_header_stride = geo->slot_header_stride;
+  c->slots = seg->data + geo->slots_offset;
+  if (c->role == FL_PRODUCER) {
+    /* A stack: pushed in reverse so the first acquire gets slot 0. */
+    for (uint32_t i = 0; i < c->slot_count; ++i) c->free_list[i] = c->slot_count - 1 - i;
+    c->free_count = c->slot_count;
+  }
+}
+
 int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms, fl_client** out) {
   if (timeout_ms == 0) timeout_ms = FLX_ATTACH_TIMEOUT_MS;
   const int64_t deadline_ms = flx_mono_ms() + timeout_ms;
@@ -382,95 +472,31 @@ int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeo
     return rc;
   }
 
-  uint8_t* control = NULL;
-  size_t control_len = 0;
-  uint8_t* data = NULL;
-  size_t data_len = 0;
+  struct flx_segments seg;
+  memset(&seg, 0, sizeof(seg));
   fl_client* c = NULL;
-  fl_segment_header geo;
 
-  rc = flx_map(fds[0], reply.control_size, PROT_READ | PROT_WRITE, "control", &control, &control_len);
+  rc = flx_map_control(fds[0], req, &reply, &seg);
   if (rc != FL_OK) goto fail;
-  if (control_len < sizeof(fl_segment_header)) {
-    rc = flx_error(FL_ERR_RING_CORRUPT, "the control segment (%zu bytes) is smaller than its header",
-                   control_len);
-    goto fail;
-  }
-  memcpy(&geo, control, sizeof(geo));
-  rc =
-      flx_validate_header(&geo, req->role, req->stream, reply.client_id, reply.control_size, reply.data_size);
-  if (rc != FL_OK) goto fail;
-  if (__atomic_load_n(&((const fl_segment_header*)control)->daemon_state, __ATOMIC_ACQUIRE) !=
-      FL_DAEMON_SERVING) {
-    rc = flx_gone_error();
-    goto fail;
-  }
-  {
-    const fl_ring_header* sr = (const fl_ring_header*)(control + geo.submit_ring_offset);
-    const fl_ring_header* cr = (const fl_ring_header*)(control + geo.completion_ring_offset);
-    if (sr->capacity != geo.ring_capacity || cr->capacity != geo.ring_capacity ||
-        sr->entry_size != sizeof(fl_submit_desc) || cr->entry_size != sizeof(fl_completion_desc)) {
-      rc = flx_error(
-          FL_ERR_RING_CORRUPT,
-          "ring headers (capacity %u/%u, entry size %u/%u) disagree with the segment header (capacity %u, "
-          "entry sizes %zu/%zu)",
-          sr->capacity, cr->capacity, sr->entry_size, cr->entry_size, geo.ring_capacity,
-          sizeof(fl_submit_desc), sizeof(fl_completion_desc));
-      goto fail;
-    }
-  }
   rc = flx_map(fds[1], reply.data_size, req->role == FL_PRODUCER ? PROT_READ | PROT_WRITE : PROT_READ, "data",
-               &data, &data_len);
+               &seg.data, &seg.data_len);
   if (rc != FL_OK) goto fail;
 
-  c = flx_alloc_client(geo.slot_count, geo.ring_capacity);
+  c = flx_alloc_client(seg.geo.slot_count, seg.geo.ring_capacity);
   if (!c) {
-    rc = flx_error(FL_ERR_RESOURCES, "out of memory for the bookkeeping of %u slots", geo.slot_count);
+    rc = flx_error(FL_ERR_RESOURCES, "out of memory for the bookkeeping of %u slots", seg.geo.slot_count);
     goto fail;
   }
-  {
-    /* We only read the completion doorbell to clear it: non-blocking, so
-     * several waiters never block in read(). */
-    int fl = fcntl(fds[3], F_GETFL);
-    if (fl < 0 || fcntl(fds[3], F_SETFL, fl | O_NONBLOCK) < 0) {
-      rc = flx_error(FL_ERR_RESOURCES, "cannot make the completion doorbell non-blocking: %s",
-                     strerror(errno));
-      goto fail;
-    }
-  }
-  c->role = req->role;
-  c->sock = sock;
-  c->control_fd = fds[0];
-  c->data_fd = fds[1];
-  c->submit_bell = fds[2];
-  c->completion_bell = fds[3];
-  c->control = control;
-  c->control_len = control_len;
-  c->data = data;
-  c->data_len = data_len;
-  c->geo = geo;
-  c->live_hdr = (const fl_segment_header*)control;
-  c->submit = (fl_ring_header*)(control + geo.submit_ring_offset);
-  c->completion = (fl_ring_header*)(control + geo.completion_ring_offset);
-  c->ring_cap = geo.ring_capacity;
-  c->slot_count = geo.slot_count;
-  c->slot_size = geo.slot_size;
-  c->slot_stride = geo.slot_stride;
-  c->slot_headers = data + geo.slot_headers_offset;
-  c->slot_header_stride = geo.slot_header_stride;
-  c->slots = data + geo.slots_offset;
-  if (c->role == FL_PRODUCER) {
-    /* A stack: pushed in reverse so the first acquire gets slot 0. */
-    for (uint32_t i = 0; i < c->slot_count; ++i) c->free_list[i] = c->slot_count - 1 - i;
-    c->free_count = c->slot_count;
-  }
+  rc = flx_completion_bell_nonblocking(fds[3]);
+  if (rc != FL_OK) goto fail;
+  flx_fill_client(c, req, sock, fds, &seg);
   *out = c;
   return FL_OK;
 
 fail:
   if (c) flx_free_shell(c);
-  if (data) munmap(data, data_len);
-  if (control) munmap(control, control_len);
+  if (seg.data) munmap(seg.data, seg.data_len);
+  if (seg.control) munmap(seg.control, seg.control_len);
   flx_close_fds(fds, FL_ATTACH_FD_COUNT);
   close(sock);
   return rc;

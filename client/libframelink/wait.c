@@ -170,8 +170,170 @@ static int flx_backlogged_error(fl_client* c, int status, const char* head) {
                    head, (unsigned long long)(c->queue_tail - c->queue_head));
 }
 
+/* One flx_wait call: what it waits for, and until when.  The steps below
+ * each return 1 when the loop should try again, or 0 with *rc the status
+ * flx_wait returns. */
+struct flx_wait_call {
+  fl_client* c;
+  int timeout_ms;   /* 0: non-blocking, < 0: forever */
+  int64_t deadline; /* CLOCK_MONOTONIC ns, when timeout_ms > 0 */
+  flx_try_fn try_fn;
+  void* arg;
+  const char* what;
+};
+
+/* With mu held (dropped while it reattaches or sleeps): the daemon is gone
+ * and auto_reattach is on.  Attaches again, or sleeps until the next attempt
+ * is due (or another thread's attempt ended), unless the call cannot wait
+ * that long. */
+static int flx_wait_reattach_locked(const struct flx_wait_call* w, int* rc) {
+  fl_client* c = w->c;
+  int64_t retry_ms = 0;
+  if (flx_auto_reattach_locked(c, &retry_ms) == FL_OK) return 1; /* attached again: try there */
+  char head[256];
+  if (w->timeout_ms == 0) {
+    snprintf(head, sizeof(head), "no %s available now (non-blocking call)", w->what);
+    *rc = flx_awaiting_daemon_error(c, FL_EAGAIN, head);
+    return 0;
+  }
+  int64_t wake_ns = retry_ms * 1000000;
+  if (w->timeout_ms > 0 && w->deadline <= wake_ns) {
+    if (w->deadline <= flx_now_ns()) {
+      snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", w->timeout_ms, w->what);
+      *rc = flx_awaiting_daemon_error(c, FL_ETIMEDOUT, head);
+      return 0;
+    }
+    wake_ns = w->deadline;
+  }
+  /* Until the next attempt is due (or another thread's attempt ended). */
+  c->followers++;
+  struct timespec ts = {.tv_sec = (time_t)(wake_ns / 1000000000), .tv_nsec = (long)(wake_ns % 1000000000)};
+  pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+  c->followers--;
+  return 1;
+}
+
+/* With mu held: a non-blocking call found nothing.  Arms the doorbell (and
+ * tries once more if an entry raced in), looks at the attach socket at most
+ * once a millisecond, and otherwise says FL_EAGAIN. */
+static int flx_wait_nonblocking_locked(const struct flx_wait_call* w, int* rc) {
+  fl_client* c = w->c;
+  const int was_armed = c->armed;
+  if (flx_arm_locked(c)) {
+    *rc = w->try_fn(c, w->arg);
+    if (*rc != FL_EAGAIN) return 0;
+  }
+  /* Nothing again, after the caller may have waited on fl_doorbell_fd,
+   * which a dead daemon's socket keeps readable: was that why it woke?
+   * At most once a millisecond, so that spinning on an empty ring makes
+   * no system call per call. */
+  if (was_armed) {
+    const int64_t now = flx_now_ns();
+    if (now - c->socket_checked_ns >= 1000000) {
+      c->socket_checked_ns = now;
+      if (flx_socket_hung_up_locked(c)) return 1;
+    }
+  }
+  char head[256];
+  snprintf(head, sizeof(head), "no %s available now (non-blocking call)", w->what);
+  *rc = flx_backlogged_error(c, FL_EAGAIN, head);
+  return 0;
+}
+
+/* With mu held (dropped while it sleeps): a follower sleeps on cv until the
+ * poller returns, something is freed or queued, or the deadline passes. */
+static void flx_follow_locked(const struct flx_wait_call* w) {
+  fl_client* c = w->c;
+  c->followers++;
+  if (w->timeout_ms > 0) {
+    struct timespec ts = {.tv_sec = (time_t)(w->deadline / 1000000000),
+                          .tv_nsec = (long)(w->deadline % 1000000000)};
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+  } else {
+    pthread_cond_wait(&c->cv, &c->mu);
+  }
+  c->followers--;
+}
+
+/* With mu held (dropped while it polls): this thread is the poller.  Sleeps
+ * in poll() on the completion doorbell, the attach socket and the kick
+ * eventfd for at most `wait_ms` (< 0: no limit), then clears what woke it
+ * and notes a hang-up. */
+static int flx_poll_locked(const struct flx_wait_call* w, int wait_ms, int* rc) {
+  fl_client* c = w->c;
+  if (c->kick_efd < 0) c->kick_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: no kicks, polls */
+  const int kick = c->kick_efd;
+  if (kick < 0 && (wait_ms < 0 || wait_ms > 10)) wait_ms = 10; /* no kicks: poll in slices */
+  c->poller_active = 1;
+  if (!fl_ring_prepare_sleep(c->completion)) {
+    flx_poller_done_locked(c);
+    return 1; /* an entry raced in: go and take it */
+  }
+  pthread_mutex_unlock(&c->mu);
+
+  struct pollfd p[3] = {{.fd = c->completion_bell, .events = POLLIN},
+                        {.fd = c->sock, .events = POLLRDHUP},
+                        {.fd = kick, .events = POLLIN}};
+  int n = poll(p, kick >= 0 ? 3 : 2, wait_ms);
+  int err = errno;
+  if (n > 0 && (p[0].revents & POLLIN)) flx_clear_doorbell(c);
+  if (n > 0 && kick >= 0 && (p[2].revents & POLLIN)) {
+    uint64_t v;
+    ssize_t r = read(kick, &v, sizeof(v));
+    (void)r;
+  }
+
+  pthread_mutex_lock(&c->mu);
+  flx_poller_done_locked(c);
+  if (n < 0) {
+    if (err == EINTR) {
+      *rc = flx_error(FL_EINTR, "interrupted by a signal while waiting for a %s", w->what);
+      return 0;
+    }
+    *rc = flx_error(FL_EINVAL, "poll() on the framelink doorbell failed: %s", strerror(err));
+    return 0;
+  }
+  if (n > 0 && p[1].revents)
+    flx_note_socket_locked(c, p[1].revents); /* followers already woken: they see it */
+  /* Loop: take what arrived; a hang-up is reported once the ring is empty. */
+  return 1;
+}
+
+/* With mu held: a blocking call found nothing.  Times out at the deadline,
+ * or sleeps as a follower or as the poller. */
+static int flx_wait_blocking_locked(const struct flx_wait_call* w, int* rc) {
+  fl_client* c = w->c;
+  int wait_ms = -1;
+  if (w->timeout_ms > 0) {
+    int64_t left = w->deadline - flx_now_ns();
+    if (left <= 0) {
+      char head[256];
+      snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", w->timeout_ms, w->what);
+      *rc = flx_backlogged_error(c, FL_ETIMEDOUT, head);
+      return 0;
+    }
+    wait_ms = (int)((left + 999999) / 1000000);
+  }
+  /* Behind the poller, or behind the application itself: a backlogged
+   * queue frees slots only when a completion is read, which notifies. */
+  if (c->poller_active || flx_queue_backlogged_locked(c)) {
+    flx_follow_locked(w);
+    return 1;
+  }
+  return flx_poll_locked(w, wait_ms, rc);
+}
+
+/* Each round tries once; when that finds nothing, one step: reattach (the
+ * daemon is gone), answer now (non-blocking) or sleep (blocking). */
 int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what) {
-  const int64_t deadline = timeout_ms > 0 ? flx_now_ns() + (int64_t)timeout_ms * 1000000 : 0;
+  const struct flx_wait_call w = {
+      .c = c,
+      .timeout_ms = timeout_ms,
+      .deadline = timeout_ms > 0 ? flx_now_ns() + (int64_t)timeout_ms * 1000000 : 0,
+      .try_fn = try_fn,
+      .arg = arg,
+      .what = what,
+  };
   int rc;
   pthread_mutex_lock(&c->mu);
   for (;;) {
@@ -182,114 +344,14 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       rc = flx_gone_error();
       break;
     }
-    if (gone) {
-      int64_t retry_ms = 0;
-      if (flx_auto_reattach_locked(c, &retry_ms) == FL_OK) continue; /* attached again: try there */
-      char head[256];
-      if (timeout_ms == 0) {
-        snprintf(head, sizeof(head), "no %s available now (non-blocking call)", what);
-        rc = flx_awaiting_daemon_error(c, FL_EAGAIN, head);
-        break;
-      }
-      int64_t wake_ns = retry_ms * 1000000;
-      if (timeout_ms > 0 && deadline <= wake_ns) {
-        if (deadline <= flx_now_ns()) {
-          snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", timeout_ms, what);
-          rc = flx_awaiting_daemon_error(c, FL_ETIMEDOUT, head);
-          break;
-        }
-        wake_ns = deadline;
-      }
-      /* Until the next attempt is due (or another thread's attempt ended). */
-      c->followers++;
-      struct timespec ts = {.tv_sec = (time_t)(wake_ns / 1000000000),
-                            .tv_nsec = (long)(wake_ns % 1000000000)};
-      pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-      c->followers--;
-      continue;
-    }
-    if (timeout_ms == 0) {
-      const int was_armed = c->armed;
-      if (flx_arm_locked(c)) {
-        rc = try_fn(c, arg);
-        if (rc != FL_EAGAIN) break;
-      }
-      /* Nothing again, after the caller may have waited on fl_doorbell_fd,
-       * which a dead daemon's socket keeps readable: was that why it woke?
-       * At most once a millisecond, so that spinning on an empty ring makes
-       * no system call per call. */
-      if (was_armed) {
-        const int64_t now = flx_now_ns();
-        if (now - c->socket_checked_ns >= 1000000) {
-          c->socket_checked_ns = now;
-          if (flx_socket_hung_up_locked(c)) continue;
-        }
-      }
-      char head[256];
-      snprintf(head, sizeof(head), "no %s available now (non-blocking call)", what);
-      rc = flx_backlogged_error(c, FL_EAGAIN, head);
-      break;
-    }
-    int wait_ms = -1;
-    if (timeout_ms > 0) {
-      int64_t left = deadline - flx_now_ns();
-      if (left <= 0) {
-        char head[256];
-        snprintf(head, sizeof(head), "timed out after %d ms waiting for a %s", timeout_ms, what);
-        rc = flx_backlogged_error(c, FL_ETIMEDOUT, head);
-        break;
-      }
-      wait_ms = (int)((left + 999999) / 1000000);
-    }
-    /* Behind the poller, or behind the application itself: a backlogged
-     * queue frees slots only when a completion is read, which notifies. */
-    if (c->poller_active || flx_queue_backlogged_locked(c)) {
-      c->followers++;
-      if (timeout_ms > 0) {
-        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000),
-                              .tv_nsec = (long)(deadline % 1000000000)};
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-      } else {
-        pthread_cond_wait(&c->cv, &c->mu);
-      }
-      c->followers--;
-      continue;
-    }
-    if (c->kick_efd < 0) c->kick_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: no kicks, polls */
-    const int kick = c->kick_efd;
-    if (kick < 0 && (wait_ms < 0 || wait_ms > 10)) wait_ms = 10; /* no kicks: poll in slices */
-    c->poller_active = 1;
-    if (!fl_ring_prepare_sleep(c->completion)) {
-      flx_poller_done_locked(c);
-      continue; /* an entry raced in: go and take it */
-    }
-    pthread_mutex_unlock(&c->mu);
-
-    struct pollfd p[3] = {{.fd = c->completion_bell, .events = POLLIN},
-                          {.fd = c->sock, .events = POLLRDHUP},
-                          {.fd = kick, .events = POLLIN}};
-    int n = poll(p, kick >= 0 ? 3 : 2, wait_ms);
-    int err = errno;
-    if (n > 0 && (p[0].revents & POLLIN)) flx_clear_doorbell(c);
-    if (n > 0 && kick >= 0 && (p[2].revents & POLLIN)) {
-      uint64_t v;
-      ssize_t r = read(kick, &v, sizeof(v));
-      (void)r;
-    }
-
-    pthread_mutex_lock(&c->mu);
-    flx_poller_done_locked(c);
-    if (n < 0) {
-      if (err == EINTR) {
-        rc = flx_error(FL_EINTR, "interrupted by a signal while waiting for a %s", what);
-        break;
-      }
-      rc = flx_error(FL_EINVAL, "poll() on the framelink doorbell failed: %s", strerror(err));
-      break;
-    }
-    if (n > 0 && p[1].revents)
-      flx_note_socket_locked(c, p[1].revents); /* followers already woken: they see it */
-    /* Loop: take what arrived; a hang-up is reported once the ring is empty. */
+    int again;
+    if (gone)
+      again = flx_wait_reattach_locked(&w, &rc);
+    else if (timeout_ms == 0)
+      again = flx_wait_nonblocking_locked(&w, &rc);
+    else
+      again = flx_wait_blocking_locked(&w, &rc);
+    if (!again) break;
   }
   pthread_mutex_unlock(&c->mu);
   return rc;

@@ -94,8 +94,7 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
   server->metrics_ = metrics;
   rlimit nofile{};
   if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) server->fd_limit_ = nofile.rlim_cur;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
+  sockaddr_un addr{.sun_family = AF_UNIX, .sun_path = {}};
   if (config.socket_path.size() >= sizeof(addr.sun_path)) {
     return makeError(FL_EINVAL, "socket path '" + config.socket_path + "' is longer than " +
                                     std::to_string(sizeof(addr.sun_path) - 1) +
@@ -126,34 +125,14 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
     group* g = ::getgrnam(config.socket_group.c_str());
     if (g == nullptr) {
       return makeError(FL_EINVAL, "socket group '" + config.socket_group +
-                                      "' does not exist; create it or "
-                                      "change socket_group");
+                                      "' does not exist; create it or change socket_group");
     }
     if (::chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
       return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " +
                                              config.socket_group + " failed: " + errnoText());
     }
   }
-  // Admin requests: the configured group, else whatever group the socket has now.
-  server->own_uid_ = ::geteuid();
-  server->own_gid_ = ::getegid();
-  if (!config.admin_group.empty()) {
-    group* g = ::getgrnam(config.admin_group.c_str());
-    if (g == nullptr) {
-      return makeError(FL_EINVAL, "admin group '" + config.admin_group +
-                                      "' does not exist; create it or change admin_group (--admin-group)");
-    }
-    server->admin_gid_ = g->gr_gid;
-    server->admin_group_ = config.admin_group;
-  } else {
-    struct stat sock_st {};
-    if (::stat(config.socket_path.c_str(), &sock_st) != 0) {
-      return makeError(FL_ERR_RESOURCES, "stat of " + config.socket_path + " failed: " + errnoText());
-    }
-    server->admin_gid_ = sock_st.st_gid;
-    group* g = ::getgrgid(sock_st.st_gid);
-    server->admin_group_ = g != nullptr ? g->gr_name : std::to_string(sock_st.st_gid);
-  }
+  if (Status admin = server->resolveAdminGroup(); !admin) return admin.error();
   if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
     return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + errnoText());
   }
@@ -162,13 +141,35 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
   server->listen_fd_ = std::move(fd);
   server->epoll_fd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
   server->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
+  epoll_event ev{.events = EPOLLIN, .data = {}};
   ev.data.fd = server->listen_fd_.get();
   ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->listen_fd_.get(), &ev);
   ev.data.fd = server->stop_fd_.get();
   ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->stop_fd_.get(), &ev);
   return server;
+}
+
+Status AttachServer::resolveAdminGroup() {
+  own_uid_ = ::geteuid();
+  own_gid_ = ::getegid();
+  if (!config_.admin_group.empty()) {
+    group* g = ::getgrnam(config_.admin_group.c_str());
+    if (g == nullptr) {
+      return makeError(FL_EINVAL, "admin group '" + config_.admin_group +
+                                      "' does not exist; create it or change admin_group (--admin-group)");
+    }
+    admin_gid_ = g->gr_gid;
+    admin_group_ = config_.admin_group;
+  } else {
+    struct stat sock_st {};
+    if (::stat(config_.socket_path.c_str(), &sock_st) != 0) {
+      return makeError(FL_ERR_RESOURCES, "stat of " + config_.socket_path + " failed: " + errnoText());
+    }
+    admin_gid_ = sock_st.st_gid;
+    group* g = ::getgrgid(sock_st.st_gid);
+    admin_group_ = g != nullptr ? g->gr_name : std::to_string(sock_st.st_gid);
+  }
+  return {};
 }
 
 void AttachServer::start() {

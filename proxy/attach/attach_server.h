@@ -81,6 +81,9 @@ class AttachServer {
 
  private:
   AttachServer(const Config& config, DaemonIdentity identity, OnAttach on_attach, OnDetach on_detach);
+  // Who may send admin requests (adminRefusal): the daemon's own uid and
+  // gid, and the configured admin group, else the group the socket has now.
+  Status resolveAdminGroup();
   void run();
   void acceptAll();
   void handleRequest(int fd);
