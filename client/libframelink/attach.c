@@ -200,6 +200,62 @@ static int flx_connect(const char* path, int64_t deadline_ms, uint32_t timeout_m
 }
 
 /* Sends the request and receives the reply with its fds (all -1 on failure). */
+/* Every SCM_RIGHTS descriptor in the message, at most FLX_MAX_FDS; returns how many. */
+static int flx_collect_fds(struct msghdr* msg, int got[FLX_MAX_FDS]) {
+  int ngot = 0;
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k && ngot < FLX_MAX_FDS; ++i)
+      memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  return ngot;
+}
+
+/* What the attach reply says: FL_OK, or the error (set) of a reply that was
+ * not read, not one of ours, of another version, a refusal, or short of
+ * descriptors.  `n` and `err` are recvmsg's result and errno. */
+static int flx_reply_status(const char* path, uint32_t timeout_ms, ssize_t n, int err, fl_attach_reply* reply,
+                            int ngot, int truncated) {
+  if (n < 0) {
+    return (err == EAGAIN || err == EWOULDBLOCK)
+               ? flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                           "framelinkd at %s accepted the connection but did not answer the attach request "
+                           "within %u ms (overloaded? see its log); raise attach_timeout_ms or try again",
+                           path, timeout_ms)
+               : flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                           "cannot read the attach reply from framelinkd at %s: %s", path, strerror(err));
+  }
+  if (n == 0) {
+    return flx_error(FL_ERR_DAEMON_UNREACHABLE,
+                     "framelinkd at %s closed the connection without answering the attach (see its log)",
+                     path);
+  }
+  if ((size_t)n < 8 || reply->magic != FL_ATTACH_MAGIC) {
+    return flx_error(FL_ERR_VERSION,
+                     "%s did not answer with a framelink attach reply: is it really framelinkd?", path);
+  }
+  if (reply->version != FL_ATTACH_VERSION || (size_t)n != sizeof(fl_attach_reply)) {
+    return flx_error(
+        FL_ERR_VERSION,
+        "framelinkd at %s speaks attach protocol version %u (%zd-byte reply), this libframelink %s "
+        "speaks %u: install matching versions",
+        path, reply->version, n, fl_version(), FL_ATTACH_VERSION);
+  }
+  if (reply->status != FL_OK) {
+    reply->message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
+    return reply->message[0] != '\0'
+               ? flx_error(reply->status, "%s", reply->message)
+               : flx_error(reply->status, "framelinkd refused the attach: %s", fl_status_str(reply->status));
+  }
+  if (reply->fd_count != FL_ATTACH_FD_COUNT || ngot != (int)FL_ATTACH_FD_COUNT || truncated) {
+    return flx_error(FL_ERR_VERSION,
+                     "framelinkd sent %d file descriptors (reply says %u), expected %u: version skew?", ngot,
+                     reply->fd_count, FL_ATTACH_FD_COUNT);
+  }
+  return FL_OK;
+}
+
 static int flx_handshake(int s, const char* path, const fl_attach_request* req, int64_t deadline_ms,
                          uint32_t timeout_ms, fl_attach_reply* reply, int fds[FL_ATTACH_FD_COUNT]) {
   for (unsigned i = 0; i < FL_ATTACH_FD_COUNT; ++i) fds[i] = -1;
@@ -252,48 +308,9 @@ static int flx_handshake(int s, const char* path, const fl_attach_request* req, 
 
   /* Collect every fd that arrived, so none leaks whatever happens next. */
   int got[FLX_MAX_FDS];
-  int ngot = 0;
-  if (n >= 0) {
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k && ngot < FLX_MAX_FDS; ++i)
-        memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-    }
-  }
-
-  int rc = FL_OK;
-  if (n < 0) {
-    rc = (err == EAGAIN || err == EWOULDBLOCK)
-             ? flx_error(FL_ERR_DAEMON_UNREACHABLE,
-                         "framelinkd at %s accepted the connection but did not answer the attach request "
-                         "within %u ms (overloaded? see its log); raise attach_timeout_ms or try again",
-                         path, timeout_ms)
-             : flx_error(FL_ERR_DAEMON_UNREACHABLE, "cannot read the attach reply from framelinkd at %s: %s",
-                         path, strerror(err));
-  } else if (n == 0) {
-    rc = flx_error(FL_ERR_DAEMON_UNREACHABLE,
-                   "framelinkd at %s closed the connection without answering the attach (see its log)", path);
-  } else if ((size_t)n < 8 || buf.reply.magic != FL_ATTACH_MAGIC) {
-    rc = flx_error(FL_ERR_VERSION,
-                   "%s did not answer with a framelink attach reply: is it really framelinkd?", path);
-  } else if (buf.reply.version != FL_ATTACH_VERSION || (size_t)n != sizeof(fl_attach_reply)) {
-    rc =
-        flx_error(FL_ERR_VERSION,
-                  "framelinkd at %s speaks attach protocol version %u (%zd-byte reply), this libframelink %s "
-                  "speaks %u: install matching versions",
-                  path, buf.reply.version, n, fl_version(), FL_ATTACH_VERSION);
-  } else if (buf.reply.status != FL_OK) {
-    buf.reply.message[FL_ATTACH_MESSAGE_MAX - 1] = '\0';
-    rc = buf.reply.message[0] != '\0' ? flx_error(buf.reply.status, "%s", buf.reply.message)
-                                      : flx_error(buf.reply.status, "framelinkd refused the attach: %s",
-                                                  fl_status_str(buf.reply.status));
-  } else if (buf.reply.fd_count != FL_ATTACH_FD_COUNT || ngot != (int)FL_ATTACH_FD_COUNT ||
-             (msg.msg_flags & MSG_CTRUNC)) {
-    rc = flx_error(FL_ERR_VERSION,
-                   "framelinkd sent %d file descriptors (reply says %u), expected %u: version skew?", ngot,
-                   buf.reply.fd_count, FL_ATTACH_FD_COUNT);
-  }
+  const int ngot = n >= 0 ? flx_collect_fds(&msg, got) : 0;
+  const int rc =
+      flx_reply_status(path, timeout_ms, n, err, &buf.reply, ngot, (msg.msg_flags & MSG_CTRUNC) != 0);
   if (rc != FL_OK) {
     flx_close_fds(got, ngot);
     return rc;
