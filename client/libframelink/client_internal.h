@@ -163,6 +163,11 @@ int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeo
 /* attach.c: frees a client that flx_attach_at made and nobody adopted. */
 void flx_free_shell(fl_client* client);
 int64_t flx_mono_ms(void);
+/* handshake.c: the attach handshake on the daemon's socket. */
+void flx_close_fds(int* fds, int n);
+int flx_connect(const char* path, int64_t deadline_ms, uint32_t timeout_ms, int* out_sock);
+int flx_handshake(int s, const char* path, const fl_attach_request* req, int64_t deadline_ms,
+                  uint32_t timeout_ms, fl_attach_reply* reply, int fds[FL_ATTACH_FD_COUNT]);
 
 /* reattach.c: builds epoll_fd (and retry_tfd) for a new client. */
 int flx_watch_init(fl_client* client);
