@@ -202,7 +202,7 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--stream", o->stream, "stream name")->required();
   cmd->add_option("--count", o->count, "frames to receive before exiting (default 0 = until Ctrl-C)");
   cmd->add_flag("--verify", o->verify,
-                "check each payload against the synthetic pattern, its attrs and wafer_id");
+                "check each payload against the synthetic pattern, its attrs and group_id");
   cmd->add_option("--expect-seed", o->expect_seed, "seed the sender used with --random-size (default 1)");
   auto* rnd =
       cmd->add_option("--expect-random-size", o->expect_random_size, "MIN:MAX: check each frame's length");

@@ -179,7 +179,7 @@ bool prepareFile(const std::string& path, uint64_t size, uint64_t index, fl_slot
     return false;
   }
   spec.frame_id = index;
-  spec.wafer_id = 0;
+  spec.group_id = 0;
   spec.length = size;
   const size_t slash = path.rfind('/');
   spec.attrs = "name=" + (slash == std::string::npos ? path : path.substr(slash + 1));

@@ -68,8 +68,8 @@ std::string FrameChecker::check(const fl_frame& f) {
     const uint64_t want_wafer = pattern::waferOf(f.frame_id);
     const std::string want_attrs = pattern::makeAttrs(f.frame_id);
     const std::string got_attrs(reinterpret_cast<const char*>(f.attrs), f.attr_length);
-    if (f.wafer_id != want_wafer) {
-      why = "frame " + id + " has wafer_id " + std::to_string(f.wafer_id) + ", expected " +
+    if (f.group_id != want_wafer) {
+      why = "frame " + id + " has group_id " + std::to_string(f.group_id) + ", expected " +
             std::to_string(want_wafer);
     } else if (got_attrs != want_attrs) {
       why = "frame " + id + " has attrs \"" + jsonEscape(got_attrs) + "\", expected \"" + want_attrs + "\"";
@@ -132,7 +132,7 @@ bool writeFrameFiles(const std::string& dir, const fl_frame& f, std::string& err
   char crc[32] = "null";
   if ((f.flags & 1u) != 0) std::snprintf(crc, sizeof crc, "%u", f.crc32c);
   const std::string attrs(reinterpret_cast<const char*>(f.attrs), f.attr_length);
-  const std::string json = "{\"frame_id\":" + id + ",\"wafer_id\":" + std::to_string(f.wafer_id) +
+  const std::string json = "{\"frame_id\":" + id + ",\"group_id\":" + std::to_string(f.group_id) +
                            ",\"timestamp_ns\":" + std::to_string(f.timestamp_ns) +
                            ",\"length\":" + std::to_string(f.length) +
                            ",\"sequence\":" + std::to_string(f.sequence) + ",\"crc32c\":" + crc +

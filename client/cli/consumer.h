@@ -41,7 +41,7 @@ class Consumer {
 
 // What `recv --verify/--expect-*` checks about each frame.
 struct CheckOptions {
-  bool verify = false;                         // payload pattern, attrs, wafer_id
+  bool verify = false;                         // payload pattern, attrs, group_id
   std::optional<pattern::SizeSequence> sizes;  // expected length per frame id
   bool expect_order = false;                   // frame ids first, first+1, ... exactly once
 };

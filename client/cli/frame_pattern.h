@@ -10,7 +10,7 @@
 //   z = x + 0x9E3779B97F4A7C15; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
 //   z = (z ^ (z >> 27)) * 0x94D049BB133111EB; return z ^ (z >> 31).
 //
-// Metadata: wafer_id = frame_id / 25, attrs = "frame=<frame_id>;wafer=<wafer_id>" (ASCII),
+// Metadata: group_id = frame_id / 25, attrs = "frame=<frame_id>;wafer=<group_id>" (ASCII),
 // timestamp_ns = CLOCK_REALTIME at submit.
 // Random sizes: std::mt19937_64(seed), std::uniform_int_distribution<uint64_t>(min, max),
 // one draw per frame in frame_id order starting at frame 0 (a sender that starts at frame K

@@ -37,7 +37,7 @@ ProducerOptions patternProducerOptions(const std::string& socket, const std::str
 
 void describePatternFrame(uint64_t id, uint64_t length, FrameSpec& spec) {
   spec.frame_id = id;
-  spec.wafer_id = pattern::waferOf(id);
+  spec.group_id = pattern::waferOf(id);
   spec.length = length;
   spec.attrs = pattern::makeAttrs(id);
 }

@@ -309,7 +309,7 @@ class SendLoop {
     }
     fl_frame_meta meta{};
     meta.frame_id = spec.frame_id;
-    meta.wafer_id = spec.wafer_id;
+    meta.group_id = spec.group_id;
     meta.flags = options_.crc ? FL_META_CRC32C : 0;
     meta.attr_length = static_cast<uint32_t>(spec.attrs.size());
     meta.attrs = reinterpret_cast<const uint8_t*>(spec.attrs.data());

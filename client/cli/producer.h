@@ -17,7 +17,7 @@ namespace framelink::cli {
 
 struct FrameSpec {
   uint64_t frame_id = 0;
-  uint64_t wafer_id = 0;
+  uint64_t group_id = 0;
   uint64_t length = 0;
   std::string attrs;
 };

@@ -50,7 +50,7 @@ static int flx_try_receive(fl_client* c, void* arg) {
   out->data = c->slots + (uint64_t)d.slot * c->slot_stride;
   out->length = h.length;
   out->frame_id = h.frame_id;
-  out->wafer_id = h.wafer_id;
+  out->group_id = h.group_id;
   out->timestamp_ns = h.timestamp_ns;
   out->crc32c = h.crc32c;
   out->attr_length = h.attr_length;

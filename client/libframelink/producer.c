@@ -181,7 +181,7 @@ FL_API int fl_set_meta(fl_client* c, uint32_t slot, const fl_frame_meta* meta) {
     fl_slot_header* h = flx_slot_header(c, slot);
     memset(h, 0, sizeof(*h));
     h->frame_id = meta->frame_id;
-    h->wafer_id = meta->wafer_id;
+    h->group_id = meta->group_id;
     h->timestamp_ns = meta->timestamp_ns;
     h->attr_length = meta->attr_length;
     if (meta->attr_length > 0) memcpy(h->attrs, meta->attrs, meta->attr_length);

@@ -48,7 +48,7 @@ def store(out_dir: str, frame: framelink.Frame) -> None:
     payload.release()
     meta = {
         "frame_id": frame.frame_id,
-        "wafer_id": frame.wafer_id,
+        "group_id": frame.group_id,
         "timestamp_ns": frame.timestamp_ns,
         "length": frame.length,
         "sequence": frame.sequence,
@@ -94,8 +94,8 @@ def main() -> int:
                         at = pattern.mismatch(frame.frame_id, frame.buffer())
                         if at >= 0:
                             problems.append(f"payload differs at byte {at}")
-                        if frame.wafer_id != pattern.wafer_of(frame.frame_id):
-                            problems.append(f"wafer_id {frame.wafer_id}")
+                        if frame.group_id != pattern.wafer_of(frame.frame_id):
+                            problems.append(f"group_id {frame.group_id}")
                         if frame.attributes != pattern.attributes(frame.frame_id):
                             problems.append(f"attributes {frame.attributes!r}")
                         if not 0 < frame.timestamp_ns <= time.time_ns():

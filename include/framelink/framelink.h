@@ -153,8 +153,8 @@ enum fl_meta_flags {
 };
 
 typedef struct fl_frame_meta {
-  uint64_t frame_id;
-  uint64_t wafer_id;
+  uint64_t frame_id; /* the application's own id, carried to the receiver and echoed in the completion */
+  uint64_t group_id; /* the application's own grouping (a wafer, a batch, a scan), carried as it is */
   uint64_t timestamp_ns;
   uint32_t flags;       /* enum fl_meta_flags */
   uint32_t attr_length; /* <= FL_MAX_ATTR_BYTES (192) */
@@ -177,7 +177,7 @@ typedef struct fl_frame {
   const uint8_t* data; /* read-only */
   uint64_t length;
   uint64_t frame_id;
-  uint64_t wafer_id;
+  uint64_t group_id; /* as the producer set it in fl_frame_meta */
   uint64_t timestamp_ns;
   uint32_t crc32c;
   uint32_t attr_length;

@@ -62,7 +62,7 @@ struct Options {
 
 struct FrameMeta {
   uint64_t frame_id = 0;
-  uint64_t wafer_id = 0;
+  uint64_t group_id = 0;
   uint64_t timestamp_ns = 0;
   bool crc32c = false;     // compute the payload CRC32C at submit
   std::string_view attrs;  // at most FL_MAX_ATTR_BYTES (192) bytes
@@ -151,7 +151,7 @@ class SlotLease {
   void setMeta(const FrameMeta& meta) {
     fl_frame_meta m{};
     m.frame_id = meta.frame_id;
-    m.wafer_id = meta.wafer_id;
+    m.group_id = meta.group_id;
     m.timestamp_ns = meta.timestamp_ns;
     m.flags = meta.crc32c ? static_cast<uint32_t>(FL_META_CRC32C) : 0u;
     m.attr_length = static_cast<uint32_t>(meta.attrs.size());
@@ -241,7 +241,7 @@ class Frame {
   const uint8_t* data() const noexcept { return frame_.data; }
   uint64_t size() const noexcept { return frame_.length; }
   uint64_t frameId() const noexcept { return frame_.frame_id; }
-  uint64_t waferId() const noexcept { return frame_.wafer_id; }
+  uint64_t groupId() const noexcept { return frame_.group_id; }
   uint64_t timestampNs() const noexcept { return frame_.timestamp_ns; }
   uint64_t sequence() const noexcept { return frame_.sequence; }
   bool crcChecked() const noexcept { return (frame_.flags & FL_SLOT_HAS_CRC32C) != 0; }

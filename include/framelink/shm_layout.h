@@ -158,7 +158,7 @@ FL_STATIC_ASSERT(offsetof(fl_completion_desc, frame_id) == 24, "completion frame
  * by the daemon before delivery (read-only to the app). */
 typedef struct fl_slot_header {
   uint64_t frame_id;
-  uint64_t wafer_id;
+  uint64_t group_id;
   uint64_t timestamp_ns;
   uint64_t length;   /* consumer: payload bytes delivered; producer: ignored */
   uint64_t sequence; /* consumer: per-(link, stream) sequence; producer: ignored */
@@ -183,7 +183,7 @@ typedef struct fl_slot_header {
 
 FL_STATIC_ASSERT(sizeof(fl_slot_header) == 256, "fl_slot_header size");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, frame_id) == 0, "frame_id offset");
-FL_STATIC_ASSERT(offsetof(fl_slot_header, wafer_id) == 8, "wafer_id offset");
+FL_STATIC_ASSERT(offsetof(fl_slot_header, group_id) == 8, "group_id offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, timestamp_ns) == 16, "timestamp offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, length) == 24, "length offset");
 FL_STATIC_ASSERT(offsetof(fl_slot_header, sequence) == 32, "sequence offset");

@@ -22,7 +22,7 @@ struct FrameHeader {
   uint64_t sequence = 0;
   uint64_t credit_id = 0;
   uint64_t frame_id = 0;
-  uint64_t wafer_id = 0;
+  uint64_t group_id = 0;
   uint64_t timestamp_ns = 0;
   uint64_t length = 0;
   uint32_t crc32c = 0;
@@ -43,7 +43,7 @@ struct FrameHeader {
 // change under it.  stream_id and credit_id have no place in a slot header.
 inline void toSlotHeader(const FrameHeader& h, fl_slot_header* s) noexcept {
   s->frame_id = h.frame_id;
-  s->wafer_id = h.wafer_id;
+  s->group_id = h.group_id;
   s->timestamp_ns = h.timestamp_ns;
   s->length = h.length;
   s->sequence = h.sequence;
@@ -61,7 +61,7 @@ inline void toSlotHeader(const FrameHeader& h, fl_slot_header* s) noexcept {
 // that must refuse such a header checks s.attr_length itself and says why.
 inline void fromSlotHeader(const fl_slot_header& s, FrameHeader* h) noexcept {
   h->frame_id = s.frame_id;
-  h->wafer_id = s.wafer_id;
+  h->group_id = s.group_id;
   h->timestamp_ns = s.timestamp_ns;
   h->length = s.length;
   h->sequence = s.sequence;

@@ -42,7 +42,7 @@ def python_producer(socket, stream, count, size, slots):
             view = loan.ndarray(size)
             np.copyto(view, image)  # the frame is written through the numpy view
             del view
-            loan.submit(size, frame_id=submitted, wafer_id=submitted // 25, attributes=attrs[submitted % len(attrs)])
+            loan.submit(size, frame_id=submitted, group_id=submitted // 25, attributes=attrs[submitted % len(attrs)])
             submitted += 1
             for c in p.poll_completions():
                 delivered += c.delivered

@@ -74,6 +74,6 @@ def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path):
         data = (out / f"{i}.bin").read_bytes()
         assert len(data) == SIZE and pattern.mismatch(i, data) == -1
         meta = json.loads((out / f"{i}.json").read_text())
-        assert (meta["frame_id"], meta["wafer_id"], meta["length"], meta["attributes"]) == (
+        assert (meta["frame_id"], meta["group_id"], meta["length"], meta["attributes"]) == (
             i, pattern.wafer_of(i), SIZE, pattern.attributes(i).decode())
         assert meta["timestamp_ns"] <= meta["received_ns"]

@@ -74,7 +74,7 @@ uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bo
   const std::string attrs = pattern::makeAttrs(frame_id);
   fl_frame_meta meta{};
   meta.frame_id = frame_id;
-  meta.wafer_id = pattern::waferOf(frame_id);
+  meta.group_id = pattern::waferOf(frame_id);
   meta.timestamp_ns = realtimeNs();
   meta.flags = crc ? FL_META_CRC32C : 0;
   meta.attr_length = static_cast<uint32_t>(attrs.size());
@@ -99,7 +99,7 @@ fl_frame receiveFrame(fl_client* consumer, Millis timeout) {
 void checkSyntheticFrame(const fl_frame& frame, uint64_t expected_id, uint64_t expected_length) {
   CHECK(frame.frame_id == expected_id);
   CHECK(frame.length == expected_length);
-  CHECK(frame.wafer_id == pattern::waferOf(expected_id));
+  CHECK(frame.group_id == pattern::waferOf(expected_id));
   const std::string attrs = pattern::makeAttrs(expected_id);
   REQUIRE(frame.attr_length == attrs.size());
   CHECK(std::memcmp(frame.attrs, attrs.data(), attrs.size()) == 0);

@@ -63,7 +63,7 @@ uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bo
 // Waits for the next frame; REQUIREs one within `timeout`.
 fl_frame receiveFrame(fl_client* consumer, Millis timeout);
 
-// Checks payload, wafer_id, attrs and length of a synthetic frame.
+// Checks payload, group_id, attrs and length of a synthetic frame.
 void checkSyntheticFrame(const fl_frame& frame, uint64_t expected_id, uint64_t expected_length);
 
 // Collects producer completions until `count` have arrived or `timeout`

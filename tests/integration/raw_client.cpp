@@ -186,7 +186,7 @@ void RawClient::writeMeta(uint32_t slot, uint64_t frame_id) {
   fl_slot_header* h = slotHeader(slot);
   std::memset(h, 0, sizeof *h);
   h->frame_id = frame_id;
-  h->wafer_id = pattern::waferOf(frame_id);
+  h->group_id = pattern::waferOf(frame_id);
   const std::string attrs = pattern::makeAttrs(frame_id);
   h->attr_length = static_cast<uint32_t>(attrs.size());
   std::memcpy(h->attrs, attrs.data(), attrs.size());

@@ -63,7 +63,7 @@ TEST_CASE("api: round trip with every metadata field", "[integration][api]") {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     const uint64_t frame_id = 0x1000000000ull + i * 77;
-    const uint64_t wafer_id = 0xABCDEF00ull + i;
+    const uint64_t group_id = 0xABCDEF00ull + i;
     const uint64_t ts = 1700000000123456789ull + i;
     INFO("case " << i << " length " << c.length);
 
@@ -73,7 +73,7 @@ TEST_CASE("api: round trip with every metadata field", "[integration][api]") {
     framelink::pattern::fillPattern(frame_id, slot.data, c.length);
     fl_frame_meta meta{};
     meta.frame_id = frame_id;
-    meta.wafer_id = wafer_id;
+    meta.group_id = group_id;
     meta.timestamp_ns = ts;
     meta.flags = c.crc ? FL_META_CRC32C : 0;
     meta.attr_length = uint32_t(c.attrs.size());
@@ -83,7 +83,7 @@ TEST_CASE("api: round trip with every metadata field", "[integration][api]") {
 
     fl_frame f = receiveFrame(consumer.get(), Millis(15000));
     CHECK(f.frame_id == frame_id);
-    CHECK(f.wafer_id == wafer_id);
+    CHECK(f.group_id == group_id);
     CHECK(f.timestamp_ns == ts);
     CHECK(f.length == c.length);
     REQUIRE(f.attr_length == c.attrs.size());
@@ -169,7 +169,7 @@ TEST_CASE("api: a frame longer than the producer's slot is refused locally", "[i
   // The refused submit left the slot with the application: it can be sent properly.
   framelink::pattern::fillPattern(1, slot.data, 100);
   const std::string attrs = framelink::pattern::makeAttrs(1);
-  meta.wafer_id = framelink::pattern::waferOf(1);
+  meta.group_id = framelink::pattern::waferOf(1);
   meta.attr_length = uint32_t(attrs.size());
   meta.attrs = reinterpret_cast<const uint8_t*>(attrs.data());
   REQUIRE(fl_set_meta(producer.get(), slot.index, &meta) == FL_OK);

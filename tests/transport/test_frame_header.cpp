@@ -25,7 +25,7 @@ FrameHeader sample(uint32_t attr_length, bool crc, bool redelivered) {
   h.sequence = 0x1112131415161718ULL;
   h.credit_id = 0x2122232425262728ULL;
   h.frame_id = 0x3132333435363738ULL;
-  h.wafer_id = 0x4142434445464748ULL;
+  h.group_id = 0x4142434445464748ULL;
   h.timestamp_ns = 0x5152535455565758ULL;
   h.length = 0x0000006162636465ULL;
   h.crc32c = 0xA1B2C3D4u;
@@ -42,7 +42,7 @@ void checkSame(const FrameHeader& a, const FrameHeader& b, bool stream_id = true
   if (credit_id) CHECK(a.credit_id == b.credit_id);
   CHECK(a.sequence == b.sequence);
   CHECK(a.frame_id == b.frame_id);
-  CHECK(a.wafer_id == b.wafer_id);
+  CHECK(a.group_id == b.group_id);
   CHECK(a.timestamp_ns == b.timestamp_ns);
   CHECK(a.length == b.length);
   CHECK(a.crc32c == b.crc32c);
@@ -79,7 +79,7 @@ TEST_CASE("slot header round trip keeps every field a slot header carries", "[tr
   fl_slot_header s{};
   toSlotHeader(h, &s);
   CHECK(s.frame_id == h.frame_id);
-  CHECK(s.wafer_id == h.wafer_id);
+  CHECK(s.group_id == h.group_id);
   CHECK(s.timestamp_ns == h.timestamp_ns);
   CHECK(s.length == h.length);
   CHECK(s.sequence == h.sequence);
@@ -167,7 +167,7 @@ TEST_CASE("tcp wire header is laid out byte for byte as documented", "[transport
   CHECK(le(b, 16, 8) == h.sequence);
   CHECK(le(b, 24, 8) == h.credit_id);
   CHECK(le(b, 32, 8) == h.frame_id);
-  CHECK(le(b, 40, 8) == h.wafer_id);
+  CHECK(le(b, 40, 8) == h.group_id);
   CHECK(le(b, 48, 8) == h.timestamp_ns);
   CHECK(le(b, 56, 8) == h.length);
   CHECK(le(b, 64, 4) == h.crc32c);
@@ -214,7 +214,7 @@ TEST_CASE("rdma wire header is the slot header, with has_crc32c and stream_id in
   std::memcpy(b, &w, sizeof b);
   REQUIRE(sizeof b == 256);
   CHECK(le(b, 0, 8) == h.frame_id);
-  CHECK(le(b, 8, 8) == h.wafer_id);
+  CHECK(le(b, 8, 8) == h.group_id);
   CHECK(le(b, 16, 8) == h.timestamp_ns);
   CHECK(le(b, 24, 8) == h.length);
   CHECK(le(b, 32, 8) == h.sequence);

@@ -51,7 +51,7 @@ FrameHeader sampleHeader(uint64_t seed) {
   h.sequence = seed + 1;
   h.credit_id = seed * 1'000'003;
   h.frame_id = ~seed;
-  h.wafer_id = seed << 20;
+  h.group_id = seed << 20;
   h.timestamp_ns = 1'700'000'000'000'000'000ull + seed;
   h.length = 70'000;
   h.crc32c = static_cast<uint32_t>(seed * 2654435761u);

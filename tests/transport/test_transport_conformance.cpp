@@ -34,7 +34,7 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     SendRequest r = request(0xC00C1E + dir, credit, payload, 99);
     r.header.stream_id = 0x1122334455667788ull;
     r.header.frame_id = 0xF00DF00DF00Dull;
-    r.header.wafer_id = 0xABCDEF;
+    r.header.group_id = 0xABCDEF;
     r.header.timestamp_ns = 1'700'000'000'123'456'789ull;
     r.header.crc32c = 0xDEADBEEF;
     r.header.has_crc32c = 1;
@@ -55,7 +55,7 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     CHECK(ev.header.sequence == 99u);
     CHECK(ev.header.credit_id == credit.credit_id);
     CHECK(ev.header.frame_id == r.header.frame_id);
-    CHECK(ev.header.wafer_id == r.header.wafer_id);
+    CHECK(ev.header.group_id == r.header.group_id);
     CHECK(ev.header.timestamp_ns == r.header.timestamp_ns);
     CHECK(ev.header.length == payload.size());
     CHECK(ev.header.crc32c == 0xDEADBEEFu);

@@ -23,7 +23,7 @@ TEST_CASE("consumer: receive, read-only data, release", "[client]") {
 
   fl_slot_header* h = d.slotHeader(2);
   h->frame_id = 42;
-  h->wafer_id = 1;
+  h->group_id = 1;
   h->timestamp_ns = 999;
   h->length = 3000;
   h->sequence = 17;
@@ -37,7 +37,7 @@ TEST_CASE("consumer: receive, read-only data, release", "[client]") {
   REQUIRE(fl_receive(c, &f, 1000) == FL_OK);
   CHECK(f.slot == 2);
   CHECK(f.frame_id == 42);
-  CHECK(f.wafer_id == 1);
+  CHECK(f.group_id == 1);
   CHECK(f.timestamp_ns == 999);
   CHECK(f.length == 3000);
   CHECK(f.sequence == 17);

@@ -37,7 +37,7 @@ TEST_CASE("producer: acquire, metadata, submit, completion", "[client]") {
   const char attrs[] = "frame=7;wafer=0";
   fl_frame_meta meta{};
   meta.frame_id = 7;
-  meta.wafer_id = 0;
+  meta.group_id = 0;
   meta.timestamp_ns = 111;
   meta.flags = FL_META_CRC32C;
   meta.attr_length = sizeof(attrs) - 1;

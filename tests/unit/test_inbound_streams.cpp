@@ -69,7 +69,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     req.header.sequence = 1;
     req.header.credit_id = grant.credit_grant().slot_credits(0);
     req.header.frame_id = 99;
-    req.header.wafer_id = 5;
+    req.header.group_id = 5;
     req.header.length = payload.size();
     req.header.attr_length = 3;
     std::memcpy(req.header.attrs, "abc", 3);
@@ -84,7 +84,7 @@ TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot",
     CHECK(d.frame_id == 99);
     CHECK(d.length == 1000);
     const fl_slot_header* sh = consumer.session->segments->slotHeader(d.slot);
-    CHECK(sh->wafer_id == 5);
+    CHECK(sh->group_id == 5);
     CHECK(sh->attr_length == 3);
     CHECK(std::memcmp(sh->attrs, "abc", 3) == 0);
     CHECK(std::memcmp(consumer.session->segments->slot(d.slot), payload.data(), payload.size()) == 0);

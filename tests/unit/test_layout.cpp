@@ -38,7 +38,7 @@ TEST_CASE("ring entry layouts", "[layout]") {
 TEST_CASE("slot header layout", "[layout]") {
   CHECK(sizeof(fl_slot_header) == 256);
   CHECK(offsetof(fl_slot_header, frame_id) == 0);
-  CHECK(offsetof(fl_slot_header, wafer_id) == 8);
+  CHECK(offsetof(fl_slot_header, group_id) == 8);
   CHECK(offsetof(fl_slot_header, timestamp_ns) == 16);
   CHECK(offsetof(fl_slot_header, length) == 24);
   CHECK(offsetof(fl_slot_header, sequence) == 32);
@@ -162,7 +162,7 @@ TEST_CASE("C API structs have the layout bindings assume", "[layout]") {
   CHECK(offsetof(fl_frame, data) == 16);
   CHECK(offsetof(fl_frame, length) == 24);
   CHECK(offsetof(fl_frame, frame_id) == 32);
-  CHECK(offsetof(fl_frame, wafer_id) == 40);
+  CHECK(offsetof(fl_frame, group_id) == 40);
   CHECK(offsetof(fl_frame, timestamp_ns) == 48);
   CHECK(offsetof(fl_frame, crc32c) == 56);
   CHECK(offsetof(fl_frame, attr_length) == 60);

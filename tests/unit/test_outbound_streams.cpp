@@ -27,7 +27,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     fl_slot_header* sh = producer.session->segments->slotHeader(slot);
     std::memset(sh, 0, sizeof(*sh));
     sh->frame_id = frame_id;
-    sh->wafer_id = frame_id / 25;
+    sh->group_id = frame_id / 25;
     std::memset(producer.session->segments->slot(slot), int(frame_id), n);
   };
   auto grantOne = [&](uint64_t credit_id, uint64_t length) {

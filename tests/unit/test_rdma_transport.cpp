@@ -43,7 +43,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
 
   SendRequest r = request(1, credit.value(), p->src, 1000, 77);
   r.header.frame_id = 0xF1;
-  r.header.wafer_id = 0xA2;
+  r.header.group_id = 0xA2;
   r.header.timestamp_ns = 123456789;
   r.header.crc32c = 0xC0FFEE;
   r.header.has_crc32c = 1;
@@ -71,7 +71,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   fl_slot_header landed;
   std::memcpy(&landed, slot.data, sizeof landed);
   CHECK(landed.frame_id == 0xF1u);
-  CHECK(landed.wafer_id == 0xA2u);
+  CHECK(landed.group_id == 0xA2u);
   CHECK(landed.timestamp_ns == 123456789u);
   CHECK(landed.length == 1000u);
   CHECK(landed.sequence == 77u);

@@ -4,7 +4,7 @@
     with framelink.Producer("cam0") as p:
         with p.acquire() as loan:
             loan.ndarray((1024, 1024))[:] = image      # write in place: zero copies
-            loan.submit(1024 * 1024, frame_id=42, wafer_id=1)
+            loan.submit(1024 * 1024, frame_id=42, group_id=1)
         done = p.wait_completions(timeout=30)          # done[0].delivered
 
 A thin layer over libframelink (ctypes): views of shared memory, lifetime

@@ -29,7 +29,7 @@ class Frame:
         self.sequence = f.sequence
         self.length = f.length
         self.frame_id = f.frame_id
-        self.wafer_id = f.wafer_id
+        self.group_id = f.group_id
         self.timestamp_ns = f.timestamp_ns
         self.has_crc32c = bool(f.flags & _native.SLOT_HAS_CRC32C)
         # Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.

@@ -63,7 +63,7 @@ class Slot(ctypes.Structure):
 class FrameMeta(ctypes.Structure):
     _fields_ = [
         ("frame_id", c_uint64),
-        ("wafer_id", c_uint64),
+        ("group_id", c_uint64),
         ("timestamp_ns", c_uint64),
         ("flags", c_uint32),
         ("attr_length", c_uint32),
@@ -89,7 +89,7 @@ class FrameStruct(ctypes.Structure):
         ("data", c_void_p),
         ("length", c_uint64),
         ("frame_id", c_uint64),
-        ("wafer_id", c_uint64),
+        ("group_id", c_uint64),
         ("timestamp_ns", c_uint64),
         ("crc32c", c_uint32),
         ("attr_length", c_uint32),

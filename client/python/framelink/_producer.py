@@ -94,7 +94,7 @@ class Loan:
         length: Optional[int] = None,
         *,
         frame_id: int,
-        wafer_id: int = 0,
+        group_id: int = 0,
         timestamp_ns: Optional[int] = None,
         attributes: Union[bytes, str, None] = None,
         crc: bool = False,
@@ -114,7 +114,7 @@ class Loan:
         self._check_current()
         self._guard.retire("submit the frame")
         h = self._producer._handle()
-        meta = _native.FrameMeta(frame_id, wafer_id, time.time_ns() if timestamp_ns is None else timestamp_ns,
+        meta = _native.FrameMeta(frame_id, group_id, time.time_ns() if timestamp_ns is None else timestamp_ns,
                                  _native.META_CRC32C if crc else 0, len(attrs), None)
         abuf = ctypes.create_string_buffer(attrs, len(attrs)) if attrs else None
         if abuf is not None:

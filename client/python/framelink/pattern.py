@@ -1,7 +1,7 @@
 """The synthetic frame pattern of `framelink send/recv` (client/cli/frame_pattern.h), in numpy.
 
 word i (8 bytes, little-endian) = splitmix64(frame_id * 0x9E3779B97F4A7C15 + i), the last
-partial word truncated; wafer_id = frame_id // 25; attributes = b"frame=<id>;wafer=<wafer>".
+partial word truncated; group_id = frame_id // 25; attributes = b"frame=<id>;wafer=<wafer>".
 """
 
 from __future__ import annotations

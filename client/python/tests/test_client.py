@@ -28,7 +28,7 @@ def consume(pair, stream, count, out, slots=4):
                 return
             with f:
                 view = f.ndarray()
-                out["frames"].append((f.frame_id, f.wafer_id, f.timestamp_ns, f.attributes, f.length,
+                out["frames"].append((f.frame_id, f.group_id, f.timestamp_ns, f.attributes, f.length,
                                       pattern.mismatch(f.frame_id, view), view.flags.writeable, f.has_crc32c))
                 del view
 
@@ -58,7 +58,7 @@ def test_round_trip_every_byte_and_field(pair, stream):
                     assert loan.write(pattern.payload(i, length)) == length  # one copy
                     kw = {}
                 ts = time.time_ns()
-                loan.submit(**kw, frame_id=i, wafer_id=pattern.wafer_of(i), timestamp_ns=ts,
+                loan.submit(**kw, frame_id=i, group_id=pattern.wafer_of(i), timestamp_ns=ts,
                             attributes=pattern.attributes(i), crc=(i == 3))
                 sent[i] = (length, ts)
             done += p.poll_completions()
@@ -97,7 +97,7 @@ def test_view_lifetime_guard(pair, stream):
         assert not loan.submitted_or_abandoned
         del tail
         loan.write(pattern.payload(0, SIZE))
-        loan.submit(frame_id=0, wafer_id=0, attributes=pattern.attributes(0))
+        loan.submit(frame_id=0, group_id=0, attributes=pattern.attributes(0))
         with pytest.raises(ValueError, match="already submitted"):
             loan.buffer()
         with pytest.raises(ValueError, match="already submitted"):
@@ -207,7 +207,7 @@ def test_asyncio_round_trip_and_cancellation(pair, stream):
                 for i in range(n):
                     loan = await p.acquire_async()  # only 2 slots: waits for completions
                     loan.write(pattern.payload(i, 1000 + i))
-                    loan.submit(frame_id=i, wafer_id=pattern.wafer_of(i))
+                    loan.submit(frame_id=i, group_id=pattern.wafer_of(i))
 
             async def collect():
                 got = []

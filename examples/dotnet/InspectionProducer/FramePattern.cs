@@ -6,7 +6,7 @@ namespace FrameLink.Examples;
 /// <summary>
 /// The deterministic payload of `framelink send/recv` (client/cli/frame_pattern.h): word i (8 bytes,
 /// little-endian) = splitmix64(frameId * 0x9E3779B97F4A7C15 + i), the last partial word truncated;
-/// waferId = frameId / 25; attributes "frame=&lt;id&gt;;wafer=&lt;wafer&gt;". A receiver checks every byte
+/// groupId = frameId / 25; attributes "frame=&lt;id&gt;;wafer=&lt;wafer&gt;". A receiver checks every byte
 /// knowing only the frame id.
 /// </summary>
 public static class FramePattern

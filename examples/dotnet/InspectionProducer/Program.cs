@@ -1,4 +1,4 @@
-// An inspection processor: renders one frame per die image, tags it with frame id, wafer id and
+// An inspection processor: renders one frame per die image, tags it with frame id, wafer (its group id) and
 // capture time, hands it to framelinkd and awaits its delivery to the remote consumer.
 //
 //   InspectionProducer --stream inspect [--socket PATH] [--count N | --seconds S] [--size 1M] [--slots 8]
@@ -53,7 +53,7 @@ try
         if (rendered is null) FramePattern.Fill(id, image); // "render" the inspection image in place
         else rendered.CopyTo(image);
         lease.FrameId = id;
-        lease.WaferId = FramePattern.WaferOf(id);
+        lease.GroupId = FramePattern.WaferOf(id);
         lease.Timestamp = DateTimeOffset.UtcNow;
         lease.SetAttributes(FramePattern.Attributes(id));
         lease.Submit(opt.Size);

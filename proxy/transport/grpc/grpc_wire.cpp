@@ -115,7 +115,7 @@ void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p) {
   p->set_sequence(h.sequence);
   p->set_credit_id(h.credit_id);
   p->set_frame_id(h.frame_id);
-  p->set_wafer_id(h.wafer_id);
+  p->set_group_id(h.group_id);
   p->set_timestamp_ns(h.timestamp_ns);
   p->set_length(h.length);
   p->set_has_crc32c(h.has_crc32c != 0);
@@ -132,7 +132,7 @@ bool fromProto(const framelink::v1::FrameHeader& p, FrameHeader* h) noexcept {
   h->sequence = p.sequence();
   h->credit_id = p.credit_id();
   h->frame_id = p.frame_id();
-  h->wafer_id = p.wafer_id();
+  h->group_id = p.group_id();
   h->timestamp_ns = p.timestamp_ns();
   h->length = p.length();
   h->crc32c = p.crc32c();

@@ -88,7 +88,7 @@ struct TcpFrameHeader {
   uint64_t sequence;
   uint64_t credit_id;
   uint64_t frame_id;
-  uint64_t wafer_id;
+  uint64_t group_id;
   uint64_t timestamp_ns;
   uint64_t length;  // payload bytes that follow
   uint32_t crc32c;
@@ -119,7 +119,7 @@ inline TcpFrameHeader toWire(const FrameHeader& h) noexcept {
   w.sequence = h.sequence;
   w.credit_id = h.credit_id;
   w.frame_id = h.frame_id;
-  w.wafer_id = h.wafer_id;
+  w.group_id = h.group_id;
   w.timestamp_ns = h.timestamp_ns;
   w.length = h.length;
   w.crc32c = h.crc32c;
@@ -137,7 +137,7 @@ inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
   h.sequence = w.sequence;
   h.credit_id = w.credit_id;
   h.frame_id = w.frame_id;
-  h.wafer_id = w.wafer_id;
+  h.group_id = w.group_id;
   h.timestamp_ns = w.timestamp_ns;
   h.length = w.length;
   h.crc32c = w.crc32c;

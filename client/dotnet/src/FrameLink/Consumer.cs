@@ -91,7 +91,7 @@ public sealed unsafe class ReceivedFrame : IDisposable
         slot = f.Slot;
         Sequence = f.Sequence;
         FrameId = f.FrameId;
-        WaferId = f.WaferId;
+        GroupId = f.GroupId;
         TimestampNs = f.TimestampNs;
         HasCrc32c = (f.Flags & Native.SlotHasCrc32c) != 0;
         MaybeRedelivered = (f.Flags & Native.SlotMaybeRedelivered) != 0;
@@ -100,7 +100,7 @@ public sealed unsafe class ReceivedFrame : IDisposable
     }
 
     public ulong FrameId { get; }
-    public ulong WaferId { get; }
+    public ulong GroupId { get; }
     public ulong TimestampNs { get; }
     public DateTimeOffset Timestamp => DateTimeOffset.UnixEpoch.AddTicks((long)(TimestampNs / 100));
     public ulong Sequence { get; }

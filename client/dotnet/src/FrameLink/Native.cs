@@ -46,7 +46,7 @@ internal unsafe struct FlSlot
 internal unsafe struct FlFrameMeta
 {
     public ulong FrameId;
-    public ulong WaferId;
+    public ulong GroupId;
     public ulong TimestampNs;
     public uint Flags;
     public uint AttrLength;
@@ -62,7 +62,7 @@ internal unsafe struct FlFrame
     public byte* Data;
     public ulong Length;
     public ulong FrameId;
-    public ulong WaferId;
+    public ulong GroupId;
     public ulong TimestampNs;
     public uint Crc32c;
     public uint AttrLength;

@@ -200,7 +200,8 @@ public sealed unsafe class ProducerLease : IDisposable
     }
 
     public ulong FrameId { get; set; }
-    public ulong WaferId { get; set; }
+    /// <summary>The application's own grouping of frames (a wafer, a batch, a scan), carried as it is.</summary>
+    public ulong GroupId { get; set; }
     /// <summary>Nanoseconds since the Unix epoch; defaults to the acquire time.</summary>
     public ulong TimestampNs { get; set; }
     public DateTimeOffset Timestamp
@@ -234,7 +235,7 @@ public sealed unsafe class ProducerLease : IDisposable
             var meta = new FlFrameMeta
             {
                 FrameId = FrameId,
-                WaferId = WaferId,
+                GroupId = GroupId,
                 TimestampNs = TimestampNs,
                 Flags = Crc32c ? Native.MetaCrc32c : 0,
                 AttrLength = (uint)(attributes?.Length ?? 0),

@@ -123,7 +123,7 @@ public sealed class PackageRoundTripTests
             var seen = new List<(ulong Id, ulong Wafer, string Attrs, int Length, int Bad)>();
             await foreach (var f in consumer.ReadAllAsync(cts.Token))
             {
-                using (f) seen.Add((f.FrameId, f.WaferId, f.AttributesText, f.Length, FramePattern.Mismatch(f.FrameId, f.Span)));
+                using (f) seen.Add((f.FrameId, f.GroupId, f.AttributesText, f.Length, FramePattern.Mismatch(f.FrameId, f.Span)));
                 if (seen.Count == n) break;
             }
             return seen;
@@ -144,7 +144,7 @@ public sealed class PackageRoundTripTests
             int length = Size - (int)id * 1000;
             FramePattern.Fill(id, lease.Span[..length]);
             lease.FrameId = id;
-            lease.WaferId = FramePattern.WaferOf(id);
+            lease.GroupId = FramePattern.WaferOf(id);
             lease.SetAttributes(FramePattern.Attributes(id));
             lease.Submit(length);
         }

@@ -32,7 +32,7 @@ public sealed class ClientTests
             await foreach (var f in consumer.ReadAllAsync(cts.Token))
             {
                 using (f)
-                    seen.Add((f.FrameId, f.WaferId, f.TimestampNs, f.AttributesText, f.Length, FramePattern.Mismatch(f.FrameId, f.Span), f.HasCrc32c));
+                    seen.Add((f.FrameId, f.GroupId, f.TimestampNs, f.AttributesText, f.Length, FramePattern.Mismatch(f.FrameId, f.Span), f.HasCrc32c));
                 if (seen.Count == n) return seen;
             }
             return seen;
@@ -54,7 +54,7 @@ public sealed class ClientTests
             int length = Size - 8 * (int)id - (int)(id % 3);
             FramePattern.Fill(id, lease.Span[..length]);
             lease.FrameId = id;
-            lease.WaferId = FramePattern.WaferOf(id);
+            lease.GroupId = FramePattern.WaferOf(id);
             lease.TimestampNs = 1_700_000_000_000_000_000UL + id;
             lease.SetAttributes(FramePattern.Attributes(id));
             lease.Crc32c = id == 3;
