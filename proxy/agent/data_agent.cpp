@@ -313,6 +313,7 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
         }
       }
     }
+    closed_links_transport_ += l->transport->counters();
   }
   outbound_.onLinkDown(*l, reason);
   std::shared_ptr<transport::Transport> transport = std::move(l->transport);
@@ -471,7 +472,9 @@ void DataAgent::publishStats() {
   }
   std::map<std::string, Metrics::LinkGauge>
       by_peer;  // one series per peer, also while a link replaces another
+  transport::TransportCounters transport_totals = closed_links_transport_;
   for (const auto& [id, l] : links_) {
+    if (l.transport) transport_totals += l.transport->counters();
     LinkStats ls;
     ls.id = id;
     ls.peer = l.peer_name;
@@ -507,6 +510,7 @@ void DataAgent::publishStats() {
   }
   for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
   metrics_.setGauges(std::move(gauges));
+  metrics_.setTransportCounters(transport_totals);
   outbound_.collectStats(stats.streams);
   stats.credits_outstanding = inbound_.creditsOutstanding();
   stats.frames_held_by_consumers = inbound_.framesHeld();

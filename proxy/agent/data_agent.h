@@ -133,6 +133,9 @@ class DataAgent {
   NameTable names_;
   PeerTable peers_;
   LinkTable links_;
+  // What the transports of closed links did: the exported totals add the
+  // open links' counters to it, so they never go down when a link goes.
+  transport::TransportCounters closed_links_transport_;
   ClientTable clients_;
   OutboundStreams outbound_;
   InboundStreams inbound_;

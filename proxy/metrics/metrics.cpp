@@ -62,7 +62,39 @@ void Metrics::setGauges(Gauges gauges) {
   gauges_ = std::move(gauges);
 }
 
+void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
+  MutexLock lock(detail_mutex_);
+  transport_ = totals;
+}
+
 namespace {
+
+// The transport counters, exported as framelink_transport_<name>_total and
+// in the JSON's "counters" as transport_<name>.
+struct TransportCounterInfo {
+  const char* name;
+  const char* help;
+  uint64_t transport::TransportCounters::*value;
+};
+constexpr TransportCounterInfo kTransportCounters[] = {
+    {"frames_sent", "Frames the links' transports sent (their send completed FL_OK).",
+     &transport::TransportCounters::frames_sent},
+    {"bytes_sent", "Payload bytes of the frames the links' transports sent.",
+     &transport::TransportCounters::bytes_sent},
+    {"frames_received", "Frames that landed in a credited buffer of this daemon.",
+     &transport::TransportCounters::frames_received},
+    {"bytes_received", "Payload bytes of the frames that landed in a credited buffer.",
+     &transport::TransportCounters::bytes_received},
+    {"unknown_credit_frames", "Frames that arrived for an unknown or retracted credit.",
+     &transport::TransportCounters::unknown_credit_frames},
+    {"backpressure",
+     "Frames and control records a transport turned away for a full queue (posted again later).",
+     &transport::TransportCounters::backpressure},
+    {"control_sent", "Control records the links' transports sent.",
+     &transport::TransportCounters::control_sent},
+    {"control_received", "Control records the links' transports received.",
+     &transport::TransportCounters::control_received},
+};
 
 // A label value as the text format wants it: backslash, quote and newline
 // escaped (peer names on the listening side come from the peer's Hello).
@@ -83,9 +115,12 @@ std::string labelValue(const std::string& in) {
 
 std::string Metrics::prometheus() const {
   std::ostringstream out;
-  auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
+  auto counterValue = [&](const std::string& name, const char* help, uint64_t v) {
     out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name
-        << " counter\nframelink_" << name << ' ' << v.load(std::memory_order_relaxed) << '\n';
+        << " counter\nframelink_" << name << ' ' << v << '\n';
+  };
+  auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
+    counterValue(name, help, v.load(std::memory_order_relaxed));
   };
   counter("clients_attached_total", "Clients that attached.", counters.clients_attached);
   counter("clients_detached_total", "Clients that detached or died.", counters.clients_detached);
@@ -165,6 +200,9 @@ std::string Metrics::prometheus() const {
   }
   {
     MutexLock lock(detail_mutex_);
+    for (const auto& c : kTransportCounters) {
+      counterValue(std::string("transport_") + c.name + "_total", c.help, transport_.*c.value);
+    }
     out << "# HELP framelink_frames_in_flight Producers' frames submitted and not yet DELIVERED or FAILED.\n"
            "# TYPE framelink_frames_in_flight gauge\nframelink_frames_in_flight "
         << gauges_.frames_in_flight << '\n';
@@ -213,6 +251,11 @@ std::string Metrics::prometheus() const {
 }
 
 std::string Metrics::json() const {
+  transport::TransportCounters transport;
+  {
+    MutexLock lock(detail_mutex_);
+    transport = transport_;
+  }
   std::ostringstream out;
   out << "{\"frames_submitted\":" << counters.frames_submitted.load()
       << ",\"frames_delivered\":" << counters.frames_delivered.load()
@@ -269,6 +312,7 @@ std::string Metrics::json() const {
     out << (first ? "" : ",") << '"' << name << "\":" << value->load(std::memory_order_relaxed);
     first = false;
   }
+  for (const auto& c : kTransportCounters) out << ",\"transport_" << c.name << "\":" << transport.*c.value;
   out << "},\"failed_by_status\":{";
   first = true;
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {

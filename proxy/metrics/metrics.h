@@ -13,6 +13,7 @@
 
 #include "common/result.h"
 #include "common/thread_annotations.h"
+#include "transport/transport.h"  // TransportCounters, a plain struct
 
 namespace framelink {
 
@@ -93,6 +94,9 @@ class Metrics {
     uint64_t frames_held = 0;       // delivered to local consumers, not yet released
   };
   void setGauges(Gauges gauges);
+  // What the links' transports did, summed over every link the agent had
+  // (closed ones included, so the totals never go down), from the agent.
+  void setTransportCounters(const transport::TransportCounters& totals);
 
   std::string prometheus() const;
   std::string json() const;
@@ -111,6 +115,7 @@ class Metrics {
   mutable Mutex detail_mutex_;
   std::string detail_ FL_GUARDED_BY(detail_mutex_) = "{}";
   Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
+  transport::TransportCounters transport_ FL_GUARDED_BY(detail_mutex_);
   struct Server;
   std::unique_ptr<Server> server_;
   std::thread thread_;

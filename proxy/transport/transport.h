@@ -26,7 +26,7 @@
 //     call before the agent's first call.
 //   * From then on the data agent is the only caller of every method below:
 //     name, connected, exposeCredit, retractCredit, post, flush, poll,
-//     eventFd, and shutdown (on link down and when the daemon stops).
+//     eventFd, counters, and shutdown (on link down and when the daemon stops).
 //   * The destructor runs after the last call, on the thread that drops the
 //     last reference: the agent, the daemon's main thread after the agent
 //     was joined, or the setup thread when the link never reached the agent.
@@ -107,6 +107,32 @@ inline constexpr size_t kMaxControlBytes = size_t{256} * 1024;
 // kBackpressure: a peer that stops reading cannot make this side queue
 // without bound.
 inline constexpr size_t kMaxControlBacklogBytes = size_t{8} * 1024 * 1024;
+
+// What a link's transport did, for stats and the metrics endpoint
+// (framelink_transport_*_total).  Every transport keeps them the same way
+// (link_bookkeeping.h); they only grow.
+struct TransportCounters {
+  uint64_t frames_sent = 0;  // sends completed FL_OK
+  uint64_t bytes_sent = 0;   // payload bytes of those
+  uint64_t frames_received = 0;
+  uint64_t bytes_received = 0;         // payload bytes of frames received
+  uint64_t unknown_credit_frames = 0;  // frames for an unknown or retracted credit
+  uint64_t backpressure = 0;           // post() and postControl() calls refused with kBackpressure
+  uint64_t control_sent = 0;           // records
+  uint64_t control_received = 0;       // records
+
+  TransportCounters& operator+=(const TransportCounters& o) noexcept {
+    frames_sent += o.frames_sent;
+    bytes_sent += o.bytes_sent;
+    frames_received += o.frames_received;
+    bytes_received += o.bytes_received;
+    unknown_credit_frames += o.unknown_credit_frames;
+    backpressure += o.backpressure;
+    control_sent += o.control_sent;
+    control_received += o.control_received;
+    return *this;
+  }
+};
 
 struct TransportEvent {
   enum class Kind { kSendComplete, kFrameArrived, kLinkError, kControl };
@@ -197,6 +223,10 @@ class Transport {
 
   // Closes the link; pending sends complete with FL_ERR_LINK_LOST.
   virtual void shutdown() noexcept = 0;
+
+  // What the link did so far.  Read by the data agent when it publishes
+  // its stats, never per frame.
+  virtual TransportCounters counters() const noexcept = 0;
 };
 
 }  // namespace framelink::transport

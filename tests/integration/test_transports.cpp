@@ -1,11 +1,14 @@
 // The transport registry between two framelinkd processes: the in-memory
 // `loopback` transport joins two daemons of one process only, and a daemon
 // says so instead of failing silently; a link then runs on the next
-// transport both allow.
+// transport both allow.  And what a link's transport does reaches /metrics.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
+#include "client_util.h"
 #include "harness.h"
 
 using namespace framelink::integ;
@@ -46,4 +49,36 @@ TEST_CASE("transports: a link that cannot use loopback runs on the next transpor
   Daemons d("loopback,tcp", "loopback,tcp");
   REQUIRE(d.a.waitForLog("transport tcp; not loopback: the peer runs in another process", Millis(10000)));
   CHECK(d.a.waitForLog("is up over tcp", Millis(10000)));  // logged just after the session's line
+}
+
+TEST_CASE("transports: the frames a link carries show in both daemons' transport counters", "[transports]") {
+  DaemonPair::Options o;
+  o.transport = GENERATE("tcp", "grpc");
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  DaemonPair pair(o);
+  // The agent publishes its stats twice a second: wait for the first frame
+  // to show before taking the counts the next frames add to.
+  auto waitFor = [](const DaemonProcess& d, const std::string& name, int64_t at_least) {
+    const auto until = std::chrono::steady_clock::now() + Millis(10000);
+    int64_t v = d.metric(name);
+    while (v < at_least && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(Millis(50));
+      v = d.metric(name);
+    }
+    return v;
+  };
+  requireServing(pair.a(), pair.b(), "counted-warmup", 1);
+  const int64_t sent = waitFor(pair.a(), "framelink_transport_frames_sent_total", 1);
+  const int64_t received = waitFor(pair.b(), "framelink_transport_frames_received_total", 1);
+  REQUIRE(sent >= 1);
+  REQUIRE(received >= 1);
+  constexpr int kFrames = 20;
+  requireServing(pair.a(), pair.b(), "counted", kFrames);
+  CHECK(waitFor(pair.a(), "framelink_transport_frames_sent_total", sent + kFrames) == sent + kFrames);
+  CHECK(waitFor(pair.b(), "framelink_transport_frames_received_total", received + kFrames) ==
+        received + kFrames);
+  // Control records go the other way (credits, ACKs): B's transport sent
+  // some, and A's received them.
+  CHECK(pair.b().metric("framelink_transport_control_sent_total") > 0);
+  CHECK(pair.a().metric("framelink_transport_control_received_total") > 0);
 }

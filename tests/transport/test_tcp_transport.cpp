@@ -110,7 +110,7 @@ TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before a
   REQUIRE(p.a->post(request(7, c, payload, 1)) == PostResult::kOk);
   // Nothing else ran: the write happened on this thread, in post().
   CHECK(p.a->counters().frames_sent == 1);
-  CHECK(p.a->counters().send_blocked == 0);
+  CHECK(p.a->socketCounters().send_blocked == 0);
   REQUIRE(readable(p.a->eventFd(), 0));
   TransportEvent ev;
   REQUIRE(p.a->poll(&ev, 1) == 1);
@@ -186,8 +186,8 @@ TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep
     if (bad != -1) FAIL("frame " << i << " differs at byte " << bad);
   }
   // The paths this test is about were taken.
-  CHECK(p.a->counters().send_blocked > 0);
-  CHECK(p.b->counters().read_budget_hits > 0);
+  CHECK(p.a->socketCounters().send_blocked > 0);
+  CHECK(p.b->socketCounters().read_budget_hits > 0);
   CHECK(p.a->counters().frames_sent == kFrames);
   CHECK(p.b->counters().frames_received == kFrames);
 }
@@ -200,7 +200,7 @@ TEST_CASE("tcp: eventFd wakes a sender whose write waits once the socket has roo
   RemoteCredit c = testing::expose(*p.b, buf.credit(1));
   auto payload = pattern(3, 4 << 20);
   REQUIRE(p.a->post(request(1, c, payload, 1)) == PostResult::kOk);
-  REQUIRE(p.a->counters().send_blocked == 1);
+  REQUIRE(p.a->socketCounters().send_blocked == 1);
   // Until the reader reads, the socket fills up and stays full: nothing is
   // pending and eventFd() is quiet, so a caller may sleep.
   TransportEvent ev;
@@ -219,9 +219,9 @@ TEST_CASE("tcp: eventFd wakes a sender whose write waits once the socket has roo
     woke = readable(p.a->eventFd(), 5);
     if (std::chrono::steady_clock::now() > deadline) FAIL("the sender's eventFd never became readable");
   }
-  const uint64_t blocked = p.a->counters().send_blocked;
-  CHECK(p.a->poll(&ev, 1) == 0);                       // wrote more, the frame is not finished
-  CHECK(p.a->counters().send_blocked == blocked + 1);  // and blocked again
+  const uint64_t blocked = p.a->socketCounters().send_blocked;
+  CHECK(p.a->poll(&ev, 1) == 0);                             // wrote more, the frame is not finished
+  CHECK(p.a->socketCounters().send_blocked == blocked + 1);  // and blocked again
   Endpoint a{p.a.get()};
   Endpoint b{p.b.get()};
   waitFor(
@@ -268,8 +268,8 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
       REQUIRE(tx.t->postControl(record(i, 1 + (i * 37) % 300)) == PostResult::kOk);
     }
   }
-  REQUIRE(p.a->counters().send_blocked > 0);
-  REQUIRE(p.b->counters().send_blocked > 0);
+  REQUIRE(p.a->socketCounters().send_blocked > 0);
+  REQUIRE(p.b->socketCounters().send_blocked > 0);
   waitFor(
       sides[0], sides[1],
       [&] {
@@ -328,7 +328,7 @@ TEST_CASE("tcp: the link failing while a frame is half written completes every s
     REQUIRE(tx.post(request(i, sc, small_payloads.back(), i + 1)) == PostResult::kOk);
   }
   REQUIRE(tx.t->postControl("after the frames") == PostResult::kOk);
-  REQUIRE(p.a->counters().send_blocked == 1);
+  REQUIRE(p.a->socketCounters().send_blocked == 1);
   CHECK(tx.sends.empty());
 
   SECTION("the peer goes away") {
@@ -417,14 +417,14 @@ TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[trans
   // ...and one poll() takes a budget of it and leaves the rest, readable.
   TransportEvent ev[64];
   CHECK(p.b->poll(ev, 64) == 0);
-  CHECK(p.b->counters().read_budget_hits == 1);
+  CHECK(p.b->socketCounters().read_budget_hits == 1);
   CHECK(queued(p.b_fd) > 0);
   CHECK(readable(p.b->eventFd(), 0));
   waitFor(
       a, b, [&] { return a.sends.size() == 1 && b.arrivals.size() == 1; }, "the 1 MiB frame");
   CHECK(firstMismatch(big.data(), payload) == -1);
   // 1 MiB in budgets of 16 KiB: at least 64 polls hit the budget.
-  CHECK(p.b->counters().read_budget_hits >= 64);
+  CHECK(p.b->socketCounters().read_budget_hits >= 64);
 
   // Ten small frames wait in the socket: never more events than asked for,
   // and eventFd() stays readable while some are left.

@@ -275,6 +275,7 @@ class KeyRecorder final : public transport::Transport {
   size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
   int eventFd() const noexcept override { return inner_->eventFd(); }
   void shutdown() noexcept override { inner_->shutdown(); }
+  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
 
  private:
   std::unique_ptr<transport::Transport> inner_;

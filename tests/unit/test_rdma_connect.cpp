@@ -110,7 +110,7 @@ TEST_CASE("rdma connect brings both QPs to RTS; refusals say why", "[rdma]") {
   CHECK(p->fake->qpState(p->rb()->cmId()->qp) == IBV_QPS_RTS);
   CHECK(std::string(p->a->name()) == "rdma");
   // Receive WRs are posted before the connection is accepted.
-  CHECK(p->ra()->counters().recv_wrs == RdmaTransportOptions{}.recv_queue_depth);
+  CHECK(p->ra()->verbsCounters().recv_wrs == RdmaTransportOptions{}.recv_queue_depth);
 
   auto refused = dialRdma(p->dev_a, "10.0.0.2", p->listener->port(), kSession + 1, 2s);
   REQUIRE_FALSE(refused.ok());

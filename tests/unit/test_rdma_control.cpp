@@ -74,7 +74,7 @@ TEST_CASE("rdma control records go as SEND_WITH_IMM fragments ahead of the flush
   // Control WRs report nothing to the sender: one SendComplete per frame.
   tx.checkCompletions(2);
   for (auto& ev : tx.sends) CHECK(ev.status == FL_OK);
-  CHECK(p->ra()->counters().control_wrs == 4);
+  CHECK(p->ra()->verbsCounters().control_wrs == 4);
   CHECK(p->ra()->counters().control_sent == 2);
   CHECK(p->rb()->counters().control_received == 2);
   CHECK(p->rb()->counters().frames_received == 2);
@@ -96,7 +96,7 @@ TEST_CASE("rdma control fragments up to control_inline_bytes go inline, larger o
     const auto before = p->fake->stats();
     p->ra()->flush();
     CHECK(p->fake->stats().inline_wrs == before.inline_wrs + 2);
-    CHECK(p->ra()->counters().control_inline_wrs == 2);
+    CHECK(p->ra()->verbsCounters().control_inline_wrs == 2);
     until(tx, rx, [&] { return rx.controls.size() == 2; });
     CHECK(rx.controls[0] == big);
     CHECK(rx.controls[1] == small);
@@ -112,7 +112,7 @@ TEST_CASE("rdma control fragments up to control_inline_bytes go inline, larger o
     until(tx, rx, [&] { return rx.controls.size() == 1; });
     CHECK(rx.controls[0] == small);
     CHECK(p->fake->stats().inline_wrs == 0);
-    CHECK(p->ra()->counters().control_inline_wrs == 0);
+    CHECK(p->ra()->verbsCounters().control_inline_wrs == 0);
     CHECK(p->fake->errors().empty());
   }
 }
@@ -148,7 +148,7 @@ TEST_CASE("rdma control records wait for free chunks and send-queue entries", "[
   until(tx, rx, [&] { return rx.controls.size() == 2 && rx.arrivals.size() == 7; });
   CHECK(rx.controls[1] == "after");
   tx.checkCompletions(7);
-  CHECK(p->ra()->counters().control_wrs == 7);
+  CHECK(p->ra()->verbsCounters().control_wrs == 7);
   CHECK(tx.errors.empty());
   CHECK(rx.errors.empty());
   CHECK(p->fake->errors().empty());
@@ -164,7 +164,7 @@ TEST_CASE("rdma control backlog is bounded by kMaxControlBacklogBytes", "[rdma][
   CHECK(r == PostResult::kBackpressure);
   CHECK(accepted == kMaxControlBacklogBytes / kMaxControlBytes);
   CHECK(p->a->postControl("x") == PostResult::kBackpressure);  // not even one byte more
-  CHECK(p->ra()->counters().control_wrs == 0);                 // postControl only queues
+  CHECK(p->ra()->verbsCounters().control_wrs == 0);            // postControl only queues
   until(tx, rx, [&] { return rx.controls.size() == accepted || !rx.errors.empty(); });
   REQUIRE(rx.errors.empty());
   for (size_t i = 0; i < accepted; ++i) REQUIRE(rx.controls[i] == rec);

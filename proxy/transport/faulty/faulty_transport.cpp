@@ -138,6 +138,7 @@ class FaultyTransportImpl final : public FaultyTransport {
   int eventFd() const noexcept override { return epoll_fd_.get(); }
 
   void shutdown() noexcept override { inner_->shutdown(); }
+  TransportCounters counters() const noexcept override { return inner_->counters(); }
 
   FaultCounts counts() const override { return counts_; }
 

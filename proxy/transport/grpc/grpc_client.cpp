@@ -26,7 +26,7 @@ int statusToFl(const grpc::Status& s) {
 class GrpcClientTransport final : public GrpcTransport {
  public:
   GrpcClientTransport(std::shared_ptr<grpc::Channel> channel, const GrpcTransportOptions& options,
-                      std::unique_ptr<TransportCore> core)
+                      std::unique_ptr<LockedLinkBookkeeping> core)
       : GrpcTransport("the dialed peer", options, std::move(core)),
         channel_(std::move(channel)),
         context_(std::make_unique<grpc::ClientContext>()) {}
@@ -135,7 +135,7 @@ Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::
                                                           uint64_t session_id, const std::string& token,
                                                           const GrpcTransportOptions& options) {
   if (!channel) return makeError(FL_EINVAL, "GrpcTransport::connect: null channel");
-  auto core = TransportCore::create(options.send_queue_depth);
+  auto core = LockedLinkBookkeeping::create(options.send_queue_depth);
   if (!core) return std::move(core).error().context("grpc data link");
   auto t = std::make_unique<GrpcClientTransport>(std::move(channel), options, std::move(core).value());
   if (Status s = t->start(session_id, token); !s) return std::move(s).error();

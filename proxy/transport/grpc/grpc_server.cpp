@@ -38,14 +38,14 @@ Result<std::shared_ptr<GrpcServerTransport>> GrpcTransport::adoptServerStream(
   if (context == nullptr || stream == nullptr) {
     return makeError(FL_EINVAL, "GrpcTransport::adoptServerStream: null context or stream");
   }
-  auto core = TransportCore::create(options.send_queue_depth);
+  auto core = LockedLinkBookkeeping::create(options.send_queue_depth);
   if (!core) return std::move(core).error().context("grpc data link from " + context->peer());
   return std::make_shared<GrpcServerTransport>(context, stream, options, std::move(core).value());
 }
 
 GrpcServerTransport::GrpcServerTransport(grpc::ServerContext* context, DataStream* stream,
                                          const GrpcTransportOptions& options,
-                                         std::unique_ptr<TransportCore> core)
+                                         std::unique_ptr<LockedLinkBookkeeping> core)
     : GrpcTransport(context->peer(), options, std::move(core)), context_(context), stream_(stream) {}
 
 // Not shutdown(): the last reference may go on the handler thread, before

@@ -28,7 +28,7 @@ GrpcTransportOptions clampOptions(GrpcTransportOptions o) {
 // gRPC's threads, possibly after the transport is gone).
 class GrpcTransport::SliceRelease {
  public:
-  explicit SliceRelease(std::shared_ptr<TransportCore> core) : core_(std::move(core)) {}
+  explicit SliceRelease(std::shared_ptr<LockedLinkBookkeeping> core) : core_(std::move(core)) {}
 
   // A slice over `n` payload bytes at `data` (the producer's slot), counted
   // until gRPC drops its last reference.
@@ -101,7 +101,7 @@ class GrpcTransport::SliceRelease {
     if (done) core_->completeSend(done->cookie, done->status, done->bytes);
   }
 
-  const std::shared_ptr<TransportCore> core_;
+  const std::shared_ptr<LockedLinkBookkeeping> core_;
   mutable Mutex mu_;
   std::condition_variable cv_;
   size_t outstanding_ FL_GUARDED_BY(mu_) = 0;
@@ -111,7 +111,7 @@ class GrpcTransport::SliceRelease {
 };
 
 GrpcTransport::GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
-                             std::unique_ptr<TransportCore> core)
+                             std::unique_ptr<LockedLinkBookkeeping> core)
     : peer_name_(std::move(peer_name)),
       options_(clampOptions(options)),
       core_(std::move(core)),
@@ -142,7 +142,7 @@ void GrpcTransport::settleReleases() noexcept {
 // ---------------------------------------------------------------- sending
 
 void GrpcTransport::senderLoop() noexcept {
-  TransportCore::Outgoing out;
+  LockedLinkBookkeeping::Outgoing out;
   std::string prefix;  // reused: keeps its capacity
   while (core_->nextSend(&out)) {
     bool ok = true;
@@ -276,7 +276,6 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
   }
   credit_.reset();
   if (core_->endReceive()) {
-    core_->countReceived(frame_.length);
     core_->frameArrived(frame_, FL_OK);
   } else {
     core_->frameArrived(

@@ -52,8 +52,8 @@
 #include "framelink/v1/link.grpc.pb.h"
 #include "transport/grpc/grpc_limits.h"
 #include "transport/grpc/grpc_wire.h"
+#include "transport/locked_link_bookkeeping.h"
 #include "transport/transport.h"
-#include "transport/transport_core.h"
 
 namespace framelink::transport {
 
@@ -110,13 +110,14 @@ class GrpcTransport : public Transport {
   }
   void retractCredit(uint64_t credit_id) override { core_->retractCredit(credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return core_->post(request); }
+  std::string_view lastRefusal() const noexcept override { return core_->lastRefusal(); }
   PostResult postControl(std::string record) noexcept override {
     return core_->postControl(std::move(record));
   }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
   int eventFd() const noexcept override { return core_->eventFd(); }
 
-  TransportCore::Counters counters() const noexcept { return core_->counters(); }
+  TransportCounters counters() const noexcept override { return core_->counters(); }
   size_t chunkBytes() const noexcept { return options_.chunk_bytes; }
   // Frames whose payload slices gRPC has released (all of them): a frame's
   // SendComplete is reported only after this count covers it.
@@ -124,7 +125,7 @@ class GrpcTransport : public Transport {
 
  protected:
   GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
-                std::unique_ptr<TransportCore> core);
+                std::unique_ptr<LockedLinkBookkeeping> core);
 
   // The stream, as the concrete side has it.
   // `more`: another message follows at once (grpc::WriteOptions::set_buffer_hint).
@@ -132,7 +133,7 @@ class GrpcTransport : public Transport {
   virtual void cancelStream() noexcept = 0;
 
   void senderLoop() noexcept;
-  // Stops the sender (TransportCore::stopSending) and wakes it if it waits
+  // Stops the sender (LockedLinkBookkeeping::stopSending) and wakes it if it waits
   // for gRPC to release a frame's slices.
   void stopSender() noexcept;
   // After the call ended: waits (briefly) until gRPC released the slices of
@@ -152,7 +153,7 @@ class GrpcTransport : public Transport {
   const GrpcTransportOptions options_;
   // Shared with the payload slices' destroy callbacks, which may run on a
   // gRPC thread after this transport is gone.
-  std::shared_ptr<TransportCore> core_;
+  std::shared_ptr<LockedLinkBookkeeping> core_;
   std::shared_ptr<SliceRelease> release_;
 
  private:
@@ -168,7 +169,7 @@ class GrpcTransport : public Transport {
 class GrpcServerTransport final : public GrpcTransport {
  public:
   GrpcServerTransport(grpc::ServerContext* context, DataStream* stream, const GrpcTransportOptions& options,
-                      std::unique_ptr<TransportCore> core);
+                      std::unique_ptr<LockedLinkBookkeeping> core);
   ~GrpcServerTransport() override;
 
   // Runs the reader on the calling (handler) thread until the stream ends or

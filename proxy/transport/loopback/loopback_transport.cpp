@@ -6,11 +6,10 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <unordered_map>
 
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
-#include "transport/transport_core.h"
+#include "transport/link_bookkeeping.h"
 
 namespace framelink::transport::loopback {
 namespace {
@@ -24,12 +23,13 @@ struct Outgoing {
 // One direction's state, owned by the end that posts into it.
 struct EndState {
   UniqueFd event_fd;
-  std::deque<Outgoing> outgoing;                      // posted, not yet delivered
-  size_t frames_waiting = 0;                          // of `outgoing`, bounded by send_queue_depth
-  size_t control_bytes = 0;                           // of `outgoing`, bounded by kMaxControlBacklogBytes
-  std::unordered_map<uint64_t, LocalCredit> credits;  // exposed by this end
-  std::deque<TransportEvent> events;                  // for this end's poll()
-  bool error_reported = false;                        // this end's one LinkError is queued
+  std::deque<Outgoing> outgoing;  // posted, not yet delivered
+  size_t frames_waiting = 0;      // of `outgoing`, bounded by send_queue_depth
+  size_t control_bytes = 0;       // of `outgoing`, bounded by kMaxControlBacklogBytes
+  // The credits this end exposed, the events for its poll(), its admission
+  // rules, failing once and its counters.  Its send ring is unused: frames
+  // and records wait in `outgoing`, in the order they were posted.
+  LinkBookkeeping book{0};
 };
 
 class Shared final : public LoopbackLink {
@@ -58,35 +58,25 @@ class Shared final : public LoopbackLink {
   }
   bool up() const noexcept override {
     MutexLock lock(mu_);
-    return up_;
+    return upLocked();
   }
 
   // ---- the ends' calls ----
   Result<RemoteCredit> exposeCredit(int end, LocalCredit credit) {
-    if (credit.buffer == nullptr && credit.capacity > 0) {
-      return makeError(FL_EINVAL, "exposeCredit: null buffer with non-zero capacity");
-    }
     MutexLock lock(mu_);
-    if (!up_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
-    RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
-    if (!ends_[end].credits.emplace(credit.credit_id, std::move(credit)).second) {
-      return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(remote.credit_id) +
-                                      " is already exposed (credit ids must be unique per link)");
-    }
-    return remote;
+    return ends_[end].book.exposeCredit(std::move(credit));
   }
 
   void retractCredit(int end, uint64_t credit_id) noexcept {
     MutexLock lock(mu_);
-    ends_[end].credits.erase(credit_id);
+    ends_[end].book.retractCredit(credit_id);
   }
 
   PostResult post(int end, const SendRequest& request) noexcept {
-    if (*validateSendRequest(request) != '\0') return PostResult::kInvalid;
     MutexLock lock(mu_);
-    if (!up_) return PostResult::kNotConnected;
     EndState& self = ends_[end];
-    if (self.frames_waiting >= options_.send_queue_depth) return PostResult::kBackpressure;
+    const PostResult admitted = self.book.admitFrame(request, self.frames_waiting, options_.send_queue_depth);
+    if (admitted != PostResult::kOk) return admitted;
     self.outgoing.push_back(Outgoing{request, {}});
     ++self.frames_waiting;
     if (!options_.manual) signalLocked(end);  // come back (poll) to move it
@@ -94,11 +84,10 @@ class Shared final : public LoopbackLink {
   }
 
   PostResult postControl(int end, std::string record) noexcept {
-    if (record.empty() || record.size() > kMaxControlBytes) return PostResult::kInvalid;
     MutexLock lock(mu_);
-    if (!up_) return PostResult::kNotConnected;
     EndState& self = ends_[end];
-    if (self.control_bytes + record.size() > kMaxControlBacklogBytes) return PostResult::kBackpressure;
+    const PostResult admitted = self.book.admitControl(record, self.control_bytes);
+    if (admitted != PostResult::kOk) return admitted;
     self.control_bytes += record.size();
     self.outgoing.push_back(Outgoing{{}, std::move(record)});
     if (!options_.manual) signalLocked(end);
@@ -114,12 +103,8 @@ class Shared final : public LoopbackLink {
     MutexLock lock(mu_);
     if (!options_.manual) deliverSomeLocked(end);
     EndState& self = ends_[end];
-    size_t n = 0;
-    while (n < max && !self.events.empty()) {
-      out[n++] = std::move(self.events.front());
-      self.events.pop_front();
-    }
-    const bool more = !self.events.empty() || (!options_.manual && !self.outgoing.empty());
+    const size_t n = self.book.events().take(out, max);
+    const bool more = !self.book.events().empty() || (!options_.manual && !self.outgoing.empty());
     if (!more) {
       uint64_t drained = 0;
       (void)!::read(self.event_fd.get(), &drained, sizeof drained);
@@ -129,7 +114,17 @@ class Shared final : public LoopbackLink {
 
   bool connected() const noexcept {
     MutexLock lock(mu_);
-    return up_;
+    return upLocked();
+  }
+
+  std::string_view lastRefusal(int end) const noexcept {
+    MutexLock lock(mu_);
+    return ends_[end].book.lastRefusal();  // a string literal: outlives the lock
+  }
+
+  TransportCounters counters(int end) const noexcept {
+    MutexLock lock(mu_);
+    return ends_[end].book.counters();
   }
 
   int eventFd(int end) const noexcept {
@@ -139,7 +134,7 @@ class Shared final : public LoopbackLink {
 
   void shutdown(int end) noexcept {
     MutexLock lock(mu_);
-    if (!up_) return;
+    if (!upLocked()) return;
     // This end reports its own shutdown; the peer sees the link go.
     if (end == 0) {
       failLocked(FL_ERR_SHUTDOWN, "loopback link shut down locally", FL_ERR_LINK_LOST,
@@ -164,13 +159,16 @@ class Shared final : public LoopbackLink {
   }
 
  private:
+  // Both ends fail together.
+  bool upLocked() const noexcept FL_REQUIRES(mu_) { return !ends_[0].book.failed(); }
+
   void signalLocked(int end) noexcept FL_REQUIRES(mu_) {
     const uint64_t one = 1;
     (void)!::write(ends_[end].event_fd.get(), &one, sizeof one);
   }
 
   void pushLocked(int end, TransportEvent event) noexcept FL_REQUIRES(mu_) {
-    ends_[end].events.push_back(std::move(event));
+    ends_[end].book.events().push(std::move(event));
     signalLocked(end);
   }
 
@@ -182,40 +180,38 @@ class Shared final : public LoopbackLink {
   // Lands the oldest frame `end` posted in the peer's credited buffer (or
   // hands the peer the oldest control record).
   bool deliverLocked(int end, Damage damage) noexcept FL_REQUIRES(mu_) {
-    if (!up_) return false;
+    if (!upLocked()) return false;
     EndState& self = ends_[end];
     if (self.outgoing.empty()) return false;
     const int peer = end ^ 1;
-    if (!self.outgoing.front().control.empty()) {
-      TransportEvent control;
-      control.kind = TransportEvent::Kind::kControl;
-      control.control = std::move(self.outgoing.front().control);
-      self.control_bytes -= control.control.size();
+    LinkBookkeeping& to = ends_[peer].book;
+    if (std::string& record = self.outgoing.front().control; !record.empty()) {
+      self.control_bytes -= record.size();
+      self.book.countControlSent(1);
+      to.controlArrived(record);
       self.outgoing.pop_front();
-      pushLocked(peer, std::move(control));
+      signalLocked(peer);
       return true;
     }
     SendRequest request = self.outgoing.front().request;
     self.outgoing.pop_front();
     --self.frames_waiting;
-    TransportEvent arrived;
-    arrived.kind = TransportEvent::Kind::kFrameArrived;
-    arrived.header = request.header;
-    auto it = ends_[peer].credits.find(request.header.credit_id);
-    if (it == ends_[peer].credits.end()) {
-      arrived.status = FL_ERR_UNKNOWN_CREDIT;
-      arrived.message = "frame for credit " + std::to_string(request.header.credit_id) +
-                        " which is not exposed (retracted or already used)";
-    } else {
-      LocalCredit credit = std::move(it->second);
-      ends_[peer].credits.erase(it);  // a credit is consumed by its frame
+    // A credit is consumed by its frame.
+    if (const LocalCredit* credit = to.credits().beginLanding(request.header.credit_id)) {
       if (request.header.length > 0) {
-        std::memcpy(credit.buffer, request.payload, request.header.length);
-        if (damage == Damage::kFlipPayloadByte) credit.buffer[request.header.length / 2] ^= 0x5a;
+        std::memcpy(credit->buffer, request.payload, request.header.length);
+        if (damage == Damage::kFlipPayloadByte) credit->buffer[request.header.length / 2] ^= 0x5a;
       }
+      to.credits().endLanding();
+      to.frameArrived(request.header, FL_OK);
+    } else {
+      to.frameArrived(request.header, FL_ERR_UNKNOWN_CREDIT,
+                      "frame for credit " + std::to_string(request.header.credit_id) +
+                          " which is not exposed (retracted or already used)");
     }
-    pushLocked(peer, std::move(arrived));
-    pushLocked(end, TransportEvent::sendComplete(request.cookie, FL_OK));
+    signalLocked(peer);
+    self.book.sendDone(request.cookie, FL_OK, request.header.length);
+    signalLocked(end);
     return true;
   }
 
@@ -223,8 +219,7 @@ class Shared final : public LoopbackLink {
   // end gets its LinkError.
   void failLocked(int status_a, const std::string& why_a, int status_b, const std::string& why_b) noexcept
       FL_REQUIRES(mu_) {
-    if (!up_) return;
-    up_ = false;
+    if (!upLocked()) return;
     const int statuses[2] = {status_a, status_b};
     const std::string* whys[2] = {&why_a, &why_b};
     for (int end = 0; end < 2; ++end) {
@@ -237,19 +232,14 @@ class Shared final : public LoopbackLink {
       }
       self.frames_waiting = 0;
       self.control_bytes = 0;
-      self.credits.clear();
-      TransportEvent error;
-      error.kind = TransportEvent::Kind::kLinkError;
-      error.status = statuses[end];
-      error.message = *whys[end];
-      pushLocked(end, std::move(error));
-      self.error_reported = true;
+      self.book.fail(statuses[end], *whys[end]);
+      self.book.credits().clear();
+      signalLocked(end);
     }
   }
 
   const LoopbackOptions options_;
   mutable Mutex mu_;
-  bool up_ FL_GUARDED_BY(mu_) = true;
   EndState ends_[2] FL_GUARDED_BY(mu_);
 };
 
@@ -265,6 +255,7 @@ class LoopbackEnd final : public Transport {
   }
   void retractCredit(uint64_t credit_id) override { shared_->retractCredit(end_, credit_id); }
   PostResult post(const SendRequest& request) noexcept override { return shared_->post(end_, request); }
+  std::string_view lastRefusal() const noexcept override { return shared_->lastRefusal(end_); }
   PostResult postControl(std::string record) noexcept override {
     return shared_->postControl(end_, std::move(record));
   }
@@ -272,6 +263,7 @@ class LoopbackEnd final : public Transport {
   size_t poll(TransportEvent* out, size_t max) noexcept override { return shared_->poll(end_, out, max); }
   int eventFd() const noexcept override { return shared_->eventFd(end_); }
   void shutdown() noexcept override { shared_->shutdown(end_); }
+  TransportCounters counters() const noexcept override { return shared_->counters(end_); }
 
  private:
   std::shared_ptr<Shared> shared_;

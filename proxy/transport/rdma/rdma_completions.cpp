@@ -44,44 +44,19 @@ void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
   if (seq < posted_seq_) releaseControlBeforeFrame(seq);
   for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
     const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
-    int s = done_seq_ == seq ? status : FL_OK;
-    if (failed_ && s == FL_OK) s = FL_ERR_LINK_LOST;
-    if (s == FL_OK) {
-      ++counters_.frames_sent;
-      counters_.bytes_sent += p.bytes;
-    }
-    pushEvent(TransportEvent::sendComplete(p.cookie, s));
+    book_.sendDone(p.cookie, done_seq_ == seq ? status : FL_OK, p.bytes);
   }
 }
 
 void RdmaTransport::completeUnpostedIfDrained() noexcept {
   // Once the queue has given back every WR, the ones that never reached it
   // are reported, after them (in posting order).
-  if (!failed_ || done_seq_ < posted_seq_) return;
+  if (!book_.failed() || done_seq_ < posted_seq_) return;
   posted_seq_ = next_seq_;
   if (next_seq_ > done_seq_) completeSendsThrough(next_seq_ - 1, FL_ERR_LINK_LOST);
 }
 
 // ---------------------------------------------------------------- events
-
-void RdmaTransport::pushEvent(TransportEvent event) noexcept {
-  try {
-    events_.push_back(std::move(event));
-  } catch (...) {
-    // Out of memory while reporting: the control link's ACK timeout
-    // recovers the frame.
-  }
-}
-
-void RdmaTransport::frameArrived(const FrameHeader& header, int status, std::string message) noexcept {
-  if (status == FL_ERR_UNKNOWN_CREDIT) ++counters_.unknown_credit_frames;
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kFrameArrived;
-  ev.status = status;
-  ev.header = header;
-  ev.message = std::move(message);
-  pushEvent(std::move(ev));
-}
 
 void RdmaTransport::drainAsyncError() noexcept {
   drainEventFd(link_fd_.get());
@@ -167,7 +142,7 @@ void RdmaTransport::handleControlSendWc(const ibv_wc& wc) noexcept {
   ctl_done_seq_ = cseq + 1;
   if (frames_before > done_seq_) completeSendsThrough(frames_before - 1, FL_OK);
   if (wc.status == IBV_WC_SUCCESS) return;
-  if (failed_) {  // flushed after the link went down: expected
+  if (book_.failed()) {  // flushed after the link went down: expected
     completeUnpostedIfDrained();
     return;
   }
@@ -185,7 +160,7 @@ void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
     return;
   }
   const WcClassification c = classifyWcStatus(wc.status);
-  if (failed_) {  // flushed after the link went down: expected
+  if (book_.failed()) {  // flushed after the link went down: expected
     completeSendsThrough(seq, FL_ERR_LINK_LOST);
     completeUnpostedIfDrained();
     return;
@@ -199,7 +174,7 @@ void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
 void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   if (recvs_posted_ > 0) --recvs_posted_;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (!failed_) {
+    if (!book_.failed()) {
       const WcClassification c = classifyWcStatus(wc.status);
       fail(c.link_status, "rdma link to " + peer_name_ + ": receive completed with " +
                               ibv_wc_status_str(wc.status) + " (" + scopeName(c.scope) + " error)");
@@ -219,35 +194,33 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   }
   const uint32_t index = ntohl(wc.imm_data);
   FrameHeader header;
-  auto it = credits_.find(index);
-  if (it == credits_.end()) {
+  // The credit is consumed by this frame (a retracted one too).
+  const LocalCredit* credit = book_.credits().beginLanding(index);
+  if (credit == nullptr) {
     header.credit_id = index;
-    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                 "frame for an unknown credit (immediate data " + std::to_string(index) + ")");
+    book_.frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
+                       "frame for an unknown credit (immediate data " + std::to_string(index) + ")");
     return;
   }
-  Credit credit = std::move(it->second);
-  credits_.erase(it);  // consumed by this frame
+  const uint64_t credit_id = credit->credit_id;
+  const uint64_t capacity = credit->capacity;
   RdmaWireHeader wire{};
-  std::memcpy(&wire, credit.buffer - kWireHeaderBytes, sizeof wire);
-  fromWire(wire, credit.credit_id, &header);
-  if (credit.retracted) {
-    frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
-                 "frame for retracted credit " + std::to_string(credit.credit_id));
+  std::memcpy(&wire, credit->buffer - kWireHeaderBytes, sizeof wire);
+  fromWire(wire, credit_id, &header);
+  if (!book_.credits().endLanding()) {
+    book_.frameArrived(header, FL_ERR_UNKNOWN_CREDIT,
+                       "frame for retracted credit " + std::to_string(credit_id));
     return;
   }
-  if (wire.attr_length > FL_MAX_ATTR_BYTES || wire.length > credit.capacity ||
+  if (wire.attr_length > FL_MAX_ATTR_BYTES || wire.length > capacity ||
       wc.byte_len != kWireHeaderBytes + wire.length) {
-    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": frame for credit " +
-                              std::to_string(credit.credit_id) + " wrote " + std::to_string(wc.byte_len) +
-                              " bytes for a header announcing " + std::to_string(wire.length) +
-                              " (capacity " + std::to_string(credit.capacity) + ", attr_length " +
-                              std::to_string(wire.attr_length) + ")");
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": frame for credit " + std::to_string(credit_id) +
+                              " wrote " + std::to_string(wc.byte_len) + " bytes for a header announcing " +
+                              std::to_string(wire.length) + " (capacity " + std::to_string(capacity) +
+                              ", attr_length " + std::to_string(wire.attr_length) + ")");
     return;
   }
-  ++counters_.frames_received;
-  counters_.bytes_received += wire.length;
-  frameArrived(header, FL_OK, {});
+  book_.frameArrived(header, FL_OK);
 }
 
 void RdmaTransport::controlArrived(const ibv_wc& wc) noexcept {
@@ -278,12 +251,11 @@ void RdmaTransport::controlArrived(const ibv_wc& wc) noexcept {
     fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": the peer sent an empty control record");
     return;
   }
-  ++counters_.control_received;
-  pushEvent(TransportEvent::controlRecord(ctl_rx_));
+  book_.controlArrived(ctl_rx_);
 }
 
 void RdmaTransport::replenishRecvs() noexcept {
-  if (failed_ || torn_down_) return;
+  if (book_.failed()) return;
   const uint32_t depth = options_.recv_queue_depth;
   const uint32_t want = depth - recvs_posted_;
   if (want == 0) return;
@@ -308,7 +280,7 @@ void RdmaTransport::replenishRecvs() noexcept {
   if (rc != 0) posted = bad != nullptr ? static_cast<uint32_t>(bad - recv_wrs_.data()) : 0;
   recvs_posted_ += posted;
   recv_next_ += posted;
-  counters_.recv_wrs += posted;
+  verbs_counters_.recv_wrs += posted;
   if (rc != 0) {
     fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_recv failed: " + std::strerror(rc));
   }
@@ -324,12 +296,8 @@ size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
     if (recvs_posted_ < options_.recv_queue_depth / 2 + 1) replenishRecvs();
     flushChain();
   }
-  size_t taken = 0;
-  while (taken < max && !events_.empty()) {
-    out[taken++] = std::move(events_.front());
-    events_.pop_front();
-  }
-  if (events_.empty()) {
+  const size_t taken = book_.events().take(out, max);
+  if (book_.events().empty()) {
     drainEventFd(event_fd_.get());
   } else {
     signalEventFd(event_fd_.get());  // level-triggered for the caller

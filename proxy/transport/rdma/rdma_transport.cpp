@@ -12,8 +12,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "transport/transport_core.h"
-
 namespace framelink::transport::rdma {
 namespace {
 
@@ -90,7 +88,11 @@ Result<std::unique_ptr<RdmaTransport>> RdmaTransport::create(std::shared_ptr<Rdm
 }
 
 RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options)
-    : device_(std::move(device)), api_(device_->api()), options_(options), cm_(std::move(id)) {}
+    : device_(std::move(device)),
+      api_(device_->api()),
+      options_(options),
+      cm_(std::move(id)),
+      book_(0, CreditTableOptions{uint64_t{UINT32_MAX}, options.max_retracted_credits}) {}
 
 Status RdmaTransport::setUp() {
   const uint32_t sq = options_.send_queue_depth;
@@ -218,7 +220,7 @@ Status RdmaTransport::setUp() {
 
 void RdmaTransport::established(std::string peer_name) noexcept {
   peer_name_ = std::move(peer_name);
-  if (!failed_ && !torn_down_) connected_.store(true, std::memory_order_release);
+  if (!book_.failed() && !torn_down_) connected_.store(true, std::memory_order_release);
 }
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
@@ -227,7 +229,7 @@ RdmaTransport::~RdmaTransport() { shutdown(); }
 
 Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   if (credit.buffer == nullptr) return makeError(FL_EINVAL, "exposeCredit: null buffer");
-  if (failed_ || torn_down_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
+  if (book_.failed()) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
   uint8_t* landing = credit.buffer - kWireHeaderBytes;
   const uint64_t landing_length = kWireHeaderBytes + credit.capacity;
   uint32_t rkey = 0;
@@ -237,83 +239,36 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
                                     "one remote-write registration on " +
                                     device_->name());
   }
-  const auto index = static_cast<uint32_t>(credit.credit_id);
-  auto it = credits_.find(index);
-  if (it != credits_.end() && !it->second.retracted) {
-    if (it->second.credit_id == credit.credit_id) {
-      return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(credit.credit_id) +
-                                      " is already exposed (credit ids must be unique per link)");
-    }
-    return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(credit.credit_id) +
-                                    " has the same low 32 bits as exposed credit " +
-                                    std::to_string(it->second.credit_id) + " (the rdma immediate data)");
-  }
-  RemoteCredit remote{credit.credit_id, credit.capacity, reinterpret_cast<uint64_t>(landing), rkey};
-  Credit c{credit.credit_id, credit.buffer, credit.capacity, std::move(credit.keepalive), false};
-  if (it != credits_.end()) {
-    it->second = std::move(c);  // replaces a retracted one (its FIFO entry goes stale)
-  } else {
-    credits_.emplace(index, std::move(c));
-  }
-  return remote;
+  return book_.exposeCredit(std::move(credit), reinterpret_cast<uint64_t>(landing), rkey);
 }
 
-void RdmaTransport::retractCredit(uint64_t credit_id) {
-  auto it = credits_.find(static_cast<uint32_t>(credit_id));
-  if (it == credits_.end() || it->second.credit_id != credit_id || it->second.retracted) return;
-  // The peer may have posted its write already, and nothing stops an RDMA
-  // write: the buffer stays mapped (keepalive) so that such a frame is
-  // reported with its header, as FL_ERR_UNKNOWN_CREDIT.
-  it->second.retracted = true;
-  retracted_.push_back(it->first);
-  while (retracted_.size() > options_.max_retracted_credits) {
-    auto old = credits_.find(retracted_.front());
-    if (old != credits_.end() && old->second.retracted) credits_.erase(old);
-    retracted_.pop_front();
-  }
-}
+// The peer may have posted its write already, and nothing stops an RDMA
+// write: the buffer stays mapped (keepalive) so that such a frame is
+// reported with its header, as FL_ERR_UNKNOWN_CREDIT.
+void RdmaTransport::retractCredit(uint64_t credit_id) { book_.retractCredit(credit_id); }
 
 // ---------------------------------------------------------------- sending
 
 // Queues only: the agent flushes after its round (and poll() posts what
 // waits), so a round's records leave in one chain with its frames.
 PostResult RdmaTransport::postControl(std::string record) noexcept {
-  if (record.empty()) return refuse("an empty control record");
-  if (record.size() > kMaxControlBytes) return refuse("the control record exceeds kMaxControlBytes");
-  if (failed_ || torn_down_ || !connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
-  if (ctl_backlog_bytes_ + record.size() > kMaxControlBacklogBytes) {
-    ++counters_.backpressure;
-    return PostResult::kBackpressure;
-  }
-  const size_t size = record.size();
-  try {
-    ctl_backlog_.push_back(std::move(record));
-  } catch (...) {
-    return PostResult::kBackpressure;  // out of memory: the caller keeps the record and retries
-  }
-  ctl_backlog_bytes_ += size;
-  return PostResult::kOk;
-}
-
-PostResult RdmaTransport::refuse(const char* why) noexcept {
-  refusal_ = why;
-  return PostResult::kInvalid;
+  if (!connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
+  return book_.postControl(std::move(record));
 }
 
 // The common path takes no lock and looks nothing up: the payload's lkey
 // comes with the request, from the registration made when its producer
 // attached.
 PostResult RdmaTransport::post(const SendRequest& r) noexcept {
-  if (const char* why = validateSendRequest(r); *why != '\0') return refuse(why);
-  if (failed_ || torn_down_ || !connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
-  if (r.header.length > 0 && !r.local_key) {
-    return refuse(
-        "the payload carries no local memory key (rdma sends only from memory registered with its "
-        "device: the producer's data segment, registered when it attached)");
-  }
-  if (sendQueueUsed() >= options_.send_queue_depth) {
-    ++counters_.backpressure;
-    return PostResult::kBackpressure;
+  if (!connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
+  const char* no_key =
+      r.header.length > 0 && !r.local_key
+          ? "the payload carries no local memory key (rdma sends only from memory registered "
+            "with its device: the producer's data segment, registered when it attached)"
+          : nullptr;
+  if (const PostResult admitted = book_.admitFrame(r, sendQueueUsed(), options_.send_queue_depth, no_key);
+      admitted != PostResult::kOk) {
+    return admitted;
   }
   const uint64_t seq = next_seq_;
   const size_t slot = seq % options_.send_queue_depth;
@@ -347,15 +302,16 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
   const uint32_t chunks = options_.control_send_chunks;
   const size_t chunk_bytes = options_.control_chunk_bytes;
   uint32_t built = 0;
-  while (built < room && !ctl_backlog_.empty() && ctl_posted_seq_ + built - ctl_done_seq_ < chunks) {
+  ControlQueue& backlog = book_.control();
+  while (built < room && !backlog.empty() && ctl_posted_seq_ + built - ctl_done_seq_ < chunks) {
     const uint64_t cseq = ctl_posted_seq_ + built;
     const size_t slot = cseq % chunks;
-    const std::string& record = ctl_backlog_.front();
+    const std::string& record = backlog.front();
     const size_t n = std::min(chunk_bytes, record.size() - ctl_backlog_offset_);
     uint8_t* dst = ctl_send_buf_.get() + slot * chunk_bytes;
     record.copy(reinterpret_cast<char*>(dst), n, ctl_backlog_offset_);
     ctl_backlog_offset_ += n;
-    ctl_backlog_bytes_ -= n;
+    backlog.consumed(n);
     const bool last = ctl_backlog_offset_ == record.size();
     ibv_sge& sge = ctl_sges_[slot];
     sge.addr = reinterpret_cast<uint64_t>(dst);
@@ -370,7 +326,7 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
     wr.imm_data = htonl(last ? kControlImmLast : kControlImmMore);
     if (n <= max_inline_) {
       wr.send_flags = IBV_SEND_INLINE;
-      ++counters_.control_inline_wrs;
+      ++verbs_counters_.control_inline_wrs;
     }
     if (built > 0) ctl_wrs_[(cseq - 1) % chunks].next = &wr;
     // Frames in this chain follow every control WR: posted_seq_ frames came
@@ -378,24 +334,24 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
     ctl_frames_before_[slot] = posted_seq_;
     ++built;
     if (last) {
-      ctl_backlog_.pop_front();
+      backlog.dropFront();
       ctl_backlog_offset_ = 0;
-      ++counters_.control_sent;
+      book_.countControlSent(1);
     }
   }
   return built;
 }
 
 void RdmaTransport::flushChain() noexcept {
-  if (failed_ || torn_down_) return;
-  if (posted_seq_ == next_seq_ && ctl_backlog_.empty()) return;
+  if (book_.failed()) return;
+  if (posted_seq_ == next_seq_ && book_.control().empty()) return;
   const uint32_t depth = options_.send_queue_depth;
   const uint32_t chunks = options_.control_send_chunks;
   // Control first: what is queued fits in the send queue entries frames
   // have not claimed.
   const uint64_t used = sendQueueUsed();
   const uint32_t room = used < depth ? static_cast<uint32_t>(depth - used) : 0;
-  const uint32_t nctl = ctl_backlog_.empty() ? 0 : buildControlWrs(room);
+  const uint32_t nctl = book_.control().empty() ? 0 : buildControlWrs(room);
   if (nctl == 0 && posted_seq_ == next_seq_) return;
   ibv_send_wr* frames_first = posted_seq_ == next_seq_ ? nullptr : &send_wrs_[posted_seq_ % depth];
   ibv_send_wr* first = nctl > 0 ? &ctl_wrs_[ctl_posted_seq_ % chunks] : frames_first;
@@ -406,7 +362,7 @@ void RdmaTransport::flushChain() noexcept {
     if (++since_signal_ >= options_.signal_interval) {
       wr.send_flags |= IBV_SEND_SIGNALED;
       since_signal_ = 0;
-      ++counters_.signalled_wrs;
+      ++verbs_counters_.signalled_wrs;
     }
   };
   for (uint32_t i = 0; i < nctl; ++i) {
@@ -425,14 +381,14 @@ void RdmaTransport::flushChain() noexcept {
   if (!(last_wr->send_flags & IBV_SEND_SIGNALED)) {
     last_wr->send_flags |= IBV_SEND_SIGNALED;
     since_signal_ = 0;
-    ++counters_.signalled_wrs;
+    ++verbs_counters_.signalled_wrs;
   }
   ibv_send_wr* bad = nullptr;
-  ++counters_.post_send_calls;
+  ++verbs_counters_.post_send_calls;
   int rc = api_.postSend(qp_, first, &bad);
   if (rc == 0) {
-    counters_.send_wrs += nctl + (next_seq_ - posted_seq_);
-    counters_.control_wrs += nctl;
+    verbs_counters_.send_wrs += nctl + (next_seq_ - posted_seq_);
+    verbs_counters_.control_wrs += nctl;
     ctl_posted_seq_ += nctl;
     posted_seq_ = next_seq_;
     return;
@@ -449,8 +405,8 @@ void RdmaTransport::flushChain() noexcept {
     ctl_accepted = ctl_posted_seq_ + nctl;
     accepted = bad->wr_id;
   }
-  counters_.send_wrs += (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
-  counters_.control_wrs += ctl_accepted - ctl_posted_seq_;
+  verbs_counters_.send_wrs += (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
+  verbs_counters_.control_wrs += ctl_accepted - ctl_posted_seq_;
   ctl_posted_seq_ = ctl_accepted;
   posted_seq_ = accepted;
   fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
@@ -459,15 +415,9 @@ void RdmaTransport::flushChain() noexcept {
 // ---------------------------------------------------------------- failure
 
 void RdmaTransport::fail(int status, const std::string& message) noexcept {
-  if (failed_) return;
-  failed_ = true;
+  if (!book_.fail(status, message)) return;
   connected_.store(false, std::memory_order_release);
   if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kLinkError;
-  ev.status = status;
-  ev.message = message;
-  pushEvent(std::move(ev));
   if (!torn_down_) {
     // The QP to ERR flushes every WR still on it (each comes back as a
     // flush error and completes as FL_ERR_LINK_LOST); rdma_disconnect tells
@@ -485,7 +435,7 @@ void RdmaTransport::fail(int status, const std::string& message) noexcept {
 void RdmaTransport::shutdown() noexcept {
   fail(FL_ERR_SHUTDOWN, "rdma link to " + peer_name_ + " shut down locally");
   tearDown();
-  if (!events_.empty()) signalEventFd(event_fd_.get());
+  if (!book_.events().empty()) signalEventFd(event_fd_.get());
 }
 
 void RdmaTransport::tearDown() noexcept {
@@ -535,8 +485,7 @@ void RdmaTransport::tearDown() noexcept {
     if (*mr != nullptr) api_.deregMr(*mr);
     *mr = nullptr;
   }
-  ctl_backlog_.clear();
-  ctl_backlog_bytes_ = 0;
+  book_.control().clear();
   ctl_rx_.clear();
   if (cm_.channel() != nullptr) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, cm_.channel()->fd, nullptr);
@@ -545,10 +494,7 @@ void RdmaTransport::tearDown() noexcept {
   }
   cm_.reset();
   // Credits keep their buffers mapped only while a write can land.
-  credits_.clear();
-  retracted_.clear();
+  book_.credits().clear();
 }
-
-RdmaTransport::Counters RdmaTransport::counters() const noexcept { return counters_; }
 
 }  // namespace framelink::transport::rdma

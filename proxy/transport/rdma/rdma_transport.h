@@ -60,17 +60,16 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
+#include "transport/link_bookkeeping.h"
 #include "transport/rdma/rdma_device.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/transport.h"
@@ -149,30 +148,26 @@ class RdmaTransport final : public Transport {
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
   PostResult postControl(std::string record) noexcept override;
-  std::string_view lastRefusal() const noexcept override { return refusal_; }
+  std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
   // Hands every WR post() accumulated to the adapter as one chain.
   void flush() noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
   int eventFd() const noexcept override { return epoll_fd_.get(); }
   void shutdown() noexcept override;
 
-  struct Counters {
-    uint64_t frames_sent = 0;
-    uint64_t bytes_sent = 0;
-    uint64_t frames_received = 0;
-    uint64_t bytes_received = 0;
-    uint64_t unknown_credit_frames = 0;
-    uint64_t backpressure = 0;
+  // control_sent: records whose last fragment was posted.
+  TransportCounters counters() const noexcept override { return book_.counters(); }
+
+  // What the verbs calls did (for benchmarks and tests).
+  struct VerbsCounters {
     uint64_t post_send_calls = 0;  // ibv_post_send calls (one per flushed chain)
     uint64_t send_wrs = 0;         // WRs handed to ibv_post_send
     uint64_t signalled_wrs = 0;
     uint64_t recv_wrs = 0;            // receive WRs posted
-    uint64_t control_sent = 0;        // records whose last fragment was posted
     uint64_t control_wrs = 0;         // control fragments handed to ibv_post_send
     uint64_t control_inline_wrs = 0;  // of those, sent inline
-    uint64_t control_received = 0;    // records reassembled and reported
   };
-  Counters counters() const noexcept;
+  const VerbsCounters& verbsCounters() const noexcept { return verbs_counters_; }
 
  private:
   RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTransportOptions options);
@@ -187,7 +182,6 @@ class RdmaTransport final : public Transport {
   static void signalEventFd(int fd) noexcept;
 
   Status setUp();
-  PostResult refuse(const char* why) noexcept;
   void flushChain() noexcept;
   // Copies queued control records into free send chunks (at most `room`
   // WRs) and links their WRs in posting order; returns how many it built.
@@ -214,16 +208,7 @@ class RdmaTransport final : public Transport {
   void controlArrived(const ibv_wc& wc) noexcept;
   void completeUnpostedIfDrained() noexcept;
   void replenishRecvs() noexcept;
-  void pushEvent(TransportEvent event) noexcept;
-  void frameArrived(const FrameHeader& header, int status, std::string message) noexcept;
 
-  struct Credit {
-    uint64_t credit_id = 0;
-    uint8_t* buffer = nullptr;  // payload; the slot header is the 256 bytes before it
-    uint64_t capacity = 0;
-    std::shared_ptr<void> keepalive;
-    bool retracted = false;
-  };
   struct PendingSend {
     uint64_t cookie = 0;
     uint64_t bytes = 0;
@@ -270,16 +255,14 @@ class RdmaTransport final : public Transport {
   // Control fragments: control sequence c uses send chunk c % chunks.
   // [ctl_done_seq_, ctl_posted_seq_) are on the send queue; each remembers
   // how many frames had been posted before it (its place in the queue's
-  // completion order).  ctl_backlog_ holds records not yet fully copied into
-  // chunks; ctl_backlog_offset_ bytes of its front one already are.
+  // completion order).  book_.control() holds records not yet fully copied
+  // into chunks; ctl_backlog_offset_ bytes of its front one already are.
   std::vector<ibv_send_wr> ctl_wrs_;
   std::vector<ibv_sge> ctl_sges_;
   std::vector<uint64_t> ctl_frames_before_;
   uint64_t ctl_posted_seq_ = 0;
   uint64_t ctl_done_seq_ = 0;
-  std::deque<std::string> ctl_backlog_;
   size_t ctl_backlog_offset_ = 0;
-  size_t ctl_backlog_bytes_ = 0;  // unsent bytes in ctl_backlog_
 
   // Receive WRs use the receive chunks as a ring: the next one posted takes
   // chunk recv_next_ % recv_queue_depth (the queue consumes in order).
@@ -289,13 +272,12 @@ class RdmaTransport final : public Transport {
   uint32_t recvs_posted_ = 0;  // receive WRs on the receive queue
   std::string ctl_rx_;         // the record being reassembled
 
-  std::unordered_map<uint32_t, Credit> credits_;  // by the low 32 bits of the credit id
-  std::deque<uint32_t> retracted_;                // oldest first
-
-  std::deque<TransportEvent> events_;
-  bool failed_ = false;
-  const char* refusal_ = "";  // why the last post() returned kInvalid
-  Counters counters_;
+  // The credits (by the low 32 bits of the credit id, retracted ones kept
+  // max_retracted_credits long), the control backlog, the events, the
+  // admission rules, failing once and the counters.  Its send ring is
+  // unused: frames wait in sends_ above, on the send queue's terms.
+  LinkBookkeeping book_;
+  VerbsCounters verbs_counters_;
   // Set by the connecting thread (established), cleared by the calling
   // thread; atomic so that connected() is a plain read for either.
   std::atomic<bool> connected_{false};

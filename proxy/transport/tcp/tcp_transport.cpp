@@ -82,7 +82,7 @@ TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, st
       event_fd_(std::move(event_fd)),
       peer_name_(std::move(peer_name)),
       options_(options),
-      ring_(options.send_queue_depth) {
+      book_(options.send_queue_depth) {
   // The largest write unit's iovecs: startWrite() then never allocates for them.
   tx_iov_.reserve(2 * kMaxRecordsPerWrite + 2);
 }
@@ -95,35 +95,22 @@ void TcpTransport::shutdown() noexcept {
 }
 
 void TcpTransport::failLink(int status, const std::string& message) noexcept {
-  if (failed_) return;
-  failed_ = true;
-  if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
-  TransportEvent link;
-  link.kind = TransportEvent::Kind::kLinkError;
-  link.status = status;
-  link.message = message;
-  pushEvent(std::move(link));
   // Nothing is being written now (every write happens on this thread), so
-  // every frame not yet written whole completes here, and its payload is
-  // never read again.
-  auto lost = [this](uint64_t cookie) { pushEvent(TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST)); };
-  if (tx_active_ && tx_has_frame_) lost(tx_cookie_);
+  // the frame of the write in progress completes here with the queued ones,
+  // and its payload is never read again.
+  std::optional<uint64_t> writing;
+  if (tx_active_ && tx_has_frame_) writing = tx_cookie_;
+  if (!book_.fail(status, message, writing)) return;
+  if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
   tx_active_ = false;
   tx_has_frame_ = false;
   tx_records_.clear();
   tx_iov_.clear();
-  for (; count_ > 0; --count_) {
-    lost(ring_[head_].cookie);
-    ring_[head_] = SendRequest{};
-    head_ = (head_ + 1) % ring_.size();
-  }
-  control_.clear();
-  control_bytes_ = 0;
   // A frame landing now stays unreported: the link is gone.  Its credit's
   // keepalive is released here, the buffer is not written any more.
-  rx_credit_.reset();
+  rx_buffer_ = nullptr;
   rx_body_ = Body::kNone;
-  credits_.clear();
+  book_.credits().clear();
   // The socket leaves the epoll set (a hung-up socket would keep eventFd()
   // readable for ever); the peer sees the connection end now.  The
   // descriptor itself is closed by the destructor.
@@ -132,27 +119,8 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
-void TcpTransport::pushEvent(TransportEvent event) noexcept {
-  if (events_count_ == events_.size()) {
-    try {
-      std::vector<TransportEvent> grown(std::max<size_t>(64, 2 * events_.size()));
-      for (size_t i = 0; i < events_count_; ++i) {
-        grown[i] = std::move(events_[(events_head_ + i) % events_.size()]);
-      }
-      events_.swap(grown);
-      events_head_ = 0;
-    } catch (...) {
-      // Out of memory while reporting: nothing sensible is left to do but
-      // drop the event; the ACK timeout of the peer protocol recovers the frame.
-      return;
-    }
-  }
-  events_[(events_head_ + events_count_) % events_.size()] = std::move(event);
-  ++events_count_;
-}
-
 void TcpTransport::syncSignal() noexcept {
-  const bool want = events_count_ > 0;
+  const bool want = !book_.events().empty();
   if (want == signalled_) return;
   uint64_t value = 1;
   if (want) {
@@ -167,79 +135,40 @@ void TcpTransport::syncSignal() noexcept {
 // ---------------------------------------------------------------- credits
 
 Result<RemoteCredit> TcpTransport::exposeCredit(LocalCredit credit) {
-  if (credit.buffer == nullptr && credit.capacity > 0) {
-    return makeError(FL_EINVAL, "exposeCredit: null buffer with non-zero capacity");
-  }
-  if (failed_) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
-  if (credits_.count(credit.credit_id) != 0 || (rx_credit_ && rx_credit_->credit_id == credit.credit_id)) {
-    return makeError(FL_EINVAL, "exposeCredit: credit id " + std::to_string(credit.credit_id) +
-                                    " is already exposed (credit ids must be unique per link)");
-  }
-  RemoteCredit remote{credit.credit_id, credit.capacity, 0, 0};
-  credits_.emplace(credit.credit_id, std::move(credit));
-  return remote;
+  return book_.exposeCredit(std::move(credit));
 }
 
-void TcpTransport::retractCredit(uint64_t credit_id) {
-  credits_.erase(credit_id);
-  // A frame landing in this buffer right now: the rest of it is read into
-  // the scratch buffer, and the frame is reported as for an unknown credit.
-  if (rx_credit_ && rx_credit_->credit_id == credit_id) rx_retracted_ = true;
-}
+// A frame landing in the buffer right now: the rest of it is read into the
+// scratch buffer, and the frame is reported as for an unknown credit.
+void TcpTransport::retractCredit(uint64_t credit_id) { book_.retractCredit(credit_id); }
 
 // ---------------------------------------------------------------- sending
 
-PostResult TcpTransport::post(const SendRequest& request) noexcept {
-  const char* why = validateSendRequest(request);
-  if (*why != '\0') {
-    refusal_ = why;
-    return PostResult::kInvalid;
-  }
-  if (failed_) return PostResult::kNotConnected;
-  if (count_ == ring_.size()) {
-    ++counters_.backpressure;
-    return PostResult::kBackpressure;
-  }
-  ring_[(head_ + count_) % ring_.size()] = request;
-  ++count_;
+PostResult TcpTransport::post(const SendRequest& request) noexcept { return sendQueued(book_.post(request)); }
+
+PostResult TcpTransport::postControl(std::string record) noexcept {
+  return sendQueued(book_.postControl(std::move(record)));
+}
+
+PostResult TcpTransport::sendQueued(PostResult queued) noexcept {
+  if (queued != PostResult::kOk) return queued;
   // Something queued ahead is continued by poll() when the socket has room.
   if (!tx_active_) drainSends();
   syncSignal();
-  return PostResult::kOk;
-}
-
-PostResult TcpTransport::postControl(std::string record) noexcept {
-  if (record.empty() || record.size() > kMaxControlBytes) return PostResult::kInvalid;
-  if (failed_) return PostResult::kNotConnected;
-  if (control_bytes_ + record.size() > kMaxControlBacklogBytes) {
-    ++counters_.backpressure;
-    return PostResult::kBackpressure;
-  }
-  const size_t size = record.size();
-  try {
-    control_.push_back(std::move(record));
-  } catch (...) {
-    return PostResult::kBackpressure;
-  }
-  control_bytes_ += size;
-  if (!tx_active_) drainSends();
-  syncSignal();
-  return PostResult::kOk;
+  return queued;
 }
 
 bool TcpTransport::startWrite() noexcept {
-  if (control_.empty() && count_ == 0) return false;
-  const size_t records = std::min(control_.size(), kMaxRecordsPerWrite);
+  ControlQueue& control = book_.control();
+  SendRing& ring = book_.ring();
+  if (control.empty() && ring.empty()) return false;
+  const size_t records = std::min(control.size(), kMaxRecordsPerWrite);
   try {
     tx_records_.clear();
     tx_iov_.clear();
     // Sized before any address is taken: the iovecs point into it.
     tx_headers_.resize(records);
-    for (size_t i = 0; i < records; ++i) {
-      tx_records_.push_back(std::move(control_.front()));
-      control_.pop_front();
-      control_bytes_ -= tx_records_.back().size();
-    }
+    for (size_t i = 0; i < records; ++i) tx_records_.push_back(control.pop());
   } catch (...) {
     // Out of memory for the bookkeeping of a write: the link cannot go on
     // in order.
@@ -253,11 +182,11 @@ bool TcpTransport::startWrite() noexcept {
     tx_iov_.push_back({&tx_headers_[i], sizeof(TcpFrameHeader)});
     tx_iov_.push_back({tx_records_[i].data(), tx_records_[i].size()});
   }
-  counters_.control_sent += records;
+  book_.countControlSent(records);
   tx_has_frame_ = false;
   // Control first: a frame joins the write only once no record waits.
-  if (count_ > 0 && control_.empty()) {
-    const SendRequest& r = ring_[head_];
+  if (!ring.empty() && control.empty()) {
+    const SendRequest& r = ring.front();
     tx_frame_header_ = toWire(r.header);
     tx_iov_.push_back({&tx_frame_header_, sizeof tx_frame_header_});
     // sendmsg does not write through iov_base; the cast only satisfies its type.
@@ -268,8 +197,7 @@ bool TcpTransport::startWrite() noexcept {
     tx_has_frame_ = true;
     tx_cookie_ = r.cookie;
     tx_length_ = r.header.length;
-    head_ = (head_ + 1) % ring_.size();
-    --count_;
+    ring.pop();
   }
   tx_next_ = 0;
   tx_active_ = true;
@@ -281,13 +209,11 @@ void TcpTransport::finishWrite() noexcept {
   tx_records_.clear();
   if (!tx_has_frame_) return;
   tx_has_frame_ = false;
-  ++counters_.frames_sent;
-  counters_.bytes_sent += tx_length_;
-  pushEvent(TransportEvent::sendComplete(tx_cookie_, FL_OK));
+  book_.sendDone(tx_cookie_, FL_OK, tx_length_);
 }
 
 void TcpTransport::drainSends() noexcept {
-  while (!failed_) {
+  while (!book_.failed()) {
     if (!tx_active_ && !startWrite()) break;
     msghdr msg{};
     msg.msg_iov = tx_iov_.data() + tx_next_;
@@ -296,7 +222,7 @@ void TcpTransport::drainSends() noexcept {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        ++counters_.send_blocked;
+        ++socket_counters_.send_blocked;
         watchWritable(true);
         return;
       }
@@ -312,7 +238,7 @@ void TcpTransport::drainSends() noexcept {
       // The socket is full: the rest waits for EPOLLOUT (or the next poll).
       tx_iov_[tx_next_].iov_base = static_cast<uint8_t*>(tx_iov_[tx_next_].iov_base) + left;
       tx_iov_[tx_next_].iov_len -= left;
-      ++counters_.send_blocked;
+      ++socket_counters_.send_blocked;
       watchWritable(true);
       return;
     }
@@ -322,7 +248,7 @@ void TcpTransport::drainSends() noexcept {
 }
 
 void TcpTransport::watchWritable(bool on) noexcept {
-  if (on == watch_out_ || failed_) return;
+  if (on == watch_out_ || book_.failed()) return;
   epoll_event ev{};
   ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
   ev.data.fd = fd_.get();
@@ -332,14 +258,9 @@ void TcpTransport::watchWritable(bool on) noexcept {
 // ---------------------------------------------------------------- receiving
 
 size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
-  if (!failed_ && tx_active_) drainSends();
-  if (!failed_) receive(max);
-  size_t taken = 0;
-  while (taken < max && events_count_ > 0) {
-    out[taken++] = std::move(events_[events_head_]);
-    events_head_ = (events_head_ + 1) % events_.size();
-    --events_count_;
-  }
+  if (!book_.failed() && tx_active_) drainSends();
+  if (!book_.failed()) receive(max);
+  const size_t taken = book_.events().take(out, max);
   syncSignal();
   return taken;
 }
@@ -347,9 +268,9 @@ size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
 void TcpTransport::receive(size_t max_events) noexcept {
   const std::string_view where = "tcp data link from ";
   size_t budget = options_.read_budget_bytes;
-  while (!failed_ && events_count_ < max_events) {
+  while (!book_.failed() && book_.events().size() < max_events) {
     if (budget == 0) {
-      ++counters_.read_budget_hits;
+      ++socket_counters_.read_budget_hits;
       return;
     }
     // The body being read (if any), then the next header: one call usually
@@ -358,8 +279,8 @@ void TcpTransport::receive(size_t max_events) noexcept {
     size_t iovcnt = 0;
     if (rx_body_ != Body::kNone) {
       const uint64_t rest = rx_body_length_ - rx_body_got_;
-      if (rx_body_ == Body::kFrame && !rx_retracted_) {
-        iov[iovcnt++] = {rx_credit_->buffer + rx_body_got_, static_cast<size_t>(rest)};
+      if (rx_body_ == Body::kFrame && book_.credits().landingValid()) {
+        iov[iovcnt++] = {rx_buffer_ + rx_body_got_, static_cast<size_t>(rest)};
       } else if (rx_body_ == Body::kControl) {
         iov[iovcnt++] = {rx_record_.data() + rx_body_got_, static_cast<size_t>(rest)};
       } else {
@@ -453,8 +374,9 @@ void TcpTransport::beginBody() noexcept {
     return;
   }
   rx_frame_ = fromWire(wire);
-  auto it = credits_.find(rx_frame_.credit_id);
-  if (it == credits_.end()) {
+  // The credit is consumed by this frame.
+  const LocalCredit* credit = book_.credits().beginLanding(rx_frame_.credit_id);
+  if (credit == nullptr) {
     if (rx_frame_.length > options_.max_frame_bytes) {
       failLink(FL_ERR_PROTOCOL, where() + "frame of " + std::to_string(rx_frame_.length) +
                                     " bytes for unknown credit " + std::to_string(rx_frame_.credit_id) +
@@ -463,16 +385,13 @@ void TcpTransport::beginBody() noexcept {
     }
     rx_body_ = Body::kDiscard;
   } else {
-    if (rx_frame_.length > it->second.capacity) {
+    if (rx_frame_.length > credit->capacity) {
       failLink(FL_ERR_PROTOCOL, where() + "frame of " + std::to_string(rx_frame_.length) +
                                     " bytes exceeds credit " + std::to_string(rx_frame_.credit_id) + " of " +
-                                    std::to_string(it->second.capacity) + " bytes");
+                                    std::to_string(credit->capacity) + " bytes");
       return;
     }
-    // The credit is consumed by this frame.
-    rx_credit_ = std::move(it->second);
-    credits_.erase(it);
-    rx_retracted_ = false;
+    rx_buffer_ = credit->buffer;
     rx_body_ = Body::kFrame;
   }
   if (rx_body_length_ == 0) endBody();
@@ -482,29 +401,20 @@ void TcpTransport::endBody() noexcept {
   const Body body = rx_body_;
   rx_body_ = Body::kNone;
   if (body == Body::kControl) {
-    ++counters_.control_received;
-    pushEvent(TransportEvent::controlRecord(rx_record_));
+    book_.controlArrived(rx_record_);
     return;
   }
-  TransportEvent ev;
-  ev.kind = TransportEvent::Kind::kFrameArrived;
-  ev.header = rx_frame_;
-  if (body == Body::kFrame && !rx_retracted_) {
-    ++counters_.frames_received;
-    counters_.bytes_received += rx_frame_.length;
-    ev.status = FL_OK;
+  rx_buffer_ = nullptr;
+  if (body == Body::kFrame && book_.credits().endLanding()) {
+    book_.frameArrived(rx_frame_, FL_OK);
+  } else if (body == Body::kFrame) {
+    book_.frameArrived(
+        rx_frame_, FL_ERR_UNKNOWN_CREDIT,
+        "credit " + std::to_string(rx_frame_.credit_id) + " was retracted while the frame landed");
   } else {
-    if (rx_retracted_ && body == Body::kFrame) {
-      ev.message = "credit " + std::to_string(rx_frame_.credit_id) + " was retracted while the frame landed";
-    } else {
-      ev.message = "frame for unknown or retracted credit " + std::to_string(rx_frame_.credit_id);
-    }
-    ++counters_.unknown_credit_frames;
-    ev.status = FL_ERR_UNKNOWN_CREDIT;
+    book_.frameArrived(rx_frame_, FL_ERR_UNKNOWN_CREDIT,
+                       "frame for unknown or retracted credit " + std::to_string(rx_frame_.credit_id));
   }
-  rx_credit_.reset();
-  rx_retracted_ = false;
-  pushEvent(std::move(ev));
 }
 
 }  // namespace framelink::transport::tcp

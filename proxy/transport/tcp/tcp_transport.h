@@ -28,19 +28,16 @@
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "transport/link_bookkeeping.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
-#include "transport/transport_core.h"  // validateSendRequest, kDefaultSendQueueDepth
 
 namespace framelink::transport::tcp {
 
@@ -73,36 +70,34 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override;
 
   const char* name() const noexcept override { return "tcp"; }
-  bool connected() const noexcept override { return !failed_; }
+  bool connected() const noexcept override { return !book_.failed(); }
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
-  std::string_view lastRefusal() const noexcept override { return refusal_; }
+  std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
   PostResult postControl(std::string record) noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
   int eventFd() const noexcept override { return epoll_fd_.get(); }
   void shutdown() noexcept override;
 
-  // Counters for stats, benchmarks and tests (calling thread only).
-  struct Counters {
-    uint64_t frames_sent = 0;
-    uint64_t bytes_sent = 0;  // payload bytes of frames sent
-    uint64_t frames_received = 0;
-    uint64_t bytes_received = 0;  // payload bytes of frames received
-    uint64_t unknown_credit_frames = 0;
-    uint64_t backpressure = 0;
-    uint64_t control_sent = 0;      // records
-    uint64_t control_received = 0;  // records
+  TransportCounters counters() const noexcept override { return book_.counters(); }
+
+  // What only a byte stream on the calling thread counts (calling thread
+  // only; for benchmarks and tests).
+  struct SocketCounters {
     uint64_t send_blocked = 0;      // times the socket took less than offered (a write then waits)
     uint64_t read_budget_hits = 0;  // poll() calls that returned with the budget spent
   };
-  const Counters& counters() const noexcept { return counters_; }
+  const SocketCounters& socketCounters() const noexcept { return socket_counters_; }
 
  private:
   TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, std::string peer_name,
                TcpTransportOptions options);
 
   // ---- sending ----
+  // After post() or postControl() queued something: writes it now unless a
+  // write waits for the socket.
+  PostResult sendQueued(PostResult queued) noexcept;
   // Writes until nothing is left or the socket is full (then asks for
   // EPOLLOUT); fails the link on an error.
   void drainSends() noexcept;
@@ -120,7 +115,6 @@ class TcpTransport final : public Transport {
   void endBody() noexcept;
 
   void failLink(int status, const std::string& message) noexcept;
-  void pushEvent(TransportEvent event) noexcept;
   // eventfd set exactly while events wait (the epoll fd then is readable).
   void syncSignal() noexcept;
 
@@ -132,25 +126,12 @@ class TcpTransport final : public Transport {
   const std::string peer_name_;
   const TcpTransportOptions options_;
   // Everything below belongs to the calling thread; nothing takes a lock.
-  bool failed_ = false;
+  // The credits, the send ring, the control queue, the events and the
+  // counters; a frame landing holds its credit there.
+  LinkBookkeeping book_;
+  SocketCounters socket_counters_;
   bool signalled_ = false;  // event_fd_ is set
   bool watch_out_ = false;  // EPOLLOUT is in epoll_fd_'s interest
-  std::string_view refusal_ = "the request is malformed";
-  // Events not yet polled, a ring that grows by doubling: a deque would
-  // allocate for every event (one TransportEvent fills a deque block).
-  std::vector<TransportEvent> events_;
-  size_t events_head_ = 0;
-  size_t events_count_ = 0;
-  Counters counters_;
-
-  std::unordered_map<uint64_t, LocalCredit> credits_;
-
-  // Send queue: a fixed ring so post() never allocates.
-  std::vector<SendRequest> ring_;
-  size_t head_ = 0;
-  size_t count_ = 0;
-  std::deque<std::string> control_;
-  size_t control_bytes_ = 0;
   // The write in progress: control records and at most one frame, as iovecs
   // into tx_records_, tx_headers_, tx_frame_header_ and the caller's payload.
   bool tx_active_ = false;
@@ -172,10 +153,9 @@ class TcpTransport final : public Transport {
   FrameHeader rx_frame_;
   uint64_t rx_body_length_ = 0;
   uint64_t rx_body_got_ = 0;
-  std::optional<LocalCredit> rx_credit_;  // kFrame: the credit the frame consumes
-  bool rx_retracted_ = false;             // kFrame: retracted while landing (the rest is discarded)
-  std::string rx_record_;                 // kControl
-  std::vector<uint8_t> scratch_;          // kDiscard, and a retracted frame's rest
+  uint8_t* rx_buffer_ = nullptr;  // kFrame: the landing credit's buffer (book_.credits())
+  std::string rx_record_;         // kControl
+  std::vector<uint8_t> scratch_;  // kDiscard, and a retracted frame's rest
 };
 
 }  // namespace framelink::transport::tcp

@@ -1,14 +1,16 @@
 // The bookkeeping of a byte-stream transport that moves its bytes on threads
-// of its own (grpc's reader and writer): the bounded send queue, the credit
-// table, the event queue with its eventfd, and the "link failed exactly
-// once" rule, shared between those threads and the calling thread under
-// mutexes.  Such a transport owns one TransportCore and adds only the code
-// that moves bytes.  tcp does not use it: it does its I/O on the calling
-// thread and keeps the same bookkeeping without locks (tcp_transport.h);
-// validateSendRequest() and kDefaultSendQueueDepth serve every transport.
+// of its own (grpc's reader and writer): one LinkBookkeeping (the bounded
+// send queue, the credit table, the event queue, the admission rules and
+// the "link failed exactly once" rule, link_bookkeeping.h) shared between
+// those threads and the calling thread under one mutex, plus the eventfd
+// and the hand-over to the writer.  Such a transport owns one
+// LockedLinkBookkeeping and adds only the code that moves bytes.  tcp, rdma
+// and loopback do their I/O on the calling thread and use LinkBookkeeping
+// without a lock.
 //
 // Threads:
-//   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd
+//   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd,
+//                              counters, lastRefusal
 //   * sender thread (one):     nextSend, completeSend
 //   * receiver thread (one):   beginReceive, endReceive, frameArrived, controlArrived
 //   * any thread:              fail, connected
@@ -33,45 +35,42 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
-#include <vector>
+#include <string_view>
 
 #include "common/result.h"
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
+#include "transport/link_bookkeeping.h"
 #include "transport/transport.h"
 
 namespace framelink::transport {
 
-// Default depth of the send queue: post() reports kBackpressure beyond it.
-inline constexpr size_t kDefaultSendQueueDepth = 256;
-
-// Checks a SendRequest the way every transport must before queueing it.
-// Returns an empty string when the request is well formed, else why not.
-const char* validateSendRequest(const SendRequest& request) noexcept;
-
-class TransportCore {
+class LockedLinkBookkeeping {
  public:
-  static Result<std::unique_ptr<TransportCore>> create(size_t send_queue_depth = kDefaultSendQueueDepth);
+  static Result<std::unique_ptr<LockedLinkBookkeeping>> create(
+      size_t send_queue_depth = kDefaultSendQueueDepth);
 
-  TransportCore(const TransportCore&) = delete;
-  TransportCore& operator=(const TransportCore&) = delete;
-  ~TransportCore();
+  LockedLinkBookkeeping(const LockedLinkBookkeeping&) = delete;
+  LockedLinkBookkeeping& operator=(const LockedLinkBookkeeping&) = delete;
+  ~LockedLinkBookkeeping();
 
   // ---- data agent ----
   Result<RemoteCredit> exposeCredit(LocalCredit credit);
   void retractCredit(uint64_t credit_id);
   PostResult post(const SendRequest& request) noexcept;
   PostResult postControl(std::string record) noexcept;
+  // Why the last post() or postControl() returned kInvalid; valid until the next one.
+  std::string_view lastRefusal() const noexcept;
   size_t poll(TransportEvent* out, size_t max) noexcept;
   int eventFd() const noexcept { return event_fd_.get(); }
   bool connected() const noexcept;
+  TransportCounters counters() const noexcept;
 
   // ---- sender thread ----
   // What the sender writes next: the control records queued so far (written
   // first, they are small and someone waits for them), then at most one frame.
   struct Outgoing {
-    std::vector<std::string> control;
+    std::deque<std::string> control;
     bool has_frame = false;
     SendRequest frame;
   };
@@ -93,61 +92,33 @@ class TransportCore {
   std::optional<LocalCredit> beginReceive(uint64_t credit_id) noexcept;
   // True if the credit taken by beginReceive was not retracted meanwhile.
   bool endReceive() noexcept;
+  // A frame arrived: counted as received when `status` is FL_OK.
   void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
   void controlArrived(std::string record) noexcept;
 
   // ---- any thread ----
   // Marks the link failed.  The first call reports LinkError(status, message)
   // and completes every queued request with FL_ERR_LINK_LOST; it returns
-  // true.  Later calls do nothing and return false.
+  // true.  Later calls do nothing and return false.  The request being
+  // written (if any) is not reported here: its payload may still be read
+  // until the write returns, and the implementation unblocks that write
+  // (socket shutdown, call cancel) right after this.  Its completeSend()
+  // then reports FL_ERR_LINK_LOST.
   bool fail(int status, std::string message) noexcept;
   bool failed() const noexcept;
 
-  // Counters for stats and benchmarks (approximate, relaxed).
-  struct Counters {
-    uint64_t frames_sent = 0;
-    uint64_t bytes_sent = 0;
-    uint64_t frames_received = 0;
-    uint64_t bytes_received = 0;
-    uint64_t unknown_credit_frames = 0;
-    uint64_t backpressure = 0;
-    uint64_t control_sent = 0;      // records
-    uint64_t control_received = 0;  // records
-  };
-  Counters counters() const noexcept;
-  void countReceived(uint64_t bytes) noexcept;
-
  private:
-  TransportCore(UniqueFd event_fd, size_t send_queue_depth);
-  void pushEventLocked(TransportEvent event) noexcept FL_REQUIRES(events_mu_);
+  LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth);
   void signal() noexcept;
 
   UniqueFd event_fd_;
 
-  // Send queue: a fixed ring so post() never allocates.
-  mutable Mutex send_mu_;
-  std::condition_variable send_cv_;
-  std::vector<SendRequest> ring_ FL_GUARDED_BY(send_mu_);
-  size_t head_ FL_GUARDED_BY(send_mu_) = 0;
-  size_t count_ FL_GUARDED_BY(send_mu_) = 0;
-  bool in_flight_ FL_GUARDED_BY(send_mu_) = false;
-  uint64_t in_flight_cookie_ FL_GUARDED_BY(send_mu_) = 0;
-  std::vector<std::string> control_ FL_GUARDED_BY(send_mu_);
-  size_t control_bytes_ FL_GUARDED_BY(send_mu_) = 0;
-  bool failed_ FL_GUARDED_BY(send_mu_) = false;
-  bool stopped_ FL_GUARDED_BY(send_mu_) = false;
-
-  // Lock order: send_mu_ before events_mu_ and counters_mu_.
-  mutable Mutex events_mu_ FL_ACQUIRED_AFTER(send_mu_);
-  std::deque<TransportEvent> events_ FL_GUARDED_BY(events_mu_);
-
-  mutable Mutex credits_mu_;
-  std::unordered_map<uint64_t, LocalCredit> credits_ FL_GUARDED_BY(credits_mu_);
-  std::optional<uint64_t> receiving_ FL_GUARDED_BY(credits_mu_);
-  bool receiving_retracted_ FL_GUARDED_BY(credits_mu_) = false;
-
-  mutable Mutex counters_mu_ FL_ACQUIRED_AFTER(send_mu_);
-  Counters counters_ FL_GUARDED_BY(counters_mu_);
+  mutable Mutex mu_;
+  std::condition_variable send_cv_;  // nextSend() waits on it
+  LinkBookkeeping book_ FL_GUARDED_BY(mu_);
+  bool stopped_ FL_GUARDED_BY(mu_) = false;
+  bool in_flight_ FL_GUARDED_BY(mu_) = false;
+  uint64_t in_flight_cookie_ FL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace framelink::transport

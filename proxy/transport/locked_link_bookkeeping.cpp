@@ -1,0 +1,187 @@
+#include "transport/locked_link_bookkeeping.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace framelink::transport {
+
+Result<std::unique_ptr<LockedLinkBookkeeping>> LockedLinkBookkeeping::create(size_t send_queue_depth) {
+  if (send_queue_depth == 0) return makeError(FL_EINVAL, "send queue depth must be at least 1");
+  int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) {
+    return makeError(FL_ERR_RESOURCES,
+                     std::string("eventfd failed: ") + std::strerror(errno) + " (raise the fd limit?)");
+  }
+  UniqueFd event_fd(fd);
+  try {
+    return std::unique_ptr<LockedLinkBookkeeping>(
+        new LockedLinkBookkeeping(std::move(event_fd), send_queue_depth));
+  } catch (const std::bad_alloc&) {
+    return makeError(FL_ERR_RESOURCES, "out of memory for the send queue");
+  }
+}
+
+LockedLinkBookkeeping::LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth)
+    : event_fd_(std::move(event_fd)), book_(send_queue_depth) {}
+
+LockedLinkBookkeeping::~LockedLinkBookkeeping() = default;
+
+// ---------------------------------------------------------------- data agent
+
+Result<RemoteCredit> LockedLinkBookkeeping::exposeCredit(LocalCredit credit) {
+  MutexLock lock(mu_);
+  return book_.exposeCredit(std::move(credit));
+}
+
+void LockedLinkBookkeeping::retractCredit(uint64_t credit_id) {
+  MutexLock lock(mu_);
+  book_.retractCredit(credit_id);
+}
+
+PostResult LockedLinkBookkeeping::post(const SendRequest& request) noexcept {
+  PostResult result;
+  {
+    MutexLock lock(mu_);
+    result = book_.post(request);
+  }
+  if (result == PostResult::kOk) send_cv_.notify_one();
+  return result;
+}
+
+PostResult LockedLinkBookkeeping::postControl(std::string record) noexcept {
+  PostResult result;
+  {
+    MutexLock lock(mu_);
+    result = book_.postControl(std::move(record));
+  }
+  if (result == PostResult::kOk) send_cv_.notify_one();
+  return result;
+}
+
+std::string_view LockedLinkBookkeeping::lastRefusal() const noexcept {
+  MutexLock lock(mu_);
+  return book_.lastRefusal();  // a string literal: outlives the lock
+}
+
+size_t LockedLinkBookkeeping::poll(TransportEvent* out, size_t max) noexcept {
+  uint64_t value = 0;
+  [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &value, sizeof value);
+  size_t taken = 0;
+  bool more = false;
+  {
+    MutexLock lock(mu_);
+    taken = book_.events().take(out, max);
+    more = !book_.events().empty();
+  }
+  if (more) signal();  // level-triggered for the caller: still readable
+  return taken;
+}
+
+bool LockedLinkBookkeeping::connected() const noexcept { return !failed(); }
+
+TransportCounters LockedLinkBookkeeping::counters() const noexcept {
+  MutexLock lock(mu_);
+  return book_.counters();
+}
+
+// ---------------------------------------------------------------- sender thread
+
+bool LockedLinkBookkeeping::nextSend(Outgoing* out) noexcept {
+  out->control.clear();
+  out->has_frame = false;
+  MutexLock lock(mu_);
+  lock.wait(send_cv_, [&]() FL_REQUIRES(mu_) {
+    return book_.failed() || stopped_ || !book_.ring().empty() || !book_.control().empty();
+  });
+  if (book_.failed() || stopped_) return false;
+  if (!book_.control().empty()) {
+    book_.countControlSent(book_.control().size());
+    book_.control().takeAll(&out->control);
+  }
+  if (!book_.ring().empty()) {
+    out->frame = book_.ring().front();
+    out->has_frame = true;
+    book_.ring().pop();
+    in_flight_ = true;
+    in_flight_cookie_ = out->frame.cookie;
+  }
+  return true;
+}
+
+void LockedLinkBookkeeping::stopSending() noexcept {
+  {
+    MutexLock lock(mu_);
+    stopped_ = true;
+  }
+  send_cv_.notify_all();
+}
+
+void LockedLinkBookkeeping::completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept {
+  {
+    MutexLock lock(mu_);
+    if (!in_flight_ || in_flight_cookie_ != cookie) return;  // not the request nextSend() gave out
+    in_flight_ = false;
+    book_.sendDone(cookie, status, bytes);
+  }
+  signal();
+}
+
+// ---------------------------------------------------------------- receiver thread
+
+std::optional<LocalCredit> LockedLinkBookkeeping::beginReceive(uint64_t credit_id) noexcept {
+  MutexLock lock(mu_);
+  const LocalCredit* credit = book_.credits().beginLanding(credit_id);
+  if (credit == nullptr) return std::nullopt;
+  return *credit;  // the reader's own copy: it writes into the buffer without the lock
+}
+
+bool LockedLinkBookkeeping::endReceive() noexcept {
+  MutexLock lock(mu_);
+  return book_.credits().endLanding();
+}
+
+void LockedLinkBookkeeping::frameArrived(const FrameHeader& header, int status,
+                                         std::string message) noexcept {
+  {
+    MutexLock lock(mu_);
+    book_.frameArrived(header, status, std::move(message));
+  }
+  signal();
+}
+
+void LockedLinkBookkeeping::controlArrived(std::string record) noexcept {
+  {
+    MutexLock lock(mu_);
+    book_.controlArrived(record);
+  }
+  signal();
+}
+
+// ---------------------------------------------------------------- any thread
+
+bool LockedLinkBookkeeping::fail(int status, std::string message) noexcept {
+  {
+    MutexLock lock(mu_);
+    // The request being written (in_flight_) completes in its completeSend().
+    if (!book_.fail(status, std::move(message))) return false;
+  }
+  send_cv_.notify_all();
+  signal();
+  return true;
+}
+
+bool LockedLinkBookkeeping::failed() const noexcept {
+  MutexLock lock(mu_);
+  return book_.failed();
+}
+
+void LockedLinkBookkeeping::signal() noexcept {
+  uint64_t one = 1;
+  // EAGAIN only when the counter would overflow: it is readable then anyway.
+  [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
+}
+
+}  // namespace framelink::transport
