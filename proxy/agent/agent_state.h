@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "agent/link_identity.h"
 #include "agent/peer_messages.h"
 #include "agent/session_writer.h"
 #include "attach/client_session.h"
@@ -74,20 +75,15 @@ struct InStream {
   NameKey key = kNoName;
 };
 
-struct AgentLink {
+struct AgentLink : LinkIdentity {
   uint64_t id = 0;
   PeerId peer = kNoPeer;
-  std::string peer_name;
-  uint64_t peer_instance = 0;
-  std::string transport_name;
-  std::string transport_reason;
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
   std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
   bool closing = false;
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
-  std::string address;       // the peer's address as this daemon sees it
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
   uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
   // The slot regions the peer announced on this link (it receives, we send).

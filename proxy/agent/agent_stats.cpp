@@ -46,13 +46,14 @@ std::string toJson(AgentStats stats) {
   for (const auto& l : stats.links) {
     if (!first) out << ',';
     first = false;
-    out << "{\"id\":" << l.id << ",\"peer\":\"" << jsonEscape(l.peer) << "\",\"address\":\""
-        << jsonEscape(l.address) << "\",\"state\":\"" << (l.closing ? "closing" : "up")
-        << "\",\"peer_instance\":" << l.peer_instance << ",\"transport\":\"" << jsonEscape(l.transport)
-        << "\",\"transport_reason\":\"" << jsonEscape(l.transport_reason)
-        << "\",\"up_since_ns\":" << l.up_since_ns << ",\"rtt_ns\":" << l.rtt_ns
-        << ",\"frames_in\":" << l.frames_in << ",\"frames_out\":" << l.frames_out
-        << ",\"in_flight\":" << l.in_flight << ",\"pending\":" << l.pending << ",\"replayed\":" << l.replayed
+    out << "{\"id\":" << l.id << ",\"peer\":\"" << jsonEscape(l.identity.peer_name) << "\",\"address\":\""
+        << jsonEscape(l.identity.address) << "\",\"state\":\"" << (l.closing ? "closing" : "up")
+        << "\",\"peer_instance\":" << l.identity.peer_instance << ",\"transport\":\""
+        << jsonEscape(l.identity.transport_name) << "\",\"transport_reason\":\""
+        << jsonEscape(l.identity.transport_reason) << "\",\"up_since_ns\":" << l.up_since_ns
+        << ",\"rtt_ns\":" << l.rtt_ns << ",\"frames_in\":" << l.frames_in
+        << ",\"frames_out\":" << l.frames_out << ",\"in_flight\":" << l.in_flight
+        << ",\"pending\":" << l.pending << ",\"replayed\":" << l.replayed
         << ",\"in_streams\":" << l.in_streams << '}';
   }
   out << "],\"streams\":[";

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/link_identity.h"
+
 namespace framelink {
 
 struct ClientStats {
@@ -33,12 +35,8 @@ struct ClientStats {
 
 struct LinkStats {
   uint64_t id = 0;
-  std::string peer;
-  std::string address;
+  LinkIdentity identity;
   bool closing = false;
-  uint64_t peer_instance = 0;
-  std::string transport;
-  std::string transport_reason;
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
   uint64_t rtt_ns = 0;       // 0: not measured yet
   uint64_t frames_in = 0;

@@ -272,12 +272,8 @@ void DataAgent::onClientGone(uint64_t client_id) {
 
 void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   AgentLink& l = links_.add(cmd.link_id);
-  l.peer = peers_.resolve(cmd.peer);
-  l.peer_name = cmd.peer;
-  l.peer_instance = cmd.peer_instance;
-  l.transport_name = cmd.transport_name;
-  l.transport_reason = cmd.transport_reason;
-  l.address = cmd.address;
+  static_cast<LinkIdentity&>(l) = cmd.identity;
+  l.peer = peers_.resolve(l.peer_name);
   timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);
   l.up_since_ns = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
@@ -477,12 +473,8 @@ void DataAgent::publishStats() {
     if (l.transport) transport_totals += l.transport->counters();
     LinkStats ls;
     ls.id = id;
-    ls.peer = l.peer_name;
-    ls.address = l.address;
+    ls.identity = l;
     ls.closing = l.closing;
-    ls.peer_instance = l.peer_instance;
-    ls.transport = l.transport_name;
-    ls.transport_reason = l.transport_reason;
     ls.up_since_ns = l.up_since_ns;
     ls.rtt_ns = l.rtt_ns;
     ls.frames_in = l.frames_in;

@@ -42,11 +42,7 @@ struct CmdClientGone {
 };
 struct CmdLinkUp {
   uint64_t link_id = 0;
-  std::string peer;            // configured peer name (dialer) or the peer's daemon id (listener)
-  uint64_t peer_instance = 0;  // the peer daemon's instance id (from its Hello / HelloAck)
-  std::string transport_name;
-  std::string transport_reason;  // why this transport (e.g. why not rdma)
-  std::string address;           // the peer's address as this daemon sees it (for framelink links)
+  LinkIdentity identity;
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
 };

@@ -340,8 +340,9 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   uint64_t link_id = next_link_id_++;
   spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
                hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
-  LinkSessionInfo info{link_id,          hello.daemon_id(),           from.substr(from.find(':') + 1),
-                       hello.instance(), std::string(chosen->name()), reason};
+  LinkSessionInfo info{link_id,
+                       {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
+                        std::string(chosen->name()), reason}};
   runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
@@ -575,7 +576,7 @@ void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const PeerTransport* c
                 move_back->fire();
               });
   }
-  LinkSessionInfo info{next_link_id_++, peer.name, peer.address, ack.instance(), ack.transport(), reason};
+  LinkSessionInfo info{next_link_id_++, {peer.name, peer.address, ack.instance(), ack.transport(), reason}};
   runLinkSession(agent_, config_, info, std::move(data), &stream, [&ctx] { ctx.TryCancel(); });
   alarm.Cancel();
   move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more

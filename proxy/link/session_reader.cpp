@@ -26,21 +26,17 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
       std::chrono::milliseconds(config.keepalive_ms));
   CmdLinkUp up;
   up.link_id = link_id;
-  up.peer = info.peer;
-  up.peer_instance = info.peer_instance;
-  up.transport_name = info.transport_name;
-  up.transport_reason = info.transport_reason;
-  up.address = info.address;
+  up.identity = info.identity;
   if (!config.fault_inject.empty()) {
     // Validated at start-up (parseConfig).
     auto spec = transport::parseFaultSpec(config.fault_inject);
     auto faulty = transport::FaultyTransport::wrap(t, spec.value(), link_id);
     if (faulty) {
-      spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, info.peer,
+      spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, info.identity.peer_name,
                    transport::describe(spec.value()));
       t = std::move(faulty).value();
     } else {
-      spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, info.peer,
+      spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, info.identity.peer_name,
                     faulty.error().message);
     }
   }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/link_identity.h"
 #include "common/thread_annotations.h"
 #include "transport/transport.h"
 
@@ -37,13 +38,10 @@ class CancelGuard {
   std::function<void()> cancel_ FL_GUARDED_BY(mutex_);
 };
 
+// A link as it comes up: its id and who is at the other end.
 struct LinkSessionInfo {
   uint64_t link_id = 0;
-  std::string peer;     // configured name (dialer) or the peer's daemon id (listener)
-  std::string address;  // the peer's address
-  uint64_t peer_instance = 0;
-  std::string transport_name;
-  std::string transport_reason;  // why this transport and not the ones before it
+  LinkIdentity identity;
 };
 
 // `Stream`: the client or server side of the Session call; `cancel` ends

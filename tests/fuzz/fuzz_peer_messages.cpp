@@ -377,9 +377,9 @@ class Run {
     l->transport = std::make_shared<FakeTransport>(*l, ledger_);
     CmdLinkUp up;
     up.link_id = l->id;
-    up.peer = "remote";
-    up.peer_instance = instance;
-    up.transport_name = "fuzz";
+    up.identity.peer_name = "remote";
+    up.identity.peer_instance = instance;
+    up.identity.transport_name = "fuzz";
     up.transport = l->transport;
     up.session = PeerSession{l->session.writer(), [state = l.get()] { ++state->cancels; }};
     agent_->post(std::move(up));

@@ -274,9 +274,9 @@ void World::linkUp(int sender) {
   for (int end = 0; end < 2; ++end) {
     CmdLinkUp up;
     up.link_id = link->id;
-    up.peer = daemons_[daemonAt(*link, end ^ 1)].id;
-    up.peer_instance = daemons_[daemonAt(*link, end ^ 1)].instance;
-    up.transport_name = "loopback";
+    up.identity.peer_name = daemons_[daemonAt(*link, end ^ 1)].id;
+    up.identity.peer_instance = daemons_[daemonAt(*link, end ^ 1)].instance;
+    up.identity.transport_name = "loopback";
     up.transport = end == 0 ? link->pair.a : link->pair.b;
     up.session = link->capture[end]->session();
     daemons_[daemonAt(*link, end)].agent->post(std::move(up));

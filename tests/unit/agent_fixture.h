@@ -298,8 +298,8 @@ struct AgentFixture {
   void linkUp(uint64_t link_id = 1, std::unique_ptr<transport::Transport> t = nullptr) {
     CmdLinkUp up;
     up.link_id = link_id;
-    up.peer = "remote";
-    up.transport_name = "tcp";
+    up.identity.peer_name = "remote";
+    up.identity.transport_name = "tcp";
     up.transport = std::shared_ptr<transport::Transport>(t ? std::move(t) : std::move(pair.a));
     auto writer =
         std::make_shared<SessionWriter>([this](const v1::PeerMessage& m, bool) { return capture.write(m); },

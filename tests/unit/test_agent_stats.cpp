@@ -25,11 +25,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   s.clients.push_back(c);
   LinkStats l;
   l.id = 1;
-  l.peer = "hostb";
-  l.address = "10.0.0.2:7700";
-  l.peer_instance = 77;
-  l.transport = "tcp";
-  l.transport_reason = "rdma: no \"device\"";
+  l.identity = {"hostb", "10.0.0.2:7700", 77, "tcp", "rdma: no \"device\""};
   l.up_since_ns = 5000;
   l.rtt_ns = 120;
   l.frames_in = 5;
