@@ -217,26 +217,75 @@ bool isList(const Option& option) {
   return std::holds_alternative<Ids>(option.value) || std::holds_alternative<Transports>(option.value);
 }
 
+namespace {
+
+template <typename Parsed, typename Field>
+Status store(Result<Parsed> parsed, Field& field) {
+  if (!parsed) return std::move(parsed).error();
+  field = static_cast<Field>(*parsed);
+  return {};
+}
+
+Status setText(const Text& t, const std::string& text, const Origin& origin, Config& c) {
+  std::filesystem::path path(text);
+  if (t.path && origin.from_file && !text.empty() && path.is_relative()) {
+    c.*t.field = (std::filesystem::path(origin.base_dir) / path).string();
+  } else {
+    c.*t.field = text;
+  }
+  return {};
+}
+
+// The items of a list: in the file one per array element, on the command
+// line also comma-separated ("--transports rdma,tcp").
+std::vector<std::string> listItems(const std::vector<std::string>& values, const Origin& origin) {
+  std::vector<std::string> out;
+  for (const auto& value : values) {
+    for (auto& item : origin.from_file ? std::vector<std::string>{value} : splitComma(value)) {
+      out.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
+Status setIds(const Ids& ids, const std::vector<std::string>& values, const Origin& origin, Config& c) {
+  std::vector<uint32_t> out;
+  for (const auto& item : listItems(values, origin)) {
+    auto id = parseNumber(item, origin.label, 0, UINT32_MAX);
+    if (!id) return std::move(id).error();
+    out.push_back(static_cast<uint32_t>(*id));
+  }
+  c.*ids.field = std::move(out);
+  return {};
+}
+
+Status setTransports(const Transports& t, const std::vector<std::string>& values, const Origin& origin,
+                     Config& c) {
+  std::vector<std::string> out = listItems(values, origin);
+  if (auto st = checkTransports(out, origin.label); !st) return st;
+  c.*t.field = std::move(out);
+  return {};
+}
+
+Status setTokenFile(const TokenFile& t, const std::string& text, const Origin& origin, Config& c) {
+  // The file's token_file is read once the whole file is known (token and
+  // token_file exclude each other); a flag's at once.
+  std::filesystem::path path(text);
+  if (origin.from_file && path.is_relative()) path = std::filesystem::path(origin.base_dir) / path;
+  c.*t.field = path.string();
+  if (origin.from_file) return {};
+  return store(readTokenFile(c.*t.field, origin.label), c.token);
+}
+
+}  // namespace
+
 Status setFromText(const Option& option, const std::vector<std::string>& values, const Origin& origin,
                    Config& c) {
   const std::string& text = values.empty() ? std::string() : values.back();
   const std::string& label = origin.label;
-  auto store = [](auto parsed, auto& field) -> Status {
-    if (!parsed) return std::move(parsed).error();
-    field = static_cast<std::remove_reference_t<decltype(field)>>(*parsed);
-    return {};
-  };
   return std::visit(
       Overloaded{
-          [&](const Text& t) -> Status {
-            std::filesystem::path path(text);
-            if (t.path && origin.from_file && !text.empty() && path.is_relative()) {
-              c.*t.field = (std::filesystem::path(origin.base_dir) / path).string();
-            } else {
-              c.*t.field = text;
-            }
-            return {};
-          },
+          [&](const Text& t) { return setText(t, text, origin, c); },
           [&](const Choice& ch) -> Status {
             if (auto st = checkChoice(text, label, ch.choices); !st) return st;
             c.*ch.field = text;
@@ -255,45 +304,15 @@ Status setFromText(const Option& option, const std::vector<std::string>& values,
           [&](const Mode& m) { return store(parseMode(text, label), c.*m.field); },
           [&](const Cpu& cpu) { return store(parseCpu(text, label), c.*cpu.field); },
           [&](const Switch& s) { return store(parseBool(text, label), c.*s.field); },
-          [&](const Ids& ids) -> Status {
-            std::vector<uint32_t> out;
-            for (const auto& value : values) {
-              for (const auto& item :
-                   origin.from_file ? std::vector<std::string>{value} : splitComma(value)) {
-                auto id = parseNumber(item, label, 0, UINT32_MAX);
-                if (!id) return std::move(id).error();
-                out.push_back(static_cast<uint32_t>(*id));
-              }
-            }
-            c.*ids.field = std::move(out);
-            return {};
-          },
-          [&](const Transports& t) -> Status {
-            std::vector<std::string> out;
-            for (const auto& value : values) {
-              for (auto& item : origin.from_file ? std::vector<std::string>{value} : splitComma(value)) {
-                out.push_back(std::move(item));
-              }
-            }
-            if (auto st = checkTransports(out, label); !st) return st;
-            c.*t.field = std::move(out);
-            return {};
-          },
+          [&](const Ids& ids) { return setIds(ids, values, origin, c); },
+          [&](const Transports& t) { return setTransports(t, values, origin, c); },
           [&](const FaultSpec& f) -> Status {
             auto spec = transport::parseFaultSpec(text);
             if (!spec) return invalidSetting(label + ": '" + text + "': " + spec.error().message);
             c.*f.field = text;
             return {};
           },
-          [&](const TokenFile& t) -> Status {
-            // The file's token_file is read once the whole file is known
-            // (token and token_file exclude each other); a flag's at once.
-            std::filesystem::path path(text);
-            if (origin.from_file && path.is_relative()) path = std::filesystem::path(origin.base_dir) / path;
-            c.*t.field = path.string();
-            if (origin.from_file) return {};
-            return store(readTokenFile(c.*t.field, label), c.token);
-          },
+          [&](const TokenFile& t) { return setTokenFile(t, text, origin, c); },
           [&](const Peers&) -> Status {
             return invalidSetting(label + ": [[peer]] is read by its own parser");
           },

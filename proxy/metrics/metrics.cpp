@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <ostream>
+#include <span>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "framelink/framelink.h"
@@ -69,6 +72,96 @@ void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
 
 namespace {
 
+using Counter = std::atomic<uint64_t> Metrics::Counters::*;
+
+// One of Counters: framelink_<name>_total in the text format (links_up, a
+// gauge: framelink_links_up) and <name> in the JSON's "counters".
+struct CounterInfo {
+  const char* name;
+  const char* help;
+  Counter value;
+};
+
+// The text format and the JSON list the counters in different orders, both
+// kept as dashboards and scripts know them: each group is a run the two
+// share, and writeCounters and writeJsonCounters put the groups in order.
+constexpr CounterInfo kFrameCounters[] = {
+    {"clients_attached", "Clients that attached.", &Metrics::Counters::clients_attached},
+    {"clients_detached", "Clients that detached or died.", &Metrics::Counters::clients_detached},
+    {"frames_submitted", "Frames producers submitted.", &Metrics::Counters::frames_submitted},
+    {"frames_delivered", "Frames acknowledged by the remote consumer.", &Metrics::Counters::frames_delivered},
+    {"frames_failed", "Frames that ended FAILED.", &Metrics::Counters::frames_failed},
+    {"bytes_sent", "Payload bytes of delivered frames.", &Metrics::Counters::bytes_sent},
+    {"frames_received", "Frames delivered to local consumers.", &Metrics::Counters::frames_received},
+    {"bytes_received", "Payload bytes delivered to local consumers.", &Metrics::Counters::bytes_received},
+    {"frames_released", "Frames local consumers released.", &Metrics::Counters::frames_released},
+    {"bad_descriptors", "Ring entries or slot headers rejected.", &Metrics::Counters::bad_descriptors},
+    {"credits_granted", "Receive slots granted to peers.", &Metrics::Counters::credits_granted},
+    {"credits_granted_whole",
+     "Of those, granted as a whole credit rather than a slot credit of an announced region.",
+     &Metrics::Counters::credits_granted_whole},
+    {"credits_recalled", "Credits recalled from a peer to share a stream's slots with its other senders.",
+     &Metrics::Counters::credits_recalled},
+    {"control_records_sent",
+     "Control records (credit grants, ACKs, NACKs of one round) sent on data transports.",
+     &Metrics::Counters::control_records_sent},
+    {"control_records_received", "Control records received on data transports.",
+     &Metrics::Counters::control_records_received},
+    {"nacks_sent", "Frames this daemon refused.", &Metrics::Counters::nacks_sent},
+};
+constexpr CounterInfo kLinksUp = {"links_up", "Peer links currently up.", &Metrics::Counters::links_up};
+constexpr CounterInfo kLinkCounters[] = {
+    {"link_failures", "Peer sessions that ended.", &Metrics::Counters::link_failures},
+    {"auth_failures", "Peers refused for a wrong token or version.", &Metrics::Counters::auth_failures},
+    {"frames_replayed", "Unacknowledged frames sent again after a link broke.",
+     &Metrics::Counters::frames_replayed},
+    {"frames_maybe_redelivered",
+     "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
+     &Metrics::Counters::frames_maybe_redelivered},
+    {"duplicates_dropped", "Replayed frames this daemon already had (not delivered again).",
+     &Metrics::Counters::duplicates_dropped},
+};
+// Frames and streams a link let go of without sending them.
+constexpr CounterInfo kSettledCounters[] = {
+    {"acks_for_replays",
+     "Frames waiting to be replayed that their receiver's repeated ACK settled (released before the link "
+     "broke).",
+     &Metrics::Counters::acks_for_replays},
+    {"streams_forgotten", "Out-streams closed on the link when their last producer left.",
+     &Metrics::Counters::streams_forgotten},
+};
+constexpr CounterInfo kResentCounters[] = {
+    {"frames_resent_crc", "Frames sent again after the peer found their CRC32C wrong.",
+     &Metrics::Counters::frames_resent_crc},
+    {"frames_resent_credit",
+     "Frames sent again after they reached a receive slot withdrawn meanwhile (its consumer left).",
+     &Metrics::Counters::frames_resent_credit},
+};
+constexpr CounterInfo kAdminCounters[] = {
+    {"admin_requests", "Admin requests answered (framelink stats, clients, links).",
+     &Metrics::Counters::admin_requests},
+    {"admin_refused",
+     "Admin requests refused: not root, the daemon's user or group, or the admin group; or malformed.",
+     &Metrics::Counters::admin_refused},
+};
+
+// Counted per data listener: framelink_<name>_total{transport="tcp"|"rdma"} in
+// the text format, <name>_tcp and <name>_rdma in the JSON's "counters".
+struct ByTransportInfo {
+  const char* name;
+  const char* help;
+  Counter tcp;
+  Counter rdma;
+};
+constexpr ByTransportInfo kHandshakeCounters[] = {
+    {"handshakes_timed_out",
+     "Data-channel handshakes (tcp, rdma listeners) that did not finish before their deadline.",
+     &Metrics::Counters::handshakes_timed_out_tcp, &Metrics::Counters::handshakes_timed_out_rdma},
+    {"handshakes_refused",
+     "Data-channel connections refused: too many handshakes at once (in all, or from one address).",
+     &Metrics::Counters::handshakes_refused_tcp, &Metrics::Counters::handshakes_refused_rdma},
+};
+
 // The transport counters, exported as framelink_transport_<name>_total and
 // in the JSON's "counters" as transport_<name>.
 struct TransportCounterInfo {
@@ -96,6 +189,10 @@ constexpr TransportCounterInfo kTransportCounters[] = {
      &transport::TransportCounters::control_received},
 };
 
+uint64_t load(const Metrics::Counters& counters, Counter counter) {
+  return (counters.*counter).load(std::memory_order_relaxed);
+}
+
 // A label value as the text format wants it: backslash, quote and newline
 // escaped (peer names on the listening side come from the peer's Hello).
 std::string labelValue(const std::string& in) {
@@ -111,142 +208,148 @@ std::string labelValue(const std::string& in) {
   return out;
 }
 
-}  // namespace
+// ---- the Prometheus text format ----
 
-std::string Metrics::prometheus() const {
-  std::ostringstream out;
-  auto counterValue = [&](const std::string& name, const char* help, uint64_t v) {
-    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name
-        << " counter\nframelink_" << name << ' ' << v << '\n';
-  };
-  auto counter = [&](const char* name, const char* help, const std::atomic<uint64_t>& v) {
-    counterValue(name, help, v.load(std::memory_order_relaxed));
-  };
-  counter("clients_attached_total", "Clients that attached.", counters.clients_attached);
-  counter("clients_detached_total", "Clients that detached or died.", counters.clients_detached);
-  counter("frames_submitted_total", "Frames producers submitted.", counters.frames_submitted);
-  counter("frames_delivered_total", "Frames acknowledged by the remote consumer.", counters.frames_delivered);
-  counter("frames_failed_total", "Frames that ended FAILED.", counters.frames_failed);
-  counter("bytes_sent_total", "Payload bytes of delivered frames.", counters.bytes_sent);
-  counter("frames_received_total", "Frames delivered to local consumers.", counters.frames_received);
-  counter("bytes_received_total", "Payload bytes delivered to local consumers.", counters.bytes_received);
-  counter("frames_released_total", "Frames local consumers released.", counters.frames_released);
-  counter("bad_descriptors_total", "Ring entries or slot headers rejected.", counters.bad_descriptors);
-  counter("credits_granted_total", "Receive slots granted to peers.", counters.credits_granted);
-  counter("credits_granted_whole_total",
-          "Of those, granted as a whole credit rather than a slot credit of an announced region.",
-          counters.credits_granted_whole);
-  counter("credits_recalled_total",
-          "Credits recalled from a peer to share a stream's slots with its other senders.",
-          counters.credits_recalled);
-  counter("control_records_sent_total",
-          "Control records (credit grants, ACKs, NACKs of one round) sent on data transports.",
-          counters.control_records_sent);
-  counter("control_records_received_total", "Control records received on data transports.",
-          counters.control_records_received);
-  counter("nacks_sent_total", "Frames this daemon refused.", counters.nacks_sent);
-  counter("link_failures_total", "Peer sessions that ended.", counters.link_failures);
-  counter("auth_failures_total", "Peers refused for a wrong token or version.", counters.auth_failures);
-  counter("frames_replayed_total", "Unacknowledged frames sent again after a link broke.",
-          counters.frames_replayed);
-  counter(
-      "frames_maybe_redelivered_total",
-      "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
-      counters.frames_maybe_redelivered);
-  counter("duplicates_dropped_total", "Replayed frames this daemon already had (not delivered again).",
-          counters.duplicates_dropped);
-  counter("acks_for_replays_total",
-          "Frames waiting to be replayed that their receiver's repeated ACK settled (released before the "
-          "link broke).",
-          counters.acks_for_replays);
-  counter("streams_forgotten_total", "Out-streams closed on the link when their last producer left.",
-          counters.streams_forgotten);
-  counter("frames_resent_crc_total", "Frames sent again after the peer found their CRC32C wrong.",
-          counters.frames_resent_crc);
-  counter("frames_resent_credit_total",
-          "Frames sent again after they reached a receive slot withdrawn meanwhile (its consumer left).",
-          counters.frames_resent_credit);
-  out << "# HELP framelink_links_up Peer links currently up.\n# TYPE framelink_links_up "
-         "gauge\nframelink_links_up "
-      << counters.links_up.load(std::memory_order_relaxed) << '\n';
-  auto byTransport = [&](const char* name, const char* help, const std::atomic<uint64_t>& tcp,
-                         const std::atomic<uint64_t>& rdma) {
-    out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << " counter\n"
-        << "framelink_" << name << "{transport=\"tcp\"} " << tcp.load(std::memory_order_relaxed) << '\n'
-        << "framelink_" << name << "{transport=\"rdma\"} " << rdma.load(std::memory_order_relaxed) << '\n';
-  };
-  byTransport("handshakes_timed_out_total",
-              "Data-channel handshakes (tcp, rdma listeners) that did not finish before their deadline.",
-              counters.handshakes_timed_out_tcp, counters.handshakes_timed_out_rdma);
-  byTransport("handshakes_refused_total",
-              "Data-channel connections refused: too many handshakes at once (in all, or from one address).",
-              counters.handshakes_refused_tcp, counters.handshakes_refused_rdma);
-  counter("admin_requests_total", "Admin requests answered (framelink stats, clients, links).",
-          counters.admin_requests);
-  counter("admin_refused_total",
-          "Admin requests refused: not root, the daemon's user or group, or the admin group; or malformed.",
-          counters.admin_refused);
-  out << "# HELP framelink_attach_rejected_total Attach connections turned away, by reason.\n"
-         "# TYPE framelink_attach_rejected_total counter\n";
-  for (size_t i = 0; i < attach_rejected_.size(); ++i) {
-    out << "framelink_attach_rejected_total{reason=\"" << attachRejectName(static_cast<AttachReject>(i))
-        << "\"} " << attach_rejected_[i].load(std::memory_order_relaxed) << '\n';
+void family(std::ostream& out, std::string_view name, std::string_view help, std::string_view type) {
+  out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << ' ' << type << '\n';
+}
+
+// A family of one sample without labels.
+void plainFamily(std::ostream& out, std::string_view name, std::string_view help, std::string_view type,
+                 uint64_t value) {
+  family(out, name, help, type);
+  out << "framelink_" << name << ' ' << value << '\n';
+}
+
+void writeCounterGroup(std::ostream& out, std::span<const CounterInfo> group,
+                       const Metrics::Counters& counters) {
+  for (const auto& c : group) {
+    plainFamily(out, std::string(c.name) + "_total", c.help, "counter", load(counters, c.value));
   }
-  out << "# HELP framelink_frames_failed_by_status Failed frames by fl_status.\n"
-         "# TYPE framelink_frames_failed_by_status counter\n";
-  for (size_t i = 0; i < failures_by_status_.size(); ++i) {
-    uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
+}
+
+void writeCounters(std::ostream& out, const Metrics::Counters& counters) {
+  writeCounterGroup(out, kFrameCounters, counters);
+  writeCounterGroup(out, kLinkCounters, counters);
+  writeCounterGroup(out, kSettledCounters, counters);
+  writeCounterGroup(out, kResentCounters, counters);
+  plainFamily(out, kLinksUp.name, kLinksUp.help, "gauge", load(counters, kLinksUp.value));
+  for (const auto& h : kHandshakeCounters) {
+    const std::string name = std::string(h.name) + "_total";
+    family(out, name, h.help, "counter");
+    out << "framelink_" << name << "{transport=\"tcp\"} " << load(counters, h.tcp) << '\n'
+        << "framelink_" << name << "{transport=\"rdma\"} " << load(counters, h.rdma) << '\n';
+  }
+  writeCounterGroup(out, kAdminCounters, counters);
+}
+
+void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t>> rejected) {
+  family(out, "attach_rejected_total", "Attach connections turned away, by reason.", "counter");
+  for (size_t i = 0; i < rejected.size(); ++i) {
+    out << "framelink_attach_rejected_total{reason=\""
+        << Metrics::attachRejectName(static_cast<Metrics::AttachReject>(i)) << "\"} "
+        << rejected[i].load(std::memory_order_relaxed) << '\n';
+  }
+}
+
+void writeFailuresByStatus(std::ostream& out, std::span<const std::atomic<uint64_t>> failures) {
+  family(out, "frames_failed_by_status", "Failed frames by fl_status.", "counter");
+  for (size_t i = 0; i < failures.size(); ++i) {
+    uint64_t v = failures[i].load(std::memory_order_relaxed);
     if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
   }
-  {
-    MutexLock lock(detail_mutex_);
-    for (const auto& c : kTransportCounters) {
-      counterValue(std::string("transport_") + c.name + "_total", c.help, transport_.*c.value);
-    }
-    out << "# HELP framelink_frames_in_flight Producers' frames submitted and not yet DELIVERED or FAILED.\n"
-           "# TYPE framelink_frames_in_flight gauge\nframelink_frames_in_flight "
-        << gauges_.frames_in_flight << '\n';
-    out << "# HELP framelink_frames_held Frames delivered to local consumers and not yet released.\n"
-           "# TYPE framelink_frames_held gauge\nframelink_frames_held "
-        << gauges_.frames_held << '\n';
-    out << "# HELP framelink_link_up Peer links by peer and transport: 1 up; 0 a configured peer with no "
-           "link.\n# TYPE framelink_link_up gauge\n";
-    for (const auto& l : gauges_.links) {
-      out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
-          << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} "
-          << (l.transport.empty() ? 0 : 1) << '\n';
-    }
-    out << "# HELP framelink_link_rtt_seconds Round trip of the link's last echoed keepalive.\n"
-           "# TYPE framelink_link_rtt_seconds gauge\n";
-    for (const auto& l : gauges_.links) {
-      if (l.rtt_ns != 0) {
-        out << "framelink_link_rtt_seconds{peer=\"" << labelValue(l.peer) << "\"} " << l.rtt_ns / 1e9 << '\n';
-      }
-    }
-    out << "# HELP framelink_link_frames_in_flight Frames posted or sent on the link, not yet acknowledged.\n"
-           "# TYPE framelink_link_frames_in_flight gauge\n";
-    for (const auto& l : gauges_.links) {
-      if (!l.transport.empty()) {
-        out << "framelink_link_frames_in_flight{peer=\"" << labelValue(l.peer) << "\"} " << l.in_flight
-            << '\n';
-      }
-    }
-    out << "# HELP framelink_link_frames_replayed_total Frames sent again after a link to this peer broke.\n"
-           "# TYPE framelink_link_frames_replayed_total counter\n";
-    for (const auto& l : gauges_.links) {
-      out << "framelink_link_frames_replayed_total{peer=\"" << labelValue(l.peer) << "\"} " << l.replayed
-          << '\n';
-    }
+}
+
+void writeTransportCounters(std::ostream& out, const transport::TransportCounters& transport) {
+  for (const auto& c : kTransportCounters) {
+    plainFamily(out, std::string("transport_") + c.name + "_total", c.help, "counter", transport.*c.value);
   }
-  out << "# HELP framelink_delivery_latency_us Submit to ACK latency.\n"
-         "# TYPE framelink_delivery_latency_us histogram\n";
+}
+
+template <typename T>
+void peerSample(std::ostream& out, std::string_view name, const std::string& peer, T value) {
+  out << "framelink_" << name << "{peer=\"" << labelValue(peer) << "\"} " << value << '\n';
+}
+
+void writeLinkGauges(std::ostream& out, const std::vector<Metrics::LinkGauge>& links) {
+  family(out, "link_up", "Peer links by peer and transport: 1 up; 0 a configured peer with no link.",
+         "gauge");
+  for (const auto& l : links) {
+    out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
+        << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} " << (l.transport.empty() ? 0 : 1)
+        << '\n';
+  }
+  family(out, "link_rtt_seconds", "Round trip of the link's last echoed keepalive.", "gauge");
+  for (const auto& l : links) {
+    if (l.rtt_ns != 0) peerSample(out, "link_rtt_seconds", l.peer, l.rtt_ns / 1e9);
+  }
+  family(out, "link_frames_in_flight", "Frames posted or sent on the link, not yet acknowledged.", "gauge");
+  for (const auto& l : links) {
+    if (!l.transport.empty()) peerSample(out, "link_frames_in_flight", l.peer, l.in_flight);
+  }
+  family(out, "link_frames_replayed_total", "Frames sent again after a link to this peer broke.", "counter");
+  for (const auto& l : links) peerSample(out, "link_frames_replayed_total", l.peer, l.replayed);
+}
+
+void writeGauges(std::ostream& out, const Metrics::Gauges& gauges) {
+  plainFamily(out, "frames_in_flight", "Producers' frames submitted and not yet DELIVERED or FAILED.",
+              "gauge", gauges.frames_in_flight);
+  plainFamily(out, "frames_held", "Frames delivered to local consumers and not yet released.", "gauge",
+              gauges.frames_held);
+  writeLinkGauges(out, gauges.links);
+}
+
+void writeLatencyHistogram(std::ostream& out, std::span<const std::atomic<uint64_t>> buckets) {
+  family(out, "delivery_latency_us", "Submit to ACK latency.", "histogram");
   uint64_t cumulative = 0;
-  for (size_t i = 0; i < kLatencyBuckets; ++i) {
-    cumulative += latency_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    cumulative += buckets[i].load(std::memory_order_relaxed);
     out << "framelink_delivery_latency_us_bucket{le=\"" << (uint64_t{1} << i) << "\"} " << cumulative << '\n';
   }
   out << "framelink_delivery_latency_us_bucket{le=\"+Inf\"} " << cumulative << '\n';
   out << "framelink_delivery_latency_us_count " << cumulative << '\n';
+}
+
+// ---- the JSON ----
+
+// The JSON's "counters": every counter by its Prometheus name without
+// framelink_ and _total, then the transports'.
+void writeJsonCounters(std::ostream& out, const Metrics::Counters& counters,
+                       const transport::TransportCounters& transport) {
+  const char* separator = "";
+  auto field = [&](std::string_view name, uint64_t value) {
+    out << separator << '"' << name << "\":" << value;
+    separator = ",";
+  };
+  auto group = [&](std::span<const CounterInfo> infos) {
+    for (const auto& c : infos) field(c.name, load(counters, c.value));
+  };
+  group(kFrameCounters);
+  field(kLinksUp.name, load(counters, kLinksUp.value));
+  group(kLinkCounters);
+  group(kResentCounters);
+  for (const auto& h : kHandshakeCounters) {
+    field(std::string(h.name) + "_tcp", load(counters, h.tcp));
+    field(std::string(h.name) + "_rdma", load(counters, h.rdma));
+  }
+  group(kSettledCounters);
+  group(kAdminCounters);
+  for (const auto& c : kTransportCounters) field(std::string("transport_") + c.name, transport.*c.value);
+}
+
+}  // namespace
+
+std::string Metrics::prometheus() const {
+  std::ostringstream out;
+  writeCounters(out, counters);
+  writeAttachRejected(out, attach_rejected_);
+  writeFailuresByStatus(out, failures_by_status_);
+  {
+    MutexLock lock(detail_mutex_);
+    writeTransportCounters(out, transport_);
+    writeGauges(out, gauges_);
+  }
+  writeLatencyHistogram(out, latency_);
   return out.str();
 }
 
@@ -272,49 +375,9 @@ std::string Metrics::json() const {
   out << "},\"handshakes_timed_out\":{\"tcp\":" << counters.handshakes_timed_out_tcp.load()
       << ",\"rdma\":" << counters.handshakes_timed_out_rdma.load() << '}'
       << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"counters\":{";
-  // Every counter, by its Prometheus name without framelink_ and _total.
-  const std::pair<const char*, const std::atomic<uint64_t>*> all[] = {
-      {"clients_attached", &counters.clients_attached},
-      {"clients_detached", &counters.clients_detached},
-      {"frames_submitted", &counters.frames_submitted},
-      {"frames_delivered", &counters.frames_delivered},
-      {"frames_failed", &counters.frames_failed},
-      {"bytes_sent", &counters.bytes_sent},
-      {"frames_received", &counters.frames_received},
-      {"bytes_received", &counters.bytes_received},
-      {"frames_released", &counters.frames_released},
-      {"bad_descriptors", &counters.bad_descriptors},
-      {"credits_granted", &counters.credits_granted},
-      {"credits_granted_whole", &counters.credits_granted_whole},
-      {"credits_recalled", &counters.credits_recalled},
-      {"control_records_sent", &counters.control_records_sent},
-      {"control_records_received", &counters.control_records_received},
-      {"nacks_sent", &counters.nacks_sent},
-      {"links_up", &counters.links_up},
-      {"link_failures", &counters.link_failures},
-      {"auth_failures", &counters.auth_failures},
-      {"frames_replayed", &counters.frames_replayed},
-      {"frames_maybe_redelivered", &counters.frames_maybe_redelivered},
-      {"duplicates_dropped", &counters.duplicates_dropped},
-      {"frames_resent_crc", &counters.frames_resent_crc},
-      {"frames_resent_credit", &counters.frames_resent_credit},
-      {"handshakes_timed_out_tcp", &counters.handshakes_timed_out_tcp},
-      {"handshakes_timed_out_rdma", &counters.handshakes_timed_out_rdma},
-      {"handshakes_refused_tcp", &counters.handshakes_refused_tcp},
-      {"handshakes_refused_rdma", &counters.handshakes_refused_rdma},
-      {"acks_for_replays", &counters.acks_for_replays},
-      {"streams_forgotten", &counters.streams_forgotten},
-      {"admin_requests", &counters.admin_requests},
-      {"admin_refused", &counters.admin_refused},
-  };
-  bool first = true;
-  for (const auto& [name, value] : all) {
-    out << (first ? "" : ",") << '"' << name << "\":" << value->load(std::memory_order_relaxed);
-    first = false;
-  }
-  for (const auto& c : kTransportCounters) out << ",\"transport_" << c.name << "\":" << transport.*c.value;
+  writeJsonCounters(out, counters, transport);
   out << "},\"failed_by_status\":{";
-  first = true;
+  bool first = true;
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {
     uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
     if (v == 0) continue;

@@ -49,100 +49,102 @@ std::string humanBytes(uint64_t n) {
 
 std::string quote(const std::string& s) { return "\"" + s + "\""; }
 
+// A check that the field holds `value`.
+template <typename T>
+std::function<bool(const fl::Config&)> fieldEquals(T fl::Config::*field, T value) {
+  return [=](const fl::Config& c) { return c.*field == value; };
+}
+
+// A value written alike in the file, on the command line and by describe().
+template <typename T>
+Sample literal(T fl::Config::*field, T value) {
+  const std::string text = std::to_string(value);
+  return {text, {text}, text, fieldEquals(field, value)};
+}
+
+// A string, quoted in the file.
+Sample quoted(std::string fl::Config::*field, const std::string& value) {
+  return {quote(value), {value}, value, fieldEquals(field, value)};
+}
+
+Sample textSample(const cfg::Text& t, const std::string& v, const TempDir& dir) {
+  if (t.path) {
+    const std::string file = dir.write("sample" + v + ".pem", kPem);
+    return {quote("sample" + v + ".pem"), {file}, file, fieldEquals(t.field, file)};
+  }
+  const std::string value = "sample-" + v;
+  return {quote(value), {value}, t.secret ? "<redacted>" : value, fieldEquals(t.field, value)};
+}
+
+// Lists; variant 2 goes on the command line comma-separated.
+Sample idsSample(const cfg::Ids& ids, int variant) {
+  if (variant == 1) {
+    return {"[7, 8]", {"7", "8"}, "7,8", fieldEquals(ids.field, std::vector<uint32_t>{7, 8})};
+  }
+  return {"[9, 10]", {"9,10"}, "9,10", fieldEquals(ids.field, std::vector<uint32_t>{9, 10})};
+}
+
+Sample transportsSample(const cfg::Transports& t, int variant) {
+  if (variant == 1) {
+    return {R"(["grpc"])", {"grpc"}, "grpc", fieldEquals(t.field, std::vector<std::string>{"grpc"})};
+  }
+  const std::vector<std::string> both{"rdma", "tcp"};
+  return {R"(["rdma", "tcp"])", {"rdma,tcp"}, "rdma,tcp", fieldEquals(t.field, both)};
+}
+
 // Two different non-default samples per option (variant 1 and 2).
 Sample sampleFor(const cfg::Option& option, int variant, const TempDir& dir) {
   const fl::Config d;
   const std::string v = std::to_string(variant);
-  return std::visit(
-      Overloaded{
-          [&](const cfg::Text& t) -> Sample {
-            if (t.path) {
-              const std::string file = dir.write("sample" + v + ".pem", kPem);
-              return {quote("sample" + v + ".pem"), {file}, file, [=](const fl::Config& c) {
-                        return c.*t.field == file;
-                      }};
-            }
-            const std::string value = "sample-" + v;
-            return {quote(value), {value}, t.secret ? "<redacted>" : value, [=](const fl::Config& c) {
-                      return c.*t.field == value;
-                    }};
-          },
-          [&](const cfg::Choice& ch) -> Sample {
-            std::vector<std::string> others;
-            for (auto choice : ch.choices) {
-              if (choice != d.*ch.field) others.emplace_back(choice);
-            }
-            const std::string value = others.at(static_cast<size_t>(variant - 1));
-            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*ch.field == value; }};
-          },
-          [&](const cfg::Address& a) -> Sample {
-            const std::string value = "127.0.0.1:123" + v;
-            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*a.field == value; }};
-          },
-          [&](const cfg::Number& n) -> Sample {
-            const uint32_t value = d.*n.field + static_cast<uint32_t>(variant) <= n.max
-                                       ? d.*n.field + static_cast<uint32_t>(variant)
-                                       : d.*n.field - static_cast<uint32_t>(variant);
-            const std::string text = std::to_string(value);
-            return {text, {text}, text, [=](const fl::Config& c) { return c.*n.field == value; }};
-          },
-          [&](const cfg::Bytes& b) -> Sample {
-            const uint64_t value = d.*b.field * static_cast<uint64_t>(variant + 1);
-            return {std::to_string(value), {humanBytes(value)}, humanBytes(value), [=](const fl::Config& c) {
-                      return c.*b.field == value;
-                    }};
-          },
-          [&](const cfg::Count& n) -> Sample {
-            const uint32_t value = d.*n.field * static_cast<uint32_t>(variant + 1);
-            const std::string text = std::to_string(value);
-            return {text, {text}, text, [=](const fl::Config& c) { return c.*n.field == value; }};
-          },
-          [&](const cfg::Mode& m) -> Sample {
-            const uint32_t value = variant == 1 ? 0640 : 0600;
-            const std::string text = variant == 1 ? "0640" : "0600";
-            return {quote(text), {text}, text, [=](const fl::Config& c) { return c.*m.field == value; }};
-          },
-          [&](const cfg::Cpu& cpu) -> Sample {
-            return {v, {v}, v, [=](const fl::Config& c) { return c.*cpu.field == variant; }};
-          },
-          [&](const cfg::Switch& sw) -> Sample {
-            const bool value = !(d.*sw.field);
-            const std::string text = value ? "true" : "false";
-            return {text, {}, text, [=](const fl::Config& c) { return c.*sw.field == value; }};
-          },
-          [&](const cfg::Ids& ids) -> Sample {
-            if (variant == 1) {
-              return {"[7, 8]", {"7", "8"}, "7,8", [=](const fl::Config& c) {
-                        return c.*ids.field == std::vector<uint32_t>{7, 8};
-                      }};
-            }
-            return {"[9, 10]", {"9,10"}, "9,10", [=](const fl::Config& c) {
-                      return c.*ids.field == std::vector<uint32_t>{9, 10};
-                    }};
-          },
-          [&](const cfg::Transports& t) -> Sample {
-            if (variant == 1) {
-              return {R"(["grpc"])", {"grpc"}, "grpc", [=](const fl::Config& c) {
-                        return c.*t.field == std::vector<std::string>{"grpc"};
-                      }};
-            }
-            return {R"(["rdma", "tcp"])", {"rdma,tcp"}, "rdma,tcp", [=](const fl::Config& c) {
-                      return c.*t.field == std::vector<std::string>{"rdma", "tcp"};
-                    }};
-          },
-          [&](const cfg::FaultSpec& f) -> Sample {
-            const std::string value = variant == 1 ? "seed=3,drop=0.01" : "seed=4";
-            return {quote(value), {value}, value, [=](const fl::Config& c) { return c.*f.field == value; }};
-          },
-          [&](const cfg::TokenFile& t) -> Sample {
-            const std::string file = dir.write("token" + v, "tok" + v + "\n");
-            return {quote("token" + v), {file}, file, [=](const fl::Config& c) {
-                      return c.*t.field == file && c.token == "tok" + v;
-                    }};
-          },
-          [&](const cfg::Peers&) -> Sample { return {}; },
-      },
-      option.value);
+  return std::visit(Overloaded{
+                        [&](const cfg::Text& t) { return textSample(t, v, dir); },
+                        [&](const cfg::Choice& ch) {
+                          std::vector<std::string> others;
+                          for (auto choice : ch.choices) {
+                            if (choice != d.*ch.field) others.emplace_back(choice);
+                          }
+                          return quoted(ch.field, others.at(static_cast<size_t>(variant - 1)));
+                        },
+                        [&](const cfg::Address& a) { return quoted(a.field, "127.0.0.1:123" + v); },
+                        [&](const cfg::Number& n) {
+                          const uint32_t value = d.*n.field + static_cast<uint32_t>(variant) <= n.max
+                                                     ? d.*n.field + static_cast<uint32_t>(variant)
+                                                     : d.*n.field - static_cast<uint32_t>(variant);
+                          return literal(n.field, value);
+                        },
+                        [&](const cfg::Bytes& b) -> Sample {
+                          const uint64_t value = d.*b.field * static_cast<uint64_t>(variant + 1);
+                          const std::string text = humanBytes(value);
+                          return {std::to_string(value), {text}, text, fieldEquals(b.field, value)};
+                        },
+                        [&](const cfg::Count& n) {
+                          return literal(n.field, d.*n.field * static_cast<uint32_t>(variant + 1));
+                        },
+                        [&](const cfg::Mode& m) -> Sample {
+                          const uint32_t value = variant == 1 ? 0640 : 0600;
+                          const std::string text = variant == 1 ? "0640" : "0600";
+                          return {quote(text), {text}, text, fieldEquals(m.field, value)};
+                        },
+                        [&](const cfg::Cpu& cpu) { return literal(cpu.field, variant); },
+                        [&](const cfg::Switch& sw) -> Sample {
+                          const bool value = !(d.*sw.field);
+                          const std::string text = value ? "true" : "false";
+                          return {text, {}, text, fieldEquals(sw.field, value)};
+                        },
+                        [&](const cfg::Ids& ids) { return idsSample(ids, variant); },
+                        [&](const cfg::Transports& t) { return transportsSample(t, variant); },
+                        [&](const cfg::FaultSpec& f) {
+                          return quoted(f.field, variant == 1 ? "seed=3,drop=0.01" : "seed=4");
+                        },
+                        [&](const cfg::TokenFile& t) -> Sample {
+                          const std::string file = dir.write("token" + v, "tok" + v + "\n");
+                          return {quote("token" + v), {file}, file, [=](const fl::Config& c) {
+                                    return c.*t.field == file && c.token == "tok" + v;
+                                  }};
+                        },
+                        [&](const cfg::Peers&) { return Sample{}; },
+                    },
+                    option.value);
 }
 
 // A config file that sets `key = literal` in the option's section, plus what
