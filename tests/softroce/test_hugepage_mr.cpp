@@ -215,6 +215,135 @@ void registerWithRdmaDevice(uint8_t* base, uint64_t len, const std::string& ip) 
 }
 #endif
 
+// 1. A real daemon data segment (consumer side: the slots the peer writes into), 2 MiB pages only.
+//    Null when there is none; *exit_code then says whether the test is skipped or failed.
+std::shared_ptr<framelink::ClientSegments> createHugepageSegment(bool require_huge, int* exit_code) {
+  framelink::SegmentRequest req;
+  req.role = FL_ROLE_CONSUMER;
+  req.slot_count = 4;
+  req.slot_size = 1 << 20;
+  req.client_id = 1;
+  req.stream = "hugepage-mr";
+  req.hugepages = framelink::HugepageMode::kOn;
+  req.daemon_pid = static_cast<uint64_t>(getpid());
+  auto seg = framelink::ClientSegments::create(req);
+  if (seg) return std::move(seg).value();
+  if (!require_huge && nrHugepages() == 0) {
+    std::printf("SKIP: no hugepages reserved (echo 64 > /proc/sys/vm/nr_hugepages): %s\n",
+                seg.error().message.c_str());
+    *exit_code = kSkip;
+    return nullptr;
+  }
+  check(false, "ClientSegments::create(hugepages on): " + seg.error().message);
+  *exit_code = 1;
+  return nullptr;
+}
+
+// The data segment [base, base + len) really lies on 2 MiB pages, as its header says.
+void checkOnHugepages(const framelink::ClientSegments& segment, const uint8_t* base, uint64_t len) {
+  check(segment.onHugepages(), "ClientSegments reports the data segment on hugepages");
+  check(segment.header()->data_on_hugepages == 1, "segment header says data_on_hugepages");
+  check(reinterpret_cast<uintptr_t>(base) % FL_HUGE_PAGE_SIZE == 0 && len % FL_HUGE_PAGE_SIZE == 0,
+        "data segment is 2 MiB aligned and sized (" + std::to_string(len) + " bytes)");
+  const long kb = kernelPageSizeKb(base);
+  check(kb == 2048,
+        "kernel maps it with 2048 kB pages (smaps KernelPageSize: " + std::to_string(kb) + " kB)");
+}
+
+// Posts one signalled RDMA WRITE from `a`: `src` (slot header, then frame_len payload bytes, as
+// two SGEs under `lkey`, as the rdma transport posts a frame) to `remote` under `rkey`.  False
+// when ibv_post_send refuses it (reported).
+bool postFrameWrite(const Side& a, const std::vector<uint8_t>& src, uint32_t lkey, uint64_t frame_len,
+                    uint8_t* remote, uint32_t rkey) {
+  ibv_sge sge[2] = {};
+  sge[0].addr = reinterpret_cast<uintptr_t>(src.data());
+  sge[0].length = sizeof(fl_slot_header);
+  sge[0].lkey = lkey;
+  sge[1].addr = reinterpret_cast<uintptr_t>(src.data() + sizeof(fl_slot_header));
+  sge[1].length = static_cast<uint32_t>(frame_len);
+  sge[1].lkey = lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = 42;
+  wr.sg_list = sge;
+  wr.num_sge = 2;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(remote);
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(a.qp.get(), &wr, &bad) != 0) {
+    check(false, std::string("ibv_post_send: ") + std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+// The write's completion on `a`'s CQ arrives within 30 s, successful.
+void checkWriteCompletes(const Side& a) {
+  ibv_wc wc{};
+  int n = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((n = ibv_poll_cq(a.cq.get(), 1, &wc)) == 0 && std::chrono::steady_clock::now() < deadline)
+    usleep(100);
+  check(n == 1 && wc.status == IBV_WC_SUCCESS,
+        n == 1 ? std::string("RDMA WRITE completion: ") + ibv_wc_status_str(wc.status)
+               : std::string("RDMA WRITE completion within 30 s"));
+}
+
+// Slot `slot` (its header at dst_header) holds `src` byte for byte; the other slots are untouched.
+void checkFrameLanded(const framelink::ClientSegments& segment, uint32_t slot, const uint8_t* dst_header,
+                      const std::vector<uint8_t>& src, uint64_t frame_len) {
+  check(std::memcmp(dst_header, src.data(), src.size()) == 0,
+        "slot " + std::to_string(slot) + " holds the frame byte for byte (" + std::to_string(frame_len) +
+            " + header bytes)");
+  bool untouched = true;
+  for (uint32_t s = 0; s < segment.slotCount(); ++s) {
+    if (s == slot) continue;
+    const uint8_t* p = segment.slot(s);
+    for (uint64_t i = 0; i < 4096 && untouched; ++i) untouched = p[i] == 0;
+  }
+  check(untouched, "the other slots are untouched");
+}
+
+// 3. Raw verbs: register the whole segment [base, base + len) on B's device and RDMA-WRITE one
+//    frame into slot 1 from a buffer on A's device: slot header and payload as two SGEs of one
+//    work request.  False when the frame could not be sent (reported).
+bool writeFrameOverRdma(const framelink::ClientSegments& segment, uint8_t* base, uint64_t len,
+                        const std::string& ip_a, const std::string& ip_b) {
+  Side a, b;
+  if (!openSide(b, ip_b) || !openSide(a, ip_a)) {
+    check(false, "open the RDMA devices of " + ip_b + " and " + ip_a);
+    return false;
+  }
+  std::unique_ptr<ibv_mr, MrDel> seg_mr(
+      ibv_reg_mr(b.pd.get(), base, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  check(seg_mr != nullptr, "ibv_reg_mr(hugepage data segment, " + std::to_string(len) +
+                               " bytes, remote write)" +
+                               (seg_mr ? "" : std::string(": ") + std::strerror(errno)));
+  if (!seg_mr) return false;
+
+  const uint32_t slot = 1;
+  const uint64_t frame_len = 1 << 20;
+  std::vector<uint8_t> src(sizeof(fl_slot_header) + frame_len);
+  for (uint64_t i = 0; i < src.size(); ++i) src[i] = patternByte(i + 7);
+  std::unique_ptr<ibv_mr, MrDel> src_mr(
+      ibv_reg_mr(a.pd.get(), src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE));
+  if (!src_mr || !connectQp(a, b) || !connectQp(b, a)) {
+    check(false, std::string("source MR and QP connection: ") + std::strerror(errno));
+    return false;
+  }
+  auto* dst_header = reinterpret_cast<uint8_t*>(segment.slotHeader(slot));
+  uint8_t* dst_payload = segment.slot(slot);
+  check(dst_header + sizeof(fl_slot_header) == dst_payload,
+        "the slot header lies immediately before its payload (one RDMA write lands both)");
+  std::memset(dst_header, 0, sizeof(fl_slot_header) + frame_len);
+
+  if (!postFrameWrite(a, src, src_mr->lkey, frame_len, dst_header, seg_mr->rkey)) return false;
+  checkWriteCompletes(a);
+  checkFrameLanded(segment, slot, dst_header, src, frame_len);
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -228,35 +357,13 @@ int main() {
   std::printf("hugepage MR check: segment on the device of %s, sender on %s, nr_hugepages=%ld\n",
               ip_b.c_str(), ip_a.c_str(), nrHugepages());
 
-  // 1. A real daemon data segment (consumer side: the slots the peer writes into), 2 MiB pages only.
-  framelink::SegmentRequest req;
-  req.role = FL_ROLE_CONSUMER;
-  req.slot_count = 4;
-  req.slot_size = 1 << 20;
-  req.client_id = 1;
-  req.stream = "hugepage-mr";
-  req.hugepages = framelink::HugepageMode::kOn;
-  req.daemon_pid = static_cast<uint64_t>(getpid());
-  auto seg = framelink::ClientSegments::create(req);
-  if (!seg) {
-    if (!require_huge && nrHugepages() == 0) {
-      std::printf("SKIP: no hugepages reserved (echo 64 > /proc/sys/vm/nr_hugepages): %s\n",
-                  seg.error().message.c_str());
-      return kSkip;
-    }
-    check(false, "ClientSegments::create(hugepages on): " + seg.error().message);
-    return 1;
-  }
-  auto& segment = **seg;
+  int exit_code = 0;
+  const std::shared_ptr<framelink::ClientSegments> seg = createHugepageSegment(require_huge, &exit_code);
+  if (!seg) return exit_code;
+  const framelink::ClientSegments& segment = *seg;
   uint8_t* base = segment.slot(0) - segment.geometry().slots_offset;
   const uint64_t len = segment.geometry().data_size;
-  check(segment.onHugepages(), "ClientSegments reports the data segment on hugepages");
-  check(segment.header()->data_on_hugepages == 1, "segment header says data_on_hugepages");
-  check(reinterpret_cast<uintptr_t>(base) % FL_HUGE_PAGE_SIZE == 0 && len % FL_HUGE_PAGE_SIZE == 0,
-        "data segment is 2 MiB aligned and sized (" + std::to_string(len) + " bytes)");
-  const long kb = kernelPageSizeKb(base);
-  check(kb == 2048,
-        "kernel maps it with 2048 kB pages (smaps KernelPageSize: " + std::to_string(kb) + " kB)");
+  checkOnHugepages(segment, base, len);
 
 #if FRAMELINK_SOFTROCE_HAVE_RDMA_DEVICE
   // 2. Registration through the daemon's device owner.
@@ -265,74 +372,7 @@ int main() {
   std::printf("  (built without proxy/transport/rdma: RdmaDevice registration not checked)\n");
 #endif
 
-  // 3. Raw verbs: register the whole segment on B's device and RDMA-WRITE one frame into slot 1
-  //    from a buffer on A's device: slot header and payload as two SGEs of one work request.
-  Side a, b;
-  if (!openSide(b, ip_b) || !openSide(a, ip_a)) {
-    check(false, "open the RDMA devices of " + ip_b + " and " + ip_a);
-    return 1;
-  }
-  std::unique_ptr<ibv_mr, MrDel> seg_mr(
-      ibv_reg_mr(b.pd.get(), base, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
-  check(seg_mr != nullptr, "ibv_reg_mr(hugepage data segment, " + std::to_string(len) +
-                               " bytes, remote write)" +
-                               (seg_mr ? "" : std::string(": ") + std::strerror(errno)));
-  if (!seg_mr) return 1;
-
-  const uint32_t slot = 1;
-  const uint64_t frame_len = 1 << 20;
-  std::vector<uint8_t> src(sizeof(fl_slot_header) + frame_len);
-  for (uint64_t i = 0; i < src.size(); ++i) src[i] = patternByte(i + 7);
-  std::unique_ptr<ibv_mr, MrDel> src_mr(
-      ibv_reg_mr(a.pd.get(), src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE));
-  if (!src_mr || !connectQp(a, b) || !connectQp(b, a)) {
-    check(false, std::string("source MR and QP connection: ") + std::strerror(errno));
-    return 1;
-  }
-  auto* dst_header = reinterpret_cast<uint8_t*>(segment.slotHeader(slot));
-  uint8_t* dst_payload = segment.slot(slot);
-  check(dst_header + sizeof(fl_slot_header) == dst_payload,
-        "the slot header lies immediately before its payload (one RDMA write lands both)");
-  std::memset(dst_header, 0, sizeof(fl_slot_header) + frame_len);
-
-  ibv_sge sge[2] = {};
-  sge[0].addr = reinterpret_cast<uintptr_t>(src.data());
-  sge[0].length = sizeof(fl_slot_header);
-  sge[0].lkey = src_mr->lkey;
-  sge[1].addr = reinterpret_cast<uintptr_t>(src.data() + sizeof(fl_slot_header));
-  sge[1].length = static_cast<uint32_t>(frame_len);
-  sge[1].lkey = src_mr->lkey;
-  ibv_send_wr wr{};
-  wr.wr_id = 42;
-  wr.sg_list = sge;
-  wr.num_sge = 2;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_header);
-  wr.wr.rdma.rkey = seg_mr->rkey;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(a.qp.get(), &wr, &bad) != 0) {
-    check(false, std::string("ibv_post_send: ") + std::strerror(errno));
-    return 1;
-  }
-  ibv_wc wc{};
-  int n = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((n = ibv_poll_cq(a.cq.get(), 1, &wc)) == 0 && std::chrono::steady_clock::now() < deadline)
-    usleep(100);
-  check(n == 1 && wc.status == IBV_WC_SUCCESS,
-        n == 1 ? std::string("RDMA WRITE completion: ") + ibv_wc_status_str(wc.status)
-               : std::string("RDMA WRITE completion within 30 s"));
-  check(std::memcmp(dst_header, src.data(), src.size()) == 0,
-        "slot " + std::to_string(slot) + " holds the frame byte for byte (" + std::to_string(frame_len) +
-            " + header bytes)");
-  bool untouched = true;
-  for (uint32_t s = 0; s < segment.slotCount(); ++s) {
-    if (s == slot) continue;
-    const uint8_t* p = segment.slot(s);
-    for (uint64_t i = 0; i < 4096 && untouched; ++i) untouched = p[i] == 0;
-  }
-  check(untouched, "the other slots are untouched");
+  if (!writeFrameOverRdma(segment, base, len, ip_a, ip_b)) return 1;
 
   std::printf("%s: %d check(s) failed\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
   return g_failures == 0 ? 0 : 1;

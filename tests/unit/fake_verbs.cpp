@@ -359,6 +359,101 @@ void FakeVerbs::flushQp(Qp* q) {
   q->recvs.clear();
 }
 
+namespace {
+
+// Copies the bytes of `src`'s SGEs, in order, across the buffers of `dst`'s
+// (which hold them all).
+void scatter(const std::vector<ibv_sge>& src, const std::vector<ibv_sge>& dst) {
+  size_t si = 0, off = 0;
+  for (auto& sge : src) {
+    auto* from = reinterpret_cast<const uint8_t*>(sge.addr);
+    for (uint32_t left = sge.length; left > 0;) {
+      const ibv_sge& d = dst[si];
+      const uint32_t n = std::min<uint32_t>(left, d.length - static_cast<uint32_t>(off));
+      std::memcpy(reinterpret_cast<uint8_t*>(d.addr) + off, from, n);
+      from += n;
+      left -= n;
+      off += n;
+      if (off == d.length) {
+        ++si;
+        off = 0;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+ibv_wc_status FakeVerbs::checkKeys(const Qp* q, const SendWr& wr, uint64_t total, bool is_send) const {
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  for (auto& sge : wr.sges) {
+    if (wr.inline_bytes.empty() && findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) {
+      status = IBV_WC_LOC_PROT_ERR;
+    }
+  }
+  Mr* target = nullptr;
+  if (!is_send) {
+    const Qp* peer = q->peer;
+    for (auto& [k, m] : mrs_) {
+      auto start = reinterpret_cast<uint64_t>(m->mr.addr);
+      if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_WRITE) &&
+          wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
+        target = m.get();
+      }
+    }
+    if (status == IBV_WC_SUCCESS && target == nullptr) status = IBV_WC_REM_ACCESS_ERR;
+  }
+  return status;
+}
+
+void FakeVerbs::landSend(Qp* peer, const SendWr& wr, const RecvWr& recv, uint64_t total, ibv_wc* rwc,
+                         ibv_wc* wc) {
+  rwc->opcode = IBV_WC_RECV;
+  uint64_t room = 0;
+  bool registered = true;
+  for (auto& sge : recv.sges) {
+    room += sge.length;
+    if (findMr(sge.lkey, peer->qp.pd, sge.addr, sge.length, IBV_ACCESS_LOCAL_WRITE) == nullptr) {
+      registered = false;
+    }
+  }
+  if (!registered || room < total) {
+    rwc->status = registered ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
+    wc->status = IBV_WC_REM_INV_REQ_ERR;
+    pushWc(cqs_.at(peer->qp.recv_cq).get(), *rwc);
+    peer->qp.state = IBV_QPS_ERR;
+    flushQp(peer);
+  } else {
+    scatter(wr.sges, recv.sges);
+    pushWc(cqs_.at(peer->qp.recv_cq).get(), *rwc);
+  }
+}
+
+bool FakeVerbs::executeAtPeer(Qp* peer, const SendWr& wr, uint64_t total, bool is_send, ibv_wc* wc) {
+  if (peer->recvs.empty()) return false;  // receiver not ready: RNR retry (rnr_retry 7) until it posts
+  RecvWr recv = std::move(peer->recvs.front());
+  peer->recvs.pop_front();
+  ibv_wc rwc{};
+  rwc.wr_id = recv.wr_id;
+  rwc.status = IBV_WC_SUCCESS;
+  rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+  rwc.wc_flags = IBV_WC_WITH_IMM;
+  rwc.imm_data = wr.imm;
+  rwc.byte_len = static_cast<uint32_t>(total);
+  rwc.qp_num = peer->qp.qp_num;
+  if (is_send) {
+    landSend(peer, wr, recv, total, &rwc, wc);
+  } else {
+    auto* dst = reinterpret_cast<uint8_t*>(wr.remote_addr);
+    for (auto& sge : wr.sges) {
+      std::memcpy(dst, reinterpret_cast<const void*>(sge.addr), sge.length);
+      dst += sge.length;
+    }
+    pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
+  }
+  return true;
+}
+
 void FakeVerbs::deliver(Qp* q) {
   Cq* scq = cqs_.at(q->qp.send_cq).get();
   while (!q->pending.empty()) {
@@ -384,80 +479,9 @@ void FakeVerbs::deliver(Qp* q) {
     } else if (peer == nullptr || peer->qp.state != IBV_QPS_RTS) {
       wc.status = IBV_WC_RETRY_EXC_ERR;
     } else {
-      for (auto& sge : wr.sges) {
-        if (wr.inline_bytes.empty() && findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) {
-          wc.status = IBV_WC_LOC_PROT_ERR;
-        }
-      }
-      Mr* target = nullptr;
-      if (!is_send) {
-        for (auto& [k, m] : mrs_) {
-          auto start = reinterpret_cast<uint64_t>(m->mr.addr);
-          if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_WRITE) &&
-              wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
-            target = m.get();
-          }
-        }
-        if (wc.status == IBV_WC_SUCCESS && target == nullptr) wc.status = IBV_WC_REM_ACCESS_ERR;
-      }
-      if (wc.status == IBV_WC_SUCCESS) {
-        if (peer->recvs.empty()) return;  // receiver not ready: RNR retry (rnr_retry 7) until it posts
-        RecvWr recv = std::move(peer->recvs.front());
-        peer->recvs.pop_front();
-        ibv_wc rwc{};
-        rwc.wr_id = recv.wr_id;
-        rwc.status = IBV_WC_SUCCESS;
-        rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-        rwc.wc_flags = IBV_WC_WITH_IMM;
-        rwc.imm_data = wr.imm;
-        rwc.byte_len = static_cast<uint32_t>(total);
-        rwc.qp_num = peer->qp.qp_num;
-        if (is_send) {
-          // A SEND lands in the receive WR's buffers, which must hold it
-          // and lie in memory registered for local write.
-          rwc.opcode = IBV_WC_RECV;
-          uint64_t room = 0;
-          bool registered = true;
-          for (auto& sge : recv.sges) {
-            room += sge.length;
-            if (findMr(sge.lkey, peer->qp.pd, sge.addr, sge.length, IBV_ACCESS_LOCAL_WRITE) == nullptr) {
-              registered = false;
-            }
-          }
-          if (!registered || room < total) {
-            rwc.status = registered ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
-            wc.status = IBV_WC_REM_INV_REQ_ERR;
-            pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
-            peer->qp.state = IBV_QPS_ERR;
-            flushQp(peer);
-          } else {
-            size_t si = 0, off = 0;
-            for (auto& sge : wr.sges) {
-              auto* src = reinterpret_cast<const uint8_t*>(sge.addr);
-              for (uint32_t left = sge.length; left > 0;) {
-                const ibv_sge& d = recv.sges[si];
-                const uint32_t n = std::min<uint32_t>(left, d.length - static_cast<uint32_t>(off));
-                std::memcpy(reinterpret_cast<uint8_t*>(d.addr) + off, src, n);
-                src += n;
-                left -= n;
-                off += n;
-                if (off == d.length) {
-                  ++si;
-                  off = 0;
-                }
-              }
-            }
-            pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
-          }
-        } else {
-          auto* dst = reinterpret_cast<uint8_t*>(wr.remote_addr);
-          for (auto& sge : wr.sges) {
-            std::memcpy(dst, reinterpret_cast<const void*>(sge.addr), sge.length);
-            dst += sge.length;
-          }
-          pushWc(cqs_.at(peer->qp.recv_cq).get(), rwc);
-        }
-      }
+      wc.status = checkKeys(q, wr, total, is_send);
+      // No receive WR at the peer: the WR stays queued until one is posted.
+      if (wc.status == IBV_WC_SUCCESS && !executeAtPeer(peer, wr, total, is_send, &wc)) return;
     }
     q->window.push_back(wr.wr_id);
     const bool signalled = wr.signalled;

@@ -152,7 +152,18 @@ class FakeVerbs final : public VerbsApi {
   void queueCmEvent(Id* id, rdma_cm_event_type type, int status, Id* listen_id = nullptr,
                     const void* private_data = nullptr, uint8_t private_data_len = 0);
   void flushQp(Qp* qp);
+  // Executes what waits on `qp`'s send queue, in order, until it is empty,
+  // delivery is paused or the peer has no receive WR for the next one.
   void deliver(Qp* qp);
+  // The status `wr` from `q` completes with as far as memory keys go: its
+  // SGEs under local lkeys, a WRITE's target under the peer's rkey.
+  ibv_wc_status checkKeys(const Qp* q, const SendWr& wr, uint64_t total, bool is_send) const;
+  // Consumes the peer's next receive WR for `wr` (`total` bytes) and lands
+  // the bytes; false (nothing done) when it has none posted.
+  bool executeAtPeer(Qp* peer, const SendWr& wr, uint64_t total, bool is_send, ibv_wc* wc);
+  // A SEND lands in the receive WR's buffers, which must hold it and lie in
+  // memory registered for local write; else both sides fail.
+  void landSend(Qp* peer, const SendWr& wr, const RecvWr& recv, uint64_t total, ibv_wc* rwc, ibv_wc* wc);
   void disconnectLocked(Id* id);
   void error(std::string what);
 

@@ -207,7 +207,10 @@ void ReceivedDataMessage::copyPayload(uint8_t* dst) const noexcept {
   }
 }
 
-std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out) {
+namespace {
+
+// Empties `out` for the next message (keeping its capacity).
+void clearMessage(ReceivedDataMessage* out) {
   out->has_header = false;
   out->header.Clear();
   out->offset = 0;
@@ -218,76 +221,102 @@ std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out)
   out->payload_slice = 0;
   out->payload_pos = 0;
   out->slices.clear();
+}
+
+// The frame header, `length` bytes at the cursor; parsed in place when they
+// lie in one slice, else from a copy in `scratch`.
+std::string parseHeader(SliceCursor& in, uint64_t length, ReceivedDataMessage* out, std::string* scratch) {
+  if (out->has_header) return "two frame headers in one message";
+  const uint8_t* p = in.contiguous(length);
+  bool parsed = false;
+  if (p != nullptr) {
+    parsed = out->header.ParseFromArray(p, static_cast<int>(length));
+    in.skip(length);
+  } else {
+    in.append(length, scratch);
+    parsed = out->header.ParseFromString(*scratch);
+  }
+  if (!parsed) return "the frame header does not parse";
+  out->has_header = true;
+  return {};
+}
+
+// A length-delimited field: the header is parsed, the payload only located
+// (copyPayload copies it later), the control record copied, others skipped.
+std::string parseLengthField(SliceCursor& in, uint64_t field, ReceivedDataMessage* out,
+                             std::string* scratch) {
+  uint64_t value = 0;
+  if (!in.readVarint(&value, 5) || value > 0x7fffffff) {
+    return "truncated or overlong length of field " + std::to_string(field);
+  }
+  if (value > in.remaining()) {
+    return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
+           std::to_string(in.remaining()) + " bytes left in the message";
+  }
+  if (field == kFieldHeader) return parseHeader(in, value, out, scratch);
+  if (field == kFieldPayload) {
+    // The last occurrence counts, as in protobuf.
+    out->payload_bytes = value;
+    out->payload_slice = in.slice();
+    out->payload_pos = in.pos();
+    in.skip(value);
+  } else if (field == kFieldControl) {
+    out->control.clear();
+    in.append(value, &out->control);
+  } else {
+    in.skip(value);
+  }
+  return {};
+}
+
+// One field (tag and value) at the cursor into `out`; what is wrong with it,
+// or an empty string.
+std::string parseField(SliceCursor& in, ReceivedDataMessage* out, std::string* scratch) {
+  uint64_t tag = 0;
+  if (!in.readVarint(&tag, 5)) return "truncated or overlong field tag";
+  tag &= 0xffffffff;  // as protobuf reads it
+  const uint64_t field = tag >> 3;
+  const uint32_t wire = static_cast<uint32_t>(tag & 7);
+  if (field == 0) return "field number 0 is invalid";
+  const bool known = field >= kFieldHeader && field <= kFieldControl;
+  const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl;
+  if (known && wire != (length_field ? kWireLength : kWireVarint)) {
+    return "field " + std::to_string(field) + " has wire type " + std::to_string(wire);
+  }
+  uint64_t value = 0;
+  switch (wire) {
+    case kWireVarint:
+      if (!in.readVarint(&value)) return "truncated varint in field " + std::to_string(field);
+      if (field == kFieldOffset) out->offset = value;
+      if (field == kFieldLast) out->last = value != 0;
+      if (field == kFieldSessionId) out->session_id = value;
+      return {};
+    case kWireFixed64:
+      if (!in.skip(8)) return "truncated fixed64 in field " + std::to_string(field);
+      return {};
+    case kWireFixed32:
+      if (!in.skip(4)) return "truncated fixed32 in field " + std::to_string(field);
+      return {};
+    case kWireLength:
+      return parseLengthField(in, field, out, scratch);
+    default:
+      return "field " + std::to_string(field) + " has wire type " + std::to_string(wire) +
+             " (groups are not used)";
+  }
+}
+
+}  // namespace
+
+std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out) {
+  clearMessage(out);
   if (!buffer->Dump(&out->slices).ok()) return "the message could not be read";
   buffer->Clear();
 
   SliceCursor in(out->slices);
   std::string scratch;  // a header split across slices
   while (in.remaining() > 0) {
-    uint64_t tag = 0;
-    if (!in.readVarint(&tag, 5)) return "truncated or overlong field tag";
-    tag &= 0xffffffff;  // as protobuf reads it
-    const uint64_t field = tag >> 3;
-    const uint32_t wire = static_cast<uint32_t>(tag & 7);
-    if (field == 0) return "field number 0 is invalid";
-    const bool known = field >= kFieldHeader && field <= kFieldControl;
-    const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl;
-    if (known && wire != (length_field ? kWireLength : kWireVarint)) {
-      return "field " + std::to_string(field) + " has wire type " + std::to_string(wire);
-    }
-    uint64_t value = 0;
-    switch (wire) {
-      case kWireVarint:
-        if (!in.readVarint(&value)) return "truncated varint in field " + std::to_string(field);
-        if (field == kFieldOffset) out->offset = value;
-        if (field == kFieldLast) out->last = value != 0;
-        if (field == kFieldSessionId) out->session_id = value;
-        break;
-      case kWireFixed64:
-        if (!in.skip(8)) return "truncated fixed64 in field " + std::to_string(field);
-        break;
-      case kWireFixed32:
-        if (!in.skip(4)) return "truncated fixed32 in field " + std::to_string(field);
-        break;
-      case kWireLength: {
-        if (!in.readVarint(&value, 5) || value > 0x7fffffff) {
-          return "truncated or overlong length of field " + std::to_string(field);
-        }
-        if (value > in.remaining()) {
-          return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
-                 std::to_string(in.remaining()) + " bytes left in the message";
-        }
-        if (field == kFieldHeader) {
-          if (out->has_header) return "two frame headers in one message";
-          const uint8_t* p = in.contiguous(value);
-          bool parsed = false;
-          if (p != nullptr) {
-            parsed = out->header.ParseFromArray(p, static_cast<int>(value));
-            in.skip(value);
-          } else {
-            in.append(value, &scratch);
-            parsed = out->header.ParseFromString(scratch);
-          }
-          if (!parsed) return "the frame header does not parse";
-          out->has_header = true;
-        } else if (field == kFieldPayload) {
-          // The last occurrence counts, as in protobuf.
-          out->payload_bytes = value;
-          out->payload_slice = in.slice();
-          out->payload_pos = in.pos();
-          in.skip(value);
-        } else if (field == kFieldControl) {
-          out->control.clear();
-          in.append(value, &out->control);
-        } else {
-          in.skip(value);
-        }
-        break;
-      }
-      default:
-        return "field " + std::to_string(field) + " has wire type " + std::to_string(wire) +
-               " (groups are not used)";
-    }
+    std::string error = parseField(in, out, &scratch);
+    if (!error.empty()) return error;
   }
   return {};
 }

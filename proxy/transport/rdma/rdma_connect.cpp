@@ -121,6 +121,93 @@ Result<CmId> newCmId(const std::shared_ptr<VerbsApi>& api) {
   return cm;
 }
 
+// Milliseconds to `deadline`, as the rdma_cm calls take them (1 ms to 60 s).
+int leftMs(Clock::time_point deadline) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(ms, 1, 60'000));
+}
+
+// rdma_resolve_addr from `src` (null: any) to `dst`, then rdma_resolve_route,
+// each waiting for its event on the id's channel until `deadline`.
+Status resolveRoute(VerbsApi& api, const CmId& cm, sockaddr* src, sockaddr* dst, int wake_fd,
+                    Clock::time_point deadline, const std::string& where) {
+  CmEvent ev;
+  if (api.resolveAddr(cm.id(), src, dst, leftMs(deadline)) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_addr: " + std::strerror(errno));
+  }
+  int got = nextCmEvent(api, cm.channel(), wake_fd, deadline, &ev);
+  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the address");
+  if (got < 0 || ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+    return makeError(FL_ERR_TRANSPORT,
+                     where + ": cannot resolve the address (" +
+                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
+                         ", status " + std::to_string(ev.status) +
+                         "): is there a route to it over an RDMA device?");
+  }
+  if (api.resolveRoute(cm.id(), leftMs(deadline)) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_route: " + std::strerror(errno));
+  }
+  got = nextCmEvent(api, cm.channel(), wake_fd, deadline, &ev);
+  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the route");
+  if (got < 0 || ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return makeError(FL_ERR_TRANSPORT,
+                     where + ": cannot resolve the route (" +
+                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
+                         ", status " + std::to_string(ev.status) + ")");
+  }
+  return {};
+}
+
+// What a REJECTED event says: the peer's own status and reason when its
+// private data is a framelink reject, else that nobody listens there.
+Error rejection(const CmEvent& ev, const std::string& where) {
+  RdmaRejectData why{};
+  if (ev.private_data.size() >= sizeof why) std::memcpy(&why, ev.private_data.data(), sizeof why);
+  if (why.magic == kRdmaConnectMagic) {
+    int status = why.status != 0 ? why.status : FL_ERR_TRANSPORT;
+    const char* why_text = status == FL_ERR_AUTH           ? "it does not know this session"
+                           : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
+                           : status == FL_ERR_RESOURCES
+                               ? "it has too many rdma handshakes in progress (try again)"
+                               : "see its log";
+    return makeError(status, where + ": the peer refused the connection: " + why_text + " (status " +
+                                 std::to_string(status) + ")");
+  }
+  return makeError(FL_ERR_TRANSPORT, where + ": rejected (status " + std::to_string(ev.status) +
+                                         "): is a framelinkd listening for rdma on that address and port?");
+}
+
+// rdma_connect with private data {magic, version, session id}, then waits
+// until `deadline` for ESTABLISHED on the transport's channel.
+Status connectSession(VerbsApi& api, RdmaTransport& t, uint64_t session_id, int wake_fd,
+                      Clock::time_point deadline, const std::string& where) {
+  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, session_id};
+  rdma_conn_param param{};
+  param.private_data = &data;
+  param.private_data_len = sizeof data;
+  param.responder_resources = 0;  // no RDMA READ in either direction
+  param.initiator_depth = 0;
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryCount;
+  setAckTimeout(api, t.cmId(), where);
+  if (api.connect(t.cmId(), &param) != 0) {
+    return makeError(FL_ERR_TRANSPORT, where + ": rdma_connect: " + std::strerror(errno));
+  }
+  CmEvent ev;
+  for (;;) {
+    int got = nextCmEvent(api, t.cmChannel(), wake_fd, deadline, &ev);
+    if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out waiting for the peer to accept");
+    if (got < 0) return makeError(FL_ERR_TRANSPORT, where + ": rdma_get_cm_event: " + std::strerror(errno));
+    if (ev.type == RDMA_CM_EVENT_ESTABLISHED) return {};
+    if (ev.type == RDMA_CM_EVENT_REJECTED) return rejection(ev, where);
+    if (ev.type == RDMA_CM_EVENT_UNREACHABLE || ev.type == RDMA_CM_EVENT_CONNECT_ERROR) {
+      return makeError(FL_ERR_TRANSPORT, where + ": " + rdma_event_str(ev.type) + " (status " +
+                                             std::to_string(ev.status) + ")");
+    }
+    // Anything else (e.g. a stray CONNECT_RESPONSE) is not for us: keep waiting.
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- dialer
@@ -132,10 +219,6 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
   if (!device) return makeError(FL_EINVAL, "dialRdma: no device");
   const std::string where = "rdma connect to " + host + ":" + std::to_string(port);
   const auto deadline = Clock::now() + timeout;
-  auto left_ms = [&] {
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    return static_cast<int>(std::clamp<long long>(ms, 1, 60'000));
-  };
   auto dst = parseIp(host, port);
   if (!dst) return std::move(dst).error().context(where);
   std::optional<sockaddr_storage> src;
@@ -147,76 +230,17 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
   VerbsApi& api = device->api();
   auto cm = newCmId(device->apiPtr());
   if (!cm) return std::move(cm).error().context(where);
-
-  CmEvent ev;
-  if (api.resolveAddr(cm->id(), src ? reinterpret_cast<sockaddr*>(&*src) : nullptr,
-                      reinterpret_cast<sockaddr*>(&dst.value()), left_ms()) != 0) {
-    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_addr: " + std::strerror(errno));
-  }
-  int got = nextCmEvent(api, cm->channel(), wake_fd, deadline, &ev);
-  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the address");
-  if (got < 0 || ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
-    return makeError(FL_ERR_TRANSPORT,
-                     where + ": cannot resolve the address (" +
-                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
-                         ", status " + std::to_string(ev.status) +
-                         "): is there a route to it over an RDMA device?");
-  }
-  if (api.resolveRoute(cm->id(), left_ms()) != 0) {
-    return makeError(FL_ERR_TRANSPORT, where + ": rdma_resolve_route: " + std::strerror(errno));
-  }
-  got = nextCmEvent(api, cm->channel(), wake_fd, deadline, &ev);
-  if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out resolving the route");
-  if (got < 0 || ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-    return makeError(FL_ERR_TRANSPORT,
-                     where + ": cannot resolve the route (" +
-                         (got < 0 ? std::string(std::strerror(errno)) : rdma_event_str(ev.type)) +
-                         ", status " + std::to_string(ev.status) + ")");
+  if (Status s = resolveRoute(api, *cm, src ? reinterpret_cast<sockaddr*>(&*src) : nullptr,
+                              reinterpret_cast<sockaddr*>(&dst.value()), wake_fd, deadline, where);
+      !s) {
+    return std::move(s).error();
   }
 
   auto created = RdmaTransport::create(device, std::move(cm).value(), options);
   if (!created) return std::move(created).error().context(where);
   std::unique_ptr<RdmaTransport> t = std::move(created).value();
-
-  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, session_id};
-  rdma_conn_param param{};
-  param.private_data = &data;
-  param.private_data_len = sizeof data;
-  param.responder_resources = 0;  // no RDMA READ in either direction
-  param.initiator_depth = 0;
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryCount;
-  setAckTimeout(api, t->cmId(), where);
-  if (api.connect(t->cmId(), &param) != 0) {
-    return makeError(FL_ERR_TRANSPORT, where + ": rdma_connect: " + std::strerror(errno));
-  }
-  for (;;) {
-    got = nextCmEvent(api, t->cmChannel(), wake_fd, deadline, &ev);
-    if (got == 0) return makeError(FL_ERR_TRANSPORT, where + ": timed out waiting for the peer to accept");
-    if (got < 0) return makeError(FL_ERR_TRANSPORT, where + ": rdma_get_cm_event: " + std::strerror(errno));
-    if (ev.type == RDMA_CM_EVENT_ESTABLISHED) break;
-    if (ev.type == RDMA_CM_EVENT_REJECTED) {
-      RdmaRejectData why{};
-      if (ev.private_data.size() >= sizeof why) std::memcpy(&why, ev.private_data.data(), sizeof why);
-      if (why.magic == kRdmaConnectMagic) {
-        int status = why.status != 0 ? why.status : FL_ERR_TRANSPORT;
-        const char* why_text = status == FL_ERR_AUTH           ? "it does not know this session"
-                               : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
-                               : status == FL_ERR_RESOURCES
-                                   ? "it has too many rdma handshakes in progress (try again)"
-                                   : "see its log";
-        return makeError(status, where + ": the peer refused the connection: " + why_text + " (status " +
-                                     std::to_string(status) + ")");
-      }
-      return makeError(FL_ERR_TRANSPORT,
-                       where + ": rejected (status " + std::to_string(ev.status) +
-                           "): is a framelinkd listening for rdma on that address and port?");
-    }
-    if (ev.type == RDMA_CM_EVENT_UNREACHABLE || ev.type == RDMA_CM_EVENT_CONNECT_ERROR) {
-      return makeError(FL_ERR_TRANSPORT, where + ": " + rdma_event_str(ev.type) + " (status " +
-                                             std::to_string(ev.status) + ")");
-    }
-    // Anything else (e.g. a stray CONNECT_RESPONSE) is not for us: keep waiting.
+  if (Status s = connectSession(api, *t, session_id, wake_fd, deadline, where); !s) {
+    return std::move(s).error();
   }
   t->established(host + ":" + std::to_string(port));
   return std::unique_ptr<Transport>(std::move(t));
@@ -366,27 +390,50 @@ void RdmaListener::reject(rdma_cm_id* id, int status, const std::string& peer, c
 void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer,
                                     const std::vector<uint8_t>& private_data,
                                     std::vector<Pending>& pending) noexcept {
+  const std::optional<uint64_t> session_id = checkRequest(id, peer, private_data);
+  if (!session_id) return;
+  const std::string host = peer.substr(0, peer.rfind(':'));
+  if (!roomFor(id, peer, host, pending)) return;
+  rdma_event_channel* channel = ownChannel(id, peer);
+  if (channel == nullptr) return;
+  CmId cm(device_->apiPtr(), channel, id);
+  auto created = RdmaTransport::create(device_, std::move(cm), options_);
+  if (!created) {
+    // Destroying a requested id rejects the request.
+    log_failed_.warn("rdma listener on port {}: refused connection from {}: {}", port_, peer,
+                     created.error().message);
+    return;
+  }
+  acceptRequest(std::move(created).value(), peer, host, *session_id, pending);
+}
+
+std::optional<uint64_t> RdmaListener::checkRequest(rdma_cm_id* id, const std::string& peer,
+                                                   const std::vector<uint8_t>& private_data) noexcept {
   VerbsApi& api = device_->api();
   RdmaConnectData data{};
   if (private_data.size() < sizeof data) {
-    return reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)", log_refused_);
+    reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)", log_refused_);
+    return std::nullopt;
   }
   std::memcpy(&data, private_data.data(), sizeof data);
   if (data.magic != kRdmaConnectMagic) {
-    return reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic", log_refused_);
+    reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic", log_refused_);
+    return std::nullopt;
   }
   if (data.version != kRdmaProtocolVersion) {
-    return reject(id, FL_ERR_PEER_VERSION, peer,
-                  "rdma protocol version " + std::to_string(data.version) + ", this daemon speaks " +
-                      std::to_string(kRdmaProtocolVersion),
-                  log_refused_);
+    reject(id, FL_ERR_PEER_VERSION, peer,
+           "rdma protocol version " + std::to_string(data.version) + ", this daemon speaks " +
+               std::to_string(kRdmaProtocolVersion),
+           log_refused_);
+    return std::nullopt;
   }
   if (id->verbs != device_->context()) {
     const char* other = id->verbs ? api.deviceName(id->verbs) : "no device";
-    return reject(id, FL_ERR_TRANSPORT, peer,
-                  std::string("arrived on RDMA device ") + (other ? other : "?") + ", this daemon uses " +
-                      device_->name(),
-                  log_refused_);
+    reject(id, FL_ERR_TRANSPORT, peer,
+           std::string("arrived on RDMA device ") + (other ? other : "?") + ", this daemon uses " +
+               device_->name(),
+           log_refused_);
+    return std::nullopt;
   }
   bool ok = false;
   try {
@@ -396,48 +443,58 @@ void RdmaListener::onConnectRequest(rdma_cm_id* id, const std::string& peer,
   }
   if (!ok) {
     if (counters_.auth_failures != nullptr) counters_.auth_failures->fetch_add(1, std::memory_order_relaxed);
-    return reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here",
-                  log_refused_);
+    reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here",
+           log_refused_);
+    return std::nullopt;
   }
-  // Bounded: a host that opens handshakes and stalls them cannot take every
-  // slot, and nobody can make the table grow without limit.
-  const std::string host = peer.substr(0, peer.rfind(':'));
+  return data.session_id;
+}
+
+// Bounded: a host that opens handshakes and stalls them cannot take every
+// slot, and nobody can make the table grow without limit.
+bool RdmaListener::roomFor(rdma_cm_id* id, const std::string& peer, const std::string& host,
+                           const std::vector<Pending>& pending) noexcept {
   size_t same = 0;
   for (const auto& p : pending) same += p.host == host ? 1 : 0;
   if (pending.size() >= kMaxPendingHandshakes || same >= kMaxPendingPerHost) {
     if (counters_.refused != nullptr) counters_.refused->fetch_add(1, std::memory_order_relaxed);
-    return reject(
-        id, FL_ERR_RESOURCES, peer,
-        pending.size() >= kMaxPendingHandshakes
-            ? std::to_string(kMaxPendingHandshakes) + " handshakes in progress already"
-            : std::to_string(kMaxPendingPerHost) + " handshakes from " + host + " in progress already",
-        log_busy_);
+    reject(id, FL_ERR_RESOURCES, peer,
+           pending.size() >= kMaxPendingHandshakes
+               ? std::to_string(kMaxPendingHandshakes) + " handshakes in progress already"
+               : std::to_string(kMaxPendingPerHost) + " handshakes from " + host + " in progress already",
+           log_busy_);
+    return false;
   }
+  return true;
+}
 
-  // The connection's own event channel: its transport watches it for
-  // DISCONNECTED later, and this thread polls it for ESTABLISHED meanwhile.
+// The connection's own event channel: its transport watches it for
+// DISCONNECTED later, and this thread polls it for ESTABLISHED meanwhile.
+rdma_event_channel* RdmaListener::ownChannel(rdma_cm_id* id, const std::string& peer) noexcept {
+  VerbsApi& api = device_->api();
   rdma_event_channel* channel = api.createEventChannel();
   if (channel == nullptr) {
-    return reject(id, FL_ERR_RESOURCES, peer, "rdma_create_event_channel failed", log_failed_);
+    reject(id, FL_ERR_RESOURCES, peer, "rdma_create_event_channel failed", log_failed_);
+    return nullptr;
   }
   if (!setNonBlocking(channel->fd) || api.migrateId(id, channel) != 0) {
     const std::string why = std::string("cannot move the id to its own channel: ") + std::strerror(errno);
     api.destroyEventChannel(channel);
-    return reject(id, FL_ERR_RESOURCES, peer, why, log_failed_);
+    reject(id, FL_ERR_RESOURCES, peer, why, log_failed_);
+    return nullptr;
   }
-  CmId cm(device_->apiPtr(), channel, id);
-  auto created = RdmaTransport::create(device_, std::move(cm), options_);
-  if (!created) {
-    // Destroying a requested id rejects the request.
-    log_failed_.warn("rdma listener on port {}: refused connection from {}: {}", port_, peer,
-                     created.error().message);
-    return;
-  }
+  return channel;
+}
+
+void RdmaListener::acceptRequest(std::unique_ptr<RdmaTransport> transport, const std::string& peer,
+                                 const std::string& host, uint64_t session_id,
+                                 std::vector<Pending>& pending) noexcept {
+  VerbsApi& api = device_->api();
   Pending p;
-  p.transport = std::move(created).value();
+  p.transport = std::move(transport);
   p.peer = peer;
   p.host = host;
-  p.session_id = data.session_id;
+  p.session_id = session_id;
   p.deadline = Clock::now() + handshake_timeout_;
   rdma_conn_param param{};
   param.responder_resources = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,20 @@ class RdmaListener {
   bool drainListenChannel(std::vector<Pending>& pending) noexcept;
   void onConnectRequest(rdma_cm_id* id, const std::string& peer, const std::vector<uint8_t>& private_data,
                         std::vector<Pending>& pending) noexcept;
+  // The steps of onConnectRequest, in order; a step that refuses the request
+  // rejects it (which destroys `id`).  First: the session id, when the
+  // connect data (magic, version), the device and the session check out.
+  std::optional<uint64_t> checkRequest(rdma_cm_id* id, const std::string& peer,
+                                       const std::vector<uint8_t>& private_data) noexcept;
+  // False when the table has no room for another handshake (from `host`).
+  bool roomFor(rdma_cm_id* id, const std::string& peer, const std::string& host,
+               const std::vector<Pending>& pending) noexcept;
+  // `id` migrated to a new non-blocking channel of its own; null when that fails.
+  rdma_event_channel* ownChannel(rdma_cm_id* id, const std::string& peer) noexcept;
+  // rdma_accept on the transport's id; the handshake then waits in `pending`
+  // until ESTABLISHED or its deadline (dropped when rdma_accept fails).
+  void acceptRequest(std::unique_ptr<RdmaTransport> transport, const std::string& peer,
+                     const std::string& host, uint64_t session_id, std::vector<Pending>& pending) noexcept;
   // Reads what arrived on a pending connection's channel; true when it is
   // finished with (handed on or dropped).
   bool advance(Pending& p) noexcept;

@@ -50,6 +50,102 @@ int readNumaNode(const std::string& device) {
   return node;
 }
 
+// The contexts of every RDMA device there is.
+Result<std::vector<ibv_context*>> openDevices(VerbsApi& api) {
+  int count = 0;
+  ibv_context** list = api.getDevices(&count);
+  if (list == nullptr || count <= 0) {
+    if (list != nullptr) api.freeDevices(list);
+    return makeError(FL_ERR_TRANSPORT, std::string("rdma: ") + kNoDevicesHelp);
+  }
+  std::vector<ibv_context*> contexts(list, list + count);
+  api.freeDevices(list);  // frees the array only: librdmacm keeps the contexts open
+  return contexts;
+}
+
+// The device called `wanted` (null when `wanted` is empty); `names` gets
+// every device's name, for the error messages.
+Result<ibv_context*> findByName(VerbsApi& api, const std::vector<ibv_context*>& contexts,
+                                const std::string& wanted, std::string* names) {
+  ibv_context* chosen = nullptr;
+  for (ibv_context* c : contexts) {
+    const char* n = api.deviceName(c);
+    if (!names->empty()) *names += ", ";
+    *names += n ? n : "?";
+    if (!wanted.empty() && n && wanted == n) chosen = c;
+  }
+  if (!wanted.empty() && chosen == nullptr) {
+    return makeError(FL_ERR_TRANSPORT, "rdma: RDMA device '" + wanted + "' not found; devices present: " +
+                                           *names + " (see ibv_devices / rdma link)");
+  }
+  return chosen;
+}
+
+// The device an IP is on, and its port.
+struct IpOwner {
+  ibv_context* context;
+  uint8_t port;
+};
+
+// The device and port that own options.bind_ip, found by binding an
+// rdma_cm id to it (and destroying the id again); it must be `chosen` when
+// a device was named too.
+Result<IpOwner> findByIp(VerbsApi& api, const RdmaDeviceOptions& options, const ibv_context* chosen,
+                         const std::string& names) {
+  auto addr = parseIp(options.bind_ip, 0);
+  if (!addr) return std::move(addr).error().context("rdma device");
+  rdma_cm_id* id = nullptr;
+  if (api.createId(nullptr, &id, nullptr, RDMA_PS_TCP) != 0) {
+    return makeError(FL_ERR_RESOURCES, std::string("rdma: rdma_create_id failed: ") + std::strerror(errno) +
+                                           " (is rdma_ucm loaded? /dev/infiniband/rdma_cm must exist)");
+  }
+  int rc = api.bindAddr(id, reinterpret_cast<sockaddr*>(&addr.value()));
+  int bind_errno = errno;
+  ibv_context* owner = rc == 0 ? id->verbs : nullptr;
+  uint8_t owner_port = rc == 0 ? id->port_num : 0;
+  api.destroyId(id);
+  if (rc != 0) {
+    return makeError(FL_ERR_TRANSPORT, "rdma: cannot bind " + options.bind_ip + ": " +
+                                           std::strerror(bind_errno) + " (is it an address of this host?)");
+  }
+  if (owner == nullptr) {
+    return makeError(FL_ERR_TRANSPORT, "rdma: IP " + options.bind_ip +
+                                           " is not on an RDMA device (its network interface has none; "
+                                           "devices present: " +
+                                           names +
+                                           "; for Soft-RoCE: rdma link add rxe0 type rxe netdev <if>)");
+  }
+  const char* owner_name = api.deviceName(owner);
+  if (chosen != nullptr && owner != chosen) {
+    return makeError(FL_ERR_TRANSPORT, "rdma: IP " + options.bind_ip + " belongs to RDMA device '" +
+                                           (owner_name ? owner_name : "?") + "', not to '" +
+                                           options.device_name + "'; fix one of the two");
+  }
+  return IpOwner{owner, owner_port};
+}
+
+// The port the IP is on (`port`, if not 0), or else the first ACTIVE one
+// of the device's `port_count`.
+Result<uint8_t> findActivePort(VerbsApi& api, ibv_context* context, const std::string& name, uint8_t port,
+                               uint8_t port_count) {
+  std::string states;
+  uint8_t first = port != 0 ? port : 1;
+  uint8_t last = port != 0 ? port : port_count;
+  for (uint8_t p = first; p >= 1 && p <= last; ++p) {
+    ibv_port_attr pa{};
+    if (api.queryPort(context, p, &pa) != 0) {
+      return makeError(FL_ERR_TRANSPORT, "rdma: ibv_query_port(" + name + ", " + std::to_string(p) +
+                                             ") failed: " + std::strerror(errno));
+    }
+    if (pa.state == IBV_PORT_ACTIVE) return p;
+    if (!states.empty()) states += ", ";
+    states += "port " + std::to_string(p) + " " + portStateName(pa.state);
+  }
+  return makeError(FL_ERR_TRANSPORT, "rdma: device " + name + " has no ACTIVE port (" + states +
+                                         "): bring its network interface up / check the cable and "
+                                         "`rdma link`");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- open
@@ -65,62 +161,18 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::open(const RdmaDeviceOptions& op
                          options.bind_ip + "' names no device");
   }
 
-  int count = 0;
-  ibv_context** list = api->getDevices(&count);
-  if (list == nullptr || count <= 0) {
-    if (list != nullptr) api->freeDevices(list);
-    return makeError(FL_ERR_TRANSPORT, std::string("rdma: ") + kNoDevicesHelp);
-  }
-  std::vector<ibv_context*> contexts(list, list + count);
-  api->freeDevices(list);  // frees the array only: librdmacm keeps the contexts open
-
-  ibv_context* chosen = nullptr;
-  uint8_t port = 0;
+  auto contexts = openDevices(*api);
+  if (!contexts) return std::move(contexts).error();
   std::string names;
-  for (ibv_context* c : contexts) {
-    const char* n = api->deviceName(c);
-    if (!names.empty()) names += ", ";
-    names += n ? n : "?";
-    if (!options.device_name.empty() && n && options.device_name == n) chosen = c;
-  }
-  if (!options.device_name.empty() && chosen == nullptr) {
-    return makeError(FL_ERR_TRANSPORT, "rdma: RDMA device '" + options.device_name +
-                                           "' not found; devices present: " + names +
-                                           " (see ibv_devices / rdma link)");
-  }
-
+  auto named = findByName(*api, *contexts, options.device_name, &names);
+  if (!named) return std::move(named).error();
+  ibv_context* chosen = *named;
+  uint8_t port = 0;
   if (!any_ip) {
-    auto addr = parseIp(options.bind_ip, 0);
-    if (!addr) return std::move(addr).error().context("rdma device");
-    rdma_cm_id* id = nullptr;
-    if (api->createId(nullptr, &id, nullptr, RDMA_PS_TCP) != 0) {
-      return makeError(FL_ERR_RESOURCES, std::string("rdma: rdma_create_id failed: ") + std::strerror(errno) +
-                                             " (is rdma_ucm loaded? /dev/infiniband/rdma_cm must exist)");
-    }
-    int rc = api->bindAddr(id, reinterpret_cast<sockaddr*>(&addr.value()));
-    int bind_errno = errno;
-    ibv_context* owner = rc == 0 ? id->verbs : nullptr;
-    uint8_t owner_port = rc == 0 ? id->port_num : 0;
-    api->destroyId(id);
-    if (rc != 0) {
-      return makeError(FL_ERR_TRANSPORT, "rdma: cannot bind " + options.bind_ip + ": " +
-                                             std::strerror(bind_errno) + " (is it an address of this host?)");
-    }
-    if (owner == nullptr) {
-      return makeError(FL_ERR_TRANSPORT, "rdma: IP " + options.bind_ip +
-                                             " is not on an RDMA device (its network interface has none; "
-                                             "devices present: " +
-                                             names +
-                                             "; for Soft-RoCE: rdma link add rxe0 type rxe netdev <if>)");
-    }
-    const char* owner_name = api->deviceName(owner);
-    if (chosen != nullptr && owner != chosen) {
-      return makeError(FL_ERR_TRANSPORT, "rdma: IP " + options.bind_ip + " belongs to RDMA device '" +
-                                             (owner_name ? owner_name : "?") + "', not to '" +
-                                             options.device_name + "'; fix one of the two");
-    }
-    chosen = owner;
-    port = owner_port;
+    auto owner = findByIp(*api, options, chosen, names);
+    if (!owner) return std::move(owner).error();
+    chosen = owner->context;
+    port = owner->port;
   }
 
   ibv_device_attr attr{};
@@ -128,55 +180,39 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::open(const RdmaDeviceOptions& op
     return makeError(FL_ERR_TRANSPORT, std::string("rdma: ibv_query_device failed: ") + std::strerror(errno));
   }
   std::string name = api->deviceName(chosen) ? api->deviceName(chosen) : "?";
-  // The port the IP is on, or else the first ACTIVE one.
-  std::string states;
-  uint8_t first = port != 0 ? port : 1;
-  uint8_t last = port != 0 ? port : attr.phys_port_cnt;
-  uint8_t active = 0;
-  for (uint8_t p = first; p >= 1 && p <= last; ++p) {
-    ibv_port_attr pa{};
-    if (api->queryPort(chosen, p, &pa) != 0) {
-      return makeError(FL_ERR_TRANSPORT, "rdma: ibv_query_port(" + name + ", " + std::to_string(p) +
-                                             ") failed: " + std::strerror(errno));
-    }
-    if (pa.state == IBV_PORT_ACTIVE) {
-      active = p;
-      break;
-    }
-    if (!states.empty()) states += ", ";
-    states += "port " + std::to_string(p) + " " + portStateName(pa.state);
-  }
-  if (active == 0) {
-    return makeError(FL_ERR_TRANSPORT, "rdma: device " + name + " has no ACTIVE port (" + states +
-                                           "): bring its network interface up / check the cable and "
-                                           "`rdma link`");
-  }
+  auto active = findActivePort(*api, chosen, name, port, attr.phys_port_cnt);
+  if (!active) return std::move(active).error();
 
   std::shared_ptr<RdmaDevice> device(
-      new RdmaDevice(std::move(api), chosen, name, active, any_ip ? std::string() : options.bind_ip, attr));
-  device->pd_ = device->api_->allocPd(chosen);
-  if (device->pd_ == nullptr) {
-    return makeError(FL_ERR_RESOURCES, "rdma: ibv_alloc_pd on " + name + " failed: " + std::strerror(errno));
+      new RdmaDevice(std::move(api), chosen, name, *active, any_ip ? std::string() : options.bind_ip, attr));
+  if (Status s = device->start(); !s) return std::move(s).error();
+  spdlog::info("rdma: using device {} port {} (numa node {}){}", name, *active, device->numa_node_,
+               device->bind_ip_.empty() ? "" : " for " + device->bind_ip_);
+  return device;
+}
+
+Status RdmaDevice::start() {
+  pd_ = api_->allocPd(context_);
+  if (pd_ == nullptr) {
+    return makeError(FL_ERR_RESOURCES, "rdma: ibv_alloc_pd on " + name_ + " failed: " + std::strerror(errno));
   }
-  device->numa_node_ = readNumaNode(name);
+  numa_node_ = readNumaNode(name_);
 
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return makeError(FL_ERR_RESOURCES, std::string("rdma: eventfd: ") + std::strerror(errno));
-  device->wake_fd_.reset(wake);
-  int flags = ::fcntl(chosen->async_fd, F_GETFL);
-  if (flags < 0 || ::fcntl(chosen->async_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-    return makeError(FL_ERR_RESOURCES, "rdma: cannot make the async event fd of " + name +
+  wake_fd_.reset(wake);
+  int flags = ::fcntl(context_->async_fd, F_GETFL);
+  if (flags < 0 || ::fcntl(context_->async_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return makeError(FL_ERR_RESOURCES, "rdma: cannot make the async event fd of " + name_ +
                                            " non-blocking: " + std::strerror(errno));
   }
   try {
-    device->async_thread_ = std::thread([d = device.get()] { d->asyncLoop(); });
+    async_thread_ = std::thread([this] { asyncLoop(); });
   } catch (const std::system_error& e) {
     return makeError(FL_ERR_RESOURCES,
                      std::string("rdma: cannot start the device event thread: ") + e.what());
   }
-  spdlog::info("rdma: using device {} port {} (numa node {}){}", name, active, device->numa_node_,
-               device->bind_ip_.empty() ? "" : " for " + device->bind_ip_);
-  return device;
+  return {};
 }
 
 RdmaDevice::RdmaDevice(std::shared_ptr<VerbsApi> api, ibv_context* context, std::string name,

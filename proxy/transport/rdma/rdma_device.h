@@ -106,6 +106,9 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
  private:
   RdmaDevice(std::shared_ptr<VerbsApi> api, ibv_context* context, std::string name, uint8_t port_num,
              std::string bind_ip, const ibv_device_attr& attr);
+  // Allocates the PD, reads the NUMA node and starts the event thread on
+  // the (now non-blocking) async event fd.
+  Status start();
   void forget(const ibv_mr* mr) noexcept;
   void asyncLoop() noexcept;
   void dispatch(const ibv_async_event& event) noexcept;

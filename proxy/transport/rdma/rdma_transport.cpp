@@ -95,6 +95,18 @@ RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTr
       book_(0, CreditTableOptions{uint64_t{UINT32_MAX}, options.max_retracted_credits}) {}
 
 Status RdmaTransport::setUp() {
+  if (Status s = checkQueueDepths(); !s) return s;
+  if (Status s = openEventFds(); !s) return s;
+  if (Status s = createCq(); !s) return s;
+  if (Status s = createQp(); !s) return s;
+  if (Status s = registerHeaderRing(); !s) return s;
+  if (Status s = registerControlChunks(); !s) return s;
+  sizeWorkRequests();
+  if (Status s = watchChannels(); !s) return s;
+  return startReceiving();
+}
+
+Status RdmaTransport::checkQueueDepths() const {
   const uint32_t sq = options_.send_queue_depth;
   const uint32_t rq = options_.recv_queue_depth;
   const auto& attr = device_->attributes();
@@ -103,6 +115,10 @@ Status RdmaTransport::setUp() {
     return makeError(FL_EINVAL, "queue depth " + std::to_string(std::max(sq, rq)) +
                                     " exceeds the device's max_qp_wr " + std::to_string(attr.max_qp_wr));
   }
+  return {};
+}
+
+Status RdmaTransport::openEventFds() {
   int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   int lfd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   int pfd = ::epoll_create1(EPOLL_CLOEXEC);
@@ -112,18 +128,27 @@ Status RdmaTransport::setUp() {
   if (efd < 0 || lfd < 0 || pfd < 0) {
     return makeError(FL_ERR_RESOURCES, std::string("eventfd/epoll: ") + std::strerror(errno));
   }
+  return {};
+}
 
+Status RdmaTransport::createCq() {
   comp_channel_ = api_.createCompChannel(device_->context());
   if (comp_channel_ == nullptr) {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_create_comp_channel: ") + std::strerror(errno));
   }
-  int cqe = static_cast<int>(sq + rq);
+  const auto& attr = device_->attributes();
+  int cqe = static_cast<int>(options_.send_queue_depth + options_.recv_queue_depth);
   if (attr.max_cqe > 0) cqe = std::min(cqe, attr.max_cqe);
   cq_ = api_.createCq(device_->context(), cqe, this, comp_channel_, 0);
   if (cq_ == nullptr) {
     return makeError(FL_ERR_RESOURCES, "ibv_create_cq(" + std::to_string(cqe) + "): " + std::strerror(errno));
   }
+  return {};
+}
 
+Status RdmaTransport::createQp() {
+  const uint32_t sq = options_.send_queue_depth;
+  const uint32_t rq = options_.recv_queue_depth;
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_;
   qa.recv_cq = cq_;
@@ -148,7 +173,11 @@ Status RdmaTransport::setUp() {
   qp_ = cm_.id()->qp;
   // What the device granted (it may round up), never more than asked.
   max_inline_ = std::min(qa.cap.max_inline_data, options_.control_inline_bytes);
+  return {};
+}
 
+Status RdmaTransport::registerHeaderRing() {
+  const uint32_t sq = options_.send_queue_depth;
   headers_.reset(new (std::nothrow) RdmaWireHeader[sq]);
   if (!headers_) return makeError(FL_ERR_RESOURCES, "out of memory for the header ring");
   std::memset(headers_.get(), 0, sizeof(RdmaWireHeader) * sq);
@@ -157,12 +186,15 @@ Status RdmaTransport::setUp() {
   if (headers_mr_ == nullptr) {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_reg_mr of the header ring: ") + std::strerror(errno));
   }
+  return {};
+}
 
-  // Control fragments: sent from chunks only the adapter reads, received
-  // into chunks it writes (every receive WR carries one).
+// Control fragments: sent from chunks only the adapter reads, received into
+// chunks it writes (every receive WR carries one).
+Status RdmaTransport::registerControlChunks() {
   const size_t chunk = options_.control_chunk_bytes;
   const size_t send_bytes = chunk * options_.control_send_chunks;
-  const size_t recv_bytes = chunk * rq;
+  const size_t recv_bytes = chunk * options_.recv_queue_depth;
   ctl_send_buf_.reset(new (std::nothrow) uint8_t[send_bytes]);
   recv_buf_.reset(new (std::nothrow) uint8_t[recv_bytes]);
   if (!ctl_send_buf_ || !recv_buf_) {
@@ -178,7 +210,12 @@ Status RdmaTransport::setUp() {
     return makeError(FL_ERR_RESOURCES, "ibv_reg_mr of the receive chunks (" + std::to_string(recv_bytes) +
                                            " bytes): " + std::strerror(errno));
   }
+  return {};
+}
 
+void RdmaTransport::sizeWorkRequests() {
+  const uint32_t sq = options_.send_queue_depth;
+  const uint32_t rq = options_.recv_queue_depth;
   sends_.resize(sq);
   send_wrs_.resize(sq);
   send_sges_.resize(size_t{2} * sq);
@@ -187,7 +224,9 @@ Status RdmaTransport::setUp() {
   ctl_frames_before_.resize(options_.control_send_chunks);
   recv_wrs_.resize(rq);
   recv_sges_.resize(rq);
+}
 
+Status RdmaTransport::watchChannels() {
   if (!setNonBlocking(comp_channel_->fd) || !setNonBlocking(cm_.channel()->fd)) {
     return makeError(FL_ERR_RESOURCES,
                      std::string("O_NONBLOCK on the event channels: ") + std::strerror(errno));
@@ -200,10 +239,15 @@ Status RdmaTransport::setUp() {
       return makeError(FL_ERR_RESOURCES, std::string("epoll_ctl: ") + std::strerror(errno));
     }
   }
+  return {};
+}
 
-  // Receives before the connection is accepted: the peer may write at once.
+// Receives before the connection is accepted: the peer may write at once.
+Status RdmaTransport::startReceiving() {
   replenishRecvs();
-  if (recvs_posted_ != rq) return makeError(FL_ERR_RESOURCES, "ibv_post_recv failed while setting up");
+  if (recvs_posted_ != options_.recv_queue_depth) {
+    return makeError(FL_ERR_RESOURCES, "ibv_post_recv failed while setting up");
+  }
   if (api_.reqNotifyCq(cq_, 0) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_req_notify_cq: ") + std::strerror(errno));
   }

@@ -181,7 +181,26 @@ class RdmaTransport final : public Transport {
   static constexpr uint64_t kControlTag = uint64_t{1} << 62;
   static void signalEventFd(int fd) noexcept;
 
+  // The verbs resources, fds and buffers, in the steps below (in this order).
   Status setUp();
+  // Neither queue deeper than the device's max_qp_wr.
+  Status checkQueueDepths() const;
+  // event_fd_, link_fd_ and epoll_fd_.
+  Status openEventFds();
+  // The completion channel and one CQ for both queues (at most max_cqe).
+  Status createCq();
+  // The RC QP on the rdma_cm id; without inline room if the device refuses it.
+  Status createQp();
+  // The header ring (one RdmaWireHeader per send-queue entry) and its MR.
+  Status registerHeaderRing();
+  // The control send chunks and the receive chunks, one MR each.
+  Status registerControlChunks();
+  // The send, control and receive WR/SGE arrays, built once.
+  void sizeWorkRequests();
+  // Both event channels non-blocking, and every fd eventFd() covers in its epoll set.
+  Status watchChannels();
+  // Posts every receive WR, arms the CQ and asks the device for this QP's errors.
+  Status startReceiving();
   void flushChain() noexcept;
   // Copies queued control records into free send chunks (at most `room`
   // WRs) and links their WRs in posting order; returns how many it built.

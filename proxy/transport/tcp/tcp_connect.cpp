@@ -81,6 +81,111 @@ std::string describe(const sockaddr_storage& ss) {
   return h + ":" + serv;
 }
 
+// One non-blocking connect to `ai`, waiting until `deadline`: the connected
+// socket, or an invalid one with the reason in *why (*woken: `wake_fd`
+// ended the wait).
+UniqueFd connectTo(const addrinfo* ai, const TcpSocketOptions& options, Clock::time_point deadline,
+                   int wake_fd, std::string* why, bool* woken) {
+  UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+  if (!s.valid()) {
+    *why = "socket: " + errnoText();
+    return UniqueFd();
+  }
+  applyBuffers(s.get(), options);
+  if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      *why = "connect: " + errnoText();
+      return UniqueFd();
+    }
+    pollfd pfd[2] = {{s.get(), POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+    int pr = ::poll(pfd, wake_fd >= 0 ? 2 : 1, remainingMs(deadline));
+    if (pr > 0 && wake_fd >= 0 && (pfd[1].revents & POLLIN)) {
+      *woken = true;
+      return UniqueFd();
+    }
+    if (pr <= 0) {
+      *why = pr == 0 ? "connect timed out" : "poll: " + errnoText();
+      return UniqueFd();
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      *why = std::string("connect: ") + std::strerror(err);
+      return UniqueFd();
+    }
+  }
+  return s;
+}
+
+// A connected socket to host:port: each address it resolves to in turn.
+Result<UniqueFd> connectAny(const std::string& host, uint16_t port, const std::string& target,
+                            const TcpSocketOptions& options, Clock::time_point deadline, int wake_fd) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  std::string port_text = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
+    return makeError(FL_ERR_TRANSPORT,
+                     "tcp data dial " + target + ": cannot resolve host: " + gai_strerror(rc));
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
+
+  std::string last_error = "no address";
+  for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    bool woken = false;
+    UniqueFd fd = connectTo(ai, options, deadline, wake_fd, &last_error, &woken);
+    if (woken) return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": the daemon is stopping");
+    if (fd.valid()) return fd;
+  }
+  return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": " + last_error +
+                                         " (is the peer's data listener reachable?)");
+}
+
+// Sends the handshake for `session_id` (the token as its digest).
+Status sendHello(int fd, uint64_t session_id, const std::string& token, Clock::time_point deadline,
+                 int wake_fd, const std::string& target) {
+  TcpHello hello{};
+  std::memcpy(hello.magic, kTcpHelloMagic, sizeof hello.magic);
+  hello.version = kTcpWireVersion;
+  hello.session_id = session_id;
+  tokenDigest(token, session_id, hello.token);
+  if (Io io = transferAll(fd, &hello, sizeof hello, true, deadline, wake_fd); io != Io::kOk) {
+    return makeError(FL_ERR_TRANSPORT,
+                     "tcp data dial " + target + ": sending the handshake " +
+                         (io == Io::kTimeout ? std::string("timed out")
+                          : io == Io::kWoken ? std::string("stopped: the daemon is stopping")
+                                             : "failed: " + errnoText()));
+  }
+  return {};
+}
+
+// Reads the peer's reply to the handshake: an error unless it says FL_OK.
+Status readHelloReply(int fd, Clock::time_point deadline, int wake_fd, const std::string& target) {
+  TcpHelloReply reply{};
+  if (Io io = transferAll(fd, &reply, sizeof reply, false, deadline, wake_fd); io != Io::kOk) {
+    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": no handshake reply (" +
+                                           (io == Io::kTimeout  ? std::string("timed out")
+                                            : io == Io::kClosed ? std::string("peer closed the connection")
+                                            : io == Io::kWoken  ? std::string("the daemon is stopping")
+                                                                : errnoText()) +
+                                           ")");
+  }
+  if (reply.status != FL_OK) {
+    std::string why = reply.status == FL_ERR_AUTH ? "token rejected (check --token on both daemons)"
+                      : reply.status == FL_ERR_PEER_VERSION
+                          ? "peer speaks tcp wire version " + std::to_string(reply.version)
+                          : "handshake rejected";
+    int code = (reply.status == FL_ERR_AUTH || reply.status == FL_ERR_PEER_VERSION)
+                   ? static_cast<int>(reply.status)
+                   : FL_ERR_PROTOCOL;
+    return makeError(
+        code, "tcp data dial " + target + ": " + why + " (status " + std::to_string(reply.status) + ")");
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::pair<std::string, uint16_t>> parseHostPort(const std::string& host_port) {
@@ -107,89 +212,13 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
                           TcpSocketOptions options, int wake_fd) {
   const auto deadline = Clock::now() + timeout;
   const std::string target = host + ":" + std::to_string(port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* list = nullptr;
-  std::string port_text = std::to_string(port);
-  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &list); rc != 0) {
-    return makeError(FL_ERR_TRANSPORT,
-                     "tcp data dial " + target + ": cannot resolve host: " + gai_strerror(rc));
+  auto fd = connectAny(host, port, target, options, deadline, wake_fd);
+  if (!fd) return fd;
+  if (Status s = sendHello(fd->get(), session_id, token, deadline, wake_fd, target); !s) {
+    return std::move(s).error();
   }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
-
-  std::string last_error = "no address";
-  UniqueFd fd;
-  for (addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
-    UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
-    if (!s.valid()) {
-      last_error = "socket: " + errnoText();
-      continue;
-    }
-    applyBuffers(s.get(), options);
-    if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        last_error = "connect: " + errnoText();
-        continue;
-      }
-      pollfd pfd[2] = {{s.get(), POLLOUT, 0}, {wake_fd, POLLIN, 0}};
-      int pr = ::poll(pfd, wake_fd >= 0 ? 2 : 1, remainingMs(deadline));
-      if (pr > 0 && wake_fd >= 0 && (pfd[1].revents & POLLIN)) {
-        return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": the daemon is stopping");
-      }
-      if (pr <= 0) {
-        last_error = pr == 0 ? "connect timed out" : "poll: " + errnoText();
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        last_error = std::string("connect: ") + std::strerror(err);
-        continue;
-      }
-    }
-    fd = std::move(s);
-    break;
-  }
-  if (!fd.valid()) {
-    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": " + last_error +
-                                           " (is the peer's data listener reachable?)");
-  }
-
-  TcpHello hello{};
-  std::memcpy(hello.magic, kTcpHelloMagic, sizeof hello.magic);
-  hello.version = kTcpWireVersion;
-  hello.session_id = session_id;
-  tokenDigest(token, session_id, hello.token);
-  if (Io io = transferAll(fd.get(), &hello, sizeof hello, true, deadline, wake_fd); io != Io::kOk) {
-    return makeError(FL_ERR_TRANSPORT,
-                     "tcp data dial " + target + ": sending the handshake " +
-                         (io == Io::kTimeout ? std::string("timed out")
-                          : io == Io::kWoken ? std::string("stopped: the daemon is stopping")
-                                             : "failed: " + errnoText()));
-  }
-  TcpHelloReply reply{};
-  if (Io io = transferAll(fd.get(), &reply, sizeof reply, false, deadline, wake_fd); io != Io::kOk) {
-    return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": no handshake reply (" +
-                                           (io == Io::kTimeout  ? std::string("timed out")
-                                            : io == Io::kClosed ? std::string("peer closed the connection")
-                                            : io == Io::kWoken  ? std::string("the daemon is stopping")
-                                                                : errnoText()) +
-                                           ")");
-  }
-  if (reply.status != FL_OK) {
-    std::string why = reply.status == FL_ERR_AUTH ? "token rejected (check --token on both daemons)"
-                      : reply.status == FL_ERR_PEER_VERSION
-                          ? "peer speaks tcp wire version " + std::to_string(reply.version)
-                          : "handshake rejected";
-    int code = (reply.status == FL_ERR_AUTH || reply.status == FL_ERR_PEER_VERSION)
-                   ? static_cast<int>(reply.status)
-                   : FL_ERR_PROTOCOL;
-    return makeError(
-        code, "tcp data dial " + target + ": " + why + " (status " + std::to_string(reply.status) + ")");
-  }
-  if (!setNonBlocking(fd.get(), false)) {
+  if (Status s = readHelloReply(fd->get(), deadline, wake_fd, target); !s) return std::move(s).error();
+  if (!setNonBlocking(fd->get(), false)) {
     return makeError(FL_ERR_TRANSPORT, "tcp data dial " + target + ": fcntl: " + errnoText());
   }
   return fd;
