@@ -1,6 +1,6 @@
 // The transports a framelinkd registers (tcp, grpc, rdma, loopback): each is
 // one entry of the transport registry (transport_registry.h), with its
-// listener, its dialer and its rules, and nothing of it lives in peer_link.
+// listener, its dialer and its rules, and nothing of it lives in peer_links.cpp.
 #pragma once
 
 #include <memory>
