@@ -71,7 +71,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   Status init();
   uint16_t grpcPort() const noexcept override { return static_cast<uint16_t>(grpc_port_); }
   uint16_t listenPort(std::string_view transport) const noexcept override {
-    const PeerTransport* t = transports_.find(transport);
+    const TransportEntry* t = transports_.find(transport);
     return t != nullptr ? t->port() : 0;
   }
   void stop() override;
@@ -81,7 +81,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
 
  private:
   struct Pending {
-    const PeerTransport* transport = nullptr;
+    const TransportEntry* transport = nullptr;
     std::promise<std::shared_ptr<transport::Transport>> promise;
     bool fulfilled = false;
   };
@@ -94,7 +94,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
       Clock::time_point until{};
       std::string failure;
     };
-    std::map<const PeerTransport*, Fallback> fallbacks;
+    std::map<const TransportEntry*, Fallback> fallbacks;
     bool unreachable_logged = false;  // the warning for this streak of failed connects is out
   };
 
@@ -114,10 +114,10 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   };
 
   // The hooks through which `t`'s listener hands over the data channels it accepts.
-  AcceptHooks acceptHooks(const PeerTransport* t);
-  std::shared_ptr<Pending> registerPending(uint64_t session_id, const PeerTransport* transport);
+  AcceptHooks acceptHooks(const TransportEntry* t);
+  std::shared_ptr<Pending> registerPending(uint64_t session_id, const TransportEntry* transport);
   void unregisterPending(uint64_t session_id);
-  void fulfil(uint64_t session_id, const PeerTransport* transport, std::shared_ptr<transport::Transport> t);
+  void fulfil(uint64_t session_id, const TransportEntry* transport, std::shared_ptr<transport::Transport> t);
   bool tokenOk(const ::grpc::ServerContext* ctx) const;
   // Checks the Hello and picks the first transport it offers that this daemon allows and can run.
   ::grpc::Status admitHello(const std::string& from, const v1::PeerMessage& first,
@@ -131,9 +131,9 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   // Sends the Hello, reads the HelloAck; false (logged, the call ended): refused or a bad answer.
   bool exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer, uint64_t session_id,
                      ::grpc::ClientContext& ctx, ClientStream& stream, v1::PeerMessage& reply);
-  void dialFailed(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+  void dialFailed(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
                   const std::string& error, DialState& state);
-  void runDialedLink(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+  void runDialedLink(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
                      const std::string& reason, std::shared_ptr<transport::Transport> data,
                      ::grpc::ClientContext& ctx, ClientStream& stream, DialState& state);
 
@@ -142,7 +142,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   Metrics& metrics_;
   uint64_t instance_;
   TransportRegistry transports_;
-  std::vector<PeerTransport*> configured_;  // config_.transports, in its order; set by init()
+  std::vector<TransportEntry*> configured_;  // config_.transports, in its order; set by init()
   std::unique_ptr<::grpc::Server> server_;
   int grpc_port_ = 0;
   std::atomic<uint64_t> next_link_id_{1};
@@ -180,7 +180,7 @@ Status PeerLinksImpl::init() {
   configured_ = std::move(configured.value());
   // Each configured transport's listener, before the gRPC listener binds
   // (the tcp one keeps clear of --listen's port).
-  for (PeerTransport* t : configured_) {
+  for (TransportEntry* t : configured_) {
     Status s = t->listen(ListenContext{config_, metrics_, instance_, acceptHooks(t)});
     if (!s) return s;
   }
@@ -227,7 +227,7 @@ void PeerLinksImpl::stop() {
   for (auto& t : dialers_) {
     if (t.joinable()) t.join();
   }
-  for (PeerTransport* t : configured_) t->stop();
+  for (TransportEntry* t : configured_) t->stop();
   // Every handler has returned by now (their contexts are cancelled, pending
   // data channels failed); what is left are calls whose peer has not closed
   // its side -- a stranger that stalls must not hold the shutdown, so they are
@@ -235,7 +235,7 @@ void PeerLinksImpl::stop() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
 }
 
-AcceptHooks PeerLinksImpl::acceptHooks(const PeerTransport* t) {
+AcceptHooks PeerLinksImpl::acceptHooks(const TransportEntry* t) {
   return AcceptHooks{[this, t](uint64_t session_id) {
                        MutexLock lock(mutex_);
                        auto it = pending_.find(session_id);
@@ -247,7 +247,7 @@ AcceptHooks PeerLinksImpl::acceptHooks(const PeerTransport* t) {
 }
 
 std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
-                                                                       const PeerTransport* transport) {
+                                                                       const TransportEntry* transport) {
   MutexLock lock(mutex_);
   if (pending_.count(session_id) != 0) return nullptr;
   auto p = std::make_shared<Pending>();
@@ -261,7 +261,7 @@ void PeerLinksImpl::unregisterPending(uint64_t session_id) {
   pending_.erase(session_id);
 }
 
-void PeerLinksImpl::fulfil(uint64_t session_id, const PeerTransport* transport,
+void PeerLinksImpl::fulfil(uint64_t session_id, const TransportEntry* transport,
                            std::shared_ptr<transport::Transport> t) {
   std::shared_ptr<Pending> p;
   {
@@ -421,7 +421,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
   uint64_t session_id = randomSessionId();
   // What this side leaves out, and why, is part of the link's reason.
-  const auto offer = TransportRegistry::offer(configured_, [&state](const PeerTransport& t) -> std::string {
+  const auto offer = TransportRegistry::offer(configured_, [&state](const TransportEntry& t) -> std::string {
     auto it = state.fallbacks.find(&t);
     if (it == state.fallbacks.end() || Clock::now() >= it->second.until) return {};
     auto left = std::chrono::duration_cast<std::chrono::seconds>(it->second.until - Clock::now());
@@ -434,8 +434,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
   }
   auto chosen_it = std::find_if(offer.transports.begin(), offer.transports.end(),
-                                [&ack](const PeerTransport* t) { return t->name() == ack.transport(); });
-  PeerTransport* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
+                                [&ack](const TransportEntry* t) { return t->name() == ack.transport(); });
+  TransportEntry* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
   Result<std::shared_ptr<transport::Transport>> made =
       chosen != nullptr ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id,
                                                    channel, stop_fd_.get()})
@@ -498,7 +498,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   auto* hello = hello_msg.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
   hello->set_daemon_id(config_.id);
-  for (const PeerTransport* t : offer.transports) hello->add_transports(std::string(t->name()));
+  for (const TransportEntry* t : offer.transports) hello->add_transports(std::string(t->name()));
   hello->set_token(config_.token);
   for (const auto& t : transports_.entries()) t->announce(*hello);
   hello->set_session_id(session_id);
@@ -529,7 +529,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
 
 // Logs a data channel that did not open; a transport with a fallback interval
 // is not offered for that long.
-void PeerLinksImpl::dialFailed(const PeerConfig& peer, const PeerTransport* chosen, const v1::HelloAck& ack,
+void PeerLinksImpl::dialFailed(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
                                const std::string& error, DialState& state) {
   if (chosen != nullptr && chosen->fallbackFor(config_).count() > 0) {
     // Offer the next transport at once; this one again after its interval.
@@ -547,13 +547,13 @@ void PeerLinksImpl::dialFailed(const PeerConfig& peer, const PeerTransport* chos
 // transport it prefers, while both sides have that one, moves back: at a deadline (an alarm on gRPC's
 // timer, no thread) the session is ended, and the next dial offers that transport first again.
 // Frames in flight are replayed by the data agent.
-void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const PeerTransport* chosen,
+void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* chosen,
                                   const v1::HelloAck& ack, const std::string& reason,
                                   std::shared_ptr<transport::Transport> data, ::grpc::ClientContext& ctx,
                                   ClientStream& stream, DialState& state) {
-  const PeerTransport* preferred = nullptr;
+  const TransportEntry* preferred = nullptr;
   Clock::time_point move_back_at = Clock::time_point::max();
-  for (const PeerTransport* t : configured_) {
+  for (const TransportEntry* t : configured_) {
     if (t == chosen) break;
     const auto interval = t->fallbackFor(config_);
     if (interval.count() == 0 || !t->usable(0, nullptr) || !t->peerListens(ack)) continue;

@@ -32,7 +32,7 @@ Made shared(Result<std::unique_ptr<T>> made) {
 }
 
 // ---- tcp: its own data port; sendmsg/recv straight from and into slots ----
-class TcpPeerTransport final : public PeerTransport {
+class TcpEntry final : public TransportEntry {
  public:
   static constexpr std::string_view kName = "tcp";
   std::string_view name() const noexcept override { return kName; }
@@ -100,7 +100,7 @@ class TcpPeerTransport final : public PeerTransport {
 };
 
 // ---- grpc: chunks on the Link service's Data call, where only one port is open ----
-class GrpcPeerTransport final : public PeerTransport {
+class GrpcEntry final : public TransportEntry {
  public:
   static constexpr std::string_view kName = "grpc";
   std::string_view name() const noexcept override { return kName; }
@@ -149,9 +149,9 @@ class GrpcPeerTransport final : public PeerTransport {
 // often lost: an rdma handshake gets this many connect timeouts.
 constexpr int kRdmaHandshakeFactor = 3;
 
-class RdmaPeerTransport final : public PeerTransport {
+class RdmaEntry final : public TransportEntry {
  public:
-  explicit RdmaPeerTransport(RdmaSupport support)
+  explicit RdmaEntry(RdmaSupport support)
       : device_(std::move(support.device)), unavailable_(std::move(support.unavailable)) {}
 
   static constexpr std::string_view kName = "rdma";
@@ -288,9 +288,9 @@ constexpr const char* kLoopbackElsewhere =
     "the peer runs in another process: loopback joins two daemons of one process only (use tcp, grpc or rdma "
     "between processes)";
 
-class LoopbackPeerTransport final : public PeerTransport {
+class LoopbackEntry final : public TransportEntry {
  public:
-  ~LoopbackPeerTransport() override { stop(); }
+  ~LoopbackEntry() override { stop(); }
   static constexpr std::string_view kName = "loopback";
   std::string_view name() const noexcept override { return kName; }
   bool usable(uint64_t peer_instance, std::string* why) const override {
@@ -327,21 +327,19 @@ class LoopbackPeerTransport final : public PeerTransport {
 // The table: one line per transport.
 struct Entry {
   std::string_view name;
-  std::unique_ptr<PeerTransport> (*make)(RdmaSupport& rdma);
+  std::unique_ptr<TransportEntry> (*make)(RdmaSupport& rdma);
 };
 constexpr Entry kEntries[] = {
-    {TcpPeerTransport::kName,
-     [](RdmaSupport&) -> std::unique_ptr<PeerTransport> { return std::make_unique<TcpPeerTransport>(); }},
-    {GrpcPeerTransport::kName,
-     [](RdmaSupport&) -> std::unique_ptr<PeerTransport> { return std::make_unique<GrpcPeerTransport>(); }},
-    {RdmaPeerTransport::kName,
-     [](RdmaSupport& rdma) -> std::unique_ptr<PeerTransport> {
-       return std::make_unique<RdmaPeerTransport>(std::move(rdma));
+    {TcpEntry::kName,
+     [](RdmaSupport&) -> std::unique_ptr<TransportEntry> { return std::make_unique<TcpEntry>(); }},
+    {GrpcEntry::kName,
+     [](RdmaSupport&) -> std::unique_ptr<TransportEntry> { return std::make_unique<GrpcEntry>(); }},
+    {RdmaEntry::kName,
+     [](RdmaSupport& rdma) -> std::unique_ptr<TransportEntry> {
+       return std::make_unique<RdmaEntry>(std::move(rdma));
      }},
-    {LoopbackPeerTransport::kName,
-     [](RdmaSupport&) -> std::unique_ptr<PeerTransport> {
-       return std::make_unique<LoopbackPeerTransport>();
-     }},
+    {LoopbackEntry::kName,
+     [](RdmaSupport&) -> std::unique_ptr<TransportEntry> { return std::make_unique<LoopbackEntry>(); }},
 };
 
 // The configuration is checked against kTransportNames (without linking the
@@ -357,8 +355,8 @@ static_assert(sameNames(), "add the new transport to kTransportNames (transport_
 
 }  // namespace
 
-std::vector<std::unique_ptr<PeerTransport>> daemonTransportEntries(RdmaSupport rdma) {
-  std::vector<std::unique_ptr<PeerTransport>> entries;
+std::vector<std::unique_ptr<TransportEntry>> daemonTransportEntries(RdmaSupport rdma) {
+  std::vector<std::unique_ptr<TransportEntry>> entries;
   for (const Entry& e : kEntries) entries.push_back(e.make(rdma));
   return entries;
 }

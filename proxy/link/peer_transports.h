@@ -22,7 +22,7 @@ struct RdmaSupport {
 };
 
 // Every transport, in the order of kTransportNames (transport_names.h).
-std::vector<std::unique_ptr<PeerTransport>> daemonTransportEntries(RdmaSupport rdma);
+std::vector<std::unique_ptr<TransportEntry>> daemonTransportEntries(RdmaSupport rdma);
 TransportRegistry makeDaemonTransports(RdmaSupport rdma);
 
 }  // namespace framelink

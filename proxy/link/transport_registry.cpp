@@ -20,19 +20,19 @@ std::string joinedNames(const std::vector<std::string>& names) {
   return out.empty() ? "(none)" : out;
 }
 
-std::chrono::milliseconds PeerTransport::handshakeTimeout(const Config& config) const {
+std::chrono::milliseconds TransportEntry::handshakeTimeout(const Config& config) const {
   return std::chrono::milliseconds(config.connect_timeout_ms);
 }
 
-::grpc::Status PeerTransport::serveDataCall(::grpc::ServerContext* ctx, DataCall* call) {
+::grpc::Status TransportEntry::serveDataCall(::grpc::ServerContext* ctx, DataCall* call) {
   (void)ctx, (void)call;
   return {::grpc::StatusCode::UNIMPLEMENTED, std::string(name()) + " does not use the Data call"};
 }
 
-TransportRegistry::TransportRegistry(std::vector<std::unique_ptr<PeerTransport>> entries)
+TransportRegistry::TransportRegistry(std::vector<std::unique_ptr<TransportEntry>> entries)
     : entries_(std::move(entries)) {}
 
-PeerTransport* TransportRegistry::find(std::string_view name) const noexcept {
+TransportEntry* TransportRegistry::find(std::string_view name) const noexcept {
   for (const auto& e : entries_) {
     if (e->name() == name) return e.get();
   }
@@ -45,11 +45,11 @@ std::vector<std::string> TransportRegistry::names() const {
   return out;
 }
 
-Result<std::vector<PeerTransport*>> TransportRegistry::select(
+Result<std::vector<TransportEntry*>> TransportRegistry::select(
     const std::vector<std::string>& configured) const {
-  std::vector<PeerTransport*> out;
+  std::vector<TransportEntry*> out;
   for (const auto& name : configured) {
-    PeerTransport* t = find(name);
+    TransportEntry* t = find(name);
     if (t == nullptr) {
       return makeError(FL_EINVAL,
                        "unknown transport '" + name + "'; the registered ones are " + joinedNames(names()));
@@ -69,7 +69,7 @@ TransportRegistry::Choice TransportRegistry::choose(const std::vector<std::strin
   Choice choice;
   for (const auto& name : offered) {
     std::string why;
-    PeerTransport* t = find(name);
+    TransportEntry* t = find(name);
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
       why = "peer " + self_id + " does not allow it (transports " + joinedNames(allowed) + ")";
     } else if (t == nullptr) {
@@ -83,10 +83,10 @@ TransportRegistry::Choice TransportRegistry::choose(const std::vector<std::strin
   return choice;
 }
 
-TransportRegistry::Offer TransportRegistry::offer(const std::vector<PeerTransport*>& configured,
+TransportRegistry::Offer TransportRegistry::offer(const std::vector<TransportEntry*>& configured,
                                                   const HeldBack& held_back) {
   Offer out;
-  for (PeerTransport* t : configured) {
+  for (TransportEntry* t : configured) {
     std::string why;
     if (!t->usable(0, &why)) {
       addReason(out.reason, t->name(), why);
@@ -94,7 +94,7 @@ TransportRegistry::Offer TransportRegistry::offer(const std::vector<PeerTranspor
     }
     std::string held = held_back ? held_back(*t) : std::string();
     // A transport that failed recently waits its turn only when something else can run.
-    const bool alternative = std::any_of(configured.begin(), configured.end(), [t](const PeerTransport* o) {
+    const bool alternative = std::any_of(configured.begin(), configured.end(), [t](const TransportEntry* o) {
       return o != t && o->usable(0, nullptr);
     });
     if (!held.empty() && alternative) {

@@ -64,9 +64,9 @@ using DataCall = ::grpc::ServerReaderWriter<::grpc::ByteBuffer, ::grpc::ByteBuff
 
 // One registered transport.  Called from the peer-link threads (dialers and
 // gRPC handlers) at once: an entry guards whatever it changes after listen().
-class PeerTransport {
+class TransportEntry {
  public:
-  virtual ~PeerTransport() = default;
+  virtual ~TransportEntry() = default;
 
   virtual std::string_view name() const noexcept = 0;
   // Whether this daemon can run it now with the daemon whose instance is
@@ -110,22 +110,22 @@ class PeerTransport {
 
 class TransportRegistry {
  public:
-  explicit TransportRegistry(std::vector<std::unique_ptr<PeerTransport>> entries);
+  explicit TransportRegistry(std::vector<std::unique_ptr<TransportEntry>> entries);
 
-  PeerTransport* find(std::string_view name) const noexcept;
+  TransportEntry* find(std::string_view name) const noexcept;
   std::vector<std::string> names() const;
-  const std::vector<std::unique_ptr<PeerTransport>>& entries() const noexcept { return entries_; }
+  const std::vector<std::unique_ptr<TransportEntry>>& entries() const noexcept { return entries_; }
 
   // The entries `configured` names, in that order.  An unknown name, or one
   // listed twice, is refused with a message naming the registered ones.
-  Result<std::vector<PeerTransport*>> select(const std::vector<std::string>& configured) const;
+  Result<std::vector<TransportEntry*>> select(const std::vector<std::string>& configured) const;
 
   // The listener's pick: the first of `offered` that `allowed` lists and
   // that is usable with the peer; `reason` says why each one before it was
   // not taken ("not tcp: ...; not grpc: ...").  `self_id` names this daemon
   // in those reasons.
   struct Choice {
-    PeerTransport* transport = nullptr;
+    TransportEntry* transport = nullptr;
     std::string reason;
   };
   Choice choose(const std::vector<std::string>& offered, const std::vector<std::string>& allowed,
@@ -135,14 +135,14 @@ class TransportRegistry {
   // run and those `held_back` names a reason for (a recent failure) while
   // another configured one can run.  `reason` says what was left out and why.
   struct Offer {
-    std::vector<PeerTransport*> transports;
+    std::vector<TransportEntry*> transports;
     std::string reason;
   };
-  using HeldBack = std::function<std::string(const PeerTransport& t)>;
-  static Offer offer(const std::vector<PeerTransport*>& configured, const HeldBack& held_back);
+  using HeldBack = std::function<std::string(const TransportEntry& t)>;
+  static Offer offer(const std::vector<TransportEntry*>& configured, const HeldBack& held_back);
 
  private:
-  std::vector<std::unique_ptr<PeerTransport>> entries_;
+  std::vector<std::unique_ptr<TransportEntry>> entries_;
 };
 
 // "a,b,c"; "(none)" for an empty list.

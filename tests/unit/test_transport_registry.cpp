@@ -24,7 +24,7 @@ namespace framelink {
 namespace {
 
 // A transport that can or cannot run, and says why not.
-class FakeTransport final : public PeerTransport {
+class FakeTransport final : public TransportEntry {
  public:
   FakeTransport(std::string name, bool usable, std::string why = {})
       : name_(std::move(name)), usable_(usable), why_(std::move(why)) {}
@@ -45,14 +45,14 @@ class FakeTransport final : public PeerTransport {
 };
 
 TransportRegistry fakeRegistry(bool b_usable = true) {
-  std::vector<std::unique_ptr<PeerTransport>> entries;
+  std::vector<std::unique_ptr<TransportEntry>> entries;
   entries.push_back(std::make_unique<FakeTransport>("a", true));
   entries.push_back(std::make_unique<FakeTransport>("b", b_usable, "b has no device"));
   entries.push_back(std::make_unique<FakeTransport>("c", true));
   return TransportRegistry(std::move(entries));
 }
 
-std::vector<std::string> namesOf(const std::vector<PeerTransport*>& ts) {
+std::vector<std::string> namesOf(const std::vector<TransportEntry*>& ts) {
   std::vector<std::string> out;
   for (const auto* t : ts) out.emplace_back(t->name());
   return out;
@@ -122,7 +122,7 @@ TEST_CASE("registry: a transport that cannot run is passed over and says why", "
 
 TEST_CASE("registry: a transport held back after a failure waits only while another can run", "[registry]") {
   auto registry = fakeRegistry();
-  auto held = [](const PeerTransport& t) {
+  auto held = [](const TransportEntry& t) {
     return t.name() == "c" ? std::string("it failed") : std::string();
   };
   auto both = registry.select({"c", "a"});
@@ -149,7 +149,7 @@ TEST_CASE("daemon transports: the table is kTransportNames, in its order", "[reg
 
 TEST_CASE("daemon transports: loopback refuses a peer in another process, and says so", "[registry]") {
   auto registry = makeDaemonTransports({});
-  PeerTransport* loopback = registry.find("loopback");
+  TransportEntry* loopback = registry.find("loopback");
   REQUIRE(loopback != nullptr);
   std::string why;
   CHECK(!loopback->usable(0, &why));  // not configured: not listening
@@ -231,7 +231,7 @@ bool waitFor(const std::function<bool()>& pred,
 
 // A transport whose dial always fails and that, like rdma, is offered again
 // only after its fallback interval.
-class FlakyTransport final : public PeerTransport {
+class FlakyTransport final : public TransportEntry {
  public:
   std::string_view name() const noexcept override { return "flaky"; }
   bool usable(uint64_t, std::string*) const override { return true; }
