@@ -184,7 +184,7 @@ class FakeTransport final : public transport::Transport {
   }
 
   int eventFd() const noexcept override { return event_fd_.get(); }
-  TransportCounters counters() const noexcept override { return {}; }
+  transport::TransportCounters counters() const noexcept override { return {}; }
 
   void shutdown() noexcept override {
     down_ = true;
