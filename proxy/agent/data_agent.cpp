@@ -311,6 +311,7 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
     }
     closed_links_transport_ += l->transport->counters();
   }
+  outbound_.forgetPostsOf(link_id);
   outbound_.onLinkDown(*l, reason);
   std::shared_ptr<transport::Transport> transport = std::move(l->transport);
   inbound_.onLinkDown(*l);

@@ -11,16 +11,6 @@
 
 namespace framelink {
 
-namespace {
-
-// A frame the receiver refused without delivering it -- its CRC32C was wrong,
-// or it landed in a credit withdrawn meanwhile (its consumer went away) -- is
-// sent this many more times before it fails with that code (a CRC mismatch is
-// then in the producer's slot).
-constexpr uint32_t kMaxResends = 3;
-
-}  // namespace
-
 OutboundStreams::OutboundStreams(const Config& config, Metrics& metrics, const AgentClock& clock,
                                  ClientTable& clients, PeerTable& peers, LinkTable& links)
     : config_(config), metrics_(metrics), clock_(clock), clients_(clients), peers_(peers), links_(links) {}
@@ -191,12 +181,14 @@ void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, 
   e.link_id = l.id;
   e.sent_to_instance = l.peer_instance;
   e.was_posted = true;
+  ++e.posts_out;
   s.unacked[e.sequence] = f;
-  posted_[cookie] = Posted{f, peer, s.id, e.sequence};
+  posted_[cookie] = Posted{f, peer, s.id, e.sequence, l.id};
 }
 
 void OutboundStreams::unpost(SlotEntry& e, uint64_t deadline_ns) {
-  if (e.state == SlotState::kPosted) posted_.erase(e.post_cookie);
+  // The post stays in posted_ (and in posts_out) until its transport reports
+  // it: that transport may still be reading the slot.
   e.state = SlotState::kPending;
   e.post_cookie = 0;
   e.link_id = 0;
@@ -292,119 +284,6 @@ size_t OutboundStreams::pumpAll() {
     po.first_pumped = start->first + 1;
   }
   return work;
-}
-
-void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
-  SlotEntry& e = c.slots[slot];
-  if (e.state == SlotState::kFree) return;
-  if (e.state == SlotState::kPosted) posted_.erase(e.post_cookie);
-  if (status == FL_OK) {
-    metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
-    metrics_.counters.bytes_sent.fetch_add(e.length, std::memory_order_relaxed);
-    metrics_.recordDeliveryLatency((clock_.nowNs() - e.submitted_ns) / 1000);
-    ++c.frames;
-    c.bytes += e.length;
-  } else {
-    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
-    metrics_.recordFailure(status);
-    ++c.errors;
-    log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
-                     e.frame_id, statusName(status), why);
-  }
-  const uint64_t sequence = e.sequence;
-  const uint64_t length = e.length;
-  const uint64_t frame_id = e.frame_id;
-  e = SlotEntry{};
-  if (c.in_progress > 0) --c.in_progress;
-  clients_.complete(c, slot, status, sequence, length, frame_id);
-}
-
-void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std::string& why) {
-  for (uint32_t s = 0; s < c.slots.size(); ++s) {
-    if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, status, why);
-  }
-}
-
-void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
-                            const std::string& why) {
-  OutStream* sp = stream(peer, stream_id);
-  if (sp == nullptr) {
-    spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", peers_[peer].name, stream_id,
-                  sequence);
-    return;
-  }
-  OutStream& s = *sp;
-  auto it = s.unacked.find(sequence);
-  if (it == s.unacked.end()) {
-    // A frame waiting to be replayed (its link broke before the ACK came) is
-    // settled by the ACK its receiver sends again on the new link -- or by
-    // its refusal (the consumer died holding it): it needs no credit for
-    // that, and must not fail for the want of one.
-    auto pit = s.pending.find(sequence);
-    if ((status == FL_OK || !peer::resendable(status)) && pit != s.pending.end()) {
-      FrameRef f = pit->second;
-      AgentClient* ac = clients_.find(f.client_id);
-      if (ac != nullptr) {
-        const SlotEntry& e = ac->session->slots[f.slot];
-        if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
-          s.pending.erase(pit);
-          metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
-          finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
-          maybeForget(*ac);
-          return;
-        }
-      }
-    }
-    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)",
-                  peers_[peer].name, s.name, sequence);
-    return;
-  }
-  FrameRef f = it->second;
-  s.unacked.erase(it);
-  AgentClient* ac = clients_.find(f.client_id);
-  if (ac == nullptr) return;
-  ClientSession& c = *ac->session;
-  SlotEntry& e = c.slots[f.slot];
-  if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
-      (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
-    // Not delivered (damaged on the way, or its credit was withdrawn): the
-    // payload is still in the producer's slot, so send it again, ahead of
-    // the frames that never left.
-    ++e.resends;
-    unpost(e, creditDeadline(clock_.nowNs()));
-    s.pending.emplace(e.sequence, f);
-    (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
-                                   : metrics_.counters.frames_resent_credit)
-        .fetch_add(1, std::memory_order_relaxed);
-    log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c.id,
-                     c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
-    return;
-  }
-  finishFrame(c, f.slot, status, why);
-  maybeForget(*ac);
-}
-
-void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
-  auto it = posted_.find(ev.cookie);
-  if (it == posted_.end()) return;  // already settled (ACK raced the completion)
-  const Posted posted = it->second;
-  posted_.erase(it);
-  AgentClient* ac = clients_.find(posted.frame.client_id);
-  if (ac == nullptr) return;
-  ClientSession& c = *ac->session;
-  SlotEntry& e = c.slots[posted.frame.slot];
-  if (e.state != SlotState::kPosted || e.sequence != posted.sequence) return;
-  if (ev.status == FL_OK) {
-    e.state = SlotState::kSent;
-    e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
-  } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
-    // The link broke, not the frame: it stays unacknowledged and is
-    // replayed on the next link (requeueUnacked, when the link is down).
-  } else {
-    if (OutStream* s = stream(posted.peer, posted.stream_id)) s->unacked.erase(posted.sequence);
-    finishFrame(c, posted.frame.slot, ev.status, "send failed: " + ev.message);
-  }
-  maybeForget(*ac);
 }
 
 void OutboundStreams::onLinkUp(AgentLink& l) {

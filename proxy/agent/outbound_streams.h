@@ -44,6 +44,9 @@ class OutboundStreams {
   void onCreditRevoke(AgentLink& link, const peer::CreditRevoke& revoke);
   void onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
   void onSendComplete(const transport::TransportEvent& event);
+  // The link's transport was shut down and drained: a post it never reported
+  // complete is let go as if it completed FL_ERR_LINK_LOST.
+  void forgetPostsOf(uint64_t link_id);
 
   // A link to a peer is up: it becomes the peer's link (what a replaced one
   // carried unacknowledged goes first on it) and every stream is announced.
@@ -104,11 +107,20 @@ class OutboundStreams {
     // stream's frames always go first on the shared link.
     uint64_t first_pumped = 0;
   };
+  // A post a transport holds: until it reports the send complete, it may
+  // still read the producer's slot, so the frame cannot end before that.
   struct Posted {
     FrameRef frame;
     PeerId peer = kNoPeer;
     uint64_t stream_id = 0;
     uint64_t sequence = 0;
+    uint64_t link_id = 0;
+  };
+  // The outcome of a frame that ended while a post of it was still out
+  // (kSettling): it is said when the last post completes.
+  struct Outcome {
+    int status = FL_OK;
+    std::string why;
   };
 
   PeerOut& peerOut(PeerId peer);
@@ -134,7 +146,10 @@ class OutboundStreams {
   bool checkSubmit(const AgentClient& c, const fl_submit_desc& desc, fl_slot_header* sh, int* status,
                    std::string* why) const;
   void rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status, const std::string& why);
+  // Ends the frame with `status`, or, while a transport still holds a post
+  // of it, settles it (kSettling) and ends it when the last post completes.
   void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  void endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
   void requeueUnacked(uint64_t link_id, const std::string& reason);
   uint64_t creditDeadline(uint64_t now_ns) const;
@@ -145,8 +160,9 @@ class OutboundStreams {
   ClientTable& clients_;
   PeerTable& peers_;
   LinkTable& links_;
-  std::vector<PeerOut> out_;                     // by PeerId
-  std::unordered_map<uint64_t, Posted> posted_;  // by cookie
+  std::vector<PeerOut> out_;                                   // by PeerId
+  std::unordered_map<uint64_t, Posted> posted_;                // by cookie
+  std::map<std::pair<uint64_t, uint32_t>, Outcome> settling_;  // by (client id, slot)
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
   bool shutting_down_ = false;

@@ -17,6 +17,8 @@ const char* slotStateName(SlotState state) noexcept {
       return "posted";
     case SlotState::kSent:
       return "sent";
+    case SlotState::kSettling:
+      return "settling";
     case SlotState::kCredited:
       return "credited";
     case SlotState::kDelivered:

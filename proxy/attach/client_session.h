@@ -21,6 +21,7 @@ enum class SlotState : uint8_t {
   kPending,    // producer: submitted, waiting for a credit (or a link)
   kPosted,     // producer: posted to the transport, send not yet complete
   kSent,       // producer: sent, waiting for the remote consumer's ACK
+  kSettling,   // producer: its outcome is known, a transport still holds a post of its payload
   kCredited,   // consumer: exposed to a peer as a credit
   kDelivered,  // consumer: frame delivered to the app, waiting for release
 };
@@ -58,7 +59,8 @@ struct SlotEntry {
   uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
   uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (the agent's clock)
   uint64_t submitted_ns = 0;
-  uint32_t resends = 0;  // producer: times the peer refused the frame undelivered and it was sent again
+  uint32_t resends = 0;    // producer: times the peer refused the frame undelivered and it was sent again
+  uint32_t posts_out = 0;  // producer: posts of it a transport has not reported complete (any link)
   uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to
   bool was_posted = false;         // producer: posted to a link at least once (an ACK may come for it)
   bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon

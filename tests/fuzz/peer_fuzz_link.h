@@ -145,7 +145,7 @@ class FakeTransport final : public transport::Transport {
     }
     if (--it->second == 0) link_.granted.erase(it);
     ledger_.posted[{h.stream_id, h.sequence}] = slot;
-    in_flight_.push_back(r.cookie);
+    in_flight_.push_back(InFlight{r.cookie, slot, h.sequence});
     return PostResult::kOk;
   }
 
@@ -187,16 +187,24 @@ class FakeTransport final : public transport::Transport {
   transport::TransportCounters counters() const noexcept override { return {}; }
 
   void shutdown() noexcept override {
+    // The daemon stopping fails every frame first (FL_ERR_SHUTDOWN), while
+    // it still owns every producer's segment: no ownership check here.
     down_ = true;
-    completeSends(FL_ERR_LINK_LOST);
+    completeSends(FL_ERR_LINK_LOST, /*check_owner=*/false);
   }
 
   // ---- the input's side ----
-  void completeSends(int status) {
-    for (uint64_t cookie : in_flight_) {
+  void completeSends(int status, bool check_owner = true) {
+    for (const InFlight& p : in_flight_) {
+      // Until this completion the transport may read the slot: the agent
+      // must not have ended the frame and handed the slot back.
+      const SlotEntry& e = ledger_.producer->slots[p.slot];
+      if (check_owner && (e.state == SlotState::kFree || e.sequence != p.sequence)) {
+        fail("the agent ended a frame while a transport still held a post of its payload");
+      }
       TransportEvent ev;
       ev.kind = TransportEvent::Kind::kSendComplete;
-      ev.cookie = cookie;
+      ev.cookie = p.cookie;
       ev.status = down_ && status == FL_OK ? FL_ERR_LINK_LOST : status;
       events_.push_back(std::move(ev));
     }
@@ -259,7 +267,12 @@ class FakeTransport final : public transport::Transport {
   std::map<uint64_t, LocalCredit> credits_;  // exposed, not consumed or retracted
   std::set<uint64_t> exposed_;               // every credit id ever exposed
   std::vector<uint64_t> retracted_;
-  std::vector<uint64_t> in_flight_;  // cookies of posts not completed yet
+  struct InFlight {
+    uint64_t cookie;
+    uint32_t slot;
+    uint64_t sequence;
+  };
+  std::vector<InFlight> in_flight_;  // posts not completed yet
   std::deque<TransportEvent> events_;
 };
 

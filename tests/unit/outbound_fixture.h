@@ -94,6 +94,12 @@ struct OutboundRig {
     producer.session->segments->slotHeader(slot)->frame_id = 100 + slot;
     out.onSubmit(*client, fl_submit_desc{slot, 0, length});
   }
+  // Hands the agent the next `n` send completions of `l`'s transport.
+  void completeSends(AgentLink& l, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      out.onSendComplete(waitEvent(*l.transport, transport::TransportEvent::Kind::kSendComplete));
+    }
+  }
   bool completed(fl_completion_desc* d) {
     return fl_ring_pop(producer.completion(), producer.cap(), sizeof(*d), d) == FL_RING_OK;
   }

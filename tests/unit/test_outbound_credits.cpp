@@ -121,6 +121,7 @@ TEST_CASE("outbound streams: CreditLow goes once when the credits fall to a quar
   CHECK(lows.size() == 1);
 
   // Credits back above a quarter: the next fall is said again.
+  rig.completeSends(*rig.link, 16);
   for (uint64_t seq = 1; seq <= 16; ++seq) rig.out.onAck(rig.link->peer, rig.stream_id, seq, FL_OK, {});
   fl_completion_desc d{};
   for (int i = 0; i < 16; ++i) REQUIRE(rig.completed(&d));

@@ -1,0 +1,177 @@
+// How a producer's frame ends: the peer's ACK or NACK (a refusal that can be
+// sent again goes back to pending), the transport's send completion, and a
+// frame whose outcome is known while a transport still holds a post of it
+// (kSettling: it ends when the last post completes, so neither its slot nor
+// its producer's segment is let go while a transport may read them).  The
+// rest of OutboundStreams is in outbound_streams.cpp and outbound_credits.cpp.
+#include <spdlog/spdlog.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/outbound_streams.h"
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+namespace {
+
+// A frame the receiver refused without delivering it -- its CRC32C was wrong,
+// or it landed in a credit withdrawn meanwhile (its consumer went away) -- is
+// sent this many more times before it fails with that code (a CRC mismatch is
+// then in the producer's slot).
+constexpr uint32_t kMaxResends = 3;
+
+}  // namespace
+
+void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+  SlotEntry& e = c.slots[slot];
+  if (e.state == SlotState::kFree || e.state == SlotState::kSettling) return;
+  if (e.posts_out > 0 && !shutting_down_) {
+    // A transport still holds a post of the payload (an ACK came before the
+    // send's completion, or the frame went again on a new link while the old
+    // one still has it): the slot stays the frame's, and the producer's
+    // segment stays mapped, until the last post completes.
+    e.state = SlotState::kSettling;
+    e.deadline_ns = 0;
+    settling_[{c.id, slot}] = Outcome{status, why};
+    return;
+  }
+  endFrame(c, slot, status, why);
+}
+
+void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+  SlotEntry& e = c.slots[slot];
+  if (status == FL_OK) {
+    metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
+    metrics_.counters.bytes_sent.fetch_add(e.length, std::memory_order_relaxed);
+    metrics_.recordDeliveryLatency((clock_.nowNs() - e.submitted_ns) / 1000);
+    ++c.frames;
+    c.bytes += e.length;
+  } else {
+    metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+    metrics_.recordFailure(status);
+    ++c.errors;
+    log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
+                     e.frame_id, statusName(status), why);
+  }
+  const uint64_t sequence = e.sequence;
+  const uint64_t length = e.length;
+  const uint64_t frame_id = e.frame_id;
+  e = SlotEntry{};
+  if (c.in_progress > 0) --c.in_progress;
+  clients_.complete(c, slot, status, sequence, length, frame_id);
+}
+
+void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std::string& why) {
+  for (uint32_t s = 0; s < c.slots.size(); ++s) {
+    if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, status, why);
+  }
+}
+
+void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
+                            const std::string& why) {
+  OutStream* sp = stream(peer, stream_id);
+  if (sp == nullptr) {
+    spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", peers_[peer].name, stream_id,
+                  sequence);
+    return;
+  }
+  OutStream& s = *sp;
+  auto it = s.unacked.find(sequence);
+  if (it == s.unacked.end()) {
+    // A frame waiting to be replayed (its link broke before the ACK came) is
+    // settled by the ACK its receiver sends again on the new link -- or by
+    // its refusal (the consumer died holding it): it needs no credit for
+    // that, and must not fail for the want of one.
+    auto pit = s.pending.find(sequence);
+    if ((status == FL_OK || !peer::resendable(status)) && pit != s.pending.end()) {
+      FrameRef f = pit->second;
+      AgentClient* ac = clients_.find(f.client_id);
+      if (ac != nullptr) {
+        const SlotEntry& e = ac->session->slots[f.slot];
+        if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
+          s.pending.erase(pit);
+          metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
+          finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
+          maybeForget(*ac);
+          return;
+        }
+      }
+    }
+    spdlog::debug("peer {} stream '{}': ACK for seq {} that is not outstanding (late or duplicate)",
+                  peers_[peer].name, s.name, sequence);
+    return;
+  }
+  FrameRef f = it->second;
+  s.unacked.erase(it);
+  AgentClient* ac = clients_.find(f.client_id);
+  if (ac == nullptr) return;
+  ClientSession& c = *ac->session;
+  SlotEntry& e = c.slots[f.slot];
+  if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
+      (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
+    // Not delivered (damaged on the way, or its credit was withdrawn): the
+    // payload is still in the producer's slot, so send it again, ahead of
+    // the frames that never left.
+    ++e.resends;
+    unpost(e, creditDeadline(clock_.nowNs()));
+    s.pending.emplace(e.sequence, f);
+    (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
+                                   : metrics_.counters.frames_resent_credit)
+        .fetch_add(1, std::memory_order_relaxed);
+    log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c.id,
+                     c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
+    return;
+  }
+  finishFrame(c, f.slot, status, why);
+  maybeForget(*ac);
+}
+
+void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
+  auto it = posted_.find(ev.cookie);
+  if (it == posted_.end()) return;
+  const Posted posted = it->second;
+  posted_.erase(it);
+  AgentClient* ac = clients_.find(posted.frame.client_id);
+  if (ac == nullptr) return;
+  ClientSession& c = *ac->session;
+  SlotEntry& e = c.slots[posted.frame.slot];
+  if (e.posts_out > 0) --e.posts_out;
+  if (e.state == SlotState::kSettling) {
+    if (e.posts_out == 0) {
+      auto oit = settling_.find({c.id, posted.frame.slot});
+      Outcome outcome = oit != settling_.end() ? std::move(oit->second) : Outcome{FL_ERR_TIMEOUT, {}};
+      if (oit != settling_.end()) settling_.erase(oit);
+      endFrame(c, posted.frame.slot, outcome.status, outcome.why);
+    }
+    maybeForget(*ac);
+    return;
+  }
+  // A post the frame no longer waits for (it went again on another link).
+  if (e.state != SlotState::kPosted || e.post_cookie != ev.cookie) return;
+  if (ev.status == FL_OK) {
+    e.state = SlotState::kSent;
+    e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+  } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
+    // The link broke, not the frame: it stays unacknowledged and is
+    // replayed on the next link (requeueUnacked, when the link is down).
+  } else {
+    if (OutStream* s = stream(posted.peer, posted.stream_id)) s->unacked.erase(posted.sequence);
+    finishFrame(c, posted.frame.slot, ev.status, "send failed: " + ev.message);
+  }
+  maybeForget(*ac);
+}
+
+void OutboundStreams::forgetPostsOf(uint64_t link_id) {
+  std::vector<uint64_t> cookies;
+  for (const auto& [cookie, p] : posted_) {
+    if (p.link_id == link_id) cookies.push_back(cookie);
+  }
+  for (uint64_t cookie : cookies) {
+    onSendComplete(transport::TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST, "link closed"));
+  }
+}
+
+}  // namespace framelink

@@ -1,0 +1,145 @@
+// The producer side lets go of a frame only when no transport reads its
+// payload any more: an ACK, a NACK or a deadline that comes while a post is
+// still outstanding ends the frame when that post completes, so the slot is
+// not reused and a producer that left keeps its segment mapped until then.
+#include <memory>
+#include <utility>
+
+#include "agent/outbound_streams.h"
+#include "agent_fixture.h"
+#include "outbound_fixture.h"
+
+using namespace framelink;
+using namespace framelink::agent_test;
+
+namespace {
+
+// A grant of credit `id` (4 KiB) for the rig's stream, and the post it starts.
+void grantAndPump(OutboundRig& rig, uint64_t id) {
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(*rig.link, grant).empty());
+  REQUIRE(rig.out.pumpAll() > 0);
+}
+
+// The producer leaves as the data agent says it (CmdClientGone).
+void producerLeaves(OutboundRig& rig) {
+  rig.client->session->gone = true;
+  rig.out.maybeForget(*rig.client);
+}
+
+}  // namespace
+
+TEST_CASE("outbound streams: an ACK for a frame whose send has not completed ends it at the completion",
+          "[agent][outbound][lifetime]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(0, 10);
+  grantAndPump(rig, 7);
+  REQUIRE(rig.producer.session->slots[0].state == SlotState::kPosted);
+  const uint64_t client_id = rig.client->session->id;
+
+  // The peer acknowledges before the transport reported the send done (a
+  // peer that guesses sequences, or an rdma CQE that comes after the ACK).
+  rig.out.onAck(rig.link->peer, rig.stream_id, 1, FL_OK, {});
+  fl_completion_desc d{};
+  CHECK_FALSE(rig.completed(&d));
+  CHECK(rig.producer.session->in_progress == 1);
+
+  // The producer leaves meanwhile: it stays (and so does its segment) while
+  // the transport may still read the slot.
+  producerLeaves(rig);
+  REQUIRE(rig.clients.find(client_id) != nullptr);
+
+  // Nobody reads the completion ring of a producer that left; the counters
+  // still count the frame.
+  rig.completeSends(*rig.link, 1);
+  CHECK(rig.metrics.counters.frames_delivered.load() == 1);
+  CHECK(rig.clients.find(client_id) == nullptr);
+}
+
+TEST_CASE("outbound streams: a final NACK before the send completed fails the frame at the completion",
+          "[agent][outbound][lifetime]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(2, 10);
+  grantAndPump(rig, 7);
+  rig.out.onAck(rig.link->peer, rig.stream_id, 1, FL_ERR_NO_CONSUMER, "the consumer left");
+  fl_completion_desc d{};
+  CHECK_FALSE(rig.completed(&d));
+  CHECK(rig.producer.session->slots[2].state != SlotState::kFree);  // the producer cannot reuse it yet
+  rig.completeSends(*rig.link, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_NO_CONSUMER);
+  CHECK(rig.producer.session->slots[2].state == SlotState::kFree);
+}
+
+TEST_CASE("outbound streams: a frame replayed on a new link waits for the old link's post too",
+          "[agent][outbound][lifetime]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(0, 10);
+  grantAndPump(rig, 7);
+  const uint64_t client_id = rig.client->session->id;
+
+  // Link 2 replaces link 1 before link 1 reported the send: the frame goes
+  // again on link 2, while link 1's transport may still be reading it.
+  TcpPair second = makeTcpPair();
+  auto landing2 = exposeLanding(*second.b, 8, 4096);
+  AgentLink& l2 = rig.links.add(2);
+  l2.peer = rig.link->peer;
+  l2.peer_name = "remote";
+  l2.peer_instance = 1;
+  l2.transport = std::move(second.a);
+  l2.session.writer = rig.link->session.writer;
+  rig.out.onLinkUp(l2);
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{8, 4096, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(l2, grant).empty());
+  REQUIRE(rig.out.pumpAll() > 0);
+  rig.completeSends(l2, 1);
+  rig.out.onAck(l2.peer, rig.stream_id, 1, FL_OK, {});
+  producerLeaves(rig);
+
+  fl_completion_desc d{};
+  CHECK_FALSE(rig.completed(&d));
+  REQUIRE(rig.clients.find(client_id) != nullptr);
+
+  // Link 1's transport lets go of the payload (it completes, here LINK_LOST
+  // on shutdown): only now does the frame end, DELIVERED as its ACK said.
+  rig.link->transport->shutdown();
+  CHECK(rig.metrics.counters.frames_delivered.load() == 0);
+  rig.completeSends(*rig.link, 1);
+  CHECK(rig.metrics.counters.frames_delivered.load() == 1);
+  CHECK(rig.metrics.counters.frames_failed.load() == 0);
+  CHECK(rig.clients.find(client_id) == nullptr);
+}
+
+TEST_CASE(
+    "outbound streams: a deadline that passes while a post is outstanding ends the frame at the completion",
+    "[agent][outbound][lifetime][timeout]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(3, 10);
+  grantAndPump(rig, 7);
+  // The link is replaced: the frame waits for a credit on the new link and
+  // its credit deadline passes, with link 1's post still outstanding.
+  TcpPair second = makeTcpPair();
+  AgentLink& l2 = rig.links.add(2);
+  l2.peer = rig.link->peer;
+  l2.peer_name = "remote";
+  l2.peer_instance = 1;
+  l2.transport = std::move(second.a);
+  l2.session.writer = rig.link->session.writer;
+  rig.out.onLinkUp(l2);
+  rig.clock.advanceMs(rig.config.credit_timeout_ms);
+  rig.out.checkDeadlines();
+  fl_completion_desc d{};
+  CHECK_FALSE(rig.completed(&d));
+  rig.completeSends(*rig.link, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_TIMEOUT);  // sent once: it may have been delivered
+  CHECK(d.slot == 3);
+}
