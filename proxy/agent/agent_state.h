@@ -131,9 +131,12 @@ class LinkTable {
     return l;
   }
   void erase(uint64_t id) { links_.erase(id); }
-  // The usable link to this instance of a peer, if any.
+  // The newest usable link to this instance of a peer, if any: a peer that
+  // dialed again uses its new link, while this end may not have noticed
+  // that the old one is dead.
   AgentLink* usableTo(PeerId peer, uint64_t instance) {
-    for (auto& [id, l] : links_) {
+    for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
+      AgentLink& l = it->second;
       if (l.usable() && l.peer == peer && l.peer_instance == instance) return &l;
     }
     return nullptr;

@@ -49,7 +49,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
         in.refused[e.sequence] = FL_ERR_NO_CONSUMER;
         // The link it came on may be gone; the sender hears it on the one
         // that replaced it (and on every later one: onLinkUp).
-        if (to == nullptr || !to->usable()) to = linkOf(in.peer, in.instance);
+        to = answerLink(e.link_id, in.peer, in.instance);
       }
       if (to != nullptr) {
         sendNack(*to, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
@@ -108,10 +108,11 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     in.held.erase(e.sequence);
     in.released.push_back(e.sequence);
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
-    // The ACK goes over the sender's current link, which need not be the
-    // one the frame came over.  With no link up it is not sent: the sender
-    // replays the frame on its next link and gets the ACK then.
-    if (const AgentLink* target = links_.usableTo(in.peer, in.instance)) {
+    // The ACK goes on the link the frame came on, else on the newest link
+    // from its sender (the one it sends on).  With no link up it is not
+    // sent: the sender replays the frame on its next link and gets the ACK
+    // then.
+    if (const AgentLink* target = answerLink(e.link_id, in.peer, in.instance)) {
       // Held back with the sender's other releases until enough of them
       // wait to be worth a control record, or not for long (flushControl).
       // The slot is granted again with the ACK.
@@ -146,7 +147,7 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
     InState& in = in_states_[inStateId(l, stream_id)];
     in.refused[sequence] = code;
     if (in.refused.size() > kMaxRemembered) in.refused.erase(in.refused.begin());
-    in.highest = std::max(in.highest, sequence);
+    markAnswered(in, sequence);
   }
   v1::PeerMessage msg;
   auto* nack = msg.mutable_nack();
@@ -238,7 +239,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   transport::toSlotHeader(h, c.segments->slotHeader(credit.slot));
   const uint64_t in_state = inStateId(l, h.stream_id);
   InState& in = in_states_[in_state];
-  in.highest = std::max(in.highest, h.sequence);
+  markAnswered(in, h.sequence);
   in.held.insert(h.sequence);
   SlotEntry& e = c.slots[credit.slot];
   e.state = SlotState::kDelivered;
@@ -302,14 +303,35 @@ void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h) {
   held.this_round = true;
 }
 
+void InboundStreams::markAnswered(InState& in, uint64_t sequence) {
+  if (sequence <= in.answered_to) return;
+  in.answered_above.insert(sequence);
+  if (in.answered_above.size() > kMaxRemembered) {
+    // A gap that stayed open for kMaxRemembered answers: its sender gave up
+    // on those frames (they ended TIMEOUT) or never sent them.  The
+    // watermark passes it; a late replay of one is answered "unknown".
+    metrics_.counters.answer_gaps_forgotten.fetch_add(*in.answered_above.begin() - in.answered_to - 1,
+                                                      std::memory_order_relaxed);
+    in.answered_to = *in.answered_above.begin();
+    in.answered_above.erase(in.answered_above.begin());
+  }
+  while (!in.answered_above.empty() && *in.answered_above.begin() == in.answered_to + 1) {
+    ++in.answered_to;
+    in.answered_above.erase(in.answered_above.begin());
+  }
+}
+
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
   InState& in = in_states_[inStateId(l, h.stream_id)];
   if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
-  if (h.sequence > in.highest) return false;
+  if (!answered(in, h.sequence)) return false;         // new, or its first copy never arrived
   if (answerKnown(l, h, "refused before the link broke")) return true;
-  // At or below the highest sequence and no longer remembered: delivered and
-  // released before, and the first ACK was lost with the old link.
-  ackAgain(l, h);
+  // Answered once, but how is no longer remembered (released or refused
+  // longer ago than the memory bounds reach): the sender is told the
+  // outcome is unknown, never DELIVERED on a guess.
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  sendNack(l, h.stream_id, h.sequence, FL_ERR_TIMEOUT,
+           "replay of a frame answered too long ago to remember how (it may have been delivered)");
   return true;
 }
 
@@ -326,14 +348,33 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
     l.in_streams.emplace(so.stream_id, InStream{so.name, key});
   }
   spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
+  // A sender has a stream open on one link at a time, its newest: on an
+  // older link from the same instance the stream has moved (that link may
+  // be dead without this end knowing).  Its credits there are of no use to
+  // the sender any more, and what was held back there goes on this link.
+  for (auto& [id, other] : links_) {
+    if (id == l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
+    if (other.in_streams.count(so.stream_id) == 0) continue;
+    if (auto held = held_back_.find({id, so.stream_id}); held != held_back_.end()) {
+      HeldBack& here = held_back_[{l.id, so.stream_id}];
+      here.acks.insert(here.acks.end(), held->second.acks.begin(), held->second.acks.end());
+      here.stream = held->second.stream;
+      here.this_round = true;
+      held_back_.erase(held);
+    }
+    spdlog::info("link {} to peer {}: stream {} moved to link {}", id, l.peer_name, so.stream_id, l.id);
+    const NameKey moved = closeOnLink(other, so.stream_id);
+    if (moved != key) grantCredits(moved);
+    names_.release(moved);
+  }
   grantCredits(key);
   return {};
 }
 
-void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
+NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   auto it = l.in_streams.find(sid);
-  if (it == l.in_streams.end()) return;
-  const NameKey key = it->second.key;  // still held: released after the regrant below
+  if (it == l.in_streams.end()) return kNoName;
+  const NameKey key = it->second.key;  // still held: the caller releases it
   l.in_streams.erase(it);
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
@@ -351,6 +392,12 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
     if (l.transport) l.transport->retractCredit(cit->first);
     cit = credits_.erase(cit);
   }
+  return key;
+}
+
+void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
+  const NameKey key = closeOnLink(l, sid);
+  if (key == kNoName) return;
   // The sender closes a stream with nothing in flight: what was kept to
   // answer its replays can go, unless a consumer still holds a frame.
   if (auto idit = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, sid}); idit != in_state_ids_.end()) {
@@ -376,34 +423,50 @@ void InboundStreams::onLinkUp(AgentLink& l) {
       ++it;
     }
   }
-  // The ACKs of recently released frames go again, and so do the recent
-  // refusals: the old link may have lost them.
+  answerAgain(l);
+}
+
+void InboundStreams::answerAgain(AgentLink& to) {
   std::vector<std::tuple<uint64_t, uint64_t, int>> refusals;  // (stream, sequence, code)
   for (const auto& [id, in] : in_states_) {
-    if (in.peer != l.peer || in.instance != l.peer_instance) continue;
+    if (in.peer != to.peer || in.instance != to.peer_instance) continue;
     if (!in.released.empty()) {
-      HeldBack& held = held_back_[{l.id, in.stream_id}];
+      HeldBack& held = held_back_[{to.id, in.stream_id}];
       held.acks.insert(held.acks.end(), in.released.begin(), in.released.end());
       held.this_round = true;
     }
     for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
   }
   for (const auto& [stream_id, sequence, code] : refusals) {
-    sendNack(l, stream_id, sequence, code, "refused before the link broke");
+    sendNack(to, stream_id, sequence, code, "refused before the link broke");
   }
 }
 
-AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) {
-  for (auto& [id, l] : links_) {
-    if (l.usable() && l.peer == peer && l.peer_instance == instance) return &l;
-  }
-  return nullptr;
+AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) { return links_.usableTo(peer, instance); }
+
+AgentLink* InboundStreams::answerLink(uint64_t came_on, PeerId peer, uint64_t instance) {
+  AgentLink* l = links_.find(came_on);
+  if (l != nullptr && l->usable()) return l;
+  return linkOf(peer, instance);
 }
 
 void InboundStreams::onLinkDown(AgentLink& l) {
   dropHeldBack(l.id);
   for (auto& [sid, in] : l.in_streams) names_.release(in.key);
   l.in_streams.clear();
+  // Another link from the same sender is up (the sender replaced this one
+  // and this end had not noticed): what this one held back, or carried and
+  // may have lost, goes on that one now -- no later link-up may come to
+  // carry it.
+  for (auto it = links_.end(); it != links_.begin();) {
+    --it;
+    AgentLink& other = it->second;
+    if (other.id != l.id && other.usable() && other.peer == l.peer &&
+        other.peer_instance == l.peer_instance) {
+      answerAgain(other);
+      break;
+    }
+  }
 }
 
 size_t InboundStreams::framesHeld() const {

@@ -84,17 +84,20 @@ class InboundStreams {
   };
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,
-  // sender's stream id).  The sender numbers frames in order and replays
-  // from its oldest unacknowledged one, so every sequence up to `highest`
-  // arrived before.
+  // sender's stream id).  What was answered is kept as a contiguous
+  // watermark and the answered sequences above it: a frame whose first copy
+  // never arrived (lost with a link, or written into a withdrawn credit) is
+  // above the watermark and not among them, so its replay is new -- however
+  // many later frames arrived meanwhile.
   struct InState {
     PeerId peer = kNoPeer;
     uint64_t instance = 0;
     uint64_t stream_id = 0;
-    uint64_t highest = 0;             // highest sequence that arrived intact
-    std::set<uint64_t> held;          // delivered, not yet released by the consumer
-    std::map<uint64_t, int> refused;  // recent NACKs, repeated to a replay (bounded)
-    std::set<uint64_t> resend;        // CRC mismatches: the sender sends these again (bounded)
+    uint64_t answered_to = 0;           // every sequence up to here was delivered or refused
+    std::set<uint64_t> answered_above;  // answered sequences above answered_to (bounded)
+    std::set<uint64_t> held;            // delivered, not yet released by the consumer
+    std::map<uint64_t, int> refused;    // recent NACKs, repeated to a replay (bounded)
+    std::set<uint64_t> resend;          // CRC mismatches: the sender sends these again (bounded)
     // Recently released sequences (bounded): their ACKs are sent again on
     // every new link from this peer instance, since an ACK can be lost with
     // the link that carried it, and the sender must learn of the release
@@ -165,10 +168,27 @@ class InboundStreams {
                    const transport::FrameHeader& header);
   void deliver(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
                const transport::FrameHeader& header);
+  // The stream leaves the link: its held-back answers go this round and its
+  // credits are retracted.  Returns its name key, still acquired (kNoName:
+  // not open there); what is remembered of the sender stream stays.
+  NameKey closeOnLink(AgentLink& link, uint64_t stream_id);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
-  // A usable link from that instance of a peer, or null.
+  // The newest usable link from that instance of a peer (the one its sender
+  // uses), or null.
   AgentLink* linkOf(PeerId peer, uint64_t instance);
+  // Where an answer about a frame that came on link `came_on` goes: that
+  // link while usable, else the newest usable one from the same sender.
+  AgentLink* answerLink(uint64_t came_on, PeerId peer, uint64_t instance);
+  // The ACKs of recently released frames and the recent refusals of that
+  // sender instance go (again) on `to`: the link that carried them may have
+  // lost them.
+  void answerAgain(AgentLink& to);
+  // The sequence was delivered or refused for good: it moves the watermark.
+  void markAnswered(InState& in, uint64_t sequence);
+  static bool answered(const InState& in, uint64_t sequence) {
+    return sequence <= in.answered_to || in.answered_above.count(sequence) != 0;
+  }
   // Whether the frame is one this daemon answered and still remembers (held,
   // refused, released recently); answers it again.  Assumes nothing from the
   // order of sequences, so it may answer a frame that came in no credit.

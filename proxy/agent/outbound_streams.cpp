@@ -292,9 +292,7 @@ void OutboundStreams::onLinkUp(AgentLink& l) {
     spdlog::info("peer {}: link {} replaces link {}", p.name, l.id, p.link_id);
     // The old link is not down yet (its end is noticed later, or never, when
     // the peer restarted).  What it carried without an ACK goes first on the
-    // new link, before any newer frame: the receiver counts on each stream
-    // arriving in sequence order, replays first, and takes a sequence at or
-    // below the highest it has seen for one it has had.
+    // new link, before any newer frame.
     requeueUnacked(p.link_id, "link " + std::to_string(l.id) + " replaces it");
   }
   p.link_id = l.id;

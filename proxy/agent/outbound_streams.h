@@ -88,9 +88,8 @@ class OutboundStreams {
     uint64_t largest_credit = 0;              // the largest credit granted on the current link
     // Submitted or to be sent again, waiting for a credit; by sequence, so a
     // stream always leaves in sequence order -- also when NACKed frames and
-    // a broken link's unacknowledged ones go back into it.  The receiver
-    // relies on that: on a stream, a sequence at or below the highest it has
-    // seen is one it has had (InboundStreams' duplicate check).
+    // a broken link's unacknowledged ones go back into it, so replays go
+    // before newer frames.
     std::map<uint64_t, FrameRef> pending;
     std::unordered_map<uint64_t, FrameRef> unacked;  // by sequence: posted or sent
     bool announced = false;                          // StreamOpen sent on the current link

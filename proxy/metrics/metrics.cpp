@@ -120,6 +120,10 @@ constexpr CounterInfo kLinkCounters[] = {
      &Metrics::Counters::frames_maybe_redelivered},
     {"duplicates_dropped", "Replayed frames this daemon already had (not delivered again).",
      &Metrics::Counters::duplicates_dropped},
+    {"answer_gaps_forgotten",
+     "Sequences of a sender's stream that never arrived while 4096 later ones did; a late replay of one "
+     "is answered as of unknown outcome.",
+     &Metrics::Counters::answer_gaps_forgotten},
 };
 // Frames and streams a link let go of without sending them.
 constexpr CounterInfo kSettledCounters[] = {

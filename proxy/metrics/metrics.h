@@ -42,8 +42,11 @@ class Metrics {
     std::atomic<uint64_t> frames_replayed{0};           // sent again on a new link after a link broke
     std::atomic<uint64_t> frames_maybe_redelivered{0};  // replayed to a restarted receiving daemon
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
-    std::atomic<uint64_t> frames_resent_crc{0};         // sent again after the peer found the CRC32C wrong
-    std::atomic<uint64_t> frames_resent_credit{0};      // sent again after landing in a withdrawn credit
+    // Sequences a receiving stream stopped waiting for: its sender never
+    // resent them while kMaxRemembered later frames were answered.
+    std::atomic<uint64_t> answer_gaps_forgotten{0};
+    std::atomic<uint64_t> frames_resent_crc{0};     // sent again after the peer found the CRC32C wrong
+    std::atomic<uint64_t> frames_resent_credit{0};  // sent again after landing in a withdrawn credit
     // Data-channel handshakes (tcp listener, rdma listener) that did not
     // finish before their deadline, and those refused: too many at once.
     std::atomic<uint64_t> handshakes_timed_out_tcp{0};

@@ -191,8 +191,7 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
   SECTION("frames a NACK and a broken link send back go again in sequence order") {
     // Four frames in four credits; the receiver refuses 1 and 2 (their credits
     // were withdrawn), then the link breaks with 3 and 4 unacknowledged.  The
-    // receiver takes a sequence at or below the highest it saw for one it
-    // had, so the next link must carry 1, 2, 3, 4 -- in that order.
+    // next link carries 1, 2, 3, 4 -- in that order: replays go first.
     for (uint64_t id = 501; id <= 503; ++id) exposeLanding(*f.pair.b, id, 4096);
     for (uint32_t slot = 0; slot < 4; ++slot) {
       fill(slot, 30 + slot, 10);
