@@ -5,6 +5,7 @@
 // and builds no string.  All of it is owned by the agent thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -135,11 +136,11 @@ class LinkTable {
   // dialed again uses its new link, while this end may not have noticed
   // that the old one is dead.
   AgentLink* usableTo(PeerId peer, uint64_t instance) {
-    for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
-      AgentLink& l = it->second;
-      if (l.usable() && l.peer == peer && l.peer_instance == instance) return &l;
-    }
-    return nullptr;
+    auto it = std::find_if(links_.rbegin(), links_.rend(), [&](const auto& entry) {
+      const AgentLink& l = entry.second;
+      return l.usable() && l.peer == peer && l.peer_instance == instance;
+    });
+    return it == links_.rend() ? nullptr : &it->second;
   }
   std::map<uint64_t, AgentLink>::iterator begin() { return links_.begin(); }
   std::map<uint64_t, AgentLink>::iterator end() { return links_.end(); }
