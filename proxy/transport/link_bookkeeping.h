@@ -173,6 +173,7 @@ class LinkBookkeeping {
   Result<RemoteCredit> exposeCredit(LocalCredit credit, uint64_t remote_addr = 0, uint32_t rkey = 0);
   void retractCredit(uint64_t credit_id) noexcept { credits_.retract(credit_id); }
   CreditTable& credits() noexcept { return credits_; }
+  const CreditTable& credits() const noexcept { return credits_; }
 
   // ---- sending ----
   // post()'s admission for `queued` frames waiting of `depth`;

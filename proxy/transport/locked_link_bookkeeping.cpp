@@ -37,6 +37,7 @@ Result<RemoteCredit> LockedLinkBookkeeping::exposeCredit(LocalCredit credit) {
 }
 
 void LockedLinkBookkeeping::retractCredit(uint64_t credit_id) {
+  MutexLock copying(copy_mu_);
   MutexLock lock(mu_);
   book_.retractCredit(credit_id);
 }
@@ -135,7 +136,12 @@ std::optional<LocalCredit> LockedLinkBookkeeping::beginReceive(uint64_t credit_i
   MutexLock lock(mu_);
   const LocalCredit* credit = book_.credits().beginLanding(credit_id);
   if (credit == nullptr) return std::nullopt;
-  return *credit;  // the reader's own copy: it writes into the buffer without the lock
+  return *credit;  // the reader's own copy: it writes into the buffer without mu_ (copyIntoLanding)
+}
+
+bool LockedLinkBookkeeping::landingValid() const noexcept {
+  MutexLock lock(mu_);
+  return book_.credits().landingValid();
 }
 
 bool LockedLinkBookkeeping::endReceive() noexcept {

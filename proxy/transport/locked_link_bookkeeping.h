@@ -12,7 +12,8 @@
 //   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd,
 //                              counters, lastRefusal
 //   * sender thread (one):     nextSend, completeSend
-//   * receiver thread (one):   beginReceive, endReceive, frameArrived, controlArrived
+//   * receiver thread (one):   beginReceive, copyIntoLanding, endReceive, frameArrived,
+//                              controlArrived
 //   * any thread:              fail, connected
 //
 // Ordering guarantees the daemon relies on (every transport keeps them, with
@@ -56,7 +57,10 @@ class LockedLinkBookkeeping {
 
   // ---- data agent ----
   Result<RemoteCredit> exposeCredit(LocalCredit credit);
-  void retractCredit(uint64_t credit_id);
+  // Waits for a chunk being copied into the credit's buffer right now: once
+  // it returns, nothing more of a frame lands there, and the daemon may give
+  // the buffer to another frame at once.
+  void retractCredit(uint64_t credit_id) FL_EXCLUDES(copy_mu_, mu_);
   PostResult post(const SendRequest& request) noexcept;
   PostResult postControl(std::string record) noexcept;
   // Why the last post() or postControl() returned kInvalid; valid until the next one.
@@ -90,6 +94,15 @@ class LockedLinkBookkeeping {
   // ---- receiver thread ----
   // Takes the credit out of the table (it is consumed by this frame).
   std::optional<LocalCredit> beginReceive(uint64_t credit_id) noexcept;
+  // Runs `copy`, which writes one chunk into the buffer of the credit taken
+  // by beginReceive, unless that credit was retracted meanwhile (then the
+  // chunk is dropped).  The copy runs outside mu_, so that posts and polls
+  // on the data agent do not wait for it; only retractCredit does.
+  template <typename Copy>
+  void copyIntoLanding(Copy&& copy) noexcept FL_EXCLUDES(copy_mu_, mu_) {
+    MutexLock copying(copy_mu_);
+    if (landingValid()) copy();
+  }
   // True if the credit taken by beginReceive was not retracted meanwhile.
   bool endReceive() noexcept;
   // A frame arrived: counted as received when `status` is FL_OK.
@@ -110,9 +123,13 @@ class LockedLinkBookkeeping {
  private:
   LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth);
   void signal() noexcept;
+  bool landingValid() const noexcept FL_EXCLUDES(mu_);
 
   UniqueFd event_fd_;
 
+  // Held by the receiver while it copies a chunk, and by retractCredit:
+  // a retraction never overlaps a copy into the buffer it takes back.
+  Mutex copy_mu_ FL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
   std::condition_variable send_cv_;  // nextSend() waits on it
   LinkBookkeeping book_ FL_GUARDED_BY(mu_);

@@ -173,9 +173,11 @@ class Transport {
   virtual Result<RemoteCredit> exposeCredit(LocalCredit credit) = 0;
   // The buffer is going away (consumer detached): a frame that still
   // arrives for this credit is reported as FrameArrived with status
-  // FL_ERR_UNKNOWN_CREDIT (the link stays up).  A frame already landing when
-  // the credit is retracted may still write into the buffer, which the
-  // credit's keepalive keeps mapped until then.
+  // FL_ERR_UNKNOWN_CREDIT (the link stays up).  Of a frame already landing
+  // when the credit is retracted, nothing more is written into the buffer
+  // once retractCredit returned (the rest is read and dropped), except on
+  // rdma, whose writes cannot be stopped: there the buffer may still be
+  // written, and the credit's keepalive keeps it mapped until then.
   // Credit ids are unique per link; exposeCredit after the link went down
   // fails with FL_ERR_LINK_LOST.
   virtual void retractCredit(uint64_t credit_id) = 0;

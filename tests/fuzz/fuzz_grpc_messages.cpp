@@ -3,7 +3,10 @@
 // may hand them over.  Invariants: no crash; what parses lies inside the
 // message (the payload is copied into a buffer exactly its size, so ASan
 // reports a read past the message or a write past the buffer); and what
-// parses is a DataMessage protobuf reads the same way.
+// parses is a DataMessage protobuf reads the same way.  GrpcTransport's
+// reassembly of chunks (control records between them, a credit retracted
+// mid-frame) is not fuzzed here; test_transport_retract_mid_frame.cpp pins
+// the retraction.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -11,7 +11,10 @@
 //
 // The suite is split by concern: frames (test_transport_conformance.cpp),
 // refusals and failures (test_transport_conformance_errors.cpp) and control
-// records (test_transport_conformance_control.cpp).
+// records (test_transport_conformance_control.cpp).  A credit retracted in
+// the middle of its frame is tested apart, for tcp and grpc only
+// (test_transport_retract_mid_frame.cpp): the test has to act between two
+// parts of one frame, which takes a raw peer or a small read budget.
 #pragma once
 
 #include <cstddef>

@@ -66,9 +66,11 @@ Result<std::unique_ptr<TransportPair>> makeTcp(const TransportPairOptions& optio
   }
   (*listener)->stop();
   auto pair = std::make_unique<TcpPair>();
-  auto a = tcp::TcpTransport::create(std::move(dialed).value(), "listener");
+  tcp::TcpTransportOptions tcp_options;
+  if (options.tcp_read_budget_bytes > 0) tcp_options.read_budget_bytes = options.tcp_read_budget_bytes;
+  auto a = tcp::TcpTransport::create(std::move(dialed).value(), "listener", tcp_options);
   if (!a) return std::move(a).error();
-  auto b = tcp::TcpTransport::create(accepted_future.get(), "dialer");
+  auto b = tcp::TcpTransport::create(accepted_future.get(), "dialer", tcp_options);
   if (!b) return std::move(b).error();
   pair->a = std::move(a).value();
   pair->b = std::move(b).value();

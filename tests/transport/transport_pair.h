@@ -28,6 +28,9 @@ enum class TransportKind { kTcp, kGrpc, kRdma, kLoopback };
 
 struct TransportPairOptions {
   size_t grpc_chunk_bytes = 0;  // 0: the grpc transport's default
+  // Bytes one poll() of a tcp transport reads at most (0: the default).  A
+  // small budget lets a test act between two parts of one frame.
+  size_t tcp_read_budget_bytes = 0;
   std::string token = "conformance-token";
 };
 

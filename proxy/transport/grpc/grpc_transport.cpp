@@ -261,7 +261,13 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
     return violation("chunk runs past the frame length " + std::to_string(frame_.length));
   }
   // The one copy on this side: from gRPC's receive slices into the slot.
-  if (credit_ && m.payload_bytes > 0) m.copyPayload(credit_->buffer + offset_);
+  // A credit retracted in the middle of the frame may already stand for
+  // another frame in that slot: the rest of this one is read and dropped,
+  // and endReceive reports it as for a retracted credit.
+  if (credit_ && m.payload_bytes > 0) {
+    uint8_t* dst = credit_->buffer + offset_;
+    core_->copyIntoLanding([&m, dst] { m.copyPayload(dst); });
+  }
   offset_ += m.payload_bytes;
   if (!m.last) return true;
   if (offset_ != frame_.length) {

@@ -7,9 +7,12 @@
 // interleave on a stream.  The messages travel as raw grpc::ByteBuffers
 // (grpc_wire.h): a chunk's payload is a slice that points into the
 // producer's slot, and the receiver copies it once, from gRPC's receive
-// slices straight into the credited buffer.  A frame's SendComplete comes
-// only after gRPC dropped its last reference to those slices (their destroy
-// callback ran), because the producer may reuse the slot after it.
+// slices straight into the credited buffer.  Once retractCredit() returned,
+// no more chunks of a frame land in that buffer (the rest is dropped, as tcp
+// does), so the daemon may give the slot to another frame at once.  A
+// frame's SendComplete comes only after gRPC dropped its last reference to
+// those slices (their destroy callback ran), because the producer may reuse
+// the slot after it.
 //
 // Chunking stays: gRPC's message size limits apply to every message, and a
 // chunk bounds what one Write holds of the slot.
