@@ -298,14 +298,17 @@ void AttachServer::acceptAll() {
                          "): try again later, or ask the operator to raise LimitNOFILE");
       continue;
     }
-    if (pending_by_uid_[cred.uid] >= kMaxPendingPerUid) {
+    if (const size_t pending = pending_by_uid_[cred.uid]; pending >= config_.max_clients_per_uid) {
       reject(Metrics::AttachReject::kTooManyPending);
       log_pending_.warn(
           "attach: uid {} (pid {}) already has {} connections without an attach request: refused", cred.uid,
-          cred.pid, kMaxPendingPerUid);
+          cred.pid, pending);
+      const std::string deadline = std::to_string(kHandshakeMs) + " ms";
       refuseAndClose(fd, FL_ERR_QUOTA,
-                     "too many connections of this user are waiting to attach (" +
-                         std::to_string(kMaxPendingPerUid) + "); close the idle ones");
+                     "this user has " + std::to_string(pending) +
+                         " connections waiting to attach, as many as limits.max_clients_per_uid allows "
+                         "(each is closed " +
+                         deadline + " after connecting unless it asks): close the idle ones");
       continue;
     }
     ++pending_by_uid_[cred.uid];

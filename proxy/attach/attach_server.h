@@ -36,10 +36,11 @@ class AttachServer {
   using OnDetach = std::function<void(uint64_t client_id)>;
 
   // What a connection that has not attached yet may hold: it must send its
-  // request within kHandshakeMs, and one uid may have at most
-  // kMaxPendingPerUid such connections at once.
+  // request within kHandshakeMs, and one uid may have at most as many such
+  // connections at once as it may have clients (limits.max_clients_per_uid).
+  // Idle connections are bounded by their deadline, not a burst by a count:
+  // a service that starts all its workers at once is served whole.
   static constexpr int kHandshakeMs = 2000;
-  static constexpr size_t kMaxPendingPerUid = 32;
   // Out of file descriptors: accepting pauses this long instead of spinning.
   static constexpr int kAcceptBackoffMs = 100;
   // Descriptors kept free for links, logs and the daemon's own work: new

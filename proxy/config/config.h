@@ -90,8 +90,9 @@ struct Config {
   uint32_t default_slot_count = 8;
   uint64_t default_slot_size = 4 * kMiB;
   // Clients one uid may have attached at once (each holds four of the
-  // daemon's descriptors and its segments): one user cannot take every
-  // client slot and descriptor from the others.
+  // daemon's descriptors and its segments), and connections it may have
+  // waiting to attach: one user cannot take every client slot and
+  // descriptor from the others.
   uint32_t max_clients_per_uid = 256;
 
   // [metrics]

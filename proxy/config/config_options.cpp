@@ -52,7 +52,7 @@ const std::vector<Option>& options() {
       {"limits", "max_slot_size",      Bytes{&Config::max_slot_size},                          "Per client: the largest slot"},
       {"limits", "max_slots",          Count{&Config::max_slots},                              "Per client: the most slots"},
       {"limits", "max_client_bytes",   Bytes{&Config::max_client_bytes},                       "Per client: the most segment bytes"},
-      {"limits", "max_clients_per_uid", Number{&Config::max_clients_per_uid, 1, UINT32_MAX, "N"}, "Clients one uid may have attached at once (then FL_ERR_QUOTA)"},
+      {"limits", "max_clients_per_uid", Number{&Config::max_clients_per_uid, 1, UINT32_MAX, "N"}, "Clients one uid may have attached at once, and connections it may have waiting to attach (then FL_ERR_QUOTA)"},
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
       {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats", {"--metrics"}},
