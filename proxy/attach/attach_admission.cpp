@@ -39,7 +39,22 @@ bool AttachServer::admitAttach(int fd, fl_attach_request& req, ssize_t size, con
     dropConnection(fd);
     return false;
   }
-  return true;
+  return admitSegmentBytes(fd, req, cred);
+}
+
+bool AttachServer::admitSegmentBytes(int fd, const fl_attach_request& req, const ucred& cred) {
+  // Checked before the segments exist (they are populated as they are
+  // made), with the larger of the two layouts the segments may get: on
+  // hugepages the data segment is rounded up to whole 2 MiB pages.
+  const bool may_use_hugepages = config_.hugepages != "off";
+  const uint64_t bytes = segmentBytes(computeGeometry(req.slot_count, req.slot_size, may_use_hugepages));
+  Status fits = quota_.admit(cred.uid, bytes);
+  if (fits) return true;
+  reject(Metrics::AttachReject::kInvalid);
+  log_memory_.warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, fits.error().message);
+  sendRefusal(fd, fits.error().code, fits.error().message);
+  dropConnection(fd);
+  return false;
 }
 
 }  // namespace framelink

@@ -82,7 +82,8 @@ AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAtta
     : config_(config),
       identity_(identity),
       on_attach_(std::move(on_attach)),
-      on_detach_(std::move(on_detach)) {}
+      on_detach_(std::move(on_detach)),
+      quota_(segmentCaps(config, physicalRam())) {}
 
 AttachServer::~AttachServer() { stop(); }
 
@@ -173,6 +174,9 @@ Status AttachServer::resolveAdminGroup() {
 }
 
 void AttachServer::start() {
+  spdlog::info("attach: clients' segments may hold {} bytes in all{}, {} per uid{}", quota_.caps().total,
+               quota_.caps().total_auto ? " (auto: half of RAM)" : "", quota_.caps().per_uid,
+               quota_.caps().per_uid_auto ? " (auto: half of that)" : "");
   running_ = true;
   thread_ = std::thread([this] { run(); });
 }
@@ -332,6 +336,7 @@ void AttachServer::dropConnection(int fd) {
   auto& by_uid = client_id == 0 ? pending_by_uid_ : attached_by_uid_;
   auto p = by_uid.find(it->second.uid);
   if (p != by_uid.end() && --p->second == 0) by_uid.erase(p);
+  if (client_id != 0) quota_.release(it->second.uid, it->second.segment_bytes);
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
 }
@@ -495,7 +500,7 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->socket = std::move(socket_dup);
   session->ring_capacity = session->segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);
-  markAttached(fd, client_id);
+  markAttached(fd, client_id, segmentBytes(session->segments->geometry()));
   log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
                      cred.pid, cred.uid, session->name,
                      req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
@@ -556,9 +561,11 @@ bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegme
   return sendWithFds(fd, &reply, sizeof(reply), fds, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 
-void AttachServer::markAttached(int fd, uint64_t client_id) {
+void AttachServer::markAttached(int fd, uint64_t client_id, uint64_t segment_bytes) {
   Connection& conn = connections_[fd];
   conn.client_id = client_id;
+  conn.segment_bytes = segment_bytes;
+  quota_.charge(conn.uid, segment_bytes);
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }

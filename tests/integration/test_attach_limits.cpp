@@ -79,7 +79,8 @@ void raiseFdLimit(rlim_t wanted) {
 
 TEST_CASE("limits: an attach over limits.max_total_bytes is refused, saying so; a detach makes room",
           "[integration][limits]") {
-  DaemonProcess d(limitedDaemon({"--max-total-bytes", "3584KiB"}));
+  // One user here: its own cap (by default half of the total) set out of the way.
+  DaemonProcess d(limitedDaemon({"--max-total-bytes", "3584KiB", "--max-uid-bytes", "16MiB"}));
   std::vector<Client> held;
   for (int i = 0; i < 3; ++i)
     held.push_back(attachProducer(d, "mem-" + std::to_string(i), kSlots, kSlotSize));
