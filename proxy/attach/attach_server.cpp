@@ -82,7 +82,8 @@ AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAtta
     : config_(config),
       identity_(identity),
       on_attach_(std::move(on_attach)),
-      on_detach_(std::move(on_detach)) {}
+      on_detach_(std::move(on_detach)),
+      quota_(segmentCaps(config, physicalRam())) {}
 
 AttachServer::~AttachServer() { stop(); }
 
@@ -173,6 +174,9 @@ Status AttachServer::resolveAdminGroup() {
 }
 
 void AttachServer::start() {
+  spdlog::info("attach: clients' segments may hold {} bytes in all{}, {} per uid{}", quota_.caps().total,
+               quota_.caps().total_auto ? " (auto: half of RAM)" : "", quota_.caps().per_uid,
+               quota_.caps().per_uid_auto ? " (auto: half of that)" : "");
   running_ = true;
   thread_ = std::thread([this] { run(); });
 }
@@ -298,14 +302,17 @@ void AttachServer::acceptAll() {
                          "): try again later, or ask the operator to raise LimitNOFILE");
       continue;
     }
-    if (pending_by_uid_[cred.uid] >= kMaxPendingPerUid) {
+    if (const size_t pending = pending_by_uid_[cred.uid]; pending >= config_.max_clients_per_uid) {
       reject(Metrics::AttachReject::kTooManyPending);
       log_pending_.warn(
           "attach: uid {} (pid {}) already has {} connections without an attach request: refused", cred.uid,
-          cred.pid, kMaxPendingPerUid);
+          cred.pid, pending);
+      const std::string deadline = std::to_string(kHandshakeMs) + " ms";
       refuseAndClose(fd, FL_ERR_QUOTA,
-                     "too many connections of this user are waiting to attach (" +
-                         std::to_string(kMaxPendingPerUid) + "); close the idle ones");
+                     "this user has " + std::to_string(pending) +
+                         " connections waiting to attach, as many as limits.max_clients_per_uid allows "
+                         "(each is closed " +
+                         deadline + " after connecting unless it asks): close the idle ones");
       continue;
     }
     ++pending_by_uid_[cred.uid];
@@ -329,6 +336,7 @@ void AttachServer::dropConnection(int fd) {
   auto& by_uid = client_id == 0 ? pending_by_uid_ : attached_by_uid_;
   auto p = by_uid.find(it->second.uid);
   if (p != by_uid.end() && --p->second == 0) by_uid.erase(p);
+  if (client_id != 0) quota_.release(it->second.uid, it->second.segment_bytes);
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
 }
@@ -492,47 +500,12 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->socket = std::move(socket_dup);
   session->ring_capacity = session->segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);
-  markAttached(fd, client_id);
+  markAttached(fd, client_id, segmentBytes(session->segments->geometry()));
   log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
                      cred.pid, cred.uid, session->name,
                      req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
                      req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
   on_attach_(std::move(session));
-}
-
-bool AttachServer::admitAttach(int fd, fl_attach_request& req, ssize_t size, const ucred& cred) {
-  if (static_cast<size_t>(size) != sizeof(req)) {
-    reject(Metrics::AttachReject::kInvalid);
-    log_refused_.warn("attach: pid {} uid {} sent a {}-byte request (expected {}): refused", cred.pid,
-                      cred.uid, size, sizeof(req));
-    sendRefusal(fd, FL_ERR_BAD_REQUEST,
-                "attach request of " + std::to_string(size) + " bytes, expected " +
-                    std::to_string(sizeof(req)) + "; use a matching libframelink");
-    dropConnection(fd);
-    return false;
-  }
-  Status valid = validateRequest(config_, req, cred.uid, cred.gid);
-  if (!valid) {
-    reject(Metrics::AttachReject::kInvalid);
-    log_refused_.warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, valid.error().message);
-    sendRefusal(fd, valid.error().code, valid.error().message);
-    dropConnection(fd);
-    return false;
-  }
-  if (auto a = attached_by_uid_.find(cred.uid);
-      a != attached_by_uid_.end() && a->second >= config_.max_clients_per_uid) {
-    reject(Metrics::AttachReject::kTooManyClients);
-    log_clients_.warn("attach: pid {} uid {} refused: {} clients of this uid are attached already", cred.pid,
-                      cred.uid, a->second);
-    sendRefusal(fd, FL_ERR_QUOTA,
-                "this user has " + std::to_string(a->second) +
-                    " clients attached already, the limit limits.max_clients_per_uid = " +
-                    std::to_string(config_.max_clients_per_uid) +
-                    " (--max-clients-per-uid): detach one, or ask the operator to raise it");
-    dropConnection(fd);
-    return false;
-  }
-  return true;
 }
 
 std::shared_ptr<ClientSegments> AttachServer::makeSegments(int fd, const fl_attach_request& req,
@@ -588,9 +561,11 @@ bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegme
   return sendWithFds(fd, &reply, sizeof(reply), fds, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 
-void AttachServer::markAttached(int fd, uint64_t client_id) {
+void AttachServer::markAttached(int fd, uint64_t client_id, uint64_t segment_bytes) {
   Connection& conn = connections_[fd];
   conn.client_id = client_id;
+  conn.segment_bytes = segment_bytes;
+  quota_.charge(conn.uid, segment_bytes);
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }

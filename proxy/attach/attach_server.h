@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attach/client_session.h"
+#include "attach/segment_quota.h"
 #include "common/log_limit.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -36,10 +37,11 @@ class AttachServer {
   using OnDetach = std::function<void(uint64_t client_id)>;
 
   // What a connection that has not attached yet may hold: it must send its
-  // request within kHandshakeMs, and one uid may have at most
-  // kMaxPendingPerUid such connections at once.
+  // request within kHandshakeMs, and one uid may have at most as many such
+  // connections at once as it may have clients (limits.max_clients_per_uid).
+  // Idle connections are bounded by their deadline, not a burst by a count:
+  // a service that starts all its workers at once is served whole.
   static constexpr int kHandshakeMs = 2000;
-  static constexpr size_t kMaxPendingPerUid = 32;
   // Out of file descriptors: accepting pauses this long instead of spinning.
   static constexpr int kAcceptBackoffMs = 100;
   // Descriptors kept free for links, logs and the daemon's own work: new
@@ -90,9 +92,12 @@ class AttachServer {
   // An attach request: admitted, its segments and doorbells made and passed
   // to the client, the session handed to on_attach_.
   void handleAttach(int fd, fl_attach_request& request, ssize_t size, const ucred& cred);
-  // Checks its size, the policy (filling defaults) and the per-uid quota;
-  // false: refused, counted and dropped.
+  // Checks its size, the policy (filling defaults), the per-uid client limit
+  // and the segment memory caps; false: refused, counted and dropped.
   bool admitAttach(int fd, fl_attach_request& request, ssize_t size, const ucred& cred);
+  // Whether the segments `request` asks for fit under the memory caps;
+  // false: refused, counted and dropped.
+  bool admitSegmentBytes(int fd, const fl_attach_request& request, const ucred& cred);
   // The client's segments, registered with the rdma device when there is
   // one; null: refused and dropped.
   std::shared_ptr<ClientSegments> makeSegments(int fd, const fl_attach_request& request, const ucred& cred,
@@ -102,8 +107,8 @@ class AttachServer {
   bool sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments, const Doorbell& submit,
                        const Doorbell& completion);
   // The connection's client is attached: it counts against the per-uid
-  // limit, no longer as pending.
-  void markAttached(int fd, uint64_t client_id);
+  // limit, no longer as pending, and its segments' bytes against the caps.
+  void markAttached(int fd, uint64_t client_id, uint64_t segment_bytes);
   void handleAdmin(int fd, const fl_admin_request& request, ssize_t size, const ucred& cred);
   void sendAdminReply(int fd, int status, const std::string& message, int json_fd, uint64_t json_size);
   void sendRefusal(int fd, int status, const std::string& message);
@@ -139,16 +144,18 @@ class AttachServer {
     uint64_t client_id = 0;  // 0 until attached
     uid_t uid = 0;
     std::chrono::steady_clock::time_point deadline{};  // for the request, while not attached
+    uint64_t segment_bytes = 0;                        // charged to quota_ while attached
   };
   // Owned by the attach thread.
   std::map<int, Connection> connections_;
   std::map<uid_t, size_t> pending_by_uid_;   // connections that have not attached yet
   std::map<uid_t, size_t> attached_by_uid_;  // attached clients (limits.max_clients_per_uid)
+  SegmentQuota quota_;                       // their segments' bytes (limits.max_*_bytes)
   bool accept_paused_ = false;
   std::chrono::steady_clock::time_point accept_resume_{};
   uint64_t fd_limit_ = 0;  // RLIMIT_NOFILE at start
   bool fd_warned_ = false;
-  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_, log_clients_;
+  LogLimiter log_accept_, log_pending_, log_timeout_, log_refused_, log_clients_, log_memory_;
   // Attaches are logged, but a user who attaches in a loop cannot flood the log.
   LogLimiter log_attached_{std::chrono::seconds(1), kLoggedAttachesPerSecond};
 };

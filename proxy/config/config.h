@@ -87,11 +87,18 @@ struct Config {
   uint64_t max_slot_size = 64 * kMiB;
   uint32_t max_slots = 1024;
   uint64_t max_client_bytes = 1 * kGiB;
+  // Segment bytes one uid's clients may hold together, and all clients
+  // together: every byte is populated at attach and, for an rdma consumer,
+  // pinned, so these bound the memory local users can make the daemon hold.
+  // 0: "auto", sized from the host's RAM at start (attach/segment_quota.h).
+  uint64_t max_uid_bytes = 0;
+  uint64_t max_total_bytes = 0;
   uint32_t default_slot_count = 8;
   uint64_t default_slot_size = 4 * kMiB;
   // Clients one uid may have attached at once (each holds four of the
-  // daemon's descriptors and its segments): one user cannot take every
-  // client slot and descriptor from the others.
+  // daemon's descriptors and its segments), and connections it may have
+  // waiting to attach: one user cannot take every client slot and
+  // descriptor from the others.
   uint32_t max_clients_per_uid = 256;
 
   // [metrics]

@@ -52,7 +52,9 @@ const std::vector<Option>& options() {
       {"limits", "max_slot_size",      Bytes{&Config::max_slot_size},                          "Per client: the largest slot"},
       {"limits", "max_slots",          Count{&Config::max_slots},                              "Per client: the most slots"},
       {"limits", "max_client_bytes",   Bytes{&Config::max_client_bytes},                       "Per client: the most segment bytes"},
-      {"limits", "max_clients_per_uid", Number{&Config::max_clients_per_uid, 1, UINT32_MAX, "N"}, "Clients one uid may have attached at once (then FL_ERR_QUOTA)"},
+      {"limits", "max_uid_bytes",      Bytes{&Config::max_uid_bytes, "auto"},                  "One uid's clients together: the most segment bytes (then FL_ERR_QUOTA); auto: half of max_total_bytes"},
+      {"limits", "max_total_bytes",    Bytes{&Config::max_total_bytes, "auto"},                "All clients together: the most segment bytes (then FL_ERR_QUOTA); auto: half of the host's RAM"},
+      {"limits", "max_clients_per_uid", Number{&Config::max_clients_per_uid, 1, UINT32_MAX, "N"}, "Clients one uid may have attached at once, and connections it may have waiting to attach (then FL_ERR_QUOTA)"},
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
       {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats", {"--metrics"}},
@@ -199,7 +201,9 @@ std::string placeholder(const Option& option) {
                         },
                         [](const Address&) -> std::string { return "HOST:PORT"; },
                         [](const Number& n) -> std::string { return n.placeholder; },
-                        [](const Bytes&) -> std::string { return "BYTES"; },
+                        [](const Bytes& b) -> std::string {
+                          return b.zero != nullptr ? "BYTES|" + std::string(b.zero) : "BYTES";
+                        },
                         [](const Mode&) -> std::string { return "OCTAL"; },
                         [](const Switch&) -> std::string { return ""; },
                         [](const Transports&) -> std::string { return "LIST"; },
@@ -246,6 +250,18 @@ std::vector<std::string> listItems(const std::vector<std::string>& values, const
     }
   }
   return out;
+}
+
+Status setBytes(const Bytes& b, const std::string& text, const std::string& label, Config& c) {
+  if (b.zero != nullptr && text == b.zero) {
+    c.*b.field = 0;
+    return {};
+  }
+  auto size = parseSize(text, label);
+  if (!size && b.zero != nullptr) {
+    return invalidSetting(size.error().message + "; or \"" + std::string(b.zero) + "\"");
+  }
+  return store(std::move(size), c.*b.field);
 }
 
 Status setIds(const Ids& ids, const std::vector<std::string>& values, const Origin& origin, Config& c) {
@@ -299,7 +315,7 @@ Status setFromText(const Option& option, const std::vector<std::string>& values,
             return {};
           },
           [&](const Number& n) { return store(parseNumber(text, label, n.min, n.max), c.*n.field); },
-          [&](const Bytes& b) { return store(parseSize(text, label), c.*b.field); },
+          [&](const Bytes& b) { return setBytes(b, text, label, c); },
           [&](const Count& n) { return store(parseSize(text, label, UINT32_MAX), c.*n.field); },
           [&](const Mode& m) { return store(parseMode(text, label), c.*m.field); },
           [&](const Cpu& cpu) { return store(parseCpu(text, label), c.*cpu.field); },
@@ -337,7 +353,9 @@ std::string show(const Option& option, const Config& c) {
           [&](const Choice& ch) { return c.*ch.field; },
           [&](const Address& a) { return (c.*a.field).empty() ? "off" : c.*a.field; },
           [&](const Number& n) { return std::to_string(c.*n.field); },
-          [&](const Bytes& b) { return formatSize(c.*b.field); },
+          [&](const Bytes& b) {
+            return b.zero != nullptr && c.*b.field == 0 ? std::string(b.zero) : formatSize(c.*b.field);
+          },
           [&](const Count& n) { return std::to_string(c.*n.field); },
           [&](const Mode& m) { return formatMode(c.*m.field); },
           [&](const Cpu& cpu) { return std::to_string(c.*cpu.field); },
@@ -367,6 +385,7 @@ std::string tomlValue(const Option& option, const Config& c) {
                         [&](const Address& a) { return quotedOrEmpty(c.*a.field); },
                         [&](const Number& n) { return std::to_string(c.*n.field); },
                         [&](const Bytes& b) {
+                          if (b.zero != nullptr && c.*b.field == 0) return tomlString(b.zero);
                           const std::string text = formatSize(c.*b.field);
                           return text == std::to_string(c.*b.field) ? text : tomlString(text);
                         },

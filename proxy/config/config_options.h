@@ -62,8 +62,11 @@ struct Number {
   const char* placeholder = "N";
 };
 // A byte count ("4MiB"); 32-bit fields also take counts written with a suffix ("1K").
+// `zero`: the word that stands for 0 ("auto"), written and shown as such;
+// without one, 0 is refused.
 struct Bytes {
   uint64_t Config::*field;
+  const char* zero = nullptr;
 };
 struct Count {
   uint32_t Config::*field;

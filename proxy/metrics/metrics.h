@@ -65,7 +65,7 @@ class Metrics {
     kHandshakeTimeout,  // connected and sent no request in time
     kTooManyPending,    // one uid had too many connections without a request
     kFdLimit,           // the daemon was out of file descriptors
-    kInvalid,           // malformed request or refused by policy / quota
+    kInvalid,           // malformed request, refused by policy or over a quota (sizes, memory caps)
     kTooManyClients,    // the uid has limits.max_clients_per_uid clients attached already
     kCount,
   };

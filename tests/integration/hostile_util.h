@@ -1,10 +1,12 @@
-// What the hostile-neighbour tests (test_hostile*.cpp) share: a daemon pair
-// with metrics on, the check that SIGTERM still stops a daemon at once, and
-// a tcp connection that says a few bytes and stalls.
+// What the hostile-neighbour tests (test_hostile*.cpp, test_attach_limits.cpp)
+// share: a daemon pair with metrics on, the check that SIGTERM still stops a
+// daemon at once, a tcp connection that says a few bytes and stalls, and a
+// second local user.
 #pragma once
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -60,4 +62,22 @@ inline int stalledTcp(uint16_t port, size_t bytes) {
   REQUIRE(::send(s, junk.data(), junk.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
   return s;
 }
+// Runs `body` in a child process as nobody:nogroup (a second local user;
+// the tests run as root, as CI does); returns its exit code.  `body` runs
+// in a forked child: no Catch macros there.
+template <typename Body>
+int runAsNobody(Body body) {
+  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
+  ::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(250);
+    ::_exit(body());
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 }  // namespace framelink::integ

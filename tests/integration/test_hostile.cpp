@@ -73,12 +73,15 @@ TEST_CASE("hostile: a client that makes its doorbells blocking and floods them s
 
 TEST_CASE("hostile: connections that never send an attach request are closed and bounded",
           "[integration][hostile]") {
-  DaemonPair pair(pairOptions());
+  DaemonPair::Options o = pairOptions();
+  o.extra_args_a = {"--max-clients-per-uid", "32"};
+  DaemonPair pair(o);
   std::vector<int> idle;
   for (int i = 0; i < 40; ++i) idle.push_back(connectSeqpacket(pair.a().socketPath()));
-  // This user's connections beyond the cap are refused at once; an attach
-  // of the same user is refused too while the cap is reached -- quickly, and
-  // saying why -- instead of hanging.
+  // A user may have as many connections waiting to attach as it may have
+  // clients: beyond, they are refused at once; an attach of the same user is
+  // refused too while the cap is reached -- quickly, and saying why --
+  // instead of hanging.
   const auto start = std::chrono::steady_clock::now();
   AttachResult refused = tryAttach(pair.a().socketPath(), FL_PRODUCER, "good", 2, 64 * 1024);
   const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
@@ -315,23 +318,6 @@ TEST_CASE("hostile: a user who attaches until the daemon runs out of descriptors
 }
 
 namespace {
-
-// Runs `body` in a child process as nobody:nogroup (a second local user;
-// the tests run as root, as CI does); returns its exit code.
-template <typename Body>
-int runAsNobody(Body body) {
-  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
-  ::fflush(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(250);
-    ::_exit(body());
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 // Attaches a producer to `socket` and sends `frames` frames (ids 1..frames,
 // the synthetic pattern); 0 when every one completed DELIVERED, else the

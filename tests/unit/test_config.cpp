@@ -534,6 +534,31 @@ TEST_CASE("limits.max_clients_per_uid: default, file, flag over file, and its er
                {"limits.max_clients_per_uid", "integer"});
 }
 
+TEST_CASE("limits.max_uid_bytes and max_total_bytes: auto by default, sizes, and their errors", "[config]") {
+  auto defaults = parse({});
+  REQUIRE(defaults.ok());
+  CHECK(defaults.value().max_uid_bytes == 0);  // auto
+  CHECK(defaults.value().max_total_bytes == 0);
+  CHECK(fl::describe(defaults.value()).find("max_uid_bytes=auto max_total_bytes=auto") != std::string::npos);
+  TempDir dir;
+  const auto file =
+      dir.write("mem.toml", "[limits]\nmax_uid_bytes = \"2GiB\"\nmax_total_bytes = 8589934592\n");
+  auto from_file = parse({"--config", file});
+  REQUIRE(from_file.ok());
+  CHECK(from_file.value().max_uid_bytes == 2 * fl::kGiB);
+  CHECK(from_file.value().max_total_bytes == 8 * fl::kGiB);
+  CHECK(fl::describe(from_file.value()).find("max_uid_bytes=2GiB max_total_bytes=8GiB") != std::string::npos);
+  auto flag_wins = parse({"--config", file, "--max-uid-bytes", "auto", "--max-total-bytes", "512M"});
+  REQUIRE(flag_wins.ok());
+  CHECK(flag_wins.value().max_uid_bytes == 0);
+  CHECK(flag_wins.value().max_total_bytes == 512 * fl::kMiB);
+  CHECK(parse({"--config", dir.write("auto.toml", "[limits]\nmax_total_bytes = \"auto\"\n")}).ok());
+  requireError({"--max-total-bytes", "0"}, {"--max-total-bytes", "greater than 0", "\"auto\""});
+  requireError({"--max-uid-bytes", "lots"}, {"--max-uid-bytes", "'lots'", "\"auto\""});
+  requireError({"--config", dir.write("zero.toml", "[limits]\nmax_uid_bytes = 0\n")},
+               {"limits.max_uid_bytes", "greater than 0"});
+}
+
 TEST_CASE("peer names, routes and the daemon id follow the stream-name rule", "[config]") {
   const std::string longest(FL_STREAM_NAME_LEN_MAX, 'p');
   const std::string too_long(FL_STREAM_NAME_LEN_MAX + 1, 'p');

@@ -113,7 +113,9 @@ Sample sampleFor(const cfg::Option& option, int variant, const TempDir& dir) {
                           return literal(n.field, value);
                         },
                         [&](const cfg::Bytes& b) -> Sample {
-                          const uint64_t value = d.*b.field * static_cast<uint64_t>(variant + 1);
+                          // A default of 0 ("auto") has no multiple of its own.
+                          const uint64_t base = d.*b.field != 0 ? d.*b.field : fl::kGiB;
+                          const uint64_t value = base * static_cast<uint64_t>(variant + 1);
                           const std::string text = humanBytes(value);
                           return {std::to_string(value), {text}, text, fieldEquals(b.field, value)};
                         },
@@ -259,6 +261,7 @@ TEST_CASE("the defaults are Config's, and the table shows them", "[config][table
   CHECK(cfg::defaultText(*cfg::findOption("link", "transports")) == R"(["tcp", "grpc"])");
   CHECK(cfg::defaultText(*cfg::findOption("link", "allow_unauthenticated")) == "false");
   CHECK(cfg::defaultText(*cfg::findOption("limits", "max_client_bytes")) == "\"1GiB\"");
+  CHECK(cfg::defaultText(*cfg::findOption("limits", "max_total_bytes")) == "\"auto\"");
   CHECK(cfg::defaultText(*cfg::findOption("metrics", "listen")) == "off");
   CHECK(cfg::findOption("link", "fault_inject") == nullptr);  // a flag, not a key
 }
