@@ -45,6 +45,7 @@ int main(int argc, char** argv) try {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config->id + "] %v");
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
+  for (const auto& exposed : framelink::exposedTokenFiles(config.value())) spdlog::warn("{}", exposed);
   if (config->unauthenticatedFromNetwork()) {
     spdlog::warn(
         "peers are not authenticated (no token, no TLS) and link.listen {} / data_listen {} are reachable "

@@ -150,8 +150,8 @@ wants=/etc/systemd/system/multi-user.target.wants/framelinkd.service
 in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-install.log" 2>&1 || { cat "$FL_WORK/dpkg-install.log"; bad "dpkg -i"; }
 in_root 'getent passwd framelink || true' | grep -x 'framelink:x:[0-9]*:[0-9]*:framelink daemon:/nonexistent:/usr/sbin/nologin' >/dev/null ||
   bad "the postinst made no framelink system user: $(in_root 'getent passwd framelink' || true)"
-[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "640 root framelink" ]] ||
-  bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 640 root framelink"
+[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "600 framelink framelink" ]] ||
+  bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 token=$(in_root 'cat /etc/framelink/peer.token')
 [[ -L "$ov/root$wants" ]] || bad "framelinkd.service is not enabled ($wants missing)"
 # Captured first: grep -q stopping early would fail the pipeline (pipefail).
@@ -160,11 +160,15 @@ grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not
 [[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
 [[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
 in_root 'man -w framelinkd framelink' >/dev/null || bad "man -w framelinkd framelink"
-echo "ok: installed: user framelink, peer.token 640 root:framelink, unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
+echo "ok: installed: user framelink, peer.token 600 framelink:framelink, unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
+# As older packages left it: readable by group framelink, whose members are the applications.
+in_root 'chown root:framelink /etc/framelink/peer.token && chmod 0640 /etc/framelink/peer.token'
 in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "$FL_WORK/dpkg-reinstall.log"; bad "dpkg -i again (upgrade path)"; }
 [[ "$(in_root 'cat /etc/framelink/peer.token')" == "$token" ]] || bad "reinstalling replaced the peer token"
-echo "ok: reinstalled: the peer token is kept"
+[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "600 framelink framelink" ]] ||
+  bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
+echo "ok: reinstalled: the peer token is kept, and taken from the group an older package gave it to"
 
 in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }

@@ -443,7 +443,8 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
     Check c;
     c.name = "peer";
     double ms = 0;
-    const std::string why = tcpReach(address, timeout_ms, &ms);
+    // A peer without an address only dials in: there is nothing to reach from here.
+    const std::string why = address.empty() ? std::string() : tcpReach(address, timeout_ms, &ms);
     std::string link;
     if (snapshot != nullptr) {
       for (const auto& l : (*snapshot)["metrics"]["detail"]["links"]) {
@@ -452,7 +453,9 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
         }
       }
     }
-    if (why.empty()) {
+    if (address.empty()) {
+      c.what = name + " dials in (no address to check)" + (link.empty() ? ", no link up" : link);
+    } else if (why.empty()) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.1f", ms);
       c.what = name + " at " + address + " accepts TCP connections (" + buf + " ms)" + link;

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "config/config_options.h"
+#include "config/config_peers.h"
 #include "config/config_values.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
@@ -74,7 +75,7 @@ class TomlReader {
       const std::string name{key.str()};
       Status status;
       if (name == "peer") {
-        status = peers(node, config);
+        status = config::readPeers(node, file_, config);
       } else if (isSection(name)) {
         status = section(node, name, config);
       } else {
@@ -117,61 +118,6 @@ class TomlReader {
   Status unknown(const std::string& key, const toml::node& node) const {
     return invalid("unknown key '" + key + "' " + at(node) +
                    "; the README section \"Configuration\" lists every key");
-  }
-
-  Result<std::string> str(const std::string& key, const toml::node& node) const {
-    if (const auto* v = node.as_string()) return v->get();
-    return invalid(key + " " + at(node) + ": must be a string (in quotes)");
-  }
-
-  // [[peer]] tables: name, address, streams.
-  Status peers(const toml::node& node, Config& c) {
-    const auto* array = node.as_array();
-    if (array == nullptr || !array->is_array_of_tables()) {
-      return invalid("'peer' " + at(node) + " must be written as [[peer]] tables");
-    }
-    size_t index = 0;
-    for (const auto& element : *array) {
-      const std::string base = "peer[" + std::to_string(index++) + "]";
-      PeerConfig peer;
-      bool has_address = false;
-      for (auto&& [k, value] : *element.as_table()) {
-        const std::string name{k.str()};
-        const std::string key = base + "." + name;
-        Status status;
-        if (name == "name") {
-          status = assign(str(key, value), peer.name);
-        } else if (name == "address") {
-          status = assign(str(key, value), peer.address);
-          has_address = true;
-        } else if (name == "streams") {
-          const auto* list = value.as_array();
-          if (list == nullptr) {
-            return invalid(key + " " + at(value) + R"(: must be an array of strings, e.g. ["a", "b"])");
-          }
-          for (const auto& stream : *list) {
-            std::string s;
-            if (auto st = assign(str(key, stream), s); !st) return st;
-            peer.streams.push_back(std::move(s));
-          }
-        } else {
-          status = unknown(key, value);
-        }
-        if (!status) return status;
-      }
-      if (peer.name.empty() || !has_address) {
-        return invalid(base + " " + at(element) +
-                       R"(: every [[peer]] needs name = "..." and address = "HOST:PORT")");
-      }
-      const std::string where = "[[peer]] '" + peer.name + "' " + at(element);
-      if (auto st = checkStreamName(peer.name, where + " name", false); !st) return st;
-      if (auto st = checkHostPort(peer.address, where + " address", false); !st) return st;
-      for (const auto& stream : peer.streams) {
-        if (auto st = checkStreamName(stream, where + " stream name", true); !st) return st;
-      }
-      c.peers.push_back(std::move(peer));
-    }
-    return {};
   }
 
   std::string file_;
@@ -254,48 +200,6 @@ void addFlags(CLI::App& app, Flags& f) {
   flagOf(f, "link.token_file").cli->excludes(flagOf(f, "link.token").cli);
 }
 
-Status applyPeerFlags(const Flags& f, Config& c) {
-  for (const auto& spec : f.peer) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos) {
-      return invalid("--peer '" + spec + "': write NAME=HOST:PORT, e.g. --peer hostb=10.0.0.2:7700");
-    }
-    PeerConfig peer{spec.substr(0, eq), spec.substr(eq + 1), {}};
-    if (auto st = checkStreamName(peer.name, "--peer '" + spec + "': the name", false); !st) return st;
-    if (auto st = checkHostPort(peer.address, "--peer " + peer.name, false); !st) return st;
-    auto existing = std::find_if(c.peers.begin(), c.peers.end(),
-                                 [&](const PeerConfig& p) { return p.name == peer.name; });
-    if (existing != c.peers.end()) {
-      existing->address = peer.address;
-    } else {
-      c.peers.push_back(std::move(peer));
-    }
-  }
-  for (const auto& spec : f.route) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos) {
-      return invalid("--route '" + spec +
-                     "': write STREAM=PEER, e.g. --route cam0=hostb (STREAM may be '*')");
-    }
-    const std::string stream = spec.substr(0, eq);
-    const std::string name = spec.substr(eq + 1);
-    if (auto st = checkStreamName(stream, "--route " + spec + ": stream name", true); !st) return st;
-    auto peer =
-        std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
-    if (peer == c.peers.end()) {
-      std::vector<std::string> names;
-      for (const auto& p : c.peers) names.push_back(p.name);
-      return invalid("--route " + spec + ": no peer named '" + name +
-                     "' (configured: " + (names.empty() ? std::string("none") : join(names, ", ")) +
-                     "); add --peer " + name + "=HOST:PORT or a [[peer]] table");
-    }
-    if (std::find(peer->streams.begin(), peer->streams.end(), stream) == peer->streams.end()) {
-      peer->streams.push_back(stream);
-    }
-  }
-  return {};
-}
-
 Status applyFlags(const Flags& f, Config& c) {
   for (size_t i = 0; i < options().size(); ++i) {
     const FlagValue& v = f.values[i];
@@ -324,7 +228,7 @@ Status applyFlags(const Flags& f, Config& c) {
       c.default_slot_count > c.max_slots) {
     c.default_slot_count = c.max_slots;
   }
-  return applyPeerFlags(f, c);
+  return config::applyPeerFlags(f.peer, f.route, c);
 }
 
 // ---- checks that involve more than one setting, after file and flags are merged ----
@@ -376,7 +280,8 @@ bool loopbackHost(const std::string& host_port) {
 }  // namespace
 
 bool Config::unauthenticatedFromNetwork() const {
-  return token.empty() && !tlsEnabled() && (!loopbackHost(listen) || !loopbackHost(data_listen));
+  return token.empty() && !peerTokens() && !tlsEnabled() &&
+         (!loopbackHost(listen) || !loopbackHost(data_listen));
 }
 
 namespace {
@@ -396,27 +301,15 @@ Status validate(Config& c) {
     return invalid("socket path '" + c.socket_path + "' is " + std::to_string(c.socket_path.size()) +
                    " bytes; a Unix socket path must be at most " + std::to_string(kMaxSocketPath));
   }
-  for (size_t i = 0; i < c.peers.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (c.peers[i].name == c.peers[j].name) {
-        return invalid("peer '" + c.peers[i].name + "' is configured twice; give each peer a unique name");
-      }
-      for (const auto& stream : c.peers[i].streams) {
-        const auto& other = c.peers[j].streams;
-        if (std::find(other.begin(), other.end(), stream) != other.end()) {
-          return invalid("stream '" + stream + "' is routed to both peer '" + c.peers[j].name +
-                         "' and peer '" + c.peers[i].name + "'; route it to one");
-        }
-      }
-    }
-  }
+  if (auto st = config::checkPeers(c); !st) return st;
   if (c.unauthenticatedFromNetwork() && !c.allow_unauthenticated) {
     return invalid(
         "link.listen " + c.listen + " / data_listen " + c.data_listen +
         " accept peers from the network, but neither a token nor TLS is configured: any host that reaches "
         "the port could link and push frames to local consumers.  Generate a token the daemon alone can "
         "read (umask 077; head -c 32 /dev/urandom | base64 > /etc/framelink/peer.token; chown framelink "
-        "/etc/framelink/peer.token) and set link.token_file (--token-file) to it on both daemons; or turn "
+        "/etc/framelink/peer.token) and set link.token_file (--token-file) to it on both daemons, or give "
+        "each [[peer]] a token_file of its own; or turn "
         "on mutual TLS (tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth); or listen on "
         "127.0.0.1; or set link.allow_unauthenticated = true (--allow-unauthenticated) to accept the risk");
   }
@@ -449,22 +342,6 @@ std::string cell(const std::string& text) {
 }
 
 }  // namespace
-
-std::string Config::routeFor(const std::string& stream) const {
-  for (const auto& peer : peers) {
-    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) return peer.name;
-  }
-  for (const auto& peer : peers) {
-    if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) return peer.name;
-  }
-  const PeerConfig* fallback = nullptr;
-  for (const auto& peer : peers) {
-    if (!peer.streams.empty()) continue;
-    if (fallback != nullptr) return "";  // two peers without routes: ambiguous
-    fallback = &peer;
-  }
-  return fallback != nullptr ? fallback->name : "";
-}
 
 Result<Config> parseConfig(int argc, const char* const* argv) {
   CLI::App app{"framelinkd: moves frames between hosts, zero-copy, over shared memory and RDMA/TCP/gRPC",
@@ -530,7 +407,9 @@ std::string configReference() {
   for (const auto& option : options()) {
     if (std::holds_alternative<config::Peers>(option.value)) {
       out +=
-          "| `[[peer]]` `name`, `address`, `streams` | `--peer NAME=HOST:PORT`, `--route STREAM=PEER` | | " +
+          "| `[[peer]]` `name`, `address`, `streams`, `token`, `token_file`, `cert_name` | `--peer "
+          "NAME=HOST:PORT`, "
+          "`--route STREAM=PEER` | | " +
           cell(std::string(option.help)) + " (both flags repeatable) |\n";
       continue;
     }

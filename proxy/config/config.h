@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/result.h"
@@ -15,8 +16,20 @@ namespace framelink {
 
 struct PeerConfig {
   std::string name;
-  std::string address;               // HOST:PORT of the peer's gRPC listener; this daemon dials it
+  // HOST:PORT of the peer's gRPC listener; this daemon dials it.  Empty: the
+  // peer only dials in (its [[peer]] names only how it proves its id).
+  std::string address;
   std::vector<std::string> streams;  // stream names (or "*") routed to this peer; see routeFor()
+  // The secret this daemon and this peer share, both ways: the peer proves its
+  // id with it when it dials in, and this daemon presents it when it dials the
+  // peer.  Empty: link.token.  A leaked token then lets its holder pass for
+  // that one peer only.
+  std::string token;
+  std::string token_file;  // where `token` was read from, if from a file
+  // With mutual TLS: the name its certificate (common name or a DNS name)
+  // must carry when it dials in.  Empty: its id under tls_require_cert_name,
+  // else the certificate's names are not checked.
+  std::string cert_name;
 };
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -70,6 +83,10 @@ struct Config {
   // the *_pem fields.
   std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
   bool tls_client_auth = false;
+  // With tls_client_auth: a dialing peer's certificate must name the daemon
+  // id its Hello claims (or its [[peer]]'s cert_name), so that a certificate
+  // the CA signed for one host cannot pass for another.
+  bool tls_require_cert_name = false;
   std::string tls_cert_pem, tls_key_pem, tls_ca_pem;
   // Listening for peers on a non-loopback address with neither a token nor
   // TLS lets any host that reaches the port link and push frames: refused
@@ -78,6 +95,16 @@ struct Config {
   // Whether peers can reach this daemon from other hosts without presenting
   // a token or a certificate.
   bool unauthenticatedFromNetwork() const;
+  // The token this daemon and the daemon `id` share: its [[peer]]'s own, else
+  // link.token (empty: none).
+  const std::string& peerToken(std::string_view id) const;
+  // Whether some [[peer]] has a token of its own.  A dialer then proves its id
+  // with a token (its own, or link.token for ids without one) or with a
+  // certificate name; one with neither is refused.
+  bool peerTokens() const;
+  // The name a dialer claiming `id` must carry in its certificate: its
+  // [[peer]]'s cert_name, else `id` under tls_require_cert_name, else "".
+  std::string certNameFor(std::string_view id) const;
   bool tlsEnabled() const noexcept { return !tls_cert_file.empty(); }
   // Tests only: wrap every link's transport in the `faulty` decorator with
   // this spec (see transport/faulty/faulty_transport.h).  Empty: no faults.
@@ -145,5 +172,9 @@ std::string describe(const Config& config);
 // The README's configuration table (markdown), one row per setting; printed
 // by framelinkd --print-config-reference.
 std::string configReference();
+
+// The token files (link.token_file, [[peer]] token_file) that users other
+// than the daemon's can read or write: one warning each, for the start-up log.
+std::vector<std::string> exposedTokenFiles(const Config& config);
 
 }  // namespace framelink

@@ -28,8 +28,8 @@ const std::vector<Option>& options() {
       {"daemon", "hugepages",          Choice{&Config::hugepages, {"auto", "on", "off"}},      "Data segments on 2 MiB pages: auto (when reserved), on (required), off"},
       {"link",   "listen",             Address{&Config::listen},                               "gRPC listener for peer daemons (port 0 = any free port)"},
       {"link",   "data_listen",        Address{&Config::data_listen},                          "tcp data listener, advertised to peers in Hello"},
-      {"link",   "token",              Text{&Config::token, "TOKEN", "none", false, true},     "Shared secret every peer must present"},
-      {"link",   "token_file",         TokenFile{&Config::token_file},                         "Read the shared secret from this file (excludes token)"},
+      {"link",   "token",              Text{&Config::token, "TOKEN", "none", false, true},     "Shared secret a peer presents, unless its [[peer]] has a token of its own"},
+      {"link",   "token_file",         TokenFile{&Config::token_file},                         "Read the shared secret from this file (excludes token); keep it readable by the daemon's user only"},
       {"link",   "allow_unauthenticated", Switch{&Config::allow_unauthenticated},              "Accept peers from the network with neither a token nor TLS (refused otherwise; warns at start)"},
       {"link",   "transports",         Transports{&Config::transports},                        "Data transports in preference order, from rdma, tcp, grpc (loopback: two daemons of one process)"},
       {"link",   "tls_cert_file",      Text{&Config::tls_cert_file, "FILE", "off", true},      "TLS on the gRPC link: this daemon's certificate chain (PEM)", {"--tls-cert"}},
@@ -37,6 +37,7 @@ const std::vector<Option>& options() {
       {"link",   "tls_ca_file",        Text{&Config::tls_ca_file, "FILE", "system", true},     "CA certificates that sign the peers' certificates (PEM); system: the system's CA store", {"--tls-ca"}},
       {"link",   "tls_client_auth",    Switch{&Config::tls_client_auth},                       "Mutual TLS: a dialing peer must present a certificate signed by tls_ca_file"},
       {"link",   "tls_server_name",    Text{&Config::tls_server_name, "NAME", "peer-host"},    "Name to verify in the peer's certificate; peer-host: the host of its address"},
+      {"link",   "tls_require_cert_name", Switch{&Config::tls_require_cert_name},              "Mutual TLS: a dialing peer's certificate (common name or a DNS name) must name the daemon id it claims, or its [[peer]]'s cert_name"},
       {"link",   "ack_timeout_ms",     Number{&Config::ack_timeout_ms, 1, UINT32_MAX, "MS"},   "A frame not acknowledged by the remote consumer in time fails with FL_ERR_TIMEOUT"},
       {"link",   "ack_delay_us",       Number{&Config::ack_delay_us, 0, 1'000'000, "US"},      "A released frame's ACK and its slot's credit wait at most this long to go back to the sender with others (sooner once a quarter of the sender's window waits or the sender is low on credits; 0 = at once)"},
       {"link",   "credit_timeout_ms",  Number{&Config::credit_timeout_ms, 1, UINT32_MAX, "MS"}, "A frame that gets no receive credit (or no link) in time fails"},
@@ -58,7 +59,7 @@ const std::vector<Option>& options() {
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
       {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats", {"--metrics"}},
-      {"peer",   "",                   Peers{},                                                "A peer daemon this daemon dials, and the streams routed to it"},
+      {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it, and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
       // clang-format on
   };
   return kOptions;
@@ -368,8 +369,12 @@ std::string show(const Option& option, const Config& c) {
             std::string out;
             for (const auto& p : c.peers) {
               if (!out.empty()) out += ' ';
-              out += p.name + "=" + p.address;
+              out += p.name + "=" + (p.address.empty() ? "dials-in" : p.address);
               if (!p.streams.empty()) out += "[" + join(p.streams) + "]";
+              std::vector<std::string> proof;
+              if (!p.token.empty()) proof.emplace_back("token=<redacted>");
+              if (!p.cert_name.empty()) proof.push_back("cert_name=" + p.cert_name);
+              if (!proof.empty()) out += "(" + join(proof) + ")";
             }
             return "{" + out + "}";
           },

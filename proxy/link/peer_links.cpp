@@ -22,6 +22,8 @@
 #include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "link/peer_grpc_options.h"
+#include "link/peer_identity.h"
+#include "link/pending_channels.h"
 #include "link/session_reader.h"
 #include "metrics/metrics.h"
 #include "transport/grpc/grpc_transport.h"
@@ -65,7 +67,10 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
         agent_(agent),
         metrics_(metrics),
         instance_(instance),
-        transports_(std::move(transports)) {}
+        transports_(std::move(transports)),
+        identity_(config, metrics),
+        instances_(metrics),
+        pending_(config.token) {}
   ~PeerLinksImpl() override { stop(); }
 
   Status init();
@@ -80,12 +85,6 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
 
  private:
-  struct Pending {
-    const TransportEntry* transport = nullptr;
-    std::promise<std::shared_ptr<transport::Transport>> promise;
-    bool fulfilled = false;
-  };
-
   // Per configured peer, kept by its dialer across sessions.
   struct DialState {
     // Transports whose dial failed: not offered before `until` (while
@@ -113,15 +112,10 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     }
   };
 
-  // The hooks through which `t`'s listener hands over the data channels it accepts.
-  AcceptHooks acceptHooks(const TransportEntry* t);
-  std::shared_ptr<Pending> registerPending(uint64_t session_id, const TransportEntry* transport);
-  void unregisterPending(uint64_t session_id);
-  void fulfil(uint64_t session_id, const TransportEntry* transport, std::shared_ptr<transport::Transport> t);
-  bool tokenOk(const ::grpc::ServerContext* ctx) const;
-  // Checks the Hello and picks the first transport it offers that this daemon allows and can run.
-  ::grpc::Status admitHello(const std::string& from, const v1::PeerMessage& first,
-                            TransportRegistry::Choice& choice);
+  // Checks the Hello (and that the call's credentials prove the id it claims) and picks the first
+  // transport it offers that this daemon allows and can run.
+  ::grpc::Status admitHello(const ::grpc::ServerContext& ctx, const std::string& from,
+                            const v1::PeerMessage& first, TransportRegistry::Choice& choice);
 
   void dialLoop(const PeerConfig& peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
@@ -142,6 +136,9 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   Metrics& metrics_;
   uint64_t instance_;
   TransportRegistry transports_;
+  PeerIdentity identity_;
+  PeerInstances instances_;
+  PendingChannels pending_;
   std::vector<TransportEntry*> configured_;  // config_.transports, in its order; set by init()
   std::unique_ptr<::grpc::Server> server_;
   int grpc_port_ = 0;
@@ -153,12 +150,11 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
 
   Mutex mutex_;
   std::condition_variable stop_cv_;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_ FL_GUARDED_BY(mutex_);
   std::set<::grpc::ServerContext*> server_contexts_ FL_GUARDED_BY(mutex_);
   std::set<::grpc::ClientContext*> client_contexts_ FL_GUARDED_BY(mutex_);
   std::vector<std::thread> dialers_;
   // What strangers on the network can make this daemon log, per cause.
-  LogLimiter log_auth_, log_protocol_, log_session_;
+  LogLimiter log_auth_, log_protocol_;
 };
 
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
@@ -181,7 +177,7 @@ Status PeerLinksImpl::init() {
   // Each configured transport's listener, before the gRPC listener binds
   // (the tcp one keeps clear of --listen's port).
   for (TransportEntry* t : configured_) {
-    Status s = t->listen(ListenContext{config_, metrics_, instance_, acceptHooks(t)});
+    Status s = t->listen(ListenContext{config_, metrics_, instance_, pending_.hooks(t)});
     if (!s) return s;
   }
 
@@ -197,6 +193,7 @@ Status PeerLinksImpl::init() {
                          (config_.tlsEnabled() ? "; or the TLS certificate and key do not match)" : ")"));
   }
   for (const auto& peer : config_.peers) {
+    if (peer.address.empty()) continue;  // it only dials in
     dialers_.emplace_back([this, peer] { dialLoop(peer); });
   }
   return {};
@@ -210,15 +207,8 @@ void PeerLinksImpl::stop() {
     stopping_ = true;
     for (auto* ctx : client_contexts_) ctx->TryCancel();
     for (auto* ctx : server_contexts_) ctx->TryCancel();
-    // A Session waiting for its data channel ends now, not at its timeout.
-    for (auto& [id, p] : pending_) {
-      if (!p->fulfilled) {
-        p->fulfilled = true;
-        p->promise.set_value(nullptr);
-      }
-    }
-    pending_.clear();
   }
+  pending_.stop();
   if (stop_fd_.valid()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
@@ -235,60 +225,9 @@ void PeerLinksImpl::stop() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
 }
 
-AcceptHooks PeerLinksImpl::acceptHooks(const TransportEntry* t) {
-  return AcceptHooks{[this, t](uint64_t session_id) {
-                       MutexLock lock(mutex_);
-                       auto it = pending_.find(session_id);
-                       return it != pending_.end() && it->second->transport == t && !it->second->fulfilled;
-                     },
-                     [this, t](uint64_t session_id, std::shared_ptr<transport::Transport> channel) {
-                       fulfil(session_id, t, std::move(channel));
-                     }};
-}
-
-std::shared_ptr<PeerLinksImpl::Pending> PeerLinksImpl::registerPending(uint64_t session_id,
-                                                                       const TransportEntry* transport) {
-  MutexLock lock(mutex_);
-  if (pending_.count(session_id) != 0) return nullptr;
-  auto p = std::make_shared<Pending>();
-  p->transport = transport;
-  pending_[session_id] = p;
-  return p;
-}
-
-void PeerLinksImpl::unregisterPending(uint64_t session_id) {
-  MutexLock lock(mutex_);
-  pending_.erase(session_id);
-}
-
-void PeerLinksImpl::fulfil(uint64_t session_id, const TransportEntry* transport,
-                           std::shared_ptr<transport::Transport> t) {
-  std::shared_ptr<Pending> p;
-  {
-    MutexLock lock(mutex_);
-    auto it = pending_.find(session_id);
-    if (it == pending_.end() || it->second->transport != transport || it->second->fulfilled) {
-      log_session_.warn("a {} data channel for unknown session {:016x} was refused", transport->name(),
-                        session_id);
-      return;
-    }
-    p = it->second;
-    p->fulfilled = true;
-    pending_.erase(it);
-  }
-  p->promise.set_value(std::move(t));
-}
-
-bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
-  if (config_.token.empty()) return true;
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(kTokenMetadataKey);
-  return it != md.end() && std::string(it->second.data(), it->second.size()) == config_.token;
-}
-
 ::grpc::Status PeerLinksImpl::Session(::grpc::ServerContext* ctx, ServerStream* stream) {
   const std::string from = ctx->peer();
-  if (!tokenOk(ctx)) {
+  if (!identity_.tokenAccepted(*ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     log_auth_.warn(
         "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
@@ -307,12 +246,14 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   v1::PeerMessage first;
   if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
   TransportRegistry::Choice choice;
-  if (::grpc::Status refused = admitHello(from, first, choice); !refused.ok()) return refused;
+  if (::grpc::Status refused = admitHello(*ctx, from, first, choice); !refused.ok()) return refused;
   const v1::Hello& hello = first.hello();
   const auto& [chosen, reason] = choice;
-  auto pending = registerPending(hello.session_id(), chosen);
-  if (!pending) return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
-  auto future = pending->promise.get_future();
+  auto future = pending_.add(hello.session_id(), chosen, config_.peerToken(hello.daemon_id()));
+  if (!future) {
+    if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+    return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
+  }
 
   v1::PeerMessage reply;
   auto* ack = reply.mutable_hello_ack();
@@ -324,18 +265,18 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
   ack->set_transport_reason(reason);
   if (!stream->Write(reply)) {
-    unregisterPending(hello.session_id());
+    pending_.remove(hello.session_id());
     return {::grpc::StatusCode::CANCELLED, "peer went away"};
   }
   const auto data_timeout = chosen->handshakeTimeout(config_);
-  if (!dataChannelReady(future, Clock::now() + data_timeout, *ctx)) {
-    unregisterPending(hello.session_id());
+  if (!dataChannelReady(*future, Clock::now() + data_timeout, *ctx)) {
+    pending_.remove(hello.session_id());
     if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
     spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
                  chosen->name(), data_timeout.count());
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
-  std::shared_ptr<transport::Transport> t = future.get();
+  std::shared_ptr<transport::Transport> t = future->get();
   if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
   uint64_t link_id = next_link_id_++;
   spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
@@ -343,12 +284,13 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
   LinkSessionInfo info{link_id,
                        {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
                         std::string(chosen->name()), reason}};
+  const auto up = instances_.up(hello.daemon_id(), hello.instance(), from);
   runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }
 
-::grpc::Status PeerLinksImpl::admitHello(const std::string& from, const v1::PeerMessage& first,
-                                         TransportRegistry::Choice& choice) {
+::grpc::Status PeerLinksImpl::admitHello(const ::grpc::ServerContext& ctx, const std::string& from,
+                                         const v1::PeerMessage& first, TransportRegistry::Choice& choice) {
   if (!first.has_hello()) {
     log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
     return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
@@ -363,17 +305,13 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
                 " is not supported; this daemon speaks " + std::to_string(kProtocolVersion) +
                 ": upgrade the older daemon"};
   }
-  if (!config_.token.empty() && hello.token() != config_.token) {
-    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    log_auth_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
-    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
-  }
   // A daemon id names the peer in routes and [[peer]] tables: the stream-name rule.
   if (!fl_stream_name_valid(hello.daemon_id().data(), hello.daemon_id().size())) {
     return {
         ::grpc::StatusCode::INVALID_ARGUMENT,
         "daemon id must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-]"};
   }
+  if (::grpc::Status refused = identity_.prove(ctx, hello, from); !refused.ok()) return refused;
   std::vector<std::string> offered(hello.transports().begin(), hello.transports().end());
   choice = transports_.choose(offered, config_.transports, config_.id, hello.instance());
   choice.reason.resize(std::min<size_t>(choice.reason.size(), 512));  // a peer may offer many names
@@ -389,7 +327,7 @@ bool PeerLinksImpl::tokenOk(const ::grpc::ServerContext* ctx) const {
 }
 
 ::grpc::Status PeerLinksImpl::serveRawData(::grpc::ServerContext* ctx, DataCall* stream) {
-  if (!tokenOk(ctx)) {
+  if (!identity_.tokenAccepted(*ctx)) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
@@ -409,7 +347,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   auto channel = connectChannel(peer, host_port->first, state);
   if (!channel) return false;
   ::grpc::ClientContext ctx;
-  if (!config_.token.empty()) ctx.AddMetadata(kTokenMetadataKey, config_.token);
+  const std::string& token = config_.peerToken(peer.name);
+  if (!token.empty()) ctx.AddMetadata(kTokenMetadataKey, token);
   {
     MutexLock lock(mutex_);
     if (stopping_) return false;
@@ -438,7 +377,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   TransportEntry* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
   Result<std::shared_ptr<transport::Transport>> made =
       chosen != nullptr ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id,
-                                                   channel, stop_fd_.get()})
+                                                   channel, stop_fd_.get(), token})
                         : makeError(FL_ERR_PROTOCOL, "peer chose transport '" + ack.transport() +
                                                          "' that this daemon did not offer");
   if (!made) {
@@ -499,7 +438,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   hello->set_protocol_version(kProtocolVersion);
   hello->set_daemon_id(config_.id);
   for (const TransportEntry* t : offer.transports) hello->add_transports(std::string(t->name()));
-  hello->set_token(config_.token);
+  hello->set_token(config_.peerToken(peer.name));
   for (const auto& t : transports_.entries()) t->announce(*hello);
   hello->set_session_id(session_id);
   hello->set_instance(instance_);
@@ -577,6 +516,7 @@ void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* 
               });
   }
   LinkSessionInfo info{next_link_id_++, {peer.name, peer.address, ack.instance(), ack.transport(), reason}};
+  const auto up = instances_.up(peer.name, ack.instance(), peer.address);
   runLinkSession(agent_, config_, info, std::move(data), &stream, [&ctx] { ctx.TryCancel(); });
   alarm.Cancel();
   move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more

@@ -3,10 +3,12 @@
 // configured transports, and one dialer per configured peer that keeps a
 // session up with backoff.
 //
-// A session: the dialer opens Session with the token in the call metadata and
-// sends Hello (version, id, transports in preference order, token, a random
-// session id); the listener checks the token and version, picks the first of
-// the dialer's transports it also allows and can run with that peer,
+// A session: the dialer opens Session with the token it shares with that peer
+// in the call metadata and sends Hello (version, id, transports in preference
+// order, token, a random session id); the listener checks the version and that
+// the token (and, where required, the certificate) proves the id the Hello
+// claims (peer_identity.h), picks the first of the dialer's transports it also
+// allows and can run with that peer,
 // answers HelloAck, and both sides open the data channel under that session
 // id with the chosen transport's registry entry (transport_registry.h,
 // peer_transports.cpp).  When the dialer's first choice was not taken, the

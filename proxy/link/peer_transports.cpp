@@ -9,6 +9,7 @@
 #include "common/thread_annotations.h"
 #include "config/config.h"
 #include "config/transport_names.h"
+#include "link/peer_identity.h"
 #include "metrics/metrics.h"
 #include "transport/grpc/grpc_transport.h"
 #include "transport/loopback/loopback_transport.h"
@@ -56,7 +57,7 @@ class TcpEntry final : public TransportEntry {
     AcceptHooks hooks = ctx.hooks;
     while (!listener_) {
       auto listener = transport::tcp::TcpDataListener::listen(
-          config.data_listen, config.token,
+          config.data_listen, hooks.token,
           [this, hooks](uint64_t session_id, UniqueFd fd) {
             auto t =
                 transport::tcp::TcpTransport::create(std::move(fd), "session " + std::to_string(session_id));
@@ -88,7 +89,7 @@ class TcpEntry final : public TransportEntry {
 
   Made dial(const DialContext& ctx) override {
     auto fd = transport::tcp::dialData(
-        ctx.host, static_cast<uint16_t>(ctx.ack.tcp_data_port()), ctx.session_id, ctx.config.token,
+        ctx.host, static_cast<uint16_t>(ctx.ack.tcp_data_port()), ctx.session_id, ctx.token,
         std::chrono::milliseconds(ctx.config.connect_timeout_ms), {}, ctx.stop_fd);
     if (!fd) return std::move(fd).error();
     return shared(transport::tcp::TcpTransport::create(std::move(fd.value()), ctx.peer));
@@ -108,10 +109,11 @@ class GrpcEntry final : public TransportEntry {
   Status listen(const ListenContext& ctx) override {
     hooks_ = ctx.hooks;
     chunk_bytes_ = ctx.config.grpc_chunk_bytes;
+    auth_failures_ = &ctx.metrics.counters.auth_failures;
     return {};
   }
   Made dial(const DialContext& ctx) override {
-    return shared(transport::GrpcTransport::connect(ctx.channel, ctx.session_id, ctx.config.token,
+    return shared(transport::GrpcTransport::connect(ctx.channel, ctx.session_id, ctx.token,
                                                     ctx.config.grpc_chunk_bytes));
   }
 
@@ -129,6 +131,13 @@ class GrpcEntry final : public TransportEntry {
                         session_id);
       return {::grpc::StatusCode::NOT_FOUND, "unknown session"};
     }
+    // The channel proves the token its Session proved the peer's id with.
+    if (!secretEquals(callToken(*ctx), hooks_.token(session_id))) {
+      auth_failures_->fetch_add(1, std::memory_order_relaxed);
+      log_session_.warn("grpc data channel from {} for session {:016x} refused: not that session's token",
+                        ctx->peer(), session_id);
+      return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token for this session"};
+    }
     auto t = transport::GrpcTransport::adoptServerStream(ctx, call, chunk_bytes_);
     if (!t) return {::grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
     std::shared_ptr<transport::GrpcServerTransport> server_transport = t.value();
@@ -139,6 +148,7 @@ class GrpcEntry final : public TransportEntry {
  private:
   AcceptHooks hooks_;  // set once, by listen(), before the gRPC server starts
   size_t chunk_bytes_ = 0;
+  std::atomic<uint64_t>* auth_failures_ = nullptr;  // set by listen()
   LogLimiter log_session_;
 };
 

@@ -39,6 +39,9 @@ struct AcceptHooks {
   // The data channel for `session_id` is up: the waiting Session takes it
   // (refused and logged when none waits).
   std::function<void(uint64_t session_id, std::shared_ptr<transport::Transport> t)> accepted;
+  // The token the dialer of `session_id` proves on its data channel: the one
+  // its Session proved its id with (link.token for a session nobody waits for).
+  std::function<std::string(uint64_t session_id)> token;
 };
 
 struct ListenContext {
@@ -57,6 +60,7 @@ struct DialContext {
   uint64_t session_id = 0;
   std::shared_ptr<::grpc::Channel> channel;  // the Session's channel
   int stop_fd = -1;                          // readable once the daemon stops: a dial in progress gives up
+  std::string token;                         // what this daemon presents to the peer (Config::peerToken)
 };
 
 // A Link.Data call, its DataMessages as raw bytes (transport/grpc/grpc_wire.h).

@@ -113,6 +113,13 @@ constexpr CounterInfo kLinksUp = {"links_up", "Peer links currently up.", &Metri
 constexpr CounterInfo kLinkCounters[] = {
     {"link_failures", "Peer sessions that ended.", &Metrics::Counters::link_failures},
     {"auth_failures", "Peers refused for a wrong token or version.", &Metrics::Counters::auth_failures},
+    {"peer_identity_refused",
+     "Peers refused for claiming a daemon id their token or certificate does not prove (another peer's).",
+     &Metrics::Counters::peer_identity_refused},
+    {"peer_instance_conflicts",
+     "Links of a peer id from a new instance while one from another instance was up (a restart not yet "
+     "noticed, or another daemon using that id).",
+     &Metrics::Counters::peer_instance_conflicts},
     {"frames_replayed", "Unacknowledged frames sent again after a link broke.",
      &Metrics::Counters::frames_replayed},
     {"frames_maybe_redelivered",

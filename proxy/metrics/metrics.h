@@ -39,7 +39,10 @@ class Metrics {
     std::atomic<uint64_t> links_up{0};
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
-    std::atomic<uint64_t> frames_replayed{0};           // sent again on a new link after a link broke
+    std::atomic<uint64_t> peer_identity_refused{0};  // Hellos whose credentials do not prove their daemon id
+    std::atomic<uint64_t> peer_instance_conflicts{
+        0};                                    // a second instance of a peer id linked while one was up
+    std::atomic<uint64_t> frames_replayed{0};  // sent again on a new link after a link broke
     std::atomic<uint64_t> frames_maybe_redelivered{0};  // replayed to a restarted receiving daemon
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     // Sequences a receiving stream stopped waiting for: its sender never

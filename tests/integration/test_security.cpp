@@ -1,7 +1,8 @@
 // Local security rules, checked with a second local user: a forked child
 // that drops to nobody/nogroup (65534) and tries what another user on the
 // host could try.  (The tests run as root, as CI does; without root they fail
-// and say so.)
+// and say so.)  And the peer token is the daemon's secret: a token file other
+// users can read is named at start.
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -13,6 +14,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "client_util.h"
@@ -126,4 +128,20 @@ TEST_CASE("security: another user cannot reach a client's segments", "[security]
     CHECK(std::string(e->d_name).find("framelink") == std::string::npos);
   }
   ::closedir(shm);
+}
+
+TEST_CASE("security: the daemon warns at start when its token file is open to other users", "[security]") {
+  TempDir dir("fl-tokfile");
+  const std::string file = dir.file("peer.token");
+  { std::ofstream(file) << "a-secret\n"; }
+  for (const mode_t mode : {0640, 0600}) {
+    INFO("token file mode " << std::oct << mode);
+    REQUIRE(::chmod(file.c_str(), mode) == 0);
+    DaemonProcess::Options o;
+    o.id = "tokfile";
+    o.extra_args = {"--token-file", file};
+    DaemonProcess d(o);
+    const bool warned = d.log().find("chmod 0600 " + file) != std::string::npos;
+    CHECK(warned == (mode != 0600));
+  }
 }

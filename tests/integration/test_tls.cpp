@@ -139,3 +139,48 @@ TEST_CASE("tls: a peer the listener cannot verify, or that cannot verify it, get
   DaemonProcess peer_c(good);
   requireServing(peer_c, pair.b(), "tls-ok");
 }
+
+TEST_CASE("tls: a dialer whose certificate names another daemon than it claims is refused",
+          "[integration][tls][identity]") {
+  struct Case {
+    const char* what;
+    bool per_peer;  // [[peer]] cert_name on the listener, else link.tls_require_cert_name
+  };
+  const Case c =
+      GENERATE(values<Case>({{"link.tls_require_cert_name", false}, {"[[peer]] cert_name", true}}));
+  INFO(c.what);
+  TestPki pki;
+  TempDir dir("fl-tls-id");
+  DaemonProcess::Options listener;
+  listener.id = "hostB";
+  listener.token = "integ-secret";
+  listener.transports = "grpc";
+  listener.extra_args = concat(pki.args("hostB"), {"--metrics", "127.0.0.1:0"});
+  const std::string claimed = c.per_peer ? "a" : "hostA";
+  if (c.per_peer) {
+    const std::string file = dir.file("b.toml");
+    std::ofstream(file) << "[[peer]]\nname = \"a\"\ncert_name = \"hostA\"\n";
+    listener.extra_args = concat(listener.extra_args, {"--config", file});
+  } else {
+    listener.extra_args.push_back("--tls-require-cert-name");
+  }
+  DaemonProcess b(listener);
+
+  DaemonProcess::Options honest;
+  honest.id = claimed;
+  honest.token = "integ-secret";
+  honest.transports = "grpc";
+  honest.peers = {"hostB=" + b.grpcAddress()};
+  honest.extra_args = pki.args("hostA");
+  DaemonProcess a(honest);
+  requireServing(a, b, "tls-id-ok");
+
+  DaemonProcess::Options impostor = honest;
+  impostor.extra_args = pki.args("hostC");  // signed by the same CA, but names hostC
+  DaemonProcess c_daemon(impostor);
+  CHECK(waitUntil([&] { return b.metric("framelink_peer_identity_refused_total") >= 1; }, Millis(10000),
+                  Millis(50)));
+  CHECK(b.waitForLog("claims to be '" + claimed + "'", Millis(5000)));
+  requireServing(a, b, "tls-id-still");
+  CHECK(b.metric("framelink_links_up") == 1);
+}

@@ -150,7 +150,8 @@ Sample sampleFor(const cfg::Option& option, int variant, const TempDir& dir) {
 }
 
 // A config file that sets `key = literal` in the option's section, plus what
-// the option needs to be accepted alone (a certificate for the tls_ keys).
+// the option needs to be accepted alone (a certificate for the tls_ keys, and
+// mutual TLS for tls_require_cert_name).
 std::string fileWith(const cfg::Option& option, const std::string& literal, const TempDir& dir) {
   std::map<std::string, std::string> sections;
   if (option.key.rfind("tls_", 0) == 0) {
@@ -159,6 +160,7 @@ std::string fileWith(const cfg::Option& option, const std::string& literal, cons
       if (option.key != key) sections["link"] += std::string(key) + " = " + quote(base) + "\n";
     }
   }
+  if (option.key == "tls_require_cert_name") sections["link"] += "tls_client_auth = true\n";
   if (!literal.empty())
     sections[std::string(option.section)] += std::string(option.key) + " = " + literal + "\n";
   std::string text;
@@ -400,7 +402,7 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
     }
     no_tls += line + "\n";
   }
-  CHECK(tls_keys == 5);
+  CHECK(tls_keys == 6);
   auto c = parse({"--config", dir.write("one.toml", no_tls)});
   INFO((c.ok() ? std::string() : c.error().message));
   REQUIRE(c.ok());

@@ -229,6 +229,14 @@ Result<UniqueFd> dialData(const std::string& host, uint16_t port, uint64_t sessi
 Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
     const std::string& host_port, std::string token, OnConnection on_connection,
     std::chrono::milliseconds handshake_timeout, TcpSocketOptions options, TcpListenerCounters counters) {
+  return listen(
+      host_port, [token = std::move(token)](uint64_t) { return token; }, std::move(on_connection),
+      handshake_timeout, options, counters);
+}
+
+Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
+    const std::string& host_port, TokenFor token_for, OnConnection on_connection,
+    std::chrono::milliseconds handshake_timeout, TcpSocketOptions options, TcpListenerCounters counters) {
   auto hp = parseHostPort(host_port);
   if (!hp) return std::move(hp).error().context("tcp data listener");
   const std::string& host = hp->first;
@@ -265,7 +273,7 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
   if (!wake.valid()) return makeError(FL_ERR_RESOURCES, "tcp data listener: eventfd: " + errnoText());
 
   std::unique_ptr<TcpDataListener> l(new TcpDataListener(std::move(fd), std::move(wake), port,
-                                                         std::move(token), std::move(on_connection),
+                                                         std::move(token_for), std::move(on_connection),
                                                          handshake_timeout, counters));
   try {
     l->thread_ = std::thread([p = l.get()] { p->acceptLoop(); });
@@ -276,13 +284,13 @@ Result<std::unique_ptr<TcpDataListener>> TcpDataListener::listen(
   return l;
 }
 
-TcpDataListener::TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token,
+TcpDataListener::TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, TokenFor token_for,
                                  OnConnection cb, std::chrono::milliseconds handshake_timeout,
                                  TcpListenerCounters counters)
     : listen_fd_(std::move(listen_fd)),
       wake_fd_(std::move(wake_fd)),
       port_(port),
-      token_(std::move(token)),
+      token_for_(std::move(token_for)),
       on_connection_(std::move(cb)),
       handshake_timeout_(handshake_timeout),
       counters_(counters) {}
@@ -400,8 +408,13 @@ void TcpDataListener::finish(Pending& p) noexcept {
           std::to_string(kTcpWireVersion);
   } else {
     uint8_t expected[kTokenDigestBytes];
-    tokenDigest(token_, hello.session_id, expected);
-    if (!digestEqual(expected, hello.token)) {
+    bool known = true;
+    try {
+      tokenDigest(token_for_(hello.session_id), hello.session_id, expected);
+    } catch (...) {
+      known = false;  // no token to prove: refused like a wrong one
+    }
+    if (!known || !digestEqual(expected, hello.token)) {
       reply.status = FL_ERR_AUTH;
       why = "wrong token (check --token on both daemons)";
       if (counters_.auth_failures != nullptr) {

@@ -59,6 +59,9 @@ class TcpDataListener {
   // a TcpTransport).
   using OnConnection = std::function<void(uint64_t session_id, UniqueFd fd)>;
 
+  // The token the dialer of `session_id` must prove in its handshake.
+  using TokenFor = std::function<std::string(uint64_t session_id)>;
+
   // Handshakes in progress at once (further connections wait in the
   // backlog), and from one address (further ones are closed at once).
   static constexpr size_t kMaxPendingHandshakes = 64;
@@ -71,6 +74,11 @@ class TcpDataListener {
   // makes sense), is closed and logged (rate-limited) -- a peer that stalls
   // half-way holds one slot of kMaxPendingHandshakes until its deadline and
   // delays nobody else.
+  static Result<std::unique_ptr<TcpDataListener>> listen(
+      const std::string& host_port, TokenFor token_for, OnConnection on_connection,
+      std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5), TcpSocketOptions options = {},
+      TcpListenerCounters counters = {});
+  // One token for every session.
   static Result<std::unique_ptr<TcpDataListener>> listen(
       const std::string& host_port, std::string token, OnConnection on_connection,
       std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5), TcpSocketOptions options = {},
@@ -87,7 +95,7 @@ class TcpDataListener {
 
  private:
   struct Pending;
-  TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, std::string token, OnConnection cb,
+  TcpDataListener(UniqueFd listen_fd, UniqueFd wake_fd, uint16_t port, TokenFor token_for, OnConnection cb,
                   std::chrono::milliseconds handshake_timeout, TcpListenerCounters counters);
   void acceptLoop() noexcept;
   // Accepts what the backlog holds, up to the handshake limit; false when
@@ -100,7 +108,7 @@ class TcpDataListener {
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // eventfd: written by stop()
   const uint16_t port_;
-  const std::string token_;
+  const TokenFor token_for_;
   const OnConnection on_connection_;
   const std::chrono::milliseconds handshake_timeout_;
   const TcpListenerCounters counters_;

@@ -1,0 +1,277 @@
+#include "config/config_peers.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "config/config_values.h"
+
+namespace framelink {
+
+namespace config {
+namespace {
+
+template <typename T, typename U>
+Status assign(Result<T> parsed, U& field) {
+  if (!parsed) return std::move(parsed).error();
+  field = std::move(*parsed);
+  return {};
+}
+
+// One [[peer]] table of `file_`: its keys, and the checks that need only it.
+class PeerTable {
+ public:
+  PeerTable(std::string file, size_t index)
+      : file_(std::move(file)), base_("peer[" + std::to_string(index) + "]") {}
+
+  Result<PeerConfig> read(const toml::table& table) {
+    for (auto&& [k, value] : table) {
+      if (auto st = key(std::string(k.str()), value); !st) return std::move(st).error();
+    }
+    if (auto st = readToken(table); !st) return std::move(st).error();
+    if (auto st = check(table); !st) return std::move(st).error();
+    return std::move(peer_);
+  }
+
+ private:
+  // "(line 3 of /etc/framelink/framelinkd.toml)"
+  std::string at(const toml::node& node) const {
+    const auto line = node.source().begin.line;
+    if (line == 0) return "in " + file_;
+    return "(line " + std::to_string(line) + " of " + file_ + ")";
+  }
+
+  Result<std::string> str(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_string()) return v->get();
+    return invalidSetting(key + " " + at(node) + ": must be a string (in quotes)");
+  }
+
+  Status key(const std::string& name, const toml::node& value) {
+    const std::string key = base_ + "." + name;
+    if (name == "name") return assign(str(key, value), peer_.name);
+    if (name == "address") return assign(str(key, value), peer_.address);
+    if (name == "token") {
+      if (auto st = assign(str(key, value), peer_.token); !st) return st;
+      if (peer_.token.empty()) {
+        return invalidSetting(key + " " + at(value) +
+                              " is empty; write the secret this daemon and the peer share, or leave the key "
+                              "out to use link.token");
+      }
+      has_token_ = true;
+      return {};
+    }
+    if (name == "token_file") {
+      if (auto st = assign(str(key, value), peer_.token_file); !st) return st;
+      std::filesystem::path path(peer_.token_file);
+      if (path.is_relative()) path = std::filesystem::path(file_).parent_path() / path;
+      peer_.token_file = path.string();
+      token_file_at_ = at(value);
+      return {};
+    }
+    if (name == "cert_name") return assign(str(key, value), peer_.cert_name);
+    if (name == "streams") return streams(key, value);
+    return invalidSetting("unknown key '" + key + "' " + at(value) +
+                          "; the README section \"Configuration\" lists every key");
+  }
+
+  Status streams(const std::string& key, const toml::node& value) {
+    const auto* list = value.as_array();
+    if (list == nullptr) {
+      return invalidSetting(key + " " + at(value) + R"(: must be an array of strings, e.g. ["a", "b"])");
+    }
+    for (const auto& stream : *list) {
+      std::string s;
+      if (auto st = assign(str(key, stream), s); !st) return st;
+      peer_.streams.push_back(std::move(s));
+    }
+    return {};
+  }
+
+  Status readToken(const toml::table& table) {
+    if (peer_.token_file.empty()) return {};
+    if (has_token_) {
+      return invalidSetting(base_ + " " + at(table) + ": token and token_file are both set; keep one");
+    }
+    return assign(readTokenFile(peer_.token_file, base_ + ".token_file " + token_file_at_), peer_.token);
+  }
+
+  Status check(const toml::table& table) const {
+    if (peer_.name.empty() || (peer_.address.empty() && peer_.token.empty() && peer_.cert_name.empty())) {
+      return invalidSetting(base_ + " " + at(table) +
+                            R"(: every [[peer]] needs name = "..." and address = "HOST:PORT" (a peer that )"
+                            "only dials in: its token, token_file or cert_name instead)");
+    }
+    const std::string where = "[[peer]] '" + peer_.name + "' " + at(table);
+    if (auto st = checkStreamName(peer_.name, where + " name", false); !st) return st;
+    if (!peer_.address.empty()) {
+      if (auto st = checkHostPort(peer_.address, where + " address", false); !st) return st;
+    }
+    for (const auto& stream : peer_.streams) {
+      if (auto st = checkStreamName(stream, where + " stream name", true); !st) return st;
+    }
+    return {};
+  }
+
+  const std::string file_;
+  const std::string base_;  // "peer[2]"
+  PeerConfig peer_;
+  bool has_token_ = false;
+  std::string token_file_at_;
+};
+
+}  // namespace
+
+Status readPeers(const toml::node& node, const std::string& file, Config& config) {
+  const auto* array = node.as_array();
+  if (array == nullptr || !array->is_array_of_tables()) {
+    const auto line = node.source().begin.line;
+    return invalidSetting("'peer' (line " + std::to_string(line) + " of " + file +
+                          ") must be written as [[peer]] tables");
+  }
+  size_t index = 0;
+  for (const auto& element : *array) {
+    auto peer = PeerTable(file, index++).read(*element.as_table());
+    if (!peer) return std::move(peer).error();
+    config.peers.push_back(std::move(peer.value()));
+  }
+  return {};
+}
+
+Status applyPeerFlags(const std::vector<std::string>& peer_flags, const std::vector<std::string>& route_flags,
+                      Config& c) {
+  for (const auto& spec : peer_flags) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      return invalidSetting("--peer '" + spec + "': write NAME=HOST:PORT, e.g. --peer hostb=10.0.0.2:7700");
+    }
+    PeerConfig peer{spec.substr(0, eq), spec.substr(eq + 1), {}, {}, {}, {}};
+    if (auto st = checkStreamName(peer.name, "--peer '" + spec + "': the name", false); !st) return st;
+    if (auto st = checkHostPort(peer.address, "--peer " + peer.name, false); !st) return st;
+    auto existing = std::find_if(c.peers.begin(), c.peers.end(),
+                                 [&](const PeerConfig& p) { return p.name == peer.name; });
+    if (existing != c.peers.end()) {
+      existing->address = peer.address;
+    } else {
+      c.peers.push_back(std::move(peer));
+    }
+  }
+  for (const auto& spec : route_flags) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      return invalidSetting("--route '" + spec +
+                            "': write STREAM=PEER, e.g. --route cam0=hostb (STREAM may be '*')");
+    }
+    const std::string stream = spec.substr(0, eq);
+    const std::string name = spec.substr(eq + 1);
+    if (auto st = checkStreamName(stream, "--route " + spec + ": stream name", true); !st) return st;
+    auto peer =
+        std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
+    if (peer == c.peers.end()) {
+      std::vector<std::string> names;
+      for (const auto& p : c.peers) names.push_back(p.name);
+      return invalidSetting("--route " + spec + ": no peer named '" + name +
+                            "' (configured: " + (names.empty() ? std::string("none") : join(names, ", ")) +
+                            "); add --peer " + name + "=HOST:PORT or a [[peer]] table");
+    }
+    if (std::find(peer->streams.begin(), peer->streams.end(), stream) == peer->streams.end()) {
+      peer->streams.push_back(stream);
+    }
+  }
+  return {};
+}
+
+Status checkPeers(const Config& c) {
+  for (size_t i = 0; i < c.peers.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (c.peers[i].name == c.peers[j].name) {
+        return invalidSetting("peer '" + c.peers[i].name +
+                              "' is configured twice; give each peer a unique name");
+      }
+      for (const auto& stream : c.peers[i].streams) {
+        const auto& other = c.peers[j].streams;
+        if (std::find(other.begin(), other.end(), stream) != other.end()) {
+          return invalidSetting("stream '" + stream + "' is routed to both peer '" + c.peers[j].name +
+                                "' and peer '" + c.peers[i].name + "'; route it to one");
+        }
+      }
+    }
+  }
+  // Only a dialer that must show a certificate has names to check.
+  if (c.tls_client_auth) return {};
+  if (c.tls_require_cert_name) {
+    return invalidSetting(
+        "link.tls_require_cert_name (--tls-require-cert-name) needs link.tls_client_auth: without mutual "
+        "TLS a dialing peer shows no certificate whose name could be checked");
+  }
+  for (const auto& peer : c.peers) {
+    if (!peer.cert_name.empty()) {
+      return invalidSetting("[[peer]] '" + peer.name +
+                            "' cert_name needs link.tls_client_auth (mutual TLS): without it a dialing "
+                            "peer shows no certificate whose name could be checked");
+    }
+  }
+  return {};
+}
+
+}  // namespace config
+
+std::string Config::routeFor(const std::string& stream) const {
+  for (const auto& peer : peers) {
+    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) return peer.name;
+  }
+  for (const auto& peer : peers) {
+    if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) return peer.name;
+  }
+  const PeerConfig* fallback = nullptr;
+  for (const auto& peer : peers) {
+    if (!peer.streams.empty()) continue;
+    if (fallback != nullptr) return "";  // two peers without routes: ambiguous
+    fallback = &peer;
+  }
+  return fallback != nullptr ? fallback->name : "";
+}
+
+const std::string& Config::peerToken(std::string_view id) const {
+  for (const auto& peer : peers) {
+    if (peer.name == id && !peer.token.empty()) return peer.token;
+  }
+  return token;
+}
+
+bool Config::peerTokens() const {
+  return std::any_of(peers.begin(), peers.end(), [](const PeerConfig& p) { return !p.token.empty(); });
+}
+
+std::string Config::certNameFor(std::string_view id) const {
+  for (const auto& peer : peers) {
+    if (peer.name == id && !peer.cert_name.empty()) return peer.cert_name;
+  }
+  return tls_require_cert_name ? std::string(id) : std::string();
+}
+
+std::vector<std::string> exposedTokenFiles(const Config& config) {
+  std::vector<std::string> files;
+  if (!config.token_file.empty()) files.push_back(config.token_file);
+  for (const auto& peer : config.peers) {
+    if (!peer.token_file.empty()) files.push_back(peer.token_file);
+  }
+  std::vector<std::string> warnings;
+  for (const auto& file : files) {
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0 || (st.st_mode & 077) == 0) continue;
+    const passwd* owner = ::getpwuid(st.st_uid);
+    const group* group = ::getgrgid(st.st_gid);
+    warnings.push_back("token file " + file + " (mode " + formatMode(st.st_mode & 0777) + ", owner " +
+                       (owner != nullptr ? owner->pw_name : std::to_string(st.st_uid)) + ", group " +
+                       (group != nullptr ? group->gr_name : std::to_string(st.st_gid)) +
+                       ") is open to other users than the daemon's: whoever reads it can link as a peer; "
+                       "chown it to the daemon's user and chmod 0600 " +
+                       file);
+  }
+  return warnings;
+}
+
+}  // namespace framelink

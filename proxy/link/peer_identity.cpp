@@ -1,0 +1,166 @@
+#include "link/peer_identity.h"
+
+#include <grpc/grpc_security_constants.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "metrics/metrics.h"
+#include "transport/grpc/grpc_limits.h"
+
+namespace framelink {
+
+namespace {
+
+// The names a verified client certificate carries: its common name and its
+// DNS names.  None without TLS or without a certificate.
+std::vector<std::string> certificateNames(const ::grpc::ServerContext& ctx) {
+  std::vector<std::string> names;
+  const auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME}) {
+    for (const auto& value : auth->FindPropertyValues(property)) {
+      names.emplace_back(value.data(), value.size());
+    }
+  }
+  return names;
+}
+
+std::string listed(const std::vector<std::string>& names) {
+  if (names.empty()) return "no name (no client certificate)";
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "'" : ", '") + name.substr(0, 128) + "'";
+  return out;
+}
+
+}  // namespace
+
+bool secretEquals(std::string_view presented, std::string_view expected) noexcept {
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < presented.size(); ++i) {
+    const unsigned char want =
+        expected.empty() ? 0 : static_cast<unsigned char>(expected[i % expected.size()]);
+    diff |= static_cast<unsigned char>(static_cast<unsigned char>(presented[i]) ^ want);
+  }
+  return diff == 0;
+}
+
+std::string callToken(const ::grpc::ServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(transport::kTokenMetadataKey);
+  return it != md.end() ? std::string(it->second.data(), it->second.size()) : std::string();
+}
+
+bool PeerIdentity::known(std::string_view token) const {
+  // Every configured token is compared, so that the time says nothing of which one matched.
+  bool match = !config_.token.empty() && secretEquals(token, config_.token);
+  for (const auto& peer : config_.peers) {
+    match = (!peer.token.empty() && secretEquals(token, peer.token)) || match;
+  }
+  return match;
+}
+
+bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
+  if (config_.token.empty() && !config_.peerTokens()) return true;  // peers are not authenticated by token
+  const std::string token = callToken(ctx);
+  if (known(token)) return true;
+  // A dialer without a token may still prove its id by its certificate.
+  const bool names_checked =
+      config_.tls_require_cert_name || std::any_of(config_.peers.begin(), config_.peers.end(),
+                                                   [](const PeerConfig& p) { return !p.cert_name.empty(); });
+  return token.empty() && names_checked;
+}
+
+::grpc::Status PeerIdentity::prove(const ::grpc::ServerContext& ctx, const v1::Hello& hello,
+                                   const std::string& from) {
+  const std::string& id = hello.daemon_id();
+  const std::string& expected = config_.peerToken(id);
+  const std::string cert_name = config_.certNameFor(id);
+  if (!expected.empty()) {
+    // Both are compared, whatever the first one says.
+    const bool hello_ok = secretEquals(hello.token(), expected);
+    const bool call_ok = secretEquals(callToken(ctx), expected);
+    if (!hello_ok || !call_ok) {
+      return refuseToken(hello, from);
+    }
+  } else if (config_.peerTokens() && cert_name.empty()) {
+    metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+    log_.warn(
+        "peer at {} refused: it claims to be '{}', which has no token of its own here, and link.token is not "
+        "set (FL_ERR_AUTH)",
+        from, id);
+    return {
+        ::grpc::StatusCode::UNAUTHENTICATED,
+        "daemon id '" + id +
+            "' is not accepted here: give it a [[peer]] with its own token (or cert_name) on this daemon"};
+  }
+  if (cert_name.empty()) return ::grpc::Status::OK;
+  const std::vector<std::string> names = certificateNames(ctx);
+  for (const auto& name : names) {
+    if (name == cert_name) return ::grpc::Status::OK;
+  }
+  return refuseCertificate(ctx, id, cert_name, from);
+}
+
+::grpc::Status PeerIdentity::refuseToken(const v1::Hello& hello, const std::string& from) {
+  const std::string& id = hello.daemon_id();
+  if (!known(hello.token())) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
+  }
+  // A token this daemon accepts, but from another id: a leaked or shared
+  // token used to pass for someone else, or a peer configured with the
+  // wrong one.
+  metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+  log_.warn(
+      "peer at {} refused: it claims to be '{}', but its token is not the one '{}' has here (another peer's, "
+      "or "
+      "link.token where '{}' has a token of its own) (FL_ERR_AUTH)",
+      from, id, id, id);
+  return {::grpc::StatusCode::UNAUTHENTICATED, "the token does not prove daemon id '" + id +
+                                                   "': present the token of its [[peer]] on this daemon"};
+}
+
+::grpc::Status PeerIdentity::refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
+                                               const std::string& name, const std::string& from) {
+  metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+  const std::string names = listed(certificateNames(ctx));
+  log_.warn("peer at {} refused: it claims to be '{}', but its certificate names {}, not '{}' (FL_ERR_AUTH)",
+            from, id, names, name);
+  return {::grpc::StatusCode::UNAUTHENTICATED, "the certificate does not prove daemon id '" + id +
+                                                   "': it must name '" + name + "'; it names " + names};
+}
+
+PeerInstances::Up PeerInstances::up(const std::string& peer, uint64_t instance, const std::string& from) {
+  uint64_t other = 0;
+  {
+    MutexLock lock(mutex_);
+    auto& instances = up_[peer];
+    for (const auto& [i, links] : instances) {
+      if (i != instance) other = i;
+    }
+    ++instances[instance];
+  }
+  if (other != 0) {
+    metrics_.counters.peer_instance_conflicts.fetch_add(1, std::memory_order_relaxed);
+    log_.warn(
+        "peer {} at {}: another instance ({:016x}) comes up while the link from instance {:016x} is up: {} "
+        "restarted and its old link has not ended yet, or another daemon uses the id '{}' (give each "
+        "[[peer]] "
+        "a token of its own, or set tls_require_cert_name, so that an id must be proven)",
+        peer, from, instance, other, peer, peer);
+  }
+  return Up(this, peer, instance);
+}
+
+void PeerInstances::down(const std::string& peer, uint64_t instance) {
+  MutexLock lock(mutex_);
+  auto it = up_.find(peer);
+  if (it == up_.end()) return;
+  auto link = it->second.find(instance);
+  if (link != it->second.end() && --link->second == 0) it->second.erase(link);
+  if (it->second.empty()) up_.erase(it);
+}
+
+}  // namespace framelink

@@ -1,0 +1,119 @@
+// Who a dialing daemon is: the daemon_id of its Hello is believed only when
+// its credentials prove it.  Three daemons on loopback: A listens; B, the real
+// "b", dials A and sends to it; C dials A and claims to be "b" as well.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "client_util.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+constexpr const char* kShared = "shared-secret";
+constexpr const char* kTokenB = "b-own-secret";
+constexpr const char* kTokenC = "c-own-secret";
+
+std::string configFile(const TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir.file(name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string peerTable(const std::string& name, const std::string& token) {
+  return "[[peer]]\nname = \"" + name + "\"\ntoken = \"" + token + "\"\n";
+}
+
+DaemonProcess::Options daemonOptions(const std::string& id, const std::string& transport,
+                                     std::vector<std::string> extra_args) {
+  DaemonProcess::Options o;
+  o.id = id;
+  o.transports = transport;
+  o.extra_args = std::move(extra_args);
+  return o;
+}
+
+const char* const kRefused = "framelink_peer_identity_refused_total";
+const char* const kConflicts = "framelink_peer_instance_conflicts_total";
+
+}  // namespace
+
+TEST_CASE(
+    "identity: a daemon that claims another peer's id is refused and counted; the real peer keeps sending",
+    "[integration][security][identity]") {
+  struct Case {
+    const char* what;
+    const char* transport;
+    bool c_has_own_token;  // else C holds the shared token, which A accepts only from ids without their own
+  };
+  const Case k = GENERATE(values<Case>({
+      {"C presents its own token", "tcp", true},
+      {"C presents its own token", "grpc", true},
+      {"C presents the shared token", "tcp", false},
+  }));
+  INFO(k.what << " over " << k.transport);
+  TempDir dir("fl-ident");
+  // A knows b and c by their own tokens; the shared one is for everybody else.
+  DaemonProcess a(daemonOptions("a", k.transport,
+                                {"--metrics", "127.0.0.1:0", "--config",
+                                 configFile(dir, "a.toml",
+                                            "[link]\ntoken = \"" + std::string(kShared) + "\"\n" +
+                                                peerTable("b", kTokenB) + peerTable("c", kTokenC))}));
+  auto b_options =
+      daemonOptions("b", k.transport, {"--config", configFile(dir, "b.toml", peerTable("a", kTokenB))});
+  b_options.peers = {"a=" + a.grpcAddress()};
+  DaemonProcess b(b_options);
+  requireServing(b, a, "ident-before");
+  REQUIRE(a.metric(kRefused) == 0);
+
+  auto c_options = daemonOptions("b", k.transport, {});
+  c_options.peers = {"a=" + a.grpcAddress()};
+  if (k.c_has_own_token) {
+    c_options.extra_args = {"--config", configFile(dir, "c.toml", peerTable("a", kTokenC))};
+  } else {
+    c_options.token = kShared;
+  }
+  DaemonProcess c(c_options);
+  INFO("A refuses C's Hello, says why, and counts it");
+  CHECK(waitUntil([&] { return a.metric(kRefused) >= 1; }, Millis(10000), Millis(50)));
+  CHECK(a.waitForLog("claims to be 'b'", Millis(5000)));
+  CHECK(c.waitForLog("refused the session", Millis(5000)));
+
+  // C keeps redialing; B's frames arrive all the same, over B's own link.
+  requireServing(b, a, "ident-during", 20);
+  CHECK(a.metric("framelink_links_up") == 1);
+  CHECK(a.metric(kConflicts) == 0);
+
+  // An honest restart: b comes back as a new instance and links again.
+  b.kill9();
+  b.restart();
+  requireServing(b, a, "ident-restarted");
+  const int64_t refused = a.metric(kRefused);
+  INFO("C keeps redialing, and is refused each time");
+  CHECK(waitUntil([&] { return a.metric(kRefused) > refused; }, Millis(10000), Millis(50)));
+}
+
+TEST_CASE("identity: with one shared token a second instance of a peer's id is logged and counted",
+          "[integration][security][identity]") {
+  // Nothing tells B and C apart here (the same token, no certificates): C is
+  // admitted, but not silently.
+  auto a_options = daemonOptions("a", "tcp", {"--metrics", "127.0.0.1:0"});
+  a_options.token = kShared;
+  DaemonProcess a(a_options);
+  auto b_options = daemonOptions("b", "tcp", {});
+  b_options.token = kShared;
+  b_options.peers = {"a=" + a.grpcAddress()};
+  DaemonProcess b(b_options);
+  requireServing(b, a, "twin-before");
+  REQUIRE(a.metric(kConflicts) == 0);
+
+  DaemonProcess c(b_options);  // the same id, token and peer: a clone of b's host
+  CHECK(waitUntil([&] { return a.metric(kConflicts) >= 1; }, Millis(10000), Millis(50)));
+  CHECK(a.waitForLog("another instance", Millis(5000)));
+  c.terminate();
+  requireServing(b, a, "twin-after");
+}

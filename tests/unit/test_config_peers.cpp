@@ -1,0 +1,155 @@
+// [[peer]] credentials: a peer's own token (token / token_file), the name its
+// TLS certificate must carry (cert_name, link.tls_require_cert_name), peers
+// that only dial in (no address), and token files others can read.
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "config_test_util.h"
+
+namespace fl = framelink;
+using namespace framelink::config_test;
+
+namespace {
+
+const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+// A [link] table with mutual TLS, its files in `dir`.
+std::string mutualTls(const TempDir& dir) {
+  const std::string pem = dir.write("tls.pem", kPem);
+  return "tls_cert_file = \"" + pem + "\"\ntls_key_file = \"" + pem + "\"\ntls_ca_file = \"" + pem +
+         "\"\ntls_client_auth = true\n";
+}
+
+}  // namespace
+
+TEST_CASE("a [[peer]] may carry its own token, inline or from a file", "[config][peer-auth]") {
+  TempDir dir;
+  dir.write("b.token", "b-secret\n");
+  auto c = parse({"--config", dir.write("p.toml", R"(
+[link]
+token = "shared"
+[[peer]]
+name = "b"
+address = "127.0.0.1:7702"
+token_file = "b.token"
+[[peer]]
+name = "c"
+token = "c-secret"
+[[peer]]
+name = "d"
+address = "127.0.0.1:7704"
+)")});
+  INFO((c.ok() ? std::string() : c.error().message));
+  REQUIRE(c.ok());
+  REQUIRE(c->peers.size() == 3);
+  CHECK(c->peers[0].token == "b-secret");
+  CHECK(c->peers[0].token_file == dir.path("b.token"));  // relative to the config file
+  CHECK(c->peers[1].token == "c-secret");
+  CHECK(c->peers[1].address.empty());  // c only dials in
+  CHECK(c->peers[2].token.empty());
+  // A peer's own token, else the shared one; ids without a [[peer]] get the shared one too.
+  CHECK(c->peerToken("b") == "b-secret");
+  CHECK(c->peerToken("c") == "c-secret");
+  CHECK(c->peerToken("d") == "shared");
+  CHECK(c->peerToken("stranger") == "shared");
+  CHECK(c->peerTokens());
+
+  const std::string line = fl::describe(*c);
+  for (const char* secret : {"b-secret", "c-secret", "shared"}) CHECK(line.find(secret) == std::string::npos);
+  CHECK(line.find("b=127.0.0.1:7702(token=<redacted>)") != std::string::npos);
+  CHECK(line.find("c=dials-in(token=<redacted>)") != std::string::npos);
+  CHECK(line.find("d=127.0.0.1:7704") != std::string::npos);
+
+  auto plain = parse({"--token", "shared", "--peer", "b=h:1"});
+  REQUIRE(plain.ok());
+  CHECK_FALSE(plain->peerTokens());
+  CHECK(plain->peerToken("b") == "shared");
+}
+
+TEST_CASE("--peer gives a file's dial-in peer an address and keeps its token", "[config][peer-auth]") {
+  TempDir dir;
+  const auto file = dir.write("p.toml", "[[peer]]\nname = \"a\"\ntoken = \"a-secret\"\n");
+  auto c = parse({"--config", file, "--peer", "a=127.0.0.1:7700"});
+  REQUIRE(c.ok());
+  REQUIRE(c->peers.size() == 1);
+  CHECK(c->peers[0].address == "127.0.0.1:7700");
+  CHECK(c->peers[0].token == "a-secret");
+}
+
+TEST_CASE("per-peer credentials: what is refused, and why", "[config][peer-auth]") {
+  TempDir dir;
+  dir.write("t", "x\n");
+  auto peer = [&](const std::string& name, const std::string& body) {
+    return dir.write(name, "[[peer]]\nname = \"b\"\n" + body);
+  };
+  requireError({"--config", peer("both.toml", "token = \"x\"\ntoken_file = \"t\"\n")},
+               {"peer[0]", "token", "token_file", "keep one"});
+  requireError({"--config", peer("missing.toml", "token_file = \"nope\"\n")},
+               {"peer[0].token_file", "cannot read"});
+  requireError({"--config", peer("empty.toml", "token = \"\"\n")}, {"peer[0].token", "empty"});
+  requireError({"--config", peer("number.toml", "token = 7\n")}, {"peer[0].token", "string"});
+  requireError({"--config", peer("nothing.toml", "streams = [\"cam\"]\n")},
+               {"[[peer]]", "address", "dials in", "token"});
+  // A certificate name is only known with mutual TLS.
+  requireError({"--config", peer("cert.toml", "address = \"h:1\"\ncert_name = \"hostB\"\n")},
+               {"cert_name", "tls_client_auth"});
+  requireError({"--config", dir.write("req.toml", "[link]\ntls_require_cert_name = true\n")},
+               {"tls_require_cert_name", "tls_client_auth"});
+
+  auto tls =
+      parse({"--config", dir.write("tls.toml", "[link]\n" + mutualTls(dir) +
+                                                   "tls_require_cert_name = true\n"
+                                                   "[[peer]]\nname = \"b\"\ncert_name = \"hostB\"\n")});
+  INFO((tls.ok() ? std::string() : tls.error().message));
+  REQUIRE(tls.ok());
+  CHECK(tls->tls_require_cert_name);
+  CHECK(tls->peers[0].cert_name == "hostB");
+  CHECK(tls->peers[0].address.empty());
+  CHECK(fl::describe(*tls).find("b=dials-in(cert_name=hostB)") != std::string::npos);
+}
+
+TEST_CASE("peers that each have their own token authenticate the listener", "[config][peer-auth][security]") {
+  TempDir dir;
+  // No shared token: only the listed peers, each with its own, may dial in.
+  const auto own = dir.write("own.toml", "[[peer]]\nname = \"b\"\ntoken = \"b-secret\"\n");
+  auto c = parseAsIs({"--config", own});
+  INFO((c.ok() ? std::string() : c.error().message));
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->unauthenticatedFromNetwork());
+  CHECK(c->peerToken("b") == "b-secret");
+  CHECK(c->peerToken("stranger").empty());
+  // A peer without one still leaves the others unauthenticated.
+  const auto mixed = dir.write("mixed.toml", "[[peer]]\nname = \"b\"\naddress = \"h:1\"\n");
+  CHECK_FALSE(parseAsIs({"--config", mixed}).ok());
+}
+
+TEST_CASE("token files that others than the daemon's user can read are named at start",
+          "[config][security]") {
+  TempDir dir;
+  const std::string shared = dir.write("shared.token", "s\n");
+  const std::string own = dir.write("b.token", "b\n");
+  REQUIRE(::chmod(shared.c_str(), 0640) == 0);
+  REQUIRE(::chmod(own.c_str(), 0604) == 0);
+  auto c = parse({"--config", dir.write("p.toml",
+                                        "[link]\ntoken_file = \"shared.token\"\n"
+                                        "[[peer]]\nname = \"b\"\ntoken_file = \"b.token\"\n")});
+  REQUIRE(c.ok());
+  const std::vector<std::string> warnings = fl::exposedTokenFiles(*c);
+  REQUIRE(warnings.size() == 2);
+  CHECK(warnings[0].find(shared) != std::string::npos);
+  CHECK(warnings[0].find("0640") != std::string::npos);
+  CHECK(warnings[0].find("chmod 0600") != std::string::npos);
+  CHECK(warnings[1].find(own) != std::string::npos);
+
+  REQUIRE(::chmod(shared.c_str(), 0600) == 0);
+  REQUIRE(::chmod(own.c_str(), 0400) == 0);
+  CHECK(fl::exposedTokenFiles(*c).empty());
+  // A token on the command line or inline in the file has no file to check.
+  auto inline_token = parse({"--token", "s"});
+  REQUIRE(inline_token.ok());
+  CHECK(fl::exposedTokenFiles(*inline_token).empty());
+}
