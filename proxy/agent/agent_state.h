@@ -83,6 +83,10 @@ struct AgentLink : LinkIdentity {
   PeerSession session;
   std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
   bool closing = false;
+  // Closed because the peer broke the protocol: nothing it says is taken any
+  // more.  A link closing for another reason (the peer's Fin, a transport
+  // error) still takes the ACKs and NACKs that were on their way.
+  bool violated = false;
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME

@@ -371,6 +371,7 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
 
 void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
+  l.violated = true;
   if (l.closing) return;
   l.closing = true;
   v1::PeerMessage fin;
@@ -381,7 +382,7 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
 }
 
 void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
-  if (l.closing) return;
+  if (l.violated) return;
   metrics_.counters.control_records_received.fetch_add(1, std::memory_order_relaxed);
   v1::ControlBatch batch;
   if (!batch.ParseFromString(record)) {
@@ -394,8 +395,13 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
                            "; only credit grants, revokes and lows, ACKs and NACKs travel there");
       return;
     }
+    // A closing link takes no new credits or streams, but the answers about
+    // frames it carried still settle them: a peer that shuts down cleanly
+    // sends its last ACKs just before its Fin, and the Session may overtake
+    // them.
+    if (l.closing && !m.has_ack() && !m.has_nack()) continue;
     onPeerMessage(l, m);
-    if (l.closing) return;
+    if (l.violated) return;
   }
 }
 
