@@ -88,6 +88,11 @@ Message decode(const v1::PeerMessage& msg) {
       return decodeGrant(msg.credit_grant());
     case v1::PeerMessage::kCreditRevoke: {
       const auto& r = msg.credit_revoke();
+      // No stream holds more credits, and each id named costs the receiver a
+      // lookup: a longer list is work for nothing.
+      if (static_cast<size_t>(r.credit_ids_size()) > kMaxCreditsPerStream) {
+        return Violation{"revoke of more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
+      }
       if (static_cast<size_t>(r.retired_regions_size()) > kMaxRegionId) {
         return Violation{"a revoke retired more than " + std::to_string(kMaxRegionId) + " slot regions"};
       }

@@ -71,7 +71,7 @@ struct CreditGrant {
 };
 struct CreditRevoke {
   uint64_t stream_id = 0;
-  std::vector<uint64_t> credit_ids;
+  std::vector<uint64_t> credit_ids;       // at most kMaxCreditsPerStream
   bool returned = false;                  // the sender gives back credits it did not use
   std::vector<uint32_t> retired_regions;  // from the receiver: these regions are gone
 };

@@ -254,6 +254,21 @@ TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[pee
   CHECK(std::get<peer::Nack>(peer::decode(nack)).code == FL_ERR_CRC_MISMATCH);
 }
 
+TEST_CASE("peer messages: a revoke names at most as many credits as a stream may hold", "[peer_messages]") {
+  v1::PeerMessage m;
+  auto* r = m.mutable_credit_revoke();
+  r->set_stream_id(4);
+  for (uint64_t id = 1; id <= peer::kMaxCreditsPerStream; ++id) r->add_credit_ids(id);
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::CreditRevoke>(decoded));
+  CHECK(std::get<peer::CreditRevoke>(decoded).credit_ids.size() == peer::kMaxCreditsPerStream);
+  // One more, even a repeat of an id already named, is more than any stream holds.
+  r->add_credit_ids(2);
+  CHECK_THAT(violation(m), Catch::Contains("revoke of more than 65536 credits"));
+  r->set_returned(true);  // a sender giving credits back is held to the same bound
+  CHECK_THAT(violation(m), Catch::Contains("revoke of more than 65536 credits"));
+}
+
 TEST_CASE("peer messages: the rest, and what may not come after the handshake", "[peer_messages]") {
   v1::PeerMessage m;
   m.mutable_fin()->set_reason(std::string(300, 'r'));
