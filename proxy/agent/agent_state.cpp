@@ -70,21 +70,26 @@ void AgentLink::send(v1::PeerMessage message) {
     }
     return;
   }
-  if (control_bytes >= kMaxControlRecordBytes) {
-    control_out.push_back(control.SerializeAsString());
-    control.Clear();
-    control_bytes = 0;
+  const uint64_t acked = message.has_ack() ? peer::ackFrames(message.ack()) : 0;
+  if (control_bytes >= kMaxControlRecordBytes ||
+      (acked > 0 && control_ack_frames + acked > peer::kMaxAckFramesPerRecord)) {
+    cutRecord();
   }
   control_bytes += message.ByteSizeLong() + 4;  // + the field's tag and length
+  control_ack_frames += acked;
   control.add_messages()->Swap(&message);
 }
 
+void AgentLink::cutRecord() {
+  if (control.messages_size() == 0) return;
+  control_out.push_back(control.SerializeAsString());
+  control.Clear();
+  control_bytes = 0;
+  control_ack_frames = 0;
+}
+
 size_t AgentLink::flushControl(std::string* refused) {
-  if (control.messages_size() > 0) {
-    control_out.push_back(control.SerializeAsString());
-    control.Clear();
-    control_bytes = 0;
-  }
+  cutRecord();
   size_t handed = 0;
   while (!control_out.empty() && transport != nullptr) {
     const size_t size = control_out.front().size();

@@ -94,6 +94,7 @@ struct AgentLink : LinkIdentity {
   // this round, and records the transport had no room for yet.
   v1::ControlBatch control;
   size_t control_bytes = 0;
+  uint64_t control_ack_frames = 0;  // what the ACKs in `control` name (peer::kMaxAckFramesPerRecord)
   std::deque<std::string> control_out;
 
   // Takes posts and credits: up, and not being closed.
@@ -106,6 +107,10 @@ struct AgentLink : LinkIdentity {
   // records, one per kMaxControlRecordBytes.  Returns the records handed
   // over; sets `refused` when the transport called one malformed (a bug).
   size_t flushControl(std::string* refused);
+
+ private:
+  // `control` becomes a record of its own in `control_out`.
+  void cutRecord();
 };
 
 // True for the messages that travel in control records on the transport
@@ -115,7 +120,9 @@ bool isPerFrameMessage(const v1::PeerMessage& message);
 // What one control record holds before another is started.  A record may
 // end one message beyond it; the largest message (kMaxCreditsPerGrant
 // credits of at most 41 bytes, or kMaxAcksPerMessage ACKs of at most 11) is
-// below 90 KiB, so a record stays below transport::kMaxControlBytes.
+// below 90 KiB, so a record stays below transport::kMaxControlBytes.  A
+// record is also cut before its ACKs would name more than
+// peer::kMaxAckFramesPerRecord frames, which the receiver refuses.
 inline constexpr size_t kMaxControlRecordBytes = size_t{64} * 1024;
 // Credits in one CreditGrant on the wire (larger grants are split).
 inline constexpr size_t kMaxCreditsPerGrant = 2048;

@@ -388,6 +388,10 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
     protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
     return;
   }
+  if (std::string why = peer::checkRecord(batch); !why.empty()) {
+    protocolError(l, why);
+    return;
+  }
   for (const v1::PeerMessage& m : batch.messages()) {
     if (!isPerFrameMessage(m)) {
       protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +

@@ -121,6 +121,27 @@ Message decode(const v1::PeerMessage& msg) {
   }
 }
 
+uint64_t ackFrames(const v1::Ack& ack) {
+  uint64_t frames = static_cast<uint64_t>(ack.sequences_size());
+  for (int i = 1; i < ack.runs_size(); i += 2) {
+    frames = ack.runs(i) > UINT64_MAX - frames ? UINT64_MAX : frames + ack.runs(i);
+  }
+  return frames;
+}
+
+std::string checkRecord(const v1::ControlBatch& record) {
+  uint64_t frames = 0;
+  for (const v1::PeerMessage& m : record.messages()) {
+    if (!m.has_ack()) continue;
+    const uint64_t acked = ackFrames(m.ack());
+    if (acked > kMaxAckFramesPerRecord - frames) {
+      return "a control record ACKs more than " + std::to_string(kMaxAckFramesPerRecord) + " frames";
+    }
+    frames += acked;
+  }
+  return {};
+}
+
 std::string SlotRegions::add(const SlotRegion& region) {
   if (!regions_.emplace(region.region_id, region).second) {
     return "slot region " + std::to_string(region.region_id) + " announced while it was announced already";

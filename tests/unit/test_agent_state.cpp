@@ -1,5 +1,10 @@
-// Ids the data agent resolves once: interned stream names and peers.
+// What the data agent's parts share: the ids it resolves once (interned
+// stream names, peers), and a link's control records to its transport.
 #include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "agent/agent_state.h"
 #include "framelink/framelink.h"
@@ -48,4 +53,71 @@ TEST_CASE("peers keep the id they were first given", "[agent_state]") {
 TEST_CASE("status names drop fl_status_str's description", "[agent_state]") {
   CHECK(statusName(FL_ERR_TOO_LARGE) == "FL_ERR_TOO_LARGE");
   CHECK(statusName(FL_OK) == "FL_OK");
+}
+
+namespace {
+
+// A link's transport that only takes control records: it keeps each one,
+// or, while `full`, turns every one away as a transport whose peer stopped
+// reading does once its own backlog is full.
+class ControlSink final : public transport::Transport {
+ public:
+  bool full = false;
+  std::vector<std::string> records;
+
+  const char* name() const noexcept override { return "sink"; }
+  bool connected() const noexcept override { return true; }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit) override {
+    return transport::RemoteCredit{};
+  }
+  void retractCredit(uint64_t) override {}
+  transport::PostResult post(const transport::SendRequest&) noexcept override {
+    return transport::PostResult::kInvalid;
+  }
+  transport::PostResult postControl(std::string record) noexcept override {
+    if (full) return transport::PostResult::kBackpressure;
+    records.push_back(std::move(record));
+    return transport::PostResult::kOk;
+  }
+  size_t poll(transport::TransportEvent*, size_t) noexcept override { return 0; }
+  int eventFd() const noexcept override { return -1; }
+  void shutdown() noexcept override {}
+  transport::TransportCounters counters() const noexcept override { return {}; }
+};
+
+// An ACK of `count` consecutive frames from `first`, as one run.
+v1::PeerMessage ackRun(uint64_t stream_id, uint64_t first, uint64_t count) {
+  v1::PeerMessage m;
+  m.mutable_ack()->set_stream_id(stream_id);
+  m.mutable_ack()->add_runs(first);
+  m.mutable_ack()->add_runs(count);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a control record ACKs at most the per-record budget of frames", "[agent_state]") {
+  // Runs make an ACK of 4096 frames a few bytes long, so a record would
+  // otherwise ACK millions: the receiver refuses a record past the budget,
+  // and this side cuts its records so that it never sends one.
+  auto sink = std::make_shared<ControlSink>();
+  AgentLink link;
+  link.transport = sink;
+  const uint64_t messages = peer::kMaxAckFramesPerRecord / peer::kMaxAcksPerMessage + 1;
+  for (uint64_t i = 0; i < messages; ++i) {
+    link.send(ackRun(3, 1 + i * peer::kMaxAcksPerMessage, peer::kMaxAcksPerMessage));
+  }
+  std::string refused;
+  CHECK(link.flushControl(&refused) == 2);
+  CHECK(refused.empty());
+  uint64_t total = 0;
+  for (const std::string& record : sink->records) {
+    v1::ControlBatch batch;
+    REQUIRE(batch.ParseFromString(record));
+    uint64_t frames = 0;
+    for (const auto& m : batch.messages()) frames += m.ack().runs(1);
+    CHECK(frames <= peer::kMaxAckFramesPerRecord);
+    total += frames;
+  }
+  CHECK(total == messages * peer::kMaxAcksPerMessage);  // nothing lost on the way
 }

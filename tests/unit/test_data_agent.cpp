@@ -66,6 +66,33 @@ TEST_CASE("out-of-bounds peer messages close that link with a PROTOCOL fin", "[a
   CHECK(producer.idleFor(50ms));
 }
 
+TEST_CASE("a control record that ACKs more frames than its budget closes that link with a PROTOCOL fin",
+          "[agent][security]") {
+  // An ACK run names 4096 frames in a few bytes, and each frame named costs
+  // the agent a lookup: one record must not keep it busy for seconds.
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 64 * 1024);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  producer.push(0, 10);  // opens the stream towards the peer
+  const uint64_t stream_id =
+      f.capture.next([](auto& m) { return m.has_stream_open(); }).stream_open().stream_id();
+  v1::ControlBatch batch;
+  for (uint64_t first = 1; first <= peer::kMaxAckFramesPerRecord + 1; first += peer::kMaxAcksPerMessage) {
+    auto* ack = batch.add_messages()->mutable_ack();
+    ack->set_stream_id(stream_id);
+    ack->add_runs(first);
+    ack->add_runs(peer::kMaxAcksPerMessage);
+  }
+  INFO(batch.ByteSizeLong() << " bytes");
+  REQUIRE(f.pair.b->postControl(batch.SerializeAsString()) == transport::PostResult::kOk);
+  f.pair.b->flush();
+  auto fin = f.capture.next([](auto& m) { return m.has_fin(); });
+  CHECK(int(fin.fin().code()) == FL_ERR_PROTOCOL);
+  CHECK_THAT(fin.fin().reason(), Catch::Contains("ACKs more than 65536 frames"));
+  CHECK(producer.idleFor(50ms));  // its frame waits for the next link
+}
+
 TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]") {
   AgentFixture f;
   TestClient bad = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
