@@ -107,9 +107,9 @@ TEST_CASE("a control record ACKs at most the per-record budget of frames", "[age
   for (uint64_t i = 0; i < messages; ++i) {
     link.send(ackRun(3, 1 + i * peer::kMaxAcksPerMessage, peer::kMaxAcksPerMessage));
   }
-  std::string refused;
-  CHECK(link.flushControl(&refused) == 2);
-  CHECK(refused.empty());
+  std::string failed;
+  CHECK(link.flushControl(&failed) == 2);
+  CHECK(failed.empty());
   uint64_t total = 0;
   for (const std::string& record : sink->records) {
     v1::ControlBatch batch;
@@ -120,4 +120,42 @@ TEST_CASE("a control record ACKs at most the per-record budget of frames", "[age
     total += frames;
   }
   CHECK(total == messages * peer::kMaxAcksPerMessage);  // nothing lost on the way
+}
+
+TEST_CASE("a peer that reads no control records fails its link once they pass the queue bound",
+          "[agent_state]") {
+  // Each frame such a peer sends may draw a NACK: kept for ever, they would
+  // grow without bound.  The transport holds its own backlog; what it turns
+  // away waits in the link up to kMaxControlQueueBytes.
+  constexpr size_t kBound = kMaxControlQueueBytes;
+  auto sink = std::make_shared<ControlSink>();
+  sink->full = true;
+  AgentLink link;
+  link.transport = sink;
+  auto queued = [&link] {
+    size_t bytes = 0;
+    for (const std::string& record : link.controlQueued()) bytes += record.size();
+    CHECK(link.controlQueuedBytes() == bytes);
+    return bytes;
+  };
+  std::string why;
+  uint64_t sequence = 0;
+  size_t rounds = 0;
+  // A round of the agent: 64 frames refused, then the flush.
+  for (; why.empty() && rounds < 2 * kBound / (64 * 200); ++rounds) {
+    for (int i = 0; i < 64; ++i) {
+      v1::PeerMessage nack;
+      nack.mutable_nack()->set_stream_id(1);
+      nack.mutable_nack()->set_sequence(++sequence);
+      nack.mutable_nack()->set_code(v1::ERROR_CODE_UNKNOWN_CREDIT);
+      nack.mutable_nack()->set_message(std::string(200, 'n'));
+      link.send(std::move(nack));
+    }
+    CHECK(link.flushControl(&why) == 0);
+    if (why.empty()) REQUIRE(queued() <= kBound);
+  }
+  INFO(rounds << " rounds, " << queued() << " bytes queued");
+  CHECK_THAT(why, Catch::Contains("has not read") && Catch::Contains("control records"));
+  CHECK(queued() == 0);                 // what it would have said is dropped with the link
+  CHECK(rounds > kBound / (64 * 300));  // not before the bound
 }
