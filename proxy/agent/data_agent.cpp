@@ -153,12 +153,13 @@ size_t DataAgent::doWork() {
 size_t DataAgent::flushLinkControl() {
   size_t records = 0;
   for (auto& [id, l] : links_) {
-    if (l.control.messages_size() == 0 && l.control_out.empty()) continue;
-    std::string refused;
-    const size_t n = l.flushControl(&refused);
+    if (l.control.messages_size() == 0 && l.controlQueued().empty()) continue;
+    std::string failed;
+    const size_t n = l.flushControl(&failed);
     records += n;
     metrics_.counters.control_records_sent.fetch_add(n, std::memory_order_relaxed);
-    if (!refused.empty()) protocolError(l, refused);
+    // A link already closing may overflow again until it is down: once said is enough.
+    if (!failed.empty() && !l.closing) protocolError(l, failed);
   }
   return records;
 }
@@ -387,6 +388,10 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
   v1::ControlBatch batch;
   if (!batch.ParseFromString(record)) {
     protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
+    return;
+  }
+  if (std::string why = peer::checkRecord(batch); !why.empty()) {
+    protocolError(l, why);
     return;
   }
   for (const v1::PeerMessage& m : batch.messages()) {

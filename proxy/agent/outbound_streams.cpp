@@ -246,7 +246,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       return work + 1;  // the transport takes it later: still work
     }
     s.pending.erase(first);
-    s.credit_ids.erase(fit->credit_id);
+    s.by_credit_id.erase(fit->credit_id);
     s.credits.erase(fit);
     maybeSayLow(*l, s);
     ++work;
