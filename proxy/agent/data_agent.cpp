@@ -371,9 +371,10 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
 }
 
 void DataAgent::protocolError(AgentLink& l, const std::string& why) {
+  if (l.violated) return;  // said once per link: a peer cannot make it repeat
   l.violated = true;
-  if (l.closing) return;  // said once per link: a peer cannot make it repeat
   spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
+  if (l.closing) return;
   l.closing = true;
   v1::PeerMessage fin;
   fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
