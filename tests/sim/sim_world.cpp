@@ -49,7 +49,7 @@ void World::run() {
 }
 
 void World::oneEvent() {
-  const uint64_t r = rng_.below(1040);
+  const uint64_t r = rng_.below(options_.adversary ? 1060 : 1040);
   if (r >= 1000) return doubtEvent(r);
   std::vector<Link*> up = upLinks();
   Link* any = up.empty() ? nullptr : up[rng_.below(up.size())];
@@ -254,7 +254,7 @@ void World::replaceLink(Link& old) {
   note("link " + std::to_string(old.id) + " ended by the dialer only");
   old.dialer_gone = true;
   old.in_flight[1].clear();
-  old.dialer_end->goHalfOpen();
+  old.end[0]->goHalfOpen();
   daemons_[old.sender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
   linkUp(old.sender);
 }
@@ -268,7 +268,8 @@ void World::linkUp(int sender) {
   auto pair = transport::loopback::makePair(lo);
   if (!pair) throw Broken{"cannot make a loopback pair: " + pair.error().message};
   link->pair = std::move(pair).value();
-  link->dialer_end = std::make_shared<HalfOpenEnd>(link->pair.a);
+  link->end[0] = std::make_shared<SimLinkEnd>(link->pair.a);
+  link->end[1] = std::make_shared<SimLinkEnd>(link->pair.b);
   Link* raw = link.get();
   for (int end = 0; end < 2; ++end) {
     link->capture[end] = std::make_unique<Capture>([raw] { raw->cancelled = true; });
@@ -280,7 +281,7 @@ void World::linkUp(int sender) {
     up.identity.peer_name = daemons_[daemonAt(*link, end ^ 1)].id;
     up.identity.peer_instance = daemons_[daemonAt(*link, end ^ 1)].instance;
     up.identity.transport_name = "loopback";
-    up.transport = end == 0 ? std::shared_ptr<transport::Transport>(link->dialer_end) : link->pair.b;
+    up.transport = link->end[end];
     up.session = link->capture[end]->session();
     daemons_[daemonAt(*link, end)].agent->post(std::move(up));
   }
@@ -421,6 +422,9 @@ std::string World::describe(const v1::PeerMessage& m) {
     case v1::PeerMessage::kNack:
       out << "Nack stream " << m.nack().stream_id() << " seq " << m.nack().sequence() << " code "
           << m.nack().code();
+      break;
+    case v1::PeerMessage::kCreditLow:
+      out << "CreditLow stream " << m.credit_low().stream_id();
       break;
     case v1::PeerMessage::kFin:
       out << "Fin";

@@ -22,8 +22,8 @@
 #include "attach/segment.h"
 #include "config/config.h"
 #include "framelink/framelink.h"
-#include "half_open_end.h"
 #include "metrics/metrics.h"
+#include "sim_link_end.h"
 #include "sim_world.h"
 #include "transport/loopback/loopback_transport.h"
 
@@ -122,8 +122,8 @@ struct Link {
   // noticed yet (a half-open connection, until its keepalive ends it).
   bool dialer_gone = false;
   LoopbackPair pair;
-  std::shared_ptr<HalfOpenEnd> dialer_end;                    // wraps pair.a, which the link keeps alive
-  std::unique_ptr<Capture> capture[2];                        // what each end's agent writes
+  std::shared_ptr<SimLinkEnd> end[2];   // wrap pair.a and pair.b, which the link keeps alive
+  std::unique_ptr<Capture> capture[2];  // what each end's agent writes
   std::deque<std::shared_ptr<v1::PeerMessage>> in_flight[2];  // written by end i, not yet read
   bool cancelled = false;
 };
@@ -179,7 +179,11 @@ class World {
   void healthyPeriod();
   void requireReleasedDelivered(const char* when);
   bool releasedOnLiveReceiver(const FrameRecord& rec) const;
+  bool owed(const FrameRecord& rec) const;
   void checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const;
+
+  // ---------------------------------------------------------------- adversary (world_adversary.cpp)
+  void forge();
 
   // ---------------------------------------------------------------- settling (world_checks.cpp)
   void settle();

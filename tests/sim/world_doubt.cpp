@@ -17,8 +17,10 @@ void World::doubtEvent(uint64_t r) {
     tick();
   } else if (r < 1025) {
     keepaliveEnds();
-  } else {
+  } else if (r < 1040) {
     healthyPeriod();
+  } else {
+    forge();
   }
 }
 
@@ -54,8 +56,11 @@ void World::healthyPeriod() {
   }
   healthy_ = true;
   settle();
+  const auto owing =
+      std::count_if(frames_.begin(), frames_.end(), [&](const auto& f) { return owed(f.second); });
   drain(false);
   requireReleasedDelivered("after a healthy period");
+  result_.owed_delivered += static_cast<uint64_t>(owing);
   healthy_ = false;
   const uint64_t ms = 1 + rng_.below(kAckTimeoutMs + 500);
   clock_.advanceMs(ms);
@@ -80,13 +85,17 @@ void World::checkTimeout(uint64_t frame, const FrameRecord& rec, int status) con
                "its deadline had not come"};
 }
 
+// Released on the live receiver, not yet ended, and its producer still
+// listens (a producer that died hears of nothing more).
+bool World::owed(const FrameRecord& rec) const {
+  if (rec.outcome_known || !releasedOnLiveReceiver(rec)) return false;
+  return std::any_of(apps_.begin(), apps_.end(),
+                     [&](const auto& a) { return a->id == rec.producer && a->alive; });
+}
+
 void World::requireReleasedDelivered(const char* when) {
   for (const auto& [frame, rec] : frames_) {
-    if (rec.outcome_known || !releasedOnLiveReceiver(rec)) continue;
-    // A producer that died hears of nothing more.
-    const bool producer_alive = std::any_of(apps_.begin(), apps_.end(),
-                                            [&](const auto& a) { return a->id == rec.producer && a->alive; });
-    if (!producer_alive) continue;
+    if (!owed(rec)) continue;
     throw Broken{"frame " + std::to_string(frame) + " was released on the live receiving daemon but has no " +
                  "completion " + when};
   }
