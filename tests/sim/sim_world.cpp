@@ -49,7 +49,7 @@ void World::run() {
 }
 
 void World::oneEvent() {
-  const uint64_t r = rng_.below(options_.adversary ? 1060 : 1040);
+  const uint64_t r = rng_.below(options_.adversary ? 1070 : 1050);
   if (r >= 1000) return doubtEvent(r);
   std::vector<Link*> up = upLinks();
   Link* any = up.empty() ? nullptr : up[rng_.below(up.size())];

@@ -6,6 +6,7 @@
 // the ACK had no way back before the deadline.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "framelink/framelink.h"
 #include "world.h"
@@ -19,6 +20,13 @@ void World::doubtEvent(uint64_t r) {
     keepaliveEnds();
   } else if (r < 1040) {
     healthyPeriod();
+  } else if (r < 1050) {
+    // The dialer gives up on a link that works, so that the listener holds
+    // a half-open link while the stream moves to the new one.
+    const std::vector<int> all = senders();
+    if (Link* live = liveLink(all[rng_.below(all.size())]); live != nullptr && upLinks().size() < 4) {
+      replaceLink(*live);
+    }
   } else {
     forge();
   }
