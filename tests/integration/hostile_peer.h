@@ -61,8 +61,9 @@ class HostilePeer {
   bool sendSession(const v1::PeerMessage& message);
   bool sendControl(const v1::ControlBatch& record);
   bool sendControl(const v1::PeerMessage& message);
-  // A frame as one chunk: header first, payload, last set.
-  bool sendFrame(const v1::FrameHeader& header, const std::string& payload);
+  // A frame as one chunk: header first, payload, last set.  `more`: others
+  // follow at once, so gRPC may hold this one back and send them together.
+  bool sendFrame(const v1::FrameHeader& header, const std::string& payload, bool more = false);
 
   // Reading starts only when asked: until then the daemon's writes pile up
   // in its own buffers and the flow-control windows.

@@ -304,3 +304,89 @@ TEST_CASE(
   CHECK_FALSE(peer.finReceived(&fin));
   requireServing(pair.a(), pair.b(), "good-" + name, 2);
 }
+
+TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cut, in bounded memory",
+          "[integration][hostile_peer]") {
+  DaemonPair pair(grpcPair());
+  Client consumer = attachConsumer(pair.b(), "hp-deaf");
+  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-deaf", helloSession(5)});
+  // The peer reads neither its Session nor its data channel, ever.
+  REQUIRE(peer.sendSession(streamOpen(7, "hp-deaf")));
+  const int64_t rss_before = residentKiB(pair.b().pid());
+  REQUIRE(rss_before > 0);
+  int64_t rss_peak = rss_before;
+  // Each frame names a credit never granted: a NACK to send back for each,
+  // and a keepalive to echo every thousand.
+  const std::string payload(16, 'x');
+  const auto start = Clock::now();
+  bool cut = false;
+  uint64_t sent = 0;
+  while (!cut && Clock::now() - start < Millis(30000)) {
+    ++sent;
+    const bool more = sent % 64 != 0;
+    cut = !peer.sendFrame(frameHeader(7, sent, 0x70000000 + sent, payload.size()), payload, more);
+    if (sent % 1024 != 0) continue;
+    v1::PeerMessage keepalive;
+    keepalive.mutable_keepalive()->set_timestamp_ns(sent);
+    cut = cut || !peer.sendSession(keepalive);
+    rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  INFO("frames sent: " << sent << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
+                       << rss_peak << " KiB at most");
+  CHECK(cut);
+  CHECK(took < Millis(15000));
+  // What the daemon may hold for a peer that reads nothing: its control
+  // queue and the transport's backlog (8 MiB each), and the flow-control
+  // windows; not a NACK for every frame sent.
+  CHECK(rss_peak - rss_before < 64 * 1024);
+  CHECK(pair.b().waitForLog("has not read its control records", Millis(5000)));
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good", 2);
+}
+
+// The Session reader hands every message to the data agent's command queue,
+// which has no bound, and the agent drains all of it in one round before it
+// checks its control queue against kMaxControlQueueBytes: a peer that sends
+// stream opens and closes faster than the agent answers them grows both
+// (hundreds of MiB in seconds; the bound was found passed 25 times over when
+// the check came) and delays every other link's work.  Marked !mayfail
+// until the Session reader is held back by the agent.
+TEST_CASE(
+    "hostile peer: a peer that reads nothing while it floods its Session with opens and closes is cut, "
+    "in bounded memory",
+    "[integration][hostile_peer][!mayfail]") {
+  DaemonPair pair(grpcPair());
+  // Many small slots: each stream the peer opens gets a grant of a credit
+  // for each free one.
+  Client consumer = attachConsumer(pair.b(), "hp-deaf", 1024, 4096);
+  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-deaf", helloSession(6)});
+  const int64_t rss_before = residentKiB(pair.b().pid());
+  REQUIRE(rss_before > 0);
+  int64_t rss_peak = rss_before;
+  // The peer reads nothing, ever; it opens the stream, sends a frame for a
+  // credit never granted (a NACK), closes the stream and sends a keepalive,
+  // over and over.
+  const std::string payload(16, 'x');
+  const auto start = Clock::now();
+  bool cut = false;
+  uint64_t round = 0;
+  while (!cut && Clock::now() - start < Millis(5000)) {
+    ++round;
+    v1::PeerMessage close;
+    close.mutable_stream_close()->set_stream_id(round);
+    v1::PeerMessage keepalive;
+    keepalive.mutable_keepalive()->set_timestamp_ns(round);
+    cut = !peer.sendSession(streamOpen(round, "hp-deaf")) ||
+          !peer.sendFrame(frameHeader(round, 1, 0x70000000 + round, payload.size()), payload) ||
+          !peer.sendSession(close) || !peer.sendSession(keepalive);
+    if (round % 100 == 0) rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  INFO("rounds: " << round << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
+                  << rss_peak << " KiB at most");
+  CHECK(cut);
+  CHECK(rss_peak - rss_before < 64 * 1024);
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good", 2);
+}
