@@ -1,11 +1,12 @@
 // A peer daemon a test scripts: it dials a real framelinkd's Link service
 // with a token and a claimed daemon id, says Hello (protocol 2), opens the
-// `grpc` data channel (Link.Data), and from then on sends only what the test
+// data channel (`grpc`: Link.Data; `tcp`: the daemon's tcp data port), and
+// from then on sends only what the test
 // tells it to -- Session messages, in-band control records, frames into any
 // credit -- and reads nothing until the test asks it to.  The frames and
 // control records are encoded by the daemon's own wire helpers
-// (transport/grpc/grpc_wire.h), so what the daemon sees is byte for byte what
-// a peer daemon could send.
+// so what the daemon sees is byte for byte what
+// a peer daemon could send (grpc_wire.h, tcp_wire.h).
 #pragma once
 
 #include <atomic>
@@ -45,10 +46,11 @@ class HostilePeer {
     std::string daemon_id = "hostile";
     uint64_t session_id = 0x4057113;
     uint32_t protocol_version = 2;
+    std::string transport = "grpc";  // or "tcp": the only one the Hello offers
   };
 
-  // Completes Hello/HelloAck (the daemon must choose `grpc`) and opens the
-  // data channel; REQUIREs every step.
+  // Completes Hello/HelloAck (the daemon must choose options.transport) and
+  // opens the data channel; REQUIREs every step.
   explicit HostilePeer(Options options);
   // Cancels both calls and joins the readers.
   ~HostilePeer();
@@ -78,8 +80,13 @@ class HostilePeer {
   bool finReceived(v1::Fin* out) const;
 
  private:
+  void openTcp();
+  bool sendTcp(uint32_t magic, const transport::FrameHeader* header, const std::string& bytes);
   void sessionLoop();
   void dataLoop();
+  void tcpLoop();
+  void frameArrived(const v1::FrameHeader& header, uint64_t payload_bytes);
+  void controlArrived(const std::string& record);
 
   Options options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -87,7 +94,8 @@ class HostilePeer {
   grpc::ClientContext session_ctx_;
   grpc::ClientContext data_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>> session_;
-  std::unique_ptr<transport::RawClientDataStream> data_;
+  std::unique_ptr<transport::RawClientDataStream> data_;  // grpc
+  int tcp_fd_ = -1;                                       // tcp
   v1::HelloAck hello_ack_;
 
   mutable std::mutex mutex_;

@@ -19,9 +19,9 @@ namespace v1 = framelink::v1;
 
 namespace {
 
-DaemonPair::Options grpcPair(std::vector<std::string> extra_b = {}) {
+DaemonPair::Options pairOf(const std::string& transport, std::vector<std::string> extra_b = {}) {
   DaemonPair::Options o = pairOptions();
-  o.transport = "grpc";
+  o.transport = transport;
   o.extra_args_b = std::move(extra_b);
   return o;
 }
@@ -105,14 +105,25 @@ v1::ControlBatch oversizedAckRecord() {
 
 uint64_t helloSession(int n) { return 0x40571130 + n; }
 
+// A peer that dials B of `pair` over `transport`.
+HostilePeer::Options peerOf(DaemonPair& pair, const std::string& id, int n, const std::string& transport) {
+  HostilePeer::Options o;
+  o.address = pair.b().grpcAddress();
+  o.daemon_id = id;
+  o.session_id = helloSession(n);
+  o.transport = transport;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("hostile peer: a CreditRevoke naming too many credits closes its link as a protocol error",
           "[integration][hostile_peer]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
   requireServing(pair.a(), pair.b(), "good", 2);
   Client consumer = attachConsumer(pair.b(), "hp-revoke");
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-revoke", helloSession(1)});
+  HostilePeer peer(peerOf(pair, "hostile-revoke", 1, transport));
   peer.readSession();
   peer.readData();
   openAndAwaitCredits(peer, 7, "hp-revoke");
@@ -128,9 +139,10 @@ TEST_CASE("hostile peer: a CreditRevoke naming too many credits closes its link 
 
 TEST_CASE("hostile peer: ACKs naming more than 65536 frames in one record close its link as a protocol error",
           "[integration][hostile_peer]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
   requireServing(pair.a(), pair.b(), "good", 2);
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-ack", helloSession(2)});
+  HostilePeer peer(peerOf(pair, "hostile-ack", 2, transport));
   peer.readSession();
   peer.readData();
   REQUIRE(peer.sendControl(oversizedAckRecord()));
@@ -145,12 +157,12 @@ TEST_CASE("hostile peer: ACKs naming more than 65536 frames in one record close 
 // written before the call is cut.
 TEST_CASE("hostile peer: the PROTOCOL fin reaches the peer before its link is cut",
           "[integration][hostile_peer][!mayfail]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = "grpc";
+  DaemonPair pair(pairOf(transport));
   int fins = 0;
   constexpr int kTries = 5;
   for (int i = 0; i < kTries; ++i) {
-    HostilePeer peer(
-        {pair.b().grpcAddress(), "integ-secret", "hostile-fin-" + std::to_string(i), helloSession(10 + i)});
+    HostilePeer peer(peerOf(pair, "hostile-fin-" + std::to_string(i), 10 + i, transport));
     peer.readSession();
     peer.readData();
     REQUIRE(peer.sendControl(oversizedAckRecord()));
@@ -164,9 +176,10 @@ TEST_CASE("hostile peer: the PROTOCOL fin reaches the peer before its link is cu
 
 TEST_CASE("hostile peer: frames for a stream it did not open or a credit it was not granted are NACKed",
           "[integration][hostile_peer]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
   Client consumer = attachConsumer(pair.b(), "hp-nack");
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-nack", helloSession(3)});
+  HostilePeer peer(peerOf(pair, "hostile-nack", 3, transport));
   peer.readSession();
   peer.readData();
   const std::vector<uint64_t> credits = openAndAwaitCredits(peer, 7, "hp-nack");
@@ -209,8 +222,8 @@ namespace {
 // B with the hostile peer as its only configured peer: every stream a
 // producer on B opens goes to it.  The address is never dialed successfully;
 // the peer dials in under that id.
-DaemonPair::Options pairRoutingTo(const std::string& peer_id) {
-  return grpcPair({"--peer", peer_id + "=127.0.0.1:1"});
+DaemonPair::Options pairRoutingTo(const std::string& transport, const std::string& peer_id) {
+  return pairOf(transport, {"--peer", peer_id + "=127.0.0.1:1"});
 }
 
 // Waits for the daemon to open `name` to the peer; its stream id.
@@ -258,10 +271,11 @@ TEST_CASE(
     "hostile peer: ACKs that come before the frames were sent settle nothing early, even when the producer "
     "exits",
     "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
   const std::string name = GENERATE(as<std::string>{}, "hp-ack-early", "hp-ack-exit");
   const bool producer_exits = name == "hp-ack-exit";
-  DaemonPair pair(pairRoutingTo("hostile-rx"));
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-rx", helloSession(4)});
+  DaemonPair pair(pairRoutingTo(transport, "hostile-rx"));
+  HostilePeer peer(peerOf(pair, "hostile-rx", 4, transport));
   peer.readSession();
   Client producer = attachProducer(pair.b(), name, kFrames, kFrameBytes);
   const uint64_t stream = awaitStreamOpen(peer, name);
@@ -307,9 +321,10 @@ TEST_CASE(
 
 TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cut, in bounded memory",
           "[integration][hostile_peer]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
   Client consumer = attachConsumer(pair.b(), "hp-deaf");
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-deaf", helloSession(5)});
+  HostilePeer peer(peerOf(pair, "hostile-deaf", 5, transport));
   // The peer reads neither its Session nor its data channel, ever.
   REQUIRE(peer.sendSession(streamOpen(7, "hp-deaf")));
   const int64_t rss_before = residentKiB(pair.b().pid());
@@ -356,11 +371,12 @@ TEST_CASE(
     "hostile peer: a peer that reads nothing while it floods its Session with opens and closes is cut, "
     "in bounded memory",
     "[integration][hostile_peer][!mayfail]") {
-  DaemonPair pair(grpcPair());
+  const std::string transport = "grpc";
+  DaemonPair pair(pairOf(transport));
   // Many small slots: each stream the peer opens gets a grant of a credit
   // for each free one.
   Client consumer = attachConsumer(pair.b(), "hp-deaf", 1024, 4096);
-  HostilePeer peer({pair.b().grpcAddress(), "integ-secret", "hostile-deaf", helloSession(6)});
+  HostilePeer peer(peerOf(pair, "hostile-deaf", 6, transport));
   const int64_t rss_before = residentKiB(pair.b().pid());
   REQUIRE(rss_before > 0);
   int64_t rss_peak = rss_before;
