@@ -19,6 +19,21 @@ namespace v1 = framelink::v1;
 
 namespace {
 
+// Under a sanitizer the daemon keeps freed memory in quarantine and runs
+// several times slower: its VmRSS says nothing of what it holds for a peer,
+// and a flood takes longer to reach the bound.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 DaemonPair::Options pairOf(const std::string& transport, std::vector<std::string> extra_b = {}) {
   DaemonPair::Options o = pairOptions();
   o.transport = transport;
@@ -305,8 +320,10 @@ TEST_CASE(
   INFO("completions before the peer read any frame: " << early.size());
   if (!producer_exits) {
     // A completion means the daemon is done with the slot: not before its
-    // frame left, which for most of them needs the peer to read.
+    // frame left, which for most of them needs the peer to read.  Those
+    // that left did so in order, on the one data channel.
     CHECK(early.size() < kFrames);
+    for (size_t i = 0; i < early.size(); ++i) CHECK(early[i].sequence == i + 1);
     std::vector<fl_completion> rest =
         collectCompletions(producer.get(), kFrames - early.size(), Millis(5000));
     early.insert(early.end(), rest.begin(), rest.end());
@@ -350,11 +367,11 @@ TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cu
   INFO("frames sent: " << sent << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
                        << rss_peak << " KiB at most");
   CHECK(cut);
-  CHECK(took < Millis(15000));
+  CHECK(took < Millis(kSanitized ? 30000 : 15000));
   // What the daemon may hold for a peer that reads nothing: its control
   // queue and the transport's backlog (8 MiB each), and the flow-control
   // windows; not a NACK for every frame sent.
-  CHECK(rss_peak - rss_before < 64 * 1024);
+  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
   CHECK(pair.b().waitForLog("has not read its control records", Millis(5000)));
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "good", 2);
@@ -402,7 +419,7 @@ TEST_CASE(
   INFO("rounds: " << round << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
                   << rss_peak << " KiB at most");
   CHECK(cut);
-  CHECK(rss_peak - rss_before < 64 * 1024);
+  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "good", 2);
 }
