@@ -1,12 +1,11 @@
 // A peer daemon a test scripts: it dials a real framelinkd's Link service
 // with a token and a claimed daemon id, says Hello (protocol 2), opens the
 // data channel (`grpc`: Link.Data; `tcp`: the daemon's tcp data port), and
-// from then on sends only what the test
-// tells it to -- Session messages, in-band control records, frames into any
-// credit -- and reads nothing until the test asks it to.  The frames and
-// control records are encoded by the daemon's own wire helpers
-// so what the daemon sees is byte for byte what
-// a peer daemon could send (grpc_wire.h, tcp_wire.h).
+// from then on sends only what the test tells it to -- Session messages,
+// in-band control records, frames into any credit -- and reads nothing until
+// the test asks it to.  Frames and control records are encoded by the
+// daemon's own wire helpers (grpc_wire.h, tcp_wire.h), so what the daemon
+// sees is byte for byte what a peer daemon could send.
 #pragma once
 
 #include <atomic>
