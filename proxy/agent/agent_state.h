@@ -87,6 +87,9 @@ struct AgentLink : LinkIdentity {
   // more.  A link closing for another reason (the peer's Fin, a transport
   // error) still takes the ACKs and NACKs that were on their way.
   bool violated = false;
+  // When the agent ends the Session of a link it closed with a Fin, if the
+  // peer has not read the Fin by then (0: no such deadline).
+  uint64_t cut_at_ns = 0;
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME

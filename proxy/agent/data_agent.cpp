@@ -31,7 +31,9 @@ constexpr uint64_t kTagClient = 1ULL << 56;
 constexpr uint64_t kTagLink = 2ULL << 56;
 
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
-constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
+// How long a peer has to read the Fin of a link closed for a protocol error.
+constexpr uint64_t kFinGraceNs = 1'000'000'000;
+constexpr uint64_t kStatsNs = 500'000'000;  // 0.5 s
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
 
@@ -138,6 +140,7 @@ size_t DataAgent::doWork() {
   const uint64_t now = clock_.nowNs();
   if (now >= next_deadline_check_ns_) {
     outbound_.checkDeadlines();
+    cutOverdueSessions(now);
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
   }
   if (now >= next_stats_ns_) {
@@ -205,6 +208,10 @@ size_t DataAgent::drainCommands() {
           } else if constexpr (std::is_same_v<T, CmdLinkDown>) {
             onLinkDown(cmd.link_id, cmd.reason);
           } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
+            if (cmd.backlog) {
+              cmd.backlog->messages.fetch_sub(1, std::memory_order_relaxed);
+              cmd.backlog->bytes.fetch_sub(cmd.bytes, std::memory_order_relaxed);
+            }
             AgentLink* l = links_.find(cmd.link_id);
             if (l == nullptr) return;
             if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
@@ -379,8 +386,23 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   v1::PeerMessage fin;
   fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
   fin.mutable_fin()->set_reason(why);
-  l.send(std::move(fin));
-  if (l.session.cancel) l.session.cancel();
+  // The call ends once the Fin is written, so the peer learns why; one that
+  // does not read it is cut at the deadline (cutOverdueSessions).
+  if (l.session.writer && l.session.writer->sendLast(std::move(fin))) {
+    l.cut_at_ns = clock_.nowNs() + kFinGraceNs;
+  } else if (l.session.cancel) {
+    l.session.cancel();
+  }
+}
+
+void DataAgent::cutOverdueSessions(uint64_t now_ns) {
+  for (auto& [id, l] : links_) {
+    if (l.cut_at_ns == 0 || now_ns < l.cut_at_ns) continue;
+    l.cut_at_ns = 0;
+    spdlog::warn("link {} to peer {}: the peer did not read the Fin in {} ms; ending its session", l.id,
+                 l.peer_name, kFinGraceNs / 1'000'000);
+    if (l.session.cancel) l.session.cancel();
+  }
 }
 
 void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {

@@ -60,6 +60,17 @@ void SessionWriter::send(v1::PeerMessage message) {
   cv_.notify_one();
 }
 
+bool SessionWriter::sendLast(v1::PeerMessage message) {
+  send(std::move(message));
+  if (inline_ || !cut_) return false;
+  {
+    MutexLock lock(mutex_);
+    cut_when_written_ = true;
+  }
+  cv_.notify_one();
+  return true;
+}
+
 void SessionWriter::fail(std::string why) {
   if (failed_) return;
   failed_ = true;
@@ -97,7 +108,7 @@ void SessionWriter::run() {
   MutexLock lock(mutex_);
   for (;;) {
     bool woke = lock.waitFor(cv_, keepalive_, [this]() FL_REQUIRES(mutex_) {
-      return closing_ || failed_ || !queue_.empty() || echo_ns_ != 0;
+      return closing_ || failed_ || cut_when_written_ || !queue_.empty() || echo_ns_ != 0;
     });
     if (failed_) return;
     if (!woke) {
@@ -128,6 +139,12 @@ void SessionWriter::run() {
         fail("writing to the peer failed");
         return;
       }
+    }
+    if (cut_when_written_) {
+      closing_ = true;  // nothing more goes on a call that is ending
+      lock.unlock();
+      if (cut_) cut_();
+      return;
     }
     if (closing_) return;
   }

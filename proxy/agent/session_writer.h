@@ -49,6 +49,13 @@ class SessionWriter {
   // waiting: the peer measures its round trip from the newest, and one that
   // floods keepalives and reads nothing queues a single echo.
   void send(v1::PeerMessage message);
+  // Sends `message` after what is queued, then ends the call (`cut`): a
+  // Fin that says why the link closes reaches the peer before the call
+  // ends, when the peer reads.  A peer that does not read is cut by the
+  // agent's deadline instead (DataAgent, kFinGraceNs).  False when this
+  // writer cannot end the call (inline, or made without `cut`): the message
+  // was written or queued, and the caller ends the call itself.
+  bool sendLast(v1::PeerMessage message);
   // Stops the thread after what is queued was written (or writing failed).
   void close();
   bool failed() const;
@@ -74,6 +81,7 @@ class SessionWriter {
   size_t queued_bytes_ FL_GUARDED_BY(mutex_) = 0;
   uint64_t echo_ns_ FL_GUARDED_BY(mutex_) = 0;  // the echo waiting to go; 0: none
   bool closing_ FL_GUARDED_BY(mutex_) = false;
+  bool cut_when_written_ FL_GUARDED_BY(mutex_) = false;  // sendLast: cut once the queue is written
   bool failed_ FL_GUARDED_BY(mutex_) = false;
   std::string failure_ FL_GUARDED_BY(mutex_);
   bool inline_ = false;  // set once, at construction

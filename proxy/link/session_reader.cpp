@@ -47,6 +47,8 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
   up.transport = std::move(t);
   up.session = PeerSession{writer, [guard] { guard->fire(); }};
   agent.post(std::move(up));
+  auto backlog = std::make_shared<SessionBacklog>();
+  std::string why;  // why this side ended the call, if it did
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
     if (msg->has_keepalive()) {
@@ -68,13 +70,23 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
       }
       continue;
     }
-    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true});
+    const uint64_t bytes = msg->ByteSizeLong();
+    const uint64_t waiting = backlog->messages.load(std::memory_order_relaxed);
+    if (waiting >= SessionBacklog::kMaxMessages ||
+        backlog->bytes.load(std::memory_order_relaxed) + bytes > SessionBacklog::kMaxBytes) {
+      why = "the peer sends Session messages faster than they are handled (" + std::to_string(waiting) +
+            " messages wait; at most " + std::to_string(SessionBacklog::kMaxMessages) + ")";
+      break;
+    }
+    backlog->messages.fetch_add(1, std::memory_order_relaxed);
+    backlog->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true, backlog, bytes});
     msg = std::make_shared<v1::PeerMessage>();
   }
   guard->fire();  // a Write blocked on flow control fails now
   writer->close();
   guard->disarm();
-  std::string why = writer->failure();
+  if (why.empty()) why = writer->failure();
   agent.post(CmdLinkDown{link_id, why.empty() ? "the session ended" : std::move(why)});
 }
 

@@ -166,12 +166,11 @@ TEST_CASE("hostile peer: ACKs naming more than 65536 frames in one record close 
   requireServing(pair.a(), pair.b(), "good2", 2);
 }
 
-// The daemon queues the Fin for its Session writer and cancels the call at
-// once (DataAgent::protocolError): when the cancel wins, the peer sees its
-// call end without the Fin that says why.  Marked !mayfail until the Fin is
-// written before the call is cut.
+// The daemon ends the call only once its Session writer wrote the Fin
+// (SessionWriter::sendLast), so a peer that reads learns why its link was
+// closed, every time.
 TEST_CASE("hostile peer: the PROTOCOL fin reaches the peer before its link is cut",
-          "[integration][hostile_peer][!mayfail]") {
+          "[integration][hostile_peer]") {
   const std::string transport = "grpc";
   DaemonPair pair(pairOf(transport));
   int fins = 0;
@@ -377,17 +376,14 @@ TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cu
   requireServing(pair.a(), pair.b(), "good", 2);
 }
 
-// The Session reader hands every message to the data agent's command queue,
-// which has no bound, and the agent drains all of it in one round before it
-// checks its control queue against kMaxControlQueueBytes: a peer that sends
-// stream opens and closes faster than the agent answers them grows both
-// (hundreds of MiB in seconds; the bound was found passed 25 times over when
-// the check came) and delays every other link's work.  Marked !mayfail
-// until the Session reader is held back by the agent.
+// What a Session's reader hands the data agent is bounded (SessionBacklog):
+// a peer that sends stream opens and closes faster than the agent answers
+// them is cut, and each round of the agent handles a bounded part of it,
+// so its control queue is checked against its bound before it can grow far.
 TEST_CASE(
     "hostile peer: a peer that reads nothing while it floods its Session with opens and closes is cut, "
     "in bounded memory",
-    "[integration][hostile_peer][!mayfail]") {
+    "[integration][hostile_peer]") {
   const std::string transport = "grpc";
   DaemonPair pair(pairOf(transport));
   // Many small slots: each stream the peer opens gets a grant of a credit
