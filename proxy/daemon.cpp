@@ -175,7 +175,7 @@ class DaemonImpl final : public Daemon {
     std::shared_ptr<rdma_ns::RdmaDevice> dev = rdma.device;
     attach_->setSegmentRegistrar(
         [dev](ClientSegments& segments, uint32_t role) -> Result<SegmentRegistration> {
-          auto access = role == FL_ROLE_CONSUMER ? rdma_ns::MemoryAccess::kRemoteWrite
+          auto access = role == FL_ROLE_CONSUMER ? rdma_ns::MemoryAccess::kCreditWindows
                                                  : rdma_ns::MemoryAccess::kLocalRead;
           auto mr = dev->registerMemory(segments.dataBase(), segments.dataSize(), access);
           if (!mr) return std::move(mr).error();

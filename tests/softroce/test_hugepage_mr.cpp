@@ -209,9 +209,9 @@ void registerWithRdmaDevice(uint8_t* base, uint64_t len, const std::string& ip) 
   check(static_cast<bool>(device),
         "RdmaDevice::open(bind_ip " + ip + ")" + (device ? "" : ": " + device.error().message));
   if (!device) return;
-  auto mr = (*device)->registerMemory(base, len, rdma::MemoryAccess::kRemoteWrite);
+  auto mr = (*device)->registerMemory(base, len, rdma::MemoryAccess::kCreditWindows);
   check(static_cast<bool>(mr), "RdmaDevice::registerMemory(data segment, " + std::to_string(len) +
-                                   " bytes, kRemoteWrite)" + (mr ? "" : ": " + mr.error().message));
+                                   " bytes, kCreditWindows)" + (mr ? "" : ": " + mr.error().message));
 }
 #endif
 

@@ -81,7 +81,7 @@ TEST_CASE("rdma memory registry: access modes, ranges, deregistration", "[rdma]"
   auto dev = RdmaDevice::open({"fake_a", ""}, fake).value();
   std::vector<uint8_t> buf(8192);
   {
-    auto w = dev->registerMemory(buf.data(), 4096, MemoryAccess::kRemoteWrite);
+    auto w = dev->registerMemory(buf.data(), 4096, MemoryAccess::kCreditWindows);
     REQUIRE(w.ok());
     auto r = dev->registerMemory(buf.data() + 4096, 4096, MemoryAccess::kLocalRead);
     REQUIRE(r.ok());

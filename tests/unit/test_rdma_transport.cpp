@@ -159,7 +159,7 @@ TEST_CASE("rdma backpressure at the send queue depth, and no frame lost after it
 
 TEST_CASE("rdma refuses unregistered memory without crashing", "[rdma]") {
   auto p = makePair();
-  Memory& dst = p->mem(*p->dev_b, 8192, MemoryAccess::kRemoteWrite);
+  Memory& dst = p->mem(*p->dev_b, 8192, MemoryAccess::kCreditWindows);
   Memory& local = p->mem(*p->dev_b, 4096, MemoryAccess::kLocalRead);
   std::vector<uint8_t> plain(4096);
   // Credit buffers: no registration, a local-read one, no header room, past the end.

@@ -256,7 +256,7 @@ Result<std::unique_ptr<MemoryRegistration>> RdmaDevice::registerMemory(void* add
     }
   }
   const int flags =
-      access == MemoryAccess::kRemoteWrite ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : 0;
+      access == MemoryAccess::kCreditWindows ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : 0;
   ibv_mr* mr = api_->regMr(pd_, addr, length, flags);
   if (mr == nullptr) {
     int e = errno;
@@ -308,7 +308,7 @@ bool RdmaDevice::lookupLocal(const void* addr, size_t length, uint32_t* lkey) co
 bool RdmaDevice::lookupRemote(const void* addr, size_t length, uint32_t* rkey) const noexcept {
   MutexLock lock(mu_);
   const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
-  if (r == nullptr || r->access != MemoryAccess::kRemoteWrite) return false;
+  if (r == nullptr || r->access != MemoryAccess::kCreditWindows) return false;
   *rkey = r->rkey;
   return true;
 }

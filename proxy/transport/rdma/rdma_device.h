@@ -24,7 +24,7 @@ namespace framelink::transport::rdma {
 
 enum class MemoryAccess {
   kLocalRead,    // producer segments: the adapter only reads them for sends
-  kRemoteWrite,  // consumer receive segments: peers write into them (plus local write, which verbs requires)
+  kCreditWindows,  // consumer receive segments: peers write into them (plus local write, which verbs requires)
 };
 
 class RdmaDevice;
@@ -89,7 +89,7 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
   const ibv_device_attr& attributes() const noexcept { return attr_; }
 
   // The key of a registered range: lkey for any registration containing
-  // [addr, addr + length), rkey only for a kRemoteWrite one.  False when no
+  // [addr, addr + length), rkey only for a kCreditWindows one.  False when no
   // single registration contains the range.
   bool lookupLocal(const void* addr, size_t length, uint32_t* lkey) const noexcept;
   bool lookupRemote(const void* addr, size_t length, uint32_t* rkey) const noexcept;
