@@ -202,7 +202,7 @@ bool connectQp(Side& self, const Side& peer) {
 uint8_t patternByte(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
 
 #if FRAMELINK_SOFTROCE_HAVE_RDMA_DEVICE
-// The device owner the rdma transport uses: open by address, register with remote-write access.
+// The device owner the rdma transport uses: open by address, register for credit windows.
 void registerWithRdmaDevice(uint8_t* base, uint64_t len, const std::string& ip) {
   namespace rdma = framelink::transport::rdma;
   auto device = rdma::RdmaDevice::open({.device_name = "", .bind_ip = ip});

@@ -275,10 +275,12 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
 
   Buffer bufs[3] = {Buffer(100), Buffer(100), Buffer(100)};
   auto payload = pattern(7, 100);
-  for (uint64_t i = 0; i < 3; ++i) {
-    RemoteCredit c = expose(*rx.t, bufs[i].credit(i + 1));
-    REQUIRE(tx.post(request(i, c, payload, i + 1)) == PostResult::kOk);
-  }
+  RemoteCredit credits[3];
+  for (uint64_t i = 0; i < 3; ++i) credits[i] = expose(*rx.t, bufs[i].credit(i + 1));
+  rx.pump();  // rdma: the completions of the memory-window binds
+  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+  for (uint64_t i = 0; i < 3; ++i)
+    REQUIRE(tx.post(request(i, credits[i], payload, i + 1)) == PostResult::kOk);
   tx.t->flush();
   const int wait_ms = static_cast<int>(std::chrono::milliseconds(kDeadline).count());
   REQUIRE(readable(tx.t->eventFd(), wait_ms));
@@ -297,7 +299,9 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
     }
   }
   CHECK(rx.t->poll(&ev, 1) == 0);
-  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+  // rdma: the completions of the windows' invalidations may come later;
+  // they wake the fd once and report nothing.
+  while (readable(rx.t->eventFd(), 100)) CHECK(rx.t->poll(&ev, 1) == 0);
 
   size_t completed = 0;
   while (completed < 3) {
