@@ -103,7 +103,7 @@ struct RdmaTransportOptions {
   // credit exposed, one invalidation per credit consumed or retracted),
   // beyond send_queue_depth.  exposeCredit refuses (FL_ERR_RESOURCES, the
   // grant is tried again later) while all are in use.
-  uint32_t window_queue_depth = 128;
+  uint32_t window_queue_depth = 512;
 };
 
 // An rdma_cm id with its own event channel: destroys both (id first).
