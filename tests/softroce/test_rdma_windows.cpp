@@ -46,22 +46,25 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++g_failures;
 }
 
+// Registered in pieces of `piece` bytes, as the daemon registers a consumer's slots one by one.
 struct Buffer {
   uint8_t* data;
   size_t size;
-  std::unique_ptr<rdma::MemoryRegistration> mr;
-  Buffer(rdma::RdmaDevice& dev, size_t n, rdma::MemoryAccess access, uint8_t fill) : size(n) {
+  std::vector<std::unique_ptr<rdma::MemoryRegistration>> mrs;
+  Buffer(rdma::RdmaDevice& dev, size_t n, size_t piece, rdma::MemoryAccess access, uint8_t fill) : size(n) {
     data = static_cast<uint8_t*>(std::aligned_alloc(4096, n));
     std::memset(data, fill, n);
-    auto r = dev.registerMemory(data, n, access);
-    if (!r) {
-      std::printf("registerMemory: %s\n", r.error().message.c_str());
-      std::exit(1);
+    for (size_t off = 0; off < n; off += piece) {
+      auto r = dev.registerMemory(data + off, piece, access);
+      if (!r) {
+        std::printf("registerMemory: %s\n", r.error().message.c_str());
+        std::exit(1);
+      }
+      mrs.push_back(std::move(r).value());
     }
-    mr = std::move(r).value();
   }
   ~Buffer() {
-    mr.reset();
+    mrs.clear();
     std::free(data);
   }
   uint8_t* slot(size_t i) const { return data + i * kStride; }
@@ -129,13 +132,13 @@ transport::SendRequest frame(const transport::RemoteCredit& c, const Buffer& src
   r.header.sequence = seq;
   r.header.stream_id = 7;
   r.payload = src.data;
-  r.local_key = src.mr->lkey();
+  r.local_key = src.mrs[0]->lkey();
   return r;
 }
 
 // A plain RDMA_WRITE (no immediate: the receiver's daemon would see nothing) on a's queue pair.
 bool rawWrite(Link& l, const Buffer& src, uint64_t remote_addr, uint32_t rkey, uint32_t length) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(src.data), length, src.mr->lkey()};
+  ibv_sge sge{reinterpret_cast<uint64_t>(src.data), length, src.mrs[0]->lkey()};
   ibv_send_wr wr{};
   wr.wr_id = uint64_t{1} << 60;
   wr.opcode = IBV_WR_RDMA_WRITE;
@@ -176,8 +179,8 @@ int main() {
     std::printf("FAIL: %s\n", (!dev_a ? dev_a.error() : dev_b.error()).message.c_str());
     return 1;
   }
-  Buffer dst(**dev_b, kSlots * kStride, rdma::MemoryAccess::kCreditWindows, kFill);
-  Buffer src(**dev_a, 2 * kStride, rdma::MemoryAccess::kLocalRead, 0x42);
+  Buffer dst(**dev_b, kSlots * kStride, kStride, rdma::MemoryAccess::kCreditWindows, kFill);
+  Buffer src(**dev_a, 2 * kStride, 2 * kStride, rdma::MemoryAccess::kLocalRead, 0x42);
   uint64_t next_id = 1;
   auto expose = [&](Link& l, size_t slot) {
     auto c = l.b.t->exposeCredit({next_id++, dst.slot(slot) + rdma::kWireHeaderBytes, kCapacity, nullptr});
@@ -185,13 +188,15 @@ int main() {
     return c ? c.value() : transport::RemoteCredit{};
   };
   std::vector<uint8_t> slot1(dst.slot(1), dst.slot(1) + kStride);
+  // Each case starts from slot 1 as it was, so that one write that lands does not hide the next.
+  auto reset1 = [&] { std::memcpy(dst.slot(1), slot1.data(), kStride); };
 
   {  // an honest frame lands; its credit's key is refused once the frame arrived
     Link l = connect(*dev_a, *dev_b, b_ip);
     check(l.ok, "link up");
     if (!l.ok) return 1;
     auto c = expose(l, 0);
-    check(c.rkey != dst.mr->rkey(), "the credit's key is a window's, not the segment's");
+    check(c.rkey != dst.mrs[0]->rkey(), "the credit's key is a window's, not its slot registration's");
     l.a.t->post(frame(c, src, 4096, 1));
     l.a.t->flush();
     const bool arrived = until(l, [&] { return !l.b.arrivals.empty(); });
@@ -204,6 +209,7 @@ int main() {
     check(same(dst.slot(0), slot0), "slot 0 unchanged after the consumed credit's key was used");
   }
   {  // plain writes with no credit for the slot
+    reset1();
     Link l = connect(*dev_a, *dev_b, b_ip);
     auto c = expose(l, 0);
     check(rawWrite(l, src, reinterpret_cast<uint64_t>(dst.slot(1) + 256), c.rkey, 4096), "posted");
@@ -211,12 +217,15 @@ int main() {
     check(same(dst.slot(1), slot1), "slot 1 unchanged");
   }
   {
+    reset1();
     Link l = connect(*dev_a, *dev_b, b_ip);
-    check(rawWrite(l, src, reinterpret_cast<uint64_t>(dst.slot(1) + 256), dst.mr->rkey(), 4096), "posted");
-    refused(l, "plain RDMA_WRITE into slot 1 under the segment's key");
+    check(rawWrite(l, src, reinterpret_cast<uint64_t>(dst.slot(1) + 256), dst.mrs[1]->rkey(), 4096),
+          "posted");
+    refused(l, "plain RDMA_WRITE into slot 1 under its registration's own key");
     check(same(dst.slot(1), slot1), "slot 1 unchanged");
   }
   {  // a frame longer than its slot
+    reset1();
     Link l = connect(*dev_a, *dev_b, b_ip);
     auto c = expose(l, 0);
     c.length = kStride + 4096;
@@ -226,6 +235,7 @@ int main() {
     check(same(dst.slot(1), slot1), "slot 1 (the neighbour) unchanged");
   }
   {  // a key granted on another link
+    reset1();
     Link l1 = connect(*dev_a, *dev_b, b_ip);
     Link l2 = connect(*dev_a, *dev_b, b_ip);
     auto c = expose(l1, 1);
@@ -235,6 +245,7 @@ int main() {
     check(same(dst.slot(1), slot1), "slot 1 unchanged");
   }
   {  // a retracted credit
+    reset1();
     Link l = connect(*dev_a, *dev_b, b_ip);
     auto c = expose(l, 1);
     l.b.t->retractCredit(c.credit_id);
