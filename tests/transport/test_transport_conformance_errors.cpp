@@ -35,7 +35,8 @@ TEMPLATE_TEST_CASE("unknown credit is reported and the link stays usable", "[tra
   CHECK(tx.sends[0].status == FL_OK);  // the sender cannot know; the daemon NACKs
   CHECK(rx.arrivals[0].status == FL_ERR_UNKNOWN_CREDIT);
   CHECK(rx.arrivals[0].header.credit_id == 777u);
-  CHECK(rx.arrivals[0].header.sequence == 5u);
+  // rdma reads a frame's header from its credit's slot: none for an id never exposed.
+  if (TestType::kKind != TransportKind::kRdma) CHECK(rx.arrivals[0].header.sequence == 5u);
   CHECK(!rx.arrivals[0].message.empty());
   CHECK(rx.arrivals[1].status == FL_OK);
   CHECK(rx.arrivals[1].header.sequence == 6u);

@@ -483,10 +483,13 @@ void RdmaTransport::tearDown() noexcept {
     while (cq_ != nullptr && (n = api_.pollCq(cq_, kPollBatch, wcs)) > 0) {
       for (int i = 0; i < n; ++i) handleWc(wcs[i]);
     }
+    // A bound type-2 window holds its QP (rxe keeps a reference and
+    // destroying the QP waits for it): the windows go first.
+    window_backlog_.clear();
+    windows_.clear();
     api_.destroyQp(cm_.id());
     qp_ = nullptr;
   }
-  // Windows are bound to the QP: with it gone no peer reaches them.
   window_backlog_.clear();
   windows_.clear();
   posted_seq_ = std::max(posted_seq_, done_seq_);

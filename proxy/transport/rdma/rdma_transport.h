@@ -272,7 +272,7 @@ class RdmaTransport final : public Transport {
   std::unique_ptr<uint8_t[]> recv_buf_;
   ibv_mr* recv_mr_ = nullptr;
   // Memory windows of this queue pair: one bound per live credit
-  // (rdma_windows.h); deallocated after the QP in tearDown().
+  // (rdma_windows.h); deallocated just before the QP in tearDown().
   CreditWindows windows_;
   std::deque<ibv_send_wr> window_backlog_;  // invalidations waiting for room
   uint32_t windows_in_flight_ = 0;          // window WRs posted, not completed
