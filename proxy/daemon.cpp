@@ -29,6 +29,26 @@ namespace framelink {
 
 namespace {
 
+#ifdef FRAMELINK_HAVE_RDMA
+// A consumer's slots, one registration each ([slot header, end of slot]):
+// a credit's memory window is bound to its slot's registration, and some
+// adapters (rxe) check a write against the range of the registration under
+// the window rather than the window's own, so a registration per slot keeps
+// a write inside its slot there too.  Consumers never send: no local key.
+Result<SegmentRegistration> registerSlots(transport::rdma::RdmaDevice& dev, ClientSegments& segments) {
+  auto regs = std::make_shared<std::vector<std::unique_ptr<transport::rdma::MemoryRegistration>>>();
+  const uint64_t length = sizeof(fl_slot_header) + segments.slotSize();
+  for (uint32_t i = 0; i < segments.slotCount(); ++i) {
+    auto mr =
+        dev.registerMemory(segments.slotHeader(i), length, transport::rdma::MemoryAccess::kCreditWindows);
+    if (!mr) return std::move(mr).error();
+    regs->push_back(std::move(mr).value());
+  }
+  const uint32_t lkey = regs->empty() ? 0 : regs->front()->lkey();
+  return SegmentRegistration{std::shared_ptr<void>(std::move(regs)), lkey};
+}
+#endif
+
 int numaNodeOfCpu(int cpu) {
 #ifdef FRAMELINK_HAVE_NUMA
   if (numa_available() >= 0) return numa_node_of_cpu(cpu);
@@ -175,9 +195,9 @@ class DaemonImpl final : public Daemon {
     std::shared_ptr<rdma_ns::RdmaDevice> dev = rdma.device;
     attach_->setSegmentRegistrar(
         [dev](ClientSegments& segments, uint32_t role) -> Result<SegmentRegistration> {
-          auto access = role == FL_ROLE_CONSUMER ? rdma_ns::MemoryAccess::kRemoteWrite
-                                                 : rdma_ns::MemoryAccess::kLocalRead;
-          auto mr = dev->registerMemory(segments.dataBase(), segments.dataSize(), access);
+          if (role == FL_ROLE_CONSUMER) return registerSlots(*dev, segments);
+          auto mr = dev->registerMemory(segments.dataBase(), segments.dataSize(),
+                                        rdma_ns::MemoryAccess::kLocalRead);
           if (!mr) return std::move(mr).error();
           const uint32_t lkey = mr.value()->lkey();
           return SegmentRegistration{std::shared_ptr<void>(std::move(mr.value())), lkey};

@@ -202,16 +202,16 @@ bool connectQp(Side& self, const Side& peer) {
 uint8_t patternByte(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
 
 #if FRAMELINK_SOFTROCE_HAVE_RDMA_DEVICE
-// The device owner the rdma transport uses: open by address, register with remote-write access.
+// The device owner the rdma transport uses: open by address, register for credit windows.
 void registerWithRdmaDevice(uint8_t* base, uint64_t len, const std::string& ip) {
   namespace rdma = framelink::transport::rdma;
   auto device = rdma::RdmaDevice::open({.device_name = "", .bind_ip = ip});
   check(static_cast<bool>(device),
         "RdmaDevice::open(bind_ip " + ip + ")" + (device ? "" : ": " + device.error().message));
   if (!device) return;
-  auto mr = (*device)->registerMemory(base, len, rdma::MemoryAccess::kRemoteWrite);
+  auto mr = (*device)->registerMemory(base, len, rdma::MemoryAccess::kCreditWindows);
   check(static_cast<bool>(mr), "RdmaDevice::registerMemory(data segment, " + std::to_string(len) +
-                                   " bytes, kRemoteWrite)" + (mr ? "" : ": " + mr.error().message));
+                                   " bytes, kCreditWindows)" + (mr ? "" : ": " + mr.error().message));
 }
 #endif
 

@@ -207,7 +207,16 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
   std::vector<RemoteCredit> credits;
   for (size_t i = 0; i < kFrames; ++i) {
     if (kRdma || buffers.empty()) buffers.emplace_back(kSize);
-    credits.push_back(expose(*rx.t, buffers.back().credit(1000 + i)));
+    auto r = rx.t->exposeCredit(buffers.back().credit(1000 + i));
+    // rdma binds a memory window per credit, a bounded number at a time
+    // until the receiver polls their completions.
+    for (int tries = 0; !r && r.error().code == FL_ERR_RESOURCES && tries < 1000; ++tries) {
+      rx.pump();
+      readable(rx.t->eventFd(), 10);
+      r = rx.t->exposeCredit(buffers.back().credit(1000 + i));
+    }
+    if (!r) FAIL("exposeCredit(" << 1000 + i << "): " << r.error().message);
+    credits.push_back(r.value());
   }
   std::vector<Payload> payloads;
   for (size_t i = 0; i < kFrames; ++i) payloads.push_back(pattern(i, kSize));
@@ -275,10 +284,12 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
 
   Buffer bufs[3] = {Buffer(100), Buffer(100), Buffer(100)};
   auto payload = pattern(7, 100);
-  for (uint64_t i = 0; i < 3; ++i) {
-    RemoteCredit c = expose(*rx.t, bufs[i].credit(i + 1));
-    REQUIRE(tx.post(request(i, c, payload, i + 1)) == PostResult::kOk);
-  }
+  RemoteCredit credits[3];
+  for (uint64_t i = 0; i < 3; ++i) credits[i] = expose(*rx.t, bufs[i].credit(i + 1));
+  rx.pump();  // rdma: the completions of the memory-window binds
+  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+  for (uint64_t i = 0; i < 3; ++i)
+    REQUIRE(tx.post(request(i, credits[i], payload, i + 1)) == PostResult::kOk);
   tx.t->flush();
   const int wait_ms = static_cast<int>(std::chrono::milliseconds(kDeadline).count());
   REQUIRE(readable(tx.t->eventFd(), wait_ms));
@@ -297,7 +308,9 @@ TEMPLATE_TEST_CASE("eventFd is readable exactly while events are pending", "[tra
     }
   }
   CHECK(rx.t->poll(&ev, 1) == 0);
-  CHECK_FALSE(readable(rx.t->eventFd(), 0));
+  // rdma: the completions of the windows' invalidations may come later;
+  // they wake the fd once and report nothing.
+  while (readable(rx.t->eventFd(), 100)) CHECK(rx.t->poll(&ev, 1) == 0);
 
   size_t completed = 0;
   while (completed < 3) {

@@ -75,10 +75,11 @@ class CreditWindow {
   std::map<uint64_t, RemoteCredit> granted_;  // exposed, not yet used by the sender
 };
 
-// Where frames go to be discarded: a 1 MiB payload and a credit the receiver
-// exposed and retracted at once, so that everything that does arrive is
-// dropped (rdma: lands in that buffer, kept mapped, and is reported as
-// unknown).
+// Where frames go to be discarded: a 1 MiB payload and a credit under an id
+// the receiver never exposed, aimed at a buffer it did expose (under id 1),
+// so that everything that does arrive is dropped (rdma: lands in that
+// buffer through credit 1's memory window and is reported as unknown; a
+// retracted credit's window is gone, and a write into it breaks the link).
 struct DiscardedCredit {
   static constexpr size_t kSize = 1 << 20;
   Payload payload = pattern(1, kSize);
@@ -86,7 +87,7 @@ struct DiscardedCredit {
   RemoteCredit credit;
 
   explicit DiscardedCredit(Transport& receiver) : credit(expose(receiver, sink.credit(1))) {
-    receiver.retractCredit(1);
+    credit.credit_id = 2;
   }
 };
 

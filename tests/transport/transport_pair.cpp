@@ -123,7 +123,7 @@ class RdmaPair final : public TransportPair {
     listener.reset();
   }
   Result<std::shared_ptr<void>> registerMemory(void* addr, size_t length, bool receive) override {
-    const auto access = receive ? rdma::MemoryAccess::kRemoteWrite : rdma::MemoryAccess::kLocalRead;
+    const auto access = receive ? rdma::MemoryAccess::kCreditWindows : rdma::MemoryAccess::kLocalRead;
     auto both = std::make_shared<std::vector<std::unique_ptr<rdma::MemoryRegistration>>>();
     for (auto& device : {device_a, device_b}) {
       auto r = device->registerMemory(addr, length, access);

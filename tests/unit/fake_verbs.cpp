@@ -98,6 +98,7 @@ FakeVerbs::Stats FakeVerbs::stats() const {
   s.live_ids = ids_.size();
   s.live_cqs = cqs_.size();
   s.live_mrs = mrs_.size();
+  s.live_mws = mws_.size();
   return s;
 }
 
@@ -140,6 +141,7 @@ int FakeVerbs::queryDevice(ibv_context*, ibv_device_attr* attr) {
   attr->max_qp_wr = 16384;
   attr->max_cqe = 65536;
   attr->max_sge = 30;
+  attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   return 0;
 }
 int FakeVerbs::queryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) {
@@ -384,28 +386,6 @@ void scatter(const std::vector<ibv_sge>& src, const std::vector<ibv_sge>& dst) {
 
 }  // namespace
 
-ibv_wc_status FakeVerbs::checkKeys(const Qp* q, const SendWr& wr, uint64_t total, bool is_send) const {
-  ibv_wc_status status = IBV_WC_SUCCESS;
-  for (auto& sge : wr.sges) {
-    if (wr.inline_bytes.empty() && findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, 0) == nullptr) {
-      status = IBV_WC_LOC_PROT_ERR;
-    }
-  }
-  Mr* target = nullptr;
-  if (!is_send) {
-    const Qp* peer = q->peer;
-    for (auto& [k, m] : mrs_) {
-      auto start = reinterpret_cast<uint64_t>(m->mr.addr);
-      if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_WRITE) &&
-          wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
-        target = m.get();
-      }
-    }
-    if (status == IBV_WC_SUCCESS && target == nullptr) status = IBV_WC_REM_ACCESS_ERR;
-  }
-  return status;
-}
-
 void FakeVerbs::landSend(Qp* peer, const SendWr& wr, const RecvWr& recv, uint64_t total, ibv_wc* rwc,
                          ibv_wc* wc) {
   rwc->opcode = IBV_WC_RECV;
@@ -430,6 +410,15 @@ void FakeVerbs::landSend(Qp* peer, const SendWr& wr, const RecvWr& recv, uint64_
 }
 
 bool FakeVerbs::executeAtPeer(Qp* peer, const SendWr& wr, uint64_t total, bool is_send, ibv_wc* wc) {
+  if (wr.opcode == IBV_WR_RDMA_WRITE) {
+    // No immediate: the bytes land, the peer sees no completion at all.
+    auto* dst = reinterpret_cast<uint8_t*>(wr.remote_addr);
+    for (auto& sge : wr.sges) {
+      std::memcpy(dst, reinterpret_cast<const void*>(sge.addr), sge.length);
+      dst += sge.length;
+    }
+    return true;
+  }
   if (peer->recvs.empty()) return false;  // receiver not ready: RNR retry (rnr_retry 7) until it posts
   RecvWr recv = std::move(peer->recvs.front());
   peer->recvs.pop_front();
@@ -461,8 +450,10 @@ void FakeVerbs::deliver(Qp* q) {
       flushQp(q);
       return;
     }
-    if (paused_) return;
     SendWr& wr = q->pending.front();
+    const bool local = wr.opcode == IBV_WR_BIND_MW || wr.opcode == IBV_WR_LOCAL_INV;
+    // Pausing holds the wire back; window WRs never leave the adapter.
+    if (paused_ && !local) return;
     ibv_wc wc{};
     wc.wr_id = wr.wr_id;
     wc.qp_num = q->qp.qp_num;
@@ -473,7 +464,10 @@ void FakeVerbs::deliver(Qp* q) {
     for (auto& sge : wr.sges) total += sge.length;
     const bool is_send = wr.opcode == IBV_WR_SEND_WITH_IMM;
     if (is_send) wc.opcode = IBV_WC_SEND;
-    if (inject_) {
+    if (local) {
+      wc.opcode = wr.opcode == IBV_WR_BIND_MW ? IBV_WC_BIND_MW : IBV_WC_LOCAL_INV;
+      wc.status = executeWindowWr(q, wr);
+    } else if (inject_) {
       wc.status = *inject_;
       inject_.reset();
     } else if (peer == nullptr || peer->qp.state != IBV_QPS_RTS) {
@@ -510,8 +504,20 @@ int FakeVerbs::postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       *bad_wr = wr;
       return ENOMEM;
     }
-    if ((wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM && wr->opcode != IBV_WR_SEND_WITH_IMM) || wr->num_sge < 1 ||
-        wr->num_sge > 2) {
+    if (wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV) {
+      SendWr w{};
+      if (!windowWr(wr, &w)) {
+        *bad_wr = wr;
+        return EINVAL;
+      }
+      ++stats_.send_wrs;
+      if (w.signalled) ++stats_.signalled_wrs;
+      q->pending.push_back(std::move(w));
+      continue;
+    }
+    if ((wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+         wr->opcode != IBV_WR_RDMA_WRITE) ||
+        wr->num_sge < 1 || wr->num_sge > 2) {
       *bad_wr = wr;
       return EINVAL;
     }

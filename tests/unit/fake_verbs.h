@@ -12,7 +12,11 @@
 // as LOC_LEN_ERR / REM_INV_REQ_ERR would).  Completion channels, rdma_cm event
 // channels and async event fds are eventfds, so epoll works as with real
 // verbs.  Tests can pause delivery (WRs stay on the send queue), inject a
-// completion error or an asynchronous event, and read counters; misuse that
+// completion error or an asynchronous event, and read counters.  Type-2
+// memory windows (fake_verbs_mw.cpp) are bound and invalidated by
+// IBV_WR_BIND_MW / IBV_WR_LOCAL_INV on one QP, as rxe does them: a WRITE
+// under a window's rkey lands only from the QP's peer and inside the bound
+// range, else it fails REM_ACCESS_ERR and nothing is written.  Misuse that
 // real verbs would punish (destroying an id that still has a QP, a CQ with
 // unacked events, more WRs than the queue holds) is recorded in errors().
 #pragma once
@@ -67,6 +71,9 @@ class FakeVerbs final : public VerbsApi {
     uint64_t live_ids = 0;
     uint64_t live_cqs = 0;
     uint64_t live_mrs = 0;
+    uint64_t live_mws = 0;
+    uint64_t binds = 0;          // IBV_WR_BIND_MW executed
+    uint64_t invalidations = 0;  // IBV_WR_LOCAL_INV executed
   };
   Stats stats() const;
   std::vector<std::string> errors() const;
@@ -87,6 +94,8 @@ class FakeVerbs final : public VerbsApi {
   int deallocPd(ibv_pd* pd) override;
   ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) override;
   int deregMr(ibv_mr* mr) override;
+  ibv_mw* allocMw(ibv_pd* pd, ibv_mw_type type) override;
+  int deallocMw(ibv_mw* mw) override;
   ibv_comp_channel* createCompChannel(ibv_context* context) override;
   int destroyCompChannel(ibv_comp_channel* channel) override;
   ibv_cq* createCq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
@@ -122,6 +131,7 @@ class FakeVerbs final : public VerbsApi {
  private:
   struct Device;
   struct Mr;
+  struct Mw;
   struct CompChannel;
   struct Cq;
   struct Qp;
@@ -129,7 +139,7 @@ class FakeVerbs final : public VerbsApi {
   struct Id;
   struct SendWr {
     uint64_t wr_id;
-    ibv_wr_opcode opcode;  // RDMA_WRITE_WITH_IMM or SEND_WITH_IMM
+    ibv_wr_opcode opcode;  // RDMA_WRITE(_WITH_IMM), SEND_WITH_IMM, BIND_MW or LOCAL_INV
     bool signalled;
     uint32_t imm;
     uint64_t remote_addr;
@@ -137,6 +147,8 @@ class FakeVerbs final : public VerbsApi {
     std::vector<ibv_sge> sges;
     // IBV_SEND_INLINE: the bytes as they were at post time (sges point here).
     std::vector<uint8_t> inline_bytes;
+    ibv_mw* mw = nullptr;  // BIND_MW: the window; rkey its new key
+    ibv_mw_bind_info bind{};
   };
   struct RecvWr {
     uint64_t wr_id;
@@ -164,12 +176,21 @@ class FakeVerbs final : public VerbsApi {
   // A SEND lands in the receive WR's buffers, which must hold it and lie in
   // memory registered for local write; else both sides fail.
   void landSend(Qp* peer, const SendWr& wr, const RecvWr& recv, uint64_t total, ibv_wc* rwc, ibv_wc* wc);
+  // fake_verbs_mw.cpp: a BIND_MW or LOCAL_INV from `q`, executed in the
+  // send queue's order; the status it completes with.
+  ibv_wc_status executeWindowWr(Qp* q, const SendWr& wr);
+  // The window whose current rkey is `rkey`, bound on `qp` around
+  // [addr, addr + length) with remote write, or null.
+  const Mw* findWindow(uint32_t rkey, const Qp* qp, uint64_t addr, uint64_t length) const;
+  // Parses a BIND_MW / LOCAL_INV WR for the send queue; false: EINVAL.
+  static bool windowWr(const ibv_send_wr* wr, SendWr* out);
   void disconnectLocked(Id* id);
   void error(std::string what);
 
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::map<const void*, std::unique_ptr<Mr>> mrs_;
+  std::map<const void*, std::unique_ptr<Mw>> mws_;
   std::map<const void*, std::unique_ptr<CompChannel>> comp_channels_;
   std::map<const void*, std::unique_ptr<Cq>> cqs_;
   std::map<const void*, std::unique_ptr<Qp>> qps_;

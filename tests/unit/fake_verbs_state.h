@@ -27,6 +27,13 @@ struct FakeVerbs::Mr {
   ibv_mr mr{};
   int access = 0;
 };
+struct FakeVerbs::Mw {
+  ibv_mw mw{};
+  const Qp* qp = nullptr;  // bound on (type 2); null while free
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  int access = 0;
+};
 struct FakeVerbs::CompChannel {
   ibv_comp_channel channel{};
   std::deque<ibv_cq*> events;

@@ -184,7 +184,7 @@ struct DataPath : Pair {
   explicit DataPath(RdmaTransportOptions options = {}, size_t dst_bytes = 4096, uint8_t src_fill = 0xEE)
       : Pair(options, twoDevices()),
         src(mem(*dev_a, 4096, MemoryAccess::kLocalRead, src_fill)),
-        dst(mem(*dev_b, dst_bytes, MemoryAccess::kRemoteWrite)) {}
+        dst(mem(*dev_b, dst_bytes, MemoryAccess::kCreditWindows)) {}
 
   // Exposes `length` bytes of dst's slot `slot` on b under `credit_id`.
   RemoteCredit credit(uint64_t credit_id, uint64_t length, size_t slot = 0) {

@@ -81,16 +81,17 @@ TEST_CASE("rdma memory registry: access modes, ranges, deregistration", "[rdma]"
   auto dev = RdmaDevice::open({"fake_a", ""}, fake).value();
   std::vector<uint8_t> buf(8192);
   {
-    auto w = dev->registerMemory(buf.data(), 4096, MemoryAccess::kRemoteWrite);
+    auto w = dev->registerMemory(buf.data(), 4096, MemoryAccess::kCreditWindows);
     REQUIRE(w.ok());
     auto r = dev->registerMemory(buf.data() + 4096, 4096, MemoryAccess::kLocalRead);
     REQUIRE(r.ok());
     uint32_t key = 0;
-    CHECK(dev->lookupRemote(buf.data() + 100, 200, &key));
-    CHECK(key == w.value()->rkey());
+    ibv_mr* window_mr = dev->windowRegion(buf.data() + 100, 200);
+    REQUIRE(window_mr != nullptr);
+    CHECK(window_mr->lkey == w.value()->lkey());
     CHECK(dev->lookupLocal(buf.data() + 4096, 4096, &key));
     CHECK(key == r.value()->lkey());
-    CHECK_FALSE(dev->lookupRemote(buf.data() + 4096, 10, &key));  // local-read only
+    CHECK(dev->windowRegion(buf.data() + 4096, 10) == nullptr);   // local-read only
     CHECK_FALSE(dev->lookupLocal(buf.data() + 4000, 200, &key));  // spans two registrations
     auto overlap = dev->registerMemory(buf.data() + 10, 10, MemoryAccess::kLocalRead);
     CHECK_FALSE(overlap.ok());

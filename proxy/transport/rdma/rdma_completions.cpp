@@ -127,6 +127,8 @@ void RdmaTransport::handleWc(const ibv_wc& wc) noexcept {
     handleRecvWc(wc);
   } else if (wc.wr_id & kControlTag) {
     handleControlSendWc(wc);
+  } else if (wc.wr_id & kWindowTag) {
+    handleWindowWc(wc);
   } else {
     handleSendWc(wc);
   }
@@ -154,7 +156,14 @@ void RdmaTransport::handleControlSendWc(const ibv_wc& wc) noexcept {
 
 void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
   const uint64_t seq = wc.wr_id;
-  if (seq < done_seq_ || seq >= posted_seq_) return;  // not one of ours any more
+  if (seq < done_seq_ || seq >= posted_seq_) {
+    // Not one of ours any more; an error still means the queue pair failed.
+    if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR && !book_.failed()) {
+      fail(classifyWcStatus(wc.status).link_status,
+           "rdma link to " + peer_name_ + ": a work request completed with " + ibv_wc_status_str(wc.status));
+    }
+    return;
+  }
   if (wc.status == IBV_WC_SUCCESS) {
     completeSendsThrough(seq, FL_OK);
     return;
@@ -196,6 +205,8 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   FrameHeader header;
   // The credit is consumed by this frame (a retracted one too).
   const LocalCredit* credit = book_.credits().beginLanding(index);
+  // Its window ends before the slot can be granted again.
+  endWindow(index);
   if (credit == nullptr) {
     header.credit_id = index;
     book_.frameArrived(header, FL_ERR_UNKNOWN_CREDIT,

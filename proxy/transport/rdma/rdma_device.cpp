@@ -180,6 +180,16 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::open(const RdmaDeviceOptions& op
     return makeError(FL_ERR_TRANSPORT, std::string("rdma: ibv_query_device failed: ") + std::strerror(errno));
   }
   std::string name = api->deviceName(chosen) ? api->deviceName(chosen) : "?";
+  // A peer may write only into the slot of a live credit, through a window
+  // bound per credit on the link's queue pair.  Without type-2 windows the
+  // only way left would be a registration per slot and link, which pins and
+  // re-keys memory per credit: refused instead, the link falls back to tcp.
+  if ((attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) == 0) {
+    return makeError(FL_ERR_TRANSPORT, "rdma: device " + name +
+                                           " has no type-2B memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B), "
+                                           "which framelink needs to limit a peer to the slots it holds "
+                                           "credits for; use the tcp or grpc transport with this device");
+  }
   auto active = findActivePort(*api, chosen, name, port, attr.phys_port_cnt);
   if (!active) return std::move(active).error();
 
@@ -255,8 +265,11 @@ Result<std::unique_ptr<MemoryRegistration>> RdmaDevice::registerMemory(void* add
                                       name_);
     }
   }
+  // No REMOTE_WRITE: an rkey of the whole segment would let a peer write
+  // into any slot, on any queue pair of the PD, for the segment's life.
+  // Windows need LOCAL_WRITE on the MR to grant remote write (C10-75).
   const int flags =
-      access == MemoryAccess::kRemoteWrite ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : 0;
+      access == MemoryAccess::kCreditWindows ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND) : 0;
   ibv_mr* mr = api_->regMr(pd_, addr, length, flags);
   if (mr == nullptr) {
     int e = errno;
@@ -305,12 +318,11 @@ bool RdmaDevice::lookupLocal(const void* addr, size_t length, uint32_t* lkey) co
   return true;
 }
 
-bool RdmaDevice::lookupRemote(const void* addr, size_t length, uint32_t* rkey) const noexcept {
+ibv_mr* RdmaDevice::windowRegion(const void* addr, size_t length) const noexcept {
   MutexLock lock(mu_);
   const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
-  if (r == nullptr || r->access != MemoryAccess::kRemoteWrite) return false;
-  *rkey = r->rkey;
-  return true;
+  if (r == nullptr || r->access != MemoryAccess::kCreditWindows) return nullptr;
+  return r->mr;
 }
 
 // ---------------------------------------------------------------- async events

@@ -23,8 +23,11 @@
 namespace framelink::transport::rdma {
 
 enum class MemoryAccess {
-  kLocalRead,    // producer segments: the adapter only reads them for sends
-  kRemoteWrite,  // consumer receive segments: peers write into them (plus local write, which verbs requires)
+  kLocalRead,  // producer segments: the adapter only reads them for sends
+  // Consumer receive segments.  Registered without remote access: a peer
+  // reaches a slot only through a type-2 memory window the rdma transport
+  // binds on its own queue pair for one live credit (rdma_windows.h).
+  kCreditWindows,
 };
 
 class RdmaDevice;
@@ -88,11 +91,12 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
   const std::string& bindIp() const noexcept { return bind_ip_; }
   const ibv_device_attr& attributes() const noexcept { return attr_; }
 
-  // The key of a registered range: lkey for any registration containing
-  // [addr, addr + length), rkey only for a kRemoteWrite one.  False when no
-  // single registration contains the range.
+  // The lkey of any registration containing [addr, addr + length).  False
+  // when no single registration contains the range.
   bool lookupLocal(const void* addr, size_t length, uint32_t* lkey) const noexcept;
-  bool lookupRemote(const void* addr, size_t length, uint32_t* rkey) const noexcept;
+  // The kCreditWindows registration containing the range (what a memory
+  // window is bound to), or null.
+  ibv_mr* windowRegion(const void* addr, size_t length) const noexcept;
 
   // Asynchronous events that break a link: `on_error(status, message)` runs
   // on the device's event thread for events of `qp` or `cq` (link scope,
@@ -119,7 +123,7 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
     uint32_t lkey;
     uint32_t rkey;
     MemoryAccess access;
-    const ibv_mr* mr;
+    ibv_mr* mr;
   };
   const Region* findLocked(uintptr_t start, size_t length) const noexcept FL_REQUIRES(mu_);
 

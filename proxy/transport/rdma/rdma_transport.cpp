@@ -92,6 +92,7 @@ RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTr
       api_(device_->api()),
       options_(options),
       cm_(std::move(id)),
+      windows_(api_, device_->pd()),
       book_(0, CreditTableOptions{uint64_t{UINT32_MAX}, options.max_retracted_credits}) {}
 
 Status RdmaTransport::setUp() {
@@ -107,7 +108,7 @@ Status RdmaTransport::setUp() {
 }
 
 Status RdmaTransport::checkQueueDepths() const {
-  const uint32_t sq = options_.send_queue_depth;
+  const uint32_t sq = options_.send_queue_depth + options_.window_queue_depth;
   const uint32_t rq = options_.recv_queue_depth;
   const auto& attr = device_->attributes();
   if (attr.max_qp_wr > 0 &&
@@ -137,7 +138,8 @@ Status RdmaTransport::createCq() {
     return makeError(FL_ERR_RESOURCES, std::string("ibv_create_comp_channel: ") + std::strerror(errno));
   }
   const auto& attr = device_->attributes();
-  int cqe = static_cast<int>(options_.send_queue_depth + options_.recv_queue_depth);
+  int cqe =
+      static_cast<int>(options_.send_queue_depth + options_.window_queue_depth + options_.recv_queue_depth);
   if (attr.max_cqe > 0) cqe = std::min(cqe, attr.max_cqe);
   cq_ = api_.createCq(device_->context(), cqe, this, comp_channel_, 0);
   if (cq_ == nullptr) {
@@ -154,7 +156,7 @@ Status RdmaTransport::createQp() {
   qa.recv_cq = cq_;
   qa.qp_type = IBV_QPT_RC;
   qa.sq_sig_all = 0;  // selective signalling
-  qa.cap.max_send_wr = sq;
+  qa.cap.max_send_wr = sq + options_.window_queue_depth;
   qa.cap.max_recv_wr = rq;
   qa.cap.max_send_sge = 2;  // header + payload
   qa.cap.max_recv_sge = 1;  // receives carry no SGE; some providers want at least 1 here
@@ -269,27 +271,7 @@ void RdmaTransport::established(std::string peer_name) noexcept {
 
 RdmaTransport::~RdmaTransport() { shutdown(); }
 
-// ---------------------------------------------------------------- credits
-
-Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
-  if (credit.buffer == nullptr) return makeError(FL_EINVAL, "exposeCredit: null buffer");
-  if (book_.failed()) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
-  uint8_t* landing = credit.buffer - kWireHeaderBytes;
-  const uint64_t landing_length = kWireHeaderBytes + credit.capacity;
-  uint32_t rkey = 0;
-  if (!device_->lookupRemote(landing, landing_length, &rkey)) {
-    return makeError(FL_EINVAL, "exposeCredit(" + std::to_string(credit.credit_id) +
-                                    "): the buffer and the 256-byte slot header before it are not inside "
-                                    "one remote-write registration on " +
-                                    device_->name());
-  }
-  return book_.exposeCredit(std::move(credit), reinterpret_cast<uint64_t>(landing), rkey);
-}
-
-// The peer may have posted its write already, and nothing stops an RDMA
-// write: the buffer stays mapped (keepalive) so that such a frame is
-// reported with its header, as FL_ERR_UNKNOWN_CREDIT.
-void RdmaTransport::retractCredit(uint64_t credit_id) { book_.retractCredit(credit_id); }
+// Credits and their memory windows: rdma_windows.cpp.
 
 // ---------------------------------------------------------------- sending
 
@@ -501,9 +483,15 @@ void RdmaTransport::tearDown() noexcept {
     while (cq_ != nullptr && (n = api_.pollCq(cq_, kPollBatch, wcs)) > 0) {
       for (int i = 0; i < n; ++i) handleWc(wcs[i]);
     }
+    // A bound type-2 window holds its QP (rxe keeps a reference and
+    // destroying the QP waits for it): the windows go first.
+    window_backlog_.clear();
+    windows_.clear();
     api_.destroyQp(cm_.id());
     qp_ = nullptr;
   }
+  window_backlog_.clear();
+  windows_.clear();
   posted_seq_ = std::max(posted_seq_, done_seq_);
   if (next_seq_ > done_seq_) {
     posted_seq_ = next_seq_;

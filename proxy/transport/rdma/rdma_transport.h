@@ -60,6 +60,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,7 @@
 #include "common/unique_fd.h"
 #include "transport/link_bookkeeping.h"
 #include "transport/rdma/rdma_device.h"
+#include "transport/rdma/rdma_windows.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/transport.h"
 
@@ -97,6 +99,11 @@ struct RdmaTransportOptions {
   // are forgotten (such a frame is then reported with credit_id = its low 32
   // bits and an empty header).
   uint32_t max_retracted_credits = 4096;
+  // Send-queue entries kept for memory-window work requests (one bind per
+  // credit exposed, one invalidation per credit consumed or retracted),
+  // beyond send_queue_depth.  exposeCredit refuses (FL_ERR_RESOURCES, the
+  // grant is tried again later) while all are in use.
+  uint32_t window_queue_depth = 512;
 };
 
 // An rdma_cm id with its own event channel: destroys both (id first).
@@ -166,6 +173,7 @@ class RdmaTransport final : public Transport {
     uint64_t recv_wrs = 0;            // receive WRs posted
     uint64_t control_wrs = 0;         // control fragments handed to ibv_post_send
     uint64_t control_inline_wrs = 0;  // of those, sent inline
+    uint64_t window_wrs = 0;          // memory-window binds and invalidations posted
   };
   const VerbsCounters& verbsCounters() const noexcept { return verbs_counters_; }
 
@@ -179,6 +187,7 @@ class RdmaTransport final : public Transport {
   // so wr_id is what tells them apart.
   static constexpr uint64_t kRecvTag = uint64_t{1} << 63;
   static constexpr uint64_t kControlTag = uint64_t{1} << 62;
+  static constexpr uint64_t kWindowTag = uint64_t{1} << 61;  // BIND_MW and LOCAL_INV
   static void signalEventFd(int fd) noexcept;
 
   // The verbs resources, fds and buffers, in the steps below (in this order).
@@ -227,6 +236,14 @@ class RdmaTransport final : public Transport {
   void controlArrived(const ibv_wc& wc) noexcept;
   void completeUnpostedIfDrained() noexcept;
   void replenishRecvs() noexcept;
+  // The window of credit key `key` ends (consumed or retracted): its
+  // LOCAL_INV goes on the send queue now, or as soon as there is room.
+  void endWindow(uint32_t key) noexcept;
+  // Posts one window WR (signalled, each completes on its own); false and
+  // the link failed when the adapter refuses it.
+  bool postWindowWr(ibv_send_wr& wr) noexcept;
+  void postWindowBacklog() noexcept;
+  void handleWindowWc(const ibv_wc& wc) noexcept;
 
   struct PendingSend {
     uint64_t cookie = 0;
@@ -254,6 +271,11 @@ class RdmaTransport final : public Transport {
   ibv_mr* ctl_send_mr_ = nullptr;
   std::unique_ptr<uint8_t[]> recv_buf_;
   ibv_mr* recv_mr_ = nullptr;
+  // Memory windows of this queue pair: one bound per live credit
+  // (rdma_windows.h); deallocated just before the QP in tearDown().
+  CreditWindows windows_;
+  std::deque<ibv_send_wr> window_backlog_;  // invalidations waiting for room
+  uint32_t windows_in_flight_ = 0;          // window WRs posted, not completed
   uint64_t watch_id_ = 0;
   bool torn_down_ = false;
   bool cq_armed_ = false;

@@ -27,6 +27,8 @@ class RealVerbs final : public VerbsApi {
     return ibv_reg_mr(pd, addr, length, access);
   }
   int deregMr(ibv_mr* mr) override { return ibv_dereg_mr(mr); }
+  ibv_mw* allocMw(ibv_pd* pd, ibv_mw_type type) override { return ibv_alloc_mw(pd, type); }
+  int deallocMw(ibv_mw* mw) override { return ibv_dealloc_mw(mw); }
 
   ibv_comp_channel* createCompChannel(ibv_context* context) override {
     return ibv_create_comp_channel(context);

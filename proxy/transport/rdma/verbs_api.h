@@ -37,6 +37,10 @@ class VerbsApi {
   virtual int deallocPd(ibv_pd* pd) = 0;
   virtual ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) = 0;
   virtual int deregMr(ibv_mr* mr) = 0;
+  // Type-2 memory windows: bound and invalidated by work requests on one
+  // QP's send queue (IBV_WR_BIND_MW, IBV_WR_LOCAL_INV through postSend).
+  virtual ibv_mw* allocMw(ibv_pd* pd, ibv_mw_type type) = 0;
+  virtual int deallocMw(ibv_mw* mw) = 0;
 
   // ---- completion queues
   virtual ibv_comp_channel* createCompChannel(ibv_context* context) = 0;

@@ -1,0 +1,209 @@
+#include "transport/rdma/rdma_windows.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "transport/rdma/rdma_transport.h"
+
+namespace framelink::transport::rdma {
+
+uint32_t CreditWindows::bind(uint32_t key, ibv_mr* mr, const uint8_t* addr, uint64_t length,
+                             ibv_send_wr* wr) noexcept {
+  if (bound_.count(key) != 0) {
+    errno = EEXIST;
+    return 0;
+  }
+  Window w;
+  if (!free_.empty()) {
+    w = free_.back();
+    free_.pop_back();
+  } else {
+    w.mw = api_.allocMw(pd_, IBV_MW_TYPE_2);
+    if (w.mw == nullptr) return 0;
+    w.rkey = w.mw->rkey;
+  }
+  // A new 8-bit key per bind: a peer that kept the key of the slot's
+  // earlier credit finds it refused by the adapter.
+  w.rkey = ibv_inc_rkey(w.rkey);
+  try {
+    bound_.emplace(key, w);
+  } catch (...) {
+    free_.push_back(w);
+    errno = ENOMEM;
+    return 0;
+  }
+  *wr = {};
+  wr->opcode = IBV_WR_BIND_MW;
+  wr->bind_mw.mw = w.mw;
+  wr->bind_mw.rkey = w.rkey;
+  wr->bind_mw.bind_info.mr = mr;
+  wr->bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(addr);
+  wr->bind_mw.bind_info.length = length;
+  wr->bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  return w.rkey;
+}
+
+void CreditWindows::unbind(uint32_t key) noexcept {
+  auto it = bound_.find(key);
+  if (it == bound_.end()) return;
+  free_.push_back(it->second);
+  bound_.erase(it);
+}
+
+bool CreditWindows::invalidate(uint32_t key, ibv_send_wr* wr) noexcept {
+  auto it = bound_.find(key);
+  if (it == bound_.end()) return false;
+  try {
+    invalidating_.emplace(it->second.rkey, it->second);
+  } catch (...) {
+    return false;  // stays bound: the credit's slot is not regranted before its window ends
+  }
+  *wr = {};
+  wr->opcode = IBV_WR_LOCAL_INV;
+  wr->invalidate_rkey = it->second.rkey;
+  bound_.erase(it);
+  return true;
+}
+
+void CreditWindows::posted(const ibv_send_wr& wr) noexcept {
+  if (wr.opcode == IBV_WR_LOCAL_INV) {
+    recycle(wr);
+  } else {
+    // A type-2 bind names the window by its current key (rxe checks it):
+    // the next bind must carry the key this one gives it.
+    wr.bind_mw.mw->rkey = wr.bind_mw.rkey;
+  }
+}
+
+void CreditWindows::recycle(const ibv_send_wr& invalidate_wr) noexcept {
+  auto it = invalidating_.find(invalidate_wr.invalidate_rkey);
+  if (it == invalidating_.end()) return;
+  try {
+    free_.push_back(it->second);
+  } catch (...) {
+    api_.deallocMw(it->second.mw);
+  }
+  invalidating_.erase(it);
+}
+
+void CreditWindows::clear() noexcept {
+  for (auto& [k, w] : bound_) api_.deallocMw(w.mw);
+  for (auto& [k, w] : invalidating_) api_.deallocMw(w.mw);
+  for (auto& w : free_) api_.deallocMw(w.mw);
+  bound_.clear();
+  invalidating_.clear();
+  free_.clear();
+}
+
+}  // namespace framelink::transport::rdma
+
+// ---------------------------------------------------------------- the transport's credits
+
+namespace framelink::transport::rdma {
+
+Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
+  if (credit.buffer == nullptr) return makeError(FL_EINVAL, "exposeCredit: null buffer");
+  if (book_.failed()) return makeError(FL_ERR_LINK_LOST, "exposeCredit: the link is down");
+  uint8_t* landing = credit.buffer - kWireHeaderBytes;
+  const uint64_t landing_length = kWireHeaderBytes + credit.capacity;
+  ibv_mr* mr = device_->windowRegion(landing, landing_length);
+  if (mr == nullptr) {
+    return makeError(FL_EINVAL, "exposeCredit(" + std::to_string(credit.credit_id) +
+                                    "): the buffer and the 256-byte slot header before it are not inside "
+                                    "one receive registration on " +
+                                    device_->name());
+  }
+  if (!window_backlog_.empty() || windows_in_flight_ >= options_.window_queue_depth) {
+    return makeError(FL_ERR_RESOURCES, "exposeCredit: all " + std::to_string(options_.window_queue_depth) +
+                                           " memory-window work requests are in flight; try again later");
+  }
+  const auto key = static_cast<uint32_t>(credit.credit_id);
+  const uint64_t id = credit.credit_id;
+  ibv_send_wr bind{};
+  const uint32_t rkey = windows_.bind(key, mr, landing, landing_length, &bind);
+  if (rkey == 0) {
+    if (errno == EEXIST) {
+      return makeError(FL_EINVAL, "exposeCredit(" + std::to_string(id) + "): credit key " +
+                                      std::to_string(key) + " is exposed already");
+    }
+    return makeError(FL_ERR_RESOURCES, std::string("exposeCredit: ibv_alloc_mw: ") + std::strerror(errno));
+  }
+  auto remote = book_.exposeCredit(std::move(credit), reinterpret_cast<uint64_t>(landing), rkey);
+  if (!remote) {
+    windows_.unbind(key);
+    return remote;
+  }
+  // The bind goes on the send queue ahead of the grant that carries the
+  // key, and the queue executes in order: the window is up before the peer
+  // can learn its key.
+  if (!postWindowWr(bind)) {
+    book_.retractCredit(id);
+    windows_.unbind(key);
+    return makeError(FL_ERR_LINK_LOST, "exposeCredit: the memory window could not be bound");
+  }
+  return remote;
+}
+
+// The window ends at once: a write the peer posted after it gave the credit
+// back, or that races this retraction, fails on its side with
+// REM_ACCESS_ERR instead of landing in a slot that may be granted again.
+void RdmaTransport::retractCredit(uint64_t credit_id) {
+  book_.retractCredit(credit_id);
+  endWindow(static_cast<uint32_t>(credit_id));
+}
+
+void RdmaTransport::endWindow(uint32_t key) noexcept {
+  ibv_send_wr inv{};
+  if (!windows_.invalidate(key, &inv)) return;
+  if (book_.failed() || torn_down_) {
+    windows_.recycle(inv);  // the QP is in error: no write reaches any window
+    return;
+  }
+  try {
+    window_backlog_.push_back(inv);
+  } catch (...) {
+    fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory ending a memory window");
+    return;
+  }
+  postWindowBacklog();
+}
+
+bool RdmaTransport::postWindowWr(ibv_send_wr& wr) noexcept {
+  wr.wr_id = kWindowTag;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.next = nullptr;
+  ibv_send_wr* bad = nullptr;
+  ++verbs_counters_.post_send_calls;
+  const int rc = api_.postSend(qp_, &wr, &bad);
+  if (rc != 0) {
+    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ +
+                               ": ibv_post_send of a memory-window work request: " + std::strerror(rc));
+    return false;
+  }
+  ++windows_in_flight_;
+  ++verbs_counters_.send_wrs;
+  ++verbs_counters_.signalled_wrs;
+  ++verbs_counters_.window_wrs;
+  windows_.posted(wr);
+  return true;
+}
+
+void RdmaTransport::postWindowBacklog() noexcept {
+  while (!window_backlog_.empty() && windows_in_flight_ < options_.window_queue_depth && !book_.failed()) {
+    if (!postWindowWr(window_backlog_.front())) return;
+    window_backlog_.pop_front();
+  }
+}
+
+void RdmaTransport::handleWindowWc(const ibv_wc& wc) noexcept {
+  if (windows_in_flight_ > 0) --windows_in_flight_;
+  if (wc.status != IBV_WC_SUCCESS && !book_.failed()) {
+    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
+                               ibv_wc_status_str(wc.status));
+    return;
+  }
+  postWindowBacklog();
+}
+
+}  // namespace framelink::transport::rdma

@@ -1,0 +1,154 @@
+// What a peer can write into this daemon's memory over rdma, tried as a
+// hostile peer would against FakeVerbs: only into the slot of a credit it
+// holds, only up to that slot's size, only on the link the credit was
+// granted on, only until the credit is consumed or retracted.  Anything
+// else the adapter refuses (IBV_WC_REM_ACCESS_ERR) and the slot's bytes
+// stay as they were.
+#include <chrono>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "fake_verbs.h"
+#include "rdma_test_pair.h"
+#include "transport/rdma/rdma_connect.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace framelink::transport::rdma::testing {
+namespace {
+
+constexpr uint8_t kHostile = 0x42;  // what the peer's source memory holds
+constexpr uint8_t kFill = 0xEE;     // what the receiving slots hold
+
+bool untouched(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != kFill) return false;
+  }
+  return true;
+}
+
+// A plain RDMA_WRITE (no immediate: the receiver gets no completion) of
+// `length` bytes of src, posted on `t`'s queue pair behind its back.
+void rawWrite(DataPath& p, Transport* t, uint64_t remote_addr, uint32_t rkey, uint32_t length) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(p.src.data), length, p.src.mr->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = uint64_t{1} << 60;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  ibv_qp* qp = static_cast<RdmaTransport*>(t)->cmId()->qp;
+  REQUIRE(p.fake->postSend(qp, &wr, &bad) == 0);
+}
+
+// The frame fails on the sender with the adapter's remote access error and
+// takes the link down; nothing arrived at the receiver.
+void refused(Endpoint& tx, Endpoint& rx) {
+  const size_t arrived = rx.arrivals.size();
+  until(tx, rx, [&] { return !tx.sends.empty() && !tx.errors.empty(); });
+  CHECK(tx.sends.back().status == FL_ERR_TRANSPORT);
+  CHECK_THAT(tx.errors[0].message, Catch::Contains(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)));
+  rx.pump();
+  for (size_t i = arrived; i < rx.arrivals.size(); ++i) CHECK(rx.arrivals[i].status != FL_OK);
+}
+
+}  // namespace
+
+TEST_CASE("rdma refuses a plain write into a slot the peer holds no credit for", "[rdma][hostile]") {
+  auto p = makeDataPath({}, 3 * 4096, kHostile);
+  auto good = p->credit(1, 4096 - 256, 0);
+  uint8_t* slot1 = p->dst.data + 4096;
+  ibv_qp* qp = p->ra()->cmId()->qp;
+
+  SECTION("under the key of a credit for another slot") {
+    rawWrite(*p, p->a.get(), reinterpret_cast<uint64_t>(slot1 + 256), good.rkey, 1024);
+  }
+  SECTION("under the key of the whole segment") {
+    rawWrite(*p, p->a.get(), reinterpret_cast<uint64_t>(slot1 + 256), p->dst.mr->rkey(), 1024);
+  }
+  SECTION("into its own slot's neighbour from the slot's start") {
+    rawWrite(*p, p->a.get(), good.remote_addr + 4096, good.rkey, 256);
+  }
+  CHECK(p->fake->qpState(qp) == IBV_QPS_ERR);
+  CHECK(untouched(slot1, 4096));
+}
+
+TEST_CASE("rdma refuses a frame longer than its slot; the next slot is untouched", "[rdma][hostile]") {
+  auto p = makeDataPath({}, 3 * 4096, kHostile);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  auto c = p->credit(1, 4096 - 256, 0);
+  // The peer claims more room than the credit gave (post() trusts the
+  // credit it is handed): the write would run 256 bytes into slot 1.
+  RemoteCredit lie = c;
+  lie.length = 4096;
+  REQUIRE(p->a->post(request(0, lie, p->src, 4096, 1)) == PostResult::kOk);
+  p->ra()->flush();
+  refused(tx, rx);
+  CHECK(untouched(p->dst.data + 4096, 4096));
+  CHECK(untouched(p->dst.data, 4096));
+}
+
+TEST_CASE("rdma refuses on one link the key of a credit granted on another", "[rdma][hostile]") {
+  auto p = makeDataPath({}, 2 * 4096, kHostile);
+  // A second link between the same two devices (the same PD on each side).
+  std::promise<std::unique_ptr<Transport>> accepted;
+  auto listener = RdmaListener::listen(
+      p->dev_b, "10.0.0.2", 0, [](uint64_t s) { return s == kSession; },
+      [&](uint64_t, std::unique_ptr<Transport> t) { accepted.set_value(std::move(t)); }, {});
+  REQUIRE(listener.ok());
+  auto a2 = dialRdma(p->dev_a, "10.0.0.2", (*listener)->port(), kSession, 2s, {});
+  REQUIRE(a2.ok());
+  auto fut = accepted.get_future();
+  REQUIRE(fut.wait_for(2s) == std::future_status::ready);
+  std::unique_ptr<Transport> b2 = fut.get();
+  Endpoint tx2{a2->get()}, rx2{b2.get()};
+
+  auto c = p->credit(1, 4096 - 256, 1);  // granted on link 1
+  REQUIRE(a2.value()->post(request(0, c, p->src, 1024, 1)) == PostResult::kOk);
+  a2.value()->flush();
+  refused(tx2, rx2);
+  CHECK(untouched(p->dst.data + 4096, 4096));
+  a2.value().reset();
+  b2.reset();
+}
+
+TEST_CASE("rdma refuses a credit's key once the credit is consumed or retracted", "[rdma][hostile]") {
+  auto p = makeDataPath({}, 2 * 4096, kHostile);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+
+  SECTION("consumed: its frame arrived") {
+    auto c = p->credit(1, 4096 - 256, 0);
+    REQUIRE(p->a->post(request(0, c, p->src, 1024, 1)) == PostResult::kOk);
+    p->ra()->flush();
+    until(tx, rx, [&] { return tx.sends.size() == 1 && rx.arrivals.size() == 1; });
+    REQUIRE(rx.arrivals[0].status == FL_OK);
+    std::memset(p->dst.data, kFill, 4096);  // the consumer's copy of the frame
+    REQUIRE(p->a->post(request(1, c, p->src, 1024, 2)) == PostResult::kOk);
+    p->ra()->flush();
+    refused(tx, rx);
+    CHECK(untouched(p->dst.data, 4096));
+  }
+  SECTION("retracted") {
+    auto c = p->credit(2, 4096 - 256, 1);
+    p->b->retractCredit(2);
+    REQUIRE(p->a->post(request(0, c, p->src, 1024, 1)) == PostResult::kOk);
+    p->ra()->flush();
+    refused(tx, rx);
+    CHECK(untouched(p->dst.data + 4096, 4096));
+  }
+  SECTION("the slot's next credit has a new key") {
+    auto c1 = p->credit(3, 4096 - 256, 0);
+    REQUIRE(p->a->post(request(0, c1, p->src, 64, 1)) == PostResult::kOk);
+    p->ra()->flush();
+    until(tx, rx, [&] { return rx.arrivals.size() == 1; });
+    auto c2 = p->credit(4, 4096 - 256, 0);
+    CHECK(c2.rkey != c1.rkey);
+    CHECK(c2.remote_addr == c1.remote_addr);
+  }
+}
+
+}  // namespace framelink::transport::rdma::testing
