@@ -10,13 +10,14 @@
 namespace framelink {
 
 InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
-                               const AgentClock& clock, uint64_t ack_delay_ns)
+                               const AgentClock& clock, uint64_t ack_delay_ns, Limits limits)
     : metrics_(metrics),
       clients_(clients),
       links_(links),
       names_(names),
       clock_(clock),
-      ack_delay_ns_(ack_delay_ns) {}
+      ack_delay_ns_(ack_delay_ns),
+      limits_(limits) {}
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
@@ -28,7 +29,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
   for (SlotEntry& e : c.slots) {
     if (e.state == SlotState::kCredited) {
-      auto it = credits_.find(e.credit_id);
+      auto it = findCredit(e.credit_id);
       if (it != credits_.end()) {
         if (AgentLink* l = links_.find(it->second.link_id)) {
           if (l->transport) l->transport->retractCredit(e.credit_id);
@@ -183,14 +184,14 @@ AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::Transport
     return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h, "refused before");
   };
   if (ev.status != FL_OK) {
-    auto it = credits_.find(h.credit_id);
+    auto it = findCredit(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
     if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, ev.status,
              ev.message.empty() ? "frame for an unknown credit" : ev.message);
     return nullptr;
   }
-  auto it = credits_.find(h.credit_id);
+  auto it = findCredit(h.credit_id);
   if (it == credits_.end() || it->second.link_id != l.id) {
     if (answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
@@ -387,9 +388,9 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
     }
     if (AgentClient* ac = clients_.find(cit->second.client_id)) {
       SlotEntry& e = ac->session->slots[cit->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == cit->first) e = SlotEntry{};
+      if (e.state == SlotState::kCredited && e.credit_id == cit->second.credit_id) e = SlotEntry{};
     }
-    if (l.transport) l.transport->retractCredit(cit->first);
+    if (l.transport) l.transport->retractCredit(cit->second.credit_id);
     cit = credits_.erase(cit);
   }
   return key;
