@@ -236,11 +236,13 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
     return round.held[{t, cid}] < share && round.refusing.count(t.first) == 0;
   });
   if (!starving) return;
+  const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
     if (entry.client_id != cid || entry.recalled || round.held[{owner, cid}] <= share) continue;
     if (std::find(round.targets.begin(), round.targets.end(), owner) == round.targets.end()) continue;
     entry.recalled = true;
+    entry.recalled_ns = now;
     --round.held[{owner, cid}];
     auto* revoke = round.recalls[owner].mutable_credit_revoke();
     revoke->set_stream_id(owner.second);
@@ -297,6 +299,26 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
     credits_.erase(it);
   }
   if (stream != kNoName) grantCredits(stream);
+}
+
+std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
+  const uint64_t now = clock_.nowNs();
+  std::vector<std::pair<uint64_t, std::string>> failed;
+  // A sender answers a recall at once, giving back what it has not used;
+  // what it used lands within its frames' deadlines.  One that keeps them
+  // holds slots the stream's other senders wait for: its link goes, and
+  // the credits with it.
+  std::set<uint64_t> late;
+  for (const auto& [generation, entry] : credits_) {
+    if (entry.recalled && now - entry.recalled_ns >= limits_.recall_deadline_ns) late.insert(entry.link_id);
+  }
+  for (uint64_t link_id : late) {
+    const AgentLink* l = links_.find(link_id);
+    if (l == nullptr || l->closing) continue;
+    failed.emplace_back(link_id, "recalled credits neither given back nor used within " +
+                                     std::to_string(limits_.recall_deadline_ns / 1'000'000) + " ms");
+  }
+  return failed;
 }
 
 void InboundStreams::retractCreditsOfLink(uint64_t link_id) {

@@ -338,38 +338,54 @@ bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h
 
 std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& so) {
   auto existing = l.in_streams.find(so.stream_id);
-  if (existing == l.in_streams.end() && l.in_streams.size() >= peer::kMaxStreamsPerLink) {
-    return "too many streams opened";
+  if (existing != l.in_streams.end() && existing->second.name != so.name) {
+    // Its credits were granted for the other name's consumers.
+    return "stream " + std::to_string(so.stream_id) + " re-opened as '" + so.name + "' while open as '" +
+           existing->second.name + "'";
   }
-  const NameKey key = names_.acquire(so.name);
-  if (existing != l.in_streams.end()) {
-    names_.release(existing->second.key);
-    existing->second = InStream{so.name, key};
-  } else {
-    l.in_streams.emplace(so.stream_id, InStream{so.name, key});
+  if (existing == l.in_streams.end()) {
+    if (l.in_streams.size() >= peer::kMaxStreamsPerLink) return "too many streams opened";
+    // A sender sends a name as one stream: a name under many ids would
+    // take a share of every consumer's slots for each.
+    for (const auto& [sid, in] : l.in_streams) {
+      if (in.name == so.name) {
+        return "stream '" + so.name + "' opened as " + std::to_string(so.stream_id) + " while open as " +
+               std::to_string(sid);
+      }
+    }
+    l.in_streams.emplace(so.stream_id, InStream{so.name, names_.acquire(so.name)});
   }
+  const NameKey key = l.in_streams.at(so.stream_id).key;
   spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
   // A sender has a stream open on one link at a time, its newest: on an
   // older link from the same instance the stream has moved (that link may
-  // be dead without this end knowing).  Its credits there are of no use to
-  // the sender any more, and what was held back there goes on this link.
+  // be dead without this end knowing), or was forgotten there and opened
+  // anew under another id.  Its credits there are of no use to the sender
+  // any more, and what was held back there goes on this link.
   for (auto& [id, other] : links_) {
     if (id == l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
-    if (other.in_streams.count(so.stream_id) == 0) continue;
-    if (auto held = held_back_.find({id, so.stream_id}); held != held_back_.end()) {
-      HeldBack& here = held_back_[{l.id, so.stream_id}];
-      here.acks.insert(here.acks.end(), held->second.acks.begin(), held->second.acks.end());
-      here.stream = held->second.stream;
-      here.this_round = true;
-      held_back_.erase(held);
+    std::vector<uint64_t> moved_sids;
+    for (const auto& [sid, in] : other.in_streams) {
+      if (sid == so.stream_id || in.key == key) moved_sids.push_back(sid);
     }
-    spdlog::info("link {} to peer {}: stream {} moved to link {}", id, l.peer_name, so.stream_id, l.id);
-    const NameKey moved = closeOnLink(other, so.stream_id);
-    if (moved != key) grantCredits(moved);
-    names_.release(moved);
+    for (uint64_t sid : moved_sids) moveOff(other, sid, l, key);
   }
   grantCredits(key);
   return {};
+}
+
+void InboundStreams::moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key) {
+  if (auto held = held_back_.find({from.id, sid}); held != held_back_.end()) {
+    HeldBack& here = held_back_[{to.id, sid}];
+    here.acks.insert(here.acks.end(), held->second.acks.begin(), held->second.acks.end());
+    here.stream = held->second.stream;
+    here.this_round = true;
+    held_back_.erase(held);
+  }
+  spdlog::info("link {} to peer {}: stream {} moved to link {}", from.id, from.peer_name, sid, to.id);
+  const NameKey moved = closeOnLink(from, sid);
+  if (moved != key) grantCredits(moved);
+  names_.release(moved);
 }
 
 NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {

@@ -87,6 +87,11 @@ class InboundStreams {
   // slots are free for any sender of the stream.
   void onCreditsReturned(AgentLink& link, const peer::CreditRevoke& returned);
 
+  // Once in a while (the agent's deadline check): what is remembered of
+  // sender streams long unused goes, and a link that kept recalled credits
+  // past their deadline is returned with why, for the caller to fail.
+  std::vector<std::pair<uint64_t, std::string>> checkDeadlines();
+
   size_t creditsOutstanding() const { return credits_.size(); }
   size_t framesHeld() const;
   // Sender streams remembered (open or not).
@@ -102,7 +107,8 @@ class InboundStreams {
     uint64_t link_id = 0;
     uint64_t stream_id = 0;
     uint64_t credit_id = 0;
-    bool recalled = false;  // revoked to share the stream's slots again; the sender returns it or uses it
+    bool recalled = false;     // revoked to share the stream's slots again; the sender returns it or uses it
+    uint64_t recalled_ns = 0;  // when (agent clock): past recall_deadline_ns the link fails
   };
   // By generation, the low 32 bits of the credit id: no two live credits
   // share one (nextGeneration), so that no two links' credits have the same
@@ -205,6 +211,9 @@ class InboundStreams {
   // credits are retracted.  Returns its name key, still acquired (kNoName:
   // not open there); what is remembered of the sender stream stays.
   NameKey closeOnLink(AgentLink& link, uint64_t stream_id);
+  // Stream `sid` leaves the older link `from`: the sender opened it, or its
+  // name (stream `key`) under another id, on the newer link `to`.
+  void moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
   // The newest usable link from that instance of a peer (the one its sender

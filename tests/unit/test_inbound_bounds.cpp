@@ -232,3 +232,77 @@ TEST_CASE("inbound bounds: a slot the link refuses to expose is skipped, the rou
   rig.inbound.flushControl();
   CHECK(rig.credited(0) == 4);
 }
+
+TEST_CASE("inbound bounds: one in-stream per (link, name)", "[agent][inbound][fan-in]") {
+  BoundsRig rig;
+  rig.consumer(1, "cam");
+  AgentLink& l = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l, 42, "cam").empty());
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+
+  SECTION("the same name under another stream id is a violation; the first stream keeps its credits") {
+    const std::string why = rig.open(l, 43, "cam");
+    CHECK(why.find("cam") != std::string::npos);
+    CHECK(l.in_streams.count(43) == 0);
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+    for (const SlotEntry& e : rig.consumers[0].session->slots) CHECK(e.stream_id == 42);
+  }
+  SECTION("a stream id re-opened under another name is a violation; the same name again is not") {
+    CHECK_FALSE(rig.open(l, 42, "dog").empty());
+    CHECK(l.in_streams.at(42).name == "cam");
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+    CHECK(rig.open(l, 42, "cam").empty());
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+  }
+  SECTION("the name under another stream id on a newer link of the same sender takes it off the older link") {
+    // The sender forgot stream 42 while this end had not noticed the older
+    // link die, and opened the name anew on its newer link.
+    AgentLink& l2 = rig.linkUp(2, "p1");
+    REQUIRE(rig.open(l2, 50, "cam").empty());
+    CHECK(l.in_streams.empty());
+    for (const SlotEntry& e : rig.consumers[0].session->slots) {
+      CHECK(e.link_id == 2);
+      CHECK(e.stream_id == 50);
+    }
+  }
+}
+
+TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its deadline fails the link",
+          "[agent][inbound][fan-in]") {
+  InboundStreams::Limits limits;
+  limits.recall_deadline_ns = 10'000'000'000ULL;
+  BoundsRig rig(limits);
+  rig.consumer(1, "cam");
+  AgentLink& hog = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(hog, 42, "cam").empty());
+  rig.revoked(hog);
+  // A second sender: half of the slots are asked back from the first.
+  AgentLink& other = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(other, 7, "cam").empty());
+  const std::vector<uint64_t> recalled = rig.revoked(hog);
+  REQUIRE(recalled.size() == 2);
+  CHECK(rig.inbound.checkDeadlines().empty());
+
+  SECTION("kept past the deadline: the link fails, saying why") {
+    rig.clock.advanceNs(9'000'000'000ULL);
+    CHECK(rig.inbound.checkDeadlines().empty());
+    rig.clock.advanceNs(2'000'000'000ULL);
+    const auto failed = rig.inbound.checkDeadlines();
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0].first == 1);
+    CHECK(failed[0].second.find("recall") != std::string::npos);
+  }
+  SECTION("returned or used in time: nothing fails") {
+    rig.inbound.onCreditsReturned(hog, peer::CreditRevoke{42, {recalled[0]}, true, {}});
+    transport::TransportEvent ev;
+    ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+    ev.header.stream_id = 42;
+    ev.header.sequence = 1;
+    ev.header.credit_id = recalled[1];
+    ev.header.length = 10;
+    rig.inbound.onFrameArrived(hog, ev);
+    CHECK(rig.inbound.framesHeld() == 1);
+    rig.clock.advanceNs(11'000'000'000ULL);
+    CHECK(rig.inbound.checkDeadlines().empty());
+  }
+}
