@@ -303,6 +303,18 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
 
 std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
   const uint64_t now = clock_.nowNs();
+  // A sender stream open on no link with no frame held, unused for long:
+  // its sender forgot it (while no link was up, so no StreamClose came) or
+  // gave up on every frame it could replay.
+  for (auto it = in_states_.begin(); it != in_states_.end();) {
+    const InState& in = it->second;
+    if (in.open_links == 0 && in.held.empty() && now - in.used_ns >= limits_.forget_idle_ns) {
+      metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
+      forgetInState(it++);
+    } else {
+      ++it;
+    }
+  }
   std::vector<std::pair<uint64_t, std::string>> failed;
   // A sender answers a recall at once, giving back what it has not used;
   // what it used lands within its frames' deadlines.  One that keeps them

@@ -109,6 +109,7 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     in.held.erase(e.sequence);
     in.released.push_back(e.sequence);
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
+    in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
     // from its sender (the one it sends on).  With no link up it is not
     // sent: the sender replays the frame on its next link and gets the ACK
@@ -242,6 +243,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   InState& in = in_states_[in_state];
   markAnswered(in, h.sequence);
   in.held.insert(h.sequence);
+  in.used_ns = clock_.nowNs();
   SlotEntry& e = c.slots[credit.slot];
   e.state = SlotState::kDelivered;
   e.sequence = h.sequence;
@@ -268,7 +270,40 @@ uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
   in.peer = l.peer;
   in.instance = l.peer_instance;
   in.stream_id = stream_id;
+  in.used_ns = clock_.nowNs();
   return id;
+}
+
+bool InboundStreams::roomForInState(const AgentLink& l, uint64_t sid) {
+  if (in_state_ids_.count(InStateKey{l.peer, l.peer_instance, sid}) != 0) return true;
+  auto first = in_state_ids_.lower_bound(InStateKey{l.peer, 0, 0});
+  auto last = in_state_ids_.lower_bound(InStateKey{l.peer + 1, 0, 0});
+  if (static_cast<size_t>(std::distance(first, last)) < limits_.max_in_states_per_peer) return true;
+  auto oldest = in_states_.end();
+  for (auto it = first; it != last; ++it) {
+    auto ist = in_states_.find(it->second);
+    if (ist == in_states_.end() || ist->second.open_links != 0 || !ist->second.held.empty()) continue;
+    if (oldest == in_states_.end() || ist->second.used_ns < oldest->second.used_ns) oldest = ist;
+  }
+  if (oldest == in_states_.end()) return false;
+  metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
+  forgetInState(oldest);
+  return true;
+}
+
+void InboundStreams::countOpen(const AgentLink& l, uint64_t sid, int change) {
+  InState& in = in_states_[inStateId(l, sid)];
+  if (change > 0) {
+    ++in.open_links;
+  } else if (in.open_links > 0) {
+    --in.open_links;
+  }
+  in.used_ns = clock_.nowNs();
+}
+
+void InboundStreams::forgetInState(std::map<uint64_t, InState>::iterator it) {
+  in_state_ids_.erase(InStateKey{it->second.peer, it->second.instance, it->second.stream_id});
+  in_states_.erase(it);
 }
 
 bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, const char* refused_note) {
@@ -353,7 +388,9 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
                std::to_string(sid);
       }
     }
+    if (!roomForInState(l, so.stream_id)) return "too many streams of this peer remembered, none unused";
     l.in_streams.emplace(so.stream_id, InStream{so.name, names_.acquire(so.name)});
+    countOpen(l, so.stream_id, +1);
   }
   const NameKey key = l.in_streams.at(so.stream_id).key;
   spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
@@ -393,6 +430,7 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   if (it == l.in_streams.end()) return kNoName;
   const NameKey key = it->second.key;  // still held: the caller releases it
   l.in_streams.erase(it);
+  countOpen(l, sid, -1);
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
@@ -420,8 +458,11 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
   if (auto idit = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, sid}); idit != in_state_ids_.end()) {
     auto ist = in_states_.find(idit->second);
     if (ist == in_states_.end() || ist->second.held.empty()) {
-      if (ist != in_states_.end()) in_states_.erase(ist);
-      in_state_ids_.erase(idit);
+      if (ist != in_states_.end()) {
+        forgetInState(ist);
+      } else {
+        in_state_ids_.erase(idit);
+      }
     }
   }
   grantCredits(key);
@@ -434,8 +475,7 @@ void InboundStreams::onLinkUp(AgentLink& l) {
   for (auto it = in_states_.begin(); it != in_states_.end();) {
     const InState& in = it->second;
     if (in.peer == l.peer && in.instance != l.peer_instance && in.held.empty()) {
-      in_state_ids_.erase(InStateKey{in.peer, in.instance, in.stream_id});
-      it = in_states_.erase(it);
+      forgetInState(it++);
     } else {
       ++it;
     }
@@ -469,7 +509,10 @@ AgentLink* InboundStreams::answerLink(uint64_t came_on, PeerId peer, uint64_t in
 
 void InboundStreams::onLinkDown(AgentLink& l) {
   dropHeldBack(l.id);
-  for (auto& [sid, in] : l.in_streams) names_.release(in.key);
+  for (auto& [sid, in] : l.in_streams) {
+    names_.release(in.key);
+    countOpen(l, sid, -1);
+  }
   l.in_streams.clear();
   // Another link from the same sender is up (the sender replaced this one
   // and this end had not noticed): what this one held back, or carried and

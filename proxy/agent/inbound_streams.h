@@ -138,6 +138,8 @@ class InboundStreams {
     // the link that carried it, and the sender must learn of the release
     // even when it gets no credit to replay the frame before its deadline.
     std::deque<uint64_t> released;
+    size_t open_links = 0;  // links it is open on (one, but two while it moves)
+    uint64_t used_ns = 0;   // last opened, closed, delivered into or released (agent clock)
   };
   using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
 
@@ -216,6 +218,12 @@ class InboundStreams {
   void moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
+  // Makes room for one more sender stream of the link's peer, forgetting
+  // its oldest unused one when at the cap; false when every one is in use.
+  bool roomForInState(const AgentLink& link, uint64_t stream_id);
+  // The stream opened on (+1) or left (-1) a link.
+  void countOpen(const AgentLink& link, uint64_t stream_id, int change);
+  void forgetInState(std::map<uint64_t, InState>::iterator it);
   // The newest usable link from that instance of a peer (the one its sender
   // uses), or null.
   AgentLink* linkOf(PeerId peer, uint64_t instance);

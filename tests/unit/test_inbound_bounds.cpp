@@ -306,3 +306,64 @@ TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its de
     CHECK(rig.inbound.checkDeadlines().empty());
   }
 }
+
+TEST_CASE("inbound bounds: a sender stream forgotten while no link was up is forgotten here too",
+          "[agent][inbound][memory]") {
+  InboundStreams::Limits limits;
+  limits.forget_idle_ns = 100'000'000'000ULL;
+  BoundsRig rig(limits);
+  rig.consumer(1, "cam");
+  AgentLink& l = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l, 42, "cam").empty());
+  REQUIRE(rig.land(l, 42, 1));
+  REQUIRE(rig.land(l, 42, 2));
+  fl_completion_desc d{};
+  REQUIRE(fl_ring_pop(rig.consumers[0].completion(), rig.consumers[0].cap(), sizeof d, &d) == FL_RING_OK);
+  rig.inbound.onRelease(*rig.clients.find(1), fl_submit_desc{d.slot, 0, 0});
+  // The link breaks; the sender forgets the stream and never says so.
+  rig.linkDown(1);
+  CHECK(rig.inbound.senderStreamsKept() == 1);
+  rig.clock.advanceNs(99'000'000'000ULL);
+  rig.inbound.checkDeadlines();
+  CHECK(rig.inbound.senderStreamsKept() == 1);
+
+  SECTION("with nothing held, it goes once unused for the bound") {
+    REQUIRE(fl_ring_pop(rig.consumers[0].completion(), rig.consumers[0].cap(), sizeof d, &d) == FL_RING_OK);
+    rig.inbound.onRelease(*rig.clients.find(1), fl_submit_desc{d.slot, 0, 0});
+    rig.clock.advanceNs(99'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 1);  // the release used it
+    rig.clock.advanceNs(2'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 0);
+    CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
+  }
+  SECTION("while a consumer holds one of its frames, it stays") {
+    rig.clock.advanceNs(200'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 1);
+  }
+}
+
+TEST_CASE("inbound bounds: sender streams remembered per peer are capped", "[agent][inbound][memory]") {
+  InboundStreams::Limits limits;
+  limits.max_in_states_per_peer = 3;
+  BoundsRig rig(limits);
+  AgentLink& l = rig.linkUp(1, "p1");
+  for (uint64_t sid = 1; sid <= 3; ++sid) REQUIRE(rig.open(l, sid, "s" + std::to_string(sid)).empty());
+  CHECK(rig.inbound.senderStreamsKept() == 3);
+  // All three are open: none may go, the fourth is refused.
+  CHECK_FALSE(rig.open(l, 4, "s4").empty());
+  CHECK(l.in_streams.count(4) == 0);
+  // Another peer has its own.
+  AgentLink& other = rig.linkUp(2, "p2");
+  CHECK(rig.open(other, 4, "s4").empty());
+
+  // Once they are open on no link, the oldest goes to make room.
+  rig.linkDown(1);
+  AgentLink& l3 = rig.linkUp(3, "p1");
+  rig.clock.advanceNs(1'000'000'000ULL);
+  CHECK(rig.open(l3, 5, "s5").empty());
+  CHECK(rig.inbound.senderStreamsKept() == 4);  // three of p1, one of p2
+  CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
+}
