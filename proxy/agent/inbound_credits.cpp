@@ -152,8 +152,9 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     Target target{0, 0};
     for (size_t tries = 0; tries < round.targets.size() && target.first == 0; ++tries) {
       const Target candidate = round.targets[grant_cursor_++ % round.targets.size()];
-      if (round.held[{candidate, cid}] < share && round.refusing.count(candidate.first) == 0)
+      if (round.held[{candidate, cid}] < share && round.refusing.count(candidate.first) == 0) {
         target = candidate;
+      }
     }
     if (target.first == 0) return false;
     AgentLink& l = *links_.find(target.first);
