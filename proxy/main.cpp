@@ -53,6 +53,14 @@ int main(int argc, char** argv) try {
         "(allowed by allow_unauthenticated)",
         config->listen, config->data_listen);
   }
+  if (config->tls_no_peer_certs) {
+    spdlog::warn(
+        "link.tls_ca_file {} holds no peer certificate yet: no peer can link with this daemon, which serves "
+        "local clients only.  To link with another host, append its certificate (its "
+        "/etc/framelink/tls/host.crt) to {}, give it this host's certificate ({}) the same way, and "
+        "restart both daemons",
+        config->tls_ca_file, config->tls_ca_file, config->tls_cert_file);
+  }
   if (config->tlsEnabled()) {
     for (const auto& t : config->transports) {
       if (t == "tcp" || t == "rdma") {

@@ -153,6 +153,18 @@ in_root 'getent passwd framelink || true' | grep -x 'framelink:x:[0-9]*:[0-9]*:f
 [[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "600 framelink framelink" ]] ||
   bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 token=$(in_root 'cat /etc/framelink/peer.token')
+[[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/tls/host.key')" == "600 framelink framelink" ]] ||
+  bad "tls/host.key is $(in_root 'stat -c "%a %U %G" /etc/framelink/tls/host.key'), expected 600 framelink framelink"
+host_cert=$(in_root 'openssl x509 -in /etc/framelink/tls/host.crt -noout -subject -ext subjectAltName,basicConstraints' 2>&1) ||
+  bad "tls/host.crt is not a certificate: $host_cert"
+grep -q "CN = $(uname -n)" <<<"$host_cert" && grep -q "DNS:$(uname -n)" <<<"$host_cert" ||
+  bad "tls/host.crt does not name the host $(uname -n): $host_cert"
+# A peer trusts the certificate itself as its root (tls_ca_file): it must be a CA certificate.
+grep -q 'CA:TRUE' <<<"$host_cert" || bad "tls/host.crt is not a CA certificate: $host_cert"
+in_root 'openssl pkey -in /etc/framelink/tls/host.key -pubout' | cmp -s - <(in_root 'openssl x509 -in /etc/framelink/tls/host.crt -noout -pubkey') ||
+  bad "tls/host.key is not the key of tls/host.crt"
+[[ -f "$ov/root/etc/framelink/tls/peers.pem" ]] || bad "no tls/peers.pem after the install"
+host_key=$(in_root 'sha256sum /etc/framelink/tls/host.key')
 [[ -L "$ov/root$wants" ]] || bad "framelinkd.service is not enabled ($wants missing)"
 # Captured first: grep -q stopping early would fail the pipeline (pipefail).
 ld_cache=$(in_root 'ldconfig -p')
@@ -160,15 +172,16 @@ grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not
 [[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
 [[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
 in_root 'man -w framelinkd framelink' >/dev/null || bad "man -w framelinkd framelink"
-echo "ok: installed: user framelink, peer.token 600 framelink:framelink, unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
+echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
 in_root 'chown root:framelink /etc/framelink/peer.token && chmod 0640 /etc/framelink/peer.token'
 in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "$FL_WORK/dpkg-reinstall.log"; bad "dpkg -i again (upgrade path)"; }
 [[ "$(in_root 'cat /etc/framelink/peer.token')" == "$token" ]] || bad "reinstalling replaced the peer token"
+[[ "$(in_root 'sha256sum /etc/framelink/tls/host.key')" == "$host_key" ]] || bad "reinstalling replaced the TLS key"
 [[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "600 framelink framelink" ]] ||
   bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
-echo "ok: reinstalled: the peer token is kept, and taken from the group an older package gave it to"
+echo "ok: reinstalled: the peer token and the TLS key are kept, the token taken from the group an older package gave it to"
 
 in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
@@ -177,10 +190,10 @@ in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$F
 for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/lib/libframelink.so.0; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
-for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token; do
+for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
   [[ -e "$ov/root$kept" ]] || bad "$kept is gone after dpkg -r (only a purge removes it)"
 done
-echo "ok: removed: binaries and libraries gone, conffile and token kept"
+echo "ok: removed: binaries and libraries gone, conffile, token and TLS files kept"
 
 in_root 'dpkg -P framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the deterministic simulation of the frame protocol (tests/sim): seeded
-# schedules of two daemons' real data agents on in-memory links, with client
-# deaths, daemon crashes, broken and replaced links and damaged payloads,
+# schedules of two or three daemons' real data agents on in-memory links, with
+# client deaths, daemon crashes, broken, replaced and half-open links, damaged
+# payloads and (in some schedules) an adversary's forged control records,
 # checking after every step that each completion tells the truth.
 #   scripts/simulate.sh                       100,000 schedules from seed 1
 #   scripts/simulate.sh --seconds 600         for ten minutes

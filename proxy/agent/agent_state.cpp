@@ -70,37 +70,52 @@ void AgentLink::send(v1::PeerMessage message) {
     }
     return;
   }
-  if (control_bytes >= kMaxControlRecordBytes) {
-    control_out.push_back(control.SerializeAsString());
-    control.Clear();
-    control_bytes = 0;
+  const uint64_t acked = message.has_ack() ? peer::ackFrames(message.ack()) : 0;
+  if (control_bytes >= kMaxControlRecordBytes ||
+      (acked > 0 && control_ack_frames + acked > peer::kMaxAckFramesPerRecord)) {
+    cutRecord();
   }
   control_bytes += message.ByteSizeLong() + 4;  // + the field's tag and length
+  control_ack_frames += acked;
   control.add_messages()->Swap(&message);
 }
 
-size_t AgentLink::flushControl(std::string* refused) {
-  if (control.messages_size() > 0) {
-    control_out.push_back(control.SerializeAsString());
-    control.Clear();
-    control_bytes = 0;
-  }
+void AgentLink::cutRecord() {
+  if (control.messages_size() == 0) return;
+  control_out_.push_back(control.SerializeAsString());
+  control_out_bytes_ += control_out_.back().size();
+  control.Clear();
+  control_bytes = 0;
+  control_ack_frames = 0;
+}
+
+size_t AgentLink::flushControl(std::string* failed) {
+  cutRecord();
   size_t handed = 0;
-  while (!control_out.empty() && transport != nullptr) {
-    const size_t size = control_out.front().size();
+  while (!control_out_.empty() && transport != nullptr) {
+    const size_t size = control_out_.front().size();
     // A copy: a record refused for backpressure stays queued.
-    const transport::PostResult r = transport->postControl(control_out.front());
+    const transport::PostResult r = transport->postControl(control_out_.front());
     if (r == transport::PostResult::kBackpressure) break;  // kept; tried again next round
-    control_out.pop_front();
+    control_out_.pop_front();
+    control_out_bytes_ -= size;
     if (r == transport::PostResult::kOk) {
       ++handed;
     } else if (r == transport::PostResult::kInvalid) {
-      *refused = "the transport refused a control record of " + std::to_string(size) + " bytes";
-      control_out.clear();
+      *failed = "the transport refused a control record of " + std::to_string(size) + " bytes";
       break;
     }
     // kNotConnected: the link is going down; what it would have said is lost
     // with it, as on a broken Session (replay recovers the frames).
+  }
+  if (failed->empty() && control_out_bytes_ > kMaxControlQueueBytes) {
+    *failed = "the peer has not read its control records: " + std::to_string(control_out_bytes_) +
+              " bytes of them wait beyond what its transport holds (at most " +
+              std::to_string(kMaxControlQueueBytes) + ")";
+  }
+  if (!failed->empty()) {
+    control_out_.clear();
+    control_out_bytes_ = 0;
   }
   if (handed > 0) transport->flush();
   return handed;

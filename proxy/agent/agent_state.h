@@ -83,6 +83,13 @@ struct AgentLink : LinkIdentity {
   PeerSession session;
   std::map<uint64_t, InStream> in_streams;  // by the sender's stream id
   bool closing = false;
+  // Closed because the peer broke the protocol: nothing it says is taken any
+  // more.  A link closing for another reason (the peer's Fin, a transport
+  // error) still takes the ACKs and NACKs that were on their way.
+  bool violated = false;
+  // When the agent ends the Session of a link it closed with a Fin, if the
+  // peer has not read the Fin by then (0: no such deadline).
+  uint64_t cut_at_ns = 0;
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
@@ -91,10 +98,10 @@ struct AgentLink : LinkIdentity {
   peer::SlotRegions peer_regions;
 
   // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
-  // this round, and records the transport had no room for yet.
+  // this round.
   v1::ControlBatch control;
   size_t control_bytes = 0;
-  std::deque<std::string> control_out;
+  uint64_t control_ack_frames = 0;  // what the ACKs in `control` name (peer::kMaxAckFramesPerRecord)
 
   // Takes posts and credits: up, and not being closed.
   bool usable() const { return !closing && transport != nullptr; }
@@ -104,8 +111,20 @@ struct AgentLink : LinkIdentity {
   void send(v1::PeerMessage message);
   // Hands the round's per-frame messages to the transport as control
   // records, one per kMaxControlRecordBytes.  Returns the records handed
-  // over; sets `refused` when the transport called one malformed (a bug).
-  size_t flushControl(std::string* refused);
+  // over.  Sets `failed` to why the link must fail: the transport called a
+  // record malformed (a bug), or the records waiting for the peer passed
+  // kMaxControlQueueBytes (it stopped reading); they are dropped then.
+  size_t flushControl(std::string* failed);
+  // Records the transport had no room for yet, oldest first, and their bytes.
+  const std::deque<std::string>& controlQueued() const { return control_out_; }
+  size_t controlQueuedBytes() const { return control_out_bytes_; }
+
+ private:
+  // `control` becomes a record of its own in `control_out_`.
+  void cutRecord();
+
+  std::deque<std::string> control_out_;
+  size_t control_out_bytes_ = 0;
 };
 
 // True for the messages that travel in control records on the transport
@@ -115,8 +134,17 @@ bool isPerFrameMessage(const v1::PeerMessage& message);
 // What one control record holds before another is started.  A record may
 // end one message beyond it; the largest message (kMaxCreditsPerGrant
 // credits of at most 41 bytes, or kMaxAcksPerMessage ACKs of at most 11) is
-// below 90 KiB, so a record stays below transport::kMaxControlBytes.
+// below 90 KiB, so a record stays below transport::kMaxControlBytes.  A
+// record is also cut before its ACKs would name more than
+// peer::kMaxAckFramesPerRecord frames, which the receiver refuses.
 inline constexpr size_t kMaxControlRecordBytes = size_t{64} * 1024;
+// Control records a link keeps for its peer while the transport turns them
+// away (its own backlog, transport::kMaxControlBacklogBytes, is full).  Past
+// this the peer has stopped reading, and the link fails (Fin(PROTOCOL))
+// rather than keep in memory an ACK or NACK for every frame that peer
+// sends.  A peer that reads never comes near it: a record leaves as soon
+// as the transport has room.
+inline constexpr size_t kMaxControlQueueBytes = size_t{8} * 1024 * 1024;
 // Credits in one CreditGrant on the wire (larger grants are split).
 inline constexpr size_t kMaxCreditsPerGrant = 2048;
 

@@ -31,7 +31,9 @@ constexpr uint64_t kTagClient = 1ULL << 56;
 constexpr uint64_t kTagLink = 2ULL << 56;
 
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
-constexpr uint64_t kStatsNs = 500'000'000;         // 0.5 s
+// How long a peer has to read the Fin of a link closed for a protocol error.
+constexpr uint64_t kFinGraceNs = 1'000'000'000;
+constexpr uint64_t kStatsNs = 500'000'000;  // 0.5 s
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
 
@@ -153,6 +155,7 @@ size_t DataAgent::doWork() {
     for (const auto& [link_id, why] : inbound_.checkDeadlines()) {
       if (AgentLink* l = links_.find(link_id)) protocolError(*l, why);
     }
+    cutOverdueSessions(now);
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
   }
   if (now >= next_stats_ns_) {
@@ -168,12 +171,13 @@ size_t DataAgent::doWork() {
 size_t DataAgent::flushLinkControl() {
   size_t records = 0;
   for (auto& [id, l] : links_) {
-    if (l.control.messages_size() == 0 && l.control_out.empty()) continue;
-    std::string refused;
-    const size_t n = l.flushControl(&refused);
+    if (l.control.messages_size() == 0 && l.controlQueued().empty()) continue;
+    std::string failed;
+    const size_t n = l.flushControl(&failed);
     records += n;
     metrics_.counters.control_records_sent.fetch_add(n, std::memory_order_relaxed);
-    if (!refused.empty()) protocolError(l, refused);
+    // A link already closing may overflow again until it is down: once said is enough.
+    if (!failed.empty() && !l.closing) protocolError(l, failed);
   }
   return records;
 }
@@ -219,6 +223,10 @@ size_t DataAgent::drainCommands() {
           } else if constexpr (std::is_same_v<T, CmdLinkDown>) {
             onLinkDown(cmd.link_id, cmd.reason);
           } else if constexpr (std::is_same_v<T, CmdPeerMessage>) {
+            if (cmd.backlog) {
+              cmd.backlog->messages.fetch_sub(1, std::memory_order_relaxed);
+              cmd.backlog->bytes.fetch_sub(cmd.bytes, std::memory_order_relaxed);
+            }
             AgentLink* l = links_.find(cmd.link_id);
             if (l == nullptr) return;
             if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
@@ -385,22 +393,43 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
 }
 
 void DataAgent::protocolError(AgentLink& l, const std::string& why) {
+  if (l.violated) return;  // said once per link: a peer cannot make it repeat
+  l.violated = true;
   spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
   if (l.closing) return;
   l.closing = true;
   v1::PeerMessage fin;
   fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
   fin.mutable_fin()->set_reason(why);
-  l.send(std::move(fin));
-  if (l.session.cancel) l.session.cancel();
+  // The call ends once the Fin is written, so the peer learns why; one that
+  // does not read it is cut at the deadline (cutOverdueSessions).
+  if (l.session.writer && l.session.writer->sendLast(std::move(fin))) {
+    l.cut_at_ns = clock_.nowNs() + kFinGraceNs;
+  } else if (l.session.cancel) {
+    l.session.cancel();
+  }
+}
+
+void DataAgent::cutOverdueSessions(uint64_t now_ns) {
+  for (auto& [id, l] : links_) {
+    if (l.cut_at_ns == 0 || now_ns < l.cut_at_ns) continue;
+    l.cut_at_ns = 0;
+    spdlog::warn("link {} to peer {}: the peer did not read the Fin in {} ms; ending its session", l.id,
+                 l.peer_name, kFinGraceNs / 1'000'000);
+    if (l.session.cancel) l.session.cancel();
+  }
 }
 
 void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
-  if (l.closing) return;
+  if (l.violated) return;
   metrics_.counters.control_records_received.fetch_add(1, std::memory_order_relaxed);
   v1::ControlBatch batch;
   if (!batch.ParseFromString(record)) {
     protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
+    return;
+  }
+  if (std::string why = peer::checkRecord(batch); !why.empty()) {
+    protocolError(l, why);
     return;
   }
   for (const v1::PeerMessage& m : batch.messages()) {
@@ -409,8 +438,13 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
                            "; only credit grants, revokes and lows, ACKs and NACKs travel there");
       return;
     }
+    // A closing link takes no new credits or streams, but the answers about
+    // frames it carried still settle them: a peer that shuts down cleanly
+    // sends its last ACKs just before its Fin, and the Session may overtake
+    // them.
+    if (l.closing && !m.has_ack() && !m.has_nack()) continue;
     onPeerMessage(l, m);
-    if (l.closing) return;
+    if (l.violated) return;
   }
 }
 

@@ -55,12 +55,24 @@ struct CmdLinkDown {
   uint64_t link_id = 0;
   std::string reason;
 };
+// What one Session's reader handed the agent that the agent has not taken
+// yet.  The reader ends a Session whose peer sends faster than the agent
+// takes it (kMaxSessionBacklog*): the queue between them stays bounded.
+struct SessionBacklog {
+  static constexpr uint64_t kMaxMessages = 1024;
+  static constexpr uint64_t kMaxBytes = uint64_t{4} * 1024 * 1024;
+  std::atomic<uint64_t> messages{0};
+  std::atomic<uint64_t> bytes{0};
+};
 struct CmdPeerMessage {
   uint64_t link_id = 0;
   std::shared_ptr<v1::PeerMessage> message;
   // Read from the gRPC Session, where a per-frame message is a protocol
   // error (version 2 carries those on the transport).
   bool from_session = false;
+  // The Session's backlog this message counts in, and its bytes there.
+  std::shared_ptr<SessionBacklog> backlog;
+  uint64_t bytes = 0;
 };
 struct CmdStop {};
 
@@ -116,6 +128,9 @@ class DataAgent {
   void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
   // Closes the link with a Fin(PROTOCOL) saying why.
   void protocolError(AgentLink& link, const std::string& why);
+  // Ends the Sessions whose peer did not read the Fin they were closed with
+  // in time (AgentLink::cut_at_ns).
+  void cutOverdueSessions(uint64_t now_ns);
 
   const Config& config_;
   Metrics& metrics_;

@@ -372,6 +372,18 @@ bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h
 }
 
 std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& so) {
+  // Links are numbered as they come up, so a newer link from the same
+  // instance that has the stream open means this StreamOpen was written
+  // before the sender left this link and arrives late.  Taking the stream
+  // back would leave it where the sender no longer sends, without credits
+  // on the link it does send on, until the sender dials again.
+  for (const auto& [id, other] : links_) {
+    if (id <= l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
+    if (other.in_streams.count(so.stream_id) == 0) continue;
+    spdlog::info("link {} to peer {}: stale StreamOpen for stream {} ignored, it is open on newer link {}",
+                 l.id, l.peer_name, so.stream_id, id);
+    return {};
+  }
   auto existing = l.in_streams.find(so.stream_id);
   if (existing != l.in_streams.end() && existing->second.name != so.name) {
     // Its credits were granted for the other name's consumers.

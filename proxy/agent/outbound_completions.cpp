@@ -159,7 +159,11 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
     // replayed on the next link (requeueUnacked, when the link is down).
   } else {
     if (OutStream* s = stream(posted.peer, posted.stream_id)) s->unacked.erase(posted.sequence);
-    finishFrame(c, posted.frame.slot, ev.status, "send failed: " + ev.message);
+    // This copy failed; one posted before (on a link that broke, or before
+    // a NACK) may be at the consumer, so the frame's fate is unknown.
+    const bool earlier = e.posts > 1;
+    finishFrame(c, posted.frame.slot, earlier ? FL_ERR_TIMEOUT : ev.status,
+                "send failed: " + ev.message + (earlier ? " (an earlier copy may have been delivered)" : ""));
   }
   maybeForget(*ac);
 }

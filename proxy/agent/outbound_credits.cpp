@@ -27,11 +27,12 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
   auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
     // Credit ids are unique on a link: one held twice would take two frames
     // into one slot.
-    if (!s.credit_ids.insert(rc.credit_id).second) {
+    auto [at, fresh] = s.by_credit_id.try_emplace(rc.credit_id);
+    if (!fresh) {
       return "peer granted credit " + std::to_string(rc.credit_id) + " of stream " +
              std::to_string(g.stream_id) + " while that credit was already granted";
     }
-    s.credits.push_back(rc);
+    at->second = s.credits.insert(s.credits.end(), rc);
     s.largest_credit = std::max(s.largest_credit, rc.length);
     return {};
   };
@@ -54,7 +55,7 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
 
 void OutboundStreams::dropCredits(OutStream& s) {
   s.credits.clear();
-  s.credit_ids.clear();
+  s.by_credit_id.clear();
   s.largest_credit = 0;
   s.credit_peak = 0;
   s.said_low = false;
@@ -81,11 +82,10 @@ void OutboundStreams::onCreditRevoke(AgentLink& l, const peer::CreditRevoke& r) 
   // to another sender; one already used lands (or is refused) as it would have.
   v1::PeerMessage back;
   for (uint64_t id : r.credit_ids) {
-    auto it = std::find_if(s->credits.begin(), s->credits.end(),
-                           [id](const transport::RemoteCredit& c) { return c.credit_id == id; });
-    if (it == s->credits.end()) continue;
-    s->credit_ids.erase(id);
-    s->credits.erase(it);
+    auto it = s->by_credit_id.find(id);
+    if (it == s->by_credit_id.end()) continue;
+    s->credits.erase(it->second);
+    s->by_credit_id.erase(it);
     back.mutable_credit_revoke()->add_credit_ids(id);
   }
   if (back.has_credit_revoke()) {

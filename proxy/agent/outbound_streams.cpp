@@ -182,6 +182,7 @@ void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, 
   e.sent_to_instance = l.peer_instance;
   e.was_posted = true;
   ++e.posts_out;
+  ++e.posts;
   s.unacked[e.sequence] = f;
   posted_[cookie] = Posted{f, peer, s.id, e.sequence, l.id};
 }
@@ -246,13 +247,15 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       return work + 1;  // the transport takes it later: still work
     }
     s.pending.erase(first);
-    s.credit_ids.erase(fit->credit_id);
+    s.by_credit_id.erase(fit->credit_id);
     s.credits.erase(fit);
     maybeSayLow(*l, s);
     ++work;
     if (r == transport::PostResult::kInvalid) {
-      finishFrame(c, f.slot, FL_ERR_TRANSPORT,
-                  "the transport refused the frame: " + std::string(l->transport->lastRefusal()));
+      // A copy posted before may be at the consumer: its fate is unknown.
+      finishFrame(c, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
+                  "the transport refused the frame: " + std::string(l->transport->lastRefusal()) +
+                      (e.was_posted ? " (an earlier copy may have been delivered)" : ""));
       continue;
     }
     markPosted(*l, peer, s, f, e, cookie);

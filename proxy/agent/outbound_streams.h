@@ -6,11 +6,10 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <map>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "agent/agent_clock.h"
@@ -83,9 +82,12 @@ class OutboundStreams {
     uint64_t id = 0;
     std::string name;
     uint64_t next_sequence = 1;
-    std::deque<transport::RemoteCredit> credits;
-    std::unordered_set<uint64_t> credit_ids;  // of `credits`: a peer granting one twice is refused
-    uint64_t largest_credit = 0;              // the largest credit granted on the current link
+    // In the order granted (a frame takes the oldest it fits), and by id: a
+    // peer may revoke as many ids as the stream holds, each found at once.
+    // A peer granting an id held already is refused.
+    std::list<transport::RemoteCredit> credits;
+    std::unordered_map<uint64_t, std::list<transport::RemoteCredit>::iterator> by_credit_id;
+    uint64_t largest_credit = 0;  // the largest credit granted on the current link
     // Submitted or to be sent again, waiting for a credit; by sequence, so a
     // stream always leaves in sequence order -- also when NACKed frames and
     // a broken link's unacknowledged ones go back into it, so replays go

@@ -88,6 +88,11 @@ Message decode(const v1::PeerMessage& msg) {
       return decodeGrant(msg.credit_grant());
     case v1::PeerMessage::kCreditRevoke: {
       const auto& r = msg.credit_revoke();
+      // No stream holds more credits, and each id named costs the receiver a
+      // lookup: a longer list is work for nothing.
+      if (static_cast<size_t>(r.credit_ids_size()) > kMaxCreditsPerStream) {
+        return Violation{"revoke of more than " + std::to_string(kMaxCreditsPerStream) + " credits"};
+      }
       if (static_cast<size_t>(r.retired_regions_size()) > kMaxRegionId) {
         return Violation{"a revoke retired more than " + std::to_string(kMaxRegionId) + " slot regions"};
       }
@@ -114,6 +119,27 @@ Message decode(const v1::PeerMessage& msg) {
       return Violation{"unexpected message (field " + std::to_string(msg.body_case()) +
                        ") after the handshake"};
   }
+}
+
+uint64_t ackFrames(const v1::Ack& ack) {
+  uint64_t frames = static_cast<uint64_t>(ack.sequences_size());
+  for (int i = 1; i < ack.runs_size(); i += 2) {
+    frames = ack.runs(i) > UINT64_MAX - frames ? UINT64_MAX : frames + ack.runs(i);
+  }
+  return frames;
+}
+
+std::string checkRecord(const v1::ControlBatch& record) {
+  uint64_t frames = 0;
+  for (const v1::PeerMessage& m : record.messages()) {
+    if (!m.has_ack()) continue;
+    const uint64_t acked = ackFrames(m.ack());
+    if (acked > kMaxAckFramesPerRecord - frames) {
+      return "a control record ACKs more than " + std::to_string(kMaxAckFramesPerRecord) + " frames";
+    }
+    frames += acked;
+  }
+  return {};
 }
 
 std::string SlotRegions::add(const SlotRegion& region) {

@@ -23,6 +23,12 @@ constexpr size_t kMaxCreditsPerStream = 65536;  // bound on what a peer may gran
 constexpr size_t kMaxAcksPerMessage = 4096;     // frames one ACK may name
 constexpr size_t kMaxStreamsPerLink = 4096;     // streams a peer may have open on one link
 constexpr size_t kMaxTextBytes = 256;           // what a NACK message or Fin reason keeps
+// Frames the ACKs of one control record may name in all, a run counting
+// each of its frames: a run names 4096 frames in a few bytes, and each
+// frame named costs the receiver a lookup.  A frame for each credit a
+// stream may hold; a sender cuts its records to stay within it
+// (AgentLink::send).
+constexpr size_t kMaxAckFramesPerRecord = kMaxCreditsPerStream;
 
 // A NACK the sender answers by sending the frame again (it was damaged on
 // the way, or landed in a credit withdrawn meanwhile), not by failing it.
@@ -71,7 +77,7 @@ struct CreditGrant {
 };
 struct CreditRevoke {
   uint64_t stream_id = 0;
-  std::vector<uint64_t> credit_ids;
+  std::vector<uint64_t> credit_ids;       // at most kMaxCreditsPerStream
   bool returned = false;                  // the sender gives back credits it did not use
   std::vector<uint32_t> retired_regions;  // from the receiver: these regions are gone
 };
@@ -104,6 +110,14 @@ using Message = std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke,
                              Keepalive, Violation>;
 
 Message decode(const v1::PeerMessage& message);
+
+// The frames an ACK names: its single sequences and the counts of its runs
+// (as sent, not validated: decode() does that), saturating.
+uint64_t ackFrames(const v1::Ack& ack);
+// Empty, or why a control record as a whole breaks the protocol: its ACKs
+// name more than kMaxAckFramesPerRecord frames together.  Checked before
+// any of its messages is decoded and acted on.
+std::string checkRecord(const v1::ControlBatch& record);
 
 // Fills `out` (stream_id aside) with these sequences, at most
 // kMaxAcksPerMessage: each run of consecutive ones as a (first, count) pair,

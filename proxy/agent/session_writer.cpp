@@ -2,10 +2,20 @@
 
 #include <time.h>
 
+#include <utility>
+
 namespace framelink {
 
-SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive)
-    : write_(std::move(write)), keepalive_(keepalive) {
+namespace {
+
+bool isEcho(const v1::PeerMessage& message) {
+  return message.has_keepalive() && message.keepalive().echo_ns() != 0;
+}
+
+}  // namespace
+
+SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive, std::function<void()> cut)
+    : write_(std::move(write)), keepalive_(keepalive), cut_(std::move(cut)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -22,16 +32,52 @@ void SessionWriter::send(v1::PeerMessage message) {
     }
     if (!write_(message, false)) {
       MutexLock lock(mutex_);
-      failed_ = true;
+      fail("writing to the peer failed");
     }
     return;
   }
+  bool cut = false;
   {
     MutexLock lock(mutex_);
     if (closing_ || failed_) return;
-    queue_.push_back(std::move(message));
+    if (isEcho(message)) {
+      echo_ns_ = message.keepalive().echo_ns();
+    } else {
+      const size_t bytes = message.ByteSizeLong();
+      if (bytes > kMaxQueuedBytes - queued_bytes_) {
+        fail("the peer has not read its Session: " + std::to_string(queued_bytes_ + bytes) +
+             " bytes of messages wait for it (at most " + std::to_string(kMaxQueuedBytes) + ")");
+        cut = true;
+      } else {
+        queued_bytes_ += bytes;
+        queue_.push_back(Queued{std::move(message), bytes});
+      }
+    }
+  }
+  // Outside the lock: ending the call makes the blocked write return, and
+  // the writer's thread takes the lock then.
+  if (cut && cut_) cut_();
+  cv_.notify_one();
+}
+
+bool SessionWriter::sendLast(v1::PeerMessage message) {
+  send(std::move(message));
+  if (inline_ || !cut_) return false;
+  {
+    MutexLock lock(mutex_);
+    cut_when_written_ = true;
   }
   cv_.notify_one();
+  return true;
+}
+
+void SessionWriter::fail(std::string why) {
+  if (failed_) return;
+  failed_ = true;
+  failure_ = std::move(why);
+  queue_.clear();
+  queued_bytes_ = 0;
+  echo_ns_ = 0;
 }
 
 void SessionWriter::close() {
@@ -48,31 +94,57 @@ bool SessionWriter::failed() const {
   return failed_;
 }
 
+std::string SessionWriter::failure() const {
+  MutexLock lock(mutex_);
+  return failure_;
+}
+
+size_t SessionWriter::queuedBytes() const {
+  MutexLock lock(mutex_);
+  return queued_bytes_;
+}
+
 void SessionWriter::run() {
   MutexLock lock(mutex_);
   for (;;) {
-    bool woke =
-        lock.waitFor(cv_, keepalive_, [this]() FL_REQUIRES(mutex_) { return closing_ || !queue_.empty(); });
+    bool woke = lock.waitFor(cv_, keepalive_, [this]() FL_REQUIRES(mutex_) {
+      return closing_ || failed_ || cut_when_written_ || !queue_.empty() || echo_ns_ != 0;
+    });
+    if (failed_) return;
     if (!woke) {
       v1::PeerMessage keepalive;
       timespec ts{};
       ::clock_gettime(CLOCK_REALTIME, &ts);
       keepalive.mutable_keepalive()->set_timestamp_ns(uint64_t(ts.tv_sec) * 1000000000ULL +
                                                       uint64_t(ts.tv_nsec));
-      queue_.push_back(std::move(keepalive));
+      queue_.push_back(Queued{std::move(keepalive), 0});
     }
-    while (!queue_.empty()) {
-      v1::PeerMessage message = std::move(queue_.front());
-      queue_.pop_front();
-      bool more = !queue_.empty();
+    while (echo_ns_ != 0 || !queue_.empty()) {
+      v1::PeerMessage message;
+      if (echo_ns_ != 0) {
+        // First: the peer's round trip should not include our queue.
+        message.mutable_keepalive()->set_echo_ns(echo_ns_);
+        echo_ns_ = 0;
+      } else {
+        message = std::move(queue_.front().message);
+        queued_bytes_ -= queue_.front().bytes;
+        queue_.pop_front();
+      }
+      const bool more = echo_ns_ != 0 || !queue_.empty();
       lock.unlock();
-      bool ok = write_(message, more);
+      const bool ok = write_(message, more);
       lock.lock();
+      if (failed_) return;  // given up meanwhile (the queue passed its bound)
       if (!ok) {
-        failed_ = true;
-        queue_.clear();
+        fail("writing to the peer failed");
         return;
       }
+    }
+    if (cut_when_written_) {
+      closing_ = true;  // nothing more goes on a call that is ending
+      lock.unlock();
+      if (cut_) cut_();
+      return;
     }
     if (closing_) return;
   }

@@ -8,8 +8,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "common/thread_annotations.h"
@@ -25,7 +28,14 @@ class SessionWriter {
   // back and coalesce (grpc::WriteOptions::set_buffer_hint).
   using WriteFn = std::function<bool(const v1::PeerMessage&, bool more)>;
 
-  SessionWriter(WriteFn write, std::chrono::milliseconds keepalive);
+  // Bytes of messages that may wait for a write (which blocks while the
+  // peer's flow-control window is full).  A peer that reads its Session
+  // never comes near it: its messages are a stream open or close, a Fin or a
+  // keepalive.  Past it the peer has stopped reading; the writer gives up
+  // (failed(), failure()) and calls `cut`, which ends the call.
+  static constexpr size_t kMaxQueuedBytes = size_t{4} * 1024 * 1024;
+
+  SessionWriter(WriteFn write, std::chrono::milliseconds keepalive, std::function<void()> cut = {});
   // Writes on the caller's thread as send() is called: no thread and no
   // keepalive of its own.  For a caller that is one deterministic thread (the
   // protocol simulator drives two agents and their sessions this way).
@@ -35,21 +45,45 @@ class SessionWriter {
   SessionWriter(const SessionWriter&) = delete;
   SessionWriter& operator=(const SessionWriter&) = delete;
 
+  // A keepalive that echoes the peer's (echo_ns set) replaces one still
+  // waiting: the peer measures its round trip from the newest, and one that
+  // floods keepalives and reads nothing queues a single echo.
   void send(v1::PeerMessage message);
+  // Sends `message` after what is queued, then ends the call (`cut`): a
+  // Fin that says why the link closes reaches the peer before the call
+  // ends, when the peer reads.  A peer that does not read is cut by the
+  // agent's deadline instead (DataAgent, kFinGraceNs).  False when this
+  // writer cannot end the call (inline, or made without `cut`): the message
+  // was written or queued, and the caller ends the call itself.
+  bool sendLast(v1::PeerMessage message);
   // Stops the thread after what is queued was written (or writing failed).
   void close();
   bool failed() const;
+  // Why writing stopped; empty while it has not.
+  std::string failure() const;
+  size_t queuedBytes() const;
 
  private:
+  struct Queued {
+    v1::PeerMessage message;
+    size_t bytes = 0;
+  };
   void run();
+  // Stops writing for good: what waits is dropped.
+  void fail(std::string why) FL_REQUIRES(mutex_);
 
   WriteFn write_;
   std::chrono::milliseconds keepalive_;
+  std::function<void()> cut_;
   mutable Mutex mutex_;
   std::condition_variable cv_;
-  std::deque<v1::PeerMessage> queue_ FL_GUARDED_BY(mutex_);
+  std::deque<Queued> queue_ FL_GUARDED_BY(mutex_);
+  size_t queued_bytes_ FL_GUARDED_BY(mutex_) = 0;
+  uint64_t echo_ns_ FL_GUARDED_BY(mutex_) = 0;  // the echo waiting to go; 0: none
   bool closing_ FL_GUARDED_BY(mutex_) = false;
+  bool cut_when_written_ FL_GUARDED_BY(mutex_) = false;  // sendLast: cut once the queue is written
   bool failed_ FL_GUARDED_BY(mutex_) = false;
+  std::string failure_ FL_GUARDED_BY(mutex_);
   bool inline_ = false;  // set once, at construction
   std::thread thread_;
 };

@@ -61,6 +61,7 @@ struct SlotEntry {
   uint64_t submitted_ns = 0;
   uint32_t resends = 0;    // producer: times the peer refused the frame undelivered and it was sent again
   uint32_t posts_out = 0;  // producer: posts of it a transport has not reported complete (any link)
+  uint32_t posts = 0;      // producer: times it was posted (any link)
   uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to
   bool was_posted = false;         // producer: posted to a link at least once (an ACK may come for it)
   bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon

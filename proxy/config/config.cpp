@@ -233,6 +233,18 @@ Status applyFlags(const Flags& f, Config& c) {
 
 // ---- checks that involve more than one setting, after file and flags are merged ----
 
+// A trust file that does not exist yet, or holds only blanks and comments.
+bool noCertificates(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return errno == ENOENT;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first != std::string::npos && line[first] != '#') return false;
+  }
+  return true;
+}
+
 // The TLS settings go together; reads their files.
 Status loadTls(Config& c) {
   const bool cert = !c.tls_cert_file.empty();
@@ -263,7 +275,11 @@ Status loadTls(Config& c) {
     return st;
   }
   if (!c.tls_ca_file.empty()) {
-    if (auto st = assign(readPem(c.tls_ca_file, "link.tls_ca_file", "CA certificates"), c.tls_ca_pem); !st) {
+    if (noCertificates(c.tls_ca_file)) {
+      c.tls_ca_pem = c.tls_cert_pem;
+      c.tls_no_peer_certs = true;
+    } else if (auto st = assign(readPem(c.tls_ca_file, "link.tls_ca_file", "CA certificates"), c.tls_ca_pem);
+               !st) {
       return st;
     }
   }

@@ -88,6 +88,12 @@ struct Config {
   // the CA signed for one host cannot pass for another.
   bool tls_require_cert_name = false;
   std::string tls_cert_pem, tls_key_pem, tls_ca_pem;
+  // tls_ca_file is missing or holds no certificate (the packaged peers.pem
+  // before the operator copies a peer's certificate into it): the daemon
+  // trusts only its own certificate, so it links with no peer but still
+  // serves local clients.  An empty trust set is no choice: gRPC would
+  // take the system's CA store for it.
+  bool tls_no_peer_certs = false;
   // Listening for peers on a non-loopback address with neither a token nor
   // TLS lets any host that reaches the port link and push frames: refused
   // unless this says the operator wants it (then a warning at start).

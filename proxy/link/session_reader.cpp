@@ -17,13 +17,17 @@ template <typename Stream>
 void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
                     std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel) {
   const uint64_t link_id = info.link_id;
+  // The agent may ask to cancel at any time, also after this call ended and
+  // its context is gone: the guard turns such late calls into no-ops.  So
+  // may the writer, when the peer stops reading.
+  auto guard = std::make_shared<CancelGuard>(std::move(cancel));
   auto writer = std::make_shared<SessionWriter>(
       [stream](const v1::PeerMessage& m, bool more) {
         ::grpc::WriteOptions options;
         if (more) options.set_buffer_hint();
         return stream->Write(m, options);
       },
-      std::chrono::milliseconds(config.keepalive_ms));
+      std::chrono::milliseconds(config.keepalive_ms), [guard] { guard->fire(); });
   CmdLinkUp up;
   up.link_id = link_id;
   up.identity = info.identity;
@@ -41,11 +45,10 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
     }
   }
   up.transport = std::move(t);
-  // The agent may ask to cancel at any time, also after this call ended and
-  // its context is gone: the guard turns such late calls into no-ops.
-  auto guard = std::make_shared<CancelGuard>(std::move(cancel));
   up.session = PeerSession{writer, [guard] { guard->fire(); }};
   agent.post(std::move(up));
+  auto backlog = std::make_shared<SessionBacklog>();
+  std::string why;  // why this side ended the call, if it did
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
     if (msg->has_keepalive()) {
@@ -59,19 +62,32 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
         const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
         if (now > keepalive.echo_ns()) agent.post(CmdLinkRtt{link_id, now - keepalive.echo_ns()});
       } else if (keepalive.timestamp_ns() != 0) {
+        // One echo waits at most (SessionWriter::send): a peer that floods
+        // keepalives and reads nothing does not grow the queue.
         v1::PeerMessage echo;
         echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
         writer->send(std::move(echo));
       }
       continue;
     }
-    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true});
+    const uint64_t bytes = msg->ByteSizeLong();
+    const uint64_t waiting = backlog->messages.load(std::memory_order_relaxed);
+    if (waiting >= SessionBacklog::kMaxMessages ||
+        backlog->bytes.load(std::memory_order_relaxed) + bytes > SessionBacklog::kMaxBytes) {
+      why = "the peer sends Session messages faster than they are handled (" + std::to_string(waiting) +
+            " messages wait; at most " + std::to_string(SessionBacklog::kMaxMessages) + ")";
+      break;
+    }
+    backlog->messages.fetch_add(1, std::memory_order_relaxed);
+    backlog->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true, backlog, bytes});
     msg = std::make_shared<v1::PeerMessage>();
   }
   guard->fire();  // a Write blocked on flow control fails now
   writer->close();
   guard->disarm();
-  agent.post(CmdLinkDown{link_id, writer->failed() ? "writing to the peer failed" : "the session ended"});
+  if (why.empty()) why = writer->failure();
+  agent.post(CmdLinkDown{link_id, why.empty() ? "the session ended" : std::move(why)});
 }
 
 template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,

@@ -83,6 +83,15 @@ else
     "user framelink $(getent passwd framelink >/dev/null && echo exists || echo MISSING)," \
     "/etc/framelink/peer.token $([[ -r /etc/framelink/peer.token ]] && echo exists || echo MISSING)"
 fi
+tls=/etc/framelink/tls
+host_subject=$(openssl x509 -in $tls/host.crt -noout -subject -ext subjectAltName 2>&1 | paste -sd' ' -)
+if [[ "$(stat -c '%U:%G %a' $tls/host.key 2>&1)" == "framelink:framelink 600" && -f $tls/peers.pem ]] &&
+  grep -q "DNS:$(uname -n)" <<<"$host_subject"; then
+  pass install-tls "$tls/host.key is $(stat -c '%U:%G %a' $tls/host.key), host.crt: $host_subject; peers.pem holds $(grep -c BEGIN $tls/peers.pem) certificates"
+else
+  fail install-tls "after the install: host.key $(stat -c '%U:%G %a' $tls/host.key 2>&1), host.crt: $host_subject," \
+    "peers.pem $([[ -f $tls/peers.pem ]] && echo exists || echo MISSING)" "$work/apt-install.log"
+fi
 
 # ---- 2. the packaged service
 t=$SECONDS
@@ -98,10 +107,27 @@ else
   finish
 fi
 
+# ---- 2b. the packaged TLS with no peer certificate yet: up for local clients, and the log says
+# what to do
+if journalctl -u framelinkd --no-pager -o cat | grep -q 'holds no peer certificate yet'; then
+  pass tls-no-peers "with no certificate in peers.pem the packaged daemon is up and logs: $(journalctl -u framelinkd --no-pager -o cat | grep -o 'link.tls_ca_file .* holds no peer certificate yet[^.]*' | tail -1)"
+else
+  fail tls-no-peers "the packaged daemon does not say that peers.pem holds no peer certificate" "$(journal framelinkd)"
+fi
+
 # ---- 3. a second daemon in the same guest, as a transient unit: its own config, socket and
-# ports, the packaged token; the packaged daemon dials it (a [[peer]] added to its conffile, as
-# an operator would).
-mkdir -p /etc/framelink-second
+# ports, the packaged token, its own TLS key made as the package makes one (it listens on
+# 127.0.0.1, so its certificate names that address).  The two trust each other's certificate
+# as the README's two-host set-up says, and the packaged daemon dials it with its packaged TLS
+# settings (a [[peer]] added to its conffile, as an operator would).
+mkdir -p /etc/framelink-second/tls
+(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 -subj /CN=second \
+  -addext subjectAltName=DNS:second,IP:127.0.0.1 -keyout /etc/framelink-second/tls/host.key \
+  -out /etc/framelink-second/tls/host.crt) >"$work/openssl.log" 2>&1
+chown framelink:framelink /etc/framelink-second/tls/host.key
+chmod 0644 /etc/framelink-second/tls/host.crt
+cat $tls/host.crt >/etc/framelink-second/tls/peers.pem
+cat /etc/framelink-second/tls/host.crt >>$tls/peers.pem
 cat >/etc/framelink-second/framelinkd.toml <<EOF
 [daemon]
 id = "second"
@@ -110,6 +136,12 @@ socket = "$socket_b"
 listen = "127.0.0.1:7701"
 data_listen = "127.0.0.1:0"
 token_file = "/etc/framelink/peer.token"
+tls_cert_file = "tls/host.crt"
+tls_key_file = "tls/host.key"
+tls_ca_file = "tls/peers.pem"
+tls_client_auth = true
+# The packaged certificate names the host name, which is the packaged daemon's id.
+tls_require_cert_name = true
 EOF
 cat >>/etc/framelink/framelinkd.toml <<'EOF'
 
@@ -140,6 +172,23 @@ if grep -q '^OK   daemon' "$work/doctor.log" && grep -Eq '^OK   peer +second ' "
   pass doctor "framelink doctor: daemon answers, peer 'second' reachable ($(grep -c '^OK' "$work/doctor.log") OK, $(grep -c '^WARN' "$work/doctor.log") WARN, $(grep -c '^FAIL' "$work/doctor.log") FAIL)"
 else
   fail doctor "framelink doctor did not find the daemon or the peer 'second'" "$work/doctor.log"
+fi
+
+# ---- 3c. the link runs TLS: the second daemon's listener presents its certificate and refuses a
+# dialer without one, and the packaged daemon linked with it (it presented the packaged one)
+openssl s_client -connect 127.0.0.1:7701 -CAfile /etc/framelink-second/tls/host.crt -verify_return_error \
+  </dev/null >"$work/s_client.log" 2>&1
+verified=$(grep -c 'Verify return code: 0 (ok)' "$work/s_client.log")
+timeout 10 openssl s_client -connect 127.0.0.1:7701 -alpn h2 -CAfile /etc/framelink-second/tls/host.crt \
+  </dev/null >"$work/s_client-nocert.log" 2>&1
+sleep 1
+refused=$(journalctl -u framelinkd-second --no-pager -o cat | grep -c 'peer did not return a certificate')
+if ((verified >= 1 && refused >= 1)) && journalctl -u framelinkd --no-pager -o cat | grep -q 'connected to peer second'; then
+  pass tls-link "127.0.0.1:7701 presents the certificate of 'second' and refuses a dialer without one \
+('peer did not return a certificate' in its log); framelinkd connected to peer second"
+else
+  fail tls-link "TLS on 127.0.0.1:7701: certificate verified $verified, dialer without a certificate refused $refused" \
+    "$work/s_client.log" "$work/s_client-nocert.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 
 # ---- 4. the users: one in group framelink, one outside it
@@ -261,6 +310,7 @@ else
 fi
 leftovers=()
 [[ -e /etc/framelink/peer.token ]] && leftovers+=(/etc/framelink/peer.token)
+[[ -e $tls ]] && leftovers+=("$tls")
 [[ -e /etc/framelink ]] && leftovers+=(/etc/framelink)
 [[ -e /run/framelink ]] && leftovers+=(/run/framelink)
 load=$(systemctl show -p LoadState --value framelinkd 2>/dev/null)
@@ -272,7 +322,7 @@ if getent passwd framelink >/dev/null || getent group framelink >/dev/null; then
   [[ -z "$owned" ]] || leftovers+=("files owned by framelink: $owned")
 fi
 if ((${#leftovers[@]} == 0)); then
-  pass purge-clean "no /etc/framelink (peer.token), no /run/framelink, unit not-found, no framelinkd process, no file owned by framelink"
+  pass purge-clean "no /etc/framelink (peer.token, tls/), no /run/framelink, unit not-found, no framelinkd process, no file owned by framelink"
 else
   fail purge-clean "left after the purge: $(printf '%s; ' "${leftovers[@]}")"
 fi

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1, schedules = 0;
   double seconds = 0;
   size_t steps = 120;
-  std::string daemons = "mixed";
+  std::string daemons = "mixed", adversary = "mixed";
   bool trace = false, keep_going = false;
   std::string log_level = "off";
   app.add_option("--seed", seed, "first seed");
@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--daemons", daemons,
                  "2, 3 (two senders to one receiver), or mixed (every third schedule has 3)")
       ->check(CLI::IsMember({"2", "3", "mixed"}));
+  app.add_option("--adversary", adversary,
+                 "forged and duplicated control records: on, off, or mixed (every fifth schedule)")
+      ->check(CLI::IsMember({"on", "off", "mixed"}));
   app.add_flag("--trace", trace, "print every schedule's events");
   app.add_flag("--keep-going", keep_going, "do not stop at the first failing seed: list every one");
   app.add_option("--log-level", log_level, "the agents' log level (off, debug, ...)");
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
     options.steps = steps;
     options.daemons = daemons == "mixed" ? (s % 3 == 0 ? 3 : 2) : std::stoi(daemons);
     options.keep_trace = trace;
+    options.adversary = adversary == "on" || (adversary == "mixed" && s % 5 == 2);
     framelink::sim::SimResult r = framelink::sim::runSchedule(options);
     ++ran;
     if (trace || (!r.ok && !keep_going)) {
@@ -61,8 +65,8 @@ int main(int argc, char** argv) {
       ++failed;
       std::printf("SIMULATION FAILED at seed %llu (%d daemons): %s\n", static_cast<unsigned long long>(s),
                   options.daemons, r.failure.c_str());
-      std::printf("replay: framelink_sim --seed %llu --schedules 1 --daemons %d --trace\n",
-                  static_cast<unsigned long long>(s), options.daemons);
+      std::printf("replay: framelink_sim --seed %llu --schedules 1 --daemons %d --adversary %s --trace\n",
+                  static_cast<unsigned long long>(s), options.daemons, options.adversary ? "on" : "off");
       if (!keep_going) return 1;
       continue;
     }
@@ -75,6 +79,8 @@ int main(int argc, char** argv) {
     total.crashes += r.crashes;
     total.damaged += r.damaged;
     total.released_then_lost += r.released_then_lost;
+    total.owed_delivered += r.owed_delivered;
+    total.forged += r.forged;
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   if (failed > 0) {
@@ -86,13 +92,15 @@ int main(int argc, char** argv) {
       "SIMULATION PASSED: %llu schedules (seeds %llu..%llu) in %.1f s, %.0f schedules/s; frames %llu: "
       "delivered "
       "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
-      "damaged payloads %llu, released on a crashed daemon %llu\n",
+      "damaged payloads %llu, released on a crashed daemon %llu; "
+      "released frames a healthy period saw DELIVERED %llu, forged records %llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(seed + ran - 1), took, took > 0 ? ran / took : 0.0,
       static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
       static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
       static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
       static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
-      static_cast<unsigned long long>(total.released_then_lost));
+      static_cast<unsigned long long>(total.released_then_lost),
+      static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged));
   return 0;
 }

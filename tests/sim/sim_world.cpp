@@ -49,7 +49,8 @@ void World::run() {
 }
 
 void World::oneEvent() {
-  const uint64_t r = rng_.below(1000);
+  const uint64_t r = rng_.below(options_.adversary ? 1070 : 1050);
+  if (r >= 1000) return doubtEvent(r);
   std::vector<Link*> up = upLinks();
   Link* any = up.empty() ? nullptr : up[rng_.below(up.size())];
   const std::vector<int> all_senders = senders();
@@ -253,6 +254,7 @@ void World::replaceLink(Link& old) {
   note("link " + std::to_string(old.id) + " ended by the dialer only");
   old.dialer_gone = true;
   old.in_flight[1].clear();
+  old.end[0]->goHalfOpen();
   daemons_[old.sender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
   linkUp(old.sender);
 }
@@ -266,6 +268,8 @@ void World::linkUp(int sender) {
   auto pair = transport::loopback::makePair(lo);
   if (!pair) throw Broken{"cannot make a loopback pair: " + pair.error().message};
   link->pair = std::move(pair).value();
+  link->end[0] = std::make_shared<SimLinkEnd>(link->pair.a);
+  link->end[1] = std::make_shared<SimLinkEnd>(link->pair.b);
   Link* raw = link.get();
   for (int end = 0; end < 2; ++end) {
     link->capture[end] = std::make_unique<Capture>([raw] { raw->cancelled = true; });
@@ -277,7 +281,7 @@ void World::linkUp(int sender) {
     up.identity.peer_name = daemons_[daemonAt(*link, end ^ 1)].id;
     up.identity.peer_instance = daemons_[daemonAt(*link, end ^ 1)].instance;
     up.identity.transport_name = "loopback";
-    up.transport = end == 0 ? link->pair.a : link->pair.b;
+    up.transport = link->end[end];
     up.session = link->capture[end]->session();
     daemons_[daemonAt(*link, end)].agent->post(std::move(up));
   }
@@ -298,10 +302,7 @@ void World::breakLink(Link& link, const std::string& why) {
     const size_t landed = rng_.below(link.pair.link->waiting(end) + 1);
     for (size_t i = 0; i < landed; ++i) {
       transport::FrameHeader next;
-      if (link.pair.link->peekNext(end, &next)) {
-        auto it = frames_.find(next.frame_id);
-        if (it != frames_.end()) ++it->second.landings;
-      }
+      if (link.pair.link->peekNext(end, &next)) countLanding(next.frame_id);
       if (!link.pair.link->deliverOne(end)) break;
     }
   }
@@ -337,10 +338,7 @@ void World::deliverData(Link& link, uint64_t n, bool damage) {
     const int from = waiting[0] == 0 ? 1 : waiting[1] == 0 ? 0 : static_cast<int>(rng_.below(2));
     transport::FrameHeader next;
     const bool frame = link.pair.link->peekNext(from, &next);
-    if (frame) {
-      auto it = frames_.find(next.frame_id);
-      if (it != frames_.end()) ++it->second.landings;
-    }
+    if (frame) countLanding(next.frame_id);
     const bool damaged = damage && frame;  // a control record is never damaged: it has no CRC32C
     if (!link.pair.link->deliverOne(
             from, damaged ? LoopbackLink::Damage::kFlipPayloadByte : LoopbackLink::Damage::kNone)) {
@@ -383,6 +381,12 @@ void World::crash(int d) {
   boot(d);
 }
 
+void World::countLanding(uint64_t frame) {
+  auto it = frames_.find(frame);
+  if (it == frames_.end()) return;
+  if (it->second.landings++ == 0) it->second.first_landed_ns = clock_.nowNs();
+}
+
 void World::note(const std::string& event) {
   if (tracing_) result_.trace.push_back(std::to_string(result_.trace.size()) + " " + event);
 }
@@ -418,6 +422,9 @@ std::string World::describe(const v1::PeerMessage& m) {
     case v1::PeerMessage::kNack:
       out << "Nack stream " << m.nack().stream_id() << " seq " << m.nack().sequence() << " code "
           << m.nack().code();
+      break;
+    case v1::PeerMessage::kCreditLow:
+      out << "CreditLow stream " << m.credit_low().stream_id();
       break;
     case v1::PeerMessage::kFin:
       out << "Fin";

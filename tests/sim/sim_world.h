@@ -6,15 +6,27 @@
 // happens and when: frames submitted and released, control messages and data
 // frames delivered, links broken and re-made (also replaced while the old one
 // is up), clients attaching, dying and coming back, a daemon crashing and
-// restarting with its memory lost, payloads damaged on the wire.
+// restarting with its memory lost, payloads damaged on the wire.  Windows
+// are 32 slots and time also moves by less than the ACK delay, so ACKs and
+// credits are held back for coalescing across rounds, go on their timer or
+// on CreditLow, and are held when a link goes down.  A link the dialer
+// replaces can stay half-open: the listener keeps it, its writes vanish,
+// and it learns of the death only at a later step (its keepalive).  In
+// every fifth schedule an adversary puts forged, duplicated and
+// out-of-order control records on the links (world_adversary.cpp).
 //
 // After every step the world checks what the product promises:
 //   * no frame gets two completions, and at the end every frame has one;
 //   * DELIVERED => a consumer released that frame;
 //   * FAILED => no consumer released it, unless the daemon it was released on
 //     crashed before its ACK could reach the sender (the documented unknown
-//     outcome); FL_ERR_DAEMON_GONE and FL_ERR_TIMEOUT say "unknown" and are
-//     not held to either;
+//     outcome); FL_ERR_DAEMON_GONE and FL_ERR_TIMEOUT say "unknown";
+//   * but TIMEOUT only when the ACK had no way back: after a healthy period
+//     (half-open links noticed, a link from every sender, every message
+//     moved until the world is quiet) every frame a consumer of the live
+//     receiving daemon released must have ended, and while the links are
+//     healed such a frame may end TIMEOUT only once ack_timeout has passed
+//     since it first landed (world_doubt.cpp);
 //   * a consumer never sees a frame twice unless the second copy carries
 //     FL_SLOT_MAYBE_REDELIVERED, and a daemon only flags frames replayed to a
 //     new instance of the receiving daemon;
@@ -41,6 +53,7 @@ struct SimOptions {
   bool crash_receiver = true;  // the consumer's daemon may crash and restart
   bool crash_sender = true;    // the producer's daemon may crash and restart
   bool keep_trace = false;     // keep the event trace even when the run passes
+  bool adversary = false;      // forged, duplicated and out-of-order control records on the links
 };
 
 struct SimResult {
@@ -51,6 +64,8 @@ struct SimResult {
   uint64_t frames = 0, delivered = 0, failed = 0, unknown = 0, redelivered = 0;
   uint64_t link_breaks = 0, crashes = 0, client_deaths = 0, damaged = 0;
   uint64_t released_then_lost = 0;  // released on a daemon that crashed before the ACK went out
+  uint64_t owed_delivered = 0;      // released frames a healthy period had to see DELIVERED
+  uint64_t forged = 0;              // records the adversary put on a link
 };
 
 SimResult runSchedule(const SimOptions& options);

@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "framelink/framelink.h"
 #include "metrics/metrics.h"
+#include "sim_link_end.h"
 #include "sim_world.h"
 #include "transport/loopback/loopback_transport.h"
 
@@ -31,9 +32,9 @@ namespace framelink::sim {
 using transport::loopback::LoopbackLink;
 using transport::loopback::LoopbackPair;
 
-constexpr uint32_t kSlots = 4;
-constexpr uint64_t kSlotSize = 4096;
-constexpr uint64_t kSmallSlotSize = 1024;  // a second consumer with small slots
+constexpr uint32_t kSlots = 32;       // a quarter window (8) is more than one release, so ACKs are held back
+constexpr uint64_t kSlotSize = 1024;  // four slots a page: 32 slots fault in few pages
+constexpr uint64_t kSmallSlotSize = 256;  // a second consumer with small slots
 constexpr size_t kMaxRounds = 200;
 constexpr uint32_t kCreditTimeoutMs = 2000;
 constexpr uint32_t kAckTimeoutMs = 3000;
@@ -121,7 +122,8 @@ struct Link {
   // noticed yet (a half-open connection, until its keepalive ends it).
   bool dialer_gone = false;
   LoopbackPair pair;
-  std::unique_ptr<Capture> capture[2];                        // what each end's agent writes
+  std::shared_ptr<SimLinkEnd> end[2];   // wrap pair.a and pair.b, which the link keeps alive
+  std::unique_ptr<Capture> capture[2];  // what each end's agent writes
   std::deque<std::shared_ptr<v1::PeerMessage>> in_flight[2];  // written by end i, not yet read
   bool cancelled = false;
 };
@@ -133,7 +135,8 @@ struct FrameRecord {
   int status = 0;
   std::vector<uint64_t> released_on;  // receiving daemon instances a consumer released it on
   int receptions = 0;
-  int landings = 0;  // times the frame crossed a data link (a resend after a NACK crosses again)
+  int landings = 0;              // times the frame crossed a data link (a resend after a NACK crosses again)
+  uint64_t first_landed_ns = 0;  // its ACK deadline is at least ack_timeout after this
 };
 
 class World {
@@ -167,6 +170,20 @@ class World {
   void deliverControl(Link& link, int from, size_t n);
   void deliverData(Link& link, uint64_t n, bool damage);
   void crash(int d);
+  void countLanding(uint64_t frame);
+
+  // ---------------------------------------------------------------- doubt (world_doubt.cpp)
+  void doubtEvent(uint64_t r);
+  void tick();
+  void keepaliveEnds();
+  void healthyPeriod();
+  void requireReleasedDelivered(const char* when);
+  bool releasedOnLiveReceiver(const FrameRecord& rec) const;
+  bool owed(const FrameRecord& rec) const;
+  void checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const;
+
+  // ---------------------------------------------------------------- adversary (world_adversary.cpp)
+  void forge();
 
   // ---------------------------------------------------------------- settling (world_checks.cpp)
   void settle();
@@ -178,7 +195,7 @@ class World {
 
   // ---------------------------------------------------------------- the end (world_checks.cpp)
   void heal();
-  void drain();
+  void drain(bool release_held);
   void requireEveryFrameEnded(const char* when);
 
   // ---------------------------------------------------------------- trace
@@ -194,6 +211,7 @@ class World {
   Rng rng_;
   ManualClock clock_;
   bool damage_on_ = false;
+  bool healthy_ = false;  // the links are healed and every message moves: ACKs owe no TIMEOUT
   std::vector<Daemon> daemons_;
   std::vector<std::unique_ptr<App>> apps_;
   std::vector<std::unique_ptr<Link>> links_;

@@ -87,6 +87,7 @@ void World::endFrame(uint64_t frame, int status) {
     return;
   }
   if (unknownOutcome(status)) {
+    if (status == FL_ERR_TIMEOUT) checkTimeout(frame, rec, status);
     ++result_.unknown;
     return;
   }
@@ -165,8 +166,10 @@ void World::heal() {
     if (liveLink(d) == nullptr) linkUp(d);
   }
   settle();
-  drain();
+  healthy_ = true;
+  drain(true);
   requireEveryFrameEnded("after healing");
+  requireReleasedDelivered("after healing");
   // Fresh frames: nothing leaked, the stream still flows.
   const uint64_t first = next_frame_ + 1;
   for (auto& app : apps_) {
@@ -174,7 +177,7 @@ void World::heal() {
     for (uint32_t i = 0; i < kSlots; ++i) submitFrom(*app);
   }
   settle();
-  drain();
+  drain(true);
   requireEveryFrameEnded("for the fresh frames");
   for (uint64_t f = first; f <= next_frame_; ++f) {
     if (frames_[f].status != FL_OK) {
@@ -184,7 +187,9 @@ void World::heal() {
   }
 }
 
-void World::drain() {
+// Every link moves everything it holds until the world is quiet; with
+// `release_held` the consumers also release every frame they hold.
+void World::drain(bool release_held) {
   for (int round = 0; round < 200; ++round) {
     // Time passes a little: ACKs and credits held back for coalescing go.
     clock_.advanceNs(uint64_t{kAckDelayUs} * 1000);
@@ -209,7 +214,7 @@ void World::drain() {
       }
     }
     for (auto& app : apps_) {
-      if (!app->alive || app->role != FL_ROLE_CONSUMER) continue;
+      if (!release_held || !app->alive || app->role != FL_ROLE_CONSUMER) continue;
       for (uint32_t s = 0; s < kSlots; ++s) {
         if (app->in_slot[s] != 0) {
           release(*app, s);

@@ -40,13 +40,14 @@ inline v1::StreamOpen attachAndOpen(AgentFixture& f, TestClient& producer, uint6
 
 // Attaches `producer` on link 1 and sends one frame of `length` bytes from
 // its slot 0: the peer's end exposes a 4 KiB buffer under credit 7 and grants
-// it, and this returns once the frame arrived there.
-inline void sendOneFrame(AgentFixture& f, TestClient& producer, uint64_t length) {
+// it, and this returns the stream's id once the frame arrived there.
+inline uint64_t sendOneFrame(AgentFixture& f, TestClient& producer, uint64_t length) {
   const uint64_t stream_id = attachAndOpen(f, producer).stream_id();
   exposeLanding(*f.pair.b, 7, 4096);
   f.peerSays(creditGrant(stream_id, {{7, 4096}}));
   producer.push(0, length);
   waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  return stream_id;
 }
 
 // The producer side on its own, on simulated time and without the agent's

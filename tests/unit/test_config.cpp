@@ -295,6 +295,32 @@ TEST_CASE("TLS settings: files are read, relative to the config file, and go tog
                {"link.tls_client_auth", "true or false"});
 }
 
+TEST_CASE("TLS: a trust file with no certificate yet trusts only this daemon's own", "[config][tls]") {
+  TempDir dir;
+  const std::string cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  dir.write("d.pem", cert);
+  dir.write("d.key", "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n");
+  const std::vector<std::string> mutual = {"--tls-cert",      dir.path("d.pem"),   "--tls-key",
+                                           dir.path("d.key"), "--tls-client-auth", "--tls-ca"};
+  for (const std::string& peers :
+       {dir.write("empty.pem", ""), dir.write("comments.pem", "# peers\n\n  \n"), dir.path("missing.pem")}) {
+    std::vector<std::string> args = mutual;
+    args.push_back(peers);
+    auto c = parse(args);
+    INFO(peers << ": " << (c.ok() ? std::string() : c.error().message));
+    REQUIRE(c.ok());
+    CHECK(c->tls_no_peer_certs);
+    CHECK(c->tls_ca_pem == cert);  // never empty: that would be the system's CA store
+  }
+  std::vector<std::string> args = mutual;
+  args.push_back(dir.write("peers.pem", cert));
+  auto c = parse(args);
+  REQUIRE(c.ok());
+  CHECK_FALSE(c->tls_no_peer_certs);
+  args.back() = dir.write("not.pem", "hello\n");
+  requireError(args, {"link.tls_ca_file", "not PEM"});
+}
+
 TEST_CASE("--help and --version ask the caller to print and exit 0", "[config]") {
   auto help = parse({"--help"});
   REQUIRE(help.ok());

@@ -345,21 +345,35 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
   const std::string example = std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml";
   TempDir dir;
   {
-    // As installed: the token file the package generates, and nothing else
-    // (in particular not allow_unauthenticated) -- a secure default.
+    // As installed: the token file and the mutual TLS files the package
+    // generates, and nothing else (in particular not allow_unauthenticated)
+    // -- a secure default.
     std::ifstream original(example);
     REQUIRE(original);
     std::string as_installed((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());
-    const std::string packaged_token = "/etc/framelink/peer.token";
-    const auto at = as_installed.find("token_file = \"" + packaged_token + "\"");
-    REQUIRE(at != std::string::npos);
-    REQUIRE((at == 0 || as_installed[at - 1] == '\n'));  // active, not commented out
-    const std::string token = dir.write("peer.token", "generated-secret\n");
-    as_installed.replace(as_installed.find(packaged_token, at), packaged_token.size(), token);
+    const auto activate = [&](const std::string& key, const std::string& packaged, const std::string& here) {
+      INFO(key << " = " << packaged);
+      const auto at = as_installed.find(key + " = \"" + packaged + "\"");
+      REQUIRE(at != std::string::npos);
+      REQUIRE((at == 0 || as_installed[at - 1] == '\n'));  // active, not commented out
+      as_installed.replace(as_installed.find(packaged, at), packaged.size(), here);
+    };
+    activate("token_file", "/etc/framelink/peer.token", dir.write("peer.token", "generated-secret\n"));
+    const std::string cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    activate("tls_cert_file", "/etc/framelink/tls/host.crt", dir.write("host.crt", cert));
+    activate("tls_key_file", "/etc/framelink/tls/host.key",
+             dir.write("host.key", "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"));
+    // As the package writes it before the operator adds a peer's certificate.
+    activate("tls_ca_file", "/etc/framelink/tls/peers.pem", dir.write("peers.pem", "# append here\n"));
     auto installed = parseAsIs({"--config", dir.write("installed.toml", as_installed)});
+    INFO((installed.ok() ? std::string() : installed.error().message));
     REQUIRE(installed.ok());
     CHECK(installed->token == "generated-secret");
     CHECK_FALSE(installed->allow_unauthenticated);
+    CHECK(installed->tlsEnabled());
+    CHECK(installed->tls_client_auth);
+    CHECK(installed->tls_no_peer_certs);
+    CHECK(installed->tls_ca_pem == cert);
   }
 
   std::ifstream in(example);
@@ -390,7 +404,7 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
   // (the error is about reading the file), then parse without them.
   auto tls = parse({"--config", dir.write("tls.toml", one_token)});
   REQUIRE_FALSE(tls.ok());
-  CHECK(tls.error().message.find("link.tls_cert_file: cannot read '/etc/framelink/tls/framelinkd.pem'") !=
+  CHECK(tls.error().message.find("link.tls_cert_file: cannot read '/etc/framelink/tls/host.crt'") !=
         std::string::npos);
   std::string no_tls;
   std::istringstream again(one_token);
@@ -411,12 +425,14 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
 }
 
 TEST_CASE("packaging/framelinkd.toml shows every key with its default", "[config][table]") {
-  // "#key = value" (commented out) or "key = value", under [section].
+  // "#key = value" (commented out) or "key = value" (set by the package), under [section].
   std::map<std::string, std::string> shown;
+  std::set<std::string> set_by_package;
   std::istringstream lines(readFile(std::string(FRAMELINK_SOURCE_DIR) + "/packaging/framelinkd.toml"));
   std::string line, section;
   while (std::getline(lines, line)) {
-    if (line.rfind("#", 0) == 0 && line.rfind("# ", 0) != 0) line.erase(0, 1);
+    const bool commented = line.rfind("#", 0) == 0 && line.rfind("# ", 0) != 0;
+    if (commented) line.erase(0, 1);
     if (line.rfind("[", 0) == 0) {
       section = line.substr(line.find_first_not_of('['), line.find(']') - line.find_first_not_of('['));
       continue;
@@ -424,6 +440,7 @@ TEST_CASE("packaging/framelinkd.toml shows every key with its default", "[config
     const size_t eq = line.find(" = ");
     if (eq == std::string::npos || line.rfind("#", 0) == 0) continue;
     shown[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+    if (!commented) set_by_package.insert(section + "." + line.substr(0, eq));
   }
   for (const auto& option : cfg::options()) {
     if (!option.in_file || isPeers(option)) continue;
@@ -432,7 +449,7 @@ TEST_CASE("packaging/framelinkd.toml shows every key with its default", "[config
     REQUIRE(shown.count(key) == 1);
     // Keys without a default show an example instead.
     const std::string literal = cfg::tomlValue(option, fl::Config{});
-    if (!literal.empty()) CHECK(shown[key] == literal);
+    if (!literal.empty() && set_by_package.count(key) == 0) CHECK(shown[key] == literal);
   }
   for (const auto& [key, value] : shown) {
     INFO(key);

@@ -2,7 +2,13 @@
 // link, a corrupt ring detaches one client; and the segments and attach
 // validation it relies on.  The protocol's two sides have their own files
 // (test_outbound_streams.cpp, test_inbound_streams.cpp).
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
 
 #include "agent_fixture.h"
 #include "attach/attach_server.h"
@@ -64,6 +70,97 @@ TEST_CASE("out-of-bounds peer messages close that link with a PROTOCOL fin", "[a
   CHECK_THAT(fin.fin().reason(), Catch::Contains(expect, Catch::CaseSensitive::No));
   // The producer's frame is not failed by it: it waits for the next link.
   CHECK(producer.idleFor(50ms));
+}
+
+TEST_CASE("a control record that ACKs more frames than its budget closes that link with a PROTOCOL fin",
+          "[agent][security]") {
+  // An ACK run names 4096 frames in a few bytes, and each frame named costs
+  // the agent a lookup: one record must not keep it busy for seconds.
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 64 * 1024);
+  f.agent->post(CmdClientAttached{producer.session});
+  f.linkUp();
+  producer.push(0, 10);  // opens the stream towards the peer
+  const uint64_t stream_id =
+      f.capture.next([](auto& m) { return m.has_stream_open(); }).stream_open().stream_id();
+  v1::ControlBatch batch;
+  for (uint64_t first = 1; first <= peer::kMaxAckFramesPerRecord + 1; first += peer::kMaxAcksPerMessage) {
+    auto* ack = batch.add_messages()->mutable_ack();
+    ack->set_stream_id(stream_id);
+    ack->add_runs(first);
+    ack->add_runs(peer::kMaxAcksPerMessage);
+  }
+  INFO(batch.ByteSizeLong() << " bytes");
+  REQUIRE(f.pair.b->postControl(batch.SerializeAsString()) == transport::PostResult::kOk);
+  f.pair.b->flush();
+  auto fin = f.capture.next([](auto& m) { return m.has_fin(); });
+  CHECK(int(fin.fin().code()) == FL_ERR_PROTOCOL);
+  CHECK_THAT(fin.fin().reason(), Catch::Contains("ACKs more than 65536 frames"));
+  CHECK(producer.idleFor(50ms));  // its frame waits for the next link
+}
+
+namespace {
+
+// A peer that sends frames for credits it was never granted, as fast as the
+// agent polls, and never reads: each frame is refused with a NACK, and every
+// control record the agent posts is turned away (kBackpressure), as by a
+// transport whose own backlog is full.  Stops after `frames`.
+class JunkFlood final : public transport::Transport {
+ public:
+  explicit JunkFlood(uint64_t frames) : left_(frames), fd_(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  std::shared_ptr<std::atomic<uint64_t>> refused_records = std::make_shared<std::atomic<uint64_t>>(0);
+
+  const char* name() const noexcept override { return "junk"; }
+  bool connected() const noexcept override { return true; }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit) override {
+    return makeError(FL_ERR_LINK_LOST, "the flood takes no credits");
+  }
+  void retractCredit(uint64_t) override {}
+  transport::PostResult post(const transport::SendRequest&) noexcept override {
+    return transport::PostResult::kBackpressure;
+  }
+  transport::PostResult postControl(std::string) noexcept override {
+    refused_records->fetch_add(1);
+    return transport::PostResult::kBackpressure;
+  }
+  size_t poll(transport::TransportEvent* out, size_t max) noexcept override {
+    size_t n = 0;
+    for (; n < max && left_ > 0; ++n, --left_) {
+      out[n] = transport::TransportEvent{};
+      out[n].kind = transport::TransportEvent::Kind::kFrameArrived;
+      out[n].header.stream_id = 1;
+      out[n].header.sequence = ++sequence_;
+      out[n].header.credit_id = 1'000'000 + sequence_;
+    }
+    uint64_t drained = 0;
+    if (left_ == 0 && ::read(fd_.get(), &drained, sizeof(drained)) < 0) drained = 0;  // idle from here
+    return n;
+  }
+  int eventFd() const noexcept override { return fd_.get(); }
+  void shutdown() noexcept override { left_ = 0; }
+  transport::TransportCounters counters() const noexcept override { return {}; }
+
+ private:
+  uint64_t left_;
+  uint64_t sequence_ = 0;
+  UniqueFd fd_;
+};
+
+}  // namespace
+
+TEST_CASE("a peer that sends junk frames and reads nothing loses its link with a PROTOCOL fin",
+          "[agent][security]") {
+  // Without a bound each refused frame's NACK would wait for the peer in
+  // memory for ever.  A NACK is some 60 bytes: 300000 frames draw twice the
+  // bound.
+  AgentFixture f;
+  auto flood = std::make_unique<JunkFlood>(300'000);
+  auto refused_records = flood->refused_records;
+  f.linkUp(1, std::move(flood));
+  auto fin = f.capture.next([](auto& m) { return m.has_fin(); });
+  CHECK(int(fin.fin().code()) == FL_ERR_PROTOCOL);
+  CHECK_THAT(fin.fin().reason(), Catch::Contains("has not read") && Catch::Contains("control records"));
+  CHECK(refused_records->load() > 0);
 }
 
 TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]") {

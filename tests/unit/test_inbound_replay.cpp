@@ -258,3 +258,25 @@ TEST_CASE("inbound streams: when an old link goes while a newer one is up, its h
   rig.linkDown(1);
   CHECK(rig.said(l2).acked == std::vector<uint64_t>{1});
 }
+
+TEST_CASE(
+    "inbound streams: a StreamOpen that arrives late on an older link leaves the stream on the newer one",
+    "[agent][inbound][links]") {
+  // Written on link 1 before the sender gave it up, read after link 2's:
+  // the sender sends on link 2, so the stream and its credits stay there.
+  InboundRig rig;
+  AgentLink& l1 = rig.linkUp(1);
+  AgentLink& l2 = rig.linkUp(2);
+  CHECK(l1.in_streams.count(42) == 0);
+  CHECK(rig.inbound.onStreamOpen(l1, peer::StreamOpen{42, "cam"}).empty());
+  CHECK(l1.in_streams.count(42) == 0);
+  CHECK(l2.in_streams.count(42) == 1);
+  size_t on_l2 = 0;
+  for (const SlotEntry& e : rig.consumer.session->slots)
+    on_l2 += e.state == SlotState::kCredited && e.link_id == 2;
+  CHECK(on_l2 == 4);
+  rig.said(l2);
+  REQUIRE(rig.land(l2, 1));
+  CHECK(rig.takeAndRelease() == 1);
+  CHECK(rig.said(l2).acked == std::vector<uint64_t>{1});
+}

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_stats.h"
 #include "agent/outbound_streams.h"
 #include "agent/peer_messages.h"
 #include "agent_fixture.h"
@@ -146,4 +147,79 @@ TEST_CASE("outbound streams: a window below 8 credits never sends CreditLow", "[
   CHECK(rig.out.pumpAll() > 0);
   CHECK(rig.producer.session->slots[3].state == SlotState::kPosted);
   for (const auto& m : rig.link->control.messages()) CHECK_FALSE(m.has_credit_low());
+}
+
+namespace {
+
+// The credit ids the sender gave back (CreditRevoke, returned) in what it
+// gathered for the peer so far, in order.
+std::vector<uint64_t> returnedIds(const AgentLink& link) {
+  std::vector<v1::ControlBatch> batches;
+  for (const std::string& record : link.controlQueued()) {
+    batches.emplace_back();
+    REQUIRE(batches.back().ParseFromString(record));
+  }
+  batches.push_back(link.control);
+  std::vector<uint64_t> ids;
+  for (const auto& batch : batches) {
+    for (const auto& m : batch.messages()) {
+      if (!m.has_credit_revoke()) continue;
+      CHECK(m.credit_revoke().returned());
+      ids.insert(ids.end(), m.credit_revoke().credit_ids().begin(), m.credit_revoke().credit_ids().end());
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "outbound streams: a revoke of 65536 ids on a stream holding 65536 credits leaves the others in order",
+    "[agent][outbound]") {
+  OutboundRig rig;
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  for (uint64_t id = 1; id <= peer::kMaxCreditsPerStream; ++id) {
+    grant.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
+  }
+  REQUIRE(rig.out.onCreditGrant(*rig.link, grant).empty());
+  auto heldCredits = [&rig] {
+    std::vector<StreamStats> stats;
+    rig.out.collectStats(stats);
+    REQUIRE(stats.size() == 1);
+    return stats[0].credits;
+  };
+
+  // Every even id, and as many the stream does not hold.
+  peer::CreditRevoke revoke;
+  revoke.stream_id = rig.stream_id;
+  std::vector<uint64_t> evens;
+  for (uint64_t id = 2; id <= peer::kMaxCreditsPerStream; id += 2) {
+    evens.push_back(id);
+    revoke.credit_ids.push_back(id);
+    revoke.credit_ids.push_back(peer::kMaxCreditsPerStream + id);
+  }
+  REQUIRE(revoke.credit_ids.size() == peer::kMaxCreditsPerStream);
+  rig.out.onCreditRevoke(*rig.link, revoke);
+  CHECK(returnedIds(*rig.link) == evens);  // only those it held, each once
+  CHECK(heldCredits() == peer::kMaxCreditsPerStream / 2);
+
+  // The oldest credit left takes the next frame.
+  auto landing = exposeLanding(*rig.pair.b, 1, 4096);
+  rig.submit(0, 10);
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(waitEvent(*rig.pair.b, transport::TransportEvent::Kind::kFrameArrived).header.credit_id == 1);
+
+  // What is left is exactly the odd ids but the one used, in grant order.
+  revoke.credit_ids.clear();
+  std::vector<uint64_t> odds;
+  for (uint64_t id = 1; id <= peer::kMaxCreditsPerStream; ++id) {
+    revoke.credit_ids.push_back(id);
+    if (id % 2 == 1 && id != 1) odds.push_back(id);
+  }
+  rig.out.onCreditRevoke(*rig.link, revoke);
+  std::vector<uint64_t> returned = evens;
+  returned.insert(returned.end(), odds.begin(), odds.end());
+  CHECK(returnedIds(*rig.link) == returned);
+  CHECK(heldCredits() == 0);
 }

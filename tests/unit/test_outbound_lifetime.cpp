@@ -143,3 +143,34 @@ TEST_CASE(
   CHECK(d.status == FL_ERR_TIMEOUT);  // sent once: it may have been delivered
   CHECK(d.slot == 3);
 }
+
+TEST_CASE("outbound streams: a replay whose send fails ends TIMEOUT, not FAILED: the first copy may be there",
+          "[agent][outbound][timeout]") {
+  OutboundRig rig;
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.submit(0, 10);
+  grantAndPump(rig, 7);
+  rig.completeSends(*rig.link, 1);  // sent: it may be at the consumer
+  TcpPair second = makeTcpPair();
+  auto landing2 = exposeLanding(*second.b, 8, 4096);
+  AgentLink& l2 = rig.links.add(2);
+  l2.peer = rig.link->peer;
+  l2.peer_name = "remote";
+  l2.peer_instance = 1;
+  l2.transport = std::move(second.a);
+  l2.session.writer = rig.link->session.writer;
+  rig.out.onLinkUp(l2);  // the frame goes again on link 2
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.credits.push_back(transport::RemoteCredit{8, 4096, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(l2, grant).empty());
+  REQUIRE(rig.out.pumpAll() > 0);
+  // The replay's send fails for the frame (rdma: the remote key was refused).
+  transport::TransportEvent failed = waitEvent(*l2.transport, transport::TransportEvent::Kind::kSendComplete);
+  failed.status = FL_ERR_TRANSPORT;
+  failed.message = "remote access error";
+  rig.out.onSendComplete(failed);
+  fl_completion_desc d{};
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_TIMEOUT);
+}

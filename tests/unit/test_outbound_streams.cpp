@@ -335,6 +335,29 @@ TEST_CASE("producer side: a frame sent on a link that breaks for good ends TIMEO
   CHECK(d.status == FL_ERR_TIMEOUT);
 }
 
+TEST_CASE("producer side: an ACK that comes after the peer's clean Fin still settles its frame",
+          "[agent][fin]") {
+  // The peer shuts down: its last ACKs are on the data channel, its Fin on
+  // the Session, which may overtake them.
+  AgentFixture f;
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  const uint64_t stream_id = sendOneFrame(f, producer, 10);
+  v1::PeerMessage fin;
+  fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);
+  fin.mutable_fin()->set_reason("daemon shutting down");
+  f.peerSays(fin);
+  std::this_thread::sleep_for(100ms);  // the Fin is taken first
+  v1::ControlBatch batch;
+  auto* ack = batch.add_messages()->mutable_ack();
+  ack->set_stream_id(stream_id);
+  ack->add_sequences(1);
+  REQUIRE(f.pair.b->postControl(batch.SerializeAsString()) == transport::PostResult::kOk);
+  f.pair.b->flush();
+  const fl_completion_desc d = producer.pop();
+  CHECK(d.status == FL_OK);
+  CHECK(f.metrics.counters.frames_delivered.load() == 1);
+}
+
 TEST_CASE("producer side: a frame never sent whose link does not come back fails LINK_LOST",
           "[agent][timeout]") {
   AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });

@@ -254,6 +254,51 @@ TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[pee
   CHECK(std::get<peer::Nack>(peer::decode(nack)).code == FL_ERR_CRC_MISMATCH);
 }
 
+TEST_CASE("peer messages: the ACKs of one control record name at most the per-record budget of frames",
+          "[peer_messages]") {
+  // Each ACK on its own is within kMaxAcksPerMessage; together they are
+  // bounded too, runs counted frame by frame.
+  v1::ControlBatch record;
+  record.add_messages()->mutable_credit_low()->set_stream_id(1);  // other messages do not count
+  for (uint64_t first = 1; first <= peer::kMaxAckFramesPerRecord; first += peer::kMaxAcksPerMessage) {
+    v1::Ack* ack = record.add_messages()->mutable_ack();
+    ack->set_stream_id(1);
+    ack->add_runs(first);
+    ack->add_runs(peer::kMaxAcksPerMessage);
+  }
+  CHECK(peer::checkRecord(record).empty());
+  v1::Ack* one_more = record.add_messages()->mutable_ack();
+  one_more->set_stream_id(2);
+  one_more->add_sequences(7);
+  CHECK(peer::ackFrames(*one_more) == 1);
+  CHECK_THAT(peer::checkRecord(record), Catch::Contains("ACKs more than 65536 frames"));
+
+  // A run's count as sent, however large, is counted without wrapping
+  // (decode refuses such a run; the record is refused before that).
+  v1::ControlBatch huge;
+  v1::Ack* ack = huge.add_messages()->mutable_ack();
+  ack->add_sequences(1);
+  ack->add_runs(1);
+  ack->add_runs(UINT64_MAX);
+  CHECK(peer::ackFrames(*ack) == UINT64_MAX);
+  CHECK_THAT(peer::checkRecord(huge), Catch::Contains("ACKs more than"));
+}
+
+TEST_CASE("peer messages: a revoke names at most as many credits as a stream may hold", "[peer_messages]") {
+  v1::PeerMessage m;
+  auto* r = m.mutable_credit_revoke();
+  r->set_stream_id(4);
+  for (uint64_t id = 1; id <= peer::kMaxCreditsPerStream; ++id) r->add_credit_ids(id);
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::CreditRevoke>(decoded));
+  CHECK(std::get<peer::CreditRevoke>(decoded).credit_ids.size() == peer::kMaxCreditsPerStream);
+  // One more, even a repeat of an id already named, is more than any stream holds.
+  r->add_credit_ids(2);
+  CHECK_THAT(violation(m), Catch::Contains("revoke of more than 65536 credits"));
+  r->set_returned(true);  // a sender giving credits back is held to the same bound
+  CHECK_THAT(violation(m), Catch::Contains("revoke of more than 65536 credits"));
+}
+
 TEST_CASE("peer messages: the rest, and what may not come after the handshake", "[peer_messages]") {
   v1::PeerMessage m;
   m.mutable_fin()->set_reason(std::string(300, 'r'));

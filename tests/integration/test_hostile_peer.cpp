@@ -1,0 +1,421 @@
+// A peer daemon that lies (hostile_peer.h) against a real framelinkd with a
+// real local client: what it sends out of bounds closes its own link, what
+// names nothing it was given is refused frame by frame, what it leaves
+// unread costs the daemon bounded memory, and the daemon goes on serving
+// everyone else.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "client_util.h"
+#include "harness.h"
+#include "hostile_peer.h"
+#include "hostile_util.h"
+
+using namespace framelink::integ;
+namespace v1 = framelink::v1;
+
+namespace {
+
+// Under a sanitizer the daemon keeps freed memory in quarantine and runs
+// several times slower: its VmRSS says nothing of what it holds for a peer,
+// and a flood takes longer to reach the bound.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+DaemonPair::Options pairOf(const std::string& transport, std::vector<std::string> extra_b = {}) {
+  DaemonPair::Options o = pairOptions();
+  o.transport = transport;
+  o.extra_args_b = std::move(extra_b);
+  return o;
+}
+
+v1::PeerMessage streamOpen(uint64_t stream_id, const std::string& name) {
+  v1::PeerMessage m;
+  m.mutable_stream_open()->set_stream_id(stream_id);
+  m.mutable_stream_open()->set_name(name);
+  return m;
+}
+
+// The credit ids the daemon granted the peer on `stream_id` so far.
+std::vector<uint64_t> grantedCredits(const PeerInbox& inbox, uint64_t stream_id) {
+  std::vector<uint64_t> ids;
+  auto collect = [&](const v1::PeerMessage& m) {
+    if (!m.has_credit_grant() || m.credit_grant().stream_id() != stream_id) return;
+    for (const auto& c : m.credit_grant().credits()) ids.push_back(c.credit_id());
+    for (uint64_t id : m.credit_grant().slot_credits()) ids.push_back(id);
+  };
+  for (const auto& m : inbox.session) collect(m);
+  for (const auto& m : inbox.control) collect(m);
+  return ids;
+}
+
+// Opens `name` as stream `stream_id` from the peer and waits for credits.
+std::vector<uint64_t> openAndAwaitCredits(HostilePeer& peer, uint64_t stream_id, const std::string& name) {
+  REQUIRE(peer.sendSession(streamOpen(stream_id, name)));
+  std::vector<uint64_t> ids;
+  REQUIRE(peer.waitFor(
+      [&](const PeerInbox& in) {
+        ids = grantedCredits(in, stream_id);
+        return !ids.empty();
+      },
+      Millis(5000)));
+  return ids;
+}
+
+v1::FrameHeader frameHeader(uint64_t stream_id, uint64_t sequence, uint64_t credit_id, uint64_t length) {
+  v1::FrameHeader h;
+  h.set_stream_id(stream_id);
+  h.set_sequence(sequence);
+  h.set_credit_id(credit_id);
+  h.set_frame_id(1000 + sequence);
+  h.set_length(length);
+  return h;
+}
+
+size_t nacksOf(const PeerInbox& in, uint64_t stream_id, uint64_t sequence, v1::ErrorCode code) {
+  return countMessages(in, [&](const v1::PeerMessage& m) {
+    return m.has_nack() && m.nack().stream_id() == stream_id && m.nack().sequence() == sequence &&
+           m.nack().code() == code;
+  });
+}
+
+// Waits for the daemon to cut the peer's link for breaking the protocol:
+// the Session ends and the daemon logs why.  A Fin that got through must
+// say PROTOCOL and why (whether it gets through is checked on its own below).
+void requireProtocolClose(HostilePeer& peer, DaemonProcess& daemon, const std::string& why) {
+  REQUIRE(peer.waitFor([](const PeerInbox& in) { return in.session_ended; }, Millis(5000)));
+  CHECK(daemon.waitForLog("protocol error: " + why, Millis(2000)));
+  v1::Fin fin;
+  if (peer.finReceived(&fin)) {
+    INFO("Fin reason: " << fin.reason());
+    CHECK(fin.code() == v1::ERROR_CODE_PROTOCOL);
+    CHECK_THAT(fin.reason(), Catch::Contains(why));
+  }
+}
+
+// One record whose ACKs, each within its own bound (a run of 4096), name
+// more than 65536 frames together.
+v1::ControlBatch oversizedAckRecord() {
+  v1::ControlBatch record;
+  for (uint64_t i = 0; i < 17; ++i) {
+    auto* ack = record.add_messages()->mutable_ack();
+    ack->set_stream_id(1);
+    ack->add_runs(1 + i * 4096);
+    ack->add_runs(4096);
+  }
+  return record;
+}
+
+uint64_t helloSession(int n) { return 0x40571130 + n; }
+
+// A peer that dials B of `pair` over `transport`.
+HostilePeer::Options peerOf(DaemonPair& pair, const std::string& id, int n, const std::string& transport) {
+  HostilePeer::Options o;
+  o.address = pair.b().grpcAddress();
+  o.daemon_id = id;
+  o.session_id = helloSession(n);
+  o.transport = transport;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("hostile peer: a CreditRevoke naming too many credits closes its link as a protocol error",
+          "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
+  requireServing(pair.a(), pair.b(), "good", 2);
+  Client consumer = attachConsumer(pair.b(), "hp-revoke");
+  HostilePeer peer(peerOf(pair, "hostile-revoke", 1, transport));
+  peer.readSession();
+  peer.readData();
+  openAndAwaitCredits(peer, 7, "hp-revoke");
+  v1::PeerMessage revoke;
+  revoke.mutable_credit_revoke()->set_stream_id(7);
+  revoke.mutable_credit_revoke()->set_returned(true);
+  for (uint64_t id = 1; id <= 70000; ++id) revoke.mutable_credit_revoke()->add_credit_ids(id);
+  REQUIRE(peer.sendControl(revoke));
+  requireProtocolClose(peer, pair.b(), "revoke of more than 65536 credits");
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good2", 2);
+}
+
+TEST_CASE("hostile peer: ACKs naming more than 65536 frames in one record close its link as a protocol error",
+          "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
+  requireServing(pair.a(), pair.b(), "good", 2);
+  HostilePeer peer(peerOf(pair, "hostile-ack", 2, transport));
+  peer.readSession();
+  peer.readData();
+  REQUIRE(peer.sendControl(oversizedAckRecord()));
+  requireProtocolClose(peer, pair.b(), "a control record ACKs more than 65536 frames");
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good2", 2);
+}
+
+// The daemon ends the call only once its Session writer wrote the Fin
+// (SessionWriter::sendLast), so a peer that reads learns why its link was
+// closed, every time.
+TEST_CASE("hostile peer: the PROTOCOL fin reaches the peer before its link is cut",
+          "[integration][hostile_peer]") {
+  const std::string transport = "grpc";
+  DaemonPair pair(pairOf(transport));
+  int fins = 0;
+  constexpr int kTries = 5;
+  for (int i = 0; i < kTries; ++i) {
+    HostilePeer peer(peerOf(pair, "hostile-fin-" + std::to_string(i), 10 + i, transport));
+    peer.readSession();
+    peer.readData();
+    REQUIRE(peer.sendControl(oversizedAckRecord()));
+    REQUIRE(peer.waitFor([](const PeerInbox& in) { return in.session_ended; }, Millis(5000)));
+    v1::Fin fin;
+    fins += peer.finReceived(&fin) ? 1 : 0;
+  }
+  INFO("links cut: " << kTries << ", Fins the peer received: " << fins);
+  CHECK(fins == kTries);
+}
+
+TEST_CASE("hostile peer: frames for a stream it did not open or a credit it was not granted are NACKed",
+          "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
+  Client consumer = attachConsumer(pair.b(), "hp-nack");
+  HostilePeer peer(peerOf(pair, "hostile-nack", 3, transport));
+  peer.readSession();
+  peer.readData();
+  const std::vector<uint64_t> credits = openAndAwaitCredits(peer, 7, "hp-nack");
+  REQUIRE(credits.size() >= 2);
+  const std::string payload(512, 'h');
+  // A granted credit, but a stream the peer never opened.
+  REQUIRE(peer.sendFrame(frameHeader(99, 1, credits[0], payload.size()), payload));
+  // The stream it opened, but a credit never granted.
+  REQUIRE(peer.sendFrame(frameHeader(7, 1, 0x7777777, payload.size()), payload));
+  CHECK(
+      peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 99, 1, v1::ERROR_CODE_UNKNOWN_STREAM) == 1; },
+                   Millis(5000)));
+  CHECK(
+      peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 7, 1, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1; },
+                   Millis(5000)));
+  fl_frame frame{};
+  CHECK(fl_receive(consumer.get(), &frame, 300) == FL_ETIMEDOUT);
+  // The link stays: a frame into a credit it holds arrives, and it is the only one.
+  v1::Fin fin;
+  CHECK_FALSE(peer.finReceived(&fin));
+  REQUIRE(peer.sendFrame(frameHeader(7, 1, credits[1], payload.size()), payload));
+  REQUIRE(fl_receive(consumer.get(), &frame, 5000) == FL_OK);
+  CHECK(frame.frame_id == 1001);
+  CHECK(frame.length == payload.size());
+  CHECK(fl_release(consumer.get(), frame.slot) == FL_OK);
+  CHECK(fl_receive(consumer.get(), &frame, 200) == FL_ETIMEDOUT);
+  CHECK(peer.waitFor(
+      [](const PeerInbox& in) {
+        return countMessages(
+                   in, [](const v1::PeerMessage& m) { return m.has_ack() && m.ack().stream_id() == 7; }) >= 1;
+      },
+      Millis(5000)));
+  CHECK_FALSE(peer.finReceived(&fin));
+  CHECK_FALSE(peer.inbox().session_ended);
+  requireServing(pair.a(), pair.b(), "good", 2);
+}
+
+namespace {
+
+// B with the hostile peer as its only configured peer: every stream a
+// producer on B opens goes to it.  The address is never dialed successfully;
+// the peer dials in under that id.
+DaemonPair::Options pairRoutingTo(const std::string& transport, const std::string& peer_id) {
+  return pairOf(transport, {"--peer", peer_id + "=127.0.0.1:1"});
+}
+
+// Waits for the daemon to open `name` to the peer; its stream id.
+uint64_t awaitStreamOpen(HostilePeer& peer, const std::string& name) {
+  uint64_t id = 0;
+  REQUIRE(peer.waitFor(
+      [&](const PeerInbox& in) {
+        for (const auto& m : in.session) {
+          if (m.has_stream_open() && m.stream_open().name() == name) id = m.stream_open().stream_id();
+        }
+        return id != 0;
+      },
+      Millis(5000)));
+  return id;
+}
+
+// Grants `count` whole credits of `bytes` each, ids first..first+count-1.
+v1::PeerMessage grant(uint64_t stream_id, uint64_t first, size_t count, uint64_t bytes) {
+  v1::PeerMessage m;
+  auto* g = m.mutable_credit_grant();
+  g->set_stream_id(stream_id);
+  g->set_largest_slot(bytes);
+  for (size_t i = 0; i < count; ++i) {
+    auto* c = g->add_credits();
+    c->set_credit_id(first + i);
+    c->set_length(bytes);
+  }
+  return m;
+}
+
+v1::PeerMessage ackRun(uint64_t stream_id, uint64_t first, uint64_t count) {
+  v1::PeerMessage m;
+  m.mutable_ack()->set_stream_id(stream_id);
+  m.mutable_ack()->add_runs(first);
+  m.mutable_ack()->add_runs(count);
+  return m;
+}
+
+constexpr uint64_t kFrameBytes = 1 << 20;
+constexpr size_t kFrames = 8;
+
+}  // namespace
+
+TEST_CASE(
+    "hostile peer: ACKs that come before the frames were sent settle nothing early, even when the producer "
+    "exits",
+    "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  const std::string name = GENERATE(as<std::string>{}, "hp-ack-early", "hp-ack-exit");
+  const bool producer_exits = name == "hp-ack-exit";
+  DaemonPair pair(pairRoutingTo(transport, "hostile-rx"));
+  HostilePeer peer(peerOf(pair, "hostile-rx", 4, transport));
+  peer.readSession();
+  Client producer = attachProducer(pair.b(), name, kFrames, kFrameBytes);
+  const uint64_t stream = awaitStreamOpen(peer, name);
+  REQUIRE(peer.sendControl(grant(stream, 1, kFrames, kFrameBytes)));
+  for (uint64_t i = 1; i <= kFrames; ++i) submitFrame(producer.get(), i, kFrameBytes);
+  // Every sequence ACKed while the data channel is not read: most of the
+  // frames cannot have left the daemon yet.
+  std::this_thread::sleep_for(Millis(100));
+  REQUIRE(peer.sendControl(ackRun(stream, 1, kFrames)));
+  std::vector<fl_completion> early;
+  if (producer_exits) {
+    producer.reset();
+  } else {
+    early = collectCompletions(producer.get(), kFrames, Millis(1000));
+  }
+  peer.readData();
+  REQUIRE(peer.waitFor([](const PeerInbox& in) { return in.frames.size() == kFrames || in.data_ended; },
+                       Millis(10000)));
+  const PeerInbox in = peer.inbox();
+  CHECK(in.frames.size() == kFrames);
+  CHECK(in.payload_bytes == kFrames * kFrameBytes);
+  for (size_t i = 0; i < in.frames.size(); ++i) {
+    CHECK(in.frames[i].sequence() == i + 1);
+    CHECK(in.frames[i].frame_id() == i + 1);
+    CHECK(in.frames[i].length() == kFrameBytes);
+  }
+  INFO("completions before the peer read any frame: " << early.size());
+  if (!producer_exits) {
+    // A completion means the daemon is done with the slot: not before its
+    // frame left, which for most of them needs the peer to read.  Those
+    // that left did so in order, on the one data channel.
+    CHECK(early.size() < kFrames);
+    for (size_t i = 0; i < early.size(); ++i) CHECK(early[i].sequence == i + 1);
+    std::vector<fl_completion> rest =
+        collectCompletions(producer.get(), kFrames - early.size(), Millis(5000));
+    early.insert(early.end(), rest.begin(), rest.end());
+    REQUIRE(early.size() == kFrames);
+    for (const auto& c : early) CHECK(c.status == FL_OK);
+  }
+  CHECK(pair.b().alive());
+  v1::Fin fin;
+  CHECK_FALSE(peer.finReceived(&fin));
+  requireServing(pair.a(), pair.b(), "good-" + name, 2);
+}
+
+TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cut, in bounded memory",
+          "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport));
+  Client consumer = attachConsumer(pair.b(), "hp-deaf");
+  HostilePeer peer(peerOf(pair, "hostile-deaf", 5, transport));
+  // The peer reads neither its Session nor its data channel, ever.
+  REQUIRE(peer.sendSession(streamOpen(7, "hp-deaf")));
+  const int64_t rss_before = residentKiB(pair.b().pid());
+  REQUIRE(rss_before > 0);
+  int64_t rss_peak = rss_before;
+  // Each frame names a credit never granted: a NACK to send back for each,
+  // and a keepalive to echo every thousand.
+  const std::string payload(16, 'x');
+  const auto start = Clock::now();
+  bool cut = false;
+  uint64_t sent = 0;
+  while (!cut && Clock::now() - start < Millis(30000)) {
+    ++sent;
+    const bool more = sent % 64 != 0;
+    cut = !peer.sendFrame(frameHeader(7, sent, 0x70000000 + sent, payload.size()), payload, more);
+    if (sent % 1024 != 0) continue;
+    v1::PeerMessage keepalive;
+    keepalive.mutable_keepalive()->set_timestamp_ns(sent);
+    cut = cut || !peer.sendSession(keepalive);
+    rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  INFO("frames sent: " << sent << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
+                       << rss_peak << " KiB at most");
+  CHECK(cut);
+  CHECK(took < Millis(kSanitized ? 30000 : 15000));
+  // What the daemon may hold for a peer that reads nothing: its control
+  // queue and the transport's backlog (8 MiB each), and the flow-control
+  // windows; not a NACK for every frame sent.
+  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
+  CHECK(pair.b().waitForLog("has not read its control records", Millis(5000)));
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good", 2);
+}
+
+// What a Session's reader hands the data agent is bounded (SessionBacklog):
+// a peer that sends stream opens and closes faster than the agent answers
+// them is cut, and each round of the agent handles a bounded part of it,
+// so its control queue is checked against its bound before it can grow far.
+TEST_CASE(
+    "hostile peer: a peer that reads nothing while it floods its Session with opens and closes is cut, "
+    "in bounded memory",
+    "[integration][hostile_peer]") {
+  const std::string transport = "grpc";
+  DaemonPair pair(pairOf(transport));
+  // Many small slots: each stream the peer opens gets a grant of a credit
+  // for each free one.
+  Client consumer = attachConsumer(pair.b(), "hp-deaf", 1024, 4096);
+  HostilePeer peer(peerOf(pair, "hostile-deaf", 6, transport));
+  const int64_t rss_before = residentKiB(pair.b().pid());
+  REQUIRE(rss_before > 0);
+  int64_t rss_peak = rss_before;
+  // The peer reads nothing, ever; it opens the stream, sends a frame for a
+  // credit never granted (a NACK), closes the stream and sends a keepalive,
+  // over and over.
+  const std::string payload(16, 'x');
+  const auto start = Clock::now();
+  bool cut = false;
+  uint64_t round = 0;
+  while (!cut && Clock::now() - start < Millis(5000)) {
+    ++round;
+    v1::PeerMessage close;
+    close.mutable_stream_close()->set_stream_id(round);
+    v1::PeerMessage keepalive;
+    keepalive.mutable_keepalive()->set_timestamp_ns(round);
+    cut = !peer.sendSession(streamOpen(round, "hp-deaf")) ||
+          !peer.sendFrame(frameHeader(round, 1, 0x70000000 + round, payload.size()), payload) ||
+          !peer.sendSession(close) || !peer.sendSession(keepalive);
+    if (round % 100 == 0) rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
+  }
+  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  INFO("rounds: " << round << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
+                  << rss_peak << " KiB at most");
+  CHECK(cut);
+  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "good", 2);
+}

@@ -1,0 +1,112 @@
+// The events that make the world doubt what it is told: time that moves by
+// less than the ACK delay (so held-back ACKs and credits wait across rounds
+// and go on their timer), half-open links that the listener learns of late,
+// and healthy periods after which every frame a live receiver released must
+// have been reported DELIVERED.  A TIMEOUT is an honest "unknown" only when
+// the ACK had no way back before the deadline.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "framelink/framelink.h"
+#include "world.h"
+
+namespace framelink::sim {
+
+void World::doubtEvent(uint64_t r) {
+  if (r < 1015) {
+    tick();
+  } else if (r < 1025) {
+    keepaliveEnds();
+  } else if (r < 1040) {
+    healthyPeriod();
+  } else if (r < 1050) {
+    // The dialer gives up on a link that works, so that the listener holds
+    // a half-open link while the stream moves to the new one.
+    const std::vector<int> all = senders();
+    if (Link* live = liveLink(all[rng_.below(all.size())]); live != nullptr && upLinks().size() < 4) {
+      replaceLink(*live);
+    }
+  } else {
+    forge();
+  }
+}
+
+// Less time than an ACK may be held, or a little more: releases of one
+// round wait for the next, and the coalescing timer fires between events.
+void World::tick() {
+  const uint64_t us = 1 + rng_.below(2 * kAckDelayUs);
+  clock_.advanceNs(us * 1000);
+  note("clock +" + std::to_string(us) + " us");
+}
+
+// The listener's keepalive notices that a link the dialer left is dead.
+void World::keepaliveEnds() {
+  for (auto& link : links_) {
+    if (link->up && link->dialer_gone) {
+      breakLink(*link, "keepalive timeout");
+      return;
+    }
+  }
+}
+
+// The network heals: half-open links are noticed, every sender has a link,
+// and every message and frame moves until the world is quiet.  Then every
+// frame a consumer of the live receiver released must have its ACK back,
+// and the clock runs on so that deadlines of what was not released fire.
+void World::healthyPeriod() {
+  note("healthy period");
+  for (auto& link : links_) {
+    if (link->up && link->dialer_gone) breakLink(*link, "keepalive timeout");
+  }
+  for (int d : senders()) {
+    if (liveLink(d) == nullptr) linkUp(d);
+  }
+  healthy_ = true;
+  settle();
+  const auto owing =
+      std::count_if(frames_.begin(), frames_.end(), [&](const auto& f) { return owed(f.second); });
+  drain(false);
+  requireReleasedDelivered("after a healthy period");
+  result_.owed_delivered += static_cast<uint64_t>(owing);
+  healthy_ = false;
+  const uint64_t ms = 1 + rng_.below(kAckTimeoutMs + 500);
+  clock_.advanceMs(ms);
+  note("clock +" + std::to_string(ms) + " ms");
+}
+
+bool World::releasedOnLiveReceiver(const FrameRecord& rec) const {
+  for (uint64_t instance : rec.released_on) {
+    if (instance == daemons_[kReceiver].instance) return true;
+  }
+  return false;
+}
+
+// With the links healed, the ACK of a frame the live receiver released
+// comes back unless the deadline fell inside the healthy period itself.
+void World::checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const {
+  if (!healthy_ || !releasedOnLiveReceiver(rec)) return;
+  const uint64_t earliest_deadline = rec.first_landed_ns + uint64_t{kAckTimeoutMs} * 1'000'000ULL;
+  if (clock_.nowNs() >= earliest_deadline) return;
+  throw Broken{"frame " + std::to_string(frame) + " completed " + std::to_string(status) +
+               " while the links were healed, though a consumer of the live receiving daemon released it and "
+               "its deadline had not come"};
+}
+
+// Released on the live receiver, not yet ended, and its producer still
+// listens (a producer that died hears of nothing more).
+bool World::owed(const FrameRecord& rec) const {
+  if (rec.outcome_known || !releasedOnLiveReceiver(rec)) return false;
+  return std::any_of(apps_.begin(), apps_.end(),
+                     [&](const auto& a) { return a->id == rec.producer && a->alive; });
+}
+
+void World::requireReleasedDelivered(const char* when) {
+  for (const auto& [frame, rec] : frames_) {
+    if (!owed(rec)) continue;
+    throw Broken{"frame " + std::to_string(frame) + " was released on the live receiving daemon but has no " +
+                 "completion " + when};
+  }
+}
+
+}  // namespace framelink::sim
