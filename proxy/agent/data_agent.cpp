@@ -54,6 +54,17 @@ void waitEvents(int epoll_fd, uint64_t timeout_ns) {
   ::epoll_wait(epoll_fd, events, 32, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
 }
 
+// A sender gives up on a frame ack_timeout after sending it: what this end
+// remembers to answer its replays is of no use a few of those later, and a
+// recall it neither answers nor serves by then is not coming back.
+InboundLimits inboundLimits(const Config& config) {
+  const uint64_t ack_timeout_ns = uint64_t{config.ack_timeout_ms} * 1'000'000;
+  InboundLimits limits;
+  limits.forget_idle_ns = 4 * ack_timeout_ns;
+  limits.recall_deadline_ns = ack_timeout_ns;
+  return limits;
+}
+
 }  // namespace
 
 DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock)
@@ -63,7 +74,8 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)),
       clients_(metrics, names_),
       outbound_(config, metrics, clock, clients_, peers_, links_),
-      inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000) {
+      inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000,
+               inboundLimits(config)) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -140,6 +152,9 @@ size_t DataAgent::doWork() {
   const uint64_t now = clock_.nowNs();
   if (now >= next_deadline_check_ns_) {
     outbound_.checkDeadlines();
+    for (const auto& [link_id, why] : inbound_.checkDeadlines()) {
+      if (AgentLink* l = links_.find(link_id)) protocolError(*l, why);
+    }
     cutOverdueSessions(now);
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
   }

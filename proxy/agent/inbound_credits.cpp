@@ -109,7 +109,7 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
     round.largest_slot = std::max<uint64_t>(round.largest_slot, c.segments->slotSize());
   }
   for (const auto& target : round.targets) windows_[target] = window;
-  for (const auto& [credit_id, entry] : credits_) {
+  for (const auto& [generation, entry] : credits_) {
     if (!entry.recalled) ++round.held[{{entry.link_id, entry.stream_id}, entry.client_id}];
   }
 }
@@ -128,11 +128,6 @@ void InboundStreams::grantCredits(NameKey stream) {
     if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
     const size_t share = (c.slots.size() + round.targets.size() - 1) / round.targets.size();
     grantFreeSlots(round, cid, c, share);
-    // A link whose transport went down (its LinkDown not handled yet) refuses
-    // to expose a slot: what was decided before that still goes out, or the
-    // credits already entered would be held by no one and those marked
-    // recalled would never be asked back.
-    if (!round.exposing) break;
     recallBeyondShares(round, cid, share);
   }
   for (auto& [target, msg] : round.grants) {
@@ -147,14 +142,21 @@ void InboundStreams::grantCredits(NameKey stream) {
 
 void InboundStreams::grantFreeSlots(GrantRound& round, uint64_t cid, ClientSession& c, size_t share) {
   for (uint32_t s = 0; s < c.slots.size(); ++s) {
-    SlotEntry& e = c.slots[s];
-    if (e.state != SlotState::kFree) continue;
+    if (c.slots[s].state != SlotState::kFree) continue;
+    if (!grantSlot(round, cid, c, share, s)) return;  // every sender holds its share of this consumer
+  }
+}
+
+bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c, size_t share, uint32_t s) {
+  for (;;) {
     Target target{0, 0};
     for (size_t tries = 0; tries < round.targets.size() && target.first == 0; ++tries) {
       const Target candidate = round.targets[grant_cursor_++ % round.targets.size()];
-      if (round.held[{candidate, cid}] < share) target = candidate;
+      if (round.held[{candidate, cid}] < share && round.refusing.count(candidate.first) == 0) {
+        target = candidate;
+      }
     }
-    if (target.first == 0) return;  // every sender holds its share of this consumer
+    if (target.first == 0) return false;
     AgentLink& l = *links_.find(target.first);
     Region* region = regionOf(l.id, cid, c);
     const uint32_t generation = nextGeneration();
@@ -165,13 +167,21 @@ void InboundStreams::grantFreeSlots(GrantRound& round, uint64_t cid, ClientSessi
     local.keepalive = c.segments;
     auto remote = l.transport->exposeCredit(std::move(local));
     if (!remote) {
-      spdlog::error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
-                    remote.error().message);
-      round.exposing = false;
-      return;
+      // A peer can make this repeat (a link going down refuses every slot).
+      log_expose_.error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
+                        remote.error().message);
+      // A link whose transport went down (its LinkDown not handled yet)
+      // refuses every slot: the stream's other senders get this one.  Any
+      // other refusal is about this slot alone: it waits for a later round,
+      // and the rest of the round goes on -- ending it could leave a stream
+      // whose last trigger this was with no credit ever again.
+      if (remote.error().code != FL_ERR_LINK_LOST) return true;
+      round.refusing.insert(l.id);
+      continue;
     }
     ++round.held[{target, cid}];
-    credits_[remote->credit_id] = CreditEntry{cid, s, l.id, target.second};
+    credits_[generation] = CreditEntry{cid, s, l.id, target.second, remote->credit_id};
+    SlotEntry& e = c.slots[s];
     e.state = SlotState::kCredited;
     e.credit_id = remote->credit_id;
     e.link_id = l.id;
@@ -180,6 +190,7 @@ void InboundStreams::grantFreeSlots(GrantRound& round, uint64_t cid, ClientSessi
     grant->set_stream_id(target.second);
     grant->set_largest_slot(round.largest_slot);
     addCredit(grant, region, *remote, c, s);
+    return true;
   }
 }
 
@@ -223,18 +234,20 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
   // they have not used (onCreditsReturned), and only then are those slots
   // granted again.
   const bool starving = std::any_of(round.targets.begin(), round.targets.end(), [&](const Target& t) {
-    return round.held[{t, cid}] < share;
+    return round.held[{t, cid}] < share && round.refusing.count(t.first) == 0;
   });
   if (!starving) return;
-  for (auto& [credit_id, entry] : credits_) {
+  const uint64_t now = clock_.nowNs();
+  for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
     if (entry.client_id != cid || entry.recalled || round.held[{owner, cid}] <= share) continue;
     if (std::find(round.targets.begin(), round.targets.end(), owner) == round.targets.end()) continue;
     entry.recalled = true;
+    entry.recalled_ns = now;
     --round.held[{owner, cid}];
     auto* revoke = round.recalls[owner].mutable_credit_revoke();
     revoke->set_stream_id(owner.second);
-    revoke->add_credit_ids(credit_id);
+    revoke->add_credit_ids(entry.credit_id);
   }
 }
 
@@ -258,14 +271,22 @@ InboundStreams::Region* InboundStreams::regionOf(uint64_t link_id, uint64_t clie
 }
 
 uint32_t InboundStreams::nextGeneration() {
-  if (next_generation_ == 0) next_generation_ = 1;
-  return next_generation_++;
+  // Live credits are far fewer than 2^32, so this finds one soon.
+  for (;;) {
+    const uint32_t generation = next_generation_++;
+    if (generation != 0 && credits_.count(generation) == 0) return generation;
+  }
+}
+
+InboundStreams::Credits::iterator InboundStreams::findCredit(uint64_t credit_id) {
+  auto it = credits_.find(static_cast<uint32_t>(credit_id));
+  return it != credits_.end() && it->second.credit_id == credit_id ? it : credits_.end();
 }
 
 void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
   NameKey stream = kNoName;
   for (uint64_t id : returned.credit_ids) {
-    auto it = credits_.find(id);
+    auto it = findCredit(id);
     // Only what this link held: a peer cannot give back another's credits.
     if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id) {
       continue;
@@ -279,6 +300,38 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
     credits_.erase(it);
   }
   if (stream != kNoName) grantCredits(stream);
+}
+
+std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
+  const uint64_t now = clock_.nowNs();
+  // A sender stream open on no link with no frame held, unused for long:
+  // its sender forgot it (while no link was up, so no StreamClose came) or
+  // gave up on every frame it could replay.
+  for (auto it = in_states_.begin(); it != in_states_.end();) {
+    const InState& in = it->second;
+    if (in.open_links == 0 && in.held.empty() && now - in.used_ns >= limits_.forget_idle_ns) {
+      metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
+      forgetInState(it++);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<std::pair<uint64_t, std::string>> failed;
+  // A sender answers a recall at once, giving back what it has not used;
+  // what it used lands within its frames' deadlines.  One that keeps them
+  // holds slots the stream's other senders wait for: its link goes, and
+  // the credits with it.
+  std::set<uint64_t> late;
+  for (const auto& [generation, entry] : credits_) {
+    if (entry.recalled && now - entry.recalled_ns >= limits_.recall_deadline_ns) late.insert(entry.link_id);
+  }
+  for (uint64_t link_id : late) {
+    const AgentLink* l = links_.find(link_id);
+    if (l == nullptr || l->closing) continue;
+    failed.emplace_back(link_id, "recalled credits neither given back nor used within " +
+                                     std::to_string(limits_.recall_deadline_ns / 1'000'000) + " ms");
+  }
+  return failed;
 }
 
 void InboundStreams::retractCreditsOfLink(uint64_t link_id) {

@@ -10,13 +10,14 @@
 namespace framelink {
 
 InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
-                               const AgentClock& clock, uint64_t ack_delay_ns)
+                               const AgentClock& clock, uint64_t ack_delay_ns, Limits limits)
     : metrics_(metrics),
       clients_(clients),
       links_(links),
       names_(names),
       clock_(clock),
-      ack_delay_ns_(ack_delay_ns) {}
+      ack_delay_ns_(ack_delay_ns),
+      limits_(limits) {}
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
@@ -28,7 +29,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
   for (SlotEntry& e : c.slots) {
     if (e.state == SlotState::kCredited) {
-      auto it = credits_.find(e.credit_id);
+      auto it = findCredit(e.credit_id);
       if (it != credits_.end()) {
         if (AgentLink* l = links_.find(it->second.link_id)) {
           if (l->transport) l->transport->retractCredit(e.credit_id);
@@ -108,6 +109,7 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     in.held.erase(e.sequence);
     in.released.push_back(e.sequence);
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
+    in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
     // from its sender (the one it sends on).  With no link up it is not
     // sent: the sender replays the frame on its next link and gets the ACK
@@ -183,14 +185,14 @@ AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::Transport
     return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h, "refused before");
   };
   if (ev.status != FL_OK) {
-    auto it = credits_.find(h.credit_id);
+    auto it = findCredit(h.credit_id);
     if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
     if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, ev.status,
              ev.message.empty() ? "frame for an unknown credit" : ev.message);
     return nullptr;
   }
-  auto it = credits_.find(h.credit_id);
+  auto it = findCredit(h.credit_id);
   if (it == credits_.end() || it->second.link_id != l.id) {
     if (answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
@@ -241,6 +243,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   InState& in = in_states_[in_state];
   markAnswered(in, h.sequence);
   in.held.insert(h.sequence);
+  in.used_ns = clock_.nowNs();
   SlotEntry& e = c.slots[credit.slot];
   e.state = SlotState::kDelivered;
   e.sequence = h.sequence;
@@ -267,7 +270,40 @@ uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
   in.peer = l.peer;
   in.instance = l.peer_instance;
   in.stream_id = stream_id;
+  in.used_ns = clock_.nowNs();
   return id;
+}
+
+bool InboundStreams::roomForInState(const AgentLink& l, uint64_t sid) {
+  if (in_state_ids_.count(InStateKey{l.peer, l.peer_instance, sid}) != 0) return true;
+  auto first = in_state_ids_.lower_bound(InStateKey{l.peer, 0, 0});
+  auto last = in_state_ids_.lower_bound(InStateKey{l.peer + 1, 0, 0});
+  if (static_cast<size_t>(std::distance(first, last)) < limits_.max_in_states_per_peer) return true;
+  auto oldest = in_states_.end();
+  for (auto it = first; it != last; ++it) {
+    auto ist = in_states_.find(it->second);
+    if (ist == in_states_.end() || ist->second.open_links != 0 || !ist->second.held.empty()) continue;
+    if (oldest == in_states_.end() || ist->second.used_ns < oldest->second.used_ns) oldest = ist;
+  }
+  if (oldest == in_states_.end()) return false;
+  metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
+  forgetInState(oldest);
+  return true;
+}
+
+void InboundStreams::countOpen(const AgentLink& l, uint64_t sid, int change) {
+  InState& in = in_states_[inStateId(l, sid)];
+  if (change > 0) {
+    ++in.open_links;
+  } else if (in.open_links > 0) {
+    --in.open_links;
+  }
+  in.used_ns = clock_.nowNs();
+}
+
+void InboundStreams::forgetInState(std::map<uint64_t, InState>::iterator it) {
+  in_state_ids_.erase(InStateKey{it->second.peer, it->second.instance, it->second.stream_id});
+  in_states_.erase(it);
 }
 
 bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, const char* refused_note) {
@@ -349,38 +385,56 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
     return {};
   }
   auto existing = l.in_streams.find(so.stream_id);
-  if (existing == l.in_streams.end() && l.in_streams.size() >= peer::kMaxStreamsPerLink) {
-    return "too many streams opened";
+  if (existing != l.in_streams.end() && existing->second.name != so.name) {
+    // Its credits were granted for the other name's consumers.
+    return "stream " + std::to_string(so.stream_id) + " re-opened as '" + so.name + "' while open as '" +
+           existing->second.name + "'";
   }
-  const NameKey key = names_.acquire(so.name);
-  if (existing != l.in_streams.end()) {
-    names_.release(existing->second.key);
-    existing->second = InStream{so.name, key};
-  } else {
-    l.in_streams.emplace(so.stream_id, InStream{so.name, key});
+  if (existing == l.in_streams.end()) {
+    if (l.in_streams.size() >= peer::kMaxStreamsPerLink) return "too many streams opened";
+    // A sender sends a name as one stream: a name under many ids would
+    // take a share of every consumer's slots for each.
+    for (const auto& [sid, in] : l.in_streams) {
+      if (in.name == so.name) {
+        return "stream '" + so.name + "' opened as " + std::to_string(so.stream_id) + " while open as " +
+               std::to_string(sid);
+      }
+    }
+    if (!roomForInState(l, so.stream_id)) return "too many streams of this peer remembered, none unused";
+    l.in_streams.emplace(so.stream_id, InStream{so.name, names_.acquire(so.name)});
+    countOpen(l, so.stream_id, +1);
   }
+  const NameKey key = l.in_streams.at(so.stream_id).key;
   spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
   // A sender has a stream open on one link at a time, its newest: on an
   // older link from the same instance the stream has moved (that link may
-  // be dead without this end knowing).  Its credits there are of no use to
-  // the sender any more, and what was held back there goes on this link.
+  // be dead without this end knowing), or was forgotten there and opened
+  // anew under another id.  Its credits there are of no use to the sender
+  // any more, and what was held back there goes on this link.
   for (auto& [id, other] : links_) {
     if (id == l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
-    if (other.in_streams.count(so.stream_id) == 0) continue;
-    if (auto held = held_back_.find({id, so.stream_id}); held != held_back_.end()) {
-      HeldBack& here = held_back_[{l.id, so.stream_id}];
-      here.acks.insert(here.acks.end(), held->second.acks.begin(), held->second.acks.end());
-      here.stream = held->second.stream;
-      here.this_round = true;
-      held_back_.erase(held);
+    std::vector<uint64_t> moved_sids;
+    for (const auto& [sid, in] : other.in_streams) {
+      if (sid == so.stream_id || in.key == key) moved_sids.push_back(sid);
     }
-    spdlog::info("link {} to peer {}: stream {} moved to link {}", id, l.peer_name, so.stream_id, l.id);
-    const NameKey moved = closeOnLink(other, so.stream_id);
-    if (moved != key) grantCredits(moved);
-    names_.release(moved);
+    for (uint64_t sid : moved_sids) moveOff(other, sid, l, key);
   }
   grantCredits(key);
   return {};
+}
+
+void InboundStreams::moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key) {
+  if (auto held = held_back_.find({from.id, sid}); held != held_back_.end()) {
+    HeldBack& here = held_back_[{to.id, sid}];
+    here.acks.insert(here.acks.end(), held->second.acks.begin(), held->second.acks.end());
+    here.stream = held->second.stream;
+    here.this_round = true;
+    held_back_.erase(held);
+  }
+  spdlog::info("link {} to peer {}: stream {} moved to link {}", from.id, from.peer_name, sid, to.id);
+  const NameKey moved = closeOnLink(from, sid);
+  if (moved != key) grantCredits(moved);
+  names_.release(moved);
 }
 
 NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
@@ -388,6 +442,7 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   if (it == l.in_streams.end()) return kNoName;
   const NameKey key = it->second.key;  // still held: the caller releases it
   l.in_streams.erase(it);
+  countOpen(l, sid, -1);
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
@@ -399,9 +454,9 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
     }
     if (AgentClient* ac = clients_.find(cit->second.client_id)) {
       SlotEntry& e = ac->session->slots[cit->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == cit->first) e = SlotEntry{};
+      if (e.state == SlotState::kCredited && e.credit_id == cit->second.credit_id) e = SlotEntry{};
     }
-    if (l.transport) l.transport->retractCredit(cit->first);
+    if (l.transport) l.transport->retractCredit(cit->second.credit_id);
     cit = credits_.erase(cit);
   }
   return key;
@@ -415,8 +470,11 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
   if (auto idit = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, sid}); idit != in_state_ids_.end()) {
     auto ist = in_states_.find(idit->second);
     if (ist == in_states_.end() || ist->second.held.empty()) {
-      if (ist != in_states_.end()) in_states_.erase(ist);
-      in_state_ids_.erase(idit);
+      if (ist != in_states_.end()) {
+        forgetInState(ist);
+      } else {
+        in_state_ids_.erase(idit);
+      }
     }
   }
   grantCredits(key);
@@ -429,8 +487,7 @@ void InboundStreams::onLinkUp(AgentLink& l) {
   for (auto it = in_states_.begin(); it != in_states_.end();) {
     const InState& in = it->second;
     if (in.peer == l.peer && in.instance != l.peer_instance && in.held.empty()) {
-      in_state_ids_.erase(InStateKey{in.peer, in.instance, in.stream_id});
-      it = in_states_.erase(it);
+      forgetInState(it++);
     } else {
       ++it;
     }
@@ -464,7 +521,10 @@ AgentLink* InboundStreams::answerLink(uint64_t came_on, PeerId peer, uint64_t in
 
 void InboundStreams::onLinkDown(AgentLink& l) {
   dropHeldBack(l.id);
-  for (auto& [sid, in] : l.in_streams) names_.release(in.key);
+  for (auto& [sid, in] : l.in_streams) {
+    names_.release(in.key);
+    countOpen(l, sid, -1);
+  }
   l.in_streams.clear();
   // Another link from the same sender is up (the sender replaced this one
   // and this end had not noticed): what this one held back, or carried and

@@ -27,8 +27,24 @@
 
 namespace framelink {
 
+// What one peer may make this end keep, and for how long (agent clock).
+struct InboundLimits {
+  // What is remembered of a sender stream that is open on no link and has
+  // no frame held goes after this long without use: its sender has given
+  // up on every frame it could still replay by then (a few ack timeouts).
+  uint64_t forget_idle_ns = 4 * 30'000'000'000ULL;
+  // Sender streams remembered per peer (all its instances): room for a
+  // full link of open streams twice over, the rest idle.
+  size_t max_in_states_per_peer = 2 * peer::kMaxStreamsPerLink;
+  // A recalled credit neither given back nor used by then fails its link:
+  // the sender would sit on a slot another sender of the stream waits for.
+  uint64_t recall_deadline_ns = 30'000'000'000ULL;
+};
+
 class InboundStreams {
  public:
+  using Limits = InboundLimits;
+
   // Released sequences remembered per sender stream (their ACKs are sent
   // again on every new link), and NACKs repeated to a replay.
   static constexpr size_t kMaxRemembered = 4096;
@@ -37,7 +53,7 @@ class InboundStreams {
   // to go back to the sender with others (0: at the end of the round); the
   // wait follows `clock`.
   InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
-                 const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0);
+                 const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0, Limits limits = {});
 
   // A consumer attached: its slots are granted to every stream of its name.
   void onConsumerAttached(AgentClient& c);
@@ -71,8 +87,18 @@ class InboundStreams {
   // slots are free for any sender of the stream.
   void onCreditsReturned(AgentLink& link, const peer::CreditRevoke& returned);
 
+  // Once in a while (the agent's deadline check): what is remembered of
+  // sender streams long unused goes, and a link that kept recalled credits
+  // past their deadline is returned with why, for the caller to fail.
+  std::vector<std::pair<uint64_t, std::string>> checkDeadlines();
+
   size_t creditsOutstanding() const { return credits_.size(); }
   size_t framesHeld() const;
+  // Sender streams remembered (open or not).
+  size_t senderStreamsKept() const { return in_states_.size(); }
+
+  // Tests reach the 32-bit generation's wrap through this.
+  void setNextGenerationForTest(uint32_t generation) { next_generation_ = generation; }
 
  private:
   struct CreditEntry {
@@ -80,8 +106,17 @@ class InboundStreams {
     uint32_t slot = 0;
     uint64_t link_id = 0;
     uint64_t stream_id = 0;
-    bool recalled = false;  // revoked to share the stream's slots again; the sender returns it or uses it
+    uint64_t credit_id = 0;
+    bool recalled = false;     // revoked to share the stream's slots again; the sender returns it or uses it
+    uint64_t recalled_ns = 0;  // when (agent clock): past recall_deadline_ns the link fails
   };
+  // By generation, the low 32 bits of the credit id: no two live credits
+  // share one (nextGeneration), so that no two links' credits have the same
+  // id and rdma, which names a credit by those 32 bits alone, never finds
+  // one taken.
+  using Credits = std::unordered_map<uint32_t, CreditEntry>;
+  // The live credit with that id, or end.
+  Credits::iterator findCredit(uint64_t credit_id);
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,
   // sender's stream id).  What was answered is kept as a contiguous
@@ -103,6 +138,8 @@ class InboundStreams {
     // the link that carried it, and the sender must learn of the release
     // even when it gets no credit to replay the frame before its deadline.
     std::deque<uint64_t> released;
+    size_t open_links = 0;  // links it is open on (one, but two while it moves)
+    uint64_t used_ns = 0;   // last opened, closed, delivered into or released (agent clock)
   };
   using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
 
@@ -139,7 +176,7 @@ class InboundStreams {
     std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
     std::map<Target, v1::PeerMessage> grants;
     std::map<Target, v1::PeerMessage> recalls;
-    bool exposing = true;  // false once a link refused to expose a slot: the round ends there
+    std::set<uint64_t> refusing;  // links that refused a slot as they went down: none of theirs gets more
   };
   // Grants every free slot of the stream's consumers, a fair share to each
   // sender, and recalls credits held beyond a share.
@@ -148,6 +185,9 @@ class InboundStreams {
   // Each sender's window (windows_), the largest slot, and the credits out.
   void reckonShares(NameKey stream, GrantRound& round);
   void grantFreeSlots(GrantRound& round, uint64_t client_id, ClientSession& consumer, size_t share);
+  // Grants that slot to the next sender below its share; false when none is.
+  // A slot the link refuses to expose is left free for a later round.
+  bool grantSlot(GrantRound& round, uint64_t client_id, ClientSession& consumer, size_t share, uint32_t slot);
   // One exposed slot into the grant: a slot credit of its region (announced
   // with the first), or whole when its address does not follow the region.
   void addCredit(v1::CreditGrant* grant, Region* region, const transport::RemoteCredit& remote,
@@ -157,7 +197,8 @@ class InboundStreams {
   // needed; null when it cannot have one (more slots than a region holds,
   // or every region id of the link in use): its credits then go whole.
   Region* regionOf(uint64_t link_id, uint64_t client_id, const ClientSession& consumer);
-  // The next credit generation: never 0.
+  // The next credit generation: never 0, never one a live credit has (after
+  // 2^32 grants the counter comes round to credits still out).
   uint32_t nextGeneration();
   // The credit a frame arrived in, taken; null when the frame was answered
   // instead (a refusal, an unknown credit, a consumer gone, or a replay).
@@ -172,8 +213,17 @@ class InboundStreams {
   // credits are retracted.  Returns its name key, still acquired (kNoName:
   // not open there); what is remembered of the sender stream stays.
   NameKey closeOnLink(AgentLink& link, uint64_t stream_id);
+  // Stream `sid` leaves the older link `from`: the sender opened it, or its
+  // name (stream `key`) under another id, on the newer link `to`.
+  void moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key);
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
+  // Makes room for one more sender stream of the link's peer, forgetting
+  // its oldest unused one when at the cap; false when every one is in use.
+  bool roomForInState(const AgentLink& link, uint64_t stream_id);
+  // The stream opened on (+1) or left (-1) a link.
+  void countOpen(const AgentLink& link, uint64_t stream_id, int change);
+  void forgetInState(std::map<uint64_t, InState>::iterator it);
   // The newest usable link from that instance of a peer (the one its sender
   // uses), or null.
   AgentLink* linkOf(PeerId peer, uint64_t instance);
@@ -205,8 +255,9 @@ class InboundStreams {
   NameTable& names_;
   const AgentClock& clock_;
   const uint64_t ack_delay_ns_;
-  std::unordered_map<uint64_t, CreditEntry> credits_;  // by credit id
-  std::map<uint64_t, InState> in_states_;              // by id
+  const Limits limits_;
+  Credits credits_;
+  std::map<uint64_t, InState> in_states_;  // by id
   std::map<InStateKey, uint64_t> in_state_ids_;
   uint64_t next_in_state_id_ = 1;
   uint32_t next_generation_ = 1;
@@ -218,7 +269,7 @@ class InboundStreams {
   // a control record.
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
-  LogLimiter log_client_errors_, log_refused_;
+  LogLimiter log_client_errors_, log_refused_, log_expose_;
 };
 
 }  // namespace framelink

@@ -131,6 +131,10 @@ constexpr CounterInfo kLinkCounters[] = {
      "Sequences of a sender's stream that never arrived while 4096 later ones did; a late replay of one "
      "is answered as of unknown outcome.",
      &Metrics::Counters::answer_gaps_forgotten},
+    {"sender_streams_forgotten",
+     "What was kept to answer a sender stream's replays, forgotten: open on no link and unused for a few "
+     "ack timeouts, or the oldest such to make room for a new stream of a peer at its cap.",
+     &Metrics::Counters::sender_streams_forgotten},
 };
 // Frames and streams a link let go of without sending them.
 constexpr CounterInfo kSettledCounters[] = {

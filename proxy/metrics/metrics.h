@@ -48,6 +48,8 @@ class Metrics {
     // Sequences a receiving stream stopped waiting for: its sender never
     // resent them while kMaxRemembered later frames were answered.
     std::atomic<uint64_t> answer_gaps_forgotten{0};
+    // what was remembered of a sender stream, forgotten: unused for long, or to make room
+    std::atomic<uint64_t> sender_streams_forgotten{0};
     std::atomic<uint64_t> frames_resent_crc{0};     // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};  // sent again after landing in a withdrawn credit
     // Data-channel handshakes (tcp listener, rdma listener) that did not

@@ -1,0 +1,369 @@
+// What the consumer side keeps and hands out per peer, and its bounds: credit
+// generations that never collide with a live credit (also past 2^32 grants,
+// also across links), a slot a link refuses to expose skipped without ending
+// the grant round, what is remembered of sender streams aged out and capped,
+// one in-stream per (link, name), and recalled credits that must come back.
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "agent/inbound_streams.h"
+#include "agent/peer_messages.h"
+#include "agent_fixture.h"
+
+using namespace framelink;
+using namespace framelink::agent_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Forwards to a tcp transport; refuses to expose what the test says, and,
+// like rdma (whose peer names a credit by the low 32 bits of its id, the
+// immediate data), a credit whose low 32 bits a live one has.
+class PickyTransport final : public transport::Transport {
+ public:
+  explicit PickyTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  const uint8_t* refuse_buffer = nullptr;  // exposing this slot fails
+
+  const char* name() const noexcept override { return "picky"; }
+  bool connected() const noexcept override { return inner_->connected(); }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
+    if (credit.buffer == refuse_buffer) return makeError(FL_EINVAL, "the test refuses this slot");
+    const auto immediate = static_cast<uint32_t>(credit.credit_id);
+    if (live_.count(immediate) != 0) return makeError(FL_EINVAL, "same low 32 bits as a live credit");
+    live_.insert(immediate);
+    return inner_->exposeCredit(std::move(credit));
+  }
+  void retractCredit(uint64_t credit_id) override {
+    live_.erase(static_cast<uint32_t>(credit_id));
+    inner_->retractCredit(credit_id);
+  }
+  transport::PostResult post(const transport::SendRequest& r) noexcept override { return inner_->post(r); }
+  transport::PostResult postControl(std::string record) noexcept override {
+    return inner_->postControl(std::move(record));
+  }
+  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
+  int eventFd() const noexcept override { return inner_->eventFd(); }
+  void shutdown() noexcept override { inner_->shutdown(); }
+  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  std::set<uint32_t> live_;
+};
+
+// InboundStreams on its own on a manual clock, with consumers and links (from
+// any peer and instance) added as the test needs them.
+struct BoundsRig {
+  Metrics metrics;
+  Capture capture;  // outlives the links' session writers
+  NameTable names;
+  PeerTable peers;
+  LinkTable links;
+  ClientTable clients{metrics, names};
+  ManualClock clock;
+  InboundStreams inbound;
+  std::deque<TestClient> consumers;
+  std::vector<std::unique_ptr<transport::Transport>> peer_ends;
+
+  explicit BoundsRig(InboundStreams::Limits limits = {})
+      : inbound(metrics, clients, links, names, clock, 0, limits) {}
+  ~BoundsRig() {
+    for (auto& [id, l] : links) {
+      if (l.session.writer) l.session.writer->close();
+    }
+  }
+
+  AgentClient& consumer(uint64_t id, const std::string& stream, uint32_t slots = 4) {
+    consumers.push_back(makeClient(id, FL_ROLE_CONSUMER, stream, slots, 4096));
+    AgentClient& ac = clients.add(consumers.back().session);
+    inbound.onConsumerAttached(ac);
+    return ac;
+  }
+  // A link from `peer`, up, with no stream open yet.  `picky`: its transport
+  // is a PickyTransport (returned through `*out`).
+  AgentLink& linkUp(uint64_t id, const std::string& peer = "sender", uint64_t instance = 9,
+                    PickyTransport** picky = nullptr) {
+    TcpPair pair = makeTcpPair();
+    AgentLink& l = links.add(id);
+    l.peer = peers.resolve(peer);
+    l.peer_name = peer;
+    l.peer_instance = instance;
+    if (picky != nullptr) {
+      auto wrapped = std::make_unique<PickyTransport>(std::move(pair.a));
+      *picky = wrapped.get();
+      l.transport = std::move(wrapped);
+    } else {
+      l.transport = std::move(pair.a);
+    }
+    peer_ends.push_back(std::move(pair.b));
+    l.session.writer = std::make_shared<SessionWriter>(
+        [this](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
+    inbound.onLinkUp(l);
+    return l;
+  }
+  void linkDown(uint64_t id) {
+    AgentLink* l = links.find(id);
+    REQUIRE(l != nullptr);
+    inbound.onLinkDown(*l);
+    l->session.writer->close();
+    links.erase(id);
+    inbound.retractCreditsOfLink(id);
+  }
+  std::string open(AgentLink& l, uint64_t sid, const std::string& name) {
+    return inbound.onStreamOpen(l, peer::StreamOpen{sid, name});
+  }
+  // The slots of consumer `index` credited (on any link).
+  size_t credited(size_t index) const {
+    size_t n = 0;
+    for (const SlotEntry& e : consumers[index].session->slots) n += e.state == SlotState::kCredited ? 1 : 0;
+    return n;
+  }
+  // Sequence `seq` of stream `sid` lands in a slot credited on `l` to that
+  // stream; false when none is.
+  bool land(AgentLink& l, uint64_t sid, uint64_t seq) {
+    for (const TestClient& c : consumers) {
+      for (const SlotEntry& e : c.session->slots) {
+        if (e.state != SlotState::kCredited || e.link_id != l.id || e.stream_id != sid) continue;
+        transport::TransportEvent ev;
+        ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+        ev.header.stream_id = sid;
+        ev.header.sequence = seq;
+        ev.header.credit_id = e.credit_id;
+        ev.header.length = 10;
+        inbound.onFrameArrived(l, ev);
+        return true;
+      }
+    }
+    return false;
+  }
+  // The credits revoked (recalled or withdrawn) on `l` so far, taken off its batch.
+  std::vector<uint64_t> revoked(AgentLink& l) {
+    inbound.flushControl();
+    std::vector<uint64_t> ids;
+    for (const auto& m : l.control.messages()) {
+      if (m.has_credit_revoke()) {
+        for (uint64_t id : m.credit_revoke().credit_ids()) ids.push_back(id);
+      }
+    }
+    l.control.Clear();
+    return ids;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("inbound bounds: after the generation wraps, credits on two links never share an id",
+          "[agent][inbound][credits]") {
+  // Region ids are per link: consumer "a" is region 1 on link 1, consumer "b"
+  // region 1 on link 2.  With the generation set back to where "a"'s credits
+  // began, "b"'s slot credits would have the same full ids.
+  BoundsRig rig;
+  rig.consumer(1, "a");
+  rig.consumer(2, "b");
+  AgentLink& l1 = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l1, 42, "a").empty());
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+  rig.inbound.setNextGenerationForTest(1);
+  AgentLink& l2 = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(l2, 43, "b").empty());
+  CHECK(rig.inbound.creditsOutstanding() == 8);
+  CHECK(rig.credited(0) == 4);
+  CHECK(rig.credited(1) == 4);
+  rig.revoked(l2);
+
+  // "a" leaves: only its own credits on link 1 are withdrawn.
+  rig.inbound.onConsumerGone(*rig.clients.find(1));
+  CHECK(rig.revoked(l2).empty());
+  CHECK(rig.revoked(l1).size() == 4);
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+  CHECK(rig.credited(1) == 4);
+  // And "b"'s credits still take frames on link 2.
+  REQUIRE(rig.land(l2, 43, 1));
+  CHECK(rig.inbound.framesHeld() == 1);
+}
+
+TEST_CASE("inbound bounds: after the generation wraps, a live credit's generation is skipped on rdma",
+          "[agent][inbound][credits]") {
+  // rdma names a credit by its low 32 bits: a generation still live on the
+  // link would be refused, and every slot after it went ungranted.
+  BoundsRig rig;
+  rig.consumer(1, "a");
+  rig.consumer(2, "b");
+  PickyTransport* picky = nullptr;
+  AgentLink& l = rig.linkUp(1, "p1", 9, &picky);
+  REQUIRE(rig.open(l, 42, "a").empty());
+  rig.inbound.setNextGenerationForTest(2);
+  REQUIRE(rig.open(l, 43, "b").empty());
+  CHECK(rig.credited(1) == 4);
+  CHECK(rig.inbound.creditsOutstanding() == 8);
+
+  SECTION("the generation wraps past 2^32 - 1 to 1, skipping 0 and the live ones") {
+    rig.inbound.onConsumerGone(*rig.clients.find(2));
+    rig.inbound.setNextGenerationForTest(0xFFFFFFFFu);
+    rig.consumer(3, "b");
+    CHECK(rig.credited(2) == 4);
+    for (const SlotEntry& e : rig.consumers[2].session->slots) {
+      const auto generation = static_cast<uint32_t>(e.credit_id);
+      CHECK(generation != 0);
+      CHECK((generation == 0xFFFFFFFFu || generation > 4));  // 1..4 are "a"'s, still live
+    }
+  }
+}
+
+TEST_CASE("inbound bounds: a slot the link refuses to expose is skipped, the round goes on",
+          "[agent][inbound][credits]") {
+  BoundsRig rig;
+  rig.consumer(1, "a");
+  rig.consumer(2, "a");
+  PickyTransport* picky = nullptr;
+  AgentLink& l = rig.linkUp(1, "p1", 9, &picky);
+  picky->refuse_buffer = rig.consumers[0].session->segments->slot(0);
+  REQUIRE(rig.open(l, 42, "a").empty());
+  CHECK(rig.credited(0) == 3);  // all but the refused slot
+  CHECK(rig.credited(1) == 4);  // the next consumer is not starved by it
+  // A later round grants it once the link takes it.
+  picky->refuse_buffer = nullptr;
+  rig.inbound.onCreditLow(l, peer::CreditLow{42});
+  rig.inbound.flushControl();
+  CHECK(rig.credited(0) == 4);
+}
+
+TEST_CASE("inbound bounds: one in-stream per (link, name)", "[agent][inbound][fan-in]") {
+  BoundsRig rig;
+  rig.consumer(1, "cam");
+  AgentLink& l = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l, 42, "cam").empty());
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+
+  SECTION("the same name under another stream id is a violation; the first stream keeps its credits") {
+    const std::string why = rig.open(l, 43, "cam");
+    CHECK(why.find("cam") != std::string::npos);
+    CHECK(l.in_streams.count(43) == 0);
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+    for (const SlotEntry& e : rig.consumers[0].session->slots) CHECK(e.stream_id == 42);
+  }
+  SECTION("a stream id re-opened under another name is a violation; the same name again is not") {
+    CHECK_FALSE(rig.open(l, 42, "dog").empty());
+    CHECK(l.in_streams.at(42).name == "cam");
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+    CHECK(rig.open(l, 42, "cam").empty());
+    CHECK(rig.inbound.creditsOutstanding() == 4);
+  }
+  SECTION("the name under another stream id on a newer link of the same sender takes it off the older link") {
+    // The sender forgot stream 42 while this end had not noticed the older
+    // link die, and opened the name anew on its newer link.
+    AgentLink& l2 = rig.linkUp(2, "p1");
+    REQUIRE(rig.open(l2, 50, "cam").empty());
+    CHECK(l.in_streams.empty());
+    for (const SlotEntry& e : rig.consumers[0].session->slots) {
+      CHECK(e.link_id == 2);
+      CHECK(e.stream_id == 50);
+    }
+  }
+}
+
+TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its deadline fails the link",
+          "[agent][inbound][fan-in]") {
+  InboundStreams::Limits limits;
+  limits.recall_deadline_ns = 10'000'000'000ULL;
+  BoundsRig rig(limits);
+  rig.consumer(1, "cam");
+  AgentLink& hog = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(hog, 42, "cam").empty());
+  rig.revoked(hog);
+  // A second sender: half of the slots are asked back from the first.
+  AgentLink& other = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(other, 7, "cam").empty());
+  const std::vector<uint64_t> recalled = rig.revoked(hog);
+  REQUIRE(recalled.size() == 2);
+  CHECK(rig.inbound.checkDeadlines().empty());
+
+  SECTION("kept past the deadline: the link fails, saying why") {
+    rig.clock.advanceNs(9'000'000'000ULL);
+    CHECK(rig.inbound.checkDeadlines().empty());
+    rig.clock.advanceNs(2'000'000'000ULL);
+    const auto failed = rig.inbound.checkDeadlines();
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0].first == 1);
+    CHECK(failed[0].second.find("recall") != std::string::npos);
+  }
+  SECTION("returned or used in time: nothing fails") {
+    rig.inbound.onCreditsReturned(hog, peer::CreditRevoke{42, {recalled[0]}, true, {}});
+    transport::TransportEvent ev;
+    ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+    ev.header.stream_id = 42;
+    ev.header.sequence = 1;
+    ev.header.credit_id = recalled[1];
+    ev.header.length = 10;
+    rig.inbound.onFrameArrived(hog, ev);
+    CHECK(rig.inbound.framesHeld() == 1);
+    rig.clock.advanceNs(11'000'000'000ULL);
+    CHECK(rig.inbound.checkDeadlines().empty());
+  }
+}
+
+TEST_CASE("inbound bounds: a sender stream forgotten while no link was up is forgotten here too",
+          "[agent][inbound][memory]") {
+  InboundStreams::Limits limits;
+  limits.forget_idle_ns = 100'000'000'000ULL;
+  BoundsRig rig(limits);
+  rig.consumer(1, "cam");
+  AgentLink& l = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l, 42, "cam").empty());
+  REQUIRE(rig.land(l, 42, 1));
+  REQUIRE(rig.land(l, 42, 2));
+  fl_completion_desc d{};
+  REQUIRE(fl_ring_pop(rig.consumers[0].completion(), rig.consumers[0].cap(), sizeof d, &d) == FL_RING_OK);
+  rig.inbound.onRelease(*rig.clients.find(1), fl_submit_desc{d.slot, 0, 0});
+  // The link breaks; the sender forgets the stream and never says so.
+  rig.linkDown(1);
+  CHECK(rig.inbound.senderStreamsKept() == 1);
+  rig.clock.advanceNs(99'000'000'000ULL);
+  rig.inbound.checkDeadlines();
+  CHECK(rig.inbound.senderStreamsKept() == 1);
+
+  SECTION("with nothing held, it goes once unused for the bound") {
+    REQUIRE(fl_ring_pop(rig.consumers[0].completion(), rig.consumers[0].cap(), sizeof d, &d) == FL_RING_OK);
+    rig.inbound.onRelease(*rig.clients.find(1), fl_submit_desc{d.slot, 0, 0});
+    rig.clock.advanceNs(99'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 1);  // the release used it
+    rig.clock.advanceNs(2'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 0);
+    CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
+  }
+  SECTION("while a consumer holds one of its frames, it stays") {
+    rig.clock.advanceNs(200'000'000'000ULL);
+    rig.inbound.checkDeadlines();
+    CHECK(rig.inbound.senderStreamsKept() == 1);
+  }
+}
+
+TEST_CASE("inbound bounds: sender streams remembered per peer are capped", "[agent][inbound][memory]") {
+  InboundStreams::Limits limits;
+  limits.max_in_states_per_peer = 3;
+  BoundsRig rig(limits);
+  AgentLink& l = rig.linkUp(1, "p1");
+  for (uint64_t sid = 1; sid <= 3; ++sid) REQUIRE(rig.open(l, sid, "s" + std::to_string(sid)).empty());
+  CHECK(rig.inbound.senderStreamsKept() == 3);
+  // All three are open: none may go, the fourth is refused.
+  CHECK_FALSE(rig.open(l, 4, "s4").empty());
+  CHECK(l.in_streams.count(4) == 0);
+  // Another peer has its own.
+  AgentLink& other = rig.linkUp(2, "p2");
+  CHECK(rig.open(other, 4, "s4").empty());
+
+  // Once they are open on no link, the oldest goes to make room.
+  rig.linkDown(1);
+  AgentLink& l3 = rig.linkUp(3, "p1");
+  rig.clock.advanceNs(1'000'000'000ULL);
+  CHECK(rig.open(l3, 5, "s5").empty());
+  CHECK(rig.inbound.senderStreamsKept() == 4);  // three of p1, one of p2
+  CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
+}
