@@ -380,8 +380,9 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
   for (const auto& [id, other] : links_) {
     if (id <= l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
     if (other.in_streams.count(so.stream_id) == 0) continue;
-    spdlog::info("link {} to peer {}: stale StreamOpen for stream {} ignored, it is open on newer link {}",
-                 l.id, l.peer_name, so.stream_id, id);
+    log_streams_.info(
+        "link {} to peer {}: stale StreamOpen for stream {} ignored, it is open on newer link {}", l.id,
+        l.peer_name, so.stream_id, id);
     return {};
   }
   auto existing = l.in_streams.find(so.stream_id);
@@ -405,7 +406,8 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
     countOpen(l, so.stream_id, +1);
   }
   const NameKey key = l.in_streams.at(so.stream_id).key;
-  spdlog::info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name, so.stream_id);
+  log_streams_.info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name,
+                    so.stream_id);
   // A sender has a stream open on one link at a time, its newest: on an
   // older link from the same instance the stream has moved (that link may
   // be dead without this end knowing), or was forgotten there and opened
@@ -431,7 +433,7 @@ void InboundStreams::moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameK
     here.this_round = true;
     held_back_.erase(held);
   }
-  spdlog::info("link {} to peer {}: stream {} moved to link {}", from.id, from.peer_name, sid, to.id);
+  log_streams_.info("link {} to peer {}: stream {} moved to link {}", from.id, from.peer_name, sid, to.id);
   const NameKey moved = closeOnLink(from, sid);
   if (moved != key) grantCredits(moved);
   names_.release(moved);

@@ -270,6 +270,9 @@ class InboundStreams {
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
   LogLimiter log_client_errors_, log_refused_, log_expose_;
+  // Streams a peer opens, closes and moves: a peer can send these as fast as
+  // it likes, so a burst of 20 a second is said and the rest counted.
+  LogLimiter log_streams_{std::chrono::seconds(1), 20};
 };
 
 }  // namespace framelink
