@@ -90,6 +90,27 @@ struct OutboundRig {
   }
   ~OutboundRig() { link->session.writer->close(); }
 
+  // A second link `id` to the same peer over `transport` (replacing link 1,
+  // as after a reconnect), announced to the streams.
+  AgentLink& addLink(uint64_t id, std::shared_ptr<transport::Transport> transport) {
+    AgentLink& l = links.add(id);
+    l.peer = link->peer;
+    l.peer_name = "remote";
+    l.peer_instance = 1;
+    l.transport = std::move(transport);
+    l.session.writer = link->session.writer;
+    out.onLinkUp(l);
+    return l;
+  }
+  // A grant of credit `id` (4 KiB) on `l` for the rig's stream, and the post it starts.
+  void grantAndPump(AgentLink& l, uint64_t id) {
+    peer::CreditGrant grant;
+    grant.stream_id = stream_id;
+    grant.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
+    REQUIRE(out.onCreditGrant(l, grant).empty());
+    REQUIRE(out.pumpAll() > 0);
+  }
+
   void submit(uint32_t slot, uint64_t length) {
     std::memset(producer.session->segments->slotHeader(slot), 0, sizeof(fl_slot_header));
     producer.session->segments->slotHeader(slot)->frame_id = 100 + slot;

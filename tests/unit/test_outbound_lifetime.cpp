@@ -14,15 +14,6 @@ using namespace framelink::agent_test;
 
 namespace {
 
-// A grant of credit `id` (4 KiB) for the rig's stream, and the post it starts.
-void grantAndPump(OutboundRig& rig, uint64_t id) {
-  peer::CreditGrant grant;
-  grant.stream_id = rig.stream_id;
-  grant.credits.push_back(transport::RemoteCredit{id, 4096, 0, 0});
-  REQUIRE(rig.out.onCreditGrant(*rig.link, grant).empty());
-  REQUIRE(rig.out.pumpAll() > 0);
-}
-
 // The producer leaves as the data agent says it (CmdClientGone).
 void producerLeaves(OutboundRig& rig) {
   rig.client->session->gone = true;
@@ -36,7 +27,7 @@ TEST_CASE("outbound streams: an ACK for a frame whose send has not completed end
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(0, 10);
-  grantAndPump(rig, 7);
+  rig.grantAndPump(*rig.link, 7);
   REQUIRE(rig.producer.session->slots[0].state == SlotState::kPosted);
   const uint64_t client_id = rig.client->session->id;
 
@@ -64,7 +55,7 @@ TEST_CASE("outbound streams: a final NACK before the send completed fails the fr
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(2, 10);
-  grantAndPump(rig, 7);
+  rig.grantAndPump(*rig.link, 7);
   rig.out.onAck(rig.link->peer, rig.stream_id, 1, FL_ERR_NO_CONSUMER, "the consumer left");
   fl_completion_desc d{};
   CHECK_FALSE(rig.completed(&d));
@@ -80,25 +71,15 @@ TEST_CASE("outbound streams: a frame replayed on a new link waits for the old li
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(0, 10);
-  grantAndPump(rig, 7);
+  rig.grantAndPump(*rig.link, 7);
   const uint64_t client_id = rig.client->session->id;
 
   // Link 2 replaces link 1 before link 1 reported the send: the frame goes
   // again on link 2, while link 1's transport may still be reading it.
   TcpPair second = makeTcpPair();
   auto landing2 = exposeLanding(*second.b, 8, 4096);
-  AgentLink& l2 = rig.links.add(2);
-  l2.peer = rig.link->peer;
-  l2.peer_name = "remote";
-  l2.peer_instance = 1;
-  l2.transport = std::move(second.a);
-  l2.session.writer = rig.link->session.writer;
-  rig.out.onLinkUp(l2);
-  peer::CreditGrant grant;
-  grant.stream_id = rig.stream_id;
-  grant.credits.push_back(transport::RemoteCredit{8, 4096, 0, 0});
-  REQUIRE(rig.out.onCreditGrant(l2, grant).empty());
-  REQUIRE(rig.out.pumpAll() > 0);
+  AgentLink& l2 = rig.addLink(2, std::move(second.a));
+  rig.grantAndPump(l2, 8);
   rig.completeSends(l2, 1);
   rig.out.onAck(l2.peer, rig.stream_id, 1, FL_OK, {});
   producerLeaves(rig);
@@ -123,17 +104,11 @@ TEST_CASE(
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(3, 10);
-  grantAndPump(rig, 7);
+  rig.grantAndPump(*rig.link, 7);
   // The link is replaced: the frame waits for a credit on the new link and
   // its credit deadline passes, with link 1's post still outstanding.
   TcpPair second = makeTcpPair();
-  AgentLink& l2 = rig.links.add(2);
-  l2.peer = rig.link->peer;
-  l2.peer_name = "remote";
-  l2.peer_instance = 1;
-  l2.transport = std::move(second.a);
-  l2.session.writer = rig.link->session.writer;
-  rig.out.onLinkUp(l2);
+  rig.addLink(2, std::move(second.a));
   rig.clock.advanceMs(rig.config.credit_timeout_ms);
   rig.out.checkDeadlines();
   fl_completion_desc d{};
@@ -149,22 +124,12 @@ TEST_CASE("outbound streams: a replay whose send fails ends TIMEOUT, not FAILED:
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(0, 10);
-  grantAndPump(rig, 7);
+  rig.grantAndPump(*rig.link, 7);
   rig.completeSends(*rig.link, 1);  // sent: it may be at the consumer
   TcpPair second = makeTcpPair();
   auto landing2 = exposeLanding(*second.b, 8, 4096);
-  AgentLink& l2 = rig.links.add(2);
-  l2.peer = rig.link->peer;
-  l2.peer_name = "remote";
-  l2.peer_instance = 1;
-  l2.transport = std::move(second.a);
-  l2.session.writer = rig.link->session.writer;
-  rig.out.onLinkUp(l2);  // the frame goes again on link 2
-  peer::CreditGrant grant;
-  grant.stream_id = rig.stream_id;
-  grant.credits.push_back(transport::RemoteCredit{8, 4096, 0, 0});
-  REQUIRE(rig.out.onCreditGrant(l2, grant).empty());
-  REQUIRE(rig.out.pumpAll() > 0);
+  AgentLink& l2 = rig.addLink(2, std::move(second.a));  // the frame goes again on link 2
+  rig.grantAndPump(l2, 8);
   // The replay's send fails for the frame (rdma: the remote key was refused).
   transport::TransportEvent failed = waitEvent(*l2.transport, transport::TransportEvent::Kind::kSendComplete);
   failed.status = FL_ERR_TRANSPORT;
