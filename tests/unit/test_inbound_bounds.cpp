@@ -11,9 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "agent/inbound_streams.h"
-#include "agent/peer_messages.h"
-#include "agent_fixture.h"
+#include "inbound_fixture.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -56,104 +54,14 @@ class PickyTransport final : public transport::Transport {
   std::set<uint32_t> live_;
 };
 
-// InboundStreams on its own on a manual clock, with consumers and links (from
-// any peer and instance) added as the test needs them.
-struct BoundsRig {
-  Metrics metrics;
-  Capture capture;  // outlives the links' session writers
-  NameTable names;
-  PeerTable peers;
-  LinkTable links;
-  ClientTable clients{metrics, names};
-  ManualClock clock;
-  InboundStreams inbound;
-  std::deque<TestClient> consumers;
-  std::vector<std::unique_ptr<transport::Transport>> peer_ends;
-
-  explicit BoundsRig(InboundStreams::Limits limits = {})
-      : inbound(metrics, clients, links, names, clock, 0, limits) {}
-  ~BoundsRig() {
-    for (auto& [id, l] : links) {
-      if (l.session.writer) l.session.writer->close();
-    }
-  }
-
-  AgentClient& consumer(uint64_t id, const std::string& stream, uint32_t slots = 4) {
-    consumers.push_back(makeClient(id, FL_ROLE_CONSUMER, stream, slots, 4096));
-    AgentClient& ac = clients.add(consumers.back().session);
-    inbound.onConsumerAttached(ac);
-    return ac;
-  }
-  // A link from `peer`, up, with no stream open yet.  `picky`: its transport
-  // is a PickyTransport (returned through `*out`).
-  AgentLink& linkUp(uint64_t id, const std::string& peer = "sender", uint64_t instance = 9,
-                    PickyTransport** picky = nullptr) {
-    TcpPair pair = makeTcpPair();
-    AgentLink& l = links.add(id);
-    l.peer = peers.resolve(peer);
-    l.peer_name = peer;
-    l.peer_instance = instance;
-    if (picky != nullptr) {
-      auto wrapped = std::make_unique<PickyTransport>(std::move(pair.a));
-      *picky = wrapped.get();
-      l.transport = std::move(wrapped);
-    } else {
-      l.transport = std::move(pair.a);
-    }
-    peer_ends.push_back(std::move(pair.b));
-    l.session.writer = std::make_shared<SessionWriter>(
-        [this](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
-    inbound.onLinkUp(l);
-    return l;
-  }
-  void linkDown(uint64_t id) {
-    AgentLink* l = links.find(id);
-    REQUIRE(l != nullptr);
-    inbound.onLinkDown(*l);
-    l->session.writer->close();
-    links.erase(id);
-    inbound.retractCreditsOfLink(id);
-  }
-  std::string open(AgentLink& l, uint64_t sid, const std::string& name) {
-    return inbound.onStreamOpen(l, peer::StreamOpen{sid, name});
-  }
-  // The slots of consumer `index` credited (on any link).
-  size_t credited(size_t index) const {
-    size_t n = 0;
-    for (const SlotEntry& e : consumers[index].session->slots) n += e.state == SlotState::kCredited ? 1 : 0;
-    return n;
-  }
-  // Sequence `seq` of stream `sid` lands in a slot credited on `l` to that
-  // stream; false when none is.
-  bool land(AgentLink& l, uint64_t sid, uint64_t seq) {
-    for (const TestClient& c : consumers) {
-      for (const SlotEntry& e : c.session->slots) {
-        if (e.state != SlotState::kCredited || e.link_id != l.id || e.stream_id != sid) continue;
-        transport::TransportEvent ev;
-        ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-        ev.header.stream_id = sid;
-        ev.header.sequence = seq;
-        ev.header.credit_id = e.credit_id;
-        ev.header.length = 10;
-        inbound.onFrameArrived(l, ev);
-        return true;
-      }
-    }
-    return false;
-  }
-  // The credits revoked (recalled or withdrawn) on `l` so far, taken off its batch.
-  std::vector<uint64_t> revoked(AgentLink& l) {
-    inbound.flushControl();
-    std::vector<uint64_t> ids;
-    for (const auto& m : l.control.messages()) {
-      if (m.has_credit_revoke()) {
-        for (uint64_t id : m.credit_revoke().credit_ids()) ids.push_back(id);
-      }
-    }
-    l.control.Clear();
-    return ids;
-  }
-};
+// A PickyTransport around a link's tcp transport, kept in `*out`.
+InboundRig::WrapTransport pickyWrap(PickyTransport** out) {
+  return [out](std::unique_ptr<transport::Transport> inner) -> std::unique_ptr<transport::Transport> {
+    auto wrapped = std::make_unique<PickyTransport>(std::move(inner));
+    *out = wrapped.get();
+    return wrapped;
+  };
+}
 
 }  // namespace
 
@@ -162,7 +70,7 @@ TEST_CASE("inbound bounds: after the generation wraps, credits on two links neve
   // Region ids are per link: consumer "a" is region 1 on link 1, consumer "b"
   // region 1 on link 2.  With the generation set back to where "a"'s credits
   // began, "b"'s slot credits would have the same full ids.
-  BoundsRig rig;
+  InboundRig rig;
   rig.consumer(1, "a");
   rig.consumer(2, "b");
   AgentLink& l1 = rig.linkUp(1, "p1");
@@ -191,11 +99,11 @@ TEST_CASE("inbound bounds: after the generation wraps, a live credit's generatio
           "[agent][inbound][credits]") {
   // rdma names a credit by its low 32 bits: a generation still live on the
   // link would be refused, and every slot after it went ungranted.
-  BoundsRig rig;
+  InboundRig rig;
   rig.consumer(1, "a");
   rig.consumer(2, "b");
   PickyTransport* picky = nullptr;
-  AgentLink& l = rig.linkUp(1, "p1", 9, &picky);
+  AgentLink& l = rig.linkUp(1, "p1", 9, pickyWrap(&picky));
   REQUIRE(rig.open(l, 42, "a").empty());
   rig.inbound.setNextGenerationForTest(2);
   REQUIRE(rig.open(l, 43, "b").empty());
@@ -217,11 +125,11 @@ TEST_CASE("inbound bounds: after the generation wraps, a live credit's generatio
 
 TEST_CASE("inbound bounds: a slot the link refuses to expose is skipped, the round goes on",
           "[agent][inbound][credits]") {
-  BoundsRig rig;
+  InboundRig rig;
   rig.consumer(1, "a");
   rig.consumer(2, "a");
   PickyTransport* picky = nullptr;
-  AgentLink& l = rig.linkUp(1, "p1", 9, &picky);
+  AgentLink& l = rig.linkUp(1, "p1", 9, pickyWrap(&picky));
   picky->refuse_buffer = rig.consumers[0].session->segments->slot(0);
   REQUIRE(rig.open(l, 42, "a").empty());
   CHECK(rig.credited(0) == 3);  // all but the refused slot
@@ -234,7 +142,7 @@ TEST_CASE("inbound bounds: a slot the link refuses to expose is skipped, the rou
 }
 
 TEST_CASE("inbound bounds: one in-stream per (link, name)", "[agent][inbound][fan-in]") {
-  BoundsRig rig;
+  InboundRig rig;
   rig.consumer(1, "cam");
   AgentLink& l = rig.linkUp(1, "p1");
   REQUIRE(rig.open(l, 42, "cam").empty());
@@ -271,7 +179,7 @@ TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its de
           "[agent][inbound][fan-in]") {
   InboundStreams::Limits limits;
   limits.recall_deadline_ns = 10'000'000'000ULL;
-  BoundsRig rig(limits);
+  InboundRig rig(limits);
   rig.consumer(1, "cam");
   AgentLink& hog = rig.linkUp(1, "p1");
   REQUIRE(rig.open(hog, 42, "cam").empty());
@@ -311,7 +219,7 @@ TEST_CASE("inbound bounds: a sender stream forgotten while no link was up is for
           "[agent][inbound][memory]") {
   InboundStreams::Limits limits;
   limits.forget_idle_ns = 100'000'000'000ULL;
-  BoundsRig rig(limits);
+  InboundRig rig(limits);
   rig.consumer(1, "cam");
   AgentLink& l = rig.linkUp(1, "p1");
   REQUIRE(rig.open(l, 42, "cam").empty());
@@ -348,7 +256,7 @@ TEST_CASE("inbound bounds: a sender stream forgotten while no link was up is for
 TEST_CASE("inbound bounds: sender streams remembered per peer are capped", "[agent][inbound][memory]") {
   InboundStreams::Limits limits;
   limits.max_in_states_per_peer = 3;
-  BoundsRig rig(limits);
+  InboundRig rig(limits);
   AgentLink& l = rig.linkUp(1, "p1");
   for (uint64_t sid = 1; sid <= 3; ++sid) REQUIRE(rig.open(l, sid, "s" + std::to_string(sid)).empty());
   CHECK(rig.inbound.senderStreamsKept() == 3);

@@ -9,9 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "agent/inbound_streams.h"
-#include "agent/peer_messages.h"
-#include "agent_fixture.h"
+#include "inbound_fixture.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -19,100 +17,17 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// InboundStreams on its own with one consumer of "cam" (4 slots) and links
-// from one sender ("sender", instance 9) added as the test needs them.
-struct InboundRig {
-  Metrics metrics;
-  Capture capture;  // outlives the links' session writers
-  NameTable names;
-  PeerTable peers;
-  LinkTable links;
-  ClientTable clients{metrics, names};
-  InboundStreams inbound{metrics, clients, links, names};
-  TestClient consumer = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 4096);
-  AgentClient* ac = nullptr;
-  std::vector<std::unique_ptr<transport::Transport>> peer_ends;
+// The rig with one consumer of "cam" (4 slots) and links from one sender
+// ("sender", instance 9) on which stream 42 ("cam") is open.
+struct ReplayRig : InboundRig {
+  AgentClient* ac = &consumer(1, "cam");
 
-  InboundRig() {
-    ac = &clients.add(consumer.session);
-    inbound.onConsumerAttached(*ac);
-  }
-  ~InboundRig() {
-    for (auto& [id, l] : links) {
-      if (l.session.writer) l.session.writer->close();
-    }
-  }
-
-  // A link from the sender, up, with stream 42 ("cam") opened on it.
   AgentLink& linkUp(uint64_t id, uint64_t instance = 9) {
-    TcpPair pair = makeTcpPair();
-    AgentLink& l = links.add(id);
-    l.peer = peers.resolve("sender");
-    l.peer_name = "sender";
-    l.peer_instance = instance;
-    l.transport = std::move(pair.a);
-    peer_ends.push_back(std::move(pair.b));
-    l.session.writer = std::make_shared<SessionWriter>(
-        [this](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
-    inbound.onLinkUp(l);
-    REQUIRE(inbound.onStreamOpen(l, peer::StreamOpen{42, "cam"}).empty());
+    AgentLink& l = InboundRig::linkUp(id, "sender", instance);
+    REQUIRE(open(l, 42, "cam").empty());
     return l;
   }
-  // The link goes, as the data agent takes it down.
-  void linkDown(uint64_t id) {
-    AgentLink* l = links.find(id);
-    REQUIRE(l != nullptr);
-    inbound.onLinkDown(*l);
-    l->session.writer->close();
-    links.erase(id);
-    inbound.retractCreditsOfLink(id);
-  }
-
-  // Sequence `seq` of stream 42 lands in a slot credited on `l`; false when
-  // none is.
-  bool land(AgentLink& l, uint64_t seq) {
-    for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
-      const SlotEntry& e = consumer.session->slots[s];
-      if (e.state != SlotState::kCredited || e.link_id != l.id) continue;
-      transport::TransportEvent ev;
-      ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-      ev.header.stream_id = 42;
-      ev.header.sequence = seq;
-      ev.header.credit_id = e.credit_id;
-      ev.header.length = 10;
-      inbound.onFrameArrived(l, ev);
-      return true;
-    }
-    return false;
-  }
-  // The consumer takes the frame delivered next and releases it.
-  uint64_t takeAndRelease() {
-    fl_completion_desc d{};
-    if (fl_ring_pop(consumer.completion(), consumer.cap(), sizeof d, &d) != FL_RING_OK) return 0;
-    inbound.onRelease(*ac, fl_submit_desc{d.slot, 0, 0});
-    return d.sequence;
-  }
-
-  // The end of a round: what goes on each link's transport is decided.  The
-  // ACKed sequences and NACKs of link `l` so far, taken off its batch.
-  struct Said {
-    std::vector<uint64_t> acked;
-    std::vector<std::pair<uint64_t, int>> nacked;  // (sequence, code)
-  };
-  Said said(AgentLink& l) {
-    inbound.flushControl();
-    Said out;
-    for (const auto& m : l.control.messages()) {
-      const peer::Message decoded = peer::decode(m);
-      if (const auto* ack = std::get_if<peer::Ack>(&decoded)) {
-        out.acked.insert(out.acked.end(), ack->sequences.begin(), ack->sequences.end());
-      }
-      if (const auto* nack = std::get_if<peer::Nack>(&decoded))
-        out.nacked.emplace_back(nack->sequence, nack->code);
-    }
-    l.control.Clear();
-    return out;
-  }
+  bool land(AgentLink& l, uint64_t seq) { return InboundRig::land(l, 42, seq); }
 };
 
 }  // namespace
@@ -121,7 +36,7 @@ TEST_CASE("inbound streams: a frame whose first copy never arrived is delivered 
           "[agent][inbound][replay]") {
   // Sequence 1 is lost on the way (its rdma write went into a withdrawn
   // credit, or the link broke under it); 2 and 3 arrive and are released.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   REQUIRE(rig.land(l1, 2));
   CHECK(rig.takeAndRelease() == 2);
@@ -149,7 +64,7 @@ TEST_CASE("inbound streams: a replay answered longer ago than is remembered is n
   // kMaxRemembered releases.  A replay of frame 1 was answered -- released,
   // or refused and forgotten -- and which is no longer known: the sender
   // hears "unknown" (TIMEOUT), never a DELIVERED on a guess.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   constexpr uint64_t kFrames = InboundStreams::kMaxRemembered + 8;
   for (uint64_t seq = 1; seq <= kFrames; ++seq) {
@@ -172,7 +87,7 @@ TEST_CASE("inbound streams: a gap that never fills stops being waited for after 
           "[agent][inbound][replay]") {
   // Sequence 1 never comes; the memory of what was answered above it stays
   // bounded, and the gap is counted when the watermark passes it.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   constexpr uint64_t kFrames = InboundStreams::kMaxRemembered + 2;
   for (uint64_t seq = 2; seq <= kFrames + 1; ++seq) {
@@ -193,7 +108,7 @@ TEST_CASE("inbound streams: an ACK goes on the link its frame came on, else on t
           "[agent][inbound][links]") {
   // The sender dialed again (link 2) while this end still has link 1 up,
   // as after a partition that only the sender noticed.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   REQUIRE(rig.land(l1, 1));  // the consumer holds it
   AgentLink& l2 = rig.linkUp(2);
@@ -202,15 +117,15 @@ TEST_CASE("inbound streams: an ACK goes on the link its frame came on, else on t
   // The stream moved to link 2: link 1's credits came back for it.
   REQUIRE(rig.land(l2, 2));
   fl_completion_desc d{};
-  REQUIRE(rig.consumer.pop().sequence == 1);
-  d = rig.consumer.pop();
+  REQUIRE(rig.consumers[0].pop().sequence == 1);
+  d = rig.consumers[0].pop();
   REQUIRE(d.sequence == 2);
   rig.inbound.onRelease(*rig.ac, fl_submit_desc{d.slot, 0, 0});
   CHECK(rig.said(l1).acked.empty());
   CHECK(rig.said(l2).acked == std::vector<uint64_t>{2});
   // Frame 1 came on link 1, which is still up: its ACK goes there.
   for (uint32_t s = 0; s < 4; ++s) {
-    if (rig.consumer.session->slots[s].state == SlotState::kDelivered) {
+    if (rig.consumers[0].session->slots[s].state == SlotState::kDelivered) {
       rig.inbound.onRelease(*rig.ac, fl_submit_desc{s, 0, 0});
     }
   }
@@ -223,7 +138,7 @@ TEST_CASE("inbound streams: a stream opened on a newer link from the same sender
   // The older link's credits are of no use to the sender (it sends on its
   // newest link): they come back and are granted on the newer one, and
   // what is remembered of the stream stays (a replay is still a duplicate).
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   REQUIRE(rig.land(l1, 1));
   CHECK(rig.takeAndRelease() == 1);
@@ -232,7 +147,7 @@ TEST_CASE("inbound streams: a stream opened on a newer link from the same sender
   AgentLink& l2 = rig.linkUp(2);
   CHECK(l1.in_streams.count(42) == 0);
   size_t on_l2 = 0;
-  for (const SlotEntry& e : rig.consumer.session->slots)
+  for (const SlotEntry& e : rig.consumers[0].session->slots)
     on_l2 += e.state == SlotState::kCredited && e.link_id == 2;
   CHECK(on_l2 == 4);
   rig.said(l2);
@@ -245,7 +160,7 @@ TEST_CASE("inbound streams: when an old link goes while a newer one is up, its h
           "[agent][inbound][links]") {
   // An ACK held back for link 1 (coalescing, or written into its dead
   // socket) must reach the sender: no link-up follows to carry it.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   REQUIRE(rig.land(l1, 1));
   AgentLink& l2 = rig.linkUp(2);
@@ -264,7 +179,7 @@ TEST_CASE(
     "[agent][inbound][links]") {
   // Written on link 1 before the sender gave it up, read after link 2's:
   // the sender sends on link 2, so the stream and its credits stay there.
-  InboundRig rig;
+  ReplayRig rig;
   AgentLink& l1 = rig.linkUp(1);
   AgentLink& l2 = rig.linkUp(2);
   CHECK(l1.in_streams.count(42) == 0);
@@ -272,7 +187,7 @@ TEST_CASE(
   CHECK(l1.in_streams.count(42) == 0);
   CHECK(l2.in_streams.count(42) == 1);
   size_t on_l2 = 0;
-  for (const SlotEntry& e : rig.consumer.session->slots)
+  for (const SlotEntry& e : rig.consumers[0].session->slots)
     on_l2 += e.state == SlotState::kCredited && e.link_id == 2;
   CHECK(on_l2 == 4);
   rig.said(l2);

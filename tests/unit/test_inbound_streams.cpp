@@ -3,36 +3,11 @@
 // new link.
 #include <set>
 
-#include "agent/inbound_streams.h"
-#include "agent/peer_messages.h"
-#include "agent_fixture.h"
+#include "inbound_fixture.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
 using namespace std::chrono_literals;
-
-namespace {
-
-// Lands sequence `seq` of stream 42 into whichever of the consumer's slots is
-// credited on the link, as the transport reports a frame; returns the slot
-// (or -1 when none is credited).
-int landFrame(InboundStreams& inbound, TestClient& consumer, AgentLink& l, uint64_t seq) {
-  for (uint32_t s = 0; s < consumer.session->slots.size(); ++s) {
-    const SlotEntry& e = consumer.session->slots[s];
-    if (e.state != SlotState::kCredited || e.link_id != l.id) continue;
-    transport::TransportEvent ev;
-    ev.kind = transport::TransportEvent::Kind::kFrameArrived;
-    ev.header.stream_id = 42;
-    ev.header.sequence = seq;
-    ev.header.credit_id = e.credit_id;
-    ev.header.length = 10;
-    inbound.onFrameArrived(l, ev);
-    return static_cast<int>(s);
-  }
-  return -1;
-}
-
-}  // namespace
 
 TEST_CASE("consumer side: StreamOpen is answered with one credit per free slot", "[agent][credits]") {
   AgentFixture f;
@@ -254,7 +229,7 @@ TEST_CASE("inbound streams: a new link from the same sender gets the last 4096 r
         [&capture](const v1::PeerMessage& m, bool) { return capture.write(m); }, 60000ms);
     return l;
   };
-  auto arrive = [&](AgentLink& l, uint64_t seq) { return landFrame(inbound, consumer, l, seq); };
+  auto arrive = [&](AgentLink& l, uint64_t seq) { return landFrame(inbound, consumer, l, 42, seq); };
 
   // The round's end as the agent does it: the ACKs and grants the streams
   // decided go to each link's transport in a control record.
@@ -377,7 +352,7 @@ TEST_CASE(
   REQUIRE(round().granted == kWindow);
   uint64_t next_seq = 1;
   auto arrive = [&](uint64_t sequence) {
-    if (landFrame(inbound, consumer, l, sequence) < 0) FAIL("no credited slot left");
+    if (landFrame(inbound, consumer, l, 42, sequence) < 0) FAIL("no credited slot left");
   };
   // A new frame lands and the consumer releases it.
   auto arriveAndRelease = [&] {
