@@ -62,9 +62,12 @@ inline int stalledTcp(uint16_t port, size_t bytes) {
   REQUIRE(::send(s, junk.data(), junk.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
   return s;
 }
+inline constexpr uid_t kNobody = 65534;
+inline constexpr gid_t kNogroup = 65534;
+
 // Runs `body` in a child process as nobody:nogroup (a second local user;
 // the tests run as root, as CI does); returns its exit code.  `body` runs
-// in a forked child: no Catch macros there.
+// in a forked child: no Catch macros there.  -1 when it did not exit normally.
 template <typename Body>
 int runAsNobody(Body body) {
   REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
@@ -72,7 +75,7 @@ int runAsNobody(Body body) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(250);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kNogroup) != 0 || ::setuid(kNobody) != 0) ::_exit(250);
     ::_exit(body());
   }
   int status = 0;

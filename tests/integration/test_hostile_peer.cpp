@@ -5,7 +5,9 @@
 // everyone else.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -128,6 +130,34 @@ HostilePeer::Options peerOf(DaemonPair& pair, const std::string& id, int n, cons
   o.session_id = helloSession(n);
   o.transport = transport;
   return o;
+}
+
+// What a flood did to the daemon it was aimed at.
+struct Flood {
+  uint64_t rounds = 0;
+  bool cut = false;  // a send failed: the daemon cut the peer
+  Millis took{0};
+  int64_t rss_before = 0;  // the daemon's VmRSS, KiB
+  int64_t rss_peak = 0;
+};
+
+// Runs `round(1)`, `round(2)`, ... until one returns false (the daemon cut
+// the peer) or `limit` passes, sampling `pid`'s VmRSS every `sample_every`
+// rounds.
+Flood floodUntilCut(pid_t pid, Millis limit, uint64_t sample_every,
+                    const std::function<bool(uint64_t)>& round) {
+  Flood flood;
+  flood.rss_before = residentKiB(pid);
+  REQUIRE(flood.rss_before > 0);
+  flood.rss_peak = flood.rss_before;
+  const auto start = Clock::now();
+  while (!flood.cut && Clock::now() - start < limit) {
+    ++flood.rounds;
+    flood.cut = !round(flood.rounds);
+    if (flood.rounds % sample_every == 0) flood.rss_peak = std::max(flood.rss_peak, residentKiB(pid));
+  }
+  flood.took = std::chrono::duration_cast<Millis>(Clock::now() - start);
+  return flood;
 }
 
 }  // namespace
@@ -343,34 +373,25 @@ TEST_CASE("hostile peer: a peer that reads nothing while it provokes NACKs is cu
   HostilePeer peer(peerOf(pair, "hostile-deaf", 5, transport));
   // The peer reads neither its Session nor its data channel, ever.
   REQUIRE(peer.sendSession(streamOpen(7, "hp-deaf")));
-  const int64_t rss_before = residentKiB(pair.b().pid());
-  REQUIRE(rss_before > 0);
-  int64_t rss_peak = rss_before;
   // Each frame names a credit never granted: a NACK to send back for each,
   // and a keepalive to echo every thousand.
   const std::string payload(16, 'x');
-  const auto start = Clock::now();
-  bool cut = false;
-  uint64_t sent = 0;
-  while (!cut && Clock::now() - start < Millis(30000)) {
-    ++sent;
+  const Flood flood = floodUntilCut(pair.b().pid(), Millis(30000), 1024, [&](uint64_t sent) {
     const bool more = sent % 64 != 0;
-    cut = !peer.sendFrame(frameHeader(7, sent, 0x70000000 + sent, payload.size()), payload, more);
-    if (sent % 1024 != 0) continue;
+    if (!peer.sendFrame(frameHeader(7, sent, 0x70000000 + sent, payload.size()), payload, more)) return false;
+    if (sent % 1024 != 0) return true;
     v1::PeerMessage keepalive;
     keepalive.mutable_keepalive()->set_timestamp_ns(sent);
-    cut = cut || !peer.sendSession(keepalive);
-    rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
-  }
-  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
-  INFO("frames sent: " << sent << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
-                       << rss_peak << " KiB at most");
-  CHECK(cut);
-  CHECK(took < Millis(kSanitized ? 30000 : 15000));
+    return peer.sendSession(keepalive);
+  });
+  INFO("frames sent: " << flood.rounds << " in " << flood.took.count() << " ms; VmRSS " << flood.rss_before
+                       << " KiB before, " << flood.rss_peak << " KiB at most");
+  CHECK(flood.cut);
+  CHECK(flood.took < Millis(kSanitized ? 30000 : 15000));
   // What the daemon may hold for a peer that reads nothing: its control
   // queue and the transport's backlog (8 MiB each), and the flow-control
   // windows; not a NACK for every frame sent.
-  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
+  if (!kSanitized) CHECK(flood.rss_peak - flood.rss_before < 64 * 1024);
   CHECK(pair.b().waitForLog("has not read its control records", Millis(5000)));
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "good", 2);
@@ -390,32 +411,23 @@ TEST_CASE(
   // for each free one.
   Client consumer = attachConsumer(pair.b(), "hp-deaf", 1024, 4096);
   HostilePeer peer(peerOf(pair, "hostile-deaf", 6, transport));
-  const int64_t rss_before = residentKiB(pair.b().pid());
-  REQUIRE(rss_before > 0);
-  int64_t rss_peak = rss_before;
   // The peer reads nothing, ever; it opens the stream, sends a frame for a
   // credit never granted (a NACK), closes the stream and sends a keepalive,
   // over and over.
   const std::string payload(16, 'x');
-  const auto start = Clock::now();
-  bool cut = false;
-  uint64_t round = 0;
-  while (!cut && Clock::now() - start < Millis(5000)) {
-    ++round;
+  const Flood flood = floodUntilCut(pair.b().pid(), Millis(5000), 100, [&](uint64_t round) {
     v1::PeerMessage close;
     close.mutable_stream_close()->set_stream_id(round);
     v1::PeerMessage keepalive;
     keepalive.mutable_keepalive()->set_timestamp_ns(round);
-    cut = !peer.sendSession(streamOpen(round, "hp-deaf")) ||
-          !peer.sendFrame(frameHeader(round, 1, 0x70000000 + round, payload.size()), payload) ||
-          !peer.sendSession(close) || !peer.sendSession(keepalive);
-    if (round % 100 == 0) rss_peak = std::max(rss_peak, residentKiB(pair.b().pid()));
-  }
-  const auto took = std::chrono::duration_cast<Millis>(Clock::now() - start);
-  INFO("rounds: " << round << " in " << took.count() << " ms; VmRSS " << rss_before << " KiB before, "
-                  << rss_peak << " KiB at most");
-  CHECK(cut);
-  if (!kSanitized) CHECK(rss_peak - rss_before < 64 * 1024);
+    return peer.sendSession(streamOpen(round, "hp-deaf")) &&
+           peer.sendFrame(frameHeader(round, 1, 0x70000000 + round, payload.size()), payload) &&
+           peer.sendSession(close) && peer.sendSession(keepalive);
+  });
+  INFO("rounds: " << flood.rounds << " in " << flood.took.count() << " ms; VmRSS " << flood.rss_before
+                  << " KiB before, " << flood.rss_peak << " KiB at most");
+  CHECK(flood.cut);
+  if (!kSanitized) CHECK(flood.rss_peak - flood.rss_before < 64 * 1024);
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "good", 2);
 }

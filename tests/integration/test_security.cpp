@@ -20,30 +20,11 @@
 #include "client_util.h"
 #include "framelink/framelink.h"
 #include "harness.h"
+#include "hostile_util.h"
 
 using namespace framelink::integ;
 
 namespace {
-
-constexpr uid_t kNobody = 65534;
-constexpr gid_t kNogroup = 65534;
-
-// Runs `body` in a child process as nobody:nogroup; returns its exit code
-// (-1 when it did not exit normally).
-template <typename Body>
-int runAsNobody(Body body) {
-  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
-  ::fflush(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(kNogroup) != 0 || ::setuid(kNobody) != 0) ::_exit(250);
-    ::_exit(body());
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
 
