@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -271,6 +272,8 @@ struct AgentFixture {
   std::unique_ptr<DataAgent> agent;
   Capture capture;
   TcpPair pair;
+  // The links whose Session the agent ended (a Fin, a protocol error).
+  std::atomic<int> sessions_cancelled{0};
 
   explicit AgentFixture(std::function<void(Config&)> tweak = {}) {
     config.id = "local";
@@ -304,7 +307,7 @@ struct AgentFixture {
     auto writer =
         std::make_shared<SessionWriter>([this](const v1::PeerMessage& m, bool) { return capture.write(m); },
                                         std::chrono::milliseconds(60000));
-    up.session = PeerSession{writer, [] {}};
+    up.session = PeerSession{writer, [this] { ++sessions_cancelled; }};
     agent->post(std::move(up));
   }
   void peerSays(v1::PeerMessage m, uint64_t link_id = 1) {

@@ -346,7 +346,7 @@ TEST_CASE("producer side: an ACK that comes after the peer's clean Fin still set
   fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);
   fin.mutable_fin()->set_reason("daemon shutting down");
   f.peerSays(fin);
-  std::this_thread::sleep_for(100ms);  // the Fin is taken first
+  waitUntil([&] { return f.sessions_cancelled.load() == 1; }, "the agent takes the Fin first");
   v1::ControlBatch batch;
   auto* ack = batch.add_messages()->mutable_ack();
   ack->set_stream_id(stream_id);
