@@ -7,6 +7,7 @@
 #   tests/softroce/bench.sh --a-dev rxe_a --a-ip 10.77.1.1 --b-dev rxe_b --b-ip 10.77.1.2
 #                           [--build DIR] [--sizes 4K,64K,1M,4M] [--seconds 5] [--gid 1]
 #                           [--pairs 16] [--pairs-size 1M] [--latency-samples 300] [--out FILE]
+#                           [--baseline-build DIR] [--rounds 2]
 #
 # framelink = `framelink bench --transports rdma --host-a A --host-b B --no-baselines`: producer
 # app -> framelinkd A -> framelinkd B -> consumer app, GB/s of delivered (consumer-released) frames,
@@ -16,6 +17,9 @@
 # under QEMU TCG).  UCX = ucx_perftest -x rc_verbs -D zcopy, server -d B:1, client -d A:1, the
 # same iterations: UCX's transport layer (UCT).  Its tag matching (UCP tag_bw, UCX_TLS=rc_v)
 # cannot connect on Soft-RoCE: it wires RC up over UD, and UCX's UD endpoints time out on rxe.
+# --baseline-build DIR: the framelink case of each size is also run with another build tree (say,
+# the commit before a change), alternately with this one, --rounds times each; the table then
+# shows both means and their ratio (same guest, same minute: the fair way to compare two trees).
 # GB/s = 10^9 bytes/s.  Exit status 1 when a case could not be measured (the table still shows
 # the rest), else 0.
 set -uo pipefail
@@ -34,8 +38,10 @@ pairs=16
 pairs_size=1M
 lat_samples=300
 out=""
+baseline_build=""
+rounds=2
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,24s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --a-dev) a_dev=$2; shift 2 ;;
@@ -50,6 +56,8 @@ while (($#)); do
     --pairs-size) pairs_size=$2; shift 2 ;;
     --latency-samples) lat_samples=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --baseline-build) baseline_build=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -263,6 +271,37 @@ if [[ -n "${fl_lat:-}" ]]; then
   extra_rows+=("| 4 KiB latency, submit -> receive | $fl_lat | - | $fl_lat_cpu | ib_write_lat $ibl | $r_ib | $uxl | $r_ux |")
 fi
 
+# This tree against --baseline-build, size by size, alternately (ABBA...), --rounds runs each.
+ab_rows=()
+if [[ -n "$baseline_build" ]]; then
+  # gbs_of BUILD SIZE: framelink's GB/s at SIZE with BUILD's CLI and daemon, "" when it failed.
+  gbs_of() {
+    local res
+    res=$(timeout 180 "$1/client/cli/framelink" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" \
+      --no-baselines --framelinkd "$1/proxy/framelinkd" --sizes "$2" --seconds "$seconds" --idle-seconds 0 \
+      --latency-samples 0 --pairs 0 "${daemon_args[@]}" 2>&1)
+    sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$res" | head -1
+  }
+  mean() { awk '{ for (i = 1; i <= NF; ++i) { s += $i; n++ } } END { if (n) printf "%.3f", s / n }' <<<"$*"; }
+  for sz in "${size_list[@]}"; do
+    this=() base=()
+    for ((r = 0; r < rounds; ++r)); do
+      if ((r % 2 == 0)); then
+        g=$(gbs_of "$build" "$sz") && [[ -n $g ]] && this+=("$g")
+        g=$(gbs_of "$baseline_build" "$sz") && [[ -n $g ]] && base+=("$g")
+      else
+        g=$(gbs_of "$baseline_build" "$sz") && [[ -n $g ]] && base+=("$g")
+        g=$(gbs_of "$build" "$sz") && [[ -n $g ]] && this+=("$g")
+      fi
+    done
+    echo "== $sz: this tree ${this[*]:-failed} GB/s, baseline ${base[*]:-failed} GB/s"
+    ((${#this[@]} == rounds && ${#base[@]} == rounds)) || unmeasured=$((unmeasured + 1))
+    m_this=$(mean "${this[@]}")
+    m_base=$(mean "${base[@]}")
+    ab_rows+=("| $sz | ${m_this:--} GB/s (${this[*]:-failed}) | ${m_base:--} GB/s (${base[*]:-failed}) | $(ratio_of "${m_this:-0}" "${m_base:-0}") |")
+  done
+fi
+
 {
   echo
   echo "rdma: framelink vs ib_write_bw and UCX rc_verbs, $a_dev ($a_ip) -> $b_dev ($b_ip), $(nproc) CPUs, Linux $(uname -r)"
@@ -278,5 +317,13 @@ fi
   echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
   echo "UCX: ucx_perftest -t put_bw|put_lat -s SIZE -n ITERS -x rc_verbs -D zcopy, UCX_IB_GID_INDEX=$gid, server -d $b_dev:1, client -d $a_dev:1 $b_ip"
   echo "  (UCX's transport layer: its tag matching, UCX_TLS=rc_v, wires RC up over UD, which times out on rxe)"
+  if ((${#ab_rows[@]})); then
+    echo
+    echo "this tree ($build) vs the baseline build ($baseline_build), framelink rdma, $rounds runs each, alternately"
+    echo
+    echo "| frame size | this tree (mean, runs) | baseline build (mean, runs) | ratio |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${ab_rows[@]}"
+  fi
 } | tee ${out:+"$out"}
 ((unmeasured == 0))

@@ -6,7 +6,8 @@
 #   hugepage  a daemon segment on 2 MiB pages registered as an MR, one RDMA WRITE into it
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
 #   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
-# Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), SOFTROCE_* from the VM.
+# Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_BENCH_BASELINE
+# (a build tree the bench compares with; empty: none), SOFTROCE_* from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
 set -uo pipefail
 
@@ -94,9 +95,12 @@ for s in "${want[@]}"; do
     bench)
       # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency
       # case), a short latency run.
-      step bench 0 260 bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
+      baseline=()
+      limit=260
+      [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds 2) && limit=600
+      step bench 0 "$limit" bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
         --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --sizes 64K,1M,4M --latency-samples 200 \
-        --out "$out/bench-table.md"
+        --out "$out/bench-table.md" "${baseline[@]}"
       ;;
     *) echo "lane: unknown step $s" | tee -a "$summary"; failed=$((failed + 1)) ;;
   esac
