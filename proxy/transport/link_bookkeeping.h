@@ -131,6 +131,9 @@ class CreditTable {
   void retract(uint64_t credit_id) noexcept;
   // The exposed (or kept retracted) credit a peer's frame names by `key`, or null.
   const LocalCredit* lookup(uint64_t key) const noexcept;
+  // Forgets retracted credit `credit_id` before its turn (no frame can land
+  // in its buffer any more), letting its buffer go.
+  void forgetRetracted(uint64_t credit_id) noexcept;
 
   // A frame for the credit with `key` starts landing: the credit leaves the
   // table and is held (keepalive) until endLanding().  Null when no credit

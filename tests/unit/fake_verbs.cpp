@@ -203,6 +203,15 @@ ibv_mr* FakeVerbs::regMr(ibv_pd* pd, void* addr, size_t length, int access) {
 }
 int FakeVerbs::deregMr(ibv_mr* mr) {
   std::lock_guard lock(mu_);
+  // rxe refuses it ("Attempt to deregister an MR while bound to MWs"), and
+  // the registration and its pinned pages stay until the process exits.
+  for (auto& [k, w] : mws_) {
+    if (w->qp != nullptr && w->mr == mr) {
+      error("ibv_dereg_mr of an MR a memory window is still bound to");
+      errno = EINVAL;
+      return EINVAL;
+    }
+  }
   if (mrs_.erase(mr) == 0) error("ibv_dereg_mr of an unknown MR");
   return 0;
 }

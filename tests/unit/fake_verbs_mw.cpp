@@ -53,6 +53,7 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
     for (auto& [k, w] : mws_) {
       if (w->mw.rkey == wr.rkey && w->qp == q) {
         w->qp = nullptr;
+        w->mr = nullptr;
         ++stats_.invalidations;
         return IBV_WC_SUCCESS;
       }
@@ -80,6 +81,7 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
   }
   w.mw.rkey = wr.rkey;
   w.qp = q;
+  w.mr = &m.mr;
   w.addr = wr.bind.addr;
   w.length = wr.bind.length;
   w.access = wr.bind.mw_access_flags;

@@ -29,7 +29,8 @@ struct FakeVerbs::Mr {
 };
 struct FakeVerbs::Mw {
   ibv_mw mw{};
-  const Qp* qp = nullptr;  // bound on (type 2); null while free
+  const Qp* qp = nullptr;      // bound on (type 2); null while free
+  const ibv_mr* mr = nullptr;  // bound to, while bound
   uint64_t addr = 0;
   uint64_t length = 0;
   int access = 0;

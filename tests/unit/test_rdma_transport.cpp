@@ -242,8 +242,10 @@ TEST_CASE("rdma a frame for an unknown credit is reported; the link stays up", "
   auto kept = std::make_shared<int>(1);
   REQUIRE(p->b->exposeCredit({50, p->dst.data + 256, 1000, kept}).ok());
   p->b->retractCredit(50);
-  p->b->retractCredit(51);       // never exposed
-  CHECK(kept.use_count() == 2);  // mapped while a frame for it may still be reported
+  p->b->retractCredit(51);      // never exposed
+  CHECK(kept.use_count() > 1);  // mapped while a frame for it may still land and be reported
+  rx.pump();                    // the window's invalidation has executed: none can
+  CHECK(kept.use_count() == 1);
   auto good = p->credit(60, 1000, 1);
   auto spare = p->credit(62, 1000, 2);
   // An id the receiver never exposed, through a live window.  (A write

@@ -152,3 +152,50 @@ TEST_CASE("rdma refuses a credit's key once the credit is consumed or retracted"
 }
 
 }  // namespace framelink::transport::rdma::testing
+
+namespace framelink::transport::rdma::testing {
+
+TEST_CASE("rdma keeps a credit's memory until its window is invalidated, then lets it go",
+          "[rdma][lifetime]") {
+  // A consumer leaves: its credits are retracted and its segment goes.  The
+  // invalidation of a window waits on the send queue behind what is queued
+  // there; until it has executed, a write the peer posted may still land and
+  // the slot's registration cannot be deregistered (rxe refuses it, and the
+  // pinned pages would stay until the daemon exits).
+  auto p = makeDataPath();
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  auto segment = std::make_shared<Memory>(*p->dev_b, 4096, MemoryAccess::kCreditWindows);
+  const std::weak_ptr<Memory> alive = segment;
+  SECTION("retracted") {
+    REQUIRE(p->b->exposeCredit({7, segment->data + 256, 4096 - 256, segment}).ok());
+    CHECK(p->fake->stats().binds == 1);
+    // b's send queue is busy: a control record the paused adapter holds.
+    p->fake->pauseDelivery(true);
+    REQUIRE(p->b->postControl("ahead of the invalidation") == PostResult::kOk);
+    p->rb()->flush();
+    p->b->retractCredit(7);
+  }
+  SECTION("consumed") {
+    auto c = p->b->exposeCredit({7, segment->data + 256, 4096 - 256, segment});
+    REQUIRE(c.ok());
+    REQUIRE(p->a->post(request(0, c.value(), p->src, 64, 1)) == PostResult::kOk);
+    p->ra()->flush();  // the adapter wrote it; b has not polled its arrival yet
+    CHECK(p->fake->stats().binds == 1);
+    // The frame's arrival ends the window; b's send queue is busy then.
+    p->fake->pauseDelivery(true);
+    REQUIRE(p->b->postControl("ahead of the invalidation") == PostResult::kOk);
+    p->rb()->flush();
+    until(tx, rx, [&] { return rx.arrivals.size() == 1; });
+    REQUIRE(rx.arrivals[0].status == FL_OK);
+  }
+  segment.reset();  // the consumer left
+  rx.pump();
+  CHECK_FALSE(alive.expired());
+  CHECK(p->fake->stats().invalidations == 0);
+  p->fake->pauseDelivery(false);
+  until(tx, rx, [&] { return alive.expired(); });
+  CHECK(p->fake->stats().invalidations == 1);
+  CHECK(p->fake->errors().empty());
+}
+
+}  // namespace framelink::transport::rdma::testing

@@ -205,8 +205,9 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   FrameHeader header;
   // The credit is consumed by this frame (a retracted one too).
   const LocalCredit* credit = book_.credits().beginLanding(index);
-  // Its window ends before the slot can be granted again.
-  endWindow(index);
+  // Its window ends before the slot can be granted again; the slot's memory
+  // stays until then.
+  endWindow(index, WindowHold{credit != nullptr ? credit->keepalive : nullptr, 0});
   if (credit == nullptr) {
     header.credit_id = index;
     book_.frameArrived(header, FL_ERR_UNKNOWN_CREDIT,

@@ -485,13 +485,15 @@ void RdmaTransport::tearDown() noexcept {
     }
     // A bound type-2 window holds its QP (rxe keeps a reference and
     // destroying the QP waits for it): the windows go first.
-    window_backlog_.clear();
     windows_.clear();
     api_.destroyQp(cm_.id());
     qp_ = nullptr;
   }
-  window_backlog_.clear();
+  // No window is bound any more: the memory they held can go.
   windows_.clear();
+  window_backlog_.clear();
+  window_holds_.clear();
+  unended_windows_.clear();
   posted_seq_ = std::max(posted_seq_, done_seq_);
   if (next_seq_ > done_seq_) {
     posted_seq_ = next_seq_;

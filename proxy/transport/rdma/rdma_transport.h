@@ -94,10 +94,11 @@ struct RdmaTransportOptions {
   // record.  The queue pair is asked for this much inline room; a device that
   // refuses it gets a queue pair without (0: never inline).
   uint32_t control_inline_bytes = 256;
-  // Retracted credits whose buffers are kept mapped, so that a frame that
-  // still lands in one is reported with its header; the oldest beyond this
-  // are forgotten (such a frame is then reported with credit_id = its low 32
-  // bits and an empty header).
+  // Retracted credits whose buffers are kept mapped until their window's
+  // invalidation has executed, so that a frame that still lands in one is
+  // reported with its header; the oldest beyond this are forgotten sooner
+  // (such a frame is then reported with credit_id = its low 32 bits and an
+  // empty header).
   uint32_t max_retracted_credits = 4096;
   // Send-queue entries kept for memory-window work requests (one bind per
   // credit exposed, one invalidation per credit consumed or retracted),
@@ -236,12 +237,22 @@ class RdmaTransport final : public Transport {
   void controlArrived(const ibv_wc& wc) noexcept;
   void completeUnpostedIfDrained() noexcept;
   void replenishRecvs() noexcept;
+  // What a window WR holds until it has executed: the memory of the
+  // credit whose window an invalidation ends (a write the peer posted may
+  // land until then, and the memory's registration cannot be deregistered
+  // while a window is bound to it), and the retracted credit to forget then.
+  struct WindowHold {
+    std::shared_ptr<void> memory;
+    uint64_t retracted_credit = 0;  // 0: none (a bind, or a consumed credit)
+  };
   // The window of credit key `key` ends (consumed or retracted): its
   // LOCAL_INV goes on the send queue now, or as soon as there is room.
-  void endWindow(uint32_t key) noexcept;
+  void endWindow(uint32_t key, WindowHold hold) noexcept;
   // Posts one window WR (signalled, each completes on its own); false and
   // the link failed when the adapter refuses it.
-  bool postWindowWr(ibv_send_wr& wr) noexcept;
+  bool postWindowWr(ibv_send_wr& wr, WindowHold hold) noexcept;
+  // A window WR completed, or none will (the QP is gone): what it held goes.
+  void releaseHold(WindowHold& hold) noexcept;
   void postWindowBacklog() noexcept;
   void handleWindowWc(const ibv_wc& wc) noexcept;
 
@@ -274,8 +285,17 @@ class RdmaTransport final : public Transport {
   // Memory windows of this queue pair: one bound per live credit
   // (rdma_windows.h); deallocated just before the QP in tearDown().
   CreditWindows windows_;
-  std::deque<ibv_send_wr> window_backlog_;  // invalidations waiting for room
-  uint32_t windows_in_flight_ = 0;          // window WRs posted, not completed
+  struct PendingWindowWr {
+    ibv_send_wr wr;
+    WindowHold hold;
+  };
+  std::deque<PendingWindowWr> window_backlog_;  // invalidations waiting for room
+  // One per window WR posted and not completed, oldest first (they complete
+  // in posting order: one send queue, all signalled).
+  std::deque<WindowHold> window_holds_;
+  // Windows of a failed link that were never invalidated: bound until
+  // tearDown() deallocates them, and their memory with them.
+  std::vector<WindowHold> unended_windows_;
   uint64_t watch_id_ = 0;
   bool torn_down_ = false;
   bool cq_armed_ = false;

@@ -114,7 +114,7 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
                                     "one receive registration on " +
                                     device_->name());
   }
-  if (!window_backlog_.empty() || windows_in_flight_ >= options_.window_queue_depth) {
+  if (!window_backlog_.empty() || window_holds_.size() >= options_.window_queue_depth) {
     return makeError(FL_ERR_RESOURCES, "exposeCredit: all " + std::to_string(options_.window_queue_depth) +
                                            " memory-window work requests are in flight; try again later");
   }
@@ -137,7 +137,7 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   // The bind goes on the send queue ahead of the grant that carries the
   // key, and the queue executes in order: the window is up before the peer
   // can learn its key.
-  if (!postWindowWr(bind)) {
+  if (!postWindowWr(bind, WindowHold{})) {
     book_.retractCredit(id);
     windows_.unbind(key);
     return makeError(FL_ERR_LINK_LOST, "exposeCredit: the memory window could not be bound");
@@ -148,20 +148,38 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
 // The window ends at once: a write the peer posted after it gave the credit
 // back, or that races this retraction, fails on its side with
 // REM_ACCESS_ERR instead of landing in a slot that may be granted again.
+// The credit's memory is kept (and its header readable for a frame that
+// landed just before) until the invalidation has executed.
 void RdmaTransport::retractCredit(uint64_t credit_id) {
+  const auto key = static_cast<uint32_t>(credit_id);
+  WindowHold hold;
+  if (const LocalCredit* c = book_.credits().lookup(key); c != nullptr && c->credit_id == credit_id) {
+    hold.memory = c->keepalive;
+    hold.retracted_credit = credit_id;
+  }
   book_.retractCredit(credit_id);
-  endWindow(static_cast<uint32_t>(credit_id));
+  endWindow(key, std::move(hold));
 }
 
-void RdmaTransport::endWindow(uint32_t key) noexcept {
+void RdmaTransport::endWindow(uint32_t key, WindowHold hold) noexcept {
   ibv_send_wr inv{};
-  if (!windows_.invalidate(key, &inv)) return;
+  if (!windows_.invalidate(key, &inv)) {
+    releaseHold(hold);  // no window: the peer cannot write there
+    return;
+  }
   if (book_.failed() || torn_down_) {
-    windows_.recycle(inv);  // the QP is in error: no write reaches any window
+    // The QP is in error: no write reaches any window; it stays bound (and
+    // its memory kept) until tearDown() deallocates it.
+    windows_.recycle(inv);
+    try {
+      unended_windows_.push_back(std::move(hold));
+    } catch (...) {
+      // Out of memory: the memory stays with the retracted credit or goes.
+    }
     return;
   }
   try {
-    window_backlog_.push_back(inv);
+    window_backlog_.push_back(PendingWindowWr{inv, std::move(hold)});
   } catch (...) {
     fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory ending a memory window");
     return;
@@ -169,19 +187,36 @@ void RdmaTransport::endWindow(uint32_t key) noexcept {
   postWindowBacklog();
 }
 
-bool RdmaTransport::postWindowWr(ibv_send_wr& wr) noexcept {
+void RdmaTransport::releaseHold(WindowHold& hold) noexcept {
+  if (hold.retracted_credit != 0) book_.credits().forgetRetracted(hold.retracted_credit);
+  hold = WindowHold{};
+}
+
+bool RdmaTransport::postWindowWr(ibv_send_wr& wr, WindowHold hold) noexcept {
   wr.wr_id = kWindowTag;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.next = nullptr;
+  try {
+    window_holds_.push_back(std::move(hold));
+  } catch (...) {
+    fail(FL_ERR_RESOURCES,
+         "rdma link to " + peer_name_ + ": out of memory posting a memory-window work request");
+    return false;
+  }
   ibv_send_wr* bad = nullptr;
   ++verbs_counters_.post_send_calls;
   const int rc = api_.postSend(qp_, &wr, &bad);
   if (rc != 0) {
+    // Not on the send queue: what it holds stays until tearDown().
+    try {
+      unended_windows_.push_back(std::move(window_holds_.back()));
+    } catch (...) {
+    }
+    window_holds_.pop_back();
     fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ +
                                ": ibv_post_send of a memory-window work request: " + std::strerror(rc));
     return false;
   }
-  ++windows_in_flight_;
   ++verbs_counters_.send_wrs;
   ++verbs_counters_.signalled_wrs;
   ++verbs_counters_.window_wrs;
@@ -190,14 +225,27 @@ bool RdmaTransport::postWindowWr(ibv_send_wr& wr) noexcept {
 }
 
 void RdmaTransport::postWindowBacklog() noexcept {
-  while (!window_backlog_.empty() && windows_in_flight_ < options_.window_queue_depth && !book_.failed()) {
-    if (!postWindowWr(window_backlog_.front())) return;
+  while (!window_backlog_.empty() && window_holds_.size() < options_.window_queue_depth && !book_.failed()) {
+    PendingWindowWr& next = window_backlog_.front();
+    if (!postWindowWr(next.wr, std::move(next.hold))) return;
     window_backlog_.pop_front();
   }
 }
 
 void RdmaTransport::handleWindowWc(const ibv_wc& wc) noexcept {
-  if (windows_in_flight_ > 0) --windows_in_flight_;
+  if (!window_holds_.empty()) {
+    WindowHold hold = std::move(window_holds_.front());
+    window_holds_.pop_front();
+    if (wc.status == IBV_WC_SUCCESS) {
+      releaseHold(hold);
+    } else {
+      // Flushed or failed: the window may still be bound until tearDown().
+      try {
+        unended_windows_.push_back(std::move(hold));
+      } catch (...) {
+      }
+    }
+  }
   if (wc.status != IBV_WC_SUCCESS && !book_.failed()) {
     fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
                                ibv_wc_status_str(wc.status));
