@@ -27,17 +27,26 @@ void InboundStreams::onConsumerAttached(AgentClient& c) {
 void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
+  const uint64_t now = clock_.nowNs();
   for (SlotEntry& e : c.slots) {
     if (e.state == SlotState::kCredited) {
       auto it = findCredit(e.credit_id);
       if (it != credits_.end()) {
         if (AgentLink* l = links_.find(it->second.link_id)) {
-          if (l->transport) l->transport->retractCredit(e.credit_id);
+          // Recalled, not retracted: the sender may have posted a write into
+          // it before it hears of this (on rdma a write into an ended window
+          // fails the whole link).  It gives back what it has not used
+          // (onCreditsReturned retracts them then); what it used lands before
+          // that answer and is refused (takeCredit).  The transport keeps the
+          // slot's memory until then; past the recall deadline the link fails.
+          it->second.recalled = true;
+          it->second.recalled_ns = now;
           auto& msg = revokes[{l->id, it->second.stream_id}];
           msg.mutable_credit_revoke()->set_stream_id(it->second.stream_id);
           msg.mutable_credit_revoke()->add_credit_ids(e.credit_id);
+        } else {
+          credits_.erase(it);
         }
-        credits_.erase(it);
       }
     } else if (e.state == SlotState::kDelivered) {
       // Not held any more; a replay of it (the NACK may be lost with the

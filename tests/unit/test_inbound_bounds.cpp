@@ -36,7 +36,10 @@ class PickyTransport final : public transport::Transport {
     live_.insert(immediate);
     return inner_->exposeCredit(std::move(credit));
   }
+  std::vector<uint64_t> retracted;  // credit ids, in order
+
   void retractCredit(uint64_t credit_id) override {
+    retracted.push_back(credit_id);
     live_.erase(static_cast<uint32_t>(credit_id));
     inner_->retractCredit(credit_id);
   }
@@ -85,9 +88,12 @@ TEST_CASE("inbound bounds: after the generation wraps, credits on two links neve
   rig.revoked(l2);
 
   // "a" leaves: only its own credits on link 1 are withdrawn.
+  rig.consumers[0].session->gone = true;
   rig.inbound.onConsumerGone(*rig.clients.find(1));
   CHECK(rig.revoked(l2).empty());
-  CHECK(rig.revoked(l1).size() == 4);
+  const std::vector<uint64_t> withdrawn = rig.revoked(l1);
+  CHECK(withdrawn.size() == 4);
+  rig.inbound.onCreditsReturned(l1, peer::CreditRevoke{42, withdrawn, true, {}});
   CHECK(rig.inbound.creditsOutstanding() == 4);
   CHECK(rig.credited(1) == 4);
   // And "b"'s credits still take frames on link 2.
@@ -274,4 +280,66 @@ TEST_CASE("inbound bounds: sender streams remembered per peer are capped", "[age
   CHECK(rig.open(l3, 5, "s5").empty());
   CHECK(rig.inbound.senderStreamsKept() == 4);  // three of p1, one of p2
   CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
+}
+
+TEST_CASE("inbound bounds: a consumer that leaves has its credits recalled, retracted only when given back",
+          "[agent][inbound][credits]") {
+  // The sender may have posted a write into a credit before it hears the
+  // consumer left; over rdma a write into a window already ended fails the
+  // whole link (every stream on it).  So the credits are recalled: what the
+  // sender gives back is retracted then, what it used lands and is refused.
+  InboundRig rig;
+  rig.consumer(1, "a");
+  PickyTransport* picky = nullptr;
+  AgentLink& l = rig.linkUp(1, "p1", 9, pickyWrap(&picky));
+  REQUIRE(rig.open(l, 42, "a").empty());
+  const std::vector<uint64_t> granted = [&] {
+    std::vector<uint64_t> ids;
+    for (const SlotEntry& e : rig.consumers[0].session->slots) ids.push_back(e.credit_id);
+    return ids;
+  }();
+  rig.consumers[0].session->gone = true;
+  rig.inbound.onConsumerGone(*rig.clients.find(1));
+  CHECK(picky->retracted.empty());
+  REQUIRE(rig.revoked(l).size() == 4);
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+
+  // The sender used the first before it heard: the frame lands, is refused
+  // (the sender sends it again elsewhere), and its credit is gone.
+  transport::TransportEvent ev;
+  ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+  ev.header.stream_id = 42;
+  ev.header.sequence = 1;
+  ev.header.credit_id = granted[0];
+  ev.header.length = 10;
+  rig.inbound.onFrameArrived(l, ev);
+  const InboundRig::Said said = rig.said(l);
+  REQUIRE(said.nacked.size() == 1);
+  CHECK(said.nacked[0] == std::make_pair(uint64_t{1}, static_cast<int>(FL_ERR_UNKNOWN_CREDIT)));
+  CHECK(rig.inbound.creditsOutstanding() == 3);
+
+  // It gives back the other three: retracted now, and nothing is left.
+  rig.inbound.onCreditsReturned(l, peer::CreditRevoke{42, {granted[1], granted[2], granted[3]}, true, {}});
+  CHECK(picky->retracted == std::vector<uint64_t>{granted[1], granted[2], granted[3]});
+  CHECK(rig.inbound.creditsOutstanding() == 0);
+  CHECK(rig.inbound.checkDeadlines().empty());
+}
+
+TEST_CASE("inbound bounds: a sender that keeps a departed consumer's credits loses its link at the deadline",
+          "[agent][inbound][credits]") {
+  InboundStreams::Limits limits;
+  limits.recall_deadline_ns = 1'000'000'000;
+  InboundRig rig(limits);
+  rig.consumer(1, "a");
+  AgentLink& l = rig.linkUp(1, "p1");
+  REQUIRE(rig.open(l, 42, "a").empty());
+  rig.consumers[0].session->gone = true;
+  rig.inbound.onConsumerGone(*rig.clients.find(1));
+  REQUIRE(rig.revoked(l).size() == 4);
+  rig.clock.advanceMs(999);
+  CHECK(rig.inbound.checkDeadlines().empty());
+  rig.clock.advanceMs(1);
+  const auto failed = rig.inbound.checkDeadlines();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].first == l.id);
 }
