@@ -9,8 +9,11 @@
 #   faults    both daemons inject link faults (--fault-inject: A drops frames, fails work requests
 #             and disconnects; B damages payloads that carry a CRC32C): every frame must still be
 #             delivered exactly once, verified (order may change where a damaged frame is resent)
+#   detach    two consumers share the stream and one is killed mid-stream while the producer sends
+#             as fast as it can (writes into its slots in flight): the link stays up (no link
+#             failure), every frame ends once, each delivered one was received, none twice
 #
-#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults]
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
 #                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
 #
@@ -25,7 +28,7 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-cases=transfer,cut,fallback,faults
+cases=transfer,cut,fallback,faults,detach
 transport=rdma
 frames=300
 sizes=64K:1M
@@ -34,7 +37,7 @@ cut_up=""
 cut_seconds=4
 keep=0
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,25s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --a-ip) a_ip=$2; shift 2 ;;
@@ -339,6 +342,65 @@ case_faults() {
   order_flag=--expect-order
 }
 
+case_detach() {
+  log "case detach: $frames frames of $sizes over $transport, one of two consumers killed after $((frames / 4))"
+  start_pair "$transport" "$transport" || { show_logs; result detach FAIL "daemons did not start"; return; }
+  wait_link a >/dev/null
+  local leaver=$((frames / 4)) c pid1 pid2
+  for c in 1 2; do
+    "$cli" recv --socket "$work/b/sock" --stream detach --count "$frames" --verify --expect-random-size "$sizes" \
+      --expect-seed 7 --timeout-ms 8000 --journal "$work/detach.$c.journal" --json >"$work/detach.$c.recv" 2>&1 &
+    printf -v "pid$c" '%s' "$!"
+    pids+=("$!")
+  done
+  sleep 0.5
+  "$cli" send --socket "$work/a/sock" --stream detach --count "$frames" --random-size "$sizes" --seed 7 \
+    --json >"$work/detach.send" 2>&1 &
+  local send_pid=$!
+  pids+=("$send_pid")
+  # Consumer 1 dies while it takes frames: its free slots are credited to A, whose writes into
+  # them are on their way.
+  local got1=0
+  for _ in $(seq 600); do
+    got1=$(cat "$work/detach.1.journal" 2>/dev/null | wc -l)
+    ((got1 >= leaver)) && break
+    sleep 0.05
+  done
+  kill -KILL "$pid1" 2>/dev/null
+  log "consumer 1 killed after $got1 frames"
+  wait "$send_pid"
+  local send_rc=$?
+  wait "$pid2"
+  local rc2=$?
+  local sj r2 delivered failed got2 bad2 lines unique link_failures
+  sj=$(grep '^{' "$work/detach.send" | tail -1)
+  r2=$(grep '^{' "$work/detach.2.recv" | tail -1)
+  echo "  sender:     rc=$send_rc $sj"
+  echo "  consumer 2: rc=$rc2 $r2"
+  delivered=$(json_num "$sj" delivered)
+  failed=$(json_num "$sj" failed)
+  got2=$(json_num "$r2" received)
+  bad2=$(json_num "$r2" bad)
+  got1=$(wc -l <"$work/detach.1.journal")
+  lines=$(cat "$work"/detach.*.journal | wc -l)
+  unique=$(awk '{print $3}' "$work"/detach.*.journal | sort -u | wc -l)
+  link_failures=$(json_num "$(stats a)" link_failures)
+  local why=""
+  [[ "${link_failures:-x}" == 0 ]] || why="A's link failed ${link_failures:-?} time(s) when a consumer died"
+  [[ $((${delivered:-0} + ${failed:-0})) == "$frames" ]] ||
+    why="${why:+$why; }the sender ended ${delivered:-?} delivered + ${failed:-?} failed frames, want $frames in all"
+  [[ "$lines" == "$unique" ]] || why="${why:+$why; }a frame reached the consumers twice ($lines received, $unique distinct)"
+  ((${delivered:-0} <= lines)) || why="${why:+$why; }$delivered frames reported delivered, only $lines received"
+  [[ "${bad2:-x}" == 0 ]] || why="${why:+$why; }consumer 2: ${bad2:-?} frames failed verification"
+  if [[ -z "$why" ]]; then
+    result detach PASS "consumer 1 killed after $got1 frames; consumer 2 got $got2; delivered $delivered, failed $failed (NO_CONSUMER); link failures 0"
+  else
+    show_logs
+    result detach FAIL "$why"
+  fi
+  cleanup
+}
+
 echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
@@ -347,6 +409,7 @@ for c in "${want[@]}"; do
     cut) case_cut ;;
     fallback) case_fallback ;;
     faults) case_faults ;;
+    detach) case_detach ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done
