@@ -50,7 +50,7 @@ bool AttachServer::admitSegmentBytes(int fd, const fl_attach_request& req, const
   const uint64_t bytes = segmentBytes(computeGeometry(req.slot_count, req.slot_size, may_use_hugepages));
   Status fits = quota_.admit(cred.uid, bytes);
   if (fits) return true;
-  reject(Metrics::AttachReject::kInvalid);
+  reject(Metrics::AttachReject::kMemoryLimit);
   log_memory_.warn("attach: pid {} uid {} refused: {}", cred.pid, cred.uid, fits.error().message);
   sendRefusal(fd, fits.error().code, fits.error().message);
   dropConnection(fd);

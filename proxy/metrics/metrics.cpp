@@ -49,6 +49,8 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
       return "invalid";
     case AttachReject::kTooManyClients:
       return "too_many_clients";
+    case AttachReject::kMemoryLimit:
+      return "memory_limit";
     case AttachReject::kCount:
       break;
   }

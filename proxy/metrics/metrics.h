@@ -70,8 +70,9 @@ class Metrics {
     kHandshakeTimeout,  // connected and sent no request in time
     kTooManyPending,    // one uid had too many connections without a request
     kFdLimit,           // the daemon was out of file descriptors
-    kInvalid,           // malformed request, refused by policy or over a quota (sizes, memory caps)
+    kInvalid,           // malformed request, refused by policy or over a size limit
     kTooManyClients,    // the uid has limits.max_clients_per_uid clients attached already
+    kMemoryLimit,       // its segments would exceed limits.max_uid_bytes or max_total_bytes
     kCount,
   };
   static const char* attachRejectName(AttachReject reason) noexcept;

@@ -91,7 +91,8 @@ TEST_CASE("limits: an attach over limits.max_total_bytes is refused, saying so; 
   CHECK(contains(refused.message, "limits.max_total_bytes = 3670016"));
   CHECK(contains(refused.message, "--max-total-bytes"));
   CHECK(contains(refused.message, "detach"));
-  CHECK(d.metric("framelink_attach_rejected_total{reason=\"invalid\"}") == 1);
+  CHECK(d.metric("framelink_attach_rejected_total{reason=\"memory_limit\"}") == 1);
+  CHECK(d.metric("framelink_attach_rejected_total{reason=\"invalid\"}") == 0);
   // The cap is on bytes, not clients: a small one still fits in what is left.
   CHECK(tryAttach(d.socketPath(), FL_PRODUCER, "small", 1, 4096).status == FL_OK);
 
