@@ -76,8 +76,10 @@ const char* name(HalfOpenRelay::Direction d) {
                                                  : "B->A blocked (ACKs and credits held)";
 }
 
-// Runs the scenario; `long_block`: hold the direction until A gives the
-// link up (its liveness check), else for a moment well inside it.
+// Runs the scenario; `long_block`: hold the direction until A has given
+// the link up (the side that hears nothing does after link_timeout_ms and
+// ends the call; B's end reaches A when B->A still works), else for half
+// of link_timeout_ms.
 void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked, bool long_block) {
   INFO("transport " << transport << ", " << name(blocked) << (long_block ? ", past" : ", within")
                     << " the link's liveness check");
