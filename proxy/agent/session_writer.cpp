@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 namespace framelink {
@@ -12,10 +14,24 @@ bool isEcho(const v1::PeerMessage& message) {
   return message.has_keepalive() && message.keepalive().echo_ns() != 0;
 }
 
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive, std::function<void()> cut)
-    : write_(std::move(write)), keepalive_(keepalive), cut_(std::move(cut)) {
+    : SessionWriter(std::move(write), keepalive, std::chrono::milliseconds(0), std::move(cut)) {}
+
+SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive,
+                             std::chrono::milliseconds silence, std::function<void()> cut)
+    : write_(std::move(write)),
+      keepalive_(keepalive),
+      silence_(silence),
+      cut_(std::move(cut)),
+      heard_ns_(steadyNs()) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -71,6 +87,8 @@ bool SessionWriter::sendLast(v1::PeerMessage message) {
   return true;
 }
 
+void SessionWriter::heard() noexcept { heard_ns_.store(steadyNs(), std::memory_order_relaxed); }
+
 void SessionWriter::fail(std::string why) {
   if (failed_) return;
   failed_ = true;
@@ -106,11 +124,23 @@ size_t SessionWriter::queuedBytes() const {
 
 void SessionWriter::run() {
   MutexLock lock(mutex_);
+  const auto wait = silence_.count() > 0 ? std::min(keepalive_, silence_) : keepalive_;
   for (;;) {
-    bool woke = lock.waitFor(cv_, keepalive_, [this]() FL_REQUIRES(mutex_) {
+    bool woke = lock.waitFor(cv_, wait, [this]() FL_REQUIRES(mutex_) {
       return closing_ || failed_ || cut_when_written_ || !queue_.empty() || echo_ns_ != 0;
     });
     if (failed_) return;
+    const int64_t quiet_ns = steadyNs() - heard_ns_.load(std::memory_order_relaxed);
+    if (silence_.count() > 0 && !closing_ && quiet_ns > int64_t{silence_.count()} * 1'000'000) {
+      // Our writes may still go (flow control has room, or the path carries
+      // them): only the peer's silence says that the link is gone.
+      fail("nothing, not even a keepalive, arrived from the peer for " +
+           std::to_string(quiet_ns / 1'000'000) + " ms (link_timeout_ms " + std::to_string(silence_.count()) +
+           ")");
+      lock.unlock();
+      if (cut_) cut_();
+      return;
+    }
     if (!woke) {
       v1::PeerMessage keepalive;
       timespec ts{};

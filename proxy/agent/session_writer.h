@@ -6,6 +6,7 @@
 // link/peer_links.cpp).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -36,6 +37,11 @@ class SessionWriter {
   static constexpr size_t kMaxQueuedBytes = size_t{4} * 1024 * 1024;
 
   SessionWriter(WriteFn write, std::chrono::milliseconds keepalive, std::function<void()> cut = {});
+  // ... and gives the link up (failure(), `cut`) once nothing was heard()
+  // from the peer for `silence`: a path that carries only our direction
+  // leaves the call open and our writes succeeding.  0: never.
+  SessionWriter(WriteFn write, std::chrono::milliseconds keepalive, std::chrono::milliseconds silence,
+                std::function<void()> cut);
   // Writes on the caller's thread as send() is called: no thread and no
   // keepalive of its own.  For a caller that is one deterministic thread (the
   // protocol simulator drives two agents and their sessions this way).
@@ -58,6 +64,8 @@ class SessionWriter {
   bool sendLast(v1::PeerMessage message);
   // Stops the thread after what is queued was written (or writing failed).
   void close();
+  // Something (a message, a keepalive) arrived from the peer.
+  void heard() noexcept;
   bool failed() const;
   // Why writing stopped; empty while it has not.
   std::string failure() const;
@@ -74,7 +82,9 @@ class SessionWriter {
 
   WriteFn write_;
   std::chrono::milliseconds keepalive_;
+  std::chrono::milliseconds silence_{0};
   std::function<void()> cut_;
+  std::atomic<int64_t> heard_ns_{0};  // steady clock
   mutable Mutex mutex_;
   std::condition_variable cv_;
   std::deque<Queued> queue_ FL_GUARDED_BY(mutex_);

@@ -61,6 +61,11 @@ struct Config {
   std::vector<std::string> transports{"tcp", "grpc"};  // preference order
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
+  // A link on which nothing arrives for this long is given up, although its
+  // call is still open: the path carries only the other direction (or
+  // nothing), and neither gRPC nor TCP notices while our writes still go.
+  // 0: never.
+  uint32_t link_timeout_ms = 10000;
   // How long a consumer's release may wait before its ACK and its slot's
   // credit go back to the sender, so that several go in one control record;
   // they go sooner once a quarter of the sender's window waits, or when the

@@ -27,7 +27,8 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
         if (more) options.set_buffer_hint();
         return stream->Write(m, options);
       },
-      std::chrono::milliseconds(config.keepalive_ms), [guard] { guard->fire(); });
+      std::chrono::milliseconds(config.keepalive_ms), std::chrono::milliseconds(config.link_timeout_ms),
+      [guard] { guard->fire(); });
   CmdLinkUp up;
   up.link_id = link_id;
   up.identity = info.identity;
@@ -51,6 +52,7 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
   std::string why;  // why this side ended the call, if it did
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
+    writer->heard();
     if (msg->has_keepalive()) {
       // The round trip, for framelink links: each side sends its keepalive
       // time back once (echo_ns), and measures when its own comes back.

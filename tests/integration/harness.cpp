@@ -176,9 +176,9 @@ void DaemonProcess::start() {
   REQUIRE_FALSE(bin.empty());
   REQUIRE(::access(bin.c_str(), X_OK) == 0);
 
-  std::vector<std::string> args = {"--id",          options_.id,       "--socket",    socket_path_,
-                                   "--ready-file",  ready_path_,       "--listen",    options_.listen,
-                                   "--data-listen", "127.0.0.1:0",     "--hugepages", "off",
+  std::vector<std::string> args = {"--id",          options_.id,          "--socket",    socket_path_,
+                                   "--ready-file",  ready_path_,          "--listen",    options_.listen,
+                                   "--data-listen", options_.data_listen, "--hugepages", "off",
                                    "--log-level",   options_.log_level};
   if (!options_.token.empty()) {
     args.push_back("--token");

@@ -66,7 +66,8 @@ class DaemonProcess {
     std::vector<std::string> peers;       // NAME=HOST:PORT
     std::vector<std::string> extra_args;  // anything else, e.g. {"--credit-timeout-ms", "1000"}
     std::string log_level = "info";
-    std::string listen = "127.0.0.1:0";  // gRPC listener; a fixed port to restart "the same" peer
+    std::string listen = "127.0.0.1:0";       // gRPC listener; a fixed port to restart "the same" peer
+    std::string data_listen = "127.0.0.1:0";  // tcp data listener (its port goes to peers in Hello)
     Millis ready_timeout = Millis(15000);
     uint64_t max_fds = 0;  // non-zero: the daemon's RLIMIT_NOFILE
   };

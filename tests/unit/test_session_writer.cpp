@@ -3,6 +3,7 @@
 // and an idle writer still sends its own keepalive.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -145,4 +146,42 @@ TEST_CASE("session writer: an idle writer sends its own keepalive, and an echo a
   CHECK(has([](const v1::PeerMessage& m) { return m.keepalive().timestamp_ns() != 0; }));
   CHECK_FALSE(writer.failed());
   CHECK(writer.failure().empty());
+}
+
+TEST_CASE("session writer: a peer heard from nothing for link_timeout is given up, though writes still go",
+          "[session_writer]") {
+  // A path that carries only our direction: every write succeeds, the
+  // peer's keepalives never arrive.  The call stays open, so only the
+  // writer's silence check can end the link.
+  StalledCall call;
+  call.open(true);
+  std::atomic<int> cuts{0};
+  SessionWriter writer([&call](const v1::PeerMessage& m, bool) { return call.write(m); }, 5ms, 60ms,
+                       [&cuts] { cuts.fetch_add(1); });
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + 5s;
+  while (cuts.load() == 0 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(cuts.load() == 1);
+  CHECK(took >= 60ms);
+  CHECK(writer.failed());
+  INFO(writer.failure());
+  CHECK(writer.failure().find("nothing, not even a keepalive, arrived from the peer") != std::string::npos);
+  writer.close();
+}
+
+TEST_CASE("session writer: a peer heard from keeps its link however long it runs", "[session_writer]") {
+  StalledCall call;
+  call.open(true);
+  std::atomic<int> cuts{0};
+  SessionWriter writer([&call](const v1::PeerMessage& m, bool) { return call.write(m); }, 5ms, 60ms,
+                       [&cuts] { cuts.fetch_add(1); });
+  // Four times the silence limit, hearing from the peer every 10 ms.
+  for (int i = 0; i < 24; ++i) {
+    writer.heard();
+    std::this_thread::sleep_for(10ms);
+  }
+  writer.close();
+  CHECK(cuts.load() == 0);
+  CHECK_FALSE(writer.failed());
 }
