@@ -333,6 +333,14 @@ Status validate(Config& c) {
     return invalid("reconnect_min_ms (" + std::to_string(c.reconnect_min_ms) +
                    ") is larger than reconnect_max_ms (" + std::to_string(c.reconnect_max_ms) + ")");
   }
+  // The peer's keepalives (every keepalive_ms, its own setting, usually
+  // the same) are what is heard on an idle link.
+  if (c.link_timeout_ms != 0 && c.link_timeout_ms < 2 * uint64_t{c.keepalive_ms}) {
+    return invalid("link_timeout_ms (" + std::to_string(c.link_timeout_ms) +
+                   ") must be at least twice keepalive_ms (" + std::to_string(c.keepalive_ms) +
+                   "): an idle link hears only the peer's keepalives; raise link_timeout_ms, lower "
+                   "keepalive_ms, or set link_timeout_ms = 0 to never give a silent link up");
+  }
   if (c.default_slot_size > c.max_slot_size) {
     return invalid("limits.default_slot_size (" + std::to_string(c.default_slot_size) +
                    ") is larger than max_slot_size (" + std::to_string(c.max_slot_size) +

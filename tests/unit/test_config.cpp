@@ -433,6 +433,8 @@ TEST_CASE("validation errors say what to fix", "[config]") {
     TempDir dir;
     requireError({"--config", dir.write("r.toml", "[link]\nreconnect_min_ms = 10000\n")},
                  {"reconnect_min_ms", "reconnect_max_ms"});
+    requireError({"--config", dir.write("k.toml", "[link]\nkeepalive_ms = 6000\n")},
+                 {"link_timeout_ms (10000)", "twice keepalive_ms (6000)"});
   }
   SECTION("addresses, cpu, socket path, unknown flags") {
     requireError({"--listen", "7700"}, {"--listen", "HOST:PORT"});
