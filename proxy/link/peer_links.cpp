@@ -421,8 +421,13 @@ std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig&
           "ours must be signed by its CA); retrying",
           peer.name, peer.address, config_.tls_server_name.empty() ? host : config_.tls_server_name);
       state.unreachable_logged = true;
-    } else {
-      spdlog::debug("peer {} at {} is not reachable yet", peer.name, peer.address);
+    } else if (!state.unreachable_logged) {
+      // Once an outage: the dialler retries with back-off, and says when it links.
+      spdlog::warn(
+          "peer {} at {}: no connection within {} ms (the peer's framelinkd is down, or the address, "
+          "port or a firewall between the hosts keeps it out); retrying",
+          peer.name, peer.address, config_.connect_timeout_ms);
+      state.unreachable_logged = true;
     }
     return nullptr;
   }

@@ -1,7 +1,9 @@
 // Faults between processes: a peer with the wrong token, a consumer that dies
 // while it holds frames.
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_util.h"
@@ -355,4 +358,34 @@ TEST_CASE("faults: the peer daemon is killed and restarted on the same port", "[
   CHECK(a.alive());
   CHECK(b2.alive());
   requireServing(a, b2, "after-restart");
+}
+
+TEST_CASE("faults: a peer that cannot be reached is a warning once per outage, not one per retry",
+          "[integration][faults]") {
+  // A port nothing listens on.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string ghost = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  ::close(s);
+
+  DaemonProcess::Options o;
+  o.id = "lonely";
+  o.token = "integ-secret";
+  o.peers = {"ghost=" + ghost};
+  o.extra_args = {"--connect-timeout-ms", "200", "--reconnect-max-ms", "200"};
+  DaemonProcess d(o);
+  const std::string warning = "peer ghost at " + ghost + ": no connection within 200 ms";
+  REQUIRE(d.waitForLog(warning, Millis(10000)));
+  std::this_thread::sleep_for(Millis(1500));  // several more attempts
+  const std::string log = d.log();
+  size_t count = 0;
+  for (size_t at = log.find(warning); at != std::string::npos; at = log.find(warning, at + 1)) ++count;
+  CHECK(count == 1);
+  CHECK(log.find("warning [lonely] " + warning) != std::string::npos);
 }
