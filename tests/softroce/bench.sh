@@ -280,7 +280,10 @@ if [[ -n "$baseline_build" ]]; then
     res=$(timeout 180 "$1/client/cli/framelink" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" \
       --no-baselines --framelinkd "$1/proxy/framelinkd" --sizes "$2" --seconds "$seconds" --idle-seconds 0 \
       --latency-samples 0 --pairs 0 "${daemon_args[@]}" 2>&1)
-    sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$res" | head -1
+    local row
+    row=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$res" | head -1)
+    echo "   $1: ${row:-failed}" >&2 # the whole row: frames/s and each daemon's CPU per frame too
+    sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$row"
   }
   mean() { awk '{ for (i = 1; i <= NF; ++i) { s += $i; n++ } } END { if (n) printf "%.3f", s / n }' <<<"$*"; }
   for sz in "${size_list[@]}"; do

@@ -7,7 +7,8 @@
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
 #   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
 # Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_BENCH_BASELINE
-# (a build tree the bench compares with; empty: none), SOFTROCE_* from the VM.
+# (a build tree the bench compares with; empty: none) and LANE_BENCH_ROUNDS (runs of each), SOFTROCE_*
+# from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
 set -uo pipefail
 
@@ -97,7 +98,8 @@ for s in "${want[@]}"; do
       # case), a short latency run.
       baseline=()
       limit=260
-      [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds 2) && limit=600
+      [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds "${LANE_BENCH_ROUNDS:-2}") &&
+        limit=$((260 + 120 * ${LANE_BENCH_ROUNDS:-2}))
       step bench 0 "$limit" bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
         --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --sizes 64K,1M,4M --latency-samples 200 \
         --out "$out/bench-table.md" "${baseline[@]}"

@@ -6,10 +6,11 @@
 # the two-daemon end-to-end test (with a link cut and the tcp fallback) and the benchmark.
 #
 #   tests/softroce/run-lane.sh [--only ctest|hugepage|e2e|bench[,...]] [--out DIR] [--timeout SEC]
-#                              [--baseline-build DIR]
+#                              [--baseline-build DIR [--rounds N]]
 #
 # --baseline-build DIR: the bench also runs framelink from DIR (another build tree, e.g. the commit
-# before a change) alternately with this one and prints the ratio (bench.sh --baseline-build).
+# before a change) alternately with this one, N runs each (default 2), and prints the ratio
+# (bench.sh --baseline-build).
 # FRAMELINK_BUILD_DIR selects the build tree (default build/); it must already be built.
 # Exit status: 0 every step passed (the bench is informational); 1 a step failed, or the guest
 # could not run while CI=true; 3 the lane DID NOT RUN (no qemu/kernel, guest did not boot) on a
@@ -22,15 +23,17 @@ build=${FRAMELINK_BUILD_DIR:-$root/build}
 steps=ctest,hugepage,e2e,bench
 out=""
 baseline=""
+rounds=2
 timeout_s=480 # the guest command's limit; boot allowance 90 s + 30 s on top: < 10 min in all
 
-usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
   case "$1" in
     --only) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
     --baseline-build) baseline=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run-lane: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -85,7 +88,7 @@ start=$SECONDS
 
 (cd "$root" && "$here/vm/softroce-vm.sh" --pair --mtu 9000 --hugepages 64 -t "$timeout_s" --boot-allowance 90 \
   -w "$build" -o "$out" \
-  -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" \
+  -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" -e "LANE_BENCH_ROUNDS=$rounds" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
   -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
 rc=$?
