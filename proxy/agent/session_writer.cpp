@@ -44,7 +44,7 @@ void SessionWriter::send(v1::PeerMessage message) {
   if (inline_) {
     {
       MutexLock lock(mutex_);
-      if (closing_ || failed_) return;
+      if (closing_ || failed_ || last_queued_) return;
     }
     if (!write_(message, false)) {
       MutexLock lock(mutex_);
@@ -55,7 +55,7 @@ void SessionWriter::send(v1::PeerMessage message) {
   bool cut = false;
   {
     MutexLock lock(mutex_);
-    if (closing_ || failed_) return;
+    if (closing_ || failed_ || last_queued_) return;
     if (isEcho(message)) {
       echo_ns_ = message.keepalive().echo_ns();
     } else {
@@ -78,13 +78,14 @@ void SessionWriter::send(v1::PeerMessage message) {
 
 bool SessionWriter::sendLast(v1::PeerMessage message) {
   send(std::move(message));
-  if (inline_ || !cut_) return false;
+  const bool cuts = !inline_ && cut_;
   {
     MutexLock lock(mutex_);
-    cut_when_written_ = true;
+    last_queued_ = true;
+    cut_when_written_ = cuts;
   }
   cv_.notify_one();
-  return true;
+  return cuts;
 }
 
 void SessionWriter::heard() noexcept { heard_ns_.store(steadyNs(), std::memory_order_relaxed); }

@@ -60,7 +60,9 @@ class SessionWriter {
   // ends, when the peer reads.  A peer that does not read is cut by the
   // agent's deadline instead (DataAgent, kFinGraceNs).  False when this
   // writer cannot end the call (inline, or made without `cut`): the message
-  // was written or queued, and the caller ends the call itself.
+  // was written or queued, and the caller ends the call itself.  Either way
+  // it is the last message: send() drops whatever comes after it (a later
+  // echo would otherwise overtake the Fin, a later message follow it).
   bool sendLast(v1::PeerMessage message);
   // Stops the thread after what is queued was written (or writing failed).
   void close();
@@ -92,6 +94,7 @@ class SessionWriter {
   uint64_t echo_ns_ FL_GUARDED_BY(mutex_) = 0;  // the echo waiting to go; 0: none
   bool closing_ FL_GUARDED_BY(mutex_) = false;
   bool cut_when_written_ FL_GUARDED_BY(mutex_) = false;  // sendLast: cut once the queue is written
+  bool last_queued_ FL_GUARDED_BY(mutex_) = false;       // sendLast was called: nothing more is taken
   bool failed_ FL_GUARDED_BY(mutex_) = false;
   std::string failure_ FL_GUARDED_BY(mutex_);
   bool inline_ = false;  // set once, at construction

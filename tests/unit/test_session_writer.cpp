@@ -185,3 +185,36 @@ TEST_CASE("session writer: a peer heard from keeps its link however long it runs
   CHECK(cuts.load() == 0);
   CHECK_FALSE(writer.failed());
 }
+
+TEST_CASE("session writer: nothing is written after sendLast's message, not even an echo",
+          "[session_writer]") {
+  StalledCall call;
+  std::mutex cut_mu;
+  std::condition_variable cut_cv;
+  bool cut = false;
+  SessionWriter writer([&call](const v1::PeerMessage& m, bool) { return call.write(m); }, 60000ms,
+                       [&] {
+                         std::lock_guard<std::mutex> lock(cut_mu);
+                         cut = true;
+                         cut_cv.notify_all();
+                       });
+  writer.send(streamClose(1));
+  call.waitForWrite();  // the Fin waits behind it
+  v1::PeerMessage fin;
+  fin.mutable_fin()->set_reason("protocol error");
+  REQUIRE(writer.sendLast(fin));
+  v1::PeerMessage echo;
+  echo.mutable_keepalive()->set_echo_ns(7);
+  writer.send(std::move(echo));
+  writer.send(streamClose(2));
+  call.open(true);
+  {
+    std::unique_lock<std::mutex> lock(cut_mu);
+    REQUIRE(cut_cv.wait_for(lock, 5s, [&] { return cut; }));
+  }
+  writer.close();
+  const std::vector<v1::PeerMessage> written = call.written();
+  REQUIRE(written.size() == 2);
+  CHECK(written[0].stream_close().stream_id() == 1);
+  CHECK(written[1].fin().reason() == "protocol error");
+}
