@@ -24,7 +24,7 @@ fi
 seconds=${1:-${FUZZ_SECONDS:-60}}
 build=${FRAMELINK_FUZZ_BUILD_DIR:-$root/build-fuzz}
 targets=(fuzz_ring fuzz_attach fuzz_tcp_frames fuzz_grpc_messages fuzz_peer_messages
-  fuzz_session_writer)
+  fuzz_grpc_reassembly fuzz_session_writer)
 # What the thread-safety analysis must see besides the fuzzers: every
 # annotated file is in the daemon (proxy/), and the tests include its headers.
 checked=(framelinkd framelink_cli framelink_test_daemon framelink_test_config framelink_test_cli

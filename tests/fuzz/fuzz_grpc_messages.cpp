@@ -5,8 +5,8 @@
 // reports a read past the message or a write past the buffer); and what
 // parses is a DataMessage protobuf reads the same way.  GrpcTransport's
 // reassembly of chunks (control records between them, a credit retracted
-// mid-frame) is not fuzzed here; test_transport_retract_mid_frame.cpp pins
-// the retraction.
+// mid-frame) is fuzz_grpc_reassembly's; test_transport_retract_mid_frame.cpp
+// pins the retraction across threads.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
