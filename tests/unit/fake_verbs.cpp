@@ -499,6 +499,48 @@ void FakeVerbs::deliver(Qp* q) {
   }
 }
 
+ibv_qp* FakeVerbs::qpOnDevice(const std::string& device) const {
+  std::lock_guard lock(mu_);
+  for (auto& [k, q] : qps_) {
+    const Device* d = deviceOf(q->qp.context);
+    if (d != nullptr && d->name == device) return &q->qp;
+  }
+  return nullptr;
+}
+
+ibv_wc_status FakeVerbs::peerWrite(ibv_qp* qp, uint32_t rkey, uint64_t remote_addr,
+                                   const std::vector<uint8_t>& bytes, std::optional<uint32_t> imm) {
+  std::lock_guard lock(mu_);
+  Qp* target = qps_.at(qp).get();
+  if (target->peer == nullptr) return IBV_WC_RETRY_EXC_ERR;
+  SendWr wr{};
+  wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.imm = imm.value_or(0);
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  wr.inline_bytes = bytes;  // taken as inline data: no local key to check
+  if (!bytes.empty()) {
+    wr.sges.push_back(
+        ibv_sge{reinterpret_cast<uint64_t>(wr.inline_bytes.data()), static_cast<uint32_t>(bytes.size()), 0});
+  }
+  const ibv_wc_status status = checkKeys(target->peer, wr, bytes.size(), false);
+  if (status != IBV_WC_SUCCESS) return status;
+  ibv_wc wc{};
+  if (!executeAtPeer(target, wr, bytes.size(), false, &wc)) return IBV_WC_RNR_RETRY_EXC_ERR;
+  return IBV_WC_SUCCESS;
+}
+
+bool FakeVerbs::injectRecvCompletion(ibv_qp* qp, ibv_wc wc) {
+  std::lock_guard lock(mu_);
+  Qp* q = qps_.at(qp).get();
+  if (q->recvs.empty()) return false;
+  wc.wr_id = q->recvs.front().wr_id;
+  wc.qp_num = q->qp.qp_num;
+  q->recvs.pop_front();
+  pushWc(cqs_.at(q->qp.recv_cq).get(), wc);
+  return true;
+}
+
 int FakeVerbs::postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   std::lock_guard lock(mu_);
   ++stats_.post_send_calls;

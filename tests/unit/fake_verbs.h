@@ -77,6 +77,25 @@ class FakeVerbs final : public VerbsApi {
   };
   Stats stats() const;
   std::vector<std::string> errors() const;
+  // ---- a hostile peer's adapter (the receive path's fuzzer)
+  // The first live QP on `device`; null when there is none.
+  ibv_qp* qpOnDevice(const std::string& device) const;
+  // What `qp`'s connected peer would write with an RDMA_WRITE (`imm`
+  // empty) or RDMA_WRITE_WITH_IMM of `bytes` at `remote_addr` under `rkey`,
+  // bypassing the peer's send queue (no completion on its side): checked
+  // against `qp`'s memory as any WRITE is (a window bound on `qp` or an MR
+  // with remote write, the whole range inside it).  The bytes land and the
+  // immediate consumes `qp`'s next receive WR; returns the status the
+  // sender would see, nothing written unless IBV_WC_SUCCESS.  With an
+  // immediate and no receive WR posted: IBV_WC_RNR_RETRY_EXC_ERR, nothing
+  // written.
+  ibv_wc_status peerWrite(ibv_qp* qp, uint32_t rkey, uint64_t remote_addr, const std::vector<uint8_t>& bytes,
+                          std::optional<uint32_t> imm);
+  // Consumes `qp`'s next receive WR and completes it with `wc` as given
+  // (any status, opcode, flags, byte count, immediate); wr_id and qp_num
+  // are the WR's and the QP's.  False when no receive WR is posted.
+  bool injectRecvCompletion(ibv_qp* qp, ibv_wc wc);
+
   // IBV_QPS_* of a live QP (IBV_QPS_UNKNOWN when it is gone).
   ibv_qp_state qpState(const ibv_qp* qp) const;
   // The SGEs of the last send WR handed to ibv_post_send, as posted.
