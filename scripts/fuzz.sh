@@ -25,6 +25,8 @@ seconds=${1:-${FUZZ_SECONDS:-60}}
 build=${FRAMELINK_FUZZ_BUILD_DIR:-$root/build-fuzz}
 targets=(fuzz_ring fuzz_attach fuzz_tcp_frames fuzz_grpc_messages fuzz_peer_messages
   fuzz_grpc_reassembly fuzz_session_writer)
+# Built only with rdma-core (FRAMELINK_ENABLE_RDMA): run when the build has it.
+optional_targets=(fuzz_rdma_receive)
 # What the thread-safety analysis must see besides the fuzzers: every
 # annotated file is in the daemon (proxy/), and the tests include its headers.
 checked=(framelinkd framelink_cli framelink_test_daemon framelink_test_config framelink_test_cli
@@ -41,8 +43,11 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
 else
   cmake -DFRAMELINK_THREAD_SAFETY=ON "$build" >/dev/null  # a tree configured before the option existed
 fi
-# The rdma unit test exists only when rdma-core is installed.
+# The rdma unit test and fuzzer exist only when rdma-core is installed.
 mapfile -t known < <(cmake --build "$build" --target help | sed -nE 's/^([A-Za-z0-9_.+-]+): .*/\1/p')
+for t in "${optional_targets[@]}"; do
+  if printf '%s\n' "${known[@]}" | grep -qx "$t"; then targets+=("$t"); fi
+done
 build_targets=("${targets[@]}")
 for t in "${checked[@]}"; do
   if printf '%s\n' "${known[@]}" | grep -qx "$t"; then build_targets+=("$t"); fi
