@@ -233,7 +233,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         link.retract(slot);
         break;
       case 2: {
-        const int64_t delta = static_cast<int8_t>(next()) * 16;
+        const int64_t delta = int64_t{static_cast<int8_t>(next())} * 16;
         const size_t n = size_t{next()} * 8;
         const uint8_t fill = next();
         const int key_delta = (op & 0x40) != 0 ? static_cast<int8_t>(next()) : 0;
