@@ -123,8 +123,9 @@ void CreditTable::retract(uint64_t credit_id) noexcept {
 void CreditTable::forgetRetracted(uint64_t credit_id) noexcept {
   auto it = credits_.find(credit_id & options_.key_mask);
   // Its FIFO entry goes stale, as when a retracted credit is replaced.
-  if (it != credits_.end() && it->second.retracted && it->second.credit.credit_id == credit_id)
+  if (it != credits_.end() && it->second.retracted && it->second.credit.credit_id == credit_id) {
     credits_.erase(it);
+  }
 }
 
 const LocalCredit* CreditTable::lookup(uint64_t key) const noexcept {

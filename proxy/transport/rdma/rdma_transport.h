@@ -286,7 +286,7 @@ class RdmaTransport final : public Transport {
   // (rdma_windows.h); deallocated just before the QP in tearDown().
   CreditWindows windows_;
   struct PendingWindowWr {
-    ibv_send_wr wr;
+    ibv_send_wr wr{};
     WindowHold hold;
   };
   std::deque<PendingWindowWr> window_backlog_;  // invalidations waiting for room
