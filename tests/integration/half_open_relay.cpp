@@ -92,6 +92,8 @@ void HalfOpenRelay::run() {
     }
     // A short timeout: block() and heal() take effect within it.
     ::poll(pfds.data(), pfds.size(), 10);
+    // Pairs accepted below have no pollfd yet: they are looked at next round.
+    const size_t polled = pairs.size();
 
     for (size_t i = 0; i < listeners_.size(); ++i) {
       if ((pfds[i].revents & POLLIN) == 0) continue;
@@ -111,7 +113,7 @@ void HalfOpenRelay::run() {
       for (int f : p->fd) ::setsockopt(f, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       pairs.push_back(std::move(p));
     }
-    for (size_t k = 0; k < pairs.size(); ++k) {
+    for (size_t k = 0; k < polled; ++k) {
       Pair& p = *pairs[k];
       const pollfd* pf = &pfds[listeners_.size() + 2 * k];
       if (((pf[0].revents | pf[1].revents) & (POLLHUP | POLLERR)) != 0) p.hung_up = true;
