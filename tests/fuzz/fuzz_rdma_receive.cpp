@@ -98,6 +98,7 @@ class Link {
     const uint64_t id = ++last_id_;
     auto c = b_->exposeCredit({id, mem_ + slot * kSlotBytes + kWireHeaderBytes, capacity, nullptr});
     if (!c.ok()) return;  // refused (e.g. the link went down): nothing exposed
+    b_->flush();          // its window is bound with b's next chain
     s.live = true;
     s.credit = c.value();
     s.has_credit = true;

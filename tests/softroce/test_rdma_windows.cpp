@@ -185,6 +185,7 @@ int main() {
   auto expose = [&](Link& l, size_t slot) {
     auto c = l.b.t->exposeCredit({next_id++, dst.slot(slot) + rdma::kWireHeaderBytes, kCapacity, nullptr});
     if (!c) std::printf("exposeCredit: %s\n", c.error().message.c_str());
+    l.b.t->flush();  // binds its window, as the grant's chain would
     return c ? c.value() : transport::RemoteCredit{};
   };
   std::vector<uint8_t> slot1(dst.slot(1), dst.slot(1) + kStride);

@@ -218,6 +218,7 @@ TEMPLATE_TEST_CASE("backpressure: post until full, then continue without losing 
     if (!r) FAIL("exposeCredit(" << 1000 + i << "): " << r.error().message);
     credits.push_back(r.value());
   }
+  rx.t->flush();
   std::vector<Payload> payloads;
   for (size_t i = 0; i < kFrames; ++i) payloads.push_back(pattern(i, kSize));
 

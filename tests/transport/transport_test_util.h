@@ -290,6 +290,7 @@ struct Buffer {
 inline RemoteCredit expose(Transport& t, const LocalCredit& c) {
   auto r = t.exposeCredit(c);
   if (!r) FAIL("exposeCredit(" << c.credit_id << "): " << r.error().message);
+  t.flush();  // where the grant would go out (rdma binds the credit's window with it)
   return r.value();
 }
 

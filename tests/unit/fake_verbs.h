@@ -167,6 +167,7 @@ class FakeVerbs final : public VerbsApi {
     // IBV_SEND_INLINE: the bytes as they were at post time (sges point here).
     std::vector<uint8_t> inline_bytes;
     ibv_mw* mw = nullptr;  // BIND_MW: the window; rkey its new key
+    uint32_t mw_rkey = 0;  // BIND_MW: the window's key when the bind was posted
     ibv_mw_bind_info bind{};
   };
   struct RecvWr {

@@ -19,6 +19,7 @@ ibv_mw* FakeVerbs::allocMw(ibv_pd* pd, ibv_mw_type type) {
   w->mw.type = type;
   // Index in the upper 24 bits, an 8-bit key below, as rxe makes them.
   w->mw.rkey = (next_key_++ << 8) | 0x5Au;
+  w->key = w->mw.rkey;
   ibv_mw* p = &w->mw;
   mws_.emplace(p, std::move(w));
   return p;
@@ -40,6 +41,7 @@ bool FakeVerbs::windowWr(const ibv_send_wr* wr, SendWr* out) {
   out->signalled = (wr->send_flags & IBV_SEND_SIGNALED) != 0;
   if (wr->opcode == IBV_WR_BIND_MW) {
     out->mw = wr->bind_mw.mw;
+    out->mw_rkey = wr->bind_mw.mw->rkey;  // rxe copies it into the WQE, as here
     out->rkey = wr->bind_mw.rkey;
     out->bind = wr->bind_mw.bind_info;
   } else {
@@ -51,7 +53,7 @@ bool FakeVerbs::windowWr(const ibv_send_wr* wr, SendWr* out) {
 ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
   if (wr.opcode == IBV_WR_LOCAL_INV) {
     for (auto& [k, w] : mws_) {
-      if (w->mw.rkey == wr.rkey && w->qp == q) {
+      if (w->key == wr.rkey && w->qp == q) {
         w->qp = nullptr;
         w->mr = nullptr;
         ++stats_.invalidations;
@@ -72,14 +74,16 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
   const auto start = reinterpret_cast<uint64_t>(m.mr.addr);
   const bool fits = wr.bind.addr >= start && wr.bind.addr + wr.bind.length <= start + m.mr.length;
   // What rxe checks: a free type-2 window, same PD as QP and MR, an MR with
-  // MW_BIND (and LOCAL_WRITE for remote write), same index, a new key.
+  // MW_BIND (and LOCAL_WRITE for remote write), the window named by the
+  // key the application's ibv_mw had when it posted the bind, which must be
+  // the adapter's key when the bind executes, same index, a new key.
   if (w.qp != nullptr || w.mw.pd != q->qp.pd || m.mr.pd != q->qp.pd || !(m.access & IBV_ACCESS_MW_BIND) ||
-      !(m.access & IBV_ACCESS_LOCAL_WRITE) || !fits || (wr.rkey & ~0xFFu) != (w.mw.rkey & ~0xFFu) ||
-      wr.rkey == w.mw.rkey) {
+      !(m.access & IBV_ACCESS_LOCAL_WRITE) || !fits || wr.mw_rkey != w.key ||
+      (wr.rkey & ~0xFFu) != (w.key & ~0xFFu) || wr.rkey == w.key) {
     error("IBV_WR_BIND_MW refused (window bound, PD, MR access, range or key)");
     return IBV_WC_MW_BIND_ERR;
   }
-  w.mw.rkey = wr.rkey;
+  w.key = wr.rkey;
   w.qp = q;
   w.mr = &m.mr;
   w.addr = wr.bind.addr;
@@ -92,7 +96,7 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
 const FakeVerbs::Mw* FakeVerbs::findWindow(uint32_t rkey, const Qp* qp, uint64_t addr,
                                            uint64_t length) const {
   for (auto& [k, w] : mws_) {
-    if (w->mw.rkey == rkey && w->qp == qp && (w->access & IBV_ACCESS_REMOTE_WRITE) && addr >= w->addr &&
+    if (w->key == rkey && w->qp == qp && (w->access & IBV_ACCESS_REMOTE_WRITE) && addr >= w->addr &&
         addr + length <= w->addr + w->length) {
       return w.get();
     }

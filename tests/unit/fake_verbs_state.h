@@ -28,7 +28,8 @@ struct FakeVerbs::Mr {
   int access = 0;
 };
 struct FakeVerbs::Mw {
-  ibv_mw mw{};
+  ibv_mw mw{};                 // the application's: it sets mw.rkey itself after posting a bind
+  uint32_t key = 0;            // the adapter's: what the latest executed bind gave it
   const Qp* qp = nullptr;      // bound on (type 2); null while free
   const ibv_mr* mr = nullptr;  // bound to, while bound
   uint64_t addr = 0;

@@ -190,6 +190,7 @@ struct DataPath : Pair {
   RemoteCredit credit(uint64_t credit_id, uint64_t length, size_t slot = 0) {
     auto c = b->exposeCredit({credit_id, dst.data + slot * 4096 + 256, length, nullptr});
     REQUIRE(c.ok());
+    b->flush();  // the window's bind goes with b's next chain (the grant's, were there one)
     return c.value();
   }
 

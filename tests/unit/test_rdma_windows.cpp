@@ -151,10 +151,6 @@ TEST_CASE("rdma refuses a credit's key once the credit is consumed or retracted"
   }
 }
 
-}  // namespace framelink::transport::rdma::testing
-
-namespace framelink::transport::rdma::testing {
-
 TEST_CASE("rdma keeps a credit's memory until its window is invalidated, then lets it go",
           "[rdma][lifetime]") {
   // A consumer leaves: its credits are retracted and its segment goes.  The
@@ -168,6 +164,7 @@ TEST_CASE("rdma keeps a credit's memory until its window is invalidated, then le
   const std::weak_ptr<Memory> alive = segment;
   SECTION("retracted") {
     REQUIRE(p->b->exposeCredit({7, segment->data + 256, 4096 - 256, segment}).ok());
+    p->b->flush();
     CHECK(p->fake->stats().binds == 1);
     // b's send queue is busy: a control record the paused adapter holds.
     p->fake->pauseDelivery(true);
@@ -178,6 +175,7 @@ TEST_CASE("rdma keeps a credit's memory until its window is invalidated, then le
   SECTION("consumed") {
     auto c = p->b->exposeCredit({7, segment->data + 256, 4096 - 256, segment});
     REQUIRE(c.ok());
+    p->b->flush();
     REQUIRE(p->a->post(request(0, c.value(), p->src, 64, 1)) == PostResult::kOk);
     p->ra()->flush();  // the adapter wrote it; b has not polled its arrival yet
     CHECK(p->fake->stats().binds == 1);
@@ -195,6 +193,56 @@ TEST_CASE("rdma keeps a credit's memory until its window is invalidated, then le
   p->fake->pauseDelivery(false);
   until(tx, rx, [&] { return alive.expired(); });
   CHECK(p->fake->stats().invalidations == 1);
+  CHECK(p->fake->errors().empty());
+}
+
+TEST_CASE("rdma binds a credit's window in the chain of its grant, before the grant", "[rdma][windows]") {
+  RdmaTransportOptions o;
+  o.window_queue_depth = 4;
+  auto p = makeDataPath(o, 6 * 4096);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  rx.pump();
+  const auto before = p->fake->stats();
+  std::vector<RemoteCredit> credits;
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto c = p->b->exposeCredit({i + 1, p->dst.data + i * 4096 + 256, 1000, nullptr});
+    REQUIRE(c.ok());
+    credits.push_back(c.value());
+  }
+  REQUIRE(p->b->postControl("the grant of credits 1 to 3") == PostResult::kOk);
+  CHECK(p->fake->stats().binds == before.binds);  // nothing is posted before the flush
+  SECTION("one chain: three binds, then the grant") {
+    p->b->flush();
+    const auto after = p->fake->stats();
+    CHECK(after.post_send_calls == before.post_send_calls + 1);
+    CHECK(after.send_wrs == before.send_wrs + 4);
+    CHECK(after.binds == before.binds + 3);
+    // The binds' last WR is signalled (its completion is the others' too), and the chain's end.
+    CHECK(after.signalled_wrs == before.signalled_wrs + 2);
+    for (uint64_t i = 0; i < 3; ++i)
+      REQUIRE(p->a->post(request(i, credits[i], p->src, 100, i + 1)) == PostResult::kOk);
+    p->a->flush();
+    until(tx, rx, [&] { return rx.arrivals.size() == 3 && tx.sends.size() == 3 && tx.controls.size() == 1; });
+    for (const auto& a : rx.arrivals) CHECK(a.status == FL_OK);
+    CHECK(tx.controls[0] == "the grant of credits 1 to 3");
+    CHECK(p->fake->stats().invalidations == before.invalidations + 3);
+  }
+  SECTION("window work requests are bounded: a grant waits while all are in use") {
+    p->fake->pauseDelivery(true);
+    p->b->flush();
+    REQUIRE(p->b->exposeCredit({4, p->dst.data + 3 * 4096 + 256, 1000, nullptr}).ok());
+    // Three binds on the paused queue and one waiting: all four in use.
+    auto refused = p->b->exposeCredit({5, p->dst.data + 4 * 4096 + 256, 1000, nullptr});
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().code == FL_ERR_RESOURCES);
+    p->b->flush();
+    CHECK_FALSE(p->b->exposeCredit({5, p->dst.data + 4 * 4096 + 256, 1000, nullptr}).ok());
+    p->fake->pauseDelivery(false);
+    until(tx, rx, [&] { return p->fake->stats().binds == before.binds + 4; });
+    rx.pump();  // the binds' completion frees their entries
+    CHECK(p->b->exposeCredit({5, p->dst.data + 4 * 4096 + 256, 1000, nullptr}).ok());
+    CHECK(p->b->connected());
+  }
   CHECK(p->fake->errors().empty());
 }
 

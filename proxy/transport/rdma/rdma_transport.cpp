@@ -226,6 +226,7 @@ void RdmaTransport::sizeWorkRequests() {
   ctl_frames_before_.resize(options_.control_send_chunks);
   recv_wrs_.resize(rq);
   recv_sges_.resize(rq);
+  window_ring_.resize(options_.window_queue_depth);
 }
 
 Status RdmaTransport::watchChannels() {
@@ -370,18 +371,26 @@ uint32_t RdmaTransport::buildControlWrs(uint32_t room) noexcept {
 
 void RdmaTransport::flushChain() noexcept {
   if (book_.failed()) return;
-  if (posted_seq_ == next_seq_ && book_.control().empty()) return;
+  if (posted_seq_ == next_seq_ && book_.control().empty() && window_backlog_.empty()) return;
   const uint32_t depth = options_.send_queue_depth;
   const uint32_t chunks = options_.control_send_chunks;
-  // Control first: what is queued fits in the send queue entries frames
+  const uint32_t wdepth = options_.window_queue_depth;
+  // Window WRs first: a bind goes before the grant that carries its key.
+  const uint32_t nwin = window_backlog_.empty() ? 0 : buildWindowWrs();
+  // Then control: what is queued fits in the send queue entries frames
   // have not claimed.
   const uint64_t used = sendQueueUsed();
   const uint32_t room = used < depth ? static_cast<uint32_t>(depth - used) : 0;
   const uint32_t nctl = book_.control().empty() ? 0 : buildControlWrs(room);
-  if (nctl == 0 && posted_seq_ == next_seq_) return;
+  if (nwin == 0 && nctl == 0 && posted_seq_ == next_seq_) return;
   ibv_send_wr* frames_first = posted_seq_ == next_seq_ ? nullptr : &send_wrs_[posted_seq_ % depth];
-  ibv_send_wr* first = nctl > 0 ? &ctl_wrs_[ctl_posted_seq_ % chunks] : frames_first;
+  ibv_send_wr* ctl_first = nctl > 0 ? &ctl_wrs_[ctl_posted_seq_ % chunks] : frames_first;
+  ibv_send_wr* first = nwin > 0 ? &window_ring_[window_posted_seq_ % wdepth].wr : ctl_first;
   ibv_send_wr* last_wr = nullptr;
+  if (nwin > 0) {
+    last_wr = &window_ring_[(window_posted_seq_ + nwin - 1) % wdepth].wr;
+    last_wr->next = ctl_first;
+  }
   // Every signal_interval-th WR of the chain is signalled, control or frame.
   auto signalEvery = [this](ibv_send_wr& wr) {
     wr.send_flags &= ~unsigned{IBV_SEND_SIGNALED};  // keeps IBV_SEND_INLINE
@@ -396,7 +405,7 @@ void RdmaTransport::flushChain() noexcept {
     signalEvery(wr);
     last_wr = &wr;
   }
-  if (last_wr != nullptr) last_wr->next = frames_first;
+  if (nctl > 0) last_wr->next = frames_first;
   for (uint64_t seq = posted_seq_; seq < next_seq_; ++seq) {
     ibv_send_wr& wr = send_wrs_[seq % depth];
     wr.next = seq + 1 == next_seq_ ? nullptr : &send_wrs_[(seq + 1) % depth];
@@ -409,33 +418,44 @@ void RdmaTransport::flushChain() noexcept {
     since_signal_ = 0;
     ++verbs_counters_.signalled_wrs;
   }
+  if (nwin > 0) ++verbs_counters_.signalled_wrs;  // the windows' last
   ibv_send_wr* bad = nullptr;
   ++verbs_counters_.post_send_calls;
   int rc = api_.postSend(qp_, first, &bad);
-  if (rc == 0) {
-    verbs_counters_.send_wrs += nctl + (next_seq_ - posted_seq_);
-    verbs_counters_.control_wrs += nctl;
-    ctl_posted_seq_ += nctl;
-    posted_seq_ = next_seq_;
-    return;
-  }
   // WRs before `bad` are on the queue; the rest never got there: frames
   // complete as lost once the queue has flushed, control records are lost
-  // with the link.
-  uint64_t ctl_accepted = ctl_posted_seq_;
-  uint64_t accepted = posted_seq_;
-  if (bad == nullptr) {
-  } else if (bad->wr_id & kControlTag) {
-    ctl_accepted = bad->wr_id & ~kControlTag;
-  } else {
-    ctl_accepted = ctl_posted_seq_ + nctl;
-    accepted = bad->wr_id;
+  // with the link, windows stay bound (and their memory held) until
+  // tearDown().
+  uint64_t win_accepted = window_posted_seq_ + nwin;
+  uint64_t ctl_accepted = ctl_posted_seq_ + nctl;
+  uint64_t accepted = next_seq_;
+  if (rc != 0) {
+    if (bad == nullptr) {
+      win_accepted = window_posted_seq_;
+      ctl_accepted = ctl_posted_seq_;
+      accepted = posted_seq_;
+    } else if (bad->wr_id & kControlTag) {
+      ctl_accepted = bad->wr_id & ~kControlTag;
+      accepted = posted_seq_;
+    } else if (bad->wr_id & kWindowTag) {
+      win_accepted = bad->wr_id & ~kWindowTag;
+      ctl_accepted = ctl_posted_seq_;
+      accepted = posted_seq_;
+    } else {
+      accepted = bad->wr_id;
+    }
   }
-  verbs_counters_.send_wrs += (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
+  for (uint64_t w = window_posted_seq_; w < win_accepted; ++w) windows_.posted(window_ring_[w % wdepth].wr);
+  verbs_counters_.window_wrs += win_accepted - window_posted_seq_;
+  verbs_counters_.send_wrs +=
+      (win_accepted - window_posted_seq_) + (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
   verbs_counters_.control_wrs += ctl_accepted - ctl_posted_seq_;
+  window_posted_seq_ = win_accepted;
   ctl_posted_seq_ = ctl_accepted;
   posted_seq_ = accepted;
-  fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
+  if (rc != 0) {
+    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": ibv_post_send failed: " + std::strerror(rc));
+  }
 }
 
 // ---------------------------------------------------------------- failure
@@ -492,7 +512,8 @@ void RdmaTransport::tearDown() noexcept {
   // No window is bound any more: the memory they held can go.
   windows_.clear();
   window_backlog_.clear();
-  window_holds_.clear();
+  for (PendingWindowWr& entry : window_ring_) entry.hold = WindowHold{};
+  window_done_seq_ = window_posted_seq_;
   unended_windows_.clear();
   posted_seq_ = std::max(posted_seq_, done_seq_);
   if (next_seq_ > done_seq_) {

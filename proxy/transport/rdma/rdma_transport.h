@@ -103,7 +103,7 @@ struct RdmaTransportOptions {
   // Send-queue entries kept for memory-window work requests (one bind per
   // credit exposed, one invalidation per credit consumed or retracted),
   // beyond send_queue_depth.  exposeCredit refuses (FL_ERR_RESOURCES, the
-  // grant is tried again later) while all are in use.
+  // grant is tried again later) while all are in use or waiting for one.
   uint32_t window_queue_depth = 512;
 };
 
@@ -152,12 +152,17 @@ class RdmaTransport final : public Transport {
 
   const char* name() const noexcept override { return "rdma"; }
   bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
+  // The credit's window is bound by the next flush() (or poll()), on the
+  // send queue ahead of what is posted after this call: the grant that
+  // carries its key.  A peer that had the key sooner finds it refused.
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
+  // Its window ends at once (the invalidation is posted before this returns).
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
   PostResult postControl(std::string record) noexcept override;
   std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
-  // Hands every WR post() accumulated to the adapter as one chain.
+  // Hands every WR post() accumulated, and the window binds and
+  // invalidations waiting, to the adapter as one chain.
   void flush() noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
   int eventFd() const noexcept override { return epoll_fd_.get(); }
@@ -246,14 +251,13 @@ class RdmaTransport final : public Transport {
     uint64_t retracted_credit = 0;  // 0: none (a bind, or a consumed credit)
   };
   // The window of credit key `key` ends (consumed or retracted): its
-  // LOCAL_INV goes on the send queue now, or as soon as there is room.
+  // LOCAL_INV joins the window backlog, for the next flushChain().
   void endWindow(uint32_t key, WindowHold hold) noexcept;
-  // Posts one window WR (signalled, each completes on its own); false and
-  // the link failed when the adapter refuses it.
-  bool postWindowWr(ibv_send_wr& wr, WindowHold hold) noexcept;
   // A window WR completed, or none will (the QP is gone): what it held goes.
   void releaseHold(WindowHold& hold) noexcept;
-  void postWindowBacklog() noexcept;
+  // Moves backlog entries onto the window ring, as many as it has room
+  // for, linked in order with the last one signalled; returns how many.
+  uint32_t buildWindowWrs() noexcept;
   void handleWindowWc(const ibv_wc& wc) noexcept;
 
   struct PendingSend {
@@ -285,14 +289,22 @@ class RdmaTransport final : public Transport {
   // Memory windows of this queue pair: one bound per live credit
   // (rdma_windows.h); deallocated just before the QP in tearDown().
   CreditWindows windows_;
+  // Window WRs (binds and invalidations) wait in the backlog, in the order
+  // they were made, for the next flushChain(), which puts them on the send
+  // queue ahead of its control records and frames: a bind before the grant
+  // that carries its key, one chain and one ibv_post_send for all.  Posted,
+  // window sequence w sits in window_ring_[w % window_queue_depth] until it
+  // has executed; [window_done_seq_, window_posted_seq_) are on the queue.
+  // Only the last WR of a chain is signalled: its completion is every
+  // earlier one's too (one send queue, executed in order).
   struct PendingWindowWr {
     ibv_send_wr wr{};
     WindowHold hold;
   };
-  std::deque<PendingWindowWr> window_backlog_;  // invalidations waiting for room
-  // One per window WR posted and not completed, oldest first (they complete
-  // in posting order: one send queue, all signalled).
-  std::deque<WindowHold> window_holds_;
+  std::deque<PendingWindowWr> window_backlog_;
+  std::vector<PendingWindowWr> window_ring_;
+  uint64_t window_posted_seq_ = 0;
+  uint64_t window_done_seq_ = 0;
   // Windows of a failed link that were never invalidated: bound until
   // tearDown() deallocates them, and their memory with them.
   std::vector<WindowHold> unended_windows_;

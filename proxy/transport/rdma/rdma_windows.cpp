@@ -114,9 +114,9 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
                                     "one receive registration on " +
                                     device_->name());
   }
-  if (!window_backlog_.empty() || window_holds_.size() >= options_.window_queue_depth) {
+  if (window_backlog_.size() + (window_posted_seq_ - window_done_seq_) >= options_.window_queue_depth) {
     return makeError(FL_ERR_RESOURCES, "exposeCredit: all " + std::to_string(options_.window_queue_depth) +
-                                           " memory-window work requests are in flight; try again later");
+                                           " memory-window work requests are in use; try again later");
   }
   const auto key = static_cast<uint32_t>(credit.credit_id);
   const uint64_t id = credit.credit_id;
@@ -134,13 +134,15 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
     windows_.unbind(key);
     return remote;
   }
-  // The bind goes on the send queue ahead of the grant that carries the
-  // key, and the queue executes in order: the window is up before the peer
-  // can learn its key.
-  if (!postWindowWr(bind, WindowHold{})) {
+  // The bind goes on the send queue with the next flush, ahead of the grant
+  // that carries the key, and the queue executes in order: the window is up
+  // before the peer can learn its key.
+  try {
+    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}});
+  } catch (...) {
     book_.retractCredit(id);
     windows_.unbind(key);
-    return makeError(FL_ERR_LINK_LOST, "exposeCredit: the memory window could not be bound");
+    return makeError(FL_ERR_RESOURCES, "exposeCredit: out of memory queueing the memory window's bind");
   }
   return remote;
 }
@@ -159,6 +161,7 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
   }
   book_.retractCredit(credit_id);
   endWindow(key, std::move(hold));
+  flushChain();
 }
 
 void RdmaTransport::endWindow(uint32_t key, WindowHold hold) noexcept {
@@ -182,9 +185,7 @@ void RdmaTransport::endWindow(uint32_t key, WindowHold hold) noexcept {
     window_backlog_.push_back(PendingWindowWr{inv, std::move(hold)});
   } catch (...) {
     fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory ending a memory window");
-    return;
   }
-  postWindowBacklog();
 }
 
 void RdmaTransport::releaseHold(WindowHold& hold) noexcept {
@@ -192,66 +193,39 @@ void RdmaTransport::releaseHold(WindowHold& hold) noexcept {
   hold = WindowHold{};
 }
 
-bool RdmaTransport::postWindowWr(ibv_send_wr& wr, WindowHold hold) noexcept {
-  wr.wr_id = kWindowTag;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.next = nullptr;
-  try {
-    window_holds_.push_back(std::move(hold));
-  } catch (...) {
-    fail(FL_ERR_RESOURCES,
-         "rdma link to " + peer_name_ + ": out of memory posting a memory-window work request");
-    return false;
-  }
-  ibv_send_wr* bad = nullptr;
-  ++verbs_counters_.post_send_calls;
-  const int rc = api_.postSend(qp_, &wr, &bad);
-  if (rc != 0) {
-    // Not on the send queue: what it holds stays until tearDown().
-    try {
-      unended_windows_.push_back(std::move(window_holds_.back()));
-    } catch (...) {
-    }
-    window_holds_.pop_back();
-    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ +
-                               ": ibv_post_send of a memory-window work request: " + std::strerror(rc));
-    return false;
-  }
-  ++verbs_counters_.send_wrs;
-  ++verbs_counters_.signalled_wrs;
-  ++verbs_counters_.window_wrs;
-  windows_.posted(wr);
-  return true;
-}
-
-void RdmaTransport::postWindowBacklog() noexcept {
-  while (!window_backlog_.empty() && window_holds_.size() < options_.window_queue_depth && !book_.failed()) {
-    PendingWindowWr& next = window_backlog_.front();
-    if (!postWindowWr(next.wr, std::move(next.hold))) return;
+uint32_t RdmaTransport::buildWindowWrs() noexcept {
+  const uint32_t depth = options_.window_queue_depth;
+  uint32_t built = 0;
+  while (!window_backlog_.empty() && window_posted_seq_ + built - window_done_seq_ < depth) {
+    const uint64_t wseq = window_posted_seq_ + built;
+    PendingWindowWr& entry = window_ring_[wseq % depth];
+    entry = std::move(window_backlog_.front());
     window_backlog_.pop_front();
+    entry.wr.wr_id = kWindowTag | wseq;
+    entry.wr.send_flags = 0;
+    entry.wr.next = nullptr;
+    if (built > 0) window_ring_[(wseq - 1) % depth].wr.next = &entry.wr;
+    ++built;
   }
+  if (built > 0) window_ring_[(window_posted_seq_ + built - 1) % depth].wr.send_flags = IBV_SEND_SIGNALED;
+  return built;
 }
 
 void RdmaTransport::handleWindowWc(const ibv_wc& wc) noexcept {
-  if (!window_holds_.empty()) {
-    WindowHold hold = std::move(window_holds_.front());
-    window_holds_.pop_front();
-    if (wc.status == IBV_WC_SUCCESS) {
-      releaseHold(hold);
-    } else {
-      // Flushed or failed: the window may still be bound until tearDown().
-      try {
-        unended_windows_.push_back(std::move(hold));
-      } catch (...) {
-      }
+  const uint64_t wseq = wc.wr_id & ~kWindowTag;
+  if (wc.status != IBV_WC_SUCCESS) {
+    // Flushed or failed: the windows may still be bound, and what they hold
+    // stays in the ring until tearDown().
+    if (!book_.failed()) {
+      fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
+                                 ibv_wc_status_str(wc.status));
     }
-  }
-  if (wc.status != IBV_WC_SUCCESS && !book_.failed()) {
-    fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
-                               ibv_wc_status_str(wc.status));
     return;
   }
-  postWindowBacklog();
+  if (wseq < window_done_seq_ || wseq >= window_posted_seq_) return;  // not one of ours any more
+  const uint32_t depth = options_.window_queue_depth;
+  for (; window_done_seq_ <= wseq; ++window_done_seq_)
+    releaseHold(window_ring_[window_done_seq_ % depth].hold);
 }
 
 }  // namespace framelink::transport::rdma
