@@ -44,6 +44,9 @@ const char* failureHint(int status) {
       return "the payload changed between submit and send: do not write a slot after fl_submit";
     case FL_ERR_SHUTDOWN:
       return "a daemon is shutting down: retry once it is back";
+    case FL_ERR_NO_LINK:
+      return "the peer never linked: `framelink links` shows its last error, `framelink doctor` checks the "
+             "set-up";
     default:
       return nullptr;
   }

@@ -67,6 +67,9 @@ FL_API const char* fl_status_str(int status) {
       return "FL_ERR_LINK_LOST: the link to the peer broke while the frame was in flight";
     case FL_ERR_SHUTDOWN:
       return "FL_ERR_SHUTDOWN: the daemon is shutting down";
+    case FL_ERR_NO_LINK:
+      return "FL_ERR_NO_LINK: the stream's peer has not linked with the daemon since it started (framelink "
+             "links shows its last error)";
     case FL_ERR_DAEMON_UNREACHABLE:
       return "FL_ERR_DAEMON_UNREACHABLE: cannot connect to the framelinkd socket";
     case FL_ERR_ATTACH_REFUSED:

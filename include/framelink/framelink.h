@@ -65,6 +65,7 @@ typedef enum fl_status {
   FL_ERR_NO_ROUTE = 110,       /* no peer is configured for this stream */
   FL_ERR_LINK_LOST = 111,      /* the link to the peer broke while the frame was in flight */
   FL_ERR_SHUTDOWN = 112,       /* the daemon is shutting down */
+  FL_ERR_NO_LINK = 113,        /* the stream's peer has not linked since the daemon started */
 
   /* 200..299: this client's attachment */
   FL_ERR_DAEMON_UNREACHABLE = 200, /* cannot connect to the daemon socket */

@@ -56,7 +56,8 @@ class NameTable {
 // authenticated daemons.
 struct PeerEntry {
   std::string name;
-  uint64_t link_id = 0;  // its current link; 0 while none is up
+  uint64_t link_id = 0;      // its current link; 0 while none is up
+  bool ever_linked = false;  // a link to it came up since this daemon started
 };
 class PeerTable {
  public:

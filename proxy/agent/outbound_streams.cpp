@@ -299,6 +299,7 @@ void OutboundStreams::onLinkUp(AgentLink& l) {
     requeueUnacked(p.link_id, "link " + std::to_string(l.id) + " replaces it");
   }
   p.link_id = l.id;
+  p.ever_linked = true;
   for (auto& [id, s] : peerOut(l.peer).streams) {
     dropCredits(s);
     announce(l, s);
@@ -390,6 +391,13 @@ void OutboundStreams::checkDeadlines() {
           finishFrame(c, slot, FL_ERR_NO_CONSUMER,
                       "no consumer of stream '" + c.stream + "' on peer " + peer_name +
                           " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");
+        } else if (route != kNoPeer && !peers_[route].ever_linked) {
+          // Not a link that broke: one that never was.  What is wrong is
+          // in `framelink links` (its last error) and this daemon's log.
+          finishFrame(c, slot, FL_ERR_NO_LINK,
+                      "peer " + peer_name + " has not linked with this daemon since it started (" +
+                          std::to_string(config_.credit_timeout_ms) +
+                          " ms waited); `framelink links` shows its last error");
         } else {
           finishFrame(c, slot, FL_ERR_LINK_LOST,
                       "no link to peer " + peer_name + " within " +

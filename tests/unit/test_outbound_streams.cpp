@@ -371,6 +371,31 @@ TEST_CASE("producer side: a frame never sent whose link does not come back fails
   CHECK(d.status == FL_ERR_LINK_LOST);
 }
 
+TEST_CASE("producer side: a frame for a peer that never linked fails NO_LINK, not LINK_LOST",
+          "[agent][timeout]") {
+  AgentFixture f([](Config& c) { c.credit_timeout_ms = 300; });
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
+  f.agent->post(CmdClientAttached{producer.session});  // no link to "remote" ever comes up
+  producer.push(0, 10);
+  waitUntil([&] { return f.metrics.counters.frames_submitted.load() == 1; }, "the agent takes the frame");
+  f.clock.advanceMs(299);
+  producer.push(1, 10);
+  waitUntil([&] { return f.metrics.counters.frames_submitted.load() == 2; }, "the agent takes the frame");
+  CHECK(producer.idleFor(20ms));  // nothing fails before its deadline
+  f.clock.advanceMs(12);
+  fl_completion_desc d = producer.pop();
+  CHECK(d.status == FL_ERR_NO_LINK);
+  CHECK(d.slot == 0);
+  // Once a link has been up, a frame that finds none is LINK_LOST again.
+  f.linkUp();
+  f.capture.next([](auto& m) { return m.has_stream_open(); });
+  f.agent->post(CmdLinkDown{1, "test cut the link"});
+  f.clock.advanceMs(300);
+  d = producer.pop();
+  CHECK(d.status == FL_ERR_LINK_LOST);
+  CHECK(d.slot == 1);
+}
+
 TEST_CASE("producer side: a replay never fails TOO_LARGE on a link with only smaller credits", "[agent]") {
   // Sent into a 4 KiB credit, then the link breaks; the next link grants only
   // 1 KiB credits.  The frame may already be at the 4 KiB consumer: it waits.

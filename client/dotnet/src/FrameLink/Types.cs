@@ -24,6 +24,7 @@ public enum FrameLinkStatus
     NoRoute = 110,
     LinkLost = 111,
     Shutdown = 112,
+    NoLink = 113,
     DaemonUnreachable = 200,
     AttachRefused = 201,
     Quota = 202,
