@@ -426,24 +426,33 @@ std::string formatClients(const Json& snapshot) {
 Json linkRows(const Json& snapshot) {
   Json rows = Json::array();
   const Json& links = member(detail(snapshot), "links");
-  for (const auto& l : links) rows.push_back(l);
+  // The last problem with each peer, on each of its rows: why a peer is
+  // down (or was, until its link came back).
+  const Json& problems = member(member(snapshot, "metrics"), "peer_problems");
+  auto withProblem = [&problems](Json row) {
+    const Json& p = member(problems, str(row, "peer").c_str());
+    row["last_error"] = str(p, "last_error");
+    row["last_error_ns"] = u64(p, "last_error_ns");
+    return row;
+  };
+  for (const auto& l : links) rows.push_back(withProblem(l));
   // Configured peers with no link up are shown too: that they are down is
   // what an operator looks for.
   for (const auto& p : member(snapshot, "peers")) {
     bool up = false;
     for (const auto& l : links) up = up || str(l, "peer") == str(p, "name");
     if (up) continue;
-    rows.push_back(Json{{"peer", str(p, "name")},
-                        {"address", str(p, "address")},
-                        {"state", "down"},
-                        {"transport", ""},
-                        {"transport_reason", "not connected (the daemon keeps dialing; see its log)"},
-                        {"rtt_ns", 0},
-                        {"in_flight", 0},
-                        {"pending", 0},
-                        {"replayed", 0},
-                        {"frames_in", 0},
-                        {"frames_out", 0}});
+    rows.push_back(withProblem(Json{{"peer", str(p, "name")},
+                                    {"address", str(p, "address")},
+                                    {"state", "down"},
+                                    {"transport", ""},
+                                    {"transport_reason", "not connected (the daemon keeps dialing)"},
+                                    {"rtt_ns", 0},
+                                    {"in_flight", 0},
+                                    {"pending", 0},
+                                    {"replayed", 0},
+                                    {"frames_in", 0},
+                                    {"frames_out", 0}}));
   }
   return rows;
 }
@@ -452,10 +461,18 @@ std::string formatLinks(const Json& snapshot) {
   const Json rows = linkRows(snapshot);
   if (rows.empty()) return "no peers configured and no links up\n";
   Table t({"PEER", "ADDRESS", "STATE", "UP FOR", "TRANSPORT", "RTT", "IN FLIGHT", "WAITING", "REPLAYS",
-           "FRAMES OUT", "FRAMES IN", "WHY THIS TRANSPORT"});
+           "FRAMES OUT", "FRAMES IN", "WHY THIS TRANSPORT", "LAST ERROR"});
   for (const auto& l : rows) {
     const uint64_t since = u64(l, "up_since_ns");
     const uint64_t now = realtimeNs();
+    const uint64_t error_at = u64(l, "last_error_ns");
+    const std::string last_error =
+        str(l, "last_error").empty()
+            ? "-"
+            : (error_at != 0 && now > error_at
+                   ? formatDuration(static_cast<double>(now - error_at) / 1e9) + " ago: "
+                   : std::string()) +
+                  str(l, "last_error");
     t.add({str(l, "peer"), str(l, "address").empty() ? "-" : str(l, "address"), str(l, "state"),
            since != 0 && now > since ? formatDuration(static_cast<double>(now - since) / 1e9) : "-",
            str(l, "transport").empty() ? "-" : str(l, "transport"), formatRtt(u64(l, "rtt_ns")),
@@ -464,7 +481,8 @@ std::string formatLinks(const Json& snapshot) {
            std::to_string(u64(l, "frames_in")),
            !str(l, "transport_reason").empty() ? str(l, "transport_reason")
            : str(l, "state") == "down"         ? "-"
-                                               : "first choice"});
+                                               : "first choice",
+           last_error});
   }
   return t.str();
 }

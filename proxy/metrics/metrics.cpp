@@ -1,6 +1,7 @@
 #include "metrics/metrics.h"
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include <ostream>
 #include <span>
@@ -401,7 +402,14 @@ std::string Metrics::json() const {
     out << (first ? "" : ",") << '"' << i << "\":" << v;
     first = false;
   }
-  out << "},\"detail\":";
+  // The last problem with each peer (JSON via nlohmann: peer names and
+  // messages are any bytes; invalid UTF-8 is replaced, never thrown on).
+  nlohmann::json problems = nlohmann::json::object();
+  for (const auto& [peer, p] : peer_problems.snapshot()) {
+    problems[peer] = {{"last_error", p.what}, {"last_error_ns", p.at_ns}, {"errors", p.count}};
+  }
+  out << "},\"peer_problems\":" << problems.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+      << ",\"detail\":";
   MutexLock lock(detail_mutex_);
   out << detail_ << '}';
   return out.str();

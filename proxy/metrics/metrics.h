@@ -13,6 +13,7 @@
 
 #include "common/result.h"
 #include "common/thread_annotations.h"
+#include "metrics/peer_problems.h"
 #include "transport/transport.h"  // TransportCounters, a plain struct
 
 namespace framelink {
@@ -84,6 +85,7 @@ class Metrics {
   }
 
   Counters counters;
+  PeerProblems peer_problems;
 
   void recordDeliveryLatency(uint64_t micros) noexcept;
   void recordFailure(int status) noexcept;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_run.h"
 #include "client_util.h"
 #include "framelink/framelink.h"
 #include "harness.h"
@@ -35,31 +36,8 @@ namespace {
 constexpr uid_t kNobody = 65534;
 constexpr gid_t kNogroup = 65534;
 
-struct Run {
-  int code = -1;
-  std::string output;
-};
-
-Run runCli(const std::string& label, const std::vector<std::string>& args) {
-  ChildProcess p(label, args);
-  Run r;
-  r.code = p.wait(Millis(20000));
-  r.output = p.output();
-  return r;
-}
-
-// The CLI's JSON output (`clients --json`, ...); REQUIREs it to parse.
-Json cliJson(const std::string& label, const std::vector<std::string>& args) {
-  Run r = runCli(label, args);
-  INFO(label << " output: " << r.output);
-  REQUIRE(r.code == 0);
-  Json j;
-  REQUIRE_NOTHROW(j = Json::parse(r.output));
-  return j;
-}
-
 // Runs the CLI as nobody:nogroup in a forked child (root needed to switch).
-Run runCliAsNobody(const TempDir& dir, const std::vector<std::string>& args) {
+CliRun runCliAsNobody(const TempDir& dir, const std::vector<std::string>& args) {
   REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
   const std::string out = dir.file("nobody.out");
   const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -82,7 +60,7 @@ Run runCliAsNobody(const TempDir& dir, const std::vector<std::string>& args) {
   ::close(fd);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
-  Run r;
+  CliRun r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.output = readFile(out);
   return r;
@@ -187,7 +165,7 @@ TEST_CASE("admin: stats, clients and links show a producer and a consumer that m
   CHECK(c.value("slot_size", 0) == 512 * 1024);
 
   // The table says the same.
-  Run table = runCli("clients-table", {"clients", "--socket", sock_a});
+  CliRun table = runCli("clients-table", {"clients", "--socket", sock_a});
   REQUIRE(table.code == 0);
   CHECK(table.output.find("PID") != std::string::npos);
   CHECK(table.output.find(" " + std::to_string(me) + " ") != std::string::npos);
@@ -217,7 +195,7 @@ TEST_CASE("admin: stats, clients and links show a producer and a consumer that m
       },
       Millis(10000), Millis(500)));
   CHECK(links_a[0].value("rtt_ns", 0ull) < 1'000'000'000ull);
-  Run links_table = runCli("links-table", {"links", "--socket", sock_a});
+  CliRun links_table = runCli("links-table", {"links", "--socket", sock_a});
   REQUIRE(links_table.code == 0);
   CHECK(links_table.output.find(pair.b().id()) != std::string::npos);
   CHECK(links_table.output.find(" up ") != std::string::npos);
@@ -251,7 +229,7 @@ TEST_CASE("admin: stats, clients and links show a producer and a consumer that m
   INFO("rated: " << rated.dump());
   CHECK(rated["rates_per_s"].value("frames_submitted", 0.0) > 0.0);
 
-  Run text = runCli("stats-text", {"stats", "--once", "--interval", "0.2", "--socket", sock_a});
+  CliRun text = runCli("stats-text", {"stats", "--once", "--interval", "0.2", "--socket", sock_a});
   REQUIRE(text.code == 0);
   CHECK(text.output.find("framelinkd '" + pair.a().id() + "'") != std::string::npos);
   CHECK(text.output.find("frames delivered") != std::string::npos);
@@ -270,7 +248,7 @@ TEST_CASE("admin: a user outside the admin rule is refused, the admin group is a
   TempDir dir("fl-admin");
   REQUIRE(::chmod(dir.path().c_str(), 0755) == 0);
 
-  Run refused = runCliAsNobody(dir, {"stats", "--once", "--socket", pair.a().socketPath()});
+  CliRun refused = runCliAsNobody(dir, {"stats", "--once", "--socket", pair.a().socketPath()});
   INFO("as nobody on A: " << refused.output);
   CHECK(refused.code == 1);
   CHECK(refused.output.find("admin requests are refused to uid 65534") != std::string::npos);
@@ -280,7 +258,7 @@ TEST_CASE("admin: a user outside the admin rule is refused, the admin group is a
   // Attaching stays what it was: the socket mode and allow-lists decide that.
   CHECK(tryAttach(pair.a().socketPath(), FL_PRODUCER, "adm", 2, 65536).status == FL_OK);
 
-  Run allowed = runCliAsNobody(dir, {"clients", "--json", "--socket", pair.b().socketPath()});
+  CliRun allowed = runCliAsNobody(dir, {"clients", "--json", "--socket", pair.b().socketPath()});
   INFO("as nobody on B: " << allowed.output);
   CHECK(allowed.code == 0);
   CHECK_NOTHROW(Json::parse(allowed.output));
@@ -306,7 +284,7 @@ TEST_CASE("admin: doctor against a running daemon and against none", "[admin]") 
       },
       Millis(10000), Millis(200)));
 
-  Run up = runCli("doctor-up", {"doctor", "--socket", pair.a().socketPath(), "--config", no_config});
+  CliRun up = runCli("doctor-up", {"doctor", "--socket", pair.a().socketPath(), "--config", no_config});
   INFO("doctor with a daemon:\n" << up.output);
   const auto up_lines = lines(up.output);
   REQUIRE(up_lines.size() >= 6);
@@ -353,7 +331,7 @@ TEST_CASE("admin: doctor against a running daemon and against none", "[admin]") 
                         << "\"\n\n[[peer]]\nname = \"b\"\n"
                         << "address = \"" << pair.b().grpcAddress() << "\"\n\n[[peer]]\nname = \"gone\"\n"
                         << "address = \"127.0.0.1:" << closed_port << "\"\n";
-  Run down = runCli("doctor-down", {"doctor", "--config", config});
+  CliRun down = runCli("doctor-down", {"doctor", "--config", config});
   INFO("doctor without a daemon:\n" << down.output);
   CHECK(down.code == 1);
   const auto down_lines = lines(down.output);

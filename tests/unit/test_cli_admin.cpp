@@ -20,8 +20,10 @@ Json snapshot(uint64_t delivered, uint64_t bytes) {
     "metrics": {
       "counters": {"frames_delivered": )" +
                      std::to_string(delivered) + R"(, "bytes_sent": )" + std::to_string(bytes) +
-                     R"(, "links_up": 1},
+                     R"json(, "links_up": 1},
       "failed_by_status": {"107": 3},
+      "peer_problems": {"host-c": {"last_error": "refused the session: wrong or missing token (gRPC 16)",
+                                   "last_error_ns": 1000000000, "errors": 4}},
       "detail": {
         "clients": [{"id": 7, "pid": 1234, "uid": 1000, "role": "producer", "stream": "cam0", "slots": 4,
                      "slot_size": 262144, "in_flight": 2, "frames": 10, "bytes": 1000, "errors": 0,
@@ -31,7 +33,7 @@ Json snapshot(uint64_t delivered, uint64_t bytes) {
                    "frames_out": 10, "in_flight": 2, "pending": 1, "replayed": 5}]
       }
     }
-  })");
+  })json");
 }
 
 }  // namespace
@@ -54,10 +56,16 @@ TEST_CASE("admin: links show every link and every configured peer without one as
   CHECK(rows[0]["state"] == "up");
   CHECK(rows[1]["peer"] == "host-c");
   CHECK(rows[1]["state"] == "down");
+  // Why host-c is down, and since when; host-b never had a problem.
+  CHECK(rows[1]["last_error"] == "refused the session: wrong or missing token (gRPC 16)");
+  CHECK(rows[1]["last_error_ns"] == 1000000000);
+  CHECK(rows[0]["last_error"] == "");
   const std::string t = formatLinks(snapshot(0, 0));
   CHECK(t.find("0.250 ms") != std::string::npos);
   CHECK(t.find("host-c") != std::string::npos);
   CHECK(t.find("down") != std::string::npos);
+  CHECK(t.find("LAST ERROR") != std::string::npos);
+  CHECK(t.find(" ago: refused the session: wrong or missing token (gRPC 16)") != std::string::npos);
 }
 
 TEST_CASE("admin: rates are the counter's growth over the interval; a restarted daemon counts from 0") {

@@ -1,0 +1,38 @@
+#include "metrics/peer_problems.h"
+
+#include <time.h>
+
+#include <algorithm>
+
+namespace framelink {
+
+void PeerProblems::record(const std::string& peer, std::string what) noexcept {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const uint64_t at = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
+  if (what.size() > kMaxMessageBytes) what.resize(kMaxMessageBytes);
+  try {
+    MutexLock lock(mu_);
+    auto it = problems_.find(peer);
+    if (it == problems_.end()) {
+      if (problems_.size() >= kMaxPeers) {
+        problems_.erase(
+            std::min_element(problems_.begin(), problems_.end(),
+                             [](const auto& a, const auto& b) { return a.second.at_ns < b.second.at_ns; }));
+      }
+      it = problems_.emplace(peer, Problem{}).first;
+    }
+    it->second.what = std::move(what);
+    it->second.at_ns = at;
+    ++it->second.count;
+  } catch (...) {
+    // Out of memory: the problem is in the log still.
+  }
+}
+
+std::map<std::string, PeerProblems::Problem> PeerProblems::snapshot() const {
+  MutexLock lock(mu_);
+  return problems_;
+}
+
+}  // namespace framelink
