@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -318,6 +319,24 @@ Status validate(Config& c) {
                    " bytes; a Unix socket path must be at most " + std::to_string(kMaxSocketPath));
   }
   if (auto st = config::checkPeers(c); !st) return st;
+  if (c.data_listen.empty()) {
+    // A fixed port by default, the one after the gRPC port, so that a
+    // firewall rule can be written before the daemon first runs.
+    const size_t colon = c.listen.rfind(':');
+    uint32_t port = 0;
+    if (colon == std::string::npos ||
+        std::from_chars(c.listen.data() + colon + 1, c.listen.data() + c.listen.size(), port).ec !=
+            std::errc{}) {
+      return invalid("link.listen '" + c.listen + "' has no port; write HOST:PORT");
+    }
+    if (port >= 65535) {
+      return invalid(
+          "link.listen's port is " + std::to_string(port) +
+          ": the tcp data port, by default the one after it, would not exist; set link.data_listen "
+          "(--data-listen HOST:PORT)");
+    }
+    c.data_listen = c.listen.substr(0, colon + 1) + std::to_string(port == 0 ? 0 : port + 1);
+  }
   if (c.unauthenticatedFromNetwork() && !c.allow_unauthenticated) {
     return invalid(
         "link.listen " + c.listen + " / data_listen " + c.data_listen +

@@ -55,9 +55,9 @@ struct Config {
 
   // [link]
   std::string listen = "0.0.0.0:7700";
-  std::string data_listen = "0.0.0.0:0";
-  std::string token;                                   // empty: peer links are not authenticated
-  std::string token_file;                              // where `token` was read from, if from a file
+  std::string data_listen;  // empty: listen's host, its port + 1 (0 stays 0); set by parseConfig
+  std::string token;        // empty: peer links are not authenticated
+  std::string token_file;   // where `token` was read from, if from a file
   std::vector<std::string> transports{"tcp", "grpc"};  // preference order
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;

@@ -27,7 +27,7 @@ const std::vector<Option>& options() {
       {"daemon", "idle_spin_us",       Number{&Config::idle_spin_us, 0, UINT32_MAX, "US"},     "The data agent spins this long after its last work, yields as long again, then sleeps in epoll (0 = sleep at once)"},
       {"daemon", "hugepages",          Choice{&Config::hugepages, {"auto", "on", "off"}},      "Data segments on 2 MiB pages: auto (when reserved), on (required), off"},
       {"link",   "listen",             Address{&Config::listen},                               "gRPC listener for peer daemons (port 0 = any free port)"},
-      {"link",   "data_listen",        Address{&Config::data_listen},                          "tcp data listener, advertised to peers in Hello"},
+      {"link",   "data_listen",        Address{&Config::data_listen, false, "listen+1"}, "tcp data listener, advertised to peers in Hello; by default listen's host and the port after its (7701 next to 7700; any free port when listen's is 0), so that a firewall rule can be written in advance"},
       {"link",   "token",              Text{&Config::token, "TOKEN", "none", false, true},     "Shared secret a peer presents, unless its [[peer]] has a token of its own"},
       {"link",   "token_file",         TokenFile{&Config::token_file},                         "Read the shared secret from this file (excludes token); keep it readable by the daemon's user only"},
       {"link",   "allow_unauthenticated", Switch{&Config::allow_unauthenticated},              "Accept peers from the network with neither a token nor TLS (refused otherwise; warns at start)"},
@@ -353,7 +353,7 @@ std::string show(const Option& option, const Config& c) {
             return v.empty() ? t.unset : v;
           },
           [&](const Choice& ch) { return c.*ch.field; },
-          [&](const Address& a) { return (c.*a.field).empty() ? "off" : c.*a.field; },
+          [&](const Address& a) { return (c.*a.field).empty() ? std::string(a.unset) : c.*a.field; },
           [&](const Number& n) { return std::to_string(c.*n.field); },
           [&](const Bytes& b) {
             return b.zero != nullptr && c.*b.field == 0 ? std::string(b.zero) : formatSize(c.*b.field);

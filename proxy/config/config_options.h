@@ -53,7 +53,8 @@ struct Choice {
 // empty turns the listener off.
 struct Address {
   std::string Config::*field;
-  bool optional = false;
+  bool optional = false;      // may be set to "" (turned off)
+  const char* unset = "off";  // what "" means, as the reference shows it
 };
 struct Number {
   uint32_t Config::*field;

@@ -133,7 +133,7 @@ cat >/etc/framelink-second/framelinkd.toml <<EOF
 id = "second"
 socket = "$socket_b"
 [link]
-listen = "127.0.0.1:7701"
+listen = "127.0.0.1:7710"
 data_listen = "127.0.0.1:0"
 token_file = "/etc/framelink/peer.token"
 tls_cert_file = "tls/host.crt"
@@ -147,7 +147,7 @@ cat >>/etc/framelink/framelinkd.toml <<'EOF'
 
 [[peer]]
 name = "second"
-address = "127.0.0.1:7701"
+address = "127.0.0.1:7710"
 EOF
 t=$SECONDS
 systemd-run --unit=framelinkd-second --property=Type=notify --property=User=framelink --property=Group=framelink \
@@ -157,7 +157,7 @@ rc=$?
 systemctl restart framelinkd >>"$work/second.log" 2>&1
 rc2=$?
 if ((rc == 0 && rc2 == 0)) && is_active framelinkd-second && is_active framelinkd && [[ -S $socket_b ]]; then
-  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7701, $socket_b) active; framelinkd restarted with it as [[peer]] in $((SECONDS - t)) s"
+  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7710, $socket_b) active; framelinkd restarted with it as [[peer]] in $((SECONDS - t)) s"
 else
   fail second-daemon "systemd-run exited $rc, restart $rc2; framelinkd-second $(systemctl is-active framelinkd-second), framelinkd $(systemctl is-active framelinkd)" \
     "$work/second.log" "$(journal framelinkd-second)" "$(journal framelinkd)"
@@ -176,18 +176,18 @@ fi
 
 # ---- 3c. the link runs TLS: the second daemon's listener presents its certificate and refuses a
 # dialer without one, and the packaged daemon linked with it (it presented the packaged one)
-openssl s_client -connect 127.0.0.1:7701 -CAfile /etc/framelink-second/tls/host.crt -verify_return_error \
+openssl s_client -connect 127.0.0.1:7710 -CAfile /etc/framelink-second/tls/host.crt -verify_return_error \
   </dev/null >"$work/s_client.log" 2>&1
 verified=$(grep -c 'Verify return code: 0 (ok)' "$work/s_client.log")
-timeout 10 openssl s_client -connect 127.0.0.1:7701 -alpn h2 -CAfile /etc/framelink-second/tls/host.crt \
+timeout 10 openssl s_client -connect 127.0.0.1:7710 -alpn h2 -CAfile /etc/framelink-second/tls/host.crt \
   </dev/null >"$work/s_client-nocert.log" 2>&1
 sleep 1
 refused=$(journalctl -u framelinkd-second --no-pager -o cat | grep -c 'peer did not return a certificate')
 if ((verified >= 1 && refused >= 1)) && journalctl -u framelinkd --no-pager -o cat | grep -q 'connected to peer second'; then
-  pass tls-link "127.0.0.1:7701 presents the certificate of 'second' and refuses a dialer without one \
+  pass tls-link "127.0.0.1:7710 presents the certificate of 'second' and refuses a dialer without one \
 ('peer did not return a certificate' in its log); framelinkd connected to peer second"
 else
-  fail tls-link "TLS on 127.0.0.1:7701: certificate verified $verified, dialer without a certificate refused $refused" \
+  fail tls-link "TLS on 127.0.0.1:7710: certificate verified $verified, dialer without a certificate refused $refused" \
     "$work/s_client.log" "$work/s_client-nocert.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 

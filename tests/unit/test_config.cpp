@@ -76,7 +76,7 @@ TEST_CASE("defaults without any flag", "[config]") {
   CHECK(c->socket_path == "/run/framelink/framelinkd.sock");
   CHECK(c->socket_mode == 0660);
   CHECK(c->listen == "0.0.0.0:7700");
-  CHECK(c->data_listen == "0.0.0.0:0");
+  CHECK(c->data_listen == "0.0.0.0:7701");  // fixed: a firewall rule can be written in advance
   CHECK(c->transports == std::vector<std::string>{"tcp", "grpc"});
   CHECK(c->hugepages == "auto");
   CHECK(c->log_level == "info");
@@ -84,6 +84,21 @@ TEST_CASE("defaults without any flag", "[config]") {
   CHECK(c->max_client_bytes == fl::kGiB);
   CHECK(c->peers.empty());
   CHECK(c->routeFor("cam0").empty());
+}
+
+TEST_CASE("the tcp data port is the one after the gRPC port unless set", "[config]") {
+  auto derived = [](std::vector<std::string> args) {
+    auto c = parse(std::move(args));
+    REQUIRE(c.ok());
+    return c->data_listen;
+  };
+  CHECK(derived({"--listen", "10.0.0.5:9000"}) == "10.0.0.5:9001");
+  CHECK(derived({"--listen", "[::1]:7700"}) == "[::1]:7701");
+  CHECK(derived({"--listen", "127.0.0.1:0"}) == "127.0.0.1:0");  // any free port, as the gRPC one
+  CHECK(derived({"--listen", "10.0.0.5:9000", "--data-listen", "10.0.0.5:1234"}) == "10.0.0.5:1234");
+  auto last_port = parse({"--listen", "127.0.0.1:65535"});
+  REQUIRE_FALSE(last_port.ok());
+  CHECK_THAT(last_port.error().message, Catch::Contains("data_listen"));
 }
 
 TEST_CASE("a TOML file sets every key", "[config]") {
@@ -519,8 +534,9 @@ TEST_CASE("peers from the network without a token or TLS are refused unless allo
     INFO(bare.error().message);
     CHECK(bare.error().message.find(fragment) != std::string::npos);
   }
-  // A data listener on the network is just as open.
-  CHECK_FALSE(parseAsIs({"--listen", "127.0.0.1:7700"}).ok());
+  // A data listener on the network is just as open; by default it is on listen's host.
+  CHECK_FALSE(parseAsIs({"--listen", "127.0.0.1:7700", "--data-listen", "0.0.0.0:7701"}).ok());
+  CHECK(parseAsIs({"--listen", "127.0.0.1:7700"}).ok());
   // Any one of these makes it acceptable.
   CHECK(parseAsIs({"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"}).ok());
   CHECK(parseAsIs({"--listen", "[::1]:0", "--data-listen", "localhost:0"}).ok());
