@@ -1,4 +1,4 @@
-// framelinkd entry point: configuration, logging, signals, systemd readiness.
+// framelinkd entry point: configuration, logging, signals, systemd readiness and watchdog.
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "agent/agent_heartbeat.h"
 #include "common/journal_stream.h"
 #include "config/config.h"
 #include "daemon.h"
@@ -60,6 +62,21 @@ static std::shared_ptr<spdlog::logger> makeLogger(const framelink::Config& confi
   auto logger = spdlog::stderr_color_mt("framelinkd");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config.id + "] %v");
   return logger;
+}
+
+// The watchdog systemd keeps for this process (WatchdogSec=), none without
+// one.  The data agent beats it at a quarter of the timeout, twice as often
+// as sd_watchdog_enabled(3) asks: a beat that comes late (the agent looks at
+// the time every 50 ms at most) or is lost does not get a working daemon
+// killed.
+static framelink::AgentHeartbeat systemdWatchdog() {
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  uint64_t timeout_us = 0;
+  if (sd_watchdog_enabled(0, &timeout_us) > 0 && timeout_us > 0) {
+    return {timeout_us * 1000 / 4, [] { sd_notify(0, "WATCHDOG=1"); }};
+  }
+#endif
+  return {};
 }
 
 // An exception that gets here (a logger that cannot be created, out of
@@ -116,7 +133,11 @@ int main(int argc, char** argv) try {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto daemon = framelink::Daemon::start(std::move(config.value()));
+  framelink::AgentHeartbeat watchdog = systemdWatchdog();
+  if (watchdog.enabled()) {
+    spdlog::info("systemd watchdog on: the data agent reports every {} ms", watchdog.period_ns / 1'000'000);
+  }
+  auto daemon = framelink::Daemon::start(std::move(config.value()), std::move(watchdog));
   if (!daemon) {
     spdlog::critical("cannot start: {}", daemon.error().message);
     return 1;
