@@ -73,7 +73,8 @@ Status writeReadyFile(const std::string& path, const std::string& content) {
 
 class DaemonImpl final : public Daemon {
  public:
-  explicit DaemonImpl(Config config) : config_(std::move(config)) {}
+  DaemonImpl(Config config, AgentHeartbeat heartbeat)
+      : config_(std::move(config)), heartbeat_(std::move(heartbeat)) {}
   ~DaemonImpl() override { stop(); }
 
   Status init() {
@@ -81,7 +82,7 @@ class DaemonImpl final : public Daemon {
     ::clock_gettime(CLOCK_REALTIME, &ts);
     DaemonIdentity identity{static_cast<uint64_t>(::getpid()),
                             uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec)};
-    agent_ = std::make_unique<DataAgent>(config_, metrics_);
+    agent_ = std::make_unique<DataAgent>(config_, metrics_, steadyClock(), std::move(heartbeat_));
     agent_->start();
     auto attach = AttachServer::create(
         config_, identity,
@@ -211,6 +212,7 @@ class DaemonImpl final : public Daemon {
   }
 
   Config config_;
+  AgentHeartbeat heartbeat_;
   Metrics metrics_;
   std::unique_ptr<DataAgent> agent_;
   std::unique_ptr<AttachServer> attach_;
@@ -221,8 +223,8 @@ class DaemonImpl final : public Daemon {
 
 }  // namespace
 
-Result<std::unique_ptr<Daemon>> Daemon::start(Config config) {
-  auto daemon = std::make_unique<DaemonImpl>(std::move(config));
+Result<std::unique_ptr<Daemon>> Daemon::start(Config config, AgentHeartbeat heartbeat) {
+  auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(heartbeat));
   Status s = daemon->init();
   if (!s) {
     daemon->stop();

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "agent/agent_heartbeat.h"
 #include "common/result.h"
 #include "config/config.h"
 
@@ -12,7 +13,9 @@ namespace framelink {
 
 class Daemon {
  public:
-  static Result<std::unique_ptr<Daemon>> start(Config config);
+  // `heartbeat`: beaten by the data agent while it runs (systemd's watchdog
+  // in framelinkd; none in tests).
+  static Result<std::unique_ptr<Daemon>> start(Config config, AgentHeartbeat heartbeat = {});
   virtual ~Daemon() = default;
 
   virtual uint16_t grpcPort() const noexcept = 0;

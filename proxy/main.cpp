@@ -1,16 +1,25 @@
-// framelinkd entry point: configuration, logging, signals, systemd readiness.
+// framelinkd entry point: configuration, logging, signals, systemd readiness and watchdog.
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #ifdef FRAMELINK_HAVE_SYSTEMD
+#include <spdlog/sinks/systemd_sink.h>
 #include <systemd/sd-daemon.h>
 #endif
 
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <memory>
+#include <string>
+#include <utility>
 
+#include "agent/agent_heartbeat.h"
+#include "common/journal_stream.h"
 #include "config/config.h"
 #include "daemon.h"
 
@@ -26,6 +35,50 @@ static void keepFreedMemory() {
   ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
 
+// Started by systemd with stderr connected to the journal.
+static bool stderrIsJournal() {
+  return framelink::isJournalStream(std::getenv("JOURNAL_STREAM"), STDERR_FILENO);
+}
+
+// A line for stderr when there is no logger (before it exists, or when it
+// failed).  The journal reads a leading "<3>" as priority err, so that
+// `journalctl -p err` shows why the daemon did not start.
+static void printError(const std::string& what) {
+  std::fprintf(stderr, "%sframelinkd: %s\n", stderrIsJournal() ? "<3>" : "", what.c_str());
+}
+
+// The journal takes every line of a service's stderr at one priority and
+// stamps its own time: under systemd the daemon writes to the journal
+// directly instead, each line with its level as PRIORITY, SYSLOG_IDENTIFIER
+// framelinkd and no time of its own.  Anywhere else (a terminal, a test, a
+// container without systemd) plain lines to stderr, with time, level and id.
+static std::shared_ptr<spdlog::logger> makeLogger(const framelink::Config& config) {
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  if (stderrIsJournal()) {
+    return std::make_shared<spdlog::logger>("framelinkd",
+                                            std::make_shared<spdlog::sinks::systemd_sink_mt>("framelinkd"));
+  }
+#endif
+  auto logger = spdlog::stderr_color_mt("framelinkd");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config.id + "] %v");
+  return logger;
+}
+
+// The watchdog systemd keeps for this process (WatchdogSec=), none without
+// one.  The data agent beats it at a quarter of the timeout, twice as often
+// as sd_watchdog_enabled(3) asks: a beat that comes late (the agent looks at
+// the time every 50 ms at most) or is lost does not get a working daemon
+// killed.
+static framelink::AgentHeartbeat systemdWatchdog() {
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  uint64_t timeout_us = 0;
+  if (sd_watchdog_enabled(0, &timeout_us) > 0 && timeout_us > 0) {
+    return {timeout_us * 1000 / 4, [] { sd_notify(0, "WATCHDOG=1"); }};
+  }
+#endif
+  return {};
+}
+
 // An exception that gets here (a logger that cannot be created, out of
 // memory while starting) ends the daemon with its message, not with a bare
 // std::terminate.
@@ -33,16 +86,14 @@ int main(int argc, char** argv) try {
   keepFreedMemory();
   auto config = framelink::parseConfig(argc, argv);
   if (!config) {
-    std::fprintf(stderr, "framelinkd: %s\n", config.error().message.c_str());
+    printError(config.error().message);
     return 2;
   }
   if (config->exit_now) {
     std::fputs(config->exit_message.c_str(), stdout);
     return 0;
   }
-  auto logger = spdlog::stderr_color_mt("framelinkd");
-  spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [" + config->id + "] %v");
+  spdlog::set_default_logger(makeLogger(config.value()));
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
   for (const auto& exposed : framelink::exposedTokenFiles(config.value())) spdlog::warn("{}", exposed);
@@ -82,7 +133,11 @@ int main(int argc, char** argv) try {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto daemon = framelink::Daemon::start(std::move(config.value()));
+  framelink::AgentHeartbeat watchdog = systemdWatchdog();
+  if (watchdog.enabled()) {
+    spdlog::info("systemd watchdog on: the data agent reports every {} ms", watchdog.period_ns / 1'000'000);
+  }
+  auto daemon = framelink::Daemon::start(std::move(config.value()), std::move(watchdog));
   if (!daemon) {
     spdlog::critical("cannot start: {}", daemon.error().message);
     return 1;
@@ -107,9 +162,9 @@ int main(int argc, char** argv) try {
   spdlog::info("stopped");
   return 0;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "framelinkd: %s\n", e.what());
+  printError(e.what());
   return 1;
 } catch (...) {
-  std::fprintf(stderr, "framelinkd: unknown exception\n");
+  printError("unknown exception");
   return 1;
 }

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <map>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "agent/agent_stats.h"
@@ -67,7 +68,8 @@ InboundLimits inboundLimits(const Config& config) {
 
 }  // namespace
 
-DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock)
+DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock,
+                     AgentHeartbeat heartbeat)
     : config_(config),
       metrics_(metrics),
       clock_(clock),
@@ -75,7 +77,8 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       clients_(metrics, names_),
       outbound_(config, metrics, clock, clients_, peers_, links_),
       inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000,
-               inboundLimits(config)) {
+               inboundLimits(config)),
+      heartbeat_(std::move(heartbeat)) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -157,6 +160,12 @@ size_t DataAgent::doWork() {
     }
     cutOverdueSessions(now);
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
+    // Here, not on a timer of its own: a beat costs the busy loop nothing
+    // more than this check, and it comes only from rounds that get this far.
+    if (heartbeat_.enabled() && now >= next_heartbeat_ns_) {
+      heartbeat_.beat();
+      next_heartbeat_ns_ = now + heartbeat_.period_ns;
+    }
   }
   if (now >= next_stats_ns_) {
     publishStats();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "agent/agent_clock.h"
+#include "agent/agent_heartbeat.h"
 #include "agent/agent_state.h"
 #include "agent/client_table.h"
 #include "agent/command_queue.h"
@@ -83,7 +84,9 @@ class DataAgent {
  public:
   // `clock`: the time deadlines, the idle strategy and the stats period
   // follow (a ManualClock in tests); it must outlive the agent.
-  DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock = steadyClock());
+  // `heartbeat`: beaten from the agent's rounds (none by default).
+  DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock = steadyClock(),
+            AgentHeartbeat heartbeat = {});
   ~DataAgent();
   DataAgent(const DataAgent&) = delete;
   DataAgent& operator=(const DataAgent&) = delete;
@@ -152,6 +155,8 @@ class DataAgent {
   InboundStreams inbound_;
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
+  AgentHeartbeat heartbeat_;
+  uint64_t next_heartbeat_ns_ = 0;
   // What pollLinks() reuses each round: the event array (a few hundred bytes
   // an event, strings keep their capacity) and the ids of the links.
   static constexpr size_t kMaxEventsPerRound = 64;

@@ -115,6 +115,35 @@ else
   fail tls-no-peers "the packaged daemon does not say that peers.pem holds no peer certificate" "$(journal framelinkd)"
 fi
 
+# ---- 2c. the journal has each line at its own priority: the warning above is at priority warning
+# (and not err), the "serving" line at info, and neither carries a timestamp of the daemon's own
+journalctl -u framelinkd --no-pager -o cat >"$work/journal-all.log" 2>&1
+journalctl -u framelinkd -p warning --no-pager -o cat >"$work/journal-warning.log" 2>&1
+journalctl -u framelinkd -p err --no-pager -o cat >"$work/journal-err.log" 2>&1
+journalctl -u framelinkd -p warning --no-pager -o json >"$work/journal-warning.json" 2>&1
+why=""
+grep -q 'holds no peer certificate yet' "$work/journal-warning.log" || why+="journalctl -p warning does not show the warning 'holds no peer certificate yet'; "
+grep -q 'holds no peer certificate yet' "$work/journal-err.log" && why+="the warning shows under -p err: its priority is too high; "
+grep -q "' serving: socket" "$work/journal-all.log" || why+="the 'serving' line is not in the journal; "
+grep -q "' serving: socket" "$work/journal-warning.log" && why+="the 'serving' info line shows under -p warning: every line has one priority; "
+grep -q '"SYSLOG_IDENTIFIER":"framelinkd"' "$work/journal-warning.json" || why+="no SYSLOG_IDENTIFIER=framelinkd on the warnings; "
+grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ ' "$work/journal-all.log" && why+="lines carry a second timestamp; "
+if [[ -z "$why" ]]; then
+  pass journal-priority "journalctl -p warning -u framelinkd: $(grep -c . "$work/journal-warning.log") of $(grep -c . "$work/journal-all.log") lines, the TLS warning among them and no info line; no timestamp of the daemon's own"
+else
+  fail journal-priority "${why%; }" "$work/journal-warning.log" "$work/journal-all.log"
+fi
+
+# ---- 2d. the unit's sandbox: systemd-analyze security's exposure (0 best, 10 worst) at most 3.0
+systemd-analyze security --no-pager framelinkd.service >"$work/security.log" 2>&1
+exposure=$(sed -nE 's/.*Overall exposure level for framelinkd\.service: ([0-9]+\.[0-9]+).*/\1/p' "$work/security.log" | tail -1)
+if [[ -n "$exposure" ]] && awk -v e="$exposure" 'BEGIN { exit !(e <= 3.0) }'; then
+  pass security "systemd-analyze security framelinkd.service: exposure $exposure (at most 3.0)"
+else
+  fail security "systemd-analyze security framelinkd.service: exposure ${exposure:-not found in its output}, more than 3.0 allowed" "$work/security.log"
+  sed 's/^/  | /' "$work/security.log"
+fi
+
 # ---- 3. a second daemon in the same guest, as a transient unit: its own config, socket and
 # ports, the packaged token, its own TLS key made as the package makes one (it listens on
 # 127.0.0.1, so its certificate names that address).  The two trust each other's certificate
@@ -150,7 +179,9 @@ name = "second"
 address = "127.0.0.1:7710"
 EOF
 t=$SECONDS
-systemd-run --unit=framelinkd-second --property=Type=notify --property=User=framelink --property=Group=framelink \
+# Under a short watchdog: it is killed if its data agent stops reporting while the test runs.
+systemd-run --unit=framelinkd-second --property=Type=notify --property=WatchdogSec=10s \
+  --property=User=framelink --property=Group=framelink \
   --property=RuntimeDirectory=framelink-second --property=RuntimeDirectoryMode=0750 \
   /usr/sbin/framelinkd --config /etc/framelink-second/framelinkd.toml >"$work/second.log" 2>&1
 rc=$?
@@ -279,9 +310,63 @@ else
     "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 
+# ---- 7b. the watchdog: the packaged unit has one and the data agent feeds it (systemd stamps
+# each WATCHDOG=1); neither daemon was killed by it, nor restarted by systemd, during the test
+wd_usec=$(systemctl show -p WatchdogUSec --value framelinkd)
+wd0=$(systemctl show -p WatchdogTimestampMonotonic --value framelinkd)
+wd1=$wd0
+for _ in $(seq 1 40); do
+  wd1=$(systemctl show -p WatchdogTimestampMonotonic --value framelinkd)
+  [[ "$wd1" != "$wd0" && "$wd1" != 0 ]] && break
+  sleep 0.5
+done
+timeouts=$(journalctl -u framelinkd -u framelinkd-second --no-pager -o cat | grep -ci 'watchdog timeout')
+restarts="$(systemctl show -p NRestarts --value framelinkd)/$(systemctl show -p NRestarts --value framelinkd-second)"
+if [[ "$wd_usec" == 30s && "$wd1" != "$wd0" && "$wd1" != 0 ]] && ((timeouts == 0)) && [[ "$restarts" == 0/0 ]] &&
+  is_active framelinkd-second; then
+  pass watchdog "WatchdogSec=$wd_usec, two pings $(((wd1 - wd0) / 1000)) ms apart; no watchdog timeout, no automatic restart (framelinkd/framelinkd-second: $restarts)"
+else
+  fail watchdog "WatchdogUSec=$wd_usec, last ping at ${wd0}us then ${wd1}us (monotonic), $timeouts watchdog timeouts, automatic restarts $restarts, framelinkd-second $(systemctl is-active framelinkd-second)" \
+    "$(journal framelinkd)" "$(journal framelinkd-second)"
+fi
+
+# ---- 7c. a configuration error ends the daemon with exit status 2, which the unit does not
+# restart (no loop), and says why at priority err; the good configuration starts it again
+cp /etc/framelink/framelinkd.toml "$work/framelinkd.toml.good"
+printf '\n[no_such_section]\nno_such_option = 1\n' >>/etc/framelink/framelinkd.toml
+since=$(date '+%Y-%m-%d %H:%M:%S')
+systemctl restart framelinkd >"$work/bad-config.log" 2>&1
+sleep 4
+bad_state=$(systemctl is-active framelinkd)
+bad_status=$(systemctl show -p ExecMainStatus --value framelinkd)
+bad_restarts=$(systemctl show -p NRestarts --value framelinkd)
+journalctl -u framelinkd -p err --since "$since" --no-pager -o cat >"$work/journal-bad-config.log" 2>&1
+cp "$work/framelinkd.toml.good" /etc/framelink/framelinkd.toml
+systemctl reset-failed framelinkd >/dev/null 2>&1
+systemctl start framelinkd >>"$work/bad-config.log" 2>&1
+if [[ "$bad_state" != active && "$bad_status" == 2 && "$bad_restarts" == 0 ]] &&
+  grep -q 'no_such_section' "$work/journal-bad-config.log" && is_active framelinkd; then
+  pass config-error "a bad option: exit status 2, $bad_state, not restarted; journalctl -p err says: $(grep -m1 'no_such_section' "$work/journal-bad-config.log"); active again with the good configuration"
+else
+  fail config-error "with a bad option: $bad_state, exit status $bad_status, automatic restarts $bad_restarts; after the fix: $(systemctl is-active framelinkd)" \
+    "$work/bad-config.log" "$work/journal-bad-config.log" "$(journal framelinkd)"
+fi
+
 # ---- 8. purge: nothing of the packages may be left
 systemctl stop framelinkd-second >/dev/null 2>&1
 rm -rf /etc/framelink-second
+# ---- 8a. first, a peer that is down: the packaged daemon says so at priority warning
+found=""
+for _ in $(seq 1 60); do
+  found=$(journalctl -u framelinkd -p warning --no-pager -o cat | grep -m1 'peer second at 127.0.0.1:7701: no ')
+  [[ -n "$found" ]] && break
+  sleep 0.5
+done
+if [[ -n "$found" ]]; then
+  pass peer-down-warning "with framelinkd-second stopped, journalctl -p warning -u framelinkd shows: $found"
+else
+  fail peer-down-warning "journalctl -p warning -u framelinkd shows nothing about the stopped peer second within 30 s" "$(journal framelinkd)"
+fi
 t=$SECONDS
 apt purge -y "${names[@]}" >"$work/apt-purge.log" 2>&1
 rc=$?

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "agent_fixture.h"
 #include "attach/attach_server.h"
@@ -188,6 +189,64 @@ TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]")
   good.push(0, 10);
   good.push(7, 10);
   CHECK(good.pop().status == FL_ERR_BAD_SLOT);  // the good client is still served (in order)
+}
+
+TEST_CASE("the heartbeat comes from the agent's rounds, once a period", "[agent][heartbeat]") {
+  Config config;
+  config.idle_spin_us = 0;
+  Metrics metrics;
+  ManualClock clock;
+  int beats = 0;
+  DataAgent agent(config, metrics, clock, AgentHeartbeat{1'000'000'000, [&beats] { ++beats; }});
+  REQUIRE(agent.runUntilIdle(10));
+  CHECK(beats == 1);  // at once: the supervisor hears from a new agent without waiting a period
+  clock.advanceMs(500);
+  REQUIRE(agent.runUntilIdle(10));
+  CHECK(beats == 1);
+  clock.advanceMs(600);
+  REQUIRE(agent.runUntilIdle(10));
+  CHECK(beats == 2);
+  // Rounds without time passing do not beat again.
+  REQUIRE(agent.runUntilIdle(10));
+  CHECK(beats == 2);
+}
+
+TEST_CASE("a running agent beats from its own thread, also while it has nothing to do",
+          "[agent][heartbeat]") {
+  Config config;
+  config.idle_spin_us = 0;
+  Metrics metrics;
+  ManualClock clock;
+  std::atomic<int> beats{0};
+  std::atomic<bool> other_thread{true};
+  const auto test_thread = std::this_thread::get_id();
+  auto beat = [&] {
+    if (std::this_thread::get_id() == test_thread) other_thread = false;
+    ++beats;
+  };
+  DataAgent agent(config, metrics, clock, AgentHeartbeat{1'000'000'000, beat});
+  agent.start();
+  // The idle agent wakes at least every 50 ms of real time to look at its deadlines.
+  auto waitFor = [&beats](int n) {
+    for (int i = 0; i < 500 && beats.load() < n; ++i) std::this_thread::sleep_for(10ms);
+    return beats.load() >= n;
+  };
+  CHECK(waitFor(1));
+  clock.advanceMs(1001);
+  CHECK(waitFor(2));
+  agent.stop();
+  CHECK(other_thread);
+  const int at_stop = beats.load();
+  clock.advanceMs(5000);
+  std::this_thread::sleep_for(100ms);
+  CHECK(beats.load() == at_stop);  // a stopped agent is silent
+}
+
+TEST_CASE("no heartbeat without a period or a callback", "[agent][heartbeat]") {
+  CHECK_FALSE(AgentHeartbeat{}.enabled());
+  CHECK_FALSE(AgentHeartbeat{1000, nullptr}.enabled());
+  CHECK_FALSE(AgentHeartbeat{0, [] {}}.enabled());
+  CHECK(AgentHeartbeat{1000, [] {}}.enabled());
 }
 
 TEST_CASE("segment geometry keeps every region inside its segment", "[segment]") {
