@@ -358,7 +358,7 @@ rm -rf /etc/framelink-second
 # ---- 8a. first, a peer that is down: the packaged daemon says so at priority warning
 found=""
 for _ in $(seq 1 60); do
-  found=$(journalctl -u framelinkd -p warning --no-pager -o cat | grep -m1 'peer second at 127.0.0.1:7701: no ')
+  found=$(journalctl -u framelinkd -p warning --no-pager -o cat | grep -m1 'peer second at 127.0.0.1:7710: no ')
   [[ -n "$found" ]] && break
   sleep 0.5
 done
