@@ -224,8 +224,9 @@ void RdmaTransport::handleWindowWc(const ibv_wc& wc) noexcept {
   }
   if (wseq < window_done_seq_ || wseq >= window_posted_seq_) return;  // not one of ours any more
   const uint32_t depth = options_.window_queue_depth;
-  for (; window_done_seq_ <= wseq; ++window_done_seq_)
+  for (; window_done_seq_ <= wseq; ++window_done_seq_) {
     releaseHold(window_ring_[window_done_seq_ % depth].hold);
+  }
 }
 
 }  // namespace framelink::transport::rdma
