@@ -95,7 +95,7 @@ done
 step "the packaged manual pages and bash completion"
 # Each in its package, and, unpacked, against the build's binaries (tests/install/test-manpages.sh).
 declare -A doc_files=(
-  [framelinkd]="./usr/share/man/man8/framelinkd.8.gz ./usr/share/man/man5/framelinkd.toml.5.gz"
+  [framelinkd]="./usr/share/man/man8/framelinkd.8.gz ./usr/share/man/man5/framelinkd.toml.5.gz ./usr/share/bash-completion/completions/framelinkd"
   [framelink-tools]="./usr/share/man/man1/framelink.1.gz ./usr/share/bash-completion/completions/framelink")
 mkdir -p "$work/docs"
 for p in "${!doc_files[@]}"; do

@@ -2,7 +2,7 @@
 # The manual pages and the bash completion against the binaries they describe:
 #   test-manpages.sh FRAMELINK FRAMELINKD DIR
 # DIR holds framelink.1, framelinkd.8, framelinkd.toml.5 (each may be gzipped) and the
-# completion (framelink.bash or framelink), as the target framelink_manpages writes them
+# completions (framelink.bash and framelinkd.bash, or framelink and framelinkd), as the target framelink_manpages writes them
 # (build/packaging/man) or as the packages install them.  Fails when
 #   * framelink.1 lacks a subcommand of `framelink --help`, or an option of a subcommand's
 #     --help in that subcommand's part, or ENVIRONMENT, EXIT STATUS, FILES, SEE ALSO;
@@ -10,7 +10,8 @@
 #   * framelinkd.toml.5 lacks a key of `framelinkd --print-config-reference` in its section,
 #     or one of its flags;
 #   * the completion's words for a subcommand are not the options of its --help, or completing
-#     `framelink <sub> --` does not offer them.
+#     `framelink <sub> --` does not offer them; completing `framelinkd --` does not offer every
+#     option of `framelinkd --help`.
 set -euo pipefail
 cli=$1 daemon=$2 dir=$3
 failures=0
@@ -107,6 +108,25 @@ offered=$(COMPLETION=$completion bash -c '
   source "$COMPLETION"; COMP_WORDS=(framelink ""); COMP_CWORD=1; _framelink; printf "%s\n" "${COMPREPLY[@]}"' | sort | tr '\n' ' ')
 [[ "$offered" == "$(printf '%s\n' "${subs[@]}" | sort | tr '\n' ' ')" ]] || bad "completing 'framelink ' offers '$offered', not the subcommands ${subs[*]}"
 echo "completion: the options of ${#subs[@]} subcommands"
+
+# framelinkd's completion: every option of its --help, offered when completing `framelinkd --`.
+completion=$dir/framelinkd.bash
+[[ -f $completion ]] || completion=$dir/framelinkd
+if [[ ! -f $completion ]]; then
+  bad "no completion of framelinkd (framelinkd.bash or framelinkd) in $dir"
+else
+  bash -n "$completion" || bad "the completion of framelinkd does not parse"
+  want_long=$("$daemon" --help | help_options | grep -E '^--' | tr '\n' ' ')
+  offered=$(COMPLETION=$completion bash -c '
+    _init_completion() { words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; cur=${words[cword]}; prev=${words[cword-1]}; }
+    source "$COMPLETION"; COMP_WORDS=(framelinkd --); COMP_CWORD=1; _framelinkd; printf "%s\n" "${COMPREPLY[@]}"' | sort -u | tr '\n' ' ')
+  [[ "$offered" == "$want_long" ]] || bad "completing 'framelinkd --' offers '$offered', its --help: '$want_long'"
+  offered=$(COMPLETION=$completion bash -c '
+    _init_completion() { words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; cur=${words[cword]}; prev=${words[cword-1]}; }
+    source "$COMPLETION"; COMP_WORDS=(framelinkd --log-level ""); COMP_CWORD=2; _framelinkd; printf "%s\n" "${COMPREPLY[@]}"' | tr '\n' ' ')
+  [[ "$offered" == "trace debug info warn error " ]] || bad "completing 'framelinkd --log-level ' offers '$offered'"
+  echo "completion of framelinkd: $(wc -w <<<"$want_long") options"
+fi
 
 ((failures == 0)) || { echo "$failures failures" >&2; exit 1; }
 echo "ok"
