@@ -6,6 +6,8 @@
 # Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
 # framelink-tools, each as .deb and .rpm.  Checks:
 #   * every install rule belongs to one of the four packages' components;
+#   * the manual pages (framelink.1, framelinkd.8, framelinkd.toml.5) and the bash completion
+#     are in their packages and list every option and key of the binaries;
 #   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
 #   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
 #     overlay of this system (root only): user, token, enabled unit, ldconfig trigger, conffile
@@ -90,6 +92,21 @@ for p in "${packages[@]}"; do
   dpkg-deb -c "${deb[$p]}" | awk '$1 !~ /^d/ { print "  " $1, $6, $7, $8 }'
 done
 
+step "the packaged manual pages and bash completion"
+# Each in its package, and, unpacked, against the build's binaries (tests/install/test-manpages.sh).
+declare -A doc_files=(
+  [framelinkd]="./usr/share/man/man8/framelinkd.8.gz ./usr/share/man/man5/framelinkd.toml.5.gz ./usr/share/bash-completion/completions/framelinkd"
+  [framelink-tools]="./usr/share/man/man1/framelink.1.gz ./usr/share/bash-completion/completions/framelink")
+mkdir -p "$work/docs"
+for p in "${!doc_files[@]}"; do
+  for f in ${doc_files[$p]}; do
+    dpkg-deb -c "${deb[$p]}" | awk '{ print $6 }' | grep -qxF "$f" || fail "$p: the deb lacks ${f#.}"
+    dpkg-deb --fsys-tarfile "${deb[$p]}" | tar -xO "$f" >"$work/docs/$(basename "$f")"
+  done
+done
+bash "$root/tests/install/test-manpages.sh" "$build/client/cli/framelink" "$build/proxy/framelinkd" "$work/docs" ||
+  fail "the packaged manual pages or completion do not match the binaries (above)"
+
 step "the packaged libframelink-dev builds examples/c"
 # Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is
 # relocatable), pkg-config through PKG_CONFIG_SYSROOT_DIR (framelink.pc says prefix=/usr).
@@ -171,7 +188,7 @@ ld_cache=$(in_root 'ldconfig -p')
 grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not register libframelink.so.0"
 [[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
 [[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
-in_root 'man -w framelinkd framelink' >/dev/null || bad "man -w framelinkd framelink"
+in_root 'man -w framelinkd framelink framelinkd.toml' >/dev/null || bad "man -w framelinkd framelink framelinkd.toml"
 echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
