@@ -82,6 +82,36 @@ std::optional<uint64_t> parseMemlock(const std::string& limits_text) {
   return std::nullopt;
 }
 
+std::string fixForPeerProblem(const std::string& problem) {
+  auto has = [&problem](const char* word) { return problem.find(word) != std::string::npos; };
+  if (has("token")) {
+    return "configure the same token on both daemons: copy /etc/framelink/peer.token (link.token_file, or "
+           "the [[peer]]'s token_file) from one host to the other, then restart both";
+  }
+  if (has("no connection") && has("TLS")) {
+    return "the port answers, so the TLS handshake failed: append each host's /etc/framelink/tls/host.crt to "
+           "the other's peers.pem (tls_ca_file), check that the certificate names the host of the [[peer]] "
+           "address (or set tls_server_name), then restart both (or it was down and is redialled soon)";
+  }
+  if (has("certificate") || has("TLS")) {
+    return "append each host's /etc/framelink/tls/host.crt to the other's peers.pem (tls_ca_file), check "
+           "that "
+           "the certificate names the host of the [[peer]] address (or set tls_server_name) and its "
+           "cert_name, "
+           "then restart both";
+  }
+  if (has("protocol version")) return "run the same framelink version on both hosts";
+  if (has("data channel")) {
+    return "open the tcp data port between the hosts (link.data_listen: by default the port after "
+           "link.listen's, 7701) or, for rdma, check both hosts' RDMA devices (framelink doctor on each)";
+  }
+  if (has("no connection")) {
+    return "is the port open in the firewalls between (link.listen, 7700 by default)? is framelinkd running "
+           "there?";
+  }
+  return "see framelinkd's log on both hosts (journalctl -u framelinkd) and framelink links";
+}
+
 namespace {
 
 constexpr const char* kDefaultConfig = "/etc/framelink/framelinkd.toml";
@@ -446,19 +476,35 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
     // A peer without an address only dials in: there is nothing to reach from here.
     const std::string why = address.empty() ? std::string() : tcpReach(address, timeout_ms, &ms);
     std::string link;
+    std::string problem;  // what the daemon's own dials last ran into with this peer
     if (snapshot != nullptr) {
       for (const auto& l : (*snapshot)["metrics"]["detail"]["links"]) {
         if (l.value("peer", std::string()) == name) {
           link = ", link up over " + l.value("transport", std::string());
         }
       }
+      const auto& problems = (*snapshot)["metrics"]["peer_problems"];
+      if (problems.is_object() && problems.contains(name)) {
+        problem = problems[name].value("last_error", std::string());
+      }
     }
     if (address.empty()) {
       c.what = name + " dials in (no address to check)" + (link.empty() ? ", no link up" : link);
+    } else if (why.empty() && link.empty() && !problem.empty()) {
+      // The port answers, but the daemon's real Hello (token, TLS,
+      // versions, transports) did not make a link: that is what to fix.
+      c.verdict = Verdict::kFail;
+      c.what = name + " at " + address + " accepts TCP connections, but no link is up: " + problem;
+      c.fix = fixForPeerProblem(problem);
     } else if (why.empty()) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.1f", ms);
-      c.what = name + " at " + address + " accepts TCP connections (" + buf + " ms)" + link;
+      c.what = name + " at " + address + " accepts TCP connections (" + buf + " ms)" +
+               (snapshot == nullptr || !link.empty() ? link : ", no link up yet (the daemon keeps dialing)");
+      if (snapshot != nullptr && link.empty()) {
+        c.verdict = Verdict::kWarn;
+        c.fix = "wait for the next dial, or see framelinkd's log (journalctl -u framelinkd)";
+      }
     } else {
       c.verdict = Verdict::kFail;
       c.what = name + " at " + address + ": " + why;

@@ -36,6 +36,9 @@ std::optional<Hugepages> parseMeminfo(const std::string& text);
 // The soft limit in bytes from /proc/<pid>/limits' "Max locked memory" line;
 // UINT64_MAX for unlimited.
 std::optional<uint64_t> parseMemlock(const std::string& limits_text);
+// What to do about a peer's last problem as the daemon recorded it
+// (`framelink links`' LAST ERROR): a wrong token, TLS trust, versions, ports.
+std::string fixForPeerProblem(const std::string& problem);
 
 }  // namespace framelink::cli
 

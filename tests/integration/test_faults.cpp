@@ -144,6 +144,16 @@ TEST_CASE("faults: a peer with the wrong token gets nothing through", "[integrat
   CHECK(links[0].value("last_error", "").find("refused the session") != std::string::npos);
   CHECK(links[0].value("last_error", "").find("token") != std::string::npos);
   CHECK(links[0].value("last_error_ns", uint64_t{0}) > 0);
+  // And doctor fails the peer with the fix for it, though its port answers.
+  const CliRun doctor =
+      runCli("doctor-a", {"doctor", "--socket", pair.a().socketPath(), "--config", "/nonexistent"});
+  INFO("doctor A:\n" << doctor.output);
+  CHECK(doctor.code == 1);
+  const size_t peer_line = doctor.output.find("FAIL peer");
+  REQUIRE(peer_line != std::string::npos);
+  const std::string line = doctor.output.substr(peer_line, doctor.output.find('\n', peer_line) - peer_line);
+  CHECK(line.find("accepts TCP connections, but no link is up: refused the session") != std::string::npos);
+  CHECK(line.find("fix: configure the same token on both daemons") != std::string::npos);
   REQUIRE(pair.b().alive());
   REQUIRE(pair.a().alive());
 

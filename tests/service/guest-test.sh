@@ -196,11 +196,16 @@ else
 fi
 
 # ---- 3b. the operator's preflight on an installed system: framelink doctor reads the packaged
-# configuration and asks the daemon over its socket (its lines are printed for the log)
+# configuration and asks the daemon over its socket (its lines are printed for the log); once
+# the link is up (until then doctor says WARN: no link up yet)
+for _ in $(seq 1 60); do
+  framelink links --json 2>/dev/null | grep -q '"state": *"up"' && break
+  sleep 0.5
+done
 framelink doctor >"$work/doctor.log" 2>&1
 sed 's/^/  doctor| /' "$work/doctor.log"
-if grep -q '^OK   daemon' "$work/doctor.log" && grep -Eq '^OK   peer +second ' "$work/doctor.log"; then
-  pass doctor "framelink doctor: daemon answers, peer 'second' reachable ($(grep -c '^OK' "$work/doctor.log") OK, $(grep -c '^WARN' "$work/doctor.log") WARN, $(grep -c '^FAIL' "$work/doctor.log") FAIL)"
+if grep -q '^OK   daemon' "$work/doctor.log" && grep -Eq '^OK   peer +second .*link up over' "$work/doctor.log"; then
+  pass doctor "framelink doctor: daemon answers, peer 'second' reachable and linked ($(grep -c '^OK' "$work/doctor.log") OK, $(grep -c '^WARN' "$work/doctor.log") WARN, $(grep -c '^FAIL' "$work/doctor.log") FAIL)"
 else
   fail doctor "framelink doctor did not find the daemon or the peer 'second'" "$work/doctor.log"
 fi
@@ -350,6 +355,29 @@ if [[ "$bad_state" != active && "$bad_status" == 2 && "$bad_restarts" == 0 ]] &&
 else
   fail config-error "with a bad option: $bad_state, exit status $bad_status, automatic restarts $bad_restarts; after the fix: $(systemctl is-active framelinkd)" \
     "$work/bad-config.log" "$work/journal-bad-config.log" "$(journal framelinkd)"
+fi
+
+# ---- 7d. a peer whose token differs: framelink links shows the refusal with the link's last error,
+# and framelink doctor fails that peer with the fix, though its port answers
+(umask 077 && echo "not-the-packaged-token" >/etc/framelink-second/wrong.token)
+chown framelink:framelink /etc/framelink-second/wrong.token
+sed -i 's|^token_file = .*|token_file = "/etc/framelink-second/wrong.token"|' /etc/framelink-second/framelinkd.toml
+systemctl restart framelinkd-second >"$work/wrong-token.log" 2>&1
+refusal=""
+for _ in $(seq 1 60); do
+  framelink links --json >"$work/links-wrong-token.json" 2>&1
+  refusal=$(grep -o '"last_error": *"refused the session: [^"]*token[^"]*"' "$work/links-wrong-token.json" | head -1)
+  [[ -n "$refusal" ]] && break
+  sleep 0.5
+done
+framelink doctor >"$work/doctor-wrong-token.log" 2>&1
+doctor_rc=$?
+doctor_line=$(grep -m1 '^FAIL peer' "$work/doctor-wrong-token.log")
+if [[ -n "$refusal" && $doctor_rc == 1 && "$doctor_line" == *"fix: configure the same token on both daemons"* ]]; then
+  pass wrong-token "framelink links: $refusal; framelink doctor exits 1: $doctor_line"
+else
+  fail wrong-token "links' last error: '${refusal:-none}'; doctor exit $doctor_rc: '${doctor_line:-no FAIL peer line}'" \
+    "$work/links-wrong-token.json" "$work/doctor-wrong-token.log" "$(journal framelinkd)"
 fi
 
 # ---- 8. purge: nothing of the packages may be left
