@@ -1,9 +1,9 @@
 // The data agent's detail for `framelink stats` and the metrics endpoint: a
 // plain snapshot, written as JSON in one place (toJson).  DataAgent::publishStats
 // fills in the clients and links from its own tables, the streams through
-// OutboundStreams::collectStats and the two totals from InboundStreams.  (None
-// of the daemon's dependencies writes JSON; the writer is small and escapes
-// what a peer or the configuration could name.)
+// OutboundStreams::collectStats and the two totals from InboundStreams.  JSON by
+// nlohmann_json: names from applications and peers are escaped, and invalid
+// UTF-8 in them is replaced.
 #pragma once
 
 #include <cstddef>
@@ -66,8 +66,5 @@ struct AgentStats {
 };
 
 std::string toJson(AgentStats stats);
-
-// A string as the inside of a JSON string literal.
-std::string jsonEscape(const std::string& in);
 
 }  // namespace framelink

@@ -12,7 +12,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   c.pid = 1234;
   c.uid = 1000;
   c.gid = 100;
-  c.name = "acq\xc3\xa9";  // beyond ASCII: '?' each byte
+  c.name = "acq\xc3\xa9";  // UTF-8 beyond ASCII: kept
   c.producer = true;
   c.stream = "cam";
   c.slots = 8;
@@ -42,7 +42,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   s.frames_held_by_consumers = 2;
   const std::string json = toJson(s);
   CHECK(json ==
-        "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq??\",\"role\":"
+        "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq\xc3\xa9\",\"role\":"
         "\"producer\",\"stream\":\"cam\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,\"in_flight\":2,"
         "\"frames\":10,\"bytes\":4096,\"errors\":1,\"gone\":false}],"
         "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"address\":\"10.0.0.2:7700\",\"state\":\"up\","
@@ -56,9 +56,15 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
         "\"credits_outstanding\":7,\"frames_held_by_consumers\":2}");
 }
 
-TEST_CASE("agent stats: empty, and control characters do not break the JSON", "[agent_stats]") {
+TEST_CASE("agent stats: empty, and quotes, control characters or invalid UTF-8 do not break the JSON",
+          "[agent_stats]") {
   CHECK(toJson(AgentStats{}) ==
         "{\"clients\":[],\"links\":[],\"streams\":[],\"credits_outstanding\":0,\"frames_held_by_consumers\":"
         "0}");
-  CHECK(jsonEscape("a\"b\\c\nd") == "a\\\"b\\\\c d");
+  AgentStats s;
+  ClientStats c;
+  c.name = "a\"b\\c\nd\xff\xfe";  // an application may call itself anything
+  s.clients.push_back(c);
+  const std::string json = toJson(s);
+  CHECK(json.find("\"name\":\"a\\\"b\\\\c\\nd\xef\xbf\xbd\xef\xbf\xbd\"") != std::string::npos);
 }
