@@ -37,7 +37,16 @@ AdminReply failure(int status, std::string message, std::string hint = {}) {
 class Table {
  public:
   explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
-  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  // Cells hold names applications and peers chose: a control byte (an
+  // escape sequence for the operator's terminal) is shown as '?'.
+  void add(std::vector<std::string> row) {
+    for (auto& cell : row) {
+      for (char& ch : cell) {
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+      }
+    }
+    rows_.push_back(std::move(row));
+  }
   std::string str() const {
     std::vector<size_t> width;
     for (const auto& row : rows_) {

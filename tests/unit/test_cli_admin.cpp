@@ -45,6 +45,11 @@ TEST_CASE("admin: clients table has one row per client with its slot geometry") 
   CHECK(t.find("producer") != std::string::npos);
   CHECK(t.find("4 x 256 KiB") != std::string::npos);
   CHECK(t.find("grabber") != std::string::npos);
+  // A name with a terminal escape sequence prints without it.
+  Json odd = snapshot(0, 0);
+  odd["metrics"]["detail"]["clients"][0]["name"] = "cam\x1b]0;owned\x07";
+  CHECK(formatClients(odd).find("cam?]0;owned?") != std::string::npos);
+  CHECK(formatClients(odd).find('\x1b') == std::string::npos);
   Json empty = Json::parse(R"({"metrics": {"detail": {"clients": []}}})");
   CHECK(formatClients(empty) == "no clients attached\n");
 }
