@@ -7,12 +7,16 @@ hand-written exposition must keep are asserted: every counter's name ends in _to
 histogram has _bucket, _sum and _count with its buckets in seconds, framelink_build_info is
 there, and a status label is an fl_status name, never a bare code. Then the alert rules file must
 be valid YAML (python3-yaml) whose expressions name only metrics the daemon exports.
+Where Prometheus' promtool is installed (Debian's prometheus package; not a dependency), its
+`check metrics` lint and `check rules` must pass too.
 
 usage: check_metrics_exposition.py ALERT_RULES FRAMELINKD
 """
 import math
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,18 +128,32 @@ def check_alerts(path, sample_names):
     return len(alerts), len(named)
 
 
+def promtool(args, stdin=None):
+    """promtool's verdict, or None when it is not installed."""
+    tool = shutil.which("promtool")
+    if tool is None:
+        return None
+    r = subprocess.run([tool] + args, input=stdin, capture_output=True, text=True, timeout=30)
+    check(r.returncode == 0, "promtool %s: %s" % (" ".join(args), (r.stdout + r.stderr).strip()))
+    return r.returncode == 0
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         sys.exit(2)
     alerts_path, framelinkd = sys.argv[1], sys.argv[2]
-    sample_names = check_exposition(scrape(framelinkd))
+    text = scrape(framelinkd)
+    sample_names = check_exposition(text)
     alerts, named = check_alerts(alerts_path, sample_names)
+    linted = promtool(["check", "metrics"], stdin=text)
+    promtool(["check", "rules", alerts_path])
     if errors:
         print("check_metrics_exposition:\n  " + "\n  ".join(errors), file=sys.stderr)
         sys.exit(1)
-    print("/metrics: %d series names, parsed by prometheus_client; %s: %d alerts naming %d metrics, all exported" %
-          (len(sample_names), alerts_path, alerts, named))
+    print("/metrics: %d series names, parsed by prometheus_client%s; %s: %d alerts naming %d metrics, all exported" %
+          (len(sample_names), "" if linted is None else ", promtool check metrics/rules clean",
+           alerts_path, alerts, named))
 
 
 if __name__ == "__main__":
