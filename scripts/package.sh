@@ -8,6 +8,7 @@
 #   * every install rule belongs to one of the four packages' components;
 #   * the manual pages (framelink.1, framelinkd.8, framelinkd.toml.5) and the bash completion
 #     are in their packages and list every option and key of the binaries;
+#   * framelinkd ships packaging/grafana/framelink.json and packaging/prometheus/framelink-alerts.yml;
 #   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
 #   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
 #     overlay of this system (root only): user, token, enabled unit, ldconfig trigger, conffile
@@ -106,6 +107,13 @@ for p in "${!doc_files[@]}"; do
 done
 bash "$root/tests/install/test-manpages.sh" "$build/client/cli/framelink" "$build/proxy/framelinkd" "$work/docs" ||
   fail "the packaged manual pages or completion do not match the binaries (above)"
+
+step "the packaged Grafana dashboard and Prometheus alert rules"
+for f in grafana/framelink.json prometheus/framelink-alerts.yml; do
+  dpkg-deb --fsys-tarfile "${deb[framelinkd]}" | tar -xO "./usr/share/framelink/$f" 2>/dev/null |
+    cmp -s - "$root/packaging/$f" || fail "framelinkd: the deb lacks /usr/share/framelink/$f or it differs from packaging/$f"
+done
+echo "ok: framelinkd ships /usr/share/framelink/grafana/framelink.json and prometheus/framelink-alerts.yml as in packaging/"
 
 step "the packaged libframelink-dev builds examples/c"
 # Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is

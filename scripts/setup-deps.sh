@@ -45,6 +45,8 @@ packages=(
   openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
+  # unit.metrics_exposition: /metrics read by Prometheus' own parser, the alert rules as YAML
+  python3-prometheus-client python3-yaml
   # scripts/package.sh: rpmbuild for the rpms (CPack), lintian for the debs, file for CPack's
   # shared-library scan (dpkg-shlibdeps comes with build-essential's dpkg-dev), help2man for
   # the packages' manual pages (from --help)

@@ -521,6 +521,11 @@ void DataAgent::publishStats() {
     }
     cs.in_flight = cs.producer ? cs.slots_busy : held;
     (cs.producer ? gauges.frames_in_flight : gauges.frames_held) += cs.in_flight;
+    if (!s.gone) {
+      Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;
+      ++role.clients;
+      role.slots += cs.slots;
+    }
     cs.frames = s.frames;
     cs.bytes = s.bytes;
     cs.errors = s.errors;

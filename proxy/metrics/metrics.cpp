@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <chrono>
 #include <ostream>
 #include <span>
 #include <sstream>
@@ -23,13 +25,16 @@ struct Metrics::Server {
 #endif
 };
 
-Metrics::Metrics() = default;
+Metrics::Metrics()
+    : start_time_s_(
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()) {}
 Metrics::~Metrics() { stop(); }
 
 void Metrics::recordDeliveryLatency(uint64_t micros) noexcept {
   size_t bucket = 0;
   while (bucket + 1 < kLatencyBuckets && (uint64_t{1} << bucket) < micros) ++bucket;
   latency_[bucket].fetch_add(1, std::memory_order_relaxed);
+  latency_sum_us_.fetch_add(micros, std::memory_order_relaxed);
 }
 
 void Metrics::recordFailure(int status) noexcept {
@@ -78,7 +83,8 @@ namespace {
 using Counter = std::atomic<uint64_t> Metrics::Counters::*;
 
 // One of Counters: framelink_<name>_total in the text format (links_up, a
-// gauge: framelink_links_up) and <name> in the JSON's "counters".
+// gauge: framelink_links_up; frames_failed, by status: writeFailuresByStatus)
+// and <name> in the JSON's "counters".
 struct CounterInfo {
   const char* name;
   const char* help;
@@ -112,7 +118,11 @@ constexpr CounterInfo kFrameCounters[] = {
      &Metrics::Counters::control_records_received},
     {"nacks_sent", "Frames this daemon refused.", &Metrics::Counters::nacks_sent},
 };
-constexpr CounterInfo kLinksUp = {"links_up", "Peer links currently up.", &Metrics::Counters::links_up};
+constexpr CounterInfo kLinksUp = {
+    "links_up",
+    "Peer link sessions open now, to any peer (two for one peer while a new link replaces the old). A "
+    "peer's own state is framelink_link_up.",
+    &Metrics::Counters::links_up};
 constexpr CounterInfo kLinkCounters[] = {
     {"link_failures", "Peer sessions that ended.", &Metrics::Counters::link_failures},
     {"auth_failures", "Peers refused for a wrong token or version.", &Metrics::Counters::auth_failures},
@@ -242,6 +252,8 @@ void plainFamily(std::ostream& out, std::string_view name, std::string_view help
 void writeCounterGroup(std::ostream& out, std::span<const CounterInfo> group,
                        const Metrics::Counters& counters) {
   for (const auto& c : group) {
+    // The same count, with a status label, is writeFailuresByStatus's family.
+    if (c.value == &Metrics::Counters::frames_failed) continue;
     plainFamily(out, std::string(c.name) + "_total", c.help, "counter", load(counters, c.value));
   }
 }
@@ -270,11 +282,27 @@ void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t
   }
 }
 
+// A status as a label value: its enum name ("FL_ERR_NO_CONSUMER"), from
+// fl_status_str; FL_STATUS_<n> for a code fl_status_str does not know.
+std::string statusLabel(int status) {
+  const std::string text = fl_status_str(status);
+  if (text.rfind("FL_", 0) != 0) return "FL_STATUS_" + std::to_string(status);
+  return text.substr(0, text.find(':'));
+}
+
+// framelink_frames_failed_total{status=...}: every failed frame counted once,
+// under the status it failed with.  The statuses a frame can fail with (one
+// frame's, 1xx; the transport's, 4xx) are there from the start, at 0, so that
+// rate() sees their first failure; any other status once it happened.
 void writeFailuresByStatus(std::ostream& out, std::span<const std::atomic<uint64_t>> failures) {
-  family(out, "frames_failed_by_status", "Failed frames by fl_status.", "counter");
+  family(out, "frames_failed_total", "Frames that ended FAILED, by their fl_status.", "counter");
   for (size_t i = 0; i < failures.size(); ++i) {
-    uint64_t v = failures[i].load(std::memory_order_relaxed);
-    if (v != 0) out << "framelink_frames_failed_by_status{status=\"" << i << "\"} " << v << '\n';
+    const uint64_t v = failures[i].load(std::memory_order_relaxed);
+    const int status = static_cast<int>(i);
+    const bool frame_status = (status >= 100 && status < 200) || (status >= 400 && status < 500);
+    const std::string label = statusLabel(status);
+    if (v == 0 && !(frame_status && label.rfind("FL_ERR_", 0) == 0)) continue;
+    out << "framelink_frames_failed_total{status=\"" << label << "\"} " << v << '\n';
   }
 }
 
@@ -290,8 +318,12 @@ void peerSample(std::ostream& out, std::string_view name, const std::string& pee
 }
 
 void writeLinkGauges(std::ostream& out, const std::vector<Metrics::LinkGauge>& links) {
-  family(out, "link_up", "Peer links by peer and transport: 1 up; 0 a configured peer with no link.",
-         "gauge");
+  family(
+      out, "link_up",
+      "One series per peer, configured or linked: 1 while a link to it is up (transport: its transport), 0 "
+      "for a configured peer with no link (transport=\"none\"). The count of link sessions is "
+      "framelink_links_up.",
+      "gauge");
   for (const auto& l : links) {
     out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
         << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} " << (l.transport.empty() ? 0 : 1)
@@ -314,18 +346,61 @@ void writeGauges(std::ostream& out, const Metrics::Gauges& gauges) {
               "gauge", gauges.frames_in_flight);
   plainFamily(out, "frames_held", "Frames delivered to local consumers and not yet released.", "gauge",
               gauges.frames_held);
+  const std::pair<const char*, const Metrics::RoleGauge*> roles[] = {{"producer", &gauges.producers},
+                                                                     {"consumer", &gauges.consumers}};
+  auto byRole = [&](std::string_view name, std::string_view help, uint64_t Metrics::RoleGauge::*value) {
+    family(out, name, help, "gauge");
+    for (const auto& [role, g] : roles) {
+      out << "framelink_" << name << "{role=\"" << role << "\"} " << g->*value << '\n';
+    }
+  };
+  byRole("clients", "Clients attached now, by role.", &Metrics::RoleGauge::clients);
+  byRole(
+      "client_slots",
+      "Slots of the clients attached now, by role: of a producer's, framelink_frames_in_flight are busy; of "
+      "a consumer's, framelink_frames_held.",
+      &Metrics::RoleGauge::slots);
   writeLinkGauges(out, gauges.links);
 }
 
-void writeLatencyHistogram(std::ostream& out, std::span<const std::atomic<uint64_t>> buckets) {
-  family(out, "delivery_latency_us", "Submit to ACK latency.", "histogram");
+// A bound or sum in seconds from microseconds, as the shortest decimal that
+// reads back as the same double (1e-06, 0.000128, 8.388608).
+std::string seconds(uint64_t micros) {
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, static_cast<double>(micros) / 1e6);
+  return ec == std::errc() ? std::string(buf, end) : "NaN";
+}
+
+// framelink_delivery_latency_seconds: the agent records microseconds into
+// power-of-two buckets (1 us .. 8.4 s) and their sum; exposed in seconds.
+void writeLatencyHistogram(std::ostream& out, std::span<const std::atomic<uint64_t>> buckets,
+                           uint64_t sum_us) {
+  family(out, "delivery_latency_seconds", "Submit to ACK latency of delivered frames.", "histogram");
   uint64_t cumulative = 0;
   for (size_t i = 0; i < buckets.size(); ++i) {
     cumulative += buckets[i].load(std::memory_order_relaxed);
-    out << "framelink_delivery_latency_us_bucket{le=\"" << (uint64_t{1} << i) << "\"} " << cumulative << '\n';
+    out << "framelink_delivery_latency_seconds_bucket{le=\"" << seconds(uint64_t{1} << i) << "\"} "
+        << cumulative << '\n';
   }
-  out << "framelink_delivery_latency_us_bucket{le=\"+Inf\"} " << cumulative << '\n';
-  out << "framelink_delivery_latency_us_count " << cumulative << '\n';
+  out << "framelink_delivery_latency_seconds_bucket{le=\"+Inf\"} " << cumulative << '\n'
+      << "framelink_delivery_latency_seconds_sum " << seconds(sum_us) << '\n'
+      << "framelink_delivery_latency_seconds_count " << cumulative << '\n';
+}
+
+void writeBuildInfo(std::ostream& out, double start_time_s) {
+#ifdef FRAMELINK_HAVE_RDMA
+  constexpr const char* kRdma = "true";
+#else
+  constexpr const char* kRdma = "false";
+#endif
+  family(out, "build_info", "Always 1: the framelinkd version and what it was built with.", "gauge");
+  out << "framelink_build_info{version=\"" << FL_VERSION_MAJOR << '.' << FL_VERSION_MINOR << '.'
+      << FL_VERSION_PATCH << "\",rdma=\"" << kRdma << "\"} 1\n";
+  // A restart shows as a change of this (the counters' resets miss one that is idle).
+  family(out, "start_time_seconds", "When framelinkd started, in seconds since the Unix epoch.", "gauge");
+  char buf[32];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, start_time_s, std::chars_format::fixed, 3);
+  out << "framelink_start_time_seconds " << (ec == std::errc() ? std::string(buf, end) : "NaN") << '\n';
 }
 
 // ---- the JSON ----
@@ -367,7 +442,8 @@ std::string Metrics::prometheus() const {
     writeTransportCounters(out, transport_);
     writeGauges(out, gauges_);
   }
-  writeLatencyHistogram(out, latency_);
+  writeLatencyHistogram(out, latency_, latency_sum_us_.load(std::memory_order_relaxed));
+  writeBuildInfo(out, start_time_s_);
   return out.str();
 }
 

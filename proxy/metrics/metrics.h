@@ -99,8 +99,15 @@ class Metrics {
     uint64_t in_flight = 0;
     uint64_t replayed = 0;
   };
+  // Attached clients (not yet gone) and their slots, by role.
+  struct RoleGauge {
+    uint64_t clients = 0;
+    uint64_t slots = 0;
+  };
   struct Gauges {
     std::vector<LinkGauge> links;
+    RoleGauge producers;
+    RoleGauge consumers;
     uint64_t frames_in_flight = 0;  // producers' frames submitted and not yet DELIVERED or FAILED
     uint64_t frames_held = 0;       // delivered to local consumers, not yet released
   };
@@ -121,6 +128,8 @@ class Metrics {
 
  private:
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency_{};
+  std::atomic<uint64_t> latency_sum_us_{0};
+  double start_time_s_;  // wall clock at construction: framelink_start_time_seconds
   std::array<std::atomic<uint64_t>, 512> failures_by_status_{};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
   mutable Mutex detail_mutex_;

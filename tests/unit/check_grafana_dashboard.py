@@ -25,9 +25,9 @@ def fail(message):
     sys.exit(1)
 
 
-def exported_metrics(framelinkd):
-    """Names in the daemon's /metrics: samples, and every # TYPE (histograms with _bucket/_count)."""
-    with tempfile.TemporaryDirectory(prefix="fl-grafana") as tmp:
+def scrape(framelinkd):
+    """The text of /metrics of a framelinkd started for it (check_metrics_exposition.py uses it too)."""
+    with tempfile.TemporaryDirectory(prefix="fl-metrics") as tmp:
         ready = os.path.join(tmp, "ready")
         log = open(os.path.join(tmp, "daemon.log"), "w")
         # A configured peer that never answers, so that the per-peer series exist too.
@@ -52,13 +52,18 @@ def exported_metrics(framelinkd):
                 fail("framelinkd did not write its metrics port to the ready file within 20 s")
             # The data agent publishes its per-link gauges twice a second.
             time.sleep(1.2)
-            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+            return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
         finally:
             daemon.send_signal(signal.SIGTERM)
             try:
                 daemon.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+
+
+def exported_metrics(framelinkd):
+    """Names in the daemon's /metrics: samples, and every # TYPE (histograms with _bucket/_count)."""
+    text = scrape(framelinkd)
     names = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):

@@ -1,0 +1,66 @@
+// The Prometheus text of proxy/metrics/metrics.cpp with values in it (a live
+// daemon's, read by prometheus_client in unit.metrics_exposition, is mostly 0).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "framelink/framelink.h"
+#include "metrics/metrics.h"
+
+using namespace framelink;
+
+namespace {
+
+bool has(const std::string& text, const std::string& line) {
+  return text.find("\n" + line + "\n") != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("delivery latency is exposed in seconds with _sum and _count", "[metrics]") {
+  Metrics m;
+  m.recordDeliveryLatency(3);     // the 4 us bucket
+  m.recordDeliveryLatency(1000);  // the 1024 us bucket
+  const std::string text = m.prometheus();
+  CHECK(has(text, "# TYPE framelink_delivery_latency_seconds histogram"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_bucket{le=\"2e-06\"} 0"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_bucket{le=\"4e-06\"} 1"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_bucket{le=\"0.000512\"} 1"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_bucket{le=\"0.001024\"} 2"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_bucket{le=\"+Inf\"} 2"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_sum 0.001003"));
+  CHECK(has(text, "framelink_delivery_latency_seconds_count 2"));
+  CHECK(text.find("_us") == std::string::npos);
+}
+
+TEST_CASE("failed frames are counted under _total by their status name", "[metrics]") {
+  Metrics m;
+  m.recordFailure(FL_ERR_NO_CONSUMER);
+  m.recordFailure(FL_ERR_NO_CONSUMER);
+  m.recordFailure(499);  // no fl_status
+  const std::string text = m.prometheus();
+  CHECK(has(text, "# TYPE framelink_frames_failed_total counter"));
+  CHECK(has(text, "framelink_frames_failed_total{status=\"FL_ERR_NO_CONSUMER\"} 2"));
+  CHECK(has(text, "framelink_frames_failed_total{status=\"FL_ERR_TIMEOUT\"} 0"));  // there before it happens
+  CHECK(has(text, "framelink_frames_failed_total{status=\"FL_STATUS_499\"} 1"));
+  CHECK(text.find("status=\"FL_OK\"") == std::string::npos);
+  CHECK(text.find("\nframelink_frames_failed_total ") == std::string::npos);  // one family, all labelled
+  CHECK(text.find("failed_by_status") == std::string::npos);
+}
+
+TEST_CASE("build info, start time, and clients and their slots by role", "[metrics]") {
+  Metrics m;
+  Metrics::Gauges g;
+  g.producers = {2, 16};
+  g.consumers = {1, 8};
+  m.setGauges(g);
+  const std::string text = m.prometheus();
+  const std::string version = std::to_string(FL_VERSION_MAJOR) + "." + std::to_string(FL_VERSION_MINOR) +
+                              "." + std::to_string(FL_VERSION_PATCH);
+  CHECK(text.find("\nframelink_build_info{version=\"" + version + "\",rdma=\"") != std::string::npos);
+  CHECK(text.find("\nframelink_start_time_seconds 1") != std::string::npos);  // after 2001-09-09
+  CHECK(has(text, "framelink_clients{role=\"producer\"} 2"));
+  CHECK(has(text, "framelink_clients{role=\"consumer\"} 1"));
+  CHECK(has(text, "framelink_client_slots{role=\"producer\"} 16"));
+  CHECK(has(text, "framelink_client_slots{role=\"consumer\"} 8"));
+}
