@@ -452,4 +452,22 @@ TEST_CASE("rdma eventFd is readable exactly while something is to be polled", "[
   REQUIRE(readable(p->a->eventFd(), 1000));
 }
 
+// The writer's adapter reports the refusal (a completion) and, soon after, the peer's disconnect
+// (an rdma_cm event, the peer's queue pair having failed on the bad write).  When both wait for
+// the same poll, the link error names the cause, not its consequence.
+TEST_CASE("rdma link error names a failed completion ahead of the disconnect that followed it", "[rdma]") {
+  auto p = makeDataPath();
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  auto c = p->credit(1, 64);
+  c.rkey ^= 1;
+  REQUIRE(p->a->post(request(0, c, p->src, 64, 1)) == PostResult::kOk);
+  p->ra()->flush();
+  p->b->shutdown();  // queues DISCONNECTED for a, behind the completion a has not polled yet
+  rx.pump();
+  until(tx, rx, [&] { return tx.sends.size() == 1 && !tx.errors.empty(); });
+  REQUIRE(tx.errors.size() == 1);
+  CHECK_THAT(tx.errors[0].message, Catch::Contains(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR)));
+  CHECK(tx.sends[0].status == FL_ERR_TRANSPORT);
+}
+
 }  // namespace framelink::transport::rdma::testing

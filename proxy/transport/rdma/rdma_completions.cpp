@@ -76,6 +76,10 @@ void RdmaTransport::drainCmEvents() noexcept {
     api_.ackCmEvent(event);
     switch (type) {
       case RDMA_CM_EVENT_DISCONNECTED:
+        // A disconnect is often the consequence of a failed work request
+        // (the peer's queue pair failed on our write): a completion saying
+        // so names the cause, so it goes first.
+        drainCq();
         fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": the peer disconnected");
         break;
       case RDMA_CM_EVENT_DEVICE_REMOVAL:
@@ -122,6 +126,14 @@ void RdmaTransport::drainCq() noexcept {
   }
 }
 
+void RdmaTransport::failOnWc(const ibv_wc& wc, int status, const std::string& message) noexcept {
+  if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+    fail(status, message);
+  } else if (!flush_failure_) {
+    flush_failure_.emplace(status, message);
+  }
+}
+
 void RdmaTransport::handleWc(const ibv_wc& wc) noexcept {
   if (wc.wr_id & kRecvTag) {
     handleRecvWc(wc);
@@ -149,9 +161,9 @@ void RdmaTransport::handleControlSendWc(const ibv_wc& wc) noexcept {
     return;
   }
   const WcClassification c = classifyWcStatus(wc.status);
-  fail(c.link_status, "rdma link to " + peer_name_ + ": control send completed with " +
-                          ibv_wc_status_str(wc.status) + " (vendor error " + std::to_string(wc.vendor_err) +
-                          "; " + scopeName(c.scope) + " error)");
+  failOnWc(wc, c.link_status,
+           "rdma link to " + peer_name_ + ": control send completed with " + ibv_wc_status_str(wc.status) +
+               " (vendor error " + std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) + " error)");
 }
 
 void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
@@ -175,9 +187,9 @@ void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
     return;
   }
   completeSendsThrough(seq, c.frame_status);
-  fail(c.link_status, "rdma link to " + peer_name_ + ": send completed with " + ibv_wc_status_str(wc.status) +
-                          " (vendor error " + std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) +
-                          " error)");
+  failOnWc(wc, c.link_status,
+           "rdma link to " + peer_name_ + ": send completed with " + ibv_wc_status_str(wc.status) +
+               " (vendor error " + std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) + " error)");
 }
 
 void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
@@ -185,8 +197,9 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   if (wc.status != IBV_WC_SUCCESS) {
     if (!book_.failed()) {
       const WcClassification c = classifyWcStatus(wc.status);
-      fail(c.link_status, "rdma link to " + peer_name_ + ": receive completed with " +
-                              ibv_wc_status_str(wc.status) + " (" + scopeName(c.scope) + " error)");
+      failOnWc(wc, c.link_status,
+               "rdma link to " + peer_name_ + ": receive completed with " + ibv_wc_status_str(wc.status) +
+                   " (" + scopeName(c.scope) + " error)");
     }
     return;
   }
@@ -301,8 +314,12 @@ void RdmaTransport::replenishRecvs() noexcept {
 size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
   if (!torn_down_) {
     drainAsyncError();
+    drainCq();  // before rdma_cm: see RDMA_CM_EVENT_DISCONNECTED
     drainCmEvents();
-    drainCq();
+    if (flush_failure_) {  // nothing named a cause: the flush is all there is
+      fail(flush_failure_->first, flush_failure_->second);
+      flush_failure_.reset();
+    }
     completeUnpostedIfDrained();
     // Receives the peer used up, and WRs a caller forgot to flush.
     if (recvs_posted_ < options_.recv_queue_depth / 2 + 1) replenishRecvs();

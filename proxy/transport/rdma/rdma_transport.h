@@ -226,6 +226,12 @@ class RdmaTransport final : public Transport {
     return (next_seq_ - done_seq_) + (ctl_posted_seq_ - ctl_done_seq_);
   }
   void fail(int status, const std::string& message) noexcept;
+  // fail() for a work completion in error.  A flush error is never the
+  // cause (the queue pair was already in error): it waits in
+  // flush_failure_ until the end of the poll, so that a completion error,
+  // an asynchronous event or a disconnect found in the same poll names
+  // the cause instead.
+  void failOnWc(const ibv_wc& wc, int status, const std::string& message) noexcept;
   void tearDown() noexcept;
   // rdma_completions.cpp: completions and events become TransportEvents.
   void drainCmEvents() noexcept;
@@ -359,6 +365,8 @@ class RdmaTransport final : public Transport {
   // shared between threads.
   Mutex async_mu_;
   std::optional<std::pair<int, std::string>> async_error_ FL_GUARDED_BY(async_mu_);
+
+  std::optional<std::pair<int, std::string>> flush_failure_;  // see failOnWc()
 
   UniqueFd event_fd_;  // eventfd: readable while events_ is not empty
   UniqueFd link_fd_;   // eventfd: the device's event thread reported an error

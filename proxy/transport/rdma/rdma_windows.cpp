@@ -217,8 +217,9 @@ void RdmaTransport::handleWindowWc(const ibv_wc& wc) noexcept {
     // Flushed or failed: the windows may still be bound, and what they hold
     // stays in the ring until tearDown().
     if (!book_.failed()) {
-      fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
-                                 ibv_wc_status_str(wc.status));
+      failOnWc(wc, FL_ERR_LINK_LOST,
+               "rdma link to " + peer_name_ + ": a memory-window work request completed with " +
+                   ibv_wc_status_str(wc.status));
     }
     return;
   }
