@@ -157,6 +157,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   c->queue_cap = qcap;
   c->slot_state = (uint8_t*)calloc(slot_count, 1);
   c->slot_want_crc = (uint8_t*)calloc(slot_count, 1);
+  c->slot_lent = (uint8_t*)calloc(slot_count, 1);
   c->free_list = (uint32_t*)calloc(slot_count, sizeof(uint32_t));
   c->queue = (fl_completion*)calloc(qcap, sizeof(fl_completion));
   pthread_condattr_t ca;
@@ -165,7 +166,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   cv_ok =
       cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
   int mu_ok = 0, rmu_ok = 0;
-  if (c->slot_state && c->slot_want_crc && c->free_list && c->queue && cv_ok) {
+  if (c->slot_state && c->slot_want_crc && c->slot_lent && c->free_list && c->queue && cv_ok) {
     mu_ok = pthread_mutex_init(&c->mu, NULL) == 0;
     rmu_ok = mu_ok && pthread_mutex_init(&c->reattach_mu, NULL) == 0;
   }
@@ -174,6 +175,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
     if (cv_ok) pthread_cond_destroy(&c->cv);
     free(c->slot_state);
     free(c->slot_want_crc);
+    free(c->slot_lent);
     free(c->free_list);
     free(c->queue);
     free(c);
@@ -188,6 +190,7 @@ void flx_free_shell(fl_client* c) {
   pthread_cond_destroy(&c->cv);
   free(c->slot_state);
   free(c->slot_want_crc);
+  free(c->slot_lent);
   free(c->free_list);
   free(c->queue);
   free(c);
@@ -339,7 +342,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     return flx_error(FL_EINVAL,
                      "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
                      options->struct_size);
-  const int has_v2 = options->struct_size >= sizeof(fl_client_options);
+  const int has_v2 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V2;
+  const int has_v3 = options->struct_size >= sizeof(fl_client_options);
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
@@ -361,6 +365,12 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   /* 0 lets the daemon apply its configured defaults ([limits] default_slot_*). */
   req.slot_count = options->slot_count;
   req.slot_size = options->slot_size;
+  if (has_v3 && options->subscribe) {
+    if (options->role != FL_CONSUMER)
+      return flx_error(FL_EINVAL,
+                       "fl_attach: subscribe is for consumers; a producer's frames go to every subscriber");
+    req.flags |= FL_ATTACH_SUBSCRIBE;
+  }
   snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
   snprintf(req.client_name, sizeof(req.client_name), "%s",
            options->client_name ? options->client_name : program_invocation_short_name);
@@ -391,6 +401,7 @@ FL_API void fl_detach(fl_client* c) {
   if (c->data) munmap(c->data, c->data_len);
   if (c->control) munmap(c->control, c->control_len);
   for (uint32_t i = 0; i < c->retired_count; ++i) munmap(c->retired[i].addr, c->retired[i].len);
+  flx_lent_unmap_all(c);
   free(c->retired);
   int fds[8] = {c->epoll_fd,    c->retry_tfd,       c->control_fd, c->data_fd,
                 c->submit_bell, c->completion_bell, c->sock,       c->kick_efd};

@@ -66,6 +66,7 @@ struct fl_client {
 
   uint8_t* slot_state;    /* [mu] enum flx_slot_state per slot */
   uint8_t* slot_want_crc; /* [mu] producer: FL_META_CRC32C was set for the held slot */
+  uint8_t* slot_lent;     /* [mu] consumer: 1 + index in lent[] of the held frame's segment, 0: its own */
   uint32_t* free_list;    /* [mu] producer: stack of FREE slots */
   uint32_t free_count;    /* [mu] */
 
@@ -119,6 +120,20 @@ struct fl_client {
     size_t len;
   } * retired;
   uint32_t retired_count;
+  /* Consumer: local producers' data segments the daemon lent us (lend.c),
+   * mapped read-only.  [mu] */
+  struct flx_lent {
+    uint64_t id;
+    uint8_t* base;
+    size_t len;
+    uint64_t slots_offset;
+    uint64_t slot_stride;
+    uint64_t slot_size;
+    uint32_t slot_count;
+    uint32_t holds; /* frames of it the application holds */
+    int retired;    /* the daemon retired it: unmapped when the last frame is released */
+    int used;
+  } lent[FL_LEND_MAX];
 };
 
 /* Slot `slot`'s header (the caller has checked slot < slot_count). */
@@ -156,6 +171,18 @@ int flx_socket_hung_up(fl_client* client);
 int flx_socket_hung_up_locked(fl_client* client);
 int flx_role_error(const char* function, const char* role);
 
+/* lend.c, with mu held.  Where the payload of FL_SLOT_LENT frame `h` is:
+ * FL_OK with *data and *index (in lent[]) set, or an error (corrupt). */
+int flx_lent_payload_locked(fl_client* client, const fl_slot_header* h, const uint8_t** data,
+                            uint32_t* index);
+/* The application released a frame of lent[index]. */
+void flx_lent_release_locked(fl_client* client, uint32_t index);
+/* Every lent segment: unmapped (fl_detach) or retired like the client's own
+ * segments (fl_reattach: a stale pointer stays harmless). */
+void flx_lent_unmap_all(fl_client* client);
+void flx_lent_retire_all_locked(fl_client* client);
+/* reattach.c: replace [addr, addr+len) by anonymous memory until fl_detach. */
+void flx_retire_locked(fl_client* client, uint8_t* addr, size_t len);
 /* attach.c: connects to `path`, sends `req` and maps what the daemon hands
  * out, into a new client (no epoll fd: fl_attach adds it, fl_reattach keeps
  * its own). */

@@ -1,7 +1,9 @@
 /*
  * Consumer side: deliveries from the completion ring, releases on the
  * submit ring.  A delivered slot lives in memory the consumer can only read;
- * its header is copied and validated before anything in it is used.
+ * its header is copied and validated before anything in it is used.  A
+ * frame of a producer on the same host (FL_SLOT_LENT) is read where the
+ * producer wrote it, in a segment the daemon lent us (lend.c).
  */
 #include <string.h>
 
@@ -42,12 +44,20 @@ static int flx_try_receive(fl_client* c, void* arg) {
     return flx_corrupt_locked(c, "slot %u header has %u attribute bytes, at most %u are possible", d.slot,
                               h.attr_length, FL_MAX_ATTR_BYTES);
 
+  const uint8_t* data = c->slots + (uint64_t)d.slot * c->slot_stride;
+  uint32_t lent = 0;
+  if (h.flags & FL_SLOT_LENT) {
+    int rc = flx_lent_payload_locked(c, &h, &data, &lent);
+    if (rc != FL_OK) return rc;
+    ++lent; /* 0 means the consumer's own slot */
+  }
+  c->slot_lent[d.slot] = (uint8_t)lent;
   c->slot_state[d.slot] = FLX_SLOT_HELD;
   memset(out, 0, sizeof(*out));
   out->slot = d.slot;
-  out->flags = h.flags;
+  out->flags = h.flags & (uint32_t)(FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);
   out->sequence = h.sequence;
-  out->data = c->slots + (uint64_t)d.slot * c->slot_stride;
+  out->data = data;
   out->length = h.length;
   out->frame_id = h.frame_id;
   out->group_id = h.group_id;
@@ -77,6 +87,8 @@ FL_API int fl_release(fl_client* c, uint32_t slot) {
     rc = flx_error(FL_ERR_RING_CORRUPT, "this attachment saw corrupt shared memory earlier: detach");
   } else if (flx_gone_locked(c)) {
     c->slot_state[slot] = FLX_SLOT_FREE; /* nobody is left to give it back to */
+    if (c->slot_lent[slot]) flx_lent_release_locked(c, c->slot_lent[slot] - 1u);
+    c->slot_lent[slot] = 0;
     rc = flx_gone_error();
   } else {
     fl_submit_desc d = {.slot = slot, .flags = 0, .length = 0};
@@ -87,6 +99,8 @@ FL_API int fl_release(fl_client* c, uint32_t slot) {
       rc = flx_error(FL_EAGAIN, "fl_release: the submit ring is full; framelinkd is not draining it");
     } else {
       c->slot_state[slot] = FLX_SLOT_FREE;
+      if (c->slot_lent[slot]) flx_lent_release_locked(c, c->slot_lent[slot] - 1u);
+      c->slot_lent[slot] = 0;
     }
   }
   int wake = rc == FL_OK && fl_ring_reader_needs_wake(c->submit);

@@ -86,7 +86,7 @@ static void flx_park_locked(fl_client* c, int64_t at_ms) {
  * memory, so that the daemon's memfd (maybe hugepages) is freed while a
  * pointer the application kept into it stays harmless until fl_detach.
  */
-static void flx_retire_locked(fl_client* c, uint8_t* addr, size_t len) {
+void flx_retire_locked(fl_client* c, uint8_t* addr, size_t len) {
   if (!addr) return;
   struct flx_region* grown =
       (struct flx_region*)realloc(c->retired, (c->retired_count + 1) * sizeof(struct flx_region));
@@ -149,6 +149,7 @@ static int flx_reattach_serialized(fl_client* c) {
   flx_set_retry_timer(c, 0);
   flx_retire_locked(c, c->data, c->data_len);
   flx_retire_locked(c, c->control, c->control_len);
+  flx_lent_retire_all_locked(c);
   c->control = n->control;
   c->control_len = n->control_len;
   c->data = n->data;
@@ -166,13 +167,16 @@ static int flx_reattach_serialized(fl_client* c) {
   c->slots = n->slots;
   free(c->slot_state);
   free(c->slot_want_crc);
+  free(c->slot_lent);
   free(c->free_list);
   c->slot_state = n->slot_state;
   c->slot_want_crc = n->slot_want_crc;
+  c->slot_lent = n->slot_lent;
   c->free_list = n->free_list;
   c->free_count = n->free_count;
   n->slot_state = NULL;
   n->slot_want_crc = NULL;
+  n->slot_lent = NULL;
   n->free_list = NULL;
   __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
   c->armed = 0; /* the new doorbell is rung once a call finds nothing again */

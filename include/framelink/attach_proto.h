@@ -15,6 +15,17 @@
  * the detach (or tells the daemon that the client died).  The daemon
  * identifies the peer with SO_PEERCRED.
  *
+ * After the reply the daemon sends a consumer nothing but fl_lend_message:
+ *   FL_LEND_SEGMENT  carries one fd with SCM_RIGHTS, a read-only file of a
+ *                    local producer's data segment (mapping it writable
+ *                    fails), named by lend_id in the FL_SLOT_LENT frames that
+ *                    point into it;
+ *   FL_LEND_RETIRE   no fd: lend_id names nothing any more, unmap it once no
+ *                    frame of it is held.
+ * Each goes before the completion entry of the frame that needs it, so a
+ * consumer reads them only when it meets a lend id it does not know; the
+ * daemon never lends one consumer more than FL_LEND_MAX segments at once.
+ *
  * Admin requests (framelink stats / clients / links) use the same socket
  * with a message of their own kind, told apart by its magic:
  *
@@ -44,8 +55,9 @@ extern "C" {
 #endif
 
 #define FL_ATTACH_MAGIC 0x54414C46u /* "FLAT" */
-/* 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon). */
-#define FL_ATTACH_VERSION 2u
+/* 3: lent segments (fl_lend_message) and subscribers (FL_ATTACH_SUBSCRIBE).
+ * 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon). */
+#define FL_ATTACH_VERSION 3u
 #define FL_ATTACH_FD_COUNT 4u
 #define FL_CLIENT_NAME_MAX 64u
 #define FL_ATTACH_MESSAGE_MAX 256u
@@ -58,9 +70,13 @@ typedef struct fl_attach_request {
   uint64_t slot_size;
   char stream[FL_STREAM_NAME_MAX];      /* NUL-terminated; the rule: fl_stream_name_valid() */
   char client_name[FL_CLIENT_NAME_MAX]; /* NUL-terminated, informational */
-  uint32_t flags;                       /* reserved, must be 0 */
+  uint32_t flags;                       /* enum fl_attach_flags; other bits must be 0 */
   uint32_t reserved;
 } fl_attach_request;
+enum fl_attach_flags {
+  /* Consumer: every frame of the stream, not a share of them (a queue group member). */
+  FL_ATTACH_SUBSCRIBE = 1u << 0,
+};
 
 FL_STATIC_ASSERT(sizeof(fl_attach_request) == 160, "fl_attach_request size");
 FL_STATIC_ASSERT(offsetof(fl_attach_request, slot_size) == 16, "slot_size offset");
@@ -82,6 +98,29 @@ typedef struct fl_attach_reply {
 FL_STATIC_ASSERT(sizeof(fl_attach_reply) == 296, "fl_attach_reply size");
 FL_STATIC_ASSERT(offsetof(fl_attach_reply, client_id) == 16, "client_id offset");
 FL_STATIC_ASSERT(offsetof(fl_attach_reply, message) == 40, "message offset");
+
+#define FL_LEND_MAGIC 0x444E4C46u /* "FLND" */
+#define FL_LEND_MAX 64u           /* segments lent to one consumer at a time */
+enum fl_lend_kind {
+  FL_LEND_SEGMENT = 1,
+  FL_LEND_RETIRE = 2,
+};
+typedef struct fl_lend_message {
+  uint32_t magic; /* FL_LEND_MAGIC */
+  uint32_t kind;  /* enum fl_lend_kind */
+  uint64_t lend_id;
+  /* FL_LEND_SEGMENT: the segment's geometry (slot i's payload at
+   * slots_offset + i * slot_stride, slot_size bytes); 0 otherwise. */
+  uint64_t data_size;
+  uint64_t slots_offset;
+  uint64_t slot_stride;
+  uint64_t slot_size;
+  uint32_t slot_count;
+  uint32_t reserved;
+} fl_lend_message;
+FL_STATIC_ASSERT(sizeof(fl_lend_message) == 56, "fl_lend_message size");
+FL_STATIC_ASSERT(offsetof(fl_lend_message, lend_id) == 8, "lend_id offset");
+FL_STATIC_ASSERT(offsetof(fl_lend_message, slot_count) == 48, "lend slot_count offset");
 
 #define FL_ADMIN_MAGIC 0x44414C46u /* "FLAD" */
 #define FL_ADMIN_VERSION 1u

@@ -125,10 +125,22 @@ typedef struct fl_client_options {
    */
   uint32_t auto_reattach;
   uint32_t reattach_interval_ms; /* 0: 200; the least time between two automatic attempts */
+  /* Read only when struct_size covers it (FL_CLIENT_OPTIONS_SIZE_V3). */
+  /*
+   * Consumer, nonzero: a subscriber, which gets every frame of the stream.
+   * 0: a member of the stream's queue group, which shares the frames with
+   * the group's other members (each frame to one of them).  Today a
+   * subscriber gets every frame of producers attached to the same daemon;
+   * frames from other hosts still go to one consumer of the stream.
+   */
+  uint32_t subscribe;
+  uint32_t reserved; /* 0 */
 } fl_client_options;
 
 /* struct_size of an fl_client_options from before auto_reattach (still accepted). */
 #define FL_CLIENT_OPTIONS_SIZE_V1 48u
+/* struct_size of an fl_client_options from before subscribe (still accepted). */
+#define FL_CLIENT_OPTIONS_SIZE_V2 56u
 
 typedef struct fl_client_info {
   uint64_t client_id;

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FL_SEGMENT_MAGIC UINT64_C(0x4B4E4C454D415246) /* "FRAMELNK" little-endian */
-#define FL_LAYOUT_VERSION 2u
+#define FL_LAYOUT_VERSION 3u
 #define FL_CACHE_LINE 64u
 #define FL_STREAM_NAME_MAX 64u /* bytes, including the terminating NUL */
 /* The longest stream name: the NUL-terminated name must fit the fixed fields
@@ -90,6 +90,13 @@ enum fl_slot_flags {
   /* Consumer: the frame was sent again after the receiving daemon restarted.
    * The consumer of the daemon before the restart may have seen it already. */
   FL_SLOT_MAYBE_REDELIVERED = 1u << 1,
+  /* Consumer: a frame of a producer attached to the same daemon, not copied:
+   * the payload is in that producer's data segment, which the daemon lent
+   * this consumer read-only (an fl_lend_message on the attach socket, see
+   * attach_proto.h).  The slot header says where: reserved1 holds the lend
+   * id (8 bytes, little-endian), reserved0 the producer's slot.  Everything
+   * else in the header is the daemon's validated copy of the producer's. */
+  FL_SLOT_LENT = 1u << 2,
 };
 
 /*
@@ -173,7 +180,8 @@ typedef struct fl_slot_header {
    *   reserved0  has_crc32c (0 or 1)
    *   reserved1  the sending daemon's id for the stream (8 bytes, little-endian)
    * A consumer's slot header holds those after a frame that came over rdma,
-   * and older bytes otherwise; a producer's are ignored.  Moving or resizing
+   * the lend of an FL_SLOT_LENT frame, and older bytes otherwise; a
+   * producer's are ignored.  Moving or resizing
    * them changes the rdma wire as well.
    */
   uint32_t reserved0;

@@ -78,7 +78,13 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       outbound_(config, metrics, clock, clients_, peers_, links_),
       inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000,
                inboundLimits(config)),
+      local_(config, metrics, clock, clients_,
+             [this](AgentClient& producer, uint32_t slot, int status, const std::string& why) {
+               outbound_.endLocalFrame(producer, slot, status, why);
+             }),
       heartbeat_(std::move(heartbeat)) {
+  outbound_.setLocalDelivery(&local_);
+  inbound_.setLocalDelivery(&local_);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -152,9 +158,11 @@ size_t DataAgent::doWork() {
   work += pollLinks();
   inbound_.flushControl();
   work += outbound_.pumpAll();
+  work += local_.pump();
   const uint64_t now = clock_.nowNs();
   if (now >= next_deadline_check_ns_) {
     outbound_.checkDeadlines();
+    local_.checkDeadlines();
     for (const auto& [link_id, why] : inbound_.checkDeadlines()) {
       if (AgentLink* l = links_.find(link_id)) protocolError(*l, why);
     }
@@ -297,6 +305,7 @@ void DataAgent::onClientGone(uint64_t client_id) {
   clients_.detachLog().info("client {} detached (pid {}, stream '{}', {} frames, {} bytes)", s.id, s.pid,
                             s.stream, s.frames, s.bytes);
   if (s.role == FL_ROLE_CONSUMER) inbound_.onConsumerGone(*c);
+  if (s.role == FL_ROLE_PRODUCER) local_.producerGone(s);
   outbound_.maybeForget(*c);
 }
 

@@ -23,6 +23,7 @@
 #include "agent/client_table.h"
 #include "agent/command_queue.h"
 #include "agent/inbound_streams.h"
+#include "agent/local_delivery.h"
 #include "agent/outbound_streams.h"
 #include "agent/session_writer.h"
 #include "attach/client_session.h"
@@ -153,6 +154,7 @@ class DataAgent {
   ClientTable clients_;
   OutboundStreams outbound_;
   InboundStreams inbound_;
+  LocalDelivery local_;
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
   AgentHeartbeat heartbeat_;

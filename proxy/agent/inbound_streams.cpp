@@ -21,6 +21,7 @@ InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
+  if (local_ != nullptr) local_->pump();  // frames of producers here first
   grantCredits(c.stream);
 }
 
@@ -28,8 +29,11 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
   const uint64_t now = clock_.nowNs();
-  for (SlotEntry& e : c.slots) {
-    if (e.state == SlotState::kCredited) {
+  for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
+    SlotEntry& e = c.slots[slot];
+    if (e.state == SlotState::kDelivered && e.local_from != 0) {
+      if (local_ != nullptr) local_->readerGone(c, slot);
+    } else if (e.state == SlotState::kCredited) {
       auto it = findCredit(e.credit_id);
       if (it != credits_.end()) {
         if (AgentLink* l = links_.find(it->second.link_id)) {
@@ -85,6 +89,10 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   for (auto& [key, msg] : revokes) {
     if (AgentLink* l = links_.find(key.first)) l->send(std::move(msg));
   }
+  if (local_ != nullptr) {
+    local_->consumerGone(c);
+    local_->pump();  // a frame that waited for this subscriber's slot goes to the others
+  }
 }
 
 void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
@@ -112,6 +120,13 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
+  if (e.local_from != 0) {  // a frame of a producer here
+    if (local_ != nullptr) local_->released(c, desc.slot);
+    e = SlotEntry{};
+    if (local_ != nullptr) local_->pump();
+    grantCredits(ac.stream);
+    return;
+  }
   auto ist = in_states_.find(e.in_state);
   if (ist != in_states_.end()) {
     InState& in = ist->second;

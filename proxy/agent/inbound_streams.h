@@ -20,6 +20,7 @@
 #include "agent/agent_clock.h"
 #include "agent/agent_state.h"
 #include "agent/client_table.h"
+#include "agent/local_delivery.h"
 #include "agent/peer_messages.h"
 #include "common/log_limit.h"
 #include "metrics/metrics.h"
@@ -55,6 +56,8 @@ class InboundStreams {
   InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable& links, NameTable& names,
                  const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0, Limits limits = {});
 
+  // Frames of producers attached here (their releases and their readers' deaths).
+  void setLocalDelivery(LocalDelivery* local) { local_ = local; }
   // A consumer attached: its slots are granted to every stream of its name.
   void onConsumerAttached(AgentClient& c);
   // A consumer went: its credits are revoked, the frames it held refused.
@@ -101,6 +104,7 @@ class InboundStreams {
   void setNextGenerationForTest(uint32_t generation) { next_generation_ = generation; }
 
  private:
+  LocalDelivery* local_ = nullptr;
   struct CreditEntry {
     uint64_t client_id = 0;
     uint32_t slot = 0;

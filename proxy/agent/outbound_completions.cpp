@@ -64,6 +64,12 @@ void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, cons
   clients_.complete(c, slot, status, sequence, length, frame_id);
 }
 
+void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status,
+                                    const std::string& why) {
+  endFrame(*producer.session, slot, status, why);
+  maybeForget(producer);  // may forget the producer
+}
+
 void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std::string& why) {
   for (uint32_t s = 0; s < c.slots.size(); ++s) {
     if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, status, why);

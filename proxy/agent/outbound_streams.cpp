@@ -97,9 +97,10 @@ bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& d
     return refuse(FL_ERR_BAD_METADATA, "slot header invalid (attr_length " + std::to_string(sh->attr_length) +
                                            " > " + std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
   }
-  if (ac.route == kNoPeer) {
-    return refuse(FL_ERR_NO_ROUTE,
-                  "no peer is configured for stream '" + c.stream + "' (add --peer / --route)");
+  if (ac.route == kNoPeer && (local_ == nullptr || !local_->hasReaders(c.stream))) {
+    return refuse(FL_ERR_NO_ROUTE, "no peer is configured for stream '" + c.stream +
+                                       "' and no consumer of it is attached to this daemon (add --peer / "
+                                       "--route, or attach a consumer here)");
   }
   return true;
 }
@@ -119,6 +120,11 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   std::string why;
   if (!checkSubmit(ac, desc, &sh, &status, &why)) {
     rejectSubmit(c, desc, status, why);
+    return;
+  }
+  if (ac.route == kNoPeer) {  // a stream of this host: its consumers are attached here
+    metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
+    local_->submit(ac, desc.slot, sh, desc.length);
     return;
   }
   SlotEntry& e = c.slots[desc.slot];

@@ -15,6 +15,7 @@
 #include "agent/agent_clock.h"
 #include "agent/agent_state.h"
 #include "agent/client_table.h"
+#include "agent/local_delivery.h"
 #include "agent/peer_messages.h"
 #include "common/log_limit.h"
 #include "config/config.h"
@@ -62,6 +63,10 @@ class OutboundStreams {
   // The daemon is stopping: frames end FAILED(shutdown) from here.
   void startShutdown() { shutting_down_ = true; }
   void failAllInProgress(ClientSession& c, int status, const std::string& why);
+  // Frames of a stream with no route go to the consumers attached here.
+  void setLocalDelivery(LocalDelivery* local) { local_ = local; }
+  // A frame LocalDelivery had ends (then a producer that went may be forgotten).
+  void endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why);
 
   void collectStats(std::vector<StreamStats>& out) const;
   // This daemon's frames to `peer`: posted or sent and not yet acknowledged,
@@ -167,6 +172,7 @@ class OutboundStreams {
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
   bool shutting_down_ = false;
+  LocalDelivery* local_ = nullptr;
   LogLimiter log_client_errors_, log_failed_, log_resent_;
 };
 

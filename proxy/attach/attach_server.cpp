@@ -484,12 +484,21 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
     dropConnection(fd);
     return;
   }
+  // A producer's segment may be lent to consumers on this host: a read-only
+  // file of it is kept for them (the client's own fds go).
+  if (req.role == FL_ROLE_PRODUCER && !segments->keepReadOnlyDataFd()) {
+    spdlog::warn(
+        "attach: pid {}: no read-only file of its data segment ({}); its frames are copied to "
+        "local consumers",
+        cred.pid, errnoText());
+  }
   segments->closeFds();
 
   auto session = std::make_shared<ClientSession>();
   session->id = client_id;
   session->role = req.role;
   session->stream = req.stream;
+  session->subscriber = (req.flags & FL_ATTACH_SUBSCRIBE) != 0;
   session->name = req.client_name;
   session->pid = cred.pid;
   session->uid = cred.uid;

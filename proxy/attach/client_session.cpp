@@ -21,6 +21,8 @@ const char* slotStateName(SlotState state) noexcept {
       return "settling";
     case SlotState::kCredited:
       return "credited";
+    case SlotState::kLent:
+      return "lent";
     case SlotState::kDelivered:
       return "delivered";
   }

@@ -24,6 +24,7 @@ enum class SlotState : uint8_t {
   kSettling,   // producer: its outcome is known, a transport still holds a post of its payload
   kCredited,   // consumer: exposed to a peer as a credit
   kDelivered,  // consumer: frame delivered to the app, waiting for release
+  kLent,       // producer: its frame is with local consumers until each released it
 };
 
 const char* slotStateName(SlotState state) noexcept;
@@ -65,12 +66,15 @@ struct SlotEntry {
   uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to
   bool was_posted = false;         // producer: posted to a link at least once (an ACK may come for it)
   bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon
+  uint64_t local_from = 0;         // consumer: the local producer whose frame it holds (0: from a link)
+  uint32_t local_slot = 0;         // consumer: that producer's slot
 };
 
 struct ClientSession {
   uint64_t id = 0;
   uint32_t role = 0;
   std::string stream;
+  bool subscriber = false;  // consumer: every frame of the stream (else a queue group member)
   std::string name;
   pid_t pid = 0;
   uid_t uid = 0;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #ifdef FRAMELINK_HAVE_NUMA
@@ -249,6 +250,14 @@ Status ClientSegments::seal(uint32_t role) {
     return makeError(FL_ERR_RESOURCES, std::string("sealing the data memfd failed: ") + errnoText(errno));
   }
   return {};
+}
+
+bool ClientSegments::keepReadOnlyDataFd() noexcept {
+  // Opening the memfd again through /proc makes a file of its own, with its
+  // own access mode: a mapping of it can never be made writable.
+  const std::string path = "/proc/self/fd/" + std::to_string(data_fd_.get());
+  read_only_data_fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  return read_only_data_fd_.valid();
 }
 
 }  // namespace framelink

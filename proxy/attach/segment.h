@@ -116,6 +116,11 @@ class ClientSegments {
     control_fd_.reset();
     data_fd_.reset();
   }
+  // A new, read-only file of the data segment (before closeFds): what the
+  // daemon lends consumers of a producer on the same host, who cannot map it
+  // writable.  False (errno set) when it cannot be opened.
+  bool keepReadOnlyDataFd() noexcept;
+  int readOnlyDataFd() const noexcept { return read_only_data_fd_.get(); }
 
  private:
   ClientSegments() = default;
@@ -126,6 +131,7 @@ class ClientSegments {
 
   UniqueFd control_fd_;
   UniqueFd data_fd_;
+  UniqueFd read_only_data_fd_;
   Mapping control_;
   Mapping data_;
   SegmentGeometry geometry_;

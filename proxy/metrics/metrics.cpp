@@ -104,6 +104,10 @@ constexpr CounterInfo kFrameCounters[] = {
     {"frames_received", "Frames delivered to local consumers.", &Metrics::Counters::frames_received},
     {"bytes_received", "Payload bytes delivered to local consumers.", &Metrics::Counters::bytes_received},
     {"frames_released", "Frames local consumers released.", &Metrics::Counters::frames_released},
+    {"local_frames_lent", "Frames of local producers lent to local consumers (no copy).",
+     &Metrics::Counters::local_frames_lent},
+    {"local_frames_copied", "Frames of local producers copied into local consumers' slots.",
+     &Metrics::Counters::local_frames_copied},
     {"bad_descriptors", "Ring entries or slot headers rejected.", &Metrics::Counters::bad_descriptors},
     {"credits_granted", "Receive slots granted to peers.", &Metrics::Counters::credits_granted},
     {"credits_granted_whole",
@@ -459,6 +463,8 @@ std::string Metrics::json() const {
       << ",\"frames_failed\":" << counters.frames_failed.load()
       << ",\"frames_received\":" << counters.frames_received.load()
       << ",\"frames_released\":" << counters.frames_released.load()
+      << ",\"local_frames_lent\":" << counters.local_frames_lent.load()
+      << ",\"local_frames_copied\":" << counters.local_frames_copied.load()
       << ",\"bytes_sent\":" << counters.bytes_sent.load()
       << ",\"bytes_received\":" << counters.bytes_received.load()
       << ",\"links_up\":" << counters.links_up.load() << ",\"attach_rejected\":{";

@@ -1,0 +1,263 @@
+// Local delivery: producers and consumers attached to one daemon, for a
+// stream with no peer route.  The consumer reads the producer's slot itself
+// (a read-only mapping of the producer's segment the daemon lent it), the
+// producer's completion comes when every reader released the frame, a queue
+// group shares the frames while each subscriber gets all of them, and a
+// reader that dies, a producer that dies or a stalled reader cost nobody
+// else anything.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <framelink/shm_layout.h>
+
+#include "client_util.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+constexpr uint64_t kKiB = 1024;
+
+DaemonProcess::Options localOptions(std::vector<std::string> extra = {}) {
+  DaemonProcess::Options o;
+  o.id = "solo";
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  o.extra_args.insert(o.extra_args.end(), extra.begin(), extra.end());
+  return o;
+}
+
+Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stream, bool subscribe,
+                  uint32_t slots = 4, uint64_t slot_size = 256 * kKiB) {
+  fl_client_options opt;
+  fl_client_options_init(&opt);
+  opt.role = role;
+  opt.socket_path = d.socketPath().c_str();
+  opt.stream = stream.c_str();
+  opt.slot_count = slots;
+  opt.slot_size = slot_size;
+  opt.subscribe = subscribe ? 1 : 0;
+  fl_client* c = nullptr;
+  const int rc = fl_attach(&opt, &c);
+  INFO("attach: " << statusName(rc) << " " << fl_last_error());
+  REQUIRE(rc == FL_OK);
+  return Client(c);
+}
+
+// The line of /proc/self/maps that holds `p`: its permissions and inode.
+struct MapInfo {
+  std::string perms;
+  unsigned long inode = 0;
+  bool found = false;
+};
+MapInfo mapOf(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[8] = {};
+    unsigned long offset = 0, inode = 0;
+    char dev[16] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %15s %lu", &lo, &hi, perms, &offset, dev, &inode) != 6) {
+      continue;
+    }
+    if (addr >= lo && addr < hi) return MapInfo{perms, inode, true};
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("local: a consumer on the producer's daemon reads the producer's slot, read-only",
+          "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client consumer = attachWith(d, FL_CONSUMER, "cam", false);
+  Client producer = attachProducer(d, "cam", 4, 256 * kKiB);
+
+  fl_slot slot{};
+  REQUIRE(fl_acquire(producer.get(), 5000, &slot) == FL_OK);
+  const MapInfo producer_map = mapOf(slot.data);
+  REQUIRE(producer_map.found);
+  REQUIRE(fl_submit(producer.get(), slot.index, 0) == FL_OK);  // an empty frame, then a real one
+  fl_frame empty = receiveFrame(consumer.get(), Millis(5000));
+  CHECK(empty.length == 0);
+  REQUIRE(fl_release(consumer.get(), empty.slot) == FL_OK);
+  REQUIRE(collectCompletions(producer.get(), 1, Millis(5000)).size() == 1);
+
+  const uint32_t index = submitFrame(producer.get(), 7, 200 * kKiB, true);
+  fl_frame f = receiveFrame(consumer.get(), Millis(5000));
+  checkSyntheticFrame(f, 7, 200 * kKiB);
+  CHECK(f.flags == FL_SLOT_HAS_CRC32C);  // the daemon checked it
+  CHECK(f.sequence == 2);
+
+  // The same file as the producer's slot, mapped read-only and shared.
+  const MapInfo frame_map = mapOf(f.data);
+  REQUIRE(frame_map.found);
+  CHECK(frame_map.inode == producer_map.inode);
+  CHECK(frame_map.perms == "r--s");
+  const uintptr_t page = reinterpret_cast<uintptr_t>(f.data) & ~uintptr_t{4095};
+  errno = 0;
+  CHECK(::mprotect(reinterpret_cast<void*>(page), 4096, PROT_READ | PROT_WRITE) != 0);
+  CHECK(errno == EACCES);
+
+  // Lent until released: the producer hears nothing before.
+  CHECK(collectCompletions(producer.get(), 1, Millis(300)).empty());
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  auto done = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_OK);
+  CHECK(done[0].slot == index);
+  CHECK(done[0].frame_id == 7);
+  CHECK(d.metric("framelink_local_frames_lent_total") == 2);
+  CHECK(d.metric("framelink_local_frames_copied_total") == 0);
+  CHECK(d.metric("framelink_frames_delivered_total") == 2);
+}
+
+TEST_CASE("local: a queue group shares the frames, each subscriber gets every one", "[integration][local]") {
+  DaemonProcess d(localOptions());
+  std::vector<Client> members, subscribers;
+  for (int i = 0; i < 2; ++i) members.push_back(attachWith(d, FL_CONSUMER, "line", false, 8));
+  for (int i = 0; i < 2; ++i) subscribers.push_back(attachWith(d, FL_CONSUMER, "line", true, 8));
+  Client producer = attachProducer(d, "line", 8, 256 * kKiB);
+
+  constexpr uint64_t kFrames = 40;
+  std::map<size_t, std::vector<uint64_t>> by_member;
+  std::vector<std::vector<uint64_t>> by_subscriber(2);
+  std::vector<fl_completion> done;
+  for (uint64_t id = 0; id < kFrames; ++id) {
+    submitFrame(producer.get(), id, 1000 + id * 777, id % 3 == 0);
+    for (size_t s = 0; s < 2; ++s) {
+      fl_frame f = receiveFrame(subscribers[s].get(), Millis(5000));
+      checkSyntheticFrame(f, id, 1000 + id * 777);
+      by_subscriber[s].push_back(f.frame_id);
+      REQUIRE(fl_release(subscribers[s].get(), f.slot) == FL_OK);
+    }
+    // One member got it; the other nothing.
+    bool got = false;
+    for (size_t m = 0; m < 2; ++m) {
+      fl_frame f{};
+      const int rc = fl_receive(members[m].get(), &f, got ? 0 : 50);
+      if (rc == FL_OK) {
+        CHECK_FALSE(got);
+        got = true;
+        checkSyntheticFrame(f, id, 1000 + id * 777);
+        by_member[m].push_back(f.frame_id);
+        REQUIRE(fl_release(members[m].get(), f.slot) == FL_OK);
+      }
+    }
+    CHECK(got);
+    auto c = collectCompletions(producer.get(), 1, Millis(5000));
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].status == FL_OK);
+    CHECK(c[0].frame_id == id);
+  }
+  for (size_t s = 0; s < 2; ++s) CHECK(by_subscriber[s].size() == kFrames);
+  CHECK(by_member[0].size() + by_member[1].size() == kFrames);
+  CHECK(by_member[0].size() == kFrames / 2);  // round-robin while both have room
+  CHECK(d.metric("framelink_frames_delivered_total") == int64_t{kFrames});
+  CHECK(d.metric("framelink_frames_received_total") == int64_t{kFrames * 3});
+}
+
+TEST_CASE("local: a reader that dies holding a frame fails it for the producer, nobody else",
+          "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client steady = attachWith(d, FL_CONSUMER, "feed", true);
+  Client doomed = attachWith(d, FL_CONSUMER, "feed", true);
+  Client producer = attachProducer(d, "feed", 4, 256 * kKiB);
+
+  submitFrame(producer.get(), 1, 5000);
+  fl_frame a = receiveFrame(steady.get(), Millis(5000));
+  fl_frame b = receiveFrame(doomed.get(), Millis(5000));
+  CHECK(a.frame_id == 1);
+  CHECK(b.frame_id == 1);
+  REQUIRE(fl_release(steady.get(), a.slot) == FL_OK);
+  doomed.reset();  // dies holding it
+  auto c = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].status == FL_ERR_NO_CONSUMER);
+
+  // The survivor and the producer go on.
+  submitFrame(producer.get(), 2, 6000);
+  fl_frame f = receiveFrame(steady.get(), Millis(5000));
+  checkSyntheticFrame(f, 2, 6000);
+  REQUIRE(fl_release(steady.get(), f.slot) == FL_OK);
+  c = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].status == FL_OK);
+}
+
+TEST_CASE("local: a frame nobody takes waits, then fails NO_CONSUMER; with nobody attached, NO_ROUTE",
+          "[integration][local]") {
+  DaemonProcess d(localOptions({"--credit-timeout-ms", "400"}));
+  {
+    Client producer = attachProducer(d, "nobody", 4, 64 * kKiB);
+    submitFrame(producer.get(), 1, 100);
+    auto c = collectCompletions(producer.get(), 1, Millis(5000));
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].status == FL_ERR_NO_ROUTE);
+  }
+  Client consumer = attachWith(d, FL_CONSUMER, "full", false, 1);
+  Client producer = attachProducer(d, "full", 4, 64 * kKiB);
+  submitFrame(producer.get(), 1, 100);
+  fl_frame held = receiveFrame(consumer.get(), Millis(5000));  // its only slot, kept
+  submitFrame(producer.get(), 2, 100);
+  auto c = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].frame_id == 2);
+  CHECK(c[0].status == FL_ERR_NO_CONSUMER);
+  REQUIRE(fl_release(consumer.get(), held.slot) == FL_OK);
+  c = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].frame_id == 1);
+  CHECK(c[0].status == FL_OK);
+}
+
+TEST_CASE("local: a producer that dies leaves its lent frames readable until released",
+          "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client consumer = attachWith(d, FL_CONSUMER, "gone", false, 4);
+  std::vector<fl_frame> held;
+  {
+    Client producer = attachProducer(d, "gone", 4, 128 * kKiB);
+    for (uint64_t id = 0; id < 3; ++id) submitFrame(producer.get(), id, 100 * kKiB);
+    for (uint64_t id = 0; id < 3; ++id) held.push_back(receiveFrame(consumer.get(), Millis(5000)));
+  }  // detached with three frames lent
+  REQUIRE(waitUntil([&] { return d.metric("framelink_clients_detached_total") == 1; }, Millis(5000)));
+  for (uint64_t id = 0; id < 3; ++id) {
+    checkSyntheticFrame(held[id], id, 100 * kKiB);
+    REQUIRE(fl_release(consumer.get(), held[id].slot) == FL_OK);
+  }
+  // Its segment is retired with the next frame of another producer.
+  Client producer = attachProducer(d, "gone", 4, 128 * kKiB);
+  submitFrame(producer.get(), 9, 1000);
+  fl_frame f = receiveFrame(consumer.get(), Millis(5000));
+  checkSyntheticFrame(f, 9, 1000);
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  REQUIRE(collectCompletions(producer.get(), 1, Millis(5000)).size() == 1);
+  REQUIRE(waitUntil([&] { return d.idle(); }, Millis(5000)));
+}
+
+TEST_CASE("local: a producer cannot subscribe", "[integration][local]") {
+  DaemonProcess d(localOptions());
+  fl_client_options opt;
+  fl_client_options_init(&opt);
+  opt.role = FL_PRODUCER;
+  opt.socket_path = d.socketPath().c_str();
+  opt.stream = "x";
+  opt.subscribe = 1;
+  fl_client* c = nullptr;
+  CHECK(fl_attach(&opt, &c) == FL_EINVAL);
+  CHECK(std::string(fl_last_error()).find("subscribe is for consumers") != std::string::npos);
+}
