@@ -39,6 +39,8 @@ struct CaseShared {
   std::atomic<uint64_t> first_submit_ns{0};
   std::atomic<uint64_t> last_completion_ns{0};
   std::atomic<uint64_t> latency_count{0};
+  std::atomic<uint32_t> extra_attached{0};  // subscribers beyond the first that attached
+  std::atomic<uint64_t> extra_received{0};
   SharedText<768> consumer_error;
   SharedText<768> producer_error;
   SharedText<512> first_bad;
@@ -51,7 +53,7 @@ static_assert(sizeof(CaseControl) % alignof(CaseShared) == 0 && sizeof(CaseShare
 int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::string& socket,
                   const std::string& stream, const CaseConfig& c) {
   std::string err;
-  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err);
+  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err, c.readers > 1);
   if (!consumer) {
     sh.consumer_error.set(err);
     sh.consumer_state.store(2);
@@ -84,6 +86,26 @@ int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::st
   };
   ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
   if (!st.error.empty()) sh.consumer_error.set(st.error);
+  return st.error.empty() ? 0 : 1;
+}
+
+// A subscriber beyond the first of a stream: receives and releases every frame, looking at none.
+int extraReader(CaseShared& sh, const std::string& socket, const std::string& stream, const CaseConfig& c) {
+  std::string err;
+  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err, true);
+  if (!consumer) {
+    sh.consumer_error.set("subscriber: " + err);
+    return 1;
+  }
+  sh.extra_attached.fetch_add(1);
+  ReceiveLoopOptions lo;
+  lo.stop = &sh.stop_consumer;
+  auto onFrame = [&](const fl_frame&, uint64_t, std::string&) -> bool {
+    sh.extra_received.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  };
+  ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
+  if (!st.error.empty()) sh.consumer_error.set("subscriber: " + st.error);
   return st.error.empty() ? 0 : 1;
 }
 
@@ -230,6 +252,7 @@ struct StreamsRun {
         sock_a(daemons.a().socket),
         sock_b(daemons.b().socket),
         consumers(n, -1),
+        extra_readers(n * (config.readers > 1 ? config.readers - 1 : 0), -1),
         producers(n, -1),
         producer_rc(n, -1) {
     auto* base = static_cast<char*>(ctl.extra());
@@ -250,6 +273,7 @@ struct StreamsRun {
   const std::string sock_a;
   const std::string sock_b;
   std::vector<pid_t> consumers;
+  std::vector<pid_t> extra_readers;  // subscribers beyond the first of each stream
   std::vector<pid_t> producers;
   std::vector<int> producer_rc;  // -1 while the producer runs
   uint64_t w0 = 0;               // monotonic start of the timed part (the go), 0 before
@@ -263,7 +287,9 @@ struct StreamsRun {
 void stopConsumers(StreamsRun& run, int wait_ms) {
   for (auto* s : run.sh) s->stop_consumer.store(true);
   const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(wait_ms) * 1000000ull;
-  for (const pid_t p : run.consumers) {
+  std::vector<pid_t> all = run.consumers;
+  all.insert(all.end(), run.extra_readers.begin(), run.extra_readers.end());
+  for (const pid_t p : all) {
     const uint64_t now = monotonicNs();
     const int left = now < deadline ? static_cast<int>((deadline - now) / 1000000) : 0;
     if (waitChild(p, left) < 0) stopChild(p, 2000);
@@ -273,14 +299,31 @@ void stopConsumers(StreamsRun& run, int wait_ms) {
 // Forks a consumer per stream and waits until each has attached; false, with `error` set and the
 // consumers stopped, when one did not.
 bool startConsumers(StreamsRun& run, std::string& error) {
+  const std::string& socket = run.c.local ? run.sock_a : run.sock_b;
+  const uint32_t extra = run.c.readers > 1 ? run.c.readers - 1 : 0;
   for (size_t i = 0; i < run.n; ++i) {
-    run.consumers[i] = forkChild([&run, i] {
-      return benchConsumer(*run.sh[i], i == 0 ? run.lat : nullptr, i == 0 ? run.lat_cap : 0, run.sock_b,
+    run.consumers[i] = forkChild([&run, &socket, i] {
+      return benchConsumer(*run.sh[i], i == 0 ? run.lat : nullptr, i == 0 ? run.lat_cap : 0, socket,
                            run.streams[i], run.c);
     });
+    for (uint32_t k = 0; k < extra; ++k) {
+      run.extra_readers[i * extra + k] =
+          forkChild([&run, &socket, i] { return extraReader(*run.sh[i], socket, run.streams[i], run.c); });
+    }
   }
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
   for (size_t i = 0; i < run.n; ++i) {
+    while (run.sh[i]->extra_attached.load() < extra && monotonicNs() < attach_deadline &&
+           run.sh[i]->consumer_error.get().empty()) {
+      usleep(1000);
+    }
+    if (run.sh[i]->extra_attached.load() < extra) {
+      error =
+          run.label(i) + (run.sh[i]->consumer_error.get().empty() ? std::string("a subscriber did not attach")
+                                                                  : run.sh[i]->consumer_error.get());
+      stopConsumers(run, 2000);
+      return false;
+    }
     if (waitForAttach(run.sh[i]->consumer_state, attach_deadline)) continue;
     error = run.label(i) + "consumer: " +
             (run.sh[i]->consumer_error.get().empty() ? std::string("did not attach within 10 s")

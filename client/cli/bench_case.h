@@ -23,10 +23,12 @@ struct CaseConfig {
   uint64_t count = 0;
   uint32_t max_in_flight = 0;  // 1 for latency
   bool latency = false;
+  bool local = false;    // the consumers attach to the producer's daemon (a), not to b
+  uint32_t readers = 1;  // > 1: that many subscribers per stream (each gets every frame)
 };
 
 struct CaseResult {
-  double gbps = 0;
+  double gbps = 0;  // frames' bytes delivered per second (each frame once, however many readers)
   double fps = 0;
   double seconds = 0;
   uint64_t delivered = 0;

@@ -27,6 +27,9 @@ struct BenchOptions {
   std::string host_a = "127.0.0.1";
   std::string host_b = "127.0.0.1";
   std::vector<std::string> daemon_args;
+  bool local = false;        // --local: one daemon, producer and consumers on it
+  uint32_t subscribers = 4;  // --local: that many subscribers of one stream against one (0, 1: skip)
+  uint64_t subscribers_size = 1 << 20;
 };
 
 // The options once checked: --transports, --sizes and --pairs-size parsed.

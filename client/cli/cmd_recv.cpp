@@ -29,6 +29,7 @@ struct RecvOptions {
   int timeout_ms = 0;
   uint32_t slots = 0;
   std::string slot_size;
+  bool subscribe = false;
   bool quiet = false;
   bool json = false;
   std::string journal;
@@ -164,6 +165,7 @@ int runRecv(const RecvOptions& o) {
   co.stream = o.stream;
   co.slot_count = o.slots;
   co.slot_size = slot_size;
+  co.subscribe = o.subscribe;
   std::string err;
   auto consumer = Consumer::attach(co, err);
   if (!consumer) {
@@ -214,6 +216,9 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--timeout-ms", o->timeout_ms,
                   "give up when no frame arrives for this long (default 0 = never)");
   cmd->add_option("--slots", o->slots, "receive slots to ask the daemon for");
+  cmd->add_flag("--subscribe", o->subscribe,
+                "get every frame of the stream (a subscriber); without it this consumer shares the frames "
+                "with the stream's other consumers (its queue group)");
   cmd->add_option("--slot-size", o->slot_size,
                   "bytes per receive slot (default: --expect-* max, else the daemon's default_slot_size)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");

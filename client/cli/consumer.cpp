@@ -21,6 +21,7 @@ std::unique_ptr<Consumer> Consumer::attach(const ConsumerOptions& options, std::
   o.client_name = "framelink";
   o.slot_count = options.slot_count;
   o.slot_size = options.slot_size;
+  o.subscribe = options.subscribe ? 1 : 0;
   fl_client* client = nullptr;
   const int rc = fl_attach(&o, &client);
   if (rc != FL_OK) {

@@ -21,6 +21,7 @@ struct ConsumerOptions {
   std::string stream;
   uint32_t slot_count = 0;
   uint64_t slot_size = 0;
+  bool subscribe = false;  // every frame of the stream, not a queue group member's share
 };
 
 class Consumer {

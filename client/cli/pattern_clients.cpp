@@ -8,8 +8,10 @@
 namespace framelink::cli {
 
 std::unique_ptr<Consumer> attachPatternConsumer(const std::string& socket, const std::string& stream,
-                                                uint32_t slots, uint64_t size, std::string& err) {
+                                                uint32_t slots, uint64_t size, std::string& err,
+                                                bool subscribe) {
   ConsumerOptions co;
+  co.subscribe = subscribe;
   co.socket_path = socket;
   co.stream = stream;
   co.slot_count = slots;

@@ -17,7 +17,8 @@ namespace framelink::cli {
 // A consumer of `stream` with `slots` slots of frames of `size`; nullptr and `err` set when it
 // cannot attach.
 std::unique_ptr<Consumer> attachPatternConsumer(const std::string& socket, const std::string& stream,
-                                                uint32_t slots, uint64_t size, std::string& err);
+                                                uint32_t slots, uint64_t size, std::string& err,
+                                                bool subscribe = false);
 
 // What the consumer checks of every frame: its pattern, attrs and wafer, that ids go up by one,
 // and that it has `size` bytes.

@@ -58,6 +58,7 @@ struct Options {
   uint32_t attach_timeout_ms = 0;     // 0: 10 s (connect and the daemon's answer)
   bool auto_reattach = false;         // see fl_client_options.auto_reattach
   uint32_t reattach_interval_ms = 0;  // 0: 200 ms between automatic attempts
+  bool subscribe = false;             // consumer: every frame of the stream, not a queue group's share
 };
 
 struct FrameMeta {
@@ -117,6 +118,7 @@ class Client {
     o.attach_timeout_ms = options.attach_timeout_ms;
     o.auto_reattach = options.auto_reattach ? 1 : 0;
     o.reattach_interval_ms = options.reattach_interval_ms;
+    o.subscribe = options.subscribe ? 1 : 0;
     detail::check(fl_attach(&o, &client_), "fl_attach");
   }
 

@@ -184,9 +184,10 @@ class LinkTable {
 // One attached client and what the agent resolved for it at attach.
 struct AgentClient {
   std::shared_ptr<ClientSession> session;
-  PeerId route = kNoPeer;    // producer: the peer its stream goes to (kNoPeer: no route)
-  uint64_t out_stream = 0;   // producer: its stream's id towards that peer
-  NameKey stream = kNoName;  // consumer: its stream name
+  PeerId route = kNoPeer;       // producer: the peer its stream goes to (kNoPeer: no route)
+  bool route_implicit = false;  // producer: route is the single unrouted peer: local consumers come first
+  uint64_t out_stream = 0;      // producer: its stream's id towards that peer
+  NameKey stream = kNoName;     // consumer: its stream name
   // Producer: each slot's frame header, copied out of the segment at submit.
   std::vector<transport::FrameHeader> headers;
 };

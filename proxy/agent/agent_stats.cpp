@@ -19,7 +19,9 @@ std::string toJson(AgentStats stats) {
                        {"uid", c.uid},
                        {"gid", c.gid},
                        {"name", c.name},
-                       {"role", c.producer ? "producer" : "consumer"},
+                       {"role", c.producer     ? "producer"
+                                : c.subscriber ? "subscriber"
+                                               : "consumer"},
                        {"stream", c.stream},
                        {"slots", c.slots},
                        {"slot_size", c.slot_size},

@@ -22,11 +22,13 @@ struct ClientStats {
   uint64_t gid = 0;
   std::string name;  // what the application called itself (from outside: escaped)
   bool producer = false;
+  bool subscriber = false;  // consumer: every frame (else a queue group member)
   std::string stream;
   size_t slots = 0;
   uint64_t slot_size = 0;
   size_t slots_busy = 0;
-  size_t in_flight = 0;  // producer: submitted, not yet ended; consumer: delivered, not yet released
+  size_t in_flight =
+      0;  // producer: submitted, not yet ended; consumer: delivered, not yet released (its lag)
   uint64_t frames = 0;
   uint64_t bytes = 0;
   uint64_t errors = 0;

@@ -520,6 +520,7 @@ void DataAgent::publishStats() {
     cs.gid = uint64_t{s.gid};
     cs.name = s.name;
     cs.producer = s.role == FL_ROLE_PRODUCER;
+    cs.subscriber = s.subscriber;
     cs.stream = s.stream;
     cs.slots = s.slots.size();
     cs.slot_size = s.segments ? s.segments->slotSize() : 0;

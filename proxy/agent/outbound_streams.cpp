@@ -56,6 +56,7 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
   const std::string peer = config_.routeFor(c.session->stream);
   if (peer.empty()) return;  // its frames fail NO_ROUTE
   c.route = peers_.resolve(peer);
+  c.route_implicit = config_.routeIsImplicit(c.session->stream);
   c.out_stream = openStream(c.route, c.session->stream);
 }
 
@@ -68,6 +69,11 @@ void OutboundStreams::rejectSubmit(ClientSession& c, const fl_submit_desc& desc,
   log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, desc.slot,
                           statusName(status), why);
   clients_.complete(c, desc.slot, status, 0, desc.length, 0);
+}
+
+bool OutboundStreams::deliversLocally(const AgentClient& ac) const {
+  if (local_ == nullptr || (ac.route != kNoPeer && !ac.route_implicit)) return false;
+  return local_->hasReaders(ac.session->stream);
 }
 
 bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& desc, fl_slot_header* sh,
@@ -97,7 +103,7 @@ bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& d
     return refuse(FL_ERR_BAD_METADATA, "slot header invalid (attr_length " + std::to_string(sh->attr_length) +
                                            " > " + std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
   }
-  if (ac.route == kNoPeer && (local_ == nullptr || !local_->hasReaders(c.stream))) {
+  if (ac.route == kNoPeer && !deliversLocally(ac)) {
     return refuse(FL_ERR_NO_ROUTE, "no peer is configured for stream '" + c.stream +
                                        "' and no consumer of it is attached to this daemon (add --peer / "
                                        "--route, or attach a consumer here)");
@@ -122,7 +128,7 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
     rejectSubmit(c, desc, status, why);
     return;
   }
-  if (ac.route == kNoPeer) {  // a stream of this host: its consumers are attached here
+  if (deliversLocally(ac)) {  // a stream of this host: its consumers are attached here
     metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
     local_->submit(ac, desc.slot, sh, desc.length);
     return;

@@ -129,6 +129,9 @@ class OutboundStreams {
     std::string why;
   };
 
+  // The producer's next frame goes to the consumers attached here: its stream
+  // has no route, or only the implicit one, and a consumer of it is attached.
+  bool deliversLocally(const AgentClient& ac) const;
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);

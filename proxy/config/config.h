@@ -159,8 +159,13 @@ struct Config {
   //   2. else the first peer whose streams contain "*";
   //   3. else, when exactly one peer has no streams list at all, that peer
   //      (so a daemon with a single peer and no routes sends everything there);
-  //   4. else "" (the frame fails with FL_ERR_NO_ROUTE).
+  //   4. else "" (the frame goes to the consumers attached to this daemon,
+  //      and fails with FL_ERR_NO_ROUTE when there is none).
   std::string routeFor(const std::string& stream) const;
+  // True when routeFor() names a peer by rule 3 only (no streams list
+  // anywhere names this stream or "*"): a consumer of the stream attached to
+  // this daemon then takes its frames instead (local delivery).
+  bool routeIsImplicit(const std::string& stream) const;
 };
 
 // Every setting is a row of the option table (config_options.h): its TOML

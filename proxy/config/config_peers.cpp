@@ -234,6 +234,15 @@ std::string Config::routeFor(const std::string& stream) const {
   return fallback != nullptr ? fallback->name : "";
 }
 
+bool Config::routeIsImplicit(const std::string& stream) const {
+  for (const auto& peer : peers) {
+    for (const auto& s : peer.streams) {
+      if (s == stream || s == "*") return false;
+    }
+  }
+  return !routeFor(stream).empty();
+}
+
 const std::string& Config::peerToken(std::string_view id) const {
   for (const auto& peer : peers) {
     if (peer.name == id && !peer.token.empty()) return peer.token;

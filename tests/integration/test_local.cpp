@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -20,7 +21,9 @@
 #include <vector>
 
 #include <framelink/shm_layout.h>
+#include <framelink/framelink.hpp>
 
+#include "cli_run.h"
 #include "client_util.h"
 #include "harness.h"
 
@@ -131,6 +134,19 @@ TEST_CASE("local: a queue group shares the frames, each subscriber gets every on
   for (int i = 0; i < 2; ++i) members.push_back(attachWith(d, FL_CONSUMER, "line", false, 8));
   for (int i = 0; i < 2; ++i) subscribers.push_back(attachWith(d, FL_CONSUMER, "line", true, 8));
   Client producer = attachProducer(d, "line", 8, 256 * kKiB);
+  {
+    std::map<std::string, int> roles;
+    waitUntil(
+        [&] {  // the snapshot is published a few times a second
+          roles.clear();
+          for (const auto& c : cliJson("clients", {"clients", "--json", "--socket", d.socketPath()})) {
+            ++roles[c.value("role", "")];
+          }
+          return roles.size() == 3;
+        },
+        Millis(5000), Millis(100));
+    CHECK(roles == std::map<std::string, int>{{"consumer", 2}, {"producer", 1}, {"subscriber", 2}});
+  }
 
   constexpr uint64_t kFrames = 40;
   std::map<size_t, std::vector<uint64_t>> by_member;
@@ -260,4 +276,27 @@ TEST_CASE("local: a producer cannot subscribe", "[integration][local]") {
   fl_client* c = nullptr;
   CHECK(fl_attach(&opt, &c) == FL_EINVAL);
   CHECK(std::string(fl_last_error()).find("subscribe is for consumers") != std::string::npos);
+}
+
+TEST_CASE("local: the C++ API subscribes", "[integration][local]") {
+  DaemonProcess d(localOptions());
+  framelink::Options o;
+  o.stream = "cpp";
+  o.socket_path = d.socketPath();
+  o.subscribe = true;
+  framelink::Consumer a(o), b(o);
+  o.subscribe = false;
+  framelink::Producer producer(o);
+  auto slot = producer.acquire();
+  REQUIRE(slot);
+  std::memcpy(slot->data(), "hello", 5);
+  slot->submit(5);
+  for (framelink::Consumer* c : {&a, &b}) {
+    auto frame = c->receive(5000);
+    REQUIRE(frame);
+    CHECK(std::string(reinterpret_cast<const char*>(frame->data()), frame->size()) == "hello");
+  }  // released here
+  const auto done = producer.waitCompletions(5000);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_OK);
 }

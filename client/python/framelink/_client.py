@@ -211,6 +211,7 @@ class Completion:
 class _Client:
     _role = 0
     _role_name = ""
+    _subscribe = False
 
     def __init__(
         self,
@@ -242,6 +243,7 @@ class _Client:
         opts.attach_timeout_ms = attach_timeout_ms
         opts.auto_reattach = 1 if auto_reattach else 0
         opts.reattach_interval_ms = reattach_interval_ms
+        opts.subscribe = 1 if self._subscribe else 0
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:

@@ -97,10 +97,18 @@ class Frame:
 
 
 class Consumer(_Client):
-    """Attach to the local framelinkd as the consumer of `stream`."""
+    """Attach to the local framelinkd as the consumer of `stream`.
+
+    subscribe=True: get every frame of the stream; False (the default): join the stream's queue group, whose
+    members share the frames (each frame to one of them).  A frame of a producer on the same host is not
+    copied either way: its data is the producer's slot, read-only."""
 
     _role = _native.CONSUMER
     _role_name = "consumer"
+
+    def __init__(self, stream: str, *, subscribe: bool = False, **options: Any):
+        self._subscribe = bool(subscribe)
+        super().__init__(stream, **options)
 
     def _try_receive(self, ms: int) -> Optional[Frame]:
         f = _native.FrameStruct()

@@ -35,6 +35,8 @@ class ClientOptions(ctypes.Structure):
         ("slot_size", c_uint64),
         ("auto_reattach", c_uint32),
         ("reattach_interval_ms", c_uint32),
+        ("subscribe", c_uint32),
+        ("reserved", c_uint32),
     ]
 
 

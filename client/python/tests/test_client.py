@@ -245,3 +245,44 @@ def test_frames_from_the_c_cli_match_the_python_pattern(pair, stream):
     t.join(20)
     assert [(f[0], f[1], f[3], f[4], f[5]) for f in out["frames"]] == [
         (i, pattern.wafer_of(i), pattern.attributes(i), SIZE - 3, -1) for i in range(3)]
+
+
+def test_local_subscriber_and_queue_group_read_the_producers_slot(pair, stream):
+    """One daemon: the subscriber gets each frame, the queue group shares them, nothing is copied."""
+    sock = pair.a.socket
+    with Consumer(stream, socket_path=sock, slot_count=4, subscribe=True) as sub, \
+            Consumer(stream, socket_path=sock, slot_count=4) as m1, \
+            Consumer(stream, socket_path=sock, slot_count=4) as m2, \
+            Producer(stream, socket_path=sock, slot_count=4, slot_size=SIZE) as p:
+        shared = {id(m1): 0, id(m2): 0}
+        for i in range(10):
+            payload = bytes(pattern.payload(i, 1000 + i))
+            with p.acquire(timeout=20) as loan:
+                loan.write(payload)
+                loan.submit(frame_id=i, crc=True)
+            f = sub.receive(timeout=20)
+            assert f is not None and f.frame_id == i and f.has_crc32c
+            assert f.buffer().tobytes() == payload
+            with pytest.raises(ValueError):
+                f.ndarray()[0] = 1  # read-only
+            member = None
+            for m in (m1, m2):
+                g = m.receive(timeout=1 if member is None else 0)
+                if g is not None:
+                    assert member is None, f"frame {i} went to two queue group members"
+                    member = (m, g)
+            assert member is not None, f"no queue group member got frame {i}"
+            assert member[1].buffer().tobytes() == payload
+            shared[id(member[0])] += 1
+            assert p.wait_completions(timeout=0.2) == [], "DELIVERED only once every reader released it"
+            f.release()
+            assert p.wait_completions(timeout=0.2) == []
+            member[1].release()
+            done = p.wait_completions(timeout=20)
+            assert [(c.frame_id, c.delivered) for c in done] == [(i, True)]
+        assert shared == {id(m1): 5, id(m2): 5}
+
+
+def test_a_producer_cannot_subscribe(pair, stream):
+    with pytest.raises(TypeError):
+        Producer(stream, socket_path=pair.a.socket, subscribe=True)

@@ -28,6 +28,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.AttachTimeoutMs = (uint)options.AttachTimeoutMs;
         o.AutoReattach = options.AutoReattach ? 1u : 0u;
         o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
+        o.Subscribe = options.Subscribe ? 1u : 0u;
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);

@@ -18,6 +18,8 @@ internal unsafe struct FlClientOptions
     public ulong SlotSize;
     public uint AutoReattach;
     public uint ReattachIntervalMs;
+    public uint Subscribe;
+    public uint Reserved;
 }
 
 [StructLayout(LayoutKind.Sequential)]

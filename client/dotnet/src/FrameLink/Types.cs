@@ -75,6 +75,13 @@ public sealed record FrameLinkOptions
     /// 0: the library default (10 s). Past it the attach fails with DaemonUnreachable, saying which step.
     /// </summary>
     public int AttachTimeoutMs { get; init; }
+    /// <summary>
+    /// Consumers: true to subscribe, getting every frame of the stream; false (the default) to join the
+    /// stream's queue group, whose members share the frames (each frame to one of them). Frames of a producer
+    /// on the same host are not copied either way: the frame's data is the producer's slot, read-only.
+    /// Producers: must stay false.
+    /// </summary>
+    public bool Subscribe { get; init; }
 }
 
 /// <summary>What the daemon granted at attach. Generation counts the reattachments.</summary>

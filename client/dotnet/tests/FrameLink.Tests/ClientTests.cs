@@ -165,4 +165,56 @@ public sealed class ClientTests
         Assert.Throws<ObjectDisposedException>(() => producer.TryAcquire(out _));
         Assert.Throws<ObjectDisposedException>(() => producer.InFlight);
     }
+
+    [Fact]
+    public void LocalSubscriberGetsEveryFrameAndTheQueueGroupSharesThem()
+    {
+        string stream = StreamName();
+        using var subscriber = new FrameLinkConsumer(stream, A() with { Subscribe = true });
+        using var member1 = new FrameLinkConsumer(stream, A());
+        using var member2 = new FrameLinkConsumer(stream, A());
+        using var producer = new FrameLinkProducer(stream, A());
+        var shares = new int[2];
+        var done = new Completion[4];
+        for (ulong id = 0; id < 8; id++)
+        {
+            using (var lease = producer.Acquire(TimeSpan.FromSeconds(10)))
+            {
+                FramePattern.Fill(id, lease.Span[..(1000 + (int)id)]);
+                lease.FrameId = id;
+                lease.Crc32c = true;
+                lease.Submit(1000 + (int)id);
+            }
+            var f = subscriber.Receive(TimeSpan.FromSeconds(10));
+            Assert.NotNull(f);
+            Assert.Equal(id, f!.FrameId);
+            Assert.True(f.HasCrc32c);
+            Assert.Equal(-1, FramePattern.Mismatch(id, f.Span));
+            ReceivedFrame? m = null;
+            for (int i = 0; i < 2; i++)
+            {
+                var g = (i == 0 ? member1 : member2).Receive(TimeSpan.FromMilliseconds(m is null ? 1000 : 0));
+                if (g is null) continue;
+                Assert.Null(m); // one member, not two
+                m = g;
+                shares[i]++;
+            }
+            Assert.NotNull(m);
+            Assert.Equal(-1, FramePattern.Mismatch(id, m!.Span));
+            f.Dispose();
+            Assert.Equal(0, producer.WaitCompletions(done, TimeSpan.FromMilliseconds(200))); // m still holds it
+            m.Dispose();
+            Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(10)));
+            Assert.True(done[0].Delivered, done[0].ToString());
+            Assert.Equal(id, done[0].FrameId);
+        }
+        Assert.Equal(new[] { 4, 4 }, shares);
+    }
+
+    [Fact]
+    public void AProducerCannotSubscribe()
+    {
+        var e = Assert.Throws<FrameLinkException>(() => new FrameLinkProducer(StreamName(), A() with { Subscribe = true }));
+        Assert.Contains("subscribe is for consumers", e.Message);
+    }
 }
