@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
     total.failed += r.failed;
     total.unknown += r.unknown;
     total.redelivered += r.redelivered;
+    total.lent += r.lent;
     total.link_breaks += r.link_breaks;
     total.crashes += r.crashes;
     total.damaged += r.damaged;
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
       "delivered "
       "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
       "damaged payloads %llu, released on a crashed daemon %llu; "
-      "released frames a healthy period saw DELIVERED %llu, forged records %llu\n",
+      "released frames a healthy period saw DELIVERED %llu, forged records %llu, lent to a local reader "
+      "%llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(seed + ran - 1), took, took > 0 ? ran / took : 0.0,
       static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
       static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
       static_cast<unsigned long long>(total.released_then_lost),
-      static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged));
+      static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
+      static_cast<unsigned long long>(total.lent));
   return 0;
 }

@@ -2,6 +2,8 @@
 // applications, the links and the daemons (world_checks.cpp checks the result).
 #include "sim_world.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -73,8 +75,11 @@ void World::oneEvent() {
     if (Link* live = liveLink(sender); live != nullptr && up.size() < 4) replaceLink(*live);
   } else if (r < 975) {
     killApp(FL_ROLE_CONSUMER);
+  } else if (r < 978) {
+    // A reader on a sender's own host: its frames go there, lent (no link).
+    if (countApps(FL_ROLE_CONSUMER, sender) == 0) attach(sender, FL_ROLE_CONSUMER, kSlotSize);
   } else if (r < 985) {
-    if (countApps(FL_ROLE_CONSUMER) < 2) {
+    if (countApps(FL_ROLE_CONSUMER, kReceiver) < 2) {
       attach(kReceiver, FL_ROLE_CONSUMER, rng_.chance(25) ? kSmallSlotSize : kSlotSize);
     }
   } else if (r < 988) {
@@ -128,6 +133,16 @@ void World::attach(int d, uint32_t role, uint64_t slot_size) {
   c->completion_doorbell = std::move(completion.daemon_end);
   c->ring_capacity = c->segments->geometry().ring_capacity;
   c->slots.resize(kSlots);
+  if (role == FL_ROLE_PRODUCER && !c->segments->keepReadOnlyDataFd()) {
+    throw Broken{"cannot open the data segment read-only"};
+  }
+  if (role == FL_ROLE_CONSUMER) {  // lent segments come on the attach socket
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+      throw Broken{"cannot make a socket pair"};
+    c->socket.reset(sv[0]);
+    app->lend_socket.reset(sv[1]);
+  }
   app->session = c;
   note(std::string("attach ") + (role == FL_ROLE_PRODUCER ? "producer" : "consumer") + " #" +
        std::to_string(app->id) + " to " + daemons_[d].id + " slots of " + std::to_string(slot_size));

@@ -104,6 +104,10 @@ struct App {
   std::shared_ptr<ClientSession> session;
   std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);  // frame per slot (0: free)
   std::map<int, uint64_t> last_plain;  // consumer: the last frame in order, per sender
+  // Consumer: its end of the attach socket, where lent segments arrive, and
+  // the lend ids it was sent (the producers' client ids).
+  UniqueFd lend_socket;
+  std::map<uint64_t, bool> lent;
 };
 
 struct Daemon {
@@ -192,6 +196,9 @@ class World {
   static bool unknownOutcome(int status) { return status == FL_ERR_DAEMON_GONE || status == FL_ERR_TIMEOUT; }
   void endFrame(uint64_t frame, int status);
   void onDelivery(App& c, const fl_completion_desc& d);
+  // Where a frame the daemon lent `c` is: the producer's slot, after its
+  // lend message was read from the socket.
+  const uint8_t* lentPayload(App& c, const fl_slot_header& h);
 
   // ---------------------------------------------------------------- the end (world_checks.cpp)
   void heal();

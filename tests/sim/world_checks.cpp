@@ -2,9 +2,14 @@
 // read their completions, and every completion and delivery is checked
 // against the promises listed in sim_world.h.  At the end the world heals
 // and must go quiet with every frame ended.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <string>
 
+#include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_ring.h"
 #include "world.h"
@@ -117,7 +122,9 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   if (frame == 0 || it == frames_.end())
     throw Broken{"a consumer got frame " + std::to_string(frame) + " never submitted"};
   if (h->frame_id != frame) throw Broken{"a delivered slot header names another frame than its completion"};
-  const uint8_t* bytes = seg.slot(d.slot);
+  const bool lent = (h->flags & FL_SLOT_LENT) != 0;
+  if (lent) ++result_.lent;
+  const uint8_t* bytes = lent ? lentPayload(c, *h) : seg.slot(d.slot);
   for (uint64_t i = 0; i < d.length; ++i) {
     if (bytes[i] != patternByte(frame, i)) {
       throw Broken{"frame " + std::to_string(frame) + " reached consumer #" + std::to_string(c.id) +
@@ -148,12 +155,53 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   c.in_slot[d.slot] = frame;
 }
 
+const uint8_t* World::lentPayload(App& c, const fl_slot_header& h) {
+  uint64_t id = 0;
+  std::memcpy(&id, h.reserved1, sizeof id);
+  // Every lend message waiting: the one this frame needs went before it.
+  for (;;) {
+    fl_lend_message m{};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&m, sizeof m};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(c.lend_socket.get(), &msg, MSG_DONTWAIT);
+    if (n <= 0) break;
+    int fd = -1;
+    if (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr && cm->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+    }
+    if (fd >= 0) ::close(fd);  // the producer's segment is in this process already
+    if (n != sizeof m || m.magic != FL_LEND_MAGIC)
+      throw Broken{"consumer #" + std::to_string(c.id) + " got a message that is no lend message"};
+    if (m.kind == FL_LEND_SEGMENT) {
+      if (fd < 0) throw Broken{"a lent segment came without its fd"};
+      c.lent[m.lend_id] = true;
+    } else if (m.kind == FL_LEND_RETIRE) {
+      c.lent.erase(m.lend_id);
+    }
+  }
+  if (c.lent.count(id) == 0) {
+    throw Broken{"consumer #" + std::to_string(c.id) + " got a frame lent from segment " +
+                 std::to_string(id) + " that was never lent to it"};
+  }
+  for (const auto& app : apps_) {
+    if (app->id != id || app->role != FL_ROLE_PRODUCER) continue;
+    if (h.reserved0 >= kSlots) throw Broken{"a lent frame names a slot the producer does not have"};
+    return app->session->segments->slot(h.reserved0);
+  }
+  throw Broken{"a frame lent from client " + std::to_string(id) + ", which is no producer"};
+}
+
 // Links healed, a producer and a consumer attached, everything delivered
 // and released: every frame must end and fresh frames must still pass.
 void World::heal() {
   note("heal");
   const bool big_consumer = std::any_of(apps_.begin(), apps_.end(), [](const auto& a) {
-    return a->alive && a->role == FL_ROLE_CONSUMER && a->slot_size == kSlotSize;
+    return a->alive && a->role == FL_ROLE_CONSUMER && a->slot_size == kSlotSize && a->daemon == kReceiver;
   });
   if (!big_consumer) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
   for (int d : senders()) {
