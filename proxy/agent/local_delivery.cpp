@@ -285,6 +285,16 @@ void LocalDelivery::producerGone(const ClientSession& producer) {
     lends.holds.erase(it);
     lends.to_retire.push_back(producer.id);
   }
+  // A stream no producer here uses any more is forgotten (its sequence
+  // starts again with the next one): a local user cannot grow the table by
+  // producing on ever new names.
+  auto sit = streams_.find(producer.stream);
+  if (sit == streams_.end() || !sit->second.waiting.empty()) return;
+  for (const auto& [id, c] : clients_.all()) {
+    const ClientSession& s = *c.session;
+    if (s.role == FL_ROLE_PRODUCER && !s.gone && s.id != producer.id && s.stream == producer.stream) return;
+  }
+  streams_.erase(sit);
 }
 
 void LocalDelivery::checkDeadlines() {

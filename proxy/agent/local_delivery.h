@@ -57,7 +57,8 @@ class LocalDelivery {
   // After a consumer's slots were let go: its lends are forgotten.
   void consumerGone(const ClientSession& consumer);
   // A producer went: its segment is retired with the consumers that hold
-  // nothing of it (the others retire it when they release the last frame).
+  // nothing of it (the others retire it when they release the last frame),
+  // and its stream, when it was the last producer of it here.
   void producerGone(const ClientSession& producer);
   // Fails the frames that waited for a reader longer than credit_timeout_ms.
   void checkDeadlines();
