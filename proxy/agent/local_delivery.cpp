@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -44,6 +45,8 @@ void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_h
   f.length = length;
   f.sequence = s.next_sequence++;
   f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), p.stream) !=
+           config_.copy_streams.end();
   SlotEntry& e = p.slots[slot];
   e.state = SlotState::kLent;
   e.sequence = f.sequence;
@@ -136,7 +139,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   h.flags = f.header.flags & FL_SLOT_HAS_CRC32C;  // checked at submit
   h.reserved0 = 0;
   std::memset(h.reserved1, 0, sizeof h.reserved1);
-  if (lend(r, p)) {
+  if (!f.copy && lend(r, p)) {
     h.flags |= FL_SLOT_LENT;
     h.reserved0 = f.slot;
     std::memcpy(h.reserved1, &p.id, sizeof p.id);

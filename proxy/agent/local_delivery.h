@@ -13,7 +13,8 @@
 // order, until each of its readers has a free slot (the producer feels it
 // as backpressure), and fails FL_ERR_NO_CONSUMER when none comes within
 // credit_timeout_ms.  Where a segment cannot be lent (the consumer holds
-// FL_LEND_MAX others, or its socket is full) the payload is copied instead.
+// FL_LEND_MAX others, or its socket is full), and for the streams in
+// copy_streams, the payload is copied into the reader's slot instead.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,7 @@ class LocalDelivery {
     uint64_t deadline_ns = 0;
     uint32_t readers_out = 0;  // readers holding it
     uint32_t readers = 0;      // readers it went to
+    bool copy = false;         // its stream is in copy_streams: copied into each reader's slot
     int failure = FL_OK;       // the first reader's failure
     std::string why;
   };

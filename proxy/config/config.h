@@ -59,6 +59,9 @@ struct Config {
   std::string token;        // empty: peer links are not authenticated
   std::string token_file;   // where `token` was read from, if from a file
   std::vector<std::string> transports{"tcp", "grpc"};  // preference order
+  // Local delivery copies these streams' frames into the consumer's slot
+  // instead of lending the producer's (design §4a).
+  std::vector<std::string> copy_streams;
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
   // A link on which nothing arrives for this long is given up, although its

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "config/config_values.h"
+#include "framelink/shm_layout.h"
 #include "transport/faulty/faulty_transport.h"
 
 namespace framelink::config {
@@ -26,6 +27,7 @@ const std::vector<Option>& options() {
       {"daemon", "cpu",                Cpu{&Config::cpu},                                      "Pin the data agent to this CPU (-1 = do not pin)"},
       {"daemon", "idle_spin_us",       Number{&Config::idle_spin_us, 0, UINT32_MAX, "US"},     "The data agent spins this long after its last work, yields as long again, then sleeps in epoll (0 = sleep at once)"},
       {"daemon", "hugepages",          Choice{&Config::hugepages, {"auto", "on", "off"}},      "Data segments on 2 MiB pages: auto (when reserved), on (required), off"},
+      {"daemon", "copy_streams",       Streams{&Config::copy_streams},                          "Streams whose frames consumers on this host get as a copy in their own slot, not lent (they see only their frames, and nothing the producer writes after submitting)", {"--copy-stream"}},
       {"link",   "listen",             Address{&Config::listen},                               "gRPC listener for peer daemons (port 0 = any free port)"},
       {"link",   "data_listen",        Address{&Config::data_listen, false, "listen+1"}, "tcp data listener, advertised to peers in Hello; by default listen's host and the port after its (7701 next to 7700; any free port when listen's is 0), so that a firewall rule can be written in advance"},
       {"link",   "token",              Text{&Config::token, "TOKEN", "none", false, true},     "Shared secret a peer presents, unless its [[peer]] has a token of its own"},
@@ -168,6 +170,7 @@ Result<std::vector<std::string>> tomlTexts(const Value& value, const toml::node&
           },
           [&](const Ids&) { return array(false, "an array of integers, e.g. [1000, 1001]"); },
           [&](const Transports&) { return array(true, "an array of strings, e.g. [\"tcp\", \"grpc\"]"); },
+          [&](const Streams&) { return array(true, "an array of stream names, e.g. [\"cam0\"]"); },
           [&](const auto&) { return string("a string (in quotes)"); },
       },
       value);
@@ -209,6 +212,7 @@ std::string placeholder(const Option& option) {
                         [](const Mode&) -> std::string { return "OCTAL"; },
                         [](const Switch&) -> std::string { return ""; },
                         [](const Transports&) -> std::string { return "LIST"; },
+                        [](const Streams&) -> std::string { return "STREAM"; },
                         [](const FaultSpec&) -> std::string { return "SPEC"; },
                         [](const TokenFile&) -> std::string { return "FILE"; },
                         [](const Peers&) -> std::string { return "NAME=HOST:PORT"; },
@@ -220,7 +224,8 @@ std::string placeholder(const Option& option) {
 bool isSwitch(const Option& option) { return std::holds_alternative<Switch>(option.value); }
 
 bool isList(const Option& option) {
-  return std::holds_alternative<Ids>(option.value) || std::holds_alternative<Transports>(option.value);
+  return std::holds_alternative<Ids>(option.value) || std::holds_alternative<Transports>(option.value) ||
+         std::holds_alternative<Streams>(option.value);
 }
 
 namespace {
@@ -285,6 +290,19 @@ Status setTransports(const Transports& t, const std::vector<std::string>& values
   return {};
 }
 
+Status setStreams(const Streams& st, const std::vector<std::string>& values, const Origin& origin,
+                  Config& c) {
+  std::vector<std::string> out = listItems(values, origin);
+  for (const auto& name : out) {
+    if (!fl_stream_name_valid(name.c_str(), name.size())) {
+      return invalidSetting(origin.label + ": '" + name + "' is no stream name (1 to " +
+                            std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-])");
+    }
+  }
+  c.*st.field = std::move(out);
+  return {};
+}
+
 Status setTokenFile(const TokenFile& t, const std::string& text, const Origin& origin, Config& c) {
   // The file's token_file is read once the whole file is known (token and
   // token_file exclude each other); a flag's at once.
@@ -324,6 +342,7 @@ Status setFromText(const Option& option, const std::vector<std::string>& values,
           [&](const Switch& s) { return store(parseBool(text, label), c.*s.field); },
           [&](const Ids& ids) { return setIds(ids, values, origin, c); },
           [&](const Transports& t) { return setTransports(t, values, origin, c); },
+          [&](const Streams& st) { return setStreams(st, values, origin, c); },
           [&](const FaultSpec& f) -> Status {
             auto spec = transport::parseFaultSpec(text);
             if (!spec) return invalidSetting(label + ": '" + text + "': " + spec.error().message);
@@ -364,6 +383,7 @@ std::string show(const Option& option, const Config& c) {
           [&](const Switch& s) -> std::string { return c.*s.field ? "true" : "false"; },
           [&](const Ids& ids) { return (c.*ids.field).empty() ? "anyone" : join(texts(c.*ids.field)); },
           [&](const Transports& t) { return join(c.*t.field); },
+          [&](const Streams& st) { return (c.*st.field).empty() ? std::string("none") : join(c.*st.field); },
           [&](const FaultSpec& f) { return (c.*f.field).empty() ? "off" : c.*f.field; },
           [&](const TokenFile& t) { return (c.*t.field).empty() ? "-" : c.*t.field; },
           [&](const Peers&) {
@@ -404,6 +424,9 @@ std::string tomlValue(const Option& option, const Config& c) {
                                                         : tomlList(texts(c.*ids.field), false);
                         },
                         [&](const Transports& t) { return tomlList(c.*t.field, true); },
+                        [&](const Streams& st) {
+                          return (c.*st.field).empty() ? std::string() : tomlList(c.*st.field, true);
+                        },
                         [&](const FaultSpec& f) { return quotedOrEmpty(c.*f.field); },
                         [&](const TokenFile& t) { return quotedOrEmpty(c.*t.field); },
                         [&](const Peers&) { return std::string(); },

@@ -88,6 +88,10 @@ struct Ids {
 struct Transports {
   std::vector<std::string> Config::*field;
 };
+// Stream names (fl_stream_name_valid): a TOML array of strings, a repeatable flag.
+struct Streams {
+  std::vector<std::string> Config::*field;
+};
 // A `faulty` decorator spec (transport/faulty/faulty_transport.h).
 struct FaultSpec {
   std::string Config::*field;
@@ -102,7 +106,7 @@ struct TokenFile {
 struct Peers {};
 
 using Value = std::variant<Text, Choice, Address, Number, Bytes, Count, Mode, Cpu, Switch, Ids, Transports,
-                           FaultSpec, TokenFile, Peers>;
+                           Streams, FaultSpec, TokenFile, Peers>;
 
 struct Option {
   std::string_view section;  // the TOML table: daemon, link, limits, metrics, peer ([[peer]])

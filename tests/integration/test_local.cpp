@@ -300,3 +300,27 @@ TEST_CASE("local: the C++ API subscribes", "[integration][local]") {
   REQUIRE(done.size() == 1);
   CHECK(done[0].status == FL_OK);
 }
+
+TEST_CASE("local: a stream in copy_streams is copied into the reader's own slot", "[integration][local]") {
+  DaemonProcess d(localOptions({"--copy-stream", "private"}));
+  Client consumer = attachWith(d, FL_CONSUMER, "private", false);
+  Client producer = attachProducer(d, "private", 4, 256 * kKiB);
+  fl_slot slot{};
+  REQUIRE(fl_acquire(producer.get(), 5000, &slot) == FL_OK);
+  const MapInfo producer_map = mapOf(slot.data);
+  REQUIRE(fl_submit(producer.get(), slot.index, 0) == FL_OK);
+  fl_frame first = receiveFrame(consumer.get(), Millis(5000));
+  REQUIRE(fl_release(consumer.get(), first.slot) == FL_OK);
+  REQUIRE(collectCompletions(producer.get(), 1, Millis(5000)).size() == 1);
+
+  submitFrame(producer.get(), 3, 100 * kKiB);
+  fl_frame f = receiveFrame(consumer.get(), Millis(5000));
+  checkSyntheticFrame(f, 3, 100 * kKiB);
+  const MapInfo frame_map = mapOf(f.data);
+  REQUIRE(frame_map.found);
+  CHECK(frame_map.inode != producer_map.inode);  // the consumer's own segment
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  REQUIRE(collectCompletions(producer.get(), 1, Millis(5000)).size() == 1);
+  CHECK(d.metric("framelink_local_frames_copied_total") == 2);
+  CHECK(d.metric("framelink_local_frames_lent_total") == 0);
+}

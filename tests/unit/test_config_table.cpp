@@ -84,6 +84,14 @@ Sample idsSample(const cfg::Ids& ids, int variant) {
   return {"[9, 10]", {"9,10"}, "9,10", fieldEquals(ids.field, std::vector<uint32_t>{9, 10})};
 }
 
+Sample streamsSample(const cfg::Streams& st, int variant) {
+  if (variant == 1) {
+    return {R"(["cam0"])", {"cam0"}, "cam0", fieldEquals(st.field, std::vector<std::string>{"cam0"})};
+  }
+  const std::vector<std::string> both{"a.b", "c-d"};
+  return {R"(["a.b", "c-d"])", {"a.b,c-d"}, "a.b,c-d", fieldEquals(st.field, both)};
+}
+
 Sample transportsSample(const cfg::Transports& t, int variant) {
   if (variant == 1) {
     return {R"(["grpc"])", {"grpc"}, "grpc", fieldEquals(t.field, std::vector<std::string>{"grpc"})};
@@ -135,6 +143,7 @@ Sample sampleFor(const cfg::Option& option, int variant, const TempDir& dir) {
                         },
                         [&](const cfg::Ids& ids) { return idsSample(ids, variant); },
                         [&](const cfg::Transports& t) { return transportsSample(t, variant); },
+                        [&](const cfg::Streams& st) { return streamsSample(st, variant); },
                         [&](const cfg::FaultSpec& f) {
                           return quoted(f.field, variant == 1 ? "seed=3,drop=0.01" : "seed=4");
                         },
@@ -294,6 +303,7 @@ TEST_CASE("refused values: the message names the key or flag and the value", "[c
                    [&](const cfg::Switch&) { value = "yes", toml = quote(value); },
                    [&](const cfg::Ids&) { value = "x7", toml = "[\"x7\"]", flag = value; },
                    [&](const cfg::Transports&) { value = "ib", toml = "[\"ib\"]", flag = value; },
+                   [&](const cfg::Streams&) { value = "no/name", toml = "[\"no/name\"]", flag = value; },
                    [&](const cfg::FaultSpec&) { value = "lose=0.1", flag = value; },
                    [&](const cfg::TokenFile&) { value = "missing-file", toml = quote(value), flag = value; },
                    [&](const cfg::Peers&) {},
