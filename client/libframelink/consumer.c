@@ -37,7 +37,7 @@ static int flx_try_receive(fl_client* c, void* arg) {
 
   fl_slot_header h;
   memcpy(&h, flx_slot_header(c, d.slot), sizeof(h));
-  if (h.length > c->slot_size)
+  if (h.length > c->slot_size && !(h.flags & FL_SLOT_LENT)) /* a lent frame: checked against its segment */
     return flx_corrupt_locked(c, "slot %u header says %llu bytes, more than the slot size %llu", d.slot,
                               (unsigned long long)h.length, (unsigned long long)c->slot_size);
   if (h.attr_length > FL_MAX_ATTR_BYTES)

@@ -265,6 +265,19 @@ TEST_CASE("local: a producer that dies leaves its lent frames readable until rel
   REQUIRE(waitUntil([&] { return d.idle(); }, Millis(5000)));
 }
 
+TEST_CASE("local: a lent frame may be larger than the reader's own slots", "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client consumer = attachWith(d, FL_CONSUMER, "big", false, 2, 4 * kKiB);
+  Client producer = attachProducer(d, "big", 2, 1 << 20);
+  submitFrame(producer.get(), 5, 1 << 20);
+  fl_frame f = receiveFrame(consumer.get(), Millis(5000));
+  checkSyntheticFrame(f, 5, 1 << 20);
+  REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  auto c = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].status == FL_OK);
+}
+
 TEST_CASE("local: a producer cannot subscribe", "[integration][local]") {
   DaemonProcess d(localOptions());
   fl_client_options opt;
