@@ -152,7 +152,9 @@ const Config& config() {
   static const Config kConfig = [] {
     Config c;
     c.id = "local";
-    c.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {}});  // the only peer: every stream goes there
+    // The only peer, named for the stream: frames of "cam" go there even though its consumer is
+    // attached to this daemon too (the implicit route would deliver them here, design §4a).
+    c.peers.push_back(PeerConfig{"remote", "127.0.0.1:1", {"cam"}});
     // No deadline passes during an input: the same input takes the same path.
     c.credit_timeout_ms = 3'600'000;
     c.ack_timeout_ms = 3'600'000;
