@@ -21,6 +21,8 @@
 #include <cstring>
 #include <span>
 
+#include "attach/send_fds.h"
+
 namespace framelink {
 
 namespace {
@@ -41,33 +43,6 @@ HugepageMode hugepageMode(const std::string& s) {
   if (s == "on") return HugepageMode::kOn;
   if (s == "off") return HugepageMode::kOff;
   return HugepageMode::kAuto;
-}
-
-// The most descriptors one reply passes: the attach reply's.
-constexpr size_t kMaxPassedFds = FL_ATTACH_FD_COUNT;
-
-// Sends `size` bytes at `data` as one datagram, with `fds` passed along by
-// SCM_RIGHTS (no control message when there are none).
-ssize_t sendWithFds(int socket, void* data, size_t size, std::span<const int> fds, int flags) {
-  if (fds.size() > kMaxPassedFds) {
-    errno = EINVAL;
-    return -1;
-  }
-  iovec iov{data, size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(fds.size_bytes());
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(fds.size_bytes());
-    std::memcpy(CMSG_DATA(cmsg), fds.data(), fds.size_bytes());
-  }
-  return ::sendmsg(socket, &msg, flags);
 }
 
 }  // namespace
