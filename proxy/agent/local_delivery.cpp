@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 
 #include "agent/agent_stats.h"
+#include "attach/send_fds.h"
 #include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
 
@@ -199,6 +201,7 @@ bool LocalDelivery::lend(ClientSession& r, const ClientSession& p) {
     if (idle == lends.holds.end()) return false;
     lends.to_retire.push_back(idle->first);
     lends.holds.erase(idle);
+    metrics_.counters.lends_retired_for_room.fetch_add(1, std::memory_order_relaxed);
     if (!sendRetirements(r, lends)) return false;
   }
   const SegmentGeometry& g = p.segments->geometry();
@@ -211,20 +214,9 @@ bool LocalDelivery::lend(ClientSession& r, const ClientSession& p) {
   m.slot_stride = g.slot_stride;
   m.slot_size = p.segments->slotSize();
   m.slot_count = p.segments->slotCount();
-  iovec iov{&m, sizeof m};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
   const int fd = p.segments->readOnlyDataFd();
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  if (::sendmsg(r.socket.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof m)) {
+  if (sendWithFds(r.socket.get(), &m, sizeof m, std::span<const int>(&fd, 1), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof m)) {
     log_.warn("client {} stream '{}': cannot lend it producer {}'s segment ({}); copying its frames", r.id,
               r.stream, p.id, std::strerror(errno));
     return false;

@@ -54,7 +54,7 @@ uint64_t OutboundStreams::openStream(PeerId peer, const std::string& name) {
 void OutboundStreams::onProducerAttached(AgentClient& c) {
   c.headers.resize(c.session->slots.size());
   const std::string peer = config_.routeFor(c.session->stream);
-  if (peer.empty()) return;  // its frames fail NO_ROUTE
+  if (peer.empty()) return;  // its frames go to the consumers attached here (NO_ROUTE without one)
   c.route = peers_.resolve(peer);
   c.route_implicit = config_.routeIsImplicit(c.session->stream);
   c.out_stream = openStream(c.route, c.session->stream);

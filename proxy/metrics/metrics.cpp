@@ -108,6 +108,9 @@ constexpr CounterInfo kFrameCounters[] = {
      &Metrics::Counters::local_frames_lent},
     {"local_frames_copied", "Frames of local producers copied into local consumers' slots.",
      &Metrics::Counters::local_frames_copied},
+    {"lends_retired_for_room",
+     "Lent segments a consumer held nothing of, retired to lend it another (it holds at most 64).",
+     &Metrics::Counters::lends_retired_for_room},
     {"bad_descriptors", "Ring entries or slot headers rejected.", &Metrics::Counters::bad_descriptors},
     {"credits_granted", "Receive slots granted to peers.", &Metrics::Counters::credits_granted},
     {"credits_granted_whole",
@@ -465,6 +468,7 @@ std::string Metrics::json() const {
       << ",\"frames_released\":" << counters.frames_released.load()
       << ",\"local_frames_lent\":" << counters.local_frames_lent.load()
       << ",\"local_frames_copied\":" << counters.local_frames_copied.load()
+      << ",\"lends_retired_for_room\":" << counters.lends_retired_for_room.load()
       << ",\"bytes_sent\":" << counters.bytes_sent.load()
       << ",\"bytes_received\":" << counters.bytes_received.load()
       << ",\"links_up\":" << counters.links_up.load() << ",\"attach_rejected\":{";

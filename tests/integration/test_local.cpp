@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <framelink/attach_proto.h>
 #include <framelink/shm_layout.h>
 #include <framelink/framelink.hpp>
 
@@ -336,4 +337,24 @@ TEST_CASE("local: a stream in copy_streams is copied into the reader's own slot"
   REQUIRE(collectCompletions(producer.get(), 1, Millis(5000)).size() == 1);
   CHECK(d.metric("framelink_local_frames_copied_total") == 2);
   CHECK(d.metric("framelink_local_frames_lent_total") == 0);
+}
+
+TEST_CASE("local: a reader lent more segments than it may hold gets an idle one retired",
+          "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client consumer = attachWith(d, FL_CONSUMER, "cam", false);
+  // One producer more than a consumer may hold segments of, each alive.
+  std::vector<Client> producers;
+  for (uint32_t i = 0; i <= FL_LEND_MAX; ++i) {
+    producers.push_back(attachProducer(d, "cam", 1, 4 * kKiB));
+    submitFrame(producers.back().get(), i + 1, 1 * kKiB, true);
+    fl_frame f = receiveFrame(consumer.get(), Millis(5000));
+    checkSyntheticFrame(f, i + 1, 1 * kKiB);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+    REQUIRE(collectCompletions(producers.back().get(), 1, Millis(5000)).size() == 1);
+  }
+  // Every frame lent, none copied: the oldest idle segment made room.
+  CHECK(d.metric("framelink_local_frames_lent_total") == FL_LEND_MAX + 1);
+  CHECK(d.metric("framelink_local_frames_copied_total") == 0);
+  CHECK(d.metric("framelink_lends_retired_for_room_total") == 1);
 }
