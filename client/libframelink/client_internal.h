@@ -192,6 +192,10 @@ void flx_free_shell(fl_client* client);
 int64_t flx_mono_ms(void);
 /* handshake.c: the attach handshake on the daemon's socket. */
 void flx_close_fds(int* fds, int n);
+#define FLX_MAX_FDS 8 /* room for more than we expect, so extras are seen and closed */
+struct msghdr;
+/* Every SCM_RIGHTS descriptor in the message, at most FLX_MAX_FDS; returns how many. */
+int flx_collect_fds(struct msghdr* msg, int got[FLX_MAX_FDS]);
 int flx_connect(const char* path, int64_t deadline_ms, uint32_t timeout_ms, int* out_sock);
 int flx_handshake(int s, const char* path, const fl_attach_request* req, int64_t deadline_ms,
                   uint32_t timeout_ms, fl_attach_reply* reply, int fds[FL_ATTACH_FD_COUNT]);

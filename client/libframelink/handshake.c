@@ -18,8 +18,6 @@
 #include "client_internal.h"
 #include "framelink/attach_proto.h"
 
-#define FLX_MAX_FDS 8 /* room for more than we expect, so extras are seen and closed */
-
 void flx_close_fds(int* fds, int n) {
   for (int i = 0; i < n; ++i) {
     if (fds[i] >= 0) close(fds[i]);
@@ -90,7 +88,7 @@ int flx_connect(const char* path, int64_t deadline_ms, uint32_t timeout_ms, int*
 
 /* Sends the request and receives the reply with its fds (all -1 on failure). */
 /* Every SCM_RIGHTS descriptor in the message, at most FLX_MAX_FDS; returns how many. */
-static int flx_collect_fds(struct msghdr* msg, int got[FLX_MAX_FDS]) {
+int flx_collect_fds(struct msghdr* msg, int got[FLX_MAX_FDS]) {
   int ngot = 0;
   for (struct cmsghdr* c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;

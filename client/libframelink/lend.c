@@ -32,7 +32,7 @@ static int flx_lent_read_one(fl_client* c) {
   fl_lend_message m;
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(sizeof(int) * FLX_MAX_FDS)];
   } u;
   struct iovec iov = {.iov_base = &m, .iov_len = sizeof(m)};
   struct msghdr msg = {
@@ -44,11 +44,11 @@ static int flx_lent_read_one(fl_client* c) {
     (void)flx_error(FL_ERR_DAEMON_GONE, "framelinkd closed the attach socket");
     return -1;
   }
-  int fd = -1;
-  for (struct cmsghdr* h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
-    if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
-      memcpy(&fd, CMSG_DATA(h), sizeof(int));
-  }
+  /* A segment travels with one fd; any others would leak if left open. */
+  int got[FLX_MAX_FDS];
+  const int ngot = flx_collect_fds(&msg, got);
+  int fd = ngot > 0 ? got[0] : -1;
+  if (ngot > 1) flx_close_fds(got + 1, ngot - 1);
   int rc = 1;
   if ((size_t)n != sizeof(m) || m.magic != FL_LEND_MAGIC || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
     (void)flx_corrupt_locked(c, "framelinkd sent a message of %zd bytes that is no lend message", n);
