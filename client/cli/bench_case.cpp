@@ -204,6 +204,16 @@ uint32_t slotsFor(uint64_t size) {
 
 uint32_t pairSlotsFor(uint64_t size, uint32_t pairs) { return std::max<uint32_t>(8, slotsFor(size) / pairs); }
 
+CaseConfig latencyCase(uint64_t samples) {
+  CaseConfig c;
+  c.size = 4096;
+  c.slots = 8;
+  c.count = samples + kLatencyWarmup;
+  c.max_in_flight = 1;
+  c.latency = true;
+  return c;
+}
+
 namespace {
 
 // What went wrong in one pair, or "".

@@ -52,6 +52,8 @@ uint32_t slotsFor(uint64_t size);
 // Slots per stream in the many-pairs case: all pairs together keep about what one pair keeps in
 // flight, but never fewer than 8 each (memory: pairs x slots x size, twice).
 uint32_t pairSlotsFor(uint64_t size, uint32_t pairs);
+// The latency case: 4 KiB frames one at a time, `samples` of them timed after kLatencyWarmup.
+CaseConfig latencyCase(uint64_t samples);
 
 // Runs one case on `stream`; CaseResult::error says what went wrong, if anything.
 CaseResult runCase(DaemonPair& pair, const std::string& stream, const CaseConfig& c);

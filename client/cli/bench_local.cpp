@@ -85,12 +85,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
   CaseResult lat;
   if (!g_interrupted.load() && o.latency_samples > 0) {
     std::fprintf(stderr, "  local latency, 4 KiB frames one at a time ...\n");
-    CaseConfig c;
-    c.size = 4096;
-    c.slots = 8;
-    c.count = o.latency_samples + kLatencyWarmup;
-    c.max_in_flight = 1;
-    c.latency = true;
+    CaseConfig c = latencyCase(o.latency_samples);
     c.local = true;
     lat = runCase(*pair, "local-latency", c);
     if (!lat.error.empty()) errors.push_back("local latency: " + lat.error);

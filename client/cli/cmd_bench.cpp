@@ -193,13 +193,7 @@ class BenchRunner {
   // 4 KiB frames one at a time, then the latency baselines (each measured once).
   void runLatency(DaemonPair& pair, const std::string& t) {
     status("  %s ...\n", t + " latency, 4 KiB frames one at a time");
-    CaseConfig c;
-    c.size = 4096;
-    c.slots = 8;
-    c.count = o_.latency_samples + kLatencyWarmup;
-    c.max_in_flight = 1;
-    c.latency = true;
-    CaseResult r = runCase(pair, "latency", c);
+    CaseResult r = runCase(pair, "latency", latencyCase(o_.latency_samples));
     if (!r.error.empty()) caseFailed(t + " latency: " + r.error);
     res_.lat.emplace_back(t, r);
     if (!g_interrupted.load() && res_.tcp_lat.samples == 0) runPingPong();
