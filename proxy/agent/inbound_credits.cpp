@@ -103,7 +103,7 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
   size_t window = 0;  // what each sender may hold: its share of every consumer
   for (auto& [cid, ac] : clients_.all()) {
     const ClientSession& c = *ac.session;
-    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream || !lands(c)) continue;
     window += (c.slots.size() + senders - 1) / senders;
     // Each sender sees every consumer's slot size.
     round.largest_slot = std::max<uint64_t>(round.largest_slot, c.segments->slotSize());
@@ -123,9 +123,17 @@ void InboundStreams::grantCredits(NameKey stream) {
   // its share of each consumer's slots, or one with nothing to send would sit
   // on them while another starves.
   reckonShares(stream, round);
+  const bool moving = landingMoves(stream);
   for (auto& [cid, ac] : clients_.all()) {
     ClientSession& c = *ac.session;
     if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+    if (!lands(c)) {
+      // A subscriber attached: frames land in it alone, and are lent to the
+      // rest here.  What this one was granted before goes back.
+      recallAll(round, cid);
+      continue;
+    }
+    if (moving) continue;
     const size_t share = (c.slots.size() + round.targets.size() - 1) / round.targets.size();
     grantFreeSlots(round, cid, c, share);
     recallBeyondShares(round, cid, share);
@@ -245,6 +253,28 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
     entry.recalled = true;
     entry.recalled_ns = now;
     --round.held[{owner, cid}];
+    auto* revoke = round.recalls[owner].mutable_credit_revoke();
+    revoke->set_stream_id(owner.second);
+    revoke->add_credit_ids(entry.credit_id);
+  }
+}
+
+bool InboundStreams::landingMoves(NameKey stream) const {
+  if (local_ == nullptr) return false;
+  for (const auto& [generation, entry] : credits_) {
+    const AgentClient* ac = clients_.find(entry.client_id);
+    if (ac != nullptr && !ac->session->gone && ac->stream == stream && !lands(*ac->session)) return true;
+  }
+  return local_->landedElsewhereWaits(names_.name(stream));
+}
+
+void InboundStreams::recallAll(GrantRound& round, uint64_t cid) {
+  const uint64_t now = clock_.nowNs();
+  for (auto& [generation, entry] : credits_) {
+    if (entry.client_id != cid || entry.recalled) continue;
+    const Target owner{entry.link_id, entry.stream_id};
+    entry.recalled = true;
+    entry.recalled_ns = now;
     auto* revoke = round.recalls[owner].mutable_credit_revoke();
     revoke->set_stream_id(owner.second);
     revoke->add_credit_ids(entry.credit_id);

@@ -19,9 +19,20 @@ InboundStreams::InboundStreams(Metrics& metrics, ClientTable& clients, LinkTable
       ack_delay_ns_(ack_delay_ns),
       limits_(limits) {}
 
+void InboundStreams::setLocalDelivery(LocalDelivery* local) {
+  local_ = local;
+  if (local_ == nullptr) return;
+  local_->setEndLanded([this](const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
+                              const std::string& why,
+                              uint32_t /*released*/) { endShared(from, landing, slot, status, why); });
+}
+
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
-  if (local_ != nullptr) local_->pump();  // frames of producers here first
+  if (local_ != nullptr) {
+    local_->consumerAttached(*c.session);
+    local_->pump();  // frames of producers here first
+  }
   grantCredits(c.stream);
 }
 
@@ -31,7 +42,10 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   const uint64_t now = clock_.nowNs();
   for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
     SlotEntry& e = c.slots[slot];
-    if (e.state == SlotState::kDelivered && e.local_from != 0) {
+    if (e.shared) {
+      // Its frame is the other readers' here too: it ends when they are done.
+      if (e.state == SlotState::kDelivered && local_ != nullptr) local_->landedGone(c, slot);
+    } else if (e.state == SlotState::kDelivered && e.local_from != 0) {
       if (local_ != nullptr) local_->readerGone(c, slot);
     } else if (e.state == SlotState::kCredited) {
       auto it = findCredit(e.credit_id);
@@ -91,7 +105,8 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   }
   if (local_ != nullptr) {
     local_->consumerGone(c);
-    local_->pump();  // a frame that waited for this subscriber's slot goes to the others
+    local_->pump();                   // a frame that waited for this subscriber's slot goes to the others
+    dirty_grants_.insert(ac.stream);  // frames may land in another consumer now
   }
 }
 
@@ -120,6 +135,11 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
+  if (e.shared) {  // landed here from a peer, and lent to the other readers here
+    e.state = SlotState::kLent;
+    if (local_ != nullptr) local_->landedReleased(c, desc.slot);  // the last one answers the sender
+    return;
+  }
   if (e.local_from != 0) {  // a frame of a producer here
     if (local_ != nullptr) local_->released(c, desc.slot);
     e = SlotEntry{};
@@ -127,33 +147,66 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     grantCredits(ac.stream);
     return;
   }
-  auto ist = in_states_.find(e.in_state);
+  const LocalDelivery::Landed from{e.link_id, e.stream_id, e.in_state, e.sequence};
+  e = SlotEntry{};
+  answerRelease(from, ac.stream, c.id);
+}
+
+void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id) {
+  auto ist = in_states_.find(from.in_state);
   if (ist != in_states_.end()) {
     InState& in = ist->second;
-    in.held.erase(e.sequence);
-    in.released.push_back(e.sequence);
+    in.held.erase(from.sequence);
+    in.released.push_back(from.sequence);
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
     in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
     // from its sender (the one it sends on).  With no link up it is not
     // sent: the sender replays the frame on its next link and gets the ACK
     // then.
-    if (const AgentLink* target = answerLink(e.link_id, in.peer, in.instance)) {
+    if (const AgentLink* target = answerLink(from.link_id, in.peer, in.instance)) {
       // Held back with the sender's other releases until enough of them
       // wait to be worth a control record, or not for long (flushControl).
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
-      held.acks.push_back(e.sequence);
-      held.stream = ac.stream;
-      e = SlotEntry{};
+      held.acks.push_back(from.sequence);
+      if (stream != kNoName) held.stream = stream;
       return;
     }
     spdlog::debug("client {}: released seq {} while no link to its sender is up; ACK follows its replay",
-                  c.id, e.sequence);
+                  client_id, from.sequence);
   }
-  e = SlotEntry{};
-  dirty_grants_.insert(ac.stream);
+  if (stream != kNoName) dirty_grants_.insert(stream);
+}
+
+void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
+                               const std::string& why) {
+  // The landing consumer's slot is free again, unless it went meanwhile.
+  NameKey stream = kNoName;
+  AgentClient* ac = clients_.find(landing);
+  if (ac != nullptr && !ac->session->gone && slot < ac->session->slots.size()) {
+    SlotEntry& e = ac->session->slots[slot];
+    if (e.shared && e.state == SlotState::kLent && e.sequence == from.sequence &&
+        e.in_state == from.in_state) {
+      e = SlotEntry{};
+      stream = ac->stream;
+    }
+  }
+  if (status == FL_OK) {
+    answerRelease(from, stream, landing);
+    return;
+  }
+  auto ist = in_states_.find(from.in_state);
+  AgentLink* to = links_.find(from.link_id);
+  if (ist != in_states_.end()) {
+    InState& in = ist->second;
+    in.held.erase(from.sequence);
+    in.refused[from.sequence] = status;
+    to = answerLink(from.link_id, in.peer, in.instance);
+  }
+  if (to != nullptr) sendNack(*to, from.stream_id, from.sequence, status, why);
+  if (stream != kNoName) dirty_grants_.insert(stream);
 }
 
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
@@ -282,6 +335,14 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   metrics_.counters.bytes_received.fetch_add(h.length, std::memory_order_relaxed);
   // Release ordering of the ring publishes the slot header and payload.
   clients_.complete(c, credit.slot, FL_OK, h.sequence, h.length, h.frame_id);
+  if (local_ != nullptr && local_->othersRead(c)) {
+    // One copy per host: the stream's other readers here are lent this one.
+    e.shared = true;
+    fl_slot_header header{};
+    transport::toSlotHeader(h, &header);
+    local_->shareLanded(c, credit.slot, header,
+                        LocalDelivery::Landed{l.id, h.stream_id, in_state, h.sequence});
+  }
 }
 
 uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {

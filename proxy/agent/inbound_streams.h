@@ -57,7 +57,7 @@ class InboundStreams {
                  const AgentClock& clock = steadyClock(), uint64_t ack_delay_ns = 0, Limits limits = {});
 
   // Frames of producers attached here (their releases and their readers' deaths).
-  void setLocalDelivery(LocalDelivery* local) { local_ = local; }
+  void setLocalDelivery(LocalDelivery* local);
   // A consumer attached: its slots are granted to every stream of its name.
   void onConsumerAttached(AgentClient& c);
   // A consumer went: its credits are revoked, the frames it held refused.
@@ -171,6 +171,13 @@ class InboundStreams {
   // Whether what is held back for that sender stream goes now.
   bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
   void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<uint64_t>& sequences);
+  // The frame was released by every reader it went to: its ACK is held back
+  // for its sender, and the slots of `stream` (kNoName: none freed) are
+  // granted again with it.
+  void answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id);
+  // A frame shared with the other readers here ended (LocalDelivery::EndLanded).
+  void endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
+                 const std::string& why);
   // Nothing waits for a link that is going: its releases' slots are granted again now.
   void dropHeldBack(uint64_t link_id);
   // One round of granting a stream's free consumer slots.
@@ -197,6 +204,15 @@ class InboundStreams {
   void addCredit(v1::CreditGrant* grant, Region* region, const transport::RemoteCredit& remote,
                  const ClientSession& consumer, uint32_t slot);
   void recallBeyondShares(GrantRound& round, uint64_t client_id, size_t share);
+  // Frames of the stream still land, or wait to be lent, outside the
+  // consumer they land in now (it changed: a subscriber came or went).  Its
+  // lander gets no credit until they are through: each of them needs one of
+  // its slots free.
+  bool landingMoves(NameKey stream) const;
+  // Recalls every credit of that consumer: frames of its stream land elsewhere now.
+  void recallAll(GrantRound& round, uint64_t client_id);
+  // Whether peers' frames of its stream may land in this consumer's slots.
+  bool lands(const ClientSession& consumer) const { return local_ == nullptr || local_->lands(consumer); }
   // The region of that consumer's slots on that link, made when first
   // needed; null when it cannot have one (more slots than a region holds,
   // or every region id of the link in use): its credits then go whole.

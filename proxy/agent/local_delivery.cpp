@@ -20,12 +20,36 @@ LocalDelivery::LocalDelivery(const Config& config, Metrics& metrics, const Agent
                              ClientTable& clients, EndFrame end)
     : config_(config), metrics_(metrics), clock_(clock), clients_(clients), end_(std::move(end)) {}
 
-bool LocalDelivery::hasReaders(const std::string& stream) const {
-  for (const auto& [id, c] : clients_.all()) {
-    const ClientSession& s = *c.session;
-    if (s.role == FL_ROLE_CONSUMER && !s.gone && s.stream == stream) return true;
+void LocalDelivery::consumerAttached(const ClientSession& c) {
+  Readers& r = readers_[c.stream];
+  if (c.subscriber) {
+    r.subscribers[c.id] = c.segments->slotSize();
+  } else {
+    ++r.members;
   }
-  return false;
+}
+
+bool LocalDelivery::hasReaders(const std::string& stream) const {
+  auto it = readers_.find(stream);
+  return it != readers_.end() && (!it->second.subscribers.empty() || it->second.members > 0);
+}
+
+bool LocalDelivery::lands(const ClientSession& c) const {
+  auto it = readers_.find(c.stream);
+  if (it == readers_.end() || it->second.subscribers.empty()) return true;
+  // The lander can take every frame any subscriber here could.
+  auto lander = it->second.subscribers.begin();
+  for (auto s = lander; s != it->second.subscribers.end(); ++s) {
+    if (s->second > lander->second) lander = s;
+  }
+  return lander->first == c.id;
+}
+
+bool LocalDelivery::othersRead(const ClientSession& c) const {
+  auto it = readers_.find(c.stream);
+  if (it == readers_.end()) return false;
+  const size_t other_subscribers = it->second.subscribers.size() - (c.subscriber ? 1 : 0);
+  return other_subscribers > 0 || (c.subscriber && it->second.members > 0);
 }
 
 size_t LocalDelivery::waitingFrames() const {
@@ -74,6 +98,61 @@ void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_h
   deliverOne(s);
 }
 
+bool LocalDelivery::landedElsewhereWaits(const std::string& stream) const {
+  auto sit = streams_.find(stream);
+  if (sit == streams_.end()) return false;
+  for (const FrameKey& key : sit->second.waiting) {
+    auto fit = frames_.find(key);
+    if (fit == frames_.end() || !fit->second.landed || !fit->second.waiting) continue;
+    const AgentClient* source = clients_.find(key.first);
+    if (source == nullptr || !lands(*source->session)) return true;
+  }
+  return false;
+}
+
+void LocalDelivery::shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header,
+                                const Landed& from) {
+  Stream& s = streams_[landing.stream];
+  Frame& f = frames_[{landing.id, slot}];
+  f = Frame{};
+  f.producer = landing.id;
+  f.slot = slot;
+  f.stream = landing.stream;
+  f.header = header;
+  f.length = header.length;
+  f.sequence = s.next_sequence++;
+  f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
+  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), landing.stream) !=
+           config_.copy_streams.end();
+  f.landed = true;
+  f.source_member = !landing.subscriber;
+  f.from = from;
+  f.readers = 1;  // the landing consumer has it
+  f.readers_out = 1;
+  s.waiting.emplace_back(landing.id, slot);
+  deliverOne(s);
+}
+
+void LocalDelivery::landedReleased(const ClientSession& landing, uint32_t slot) {
+  auto fit = frames_.find({landing.id, slot});
+  if (fit == frames_.end() || !fit->second.landed || fit->second.readers_out == 0) return;
+  --fit->second.readers_out;
+  ++fit->second.released;
+  endIfDone({landing.id, slot});
+}
+
+void LocalDelivery::landedGone(const ClientSession& landing, uint32_t slot) {
+  auto fit = frames_.find({landing.id, slot});
+  if (fit == frames_.end() || !fit->second.landed || fit->second.readers_out == 0) return;
+  Frame& f = fit->second;
+  --f.readers_out;
+  if (f.failure == FL_OK) {
+    f.failure = FL_ERR_NO_CONSUMER;
+    f.why = "a consumer died before releasing the frame";
+  }
+  endIfDone({landing.id, slot});
+}
+
 size_t LocalDelivery::pump() {
   size_t delivered = 0;
   for (auto& [name, s] : streams_) {
@@ -92,22 +171,28 @@ int LocalDelivery::freeSlot(const ClientSession& c) {
 bool LocalDelivery::deliverOne(Stream& s) {
   while (!s.waiting.empty()) {
     auto fit = frames_.find(s.waiting.front());
-    AgentClient* producer = fit == frames_.end() ? nullptr : clients_.find(fit->second.producer);
-    if (producer == nullptr || producer->session->slots[fit->second.slot].state != SlotState::kLent) {
-      s.waiting.pop_front();  // ended meanwhile (the daemon is shutting down)
-      if (fit != frames_.end()) frames_.erase(fit);
+    AgentClient* source = fit == frames_.end() ? nullptr : clients_.find(fit->second.producer);
+    const bool stale =
+        fit == frames_.end() || !fit->second.waiting || source == nullptr ||
+        (fit->second.landed ? source->session->gone
+                            : source->session->slots[fit->second.slot].state != SlotState::kLent);
+    if (stale) {
+      s.waiting.pop_front();  // ended meanwhile (the daemon is shutting down, the landing consumer went)
+      if (fit != frames_.end() && fit->second.waiting) frames_.erase(fit);
       continue;
     }
     Frame& f = fit->second;
     // Every subscriber and one member of the queue group, each with a free
-    // slot, or the frame waits: block, never skip a reader.
+    // slot, or the frame waits: block, never skip a reader.  A frame that
+    // landed here has its landing consumer already.
     std::vector<std::pair<ClientSession*, int>> readers;
     std::vector<ClientSession*> members;
     for (auto& [id, c] : clients_.all()) {
       ClientSession& r = *c.session;
       if (r.role != FL_ROLE_CONSUMER || r.gone || r.stream != f.stream) continue;
+      if (f.landed && r.id == f.producer) continue;
       if (!r.subscriber) {
-        members.push_back(&r);
+        if (!(f.landed && f.source_member)) members.push_back(&r);
         continue;
       }
       const int slot = freeSlot(r);
@@ -123,9 +208,10 @@ bool LocalDelivery::deliverOne(Stream& s) {
       }
       if (slot < 0) return false;
     }
-    if (readers.empty()) return false;  // nobody reads it (yet): it waits for its deadline
+    if (readers.empty() && !f.landed) return false;  // nobody reads it (yet): it waits for its deadline
     s.waiting.pop_front();
-    for (auto& [r, slot] : readers) deliverTo(f, *producer, *r, static_cast<uint32_t>(slot));
+    f.waiting = false;
+    for (auto& [r, slot] : readers) deliverTo(f, *source, *r, static_cast<uint32_t>(slot));
     endIfDone({f.producer, f.slot});
     return true;
   }
@@ -138,7 +224,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   fl_slot_header h = f.header;
   h.length = f.length;
   h.sequence = f.sequence;
-  h.flags = f.header.flags & FL_SLOT_HAS_CRC32C;  // checked at submit
+  h.flags = f.header.flags & (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);  // CRC checked already
   h.reserved0 = 0;
   std::memset(h.reserved1, 0, sizeof h.reserved1);
   if (!f.copy && lend(r, p)) {
@@ -251,6 +337,7 @@ void LocalDelivery::readerDone(ClientSession& consumer, uint32_t slot, int statu
   if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0) return;
   Frame& f = fit->second;
   --f.readers_out;
+  if (status == FL_OK) ++f.released;
   if (status != FL_OK && f.failure == FL_OK) {
     f.failure = status;
     f.why = why;
@@ -260,9 +347,13 @@ void LocalDelivery::readerDone(ClientSession& consumer, uint32_t slot, int statu
 
 void LocalDelivery::endIfDone(const FrameKey& key) {
   auto fit = frames_.find(key);
-  if (fit == frames_.end() || fit->second.readers_out > 0) return;
+  if (fit == frames_.end() || fit->second.readers_out > 0 || fit->second.waiting) return;
   const Frame f = std::move(fit->second);
   frames_.erase(fit);
+  if (f.landed) {
+    if (end_landed_) end_landed_(f.from, f.producer, f.slot, f.failure, f.why, f.released);
+    return;
+  }
   AgentClient* p = clients_.find(f.producer);
   if (p == nullptr || p->session->slots[f.slot].state != SlotState::kLent ||
       p->session->slots[f.slot].sequence != f.sequence) {
@@ -271,23 +362,58 @@ void LocalDelivery::endIfDone(const FrameKey& key) {
   end_(*p, f.slot, f.failure, f.why);
 }
 
-void LocalDelivery::consumerGone(const ClientSession& consumer) { lends_.erase(consumer.id); }
+void LocalDelivery::consumerGone(const ClientSession& consumer) {
+  lends_.erase(consumer.id);
+  auto rit = readers_.find(consumer.stream);
+  if (rit != readers_.end()) {
+    if (consumer.subscriber) {
+      rit->second.subscribers.erase(consumer.id);
+    } else if (rit->second.members > 0) {
+      --rit->second.members;
+    }
+    if (rit->second.subscribers.empty() && rit->second.members == 0) readers_.erase(rit);
+  }
+  // Frames that landed in it and wait for the other readers cannot be lent
+  // any more: they end with what they had.
+  for (auto it = frames_.lower_bound({consumer.id, 0});
+       it != frames_.end() && it->first.first == consumer.id;) {
+    Frame& f = it->second;
+    const FrameKey key = (it++)->first;
+    if (!f.landed || !f.waiting) continue;
+    f.waiting = false;
+    if (f.failure == FL_OK) {
+      f.failure = FL_ERR_NO_CONSUMER;
+      f.why = "the consumer it landed in went before the other readers on its host had a free slot";
+    }
+    endIfDone(key);
+  }
+  retireSegmentOf(consumer.id);
+  forgetStreamIfIdle(consumer.stream);
+}
 
-void LocalDelivery::producerGone(const ClientSession& producer) {
+void LocalDelivery::retireSegmentOf(uint64_t client_id) {
   for (auto& [cid, lends] : lends_) {
-    auto it = lends.holds.find(producer.id);
+    auto it = lends.holds.find(client_id);
     if (it == lends.holds.end() || it->second != 0) continue;
     lends.holds.erase(it);
-    lends.to_retire.push_back(producer.id);
+    lends.to_retire.push_back(client_id);
   }
-  // A stream no producer here uses any more is forgotten (its sequence
-  // starts again with the next one): a local user cannot grow the table by
-  // producing on ever new names.
-  auto sit = streams_.find(producer.stream);
-  if (sit == streams_.end() || !sit->second.waiting.empty()) return;
+}
+
+void LocalDelivery::producerGone(const ClientSession& producer) {
+  retireSegmentOf(producer.id);
+  forgetStreamIfIdle(producer.stream);
+}
+
+void LocalDelivery::forgetStreamIfIdle(const std::string& stream) {
+  // A stream no client here uses any more is forgotten (its sequence starts
+  // again with the next one): a local user cannot grow the table by
+  // attaching on ever new names.
+  auto sit = streams_.find(stream);
+  if (sit == streams_.end() || !sit->second.waiting.empty() || hasReaders(stream)) return;
   for (const auto& [id, c] : clients_.all()) {
     const ClientSession& s = *c.session;
-    if (s.role == FL_ROLE_PRODUCER && !s.gone && s.id != producer.id && s.stream == producer.stream) return;
+    if (s.role == FL_ROLE_PRODUCER && !s.gone && s.stream == stream) return;
   }
   streams_.erase(sit);
 }
@@ -296,17 +422,19 @@ void LocalDelivery::checkDeadlines() {
   const uint64_t now = clock_.nowNs();
   for (auto& [name, s] : streams_) {
     while (!s.waiting.empty()) {
-      auto fit = frames_.find(s.waiting.front());
-      if (fit != frames_.end() && fit->second.deadline_ns > now) break;
+      const FrameKey key = s.waiting.front();
+      auto fit = frames_.find(key);
+      if (fit != frames_.end() && fit->second.waiting && fit->second.deadline_ns > now) break;
       s.waiting.pop_front();
-      if (fit == frames_.end()) continue;
-      const Frame f = std::move(fit->second);
-      frames_.erase(fit);
-      AgentClient* p = clients_.find(f.producer);
-      if (p == nullptr || p->session->slots[f.slot].state != SlotState::kLent) continue;
-      end_(*p, f.slot, FL_ERR_NO_CONSUMER,
-           "no local consumer of stream '" + f.stream + "' had a free slot within " +
-               std::to_string(config_.credit_timeout_ms) + " ms");
+      if (fit == frames_.end() || !fit->second.waiting) continue;
+      Frame& f = fit->second;
+      f.waiting = false;
+      if (f.failure == FL_OK) {
+        f.failure = FL_ERR_NO_CONSUMER;
+        f.why = "no local consumer of stream '" + f.stream + "' had a free slot within " +
+                std::to_string(config_.credit_timeout_ms) + " ms";
+      }
+      endIfDone(key);
     }
   }
 }

@@ -15,6 +15,12 @@
 // credit_timeout_ms.  Where a segment cannot be lent (the consumer holds
 // FL_LEND_MAX others, or its socket is full), and for the streams in
 // copy_streams, the payload is copied into the reader's slot instead.
+//
+// Frames from a peer are shared the same way: one copy per host.  While a
+// stream has subscribers here, the peer is granted the slots of one of them
+// alone (the lander: the one with the largest slots); a frame that lands there is
+// delivered to it and lent to every other reader here, and its ACK goes back
+// once each released it.
 #pragma once
 
 #include <cstdint>
@@ -41,21 +47,58 @@ class LocalDelivery {
   // How a producer's frame ends (OutboundStreams::endLocalFrame).
   using EndFrame =
       std::function<void(AgentClient& producer, uint32_t slot, int status, const std::string& why)>;
+  // Where a frame from a peer came from: what its answer goes back to.
+  struct Landed {
+    uint64_t link_id = 0;
+    uint64_t stream_id = 0;  // the sender's
+    uint64_t in_state = 0;
+    uint64_t sequence = 0;  // the sender's
+  };
+  // How a frame from a peer ends, once every reader here released it or
+  // failed: `landing` and `slot` are the consumer it landed in (perhaps gone
+  // by now); `released`, how many readers released it.
+  using EndLanded = std::function<void(const Landed& from, uint64_t landing, uint32_t slot, int status,
+                                       const std::string& why, uint32_t released)>;
 
   LocalDelivery(const Config& config, Metrics& metrics, const AgentClock& clock, ClientTable& clients,
                 EndFrame end);
 
+  void setEndLanded(EndLanded end) { end_landed_ = std::move(end); }
+
+  // The stream's readers here, kept at attach and detach.
+  void consumerAttached(const ClientSession& consumer);
   // A consumer of `stream` is attached here.
   bool hasReaders(const std::string& stream) const;
+  // Whether frames from peers may land in this consumer's slots: all of the
+  // stream's consumers while it has no subscriber here, else the subscriber
+  // with the largest slots (the oldest of those) alone.
+  bool lands(const ClientSession& consumer) const;
+  // Whether a frame that landed in this consumer goes to other readers here
+  // too: the stream's other subscribers, and a member of its queue group
+  // when the consumer is a subscriber.
+  bool othersRead(const ClientSession& consumer) const;
   // The producer's frame in `slot` (its validated header, `length` bytes)
   // goes to the stream's local readers: the slot is kLent from here.
   void submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header, uint64_t length);
+  // A frame from a peer that landed in a consumer that is not the stream's
+  // lander waits for its other readers.
+  bool landedElsewhereWaits(const std::string& stream) const;
+  // A frame from a peer landed in `slot` of `landing`, delivered to it
+  // already (`header` as it was given it): it goes to the stream's other
+  // readers here, and ends (EndLanded) once each of them and the landing
+  // consumer released it (landedReleased) or failed.
+  void shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header, const Landed& from);
+  void landedReleased(const ClientSession& landing, uint32_t slot);
+  // The landing consumer died holding it.
+  void landedGone(const ClientSession& landing, uint32_t slot);
   // Delivers waiting frames to readers with a free slot; returns the frames delivered.
   size_t pump();
   // A consumer released, or died holding, the local frame in its `slot`.
   void released(ClientSession& consumer, uint32_t slot);
   void readerGone(ClientSession& consumer, uint32_t slot);
-  // After a consumer's slots were let go: its lends are forgotten.
+  // After a consumer's slots were let go: its lends are forgotten, its own
+  // segment retired with the readers that hold nothing of it, and the frames
+  // that landed in it and still wait for the other readers fail.
   void consumerGone(const ClientSession& consumer);
   // A producer went: its segment is retired with the consumers that hold
   // nothing of it (the others retire it when they release the last frame),
@@ -75,10 +118,15 @@ class LocalDelivery {
     uint64_t length = 0;
     uint64_t sequence = 0;
     uint64_t deadline_ns = 0;
-    uint32_t readers_out = 0;  // readers holding it
-    uint32_t readers = 0;      // readers it went to
-    bool copy = false;         // its stream is in copy_streams: copied into each reader's slot
-    int failure = FL_OK;       // the first reader's failure
+    uint32_t readers_out = 0;    // readers holding it
+    uint32_t readers = 0;        // readers it went to
+    uint32_t released = 0;       // readers that released it
+    bool copy = false;           // its stream is in copy_streams: copied into each reader's slot
+    bool waiting = true;         // not yet delivered to its readers
+    bool landed = false;         // from a peer: `producer` is the consumer it landed in
+    bool source_member = false;  // landed in a member of the queue group (no other member gets it)
+    Landed from;
+    int failure = FL_OK;  // the first reader's failure
     std::string why;
   };
   using FrameKey = std::pair<uint64_t, uint32_t>;  // producer, slot
@@ -86,6 +134,10 @@ class LocalDelivery {
     std::deque<FrameKey> waiting;  // in submit order
     uint64_t next_sequence = 1;
     size_t next_member = 0;  // the queue group's round-robin
+  };
+  struct Readers {
+    std::map<uint64_t, uint64_t> subscribers;  // client id -> its slot size
+    size_t members = 0;                        // of the queue group
   };
   struct Lends {
     std::map<uint64_t, uint32_t> holds;  // lent producer -> frames of it the consumer holds
@@ -100,6 +152,10 @@ class LocalDelivery {
   bool lend(ClientSession& reader, const ClientSession& producer);
   bool sendRetirements(ClientSession& reader, Lends& lends);
   void endIfDone(const FrameKey& key);
+  // The segment of a client that went is retired with the readers that hold
+  // nothing of it (the others retire it when they release their last frame).
+  void retireSegmentOf(uint64_t client_id);
+  void forgetStreamIfIdle(const std::string& stream);
   void readerDone(ClientSession& consumer, uint32_t slot, int status, const std::string& why);
   static int freeSlot(const ClientSession& c);
 
@@ -108,9 +164,11 @@ class LocalDelivery {
   const AgentClock& clock_;
   ClientTable& clients_;
   EndFrame end_;
+  EndLanded end_landed_;
   std::map<FrameKey, Frame> frames_;
   std::unordered_map<std::string, Stream> streams_;
-  std::unordered_map<uint64_t, Lends> lends_;  // by consumer
+  std::unordered_map<uint64_t, Lends> lends_;         // by consumer
+  std::unordered_map<std::string, Readers> readers_;  // by stream
   LogLimiter log_{std::chrono::seconds(1), 5};
 };
 

@@ -459,12 +459,13 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
     dropConnection(fd);
     return;
   }
-  // A producer's segment may be lent to consumers on this host: a read-only
-  // file of it is kept for them (the client's own fds go).
-  if (req.role == FL_ROLE_PRODUCER && !segments->keepReadOnlyDataFd()) {
+  // A producer's segment may be lent to consumers on this host, and so may
+  // a consumer's, where frames from a peer land for every reader here: a
+  // read-only file of it is kept for them (the client's own fds go).
+  if (!segments->keepReadOnlyDataFd()) {
     spdlog::warn(
         "attach: pid {}: no read-only file of its data segment ({}); its frames are copied to "
-        "local consumers",
+        "the other readers on this host",
         cred.pid, errnoText());
   }
   segments->closeFds();

@@ -24,7 +24,8 @@ enum class SlotState : uint8_t {
   kSettling,   // producer: its outcome is known, a transport still holds a post of its payload
   kCredited,   // consumer: exposed to a peer as a credit
   kDelivered,  // consumer: frame delivered to the app, waiting for release
-  kLent,       // producer: its frame is with local consumers until each released it
+  kLent,       // producer: its frame is with local consumers until each released it; consumer: a frame
+               // that landed here, released, still held by the stream's other readers on this host
 };
 
 const char* slotStateName(SlotState state) noexcept;
@@ -68,6 +69,7 @@ struct SlotEntry {
   bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon
   uint64_t local_from = 0;         // consumer: the local producer whose frame it holds (0: from a link)
   uint32_t local_slot = 0;         // consumer: that producer's slot
+  bool shared = false;  // consumer: a frame from a peer that landed here, lent to the other readers here too
 };
 
 struct ClientSession {

@@ -63,6 +63,23 @@ Client attachConsumer(const DaemonProcess& d, const std::string& stream, uint32_
   return attachOrFail(d, FL_CONSUMER, stream, slot_count, slot_size);
 }
 
+Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stream, bool subscribe,
+                  uint32_t slot_count, uint64_t slot_size) {
+  fl_client_options opt;
+  fl_client_options_init(&opt);
+  opt.role = role;
+  opt.socket_path = d.socketPath().c_str();
+  opt.stream = stream.c_str();
+  opt.slot_count = slot_count;
+  opt.slot_size = slot_size;
+  opt.subscribe = subscribe ? 1 : 0;
+  fl_client* c = nullptr;
+  const int rc = fl_attach(&opt, &c);
+  INFO("attach to " << d.id() << " stream " << stream << ": " << statusName(rc) << " " << fl_last_error());
+  REQUIRE(rc == FL_OK);
+  return Client(c);
+}
+
 uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc) {
   fl_slot slot{};
   int rc = fl_acquire(producer, 10000, &slot);

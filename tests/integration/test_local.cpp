@@ -42,23 +42,6 @@ DaemonProcess::Options localOptions(std::vector<std::string> extra = {}) {
   return o;
 }
 
-Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stream, bool subscribe,
-                  uint32_t slots = 4, uint64_t slot_size = 256 * kKiB) {
-  fl_client_options opt;
-  fl_client_options_init(&opt);
-  opt.role = role;
-  opt.socket_path = d.socketPath().c_str();
-  opt.stream = stream.c_str();
-  opt.slot_count = slots;
-  opt.slot_size = slot_size;
-  opt.subscribe = subscribe ? 1 : 0;
-  fl_client* c = nullptr;
-  const int rc = fl_attach(&opt, &c);
-  INFO("attach: " << statusName(rc) << " " << fl_last_error());
-  REQUIRE(rc == FL_OK);
-  return Client(c);
-}
-
 // The line of /proc/self/maps that holds `p`: its permissions and inode.
 struct MapInfo {
   std::string perms;

@@ -77,10 +77,13 @@ void World::oneEvent() {
     killApp(FL_ROLE_CONSUMER);
   } else if (r < 978) {
     // A reader on a sender's own host: its frames go there, lent (no link).
-    if (countApps(FL_ROLE_CONSUMER, sender) == 0) attach(sender, FL_ROLE_CONSUMER, kSlotSize);
+    if (countApps(FL_ROLE_CONSUMER, sender) == 0)
+      attach(sender, FL_ROLE_CONSUMER, kSlotSize, rng_.chance(40));
   } else if (r < 985) {
-    if (countApps(FL_ROLE_CONSUMER, kReceiver) < 2) {
-      attach(kReceiver, FL_ROLE_CONSUMER, rng_.chance(25) ? kSmallSlotSize : kSlotSize);
+    // Subscribers too: a frame from a peer lands in one reader there and
+    // is lent to the others.
+    if (countApps(FL_ROLE_CONSUMER, kReceiver) < 3) {
+      attach(kReceiver, FL_ROLE_CONSUMER, rng_.chance(25) ? kSmallSlotSize : kSlotSize, rng_.chance(40));
     }
   } else if (r < 988) {
     killApp(FL_ROLE_PRODUCER);
@@ -107,13 +110,14 @@ void World::boot(int d) {
   note("boot " + daemon.id + " instance " + std::to_string(daemon.instance));
 }
 
-void World::attach(int d, uint32_t role, uint64_t slot_size) {
+void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   auto app = std::make_unique<App>();
   app->id = ++next_app_;
   app->role = role;
   app->daemon = d;
   app->instance = daemons_[d].instance;
   app->slot_size = slot_size;
+  app->subscriber = subscriber;
   SegmentRequest req;
   req.role = role;
   req.slot_count = kSlots;
@@ -126,6 +130,7 @@ void World::attach(int d, uint32_t role, uint64_t slot_size) {
   c->id = app->id;
   c->role = role;
   c->stream = kStream;
+  c->subscriber = subscriber;
   c->segments = std::move(segments).value();
   Doorbell submit, completion;  // the application's ends close: nobody rings them here
   if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) throw Broken{"cannot make doorbells"};
@@ -133,7 +138,7 @@ void World::attach(int d, uint32_t role, uint64_t slot_size) {
   c->completion_doorbell = std::move(completion.daemon_end);
   c->ring_capacity = c->segments->geometry().ring_capacity;
   c->slots.resize(kSlots);
-  if (role == FL_ROLE_PRODUCER && !c->segments->keepReadOnlyDataFd()) {
+  if (!c->segments->keepReadOnlyDataFd()) {
     throw Broken{"cannot open the data segment read-only"};
   }
   if (role == FL_ROLE_CONSUMER) {  // lent segments come on the attach socket
@@ -144,8 +149,11 @@ void World::attach(int d, uint32_t role, uint64_t slot_size) {
     app->lend_socket.reset(sv[1]);
   }
   app->session = c;
-  note(std::string("attach ") + (role == FL_ROLE_PRODUCER ? "producer" : "consumer") + " #" +
-       std::to_string(app->id) + " to " + daemons_[d].id + " slots of " + std::to_string(slot_size));
+  note(std::string("attach ") +
+       (role == FL_ROLE_PRODUCER ? "producer"
+        : subscriber             ? "subscriber"
+                                 : "consumer") +
+       " #" + std::to_string(app->id) + " to " + daemons_[d].id + " slots of " + std::to_string(slot_size));
   daemons_[d].agent->post(CmdClientAttached{c});
   apps_.push_back(std::move(app));
 }
@@ -178,6 +186,12 @@ void World::killApp(uint32_t role) {
   note(std::string("kill ") + (role == FL_ROLE_PRODUCER ? "producer" : "consumer") + " #" +
        std::to_string(app->id));
   app->alive = false;
+  // What it held fails for its producer, whoever else read it.
+  for (uint64_t frame : app->in_slot) {
+    if (frame == 0 || role != FL_ROLE_CONSUMER) continue;
+    frames_[frame].reader_died_holding = true;
+    --frames_[frame].held;
+  }
   daemons_[app->daemon].agent->post(CmdClientGone{app->id});
 }
 
@@ -243,6 +257,7 @@ void World::release(App& c, uint32_t slot) {
     throw Broken{"a consumer's release ring is full"};
   }
   c.in_slot[slot] = 0;
+  --rec.held;
   note("release frame " + std::to_string(frame) + " by consumer #" + std::to_string(c.id));
 }
 
@@ -383,6 +398,11 @@ void World::crash(int d) {
   for (auto& app : apps_) {
     if (!app->alive || app->daemon != d) continue;
     app->alive = false;
+    if (app->role == FL_ROLE_CONSUMER) {
+      for (uint64_t frame : app->in_slot) {
+        if (frame != 0) --frames_[frame].held;
+      }
+    }
     if (app->role == FL_ROLE_PRODUCER) {
       // Frames in flight end FL_ERR_DAEMON_GONE at the application: outcome unknown.
       for (uint64_t& frame : app->in_slot) {

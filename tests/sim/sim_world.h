@@ -62,7 +62,8 @@ struct SimResult {
   std::vector<std::string> trace;  // events, in order (kept on failure or when asked)
   // What happened, for the totals.
   uint64_t frames = 0, delivered = 0, failed = 0, unknown = 0, redelivered = 0;
-  uint64_t lent = 0;  // receptions of a frame lent by the producer's own daemon (no link)
+  uint64_t lent =
+      0;  // receptions of a lent frame: a producer's on its own daemon, or a peer's landed in another reader
   uint64_t link_breaks = 0, crashes = 0, client_deaths = 0, damaged = 0;
   uint64_t released_then_lost = 0;  // released on a daemon that crashed before the ACK went out
   uint64_t owed_delivered = 0;      // released frames a healthy period had to see DELIVERED

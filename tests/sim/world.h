@@ -101,6 +101,7 @@ struct App {
   uint64_t instance = 0;  // of its daemon when it attached
   uint64_t slot_size = kSlotSize;
   bool alive = true;
+  bool subscriber = false;  // consumer: every frame of the stream (else a queue group member)
   std::shared_ptr<ClientSession> session;
   std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);  // frame per slot (0: free)
   std::map<int, uint64_t> last_plain;  // consumer: the last frame in order, per sender
@@ -137,8 +138,11 @@ struct FrameRecord {
   int sender = 0;
   bool outcome_known = false;
   int status = 0;
-  std::vector<uint64_t> released_on;  // receiving daemon instances a consumer released it on
-  int receptions = 0;
+  std::vector<uint64_t> released_on;              // receiving daemon instances a consumer released it on
+  int member_receptions = 0;                      // by the queue group
+  std::map<uint64_t, int> subscriber_receptions;  // by each subscriber
+  bool reader_died_holding = false;               // a reader was killed holding it: it may fail
+  int held = 0;                                   // live readers holding it now: its ACK waits for each
   int landings = 0;              // times the frame crossed a data link (a resend after a NACK crosses again)
   uint64_t first_landed_ns = 0;  // its ACK deadline is at least ack_timeout after this
 };
@@ -153,7 +157,7 @@ class World {
   // ---------------------------------------------------------------- events
   void oneEvent();
   void boot(int d);
-  void attach(int d, uint32_t role, uint64_t slot_size);
+  void attach(int d, uint32_t role, uint64_t slot_size, bool subscriber = false);
   size_t countApps(uint32_t role, int daemon = -1) const;
   std::vector<int> senders() const;
   // The daemon at one end of a link: 0 the sender, 1 the receiver.

@@ -98,7 +98,8 @@ void World::endFrame(uint64_t frame, int status) {
   }
   ++result_.failed;
   for (uint64_t instance : rec.released_on) {
-    if (instance == daemons_[kReceiver].instance) {
+    // One reader released it, another died holding it: the first failure counts.
+    if (instance == daemons_[kReceiver].instance && !rec.reader_died_holding) {
       throw Broken{"frame " + std::to_string(frame) + " completed FAILED (" + std::to_string(status) +
                    ") but a consumer of the live receiving daemon released it"};
     }
@@ -133,12 +134,16 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   }
   const bool flagged = (h->flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
   FrameRecord& rec = it->second;
-  ++rec.receptions;
-  note("consumer #" + std::to_string(c.id) + " gets frame " + std::to_string(frame) +
-       (flagged ? " (maybe redelivered)" : ""));
-  if (rec.receptions > 1) {
-    if (!flagged)
-      throw Broken{"frame " + std::to_string(frame) + " reached a consumer twice without the flag"};
+  // Once to each subscriber, and once to the queue group.
+  const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions;
+  note((c.subscriber ? "subscriber #" : "consumer #") + std::to_string(c.id) + " gets frame " +
+       std::to_string(frame) + (flagged ? " (maybe redelivered)" : ""));
+  if (receptions > 1) {
+    if (!flagged) {
+      throw Broken{"frame " + std::to_string(frame) + " reached " +
+                   (c.subscriber ? "subscriber #" + std::to_string(c.id) : std::string("the queue group")) +
+                   " twice without the flag"};
+    }
     ++result_.redelivered;
   }
   // Order: frames that crossed the link once arrive in submission order.  A
@@ -153,6 +158,7 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
     last = frame;
   }
   c.in_slot[d.slot] = frame;
+  ++rec.held;
 }
 
 const uint8_t* World::lentPayload(App& c, const fl_slot_header& h) {
@@ -188,22 +194,29 @@ const uint8_t* World::lentPayload(App& c, const fl_slot_header& h) {
     throw Broken{"consumer #" + std::to_string(c.id) + " got a frame lent from segment " +
                  std::to_string(id) + " that was never lent to it"};
   }
+  // A producer's segment, or a consumer's that a frame from a peer landed in.
   for (const auto& app : apps_) {
-    if (app->id != id || app->role != FL_ROLE_PRODUCER) continue;
-    if (h.reserved0 >= kSlots) throw Broken{"a lent frame names a slot the producer does not have"};
+    if (app->id != id || app->daemon != c.daemon) continue;
+    if (h.reserved0 >= kSlots) throw Broken{"a lent frame names a slot its lender does not have"};
     return app->session->segments->slot(h.reserved0);
   }
-  throw Broken{"a frame lent from client " + std::to_string(id) + ", which is no producer"};
+  throw Broken{"a frame lent from client " + std::to_string(id) + ", which never attached to its daemon"};
 }
 
 // Links healed, a producer and a consumer attached, everything delivered
 // and released: every frame must end and fresh frames must still pass.
 void World::heal() {
   note("heal");
-  const bool big_consumer = std::any_of(apps_.begin(), apps_.end(), [](const auto& a) {
-    return a->alive && a->role == FL_ROLE_CONSUMER && a->slot_size == kSlotSize && a->daemon == kReceiver;
-  });
-  if (!big_consumer) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
+  // Frames land in a subscriber while there is one (lent to the rest): it
+  // takes a big frame only with big slots itself.
+  auto reader = [this](bool big, bool subscriber) {
+    return std::any_of(apps_.begin(), apps_.end(), [&](const auto& a) {
+      return a->alive && a->role == FL_ROLE_CONSUMER && a->daemon == kReceiver &&
+             (!big || a->slot_size == kSlotSize) && (!subscriber || a->subscriber);
+    });
+  };
+  const bool subscribers = reader(false, true);
+  if (!reader(true, subscribers)) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize, subscribers);
   for (int d : senders()) {
     if (countApps(FL_ROLE_PRODUCER, d) == 0) attach(d, FL_ROLE_PRODUCER, kSlotSize);
   }

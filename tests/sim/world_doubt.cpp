@@ -96,7 +96,9 @@ void World::checkTimeout(uint64_t frame, const FrameRecord& rec, int status) con
 // Released on the live receiver, not yet ended, and its producer still
 // listens (a producer that died hears of nothing more).
 bool World::owed(const FrameRecord& rec) const {
-  if (rec.outcome_known || !releasedOnLiveReceiver(rec)) return false;
+  // Released by every reader there that still holds it: a frame lent to
+  // several readers is answered after the last one.
+  if (rec.outcome_known || !releasedOnLiveReceiver(rec) || rec.held > 0) return false;
   return std::any_of(apps_.begin(), apps_.end(),
                      [&](const auto& a) { return a->id == rec.producer && a->alive; });
 }

@@ -1,0 +1,163 @@
+// Frames from a peer for several readers on one host: the link carries each
+// frame once, the receiving daemon lends the slot it landed in to every other
+// reader there (each subscriber, and one member of the queue group), and the
+// sender hears DELIVERED once each of them released it -- or the first
+// failure when one of them died holding it.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <framelink/framelink.h>
+
+#include "client_util.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+constexpr uint64_t kFrameBytes = 64 * 1024;
+
+DaemonPair::Options pairOptions(const std::string& transport) {
+  DaemonPair::Options o;
+  o.transport = transport;
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  return o;
+}
+
+// A counter once the agent published it (twice a second): at least `at_least`
+// within 10 s, else what it is then.
+int64_t waitForMetric(const DaemonProcess& d, const std::string& name, int64_t at_least) {
+  const auto until = std::chrono::steady_clock::now() + Millis(10000);
+  int64_t v = d.metric(name);
+  while (v < at_least && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(Millis(50));
+    v = d.metric(name);
+  }
+  return v;
+}
+
+// Receives what each reader has, checks it and releases it, until every
+// reader got `want[i]` frames or 10 s passed; returns the frame ids each got, in order.
+std::vector<std::vector<uint64_t>> readAll(std::vector<Client*> readers, std::vector<size_t> want) {
+  std::vector<std::vector<uint64_t>> got(readers.size());
+  const auto until = std::chrono::steady_clock::now() + Millis(10000);
+  for (bool done = false; !done && std::chrono::steady_clock::now() < until;) {
+    done = true;
+    for (size_t i = 0; i < readers.size(); ++i) {
+      if (got[i].size() >= want[i]) continue;
+      done = false;
+      fl_frame f{};
+      if (fl_receive(readers[i]->get(), &f, 5) != FL_OK) continue;
+      checkSyntheticFrame(f, f.frame_id, kFrameBytes);
+      got[i].push_back(f.frame_id);
+      REQUIRE(fl_release(readers[i]->get(), f.slot) == FL_OK);
+    }
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("fanout: each subscriber on the receiving host gets every frame, the link carries it once",
+          "[fanout]") {
+  DaemonPair pair(pairOptions(GENERATE("tcp", "grpc")));
+  requireServing(pair.a(), pair.b(), "warmup", 1);
+  const int64_t sent_before = waitForMetric(pair.a(), "framelink_transport_frames_sent_total", 1);
+  const int64_t lent_before = pair.b().metric("framelink_local_frames_lent_total");
+
+  std::vector<Client> subscribers;
+  for (int i = 0; i < 3; ++i) subscribers.push_back(attachWith(pair.b(), FL_CONSUMER, "cam", true));
+  Client member1 = attachWith(pair.b(), FL_CONSUMER, "cam", false);
+  Client member2 = attachWith(pair.b(), FL_CONSUMER, "cam", false);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+
+  constexpr size_t kFrames = 12;
+  std::thread send([&] {
+    for (uint64_t id = 1; id <= kFrames; ++id) submitFrame(producer.get(), id, kFrameBytes, true);
+  });
+  auto got = readAll({&subscribers[0], &subscribers[1], &subscribers[2], &member1, &member2},
+                     {kFrames, kFrames, kFrames, kFrames, kFrames});
+  send.join();
+  std::vector<uint64_t> in_order;
+  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
+  for (int i = 0; i < 3; ++i) {
+    INFO("subscriber " << i);
+    CHECK(got[i] == in_order);
+  }
+  // The queue group shared them: each frame to one member.
+  CHECK(got[3].size() + got[4].size() == kFrames);
+  CHECK_FALSE(got[3].empty());
+  CHECK_FALSE(got[4].empty());
+
+  auto done = collectCompletions(producer.get(), kFrames, Millis(10000));
+  REQUIRE(done.size() == kFrames);
+  for (const auto& c : done) CHECK(c.status == FL_OK);
+  // Once over the link; lent on the receiving host to the two other
+  // subscribers and a member of the queue group.
+  CHECK(waitForMetric(pair.a(), "framelink_transport_frames_sent_total", sent_before + kFrames) ==
+        sent_before + int64_t{kFrames});
+  CHECK(waitForMetric(pair.b(), "framelink_local_frames_lent_total", lent_before + 3 * kFrames) ==
+        lent_before + 3 * int64_t{kFrames});
+  CHECK(pair.b().metric("framelink_local_frames_copied_total") == 0);
+}
+
+TEST_CASE("fanout: the sender hears DELIVERED only when the last reader released the frame", "[fanout]") {
+  DaemonPair pair(pairOptions("tcp"));
+  Client first = attachWith(pair.b(), FL_CONSUMER, "cam", true);
+  Client second = attachWith(pair.b(), FL_CONSUMER, "cam", true);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  submitFrame(producer.get(), 1, kFrameBytes, true);
+  fl_frame a = receiveFrame(first.get(), Millis(10000));
+  fl_frame b = receiveFrame(second.get(), Millis(10000));
+  checkSyntheticFrame(a, 1, kFrameBytes);
+  checkSyntheticFrame(b, 1, kFrameBytes);
+  // The frame landed in one of them; the other reads that same memory.
+  CHECK(a.data != b.data);
+  REQUIRE(fl_release(first.get(), a.slot) == FL_OK);
+  CHECK(collectCompletions(producer.get(), 1, Millis(500)).empty());
+  REQUIRE(fl_release(second.get(), b.slot) == FL_OK);
+  auto done = collectCompletions(producer.get(), 1, Millis(10000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_OK);
+}
+
+TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, the others read on",
+          "[fanout]") {
+  DaemonPair pair(pairOptions("tcp"));
+  // The first subscriber is the one frames land in: its death hands that to the second.
+  Client lander = attachWith(pair.b(), FL_CONSUMER, "cam", true);
+  Client other = attachWith(pair.b(), FL_CONSUMER, "cam", true);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  submitFrame(producer.get(), 1, kFrameBytes, true);
+  receiveFrame(lander.get(), Millis(10000));
+  fl_frame f = receiveFrame(other.get(), Millis(10000));
+  checkSyntheticFrame(f, 1, kFrameBytes);
+  lander = Client();  // detaches holding frame 1
+  // What the other reader holds stays readable: it is mapped in its own process.
+  checkSyntheticFrame(f, 1, kFrameBytes);
+  REQUIRE(fl_release(other.get(), f.slot) == FL_OK);
+  auto failed = collectCompletions(producer.get(), 1, Millis(10000));
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].status == FL_ERR_NO_CONSUMER);
+
+  for (uint64_t id = 2; id <= 5; ++id) {
+    submitFrame(producer.get(), id, kFrameBytes, true);
+    fl_frame g = receiveFrame(other.get(), Millis(10000));
+    checkSyntheticFrame(g, id, kFrameBytes);
+    REQUIRE(fl_release(other.get(), g.slot) == FL_OK);
+    auto done = collectCompletions(producer.get(), 1, Millis(10000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_OK);
+  }
+  // Nothing is left behind on the receiving host: no credit, no frame held.
+  other = Client();
+  producer = Client();
+  const auto until = std::chrono::steady_clock::now() + Millis(5000);
+  while (!pair.b().idle() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(Millis(50));
+  CHECK(pair.b().idle());
+}
