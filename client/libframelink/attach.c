@@ -35,7 +35,8 @@
 FL_STATIC_ASSERT((int)FL_PRODUCER == (int)FL_ROLE_PRODUCER && (int)FL_CONSUMER == (int)FL_ROLE_CONSUMER,
                  "fl_client_role and fl_role must have the same values");
 
-FL_API void fl_client_options_init(fl_client_options* options) {
+/* The name in parentheses: the header's macro of the same name wraps this. */
+FL_API void(fl_client_options_init)(fl_client_options* options) {
   if (!options) return;
   memset(options, 0, sizeof(*options));
   options->struct_size = (uint32_t)sizeof(*options);
@@ -365,6 +366,15 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   /* 0 lets the daemon apply its configured defaults ([limits] default_slot_*). */
   req.slot_count = options->slot_count;
   req.slot_size = options->slot_size;
+  /* An application built before readers/released passes a smaller
+   * fl_completion: it is filled that far, never past it. */
+  const uint32_t completion_size = has_v3 ? options->completion_size : 0;
+  if (completion_size != 0 && completion_size != FL_COMPLETION_SIZE_V1 &&
+      completion_size < sizeof(fl_completion))
+    return flx_error(FL_EINVAL,
+                     "fl_attach: options.completion_size is %u, neither %u nor %zu; initialise options with "
+                     "fl_client_options_init",
+                     completion_size, FL_COMPLETION_SIZE_V1, sizeof(fl_completion));
   if (has_v3 && options->subscribe) {
     if (options->role != FL_CONSUMER)
       return flx_error(FL_EINVAL,
@@ -384,6 +394,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   c->request = req;
   c->attach_timeout_ms = options->attach_timeout_ms;
   c->auto_reattach = has_v2 && options->auto_reattach;
+  c->completion_size =
+      completion_size >= sizeof(fl_completion) ? (uint32_t)sizeof(fl_completion) : FL_COMPLETION_SIZE_V1;
   c->reattach_interval_ms =
       has_v2 && options->reattach_interval_ms ? options->reattach_interval_ms : FLX_REATTACH_INTERVAL_MS;
   snprintf(c->socket_path, sizeof(c->socket_path), "%s", path);

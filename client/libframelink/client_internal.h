@@ -106,6 +106,7 @@ struct fl_client {
   char socket_path[108];         /* sizeof(sockaddr_un.sun_path) */
   uint32_t attach_timeout_ms;    /* from the options, for fl_reattach */
   int auto_reattach;             /* from the options */
+  uint32_t completion_size;      /* bytes of each fl_completion the application reads (its header's) */
   uint32_t reattach_interval_ms; /* from the options (0 replaced by the default) */
   pthread_mutex_t reattach_mu;   /* one reattach at a time; taken before mu, never while holding it */
   int reattaching;               /* [mu] a call is inside an automatic reattach */

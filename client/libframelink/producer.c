@@ -118,7 +118,9 @@ int flx_drain_completions_locked(fl_client* c, int force) {
                           .status = d.status,
                           .sequence = d.sequence,
                           .frame_id = d.frame_id,
-                          .length = d.length};
+                          .length = d.length,
+                          .readers = d.readers,
+                          .released = d.released};
     flx_queue_push_locked(c, &comp);
   }
 }
@@ -263,14 +265,15 @@ FL_API int fl_abandon(fl_client* c, uint32_t slot) {
 }
 
 typedef struct flx_batch {
-  fl_completion* out;
+  unsigned char* out; /* the application's fl_completion array, of its element size */
   size_t max;
   size_t count;
 } flx_batch;
 
 static void flx_take_queued_locked(fl_client* c, flx_batch* b) {
   while (b->count < b->max && c->queue_head != c->queue_tail) {
-    b->out[b->count++] = c->queue[c->queue_head & (c->queue_cap - 1)];
+    memcpy(b->out + b->count++ * c->completion_size, &c->queue[c->queue_head & (c->queue_cap - 1)],
+           c->completion_size);
     c->queue_head++;
   }
 }
@@ -297,7 +300,7 @@ FL_API int fl_poll_completions(fl_client* c, fl_completion* out, size_t max, siz
   if (rc != FL_OK) return rc;
   if (!count || (!out && max > 0)) return flx_error(FL_EINVAL, "fl_poll_completions: out or count is NULL");
   if (max == 0) return FL_OK;
-  flx_batch b = {.out = out, .max = max, .count = 0};
+  flx_batch b = {.out = (unsigned char*)out, .max = max, .count = 0};
   rc = flx_wait(c, 0, flx_try_completions, &b, "completion");
   *count = b.count;
   /* Polling is not an error when nothing completed yet. */
@@ -310,7 +313,7 @@ FL_API int fl_wait_completions(fl_client* c, fl_completion* out, size_t max, siz
   if (rc != FL_OK) return rc;
   if (!count || !out || max == 0)
     return flx_error(FL_EINVAL, "fl_wait_completions: out or count is NULL, or max is 0");
-  flx_batch b = {.out = out, .max = max, .count = 0};
+  flx_batch b = {.out = (unsigned char*)out, .max = max, .count = 0};
   rc = flx_wait(c, timeout_ms, flx_try_completions, &b, "completion");
   *count = b.count;
   return rc;

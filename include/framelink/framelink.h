@@ -129,12 +129,19 @@ typedef struct fl_client_options {
   /*
    * Consumer, nonzero: a subscriber, which gets every frame of the stream.
    * 0: a member of the stream's queue group, which shares the frames with
-   * the group's other members (each frame to one of them).  Today a
-   * subscriber gets every frame of producers attached to the same daemon;
-   * frames from other hosts still go to one consumer of the stream.
+   * the group's other members (each frame to one of them).  Frames from
+   * another host cross the link once and are lent to every subscriber here.
    */
   uint32_t subscribe;
-  uint32_t reserved; /* 0 */
+  /*
+   * Producer: the size of the fl_completion the application was built with
+   * (fl_client_options_init, as this header defines it, sets
+   * sizeof(fl_completion)): fl_poll_completions and fl_wait_completions fill
+   * that much of each.  0: FL_COMPLETION_SIZE_V1, an application built before
+   * readers and released (a binding that calls the library's function itself
+   * sets this to its own size).
+   */
+  uint32_t completion_size;
 } fl_client_options;
 
 /* struct_size of an fl_client_options from before auto_reattach (still accepted). */
@@ -180,7 +187,13 @@ typedef struct fl_completion {
   uint64_t sequence;
   uint64_t frame_id;
   uint64_t length;
+  /* Filled when fl_client_options.completion_size covers them. */
+  uint32_t readers;  /* readers the frame reached, on every host (0: none, or not known) */
+  uint32_t released; /* of those, how many released it: all of them when status is FL_OK */
 } fl_completion;
+
+/* sizeof(fl_completion) before readers and released (still filled that far). */
+#define FL_COMPLETION_SIZE_V1 32u
 
 /* A delivered frame, valid until fl_release(frame.slot). */
 typedef struct fl_frame {
@@ -204,6 +217,13 @@ FL_API const char* fl_status_str(int status); /* "FL_ERR_TOO_LARGE: ..." */
 
 /* Attach / detach */
 FL_API void fl_client_options_init(fl_client_options* options);
+/* The application's own fl_completion size goes with its options: a newer
+ * library never fills more of each completion than the application has. */
+static inline void flx_client_options_init_here(fl_client_options* options) {
+  fl_client_options_init(options);
+  if (options) options->completion_size = (uint32_t)sizeof(fl_completion);
+}
+#define fl_client_options_init(options) flx_client_options_init_here(options)
 FL_API int fl_attach(const fl_client_options* options, fl_client** out);
 FL_API void fl_detach(fl_client* client); /* NULL is fine */
 FL_API int fl_client_get_info(const fl_client* client, fl_client_info* out);

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FL_SEGMENT_MAGIC UINT64_C(0x4B4E4C454D415246) /* "FRAMELNK" little-endian */
-#define FL_LAYOUT_VERSION 3u
+#define FL_LAYOUT_VERSION 4u
 #define FL_CACHE_LINE 64u
 #define FL_STREAM_NAME_MAX 64u /* bytes, including the terminating NUL */
 /* The longest stream name: the NUL-terminated name must fit the fixed fields
@@ -151,14 +151,20 @@ typedef struct fl_completion_desc {
   uint64_t sequence;
   uint64_t length;
   uint64_t frame_id;
+  /* Producer: the readers the frame reached on every host, and how many of
+   * them released it (equal when status is FL_OK).  Consumer: 0. */
+  uint32_t readers;
+  uint32_t released;
 } fl_completion_desc;
 
-FL_STATIC_ASSERT(sizeof(fl_completion_desc) == 32, "fl_completion_desc size");
+FL_STATIC_ASSERT(sizeof(fl_completion_desc) == 40, "fl_completion_desc size");
 FL_STATIC_ASSERT(offsetof(fl_completion_desc, slot) == 0, "completion slot offset");
 FL_STATIC_ASSERT(offsetof(fl_completion_desc, status) == 4, "completion status offset");
 FL_STATIC_ASSERT(offsetof(fl_completion_desc, sequence) == 8, "completion sequence offset");
 FL_STATIC_ASSERT(offsetof(fl_completion_desc, length) == 16, "completion length offset");
 FL_STATIC_ASSERT(offsetof(fl_completion_desc, frame_id) == 24, "completion frame_id offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, readers) == 32, "completion readers offset");
+FL_STATIC_ASSERT(offsetof(fl_completion_desc, released) == 36, "completion released offset");
 
 /* Per-slot frame metadata, in the data segment.  Producer: written by the
  * app before submit (the daemon copies and validates it).  Consumer: written

@@ -59,8 +59,8 @@ class ClientTable {
   // Pushes a completion; a client whose completion ring is full or corrupt
   // is detached.
   void complete(ClientSession& c, uint32_t slot, int status, uint64_t sequence, uint64_t length,
-                uint64_t frame_id) {
-    if (!c.complete(slot, status, sequence, length, frame_id)) {
+                uint64_t frame_id, uint32_t readers = 0, uint32_t released = 0) {
+    if (!c.complete(slot, status, sequence, length, frame_id, readers, released)) {
       detach(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
     }
   }

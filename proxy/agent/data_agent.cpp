@@ -79,8 +79,9 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000,
                inboundLimits(config)),
       local_(config, metrics, clock, clients_,
-             [this](AgentClient& producer, uint32_t slot, int status, const std::string& why) {
-               outbound_.endLocalFrame(producer, slot, status, why);
+             [this](AgentClient& producer, uint32_t slot, int status, const std::string& why,
+                    uint32_t readers, uint32_t released) {
+               outbound_.endLocalFrame(producer, slot, status, why, readers, released);
              }),
       heartbeat_(std::move(heartbeat)) {
   outbound_.setLocalDelivery(&local_);
@@ -489,10 +490,12 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
         } else if constexpr (std::is_same_v<T, peer::CreditLow>) {
           inbound_.onCreditLow(l, m);
         } else if constexpr (std::is_same_v<T, peer::Ack>) {
-          for (uint64_t sequence : m.sequences) outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {});
+          for (uint64_t sequence : m.sequences) {
+            outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {}, m.readers, m.readers);
+          }
         } else if constexpr (std::is_same_v<T, peer::Nack>) {
           outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
-                          "peer " + l.peer_name + " refused it: " + m.message);
+                          "peer " + l.peer_name + " refused it: " + m.message, m.readers, m.released);
         } else if constexpr (std::is_same_v<T, peer::Fin>) {
           spdlog::info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
                        v1::ErrorCode_IsValid(m.code) ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))

@@ -24,14 +24,19 @@ bool InboundStreams::due(const Target& target, const HeldBack& held, uint64_t no
   return held.acks.size() >= quarter;
 }
 
-void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<uint64_t>& sequences) {
-  for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
-    v1::PeerMessage msg;
-    auto* ack = msg.mutable_ack();
-    ack->set_stream_id(stream_id);
-    const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
-    peer::encodeAck(sequences.data() + i, end - i, ack);
-    l.send(std::move(msg));
+void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<ReleasedFrame>& released) {
+  std::map<uint32_t, std::vector<uint64_t>> by_readers;
+  for (const ReleasedFrame& r : released) by_readers[r.readers].push_back(r.sequence);
+  for (const auto& [readers, sequences] : by_readers) {
+    for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
+      v1::PeerMessage msg;
+      auto* ack = msg.mutable_ack();
+      ack->set_stream_id(stream_id);
+      if (readers > 1) ack->set_readers(readers);
+      const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
+      peer::encodeAck(sequences.data() + i, end - i, ack);
+      l.send(std::move(msg));
+    }
   }
 }
 

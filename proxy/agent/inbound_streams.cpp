@@ -23,8 +23,9 @@ void InboundStreams::setLocalDelivery(LocalDelivery* local) {
   local_ = local;
   if (local_ == nullptr) return;
   local_->setEndLanded([this](const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
-                              const std::string& why,
-                              uint32_t /*released*/) { endShared(from, landing, slot, status, why); });
+                              const std::string& why, uint32_t readers, uint32_t released) {
+    endShared(from, landing, slot, status, why, readers, released);
+  });
 }
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
@@ -81,7 +82,7 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
       }
       if (to != nullptr) {
         sendNack(*to, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
-                 "the consumer died before releasing the frame");
+                 "the consumer died before releasing the frame", 1, 0);
       }
     }
     e = SlotEntry{};
@@ -152,12 +153,13 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
   answerRelease(from, ac.stream, c.id);
 }
 
-void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id) {
+void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
+                                   uint32_t readers) {
   auto ist = in_states_.find(from.in_state);
   if (ist != in_states_.end()) {
     InState& in = ist->second;
     in.held.erase(from.sequence);
-    in.released.push_back(from.sequence);
+    in.released.push_back(ReleasedFrame{from.sequence, readers});
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
     in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
@@ -170,7 +172,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
-      held.acks.push_back(from.sequence);
+      held.acks.push_back(ReleasedFrame{from.sequence, readers});
       if (stream != kNoName) held.stream = stream;
       return;
     }
@@ -181,7 +183,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
 }
 
 void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
-                               const std::string& why) {
+                               const std::string& why, uint32_t readers, uint32_t released) {
   // The landing consumer's slot is free again, unless it went meanwhile.
   NameKey stream = kNoName;
   AgentClient* ac = clients_.find(landing);
@@ -194,7 +196,7 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
     }
   }
   if (status == FL_OK) {
-    answerRelease(from, stream, landing);
+    answerRelease(from, stream, landing, released);
     return;
   }
   auto ist = in_states_.find(from.in_state);
@@ -205,12 +207,12 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
     in.refused[from.sequence] = status;
     to = answerLink(from.link_id, in.peer, in.instance);
   }
-  if (to != nullptr) sendNack(*to, from.stream_id, from.sequence, status, why);
+  if (to != nullptr) sendNack(*to, from.stream_id, from.sequence, status, why, readers, released);
   if (stream != kNoName) dirty_grants_.insert(stream);
 }
 
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
-                              const std::string& message) {
+                              const std::string& message, uint32_t readers, uint32_t released) {
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
   log_refused_.warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer_name, stream_id, sequence,
                     statusName(code), message);
@@ -234,6 +236,8 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
   nack->set_sequence(sequence);
   nack->set_code(static_cast<v1::ErrorCode>(code));
   nack->set_message(message);
+  nack->set_readers(readers);
+  nack->set_released(released);
   l.send(std::move(msg));
 }
 
@@ -407,20 +411,22 @@ bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, 
     sendNack(l, h.stream_id, h.sequence, refused->second, refused_note);
     return true;
   }
-  if (std::find(in.released.begin(), in.released.end(), h.sequence) != in.released.end()) {
-    ackAgain(l, h);
+  auto released = std::find_if(in.released.begin(), in.released.end(),
+                               [&](const ReleasedFrame& r) { return r.sequence == h.sequence; });
+  if (released != in.released.end()) {
+    ackAgain(l, h, released->readers);
     return true;
   }
   return false;
 }
 
-void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h) {
+void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, uint32_t readers) {
   metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
                 l.peer_name, h.stream_id, h.sequence);
   // At once: the sender is replaying, and waits for this answer.
   HeldBack& held = held_back_[{l.id, h.stream_id}];
-  held.acks.push_back(h.sequence);
+  held.acks.push_back(ReleasedFrame{h.sequence, readers});
   held.this_round = true;
 }
 

@@ -121,6 +121,11 @@ class InboundStreams {
   using Credits = std::unordered_map<uint32_t, CreditEntry>;
   // The live credit with that id, or end.
   Credits::iterator findCredit(uint64_t credit_id);
+  // A frame released by every reader it reached here: what its ACK says.
+  struct ReleasedFrame {
+    uint64_t sequence = 0;
+    uint32_t readers = 1;
+  };
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,
   // sender's stream id).  What was answered is kept as a contiguous
@@ -141,7 +146,7 @@ class InboundStreams {
     // every new link from this peer instance, since an ACK can be lost with
     // the link that carried it, and the sender must learn of the release
     // even when it gets no credit to replay the frame before its deadline.
-    std::deque<uint64_t> released;
+    std::deque<ReleasedFrame> released;
     size_t open_links = 0;  // links it is open on (one, but two while it moves)
     uint64_t used_ns = 0;   // last opened, closed, delivered into or released (agent clock)
   };
@@ -162,7 +167,7 @@ class InboundStreams {
   // What waits to go back to one sender's stream: the ACKs of released
   // frames, whose slots are granted again with them.
   struct HeldBack {
-    std::vector<uint64_t> acks;
+    std::vector<ReleasedFrame> acks;
     NameKey stream = kNoName;  // the consumers' stream whose slots were released
     uint64_t since_ns = 0;     // when the oldest of `acks` was released
     bool this_round = false;   // goes at the end of this round (answers to replays, a new link)
@@ -170,14 +175,16 @@ class InboundStreams {
   };
   // Whether what is held back for that sender stream goes now.
   bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
-  void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<uint64_t>& sequences);
+  // One Ack per count of readers (nearly always one: 1).
+  void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<ReleasedFrame>& released);
   // The frame was released by every reader it went to: its ACK is held back
   // for its sender, and the slots of `stream` (kNoName: none freed) are
   // granted again with it.
-  void answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id);
+  void answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
+                     uint32_t readers = 1);
   // A frame shared with the other readers here ended (LocalDelivery::EndLanded).
   void endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
-                 const std::string& why);
+                 const std::string& why, uint32_t readers, uint32_t released);
   // Nothing waits for a link that is going: its releases' slots are granted again now.
   void dropHeldBack(uint64_t link_id);
   // One round of granting a stream's free consumer slots.
@@ -236,7 +243,9 @@ class InboundStreams {
   // Stream `sid` leaves the older link `from`: the sender opened it, or its
   // name (stream `key`) under another id, on the newer link `to`.
   void moveOff(AgentLink& from, uint64_t sid, AgentLink& to, NameKey key);
-  void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message);
+  // `readers`, `released`: the readers here it reached, and that released it.
+  void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message,
+                uint32_t readers = 0, uint32_t released = 0);
   uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
   // Makes room for one more sender stream of the link's peer, forgetting
   // its oldest unused one when at the cap; false when every one is in use.
@@ -267,7 +276,7 @@ class InboundStreams {
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
   // Answers a replay of a frame delivered and released before: its ACK again.
-  void ackAgain(AgentLink& link, const transport::FrameHeader& header);
+  void ackAgain(AgentLink& link, const transport::FrameHeader& header, uint32_t readers);
 
   Metrics& metrics_;
   ClientTable& clients_;

@@ -90,7 +90,8 @@ void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_h
       frames_.erase({p.id, slot});
       end_(producer, slot, FL_ERR_CRC_MISMATCH,
            "payload CRC32C mismatch (expected " + std::to_string(header.crc32c) + ", got " +
-               std::to_string(crc) + "): the slot changed after the CRC was computed");
+               std::to_string(crc) + "): the slot changed after the CRC was computed",
+           0, 0);
       return;
     }
   }
@@ -220,7 +221,6 @@ bool LocalDelivery::deliverOne(Stream& s) {
 
 void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r, uint32_t rs) {
   ClientSession& p = *producer.session;
-  ++f.readers;
   fl_slot_header h = f.header;
   h.length = f.length;
   h.sequence = f.sequence;
@@ -245,6 +245,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
     return;
   }
   std::memcpy(r.segments->slotHeader(rs), &h, sizeof h);
+  ++f.readers;
   SlotEntry& e = r.slots[rs];
   e = SlotEntry{};
   e.state = SlotState::kDelivered;
@@ -351,7 +352,7 @@ void LocalDelivery::endIfDone(const FrameKey& key) {
   const Frame f = std::move(fit->second);
   frames_.erase(fit);
   if (f.landed) {
-    if (end_landed_) end_landed_(f.from, f.producer, f.slot, f.failure, f.why, f.released);
+    if (end_landed_) end_landed_(f.from, f.producer, f.slot, f.failure, f.why, f.readers, f.released);
     return;
   }
   AgentClient* p = clients_.find(f.producer);
@@ -359,7 +360,7 @@ void LocalDelivery::endIfDone(const FrameKey& key) {
       p->session->slots[f.slot].sequence != f.sequence) {
     return;
   }
-  end_(*p, f.slot, f.failure, f.why);
+  end_(*p, f.slot, f.failure, f.why, f.readers, f.released);
 }
 
 void LocalDelivery::consumerGone(const ClientSession& consumer) {

@@ -45,8 +45,9 @@ namespace framelink {
 class LocalDelivery {
  public:
   // How a producer's frame ends (OutboundStreams::endLocalFrame).
-  using EndFrame =
-      std::function<void(AgentClient& producer, uint32_t slot, int status, const std::string& why)>;
+  // `readers`: the readers it reached; `released`: of those, that released it.
+  using EndFrame = std::function<void(AgentClient& producer, uint32_t slot, int status,
+                                      const std::string& why, uint32_t readers, uint32_t released)>;
   // Where a frame from a peer came from: what its answer goes back to.
   struct Landed {
     uint64_t link_id = 0;
@@ -56,9 +57,10 @@ class LocalDelivery {
   };
   // How a frame from a peer ends, once every reader here released it or
   // failed: `landing` and `slot` are the consumer it landed in (perhaps gone
-  // by now); `released`, how many readers released it.
+  // by now); `readers`, the readers it reached here; `released`, how many of
+  // them released it.
   using EndLanded = std::function<void(const Landed& from, uint64_t landing, uint32_t slot, int status,
-                                       const std::string& why, uint32_t released)>;
+                                       const std::string& why, uint32_t readers, uint32_t released)>;
 
   LocalDelivery(const Config& config, Metrics& metrics, const AgentClock& clock, ClientTable& clients,
                 EndFrame end);

@@ -56,16 +56,18 @@ void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, cons
     log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
                      e.frame_id, statusName(status), why);
   }
-  const uint64_t sequence = e.sequence;
-  const uint64_t length = e.length;
-  const uint64_t frame_id = e.frame_id;
+  const SlotEntry ended = e;
   e = SlotEntry{};
   if (c.in_progress > 0) --c.in_progress;
-  clients_.complete(c, slot, status, sequence, length, frame_id);
+  clients_.complete(c, slot, status, ended.sequence, ended.length, ended.frame_id, ended.readers,
+                    ended.released);
 }
 
-void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status,
-                                    const std::string& why) {
+void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why,
+                                    uint32_t readers, uint32_t released) {
+  SlotEntry& e = producer.session->slots[slot];
+  e.readers = readers;
+  e.released = released;
   endFrame(*producer.session, slot, status, why);
   maybeForget(producer);  // may forget the producer
 }
@@ -77,7 +79,7 @@ void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std:
 }
 
 void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
-                            const std::string& why) {
+                            const std::string& why, uint32_t readers, uint32_t released) {
   OutStream* sp = stream(peer, stream_id);
   if (sp == nullptr) {
     spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", peers_[peer].name, stream_id,
@@ -100,6 +102,8 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
         if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
           s.pending.erase(pit);
           metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
+          ac->session->slots[f.slot].readers = readers;
+          ac->session->slots[f.slot].released = released;
           finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
           maybeForget(*ac);
           return;
@@ -131,6 +135,8 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
                      c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
     return;
   }
+  e.readers = readers;
+  e.released = released;
   finishFrame(c, f.slot, status, why);
   maybeForget(*ac);
 }

@@ -42,7 +42,10 @@ class OutboundStreams {
   // overflows the stream's bound returns the violation (the link is closed).
   std::string onCreditGrant(AgentLink& link, const peer::CreditGrant& grant);
   void onCreditRevoke(AgentLink& link, const peer::CreditRevoke& revoke);
-  void onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why);
+  // `readers`: on the receiving host that the frame reached; `released`: of
+  // those, that released it (the producer's completion says both).
+  void onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why,
+             uint32_t readers = 1, uint32_t released = 1);
   void onSendComplete(const transport::TransportEvent& event);
   // The link's transport was shut down and drained: a post it never reported
   // complete is let go as if it completed FL_ERR_LINK_LOST.
@@ -66,7 +69,8 @@ class OutboundStreams {
   // Frames of a stream with no route go to the consumers attached here.
   void setLocalDelivery(LocalDelivery* local) { local_ = local; }
   // A frame LocalDelivery had ends (then a producer that went may be forgotten).
-  void endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why);
+  void endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why,
+                     uint32_t readers, uint32_t released);
 
   void collectStats(std::vector<StreamStats>& out) const;
   // This daemon's frames to `peer`: posted or sent and not yet acknowledged,

@@ -60,7 +60,7 @@ Message decodeAck(const v1::Ack& a) {
   };
   if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return too_many();
   if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
-  Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}};
+  Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}, a.readers() == 0 ? 1 : a.readers()};
   for (int i = 0; i < a.runs_size(); i += 2) {
     const uint64_t first = a.runs(i);
     const uint64_t count = a.runs(i + 1);
@@ -109,7 +109,9 @@ Message decode(const v1::PeerMessage& msg) {
       const auto& n = msg.nack();
       int code = static_cast<int>(n.code());
       if (code == FL_OK) code = FL_ERR_PEER_REJECTED;
-      return Nack{n.stream_id(), n.sequence(), code, n.message().substr(0, kMaxTextBytes)};
+      return Nack{n.stream_id(), n.sequence(),
+                  code,          n.message().substr(0, kMaxTextBytes),
+                  n.readers(),   std::min(n.released(), n.readers())};
     }
     case v1::PeerMessage::kFin:
       return Fin{static_cast<int>(msg.fin().code()), msg.fin().reason().substr(0, kMaxTextBytes)};

@@ -88,12 +88,15 @@ struct CreditLow {
 struct Ack {
   uint64_t stream_id = 0;
   std::vector<uint64_t> sequences;  // at most kMaxAcksPerMessage
+  uint32_t readers = 1;             // that released each of them on the receiving host
 };
 struct Nack {
   uint64_t stream_id = 0;
   uint64_t sequence = 0;
-  int code = 0;         // never FL_OK: a NACK without a code is FL_ERR_PEER_REJECTED
-  std::string message;  // at most kMaxTextBytes
+  int code = 0;           // never FL_OK: a NACK without a code is FL_ERR_PEER_REJECTED
+  std::string message;    // at most kMaxTextBytes
+  uint32_t readers = 0;   // on the receiving host that it reached
+  uint32_t released = 0;  // of those, that released it
 };
 struct Fin {
   int code = 0;        // a v1::ErrorCode, as the peer sent it

@@ -50,7 +50,7 @@ void drainDoorbell(int daemon_end, int max) noexcept {
 }
 
 bool ClientSession::complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length,
-                             uint64_t frame_id) noexcept {
+                             uint64_t frame_id, uint32_t readers, uint32_t released) noexcept {
   if (gone) return true;
   fl_completion_desc desc{};
   desc.slot = slot;
@@ -58,6 +58,8 @@ bool ClientSession::complete(uint32_t slot, int32_t status, uint64_t sequence, u
   desc.sequence = sequence;
   desc.length = length;
   desc.frame_id = frame_id;
+  desc.readers = readers;
+  desc.released = released;
   fl_ring_header* ring = segments->completionRing();
   if (fl_ring_push(ring, ring_capacity, sizeof(fl_completion_desc), &desc) != FL_RING_OK) return false;
   if (fl_ring_reader_needs_wake(ring)) ringDoorbell(completion_doorbell.get());

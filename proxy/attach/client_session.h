@@ -69,6 +69,8 @@ struct SlotEntry {
   bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon
   uint64_t local_from = 0;         // consumer: the local producer whose frame it holds (0: from a link)
   uint32_t local_slot = 0;         // consumer: that producer's slot
+  uint32_t readers = 0;            // producer: readers its frame reached, as its end said (completion)
+  uint32_t released = 0;           // producer: of those, that released it
   bool shared = false;  // consumer: a frame from a peer that landed here, lent to the other readers here too
 };
 
@@ -97,8 +99,9 @@ struct ClientSession {
 
   // Push one completion and ring the doorbell when the client sleeps.  Returns
   // false when the ring is full or corrupt (the client misbehaves).
-  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length,
-                uint64_t frame_id) noexcept;
+  // A producer's says how many readers the frame reached and released it.
+  bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length, uint64_t frame_id,
+                uint32_t readers = 0, uint32_t released = 0) noexcept;
 };
 
 }  // namespace framelink

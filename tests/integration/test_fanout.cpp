@@ -95,7 +95,12 @@ TEST_CASE("fanout: each subscriber on the receiving host gets every frame, the l
 
   auto done = collectCompletions(producer.get(), kFrames, Millis(10000));
   REQUIRE(done.size() == kFrames);
-  for (const auto& c : done) CHECK(c.status == FL_OK);
+  for (const auto& c : done) {
+    CHECK(c.status == FL_OK);
+    // Three subscribers and one member of the queue group, each released it.
+    CHECK(c.readers == 4);
+    CHECK(c.released == 4);
+  }
   // Once over the link; lent on the receiving host to the two other
   // subscribers and a member of the queue group.
   CHECK(waitForMetric(pair.a(), "framelink_transport_frames_sent_total", sent_before + kFrames) ==
@@ -123,6 +128,8 @@ TEST_CASE("fanout: the sender hears DELIVERED only when the last reader released
   auto done = collectCompletions(producer.get(), 1, Millis(10000));
   REQUIRE(done.size() == 1);
   CHECK(done[0].status == FL_OK);
+  CHECK(done[0].readers == 2);
+  CHECK(done[0].released == 2);
 }
 
 TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, the others read on",
@@ -143,6 +150,8 @@ TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, t
   auto failed = collectCompletions(producer.get(), 1, Millis(10000));
   REQUIRE(failed.size() == 1);
   CHECK(failed[0].status == FL_ERR_NO_CONSUMER);
+  CHECK(failed[0].readers == 2);  // the one that died, and the one that released it
+  CHECK(failed[0].released == 1);
 
   for (uint64_t id = 2; id <= 5; ++id) {
     submitFrame(producer.get(), id, kFrameBytes, true);
@@ -152,6 +161,7 @@ TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, t
     auto done = collectCompletions(producer.get(), 1, Millis(10000));
     REQUIRE(done.size() == 1);
     CHECK(done[0].status == FL_OK);
+    CHECK(done[0].readers == 1);
   }
   // Nothing is left behind on the receiving host: no credit, no frame held.
   other = Client();

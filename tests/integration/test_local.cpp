@@ -162,6 +162,8 @@ TEST_CASE("local: a queue group shares the frames, each subscriber gets every on
     REQUIRE(c.size() == 1);
     CHECK(c[0].status == FL_OK);
     CHECK(c[0].frame_id == id);
+    CHECK(c[0].readers == 3);  // both subscribers and one member
+    CHECK(c[0].released == 3);
   }
   for (size_t s = 0; s < 2; ++s) CHECK(by_subscriber[s].size() == kFrames);
   CHECK(by_member[0].size() + by_member[1].size() == kFrames);
@@ -187,6 +189,8 @@ TEST_CASE("local: a reader that dies holding a frame fails it for the producer, 
   auto c = collectCompletions(producer.get(), 1, Millis(5000));
   REQUIRE(c.size() == 1);
   CHECK(c[0].status == FL_ERR_NO_CONSUMER);
+  CHECK(c[0].readers == 2);
+  CHECK(c[0].released == 1);
 
   // The survivor and the producer go on.
   submitFrame(producer.get(), 2, 6000);

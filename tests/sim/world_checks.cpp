@@ -71,6 +71,14 @@ void World::onProducerCompletion(App& p, const fl_completion_desc& d) {
                  std::to_string(p.in_slot[d.slot]) + " but the completion names " +
                  std::to_string(d.frame_id)};
   }
+  // Who got it: a delivered frame was released by every reader it reached.
+  if (d.status == FL_OK && (d.readers == 0 || d.released != d.readers)) {
+    throw Broken{"frame " + std::to_string(d.frame_id) + " completed DELIVERED saying " +
+                 std::to_string(d.released) + " of " + std::to_string(d.readers) + " readers released it"};
+  }
+  if (d.released > d.readers) {
+    throw Broken{"frame " + std::to_string(d.frame_id) + " says more readers released it than it reached"};
+  }
   p.in_slot[d.slot] = 0;
   endFrame(d.frame_id, d.status);
 }

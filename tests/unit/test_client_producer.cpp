@@ -1,5 +1,6 @@
 // libframelink's producer side against the fake framelinkd (client_fake_daemon.h).
 #include <catch2/catch.hpp>
+#include <cstring>
 
 #include <sys/epoll.h>
 
@@ -409,6 +410,58 @@ TEST_CASE("producer: the doorbell fd turns readable when the daemon hangs up", "
   CHECK(poll(&p, 1, 0) == 1);
   close(loop);
   fl_detach(c);
+}
+
+TEST_CASE(
+    "producer: a completion says how many readers it reached and released it; an older "
+    "application's completions are filled no further than its own struct",
+    "[client]") {
+  FakeDaemon d;
+  fl_client_options o = d.options(FL_PRODUCER);
+  CHECK(o.completion_size == sizeof(fl_completion));  // the header's fl_client_options_init sets it
+  fl_client* c = attach(d, o);
+  fl_slot s{};
+  REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
+  REQUIRE(fl_submit(c, s.index, 10) == FL_OK);
+  d.pushCompletion(fl_completion_desc{s.index, FL_ERR_NO_CONSUMER, 3, 10, 9, 4, 3});
+  fl_completion comp{};
+  size_t count = 0;
+  REQUIRE(fl_wait_completions(c, &comp, 1, &count, 2000) == FL_OK);
+  REQUIRE(count == 1);
+  CHECK(comp.readers == 4);
+  CHECK(comp.released == 3);
+  fl_detach(c);
+
+  // Built before readers: two 32-byte completions, and the bytes after them untouched.
+  FakeDaemon old_daemon;
+  o = old_daemon.options(FL_PRODUCER);
+  o.completion_size = 0;
+  c = attach(old_daemon, o);
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
+    REQUIRE(fl_submit(c, s.index, 10) == FL_OK);
+    old_daemon.pushCompletion(fl_completion_desc{s.index, FL_OK, uint64_t(i + 1), 10, uint64_t(i + 1), 2, 2});
+  }
+  unsigned char buf[3 * FL_COMPLETION_SIZE_V1];
+  std::memset(buf, 0xAB, sizeof buf);
+  count = 0;
+  for (int tries = 0; tries < 50 && count < 2; ++tries) {
+    size_t got = 0;
+    REQUIRE(fl_wait_completions(c, reinterpret_cast<fl_completion*>(buf + count * FL_COMPLETION_SIZE_V1),
+                                2 - count, &got, 100) != FL_ERR_RING_CORRUPT);
+    count += got;
+  }
+  REQUIRE(count == 2);
+  fl_completion second{};
+  std::memcpy(&second, buf + FL_COMPLETION_SIZE_V1, FL_COMPLETION_SIZE_V1);
+  CHECK(second.frame_id == 2);
+  for (size_t i = 2 * FL_COMPLETION_SIZE_V1; i < sizeof buf; ++i) CHECK(buf[i] == 0xAB);
+  fl_detach(c);
+
+  o.completion_size = FL_COMPLETION_SIZE_V1 + 4;  // neither size: refused
+  fl_client* odd = nullptr;
+  CHECK(fl_attach(&o, &odd) == FL_EINVAL);
+  CHECK(contains(fl_last_error(), "completion_size"));
 }
 
 TEST_CASE("producer: old options structs are accepted, without auto_reattach", "[client]") {

@@ -27,12 +27,14 @@ TEST_CASE("ring entry layouts", "[layout]") {
   CHECK(offsetof(fl_submit_desc, flags) == 4);
   CHECK(offsetof(fl_submit_desc, length) == 8);
 
-  CHECK(sizeof(fl_completion_desc) == 32);
+  CHECK(sizeof(fl_completion_desc) == 40);
   CHECK(offsetof(fl_completion_desc, slot) == 0);
   CHECK(offsetof(fl_completion_desc, status) == 4);
   CHECK(offsetof(fl_completion_desc, sequence) == 8);
   CHECK(offsetof(fl_completion_desc, length) == 16);
   CHECK(offsetof(fl_completion_desc, frame_id) == 24);
+  CHECK(offsetof(fl_completion_desc, readers) == 32);
+  CHECK(offsetof(fl_completion_desc, released) == 36);
 }
 
 TEST_CASE("slot header layout", "[layout]") {
@@ -91,7 +93,7 @@ TEST_CASE("magic numbers spell their names in memory", "[layout]") {
 TEST_CASE("fl_ring_bytes", "[layout]") {
   CHECK(fl_ring_bytes(1, 16) == 256 + 16);
   CHECK(fl_ring_bytes(8, sizeof(fl_submit_desc)) == 256 + 128);
-  CHECK(fl_ring_bytes(1024, sizeof(fl_completion_desc)) == 256 + 32768);
+  CHECK(fl_ring_bytes(1024, sizeof(fl_completion_desc)) == 256 + 40960);
   // No 32-bit overflow for the largest capacities.
   CHECK(fl_ring_bytes(0x80000000u, 32) == 256 + (uint64_t{1} << 36));
 }
@@ -152,11 +154,14 @@ TEST_CASE("C API structs have the layout bindings assume", "[layout]") {
   CHECK(offsetof(fl_frame_meta, attr_length) == 28);
   CHECK(offsetof(fl_frame_meta, attrs) == 32);
 
-  CHECK(sizeof(fl_completion) == 32);
+  CHECK(sizeof(fl_completion) == 40);
   CHECK(offsetof(fl_completion, status) == 4);
   CHECK(offsetof(fl_completion, sequence) == 8);
   CHECK(offsetof(fl_completion, frame_id) == 16);
   CHECK(offsetof(fl_completion, length) == 24);
+  CHECK(offsetof(fl_completion, readers) == FL_COMPLETION_SIZE_V1);  // the older struct ends there
+  CHECK(offsetof(fl_completion, released) == 36);
+  CHECK(offsetof(fl_client_options, completion_size) == 60);
 
   CHECK(sizeof(fl_frame) == 72);
   CHECK(offsetof(fl_frame, sequence) == 8);

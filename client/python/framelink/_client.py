@@ -198,6 +198,8 @@ class Completion:
     sequence: int
     frame_id: int
     length: int
+    readers: int = 0  # the readers the frame reached, on every host
+    released: int = 0  # of those, how many released it (all of them when delivered)
 
     @property
     def delivered(self) -> bool:
@@ -233,6 +235,7 @@ class _Client:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
         lib.fl_client_options_init(ctypes.byref(opts))
+        opts.completion_size = ctypes.sizeof(_native.CompletionStruct)  # the readers fields are filled
         opts.role = self._role
         # Keep the encoded strings alive for the call.
         self._keep = [stream.encode(), socket_path.encode() if socket_path else None,

@@ -36,7 +36,7 @@ class ClientOptions(ctypes.Structure):
         ("auto_reattach", c_uint32),
         ("reattach_interval_ms", c_uint32),
         ("subscribe", c_uint32),
-        ("reserved", c_uint32),
+        ("completion_size", c_uint32),
     ]
 
 
@@ -80,6 +80,8 @@ class CompletionStruct(ctypes.Structure):
         ("sequence", c_uint64),
         ("frame_id", c_uint64),
         ("length", c_uint64),
+        ("readers", c_uint32),
+        ("released", c_uint32),
     ]
 
 

@@ -223,7 +223,10 @@ class Producer(_Client):
         n = self._count.value
         if n == 0:
             return None
-        return [Completion(c.slot, Status.of(c.status), c.sequence, c.frame_id, c.length) for c in self._comps[:n]]
+        return [
+            Completion(c.slot, Status.of(c.status), c.sequence, c.frame_id, c.length, c.readers, c.released)
+            for c in self._comps[:n]
+        ]
 
     def poll_completions(self, max_count: int = 64) -> List[Completion]:
         """Completions available now (possibly none)."""

@@ -279,8 +279,28 @@ def test_local_subscriber_and_queue_group_read_the_producers_slot(pair, stream):
             assert p.wait_completions(timeout=0.2) == []
             member[1].release()
             done = p.wait_completions(timeout=20)
-            assert [(c.frame_id, c.delivered) for c in done] == [(i, True)]
+            assert [(c.frame_id, c.delivered, c.readers, c.released) for c in done] == [(i, True, 2, 2)]
         assert shared == {id(m1): 5, id(m2): 5}
+
+
+def test_remote_subscribers_each_get_every_frame(pair, stream):
+    """Two subscribers on the other host: each frame crosses the link once, both read it, and the
+    completion says both released it."""
+    with Consumer(stream, socket_path=pair.b.socket, slot_count=4, subscribe=True) as s1, \
+            Consumer(stream, socket_path=pair.b.socket, slot_count=4, subscribe=True) as s2, \
+            Producer(stream, socket_path=pair.a.socket, slot_count=4, slot_size=SIZE) as p:
+        for i in range(6):
+            payload = bytes(pattern.payload(i, 3000 + i))
+            with p.acquire(timeout=20) as loan:
+                loan.write(payload)
+                loan.submit(frame_id=i, crc=True)
+            for reader in (s1, s2):
+                f = reader.receive(timeout=20)
+                assert f is not None and f.frame_id == i
+                assert f.buffer().tobytes() == payload
+                f.release()
+            done = p.wait_completions(timeout=20)
+            assert [(c.frame_id, c.delivered, c.readers, c.released) for c in done] == [(i, True, 2, 2)]
 
 
 def test_a_producer_cannot_subscribe(pair, stream):

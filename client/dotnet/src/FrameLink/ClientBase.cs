@@ -22,6 +22,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         Stream = stream;
         var o = new FlClientOptions();
         Native.fl_client_options_init(&o);
+        o.CompletionSize = (uint)sizeof(Completion);  // Readers and Released are filled
         o.Role = role;
         o.SlotCount = (uint)options.SlotCount;
         o.SlotSize = (ulong)options.SlotSize;

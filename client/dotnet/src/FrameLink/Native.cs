@@ -19,7 +19,7 @@ internal unsafe struct FlClientOptions
     public uint AutoReattach;
     public uint ReattachIntervalMs;
     public uint Subscribe;
-    public uint Reserved;
+    public uint CompletionSize;
 }
 
 [StructLayout(LayoutKind.Sequential)]

@@ -97,12 +97,18 @@ public readonly struct Completion
     private readonly ulong sequence;
     private readonly ulong frameId;
     private readonly ulong length;
+    private readonly uint readers;
+    private readonly uint released;
 
     public int Slot => (int)slot;
     public FrameLinkStatus Status => (FrameLinkStatus)status;
     public ulong Sequence => sequence;
     public ulong FrameId => frameId;
     public long Length => (long)length;
+    /// <summary>The readers the frame reached, on every host (subscribers, and one member of the queue group).</summary>
+    public int Readers => (int)readers;
+    /// <summary>Of those, how many released it: all of them when delivered.</summary>
+    public int Released => (int)released;
     public bool Delivered => status == 0;
     /// <summary>"FL_ERR_...: what it means", from fl_status_str.</summary>
     public unsafe string Reason => Marshal.PtrToStringUTF8((IntPtr)Native.fl_status_str(status)) ?? status.ToString();

@@ -11,11 +11,11 @@ public sealed class AbiTests
 
     private static readonly (string C, Type T, string[] Fields)[] Structs =
     [
-        ("fl_client_options", typeof(FlClientOptions), ["struct_size", "role", "socket_path", "stream", "client_name", "slot_count", "attach_timeout_ms", "slot_size", "auto_reattach", "reattach_interval_ms", "subscribe", "reserved"]),
+        ("fl_client_options", typeof(FlClientOptions), ["struct_size", "role", "socket_path", "stream", "client_name", "slot_count", "attach_timeout_ms", "slot_size", "auto_reattach", "reattach_interval_ms", "subscribe", "completion_size"]),
         ("fl_client_info", typeof(FlClientInfo), ["client_id", "slot_size", "slot_count", "role", "daemon_pid", "daemon_start_ns", "data_on_hugepages", "generation"]),
         ("fl_slot", typeof(FlSlot), ["index", "reserved", "data", "capacity"]),
         ("fl_frame_meta", typeof(FlFrameMeta), ["frame_id", "group_id", "timestamp_ns", "flags", "attr_length", "attrs"]),
-        ("fl_completion", typeof(Completion), ["slot", "status", "sequence", "frame_id", "length"]),
+        ("fl_completion", typeof(Completion), ["slot", "status", "sequence", "frame_id", "length", "readers", "released"]),
         ("fl_frame", typeof(FlFrame), ["slot", "flags", "sequence", "data", "length", "frame_id", "group_id", "timestamp_ns", "crc32c", "attr_length", "attrs"]),
     ];
 

@@ -207,8 +207,41 @@ public sealed class ClientTests
             Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(10)));
             Assert.True(done[0].Delivered, done[0].ToString());
             Assert.Equal(id, done[0].FrameId);
+            Assert.Equal(2, done[0].Readers); // the subscriber and one member
+            Assert.Equal(2, done[0].Released);
         }
         Assert.Equal(new[] { 4, 4 }, shares);
+    }
+
+    [Fact]
+    public void RemoteSubscribersEachGetEveryFrameThatCrossedTheLinkOnce()
+    {
+        string stream = StreamName();
+        using var first = new FrameLinkConsumer(stream, B() with { Subscribe = true });
+        using var second = new FrameLinkConsumer(stream, B() with { Subscribe = true });
+        using var producer = new FrameLinkProducer(stream, A());
+        var done = new Completion[4];
+        for (ulong id = 0; id < 6; id++)
+        {
+            using (var lease = producer.Acquire(TimeSpan.FromSeconds(10)))
+            {
+                FramePattern.Fill(id, lease.Span[..(2000 + (int)id)]);
+                lease.FrameId = id;
+                lease.Crc32c = true;
+                lease.Submit(2000 + (int)id);
+            }
+            foreach (var reader in new[] { first, second })
+            {
+                using var f = reader.Receive(TimeSpan.FromSeconds(10));
+                Assert.NotNull(f);
+                Assert.Equal(id, f!.FrameId);
+                Assert.Equal(-1, FramePattern.Mismatch(id, f.Span));
+            }
+            Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(10)));
+            Assert.True(done[0].Delivered, done[0].ToString());
+            Assert.Equal(2, done[0].Readers);
+            Assert.Equal(2, done[0].Released);
+        }
     }
 
     [Fact]
