@@ -27,6 +27,7 @@ std::string toJson(AgentStats stats) {
                        {"slot_size", c.slot_size},
                        {"slots_busy", c.slots_busy},
                        {"in_flight", c.in_flight},
+                       {"waiting", c.waiting},
                        {"frames", c.frames},
                        {"bytes", c.bytes},
                        {"errors", c.errors},

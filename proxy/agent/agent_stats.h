@@ -27,8 +27,10 @@ struct ClientStats {
   size_t slots = 0;
   uint64_t slot_size = 0;
   size_t slots_busy = 0;
-  size_t in_flight =
-      0;  // producer: submitted, not yet ended; consumer: delivered, not yet released (its lag)
+  size_t in_flight = 0;  // producer: submitted, not yet ended; consumer: delivered, not yet released
+  // Subscriber: frames here that wait for a slot of its own (it is behind
+  // by these and in_flight); 0 for the rest.
+  size_t waiting = 0;
   uint64_t frames = 0;
   uint64_t bytes = 0;
   uint64_t errors = 0;

@@ -533,6 +533,7 @@ void DataAgent::publishStats() {
       held += e.state == SlotState::kDelivered ? 1 : 0;
     }
     cs.in_flight = cs.producer ? cs.slots_busy : held;
+    if (s.subscriber && !s.gone) cs.waiting = local_.waitingFor(s);
     (cs.producer ? gauges.frames_in_flight : gauges.frames_held) += cs.in_flight;
     if (!s.gone) {
       Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;

@@ -58,6 +58,14 @@ size_t LocalDelivery::waitingFrames() const {
   return n;
 }
 
+size_t LocalDelivery::waitingFor(const ClientSession& c) const {
+  auto sit = streams_.find(c.stream);
+  if (sit == streams_.end()) return 0;
+  size_t n = 0;
+  for (const FrameKey& key : sit->second.waiting) n += key.first != c.id ? 1 : 0;
+  return n;
+}
+
 void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
                            uint64_t length) {
   ClientSession& p = *producer.session;

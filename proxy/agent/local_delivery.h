@@ -110,6 +110,9 @@ class LocalDelivery {
   void checkDeadlines();
 
   size_t waitingFrames() const;
+  // Frames of its stream that wait to be delivered, each of which this
+  // subscriber will get (none landed in it).
+  size_t waitingFor(const ClientSession& subscriber) const;
 
  private:
   struct Frame {

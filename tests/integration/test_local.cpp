@@ -9,11 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -344,4 +346,48 @@ TEST_CASE("local: a reader lent more segments than it may hold gets an idle one 
   CHECK(d.metric("framelink_local_frames_lent_total") == FL_LEND_MAX + 1);
   CHECK(d.metric("framelink_local_frames_copied_total") == 0);
   CHECK(d.metric("framelink_lends_retired_for_room_total") == 1);
+}
+
+TEST_CASE("local: `framelink clients` shows a slow subscriber's lag", "[integration][local]") {
+  DaemonProcess d(localOptions());
+  Client slow = attachWith(d, FL_CONSUMER, "cam", true, 2);
+  Client producer = attachProducer(d, "cam", 6, 64 * kKiB);
+  // It holds both of its slots: the next frames wait for one.
+  for (uint64_t id = 1; id <= 5; ++id) submitFrame(producer.get(), id, 1000);
+  receiveFrame(slow.get(), Millis(5000));
+  receiveFrame(slow.get(), Millis(5000));
+  nlohmann::json clients;
+  const nlohmann::json* reader = nullptr;
+  REQUIRE(waitUntil(
+      [&] {
+        clients = cliJson("clients", {"clients", "--json", "--socket", d.socketPath()});
+        reader = nullptr;
+        for (const auto& c : clients) {
+          if (c.value("role", "") == "subscriber") reader = &c;
+        }
+        return reader != nullptr && reader->value("waiting", 0) == 3;
+      },
+      Millis(10000), Millis(200)));
+  INFO(clients.dump());
+  CHECK(reader->value("in_flight", 0) == 2);
+  CliRun table = runCli("clients-table", {"clients", "--socket", d.socketPath()});
+  REQUIRE(table.code == 0);
+  INFO(table.output);
+  CHECK(table.output.find("LAG") != std::string::npos);
+  // IN FLIGHT 2, LAG 5: what it holds and what waits for it.
+  std::istringstream lines(table.output);
+  std::string line;
+  bool seen = false;
+  while (std::getline(lines, line)) {
+    if (line.find("subscriber") == std::string::npos) continue;
+    std::istringstream cols(line);
+    std::vector<std::string> f{std::istream_iterator<std::string>(cols),
+                               std::istream_iterator<std::string>()};
+    auto role = std::find(f.begin(), f.end(), "subscriber");
+    REQUIRE(std::distance(role, f.end()) > 7);
+    CHECK(*(role + 6) == "2");  // IN FLIGHT, after STREAM and "2 x 256 KiB"
+    CHECK(*(role + 7) == "5");  // LAG
+    seen = true;
+  }
+  CHECK(seen);
 }
