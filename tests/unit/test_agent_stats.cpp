@@ -44,6 +44,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   CHECK(json ==
         "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq\xc3\xa9\",\"role\":"
         "\"producer\",\"stream\":\"cam\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,\"in_flight\":2,"
+        "\"waiting\":0,"
         "\"frames\":10,\"bytes\":4096,\"errors\":1,\"gone\":false}],"
         "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"address\":\"10.0.0.2:7700\",\"state\":\"up\","
         "\"peer_instance\":77,\"transport\":\"tcp\",\"transport_reason\":\"rdma: no \\\"device\\\"\","
