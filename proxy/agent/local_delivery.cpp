@@ -67,7 +67,7 @@ size_t LocalDelivery::waitingFor(const ClientSession& c) const {
 }
 
 void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
-                           uint64_t length) {
+                           uint64_t length, bool beside) {
   ClientSession& p = *producer.session;
   Stream& s = streams_[p.stream];
   Frame& f = frames_[{p.id, slot}];
@@ -82,12 +82,16 @@ void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_h
   f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), p.stream) !=
            config_.copy_streams.end();
   SlotEntry& e = p.slots[slot];
-  e.state = SlotState::kLent;
-  e.sequence = f.sequence;
-  e.length = length;
-  e.frame_id = header.frame_id;
-  e.submitted_ns = clock_.nowNs();
-  ++p.in_progress;
+  f.beside = beside;
+  if (!beside) {
+    e.state = SlotState::kLent;
+    e.sequence = f.sequence;
+    e.length = length;
+    e.frame_id = header.frame_id;
+    e.submitted_ns = clock_.nowNs();
+    ++p.in_progress;
+  }
+  f.slot_sequence = e.sequence;
   if ((header.flags & FL_SLOT_HAS_CRC32C) != 0) {
     // Checked once, here, as a receiving daemon checks it: each reader is
     // told it was.  (A producer that writes the slot after submitting it
@@ -181,10 +185,8 @@ bool LocalDelivery::deliverOne(Stream& s) {
   while (!s.waiting.empty()) {
     auto fit = frames_.find(s.waiting.front());
     AgentClient* source = fit == frames_.end() ? nullptr : clients_.find(fit->second.producer);
-    const bool stale =
-        fit == frames_.end() || !fit->second.waiting || source == nullptr ||
-        (fit->second.landed ? source->session->gone
-                            : source->session->slots[fit->second.slot].state != SlotState::kLent);
+    const bool stale = fit == frames_.end() || !fit->second.waiting || source == nullptr ||
+                       (fit->second.landed ? source->session->gone : !producerHolds(*source, fit->second));
     if (stale) {
       s.waiting.pop_front();  // ended meanwhile (the daemon is shutting down, the landing consumer went)
       if (fit != frames_.end() && fit->second.waiting) frames_.erase(fit);
@@ -364,11 +366,15 @@ void LocalDelivery::endIfDone(const FrameKey& key) {
     return;
   }
   AgentClient* p = clients_.find(f.producer);
-  if (p == nullptr || p->session->slots[f.slot].state != SlotState::kLent ||
-      p->session->slots[f.slot].sequence != f.sequence) {
-    return;
-  }
+  if (p == nullptr || !producerHolds(*p, f)) return;
   end_(*p, f.slot, f.failure, f.why, f.readers, f.released);
+}
+
+bool LocalDelivery::producerHolds(const AgentClient& producer, const Frame& f) {
+  const SlotEntry& e = producer.session->slots[f.slot];
+  // A frame that goes to a peer too is in whatever state that side has it.
+  return e.sequence == f.slot_sequence &&
+         (f.beside ? e.state != SlotState::kFree : e.state == SlotState::kLent);
 }
 
 void LocalDelivery::consumerGone(const ClientSession& consumer) {

@@ -81,7 +81,11 @@ class LocalDelivery {
   bool othersRead(const ClientSession& consumer) const;
   // The producer's frame in `slot` (its validated header, `length` bytes)
   // goes to the stream's local readers: the slot is kLent from here.
-  void submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header, uint64_t length);
+  // `beside`: the frame goes to a peer too (its stream is routed there), and
+  // its slot is the outbound side's: only the readers here are this side's
+  // part, ended through EndFrame like any other.
+  void submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header, uint64_t length,
+              bool beside = false);
   // A frame from a peer that landed in a consumer that is not the stream's
   // lander waits for its other readers.
   bool landedElsewhereWaits(const std::string& stream) const;
@@ -129,6 +133,8 @@ class LocalDelivery {
     bool copy = false;           // its stream is in copy_streams: copied into each reader's slot
     bool waiting = true;         // not yet delivered to its readers
     bool landed = false;         // from a peer: `producer` is the consumer it landed in
+    bool beside = false;         // a producer's frame that goes to a peer too
+    uint64_t slot_sequence = 0;  // the producer's slot entry's sequence while the frame is its
     bool source_member = false;  // landed in a member of the queue group (no other member gets it)
     Landed from;
     int failure = FL_OK;  // the first reader's failure
@@ -157,6 +163,8 @@ class LocalDelivery {
   bool lend(ClientSession& reader, const ClientSession& producer);
   bool sendRetirements(ClientSession& reader, Lends& lends);
   void endIfDone(const FrameKey& key);
+  // The producer's slot still holds that frame (it did not end otherwise meanwhile).
+  static bool producerHolds(const AgentClient& producer, const Frame& f);
   // The segment of a client that went is retired with the readers that hold
   // nothing of it (the others retire it when they release their last frame).
   void retireSegmentOf(uint64_t client_id);

@@ -41,7 +41,43 @@ void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, c
   endFrame(c, slot, status, why);
 }
 
+bool OutboundStreams::besideDone(ClientSession& c, uint32_t slot, bool remote, int& status, std::string& why,
+                                 uint32_t readers, uint32_t released) {
+  auto it = beside_.find({c.id, slot});
+  if (it == beside_.end()) return true;
+  Beside& b = it->second;
+  SlotEntry& e = c.slots[slot];
+  // A second end of the same side is the daemon stopping: it ends now.
+  const bool first = remote ? !b.remote_done && !b.local_done : !b.local_done && !b.remote_done;
+  const bool again = remote ? b.remote_done : b.local_done;
+  if (first) {
+    (remote ? b.remote_done : b.local_done) = true;
+    b.status = status;
+    b.why = why;
+    b.readers = readers;
+    b.released = released;
+    // The peer's side is done: the slot waits for the readers here.  (Done
+    // first here, the slot stays in the state the peer's side has it in.)
+    if (remote) e.state = SlotState::kLent;
+    return false;
+  }
+  if (!again && b.status != FL_OK) {  // the side done first failed first
+    status = b.status;
+    why = b.why;
+  }
+  e.readers = readers + (again ? 0 : b.readers);
+  e.released = released + (again ? 0 : b.released);
+  beside_.erase(it);
+  return true;
+}
+
 void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+  std::string reason = why;
+  if (!besideDone(c, slot, true, status, reason, c.slots[slot].readers, c.slots[slot].released)) return;
+  completeFrame(c, slot, status, reason);
+}
+
+void OutboundStreams::completeFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
   SlotEntry& e = c.slots[slot];
   if (status == FL_OK) {
     metrics_.counters.frames_delivered.fetch_add(1, std::memory_order_relaxed);
@@ -66,9 +102,14 @@ void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, cons
 void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why,
                                     uint32_t readers, uint32_t released) {
   SlotEntry& e = producer.session->slots[slot];
-  e.readers = readers;
-  e.released = released;
-  endFrame(*producer.session, slot, status, why);
+  std::string reason = why;
+  if (beside_.count({producer.session->id, slot}) != 0) {
+    if (!besideDone(*producer.session, slot, false, status, reason, readers, released)) return;
+  } else {
+    e.readers = readers;
+    e.released = released;
+  }
+  completeFrame(*producer.session, slot, status, reason);
   maybeForget(producer);  // may forget the producer
 }
 

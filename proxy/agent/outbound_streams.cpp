@@ -76,6 +76,11 @@ bool OutboundStreams::deliversLocally(const AgentClient& ac) const {
   return local_->hasReaders(ac.session->stream);
 }
 
+bool OutboundStreams::alsoLocally(const AgentClient& ac) const {
+  if (local_ == nullptr || ac.route == kNoPeer || ac.route_implicit) return false;
+  return local_->hasReaders(ac.session->stream);
+}
+
 bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& desc, fl_slot_header* sh,
                                   int* status, std::string* why) const {
   const ClientSession& c = *ac.session;
@@ -163,6 +168,11 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
   s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
   // Posted by pumpAll() at the end of this round, with every other stream's.
+  if (alsoLocally(ac)) {
+    // The readers here read the same slot meanwhile (lent, no copy).
+    beside_[{c.id, desc.slot}] = Beside{};
+    local_->submit(ac, desc.slot, sh, desc.length, true);
+  }
 }
 
 transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, uint32_t slot,

@@ -132,10 +132,28 @@ class OutboundStreams {
     int status = FL_OK;
     std::string why;
   };
+  // A frame of a routed stream that local readers read too: it completes
+  // once both its peer's side and the readers here are done, with the first
+  // failure and every reader counted.
+  struct Beside {
+    bool remote_done = false;
+    bool local_done = false;
+    int status = FL_OK;  // the first side's failure
+    std::string why;
+    uint32_t readers = 0;  // of the side done first
+    uint32_t released = 0;
+  };
 
   // The producer's next frame goes to the consumers attached here: its stream
   // has no route, or only the implicit one, and a consumer of it is attached.
   bool deliversLocally(const AgentClient& ac) const;
+  // Its stream goes to a peer it was routed to by name, and local readers of
+  // it are attached here: its next frame goes to both.
+  bool alsoLocally(const AgentClient& ac) const;
+  // One side of a frame that goes to both is done: true when the other is
+  // too, and `status`, `why` and the slot's reader counts are the frame's now.
+  bool besideDone(ClientSession& c, uint32_t slot, bool remote, int& status, std::string& why,
+                  uint32_t readers, uint32_t released);
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
@@ -162,7 +180,11 @@ class OutboundStreams {
   // Ends the frame with `status`, or, while a transport still holds a post
   // of it, settles it (kSettling) and ends it when the last post completes.
   void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  // The peer's side of the frame ended (and with it the frame, unless local
+  // readers still hold it).
   void endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  // The frame ends: counted, and its completion pushed.
+  void completeFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
   void requeueUnacked(uint64_t link_id, const std::string& reason);
   uint64_t creditDeadline(uint64_t now_ns) const;
@@ -176,6 +198,7 @@ class OutboundStreams {
   std::vector<PeerOut> out_;                                   // by PeerId
   std::unordered_map<uint64_t, Posted> posted_;                // by cookie
   std::map<std::pair<uint64_t, uint32_t>, Outcome> settling_;  // by (client id, slot)
+  std::map<std::pair<uint64_t, uint32_t>, Beside> beside_;     // by (client id, slot)
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
   bool shutting_down_ = false;

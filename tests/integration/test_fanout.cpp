@@ -171,3 +171,49 @@ TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, t
     std::this_thread::sleep_for(Millis(50));
   CHECK(pair.b().idle());
 }
+
+TEST_CASE("fanout: a stream routed to a peer is read by the readers on the producer's host too", "[fanout]") {
+  DaemonPair::Options o = pairOptions("tcp");
+  o.extra_args_a = {"--route", "cam=hostB", "--route", "warmup=hostB"};
+  DaemonPair pair(o);
+  Client remote = attachWith(pair.b(), FL_CONSUMER, "cam", false);
+  Client viewer = attachWith(pair.a(), FL_CONSUMER, "cam", true);  // beside the producer
+  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  requireServing(pair.a(), pair.b(), "warmup", 1);
+  const int64_t sent_before = waitForMetric(pair.a(), "framelink_transport_frames_sent_total", 1);
+
+  // The local reader holds frame 1: the producer hears nothing until it lets go.
+  submitFrame(producer.get(), 1, kFrameBytes, true);
+  fl_frame here = receiveFrame(viewer.get(), Millis(10000));
+  fl_frame there = receiveFrame(remote.get(), Millis(10000));
+  checkSyntheticFrame(here, 1, kFrameBytes);
+  checkSyntheticFrame(there, 1, kFrameBytes);
+  REQUIRE(fl_release(remote.get(), there.slot) == FL_OK);
+  CHECK(collectCompletions(producer.get(), 1, Millis(500)).empty());
+  REQUIRE(fl_release(viewer.get(), here.slot) == FL_OK);
+  auto done = collectCompletions(producer.get(), 1, Millis(10000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_OK);
+  CHECK(done[0].readers == 2);
+  CHECK(done[0].released == 2);
+
+  constexpr size_t kMore = 8;
+  std::thread send([&] {
+    for (uint64_t id = 2; id < 2 + kMore; ++id) submitFrame(producer.get(), id, kFrameBytes, true);
+  });
+  auto got = readAll({&viewer, &remote}, {kMore, kMore});
+  send.join();
+  CHECK(got[0].size() == kMore);
+  CHECK(got[1].size() == kMore);
+  done = collectCompletions(producer.get(), kMore, Millis(10000));
+  REQUIRE(done.size() == kMore);
+  for (const auto& c : done) {
+    CHECK(c.status == FL_OK);
+    CHECK(c.readers == 2);
+  }
+  // The link carried each frame once; the reader here read the producer's own slot.
+  CHECK(waitForMetric(pair.a(), "framelink_transport_frames_sent_total", sent_before + 1 + kMore) ==
+        sent_before + 1 + int64_t{kMore});
+  CHECK(waitForMetric(pair.a(), "framelink_local_frames_lent_total", 1 + kMore) == 1 + int64_t{kMore});
+  CHECK(pair.a().metric("framelink_local_frames_copied_total") == 0);
+}
