@@ -1,5 +1,6 @@
-// `framelink demo`: two framelinkd on this machine, a consumer app attached to hostB and a
-// producer app attached to hostA (separate processes), N verified frames, a throughput and
+// `framelink demo`: two framelinkd on this machine, a consumer app attached to hostB, a
+// producer app attached to hostA, and a viewer on hostA beside the producer that subscribes to
+// the same stream (separate processes): N verified frames to each reader, a throughput and
 // latency summary.
 #include <unistd.h>
 
@@ -27,41 +28,50 @@ struct DemoOptions {
   std::string framelinkd;
   uint32_t slots = 8;
   bool keep = false;
+  bool viewer = true;
+};
+
+// What one reader process reports.
+struct DemoReader {
+  std::atomic<int> state{0};  // 0 starting, 1 attached, 2 failed to attach
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> received_bytes{0};
+  std::atomic<uint64_t> bad{0};
+  SharedText<1024> error;
+  SharedText<512> first_bad;
 };
 
 struct DemoShared {
   std::atomic<bool> abort{false};
   std::atomic<bool> producer_done{false};
-  std::atomic<int> consumer_state{0};  // 0 starting, 1 attached, 2 failed to attach
   std::atomic<uint64_t> submitted{0};
   std::atomic<uint64_t> delivered{0};
   std::atomic<uint64_t> failed{0};
-  std::atomic<uint64_t> received{0};
-  std::atomic<uint64_t> received_bytes{0};
-  std::atomic<uint64_t> bad{0};
   std::atomic<uint64_t> first_submit_ns{0};
   std::atomic<uint64_t> last_completion_ns{0};
   std::atomic<uint64_t> latency_samples{0};
-  std::atomic<int> failure_status{0};  // first failure status seen by the producer
-  SharedText<1024> consumer_error;
+  std::atomic<uint64_t> readers_min{UINT64_MAX};  // the fewest readers a completion named
+  std::atomic<int> failure_status{0};             // first failure status seen by the producer
+  DemoReader consumer;                            // on hostB
+  DemoReader viewer;                              // on hostA, beside the producer
   SharedText<1024> producer_error;
-  SharedText<512> first_bad;
   // followed by `frames` uint64_t latency samples (ns)
 };
 
 constexpr const char* kStream = "demo";
 
-// The consumer process: checks every frame and records its submit -> receive time in `lat`.
-int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint64_t frames, uint64_t size,
-                 uint32_t slots) {
+// A reader process: checks every frame, and (`lat` non-null) records its submit -> receive
+// time there.  The viewer subscribes: it gets every frame, lent from the producer's slot.
+int readerMain(DemoShared& sh, DemoReader& me, uint64_t* lat, const std::string& socket, bool subscribe,
+               uint64_t frames, uint64_t size, uint32_t slots) {
   std::string err;
-  auto consumer = attachPatternConsumer(socket, kStream, slots, size, err);
+  auto consumer = attachPatternConsumer(socket, kStream, slots, size, err, subscribe);
   if (!consumer) {
-    sh.consumer_error.set(err);
-    sh.consumer_state.store(2);
+    me.error.set(err);
+    me.state.store(2);
     return 1;
   }
-  sh.consumer_state.store(1);
+  me.state.store(1);
   FrameChecker checker(patternChecks(size));
   ReceiveLoopOptions lo;
   lo.count = frames;
@@ -70,16 +80,16 @@ int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint6
   auto onFrame = [&](const fl_frame& f, uint64_t rx_real, std::string&) -> bool {
     const std::string why = checker.check(f);
     if (!why.empty()) {
-      sh.bad.fetch_add(1);
-      sh.first_bad.set(why);
+      me.bad.fetch_add(1);
+      me.first_bad.set(why);
     }
     const uint64_t n = sh.latency_samples.load(std::memory_order_relaxed);
-    if (n < frames) {
+    if (lat != nullptr && n < frames) {
       lat[n] = rx_real > f.timestamp_ns ? rx_real - f.timestamp_ns : 0;
       sh.latency_samples.store(n + 1, std::memory_order_release);
     }
-    sh.received_bytes.fetch_add(f.length, std::memory_order_relaxed);
-    sh.received.fetch_add(1, std::memory_order_release);
+    me.received_bytes.fetch_add(f.length, std::memory_order_relaxed);
+    me.received.fetch_add(1, std::memory_order_release);
     return true;
   };
   ReceiveLoopStats st = receiveLoop(*consumer, lo, onFrame);
@@ -87,10 +97,10 @@ int consumerMain(DemoShared& sh, uint64_t* lat, const std::string& socket, uint6
   // it has read the releases still queued in our ring, which would fail the last frames.
   const uint64_t linger_deadline = monotonicNs() + 60'000'000'000ull;
   while (!sh.producer_done.load() && !sh.abort.load() && monotonicNs() < linger_deadline) usleep(5000);
-  if (!st.error.empty()) sh.consumer_error.set(st.error);
+  if (!st.error.empty()) me.error.set(st.error);
   if (st.timed_out) {
-    sh.consumer_error.set("received " + std::to_string(st.received) + " of " + std::to_string(frames) +
-                          " frames; nothing arrived for 90 s");
+    me.error.set("received " + std::to_string(st.received) + " of " + std::to_string(frames) +
+                 " frames; nothing arrived for 90 s");
   }
   return st.error.empty() && !st.timed_out && !st.interrupted && checker.bad() == 0 ? 0 : 1;
 }
@@ -111,6 +121,9 @@ int producerMain(DemoShared& sh, const std::string& socket, uint64_t frames, uin
     return true;
   };
   auto onCompletion = [&](const fl_completion& c) {
+    uint64_t fewest = sh.readers_min.load(std::memory_order_relaxed);
+    while (c.readers < fewest && !sh.readers_min.compare_exchange_weak(fewest, c.readers)) {
+    }
     if (c.status == FL_OK) {
       sh.delivered.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -169,6 +182,8 @@ std::unique_ptr<DaemonPair> startDaemons(const DemoOptions& o) {
   }
   dopt.transport = o.transport;
   dopt.temp_prefix = "framelink-demo";
+  // Routed to hostB by name: the viewer beside the producer reads it too.
+  dopt.extra_args_a = {"--route", std::string(kStream) + "=hostB"};
   std::fprintf(stderr, "starting two framelinkd (%s) over %s ...\n", dopt.framelinkd.c_str(),
                o.transport.c_str());
   auto pair = DaemonPair::start(dopt, err);
@@ -204,29 +219,46 @@ struct DemoRun {
   const std::string sock_a;
   const std::string sock_b;
   pid_t consumer = -1;
+  pid_t viewer = -1;
   pid_t producer = -1;
   int consumer_rc = -1;  // -1 while it runs
+  int viewer_rc = -1;    // stays 0 without a viewer
   int producer_rc = -1;
   std::string daemon_problem;
 };
 
-// Forks the consumer and waits until it has attached to hostB, so that the producer's first
-// frames find a receiver with credits; false after saying why not.
-bool startConsumer(DemoRun& run) {
-  run.consumer = forkChild(
-      [&run] { return consumerMain(*run.sh, run.lat, run.sock_b, run.frames, run.bytes, run.o.slots); });
-  if (run.consumer < 0) {
+// Forks a reader and waits until it has attached, so that the producer's first frames find it;
+// false after saying why not.
+bool startReader(DemoRun& run, DemoReader& me, pid_t& pid, bool viewer) {
+  const std::string& sock = viewer ? run.sock_a : run.sock_b;
+  uint64_t* lat = viewer ? nullptr : run.lat;
+  pid = forkChild([&run, &me, &sock, lat, viewer] {
+    return readerMain(*run.sh, me, lat, sock, viewer, run.frames, run.bytes, run.o.slots);
+  });
+  if (pid < 0) {
     std::fprintf(stderr, "framelink demo: fork failed: %s\n", std::strerror(errno));
     return false;
   }
-  if (waitForAttach(run.sh->consumer_state, monotonicNs() + 10'000'000'000ull)) return true;
-  std::fprintf(stderr, "framelink demo: the consumer could not attach to hostB: %s\n",
-               run.sh->consumer_error.get().empty() ? "it did not attach within 10 s"
-                                                    : run.sh->consumer_error.get().c_str());
+  if (waitForAttach(me.state, monotonicNs() + 10'000'000'000ull)) return true;
+  std::fprintf(stderr, "framelink demo: the %s could not attach to %s: %s\n", viewer ? "viewer" : "consumer",
+               viewer ? "hostA" : "hostB",
+               me.error.get().empty() ? "it did not attach within 10 s" : me.error.get().c_str());
   run.sh->abort.store(true);
-  stopChild(run.consumer, 2000);
+  stopChild(pid, 2000);
   run.pair.keepDir();
   std::fprintf(stderr, "daemon logs kept in %s\n", run.pair.dir().c_str());
+  return false;
+}
+
+bool startReaders(DemoRun& run) {
+  if (!startReader(run, run.sh->consumer, run.consumer, false)) return false;
+  if (!run.o.viewer) {
+    run.viewer_rc = 0;
+    return true;
+  }
+  if (startReader(run, run.sh->viewer, run.viewer, true)) return true;
+  run.sh->abort.store(true);
+  stopChild(run.consumer, 2000);
   return false;
 }
 
@@ -238,6 +270,7 @@ void checkProcesses(DemoRun& run) {
     if (run.producer_rc >= 0) run.sh->producer_done.store(true);
   }
   if (run.consumer_rc < 0) run.consumer_rc = waitChild(run.consumer, 0);
+  if (run.viewer_rc < 0) run.viewer_rc = waitChild(run.viewer, 0);
   if (g_interrupted.load()) run.sh->abort.store(true);
   if (run.daemon_problem.empty()) {
     run.daemon_problem = run.pair.checkAlive();
@@ -250,7 +283,7 @@ void watchTransfer(DemoRun& run) {
   const bool tty = isatty(STDERR_FILENO) != 0;
   const uint64_t t0 = monotonicNs();
   uint64_t last_draw = 0;
-  while (run.producer_rc < 0 || run.consumer_rc < 0) {
+  while (run.producer_rc < 0 || run.consumer_rc < 0 || run.viewer_rc < 0) {
     checkProcesses(run);
     const uint64_t now = monotonicNs();
     if (now - last_draw >= (tty ? 100'000'000ull : 2'000'000'000ull)) {
@@ -275,8 +308,11 @@ bool printSummary(const DemoRun& run) {
   const DemoShared& sh = *run.sh;
   const uint64_t frames = run.frames;
   const uint64_t delivered = sh.delivered.load();
-  const uint64_t received = sh.received.load();
-  const uint64_t bad = sh.bad.load();
+  const uint64_t received = sh.consumer.received.load();
+  const uint64_t bad = sh.consumer.bad.load();
+  const uint64_t viewed = sh.viewer.received.load();
+  const uint64_t viewed_bad = sh.viewer.bad.load();
+  const uint64_t readers = run.o.viewer ? 2 : 1;
   const uint64_t failed = sh.failed.load();
   const uint64_t first = sh.first_submit_ns.load();
   const uint64_t last = sh.last_completion_ns.load();
@@ -288,14 +324,25 @@ bool printSummary(const DemoRun& run) {
   for (uint64_t i = 0; i < nlat; ++i) lats.push_back(run.lat[i] / 1e3);
   const double p50 = percentile(lats, 50);
   const double p99 = percentile(lats, 99);
+  const bool viewer_ok = !run.o.viewer || (run.viewer_rc == 0 && viewed == frames && viewed_bad == 0);
   const bool ok = run.producer_rc == 0 && run.consumer_rc == 0 && delivered == frames && received == frames &&
-                  bad == 0 && failed == 0 && run.daemon_problem.empty() && !g_interrupted.load();
+                  bad == 0 && failed == 0 && viewer_ok && sh.readers_min.load() == readers &&
+                  run.daemon_problem.empty() && !g_interrupted.load();
 
   std::printf("framelink demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
               (unsigned long long)frames, formatBytes(run.bytes).c_str(), run.o.transport.c_str());
   std::printf("  delivered  %llu / %llu   failed %llu   received %llu   verified %llu (bad %llu)\n",
               (unsigned long long)delivered, (unsigned long long)frames, (unsigned long long)failed,
               (unsigned long long)received, (unsigned long long)(received - bad), (unsigned long long)bad);
+  if (run.o.viewer) {
+    std::printf(
+        "  viewer     %llu received on hostA beside the producer, verified %llu (the producer's slots, lent: "
+        "no copy)\n",
+        (unsigned long long)viewed, (unsigned long long)(viewed - viewed_bad));
+    std::printf("  readers    each completion: %llu of %llu readers released the frame\n",
+                (unsigned long long)(sh.readers_min.load() == UINT64_MAX ? 0 : sh.readers_min.load()),
+                (unsigned long long)readers);
+  }
   std::printf("  moved      %s in %.3f s\n", formatBytes(static_cast<uint64_t>(total_bytes)).c_str(), secs);
   std::printf("  throughput %.3f GB/s   %.0f frames/s\n", secs > 0 ? total_bytes / secs / 1e9 : 0.0,
               secs > 0 ? delivered / secs : 0.0);
@@ -318,11 +365,12 @@ void explainFailure(DemoRun& run) {
   if (const int s = sh.failure_status.load(); s != 0) {
     std::fprintf(stderr, "  first failure: %s\n", fl_status_str(s));
   }
-  if (!sh.consumer_error.get().empty()) {
-    std::fprintf(stderr, "  consumer: %s\n", sh.consumer_error.get().c_str());
-  }
-  if (!sh.first_bad.get().empty()) {
-    std::fprintf(stderr, "  first bad frame: %s\n", sh.first_bad.get().c_str());
+  for (const auto& [label, r] : {std::pair<const char*, const DemoReader*>{"consumer", &sh.consumer},
+                                 std::pair<const char*, const DemoReader*>{"viewer", &sh.viewer}}) {
+    if (!r->error.get().empty()) std::fprintf(stderr, "  %s: %s\n", label, r->error.get().c_str());
+    if (!r->first_bad.get().empty()) {
+      std::fprintf(stderr, "  %s's first bad frame: %s\n", label, r->first_bad.get().c_str());
+    }
   }
   if (!run.daemon_problem.empty()) std::fprintf(stderr, "  %s", run.daemon_problem.c_str());
   if (!g_interrupted.load()) {
@@ -341,7 +389,7 @@ int runDemo(const DemoOptions& o) {
   auto pair = startDaemons(o);
   if (!pair) return 1;
   DemoRun run(o, *pair, size);
-  if (!startConsumer(run)) return 1;
+  if (!startReaders(run)) return 1;
   run.producer =
       forkChild([&run] { return producerMain(*run.sh, run.sock_a, run.frames, run.bytes, run.o.slots); });
   watchTransfer(run);
@@ -365,6 +413,8 @@ void addDemoCommand(CLI::App& app, int& exit_code) {
                   "path of framelinkd (default: the build tree's, then $PATH)");
   cmd->add_option("--slots", o->slots, "slots per producer and consumer (default 8)");
   cmd->add_flag("--keep-temp", o->keep, "keep the daemons' temporary directory (logs) after the run");
+  cmd->add_flag("!--no-viewer", o->viewer,
+                "no subscriber on hostA beside the producer (by default one reads every frame there too)");
   cmd->callback([o, &exit_code] { exit_code = runDemo(*o); });
 }
 

@@ -116,6 +116,7 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
   auto args_a = common(pair->a_, options.host_a);
   args_a.emplace_back("--peer");
   args_a.push_back("hostB=" + options.host_b + ":" + std::to_string(pair->b_.grpc_port));
+  args_a.insert(args_a.end(), options.extra_args_a.begin(), options.extra_args_a.end());
   if (!pair->spawn(pair->a_, args_a, err) || !pair->waitReady(pair->a_, options.ready_timeout_ms, err)) {
     pair->keepDir();
     return nullptr;

@@ -37,7 +37,8 @@ class DaemonPair {
     std::string host_b = "127.0.0.1";
     std::string temp_prefix = "framelink";
     std::string log_level = "info";
-    std::vector<std::string> extra_args;  // appended to both daemons' command lines
+    std::vector<std::string> extra_args;    // appended to both daemons' command lines
+    std::vector<std::string> extra_args_a;  // hostA's only (after its --peer)
     int ready_timeout_ms = 15000;
   };
 
