@@ -29,7 +29,11 @@ World::World(const SimOptions& options, SimResult& result)
     daemons_[d].config.ack_delay_us = options.seed % 2 == 1 ? kAckDelayUs : 0;
     boot(d);
   }
-  for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", {}});
+  // Every third seed routes the stream by name: a reader on a sender's own
+  // host then reads its frames beside the receiver's, from the same slot.
+  const std::vector<std::string> routed =
+      options.seed % 3 == 0 ? std::vector<std::string>{kStream} : std::vector<std::string>{};
+  for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", routed});
   damage_on_ = rng_.chance(50);  // then every frame carries a CRC32C
 }
 
@@ -245,7 +249,9 @@ void World::consume(uint64_t n) {
 void World::release(App& c, uint32_t slot) {
   const uint64_t frame = c.in_slot[slot];
   FrameRecord& rec = frames_[frame];
-  if (rec.outcome_known && rec.status != FL_OK && !unknownOutcome(rec.status)) {
+  // A frame for several readers fails with the first reader's failure (one
+  // died holding it): the others may still release it after.
+  if (rec.outcome_known && rec.status != FL_OK && !unknownOutcome(rec.status) && !rec.reader_died_holding) {
     throw Broken{"frame " + std::to_string(frame) + " is released by consumer #" + std::to_string(c.id) +
                  " after its producer was told it FAILED (" + std::to_string(rec.status) + ")"};
   }

@@ -139,10 +139,14 @@ struct FrameRecord {
   bool outcome_known = false;
   int status = 0;
   std::vector<uint64_t> released_on;              // receiving daemon instances a consumer released it on
-  int member_receptions = 0;                      // by the queue group
+  std::map<int, int> member_receptions;           // by each daemon's queue group
   std::map<uint64_t, int> subscriber_receptions;  // by each subscriber
   bool reader_died_holding = false;               // a reader was killed holding it: it may fail
   int held = 0;                                   // live readers holding it now: its ACK waits for each
+  // A reader on the sender's own daemon got it beside the receiver's: its
+  // completion waits for that reader too, so the peer's outcome may have
+  // been decided long before the completion says it.
+  bool read_beside = false;
   int landings = 0;              // times the frame crossed a data link (a resend after a NACK crosses again)
   uint64_t first_landed_ns = 0;  // its ACK deadline is at least ack_timeout after this
 };

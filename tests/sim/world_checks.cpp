@@ -143,7 +143,7 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   const bool flagged = (h->flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
   FrameRecord& rec = it->second;
   // Once to each subscriber, and once to the queue group.
-  const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions;
+  const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions[c.daemon];
   note((c.subscriber ? "subscriber #" : "consumer #") + std::to_string(c.id) + " gets frame " +
        std::to_string(frame) + (flagged ? " (maybe redelivered)" : ""));
   if (receptions > 1) {
@@ -167,6 +167,7 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   }
   c.in_slot[d.slot] = frame;
   ++rec.held;
+  if (c.daemon == rec.sender) rec.read_beside = true;
 }
 
 const uint8_t* World::lentPayload(App& c, const fl_slot_header& h) {

@@ -85,7 +85,7 @@ bool World::releasedOnLiveReceiver(const FrameRecord& rec) const {
 // With the links healed, the ACK of a frame the live receiver released
 // comes back unless the deadline fell inside the healthy period itself.
 void World::checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const {
-  if (!healthy_ || !releasedOnLiveReceiver(rec)) return;
+  if (!healthy_ || !releasedOnLiveReceiver(rec) || rec.read_beside) return;
   const uint64_t earliest_deadline = rec.first_landed_ns + uint64_t{kAckTimeoutMs} * 1'000'000ULL;
   if (clock_.nowNs() >= earliest_deadline) return;
   throw Broken{"frame " + std::to_string(frame) + " completed " + std::to_string(status) +
