@@ -291,6 +291,9 @@ void World::replaceLink(Link& old) {
   old.dialer_gone = true;
   old.in_flight[1].clear();
   old.end[0]->goHalfOpen();
+  // What the dialer wrote is in its kernel's buffers: it still lands, as it
+  // was, after the agent let the frames' slots go.
+  old.pair.link->keepPayloads(0);
   daemons_[old.sender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
   linkUp(old.sender);
 }

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <memory>
+#include <vector>
 
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
@@ -16,8 +18,9 @@ namespace {
 
 // A frame or a control record on its way, in the order they were posted.
 struct Outgoing {
-  SendRequest request;  // a frame, unless `control` is set
-  std::string control;  // a control record (never empty)
+  SendRequest request;                         // a frame, unless `control` is set
+  std::string control;                         // a control record (never empty)
+  std::shared_ptr<std::vector<uint8_t>> kept;  // the payload, when keepPayloads took it
 };
 
 // One direction's state, owned by the end that posts into it.
@@ -56,6 +59,15 @@ class Shared final : public LoopbackLink {
     MutexLock lock(mu_);
     failLocked(status, why, status, why);
   }
+  void keepPayloads(int end) override {
+    MutexLock lock(mu_);
+    for (Outgoing& o : ends_[end & 1].outgoing) {
+      if (!o.control.empty() || o.kept || o.request.header.length == 0) continue;
+      o.kept = std::make_shared<std::vector<uint8_t>>(o.request.payload,
+                                                      o.request.payload + o.request.header.length);
+      o.request.payload = o.kept->data();
+    }
+  }
   bool up() const noexcept override {
     MutexLock lock(mu_);
     return upLocked();
@@ -77,7 +89,7 @@ class Shared final : public LoopbackLink {
     EndState& self = ends_[end];
     const PostResult admitted = self.book.admitFrame(request, self.frames_waiting, options_.send_queue_depth);
     if (admitted != PostResult::kOk) return admitted;
-    self.outgoing.push_back(Outgoing{request, {}});
+    self.outgoing.push_back(Outgoing{request, {}, {}});
     ++self.frames_waiting;
     if (!options_.manual) signalLocked(end);  // come back (poll) to move it
     return PostResult::kOk;
@@ -194,6 +206,7 @@ class Shared final : public LoopbackLink {
       return true;
     }
     SendRequest request = self.outgoing.front().request;
+    const auto kept = std::move(self.outgoing.front().kept);  // request.payload may point into it
     self.outgoing.pop_front();
     --self.frames_waiting;
     // A credit is consumed by its frame.

@@ -73,6 +73,11 @@ class LoopbackLink {
   // The link breaks (cable pulled): both ends report LinkError(status)
   // once, and every waiting frame completes with FL_ERR_LINK_LOST.
   virtual void breakLink(int status, const std::string& why) noexcept = 0;
+  // The frames `end` posted and not yet delivered land from a copy of their
+  // payloads taken now, as bytes a sender's kernel already holds do: the
+  // sender may let its memory go (a tcp link its dialer gave up on, whose
+  // last bytes still reach the listener).
+  virtual void keepPayloads(int end) = 0;
   virtual bool up() const noexcept = 0;
 };
 
