@@ -48,7 +48,7 @@ bool OutboundStreams::besideDone(ClientSession& c, uint32_t slot, bool remote, i
   Beside& b = it->second;
   SlotEntry& e = c.slots[slot];
   // A second end of the same side is the daemon stopping: it ends now.
-  const bool first = remote ? !b.remote_done && !b.local_done : !b.local_done && !b.remote_done;
+  const bool first = !b.remote_done && !b.local_done;
   const bool again = remote ? b.remote_done : b.local_done;
   if (first) {
     (remote ? b.remote_done : b.local_done) = true;
