@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "admin.h"
 #include "child_process.h"
 #include "cli_util.h"
 #include "consumer.h"
@@ -53,7 +54,7 @@ static_assert(sizeof(CaseControl) % alignof(CaseShared) == 0 && sizeof(CaseShare
 int benchConsumer(CaseShared& sh, uint64_t* lat, uint64_t lat_cap, const std::string& socket,
                   const std::string& stream, const CaseConfig& c) {
   std::string err;
-  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err, c.readers > 1);
+  auto consumer = attachPatternConsumer(socket, stream, c.slots, c.size, err, c.subscribe || c.readers > 1);
   if (!consumer) {
     sh.consumer_error.set(err);
     sh.consumer_state.store(2);
@@ -204,6 +205,14 @@ uint32_t slotsFor(uint64_t size) {
 
 uint32_t pairSlotsFor(uint64_t size, uint32_t pairs) { return std::max<uint32_t>(8, slotsFor(size) / pairs); }
 
+CaseConfig throughputCase(uint64_t size, double seconds) {
+  CaseConfig c;
+  c.size = size;
+  c.slots = slotsFor(size);
+  c.seconds = seconds;
+  return c;
+}
+
 CaseConfig latencyCase(uint64_t samples) {
   CaseConfig c;
   c.size = 4096;
@@ -216,10 +225,17 @@ CaseConfig latencyCase(uint64_t samples) {
 
 namespace {
 
-// What went wrong in one pair, or "".
-std::string pairError(const CaseShared& sh, int producer_rc) {
+// What went wrong in one pair, or "".  Every one of its `extra_readers` subscribers beyond the first
+// must have had every frame the first had: a frame one of them missed would count for all readers.
+std::string pairError(const CaseShared& sh, int producer_rc, uint32_t extra_readers) {
   std::string e;
-  if (!sh.producer_error.get().empty()) e += "producer: " + sh.producer_error.get();
+  const uint64_t want = extra_readers * sh.received.load();
+  if (const uint64_t got = sh.extra_received.load(); got != want) {
+    e = "the other subscribers received " + std::to_string(got) + " frames, not " + std::to_string(want);
+  }
+  if (!sh.producer_error.get().empty()) {
+    e += std::string(e.empty() ? "" : "; ") + "producer: " + sh.producer_error.get();
+  }
   if (const int s = sh.first_failure.load(); s != 0) {
     e += std::string(e.empty() ? "" : "; ") + fl_status_str(s);
   }
@@ -474,17 +490,55 @@ void gatherLatency(const StreamsRun& run, CaseResult& r) {
 void gatherPairErrors(const StreamsRun& run, CaseResult& r) {
   size_t failed_pairs = 0;
   for (size_t i = 0; i < run.n; ++i) {
-    const std::string e = pairError(*run.sh[i], run.producer_rc[i]);
+    const std::string e =
+        pairError(*run.sh[i], run.producer_rc[i], run.c.readers > 1 ? run.c.readers - 1 : 0);
     if (e.empty()) continue;
     if (++failed_pairs <= 3) r.error += (r.error.empty() ? "" : "; ") + run.label(i) + e;
   }
   if (failed_pairs > 3) r.error += "; and " + std::to_string(failed_pairs - 3) + " more pairs failed";
 }
 
+// The daemon publishes its transport counters every 0.5 s (the data agent's stats round, which
+// runs at least every 50 ms): a snapshot taken this long after a frame was sent counts it.
+constexpr uint64_t kCountersSettleNs = 600'000'000;
+
+// What daemon `d`'s transports sent so far (payload bytes), read from its metrics (the attach
+// socket's snapshot: the counters /metrics shows) once they count every frame sent before this
+// call; "" or what went wrong.
+std::string linkBytesSent(const DaemonProcess& d, uint64_t& bytes) {
+  sleepNs(kCountersSettleNs);
+  const AdminReply reply = fetchSnapshot(d.socket);
+  if (reply.status != FL_OK) return "metrics of " + d.id + ": " + reply.message();
+  const Json::json_pointer counter("/metrics/counters/transport_bytes_sent");
+  if (!reply.snapshot.contains(counter) || !reply.snapshot.at(counter).is_number_unsigned()) {
+    return "metrics of " + d.id + " have no " + counter.to_string();
+  }
+  bytes = reply.snapshot.at(counter).get<uint64_t>();
+  return {};
+}
+
+// Bytes A's transports sent over the case per frame its producers sent (verification frames and
+// timed ones alike: both cross the link).
+void gatherLinkBytes(const StreamsRun& run, uint64_t before, CaseResult& r) {
+  uint64_t after = 0;
+  const std::string err = linkBytesSent(run.pair.a(), after);
+  if (!err.empty()) {
+    r.error += (r.error.empty() ? "" : "; ") + err;
+    return;
+  }
+  const uint64_t produced = run.n * kVerifyFrames + r.delivered + r.failed;
+  if (produced > 0 && after >= before) {
+    r.link_bytes_per_frame = static_cast<double>(after - before) / static_cast<double>(produced);
+  }
+}
+
 // Consumers first (attached before any frame is sent), then producers; the timed part, then the
 // figures of all pairs together.
 PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams, const CaseConfig& c) {
   PairsResult res;
+  uint64_t link_before = 0;
+  if (c.count_link) res.total.error = linkBytesSent(pair.a(), link_before);
+  if (!res.total.error.empty()) return res;
   StreamsRun run(pair, streams, c);
   if (!startConsumers(run, res.total.error)) return res;
   startProducers(run);
@@ -494,6 +548,7 @@ PairsResult runStreams(DaemonPair& pair, const std::vector<std::string>& streams
   gatherDaemonCost(run, res.total);
   if (c.latency) gatherLatency(run, res.total);
   if (res.total.error.empty()) gatherPairErrors(run, res.total);
+  if (c.count_link) gatherLinkBytes(run, link_before, res.total);
   return res;
 }
 
@@ -508,6 +563,72 @@ PairsResult runPairs(DaemonPair& pair, const std::string& stream_prefix, const C
   std::vector<std::string> streams;
   for (uint32_t i = 0; i < pairs; ++i) streams.push_back(stream_prefix + std::to_string(i));
   return runStreams(pair, streams, c);
+}
+
+double SubscribersResult::aggregateRatio() const {
+  return one.fps > 0 && many.fps > 0 ? many.fps * subscribers / one.fps : 0;
+}
+
+namespace {
+
+// The mean of the measured ones (>= 0) of `x` and `y`, weighted by `wx` and `wy`; -1 when neither is.
+double weighted(double x, double wx, double y, double wy) {
+  if (x < 0) wx = 0;
+  if (y < 0) wy = 0;
+  return wx + wy > 0 ? (x * wx + y * wy) / (wx + wy) : -1;
+}
+
+// Two runs of one case as one: frames and bytes over both timed parts, the daemons' share of a core
+// weighted by time, the per-frame figures by frames.
+CaseResult combine(const CaseResult& a, const CaseResult& b) {
+  CaseResult r;
+  r.seconds = a.seconds + b.seconds;
+  r.delivered = a.delivered + b.delivered;
+  r.failed = a.failed + b.failed;
+  r.verified = a.verified + b.verified;
+  r.verify_bad = a.verify_bad + b.verify_bad;
+  if (r.seconds > 0) {
+    r.gbps = (a.gbps * a.seconds + b.gbps * b.seconds) / r.seconds;
+    r.fps = static_cast<double>(r.delivered) / r.seconds;
+  }
+  r.cpu_a = weighted(a.cpu_a, a.seconds, b.cpu_a, b.seconds);
+  r.cpu_b = weighted(a.cpu_b, a.seconds, b.cpu_b, b.seconds);
+  const auto fa = static_cast<double>(a.delivered);
+  const auto fb = static_cast<double>(b.delivered);
+  r.cpu_us_per_frame_a = weighted(a.cpu_us_per_frame_a, fa, b.cpu_us_per_frame_a, fb);
+  r.cpu_us_per_frame_b = weighted(a.cpu_us_per_frame_b, fa, b.cpu_us_per_frame_b, fb);
+  r.sleeps_per_frame_a = weighted(a.sleeps_per_frame_a, fa, b.sleeps_per_frame_a, fb);
+  r.sleeps_per_frame_b = weighted(a.sleeps_per_frame_b, fa, b.sleeps_per_frame_b, fb);
+  r.link_bytes_per_frame =
+      weighted(a.link_bytes_per_frame, fa + kVerifyFrames, b.link_bytes_per_frame, fb + kVerifyFrames);
+  r.error = a.error + (a.error.empty() || b.error.empty() ? "" : "; ") + b.error;
+  return r;
+}
+
+}  // namespace
+
+SubscribersResult runSubscribers(DaemonPair& pair, const std::string& stream_prefix, CaseConfig c,
+                                 uint32_t subscribers) {
+  SubscribersResult r;
+  r.subscribers = subscribers;
+  c.subscribe = true;
+  c.seconds /= 2;
+  CaseConfig one = c;
+  CaseConfig many = c;
+  many.readers = subscribers;
+  // One, N, N, one, each for half the time: when the machine's speed drifts (other load on a
+  // shared host), both sides of the ratio see the same drift.  The link is counted in the first
+  // half of each (its figure does not drift).
+  r.one = runCase(pair, stream_prefix + "1a", one);
+  if (g_interrupted.load()) return r;
+  r.many = runCase(pair, stream_prefix + "Na", many);
+  one.count_link = false;
+  many.count_link = false;
+  if (g_interrupted.load()) return r;
+  r.many = combine(r.many, runCase(pair, stream_prefix + "Nb", many));
+  if (g_interrupted.load()) return r;
+  r.one = combine(r.one, runCase(pair, stream_prefix + "1b", one));
+  return r;
 }
 
 IdleCpu measureIdle(DaemonPair& pair, double seconds) {

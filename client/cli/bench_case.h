@@ -23,8 +23,10 @@ struct CaseConfig {
   uint64_t count = 0;
   uint32_t max_in_flight = 0;  // 1 for latency
   bool latency = false;
-  bool local = false;    // the consumers attach to the producer's daemon (a), not to b
-  uint32_t readers = 1;  // > 1: that many subscribers per stream (each gets every frame)
+  bool local = false;       // the consumers attach to the producer's daemon (a), not to b
+  uint32_t readers = 1;     // > 1: that many subscribers per stream (each gets every frame)
+  bool subscribe = false;   // the one reader attaches as a subscriber too, not as a queue-group member
+  bool count_link = false;  // measure CaseResult::link_bytes_per_frame (adds about 1.2 s)
 };
 
 struct CaseResult {
@@ -44,6 +46,10 @@ struct CaseResult {
   double p50_us = 0;
   double p99_us = 0;
   uint64_t samples = 0;
+  // Payload bytes daemon A's transports sent (its transport_bytes_sent counter) per frame the
+  // producers sent, over the whole case: the frame size when the link carries each frame once,
+  // however many readers there are on b.  < 0: not measured.
+  double link_bytes_per_frame = -1;
   std::string error;
 };
 
@@ -52,6 +58,8 @@ uint32_t slotsFor(uint64_t size);
 // Slots per stream in the many-pairs case: all pairs together keep about what one pair keeps in
 // flight, but never fewer than 8 each (memory: pairs x slots x size, twice).
 uint32_t pairSlotsFor(uint64_t size, uint32_t pairs);
+// A throughput case: frames of `size` for `seconds`, slotsFor(size) slots.
+CaseConfig throughputCase(uint64_t size, double seconds);
 // The latency case: 4 KiB frames one at a time, `samples` of them timed after kLatencyWarmup.
 CaseConfig latencyCase(uint64_t samples);
 
@@ -68,6 +76,21 @@ struct PairsResult {
 // `pairs` producer/consumer pairs on the streams <prefix>0 .. <prefix>N-1 through the same daemons
 // at once: every producer verifies its first frames, then all start their timed runs together.
 PairsResult runPairs(DaemonPair& pair, const std::string& stream_prefix, const CaseConfig& c, uint32_t pairs);
+
+struct SubscribersResult {
+  uint32_t subscribers = 0;
+  CaseResult one;   // one subscriber
+  CaseResult many;  // `subscribers` of the same stream; its gbps and fps count each frame once
+  // Frames (and bytes) delivered per second over all readers, N subscribers against one; 0 when
+  // either case delivered nothing.
+  double aggregateRatio() const;
+};
+
+// Timed case `c` with one subscriber, and with `subscribers` of one stream (each gets every frame;
+// the producer's completion waits for the slowest), `c.seconds` each, on streams <prefix>1a,
+// <prefix>Na, <prefix>Nb and <prefix>1b.
+SubscribersResult runSubscribers(DaemonPair& pair, const std::string& stream_prefix, CaseConfig c,
+                                 uint32_t subscribers);
 
 struct IdleCpu {
   double a = -1;

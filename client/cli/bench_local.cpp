@@ -45,13 +45,9 @@ double memcpyGbps(uint64_t size, double seconds) {
   return bytes / ((now - t0) / 1e9) / 1e9;
 }
 
-CaseConfig throughputCase(uint64_t size, double seconds, uint32_t readers) {
-  CaseConfig c;
-  c.size = size;
-  c.slots = slotsFor(size);
-  c.seconds = seconds;
+CaseConfig localCase(uint64_t size, double seconds) {
+  CaseConfig c = throughputCase(size, seconds);
   c.local = true;
-  c.readers = readers;
   return c;
 }
 
@@ -75,7 +71,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
   for (const uint64_t size : sizes) {
     if (g_interrupted.load()) break;
     std::fprintf(stderr, "  local %s frames, one reader, %.0f s ...\n", formatBytes(size).c_str(), o.seconds);
-    CaseResult r = runCase(*pair, "local" + std::to_string(stream_no++), throughputCase(size, o.seconds, 1));
+    CaseResult r = runCase(*pair, "local" + std::to_string(stream_no++), localCase(size, o.seconds));
     if (!r.error.empty()) errors.push_back("local " + formatBytes(size) + ": " + r.error);
     rows.push_back({size, r});
   }
@@ -91,15 +87,14 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
     if (!lat.error.empty()) errors.push_back("local latency: " + lat.error);
   }
 
-  CaseResult one, many;
+  SubscribersResult subs;
   const uint64_t sub_size = o.subscribers_size;
   if (!g_interrupted.load() && o.subscribers > 1) {
     std::fprintf(stderr, "  local %s frames, 1 then %u subscribers ...\n", formatBytes(sub_size).c_str(),
                  o.subscribers);
-    one = runCase(*pair, "local-sub1", throughputCase(sub_size, o.seconds, 1));
-    many = runCase(*pair, "local-subN", throughputCase(sub_size, o.seconds, o.subscribers));
-    if (!one.error.empty()) errors.push_back("local 1 subscriber: " + one.error);
-    if (!many.error.empty()) errors.push_back("local subscribers: " + many.error);
+    subs = runSubscribers(*pair, "local-sub", localCase(sub_size, o.seconds), o.subscribers);
+    if (!subs.one.error.empty()) errors.push_back("local 1 subscriber: " + subs.one.error);
+    if (!subs.many.error.empty()) errors.push_back("local subscribers: " + subs.many.error);
   }
   pair->stop();
 
@@ -121,12 +116,12 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
     std::printf("latency 4 KiB, one at a time: p50 %.1f us, p99 %.1f us (%llu samples)\n", lat.p50_us,
                 lat.p99_us, static_cast<unsigned long long>(lat.samples));
   }
-  if (one.gbps > 0 && many.gbps > 0) {
-    const double aggregate = many.gbps * o.subscribers;
+  if (subs.aggregateRatio() > 0) {
     std::printf(
         "%u subscribers, %s frames: %.2f GB/s each, %.2f GB/s aggregate = %.2f x one subscriber "
         "(%.2f GB/s)\n",
-        o.subscribers, formatBytes(sub_size).c_str(), many.gbps, aggregate, aggregate / one.gbps, one.gbps);
+        o.subscribers, formatBytes(sub_size).c_str(), subs.many.gbps, subs.many.gbps * o.subscribers,
+        subs.aggregateRatio(), subs.one.gbps);
   }
   for (const auto& e : errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
   if (g_interrupted.load()) return 130;

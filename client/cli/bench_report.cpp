@@ -226,6 +226,66 @@ Row latencyRow(const BenchOptions& o, const BenchResults& res, const std::string
   return row;
 }
 
+void printSubscriberRow(const std::string& what, const std::string& one, const std::string& many,
+                        const std::string& ratio) {
+  std::printf("| %s | %s | %s | %s |\n", what.c_str(), one.c_str(), many.c_str(), ratio.c_str());
+}
+
+// Frames per second over all `readers` of a case (each reader gets every frame).
+std::string allReadersFps(const CaseResult& r, uint32_t readers) {
+  return r.fps > 0 ? fmt("%.0f", r.fps * readers) : "failed";
+}
+
+std::string allReadersGbps(const CaseResult& r, uint32_t readers) {
+  if (r.gbps <= 0) return "failed";
+  return gbpsText(r.gbps * readers) + (r.verify_bad != 0 || r.verified < kVerifyFrames ? " UNVERIFIED" : "");
+}
+
+// The bytes the link carried per frame, as a multiple of the frame size.
+std::string linkBytesCell(const CaseResult& r, uint64_t size) {
+  if (r.link_bytes_per_frame < 0) return "n/a";
+  return fmt("%.2f x frame", r.link_bytes_per_frame / static_cast<double>(size)) +
+         fmt(" (%.0f B)", r.link_bytes_per_frame);
+}
+
+// One subscriber against --subscribers of one stream on daemon B, per transport, side by side.
+void printSubscriberTable(const BenchOptions& o, const BenchResults& res) {
+  if (res.subscribers.empty()) return;
+  const uint32_t n = o.subscribers;
+  const std::string size = formatBytes(o.subscribers_size);
+  std::printf(
+      "\nsubscribers of one stream on daemon B, %s frames: each frame should cross the link once, land in "
+      "one reader's\nslot, and be lent by B to the others (read-only); the producer's completion waits for "
+      "the slowest reader\n\n",
+      size.c_str());
+  std::printf("| case | 1 subscriber | %u subscribers | ratio %u / 1 |\n", n, n);
+  std::printf("|---|---|---|---|\n");
+  for (const auto& s : res.subscribers) {
+    const CaseResult& one = s.r.one;
+    const CaseResult& many = s.r.many;
+    const std::string what = s.transport + " " + size + ", ";
+    const double ratio = s.r.aggregateRatio();
+    const std::string ratio_cell = ratio > 0 ? fmt("%.2f", ratio) : "-";
+    printSubscriberRow(what + "frames/s delivered, all readers", allReadersFps(one, 1),
+                       allReadersFps(many, n), ratio_cell);
+    printSubscriberRow(what + "GB/s delivered, all readers", allReadersGbps(one, 1), allReadersGbps(many, n),
+                       ratio_cell);
+    printSubscriberRow(what + "link bytes per frame", linkBytesCell(one, o.subscribers_size),
+                       linkBytesCell(many, o.subscribers_size),
+                       one.link_bytes_per_frame > 0 && many.link_bytes_per_frame >= 0
+                           ? fmt("%.2f", many.link_bytes_per_frame / one.link_bytes_per_frame)
+                           : "-");
+    printSubscriberRow(what + "daemon CPU per frame A / B", usPerFramePair(one), usPerFramePair(many), "-");
+  }
+  std::printf(
+      "\nall readers = each frame counted once per reader; each side runs in two halves (one, N, N, one);\n"
+      "link bytes per frame = the rise of daemon A's transport_bytes_sent "
+      "(framelink_transport_bytes_sent_total "
+      "on\n/metrics) over a side's first half / the frames its producer sent in it (verification and "
+      "timed);\n"
+      "CPU per frame = per frame sent, whatever the readers.\n");
+}
+
 // "8 x 4 KiB, ...": the slots of each throughput case.
 std::string slotsText(const std::vector<uint64_t>& sizes) {
   std::string s;
@@ -281,6 +341,7 @@ void printBenchTable(const BenchOptions& o, const BenchPlan& plan, const BenchRe
     row.cpu = cpuPair(c.a, c.b);
     printRow(row);
   }
+  printSubscriberTable(o, res);
   printNotes(o, plan, res);
   std::fflush(stdout);
 }

@@ -27,8 +27,11 @@ struct BenchOptions {
   std::string host_a = "127.0.0.1";
   std::string host_b = "127.0.0.1";
   std::vector<std::string> daemon_args;
-  bool local = false;        // --local: one daemon, producer and consumers on it
-  uint32_t subscribers = 4;  // --local: that many subscribers of one stream against one (0, 1: skip)
+  bool local = false;  // --local: one daemon, producer and consumers on it
+  // That many subscribers of one stream against one (0, 1: skip), on the one daemon with --local,
+  // else on daemon B.  1 MiB frames: a few thousand a second on two cores, enough for a steady
+  // ratio in a few seconds whatever --sizes says.
+  uint32_t subscribers = 4;
   uint64_t subscribers_size = 1 << 20;
 };
 
@@ -51,10 +54,15 @@ struct BenchResults {
     std::string transport;
     PairsResult r;
   };
+  struct Subscribers {
+    std::string transport;
+    SubscribersResult r;
+  };
   explicit BenchResults(size_t sizes) : tcp_base(sizes), grpc_base(sizes), ucx_base(sizes) {}
 
   std::vector<E2E> e2e;
   std::vector<Many> many;
+  std::vector<Subscribers> subscribers;
   std::vector<std::pair<std::string, CaseResult>> lat;
   std::vector<std::pair<std::string, IdleCpu>> idle;
   std::vector<ThroughputResult> tcp_base;

@@ -1,6 +1,8 @@
 // `framelink bench`: end-to-end throughput and latency through two framelinkd on this machine,
 // next to plain TCP, plain gRPC and UCX (ucx_perftest, UCX_TLS=tcp) baselines measured in the same
-// run, plus daemon CPU (share of a core, and microseconds per frame) and N pairs at once.
+// run, plus daemon CPU (share of a core, and microseconds per frame), N pairs at once, and one
+// against N subscribers of a stream on daemon B (frames delivered over all readers, and the bytes
+// the link carried per frame: once, however many readers).
 // --host-a / --host-b put the two daemons on given local addresses (two RDMA devices, e.g. the
 // Soft-RoCE lane's rxe_a and rxe_b); rdma has no in-program baseline (compare with perftest's
 // ib_write_bw and UCX rc_verbs, as tests/softroce/bench.sh does).
@@ -138,6 +140,7 @@ class BenchRunner {
       return false;
     }
     runSizes(*pair, t);
+    if (!g_interrupted.load() && o_.subscribers > 1) runSubscriberCases(*pair, t);
     if (!g_interrupted.load() && o_.pairs > 1) runManyPairs(*pair, t);
     if (!g_interrupted.load() && o_.latency_samples > 0) runLatency(*pair, t);
     if (!g_interrupted.load() && o_.idle_seconds > 0) {
@@ -166,15 +169,27 @@ class BenchRunner {
       const uint64_t size = plan_.sizes[si];
       if (g_interrupted.load()) break;
       status("  %s ...\n", t + " " + formatBytes(size) + " frames, " + fmt("%.0f s", o_.seconds));
-      CaseConfig c;
-      c.size = size;
-      c.slots = slotsFor(size);
-      c.seconds = o_.seconds;
-      CaseResult r = runCase(pair, "bench" + std::to_string(stream_no++), c);
+      CaseResult r = runCase(pair, "bench" + std::to_string(stream_no++), throughputCase(size, o_.seconds));
       if (!r.error.empty()) caseFailed(t + " " + formatBytes(size) + ": " + r.error);
       res_.e2e.push_back({t, size, r});
       if (!g_interrupted.load()) runBaseline(t, si);
     }
+  }
+
+  // One subscriber, then --subscribers, of one stream on daemon B, each case with the bytes A's
+  // transports sent per frame.
+  void runSubscriberCases(DaemonPair& pair, const std::string& t) {
+    const uint64_t size = o_.subscribers_size;
+    status("  %s ...\n", t + " " + formatBytes(size) + " frames, 1 then " + std::to_string(o_.subscribers) +
+                             " subscribers on B, " + fmt("%.0f s", o_.seconds) + " each");
+    CaseConfig c = throughputCase(size, o_.seconds);
+    c.count_link = true;
+    SubscribersResult r = runSubscribers(pair, "subscribers", c, o_.subscribers);
+    if (!r.one.error.empty()) caseFailed(t + " 1 subscriber: " + r.one.error);
+    if (!r.many.error.empty()) {
+      caseFailed(t + " " + std::to_string(o_.subscribers) + " subscribers: " + r.many.error);
+    }
+    res_.subscribers.push_back({t, std::move(r)});
   }
 
   // --pairs producer/consumer pairs at once, timed together.
@@ -315,9 +330,10 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--local", o->local,
                 "producer and consumers on one daemon (no network, no copy): GB/s per frame size next to "
                 "memcpy, 4 KiB latency, and one subscriber against --subscribers (default sizes 4K,1M,64M)");
-  cmd->add_option(
-      "--subscribers", o->subscribers,
-      "--local: subscribers of one stream, each getting every frame, against one (default 4; 0 = skip)");
+  cmd->add_option("--subscribers", o->subscribers,
+                  "subscribers of one stream, each getting every frame, against one, 1 MiB frames: on "
+                  "daemon B, with the bytes the link carried per frame (--local: on the one daemon) "
+                  "(default 4; 0 = skip)");
   auto* sizes_option = cmd->get_option("--sizes");
   cmd->callback([o, sizes_option, &exit_code] {
     if (o->local && sizes_option->count() == 0) o->sizes = "4K,1M,64M";
