@@ -28,7 +28,7 @@ struct DemoOptions {
   std::string framelinkd;
   uint32_t slots = 8;
   bool keep = false;
-  bool viewer = true;
+  bool no_viewer = false;  // no subscriber beside the producer
 };
 
 // What one reader process reports.
@@ -252,7 +252,7 @@ bool startReader(DemoRun& run, DemoReader& me, pid_t& pid, bool viewer) {
 
 bool startReaders(DemoRun& run) {
   if (!startReader(run, run.sh->consumer, run.consumer, false)) return false;
-  if (!run.o.viewer) {
+  if (run.o.no_viewer) {
     run.viewer_rc = 0;
     return true;
   }
@@ -312,7 +312,7 @@ bool printSummary(const DemoRun& run) {
   const uint64_t bad = sh.consumer.bad.load();
   const uint64_t viewed = sh.viewer.received.load();
   const uint64_t viewed_bad = sh.viewer.bad.load();
-  const uint64_t readers = run.o.viewer ? 2 : 1;
+  const uint64_t readers = !run.o.no_viewer ? 2 : 1;
   const uint64_t failed = sh.failed.load();
   const uint64_t first = sh.first_submit_ns.load();
   const uint64_t last = sh.last_completion_ns.load();
@@ -324,7 +324,7 @@ bool printSummary(const DemoRun& run) {
   for (uint64_t i = 0; i < nlat; ++i) lats.push_back(run.lat[i] / 1e3);
   const double p50 = percentile(lats, 50);
   const double p99 = percentile(lats, 99);
-  const bool viewer_ok = !run.o.viewer || (run.viewer_rc == 0 && viewed == frames && viewed_bad == 0);
+  const bool viewer_ok = run.o.no_viewer || (run.viewer_rc == 0 && viewed == frames && viewed_bad == 0);
   const bool ok = run.producer_rc == 0 && run.consumer_rc == 0 && delivered == frames && received == frames &&
                   bad == 0 && failed == 0 && viewer_ok && sh.readers_min.load() == readers &&
                   run.daemon_problem.empty() && !g_interrupted.load();
@@ -334,7 +334,7 @@ bool printSummary(const DemoRun& run) {
   std::printf("  delivered  %llu / %llu   failed %llu   received %llu   verified %llu (bad %llu)\n",
               (unsigned long long)delivered, (unsigned long long)frames, (unsigned long long)failed,
               (unsigned long long)received, (unsigned long long)(received - bad), (unsigned long long)bad);
-  if (run.o.viewer) {
+  if (!run.o.no_viewer) {
     std::printf(
         "  viewer     %llu received on hostA beside the producer, verified %llu (the producer's slots, lent: "
         "no copy)\n",
@@ -413,7 +413,7 @@ void addDemoCommand(CLI::App& app, int& exit_code) {
                   "path of framelinkd (default: the build tree's, then $PATH)");
   cmd->add_option("--slots", o->slots, "slots per producer and consumer (default 8)");
   cmd->add_flag("--keep-temp", o->keep, "keep the daemons' temporary directory (logs) after the run");
-  cmd->add_flag("!--no-viewer", o->viewer,
+  cmd->add_flag("--no-viewer", o->no_viewer,
                 "no subscriber on hostA beside the producer (by default one reads every frame there too)");
   cmd->callback([o, &exit_code] { exit_code = runDemo(*o); });
 }
