@@ -80,13 +80,12 @@ Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stre
   return Client(c);
 }
 
-uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc) {
+std::string trySubmitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc,
+                           uint32_t* index) {
   fl_slot slot{};
   int rc = fl_acquire(producer, 10000, &slot);
-  INFO("fl_acquire for frame " << frame_id << ": " << statusName(rc) << " " << fl_last_error());
-  REQUIRE(rc == FL_OK);
-  REQUIRE(slot.data != nullptr);
-  REQUIRE(slot.capacity >= length);
+  if (rc != FL_OK) return "fl_acquire for frame " + std::to_string(frame_id) + ": " + fl_last_error();
+  if (slot.capacity < length) return "slot of " + std::to_string(slot.capacity) + " bytes";
   pattern::fillPattern(frame_id, slot.data, length);
   const std::string attrs = pattern::makeAttrs(frame_id);
   fl_frame_meta meta{};
@@ -97,12 +96,19 @@ uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bo
   meta.attr_length = static_cast<uint32_t>(attrs.size());
   meta.attrs = reinterpret_cast<const uint8_t*>(attrs.data());
   rc = fl_set_meta(producer, slot.index, &meta);
-  INFO("fl_set_meta: " << statusName(rc) << " " << fl_last_error());
-  REQUIRE(rc == FL_OK);
+  if (rc != FL_OK) return std::string("fl_set_meta: ") + fl_last_error();
   rc = fl_submit(producer, slot.index, length);
-  INFO("fl_submit: " << statusName(rc) << " " << fl_last_error());
-  REQUIRE(rc == FL_OK);
-  return slot.index;
+  if (rc != FL_OK) return std::string("fl_submit: ") + fl_last_error();
+  if (index != nullptr) *index = slot.index;
+  return {};
+}
+
+uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc) {
+  uint32_t index = 0;
+  const std::string why = trySubmitFrame(producer, frame_id, length, crc, &index);
+  INFO("frame " << frame_id << ": " << why);
+  REQUIRE(why.empty());
+  return index;
 }
 
 fl_frame receiveFrame(fl_client* consumer, Millis timeout) {

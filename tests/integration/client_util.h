@@ -64,6 +64,10 @@ Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stre
 // Acquires a slot (bounded wait), fills it with the synthetic pattern of
 // `frame_id` (frame_pattern.h), sets the metadata and submits.  REQUIREs success.
 uint32_t submitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc = false);
+// The same without Catch (which is not thread-safe), for a thread of its
+// own: empty, or what failed.
+std::string trySubmitFrame(fl_client* producer, uint64_t frame_id, uint64_t length, bool crc = false,
+                           uint32_t* index = nullptr);
 
 // Waits for the next frame; REQUIREs one within `timeout`.
 fl_frame receiveFrame(fl_client* consumer, Millis timeout);

@@ -77,12 +77,16 @@ TEST_CASE("fanout: each subscriber on the receiving host gets every frame, the l
   Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
 
   constexpr size_t kFrames = 12;
+  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
-    for (uint64_t id = 1; id <= kFrames; ++id) submitFrame(producer.get(), id, kFrameBytes, true);
+    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+    }
   });
   auto got = readAll({&subscribers[0], &subscribers[1], &subscribers[2], &member1, &member2},
                      {kFrames, kFrames, kFrames, kFrames, kFrames});
   send.join();
+  CHECK(send_error.empty());
   std::vector<uint64_t> in_order;
   for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
   for (int i = 0; i < 3; ++i) {
@@ -199,11 +203,15 @@ TEST_CASE("fanout: a stream routed to a peer is read by the readers on the produ
   CHECK(done[0].released == 2);
 
   constexpr size_t kMore = 8;
+  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
-    for (uint64_t id = 2; id < 2 + kMore; ++id) submitFrame(producer.get(), id, kFrameBytes, true);
+    for (uint64_t id = 2; id < 2 + kMore && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+    }
   });
   auto got = readAll({&viewer, &remote}, {kMore, kMore});
   send.join();
+  CHECK(send_error.empty());
   CHECK(got[0].size() == kMore);
   CHECK(got[1].size() == kMore);
   done = collectCompletions(producer.get(), kMore, Millis(10000));
