@@ -30,7 +30,7 @@ replace the file's lists;
 .B \-\-peer
 adds a peer or replaces the address of the file's peer of the same name, and
 .B \-\-route
-adds a stream to a peer.
+adds a stream to a peer (\fBSTREAM=PEER1,PEER2\fR: to each of them).
 Relative file names in the file are relative to the file's directory.
 Sizes (BYTES) are written as numbers or as strings such as "4MiB".
 .PP

@@ -190,6 +190,16 @@ struct AgentClient {
   NameKey stream = kNoName;     // consumer: its stream name
   // Producer: each slot's frame header, copied out of the segment at submit.
   std::vector<transport::FrameHeader> headers;
+  // Producer: a further peer its stream goes to (it is routed to several),
+  // with its own stream id and sequence there and each slot's frame towards
+  // it.  `route` above is the first; the session's slots are its frames.
+  struct Leg {
+    PeerId peer = kNoPeer;
+    uint64_t out_stream = 0;
+    std::vector<transport::FrameHeader> headers;
+    std::vector<SlotEntry> slots;
+  };
+  std::vector<Leg> more_routes;
 };
 
 }  // namespace framelink

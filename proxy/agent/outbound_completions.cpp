@@ -25,8 +25,9 @@ constexpr uint32_t kMaxResends = 3;
 
 }  // namespace
 
-void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
-  SlotEntry& e = c.slots[slot];
+void OutboundStreams::finishFrame(AgentClient& ac, Leg leg, uint32_t slot, int status,
+                                  const std::string& why) {
+  SlotEntry& e = legSlot(ac, leg, slot);
   if (e.state == SlotState::kFree || e.state == SlotState::kSettling) return;
   if (e.posts_out > 0 && !shutting_down_) {
     // A transport still holds a post of the payload (an ACK came before the
@@ -35,45 +36,61 @@ void OutboundStreams::finishFrame(ClientSession& c, uint32_t slot, int status, c
     // segment stays mapped, until the last post completes.
     e.state = SlotState::kSettling;
     e.deadline_ns = 0;
-    settling_[{c.id, slot}] = Outcome{status, why};
+    settling_[{ac.session->id, slot, leg}] = Outcome{status, why};
     return;
   }
-  endFrame(c, slot, status, why);
+  endFrame(ac, leg, slot, status, why);
 }
 
-bool OutboundStreams::besideDone(ClientSession& c, uint32_t slot, bool remote, int& status, std::string& why,
-                                 uint32_t readers, uint32_t released) {
-  auto it = beside_.find({c.id, slot});
-  if (it == beside_.end()) return true;
-  Beside& b = it->second;
+bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, int& status, std::string& why,
+                               uint32_t readers, uint32_t released) {
   SlotEntry& e = c.slots[slot];
-  // A second end of the same side is the daemon stopping: it ends now.
-  const bool first = !b.remote_done && !b.local_done;
-  const bool again = remote ? b.remote_done : b.local_done;
-  if (first) {
-    (remote ? b.remote_done : b.local_done) = true;
-    b.status = status;
-    b.why = why;
-    b.readers = readers;
-    b.released = released;
-    // The peer's side is done: the slot waits for the readers here.  (Done
-    // first here, the slot stays in the state the peer's side has it in.)
-    if (remote) e.state = SlotState::kLent;
-    return false;
+  auto it = sides_.find({c.id, slot});
+  if (it == sides_.end()) {  // its only side
+    e.readers = readers;
+    e.released = released;
+    return true;
   }
-  if (!again && b.status != FL_OK) {  // the side done first failed first
-    status = b.status;
-    why = b.why;
+  Sides& sides = it->second;
+  // A side that ends twice is the daemon stopping (failAllInProgress): the
+  // frame ends now, with what the sides done so far said.
+  const bool again = (sides.waiting & side) == 0;
+  if (!again) {
+    sides.waiting &= ~side;
+    if (sides.status == FL_OK && status != FL_OK) {
+      sides.status = status;
+      sides.why = why;
+    }
+    sides.readers += readers;
+    sides.released += released;
+    if (sides.waiting != 0) return false;
   }
-  e.readers = readers + (again ? 0 : b.readers);
-  e.released = released + (again ? 0 : b.released);
-  beside_.erase(it);
+  if (sides.status != FL_OK || !again) {
+    status = sides.status;
+    why = sides.why;
+  }
+  e.readers = sides.readers;
+  e.released = sides.released;
+  sides_.erase(it);
   return true;
 }
 
-void OutboundStreams::endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why) {
+void OutboundStreams::endFrame(AgentClient& ac, Leg leg, uint32_t slot, int status, const std::string& why) {
+  ClientSession& c = *ac.session;
+  SlotEntry& e = legSlot(ac, leg, slot);
+  const uint32_t readers = e.readers;
+  const uint32_t released = e.released;
+  if (leg != 0) {
+    // This route's part is over; the frame itself is the session slot's.
+    e = SlotEntry{};
+    if (sides_.count({c.id, slot}) == 0) return;  // it ended already: the daemon is stopping
+  }
   std::string reason = why;
-  if (!besideDone(c, slot, true, status, reason, c.slots[slot].readers, c.slots[slot].released)) return;
+  if (!sideDone(c, slot, sideBit(leg), status, reason, readers, released)) {
+    // Another side still has the frame: the slot stays lent to it.
+    if (leg == 0) e.state = SlotState::kLent;
+    return;
+  }
   completeFrame(c, slot, status, reason);
 }
 
@@ -101,21 +118,22 @@ void OutboundStreams::completeFrame(ClientSession& c, uint32_t slot, int status,
 
 void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why,
                                     uint32_t readers, uint32_t released) {
-  SlotEntry& e = producer.session->slots[slot];
   std::string reason = why;
-  if (beside_.count({producer.session->id, slot}) != 0) {
-    if (!besideDone(*producer.session, slot, false, status, reason, readers, released)) return;
-  } else {
-    e.readers = readers;
-    e.released = released;
-  }
+  if (!sideDone(*producer.session, slot, kLocalSide, status, reason, readers, released)) return;
   completeFrame(*producer.session, slot, status, reason);
   maybeForget(producer);  // may forget the producer
 }
 
-void OutboundStreams::failAllInProgress(ClientSession& c, int status, const std::string& why) {
-  for (uint32_t s = 0; s < c.slots.size(); ++s) {
-    if (c.slots[s].state != SlotState::kFree) finishFrame(c, s, status, why);
+void OutboundStreams::failAllInProgress(const ClientSession& c, int status, const std::string& why) {
+  AgentClient* ac = clients_.find(c.id);
+  if (ac == nullptr) return;
+  for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
+    // The further routes first: the frame ends with its first route (the
+    // session's slot), which may be done already and wait for another side.
+    for (Leg leg = legs(*ac); leg-- > 0;) {
+      if (legSlot(*ac, leg, slot).state != SlotState::kFree) finishFrame(*ac, leg, slot, status, why);
+    }
+    if (legs(*ac) == 0 && c.slots[slot].state != SlotState::kFree) finishFrame(*ac, 0, slot, status, why);
   }
 }
 
@@ -139,13 +157,13 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
       FrameRef f = pit->second;
       AgentClient* ac = clients_.find(f.client_id);
       if (ac != nullptr) {
-        const SlotEntry& e = ac->session->slots[f.slot];
+        SlotEntry& e = legSlot(*ac, f.leg, f.slot);
         if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
           s.pending.erase(pit);
           metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
-          ac->session->slots[f.slot].readers = readers;
-          ac->session->slots[f.slot].released = released;
-          finishFrame(*ac->session, f.slot, status, status == FL_OK ? std::string() : why);
+          e.readers = readers;
+          e.released = released;
+          finishFrame(*ac, f.leg, f.slot, status, status == FL_OK ? std::string() : why);
           maybeForget(*ac);
           return;
         }
@@ -160,7 +178,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
   AgentClient* ac = clients_.find(f.client_id);
   if (ac == nullptr) return;
   ClientSession& c = *ac->session;
-  SlotEntry& e = c.slots[f.slot];
+  SlotEntry& e = legSlot(*ac, f.leg, f.slot);
   if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
       (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
     // Not delivered (damaged on the way, or its credit was withdrawn): the
@@ -178,7 +196,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
   }
   e.readers = readers;
   e.released = released;
-  finishFrame(c, f.slot, status, why);
+  finishFrame(*ac, f.leg, f.slot, status, why);
   maybeForget(*ac);
 }
 
@@ -189,15 +207,15 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
   posted_.erase(it);
   AgentClient* ac = clients_.find(posted.frame.client_id);
   if (ac == nullptr) return;
-  ClientSession& c = *ac->session;
-  SlotEntry& e = c.slots[posted.frame.slot];
+  const FrameRef f = posted.frame;
+  SlotEntry& e = legSlot(*ac, f.leg, f.slot);
   if (e.posts_out > 0) --e.posts_out;
   if (e.state == SlotState::kSettling) {
     if (e.posts_out == 0) {
-      auto oit = settling_.find({c.id, posted.frame.slot});
+      auto oit = settling_.find({f.client_id, f.slot, f.leg});
       Outcome outcome = oit != settling_.end() ? std::move(oit->second) : Outcome{FL_ERR_TIMEOUT, {}};
       if (oit != settling_.end()) settling_.erase(oit);
-      endFrame(c, posted.frame.slot, outcome.status, outcome.why);
+      endFrame(*ac, f.leg, f.slot, outcome.status, outcome.why);
     }
     maybeForget(*ac);
     return;
@@ -215,7 +233,7 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
     // This copy failed; one posted before (on a link that broke, or before
     // a NACK) may be at the consumer, so the frame's fate is unknown.
     const bool earlier = e.posts > 1;
-    finishFrame(c, posted.frame.slot, earlier ? FL_ERR_TIMEOUT : ev.status,
+    finishFrame(*ac, f.leg, f.slot, earlier ? FL_ERR_TIMEOUT : ev.status,
                 "send failed: " + ev.message + (earlier ? " (an earlier copy may have been delivered)" : ""));
   }
   maybeForget(*ac);

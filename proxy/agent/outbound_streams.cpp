@@ -52,12 +52,20 @@ uint64_t OutboundStreams::openStream(PeerId peer, const std::string& name) {
 }
 
 void OutboundStreams::onProducerAttached(AgentClient& c) {
-  c.headers.resize(c.session->slots.size());
-  const std::string peer = config_.routeFor(c.session->stream);
-  if (peer.empty()) return;  // its frames go to the consumers attached here (NO_ROUTE without one)
-  c.route = peers_.resolve(peer);
+  const size_t slots = c.session->slots.size();
+  c.headers.resize(slots);
+  const std::vector<std::string> peers = config_.routesFor(c.session->stream);
+  if (peers.empty()) return;  // its frames go to the consumers attached here (NO_ROUTE without one)
+  c.route = peers_.resolve(peers.front());
   c.route_implicit = config_.routeIsImplicit(c.session->stream);
   c.out_stream = openStream(c.route, c.session->stream);
+  for (size_t i = 1; i < peers.size(); ++i) {
+    AgentClient::Leg& leg = c.more_routes.emplace_back();
+    leg.peer = peers_.resolve(peers[i]);
+    leg.out_stream = openStream(leg.peer, c.session->stream);
+    leg.headers.resize(slots);
+    leg.slots.resize(slots);
+  }
 }
 
 void OutboundStreams::rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status,
@@ -138,47 +146,59 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
     local_->submit(ac, desc.slot, sh, desc.length);
     return;
   }
-  SlotEntry& e = c.slots[desc.slot];
+  const uint64_t now = clock_.nowNs();
+  for (Leg leg = 0; leg < legs(ac); ++leg) submitOn(ac, leg, desc.slot, sh, desc.length, now);
+  ++c.in_progress;
+  metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
+  // Posted by pumpAll() at the end of this round, with every other stream's.
+  const bool here = alsoLocally(ac);
+  if (here || legs(ac) > 1) {
+    Sides& sides = sides_[{c.id, desc.slot}];
+    sides = Sides{};
+    for (Leg leg = 0; leg < legs(ac); ++leg) sides.waiting |= sideBit(leg);
+    if (here) sides.waiting |= kLocalSide;
+  }
+  // The readers here read the same slot meanwhile (lent, no copy).
+  if (here) local_->submit(ac, desc.slot, sh, desc.length, true);
+}
+
+void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl_slot_header& sh,
+                               uint64_t length, uint64_t now) {
+  ClientSession& c = *ac.session;
+  const PeerId peer = legPeer(ac, leg);
   // Opened at attach, and kept while a producer of it is attached.
-  OutStream* sp = stream(ac.route, ac.out_stream);
+  uint64_t& stream_id = legStream(ac, leg);
+  OutStream* sp = stream(peer, stream_id);
   if (sp == nullptr) {
-    ac.out_stream = openStream(ac.route, c.stream);
-    sp = stream(ac.route, ac.out_stream);
+    stream_id = openStream(peer, c.stream);
+    sp = stream(peer, stream_id);
   }
   OutStream& s = *sp;
 
-  transport::FrameHeader& h = ac.headers[desc.slot];
+  transport::FrameHeader& h = legHeader(ac, leg, slot);
   h = transport::FrameHeader{};
   transport::fromSlotHeader(sh, &h);
   // A producer's slot header has no say in these.
   h.stream_id = s.id;
   h.sequence = s.next_sequence++;
-  h.length = desc.length;
+  h.length = length;
 
-  const uint64_t now = clock_.nowNs();
+  SlotEntry& e = legSlot(ac, leg, slot);
   e = SlotEntry{};
   e.state = SlotState::kPending;
   e.sequence = h.sequence;
-  e.length = desc.length;
+  e.length = length;
   e.frame_id = sh.frame_id;
   e.stream_id = s.id;
   e.submitted_ns = now;
   e.deadline_ns = creditDeadline(now);
-  ++c.in_progress;
-  metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
-  s.pending.emplace(h.sequence, FrameRef{c.id, desc.slot});
-  // Posted by pumpAll() at the end of this round, with every other stream's.
-  if (alsoLocally(ac)) {
-    // The readers here read the same slot meanwhile (lent, no copy).
-    beside_[{c.id, desc.slot}] = Beside{};
-    local_->submit(ac, desc.slot, sh, desc.length, true);
-  }
+  s.pending.emplace(h.sequence, FrameRef{c.id, slot, leg});
 }
 
-transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, uint32_t slot,
+transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg leg, uint32_t slot,
                                             const transport::RemoteCredit& credit, uint64_t cookie) {
   ClientSession& c = *ac.session;
-  SlotEntry& e = c.slots[slot];
+  SlotEntry& e = legSlot(ac, leg, slot);
   // The receiving daemon restarted since this frame was last sent: the one
   // before may have delivered it, and the new one cannot know.
   if (e.sent_to_instance != 0 && e.sent_to_instance != l.peer_instance && !e.maybe_redelivered) {
@@ -187,7 +207,7 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, uint3
   }
   transport::SendRequest req;
   req.cookie = cookie;
-  req.header = ac.headers[slot];
+  req.header = legHeader(ac, leg, slot);
   req.header.credit_id = credit.credit_id;
   req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
   req.payload = c.segments->slot(slot);
@@ -235,14 +255,13 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     const uint64_t sequence = first->first;
     FrameRef f = first->second;
     AgentClient* ac = clients_.find(f.client_id);
-    if (ac == nullptr || ac->session->slots[f.slot].state != SlotState::kPending ||
-        ac->session->slots[f.slot].sequence != sequence) {
+    if (ac == nullptr || legSlot(*ac, f.leg, f.slot).state != SlotState::kPending ||
+        legSlot(*ac, f.leg, f.slot).sequence != sequence) {
       s.pending.erase(first);
       ++work;
       continue;
     }
-    ClientSession& c = *ac->session;
-    SlotEntry& e = c.slots[f.slot];
+    SlotEntry& e = legSlot(*ac, f.leg, f.slot);
     // The oldest credit the frame fits: consumers of one stream may have
     // slots of different sizes, and a small one must not block a frame that
     // a larger one can take.
@@ -255,7 +274,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       if (e.length <= s.largest_credit || e.was_posted) break;
       s.pending.erase(first);
       ++work;
-      finishFrame(c, f.slot, FL_ERR_TOO_LARGE,
+      finishFrame(*ac, f.leg, f.slot, FL_ERR_TOO_LARGE,
                   "frame of " + std::to_string(e.length) +
                       " bytes does not fit any consumer's slots on peer " + peers_[peer].name +
                       " (the largest are " + std::to_string(s.largest_credit) +
@@ -264,7 +283,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     }
     const transport::RemoteCredit credit = *fit;
     const uint64_t cookie = next_cookie_++;
-    transport::PostResult r = post(*l, *ac, f.slot, credit, cookie);
+    transport::PostResult r = post(*l, *ac, f.leg, f.slot, credit, cookie);
     if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
       return work + 1;  // the transport takes it later: still work
     }
@@ -275,7 +294,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     ++work;
     if (r == transport::PostResult::kInvalid) {
       // A copy posted before may be at the consumer: its fate is unknown.
-      finishFrame(c, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
+      finishFrame(*ac, f.leg, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
                   "the transport refused the frame: " + std::string(l->transport->lastRefusal()) +
                       (e.was_posted ? " (an earlier copy may have been delivered)" : ""));
       continue;
@@ -353,7 +372,7 @@ void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason
           it = s.unacked.erase(it);
           continue;
         }
-        SlotEntry& e = ac->session->slots[it->second.slot];
+        SlotEntry& e = legSlot(*ac, it->second.leg, it->second.slot);
         if (e.link_id != link_id || (e.state != SlotState::kPosted && e.state != SlotState::kSent)) {
           ++it;
           continue;
@@ -383,56 +402,61 @@ void OutboundStreams::checkDeadlines() {
   for (auto& [id, c] : clients_.all()) {
     if (c.session->role == FL_ROLE_PRODUCER && c.session->in_progress > 0) ids.push_back(id);
   }
-  static const std::string kNoPeerName;
   for (uint64_t id : ids) {
     AgentClient* ac = clients_.find(id);
     if (ac == nullptr) continue;
-    ClientSession& c = *ac->session;
-    const PeerId route = ac->route;
-    for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
-      SlotEntry& e = c.slots[slot];
-      if (e.deadline_ns == 0 || now < e.deadline_ns) continue;
-      OutStream* s = route != kNoPeer ? stream(route, e.stream_id) : nullptr;
-      const std::string& peer_name = route != kNoPeer ? peers_[route].name : kNoPeerName;
-      if (e.state == SlotState::kPending) {
-        const bool link_up = route != kNoPeer && peers_[route].link_id != 0;
-        if (s != nullptr) {
-          auto f = s->pending.find(e.sequence);
-          if (f != s->pending.end() && f->second.client_id == id && f->second.slot == slot) {
-            s->pending.erase(f);
-          }
+    for (Leg leg = 0; leg < legs(*ac); ++leg) checkDeadlines(*ac, leg, now);
+    maybeForget(*ac);
+  }
+}
+
+void OutboundStreams::checkDeadlines(AgentClient& ac, Leg leg, uint64_t now) {
+  static const std::string kNoPeerName;
+  ClientSession& c = *ac.session;
+  const PeerId route = legPeer(ac, leg);
+  for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
+    SlotEntry& e = legSlot(ac, leg, slot);
+    if (e.deadline_ns == 0 || now < e.deadline_ns) continue;
+    OutStream* s = route != kNoPeer ? stream(route, e.stream_id) : nullptr;
+    const std::string& peer_name = route != kNoPeer ? peers_[route].name : kNoPeerName;
+    if (e.state == SlotState::kPending) {
+      const bool link_up = route != kNoPeer && peers_[route].link_id != 0;
+      if (s != nullptr) {
+        auto f = s->pending.find(e.sequence);
+        if (f != s->pending.end() && f->second.client_id == c.id && f->second.slot == slot &&
+            f->second.leg == leg) {
+          s->pending.erase(f);
         }
-        if (e.was_posted) {
-          // Sent before and waiting to be sent again: the consumer may have
-          // it, so its fate is unknown -- never a FAILED that says nobody did.
-          finishFrame(c, slot, FL_ERR_TIMEOUT,
-                      "frame sent to peer " + peer_name +
-                          " was neither acknowledged nor sent again within its deadline (it may have been "
-                          "delivered)");
-        } else if (link_up) {
-          finishFrame(c, slot, FL_ERR_NO_CONSUMER,
-                      "no consumer of stream '" + c.stream + "' on peer " + peer_name +
-                          " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");
-        } else if (route != kNoPeer && !peers_[route].ever_linked) {
-          // Not a link that broke: one that never was.  What is wrong is
-          // in `framelink links` (its last error) and this daemon's log.
-          finishFrame(c, slot, FL_ERR_NO_LINK,
-                      "peer " + peer_name + " has not linked with this daemon since it started (" +
-                          std::to_string(config_.credit_timeout_ms) +
-                          " ms waited); `framelink links` shows its last error");
-        } else {
-          finishFrame(c, slot, FL_ERR_LINK_LOST,
-                      "no link to peer " + peer_name + " within " +
-                          std::to_string(config_.credit_timeout_ms) + " ms");
-        }
-      } else if (e.state == SlotState::kSent) {
-        if (s != nullptr) s->unacked.erase(e.sequence);
-        finishFrame(c, slot, FL_ERR_TIMEOUT,
-                    "no acknowledgement from peer " + peer_name + " within " +
-                        std::to_string(config_.ack_timeout_ms) + " ms");
       }
+      if (e.was_posted) {
+        // Sent before and waiting to be sent again: the consumer may have
+        // it, so its fate is unknown -- never a FAILED that says nobody did.
+        finishFrame(ac, leg, slot, FL_ERR_TIMEOUT,
+                    "frame sent to peer " + peer_name +
+                        " was neither acknowledged nor sent again within its deadline (it may have been "
+                        "delivered)");
+      } else if (link_up) {
+        finishFrame(ac, leg, slot, FL_ERR_NO_CONSUMER,
+                    "no consumer of stream '" + c.stream + "' on peer " + peer_name +
+                        " took the frame within " + std::to_string(config_.credit_timeout_ms) + " ms");
+      } else if (route != kNoPeer && !peers_[route].ever_linked) {
+        // Not a link that broke: one that never was.  What is wrong is
+        // in `framelink links` (its last error) and this daemon's log.
+        finishFrame(ac, leg, slot, FL_ERR_NO_LINK,
+                    "peer " + peer_name + " has not linked with this daemon since it started (" +
+                        std::to_string(config_.credit_timeout_ms) +
+                        " ms waited); `framelink links` shows its last error");
+      } else {
+        finishFrame(
+            ac, leg, slot, FL_ERR_LINK_LOST,
+            "no link to peer " + peer_name + " within " + std::to_string(config_.credit_timeout_ms) + " ms");
+      }
+    } else if (e.state == SlotState::kSent) {
+      if (s != nullptr) s->unacked.erase(e.sequence);
+      finishFrame(ac, leg, slot, FL_ERR_TIMEOUT,
+                  "no acknowledgement from peer " + peer_name + " within " +
+                      std::to_string(config_.ack_timeout_ms) + " ms");
     }
-    if (AgentClient* again = clients_.find(id)) maybeForget(*again);
   }
 }
 
@@ -445,16 +469,21 @@ void OutboundStreams::maybeForget(AgentClient& c) {
   if (!s.gone) return;
   const bool producer = s.role == FL_ROLE_PRODUCER;
   if (producer && s.in_progress > 0) return;
-  const PeerId route = c.route;
-  const uint64_t stream_id = c.out_stream;
+  std::vector<std::pair<PeerId, uint64_t>> streams;
+  if (producer) {
+    for (Leg leg = 0; leg < legs(c); ++leg) streams.emplace_back(legPeer(c, leg), legStream(c, leg));
+  }
   clients_.erase(s.id);  // c is gone now
-  if (producer && route != kNoPeer) forgetStreamIfUnused(route, stream_id);
+  for (const auto& [peer, stream_id] : streams) forgetStreamIfUnused(peer, stream_id);
 }
 
 void OutboundStreams::forgetStreamIfUnused(PeerId peer, uint64_t stream_id) {
-  for (const auto& [id, c] : clients_.all()) {
+  for (auto& [id, c] : clients_.all()) {
     // Attached, or gone with frames in flight.
-    if (c.session->role == FL_ROLE_PRODUCER && c.route == peer && c.out_stream == stream_id) return;
+    if (c.session->role != FL_ROLE_PRODUCER) continue;
+    for (Leg leg = 0; leg < legs(c); ++leg) {
+      if (legPeer(c, leg) == peer && legStream(c, leg) == stream_id) return;
+    }
   }
   PeerOut& po = peerOut(peer);
   auto sit = po.streams.find(stream_id);

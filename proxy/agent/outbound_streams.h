@@ -1,5 +1,5 @@
 // The producer side of the frame protocol: each local producer's stream
-// towards its peer, numbered in sequence, posted into the peer's credits in
+// towards each peer it is routed to, numbered in sequence there, posted into the peer's credits in
 // sequence order, settled by ACK or NACK (a frame refused undelivered is sent
 // again, a few times), failed by its credit or ACK deadline, and replayed from
 // the oldest unacknowledged frame when its link breaks or is replaced.
@@ -9,6 +9,7 @@
 #include <list>
 #include <map>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -65,7 +66,7 @@ class OutboundStreams {
   void maybeForget(AgentClient& c);
   // The daemon is stopping: frames end FAILED(shutdown) from here.
   void startShutdown() { shutting_down_ = true; }
-  void failAllInProgress(ClientSession& c, int status, const std::string& why);
+  void failAllInProgress(const ClientSession& c, int status, const std::string& why);
   // Frames of a stream with no route go to the consumers attached here.
   void setLocalDelivery(LocalDelivery* local) { local_ = local; }
   // A frame LocalDelivery had ends (then a producer that went may be forgotten).
@@ -83,9 +84,15 @@ class OutboundStreams {
   PeerTraffic traffic(PeerId peer) const;
 
  private:
+  // Which of a producer's routes a frame is on: 0 is AgentClient::route (its
+  // frames are the session's slots), 1.. are AgentClient::more_routes.  Each
+  // route runs the whole protocol of this class on its own; the frame ends
+  // once every route (and the readers here) is done with it.
+  using Leg = uint8_t;
   struct FrameRef {
     uint64_t client_id = 0;
     uint32_t slot = 0;
+    Leg leg = 0;
   };
   struct OutStream {
     uint64_t id = 0;
@@ -120,7 +127,7 @@ class OutboundStreams {
   // A post a transport holds: until it reports the send complete, it may
   // still read the producer's slot, so the frame cannot end before that.
   struct Posted {
-    FrameRef frame;
+    FrameRef frame;  // and its route
     PeerId peer = kNoPeer;
     uint64_t stream_id = 0;
     uint64_t sequence = 0;
@@ -132,17 +139,35 @@ class OutboundStreams {
     int status = FL_OK;
     std::string why;
   };
-  // A frame of a routed stream that local readers read too: it completes
-  // once both its peer's side and the readers here are done, with the first
-  // failure and every reader counted.
-  struct Beside {
-    bool remote_done = false;
-    bool local_done = false;
-    int status = FL_OK;  // the first side's failure
+  // A frame that goes more than one way -- to several peers, or to a peer
+  // and readers here -- completes once each side is done, with the first
+  // failure and every side's readers counted.
+  struct Sides {
+    uint32_t waiting = 0;  // a bit per side not done yet: sideBit(leg), kLocalSide
+    int status = FL_OK;    // the first failure
     std::string why;
-    uint32_t readers = 0;  // of the side done first
+    uint32_t readers = 0;  // of the sides done
     uint32_t released = 0;
   };
+  static constexpr uint32_t kLocalSide = 1U << 31;
+  static uint32_t sideBit(Leg leg) { return 1U << leg; }
+
+  // How many routes the producer has (at most kMaxRoutesPerStream).
+  static Leg legs(const AgentClient& ac) {
+    return static_cast<Leg>(ac.route == kNoPeer ? 0 : 1 + ac.more_routes.size());
+  }
+  static PeerId legPeer(const AgentClient& ac, Leg leg) {
+    return leg == 0 ? ac.route : ac.more_routes[leg - 1].peer;
+  }
+  static uint64_t& legStream(AgentClient& ac, Leg leg) {
+    return leg == 0 ? ac.out_stream : ac.more_routes[leg - 1].out_stream;
+  }
+  static SlotEntry& legSlot(AgentClient& ac, Leg leg, uint32_t slot) {
+    return leg == 0 ? ac.session->slots[slot] : ac.more_routes[leg - 1].slots[slot];
+  }
+  static transport::FrameHeader& legHeader(AgentClient& ac, Leg leg, uint32_t slot) {
+    return leg == 0 ? ac.headers[slot] : ac.more_routes[leg - 1].headers[slot];
+  }
 
   // The producer's next frame goes to the consumers attached here: its stream
   // has no route, or only the implicit one, and a consumer of it is attached.
@@ -150,10 +175,14 @@ class OutboundStreams {
   // Its stream goes to a peer it was routed to by name, and local readers of
   // it are attached here: its next frame goes to both.
   bool alsoLocally(const AgentClient& ac) const;
-  // One side of a frame that goes to both is done: true when the other is
-  // too, and `status`, `why` and the slot's reader counts are the frame's now.
-  bool besideDone(ClientSession& c, uint32_t slot, bool remote, int& status, std::string& why,
-                  uint32_t readers, uint32_t released);
+  // One side of a frame is done: true when it was the last (or the frame has
+  // one side only), and then `status`, `why` and the slot's reader counts are
+  // the frame's.
+  bool sideDone(ClientSession& c, uint32_t slot, uint32_t side, int& status, std::string& why,
+                uint32_t readers, uint32_t released);
+  // Submits the frame in `slot` on one of the producer's routes.
+  void submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl_slot_header& sh, uint64_t length,
+                uint64_t now);
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
@@ -165,7 +194,7 @@ class OutboundStreams {
   static void dropCredits(OutStream& s);
   size_t pump(PeerId peer, OutStream& s);
   // Posts the frame in that slot of `c` into `credit` on the link.
-  transport::PostResult post(AgentLink& link, AgentClient& c, uint32_t slot,
+  transport::PostResult post(AgentLink& link, AgentClient& c, Leg leg, uint32_t slot,
                              const transport::RemoteCredit& credit, uint64_t cookie);
   // The frame is on the link now (kPosted): its SendComplete and ACK are awaited.
   void markPosted(const AgentLink& link, PeerId peer, OutStream& s, FrameRef frame, SlotEntry& e,
@@ -179,12 +208,14 @@ class OutboundStreams {
   void rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status, const std::string& why);
   // Ends the frame with `status`, or, while a transport still holds a post
   // of it, settles it (kSettling) and ends it when the last post completes.
-  void finishFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
-  // The peer's side of the frame ended (and with it the frame, unless local
-  // readers still hold it).
-  void endFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  void finishFrame(AgentClient& ac, Leg leg, uint32_t slot, int status, const std::string& why);
+  // The frame's route `leg` ended (and with it the frame, unless another
+  // route or the readers here still have it).
+  void endFrame(AgentClient& ac, Leg leg, uint32_t slot, int status, const std::string& why);
   // The frame ends: counted, and its completion pushed.
   void completeFrame(ClientSession& c, uint32_t slot, int status, const std::string& why);
+  // Fails the frames of route `leg` of this producer whose deadline passed.
+  void checkDeadlines(AgentClient& ac, Leg leg, uint64_t now);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
   void requeueUnacked(uint64_t link_id, const std::string& reason);
   uint64_t creditDeadline(uint64_t now_ns) const;
@@ -195,10 +226,10 @@ class OutboundStreams {
   ClientTable& clients_;
   PeerTable& peers_;
   LinkTable& links_;
-  std::vector<PeerOut> out_;                                   // by PeerId
-  std::unordered_map<uint64_t, Posted> posted_;                // by cookie
-  std::map<std::pair<uint64_t, uint32_t>, Outcome> settling_;  // by (client id, slot)
-  std::map<std::pair<uint64_t, uint32_t>, Beside> beside_;     // by (client id, slot)
+  std::vector<PeerOut> out_;                                         // by PeerId
+  std::unordered_map<uint64_t, Posted> posted_;                      // by cookie
+  std::map<std::tuple<uint64_t, uint32_t, Leg>, Outcome> settling_;  // by (client id, slot, leg)
+  std::map<std::pair<uint64_t, uint32_t>, Sides> sides_;             // by (client id, slot)
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
   bool shutting_down_ = false;

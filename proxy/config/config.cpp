@@ -175,7 +175,8 @@ void addFlags(CLI::App& app, Flags& f) {
           ->allow_extra_args(false)
           ->type_name("NAME=HOST:PORT")
           ->group("[[peer]]");
-      app.add_option("--route", f.route, "Route a stream (or '*') to a peer (repeatable)")
+      app.add_option("--route", f.route,
+                     "Route a stream (or '*') to a peer, or to several: STREAM=PEER1,PEER2 (repeatable)")
           ->allow_extra_args(false)
           ->type_name("STREAM=PEER")
           ->group("[[peer]]");
@@ -452,7 +453,7 @@ std::string configReference() {
       out +=
           "| `[[peer]]` `name`, `address`, `streams`, `token`, `token_file`, `cert_name` | `--peer "
           "NAME=HOST:PORT`, "
-          "`--route STREAM=PEER` | | " +
+          "`--route STREAM=PEER[,PEER...]` | | " +
           cell(std::string(option.help)) + " (both flags repeatable) |\n";
       continue;
     }

@@ -14,12 +14,15 @@
 
 namespace framelink {
 
+// The most peers one stream may be routed to (each gets every frame).
+inline constexpr size_t kMaxRoutesPerStream = 8;
+
 struct PeerConfig {
   std::string name;
   // HOST:PORT of the peer's gRPC listener; this daemon dials it.  Empty: the
   // peer only dials in (its [[peer]] names only how it proves its id).
   std::string address;
-  std::vector<std::string> streams;  // stream names (or "*") routed to this peer; see routeFor()
+  std::vector<std::string> streams;  // stream names (or "*") routed to this peer; see routesFor()
   // The secret this daemon and this peer share, both ways: the peer proves its
   // id with it when it dials in, and this daemon presents it when it dials the
   // peer.  Empty: link.token.  A leaked token then lets its holder pass for
@@ -157,15 +160,16 @@ struct Config {
   bool exit_now = false;
   std::string exit_message;
 
-  // The peer a producer stream is routed to, or "" when there is none:
-  //   1. the first peer whose streams list the name itself;
-  //   2. else the first peer whose streams contain "*";
+  // The peers a producer stream is routed to, in the order configured (each
+  // gets every frame), or none:
+  //   1. every peer whose streams list the name itself;
+  //   2. else every peer whose streams contain "*";
   //   3. else, when exactly one peer has no streams list at all, that peer
   //      (so a daemon with a single peer and no routes sends everything there);
-  //   4. else "" (the frame goes to the consumers attached to this daemon,
+  //   4. else none (the frame goes to the consumers attached to this daemon,
   //      and fails with FL_ERR_NO_ROUTE when there is none).
-  std::string routeFor(const std::string& stream) const;
-  // True when routeFor() names a peer by rule 3 only (no streams list
+  std::vector<std::string> routesFor(const std::string& stream) const;
+  // True when routesFor() names a peer by rule 3 only (no streams list
   // anywhere names this stream or "*"): a consumer of the stream attached to
   // this daemon then takes its frames instead (local delivery).
   bool routeIsImplicit(const std::string& stream) const;

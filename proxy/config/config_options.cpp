@@ -62,7 +62,7 @@ const std::vector<Option>& options() {
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
       {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats", {"--metrics"}},
-      {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it, and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
+      {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it (a stream listed on several peers goes to each), and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
       // clang-format on
   };
   return kOptions;

@@ -162,22 +162,28 @@ Status applyPeerFlags(const std::vector<std::string>& peer_flags, const std::vec
     const size_t eq = spec.find('=');
     if (eq == std::string::npos) {
       return invalidSetting("--route '" + spec +
-                            "': write STREAM=PEER, e.g. --route cam0=hostb (STREAM may be '*')");
+                            "': write STREAM=PEER[,PEER...], e.g. --route cam0=hostb or --route "
+                            "cam0=hostb,hostc (STREAM may be '*')");
     }
     const std::string stream = spec.substr(0, eq);
-    const std::string name = spec.substr(eq + 1);
     if (auto st = checkStreamName(stream, "--route " + spec + ": stream name", true); !st) return st;
-    auto peer =
-        std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
-    if (peer == c.peers.end()) {
-      std::vector<std::string> names;
-      for (const auto& p : c.peers) names.push_back(p.name);
-      return invalidSetting("--route " + spec + ": no peer named '" + name +
-                            "' (configured: " + (names.empty() ? std::string("none") : join(names, ", ")) +
-                            "); add --peer " + name + "=HOST:PORT or a [[peer]] table");
-    }
-    if (std::find(peer->streams.begin(), peer->streams.end(), stream) == peer->streams.end()) {
-      peer->streams.push_back(stream);
+    const std::string names = spec.substr(eq + 1);
+    for (size_t from = 0; from <= names.size();) {
+      const size_t comma = std::min(names.find(',', from), names.size());
+      const std::string name = names.substr(from, comma - from);
+      from = comma + 1;
+      auto peer =
+          std::find_if(c.peers.begin(), c.peers.end(), [&](const PeerConfig& p) { return p.name == name; });
+      if (peer == c.peers.end()) {
+        std::vector<std::string> known;
+        for (const auto& p : c.peers) known.push_back(p.name);
+        return invalidSetting("--route " + spec + ": no peer named '" + name +
+                              "' (configured: " + (known.empty() ? std::string("none") : join(known, ", ")) +
+                              "); add --peer " + name + "=HOST:PORT or a [[peer]] table");
+      }
+      if (std::find(peer->streams.begin(), peer->streams.end(), stream) == peer->streams.end()) {
+        peer->streams.push_back(stream);
+      }
     }
   }
   return {};
@@ -190,12 +196,17 @@ Status checkPeers(const Config& c) {
         return invalidSetting("peer '" + c.peers[i].name +
                               "' is configured twice; give each peer a unique name");
       }
-      for (const auto& stream : c.peers[i].streams) {
-        const auto& other = c.peers[j].streams;
-        if (std::find(other.begin(), other.end(), stream) != other.end()) {
-          return invalidSetting("stream '" + stream + "' is routed to both peer '" + c.peers[j].name +
-                                "' and peer '" + c.peers[i].name + "'; route it to one");
-        }
+    }
+  }
+  // Each route is a side the producer's completion waits for (a bit of its
+  // record in OutboundStreams): a bound the configuration can break loudly.
+  for (const auto& peer : c.peers) {
+    for (const auto& stream : peer.streams) {
+      const size_t routes = c.routesFor(stream).size();
+      if (routes > kMaxRoutesPerStream) {
+        return invalidSetting("stream '" + stream + "' is routed to " + std::to_string(routes) +
+                              " peers; at most " + std::to_string(kMaxRoutesPerStream) +
+                              " are supported (route it to fewer, or relay through a host that routes on)");
       }
     }
   }
@@ -218,20 +229,25 @@ Status checkPeers(const Config& c) {
 
 }  // namespace config
 
-std::string Config::routeFor(const std::string& stream) const {
+std::vector<std::string> Config::routesFor(const std::string& stream) const {
+  std::vector<std::string> named, starred;
   for (const auto& peer : peers) {
-    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) return peer.name;
+    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) {
+      named.push_back(peer.name);
+    } else if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) {
+      starred.push_back(peer.name);
+    }
   }
-  for (const auto& peer : peers) {
-    if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) return peer.name;
-  }
+  if (!named.empty()) return named;
+  if (!starred.empty()) return starred;
   const PeerConfig* fallback = nullptr;
   for (const auto& peer : peers) {
     if (!peer.streams.empty()) continue;
-    if (fallback != nullptr) return "";  // two peers without routes: ambiguous
+    if (fallback != nullptr) return {};  // two peers without routes: ambiguous
     fallback = &peer;
   }
-  return fallback != nullptr ? fallback->name : "";
+  if (fallback == nullptr) return {};
+  return {fallback->name};
 }
 
 bool Config::routeIsImplicit(const std::string& stream) const {
@@ -240,7 +256,7 @@ bool Config::routeIsImplicit(const std::string& stream) const {
       if (s == stream || s == "*") return false;
     }
   }
-  return !routeFor(stream).empty();
+  return !routesFor(stream).empty();
 }
 
 const std::string& Config::peerToken(std::string_view id) const {

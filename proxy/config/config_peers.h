@@ -18,12 +18,14 @@ namespace framelink::config {
 Status readPeers(const toml::node& node, const std::string& file, Config& config);
 
 // --peer NAME=HOST:PORT adds a peer, or gives the file's peer of that name
-// this address; --route STREAM=PEER adds STREAM to that peer's streams.
+// this address; --route STREAM=PEER[,PEER...] adds STREAM to each named
+// peer's streams (a stream on several peers goes to each of them).
 Status applyPeerFlags(const std::vector<std::string>& peer_flags, const std::vector<std::string>& route_flags,
                       Config& config);
 
 // What spans several peers, or a peer and other settings, once the file and
-// the flags are merged: each name once, each stream routed to one peer, and
+// the flags are merged: each name once, each stream routed to at most
+// kMaxRoutesPerStream peers, and
 // certificate names only where mutual TLS makes a dialer show a certificate.
 Status checkPeers(const Config& config);
 

@@ -238,3 +238,114 @@ TEST_CASE("fanout: the demo shows a viewer beside the producer and the consumer 
   CHECK(demo.output.find("2 of 2 readers released the frame") != std::string::npos);
   CHECK(demo.output.find("result     OK") != std::string::npos);
 }
+
+namespace {
+
+// hostB and hostC listen; hostA dials both and routes `cam` to each.
+struct ThreeHosts {
+  explicit ThreeHosts(const std::string& transport, std::vector<std::string> a_args = {}) {
+    DaemonProcess::Options o;
+    o.token = "integ-secret";
+    o.transports = transport;
+    o.extra_args = {"--metrics", "127.0.0.1:0"};
+    o.id = "hostB";
+    b = std::make_unique<DaemonProcess>(o);
+    o.id = "hostC";
+    c = std::make_unique<DaemonProcess>(o);
+    o.id = "hostA";
+    o.peers = {"hostB=" + b->grpcAddress(), "hostC=" + c->grpcAddress()};
+    o.extra_args.insert(o.extra_args.end(),
+                        {"--route", "cam=hostB,hostC", "--route", "warmb=hostB", "--route", "warmc=hostC"});
+    o.extra_args.insert(o.extra_args.end(), a_args.begin(), a_args.end());
+    a = std::make_unique<DaemonProcess>(o);
+  }
+  // The receivers go last: A fails what it still has with SHUTDOWN instead of chasing them.
+  std::unique_ptr<DaemonProcess> b, c, a;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "fanout: a stream routed to two peers reaches every reader on both hosts; one completion counts all",
+    "[fanout]") {
+  ThreeHosts hosts(GENERATE("tcp", "grpc"));
+  requireServing(*hosts.a, *hosts.b, "warmb", 1);
+  requireServing(*hosts.a, *hosts.c, "warmc", 1);
+  const int64_t sent_before = waitForMetric(*hosts.a, "framelink_transport_frames_sent_total", 2);
+
+  Client sub1 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
+  Client sub2 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
+  Client member = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
+  Client viewer = attachWith(*hosts.a, FL_CONSUMER, "cam", true);  // beside the producer
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
+
+  constexpr size_t kFrames = 10;
+  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
+  std::thread send([&] {
+    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+    }
+  });
+  auto got = readAll({&sub1, &sub2, &member, &viewer}, {kFrames, kFrames, kFrames, kFrames});
+  send.join();
+  CHECK(send_error.empty());
+  std::vector<uint64_t> in_order;
+  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("reader " << i);
+    CHECK(got[i] == in_order);
+  }
+  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
+  REQUIRE(done.size() == kFrames);
+  for (const auto& c : done) {
+    CHECK(c.status == FL_OK);
+    CHECK(c.readers == 4);  // two on hostB, one on hostC, the viewer here
+    CHECK(c.released == 4);
+  }
+  // Once to each host, from the same producer slot.
+  CHECK(waitForMetric(*hosts.a, "framelink_transport_frames_sent_total", sent_before + 2 * kFrames) ==
+        sent_before + 2 * int64_t{kFrames});
+  CHECK(waitForMetric(*hosts.b, "framelink_transport_frames_received_total", 1 + kFrames) ==
+        1 + int64_t{kFrames});
+  CHECK(waitForMetric(*hosts.c, "framelink_transport_frames_received_total", 1 + kFrames) ==
+        1 + int64_t{kFrames});
+}
+
+TEST_CASE("fanout: one route without a reader fails the frame with its reason; the other host still gets it",
+          "[fanout]") {
+  ThreeHosts hosts("tcp", {"--credit-timeout-ms", "1500"});
+  requireServing(*hosts.a, *hosts.c, "warmc", 1);
+  Client reader = attachWith(*hosts.b, FL_CONSUMER, "cam", false);  // nobody reads cam on hostC
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
+  submitFrame(producer.get(), 1, kFrameBytes, true);
+  fl_frame f = receiveFrame(reader.get(), Millis(10000));
+  checkSyntheticFrame(f, 1, kFrameBytes);
+  REQUIRE(fl_release(reader.get(), f.slot) == FL_OK);
+  // hostB's side is done; hostC's waits for a consumer until its credit deadline.
+  CHECK(collectCompletions(producer.get(), 1, Millis(500)).empty());
+  auto done = collectCompletions(producer.get(), 1, Millis(10000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_ERR_NO_CONSUMER);
+  CHECK(done[0].readers == 1);
+  CHECK(done[0].released == 1);
+
+  // A consumer on hostC comes: the next frames reach both.
+  Client late = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
+  for (uint64_t id = 2; id <= 4; ++id) {
+    submitFrame(producer.get(), id, kFrameBytes, true);
+    for (Client* r : {&reader, &late}) {
+      fl_frame g = receiveFrame(r->get(), Millis(10000));
+      checkSyntheticFrame(g, id, kFrameBytes);
+      REQUIRE(fl_release(r->get(), g.slot) == FL_OK);
+    }
+    auto ok = collectCompletions(producer.get(), 1, Millis(10000));
+    REQUIRE(ok.size() == 1);
+    CHECK(ok[0].status == FL_OK);
+    CHECK(ok[0].readers == 2);
+  }
+  producer = Client();
+  const auto until = std::chrono::steady_clock::now() + Millis(5000);
+  while (!hosts.a->idle() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(Millis(50));
+  CHECK(hosts.a->idle());
+}

@@ -78,5 +78,12 @@ inline std::string readFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The peers `stream` is routed to, comma-separated ("" for none).
+inline std::string routes(const Config& config, const std::string& stream) {
+  std::string joined;
+  for (const auto& peer : config.routesFor(stream)) joined += (joined.empty() ? "" : ",") + peer;
+  return joined;
+}
+
 }  // namespace config_test
 }  // namespace framelink

@@ -83,7 +83,7 @@ TEST_CASE("defaults without any flag", "[config]") {
   CHECK(c->max_slot_size == 64 * fl::kMiB);
   CHECK(c->max_client_bytes == fl::kGiB);
   CHECK(c->peers.empty());
-  CHECK(c->routeFor("cam0").empty());
+  CHECK(routes(*c, "cam0").empty());
 }
 
 TEST_CASE("the tcp data port is the one after the gRPC port unless set", "[config]") {
@@ -229,7 +229,7 @@ TEST_CASE("flags override the file", "[config]") {
   CHECK(c->peers[0].address == "10.0.0.9:7700");  // same name: address replaced, routes kept
   CHECK(c->peers[0].streams == std::vector<std::string>{"cam0", "cam1"});
   CHECK(c->peers[2].name == "hostd");
-  CHECK(c->routeFor("cam9") == "hostd");
+  CHECK(routes(*c, "cam9") == "hostd");
 }
 
 TEST_CASE("--token-file reads the secret without its trailing newline", "[config]") {
@@ -414,8 +414,6 @@ TEST_CASE("validation errors say what to fix", "[config]") {
                  {"--route cam0=b", "no peer named 'b'", "--peer b="});
     requireError({"--route", "cam0"}, {"--route", "STREAM=PEER"});
     requireError({"--peer", "a=h:1", "--route", "bad/stream=a"}, {"stream name"});
-    requireError({"--peer", "a=h:1", "--peer", "b=h:2", "--route", "cam0=a", "--route", "cam0=b"},
-                 {"'cam0'", "both"});
   }
   SECTION("hugepages and log level") {
     requireError({"--hugepages", "yes"}, {"--hugepages", "auto, on, off"});
@@ -475,40 +473,67 @@ TEST_CASE("lowering a limit on the command line lowers the built-in default with
 
 TEST_CASE("routing", "[config][routing]") {
   fl::Config c;
-  SECTION("no peer: no route") { CHECK(c.routeFor("cam0").empty()); }
+  SECTION("no peer: no route") { CHECK(routes(c, "cam0").empty()); }
   SECTION("exactly one peer without routes takes every stream") {
     c.peers = {{"b", "h:1", {}}};
-    CHECK(c.routeFor("cam0") == "b");
-    CHECK(c.routeFor("anything") == "b");
+    CHECK(routes(c, "cam0") == "b");
+    CHECK(routes(c, "anything") == "b");
   }
   SECTION("two peers without routes: ambiguous, no route") {
     c.peers = {{"b", "h:1", {}}, {"c", "h:2", {}}};
-    CHECK(c.routeFor("cam0").empty());
+    CHECK(routes(c, "cam0").empty());
   }
   SECTION("an exact name wins over '*', whatever the order") {
     c.peers = {{"star", "h:1", {"*"}}, {"exact", "h:2", {"cam0"}}};
-    CHECK(c.routeFor("cam0") == "exact");
-    CHECK(c.routeFor("cam1") == "star");
+    CHECK(routes(c, "cam0") == "exact");
+    CHECK(routes(c, "cam1") == "star");
   }
   SECTION("listed streams only, no default: other streams have no route") {
     c.peers = {{"b", "h:1", {"cam0"}}};
-    CHECK(c.routeFor("cam0") == "b");
-    CHECK(c.routeFor("cam1").empty());
+    CHECK(routes(c, "cam0") == "b");
+    CHECK(routes(c, "cam1").empty());
   }
   SECTION("the one peer without a streams list is the default for the rest") {
     c.peers = {{"b", "h:1", {"cam0"}}, {"d", "h:2", {}}};
-    CHECK(c.routeFor("cam0") == "b");
-    CHECK(c.routeFor("cam1") == "d");
+    CHECK(routes(c, "cam0") == "b");
+    CHECK(routes(c, "cam1") == "d");
   }
   SECTION("'*' wins over the peer without a list") {
     c.peers = {{"d", "h:2", {}}, {"star", "h:1", {"*"}}};
-    CHECK(c.routeFor("cam1") == "star");
+    CHECK(routes(c, "cam1") == "star");
   }
   SECTION("routes from flags") {
     auto parsed = parse({"--peer", "b=h:1", "--peer", "c=h:2", "--route", "cam0=c", "--route", "*=b"});
     REQUIRE(parsed.ok());
-    CHECK(parsed->routeFor("cam0") == "c");
-    CHECK(parsed->routeFor("cam7") == "b");
+    CHECK(routes(*parsed, "cam0") == "c");
+    CHECK(routes(*parsed, "cam7") == "b");
+  }
+  SECTION("a stream listed on several peers goes to each, in the order configured") {
+    c.peers = {{"b", "h:1", {"cam0"}}, {"star", "h:3", {"*"}}, {"c", "h:2", {"cam1", "cam0"}}};
+    CHECK(routes(c, "cam0") == "b,c");
+    CHECK(routes(c, "cam1") == "c");
+    CHECK(routes(c, "cam2") == "star");
+  }
+  SECTION("--route STREAM=P1,P2 routes to both; repeating a peer changes nothing") {
+    auto parsed = parse({"--peer", "b=h:1", "--peer", "c=h:2", "--route", "cam0=b,c", "--route", "cam0=c"});
+    REQUIRE(parsed.ok());
+    CHECK(routes(*parsed, "cam0") == "b,c");
+    CHECK(routes(*parsed, "cam1").empty());
+  }
+  SECTION("a route naming an unknown peer among several is refused") {
+    requireError({"--peer", "b=h:1", "--route", "cam0=b,nosuch"},
+                 {"no peer named 'nosuch'", "--peer nosuch="});
+    requireError({"--peer", "b=h:1", "--route", "cam0=b,"}, {"no peer named ''"});
+  }
+  SECTION("at most kMaxRoutesPerStream peers per stream") {
+    std::vector<std::string> args;
+    std::string list;
+    for (size_t i = 0; i <= fl::kMaxRoutesPerStream; ++i) {
+      args.insert(args.end(), {"--peer", "p" + std::to_string(i) + "=h:" + std::to_string(i + 1)});
+      list += (i == 0 ? "" : ",") + std::string("p") + std::to_string(i);
+    }
+    args.insert(args.end(), {"--route", "cam0=" + list});
+    requireError(args, {"stream 'cam0' is routed to 9 peers", "at most 8"});
   }
 }
 

@@ -435,7 +435,7 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
   auto c = parse({"--config", dir.write("one.toml", no_tls)});
   INFO((c.ok() ? std::string() : c.error().message));
   REQUIRE(c.ok());
-  CHECK(c->routeFor("cam0") == "host-b");
+  CHECK(routes(*c, "cam0") == "host-b");
   CHECK(c->socket_group == "framelink");
 }
 
