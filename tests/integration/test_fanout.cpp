@@ -349,3 +349,19 @@ TEST_CASE("fanout: one route without a reader fails the frame with its reason; t
     std::this_thread::sleep_for(Millis(50));
   CHECK(hosts.a->idle());
 }
+
+TEST_CASE("fanout: framelink send says how many readers on every host each frame had", "[fanout][cli]") {
+  ThreeHosts hosts("tcp");
+  std::vector<std::unique_ptr<ChildProcess>> readers;
+  for (const DaemonProcess* d : {hosts.b.get(), hosts.c.get()}) {
+    readers.push_back(std::make_unique<ChildProcess>(
+        "recv-" + d->id(),
+        std::vector<std::string>{"recv", "--socket", d->socketPath(), "--stream", "cam", "--count", "5"}));
+  }
+  auto sent = cliJson("send", {"send", "--socket", hosts.a->socketPath(), "--stream", "cam", "--count", "5",
+                               "--size", "4096", "--json"});
+  CHECK(sent["delivered"] == 5);
+  CHECK(sent["readers_min"] == 2);
+  CHECK(sent["readers_max"] == 2);
+  for (auto& r : readers) CHECK(r->wait(Millis(10000)) == 0);
+}
