@@ -20,6 +20,7 @@
 #include "agent/idle_strategy.h"
 #include "agent/peer_messages.h"
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 #include "metrics/metrics.h"
 
 namespace framelink {

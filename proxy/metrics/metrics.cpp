@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 
 #ifdef FRAMELINK_HAVE_HTTPLIB
 #include <httplib.h>
@@ -289,14 +290,6 @@ void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t
   }
 }
 
-// A status as a label value: its enum name ("FL_ERR_NO_CONSUMER"), from
-// fl_status_str; FL_STATUS_<n> for a code fl_status_str does not know.
-std::string statusLabel(int status) {
-  const std::string text = fl_status_str(status);
-  if (text.rfind("FL_", 0) != 0) return "FL_STATUS_" + std::to_string(status);
-  return text.substr(0, text.find(':'));
-}
-
 // framelink_frames_failed_total{status=...}: every failed frame counted once,
 // under the status it failed with.  The statuses a frame can fail with (one
 // frame's, 1xx; the transport's, 4xx) are there from the start, at 0, so that
@@ -307,7 +300,7 @@ void writeFailuresByStatus(std::ostream& out, std::span<const std::atomic<uint64
     const uint64_t v = failures[i].load(std::memory_order_relaxed);
     const int status = static_cast<int>(i);
     const bool frame_status = (status >= 100 && status < 200) || (status >= 400 && status < 500);
-    const std::string label = statusLabel(status);
+    const std::string label = statusName(status);
     if (v == 0 && !(frame_status && label.rfind("FL_ERR_", 0) == 0)) continue;
     out << "framelink_frames_failed_total{status=\"" << label << "\"} " << v << '\n';
   }
