@@ -485,7 +485,10 @@ std::string Metrics::json() const {
   // messages are any bytes; invalid UTF-8 is replaced, never thrown on).
   nlohmann::json problems = nlohmann::json::object();
   for (const auto& [peer, p] : peer_problems.snapshot()) {
-    problems[peer] = {{"last_error", p.what}, {"last_error_ns", p.at_ns}, {"errors", p.count}};
+    problems[peer] = {{"last_error", p.what},
+                      {"cause", PeerProblems::causeName(p.cause)},
+                      {"last_error_ns", p.at_ns},
+                      {"errors", p.count}};
   }
   out << "},\"peer_problems\":" << problems.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
       << ",\"detail\":";
