@@ -45,6 +45,7 @@ void PeerProblems::record(const std::string& peer, Cause cause, std::string what
         problems_.erase(
             std::min_element(problems_.begin(), problems_.end(),
                              [](const auto& a, const auto& b) { return a.second.at_ns < b.second.at_ns; }));
+        forgotten_.fetch_add(1, std::memory_order_relaxed);
       }
       it = problems_.emplace(peer, Problem{}).first;
     }

@@ -6,6 +6,7 @@
 // only on those (rare) events.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -17,7 +18,7 @@ namespace framelink {
 class PeerProblems {
  public:
   // Peer names come from the configuration and from links (authenticated);
-  // beyond this many, the oldest problem makes room.
+  // beyond this many, the oldest problem makes room, counted in `forgotten`.
   static constexpr size_t kMaxPeers = 1024;
   // At most this many bytes of a message are kept.
   static constexpr size_t kMaxMessageBytes = 512;
@@ -46,11 +47,14 @@ class PeerProblems {
     uint64_t count = 0;  // problems with this peer since the daemon started
   };
 
+  explicit PeerProblems(std::atomic<uint64_t>& forgotten) noexcept : forgotten_(forgotten) {}
+
   void record(const std::string& peer, Cause cause, std::string what) noexcept;
   // By peer name; empty for a peer with no problem so far.
   std::map<std::string, Problem> snapshot() const;
 
  private:
+  std::atomic<uint64_t>& forgotten_;
   mutable Mutex mu_;
   std::map<std::string, Problem> problems_ FL_GUARDED_BY(mu_);
 };
