@@ -18,6 +18,7 @@
 #include "cli_util.h"
 #include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 
 namespace framelink::cli {
 
@@ -112,14 +113,6 @@ double rate(const Json& now, const Json* before, const char* key, double seconds
   if (before == nullptr || seconds <= 0) return -1;
   const uint64_t a = u64(counters(*before), key), b = u64(counters(now), key);
   return b >= a ? static_cast<double>(b - a) / seconds : 0;  // a restarted daemon counts from 0 again
-}
-
-std::string statusLabel(const std::string& code) {
-  const int status = std::atoi(code.c_str());
-  std::string s = fl_status_str(status);
-  const size_t colon = s.find(':');
-  if (colon != std::string::npos) s.resize(colon);
-  return s.empty() ? "status " + code : s;
 }
 
 }  // namespace
@@ -412,7 +405,8 @@ std::string formatStats(const Json& now, const Json* before, double seconds) {
   if (!failed.empty()) {
     out += "\nfailed frames by reason:\n";
     for (const auto& [code, n] : failed.items()) {
-      out += "  " + statusLabel(code) + ": " + std::to_string(n.is_number() ? n.get<uint64_t>() : 0) + "\n";
+      out += "  " + statusName(std::atoi(code.c_str())) + ": " +
+             std::to_string(n.is_number() ? n.get<uint64_t>() : 0) + "\n";
     }
   }
   return out;

@@ -11,18 +11,11 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "frame_pattern.h"
+#include "framelink/status_name.hpp"
 #include "pattern_clients.h"
 #include "producer.h"
 
 namespace framelink::cli {
-
-std::string statusName(int status) {
-  std::string s = fl_status_str(status);
-  const size_t colon = s.find(':');
-  if (colon != std::string::npos) s.resize(colon);
-  if (s.empty()) s = "status " + std::to_string(status);
-  return s;
-}
 
 namespace {
 

@@ -17,9 +17,6 @@ void addBenchHelperCommands(CLI::App& app, int& exit_code);
 void addAdminCommands(CLI::App& app, int& exit_code);
 void addDoctorCommand(CLI::App& app, int& exit_code);
 
-// "FL_ERR_TOO_LARGE" from fl_status_str's "FL_ERR_TOO_LARGE: ...".
-std::string statusName(int status);
-
 }  // namespace framelink::cli
 
 #endif  // FRAMELINK_CLI_COMMANDS_H

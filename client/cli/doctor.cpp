@@ -82,30 +82,28 @@ std::optional<uint64_t> parseMemlock(const std::string& limits_text) {
   return std::nullopt;
 }
 
-std::string fixForPeerProblem(const std::string& problem) {
-  auto has = [&problem](const char* word) { return problem.find(word) != std::string::npos; };
-  if (has("token")) {
-    return "configure the same token on both daemons: copy /etc/framelink/peer.token (link.token_file, or "
-           "the [[peer]]'s token_file) from one host to the other, then restart both";
+std::string fixForPeerProblem(const std::string& cause) {
+  static constexpr const char* kToken =
+      "configure the same token on both daemons: copy /etc/framelink/peer.token (link.token_file, or the "
+      "[[peer]]'s token_file) from one host to the other, then restart both";
+  static constexpr const char* kTrust =
+      "append each host's /etc/framelink/tls/host.crt to the other's peers.pem (tls_ca_file), check that the "
+      "certificate names the host of the [[peer]] address (or set tls_server_name) and its cert_name, then "
+      "restart both";
+  if (cause == "token") return kToken;
+  if (cause == "credentials") {
+    return std::string(kToken) + "; with TLS, the peer may have refused the certificate: " + kTrust;
   }
-  if (has("no connection") && has("TLS")) {
-    return "the port answers, so the TLS handshake failed: append each host's /etc/framelink/tls/host.crt to "
-           "the other's peers.pem (tls_ca_file), check that the certificate names the host of the [[peer]] "
-           "address (or set tls_server_name), then restart both (or it was down and is redialled soon)";
+  if (cause == "unreachable_or_tls") {
+    return std::string("the port answers, so the TLS handshake failed: ") + kTrust +
+           " (or it was down and is redialled soon)";
   }
-  if (has("certificate") || has("TLS")) {
-    return "append each host's /etc/framelink/tls/host.crt to the other's peers.pem (tls_ca_file), check "
-           "that "
-           "the certificate names the host of the [[peer]] address (or set tls_server_name) and its "
-           "cert_name, "
-           "then restart both";
-  }
-  if (has("protocol version")) return "run the same framelink version on both hosts";
-  if (has("data channel")) {
+  if (cause == "version") return "run the same framelink version on both hosts";
+  if (cause == "data_channel") {
     return "open the tcp data port between the hosts (link.data_listen: by default the port after "
            "link.listen's, 7701) or, for rdma, check both hosts' RDMA devices (framelink doctor on each)";
   }
-  if (has("no connection")) {
+  if (cause == "unreachable") {
     return "is the port open in the firewalls between (link.listen, 7700 by default)? is framelinkd running "
            "there?";
   }
@@ -477,6 +475,7 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
     const std::string why = address.empty() ? std::string() : tcpReach(address, timeout_ms, &ms);
     std::string link;
     std::string problem;  // what the daemon's own dials last ran into with this peer
+    std::string cause;    // its kind (PeerProblems::causeName), which the fix goes by
     if (snapshot != nullptr) {
       for (const auto& l : (*snapshot)["metrics"]["detail"]["links"]) {
         if (l.value("peer", std::string()) == name) {
@@ -486,6 +485,7 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
       const auto& problems = (*snapshot)["metrics"]["peer_problems"];
       if (problems.is_object() && problems.contains(name)) {
         problem = problems[name].value("last_error", std::string());
+        cause = problems[name].value("cause", std::string());
       }
     }
     if (address.empty()) {
@@ -495,7 +495,7 @@ std::vector<Check> checkPeers(const Json* snapshot, const FileConfig& file, int 
       // versions, transports) did not make a link: that is what to fix.
       c.verdict = Verdict::kFail;
       c.what = name + " at " + address + " accepts TCP connections, but no link is up: " + problem;
-      c.fix = fixForPeerProblem(problem);
+      c.fix = fixForPeerProblem(cause);
     } else if (why.empty()) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.1f", ms);

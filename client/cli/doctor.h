@@ -36,9 +36,10 @@ std::optional<Hugepages> parseMeminfo(const std::string& text);
 // The soft limit in bytes from /proc/<pid>/limits' "Max locked memory" line;
 // UINT64_MAX for unlimited.
 std::optional<uint64_t> parseMemlock(const std::string& limits_text);
-// What to do about a peer's last problem as the daemon recorded it
-// (`framelink links`' LAST ERROR): a wrong token, TLS trust, versions, ports.
-std::string fixForPeerProblem(const std::string& problem);
+// What to do about a peer's last problem, by the kind the daemon recorded
+// with it ("cause" in its peer_problems, PeerProblems::causeName): a wrong
+// token, TLS trust, versions, ports.
+std::string fixForPeerProblem(const std::string& cause);
 
 }  // namespace framelink::cli
 

@@ -20,6 +20,7 @@
 
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
+#include "framelink/status_name.hpp"
 
 namespace framelink {
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "agent/peer_messages.h"
-#include "framelink/framelink.h"
 
 namespace framelink {
 
@@ -119,13 +118,6 @@ size_t AgentLink::flushControl(std::string* failed) {
   }
   if (handed > 0) transport->flush();
   return handed;
-}
-
-std::string statusName(int status) {
-  const char* s = fl_status_str(status);
-  if (s == nullptr) return std::to_string(status);
-  std::string text(s);
-  return text.substr(0, text.find(':'));
 }
 
 NameKey NameTable::acquire(const std::string& name) {

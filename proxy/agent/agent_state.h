@@ -28,9 +28,6 @@ constexpr PeerId kNoPeer = ~PeerId{0};
 using NameKey = uint32_t;  // an interned stream name
 constexpr NameKey kNoName = ~NameKey{0};
 
-// "FL_ERR_TOO_LARGE" (the code's name, without fl_status_str's description).
-std::string statusName(int status);
-
 // Stream names interned to small integers, counted by their users and
 // forgotten with the last one: a peer churning through stream names must
 // not grow the table for ever.

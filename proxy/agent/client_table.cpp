@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "framelink/status_name.hpp"
+
 namespace framelink {
 
 AgentClient& ClientTable::add(std::shared_ptr<ClientSession> session) {

@@ -20,6 +20,7 @@
 #include "agent/idle_strategy.h"
 #include "agent/peer_messages.h"
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 #include "metrics/metrics.h"
 
 namespace framelink {
@@ -337,7 +338,8 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
   if (l == nullptr) return;
   spdlog::warn("link {} to peer {} is down: {}", l->id, l->peer_name, reason);
   metrics_.peer_problems.record(
-      l->peer_name, "link " + std::to_string(l->id) + " over " + l->transport_name + " went down: " + reason);
+      l->peer_name, PeerProblems::Cause::kLinkDown,
+      "link " + std::to_string(l->id) + " over " + l->transport_name + " went down: " + reason);
   metrics_.counters.links_up.fetch_sub(1, std::memory_order_relaxed);
   metrics_.counters.link_failures.fetch_add(1, std::memory_order_relaxed);
   if (l->transport) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 #include "transport/frame_header.h"
 
 namespace framelink {

@@ -12,6 +12,7 @@
 
 #include "agent/outbound_streams.h"
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 
 namespace framelink {
 

@@ -7,6 +7,7 @@
 
 #include "agent/agent_stats.h"
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 #include "transport/frame_header.h"
 
 namespace framelink {

@@ -342,7 +342,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   auto host_port = transport::tcp::parseHostPort(peer.address);
   if (!host_port) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
-    metrics_.peer_problems.record(peer.name,
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kBadAddress,
                                   "bad address '" + peer.address + "': " + host_port.error().message);
     return false;
   }
@@ -416,9 +416,11 @@ std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig&
   if (stopping_) return nullptr;
   if (!connected) {
     metrics_.peer_problems.record(
-        peer.name, "no connection within " + std::to_string(config_.connect_timeout_ms) + " ms" +
-                       (config_.tlsEnabled() ? " (peer down, a firewall, or a TLS handshake that failed)"
-                                             : " (peer down, wrong address or port, or a firewall)"));
+        peer.name,
+        config_.tlsEnabled() ? PeerProblems::Cause::kUnreachableOrTls : PeerProblems::Cause::kUnreachable,
+        "no connection within " + std::to_string(config_.connect_timeout_ms) + " ms" +
+            (config_.tlsEnabled() ? " (peer down, a firewall, or a TLS handshake that failed)"
+                                  : " (peer down, wrong address or port, or a firewall)"));
     if (config_.tlsEnabled() && !state.unreachable_logged) {
       // A refused handshake looks like an unreachable peer from here.
       spdlog::warn(
@@ -460,8 +462,15 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
     }
     spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
                   peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
-    metrics_.peer_problems.record(peer.name, "refused the session: " + status.error_message() + " (gRPC " +
-                                                 std::to_string(static_cast<int>(status.error_code())) + ")");
+    // The peer refuses a token and a certificate alike (UNAUTHENTICATED):
+    // with TLS on, either may be the one.
+    const PeerProblems::Cause cause = status.error_code() != ::grpc::StatusCode::UNAUTHENTICATED
+                                          ? PeerProblems::Cause::kRefused
+                                      : config_.tlsEnabled() ? PeerProblems::Cause::kCredentials
+                                                             : PeerProblems::Cause::kToken;
+    metrics_.peer_problems.record(peer.name, cause,
+                                  "refused the session: " + status.error_message() + " (gRPC " +
+                                      std::to_string(static_cast<int>(status.error_code())) + ")");
     return false;
   }
   if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
@@ -469,12 +478,14 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
         "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
         "run the same framelink version on both hosts",
         peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
-    metrics_.peer_problems.record(peer.name, "speaks protocol version " +
-                                                 std::to_string(reply.hello_ack().protocol_version()) +
-                                                 ", this daemon " + std::to_string(kProtocolVersion));
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion,
+                                  "speaks protocol version " +
+                                      std::to_string(reply.hello_ack().protocol_version()) +
+                                      ", this daemon " + std::to_string(kProtocolVersion));
   } else if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
     spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
-    metrics_.peer_problems.record(peer.name, "bad HelloAck (FL_ERR_PROTOCOL)");
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kProtocol,
+                                  "bad HelloAck (FL_ERR_PROTOCOL)");
   } else {
     return true;
   }
@@ -497,7 +508,8 @@ void PeerLinksImpl::dialFailed(const PeerConfig& peer, const TransportEntry* cho
   }
   spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
                 ack.transport(), error);
-  metrics_.peer_problems.record(peer.name, "cannot open the " + ack.transport() + " data channel: " + error);
+  metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kDataChannel,
+                                "cannot open the " + ack.transport() + " data channel: " + error);
 }
 
 // Runs the link until the Session call ends, then finishes the call.  A link that fell back from a

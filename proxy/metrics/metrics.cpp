@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "framelink/framelink.h"
+#include "framelink/status_name.hpp"
 
 #ifdef FRAMELINK_HAVE_HTTPLIB
 #include <httplib.h>
@@ -155,6 +156,9 @@ constexpr CounterInfo kLinkCounters[] = {
      "What was kept to answer a sender stream's replays, forgotten: open on no link and unused for a few "
      "ack timeouts, or the oldest such to make room for a new stream of a peer at its cap.",
      &Metrics::Counters::sender_streams_forgotten},
+    {"peer_problems_forgotten",
+     "Peers whose last problem was forgotten to keep another's: the oldest goes once 1024 peers have one.",
+     &Metrics::Counters::peer_problems_forgotten},
 };
 // Frames and streams a link let go of without sending them.
 constexpr CounterInfo kSettledCounters[] = {
@@ -289,14 +293,6 @@ void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t
   }
 }
 
-// A status as a label value: its enum name ("FL_ERR_NO_CONSUMER"), from
-// fl_status_str; FL_STATUS_<n> for a code fl_status_str does not know.
-std::string statusLabel(int status) {
-  const std::string text = fl_status_str(status);
-  if (text.rfind("FL_", 0) != 0) return "FL_STATUS_" + std::to_string(status);
-  return text.substr(0, text.find(':'));
-}
-
 // framelink_frames_failed_total{status=...}: every failed frame counted once,
 // under the status it failed with.  The statuses a frame can fail with (one
 // frame's, 1xx; the transport's, 4xx) are there from the start, at 0, so that
@@ -307,7 +303,7 @@ void writeFailuresByStatus(std::ostream& out, std::span<const std::atomic<uint64
     const uint64_t v = failures[i].load(std::memory_order_relaxed);
     const int status = static_cast<int>(i);
     const bool frame_status = (status >= 100 && status < 200) || (status >= 400 && status < 500);
-    const std::string label = statusLabel(status);
+    const std::string label = statusName(status);
     if (v == 0 && !(frame_status && label.rfind("FL_ERR_", 0) == 0)) continue;
     out << "framelink_frames_failed_total{status=\"" << label << "\"} " << v << '\n';
   }
@@ -492,7 +488,10 @@ std::string Metrics::json() const {
   // messages are any bytes; invalid UTF-8 is replaced, never thrown on).
   nlohmann::json problems = nlohmann::json::object();
   for (const auto& [peer, p] : peer_problems.snapshot()) {
-    problems[peer] = {{"last_error", p.what}, {"last_error_ns", p.at_ns}, {"errors", p.count}};
+    problems[peer] = {{"last_error", p.what},
+                      {"cause", PeerProblems::causeName(p.cause)},
+                      {"last_error_ns", p.at_ns},
+                      {"errors", p.count}};
   }
   out << "},\"peer_problems\":" << problems.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
       << ",\"detail\":";

@@ -54,6 +54,8 @@ class Metrics {
     std::atomic<uint64_t> answer_gaps_forgotten{0};
     // what was remembered of a sender stream, forgotten: unused for long, or to make room
     std::atomic<uint64_t> sender_streams_forgotten{0};
+    // peers whose last problem made room for another peer's (PeerProblems::kMaxPeers)
+    std::atomic<uint64_t> peer_problems_forgotten{0};
     std::atomic<uint64_t> frames_resent_crc{0};     // sent again after the peer found the CRC32C wrong
     std::atomic<uint64_t> frames_resent_credit{0};  // sent again after landing in a withdrawn credit
     // Data-channel handshakes (tcp listener, rdma listener) that did not
@@ -88,7 +90,7 @@ class Metrics {
   }
 
   Counters counters;
-  PeerProblems peer_problems;
+  PeerProblems peer_problems{counters.peer_problems_forgotten};
 
   void recordDeliveryLatency(uint64_t micros) noexcept;
   void recordFailure(int status) noexcept;

@@ -1,9 +1,11 @@
 #include "client_util.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <thread>
 
 #include "frame_pattern.h"
 
@@ -164,6 +166,16 @@ void requireServing(const DaemonProcess& a, const DaemonProcess& b, const std::s
     CHECK(done[0].status == FL_OK);
     CHECK(done[0].frame_id == id);
   }
+}
+
+int64_t waitForMetric(const DaemonProcess& d, const std::string& name, int64_t at_least) {
+  const auto until = std::chrono::steady_clock::now() + Millis(20000);
+  int64_t v = d.metric(name);
+  while (v < at_least && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(Millis(50));
+    v = d.metric(name);
+  }
+  return v;
 }
 
 }  // namespace framelink::integ

@@ -85,6 +85,11 @@ std::vector<fl_completion> collectCompletions(fl_client* producer, size_t count,
 void requireServing(const DaemonProcess& a, const DaemonProcess& b, const std::string& stream,
                     int frames = 3);
 
+// A daemon's counter, polled until it is at least `at_least` or 20 s passed
+// (the agent publishes its stats twice a second, so a count lags the frames
+// behind it); returns the last value read.
+int64_t waitForMetric(const DaemonProcess& d, const std::string& name, int64_t at_least);
+
 std::string statusName(int status);
 
 }  // namespace framelink::integ

@@ -29,18 +29,6 @@ DaemonPair::Options pairOptions(const std::string& transport) {
   return o;
 }
 
-// A counter once the agent published it (twice a second): at least `at_least`
-// within 20 s, else what it is then.
-int64_t waitForMetric(const DaemonProcess& d, const std::string& name, int64_t at_least) {
-  const auto until = std::chrono::steady_clock::now() + Millis(20000);
-  int64_t v = d.metric(name);
-  while (v < at_least && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(Millis(50));
-    v = d.metric(name);
-  }
-  return v;
-}
-
 // Receives what each reader has, checks it and releases it, until every
 // reader got `want[i]` frames or 30 s passed; returns the frame ids each got, in order.
 std::vector<std::vector<uint64_t>> readAll(std::vector<Client*> readers, std::vector<size_t> want) {

@@ -4,9 +4,7 @@
 // transport both allow.  And what a link's transport does reaches /metrics.
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <string>
-#include <thread>
 
 #include "client_util.h"
 #include "harness.h"
@@ -58,24 +56,15 @@ TEST_CASE("transports: the frames a link carries show in both daemons' transport
   DaemonPair pair(o);
   // The agent publishes its stats twice a second: wait for the first frame
   // to show before taking the counts the next frames add to.
-  auto waitFor = [](const DaemonProcess& d, const std::string& name, int64_t at_least) {
-    const auto until = std::chrono::steady_clock::now() + Millis(10000);
-    int64_t v = d.metric(name);
-    while (v < at_least && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(Millis(50));
-      v = d.metric(name);
-    }
-    return v;
-  };
   requireServing(pair.a(), pair.b(), "counted-warmup", 1);
-  const int64_t sent = waitFor(pair.a(), "framelink_transport_frames_sent_total", 1);
-  const int64_t received = waitFor(pair.b(), "framelink_transport_frames_received_total", 1);
+  const int64_t sent = waitForMetric(pair.a(), "framelink_transport_frames_sent_total", 1);
+  const int64_t received = waitForMetric(pair.b(), "framelink_transport_frames_received_total", 1);
   REQUIRE(sent >= 1);
   REQUIRE(received >= 1);
   constexpr int kFrames = 20;
   requireServing(pair.a(), pair.b(), "counted", kFrames);
-  CHECK(waitFor(pair.a(), "framelink_transport_frames_sent_total", sent + kFrames) == sent + kFrames);
-  CHECK(waitFor(pair.b(), "framelink_transport_frames_received_total", received + kFrames) ==
+  CHECK(waitForMetric(pair.a(), "framelink_transport_frames_sent_total", sent + kFrames) == sent + kFrames);
+  CHECK(waitForMetric(pair.b(), "framelink_transport_frames_received_total", received + kFrames) ==
         received + kFrames);
   // Control records go the other way (credits, ACKs): B's transport sent
   // some, and A's received them.

@@ -145,6 +145,25 @@ class FakeDaemon {
     listen_fd_ = -1;
     unlink(path_.c_str());
   }
+  // An fl_lend_message on the attach socket with `fds` attached (SCM_RIGHTS;
+  // the caller keeps its own copies).
+  void sendLend(const fl_lend_message& m, const std::vector<int>& fds) {
+    std::vector<char> cbuf(CMSG_SPACE(sizeof(int) * fds.size()));
+    iovec iov{const_cast<fl_lend_message*>(&m), sizeof(m)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (!fds.empty()) {
+      msg.msg_control = cbuf.data();
+      msg.msg_controllen = cbuf.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    REQUIRE(sendmsg(conn_, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(m)));
+  }
   void setState(uint32_t state) { __atomic_store_n(&hdr_->daemon_state, state, __ATOMIC_RELEASE); }
   fl_slot_header* slotHeader(uint32_t slot) {
     return reinterpret_cast<fl_slot_header*>(data_ + hdr_->slot_headers_offset +

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "agent/agent_state.h"
-#include "framelink/framelink.h"
 
 using namespace framelink;
 
@@ -48,11 +47,6 @@ TEST_CASE("peers keep the id they were first given", "[agent_state]") {
   peers[a].link_id = 7;
   CHECK(peers[peers.resolve("host-a")].link_id == 7);
   CHECK(peers.size() == 2);
-}
-
-TEST_CASE("status names drop fl_status_str's description", "[agent_state]") {
-  CHECK(statusName(FL_ERR_TOO_LARGE) == "FL_ERR_TOO_LARGE");
-  CHECK(statusName(FL_OK) == "FL_OK");
 }
 
 namespace {

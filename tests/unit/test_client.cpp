@@ -65,6 +65,12 @@ TEST_CASE("version and status strings", "[client]") {
   CHECK(std::string(fl_status_str(-1)) == "unknown status -1");
 }
 
+TEST_CASE("status names drop fl_status_str's description; an unknown code is still one token", "[client]") {
+  CHECK(framelink::statusName(FL_ERR_TOO_LARGE) == "FL_ERR_TOO_LARGE");
+  CHECK(framelink::statusName(FL_OK) == "FL_OK");
+  CHECK(framelink::statusName(499) == "FL_STATUS_499");
+}
+
 TEST_CASE("fl_attach to a socket nobody listens on", "[client]") {
   fl_client_options o;
   fl_client_options_init(&o);

@@ -122,6 +122,54 @@ TEST_CASE("consumer: invalid deliveries are corruption", "[client]") {
   fl_detach(c);
 }
 
+TEST_CASE("consumer: a lent segment that arrives with extra fds maps the first and closes the others",
+          "[client]") {
+  FakeDaemon d;
+  fl_client* c = attach(d, d.options(FL_CONSUMER));
+
+  // The segment: one slot of one page, a pattern in its first bytes.
+  const int segment = memfd_create("framelink-test-lent", MFD_CLOEXEC);
+  REQUIRE(segment >= 0);
+  REQUIRE(ftruncate(segment, FL_PAGE_SIZE) == 0);
+  REQUIRE(pwrite(segment, "lent", 4, 0) == 4);
+  // The extra fd is the write end of a pipe: once every copy of it is
+  // closed, the read end sees end-of-file, so the test can tell whether the
+  // client's copy was closed without guessing its number.
+  int pipe_fds[2];
+  REQUIRE(pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0);
+
+  fl_lend_message m{};
+  m.magic = FL_LEND_MAGIC;
+  m.kind = FL_LEND_SEGMENT;
+  m.lend_id = 5;
+  m.data_size = FL_PAGE_SIZE;
+  m.slots_offset = 0;
+  m.slot_stride = FL_PAGE_SIZE;
+  m.slot_size = FL_PAGE_SIZE;
+  m.slot_count = 1;
+  d.sendLend(m, {segment, pipe_fds[1]});
+  close(segment);
+  close(pipe_fds[1]);
+
+  fl_slot_header* h = d.slotHeader(1);
+  h->flags = FL_SLOT_LENT;
+  h->length = 4;
+  h->reserved0 = 0;
+  std::memcpy(h->reserved1, &m.lend_id, sizeof(m.lend_id));
+  d.pushCompletion(fl_completion_desc{1, FL_OK, 1, 4, 9});
+
+  fl_frame f{};
+  const int rc = fl_receive(c, &f, 1000);
+  INFO(fl_last_error());
+  REQUIRE(rc == FL_OK);
+  CHECK(std::memcmp(f.data, "lent", 4) == 0);
+  char byte = 0;
+  CHECK(read(pipe_fds[0], &byte, 1) == 0);  // -1 (EAGAIN): the client still holds the extra fd
+  CHECK(fl_release(c, f.slot) == FL_OK);
+  close(pipe_fds[0]);
+  fl_detach(c);
+}
+
 TEST_CASE("consumer: auto_reattach carries a blocked receive over a daemon restart", "[client]") {
   auto first = std::make_unique<FakeDaemon>();
   const std::string path = first->path();

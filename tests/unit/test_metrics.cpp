@@ -64,3 +64,20 @@ TEST_CASE("build info, start time, and clients and their slots by role", "[metri
   CHECK(has(text, "framelink_client_slots{role=\"producer\"} 16"));
   CHECK(has(text, "framelink_client_slots{role=\"consumer\"} 8"));
 }
+
+TEST_CASE("peer problems: past their bound the oldest is forgotten, and counted", "[metrics]") {
+  Metrics m;
+  constexpr size_t kOver = 3;
+  for (size_t i = 0; i < PeerProblems::kMaxPeers + kOver; ++i) {
+    m.peer_problems.record("peer-" + std::to_string(i), PeerProblems::Cause::kUnreachable, "no connection");
+  }
+  CHECK(m.peer_problems.snapshot().size() == PeerProblems::kMaxPeers);
+  CHECK(m.counters.peer_problems_forgotten.load() == kOver);
+  // A peer that has a problem already only updates it: nothing is forgotten.
+  const std::string kept = m.peer_problems.snapshot().begin()->first;
+  m.peer_problems.record(kept, PeerProblems::Cause::kLinkDown, "went down");
+  CHECK(m.peer_problems.snapshot().at(kept).count == 2);
+  CHECK(m.counters.peer_problems_forgotten.load() == kOver);
+  CHECK(has(m.prometheus(), "framelink_peer_problems_forgotten_total 3"));
+  CHECK(m.json().find("\"peer_problems_forgotten\":3") != std::string::npos);
+}
