@@ -76,6 +76,10 @@ int checkOptions(const BenchOptions& o, BenchPlan& plan) {
                  o.hosts);
     return 2;
   }
+  if (o.hosts != 0 && o.local) {
+    std::fprintf(stderr, "framelink bench: --hosts sends to other daemons: drop it or --local\n");
+    return 2;
+  }
   if (plan.transports.empty() || o.seconds <= 0) {
     std::fprintf(stderr, "framelink bench: need at least one transport and --seconds > 0\n");
     return 2;
@@ -212,8 +216,9 @@ class BenchRunner {
   // A's transports sent per frame.  Daemons of their own: with two peers, every stream of the
   // other cases would need a route.
   bool runTwoHostsCase(DaemonPair::Options dopt, const std::string& t) {
+    const std::string streams = "hosts";
     dopt.host_c = true;
-    const std::vector<std::string> routes = twoHostsRoutes("hosts");
+    const std::vector<std::string> routes = twoHostsRoutes(streams);
     dopt.extra_args_a.insert(dopt.extra_args_a.end(), routes.begin(), routes.end());
     status("starting three framelinkd over %s ...\n", t);
     auto daemons = startDaemons(dopt);
@@ -223,7 +228,7 @@ class BenchRunner {
                              fmt("%.0f s", o_.seconds) + " each");
     CaseConfig c = throughputCase(size, o_.seconds);
     c.count_link = true;
-    SubscribersResult r = runTwoHosts(*daemons, "hosts", c);
+    SubscribersResult r = runTwoHosts(*daemons, streams, c);
     if (!r.one.error.empty()) caseFailed(t + " to hostB alone: " + r.one.error);
     if (!r.many.error.empty()) caseFailed(t + " to hostB and hostC: " + r.many.error);
     res_.hosts.push_back({t, std::move(r)});
