@@ -277,6 +277,7 @@ struct StreamsRun {
         sh(n),
         sock_a(daemons.a().socket),
         sock_b(daemons.b().socket),
+        sock_c(daemons.c().socket),
         consumers(n, -1),
         extra_readers(n * (config.readers > 1 ? config.readers - 1 : 0), -1),
         producers(n, -1),
@@ -298,6 +299,7 @@ struct StreamsRun {
   uint64_t* lat = nullptr;
   const std::string sock_a;
   const std::string sock_b;
+  const std::string sock_c;
   std::vector<pid_t> consumers;
   std::vector<pid_t> extra_readers;  // subscribers beyond the first of each stream
   std::vector<pid_t> producers;
@@ -326,6 +328,7 @@ void stopConsumers(StreamsRun& run, int wait_ms) {
 // consumers stopped, when one did not.
 bool startConsumers(StreamsRun& run, std::string& error) {
   const std::string& socket = run.c.local ? run.sock_a : run.sock_b;
+  const std::string& others = run.c.others_on_c ? run.sock_c : socket;
   const uint32_t extra = run.c.readers > 1 ? run.c.readers - 1 : 0;
   for (size_t i = 0; i < run.n; ++i) {
     run.consumers[i] = forkChild([&run, &socket, i] {
@@ -334,7 +337,7 @@ bool startConsumers(StreamsRun& run, std::string& error) {
     });
     for (uint32_t k = 0; k < extra; ++k) {
       run.extra_readers[i * extra + k] =
-          forkChild([&run, &socket, i] { return extraReader(*run.sh[i], socket, run.streams[i], run.c); });
+          forkChild([&run, &others, i] { return extraReader(*run.sh[i], others, run.streams[i], run.c); });
     }
   }
   const uint64_t attach_deadline = monotonicNs() + 10'000'000'000ull;
@@ -571,6 +574,12 @@ double SubscribersResult::aggregateRatio() const {
 
 namespace {
 
+// The streams of runSubscribers after their prefix: the halves with one reader, and with N.
+constexpr char kOneFirst[] = "1a";
+constexpr char kOneSecond[] = "1b";
+constexpr char kManyFirst[] = "Na";
+constexpr char kManySecond[] = "Nb";
+
 // The mean of the measured ones (>= 0) of `x` and `y`, weighted by `wx` and `wy`; -1 when neither is.
 double weighted(double x, double wx, double y, double wy) {
   if (x < 0) wx = 0;
@@ -619,16 +628,28 @@ SubscribersResult runSubscribers(DaemonPair& pair, const std::string& stream_pre
   // One, N, N, one, each for half the time: when the machine's speed drifts (other load on a
   // shared host), both sides of the ratio see the same drift.  The link is counted in the first
   // half of each (its figure does not drift).
-  r.one = runCase(pair, stream_prefix + "1a", one);
+  r.one = runCase(pair, stream_prefix + kOneFirst, one);
   if (g_interrupted.load()) return r;
-  r.many = runCase(pair, stream_prefix + "Na", many);
+  r.many = runCase(pair, stream_prefix + kManyFirst, many);
   one.count_link = false;
   many.count_link = false;
   if (g_interrupted.load()) return r;
-  r.many = combine(r.many, runCase(pair, stream_prefix + "Nb", many));
+  r.many = combine(r.many, runCase(pair, stream_prefix + kManySecond, many));
   if (g_interrupted.load()) return r;
-  r.one = combine(r.one, runCase(pair, stream_prefix + "1b", one));
+  r.one = combine(r.one, runCase(pair, stream_prefix + kOneSecond, one));
   return r;
+}
+
+std::vector<std::string> twoHostsRoutes(const std::string& stream_prefix) {
+  const std::string one = "=hostB";
+  const std::string both = "=hostB,hostC";
+  return {"--route", stream_prefix + kOneFirst + one,   "--route", stream_prefix + kOneSecond + one,
+          "--route", stream_prefix + kManyFirst + both, "--route", stream_prefix + kManySecond + both};
+}
+
+SubscribersResult runTwoHosts(DaemonPair& daemons, const std::string& stream_prefix, CaseConfig c) {
+  c.others_on_c = true;
+  return runSubscribers(daemons, stream_prefix, c, 2);
 }
 
 IdleCpu measureIdle(DaemonPair& pair, double seconds) {

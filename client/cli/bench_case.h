@@ -23,10 +23,11 @@ struct CaseConfig {
   uint64_t count = 0;
   uint32_t max_in_flight = 0;  // 1 for latency
   bool latency = false;
-  bool local = false;       // the consumers attach to the producer's daemon (a), not to b
-  uint32_t readers = 1;     // > 1: that many subscribers per stream (each gets every frame)
-  bool subscribe = false;   // the one reader attaches as a subscriber too, not as a queue-group member
-  bool count_link = false;  // measure CaseResult::link_bytes_per_frame (adds about 1.2 s)
+  bool local = false;        // the consumers attach to the producer's daemon (a), not to b
+  uint32_t readers = 1;      // > 1: that many subscribers per stream (each gets every frame)
+  bool subscribe = false;    // the one reader attaches as a subscriber too, not as a queue-group member
+  bool others_on_c = false;  // the readers beyond the first attach to daemon c (DaemonPair::Options::host_c)
+  bool count_link = false;   // measure CaseResult::link_bytes_per_frame (adds about 1.2 s)
 };
 
 struct CaseResult {
@@ -91,6 +92,16 @@ struct SubscribersResult {
 // <prefix>Na, <prefix>Nb and <prefix>1b.
 SubscribersResult runSubscribers(DaemonPair& pair, const std::string& stream_prefix, CaseConfig c,
                                  uint32_t subscribers);
+
+// The --route arguments of hostA for runTwoHosts on streams <prefix>...: the single-host streams
+// to hostB, the others to hostB and hostC.
+std::vector<std::string> twoHostsRoutes(const std::string& stream_prefix);
+
+// Fan-out to two hosts, on daemons started with host_c and twoHostsRoutes(stream_prefix): case `c`
+// with one reader on B and the stream routed to B alone (`one`), against one reader on B and one on
+// C with the stream routed to both (`many`, whose fps is each host's: every frame reaches both, the
+// producer's completion waits for both), in halves as runSubscribers runs them.
+SubscribersResult runTwoHosts(DaemonPair& daemons, const std::string& stream_prefix, CaseConfig c);
 
 struct IdleCpu {
   double a = -1;

@@ -88,7 +88,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
   }
 
   SubscribersResult subs;
-  const uint64_t sub_size = o.subscribers_size;
+  const uint64_t sub_size = o.fanout_size;
   if (!g_interrupted.load() && o.subscribers > 1) {
     std::fprintf(stderr, "  local %s frames, 1 then %u subscribers ...\n", formatBytes(sub_size).c_str(),
                  o.subscribers);

@@ -248,11 +248,21 @@ std::string linkBytesCell(const CaseResult& r, uint64_t size) {
          fmt(" (%.0f B)", r.link_bytes_per_frame);
 }
 
+// The bytes the link carried per frame and the daemons' CPU per frame of both sides of a case.
+void printLinkAndCpuRows(const std::string& what, const CaseResult& one, const CaseResult& many,
+                         uint64_t size) {
+  printSubscriberRow(what + "link bytes per frame", linkBytesCell(one, size), linkBytesCell(many, size),
+                     one.link_bytes_per_frame > 0 && many.link_bytes_per_frame >= 0
+                         ? fmt("%.2f", many.link_bytes_per_frame / one.link_bytes_per_frame)
+                         : "-");
+  printSubscriberRow(what + "daemon CPU per frame A / B", usPerFramePair(one), usPerFramePair(many), "-");
+}
+
 // One subscriber against --subscribers of one stream on daemon B, per transport, side by side.
 void printSubscriberTable(const BenchOptions& o, const BenchResults& res) {
   if (res.subscribers.empty()) return;
   const uint32_t n = o.subscribers;
-  const std::string size = formatBytes(o.subscribers_size);
+  const std::string size = formatBytes(o.fanout_size);
   std::printf(
       "\nsubscribers of one stream on daemon B, %s frames: each frame should cross the link once, land in "
       "one reader's\nslot, and be lent by B to the others (read-only); the producer's completion waits for "
@@ -270,12 +280,7 @@ void printSubscriberTable(const BenchOptions& o, const BenchResults& res) {
                        allReadersFps(many, n), ratio_cell);
     printSubscriberRow(what + "GB/s delivered, all readers", allReadersGbps(one, 1), allReadersGbps(many, n),
                        ratio_cell);
-    printSubscriberRow(what + "link bytes per frame", linkBytesCell(one, o.subscribers_size),
-                       linkBytesCell(many, o.subscribers_size),
-                       one.link_bytes_per_frame > 0 && many.link_bytes_per_frame >= 0
-                           ? fmt("%.2f", many.link_bytes_per_frame / one.link_bytes_per_frame)
-                           : "-");
-    printSubscriberRow(what + "daemon CPU per frame A / B", usPerFramePair(one), usPerFramePair(many), "-");
+    printLinkAndCpuRows(what, one, many, o.fanout_size);
   }
   std::printf(
       "\nall readers = each frame counted once per reader; each side runs in two halves (one, N, N, one);\n"
@@ -284,6 +289,35 @@ void printSubscriberTable(const BenchOptions& o, const BenchResults& res) {
       "on\n/metrics) over a side's first half / the frames its producer sent in it (verification and "
       "timed);\n"
       "CPU per frame = per frame sent, whatever the readers.\n");
+}
+
+// --hosts 2: one stream to hostB alone against the same to hostB and hostC, per transport, side by
+// side.
+void printTwoHostsTable(const BenchOptions& o, const BenchResults& res) {
+  if (res.hosts.empty()) return;
+  const std::string size = formatBytes(o.fanout_size);
+  std::printf(
+      "\none stream to two hosts, %s frames: daemon A sends each frame to hostB and to hostC from the same "
+      "producer slot,\none reader on each host; the producer's completion waits for both\n\n",
+      size.c_str());
+  std::printf("| case | hostB alone | hostB and hostC, each | ratio each / alone |\n");
+  std::printf("|---|---|---|---|\n");
+  for (const auto& h : res.hosts) {
+    const CaseResult& one = h.r.one;
+    const CaseResult& many = h.r.many;
+    const std::string what = h.transport + " " + size + ", ";
+    const std::string ratio_cell = one.fps > 0 && many.fps > 0 ? fmt("%.2f", many.fps / one.fps) : "-";
+    printSubscriberRow(what + "frames/s delivered per host", allReadersFps(one, 1), allReadersFps(many, 1),
+                       ratio_cell);
+    printSubscriberRow(what + "GB/s delivered per host", allReadersGbps(one, 1), allReadersGbps(many, 1),
+                       ratio_cell);
+    printLinkAndCpuRows(what, one, many, o.fanout_size);
+  }
+  std::printf(
+      "\neach = what each host got: every frame reaches both (the reader on hostC had as many as the one "
+      "on hostB,\nelse the case fails); each side runs in two halves (alone, both, both, alone); link "
+      "bytes per frame as above:\ndaemon A's transport_bytes_sent, so once per host; hostC shares the "
+      "machine with A, B and the clients.\n");
 }
 
 // "8 x 4 KiB, ...": the slots of each throughput case.
@@ -342,6 +376,7 @@ void printBenchTable(const BenchOptions& o, const BenchPlan& plan, const BenchRe
     printRow(row);
   }
   printSubscriberTable(o, res);
+  printTwoHostsTable(o, res);
   printNotes(o, plan, res);
   std::fflush(stdout);
 }

@@ -29,10 +29,13 @@ struct BenchOptions {
   std::vector<std::string> daemon_args;
   bool local = false;  // --local: one daemon, producer and consumers on it
   // That many subscribers of one stream against one (0, 1: skip), on the one daemon with --local,
-  // else on daemon B.  1 MiB frames: a few thousand a second on two cores, enough for a steady
-  // ratio in a few seconds whatever --sizes says.
+  // else on daemon B.
   uint32_t subscribers = 4;
-  uint64_t subscribers_size = 1 << 20;
+  // 2: one stream to hostB and hostC against hostB alone, on three daemons of their own; 0: skip.
+  uint32_t hosts = 0;
+  // The frames of the subscriber and two-hosts cases, 1 MiB: a few thousand a second on two
+  // cores, enough for a steady ratio in a few seconds whatever --sizes says.
+  uint64_t fanout_size = 1 << 20;
 };
 
 // The options once checked: --transports, --sizes and --pairs-size parsed.
@@ -63,6 +66,7 @@ struct BenchResults {
   std::vector<E2E> e2e;
   std::vector<Many> many;
   std::vector<Subscribers> subscribers;
+  std::vector<Subscribers> hosts;  // runTwoHosts: `many` has one reader on each of two hosts
   std::vector<std::pair<std::string, CaseResult>> lat;
   std::vector<std::pair<std::string, IdleCpu>> idle;
   std::vector<ThroughputResult> tcp_base;

@@ -2,7 +2,8 @@
 // next to plain TCP, plain gRPC and UCX (ucx_perftest, UCX_TLS=tcp) baselines measured in the same
 // run, plus daemon CPU (share of a core, and microseconds per frame), N pairs at once, and one
 // against N subscribers of a stream on daemon B (frames delivered over all readers, and the bytes
-// the link carried per frame: once, however many readers).
+// the link carried per frame: once, however many readers), and with --hosts 2 one stream to two
+// hosts against one host alone (each host's frames/s; the link carries each frame once per host).
 // --host-a / --host-b put the two daemons on given local addresses (two RDMA devices, e.g. the
 // Soft-RoCE lane's rxe_a and rxe_b); rdma has no in-program baseline (compare with perftest's
 // ib_write_bw and UCX rc_verbs, as tests/softroce/bench.sh does).
@@ -70,6 +71,15 @@ int checkOptions(const BenchOptions& o, BenchPlan& plan) {
     std::fprintf(stderr, "framelink bench: --baselines-only and --no-baselines exclude each other\n");
     return 2;
   }
+  if (o.hosts != 0 && o.hosts != 2) {
+    std::fprintf(stderr, "framelink bench: --hosts %u: give 2 for the two-hosts case, or 0 to skip it\n",
+                 o.hosts);
+    return 2;
+  }
+  if (o.hosts != 0 && o.local) {
+    std::fprintf(stderr, "framelink bench: --hosts sends to other daemons: drop it or --local\n");
+    return 2;
+  }
   if (plan.transports.empty() || o.seconds <= 0) {
     std::fprintf(stderr, "framelink bench: need at least one transport and --seconds > 0\n");
     return 2;
@@ -128,17 +138,13 @@ class BenchRunner {
   }
 
  private:
-  // Two daemons over `t` and every case on them; their logs are kept once any case failed.
+  // Two daemons over `t` and every case on them, then the two-hosts case on three daemons.
   bool runTransport(const std::string& t) {
     DaemonPair::Options dopt = daemons_;
     dopt.transport = t;
     status("starting two framelinkd over %s ...\n", t);
-    std::string err;
-    auto pair = DaemonPair::start(dopt, err);
-    if (!pair) {
-      std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
-      return false;
-    }
+    auto pair = startDaemons(dopt);
+    if (!pair) return false;
     runSizes(*pair, t);
     if (!g_interrupted.load() && o_.subscribers > 1) runSubscriberCases(*pair, t);
     if (!g_interrupted.load() && o_.pairs > 1) runManyPairs(*pair, t);
@@ -147,13 +153,27 @@ class BenchRunner {
       status("  %s ...\n", t + " idle daemons, " + fmt("%.1f s", o_.idle_seconds));
       res_.idle.emplace_back(t, measureIdle(*pair, o_.idle_seconds));
     }
-    if (!any_error_) {
-      pair->stop();
-    } else {
-      pair->keepDir();
-      res_.errors.push_back("daemon logs kept in " + pair->dir());
-    }
+    finish(*pair);
+    if (!g_interrupted.load() && o_.hosts == 2) return runTwoHostsCase(dopt, t);
     return true;
+  }
+
+  // nullptr after saying why the daemons did not start.
+  static std::unique_ptr<DaemonPair> startDaemons(const DaemonPair::Options& dopt) {
+    std::string err;
+    auto daemons = DaemonPair::start(dopt, err);
+    if (!daemons) std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+    return daemons;
+  }
+
+  // Stops the daemons; their logs are kept once any case failed.
+  void finish(DaemonPair& daemons) {
+    if (!any_error_) {
+      daemons.stop();
+    } else {
+      daemons.keepDir();
+      res_.errors.push_back("daemon logs kept in " + daemons.dir());
+    }
   }
 
   // A framelink case's error goes on the list and keeps the daemons' logs.
@@ -179,7 +199,7 @@ class BenchRunner {
   // One subscriber, then --subscribers, of one stream on daemon B, each case with the bytes A's
   // transports sent per frame.
   void runSubscriberCases(DaemonPair& pair, const std::string& t) {
-    const uint64_t size = o_.subscribers_size;
+    const uint64_t size = o_.fanout_size;
     status("  %s ...\n", t + " " + formatBytes(size) + " frames, 1 then " + std::to_string(o_.subscribers) +
                              " subscribers on B, " + fmt("%.0f s", o_.seconds) + " each");
     CaseConfig c = throughputCase(size, o_.seconds);
@@ -190,6 +210,30 @@ class BenchRunner {
       caseFailed(t + " " + std::to_string(o_.subscribers) + " subscribers: " + r.many.error);
     }
     res_.subscribers.push_back({t, std::move(r)});
+  }
+
+  // One stream to hostB alone, then to hostB and hostC, one reader on each host, with the bytes
+  // A's transports sent per frame.  Daemons of their own: with two peers, every stream of the
+  // other cases would need a route.
+  bool runTwoHostsCase(DaemonPair::Options dopt, const std::string& t) {
+    const std::string streams = "hosts";
+    dopt.host_c = true;
+    const std::vector<std::string> routes = twoHostsRoutes(streams);
+    dopt.extra_args_a.insert(dopt.extra_args_a.end(), routes.begin(), routes.end());
+    status("starting three framelinkd over %s ...\n", t);
+    auto daemons = startDaemons(dopt);
+    if (!daemons) return false;
+    const uint64_t size = o_.fanout_size;
+    status("  %s ...\n", t + " " + formatBytes(size) + " frames to hostB alone, then to hostB and hostC, " +
+                             fmt("%.0f s", o_.seconds) + " each");
+    CaseConfig c = throughputCase(size, o_.seconds);
+    c.count_link = true;
+    SubscribersResult r = runTwoHosts(*daemons, streams, c);
+    if (!r.one.error.empty()) caseFailed(t + " to hostB alone: " + r.one.error);
+    if (!r.many.error.empty()) caseFailed(t + " to hostB and hostC: " + r.many.error);
+    res_.hosts.push_back({t, std::move(r)});
+    finish(*daemons);
+    return true;
   }
 
   // --pairs producer/consumer pairs at once, timed together.
@@ -334,6 +378,10 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
                   "subscribers of one stream, each getting every frame, against one, 1 MiB frames: on "
                   "daemon B, with the bytes the link carried per frame (--local: on the one daemon) "
                   "(default 4; 0 = skip)");
+  cmd->add_option("--hosts", o->hosts,
+                  "2: one stream from daemon A to a reader on daemon B alone, then to readers on B and on a "
+                  "third daemon C, 1 MiB frames: each host's frames/s against B's alone, with the bytes the "
+                  "link carried per frame (default 0 = skip)");
   auto* sizes_option = cmd->get_option("--sizes");
   cmd->callback([o, sizes_option, &exit_code] {
     if (o->local && sizes_option->count() == 0) o->sizes = "4K,1M,64M";

@@ -84,6 +84,7 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
     d.log_file = pair->dir_ + "/" + tag + ".log";
   };
   setup(pair->b_, "hostB", "b");
+  setup(pair->c_, "hostC", "c");
   setup(pair->a_, "hostA", "a");
 
   auto common = [&](const DaemonProcess& d, const std::string& host) {
@@ -108,14 +109,19 @@ std::unique_ptr<DaemonPair> DaemonPair::start(const Options& options, std::strin
     return args;
   };
 
-  if (!pair->spawn(pair->b_, common(pair->b_, options.host_b), err) ||
-      !pair->waitReady(pair->b_, options.ready_timeout_ms, err)) {
-    pair->keepDir();
-    return nullptr;
-  }
+  // The listening sides first: hostA dials each of them once it runs.
+  std::vector<DaemonProcess*> peers = {&pair->b_};
+  if (options.host_c) peers.push_back(&pair->c_);
   auto args_a = common(pair->a_, options.host_a);
-  args_a.emplace_back("--peer");
-  args_a.push_back("hostB=" + options.host_b + ":" + std::to_string(pair->b_.grpc_port));
+  for (DaemonProcess* d : peers) {
+    if (!pair->spawn(*d, common(*d, options.host_b), err) ||
+        !pair->waitReady(*d, options.ready_timeout_ms, err)) {
+      pair->keepDir();
+      return nullptr;
+    }
+    args_a.emplace_back("--peer");
+    args_a.push_back(d->id + "=" + options.host_b + ":" + std::to_string(d->grpc_port));
+  }
   args_a.insert(args_a.end(), options.extra_args_a.begin(), options.extra_args_a.end());
   if (!pair->spawn(pair->a_, args_a, err) || !pair->waitReady(pair->a_, options.ready_timeout_ms, err)) {
     pair->keepDir();
@@ -211,8 +217,14 @@ bool DaemonPair::waitReady(DaemonProcess& d, int timeout_ms, std::string& err) {
   }
 }
 
+std::vector<DaemonProcess*> DaemonPair::daemons() {
+  std::vector<DaemonProcess*> all = {&a_, &b_};
+  if (options_.host_c) all.push_back(&c_);
+  return all;
+}
+
 std::string DaemonPair::checkAlive() {
-  for (DaemonProcess* d : {&a_, &b_}) {
+  for (DaemonProcess* d : daemons()) {
     if (d->pid <= 0) return "framelinkd " + d->id + " is not running";
     int status = 0;
     if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
@@ -241,11 +253,12 @@ std::string DaemonPair::logTail(const DaemonProcess& d, int lines) const {
 
 void DaemonPair::stop() {
   // The producer side first, so its frames fail fast rather than waiting for a gone peer.
-  for (DaemonProcess* d : {&a_, &b_}) {
+  const std::vector<DaemonProcess*> all = daemons();
+  for (DaemonProcess* d : all) {
     if (d->pid > 0) ::kill(d->pid, SIGTERM);
   }
   const uint64_t deadline = monotonicNs() + 5'000'000'000ull;
-  for (DaemonProcess* d : {&a_, &b_}) {
+  for (DaemonProcess* d : all) {
     while (d->pid > 0) {
       int status = 0;
       const pid_t r = waitpid(d->pid, &status, WNOHANG);

@@ -1,5 +1,6 @@
 // Two framelinkd processes on this machine, "hostA" (dials) and "hostB" (listens), wired to each
-// other over loopback with a random token: the setup `framelink demo` and `bench` run on.
+// other over loopback with a random token: the setup `framelink demo` and `bench` run on.  On
+// request a third, "hostC", listens beside hostB as hostA's second peer (bench --hosts).
 #ifndef FRAMELINK_CLI_DAEMON_PAIR_H
 #define FRAMELINK_CLI_DAEMON_PAIR_H
 
@@ -39,6 +40,9 @@ class DaemonPair {
     std::string log_level = "info";
     std::vector<std::string> extra_args;    // appended to both daemons' command lines
     std::vector<std::string> extra_args_a;  // hostA's only (after its --peer)
+    // Also start hostC on host_b's address and make it hostA's second peer; which streams go
+    // where is the caller's to say (--route in extra_args_a): two peers without routes are ambiguous.
+    bool host_c = false;
     int ready_timeout_ms = 15000;
   };
 
@@ -49,11 +53,12 @@ class DaemonPair {
 
   const DaemonProcess& a() const { return a_; }  // producer side
   const DaemonProcess& b() const { return b_; }  // consumer side
+  const DaemonProcess& c() const { return c_; }  // the second consumer side, with Options::host_c
   const std::string& dir() const { return dir_; }
 
-  // "" while both daemons run; otherwise which one exited and how, plus its log tail.
+  // "" while every daemon runs; otherwise which one exited and how, plus its log tail.
   std::string checkAlive();
-  // SIGTERM both, SIGKILL whatever still runs after 5 s; idempotent.
+  // SIGTERM every daemon, SIGKILL whatever still runs after 5 s; idempotent.
   void stop();
   std::string logTail(const DaemonProcess& d, int lines = 15) const;
   // Keep the temporary directory (logs) after stop, e.g. after a failure.
@@ -63,11 +68,14 @@ class DaemonPair {
   DaemonPair() = default;
   bool spawn(DaemonProcess& d, const std::vector<std::string>& args, std::string& err);
   bool waitReady(DaemonProcess& d, int timeout_ms, std::string& err);
+  // hostA first (the producer side), then the consumer sides that were started.
+  std::vector<DaemonProcess*> daemons();
 
   Options options_;
   std::string dir_;
   DaemonProcess a_;
   DaemonProcess b_;
+  DaemonProcess c_;
   bool keep_dir_ = false;
 };
 

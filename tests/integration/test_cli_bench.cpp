@@ -1,6 +1,7 @@
-// `framelink bench` as an operator runs it: its own two daemons, the tables it prints.  Short
-// cases; what is checked is the shape and the byte counts, not the speed (the machine running the
-// tests may be busy).
+// `framelink bench` as an operator runs it: its own daemons (three with --hosts 2), the tables it
+// prints.  Short cases; what is checked is the shape and the byte counts, not the speed (the machine
+// running the tests may be busy).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <optional>
@@ -71,4 +72,55 @@ TEST_CASE("cli: bench --subscribers: every subscriber on daemon B gets each fram
   CHECK(leadingNumber(link[1]).value_or(0) == Approx(1.0).epsilon(0.02));
   CHECK(leadingNumber(link[2]).value_or(0) == Approx(1.0).epsilon(0.02));
   CHECK(leadingNumber(link[3]).value_or(0) == Approx(1.0).epsilon(0.02));
+}
+
+TEST_CASE(
+    "cli: bench --hosts 2: one stream to hostB and hostC, each host gets every frame, the link carries "
+    "it once per host",
+    "[integration][cli][bench]") {
+  ChildProcess bench("bench-hosts", {"bench",
+                                     "--framelinkd",
+                                     daemonBinary(),
+                                     "--transports",
+                                     "tcp",
+                                     "--sizes",
+                                     "4K",
+                                     "--seconds",
+                                     "0.5",
+                                     "--hosts",
+                                     "2",
+                                     "--subscribers",
+                                     "0",
+                                     "--no-baselines",
+                                     "--pairs",
+                                     "0",
+                                     "--latency-samples",
+                                     "0",
+                                     "--idle-seconds",
+                                     "0"});
+  const int code = bench.wait(Millis(60000));
+  const std::string out = bench.output();
+  INFO(out);
+  REQUIRE(code == 0);
+
+  const std::string what = "tcp 1 MiB, ";  // the two-hosts case's frame size
+  CHECK(out.find("| case | hostB alone | hostB and hostC, each | ratio each / alone |") != std::string::npos);
+  for (const char* figure : {"frames/s delivered per host", "GB/s delivered per host"}) {
+    INFO(figure);
+    const auto row = tableRow(out, what + figure);
+    REQUIRE(row.size() == 4);
+    const double alone = leadingNumber(row[1]).value_or(0);
+    const double each = leadingNumber(row[2]).value_or(0);
+    CHECK(alone > 0);
+    CHECK(each > 0);
+    // The ratio is the two cells' (to their rounding: the ratio has two decimals).
+    CHECK(leadingNumber(row[3]).value_or(0) ==
+          Approx(each / std::max(alone, 1e-9)).epsilon(0.02).margin(0.01));
+  }
+  // Routed to hostB alone the link carried each frame once; to hostB and hostC, once per host.
+  const auto link = tableRow(out, what + "link bytes per frame");
+  REQUIRE(link.size() == 4);
+  CHECK(leadingNumber(link[1]).value_or(0) == Approx(1.0).epsilon(0.02));
+  CHECK(leadingNumber(link[2]).value_or(0) == Approx(2.0).epsilon(0.02));
+  CHECK(leadingNumber(link[3]).value_or(0) == Approx(2.0).epsilon(0.02));
 }
