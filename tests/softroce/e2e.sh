@@ -12,8 +12,12 @@
 #   detach    two consumers share the stream and one is killed mid-stream while the producer sends
 #             as fast as it can (writes into its slots in flight): the link stays up (no link
 #             failure), every frame ends once, each delivered one was received, none twice
+#   fanout    A routes the stream to B and C (--route fan=hostB,hostC); two subscribers on B, one
+#             on C: every reader gets every frame, verified, in order; each completion counts 3
+#             readers; A's transport sent each frame twice (once per host), B and C each received
+#             it once (B lends it to its second subscriber)
 #
-#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach]
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
 #                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
 #
@@ -28,7 +32,7 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-cases=transfer,cut,fallback,faults,detach
+cases=transfer,cut,fallback,faults,detach,fanout
 transport=rdma
 frames=300
 sizes=64K:1M
@@ -150,7 +154,7 @@ start_pair() {
 
 show_logs() {
   local n
-  for n in a b; do
+  for n in a b c; do
     [[ -f "$work/$n/log" ]] || continue
     echo "---- framelinkd $n log (last 25 lines; $work/$n/log)"
     tail -25 "$work/$n/log"
@@ -401,6 +405,78 @@ case_detach() {
   cleanup
 }
 
+case_fanout() {
+  local saved_frames=$frames saved_sizes=$sizes
+  frames=60
+  sizes=64K:256K
+  log "case fanout: $frames frames of $sizes over $transport from A to two subscribers on B and one on C"
+  local port_b=7701 port_c=7702
+  if ! start_daemon b "$b_ip" "$transport" "$port_b" || ! start_daemon c "$b_ip" "$transport" "$port_c" ||
+    ! start_daemon a "$a_ip" "$transport" 7700 --peer "hostB=$b_ip:$port_b" --peer "hostC=$b_ip:$port_c" \
+      --route fan=hostB,hostC; then
+    show_logs
+    result fanout FAIL "daemons did not start"
+    frames=$saved_frames sizes=$saved_sizes
+    cleanup
+    return
+  fi
+  wait_link b >/dev/null
+  wait_link c >/dev/null
+  local r rpids=()
+  for r in b1 b2 c1; do
+    "$cli" recv --socket "$work/${r:0:1}/sock" --stream fan --subscribe --count "$frames" --verify --expect-order \
+      --expect-random-size "$sizes" --expect-seed 7 --timeout-ms 60000 --json >"$work/fan.$r.recv" 2>&1 &
+    rpids+=("$!")
+    pids+=("$!")
+  done
+  sleep 0.5
+  "$cli" send --socket "$work/a/sock" --stream fan --count "$frames" --random-size "$sizes" --seed 7 --crc \
+    --json >"$work/fan.send" 2>&1
+  local send_rc=$? why="" rc i=0
+  local sj
+  sj=$(grep '^{' "$work/fan.send" | tail -1)
+  echo "  sender: rc=$send_rc $sj"
+  [[ "$send_rc" == 0 && "$(json_num "$sj" delivered)" == "$frames" && "$(json_num "$sj" failed)" == 0 ]] ||
+    why="the sender did not see $frames frames delivered"
+  [[ "$(json_num "$sj" readers_min)" == 3 && "$(json_num "$sj" readers_max)" == 3 ]] ||
+    why="${why:+$why; }completions counted $(json_num "$sj" readers_min)..$(json_num "$sj" readers_max) readers, want 3"
+  for r in b1 b2 c1; do
+    wait "${rpids[$i]}"
+    rc=$?
+    i=$((i + 1))
+    local rj
+    rj=$(grep '^{' "$work/fan.$r.recv" | tail -1)
+    echo "  reader $r: rc=$rc $rj"
+    [[ "$rc" == 0 && "$(json_num "$rj" received)" == "$frames" && "$(json_num "$rj" bad)" == 0 ]] &&
+      grep -q '"ok":true' <<<"$rj" || why="${why:+$why; }reader $r did not get every frame verified, in order"
+  done
+  # Once over each link: A sent 2 x frames, B and C each took in frames (the counters are
+  # published twice a second).
+  local sent got_b got_c
+  metric() { http_get "$(ready_value "$work/$1/ready" metrics_port)" /metrics | sed -n "s/^framelink_$2 //p"; }
+  for _ in $(seq 50); do
+    sent=$(metric a transport_frames_sent_total)
+    got_b=$(metric b transport_frames_received_total)
+    got_c=$(metric c transport_frames_received_total)
+    [[ "${sent:-0}" -ge $((2 * frames)) && "${got_b:-0}" -ge "$frames" && "${got_c:-0}" -ge "$frames" ]] && break
+    sleep 0.1
+  done
+  log "A's transport sent ${sent:-?} frames; B received ${got_b:-?}, C ${got_c:-?}; link transports B=$(link_transport b) C=$(link_transport c)"
+  [[ "${sent:-x}" == $((2 * frames)) && "${got_b:-x}" == "$frames" && "${got_c:-x}" == "$frames" ]] ||
+    why="${why:+$why; }A sent ${sent:-?} frames (want $((2 * frames))), B received ${got_b:-?} and C ${got_c:-?} (want $frames each)"
+  [[ "$(link_transport b)" == "$transport" && "$(link_transport c)" == "$transport" ]] ||
+    why="${why:+$why; }the links are not $transport"
+  if [[ -z "$why" ]]; then
+    result fanout PASS "$frames frames to 2 hosts over $transport: 3 readers verified each, in order; A sent $sent (one per host)"
+  else
+    show_logs
+    result fanout FAIL "$why"
+  fi
+  cleanup
+  frames=$saved_frames
+  sizes=$saved_sizes
+}
+
 echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
@@ -410,6 +486,7 @@ for c in "${want[@]}"; do
     fallback) case_fallback ;;
     faults) case_faults ;;
     detach) case_detach ;;
+    fanout) case_fanout ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done

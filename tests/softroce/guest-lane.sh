@@ -90,7 +90,7 @@ for s in "${want[@]}"; do
       step hugepage 1 60 env FRAMELINK_RDMA_REQUIRE_HUGEPAGES=1 "$build/tests/softroce/framelink_rdma_hugepage_mr"
       ;;
     e2e)
-      step e2e 1 300 bash "$here/e2e.sh" --build "$build" --a-ip "$FRAMELINK_RDMA_A_IP" \
+      step e2e 1 420 bash "$here/e2e.sh" --build "$build" --a-ip "$FRAMELINK_RDMA_A_IP" \
         --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up"
       ;;
     bench)
