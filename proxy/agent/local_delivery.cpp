@@ -66,21 +66,27 @@ size_t LocalDelivery::waitingFor(const ClientSession& c) const {
   return n;
 }
 
-void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
-                           uint64_t length, bool beside) {
-  ClientSession& p = *producer.session;
-  Stream& s = streams_[p.stream];
-  Frame& f = frames_[{p.id, slot}];
+LocalDelivery::Frame& LocalDelivery::newFrame(Stream& s, const ClientSession& source, uint32_t slot,
+                                              const fl_slot_header& header, uint64_t length) {
+  Frame& f = frames_[{source.id, slot}];
   f = Frame{};
-  f.producer = p.id;
+  f.producer = source.id;
   f.slot = slot;
-  f.stream = p.stream;
+  f.stream = source.stream;
   f.header = header;
   f.length = length;
   f.sequence = s.next_sequence++;
   f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
-  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), p.stream) !=
+  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), source.stream) !=
            config_.copy_streams.end();
+  return f;
+}
+
+void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
+                           uint64_t length, bool beside) {
+  ClientSession& p = *producer.session;
+  Stream& s = streams_[p.stream];
+  Frame& f = newFrame(s, p, slot, header, length);
   SlotEntry& e = p.slots[slot];
   f.beside = beside;
   if (!beside) {
@@ -126,17 +132,7 @@ bool LocalDelivery::landedElsewhereWaits(const std::string& stream) const {
 void LocalDelivery::shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header,
                                 const Landed& from) {
   Stream& s = streams_[landing.stream];
-  Frame& f = frames_[{landing.id, slot}];
-  f = Frame{};
-  f.producer = landing.id;
-  f.slot = slot;
-  f.stream = landing.stream;
-  f.header = header;
-  f.length = header.length;
-  f.sequence = s.next_sequence++;
-  f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
-  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), landing.stream) !=
-           config_.copy_streams.end();
+  Frame& f = newFrame(s, landing, slot, header, header.length);
   f.landed = true;
   f.source_member = !landing.subscriber;
   f.from = from;

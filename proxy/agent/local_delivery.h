@@ -155,6 +155,10 @@ class LocalDelivery {
     std::vector<uint64_t> to_retire;     // retirements not yet sent
   };
 
+  // A frame of `s` in `slot` of `source` (a producer, or the consumer it
+  // landed in), its sequence the stream's next: the rest is the caller's.
+  Frame& newFrame(Stream& s, const ClientSession& source, uint32_t slot, const fl_slot_header& header,
+                  uint64_t length);
   // Delivers the oldest waiting frame of `s` when each of its readers has a
   // free slot; false when it must wait.
   bool deliverOne(Stream& s);
