@@ -79,6 +79,8 @@ LocalDelivery::Frame& LocalDelivery::newFrame(Stream& s, const ClientSession& so
   f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
   f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), source.stream) !=
            config_.copy_streams.end();
+  f.drop = std::find(config_.drop_streams.begin(), config_.drop_streams.end(), source.stream) !=
+           config_.drop_streams.end();
   return f;
 }
 
@@ -177,7 +179,7 @@ int LocalDelivery::freeSlot(const ClientSession& c) {
   return -1;
 }
 
-bool LocalDelivery::deliverOne(Stream& s) {
+bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
   while (!s.waiting.empty()) {
     auto fit = frames_.find(s.waiting.front());
     AgentClient* source = fit == frames_.end() ? nullptr : clients_.find(fit->second.producer);
@@ -190,10 +192,17 @@ bool LocalDelivery::deliverOne(Stream& s) {
     }
     Frame& f = fit->second;
     // Every subscriber and one member of the queue group, each with a free
-    // slot, or the frame waits: block, never skip a reader.  A frame that
-    // landed here has its landing consumer already.
+    // slot, or the frame waits.  On a drop stream a subscriber with no free
+    // slot is skipped instead once more than drop_lag frames wait (every
+    // one of them waits for it: they go in order), or when the frame is due
+    // to fail: it does not hold the other readers' frames beyond that.  The
+    // queue group shares the frames: a member is never skipped.  A frame
+    // that landed here has its landing consumer already.
+    const bool skip_full =
+        f.drop && (s.waiting.size() > config_.drop_lag || (at_deadline && f.deadline_ns <= clock_.nowNs()));
     std::vector<std::pair<ClientSession*, int>> readers;
     std::vector<ClientSession*> members;
+    std::vector<ClientSession*> skipped;
     for (auto& [id, c] : clients_.all()) {
       ClientSession& r = *c.session;
       if (r.role != FL_ROLE_CONSUMER || r.gone || r.stream != f.stream) continue;
@@ -203,8 +212,13 @@ bool LocalDelivery::deliverOne(Stream& s) {
         continue;
       }
       const int slot = freeSlot(r);
-      if (slot < 0) return false;
-      readers.emplace_back(&r, slot);
+      if (slot >= 0) {
+        readers.emplace_back(&r, slot);
+      } else if (skip_full) {
+        skipped.push_back(&r);
+      } else {
+        return false;
+      }
     }
     if (!members.empty()) {
       int slot = -1;
@@ -215,14 +229,29 @@ bool LocalDelivery::deliverOne(Stream& s) {
       }
       if (slot < 0) return false;
     }
-    if (readers.empty() && !f.landed) return false;  // nobody reads it (yet): it waits for its deadline
+    // Nobody reads it (yet): it waits for its deadline.  A frame every
+    // reader of which was skipped ends delivered to none.
+    if (readers.empty() && skipped.empty() && !f.landed) return false;
     s.waiting.pop_front();
     f.waiting = false;
+    for (ClientSession* r : skipped) skip(f, *source, *r);
     for (auto& [r, slot] : readers) deliverTo(f, *source, *r, static_cast<uint32_t>(slot));
     endIfDone({f.producer, f.slot});
     return true;
   }
   return false;
+}
+
+void LocalDelivery::skip(const Frame& f, AgentClient& source, ClientSession& r) {
+  // Saturates: a reader that stays stalled is told it missed "at least" this many.
+  if (r.gap < UINT32_MAX) ++r.gap;
+  ++r.dropped;
+  if (!f.landed) ++source.session->dropped;
+  metrics_.counters.frames_dropped_slow_reader.fetch_add(1, std::memory_order_relaxed);
+  log_.warn(
+      "client {} stream '{}': more than {} frames wait for it and it has no free slot: skipped for frame {} "
+      "({} skipped in all)",
+      r.id, r.stream, config_.drop_lag, f.sequence, r.dropped);
 }
 
 void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r, uint32_t rs) {
@@ -231,6 +260,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   h.length = f.length;
   h.sequence = f.sequence;
   h.flags = f.header.flags & (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);  // CRC checked already
+  if (r.gap > 0) h.flags |= FL_SLOT_GAP;
   h.reserved0 = 0;
   std::memset(h.reserved1, 0, sizeof h.reserved1);
   if (!f.copy && lend(r, p)) {
@@ -265,7 +295,9 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   r.bytes += f.length;
   metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
   metrics_.counters.bytes_received.fetch_add(f.length, std::memory_order_relaxed);
-  clients_.complete(r, rs, FL_OK, f.sequence, f.length, f.header.frame_id);
+  // A consumer's completion has no readers: that field says the gap.
+  clients_.complete(r, rs, FL_OK, f.sequence, f.length, f.header.frame_id, r.gap);
+  r.gap = 0;
 }
 
 bool LocalDelivery::sendRetirements(ClientSession& r, Lends& lends) {
@@ -436,6 +468,8 @@ void LocalDelivery::checkDeadlines() {
       const FrameKey key = s.waiting.front();
       auto fit = frames_.find(key);
       if (fit != frames_.end() && fit->second.waiting && fit->second.deadline_ns > now) break;
+      // A drop stream's frame goes on without its stalled subscribers.
+      if (fit != frames_.end() && fit->second.waiting && fit->second.drop && deliverOne(s, true)) continue;
       s.waiting.pop_front();
       if (fit == frames_.end() || !fit->second.waiting) continue;
       Frame& f = fit->second;
