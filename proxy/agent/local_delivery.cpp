@@ -248,10 +248,10 @@ void LocalDelivery::skip(const Frame& f, AgentClient& source, ClientSession& r) 
   ++r.dropped;
   if (!f.landed) ++source.session->dropped;
   metrics_.counters.frames_dropped_slow_reader.fetch_add(1, std::memory_order_relaxed);
-  log_.warn(
-      "client {} stream '{}': more than {} frames wait for it and it has no free slot: skipped for frame {} "
-      "({} skipped in all)",
-      r.id, r.stream, config_.drop_lag, f.sequence, r.dropped);
+  log_skips_.warn(
+      "client {} stream '{}': skipped for frame {}: no free slot while more than drop_lag ({}) frames wait, "
+      "or the frame was due ({} skipped in all)",
+      r.id, r.stream, f.sequence, config_.drop_lag, r.dropped);
 }
 
 void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r, uint32_t rs) {

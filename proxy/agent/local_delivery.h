@@ -192,6 +192,7 @@ class LocalDelivery {
   std::unordered_map<uint64_t, Lends> lends_;         // by consumer
   std::unordered_map<std::string, Readers> readers_;  // by stream
   LogLimiter log_{std::chrono::seconds(1), 5};
+  LogLimiter log_skips_{std::chrono::seconds(1), 5};  // a slow subscriber of a drop stream
 };
 
 }  // namespace framelink
