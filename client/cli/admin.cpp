@@ -416,9 +416,10 @@ std::string formatClients(const Json& snapshot) {
   const Json& clients = member(detail(snapshot), "clients");
   if (clients.empty()) return "no clients attached\n";
   // A reader's lag: the frames it holds, and for a subscriber those that
-  // wait here for one of its slots.
-  Table t({"ID", "PID", "UID", "ROLE", "STREAM", "SLOTS", "IN FLIGHT", "LAG", "FRAMES", "BYTES", "ERRORS",
-           "NAME"});
+  // wait here for one of its slots.  DROPPED (drop streams): a subscriber's
+  // frames it was skipped for, a producer's subscribers its frames skipped.
+  Table t({"ID", "PID", "UID", "ROLE", "STREAM", "SLOTS", "IN FLIGHT", "LAG", "DROPPED", "FRAMES", "BYTES",
+           "ERRORS", "NAME"});
   for (const auto& c : clients) {
     const bool producer = str(c, "role") == "producer";
     t.add({std::to_string(u64(c, "id")), std::to_string(u64(c, "pid")), std::to_string(u64(c, "uid")),
@@ -426,8 +427,8 @@ std::string formatClients(const Json& snapshot) {
            std::to_string(u64(c, "slots")) + " x " + formatBytes(u64(c, "slot_size")),
            std::to_string(u64(c, "in_flight")),
            producer ? "-" : std::to_string(u64(c, "in_flight") + u64(c, "waiting")),
-           std::to_string(u64(c, "frames")), formatBytes(u64(c, "bytes")), std::to_string(u64(c, "errors")),
-           str(c, "name")});
+           std::to_string(u64(c, "dropped")), std::to_string(u64(c, "frames")), formatBytes(u64(c, "bytes")),
+           std::to_string(u64(c, "errors")), str(c, "name")});
   }
   return t.str();
 }

@@ -159,6 +159,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   c->slot_state = (uint8_t*)calloc(slot_count, 1);
   c->slot_want_crc = (uint8_t*)calloc(slot_count, 1);
   c->slot_lent = (uint8_t*)calloc(slot_count, 1);
+  c->slot_gap = (uint32_t*)calloc(slot_count, sizeof(uint32_t));
   c->free_list = (uint32_t*)calloc(slot_count, sizeof(uint32_t));
   c->queue = (fl_completion*)calloc(qcap, sizeof(fl_completion));
   pthread_condattr_t ca;
@@ -167,7 +168,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
   cv_ok =
       cv_ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&c->cv, &ca) == 0;
   int mu_ok = 0, rmu_ok = 0;
-  if (c->slot_state && c->slot_want_crc && c->slot_lent && c->free_list && c->queue && cv_ok) {
+  if (c->slot_state && c->slot_want_crc && c->slot_lent && c->slot_gap && c->free_list && c->queue && cv_ok) {
     mu_ok = pthread_mutex_init(&c->mu, NULL) == 0;
     rmu_ok = mu_ok && pthread_mutex_init(&c->reattach_mu, NULL) == 0;
   }
@@ -177,6 +178,7 @@ static fl_client* flx_alloc_client(uint32_t slot_count, uint32_t ring_cap) {
     free(c->slot_state);
     free(c->slot_want_crc);
     free(c->slot_lent);
+    free(c->slot_gap);
     free(c->free_list);
     free(c->queue);
     free(c);
@@ -192,6 +194,7 @@ void flx_free_shell(fl_client* c) {
   free(c->slot_state);
   free(c->slot_want_crc);
   free(c->slot_lent);
+  free(c->slot_gap);
   free(c->free_list);
   free(c->queue);
   free(c);

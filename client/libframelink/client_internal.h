@@ -67,6 +67,7 @@ struct fl_client {
   uint8_t* slot_state;    /* [mu] enum flx_slot_state per slot */
   uint8_t* slot_want_crc; /* [mu] producer: FL_META_CRC32C was set for the held slot */
   uint8_t* slot_lent;     /* [mu] consumer: 1 + index in lent[] of the held frame's segment, 0: its own */
+  uint32_t* slot_gap;     /* [mu] consumer: frames missed before the held frame (fl_frame_gap) */
   uint32_t* free_list;    /* [mu] producer: stack of FREE slots */
   uint32_t free_count;    /* [mu] */
 

@@ -52,10 +52,12 @@ static int flx_try_receive(fl_client* c, void* arg) {
     ++lent; /* 0 means the consumer's own slot */
   }
   c->slot_lent[d.slot] = (uint8_t)lent;
+  /* The completion's readers field is the gap for a consumer (shm_layout.h). */
+  c->slot_gap[d.slot] = (h.flags & FL_SLOT_GAP) ? d.readers : 0;
   c->slot_state[d.slot] = FLX_SLOT_HELD;
   memset(out, 0, sizeof(*out));
   out->slot = d.slot;
-  out->flags = h.flags & (uint32_t)(FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);
+  out->flags = h.flags & (uint32_t)(FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED | FL_SLOT_GAP);
   out->sequence = h.sequence;
   out->data = data;
   out->length = h.length;
@@ -73,6 +75,14 @@ FL_API int fl_receive(fl_client* c, fl_frame* out, int timeout_ms) {
   if (rc != FL_OK) return rc;
   if (!out) return flx_error(FL_EINVAL, "fl_receive: out is NULL");
   return flx_wait(c, timeout_ms, flx_try_receive, out, "frame");
+}
+
+FL_API uint32_t fl_frame_gap(fl_client* c, uint32_t slot) {
+  if (!c || c->role != FL_CONSUMER) return 0;
+  pthread_mutex_lock(&c->mu);
+  uint32_t gap = slot < c->slot_count && c->slot_state[slot] == FLX_SLOT_HELD ? c->slot_gap[slot] : 0;
+  pthread_mutex_unlock(&c->mu);
+  return gap;
 }
 
 FL_API int fl_release(fl_client* c, uint32_t slot) {

@@ -168,15 +168,18 @@ static int flx_reattach_serialized(fl_client* c) {
   free(c->slot_state);
   free(c->slot_want_crc);
   free(c->slot_lent);
+  free(c->slot_gap);
   free(c->free_list);
   c->slot_state = n->slot_state;
   c->slot_want_crc = n->slot_want_crc;
   c->slot_lent = n->slot_lent;
+  c->slot_gap = n->slot_gap;
   c->free_list = n->free_list;
   c->free_count = n->free_count;
   n->slot_state = NULL;
   n->slot_want_crc = NULL;
   n->slot_lent = NULL;
+  n->slot_gap = NULL;
   n->free_list = NULL;
   __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
   c->armed = 0; /* the new doorbell is rung once a call finds nothing again */

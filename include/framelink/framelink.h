@@ -198,7 +198,10 @@ typedef struct fl_completion {
 /* A delivered frame, valid until fl_release(frame.slot). */
 typedef struct fl_frame {
   uint32_t slot;
-  uint32_t flags; /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked; FL_SLOT_MAYBE_REDELIVERED */
+  /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked; FL_SLOT_MAYBE_REDELIVERED;
+   * FL_SLOT_GAP when frames of the stream were skipped for this subscriber before this one
+   * (a drop stream: fl_frame_gap says how many) */
+  uint32_t flags;
   uint64_t sequence;
   const uint8_t* data; /* read-only */
   uint64_t length;
@@ -290,6 +293,10 @@ FL_API int fl_in_flight(const fl_client* client, uint32_t* count);
 /* Consumer.  timeout_ms as above. */
 FL_API int fl_receive(fl_client* client, fl_frame* out, int timeout_ms);
 FL_API int fl_release(fl_client* client, uint32_t slot);
+/* The frames of its stream this subscriber missed just before the frame it
+ * holds in `slot` (the daemon skipped it on a drop stream while it was too
+ * far behind; saturates at UINT32_MAX).  0: none, or the slot holds no frame. */
+FL_API uint32_t fl_frame_gap(fl_client* client, uint32_t slot);
 
 /* CRC32C (Castagnoli) of a buffer, as the daemon computes it. */
 FL_API uint32_t fl_crc32c(uint32_t seed, const void* data, size_t length);

@@ -250,6 +250,10 @@ class Frame {
   bool crcChecked() const noexcept { return (frame_.flags & FL_SLOT_HAS_CRC32C) != 0; }
   // Sent again after the receiving daemon restarted: may have been seen before.
   bool maybeRedelivered() const noexcept { return (frame_.flags & FL_SLOT_MAYBE_REDELIVERED) != 0; }
+  // A subscriber of a drop stream: the frames it missed just before this one.
+  uint32_t gap() const noexcept {
+    return client_ != nullptr && (frame_.flags & FL_SLOT_GAP) != 0 ? fl_frame_gap(client_, frame_.slot) : 0;
+  }
   std::string_view attrs() const noexcept {
     return {reinterpret_cast<const char*>(frame_.attrs), frame_.attr_length};
   }

@@ -97,6 +97,10 @@ enum fl_slot_flags {
    * id (8 bytes, little-endian), reserved0 the producer's slot.  Everything
    * else in the header is the daemon's validated copy of the producer's. */
   FL_SLOT_LENT = 1u << 2,
+  /* Consumer: frames of the stream were not delivered to this subscriber
+   * before this one (a stream in the daemon's drop_streams, while it was
+   * too far behind).  The completion's `readers` says how many. */
+  FL_SLOT_GAP = 1u << 3,
 };
 
 /*
@@ -152,7 +156,9 @@ typedef struct fl_completion_desc {
   uint64_t length;
   uint64_t frame_id;
   /* Producer: the readers the frame reached on every host, and how many of
-   * them released it (equal when status is FL_OK).  Consumer: 0. */
+   * them released it (equal when status is FL_OK).  Consumer: `readers` is
+   * the frames of the stream it missed just before this one (the slot
+   * header has FL_SLOT_GAP then), `released` 0. */
   uint32_t readers;
   uint32_t released;
 } fl_completion_desc;

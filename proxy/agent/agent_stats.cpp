@@ -31,6 +31,7 @@ std::string toJson(AgentStats stats) {
                        {"frames", c.frames},
                        {"bytes", c.bytes},
                        {"errors", c.errors},
+                       {"dropped", c.dropped},
                        {"gone", c.gone}});
   }
   Json links = Json::array();

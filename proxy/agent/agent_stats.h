@@ -34,6 +34,9 @@ struct ClientStats {
   uint64_t frames = 0;
   uint64_t bytes = 0;
   uint64_t errors = 0;
+  // Drop streams: a subscriber's frames it was skipped for; a producer's
+  // subscribers its frames skipped.
+  uint64_t dropped = 0;
   bool gone = false;
 };
 

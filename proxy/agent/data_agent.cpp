@@ -545,6 +545,7 @@ void DataAgent::publishStats() {
     cs.frames = s.frames;
     cs.bytes = s.bytes;
     cs.errors = s.errors;
+    cs.dropped = s.dropped;
     cs.gone = s.gone;
     stats.clients.push_back(std::move(cs));
   }

@@ -69,22 +69,8 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
         }
       }
     } else if (e.state == SlotState::kDelivered) {
-      // Not held any more; a replay of it (the NACK may be lost with the
-      // link) gets the same refusal instead of waiting for a release.
-      auto ist = in_states_.find(e.in_state);
-      AgentLink* to = links_.find(e.link_id);
-      if (ist != in_states_.end()) {
-        InState& in = ist->second;
-        in.held.erase(e.sequence);
-        in.refused[e.sequence] = FL_ERR_NO_CONSUMER;
-        // The link it came on may be gone; the sender hears it on the one
-        // that replaced it (and on every later one: onLinkUp).
-        to = answerLink(e.link_id, in.peer, in.instance);
-      }
-      if (to != nullptr) {
-        sendNack(*to, e.stream_id, e.sequence, FL_ERR_NO_CONSUMER,
-                 "the consumer died before releasing the frame", 1, 0);
-      }
+      refuseDelivered({e.link_id, e.stream_id, e.in_state, e.sequence}, FL_ERR_NO_CONSUMER,
+                      "the consumer died before releasing the frame", 1, 0);
     }
     e = SlotEntry{};
   }
@@ -200,16 +186,25 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
     answerRelease(from, stream, landing, released);
     return;
   }
+  refuseDelivered(from, status, why, readers, released);
+  if (stream != kNoName) dirty_grants_.insert(stream);
+}
+
+void InboundStreams::refuseDelivered(const LocalDelivery::Landed& from, int status, const std::string& why,
+                                     uint32_t readers, uint32_t released) {
+  // Not held any more; a replay of it (the NACK may be lost with the link)
+  // gets the same refusal instead of waiting for a release.
   auto ist = in_states_.find(from.in_state);
   AgentLink* to = links_.find(from.link_id);
   if (ist != in_states_.end()) {
     InState& in = ist->second;
     in.held.erase(from.sequence);
     in.refused[from.sequence] = status;
+    // The link it came on may be gone; the sender hears it on the one that
+    // replaced it (and on every later one: onLinkUp).
     to = answerLink(from.link_id, in.peer, in.instance);
   }
   if (to != nullptr) sendNack(*to, from.stream_id, from.sequence, status, why, readers, released);
-  if (stream != kNoName) dirty_grants_.insert(stream);
 }
 
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,

@@ -185,6 +185,10 @@ class InboundStreams {
   // A frame shared with the other readers here ended (LocalDelivery::EndLanded).
   void endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
                  const std::string& why, uint32_t readers, uint32_t released);
+  // A frame delivered here that no reader holds any more failed: its sender
+  // gets a NACK, and a replay of it the same answer.
+  void refuseDelivered(const LocalDelivery::Landed& from, int status, const std::string& why,
+                       uint32_t readers, uint32_t released);
   // Nothing waits for a link that is going: its releases' slots are granted again now.
   void dropHeldBack(uint64_t link_id);
   // One round of granting a stream's free consumer slots.

@@ -66,21 +66,29 @@ size_t LocalDelivery::waitingFor(const ClientSession& c) const {
   return n;
 }
 
-void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
-                           uint64_t length, bool beside) {
-  ClientSession& p = *producer.session;
-  Stream& s = streams_[p.stream];
-  Frame& f = frames_[{p.id, slot}];
+LocalDelivery::Frame& LocalDelivery::newFrame(Stream& s, const ClientSession& source, uint32_t slot,
+                                              const fl_slot_header& header, uint64_t length) {
+  Frame& f = frames_[{source.id, slot}];
   f = Frame{};
-  f.producer = p.id;
+  f.producer = source.id;
   f.slot = slot;
-  f.stream = p.stream;
+  f.stream = source.stream;
   f.header = header;
   f.length = length;
   f.sequence = s.next_sequence++;
   f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
-  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), p.stream) !=
+  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), source.stream) !=
            config_.copy_streams.end();
+  f.drop = std::find(config_.drop_streams.begin(), config_.drop_streams.end(), source.stream) !=
+           config_.drop_streams.end();
+  return f;
+}
+
+void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
+                           uint64_t length, bool beside) {
+  ClientSession& p = *producer.session;
+  Stream& s = streams_[p.stream];
+  Frame& f = newFrame(s, p, slot, header, length);
   SlotEntry& e = p.slots[slot];
   f.beside = beside;
   if (!beside) {
@@ -126,17 +134,7 @@ bool LocalDelivery::landedElsewhereWaits(const std::string& stream) const {
 void LocalDelivery::shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header,
                                 const Landed& from) {
   Stream& s = streams_[landing.stream];
-  Frame& f = frames_[{landing.id, slot}];
-  f = Frame{};
-  f.producer = landing.id;
-  f.slot = slot;
-  f.stream = landing.stream;
-  f.header = header;
-  f.length = header.length;
-  f.sequence = s.next_sequence++;
-  f.deadline_ns = clock_.nowNs() + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
-  f.copy = std::find(config_.copy_streams.begin(), config_.copy_streams.end(), landing.stream) !=
-           config_.copy_streams.end();
+  Frame& f = newFrame(s, landing, slot, header, header.length);
   f.landed = true;
   f.source_member = !landing.subscriber;
   f.from = from;
@@ -181,7 +179,7 @@ int LocalDelivery::freeSlot(const ClientSession& c) {
   return -1;
 }
 
-bool LocalDelivery::deliverOne(Stream& s) {
+bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
   while (!s.waiting.empty()) {
     auto fit = frames_.find(s.waiting.front());
     AgentClient* source = fit == frames_.end() ? nullptr : clients_.find(fit->second.producer);
@@ -194,10 +192,17 @@ bool LocalDelivery::deliverOne(Stream& s) {
     }
     Frame& f = fit->second;
     // Every subscriber and one member of the queue group, each with a free
-    // slot, or the frame waits: block, never skip a reader.  A frame that
-    // landed here has its landing consumer already.
+    // slot, or the frame waits.  On a drop stream a subscriber with no free
+    // slot is skipped instead once more than drop_lag frames wait (every
+    // one of them waits for it: they go in order), or when the frame is due
+    // to fail: it does not hold the other readers' frames beyond that.  The
+    // queue group shares the frames: a member is never skipped.  A frame
+    // that landed here has its landing consumer already.
+    const bool skip_full =
+        f.drop && (s.waiting.size() > config_.drop_lag || (at_deadline && f.deadline_ns <= clock_.nowNs()));
     std::vector<std::pair<ClientSession*, int>> readers;
     std::vector<ClientSession*> members;
+    std::vector<ClientSession*> skipped;
     for (auto& [id, c] : clients_.all()) {
       ClientSession& r = *c.session;
       if (r.role != FL_ROLE_CONSUMER || r.gone || r.stream != f.stream) continue;
@@ -207,8 +212,13 @@ bool LocalDelivery::deliverOne(Stream& s) {
         continue;
       }
       const int slot = freeSlot(r);
-      if (slot < 0) return false;
-      readers.emplace_back(&r, slot);
+      if (slot >= 0) {
+        readers.emplace_back(&r, slot);
+      } else if (skip_full) {
+        skipped.push_back(&r);
+      } else {
+        return false;
+      }
     }
     if (!members.empty()) {
       int slot = -1;
@@ -219,14 +229,29 @@ bool LocalDelivery::deliverOne(Stream& s) {
       }
       if (slot < 0) return false;
     }
-    if (readers.empty() && !f.landed) return false;  // nobody reads it (yet): it waits for its deadline
+    // Nobody reads it (yet): it waits for its deadline.  A frame every
+    // reader of which was skipped ends delivered to none.
+    if (readers.empty() && skipped.empty() && !f.landed) return false;
     s.waiting.pop_front();
     f.waiting = false;
+    for (ClientSession* r : skipped) skip(f, *source, *r);
     for (auto& [r, slot] : readers) deliverTo(f, *source, *r, static_cast<uint32_t>(slot));
     endIfDone({f.producer, f.slot});
     return true;
   }
   return false;
+}
+
+void LocalDelivery::skip(const Frame& f, AgentClient& source, ClientSession& r) {
+  // Saturates: a reader that stays stalled is told it missed "at least" this many.
+  if (r.gap < UINT32_MAX) ++r.gap;
+  ++r.dropped;
+  if (!f.landed) ++source.session->dropped;
+  metrics_.counters.frames_dropped_slow_reader.fetch_add(1, std::memory_order_relaxed);
+  log_skips_.warn(
+      "client {} stream '{}': skipped for frame {}: no free slot while more than drop_lag ({}) frames wait, "
+      "or the frame was due ({} skipped in all)",
+      r.id, r.stream, f.sequence, config_.drop_lag, r.dropped);
 }
 
 void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r, uint32_t rs) {
@@ -235,6 +260,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   h.length = f.length;
   h.sequence = f.sequence;
   h.flags = f.header.flags & (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);  // CRC checked already
+  if (r.gap > 0) h.flags |= FL_SLOT_GAP;
   h.reserved0 = 0;
   std::memset(h.reserved1, 0, sizeof h.reserved1);
   if (!f.copy && lend(r, p)) {
@@ -269,7 +295,9 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   r.bytes += f.length;
   metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
   metrics_.counters.bytes_received.fetch_add(f.length, std::memory_order_relaxed);
-  clients_.complete(r, rs, FL_OK, f.sequence, f.length, f.header.frame_id);
+  // A consumer's completion has no readers: that field says the gap.
+  clients_.complete(r, rs, FL_OK, f.sequence, f.length, f.header.frame_id, r.gap);
+  r.gap = 0;
 }
 
 bool LocalDelivery::sendRetirements(ClientSession& r, Lends& lends) {
@@ -440,6 +468,8 @@ void LocalDelivery::checkDeadlines() {
       const FrameKey key = s.waiting.front();
       auto fit = frames_.find(key);
       if (fit != frames_.end() && fit->second.waiting && fit->second.deadline_ns > now) break;
+      // A drop stream's frame goes on without its stalled subscribers.
+      if (fit != frames_.end() && fit->second.waiting && fit->second.drop && deliverOne(s, true)) continue;
       s.waiting.pop_front();
       if (fit == frames_.end() || !fit->second.waiting) continue;
       Frame& f = fit->second;

@@ -131,6 +131,7 @@ class LocalDelivery {
     uint32_t readers = 0;        // readers it went to
     uint32_t released = 0;       // readers that released it
     bool copy = false;           // its stream is in copy_streams: copied into each reader's slot
+    bool drop = false;           // its stream is in drop_streams: a subscriber far behind is skipped
     bool waiting = true;         // not yet delivered to its readers
     bool landed = false;         // from a peer: `producer` is the consumer it landed in
     bool beside = false;         // a producer's frame that goes to a peer too
@@ -155,9 +156,17 @@ class LocalDelivery {
     std::vector<uint64_t> to_retire;     // retirements not yet sent
   };
 
+  // A frame of `s` in `slot` of `source` (a producer, or the consumer it
+  // landed in), its sequence the stream's next: the rest is the caller's.
+  Frame& newFrame(Stream& s, const ClientSession& source, uint32_t slot, const fl_slot_header& header,
+                  uint64_t length);
   // Delivers the oldest waiting frame of `s` when each of its readers has a
-  // free slot; false when it must wait.
-  bool deliverOne(Stream& s);
+  // free slot, or may be skipped (a subscriber of a drop stream, more than
+  // drop_lag frames behind, or `at_deadline` and the frame is due); false
+  // when it must wait.
+  bool deliverOne(Stream& s, bool at_deadline = false);
+  // The frame goes on without subscriber `r`: its next frame says the gap.
+  void skip(const Frame& f, AgentClient& source, ClientSession& r);
   void deliverTo(Frame& f, AgentClient& producer, ClientSession& reader, uint32_t reader_slot);
   // The producer's segment is known to `reader` (lent now if need be).
   bool lend(ClientSession& reader, const ClientSession& producer);
@@ -183,6 +192,7 @@ class LocalDelivery {
   std::unordered_map<uint64_t, Lends> lends_;         // by consumer
   std::unordered_map<std::string, Readers> readers_;  // by stream
   LogLimiter log_{std::chrono::seconds(1), 5};
+  LogLimiter log_skips_{std::chrono::seconds(1), 5};  // a slow subscriber of a drop stream
 };
 
 }  // namespace framelink

@@ -96,6 +96,10 @@ struct ClientSession {
   uint64_t frames = 0;
   uint64_t bytes = 0;
   uint64_t errors = 0;
+  // Drop streams (design §4a).  Subscriber: frames it was skipped for;
+  // producer: subscribers its frames skipped.
+  uint64_t dropped = 0;
+  uint32_t gap = 0;  // subscriber: frames skipped since the last one it was given
 
   // Push one completion and ring the doorbell when the client sleeps.  Returns
   // false when the ring is full or corrupt (the client misbehaves).

@@ -65,6 +65,12 @@ struct Config {
   // Local delivery copies these streams' frames into the consumer's slot
   // instead of lending the producer's (design §4a).
   std::vector<std::string> copy_streams;
+  // Local delivery skips a subscriber of these streams for a frame, instead
+  // of waiting for it, while more than drop_lag frames wait (design §4a).
+  // Below the producers' slot count (default_slot_count 8), or the producer
+  // runs out of slots before a frame is ever skipped.
+  std::vector<std::string> drop_streams;
+  uint32_t drop_lag = 4;
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
   // A link on which nothing arrives for this long is given up, although its

@@ -109,6 +109,10 @@ constexpr CounterInfo kFrameCounters[] = {
      &Metrics::Counters::local_frames_lent},
     {"local_frames_copied", "Frames of local producers copied into local consumers' slots.",
      &Metrics::Counters::local_frames_copied},
+    {"frames_dropped_slow_reader",
+     "Frames a subscriber of a drop stream was skipped for, too far behind with no free slot (it is told the "
+     "gap).",
+     &Metrics::Counters::frames_dropped_slow_reader},
     {"lends_retired_for_room",
      "Lent segments a consumer held nothing of, retired to lend it another (it holds at most 64).",
      &Metrics::Counters::lends_retired_for_room},
@@ -464,6 +468,7 @@ std::string Metrics::json() const {
       << ",\"frames_released\":" << counters.frames_released.load()
       << ",\"local_frames_lent\":" << counters.local_frames_lent.load()
       << ",\"local_frames_copied\":" << counters.local_frames_copied.load()
+      << ",\"frames_dropped_slow_reader\":" << counters.frames_dropped_slow_reader.load()
       << ",\"lends_retired_for_room\":" << counters.lends_retired_for_room.load()
       << ",\"bytes_sent\":" << counters.bytes_sent.load()
       << ",\"bytes_received\":" << counters.bytes_received.load()

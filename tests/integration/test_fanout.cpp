@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <framelink/framelink.h>
+#include <framelink/shm_layout.h>
 
 #include "cli_run.h"
 #include "client_util.h"
@@ -352,4 +353,55 @@ TEST_CASE("fanout: framelink send says how many readers on every host each frame
   CHECK(sent["readers_min"] == 2);
   CHECK(sent["readers_max"] == 2);
   for (auto& r : readers) CHECK(r->wait(Millis(10000)) == 0);
+}
+
+TEST_CASE("fanout: on a drop stream a stalled subscriber is skipped for frames that landed beside it",
+          "[fanout]") {
+  DaemonPair::Options o = pairOptions("tcp");
+  o.extra_args.insert(o.extra_args.end(), {"--drop-stream", "cam", "--drop-lag", "1"});
+  DaemonPair pair(o);
+  // The lander has the larger slots; the stalled one takes two frames and keeps them.
+  Client lander = attachWith(pair.b(), FL_CONSUMER, "cam", true, 8, 256 * 1024);
+  Client stalled = attachWith(pair.b(), FL_CONSUMER, "cam", true, 2, 128 * 1024);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+
+  constexpr uint64_t kFrames = 10;
+  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
+  std::thread send([&] {
+    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes);
+    }
+  });
+  auto got = readAll({&lander}, {kFrames});
+  send.join();
+  CHECK(send_error.empty());
+  std::vector<uint64_t> in_order;
+  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
+  CHECK(got[0] == in_order);
+  // Frames 3 .. 9 went on without it; the last one waits for it (one waiting is not more than drop_lag).
+  const uint64_t skipped = kFrames - 3;
+  CHECK(waitForMetric(pair.b(), "framelink_frames_dropped_slow_reader_total", skipped) == int64_t{skipped});
+
+  for (uint64_t id = 1; id <= 2; ++id) {
+    fl_frame f = receiveFrame(stalled.get(), Millis(5000));
+    CHECK(f.frame_id == id);
+    CHECK(fl_frame_gap(stalled.get(), f.slot) == 0);
+    REQUIRE(fl_release(stalled.get(), f.slot) == FL_OK);
+  }
+  fl_frame last = receiveFrame(stalled.get(), Millis(5000));
+  CHECK(last.frame_id == kFrames);
+  CHECK((last.flags & FL_SLOT_GAP) != 0);
+  CHECK(fl_frame_gap(stalled.get(), last.slot) == skipped);
+  REQUIRE(fl_release(stalled.get(), last.slot) == FL_OK);
+
+  // DELIVERED, each counting the readers it reached on host B.
+  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
+  REQUIRE(done.size() == kFrames);
+  for (const auto& c : done) {
+    INFO("frame " << c.frame_id);
+    CHECK(c.status == FL_OK);
+    const uint32_t readers = c.frame_id > 2 && c.frame_id < kFrames ? 1 : 2;
+    CHECK(c.readers == readers);
+    CHECK(c.released == readers);
+  }
 }

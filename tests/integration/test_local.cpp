@@ -391,3 +391,127 @@ TEST_CASE("local: `framelink clients` shows a slow subscriber's lag", "[integrat
   }
   CHECK(seen);
 }
+
+namespace {
+
+// A fast and a stalled subscriber of "cam" (the stalled one takes two
+// frames and keeps them), a producer sending `frames` frames and the fast
+// one reading each frame as it comes.  Returns the frame ids the fast one got.
+struct SlowReaderRun {
+  Client slow, fast, producer;
+  std::vector<uint64_t> fast_ids;
+  std::vector<fl_frame> held;  // the stalled one's
+};
+
+SlowReaderRun runWithStalledSubscriber(const DaemonProcess& d, uint64_t frames, uint64_t lag) {
+  SlowReaderRun run{attachWith(d, FL_CONSUMER, "cam", true, 2), attachWith(d, FL_CONSUMER, "cam", true, 8),
+                    attachProducer(d, "cam", 8, 64 * kKiB)};
+  for (uint64_t id = 1; id <= frames; ++id) {
+    submitFrame(run.producer.get(), id, 1000);
+    if (id <= 2) run.held.push_back(receiveFrame(run.slow.get(), Millis(5000)));
+    // Once the stalled one is full, a frame goes on when more than `lag` wait.
+    const uint64_t expected = id <= 2 ? id : id > lag + 2 ? id - lag : 0;
+    if (expected == 0) continue;
+    fl_frame f{};
+    if (fl_receive(run.fast.get(), &f, 2000) != FL_OK) return run;
+    run.fast_ids.push_back(f.frame_id);
+    CHECK(fl_frame_gap(run.fast.get(), f.slot) == 0);
+    REQUIRE(fl_release(run.fast.get(), f.slot) == FL_OK);
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("local: on a drop stream a stalled subscriber is skipped, told the gap, and counted",
+          "[integration][local]") {
+  constexpr uint64_t kFrames = 20, kLag = 2;
+  DaemonProcess d(localOptions({"--drop-stream", "cam", "--drop-lag", std::to_string(kLag)}));
+  SlowReaderRun run = runWithStalledSubscriber(d, kFrames, kLag);
+  // The producer and the fast subscriber kept going: frames 1 .. 18, the
+  // last two wait for the stalled one (no more than kLag wait).
+  std::vector<uint64_t> expected;
+  for (uint64_t id = 1; id <= kFrames - kLag; ++id) expected.push_back(id);
+  CHECK(run.fast_ids == expected);
+  const uint64_t skipped = kFrames - kLag - 2;  // frames 3 .. 18
+  CHECK(d.metric("framelink_frames_dropped_slow_reader_total") == skipped);
+
+  // It resumes: the next frame it gets says what it missed.
+  for (const fl_frame& f : run.held) REQUIRE(fl_release(run.slow.get(), f.slot) == FL_OK);
+  fl_frame next = receiveFrame(run.slow.get(), Millis(5000));
+  CHECK(next.frame_id == kFrames - kLag + 1);
+  CHECK((next.flags & FL_SLOT_GAP) != 0);
+  CHECK(fl_frame_gap(run.slow.get(), next.slot) == skipped);
+  fl_frame last = receiveFrame(run.slow.get(), Millis(5000));
+  CHECK(last.frame_id == kFrames);
+  CHECK((last.flags & FL_SLOT_GAP) == 0);
+  CHECK(fl_frame_gap(run.slow.get(), last.slot) == 0);
+  for (int i = 0; i < 2; ++i) {
+    fl_frame f = receiveFrame(run.fast.get(), Millis(5000));
+    CHECK(f.frame_id == kFrames - kLag + 1 + static_cast<uint64_t>(i));
+    REQUIRE(fl_release(run.fast.get(), f.slot) == FL_OK);
+  }
+  REQUIRE(fl_release(run.slow.get(), next.slot) == FL_OK);
+  REQUIRE(fl_release(run.slow.get(), last.slot) == FL_OK);
+
+  // Every frame DELIVERED; a skipped one counts only the reader it reached.
+  auto done = collectCompletions(run.producer.get(), kFrames, Millis(5000));
+  REQUIRE(done.size() == kFrames);
+  for (const fl_completion& c : done) {
+    INFO("frame " << c.frame_id);
+    CHECK(c.status == FL_OK);
+    const uint32_t readers = c.frame_id > 2 && c.frame_id <= kFrames - kLag ? 1 : 2;
+    CHECK(c.readers == readers);
+    CHECK(c.released == readers);
+  }
+
+  const nlohmann::json clients = cliJson("clients", {"clients", "--json", "--socket", d.socketPath()});
+  INFO(clients.dump());
+  for (const auto& c : clients) {
+    if (c.value("role", "") == "producer") CHECK(c.value("dropped", uint64_t{0}) == skipped);
+    if (c.value("role", "") == "subscriber") {
+      CHECK(c.value("dropped", uint64_t{0}) == (c.value("slots", 0) == 2 ? skipped : 0));
+    }
+  }
+}
+
+TEST_CASE("local: without drop_streams the stalled subscriber holds the stream", "[integration][local]") {
+  DaemonProcess d(localOptions({"--drop-lag", "2"}));
+  SlowReaderRun run = runWithStalledSubscriber(d, 6, 2);
+  CHECK(run.fast_ids == std::vector<uint64_t>{1, 2});
+  CHECK(d.metric("framelink_frames_dropped_slow_reader_total") == 0);
+  for (const fl_frame& f : run.held) REQUIRE(fl_release(run.slow.get(), f.slot) == FL_OK);
+  fl_frame next = receiveFrame(run.slow.get(), Millis(5000));
+  CHECK(next.frame_id == 3);
+  CHECK((next.flags & FL_SLOT_GAP) == 0);
+}
+
+TEST_CASE("local: a drop stream's frame due to fail goes on without the stalled subscriber",
+          "[integration][local]") {
+  DaemonProcess d(localOptions({"--drop-stream", "cam", "--credit-timeout-ms", "500"}));
+  Client slow = attachWith(d, FL_CONSUMER, "cam", true, 1);
+  Client fast = attachWith(d, FL_CONSUMER, "cam", true, 4);
+  Client producer = attachProducer(d, "cam", 4, 64 * kKiB);
+  submitFrame(producer.get(), 1, 100);
+  fl_frame held = receiveFrame(slow.get(), Millis(5000));
+  fl_frame f = receiveFrame(fast.get(), Millis(5000));
+  REQUIRE(fl_release(fast.get(), f.slot) == FL_OK);
+  // One frame waits, fewer than drop_lag: it goes on at its deadline.
+  submitFrame(producer.get(), 2, 100);
+  f = receiveFrame(fast.get(), Millis(5000));
+  CHECK(f.frame_id == 2);
+  REQUIRE(fl_release(fast.get(), f.slot) == FL_OK);
+  auto done = collectCompletions(producer.get(), 1, Millis(5000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].frame_id == 2);
+  CHECK(done[0].status == FL_OK);
+  CHECK(done[0].readers == 1);
+
+  REQUIRE(fl_release(slow.get(), held.slot) == FL_OK);
+  submitFrame(producer.get(), 3, 100);
+  fl_frame next = receiveFrame(slow.get(), Millis(5000));
+  CHECK(next.frame_id == 3);
+  CHECK(fl_frame_gap(slow.get(), next.slot) == 1);
+  // The C++ view says the same.
+  CHECK(framelink::Frame(slow.get(), next).gap() == 1);
+}

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     total.unknown += r.unknown;
     total.redelivered += r.redelivered;
     total.lent += r.lent;
+    total.skipped += r.skipped;
     total.link_breaks += r.link_breaks;
     total.crashes += r.crashes;
     total.damaged += r.damaged;
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
       "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
       "damaged payloads %llu, released on a crashed daemon %llu; "
       "released frames a healthy period saw DELIVERED %llu, forged records %llu, lent to a local reader "
-      "%llu\n",
+      "%llu, skipped for a slow subscriber %llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(seed + ran - 1), took, took > 0 ? ran / took : 0.0,
       static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
@@ -104,6 +105,6 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
       static_cast<unsigned long long>(total.released_then_lost),
       static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
-      static_cast<unsigned long long>(total.lent));
+      static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));
   return 0;
 }

@@ -27,6 +27,12 @@ World::World(const SimOptions& options, SimResult& result)
     daemons_[d].config.credit_timeout_ms = kCreditTimeoutMs;
     daemons_[d].config.ack_timeout_ms = kAckTimeoutMs;
     daemons_[d].config.ack_delay_us = options.seed % 2 == 1 ? kAckDelayUs : 0;
+    // Every fifth seed drops for a slow subscriber instead of waiting for it.
+    if (options.seed % 5 == 4) {
+      drop_ = true;
+      daemons_[d].config.drop_streams = {kStream};
+      daemons_[d].config.drop_lag = 1 + static_cast<uint32_t>(options.seed % 3);
+    }
     boot(d);
   }
   // Every third seed routes the stream by name: a reader on a sender's own
@@ -122,9 +128,14 @@ void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   app->instance = daemons_[d].instance;
   app->slot_size = slot_size;
   app->subscriber = subscriber;
+  // On a drop stream some subscribers on the receiver have two slots: they
+  // fall behind soon.  (Not beside a producer: a frame there that waited for
+  // one that died waits for another reader until credit_timeout_ms, which
+  // healing does not wait for.)
+  const uint32_t slots = drop_ && subscriber && d == kReceiver && rng_.chance(50) ? kFewSlots : kSlots;
   SegmentRequest req;
   req.role = role;
-  req.slot_count = kSlots;
+  req.slot_count = slots;
   req.slot_size = slot_size;
   req.stream = kStream;
   req.hugepages = HugepageMode::kOff;
@@ -141,7 +152,7 @@ void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   c->submit_doorbell = std::move(submit.daemon_end);
   c->completion_doorbell = std::move(completion.daemon_end);
   c->ring_capacity = c->segments->geometry().ring_capacity;
-  c->slots.resize(kSlots);
+  c->slots.resize(slots);
   if (!c->segments->keepReadOnlyDataFd()) {
     throw Broken{"cannot open the data segment read-only"};
   }

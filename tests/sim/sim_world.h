@@ -68,6 +68,7 @@ struct SimResult {
   uint64_t released_then_lost = 0;  // released on a daemon that crashed before the ACK went out
   uint64_t owed_delivered = 0;      // released frames a healthy period had to see DELIVERED
   uint64_t forged = 0;              // records the adversary put on a link
+  uint64_t skipped = 0;             // frames a subscriber of a drop stream was skipped for (told the gap)
 };
 
 SimResult runSchedule(const SimOptions& options);

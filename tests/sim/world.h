@@ -33,6 +33,7 @@ using transport::loopback::LoopbackLink;
 using transport::loopback::LoopbackPair;
 
 constexpr uint32_t kSlots = 32;       // a quarter window (8) is more than one release, so ACKs are held back
+constexpr uint32_t kFewSlots = 2;     // a drop stream's slow subscriber (kSlots for everyone else)
 constexpr uint64_t kSlotSize = 1024;  // four slots a page: 32 slots fault in few pages
 constexpr uint64_t kSmallSlotSize = 256;  // a second consumer with small slots
 constexpr size_t kMaxRounds = 200;
@@ -109,6 +110,7 @@ struct App {
   // the lend ids it was sent (the producers' client ids).
   UniqueFd lend_socket;
   std::map<uint64_t, bool> lent;
+  uint64_t gaps = 0;  // subscriber of a drop stream: the frames its gap notices said it missed
 };
 
 struct Daemon {
@@ -226,6 +228,7 @@ class World {
   Rng rng_;
   ManualClock clock_;
   bool damage_on_ = false;
+  bool drop_ = false;     // the stream is in drop_streams on every daemon
   bool healthy_ = false;  // the links are healed and every message moves: ACKs owe no TIMEOUT
   std::vector<Daemon> daemons_;
   std::vector<std::unique_ptr<App>> apps_;

@@ -71,8 +71,9 @@ void World::onProducerCompletion(App& p, const fl_completion_desc& d) {
                  std::to_string(p.in_slot[d.slot]) + " but the completion names " +
                  std::to_string(d.frame_id)};
   }
-  // Who got it: a delivered frame was released by every reader it reached.
-  if (d.status == FL_OK && (d.readers == 0 || d.released != d.readers)) {
+  // Who got it: a delivered frame was released by every reader it reached
+  // (on a drop stream perhaps none: every one was skipped).
+  if (d.status == FL_OK && ((d.readers == 0 && !drop_) || d.released != d.readers)) {
     throw Broken{"frame " + std::to_string(d.frame_id) + " completed DELIVERED saying " +
                  std::to_string(d.released) + " of " + std::to_string(d.readers) + " readers released it"};
   }
@@ -94,7 +95,7 @@ void World::endFrame(uint64_t frame, int status) {
   note("frame " + std::to_string(frame) + " ends " + std::to_string(status));
   if (status == FL_OK) {
     ++result_.delivered;
-    if (rec.released_on.empty()) {
+    if (rec.released_on.empty() && !drop_) {
       throw Broken{"frame " + std::to_string(frame) + " completed DELIVERED but no consumer released it"};
     }
     return;
@@ -141,6 +142,18 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
     }
   }
   const bool flagged = (h->flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
+  // A gap notice: the flag and its count (the consumer's `readers`) go together, on a drop stream only.
+  const bool gap = (h->flags & FL_SLOT_GAP) != 0;
+  if (gap != (d.readers != 0) || d.released != 0) {
+    throw Broken{"consumer #" + std::to_string(c.id) + " got frame " + std::to_string(frame) +
+                 " with a gap flag and count that disagree (" + std::to_string(d.readers) + ")"};
+  }
+  if (gap && (!drop_ || !c.subscriber)) {
+    throw Broken{"consumer #" + std::to_string(c.id) +
+                 " got a gap notice, but it is no subscriber of a drop stream"};
+  }
+  c.gaps += d.readers;
+  result_.skipped += d.readers;
   FrameRecord& rec = it->second;
   // Once to each subscriber, and once to the queue group.
   const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions[c.daemon];
@@ -249,6 +262,16 @@ void World::heal() {
   settle();
   drain(true);
   requireEveryFrameEnded("for the fresh frames");
+  // Each skip was told, once: the gaps a subscriber was given, and the one its
+  // next frame will carry, are the frames its daemon skipped it for.
+  for (const auto& app : apps_) {
+    if (!app->alive || !app->subscriber) continue;
+    if (app->gaps + app->session->gap != app->session->dropped) {
+      throw Broken{"subscriber #" + std::to_string(app->id) + " was told of " + std::to_string(app->gaps) +
+                   " skipped frames (" + std::to_string(app->session->gap) +
+                   " more to tell), its daemon skipped it for " + std::to_string(app->session->dropped)};
+    }
+  }
   for (uint64_t f = first; f <= next_frame_; ++f) {
     if (frames_[f].status != FL_OK) {
       throw Broken{"fresh frame " + std::to_string(f) + " after healing ended " +

@@ -22,6 +22,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   c.frames = 10;
   c.bytes = 4096;
   c.errors = 1;
+  c.dropped = 3;
   s.clients.push_back(c);
   LinkStats l;
   l.id = 1;
@@ -45,7 +46,7 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
         "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq\xc3\xa9\",\"role\":"
         "\"producer\",\"stream\":\"cam\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,\"in_flight\":2,"
         "\"waiting\":0,"
-        "\"frames\":10,\"bytes\":4096,\"errors\":1,\"gone\":false}],"
+        "\"frames\":10,\"bytes\":4096,\"errors\":1,\"dropped\":3,\"gone\":false}],"
         "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"address\":\"10.0.0.2:7700\",\"state\":\"up\","
         "\"peer_instance\":77,\"transport\":\"tcp\",\"transport_reason\":\"rdma: no \\\"device\\\"\","
         "\"up_since_ns\":5000,\"rtt_ns\":120,\"frames_in\":5,\"frames_out\":6,\"in_flight\":3,"

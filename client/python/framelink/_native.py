@@ -19,6 +19,7 @@ MAX_ATTR_BYTES = 192
 META_CRC32C = 1
 SLOT_HAS_CRC32C = 1
 SLOT_MAYBE_REDELIVERED = 2
+SLOT_GAP = 8
 PRODUCER = 1
 CONSUMER = 2
 
@@ -123,6 +124,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fl_in_flight": (c_int, [h, POINTER(c_uint32)]),
         "fl_receive": (c_int, [h, POINTER(FrameStruct), c_int]),
         "fl_release": (c_int, [h, c_uint32]),
+        "fl_frame_gap": (c_uint32, [h, c_uint32]),
         "fl_crc32c": (c_uint32, [c_uint32, c_void_p, c_size_t]),
     }
     for name, (restype, argtypes) in sig.items():

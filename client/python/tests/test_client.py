@@ -13,6 +13,7 @@ import pytest
 
 import framelink
 from framelink import Consumer, FrameLinkError, Producer, Status, pattern
+from framelink.testing import DaemonPair
 
 
 SIZE = 64 * 1024
@@ -281,6 +282,49 @@ def test_local_subscriber_and_queue_group_read_the_producers_slot(pair, stream):
             done = p.wait_completions(timeout=20)
             assert [(c.frame_id, c.delivered, c.readers, c.released) for c in done] == [(i, True, 2, 2)]
         assert shared == {id(m1): 5, id(m2): 5}
+
+
+def test_a_stalled_subscriber_of_a_drop_stream_is_skipped_and_told_the_gap():
+    """drop_streams: the fast subscriber and the producer go on, the stalled one's next frame says what it missed."""
+    drop = DaemonPair(extra_args=["--drop-stream", "py-drop", "--drop-lag", "1"])
+    try:
+        sock = drop.a.socket
+        with Consumer("py-drop", socket_path=sock, slot_count=1, subscribe=True) as slow, \
+                Consumer("py-drop", socket_path=sock, slot_count=4, subscribe=True) as fast, \
+                Producer("py-drop", socket_path=sock, slot_count=8, slot_size=SIZE) as p:
+            def send(i):
+                with p.acquire(timeout=20) as loan:
+                    loan.write(bytes(pattern.payload(i, 100)))
+                    loan.submit(frame_id=i)
+
+            send(0)
+            held = slow.receive(timeout=20)  # its only slot, kept
+            assert held is not None and held.gap == 0
+            first = fast.receive(timeout=20)
+            assert first is not None
+            first.release()
+            for i in range(1, 6):
+                send(i)
+            # More than one frame waiting for it: it is skipped for frames 1 .. 4, frame 5 waits.
+            for i in range(1, 5):
+                f = fast.receive(timeout=20)
+                assert f is not None and (f.frame_id, f.gap) == (i, 0)
+                f.release()
+            held.release()
+            f = slow.receive(timeout=20)
+            assert f is not None and (f.frame_id, f.gap) == (5, 4)
+            f.release()
+            f = fast.receive(timeout=20)
+            assert f is not None and (f.frame_id, f.gap) == (5, 0)
+            f.release()
+            done = []
+            while len(done) < 6:
+                got = p.wait_completions(timeout=20)
+                assert got, f"completions of frames 0 .. 5, got {done}"
+                done += [(c.frame_id, c.delivered, c.readers) for c in got]
+            assert sorted(done) == [(0, True, 2), (1, True, 1), (2, True, 1), (3, True, 1), (4, True, 1), (5, True, 2)]
+    finally:
+        assert drop.stop() == [0, 0]
 
 
 def test_remote_subscribers_each_get_every_frame(pair, stream):

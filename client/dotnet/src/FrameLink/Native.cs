@@ -90,6 +90,7 @@ internal static unsafe partial class Native
     internal const uint MetaCrc32c = 1;
     internal const uint SlotHasCrc32c = 1;
     internal const uint SlotMaybeRedelivered = 2;
+    internal const uint SlotGap = 8;
     internal const uint RoleProducer = 1;
     internal const uint RoleConsumer = 2;
 
@@ -112,6 +113,7 @@ internal static unsafe partial class Native
     [LibraryImport(Library)] internal static partial int fl_in_flight(SafeClientHandle client, uint* count);
     [LibraryImport(Library)] internal static partial int fl_receive(SafeClientHandle client, FlFrame* frame, int timeoutMs);
     [LibraryImport(Library)] internal static partial int fl_release(SafeClientHandle client, uint slot);
+    [LibraryImport(Library)] internal static partial uint fl_frame_gap(SafeClientHandle client, uint slot);
     [LibraryImport(Library)] internal static partial uint fl_crc32c(uint seed, byte* data, nuint length);
 
     internal static string LastError() => Marshal.PtrToStringUTF8((IntPtr)fl_last_error()) ?? "";

@@ -167,6 +167,47 @@ public sealed class ClientTests
     }
 
     [Fact]
+    public void AStalledSubscriberOfADropStreamIsSkippedAndToldTheGap()
+    {
+        const string stream = DaemonPair.DropStream;
+        using var slow = new FrameLinkConsumer(stream, A(1) with { Subscribe = true });
+        using var fast = new FrameLinkConsumer(stream, A(4) with { Subscribe = true });
+        using var producer = new FrameLinkProducer(stream, A(8));
+        void Send(ulong id)
+        {
+            using var lease = producer.Acquire(TimeSpan.FromSeconds(10));
+            FramePattern.Fill(id, lease.Span[..100]);
+            lease.FrameId = id;
+            lease.Submit(100);
+        }
+        Send(0);
+        var held = slow.Receive(TimeSpan.FromSeconds(10)); // its only slot, kept
+        Assert.NotNull(held);
+        Assert.Equal(0u, held!.Gap);
+        fast.Receive(TimeSpan.FromSeconds(10))!.Dispose();
+        for (ulong id = 1; id <= 5; id++) Send(id);
+        // More than one frame waiting for it: it is skipped for frames 1 .. 4, frame 5 waits.
+        for (ulong id = 1; id <= 4; id++)
+        {
+            var f = fast.Receive(TimeSpan.FromSeconds(10));
+            Assert.NotNull(f);
+            Assert.Equal(id, f!.FrameId);
+            Assert.Equal(0u, f.Gap);
+            f.Dispose();
+        }
+        held.Dispose();
+        var next = slow.Receive(TimeSpan.FromSeconds(10));
+        Assert.NotNull(next);
+        Assert.Equal(5ul, next!.FrameId);
+        Assert.Equal(4u, next.Gap);
+        next.Dispose();
+        var last = fast.Receive(TimeSpan.FromSeconds(10));
+        Assert.NotNull(last);
+        Assert.Equal(5ul, last!.FrameId);
+        last.Dispose();
+    }
+
+    [Fact]
     public void LocalSubscriberGetsEveryFrameAndTheQueueGroupSharesThem()
     {
         string stream = StreamName();

@@ -89,7 +89,8 @@ internal sealed class Daemon : IDisposable
     public void Dispose() => Stop();
 }
 
-/// <summary>Daemon B, then daemon A dialing B over tcp on loopback: A's producers reach B's consumers.</summary>
+/// <summary>Daemon B, then daemon A dialing B over tcp on loopback: A's producers reach B's consumers.
+/// Stream <see cref="DropStream"/> is in both daemons' drop_streams, with drop_lag 1.</summary>
 public sealed class DaemonPair : IDisposable
 {
     private readonly string dir;
@@ -97,11 +98,14 @@ public sealed class DaemonPair : IDisposable
     internal Daemon A { get; private set; }
     internal Daemon B { get; }
 
+    internal const string DropStream = "cs-drop";
+
     public DaemonPair()
     {
         dir = Directory.CreateTempSubdirectory("fl-cs.").FullName;
         string token = Convert.ToHexString(RandomNumberGenerator.GetBytes(16));
-        string[] common = ["--transports", "tcp", "--token", token, "--log-level", "warn"];
+        string[] common = ["--transports", "tcp", "--token", token, "--log-level", "warn",
+                           "--drop-stream", DropStream, "--drop-lag", "1"];
         B = new Daemon(dir, "b", common);
         argsA = [.. common, "--peer", $"b=127.0.0.1:{B.GrpcPort}"];
         A = new Daemon(dir, "a", argsA);
