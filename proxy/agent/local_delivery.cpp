@@ -315,7 +315,11 @@ bool LocalDelivery::sendRetirements(ClientSession& r, Lends& lends) {
 }
 
 bool LocalDelivery::lend(ClientSession& r, const ClientSession& p) {
-  if (p.segments->readOnlyDataFd() < 0 || !r.socket.valid()) return false;
+  // Before its attach reply, a lend message would be read as the reply: the
+  // first frames of a reader attached a moment ago are copied instead.
+  if (p.segments->readOnlyDataFd() < 0 || !r.socket.valid() || !r.replied.load(std::memory_order_acquire)) {
+    return false;
+  }
   Lends& lends = lends_[r.id];
   if (!sendRetirements(r, lends)) return false;
   if (lends.holds.count(p.id) != 0) return true;

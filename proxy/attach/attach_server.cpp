@@ -454,11 +454,6 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
     dropConnection(fd);
     return;
   }
-  if (!sendAttachReply(fd, client_id, *segments, submit_doorbell, completion_doorbell)) {
-    spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
-    dropConnection(fd);
-    return;
-  }
   // A producer's segment may be lent to consumers on this host, and so may
   // a consumer's, where frames from a peer land for every reader here: a
   // read-only file of it is kept for them (the client's own fds go).
@@ -468,7 +463,6 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
         "the other readers on this host",
         cred.pid, errnoText());
   }
-  segments->closeFds();
 
   auto session = std::make_shared<ClientSession>();
   session->id = client_id;
@@ -479,18 +473,30 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->pid = cred.pid;
   session->uid = cred.uid;
   session->gid = cred.gid;
-  session->segments = std::move(segments);
+  session->segments = segments;
   session->submit_doorbell = std::move(submit_doorbell.daemon_end);
   session->completion_doorbell = std::move(completion_doorbell.daemon_end);
   session->socket = std::move(socket_dup);
-  session->ring_capacity = session->segments->geometry().ring_capacity;
+  session->ring_capacity = segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);
-  markAttached(fd, client_id, segmentBytes(session->segments->geometry()));
-  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
-                     cred.pid, cred.uid, session->name,
-                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", session->stream, req.slot_count,
-                     req.slot_size, session->segments->onHugepages() ? " (hugepages)" : "");
+  markAttached(fd, client_id, segmentBytes(segments->geometry()));
+  // The data agent hears of the client before the client hears it is
+  // attached: a subscriber whose fl_attach returned gets every frame from
+  // then on, also one a producer elsewhere sends the next moment.  What the
+  // agent writes meanwhile waits in the rings and the doorbell's queue.
+  const std::shared_ptr<ClientSession> attached = session;
   on_attach_(std::move(session));
+  if (!sendAttachReply(fd, client_id, *segments, submit_doorbell, completion_doorbell)) {
+    spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
+    dropConnection(fd);  // the agent lets the client go
+    return;
+  }
+  attached->replied.store(true, std::memory_order_release);
+  segments->closeFds();
+  log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
+                     cred.pid, cred.uid, req.client_name,
+                     req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", req.stream, req.slot_count,
+                     req.slot_size, segments->onHugepages() ? " (hugepages)" : "");
 }
 
 std::shared_ptr<ClientSegments> AttachServer::makeSegments(int fd, const fl_attach_request& req,

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,7 +88,12 @@ struct ClientSession {
   UniqueFd submit_doorbell;      // daemon's end: the client rings it, the daemon sleeps on it
   UniqueFd completion_doorbell;  // daemon's end: the daemon rings it when the client sleeps
   UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
-  uint32_t ring_capacity = 0;    // trusted copies, never re-read from the segment
+  // Set by the attach server once its reply is on the socket.  The agent
+  // knows the client before that (so frames that come the next moment reach
+  // it) and sends nothing of its own on the socket until then: the reply
+  // must be the first message the client reads there.
+  std::atomic<bool> replied{false};
+  uint32_t ring_capacity = 0;  // trusted copies, never re-read from the segment
   std::vector<SlotEntry> slots;
   bool gone = false;         // socket closed: no more submits, completions dropped
   uint64_t in_progress = 0;  // producer: slots not kFree

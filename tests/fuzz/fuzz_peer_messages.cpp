@@ -196,6 +196,7 @@ std::shared_ptr<ClientSession> makeClient(uint64_t id, uint32_t role) {
   c->role = role;
   c->stream = "cam";
   c->segments = segments(role);
+  c->replied = true;            // its attach reply sent
   Doorbell submit, completion;  // the application's ends close: nobody rings them here
   if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) std::abort();
   c->submit_doorbell = std::move(submit.daemon_end);

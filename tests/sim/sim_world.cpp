@@ -147,6 +147,7 @@ void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   c->stream = kStream;
   c->subscriber = subscriber;
   c->segments = std::move(segments).value();
+  c->replied = true;            // its attach reply sent
   Doorbell submit, completion;  // the application's ends close: nobody rings them here
   if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) throw Broken{"cannot make doorbells"};
   c->submit_doorbell = std::move(submit.daemon_end);

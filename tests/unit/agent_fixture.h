@@ -195,6 +195,7 @@ inline TestClient makeClient(uint64_t id, uint32_t role, const std::string& stre
   c.session->role = role;
   c.session->stream = stream;
   c.session->segments = seg.value();
+  c.session->replied = true;  // as the attach server hands it over, its reply sent
   Doorbell submit, completion;
   REQUIRE(makeDoorbell(&submit));
   REQUIRE(makeDoorbell(&completion));

@@ -290,13 +290,15 @@ def test_a_stalled_subscriber_of_a_drop_stream_is_skipped_and_told_the_gap():
     try:
         sock = drop.a.socket
         with Consumer("py-drop", socket_path=sock, slot_count=1, subscribe=True) as slow, \
-                Consumer("py-drop", socket_path=sock, slot_count=4, subscribe=True) as fast, \
+                Consumer("py-drop", socket_path=sock, slot_count=8, subscribe=True) as fast, \
                 Producer("py-drop", socket_path=sock, slot_count=8, slot_size=SIZE) as p:
             def send(i):
                 with p.acquire(timeout=20) as loan:
                     loan.write(bytes(pattern.payload(i, 100)))
                     loan.submit(frame_id=i)
 
+            # fast has a slot for every frame: a release the daemon has not taken yet never leaves it
+            # full (and so skipped too) while the frames below wait.
             send(0)
             held = slow.receive(timeout=20)  # its only slot, kept
             assert held is not None and held.gap == 0

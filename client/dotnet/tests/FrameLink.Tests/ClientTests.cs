@@ -171,7 +171,9 @@ public sealed class ClientTests
     {
         const string stream = DaemonPair.DropStream;
         using var slow = new FrameLinkConsumer(stream, A(1) with { Subscribe = true });
-        using var fast = new FrameLinkConsumer(stream, A(4) with { Subscribe = true });
+        // A slot for every frame: a release the daemon has not taken yet never leaves it full (and
+        // so skipped too) while the frames below wait.
+        using var fast = new FrameLinkConsumer(stream, A(8) with { Subscribe = true });
         using var producer = new FrameLinkProducer(stream, A(8));
         void Send(ulong id)
         {
