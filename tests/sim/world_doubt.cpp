@@ -99,6 +99,18 @@ bool World::owed(const FrameRecord& rec) const {
   // Released by every reader there that still holds it: a frame lent to
   // several readers is answered after the last one.
   if (rec.outcome_known || !releasedOnLiveReceiver(rec) || rec.held > 0) return false;
+  // It still waits for a subscriber there that has not had it and holds all
+  // its slots (drain() releases nothing held): until one of them is free, or
+  // a drop stream skips it at the frame's deadline.
+  const bool waits = std::any_of(apps_.begin(), apps_.end(), [&](const auto& a) {
+    if (!a->alive || !a->subscriber || a->daemon != kReceiver ||
+        a->instance != daemons_[kReceiver].instance || rec.subscriber_receptions.count(a->id) != 0) {
+      return false;
+    }
+    const auto slots = static_cast<std::ptrdiff_t>(a->session->slots.size());
+    return std::count(a->in_slot.begin(), a->in_slot.begin() + slots, uint64_t{0}) == 0;
+  });
+  if (waits) return false;
   return std::any_of(apps_.begin(), apps_.end(),
                      [&](const auto& a) { return a->id == rec.producer && a->alive; });
 }
