@@ -4,7 +4,7 @@
 # with systemd as init and no network, and runs tests/service/guest-test.sh in it: `apt install
 # ./*.deb` of every deb in DIR, `systemctl start framelinkd`, frames between the packaged daemon
 # and a second instance as a user in group framelink, a user outside the group refused, a
-# `systemctl restart` under a running producer, the journal's priorities, the unit's
+# `systemctl restart` under a running producer, the journal's priorities and fields, the unit's
 # `systemd-analyze security` exposure, its watchdog and its handling of a configuration error,
 # and `apt purge` leaving nothing behind.
 #
