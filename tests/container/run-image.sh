@@ -151,8 +151,9 @@ cleanup() {
   for n in "${names[@]}"; do podman rm -f -t 2 "$n" >/dev/null 2>&1; done
   if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
     kill -TERM "$daemon_pid" 2>/dev/null
-    sleep 1
+    for _ in $(seq 1 20); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.25; done
     kill -KILL "$daemon_pid" 2>/dev/null
+    wait "$daemon_pid" 2>/dev/null
   fi
   findmnt -rn -o TARGET | { grep -E "^$run/" || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
   rm -rf --one-file-system "$run"
@@ -166,7 +167,7 @@ limits=(--ulimit "nofile=$hard_nofile:$hard_nofile" --ulimit nproc=4096:4096)
 mode=""
 why_not=()
 if ((force_chroot)); then
-  why_not+=("--chroot given")
+  why_not+=("--chroot asked for it")
 else
   for rt in crun runc; do
     command -v "$rt" >/dev/null 2>&1 || { why_not+=("$rt: not installed"); continue; }
@@ -176,15 +177,17 @@ else
       runtime=$rt
       break
     fi
-    why_not+=("$rt: $(echo "$err" | tail -1)")
+    why_not+=("podman run --runtime $rt could not: $(echo "$err" | tail -1)")
   done
 fi
 if [[ "$mode" == podman ]]; then
+  how_short="in real containers (podman run, runtime $runtime)"
   how="real containers: podman run --runtime $runtime --network none ${limits[*]}"
   ((${#why_not[@]})) && how+=" (${why_not[*]})"
 else
   mode=chroot
-  how="NOT real containers: podman cannot start one here (${why_not[*]}); the image's root file system (podman export) run with unshare --mount --pid --ipc --net --uts + chroot instead"
+  how_short="NOT in real containers: the image's root under unshare + chroot"
+  how="NOT real containers (${why_not[*]}): the image's root file system (podman export) run with unshare --mount --pid --ipc --net --uts + chroot instead"
 fi
 echo "run-image: $how"
 
@@ -259,7 +262,8 @@ if [[ -S "$sockdir/framelinkd.sock" ]]; then
 else
   daemon_log >/dev/null
   fail daemon "no attach socket in $sockdir after 30 s" "$out/daemon.log"
-  echo "CONTAINER IMAGE: FAILED -- the daemon did not start ($how)"
+  echo "run-image: $how"
+  echo "CONTAINER IMAGE: FAILED -- the daemon did not start $how_short"
   exit 1
 fi
 
@@ -303,8 +307,10 @@ timing="image ${image_secs}s, containers ${run_secs}s, total $((SECONDS - start_
 echo
 echo "run-image: logs in $out"
 if ((failed > 0 || passed == 0)); then
-  echo "CONTAINER IMAGE: FAILED -- $failed of $((passed + failed)) checks failed: ${failed_names[*]} ($how; $timing)"
+  echo "run-image: $how"
+  echo "CONTAINER IMAGE: FAILED -- $failed of $((passed + failed)) checks failed $how_short: ${failed_names[*]} ($timing)"
   exit 1
 fi
-echo "CONTAINER IMAGE: PASSED -- $passed checks, $image ${size_mb} MiB, $how ($timing)"
+echo "run-image: $how"
+echo "CONTAINER IMAGE: PASSED -- $passed checks $how_short; image ${size_mb} MiB ($timing)"
 exit 0
