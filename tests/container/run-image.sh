@@ -276,11 +276,14 @@ client send 7702 "$uid" send --socket "$socket" --stream ci --count 50 --size 64
 src=$?
 wait "$recv_pid"
 rrc=$?
-if ((src == 0 && rrc == 0)) && grep -q 'all passed the checks' "$out/recv.log"; then
-  pass frames "uid 7701 (recv) and uid 7702 (send), each in its own container with group $uid added: 50 frames of 64 KiB through the daemon's container, every one verified: $(head -1 "$out/send.log")"
+daemon_log >/dev/null
+# The daemon saw each client as its own uid (SO_PEERCRED across the containers).
+seen=$(grep -Eo 'attached: pid [0-9]+ uid 770[12]' "$out/daemon.log" | sed 's/.* uid //' | sort -u | paste -sd, -)
+if ((src == 0 && rrc == 0)) && grep -q 'all passed the checks' "$out/recv.log" && [[ "$seen" == 7701,7702 ]]; then
+  pass frames "uid 7701 (recv) and uid 7702 (send), each in its own container with group $uid added: 50 frames of 64 KiB through the daemon's container, every one verified; the daemon saw uids $seen: $(head -1 "$out/send.log")"
 else
   daemon_log >/dev/null
-  fail frames "send exited $src, recv exited $rrc" "$out/send.log" "$out/recv.log" "$out/daemon.log"
+  fail frames "send exited $src, recv exited $rrc, the daemon saw uids '${seen}' attach (expected 7701,7702)" "$out/send.log" "$out/recv.log" "$out/daemon.log"
 fi
 
 # ---- 6. an outsider: no group 7700
