@@ -166,7 +166,9 @@ rm -rf "$tree"/var/log/* "$tree"/var/cache/debconf/*-old "$tree"/var/lib/dpkg/*-
 # ---- the image
 name=$tag:$version
 say "podman import -> $name"
-podman rmi -f "$name" >/dev/null 2>&1 || true
+# The images these names point at now: removed once the names point at the new one (unless
+# another name or a container still uses them), so that rebuilds leave no untagged images.
+old_ids=$(podman image inspect --format '{{.Id}}' "$name" "$tag:latest" 2>/dev/null | sort -u || true)
 tar --numeric-owner --xattrs -C "$tree" -c . | podman import \
   --change 'ENTRYPOINT ["/usr/local/sbin/framelinkd-entrypoint"]' \
   --change 'CMD []' \
@@ -178,6 +180,7 @@ tar --numeric-owner --xattrs -C "$tree" -c . | podman import \
   --message "framelinkd $version: debootstrap bookworm minbase + the debs" \
   --quiet - "$name" >/dev/null
 podman tag "$name" "$tag:latest"
+for id in $old_ids; do podman rmi "$id" >/dev/null 2>&1 || true; done
 if [[ -n "$archive" ]]; then
   rm -f "$archive"
   podman save --format oci-archive -o "$archive" "$name" >/dev/null
