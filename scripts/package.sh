@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# Builds the deb and rpm packages from a build tree and checks them.
+# Builds the deb and rpm packages from a source tarball and checks them.
 #   scripts/package.sh [OUTPUT_DIR]      default OUTPUT_DIR: <build>/packages
-# Environment: FRAMELINK_BUILD_DIR   build tree (default: build/ at the top of the repository)
+# Environment:
+#   FRAMELINK_BUILD_DIR  build tree (default: build/ at the top of the repository); the packages
+#                        are built in <build>/pkgwork, the same path on every run so that ccache
+#                        finds the same compiler arguments again (dpkg-buildflags names the
+#                        source directory in -ffile-prefix-map)
+#   FRAMELINK_JOBS       parallel compile jobs of each package build (default 2)
 #
 # Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
-# framelink-tools, each as .deb and .rpm.  Checks:
-#   * every install rule belongs to one of the four packages' components;
+# framelink-tools, each as .deb and .rpm in OUTPUT_DIR (the debs there are the ones to install:
+# `apt install ./*.deb`), their -dbgsym debs and -debuginfo rpms in OUTPUT_DIR/debug,
+# the source package (.dsc, tarballs, .changes) and the source rpm in OUTPUT_DIR/source.
+# Made the way a distribution makes them:
+#   * scripts/dist-tarball.sh: the source tarball (framelink-<version>.tar.gz);
+#   * dpkg-buildpackage -us -uc with debian/ (debhelper) in the unpacked tarball: source package
+#     and debs (dh_missing fails on a file installed into no package);
+#   * rpmbuild -ba with packaging/rpm/framelink.spec and the same tarball (rpmbuild fails on a
+#     file installed into no package).
+# Both build the daemon, the library and the CLI only (FRAMELINK_BUILD_TESTS=OFF), through
+# ccache when it is installed.  Then the checks:
 #   * the manual pages (framelink.1, framelinkd.8, framelinkd.toml.5) and the bash completion
-#     are in their packages and list every option and key of the binaries;
+#     are in their packages and list every option and key of the packaged binaries;
 #   * framelinkd ships packaging/grafana/framelink.json and packaging/prometheus/framelink-alerts.yml;
 #   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
 #   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
 #     overlay of this system (root only): user, token, enabled unit, ldconfig trigger, conffile
 #     kept on remove, nothing left after the purge;
-#   * lintian on the debs: no error or warning (the overridden tags are explained in
-#     packaging/lintian/<package>);
+#   * the -dbgsym packages hold the debug files of the packaged binaries (by build id);
+#   * lintian on the source package and the debs: no error or warning (the overridden tags are
+#     explained in debian/*.lintian-overrides);
+#   * rpmlint on the spec and the rpms: no error (what it warns about here: packaging/rpm/framelink.rpmlintrc);
 #   * the rpms against the debs: the same files with the same modes per package (modulo the
 #     differences listed at the top of packaging/CMakeLists.txt), the same conffiles, a
 #     requirement for every shared library the binaries need, the provides and the scriptlets
@@ -23,11 +39,12 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${FRAMELINK_BUILD_DIR:-$root/build}
-out=${1:-$build/packages}
+build=$(realpath -m "${FRAMELINK_BUILD_DIR:-$root/build}")
+out=$(realpath -m "${1:-$build/packages}")
+jobs=${FRAMELINK_JOBS:-2}
 packages=(framelinkd libframelink0 libframelink-dev framelink-tools)
-declare -A component=([framelinkd]=daemon [libframelink0]=client [libframelink-dev]=client_dev
-  [framelink-tools]=cli)
+# The packages with ELF files, which get -dbgsym / -debuginfo packages.
+with_debug=(framelinkd libframelink0 framelink-tools)
 
 fail() {
   echo "scripts/package.sh: FAILED: $*" >&2
@@ -36,55 +53,94 @@ fail() {
 step() { printf '\n---- [%3ds] %s\n' $((SECONDS - start)) "$*"; }
 start=$SECONDS
 
-[[ -f "$build/CPackConfig.cmake" ]] ||
-  fail "$build is not a configured build tree (no CPackConfig.cmake): run scripts/build.sh first"
-libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
-# The lintian overrides, the rpm's ld.so.conf.d entry and the checks below name /usr/lib.
-[[ "$libdir" == lib ]] ||
-  fail "$build has CMAKE_INSTALL_LIBDIR=$libdir; the packages are made with lib (/usr/lib): configure a build tree without -DCMAKE_INSTALL_LIBDIR (or with =lib)"
-for tool in cpack dpkg-deb dpkg-shlibdeps lintian rpmbuild rpm readelf help2man pkg-config "${CC:-cc}"; do
+for tool in dpkg-buildpackage dpkg-checkbuilddeps dh dpkg-deb lintian rpmbuild rpmlint rpm readelf help2man pkg-config "${CC:-cc}"; do
   command -v "$tool" >/dev/null ||
-    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages rpm, lintian, help2man, dpkg-dev, binutils)"
+    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages debhelper, rpm, rpmlint, lintian, help2man, dpkg-dev, binutils)"
 done
-# The configure step looks for rpmbuild and help2man: configure again if they came later.
-if ! grep -q 'set(CPACK_GENERATOR "DEB;RPM")' "$build/CPackConfig.cmake" ||
-  grep -q '^FRAMELINK_HELP2MAN:FILEPATH=.*NOTFOUND' "$build/CMakeCache.txt"; then
-  cmake "$build" >/dev/null
-fi
 
-step "build the packaged targets ($build)"
-cmake --build "$build" --target framelinkd framelink_cli framelink_client framelink_client_static framelink_manpages
+# One version everywhere: CMakeLists.txt's, debian/changelog's upstream part, the spec's.
+version_cmake=$(sed -nE 's/^project\(framelink VERSION ([0-9.]+).*/\1/p' "$root/CMakeLists.txt")
+version_deb=$(cd "$root" && dpkg-parsechangelog -S Version)  # 0.1.0-1
+version_spec=$(sed -nE 's/^Version:[[:space:]]+//p' "$root/packaging/rpm/framelink.spec")
+release_spec=$(sed -nE 's/^Release:[[:space:]]+([0-9]+).*/\1/p' "$root/packaging/rpm/framelink.spec")
+[[ "${version_deb%-*}" == "$version_cmake" && "$version_spec" == "$version_cmake" ]] ||
+  fail "versions differ: CMakeLists.txt $version_cmake, debian/changelog $version_deb, packaging/rpm/framelink.spec $version_spec"
+version=$version_deb
+[[ "$version_spec-$release_spec" == "$version" ]] ||
+  fail "the rpm would be $version_spec-$release_spec, the deb $version: keep the spec's Release and debian/changelog's revision equal"
+upstream=$version_cmake
+
+(cd "$root" && dpkg-checkbuilddeps) || fail "debian/control's Build-Depends are not installed (above): scripts/setup-deps.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-package.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-
-step "every install rule is packaged"
-# Install rules without one of the four components land in no package.
-cmake --install "$build" --prefix "$work/unspecified" --component Unspecified >/dev/null
-if [[ -d "$work/unspecified" ]] && [[ -n "$(find "$work/unspecified" -type f -o -type l)" ]]; then
-  find "$work/unspecified" -type f -o -type l | sed "s|^$work/unspecified|  |" >&2
-  fail "these files are installed without a COMPONENT (daemon, client, client_dev or cli) and would be in no package"
+# The compiles go through ccache (top CMakeLists.txt); debhelper sets HOME to an empty
+# directory, so name the cache this user has.
+if command -v ccache >/dev/null && [[ -z "${CCACHE_DIR:-}" ]]; then
+  CCACHE_DIR=$(ccache -k cache_dir)
+  export CCACHE_DIR
 fi
-echo "ok: nothing outside the components daemon, client, client_dev, cli"
+pw=$build/pkgwork
+rm -rf "$pw"
+mkdir -p "$pw/rpm/SOURCES"
 
-step "cpack -G DEB;RPM"
-cpack --config "$build/CPackConfig.cmake" -G "DEB;RPM" -B "$work/cpack" >"$work/cpack.log" 2>&1 ||
-  { cat "$work/cpack.log"; fail "cpack"; }
+step "source tarball (scripts/dist-tarball.sh)"
+tarball=$("$root/scripts/dist-tarball.sh" "$pw")
+echo "$tarball ($(du -k "$tarball" | cut -f1) KiB)"
+
+step "debs: dpkg-buildpackage -us -uc (log: $pw/dpkg-buildpackage.log)"
+cp "$tarball" "$pw/framelink_$upstream.orig.tar.gz"
+tar -C "$pw" -xzf "$tarball"
+cp -a "$root/debian" "$pw/framelink-$upstream/"  # not in the upstream tarball
+status=0
+(cd "$pw/framelink-$upstream" && DEB_BUILD_OPTIONS="parallel=$jobs ${DEB_BUILD_OPTIONS:-}" \
+  dpkg-buildpackage -us -uc) >"$pw/dpkg-buildpackage.log" 2>&1 || status=$?
+if ((status != 0)); then
+  tail -n 60 "$pw/dpkg-buildpackage.log"
+  fail "dpkg-buildpackage (the last lines of $pw/dpkg-buildpackage.log above)"
+fi
+echo "ok: $(cd "$pw" && ls -- *.dsc *.deb | tr '\n' ' ')"
+
+step "rpms: rpmbuild -ba packaging/rpm/framelink.spec (log: $pw/rpmbuild.log)"
+# --nodeps: BuildRequires names Fedora's packages and the rpm database here is empty;
+# dpkg-checkbuilddeps above checked the same needs by their Debian names.
+cp "$tarball" "$root/packaging/systemd/sysusers.d/framelinkd.conf" "$root/packaging/scripts/framelinkd-secrets.sh" "$pw/rpm/SOURCES/"
+status=0
+rpmbuild -ba --nodeps --define "_topdir $pw/rpm" --define "_smp_mflags -j$jobs" \
+  "$root/packaging/rpm/framelink.spec" >"$pw/rpmbuild.log" 2>&1 || status=$?
+if ((status != 0)); then
+  tail -n 60 "$pw/rpmbuild.log"
+  fail "rpmbuild (the last lines of $pw/rpmbuild.log above)"
+fi
+echo "ok: $(cd "$pw/rpm" && find RPMS SRPMS -name '*.rpm' -printf '%f ')"
+
 mkdir -p "$out"
-rm -f "$out"/*.deb "$out"/*.rpm
-declare -A deb=() rpmf=()
+rm -rf "$out"/*.deb "$out"/*.rpm "$out/debug" "$out/source"
+mkdir -p "$out/debug" "$out/source"
+declare -A deb=() rpmf=() ddeb=() rpmdbg=()
 for p in "${packages[@]}"; do
-  mapfile -t d < <(find "$work/cpack" -maxdepth 1 -name "${p}_*.deb")
-  mapfile -t r < <(find "$work/cpack" -maxdepth 1 -name "${p}-[0-9]*.rpm")
-  ((${#d[@]} == 1 && ${#r[@]} == 1)) ||
-    fail "expected one deb and one rpm of $p, got: ${d[*]:-no deb} ${r[*]:-no rpm}"
-  mv "${d[0]}" "${r[0]}" "$out/"
+  d=("$pw/${p}_${version}_"*.deb)
+  r=("$pw/rpm/RPMS/"*/"$p-$version."*.rpm)
+  [[ -f "${d[0]}" && -f "${r[0]}" && ${#d[@]} == 1 && ${#r[@]} == 1 ]] ||
+    fail "expected one deb and one rpm of $p, got: ${d[*]} ${r[*]}"
+  cp "${d[0]}" "${r[0]}" "$out/"
   deb[$p]=$out/$(basename "${d[0]}")
   rpmf[$p]=$out/$(basename "${r[0]}")
 done
-extra=$(find "$work/cpack" -maxdepth 1 \( -name '*.deb' -o -name '*.rpm' \) -printf '%f ')
-[[ -z "$extra" ]] || fail "cpack made packages nobody asked for: $extra"
-version=$(dpkg-deb -f "${deb[framelinkd]}" Version)  # 0.1.0-1
+for p in "${with_debug[@]}"; do
+  d=("$pw/${p}-dbgsym_${version}_"*.deb)
+  [[ -f "${d[0]}" ]] || fail "no ${p}-dbgsym package: dh_strip made none"
+  cp "${d[0]}" "$out/debug/"
+  ddeb[$p]=$out/debug/$(basename "${d[0]}")
+done
+cp "$pw/"*.dsc "$pw/"*.orig.tar.gz "$pw/"*.debian.tar.* "$pw/"*.changes "$pw/"*.buildinfo "$pw/rpm/SRPMS/"*.src.rpm "$out/source/"
+mapfile -t rpm_debuginfo < <(find "$pw/rpm/RPMS" -name '*-debuginfo-*.rpm' -o -name '*-debugsource-*.rpm')
+((${#rpm_debuginfo[@]} > 0)) || fail "rpmbuild made no -debuginfo package"
+cp "${rpm_debuginfo[@]}" "$out/debug/"
+extra=$({ find "$pw" -maxdepth 1 -name '*.deb' -printf '%f\n'
+  find "$pw/rpm/RPMS" -name '*.rpm' -printf '%f\n'; } | grep -vxF -f <(find "$out" -maxdepth 2 -type f -printf "%f\n") || true)
+[[ -z "$extra" ]] || fail "packages nobody asked for: $extra"
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 
 step "debs"
 for p in "${packages[@]}"; do
@@ -93,8 +149,24 @@ for p in "${packages[@]}"; do
   dpkg-deb -c "${deb[$p]}" | awk '$1 !~ /^d/ { print "  " $1, $6, $7, $8 }'
 done
 
+step "the -dbgsym packages"
+for p in "${with_debug[@]}"; do
+  ids=$(dpkg-deb -f "${ddeb[$p]}" Build-Ids)
+  mkdir -p "$work/bin-$p"
+  dpkg-deb -x "${deb[$p]}" "$work/bin-$p"
+  while read -r elf; do
+    id=$(readelf -n "$elf" | sed -nE 's/.*Build ID: ([0-9a-f]+)/\1/p')
+    [[ -n "$id" && " $ids " == *" $id "* ]] || fail "$p: ${elf#"$work/bin-$p"} (build id ${id:-none}) has no debug file in ${ddeb[$p]##*/}"
+    # Captured first: grep -q stopping early would fail the pipeline (pipefail).
+    listing=$(dpkg-deb -c "${ddeb[$p]}")
+    grep -q "/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" <<<"$listing" ||
+      fail "$p: ${ddeb[$p]##*/} lacks /usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug"
+  done < <(find "$work/bin-$p" -type f -exec sh -c 'readelf -h "$1" >/dev/null 2>&1 && ! case "$1" in *.a) true;; *) false;; esac' _ {} \; -print)
+  echo "ok: ${ddeb[$p]##*/}: Build-Ids $ids"
+done
+
 step "the packaged manual pages and bash completion"
-# Each in its package, and, unpacked, against the build's binaries (tests/install/test-manpages.sh).
+# Each in its package, and, unpacked, against the packaged binaries (tests/install/test-manpages.sh).
 declare -A doc_files=(
   [framelinkd]="./usr/share/man/man8/framelinkd.8.gz ./usr/share/man/man5/framelinkd.toml.5.gz ./usr/share/bash-completion/completions/framelinkd"
   [framelink-tools]="./usr/share/man/man1/framelink.1.gz ./usr/share/bash-completion/completions/framelink")
@@ -105,8 +177,10 @@ for p in "${!doc_files[@]}"; do
     dpkg-deb --fsys-tarfile "${deb[$p]}" | tar -xO "$f" >"$work/docs/$(basename "$f")"
   done
 done
-bash "$root/tests/install/test-manpages.sh" "$build/client/cli/framelink" "$build/proxy/framelinkd" "$work/docs" ||
-  fail "the packaged manual pages or completion do not match the binaries (above)"
+LD_LIBRARY_PATH=$work/bin-libframelink0/usr/lib/$multiarch \
+  bash "$root/tests/install/test-manpages.sh" "$work/bin-framelink-tools/usr/bin/framelink" \
+  "$work/bin-framelinkd/usr/sbin/framelinkd" "$work/docs" ||
+  fail "the packaged manual pages or completion do not match the packaged binaries (above)"
 
 step "the packaged Grafana dashboard and Prometheus alert rules"
 for f in grafana/framelink.json prometheus/framelink-alerts.yml; do
@@ -119,20 +193,21 @@ step "the packaged libframelink-dev builds examples/c"
 # Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is
 # relocatable), pkg-config through PKG_CONFIG_SYSROOT_DIR (framelink.pc says prefix=/usr).
 sysroot=$work/sysroot
+libpath=$sysroot/usr/lib/$multiarch
 for p in libframelink0 libframelink-dev; do dpkg-deb -x "${deb[$p]}" "$sysroot"; done
 cmake -S "$root/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$sysroot/usr" \
   -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$work/example.log" 2>&1 &&
   cmake --build "$work/example" >>"$work/example.log" 2>&1 ||
   { cat "$work/example.log"; fail "examples/c does not build against the unpacked libframelink-dev"; }
-grep -qxF "framelink_DIR:PATH=$sysroot/usr/lib/cmake/framelink" "$work/example/CMakeCache.txt" ||
+grep -qxF "framelink_DIR:PATH=$libpath/cmake/framelink" "$work/example/CMakeCache.txt" ||
   fail "examples/c found another framelink package than the unpacked one"
-pc_flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$sysroot/usr/lib/pkgconfig pkg-config --cflags --libs framelink)
+pc_flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$libpath/pkgconfig pkg-config --cflags --libs framelink)
 # shellcheck disable=SC2086  # a list of compiler arguments
 "${CC:-cc}" -std=c11 -Wall -Werror -o "$work/example/pc_attach_info" "$root/examples/c/attach_info.c" $pc_flags ||
   fail "examples/c/attach_info.c does not build with pkg-config's flags ($pc_flags)"
 for bin in framelink_attach_info framelink_attach_info_static pc_attach_info; do
   status=0
-  LD_LIBRARY_PATH=$sysroot/usr/lib "$work/example/$bin" example "$work/no-daemon.sock" >/dev/null 2>"$work/err" || status=$?
+  LD_LIBRARY_PATH=$libpath "$work/example/$bin" example "$work/no-daemon.sock" >/dev/null 2>"$work/err" || status=$?
   ((status == 2)) && grep -q 'cannot connect to framelinkd' "$work/err" ||
     fail "$bin (built against the package) should fail to attach with exit 2, got $status: $(cat "$work/err")"
 done
@@ -152,8 +227,7 @@ can_overlay() {
 if ! can_overlay; then
   echo "NOTE: not run -- needs root and a private mount namespace with overlayfs (unshare -m), which this machine refuses"
 else
-  upstream=${version%-*}
-  FL_WORK=$work FL_UPSTREAM=$upstream unshare --mount --fork -- bash -s "${deb[@]}" <<'IN_NAMESPACE' || fail "dpkg install/remove/purge of the debs (above)"
+  FL_WORK=$work FL_UPSTREAM=$upstream FL_MULTIARCH=$multiarch unshare --mount --fork -- bash -s "${deb[@]}" <<'IN_NAMESPACE' || fail "dpkg install/remove/purge of the debs (above)"
 set -euo pipefail
 ov=$FL_WORK/overlay
 mkdir -p "$ov"
@@ -174,7 +248,7 @@ wants=/etc/systemd/system/multi-user.target.wants/framelinkd.service
 
 in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-install.log" 2>&1 || { cat "$FL_WORK/dpkg-install.log"; bad "dpkg -i"; }
 in_root 'getent passwd framelink || true' | grep -x 'framelink:x:[0-9]*:[0-9]*:framelink daemon:/nonexistent:/usr/sbin/nologin' >/dev/null ||
-  bad "the postinst made no framelink system user: $(in_root 'getent passwd framelink' || true)"
+  bad "the postinst (systemd-sysusers) made no framelink system user: $(in_root 'getent passwd framelink' || true)"
 [[ "$(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token')" == "600 framelink framelink" ]] ||
   bad "peer.token is $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 token=$(in_root 'cat /etc/framelink/peer.token')
@@ -212,7 +286,7 @@ in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$F
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
 # The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
 # keeps the unit enabled or disabled as the admin left it.
-for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/lib/libframelink.so.0; do
+for gone in /usr/sbin/framelinkd /usr/bin/framelink "/usr/lib/$FL_MULTIARCH/libframelink.so.0"; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
 for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
@@ -231,25 +305,50 @@ echo "ok: purged: no file named *framelink* left, /etc/framelink gone; the frame
 IN_NAMESPACE
 fi
 
-step "lintian (debs)"
+step "lintian (source package and debs)"
 lintian_log=$work/lintian.log
+changes=$pw/framelink_${version}_$(dpkg --print-architecture).changes
 status=0
-lintian --pedantic --fail-on error,warning "${deb[@]}" >"$lintian_log" 2>&1 || status=$?
+# The maintainer address is a placeholder (framelink@localhost) until the packages have a
+# public one: bogus-mail-host is suppressed here rather than overridden, since the -dbgsym
+# packages and the .changes cannot carry overrides.
+lintian --pedantic --fail-on error,warning --suppress-tags bogus-mail-host,bogus-mail-host-in-debian-changelog \
+  "$changes" >"$lintian_log" 2>&1 || status=$?
 grep -v 'running with root privileges is not recommended' "$lintian_log" || true
-overridden=$(lintian --show-overrides "${deb[@]}" 2>/dev/null | grep -c '^O:' || true)
-((status == 0)) || fail "lintian found errors or warnings in the debs (above)"
-echo "ok: lintian --pedantic: no errors or warnings ($overridden tags overridden, reasons in packaging/lintian/)"
+overridden=$(lintian --show-overrides "$changes" 2>/dev/null | grep -c '^O:' || true)
+((status == 0)) || fail "lintian found errors or warnings (above)"
+echo "ok: lintian --pedantic $(basename "$changes") (source, debs, dbgsym): no errors or warnings ($overridden tags overridden, reasons in debian/*.lintian-overrides)"
+
+step "rpmlint (spec and rpms)"
+rpmlint_log=$work/rpmlint.log
+status=0
+rpmlint -r "$root/packaging/rpm/framelink.rpmlintrc" "$root/packaging/rpm/framelink.spec" "$out"/*.rpm "$out"/debug/*.rpm "$out"/source/*.rpm >"$rpmlint_log" 2>&1 || status=$?
+cat "$rpmlint_log"
+((status == 0)) || fail "rpmlint found errors (above)"
+echo "ok: rpmlint: no errors (filtered warnings and why: packaging/rpm/framelink.rpmlintrc)"
 
 step "rpms, checked against the debs"
 echo "NOTE: no Fedora or Rocky root is reachable from this machine (only Debian's mirrors are),"
 echo "      so the rpms are not installed anywhere; the checks below are their only proof."
-# "mode path" of every non-directory entry.
-deb_files() { dpkg-deb -c "$1" | awk '$1 !~ /^d/ { sub(/^\./, "", $6); print $1, $6 }' | sort; }
-rpm_files() { rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/null | awk '$1 !~ /^d/' | sort; }
-# The documented differences (packaging/CMakeLists.txt): lintian overrides only in the debs,
-# the ld.so.conf.d entry only in the rpm of libframelink0.
-deb_only() { echo "/usr/share/lintian/overrides/$1"; }
-rpm_only() { [[ "$1" != libframelink0 ]] || echo /etc/ld.so.conf.d/framelink.conf; }
+# "mode path" of every non-directory entry, the deb's with its paths where the rpm has them
+# (the differences at the top of packaging/CMakeLists.txt): the libdir, the unit's directory.
+# The CMake package's per-configuration file is named after the build type: None in debhelper's
+# build, RelWithDebInfo in the spec's.
+deb_files() {
+  dpkg-deb -c "$1" | awk '$1 !~ /^d/ { sub(/^\./, "", $6); print $1, $6 }' |
+    sed -e "s| /usr/lib/$multiarch/| /usr/lib64/|" -e 's| /lib/systemd/system/| /usr/lib/systemd/system/|' \
+      -e 's|/framelinkTargets-[a-z]*\.cmake$|/framelinkTargets-CONFIG.cmake|' | sort
+}
+rpm_files() {
+  rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/null | awk '$1 !~ /^d/' |
+    sed -e 's|/framelinkTargets-[a-z]*\.cmake$|/framelinkTargets-CONFIG.cmake|' | sort
+}
+deb_only() {
+  echo "/usr/share/lintian/overrides/$1"
+  echo "/usr/share/doc/$1/changelog.Debian.gz"
+  echo "/usr/share/doc/$1/copyright"
+}
+rpm_only() { echo "/usr/share/licenses/$1/copyright"; }
 for p in "${packages[@]}"; do
   r=${rpmf[$p]}
   echo "== $(basename "$r") ($(du -k "$r" | cut -f1) KiB)"
@@ -258,20 +357,17 @@ for p in "${packages[@]}"; do
   diff_out=$(diff <(deb_files "${deb[$p]}" | grep -vxF -f <(deb_only "$p" | sed 's/^/-rw-r--r-- /') || true) \
     <(rpm_files "$r" | grep -vxF -f <(rpm_only "$p" | sed 's/^/-rw-r--r-- /') || true) || true)
   [[ -z "$diff_out" ]] || { echo "$diff_out"; fail "$p: the rpm's files differ from the deb's (< deb, > rpm)"; }
-  for f in $(deb_only "$p"); do
-    deb_files "${deb[$p]}" | grep -q " $f\$" || fail "$p: the deb lacks $f"
-  done
   for f in $(rpm_only "$p"); do
     rpm_files "$r" | grep -q " $f\$" || fail "$p: the rpm lacks $f"
   done
-  echo "  files: same as the deb"
+  echo "  files: same as the deb (libdir /usr/lib64 for /usr/lib/$multiarch, unit in /usr/lib/systemd/system, licenses/ for doc/copyright)"
   [[ "$(rpm -qp --qf '%{NAME} %{VERSION}-%{RELEASE}' "$r" 2>/dev/null)" == "$p $version" ]] ||
     fail "$p: the rpm is $(rpm -qp --qf '%{NAME} %{VERSION}-%{RELEASE}' "$r"), the deb $p $version"
 
   # Conffiles.
   dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -x -C "$work" --one-top-level="ctrl-$p"
   deb_conf=$(sort "$work/ctrl-$p/conffiles" 2>/dev/null || true)
-  rpm_conf=$(rpm -qp --configfiles "$r" 2>/dev/null | grep -vxF -f <(rpm_only "$p") | sort || true)
+  rpm_conf=$(rpm -qp --configfiles "$r" 2>/dev/null | sort || true)
   [[ "$deb_conf" == "$rpm_conf" ]] ||
     fail "$p: conffiles differ: deb '${deb_conf//$'\n'/ }', rpm %config '${rpm_conf//$'\n'/ }'"
   [[ -z "$deb_conf" ]] || echo "  conffiles: ${deb_conf//$'\n'/ } (deb conffiles = rpm %config)"
@@ -288,22 +384,22 @@ for p in "${packages[@]}"; do
   echo "  requires: all ${#needed[@]} needed shared libraries (${needed[*]:-none})"
   deps=$(dpkg-deb -f "${deb[$p]}" Depends)
   case $p in
-    libframelink-dev)
-      grep -qxF "libframelink0 = $version" <<<"$requires" || fail "$p: the rpm does not require libframelink0 = $version"
+    libframelink-dev | framelink-tools)
+      grep -qE "^libframelink0(\(x86-64\))? = $version\$" <<<"$requires" || fail "$p: the rpm does not require libframelink0 = $version"
       [[ "$deps" == *"libframelink0 (= $version)"* ]] || fail "$p: the deb does not depend on libframelink0 (= $version)"
       echo "  requires: libframelink0 = $version (deb: libframelink0 (= $version))" ;;
-    framelink-tools)
-      [[ "$deps" == *"libframelink0 (= $version)"* ]] || fail "$p: the deb does not depend on libframelink0 (= $version)" ;;
     framelinkd)
-      grep -qx 'shadow-utils' <<<"$requires" || fail "$p: the rpm does not require shadow-utils (useradd in %pre)"
-      [[ "$deps" == *passwd* ]] || fail "$p: the deb does not depend on passwd (useradd in the postinst)" ;;
+      [[ "$deps" == *"systemd | systemd-standalone-sysusers"* ]] ||
+        fail "$p: the deb does not depend on systemd-sysusers (the postinst runs it): $deps"
+      echo "  depends: systemd-sysusers (deb: $deps)" ;;
   esac
   if [[ $p == libframelink0 ]]; then
     rpm -qp --provides "$r" 2>/dev/null | grep -qxF 'libframelink.so.0()(64bit)' ||
       fail "libframelink0: the rpm does not provide libframelink.so.0()(64bit)"
     dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -xO ./shlibs | grep -q '^libframelink 0 libframelink0' ||
       fail "libframelink0: the deb has no shlibs entry for libframelink.so.0"
-    echo "  provides: libframelink.so.0()(64bit) (deb: shlibs 'libframelink 0 libframelink0')"
+    grep -qx 'activate-noawait ldconfig' "$work/ctrl-$p/triggers" || fail "libframelink0: the deb has no ldconfig trigger"
+    echo "  provides: libframelink.so.0()(64bit) (deb: shlibs 'libframelink 0 libframelink0', ldconfig trigger)"
   fi
 
   # Scriptlets: parse them, and see the ones that matter are there.
@@ -318,17 +414,19 @@ for p in "${packages[@]}"; do
   done
   if [[ $p == framelinkd ]]; then
     scripts=$(rpm -qp --scripts "$r" 2>/dev/null)
-    for want in 'useradd --system' 'groupadd --system' 'peer.token' 'systemctl daemon-reload' \
-      'disable --now framelinkd.service' 'try-restart framelinkd.service'; do
+    for want in 'systemd-sysusers' 'useradd --system' 'peer.token' "stat -c '%U:%G %a'" 'tls/host.key' \
+      'preset framelinkd.service' 'disable --now framelinkd.service' 'try-restart framelinkd.service'; do
       grep -qF -- "$want" <<<"$scripts" || fail "framelinkd: the rpm scriptlets lack '$want'"
     done
-    grep -qF 'useradd --system' "$work/ctrl-$p/postinst" || fail "framelinkd: the deb postinst creates no user"
+    grep -qF 'systemd-sysusers' "$work/ctrl-$p/postinst" || fail "framelinkd: the deb postinst creates no user"
+    grep -qF 'peer.token' "$work/ctrl-$p/postinst" || fail "framelinkd: the deb postinst makes no peer token"
+    grep -qF 'deb-systemd-helper' "$work/ctrl-$p/postinst" || fail "framelinkd: the deb postinst does not enable the unit"
     grep -qF 'deb-systemd-invoke stop' "$work/ctrl-$p/prerm" || fail "framelinkd: the deb prerm does not stop the service"
-    echo "  scriptlets: %pre user+group+token, %post daemon-reload+preset, %preun disable --now, %postun try-restart (deb: postinst, prerm stop, postrm purge)"
+    echo "  scriptlets: %pre sysusers, %post secrets+preset, %preun disable --now, %postun try-restart (deb: postinst sysusers+secrets+enable+start, prerm stop, postrm purge)"
   fi
 done
 
 took=$((SECONDS - start))
 echo
-echo "PACKAGES OK: ${#packages[@]} debs + ${#packages[@]} rpms in $out, lintian clean;" \
-  "rpms checked against the debs by metadata only (not installed: no Fedora/Rocky root here) (${took}s)"
+echo "PACKAGES OK: ${#packages[@]} debs (+ dbgsym, source package) + ${#packages[@]} rpms (+ debuginfo, src.rpm) in $out," \
+  "lintian and rpmlint clean; rpms checked against the debs by metadata only (not installed: no Fedora/Rocky root here) (${took}s)"

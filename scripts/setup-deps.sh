@@ -48,10 +48,11 @@ packages=(
   python3 python3-numpy python3-pytest
   # unit.metrics_exposition: /metrics read by Prometheus' own parser, the alert rules as YAML
   python3-prometheus-client python3-yaml
-  # scripts/package.sh: rpmbuild for the rpms (CPack), lintian for the debs, file for CPack's
-  # shared-library scan (dpkg-shlibdeps comes with build-essential's dpkg-dev), help2man for
-  # the packages' manual pages (from --help)
-  rpm lintian file help2man
+  # scripts/package.sh: debhelper (dpkg-buildpackage with debian/; dpkg-dev comes with
+  # build-essential), rpm's rpmbuild (packaging/rpm/framelink.spec; debugedit and elfutils'
+  # eu-strip make the -debuginfo rpms), lintian and rpmlint, help2man for the packages' manual
+  # pages (from --help)
+  debhelper rpm debugedit elfutils lintian rpmlint help2man
   # the Python client as a wheel, built offline (setuptools backend + wheel, pip without build
   # isolation) and installed into a venv for its tests; mypy checks its type hints (py.typed)
   python3-venv python3-pip python3-setuptools python3-wheel mypy

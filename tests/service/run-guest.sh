@@ -61,7 +61,7 @@ did_not_run() {
 # ---- the debs
 if [[ -z "$debs" ]]; then
   echo "run-guest: no debs: give --debs DIR (or FRAMELINK_DEBS_DIR) with the packages to install" >&2
-  echo "  (build them first: scripts/package.sh, or cmake --build build --target package)" >&2
+  echo "  (build them first: scripts/package.sh, or dpkg-buildpackage -b -us -uc)" >&2
   exit 2
 fi
 debs_abs=$(cd "$debs" 2>/dev/null && pwd) || { echo "run-guest: --debs $debs is not a directory" >&2; exit 2; }
