@@ -322,7 +322,12 @@ echo "ok: lintian --pedantic $(basename "$changes") (source, debs, dbgsym): no e
 step "rpmlint (spec and rpms)"
 rpmlint_log=$work/rpmlint.log
 status=0
-rpmlint -r "$root/packaging/rpm/framelink.rpmlintrc" "$root/packaging/rpm/framelink.spec" "$out"/*.rpm "$out"/debug/*.rpm "$out"/source/*.rpm >"$rpmlint_log" 2>&1 || status=$?
+rpmlintrc=$work/rpmlintrc
+cp "$root/packaging/rpm/framelink.rpmlintrc" "$rpmlintrc"
+if compgen -G "$out/debug/framelink-debuginfo-*.rpm" >/dev/null; then
+  cat "$root/packaging/rpm/framelink-debuginfo.rpmlintrc" >>"$rpmlintrc"
+fi
+rpmlint -r "$rpmlintrc" "$root/packaging/rpm/framelink.spec" "$out"/*.rpm "$out"/debug/*.rpm "$out"/source/*.rpm >"$rpmlint_log" 2>&1 || status=$?
 cat "$rpmlint_log"
 ((status == 0)) || fail "rpmlint found errors (above)"
 echo "ok: rpmlint: no errors (filtered warnings and why: packaging/rpm/framelink.rpmlintrc)"
