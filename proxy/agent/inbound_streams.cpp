@@ -141,12 +141,12 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
 }
 
 void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
-                                   uint32_t readers) {
+                                   uint32_t readers, uint32_t skipped) {
   auto ist = in_states_.find(from.in_state);
   if (ist != in_states_.end()) {
     InState& in = ist->second;
     in.held.erase(from.sequence);
-    in.released.push_back(ReleasedFrame{from.sequence, readers});
+    in.released.push_back(ReleasedFrame{from.sequence, readers, skipped});
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
     in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
@@ -159,7 +159,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
-      held.acks.push_back(ReleasedFrame{from.sequence, readers});
+      held.acks.push_back(ReleasedFrame{from.sequence, readers, skipped});
       if (stream != kNoName) held.stream = stream;
       return;
     }
@@ -183,7 +183,8 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
     }
   }
   if (status == FL_OK) {
-    answerRelease(from, stream, landing, released);
+    // Every reader it went to released it; the others were skipped.
+    answerRelease(from, stream, landing, readers, readers - released);
     return;
   }
   refuseDelivered(from, status, why, readers, released);
@@ -410,19 +411,19 @@ bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, 
   auto released = std::find_if(in.released.begin(), in.released.end(),
                                [&](const ReleasedFrame& r) { return r.sequence == h.sequence; });
   if (released != in.released.end()) {
-    ackAgain(l, h, released->readers);
+    ackAgain(l, h, *released);
     return true;
   }
   return false;
 }
 
-void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, uint32_t readers) {
+void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, const ReleasedFrame& answer) {
   metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
                 l.peer_name, h.stream_id, h.sequence);
   // At once: the sender is replaying, and waits for this answer.
   HeldBack& held = held_back_[{l.id, h.stream_id}];
-  held.acks.push_back(ReleasedFrame{h.sequence, readers});
+  held.acks.push_back(answer);
   held.this_round = true;
 }
 
