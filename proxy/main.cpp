@@ -6,8 +6,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #ifdef FRAMELINK_HAVE_SYSTEMD
-#include <spdlog/sinks/systemd_sink.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-journal.h>
 #endif
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "agent/agent_heartbeat.h"
+#include "common/journal_sink.h"
 #include "common/journal_stream.h"
 #include "config/config.h"
 #include "daemon.h"
@@ -50,13 +51,14 @@ static void printError(const std::string& what) {
 // The journal takes every line of a service's stderr at one priority and
 // stamps its own time: under systemd the daemon writes to the journal
 // directly instead, each line with its level as PRIORITY, SYSLOG_IDENTIFIER
-// framelinkd and no time of its own.  Anywhere else (a terminal, a test, a
+// framelinkd, no time of its own and the client, peer, stream and sequence it
+// is about as FL_* fields (common/journal_sink.h).  Anywhere else (a terminal, a test, a
 // container without systemd) plain lines to stderr, with time, level and id.
 static std::shared_ptr<spdlog::logger> makeLogger(const framelink::Config& config) {
 #ifdef FRAMELINK_HAVE_SYSTEMD
   if (stderrIsJournal()) {
-    return std::make_shared<spdlog::logger>("framelinkd",
-                                            std::make_shared<spdlog::sinks::systemd_sink_mt>("framelinkd"));
+    return std::make_shared<spdlog::logger>(
+        "framelinkd", std::make_shared<framelink::JournalSink>("framelinkd", sd_journal_sendv));
   }
 #endif
   auto logger = spdlog::stderr_color_mt("framelinkd");

@@ -5,11 +5,12 @@
 #
 #   scripts/setup-deps.sh              build + tests + CI
 #   scripts/setup-deps.sh --softroce   also the QEMU guests: the Soft-RoCE lane (rdma_rxe) and the
-#                                      service test (debootstrap, a clean Debian 12 with systemd)
+#                                      service test (debootstrap, a clean Debian 12 with systemd),
+#                                      and the container image and its test (podman, runc)
 #   scripts/setup-deps.sh --check      only report what is missing (exit 1 if anything is)
 set -euo pipefail
 
-usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,10s/^# \{0,1\}//p' "$0"; }
 
 softroce=0
 check_only=0
@@ -64,6 +65,9 @@ if ((softroce)); then
     # the service test (tests/service): a clean Debian 12 root file system made by debootstrap,
     # written to an ext4 image with mke2fs -d, booted with the same QEMU and kernel
     debootstrap e2fsprogs
+    # the container image (packaging/container/build-image.sh: a debootstrap root imported with
+    # podman) and its test (tests/container): runc runs the containers where crun cannot
+    podman runc
   )
 fi
 

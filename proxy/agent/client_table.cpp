@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/log_fields.h"
 #include "framelink/status_name.hpp"
 
 namespace framelink {
@@ -41,6 +42,7 @@ void ClientTable::endSleep() {
 
 void ClientTable::detach(ClientSession& c, int status, const std::string& why) {
   if (c.gone) return;
+  const LogScope scope(LogFields{.client = c.id, .stream = c.stream});
   log_detached_.error("client {} (pid {}, stream '{}'): {}: {}; detaching it", c.id, c.pid, c.stream,
                       statusName(status), why);
   __atomic_store_n(&c.segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED}, __ATOMIC_RELEASE);

@@ -19,6 +19,7 @@
 #include "agent/agent_stats.h"
 #include "agent/idle_strategy.h"
 #include "agent/peer_messages.h"
+#include "common/log_fields.h"
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 #include "metrics/metrics.h"
@@ -248,6 +249,7 @@ size_t DataAgent::drainCommands() {
             }
             AgentLink* l = links_.find(cmd.link_id);
             if (l == nullptr) return;
+            const LogScope scope(LogFields{.peer = l->peer_name});
             if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
               protocolError(
                   *l,
@@ -268,6 +270,7 @@ size_t DataAgent::drainCommands() {
 }
 
 void DataAgent::onDescriptor(AgentClient& c, const fl_submit_desc& desc) {
+  const LogScope scope(LogFields{.client = c.session->id, .stream = c.session->stream});
   if (c.session->role == FL_ROLE_PRODUCER) {
     outbound_.onSubmit(c, desc);
   } else {
@@ -278,6 +281,7 @@ void DataAgent::onDescriptor(AgentClient& c, const fl_submit_desc& desc) {
 // ---------------------------------------------------------------- clients
 
 void DataAgent::onClientAttached(std::shared_ptr<ClientSession> session) {
+  const LogScope scope(LogFields{.client = session->id, .stream = session->stream});
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagClient | session->id;
@@ -295,6 +299,9 @@ void DataAgent::onClientGone(uint64_t client_id) {
   AgentClient* c = clients_.find(client_id);
   if (c == nullptr) return;
   ClientSession& s = *c->session;
+  // A copy: the client may be forgotten (and its session freed) below.
+  const std::string stream = s.stream;
+  const LogScope scope(LogFields{.client = client_id, .stream = stream});
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, s.submit_doorbell.get(), nullptr);
   // What the client put in its ring before it went away still counts: a
   // consumer's last releases (so their frames are ACKed, not failed) and a
@@ -322,6 +329,7 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   l.up_since_ns = uint64_t(now.tv_sec) * 1'000'000'000ULL + uint64_t(now.tv_nsec);
   l.transport = std::move(cmd.transport);
   l.session = std::move(cmd.session);
+  const LogScope scope(LogFields{.peer = l.peer_name});
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagLink | l.id;
@@ -336,6 +344,9 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
 void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
   AgentLink* l = links_.find(link_id);
   if (l == nullptr) return;
+  // A copy: the link is erased below, and what follows may still log.
+  const std::string peer_name = l->peer_name;
+  const LogScope scope(LogFields{.peer = peer_name});
   spdlog::warn("link {} to peer {} is down: {}", l->id, l->peer_name, reason);
   metrics_.peer_problems.record(
       l->peer_name, PeerProblems::Cause::kLinkDown,
@@ -382,6 +393,9 @@ size_t DataAgent::pollLinks() {
   for (uint64_t id : link_ids_) {
     AgentLink* l = links_.find(id);
     if (l == nullptr || !l->transport) continue;
+    // The name outlives the scope: only onLinkDown erases a link, and
+    // commands bring that, not the link's events.
+    const LogScope scope(LogFields{.peer = l->peer_name});
     const size_t n = l->transport->poll(events, kMaxEventsPerRound);
     for (size_t i = 0; i < n; ++i) {
       l = links_.find(id);
@@ -418,6 +432,7 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
 void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   if (l.violated) return;  // said once per link: a peer cannot make it repeat
   l.violated = true;
+  const LogScope scope(LogFields{.peer = l.peer_name});
   spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
   if (l.closing) return;
   l.closing = true;
@@ -437,6 +452,7 @@ void DataAgent::cutOverdueSessions(uint64_t now_ns) {
   for (auto& [id, l] : links_) {
     if (l.cut_at_ns == 0 || now_ns < l.cut_at_ns) continue;
     l.cut_at_ns = 0;
+    const LogScope scope(LogFields{.peer = l.peer_name});
     spdlog::warn("link {} to peer {}: the peer did not read the Fin in {} ms; ending its session", l.id,
                  l.peer_name, kFinGraceNs / 1'000'000);
     if (l.session.cancel) l.session.cancel();

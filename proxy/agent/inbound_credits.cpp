@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "agent/inbound_streams.h"
+#include "common/log_fields.h"
 #include "framelink/framelink.h"
 
 namespace framelink {
@@ -183,6 +184,7 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     auto remote = l.transport->exposeCredit(std::move(local));
     if (!remote) {
       // A peer can make this repeat (a link going down refuses every slot).
+      const LogScope scope(LogFields{.client = c.id, .peer = l.peer_name, .stream = c.stream});
       log_expose_.error("link {} (peer {}): cannot expose a receive slot: {}", l.id, l.peer_name,
                         remote.error().message);
       // A link whose transport went down (its LinkDown not handled yet)

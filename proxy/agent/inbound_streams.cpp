@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/log_fields.h"
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 #include "transport/frame_header.h"
@@ -211,6 +212,7 @@ void InboundStreams::refuseDelivered(const LocalDelivery::Landed& from, int stat
 void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequence, int code,
                               const std::string& message, uint32_t readers, uint32_t released) {
   metrics_.counters.nacks_sent.fetch_add(1, std::memory_order_relaxed);
+  const LogScope scope(LogFields{.peer = l.peer_name, .sequence = sequence});
   log_refused_.warn("[peer {} stream {} seq {}] refusing frame: {}: {}", l.peer_name, stream_id, sequence,
                     statusName(code), message);
   if (peer::resendable(code) && l.in_streams.count(stream_id) != 0) {
@@ -240,11 +242,13 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
 
 void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEvent& ev) {
   const transport::FrameHeader& h = ev.header;
+  const LogScope frame(LogFields{.sequence = h.sequence});
   ++l.frames_in;
   CreditEntry credit;
   AgentClient* ac = takeCredit(l, ev, &credit);
   if (ac == nullptr) return;  // answered already
   ClientSession& c = *ac->session;
+  const LogScope consumer(LogFields{.client = c.id, .stream = c.stream});
   if (!acceptFrame(l, c, credit, h)) {
     // Refused or a duplicate: the slot is free for another frame.
     c.slots[credit.slot] = SlotEntry{};

@@ -11,6 +11,7 @@
 
 #include "agent/agent_stats.h"
 #include "attach/send_fds.h"
+#include "common/log_fields.h"
 #include "framelink/attach_proto.h"
 #include "framelink/framelink.h"
 
@@ -250,6 +251,7 @@ void LocalDelivery::skip(Frame& f, AgentClient& source, ClientSession& r) {
   ++r.dropped;
   if (!f.landed) ++source.session->dropped;
   metrics_.counters.frames_dropped_slow_reader.fetch_add(1, std::memory_order_relaxed);
+  const LogScope scope(LogFields{.client = r.id, .stream = r.stream, .sequence = f.sequence});
   log_skips_.warn(
       "client {} stream '{}': skipped for frame {}: no free slot while more than drop_lag ({}) frames wait, "
       "or the frame was due ({} skipped in all)",
@@ -348,6 +350,7 @@ bool LocalDelivery::lend(ClientSession& r, const ClientSession& p) {
   const int fd = p.segments->readOnlyDataFd();
   if (sendWithFds(r.socket.get(), &m, sizeof m, std::span<const int>(&fd, 1), MSG_DONTWAIT | MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof m)) {
+    const LogScope scope(LogFields{.client = r.id, .stream = r.stream});
     log_.warn("client {} stream '{}': cannot lend it producer {}'s segment ({}); copying its frames", r.id,
               r.stream, p.id, std::strerror(errno));
     return false;

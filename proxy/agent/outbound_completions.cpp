@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agent/outbound_streams.h"
+#include "common/log_fields.h"
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 
@@ -107,6 +108,7 @@ void OutboundStreams::completeFrame(ClientSession& c, uint32_t slot, int status,
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(status);
     ++c.errors;
+    const LogScope scope(LogFields{.client = c.id, .stream = c.stream, .sequence = e.sequence});
     log_failed_.warn("[client {} stream '{}' seq {} frame {}] FAILED {}: {}", c.id, c.stream, e.sequence,
                      e.frame_id, statusName(status), why);
   }
@@ -191,6 +193,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
     (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
                                    : metrics_.counters.frames_resent_credit)
         .fetch_add(1, std::memory_order_relaxed);
+    const LogScope scope(LogFields{.client = c.id, .stream = c.stream, .sequence = e.sequence});
     log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c.id,
                      c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
     return;

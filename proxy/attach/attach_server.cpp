@@ -22,6 +22,7 @@
 #include <span>
 
 #include "attach/send_fds.h"
+#include "common/log_fields.h"
 
 namespace framelink {
 
@@ -442,6 +443,8 @@ void AttachServer::handleRequest(int fd) {
 
 void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, const ucred& cred) {
   if (!admitAttach(fd, req, size, cred)) return;
+  // Admitted, so the stream name is terminated within its array.
+  const LogScope scope(LogFields{.client = next_client_id_, .stream = req.stream});
   uint64_t client_id = next_client_id_++;
   std::shared_ptr<ClientSegments> segments = makeSegments(fd, req, cred, client_id);
   if (!segments) return;

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "agent/data_agent.h"
+#include "common/log_fields.h"
 #include "common/log_limit.h"
 #include "common/thread_annotations.h"
 #include "framelink/shm_layout.h"
@@ -248,6 +249,9 @@ void PeerLinksImpl::stop() {
   TransportRegistry::Choice choice;
   if (::grpc::Status refused = admitHello(*ctx, from, first, choice); !refused.ok()) return refused;
   const v1::Hello& hello = first.hello();
+  // Only now: a name the peer's credentials did not prove would file its
+  // lines under a peer it is not.
+  const LogScope scope(LogFields{.peer = hello.daemon_id()});
   const auto& [chosen, reason] = choice;
   auto future = pending_.add(hello.session_id(), chosen, config_.peerToken(hello.daemon_id()));
   if (!future) {
@@ -555,6 +559,7 @@ void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* 
 }
 
 void PeerLinksImpl::dialLoop(const PeerConfig& peer) {
+  const LogScope scope(LogFields{.peer = peer.name});
   uint32_t backoff_ms = config_.reconnect_min_ms;
   DialState state;
   while (!stopping_) {

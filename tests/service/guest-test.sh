@@ -251,6 +251,32 @@ else
   fail frames "send exited $src, recv exited $rrc" "$work/send1.log" "$work/recv1.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 
+# ---- 5b. the journal's fields select the lines about one peer, one stream and one client: the
+# link to 'second' and the producer of svc-a above
+journalctl -u framelinkd FL_PEER=second --no-pager -o cat >"$work/journal-peer.log" 2>&1
+journalctl -u framelinkd FL_STREAM=svc-a --no-pager -o cat >"$work/journal-stream.log" 2>&1
+client=$(grep -m1 -o "^client [0-9]* attached" "$work/journal-stream.log" | cut -d' ' -f2)
+for _ in $(seq 20); do # the daemon logs the detach once it sees the producer's socket close
+  journalctl -u framelinkd FL_CLIENT="${client:-none}" --no-pager -o cat >"$work/journal-client.log" 2>&1
+  grep -q "^client $client detached" "$work/journal-client.log" && break
+  sleep 0.5
+done
+journalctl -u framelinkd FL_CLIENT="${client:-none}" --no-pager -o verbose >"$work/journal-client-verbose.log" 2>&1
+why=""
+grep -q 'connected to peer second' "$work/journal-peer.log" || why+="FL_PEER=second does not select 'connected to peer second'; "
+grep -q "' serving: socket" "$work/journal-peer.log" && why+="FL_PEER=second selects the 'serving' line, which is about no peer; "
+[[ -n "$client" ]] || why+="FL_STREAM=svc-a selects no 'client N attached' line; "
+grep -q "^client $client detached" "$work/journal-client.log" || why+="FL_CLIENT=$client does not select the client's 'detached' line; "
+grep -Eq "client [0-9]+ attached" <(grep -v "^client $client attached" "$work/journal-client.log") &&
+  why+="FL_CLIENT=$client selects another client's attach; "
+grep -q "^    FL_STREAM=svc-a$" "$work/journal-client-verbose.log" || why+="-o verbose shows no FL_STREAM=svc-a; "
+grep -q "^    FL_CLIENT=$client$" "$work/journal-client-verbose.log" || why+="-o verbose shows no FL_CLIENT=$client; "
+if [[ -z "$why" ]]; then
+  pass journal-fields "journalctl -u framelinkd FL_PEER=second: $(grep -c . "$work/journal-peer.log") lines, FL_STREAM=svc-a: $(grep -c . "$work/journal-stream.log"), FL_CLIENT=$client: $(grep -c . "$work/journal-client.log") (its attach and detach); -o verbose shows FL_CLIENT and FL_STREAM"
+else
+  fail journal-fields "${why%; }" "$work/journal-peer.log" "$work/journal-stream.log" "$work/journal-client-verbose.log"
+fi
+
 # ---- 6. a user outside the group is refused, with a message that says why
 as "$outsider" framelink send --stream svc-x --count 1 --size 4K >"$work/outsider.log" 2>&1
 rc=$?

@@ -4,7 +4,7 @@
 # with systemd as init and no network, and runs tests/service/guest-test.sh in it: `apt install
 # ./*.deb` of every deb in DIR, `systemctl start framelinkd`, frames between the packaged daemon
 # and a second instance as a user in group framelink, a user outside the group refused, a
-# `systemctl restart` under a running producer, the journal's priorities, the unit's
+# `systemctl restart` under a running producer, the journal's priorities and fields, the unit's
 # `systemd-analyze security` exposure, its watchdog and its handling of a configuration error,
 # and `apt purge` leaving nothing behind.
 #
@@ -93,43 +93,21 @@ if ((${#missing[@]})); then
 fi
 
 # ---- what the root file system must hold: the debs' dependencies and recommends (first
-# alternative each, versions dropped), minus the debs themselves.
-declare -A ours=()
+# alternative each, versions dropped), minus the debs themselves (scripts/debian-root.sh, shared
+# with the container image's build).
+# shellcheck source=../../scripts/debian-root.sh
+source "$root/scripts/debian-root.sh"
 names=()
 for f in "${deb_files[@]}"; do
   n=$(dpkg-deb -f "$f" Package) || { echo "run-guest: $f is not a deb" >&2; exit 2; }
-  ours[$n]=1
   names+=("$n")
 done
-mapfile -t deps < <(for f in "${deb_files[@]}"; do
-  dpkg-deb -f "$f" Pre-Depends Depends Recommends | sed -E 's/^[A-Za-z-]+: //'
-done | tr ',' '\n' | sed -E 's/\|.*//; s/\(.*\)//; s/:[a-z0-9]+//; s/[[:space:]]//g' | grep -v '^$' | sort -u)
-# debootstrap takes real packages only: a virtual name (libspdlog1.10-fmt9) becomes the package
-# that provides it here (installed, else the first apt knows).
-declare -A provider=()
-while read -r pkg provides; do
-  for v in $(echo "$provides" | tr ',' '\n' | sed -E 's/\(.*\)//; s/[[:space:]]//g'); do provider[$v]=${provider[$v]:-$pkg}; done
-done < <(dpkg-query -W -f='${Package} ${Provides}\n' 2>/dev/null | awk 'NF > 1')
-rootfs_pkgs=()
-for d in "${deps[@]}"; do
-  [[ -n "${ours[$d]:-}" ]] && continue
-  if [[ -z "$(dpkg-query -W -f='${Version}' "$d" 2>/dev/null)" ]] && ! apt-cache show "$d" 2>/dev/null | grep -q '^Version:'; then
-    p=${provider[$d]:-$(apt-cache showpkg "$d" 2>/dev/null | sed -n '/^Reverse Provides:/{n;p;q}' | cut -d' ' -f1)}
-    [[ -n "$p" ]] || { echo "run-guest: nothing provides $d (a dependency of the debs)" >&2; exit 2; }
-    d=$p
-  fi
-  rootfs_pkgs+=("$d")
-done
-mapfile -t rootfs_pkgs < <(printf '%s\n' "${rootfs_pkgs[@]}" | sort -u)
+rootfs_list=$(debs_root_packages "Pre-Depends Depends Recommends" "${deb_files[@]}") || exit 2
+mapfile -t rootfs_pkgs <<<"$rootfs_list"
+[[ -n "${rootfs_pkgs[0]:-}" ]] || rootfs_pkgs=()
 
 # The Debian mirror apt already uses here (first URI of a bookworm source), else deb.debian.org.
-mirror=${FRAMELINK_DEBIAN_MIRROR:-}
-if [[ -z "$mirror" ]]; then
-  mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
-    awk '/^deb[ \t]/ && / bookworm[ \t]/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }
-         /^URIs:/ { uri = $2 } /^Suites:/ && / bookworm( |$)/ && uri ~ /^https?:/ { print uri; exit }')
-  mirror=${mirror:-http://deb.debian.org/debian}
-fi
+mirror=$(debian_mirror)
 
 key=$({ printf '%s\n' "${rootfs_pkgs[@]}"; echo "$mirror"; cat "$here/build-rootfs.sh"; } | sha256sum | cut -c1-16)
 image=$cache/rootfs-$key.img

@@ -5,6 +5,7 @@
 //   framelink_sim --schedules 100000             seeds 1..100000
 //   framelink_sim --seconds 600 --seed 77        as many as fit, from seed 77
 //   framelink_sim --seed 1234 --schedules 1 --trace   one schedule, with its events
+//   framelink_sim --receivers 2 --schedules 1000 two receiving daemons, the stream routed to both
 #include <chrono>
 #include <cstdio>
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1, schedules = 0;
   double seconds = 0;
   size_t steps = 120;
-  std::string daemons = "mixed", adversary = "mixed";
+  std::string daemons = "mixed", receivers = "mixed", adversary = "mixed";
   bool trace = false, keep_going = false;
   std::string log_level = "off";
   app.add_option("--seed", seed, "first seed");
@@ -29,6 +30,11 @@ int main(int argc, char** argv) {
   app.add_option("--daemons", daemons,
                  "2, 3 (two senders to one receiver), or mixed (every third schedule has 3)")
       ->check(CLI::IsMember({"2", "3", "mixed"}));
+  app.add_option(
+         "--receivers", receivers,
+         "receiving daemons: 1, 2 (one more, the last daemon; each sender routes the stream to both), "
+         "or mixed (two in schedules whose seed is 3 or 6 modulo 8)")
+      ->check(CLI::IsMember({"1", "2", "mixed"}));
   app.add_option("--adversary", adversary,
                  "forged and duplicated control records: on, off, or mixed (every fifth schedule)")
       ->check(CLI::IsMember({"on", "off", "mixed"}));
@@ -54,6 +60,8 @@ int main(int argc, char** argv) {
     options.seed = s;
     options.steps = steps;
     options.daemons = daemons == "mixed" ? (s % 3 == 0 ? 3 : 2) : std::stoi(daemons);
+    // A quarter of the seeds, of either parity (odd seeds hold ACKs back).
+    options.receivers = receivers == "mixed" ? (s % 8 == 3 || s % 8 == 6 ? 2 : 1) : std::stoi(receivers);
     options.keep_trace = trace;
     options.adversary = adversary == "on" || (adversary == "mixed" && s % 5 == 2);
     framelink::sim::SimResult r = framelink::sim::runSchedule(options);
@@ -63,10 +71,13 @@ int main(int argc, char** argv) {
     }
     if (!r.ok) {
       ++failed;
-      std::printf("SIMULATION FAILED at seed %llu (%d daemons): %s\n", static_cast<unsigned long long>(s),
-                  options.daemons, r.failure.c_str());
-      std::printf("replay: framelink_sim --seed %llu --schedules 1 --daemons %d --adversary %s --trace\n",
-                  static_cast<unsigned long long>(s), options.daemons, options.adversary ? "on" : "off");
+      std::printf("SIMULATION FAILED at seed %llu (%d daemons, %d receiving): %s\n",
+                  static_cast<unsigned long long>(s), options.daemons, options.receivers, r.failure.c_str());
+      std::printf(
+          "replay: framelink_sim --seed %llu --schedules 1 --daemons %d --receivers %d --adversary %s "
+          "--trace\n",
+          static_cast<unsigned long long>(s), options.daemons, options.receivers,
+          options.adversary ? "on" : "off");
       if (!keep_going) return 1;
       continue;
     }
@@ -83,6 +94,7 @@ int main(int argc, char** argv) {
     total.released_then_lost += r.released_then_lost;
     total.owed_delivered += r.owed_delivered;
     total.forged += r.forged;
+    total.two_receivers += r.two_receivers;
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   if (failed > 0) {
@@ -91,18 +103,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu) in %.1f s, %.0f schedules/s; frames %llu: "
+      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers) in %.1f s, %.0f "
+      "schedules/s; frames %llu: "
       "delivered "
       "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
       "damaged payloads %llu, released on a crashed daemon %llu; "
       "released frames a healthy period saw DELIVERED %llu, forged records %llu, lent to a local reader "
       "%llu, skipped for a slow subscriber %llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
-      static_cast<unsigned long long>(seed + ran - 1), took, took > 0 ? ran / took : 0.0,
-      static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
-      static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
-      static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
-      static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
+      static_cast<unsigned long long>(seed + ran - 1), static_cast<unsigned long long>(total.two_receivers),
+      took, took > 0 ? ran / took : 0.0, static_cast<unsigned long long>(total.frames),
+      static_cast<unsigned long long>(total.delivered), static_cast<unsigned long long>(total.failed),
+      static_cast<unsigned long long>(total.unknown), static_cast<unsigned long long>(total.redelivered),
+      static_cast<unsigned long long>(total.link_breaks), static_cast<unsigned long long>(total.crashes),
+      static_cast<unsigned long long>(total.damaged),
       static_cast<unsigned long long>(total.released_then_lost),
       static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
       static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));

@@ -19,7 +19,12 @@ namespace framelink::sim {
 
 World::World(const SimOptions& options, SimResult& result)
     : options_(options), result_(result), rng_(options.seed) {
-  daemons_.resize(options.daemons == 3 ? 3 : 2);
+  daemons_.resize((options.daemons == 3 ? 3 : 2) + (options.receivers == 2 ? 1 : 0));
+  receivers_ = {kFirstReceiver};
+  if (options.receivers == 2) {
+    receivers_.push_back(static_cast<int>(daemons_.size()) - 1);
+    result.two_receivers = 1;
+  }
   for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) {
     daemons_[d].id = "d" + std::to_string(d);
     daemons_[d].config.id = daemons_[d].id;
@@ -37,9 +42,18 @@ World::World(const SimOptions& options, SimResult& result)
   }
   // Every third seed routes the stream by name: a reader on a sender's own
   // host then reads its frames beside the receiver's, from the same slot.
-  const std::vector<std::string> routed =
-      options.seed % 3 == 0 ? std::vector<std::string>{kStream} : std::vector<std::string>{};
-  for (int d : senders()) daemons_[d].config.peers.push_back(PeerConfig{"d1", "127.0.0.1:1", routed});
+  // Two receivers are always named (`--route cam=d1,d2`): two peers without
+  // a streams list would route nothing.
+  const std::vector<std::string> routed = options.seed % 3 == 0 || receivers_.size() > 1
+                                              ? std::vector<std::string>{kStream}
+                                              : std::vector<std::string>{};
+  named_routes_ = !routed.empty();
+  for (int d : senders()) {
+    for (int r : receivers_) {
+      daemons_[d].config.peers.push_back(
+          PeerConfig{daemons_[r].id, "127.0.0.1:" + std::to_string(r), routed});
+    }
+  }
   damage_on_ = rng_.chance(50);  // then every frame carries a CRC32C
 }
 
@@ -50,8 +64,10 @@ World::~World() {
 
 void World::run() {
   for (int d : senders()) attach(d, FL_ROLE_PRODUCER, kSlotSize);
-  attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize);
-  for (int d : senders()) linkUp(d);
+  for (int r : receivers_) attach(r, FL_ROLE_CONSUMER, kSlotSize);
+  for (int d : senders()) {
+    for (int r : receivers_) linkUp(d, r);
+  }
   settle();
   for (size_t step = 0; step < options_.steps; ++step) {
     oneEvent();
@@ -67,6 +83,7 @@ void World::oneEvent() {
   Link* any = up.empty() ? nullptr : up[rng_.below(up.size())];
   const std::vector<int> all_senders = senders();
   const int sender = all_senders[rng_.below(all_senders.size())];
+  const int receiver = pickReceiver();
   if (r < 250) {
     submit();
   } else if (r < 450) {
@@ -80,9 +97,11 @@ void World::oneEvent() {
   } else if (r < 930) {
     if (any) breakLink(*any, "cable pulled");
   } else if (r < 960) {
-    if (liveLink(sender) == nullptr) linkUp(sender);
+    if (liveLink(sender, receiver) == nullptr) linkUp(sender, receiver);
   } else if (r < 965) {
-    if (Link* live = liveLink(sender); live != nullptr && up.size() < 4) replaceLink(*live);
+    if (Link* live = liveLink(sender, receiver); live != nullptr && up.size() < 4 * receivers_.size()) {
+      replaceLink(*live);
+    }
   } else if (r < 975) {
     killApp(FL_ROLE_CONSUMER);
   } else if (r < 978) {
@@ -92,8 +111,8 @@ void World::oneEvent() {
   } else if (r < 985) {
     // Subscribers too: a frame from a peer lands in one reader there and
     // is lent to the others.
-    if (countApps(FL_ROLE_CONSUMER, kReceiver) < 3) {
-      attach(kReceiver, FL_ROLE_CONSUMER, rng_.chance(25) ? kSmallSlotSize : kSlotSize, rng_.chance(40));
+    if (countApps(FL_ROLE_CONSUMER, receiver) < 3) {
+      attach(receiver, FL_ROLE_CONSUMER, rng_.chance(25) ? kSmallSlotSize : kSlotSize, rng_.chance(40));
     }
   } else if (r < 988) {
     killApp(FL_ROLE_PRODUCER);
@@ -106,7 +125,7 @@ void World::oneEvent() {
     clock_.advanceMs(ms);
     note("clock +" + std::to_string(ms) + " ms");
   } else if (r < 997) {
-    if (options_.crash_receiver) crash(kReceiver);
+    if (options_.crash_receiver) crash(receiver);
   } else {
     if (options_.crash_sender) crash(sender);
   }
@@ -115,6 +134,7 @@ void World::oneEvent() {
 void World::boot(int d) {
   Daemon& daemon = daemons_[d];
   daemon.instance = ++next_instance_;
+  daemon_of_instance_[daemon.instance] = d;
   daemon.metrics = std::make_unique<Metrics>();
   daemon.agent = std::make_unique<DataAgent>(daemon.config, *daemon.metrics, clock_);
   note("boot " + daemon.id + " instance " + std::to_string(daemon.instance));
@@ -132,7 +152,7 @@ void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   // fall behind soon.  (Not beside a producer: a frame there that waited for
   // one that died waits for another reader until credit_timeout_ms, which
   // healing does not wait for.)
-  const uint32_t slots = drop_ && subscriber && d == kReceiver && rng_.chance(50) ? kFewSlots : kSlots;
+  const uint32_t slots = drop_ && subscriber && isReceiver(d) && rng_.chance(50) ? kFewSlots : kSlots;
   SegmentRequest req;
   req.role = role;
   req.slot_count = slots;
@@ -183,9 +203,17 @@ size_t World::countApps(uint32_t role, int daemon) const {
 std::vector<int> World::senders() const {
   std::vector<int> out;
   for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) {
-    if (d != kReceiver) out.push_back(d);
+    if (!isReceiver(d)) out.push_back(d);
   }
   return out;
+}
+
+bool World::isReceiver(int d) const {
+  return std::find(receivers_.begin(), receivers_.end(), d) != receivers_.end();
+}
+
+int World::pickReceiver() {
+  return receivers_.size() == 1 ? receivers_[0] : receivers_[rng_.below(receivers_.size())];
 }
 
 App* World::pickApp(uint32_t role) {
@@ -242,6 +270,8 @@ void World::submitFrom(App& producer) {
   p->in_slot[slot] = frame;
   frames_[frame].producer = p->id;
   frames_[frame].sender = p->daemon;
+  for (const Daemon& d : daemons_) frames_[frame].instance_at_submit.push_back(d.instance);
+  frames_[frame].submitted_ns = clock_.nowNs();
   ++result_.frames;
   note("submit frame " + std::to_string(frame) + " slot " + std::to_string(slot) + " length " +
        std::to_string(length) + (crc ? " crc" : ""));
@@ -262,13 +292,17 @@ void World::release(App& c, uint32_t slot) {
   const uint64_t frame = c.in_slot[slot];
   FrameRecord& rec = frames_[frame];
   // A frame for several readers fails with the first reader's failure (one
-  // died holding it): the others may still release it after.
-  if (rec.outcome_known && rec.status != FL_OK && !unknownOutcome(rec.status) && !rec.reader_died_holding) {
+  // died holding it): the others may still release it after.  So may the
+  // readers of one route when another route's failure ended the frame.
+  const bool other_route_failed = std::any_of(rec.may_have_failed.begin(), rec.may_have_failed.end(),
+                                              [&](int r) { return r != c.daemon; });
+  if (rec.outcome_known && rec.status != FL_OK && !unknownOutcome(rec.status) && !rec.reader_died_holding &&
+      !other_route_failed) {
     throw Broken{"frame " + std::to_string(frame) + " is released by consumer #" + std::to_string(c.id) +
                  " after its producer was told it FAILED (" + std::to_string(rec.status) + ")"};
   }
   // Journaled before it is released, as a real receiver does.
-  rec.released_on.push_back(c.instance);
+  rec.released_on.push_back(Release{c.daemon, c.instance});
   fl_submit_desc d{slot, 0, 0};
   ClientSegments& seg = *c.session->segments;
   if (fl_ring_push(seg.submitRing(), c.session->ring_capacity, sizeof d, &d) != FL_RING_OK) {
@@ -287,12 +321,22 @@ std::vector<Link*> World::upLinks() {
   return up;
 }
 
-// The link from `sender` both daemons consider up.
-Link* World::liveLink(int sender) {
+// The link from `sender` to `receiver` both daemons consider up.
+Link* World::liveLink(int sender, int receiver) {
   for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
-    if ((*it)->sender == sender && (*it)->up && !(*it)->dialer_gone) return it->get();
+    if ((*it)->sender == sender && (*it)->receiver == receiver && (*it)->up && !(*it)->dialer_gone) {
+      return it->get();
+    }
   }
   return nullptr;
+}
+
+void World::linkEveryPair() {
+  for (int d : senders()) {
+    for (int r : receivers_) {
+      if (liveLink(d, r) == nullptr) linkUp(d, r);
+    }
+  }
 }
 
 // The dialer gives up on its session and dials again, while the listener
@@ -307,13 +351,14 @@ void World::replaceLink(Link& old) {
   // was, after the agent let the frames' slots go.
   old.pair.link->keepPayloads(0);
   daemons_[old.sender].agent->post(CmdLinkDown{old.id, "the dialer dialed again"});
-  linkUp(old.sender);
+  linkUp(old.sender, old.receiver);
 }
 
-void World::linkUp(int sender) {
+void World::linkUp(int sender, int receiver) {
   auto link = std::make_unique<Link>();
   link->id = ++next_link_;
   link->sender = sender;
+  link->receiver = receiver;
   transport::loopback::LoopbackOptions lo;
   lo.manual = true;
   auto pair = transport::loopback::makePair(lo);
@@ -325,7 +370,8 @@ void World::linkUp(int sender) {
   for (int end = 0; end < 2; ++end) {
     link->capture[end] = std::make_unique<Capture>([raw] { raw->cancelled = true; });
   }
-  note("link " + std::to_string(link->id) + " up from " + daemons_[sender].id);
+  note("link " + std::to_string(link->id) + " up from " + daemons_[sender].id + " to " +
+       daemons_[receiver].id);
   for (int end = 0; end < 2; ++end) {
     CmdLinkUp up;
     up.link_id = link->id;
@@ -406,13 +452,13 @@ void World::crash(int d) {
   ++result_.crashes;
   note("crash " + daemons_[d].id);
   for (auto& link : links_) {
-    if (!link->up || (d != kReceiver && link->sender != d)) continue;
+    if (!link->up || (link->receiver != d && link->sender != d)) continue;
     link->in_flight[0].clear();
     link->in_flight[1].clear();
     link->up = false;
     link->pair.link->breakLink(FL_ERR_LINK_LOST, "peer daemon crashed");
-    const int survivor = d == kReceiver ? link->sender : kReceiver;
-    if (!(d == kReceiver && link->dialer_gone)) {
+    const int survivor = d == link->receiver ? link->sender : link->receiver;
+    if (!(d == link->receiver && link->dialer_gone)) {
       daemons_[survivor].agent->post(CmdLinkDown{link->id, "peer daemon crashed"});
     }
   }

@@ -48,8 +48,11 @@ namespace framelink::sim {
 
 struct SimOptions {
   uint64_t seed = 1;
-  size_t steps = 120;          // scheduled events before the world is healed
-  int daemons = 2;             // 2: d0 sends to d1; 3: d0 and d2 both send to d1 on one stream
+  size_t steps = 120;  // scheduled events before the world is healed
+  int daemons = 2;     // 2: d0 sends to d1; 3: d0 and d2 both send to d1 on one stream
+  // 1: one receiving daemon (d1); 2: one more (the last daemon, d2 or d3)
+  // receives too, and every sender routes the stream to both.
+  int receivers = 1;
   bool crash_receiver = true;  // the consumer's daemon may crash and restart
   bool crash_sender = true;    // the producer's daemon may crash and restart
   bool keep_trace = false;     // keep the event trace even when the run passes
@@ -69,6 +72,7 @@ struct SimResult {
   uint64_t owed_delivered = 0;      // released frames a healthy period had to see DELIVERED
   uint64_t forged = 0;              // records the adversary put on a link
   uint64_t skipped = 0;             // frames a subscriber of a drop stream was skipped for (told the gap)
+  uint64_t two_receivers = 0;       // schedules of a world with two receiving daemons
 };
 
 SimResult runSchedule(const SimOptions& options);

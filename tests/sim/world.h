@@ -42,7 +42,10 @@ constexpr uint32_t kAckTimeoutMs = 3000;
 // Odd seeds hold ACKs and credits back for coalescing this long (even
 // seeds: none, every release goes at the end of its round).
 constexpr uint32_t kAckDelayUs = 100;
-constexpr int kReceiver = 1;  // the daemon of the consumers; d0 (and d2) dial it and send
+// d1 is the daemon of the consumers; d0 (and d2) dial it and send.  In a
+// two-receiver world one more daemon (the last) receives too: every sender
+// routes the stream to both, and each frame goes to each.
+constexpr int kFirstReceiver = 1;
 const char* const kStream = "cam";
 
 // A broken invariant or a stuck world: ends the schedule.
@@ -123,7 +126,8 @@ struct Daemon {
 
 struct Link {
   uint64_t id = 0;
-  int sender = 0;  // the dialing daemon; the other end is the receiver
+  int sender = 0;                 // the dialing daemon
+  int receiver = kFirstReceiver;  // the listening one
   bool up = true;
   // The dialer ended its session and dialed again; the listener has not
   // noticed yet (a half-open connection, until its keepalive ends it).
@@ -135,12 +139,23 @@ struct Link {
   bool cancelled = false;
 };
 
+// A consumer's release of a frame: on which daemon, and which instance of it.
+struct Release {
+  int daemon = 0;
+  uint64_t instance = 0;
+};
+
 struct FrameRecord {
   uint64_t producer = 0;
   int sender = 0;
   bool outcome_known = false;
   int status = 0;
-  std::vector<uint64_t> released_on;              // receiving daemon instances a consumer released it on
+  std::vector<Release> released_on;          // where a consumer released it
+  std::vector<uint64_t> instance_at_submit;  // of each daemon, when it was submitted
+  std::map<uint64_t, int> receptions_on;     // by each daemon instance's readers, all told
+  // Ended FAILED: the receiving daemons whose route may have failed it (not
+  // released on their live instance then).  The others may still release it.
+  std::vector<int> may_have_failed;
   std::map<int, int> member_receptions;           // by each daemon's queue group
   std::map<uint64_t, int> subscriber_receptions;  // by each subscriber
   bool reader_died_holding = false;               // a reader was killed holding it: it may fail
@@ -151,6 +166,7 @@ struct FrameRecord {
   bool read_beside = false;
   int landings = 0;              // times the frame crossed a data link (a resend after a NACK crosses again)
   uint64_t first_landed_ns = 0;  // its ACK deadline is at least ack_timeout after this
+  uint64_t submitted_ns = 0;     // no route of it times out before credit_timeout after this
 };
 
 class World {
@@ -166,8 +182,12 @@ class World {
   void attach(int d, uint32_t role, uint64_t slot_size, bool subscriber = false);
   size_t countApps(uint32_t role, int daemon = -1) const;
   std::vector<int> senders() const;
+  bool isReceiver(int d) const;
+  // One of the receiving daemons (with one, no draw: single-receiver
+  // schedules stay as they were).
+  int pickReceiver();
   // The daemon at one end of a link: 0 the sender, 1 the receiver.
-  static int daemonAt(const Link& link, int end) { return end == 0 ? link.sender : kReceiver; }
+  static int daemonAt(const Link& link, int end) { return end == 0 ? link.sender : link.receiver; }
   App* pickApp(uint32_t role);
   void killApp(uint32_t role);
   void submit();
@@ -177,9 +197,11 @@ class World {
 
   // ---------------------------------------------------------------- links
   std::vector<Link*> upLinks();
-  Link* liveLink(int sender);
+  Link* liveLink(int sender, int receiver);
   void replaceLink(Link& old);
-  void linkUp(int sender);
+  void linkUp(int sender, int receiver);
+  // Every sender has a live link to every receiver (one dialed where none is).
+  void linkEveryPair();
   void breakLink(Link& link, const std::string& why);
   void deliverControl(Link& link, int from, size_t n);
   void deliverData(Link& link, uint64_t n, bool damage);
@@ -192,7 +214,10 @@ class World {
   void keepaliveEnds();
   void healthyPeriod();
   void requireReleasedDelivered(const char* when);
-  bool releasedOnLiveReceiver(const FrameRecord& rec) const;
+  bool releasedOnLive(const FrameRecord& rec, int receiver) const;
+  // Released on the live instance of every receiving daemon: each route has
+  // delivered it (and is owed its ACK).
+  bool releasedOnEveryLiveReceiver(const FrameRecord& rec) const;
   bool owed(const FrameRecord& rec) const;
   void checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const;
 
@@ -228,9 +253,12 @@ class World {
   Rng rng_;
   ManualClock clock_;
   bool damage_on_ = false;
-  bool drop_ = false;     // the stream is in drop_streams on every daemon
-  bool healthy_ = false;  // the links are healed and every message moves: ACKs owe no TIMEOUT
+  bool drop_ = false;          // the stream is in drop_streams on every daemon
+  bool named_routes_ = false;  // the senders route the stream by name (to every receiver)
+  bool healthy_ = false;       // the links are healed and every message moves: ACKs owe no TIMEOUT
   std::vector<Daemon> daemons_;
+  std::vector<int> receivers_;  // d1, and in a two-receiver world the last daemon
+  std::map<uint64_t, int> daemon_of_instance_;
   std::vector<std::unique_ptr<App>> apps_;
   std::vector<std::unique_ptr<Link>> links_;
   std::map<uint64_t, FrameRecord> frames_;

@@ -80,6 +80,31 @@ void World::onProducerCompletion(App& p, const fl_completion_desc& d) {
   if (d.released > d.readers) {
     throw Broken{"frame " + std::to_string(d.frame_id) + " says more readers released it than it reached"};
   }
+  // Its readers are those of every host it went to, summed: at least one on
+  // each receiving daemon, and, when each reader had it once and from one
+  // instance of its daemon, as many as the world saw get it.
+  if (d.status == FL_OK && !drop_) {
+    const FrameRecord& rec = frames_[d.frame_id];
+    if (d.readers < receivers_.size()) {
+      throw Broken{"frame " + std::to_string(d.frame_id) + " completed DELIVERED with " +
+                   std::to_string(d.readers) + " readers, fewer than the " +
+                   std::to_string(receivers_.size()) + " receiving daemons it went to"};
+    }
+    std::map<int, int> instances;  // by daemon: how many of its instances had readers of it
+    uint32_t receptions = 0;
+    bool again = false;
+    for (const auto& [instance, n] : rec.receptions_on) {
+      receptions += static_cast<uint32_t>(n);
+      again = again || ++instances[daemon_of_instance_.at(instance)] > 1;
+    }
+    for (const auto& [id, n] : rec.subscriber_receptions) again = again || n > 1;
+    for (const auto& [daemon, n] : rec.member_receptions) again = again || n > 1;
+    if (!again && d.readers != receptions) {
+      throw Broken{"frame " + std::to_string(d.frame_id) + " completed DELIVERED counting " +
+                   std::to_string(d.readers) + " readers, but " + std::to_string(receptions) +
+                   " readers on its hosts got it (each once)"};
+    }
+  }
   p.in_slot[d.slot] = 0;
   endFrame(d.frame_id, d.status);
 }
@@ -95,8 +120,20 @@ void World::endFrame(uint64_t frame, int status) {
   note("frame " + std::to_string(frame) + " ends " + std::to_string(status));
   if (status == FL_OK) {
     ++result_.delivered;
-    if (rec.released_on.empty() && !drop_) {
+    // Every route delivered it: a consumer on every receiving daemon released
+    // it.  (Without a route by name, a consumer on the sender's own daemon
+    // takes the frames instead: then one release anywhere.)
+    if (!drop_ && rec.released_on.empty()) {
       throw Broken{"frame " + std::to_string(frame) + " completed DELIVERED but no consumer released it"};
+    }
+    for (int r : receivers_) {
+      if (drop_ || !named_routes_ ||
+          std::any_of(rec.released_on.begin(), rec.released_on.end(),
+                      [&](const Release& x) { return x.daemon == r; })) {
+        continue;
+      }
+      throw Broken{"frame " + std::to_string(frame) + " completed DELIVERED but no consumer on " +
+                   daemons_[r].id + " released it"};
     }
     return;
   }
@@ -106,16 +143,23 @@ void World::endFrame(uint64_t frame, int status) {
     return;
   }
   ++result_.failed;
-  for (uint64_t instance : rec.released_on) {
-    // One reader released it, another died holding it: the first failure counts.
-    if (instance == daemons_[kReceiver].instance && !rec.reader_died_holding) {
-      throw Broken{"frame " + std::to_string(frame) + " completed FAILED (" + std::to_string(status) +
-                   ") but a consumer of the live receiving daemon released it"};
-    }
+  for (int r : receivers_) {
+    if (!releasedOnLive(rec, r)) rec.may_have_failed.push_back(r);
   }
-  // Released only on a receiving daemon that crashed before its ACK went out:
-  // the sender cannot know (documented).
-  if (!rec.released_on.empty()) ++result_.released_then_lost;
+  // One reader released it, another died holding it: the first failure
+  // counts.  A route fails on its own: with two receivers, one live
+  // receiver's release says nothing of the other's route.
+  if (releasedOnEveryLiveReceiver(rec) && !rec.reader_died_holding) {
+    throw Broken{"frame " + std::to_string(frame) + " completed FAILED (" + std::to_string(status) +
+                 ") but a consumer of every live receiving daemon released it"};
+  }
+  // Released on a receiving daemon that crashed before its ACK went out:
+  // the sender cannot know (documented).  (With two receivers, a release on
+  // the other, live one is no such case.)
+  if (std::any_of(rec.released_on.begin(), rec.released_on.end(),
+                  [&](const Release& x) { return x.instance != daemons_[x.daemon].instance; })) {
+    ++result_.released_then_lost;
+  }
 }
 
 void World::onDelivery(App& c, const fl_completion_desc& d) {
@@ -155,6 +199,14 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   c.gaps += d.readers;
   result_.skipped += d.readers;
   FrameRecord& rec = it->second;
+  // A replay to a new instance of this daemon may be flagged, and nothing
+  // else: a frame whose other route was replayed is not flagged here.
+  if (flagged && rec.instance_at_submit[c.daemon] == daemons_[c.daemon].instance) {
+    throw Broken{"consumer #" + std::to_string(c.id) + " on " + daemons_[c.daemon].id + " got frame " +
+                 std::to_string(frame) + " flagged maybe redelivered, but " + daemons_[c.daemon].id +
+                 " has not restarted since it was submitted"};
+  }
+  ++rec.receptions_on[c.instance];
   // Once to each subscriber, and once to the queue group.
   const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions[c.daemon];
   note((c.subscriber ? "subscriber #" : "consumer #") + std::to_string(c.id) + " gets frame " +
@@ -231,23 +283,23 @@ void World::heal() {
   note("heal");
   // Frames land in a subscriber while there is one (lent to the rest): it
   // takes a big frame only with big slots itself.
-  auto reader = [this](bool big, bool subscriber) {
+  auto reader = [this](int r, bool big, bool subscriber) {
     return std::any_of(apps_.begin(), apps_.end(), [&](const auto& a) {
-      return a->alive && a->role == FL_ROLE_CONSUMER && a->daemon == kReceiver &&
+      return a->alive && a->role == FL_ROLE_CONSUMER && a->daemon == r &&
              (!big || a->slot_size == kSlotSize) && (!subscriber || a->subscriber);
     });
   };
-  const bool subscribers = reader(false, true);
-  if (!reader(true, subscribers)) attach(kReceiver, FL_ROLE_CONSUMER, kSlotSize, subscribers);
+  for (int r : receivers_) {
+    const bool subscribers = reader(r, false, true);
+    if (!reader(r, true, subscribers)) attach(r, FL_ROLE_CONSUMER, kSlotSize, subscribers);
+  }
   for (int d : senders()) {
     if (countApps(FL_ROLE_PRODUCER, d) == 0) attach(d, FL_ROLE_PRODUCER, kSlotSize);
   }
   for (Link* link : upLinks()) {
     if (link->dialer_gone) breakLink(*link, "keepalive timeout");
   }
-  for (int d : senders()) {
-    if (liveLink(d) == nullptr) linkUp(d);
-  }
+  linkEveryPair();
   settle();
   healthy_ = true;
   drain(true);
@@ -289,21 +341,23 @@ void World::drain(bool release_held) {
     settle();
     bool moved = false;
     for (int d : senders()) {
-      Link* live = liveLink(d);
-      if (live == nullptr) {
-        linkUp(d);
-        moved = true;
-        continue;
-      }
-      for (int end = 0; end < 2; ++end) {
-        if (!live->in_flight[end].empty()) {
-          deliverControl(*live, end, live->in_flight[end].size());
+      for (int r : receivers_) {
+        Link* live = liveLink(d, r);
+        if (live == nullptr) {
+          linkUp(d, r);
+          moved = true;
+          continue;
+        }
+        for (int end = 0; end < 2; ++end) {
+          if (!live->in_flight[end].empty()) {
+            deliverControl(*live, end, live->in_flight[end].size());
+            moved = true;
+          }
+        }
+        while (live->pair.link->waiting(0) + live->pair.link->waiting(1) > 0) {
+          deliverData(*live, 1, false);
           moved = true;
         }
-      }
-      while (live->pair.link->waiting(0) + live->pair.link->waiting(1) > 0) {
-        deliverData(*live, 1, false);
-        moved = true;
       }
     }
     for (auto& app : apps_) {

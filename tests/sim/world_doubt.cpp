@@ -24,7 +24,9 @@ void World::doubtEvent(uint64_t r) {
     // The dialer gives up on a link that works, so that the listener holds
     // a half-open link while the stream moves to the new one.
     const std::vector<int> all = senders();
-    if (Link* live = liveLink(all[rng_.below(all.size())]); live != nullptr && upLinks().size() < 4) {
+    const int sender = all[rng_.below(all.size())];
+    if (Link* live = liveLink(sender, pickReceiver());
+        live != nullptr && upLinks().size() < 4 * receivers_.size()) {
       replaceLink(*live);
     }
   } else {
@@ -59,9 +61,7 @@ void World::healthyPeriod() {
   for (auto& link : links_) {
     if (link->up && link->dialer_gone) breakLink(*link, "keepalive timeout");
   }
-  for (int d : senders()) {
-    if (liveLink(d) == nullptr) linkUp(d);
-  }
+  linkEveryPair();
   healthy_ = true;
   settle();
   const auto owing =
@@ -75,36 +75,47 @@ void World::healthyPeriod() {
   note("clock +" + std::to_string(ms) + " ms");
 }
 
-bool World::releasedOnLiveReceiver(const FrameRecord& rec) const {
-  for (uint64_t instance : rec.released_on) {
-    if (instance == daemons_[kReceiver].instance) return true;
-  }
-  return false;
+bool World::releasedOnLive(const FrameRecord& rec, int receiver) const {
+  return std::any_of(rec.released_on.begin(), rec.released_on.end(), [&](const Release& x) {
+    return x.daemon == receiver && x.instance == daemons_[receiver].instance;
+  });
+}
+
+bool World::releasedOnEveryLiveReceiver(const FrameRecord& rec) const {
+  return std::all_of(receivers_.begin(), receivers_.end(), [&](int r) { return releasedOnLive(rec, r); });
 }
 
 // With the links healed, the ACK of a frame the live receiver released
 // comes back unless the deadline fell inside the healthy period itself.
 void World::checkTimeout(uint64_t frame, const FrameRecord& rec, int status) const {
-  if (!healthy_ || !releasedOnLiveReceiver(rec) || rec.read_beside) return;
-  const uint64_t earliest_deadline = rec.first_landed_ns + uint64_t{kAckTimeoutMs} * 1'000'000ULL;
+  // With two receivers the TIMEOUT may be either route's: each must have
+  // landed it (a route still waiting for a credit times out sooner).
+  if (!healthy_ || !releasedOnEveryLiveReceiver(rec) || rec.read_beside) return;
+  uint64_t earliest_deadline = rec.first_landed_ns + uint64_t{kAckTimeoutMs} * 1'000'000ULL;
+  // With two routes the completion waits for the last: one route may have
+  // timed out before the links healed (a frame replayed after its link broke
+  // waits credit_timeout for the next), and its TIMEOUT is said only now.
+  // No route times out sooner than credit_timeout after the submit.
+  if (receivers_.size() > 1) earliest_deadline = rec.submitted_ns + uint64_t{kCreditTimeoutMs} * 1'000'000ULL;
   if (clock_.nowNs() >= earliest_deadline) return;
   throw Broken{"frame " + std::to_string(frame) + " completed " + std::to_string(status) +
                " while the links were healed, though a consumer of the live receiving daemon released it and "
                "its deadline had not come"};
 }
 
-// Released on the live receiver, not yet ended, and its producer still
+// Released on the live receiver (on each of them, with two: while one
+// route is pending nothing is owed), not yet ended, and its producer still
 // listens (a producer that died hears of nothing more).
 bool World::owed(const FrameRecord& rec) const {
   // Released by every reader there that still holds it: a frame lent to
   // several readers is answered after the last one.
-  if (rec.outcome_known || !releasedOnLiveReceiver(rec) || rec.held > 0) return false;
+  if (rec.outcome_known || !releasedOnEveryLiveReceiver(rec) || rec.held > 0) return false;
   // It still waits for a subscriber there that has not had it and holds all
   // its slots (drain() releases nothing held): until one of them is free, or
   // a drop stream skips it at the frame's deadline.
   const bool waits = std::any_of(apps_.begin(), apps_.end(), [&](const auto& a) {
-    if (!a->alive || !a->subscriber || a->daemon != kReceiver ||
-        a->instance != daemons_[kReceiver].instance || rec.subscriber_receptions.count(a->id) != 0) {
+    if (!a->alive || !a->subscriber || !isReceiver(a->daemon) ||
+        a->instance != daemons_[a->daemon].instance || rec.subscriber_receptions.count(a->id) != 0) {
       return false;
     }
     const auto slots = static_cast<std::ptrdiff_t>(a->session->slots.size());
@@ -118,8 +129,8 @@ bool World::owed(const FrameRecord& rec) const {
 void World::requireReleasedDelivered(const char* when) {
   for (const auto& [frame, rec] : frames_) {
     if (!owed(rec)) continue;
-    throw Broken{"frame " + std::to_string(frame) + " was released on the live receiving daemon but has no " +
-                 "completion " + when};
+    throw Broken{"frame " + std::to_string(frame) +
+                 " was released on every live receiving daemon but has no " + "completion " + when};
   }
 }
 

@@ -78,6 +78,15 @@ struct TwoRoutes {
   void sendCompletes(int r) {
     out.onSendComplete(waitEvent(*link[r]->transport, transport::TransportEvent::Kind::kSendComplete));
   }
+  // A frame goes out on both routes: submitted in `slot`, each route's peer
+  // grants a credit (b `credit_b`, c `credit_c`), and both sends complete.
+  void sendOnBoth(uint32_t slot = 0, uint64_t credit_b = 7, uint64_t credit_c = 9) {
+    submit(slot, 100);
+    grant(0, credit_b);
+    grant(1, credit_c);
+    sendCompletes(0);
+    sendCompletes(1);
+  }
   void ack(int r, uint64_t sequence, int status = FL_OK, uint32_t readers = 1) {
     out.onAck(link[r]->peer, stream_id[r], sequence, status, status == FL_OK ? "" : "refused", readers,
               status == FL_OK ? readers : 0);
@@ -93,11 +102,7 @@ TEST_CASE("routes: a frame goes to each peer from the same slot and completes on
           "[agent][outbound][routes]") {
   TwoRoutes rig;
   CHECK(rig.stream_id[0] != rig.stream_id[1]);
-  rig.submit(0, 100);
-  rig.grant(0, 7);
-  rig.grant(1, 9);
-  rig.sendCompletes(0);
-  rig.sendCompletes(1);
+  rig.sendOnBoth();
   CHECK(rig.metrics.counters.frames_submitted.load() == 1);
   rig.ack(0, 1, FL_OK, 2);
   fl_completion_desc d{};
@@ -125,11 +130,7 @@ TEST_CASE("routes: a frame goes to each peer from the same slot and completes on
 TEST_CASE("routes: one route's link breaks; only that route sends the frame again, on its next link",
           "[agent][outbound][routes]") {
   TwoRoutes rig;
-  rig.submit(0, 100);
-  rig.grant(0, 7);
-  rig.grant(1, 9);
-  rig.sendCompletes(0);
-  rig.sendCompletes(1);
+  rig.sendOnBoth();
   rig.ack(0, 1);
   rig.out.onLinkDown(*rig.link[1], "cable pulled");
   CHECK(rig.metrics.counters.frames_replayed.load() == 1);
@@ -176,11 +177,7 @@ TEST_CASE("routes: a route with no consumer fails the frame with its reason, cou
 
 TEST_CASE("routes: a NACKed frame is sent again on its route only", "[agent][outbound][routes]") {
   TwoRoutes rig;
-  rig.submit(0, 100);
-  rig.grant(0, 7);
-  rig.grant(1, 9);
-  rig.sendCompletes(0);
-  rig.sendCompletes(1);
+  rig.sendOnBoth();
   rig.ack(1, 1, FL_ERR_CRC_MISMATCH);
   CHECK(rig.metrics.counters.frames_resent_crc.load() == 1);
   rig.grant(1, 10);
