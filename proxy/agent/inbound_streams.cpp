@@ -468,13 +468,20 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
   // instance that has the stream open means this StreamOpen was written
   // before the sender left this link and arrives late.  Taking the stream
   // back would leave it where the sender no longer sends, without credits
-  // on the link it does send on, until the sender dials again.
+  // on the link it does send on, until the sender dials again.  So does a
+  // newer link with the name open under another id: the sender closed this
+  // id and opened the name anew there, and opening it here would take the
+  // name's stream off the link the sender sends on (below).
   for (const auto& [id, other] : links_) {
     if (id <= l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
-    if (other.in_streams.count(so.stream_id) == 0) continue;
+    const bool open_there = other.in_streams.count(so.stream_id) != 0 ||
+                            std::any_of(other.in_streams.begin(), other.in_streams.end(),
+                                        [&](const auto& in) { return in.second.name == so.name; });
+    if (!open_there) continue;
     log_streams_.info(
-        "link {} to peer {}: stale StreamOpen for stream {} ignored, it is open on newer link {}", l.id,
-        l.peer_name, so.stream_id, id);
+        "link {} to peer {}: stale StreamOpen for stream {} ('{}') ignored, the stream is open on newer link "
+        "{}",
+        l.id, l.peer_name, so.stream_id, so.name, id);
     return {};
   }
   auto existing = l.in_streams.find(so.stream_id);
