@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the deterministic simulation of the frame protocol (tests/sim): seeded
-# schedules of two or three daemons' real data agents on in-memory links, with
+# schedules of two to four daemons' real data agents on in-memory links (one
+# or two receivers; with two, the stream is routed to both), with
 # client deaths, daemon crashes, broken, replaced and half-open links, damaged
 # payloads and (in some schedules) an adversary's forged control records,
 # checking after every step that each completion tells the truth.

@@ -197,10 +197,11 @@ void printSendSummary(const SendOptions& o, const ProducerStats& st) {
     std::printf(
         "{\"submitted\":%llu,\"delivered\":%llu,\"failed\":%llu,\"failures\":{%s},\"bytes_delivered\":%llu,"
         "\"seconds\":%.6f,\"gb_per_s\":%.4f,\"frames_per_s\":%.1f,\"readers_min\":%u,\"readers_max\":%u,"
-        "\"reattaches\":%u,\"interrupted\":%s,\"error\":\"%s\"}\n",
+        "\"skipped\":%llu,\"reattaches\":%u,\"interrupted\":%s,\"error\":\"%s\"}\n",
         (unsigned long long)st.submitted, (unsigned long long)st.delivered, (unsigned long long)st.failed,
         failures.c_str(), (unsigned long long)st.bytes_delivered, secs, gbps, fps, st.readers_min,
-        st.readers_max, st.reattaches, st.interrupted ? "true" : "false", jsonEscape(st.error).c_str());
+        st.readers_max, (unsigned long long)st.skipped, st.reattaches, st.interrupted ? "true" : "false",
+        jsonEscape(st.error).c_str());
   } else if (!o.quiet || !st.allDelivered()) {
     std::printf("sent %llu frames: %llu delivered, %llu failed; %s in %.3f s = %.3f GB/s, %.0f frames/s\n",
                 (unsigned long long)st.submitted, (unsigned long long)st.delivered,
@@ -211,6 +212,10 @@ void printSendSummary(const SendOptions& o, const ProducerStats& st) {
                   st.readers_min == st.readers_max
                       ? std::to_string(st.readers_max).c_str()
                       : (std::to_string(st.readers_min) + " to " + std::to_string(st.readers_max)).c_str());
+    }
+    if (st.skipped > 0) {
+      std::printf("  slow subscribers of the drop stream were skipped %llu times (each is told the gap)\n",
+                  (unsigned long long)st.skipped);
     }
     for (const auto& [status, n] : st.failures) {
       std::printf("  failed %llu x %s\n", (unsigned long long)n, fl_status_str(status));

@@ -153,8 +153,9 @@ class SendLoop {
     for (size_t i = 0; i < n; ++i) {
       const fl_completion& c = comps_[i];
       if (c.status == FL_OK) {
-        st_.readers_min = st_.delivered == 0 ? c.readers : std::min(st_.readers_min, c.readers);
-        st_.readers_max = std::max(st_.readers_max, c.readers);
+        st_.readers_min = st_.delivered == 0 ? c.released : std::min(st_.readers_min, c.released);
+        st_.readers_max = std::max(st_.readers_max, c.released);
+        st_.skipped += c.readers - c.released;
         ++st_.delivered;
         st_.bytes_delivered += c.length;
       } else {

@@ -44,9 +44,10 @@ struct ProducerStats {
   uint64_t failed = 0;
   uint64_t bytes_submitted = 0;
   uint64_t bytes_delivered = 0;
-  // The fewest and most readers (on every host) a delivered frame had, as its completion said.
+  // The fewest and most readers (on every host) that read a delivered frame, as its completion said.
   uint32_t readers_min = 0;
   uint32_t readers_max = 0;
+  uint64_t skipped = 0;              // subscribers of a drop stream skipped for delivered frames, in all
   std::map<int, uint64_t> failures;  // status -> count
   uint64_t first_submit_ns = 0;      // monotonic
   uint64_t last_completion_ns = 0;   // monotonic

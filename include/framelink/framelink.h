@@ -188,8 +188,10 @@ typedef struct fl_completion {
   uint64_t frame_id;
   uint64_t length;
   /* Filled when fl_client_options.completion_size covers them. */
-  uint32_t readers;  /* readers the frame reached, on every host (0: none, or not known) */
-  uint32_t released; /* of those, how many released it: all of them when status is FL_OK */
+  uint32_t readers; /* readers the frame was meant for, on every host (0: none, or not known) */
+  /* Of those, how many released it.  FL_OK: all of them but the subscribers of a
+   * drop stream skipped for it (readers - released; each is told the gap). */
+  uint32_t released;
 } fl_completion;
 
 /* sizeof(fl_completion) before readers and released (still filled that far). */

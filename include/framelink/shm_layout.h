@@ -155,8 +155,9 @@ typedef struct fl_completion_desc {
   uint64_t sequence;
   uint64_t length;
   uint64_t frame_id;
-  /* Producer: the readers the frame reached on every host, and how many of
-   * them released it (equal when status is FL_OK).  Consumer: `readers` is
+  /* Producer: the readers the frame was meant for on every host, and how
+   * many of them released it (when status is FL_OK, all but the subscribers
+   * of a drop stream skipped for it).  Consumer: `readers` is
    * the frames of the stream it missed just before this one (the slot
    * header has FL_SLOT_GAP then), `released` 0. */
   uint32_t readers;

@@ -509,7 +509,7 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
           inbound_.onCreditLow(l, m);
         } else if constexpr (std::is_same_v<T, peer::Ack>) {
           for (uint64_t sequence : m.sequences) {
-            outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {}, m.readers, m.readers);
+            outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {}, m.readers, m.readers - m.skipped);
           }
         } else if constexpr (std::is_same_v<T, peer::Nack>) {
           outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,

@@ -26,14 +26,16 @@ bool InboundStreams::due(const Target& target, const HeldBack& held, uint64_t no
 }
 
 void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vector<ReleasedFrame>& released) {
-  std::map<uint32_t, std::vector<uint64_t>> by_readers;
-  for (const ReleasedFrame& r : released) by_readers[r.readers].push_back(r.sequence);
-  for (const auto& [readers, sequences] : by_readers) {
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<uint64_t>> by_readers;  // (readers, skipped)
+  for (const ReleasedFrame& r : released) by_readers[{r.readers, r.skipped}].push_back(r.sequence);
+  for (const auto& [counts, sequences] : by_readers) {
+    const auto [readers, skipped] = counts;
     for (size_t i = 0; i < sequences.size(); i += peer::kMaxAcksPerMessage) {
       v1::PeerMessage msg;
       auto* ack = msg.mutable_ack();
       ack->set_stream_id(stream_id);
       if (readers > 1) ack->set_readers(readers);
+      if (skipped > 0) ack->set_skipped(skipped);
       const size_t end = std::min(sequences.size(), i + peer::kMaxAcksPerMessage);
       peer::encodeAck(sequences.data() + i, end - i, ack);
       l.send(std::move(msg));

@@ -142,12 +142,12 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
 }
 
 void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
-                                   uint32_t readers) {
+                                   uint32_t readers, uint32_t skipped) {
   auto ist = in_states_.find(from.in_state);
   if (ist != in_states_.end()) {
     InState& in = ist->second;
     in.held.erase(from.sequence);
-    in.released.push_back(ReleasedFrame{from.sequence, readers});
+    in.released.push_back(ReleasedFrame{from.sequence, readers, skipped});
     if (in.released.size() > kMaxRemembered) in.released.pop_front();
     in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
@@ -160,7 +160,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
-      held.acks.push_back(ReleasedFrame{from.sequence, readers});
+      held.acks.push_back(ReleasedFrame{from.sequence, readers, skipped});
       if (stream != kNoName) held.stream = stream;
       return;
     }
@@ -184,7 +184,8 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
     }
   }
   if (status == FL_OK) {
-    answerRelease(from, stream, landing, released);
+    // Every reader it went to released it; the others were skipped.
+    answerRelease(from, stream, landing, readers, readers - released);
     return;
   }
   refuseDelivered(from, status, why, readers, released);
@@ -414,19 +415,19 @@ bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, 
   auto released = std::find_if(in.released.begin(), in.released.end(),
                                [&](const ReleasedFrame& r) { return r.sequence == h.sequence; });
   if (released != in.released.end()) {
-    ackAgain(l, h, released->readers);
+    ackAgain(l, h, *released);
     return true;
   }
   return false;
 }
 
-void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, uint32_t readers) {
+void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, const ReleasedFrame& answer) {
   metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
   spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
                 l.peer_name, h.stream_id, h.sequence);
   // At once: the sender is replaying, and waits for this answer.
   HeldBack& held = held_back_[{l.id, h.stream_id}];
-  held.acks.push_back(ReleasedFrame{h.sequence, readers});
+  held.acks.push_back(answer);
   held.this_round = true;
 }
 
@@ -467,13 +468,20 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
   // instance that has the stream open means this StreamOpen was written
   // before the sender left this link and arrives late.  Taking the stream
   // back would leave it where the sender no longer sends, without credits
-  // on the link it does send on, until the sender dials again.
+  // on the link it does send on, until the sender dials again.  So does a
+  // newer link with the name open under another id: the sender closed this
+  // id and opened the name anew there, and opening it here would take the
+  // name's stream off the link the sender sends on (below).
   for (const auto& [id, other] : links_) {
     if (id <= l.id || other.peer != l.peer || other.peer_instance != l.peer_instance) continue;
-    if (other.in_streams.count(so.stream_id) == 0) continue;
+    const bool open_there = other.in_streams.count(so.stream_id) != 0 ||
+                            std::any_of(other.in_streams.begin(), other.in_streams.end(),
+                                        [&](const auto& in) { return in.second.name == so.name; });
+    if (!open_there) continue;
     log_streams_.info(
-        "link {} to peer {}: stale StreamOpen for stream {} ignored, it is open on newer link {}", l.id,
-        l.peer_name, so.stream_id, id);
+        "link {} to peer {}: stale StreamOpen for stream {} ('{}') ignored, the stream is open on newer link "
+        "{}",
+        l.id, l.peer_name, so.stream_id, so.name, id);
     return {};
   }
   auto existing = l.in_streams.find(so.stream_id);

@@ -124,7 +124,8 @@ class InboundStreams {
   // A frame released by every reader it reached here: what its ACK says.
   struct ReleasedFrame {
     uint64_t sequence = 0;
-    uint32_t readers = 1;
+    uint32_t readers = 1;  // it was meant for
+    uint32_t skipped = 0;  // of those, skipped (a drop stream)
   };
   // Receive side of one sender stream, kept across links so that frames
   // replayed after a link broke are recognised: per (peer, peer instance,
@@ -175,13 +176,14 @@ class InboundStreams {
   };
   // Whether what is held back for that sender stream goes now.
   bool due(const Target& target, const HeldBack& held, uint64_t now_ns) const;
-  // One Ack per count of readers (nearly always one: 1).
+  // One Ack per count of readers and skips (nearly always one: 1 reader, 0 skipped).
   void sendAcks(AgentLink& link, uint64_t stream_id, const std::vector<ReleasedFrame>& released);
-  // The frame was released by every reader it went to: its ACK is held back
-  // for its sender, and the slots of `stream` (kNoName: none freed) are
-  // granted again with it.
+  // The frame was released by every reader it went to (`skipped` of its
+  // `readers` were skipped, on a drop stream): its ACK is held back for its
+  // sender, and the slots of `stream` (kNoName: none freed) are granted
+  // again with it.
   void answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
-                     uint32_t readers = 1);
+                     uint32_t readers = 1, uint32_t skipped = 0);
   // A frame shared with the other readers here ended (LocalDelivery::EndLanded).
   void endShared(const LocalDelivery::Landed& from, uint64_t landing, uint32_t slot, int status,
                  const std::string& why, uint32_t readers, uint32_t released);
@@ -280,7 +282,7 @@ class InboundStreams {
   // Whether the frame is a replay this daemon already had; answers it.
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
   // Answers a replay of a frame delivered and released before: its ACK again.
-  void ackAgain(AgentLink& link, const transport::FrameHeader& header, uint32_t readers);
+  void ackAgain(AgentLink& link, const transport::FrameHeader& header, const ReleasedFrame& answer);
 
   Metrics& metrics_;
   ClientTable& clients_;

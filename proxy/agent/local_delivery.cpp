@@ -243,7 +243,9 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
   return false;
 }
 
-void LocalDelivery::skip(const Frame& f, AgentClient& source, ClientSession& r) {
+void LocalDelivery::skip(Frame& f, AgentClient& source, ClientSession& r) {
+  // Meant for it, never released by it: the completion tells the producer.
+  ++f.readers;
   // Saturates: a reader that stays stalled is told it missed "at least" this many.
   if (r.gap < UINT32_MAX) ++r.gap;
   ++r.dropped;

@@ -128,7 +128,7 @@ class LocalDelivery {
     uint64_t sequence = 0;
     uint64_t deadline_ns = 0;
     uint32_t readers_out = 0;    // readers holding it
-    uint32_t readers = 0;        // readers it went to
+    uint32_t readers = 0;        // readers it went to, and subscribers skipped for it
     uint32_t released = 0;       // readers that released it
     bool copy = false;           // its stream is in copy_streams: copied into each reader's slot
     bool drop = false;           // its stream is in drop_streams: a subscriber far behind is skipped
@@ -165,8 +165,9 @@ class LocalDelivery {
   // drop_lag frames behind, or `at_deadline` and the frame is due); false
   // when it must wait.
   bool deliverOne(Stream& s, bool at_deadline = false);
-  // The frame goes on without subscriber `r`: its next frame says the gap.
-  void skip(const Frame& f, AgentClient& source, ClientSession& r);
+  // The frame goes on without subscriber `r`: its next frame says the gap,
+  // the frame's completion counts it among its readers but not its releases.
+  void skip(Frame& f, AgentClient& source, ClientSession& r);
   void deliverTo(Frame& f, AgentClient& producer, ClientSession& reader, uint32_t reader_slot);
   // The producer's segment is known to `reader` (lent now if need be).
   bool lend(ClientSession& reader, const ClientSession& producer);

@@ -60,7 +60,13 @@ Message decodeAck(const v1::Ack& a) {
   };
   if (static_cast<size_t>(a.sequences_size()) > kMaxAcksPerMessage) return too_many();
   if (a.runs_size() % 2 != 0) return Violation{"ACK with a run that has no count"};
-  Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}, a.readers() == 0 ? 1 : a.readers()};
+  const uint32_t readers = a.readers() == 0 ? 1 : a.readers();
+  // At least one reader released a frame its receiver ACKs: the one it landed in.
+  if (a.skipped() >= readers) {
+    return Violation{"ACK saying " + std::to_string(a.skipped()) + " of its " + std::to_string(readers) +
+                     " readers were skipped"};
+  }
+  Ack out{a.stream_id(), {a.sequences().begin(), a.sequences().end()}, readers, a.skipped()};
   for (int i = 0; i < a.runs_size(); i += 2) {
     const uint64_t first = a.runs(i);
     const uint64_t count = a.runs(i + 1);

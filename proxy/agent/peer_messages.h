@@ -88,7 +88,8 @@ struct CreditLow {
 struct Ack {
   uint64_t stream_id = 0;
   std::vector<uint64_t> sequences;  // at most kMaxAcksPerMessage
-  uint32_t readers = 1;             // that released each of them on the receiving host
+  uint32_t readers = 1;             // each of them was meant for on the receiving host
+  uint32_t skipped = 0;             // of those, skipped (a drop stream); the others released it
 };
 struct Nack {
   uint64_t stream_id = 0;

@@ -15,6 +15,17 @@
 // every fifth schedule an adversary puts forged, duplicated and
 // out-of-order control records on the links (world_adversary.cpp).
 //
+// Most worlds have one receiving daemon, d1.  In a two-receiver world
+// (SimOptions::receivers, a quarter of the seeds in framelink_sim) one more
+// daemon receives, each sender routes the stream to both by name, and every
+// frame goes to both from one producer slot (one completion, once each
+// route is done): each (sender, receiver) link has its own faults, and the
+// checks below hold per receiving daemon -- DELIVERED needs a release on
+// each, its readers are the hosts' summed, a FAILED frame may be released
+// on a receiver whose route did not fail it, the redelivery flag comes only
+// from a receiver that restarted since the submit, and a frame is owed its
+// completion only once released on every live receiver.
+//
 // After every step the world checks what the product promises:
 //   * no frame gets two completions, and at the end every frame has one;
 //   * DELIVERED => a consumer released that frame;

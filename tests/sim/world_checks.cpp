@@ -71,9 +71,9 @@ void World::onProducerCompletion(App& p, const fl_completion_desc& d) {
                  std::to_string(p.in_slot[d.slot]) + " but the completion names " +
                  std::to_string(d.frame_id)};
   }
-  // Who got it: a delivered frame was released by every reader it reached
-  // (on a drop stream perhaps none: every one was skipped).
-  if (d.status == FL_OK && ((d.readers == 0 && !drop_) || d.released != d.readers)) {
+  // Who got it: a delivered frame was released by every reader it was meant
+  // for, but on a drop stream by those skipped for it (perhaps all).
+  if (d.status == FL_OK && (d.readers == 0 || (d.released != d.readers && !drop_))) {
     throw Broken{"frame " + std::to_string(d.frame_id) + " completed DELIVERED saying " +
                  std::to_string(d.released) + " of " + std::to_string(d.readers) + " readers released it"};
   }

@@ -179,6 +179,22 @@ TEST_CASE("inbound bounds: one in-stream per (link, name)", "[agent][inbound][fa
       CHECK(e.stream_id == 50);
     }
   }
+  SECTION("a late StreamOpen on the older link, of the name under an id the sender closed, is stale") {
+    // The sender opened 41 on the older link before it replaced it, closed
+    // it, and opened the name as 50 on the newer link; the older link's
+    // StreamOpen for 41 comes last.  Found by the simulator's two-receiver
+    // world (seed 246953, framelink_sim --receivers 2).
+    AgentLink& l2 = rig.linkUp(2, "p1");
+    REQUIRE(rig.open(l2, 50, "cam").empty());
+    REQUIRE(l.in_streams.empty());
+    CHECK(rig.open(l, 41, "cam").empty());
+    CHECK(l.in_streams.empty());
+    CHECK(l2.in_streams.count(50) == 1);
+    for (const SlotEntry& e : rig.consumers[0].session->slots) {
+      CHECK(e.link_id == 2);
+      CHECK(e.stream_id == 50);
+    }
+  }
 }
 
 TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its deadline fails the link",

@@ -390,6 +390,9 @@ TEST_CASE("producer side: a frame for a peer that never linked fails NO_LINK, no
   f.linkUp();
   f.capture.next([](auto& m) { return m.has_stream_open(); });
   f.agent->post(CmdLinkDown{1, "test cut the link"});
+  // The deadline passes after the agent saw the link go down, not while it
+  // was still up (the frame would wait for a consumer then).
+  waitUntil([&] { return f.metrics.counters.link_failures.load() == 1; }, "the agent sees the link go down");
   f.clock.advanceMs(300);
   d = producer.pop();
   CHECK(d.status == FL_ERR_LINK_LOST);

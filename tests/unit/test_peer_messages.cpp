@@ -230,6 +230,32 @@ TEST_CASE("peer messages: a malformed ACK run is a violation", "[peer_messages]"
       peer::decode(withRuns({UINT64_MAX - 1, 2}))));  // ends at the last one
 }
 
+TEST_CASE("peer messages: an ACK's skipped readers are fewer than its readers", "[peer_messages]") {
+  v1::PeerMessage m;
+  m.mutable_ack()->set_stream_id(3);
+  m.mutable_ack()->add_sequences(7);
+  m.mutable_ack()->set_readers(3);
+  m.mutable_ack()->set_skipped(2);
+  auto decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::Ack>(decoded));
+  CHECK(std::get<peer::Ack>(decoded).readers == 3);
+  CHECK(std::get<peer::Ack>(decoded).skipped == 2);
+  // An older receiver says neither: one reader, none skipped.
+  m.mutable_ack()->clear_readers();
+  m.mutable_ack()->clear_skipped();
+  decoded = peer::decode(m);
+  REQUIRE(std::holds_alternative<peer::Ack>(decoded));
+  CHECK(std::get<peer::Ack>(decoded).readers == 1);
+  CHECK(std::get<peer::Ack>(decoded).skipped == 0);
+  // The reader the frame landed in released it: every reader skipped is a lie.
+  m.mutable_ack()->set_readers(2);
+  m.mutable_ack()->set_skipped(2);
+  CHECK_THAT(violation(m), Catch::Contains("ACK saying 2 of its 2 readers were skipped"));
+  m.mutable_ack()->clear_readers();
+  m.mutable_ack()->set_skipped(1);
+  CHECK_THAT(violation(m), Catch::Contains("1 of its 1 readers"));
+}
+
 TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[peer_messages]") {
   v1::PeerMessage ack;
   ack.mutable_ack()->set_stream_id(5);

@@ -198,12 +198,17 @@ class Completion:
     sequence: int
     frame_id: int
     length: int
-    readers: int = 0  # the readers the frame reached, on every host
-    released: int = 0  # of those, how many released it (all of them when delivered)
+    readers: int = 0  # the readers the frame was meant for, on every host
+    released: int = 0  # of those, how many released it (all of them when delivered, but for `skipped`)
 
     @property
     def delivered(self) -> bool:
         return self.status == Status.OK
+
+    @property
+    def skipped(self) -> int:
+        """Delivered: the subscribers of a drop stream skipped for this frame (each is told the gap)."""
+        return self.readers - self.released if self.delivered else 0
 
     @property
     def reason(self) -> str:

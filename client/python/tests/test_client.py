@@ -323,8 +323,10 @@ def test_a_stalled_subscriber_of_a_drop_stream_is_skipped_and_told_the_gap():
             while len(done) < 6:
                 got = p.wait_completions(timeout=20)
                 assert got, f"completions of frames 0 .. 5, got {done}"
-                done += [(c.frame_id, c.delivered, c.readers) for c in got]
-            assert sorted(done) == [(0, True, 2), (1, True, 1), (2, True, 1), (3, True, 1), (4, True, 1), (5, True, 2)]
+                done += [(c.frame_id, c.delivered, c.readers, c.skipped) for c in got]
+            # Each meant for both; the completion names the subscriber skipped for frames 1 .. 4.
+            assert sorted(done) == [(0, True, 2, 0), (1, True, 2, 1), (2, True, 2, 1), (3, True, 2, 1),
+                                    (4, True, 2, 1), (5, True, 2, 0)]
     finally:
         assert drop.stop() == [0, 0]
 

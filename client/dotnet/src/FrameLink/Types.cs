@@ -105,10 +105,12 @@ public readonly struct Completion
     public ulong Sequence => sequence;
     public ulong FrameId => frameId;
     public long Length => (long)length;
-    /// <summary>The readers the frame reached, on every host (subscribers, and one member of the queue group).</summary>
+    /// <summary>The readers the frame was meant for, on every host (subscribers, and one member of the queue group).</summary>
     public int Readers => (int)readers;
-    /// <summary>Of those, how many released it: all of them when delivered.</summary>
+    /// <summary>Of those, how many released it: all of them when delivered, but for <see cref="Skipped"/>.</summary>
     public int Released => (int)released;
+    /// <summary>Delivered: the subscribers of a drop stream skipped for this frame (they fell behind; each is told the gap).</summary>
+    public int Skipped => status == 0 ? (int)(readers - released) : 0;
     public bool Delivered => status == 0;
     /// <summary>"FL_ERR_...: what it means", from fl_status_str.</summary>
     public unsafe string Reason => Marshal.PtrToStringUTF8((IntPtr)Native.fl_status_str(status)) ?? status.ToString();

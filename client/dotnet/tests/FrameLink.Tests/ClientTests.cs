@@ -207,6 +207,21 @@ public sealed class ClientTests
         Assert.NotNull(last);
         Assert.Equal(5ul, last!.FrameId);
         last.Dispose();
+        // Each meant for both; the completion names the subscriber skipped for frames 1 .. 4.
+        var skipped = new Dictionary<ulong, int>();
+        var done = new Completion[8];
+        while (skipped.Count < 6)
+        {
+            int n = producer.WaitCompletions(done, TimeSpan.FromSeconds(10));
+            Assert.True(n > 0, $"completions of frames 0 .. 5, got {skipped.Count}");
+            foreach (var c in done.AsSpan(0, n))
+            {
+                Assert.True(c.Delivered, c.ToString());
+                Assert.Equal(2, c.Readers);
+                skipped[c.FrameId] = c.Skipped;
+            }
+        }
+        for (ulong id = 0; id <= 5; id++) Assert.Equal(id is >= 1 and <= 4 ? 1 : 0, skipped[id]);
     }
 
     [Fact]
