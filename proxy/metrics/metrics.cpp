@@ -230,6 +230,13 @@ constexpr TransportCounterInfo kTransportCounters[] = {
      &transport::TransportCounters::control_sent},
     {"control_received", "Control records the links' transports received.",
      &transport::TransportCounters::control_received},
+    {"reads_completed", "Reads (pull) of a peer's offered frame that landed in a buffer of this daemon.",
+     &transport::TransportCounters::reads_completed},
+    {"bytes_read", "Payload bytes of the reads that landed.", &transport::TransportCounters::bytes_read},
+    {"reads_served", "Peers' reads of a frame this daemon offered that its transports answered (tcp, grpc).",
+     &transport::TransportCounters::reads_served},
+    {"unknown_source_reads", "Peers' reads of a source this daemon did not expose (answered with an error).",
+     &transport::TransportCounters::unknown_source_reads},
 };
 
 uint64_t load(const Metrics::Counters& counters, Counter counter) {

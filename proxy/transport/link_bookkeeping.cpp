@@ -1,6 +1,8 @@
 #include "transport/link_bookkeeping.h"
 
 #include <algorithm>
+#include <new>
+#include <string>
 
 namespace framelink::transport {
 
@@ -9,6 +11,12 @@ const char* validateSendRequest(const SendRequest& r) noexcept {
   if (r.header.length > r.credit.length) return "frame length exceeds the credit's capacity";
   if (r.header.attr_length > FL_MAX_ATTR_BYTES) return "attr_length exceeds FL_MAX_ATTR_BYTES";
   if (r.header.length > 0 && r.payload == nullptr) return "null payload with non-zero length";
+  return "";
+}
+
+const char* validateReadRequest(const ReadRequest& r) noexcept {
+  if (r.source.length > r.capacity) return "the source is larger than the read's buffer";
+  if (r.source.length > 0 && r.buffer == nullptr) return "null buffer with a non-empty source";
   return "";
 }
 
@@ -171,6 +179,92 @@ Result<RemoteCredit> LinkBookkeeping::exposeCredit(LocalCredit credit, uint64_t 
   return remote;
 }
 
+// ---------------------------------------------------------------- pull
+
+Status SourceTable::add(LocalSource source) {
+  const uint64_t id = source.source_id;
+  try {
+    if (!sources_.emplace(id, std::move(source)).second) {
+      return makeError(FL_EINVAL, "exposeSource: source " + std::to_string(id) + " is exposed already");
+    }
+  } catch (const std::bad_alloc&) {
+    return makeError(FL_ERR_RESOURCES, "exposeSource: out of memory");
+  }
+  return {};
+}
+
+const LocalSource* SourceTable::lookup(uint64_t source_id) const noexcept {
+  auto it = sources_.find(source_id);
+  return it == sources_.end() ? nullptr : &it->second;
+}
+
+uint64_t ReadTable::add(const ReadRequest& request) noexcept {
+  try {
+    reads_.emplace(next_tag_, request);
+  } catch (...) {
+    return 0;
+  }
+  return next_tag_++;
+}
+
+const ReadRequest* ReadTable::lookup(uint64_t tag) const noexcept {
+  auto it = reads_.find(tag);
+  return it == reads_.end() ? nullptr : &it->second;
+}
+
+std::optional<ReadRequest> ReadTable::take(uint64_t tag) noexcept {
+  auto it = reads_.find(tag);
+  if (it == reads_.end()) return std::nullopt;
+  ReadRequest r = it->second;
+  reads_.erase(it);
+  return r;
+}
+
+std::vector<ReadRequest> ReadTable::takeAll() noexcept {
+  std::vector<std::pair<uint64_t, ReadRequest>> sorted(reads_.begin(), reads_.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  reads_.clear();
+  std::vector<ReadRequest> out;
+  out.reserve(sorted.size());
+  for (auto& [tag, r] : sorted) out.push_back(r);
+  return out;
+}
+
+Result<RemoteSource> LinkBookkeeping::exposeSource(LocalSource source, uint64_t remote_addr, uint32_t rkey) {
+  if (source.payload == nullptr && source.length > 0) {
+    return makeError(FL_EINVAL, "exposeSource: null payload with non-zero length");
+  }
+  if (failed_) return makeError(FL_ERR_LINK_LOST, "exposeSource: the link is down");
+  const RemoteSource remote{source.source_id, source.length, remote_addr, rkey};
+  if (Status added = sources_.add(std::move(source)); !added) return std::move(added).error();
+  return remote;
+}
+
+PostResult LinkBookkeeping::postRead(const ReadRequest& request, uint64_t* tag,
+                                     const char* also_invalid) noexcept {
+  if (const char* why = validateReadRequest(request); *why != '\0') return refuse(why);
+  if (also_invalid != nullptr) return refuse(also_invalid);
+  if (failed_) return PostResult::kNotConnected;
+  if (reads_.size() >= kMaxReadsOutstanding) {
+    ++counters_.backpressure;
+    return PostResult::kBackpressure;
+  }
+  *tag = reads_.add(request);
+  return *tag == 0 ? PostResult::kBackpressure : PostResult::kOk;
+}
+
+bool LinkBookkeeping::readDone(uint64_t tag, int status, uint64_t bytes, std::string message) noexcept {
+  std::optional<ReadRequest> read = reads_.take(tag);
+  if (!read) return false;
+  if (failed_ && status == FL_OK) status = FL_ERR_LINK_LOST;
+  if (status == FL_OK) {
+    ++counters_.reads_completed;
+    counters_.bytes_read += bytes;
+  }
+  events_.push(TransportEvent::readComplete(read->cookie, status, std::move(message)));
+  return true;
+}
+
 PostResult LinkBookkeeping::admitControl(const std::string& record, size_t backlog) noexcept {
   if (record.empty()) return refuse("an empty control record");
   if (record.size() > kMaxControlBytes) return refuse("the control record exceeds kMaxControlBytes");
@@ -230,6 +324,11 @@ bool LinkBookkeeping::fail(int status, std::string message, std::optional<uint64
   for (; !ring_.empty(); ring_.pop()) {
     events_.push(TransportEvent::sendComplete(ring_.front().cookie, FL_ERR_LINK_LOST));
   }
+  for (const ReadRequest& r : reads_.takeAll()) {
+    events_.push(TransportEvent::readComplete(r.cookie, FL_ERR_LINK_LOST,
+                                              "the link went down before the read completed"));
+  }
+  sources_.clear();
   control_.clear();
   return true;
 }

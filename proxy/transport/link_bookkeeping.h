@@ -40,6 +40,14 @@ inline constexpr size_t kDefaultSendQueueDepth = 256;
 // Checks a SendRequest the way every transport must before queueing it.
 // Returns an empty string when the request is well formed, else why not.
 const char* validateSendRequest(const SendRequest& request) noexcept;
+// The same for a ReadRequest.
+const char* validateReadRequest(const ReadRequest& request) noexcept;
+
+// Reads one link has outstanding at most, on either side: postRead()
+// reports kBackpressure beyond it, and a responder (tcp, grpc) that finds
+// its peer asking for more fails the link (FL_ERR_PROTOCOL), so a reader
+// cannot make it queue answers without bound.
+inline constexpr size_t kMaxReadsOutstanding = 256;
 
 // Events not yet polled: a ring that grows by doubling (a deque would
 // allocate for every event: one TransportEvent fills a deque block).
@@ -160,6 +168,42 @@ class CreditTable {
   bool landing_retracted_ = false;
 };
 
+// Pull, the sending side: the sources this side exposed, by id.  A
+// retracted source is forgotten at once; a response being written keeps
+// its memory through the source's keepalive, which the transport copies.
+class SourceTable {
+ public:
+  // FL_EINVAL when the id is exposed already (or out of memory: FL_ERR_RESOURCES).
+  Status add(LocalSource source);
+  void retract(uint64_t source_id) noexcept { sources_.erase(source_id); }
+  const LocalSource* lookup(uint64_t source_id) const noexcept;
+  size_t size() const noexcept { return sources_.size(); }
+  void clear() noexcept { sources_.clear(); }
+
+ private:
+  std::unordered_map<uint64_t, LocalSource> sources_;
+};
+
+// Pull, the receiving side: the reads this side posted and that have not
+// completed, by a tag the transport gives each (what its wire names the
+// read by: tcp's read id, rdma's work request id).
+class ReadTable {
+ public:
+  // The new read's tag; 0 when out of memory (nothing added).
+  uint64_t add(const ReadRequest& request) noexcept;
+  const ReadRequest* lookup(uint64_t tag) const noexcept;
+  // Removes the read and returns it; nullopt for an unknown tag.
+  std::optional<ReadRequest> take(uint64_t tag) noexcept;
+  size_t size() const noexcept { return reads_.size(); }
+  bool empty() const noexcept { return reads_.empty(); }
+  // Takes every read, oldest first.
+  std::vector<ReadRequest> takeAll() noexcept;
+
+ private:
+  uint64_t next_tag_ = 1;
+  std::unordered_map<uint64_t, ReadRequest> reads_;
+};
+
 class LinkBookkeeping {
  public:
   // `send_queue_depth`: frames the ring holds (0: the transport queues
@@ -177,6 +221,25 @@ class LinkBookkeeping {
   void retractCredit(uint64_t credit_id) noexcept { credits_.retract(credit_id); }
   CreditTable& credits() noexcept { return credits_; }
   const CreditTable& credits() const noexcept { return credits_; }
+
+  // ---- pull ----
+  // exposeSource() as transport.h has it; `remote_addr`/`rkey` go into the
+  // RemoteSource (rdma).
+  Result<RemoteSource> exposeSource(LocalSource source, uint64_t remote_addr = 0, uint32_t rkey = 0);
+  void retractSource(uint64_t source_id) noexcept { sources_.retract(source_id); }
+  SourceTable& sources() noexcept { return sources_; }
+  // postRead()'s admission (`also_invalid` as in admitFrame); on kOk the
+  // read is in reads() under the returned tag (*tag).
+  PostResult postRead(const ReadRequest& request, uint64_t* tag, const char* also_invalid = nullptr) noexcept;
+  ReadTable& reads() noexcept { return reads_; }
+  // A read of `tag` ended: reports its ReadComplete (FL_OK counted, with
+  // `bytes`; FL_OK after the link failed becomes FL_ERR_LINK_LOST).  False
+  // for a tag that is not outstanding (nothing reported).
+  bool readDone(uint64_t tag, int status, uint64_t bytes, std::string message = {}) noexcept;
+  // This side answered a peer's read: of a source it has (true) or not.
+  void countReadServed(bool known) noexcept {
+    ++(known ? counters_.reads_served : counters_.unknown_source_reads);
+  }
 
   // ---- sending ----
   // post()'s admission for `queued` frames waiting of `depth`;
@@ -220,9 +283,10 @@ class LinkBookkeeping {
   void countControlSent(uint64_t records) noexcept { counters_.control_sent += records; }
 
   // The first call reports LinkError(status, message), completes `writing`
-  // (a frame taken off the ring whose payload is no longer read) and then
-  // every queued frame with FL_ERR_LINK_LOST, drops the queued control
-  // records and returns true.  Later calls do nothing and return false.
+  // (a frame taken off the ring whose payload is no longer read), every
+  // queued frame and every outstanding read with FL_ERR_LINK_LOST, drops the
+  // queued control records and the exposed sources and returns true.  Later
+  // calls do nothing and return false.
   bool fail(int status, std::string message, std::optional<uint64_t> writing = std::nullopt) noexcept;
 
  private:
@@ -235,6 +299,8 @@ class LinkBookkeeping {
   const char* refusal_ = "the request is malformed";
   TransportCounters counters_;
   CreditTable credits_;
+  SourceTable sources_;
+  ReadTable reads_;
   SendRing ring_;
   ControlQueue control_;
   EventQueue events_;

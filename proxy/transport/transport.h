@@ -13,6 +13,15 @@
 //     caller's cookie), FrameArrived when a frame has fully landed in a
 //     credited buffer, LinkError when the link broke (after which every
 //     posted-but-uncompleted send is reported as SendComplete with an error).
+//   * Pull, the other way round (RDMA READ): the sending side exposes one
+//     frame's payload as a source (exposeSource) and tells the peer about it
+//     in an offer (carrying the RemoteSource this call returned); the
+//     receiving side, when it has room, posts a read of that source into a
+//     buffer of its own (postRead) and polls ReadComplete once the bytes
+//     have landed.  The sending side's transport reports nothing (an RDMA
+//     READ responder is passive; tcp answers in its poll()): the peer
+//     protocol tells it when the frame was taken, and it retracts the
+//     source then.  A transport that cannot read says so (readable()).
 //   * The per-frame protocol travels on the transport too (peer protocol 2):
 //     the daemons exchange credit grants, ACKs and NACKs as control records
 //     (postControl, Control events), so nothing per frame waits for the gRPC
@@ -92,6 +101,37 @@ struct SendRequest {
   std::optional<uint32_t> local_key;
 };
 
+// Pull.  One frame's payload on the sending side, exposed for the peer to
+// read (exposeSource).  `keepalive` keeps the memory mapped for as long as
+// the transport may still read it: past retractSource, for a response
+// already being written.
+struct LocalSource {
+  uint64_t source_id = 0;
+  const uint8_t* payload = nullptr;  // `length` bytes
+  uint64_t length = 0;
+  std::shared_ptr<void> keepalive;
+};
+
+// What the reader needs to address a source (sent in the offer).
+struct RemoteSource {
+  uint64_t source_id = 0;
+  uint64_t length = 0;       // bytes the source holds
+  uint64_t remote_addr = 0;  // rdma only
+  uint32_t rkey = 0;         // rdma only
+};
+
+struct ReadRequest {
+  uint64_t cookie = 0;  // returned in the ReadComplete event
+  RemoteSource source;  // as the offer carried it
+  // Where the bytes land: source.length bytes of a buffer this side owns,
+  // valid until the ReadComplete (a consumer's slot, its header before it).
+  uint8_t* buffer = nullptr;
+  uint64_t capacity = 0;  // of `buffer`; a larger source is refused (kInvalid)
+  // rdma: the lkey of the registration that holds `buffer` (the consumer's
+  // data segment); the other transports ignore it.
+  std::optional<uint32_t> local_key;
+};
+
 enum class PostResult {
   kOk,
   kBackpressure,  // transport queue full: retry after polling
@@ -120,6 +160,10 @@ struct TransportCounters {
   uint64_t backpressure = 0;           // post() and postControl() calls refused with kBackpressure
   uint64_t control_sent = 0;           // records
   uint64_t control_received = 0;       // records
+  uint64_t reads_completed = 0;        // postRead()s completed FL_OK (reader side)
+  uint64_t bytes_read = 0;             // payload bytes of those
+  uint64_t reads_served = 0;           // reads of an exposed source answered (tcp, grpc, loopback)
+  uint64_t unknown_source_reads = 0;   // reads of an unknown or retracted source (answered with an error)
 
   TransportCounters& operator+=(const TransportCounters& o) noexcept {
     frames_sent += o.frames_sent;
@@ -130,14 +174,18 @@ struct TransportCounters {
     backpressure += o.backpressure;
     control_sent += o.control_sent;
     control_received += o.control_received;
+    reads_completed += o.reads_completed;
+    bytes_read += o.bytes_read;
+    reads_served += o.reads_served;
+    unknown_source_reads += o.unknown_source_reads;
     return *this;
   }
 };
 
 struct TransportEvent {
-  enum class Kind { kSendComplete, kFrameArrived, kLinkError, kControl };
+  enum class Kind { kSendComplete, kFrameArrived, kLinkError, kControl, kReadComplete };
   Kind kind = Kind::kSendComplete;
-  uint64_t cookie = 0;  // kSendComplete
+  uint64_t cookie = 0;  // kSendComplete, kReadComplete
   int status = FL_OK;   // fl_status: FL_OK, or why the send / link failed
   FrameHeader header;   // kFrameArrived: payload is in the buffer of header.credit_id
   std::string message;  // human-readable detail for errors
@@ -146,6 +194,18 @@ struct TransportEvent {
   static TransportEvent sendComplete(uint64_t cookie, int status, std::string message = {}) {
     TransportEvent ev;
     ev.kind = Kind::kSendComplete;
+    ev.cookie = cookie;
+    ev.status = status;
+    ev.message = std::move(message);
+    return ev;
+  }
+  // A read posted with `cookie` ended: FL_OK when the source's bytes have
+  // landed, FL_ERR_UNKNOWN_CREDIT when the peer had no such source (never
+  // exposed, retracted, or shorter than asked), FL_ERR_LINK_LOST when the link
+  // went first.
+  static TransportEvent readComplete(uint64_t cookie, int status, std::string message = {}) {
+    TransportEvent ev;
+    ev.kind = Kind::kReadComplete;
     ev.cookie = cookie;
     ev.status = status;
     ev.message = std::move(message);
@@ -202,6 +262,37 @@ class Transport {
   // kMaxControlBytes; kBackpressure: more than kMaxControlBacklogBytes wait
   // unsent (retry after polling); kNotConnected: the link is down.
   virtual PostResult postControl(std::string record) noexcept = 0;
+
+  // ---- Pull ----
+  // Whether this link can read (postRead) and be read (exposeSource).  The
+  // daemon offers pull on a link only where both ends' transports can.
+  virtual bool readable() const noexcept { return false; }
+
+  // Sending side.  After exposeSource the peer may read the source's bytes,
+  // any number of times, until retractSource.  Source ids are unique per
+  // link.  FL_EINVAL: the id is exposed already, or a non-empty source has
+  // no payload; FL_ERR_LINK_LOST after the link went down;
+  // FL_ERR_TRANSPORT where !readable().
+  virtual Result<RemoteSource> exposeSource(LocalSource source) {
+    (void)source;
+    return makeError(FL_ERR_TRANSPORT, std::string(name()) + " links cannot be read (no pull)");
+  }
+  // The source is going away (its frame was released, or its offer ended).
+  // A read of it that arrives later fails (ReadComplete FL_ERR_UNKNOWN_CREDIT
+  // on the reader; rdma: the read breaks the link, as a write into a retracted
+  // credit does): the peer protocol retracts a source only when the reader
+  // said it is done with it.  A response already being written goes on from
+  // the source's keepalive.
+  virtual void retractSource(uint64_t source_id) { (void)source_id; }
+
+  // Receiving side.  Non-blocking.  Every accepted read gets exactly one
+  // ReadComplete; none is FL_OK after the link's LinkError.  kInvalid: null
+  // buffer with a non-empty source, source.length above capacity, or
+  // !readable() (rdma also: no local_key for a non-empty source).
+  virtual PostResult postRead(const ReadRequest& request) noexcept {
+    (void)request;
+    return PostResult::kInvalid;
+  }
 
   // Hands everything accepted by post() and postControl() since the last flush to the
   // hardware (rdma: one chained ibv_post_send).  The agent calls it after

@@ -162,6 +162,7 @@ struct Endpoint {
   std::vector<TransportEvent> sends;
   std::vector<TransportEvent> arrivals;
   std::vector<TransportEvent> errors;
+  std::vector<TransportEvent> reads;  // kReadComplete, in completion order
   std::vector<std::string> controls;  // kControl records, in arrival order
   std::vector<Kind> order;
 
@@ -171,6 +172,13 @@ struct Endpoint {
       r.local_key = g_pair->localKey(*t, r.payload, r.header.length);
     }
     return t->post(r);
+  }
+  // Reads as the daemon does: with the key of the buffer's registration.
+  PostResult postRead(ReadRequest r) {
+    if (g_pair != nullptr && r.buffer != nullptr && r.source.length > 0) {
+      r.local_key = g_pair->localKey(*t, r.buffer, r.source.length);
+    }
+    return t->postRead(r);
   }
 
   // Polls until nothing is left, at most `max_per_poll` events a call.
@@ -201,6 +209,9 @@ struct Endpoint {
           break;
         case Kind::kControl:
           controls.push_back(std::move(ev[i].control));
+          break;
+        case Kind::kReadComplete:
+          reads.push_back(std::move(ev[i]));
           break;
       }
     }

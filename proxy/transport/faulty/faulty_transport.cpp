@@ -82,6 +82,20 @@ class FaultyTransportImpl final : public FaultyTransport {
     inner_->retractCredit(credit_id);
   }
 
+  // Pull passes through: reads are neither dropped nor doubled (a read
+  // completes exactly once), only held back by `delay` like a send
+  // completion, and failed once the decorator broke the link.
+  bool readable() const noexcept override { return inner_->readable(); }
+  Result<RemoteSource> exposeSource(LocalSource source) override {
+    if (broken_) return makeError(FL_ERR_LINK_LOST, "the link is down (fault injected)");
+    return inner_->exposeSource(std::move(source));
+  }
+  void retractSource(uint64_t source_id) override { inner_->retractSource(source_id); }
+  PostResult postRead(const ReadRequest& request) noexcept override {
+    if (broken_) return PostResult::kNotConnected;
+    return inner_->postRead(request);
+  }
+
   PostResult post(const SendRequest& request) noexcept override {
     if (broken_) return PostResult::kNotConnected;
     if (chance(spec_.drop)) {
@@ -163,10 +177,10 @@ class FaultyTransportImpl final : public FaultyTransport {
       // This side already reported the link broken: nothing succeeds any
       // more and nothing arrives; the wrapped transport's own LinkError is
       // the second one and is not reported.
-      if (ev.kind == Kind::kSendComplete) {
+      if (ev.kind == Kind::kSendComplete || ev.kind == Kind::kReadComplete) {
         if (ev.status == FL_OK) {
           ev.status = FL_ERR_LINK_LOST;
-          ev.message = "the link broke before the send was confirmed (fault injected)";
+          ev.message = "the link broke before the send or read was confirmed (fault injected)";
         }
         ready_.push_back(std::move(ev));
       }
@@ -211,8 +225,9 @@ class FaultyTransportImpl final : public FaultyTransport {
       }
       return;
     }
-    // Send completions may come late, twice, and in any order.
-    const bool twice = chance(spec_.dup);
+    // Send completions may come late, twice, and in any order; read
+    // completions late and in any order.
+    const bool twice = ev.kind == Kind::kSendComplete && chance(spec_.dup);
     if (twice) ++counts_.dups;
     for (int copies = twice ? 2 : 1; copies > 0; --copies) {
       if (chance(spec_.delay)) {

@@ -16,18 +16,21 @@
 namespace framelink::transport::loopback {
 namespace {
 
-// A frame or a control record on its way, in the order they were posted.
+// A frame, a control record or a read on its way, in the order they were posted.
 struct Outgoing {
-  SendRequest request;                         // a frame, unless `control` is set
+  SendRequest request;                         // a frame, unless `control` or `read_tag` is set
   std::string control;                         // a control record (never empty)
   std::shared_ptr<std::vector<uint8_t>> kept;  // the payload, when keepPayloads took it
+  uint64_t read_tag = 0;                       // a read (book.reads()), when not 0
+
+  bool isFrame() const noexcept { return control.empty() && read_tag == 0; }
 };
 
 // One direction's state, owned by the end that posts into it.
 struct EndState {
   UniqueFd event_fd;
   std::deque<Outgoing> outgoing;  // posted, not yet delivered
-  size_t frames_waiting = 0;      // of `outgoing`, bounded by send_queue_depth
+  size_t frames_waiting = 0;      // of `outgoing`, bounded by send_queue_depth (reads: by book.reads())
   size_t control_bytes = 0;       // of `outgoing`, bounded by kMaxControlBacklogBytes
   // The credits this end exposed, the events for its poll(), its admission
   // rules, failing once and its counters.  Its send ring is unused: frames
@@ -47,7 +50,7 @@ class Shared final : public LoopbackLink {
   bool peekNext(int end, FrameHeader* header) const noexcept override {
     MutexLock lock(mu_);
     const auto& outgoing = ends_[end & 1].outgoing;
-    if (outgoing.empty() || !outgoing.front().control.empty()) return false;
+    if (outgoing.empty() || !outgoing.front().isFrame()) return false;
     *header = outgoing.front().request.header;
     return true;
   }
@@ -62,7 +65,7 @@ class Shared final : public LoopbackLink {
   void keepPayloads(int end) override {
     MutexLock lock(mu_);
     for (Outgoing& o : ends_[end & 1].outgoing) {
-      if (!o.control.empty() || o.kept || o.request.header.length == 0) continue;
+      if (!o.isFrame() || o.kept || o.request.header.length == 0) continue;
       o.kept = std::make_shared<std::vector<uint8_t>>(o.request.payload,
                                                       o.request.payload + o.request.header.length);
       o.request.payload = o.kept->data();
@@ -92,6 +95,34 @@ class Shared final : public LoopbackLink {
     self.outgoing.push_back(Outgoing{request, {}, {}});
     ++self.frames_waiting;
     if (!options_.manual) signalLocked(end);  // come back (poll) to move it
+    return PostResult::kOk;
+  }
+
+  Result<RemoteSource> exposeSource(int end, LocalSource source) {
+    MutexLock lock(mu_);
+    return ends_[end].book.exposeSource(std::move(source));
+  }
+
+  void retractSource(int end, uint64_t source_id) noexcept {
+    MutexLock lock(mu_);
+    ends_[end].book.retractSource(source_id);
+  }
+
+  PostResult postRead(int end, const ReadRequest& request) noexcept {
+    MutexLock lock(mu_);
+    EndState& self = ends_[end];
+    uint64_t tag = 0;
+    const PostResult admitted = self.book.postRead(request, &tag);
+    if (admitted != PostResult::kOk) return admitted;
+    try {
+      Outgoing o;
+      o.read_tag = tag;
+      self.outgoing.push_back(std::move(o));
+    } catch (...) {
+      self.book.reads().take(tag);
+      return PostResult::kBackpressure;
+    }
+    if (!options_.manual) signalLocked(end);
     return PostResult::kOk;
   }
 
@@ -205,6 +236,11 @@ class Shared final : public LoopbackLink {
       signalLocked(peer);
       return true;
     }
+    if (const uint64_t tag = self.outgoing.front().read_tag; tag != 0) {
+      self.outgoing.pop_front();
+      readLocked(end, tag, damage);
+      return true;
+    }
     SendRequest request = self.outgoing.front().request;
     const auto kept = std::move(self.outgoing.front().kept);  // request.payload may point into it
     self.outgoing.pop_front();
@@ -228,8 +264,34 @@ class Shared final : public LoopbackLink {
     return true;
   }
 
+  // `end`'s read `tag` is served by the peer, as its adapter would answer an
+  // RDMA READ: from the source's memory straight into the reader's buffer.
+  void readLocked(int end, uint64_t tag, Damage damage) noexcept FL_REQUIRES(mu_) {
+    EndState& self = ends_[end];
+    LinkBookkeeping& from = ends_[end ^ 1].book;
+    const ReadRequest* read = self.book.reads().lookup(tag);
+    if (read == nullptr) return;
+    const LocalSource* source = from.sources().lookup(read->source.source_id);
+    if (source == nullptr || source->length != read->source.length) {
+      from.countReadServed(false);
+      self.book.readDone(
+          tag, FL_ERR_UNKNOWN_CREDIT, 0,
+          "read of source " + std::to_string(read->source.source_id) +
+              (source == nullptr ? ", which the peer does not expose (retracted or never offered)"
+                                 : ", which holds another length than the offer said"));
+    } else {
+      if (source->length > 0) {
+        std::memcpy(read->buffer, source->payload, source->length);
+        if (damage == Damage::kFlipPayloadByte) read->buffer[source->length / 2] ^= 0x5a;
+      }
+      from.countReadServed(true);
+      self.book.readDone(tag, FL_OK, source->length);
+    }
+    signalLocked(end);
+  }
+
   // Both ends fail once: waiting frames complete FL_ERR_LINK_LOST, then each
-  // end gets its LinkError.
+  // end gets its LinkError (with its outstanding reads).
   void failLocked(int status_a, const std::string& why_a, int status_b, const std::string& why_b) noexcept
       FL_REQUIRES(mu_) {
     if (!upLocked()) return;
@@ -238,7 +300,8 @@ class Shared final : public LoopbackLink {
     for (int end = 0; end < 2; ++end) {
       EndState& self = ends_[end];
       for (; !self.outgoing.empty(); self.outgoing.pop_front()) {
-        if (!self.outgoing.front().control.empty()) continue;  // lost with the link
+        // Control records are lost with the link; reads complete in book.fail.
+        if (!self.outgoing.front().isFrame()) continue;
         pushLocked(
             end, TransportEvent::sendComplete(self.outgoing.front().request.cookie, FL_ERR_LINK_LOST,
                                               "the loopback link went down before the frame was delivered"));
@@ -267,6 +330,14 @@ class LoopbackEnd final : public Transport {
     return shared_->exposeCredit(end_, std::move(credit));
   }
   void retractCredit(uint64_t credit_id) override { shared_->retractCredit(end_, credit_id); }
+  bool readable() const noexcept override { return true; }
+  Result<RemoteSource> exposeSource(LocalSource source) override {
+    return shared_->exposeSource(end_, std::move(source));
+  }
+  void retractSource(uint64_t source_id) override { shared_->retractSource(end_, source_id); }
+  PostResult postRead(const ReadRequest& request) noexcept override {
+    return shared_->postRead(end_, request);
+  }
   PostResult post(const SendRequest& request) noexcept override { return shared_->post(end_, request); }
   std::string_view lastRefusal() const noexcept override { return shared_->lastRefusal(end_); }
   PostResult postControl(std::string record) noexcept override {

@@ -2,7 +2,9 @@
 // thread and no socket of its own.  A posted frame waits in the link until it
 // is delivered; delivery copies the payload into the peer's credited buffer,
 // exactly as an RDMA write or a tcp `recv` would land it, and reports
-// FrameArrived there and SendComplete here.
+// FrameArrived there and SendComplete here.  A posted read waits the same
+// way; delivering it copies the peer's exposed source into the reader's
+// buffer, as an RDMA READ would, and reports ReadComplete here.
 //
 // Two ways to drive delivery:
 //   * automatic (the default): every flush() and poll() of the sending end
@@ -61,14 +63,15 @@ class LoopbackLink {
 
   virtual ~LoopbackLink() = default;
 
-  // Frames and control records posted by `end` and not yet delivered.
+  // Frames, control records and reads posted by `end` and not yet delivered.
   virtual size_t waiting(int end) const noexcept = 0;
   // The header of the oldest frame posted by `end` when a frame is what
   // deliverOne would land next; false when nothing waits or a control
   // record is next.
   virtual bool peekNext(int end, FrameHeader* header) const noexcept = 0;
-  // Delivers what `end` posted first (a frame, or a control record: damage
-  // applies to frames only); false when nothing waits or the link is down.
+  // Delivers what `end` posted first (a frame, a control record or a read:
+  // damage applies to frames and read bytes); false when nothing waits or
+  // the link is down.
   virtual bool deliverOne(int end, Damage damage = Damage::kNone) noexcept = 0;
   // The link breaks (cable pulled): both ends report LinkError(status)
   // once, and every waiting frame completes with FL_ERR_LINK_LOST.

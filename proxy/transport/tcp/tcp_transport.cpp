@@ -19,8 +19,8 @@ namespace framelink::transport::tcp {
 
 namespace {
 
-// A write unit holds two iovecs per control record and two for its frame;
-// sendmsg takes at most IOV_MAX of them.
+// A write unit holds two iovecs per control record, read request and read
+// response, and two for its frame; sendmsg takes at most IOV_MAX of them.
 constexpr size_t kMaxRecordsPerWrite = (IOV_MAX - 2) / 2;
 constexpr size_t kScratchBytes = size_t{256} * 1024;
 
@@ -85,6 +85,7 @@ TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, st
       book_(options.send_queue_depth) {
   // The largest write unit's iovecs: startWrite() then never allocates for them.
   tx_iov_.reserve(2 * kMaxRecordsPerWrite + 2);
+  tx_pulls_.reserve(kMaxRecordsPerWrite);
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
@@ -105,6 +106,9 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   tx_active_ = false;
   tx_has_frame_ = false;
   tx_records_.clear();
+  tx_pulls_.clear();
+  pull_queue_.clear();
+  responses_queued_ = 0;
   tx_iov_.clear();
   // A frame landing now stays unreported: the link is gone.  Its credit's
   // keepalive is released here, the buffer is not written any more.
@@ -142,6 +146,64 @@ Result<RemoteCredit> TcpTransport::exposeCredit(LocalCredit credit) {
 // scratch buffer, and the frame is reported as for an unknown credit.
 void TcpTransport::retractCredit(uint64_t credit_id) { book_.retractCredit(credit_id); }
 
+// ---------------------------------------------------------------- pull
+
+Result<RemoteSource> TcpTransport::exposeSource(LocalSource source) {
+  return book_.exposeSource(std::move(source));
+}
+
+PostResult TcpTransport::postRead(const ReadRequest& request) noexcept {
+  uint64_t tag = 0;
+  const PostResult admitted = book_.postRead(request, &tag);
+  if (admitted != PostResult::kOk) return admitted;
+  PullWrite w;
+  w.header.magic = kTcpReadRequestMagic;
+  w.header.credit_id = request.source.source_id;
+  w.header.frame_id = tag;
+  w.header.length = request.source.length;
+  if (!queuePull(std::move(w))) {
+    book_.reads().take(tag);
+    return PostResult::kBackpressure;
+  }
+  return sendQueued(PostResult::kOk);
+}
+
+bool TcpTransport::queuePull(PullWrite write) noexcept {
+  try {
+    pull_queue_.push_back(std::move(write));
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+void TcpTransport::answerRead() noexcept {
+  const TcpFrameHeader& asked = rx_header_;
+  if (responses_queued_ >= kMaxReadsOutstanding) {
+    failLink(FL_ERR_PROTOCOL, "tcp data link from " + peer_name_ + ": peer has more than " +
+                                  std::to_string(kMaxReadsOutstanding) + " reads unanswered");
+    return;
+  }
+  PullWrite w;
+  w.header.magic = kTcpReadResponseMagic;
+  w.header.credit_id = asked.credit_id;
+  w.header.frame_id = asked.frame_id;
+  const LocalSource* source = book_.sources().lookup(asked.credit_id);
+  if (source != nullptr && source->length == asked.length) {
+    w.header.length = source->length;
+    w.payload = source->payload;
+    w.keepalive = source->keepalive;
+  } else {
+    w.header.flags = kTcpReadNoSource;
+  }
+  if (!queuePull(std::move(w))) {
+    failLink(FL_ERR_RESOURCES, "tcp data link to " + peer_name_ + ": out of memory for a read response");
+    return;
+  }
+  book_.countReadServed(source != nullptr && source->length == asked.length);
+  ++responses_queued_;
+}
+
 // ---------------------------------------------------------------- sending
 
 PostResult TcpTransport::post(const SendRequest& request) noexcept { return sendQueued(book_.post(request)); }
@@ -161,7 +223,7 @@ PostResult TcpTransport::sendQueued(PostResult queued) noexcept {
 bool TcpTransport::startWrite() noexcept {
   ControlQueue& control = book_.control();
   SendRing& ring = book_.ring();
-  if (control.empty() && ring.empty()) return false;
+  if (control.empty() && ring.empty() && pull_queue_.empty()) return false;
   const size_t records = std::min(control.size(), kMaxRecordsPerWrite);
   try {
     tx_records_.clear();
@@ -183,9 +245,25 @@ bool TcpTransport::startWrite() noexcept {
     tx_iov_.push_back({tx_records_[i].data(), tx_records_[i].size()});
   }
   book_.countControlSent(records);
+  // Then reads and their answers, once no record waits.
+  tx_pulls_.clear();
+  if (control.empty()) {
+    const size_t pulls = std::min(pull_queue_.size(), kMaxRecordsPerWrite - records);
+    for (size_t i = 0; i < pulls; ++i) {
+      tx_pulls_.push_back(std::move(pull_queue_.front()));  // reserved: does not allocate
+      pull_queue_.pop_front();
+    }
+    for (PullWrite& w : tx_pulls_) {
+      tx_iov_.push_back({&w.header, sizeof w.header});
+      if (w.payload != nullptr && w.header.length > 0) {
+        tx_iov_.push_back({const_cast<uint8_t*>(w.payload),  // NOLINT: sendmsg only reads it
+                           static_cast<size_t>(w.header.length)});
+      }
+    }
+  }
   tx_has_frame_ = false;
-  // Control first: a frame joins the write only once no record waits.
-  if (!ring.empty() && control.empty()) {
+  // Control first: a frame joins the write only once no record and no read waits.
+  if (!ring.empty() && control.empty() && pull_queue_.empty()) {
     const SendRequest& r = ring.front();
     tx_frame_header_ = toWire(r.header);
     tx_iov_.push_back({&tx_frame_header_, sizeof tx_frame_header_});
@@ -207,6 +285,10 @@ bool TcpTransport::startWrite() noexcept {
 void TcpTransport::finishWrite() noexcept {
   tx_active_ = false;
   tx_records_.clear();
+  for (const PullWrite& w : tx_pulls_) {
+    if (w.header.magic == kTcpReadResponseMagic) --responses_queued_;
+  }
+  tx_pulls_.clear();  // a response's source may go now
   if (!tx_has_frame_) return;
   tx_has_frame_ = false;
   book_.sendDone(tx_cookie_, FL_OK, tx_length_);
@@ -260,6 +342,8 @@ void TcpTransport::watchWritable(bool on) noexcept {
 size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
   if (!book_.failed() && tx_active_) drainSends();
   if (!book_.failed()) receive(max);
+  // Answers to the reads just received go out now.
+  if (!book_.failed() && !tx_active_ && !pull_queue_.empty()) drainSends();
   const size_t taken = book_.events().take(out, max);
   syncSignal();
   return taken;
@@ -279,7 +363,7 @@ void TcpTransport::receive(size_t max_events) noexcept {
     size_t iovcnt = 0;
     if (rx_body_ != Body::kNone) {
       const uint64_t rest = rx_body_length_ - rx_body_got_;
-      if (rx_body_ == Body::kFrame && book_.credits().landingValid()) {
+      if ((rx_body_ == Body::kFrame && book_.credits().landingValid()) || rx_body_ == Body::kRead) {
         iov[iovcnt++] = {rx_buffer_ + rx_body_got_, static_cast<size_t>(rest)};
       } else if (rx_body_ == Body::kControl) {
         iov[iovcnt++] = {rx_record_.data() + rx_body_got_, static_cast<size_t>(rest)};
@@ -321,11 +405,13 @@ void TcpTransport::receive(size_t max_events) noexcept {
     }
     if (n == 0) {
       const bool between = rx_body_ == Body::kNone && rx_header_got_ == 0;
-      failLink(FL_ERR_LINK_LOST, std::string(where) + peer_name_ + ": " +
-                                     (between ? "peer closed the connection"
-                                      : rx_body_ == Body::kControl
-                                          ? "peer closed the connection in the middle of a control record"
-                                          : "peer closed the connection in the middle of a frame"));
+      failLink(
+          FL_ERR_LINK_LOST,
+          std::string(where) + peer_name_ + ": " +
+              (between                      ? "peer closed the connection"
+               : rx_body_ == Body::kControl ? "peer closed the connection in the middle of a control record"
+               : rx_body_ == Body::kRead    ? "peer closed the connection in the middle of a read response"
+                                            : "peer closed the connection in the middle of a frame"));
       return;
     }
     auto got = static_cast<size_t>(n);
@@ -363,6 +449,15 @@ void TcpTransport::beginBody() noexcept {
     rx_body_ = Body::kControl;
     return;
   }
+  if (wire.magic == kTcpReadRequestMagic) {
+    rx_body_length_ = 0;
+    answerRead();
+    return;
+  }
+  if (wire.magic == kTcpReadResponseMagic) {
+    beginReadResponse();
+    return;
+  }
   if (wire.magic != kTcpFrameMagic) {
     failLink(FL_ERR_PROTOCOL,
              where() + "bad frame magic (not a framelink peer, or the stream is out of sync)");
@@ -397,9 +492,44 @@ void TcpTransport::beginBody() noexcept {
   if (rx_body_length_ == 0) endBody();
 }
 
+void TcpTransport::beginReadResponse() noexcept {
+  const TcpFrameHeader& wire = rx_header_;
+  auto where = [this] { return "tcp data link from " + peer_name_ + ": "; };
+  const ReadRequest* read = book_.reads().lookup(wire.frame_id);
+  if (read == nullptr) {
+    failLink(FL_ERR_PROTOCOL, where() + "read response for read " + std::to_string(wire.frame_id) +
+                                  ", which is not outstanding");
+    return;
+  }
+  if (wire.flags == kTcpReadNoSource && wire.length == 0) {
+    book_.readDone(wire.frame_id, FL_ERR_UNKNOWN_CREDIT, 0,
+                   "the peer has no source " + std::to_string(read->source.source_id) + " of " +
+                       std::to_string(read->source.length) +
+                       " bytes (retracted, never offered, or offered with another length)");
+    return;
+  }
+  if (wire.flags != 0 || wire.length != read->source.length || wire.credit_id != read->source.source_id) {
+    failLink(FL_ERR_PROTOCOL, where() + "read response for read " + std::to_string(wire.frame_id) +
+                                  " does not match its request (source " + std::to_string(wire.credit_id) +
+                                  ", " + std::to_string(wire.length) + " bytes, flags " +
+                                  std::to_string(wire.flags) + ")");
+    return;
+  }
+  rx_read_tag_ = wire.frame_id;
+  rx_buffer_ = read->buffer;
+  rx_body_length_ = wire.length;
+  rx_body_ = Body::kRead;
+  if (rx_body_length_ == 0) endBody();
+}
+
 void TcpTransport::endBody() noexcept {
   const Body body = rx_body_;
   rx_body_ = Body::kNone;
+  if (body == Body::kRead) {
+    rx_buffer_ = nullptr;
+    book_.readDone(rx_read_tag_, FL_OK, rx_body_length_);
+    return;
+  }
   if (body == Body::kControl) {
     book_.controlArrived(rx_record_);
     return;

@@ -20,6 +20,12 @@
 //     read_budget_bytes and stops once `max` events wait, so one busy link
 //     cannot starve the agent's other links; eventFd() stays readable while
 //     the socket holds more.
+//   * Reads (pull): postRead() queues a request (written like a control
+//     record, ahead of frames); the peer's poll() answers it from the
+//     exposed source's memory, written like a frame's payload (no copy),
+//     and this side's poll() lands the response straight in the read's
+//     buffer.  Requests and responses join a write unit after its control
+//     records and before its frame.
 //   * eventFd() is an epoll descriptor over the socket (readable; writable
 //     while a write waits) and an eventfd that is set while events wait.
 // No user-space copy of a payload on either side.
@@ -28,6 +34,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,6 +80,10 @@ class TcpTransport final : public Transport {
   bool connected() const noexcept override { return !book_.failed(); }
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
   void retractCredit(uint64_t credit_id) override;
+  bool readable() const noexcept override { return true; }
+  Result<RemoteSource> exposeSource(LocalSource source) override;
+  void retractSource(uint64_t source_id) override { book_.retractSource(source_id); }
+  PostResult postRead(const ReadRequest& request) noexcept override;
   PostResult post(const SendRequest& request) noexcept override;
   std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
   PostResult postControl(std::string record) noexcept override;
@@ -107,6 +118,20 @@ class TcpTransport final : public Transport {
   void finishWrite() noexcept;
   void watchWritable(bool on) noexcept;
 
+  // A read request or response waiting to be written (`payload`: a
+  // response's bytes, kept mapped by `keepalive` until written).
+  struct PullWrite {
+    TcpFrameHeader header{};
+    const uint8_t* payload = nullptr;
+    std::shared_ptr<void> keepalive;
+  };
+  bool queuePull(PullWrite write) noexcept;
+  // A peer's read request is in rx_header_: queues its response.
+  void answerRead() noexcept;
+  // A response to one of this side's reads is in rx_header_: checks it and
+  // lands its body in the read's buffer.
+  void beginReadResponse() noexcept;
+
   // ---- receiving ----
   void receive(size_t max_events) noexcept;
   // The header in rx_header_ is complete: checks it and sets up its body.
@@ -140,20 +165,24 @@ class TcpTransport final : public Transport {
   uint64_t tx_length_ = 0;
   std::vector<std::string> tx_records_;
   std::vector<TcpFrameHeader> tx_headers_;
+  std::deque<PullWrite> pull_queue_;  // requests and responses not yet in a write
+  size_t responses_queued_ = 0;       // of pull_queue_ and tx_pulls_ (bounded: kMaxReadsOutstanding)
+  std::vector<PullWrite> tx_pulls_;   // in the write in progress
   TcpFrameHeader tx_frame_header_{};
   std::vector<iovec> tx_iov_;
   size_t tx_next_ = 0;  // first iovec not yet written whole
 
   // Receive state: a header (rx_header_got_ bytes of it so far), then a body
   // of rx_body_length_ bytes.
-  enum class Body { kNone, kFrame, kControl, kDiscard };
+  enum class Body { kNone, kFrame, kControl, kDiscard, kRead };
   Body rx_body_ = Body::kNone;
   TcpFrameHeader rx_header_{};
   size_t rx_header_got_ = 0;
   FrameHeader rx_frame_;
   uint64_t rx_body_length_ = 0;
   uint64_t rx_body_got_ = 0;
-  uint8_t* rx_buffer_ = nullptr;  // kFrame: the landing credit's buffer (book_.credits())
+  uint8_t* rx_buffer_ = nullptr;  // kFrame: the landing credit's buffer (book_.credits()); kRead: the read's
+  uint64_t rx_read_tag_ = 0;      // kRead: the read (book_.reads())
   std::string rx_record_;         // kControl
   std::vector<uint8_t> scratch_;  // kDiscard, and a retracted frame's rest
 };

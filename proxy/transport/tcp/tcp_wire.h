@@ -42,6 +42,21 @@
 //    every other field 0, followed by the record's bytes.  A sender writes the
 //    control it has queued ahead of its next frame, in one sendmsg.  A larger
 //    length closes the connection (FL_ERR_PROTOCOL).
+//
+// 4. Reads (pull), in both directions, between frames, always a whole
+//    TcpFrameHeader with every field not named here 0:
+//    request   magic kTcpReadRequestMagic, credit_id the source id (of the
+//              offer), frame_id the read's id (the reader's, echoed in the
+//              response), length the bytes asked for; no body.  A reader has
+//              at most kMaxReadsOutstanding requests unanswered; a responder
+//              asked for more closes the connection (FL_ERR_PROTOCOL).
+//    response  magic kTcpReadResponseMagic, credit_id and frame_id echoed,
+//              then either flags 0 and exactly the asked `length` bytes of
+//              the source, or flags kTcpReadNoSource, length 0 and no body
+//              when the responder exposes no such source of that length.
+//              A response for a read id that is not outstanding, or of
+//              another length, closes the connection (FL_ERR_PROTOCOL).
+//    Responses are written in the order of their requests.
 #pragma once
 
 #include <cstddef>
@@ -58,9 +73,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the tcp wire format is little-endian; add byte swapping for this host");
 
 inline constexpr char kTcpHelloMagic[8] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T'};
-inline constexpr uint32_t kTcpWireVersion = 2;            // 2: control records
-inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;    // bytes 31 4D 52 46 on the wire
-inline constexpr uint32_t kTcpControlMagic = 0x4C544331;  // bytes 31 43 54 4C on the wire
+inline constexpr uint32_t kTcpWireVersion = 3;                 // 2: control records; 3: reads
+inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;         // bytes 31 4D 52 46 on the wire
+inline constexpr uint32_t kTcpControlMagic = 0x4C544331;       // bytes 31 43 54 4C on the wire
+inline constexpr uint32_t kTcpReadRequestMagic = 0x51524C46;   // "FLRQ"
+inline constexpr uint32_t kTcpReadResponseMagic = 0x53524C46;  // "FLRS"
+inline constexpr uint32_t kTcpReadNoSource = 1u << 0;          // response flags
 inline constexpr size_t kTokenDigestBytes = 32;
 
 struct TcpHello {

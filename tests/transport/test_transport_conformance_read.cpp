@@ -1,0 +1,349 @@
+// The Transport conformance suite (transport_conformance.h), pull: a read
+// lands exactly the bytes of the source the peer exposed, any number of
+// reads of one source and of many sources complete exactly once each,
+// alongside frames and control records in both directions; a read of a
+// source the peer does not have fails without breaking the link; malformed
+// reads are refused, reads beyond the bound wait, and outstanding reads end
+// with the link.
+//
+// FL_READ_TRANSPORTS are the transports that can read so far; the others
+// say so (readable() false, exposeSource and postRead refused), which the
+// last test pins down.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "transport/link_bookkeeping.h"
+#include "transport/transport.h"
+#include "transport_conformance.h"
+#include "transport_pair.h"
+#include "transport_test_util.h"
+
+namespace framelink::transport::testing {
+
+#define FL_READ_TRANSPORTS Tcp, FaultyTcp, Loopback
+
+namespace {
+
+// A payload exposed as a source on `t` under `id`.
+RemoteSource exposeSource(Transport& t, uint64_t id, const Payload& payload) {
+  LocalSource source;
+  source.source_id = id;
+  source.payload = payload.data();
+  source.length = payload.size();
+  auto r = t.exposeSource(source);
+  if (!r) FAIL("exposeSource(" << id << "): " << r.error().message);
+  t.flush();
+  return r.value();
+}
+
+ReadRequest readInto(uint64_t cookie, const RemoteSource& source, const Buffer& buffer) {
+  ReadRequest r;
+  r.cookie = cookie;
+  r.source = source;
+  r.buffer = buffer.data();
+  r.capacity = buffer.size();
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a read lands the source's bytes in the reader's buffer", "[transport][read]",
+                   FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  REQUIRE(pair->a->readable());
+  REQUIRE(pair->b->readable());
+  uint64_t id = 1;
+  for (int dir = 0; dir < 2; ++dir) {
+    Endpoint owner{dir == 0 ? pair->a.get() : pair->b.get()};
+    Endpoint reader{dir == 0 ? pair->b.get() : pair->a.get()};
+    for (size_t size : {size_t{0}, size_t{1}, size_t{4097}, size_t{1} << 20, size_t{8} << 20}) {
+      CAPTURE(dir, size);
+      auto payload = pattern(100 + id, size);
+      const RemoteSource source = exposeSource(*owner.t, id, payload);
+      CHECK(source.source_id == id);
+      CHECK(source.length == size);
+      Buffer buf(size + 64);
+      reader.reads.clear();
+      REQUIRE(reader.postRead(readInto(0xEAD0 + id, source, buf)) == PostResult::kOk);
+      waitFor(
+          owner, reader, [&] { return !reader.reads.empty(); }, "read completion");
+      REQUIRE(reader.reads.size() == 1);
+      CHECK(reader.reads[0].cookie == 0xEAD0 + id);
+      CHECK(reader.reads[0].status == FL_OK);
+      CHECK(firstMismatch(buf.data(), payload) == -1);
+      CHECK(buf.data()[size] == 0xEE);  // nothing past the source's length
+      owner.t->retractSource(id);
+      ++id;
+    }
+    CHECK(owner.errors.empty());
+    CHECK(reader.errors.empty());
+    CHECK(owner.sends.empty());
+    CHECK(owner.arrivals.empty());
+  }
+  const TransportCounters ca = pair->a->counters();
+  const TransportCounters cb = pair->b->counters();
+  CHECK(ca.reads_completed == 5);
+  CHECK(cb.reads_completed == 5);
+  CHECK(ca.reads_served == 5);
+  CHECK(cb.reads_served == 5);
+  const uint64_t bytes = 0 + 1 + 4097 + (1 << 20) + (8 << 20);
+  CHECK(ca.bytes_read == bytes);
+  CHECK(cb.bytes_read == bytes);
+  CHECK(ca.unknown_source_reads + cb.unknown_source_reads == 0);
+}
+
+TEMPLATE_TEST_CASE("one source is read by several reads in flight together", "[transport][read]",
+                   FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint owner{pair->a.get()}, reader{pair->b.get()};
+  auto payload = pattern(7, 300'000);
+  const RemoteSource source = exposeSource(*owner.t, 77, payload);
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 4; ++i) bufs.emplace_back(300'000);
+  for (int i = 0; i < 4; ++i) REQUIRE(reader.postRead(readInto(i, source, bufs[i])) == PostResult::kOk);
+  waitFor(
+      owner, reader, [&] { return reader.reads.size() == 4; }, "four reads");
+  std::set<uint64_t> cookies;
+  for (const auto& ev : reader.reads) {
+    CHECK(ev.status == FL_OK);
+    cookies.insert(ev.cookie);
+  }
+  CHECK(cookies == std::set<uint64_t>{0, 1, 2, 3});
+  for (const auto& b : bufs) CHECK(firstMismatch(b.data(), payload) == -1);
+  settle(owner, reader);
+  CHECK(reader.reads.size() == 4);  // none twice
+}
+
+TEMPLATE_TEST_CASE("reads, frames and control records share the link both ways", "[transport][read]",
+                   FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint a{pair->a.get()}, b{pair->b.get()};
+  constexpr size_t kSources = 40;
+  // a exposes sources and receives frames; b reads the sources and sends frames, and both
+  // send control records.
+  std::vector<Payload> payloads;
+  std::vector<RemoteSource> sources;
+  for (size_t i = 0; i < kSources; ++i) {
+    payloads.push_back(pattern(500 + i, 1000 + i * 7919));
+    sources.push_back(exposeSource(*a.t, 1000 + i, payloads.back()));
+  }
+  std::vector<Buffer> read_bufs, frame_bufs;
+  std::vector<Payload> frames;
+  for (size_t i = 0; i < kSources; ++i) {
+    read_bufs.emplace_back(payloads[i].size());
+    frame_bufs.emplace_back(4096);
+    frames.push_back(pattern(900 + i, 4096));
+  }
+  size_t next = 0;
+  std::map<uint64_t, int> reads_seen;
+  waitFor(
+      a, b,
+      [&] {
+        // Post a few more of each kind per round until all are out.
+        for (int k = 0; k < 3 && next < kSources; ++k, ++next) {
+          REQUIRE(b.postRead(readInto(next, sources[next], read_bufs[next])) == PostResult::kOk);
+          RemoteCredit credit = expose(*a.t, frame_bufs[next].credit(next + 1));
+          REQUIRE(b.post(request(next, credit, frames[next], next + 1)) == PostResult::kOk);
+          REQUIRE(a.t->postControl(controlRecord(next, 100)) == PostResult::kOk);
+          REQUIRE(b.t->postControl(controlRecord(1000 + next, 100)) == PostResult::kOk);
+        }
+        return next == kSources && b.reads.size() == kSources && a.arrivals.size() == kSources &&
+               a.controls.size() == kSources && b.controls.size() == kSources;
+      },
+      "every read, frame and record");
+  settle(a, b);
+  REQUIRE(b.reads.size() == kSources);
+  for (const auto& ev : b.reads) {
+    CHECK(ev.status == FL_OK);
+    ++reads_seen[ev.cookie];
+  }
+  CHECK(reads_seen.size() == kSources);
+  for (size_t i = 0; i < kSources; ++i) {
+    CAPTURE(i);
+    CHECK(firstMismatch(read_bufs[i].data(), payloads[i]) == -1);
+    CHECK(firstMismatch(frame_bufs[i].data(), frames[i]) == -1);
+    CHECK(b.controls[i] == controlRecord(i, 100));  // a posted them
+    CHECK(a.controls[i] == controlRecord(1000 + i, 100));
+  }
+  CHECK(a.errors.empty());
+  CHECK(b.errors.empty());
+}
+
+TEMPLATE_TEST_CASE("a read of a source the peer does not have fails and the link stays up",
+                   "[transport][read]", FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint owner{pair->a.get()}, reader{pair->b.get()};
+  auto payload = pattern(3, 10'000);
+  const RemoteSource source = exposeSource(*owner.t, 5, payload);
+  Buffer buf(20'000);
+
+  // Never exposed.
+  RemoteSource unknown = source;
+  unknown.source_id = 6;
+  REQUIRE(reader.postRead(readInto(1, unknown, buf)) == PostResult::kOk);
+  // More bytes than the source holds.
+  RemoteSource longer = source;
+  longer.length = 10'001;
+  REQUIRE(reader.postRead(readInto(2, longer, buf)) == PostResult::kOk);
+  waitFor(
+      owner, reader, [&] { return reader.reads.size() == 2; }, "two failed reads");
+  for (const auto& ev : reader.reads) {
+    CAPTURE(ev.cookie, ev.message);
+    CHECK(ev.status == FL_ERR_UNKNOWN_CREDIT);
+    CHECK_FALSE(ev.message.empty());
+  }
+  CHECK(buf.data()[0] == 0xEE);  // nothing landed
+
+  // Retracted.
+  owner.t->retractSource(5);
+  REQUIRE(reader.postRead(readInto(3, source, buf)) == PostResult::kOk);
+  waitFor(
+      owner, reader, [&] { return reader.reads.size() == 3; }, "a read of a retracted source");
+  CHECK(reader.reads[2].status == FL_ERR_UNKNOWN_CREDIT);
+  CHECK(buf.data()[0] == 0xEE);
+
+  // The link is up: the source exposed again (a new offer) is read whole.
+  const RemoteSource again = exposeSource(*owner.t, 5, payload);
+  REQUIRE(reader.postRead(readInto(4, again, buf)) == PostResult::kOk);
+  waitFor(
+      owner, reader, [&] { return reader.reads.size() == 4; }, "a good read");
+  CHECK(reader.reads[3].status == FL_OK);
+  CHECK(firstMismatch(buf.data(), payload) == -1);
+  CHECK(owner.errors.empty());
+  CHECK(reader.errors.empty());
+  CHECK(owner.t->counters().unknown_source_reads == 3);
+  CHECK(owner.t->counters().reads_served == 1);
+  CHECK(reader.t->counters().reads_completed == 1);
+}
+
+TEMPLATE_TEST_CASE("malformed reads and sources are refused and nothing is read", "[transport][read]",
+                   FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint owner{pair->a.get()}, reader{pair->b.get()};
+  auto payload = pattern(11, 5000);
+  const RemoteSource source = exposeSource(*owner.t, 9, payload);
+
+  // The same id twice.
+  LocalSource twice{9, payload.data(), payload.size(), nullptr};
+  auto again = owner.t->exposeSource(twice);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().code == FL_EINVAL);
+  // No memory behind a length.
+  LocalSource hollow{10, nullptr, 100, nullptr};
+  auto no_memory = owner.t->exposeSource(hollow);
+  REQUIRE_FALSE(no_memory.ok());
+  CHECK(no_memory.error().code == FL_EINVAL);
+
+  Buffer small(4999);
+  CHECK(reader.postRead(readInto(1, source, small)) == PostResult::kInvalid);
+  CHECK(std::string(reader.t->lastRefusal()).find("larger than") != std::string::npos);
+  ReadRequest nowhere = readInto(2, source, small);
+  nowhere.buffer = nullptr;
+  nowhere.capacity = 5000;
+  CHECK(reader.postRead(nowhere) == PostResult::kInvalid);
+  CHECK(std::string(reader.t->lastRefusal()).find("null buffer") != std::string::npos);
+  settle(owner, reader);
+  CHECK(reader.reads.empty());
+  CHECK(owner.t->counters().reads_served == 0);
+  CHECK(owner.errors.empty());
+  CHECK(reader.errors.empty());
+}
+
+TEMPLATE_TEST_CASE("reads beyond the bound wait their turn", "[transport][read]", FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint owner{pair->a.get()}, reader{pair->b.get()};
+  auto payload = pattern(13, 2048);
+  const RemoteSource source = exposeSource(*owner.t, 1, payload);
+  constexpr size_t kWanted = kMaxReadsOutstanding + 44;
+  std::vector<Buffer> bufs;
+  for (size_t i = 0; i < kWanted; ++i) bufs.emplace_back(2048);
+  size_t posted = 0;
+  size_t refused = 0;
+  const uint64_t backpressure_before = reader.t->counters().backpressure;
+  // Posted without polling: the bound is reached and the rest is refused.
+  for (; posted < kWanted; ++posted) {
+    const PostResult r = reader.postRead(readInto(posted, source, bufs[posted]));
+    if (r == PostResult::kBackpressure) {
+      ++refused;
+      break;
+    }
+    REQUIRE(r == PostResult::kOk);
+  }
+  CHECK(posted == kMaxReadsOutstanding);
+  CHECK(refused == 1);
+  CHECK(reader.t->counters().backpressure == backpressure_before + 1);
+  // The rest goes once earlier reads completed.
+  waitFor(
+      owner, reader,
+      [&] {
+        while (posted < kWanted &&
+               reader.postRead(readInto(posted, source, bufs[posted])) == PostResult::kOk) {
+          ++posted;
+        }
+        return reader.reads.size() == kWanted;
+      },
+      "every read");
+  std::set<uint64_t> cookies;
+  for (const auto& ev : reader.reads) {
+    CHECK(ev.status == FL_OK);
+    cookies.insert(ev.cookie);
+  }
+  CHECK(cookies.size() == kWanted);
+  for (const auto& b : bufs) CHECK(firstMismatch(b.data(), payload) == -1);
+  CHECK(owner.errors.empty());
+  CHECK(reader.errors.empty());
+}
+
+TEMPLATE_TEST_CASE("outstanding reads end with the link, each once", "[transport][read]",
+                   FL_READ_TRANSPORTS) {
+  auto pair = makePair<TestType>();
+  Endpoint owner{pair->a.get()}, reader{pair->b.get()};
+  auto payload = pattern(17, 1 << 20);
+  const RemoteSource source = exposeSource(*owner.t, 1, payload);
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 20; ++i) bufs.emplace_back(1 << 20);
+  for (int i = 0; i < 20; ++i) REQUIRE(reader.postRead(readInto(i, source, bufs[i])) == PostResult::kOk);
+  // The owner never answers: the reader's link goes first.
+  reader.t->shutdown();
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (reader.reads.size() < 20 && std::chrono::steady_clock::now() < deadline) {
+    reader.pump();
+    awaitEvents(reader, reader, 10);
+  }
+  REQUIRE(reader.reads.size() == 20);
+  std::set<uint64_t> cookies;
+  for (const auto& ev : reader.reads) {
+    CHECK(ev.status == FL_ERR_LINK_LOST);
+    cookies.insert(ev.cookie);
+  }
+  CHECK(cookies.size() == 20);
+  CHECK(reader.errors.size() == 1);
+  CHECK(reader.postRead(readInto(99, source, bufs[0])) == PostResult::kNotConnected);
+  // The owner learns of the shutdown when it polls; after that its sources are refused.
+  waitFor(
+      owner, owner, [&] { return !owner.errors.empty(); }, "the owner's link error");
+  auto refused = owner.t->exposeSource(LocalSource{3, payload.data(), payload.size(), nullptr});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == FL_ERR_LINK_LOST);
+}
+
+TEMPLATE_TEST_CASE("a transport that cannot read says so", "[transport][read]", Grpc) {
+  auto pair = makePair<TestType>();
+  Endpoint reader{pair->b.get()};
+  CHECK_FALSE(pair->a->readable());
+  auto payload = pattern(1, 64);
+  auto refused = pair->a->exposeSource(LocalSource{1, payload.data(), payload.size(), nullptr});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == FL_ERR_TRANSPORT);
+  CHECK(refused.error().message.find("cannot be read") != std::string::npos);
+  Buffer buf(64);
+  CHECK(reader.postRead(readInto(1, RemoteSource{1, 64, 0, 0}, buf)) == PostResult::kInvalid);
+}
+
+}  // namespace framelink::transport::testing
