@@ -240,12 +240,12 @@ Result<RemoteSource> LinkBookkeeping::exposeSource(LocalSource source, uint64_t 
   return remote;
 }
 
-PostResult LinkBookkeeping::postRead(const ReadRequest& request, uint64_t* tag,
-                                     const char* also_invalid) noexcept {
+PostResult LinkBookkeeping::postRead(const ReadRequest& request, uint64_t* tag, const char* also_invalid,
+                                     bool queue_full) noexcept {
   if (const char* why = validateReadRequest(request); *why != '\0') return refuse(why);
   if (also_invalid != nullptr) return refuse(also_invalid);
   if (failed_) return PostResult::kNotConnected;
-  if (reads_.size() >= kMaxReadsOutstanding) {
+  if (queue_full || reads_.size() >= kMaxReadsOutstanding) {
     ++counters_.backpressure;
     return PostResult::kBackpressure;
   }

@@ -228,9 +228,11 @@ class LinkBookkeeping {
   Result<RemoteSource> exposeSource(LocalSource source, uint64_t remote_addr = 0, uint32_t rkey = 0);
   void retractSource(uint64_t source_id) noexcept { sources_.retract(source_id); }
   SourceTable& sources() noexcept { return sources_; }
-  // postRead()'s admission (`also_invalid` as in admitFrame); on kOk the
-  // read is in reads() under the returned tag (*tag).
-  PostResult postRead(const ReadRequest& request, uint64_t* tag, const char* also_invalid = nullptr) noexcept;
+  // postRead()'s admission (`also_invalid` as in admitFrame; `queue_full`:
+  // the transport has no room for it now, kBackpressure, counted); on kOk
+  // the read is in reads() under the returned tag (*tag).
+  PostResult postRead(const ReadRequest& request, uint64_t* tag, const char* also_invalid = nullptr,
+                      bool queue_full = false) noexcept;
   ReadTable& reads() noexcept { return reads_; }
   // A read of `tag` ended: reports its ReadComplete (FL_OK counted, with
   // `bytes`; FL_OK after the link failed becomes FL_ERR_LINK_LOST).  False

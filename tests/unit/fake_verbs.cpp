@@ -141,6 +141,8 @@ int FakeVerbs::queryDevice(ibv_context*, ibv_device_attr* attr) {
   attr->max_qp_wr = 16384;
   attr->max_cqe = 65536;
   attr->max_sge = 30;
+  attr->max_qp_rd_atom = 128;  // as rxe
+  attr->max_qp_init_rd_atom = 128;
   attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   return 0;
 }
@@ -472,7 +474,9 @@ void FakeVerbs::deliver(Qp* q) {
     uint64_t total = 0;
     for (auto& sge : wr.sges) total += sge.length;
     const bool is_send = wr.opcode == IBV_WR_SEND_WITH_IMM;
+    const bool is_read = wr.opcode == IBV_WR_RDMA_READ;
     if (is_send) wc.opcode = IBV_WC_SEND;
+    if (is_read) wc.opcode = IBV_WC_RDMA_READ;
     if (local) {
       wc.opcode = wr.opcode == IBV_WR_BIND_MW ? IBV_WC_BIND_MW : IBV_WC_LOCAL_INV;
       wc.status = executeWindowWr(q, wr);
@@ -481,6 +485,23 @@ void FakeVerbs::deliver(Qp* q) {
       inject_.reset();
     } else if (peer == nullptr || peer->qp.state != IBV_QPS_RTS) {
       wc.status = IBV_WC_RETRY_EXC_ERR;
+    } else if (is_read) {
+      // The peer's adapter answers from the window; the bytes land in the
+      // reader's SGEs.  No receive WR is involved on either side.
+      wc.status = checkReadKeys(q, wr, total);
+      if (wc.status == IBV_WC_SUCCESS) {
+        const auto* src = reinterpret_cast<const uint8_t*>(wr.remote_addr);
+        for (auto& sge : wr.sges) {
+          std::memcpy(reinterpret_cast<void*>(sge.addr), src, sge.length);
+          src += sge.length;
+        }
+        wc.byte_len = static_cast<uint32_t>(total);
+        ++stats_.reads;
+      } else if (wc.status == IBV_WC_REM_ACCESS_ERR) {
+        // The responder's queue pair fails too (a NAK for an access error).
+        peer->qp.state = IBV_QPS_ERR;
+        flushQp(peer);
+      }
     } else {
       wc.status = checkKeys(q, wr, total, is_send);
       // No receive WR at the peer: the WR stays queued until one is posted.
@@ -567,8 +588,9 @@ int FakeVerbs::postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       continue;
     }
     if ((wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM && wr->opcode != IBV_WR_SEND_WITH_IMM &&
-         wr->opcode != IBV_WR_RDMA_WRITE) ||
-        wr->num_sge < 1 || wr->num_sge > 2) {
+         wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_READ) ||
+        wr->num_sge < 1 || wr->num_sge > 2 ||
+        (wr->opcode == IBV_WR_RDMA_READ && (wr->send_flags & IBV_SEND_INLINE))) {
       *bad_wr = wr;
       return EINVAL;
     }

@@ -72,6 +72,7 @@ class FakeVerbs final : public VerbsApi {
     uint64_t live_cqs = 0;
     uint64_t live_mrs = 0;
     uint64_t live_mws = 0;
+    uint64_t reads = 0;          // IBV_WR_RDMA_READ executed
     uint64_t binds = 0;          // IBV_WR_BIND_MW executed
     uint64_t invalidations = 0;  // IBV_WR_LOCAL_INV executed
   };
@@ -158,7 +159,7 @@ class FakeVerbs final : public VerbsApi {
   struct Id;
   struct SendWr {
     uint64_t wr_id;
-    ibv_wr_opcode opcode;  // RDMA_WRITE(_WITH_IMM), SEND_WITH_IMM, BIND_MW or LOCAL_INV
+    ibv_wr_opcode opcode;  // RDMA_WRITE(_WITH_IMM), RDMA_READ, SEND_WITH_IMM, BIND_MW or LOCAL_INV
     bool signalled;
     uint32_t imm;
     uint64_t remote_addr;
@@ -190,6 +191,9 @@ class FakeVerbs final : public VerbsApi {
   // The status `wr` from `q` completes with as far as memory keys go: its
   // SGEs under local lkeys, a WRITE's target under the peer's rkey.
   ibv_wc_status checkKeys(const Qp* q, const SendWr& wr, uint64_t total, bool is_send) const;
+  // The same for an RDMA_READ: its SGEs under local lkeys with local write,
+  // its source under the peer's rkey with remote read.
+  ibv_wc_status checkReadKeys(const Qp* q, const SendWr& wr, uint64_t total) const;
   // Consumes the peer's next receive WR for `wr` (`total` bytes) and lands
   // the bytes; false (nothing done) when it has none posted.
   bool executeAtPeer(Qp* peer, const SendWr& wr, uint64_t total, bool is_send, ibv_wc* wc);
@@ -200,8 +204,9 @@ class FakeVerbs final : public VerbsApi {
   // send queue's order; the status it completes with.
   ibv_wc_status executeWindowWr(Qp* q, const SendWr& wr);
   // The window whose current rkey is `rkey`, bound on `qp` around
-  // [addr, addr + length) with remote write, or null.
-  const Mw* findWindow(uint32_t rkey, const Qp* qp, uint64_t addr, uint64_t length) const;
+  // [addr, addr + length) with `access` (remote write or read), or null.
+  const Mw* findWindow(uint32_t rkey, const Qp* qp, uint64_t addr, uint64_t length,
+                       int access = IBV_ACCESS_REMOTE_WRITE) const;
   // Parses a BIND_MW / LOCAL_INV WR for the send queue; false: EINVAL.
   static bool windowWr(const ibv_send_wr* wr, SendWr* out);
   void disconnectLocked(Id* id);

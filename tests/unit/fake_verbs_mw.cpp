@@ -1,5 +1,5 @@
 // FakeVerbs' type-2 memory windows: allocation, bind and invalidation by
-// work request, and the rkey check of a WRITE (window or MR).
+// work request, and the rkey check of a WRITE or a READ (window or MR).
 #include <cerrno>
 
 #include "fake_verbs.h"
@@ -74,12 +74,12 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
   const auto start = reinterpret_cast<uint64_t>(m.mr.addr);
   const bool fits = wr.bind.addr >= start && wr.bind.addr + wr.bind.length <= start + m.mr.length;
   // What rxe checks: a free type-2 window, same PD as QP and MR, an MR with
-  // MW_BIND (and LOCAL_WRITE for remote write), the window named by the
+  // MW_BIND (and LOCAL_WRITE for remote write, C10-75), the window named by the
   // key the application's ibv_mw had when it posted the bind, which must be
   // the adapter's key when the bind executes, same index, a new key.
   if (w.qp != nullptr || w.mw.pd != q->qp.pd || m.mr.pd != q->qp.pd || !(m.access & IBV_ACCESS_MW_BIND) ||
-      !(m.access & IBV_ACCESS_LOCAL_WRITE) || !fits || wr.mw_rkey != w.key ||
-      (wr.rkey & ~0xFFu) != (w.key & ~0xFFu) || wr.rkey == w.key) {
+      ((wr.bind.mw_access_flags & IBV_ACCESS_REMOTE_WRITE) && !(m.access & IBV_ACCESS_LOCAL_WRITE)) ||
+      !fits || wr.mw_rkey != w.key || (wr.rkey & ~0xFFu) != (w.key & ~0xFFu) || wr.rkey == w.key) {
     error("IBV_WR_BIND_MW refused (window bound, PD, MR access, range or key)");
     return IBV_WC_MW_BIND_ERR;
   }
@@ -93,10 +93,10 @@ ibv_wc_status FakeVerbs::executeWindowWr(Qp* q, const SendWr& wr) {
   return IBV_WC_SUCCESS;
 }
 
-const FakeVerbs::Mw* FakeVerbs::findWindow(uint32_t rkey, const Qp* qp, uint64_t addr,
-                                           uint64_t length) const {
+const FakeVerbs::Mw* FakeVerbs::findWindow(uint32_t rkey, const Qp* qp, uint64_t addr, uint64_t length,
+                                           int access) const {
   for (auto& [k, w] : mws_) {
-    if (w->key == rkey && w->qp == qp && (w->access & IBV_ACCESS_REMOTE_WRITE) && addr >= w->addr &&
+    if (w->key == rkey && w->qp == qp && (w->access & access) && addr >= w->addr &&
         addr + length <= w->addr + w->length) {
       return w.get();
     }
@@ -123,6 +123,26 @@ ibv_wc_status FakeVerbs::checkKeys(const Qp* q, const SendWr& wr, uint64_t total
   }
   if (status == IBV_WC_SUCCESS && !target) status = IBV_WC_REM_ACCESS_ERR;
   return status;
+}
+
+ibv_wc_status FakeVerbs::checkReadKeys(const Qp* q, const SendWr& wr, uint64_t total) const {
+  for (auto& sge : wr.sges) {
+    if (findMr(sge.lkey, q->qp.pd, sge.addr, sge.length, IBV_ACCESS_LOCAL_WRITE) == nullptr) {
+      return IBV_WC_LOC_PROT_ERR;
+    }
+  }
+  const Qp* peer = q->peer;
+  if (findWindow(wr.rkey, peer, wr.remote_addr, total, IBV_ACCESS_REMOTE_READ) != nullptr) {
+    return IBV_WC_SUCCESS;
+  }
+  for (auto& [k, m] : mrs_) {
+    auto start = reinterpret_cast<uint64_t>(m->mr.addr);
+    if (m->mr.rkey == wr.rkey && m->mr.pd == peer->qp.pd && (m->access & IBV_ACCESS_REMOTE_READ) &&
+        wr.remote_addr >= start && wr.remote_addr + total <= start + m->mr.length) {
+      return IBV_WC_SUCCESS;
+    }
+  }
+  return IBV_WC_REM_ACCESS_ERR;
 }
 
 }  // namespace framelink::transport::rdma::testing

@@ -54,7 +54,7 @@ struct Memory {
 
 struct Endpoint {
   Transport* t = nullptr;
-  std::vector<TransportEvent> sends, arrivals, errors;
+  std::vector<TransportEvent> sends, arrivals, errors, reads;
   std::vector<std::string> controls;
   std::vector<Kind> order;
   void pump() {
@@ -67,6 +67,7 @@ struct Endpoint {
         if (ev[i].kind == Kind::kFrameArrived) arrivals.push_back(ev[i]);
         if (ev[i].kind == Kind::kLinkError) errors.push_back(ev[i]);
         if (ev[i].kind == Kind::kControl) controls.push_back(ev[i].control);
+        if (ev[i].kind == Kind::kReadComplete) reads.push_back(ev[i]);
       }
     }
   }

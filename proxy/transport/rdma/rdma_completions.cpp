@@ -44,7 +44,15 @@ void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
   if (seq < posted_seq_) releaseControlBeforeFrame(seq);
   for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
     const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
-    book_.sendDone(p.cookie, done_seq_ == seq ? status : FL_OK, p.bytes);
+    const int done = done_seq_ == seq ? status : FL_OK;
+    if (p.read_tag != 0) {
+      book_.readDone(p.read_tag, done, p.bytes,
+                     done == FL_OK ? std::string()
+                                   : "the read of an offered frame failed (the peer's window refused it, "
+                                     "or the link went)");
+    } else {
+      book_.sendDone(p.cookie, done, p.bytes);
+    }
   }
 }
 
@@ -186,10 +194,12 @@ void RdmaTransport::handleSendWc(const ibv_wc& wc) noexcept {
     completeUnpostedIfDrained();
     return;
   }
+  const bool read = sends_[seq % options_.send_queue_depth].read_tag != 0;
   completeSendsThrough(seq, c.frame_status);
   failOnWc(wc, c.link_status,
-           "rdma link to " + peer_name_ + ": send completed with " + ibv_wc_status_str(wc.status) +
-               " (vendor error " + std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) + " error)");
+           "rdma link to " + peer_name_ + (read ? ": a read of an offered frame" : ": send") +
+               " completed with " + ibv_wc_status_str(wc.status) + " (vendor error " +
+               std::to_string(wc.vendor_err) + "; " + scopeName(c.scope) + " error)");
 }
 
 void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
@@ -220,7 +230,7 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
   const LocalCredit* credit = book_.credits().beginLanding(index);
   // Its window ends before the slot can be granted again; the slot's memory
   // stays until then.
-  endWindow(index, WindowHold{credit != nullptr ? credit->keepalive : nullptr, 0});
+  endWindow(windows_, index, WindowHold{credit != nullptr ? credit->keepalive : nullptr, 0});
   if (credit == nullptr) {
     header.credit_id = index;
     book_.frameArrived(header, FL_ERR_UNKNOWN_CREDIT,

@@ -185,8 +185,10 @@ Status connectSession(VerbsApi& api, RdmaTransport& t, uint64_t session_id, int 
   rdma_conn_param param{};
   param.private_data = &data;
   param.private_data_len = sizeof data;
-  param.responder_resources = 0;  // no RDMA READ in either direction
-  param.initiator_depth = 0;
+  // RDMA READs in flight each way (pull): the peer reads offered slots of
+  // ours, and we read its.
+  param.responder_resources = t.readDepth();
+  param.initiator_depth = t.readDepth();
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
   setAckTimeout(api, t.cmId(), where);
@@ -497,8 +499,8 @@ void RdmaListener::acceptRequest(std::unique_ptr<RdmaTransport> transport, const
   p.session_id = session_id;
   p.deadline = Clock::now() + handshake_timeout_;
   rdma_conn_param param{};
-  param.responder_resources = 0;
-  param.initiator_depth = 0;
+  param.responder_resources = p.transport->readDepth();
+  param.initiator_depth = p.transport->readDepth();
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
   setAckTimeout(api, p.transport->cmId(), "rdma listener");

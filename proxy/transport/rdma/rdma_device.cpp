@@ -265,11 +265,12 @@ Result<std::unique_ptr<MemoryRegistration>> RdmaDevice::registerMemory(void* add
                                       name_);
     }
   }
-  // No REMOTE_WRITE: an rkey of the whole segment would let a peer write
-  // into any slot, on any queue pair of the PD, for the segment's life.
-  // Windows need LOCAL_WRITE on the MR to grant remote write (C10-75).
-  const int flags =
-      access == MemoryAccess::kCreditWindows ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND) : 0;
+  // No REMOTE_WRITE or REMOTE_READ: an rkey of the whole segment would let a
+  // peer write into (or read) any slot, on any queue pair of the PD, for the
+  // segment's life.  Windows need MW_BIND, and LOCAL_WRITE on the MR to grant
+  // remote write (C10-75); a read window needs neither of the latter.
+  const int flags = access == MemoryAccess::kCreditWindows ? (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND)
+                                                           : IBV_ACCESS_MW_BIND;
   ibv_mr* mr = api_->regMr(pd_, addr, length, flags);
   if (mr == nullptr) {
     int e = errno;
@@ -322,6 +323,13 @@ ibv_mr* RdmaDevice::windowRegion(const void* addr, size_t length) const noexcept
   MutexLock lock(mu_);
   const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
   if (r == nullptr || r->access != MemoryAccess::kCreditWindows) return nullptr;
+  return r->mr;
+}
+
+ibv_mr* RdmaDevice::sourceRegion(const void* addr, size_t length) const noexcept {
+  MutexLock lock(mu_);
+  const Region* r = findLocked(reinterpret_cast<uintptr_t>(addr), length);
+  if (r == nullptr || r->access != MemoryAccess::kLocalRead) return nullptr;
   return r->mr;
 }
 

@@ -23,7 +23,10 @@
 namespace framelink::transport::rdma {
 
 enum class MemoryAccess {
-  kLocalRead,  // producer segments: the adapter only reads them for sends
+  // Producer segments: the adapter reads them for sends, and a peer reads
+  // one offered slot (pull) only through a type-2 memory window the rdma
+  // transport binds, remote read only, for as long as the offer lives.
+  kLocalRead,
   // Consumer receive segments.  Registered without remote access: a peer
   // reaches a slot only through a type-2 memory window the rdma transport
   // binds on its own queue pair for one live credit (rdma_windows.h).
@@ -97,6 +100,9 @@ class RdmaDevice : public std::enable_shared_from_this<RdmaDevice> {
   // The kCreditWindows registration containing the range (what a memory
   // window is bound to), or null.
   ibv_mr* windowRegion(const void* addr, size_t length) const noexcept;
+  // The kLocalRead registration containing the range (what a read window
+  // for an offered slot is bound to), or null.
+  ibv_mr* sourceRegion(const void* addr, size_t length) const noexcept;
 
   // Asynchronous events that break a link: `on_error(status, message)` runs
   // on the device's event thread for events of `qp` or `cq` (link scope,

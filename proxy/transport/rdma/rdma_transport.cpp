@@ -93,10 +93,12 @@ RdmaTransport::RdmaTransport(std::shared_ptr<RdmaDevice> device, CmId id, RdmaTr
       options_(options),
       cm_(std::move(id)),
       windows_(api_, device_->pd()),
+      source_windows_(api_, device_->pd(), IBV_ACCESS_REMOTE_READ),
       book_(0, CreditTableOptions{uint64_t{UINT32_MAX}, options.max_retracted_credits}) {}
 
 Status RdmaTransport::setUp() {
   if (Status s = checkQueueDepths(); !s) return s;
+  read_depth_ = deviceReadDepth(device_->attributes());
   if (Status s = openEventFds(); !s) return s;
   if (Status s = createCq(); !s) return s;
   if (Status s = createQp(); !s) return s;
@@ -105,6 +107,10 @@ Status RdmaTransport::setUp() {
   sizeWorkRequests();
   if (Status s = watchChannels(); !s) return s;
   return startReceiving();
+}
+
+uint8_t RdmaTransport::deviceReadDepth(const ibv_device_attr& attr) noexcept {
+  return static_cast<uint8_t>(std::clamp(std::min(attr.max_qp_rd_atom, attr.max_qp_init_rd_atom), 0, 16));
 }
 
 Status RdmaTransport::checkQueueDepths() const {
@@ -317,7 +323,49 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
   wr.imm_data = htonl(static_cast<uint32_t>(r.credit.credit_id));
   wr.wr.rdma.remote_addr = r.credit.remote_addr;
   wr.wr.rdma.rkey = r.credit.rkey;
-  sends_[slot] = PendingSend{r.cookie, r.header.length};
+  sends_[slot] = PendingSend{r.cookie, r.header.length, 0};
+  ++next_seq_;
+  if (next_seq_ - posted_seq_ >= options_.max_batch) flushChain();
+  return PostResult::kOk;
+}
+
+// An RDMA_READ from the offer's window straight into the reader's buffer,
+// on the send queue with the frames (completions come in order, so the
+// selective signalling covers it like a frame).  Nothing is read for an
+// empty source: it completes at once.
+PostResult RdmaTransport::postRead(const ReadRequest& r) noexcept {
+  if (!connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
+  const char* why = read_depth_ == 0 ? "this rdma link cannot read (the device offers no RDMA READ)"
+                    : r.source.length > 0 && !r.local_key
+                        ? "the read's buffer carries no local memory key (rdma reads only into memory "
+                          "registered with its device: the consumer's data segment)"
+                    : r.source.length > UINT32_MAX ? "a read of more than 4 GiB"
+                                                   : nullptr;
+  uint64_t tag = 0;
+  if (const PostResult admitted = book_.postRead(r, &tag, why, sendQueueUsed() >= options_.send_queue_depth);
+      admitted != PostResult::kOk) {
+    return admitted;
+  }
+  if (r.source.length == 0) {
+    book_.readDone(tag, FL_OK, 0);
+    signalEventFd(event_fd_.get());
+    return PostResult::kOk;
+  }
+  const uint64_t seq = next_seq_;
+  const size_t slot = seq % options_.send_queue_depth;
+  ibv_sge* sge = &send_sges_[2 * slot];
+  sge[0].addr = reinterpret_cast<uint64_t>(r.buffer);
+  sge[0].length = static_cast<uint32_t>(r.source.length);
+  sge[0].lkey = *r.local_key;
+  ibv_send_wr& wr = send_wrs_[slot];
+  wr = {};
+  wr.wr_id = seq;
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.wr.rdma.remote_addr = r.source.remote_addr;
+  wr.wr.rdma.rkey = r.source.rkey;
+  sends_[slot] = PendingSend{0, r.source.length, tag};
   ++next_seq_;
   if (next_seq_ - posted_seq_ >= options_.max_batch) flushChain();
   return PostResult::kOk;
@@ -445,7 +493,9 @@ void RdmaTransport::flushChain() noexcept {
       accepted = bad->wr_id;
     }
   }
-  for (uint64_t w = window_posted_seq_; w < win_accepted; ++w) windows_.posted(window_ring_[w % wdepth].wr);
+  for (uint64_t w = window_posted_seq_; w < win_accepted; ++w) {
+    window_ring_[w % wdepth].windows->posted(window_ring_[w % wdepth].wr);
+  }
   verbs_counters_.window_wrs += win_accepted - window_posted_seq_;
   verbs_counters_.send_wrs +=
       (win_accepted - window_posted_seq_) + (ctl_accepted - ctl_posted_seq_) + (accepted - posted_seq_);
@@ -506,11 +556,13 @@ void RdmaTransport::tearDown() noexcept {
     // A bound type-2 window holds its QP (rxe keeps a reference and
     // destroying the QP waits for it): the windows go first.
     windows_.clear();
+    source_windows_.clear();
     api_.destroyQp(cm_.id());
     qp_ = nullptr;
   }
   // No window is bound any more: the memory they held can go.
   windows_.clear();
+  source_windows_.clear();
   window_backlog_.clear();
   for (PendingWindowWr& entry : window_ring_) entry.hold = WindowHold{};
   window_done_seq_ = window_posted_seq_;

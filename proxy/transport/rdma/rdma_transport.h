@@ -40,6 +40,16 @@
 // per record.  Receive WRs are replenished from poll(), one ibv_post_recv
 // chain at a time.
 //
+// Reads (pull, rdma_windows.cpp and post side here): exposeSource binds a
+// type-2 window, remote read only, over exactly the offered payload in the
+// producer's segment, with the next flush, ahead of the offer that carries
+// its key; retractSource invalidates it.  postRead puts one RDMA_READ from
+// the offer's window into the reader's buffer on the send queue with the
+// frames, so it shares their order, their selective signalling and their
+// completion path (PendingSend::read_tag).  The queue pair is set up with
+// readDepth() reads in flight each way (responder_resources and
+// initiator_depth); reads beyond it wait on the send queue.
+//
 // Events (rdma_completions.cpp): poll() drains the CQ (completion channel
 // events acked, then the CQ re-armed and polled once more to close the race),
 // the connection's own rdma_cm event channel (DISCONNECTED) and the errors
@@ -160,6 +170,18 @@ class RdmaTransport final : public Transport {
   void retractCredit(uint64_t credit_id) override;
   PostResult post(const SendRequest& request) noexcept override;
   PostResult postControl(std::string record) noexcept override;
+  bool readable() const noexcept override { return read_depth_ > 0; }
+  // The read's window is bound by the next flush() (or poll()), like a credit's.
+  Result<RemoteSource> exposeSource(LocalSource source) override;
+  // Its window ends at once (the invalidation is posted before this returns).
+  void retractSource(uint64_t source_id) override;
+  PostResult postRead(const ReadRequest& request) noexcept override;
+  // RDMA READs in flight at once, each way: what the connection asks for
+  // (rdma_conn_param's responder_resources and initiator_depth), the
+  // device's max_qp_rd_atom and max_qp_init_rd_atom, at most 16; 0 when the
+  // device has none (then the link cannot be read).
+  uint8_t readDepth() const noexcept { return read_depth_; }
+  static uint8_t deviceReadDepth(const ibv_device_attr& attr) noexcept;
   std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
   // Hands every WR post() accumulated, and the window binds and
   // invalidations waiting, to the adapter as one chain.
@@ -258,7 +280,7 @@ class RdmaTransport final : public Transport {
   };
   // The window of credit key `key` ends (consumed or retracted): its
   // LOCAL_INV joins the window backlog, for the next flushChain().
-  void endWindow(uint32_t key, WindowHold hold) noexcept;
+  void endWindow(CreditWindows& windows, uint32_t key, WindowHold hold) noexcept;
   // A window WR completed, or none will (the QP is gone): what it held goes.
   void releaseHold(WindowHold& hold) noexcept;
   // Moves backlog entries onto the window ring, as many as it has room
@@ -266,9 +288,11 @@ class RdmaTransport final : public Transport {
   uint32_t buildWindowWrs() noexcept;
   void handleWindowWc(const ibv_wc& wc) noexcept;
 
+  // A frame, or a read when read_tag is not 0 (book_.reads()).
   struct PendingSend {
     uint64_t cookie = 0;
     uint64_t bytes = 0;
+    uint64_t read_tag = 0;
   };
 
   const std::shared_ptr<RdmaDevice> device_;
@@ -295,6 +319,9 @@ class RdmaTransport final : public Transport {
   // Memory windows of this queue pair: one bound per live credit
   // (rdma_windows.h); deallocated just before the QP in tearDown().
   CreditWindows windows_;
+  // Read windows, one bound per exposed source (pull), the same way.
+  CreditWindows source_windows_;
+  uint8_t read_depth_ = 0;
   // Window WRs (binds and invalidations) wait in the backlog, in the order
   // they were made, for the next flushChain(), which puts them on the send
   // queue ahead of its control records and frames: a bind before the grant
@@ -306,6 +333,7 @@ class RdmaTransport final : public Transport {
   struct PendingWindowWr {
     ibv_send_wr wr{};
     WindowHold hold;
+    CreditWindows* windows = nullptr;  // the set the window belongs to
   };
   std::deque<PendingWindowWr> window_backlog_;
   std::vector<PendingWindowWr> window_ring_;

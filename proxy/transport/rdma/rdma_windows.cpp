@@ -40,7 +40,7 @@ uint32_t CreditWindows::bind(uint32_t key, ibv_mr* mr, const uint8_t* addr, uint
   wr->bind_mw.bind_info.mr = mr;
   wr->bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(addr);
   wr->bind_mw.bind_info.length = length;
-  wr->bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  wr->bind_mw.bind_info.mw_access_flags = access_;
   return w.rkey;
 }
 
@@ -138,7 +138,7 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   // that carries the key, and the queue executes in order: the window is up
   // before the peer can learn its key.
   try {
-    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}});
+    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}, &windows_});
   } catch (...) {
     book_.retractCredit(id);
     windows_.unbind(key);
@@ -160,20 +160,87 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
     hold.retracted_credit = credit_id;
   }
   book_.retractCredit(credit_id);
-  endWindow(key, std::move(hold));
+  endWindow(windows_, key, std::move(hold));
   flushChain();
 }
 
-void RdmaTransport::endWindow(uint32_t key, WindowHold hold) noexcept {
+// ---------------------------------------------------------------- the transport's sources (pull)
+
+Result<RemoteSource> RdmaTransport::exposeSource(LocalSource source) {
+  if (read_depth_ == 0)
+    return makeError(FL_ERR_TRANSPORT, "rdma links on " + device_->name() + " cannot be read");
+  if (source.payload == nullptr && source.length > 0) {
+    return makeError(FL_EINVAL, "exposeSource: null payload with non-zero length");
+  }
+  if (book_.failed()) return makeError(FL_ERR_LINK_LOST, "exposeSource: the link is down");
+  const uint64_t id = source.source_id;
+  if (source.length == 0) return book_.exposeSource(std::move(source));  // nothing to read: no window
+  ibv_mr* mr = device_->sourceRegion(source.payload, source.length);
+  if (mr == nullptr) {
+    return makeError(FL_EINVAL, "exposeSource(" + std::to_string(id) +
+                                    "): the payload is not inside one producer registration on " +
+                                    device_->name());
+  }
+  if (window_backlog_.size() + (window_posted_seq_ - window_done_seq_) >= options_.window_queue_depth) {
+    return makeError(FL_ERR_RESOURCES, "exposeSource: all " + std::to_string(options_.window_queue_depth) +
+                                           " memory-window work requests are in use; try again later");
+  }
+  const auto key = static_cast<uint32_t>(id);
+  ibv_send_wr bind{};
+  const uint32_t rkey = source_windows_.bind(key, mr, source.payload, source.length, &bind);
+  if (rkey == 0) {
+    if (errno == EEXIST) {
+      return makeError(FL_EINVAL, "exposeSource(" + std::to_string(id) + "): source key " +
+                                      std::to_string(key) + " is exposed already");
+    }
+    return makeError(FL_ERR_RESOURCES, std::string("exposeSource: ibv_alloc_mw: ") + std::strerror(errno));
+  }
+  const auto addr = reinterpret_cast<uint64_t>(source.payload);
+  auto remote = book_.exposeSource(std::move(source), addr, rkey);
+  if (!remote) {
+    source_windows_.unbind(key);
+    return remote;
+  }
+  // As for a credit: the bind executes before the offer that carries its key.
+  try {
+    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}, &source_windows_});
+  } catch (...) {
+    book_.retractSource(id);
+    source_windows_.unbind(key);
+    return makeError(FL_ERR_RESOURCES, "exposeSource: out of memory queueing the memory window's bind");
+  }
+  return remote;
+}
+
+// The window ends at once; the slot's memory stays registered and mapped
+// until the invalidation has executed (a read the peer posted before may
+// still be answered until then).
+void RdmaTransport::retractSource(uint64_t source_id) {
+  WindowHold hold;
+  if (const LocalSource* s = book_.sources().lookup(source_id); s != nullptr) {
+    hold.memory = s->keepalive;
+    if (s->length == 0) {
+      book_.retractSource(source_id);
+      return;
+    }
+  } else {
+    return;
+  }
+  book_.retractSource(source_id);
+  endWindow(source_windows_, static_cast<uint32_t>(source_id), std::move(hold));
+  flushChain();
+}
+
+void RdmaTransport::endWindow(CreditWindows& windows, uint32_t key, WindowHold hold) noexcept {
   ibv_send_wr inv{};
-  if (!windows_.invalidate(key, &inv)) {
+  if (!windows.invalidate(key, &inv)) {
     releaseHold(hold);  // no window: the peer cannot write there
     return;
   }
   if (book_.failed() || torn_down_) {
     // The QP is in error: no write reaches any window; it stays bound (and
     // its memory kept) until tearDown() deallocates it.
-    windows_.recycle(inv);
+    windows.recycle(inv);
     try {
       unended_windows_.push_back(std::move(hold));
     } catch (...) {
@@ -182,7 +249,7 @@ void RdmaTransport::endWindow(uint32_t key, WindowHold hold) noexcept {
     return;
   }
   try {
-    window_backlog_.push_back(PendingWindowWr{inv, std::move(hold)});
+    window_backlog_.push_back(PendingWindowWr{inv, std::move(hold), &windows});
   } catch (...) {
     fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory ending a memory window");
   }

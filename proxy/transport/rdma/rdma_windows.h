@@ -14,6 +14,10 @@
 //
 // Windows are allocated on first need and kept for the queue pair's life:
 // binding a cached window costs one work request, no system call.
+//
+// Pull uses a second set the same way, remote read only: exposing a source
+// binds a window to exactly the offered slot's payload in the producer's
+// data segment (registered MW_BIND only), and retracting it invalidates it.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -28,13 +32,16 @@ namespace framelink::transport::rdma {
 
 class CreditWindows {
  public:
-  CreditWindows(VerbsApi& api, ibv_pd* pd) noexcept : api_(api), pd_(pd) {}
+  // `access`: what a window grants, IBV_ACCESS_REMOTE_WRITE (credits) or
+  // IBV_ACCESS_REMOTE_READ (sources).
+  CreditWindows(VerbsApi& api, ibv_pd* pd, unsigned int access = IBV_ACCESS_REMOTE_WRITE) noexcept
+      : api_(api), pd_(pd), access_(access) {}
   CreditWindows(const CreditWindows&) = delete;
   CreditWindows& operator=(const CreditWindows&) = delete;
   ~CreditWindows() { clear(); }
 
   // Fills `wr` with the bind of a window for credit key `key` to
-  // [addr, addr + length) of `mr`, remote write only, and returns the rkey
+  // [addr, addr + length) of `mr`, with this set's access only, and returns the rkey
   // the window has once `wr` has executed.  0 (errno set) when no window
   // could be allocated, or `key` holds one already (EEXIST).
   uint32_t bind(uint32_t key, ibv_mr* mr, const uint8_t* addr, uint64_t length, ibv_send_wr* wr) noexcept;
@@ -59,6 +66,7 @@ class CreditWindows {
   };
   VerbsApi& api_;
   ibv_pd* const pd_;
+  const unsigned int access_;
   std::unordered_map<uint32_t, Window> bound_;         // by credit key
   std::unordered_map<uint32_t, Window> invalidating_;  // by rkey: LOCAL_INV built, not yet posted
   std::vector<Window> free_;
