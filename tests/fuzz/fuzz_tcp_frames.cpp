@@ -5,6 +5,10 @@
 // every FrameArrived names one of the credits (or reports an error status),
 // says a length within that credit, and the link ends with one LinkError when
 // the peer closes -- the transport never hangs on a frame that does not come.
+// Reads too: one source is exposed (4096 bytes) and two reads are posted
+// (read ids 1 and 2, into buffers exactly as large as the sources they ask
+// for), so read requests and responses from the peer reach both sides of
+// pull.  Each read completes exactly once, by the time the link ended.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -98,6 +102,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!t->exposeCredit(c).ok()) fail("exposeCredit");
   }
 
+  auto source = std::make_shared<std::vector<uint8_t>>(4096, 0x5A);
+  if (!t->exposeSource(LocalSource{1, source->data(), source->size(), source}).ok()) fail("exposeSource");
+  constexpr uint64_t kReadLength[2] = {4096, 100};
+  std::vector<uint8_t> read_buffers[2] = {std::vector<uint8_t>(4096), std::vector<uint8_t>(100)};
+  for (int i = 0; i < 2; ++i) {
+    ReadRequest r;
+    r.cookie = uint64_t(i) + 1;
+    r.source = RemoteSource{uint64_t(i) + 1, kReadLength[i], 0, 0};
+    r.buffer = read_buffers[i].data();
+    r.capacity = read_buffers[i].size();
+    if (t->postRead(r) != PostResult::kOk) fail("postRead");
+  }
+  int reads_done[2] = {0, 0};
+
   // The peer: everything, then a close (the socket buffer holds it all for
   // the sizes libFuzzer generates; -max_len keeps it that way).
   size_t off = 0;
@@ -123,6 +141,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (id != 1 && id != 2) fail("FrameArrived names a credit that was never exposed");
         if (ev[i].header.length > kCapacity[id - 1]) fail("FrameArrived longer than its credit");
         if (ev[i].header.attr_length > FL_MAX_ATTR_BYTES) fail("FrameArrived with oversized attributes");
+      } else if (ev[i].kind == TransportEvent::Kind::kReadComplete) {
+        if (ev[i].cookie != 1 && ev[i].cookie != 2) fail("ReadComplete for a read that was never posted");
+        if (++reads_done[ev[i].cookie - 1] > 1) fail("a read completed twice");
       }
     }
     if (n == 0) {
@@ -131,6 +152,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ::poll(&p, 1, 10);
     }
   }
+  // The link failed: its events came with its LinkError, in the same polls.
+  TransportEvent rest[8];
+  for (size_t n; (n = t->poll(rest, 8)) > 0;) {
+    for (size_t i = 0; i < n; ++i) {
+      if (rest[i].kind == TransportEvent::Kind::kReadComplete &&
+          (rest[i].cookie == 1 || rest[i].cookie == 2)) {
+        if (++reads_done[rest[i].cookie - 1] > 1) fail("a read completed twice");
+      }
+    }
+  }
+  if (reads_done[0] != 1 || reads_done[1] != 1) fail("a read never completed");
   t->shutdown();
   ::close(fds[1]);
   return 0;

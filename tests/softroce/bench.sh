@@ -125,6 +125,30 @@ run_ucx() {
   rm -f "$log"
 }
 
+# perf_bw TOOL SIZE ITERS: one perftest bandwidth run (ib_write_bw or ib_read_bw), server on B's
+# device, client on A's; prints its GB/s, or nothing (and why, on stderr) when it failed.
+perf_bw() {
+  local tool=$1 n=$2 iters=$3 res crc spid src line gbits
+  timeout 120 "$tool" -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" >/tmp/$tool.srv.$$ 2>&1 &
+  spid=$!
+  wait_listen 18515 # perftest's default port
+  res=$(timeout 120 "$tool" -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$b_ip" 2>&1)
+  crc=$?
+  wait "$spid"
+  src=$?
+  line=$(awk -v s="$n" '$1 == s {print}' <<<"$res" | tail -1)
+  echo "   $line" >&2
+  gbits=$(awk '{print $4}' <<<"$line")
+  if [[ $crc$src == 00 && -n "$gbits" ]]; then
+    awk -v g="$gbits" 'BEGIN{printf "%.3f", g/8}'
+  else
+    echo "$tool failed (rc $crc/$src):" >&2
+    echo "$res" | tail -8 >&2
+    tail -5 /tmp/$tool.srv.$$ >&2
+  fi
+  rm -f /tmp/$tool.srv.$$
+}
+
 # Iterations of ib_write_bw and UCX put_bw: ~128 MiB per size, 16 .. 2000.
 iters_for() {
   local n=$1 it=$(((128 << 20) / $1))
@@ -135,6 +159,7 @@ iters_for() {
 
 rows=()
 extra_rows=()
+declare -A ib_write_gbs
 unmeasured=0
 IFS=, read -r -a size_list <<<"$sizes"
 pairs_bytes=$(bytes_of "$pairs_size")
@@ -186,27 +211,14 @@ for sz in "${size_list[@]}"; do
   first=0
   # ib_write_bw
   echo "== ib_write_bw $sz x $iters ($a_dev -> $b_dev)"
-  timeout 120 ib_write_bw -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" >/tmp/ib_write_bw.srv.$$ 2>&1 &
-  spid=$!
-  wait_listen 18515 # perftest's default port
-  res=$(timeout 120 ib_write_bw -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$b_ip" 2>&1)
-  crc=$?
-  wait "$spid"
-  src=$?
-  line=$(awk -v s="$n" '$1 == s {print}' <<<"$res" | tail -1)
-  ib_gbits=$(awk '{print $4}' <<<"$line")
-  ib="failed (rc $crc/$src)"
-  ib_gbs=""
-  if [[ $crc$src == 00 && -n "$ib_gbits" ]]; then
-    ib_gbs=$(awk -v g="$ib_gbits" 'BEGIN{printf "%.3f", g/8}')
-    ib="$ib_gbs GB/s ($ib_gbits Gb/s)"
+  ib_gbs=$(perf_bw ib_write_bw "$n" "$iters")
+  ib_write_gbs[$sz]=$ib_gbs
+  if [[ -n "$ib_gbs" ]]; then
+    ib="$ib_gbs GB/s"
   else
+    ib="failed"
     unmeasured=$((unmeasured + 1))
-    echo "$res" | tail -8
-    tail -5 /tmp/ib_write_bw.srv.$$
   fi
-  rm -f /tmp/ib_write_bw.srv.$$
-  echo "   $line"
   # UCX put_bw over rc_verbs
   ux="$ucx_missing"
   ux_gbs=""
@@ -271,6 +283,46 @@ if [[ -n "${fl_lat:-}" ]]; then
   extra_rows+=("| 4 KiB latency, submit -> receive | $fl_lat | - | $fl_lat_cpu | ib_write_lat $ibl | $r_ib | $uxl | $r_ux |")
 fi
 
+# Push vs pull one layer down: the rdma transport alone (framelink_transport_bench: both ends in one
+# process, a credit or a source exposed and ended per frame, 16 in flight; no peer protocol), next to
+# ib_write_bw and ib_read_bw at the same sizes.
+pp_rows=()
+tbench=$build/tests/transport/framelink_transport_bench
+if [[ -x "$tbench" ]]; then
+  echo "== framelink_transport_bench --transport rdma --sizes $sizes"
+  tres=$(FRAMELINK_RDMA_A_IP=$a_ip FRAMELINK_RDMA_B_IP=$b_ip timeout 300 "$tbench" --transport rdma \
+    --sizes "$sizes" --bytes-per-size 32M --latency-samples 200 2>&1)
+  echo "$tres"
+  # Its table rows, in the order of the sizes: size, unit, frames, push, pull, pull/push.
+  mapfile -t tlines < <(awk '$2 ~ /^(B|KiB|MiB)$/ && $3 ~ /^[0-9]+$/' <<<"$tres")
+  i=0
+  for sz in "${size_list[@]}"; do
+    n=$(bytes_of "$sz")
+    echo "== ib_read_bw $sz x $(iters_for "$n") ($a_dev reads $b_dev)"
+    rd=$(perf_bw ib_read_bw "$n" "$(iters_for "$n")")
+    [[ -n "$rd" ]] || unmeasured=$((unmeasured + 1))
+    t=${tlines[$i]:-}
+    i=$((i + 1))
+    push=$(awk '{print $4}' <<<"$t")
+    pull=$(awk '{print $5}' <<<"$t")
+    [[ -n "$pull" ]] || unmeasured=$((unmeasured + 1))
+    pp_rows+=("| $sz | ${push:-failed} GB/s | ${ib_write_gbs[$sz]:-} GB/s | $(ratio_of "${push:-0}" "${ib_write_gbs[$sz]:-0}") | ${pull:-failed} GB/s | ${rd:-failed} GB/s | $(ratio_of "${pull:-0}" "${rd:-0}") | $(ratio_of "${pull:-0}" "${push:-0}") |")
+  done
+  tlat=$(grep -E '^4 KiB one at a time' <<<"$tres" || true)
+  echo "== ib_read_lat 4096 x 1000"
+  timeout 120 ib_read_lat -d "$b_dev" -x "$gid" -F -s 4096 -n 1000 >/tmp/ib_read_lat.srv.$$ 2>&1 &
+  spid=$!
+  wait_listen 18515
+  rlat=$(timeout 120 ib_read_lat -d "$a_dev" -x "$gid" -F -s 4096 -n 1000 "$b_ip" 2>&1 | awk '$1 == 4096 {print $5}' | tail -1)
+  wait "$spid" || true
+  rm -f /tmp/ib_read_lat.srv.$$
+  pull_us=$(sed -nE 's/.*pull ([0-9.]+) us.*/\1/p' <<<"$tlat")
+  pp_lat="4 KiB one at a time: ${tlat#*: }; ib_read_lat typical ${rlat:-failed} us (one-way: half the round trip); pull / ib_read_lat $(ratio_of "${pull_us:-0}" "${rlat:-0}")"
+else
+  echo "bench: $tbench is not built: no push-vs-pull table" >&2
+  unmeasured=$((unmeasured + 1))
+fi
+
 # This tree against --baseline-build, size by size, alternately (ABBA...), --rounds runs each.
 ab_rows=()
 if [[ -n "$baseline_build" ]]; then
@@ -320,6 +372,17 @@ fi
   echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
   echo "UCX: ucx_perftest -t put_bw|put_lat -s SIZE -n ITERS -x rc_verbs -D zcopy, UCX_IB_GID_INDEX=$gid, server -d $b_dev:1, client -d $a_dev:1 $b_ip"
   echo "  (UCX's transport layer: its tag matching, UCX_TLS=rc_v, wires RC up over UD, which times out on rxe)"
+  if ((${#pp_rows[@]})); then
+    echo
+    echo "rdma transport alone, push (RDMA WRITE into a credit) vs pull (RDMA READ of an offered slot)"
+    echo
+    echo "| frame size | push | ib_write_bw | push / ib_write_bw | pull | ib_read_bw | pull / ib_read_bw | pull / push |"
+    echo "|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${pp_rows[@]}"
+    echo "$pp_lat"
+    echo "transport: framelink_transport_bench --transport rdma --sizes $sizes --bytes-per-size 32M (both ends in one process, 16 in flight, a window bound and invalidated per frame)"
+    echo "ib_read_bw / ib_read_lat: as ib_write_bw / ib_write_lat, the client on $a_dev reading from $b_dev"
+  fi
   if ((${#ab_rows[@]})); then
     echo
     echo "this tree ($build) vs the baseline build ($baseline_build), framelink rdma, $rounds runs each, alternately"

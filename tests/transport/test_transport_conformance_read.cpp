@@ -48,6 +48,21 @@ RemoteSource exposeSource(Transport& t, uint64_t id, const Payload& payload) {
   return r.value();
 }
 
+// Exposes `payload` on the owner and tells the reader the way the daemon
+// does: in a control record the owner posts after the exposure (its offer).
+// On rdma the window's bind is on the owner's send queue ahead of that
+// record, so the reader cannot learn the key before the window is up.
+RemoteSource offer(Endpoint& owner, Endpoint& reader, uint64_t id, const Payload& payload) {
+  const RemoteSource source = exposeSource(*owner.t, id, payload);
+  const std::string record = "offer " + std::to_string(id);
+  REQUIRE(owner.t->postControl(record) == PostResult::kOk);
+  waitFor(
+      owner, reader, [&] { return !reader.controls.empty() && reader.controls.back() == record; },
+      "the offer");
+  reader.controls.pop_back();
+  return source;
+}
+
 ReadRequest readInto(uint64_t cookie, const RemoteSource& source, const Buffer& buffer) {
   ReadRequest r;
   r.cookie = cookie;
@@ -71,7 +86,7 @@ TEMPLATE_TEST_CASE("a read lands the source's bytes in the reader's buffer", "[t
     for (size_t size : {size_t{0}, size_t{1}, size_t{4097}, size_t{1} << 20, size_t{8} << 20}) {
       CAPTURE(dir, size);
       auto payload = pattern(100 + id, size);
-      const RemoteSource source = exposeSource(*owner.t, id, payload);
+      const RemoteSource source = offer(owner, reader, id, payload);
       CHECK(source.source_id == id);
       CHECK(source.length == size);
       Buffer buf(size + 64);
@@ -96,8 +111,10 @@ TEMPLATE_TEST_CASE("a read lands the source's bytes in the reader's buffer", "[t
   const TransportCounters cb = pair->b->counters();
   CHECK(ca.reads_completed == 5);
   CHECK(cb.reads_completed == 5);
-  CHECK(ca.reads_served == 5);
-  CHECK(cb.reads_served == 5);
+  if (TestType::kKind != TransportKind::kRdma) {  // an RDMA READ responder is the adapter: nothing counts
+    CHECK(ca.reads_served == 5);
+    CHECK(cb.reads_served == 5);
+  }
   const uint64_t bytes = 0 + 1 + 4097 + (1 << 20) + (8 << 20);
   CHECK(ca.bytes_read == bytes);
   CHECK(cb.bytes_read == bytes);
@@ -109,7 +126,7 @@ TEMPLATE_TEST_CASE("one source is read by several reads in flight together", "[t
   auto pair = makePair<TestType>();
   Endpoint owner{pair->a.get()}, reader{pair->b.get()};
   auto payload = pattern(7, 300'000);
-  const RemoteSource source = exposeSource(*owner.t, 77, payload);
+  const RemoteSource source = offer(owner, reader, 77, payload);
   std::vector<Buffer> bufs;
   for (int i = 0; i < 4; ++i) bufs.emplace_back(300'000);
   for (int i = 0; i < 4; ++i) REQUIRE(reader.postRead(readInto(i, source, bufs[i])) == PostResult::kOk);
@@ -137,7 +154,7 @@ TEMPLATE_TEST_CASE("reads, frames and control records share the link both ways",
   std::vector<RemoteSource> sources;
   for (size_t i = 0; i < kSources; ++i) {
     payloads.push_back(pattern(500 + i, 1000 + i * 7919));
-    sources.push_back(exposeSource(*a.t, 1000 + i, payloads.back()));
+    sources.push_back(offer(a, b, 1000 + i, payloads.back()));
   }
   std::vector<Buffer> read_bufs, frame_bufs;
   std::vector<Payload> frames;
@@ -146,21 +163,25 @@ TEMPLATE_TEST_CASE("reads, frames and control records share the link both ways",
     frame_bufs.emplace_back(4096);
     frames.push_back(pattern(900 + i, 4096));
   }
-  size_t next = 0;
+  std::vector<RemoteCredit> credits;
+  size_t granted = 0, sent = 0;
   std::map<uint64_t, int> reads_seen;
   waitFor(
       a, b,
       [&] {
-        // Post a few more of each kind per round until all are out.
-        for (int k = 0; k < 3 && next < kSources; ++k, ++next) {
-          REQUIRE(b.postRead(readInto(next, sources[next], read_bufs[next])) == PostResult::kOk);
-          RemoteCredit credit = expose(*a.t, frame_bufs[next].credit(next + 1));
-          REQUIRE(b.post(request(next, credit, frames[next], next + 1)) == PostResult::kOk);
-          REQUIRE(a.t->postControl(controlRecord(next, 100)) == PostResult::kOk);
-          REQUIRE(b.t->postControl(controlRecord(1000 + next, 100)) == PostResult::kOk);
+        // a grants a credit a frame, a few a round, each in a record posted after its exposure.
+        for (int k = 0; k < 3 && granted < kSources; ++k, ++granted) {
+          credits.push_back(expose(*a.t, frame_bufs[granted].credit(granted + 1)));
+          REQUIRE(a.t->postControl(controlRecord(granted, 100)) == PostResult::kOk);
         }
-        return next == kSources && b.reads.size() == kSources && a.arrivals.size() == kSources &&
-               a.controls.size() == kSources && b.controls.size() == kSources;
+        // b, once grant i arrived, reads source i, sends frame i and answers with a record.
+        for (; sent < b.controls.size() && sent < kSources; ++sent) {
+          REQUIRE(b.postRead(readInto(sent, sources[sent], read_bufs[sent])) == PostResult::kOk);
+          REQUIRE(b.post(request(sent, credits[sent], frames[sent], sent + 1)) == PostResult::kOk);
+          REQUIRE(b.t->postControl(controlRecord(1000 + sent, 100)) == PostResult::kOk);
+        }
+        return sent == kSources && b.reads.size() == kSources && a.arrivals.size() == kSources &&
+               a.controls.size() == kSources;
       },
       "every read, frame and record");
   settle(a, b);
@@ -216,7 +237,7 @@ TEMPLATE_TEST_CASE("a read of a source the peer does not have fails and the link
   CHECK(buf.data()[0] == 0xEE);
 
   // The link is up: the source exposed again (a new offer) is read whole.
-  const RemoteSource again = exposeSource(*owner.t, 5, payload);
+  const RemoteSource again = offer(owner, reader, 5, payload);
   REQUIRE(reader.postRead(readInto(4, again, buf)) == PostResult::kOk);
   waitFor(
       owner, reader, [&] { return reader.reads.size() == 4; }, "a good read");
@@ -268,7 +289,7 @@ TEMPLATE_TEST_CASE("reads beyond the bound wait their turn", "[transport][read]"
   auto pair = makePair<TestType>();
   Endpoint owner{pair->a.get()}, reader{pair->b.get()};
   auto payload = pattern(13, 2048);
-  const RemoteSource source = exposeSource(*owner.t, 1, payload);
+  const RemoteSource source = offer(owner, reader, 1, payload);
   constexpr size_t kWanted = kMaxReadsOutstanding + 44;
   std::vector<Buffer> bufs;
   for (size_t i = 0; i < kWanted; ++i) bufs.emplace_back(2048);
@@ -314,7 +335,7 @@ TEMPLATE_TEST_CASE("outstanding reads end with the link, each once", "[transport
   auto pair = makePair<TestType>();
   Endpoint owner{pair->a.get()}, reader{pair->b.get()};
   auto payload = pattern(17, 1 << 20);
-  const RemoteSource source = exposeSource(*owner.t, 1, payload);
+  const RemoteSource source = offer(owner, reader, 1, payload);
   std::vector<Buffer> bufs;
   for (int i = 0; i < 20; ++i) bufs.emplace_back(1 << 20);
   for (int i = 0; i < 20; ++i) REQUIRE(reader.postRead(readInto(i, source, bufs[i])) == PostResult::kOk);
