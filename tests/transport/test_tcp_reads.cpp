@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/unique_fd.h"
+#include "tcp_socket_pair.h"
 #include "transport/link_bookkeeping.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/tcp/tcp_wire.h"
@@ -36,26 +37,7 @@ struct RawPeer {
 
 RawPeer makeRawPeer(int buffer_bytes) {
   testing::g_pair = nullptr;
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(listener.valid());
-  auto sized = [buffer_bytes](int fd) {
-    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes) == 0);
-    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes) == 0);
-  };
-  sized(listener.get());
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(listener.get(), 1) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  UniqueFd dialer(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(dialer.valid());
-  sized(dialer.get());
-  REQUIRE(::connect(dialer.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  UniqueFd accepted(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  REQUIRE(accepted.valid());
+  auto [dialer, accepted] = testing::socketPair(buffer_bytes);
   auto t = TcpTransport::make(std::move(accepted), "raw peer");
   REQUIRE(t.ok());
   return RawPeer{std::move(t).value(), std::move(dialer)};

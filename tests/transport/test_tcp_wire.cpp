@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -193,6 +194,32 @@ TEST_CASE("tcp receiver reports a connection cut in the middle of a frame", "[tr
   TransportEvent ev = peer.waitEvent();
   CHECK(ev.kind == TransportEvent::Kind::kLinkError);
   CHECK(ev.status == FL_ERR_LINK_LOST);
+}
+
+TEST_CASE("tcp wire 3: a version 2 peer is refused, and the read records have their bytes",
+          "[transport][tcp]") {
+  // Version 3 added reads: a version 2 peer would close the link on the first read record.
+  CHECK(kTcpWireVersion == 3u);
+  // The magics are what peers and the fuzz corpus depend on, byte for byte on the wire.
+  uint8_t bytes[4];
+  std::memcpy(bytes, &kTcpReadRequestMagic, 4);
+  CHECK(std::string(reinterpret_cast<char*>(bytes), 4) == "FLRQ");
+  std::memcpy(bytes, &kTcpReadResponseMagic, 4);
+  CHECK(std::string(reinterpret_cast<char*>(bytes), 4) == "FLRS");
+  CHECK(kTcpReadNoSource == 1u);
+  Listener listener("");
+  TcpHello hello{};
+  std::memcpy(hello.magic, kTcpHelloMagic, 8);
+  hello.version = 2;
+  hello.session_id = kSession;
+  tokenDigest("", kSession, hello.token);
+  UniqueFd fd = rawConnect(listener.l->port());
+  REQUIRE(::send(fd.get(), &hello, sizeof hello, MSG_NOSIGNAL) == sizeof hello);
+  TcpHelloReply reply{};
+  REQUIRE(::recv(fd.get(), &reply, sizeof reply, MSG_WAITALL) == sizeof reply);
+  CHECK(reply.status == FL_ERR_PEER_VERSION);
+  CHECK(reply.version == 3u);
+  CHECK(listener.accepted == 0);
 }
 
 TEST_CASE("token digest depends on token and session", "[transport][tcp]") {
