@@ -273,8 +273,9 @@ class Transport {
   // link.  FL_EINVAL: the id is exposed already, or a non-empty source has
   // no payload; FL_ERR_LINK_LOST after the link went down;
   // FL_ERR_TRANSPORT where !readable().
-  virtual Result<RemoteSource> exposeSource(LocalSource source) {
-    (void)source;
+  // By value: an implementation keeps the source (and its keepalive).
+  virtual Result<RemoteSource> exposeSource(
+      LocalSource /*source*/) {  // NOLINT(performance-unnecessary-value-param)
     return makeError(FL_ERR_TRANSPORT, std::string(name()) + " links cannot be read (no pull)");
   }
   // The source is going away (its frame was released, or its offer ended).

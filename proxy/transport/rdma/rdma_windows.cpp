@@ -167,8 +167,9 @@ void RdmaTransport::retractCredit(uint64_t credit_id) {
 // ---------------------------------------------------------------- the transport's sources (pull)
 
 Result<RemoteSource> RdmaTransport::exposeSource(LocalSource source) {
-  if (read_depth_ == 0)
+  if (read_depth_ == 0) {
     return makeError(FL_ERR_TRANSPORT, "rdma links on " + device_->name() + " cannot be read");
+  }
   if (source.payload == nullptr && source.length > 0) {
     return makeError(FL_EINVAL, "exposeSource: null payload with non-zero length");
   }
