@@ -418,6 +418,9 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
     case transport::TransportEvent::Kind::kControl:
       onControlRecord(l, ev.control);
       return;
+    case transport::TransportEvent::Kind::kReadComplete:
+      // The agent posts no reads (streams are pushed): a transport reports none.
+      return;
     case transport::TransportEvent::Kind::kLinkError:
       if (!l.closing) {
         spdlog::warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer_name, l.transport_name,

@@ -234,6 +234,7 @@ class LinkBookkeeping {
   PostResult postRead(const ReadRequest& request, uint64_t* tag, const char* also_invalid = nullptr,
                       bool queue_full = false) noexcept;
   ReadTable& reads() noexcept { return reads_; }
+  const ReadTable& reads() const noexcept { return reads_; }
   // A read of `tag` ended: reports its ReadComplete (FL_OK counted, with
   // `bytes`; FL_OK after the link failed becomes FL_ERR_LINK_LOST).  False
   // for a tag that is not outstanding (nothing reported).

@@ -62,6 +62,36 @@ PostResult LockedLinkBookkeeping::postControl(std::string record) noexcept {
   return result;
 }
 
+Result<RemoteSource> LockedLinkBookkeeping::exposeSource(LocalSource source) {
+  MutexLock lock(mu_);
+  return book_.exposeSource(std::move(source));
+}
+
+// An answer already handed to the sender goes on from its own keepalive.
+void LockedLinkBookkeeping::retractSource(uint64_t source_id) noexcept {
+  MutexLock lock(mu_);
+  book_.retractSource(source_id);
+}
+
+PostResult LockedLinkBookkeeping::postRead(const ReadRequest& request) noexcept {
+  PostResult result;
+  {
+    MutexLock lock(mu_);
+    uint64_t tag = 0;
+    result = book_.postRead(request, &tag);
+    if (result == PostResult::kOk) {
+      try {
+        asks_.push_back(ReadAsk{request.source.source_id, tag, request.source.length});
+      } catch (...) {
+        book_.reads().take(tag);  // out of memory: the caller retries, as after backpressure
+        result = PostResult::kBackpressure;
+      }
+    }
+  }
+  if (result == PostResult::kOk) send_cv_.notify_one();
+  return result;
+}
+
 std::string_view LockedLinkBookkeeping::lastRefusal() const noexcept {
   MutexLock lock(mu_);
   return book_.lastRefusal();  // a string literal: outlives the lock
@@ -92,17 +122,28 @@ TransportCounters LockedLinkBookkeeping::counters() const noexcept {
 
 bool LockedLinkBookkeeping::nextSend(Outgoing* out) noexcept {
   out->control.clear();
+  out->has_answer = false;
+  out->answer = ReadAnswer{};  // lets the last answer's source go
   out->has_frame = false;
   MutexLock lock(mu_);
   lock.wait(send_cv_, [&]() FL_REQUIRES(mu_) {
-    return book_.failed() || stopped_ || !book_.ring().empty() || !book_.control().empty();
+    return book_.failed() || stopped_ || !book_.ring().empty() || !book_.control().empty() ||
+           !asks_.empty() || !answers_.empty();
   });
   if (book_.failed() || stopped_) return false;
   if (!book_.control().empty()) {
     book_.countControlSent(book_.control().size());
     book_.control().takeAll(&out->control);
   }
-  if (!book_.ring().empty()) {
+  out->asks.clear();
+  out->asks.swap(asks_);
+  // Answers before frames, as tcp writes them: a reader waits for each, and
+  // at most kMaxReadsOutstanding of them can be queued.
+  if (!answers_.empty()) {
+    out->answer = std::move(answers_.front());
+    out->has_answer = true;
+    answers_.pop_front();
+  } else if (!book_.ring().empty()) {
     out->frame = book_.ring().front();
     out->has_frame = true;
     book_.ring().pop();
@@ -166,13 +207,66 @@ void LockedLinkBookkeeping::controlArrived(std::string record) noexcept {
   signal();
 }
 
+int LockedLinkBookkeeping::answerRead(const ReadAsk& asked) noexcept {
+  {
+    MutexLock lock(mu_);
+    if (book_.failed()) return FL_OK;  // nothing goes out any more
+    if (answers_.size() >= kMaxReadsOutstanding) return FL_ERR_PROTOCOL;
+    const LocalSource* source = book_.sources().lookup(asked.source_id);
+    ReadAnswer answer;
+    answer.asked = asked;
+    answer.known = source != nullptr && source->length == asked.length;
+    if (answer.known) {
+      answer.payload = source->payload;
+      answer.keepalive = source->keepalive;
+    }
+    try {
+      answers_.push_back(std::move(answer));
+    } catch (...) {
+      return FL_ERR_RESOURCES;
+    }
+    book_.countReadServed(answers_.back().known);
+  }
+  send_cv_.notify_one();
+  return FL_OK;
+}
+
+std::optional<ReadRequest> LockedLinkBookkeeping::findRead(uint64_t tag) const noexcept {
+  MutexLock lock(mu_);
+  const ReadRequest* read = book_.reads().lookup(tag);
+  if (read == nullptr) return std::nullopt;
+  return *read;
+}
+
+bool LockedLinkBookkeeping::readOutstanding(uint64_t tag) const noexcept {
+  MutexLock lock(mu_);
+  return book_.reads().lookup(tag) != nullptr;
+}
+
+bool LockedLinkBookkeeping::readDone(uint64_t tag, int status, uint64_t bytes, std::string message) noexcept {
+  {
+    MutexLock lock(mu_);
+    if (!book_.readDone(tag, status, bytes, std::move(message))) return false;
+  }
+  signal();
+  return true;
+}
+
 // ---------------------------------------------------------------- any thread
 
 bool LockedLinkBookkeeping::fail(int status, std::string message) noexcept {
+  // Dropped once the locks are released: an answer's keepalive may be the
+  // last reference to its source's memory.
+  std::deque<ReadAnswer> dropped;
   {
+    // After a chunk being copied into a read's buffer: the read's
+    // completion gives the buffer back.
+    MutexLock copying(copy_mu_);
     MutexLock lock(mu_);
     // The request being written (in_flight_) completes in its completeSend().
     if (!book_.fail(status, std::move(message))) return false;
+    asks_.clear();
+    dropped.swap(answers_);
   }
   send_cv_.notify_all();
   signal();

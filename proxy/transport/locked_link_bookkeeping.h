@@ -1,19 +1,20 @@
 // The bookkeeping of a byte-stream transport that moves its bytes on threads
 // of its own (grpc's reader and writer): one LinkBookkeeping (the bounded
-// send queue, the credit table, the event queue, the admission rules and
-// the "link failed exactly once" rule, link_bookkeeping.h) shared between
-// those threads and the calling thread under one mutex, plus the eventfd
-// and the hand-over to the writer.  Such a transport owns one
-// LockedLinkBookkeeping and adds only the code that moves bytes.  tcp, rdma
-// and loopback do their I/O on the calling thread and use LinkBookkeeping
-// without a lock.
+// send queue, the credit table, the sources and reads of pull, the event
+// queue, the admission rules and the "link failed exactly once" rule,
+// link_bookkeeping.h) shared between those threads and the calling thread
+// under one mutex, plus the eventfd and the hand-over to the writer (frames,
+// control records, read requests and the answers to the peer's).  Such a
+// transport owns one LockedLinkBookkeeping and adds only the code that moves
+// bytes.  tcp, rdma and loopback do their I/O on the calling thread and use
+// LinkBookkeeping without a lock.
 //
 // Threads:
-//   * data agent (one thread): exposeCredit, retractCredit, post, postControl, poll, eventFd,
-//                              counters, lastRefusal
+//   * data agent (one thread): exposeCredit, retractCredit, post, postControl, exposeSource,
+//                              retractSource, postRead, poll, eventFd, counters, lastRefusal
 //   * sender thread (one):     nextSend, completeSend
 //   * receiver thread (one):   beginReceive, copyIntoLanding, endReceive, frameArrived,
-//                              controlArrived
+//                              controlArrived, answerRead, findRead, copyIntoRead, readDone
 //   * any thread:              fail, connected
 //
 // Ordering guarantees the daemon relies on (every transport keeps them, with
@@ -37,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 #include "common/thread_annotations.h"
@@ -45,6 +47,26 @@
 #include "transport/transport.h"
 
 namespace framelink::transport {
+
+// A read on the wire: the source the reader asks for, the id its answer
+// echoes (the tag LinkBookkeeping::postRead gave the read) and the bytes
+// asked for.
+struct ReadAsk {
+  uint64_t source_id = 0;
+  uint64_t read_id = 0;
+  uint64_t length = 0;
+};
+
+// This side's answer to a peer's ReadAsk: the source's `asked.length` bytes
+// at `payload`, kept mapped by `keepalive` for as long as the writer needs
+// them (past retractSource), or none when this side exposes no such source
+// of that length (`known` false).
+struct ReadAnswer {
+  ReadAsk asked;
+  bool known = false;
+  const uint8_t* payload = nullptr;
+  std::shared_ptr<void> keepalive;
+};
 
 class LockedLinkBookkeeping {
  public:
@@ -63,7 +85,12 @@ class LockedLinkBookkeeping {
   void retractCredit(uint64_t credit_id) FL_EXCLUDES(copy_mu_, mu_);
   PostResult post(const SendRequest& request) noexcept;
   PostResult postControl(std::string record) noexcept;
-  // Why the last post() or postControl() returned kInvalid; valid until the next one.
+  Result<RemoteSource> exposeSource(LocalSource source);
+  void retractSource(uint64_t source_id) noexcept;
+  // Admits the read (LinkBookkeeping::postRead) and queues its request for
+  // the sender.
+  PostResult postRead(const ReadRequest& request) noexcept;
+  // Why the last post(), postControl() or postRead() returned kInvalid; valid until the next one.
   std::string_view lastRefusal() const noexcept;
   size_t poll(TransportEvent* out, size_t max) noexcept;
   int eventFd() const noexcept { return event_fd_.get(); }
@@ -71,15 +98,21 @@ class LockedLinkBookkeeping {
   TransportCounters counters() const noexcept;
 
   // ---- sender thread ----
-  // What the sender writes next: the control records queued so far (written
-  // first, they are small and someone waits for them), then at most one frame.
+  // What the sender writes next: the control records and read requests
+  // queued so far (written first, they are small and someone waits for
+  // them), then one unit: the answer to a peer's read, or else one frame.
+  // A unit is written whole before the next one starts.
   struct Outgoing {
     std::deque<std::string> control;
+    std::vector<ReadAsk> asks;
+    bool has_answer = false;
+    ReadAnswer answer;
     bool has_frame = false;
     SendRequest frame;
   };
-  // Blocks until a control record or a request is queued (true) or the link
-  // failed (false).  A frame stays "in flight" until completeSend().
+  // Blocks until something is queued (true) or the link failed (false).  A
+  // frame stays "in flight" until completeSend(); an answer no longer
+  // counts against the peer's bound once it is handed out (see answerRead).
   bool nextSend(Outgoing* out) noexcept;
   // Makes nextSend() return false from now on without failing the link:
   // the transport stops writing (its stream is gone) and fails the link
@@ -109,26 +142,54 @@ class LockedLinkBookkeeping {
   void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
   void controlArrived(std::string record) noexcept;
 
+  // Pull, this side the owner: the peer asks for a source.  Queues the
+  // answer for the sender (the source's bytes, or "no source"), counted as
+  // served.  FL_ERR_PROTOCOL when kMaxReadsOutstanding answers wait already:
+  // an answer waits only while its read is outstanding on the peer, so the
+  // peer asked for more than it may (the bound keeps the queue finite);
+  // FL_ERR_RESOURCES when out of memory.  The caller fails the link then.
+  // Nothing is queued once the link failed.
+  int answerRead(const ReadAsk& asked) noexcept;
+  // Pull, this side the reader: the read posted under `tag`, while it is
+  // outstanding (the reader's own copy: it writes into the buffer without
+  // mu_, copyIntoRead).
+  std::optional<ReadRequest> findRead(uint64_t tag) const noexcept;
+  // Runs `copy`, which writes one chunk of an answer into the buffer of the
+  // read `tag`, unless the read completed meanwhile (the link failed: its
+  // buffer may be the caller's again).  fail() waits for a copy in progress.
+  template <typename Copy>
+  void copyIntoRead(uint64_t tag, Copy&& copy) noexcept FL_EXCLUDES(copy_mu_, mu_) {
+    MutexLock copying(copy_mu_);
+    if (readOutstanding(tag)) copy();
+  }
+  // The read `tag` ended (LinkBookkeeping::readDone); false when it was not
+  // outstanding any more.
+  bool readDone(uint64_t tag, int status, uint64_t bytes, std::string message = {}) noexcept;
+
   // ---- any thread ----
   // Marks the link failed.  The first call reports LinkError(status, message)
-  // and completes every queued request with FL_ERR_LINK_LOST; it returns
-  // true.  Later calls do nothing and return false.  The request being
+  // and completes every queued request and every outstanding read with
+  // FL_ERR_LINK_LOST (after a chunk being copied into a read's buffer landed:
+  // none lands after), drops the queued read requests and answers, and
+  // returns true.  Later calls do nothing and return false.  The request being
   // written (if any) is not reported here: its payload may still be read
   // until the write returns, and the implementation unblocks that write
   // (socket shutdown, call cancel) right after this.  Its completeSend()
   // then reports FL_ERR_LINK_LOST.
-  bool fail(int status, std::string message) noexcept;
+  bool fail(int status, std::string message) noexcept FL_EXCLUDES(copy_mu_, mu_);
   bool failed() const noexcept;
 
  private:
   LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth);
   void signal() noexcept;
   bool landingValid() const noexcept FL_EXCLUDES(mu_);
+  bool readOutstanding(uint64_t tag) const noexcept FL_EXCLUDES(mu_);
 
   UniqueFd event_fd_;
 
-  // Held by the receiver while it copies a chunk, and by retractCredit:
-  // a retraction never overlaps a copy into the buffer it takes back.
+  // Held by the receiver while it copies a chunk, and by retractCredit and
+  // fail: a retraction never overlaps a copy into the buffer it takes back,
+  // nor a read's completion one into the read's buffer.
   Mutex copy_mu_ FL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
   std::condition_variable send_cv_;  // nextSend() waits on it
@@ -136,6 +197,8 @@ class LockedLinkBookkeeping {
   bool stopped_ FL_GUARDED_BY(mu_) = false;
   bool in_flight_ FL_GUARDED_BY(mu_) = false;
   uint64_t in_flight_cookie_ FL_GUARDED_BY(mu_) = 0;
+  std::vector<ReadAsk> asks_ FL_GUARDED_BY(mu_);       // read requests not yet handed out
+  std::deque<ReadAnswer> answers_ FL_GUARDED_BY(mu_);  // answers not yet handed out
 };
 
 }  // namespace framelink::transport

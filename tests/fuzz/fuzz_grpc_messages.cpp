@@ -3,9 +3,10 @@
 // may hand them over.  Invariants: no crash; what parses lies inside the
 // message (the payload is copied into a buffer exactly its size, so ASan
 // reports a read past the message or a write past the buffer); and what
-// parses is a DataMessage protobuf reads the same way.  GrpcTransport's
-// reassembly of chunks (control records between them, a credit retracted
-// mid-frame) is fuzz_grpc_reassembly's; test_transport_retract_mid_frame.cpp
+// parses is a DataMessage protobuf reads the same way (read requests and
+// responses included).  GrpcTransport's reassembly of chunks (control
+// records and read requests between them, a credit retracted mid-frame, read
+// responses) is fuzz_grpc_reassembly's; test_transport_retract_mid_frame.cpp
 // pins the retraction across threads.
 #include <cstdint>
 #include <cstdio>
@@ -58,6 +59,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fail("a scalar field differs from protobuf");
   }
   if (m.control() != got.control) fail("control differs from protobuf");
+  if (m.has_read_request() != got.has_read_request) fail("read request presence differs from protobuf");
+  if (m.has_read_request() && m.read_request().SerializeAsString() != got.read_request.SerializeAsString()) {
+    fail("read request differs from protobuf");
+  }
+  if (m.has_read_response() != got.has_read_response) fail("read response presence differs from protobuf");
+  if (m.has_read_response() &&
+      m.read_response().SerializeAsString() != got.read_response.SerializeAsString()) {
+    fail("read response differs from protobuf");
+  }
   if (m.payload() != std::string(payload.begin(), payload.end())) fail("payload differs from protobuf");
   return 0;
 }

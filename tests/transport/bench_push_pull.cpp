@@ -6,7 +6,7 @@
 // a source exposed (rdma: a memory window bound) and ended (invalidated) per
 // frame; what the peer protocol adds (grants, offers, ACKs) is not here.
 //
-//   framelink_transport_bench [--transport tcp|loopback|rdma] [--sizes 4K,64K,1M,4M]
+//   framelink_transport_bench [--transport tcp|grpc|loopback|rdma] [--sizes 4K,64K,1M,4M]
 //                             [--bytes-per-size N] [--window 16] [--latency-samples 300]
 //
 // rdma needs two RDMA devices whose IPs are in FRAMELINK_RDMA_A_IP and
@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
       latency_samples = std::max(1, std::atoi(value().c_str()));
     } else {
       die("unknown option " + arg +
-          " (usage: [--transport tcp|loopback|rdma] [--sizes 4K,64K,1M,4M] [--bytes-per-size N] "
+          " (usage: [--transport tcp|grpc|loopback|rdma] [--sizes 4K,64K,1M,4M] [--bytes-per-size N] "
           "[--window 16] [--latency-samples 300])");
     }
   }
@@ -262,8 +262,10 @@ int main(int argc, char** argv) {
     kind = TransportKind::kLoopback;
   } else if (transport == "rdma") {
     kind = TransportKind::kRdma;
+  } else if (transport == "grpc") {
+    kind = TransportKind::kGrpc;
   } else if (transport != "tcp") {
-    die("--transport must be tcp, loopback or rdma (grpc cannot be read yet)");
+    die("--transport must be tcp, grpc, loopback or rdma");
   }
   auto made = TransportPair::make(kind);
   if (!made) die("cannot make a " + transport + " pair: " + made.error().message);

@@ -42,7 +42,24 @@ void requireSame(const DataMessage& want, const ReceivedDataMessage& got) {
   CHECK(got.last == want.last());
   CHECK(got.session_id == want.session_id());
   CHECK(got.control == want.control());
+  CHECK(got.has_read_request == want.has_read_request());
+  if (want.has_read_request()) {
+    CHECK(got.read_request.SerializeAsString() == want.read_request().SerializeAsString());
+  }
+  CHECK(got.has_read_response == want.has_read_response());
+  if (want.has_read_response()) {
+    CHECK(got.read_response.SerializeAsString() == want.read_response().SerializeAsString());
+  }
   CHECK(payloadOf(got) == want.payload());
+}
+
+framelink::v1::ReadResponse sampleResponse(std::mt19937_64& rng) {
+  framelink::v1::ReadResponse r;
+  r.set_source_id(rng());
+  r.set_read_id(rng() % 300);
+  r.set_length(rng() % 2 ? rng() % 70'000 : 0);
+  r.set_no_source(r.length() == 0 && rng() % 2);
+  return r;
 }
 
 FrameHeader sampleHeader(uint64_t seed) {
@@ -96,6 +113,53 @@ TEST_CASE("grpc wire: a chunk the sender encodes is the DataMessage protobuf exp
   }
 }
 
+TEST_CASE("grpc wire: a read request and a response's chunks are the DataMessages protobuf expects",
+          "[grpc][grpc_wire]") {
+  std::mt19937_64 rng(19);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    CAPTURE(seed);
+    framelink::v1::ReadRequest request;
+    request.set_source_id(seed % 4 == 0 ? 0 : rng());
+    request.set_read_id(1 + seed);
+    request.set_length(seed % 5 == 0 ? 0 : rng() % (uint64_t{1} << (seed % 40)));
+    grpc::ByteBuffer asked = encodeReadRequest(request);
+    DataMessage want_request;
+    *want_request.mutable_read_request() = request;
+    std::vector<grpc::Slice> slices;
+    REQUIRE(asked.Dump(&slices).ok());
+    std::string request_bytes;
+    for (const auto& slice : slices)
+      request_bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    DataMessage by_protobuf;
+    REQUIRE(by_protobuf.ParseFromString(request_bytes));
+    CHECK(by_protobuf.SerializeAsString() == want_request.SerializeAsString());
+    ReceivedDataMessage got;
+    REQUIRE(parseDataMessage(&asked, &got).empty());
+    requireSame(want_request, got);
+
+    // A chunk of the answer: the first names the read, the others only carry bytes.
+    const framelink::v1::ReadResponse response = sampleResponse(rng);
+    const bool first = seed % 3 != 0;
+    const uint64_t offset = first ? 0 : rng() % (uint64_t{1} << (seed % 40));
+    const bool last = seed % 2 == 0;
+    std::string payload(seed % 7 == 0 ? 0 : rng() % 3000, '\0');
+    for (auto& c : payload) c = static_cast<char>(rng());
+    std::string bytes;
+    encodeReadResponsePrefix(first ? &response : nullptr, offset, last, payload.size(), &bytes);
+    bytes += payload;
+    DataMessage want;
+    if (first) *want.mutable_read_response() = response;
+    want.set_offset(offset);
+    want.set_last(last);
+    want.set_payload(payload);
+    REQUIRE(by_protobuf.ParseFromString(bytes));
+    CHECK(by_protobuf.SerializeAsString() == want.SerializeAsString());
+    grpc::ByteBuffer buffer = sliced(bytes, rng, seed % 6);
+    REQUIRE(parseDataMessage(&buffer, &got).empty());
+    requireSame(want, got);
+  }
+}
+
 TEST_CASE("grpc wire: what protobuf serializes parses the same, in any slicing", "[grpc][grpc_wire]") {
   std::mt19937_64 rng(11);
   ReceivedDataMessage got;  // reused, as the reader does
@@ -107,6 +171,13 @@ TEST_CASE("grpc wire: what protobuf serializes parses the same, in any slicing",
     if (rng() % 2) m.set_last(true);
     if (rng() % 2) m.set_session_id(rng());
     if (rng() % 3 == 0) m.set_control(std::string(1 + rng() % 500, static_cast<char>(rng())));
+    if (rng() % 4 == 0) {
+      auto* q = m.mutable_read_request();
+      q->set_source_id(rng());
+      q->set_read_id(rng());
+      q->set_length(rng());
+    }
+    if (rng() % 4 == 0) *m.mutable_read_response() = sampleResponse(rng);
     if (rng() % 2) m.set_payload(std::string(rng() % 20'000, static_cast<char>(rng())));
     const std::string bytes = m.SerializeAsString();
     grpc::ByteBuffer buffer = sliced(bytes, rng, rng() % 8);
@@ -116,9 +187,9 @@ TEST_CASE("grpc wire: what protobuf serializes parses the same, in any slicing",
 }
 
 TEST_CASE("grpc wire: unknown fields are skipped as protobuf skips them", "[grpc][grpc_wire]") {
-  // Field 7 varint 5, field 8 fixed64, field 9 bytes "ab", field 10 fixed32, then offset 3.
+  // Field 9 varint 5, field 10 fixed64, field 11 bytes "ab", field 12 fixed32, then offset 3.
   const std::string bytes(
-      "\x38\x05\x41\x01\x02\x03\x04\x05\x06\x07\x08\x4a\x02\x61\x62\x55\x01\x02\x03\x04\x10\x03", 22);
+      "\x48\x05\x51\x01\x02\x03\x04\x05\x06\x07\x08\x5a\x02\x61\x62\x65\x01\x02\x03\x04\x10\x03", 22);
   std::mt19937_64 rng(1);
   grpc::ByteBuffer buffer = sliced(bytes, rng, 3);
   ReceivedDataMessage got;
@@ -154,11 +225,17 @@ TEST_CASE("grpc wire: malformed messages are refused with the reason", "[grpc][g
       {std::string("\x12\x01x", 3), "field 2 has wire type 2"},
       {std::string("\x18\x01", 2), "field 3 has wire type 0"},
       {std::string("\x0b", 1), "field 1 has wire type 3"},
-      {std::string("\x3b", 1), "groups are not used"},
+      {std::string("\x4b", 1), "groups are not used"},
+      {std::string("\x38\x01", 2), "field 7 has wire type 0"},
+      {std::string("\x45\x01\x02\x03\x04", 5), "field 8 has wire type 5"},
       {std::string("\x00\x00", 2), "field number 0"},
-      {std::string("\x41\x01\x02", 3), "truncated fixed64"},
+      {std::string("\x49\x01\x02", 3), "truncated fixed64"},
       {std::string("\x0a\x02\x08\x80", 4), "frame header does not parse"},
       {std::string("\x0a\x00\x0a\x00", 4), "two frame headers"},
+      {std::string("\x3a\x02\x08\x80", 4), "read request does not parse"},
+      {std::string("\x42\x02\x20\x80", 4), "read response does not parse"},
+      {std::string("\x3a\x00\x3a\x00", 4), "two read requests"},
+      {std::string("\x42\x02\x08\x01\x42\x00", 6), "two read responses"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.reason);

@@ -1,6 +1,6 @@
 // Parts of the grpc transport shared by the dialing and the serving side:
-// chunking on send (payload slices that point into the slot), reassembly on
-// receive.
+// chunking on send (payload slices that point into the slot or the source),
+// reassembly on receive (into the credited buffer or the read's).
 #include "transport/grpc/grpc_transport.h"
 
 #include <algorithm>
@@ -18,6 +18,18 @@ namespace {
 GrpcTransportOptions clampOptions(GrpcTransportOptions o) {
   o.chunk_bytes = std::clamp<size_t>(o.chunk_bytes, 4096, kMaxGrpcChunkBytes);
   return o;
+}
+
+void releaseSource(void* user_data) { delete static_cast<std::shared_ptr<void>*>(user_data); }
+
+// A slice over `n` bytes of an exposed source at `data`, which holds the
+// source's keepalive until gRPC drops its last reference: the source may be
+// retracted while its answer is still in gRPC's hands.  Nothing waits for
+// that release (an answer has no completion).
+grpc::Slice sourceSlice(const std::shared_ptr<void>& keepalive, const uint8_t* data, size_t n) {
+  auto* ref = new std::shared_ptr<void>(keepalive);
+  // gRPC only reads the slice (its buffer is not const in the API).
+  return grpc::Slice(const_cast<uint8_t*>(data), n, &releaseSource, ref);
 }
 
 }  // namespace
@@ -147,13 +159,28 @@ void GrpcTransport::senderLoop() noexcept {
   while (core_->nextSend(&out)) {
     bool ok = true;
     try {
-      for (size_t i = 0; ok && i < out.control.size(); ++i) {
-        // Held back while a frame or more control follows at once, so they share a write.
-        ok = writeMessage(encodeControl(out.control[i]), out.has_frame || i + 1 < out.control.size());
+      // Control records, then read requests: small, each held back while
+      // more follows at once, so that they share a write.
+      const size_t records = out.control.size();
+      const size_t small = records + out.asks.size();
+      const bool unit = out.has_answer || out.has_frame;
+      for (size_t i = 0; ok && i < small; ++i) {
+        const bool more = unit || i + 1 < small;
+        if (i < records) {
+          ok = writeMessage(encodeControl(out.control[i]), more);
+        } else {
+          const ReadAsk& ask = out.asks[i - records];
+          framelink::v1::ReadRequest request;
+          request.set_source_id(ask.source_id);
+          request.set_read_id(ask.read_id);
+          request.set_length(ask.length);
+          ok = writeMessage(encodeReadRequest(request), more);
+        }
       }
     } catch (...) {  // bad_alloc
       ok = false;
     }
+    if (out.has_answer) ok = ok && writeAnswer(out.answer, &prefix);
     if (!out.has_frame) {
       if (!ok) return;
       continue;
@@ -188,6 +215,34 @@ void GrpcTransport::senderLoop() noexcept {
   }
 }
 
+bool GrpcTransport::writeAnswer(const ReadAnswer& a, std::string* prefix) noexcept {
+  framelink::v1::ReadResponse response;
+  response.set_source_id(a.asked.source_id);
+  response.set_read_id(a.asked.read_id);
+  const uint64_t length = a.known ? a.asked.length : 0;
+  response.set_length(length);
+  response.set_no_source(!a.known);
+  uint64_t offset = 0;
+  bool ok = true;
+  try {
+    // Chunked as a frame's payload is; the first chunk names the read.
+    while (ok) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
+      prefix->clear();
+      encodeReadResponsePrefix(offset == 0 ? &response : nullptr, offset, offset + n == length, n, prefix);
+      grpc::Slice slices[2] = {grpc::Slice(*prefix), grpc::Slice()};
+      if (n > 0) slices[1] = sourceSlice(a.keepalive, a.payload + offset, n);
+      grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
+      ok = writeMessage(message, false);
+      offset += n;
+      if (offset >= length) break;
+    }
+  } catch (...) {  // bad_alloc
+    ok = false;
+  }
+  return ok;
+}
+
 // ---------------------------------------------------------------- receiving
 
 void GrpcTransport::abandonFrame() noexcept {
@@ -196,6 +251,14 @@ void GrpcTransport::abandonFrame() noexcept {
     credit_.reset();
   }
   in_frame_ = false;
+  in_response_ = false;
+  response_buffer_ = nullptr;
+}
+
+bool GrpcTransport::violation(const std::string& what) noexcept {
+  abandonFrame();
+  failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": " + what);
+  return false;
 }
 
 bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
@@ -216,13 +279,10 @@ bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
 }
 
 bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
-  auto violation = [&](const std::string& what) {
-    abandonFrame();
-    failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": " + what);
-    return false;
-  };
+  const bool chunk_data =
+      m.has_header || m.has_read_response || m.payload_bytes != 0 || m.offset != 0 || m.last;
   if (!m.control.empty()) {
-    if (m.has_header || m.payload_bytes != 0 || m.offset != 0 || m.last) {
+    if (chunk_data || m.has_read_request) {
       return violation("a control record shares its message with frame data");
     }
     if (m.control.size() > kMaxControlBytes) {
@@ -232,6 +292,21 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
     core_->controlArrived(m.control);
     return true;
   }
+  if (m.has_read_request) {
+    if (chunk_data) return violation("a read request shares its message with frame data");
+    const framelink::v1::ReadRequest& q = m.read_request;
+    const int status = core_->answerRead(ReadAsk{q.source_id(), q.read_id(), q.length()});
+    if (status == FL_ERR_PROTOCOL) {
+      return violation("peer has more than " + std::to_string(kMaxReadsOutstanding) + " reads unanswered");
+    }
+    if (status != FL_OK) {
+      abandonFrame();
+      failLink(status, "grpc data link with " + peer_name_ + ": out of memory for a read response");
+      return false;
+    }
+    return true;
+  }
+  if (in_response_ || (!in_frame_ && m.has_read_response)) return handleResponseChunk(m);
   if (!in_frame_) {
     if (!m.has_header) return violation("chunk without a frame header");
     const auto& p = m.header;
@@ -253,6 +328,8 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
     }
   } else if (m.has_header) {
     return violation("frame header in the middle of frame " + std::to_string(frame_.sequence));
+  } else if (m.has_read_response) {
+    return violation("read response in the middle of frame " + std::to_string(frame_.sequence));
   }
   if (m.offset != offset_) {
     return violation("chunk at offset " + std::to_string(m.offset) + ", expected " + std::to_string(offset_));
@@ -288,6 +365,62 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
         frame_, FL_ERR_UNKNOWN_CREDIT,
         "credit " + std::to_string(frame_.credit_id) + " was retracted while the frame landed");
   }
+  return true;
+}
+
+bool GrpcTransport::handleResponseChunk(const ReceivedDataMessage& m) noexcept {
+  if (!in_response_) {
+    const framelink::v1::ReadResponse& r = m.read_response;
+    if (m.has_header) return violation("a read response shares its message with a frame header");
+    const std::optional<ReadRequest> read = core_->findRead(r.read_id());
+    if (!read) {
+      return violation("read response for read " + std::to_string(r.read_id()) +
+                       ", which is not outstanding");
+    }
+    if (r.no_source() && r.length() == 0 && m.payload_bytes == 0 && m.offset == 0 && m.last) {
+      core_->readDone(r.read_id(), FL_ERR_UNKNOWN_CREDIT, 0,
+                      "the peer has no source " + std::to_string(read->source.source_id) + " of " +
+                          std::to_string(read->source.length) +
+                          " bytes (retracted, never offered, or offered with another length)");
+      return true;
+    }
+    // Checked before a byte lands: the buffer holds exactly the asked length.
+    if (r.no_source() || r.length() != read->source.length || r.source_id() != read->source.source_id) {
+      return violation("read response for read " + std::to_string(r.read_id()) +
+                       " does not match its request (source " + std::to_string(r.source_id()) + ", " +
+                       std::to_string(r.length()) + " bytes" + (r.no_source() ? ", no source" : "") + ")");
+    }
+    in_response_ = true;
+    response_read_ = r.read_id();
+    response_length_ = r.length();
+    response_buffer_ = read->buffer;
+    offset_ = 0;
+  } else if (m.has_header || m.has_read_response) {
+    return violation(std::string(m.has_header ? "frame header" : "read response") +
+                     " in the middle of the response to read " + std::to_string(response_read_));
+  }
+  if (m.offset != offset_) {
+    return violation("read response chunk at offset " + std::to_string(m.offset) + ", expected " +
+                     std::to_string(offset_));
+  }
+  if (m.payload_bytes > response_length_ - offset_) {
+    return violation("read response chunk runs past the length " + std::to_string(response_length_));
+  }
+  // The one copy on this side, as for a frame: gRPC's receive slices into
+  // the read's buffer, unless the link failed meanwhile and gave it back.
+  if (m.payload_bytes > 0) {
+    uint8_t* dst = response_buffer_ + offset_;
+    core_->copyIntoRead(response_read_, [&m, dst] { m.copyPayload(dst); });
+  }
+  offset_ += m.payload_bytes;
+  if (!m.last) return true;
+  if (offset_ != response_length_) {
+    return violation("last read response chunk at " + std::to_string(offset_) + " of " +
+                     std::to_string(response_length_) + " bytes");
+  }
+  in_response_ = false;
+  response_buffer_ = nullptr;
+  core_->readDone(response_read_, FL_OK, response_length_);
   return true;
 }
 

@@ -17,6 +17,18 @@
 // Chunking stays: gRPC's message size limits apply to every message, and a
 // chunk bounds what one Write holds of the slot.
 //
+// Reads (pull) travel the same way.  postRead() sends a DataMessage with a
+// ReadRequest (source id, read id, length) of its own, like a control
+// record; the owner's reader thread looks the source up and queues the
+// answer: a ReadResponse on the first of chunks exactly like a frame's,
+// their payload slices pointing into the source (zero copy, the source's
+// keepalive held until gRPC released them), or one "no source" message.
+// The sender writes one unit at a time (an answer, or else a frame), so
+// neither interleaves with the other.  The reader lands an answer straight
+// in the read's buffer once it matches an outstanding read; anything else
+// fails the link (FL_ERR_PROTOCOL) before a byte lands, and so does a peer
+// with more than kMaxReadsOutstanding answers waiting.
+//
 // Dialing daemon:
 //   auto t = GrpcTransport::connect(channel, session_id, token, chunk_bytes);
 // Listening daemon, in a RawDataLinkService (its Data method streams raw
@@ -117,6 +129,12 @@ class GrpcTransport : public Transport {
   PostResult postControl(std::string record) noexcept override {
     return core_->postControl(std::move(record));
   }
+  bool readable() const noexcept override { return true; }
+  Result<RemoteSource> exposeSource(LocalSource source) override {
+    return core_->exposeSource(std::move(source));
+  }
+  void retractSource(uint64_t source_id) override { core_->retractSource(source_id); }
+  PostResult postRead(const ReadRequest& request) noexcept override { return core_->postRead(request); }
   size_t poll(TransportEvent* out, size_t max) noexcept override { return core_->poll(out, max); }
   int eventFd() const noexcept override { return core_->eventFd(); }
 
@@ -146,7 +164,8 @@ class GrpcTransport : public Transport {
   // Parses and reassembles one received message; false after a protocol
   // violation (the link is failed then).
   bool handleBuffer(grpc::ByteBuffer* buffer) noexcept;
-  // Releases a credit held by a frame that will never complete.
+  // Releases a credit held by a frame that will never complete, and forgets
+  // a read response that will not either (fail() completes its read).
   void abandonFrame() noexcept;
   void failLink(int status, const std::string& message) noexcept;
 
@@ -160,12 +179,23 @@ class GrpcTransport : public Transport {
   std::shared_ptr<SliceRelease> release_;
 
  private:
+  // Writes the answer to a peer's read, all its chunks; false when a write failed.
+  bool writeAnswer(const ReadAnswer& answer, std::string* prefix) noexcept;
   bool handleMessage(const ReceivedDataMessage& message) noexcept;
+  // A chunk of a read response (the first one names the read).
+  bool handleResponseChunk(const ReceivedDataMessage& message) noexcept;
+  // Fails the link for a protocol violation; returns false.
+  bool violation(const std::string& what) noexcept;
   ReceivedDataMessage received_;  // reader thread only
-  // Reassembly state, reader thread only.
+  // Reassembly state, reader thread only: a frame or a read response (they
+  // do not interleave) and the offset the next chunk of it must have.
   bool in_frame_ = false;
   FrameHeader frame_;
   std::optional<LocalCredit> credit_;
+  bool in_response_ = false;
+  uint64_t response_read_ = 0;  // the read's tag
+  uint64_t response_length_ = 0;
+  uint8_t* response_buffer_ = nullptr;  // the read's
   uint64_t offset_ = 0;
 };
 

@@ -16,6 +16,8 @@ constexpr uint32_t kFieldPayload = 3;
 constexpr uint32_t kFieldLast = 4;
 constexpr uint32_t kFieldSessionId = 5;
 constexpr uint32_t kFieldControl = 6;
+constexpr uint32_t kFieldReadRequest = 7;
+constexpr uint32_t kFieldReadResponse = 8;
 
 constexpr uint32_t kWireVarint = 0;
 constexpr uint32_t kWireFixed64 = 1;
@@ -151,15 +153,18 @@ std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc:
                                                                                             method, context));
 }
 
-void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, uint64_t payload_bytes,
-                       std::string* out) {
-  if (header != nullptr) {
-    framelink::v1::FrameHeader p;
-    toProto(*header, &p);
-    putTag(kFieldHeader, kWireLength, out);
-    putVarint(p.ByteSizeLong(), out);
-    p.AppendToString(out);
-  }
+namespace {
+
+// A submessage field: tag, length, bytes.
+void putMessage(uint32_t field, const google::protobuf::MessageLite& m, std::string* out) {
+  putTag(field, kWireLength, out);
+  putVarint(m.ByteSizeLong(), out);
+  m.AppendToString(out);
+}
+
+// The fields every chunk has after its first one: offset, last, and the tag
+// and length of the payload that follows.
+void putChunkTail(uint64_t offset, bool last, uint64_t payload_bytes, std::string* out) {
   // proto3 leaves default values out; so does this.
   if (offset != 0) {
     putTag(kFieldOffset, kWireVarint, out);
@@ -175,12 +180,37 @@ void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, ui
   }
 }
 
+}  // namespace
+
+void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, uint64_t payload_bytes,
+                       std::string* out) {
+  if (header != nullptr) {
+    framelink::v1::FrameHeader p;
+    toProto(*header, &p);
+    putMessage(kFieldHeader, p, out);
+  }
+  putChunkTail(offset, last, payload_bytes, out);
+}
+
+void encodeReadResponsePrefix(const framelink::v1::ReadResponse* response, uint64_t offset, bool last,
+                              uint64_t payload_bytes, std::string* out) {
+  if (response != nullptr) putMessage(kFieldReadResponse, *response, out);
+  putChunkTail(offset, last, payload_bytes, out);
+}
+
 grpc::ByteBuffer encodeControl(const std::string& record) {
   std::string bytes;
   bytes.reserve(record.size() + 11);
   putTag(kFieldControl, kWireLength, &bytes);
   putVarint(record.size(), &bytes);
   bytes.append(record);
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer encodeReadRequest(const framelink::v1::ReadRequest& request) {
+  std::string bytes;
+  putMessage(kFieldReadRequest, request, &bytes);
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
 }
@@ -217,31 +247,39 @@ void clearMessage(ReceivedDataMessage* out) {
   out->last = false;
   out->session_id = 0;
   out->control.clear();
+  out->has_read_request = false;
+  out->read_request.Clear();
+  out->has_read_response = false;
+  out->read_response.Clear();
   out->payload_bytes = 0;
   out->payload_slice = 0;
   out->payload_pos = 0;
   out->slices.clear();
 }
 
-// The frame header, `length` bytes at the cursor; parsed in place when they
-// lie in one slice, else from a copy in `scratch`.
-std::string parseHeader(SliceCursor& in, uint64_t length, ReceivedDataMessage* out, std::string* scratch) {
-  if (out->has_header) return "two frame headers in one message";
+// A submessage (the frame header, a read request or response) of `length`
+// bytes at the cursor; parsed in place when they lie in one slice, else from
+// a copy in `scratch`.  Once per message: protobuf would merge a second one
+// into the first, which no sender means.
+std::string parseSubmessage(SliceCursor& in, uint64_t length, google::protobuf::MessageLite* message,
+                            bool* present, const char* what, std::string* scratch) {
+  if (*present) return std::string("two ") + what + "s in one message";
   const uint8_t* p = in.contiguous(length);
   bool parsed = false;
   if (p != nullptr) {
-    parsed = out->header.ParseFromArray(p, static_cast<int>(length));
+    parsed = message->ParseFromArray(p, static_cast<int>(length));
     in.skip(length);
   } else {
+    scratch->clear();
     in.append(length, scratch);
-    parsed = out->header.ParseFromString(*scratch);
+    parsed = message->ParseFromString(*scratch);
   }
-  if (!parsed) return "the frame header does not parse";
-  out->has_header = true;
+  if (!parsed) return std::string("the ") + what + " does not parse";
+  *present = true;
   return {};
 }
 
-// A length-delimited field: the header is parsed, the payload only located
+// A length-delimited field: the submessages are parsed, the payload only located
 // (copyPayload copies it later), the control record copied, others skipped.
 std::string parseLengthField(SliceCursor& in, uint64_t field, ReceivedDataMessage* out,
                              std::string* scratch) {
@@ -253,7 +291,14 @@ std::string parseLengthField(SliceCursor& in, uint64_t field, ReceivedDataMessag
     return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
            std::to_string(in.remaining()) + " bytes left in the message";
   }
-  if (field == kFieldHeader) return parseHeader(in, value, out, scratch);
+  if (field == kFieldHeader)
+    return parseSubmessage(in, value, &out->header, &out->has_header, "frame header", scratch);
+  if (field == kFieldReadRequest) {
+    return parseSubmessage(in, value, &out->read_request, &out->has_read_request, "read request", scratch);
+  }
+  if (field == kFieldReadResponse) {
+    return parseSubmessage(in, value, &out->read_response, &out->has_read_response, "read response", scratch);
+  }
   if (field == kFieldPayload) {
     // The last occurrence counts, as in protobuf.
     out->payload_bytes = value;
@@ -278,8 +323,9 @@ std::string parseField(SliceCursor& in, ReceivedDataMessage* out, std::string* s
   const uint64_t field = tag >> 3;
   const uint32_t wire = static_cast<uint32_t>(tag & 7);
   if (field == 0) return "field number 0 is invalid";
-  const bool known = field >= kFieldHeader && field <= kFieldControl;
-  const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl;
+  const bool known = field >= kFieldHeader && field <= kFieldReadResponse;
+  const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl ||
+                            field == kFieldReadRequest || field == kFieldReadResponse;
   if (known && wire != (length_field ? kWireLength : kWireVarint)) {
     return "field " + std::to_string(field) + " has wire type " + std::to_string(wire);
   }
@@ -313,7 +359,7 @@ std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out)
   buffer->Clear();
 
   SliceCursor in(out->slices);
-  std::string scratch;  // a header split across slices
+  std::string scratch;  // a submessage split across slices
   while (in.remaining() > 0) {
     std::string error = parseField(in, out, &scratch);
     if (!error.empty()) return error;

@@ -8,10 +8,12 @@
 // as a grpc::Slice that points into the producer's slot.  The fields go in
 // the order 1, 2, 4, 3 -- protobuf parsers accept any order, so the bytes
 // are still a valid DataMessage for any peer that parses it with protobuf.
+// A read response's chunks are the same, read_response (8) in place of the
+// header and the payload pointing into the exposed source.
 //
 // Receiving: parseDataMessage() walks the fields over the received slices
 // and remembers where the payload lies; the caller copies it once, straight
-// into the credited buffer.
+// into the credited buffer (or the read's).
 //
 // The namespace is framelink::transport (not ...::grpc, which would shadow
 // ::grpc inside it).
@@ -61,8 +63,16 @@ std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc:
 void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, uint64_t payload_bytes,
                        std::string* out);
 
+// The same for a chunk of a read response: read_response (only when
+// `response` is set: on the first chunk), offset, last, the payload's tag and
+// length.
+void encodeReadResponsePrefix(const framelink::v1::ReadResponse* response, uint64_t offset, bool last,
+                              uint64_t payload_bytes, std::string* out);
+
 // A DataMessage with only `control` set.
 grpc::ByteBuffer encodeControl(const std::string& record);
+// A DataMessage with only `read_request` set.
+grpc::ByteBuffer encodeReadRequest(const framelink::v1::ReadRequest& request);
 // A DataMessage with only `session_id` set (the first message of a call).
 grpc::ByteBuffer encodeSessionId(uint64_t session_id);
 
@@ -75,6 +85,10 @@ struct ReceivedDataMessage {
   bool last = false;
   uint64_t session_id = 0;
   std::string control;
+  bool has_read_request = false;
+  framelink::v1::ReadRequest read_request;
+  bool has_read_response = false;
+  framelink::v1::ReadResponse read_response;
   uint64_t payload_bytes = 0;
 
   // Copies the payload (payload_bytes) to `dst`.
@@ -88,7 +102,8 @@ struct ReceivedDataMessage {
 
 // Parses `buffer` into `out`.  Returns an empty string, or what is wrong with
 // the bytes (truncated field, length past the end, a known field with the
-// wrong wire type, an unparsable header, two headers).  Unknown fields are
+// wrong wire type, an unparsable header or read request or response, two of
+// one of those).  Unknown fields are
 // skipped, as protobuf does.  `buffer` is left empty (its slices move to
 // `out`).
 std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out);
