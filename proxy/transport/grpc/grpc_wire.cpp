@@ -291,8 +291,9 @@ std::string parseLengthField(SliceCursor& in, uint64_t field, ReceivedDataMessag
     return "field " + std::to_string(field) + " of " + std::to_string(value) + " bytes runs past the " +
            std::to_string(in.remaining()) + " bytes left in the message";
   }
-  if (field == kFieldHeader)
+  if (field == kFieldHeader) {
     return parseSubmessage(in, value, &out->header, &out->has_header, "frame header", scratch);
+  }
   if (field == kFieldReadRequest) {
     return parseSubmessage(in, value, &out->read_request, &out->has_read_request, "read request", scratch);
   }
