@@ -13,6 +13,7 @@ bool isPerFrameMessage(const v1::PeerMessage& message) {
     case v1::PeerMessage::kCreditLow:
     case v1::PeerMessage::kAck:
     case v1::PeerMessage::kNack:
+    case v1::PeerMessage::kOffer:
       return true;
     default:
       return false;
@@ -36,6 +37,7 @@ void AgentLink::send(v1::PeerMessage message) {
       auto* g = m.mutable_credit_grant();
       g->set_stream_id(grant.stream_id());
       g->set_largest_slot(grant.largest_slot());
+      g->set_pull(grant.pull());
       if (first) *g->mutable_regions() = grant.regions();
       return m;
     };

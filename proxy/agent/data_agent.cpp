@@ -65,6 +65,7 @@ InboundLimits inboundLimits(const Config& config) {
   InboundLimits limits;
   limits.forget_idle_ns = 4 * ack_timeout_ns;
   limits.recall_deadline_ns = ack_timeout_ns;
+  limits.reads_per_link = config.pull_reads_per_link;
   return limits;
 }
 
@@ -88,6 +89,7 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       heartbeat_(std::move(heartbeat)) {
   outbound_.setLocalDelivery(&local_);
   inbound_.setLocalDelivery(&local_);
+  inbound_.setPullStreams(config.pull_streams);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
@@ -253,8 +255,8 @@ size_t DataAgent::drainCommands() {
             if (cmd.from_session && isPerFrameMessage(*cmd.message)) {
               protocolError(
                   *l,
-                  "a per-frame message (credit grant, revoke or low, ACK, NACK) came on the Session; "
-                  "protocol version 2 carries those on the data transport only");
+                  "a per-frame message (credit grant, revoke or low, ACK, NACK, offer) came on the Session; "
+                  "the peer protocol carries those on the data transport only");
               return;
             }
             onPeerMessage(*l, *cmd.message);
@@ -419,7 +421,7 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
       onControlRecord(l, ev.control);
       return;
     case transport::TransportEvent::Kind::kReadComplete:
-      // The agent posts no reads (streams are pushed): a transport reports none.
+      inbound_.onReadComplete(l, ev);
       return;
     case transport::TransportEvent::Kind::kLinkError:
       if (!l.closing) {
@@ -477,7 +479,7 @@ void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
   for (const v1::PeerMessage& m : batch.messages()) {
     if (!isPerFrameMessage(m)) {
       protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +
-                           "; only credit grants, revokes and lows, ACKs and NACKs travel there");
+                           "; only credit grants, revokes and lows, ACKs, NACKs and offers travel there");
       return;
     }
     // A closing link takes no new credits or streams, but the answers about
@@ -517,6 +519,8 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
         } else if constexpr (std::is_same_v<T, peer::Nack>) {
           outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
                           "peer " + l.peer_name + " refused it: " + m.message, m.readers, m.released);
+        } else if constexpr (std::is_same_v<T, peer::Offer>) {
+          inbound_.onOffer(l, m);
         } else if constexpr (std::is_same_v<T, peer::Fin>) {
           spdlog::info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
                        v1::ErrorCode_IsValid(m.code) ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))

@@ -174,14 +174,21 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     }
     if (target.first == 0) return false;
     AgentLink& l = *links_.find(target.first);
-    Region* region = regionOf(l.id, cid, c);
+    const bool pull = pulls(l, c.stream);
+    // A pull credit is exposed to no write: the slot is this end's to read
+    // an offer into.  It goes whole, as an id and a capacity.
+    Region* region = pull ? nullptr : regionOf(l.id, cid, c);
     const uint32_t generation = nextGeneration();
-    transport::LocalCredit local;
-    local.credit_id = region != nullptr ? peer::slotCreditId(region->id, s, generation) : generation;
-    local.buffer = c.segments->slot(s);
-    local.capacity = c.segments->slotSize();
-    local.keepalive = c.segments;
-    auto remote = l.transport->exposeCredit(std::move(local));
+    Result<transport::RemoteCredit> remote =
+        transport::RemoteCredit{generation, c.segments->slotSize(), 0, 0};
+    if (!pull) {
+      transport::LocalCredit local;
+      local.credit_id = region != nullptr ? peer::slotCreditId(region->id, s, generation) : generation;
+      local.buffer = c.segments->slot(s);
+      local.capacity = c.segments->slotSize();
+      local.keepalive = c.segments;
+      remote = l.transport->exposeCredit(std::move(local));
+    }
     if (!remote) {
       // A peer can make this repeat (a link going down refuses every slot).
       const LogScope scope(LogFields{.client = c.id, .peer = l.peer_name, .stream = c.stream});
@@ -197,7 +204,9 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
       continue;
     }
     ++round.held[{target, cid}];
-    credits_[generation] = CreditEntry{cid, s, l.id, target.second, remote->credit_id};
+    CreditEntry& entry = credits_[generation];
+    entry = CreditEntry{cid, s, l.id, target.second, remote->credit_id};
+    entry.pull = pull;
     SlotEntry& e = c.slots[s];
     e.state = SlotState::kCredited;
     e.credit_id = remote->credit_id;
@@ -206,6 +215,7 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     auto* grant = round.grants[target].mutable_credit_grant();
     grant->set_stream_id(target.second);
     grant->set_largest_slot(round.largest_slot);
+    if (pull) grant->set_pull(true);
     addCredit(grant, region, *remote, c, s);
     return true;
   }
@@ -327,7 +337,9 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
   for (uint64_t id : returned.credit_ids) {
     auto it = findCredit(id);
     // Only what this link held: a peer cannot give back another's credits.
-    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id) {
+    // Nor one it offered a frame into: that slot is being read.
+    if (it == credits_.end() || it->second.link_id != l.id || it->second.stream_id != returned.stream_id ||
+        it->second.offered) {
       continue;
     }
     if (l.transport) l.transport->retractCredit(id);
@@ -374,6 +386,18 @@ std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
 }
 
 void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
+  // Its reads ended with it (the transport completed them FL_ERR_LINK_LOST);
+  // the offers not read yet go: the sender offers them again on its next link.
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    if (it->second.link_id != link_id) {
+      ++it;
+      continue;
+    }
+    if (it->second.posted && reads_posted_ > 0) --reads_posted_;
+    it = reads_.erase(it);
+  }
+  reads_waiting_.erase(link_id);
+  reads_out_.erase(link_id);
   // The link's regions die with it: a new link announces them again.
   regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
   std::set<NameKey> streams;

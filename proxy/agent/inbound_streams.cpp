@@ -241,11 +241,15 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
 }
 
 void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEvent& ev) {
+  arrive(l, ev, false);
+}
+
+void InboundStreams::arrive(AgentLink& l, const transport::TransportEvent& ev, bool pulled) {
   const transport::FrameHeader& h = ev.header;
   const LogScope frame(LogFields{.sequence = h.sequence});
   ++l.frames_in;
   CreditEntry credit;
-  AgentClient* ac = takeCredit(l, ev, &credit);
+  AgentClient* ac = takeCredit(l, ev, &credit, pulled);
   if (ac == nullptr) return;  // answered already
   ClientSession& c = *ac->session;
   const LogScope consumer(LogFields{.client = c.id, .stream = c.stream});
@@ -258,7 +262,8 @@ void InboundStreams::onFrameArrived(AgentLink& l, const transport::TransportEven
   deliver(l, c, credit, h);
 }
 
-AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::TransportEvent& ev, CreditEntry* out) {
+AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::TransportEvent& ev, CreditEntry* out,
+                                        bool pulled) {
   const transport::FrameHeader& h = ev.header;
   // A replay of a frame this daemon already answered gets that answer again,
   // whatever credit it came in: refused stays refused, held stays held.  A
@@ -267,18 +272,23 @@ AgentClient* InboundStreams::takeCredit(AgentLink& l, const transport::Transport
     return l.in_streams.count(h.stream_id) != 0 && answerKnown(l, h, "refused before");
   };
   if (ev.status != FL_OK) {
+    // A pull credit is not the transport's: a frame pushed into one is
+    // refused without touching it (a read may be landing in its slot).
     auto it = findCredit(h.credit_id);
-    if (it != credits_.end() && it->second.link_id == l.id) credits_.erase(it);
+    if (it != credits_.end() && it->second.link_id == l.id && !it->second.pull) credits_.erase(it);
     if (ev.status == FL_ERR_UNKNOWN_CREDIT && answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, ev.status,
              ev.message.empty() ? "frame for an unknown credit" : ev.message);
     return nullptr;
   }
   auto it = findCredit(h.credit_id);
-  if (it == credits_.end() || it->second.link_id != l.id) {
+  if (it == credits_.end() || it->second.link_id != l.id || it->second.pull != pulled) {
     if (answeredBefore()) return nullptr;
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
-             "credit " + std::to_string(h.credit_id) + " was not granted to this link");
+             "credit " + std::to_string(h.credit_id) + " was not granted to this link" +
+                 (it == credits_.end() || it->second.link_id != l.id ? ""
+                  : pulled                                           ? " for pull"
+                                                                     : " for writes (its stream is pulled)"));
     return nullptr;
   }
   *out = it->second;

@@ -40,6 +40,11 @@ struct InboundLimits {
   // A recalled credit neither given back nor used by then fails its link:
   // the sender would sit on a slot another sender of the stream waits for.
   uint64_t recall_deadline_ns = 30'000'000'000ULL;
+  // Pull: reads this end has in flight on one link at most.  The offers
+  // past it wait (each holds a credit this end granted, so they are bounded
+  // by the credits the link holds): the receiving daemon, not the senders,
+  // decides how much comes in at once.
+  size_t reads_per_link = 32;
 };
 
 class InboundStreams {
@@ -76,6 +81,23 @@ class InboundStreams {
   void onCreditLow(AgentLink& link, const peer::CreditLow& low);
 
   void onFrameArrived(AgentLink& link, const transport::TransportEvent& event);
+
+  // Pull.  These streams' frames are read by this end from the sender's
+  // offers, on links whose transport can read (their credits are exposed to
+  // no write); the others are pushed.
+  void setPullStreams(std::vector<std::string> names) { pull_streams_ = std::move(names); }
+  // Whether frames of that stream come by pull on that link.
+  bool pulls(const AgentLink& link, const std::string& stream) const;
+  // A peer offers a frame into one of the link's pull credits: it is read
+  // into that credit's slot, now or once fewer reads are in flight.  A peer
+  // offering twice into one credit gets the violation back.
+  std::string onOffer(AgentLink& link, const peer::Offer& offer);
+  // A read of an offer ended: the frame arrived (and is checked and
+  // delivered as any), or it is refused for the sender to offer again.
+  void onReadComplete(AgentLink& link, const transport::TransportEvent& event);
+  // Reads posted and not completed, and offers waiting to be read, on every link.
+  size_t readsInFlight() const { return reads_posted_; }
+  size_t offersWaiting() const;
   // A stream opened on `link`; a peer over its stream bound gets the violation back.
   std::string onStreamOpen(AgentLink& link, const peer::StreamOpen& open);
   void onStreamClose(AgentLink& link, uint64_t stream_id);
@@ -113,6 +135,8 @@ class InboundStreams {
     uint64_t credit_id = 0;
     bool recalled = false;     // revoked to share the stream's slots again; the sender returns it or uses it
     uint64_t recalled_ns = 0;  // when (agent clock): past recall_deadline_ns the link fails
+    bool pull = false;         // exposed to no write: the sender offers into it, this end reads
+    bool offered = false;      // pull: an offer into it is being read, or waits to be
   };
   // By generation, the low 32 bits of the credit id: no two live credits
   // share one (nextGeneration), so that no two links' credits have the same
@@ -235,7 +259,26 @@ class InboundStreams {
   uint32_t nextGeneration();
   // The credit a frame arrived in, taken; null when the frame was answered
   // instead (a refusal, an unknown credit, a consumer gone, or a replay).
-  AgentClient* takeCredit(AgentLink& link, const transport::TransportEvent& event, CreditEntry* credit);
+  // `pulled`: the frame was read from an offer (only a pull credit takes
+  // it), not written by the sender (only a pushed one does).
+  AgentClient* takeCredit(AgentLink& link, const transport::TransportEvent& event, CreditEntry* credit,
+                          bool pulled);
+  // A frame landed in its credit, written by the sender or read from its offer.
+  void arrive(AgentLink& link, const transport::TransportEvent& event, bool pulled);
+  // Pull: one offer taken, to be read.
+  struct PullRead {
+    uint64_t link_id = 0;
+    transport::FrameHeader header;
+    transport::RemoteSource source;
+    bool posted = false;
+  };
+  // Posts the reads waiting on the link while it has room for them.
+  void startReads(AgentLink& link);
+  // The read of that offer did not land: its credit's slot is free again,
+  // and the sender is told to offer the frame again.
+  void refuseRead(AgentLink& link, const PullRead& read, const std::string& why);
+  // Whether the frame is a replay of one answered already (no need to read it).
+  bool replayOfAnswered(const AgentLink& link, const transport::FrameHeader& header) const;
   // Whether the frame in that credit may be delivered; NACKs it (or drops a
   // duplicate) when not.
   bool acceptFrame(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
@@ -304,6 +347,13 @@ class InboundStreams {
   // a control record.
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
+  std::vector<std::string> pull_streams_;
+  std::map<uint64_t, PullRead> reads_;                      // by cookie: offers taken, read or to be read
+  std::map<uint64_t, std::deque<uint64_t>> reads_waiting_;  // per link: cookies of offers not yet read
+  std::map<uint64_t, size_t> reads_out_;                    // per link: reads posted, not yet complete
+  size_t reads_posted_ = 0;
+  uint64_t next_read_cookie_ = 1;
+  LogLimiter log_pull_;
   LogLimiter log_client_errors_, log_refused_, log_expose_;
   // Streams a peer opens, closes and moves: a peer can send these as fast as
   // it likes, so a burst of 20 a second is said and the rest counted.

@@ -31,6 +31,7 @@ void OutboundStreams::finishFrame(AgentClient& ac, Leg leg, uint32_t slot, int s
                                   const std::string& why) {
   SlotEntry& e = legSlot(ac, leg, slot);
   if (e.state == SlotState::kFree || e.state == SlotState::kSettling) return;
+  endOffer(e);  // answered, failed or timed out: its source is read no more
   if (e.posts_out > 0 && !shutting_down_) {
     // A transport still holds a post of the payload (an ACK came before the
     // send's completion, or the frame went again on a new link while the old

@@ -44,6 +44,7 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
     if (std::string why = take(rc); !why.empty()) return why;
   }
+  s.pull = g.pull;  // the receiver's choice for the stream, on this link
   // Another sender of the stream may hold the large consumer's credits now.
   s.largest_credit = std::max(s.largest_credit, g.largest_slot);
   s.credit_peak = std::max(s.credit_peak, s.credits.size());
@@ -59,6 +60,7 @@ void OutboundStreams::dropCredits(OutStream& s) {
   s.largest_credit = 0;
   s.credit_peak = 0;
   s.said_low = false;
+  s.pull = false;
 }
 
 void OutboundStreams::maybeSayLow(AgentLink& l, OutStream& s) {

@@ -9,6 +9,7 @@
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 #include "transport/frame_header.h"
+#include "transport/grpc/grpc_wire.h"
 
 namespace framelink {
 
@@ -197,7 +198,8 @@ void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl
 }
 
 transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg leg, uint32_t slot,
-                                            const transport::RemoteCredit& credit, uint64_t cookie) {
+                                            const transport::RemoteCredit& credit, uint64_t cookie,
+                                            bool pull) {
   ClientSession& c = *ac.session;
   SlotEntry& e = legSlot(ac, leg, slot);
   // The receiving daemon restarted since this frame was last sent: the one
@@ -214,7 +216,42 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   req.payload = c.segments->slot(slot);
   req.local_key = c.segments->localKey();  // from the registration made at attach
   req.credit = credit;
-  return l.transport->post(req);
+  if (!pull) return l.transport->post(req);
+  // Pull: the payload is exposed to this link's reads, exactly this frame's
+  // bytes, and named in an offer into the credit.  On rdma the window's bind
+  // is on the send queue ahead of the control record that carries the offer.
+  auto remote =
+      l.transport->exposeSource(transport::LocalSource{cookie, req.payload, req.header.length, c.segments});
+  if (!remote) {
+    offer_refusal_ = remote.error().message;
+    switch (remote.error().code) {
+      case FL_ERR_RESOURCES:
+        return transport::PostResult::kBackpressure;
+      case FL_ERR_LINK_LOST:
+        return transport::PostResult::kNotConnected;
+      default:
+        return transport::PostResult::kInvalid;
+    }
+  }
+  v1::PeerMessage msg;
+  auto* offer = msg.mutable_offer();
+  transport::toProto(req.header, offer->mutable_header());
+  offer->set_source_id(remote->source_id);
+  offer->set_remote_addr(remote->remote_addr);
+  offer->set_rkey(remote->rkey);
+  l.send(std::move(msg));
+  metrics_.counters.frames_offered.fetch_add(1, std::memory_order_relaxed);
+  return transport::PostResult::kOk;
+}
+
+void OutboundStreams::endOffer(SlotEntry& e) {
+  auto it = posted_.find(e.post_cookie);
+  if (e.post_cookie == 0 || it == posted_.end() || !it->second.offered) return;
+  if (AgentLink* l = links_.find(it->second.link_id); l != nullptr && l->transport) {
+    l->transport->retractSource(e.post_cookie);
+  }
+  posted_.erase(it);
+  if (e.posts_out > 0) --e.posts_out;
 }
 
 void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, FrameRef f, SlotEntry& e,
@@ -232,7 +269,9 @@ void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, 
 
 void OutboundStreams::unpost(SlotEntry& e, uint64_t deadline_ns) {
   // The post stays in posted_ (and in posts_out) until its transport reports
-  // it: that transport may still be reading the slot.
+  // it: that transport may still be reading the slot.  An offer's source is
+  // retracted now: a frame goes again as a new offer.
+  endOffer(e);
   e.state = SlotState::kPending;
   e.post_cookie = 0;
   e.link_id = 0;
@@ -284,7 +323,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     }
     const transport::RemoteCredit credit = *fit;
     const uint64_t cookie = next_cookie_++;
-    transport::PostResult r = post(*l, *ac, f.leg, f.slot, credit, cookie);
+    transport::PostResult r = post(*l, *ac, f.leg, f.slot, credit, cookie, s.pull);
     if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
       return work + 1;  // the transport takes it later: still work
     }
@@ -296,11 +335,19 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     if (r == transport::PostResult::kInvalid) {
       // A copy posted before may be at the consumer: its fate is unknown.
       finishFrame(*ac, f.leg, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
-                  "the transport refused the frame: " + std::string(l->transport->lastRefusal()) +
+                  "the transport refused the frame: " +
+                      (s.pull ? offer_refusal_ : std::string(l->transport->lastRefusal())) +
                       (e.was_posted ? " (an earlier copy may have been delivered)" : ""));
       continue;
     }
     markPosted(*l, peer, s, f, e, cookie);
+    if (s.pull) {
+      // Offered: nothing more of it goes out, and no send completes it; the
+      // source stays until the answer (endOffer).
+      posted_[cookie].offered = true;
+      e.state = SlotState::kSent;
+      e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+    }
     ++l->frames_out;
     ++posted;
   }

@@ -115,6 +115,9 @@ class OutboundStreams {
     // whether CreditLow went since the credits were last above a quarter of it.
     size_t credit_peak = 0;
     bool said_low = false;
+    // The receiver takes this stream's frames by pull on the current link
+    // (its grants say so): each frame is offered, not written.
+    bool pull = false;
   };
   struct PeerOut {
     std::map<uint64_t, OutStream> streams;              // by stream id
@@ -132,6 +135,9 @@ class OutboundStreams {
     uint64_t stream_id = 0;
     uint64_t sequence = 0;
     uint64_t link_id = 0;
+    // An offer (pull): its source stays exposed, and the post out, until the
+    // frame's answer or the link's end (endOffer); no transport reports it.
+    bool offered = false;
   };
   // The outcome of a frame that ended while a post of it was still out
   // (kSettling): it is said when the last post completes.
@@ -193,9 +199,13 @@ class OutboundStreams {
   // The link's credits are gone (link up or down).
   static void dropCredits(OutStream& s);
   size_t pump(PeerId peer, OutStream& s);
-  // Posts the frame in that slot of `c` into `credit` on the link.
+  // Posts the frame in that slot of `c` into `credit` on the link, or, on a
+  // pull stream, exposes its payload and offers it into `credit`.
   transport::PostResult post(AgentLink& link, AgentClient& c, Leg leg, uint32_t slot,
-                             const transport::RemoteCredit& credit, uint64_t cookie);
+                             const transport::RemoteCredit& credit, uint64_t cookie, bool pull);
+  // The frame's offer (if its current post is one) is over: its source is
+  // retracted and the post let go.  Before the frame ends or goes again.
+  void endOffer(SlotEntry& e);
   // The frame is on the link now (kPosted): its SendComplete and ACK are awaited.
   void markPosted(const AgentLink& link, PeerId peer, OutStream& s, FrameRef frame, SlotEntry& e,
                   uint64_t cookie);
@@ -232,6 +242,7 @@ class OutboundStreams {
   std::map<std::pair<uint64_t, uint32_t>, Sides> sides_;             // by (client id, slot)
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
+  std::string offer_refusal_;  // why the last offer could not be made
   bool shutting_down_ = false;
   LocalDelivery* local_ = nullptr;
   LogLimiter log_client_errors_, log_failed_, log_resent_;

@@ -2,6 +2,7 @@
 
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
+#include "transport/grpc/grpc_wire.h"
 
 namespace framelink::peer {
 
@@ -21,6 +22,7 @@ Message decodeGrant(const v1::CreditGrant& g) {
   CreditGrant out;
   out.stream_id = g.stream_id();
   out.largest_slot = g.largest_slot();
+  out.pull = g.pull();
   out.regions.reserve(static_cast<size_t>(g.regions_size()));
   for (const auto& r : g.regions()) {
     if (r.region_id() == 0 || r.region_id() > kMaxRegionId) {
@@ -118,6 +120,16 @@ Message decode(const v1::PeerMessage& msg) {
       return Nack{n.stream_id(), n.sequence(),
                   code,          n.message().substr(0, kMaxTextBytes),
                   n.readers(),   std::min(n.released(), n.readers())};
+    }
+    case v1::PeerMessage::kOffer: {
+      const auto& o = msg.offer();
+      Offer out;
+      if (!o.has_header() || !transport::fromProto(o.header(), &out.header)) {
+        return Violation{"an offer without a frame header, or with more than " +
+                         std::to_string(FL_MAX_ATTR_BYTES) + " attribute bytes"};
+      }
+      out.source = transport::RemoteSource{o.source_id(), out.header.length, o.remote_addr(), o.rkey()};
+      return out;
     }
     case v1::PeerMessage::kFin:
       return Fin{static_cast<int>(msg.fin().code()), msg.fin().reason().substr(0, kMaxTextBytes)};

@@ -74,6 +74,7 @@ struct CreditGrant {
   uint64_t largest_slot = 0;                     // of the stream's consumers; 0: not said
   std::vector<SlotRegion> regions;               // announced by this grant
   std::vector<uint64_t> slot_credits;            // each of a region (slotCreditRegion != 0)
+  bool pull = false;                             // offer frames into these credits, do not write them
 };
 struct CreditRevoke {
   uint64_t stream_id = 0;
@@ -99,6 +100,12 @@ struct Nack {
   uint32_t readers = 0;   // on the receiving host that it reached
   uint32_t released = 0;  // of those, that released it
 };
+// Pull: a frame the sender offers into one of the credits it holds; the
+// receiver reads `source` into that credit's slot.
+struct Offer {
+  transport::FrameHeader header;   // attributes within FL_MAX_ATTR_BYTES
+  transport::RemoteSource source;  // source.length == header.length
+};
 struct Fin {
   int code = 0;        // a v1::ErrorCode, as the peer sent it
   std::string reason;  // at most kMaxTextBytes
@@ -110,8 +117,8 @@ struct Violation {
   std::string why;
 };
 
-using Message = std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, CreditLow, Ack, Nack, Fin,
-                             Keepalive, Violation>;
+using Message = std::variant<StreamOpen, StreamClose, CreditGrant, CreditRevoke, CreditLow, Ack, Nack, Offer,
+                             Fin, Keepalive, Violation>;
 
 Message decode(const v1::PeerMessage& message);
 

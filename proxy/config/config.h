@@ -71,6 +71,12 @@ struct Config {
   // runs out of slots before a frame is ever skipped.
   std::vector<std::string> drop_streams;
   uint32_t drop_lag = 4;
+  // Peers' frames of these streams are pulled by this daemon: the sender
+  // offers each frame and this end reads it into a consumer's slot when it
+  // has room, with at most pull_reads_per_link reads in flight per link
+  // (design §5, "Pull").  The others are pushed (written by the sender).
+  std::vector<std::string> pull_streams;
+  uint32_t pull_reads_per_link = 32;
   uint32_t ack_timeout_ms = 30000, credit_timeout_ms = 30000, connect_timeout_ms = 5000, keepalive_ms = 1000,
            reconnect_min_ms = 100, reconnect_max_ms = 5000;
   // A link on which nothing arrives for this long is given up, although its

@@ -35,7 +35,8 @@ namespace framelink {
 class DataAgent;
 class Metrics;
 
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: per-frame protocol on the data transport
+inline constexpr uint32_t kProtocolVersion =
+    3;  // 2: per-frame protocol on the data transport; 3: pull (Offer)
 
 class PeerLinks {
  public:

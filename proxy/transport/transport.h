@@ -199,6 +199,16 @@ struct TransportEvent {
     ev.message = std::move(message);
     return ev;
   }
+  // A frame that landed in the buffer of header.credit_id.
+  static TransportEvent frameArrived(const FrameHeader& header, int status = FL_OK,
+                                     std::string message = {}) {
+    TransportEvent ev;
+    ev.kind = Kind::kFrameArrived;
+    ev.status = status;
+    ev.header = header;
+    ev.message = std::move(message);
+    return ev;
+  }
   // A read posted with `cookie` ended: FL_OK when the source's bytes have
   // landed, FL_ERR_UNKNOWN_CREDIT when the peer had no such source (never
   // exposed, retracted, or shorter than asked), FL_ERR_LINK_LOST when the link

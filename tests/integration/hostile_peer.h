@@ -44,7 +44,7 @@ class HostilePeer {
     std::string token = "integ-secret";
     std::string daemon_id = "hostile";
     uint64_t session_id = 0x4057113;
-    uint32_t protocol_version = 2;
+    uint32_t protocol_version = 3;
     std::string transport = "grpc";  // or "tcp": the only one the Hello offers
   };
 

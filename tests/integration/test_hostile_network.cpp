@@ -55,7 +55,7 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
 // The versions this build speaks (proxy/link/peer_links.h kProtocolVersion,
 // proxy/transport/tcp/tcp_wire.h kTcpWireVersion): a bump must change these
 // tests too, on purpose.
-constexpr uint32_t kPeerProtocolVersion = 2;
+constexpr uint32_t kPeerProtocolVersion = 3;
 constexpr uint8_t kTcpWireVersion = 3;
 
 // A Hello as a daemon of `version` sends it, with the right token.
@@ -85,7 +85,9 @@ TEST_CASE("hostile: a daemon of protocol version 1 is refused, and told both ver
   CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK_THAT(status.error_message(), Catch::Contains("protocol version 1 is not supported") &&
                                          Catch::Contains("speaks " + std::to_string(kPeerProtocolVersion)));
-  CHECK(pair.b().waitForLog("speaks protocol version 1, this daemon speaks 2", std::chrono::seconds(5)));
+  CHECK(pair.b().waitForLog(
+      "speaks protocol version 1, this daemon speaks " + std::to_string(kPeerProtocolVersion),
+      std::chrono::seconds(5)));
   // The daemon goes on serving peers of its own version.
   requireServing(pair.a(), pair.b(), "after-old-peer", 2);
 }

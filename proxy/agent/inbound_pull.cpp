@@ -1,0 +1,151 @@
+// The consumer side of pull: a stream listed in pull_streams is granted
+// credits that are exposed to no write; its sender offers each frame into
+// one of them (peer::Offer: the header, and a source on the link that holds
+// exactly the payload), and this end reads the payload straight into the
+// credit's slot -- at most Limits::reads_per_link reads in flight per link,
+// the rest of the offers waiting in order -- then treats the frame as one
+// that arrived there (CRC32C, duplicates, delivery, ACK on release).  The
+// rest of InboundStreams is in inbound_streams.cpp and inbound_credits.cpp.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "agent/inbound_streams.h"
+#include "common/log_fields.h"
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+bool InboundStreams::pulls(const AgentLink& l, const std::string& stream) const {
+  return l.transport != nullptr && l.transport->readable() &&
+         std::find(pull_streams_.begin(), pull_streams_.end(), stream) != pull_streams_.end();
+}
+
+size_t InboundStreams::offersWaiting() const {
+  size_t n = 0;
+  for (const auto& [link_id, cookies] : reads_waiting_) n += cookies.size();
+  return n;
+}
+
+bool InboundStreams::replayOfAnswered(const AgentLink& l, const transport::FrameHeader& h) const {
+  auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
+  if (id == in_state_ids_.end()) return false;
+  auto in = in_states_.find(id->second);
+  return in != in_states_.end() && in->second.resend.count(h.sequence) == 0 &&
+         answered(in->second, h.sequence);
+}
+
+std::string InboundStreams::onOffer(AgentLink& l, const peer::Offer& offer) {
+  const transport::FrameHeader& h = offer.header;
+  const LogScope frame(LogFields{.sequence = h.sequence});
+  auto it = findCredit(h.credit_id);
+  if (it == credits_.end() || it->second.link_id != l.id || !it->second.pull) {
+    // Answered as a frame written into a credit it does not hold would be:
+    // a replay gets its answer again, anything else "send it again" (a
+    // pushed credit is the sender's to write into, never to offer into).
+    arrive(l, transport::TransportEvent::frameArrived(h), true);
+    return {};
+  }
+  CreditEntry& credit = it->second;
+  if (credit.offered) {
+    return "an offer (stream " + std::to_string(h.stream_id) + " seq " + std::to_string(h.sequence) +
+           ") into credit " + std::to_string(h.credit_id) + ", which an earlier offer has taken";
+  }
+  credit.offered = true;
+  const uint64_t cookie = next_read_cookie_++;
+  reads_[cookie] = PullRead{l.id, h, offer.source, false};
+  reads_waiting_[l.id].push_back(cookie);
+  startReads(l);
+  return {};
+}
+
+void InboundStreams::startReads(AgentLink& l) {
+  auto waiting = reads_waiting_.find(l.id);
+  if (waiting == reads_waiting_.end()) return;
+  size_t& out = reads_out_[l.id];
+  while (!waiting->second.empty() && out < limits_.reads_per_link) {
+    const uint64_t cookie = waiting->second.front();
+    auto rit = reads_.find(cookie);
+    if (rit == reads_.end()) {
+      waiting->second.pop_front();
+      continue;
+    }
+    PullRead& read = rit->second;
+    const transport::FrameHeader& h = read.header;
+    auto cit = findCredit(h.credit_id);
+    AgentClient* ac = cit != credits_.end() ? clients_.find(cit->second.client_id) : nullptr;
+    if (ac == nullptr || ac->session->gone || h.length > ac->session->segments->slotSize() ||
+        replayOfAnswered(l, h)) {
+      // Nothing to read: the credit is taken and the frame answered as it
+      // would be had it landed (its consumer went, it does not fit, or it
+      // is a replay of a frame answered already).
+      waiting->second.pop_front();
+      const transport::FrameHeader header = h;
+      reads_.erase(rit);
+      arrive(l, transport::TransportEvent::frameArrived(header), true);
+      continue;
+    }
+    ClientSession& consumer = *ac->session;
+    transport::ReadRequest req;
+    req.cookie = cookie;
+    req.source = read.source;
+    req.buffer = consumer.segments->slot(cit->second.slot);
+    req.capacity = consumer.segments->slotSize();
+    req.local_key = consumer.segments->localKey();
+    const transport::PostResult r = l.transport->postRead(req);
+    if (r == transport::PostResult::kBackpressure) break;  // tried again as reads complete
+    waiting->second.pop_front();
+    if (r == transport::PostResult::kNotConnected) {
+      reads_.erase(rit);  // the link is going: its credits go with it
+      continue;
+    }
+    if (r == transport::PostResult::kInvalid) {
+      const PullRead refused = read;
+      reads_.erase(rit);
+      refuseRead(l, refused, "the offer cannot be read: " + std::string(l.transport->lastRefusal()));
+      continue;
+    }
+    read.posted = true;
+    ++out;
+    ++reads_posted_;
+  }
+  if (waiting->second.empty()) reads_waiting_.erase(waiting);
+}
+
+void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEvent& ev) {
+  auto it = reads_.find(ev.cookie);
+  if (it == reads_.end() || it->second.link_id != l.id || !it->second.posted) return;
+  const PullRead read = it->second;
+  reads_.erase(it);
+  size_t& out = reads_out_[l.id];
+  if (out > 0) --out;
+  if (reads_posted_ > 0) --reads_posted_;
+  if (ev.status == FL_OK) {
+    metrics_.counters.frames_pulled.fetch_add(1, std::memory_order_relaxed);
+    arrive(l, transport::TransportEvent::frameArrived(read.header), true);
+  } else if (ev.status != FL_ERR_LINK_LOST) {
+    refuseRead(l, read, "reading the offer failed: " + ev.message);
+  }
+  // FL_ERR_LINK_LOST: the link goes, and its credits with it; the sender
+  // offers the frame again on its next link.
+  startReads(l);
+}
+
+void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::string& why) {
+  const transport::FrameHeader& h = read.header;
+  metrics_.counters.pull_reads_failed.fetch_add(1, std::memory_order_relaxed);
+  log_pull_.warn("link {} (peer {}) stream {} seq {}: {}; the sender offers it again", l.id, l.peer_name,
+                 h.stream_id, h.sequence, why);
+  auto cit = findCredit(h.credit_id);
+  if (cit != credits_.end() && cit->second.link_id == l.id) {
+    if (AgentClient* ac = clients_.find(cit->second.client_id)) {
+      SlotEntry& e = ac->session->slots[cit->second.slot];
+      if (e.state == SlotState::kCredited && e.credit_id == h.credit_id) e = SlotEntry{};
+      dirty_grants_.insert(ac->stream);
+    }
+    credits_.erase(cit);
+  }
+  sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT, why);
+}
+
+}  // namespace framelink
