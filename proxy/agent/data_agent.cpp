@@ -518,9 +518,9 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
           }
         } else if constexpr (std::is_same_v<T, peer::Nack>) {
           outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
-                          "peer " + l.peer_name + " refused it: " + m.message, m.readers, m.released);
+                          "peer " + l.peer_name + " refused it: " + m.message, m.readers, m.released, l.id);
         } else if constexpr (std::is_same_v<T, peer::Offer>) {
-          inbound_.onOffer(l, m);
+          if (std::string why = inbound_.onOffer(l, m); !why.empty()) protocolError(l, why);
         } else if constexpr (std::is_same_v<T, peer::Fin>) {
           spdlog::info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
                        v1::ErrorCode_IsValid(m.code) ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))

@@ -106,6 +106,7 @@ void InboundStreams::startReads(AgentLink& l) {
       continue;
     }
     read.posted = true;
+    read.keepalive = consumer.segments;
     ++out;
     ++reads_posted_;
   }
@@ -120,7 +121,10 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
   size_t& out = reads_out_[l.id];
   if (out > 0) --out;
   if (reads_posted_ > 0) --reads_posted_;
-  if (ev.status == FL_OK) {
+  if (read.abandoned) {
+    // Its consumer went and the frame was refused then; the bytes landed in
+    // a segment kept for them, and go with it.
+  } else if (ev.status == FL_OK) {
     metrics_.counters.frames_pulled.fetch_add(1, std::memory_order_relaxed);
     arrive(l, transport::TransportEvent::frameArrived(read.header), true);
   } else if (ev.status != FL_ERR_LINK_LOST) {
@@ -129,6 +133,29 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
   // FL_ERR_LINK_LOST: the link goes, and its credits with it; the sender
   // offers the frame again on its next link.
   startReads(l);
+}
+
+void InboundStreams::dropReadsInto(const ClientSession& consumer) {
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    PullRead& read = it->second;
+    const transport::FrameHeader& h = read.header;
+    auto cit = findCredit(h.credit_id);
+    if (read.abandoned || cit == credits_.end() || cit->second.client_id != consumer.id) {
+      ++it;
+      continue;
+    }
+    credits_.erase(cit);
+    if (AgentLink* l = links_.find(read.link_id)) {
+      sendNack(*l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+               "its receive slot was withdrawn: the consumer detached");
+    }
+    if (read.posted) {
+      read.abandoned = true;
+      ++it;
+    } else {
+      it = reads_.erase(it);  // its cookie in reads_waiting_ is skipped
+    }
+  }
 }
 
 void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::string& why) {

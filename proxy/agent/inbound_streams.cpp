@@ -41,6 +41,7 @@ void InboundStreams::onConsumerAttached(AgentClient& c) {
 
 void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
+  dropReadsInto(c);
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
   const uint64_t now = clock_.nowNs();
   for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {

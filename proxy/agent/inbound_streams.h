@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
@@ -271,7 +272,14 @@ class InboundStreams {
     transport::FrameHeader header;
     transport::RemoteSource source;
     bool posted = false;
+    bool abandoned = false;           // its consumer went: answered already, the read lands unused
+    std::shared_ptr<void> keepalive;  // posted: the consumer's segments, until the read completes
   };
+  // The consumer went: the offers into its slots are refused now, before any
+  // credit of the consumer that takes its place is granted, so that the
+  // sender offers them again ahead of its later frames (reads in flight
+  // land unused).
+  void dropReadsInto(const ClientSession& consumer);
   // Posts the reads waiting on the link while it has room for them.
   void startReads(AgentLink& link);
   // The read of that offer did not land: its credit's slot is free again,

@@ -142,7 +142,7 @@ void OutboundStreams::failAllInProgress(const ClientSession& c, int status, cons
 }
 
 void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
-                            const std::string& why, uint32_t readers, uint32_t released) {
+                            const std::string& why, uint32_t readers, uint32_t released, uint64_t link_id) {
   OutStream* sp = stream(peer, stream_id);
   if (sp == nullptr) {
     spdlog::debug("peer {}: ACK for unknown stream {} seq {} ignored", peers_[peer].name, stream_id,
@@ -178,11 +178,21 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
     return;
   }
   FrameRef f = it->second;
-  s.unacked.erase(it);
   AgentClient* ac = clients_.find(f.client_id);
-  if (ac == nullptr) return;
+  if (ac == nullptr) {
+    s.unacked.erase(it);
+    return;
+  }
   ClientSession& c = *ac->session;
   SlotEntry& e = legSlot(*ac, f.leg, f.slot);
+  if (peer::resendable(status) && link_id != 0 && e.link_id != 0 && e.link_id != link_id) {
+    // A link that was replaced refused its copy (a pull offer whose source
+    // went with the move); the copy on the new link is answered there.
+    spdlog::debug("peer {} stream '{}': refusal of seq {} on link {} ignored: it is posted on link {} now",
+                  peers_[peer].name, s.name, sequence, link_id, e.link_id);
+    return;
+  }
+  s.unacked.erase(it);
   if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
       (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
     // Not delivered (damaged on the way, or its credit was withdrawn): the

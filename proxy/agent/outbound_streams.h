@@ -45,8 +45,12 @@ class OutboundStreams {
   void onCreditRevoke(AgentLink& link, const peer::CreditRevoke& revoke);
   // `readers`: on the receiving host that the frame reached; `released`: of
   // those, that released it (the producer's completion says both).
+  // `link_id`: the link the answer came on (0: not said).  A refusal to be
+  // resent that came on another link than the frame's current post is about
+  // an earlier post of it, and is not acted on: the current one is answered
+  // on its own link.
   void onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status, const std::string& why,
-             uint32_t readers = 1, uint32_t released = 1);
+             uint32_t readers = 1, uint32_t released = 1, uint64_t link_id = 0);
   void onSendComplete(const transport::TransportEvent& event);
   // The link's transport was shut down and drained: a post it never reported
   // complete is let go as if it completed FL_ERR_LINK_LOST.

@@ -263,6 +263,87 @@ TEST_CASE("hostile peer: frames for a stream it did not open or a credit it was 
 
 namespace {
 
+v1::PeerMessage offer(const v1::FrameHeader& header, uint64_t source_id) {
+  v1::PeerMessage m;
+  *m.mutable_offer()->mutable_header() = header;
+  m.mutable_offer()->set_source_id(source_id);
+  return m;
+}
+
+bool grantsSay(const PeerInbox& in, uint64_t stream_id, bool pull) {
+  return countMessages(in, [&](const v1::PeerMessage& m) {
+           return m.has_credit_grant() && m.credit_grant().stream_id() == stream_id &&
+                  m.credit_grant().pull() == pull;
+         }) > 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "hostile peer: pull credits take no write, offers into credits it does not hold are NACKed, and an offer "
+    "into a credit taken already closes its link",
+    "[integration][hostile_peer]") {
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport, {"--pull-stream", "hp-pull"}));
+  Client pulled = attachConsumer(pair.b(), "hp-pull");
+  Client pushed = attachConsumer(pair.b(), "hp-push");
+  HostilePeer peer(peerOf(pair, "hostile-pull", 9, transport));
+  peer.readSession();
+  peer.readData();
+  const std::vector<uint64_t> credits = openAndAwaitCredits(peer, 7, "hp-pull");
+  const std::vector<uint64_t> push_credits = openAndAwaitCredits(peer, 8, "hp-push");
+  REQUIRE(credits.size() >= 3);
+  REQUIRE(!push_credits.empty());
+  // The pull stream's credits say so, and carry no address or key to write to.
+  const PeerInbox granted = peer.inbox();
+  CHECK(grantsSay(granted, 7, true));
+  CHECK_FALSE(grantsSay(granted, 7, false));
+  CHECK(grantsSay(granted, 8, false));
+  CHECK(countMessages(granted, [](const v1::PeerMessage& m) {
+          if (!m.has_credit_grant() || m.credit_grant().stream_id() != 7) return false;
+          if (m.credit_grant().regions_size() > 0 || m.credit_grant().slot_credits_size() > 0) return true;
+          for (const auto& c : m.credit_grant().credits()) {
+            if (c.remote_addr() != 0 || c.rkey() != 0) return true;
+          }
+          return false;
+        }) == 0);
+  const std::string payload(512, 'p');
+  // Written into a pull credit: refused, never delivered.
+  REQUIRE(peer.sendFrame(frameHeader(7, 1, credits[0], payload.size()), payload));
+  // Offered into a credit never granted, and into a pushed stream's credit.
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 2, 0x7777777, payload.size()), 1)));
+  REQUIRE(peer.sendControl(offer(frameHeader(8, 1, push_credits[0], payload.size()), 2)));
+  // Offered into a pull credit, larger than its slot: refused before any read.
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 3, credits[1], (1 << 20) + 1), 3)));
+  CHECK(
+      peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 7, 1, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1; },
+                   Millis(5000)));
+  CHECK(
+      peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 7, 2, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1; },
+                   Millis(5000)));
+  CHECK(
+      peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 8, 1, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1; },
+                   Millis(5000)));
+  CHECK(peer.waitFor([](const PeerInbox& in) { return nacksOf(in, 7, 3, v1::ERROR_CODE_PROTOCOL) == 1; },
+                     Millis(5000)));
+  fl_frame frame{};
+  CHECK(fl_receive(pulled.get(), &frame, 300) == FL_ETIMEDOUT);
+  CHECK(fl_receive(pushed.get(), &frame, 100) == FL_ETIMEDOUT);
+  v1::Fin fin;
+  CHECK_FALSE(peer.finReceived(&fin));
+  // A read of this offer goes out (the peer never answers it); a second
+  // offer into the same credit would have two frames land in one slot.
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 4, credits[2], payload.size()), 4)));
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 5, credits[2], payload.size()), 5)));
+  requireProtocolClose(peer, pair.b(),
+                       "an offer (stream 7 seq 5) into credit " + std::to_string(credits[2]) +
+                           ", which an earlier offer has taken");
+  CHECK(fl_receive(pulled.get(), &frame, 100) == FL_ETIMEDOUT);
+  requireServing(pair.a(), pair.b(), "good", 2);
+}
+
+namespace {
+
 // B with the hostile peer as its only configured peer: every stream a
 // producer on B opens goes to it.  The address is never dialed successfully;
 // the peer dials in under that id.

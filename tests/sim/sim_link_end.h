@@ -37,6 +37,14 @@ class SimLinkEnd final : public transport::Transport {
     return inner_->post(request);
   }
   std::string_view lastRefusal() const noexcept override { return inner_->lastRefusal(); }
+  bool readable() const noexcept override { return inner_->readable(); }
+  Result<transport::RemoteSource> exposeSource(transport::LocalSource source) override {
+    return inner_->exposeSource(std::move(source));
+  }
+  void retractSource(uint64_t source_id) override { inner_->retractSource(source_id); }
+  transport::PostResult postRead(const transport::ReadRequest& request) noexcept override {
+    return inner_->postRead(request);
+  }
   transport::PostResult postControl(std::string record) noexcept override {
     if (recent_.size() == kRecent) recent_.pop_front();
     recent_.push_back(record);

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     total.owed_delivered += r.owed_delivered;
     total.forged += r.forged;
     total.two_receivers += r.two_receivers;
+    total.pulled += r.pulled;
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   if (failed > 0) {
@@ -103,7 +104,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers) in %.1f s, %.0f "
+      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers, %llu pulled) in %.1f s, "
+      "%.0f "
       "schedules/s; frames %llu: "
       "delivered "
       "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
@@ -112,11 +114,11 @@ int main(int argc, char** argv) {
       "%llu, skipped for a slow subscriber %llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(seed + ran - 1), static_cast<unsigned long long>(total.two_receivers),
-      took, took > 0 ? ran / took : 0.0, static_cast<unsigned long long>(total.frames),
-      static_cast<unsigned long long>(total.delivered), static_cast<unsigned long long>(total.failed),
-      static_cast<unsigned long long>(total.unknown), static_cast<unsigned long long>(total.redelivered),
-      static_cast<unsigned long long>(total.link_breaks), static_cast<unsigned long long>(total.crashes),
-      static_cast<unsigned long long>(total.damaged),
+      static_cast<unsigned long long>(total.pulled), took, took > 0 ? ran / took : 0.0,
+      static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
+      static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
+      static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
+      static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
       static_cast<unsigned long long>(total.released_then_lost),
       static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
       static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));

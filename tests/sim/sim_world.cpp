@@ -38,6 +38,14 @@ World::World(const SimOptions& options, SimResult& result)
       daemons_[d].config.drop_streams = {kStream};
       daemons_[d].config.drop_lag = 1 + static_cast<uint32_t>(options.seed % 3);
     }
+    // Seeds 2 and 5 of every 7 pull the stream: receivers read each frame
+    // from the sender's offer instead of having it written.
+    if (options.seed % 7 == 2 || options.seed % 7 == 5) {
+      pull_ = true;
+      result.pulled = 1;
+      daemons_[d].config.pull_streams = {kStream};
+      daemons_[d].config.pull_reads_per_link = 1 + static_cast<uint32_t>(options.seed % 4);
+    }
     boot(d);
   }
   // Every third seed routes the stream by name: a reader on a sender's own
@@ -436,6 +444,16 @@ void World::deliverData(Link& link, uint64_t n, bool damage) {
     transport::FrameHeader next;
     const bool frame = link.pair.link->peekNext(from, &next);
     if (frame) countLanding(next.frame_id);
+    // A frame a pulling receiver is offered crosses as its offer does (its
+    // bytes follow when the receiver reads them).
+    if (std::string record; !frame && link.pair.link->peekControl(from, &record)) {
+      v1::ControlBatch batch;
+      if (batch.ParseFromString(record)) {
+        for (const auto& m : batch.messages()) {
+          if (m.has_offer()) countLanding(m.offer().header().frame_id());
+        }
+      }
+    }
     const bool damaged = damage && frame;  // a control record is never damaged: it has no CRC32C
     if (!link.pair.link->deliverOne(
             from, damaged ? LoopbackLink::Damage::kFlipPayloadByte : LoopbackLink::Damage::kNone)) {

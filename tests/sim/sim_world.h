@@ -84,6 +84,7 @@ struct SimResult {
   uint64_t forged = 0;              // records the adversary put on a link
   uint64_t skipped = 0;             // frames a subscriber of a drop stream was skipped for (told the gap)
   uint64_t two_receivers = 0;       // schedules of a world with two receiving daemons
+  uint64_t pulled = 0;              // schedules of a world whose receivers pull the stream
 };
 
 SimResult runSchedule(const SimOptions& options);

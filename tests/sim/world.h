@@ -254,6 +254,7 @@ class World {
   ManualClock clock_;
   bool damage_on_ = false;
   bool drop_ = false;          // the stream is in drop_streams on every daemon
+  bool pull_ = false;          // the stream is in pull_streams on every daemon
   bool named_routes_ = false;  // the senders route the stream by name (to every receiver)
   bool healthy_ = false;       // the links are healed and every message moves: ACKs owe no TIMEOUT
   std::vector<Daemon> daemons_;

@@ -16,8 +16,12 @@
 #             on C: every reader gets every frame, verified, in order; each completion counts 3
 #             readers; A's transport sent each frame twice (once per host), B and C each received
 #             it once (B lends it to its second subscriber)
+#   pull      B pulls the stream (--pull-stream): A offers each frame and B reads it (RDMA READ on
+#             rdma) into its consumer's slot, at most 4 reads in flight: every frame verified, exactly
+#             once, in order; B pulled each frame once and none was written into B; then the same
+#             with the link cut and restored mid-stream (when --cut-down/--cut-up are given)
 #
-#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout]
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout,pull]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
 #                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
 #
@@ -32,7 +36,7 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-cases=transfer,cut,fallback,faults,detach,fanout
+cases=transfer,cut,fallback,faults,detach,fanout,pull
 transport=rdma
 frames=300
 sizes=64K:1M
@@ -477,6 +481,57 @@ case_fanout() {
   sizes=$saved_sizes
 }
 
+case_pull() {
+  log "case pull: B pulls; $frames frames of $sizes over $transport, then the link cut mid-stream"
+  extra_b=(--pull-stream pull --pull-stream pullcut --pull-reads-per-link 4)
+  start_pair "$transport" "$transport" || { extra_b=(); show_logs; result pull FAIL "daemons did not start"; return; }
+  extra_b=()
+  local ta why="" pulled offered reads written
+  ta=$(wait_link a)
+  run_transfer pull
+  finish_transfer pull
+  check_transfer || why="frames lost, duplicated or corrupted"
+  for _ in $(seq 30); do # the transports' counters reach /stats twice a second
+    reads=$(json_num "$(stats b)" transport_reads_completed)
+    [[ "${reads:-0}" -ge "$frames" ]] && break
+    sleep 0.1
+  done
+  pulled=$(json_num "$(stats b)" frames_pulled)
+  offered=$(json_num "$(stats a)" frames_offered)
+  written=$(json_num "$(stats b)" transport_frames_received)
+  log "A offered ${offered:-?} frames; B pulled ${pulled:-?} (its transport read ${reads:-?}), ${written:-?} written into B"
+  [[ "$ta" == "$transport" ]] || why="${why:+$why; }link transport '$ta', want $transport"
+  [[ "${pulled:-x}" == "$frames" && "${reads:-x}" == "$frames" && "${written:-x}" == 0 && "${offered:-0}" -ge "$frames" ]] ||
+    why="${why:+$why; }B pulled ${pulled:-?} (read ${reads:-?}) and had ${written:-?} written, A offered ${offered:-?}; want $frames, $frames, 0, >= $frames"
+  local cut_note="link cut not run (no --cut-down/--cut-up)"
+  if [[ -z "$why" && -n "$cut_down" && -n "$cut_up" ]]; then
+    run_transfer pullcut --rate 30
+    local got=0
+    for _ in $(seq 300); do
+      got=$(json_num "$(stats b)" frames_received)
+      ((${got:-0} >= frames + frames / 6)) && break
+      sleep 0.1
+    done
+    log "B has received $got frames: cutting the link ($cut_down)"
+    bash -c "$cut_down"
+    sleep "$cut_seconds"
+    bash -c "$cut_up"
+    finish_transfer pullcut
+    if check_transfer; then
+      cut_note="link cut ${cut_seconds}s mid-stream, $frames more frames verified, exactly once, in order"
+    else
+      why="after a link cut, not every pulled frame was delivered exactly once"
+    fi
+  fi
+  if [[ -z "$why" ]]; then
+    result pull PASS "$frames frames pulled over $transport, verified, exactly once, in order; $cut_note"
+  else
+    show_logs
+    result pull FAIL "$why"
+  fi
+  cleanup
+}
+
 echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
@@ -487,6 +542,7 @@ for c in "${want[@]}"; do
     faults) case_faults ;;
     detach) case_detach ;;
     fanout) case_fanout ;;
+    pull) case_pull ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done

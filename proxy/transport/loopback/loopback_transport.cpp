@@ -54,6 +54,13 @@ class Shared final : public LoopbackLink {
     *header = outgoing.front().request.header;
     return true;
   }
+  bool peekControl(int end, std::string* record) const override {
+    MutexLock lock(mu_);
+    const auto& outgoing = ends_[end & 1].outgoing;
+    if (outgoing.empty() || outgoing.front().control.empty()) return false;
+    *record = outgoing.front().control;
+    return true;
+  }
   bool deliverOne(int end, Damage damage) noexcept override {
     MutexLock lock(mu_);
     return deliverLocked(end & 1, damage);

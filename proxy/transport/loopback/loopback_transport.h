@@ -69,6 +69,9 @@ class LoopbackLink {
   // deliverOne would land next; false when nothing waits or a control
   // record is next.
   virtual bool peekNext(int end, FrameHeader* header) const noexcept = 0;
+  // The oldest control record posted by `end` when one is what deliverOne
+  // would hand over next (into `record`); false otherwise.
+  virtual bool peekControl(int end, std::string* record) const = 0;
   // Delivers what `end` posted first (a frame, a control record or a read:
   // damage applies to frames and read bytes); false when nothing waits or
   // the link is down.
