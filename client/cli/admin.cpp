@@ -423,8 +423,9 @@ std::string formatClients(const Json& snapshot) {
   for (const auto& c : clients) {
     const bool producer = str(c, "role") == "producer";
     t.add({std::to_string(u64(c, "id")), std::to_string(u64(c, "pid")), std::to_string(u64(c, "uid")),
-           str(c, "role") + (c.value("gone", false) ? " (gone)" : ""), str(c, "stream"),
-           std::to_string(u64(c, "slots")) + " x " + formatBytes(u64(c, "slot_size")),
+           str(c, "role") + (str(c, "delivery") == "pull" ? " (pull)" : "") +
+               (c.value("gone", false) ? " (gone)" : ""),
+           str(c, "stream"), std::to_string(u64(c, "slots")) + " x " + formatBytes(u64(c, "slot_size")),
            std::to_string(u64(c, "in_flight")),
            producer ? "-" : std::to_string(u64(c, "in_flight") + u64(c, "waiting")),
            std::to_string(u64(c, "dropped")), std::to_string(u64(c, "frames")), formatBytes(u64(c, "bytes")),
@@ -470,8 +471,9 @@ Json linkRows(const Json& snapshot) {
 std::string formatLinks(const Json& snapshot) {
   const Json rows = linkRows(snapshot);
   if (rows.empty()) return "no peers configured and no links up\n";
+  // PULLED: streams this daemon pulls from the peer / the peer pulls from it.
   Table t({"PEER", "ADDRESS", "STATE", "UP FOR", "TRANSPORT", "RTT", "IN FLIGHT", "WAITING", "REPLAYS",
-           "FRAMES OUT", "FRAMES IN", "WHY THIS TRANSPORT", "LAST ERROR"});
+           "FRAMES OUT", "FRAMES IN", "PULLED IN/OUT", "WHY THIS TRANSPORT", "LAST ERROR"});
   for (const auto& l : rows) {
     const uint64_t since = u64(l, "up_since_ns");
     const uint64_t now = realtimeNs();
@@ -489,6 +491,9 @@ std::string formatLinks(const Json& snapshot) {
            std::to_string(u64(l, "in_flight")), std::to_string(u64(l, "pending")),
            std::to_string(u64(l, "replayed")), std::to_string(u64(l, "frames_out")),
            std::to_string(u64(l, "frames_in")),
+           str(l, "state") == "down"
+               ? "-"
+               : std::to_string(u64(l, "pulled_in")) + "/" + std::to_string(u64(l, "pulled_out")),
            !str(l, "transport_reason").empty() ? str(l, "transport_reason")
            : str(l, "state") == "down"         ? "-"
                                                : "first choice",

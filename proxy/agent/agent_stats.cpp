@@ -23,6 +23,9 @@ std::string toJson(AgentStats stats) {
                                 : c.subscriber ? "subscriber"
                                                : "consumer"},
                        {"stream", c.stream},
+                       {"delivery", c.producer ? "-"
+                                    : c.pull   ? "pull"
+                                               : "push"},
                        {"slots", c.slots},
                        {"slot_size", c.slot_size},
                        {"slots_busy", c.slots_busy},
@@ -50,7 +53,9 @@ std::string toJson(AgentStats stats) {
                      {"in_flight", l.in_flight},
                      {"pending", l.pending},
                      {"replayed", l.replayed},
-                     {"in_streams", l.in_streams}});
+                     {"in_streams", l.in_streams},
+                     {"pulled_in", l.pulled_in},
+                     {"pulled_out", l.pulled_out}});
   }
   Json streams = Json::array();
   for (const auto& s : stats.streams) {

@@ -23,6 +23,7 @@ struct ClientStats {
   std::string name;  // what the application called itself (from outside: escaped)
   bool producer = false;
   bool subscriber = false;  // consumer: every frame (else a queue group member)
+  bool pull = false;        // consumer: peers' frames of its stream are pulled here (pull_streams)
   std::string stream;
   size_t slots = 0;
   uint64_t slot_size = 0;
@@ -52,6 +53,8 @@ struct LinkStats {
   size_t pending = 0;    // this daemon's frames for the peer, waiting for a credit
   uint64_t replayed = 0;
   size_t in_streams = 0;
+  size_t pulled_in = 0;   // of in_streams, those this daemon pulls (reads)
+  size_t pulled_out = 0;  // streams this daemon sends on the link that the peer pulls (offered)
 };
 
 struct StreamStats {

@@ -549,6 +549,8 @@ void DataAgent::publishStats() {
     cs.name = s.name;
     cs.producer = s.role == FL_ROLE_PRODUCER;
     cs.subscriber = s.subscriber;
+    cs.pull = !cs.producer && std::find(config_.pull_streams.begin(), config_.pull_streams.end(), s.stream) !=
+                                  config_.pull_streams.end();
     cs.stream = s.stream;
     cs.slots = s.slots.size();
     cs.slot_size = s.segments ? s.segments->slotSize() : 0;
@@ -590,8 +592,10 @@ void DataAgent::publishStats() {
     if (l.peer != kNoPeer && peers_[l.peer].link_id == id) {
       ls.in_flight = t.in_flight;
       ls.pending = t.pending;
+      ls.pulled_out = t.pulled;
     }
     ls.in_streams = l.in_streams.size();
+    for (const auto& [sid, in] : l.in_streams) ls.pulled_in += inbound_.pulls(l, in.name) ? 1 : 0;
     Metrics::LinkGauge& g = by_peer[l.peer_name];
     g.peer = l.peer_name;
     if (!l.closing || g.transport.empty()) g.transport = l.transport_name;

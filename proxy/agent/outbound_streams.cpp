@@ -555,6 +555,7 @@ OutboundStreams::PeerTraffic OutboundStreams::traffic(PeerId peer) const {
   for (const auto& [id, s] : out_[peer].streams) {
     t.in_flight += s.unacked.size();
     t.pending += s.pending.size();
+    t.pulled += s.pull ? 1 : 0;
   }
   return t;
 }

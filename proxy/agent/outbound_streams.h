@@ -84,6 +84,7 @@ class OutboundStreams {
     size_t in_flight = 0;
     size_t pending = 0;
     uint64_t replayed = 0;
+    size_t pulled = 0;  // streams the peer pulls on its current link
   };
   PeerTraffic traffic(PeerId peer) const;
 

@@ -33,7 +33,8 @@
 //
 // Invariants, besides no crash and no ASan/UBSan report:
 //   * a message out of bounds in any state (no body, a handshake or rdma
-//     message, an invalid stream name, an ACK of more than 4096 frames) ends
+//     message, an invalid stream name, an ACK of more than 4096 frames, an
+//     offer without a frame header or with too many attribute bytes) ends
 //     the session it came on, which gets exactly one Fin(PROTOCOL); no
 //     message ends another link's session; every Fin the agent sends says
 //     PROTOCOL, at most one per link;
@@ -106,6 +107,8 @@ bool outOfBounds(const v1::PeerMessage& m) {
       }
       return frames > kMaxAckSequences;
     }
+    case v1::PeerMessage::kOffer:  // pull: a frame header within its bounds is needed
+      return !m.offer().has_header() || m.offer().header().attributes().size() > FL_MAX_ATTR_BYTES;
     case v1::PeerMessage::kStreamClose:
     case v1::PeerMessage::kCreditGrant:
     case v1::PeerMessage::kCreditRevoke:
@@ -142,6 +145,9 @@ void shiftStreamId(v1::PeerMessage& m, uint64_t by) {
       break;
     case v1::PeerMessage::kNack:
       m.mutable_nack()->set_stream_id(m.nack().stream_id() + by);
+      break;
+    case v1::PeerMessage::kOffer:
+      m.mutable_offer()->mutable_header()->set_stream_id(m.offer().header().stream_id() + by);
       break;
     default:
       break;

@@ -6,8 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cli_run.h"
 #include "client_util.h"
 #include "harness.h"
 
@@ -74,6 +76,43 @@ TEST_CASE("pull: a stream the receiver pulls moves every frame intact, read by t
   CHECK(waitForMetric(pair.a(), "framelink_transport_reads_served_total", kFrames) == kFrames);
   CHECK(pair.b().metric("framelink_transport_frames_received_total") == 0);
   CHECK(pair.b().metric("framelink_pull_reads_failed_total") == 0);
+
+  // `framelink links` says which streams each side pulls, `clients` which consumers pull.
+  {
+    Client consumer = attachConsumer(pair.b(), "pulled", 4, 64 * 1024);
+    Client producer = attachProducer(pair.a(), "pulled", 4, 64 * 1024);
+    submitFrame(producer.get(), 1, 1000, true);
+    fl_frame f = receiveFrame(consumer.get(), Millis(15000));
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+    // The daemons publish what they show twice a second.
+    nlohmann::json links_a, links_b;
+    for (int i = 0; i < 50; ++i) {
+      links_a = cliJson("links-a", {"links", "--json", "--socket", pair.a().socketPath()});
+      links_b = cliJson("links-b", {"links", "--json", "--socket", pair.b().socketPath()});
+      if (links_a.size() == 1 && links_a[0].value("pulled_out", 0) == 1 && links_b.size() == 1 &&
+          links_b[0].value("pulled_in", 0) == 1) {
+        break;
+      }
+      std::this_thread::sleep_for(Millis(100));
+    }
+    INFO("links A: " << links_a.dump() << "\nlinks B: " << links_b.dump());
+    REQUIRE(links_a.size() == 1);
+    REQUIRE(links_b.size() == 1);
+    CHECK(links_a[0].value("pulled_out", 0) == 1);
+    CHECK(links_a[0].value("pulled_in", 0) == 0);
+    CHECK(links_b[0].value("pulled_in", 0) == 1);
+    CHECK(links_b[0].value("pulled_out", 0) == 0);
+    const nlohmann::json clients_b =
+        cliJson("clients-b", {"clients", "--json", "--socket", pair.b().socketPath()});
+    REQUIRE(clients_b.size() == 1);
+    CHECK(clients_b[0].value("delivery", "") == "pull");
+    const nlohmann::json clients_a =
+        cliJson("clients-a", {"clients", "--json", "--socket", pair.a().socketPath()});
+    REQUIRE(clients_a.size() == 1);
+    CHECK(clients_a[0].value("delivery", "") == "-");
+    const CliRun table = runCli("links-table", {"links", "--socket", pair.b().socketPath()});
+    CHECK_THAT(table.output, Catch::Contains("PULLED IN/OUT") && Catch::Contains("1/0"));
+  }
 
   // A stream B does not list is still pushed on the same link.
   const int64_t pulled = pair.b().metric("framelink_frames_pulled_total");

@@ -44,13 +44,14 @@ TEST_CASE("agent stats: every row and total, streams in peer then id order", "[a
   const std::string json = toJson(s);
   CHECK(json ==
         "{\"clients\":[{\"id\":3,\"pid\":1234,\"uid\":1000,\"gid\":100,\"name\":\"acq\xc3\xa9\",\"role\":"
-        "\"producer\",\"stream\":\"cam\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,\"in_flight\":2,"
+        "\"producer\",\"stream\":\"cam\",\"delivery\":\"-\",\"slots\":8,\"slot_size\":4096,\"slots_busy\":2,"
+        "\"in_flight\":2,"
         "\"waiting\":0,"
         "\"frames\":10,\"bytes\":4096,\"errors\":1,\"dropped\":3,\"gone\":false}],"
         "\"links\":[{\"id\":1,\"peer\":\"hostb\",\"address\":\"10.0.0.2:7700\",\"state\":\"up\","
         "\"peer_instance\":77,\"transport\":\"tcp\",\"transport_reason\":\"rdma: no \\\"device\\\"\","
         "\"up_since_ns\":5000,\"rtt_ns\":120,\"frames_in\":5,\"frames_out\":6,\"in_flight\":3,"
-        "\"pending\":4,\"replayed\":2,\"in_streams\":1}],"
+        "\"pending\":4,\"replayed\":2,\"in_streams\":1,\"pulled_in\":0,\"pulled_out\":0}],"
         "\"streams\":[{\"peer\":\"alpha\",\"stream\":\"cam\",\"id\":2,\"next_sequence\":1,\"credits\":0,"
         "\"pending\":0,\"unacked\":0},{\"peer\":\"alpha\",\"stream\":\"cam\",\"id\":9,\"next_sequence\":1,"
         "\"credits\":0,\"pending\":0,\"unacked\":0},{\"peer\":\"zeta\",\"stream\":\"cam\",\"id\":1,"
