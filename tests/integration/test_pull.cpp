@@ -31,12 +31,12 @@ DaemonPair::Options pullPair(const std::string& transport, std::vector<std::stri
 // arrives in order and intact, and every completion is DELIVERED.
 void moveFrames(const DaemonProcess& a, const DaemonProcess& b, const std::string& stream, int frames,
                 int window) {
-  Client consumer = attachConsumer(b, stream, 4, 512 * 1024);
-  Client producer = attachProducer(a, stream, 8, 512 * 1024);
+  Client consumer = attachConsumer(b, stream, 4, uint64_t{512} * 1024);
+  Client producer = attachProducer(a, stream, 8, uint64_t{512} * 1024);
   int submitted = 0;
   int received = 0;
   size_t delivered = 0;
-  auto length = [](int i) { return uint64_t(1) + (uint64_t(i) * 40'961) % (512 * 1024); };
+  auto length = [](int i) { return uint64_t(1) + (uint64_t(i) * 40'961) % (uint64_t{512} * 1024); };
   while (received < frames) {
     while (submitted < frames && submitted - received < window) {
       submitFrame(producer.get(), 5000 + uint64_t(submitted), length(submitted), true);
@@ -79,8 +79,8 @@ TEST_CASE("pull: a stream the receiver pulls moves every frame intact, read by t
 
   // `framelink links` says which streams each side pulls, `clients` which consumers pull.
   {
-    Client consumer = attachConsumer(pair.b(), "pulled", 4, 64 * 1024);
-    Client producer = attachProducer(pair.a(), "pulled", 4, 64 * 1024);
+    Client consumer = attachConsumer(pair.b(), "pulled", 4, uint64_t{64} * 1024);
+    Client producer = attachProducer(pair.a(), "pulled", 4, uint64_t{64} * 1024);
     submitFrame(producer.get(), 1, 1000, true);
     fl_frame f = receiveFrame(consumer.get(), Millis(15000));
     REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
@@ -135,18 +135,18 @@ TEST_CASE("pull: a consumer that goes holding frames: they fail, the rest reach 
   DaemonPair pair(pullPair("tcp"));
   const std::string stream = GENERATE("pulled", "pushed");
   INFO("stream " << stream);
-  Client producer = attachProducer(pair.a(), stream, 8, 64 * 1024);
+  Client producer = attachProducer(pair.a(), stream, 8, uint64_t{64} * 1024);
   {
     // Its 4 slots take 4 frames, which it never releases; the 2 frames
     // past them wait at the sender for a slot.
-    Client first = attachConsumer(pair.b(), stream, 4, 64 * 1024);
+    Client first = attachConsumer(pair.b(), stream, 4, uint64_t{64} * 1024);
     for (int i = 0; i < 6; ++i) submitFrame(producer.get(), 7000 + uint64_t(i), 30'000, true);
     for (int i = 0; i < 4; ++i) {
       fl_frame f = receiveFrame(first.get(), Millis(15000));
       checkSyntheticFrame(f, 7000 + uint64_t(i), 30'000);
     }
   }
-  Client second = attachConsumer(pair.b(), stream, 4, 64 * 1024);
+  Client second = attachConsumer(pair.b(), stream, 4, uint64_t{64} * 1024);
   for (uint64_t id : {7004, 7005}) {
     fl_frame f = receiveFrame(second.get(), Millis(20000));
     checkSyntheticFrame(f, id, 30'000);
