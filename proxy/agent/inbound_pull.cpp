@@ -91,7 +91,8 @@ void InboundStreams::startReads(AgentLink& l) {
     req.source = read.source;
     req.buffer = consumer.segments->slot(cit->second.slot);
     req.capacity = consumer.segments->slotSize();
-    req.local_key = consumer.segments->localKey();
+    // No key: each of a consumer's slots has a registration of its own, and
+    // the transport finds the one that holds this slot.
     const transport::PostResult r = l.transport->postRead(req);
     if (r == transport::PostResult::kBackpressure) break;  // tried again as reads complete
     waiting->second.pop_front();

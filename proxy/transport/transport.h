@@ -127,8 +127,9 @@ struct ReadRequest {
   // valid until the ReadComplete (a consumer's slot, its header before it).
   uint8_t* buffer = nullptr;
   uint64_t capacity = 0;  // of `buffer`; a larger source is refused (kInvalid)
-  // rdma: the lkey of the registration that holds `buffer` (the consumer's
-  // data segment); the other transports ignore it.
+  // rdma: the lkey of the registration that holds `buffer`; unset: the
+  // receive registration that holds it (a consumer's slots are registered
+  // one by one, each with its own key).  The other transports ignore it.
   std::optional<uint32_t> local_key;
 };
 

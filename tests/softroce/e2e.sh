@@ -500,9 +500,12 @@ case_pull() {
   offered=$(json_num "$(stats a)" frames_offered)
   written=$(json_num "$(stats b)" transport_frames_received)
   log "A offered ${offered:-?} frames; B pulled ${pulled:-?} (its transport read ${reads:-?}), ${written:-?} written into B"
+  # What made A offer a frame again, if it did: refusals, replays, links that went.
+  grep -hE 'sending it again|will be sent again|is down|protocol error|failed' "$work/a/log" "$work/b/log" | tail -8
   [[ "$ta" == "$transport" ]] || why="${why:+$why; }link transport '$ta', want $transport"
-  [[ "${pulled:-x}" == "$frames" && "${reads:-x}" == "$frames" && "${written:-x}" == 0 && "${offered:-0}" -ge "$frames" ]] ||
-    why="${why:+$why; }B pulled ${pulled:-?} (read ${reads:-?}) and had ${written:-?} written, A offered ${offered:-?}; want $frames, $frames, 0, >= $frames"
+  # Each frame offered once: an offer made again means a read failed or the link went.
+  [[ "${pulled:-x}" == "$frames" && "${reads:-x}" == "$frames" && "${written:-x}" == 0 && "${offered:-x}" == "$frames" ]] ||
+    why="${why:+$why; }B pulled ${pulled:-?} (read ${reads:-?}) and had ${written:-?} written, A offered ${offered:-?}; want $frames, $frames, 0, $frames"
   local cut_note="link cut not run (no --cut-down/--cut-up)"
   if [[ -z "$why" && -n "$cut_down" && -n "$cut_up" ]]; then
     run_transfer pullcut --rate 30

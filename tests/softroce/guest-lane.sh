@@ -6,7 +6,8 @@
 #   hugepage  a daemon segment on 2 MiB pages registered as an MR, one RDMA WRITE into it
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
 #   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
-# Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_BENCH_BASELINE
+# Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_E2E_CASES (e2e.sh
+# --cases; empty: all), LANE_BENCH_BASELINE
 # (a build tree the bench compares with; empty: none) and LANE_BENCH_ROUNDS (runs of each), SOFTROCE_*
 # from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
@@ -91,7 +92,7 @@ for s in "${want[@]}"; do
       ;;
     e2e)
       step e2e 1 420 bash "$here/e2e.sh" --build "$build" --a-ip "$FRAMELINK_RDMA_A_IP" \
-        --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up"
+        --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up" ${LANE_E2E_CASES:+--cases "$LANE_E2E_CASES"}
       ;;
     bench)
       # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency

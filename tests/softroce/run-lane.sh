@@ -89,6 +89,7 @@ start=$SECONDS
 (cd "$root" && "$here/vm/softroce-vm.sh" --pair --mtu 9000 --hugepages 64 -t "$timeout_s" --boot-allowance 90 \
   -w "$build" -o "$out" \
   -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" -e "LANE_BENCH_ROUNDS=$rounds" \
+  -e "LANE_E2E_CASES=${LANE_E2E_CASES:-}" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
   -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
 rc=$?

@@ -158,11 +158,31 @@ TEST_CASE("rdma read: reads share the send queue with frames, in order and selec
   CHECK(p.fake->errors().empty());
 }
 
+TEST_CASE("rdma read: a read without a key lands through the registration of its slot", "[rdma][read]") {
+  // As the daemon registers a consumer: a registration per slot, each its own lkey.
+  ReadPath p;
+  Memory& slot0 = p.mem(*p.dev_b, kSlot, MemoryAccess::kCreditWindows);
+  Memory& slot1 = p.mem(*p.dev_b, kSlot, MemoryAccess::kCreditWindows);
+  REQUIRE(slot0.mr->lkey() != slot1.mr->lkey());
+  const RemoteSource source = p.expose(21, 0, 2500);
+  ReadRequest r = p.read(7, source, 0);
+  r.buffer = slot1.data;
+  r.local_key.reset();
+  REQUIRE(p.b->postRead(r) == PostResult::kOk);
+  p.b->flush();
+  until(p.owner, p.reader, [&] { return p.reader.reads.size() == 1; });
+  CHECK(p.reader.reads[0].status == FL_OK);
+  CHECK(std::memcmp(slot1.data, p.src.data, 2500) == 0);
+  CHECK(p.fake->errors().empty());
+}
+
 TEST_CASE("rdma read: malformed reads and sources are refused, nothing posted", "[rdma][read]") {
   ReadPath p;
   const RemoteSource source = p.expose(1, 0, 1000);
+  std::vector<uint8_t> unregistered_buffer(kSlot);
   ReadRequest no_key = p.read(1, source, 0);
   no_key.local_key.reset();
+  no_key.buffer = unregistered_buffer.data();
   CHECK(p.b->postRead(no_key) == PostResult::kInvalid);
   CHECK(std::string(p.b->lastRefusal()).find("no local memory key") != std::string::npos);
   ReadRequest small = p.read(2, source, 0);

@@ -335,10 +335,16 @@ PostResult RdmaTransport::post(const SendRequest& r) noexcept {
 // empty source: it completes at once.
 PostResult RdmaTransport::postRead(const ReadRequest& r) noexcept {
   if (!connected_.load(std::memory_order_relaxed)) return PostResult::kNotConnected;
+  // Without a key, the receive registration that holds the buffer (a
+  // consumer's slots are registered one by one, each with its own key).
+  std::optional<uint32_t> lkey = r.local_key;
+  if (!lkey && r.source.length > 0 && r.buffer != nullptr) {
+    if (const ibv_mr* mr = device_->windowRegion(r.buffer, r.source.length)) lkey = mr->lkey;
+  }
   const char* why = read_depth_ == 0 ? "this rdma link cannot read (the device offers no RDMA READ)"
-                    : r.source.length > 0 && !r.local_key
-                        ? "the read's buffer carries no local memory key (rdma reads only into memory "
-                          "registered with its device: the consumer's data segment)"
+                    : r.source.length > 0 && !lkey
+                        ? "the read's buffer carries no local memory key and lies in no receive registration "
+                          "(rdma reads only into memory registered with its device: a consumer's slots)"
                     : r.source.length > UINT32_MAX ? "a read of more than 4 GiB"
                                                    : nullptr;
   uint64_t tag = 0;
@@ -356,7 +362,7 @@ PostResult RdmaTransport::postRead(const ReadRequest& r) noexcept {
   ibv_sge* sge = &send_sges_[2 * slot];
   sge[0].addr = reinterpret_cast<uint64_t>(r.buffer);
   sge[0].length = static_cast<uint32_t>(r.source.length);
-  sge[0].lkey = *r.local_key;
+  sge[0].lkey = *lkey;
   ibv_send_wr& wr = send_wrs_[slot];
   wr = {};
   wr.wr_id = seq;
