@@ -33,14 +33,25 @@ COUNT = 40
 SIZE = 1 << 20
 
 
-def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path):
+def counters(socket):
+    """The daemon's counters, from `framelink stats --json`."""
+    cli = os.path.join(BUILD, "client", "cli", "framelink")
+    out = subprocess.run([cli, "stats", "--json", "--socket", socket], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)["counters"]
+
+
+# Pushed (daemon a writes each frame into the ingestor's slot), or pulled (daemon b lists the
+# stream in pull_streams and reads each frame a offers): the applications do not change.
+@pytest.mark.parametrize("delivery", ["push", "pull"])
+def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path, delivery):
     if not os.path.exists(EXAMPLE):
         pytest.fail(f"{EXAMPLE} is missing: build it with "
                     "dotnet build examples/dotnet/InspectionProducer -c Release (scripts/test-clients.sh does)")
     out = tmp_path / "frames"
     ready = tmp_path / "ingestor.ready"
     env = dict(os.environ, DOTNET_CLI_TELEMETRY_OPTOUT="1", DOTNET_NOLOGO="1")
-    with DaemonPair() as pair:
+    with DaemonPair(extra_args=["--pull-stream", "inspect"] if delivery == "pull" else []) as pair:
         ingestor = subprocess.Popen(
             [sys.executable, INGESTOR, "--stream", "inspect", "--socket", pair.b.socket, "--out", str(out),
              "--count", str(COUNT), "--verify", "--timeout", "60", "--slots", "4", "--slot-size", str(SIZE),
@@ -57,12 +68,14 @@ def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path):
                  "--size", "1M", "--slots", "4", "--json"],
                 capture_output=True, text=True, timeout=120, env=env)
             ing_out, ing_err = ingestor.communicate(timeout=60)
+            pulled = counters(pair.b.socket).get("frames_pulled")
         finally:
             if ingestor.poll() is None:
                 ingestor.kill()
     assert producer.returncode == 0, producer.stdout + producer.stderr
     sent = json.loads(producer.stdout.strip().splitlines()[-1])
     assert sent["delivered"] == COUNT and sent["failed"] == 0
+    assert pulled == (COUNT if delivery == "pull" else 0)
     assert ingestor.returncode == 0, ing_err
     assert "framelink from the source tree" not in ing_err  # the ingestor used the installed package
     got = json.loads(ing_out.strip().splitlines()[-1])

@@ -160,6 +160,7 @@ iters_for() {
 rows=()
 extra_rows=()
 declare -A ib_write_gbs
+declare -A fl_push_gbs # framelink's GB/s (push) per size, for the stream-level pull rows
 unmeasured=0
 IFS=, read -r -a size_list <<<"$sizes"
 pairs_bytes=$(bytes_of "$pairs_size")
@@ -183,6 +184,7 @@ for sz in "${size_list[@]}"; do
     row=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$res" | head -1)
     fl_gbs=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$row")
     if [[ -n "$fl_gbs" ]]; then
+      fl_push_gbs[$sz]=$fl_gbs
       fl="$fl_gbs GB/s"
       grep -q UNVERIFIED <<<"$row" && fl="$fl UNVERIFIED"
       fl_fps=$(cell "$row" 3)
@@ -290,6 +292,7 @@ fi
 # retries for minutes), and ib_read_bw after it too.
 pp_sizes=64K,1M
 pp_rows=()
+sp_rows=() # the same sizes through two daemons, the stream pushed and pulled
 tbench=$build/tests/transport/framelink_transport_bench
 if [[ -x "$tbench" ]]; then
   echo "== framelink_transport_bench --transport rdma --sizes $pp_sizes"
@@ -311,6 +314,19 @@ if [[ -x "$tbench" ]]; then
     pull=$(awk '{print $5}' <<<"$t")
     [[ -n "$pull" ]] || unmeasured=$((unmeasured + 1))
     pp_rows+=("| $sz | ${push:-failed} GB/s | ${ib_write_gbs[$sz]:-} GB/s | $(ratio_of "${push:-0}" "${ib_write_gbs[$sz]:-0}") | ${pull:-failed} GB/s | ${rd:-failed} GB/s | $(ratio_of "${pull:-0}" "${rd:-0}") | $(ratio_of "${pull:-0}" "${push:-0}") |")
+    # The whole path with the stream pulled: daemon B lists the bench's stream in pull_streams.
+    spull=""
+    if [[ -x "$cli" ]]; then
+      echo "== framelink bench rdma $sz, the stream pulled (${seconds}s)"
+      sres=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+        --sizes "$sz" --seconds "$seconds" --idle-seconds 0 --latency-samples 0 --pairs 0 \
+        --daemon-arg=--pull-stream=bench0 "${daemon_args[@]}" 2>&1)
+      srow=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$sres" | head -1)
+      echo "   $srow"
+      spull=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$srow")
+      [[ -n "$spull" ]] || { unmeasured=$((unmeasured + 1)); echo "$sres" | tail -15; }
+    fi
+    sp_rows+=("| $sz | ${fl_push_gbs[$sz]:-failed} GB/s | ${spull:-failed} GB/s | $(ratio_of "${spull:-0}" "${fl_push_gbs[$sz]:-0}") | ${rd:-failed} GB/s | $(ratio_of "${spull:-0}" "${rd:-0}") |")
   done
   tlat=$(grep -E '^4 KiB one at a time' <<<"$tres" || true)
   echo "== ib_read_lat 4096 x 1000"
@@ -386,6 +402,13 @@ fi
     echo "$pp_lat"
     echo "transport: framelink_transport_bench --transport rdma --sizes $pp_sizes --bytes-per-size 32M (both ends in one process, 16 in flight, a window bound and invalidated per frame)"
     echo "ib_read_bw / ib_read_lat: as ib_write_bw / ib_write_lat, the client on $a_dev reading from $b_dev"
+    echo
+    echo "framelink rdma (app -> daemon -> daemon -> app), the stream pushed vs pulled (daemon B: --pull-stream)"
+    echo
+    echo "| frame size | push | pull | pull / push | ib_read_bw | pull / ib_read_bw |"
+    echo "|---|---|---|---|---|---|"
+    printf '%s\n' "${sp_rows[@]}"
+    echo "pull: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds --daemon-arg=--pull-stream=bench0"
   fi
   if ((${#ab_rows[@]})); then
     echo

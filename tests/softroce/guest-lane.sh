@@ -98,9 +98,9 @@ for s in "${want[@]}"; do
       # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency
       # case), a short latency run.
       baseline=()
-      limit=260
+      limit=320
       [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds "${LANE_BENCH_ROUNDS:-2}") &&
-        limit=$((260 + 120 * ${LANE_BENCH_ROUNDS:-2}))
+        limit=$((320 + 120 * ${LANE_BENCH_ROUNDS:-2}))
       step bench 0 "$limit" bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
         --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --sizes 64K,1M,4M --latency-samples 200 \
         --out "$out/bench-table.md" "${baseline[@]}"
