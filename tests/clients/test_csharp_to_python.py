@@ -36,7 +36,8 @@ SIZE = 1 << 20
 def counters(socket):
     """The daemon's counters, from `framelink stats --json`."""
     cli = os.path.join(BUILD, "client", "cli", "framelink")
-    out = subprocess.run([cli, "stats", "--json", "--socket", socket], capture_output=True, text=True, timeout=20)
+    out = subprocess.run([cli, "stats", "--json", "--once", "--socket", socket],
+                         capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout)["counters"]
 
