@@ -611,6 +611,8 @@ void DataAgent::publishStats() {
     g.replayed = outbound_.traffic(peers_.resolve(peer.name)).replayed;
   }
   for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
+  gauges.pull_reads_in_flight = inbound_.readsInFlight();
+  gauges.pull_reads_peak = inbound_.readsPeakPerLink();
   metrics_.setGauges(std::move(gauges));
   metrics_.setTransportCounters(transport_totals);
   outbound_.collectStats(stats.streams);

@@ -21,12 +21,6 @@ bool InboundStreams::pulls(const AgentLink& l, const std::string& stream) const 
          std::find(pull_streams_.begin(), pull_streams_.end(), stream) != pull_streams_.end();
 }
 
-size_t InboundStreams::offersWaiting() const {
-  size_t n = 0;
-  for (const auto& [link_id, cookies] : reads_waiting_) n += cookies.size();
-  return n;
-}
-
 bool InboundStreams::replayOfAnswered(const AgentLink& l, const transport::FrameHeader& h) const {
   auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
   if (id == in_state_ids_.end()) return false;
@@ -109,6 +103,7 @@ void InboundStreams::startReads(AgentLink& l) {
     read.posted = true;
     read.keepalive = consumer.segments;
     ++out;
+    reads_peak_ = std::max(reads_peak_, out);
     ++reads_posted_;
   }
   if (waiting->second.empty()) reads_waiting_.erase(waiting);

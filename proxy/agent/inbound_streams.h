@@ -96,9 +96,10 @@ class InboundStreams {
   // A read of an offer ended: the frame arrived (and is checked and
   // delivered as any), or it is refused for the sender to offer again.
   void onReadComplete(AgentLink& link, const transport::TransportEvent& event);
-  // Reads posted and not completed, and offers waiting to be read, on every link.
+  // Reads posted and not completed, on every link.
   size_t readsInFlight() const { return reads_posted_; }
-  size_t offersWaiting() const;
+  // The most reads one link had in flight at once.
+  size_t readsPeakPerLink() const { return reads_peak_; }
   // A stream opened on `link`; a peer over its stream bound gets the violation back.
   std::string onStreamOpen(AgentLink& link, const peer::StreamOpen& open);
   void onStreamClose(AgentLink& link, uint64_t stream_id);
@@ -360,6 +361,7 @@ class InboundStreams {
   std::map<uint64_t, std::deque<uint64_t>> reads_waiting_;  // per link: cookies of offers not yet read
   std::map<uint64_t, size_t> reads_out_;                    // per link: reads posted, not yet complete
   size_t reads_posted_ = 0;
+  size_t reads_peak_ = 0;
   uint64_t next_read_cookie_ = 1;
   LogLimiter log_pull_;
   LogLimiter log_client_errors_, log_refused_, log_expose_;

@@ -366,6 +366,12 @@ void writeGauges(std::ostream& out, const Metrics::Gauges& gauges) {
               "gauge", gauges.frames_in_flight);
   plainFamily(out, "frames_held", "Frames delivered to local consumers and not yet released.", "gauge",
               gauges.frames_held);
+  plainFamily(out, "pull_reads_in_flight", "Reads of peers' offers (pull) posted and not yet complete.",
+              "gauge", gauges.pull_reads_in_flight);
+  plainFamily(out, "pull_reads_in_flight_peak",
+              "The most reads of peers' offers one link had in flight at once since the daemon started "
+              "(at most pull_reads_per_link).",
+              "gauge", gauges.pull_reads_peak);
   const std::pair<const char*, const Metrics::RoleGauge*> roles[] = {{"producer", &gauges.producers},
                                                                      {"consumer", &gauges.consumers}};
   auto byRole = [&](std::string_view name, std::string_view help, uint64_t Metrics::RoleGauge::*value) {

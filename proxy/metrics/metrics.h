@@ -117,8 +117,10 @@ class Metrics {
     std::vector<LinkGauge> links;
     RoleGauge producers;
     RoleGauge consumers;
-    uint64_t frames_in_flight = 0;  // producers' frames submitted and not yet DELIVERED or FAILED
-    uint64_t frames_held = 0;       // delivered to local consumers, not yet released
+    uint64_t frames_in_flight = 0;      // producers' frames submitted and not yet DELIVERED or FAILED
+    uint64_t frames_held = 0;           // delivered to local consumers, not yet released
+    uint64_t pull_reads_in_flight = 0;  // pull: reads of peers' offers posted, not yet complete
+    uint64_t pull_reads_peak = 0;       // pull: the most one link ever had in flight at once
   };
   void setGauges(Gauges gauges);
   // What the links' transports did, summed over every link the agent had

@@ -312,6 +312,16 @@ void LinkBookkeeping::sendDone(uint64_t cookie, int status, uint64_t bytes) noex
   events_.push(TransportEvent::sendComplete(cookie, status));
 }
 
+std::vector<std::shared_ptr<void>> SourceTable::takeMemory() {
+  std::vector<std::shared_ptr<void>> memory;
+  memory.reserve(sources_.size());
+  for (auto& [id, source] : sources_) {
+    if (source.keepalive) memory.push_back(std::move(source.keepalive));
+  }
+  sources_.clear();
+  return memory;
+}
+
 bool LinkBookkeeping::fail(int status, std::string message, std::optional<uint64_t> writing) noexcept {
   if (failed_) return false;
   failed_ = true;

@@ -179,6 +179,8 @@ class SourceTable {
   const LocalSource* lookup(uint64_t source_id) const noexcept;
   size_t size() const noexcept { return sources_.size(); }
   void clear() noexcept { sources_.clear(); }
+  // Empties the table; the memory each source kept (its keepalive).
+  std::vector<std::shared_ptr<void>> takeMemory();
 
  private:
   std::unordered_map<uint64_t, LocalSource> sources_;

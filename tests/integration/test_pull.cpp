@@ -5,6 +5,7 @@
 // completion DELIVERED once released.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -157,5 +158,99 @@ TEST_CASE("pull: a consumer that goes holding frames: they fail, the rest reach 
   for (const fl_completion& c : done) {
     INFO("frame " << c.frame_id << ": " << statusName(c.status));
     CHECK(c.status == (c.frame_id < 7004 ? FL_ERR_NO_CONSUMER : FL_OK));
+  }
+}
+
+TEST_CASE("pull: incast, 4 producers on two hosts into one consumer: nothing lost, the reader's bound kept",
+          "[integration][pull]") {
+  const std::string delivery = GENERATE("push", "pull");
+  INFO("delivery " << delivery);
+  auto options = [](const std::string& id, std::vector<std::string> extra) {
+    DaemonProcess::Options o;
+    o.id = id;
+    o.token = "integ-secret";
+    o.transports = "tcp";
+    o.extra_args = {"--metrics", "127.0.0.1:0"};
+    for (auto& arg : extra) o.extra_args.push_back(std::move(arg));
+    return o;
+  };
+  constexpr int kReadBound = 2;
+  DaemonProcess b(options("hostB", delivery == "pull" ? std::vector<std::string>{"--pull-stream", "incast",
+                                                                                 "--pull-reads-per-link",
+                                                                                 std::to_string(kReadBound)}
+                                                      : std::vector<std::string>{}));
+  DaemonProcess::Options oa1 = options("hostA1", {});
+  oa1.peers = {"hostB=" + b.grpcAddress()};
+  DaemonProcess::Options oa2 = options("hostA2", {});
+  oa2.peers = {"hostB=" + b.grpcAddress()};
+  DaemonProcess a1(oa1);
+  DaemonProcess a2(oa2);
+  Client consumer = attachConsumer(b, "incast", 8, uint64_t{64} * 1024);
+  constexpr int kProducers = 4;
+  constexpr int kFrames = 40;
+  constexpr uint64_t kLength = 50'000;
+  std::vector<Client> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.push_back(attachProducer(p < 2 ? a1 : a2, "incast", 4, uint64_t{64} * 1024));
+  }
+  // Each producer in a thread of its own: submits its frames and collects their completions.
+  std::vector<std::string> failures(kProducers);
+  std::vector<size_t> delivered(kProducers, 0);
+  std::vector<std::thread> threads;
+  struct JoinAll {  // also when a REQUIRE below ends the test early
+    std::vector<std::thread>& threads;
+    ~JoinAll() {
+      for (auto& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } join_all{threads};
+  for (int p = 0; p < kProducers; ++p) {
+    threads.emplace_back([&, p] {
+      fl_client* c = producers[size_t(p)].get();
+      for (int i = 0; i < kFrames && failures[size_t(p)].empty(); ++i) {
+        failures[size_t(p)] = trySubmitFrame(c, uint64_t(p) * 1000 + uint64_t(i), kLength, true);
+        fl_completion done[8];
+        size_t n = 0;
+        if (fl_poll_completions(c, done, 8, &n) == FL_OK) {
+          for (size_t k = 0; k < n; ++k) delivered[size_t(p)] += done[k].status == FL_OK ? 1 : 0;
+        }
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (delivered[size_t(p)] < size_t(kFrames) && std::chrono::steady_clock::now() < deadline) {
+        fl_completion done[8];
+        size_t n = 0;
+        if (fl_wait_completions(c, done, 8, &n, 100) == FL_OK) {
+          for (size_t k = 0; k < n; ++k) delivered[size_t(p)] += done[k].status == FL_OK ? 1 : 0;
+        }
+      }
+    });
+  }
+  // Every frame once, each producer's in its order.
+  std::map<int, int> next;
+  for (int n = 0; n < kProducers * kFrames; ++n) {
+    fl_frame f = receiveFrame(consumer.get(), Millis(20000));
+    const int p = static_cast<int>(f.frame_id / 1000);
+    REQUIRE(p < kProducers);
+    CHECK(static_cast<int>(f.frame_id % 1000) == next[p]);
+    next[p] = static_cast<int>(f.frame_id % 1000) + 1;
+    checkSyntheticFrame(f, f.frame_id, kLength);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  }
+  for (auto& t : threads) t.join();
+  for (int p = 0; p < kProducers; ++p) {
+    INFO("producer " << p << ": " << failures[size_t(p)]);
+    CHECK(failures[size_t(p)].empty());
+    CHECK(delivered[size_t(p)] == size_t(kFrames));
+  }
+  const int64_t pulled = waitForMetric(b, "framelink_frames_pulled_total", delivery == "pull" ? 160 : 0);
+  CHECK(pulled == (delivery == "pull" ? kProducers * kFrames : 0));
+  // Gauges are published twice a second.
+  const int64_t peak = waitForMetric(b, "framelink_pull_reads_in_flight_peak", delivery == "pull" ? 1 : 0);
+  if (delivery == "pull") {
+    CHECK(peak >= 1);
+    CHECK(peak <= kReadBound);
+  } else {
+    CHECK(peak == 0);
   }
 }

@@ -239,4 +239,22 @@ TEST_CASE("rdma read: outstanding reads complete once when the link goes", "[rdm
   CHECK(p.reader.reads.size() == 6);  // none twice
 }
 
+TEST_CASE("rdma read: a failed link keeps its sources' memory until it is torn down", "[rdma][read]") {
+  ReadPath p;
+  auto kept = std::make_shared<int>(1);
+  REQUIRE(p.a->exposeSource(LocalSource{31, p.src.data, 1000, kept}).ok());
+  p.a->flush();
+  p.owner.pump();
+  CHECK(kept.use_count() > 1);
+  p.fake->injectAsyncEvent("fake_a", IBV_EVENT_QP_FATAL, p.ra()->cmId()->qp);
+  until(p.owner, p.reader, [&] { return !p.owner.errors.empty(); });
+  // The agent retracts what it offered once the link is down; the window
+  // stays bound on the QP in error, and the memory under it stays mapped.
+  p.a->retractSource(31);
+  p.owner.pump();
+  CHECK(kept.use_count() > 1);
+  p.a->shutdown();
+  CHECK(kept.use_count() == 1);
+}
+
 }  // namespace framelink::transport::rdma::testing

@@ -517,6 +517,18 @@ void RdmaTransport::flushChain() noexcept {
 // ---------------------------------------------------------------- failure
 
 void RdmaTransport::fail(int status, const std::string& message) noexcept {
+  if (!book_.failed()) {
+    // The sources' windows stay bound until tearDown() deallocates them (the
+    // QP in error reads nothing): so does the memory under them, which a
+    // registration with a window bound cannot be let go of.
+    try {
+      for (auto& memory : book_.sources().takeMemory()) {
+        unended_windows_.push_back(WindowHold{std::move(memory), 0});
+      }
+    } catch (...) {
+      // Out of memory: the sources' memory goes with them.
+    }
+  }
   if (!book_.fail(status, message)) return;
   connected_.store(false, std::memory_order_release);
   if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
