@@ -232,15 +232,18 @@ namespace {
 
 // hostB and hostC listen; hostA dials both and routes `cam` to each.
 struct ThreeHosts {
-  explicit ThreeHosts(const std::string& transport, std::vector<std::string> a_args = {}) {
+  explicit ThreeHosts(const std::string& transport, std::vector<std::string> a_args = {},
+                      const std::vector<std::string>& receiver_args = {}) {
     DaemonProcess::Options o;
     o.token = "integ-secret";
     o.transports = transport;
     o.extra_args = {"--metrics", "127.0.0.1:0"};
+    o.extra_args.insert(o.extra_args.end(), receiver_args.begin(), receiver_args.end());
     o.id = "hostB";
     b = std::make_unique<DaemonProcess>(o);
     o.id = "hostC";
     c = std::make_unique<DaemonProcess>(o);
+    o.extra_args = {"--metrics", "127.0.0.1:0"};
     o.id = "hostA";
     o.peers = {"hostB=" + b->grpcAddress(), "hostC=" + c->grpcAddress()};
     o.extra_args.insert(o.extra_args.end(),
@@ -298,6 +301,48 @@ TEST_CASE(
         1 + int64_t{kFrames});
   CHECK(waitForMetric(*hosts.c, "framelink_transport_frames_received_total", 1 + kFrames) ==
         1 + int64_t{kFrames});
+}
+
+TEST_CASE(
+    "fanout: both hosts pull the stream: each reads the same producer slot, every reader gets every frame",
+    "[fanout][pull]") {
+  ThreeHosts hosts("tcp", {}, {"--pull-stream", "cam"});
+  requireServing(*hosts.a, *hosts.b, "warmb", 1);
+  requireServing(*hosts.a, *hosts.c, "warmc", 1);
+  Client sub1 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
+  Client sub2 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
+  Client member = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
+  constexpr size_t kFrames = 10;
+  std::string send_error;
+  std::thread send([&] {
+    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+    }
+  });
+  auto got = readAll({&sub1, &sub2, &member}, {kFrames, kFrames, kFrames});
+  send.join();
+  CHECK(send_error.empty());
+  std::vector<uint64_t> in_order;
+  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("reader " << i);
+    CHECK(got[i] == in_order);
+  }
+  // The slot came back once both hosts had released the frame.
+  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
+  REQUIRE(done.size() == kFrames);
+  for (const auto& c : done) {
+    CHECK(c.status == FL_OK);
+    CHECK(c.readers == 3);
+    CHECK(c.released == 3);
+  }
+  // Offered to each host, read once by each, written into neither.
+  CHECK(waitForMetric(*hosts.a, "framelink_frames_offered_total", 2 * kFrames) == 2 * int64_t{kFrames});
+  CHECK(waitForMetric(*hosts.b, "framelink_frames_pulled_total", kFrames) == int64_t{kFrames});
+  CHECK(waitForMetric(*hosts.c, "framelink_frames_pulled_total", kFrames) == int64_t{kFrames});
+  CHECK(waitForMetric(*hosts.b, "framelink_transport_frames_received_total", 1) == 1);  // warmb, pushed
+  CHECK(waitForMetric(*hosts.c, "framelink_transport_frames_received_total", 1) == 1);
 }
 
 TEST_CASE("fanout: one route without a reader fails the frame with its reason; the other host still gets it",
