@@ -255,6 +255,34 @@ struct ThreeHosts {
   std::unique_ptr<DaemonProcess> b, c, a;
 };
 
+// Frames 1..frames from `producer` (a thread of its own), every one read by
+// each of `readers` in order; then every completion is DELIVERED, counting
+// `readers_each` readers, all of which released it.
+void sendToEveryReader(Client& producer, std::vector<Client*> readers, size_t frames, uint32_t readers_each) {
+  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
+  std::thread send([&] {
+    for (uint64_t id = 1; id <= frames && send_error.empty(); ++id) {
+      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+    }
+  });
+  auto got = readAll(readers, std::vector<size_t>(readers.size(), frames));
+  send.join();
+  CHECK(send_error.empty());
+  std::vector<uint64_t> in_order;
+  for (uint64_t id = 1; id <= frames; ++id) in_order.push_back(id);
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("reader " << i);
+    CHECK(got[i] == in_order);
+  }
+  auto done = collectCompletions(producer.get(), frames, Millis(20000));
+  REQUIRE(done.size() == frames);
+  for (const auto& c : done) {
+    CHECK(c.status == FL_OK);
+    CHECK(c.readers == readers_each);
+    CHECK(c.released == readers_each);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -272,28 +300,8 @@ TEST_CASE(
   Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
 
   constexpr size_t kFrames = 10;
-  std::string send_error;  // Catch is not thread-safe: the sender only records what failed
-  std::thread send([&] {
-    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
-    }
-  });
-  auto got = readAll({&sub1, &sub2, &member, &viewer}, {kFrames, kFrames, kFrames, kFrames});
-  send.join();
-  CHECK(send_error.empty());
-  std::vector<uint64_t> in_order;
-  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("reader " << i);
-    CHECK(got[i] == in_order);
-  }
-  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
-  REQUIRE(done.size() == kFrames);
-  for (const auto& c : done) {
-    CHECK(c.status == FL_OK);
-    CHECK(c.readers == 4);  // two on hostB, one on hostC, the viewer here
-    CHECK(c.released == 4);
-  }
+  // Two readers on hostB, one on hostC, the viewer here.
+  sendToEveryReader(producer, {&sub1, &sub2, &member, &viewer}, kFrames, 4);
   // Once to each host, from the same producer slot.
   CHECK(waitForMetric(*hosts.a, "framelink_transport_frames_sent_total", sent_before + 2 * kFrames) ==
         sent_before + 2 * int64_t{kFrames});
@@ -314,29 +322,8 @@ TEST_CASE(
   Client member = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
   Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
   constexpr size_t kFrames = 10;
-  std::string send_error;
-  std::thread send([&] {
-    for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
-    }
-  });
-  auto got = readAll({&sub1, &sub2, &member}, {kFrames, kFrames, kFrames});
-  send.join();
-  CHECK(send_error.empty());
-  std::vector<uint64_t> in_order;
-  for (uint64_t id = 1; id <= kFrames; ++id) in_order.push_back(id);
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("reader " << i);
-    CHECK(got[i] == in_order);
-  }
-  // The slot came back once both hosts had released the frame.
-  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
-  REQUIRE(done.size() == kFrames);
-  for (const auto& c : done) {
-    CHECK(c.status == FL_OK);
-    CHECK(c.readers == 3);
-    CHECK(c.released == 3);
-  }
+  // The slot comes back once both hosts released the frame.
+  sendToEveryReader(producer, {&sub1, &sub2, &member}, kFrames, 3);
   // Offered to each host, read once by each, written into neither.
   CHECK(waitForMetric(*hosts.a, "framelink_frames_offered_total", 2 * kFrames) == 2 * int64_t{kFrames});
   CHECK(waitForMetric(*hosts.b, "framelink_frames_pulled_total", kFrames) == int64_t{kFrames});
