@@ -97,7 +97,7 @@ void InboundStreams::startReads(AgentLink& l) {
     if (r == transport::PostResult::kInvalid) {
       const PullRead refused = read;
       reads_.erase(rit);
-      refuseRead(l, refused, "the offer cannot be read: " + std::string(l.transport->lastRefusal()));
+      refuseRead(l, refused, "the offer cannot be read: " + std::string(l.transport->lastRefusal()), true);
       continue;
     }
     read.posted = true;
@@ -124,7 +124,10 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
     metrics_.counters.frames_pulled.fetch_add(1, std::memory_order_relaxed);
     arrive(l, transport::TransportEvent::frameArrived(read.header), true);
   } else if (ev.status != FL_ERR_LINK_LOST) {
-    refuseRead(l, read, "reading the offer failed: " + ev.message);
+    // The source is gone: its sender retracted it, having answered the
+    // frame or moved it (to a new offer, a new link) already.  A refusal now
+    // would land on that new offer, a frame not refused: none is sent.
+    refuseRead(l, read, "reading the offer failed: " + ev.message, false);
   }
   // FL_ERR_LINK_LOST: the link goes, and its credits with it; the sender
   // offers the frame again on its next link.
@@ -154,11 +157,11 @@ void InboundStreams::dropReadsInto(const ClientSession& consumer) {
   }
 }
 
-void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::string& why) {
+void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::string& why, bool nack) {
   const transport::FrameHeader& h = read.header;
   metrics_.counters.pull_reads_failed.fetch_add(1, std::memory_order_relaxed);
-  log_pull_.warn("link {} (peer {}) stream {} seq {}: {}; the sender offers it again", l.id, l.peer_name,
-                 h.stream_id, h.sequence, why);
+  log_pull_.warn("link {} (peer {}) stream {} seq {}: {}{}", l.id, l.peer_name, h.stream_id, h.sequence, why,
+                 nack ? "; refused, for the sender to offer it again" : "");
   auto cit = findCredit(h.credit_id);
   if (cit != credits_.end() && cit->second.link_id == l.id) {
     if (AgentClient* ac = clients_.find(cit->second.client_id)) {
@@ -168,7 +171,7 @@ void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::s
     }
     credits_.erase(cit);
   }
-  sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT, why);
+  if (nack) sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT, why);
 }
 
 }  // namespace framelink

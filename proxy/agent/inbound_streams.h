@@ -284,8 +284,8 @@ class InboundStreams {
   // Posts the reads waiting on the link while it has room for them.
   void startReads(AgentLink& link);
   // The read of that offer did not land: its credit's slot is free again,
-  // and the sender is told to offer the frame again.
-  void refuseRead(AgentLink& link, const PullRead& read, const std::string& why);
+  // and with `nack` the sender is told to offer the frame again.
+  void refuseRead(AgentLink& link, const PullRead& read, const std::string& why, bool nack);
   // Whether the frame is a replay of one answered already (no need to read it).
   bool replayOfAnswered(const AgentLink& link, const transport::FrameHeader& header) const;
   // Whether the frame in that credit may be delivered; NACKs it (or drops a

@@ -259,7 +259,11 @@ void OutboundStreams::forgetPostsOf(uint64_t link_id) {
   for (const auto& [cookie, p] : posted_) {
     if (p.link_id == link_id) cookies.push_back(cookie);
   }
+  AgentLink* l = links_.find(link_id);
   for (uint64_t cookie : cookies) {
+    // An offer's source is retracted, not only let go: whatever the
+    // transport still answers, the producer's slot is read no more.
+    if (posted_[cookie].offered && l != nullptr && l->transport) l->transport->retractSource(cookie);
     onSendComplete(transport::TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST, "link closed"));
   }
 }
