@@ -56,8 +56,8 @@ void postEach(Endpoint& tx, Endpoint& rx, const Buffer& buf, uint64_t n, const P
 }  // namespace
 
 TEST_CASE("fault spec: every key parses, mistakes name the key", "[transport][faulty]") {
-  auto s =
-      parseFaultSpec("seed=7,drop=0.5,fail=0.25,disconnect=0.125,dup=1,delay=0,delay_ms=20,corrupt=0.75");
+  auto s = parseFaultSpec(
+      "seed=7,drop=0.5,fail=0.25,disconnect=0.125,dup=1,delay=0,delay_ms=20,corrupt=0.75,stall=0.5");
   REQUIRE(s.ok());
   CHECK(s.value().seed == 7);
   CHECK(s.value().drop == 0.5);
@@ -66,10 +66,12 @@ TEST_CASE("fault spec: every key parses, mistakes name the key", "[transport][fa
   CHECK(s.value().dup == 1);
   CHECK(s.value().delay_ms == 20);
   CHECK(s.value().corrupt == 0.75);
+  CHECK(s.value().stall == 0.5);
   CHECK(s.value().any());
+  CHECK(parseFaultSpec("stall=0.1").value().any());
   CHECK_FALSE(parseFaultSpec("").value().any());
   for (const char* bad :
-       {"drop=2", "drop=-0.1", "drop=x", "seed=1.5", "loss=0.1", "drop", "delay_ms=99999"}) {
+       {"drop=2", "drop=-0.1", "drop=x", "seed=1.5", "loss=0.1", "drop", "delay_ms=99999", "stall=1.5"}) {
     CAPTURE(bad);
     auto r = parseFaultSpec(bad);
     REQUIRE_FALSE(r.ok());
@@ -169,6 +171,41 @@ TEST_CASE("faulty corrupt: a frame with a CRC32C lands with one byte changed", "
   CHECK(changed == 1);
   CHECK(firstMismatch(without_crc.data(), payload) == -1);  // no CRC: nobody could notice, so no damage
   CHECK(f.b->counts().corruptions == 1);
+}
+
+TEST_CASE("faulty stall: a read's completion never comes while the link lives, then it fails LINK_LOST",
+          "[transport][faulty]") {
+  auto f = faultyPair("", "stall=1");
+  Endpoint owner{f.a.get()}, reader{f.b.get()};
+  auto payload = pattern(4, 3000);
+  LocalSource source;
+  source.source_id = 7;
+  source.payload = payload.data();
+  source.length = payload.size();
+  auto exposed = f.a->exposeSource(source);
+  REQUIRE(exposed.ok());
+  owner.t->flush();
+  Buffer buf(4096);
+  ReadRequest r;
+  r.cookie = 31;
+  r.source = exposed.value();
+  r.buffer = buf.data();
+  r.capacity = buf.size();
+  REQUIRE(reader.postRead(r) == PostResult::kOk);
+  // The bytes land (the wrapped transport read them); the completion does not come.
+  waitFor(
+      owner, reader, [&] { return buf.data()[0] == payload[0] && f.b->counts().stalls == 1; },
+      "the read to land and its completion to be withheld");
+  settle(owner, reader);
+  CHECK(reader.reads.empty());
+  // The link ends: the read is reported, failed, with it.
+  f.pair->a->shutdown();
+  waitFor(
+      owner, reader, [&] { return !reader.reads.empty() && !reader.errors.empty(); },
+      "the stalled read to end with the link");
+  REQUIRE(reader.reads.size() == 1);
+  CHECK(reader.reads[0].cookie == 31);
+  CHECK(reader.reads[0].status == FL_ERR_LINK_LOST);
 }
 
 TEST_CASE("faulty: the same seed injects the same faults", "[transport][faulty]") {

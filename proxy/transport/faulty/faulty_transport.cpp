@@ -84,7 +84,8 @@ class FaultyTransportImpl final : public FaultyTransport {
 
   // Pull passes through: reads are neither dropped nor doubled (a read
   // completes exactly once), only held back by `delay` like a send
-  // completion, and failed once the decorator broke the link.
+  // completion or by `stall` until the link ends, and failed once the
+  // decorator broke the link.
   bool readable() const noexcept override { return inner_->readable(); }
   Result<RemoteSource> exposeSource(LocalSource source) override {
     if (broken_) return makeError(FL_ERR_LINK_LOST, "the link is down (fault injected)");
@@ -192,6 +193,14 @@ class FaultyTransportImpl final : public FaultyTransport {
       ready_.push_back(std::move(ev));
       return;
     }
+    if (ev.kind == Kind::kReadComplete &&
+        (!stalled_.empty() || (ev.status == FL_OK && chance(spec_.stall)))) {
+      // Reads complete in order (one queue pair, one stream): none after a
+      // stalled one completes either.  Reported when the link ends.
+      if (stalled_.empty()) ++counts_.stalls;
+      stalled_.push_back(std::move(ev));
+      return;
+    }
     if (ev.kind == Kind::kFrameArrived && ev.status == FL_OK) {
       auto it = credits_.find(ev.header.credit_id);
       if (it != credits_.end()) {
@@ -253,6 +262,13 @@ class FaultyTransportImpl final : public FaultyTransport {
   void flushDelayed() {
     for (auto& d : delayed_) ready_.push_back(std::move(d.event));
     delayed_.clear();
+    // A stalled read ends with its link, never landed as far as anyone knows.
+    for (auto& ev : stalled_) {
+      ev.status = FL_ERR_LINK_LOST;
+      ev.message = "the link ended while the read was stalled (fault injected)";
+      ready_.push_back(std::move(ev));
+    }
+    stalled_.clear();
   }
 
   void breakLink(const std::string& why) {
@@ -303,6 +319,7 @@ class FaultyTransportImpl final : public FaultyTransport {
   uint64_t last_arrival_due_ = 0;
   bool broken_ = false;
   FaultCounts counts_;
+  std::vector<TransportEvent> stalled_;  // read completions withheld (stall)
 };
 
 }  // namespace
@@ -327,7 +344,7 @@ Result<FaultSpec> parseFaultSpec(const std::string& text) {
     auto bad = [&](const std::string& what) {
       return makeError(FL_EINVAL, "fault spec '" + text + "': " + key + "=" + value + ": " + what +
                                       " (form: seed=N,drop=P,fail=P,disconnect=P,dup=P,delay=P,delay_ms=N,"
-                                      "corrupt=P with probabilities P in [0, 1])");
+                                      "corrupt=P,stall=P with probabilities P in [0, 1])");
     };
     if (eq == std::string::npos || value.empty()) return bad("needs a value");
     try {
@@ -348,6 +365,7 @@ Result<FaultSpec> parseFaultSpec(const std::string& text) {
                   : key == "dup"        ? &spec.dup
                   : key == "delay"      ? &spec.delay
                   : key == "corrupt"    ? &spec.corrupt
+                  : key == "stall"      ? &spec.stall
                                         : nullptr;
       if (p == nullptr) return bad("unknown key");
       const double v = std::stod(value, &used);
@@ -363,7 +381,8 @@ Result<FaultSpec> parseFaultSpec(const std::string& text) {
 std::string describe(const FaultSpec& s) {
   std::ostringstream o;
   o << "seed=" << s.seed << ",drop=" << s.drop << ",fail=" << s.fail << ",disconnect=" << s.disconnect
-    << ",dup=" << s.dup << ",delay=" << s.delay << ",delay_ms=" << s.delay_ms << ",corrupt=" << s.corrupt;
+    << ",dup=" << s.dup << ",delay=" << s.delay << ",delay_ms=" << s.delay_ms << ",corrupt=" << s.corrupt
+    << ",stall=" << s.stall;
   return o.str();
 }
 

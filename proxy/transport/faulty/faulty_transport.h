@@ -39,19 +39,23 @@ namespace framelink::transport {
 struct FaultSpec {
   uint64_t seed = 1;
   double drop = 0, fail = 0, disconnect = 0, dup = 0, delay = 0, corrupt = 0;
+  // A read that completed is never reported, nor any read after it, until
+  // the link ends: a queue pair that lost a read's responses and never
+  // retries (Soft-RoCE can).
+  double stall = 0;
   uint32_t delay_ms = 5;
 
-  bool any() const noexcept { return drop + fail + disconnect + dup + delay + corrupt > 0; }
+  bool any() const noexcept { return drop + fail + disconnect + dup + delay + corrupt + stall > 0; }
 };
 
-// "seed=7,drop=0.001,fail=0.001,disconnect=0.001,dup=0.01,delay=0.05,delay_ms=20,corrupt=0.01".
+// "seed=7,drop=0.001,fail=0.001,disconnect=0.001,dup=0.01,delay=0.05,delay_ms=20,corrupt=0.01,stall=0.01".
 // Every key is optional; probabilities are in [0, 1].  Errors name the key.
 Result<FaultSpec> parseFaultSpec(const std::string& text);
 std::string describe(const FaultSpec& spec);
 
 // What one decorator injected so far (for logs and tests).
 struct FaultCounts {
-  uint64_t drops = 0, fails = 0, disconnects = 0, dups = 0, delays = 0, corruptions = 0;
+  uint64_t drops = 0, fails = 0, disconnects = 0, dups = 0, delays = 0, corruptions = 0, stalls = 0;
 };
 
 class FaultyTransport : public Transport {
