@@ -23,6 +23,8 @@
 #
 #   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout,pull]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
+#                         [--case-budget 90]   (seconds a case may take; past it, it fails with the
+#                                               daemons' /stats and logs, and the next case runs)
 #                         [--transport rdma]   (tcp or grpc: the same checks over that transport)
 #
 # Runs as is on a machine with an RDMA NIC (both addresses may be the same) and inside the
@@ -43,9 +45,10 @@ sizes=64K:1M
 cut_down=""
 cut_up=""
 cut_seconds=4
+case_budget=90
 keep=0
 
-usage() { sed -n '2,25s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
 while (($#)); do
   case "$1" in
     --a-ip) a_ip=$2; shift 2 ;;
@@ -58,6 +61,7 @@ while (($#)); do
     --cut-down) cut_down=$2; shift 2 ;;
     --cut-up) cut_up=$2; shift 2 ;;
     --cut-seconds) cut_seconds=$2; shift 2 ;;
+    --case-budget) case_budget=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "e2e: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -520,8 +524,14 @@ case_pull() {
     sleep "$cut_seconds"
     bash -c "$cut_up"
     finish_transfer pullcut
+    # How the link came back: it failed (its queue pair gave up), or a daemon found its data path
+    # stalled (nothing taken, or no read completed, for link_timeout_ms) and closed it.
+    local link_failures stalled_a stalled_b
+    link_failures=$(json_num "$(stats b)" link_failures)
+    stalled_a=$(json_num "$(stats a)" links_stalled)
+    stalled_b=$(json_num "$(stats b)" links_stalled)
     if check_transfer; then
-      cut_note="link cut ${cut_seconds}s mid-stream, $frames more frames verified, exactly once, in order"
+      cut_note="link cut ${cut_seconds}s mid-stream, $frames more frames verified, exactly once, in order; link failures ${link_failures:-?}, of them closed as stalled by A ${stalled_a:-?}, by B ${stalled_b:-?}"
     else
       why="after a link cut, not every pulled frame was delivered exactly once"
     fi
@@ -535,17 +545,58 @@ case_pull() {
   cleanup
 }
 
-echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work"
+# show_state: what each running daemon says of itself (/stats) and the end of its log, for a case
+# that did not finish
+show_state() {
+  local n
+  for n in a b c; do
+    [[ -s "$work/$n/ready" ]] || continue
+    echo "---- framelinkd $n /stats"
+    stats "$n" | head -c 20000
+    echo
+  done
+  show_logs
+  for n in a b c; do
+    [[ -f "$work/$n/log" ]] || continue
+    echo "---- framelinkd $n log: warnings and errors (last 20)"
+    grep -E ' (warning|error|critical) \[' "$work/$n/log" | tail -20
+  done
+}
+
+# run_case NAME BUDGET_SECONDS: runs case_NAME in a subshell; one that is still running after its
+# budget is reported FAIL with the daemons' state, and stopped, so that the cases after it still run
+# and a hang says where it hung.
+run_case() {
+  local name=$1 budget=$2 cpid rc started=$SECONDS
+  (
+    trap cleanup EXIT
+    trap 'exit 124' TERM
+    fails=0
+    "case_$name"
+    exit "$fails"
+  ) &
+  cpid=$!
+  while kill -0 "$cpid" 2>/dev/null; do
+    if ((SECONDS - started >= budget)); then
+      log "case $name: still running after ${budget}s; the daemons' state:"
+      show_state
+      kill -TERM "$cpid" 2>/dev/null
+      wait "$cpid" 2>/dev/null
+      result "$name" FAIL "did not finish in ${budget}s (the daemons' state is in the log above)"
+      return
+    fi
+    sleep 0.2
+  done
+  wait "$cpid"
+  rc=$?
+  fails=$((fails + rc))
+}
+
+echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work, ${case_budget}s a case at most"
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
   case "$c" in
-    transfer) case_transfer ;;
-    cut) case_cut ;;
-    fallback) case_fallback ;;
-    faults) case_faults ;;
-    detach) case_detach ;;
-    fanout) case_fanout ;;
-    pull) case_pull ;;
+    transfer | cut | fallback | faults | detach | fanout | pull) run_case "$c" "$case_budget" ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done

@@ -7,7 +7,7 @@
 #   e2e       two framelinkd over rdma (rxe_a / rxe_b), send/recv verified, link cut, tcp fallback
 #   bench     framelink rdma vs ib_write_bw, ib_write_lat and UCX rc_verbs (informational, never fails the lane)
 # Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_E2E_CASES (e2e.sh
-# --cases; empty: all), LANE_BENCH_BASELINE
+# --cases; empty: all), LANE_TIMEOUT (the guest command's limit: the bench gets what is left), LANE_BENCH_BASELINE
 # (a build tree the bench compares with; empty: none) and LANE_BENCH_ROUNDS (runs of each), SOFTROCE_*
 # from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
@@ -91,8 +91,11 @@ for s in "${want[@]}"; do
       step hugepage 1 60 env FRAMELINK_RDMA_REQUIRE_HUGEPAGES=1 "$build/tests/softroce/framelink_rdma_hugepage_mr"
       ;;
     e2e)
+      # A case takes 5-35 s here; one that hangs fails after 75 s with the daemons' state, and the
+      # others still run.
       step e2e 1 420 bash "$here/e2e.sh" --build "$build" --a-ip "$FRAMELINK_RDMA_A_IP" \
-        --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up" ${LANE_E2E_CASES:+--cases "$LANE_E2E_CASES"}
+        --b-ip "$FRAMELINK_RDMA_B_IP" --cut-down "$cut_down" --cut-up "$cut_up" --case-budget 75 \
+        ${LANE_E2E_CASES:+--cases "$LANE_E2E_CASES"}
       ;;
     bench)
       # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency
@@ -101,6 +104,13 @@ for s in "${want[@]}"; do
       limit=320
       [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds "${LANE_BENCH_ROUNDS:-2}") &&
         limit=$((320 + 120 * ${LANE_BENCH_ROUNDS:-2}))
+      # The bench never fails the lane, so it must not take the guest past its own limit either.
+      left=$((${LANE_TIMEOUT:-100000} - SECONDS - 20))
+      if ((left < 90)); then
+        echo "lane: bench not run: ${left}s left of the guest's ${LANE_TIMEOUT}s" | tee -a "$summary"
+        continue
+      fi
+      ((limit > left)) && limit=$left
       step bench 0 "$limit" bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
         --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds 5 --sizes 64K,1M,4M --latency-samples 200 \
         --out "$out/bench-table.md" "${baseline[@]}"

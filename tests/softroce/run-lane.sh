@@ -24,7 +24,7 @@ steps=ctest,hugepage,e2e,bench
 out=""
 baseline=""
 rounds=2
-timeout_s=480 # the guest command's limit; boot allowance 90 s + 30 s on top: < 10 min in all
+timeout_s=600 # the guest command's limit; boot allowance 90 s + 30 s on top: < 12 min in all
 
 usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 while (($#)); do
@@ -89,7 +89,7 @@ start=$SECONDS
 (cd "$root" && "$here/vm/softroce-vm.sh" --pair --mtu 9000 --hugepages 64 -t "$timeout_s" --boot-allowance 90 \
   -w "$build" -o "$out" \
   -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" -e "LANE_BENCH_ROUNDS=$rounds" \
-  -e "LANE_E2E_CASES=${LANE_E2E_CASES:-}" \
+  -e "LANE_E2E_CASES=${LANE_E2E_CASES:-}" -e "LANE_TIMEOUT=$timeout_s" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
   -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
 rc=$?
