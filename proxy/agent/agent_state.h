@@ -92,6 +92,17 @@ struct AgentLink : LinkIdentity {
   uint64_t frames_out = 0;
   uint64_t up_since_ns = 0;  // CLOCK_REALTIME
   uint64_t rtt_ns = 0;       // last keepalive round trip; 0: none measured yet
+  // Whether the data path still delivers, checked end to end
+  // (DataAgent::checkDataPaths): frames and control records handed to the
+  // transport here, and taken off it here (told to the peer in keepalives);
+  // what the peer's keepalives say it took, and since when the peer, short
+  // of what was handed over (unconfirmed_to), took nothing more.
+  uint64_t data_sent = 0;
+  uint64_t data_received = 0;
+  bool peer_counts_data = false;  // its keepalives carry data_received
+  uint64_t peer_data_received = 0;
+  uint64_t unconfirmed_to = 0;
+  uint64_t unconfirmed_since_ns = 0;  // agent clock; 0: nothing waits for the peer's word
   // The slot regions the peer announced on this link (it receives, we send).
   peer::SlotRegions peer_regions;
 

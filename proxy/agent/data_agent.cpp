@@ -66,6 +66,9 @@ InboundLimits inboundLimits(const Config& config) {
   limits.forget_idle_ns = 4 * ack_timeout_ns;
   limits.recall_deadline_ns = ack_timeout_ns;
   limits.reads_per_link = config.pull_reads_per_link;
+  // The bytes of a read come from the peer: a read that makes no progress
+  // for as long as the link may stay silent is as dead as a silent link.
+  limits.read_stall_ns = uint64_t{config.link_timeout_ms} * 1'000'000;
   return limits;
 }
 
@@ -168,10 +171,17 @@ size_t DataAgent::doWork() {
   if (now >= next_deadline_check_ns_) {
     outbound_.checkDeadlines();
     local_.checkDeadlines();
-    for (const auto& [link_id, why] : inbound_.checkDeadlines()) {
-      if (AgentLink* l = links_.find(link_id)) protocolError(*l, why);
+    for (const auto& failed : inbound_.checkDeadlines()) {
+      AgentLink* l = links_.find(failed.link_id);
+      if (l == nullptr) continue;
+      if (failed.violation) {
+        protocolError(*l, failed.why);
+      } else {
+        closeLink(*l, v1::ERROR_CODE_TIMEOUT, failed.why);
+      }
     }
     cutOverdueSessions(now);
+    checkDataPaths(now);
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
     // Here, not on a timer of its own: a beat costs the busy loop nothing
     // more than this check, and it comes only from rounds that get this far.
@@ -197,6 +207,7 @@ size_t DataAgent::flushLinkControl() {
     std::string failed;
     const size_t n = l.flushControl(&failed);
     records += n;
+    l.data_sent += n;
     metrics_.counters.control_records_sent.fetch_add(n, std::memory_order_relaxed);
     // A link already closing may overflow again until it is down: once said is enough.
     if (!failed.empty() && !l.closing) protocolError(l, failed);
@@ -262,6 +273,14 @@ size_t DataAgent::drainCommands() {
             onPeerMessage(*l, *cmd.message);
           } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
             if (AgentLink* l = links_.find(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
+          } else if constexpr (std::is_same_v<T, CmdLinkDataSeen>) {
+            if (AgentLink* l = links_.find(cmd.link_id)) {
+              // Any progress restarts the wait: a slow path that still
+              // delivers (one large frame takes long) is no stalled one.
+              if (!l->peer_counts_data || cmd.units != l->peer_data_received) l->unconfirmed_since_ns = 0;
+              l->peer_counts_data = true;
+              l->peer_data_received = cmd.units;
+            }
           } else if constexpr (std::is_same_v<T, CmdStop>) {
             running_ = false;
           }
@@ -410,6 +429,11 @@ size_t DataAgent::pollLinks() {
 }
 
 void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
+  if (ev.kind == transport::TransportEvent::Kind::kFrameArrived ||
+      ev.kind == transport::TransportEvent::Kind::kControl) {
+    ++l.data_received;  // refused or not, it came
+    if (l.session.writer) l.session.writer->setDataReceived(l.data_received);
+  }
   switch (ev.kind) {
     case transport::TransportEvent::Kind::kSendComplete:
       outbound_.onSendComplete(ev);
@@ -439,10 +463,18 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   l.violated = true;
   const LogScope scope(LogFields{.peer = l.peer_name});
   spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
+  closeLink(l, v1::ERROR_CODE_PROTOCOL, why);
+}
+
+void DataAgent::closeLink(AgentLink& l, v1::ErrorCode code, const std::string& why) {
   if (l.closing) return;
+  if (code != v1::ERROR_CODE_PROTOCOL) {
+    const LogScope scope(LogFields{.peer = l.peer_name});
+    spdlog::warn("link {} to peer {}: {}; closing the link", l.id, l.peer_name, why);
+  }
   l.closing = true;
   v1::PeerMessage fin;
-  fin.mutable_fin()->set_code(v1::ERROR_CODE_PROTOCOL);
+  fin.mutable_fin()->set_code(code);
   fin.mutable_fin()->set_reason(why);
   // The call ends once the Fin is written, so the peer learns why; one that
   // does not read it is cut at the deadline (cutOverdueSessions).
@@ -450,6 +482,31 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
     l.cut_at_ns = clock_.nowNs() + kFinGraceNs;
   } else if (l.session.cancel) {
     l.session.cancel();
+  }
+}
+
+void DataAgent::checkDataPaths(uint64_t now_ns) {
+  if (config_.link_timeout_ms == 0) return;
+  const uint64_t limit_ns = uint64_t{config_.link_timeout_ms} * 1'000'000;
+  for (auto& [id, l] : links_) {
+    if (l.closing || !l.peer_counts_data) continue;
+    if (l.unconfirmed_since_ns == 0) {
+      // The peer is short of what was handed over: its count must move
+      // within limit_ns.
+      if (l.data_sent > l.peer_data_received) {
+        l.unconfirmed_to = l.data_sent;
+        l.unconfirmed_since_ns = now_ns;
+      }
+      continue;
+    }
+    if (now_ns - l.unconfirmed_since_ns < limit_ns) continue;
+    metrics_.counters.links_stalled.fetch_add(1, std::memory_order_relaxed);
+    closeLink(l, v1::ERROR_CODE_TIMEOUT,
+              "the peer took " + std::to_string(l.peer_data_received) +
+                  " frames and control records off the " + l.transport_name + " transport, short of the " +
+                  std::to_string(l.unconfirmed_to) + " handed to it, and took none for " +
+                  std::to_string((now_ns - l.unconfirmed_since_ns) / 1'000'000) +
+                  " ms (link_timeout_ms): the data path stalled while the Session still carries keepalives");
   }
 }
 

@@ -53,6 +53,12 @@ struct CmdLinkRtt {
   uint64_t link_id = 0;
   uint64_t rtt_ns = 0;
 };
+// A keepalive said what the peer took off the link's data transport so far
+// (Keepalive.data_received).
+struct CmdLinkDataSeen {
+  uint64_t link_id = 0;
+  uint64_t units = 0;
+};
 struct CmdLinkDown {
   uint64_t link_id = 0;
   std::string reason;
@@ -79,7 +85,7 @@ struct CmdPeerMessage {
 struct CmdStop {};
 
 using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
-                                  CmdLinkRtt, CmdStop>;
+                                  CmdLinkRtt, CmdLinkDataSeen, CmdStop>;
 
 class DataAgent {
  public:
@@ -130,8 +136,15 @@ class DataAgent {
   // A descriptor from a client's submit ring: a producer's frame or a
   // consumer's release.
   void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
-  // Closes the link with a Fin(PROTOCOL) saying why.
+  // Closes the link with a Fin(PROTOCOL) saying why (logged once a link).
   void protocolError(AgentLink& link, const std::string& why);
+  // Closes the link with a Fin(code) saying why; a cause other than the
+  // peer's (a stall) is logged here as a warning.
+  void closeLink(AgentLink& link, v1::ErrorCode code, const std::string& why);
+  // Closes the links whose data path stopped delivering: the peer, by its
+  // keepalives' word (Keepalive.data_received), is short of what was handed
+  // to the transport and took nothing more for link_timeout_ms.
+  void checkDataPaths(uint64_t now_ns);
   // Ends the Sessions whose peer did not read the Fin they were closed with
   // in time (AgentLink::cut_at_ns).
   void cutOverdueSessions(uint64_t now_ns);

@@ -353,7 +353,7 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
   if (stream != kNoName) grantCredits(stream);
 }
 
-std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
+std::vector<InboundStreams::FailedLink> InboundStreams::checkDeadlines() {
   const uint64_t now = clock_.nowNs();
   // A sender stream open on no link with no frame held, unused for long:
   // its sender forgot it (while no link was up, so no StreamClose came) or
@@ -367,7 +367,7 @@ std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
       ++it;
     }
   }
-  std::vector<std::pair<uint64_t, std::string>> failed;
+  std::vector<FailedLink> failed;
   // A sender answers a recall at once, giving back what it has not used;
   // what it used lands within its frames' deadlines.  One that keeps them
   // holds slots the stream's other senders wait for: its link goes, and
@@ -379,8 +379,27 @@ std::vector<std::pair<uint64_t, std::string>> InboundStreams::checkDeadlines() {
   for (uint64_t link_id : late) {
     const AgentLink* l = links_.find(link_id);
     if (l == nullptr || l->closing) continue;
-    failed.emplace_back(link_id, "recalled credits neither given back nor used within " +
-                                     std::to_string(limits_.recall_deadline_ns / 1'000'000) + " ms");
+    failed.push_back({link_id,
+                      "recalled credits neither given back nor used within " +
+                          std::to_string(limits_.recall_deadline_ns / 1'000'000) + " ms",
+                      true});
+  }
+  // Reads in flight and none done for read_stall_ns: the transport lost one
+  // and will not say so.  Closing the link ends them all; the sender offers
+  // the frames again on the next.
+  for (const auto& [link_id, reads] : link_reads_) {
+    if (limits_.read_stall_ns == 0 || reads.out == 0 || now - reads.moved_ns < limits_.read_stall_ns) {
+      continue;
+    }
+    const AgentLink* l = links_.find(link_id);
+    if (l == nullptr || l->closing) continue;
+    metrics_.counters.links_stalled.fetch_add(1, std::memory_order_relaxed);
+    failed.push_back(
+        {link_id,
+         "no read of an offered frame completed in " + std::to_string(limits_.read_stall_ns / 1'000'000) +
+             " ms (link_timeout_ms) with " + std::to_string(reads.out) +
+             " in flight: the transport stalled, and the sender offers those frames again on the next link",
+         false});
   }
   return failed;
 }
@@ -397,7 +416,7 @@ void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
     it = reads_.erase(it);
   }
   reads_waiting_.erase(link_id);
-  reads_out_.erase(link_id);
+  link_reads_.erase(link_id);
   // The link's regions die with it: a new link announces them again.
   regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
   std::set<NameKey> streams;

@@ -56,7 +56,8 @@ std::string InboundStreams::onOffer(AgentLink& l, const peer::Offer& offer) {
 void InboundStreams::startReads(AgentLink& l) {
   auto waiting = reads_waiting_.find(l.id);
   if (waiting == reads_waiting_.end()) return;
-  size_t& out = reads_out_[l.id];
+  LinkReads& link_reads = link_reads_[l.id];
+  size_t& out = link_reads.out;
   while (!waiting->second.empty() && out < limits_.reads_per_link) {
     const uint64_t cookie = waiting->second.front();
     auto rit = reads_.find(cookie);
@@ -102,6 +103,7 @@ void InboundStreams::startReads(AgentLink& l) {
     }
     read.posted = true;
     read.keepalive = consumer.segments;
+    if (out == 0) link_reads.moved_ns = clock_.nowNs();
     ++out;
     reads_peak_ = std::max(reads_peak_, out);
     ++reads_posted_;
@@ -114,8 +116,9 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
   if (it == reads_.end() || it->second.link_id != l.id || !it->second.posted) return;
   const PullRead read = it->second;
   reads_.erase(it);
-  size_t& out = reads_out_[l.id];
-  if (out > 0) --out;
+  LinkReads& link_reads = link_reads_[l.id];
+  if (link_reads.out > 0) --link_reads.out;
+  link_reads.moved_ns = clock_.nowNs();
   if (reads_posted_ > 0) --reads_posted_;
   if (read.abandoned) {
     // Its consumer went and the frame was refused then; the bytes landed in

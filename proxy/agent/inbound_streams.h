@@ -46,6 +46,12 @@ struct InboundLimits {
   // by the credits the link holds): the receiving daemon, not the senders,
   // decides how much comes in at once.
   size_t reads_per_link = 32;
+  // Pull: a link with reads in flight none of which completes for this
+  // long is stalled -- its transport lost a read and will not say so (a
+  // queue pair that never retries a read whose responses were lost) -- and
+  // is closed, for its sender to offer again on the next.  link_timeout_ms;
+  // 0: never.
+  uint64_t read_stall_ns = 10'000'000'000ULL;
 };
 
 class InboundStreams {
@@ -117,7 +123,12 @@ class InboundStreams {
   // Once in a while (the agent's deadline check): what is remembered of
   // sender streams long unused goes, and a link that kept recalled credits
   // past their deadline is returned with why, for the caller to fail.
-  std::vector<std::pair<uint64_t, std::string>> checkDeadlines();
+  struct FailedLink {
+    uint64_t link_id = 0;
+    std::string why;
+    bool violation = true;  // the peer broke the protocol; otherwise the link stalled
+  };
+  std::vector<FailedLink> checkDeadlines();
 
   size_t creditsOutstanding() const { return credits_.size(); }
   size_t framesHeld() const;
@@ -359,7 +370,11 @@ class InboundStreams {
   std::vector<std::string> pull_streams_;
   std::map<uint64_t, PullRead> reads_;                      // by cookie: offers taken, read or to be read
   std::map<uint64_t, std::deque<uint64_t>> reads_waiting_;  // per link: cookies of offers not yet read
-  std::map<uint64_t, size_t> reads_out_;                    // per link: reads posted, not yet complete
+  struct LinkReads {
+    size_t out = 0;         // posted, not yet complete
+    uint64_t moved_ns = 0;  // when one last completed, or the first of `out` was posted (agent clock)
+  };
+  std::map<uint64_t, LinkReads> link_reads_;  // per link
   size_t reads_posted_ = 0;
   size_t reads_peak_ = 0;
   uint64_t next_read_cookie_ = 1;

@@ -216,7 +216,11 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   req.payload = c.segments->slot(slot);
   req.local_key = c.segments->localKey();  // from the registration made at attach
   req.credit = credit;
-  if (!pull) return l.transport->post(req);
+  if (!pull) {
+    const transport::PostResult r = l.transport->post(req);
+    if (r == transport::PostResult::kOk) ++l.data_sent;
+    return r;
+  }
   // Pull: the payload is exposed to this link's reads, exactly this frame's
   // bytes, and named in an offer into the credit.  On rdma the window's bind
   // is on the send queue ahead of the control record that carries the offer.

@@ -148,6 +148,7 @@ void SessionWriter::run() {
       ::clock_gettime(CLOCK_REALTIME, &ts);
       keepalive.mutable_keepalive()->set_timestamp_ns(uint64_t(ts.tv_sec) * 1000000000ULL +
                                                       uint64_t(ts.tv_nsec));
+      keepalive.mutable_keepalive()->set_data_received(data_received_.load(std::memory_order_relaxed));
       queue_.push_back(Queued{std::move(keepalive), 0});
     }
     while (echo_ns_ != 0 || !queue_.empty()) {
@@ -155,6 +156,7 @@ void SessionWriter::run() {
       if (echo_ns_ != 0) {
         // First: the peer's round trip should not include our queue.
         message.mutable_keepalive()->set_echo_ns(echo_ns_);
+        message.mutable_keepalive()->set_data_received(data_received_.load(std::memory_order_relaxed));
         echo_ns_ = 0;
       } else {
         message = std::move(queue_.front().message);

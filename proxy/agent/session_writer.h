@@ -68,6 +68,9 @@ class SessionWriter {
   void close();
   // Something (a message, a keepalive) arrived from the peer.
   void heard() noexcept;
+  // What the keepalives say this end took off the link's data transport
+  // (Keepalive.data_received); the data agent sets it as it takes them.
+  void setDataReceived(uint64_t units) noexcept { data_received_.store(units, std::memory_order_relaxed); }
   bool failed() const;
   // Why writing stopped; empty while it has not.
   std::string failure() const;
@@ -87,6 +90,7 @@ class SessionWriter {
   std::chrono::milliseconds silence_{0};
   std::function<void()> cut_;
   std::atomic<int64_t> heard_ns_{0};  // steady clock
+  std::atomic<uint64_t> data_received_{0};
   mutable Mutex mutex_;
   std::condition_variable cv_;
   std::deque<Queued> queue_ FL_GUARDED_BY(mutex_);

@@ -49,7 +49,7 @@ const std::vector<Option>& options() {
       {"link",   "credit_timeout_ms",  Number{&Config::credit_timeout_ms, 1, UINT32_MAX, "MS"}, "A frame that gets no receive credit (or no link) in time fails"},
       {"link",   "connect_timeout_ms", Number{&Config::connect_timeout_ms, 1, UINT32_MAX, "MS"}, "Dialling a peer gives up after this long"},
       {"link",   "keepalive_ms",       Number{&Config::keepalive_ms, 1, UINT32_MAX, "MS"},     "Keepalive interval of peer links"},
-      {"link",   "link_timeout_ms",    Number{&Config::link_timeout_ms, 0, UINT32_MAX, "MS"},  "A link on which nothing (not even a keepalive) arrives from the peer for this long is given up and dialled again; more than the peer's keepalive_ms (0 = never)"},
+      {"link",   "link_timeout_ms",    Number{&Config::link_timeout_ms, 0, UINT32_MAX, "MS"},  "A link on which nothing (not even a keepalive, nor a pull read's bytes while reads are in flight) arrives from the peer for this long is given up and dialled again; more than the peer's keepalive_ms (0 = never)"},
       {"link",   "reconnect_min_ms",   Number{&Config::reconnect_min_ms, 1, UINT32_MAX, "MS"}, "Reconnect back-off, doubling from this"},
       {"link",   "reconnect_max_ms",   Number{&Config::reconnect_max_ms, 1, UINT32_MAX, "MS"}, "... up to this"},
       {"link",   "grpc_chunk_bytes",   Bytes{&Config::grpc_chunk_bytes},                       "Chunk size of the grpc data transport"},

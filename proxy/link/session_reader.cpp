@@ -70,6 +70,9 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
         echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
         writer->send(std::move(echo));
       }
+      // What the peer took off the data transport (its keepalives and its
+      // echoes say): the agent's check that the data path still delivers.
+      if (keepalive.has_data_received()) agent.post(CmdLinkDataSeen{link_id, keepalive.data_received()});
       continue;
     }
     const uint64_t bytes = msg->ByteSizeLong();

@@ -154,6 +154,11 @@ constexpr CounterInfo kLinkCounters[] = {
     {"pull_reads_failed",
      "Reads of a peer's offer that failed (its source gone: the frame was answered or offered anew).",
      &Metrics::Counters::pull_reads_failed},
+    {"links_stalled",
+     "Links closed because their data transport stopped delivering while the Session still carried "
+     "keepalives: what was handed to it link_timeout_ms ago had not reached the peer, or reads of offers "
+     "were in flight and none completed; their frames go again on the next link.",
+     &Metrics::Counters::links_stalled},
     {"frames_maybe_redelivered",
      "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
      &Metrics::Counters::frames_maybe_redelivered},

@@ -131,6 +131,46 @@ TEST_CASE("pull: with one read in flight per link, offers wait their turn and no
   CHECK(pair.b().metric("framelink_pull_reads_failed_total") == 0);
 }
 
+TEST_CASE("pull: a read that never completes closes its link, and the frame is read again on the next",
+          "[integration][pull]") {
+  // B's transport withholds some reads' completions until the link ends,
+  // as a queue pair that lost a read's responses and never retries does.
+  // Without the link_timeout_ms on reads, each such frame would wait for
+  // its ACK deadline and fail TIMEOUT.
+  auto o = pullPair("tcp", {"--fault-inject", "seed=5,stall=0.08"});
+  for (const char* arg : {"--keepalive-ms", "200", "--link-timeout-ms", "1000"})
+    o.extra_args.emplace_back(arg);
+  DaemonPair pair(o);
+  constexpr int kFrames = 50;
+  moveFrames(pair.a(), pair.b(), "pulled", kFrames, 4);
+  const int64_t stalled = pair.b().metric("framelink_links_stalled_total");
+  INFO("links closed for a stalled read: " << stalled);
+  CHECK(stalled >= 1);
+  CHECK(pair.b().metric("framelink_link_failures_total") >= stalled);
+  CHECK(pair.a().metric("framelink_frames_replayed_total") >= stalled);
+  CHECK(pair.b().waitForLog("no read of an offered frame completed", Millis(1000)));
+}
+
+TEST_CASE("a data path that goes silent while keepalives still flow is closed, and nothing is lost",
+          "[integration][pull]") {
+  // A's transport takes a control record (an offer, or a credit's return)
+  // and delivers neither it nor anything after it, the Session untouched:
+  // B's keepalives say it took less than A handed over, and A closes the
+  // link.  Without that check the frames would wait for their ACK deadline.
+  const std::string stream = GENERATE("pulled", "pushed");
+  INFO("stream " << stream);
+  auto o = pullPair("tcp");
+  o.extra_args_a = {"--fault-inject", "seed=9,mute=0.2"};
+  for (const char* arg : {"--keepalive-ms", "200", "--link-timeout-ms", "1000"})
+    o.extra_args.emplace_back(arg);
+  DaemonPair pair(o);
+  moveFrames(pair.a(), pair.b(), stream, 24, 4);
+  const int64_t stalled = pair.a().metric("framelink_links_stalled_total");
+  INFO("links A closed for a silent data path: " << stalled);
+  CHECK(stalled >= 1);
+  CHECK(pair.a().waitForLog("the data path stalled", Millis(1000)));
+}
+
 TEST_CASE("pull: a consumer that goes holding frames: they fail, the rest reach the next one, as in push",
           "[integration][pull]") {
   DaemonPair pair(pullPair("tcp"));

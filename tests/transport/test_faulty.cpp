@@ -57,7 +57,8 @@ void postEach(Endpoint& tx, Endpoint& rx, const Buffer& buf, uint64_t n, const P
 
 TEST_CASE("fault spec: every key parses, mistakes name the key", "[transport][faulty]") {
   auto s = parseFaultSpec(
-      "seed=7,drop=0.5,fail=0.25,disconnect=0.125,dup=1,delay=0,delay_ms=20,corrupt=0.75,stall=0.5");
+      "seed=7,drop=0.5,fail=0.25,disconnect=0.125,dup=1,delay=0,delay_ms=20,corrupt=0.75,stall=0.5,mute=0."
+      "25");
   REQUIRE(s.ok());
   CHECK(s.value().seed == 7);
   CHECK(s.value().drop == 0.5);
@@ -67,6 +68,7 @@ TEST_CASE("fault spec: every key parses, mistakes name the key", "[transport][fa
   CHECK(s.value().delay_ms == 20);
   CHECK(s.value().corrupt == 0.75);
   CHECK(s.value().stall == 0.5);
+  CHECK(s.value().mute == 0.25);
   CHECK(s.value().any());
   CHECK(parseFaultSpec("stall=0.1").value().any());
   CHECK_FALSE(parseFaultSpec("").value().any());
@@ -206,6 +208,29 @@ TEST_CASE("faulty stall: a read's completion never comes while the link lives, t
   REQUIRE(reader.reads.size() == 1);
   CHECK(reader.reads[0].cookie == 31);
   CHECK(reader.reads[0].status == FL_ERR_LINK_LOST);
+}
+
+TEST_CASE("faulty mute: a record, and whatever is posted after it, is taken and never delivered",
+          "[transport][faulty]") {
+  auto f = faultyPair("mute=1", "");
+  Endpoint tx{f.a.get()}, rx{f.b.get()};
+  Buffer buf(4096);
+  auto payload = pattern(8, 700);
+  REQUIRE(tx.t->postControl("first") == PostResult::kOk);
+  REQUIRE(tx.post(request(12, expose(*rx.t, buf.credit(1)), payload, 1)) == PostResult::kOk);
+  settle(tx, rx);
+  settle(tx, rx);
+  CHECK(rx.controls.empty());
+  CHECK(rx.arrivals.empty());
+  CHECK(tx.sends.empty());  // neither delivered nor failed while the link lives
+  CHECK(tx.t->connected());
+  CHECK(f.a->counts().mutes == 1);
+  f.pair->b->shutdown();
+  waitFor(
+      tx, rx, [&] { return !tx.sends.empty() && !tx.errors.empty(); }, "the link's end");
+  REQUIRE(tx.sends.size() == 1);
+  CHECK(tx.sends[0].cookie == 12);
+  CHECK(tx.sends[0].status == FL_ERR_LINK_LOST);
 }
 
 TEST_CASE("faulty: the same seed injects the same faults", "[transport][faulty]") {

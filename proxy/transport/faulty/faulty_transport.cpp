@@ -94,11 +94,20 @@ class FaultyTransportImpl final : public FaultyTransport {
   void retractSource(uint64_t source_id) override { inner_->retractSource(source_id); }
   PostResult postRead(const ReadRequest& request) noexcept override {
     if (broken_) return PostResult::kNotConnected;
+    if (muted_) {
+      swallow(Kind::kReadComplete, request.cookie);
+      return PostResult::kOk;
+    }
     return inner_->postRead(request);
   }
 
   PostResult post(const SendRequest& request) noexcept override {
     if (broken_) return PostResult::kNotConnected;
+    mute();
+    if (muted_) {
+      swallow(Kind::kSendComplete, request.cookie);
+      return PostResult::kOk;
+    }
     if (chance(spec_.drop)) {
       ++counts_.drops;
       TransportEvent ev;
@@ -127,6 +136,8 @@ class FaultyTransportImpl final : public FaultyTransport {
 
   PostResult postControl(std::string record) noexcept override {
     if (broken_) return PostResult::kNotConnected;
+    mute();
+    if (muted_) return PostResult::kOk;  // taken, never delivered
     return inner_->postControl(std::move(record));
   }
 
@@ -193,11 +204,11 @@ class FaultyTransportImpl final : public FaultyTransport {
       ready_.push_back(std::move(ev));
       return;
     }
-    if (ev.kind == Kind::kReadComplete &&
-        (!stalled_.empty() || (ev.status == FL_OK && chance(spec_.stall)))) {
+    if (ev.kind == Kind::kReadComplete && (reads_stalled_ || (ev.status == FL_OK && chance(spec_.stall)))) {
       // Reads complete in order (one queue pair, one stream): none after a
       // stalled one completes either.  Reported when the link ends.
-      if (stalled_.empty()) ++counts_.stalls;
+      if (!reads_stalled_) ++counts_.stalls;
+      reads_stalled_ = true;
       stalled_.push_back(std::move(ev));
       return;
     }
@@ -262,13 +273,28 @@ class FaultyTransportImpl final : public FaultyTransport {
   void flushDelayed() {
     for (auto& d : delayed_) ready_.push_back(std::move(d.event));
     delayed_.clear();
-    // A stalled read ends with its link, never landed as far as anyone knows.
+    // A stalled read, or anything posted once muted, ends with its link.
     for (auto& ev : stalled_) {
       ev.status = FL_ERR_LINK_LOST;
-      ev.message = "the link ended while the read was stalled (fault injected)";
+      ev.message = "the link ended while it was withheld (fault injected: stall or mute)";
       ready_.push_back(std::move(ev));
     }
     stalled_.clear();
+  }
+
+  // Whether this post silences the data path (spec_.mute).
+  void mute() {
+    if (!muted_ && chance(spec_.mute)) {
+      ++counts_.mutes;
+      muted_ = true;
+    }
+  }
+  // Muted: a send or read taken that completes, failed, when the link ends.
+  void swallow(Kind kind, uint64_t cookie) {
+    TransportEvent ev;
+    ev.kind = kind;
+    ev.cookie = cookie;
+    stalled_.push_back(std::move(ev));
   }
 
   void breakLink(const std::string& why) {
@@ -319,7 +345,9 @@ class FaultyTransportImpl final : public FaultyTransport {
   uint64_t last_arrival_due_ = 0;
   bool broken_ = false;
   FaultCounts counts_;
-  std::vector<TransportEvent> stalled_;  // read completions withheld (stall)
+  std::vector<TransportEvent> stalled_;  // completions withheld (stall, mute) until the link ends
+  bool reads_stalled_ = false;
+  bool muted_ = false;
 };
 
 }  // namespace
@@ -344,7 +372,7 @@ Result<FaultSpec> parseFaultSpec(const std::string& text) {
     auto bad = [&](const std::string& what) {
       return makeError(FL_EINVAL, "fault spec '" + text + "': " + key + "=" + value + ": " + what +
                                       " (form: seed=N,drop=P,fail=P,disconnect=P,dup=P,delay=P,delay_ms=N,"
-                                      "corrupt=P,stall=P with probabilities P in [0, 1])");
+                                      "corrupt=P,stall=P,mute=P with probabilities P in [0, 1])");
     };
     if (eq == std::string::npos || value.empty()) return bad("needs a value");
     try {
@@ -366,6 +394,7 @@ Result<FaultSpec> parseFaultSpec(const std::string& text) {
                   : key == "delay"      ? &spec.delay
                   : key == "corrupt"    ? &spec.corrupt
                   : key == "stall"      ? &spec.stall
+                  : key == "mute"       ? &spec.mute
                                         : nullptr;
       if (p == nullptr) return bad("unknown key");
       const double v = std::stod(value, &used);
@@ -382,7 +411,7 @@ std::string describe(const FaultSpec& s) {
   std::ostringstream o;
   o << "seed=" << s.seed << ",drop=" << s.drop << ",fail=" << s.fail << ",disconnect=" << s.disconnect
     << ",dup=" << s.dup << ",delay=" << s.delay << ",delay_ms=" << s.delay_ms << ",corrupt=" << s.corrupt
-    << ",stall=" << s.stall;
+    << ",stall=" << s.stall << ",mute=" << s.mute;
   return o.str();
 }
 

@@ -43,19 +43,24 @@ struct FaultSpec {
   // the link ends: a queue pair that lost a read's responses and never
   // retries (Soft-RoCE can).
   double stall = 0;
+  // A frame or control record posted is taken and never delivered, nor is
+  // anything posted after it (records, frames, reads), until the link ends:
+  // a data path that went silent while the Session's keepalives still flow.
+  double mute = 0;
   uint32_t delay_ms = 5;
 
-  bool any() const noexcept { return drop + fail + disconnect + dup + delay + corrupt + stall > 0; }
+  bool any() const noexcept { return drop + fail + disconnect + dup + delay + corrupt + stall + mute > 0; }
 };
 
-// "seed=7,drop=0.001,fail=0.001,disconnect=0.001,dup=0.01,delay=0.05,delay_ms=20,corrupt=0.01,stall=0.01".
+// "seed=7,drop=0.001,fail=0.001,disconnect=0.001,dup=0.01,delay=0.05,delay_ms=20,corrupt=0.01,stall=0.01,mute=0.01".
 // Every key is optional; probabilities are in [0, 1].  Errors name the key.
 Result<FaultSpec> parseFaultSpec(const std::string& text);
 std::string describe(const FaultSpec& spec);
 
 // What one decorator injected so far (for logs and tests).
 struct FaultCounts {
-  uint64_t drops = 0, fails = 0, disconnects = 0, dups = 0, delays = 0, corruptions = 0, stalls = 0;
+  uint64_t drops = 0, fails = 0, disconnects = 0, dups = 0, delays = 0, corruptions = 0, stalls = 0,
+           mutes = 0;
 };
 
 class FaultyTransport : public Transport {
