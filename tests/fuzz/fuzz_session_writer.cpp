@@ -186,6 +186,9 @@ class Harness {
       if (model_.echo_ns != 0) {
         v1::PeerMessage echo;
         echo.mutable_keepalive()->set_echo_ns(model_.echo_ns);
+        // An echo says what this end took off the data transport: nothing
+        // here (the harness never calls setDataReceived).
+        echo.mutable_keepalive()->set_data_received(0);
         expected = echo.SerializeAsString();
         model_.echo_ns = 0;
       } else if (!model_.queue.empty()) {
