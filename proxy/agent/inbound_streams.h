@@ -47,9 +47,9 @@ struct InboundLimits {
   // decides how much comes in at once.
   size_t reads_per_link = 32;
   // Pull: a link with reads in flight none of which completes for this
-  // long is stalled -- its transport lost a read and will not say so (a
-  // queue pair that never retries a read whose responses were lost) -- and
-  // is closed, for its sender to offer again on the next.  link_timeout_ms;
+  // long is stalled -- its transport lost a read and will not say so, the
+  // reader's side of the silent data path DataAgent::checkDataPaths catches
+  // on the sender's -- and is closed, for its sender to offer again on the next.  link_timeout_ms;
   // 0: never.
   uint64_t read_stall_ns = 10'000'000'000ULL;
 };

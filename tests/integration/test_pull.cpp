@@ -134,7 +134,8 @@ TEST_CASE("pull: with one read in flight per link, offers wait their turn and no
 TEST_CASE("pull: a read that never completes closes its link, and the frame is read again on the next",
           "[integration][pull]") {
   // B's transport withholds some reads' completions until the link ends,
-  // as a queue pair that lost a read's responses and never retries does.
+  // as a queue pair that lost a read's responses and did not retransmit
+  // them would.
   // Without the link_timeout_ms on reads, each such frame would wait for
   // its ACK deadline and fail TIMEOUT.
   auto o = pullPair("tcp", {"--fault-inject", "seed=5,stall=0.08"});

@@ -40,8 +40,8 @@ struct FaultSpec {
   uint64_t seed = 1;
   double drop = 0, fail = 0, disconnect = 0, dup = 0, delay = 0, corrupt = 0;
   // A read that completed is never reported, nor any read after it, until
-  // the link ends: a queue pair that lost a read's responses and never
-  // retries (Soft-RoCE can).
+  // the link ends: reads on a queue pair that lost a read's responses and
+  // does not retransmit them (in-order completion holds the rest back).
   double stall = 0;
   // A frame or control record posted is taken and never delivered, nor is
   // anything posted after it (records, frames, reads), until the link ends:
