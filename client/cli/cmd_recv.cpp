@@ -30,6 +30,7 @@ struct RecvOptions {
   uint32_t slots = 0;
   std::string slot_size;
   bool subscribe = false;
+  bool pull = false;
   bool quiet = false;
   bool json = false;
   std::string journal;
@@ -166,6 +167,7 @@ int runRecv(const RecvOptions& o) {
   co.slot_count = o.slots;
   co.slot_size = slot_size;
   co.subscribe = o.subscribe;
+  co.pull = o.pull;
   std::string err;
   auto consumer = Consumer::attach(co, err);
   if (!consumer) {
@@ -219,6 +221,10 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--subscribe", o->subscribe,
                 "get every frame of the stream (a subscriber); without it this consumer shares the frames "
                 "with the stream's other consumers (its queue group)");
+  cmd->add_flag("--pull", o->pull,
+                "have this host's daemon pull the stream's frames from other hosts while this consumer is "
+                "attached (it reads each frame the sender offers: RDMA READ on rdma) instead of the sender "
+                "writing them");
   cmd->add_option("--slot-size", o->slot_size,
                   "bytes per receive slot (default: --expect-* max, else the daemon's default_slot_size)");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");

@@ -22,6 +22,7 @@ std::unique_ptr<Consumer> Consumer::attach(const ConsumerOptions& options, std::
   o.slot_count = options.slot_count;
   o.slot_size = options.slot_size;
   o.subscribe = options.subscribe ? 1 : 0;
+  o.pull = options.pull ? 1 : 0;
   fl_client* client = nullptr;
   const int rc = fl_attach(&o, &client);
   if (rc != FL_OK) {

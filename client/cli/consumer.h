@@ -22,6 +22,7 @@ struct ConsumerOptions {
   uint32_t slot_count = 0;
   uint64_t slot_size = 0;
   bool subscribe = false;  // every frame of the stream, not a queue group member's share
+  bool pull = false;       // the stream's frames from other hosts are pulled to this host
 };
 
 class Consumer {

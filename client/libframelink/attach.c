@@ -35,12 +35,19 @@
 FL_STATIC_ASSERT((int)FL_PRODUCER == (int)FL_ROLE_PRODUCER && (int)FL_CONSUMER == (int)FL_ROLE_CONSUMER,
                  "fl_client_role and fl_role must have the same values");
 
-/* The name in parentheses: the header's macro of the same name wraps this. */
-FL_API void(fl_client_options_init)(fl_client_options* options) {
-  if (!options) return;
-  memset(options, 0, sizeof(*options));
-  options->struct_size = (uint32_t)sizeof(*options);
+FL_API void fl_client_options_init_size(fl_client_options* options, size_t size) {
+  if (!options || size < FL_CLIENT_OPTIONS_SIZE_V1) return;
+  if (size > sizeof(*options)) size = sizeof(*options);
+  memset(options, 0, size);
+  options->struct_size = (uint32_t)size;
   options->role = FL_PRODUCER;
+}
+
+/* The name in parentheses: the header's macro of the same name wraps
+ * fl_client_options_init_size instead.  An application built before that
+ * calls this one with an options struct of FL_CLIENT_OPTIONS_SIZE_V3 bytes. */
+FL_API void(fl_client_options_init)(fl_client_options* options) {
+  fl_client_options_init_size(options, FL_CLIENT_OPTIONS_SIZE_V3);
 }
 
 static int flx_add_overflows(uint64_t a, uint64_t b, uint64_t* out) {
@@ -347,7 +354,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
                      "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
                      options->struct_size);
   const int has_v2 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V2;
-  const int has_v3 = options->struct_size >= sizeof(fl_client_options);
+  const int has_v3 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V3;
+  const int has_v4 = options->struct_size >= sizeof(fl_client_options);
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
@@ -383,6 +391,12 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
       return flx_error(FL_EINVAL,
                        "fl_attach: subscribe is for consumers; a producer's frames go to every subscriber");
     req.flags |= FL_ATTACH_SUBSCRIBE;
+  }
+  if (has_v4 && options->pull) {
+    if (options->role != FL_CONSUMER)
+      return flx_error(FL_EINVAL,
+                       "fl_attach: pull is for consumers; the consumer's host decides how its frames come");
+    req.flags |= FL_ATTACH_PULL;
   }
   snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
   snprintf(req.client_name, sizeof(req.client_name), "%s",

@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=0)
     ap.add_argument("--slot-size", type=int, default=0)
     ap.add_argument("--ready-file", help="create this file once attached")
+    ap.add_argument("--pull", action="store_true",
+                    help="have this host's daemon pull the stream's frames from other hosts (RDMA READ on rdma)")
     a = ap.parse_args()
 
     os.makedirs(a.out, exist_ok=True)
@@ -78,7 +80,7 @@ def main() -> int:
     stored = bad = 0
     t0 = None
     with framelink.Consumer(a.stream, socket_path=a.socket, slot_count=a.slots, slot_size=a.slot_size,
-                            client_name="ingestor") as consumer:
+                            pull=a.pull, client_name="ingestor") as consumer:
         if a.ready_file:
             open(a.ready_file, "w").close()
         try:

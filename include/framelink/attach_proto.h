@@ -55,7 +55,8 @@ extern "C" {
 #endif
 
 #define FL_ATTACH_MAGIC 0x54414C46u /* "FLAT" */
-/* 3: lent segments (fl_lend_message) and subscribers (FL_ATTACH_SUBSCRIBE).
+/* 3: lent segments (fl_lend_message) and subscribers (FL_ATTACH_SUBSCRIBE); FL_ATTACH_PULL came
+ * later in 3 (a daemon before it refuses the flag, saying so).
  * 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon). */
 #define FL_ATTACH_VERSION 3u
 #define FL_ATTACH_FD_COUNT 4u
@@ -76,6 +77,8 @@ typedef struct fl_attach_request {
 enum fl_attach_flags {
   /* Consumer: every frame of the stream, not a share of them (a queue group member). */
   FL_ATTACH_SUBSCRIBE = 1u << 0,
+  /* Consumer: frames of the stream from peers are pulled to this host while it is attached. */
+  FL_ATTACH_PULL = 1u << 1,
 };
 
 FL_STATIC_ASSERT(sizeof(fl_attach_request) == 160, "fl_attach_request size");

@@ -142,12 +142,25 @@ typedef struct fl_client_options {
    * sets this to its own size).
    */
   uint32_t completion_size;
+  /* Read only when struct_size covers it (FL_CLIENT_OPTIONS_SIZE_V4). */
+  /*
+   * Consumer, nonzero: frames of the stream from other hosts are pulled to
+   * this host while this consumer is attached -- the sender offers each one
+   * and this host's daemon reads it (RDMA READ on rdma) when a slot here is
+   * free -- as if the daemon's pull_streams listed the stream.  It applies to
+   * the stream on this host, so to its other consumers here too.  0: as the
+   * daemon is configured.
+   */
+  uint32_t pull;
+  uint32_t reserved; /* 0 */
 } fl_client_options;
 
 /* struct_size of an fl_client_options from before auto_reattach (still accepted). */
 #define FL_CLIENT_OPTIONS_SIZE_V1 48u
 /* struct_size of an fl_client_options from before subscribe (still accepted). */
 #define FL_CLIENT_OPTIONS_SIZE_V2 56u
+/* struct_size of an fl_client_options from before pull (still accepted). */
+#define FL_CLIENT_OPTIONS_SIZE_V3 64u
 
 typedef struct fl_client_info {
   uint64_t client_id;
@@ -221,11 +234,16 @@ FL_API const char* fl_last_error(void);       /* thread-local, never NULL */
 FL_API const char* fl_status_str(int status); /* "FL_ERR_TOO_LARGE: ..." */
 
 /* Attach / detach */
+/* Fills the first FL_CLIENT_OPTIONS_SIZE_V3 bytes, for applications built
+ * before fl_client_options_init_size (the macro below calls that one). */
 FL_API void fl_client_options_init(fl_client_options* options);
-/* The application's own fl_completion size goes with its options: a newer
- * library never fills more of each completion than the application has. */
+/* Defaults for the first `size` bytes of `options` (the application's
+ * sizeof(fl_client_options)), never more than this library knows. */
+FL_API void fl_client_options_init_size(fl_client_options* options, size_t size);
+/* The application's own struct size and fl_completion size go with its
+ * options: a newer library never writes or fills more than it has. */
 static inline void flx_client_options_init_here(fl_client_options* options) {
-  fl_client_options_init(options);
+  fl_client_options_init_size(options, sizeof(*options));
   if (options) options->completion_size = (uint32_t)sizeof(fl_completion);
 }
 #define fl_client_options_init(options) flx_client_options_init_here(options)

@@ -606,8 +606,7 @@ void DataAgent::publishStats() {
     cs.name = s.name;
     cs.producer = s.role == FL_ROLE_PRODUCER;
     cs.subscriber = s.subscriber;
-    cs.pull = !cs.producer && std::find(config_.pull_streams.begin(), config_.pull_streams.end(), s.stream) !=
-                                  config_.pull_streams.end();
+    cs.pull = !cs.producer && inbound_.pullsStream(s.stream);
     cs.stream = s.stream;
     cs.slots = s.slots.size();
     cs.slot_size = s.segments ? s.segments->slotSize() : 0;

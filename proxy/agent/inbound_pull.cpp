@@ -1,4 +1,5 @@
-// The consumer side of pull: a stream listed in pull_streams is granted
+// The consumer side of pull: a stream listed in pull_streams (or one a
+// consumer attached with the pull option asks for) is granted
 // credits that are exposed to no write; its sender offers each frame into
 // one of them (peer::Offer: the header, and a source on the link that holds
 // exactly the payload), and this end reads the payload straight into the
@@ -16,9 +17,13 @@
 
 namespace framelink {
 
-bool InboundStreams::pulls(const AgentLink& l, const std::string& stream) const {
-  return l.transport != nullptr && l.transport->readable() &&
+bool InboundStreams::pullsStream(const std::string& stream) const {
+  return pull_consumers_.count(stream) != 0 ||
          std::find(pull_streams_.begin(), pull_streams_.end(), stream) != pull_streams_.end();
+}
+
+bool InboundStreams::pulls(const AgentLink& l, const std::string& stream) const {
+  return l.transport != nullptr && l.transport->readable() && pullsStream(stream);
 }
 
 bool InboundStreams::replayOfAnswered(const AgentLink& l, const transport::FrameHeader& h) const {

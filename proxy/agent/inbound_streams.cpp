@@ -32,6 +32,8 @@ void InboundStreams::setLocalDelivery(LocalDelivery* local) {
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
+  // Asked before its slots are granted: they, and the stream's later grants, are pull credits.
+  if (c.session->pull) ++pull_consumers_[c.session->stream];
   if (local_ != nullptr) {
     local_->consumerAttached(*c.session);
     local_->pump();  // frames of producers here first
@@ -41,6 +43,11 @@ void InboundStreams::onConsumerAttached(AgentClient& c) {
 
 void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
+  if (c.pull) {
+    // The stream's later grants are pushed again, unless another consumer asked or the configuration says.
+    auto asked = pull_consumers_.find(c.stream);
+    if (asked != pull_consumers_.end() && --asked->second == 0) pull_consumers_.erase(asked);
+  }
   dropReadsInto(c);
   std::map<std::pair<uint64_t, uint64_t>, v1::PeerMessage> revokes;
   const uint64_t now = clock_.nowNs();

@@ -91,8 +91,11 @@ class InboundStreams {
 
   // Pull.  These streams' frames are read by this end from the sender's
   // offers, on links whose transport can read (their credits are exposed to
-  // no write); the others are pushed.
+  // no write), and so are those of a stream while a consumer attached with
+  // the pull option is here; the others are pushed.
   void setPullStreams(std::vector<std::string> names) { pull_streams_ = std::move(names); }
+  // Whether this end asks for that stream's frames by pull (on a link that can read).
+  bool pullsStream(const std::string& stream) const;
   // Whether frames of that stream come by pull on that link.
   bool pulls(const AgentLink& link, const std::string& stream) const;
   // A peer offers a frame into one of the link's pull credits: it is read
@@ -368,6 +371,7 @@ class InboundStreams {
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
   std::vector<std::string> pull_streams_;
+  std::unordered_map<std::string, size_t> pull_consumers_;  // stream -> consumers attached with pull
   std::map<uint64_t, PullRead> reads_;                      // by cookie: offers taken, read or to be read
   std::map<uint64_t, std::deque<uint64_t>> reads_waiting_;  // per link: cookies of offers not yet read
   struct LinkReads {

@@ -24,7 +24,8 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
   if (s.credits.size() + g.credits.size() + g.slot_credits.size() > peer::kMaxCreditsPerStream) {
     return "peer granted more than " + std::to_string(peer::kMaxCreditsPerStream) + " credits";
   }
-  auto take = [&s, &g](const transport::RemoteCredit& rc) -> std::string {
+  auto take = [&s, &g](transport::RemoteCredit rc) -> std::string {
+    rc.pull = g.pull;  // a grant's credits are all of one kind; a later grant's may differ
     // Credit ids are unique on a link: one held twice would take two frames
     // into one slot.
     auto [at, fresh] = s.by_credit_id.try_emplace(rc.credit_id);
@@ -44,7 +45,7 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     if (std::string why = l.peer_regions.resolve(id, &rc); !why.empty()) return why;
     if (std::string why = take(rc); !why.empty()) return why;
   }
-  s.pull = g.pull;  // the receiver's choice for the stream, on this link
+  s.pull = g.pull;  // the receiver's latest choice for the stream on this link (stats)
   // Another sender of the stream may hold the large consumer's credits now.
   s.largest_credit = std::max(s.largest_credit, g.largest_slot);
   s.credit_peak = std::max(s.credit_peak, s.credits.size());

@@ -198,8 +198,7 @@ void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl
 }
 
 transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg leg, uint32_t slot,
-                                            const transport::RemoteCredit& credit, uint64_t cookie,
-                                            bool pull) {
+                                            const transport::RemoteCredit& credit, uint64_t cookie) {
   ClientSession& c = *ac.session;
   SlotEntry& e = legSlot(ac, leg, slot);
   // The receiving daemon restarted since this frame was last sent: the one
@@ -216,7 +215,7 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   req.payload = c.segments->slot(slot);
   req.local_key = c.segments->localKey();  // from the registration made at attach
   req.credit = credit;
-  if (!pull) {
+  if (!credit.pull) {
     const transport::PostResult r = l.transport->post(req);
     if (r == transport::PostResult::kOk) ++l.data_sent;
     return r;
@@ -327,7 +326,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     }
     const transport::RemoteCredit credit = *fit;
     const uint64_t cookie = next_cookie_++;
-    transport::PostResult r = post(*l, *ac, f.leg, f.slot, credit, cookie, s.pull);
+    transport::PostResult r = post(*l, *ac, f.leg, f.slot, credit, cookie);
     if (r == transport::PostResult::kBackpressure || r == transport::PostResult::kNotConnected) {
       return work + 1;  // the transport takes it later: still work
     }
@@ -340,12 +339,12 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       // A copy posted before may be at the consumer: its fate is unknown.
       finishFrame(*ac, f.leg, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
                   "the transport refused the frame: " +
-                      (s.pull ? offer_refusal_ : std::string(l->transport->lastRefusal())) +
+                      (credit.pull ? offer_refusal_ : std::string(l->transport->lastRefusal())) +
                       (e.was_posted ? " (an earlier copy may have been delivered)" : ""));
       continue;
     }
     markPosted(*l, peer, s, f, e, cookie);
-    if (s.pull) {
+    if (credit.pull) {
       // Offered: nothing more of it goes out, and no send completes it; the
       // source stays until the answer (endOffer).
       posted_[cookie].offered = true;

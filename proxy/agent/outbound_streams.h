@@ -120,8 +120,10 @@ class OutboundStreams {
     // whether CreditLow went since the credits were last above a quarter of it.
     size_t credit_peak = 0;
     bool said_low = false;
-    // The receiver takes this stream's frames by pull on the current link
-    // (its grants say so): each frame is offered, not written.
+    // The receiver's latest grant on the current link said pull.  Each
+    // credit keeps the kind of its own grant (a consumer asking for pull
+    // changes the kind of the grants after it): a frame is offered into a
+    // pull credit and written into any other.
     bool pull = false;
   };
   struct PeerOut {
@@ -204,10 +206,10 @@ class OutboundStreams {
   // The link's credits are gone (link up or down).
   static void dropCredits(OutStream& s);
   size_t pump(PeerId peer, OutStream& s);
-  // Posts the frame in that slot of `c` into `credit` on the link, or, on a
-  // pull stream, exposes its payload and offers it into `credit`.
+  // Posts the frame in that slot of `c` into `credit` on the link, or, for a
+  // pull credit, exposes its payload and offers it into `credit`.
   transport::PostResult post(AgentLink& link, AgentClient& c, Leg leg, uint32_t slot,
-                             const transport::RemoteCredit& credit, uint64_t cookie, bool pull);
+                             const transport::RemoteCredit& credit, uint64_t cookie);
   // The frame's offer (if its current post is one) is over: its source is
   // retracted and the post let go.  Before the frame ends or goes again.
   void endOffer(SlotEntry& e);

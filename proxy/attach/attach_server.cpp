@@ -472,6 +472,7 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->role = req.role;
   session->stream = req.stream;
   session->subscriber = (req.flags & FL_ATTACH_SUBSCRIBE) != 0;
+  session->pull = (req.flags & FL_ATTACH_PULL) != 0;
   session->name = req.client_name;
   session->pid = cred.pid;
   session->uid = cred.uid;

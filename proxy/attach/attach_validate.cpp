@@ -39,12 +39,16 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
     return makeError(FL_ERR_BAD_REQUEST,
                      "role " + std::to_string(req.role) + " is neither producer (1) nor consumer (2)");
   }
-  if ((req.flags & ~uint32_t{FL_ATTACH_SUBSCRIBE}) != 0 || req.reserved != 0) {
+  if ((req.flags & ~uint32_t{FL_ATTACH_SUBSCRIBE | FL_ATTACH_PULL}) != 0 || req.reserved != 0) {
     return makeError(FL_ERR_BAD_REQUEST, "reserved attach flags are set; use a matching libframelink");
   }
   if ((req.flags & FL_ATTACH_SUBSCRIBE) != 0 && req.role != FL_ROLE_CONSUMER) {
     return makeError(FL_ERR_BAD_REQUEST,
                      "only a consumer subscribes; a producer's frames go to every subscriber");
+  }
+  if ((req.flags & FL_ATTACH_PULL) != 0 && req.role != FL_ROLE_CONSUMER) {
+    return makeError(FL_ERR_BAD_REQUEST,
+                     "only a consumer asks for pull; the consumer's host decides how its frames come");
   }
   if (!fl_stream_name_valid(req.stream, strnlen(req.stream, sizeof(req.stream)))) {
     return makeError(FL_ERR_BAD_REQUEST, "stream name must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) +

@@ -80,6 +80,7 @@ struct ClientSession {
   uint32_t role = 0;
   std::string stream;
   bool subscriber = false;  // consumer: every frame of the stream (else a queue group member)
+  bool pull = false;        // consumer: asked that peers' frames of its stream be pulled here
   std::string name;
   pid_t pid = 0;
   uid_t uid = 0;

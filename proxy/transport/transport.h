@@ -74,6 +74,10 @@ struct RemoteCredit {
   uint64_t length = 0;       // capacity in bytes
   uint64_t remote_addr = 0;  // rdma only
   uint32_t rkey = 0;         // rdma only
+  // The receiver reads the frame for this credit from an offer (its grant
+  // said pull): the sender's agent offers the frame instead of posting it,
+  // and no transport writes into this credit.
+  bool pull = false;
 };
 
 // A receive buffer on this side.  `keepalive` keeps the memory mapped for as

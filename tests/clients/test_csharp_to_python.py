@@ -42,9 +42,10 @@ def counters(socket):
     return json.loads(out.stdout)["counters"]
 
 
-# Pushed (daemon a writes each frame into the ingestor's slot), or pulled (daemon b lists the
-# stream in pull_streams and reads each frame a offers): the applications do not change.
-@pytest.mark.parametrize("delivery", ["push", "pull"])
+# Pushed (daemon a writes each frame into the ingestor's slot), or pulled (daemon b reads each frame
+# a offers) because b lists the stream in pull_streams or because the ingestor attached with pull:
+# the producer does not change.
+@pytest.mark.parametrize("delivery", ["push", "pull", "pull-option"])
 def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path, delivery):
     if not os.path.exists(EXAMPLE):
         pytest.fail(f"{EXAMPLE} is missing: build it with "
@@ -56,7 +57,7 @@ def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path, delive
         ingestor = subprocess.Popen(
             [sys.executable, INGESTOR, "--stream", "inspect", "--socket", pair.b.socket, "--out", str(out),
              "--count", str(COUNT), "--verify", "--timeout", "60", "--slots", "4", "--slot-size", str(SIZE),
-             "--ready-file", str(ready)],
+             "--ready-file", str(ready)] + (["--pull"] if delivery == "pull-option" else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             for _ in range(1000):
@@ -76,7 +77,7 @@ def test_csharp_producer_to_python_ingestor_through_two_daemons(tmp_path, delive
     assert producer.returncode == 0, producer.stdout + producer.stderr
     sent = json.loads(producer.stdout.strip().splitlines()[-1])
     assert sent["delivered"] == COUNT and sent["failed"] == 0
-    assert pulled == (COUNT if delivery == "pull" else 0)
+    assert pulled == (0 if delivery == "push" else COUNT)
     assert ingestor.returncode == 0, ing_err
     assert "framelink from the source tree" not in ing_err  # the ingestor used the installed package
     got = json.loads(ing_out.strip().splitlines()[-1])

@@ -66,7 +66,7 @@ Client attachConsumer(const DaemonProcess& d, const std::string& stream, uint32_
 }
 
 Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stream, bool subscribe,
-                  uint32_t slot_count, uint64_t slot_size) {
+                  uint32_t slot_count, uint64_t slot_size, bool pull) {
   fl_client_options opt;
   fl_client_options_init(&opt);
   opt.role = role;
@@ -75,6 +75,7 @@ Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stre
   opt.slot_count = slot_count;
   opt.slot_size = slot_size;
   opt.subscribe = subscribe ? 1 : 0;
+  opt.pull = pull ? 1 : 0;
   fl_client* c = nullptr;
   const int rc = fl_attach(&opt, &c);
   INFO("attach to " << d.id() << " stream " << stream << ": " << statusName(rc) << " " << fl_last_error());

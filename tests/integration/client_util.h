@@ -57,9 +57,10 @@ Client attachConsumer(const DaemonProcess& d, const std::string& stream, uint32_
                       uint64_t slot_size = 1 << 20);
 
 // Any role; a consumer that subscribes gets every frame of the stream (else
-// it is a member of the stream's queue group).  REQUIREs success.
+// it is a member of the stream's queue group), one with `pull` asks for its
+// stream's frames from peers to be pulled.  REQUIREs success.
 Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stream, bool subscribe,
-                  uint32_t slot_count = 4, uint64_t slot_size = 256 * 1024);
+                  uint32_t slot_count = 4, uint64_t slot_size = 256 * 1024, bool pull = false);
 
 // Acquires a slot (bounded wait), fills it with the synthetic pattern of
 // `frame_id` (frame_pattern.h), sets the metadata and submits.  REQUIREs success.

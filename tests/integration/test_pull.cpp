@@ -5,7 +5,9 @@
 // completion DELIVERED once released.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +122,107 @@ TEST_CASE("pull: a stream the receiver pulls moves every frame intact, read by t
   requireServing(pair.a(), pair.b(), "pushed", 5);
   CHECK(waitForMetric(pair.b(), "framelink_transport_frames_received_total", 5) == 5);
   CHECK(pair.b().metric("framelink_frames_pulled_total") == pulled);
+}
+
+namespace {
+
+// What `clients` shows on `d` once every consumer's delivery is `want` (the
+// daemon publishes twice a second), or what it showed last.
+nlohmann::json waitForDelivery(const DaemonProcess& d, const std::string& want) {
+  nlohmann::json clients;
+  for (int i = 0; i < 50; ++i) {
+    clients = cliJson("clients", {"clients", "--json", "--socket", d.socketPath()});
+    bool all = !clients.empty();
+    for (const auto& c : clients) all = all && c.value("delivery", "") == want;
+    if (all) break;
+    std::this_thread::sleep_for(Millis(100));
+  }
+  return clients;
+}
+
+// Sends frames `first` .. `first + count - 1` with up to 4 submitted at once;
+// each reaches one of `consumers` (a queue group) intact and once, and every
+// completion is DELIVERED.
+void moveThroughGroup(fl_client* producer, const std::vector<fl_client*>& consumers, uint64_t first,
+                      int count) {
+  auto length = [](uint64_t id) { return 1000 + (id * 4099) % 60'000; };
+  std::set<uint64_t> seen;
+  int submitted = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen.size() < size_t(count) && std::chrono::steady_clock::now() < deadline) {
+    while (submitted < count && submitted - int(seen.size()) < 4) {
+      submitFrame(producer, first + uint64_t(submitted), length(first + uint64_t(submitted)), true);
+      ++submitted;
+    }
+    for (fl_client* c : consumers) {
+      fl_frame f{};
+      if (fl_receive(c, &f, 20) != FL_OK) continue;
+      CHECK(seen.insert(f.frame_id).second);
+      CHECK(f.frame_id >= first);
+      checkSyntheticFrame(f, f.frame_id, length(f.frame_id));
+      REQUIRE(fl_release(c, f.slot) == FL_OK);
+    }
+  }
+  REQUIRE(seen.size() == size_t(count));
+  size_t delivered = 0;
+  while (delivered < size_t(count)) {
+    auto done = collectCompletions(producer, size_t(count) - delivered, Millis(15000));
+    REQUIRE(!done.empty());
+    for (const fl_completion& c : done) {
+      INFO("frame " << c.frame_id << ": " << statusName(c.status));
+      CHECK(c.status == FL_OK);
+    }
+    delivered += done.size();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pull: a consumer attached with the pull option has its stream pulled while it stays",
+          "[integration][pull]") {
+  // B's configuration pulls nothing: the consumers decide.
+  DaemonPair::Options o;
+  o.transport = "tcp";
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  DaemonPair pair(o);
+  constexpr uint64_t kSlot = 64 * 1024;
+  Client pushed = attachWith(pair.b(), FL_CONSUMER, "asked", false, 4, kSlot);
+  Client producer = attachProducer(pair.a(), "asked", 8, kSlot);
+
+  // Nobody asks: pushed.
+  moveThroughGroup(producer.get(), {pushed.get()}, 1, 6);
+  CHECK(waitForMetric(pair.b(), "framelink_transport_frames_received_total", 6) == 6);
+  CHECK(pair.b().metric("framelink_frames_pulled_total") == 0);
+  CHECK(waitForDelivery(pair.b(), "push").size() == 1);
+
+  // A second member of the queue group asks for pull: the stream is pulled
+  // for both.  The credits granted before stay push credits, and A writes
+  // into them; every later grant is of pull credits.
+  {
+    Client asking = attachWith(pair.b(), FL_CONSUMER, "asked", false, 4, kSlot, /*pull=*/true);
+    const nlohmann::json clients = waitForDelivery(pair.b(), "pull");
+    INFO("clients on B: " << clients.dump());
+    CHECK(clients.size() == 2);
+    for (const auto& c : clients) CHECK(c.value("delivery", "") == "pull");
+    moveThroughGroup(producer.get(), {pushed.get(), asking.get()}, 100, 40);
+    CHECK(waitForMetric(pair.b(), "framelink_frames_pulled_total", 36) >= 36);
+    CHECK(pair.b().metric("framelink_transport_frames_received_total") <= 6 + 4);
+  }
+
+  // It went: the stream is pushed again (after the pull credits granted before, at most 4).
+  const nlohmann::json clients = waitForDelivery(pair.b(), "push");
+  INFO("clients on B: " << clients.dump());
+  REQUIRE(clients.size() == 1);
+  CHECK(clients[0].value("delivery", "") == "push");
+  const int64_t received = pair.b().metric("framelink_transport_frames_received_total");
+  const int64_t pulled = pair.b().metric("framelink_frames_pulled_total");
+  moveThroughGroup(producer.get(), {pushed.get()}, 200, 20);
+  CHECK(waitForMetric(pair.b(), "framelink_transport_frames_received_total", received + 16) >= received + 16);
+  CHECK(pair.b().metric("framelink_frames_pulled_total") <= pulled + 4);
+  // Credits of both kinds on one stream broke nothing.
+  CHECK(pair.a().metric("framelink_link_failures_total") == 0);
+  CHECK(pair.b().metric("framelink_link_failures_total") == 0);
+  CHECK(pair.b().metric("framelink_pull_reads_failed_total") == 0);
 }
 
 TEST_CASE("pull: with one read in flight per link, offers wait their turn and none is lost",

@@ -234,6 +234,20 @@ TEST_CASE("raw attach: bad requests get a specific refusal", "[integration][raw]
     std::memset(req.stream, 'a', sizeof req.stream);
     expectRefused(rawExchange(sock, &req, sizeof req, Millis(5000)), FL_ERR_BAD_REQUEST);
   }
+  SECTION("a producer asking for pull or subscribe, or an unknown flag -> FL_ERR_BAD_REQUEST") {
+    fl_attach_request req = makeAttachRequest(FL_ROLE_PRODUCER, "s", 4, kSlot);
+    req.flags = FL_ATTACH_PULL;
+    RawReply r = rawExchange(sock, &req, sizeof req, Millis(5000));
+    expectRefused(r, FL_ERR_BAD_REQUEST);
+    CHECK(std::string(r.reply.message).find("only a consumer asks for pull") != std::string::npos);
+    req.flags = FL_ATTACH_SUBSCRIBE;
+    expectRefused(rawExchange(sock, &req, sizeof req, Millis(5000)), FL_ERR_BAD_REQUEST);
+    req = makeAttachRequest(FL_ROLE_CONSUMER, "s", 4, kSlot);
+    req.flags = 1u << 2;
+    r = rawExchange(sock, &req, sizeof req, Millis(5000));
+    expectRefused(r, FL_ERR_BAD_REQUEST);
+    CHECK(std::string(r.reply.message).find("reserved attach flags") != std::string::npos);
+  }
   SECTION("garbage-sized messages are rejected without crashing") {
     const std::vector<size_t> sizes = {1, 7, sizeof(fl_attach_request) - 1, sizeof(fl_attach_request) + 1,
                                        4000};

@@ -481,6 +481,57 @@ TEST_CASE("producer: old options structs are accepted, without auto_reattach", "
   CHECK(contains(fl_last_error(), "fl_client_options_init"));
 }
 
+TEST_CASE("options: init writes no more than the application's struct holds", "[client]") {
+  // An application built against an older header has a smaller struct: the
+  // library must not write its newer fields past it.
+  unsigned char buf[sizeof(fl_client_options) + 16];
+  std::memset(buf, 0xAB, sizeof buf);
+  auto* o = reinterpret_cast<fl_client_options*>(buf);
+  fl_client_options_init_size(o, FL_CLIENT_OPTIONS_SIZE_V2);
+  CHECK(o->struct_size == FL_CLIENT_OPTIONS_SIZE_V2);
+  CHECK(o->role == FL_PRODUCER);
+  for (size_t i = FL_CLIENT_OPTIONS_SIZE_V2; i < sizeof buf; ++i) CHECK(buf[i] == 0xAB);
+  // The symbol applications built before fl_client_options_init_size call.
+  std::memset(buf, 0xAB, sizeof buf);
+  (fl_client_options_init)(o);
+  CHECK(o->struct_size == FL_CLIENT_OPTIONS_SIZE_V3);
+  for (size_t i = FL_CLIENT_OPTIONS_SIZE_V3; i < sizeof buf; ++i) CHECK(buf[i] == 0xAB);
+  // A larger struct than the library knows: its own part, no more.
+  std::memset(buf, 0xAB, sizeof buf);
+  fl_client_options_init_size(o, sizeof buf);
+  CHECK(o->struct_size == sizeof(fl_client_options));
+  for (size_t i = sizeof(fl_client_options); i < sizeof buf; ++i) CHECK(buf[i] == 0xAB);
+  // The macro: this header's size.
+  fl_client_options here;
+  fl_client_options_init(&here);
+  CHECK(here.struct_size == sizeof(fl_client_options));
+  CHECK(here.pull == 0);
+}
+
+TEST_CASE("consumer: the pull option goes in the attach request, from a struct that has it", "[client]") {
+  {
+    FakeDaemon d;
+    fl_client_options o = d.options(FL_CONSUMER);
+    o.pull = 1;
+    fl_client* c = attach(d, o);
+    CHECK((d.request().flags & FL_ATTACH_PULL) != 0);
+    fl_detach(c);
+    // Refused before the daemon is asked (this one serves one attach).
+    fl_client_options p = d.options(FL_PRODUCER);
+    p.pull = 1;
+    fl_client* none = nullptr;
+    CHECK(fl_attach(&p, &none) == FL_EINVAL);
+    CHECK(contains(fl_last_error(), "pull is for consumers"));
+  }
+  FakeDaemon d;
+  fl_client_options o = d.options(FL_CONSUMER);
+  o.struct_size = FL_CLIENT_OPTIONS_SIZE_V3;  // built against the header before pull
+  o.pull = 1;                                 // beyond its struct: not read
+  fl_client* c = attach(d, o);
+  CHECK((d.request().flags & FL_ATTACH_PULL) == 0);
+  fl_detach(c);
+}
+
 TEST_CASE("producer: auto_reattach carries a producer over a daemon restart", "[client]") {
   auto first = std::make_unique<FakeDaemon>();
   const std::string path = first->path();

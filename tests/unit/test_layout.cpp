@@ -129,7 +129,8 @@ TEST_CASE("C API roles match the segment roles", "[layout]") {
 
 TEST_CASE("C API structs have the layout bindings assume", "[layout]") {
   // .NET and Python declare these structs by hand (LP64); a change here breaks them.
-  CHECK(sizeof(fl_client_options) == 64);
+  CHECK(sizeof(fl_client_options) == 72);
+  CHECK(offsetof(fl_client_options, pull) == FL_CLIENT_OPTIONS_SIZE_V3);
   CHECK(offsetof(fl_client_options, subscribe) == FL_CLIENT_OPTIONS_SIZE_V2);
   CHECK(offsetof(fl_client_options, auto_reattach) == FL_CLIENT_OPTIONS_SIZE_V1);
   CHECK(offsetof(fl_client_options, reattach_interval_ms) == 52);

@@ -219,6 +219,7 @@ class _Client:
     _role = 0
     _role_name = ""
     _subscribe = False
+    _pull = False
 
     def __init__(
         self,
@@ -239,7 +240,7 @@ class _Client:
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
-        lib.fl_client_options_init(ctypes.byref(opts))
+        lib.fl_client_options_init_size(ctypes.byref(opts), ctypes.sizeof(opts))
         opts.completion_size = ctypes.sizeof(_native.CompletionStruct)  # the readers fields are filled
         opts.role = self._role
         # Keep the encoded strings alive for the call.
@@ -252,6 +253,7 @@ class _Client:
         opts.auto_reattach = 1 if auto_reattach else 0
         opts.reattach_interval_ms = reattach_interval_ms
         opts.subscribe = 1 if self._subscribe else 0
+        opts.pull = 1 if self._pull else 0
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:

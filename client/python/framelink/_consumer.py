@@ -103,13 +103,18 @@ class Consumer(_Client):
 
     subscribe=True: get every frame of the stream; False (the default): join the stream's queue group, whose
     members share the frames (each frame to one of them).  A frame of a producer on the same host is not
-    copied either way: its data is the producer's slot, read-only."""
+    copied either way: its data is the producer's slot, read-only.
+
+    pull=True: frames of the stream from other hosts are pulled to this host while this consumer is
+    attached (the sender offers each, this host's daemon reads it when a slot is free: RDMA READ on rdma),
+    as if the daemon's pull_streams listed the stream; False (the default): as the daemon is configured."""
 
     _role = _native.CONSUMER
     _role_name = "consumer"
 
-    def __init__(self, stream: str, *, subscribe: bool = False, **options: Any):
+    def __init__(self, stream: str, *, subscribe: bool = False, pull: bool = False, **options: Any):
         self._subscribe = bool(subscribe)
+        self._pull = bool(pull)
         super().__init__(stream, **options)
 
     def _try_receive(self, ms: int) -> Optional[Frame]:

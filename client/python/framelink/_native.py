@@ -38,6 +38,8 @@ class ClientOptions(ctypes.Structure):
         ("reattach_interval_ms", c_uint32),
         ("subscribe", c_uint32),
         ("completion_size", c_uint32),
+        ("pull", c_uint32),
+        ("reserved", c_uint32),
     ]
 
 
@@ -108,7 +110,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fl_version": (c_char_p, []),
         "fl_last_error": (c_char_p, []),
         "fl_status_str": (c_char_p, [c_int]),
-        "fl_client_options_init": (None, [POINTER(ClientOptions)]),
+        "fl_client_options_init_size": (None, [POINTER(ClientOptions), c_size_t]),
         "fl_attach": (c_int, [POINTER(ClientOptions), POINTER(c_void_p)]),
         "fl_detach": (None, [h]),
         "fl_client_get_info": (c_int, [h, POINTER(ClientInfo)]),

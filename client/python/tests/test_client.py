@@ -354,3 +354,5 @@ def test_remote_subscribers_each_get_every_frame(pair, stream):
 def test_a_producer_cannot_subscribe(pair, stream):
     with pytest.raises(TypeError):
         Producer(stream, socket_path=pair.a.socket, subscribe=True)
+    with pytest.raises(TypeError):
+        Producer(stream, socket_path=pair.a.socket, pull=True)  # the consumer's host decides

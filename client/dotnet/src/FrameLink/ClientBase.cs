@@ -21,7 +21,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         if (options.ReattachIntervalMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "ReattachIntervalMs must be >= 0 (0: the default)");
         Stream = stream;
         var o = new FlClientOptions();
-        Native.fl_client_options_init(&o);
+        Native.fl_client_options_init_size(&o, (nuint)sizeof(FlClientOptions));
         o.CompletionSize = (uint)sizeof(Completion);  // Readers and Released are filled
         o.Role = role;
         o.SlotCount = (uint)options.SlotCount;
@@ -30,6 +30,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.AutoReattach = options.AutoReattach ? 1u : 0u;
         o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
         o.Subscribe = options.Subscribe ? 1u : 0u;
+        o.Pull = options.Pull ? 1u : 0u;
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);

@@ -20,6 +20,8 @@ internal unsafe struct FlClientOptions
     public uint ReattachIntervalMs;
     public uint Subscribe;
     public uint CompletionSize;
+    public uint Pull;
+    public uint Reserved;
 }
 
 [StructLayout(LayoutKind.Sequential)]
@@ -97,7 +99,7 @@ internal static unsafe partial class Native
     [LibraryImport(Library)] internal static partial byte* fl_version();
     [LibraryImport(Library)] internal static partial byte* fl_last_error();
     [LibraryImport(Library)] internal static partial byte* fl_status_str(int status);
-    [LibraryImport(Library)] internal static partial void fl_client_options_init(FlClientOptions* options);
+    [LibraryImport(Library)] internal static partial void fl_client_options_init_size(FlClientOptions* options, nuint size);
     [LibraryImport(Library)] internal static partial int fl_attach(FlClientOptions* options, out SafeClientHandle client);
     [LibraryImport(Library)] internal static partial void fl_detach(IntPtr client);
     [LibraryImport(Library)] internal static partial int fl_client_get_info(SafeClientHandle client, FlClientInfo* info);

@@ -82,6 +82,13 @@ public sealed record FrameLinkOptions
     /// Producers: must stay false.
     /// </summary>
     public bool Subscribe { get; init; }
+    /// <summary>
+    /// Consumers: true to have the stream's frames from other hosts pulled to this host while this consumer is
+    /// attached (the sender offers each one, this host's daemon reads it when a slot is free: RDMA READ on rdma),
+    /// as if the daemon's pull_streams listed the stream; false (the default): as the daemon is configured.
+    /// Producers: must stay false.
+    /// </summary>
+    public bool Pull { get; init; }
 }
 
 /// <summary>What the daemon granted at attach. Generation counts the reattachments.</summary>

@@ -303,6 +303,60 @@ public sealed class ClientTests
     }
 
     [Fact]
+    public void AConsumerAskingForPullHasItsFramesReadByItsDaemon()
+    {
+        string stream = StreamName();
+        long before = FramesPulled(pair.SocketB);
+        using var consumer = new FrameLinkConsumer(stream, B() with { Pull = true });
+        using var producer = new FrameLinkProducer(stream, A());
+        var done = new Completion[4];
+        for (ulong id = 0; id < 6; id++)
+        {
+            using (var lease = producer.Acquire(TimeSpan.FromSeconds(10)))
+            {
+                FramePattern.Fill(id, lease.Span[..(5000 + (int)id)]);
+                lease.FrameId = id;
+                lease.Submit(5000 + (int)id);
+            }
+            using (var f = consumer.Receive(TimeSpan.FromSeconds(10)))
+            {
+                Assert.NotNull(f);
+                Assert.Equal(id, f!.FrameId);
+                Assert.Equal(-1, FramePattern.Mismatch(id, f.Span));
+            }
+            Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(10)));
+            Assert.True(done[0].Delivered, done[0].ToString());
+        }
+        // B read each frame A offered: nothing was written into the consumer's slots.
+        Assert.Equal(before + 6, FramesPulled(pair.SocketB));
+    }
+
+    [Fact]
+    public void AProducerCannotAskForPull()
+    {
+        var e = Assert.Throws<FrameLinkException>(() => new FrameLinkProducer(StreamName(), A() with { Pull = true }));
+        Assert.Contains("pull is for consumers", e.Message);
+    }
+
+    // The daemon's frames_pulled counter, from `framelink stats --json --once`.
+    private static long FramesPulled(string socket)
+    {
+        var cli = new System.Diagnostics.ProcessStartInfo(Path.Combine(Repo.BuildDir, "client", "cli", "framelink"))
+        {
+            RedirectStandardOutput = true,
+            RedirectStandardError = true,
+        };
+        foreach (var arg in new[] { "stats", "--json", "--once", "--socket", socket }) cli.ArgumentList.Add(arg);
+        using var p = System.Diagnostics.Process.Start(cli)!;
+        string json = p.StandardOutput.ReadToEnd();
+        string err = p.StandardError.ReadToEnd();
+        p.WaitForExit();
+        Assert.True(p.ExitCode == 0, $"framelink stats: {err}");
+        using var doc = System.Text.Json.JsonDocument.Parse(json);
+        return doc.RootElement.GetProperty("counters").TryGetProperty("frames_pulled", out var v) ? v.GetInt64() : 0;
+    }
+
+    [Fact]
     public void AProducerCannotSubscribe()
     {
         var e = Assert.Throws<FrameLinkException>(() => new FrameLinkProducer(StreamName(), A() with { Subscribe = true }));
