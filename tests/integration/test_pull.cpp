@@ -185,7 +185,7 @@ TEST_CASE("pull: a consumer attached with the pull option has its stream pulled 
   o.transport = "tcp";
   o.extra_args = {"--metrics", "127.0.0.1:0"};
   DaemonPair pair(o);
-  constexpr uint64_t kSlot = 64 * 1024;
+  constexpr uint64_t kSlot = uint64_t{64} * 1024;
   Client pushed = attachWith(pair.b(), FL_CONSUMER, "asked", false, 4, kSlot);
   Client producer = attachProducer(pair.a(), "asked", 8, kSlot);
 

@@ -20,8 +20,13 @@
 #             rdma) into its consumer's slot, at most 4 reads in flight: every frame verified, exactly
 #             once, in order; B pulled each frame once and none was written into B; then the same
 #             with the link cut and restored mid-stream (when --cut-down/--cut-up are given)
+#   csharp    the C# example producer (examples/dotnet/InspectionProducer) on A into the Python
+#             example ingestor (examples/python/ingestor.py --pull) on B: the ingestor's attach
+#             option has B pull the stream (B's configuration does not); every frame verified and
+#             stored, B pulled each one.  Needs dotnet, the example built and the Python package
+#             installed in $build/python/venv (scripts/test-clients.sh does both)
 #
-#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout,pull]
+#   tests/softroce/e2e.sh --a-ip 10.77.1.1 --b-ip 10.77.1.2 [--build DIR] [--cases transfer,cut,fallback,faults,detach,fanout,pull,csharp]
 #                         [--frames 300] [--sizes 64K:1M] [--cut-down CMD --cut-up CMD] [--keep]
 #                         [--case-budget 90]   (seconds a case may take; past it, it fails with the
 #                                               daemons' /stats and logs, and the next case runs)
@@ -38,7 +43,7 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 a_ip=${FRAMELINK_RDMA_A_IP:-}
 b_ip=${FRAMELINK_RDMA_B_IP:-}
-cases=transfer,cut,fallback,faults,detach,fanout,pull
+cases=transfer,cut,fallback,faults,detach,fanout,pull,csharp
 transport=rdma
 frames=300
 sizes=64K:1M
@@ -139,7 +144,7 @@ start_daemon() {
 stats() { http_get "$(ready_value "$work/$1/ready" metrics_port)" /stats | tr -d '\n'; }
 # link_transport NAME: the transport of the daemon's first link in /stats ("" when no link)
 link_transport() { stats "$1" | grep -o '"links":\[{[^]]*' | grep -o '"transport":"[a-z]*"' | head -1 | cut -d'"' -f4; }
-json_num() { grep -o "\"$2\":[0-9]*" <<<"$1" | head -1 | cut -d: -f2; }
+json_num() { grep -o "\"$2\": *[0-9]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d ' '; }
 
 wait_link() { # NAME TRANSPORT: wait (20 s) until the daemon reports a link, print its transport
   local t=""
@@ -545,6 +550,61 @@ case_pull() {
   cleanup
 }
 
+case_csharp() {
+  local example=$root/examples/dotnet/InspectionProducer/bin/Release/net10.0/InspectionProducer.dll
+  local python=$build/python/venv/bin/python count=20
+  local missing=""
+  command -v dotnet >/dev/null || missing="dotnet (the .NET SDK)"
+  [[ -f "$example" ]] || missing="${missing:+$missing, }$example (dotnet build examples/dotnet/InspectionProducer -c Release)"
+  [[ -x "$python" ]] || missing="${missing:+$missing, }$python (a venv with the framelink package)"
+  if [[ -n "$missing" ]]; then
+    result csharp FAIL "not run: missing $missing; scripts/test-clients.sh builds and installs them"
+    return
+  fi
+  log "case csharp: C# producer on A, Python ingestor on B attached with pull; $count frames of 1 MiB over $transport"
+  start_pair "$transport" "$transport" || { show_logs; result csharp FAIL "daemons did not start"; return; }
+  local ta why=""
+  ta=$(wait_link a)
+  export DOTNET_CLI_HOME=$work DOTNET_NOLOGO=1 DOTNET_CLI_TELEMETRY_OPTOUT=1
+  FRAMELINK_LIBRARY=$build/client/libframelink.so.0 "$python" "$root/examples/python/ingestor.py" --pull \
+    --stream inspect --socket "$work/b/sock" --out "$work/frames" --count "$count" --verify --timeout 60 \
+    --slots 4 --slot-size $((1 << 20)) --ready-file "$work/ingestor.ready" >"$work/ingestor.out" 2>&1 &
+  local ipid=$!
+  pids+=("$ipid")
+  for _ in $(seq 300); do
+    [[ -e "$work/ingestor.ready" ]] && break
+    kill -0 "$ipid" 2>/dev/null || break
+    sleep 0.1
+  done
+  dotnet "$example" --stream inspect --socket "$work/a/sock" --count "$count" --size 1M --slots 4 --json \
+    >"$work/producer.out" 2>&1
+  local prc=$? irc
+  wait "$ipid"
+  irc=$?
+  local sent got pulled written
+  sent=$(grep '^{' "$work/producer.out" | tail -1)
+  got=$(grep '^{' "$work/ingestor.out" | tail -1)
+  pulled=$(json_num "$(stats b)" frames_pulled)
+  written=$(json_num "$(stats b)" transport_frames_received)
+  echo "  producer: rc=$prc $sent"
+  echo "  ingestor: rc=$irc $got"
+  log "B pulled ${pulled:-?} frames, ${written:-?} written into B"
+  [[ "$prc" == 0 && "$(json_num "$sent" delivered)" == "$count" && "$(json_num "$sent" failed)" == 0 ]] ||
+    why="the C# producer did not have $count frames delivered: $(tail -3 "$work/producer.out")"
+  [[ "$irc" == 0 && "$(json_num "$got" stored)" == "$count" && "$(json_num "$got" bad)" == 0 ]] ||
+    why="${why:+$why; }the Python ingestor did not store $count verified frames: $(tail -3 "$work/ingestor.out")"
+  [[ "${pulled:-x}" == "$count" && "${written:-x}" == 0 ]] ||
+    why="${why:+$why; }B pulled ${pulled:-?} and had ${written:-?} written; want $count and 0"
+  [[ "$ta" == "$transport" ]] || why="${why:+$why; }link transport '$ta', want $transport"
+  if [[ -z "$why" ]]; then
+    result csharp PASS "$count frames of 1 MiB from C# to Python, pulled over $transport by the consumer's option, verified and stored"
+  else
+    show_logs
+    result csharp FAIL "$why"
+  fi
+  cleanup
+}
+
 # show_state: what each running daemon says of itself (/stats) and the end of its log, for a case
 # that did not finish
 show_state() {
@@ -596,7 +656,7 @@ echo "e2e: framelinkd $daemon, A=$a_ip B=$b_ip, cases $cases, work dir $work, ${
 IFS=, read -r -a want <<<"$cases"
 for c in "${want[@]}"; do
   case "$c" in
-    transfer | cut | fallback | faults | detach | fanout | pull) run_case "$c" "$case_budget" ;;
+    transfer | cut | fallback | faults | detach | fanout | pull | csharp) run_case "$c" "$case_budget" ;;
     *) echo "e2e: unknown case $c" >&2; fails=$((fails + 1)) ;;
   esac
 done
