@@ -332,6 +332,15 @@ InboundStreams::Credits::iterator InboundStreams::findCredit(uint64_t credit_id)
   return it != credits_.end() && it->second.credit_id == credit_id ? it : credits_.end();
 }
 
+InboundStreams::Credits::iterator InboundStreams::releaseCredit(Credits::iterator credit, NameKey* stream) {
+  if (AgentClient* ac = clients_.find(credit->second.client_id)) {
+    SlotEntry& e = ac->session->slots[credit->second.slot];
+    if (e.state == SlotState::kCredited && e.credit_id == credit->second.credit_id) e = SlotEntry{};
+    if (stream != nullptr) *stream = ac->stream;
+  }
+  return credits_.erase(credit);
+}
+
 void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& returned) {
   NameKey stream = kNoName;
   for (uint64_t id : returned.credit_ids) {
@@ -343,12 +352,7 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
       continue;
     }
     if (l.transport) l.transport->retractCredit(id);
-    if (AgentClient* ac = clients_.find(it->second.client_id)) {
-      SlotEntry& e = ac->session->slots[it->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == id) e = SlotEntry{};
-      stream = ac->stream;
-    }
-    credits_.erase(it);
+    releaseCredit(it, &stream);
   }
   if (stream != kNoName) grantCredits(stream);
 }
@@ -425,12 +429,9 @@ void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
       ++it;
       continue;
     }
-    if (AgentClient* ac = clients_.find(it->second.client_id)) {
-      SlotEntry& e = ac->session->slots[it->second.slot];
-      if (e.state == SlotState::kCredited) e = SlotEntry{};
-      streams.insert(ac->stream);
-    }
-    it = credits_.erase(it);
+    NameKey stream = kNoName;
+    it = releaseCredit(it, &stream);
+    if (stream != kNoName) streams.insert(stream);
   }
   for (NameKey stream : streams) grantCredits(stream);
 }

@@ -172,12 +172,9 @@ void InboundStreams::refuseRead(AgentLink& l, const PullRead& read, const std::s
                  nack ? "; refused, for the sender to offer it again" : "");
   auto cit = findCredit(h.credit_id);
   if (cit != credits_.end() && cit->second.link_id == l.id) {
-    if (AgentClient* ac = clients_.find(cit->second.client_id)) {
-      SlotEntry& e = ac->session->slots[cit->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == h.credit_id) e = SlotEntry{};
-      dirty_grants_.insert(ac->stream);
-    }
-    credits_.erase(cit);
+    NameKey stream = kNoName;
+    releaseCredit(cit, &stream);
+    if (stream != kNoName) dirty_grants_.insert(stream);
   }
   if (nack) sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT, why);
 }

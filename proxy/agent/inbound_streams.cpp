@@ -571,12 +571,8 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
       ++cit;
       continue;
     }
-    if (AgentClient* ac = clients_.find(cit->second.client_id)) {
-      SlotEntry& e = ac->session->slots[cit->second.slot];
-      if (e.state == SlotState::kCredited && e.credit_id == cit->second.credit_id) e = SlotEntry{};
-    }
     if (l.transport) l.transport->retractCredit(cit->second.credit_id);
-    cit = credits_.erase(cit);
+    cit = releaseCredit(cit);
   }
   return key;
 }

@@ -161,6 +161,11 @@ class InboundStreams {
   using Credits = std::unordered_map<uint32_t, CreditEntry>;
   // The live credit with that id, or end.
   Credits::iterator findCredit(uint64_t credit_id);
+  // The credit ends unused: its slot is free again (if it still holds it)
+  // and the credit is forgotten.  `stream`, when given, is set to the slot's
+  // stream (to grant again) unless its consumer went.  Returns the credit
+  // after it.
+  Credits::iterator releaseCredit(Credits::iterator credit, NameKey* stream = nullptr);
   // A frame released by every reader it reached here: what its ACK says.
   struct ReleasedFrame {
     uint64_t sequence = 0;

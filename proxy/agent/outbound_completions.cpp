@@ -239,7 +239,7 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
   if (e.state != SlotState::kPosted || e.post_cookie != ev.cookie) return;
   if (ev.status == FL_OK) {
     e.state = SlotState::kSent;
-    e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+    e.deadline_ns = ackDeadline(clock_.nowNs());
   } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
     // The link broke, not the frame: it stays unacknowledged and is
     // replayed on the next link (requeueUnacked, when the link is down).

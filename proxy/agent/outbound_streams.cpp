@@ -21,6 +21,10 @@ uint64_t OutboundStreams::creditDeadline(uint64_t now_ns) const {
   return now_ns + uint64_t{config_.credit_timeout_ms} * 1'000'000ULL;
 }
 
+uint64_t OutboundStreams::ackDeadline(uint64_t now_ns) const {
+  return now_ns + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+}
+
 OutboundStreams::PeerOut& OutboundStreams::peerOut(PeerId peer) {
   if (peer >= out_.size()) out_.resize(size_t{peer} + 1);
   return out_[peer];
@@ -349,7 +353,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       // source stays until the answer (endOffer).
       posted_[cookie].offered = true;
       e.state = SlotState::kSent;
-      e.deadline_ns = clock_.nowNs() + uint64_t{config_.ack_timeout_ms} * 1'000'000ULL;
+      e.deadline_ns = ackDeadline(clock_.nowNs());
     }
     ++l->frames_out;
     ++posted;

@@ -235,7 +235,10 @@ class OutboundStreams {
   void checkDeadlines(AgentClient& ac, Leg leg, uint64_t now);
   void forgetStreamIfUnused(PeerId peer, uint64_t stream_id);
   void requeueUnacked(uint64_t link_id, const std::string& reason);
+  // When a frame waiting for a credit (credit_timeout_ms), or a frame sent
+  // or offered and waiting for its ACK (ack_timeout_ms), fails.
   uint64_t creditDeadline(uint64_t now_ns) const;
+  uint64_t ackDeadline(uint64_t now_ns) const;
 
   const Config& config_;
   Metrics& metrics_;

@@ -161,6 +161,7 @@ rows=()
 extra_rows=()
 declare -A ib_write_gbs
 declare -A fl_push_gbs # framelink's GB/s (push) per size, for the stream-level pull rows
+declare -A fl_push_cpu # and its daemons' CPU per frame, A / B
 unmeasured=0
 IFS=, read -r -a size_list <<<"$sizes"
 pairs_bytes=$(bytes_of "$pairs_size")
@@ -189,6 +190,7 @@ for sz in "${size_list[@]}"; do
       grep -q UNVERIFIED <<<"$row" && fl="$fl UNVERIFIED"
       fl_fps=$(cell "$row" 3)
       fl_cpu=$(cell "$row" 9)
+      fl_push_cpu[$sz]=$fl_cpu
     else
       unmeasured=$((unmeasured + 1))
       echo "$res" | tail -15
@@ -293,6 +295,29 @@ fi
 pp_sizes=64K,1M
 pp_rows=()
 sp_rows=() # the same sizes through two daemons, the stream pushed and pulled
+# stream_pull_row SIZE IB_READ_GBS: the whole path with the stream pulled (daemon B lists the
+# bench's stream in pull_streams), a row of sp_rows beside the pushed run of the same size.
+stream_pull_row() {
+  local sz=$1 rd=$2 sres srow spull="" scpu="-"
+  if [[ -x "$cli" ]]; then
+    echo "== framelink bench rdma $sz, the stream pulled (${seconds}s)"
+    sres=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+      --sizes "$sz" --seconds "$seconds" --idle-seconds 0 --latency-samples 0 --pairs 0 \
+      --daemon-arg=--pull-stream=bench0 "${daemon_args[@]}" 2>&1)
+    srow=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$sres" | head -1)
+    echo "   $srow"
+    spull=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$srow")
+    if [[ -n "$spull" ]]; then
+      scpu=$(cell "$srow" 9)
+    else
+      unmeasured=$((unmeasured + 1))
+      echo "$sres" | tail -15
+    fi
+  fi
+  local rd_cell="$rd GB/s"
+  [[ "$rd" == "-" ]] && rd_cell="not run"
+  sp_rows+=("| $sz | ${fl_push_gbs[$sz]:-failed} GB/s | ${spull:-failed} GB/s | $(ratio_of "${spull:-0}" "${fl_push_gbs[$sz]:-0}") | ${fl_push_cpu[$sz]:--} | $scpu | $rd_cell | $(ratio_of "${spull:-0}" "${rd/-/0}") |")
+}
 tbench=$build/tests/transport/framelink_transport_bench
 if [[ -x "$tbench" ]]; then
   echo "== framelink_transport_bench --transport rdma --sizes $pp_sizes"
@@ -314,19 +339,12 @@ if [[ -x "$tbench" ]]; then
     pull=$(awk '{print $5}' <<<"$t")
     [[ -n "$pull" ]] || unmeasured=$((unmeasured + 1))
     pp_rows+=("| $sz | ${push:-failed} GB/s | ${ib_write_gbs[$sz]:-} GB/s | $(ratio_of "${push:-0}" "${ib_write_gbs[$sz]:-0}") | ${pull:-failed} GB/s | ${rd:-failed} GB/s | $(ratio_of "${pull:-0}" "${rd:-0}") | $(ratio_of "${pull:-0}" "${push:-0}") |")
-    # The whole path with the stream pulled: daemon B lists the bench's stream in pull_streams.
-    spull=""
-    if [[ -x "$cli" ]]; then
-      echo "== framelink bench rdma $sz, the stream pulled (${seconds}s)"
-      sres=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
-        --sizes "$sz" --seconds "$seconds" --idle-seconds 0 --latency-samples 0 --pairs 0 \
-        --daemon-arg=--pull-stream=bench0 "${daemon_args[@]}" 2>&1)
-      srow=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$sres" | head -1)
-      echo "   $srow"
-      spull=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$srow")
-      [[ -n "$spull" ]] || { unmeasured=$((unmeasured + 1)); echo "$sres" | tail -15; }
-    fi
-    sp_rows+=("| $sz | ${fl_push_gbs[$sz]:-failed} GB/s | ${spull:-failed} GB/s | $(ratio_of "${spull:-0}" "${fl_push_gbs[$sz]:-0}") | ${rd:-failed} GB/s | $(ratio_of "${spull:-0}" "${rd:-0}") |")
+    stream_pull_row "$sz" "${rd:-failed}"
+  done
+  # 4 MiB through the daemons too (at most pull_reads_per_link reads in flight, not 16 each way):
+  # ib_read_bw is not run there (see above).
+  for sz in "${size_list[@]}"; do
+    [[ ",$pp_sizes," == *",$sz,"* ]] || stream_pull_row "$sz" "-"
   done
   tlat=$(grep -E '^4 KiB one at a time' <<<"$tres" || true)
   echo "== ib_read_lat 4096 x 1000"
@@ -405,8 +423,8 @@ fi
     echo
     echo "framelink rdma (app -> daemon -> daemon -> app), the stream pushed vs pulled (daemon B: --pull-stream)"
     echo
-    echo "| frame size | push | pull | pull / push | ib_read_bw | pull / ib_read_bw |"
-    echo "|---|---|---|---|---|---|"
+    echo "| frame size | push | pull | pull / push | daemon CPU per frame A / B, push | the same, pull | ib_read_bw | pull / ib_read_bw |"
+    echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${sp_rows[@]}"
     echo "pull: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds --daemon-arg=--pull-stream=bench0"
   fi

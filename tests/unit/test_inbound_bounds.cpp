@@ -3,6 +3,7 @@
 // also across links), a slot a link refuses to expose skipped without ending
 // the grant round, what is remembered of sender streams aged out and capped,
 // one in-stream per (link, name), and recalled credits that must come back.
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -483,4 +484,40 @@ TEST_CASE("inbound bounds: read_stall_ns 0 never fails a link for its reads", "[
   REQUIRE(p.rig.inbound.readsInFlight() == 1);
   p.rig.clock.advanceMs(3'600'000);
   CHECK(p.rig.inbound.checkDeadlines().empty());
+}
+
+TEST_CASE("inbound bounds: a read whose source the sender took back frees its slot and refuses nothing",
+          "[agent][inbound][pull]") {
+  // The sender retracts a source only once its frame was answered or moved
+  // to a new offer: a refusal sent now would land on that new offer.
+  PullRig p(0);
+  InboundRig& rig = p.rig;
+  AgentLink& l = *p.l;
+  const std::vector<uint8_t> payload(1000, 0x5A);
+  offer(rig, l, p.sender(), p.credits[0], 1, payload);
+  p.sender().retractSource(1);  // before the read reaches it
+  REQUIRE(rig.inbound.readsInFlight() == 1);
+
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  transport::TransportEvent ev[8];
+  bool ended = false;
+  while (!ended && std::chrono::steady_clock::now() < deadline) {
+    l.transport->flush();
+    p.sender().flush();
+    p.sender().poll(ev, 8);
+    if (l.transport->poll(ev, 1) == 1 && ev[0].kind == transport::TransportEvent::Kind::kReadComplete) {
+      CHECK(ev[0].status == FL_ERR_UNKNOWN_CREDIT);
+      rig.inbound.onReadComplete(l, ev[0]);
+      ended = true;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(ended);
+  CHECK(rig.inbound.readsInFlight() == 0);
+  CHECK(rig.metrics.counters.pull_reads_failed.load() == 1);
+  CHECK(rig.metrics.counters.nacks_sent.load() == 0);
+  // The slot is free: granted again, as a new pull credit.
+  const std::vector<uint64_t> again = pullCredits(rig, l);
+  REQUIRE(again.size() == 1);
+  CHECK(std::find(p.credits.begin(), p.credits.end(), again[0]) == p.credits.end());
 }
