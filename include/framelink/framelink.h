@@ -142,7 +142,7 @@ typedef struct fl_client_options {
    * sets this to its own size).
    */
   uint32_t completion_size;
-  /* Read only when struct_size covers it (FL_CLIENT_OPTIONS_SIZE_V4). */
+  /* Read only when struct_size covers it (more than FL_CLIENT_OPTIONS_SIZE_V3). */
   /*
    * Consumer, nonzero: frames of the stream from other hosts are pulled to
    * this host while this consumer is attached -- the sender offers each one

@@ -127,12 +127,13 @@ run_ucx() {
 
 # perf_bw TOOL SIZE ITERS: one perftest bandwidth run (ib_write_bw or ib_read_bw), server on B's
 # device, client on A's; prints its GB/s, or nothing (and why, on stderr) when it failed.
-perf_bw() {
+perf_bw() { # TOOL SIZE ITERS [more perftest args]
   local tool=$1 n=$2 iters=$3 res crc spid src line gbits
-  timeout 120 "$tool" -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" >/tmp/$tool.srv.$$ 2>&1 &
+  shift 3
+  timeout 120 "$tool" -d "$b_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$@" >/tmp/$tool.srv.$$ 2>&1 &
   spid=$!
   wait_listen 18515 # perftest's default port
-  res=$(timeout 120 "$tool" -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$b_ip" 2>&1)
+  res=$(timeout 120 "$tool" -d "$a_dev" -x "$gid" -F --report_gbits -s "$n" -n "$iters" "$@" "$b_ip" 2>&1)
   crc=$?
   wait "$spid"
   src=$?
@@ -295,15 +296,17 @@ fi
 pp_sizes=64K,1M
 pp_rows=()
 sp_rows=() # the same sizes through two daemons, the stream pushed and pulled
-# stream_pull_row SIZE IB_READ_GBS: the whole path with the stream pulled (daemon B lists the
-# bench's stream in pull_streams), a row of sp_rows beside the pushed run of the same size.
+# stream_pull_row SIZE IB_READ_GBS [LABEL [framelink bench args]]: the whole path with the stream
+# pulled (daemon B lists the bench's stream in pull_streams), a row of sp_rows beside the pushed run
+# of the same size.
 stream_pull_row() {
-  local sz=$1 rd=$2 sres srow spull="" scpu="-"
+  local sz=$1 rd=$2 label=${3:-$1} sres srow spull="" scpu="-"
+  shift 3 2>/dev/null || shift $#
   if [[ -x "$cli" ]]; then
-    echo "== framelink bench rdma $sz, the stream pulled (${seconds}s)"
-    sres=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+    echo "== framelink bench rdma $sz, the stream pulled (${seconds}s) $*"
+    sres=$(timeout 120 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
       --sizes "$sz" --seconds "$seconds" --idle-seconds 0 --latency-samples 0 --pairs 0 \
-      --daemon-arg=--pull-stream=bench0 "${daemon_args[@]}" 2>&1)
+      --daemon-arg=--pull-stream=bench0 "$@" "${daemon_args[@]}" 2>&1)
     srow=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$sres" | head -1)
     echo "   $srow"
     spull=$(sed -nE 's/^\| rdma [^|]*\| ([0-9.]+) GB\/s.*/\1/p' <<<"$srow")
@@ -314,9 +317,7 @@ stream_pull_row() {
       echo "$sres" | tail -15
     fi
   fi
-  local rd_cell="$rd GB/s"
-  [[ "$rd" == "-" ]] && rd_cell="not run"
-  sp_rows+=("| $sz | ${fl_push_gbs[$sz]:-failed} GB/s | ${spull:-failed} GB/s | $(ratio_of "${spull:-0}" "${fl_push_gbs[$sz]:-0}") | ${fl_push_cpu[$sz]:--} | $scpu | $rd_cell | $(ratio_of "${spull:-0}" "${rd/-/0}") |")
+  sp_rows+=("| $label | ${fl_push_gbs[$sz]:-failed} GB/s | ${spull:-failed} GB/s | $(ratio_of "${spull:-0}" "${fl_push_gbs[$sz]:-0}") | ${fl_push_cpu[$sz]:--} | $scpu | $rd GB/s | $(ratio_of "${spull:-0}" "${rd:-0}") |")
 }
 tbench=$build/tests/transport/framelink_transport_bench
 if [[ -x "$tbench" ]]; then
@@ -341,10 +342,17 @@ if [[ -x "$tbench" ]]; then
     pp_rows+=("| $sz | ${push:-failed} GB/s | ${ib_write_gbs[$sz]:-} GB/s | $(ratio_of "${push:-0}" "${ib_write_gbs[$sz]:-0}") | ${pull:-failed} GB/s | ${rd:-failed} GB/s | $(ratio_of "${pull:-0}" "${rd:-0}") | $(ratio_of "${pull:-0}" "${push:-0}") |")
     stream_pull_row "$sz" "${rd:-failed}"
   done
-  # 4 MiB through the daemons too (at most pull_reads_per_link reads in flight, not 16 each way):
-  # ib_read_bw is not run there (see above).
+  # The larger sizes through the daemons with one read in flight, beside ib_read_bw with one
+  # (-o 1): with several 4 MiB reads in flight rxe's READ responder under TCG retries ("Failed
+  # sending ACK") until a pulled frame's link is closed as stalled, while ib_read_bw averages the
+  # same at -o 1, 4 or 16.
   for sz in "${size_list[@]}"; do
-    [[ ",$pp_sizes," == *",$sz,"* ]] || stream_pull_row "$sz" "-"
+    [[ ",$pp_sizes," == *",$sz,"* ]] && continue
+    n=$(bytes_of "$sz")
+    echo "== ib_read_bw $sz x 32 -o 1 ($a_dev reads $b_dev)"
+    rd=$(perf_bw ib_read_bw "$n" 32 -o 1)
+    [[ -n "$rd" ]] || unmeasured=$((unmeasured + 1))
+    stream_pull_row "$sz" "${rd:-failed}" "$sz, 1 read in flight" --daemon-arg=--pull-reads-per-link=1
   done
   tlat=$(grep -E '^4 KiB one at a time' <<<"$tres" || true)
   echo "== ib_read_lat 4096 x 1000"
@@ -427,6 +435,7 @@ fi
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${sp_rows[@]}"
     echo "pull: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds --daemon-arg=--pull-stream=bench0"
+    echo "  (past $pp_sizes: --daemon-arg=--pull-reads-per-link=1, and ib_read_bw -o 1)"
   fi
   if ((${#ab_rows[@]})); then
     echo
