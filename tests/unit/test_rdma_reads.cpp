@@ -21,8 +21,8 @@ struct ReadPath : Pair {
   Memory& dst;
   Endpoint owner, reader;
 
-  ReadPath()
-      : Pair(RdmaTransportOptions{}, twoDevices()),
+  explicit ReadPath(RdmaTransportOptions options = {})
+      : Pair(options, twoDevices()),
         src(mem(*dev_a, 2 * kSlot, MemoryAccess::kLocalRead)),
         dst(mem(*dev_b, 2 * kSlot, MemoryAccess::kCreditWindows)) {
     owner.t = a.get();
@@ -95,6 +95,54 @@ TEST_CASE("rdma read: the adapter refuses a read past the offered slot, and the 
   CHECK(p.reader.reads[0].status != FL_OK);
   CHECK(p.dst.data[0] == 0xEE);
   CHECK(p.fake->stats().reads == 0);
+}
+
+TEST_CASE("rdma read: a long read goes as several READ WRs and completes once, with the last",
+          "[rdma][read]") {
+  RdmaTransportOptions o;
+  SECTION("pieces of read_piece_bytes") { o.read_piece_bytes = 1024; }
+  SECTION("at most kMaxReadPieces pieces") {
+    o.read_piece_bytes = 1;  // 3000 bytes in 16 pieces of 188 bytes, not 3000 of 1
+  }
+  ReadPath p(o);
+  const RemoteSource source = p.expose(3, 1, 3000);
+  REQUIRE(p.reader.t->postRead(p.read(9, source, 0)) == PostResult::kOk);
+  p.b->flush();
+  until(p.owner, p.reader, [&] { return p.reader.reads.size() == 1; });
+  CHECK(p.reader.reads[0].cookie == 9u);
+  CHECK(p.reader.reads[0].status == FL_OK);
+  CHECK(std::memcmp(p.dst.data, p.src.data + kSlot, 3000) == 0);
+  CHECK(p.dst.data[3000] == 0xEE);
+  CHECK(p.fake->stats().reads == (o.read_piece_bytes == 1024 ? 3u : kMaxReadPieces));
+  CHECK(p.b->counters().reads_completed == 1);
+  CHECK(p.b->counters().bytes_read == 3000);
+  CHECK(p.reader.errors.empty());
+  CHECK(p.fake->errors().empty());
+}
+
+TEST_CASE("rdma read: a piece the adapter refuses fails its read once, and the link", "[rdma][read]") {
+  RdmaTransportOptions o;
+  o.read_piece_bytes = 1024;
+  ReadPath p(o);
+  RemoteSource source = p.expose(1, 0, 2000);
+  // The offer lies about the length: the second piece (1024..2047) runs past
+  // the window's 2000 bytes; the first is read, the third is never executed.
+  source.length = 2100;
+  REQUIRE(p.reader.t->postRead(p.read(4, source, 0)) == PostResult::kOk);
+  p.b->flush();
+  until(p.owner, p.reader, [&] { return !p.reader.reads.empty() && !p.reader.errors.empty(); });
+  for (int i = 0; i < 10; ++i) {  // the third piece's flush completion comes and goes
+    p.owner.pump();
+    p.reader.pump();
+  }
+  REQUIRE(p.reader.reads.size() == 1);
+  CHECK(p.reader.reads[0].cookie == 4u);
+  CHECK(p.reader.reads[0].status != FL_OK);
+  CHECK_FALSE(p.reader.reads[0].message.empty());
+  CHECK(p.fake->stats().reads == 1);
+  CHECK(p.b->counters().reads_completed == 0);
+  CHECK(std::memcmp(p.dst.data, p.src.data, 1024) == 0);  // the first piece landed
+  CHECK(p.dst.data[1024] == 0xEE);
 }
 
 TEST_CASE("rdma read: a retracted source's key is refused by the adapter", "[rdma][read]") {

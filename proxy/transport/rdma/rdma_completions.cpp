@@ -45,6 +45,7 @@ void RdmaTransport::completeSendsThrough(uint64_t seq, int status) noexcept {
   for (; done_seq_ <= seq && done_seq_ < posted_seq_; ++done_seq_) {
     const PendingSend& p = sends_[done_seq_ % options_.send_queue_depth];
     const int done = done_seq_ == seq ? status : FL_OK;
+    if (p.piece && done == FL_OK) continue;  // the read's last piece reports it
     if (p.read_tag != 0) {
       book_.readDone(p.read_tag, done, p.bytes,
                      done == FL_OK ? std::string()

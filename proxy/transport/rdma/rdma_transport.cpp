@@ -347,32 +347,42 @@ PostResult RdmaTransport::postRead(const ReadRequest& r) noexcept {
                           "(rdma reads only into memory registered with its device: a consumer's slots)"
                     : r.source.length > UINT32_MAX ? "a read of more than 4 GiB"
                                                    : nullptr;
+  const uint64_t length = r.source.length;
+  const uint64_t max_pieces = std::min<uint64_t>(kMaxReadPieces, options_.send_queue_depth);
+  const uint64_t piece_bytes =
+      std::max<uint64_t>({options_.read_piece_bytes, 1, (length + max_pieces - 1) / max_pieces});
+  const uint64_t pieces = std::max<uint64_t>(1, (length + piece_bytes - 1) / piece_bytes);
   uint64_t tag = 0;
-  if (const PostResult admitted = book_.postRead(r, &tag, why, sendQueueUsed() >= options_.send_queue_depth);
+  if (const PostResult admitted =
+          book_.postRead(r, &tag, why, sendQueueUsed() + pieces > options_.send_queue_depth);
       admitted != PostResult::kOk) {
     return admitted;
   }
-  if (r.source.length == 0) {
+  if (length == 0) {
     book_.readDone(tag, FL_OK, 0);
     signalEventFd(event_fd_.get());
     return PostResult::kOk;
   }
-  const uint64_t seq = next_seq_;
-  const size_t slot = seq % options_.send_queue_depth;
-  ibv_sge* sge = &send_sges_[2 * slot];
-  sge[0].addr = reinterpret_cast<uint64_t>(r.buffer);
-  sge[0].length = static_cast<uint32_t>(r.source.length);
-  sge[0].lkey = *lkey;
-  ibv_send_wr& wr = send_wrs_[slot];
-  wr = {};
-  wr.wr_id = seq;
-  wr.sg_list = sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.wr.rdma.remote_addr = r.source.remote_addr;
-  wr.wr.rdma.rkey = r.source.rkey;
-  sends_[slot] = PendingSend{0, r.source.length, tag};
-  ++next_seq_;
+  for (uint64_t offset = 0; offset < length; offset += piece_bytes) {
+    const uint64_t n = std::min(piece_bytes, length - offset);
+    const bool last = offset + n == length;
+    const uint64_t seq = next_seq_;
+    const size_t slot = seq % options_.send_queue_depth;
+    ibv_sge* sge = &send_sges_[2 * slot];
+    sge[0].addr = reinterpret_cast<uint64_t>(r.buffer) + offset;
+    sge[0].length = static_cast<uint32_t>(n);
+    sge[0].lkey = *lkey;
+    ibv_send_wr& wr = send_wrs_[slot];
+    wr = {};
+    wr.wr_id = seq;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = r.source.remote_addr + offset;
+    wr.wr.rdma.rkey = r.source.rkey;
+    sends_[slot] = PendingSend{0, last ? length : n, tag, !last};
+    ++next_seq_;
+  }
   if (next_seq_ - posted_seq_ >= options_.max_batch) flushChain();
   return PostResult::kOk;
 }

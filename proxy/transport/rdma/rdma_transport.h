@@ -115,7 +115,17 @@ struct RdmaTransportOptions {
   // beyond send_queue_depth.  exposeCredit refuses (FL_ERR_RESOURCES, the
   // grant is tried again later) while all are in use or waiting for one.
   uint32_t window_queue_depth = 512;
+  // A read longer than this goes out as several RDMA_READ WRs of at most
+  // this many bytes each, on consecutive send-queue entries, and completes
+  // with the last of them (at most kMaxReadPieces pieces: a longer read gets
+  // longer pieces).  rxe answers a single 4 MiB read at a third of the rate
+  // of four 1 MiB reads, and stalls with several in flight; UCX caps its gets
+  // the same way (max_get_zcopy).
+  uint32_t read_piece_bytes = 1u << 20;
 };
+
+// The most RDMA_READ WRs one read is split into (read_piece_bytes).
+inline constexpr uint32_t kMaxReadPieces = 16;
 
 // An rdma_cm id with its own event channel: destroys both (id first).
 class CmId {
@@ -288,11 +298,15 @@ class RdmaTransport final : public Transport {
   uint32_t buildWindowWrs() noexcept;
   void handleWindowWc(const ibv_wc& wc) noexcept;
 
-  // A frame, or a read when read_tag is not 0 (book_.reads()).
+  // A frame, or a read when read_tag is not 0 (book_.reads()).  A read in
+  // several pieces has one entry per piece, all with its tag; only the last
+  // (piece false) reports it done, and a piece that fails reports it failed
+  // (the pieces after it complete in error too, and find the tag gone).
   struct PendingSend {
     uint64_t cookie = 0;
     uint64_t bytes = 0;
     uint64_t read_tag = 0;
+    bool piece = false;
   };
 
   const std::shared_ptr<RdmaDevice> device_;
