@@ -73,9 +73,14 @@ struct Slots {
   uint8_t* slot(size_t i) { return bytes.data() + i * stride + kHeader; }
 };
 
+// How drive() waits when neither end has an event: in poll(2) on their
+// event fds (as the daemon does by default), or not at all (as perftest's
+// *_lat and the daemon's spin option do).
+enum class Wait { kSleep, kSpin };
+
 // Polls both ends until `done` holds, handing every event to `on`.
 template <typename On, typename Done>
-void drive(Transport& x, Transport& y, On on, Done done) {
+void drive(Transport& x, Transport& y, Wait wait, On on, Done done) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   TransportEvent ev[32];
   while (!done()) {
@@ -91,7 +96,7 @@ void drive(Transport& x, Transport& y, On on, Done done) {
       }
     }
     if (Clock::now() > deadline) die("a run took longer than 120 s");
-    if (!any && !done()) {
+    if (!any && wait == Wait::kSleep && !done()) {
       pollfd fds[2] = {{x.eventFd(), POLLIN, 0}, {y.eventFd(), POLLIN, 0}};
       ::poll(fds, 2, 1);
     }
@@ -113,7 +118,7 @@ Run measured(Clock::time_point start, uint64_t size, uint64_t frames) {
 
 // Push: b exposes `window` credits; a posts frames into them; each arrival
 // frees its slot, which b exposes again under a new id (the grant).
-Run push(TransportPair& pair, uint64_t size, uint64_t frames, size_t window) {
+Run push(TransportPair& pair, uint64_t size, uint64_t frames, size_t window, Wait wait = Wait::kSleep) {
   Transport& a = *pair.a;
   Transport& b = *pair.b;
   Slots src(pair, 1, size, false);
@@ -132,7 +137,7 @@ Run push(TransportPair& pair, uint64_t size, uint64_t frames, size_t window) {
   uint64_t posted = 0, arrived = 0;
   const auto start = Clock::now();
   drive(
-      a, b,
+      a, b, wait,
       [&](Transport* t, const TransportEvent& ev) {
         if (t == &b && ev.kind == TransportEvent::Kind::kFrameArrived) {
           if (ev.status != FL_OK) die("frame arrived with status " + std::to_string(ev.status));
@@ -168,7 +173,7 @@ Run push(TransportPair& pair, uint64_t size, uint64_t frames, size_t window) {
 // Pull: a exposes `window` sources (one per frame in flight); b reads each
 // into a slot of its own; each completed read ends its source, which a
 // exposes again under a new id (the next offer).
-Run pull(TransportPair& pair, uint64_t size, uint64_t frames, size_t window) {
+Run pull(TransportPair& pair, uint64_t size, uint64_t frames, size_t window, Wait wait = Wait::kSleep) {
   Transport& a = *pair.a;
   Transport& b = *pair.b;
   Slots src(pair, window, size, false);
@@ -187,7 +192,7 @@ Run pull(TransportPair& pair, uint64_t size, uint64_t frames, size_t window) {
   uint64_t posted = 0, done = 0;
   const auto start = Clock::now();
   drive(
-      a, b,
+      a, b, wait,
       [&](Transport* t, const TransportEvent& ev) {
         if (t == &b && ev.kind == TransportEvent::Kind::kReadComplete) {
           if (ev.status != FL_OK)
@@ -290,9 +295,15 @@ int main(int argc, char** argv) {
   }
   // One frame at a time: post to arrival, and postRead to its completion (with the credit's
   // or the source's exposure for the next one), averaged over the samples.
-  const double push_us = push(*pair, 4096, static_cast<uint64_t>(latency_samples), 1).us_per_frame;
-  const double pull_us = pull(*pair, 4096, static_cast<uint64_t>(latency_samples), 1).us_per_frame;
-  std::printf("4 KiB one at a time (mean of %d): push %.1f us, pull %.1f us, pull/push %.2f\n",
-              latency_samples, push_us, pull_us, push_us > 0 ? pull_us / push_us : 0.0);
+  // Spinning between events as perftest's ib_read_lat and ib_write_lat do, and sleeping in
+  // poll(2) between them as the daemon does unless its spin option is on.
+  for (const Wait wait : {Wait::kSpin, Wait::kSleep}) {
+    const auto n = static_cast<uint64_t>(latency_samples);
+    const double push_us = push(*pair, 4096, n, 1, wait).us_per_frame;
+    const double pull_us = pull(*pair, 4096, n, 1, wait).us_per_frame;
+    std::printf("4 KiB one at a time, %s (mean of %d): push %.1f us, pull %.1f us, pull/push %.2f\n",
+                wait == Wait::kSpin ? "spinning" : "sleeping", latency_samples, push_us, pull_us,
+                push_us > 0 ? pull_us / push_us : 0.0);
+  }
   return 0;
 }
