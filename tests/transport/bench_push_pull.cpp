@@ -12,7 +12,9 @@
 // rdma needs two RDMA devices whose IPs are in FRAMELINK_RDMA_A_IP and
 // FRAMELINK_RDMA_B_IP (the Soft-RoCE lane's bench step runs it there, next to
 // ib_read_bw and ib_write_bw).  Prints one table: GB/s of each way, their
-// ratio, and the 4 KiB one-at-a-time latency of each (median, microseconds).
+// ratio; then the 4 KiB one-at-a-time latency of each, spinning and sleeping
+// between events, and of reads of one source exposed once (means, in
+// microseconds).
 // A benchmark: it measures and prints, it does not pass or fail on numbers.
 #include <poll.h>
 
@@ -226,6 +228,49 @@ Run pull(TransportPair& pair, uint64_t size, uint64_t frames, size_t window, Wai
   return run;
 }
 
+// Reads of one source exposed once, one at a time, spinning: what
+// ib_read_lat measures (one registration read over and over), without the
+// window bound and invalidated per frame that pull() pays.  Microseconds per
+// read.
+double rereadUs(TransportPair& pair, uint64_t size, uint64_t reads) {
+  Transport& a = *pair.a;
+  Transport& b = *pair.b;
+  Slots src(pair, 1, size, false);
+  Slots dst(pair, 1, size, true);
+  static uint64_t next_source = 1;
+  const uint64_t id = (uint64_t{1} << 40) + next_source++;  // apart from pull()'s ids
+  auto s = a.exposeSource(LocalSource{id, src.slot(0), size, nullptr});
+  if (!s) die("exposeSource: " + s.error().message);
+  a.flush();
+  ReadRequest r;
+  r.source = s.value();
+  r.buffer = dst.slot(0);
+  r.capacity = size;
+  r.local_key = pair.localKey(b, r.buffer, size);
+  uint64_t posted = 0, done = 0;
+  const auto start = Clock::now();
+  drive(
+      a, b, Wait::kSpin,
+      [&](Transport* t, const TransportEvent& ev) {
+        if (t == &b && ev.kind == TransportEvent::Kind::kReadComplete) {
+          if (ev.status != FL_OK)
+            die("read completed with status " + std::to_string(ev.status) + ": " + ev.message);
+          ++done;
+        }
+      },
+      [&] {
+        if (posted == done && posted < reads) {
+          r.cookie = posted;
+          if (b.postRead(r) != PostResult::kOk) die("postRead refused: " + std::string(b.lastRefusal()));
+          ++posted;
+        }
+        return done == reads;
+      });
+  const Run run = measured(start, size, reads);
+  a.retractSource(id);
+  return run.us_per_frame;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -305,5 +350,8 @@ int main(int argc, char** argv) {
                 wait == Wait::kSpin ? "spinning" : "sleeping", latency_samples, push_us, pull_us,
                 push_us > 0 ? pull_us / push_us : 0.0);
   }
+  std::printf(
+      "4 KiB reads of one source, spinning (mean of %d): %.1f us (no window per frame, as ib_read_lat)\n",
+      latency_samples, rereadUs(*pair, 4096, static_cast<uint64_t>(latency_samples)));
   return 0;
 }
