@@ -116,6 +116,52 @@ TEST_CASE("rdma refuses on one link the key of a credit granted on another", "[r
   b2.reset();
 }
 
+TEST_CASE("rdma refuses a second window on one key, and windows past its window queue, leaving none behind",
+          "[rdma][windows]") {
+  RdmaTransportOptions o;
+  o.window_queue_depth = 2;
+  auto p = makeDataPath(o, 4 * 4096, kHostile);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  auto slot = [&](size_t i) { return p->dst.data + i * 4096 + 256; };
+  auto c1 = p->b->exposeCredit({1, slot(0), 1024, nullptr});
+  REQUIRE(c1.ok());
+  // The same low 32 bits: the same window key.
+  auto twin = p->b->exposeCredit({(uint64_t{1} << 32) | 1, slot(1), 1024, nullptr});
+  REQUIRE_FALSE(twin.ok());
+  CHECK(twin.error().code == FL_EINVAL);
+  CHECK_THAT(twin.error().message, Catch::Contains("credit key 1 is exposed already"));
+  REQUIRE(p->b->exposeCredit({2, slot(2), 1024, nullptr}).ok());
+  // Two binds wait for the next flush: the window queue is full.
+  auto c3 = p->b->exposeCredit({3, slot(3), 1024, nullptr});
+  REQUIRE_FALSE(c3.ok());
+  CHECK(c3.error().code == FL_ERR_RESOURCES);
+  CHECK_THAT(c3.error().message,
+             Catch::Contains("exposeCredit: all 2 memory-window work requests are in use"));
+  CHECK(p->fake->stats().binds == 0);
+  p->b->flush();
+  until(tx, rx, [&] { return p->fake->stats().binds == 2; });
+  // Executed and completed: the queue has room again, and the refused ones left nothing bound.
+  until(tx, rx, [&] { return p->b->exposeCredit({3, slot(3), 1024, nullptr}).ok(); });
+  p->b->flush();
+  until(tx, rx, [&] { return p->fake->stats().binds == 3; });
+  REQUIRE(p->a->post(request(0, c1.value(), p->src, 64, 1)) == PostResult::kOk);
+  p->ra()->flush();
+  until(tx, rx, [&] { return rx.arrivals.size() == 1; });
+  CHECK(rx.arrivals[0].status == FL_OK);
+  CHECK(rx.arrivals[0].header.credit_id == 1);
+  CHECK(untouched(p->dst.data + 4096, 4096));  // the twin's slot
+  CHECK(tx.errors.empty());
+  CHECK(rx.errors.empty());
+
+  // A source's window the same way, on the other side.
+  const auto s1 = p->a->exposeSource({5, p->src.data, 100, nullptr});
+  REQUIRE(s1.ok());
+  auto s_twin = p->a->exposeSource({(uint64_t{1} << 32) | 5, p->src.data + 200, 100, nullptr});
+  REQUIRE_FALSE(s_twin.ok());
+  CHECK(s_twin.error().code == FL_EINVAL);
+  CHECK_THAT(s_twin.error().message, Catch::Contains("source key 5 is exposed already"));
+}
+
 TEST_CASE("rdma refuses a credit's key once the credit is consumed or retracted", "[rdma][hostile]") {
   auto p = makeDataPath({}, 2 * 4096, kHostile);
   Endpoint tx{p->a.get()}, rx{p->b.get()};

@@ -291,6 +291,14 @@ class RdmaTransport final : public Transport {
   // The window of credit key `key` ends (consumed or retracted): its
   // LOCAL_INV joins the window backlog, for the next flushChain().
   void endWindow(CreditWindows& windows, uint32_t key, WindowHold hold) noexcept;
+  // Binds window `key` of `windows` over [addr, addr + length) of `mr` and
+  // queues the bind for the next flushChain(); its rkey, or why not (every
+  // window work request in use, the key bound already, no window left).
+  // `what` and `id` name the caller in the error ("exposeCredit", 7).
+  Result<uint32_t> bindWindow(CreditWindows& windows, uint32_t key, ibv_mr* mr, const uint8_t* addr,
+                              uint64_t length, const char* what, uint64_t id);
+  // Undoes the bindWindow() just before (its bind is the backlog's last).
+  void unbindWindow(CreditWindows& windows, uint32_t key) noexcept;
   // A window WR completed, or none will (the QP is gone): what it held goes.
   void releaseHold(WindowHold& hold) noexcept;
   // Moves backlog entries onto the window ring, as many as it has room

@@ -114,36 +114,15 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
                                     "one receive registration on " +
                                     device_->name());
   }
-  if (window_backlog_.size() + (window_posted_seq_ - window_done_seq_) >= options_.window_queue_depth) {
-    return makeError(FL_ERR_RESOURCES, "exposeCredit: all " + std::to_string(options_.window_queue_depth) +
-                                           " memory-window work requests are in use; try again later");
-  }
   const auto key = static_cast<uint32_t>(credit.credit_id);
   const uint64_t id = credit.credit_id;
-  ibv_send_wr bind{};
-  const uint32_t rkey = windows_.bind(key, mr, landing, landing_length, &bind);
-  if (rkey == 0) {
-    if (errno == EEXIST) {
-      return makeError(FL_EINVAL, "exposeCredit(" + std::to_string(id) + "): credit key " +
-                                      std::to_string(key) + " is exposed already");
-    }
-    return makeError(FL_ERR_RESOURCES, std::string("exposeCredit: ibv_alloc_mw: ") + std::strerror(errno));
-  }
-  auto remote = book_.exposeCredit(std::move(credit), reinterpret_cast<uint64_t>(landing), rkey);
-  if (!remote) {
-    windows_.unbind(key);
-    return remote;
-  }
+  auto rkey = bindWindow(windows_, key, mr, landing, landing_length, "exposeCredit", id);
+  if (!rkey) return rkey.error();
   // The bind goes on the send queue with the next flush, ahead of the grant
   // that carries the key, and the queue executes in order: the window is up
   // before the peer can learn its key.
-  try {
-    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}, &windows_});
-  } catch (...) {
-    book_.retractCredit(id);
-    windows_.unbind(key);
-    return makeError(FL_ERR_RESOURCES, "exposeCredit: out of memory queueing the memory window's bind");
-  }
+  auto remote = book_.exposeCredit(std::move(credit), reinterpret_cast<uint64_t>(landing), rkey.value());
+  if (!remote) unbindWindow(windows_, key);
   return remote;
 }
 
@@ -182,34 +161,13 @@ Result<RemoteSource> RdmaTransport::exposeSource(LocalSource source) {
                                     "): the payload is not inside one producer registration on " +
                                     device_->name());
   }
-  if (window_backlog_.size() + (window_posted_seq_ - window_done_seq_) >= options_.window_queue_depth) {
-    return makeError(FL_ERR_RESOURCES, "exposeSource: all " + std::to_string(options_.window_queue_depth) +
-                                           " memory-window work requests are in use; try again later");
-  }
   const auto key = static_cast<uint32_t>(id);
-  ibv_send_wr bind{};
-  const uint32_t rkey = source_windows_.bind(key, mr, source.payload, source.length, &bind);
-  if (rkey == 0) {
-    if (errno == EEXIST) {
-      return makeError(FL_EINVAL, "exposeSource(" + std::to_string(id) + "): source key " +
-                                      std::to_string(key) + " is exposed already");
-    }
-    return makeError(FL_ERR_RESOURCES, std::string("exposeSource: ibv_alloc_mw: ") + std::strerror(errno));
-  }
-  const auto addr = reinterpret_cast<uint64_t>(source.payload);
-  auto remote = book_.exposeSource(std::move(source), addr, rkey);
-  if (!remote) {
-    source_windows_.unbind(key);
-    return remote;
-  }
+  auto rkey = bindWindow(source_windows_, key, mr, source.payload, source.length, "exposeSource", id);
+  if (!rkey) return rkey.error();
   // As for a credit: the bind executes before the offer that carries its key.
-  try {
-    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}, &source_windows_});
-  } catch (...) {
-    book_.retractSource(id);
-    source_windows_.unbind(key);
-    return makeError(FL_ERR_RESOURCES, "exposeSource: out of memory queueing the memory window's bind");
-  }
+  const auto addr = reinterpret_cast<uint64_t>(source.payload);
+  auto remote = book_.exposeSource(std::move(source), addr, rkey.value());
+  if (!remote) unbindWindow(source_windows_, key);
   return remote;
 }
 
@@ -217,19 +175,47 @@ Result<RemoteSource> RdmaTransport::exposeSource(LocalSource source) {
 // until the invalidation has executed (a read the peer posted before may
 // still be answered until then).
 void RdmaTransport::retractSource(uint64_t source_id) {
-  WindowHold hold;
-  if (const LocalSource* s = book_.sources().lookup(source_id); s != nullptr) {
-    hold.memory = s->keepalive;
-    if (s->length == 0) {
-      book_.retractSource(source_id);
-      return;
-    }
-  } else {
-    return;
-  }
+  const LocalSource* s = book_.sources().lookup(source_id);
+  if (s == nullptr) return;
+  const bool windowed = s->length > 0;  // an empty source has no window
+  WindowHold hold{s->keepalive};
   book_.retractSource(source_id);
+  if (!windowed) return;
   endWindow(source_windows_, static_cast<uint32_t>(source_id), std::move(hold));
   flushChain();
+}
+
+Result<uint32_t> RdmaTransport::bindWindow(CreditWindows& windows, uint32_t key, ibv_mr* mr,
+                                           const uint8_t* addr, uint64_t length, const char* what,
+                                           uint64_t id) {
+  if (window_backlog_.size() + (window_posted_seq_ - window_done_seq_) >= options_.window_queue_depth) {
+    return makeError(FL_ERR_RESOURCES, std::string(what) + ": all " +
+                                           std::to_string(options_.window_queue_depth) +
+                                           " memory-window work requests are in use; try again later");
+  }
+  ibv_send_wr bind{};
+  const uint32_t rkey = windows.bind(key, mr, addr, length, &bind);
+  if (rkey == 0) {
+    if (errno == EEXIST) {
+      return makeError(FL_EINVAL, std::string(what) + "(" + std::to_string(id) +
+                                      "): " + (&windows == &windows_ ? "credit" : "source") + " key " +
+                                      std::to_string(key) + " is exposed already");
+    }
+    return makeError(FL_ERR_RESOURCES, std::string(what) + ": ibv_alloc_mw: " + std::strerror(errno));
+  }
+  try {
+    window_backlog_.push_back(PendingWindowWr{bind, WindowHold{}, &windows});
+  } catch (...) {
+    windows.unbind(key);
+    return makeError(FL_ERR_RESOURCES,
+                     std::string(what) + ": out of memory queueing the memory window's bind");
+  }
+  return rkey;
+}
+
+void RdmaTransport::unbindWindow(CreditWindows& windows, uint32_t key) noexcept {
+  window_backlog_.pop_back();  // the bind bindWindow() queued last: nothing has flushed it since
+  windows.unbind(key);
 }
 
 void RdmaTransport::endWindow(CreditWindows& windows, uint32_t key, WindowHold hold) noexcept {
