@@ -249,16 +249,16 @@ std::string pairError(const CaseShared& sh, int producer_rc, uint32_t extra_read
 
 // CPU time and sleeps of both daemons at one moment.
 struct DaemonUsage {
-  double cpu_a = -1;
-  double cpu_b = -1;
+  ProcessCpu cpu_a;
+  ProcessCpu cpu_b;
   long long sleeps_a = -1;
   long long sleeps_b = -1;
 };
 
 DaemonUsage daemonUsage(const DaemonPair& pair) {
   DaemonUsage u;
-  u.cpu_a = processCpuSeconds(pair.a().pid);
-  u.cpu_b = processCpuSeconds(pair.b().pid);
+  u.cpu_a = processCpu(pair.a().pid);
+  u.cpu_b = processCpu(pair.b().pid);
   u.sleeps_a = processSleeps(pair.a().pid);
   u.sleeps_b = processSleeps(pair.b().pid);
   return u;
@@ -462,13 +462,17 @@ void gatherThroughput(const StreamsRun& run, PairsResult& res) {
 void gatherDaemonCost(const StreamsRun& run, CaseResult& r) {
   const DaemonUsage& u0 = run.at_w0;
   const DaemonUsage& u1 = run.at_w1;
-  if (run.w0 != 0 && run.w1 > run.w0 && u0.cpu_a >= 0 && u1.cpu_a >= 0 && u0.cpu_b >= 0 && u1.cpu_b >= 0) {
+  if (run.w0 != 0 && run.w1 > run.w0 && u0.cpu_a.total() >= 0 && u1.cpu_a.total() >= 0 &&
+      u0.cpu_b.total() >= 0 && u1.cpu_b.total() >= 0) {
     const double wall = (run.w1 - run.w0) / 1e9;
-    r.cpu_a = (u1.cpu_a - u0.cpu_a) / wall * 100;
-    r.cpu_b = (u1.cpu_b - u0.cpu_b) / wall * 100;
+    r.cpu_a = (u1.cpu_a.total() - u0.cpu_a.total()) / wall * 100;
+    r.cpu_b = (u1.cpu_b.total() - u0.cpu_b.total()) / wall * 100;
     if (r.delivered > 0) {
-      r.cpu_us_per_frame_a = (u1.cpu_a - u0.cpu_a) * 1e6 / static_cast<double>(r.delivered);
-      r.cpu_us_per_frame_b = (u1.cpu_b - u0.cpu_b) * 1e6 / static_cast<double>(r.delivered);
+      const double per_frame = 1e6 / static_cast<double>(r.delivered);
+      r.cpu_us_per_frame_a = (u1.cpu_a.total() - u0.cpu_a.total()) * per_frame;
+      r.cpu_us_per_frame_b = (u1.cpu_b.total() - u0.cpu_b.total()) * per_frame;
+      r.user_us_per_frame_a = (u1.cpu_a.user - u0.cpu_a.user) * per_frame;
+      r.user_us_per_frame_b = (u1.cpu_b.user - u0.cpu_b.user) * per_frame;
     }
   }
   if (run.w0 != 0 && run.w1 > run.w0 && r.delivered > 0 && u0.sleeps_a >= 0 && u1.sleeps_a >= 0 &&
@@ -606,6 +610,8 @@ CaseResult combine(const CaseResult& a, const CaseResult& b) {
   const auto fb = static_cast<double>(b.delivered);
   r.cpu_us_per_frame_a = weighted(a.cpu_us_per_frame_a, fa, b.cpu_us_per_frame_a, fb);
   r.cpu_us_per_frame_b = weighted(a.cpu_us_per_frame_b, fa, b.cpu_us_per_frame_b, fb);
+  r.user_us_per_frame_a = weighted(a.user_us_per_frame_a, fa, b.user_us_per_frame_a, fb);
+  r.user_us_per_frame_b = weighted(a.user_us_per_frame_b, fa, b.user_us_per_frame_b, fb);
   r.sleeps_per_frame_a = weighted(a.sleeps_per_frame_a, fa, b.sleeps_per_frame_a, fb);
   r.sleeps_per_frame_b = weighted(a.sleeps_per_frame_b, fa, b.sleeps_per_frame_b, fb);
   r.link_bytes_per_frame =
@@ -654,13 +660,13 @@ SubscribersResult runTwoHosts(DaemonPair& daemons, const std::string& stream_pre
 
 IdleCpu measureIdle(DaemonPair& pair, double seconds) {
   IdleCpu r;
-  const double a0 = processCpuSeconds(pair.a().pid);
-  const double b0 = processCpuSeconds(pair.b().pid);
+  const double a0 = processCpu(pair.a().pid).total();
+  const double b0 = processCpu(pair.b().pid).total();
   const uint64_t t0 = monotonicNs();
   sleepNs(static_cast<uint64_t>(seconds * 1e9));
   const double wall = (monotonicNs() - t0) / 1e9;
-  const double a1 = processCpuSeconds(pair.a().pid);
-  const double b1 = processCpuSeconds(pair.b().pid);
+  const double a1 = processCpu(pair.a().pid).total();
+  const double b1 = processCpu(pair.b().pid).total();
   if (a0 >= 0 && a1 >= 0) r.a = (a1 - a0) / wall * 100;
   if (b0 >= 0 && b1 >= 0) r.b = (b1 - b0) / wall * 100;
   return r;

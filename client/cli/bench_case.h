@@ -42,6 +42,8 @@ struct CaseResult {
   double cpu_b = -1;
   double cpu_us_per_frame_a = -1;  // CPU microseconds of each daemon per frame delivered
   double cpu_us_per_frame_b = -1;
+  double user_us_per_frame_a = -1;  // the part of it in the daemon's own code (utime)
+  double user_us_per_frame_b = -1;
   double sleeps_per_frame_a = -1;  // times a thread of each daemon went to sleep, per frame delivered
   double sleeps_per_frame_b = -1;
   double p50_us = 0;

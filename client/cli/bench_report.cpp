@@ -30,13 +30,21 @@ std::string cpuPair(double a, double b) {
   return buf;
 }
 
+std::string usPair(double a, double b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, a < 10 && b < 10 ? "%.2f / %.2f us" : "%.1f / %.1f us", a, b);
+  return buf;
+}
+
+// "all / all us (user / user us)": the daemons' CPU per frame, and the part
+// of it in their own code; the rest is the kernel's (under rxe, its copies).
 std::string usPerFramePair(const CaseResult& r) {
   if (r.cpu_us_per_frame_a < 0 || r.cpu_us_per_frame_b < 0) return "n/a";
-  const char* f =
-      r.cpu_us_per_frame_a < 10 && r.cpu_us_per_frame_b < 10 ? "%.2f / %.2f us" : "%.1f / %.1f us";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, r.cpu_us_per_frame_a, r.cpu_us_per_frame_b);
-  return buf;
+  std::string cell = usPair(r.cpu_us_per_frame_a, r.cpu_us_per_frame_b);
+  if (r.user_us_per_frame_a >= 0 && r.user_us_per_frame_b >= 0) {
+    cell += " (user " + usPair(r.user_us_per_frame_a, r.user_us_per_frame_b) + ")";
+  }
+  return cell;
 }
 
 std::string sleepsPerFramePair(const CaseResult& r) {
@@ -338,8 +346,10 @@ void printNotes(const BenchOptions& o, const BenchPlan& plan, const BenchResults
       "connection, size-byte send()/recv() between two processes; one gRPC bidi stream "
       "(client/cli/bench.proto)\n"
       "between two processes, server acks every 8 MiB.  CPU = utime+stime of each framelinkd / wall time;\n"
-      "CPU per frame = the same CPU time / frames delivered in the timed part; sleeps per frame = times a\n"
-      "thread of the daemon blocked (voluntary context switches of all its threads) / the same frames.\n",
+      "CPU per frame = the same CPU time / frames delivered in the timed part, and in brackets its utime\n"
+      "alone (the daemon's own code; the rest is the kernel's: syscalls, and a software NIC's copies);\n"
+      "sleeps per frame = times a thread of the daemon blocked (voluntary context switches of all its\n"
+      "threads) / the same frames.\n",
       slotsText(plan.sizes).c_str(), (unsigned long long)kVerifyFrames);
   if (!res.many.empty()) {
     std::printf(

@@ -287,11 +287,11 @@ DaemonPair::~DaemonPair() {
   }
 }
 
-double processCpuSeconds(pid_t pid) {
+ProcessCpu processCpu(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = all.rfind(')');
-  if (paren == std::string::npos) return -1;
+  if (paren == std::string::npos) return {};
   std::istringstream rest(all.substr(paren + 1));
   std::string tok;
   unsigned long long utime = 0, stime = 0;
@@ -299,7 +299,8 @@ double processCpuSeconds(pid_t pid) {
     if (i == 11) utime = std::strtoull(tok.c_str(), nullptr, 10);
     if (i == 12) stime = std::strtoull(tok.c_str(), nullptr, 10);
   }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  const auto tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return {static_cast<double>(utime) / tick, static_cast<double>(stime) / tick};
 }
 
 long long processSleeps(pid_t pid) {

@@ -79,8 +79,14 @@ class DaemonPair {
   bool keep_dir_ = false;
 };
 
-// utime + stime of a process in seconds (from /proc/<pid>/stat); < 0 when unreadable.
-double processCpuSeconds(pid_t pid);
+// The CPU time a process has used so far, in seconds (utime and stime of
+// /proc/<pid>/stat); each < 0 when unreadable.
+struct ProcessCpu {
+  double user = -1;    // its own code
+  double system = -1;  // the kernel on its behalf: syscalls, and the copies of a software NIC (rxe)
+  double total() const { return user < 0 || system < 0 ? -1 : user + system; }
+};
+ProcessCpu processCpu(pid_t pid);
 // How often the threads of a process went to sleep so far: the sum of
 // voluntary_ctxt_switches over /proc/<pid>/task/*/status; < 0 when unreadable.
 long long processSleeps(pid_t pid);

@@ -3,6 +3,7 @@
 // running the tests may be busy).
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -41,6 +42,21 @@ std::optional<double> leadingNumber(const std::string& cell) {
   return v;
 }
 
+// A "daemon CPU per frame A / B" cell, "120.5 / 98.0 us (user 20.1 / 31.0 us)": checks that both
+// daemons used CPU and that the part in their own code (utime) is some of it, never more.
+void checkCpuPerFrame(const std::string& cell) {
+  INFO("CPU per frame: " << cell);
+  double all_a = -1, all_b = -1, user_a = -1, user_b = -1;
+  REQUIRE(std::sscanf(cell.c_str(), "%lf / %lf us (user %lf / %lf us)", &all_a, &all_b, &user_a, &user_b) ==
+          4);
+  CHECK(all_a > 0);
+  CHECK(all_b > 0);
+  CHECK(user_a >= 0);
+  CHECK(user_b >= 0);
+  CHECK(user_a <= all_a + 0.1);  // + the cell's rounding
+  CHECK(user_b <= all_b + 0.1);
+}
+
 }  // namespace
 
 TEST_CASE("cli: bench --subscribers: every subscriber on daemon B gets each frame, the link carries it once",
@@ -72,6 +88,10 @@ TEST_CASE("cli: bench --subscribers: every subscriber on daemon B gets each fram
   CHECK(leadingNumber(link[1]).value_or(0) == Approx(1.0).epsilon(0.02));
   CHECK(leadingNumber(link[2]).value_or(0) == Approx(1.0).epsilon(0.02));
   CHECK(leadingNumber(link[3]).value_or(0) == Approx(1.0).epsilon(0.02));
+  const auto cpu = tableRow(out, what + "daemon CPU per frame A / B");
+  REQUIRE(cpu.size() == 4);
+  checkCpuPerFrame(cpu[1]);
+  checkCpuPerFrame(cpu[2]);
 }
 
 TEST_CASE(
