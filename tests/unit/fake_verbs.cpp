@@ -283,6 +283,7 @@ int FakeVerbs::reqNotifyCq(ibv_cq* cq, int) {
 }
 int FakeVerbs::getCqEvent(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   std::lock_guard lock(mu_);
+  ++stats_.cq_event_reads;
   auto& c = comp_channels_.at(channel);
   if (c->events.empty()) {
     errno = EAGAIN;

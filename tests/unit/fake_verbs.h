@@ -67,6 +67,8 @@ class FakeVerbs final : public VerbsApi {
     uint64_t recv_wrs = 0;
     uint64_t cm_events = 0;
     uint64_t cm_events_acked = 0;
+    uint64_t cm_event_reads = 0;  // rdma_get_cm_event calls, with an event or not
+    uint64_t cq_event_reads = 0;  // ibv_get_cq_event calls, with an event or not
     uint64_t live_qps = 0;
     uint64_t live_ids = 0;
     uint64_t live_cqs = 0;

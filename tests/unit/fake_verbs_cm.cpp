@@ -279,6 +279,7 @@ int FakeVerbs::disconnect(rdma_cm_id* id) {
 }
 int FakeVerbs::getCmEvent(rdma_event_channel* channel, rdma_cm_event** event) {
   std::lock_guard lock(mu_);
+  ++stats_.cm_event_reads;
   auto& c = event_channels_.at(channel);
   if (c->events.empty()) {
     errno = EAGAIN;

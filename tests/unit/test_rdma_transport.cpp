@@ -452,6 +452,34 @@ TEST_CASE("rdma eventFd is readable exactly while something is to be polled", "[
   REQUIRE(readable(p->a->eventFd(), 1000));
 }
 
+// A daemon polls each link every round of its loop: an idle round must not make a system call per
+// event channel (under emulation those reads were most of a round).
+TEST_CASE("rdma an idle poll reads no event channel; one with something to say is read", "[rdma]") {
+  auto p = makeDataPath();
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  tx.pump();
+  rx.pump();
+  const auto before = p->fake->stats();
+  TransportEvent ev;
+  for (int i = 0; i < 100; ++i) REQUIRE(p->a->poll(&ev, 1) == 0);
+  const auto idle = p->fake->stats();
+  CHECK(idle.cq_event_reads == before.cq_event_reads);
+  CHECK(idle.cm_event_reads == before.cm_event_reads);
+  // A frame: its completions raise the armed CQs' events, which the polls take (and ack).
+  auto credit = p->credit(1, 64);
+  rx.pump();
+  REQUIRE(p->a->post(request(0, credit, p->src, 64, 1)) == PostResult::kOk);
+  p->ra()->flush();
+  until(tx, rx, [&] { return tx.sends.size() == 1 && rx.arrivals.size() == 1; });
+  CHECK(tx.sends[0].status == FL_OK);
+  CHECK(p->fake->stats().cq_event_reads > idle.cq_event_reads);
+  // The peer's disconnect: an rdma_cm event, read, and the link fails.
+  p->b->shutdown();
+  until(tx, rx, [&] { return !tx.errors.empty(); });
+  CHECK(tx.errors[0].status == FL_ERR_LINK_LOST);
+  CHECK(p->fake->stats().cm_event_reads > idle.cm_event_reads);
+}
+
 // The writer's adapter reports the refusal (a completion) and, soon after, the peer's disconnect
 // (an rdma_cm event, the peer's queue pair having failed on the bad write).  When both wait for
 // the same poll, the link error names the cause, not its consequence.

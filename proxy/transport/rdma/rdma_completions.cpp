@@ -6,6 +6,7 @@
 // (see rdma_transport.h); only async_error_ is shared with the device's
 // event thread.
 #include <arpa/inet.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -105,10 +106,10 @@ void RdmaTransport::drainCmEvents() noexcept {
   }
 }
 
-void RdmaTransport::drainCq() noexcept {
+void RdmaTransport::drainCq(bool channel_ready) noexcept {
   ibv_cq* ev_cq = nullptr;
   void* ev_ctx = nullptr;
-  while (api_.getCqEvent(comp_channel_, &ev_cq, &ev_ctx) == 0) {
+  while (channel_ready && api_.getCqEvent(comp_channel_, &ev_cq, &ev_ctx) == 0) {
     cq_armed_ = false;
     if (++unacked_cq_events_ >= kCqEventAckBatch) {
       api_.ackCqEvents(cq_, unacked_cq_events_);
@@ -322,11 +323,29 @@ void RdmaTransport::replenishRecvs() noexcept {
   }
 }
 
+RdmaTransport::ReadyChannels RdmaTransport::readyChannels() noexcept {
+  epoll_event evs[4];
+  const int n = ::epoll_wait(epoll_fd_.get(), evs, 4, 0);
+  if (n < 0) return {true, true, true, true};  // cannot tell: read each
+  ReadyChannels r;
+  for (int i = 0; i < n; ++i) {
+    const int fd = evs[i].data.fd;
+    r.completions |= comp_channel_ != nullptr && fd == comp_channel_->fd;
+    r.cm |= cm_.channel() != nullptr && fd == cm_.channel()->fd;
+    r.events |= fd == event_fd_.get();
+    r.link |= fd == link_fd_.get();
+  }
+  return r;
+}
+
 size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
+  // A channel that turns readable after this look is read by the next poll
+  // (the CQ itself is polled every time).
+  const ReadyChannels ready = readyChannels();
   if (!torn_down_) {
-    drainAsyncError();
-    drainCq();  // before rdma_cm: see RDMA_CM_EVENT_DISCONNECTED
-    drainCmEvents();
+    if (ready.link) drainAsyncError();
+    drainCq(ready.completions);  // before rdma_cm: see RDMA_CM_EVENT_DISCONNECTED
+    if (ready.cm) drainCmEvents();
     if (flush_failure_) {  // nothing named a cause: the flush is all there is
       fail(flush_failure_->first, flush_failure_->second);
       flush_failure_.reset();
@@ -338,7 +357,9 @@ size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
   }
   const size_t taken = book_.events().take(out, max);
   if (book_.events().empty()) {
-    drainEventFd(event_fd_.get());
+    // Signalled during this poll, it stays readable until the next: one
+    // spurious wake-up at most.
+    if (ready.events) drainEventFd(event_fd_.get());
   } else {
     signalEventFd(event_fd_.get());  // level-triggered for the caller
   }

@@ -266,9 +266,19 @@ class RdmaTransport final : public Transport {
   void failOnWc(const ibv_wc& wc, int status, const std::string& message) noexcept;
   void tearDown() noexcept;
   // rdma_completions.cpp: completions and events become TransportEvents.
+  // Which of the fds eventFd() covers are readable, by one epoll_wait(0):
+  // poll() reads only those, not each of the four every round.
+  struct ReadyChannels {
+    bool completions = false;  // comp_channel_: the armed CQ had a completion
+    bool cm = false;           // an rdma_cm event
+    bool events = false;       // event_fd_
+    bool link = false;         // link_fd_: the device's event thread reported
+  };
+  ReadyChannels readyChannels() noexcept;
   void drainCmEvents() noexcept;
   void drainAsyncError() noexcept;
-  void drainCq() noexcept;
+  // Takes the completion channel's events first when `channel_ready`.
+  void drainCq(bool channel_ready = true) noexcept;
   void handleWc(const ibv_wc& wc) noexcept;
   void handleSendWc(const ibv_wc& wc) noexcept;
   void handleRecvWc(const ibv_wc& wc) noexcept;
