@@ -106,6 +106,14 @@ int main(int argc, char** argv) try {
         "(allowed by allow_unauthenticated)",
         config->listen, config->data_listen);
   }
+  if (const std::string at = config->tokenInClearAt(); !at.empty()) {
+    spdlog::warn(
+        "the peer token crosses the network in clear ({}): TLS is off, and the token travels as it is in "
+        "each link's call metadata and Hello, so whoever can capture traffic between the hosts can pass for "
+        "a peer.  Turn on mutual TLS (link.tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth: the "
+        "packaged configuration does), or keep the links on a network only the daemons' hosts reach",
+        at);
+  }
   if (config->tls_no_peer_certs) {
     spdlog::warn(
         "link.tls_ca_file {} holds no peer certificate yet: no peer can link with this daemon, which serves "

@@ -302,6 +302,19 @@ bool Config::unauthenticatedFromNetwork() const {
          (!loopbackHost(listen) || !loopbackHost(data_listen));
 }
 
+std::string Config::tokenInClearAt() const {
+  if (tlsEnabled()) return {};
+  const bool tokens = !token.empty() || peerTokens();
+  if (!tokens) return {};
+  if (!loopbackHost(listen)) return "link.listen " + listen;
+  for (const PeerConfig& p : peers) {
+    if (!p.address.empty() && !loopbackHost(p.address) && !peerToken(p.name).empty()) {
+      return "peer " + p.name + " at " + p.address;
+    }
+  }
+  return {};
+}
+
 namespace {
 
 Status validate(Config& c) {

@@ -124,6 +124,11 @@ struct Config {
   // Whether peers can reach this daemon from other hosts without presenting
   // a token or a certificate.
   bool unauthenticatedFromNetwork() const;
+  // Where a peer token crosses the network without TLS (metadata and Hello
+  // carry it as it is): the address it goes to or comes from, the listener's
+  // first; empty when there is no token, TLS is on, or every link stays on
+  // this host.
+  std::string tokenInClearAt() const;
   // The token this daemon and the daemon `id` share: its [[peer]]'s own, else
   // link.token (empty: none).
   const std::string& peerToken(std::string_view id) const;

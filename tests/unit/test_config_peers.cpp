@@ -127,6 +127,35 @@ TEST_CASE("peers that each have their own token authenticate the listener", "[co
   CHECK_FALSE(parseAsIs({"--config", mixed}).ok());
 }
 
+TEST_CASE("a token that would cross the network without TLS is named, with where it goes",
+          "[config][peer-auth][security]") {
+  TempDir dir;
+  auto open = parseAsIs({"--token", "s3cret", "--listen", "0.0.0.0:7700"});
+  REQUIRE(open.ok());
+  CHECK(open->tokenInClearAt() == "link.listen 0.0.0.0:7700");
+  // On this host only, with no peer elsewhere: nothing to capture.
+  auto local = parseAsIs({"--token", "s3cret", "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"});
+  REQUIRE(local.ok());
+  CHECK(local->tokenInClearAt().empty());
+  // Listening on this host, but dialing a peer elsewhere with its own token.
+  auto dials = parseAsIs({"--config", dir.write("dial.toml",
+                                                "[link]\nlisten = \"127.0.0.1:0\"\n"
+                                                "data_listen = \"127.0.0.1:0\"\n"
+                                                "[[peer]]\nname = \"b\"\naddress = \"10.0.0.2:7700\"\n"
+                                                "token = \"b-secret\"\n")});
+  INFO((dials.ok() ? std::string() : dials.error().message));
+  REQUIRE(dials.ok());
+  CHECK(dials->tokenInClearAt() == "peer b at 10.0.0.2:7700");
+  // TLS carries it encrypted; no token, nothing to leak.
+  auto tls = parseAsIs({"--config", dir.write("tls.toml", "[link]\ntoken = \"s3cret\"\n" + mutualTls(dir))});
+  INFO((tls.ok() ? std::string() : tls.error().message));
+  REQUIRE(tls.ok());
+  CHECK(tls->tokenInClearAt().empty());
+  auto none = parse({"--listen", "0.0.0.0:7700"});
+  REQUIRE(none.ok());
+  CHECK(none->tokenInClearAt().empty());
+}
+
 TEST_CASE("token files that others than the daemon's user can read are named at start",
           "[config][security]") {
   TempDir dir;
