@@ -65,7 +65,7 @@ const std::vector<Option>& options() {
       {"limits", "max_clients_per_uid", Number{&Config::max_clients_per_uid, 1, UINT32_MAX, "N"}, "Clients one uid may have attached at once, and connections it may have waiting to attach (then FL_ERR_QUOTA)"},
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
-      {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats", {"--metrics"}},
+      {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats, a health probe at /healthz", {"--metrics"}},
       {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it (a stream listed on several peers goes to each), and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
       // clang-format on
   };

@@ -64,9 +64,37 @@ const char* Metrics::attachRejectName(AttachReject reason) noexcept {
   return "?";
 }
 
+namespace {
+
+uint64_t steadyNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
 void Metrics::setDetail(std::string json) {
   MutexLock lock(detail_mutex_);
   detail_ = std::move(json);
+  detail_at_ns_ = steadyNs();
+}
+
+Metrics::Health Metrics::health() const {
+  uint64_t at = 0;
+  {
+    MutexLock lock(detail_mutex_);
+    at = detail_at_ns_;
+  }
+  if (at == 0) return {false, "starting: the data agent has not published its state yet\n"};
+  const uint64_t age_ms = (steadyNs() - at) / 1'000'000;
+  const uint64_t window_ms = health_window_ns_.load() / 1'000'000;
+  if (age_ms > window_ms) {
+    return {false, "unhealthy: the data agent last published its state " + std::to_string(age_ms) +
+                       " ms ago (it does every 500 ms; more than " + std::to_string(window_ms) +
+                       " ms means its loop is stuck)\n"};
+  }
+  return {true, "ok: the data agent published its state " + std::to_string(age_ms) + " ms ago\n"};
 }
 
 void Metrics::setGauges(Gauges gauges) {
@@ -544,6 +572,11 @@ Status Metrics::serve(const std::string& listen) {
   });
   server_->http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(json(), "application/json");
+  });
+  server_->http.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    const Health h = health();
+    res.status = h.ok ? 200 : 503;
+    res.set_content(h.text, "text/plain");
   });
   int bound =
       port == 0 ? server_->http.bind_to_any_port(host) : (server_->http.bind_to_port(host, port) ? port : -1);

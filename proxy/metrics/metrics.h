@@ -131,6 +131,16 @@ class Metrics {
   std::string prometheus() const;
   std::string json() const;
 
+  // GET /healthz: healthy while the data agent published its state (it does
+  // every 0.5 s, from its own loop) within the window, 5 s unless a test
+  // sets another; the text says when it last did, for a probe's log.
+  struct Health {
+    bool ok = false;
+    std::string text;
+  };
+  Health health() const;
+  void setHealthWindow(uint64_t window_ns) noexcept { health_window_ns_ = window_ns; }
+
   // Starts the HTTP endpoint ("host:port"; port 0 = ephemeral).
   Status serve(const std::string& listen);
   uint16_t port() const noexcept { return port_; }
@@ -146,6 +156,8 @@ class Metrics {
   std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
   mutable Mutex detail_mutex_;
   std::string detail_ FL_GUARDED_BY(detail_mutex_) = "{}";
+  uint64_t detail_at_ns_ FL_GUARDED_BY(detail_mutex_) = 0;  // steady clock; 0: never published
+  std::atomic<uint64_t> health_window_ns_{5'000'000'000};
   Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
   transport::TransportCounters transport_ FL_GUARDED_BY(detail_mutex_);
   struct Server;

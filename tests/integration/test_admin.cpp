@@ -120,7 +120,9 @@ std::vector<std::string> lines(const std::string& text) {
 }  // namespace
 
 TEST_CASE("admin: stats, clients and links show a producer and a consumer that moved frames", "[admin]") {
-  DaemonPair pair("tcp");
+  DaemonPair::Options po;
+  po.extra_args = {"--metrics", "127.0.0.1:0"};  // and /healthz
+  DaemonPair pair(po);
   const std::string sock_a = pair.a().socketPath(), sock_b = pair.b().socketPath();
   Client producer = attachProducer(pair.a(), "adm-cam", 4, 256 * 1024);
   Client consumer = attachConsumer(pair.b(), "adm-cam", 6, 512 * 1024);
@@ -131,6 +133,9 @@ TEST_CASE("admin: stats, clients and links show a producer and a consumer that m
     REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
   }
   REQUIRE(collectCompletions(producer.get(), kFrames, Millis(15000)).size() == kFrames);
+  // The HTTP health probe: 200 from both daemons, their agents publishing.
+  CHECK(pair.a().httpGet("/healthz").rfind("ok: ", 0) == 0);
+  CHECK(pair.b().httpGet("/healthz").rfind("ok: ", 0) == 0);
   const auto me = static_cast<uint64_t>(::getpid());
 
   // The data agent publishes its detail twice a second: wait for the frames to show.

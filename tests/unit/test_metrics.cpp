@@ -2,7 +2,9 @@
 // daemon's, read by prometheus_client in unit.metrics_exposition, is mostly 0).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "framelink/framelink.h"
 #include "metrics/metrics.h"
@@ -80,4 +82,24 @@ TEST_CASE("peer problems: past their bound the oldest is forgotten, and counted"
   CHECK(m.counters.peer_problems_forgotten.load() == kOver);
   CHECK(has(m.prometheus(), "framelink_peer_problems_forgotten_total 3"));
   CHECK(m.json().find("\"peer_problems_forgotten\":3") != std::string::npos);
+}
+
+TEST_CASE("healthz: healthy while the agent publishes its state, and says how long ago it last did",
+          "[metrics]") {
+  Metrics m;
+  m.setHealthWindow(200'000'000);  // 200 ms
+  const Metrics::Health starting = m.health();
+  CHECK_FALSE(starting.ok);
+  CHECK(starting.text.find("has not published") != std::string::npos);
+  m.setDetail("{}");
+  const Metrics::Health fresh = m.health();
+  CHECK(fresh.ok);
+  CHECK(fresh.text.rfind("ok: ", 0) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const Metrics::Health stale = m.health();
+  CHECK_FALSE(stale.ok);
+  CHECK(stale.text.find("ms ago") != std::string::npos);
+  CHECK(stale.text.find("stuck") != std::string::npos);
+  m.setDetail("{}");  // the agent again
+  CHECK(m.health().ok);
 }
