@@ -54,6 +54,35 @@ bool isSection(const std::string& name) {
   return std::any_of(options().begin(), options().end(), [&](const Option& o) { return o.section == name; });
 }
 
+// "; did you mean 'link.token_file'?" for an unknown key of [section]: the
+// same key in another table, else the file key a typo away; "" for neither.
+std::string didYouMean(std::string_view section, std::string_view key) {
+  const Option* best = nullptr;
+  size_t best_distance = 0;
+  for (const auto& option : options()) {
+    if (!option.in_file || option.key.empty()) continue;
+    const size_t d = config::editDistance(key, option.key) * 2 + (option.section == section ? 0 : 1);
+    if (best == nullptr || d < best_distance) {
+      best = &option;
+      best_distance = d;
+    }
+  }
+  if (best == nullptr || !config::typo(key, best_distance / 2)) return {};
+  return "; did you mean '" + config::keyName(*best) + "'?";
+}
+
+// The same for an unknown top-level name: a table a typo away.
+std::string didYouMeanTable(std::string_view name) {
+  for (const auto& option : options()) {
+    if (config::typo(name, config::editDistance(name, option.section))) {
+      return std::holds_alternative<config::Peers>(option.value)
+                 ? "; did you mean [[" + std::string(option.section) + "]]?"
+                 : "; did you mean [" + std::string(option.section) + "]?";
+    }
+  }
+  return {};
+}
+
 // ---- TOML ----
 
 class TomlReader {
@@ -80,7 +109,10 @@ class TomlReader {
       } else if (isSection(name)) {
         status = section(node, name, config);
       } else {
-        status = invalid("unknown table or key '" + name + "' " + at(node) + "; known: " + sectionList());
+        std::string guess = didYouMeanTable(name);
+        if (guess.empty()) guess = didYouMean("", name);  // a key outside its table
+        status = invalid("unknown table or key '" + name + "' " + at(node) + guess +
+                         (guess.empty() ? "; known tables: " : " Known tables: ") + sectionList());
       }
       if (!status) return status;
     }
@@ -110,15 +142,16 @@ class TomlReader {
     for (auto&& [key, value] : *table) {
       const std::string full = name + "." + std::string(key.str());
       const Option* option = config::findOption(name, key.str());
-      if (option == nullptr) return unknown(full, value);
+      if (option == nullptr) return unknown(full, value, didYouMean(name, key.str()));
       if (auto st = config::setFromToml(*option, value, origin(full, value), config); !st) return st;
     }
     return {};
   }
 
-  Status unknown(const std::string& key, const toml::node& node) const {
-    return invalid("unknown key '" + key + "' " + at(node) +
-                   "; the README section \"Configuration\" lists every key");
+  Status unknown(const std::string& key, const toml::node& node, const std::string& suggestion) const {
+    return invalid("unknown key '" + key + "' " + at(node) + suggestion +
+                   (suggestion.empty() ? "; the" : " The") +
+                   " README section \"Configuration\" lists every key");
   }
 
   std::string file_;

@@ -1,5 +1,6 @@
 #include "config/config_options.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -70,6 +71,25 @@ const std::vector<Option>& options() {
       // clang-format on
   };
   return kOptions;
+}
+
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+bool typo(std::string_view typed, size_t distance) {
+  return distance <= std::max<size_t>(2, typed.size() / 3);
 }
 
 const Option* findOption(std::string_view section, std::string_view key) {

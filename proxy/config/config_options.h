@@ -122,6 +122,12 @@ const std::vector<Option>& options();
 // The row of [section] key, or nullptr.
 const Option* findOption(std::string_view section, std::string_view key);
 
+// Letters to insert, delete or change to turn `a` into `b` (Levenshtein).
+size_t editDistance(std::string_view a, std::string_view b);
+// Whether a word `distance` away from what the user typed is likely what was
+// meant: at most a third of its letters, at least 2.
+bool typo(std::string_view typed, size_t distance);
+
 // "--keepalive-ms"; "--metrics-listen" (see the naming rule above).
 std::string flagName(const Option& option);
 // "link.keepalive_ms"

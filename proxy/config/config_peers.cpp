@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "config/config_options.h"
 #include "config/config_values.h"
 
 namespace framelink {
@@ -73,8 +74,16 @@ class PeerTable {
     }
     if (name == "cert_name") return assign(str(key, value), peer_.cert_name);
     if (name == "streams") return streams(key, value);
-    return invalidSetting("unknown key '" + key + "' " + at(value) +
-                          "; the README section \"Configuration\" lists every key");
+    std::string guess;
+    for (std::string_view known : {"name", "address", "token", "token_file", "cert_name", "streams"}) {
+      if (typo(name, editDistance(name, known))) {
+        guess = "; did you mean '" + base_ + "." + std::string(known) + "'?";
+        break;
+      }
+    }
+    return invalidSetting("unknown key '" + key + "' " + at(value) + guess +
+                          (guess.empty() ? "; the" : " The") +
+                          " README section \"Configuration\" lists every key");
   }
 
   Status streams(const std::string& key, const toml::node& value) {

@@ -356,9 +356,22 @@ TEST_CASE("unknown keys and tables in the file are errors naming the key and the
   const auto table = dir.write("table.toml", "[deamon]\nid = \"a\"\n");
   requireError({"--config", table}, {"deamon", table});
   const auto peer = dir.write("peer.toml", "[[peer]]\nname = \"b\"\naddress = \"h:1\"\nstream = [\"x\"]\n");
-  requireError({"--config", peer}, {"peer[0].stream", peer});
+  requireError({"--config", peer}, {"peer[0].stream", peer, "did you mean 'peer[0].streams'?"});
   const auto top = dir.write("top.toml", "id = \"a\"\n");
   requireError({"--config", top}, {"'id'", top});
+  // A typo, or a key of another table, gets the key it most likely meant.
+  requireError({"--config", key}, {"did you mean 'daemon.socket'?"});
+  requireError({"--config", table}, {"did you mean [daemon]?"});
+  requireError({"--config", top}, {"did you mean 'daemon.id'?"});
+  requireError({"--config", dir.write("moved.toml", "[daemon]\ntoken_file = \"/etc/t\"\n")},
+               {"daemon.token_file", "did you mean 'link.token_file'?"});
+  requireError({"--config", dir.write("plural.toml", "[link]\ntransport = [\"tcp\"]\n")},
+               {"did you mean 'link.transports'?"});
+  // Nothing near: no guess.
+  auto far = parseAsIs({"--config", dir.write("far.toml", "[daemon]\ncompletely_unrelated = 1\n")});
+  REQUIRE_FALSE(far.ok());
+  CHECK(far.error().message.find("did you mean") == std::string::npos);
+  CHECK(far.error().message.find("lists every key") != std::string::npos);
 }
 
 TEST_CASE("file problems are reported with the file name", "[config]") {
