@@ -119,6 +119,7 @@ class DaemonImpl final : public Daemon {
   uint16_t dataPort() const noexcept override { return links_ ? links_->listenPort("tcp") : 0; }
   uint16_t rdmaPort() const noexcept { return links_ ? links_->listenPort("rdma") : 0; }
   uint16_t metricsPort() const noexcept override { return metrics_.port(); }
+  std::string statusLine() const override { return metrics_.summary(); }
   const Config& config() const noexcept override { return config_; }
 
   void stop() override {

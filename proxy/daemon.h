@@ -22,6 +22,8 @@ class Daemon {
   virtual uint16_t dataPort() const noexcept = 0;
   virtual uint16_t metricsPort() const noexcept = 0;
   virtual const Config& config() const noexcept = 0;
+  // What it serves now, in one line (Metrics::summary): for systemctl status.
+  virtual std::string statusLine() const = 0;
   virtual void stop() = 0;
 };
 

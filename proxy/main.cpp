@@ -156,8 +156,20 @@ int main(int argc, char** argv) try {
   sd_notify(0, "READY=1\nSTATUS=serving");
 #endif
   int sig = 0;
+  std::string status = "serving";
   for (;;) {
-    sigwait(&signals, &sig);
+    // Every 5 s without a signal, `systemctl status` gets what is served now.
+    const timespec every{5, 0};
+    sig = sigtimedwait(&signals, nullptr, &every);
+    if (sig < 0) {
+#ifdef FRAMELINK_HAVE_SYSTEMD
+      if (std::string now = daemon.value()->statusLine(); now != status) {
+        status = std::move(now);
+        sd_notify(0, ("STATUS=" + status).c_str());
+      }
+#endif
+      continue;
+    }
     if (sig == SIGHUP) {
       spdlog::info("SIGHUP: configuration reload is not supported; restart the service to apply changes");
       continue;

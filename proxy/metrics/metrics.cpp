@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <ostream>
@@ -505,6 +506,24 @@ std::string Metrics::prometheus() const {
   writeLatencyHistogram(out, latency_, latency_sum_us_.load(std::memory_order_relaxed));
   writeBuildInfo(out, start_time_s_);
   return out.str();
+}
+
+std::string Metrics::summary() const {
+  Gauges g;
+  {
+    MutexLock lock(detail_mutex_);
+    g = gauges_;
+  }
+  const auto count = [](uint64_t n, const char* one, const char* many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  const auto up = static_cast<uint64_t>(
+      std::count_if(g.links.begin(), g.links.end(), [](const LinkGauge& l) { return !l.transport.empty(); }));
+  return "serving: " + count(g.producers.clients, "producer", "producers") + " and " +
+         count(g.consumers.clients, "consumer", "consumers") + " attached; links up to " +
+         std::to_string(up) + " of " + count(g.links.size(), "peer", "peers") + "; " +
+         std::to_string(counters.frames_delivered.load(std::memory_order_relaxed)) + " frames delivered, " +
+         std::to_string(counters.frames_failed.load(std::memory_order_relaxed)) + " failed";
 }
 
 std::string Metrics::json() const {

@@ -251,6 +251,21 @@ else
   fail frames "send exited $src, recv exited $rrc" "$work/send1.log" "$work/recv1.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 
+# ---- 5a. systemctl status says what the daemon serves: it sends STATUS= every 5 s while it changes
+status_text=""
+for _ in $(seq 1 30); do
+  status_text=$(systemctl show -p StatusText --value framelinkd)
+  [[ "$status_text" =~ ([0-9]+)\ frames\ delivered ]] && ((BASH_REMATCH[1] >= 200)) && break
+  sleep 0.5
+done
+if [[ "$status_text" =~ ([0-9]+)\ frames\ delivered ]] && ((BASH_REMATCH[1] >= 200)) &&
+  [[ "$status_text" == "serving: "*" attached; links up to 1 of 1 peer;"* ]]; then
+  pass status "systemctl status framelinkd, after the 200 frames: \"$status_text\""
+else
+  fail status "framelinkd's StatusText after 200 frames: \"$status_text\" (expected its link to second up and at least 200 frames delivered)" \
+    "$(journal framelinkd)"
+fi
+
 # ---- 5b. the journal's fields select the lines about one peer, one stream and one client: the
 # link to 'second' and the producer of svc-a above
 journalctl -u framelinkd FL_PEER=second --no-pager -o cat >"$work/journal-peer.log" 2>&1

@@ -103,3 +103,22 @@ TEST_CASE("healthz: healthy while the agent publishes its state, and says how lo
   m.setDetail("{}");  // the agent again
   CHECK(m.health().ok);
 }
+
+TEST_CASE("the status line counts clients by role, links up of the peers, frames delivered and failed",
+          "[metrics]") {
+  Metrics m;
+  CHECK(m.summary() ==
+        "serving: 0 producers and 0 consumers attached; links up to 0 of 0 peers; 0 frames "
+        "delivered, 0 failed");
+  Metrics::Gauges g;
+  g.producers.clients = 1;
+  g.consumers.clients = 2;
+  g.links.push_back({"hostB", "rdma"});
+  g.links.push_back({"hostC", ""});  // configured, down
+  m.setGauges(g);
+  m.counters.frames_delivered = 1200;
+  m.counters.frames_failed = 3;
+  CHECK(m.summary() ==
+        "serving: 1 producer and 2 consumers attached; links up to 1 of 2 peers; 1200 frames "
+        "delivered, 3 failed");
+}
