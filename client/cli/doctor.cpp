@@ -38,6 +38,15 @@ std::string formatCheck(const Check& check) {
   return line;
 }
 
+Json checksJson(const std::vector<Check>& checks) {
+  Json out = Json::array();
+  for (const auto& c : checks) {
+    const char* verdict = c.verdict == Verdict::kOk ? "ok" : c.verdict == Verdict::kWarn ? "warn" : "fail";
+    out.push_back({{"verdict", verdict}, {"name", c.name}, {"what", c.what}, {"fix", c.fix}});
+  }
+  return out;
+}
+
 int doctorExitCode(const std::vector<Check>& checks) {
   for (const auto& c : checks) {
     if (c.verdict == Verdict::kFail) return 1;
@@ -119,6 +128,7 @@ struct DoctorOptions {
   std::string socket;
   std::string config = kDefaultConfig;
   int peer_timeout_ms = 1000;
+  bool json = false;
 };
 
 std::string readText(const std::string& path) {
@@ -569,7 +579,11 @@ int runDoctor(const DoctorOptions& o) {
   for (auto& c : checkRdma(transports)) checks.push_back(std::move(c));
   for (auto& c : checkPeers(snapshot, file, o.peer_timeout_ms)) checks.push_back(std::move(c));
   checks.push_back(checkClock());
-  for (const auto& c : checks) std::printf("%s\n", formatCheck(c).c_str());
+  if (o.json) {
+    std::printf("%s\n", checksJson(checks).dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+  } else {
+    for (const auto& c : checks) std::printf("%s\n", formatCheck(c).c_str());
+  }
   std::fflush(stdout);
   return doctorExitCode(checks);
 }
@@ -588,6 +602,9 @@ void addDoctorCommand(CLI::App& app, int& exit_code) {
                   "(default /etc/framelink/framelinkd.toml)");
   cmd->add_option("--peer-timeout-ms", o->peer_timeout_ms, "TCP connect timeout per peer (default 1000)")
       ->check(CLI::Range(1, 60000));
+  cmd->add_flag("--json", o->json,
+                "print the checks as a JSON array of {verdict: ok|warn|fail, name, what, fix}, for scripts "
+                "(the exit status is the same)");
   cmd->callback([o, &exit_code] { exit_code = runDoctor(*o); });
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace framelink::cli {
 
 enum class Verdict { kOk, kWarn, kFail };
@@ -23,6 +25,8 @@ struct Check {
 
 // "OK   memlock   unlimited" / "FAIL daemon    ... -- fix: ...": one line.
 std::string formatCheck(const Check& check);
+// [{"verdict": "ok"|"warn"|"fail", "name", "what", "fix"}, ...]: doctor --json.
+nlohmann::json checksJson(const std::vector<Check>& checks);
 // 1 when any check FAILed, else 0.
 int doctorExitCode(const std::vector<Check>& checks);
 

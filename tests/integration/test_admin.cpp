@@ -315,6 +315,23 @@ TEST_CASE("admin: doctor against a running daemon and against none", "[admin]") 
   CHECK(up.output.find("OK   peer       " + pair.b().id() + " at " + pair.b().grpcAddress() +
                        " accepts TCP connections") != std::string::npos);
   CHECK(up.output.find("link up over tcp") != std::string::npos);
+  // The same checks as JSON, for scripts: one object per line above, the same exit status.
+  CliRun up_json =
+      runCli("doctor-json", {"doctor", "--json", "--socket", pair.a().socketPath(), "--config", no_config});
+  INFO("doctor --json:\n" << up_json.output);
+  CHECK(up_json.code == up.code);
+  const Json checks = Json::parse(up_json.output, nullptr, false);
+  REQUIRE(checks.is_array());
+  CHECK(checks.size() == up_lines.size());
+  for (const auto& c : checks) {
+    const std::string verdict = c.value("verdict", "");
+    CHECK((verdict == "ok" || verdict == "warn" || verdict == "fail"));
+    CHECK_FALSE(c.value("name", "").empty());
+    CHECK_FALSE(c.value("what", "").empty());
+    if (verdict != "ok") CHECK_FALSE(c.value("fix", "").empty());
+  }
+  CHECK(checks[0].value("name", "") == "daemon");
+  CHECK(checks[0].value("verdict", "") == "ok");
 
   // No daemon: the checks that need it FAIL and say so; the peers come from
   // the configuration file, one reachable (B) and one not (a port nobody
