@@ -142,16 +142,10 @@ class TomlReader {
     for (auto&& [key, value] : *table) {
       const std::string full = name + "." + std::string(key.str());
       const Option* option = config::findOption(name, key.str());
-      if (option == nullptr) return unknown(full, value, didYouMean(name, key.str()));
+      if (option == nullptr) return unknownKey(full, at(value), didYouMean(name, key.str()));
       if (auto st = config::setFromToml(*option, value, origin(full, value), config); !st) return st;
     }
     return {};
-  }
-
-  Status unknown(const std::string& key, const toml::node& node, const std::string& suggestion) const {
-    return invalid("unknown key '" + key + "' " + at(node) + suggestion +
-                   (suggestion.empty() ? "; the" : " The") +
-                   " README section \"Configuration\" lists every key");
   }
 
   std::string file_;

@@ -81,9 +81,7 @@ class PeerTable {
         break;
       }
     }
-    return invalidSetting("unknown key '" + key + "' " + at(value) + guess +
-                          (guess.empty() ? "; the" : " The") +
-                          " README section \"Configuration\" lists every key");
+    return unknownKey(key, at(value), guess);
   }
 
   Status streams(const std::string& key, const toml::node& value) {

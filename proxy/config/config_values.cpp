@@ -17,6 +17,11 @@ namespace framelink {
 
 Error invalidSetting(std::string message) { return makeError(FL_EINVAL, std::move(message)); }
 
+Error unknownKey(const std::string& key, const std::string& where, const std::string& guess) {
+  return invalidSetting("unknown key '" + key + "' " + where + guess + (guess.empty() ? "; the" : " The") +
+                        " README section \"Configuration\" lists every key");
+}
+
 namespace {
 
 std::string quoted(const std::string& text) { return "'" + text + "'"; }

@@ -15,6 +15,9 @@
 namespace framelink {
 
 Error invalidSetting(std::string message);
+// "unknown key 'daemon.sokcet' (line 2 of f.toml); did you mean 'daemon.socket'? The README ...":
+// `where` says where it was written, `guess` is "; did you mean ...?" or "".
+Error unknownKey(const std::string& key, const std::string& where, const std::string& guess);
 
 // A decimal number within [min, max].
 Result<uint64_t> parseNumber(const std::string& text, const std::string& label, uint64_t min, uint64_t max);

@@ -139,12 +139,12 @@ class Metrics {
     std::string text;
   };
   Health health() const;
+  void setHealthWindow(uint64_t window_ns) noexcept { health_window_ns_ = window_ns; }
 
   // One line for `systemctl status` (sd_notify STATUS=): "serving: 1 producer
   // and 2 consumers attached; links up to 1 of 2 peers; 1200 frames delivered,
   // 3 failed".
   std::string summary() const;
-  void setHealthWindow(uint64_t window_ns) noexcept { health_window_ns_ = window_ns; }
 
   // Starts the HTTP endpoint ("host:port"; port 0 = ephemeral).
   Status serve(const std::string& listen);
