@@ -154,10 +154,23 @@ void NameTable::release(NameKey key) {
 PeerId PeerTable::resolve(const std::string& name) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;
-  const PeerId id = static_cast<PeerId>(peers_.size());
-  peers_.push_back(PeerEntry{name, 0});
+  PeerId id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<PeerId>(peers_.size());
+    peers_.emplace_back();
+  }
+  peers_[id] = PeerEntry{name};
   by_name_.emplace(name, id);
   return id;
+}
+
+void PeerTable::forget(PeerId id) {
+  if (id >= peers_.size() || by_name_.erase(peers_[id].name) == 0) return;
+  peers_[id] = PeerEntry{};
+  free_.push_back(id);
 }
 
 }  // namespace framelink

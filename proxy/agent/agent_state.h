@@ -49,8 +49,10 @@ class NameTable {
 };
 
 // Peers by name, each given an id the first time it is named (a configured
-// route, or the peer of a link).  Never shrinks: peers are configured or
-// authenticated daemons.
+// route, or the peer of a link).  A peer nothing refers to any more is
+// forgotten (DataAgent::forgetIdlePeers) and its id given to the next new
+// name: a holder of a shared token presenting daemon id after daemon id must
+// not grow the table, or the rounds that walk it, for ever.
 struct PeerEntry {
   std::string name;
   uint64_t link_id = 0;      // its current link; 0 while none is up
@@ -59,12 +61,17 @@ struct PeerEntry {
 class PeerTable {
  public:
   PeerId resolve(const std::string& name);
+  // `id` names no peer any more; resolve() may give it to another name.
+  void forget(PeerId id);
   PeerEntry& operator[](PeerId id) { return peers_[id]; }
   const PeerEntry& operator[](PeerId id) const { return peers_[id]; }
-  size_t size() const { return peers_.size(); }
+  // The peers known now, each with its id.
+  const std::unordered_map<std::string, PeerId>& byName() const { return by_name_; }
+  size_t size() const { return by_name_.size(); }
 
  private:
   std::vector<PeerEntry> peers_;
+  std::vector<PeerId> free_;
   std::unordered_map<std::string, PeerId> by_name_;
 };
 

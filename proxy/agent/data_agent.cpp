@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <map>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -191,6 +192,7 @@ size_t DataAgent::doWork() {
     }
   }
   if (now >= next_stats_ns_) {
+    forgetIdlePeers();
     publishStats();
     next_stats_ns_ = now + kStatsNs;
   }
@@ -360,6 +362,25 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
                l.transport_reason.empty() ? "" : " (" + l.transport_reason + ")");
   inbound_.onLinkUp(l);
   outbound_.onLinkUp(l);
+}
+
+size_t DataAgent::forgetIdlePeers() {
+  std::unordered_set<PeerId> linked;  // a link being replaced or closed still names its peer
+  for (const auto& [link_id, l] : links_) linked.insert(l.peer);
+  std::vector<PeerId> idle;
+  for (const auto& [name, id] : peers_.byName()) {
+    if (linked.count(id) != 0 || outbound_.sendsTo(id) || inbound_.remembers(id)) continue;
+    const bool configured = std::any_of(config_.peers.begin(), config_.peers.end(),
+                                        [&name = name](const PeerConfig& p) { return p.name == name; });
+    if (!configured) idle.push_back(id);
+  }
+  for (const PeerId id : idle) {
+    spdlog::debug("peer {} forgotten: no link, stream or replay state refers to it", peers_[id].name);
+    outbound_.forgetPeer(id);
+    peers_.forget(id);
+  }
+  metrics_.counters.peers_forgotten.fetch_add(idle.size(), std::memory_order_relaxed);
+  return idle.size();
 }
 
 void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {

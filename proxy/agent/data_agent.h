@@ -148,6 +148,9 @@ class DataAgent {
   // Ends the Sessions whose peer did not read the Fin they were closed with
   // in time (AgentLink::cut_at_ns).
   void cutOverdueSessions(uint64_t now_ns);
+  // Forgets the peers nothing refers to: not configured, no link, no stream
+  // to them, nothing kept to answer their replays.  Returns how many.
+  size_t forgetIdlePeers();
 
   const Config& config_;
   Metrics& metrics_;

@@ -626,6 +626,11 @@ void InboundStreams::answerAgain(AgentLink& to) {
   }
 }
 
+bool InboundStreams::remembers(PeerId peer) const {
+  auto first = in_state_ids_.lower_bound(InStateKey{peer, 0, 0});
+  return first != in_state_ids_.end() && std::get<0>(first->first) == peer;
+}
+
 AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) { return links_.usableTo(peer, instance); }
 
 AgentLink* InboundStreams::answerLink(uint64_t came_on, PeerId peer, uint64_t instance) {

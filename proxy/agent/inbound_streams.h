@@ -105,6 +105,8 @@ class InboundStreams {
   // A read of an offer ended: the frame arrived (and is checked and
   // delivered as any), or it is refused for the sender to offer again.
   void onReadComplete(AgentLink& link, const transport::TransportEvent& event);
+  // Whether anything is kept to answer `peer`'s replays (an InState of it).
+  bool remembers(PeerId peer) const;
   // Reads posted and not completed, on every link.
   size_t readsInFlight() const { return reads_posted_; }
   // The most reads one link had in flight at once.

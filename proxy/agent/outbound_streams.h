@@ -87,6 +87,13 @@ class OutboundStreams {
     size_t pulled = 0;  // streams the peer pulls on its current link
   };
   PeerTraffic traffic(PeerId peer) const;
+  // Whether a stream to `peer` is open here (a producer routed to it, or
+  // frames of one that left still to settle).
+  bool sendsTo(PeerId peer) const { return peer < out_.size() && !out_[peer].streams.empty(); }
+  // `peer` is forgotten (PeerTable::forget): what was counted for it goes.
+  void forgetPeer(PeerId peer) {
+    if (peer < out_.size()) out_[peer] = PeerOut{};
+  }
 
  private:
   // Which of a producer's routes a frame is on: 0 is AgentClient::route (its

@@ -201,6 +201,10 @@ constexpr CounterInfo kLinkCounters[] = {
      "What was kept to answer a sender stream's replays, forgotten: open on no link and unused for a few "
      "ack timeouts, or the oldest such to make room for a new stream of a peer at its cap.",
      &Metrics::Counters::sender_streams_forgotten},
+    {"peers_forgotten",
+     "Peer daemon ids forgotten: not configured, no link to them, no stream and nothing kept to answer "
+     "their replays (their dedup state goes a few ack timeouts after their last link).",
+     &Metrics::Counters::peers_forgotten},
     {"peer_problems_forgotten",
      "Peers whose last problem was forgotten to keep another's: the oldest goes once 1024 peers have one.",
      &Metrics::Counters::peer_problems_forgotten},

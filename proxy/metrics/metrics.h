@@ -59,6 +59,8 @@ class Metrics {
     std::atomic<uint64_t> answer_gaps_forgotten{0};
     // what was remembered of a sender stream, forgotten: unused for long, or to make room
     std::atomic<uint64_t> sender_streams_forgotten{0};
+    // peer ids no link, stream or replay state refers to any more, forgotten (not configured ones)
+    std::atomic<uint64_t> peers_forgotten{0};
     // peers whose last problem made room for another peer's (PeerProblems::kMaxPeers)
     std::atomic<uint64_t> peer_problems_forgotten{0};
     std::atomic<uint64_t> frames_resent_crc{0};     // sent again after the peer found the CRC32C wrong

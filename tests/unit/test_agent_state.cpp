@@ -49,6 +49,30 @@ TEST_CASE("peers keep the id they were first given", "[agent_state]") {
   CHECK(peers.size() == 2);
 }
 
+TEST_CASE("a forgotten peer's id goes to the next new name, and its old name is a new peer",
+          "[agent_state]") {
+  PeerTable peers;
+  const PeerId a = peers.resolve("host-a");
+  const PeerId b = peers.resolve("host-b");
+  peers[a].link_id = 7;
+  peers[a].ever_linked = true;
+  peers.forget(a);
+  CHECK(peers.size() == 1);
+  CHECK(peers.byName().count("host-a") == 0);
+  peers.forget(a);  // twice: nothing more
+  CHECK(peers.size() == 1);
+  const PeerId c = peers.resolve("host-c");
+  CHECK(c == a);  // the table does not grow while ids come and go
+  CHECK(peers[c].name == "host-c");
+  CHECK(peers[c].link_id == 0);
+  CHECK_FALSE(peers[c].ever_linked);
+  const PeerId again = peers.resolve("host-a");
+  CHECK(again != a);
+  CHECK(again != b);
+  CHECK(peers.resolve("host-b") == b);
+  CHECK(peers.size() == 3);
+}
+
 namespace {
 
 // A link's transport that only takes control records: it keeps each one,

@@ -164,6 +164,68 @@ TEST_CASE("a peer that sends junk frames and reads nothing loses its link with a
   CHECK(refused_records->load() > 0);
 }
 
+TEST_CASE("peer ids that linked and went are forgotten once nothing refers to them", "[agent][security]") {
+  // A holder of a shared token may present a new daemon id on every link:
+  // each would otherwise stay in the peer table, walked every round, for the
+  // daemon's life.
+  Config config;
+  config.id = "local";
+  config.peers.push_back(PeerConfig{"configured", "127.0.0.1:1", {}});
+  config.idle_spin_us = 0;
+  config.ack_timeout_ms = 1000;  // replay state is kept for four of them after the last link
+  Metrics metrics;
+  ManualClock clock;
+  DataAgent agent(config, metrics, clock);
+  std::vector<TcpPair> pairs;
+  auto linkUp = [&](uint64_t link_id, const std::string& peer) {
+    TcpPair& p = pairs.emplace_back(makeTcpPair());
+    CmdLinkUp up;
+    up.link_id = link_id;
+    up.identity.peer_name = peer;
+    up.identity.transport_name = "tcp";
+    up.transport = std::shared_ptr<transport::Transport>(std::move(p.a));
+    auto writer = std::make_shared<SessionWriter>([](const v1::PeerMessage&, bool) { return true; },
+                                                  SessionWriter::Inline{});
+    up.session = PeerSession{writer, [] {}};
+    agent.post(std::move(up));
+  };
+  auto forgotten = [&] { return metrics.counters.peers_forgotten.load(); };
+  auto afterMs = [&](uint64_t ms) {
+    clock.advanceMs(ms);
+    REQUIRE(agent.runUntilIdle(50));
+  };
+  constexpr uint64_t kStrangers = 40;
+  for (uint64_t i = 0; i < kStrangers; ++i) linkUp(i + 1, "stranger-" + std::to_string(i));
+  // One of them opens a stream: what answers its replays outlives the link.
+  constexpr uint64_t kKeeper = 100;
+  linkUp(kKeeper, "keeper");
+  v1::PeerMessage open;
+  open.mutable_stream_open()->set_stream_id(1);
+  open.mutable_stream_open()->set_name("cam");
+  agent.post(CmdPeerMessage{kKeeper, std::make_shared<v1::PeerMessage>(open)});
+  afterMs(600);
+  CHECK(forgotten() == 0);  // every one is linked
+
+  for (uint64_t i = 0; i < kStrangers; ++i) agent.post(CmdLinkDown{i + 1, "gone"});
+  agent.post(CmdLinkDown{kKeeper, "gone"});
+  afterMs(600);
+  CHECK(forgotten() == kStrangers);  // the configured peer and the keeper stay
+  afterMs(600);
+  CHECK(forgotten() == kStrangers);  // nothing is forgotten twice
+  afterMs(4000);
+  CHECK(forgotten() == kStrangers + 1);  // the keeper's stream state went unused, and the keeper with it
+
+  // A forgotten id that links again is a new peer like any: its stream opens
+  // and it stays while linked.
+  linkUp(200, "stranger-0");
+  linkUp(201, "keeper");
+  agent.post(CmdPeerMessage{201, std::make_shared<v1::PeerMessage>(open)});
+  afterMs(600);
+  afterMs(5000);
+  CHECK(forgotten() == kStrangers + 1);
+  CHECK(metrics.counters.links_up.load() == 2);
+}
+
 TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]") {
   AgentFixture f;
   TestClient bad = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
