@@ -313,14 +313,35 @@ class _Client:
         _check(lib.fl_check_daemon(self._handle()), "framelinkd")
 
     def close(self) -> None:
+        """Detach.  Tasks waiting in an *_async call wake and raise ValueError (closed); the event loop stops
+        watching the doorbell fd before it is closed."""
         h, self._h = self._h, None
-        if h is not None:
-            lib.fl_detach(h)
+        if h is None:
+            return
+        loop = self._reader_loop
+        if loop is not None:
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                loop.remove_reader(self._fd)
+                self._reader_loop = None
+                self._ring()
+            else:  # another thread: the waiters find the client closed when the loop runs them
+                loop.call_soon_threadsafe(self._ring)
+        lib.fl_detach(h)
 
     def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self: _Self) -> _Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

@@ -233,6 +233,25 @@ def test_asyncio_round_trip_and_cancellation(pair, stream):
     asyncio.run(main())
 
 
+def test_async_with_closes_and_wakes_the_tasks_waiting_on_the_client(pair, stream):
+    async def main():
+        async with Consumer(stream, socket_path=pair.b.socket, slot_count=2, slot_size=SIZE) as c:
+            waiting = [asyncio.ensure_future(c.receive_async()) for _ in range(2)]
+            await asyncio.sleep(0.1)
+            assert not any(w.done() for w in waiting) and c._reader_loop is not None
+        # Leaving the block detached the consumer: its waiters are told so at once, and the loop no
+        # longer watches the closed doorbell fd (whose number the next open may reuse).
+        for w in waiting:
+            with pytest.raises(ValueError, match="closed"):
+                await asyncio.wait_for(w, 3)
+        assert c._reader_loop is None and not c._waiters
+        with pytest.raises(ValueError, match="closed"):
+            c.fileno()
+        c.close()  # a second close does nothing
+
+    asyncio.run(main())
+
+
 def test_crc32c_known_value():
     assert framelink.crc32c(b"123456789") == 0xE3069283
 
