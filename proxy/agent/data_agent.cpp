@@ -37,7 +37,7 @@ constexpr uint64_t kTagLink = 2ULL << 56;
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 // How long a peer has to read the Fin of a link closed for a protocol error.
 constexpr uint64_t kFinGraceNs = 1'000'000'000;
-constexpr uint64_t kStatsNs = 500'000'000;  // 0.5 s
+constexpr uint64_t kStatsNs = Metrics::kPublishPeriodNs;
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
 

@@ -92,8 +92,8 @@ Metrics::Health Metrics::health() const {
   const uint64_t window_ms = health_window_ns_.load() / 1'000'000;
   if (age_ms > window_ms) {
     return {false, "unhealthy: the data agent last published its state " + std::to_string(age_ms) +
-                       " ms ago (it does every 500 ms; more than " + std::to_string(window_ms) +
-                       " ms means its loop is stuck)\n"};
+                       " ms ago (it does every " + std::to_string(kPublishPeriodNs / 1'000'000) +
+                       " ms; more than " + std::to_string(window_ms) + " ms means its loop is stuck)\n"};
   }
   return {true, "ok: the data agent published its state " + std::to_string(age_ms) + " ms ago\n"};
 }

@@ -133,9 +133,11 @@ class Metrics {
   std::string prometheus() const;
   std::string json() const;
 
-  // GET /healthz: healthy while the data agent published its state (it does
-  // every 0.5 s, from its own loop) within the window, 5 s unless a test
-  // sets another; the text says when it last did, for a probe's log.
+  // How often the data agent publishes its state (setGauges, setDetail), from its own loop.
+  static constexpr uint64_t kPublishPeriodNs = 500'000'000;
+  // GET /healthz: healthy while the data agent published its state within
+  // the window, 5 s unless a test sets another; the text says when it last
+  // did, for a probe's log.
   struct Health {
     bool ok = false;
     std::string text;
