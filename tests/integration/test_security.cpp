@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "client_util.h"
 #include "framelink/framelink.h"
@@ -124,5 +125,35 @@ TEST_CASE("security: the daemon warns at start when its token file is open to ot
     DaemonProcess d(o);
     const bool warned = d.log().find("chmod 0600 " + file) != std::string::npos;
     CHECK(warned == (mode != 0600));
+  }
+}
+
+TEST_CASE("security: the daemon warns at start when its peer token would cross the network in clear",
+          "[security]") {
+  struct Case {
+    const char* listen;
+    std::vector<std::string> peers;
+    const char* expect;  // in the warning; "": no warning
+  };
+  const Case k = GENERATE(values<Case>({
+      {"0.0.0.0:0", {}, "(link.listen 0.0.0.0:0)"},
+      {"127.0.0.1:0", {"far=192.0.2.7:7700"}, "(peer far at 192.0.2.7:7700)"},
+      {"127.0.0.1:0", {"near=127.0.0.1:9"}, ""},
+  }));
+  INFO("listen " << k.listen << (k.peers.empty() ? "" : ", peer " + k.peers[0]));
+  DaemonProcess::Options o;
+  o.id = "clear";
+  o.token = "a-secret";
+  o.listen = k.listen;
+  o.peers = k.peers;
+  DaemonProcess d(o);
+  const std::string log = d.log();
+  const size_t warning = log.find("the peer token crosses the network in clear");
+  if (*k.expect == '\0') {
+    CHECK(warning == std::string::npos);
+  } else {
+    REQUIRE(warning != std::string::npos);
+    CHECK(log.find(k.expect, warning) != std::string::npos);
+    CHECK(log.find("Turn on mutual TLS", warning) != std::string::npos);
   }
 }
