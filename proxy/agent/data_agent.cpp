@@ -273,15 +273,19 @@ size_t DataAgent::drainCommands() {
               return;
             }
             onPeerMessage(*l, *cmd.message);
-          } else if constexpr (std::is_same_v<T, CmdLinkRtt>) {
-            if (AgentLink* l = links_.find(cmd.link_id)) l->rtt_ns = cmd.rtt_ns;
-          } else if constexpr (std::is_same_v<T, CmdLinkDataSeen>) {
-            if (AgentLink* l = links_.find(cmd.link_id)) {
+          } else if constexpr (std::is_same_v<T, CmdLinkKeepalive>) {
+            const KeepaliveNews::Said said = cmd.news->take();
+            AgentLink* l = links_.find(cmd.link_id);
+            if (l == nullptr) return;
+            if (said.rtt_ns != 0) l->rtt_ns = said.rtt_ns;
+            if (said.has_data) {
               // Any progress restarts the wait: a slow path that still
               // delivers (one large frame takes long) is no stalled one.
-              if (!l->peer_counts_data || cmd.units != l->peer_data_received) l->unconfirmed_since_ns = 0;
+              if (!l->peer_counts_data || said.data_received != l->peer_data_received) {
+                l->unconfirmed_since_ns = 0;
+              }
               l->peer_counts_data = true;
-              l->peer_data_received = cmd.units;
+              l->peer_data_received = said.data_received;
             }
           } else if constexpr (std::is_same_v<T, CmdStop>) {
             running_ = false;

@@ -48,16 +48,49 @@ struct CmdLinkUp {
   std::shared_ptr<transport::Transport> transport;
   PeerSession session;
 };
-// A keepalive came back: the link's round trip, for framelink links.
-struct CmdLinkRtt {
-  uint64_t link_id = 0;
-  uint64_t rtt_ns = 0;
+// What a link's keepalives said last, from its Session's reader to the
+// agent: the round trip (a keepalive of ours came back) and what the peer
+// took off the data transport so far (Keepalive.data_received).  The reader
+// overwrites it and posts a CmdLinkKeepalive only while none waits, so a
+// peer that floods keepalives queues one command, not one per keepalive.
+class KeepaliveNews {
+ public:
+  // The reader's side: each returns whether to post a CmdLinkKeepalive.
+  bool rtt(uint64_t ns) {
+    rtt_ns_.store(ns);
+    return !waiting_.exchange(true);
+  }
+  bool dataReceived(uint64_t units) {
+    data_received_.store(units);
+    has_data_.store(true);
+    return !waiting_.exchange(true);
+  }
+  // The agent's side, for each CmdLinkKeepalive: what was said since the
+  // last take (rtt_ns 0, has_data false: nothing of that kind).  What the
+  // reader says from now on comes with a command of its own.
+  struct Said {
+    uint64_t rtt_ns = 0;
+    bool has_data = false;
+    uint64_t data_received = 0;
+  };
+  Said take() {
+    waiting_.store(false);
+    Said said;
+    said.rtt_ns = rtt_ns_.exchange(0);
+    said.has_data = has_data_.exchange(false);
+    said.data_received = data_received_.load();
+    return said;
+  }
+
+ private:
+  std::atomic<uint64_t> rtt_ns_{0};
+  std::atomic<uint64_t> data_received_{0};
+  std::atomic<bool> has_data_{false};
+  std::atomic<bool> waiting_{false};  // a CmdLinkKeepalive is posted and not yet taken
 };
-// A keepalive said what the peer took off the link's data transport so far
-// (Keepalive.data_received).
-struct CmdLinkDataSeen {
+struct CmdLinkKeepalive {
   uint64_t link_id = 0;
-  uint64_t units = 0;
+  std::shared_ptr<KeepaliveNews> news;
 };
 struct CmdLinkDown {
   uint64_t link_id = 0;
@@ -65,7 +98,8 @@ struct CmdLinkDown {
 };
 // What one Session's reader handed the agent that the agent has not taken
 // yet.  The reader ends a Session whose peer sends faster than the agent
-// takes it (kMaxSessionBacklog*): the queue between them stays bounded.
+// takes it (kMaxMessages, kMaxBytes): the queue between them stays bounded.
+// Keepalives do not count here: they are KeepaliveNews, one command at most.
 struct SessionBacklog {
   static constexpr uint64_t kMaxMessages = 1024;
   static constexpr uint64_t kMaxBytes = uint64_t{4} * 1024 * 1024;
@@ -85,7 +119,7 @@ struct CmdPeerMessage {
 struct CmdStop {};
 
 using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
-                                  CmdLinkRtt, CmdLinkDataSeen, CmdStop>;
+                                  CmdLinkKeepalive, CmdStop>;
 
 class DataAgent {
  public:

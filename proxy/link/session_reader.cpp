@@ -49,6 +49,7 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
   up.session = PeerSession{writer, [guard] { guard->fire(); }};
   agent.post(std::move(up));
   auto backlog = std::make_shared<SessionBacklog>();
+  auto news = std::make_shared<KeepaliveNews>();
   std::string why;  // why this side ended the call, if it did
   auto msg = std::make_shared<v1::PeerMessage>();
   while (stream->Read(msg.get())) {
@@ -62,7 +63,9 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
         timespec ts{};
         ::clock_gettime(CLOCK_REALTIME, &ts);
         const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
-        if (now > keepalive.echo_ns()) agent.post(CmdLinkRtt{link_id, now - keepalive.echo_ns()});
+        if (now > keepalive.echo_ns() && news->rtt(now - keepalive.echo_ns())) {
+          agent.post(CmdLinkKeepalive{link_id, news});
+        }
       } else if (keepalive.timestamp_ns() != 0) {
         // One echo waits at most (SessionWriter::send): a peer that floods
         // keepalives and reads nothing does not grow the queue.
@@ -72,7 +75,9 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
       }
       // What the peer took off the data transport (its keepalives and its
       // echoes say): the agent's check that the data path still delivers.
-      if (keepalive.has_data_received()) agent.post(CmdLinkDataSeen{link_id, keepalive.data_received()});
+      if (keepalive.has_data_received() && news->dataReceived(keepalive.data_received())) {
+        agent.post(CmdLinkKeepalive{link_id, news});
+      }
       continue;
     }
     const uint64_t bytes = msg->ByteSizeLong();

@@ -226,6 +226,48 @@ TEST_CASE("peer ids that linked and went are forgotten once nothing refers to th
   CHECK(metrics.counters.links_up.load() == 2);
 }
 
+TEST_CASE("keepalives flooding in while the agent takes none queue one command, with the newest news",
+          "[agent][security]") {
+  KeepaliveNews news;
+  size_t posts = 0;
+  for (uint64_t i = 1; i <= 10000; ++i) {
+    posts += news.rtt(i * 1000) ? 1 : 0;
+    posts += news.dataReceived(i) ? 1 : 0;
+  }
+  CHECK(posts == 1);
+  KeepaliveNews::Said said = news.take();
+  CHECK(said.rtt_ns == 10000 * 1000);
+  CHECK(said.has_data);
+  CHECK(said.data_received == 10000);
+  // Taken: nothing new until the reader says more, and then one command again.
+  said = news.take();
+  CHECK(said.rtt_ns == 0);
+  CHECK_FALSE(said.has_data);
+  CHECK(news.dataReceived(10001));
+  CHECK_FALSE(news.rtt(7));
+  said = news.take();
+  CHECK(said.has_data);
+  CHECK(said.data_received == 10001);
+  CHECK(said.rtt_ns == 7);
+}
+
+TEST_CASE("the agent takes a link's round trip from its keepalive news", "[agent]") {
+  AgentFixture f;
+  f.linkUp();
+  auto news = std::make_shared<KeepaliveNews>();
+  REQUIRE(news->rtt(2'500'000));
+  f.agent->post(CmdLinkKeepalive{1, news});
+  f.agent->post(CmdLinkKeepalive{99, news});  // a link that is gone: ignored
+  const std::string sample = "framelink_link_rtt_seconds{peer=\"remote\"} 0.0025";
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    f.clock.advanceMs(100);
+    std::this_thread::sleep_for(10ms);
+    seen = f.metrics.prometheus().find(sample) != std::string::npos;
+  }
+  CHECK(seen);
+}
+
 TEST_CASE("a corrupt submit ring detaches only that client", "[agent][corrupt]") {
   AgentFixture f;
   TestClient bad = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
