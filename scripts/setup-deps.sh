@@ -30,6 +30,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # daemon libraries
   libnuma-dev libspdlog-dev libcli11-dev libtomlplusplus-dev libcpp-httplib-dev libsystemd-dev
+  # the daemon's /metrics: Prometheus' text format (prometheus-cpp's TextSerializer)
+  prometheus-cpp-dev
   # the framelink tool: parsing the daemon's admin snapshots (JSON)
   nlohmann-json3-dev
   # `framelink bench` and tests/softroce/bench.sh: UCX's ucx_perftest (tag_bw / tag_lat), the UCX

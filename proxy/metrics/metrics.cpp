@@ -1,11 +1,13 @@
 #include "metrics/metrics.h"
 
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <sstream>
@@ -288,64 +290,65 @@ uint64_t load(const Metrics::Counters& counters, Counter counter) {
   return (counters.*counter).load(std::memory_order_relaxed);
 }
 
-// A label value as the text format wants it: backslash, quote and newline
-// escaped (peer names on the listening side come from the peer's Hello).
-std::string labelValue(const std::string& in) {
-  std::string out;
-  for (char ch : in) {
-    if (ch == '\\' || ch == '"') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out;
+// ---- the Prometheus text format: families for prometheus-cpp's TextSerializer ----
+
+using Families = std::vector<prometheus::MetricFamily>;
+using Labels = std::vector<prometheus::ClientMetric::Label>;
+
+prometheus::MetricFamily& family(Families& out, std::string_view name, std::string_view help,
+                                 prometheus::MetricType type) {
+  out.push_back(prometheus::MetricFamily{"framelink_" + std::string(name), std::string(help), type, {}});
+  return out.back();
 }
 
-// ---- the Prometheus text format ----
-
-void family(std::ostream& out, std::string_view name, std::string_view help, std::string_view type) {
-  out << "# HELP framelink_" << name << ' ' << help << "\n# TYPE framelink_" << name << ' ' << type << '\n';
+// One sample of a counter or gauge family.
+void sample(prometheus::MetricFamily& f, double value, Labels labels = {}) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f.metric.push_back(std::move(m));
 }
 
 // A family of one sample without labels.
-void plainFamily(std::ostream& out, std::string_view name, std::string_view help, std::string_view type,
-                 uint64_t value) {
-  family(out, name, help, type);
-  out << "framelink_" << name << ' ' << value << '\n';
+void plainFamily(Families& out, std::string_view name, std::string_view help, prometheus::MetricType type,
+                 double value) {
+  sample(family(out, name, help, type), value);
 }
 
-void writeCounterGroup(std::ostream& out, std::span<const CounterInfo> group,
-                       const Metrics::Counters& counters) {
+void addCounterGroup(Families& out, std::span<const CounterInfo> group, const Metrics::Counters& counters) {
   for (const auto& c : group) {
-    // The same count, with a status label, is writeFailuresByStatus's family.
+    // The same count, with a status label, is addFailuresByStatus's family.
     if (c.value == &Metrics::Counters::frames_failed) continue;
-    plainFamily(out, std::string(c.name) + "_total", c.help, "counter", load(counters, c.value));
+    plainFamily(out, std::string(c.name) + "_total", c.help, prometheus::MetricType::Counter,
+                static_cast<double>(load(counters, c.value)));
   }
 }
 
-void writeCounters(std::ostream& out, const Metrics::Counters& counters) {
-  writeCounterGroup(out, kFrameCounters, counters);
-  writeCounterGroup(out, kLinkCounters, counters);
-  writeCounterGroup(out, kSettledCounters, counters);
-  writeCounterGroup(out, kResentCounters, counters);
-  plainFamily(out, kLinksUp.name, kLinksUp.help, "gauge", load(counters, kLinksUp.value));
+void addCounters(Families& out, const Metrics::Counters& counters) {
+  addCounterGroup(out, kFrameCounters, counters);
+  addCounterGroup(out, kLinkCounters, counters);
+  addCounterGroup(out, kSettledCounters, counters);
+  addCounterGroup(out, kResentCounters, counters);
+  plainFamily(out, kLinksUp.name, kLinksUp.help, prometheus::MetricType::Gauge,
+              static_cast<double>(load(counters, kLinksUp.value)));
   for (const auto& h : kHandshakeCounters) {
-    const std::string name = std::string(h.name) + "_total";
-    family(out, name, h.help, "counter");
-    out << "framelink_" << name << "{transport=\"tcp\"} " << load(counters, h.tcp) << '\n'
-        << "framelink_" << name << "{transport=\"rdma\"} " << load(counters, h.rdma) << '\n';
+    auto& f = family(out, std::string(h.name) + "_total", h.help, prometheus::MetricType::Counter);
+    sample(f, static_cast<double>(load(counters, h.tcp)), {{"transport", "tcp"}});
+    sample(f, static_cast<double>(load(counters, h.rdma)), {{"transport", "rdma"}});
   }
-  writeCounterGroup(out, kAdminCounters, counters);
+  addCounterGroup(out, kAdminCounters, counters);
 }
 
-void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t>> rejected) {
-  family(out, "attach_rejected_total", "Attach connections turned away, by reason.", "counter");
+void addAttachRejected(Families& out, std::span<const std::atomic<uint64_t>> rejected) {
+  auto& f = family(out, "attach_rejected_total", "Attach connections turned away, by reason.",
+                   prometheus::MetricType::Counter);
   for (size_t i = 0; i < rejected.size(); ++i) {
-    out << "framelink_attach_rejected_total{reason=\""
-        << Metrics::attachRejectName(static_cast<Metrics::AttachReject>(i)) << "\"} "
-        << rejected[i].load(std::memory_order_relaxed) << '\n';
+    sample(f, static_cast<double>(rejected[i].load(std::memory_order_relaxed)),
+           {{"reason", Metrics::attachRejectName(static_cast<Metrics::AttachReject>(i))}});
   }
 }
 
@@ -353,71 +356,73 @@ void writeAttachRejected(std::ostream& out, std::span<const std::atomic<uint64_t
 // under the status it failed with.  The statuses a frame can fail with (one
 // frame's, 1xx; the transport's, 4xx) are there from the start, at 0, so that
 // rate() sees their first failure; any other status once it happened.
-void writeFailuresByStatus(std::ostream& out, std::span<const std::atomic<uint64_t>> failures) {
-  family(out, "frames_failed_total", "Frames that ended FAILED, by their fl_status.", "counter");
+void addFailuresByStatus(Families& out, std::span<const std::atomic<uint64_t>> failures) {
+  auto& f = family(out, "frames_failed_total", "Frames that ended FAILED, by their fl_status.",
+                   prometheus::MetricType::Counter);
   for (size_t i = 0; i < failures.size(); ++i) {
     const uint64_t v = failures[i].load(std::memory_order_relaxed);
     const int status = static_cast<int>(i);
     const bool frame_status = (status >= 100 && status < 200) || (status >= 400 && status < 500);
-    const std::string label = statusName(status);
+    std::string label = statusName(status);
     if (v == 0 && !(frame_status && label.rfind("FL_ERR_", 0) == 0)) continue;
-    out << "framelink_frames_failed_total{status=\"" << label << "\"} " << v << '\n';
+    sample(f, static_cast<double>(v), {{"status", std::move(label)}});
   }
 }
 
-void writeTransportCounters(std::ostream& out, const transport::TransportCounters& transport) {
+void addTransportCounters(Families& out, const transport::TransportCounters& transport) {
   for (const auto& c : kTransportCounters) {
-    plainFamily(out, std::string("transport_") + c.name + "_total", c.help, "counter", transport.*c.value);
+    plainFamily(out, std::string("transport_") + c.name + "_total", c.help, prometheus::MetricType::Counter,
+                static_cast<double>(transport.*c.value));
   }
 }
 
-template <typename T>
-void peerSample(std::ostream& out, std::string_view name, const std::string& peer, T value) {
-  out << "framelink_" << name << "{peer=\"" << labelValue(peer) << "\"} " << value << '\n';
-}
-
-void writeLinkGauges(std::ostream& out, const std::vector<Metrics::LinkGauge>& links) {
-  family(
+// Peer names on the listening side come from the peer's Hello: the
+// serializer escapes them as label values.
+void addLinkGauges(Families& out, const std::vector<Metrics::LinkGauge>& links) {
+  auto& up = family(
       out, "link_up",
       "One series per peer, configured or linked: 1 while a link to it is up (transport: its transport), 0 "
       "for a configured peer with no link (transport=\"none\"). The count of link sessions is "
       "framelink_links_up.",
-      "gauge");
+      prometheus::MetricType::Gauge);
   for (const auto& l : links) {
-    out << "framelink_link_up{peer=\"" << labelValue(l.peer) << "\",transport=\""
-        << (l.transport.empty() ? "none" : labelValue(l.transport)) << "\"} " << (l.transport.empty() ? 0 : 1)
-        << '\n';
+    sample(up, l.transport.empty() ? 0 : 1,
+           {{"peer", l.peer}, {"transport", l.transport.empty() ? "none" : l.transport}});
   }
-  family(out, "link_rtt_seconds", "Round trip of the link's last echoed keepalive.", "gauge");
+  auto& rtt = family(out, "link_rtt_seconds", "Round trip of the link's last echoed keepalive.",
+                     prometheus::MetricType::Gauge);
   for (const auto& l : links) {
-    if (l.rtt_ns != 0) peerSample(out, "link_rtt_seconds", l.peer, l.rtt_ns / 1e9);
+    if (l.rtt_ns != 0) sample(rtt, static_cast<double>(l.rtt_ns) / 1e9, {{"peer", l.peer}});
   }
-  family(out, "link_frames_in_flight", "Frames posted or sent on the link, not yet acknowledged.", "gauge");
+  auto& in_flight =
+      family(out, "link_frames_in_flight", "Frames posted or sent on the link, not yet acknowledged.",
+             prometheus::MetricType::Gauge);
   for (const auto& l : links) {
-    if (!l.transport.empty()) peerSample(out, "link_frames_in_flight", l.peer, l.in_flight);
+    if (!l.transport.empty()) sample(in_flight, static_cast<double>(l.in_flight), {{"peer", l.peer}});
   }
-  family(out, "link_frames_replayed_total", "Frames sent again after a link to this peer broke.", "counter");
-  for (const auto& l : links) peerSample(out, "link_frames_replayed_total", l.peer, l.replayed);
+  auto& replayed =
+      family(out, "link_frames_replayed_total", "Frames sent again after a link to this peer broke.",
+             prometheus::MetricType::Counter);
+  for (const auto& l : links) sample(replayed, static_cast<double>(l.replayed), {{"peer", l.peer}});
 }
 
-void writeGauges(std::ostream& out, const Metrics::Gauges& gauges) {
+void addGauges(Families& out, const Metrics::Gauges& gauges) {
+  using prometheus::MetricType;
   plainFamily(out, "frames_in_flight", "Producers' frames submitted and not yet DELIVERED or FAILED.",
-              "gauge", gauges.frames_in_flight);
-  plainFamily(out, "frames_held", "Frames delivered to local consumers and not yet released.", "gauge",
-              gauges.frames_held);
+              MetricType::Gauge, static_cast<double>(gauges.frames_in_flight));
+  plainFamily(out, "frames_held", "Frames delivered to local consumers and not yet released.",
+              MetricType::Gauge, static_cast<double>(gauges.frames_held));
   plainFamily(out, "pull_reads_in_flight", "Reads of peers' offers (pull) posted and not yet complete.",
-              "gauge", gauges.pull_reads_in_flight);
+              MetricType::Gauge, static_cast<double>(gauges.pull_reads_in_flight));
   plainFamily(out, "pull_reads_in_flight_peak",
               "The most reads of peers' offers one link had in flight at once since the daemon started "
               "(at most pull_reads_per_link).",
-              "gauge", gauges.pull_reads_peak);
+              MetricType::Gauge, static_cast<double>(gauges.pull_reads_peak));
   const std::pair<const char*, const Metrics::RoleGauge*> roles[] = {{"producer", &gauges.producers},
                                                                      {"consumer", &gauges.consumers}};
   auto byRole = [&](std::string_view name, std::string_view help, uint64_t Metrics::RoleGauge::*value) {
-    family(out, name, help, "gauge");
-    for (const auto& [role, g] : roles) {
-      out << "framelink_" << name << "{role=\"" << role << "\"} " << g->*value << '\n';
-    }
+    auto& f = family(out, name, help, MetricType::Gauge);
+    for (const auto& [role, g] : roles) sample(f, static_cast<double>(g->*value), {{"role", role}});
   };
   byRole("clients", "Clients attached now, by role.", &Metrics::RoleGauge::clients);
   byRole(
@@ -425,47 +430,41 @@ void writeGauges(std::ostream& out, const Metrics::Gauges& gauges) {
       "Slots of the clients attached now, by role: of a producer's, framelink_frames_in_flight are busy; of "
       "a consumer's, framelink_frames_held.",
       &Metrics::RoleGauge::slots);
-  writeLinkGauges(out, gauges.links);
-}
-
-// A bound or sum in seconds from microseconds, as the shortest decimal that
-// reads back as the same double (1e-06, 0.000128, 8.388608).
-std::string seconds(uint64_t micros) {
-  char buf[32];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, static_cast<double>(micros) / 1e6);
-  return ec == std::errc() ? std::string(buf, end) : "NaN";
+  addLinkGauges(out, gauges.links);
 }
 
 // framelink_delivery_latency_seconds: the agent records microseconds into
 // power-of-two buckets (1 us .. 8.4 s) and their sum; exposed in seconds.
-void writeLatencyHistogram(std::ostream& out, std::span<const std::atomic<uint64_t>> buckets,
-                           uint64_t sum_us) {
-  family(out, "delivery_latency_seconds", "Submit to ACK latency of delivered frames.", "histogram");
+void addLatencyHistogram(Families& out, std::span<const std::atomic<uint64_t>> buckets, uint64_t sum_us) {
+  auto& f = family(out, "delivery_latency_seconds", "Submit to ACK latency of delivered frames.",
+                   prometheus::MetricType::Histogram);
+  prometheus::ClientMetric m;
   uint64_t cumulative = 0;
   for (size_t i = 0; i < buckets.size(); ++i) {
     cumulative += buckets[i].load(std::memory_order_relaxed);
-    out << "framelink_delivery_latency_seconds_bucket{le=\"" << seconds(uint64_t{1} << i) << "\"} "
-        << cumulative << '\n';
+    m.histogram.bucket.push_back({cumulative, static_cast<double>(uint64_t{1} << i) / 1e6});
   }
-  out << "framelink_delivery_latency_seconds_bucket{le=\"+Inf\"} " << cumulative << '\n'
-      << "framelink_delivery_latency_seconds_sum " << seconds(sum_us) << '\n'
-      << "framelink_delivery_latency_seconds_count " << cumulative << '\n';
+  m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+  m.histogram.sample_count = cumulative;
+  m.histogram.sample_sum = static_cast<double>(sum_us) / 1e6;
+  f.metric.push_back(std::move(m));
 }
 
-void writeBuildInfo(std::ostream& out, double start_time_s) {
+void addBuildInfo(Families& out, double start_time_s) {
 #ifdef FRAMELINK_HAVE_RDMA
   constexpr const char* kRdma = "true";
 #else
   constexpr const char* kRdma = "false";
 #endif
-  family(out, "build_info", "Always 1: the framelinkd version and what it was built with.", "gauge");
-  out << "framelink_build_info{version=\"" << FL_VERSION_MAJOR << '.' << FL_VERSION_MINOR << '.'
-      << FL_VERSION_PATCH << "\",rdma=\"" << kRdma << "\"} 1\n";
+  sample(family(out, "build_info", "Always 1: the framelinkd version and what it was built with.",
+                prometheus::MetricType::Gauge),
+         1,
+         {{"version", std::to_string(FL_VERSION_MAJOR) + '.' + std::to_string(FL_VERSION_MINOR) + '.' +
+                          std::to_string(FL_VERSION_PATCH)},
+          {"rdma", kRdma}});
   // A restart shows as a change of this (the counters' resets miss one that is idle).
-  family(out, "start_time_seconds", "When framelinkd started, in seconds since the Unix epoch.", "gauge");
-  char buf[32];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, start_time_s, std::chars_format::fixed, 3);
-  out << "framelink_start_time_seconds " << (ec == std::errc() ? std::string(buf, end) : "NaN") << '\n';
+  plainFamily(out, "start_time_seconds", "When framelinkd started, in seconds since the Unix epoch.",
+              prometheus::MetricType::Gauge, start_time_s);
 }
 
 // ---- the JSON ----
@@ -498,18 +497,18 @@ void writeJsonCounters(std::ostream& out, const Metrics::Counters& counters,
 }  // namespace
 
 std::string Metrics::prometheus() const {
-  std::ostringstream out;
-  writeCounters(out, counters);
-  writeAttachRejected(out, attach_rejected_);
-  writeFailuresByStatus(out, failures_by_status_);
+  Families families;
+  addCounters(families, counters);
+  addAttachRejected(families, attach_rejected_);
+  addFailuresByStatus(families, failures_by_status_);
   {
     MutexLock lock(detail_mutex_);
-    writeTransportCounters(out, transport_);
-    writeGauges(out, gauges_);
+    addTransportCounters(families, transport_);
+    addGauges(families, gauges_);
   }
-  writeLatencyHistogram(out, latency_, latency_sum_us_.load(std::memory_order_relaxed));
-  writeBuildInfo(out, start_time_s_);
-  return out.str();
+  addLatencyHistogram(families, latency_, latency_sum_us_.load(std::memory_order_relaxed));
+  addBuildInfo(families, start_time_s_);
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 std::string Metrics::summary() const {

@@ -35,6 +35,24 @@ TEST_CASE("delivery latency is exposed in seconds with _sum and _count", "[metri
   CHECK(text.find("_us") == std::string::npos);
 }
 
+TEST_CASE("a peer name from a Hello is escaped as a label value", "[metrics][security]") {
+  // The listening side labels a link with the id the peer's Hello claims:
+  // a quote, backslash or newline in it must not end the label or the line.
+  Metrics m;
+  Metrics::Gauges g;
+  Metrics::LinkGauge l;
+  l.peer = "evil\"} 1\nframelink_fake 9\\";
+  l.transport = "tcp";
+  l.rtt_ns = 1'500'000;
+  g.links.push_back(l);
+  m.setGauges(g);
+  const std::string text = m.prometheus();
+  const std::string label = R"(peer="evil\"} 1\nframelink_fake 9\\")";
+  CHECK(has(text, "framelink_link_up{" + label + R"(,transport="tcp"} 1)"));
+  CHECK(has(text, "framelink_link_rtt_seconds{" + label + "} 0.0015"));
+  CHECK(text.find("\nframelink_fake") == std::string::npos);
+}
+
 TEST_CASE("failed frames are counted under _total by their status name", "[metrics]") {
   Metrics m;
   m.recordFailure(FL_ERR_NO_CONSUMER);
