@@ -329,7 +329,10 @@ class _Client:
                 self._reader_loop = None
                 self._ring()
             else:  # another thread: the waiters find the client closed when the loop runs them
-                loop.call_soon_threadsafe(self._ring)
+                try:
+                    loop.call_soon_threadsafe(self._ring)
+                except RuntimeError:  # that loop is closed: nothing waits any more
+                    pass
         lib.fl_detach(h)
 
     def __enter__(self: _Self) -> _Self:

@@ -252,6 +252,21 @@ def test_async_with_closes_and_wakes_the_tasks_waiting_on_the_client(pair, strea
     asyncio.run(main())
 
 
+def test_a_client_closed_from_another_thread_wakes_its_waiting_task(pair, stream):
+    async def main():
+        c = Consumer(stream, socket_path=pair.b.socket, slot_count=2, slot_size=SIZE)
+        waiting = asyncio.ensure_future(c.receive_async())
+        await asyncio.sleep(0.1)
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        with pytest.raises(ValueError, match="closed"):
+            await asyncio.wait_for(waiting, 3)
+        closer.join()
+        assert c._reader_loop is None and not c._waiters
+
+    asyncio.run(main())
+
+
 def test_crc32c_known_value():
     assert framelink.crc32c(b"123456789") == 0xE3069283
 
