@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <ostream>
 #include <span>
-#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -471,27 +469,24 @@ void addBuildInfo(Families& out, double start_time_s) {
 
 // The JSON's "counters": every counter by its Prometheus name without
 // framelink_ and _total, then the transports'.
-void writeJsonCounters(std::ostream& out, const Metrics::Counters& counters,
-                       const transport::TransportCounters& transport) {
-  const char* separator = "";
-  auto field = [&](std::string_view name, uint64_t value) {
-    out << separator << '"' << name << "\":" << value;
-    separator = ",";
-  };
+nlohmann::ordered_json jsonCounters(const Metrics::Counters& counters,
+                                    const transport::TransportCounters& transport) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
   auto group = [&](std::span<const CounterInfo> infos) {
-    for (const auto& c : infos) field(c.name, load(counters, c.value));
+    for (const auto& c : infos) out[c.name] = load(counters, c.value);
   };
   group(kFrameCounters);
-  field(kLinksUp.name, load(counters, kLinksUp.value));
+  out[kLinksUp.name] = load(counters, kLinksUp.value);
   group(kLinkCounters);
   group(kResentCounters);
   for (const auto& h : kHandshakeCounters) {
-    field(std::string(h.name) + "_tcp", load(counters, h.tcp));
-    field(std::string(h.name) + "_rdma", load(counters, h.rdma));
+    out[std::string(h.name) + "_tcp"] = load(counters, h.tcp);
+    out[std::string(h.name) + "_rdma"] = load(counters, h.rdma);
   }
   group(kSettledCounters);
   group(kAdminCounters);
-  for (const auto& c : kTransportCounters) field(std::string("transport_") + c.name, transport.*c.value);
+  for (const auto& c : kTransportCounters) out[std::string("transport_") + c.name] = transport.*c.value;
+  return out;
 }
 
 }  // namespace
@@ -531,53 +526,53 @@ std::string Metrics::summary() const {
 
 std::string Metrics::json() const {
   transport::TransportCounters transport;
+  std::string detail;
   {
     MutexLock lock(detail_mutex_);
     transport = transport_;
+    detail = detail_;
   }
-  std::ostringstream out;
-  out << "{\"frames_submitted\":" << counters.frames_submitted.load()
-      << ",\"frames_delivered\":" << counters.frames_delivered.load()
-      << ",\"frames_failed\":" << counters.frames_failed.load()
-      << ",\"frames_received\":" << counters.frames_received.load()
-      << ",\"frames_released\":" << counters.frames_released.load()
-      << ",\"local_frames_lent\":" << counters.local_frames_lent.load()
-      << ",\"local_frames_copied\":" << counters.local_frames_copied.load()
-      << ",\"frames_dropped_slow_reader\":" << counters.frames_dropped_slow_reader.load()
-      << ",\"lends_retired_for_room\":" << counters.lends_retired_for_room.load()
-      << ",\"bytes_sent\":" << counters.bytes_sent.load()
-      << ",\"bytes_received\":" << counters.bytes_received.load()
-      << ",\"links_up\":" << counters.links_up.load() << ",\"attach_rejected\":{";
+  nlohmann::ordered_json out;
+  const std::pair<const char*, const std::atomic<uint64_t>*> totals[] = {
+      {"frames_submitted", &counters.frames_submitted},
+      {"frames_delivered", &counters.frames_delivered},
+      {"frames_failed", &counters.frames_failed},
+      {"frames_received", &counters.frames_received},
+      {"frames_released", &counters.frames_released},
+      {"local_frames_lent", &counters.local_frames_lent},
+      {"local_frames_copied", &counters.local_frames_copied},
+      {"frames_dropped_slow_reader", &counters.frames_dropped_slow_reader},
+      {"lends_retired_for_room", &counters.lends_retired_for_room},
+      {"bytes_sent", &counters.bytes_sent},
+      {"bytes_received", &counters.bytes_received},
+      {"links_up", &counters.links_up}};
+  for (const auto& [name, value] : totals) out[name] = value->load(std::memory_order_relaxed);
+  nlohmann::ordered_json& rejected = out["attach_rejected"] = nlohmann::ordered_json::object();
   for (size_t i = 0; i < attach_rejected_.size(); ++i) {
-    out << (i == 0 ? "" : ",") << '"' << attachRejectName(static_cast<AttachReject>(i))
-        << "\":" << attach_rejected_[i].load(std::memory_order_relaxed);
+    rejected[attachRejectName(static_cast<AttachReject>(i))] =
+        attach_rejected_[i].load(std::memory_order_relaxed);
   }
-  out << "},\"handshakes_timed_out\":{\"tcp\":" << counters.handshakes_timed_out_tcp.load()
-      << ",\"rdma\":" << counters.handshakes_timed_out_rdma.load() << '}'
-      << ",\"streams_forgotten\":" << counters.streams_forgotten.load() << ",\"counters\":{";
-  writeJsonCounters(out, counters, transport);
-  out << "},\"failed_by_status\":{";
-  bool first = true;
+  out["handshakes_timed_out"] = {{"tcp", counters.handshakes_timed_out_tcp.load()},
+                                 {"rdma", counters.handshakes_timed_out_rdma.load()}};
+  out["streams_forgotten"] = counters.streams_forgotten.load();
+  out["counters"] = jsonCounters(counters, transport);
+  nlohmann::ordered_json& failed = out["failed_by_status"] = nlohmann::ordered_json::object();
   for (size_t i = 0; i < failures_by_status_.size(); ++i) {
-    uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
-    if (v == 0) continue;
-    out << (first ? "" : ",") << '"' << i << "\":" << v;
-    first = false;
+    const uint64_t v = failures_by_status_[i].load(std::memory_order_relaxed);
+    if (v != 0) failed[std::to_string(i)] = v;
   }
-  // The last problem with each peer (JSON via nlohmann: peer names and
-  // messages are any bytes; invalid UTF-8 is replaced, never thrown on).
-  nlohmann::json problems = nlohmann::json::object();
+  // The last problem with each peer: peer names and messages are any bytes
+  // (invalid UTF-8 is replaced when dumped, never thrown on).
+  nlohmann::ordered_json& problems = out["peer_problems"] = nlohmann::ordered_json::object();
   for (const auto& [peer, p] : peer_problems.snapshot()) {
     problems[peer] = {{"last_error", p.what},
                       {"cause", PeerProblems::causeName(p.cause)},
                       {"last_error_ns", p.at_ns},
                       {"errors", p.count}};
   }
-  out << "},\"peer_problems\":" << problems.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-      << ",\"detail\":";
-  MutexLock lock(detail_mutex_);
-  out << detail_ << '}';
-  return out.str();
+  // The agent's snapshot (agent_stats.cpp, written with nlohmann too), kept in its order.
+  out["detail"] = nlohmann::ordered_json::parse(detail, nullptr, /*allow_exceptions=*/false);
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 Status Metrics::serve(const std::string& listen) {

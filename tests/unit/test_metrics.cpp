@@ -1,6 +1,7 @@
 // The Prometheus text of proxy/metrics/metrics.cpp with values in it (a live
 // daemon's, read by prometheus_client in unit.metrics_exposition, is mostly 0).
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <string>
@@ -100,6 +101,21 @@ TEST_CASE("peer problems: past their bound the oldest is forgotten, and counted"
   CHECK(m.counters.peer_problems_forgotten.load() == kOver);
   CHECK(has(m.prometheus(), "framelink_peer_problems_forgotten_total 3"));
   CHECK(m.json().find("\"peer_problems_forgotten\":3") != std::string::npos);
+}
+
+TEST_CASE("the JSON is valid for any peer name and carries the agent's snapshot as an object", "[metrics]") {
+  Metrics m;
+  m.counters.frames_delivered = 7;
+  m.recordFailure(FL_ERR_TIMEOUT);
+  m.peer_problems.record("bad\xff\"name\n", PeerProblems::Cause::kUnreachable, "no \x01 connection");
+  m.setDetail(R"({"clients":[],"links":[{"id":1}]})");
+  const auto j = nlohmann::json::parse(m.json());  // throws on invalid JSON or UTF-8
+  CHECK(j.at("frames_delivered") == 7);
+  CHECK(j.at("counters").at("frames_delivered") == 7);
+  CHECK(j.at("failed_by_status").at(std::to_string(FL_ERR_TIMEOUT)) == 1);
+  CHECK(j.at("peer_problems").size() == 1);
+  CHECK(j.at("detail").at("links").at(0).at("id") == 1);
+  CHECK(j.at("detail").at("clients").empty());
 }
 
 TEST_CASE("healthz: healthy while the agent publishes its state, and says how long ago it last did",
