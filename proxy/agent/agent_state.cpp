@@ -122,20 +122,30 @@ size_t AgentLink::flushControl(std::string* failed) {
   return handed;
 }
 
+namespace {
+
+// An index for a new entry of `entries`: the last one freed, else a new one
+// at the end (NameTable and PeerTable reuse the ids of what they forgot).
+template <typename Id, typename Entry>
+Id takeId(std::vector<Id>& free, std::vector<Entry>& entries) {
+  if (!free.empty()) {
+    const Id id = free.back();
+    free.pop_back();
+    return id;
+  }
+  entries.emplace_back();
+  return static_cast<Id>(entries.size() - 1);
+}
+
+}  // namespace
+
 NameKey NameTable::acquire(const std::string& name) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) {
     ++entries_[it->second].users;
     return it->second;
   }
-  NameKey key;
-  if (!free_.empty()) {
-    key = free_.back();
-    free_.pop_back();
-  } else {
-    key = static_cast<NameKey>(entries_.size());
-    entries_.emplace_back();
-  }
+  const NameKey key = takeId(free_, entries_);
   entries_[key].name = name;
   entries_[key].users = 1;
   by_name_.emplace(name, key);
@@ -154,14 +164,7 @@ void NameTable::release(NameKey key) {
 PeerId PeerTable::resolve(const std::string& name) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;
-  PeerId id;
-  if (!free_.empty()) {
-    id = free_.back();
-    free_.pop_back();
-  } else {
-    id = static_cast<PeerId>(peers_.size());
-    peers_.emplace_back();
-  }
+  const PeerId id = takeId(free_, peers_);
   peers_[id] = PeerEntry{name};
   by_name_.emplace(name, id);
   return id;

@@ -293,6 +293,7 @@ uint64_t load(const Metrics::Counters& counters, Counter counter) {
 using Families = std::vector<prometheus::MetricFamily>;
 using Labels = std::vector<prometheus::ClientMetric::Label>;
 
+// A new family at the end of `out`; the reference holds until the next one is added.
 prometheus::MetricFamily& family(Families& out, std::string_view name, std::string_view help,
                                  prometheus::MetricType type) {
   out.push_back(prometheus::MetricFamily{"framelink_" + std::string(name), std::string(help), type, {}});
