@@ -362,8 +362,8 @@ void DataAgent::onLinkUp(CmdLinkUp& cmd) {
   ev.data.u64 = kTagLink | l.id;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, l.transport->eventFd(), &ev);
   metrics_.counters.links_up.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("link {} to peer {} is up over {}{}", l.id, l.peer_name, l.transport_name,
-               l.transport_reason.empty() ? "" : " (" + l.transport_reason + ")");
+  log_link_up_.info("link {} to peer {} is up over {}{}", l.id, l.peer_name, l.transport_name,
+                    l.transport_reason.empty() ? "" : " (" + l.transport_reason + ")");
   inbound_.onLinkUp(l);
   outbound_.onLinkUp(l);
 }
@@ -393,7 +393,7 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
   // A copy: the link is erased below, and what follows may still log.
   const std::string peer_name = l->peer_name;
   const LogScope scope(LogFields{.peer = peer_name});
-  spdlog::warn("link {} to peer {} is down: {}", l->id, l->peer_name, reason);
+  log_link_down_.warn("link {} to peer {} is down: {}", l->id, l->peer_name, reason);
   metrics_.peer_problems.record(
       l->peer_name, PeerProblems::Cause::kLinkDown,
       "link " + std::to_string(l->id) + " over " + l->transport_name + " went down: " + reason);
@@ -474,8 +474,8 @@ void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {
       return;
     case transport::TransportEvent::Kind::kLinkError:
       if (!l.closing) {
-        spdlog::warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer_name, l.transport_name,
-                     statusName(ev.status), ev.message);
+        log_link_closing_.warn("link {} to peer {}: transport {} failed: {}: {}", l.id, l.peer_name,
+                               l.transport_name, statusName(ev.status), ev.message);
         l.closing = true;
         if (l.session.cancel) l.session.cancel();
       }
@@ -487,7 +487,7 @@ void DataAgent::protocolError(AgentLink& l, const std::string& why) {
   if (l.violated) return;  // said once per link: a peer cannot make it repeat
   l.violated = true;
   const LogScope scope(LogFields{.peer = l.peer_name});
-  spdlog::error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
+  log_link_closing_.error("link {} to peer {}: protocol error: {}; closing the link", l.id, l.peer_name, why);
   closeLink(l, v1::ERROR_CODE_PROTOCOL, why);
 }
 
@@ -495,7 +495,7 @@ void DataAgent::closeLink(AgentLink& l, v1::ErrorCode code, const std::string& w
   if (l.closing) return;
   if (code != v1::ERROR_CODE_PROTOCOL) {
     const LogScope scope(LogFields{.peer = l.peer_name});
-    spdlog::warn("link {} to peer {}: {}; closing the link", l.id, l.peer_name, why);
+    log_link_closing_.warn("link {} to peer {}: {}; closing the link", l.id, l.peer_name, why);
   }
   l.closing = true;
   v1::PeerMessage fin;
@@ -540,8 +540,8 @@ void DataAgent::cutOverdueSessions(uint64_t now_ns) {
     if (l.cut_at_ns == 0 || now_ns < l.cut_at_ns) continue;
     l.cut_at_ns = 0;
     const LogScope scope(LogFields{.peer = l.peer_name});
-    spdlog::warn("link {} to peer {}: the peer did not read the Fin in {} ms; ending its session", l.id,
-                 l.peer_name, kFinGraceNs / 1'000'000);
+    log_link_closing_.warn("link {} to peer {}: the peer did not read the Fin in {} ms; ending its session",
+                           l.id, l.peer_name, kFinGraceNs / 1'000'000);
     if (l.session.cancel) l.session.cancel();
   }
 }
@@ -604,9 +604,10 @@ void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
         } else if constexpr (std::is_same_v<T, peer::Offer>) {
           if (std::string why = inbound_.onOffer(l, m); !why.empty()) protocolError(l, why);
         } else if constexpr (std::is_same_v<T, peer::Fin>) {
-          spdlog::info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
-                       v1::ErrorCode_IsValid(m.code) ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))
-                                                     : "code " + std::to_string(m.code));
+          log_link_closing_.info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
+                                 v1::ErrorCode_IsValid(m.code)
+                                     ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))
+                                     : "code " + std::to_string(m.code));
           l.closing = true;
           if (l.session.cancel) l.session.cancel();
         } else {

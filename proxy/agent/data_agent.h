@@ -27,9 +27,11 @@
 #include "agent/outbound_streams.h"
 #include "agent/session_writer.h"
 #include "attach/client_session.h"
+#include "common/log_limit.h"
 #include "common/unique_fd.h"
 #include "config/config.h"
 #include "framelink/v1/link.pb.h"
+#include "transport/link_bookkeeping.h"
 #include "transport/transport.h"
 
 namespace framelink {
@@ -214,6 +216,13 @@ class DataAgent {
   static constexpr size_t kMaxEventsPerRound = 64;
   std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
   std::vector<uint64_t> link_ids_;
+  // A holder of the peer token can open and close links as fast as
+  // handshakes finish: the lines about links coming up, and going down or
+  // being closed, are rate-limited (the next line says how many were left
+  // out), as a client's attach and detach are.
+  LogLimiter log_link_up_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
+  LogLimiter log_link_down_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
+  LogLimiter log_link_closing_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
 };
 
 }  // namespace framelink

@@ -28,6 +28,7 @@
 #include "link/session_reader.h"
 #include "metrics/metrics.h"
 #include "transport/grpc/grpc_transport.h"
+#include "transport/link_bookkeeping.h"
 #include "transport/tcp/tcp_connect.h"
 
 namespace framelink {
@@ -154,8 +155,10 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   std::set<::grpc::ServerContext*> server_contexts_ FL_GUARDED_BY(mutex_);
   std::set<::grpc::ClientContext*> client_contexts_ FL_GUARDED_BY(mutex_);
   std::vector<std::thread> dialers_;
-  // What strangers on the network can make this daemon log, per cause.
-  LogLimiter log_auth_, log_protocol_;
+  // What strangers on the network can make this daemon log, per cause; and
+  // a holder of the token, by opening links as fast as handshakes finish.
+  LogLimiter log_auth_, log_protocol_, log_data_timeout_;
+  LogLimiter log_accepted_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
 };
 
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
@@ -276,15 +279,15 @@ void PeerLinksImpl::stop() {
   if (!dataChannelReady(*future, Clock::now() + data_timeout, *ctx)) {
     pending_.remove(hello.session_id());
     if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
-    spdlog::warn("peer {} at {}: the {} data channel did not come up within {} ms", hello.daemon_id(), from,
-                 chosen->name(), data_timeout.count());
+    log_data_timeout_.warn("peer {} at {}: the {} data channel did not come up within {} ms",
+                           hello.daemon_id(), from, chosen->name(), data_timeout.count());
     return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
   }
   std::shared_ptr<transport::Transport> t = future->get();
   if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
   uint64_t link_id = next_link_id_++;
-  spdlog::info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
-               hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
+  log_accepted_.info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
+                     hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
   LinkSessionInfo info{link_id,
                        {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
                         std::string(chosen->name()), reason}};

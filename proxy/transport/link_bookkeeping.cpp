@@ -4,7 +4,15 @@
 #include <new>
 #include <string>
 
+#include "common/log_limit.h"
+#include "framelink/framelink.h"
+
 namespace framelink::transport {
+
+void warnLinkFailed(int status, const std::string& message) {
+  static LogLimiter log{std::chrono::seconds(1), kLoggedLinkEventsPerSecond};
+  if (status != FL_ERR_SHUTDOWN) log.warn("{}", message);
+}
 
 const char* validateSendRequest(const SendRequest& r) noexcept {
   if (r.header.credit_id != r.credit.credit_id) return "header.credit_id does not name request.credit";

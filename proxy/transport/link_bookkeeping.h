@@ -34,6 +34,16 @@
 
 namespace framelink::transport {
 
+// How many lines a second all links of this process together may log about
+// their transport failing (and the agent about links going up and down): a
+// holder of the peer token can open and close links as fast as handshakes
+// finish.  The line after a quiet spell says how many were left out.
+inline constexpr uint32_t kLoggedLinkEventsPerSecond = 20;
+
+// Logs, as a warning, why a transport's link failed (not when it was shut
+// down), within kLoggedLinkEventsPerSecond over every link.
+void warnLinkFailed(int status, const std::string& message);
+
 // Default depth of the send queue: post() reports kBackpressure beyond it.
 inline constexpr size_t kDefaultSendQueueDepth = 256;
 

@@ -512,3 +512,38 @@ TEST_CASE(
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "good", 2);
 }
+
+// A holder of the shared token can open and close links as fast as its
+// handshakes finish, under a new daemon id each time.  Each link's lines
+// (connected, up, down) are rate-limited like a client's attach and
+// detach: the churn costs a bounded amount of log, and the log still says
+// how much was left out.  The link of the real peer keeps working.
+TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of log",
+          "[integration][hostile_peer]") {
+  DaemonPair pair(pairOf("grpc"));
+  requireServing(pair.a(), pair.b(), "churn-before", 2);
+  constexpr int kLinks = 150;
+  const auto start = Clock::now();
+  for (int i = 0; i < kLinks; ++i) {
+    HostilePeer peer(peerOf(pair, "churn-" + std::to_string(i), 100 + i, "grpc"));
+  }
+  // Every link the churn opened is down before the lines are counted.
+  REQUIRE(waitUntil([&] { return pair.b().metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
+  const auto churn_s = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
+  const std::string log = pair.b().log();
+  for (const char* what : {" connected (session ", " is up over ", " is down: "}) {
+    int64_t lines = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++lines;
+    INFO("'" << what << "' lines: " << lines << " for " << kLinks << " links in " << churn_s << " s");
+    CHECK(lines >= 1);
+    CHECK(lines <= 20 * (churn_s + 2));
+  }
+  // A link after a quiet second is logged again, and its lines say how many
+  // were left out.
+  std::this_thread::sleep_for(Millis(1100));
+  { HostilePeer late(peerOf(pair, "churn-late", 99, "grpc")); }
+  CHECK(pair.b().waitForLog("peer churn-late is down", Millis(5000)));
+  CHECK(pair.b().waitForLog("more lines like the next were suppressed", Millis(1000)));
+  CHECK(pair.b().alive());
+  requireServing(pair.a(), pair.b(), "churn-after", 2);
+}

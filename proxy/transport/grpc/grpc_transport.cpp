@@ -7,8 +7,6 @@
 #include <chrono>
 #include <cstring>
 
-#include <spdlog/spdlog.h>
-
 #include "transport/grpc/grpc_wire.h"
 
 namespace framelink::transport {
@@ -136,7 +134,7 @@ uint64_t GrpcTransport::payloadsReleased() const noexcept { return release_->fra
 void GrpcTransport::failLink(int status, const std::string& message) noexcept {
   release_->stop();
   if (!core_->fail(status, message)) return;
-  if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
+  warnLinkFailed(status, message);
   cancelStream();
 }
 

@@ -10,8 +10,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include <spdlog/spdlog.h>
-
 namespace framelink::transport::rdma {
 namespace {
 
@@ -541,7 +539,7 @@ void RdmaTransport::fail(int status, const std::string& message) noexcept {
   }
   if (!book_.fail(status, message)) return;
   connected_.store(false, std::memory_order_release);
-  if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
+  warnLinkFailed(status, message);
   if (!torn_down_) {
     // The QP to ERR flushes every WR still on it (each comes back as a
     // flush error and completes as FL_ERR_LINK_LOST); rdma_disconnect tells

@@ -13,8 +13,6 @@
 #include <climits>
 #include <cstring>
 
-#include <spdlog/spdlog.h>
-
 namespace framelink::transport::tcp {
 
 namespace {
@@ -102,7 +100,7 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   std::optional<uint64_t> writing;
   if (tx_active_ && tx_has_frame_) writing = tx_cookie_;
   if (!book_.fail(status, message, writing)) return;
-  if (status != FL_ERR_SHUTDOWN) spdlog::warn("{}", message);
+  warnLinkFailed(status, message);
   tx_active_ = false;
   tx_has_frame_ = false;
   tx_records_.clear();
