@@ -541,7 +541,11 @@ TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of
   // A link after a quiet second is logged again, and its lines say how many
   // were left out.
   std::this_thread::sleep_for(Millis(1100));
-  { HostilePeer late(peerOf(pair, "churn-late", 99, "grpc")); }
+  {
+    // Kept until its link is up: one closed sooner may never come up at all.
+    HostilePeer late(peerOf(pair, "churn-late", 99, "grpc"));
+    CHECK(pair.b().waitForLog("to peer churn-late is up", Millis(5000)));
+  }
   CHECK(pair.b().waitForLog("peer churn-late is down", Millis(5000)));
   CHECK(pair.b().waitForLog("more lines like the next were suppressed", Millis(1000)));
   CHECK(pair.b().alive());
