@@ -42,7 +42,8 @@ struct fl_client {
   int sock;      /* attach socket: kept open, its closing is the detach */
   int control_fd;
   int data_fd;
-  /* The doorbells: our ends of two SOCK_DGRAM socket pairs (attach_proto.h). */
+  /* The doorbells: our end of a SOCK_DGRAM socket pair (submit) and of a pipe
+   * (completion), attach_proto.h. */
   int submit_bell;     /* we write it to wake the daemon */
   int completion_bell; /* the daemon rings it; we drain it (O_NONBLOCK) */
   int kick_efd;        /* our own eventfd, made by the first poller: wakes it (guarded by mu) */

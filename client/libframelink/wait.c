@@ -2,8 +2,8 @@
  * Blocking waits on the completion ring and daemon liveness.
  *
  * Sleep protocol (shm_layout.h): set reader_sleeping, re-check the ring, and
- * only then block on the completion doorbell (our end of a datagram socket
- * pair).  The daemon rings it only while the flag is set, so neither side
+ * only then block on the completion doorbell (the read end of a pipe whose
+ * write end the daemon holds).  The daemon rings it only while the flag is set, so neither side
  * makes a system call while frames flow.  The attach socket is in the same
  * poll set: when the daemon dies it hangs up, and a waiter returns
  * FL_ERR_DAEMON_GONE instead of sleeping forever -- or, with auto_reattach,
@@ -101,11 +101,11 @@ void flx_ring_submit_doorbell(fl_client* c) {
 }
 
 static void flx_clear_doorbell(fl_client* c) {
-  /* The doorbell is a datagram socket: one read per ring, until EAGAIN
-   * (O_NONBLOCK); bounded, since its queue is short. */
-  uint64_t v;
+  /* The doorbell is a pipe of one page (or, from an older daemon, a datagram
+   * socket: one read per ring): read until EAGAIN (O_NONBLOCK), bounded. */
+  char buf[512];
   for (int i = 0; i < 64; ++i) {
-    if (read(c->completion_bell, &v, sizeof(v)) < 0) break;
+    if (read(c->completion_bell, buf, sizeof(buf)) <= 0) break;
   }
 }
 

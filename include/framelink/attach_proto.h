@@ -57,7 +57,9 @@ extern "C" {
 #define FL_ATTACH_MAGIC 0x54414C46u /* "FLAT" */
 /* 3: lent segments (fl_lend_message) and subscribers (FL_ATTACH_SUBSCRIBE); FL_ATTACH_PULL came
  * later in 3 (a daemon before it refuses the flag, saying so).
- * 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon). */
+ * 2: the doorbells are datagram socket pairs (1: eventfds shared with the daemon); the
+ * completion doorbell is now a pipe (its read end the client's), which clients of 2 and 3
+ * read alike. */
 #define FL_ATTACH_VERSION 3u
 #define FL_ATTACH_FD_COUNT 4u
 #define FL_CLIENT_NAME_MAX 64u

@@ -450,7 +450,7 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   if (!segments) return;
   Doorbell submit_doorbell;
   Doorbell completion_doorbell;
-  bool doorbells = makeDoorbell(&submit_doorbell) && makeDoorbell(&completion_doorbell);
+  bool doorbells = makeSubmitDoorbell(&submit_doorbell) && makeCompletionDoorbell(&completion_doorbell);
   UniqueFd socket_dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!doorbells || !socket_dup.valid()) {
     sendRefusal(fd, FL_ERR_RESOURCES, "the daemon ran out of file descriptors: " + errnoText());
@@ -480,6 +480,7 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->segments = segments;
   session->submit_doorbell = std::move(submit_doorbell.daemon_end);
   session->completion_doorbell = std::move(completion_doorbell.daemon_end);
+  session->completion_reader = std::move(completion_doorbell.reader);
   session->socket = std::move(socket_dup);
   session->ring_capacity = segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);

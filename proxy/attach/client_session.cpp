@@ -1,5 +1,6 @@
 #include "attach/client_session.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,7 +30,7 @@ const char* slotStateName(SlotState state) noexcept {
   return "?";
 }
 
-bool makeDoorbell(Doorbell* out) noexcept {
+bool makeSubmitDoorbell(Doorbell* out) noexcept {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) return false;
   out->daemon_end = UniqueFd(sv[0]);
@@ -37,9 +38,22 @@ bool makeDoorbell(Doorbell* out) noexcept {
   return true;
 }
 
+bool makeCompletionDoorbell(Doorbell* out) noexcept {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+  out->reader = UniqueFd(p[0]);
+  out->daemon_end = UniqueFd(p[1]);
+  out->client_end = UniqueFd(::fcntl(p[0], F_DUPFD_CLOEXEC, 0));
+  if (!out->client_end.valid()) return false;
+  // One page is plenty for "there is news" (a full pipe is one already
+  // ringing), and it is what the pipe costs against the daemon user's limit.
+  (void)::fcntl(p[1], F_SETPIPE_SZ, 4096);
+  return true;
+}
+
 void ringDoorbell(int daemon_end) noexcept {
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::send(daemon_end, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
+  [[maybe_unused]] ssize_t n = ::write(daemon_end, &one, sizeof(one));
 }
 
 void drainDoorbell(int daemon_end, int max) noexcept {

@@ -31,23 +31,37 @@ enum class SlotState : uint8_t {
 
 const char* slotStateName(SlotState state) noexcept;
 
-// A doorbell: a datagram socket pair, one end the daemon's and one the
-// client's.  They are two open files, so nothing a client does to its end --
-// clearing O_NONBLOCK, never reading it, flooding it -- can make the daemon
-// block: the daemon only ever uses recv/send with MSG_DONTWAIT on its own end,
-// and a full queue just means the doorbell is already ringing.  (An eventfd
-// handed over by SCM_RIGHTS would share its file status flags and its counter
-// with the client.)
+// A doorbell: one end the daemon's and one the client's, two open files, so
+// nothing a client does to its end -- clearing O_NONBLOCK, never reading it,
+// flooding it, closing it -- can make the daemon block or fail: the daemon's
+// end is non-blocking and its own, and a full doorbell is one already
+// ringing.  (An eventfd handed over by SCM_RIGHTS would share its file status
+// flags and its counter with the client.)
+//
+// The submit doorbell (the client rings, the daemon sleeps on it) is a
+// datagram socket pair: a client that rings a daemon that died gets
+// ECONNREFUSED, where a pipe would raise SIGPIPE in the application.
+//
+// The completion doorbell (the daemon rings, the client sleeps on it) is a
+// pipe of one page, its write end the daemon's: the daemon rings it for every
+// frame and completion a sleeping client gets, and a pipe write costs about a
+// third of a datagram's (no socket buffer to allocate and charge per ring).
+// The daemon keeps the read end open as well (`reader`), so a ring never fails
+// EPIPE, nor raises SIGPIPE, when a client closes its end.
 struct Doorbell {
   UniqueFd daemon_end;
   UniqueFd client_end;
+  UniqueFd reader;  // completion doorbell: the read end, also the client's
 };
 // False (errno set) when the socket pair cannot be made.
-bool makeDoorbell(Doorbell* out) noexcept;
-// Rings: one datagram; never blocks.
+bool makeSubmitDoorbell(Doorbell* out) noexcept;
+// False (errno set) when the pipe cannot be made.
+bool makeCompletionDoorbell(Doorbell* out) noexcept;
+// Rings (the completion doorbell): never blocks.
 void ringDoorbell(int daemon_end) noexcept;
-// Clears what is queued on the daemon's end, at most `max` rings (a client
-// that floods its doorbell gets no more attention than one that rings once).
+// Clears what is queued on the daemon's end of the submit doorbell, at most
+// `max` rings (a client that floods its doorbell gets no more attention than
+// one that rings once).
 void drainDoorbell(int daemon_end, int max = 64) noexcept;
 
 struct SlotEntry {
@@ -88,6 +102,7 @@ struct ClientSession {
   std::shared_ptr<ClientSegments> segments;
   UniqueFd submit_doorbell;      // daemon's end: the client rings it, the daemon sleeps on it
   UniqueFd completion_doorbell;  // daemon's end: the daemon rings it when the client sleeps
+  UniqueFd completion_reader;    // the completion doorbell's read end, kept open (Doorbell)
   UniqueFd socket;               // a dup of the attach socket: shutdown() kicks the client
   // Set by the attach server once its reply is on the socket.  The agent
   // knows the client before that (so frames that come the next moment reach

@@ -204,9 +204,10 @@ std::shared_ptr<ClientSession> makeClient(uint64_t id, uint32_t role) {
   c->segments = segments(role);
   c->replied = true;            // its attach reply sent
   Doorbell submit, completion;  // the application's ends close: nobody rings them here
-  if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) std::abort();
+  if (!makeSubmitDoorbell(&submit) || !makeCompletionDoorbell(&completion)) std::abort();
   c->submit_doorbell = std::move(submit.daemon_end);
   c->completion_doorbell = std::move(completion.daemon_end);
+  c->completion_reader = std::move(completion.reader);
   c->ring_capacity = c->segments->geometry().ring_capacity;
   c->slots.resize(kSlots);
   return c;

@@ -71,6 +71,46 @@ TEST_CASE("hostile: a client that makes its doorbells blocking and floods them s
   requireQuickCleanStop(pair.b());
 }
 
+TEST_CASE("hostile: a client that closes its doorbells stalls nobody", "[integration][hostile]") {
+  DaemonPair pair(pairOptions());
+  RawClient producer(pair.a().socketPath(), FL_ROLE_PRODUCER, "deaf", 4, 64 * 1024);
+  // Both doorbells closed (their fds now /dev/null), the client asleep on
+  // completions: the daemon rings a completion doorbell no client reads,
+  // once for every completion of a bad submit, more rings than the pipe holds.
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  REQUIRE(null_fd >= 0);
+  REQUIRE(::dup2(null_fd, producer.fd(2)) == producer.fd(2));
+  REQUIRE(::dup2(null_fd, producer.fd(3)) == producer.fd(3));
+  ::close(null_fd);
+  fl_ring_prepare_sleep(producer.completionRing());
+  // No submit doorbell either: the daemon finds the submits by itself (its
+  // spin, or at the latest its sleep's bound).
+  uint32_t pushed = 0;
+  uint32_t answered = 0;
+  const auto deadline = Clock::now() + Millis(20000);
+  while (answered < 600 && Clock::now() < deadline) {
+    fl_submit_desc d{99, 0, 10};
+    if (pushed < 600 &&
+        fl_ring_push(producer.submitRing(), producer.ringCapacity(), sizeof d, &d) == FL_RING_OK) {
+      ++pushed;
+    } else {
+      std::this_thread::sleep_for(Millis(1));
+    }
+    // Take the answers, so the ring never fills and the client stays attached.
+    fl_completion_desc c{};
+    while (fl_ring_pop(producer.completionRing(), producer.ringCapacity(), sizeof c, &c) == FL_RING_OK) {
+      CHECK(c.status == FL_ERR_BAD_SLOT);
+      ++answered;
+    }
+    fl_ring_prepare_sleep(producer.completionRing());
+  }
+  CHECK(answered == 600);
+  CHECK(pair.a().alive());
+  requireServing(pair.a(), pair.b(), "good", 20);
+  requireQuickCleanStop(pair.a());
+  requireQuickCleanStop(pair.b());
+}
+
 TEST_CASE("hostile: connections that never send an attach request are closed and bounded",
           "[integration][hostile]") {
   DaemonPair::Options o = pairOptions();

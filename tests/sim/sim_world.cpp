@@ -182,9 +182,11 @@ void World::attach(int d, uint32_t role, uint64_t slot_size, bool subscriber) {
   c->segments = std::move(segments).value();
   c->replied = true;            // its attach reply sent
   Doorbell submit, completion;  // the application's ends close: nobody rings them here
-  if (!makeDoorbell(&submit) || !makeDoorbell(&completion)) throw Broken{"cannot make doorbells"};
+  if (!makeSubmitDoorbell(&submit) || !makeCompletionDoorbell(&completion))
+    throw Broken{"cannot make doorbells"};
   c->submit_doorbell = std::move(submit.daemon_end);
   c->completion_doorbell = std::move(completion.daemon_end);
+  c->completion_reader = std::move(completion.reader);
   c->ring_capacity = c->segments->geometry().ring_capacity;
   c->slots.resize(slots);
   if (!c->segments->keepReadOnlyDataFd()) {

@@ -197,10 +197,11 @@ inline TestClient makeClient(uint64_t id, uint32_t role, const std::string& stre
   c.session->segments = seg.value();
   c.session->replied = true;  // as the attach server hands it over, its reply sent
   Doorbell submit, completion;
-  REQUIRE(makeDoorbell(&submit));
-  REQUIRE(makeDoorbell(&completion));
+  REQUIRE(makeSubmitDoorbell(&submit));
+  REQUIRE(makeCompletionDoorbell(&completion));
   c.session->submit_doorbell = std::move(submit.daemon_end);
   c.session->completion_doorbell = std::move(completion.daemon_end);
+  c.session->completion_reader = std::move(completion.reader);
   c.submit_bell = std::move(submit.client_end);
   c.completion_bell = std::move(completion.client_end);
   c.session->socket = UniqueFd(sv[0]);
