@@ -10,7 +10,9 @@
 namespace framelink::transport {
 
 void warnLinkFailed(int status, const std::string& message) {
-  static LogLimiter log{std::chrono::seconds(1), kLoggedLinkEventsPerSecond};
+  // Never destroyed: a transport's thread may still fail its link while the
+  // process exits.
+  static LogLimiter& log = *new LogLimiter(std::chrono::seconds(1), kLoggedLinkEventsPerSecond);
   if (status != FL_ERR_SHUTDOWN) log.warn("{}", message);
 }
 
