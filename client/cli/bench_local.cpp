@@ -16,6 +16,7 @@
 #include "child_process.h"
 #include "cli_util.h"
 #include "daemon_pair.h"
+#include "framelink/framelink.h"
 
 namespace framelink::cli {
 namespace {
@@ -62,6 +63,26 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
     return 1;
   }
   std::vector<std::string> errors;
+  // Idle neighbours: consumers of streams nobody sends, attached for the whole run.
+  std::vector<fl_client*> idle;
+  for (uint32_t i = 0; i < o.idle_clients; ++i) {
+    const std::string stream = "idle" + std::to_string(i);
+    fl_client_options co;
+    fl_client_options_init(&co);
+    co.role = FL_CONSUMER;
+    co.socket_path = pair->a().socket.c_str();
+    co.stream = stream.c_str();
+    co.client_name = "bench-idle";
+    co.slot_count = 1;
+    co.slot_size = 4096;
+    fl_client* c = nullptr;
+    if (fl_attach(&co, &c) != FL_OK) {
+      errors.push_back("idle client " + std::to_string(i) + ": " + fl_last_error());
+      break;
+    }
+    idle.push_back(c);
+  }
+  if (!idle.empty()) std::fprintf(stderr, "  %zu idle clients attached\n", idle.size());
   struct Row {
     uint64_t size;
     CaseResult r;
@@ -96,6 +117,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
     if (!subs.one.error.empty()) errors.push_back("local 1 subscriber: " + subs.one.error);
     if (!subs.many.error.empty()) errors.push_back("local subscribers: " + subs.many.error);
   }
+  for (fl_client* c : idle) fl_detach(c);
   pair->stop();
 
   std::printf(
@@ -108,6 +130,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
                 static_cast<unsigned long long>(row.r.verified),
                 static_cast<unsigned long long>(kVerifyFrames));
   }
+  if (!idle.empty()) std::printf("with %zu idle clients attached to the daemon\n", idle.size());
   if (copy_gbps > 0) {
     std::printf("memcpy %s in this process, same run: %.2f GB/s (the ratio's baseline)\n",
                 formatBytes(largest).c_str(), copy_gbps);

@@ -31,6 +31,9 @@ struct BenchOptions {
   // That many subscribers of one stream against one (0, 1: skip), on the one daemon with --local,
   // else on daemon B.
   uint32_t subscribers = 4;
+  // --local: that many consumers of streams of their own stay attached to the daemon, idle, while
+  // the local cases run (what many applications on one host cost a busy stream).
+  uint32_t idle_clients = 0;
   // 2: one stream to hostB and hostC against hostB alone, on three daemons of their own; 0: skip.
   uint32_t hosts = 0;
   // The frames of the subscriber and two-hosts cases, 1 MiB: a few thousand a second on two

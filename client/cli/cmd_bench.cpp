@@ -378,6 +378,9 @@ void addBenchCommand(CLI::App& app, int& exit_code) {
                   "subscribers of one stream, each getting every frame, against one, 1 MiB frames: on "
                   "daemon B, with the bytes the link carried per frame (--local: on the one daemon) "
                   "(default 4; 0 = skip)");
+  cmd->add_option("--idle-clients", o->idle_clients,
+                  "with --local: that many consumers of streams of their own stay attached, idle, while "
+                  "the local cases run (default 0)");
   cmd->add_option("--hosts", o->hosts,
                   "2: one stream from daemon A to a reader on daemon B alone, then to readers on B and on a "
                   "third daemon C, 1 MiB frames: each host's frames/s against B's alone, with the bytes the "
