@@ -74,37 +74,49 @@ TEST_CASE("hostile: a client that makes its doorbells blocking and floods them s
 TEST_CASE("hostile: a client that closes its doorbells stalls nobody", "[integration][hostile]") {
   DaemonPair pair(pairOptions());
   RawClient producer(pair.a().socketPath(), FL_ROLE_PRODUCER, "deaf", 4, 64 * 1024);
-  // Both doorbells closed (their fds now /dev/null), the client asleep on
-  // completions: the daemon rings a completion doorbell no client reads,
-  // once for every completion of a bad submit, more rings than the pipe holds.
   const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   REQUIRE(null_fd >= 0);
-  REQUIRE(::dup2(null_fd, producer.fd(2)) == producer.fd(2));
+  // The completion doorbell closed (its fd now /dev/null), the client asleep
+  // on completions: the daemon rings a doorbell nobody reads, once for every
+  // completion of a bad submit, more rings than the pipe holds.
   REQUIRE(::dup2(null_fd, producer.fd(3)) == producer.fd(3));
-  ::close(null_fd);
-  fl_ring_prepare_sleep(producer.completionRing());
-  // No submit doorbell either: the daemon finds the submits by itself (its
-  // spin, or at the latest its sleep's bound).
-  uint32_t pushed = 0;
+  // Pops what the daemon answered; each must be the bad slot's refusal.
   uint32_t answered = 0;
-  const auto deadline = Clock::now() + Millis(20000);
-  while (answered < 600 && Clock::now() < deadline) {
-    fl_submit_desc d{99, 0, 10};
-    if (pushed < 600 &&
-        fl_ring_push(producer.submitRing(), producer.ringCapacity(), sizeof d, &d) == FL_RING_OK) {
-      ++pushed;
-    } else {
-      std::this_thread::sleep_for(Millis(1));
-    }
-    // Take the answers, so the ring never fills and the client stays attached.
+  auto takeAnswers = [&] {
     fl_completion_desc c{};
     while (fl_ring_pop(producer.completionRing(), producer.ringCapacity(), sizeof c, &c) == FL_RING_OK) {
       CHECK(c.status == FL_ERR_BAD_SLOT);
       ++answered;
     }
     fl_ring_prepare_sleep(producer.completionRing());
+  };
+  fl_ring_prepare_sleep(producer.completionRing());
+  uint32_t pushed = 0;
+  const auto deadline = Clock::now() + Millis(20000);
+  while (answered < 600 && Clock::now() < deadline) {
+    fl_submit_desc d{99, 0, 10};
+    if (pushed < 600 &&
+        fl_ring_push(producer.submitRing(), producer.ringCapacity(), sizeof d, &d) == FL_RING_OK) {
+      ++pushed;
+      producer.doorbell();
+    } else {
+      std::this_thread::sleep_for(Millis(1));
+    }
+    takeAnswers();  // so the completion ring never fills and the client stays attached
   }
   CHECK(answered == 600);
+  // The submit doorbell closed too: the daemon finds a submit by itself (its
+  // spin, or at the latest when its sleep's bound ends).
+  REQUIRE(::dup2(null_fd, producer.fd(2)) == producer.fd(2));
+  ::close(null_fd);
+  fl_submit_desc d{99, 0, 10};
+  REQUIRE(fl_ring_push(producer.submitRing(), producer.ringCapacity(), sizeof d, &d) == FL_RING_OK);
+  CHECK(waitUntil(
+      [&] {
+        takeAnswers();
+        return answered == 601;
+      },
+      Millis(5000), Millis(1)));
   CHECK(pair.a().alive());
   requireServing(pair.a(), pair.b(), "good", 20);
   requireQuickCleanStop(pair.a());
