@@ -13,6 +13,7 @@ AgentClient& ClientTable::add(std::shared_ptr<ClientSession> session) {
   const uint64_t id = session->id;
   AgentClient& c = clients_[id];
   c.session = std::move(session);
+  polled_stale_ = true;
   return c;
 }
 
@@ -21,6 +22,7 @@ void ClientTable::erase(uint64_t id) {
   if (it == clients_.end()) return;
   if (it->second.stream != kNoName) names_.release(it->second.stream);
   clients_.erase(it);
+  polled_stale_ = true;
 }
 
 bool ClientTable::prepareSleep() {
@@ -32,11 +34,13 @@ bool ClientTable::prepareSleep() {
   return !ready;
 }
 
-void ClientTable::endSleep() {
+void ClientTable::endSleep(std::span<const uint64_t> rang) {
   for (auto& [id, c] : clients_) {
-    if (c.session->gone) continue;
-    fl_ring_end_sleep(c.session->segments->submitRing());
-    drainDoorbell(c.session->submit_doorbell.get());
+    if (!c.session->gone) fl_ring_end_sleep(c.session->segments->submitRing());
+  }
+  for (const uint64_t id : rang) {
+    AgentClient* c = find(id);
+    if (c != nullptr && !c->session->gone) drainDoorbell(c->session->submit_doorbell.get());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,10 @@ class ClientTable {
   // Announces sleep on every submit ring; false when one has work after all
   // (a client pushed before it saw the flag).
   bool prepareSleep();
-  // Clears the sleep flags and the doorbells after a sleep.
-  void endSleep();
+  // Clears the sleep flags after a sleep, and the submit doorbells of the
+  // clients in `rang` (those epoll reported readable; any other one that
+  // holds something is reported, and read, after the next sleep).
+  void endSleep(std::span<const uint64_t> rang);
 
   // Kicks a misbehaving client out: marks its segment detached and shuts its
   // attach socket down (the attach thread then reports it gone).
@@ -74,20 +77,26 @@ class ClientTable {
   NameTable& names_;
   LogLimiter log_detached_{std::chrono::seconds(1), AttachServer::kLoggedAttachesPerSecond};
   std::map<uint64_t, AgentClient> clients_;
-  std::vector<uint64_t> ids_scratch_;
+  // The clients drainRings polls, in id order: rebuilt after a client is
+  // added or forgotten (map nodes stay put until then), so that a round
+  // costs a pointer per client, not a lookup.
+  std::vector<AgentClient*> polled_;
+  bool polled_stale_ = false;
 };
 
 template <typename Handle>
 size_t ClientTable::drainRings(Handle&& handle) {
   size_t work = 0;
-  // A snapshot of ids: handlers may detach (never erase) clients.
-  ids_scratch_.clear();
-  for (auto& [id, c] : clients_) {
-    if (!c.session->gone) ids_scratch_.push_back(id);
+  if (polled_stale_) {
+    polled_.clear();
+    for (auto& [id, c] : clients_) polled_.push_back(&c);
+    polled_stale_ = false;
   }
-  for (uint64_t id : ids_scratch_) {
-    AgentClient* c = find(id);
-    if (c == nullptr || c->session->gone) continue;
+  // Handlers may detach clients (they are skipped from then on); one that
+  // forgets a client ends the round here, before a pointer could dangle.
+  for (size_t k = 0; k < polled_.size() && !polled_stale_; ++k) {
+    AgentClient* c = polled_[k];
+    if (c->session->gone) continue;
     ClientSession& s = *c->session;
     fl_ring_header* ring = s.segments->submitRing();
     for (size_t i = 0; i < kMaxSubmitsPerRound; ++i) {
@@ -101,7 +110,7 @@ size_t ClientTable::drainRings(Handle&& handle) {
       }
       ++work;
       handle(*c, desc);
-      if (s.gone) break;
+      if (polled_stale_ || s.gone) break;
     }
   }
   return work;

@@ -9,9 +9,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <map>
+#include <span>
 #include <type_traits>
 #include <unordered_set>
 #include <utility>
@@ -33,6 +35,7 @@ namespace {
 constexpr uint64_t kTagCommands = 0;
 constexpr uint64_t kTagClient = 1ULL << 56;
 constexpr uint64_t kTagLink = 2ULL << 56;
+constexpr uint64_t kTagMask = 0xFFULL << 56;
 
 constexpr uint64_t kDeadlineCheckNs = 10'000'000;  // 10 ms
 // How long a peer has to read the Fin of a link closed for a protocol error.
@@ -41,21 +44,25 @@ constexpr uint64_t kStatsNs = Metrics::kPublishPeriodNs;
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
 
-// Waits for epoll events at most `timeout_ns`.  epoll_pwait2 (Linux 5.11)
-// takes nanoseconds, so an ACK held back for some microseconds is not sent a
-// millisecond late; an older kernel gets epoll_wait, rounded up to a
-// millisecond.
-void waitEvents(int epoll_fd, uint64_t timeout_ns) {
+// Waits for epoll events at most `timeout_ns`; returns how many of `events`
+// it filled.  epoll_pwait2 (Linux 5.11) takes nanoseconds, so an ACK held
+// back for some microseconds is not sent a millisecond late; an older kernel
+// gets epoll_wait, rounded up to a millisecond.
+int waitEvents(int epoll_fd, uint64_t timeout_ns, std::span<epoll_event> events) {
   static std::atomic<bool> no_pwait2{false};
-  epoll_event events[32];
+  const int max = static_cast<int>(events.size());
   if (!no_pwait2.load(std::memory_order_relaxed)) {
     timespec timeout{};
     timeout.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000ULL);
     timeout.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000ULL);
-    if (::epoll_pwait2(epoll_fd, events, 32, &timeout, nullptr) >= 0 || errno != ENOSYS) return;
+    const int n = ::epoll_pwait2(epoll_fd, events.data(), max, &timeout, nullptr);
+    if (n >= 0) return n;
+    if (errno != ENOSYS) return 0;
     no_pwait2.store(true, std::memory_order_relaxed);
   }
-  ::epoll_wait(epoll_fd, events, 32, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
+  const int n =
+      ::epoll_wait(epoll_fd, events.data(), max, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
+  return n > 0 ? n : 0;
 }
 
 // A sender gives up on a frame ack_timeout after sending it: what this end
@@ -237,9 +244,17 @@ void DataAgent::sleep() {
       const uint64_t now = clock_.nowNs();
       timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);
     }
-    waitEvents(epoll_fd_.get(), timeout_ns);
+    std::array<epoll_event, 32> events{};
+    const int n = waitEvents(epoll_fd_.get(), timeout_ns, events);
+    for (int i = 0; i < n; ++i) {
+      if ((events[i].data.u64 & kTagMask) == kTagClient) rang_.push_back(events[i].data.u64 & ~kTagMask);
+    }
   }
-  clients_.endSleep();
+  // Only the doorbells that rang are read: one read per attached client
+  // after every sleep made each frame of a slow stream wait for all of them.
+  // One that rings after the wait is read after the next.
+  clients_.endSleep(rang_);
+  rang_.clear();
 }
 
 size_t DataAgent::drainCommands() {

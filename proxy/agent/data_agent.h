@@ -216,6 +216,7 @@ class DataAgent {
   static constexpr size_t kMaxEventsPerRound = 64;
   std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
   std::vector<uint64_t> link_ids_;
+  std::vector<uint64_t> rang_;  // sleep(): the clients whose submit doorbell rang
   // A holder of the peer token can open and close links as fast as
   // handshakes finish: the lines about links coming up, and going down or
   // being closed, are rate-limited (the next line says how many were left

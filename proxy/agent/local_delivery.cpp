@@ -23,6 +23,7 @@ LocalDelivery::LocalDelivery(const Config& config, Metrics& metrics, const Agent
 
 void LocalDelivery::consumerAttached(const ClientSession& c) {
   Readers& r = readers_[c.stream];
+  r.consumers.push_back(c.id);
   if (c.subscriber) {
     r.subscribers[c.id] = c.segments->slotSize();
   } else {
@@ -204,9 +205,13 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
     std::vector<std::pair<ClientSession*, int>> readers;
     std::vector<ClientSession*> members;
     std::vector<ClientSession*> skipped;
-    for (auto& [id, c] : clients_.all()) {
-      ClientSession& r = *c.session;
-      if (r.role != FL_ROLE_CONSUMER || r.gone || r.stream != f.stream) continue;
+    auto rit = readers_.find(f.stream);
+    const std::vector<uint64_t> none;
+    for (const uint64_t id : rit == readers_.end() ? none : rit->second.consumers) {
+      AgentClient* c = clients_.find(id);
+      if (c == nullptr) continue;
+      ClientSession& r = *c->session;
+      if (r.gone) continue;
       if (f.landed && r.id == f.producer) continue;
       if (!r.subscriber) {
         if (!(f.landed && f.source_member)) members.push_back(&r);
@@ -418,6 +423,7 @@ void LocalDelivery::consumerGone(const ClientSession& consumer) {
   lends_.erase(consumer.id);
   auto rit = readers_.find(consumer.stream);
   if (rit != readers_.end()) {
+    std::erase(rit->second.consumers, consumer.id);
     if (consumer.subscriber) {
       rit->second.subscribers.erase(consumer.id);
     } else if (rit->second.members > 0) {

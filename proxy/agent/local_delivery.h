@@ -150,6 +150,9 @@ class LocalDelivery {
   struct Readers {
     std::map<uint64_t, uint64_t> subscribers;  // client id -> its slot size
     size_t members = 0;                        // of the queue group
+    // Every consumer of the stream here, in attach order (ids ascend): what
+    // a frame looks at to find its readers, whatever else is attached.
+    std::vector<uint64_t> consumers;
   };
   struct Lends {
     std::map<uint64_t, uint32_t> holds;  // lent producer -> frames of it the consumer holds

@@ -15,6 +15,13 @@ using namespace framelink::agent_test;
 
 namespace {
 
+// What every case starts from: an empty table.
+struct TableFixture {
+  Metrics metrics;
+  NameTable names;
+  ClientTable table{metrics, names};
+};
+
 void pushRaw(TestClient& c, uint32_t slot) {
   fl_submit_desc d{slot, 0, 0};
   REQUIRE(fl_ring_push(c.submit(), c.cap(), sizeof(d), &d) == FL_RING_OK);
@@ -22,11 +29,9 @@ void pushRaw(TestClient& c, uint32_t slot) {
 
 }  // namespace
 
-TEST_CASE("client table: rings are drained round-robin, a bounded number per client and round",
-          "[client_table]") {
-  Metrics metrics;
-  NameTable names;
-  ClientTable table(metrics, names);
+TEST_CASE_METHOD(TableFixture,
+                 "client table: rings are drained round-robin, a bounded number per client and round",
+                 "[client_table]") {
   TestClient busy = makeClient(1, FL_ROLE_PRODUCER, "cam", 128, 4096);  // a ring of 128
   TestClient quiet = makeClient(2, FL_ROLE_PRODUCER, "cam", 4, 4096);
   table.add(busy.session);
@@ -50,11 +55,45 @@ TEST_CASE("client table: rings are drained round-robin, a bounded number per cli
   CHECK(table.drainRings(record) == 0);
 }
 
-TEST_CASE("client table: a corrupt submit ring detaches that client, the others are still served",
-          "[client_table]") {
-  Metrics metrics;
-  NameTable names;
-  ClientTable table(metrics, names);
+TEST_CASE_METHOD(
+    TableFixture,
+    "client table: a handler that forgets a client ends the round; the others are served in the next",
+    "[client_table]") {
+  // A consumer's release can end a producer's last frame, and a producer
+  // that went away is forgotten then: in the middle of a round.
+  TestClient a = makeClient(1, FL_ROLE_CONSUMER, "cam", 4, 4096);
+  TestClient b = makeClient(2, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  TestClient c = makeClient(3, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  table.add(a.session);
+  table.add(b.session);
+  table.add(c.session);
+  pushRaw(a, 0);
+  pushRaw(a, 1);
+  pushRaw(b, 0);
+  pushRaw(c, 0);
+  b.session.reset();  // the table holds the last reference: forgetting it frees the session
+  std::vector<std::pair<uint64_t, uint32_t>> seen;
+  auto forgetB = [&](AgentClient& ac, const fl_submit_desc& d) {
+    seen.emplace_back(ac.session->id, d.slot);
+    if (ac.session->id == 1) table.erase(2);
+  };
+  CHECK(table.drainRings(forgetB) == 1);
+  CHECK(seen == std::vector<std::pair<uint64_t, uint32_t>>{{1, 0}});
+  CHECK(table.find(2) == nullptr);
+  // The next round starts over without it: the rest of a's ring, then c's.
+  CHECK(table.drainRings(forgetB) == 2);
+  CHECK(seen == std::vector<std::pair<uint64_t, uint32_t>>{{1, 0}, {1, 1}, {3, 0}});
+  // A client added later is polled too.
+  TestClient d = makeClient(4, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  table.add(d.session);
+  pushRaw(d, 2);
+  CHECK(table.drainRings(forgetB) == 1);
+  CHECK(seen.back() == std::make_pair(uint64_t{4}, uint32_t{2}));
+}
+
+TEST_CASE_METHOD(TableFixture,
+                 "client table: a corrupt submit ring detaches that client, the others are still served",
+                 "[client_table]") {
   TestClient bad = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   TestClient good = makeClient(2, FL_ROLE_PRODUCER, "cam", 2, 4096);
   table.add(bad.session);
@@ -79,10 +118,7 @@ TEST_CASE("client table: a corrupt submit ring detaches that client, the others 
   CHECK(table.drainRings([](AgentClient&, const fl_submit_desc&) {}) == 1);
 }
 
-TEST_CASE("client table: a full completion ring detaches its client", "[client_table]") {
-  Metrics metrics;
-  NameTable names;
-  ClientTable table(metrics, names);
+TEST_CASE_METHOD(TableFixture, "client table: a full completion ring detaches its client", "[client_table]") {
   TestClient c = makeClient(1, FL_ROLE_CONSUMER, "cam", 2, 4096);
   table.add(c.session);
   for (uint32_t i = 0; i < c.cap(); ++i) table.complete(*c.session, 0, FL_OK, i + 1, 10, 0);
@@ -91,28 +127,55 @@ TEST_CASE("client table: a full completion ring detaches its client", "[client_t
   CHECK(c.session->gone);
 }
 
-TEST_CASE("client table: sleep is announced on every ring, and refused when one has work", "[client_table]") {
-  Metrics metrics;
-  NameTable names;
-  ClientTable table(metrics, names);
+TEST_CASE_METHOD(TableFixture,
+                 "client table: sleep is announced on every ring, and refused when one has work",
+                 "[client_table]") {
   TestClient a = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   TestClient b = makeClient(2, FL_ROLE_CONSUMER, "cam", 2, 4096);
   table.add(a.session);
   table.add(b.session);
   CHECK(table.prepareSleep());
-  table.endSleep();
+  table.endSleep({});
   pushRaw(b, 0);
   CHECK_FALSE(table.prepareSleep());
-  table.endSleep();
+  table.endSleep({});
   CHECK(table.drainRings([](AgentClient&, const fl_submit_desc&) {}) == 1);
   CHECK(table.prepareSleep());
-  table.endSleep();
+  table.endSleep({});
 }
 
-TEST_CASE("client table: a consumer's claim on its stream name goes with it", "[client_table]") {
-  Metrics metrics;
-  NameTable names;
-  ClientTable table(metrics, names);
+TEST_CASE_METHOD(TableFixture, "client table: after a sleep only the doorbells that rang are read",
+                 "[client_table]") {
+  TestClient a = makeClient(1, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  TestClient b = makeClient(2, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  table.add(a.session);
+  table.add(b.session);
+  auto bellHolds = [](const TestClient& c) {
+    char byte;
+    return ::recv(c.session->submit_doorbell.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK) > 0;
+  };
+  REQUIRE(table.prepareSleep());
+  a.push(0, 16);  // each rings its doorbell
+  b.push(0, 16);
+  REQUIRE(bellHolds(a));
+  REQUIRE(bellHolds(b));
+  const std::vector<uint64_t> rang{1};
+  table.endSleep(rang);
+  CHECK_FALSE(bellHolds(a));
+  CHECK(bellHolds(b));  // left for the sleep that reports it
+  // The sleep flags are cleared on every ring, rung or not.
+  CHECK_FALSE(fl_ring_reader_needs_wake(a.submit()));
+  CHECK_FALSE(fl_ring_reader_needs_wake(b.submit()));
+  CHECK(table.drainRings([](AgentClient&, const fl_submit_desc&) {}) == 2);
+  // A client forgotten before its doorbell is read is skipped.
+  table.erase(2);
+  const std::vector<uint64_t> gone{2};
+  table.endSleep(gone);
+  CHECK(bellHolds(b));
+}
+
+TEST_CASE_METHOD(TableFixture, "client table: a consumer's claim on its stream name goes with it",
+                 "[client_table]") {
   TestClient c = makeClient(1, FL_ROLE_CONSUMER, "cam", 2, 4096);
   AgentClient& entry = table.add(c.session);
   entry.stream = names.acquire("cam");
