@@ -1,6 +1,7 @@
-// Move-only owner of a file descriptor.
+// Move-only owner of a file descriptor, and the descriptor flag helpers.
 #pragma once
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,14 @@ namespace framelink {
 // listener that stays readable must back off, not spin.
 inline bool outOfDescriptors(int err) noexcept {
   return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+// Sets or clears O_NONBLOCK on `fd`; false (errno set) when fcntl fails.
+inline bool setNonBlocking(int fd, bool on = true) noexcept {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) return false;
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  return ::fcntl(fd, F_SETFL, flags) == 0;
 }
 
 class UniqueFd {

@@ -50,11 +50,6 @@ struct CmEvent {
   std::vector<uint8_t> private_data;
 };
 
-bool setNonBlocking(int fd) {
-  int flags = ::fcntl(fd, F_GETFL);
-  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
-}
-
 std::string addressText(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = "?";
   if (sa == nullptr) return buf;

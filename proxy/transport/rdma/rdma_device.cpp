@@ -211,8 +211,7 @@ Status RdmaDevice::start() {
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return makeError(FL_ERR_RESOURCES, std::string("rdma: eventfd: ") + std::strerror(errno));
   wake_fd_.reset(wake);
-  int flags = ::fcntl(context_->async_fd, F_GETFL);
-  if (flags < 0 || ::fcntl(context_->async_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+  if (!setNonBlocking(context_->async_fd)) {
     return makeError(FL_ERR_RESOURCES, "rdma: cannot make the async event fd of " + name_ +
                                            " non-blocking: " + std::strerror(errno));
   }

@@ -11,15 +11,6 @@
 #include <cstring>
 
 namespace framelink::transport::rdma {
-namespace {
-
-bool setNonBlocking(int fd) {
-  int flags = ::fcntl(fd, F_GETFL);
-  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
-}
-
-}  // namespace
-
 void RdmaTransport::signalEventFd(int fd) noexcept {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);

@@ -28,13 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 std::string errnoText() { return std::strerror(errno); }
 
-bool setNonBlocking(int fd, bool on) {
-  int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0) return false;
-  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
-  return ::fcntl(fd, F_SETFL, flags) == 0;
-}
-
 void applyBuffers(int fd, const TcpSocketOptions& options) {
   if (options.buffer_bytes <= 0) return;
   // Best effort: the kernel clamps to net.core.[rw]mem_max.
