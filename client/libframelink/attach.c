@@ -398,6 +398,9 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
                        "fl_attach: pull is for consumers; the consumer's host decides how its frames come");
     req.flags |= FL_ATTACH_PULL;
   }
+  uint32_t spin_us = 0;
+  int rc = flx_wait_spin_us(has_v4 ? options->wait_spin_us : 0, &spin_us);
+  if (rc != FL_OK) return rc;
   snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
   snprintf(req.client_name, sizeof(req.client_name), "%s",
            options->client_name ? options->client_name : program_invocation_short_name);
@@ -406,10 +409,11 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     return flx_error(FL_EINVAL, "fl_attach: socket path '%.80s...' is too long for a Unix socket", path);
 
   fl_client* c = NULL;
-  int rc = flx_attach_at(path, &req, options->attach_timeout_ms, &c);
+  rc = flx_attach_at(path, &req, options->attach_timeout_ms, &c);
   if (rc != FL_OK) return rc;
   c->request = req;
   c->attach_timeout_ms = options->attach_timeout_ms;
+  c->wait_spin_ns = (int64_t)spin_us * 1000;
   c->auto_reattach = has_v2 && options->auto_reattach;
   c->completion_size =
       completion_size >= sizeof(fl_completion) ? (uint32_t)sizeof(fl_completion) : FL_COMPLETION_SIZE_V1;

@@ -110,6 +110,7 @@ struct fl_client {
   int auto_reattach;             /* from the options */
   uint32_t completion_size;      /* bytes of each fl_completion the application reads (its header's) */
   uint32_t reattach_interval_ms; /* from the options (0 replaced by the default) */
+  int64_t wait_spin_ns;          /* from the options: a blocking wait looks this long before it sleeps */
   pthread_mutex_t reattach_mu;   /* one reattach at a time; taken before mu, never while holding it */
   int reattaching;               /* [mu] a call is inside an automatic reattach */
   int socket_watched;            /* [mu] the attach socket is in epoll_fd (not while parked) */
@@ -154,6 +155,9 @@ typedef int (*flx_try_fn)(fl_client* client,
  * the completion doorbell in between.  `what` names the awaited thing in
  * timeout messages ("a free slot"). */
 int flx_wait(fl_client* client, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what);
+/* fl_client_options.wait_spin_us (0: $FRAMELINK_WAIT_SPIN_US, else the
+ * default) in microseconds, or an error that says what was wrong. */
+int flx_wait_spin_us(uint32_t option, uint32_t* spin_us);
 /* With mu held: 1 when the daemon is known to be gone (latched flag or the
  * header's daemon_state); no system call. */
 int flx_gone_locked(fl_client* client);

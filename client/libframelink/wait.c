@@ -11,6 +11,13 @@
  * (Applications with their own event loop wait on fl_doorbell_fd, an epoll
  * set of the same two fds; the blocking calls poll the fds themselves.)
  *
+ * Before it sleeps, a blocking call looks at its ring again for up to
+ * wait_spin_us, yielding the CPU between looks (Aeron's backoff idle
+ * strategy, without its busy phase: on a machine with fewer cores than busy
+ * threads a busy spin would take the CPU from the daemon it waits for).
+ * While frames flow, the next one usually comes within that time, and
+ * neither the daemon's doorbell write nor this thread's wake-up happens.
+ *
  * Several threads may wait at once, possibly for different things (a free
  * slot, a completion).  They must not share the doorbell: one thread's read()
  * would clear a wake-up another needed.  So one waiter at a time polls (the
@@ -22,8 +29,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -180,6 +189,7 @@ struct flx_wait_call {
   flx_try_fn try_fn;
   void* arg;
   const char* what;
+  int64_t spin_until; /* CLOCK_MONOTONIC ns: look without sleeping until then (0: not started) */
 };
 
 /* With mu held (dropped while it reattaches or sleeps): the daemon is gone
@@ -299,9 +309,56 @@ static int flx_poll_locked(const struct flx_wait_call* w, int wait_ms, int* rc) 
   return 1;
 }
 
+/* With mu held (dropped while it yields): a blocking call that would poll
+ * looks again after a sched_yield, until wait_spin_ns after it first found
+ * nothing.  Returns 1 to try again, 0 when the time is up. */
+static int flx_spin_locked(struct flx_wait_call* w) {
+  fl_client* c = w->c;
+  if (c->wait_spin_ns <= 0) return 0;
+  const int64_t now = flx_now_ns();
+  if (w->spin_until == 0) w->spin_until = now + c->wait_spin_ns;
+  if (now >= w->spin_until) return 0;
+  pthread_mutex_unlock(&c->mu);
+  sched_yield();
+  pthread_mutex_lock(&c->mu);
+  return 1;
+}
+
+int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
+  if (option == FL_WAIT_SPIN_OFF) {
+    *spin_us = 0;
+    return FL_OK;
+  }
+  if (option > FL_WAIT_SPIN_MAX_US)
+    return flx_error(
+        FL_EINVAL, "fl_attach: options.wait_spin_us is %u; at most %u (1 s), or FL_WAIT_SPIN_OFF for no spin",
+        option, FL_WAIT_SPIN_MAX_US);
+  if (option != 0) {
+    *spin_us = option;
+    return FL_OK;
+  }
+  const char* env = getenv("FRAMELINK_WAIT_SPIN_US");
+  if (!env || !*env) {
+    *spin_us = FL_WAIT_SPIN_DEFAULT_US;
+    return FL_OK;
+  }
+  char* end = NULL;
+  errno = 0;
+  const unsigned long v = strtoul(env, &end, 10);
+  if (errno != 0 || *end != '\0' || env[0] == '-' || v > FL_WAIT_SPIN_MAX_US)
+    return flx_error(
+        FL_EINVAL,
+        "fl_attach: FRAMELINK_WAIT_SPIN_US='%.40s' is not a number of microseconds from 0 (no spin) "
+        "to %u; fix or unset it",
+        env, FL_WAIT_SPIN_MAX_US);
+  *spin_us = (uint32_t)v;
+  return FL_OK;
+}
+
 /* With mu held: a blocking call found nothing.  Times out at the deadline,
- * or sleeps as a follower or as the poller. */
-static int flx_wait_blocking_locked(const struct flx_wait_call* w, int* rc) {
+ * or looks again for a while (flx_spin_locked), or sleeps as a follower or
+ * as the poller. */
+static int flx_wait_blocking_locked(struct flx_wait_call* w, int* rc) {
   fl_client* c = w->c;
   int wait_ms = -1;
   if (w->timeout_ms > 0) {
@@ -320,19 +377,21 @@ static int flx_wait_blocking_locked(const struct flx_wait_call* w, int* rc) {
     flx_follow_locked(w);
     return 1;
   }
+  if (flx_spin_locked(w)) return 1;
   return flx_poll_locked(w, wait_ms, rc);
 }
 
 /* Each round tries once; when that finds nothing, one step: reattach (the
  * daemon is gone), answer now (non-blocking) or sleep (blocking). */
 int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what) {
-  const struct flx_wait_call w = {
+  struct flx_wait_call w = {
       .c = c,
       .timeout_ms = timeout_ms,
       .deadline = timeout_ms > 0 ? flx_now_ns() + (int64_t)timeout_ms * 1000000 : 0,
       .try_fn = try_fn,
       .arg = arg,
       .what = what,
+      .spin_until = 0,
   };
   int rc;
   pthread_mutex_lock(&c->mu);

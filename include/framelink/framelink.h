@@ -152,8 +152,23 @@ typedef struct fl_client_options {
    * daemon is configured.
    */
   uint32_t pull;
-  uint32_t reserved; /* 0 */
+  /*
+   * How long, in microseconds, a blocking call (fl_acquire, fl_receive,
+   * fl_wait_completions) that finds nothing keeps looking at its ring before
+   * it sleeps on the doorbell, giving the CPU to other threads between looks
+   * (sched_yield).  A frame that comes within it is taken without the
+   * daemon's wake-up (a pipe write) and this thread's (a context switch);
+   * while frames flow that is most of each frame's cost.  At most
+   * FL_WAIT_SPIN_MAX_US.  0: $FRAMELINK_WAIT_SPIN_US when set (0 there: no
+   * spin), else FL_WAIT_SPIN_DEFAULT_US.  FL_WAIT_SPIN_OFF: sleep at once.
+   */
+  uint32_t wait_spin_us;
 } fl_client_options;
+
+/* fl_client_options.wait_spin_us: the default, the most, and none. */
+#define FL_WAIT_SPIN_DEFAULT_US 20u
+#define FL_WAIT_SPIN_MAX_US 1000000u
+#define FL_WAIT_SPIN_OFF 0xFFFFFFFFu
 
 /* struct_size of an fl_client_options from before auto_reattach (still accepted). */
 #define FL_CLIENT_OPTIONS_SIZE_V1 48u

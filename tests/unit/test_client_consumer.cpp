@@ -96,6 +96,95 @@ TEST_CASE("consumer: a blocked receive wakes on delivery", "[client]") {
   fl_detach(c);
 }
 
+TEST_CASE("consumer: a blocked receive looks at its ring for wait_spin_us before it sleeps", "[client]") {
+  using std::chrono::milliseconds;
+  using std::chrono::steady_clock;
+  FakeDaemon d;
+  auto sleeping = [&] {
+    return __atomic_load_n(&d.completionRing()->reader_sleeping, __ATOMIC_ACQUIRE) != 0;
+  };
+
+  SECTION("a frame within the spin is taken without a doorbell") {
+    fl_client_options o = d.options(FL_CONSUMER);
+    o.wait_spin_us = 600000;  // 0.6 s
+    fl_client* c = attach(d, o);
+    d.slotHeader(0)->length = 1;
+    std::atomic<int> rc{-1000};
+    fl_frame f{};
+    std::thread reader([&] { rc = fl_receive(c, &f, 10000); });
+    std::this_thread::sleep_for(milliseconds(100));
+    CHECK_FALSE(sleeping());  // still looking: the daemon would not ring
+    fl_completion_desc cd{0, FL_OK, 1, 1, 0};
+    fl_ring_push(d.completionRing(), d.completionRing()->capacity, sizeof(cd), &cd);
+    reader.join();
+    CHECK(rc == FL_OK);
+    CHECK(f.slot == 0);
+    CHECK(d.wakes() == 0);
+    fl_detach(c);
+  }
+
+  SECTION("past the spin it sleeps, and a doorbell wakes it") {
+    fl_client_options o = d.options(FL_CONSUMER);
+    o.wait_spin_us = 50000;  // 50 ms
+    fl_client* c = attach(d, o);
+    d.slotHeader(0)->length = 1;
+    const auto start = steady_clock::now();
+    steady_clock::time_point slept;
+    std::thread daemon([&] {
+      while (!sleeping()) std::this_thread::sleep_for(milliseconds(1));
+      slept = steady_clock::now();
+      fl_completion_desc cd{0, FL_OK, 1, 1, 0};
+      fl_ring_push(d.completionRing(), d.completionRing()->capacity, sizeof(cd), &cd);
+      d.ringIfAsleep();
+    });
+    fl_frame f{};
+    const int rc = fl_receive(c, &f, 10000);
+    daemon.join();
+    REQUIRE(rc == FL_OK);
+    CHECK(slept - start >= milliseconds(50));
+    CHECK(d.wakes() == 1);
+    fl_detach(c);
+  }
+
+  SECTION("$FRAMELINK_WAIT_SPIN_US is the default") {
+    REQUIRE(setenv("FRAMELINK_WAIT_SPIN_US", "600000", 1) == 0);
+    fl_client* c = attach(d, d.options(FL_CONSUMER));
+    unsetenv("FRAMELINK_WAIT_SPIN_US");
+    d.slotHeader(0)->length = 1;
+    std::atomic<int> rc{-1000};
+    fl_frame f{};
+    std::thread reader([&] { rc = fl_receive(c, &f, 10000); });
+    std::this_thread::sleep_for(milliseconds(100));
+    CHECK_FALSE(sleeping());
+    fl_completion_desc cd{0, FL_OK, 1, 1, 0};
+    fl_ring_push(d.completionRing(), d.completionRing()->capacity, sizeof(cd), &cd);
+    reader.join();
+    CHECK(rc == FL_OK);
+    CHECK(d.wakes() == 0);
+    fl_detach(c);
+  }
+}
+
+TEST_CASE("consumer: wait_spin_us out of range is refused, saying what to do", "[client]") {
+  FakeDaemon d;
+  fl_client* c = nullptr;
+  fl_client_options o = d.options(FL_CONSUMER);
+  o.wait_spin_us = FL_WAIT_SPIN_MAX_US + 1;
+  CHECK(fl_attach(&o, &c) == FL_EINVAL);
+  CHECK(c == nullptr);
+  CHECK(contains(fl_last_error(), "wait_spin_us is 1000001"));
+  CHECK(contains(fl_last_error(), "FL_WAIT_SPIN_OFF"));
+
+  REQUIRE(setenv("FRAMELINK_WAIT_SPIN_US", "20us", 1) == 0);
+  o.wait_spin_us = 0;
+  CHECK(fl_attach(&o, &c) == FL_EINVAL);
+  CHECK(contains(fl_last_error(), "FRAMELINK_WAIT_SPIN_US='20us'"));
+  o.wait_spin_us = FL_WAIT_SPIN_OFF;  // the option wins over the environment
+  c = attach(d, o);
+  unsetenv("FRAMELINK_WAIT_SPIN_US");
+  fl_detach(c);
+}
+
 TEST_CASE("consumer: invalid deliveries are corruption", "[client]") {
   FakeDaemon d;
   fl_client* c = attach(d, d.options(FL_CONSUMER));

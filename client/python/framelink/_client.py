@@ -232,11 +232,14 @@ class _Client:
         auto_reattach: bool = False,
         attach_timeout_ms: int = 0,
         reattach_interval_ms: int = 0,
+        wait_spin_us: int = 0,
     ):
         """auto_reattach: when the daemon goes away, attach again by itself once it is back (libframelink's
         auto_reattach option, tried at most every reattach_interval_ms, 0: 200 ms); until then calls find no
         slot / no frame instead of raising ERR_DAEMON_GONE.
-        attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE."""
+        attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE.
+        wait_spin_us: how long a blocking call that finds nothing keeps looking before it sleeps, yielding the
+        CPU between looks (0: 20 us, or $FRAMELINK_WAIT_SPIN_US when set; -1: sleep at once; at most 1000000)."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
@@ -254,6 +257,9 @@ class _Client:
         opts.reattach_interval_ms = reattach_interval_ms
         opts.subscribe = 1 if self._subscribe else 0
         opts.pull = 1 if self._pull else 0
+        if wait_spin_us < -1:
+            raise ValueError("wait_spin_us must be >= -1 (0: the default, -1: no spin)")
+        opts.wait_spin_us = 0xFFFFFFFF if wait_spin_us < 0 else wait_spin_us  # -1: FL_WAIT_SPIN_OFF
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:

@@ -39,7 +39,7 @@ class ClientOptions(ctypes.Structure):
         ("subscribe", c_uint32),
         ("completion_size", c_uint32),
         ("pull", c_uint32),
-        ("reserved", c_uint32),
+        ("wait_spin_us", c_uint32),
     ]
 
 

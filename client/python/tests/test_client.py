@@ -390,3 +390,27 @@ def test_a_producer_cannot_subscribe(pair, stream):
         Producer(stream, socket_path=pair.a.socket, subscribe=True)
     with pytest.raises(TypeError):
         Producer(stream, socket_path=pair.a.socket, pull=True)  # the consumer's host decides
+
+
+def test_wait_spin_us_is_passed_through_and_checked(pair, stream):
+    with pytest.raises(ValueError, match="wait_spin_us"):
+        Consumer(stream, socket_path=pair.b.socket, wait_spin_us=-2)
+    with pytest.raises(FrameLinkError, match="wait_spin_us is 1000001"):
+        Consumer(stream, socket_path=pair.b.socket, wait_spin_us=1_000_001)
+    # No spin on one side, a long one on the other: frames move either way.
+    with Consumer(stream, socket_path=pair.b.socket, slot_count=4, slot_size=SIZE, wait_spin_us=-1) as c, \
+            Producer(stream, socket_path=pair.a.socket, slot_count=4, slot_size=SIZE, wait_spin_us=5000) as p:
+        done = []
+        for i in range(3):
+            with p.acquire(timeout=20) as loan:
+                loan.write(pattern.payload(i, 100))
+                loan.submit(frame_id=i)
+            f = c.receive(timeout=20)
+            assert f is not None
+            with f:
+                assert f.frame_id == i
+        while len(done) < 3:
+            got = p.wait_completions(timeout=20)
+            assert got, "no completion within 20 s"
+            done += got
+        assert [(comp.frame_id, comp.delivered) for comp in done] == [(0, True), (1, True), (2, True)]

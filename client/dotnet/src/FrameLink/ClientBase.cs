@@ -19,6 +19,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         if (options.SlotSize < 0) throw new ArgumentOutOfRangeException(nameof(options), "SlotSize must be >= 0 (0: the default)");
         if (options.AttachTimeoutMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "AttachTimeoutMs must be >= 0 (0: the default)");
         if (options.ReattachIntervalMs < 0) throw new ArgumentOutOfRangeException(nameof(options), "ReattachIntervalMs must be >= 0 (0: the default)");
+        if (options.WaitSpinMicroseconds < -1) throw new ArgumentOutOfRangeException(nameof(options), "WaitSpinMicroseconds must be >= -1 (0: the default, -1: no spin)");
         Stream = stream;
         var o = new FlClientOptions();
         Native.fl_client_options_init_size(&o, (nuint)sizeof(FlClientOptions));
@@ -31,6 +32,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
         o.Subscribe = options.Subscribe ? 1u : 0u;
         o.Pull = options.Pull ? 1u : 0u;
+        o.WaitSpinUs = options.WaitSpinMicroseconds < 0 ? 0xFFFFFFFFu : (uint)options.WaitSpinMicroseconds;  // -1: FL_WAIT_SPIN_OFF
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);

@@ -21,7 +21,7 @@ internal unsafe struct FlClientOptions
     public uint Subscribe;
     public uint CompletionSize;
     public uint Pull;
-    public uint Reserved;
+    public uint WaitSpinUs;
 }
 
 [StructLayout(LayoutKind.Sequential)]

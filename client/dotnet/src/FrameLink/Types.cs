@@ -89,6 +89,13 @@ public sealed record FrameLinkOptions
     /// Producers: must stay false.
     /// </summary>
     public bool Pull { get; init; }
+    /// <summary>
+    /// How long, in microseconds, a blocking call (Acquire, Receive, WaitCompletions) that finds nothing keeps
+    /// looking before it sleeps, yielding the CPU between looks: while frames flow, the next one usually comes
+    /// within it and costs no wake-up. 0: the library default (20 µs, or $FRAMELINK_WAIT_SPIN_US when set);
+    /// -1: sleep at once; at most 1,000,000.
+    /// </summary>
+    public int WaitSpinMicroseconds { get; init; }
 }
 
 /// <summary>What the daemon granted at attach. Generation counts the reattachments.</summary>

@@ -11,7 +11,7 @@ public sealed class AbiTests
 
     private static readonly (string C, Type T, string[] Fields)[] Structs =
     [
-        ("fl_client_options", typeof(FlClientOptions), ["struct_size", "role", "socket_path", "stream", "client_name", "slot_count", "attach_timeout_ms", "slot_size", "auto_reattach", "reattach_interval_ms", "subscribe", "completion_size", "pull", "reserved"]),
+        ("fl_client_options", typeof(FlClientOptions), ["struct_size", "role", "socket_path", "stream", "client_name", "slot_count", "attach_timeout_ms", "slot_size", "auto_reattach", "reattach_interval_ms", "subscribe", "completion_size", "pull", "wait_spin_us"]),
         ("fl_client_info", typeof(FlClientInfo), ["client_id", "slot_size", "slot_count", "role", "daemon_pid", "daemon_start_ns", "data_on_hugepages", "generation"]),
         ("fl_slot", typeof(FlSlot), ["index", "reserved", "data", "capacity"]),
         ("fl_frame_meta", typeof(FlFrameMeta), ["frame_id", "group_id", "timestamp_ns", "flags", "attr_length", "attrs"]),

@@ -357,6 +357,35 @@ public sealed class ClientTests
     }
 
     [Fact]
+    public void WaitSpinMicrosecondsIsPassedThroughAndChecked()
+    {
+        string stream = StreamName();
+        Assert.Throws<ArgumentOutOfRangeException>(() => new FrameLinkConsumer(stream, B() with { WaitSpinMicroseconds = -2 }));
+        var e = Assert.Throws<FrameLinkException>(() => new FrameLinkConsumer(stream, B() with { WaitSpinMicroseconds = 1_000_001 }));
+        Assert.Contains("wait_spin_us is 1000001", e.Message);
+        // No spin on one side, a long one on the other: frames move either way.
+        using var consumer = new FrameLinkConsumer(stream, B() with { WaitSpinMicroseconds = -1 });
+        using var producer = new FrameLinkProducer(stream, A() with { WaitSpinMicroseconds = 5000 });
+        var done = new Completion[4];
+        for (ulong id = 0; id < 3; id++)
+        {
+            using (var lease = producer.Acquire(TimeSpan.FromSeconds(10)))
+            {
+                FramePattern.Fill(id, lease.Span[..1000]);
+                lease.FrameId = id;
+                lease.Submit(1000);
+            }
+            using (var f = consumer.Receive(TimeSpan.FromSeconds(10)))
+            {
+                Assert.NotNull(f);
+                Assert.Equal(id, f!.FrameId);
+            }
+            Assert.Equal(1, producer.WaitCompletions(done, TimeSpan.FromSeconds(10)));
+            Assert.True(done[0].Delivered, done[0].ToString());
+        }
+    }
+
+    [Fact]
     public void AProducerCannotSubscribe()
     {
         var e = Assert.Throws<FrameLinkException>(() => new FrameLinkProducer(StreamName(), A() with { Subscribe = true }));
