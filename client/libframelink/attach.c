@@ -343,6 +343,39 @@ fail:
   return rc;
 }
 
+/* fl_client_options.wait_spin_us (0: $FRAMELINK_WAIT_SPIN_US, else the
+ * default) in microseconds, or an error that says what was wrong. */
+static int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
+  if (option == FL_WAIT_SPIN_OFF) {
+    *spin_us = 0;
+    return FL_OK;
+  }
+  if (option > FL_WAIT_SPIN_MAX_US)
+    return flx_error(
+        FL_EINVAL, "fl_attach: options.wait_spin_us is %u; at most %u (1 s), or FL_WAIT_SPIN_OFF for no spin",
+        option, FL_WAIT_SPIN_MAX_US);
+  if (option != 0) {
+    *spin_us = option;
+    return FL_OK;
+  }
+  const char* env = getenv("FRAMELINK_WAIT_SPIN_US");
+  if (!env || !*env) {
+    *spin_us = FL_WAIT_SPIN_DEFAULT_US;
+    return FL_OK;
+  }
+  char* end = NULL;
+  errno = 0;
+  const unsigned long v = strtoul(env, &end, 10);
+  if (errno != 0 || *end != '\0' || env[0] == '-' || v > FL_WAIT_SPIN_MAX_US)
+    return flx_error(
+        FL_EINVAL,
+        "fl_attach: FRAMELINK_WAIT_SPIN_US='%.40s' is not a number of microseconds from 0 (no spin) "
+        "to %u; fix or unset it",
+        env, FL_WAIT_SPIN_MAX_US);
+  *spin_us = (uint32_t)v;
+  return FL_OK;
+}
+
 FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
   *out = NULL;

@@ -155,9 +155,6 @@ typedef int (*flx_try_fn)(fl_client* client,
  * the completion doorbell in between.  `what` names the awaited thing in
  * timeout messages ("a free slot"). */
 int flx_wait(fl_client* client, int timeout_ms, flx_try_fn try_fn, void* arg, const char* what);
-/* fl_client_options.wait_spin_us (0: $FRAMELINK_WAIT_SPIN_US, else the
- * default) in microseconds, or an error that says what was wrong. */
-int flx_wait_spin_us(uint32_t option, uint32_t* spin_us);
 /* With mu held: 1 when the daemon is known to be gone (latched flag or the
  * header's daemon_state); no system call. */
 int flx_gone_locked(fl_client* client);

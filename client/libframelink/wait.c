@@ -32,7 +32,6 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -324,37 +323,6 @@ static int flx_spin_locked(struct flx_wait_call* w) {
   return 1;
 }
 
-int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
-  if (option == FL_WAIT_SPIN_OFF) {
-    *spin_us = 0;
-    return FL_OK;
-  }
-  if (option > FL_WAIT_SPIN_MAX_US)
-    return flx_error(
-        FL_EINVAL, "fl_attach: options.wait_spin_us is %u; at most %u (1 s), or FL_WAIT_SPIN_OFF for no spin",
-        option, FL_WAIT_SPIN_MAX_US);
-  if (option != 0) {
-    *spin_us = option;
-    return FL_OK;
-  }
-  const char* env = getenv("FRAMELINK_WAIT_SPIN_US");
-  if (!env || !*env) {
-    *spin_us = FL_WAIT_SPIN_DEFAULT_US;
-    return FL_OK;
-  }
-  char* end = NULL;
-  errno = 0;
-  const unsigned long v = strtoul(env, &end, 10);
-  if (errno != 0 || *end != '\0' || env[0] == '-' || v > FL_WAIT_SPIN_MAX_US)
-    return flx_error(
-        FL_EINVAL,
-        "fl_attach: FRAMELINK_WAIT_SPIN_US='%.40s' is not a number of microseconds from 0 (no spin) "
-        "to %u; fix or unset it",
-        env, FL_WAIT_SPIN_MAX_US);
-  *spin_us = (uint32_t)v;
-  return FL_OK;
-}
-
 /* With mu held: a blocking call found nothing.  Times out at the deadline,
  * or looks again for a while (flx_spin_locked), or sleeps as a follower or
  * as the poller. */
@@ -391,7 +359,6 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
       .try_fn = try_fn,
       .arg = arg,
       .what = what,
-      .spin_until = 0,
   };
   int rc;
   pthread_mutex_lock(&c->mu);

@@ -104,23 +104,34 @@ TEST_CASE("consumer: a blocked receive looks at its ring for wait_spin_us before
     return __atomic_load_n(&d.completionRing()->reader_sleeping, __ATOMIC_ACQUIRE) != 0;
   };
 
-  SECTION("a frame within the spin is taken without a doorbell") {
-    fl_client_options o = d.options(FL_CONSUMER);
-    o.wait_spin_us = 600000;  // 0.6 s
-    fl_client* c = attach(d, o);
+  // A reader blocked in fl_receive is still looking 100 ms later (without
+  // the spin it would have set its sleep flag at once), so a frame pushed the
+  // way the daemon pushes (ringing only a reader that sleeps) is taken
+  // without a doorbell.
+  auto takenWithinSpin = [&](fl_client* c) {
     d.slotHeader(0)->length = 1;
+    std::atomic<bool> started{false};
     std::atomic<int> rc{-1000};
     fl_frame f{};
-    std::thread reader([&] { rc = fl_receive(c, &f, 10000); });
+    std::thread reader([&] {
+      started = true;
+      rc = fl_receive(c, &f, 10000);
+    });
+    while (!started) std::this_thread::yield();
     std::this_thread::sleep_for(milliseconds(100));
-    CHECK_FALSE(sleeping());  // still looking: the daemon would not ring
-    fl_completion_desc cd{0, FL_OK, 1, 1, 0};
-    fl_ring_push(d.completionRing(), d.completionRing()->capacity, sizeof(cd), &cd);
+    CHECK_FALSE(sleeping());
+    d.pushCompletion(fl_completion_desc{0, FL_OK, 1, 1, 0});
     reader.join();
     CHECK(rc == FL_OK);
     CHECK(f.slot == 0);
     CHECK(d.wakes() == 0);
     fl_detach(c);
+  };
+
+  SECTION("a frame within the spin is taken without a doorbell") {
+    fl_client_options o = d.options(FL_CONSUMER);
+    o.wait_spin_us = 600000;  // 0.6 s
+    takenWithinSpin(attach(d, o));
   }
 
   SECTION("past the spin it sleeps, and a doorbell wakes it") {
@@ -150,18 +161,7 @@ TEST_CASE("consumer: a blocked receive looks at its ring for wait_spin_us before
     REQUIRE(setenv("FRAMELINK_WAIT_SPIN_US", "600000", 1) == 0);
     fl_client* c = attach(d, d.options(FL_CONSUMER));
     unsetenv("FRAMELINK_WAIT_SPIN_US");
-    d.slotHeader(0)->length = 1;
-    std::atomic<int> rc{-1000};
-    fl_frame f{};
-    std::thread reader([&] { rc = fl_receive(c, &f, 10000); });
-    std::this_thread::sleep_for(milliseconds(100));
-    CHECK_FALSE(sleeping());
-    fl_completion_desc cd{0, FL_OK, 1, 1, 0};
-    fl_ring_push(d.completionRing(), d.completionRing()->capacity, sizeof(cd), &cd);
-    reader.join();
-    CHECK(rc == FL_OK);
-    CHECK(d.wakes() == 0);
-    fl_detach(c);
+    takenWithinSpin(c);
   }
 }
 

@@ -259,7 +259,7 @@ class _Client:
         opts.pull = 1 if self._pull else 0
         if wait_spin_us < -1:
             raise ValueError("wait_spin_us must be >= -1 (0: the default, -1: no spin)")
-        opts.wait_spin_us = 0xFFFFFFFF if wait_spin_us < 0 else wait_spin_us  # -1: FL_WAIT_SPIN_OFF
+        opts.wait_spin_us = _native.WAIT_SPIN_OFF if wait_spin_us < 0 else wait_spin_us
         handle = ctypes.c_void_p()
         rc = lib.fl_attach(ctypes.byref(opts), ctypes.byref(handle))
         if rc != 0:

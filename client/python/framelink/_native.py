@@ -22,6 +22,7 @@ SLOT_MAYBE_REDELIVERED = 2
 SLOT_GAP = 8
 PRODUCER = 1
 CONSUMER = 2
+WAIT_SPIN_OFF = 0xFFFFFFFF  # FL_WAIT_SPIN_OFF
 
 
 class ClientOptions(ctypes.Structure):

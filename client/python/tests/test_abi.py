@@ -22,6 +22,8 @@ STRUCTS = {
     "fl_frame": _native.FrameStruct,
 }
 
+DEFINES = ["FL_WAIT_SPIN_OFF"]
+
 
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory):
@@ -37,6 +39,8 @@ def c_layout(tmp_path_factory):
             lines.append(f'printf("offset {cname}.{field} %zu\\n", offsetof({cname}, {field}));')
     for n in names:
         lines.append(f'printf("enum {n} %d\\n", (int)({n}));')
+    for n in DEFINES:
+        lines.append(f'printf("define {n} %lld\\n", (long long)({n}));')
     lines += ["return 0; }"]
     d = tmp_path_factory.mktemp("abi")
     src, exe = d / "probe.c", d / "probe"
@@ -68,3 +72,4 @@ def test_other_constants(c_layout):
     assert c_layout["enum FL_PRODUCER"] == _native.PRODUCER
     assert c_layout["enum FL_CONSUMER"] == _native.CONSUMER
     assert c_layout["enum FL_META_CRC32C"] == _native.META_CRC32C
+    assert c_layout["define FL_WAIT_SPIN_OFF"] == _native.WAIT_SPIN_OFF

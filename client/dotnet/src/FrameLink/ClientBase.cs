@@ -32,7 +32,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
         o.Subscribe = options.Subscribe ? 1u : 0u;
         o.Pull = options.Pull ? 1u : 0u;
-        o.WaitSpinUs = options.WaitSpinMicroseconds < 0 ? 0xFFFFFFFFu : (uint)options.WaitSpinMicroseconds;  // -1: FL_WAIT_SPIN_OFF
+        o.WaitSpinUs = options.WaitSpinMicroseconds < 0 ? Native.WaitSpinOff : (uint)options.WaitSpinMicroseconds;
         IntPtr s = Marshal.StringToCoTaskMemUTF8(stream);
         IntPtr sock = options.SocketPath is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.SocketPath);
         IntPtr name = options.ClientName is null ? IntPtr.Zero : Marshal.StringToCoTaskMemUTF8(options.ClientName);

@@ -95,6 +95,7 @@ internal static unsafe partial class Native
     internal const uint SlotGap = 8;
     internal const uint RoleProducer = 1;
     internal const uint RoleConsumer = 2;
+    internal const uint WaitSpinOff = 0xFFFFFFFF;  // FL_WAIT_SPIN_OFF
 
     [LibraryImport(Library)] internal static partial byte* fl_version();
     [LibraryImport(Library)] internal static partial byte* fl_last_error();

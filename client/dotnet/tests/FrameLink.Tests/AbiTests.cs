@@ -40,6 +40,8 @@ public sealed class AbiTests
         ["FL_ERR_TRANSPORT"] = FrameLinkStatus.Transport, ["FL_ERR_DEVICE"] = FrameLinkStatus.Device,
     };
 
+    private static readonly string[] Defines = ["FL_WAIT_SPIN_OFF"];
+
     private static readonly Lazy<Dictionary<string, long>> CLayout = new(Probe);
 
     private static Dictionary<string, long> Probe()
@@ -52,6 +54,7 @@ public sealed class AbiTests
             foreach (var f in fields) src.Add($"printf(\"offset {c}.{f} %zu\\n\", offsetof({c}, {f}));");
         }
         foreach (var n in names) src.Add($"printf(\"enum {n} %d\\n\", (int)({n}));");
+        foreach (var n in Defines) src.Add($"printf(\"define {n} %lld\\n\", (long long)({n}));");
         src.Add("return 0; }");
         var dir = Directory.CreateTempSubdirectory("fl-abi.").FullName;
         try
@@ -108,6 +111,7 @@ public sealed class AbiTests
         Assert.Equal((long)Native.RoleProducer, CLayout.Value["enum FL_PRODUCER"]);
         Assert.Equal((long)Native.RoleConsumer, CLayout.Value["enum FL_CONSUMER"]);
         Assert.Equal((long)Native.MetaCrc32c, CLayout.Value["enum FL_META_CRC32C"]);
+        Assert.Equal((long)Native.WaitSpinOff, CLayout.Value["define FL_WAIT_SPIN_OFF"]);
     }
 
     [Fact]
