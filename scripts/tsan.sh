@@ -17,19 +17,11 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFRAMELINK_SANITIZE=thread \
     -DCMAKE_UNITY_BUILD=ON -DFRAMELINK_BUILD_EXAMPLES=OFF >/dev/null
 fi
-# The unit and transport test executables (the rdma conformance suite needs devices).
-mapfile -t targets < <(cmake --build "$build" --target help |
-  sed -nE 's/^(framelink_test_[A-Za-z0-9_]+|framelink_c11_header_check|framelink_transport_tests): .*/\1/p')
-if ((${#targets[@]} == 0)); then
-  echo "tsan: no test targets found in $build" >&2
-  exit 2
-fi
-echo "tsan: building ${#targets[@]} targets: ${targets[*]}"
-cmake --build "$build" --target "${targets[@]}"
-
 # halt_on_error: the first race ends the test with a failure and its report.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:history_size=4}
 # unit.grafana_dashboard and unit.metrics_exposition are left out too: they scrape a real
 # framelinkd (gRPC inside, not built here), and they run in the main and ASan+UBSan stages.
 if (($# == 0)); then set -- -L 'unit|transport' -E '^unit\.(grafana_dashboard|metrics_exposition)$'; fi
+# The executables of those tests (the rdma conformance suite is labelled rdma).
+"$root/scripts/build-tests.sh" "$build" -- "$@"
 ctest --test-dir "$build" --output-on-failure "$@"
