@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz with clang (in build-fuzz/) and
-# runs each one for a bounded time over a scratch copy of its seed corpus
-# (tests/fuzz/corpus/<target>/ is only read).  A crash, a leak, a timeout or
-# a broken invariant fails the run and leaves the input in
-# build-fuzz/fuzz-artifacts/ to reproduce it with `build-fuzz/tests/fuzz/<target> FILE`.
-#
-# The same clang build checks the lock rules: it is configured with
-# FRAMELINK_THREAD_SAFETY=ON (-Wthread-safety as errors) and also builds the
-# daemon, the CLI and the unit-test executables, so that every annotated file
-# is compiled with the analysis on.  Its compile_commands.json is what
-# scripts/tidy.sh runs clang-tidy with.
+# Runs the libFuzzer targets of tests/fuzz, built in the clang tree (build-clang/,
+# scripts/clang-build.sh), each for a bounded time over a scratch copy of its seed corpus
+# (tests/fuzz/corpus/<target>/ is only read), FUZZ_JOBS of them at a time (default 1; each
+# is one process on one core).  A crash, a leak, a timeout or a broken invariant fails the run
+# and leaves the input in build-clang/fuzz-artifacts/ to reproduce it with
+# `build-clang/tests/fuzz/<target> FILE`.
 #
 #   scripts/fuzz.sh [SECONDS]      seconds per target (default 60; FUZZ_SECONDS too)
-#   scripts/fuzz.sh --build-only   only the clang build (thread-safety check), no fuzzing
+#   scripts/fuzz.sh --build-only   only the clang build (the whole tree: the thread-safety check)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,46 +17,27 @@ if [[ "${1:-}" == --build-only ]]; then
   shift
 fi
 seconds=${1:-${FUZZ_SECONDS:-60}}
-build=${FRAMELINK_FUZZ_BUILD_DIR:-$root/build-fuzz}
+jobs=${FUZZ_JOBS:-1}
+build=${FRAMELINK_CLANG_BUILD_DIR:-$root/build-clang}
+export FRAMELINK_CLANG_BUILD_DIR=$build
 targets=(fuzz_ring fuzz_attach fuzz_tcp_frames fuzz_grpc_messages fuzz_peer_messages
   fuzz_grpc_reassembly fuzz_session_writer)
 # Built only with rdma-core (FRAMELINK_ENABLE_RDMA): run when the build has it.
 optional_targets=(fuzz_rdma_receive)
-# What the thread-safety analysis must see besides the fuzzers: every
-# annotated file is in the daemon (proxy/), and the tests include its headers.
-checked=(framelinkd framelink_cli framelink_test_daemon framelink_test_config framelink_test_cli
-  framelink_transport_tests framelink_test_rdma_transport)
 
-for tool in clang-14 clang++-14; do
-  command -v "$tool" >/dev/null 2>&1 ||
-    { echo "fuzz: $tool is missing: scripts/setup-deps.sh installs clang-14 and libclang-rt-14-dev" >&2; exit 2; }
-done
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFRAMELINK_BUILD_FUZZERS=ON -DFRAMELINK_BUILD_EXAMPLES=OFF \
-    -DFRAMELINK_THREAD_SAFETY=ON >/dev/null
-else
-  cmake -DFRAMELINK_THREAD_SAFETY=ON "$build" >/dev/null  # a tree configured before the option existed
-fi
-# The rdma unit test and fuzzer exist only when rdma-core is installed.
+if ((build_only)); then exec "$root/scripts/clang-build.sh"; fi
+[[ -f "$build/CMakeCache.txt" ]] || "$root/scripts/clang-build.sh" "${targets[@]}"
 mapfile -t known < <(cmake --build "$build" --target help | sed -nE 's/^([A-Za-z0-9_.+-]+): .*/\1/p')
 for t in "${optional_targets[@]}"; do
   if printf '%s\n' "${known[@]}" | grep -qx "$t"; then targets+=("$t"); fi
 done
-build_targets=("${targets[@]}")
-for t in "${checked[@]}"; do
-  if printf '%s\n' "${known[@]}" | grep -qx "$t"; then build_targets+=("$t"); fi
-done
-build_start=$SECONDS
-cmake --build "$build" --target "${build_targets[@]}"
-echo "fuzz: clang build with -Wthread-safety passed (${#build_targets[@]} targets, $((SECONDS - build_start)) s)"
-if ((build_only)); then exit 0; fi
+"$root/scripts/clang-build.sh" "${targets[@]}"
 
 artifacts=$build/fuzz-artifacts
 mkdir -p "$artifacts"
-failed=0
-results=()
-for t in "${targets[@]}"; do
+# One target: its run, then a line "RESULT <target> <text>" (and the log's key lines on failure).
+run_one() {
+  local t=$1 scratch log rc runs cov
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/fl-fuzz-$t.XXXXXX")
   log=$build/fuzz-$t.log
   echo "fuzz: $t for ${seconds}s (seeds: tests/fuzz/corpus/$t)"
@@ -74,15 +50,19 @@ for t in "${targets[@]}"; do
   cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
   rm -rf "$scratch"
   if ((rc == 0)); then
-    results+=("$t ${runs:-?} runs, coverage ${cov:-?}")
+    echo "RESULT ok $t ${runs:-?} runs, coverage ${cov:-?}"
   else
-    failed=$((failed + 1))
-    results+=("$t FAILED (exit $rc)")
     echo "---- $t: last lines of $log"
     grep -E 'ERROR|SUMMARY|==[0-9]+==|Test unit written|deadly signal|runtime error' "$log" | head -20
     tail -5 "$log"
+    echo "RESULT failed $t FAILED (exit $rc)"
   fi
-done
+}
+export -f run_one
+export build seconds artifacts root
+printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one "$1"' _ {} | tee "$build/fuzz-results.txt"
+mapfile -t results < <(sed -n 's/^RESULT [a-z]* //p' "$build/fuzz-results.txt")
+failed=$(grep -c '^RESULT failed ' "$build/fuzz-results.txt" || true)
 if ((failed)); then
   echo "FUZZ FAILED: $(IFS=';'; echo "${results[*]}")"
   exit 1
