@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# clang-tidy (Debian's clang-tidy-14) with the repository's .clang-tidy over
-# the daemon (proxy/) and the CLI (client/cli/), using the compile database of
-# the clang build in build-fuzz/ (scripts/fuzz.sh makes it; it also generates
-# the protobuf headers these sources include).  Runs one clang-tidy per file,
-# TIDY_JOBS at a time (default: the number of cores), prints every finding once
-# and fails when there is any.
+# clang-tidy (Debian's clang-tidy-14) with the repository's .clang-tidy over the daemon (proxy/)
+# and the CLI (client/cli/), using the compile database of the clang tree (build-clang/, made by
+# scripts/clang-build.sh; this script generates the protobuf headers the sources include when they
+# are missing).  That tree compiles the daemon and the CLI in unity batches, and clang-tidy reads
+# each batch as one translation unit: every header is read once per batch instead of once per file
+# (a third of the time), and a finding is reported at its line in the .cpp of the batch.  Runs one
+# clang-tidy per batch, TIDY_JOBS at a time (default: the number of cores), prints every finding
+# once and fails when there is any.
 #
-#   scripts/tidy.sh [FILE...]     default: every .cpp of proxy/ and client/cli/
+#   scripts/tidy.sh [FILE...]     default: every .cpp of proxy/ and client/cli/ (FILE: the batches
+#                                 that hold these files)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${FRAMELINK_FUZZ_BUILD_DIR:-$root/build-fuzz}
+build=${FRAMELINK_CLANG_BUILD_DIR:-$root/build-clang}
 jobs=${TIDY_JOBS:-$(nproc)}
 tidy=clang-tidy-14
 
 command -v "$tidy" >/dev/null 2>&1 ||
   { echo "tidy: $tidy is missing: scripts/setup-deps.sh installs it (package clang-tidy-14)" >&2; exit 2; }
 if [[ ! -f "$build/compile_commands.json" ]]; then
-  echo "tidy: no $build/compile_commands.json yet: making the clang build (scripts/fuzz.sh --build-only)"
-  "$root/scripts/fuzz.sh" --build-only
+  echo "tidy: no $build/compile_commands.json yet: configuring the clang tree (scripts/clang-build.sh)"
+  FRAMELINK_CLANG_BUILD_DIR=$build "$root/scripts/clang-build.sh" framelink_proto framelink_cli_bench_proto
 fi
 # The generated headers (link.pb.h, bench.grpc.pb.h); nothing to do when built.
 cmake --build "$build" --target framelink_proto framelink_cli_bench_proto >/dev/null
@@ -29,36 +32,51 @@ if (($# > 0)); then
 else
   mapfile -t candidates < <(git ls-files 'proxy/*.cpp' 'client/cli/*.cpp')
 fi
-# Files left out until their findings are fixed (`scripts/tidy.sh FILE` lists them); none now.
-skip=()
-# Only what the build compiles (the rdma sources are absent without rdma-core).
-files=()
-for f in "${candidates[@]}"; do
-  if (($# == 0)) && printf '%s\n' "${skip[@]}" | grep -qxF "$f"; then continue; fi
-  if grep -qF "\"file\": \"$root/$f\"" "$build/compile_commands.json"; then files+=("$f"); fi
-done
-if ((${#files[@]} == 0)); then
+# The translation units that hold the candidates: the unity batch of the daemon's or the CLI's
+# targets that includes the file, else the file itself when it is compiled alone (the fuzzers'
+# batches and the tests that compile a daemon file again are left out).  Only what the build compiles counts
+# (the rdma sources are absent without rdma-core).
+mapfile -t units < <(/usr/bin/python3 - "$build" "$root" "${candidates[@]}" <<'PY'
+import json, re, sys
+build, root, wanted = sys.argv[1], sys.argv[2], [f"{sys.argv[2]}/{f}" for f in sys.argv[3:]]
+entries = [e["file"] for e in json.load(open(f"{build}/compile_commands.json"))]
+batches = {e: open(e).read() for e in entries
+           if "/Unity/" in e and e.startswith((f"{build}/proxy/", f"{build}/client/cli/"))}
+units = set()
+for path in wanted:
+    holders = [b for b, text in batches.items() if f'#include "{path}"' in text]
+    if holders:
+        units.add(holders[0])
+    elif path in entries:
+        units.add(path)
+print("\n".join(sorted(units)))
+PY
+)
+if ((${#units[@]} == 0)); then
   echo "tidy: none of the files is in $build/compile_commands.json" >&2
   exit 2
 fi
+# Findings in our headers and, for the batches, in the .cpp files they include.
+header_filter='.*/(proxy|client/cli|tests)/([a-z0-9_]+/)*[a-z0-9_]+\.(h|cpp)$'
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/fl-tidy.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#files[@]} files, $jobs at a time"
+echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#candidates[@]} files in ${#units[@]} translation units, $jobs at a time"
 start=$SECONDS
 # Each file's output to its own log (parallel runs would interleave lines);
 # the exit status of each run goes into the log's name.
-printf '%s\n' "${files[@]}" |
-  xargs -P "$jobs" -I{} sh -c 'log="$1/$(echo "$2" | tr / _)"; if "$3" -p "$4" --quiet "$2" >"$log.log" 2>&1; then :; else mv "$log.log" "$log.failed"; fi' \
-    sh "$out" {} "$tidy" "$build"
+printf '%s\n' "${units[@]}" |
+  xargs -P "$jobs" -I{} sh -c 'log="$1/$(echo "$2" | tr / _)"; if "$3" -p "$4" --config-file="$5/.clang-tidy" --header-filter="$6" --quiet "$2" >"$log.log" 2>&1; then :; else mv "$log.log" "$log.failed"; fi' \
+    sh "$out" {} "$tidy" "$build" "$root" "$header_filter"
 took=$((SECONDS - start))
 
 # A finding is a diagnostic naming its check; the same header finding comes
 # from every file including the header, so each is printed once.
-mapfile -t findings < <(cat "$out"/* | grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' | sort -u)
+# The batches themselves #include .cpp files (bugprone-suspicious-include): not a finding of ours.
+mapfile -t findings < <(cat "$out"/* | grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' | grep -v '/Unity/unity_' | sort -u)
 mapfile -t crashed < <(cd "$out" && for f in *.failed; do
   [[ -e "$f" ]] || continue
-  grep -qE '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' "$f" || echo "${f%.failed}"
+  grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' "$f" | grep -qv '/Unity/unity_' || echo "${f%.failed}"
 done)
 if ((${#findings[@]} > 0)); then
   printf '%s\n' "${findings[@]}"
@@ -69,7 +87,7 @@ if ((${#crashed[@]} > 0)); then
   for f in "${crashed[@]}"; do tail -5 "$out/$f.failed"; done
 fi
 if ((${#findings[@]} > 0 || ${#crashed[@]} > 0)); then
-  echo "TIDY FAILED: ${#findings[@]} findings in ${#files[@]} files (${took} s)"
+  echo "TIDY FAILED: ${#findings[@]} findings in ${#candidates[@]} files (${took} s)"
   exit 1
 fi
-echo "TIDY PASSED: ${#files[@]} files, no findings (${took} s)"
+echo "TIDY PASSED: ${#candidates[@]} files in ${#units[@]} translation units, no findings (${took} s)"
