@@ -12,6 +12,7 @@
 # before a change) alternately with this one, N runs each (default 2), and prints the ratio
 # (bench.sh --baseline-build).
 # FRAMELINK_BUILD_DIR selects the build tree (default build/); it must already be built.
+# LANE_BENCH_SECONDS: seconds of each framelink case of the bench (default 5; CI runs 2).
 # Exit status: 0 every step passed (the bench is informational); 1 a step failed, or the guest
 # could not run while CI=true; 3 the lane DID NOT RUN (no qemu/kernel, guest did not boot) on a
 # machine outside CI; 2 usage errors.
@@ -89,6 +90,7 @@ start=$SECONDS
 (cd "$root" && "$here/vm/softroce-vm.sh" --pair --mtu 9000 --hugepages 64 -t "$timeout_s" --boot-allowance 90 \
   -w "$build" -o "$out" \
   -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" -e "LANE_BENCH_ROUNDS=$rounds" \
+  -e "LANE_BENCH_SECONDS=${LANE_BENCH_SECONDS:-5}" \
   -e "LANE_E2E_CASES=${LANE_E2E_CASES:-}" -e "LANE_TIMEOUT=$timeout_s" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
   -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
