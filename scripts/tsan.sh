@@ -7,7 +7,14 @@
 # run under ASan+UBSan (.ci/run) instead.
 #
 #   scripts/tsan.sh [ctest arguments]     e.g. -R unit.ring
+#   scripts/tsan.sh --build-only [ctest arguments]   only build what those tests run
 set -euo pipefail
+
+build_only=0
+if [[ "${1:-}" == --build-only ]]; then
+  build_only=1
+  shift
+fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FRAMELINK_TSAN_BUILD_DIR:-$root/build-tsan}
@@ -24,4 +31,5 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:hist
 if (($# == 0)); then set -- -L 'unit|transport' -E '^unit\.(grafana_dashboard|metrics_exposition)$'; fi
 # The executables of those tests (the rdma conformance suite is labelled rdma).
 "$root/scripts/build-tests.sh" "$build" -- "$@"
+if ((build_only)); then exit 0; fi
 ctest --test-dir "$build" --output-on-failure "$@"
