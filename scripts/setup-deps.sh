@@ -44,6 +44,9 @@ packages=(
   catch2 clang-format clang-14 libclang-rt-14-dev
   # clang-tidy with the repository's .clang-tidy (scripts/tidy.sh)
   clang-tidy-14
+  # scripts/check-house.sh: universal-ctags finds where each function starts and ends (its JSON
+  # output with end lines) for the house's function-size limit
+  universal-ctags
   # certificates for the TLS integration tests
   openssl
   # the Python client's tests and its optional numpy views (/usr/bin/python3)

@@ -52,6 +52,31 @@ CaseConfig localCase(uint64_t size, double seconds) {
   return c;
 }
 
+// `count` consumers of streams nobody sends, on daemon A; stops at the first that cannot attach
+// (its error in `errors`).
+std::vector<fl_client*> attachIdleClients(const DaemonPair& pair, uint32_t count,
+                                          std::vector<std::string>& errors) {
+  std::vector<fl_client*> idle;
+  for (uint32_t i = 0; i < count; ++i) {
+    const std::string stream = "idle" + std::to_string(i);
+    fl_client_options co;
+    fl_client_options_init(&co);
+    co.role = FL_CONSUMER;
+    co.socket_path = pair.a().socket.c_str();
+    co.stream = stream.c_str();
+    co.client_name = "bench-idle";
+    co.slot_count = 1;
+    co.slot_size = 4096;
+    fl_client* c = nullptr;
+    if (fl_attach(&co, &c) != FL_OK) {
+      errors.push_back("idle client " + std::to_string(i) + ": " + fl_last_error());
+      break;
+    }
+    idle.push_back(c);
+  }
+  return idle;
+}
+
 }  // namespace
 
 int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, DaemonPair::Options daemons) {
@@ -64,24 +89,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
   }
   std::vector<std::string> errors;
   // Idle neighbours: consumers of streams nobody sends, attached for the whole run.
-  std::vector<fl_client*> idle;
-  for (uint32_t i = 0; i < o.idle_clients; ++i) {
-    const std::string stream = "idle" + std::to_string(i);
-    fl_client_options co;
-    fl_client_options_init(&co);
-    co.role = FL_CONSUMER;
-    co.socket_path = pair->a().socket.c_str();
-    co.stream = stream.c_str();
-    co.client_name = "bench-idle";
-    co.slot_count = 1;
-    co.slot_size = 4096;
-    fl_client* c = nullptr;
-    if (fl_attach(&co, &c) != FL_OK) {
-      errors.push_back("idle client " + std::to_string(i) + ": " + fl_last_error());
-      break;
-    }
-    idle.push_back(c);
-  }
+  std::vector<fl_client*> idle = attachIdleClients(*pair, o.idle_clients, errors);
   if (!idle.empty()) std::fprintf(stderr, "  %zu idle clients attached\n", idle.size());
   struct Row {
     uint64_t size;

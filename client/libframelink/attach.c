@@ -376,19 +376,15 @@ static int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
   return FL_OK;
 }
 
-FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
-  if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
-  *out = NULL;
-  if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
+/* The checks of fl_attach's options that need no other field's version:
+ * the struct size, the role and the stream name. */
+static int flx_check_options(const fl_client_options* options) {
   /* Older applications pass the smaller struct of their header: the fields
    * they do not know keep their defaults. */
   if (options->struct_size < FL_CLIENT_OPTIONS_SIZE_V1)
     return flx_error(FL_EINVAL,
                      "fl_attach: options.struct_size is %u; initialise options with fl_client_options_init",
                      options->struct_size);
-  const int has_v2 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V2;
-  const int has_v3 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V3;
-  const int has_v4 = options->struct_size >= sizeof(fl_client_options);
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
@@ -397,6 +393,18 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     return flx_error(FL_EINVAL,
                      "fl_attach: stream name '%.80s' is invalid: use 1 to %u characters from [A-Za-z0-9._-]",
                      options->stream ? options->stream : "(null)", FL_STREAM_NAME_LEN_MAX);
+  return FL_OK;
+}
+
+FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
+  if (!out) return flx_error(FL_EINVAL, "fl_attach: out is NULL");
+  *out = NULL;
+  if (!options) return flx_error(FL_EINVAL, "fl_attach: options is NULL");
+  int rc = flx_check_options(options);
+  if (rc != FL_OK) return rc;
+  const int has_v2 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V2;
+  const int has_v3 = options->struct_size >= FL_CLIENT_OPTIONS_SIZE_V3;
+  const int has_v4 = options->struct_size >= sizeof(fl_client_options);
 
   const char* path = options->socket_path;
   if (!path || !*path) path = getenv("FRAMELINK_SOCKET");
@@ -432,7 +440,7 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
     req.flags |= FL_ATTACH_PULL;
   }
   uint32_t spin_us = 0;
-  int rc = flx_wait_spin_us(has_v4 ? options->wait_spin_us : 0, &spin_us);
+  rc = flx_wait_spin_us(has_v4 ? options->wait_spin_us : 0, &spin_us);
   if (rc != FL_OK) return rc;
   snprintf(req.stream, sizeof(req.stream), "%s", options->stream);
   snprintf(req.client_name, sizeof(req.client_name), "%s",

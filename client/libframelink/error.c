@@ -27,82 +27,55 @@ FL_API const char* fl_version(void) {
   return FLX_STR(FL_VERSION_MAJOR) "." FLX_STR(FL_VERSION_MINOR) "." FLX_STR(FL_VERSION_PATCH);
 }
 
+/* Every status and what it means: fl_status_str's answers. */
+static const struct {
+  int status;
+  const char* text;
+} kStatusText[] = {
+    {FL_OK, "FL_OK: success"},
+    {FL_EAGAIN, "FL_EAGAIN: nothing available now (non-blocking call)"},
+    {FL_ETIMEDOUT, "FL_ETIMEDOUT: the timeout expired"},
+    {FL_EINVAL, "FL_EINVAL: invalid argument"},
+    {FL_EINTR, "FL_EINTR: interrupted by a signal"},
+    {FL_EBUSY, "FL_EBUSY: resource still in use"},
+    {FL_ERR_BAD_SLOT, "FL_ERR_BAD_SLOT: slot index out of range"},
+    {FL_ERR_SLOT_NOT_OWNED, "FL_ERR_SLOT_NOT_OWNED: slot is in flight or not held by this client"},
+    {FL_ERR_TOO_LARGE, "FL_ERR_TOO_LARGE: frame length exceeds the slot size"},
+    {FL_ERR_BAD_METADATA, "FL_ERR_BAD_METADATA: slot header is invalid (attribute length or flags)"},
+    {FL_ERR_BAD_DESCRIPTOR, "FL_ERR_BAD_DESCRIPTOR: ring entry is invalid (reserved fields set)"},
+    {FL_ERR_DOUBLE_RELEASE, "FL_ERR_DOUBLE_RELEASE: released a slot that is not held"},
+    {FL_ERR_NO_CONSUMER, "FL_ERR_NO_CONSUMER: no consumer took the frame before the credit timeout"},
+    {FL_ERR_TIMEOUT, "FL_ERR_TIMEOUT: the frame was not acknowledged in time"},
+    {FL_ERR_PEER_REJECTED, "FL_ERR_PEER_REJECTED: the remote daemon refused the frame (see its log)"},
+    {FL_ERR_CRC_MISMATCH, "FL_ERR_CRC_MISMATCH: payload CRC32C did not match"},
+    {FL_ERR_NO_ROUTE, "FL_ERR_NO_ROUTE: no peer is configured for this stream"},
+    {FL_ERR_LINK_LOST, "FL_ERR_LINK_LOST: the link to the peer broke while the frame was in flight"},
+    {FL_ERR_SHUTDOWN, "FL_ERR_SHUTDOWN: the daemon is shutting down"},
+    {FL_ERR_NO_LINK,
+     "FL_ERR_NO_LINK: the stream's peer has not linked with the daemon since it started (framelink "
+     "links shows its last error)"},
+    {FL_ERR_DAEMON_UNREACHABLE, "FL_ERR_DAEMON_UNREACHABLE: cannot connect to the framelinkd socket"},
+    {FL_ERR_ATTACH_REFUSED, "FL_ERR_ATTACH_REFUSED: the daemon's policy refused this uid/gid"},
+    {FL_ERR_QUOTA, "FL_ERR_QUOTA: slot count, slot size or bytes over the configured quota"},
+    {FL_ERR_VERSION, "FL_ERR_VERSION: attach protocol or shared-memory layout version mismatch"},
+    {FL_ERR_BAD_REQUEST, "FL_ERR_BAD_REQUEST: malformed attach request (role, stream name, sizes)"},
+    {FL_ERR_DAEMON_GONE, "FL_ERR_DAEMON_GONE: the daemon went away; detach and attach again"},
+    {FL_ERR_RESOURCES, "FL_ERR_RESOURCES: the daemon could not allocate memory or file descriptors"},
+    {FL_ERR_RING_CORRUPT, "FL_ERR_RING_CORRUPT: the shared rings or slot headers are corrupt; detach"},
+    {FL_ERR_AUTH, "FL_ERR_AUTH: the peer presented a wrong or no token"},
+    {FL_ERR_PEER_VERSION, "FL_ERR_PEER_VERSION: the peer speaks an incompatible protocol version"},
+    {FL_ERR_PROTOCOL, "FL_ERR_PROTOCOL: the peer sent a malformed or unexpected message"},
+    {FL_ERR_UNKNOWN_STREAM, "FL_ERR_UNKNOWN_STREAM: the peer referred to a stream that is not open"},
+    {FL_ERR_UNKNOWN_CREDIT, "FL_ERR_UNKNOWN_CREDIT: the peer used a credit it was not granted"},
+    {FL_ERR_TRANSPORT, "FL_ERR_TRANSPORT: the transport failed this frame (see the daemon log)"},
+    {FL_ERR_DEVICE,
+     "FL_ERR_DEVICE: the RDMA device failed; links on it are down until it recovers (see the daemon "
+     "log)"},
+};
+
 FL_API const char* fl_status_str(int status) {
-  switch (status) {
-    case FL_OK:
-      return "FL_OK: success";
-    case FL_EAGAIN:
-      return "FL_EAGAIN: nothing available now (non-blocking call)";
-    case FL_ETIMEDOUT:
-      return "FL_ETIMEDOUT: the timeout expired";
-    case FL_EINVAL:
-      return "FL_EINVAL: invalid argument";
-    case FL_EINTR:
-      return "FL_EINTR: interrupted by a signal";
-    case FL_EBUSY:
-      return "FL_EBUSY: resource still in use";
-    case FL_ERR_BAD_SLOT:
-      return "FL_ERR_BAD_SLOT: slot index out of range";
-    case FL_ERR_SLOT_NOT_OWNED:
-      return "FL_ERR_SLOT_NOT_OWNED: slot is in flight or not held by this client";
-    case FL_ERR_TOO_LARGE:
-      return "FL_ERR_TOO_LARGE: frame length exceeds the slot size";
-    case FL_ERR_BAD_METADATA:
-      return "FL_ERR_BAD_METADATA: slot header is invalid (attribute length or flags)";
-    case FL_ERR_BAD_DESCRIPTOR:
-      return "FL_ERR_BAD_DESCRIPTOR: ring entry is invalid (reserved fields set)";
-    case FL_ERR_DOUBLE_RELEASE:
-      return "FL_ERR_DOUBLE_RELEASE: released a slot that is not held";
-    case FL_ERR_NO_CONSUMER:
-      return "FL_ERR_NO_CONSUMER: no consumer took the frame before the credit timeout";
-    case FL_ERR_TIMEOUT:
-      return "FL_ERR_TIMEOUT: the frame was not acknowledged in time";
-    case FL_ERR_PEER_REJECTED:
-      return "FL_ERR_PEER_REJECTED: the remote daemon refused the frame (see its log)";
-    case FL_ERR_CRC_MISMATCH:
-      return "FL_ERR_CRC_MISMATCH: payload CRC32C did not match";
-    case FL_ERR_NO_ROUTE:
-      return "FL_ERR_NO_ROUTE: no peer is configured for this stream";
-    case FL_ERR_LINK_LOST:
-      return "FL_ERR_LINK_LOST: the link to the peer broke while the frame was in flight";
-    case FL_ERR_SHUTDOWN:
-      return "FL_ERR_SHUTDOWN: the daemon is shutting down";
-    case FL_ERR_NO_LINK:
-      return "FL_ERR_NO_LINK: the stream's peer has not linked with the daemon since it started (framelink "
-             "links shows its last error)";
-    case FL_ERR_DAEMON_UNREACHABLE:
-      return "FL_ERR_DAEMON_UNREACHABLE: cannot connect to the framelinkd socket";
-    case FL_ERR_ATTACH_REFUSED:
-      return "FL_ERR_ATTACH_REFUSED: the daemon's policy refused this uid/gid";
-    case FL_ERR_QUOTA:
-      return "FL_ERR_QUOTA: slot count, slot size or bytes over the configured quota";
-    case FL_ERR_VERSION:
-      return "FL_ERR_VERSION: attach protocol or shared-memory layout version mismatch";
-    case FL_ERR_BAD_REQUEST:
-      return "FL_ERR_BAD_REQUEST: malformed attach request (role, stream name, sizes)";
-    case FL_ERR_DAEMON_GONE:
-      return "FL_ERR_DAEMON_GONE: the daemon went away; detach and attach again";
-    case FL_ERR_RESOURCES:
-      return "FL_ERR_RESOURCES: the daemon could not allocate memory or file descriptors";
-    case FL_ERR_RING_CORRUPT:
-      return "FL_ERR_RING_CORRUPT: the shared rings or slot headers are corrupt; detach";
-    case FL_ERR_AUTH:
-      return "FL_ERR_AUTH: the peer presented a wrong or no token";
-    case FL_ERR_PEER_VERSION:
-      return "FL_ERR_PEER_VERSION: the peer speaks an incompatible protocol version";
-    case FL_ERR_PROTOCOL:
-      return "FL_ERR_PROTOCOL: the peer sent a malformed or unexpected message";
-    case FL_ERR_UNKNOWN_STREAM:
-      return "FL_ERR_UNKNOWN_STREAM: the peer referred to a stream that is not open";
-    case FL_ERR_UNKNOWN_CREDIT:
-      return "FL_ERR_UNKNOWN_CREDIT: the peer used a credit it was not granted";
-    case FL_ERR_TRANSPORT:
-      return "FL_ERR_TRANSPORT: the transport failed this frame (see the daemon log)";
-    case FL_ERR_DEVICE:
-      return "FL_ERR_DEVICE: the RDMA device failed; links on it are down until it recovers (see the daemon "
-             "log)";
-    default:
-      break;
+  for (size_t i = 0; i < sizeof(kStatusText) / sizeof(kStatusText[0]); ++i) {
+    if (kStatusText[i].status == status) return kStatusText[i].text;
   }
   /* Thread-local so the returned pointer stays valid for the caller's use
    * without a lock. */

@@ -112,6 +112,50 @@ static void flx_adopt_fd(int* old_fd, int new_fd) {
   *old_fd = new_fd;
 }
 
+/* The old attachment's segments are retired (see flx_retire_locked) and c
+ * points into n's segments instead: the mappings, the geometry and the rings
+ * and slots within them. */
+static void flx_adopt_segments_locked(fl_client* c, const fl_client* n) {
+  flx_retire_locked(c, c->data, c->data_len);
+  flx_retire_locked(c, c->control, c->control_len);
+  flx_lent_retire_all_locked(c);
+  c->control = n->control;
+  c->control_len = n->control_len;
+  c->data = n->data;
+  c->data_len = n->data_len;
+  c->geo = n->geo;
+  c->live_hdr = n->live_hdr;
+  c->submit = n->submit;
+  c->completion = n->completion;
+  c->ring_cap = n->ring_cap;
+  c->slot_count = n->slot_count;
+  c->slot_size = n->slot_size;
+  c->slot_stride = n->slot_stride;
+  c->slot_headers = n->slot_headers;
+  c->slot_header_stride = n->slot_header_stride;
+  c->slots = n->slots;
+}
+
+/* c takes n's per-slot bookkeeping, freeing its own; n is left without it. */
+static void flx_adopt_slot_state_locked(fl_client* c, fl_client* n) {
+  free(c->slot_state);
+  free(c->slot_want_crc);
+  free(c->slot_lent);
+  free(c->slot_gap);
+  free(c->free_list);
+  c->slot_state = n->slot_state;
+  c->slot_want_crc = n->slot_want_crc;
+  c->slot_lent = n->slot_lent;
+  c->slot_gap = n->slot_gap;
+  c->free_list = n->free_list;
+  c->free_count = n->free_count;
+  n->slot_state = NULL;
+  n->slot_want_crc = NULL;
+  n->slot_lent = NULL;
+  n->slot_gap = NULL;
+  n->free_list = NULL;
+}
+
 /* fl_reattach with reattach_mu held. */
 static int flx_reattach_serialized(fl_client* c) {
   pthread_mutex_lock(&c->mu);
@@ -147,40 +191,8 @@ static int flx_reattach_serialized(fl_client* c) {
   c->next_reattach_ms = 0;
   c->reattach_error[0] = '\0';
   flx_set_retry_timer(c, 0);
-  flx_retire_locked(c, c->data, c->data_len);
-  flx_retire_locked(c, c->control, c->control_len);
-  flx_lent_retire_all_locked(c);
-  c->control = n->control;
-  c->control_len = n->control_len;
-  c->data = n->data;
-  c->data_len = n->data_len;
-  c->geo = n->geo;
-  c->live_hdr = n->live_hdr;
-  c->submit = n->submit;
-  c->completion = n->completion;
-  c->ring_cap = n->ring_cap;
-  c->slot_count = n->slot_count;
-  c->slot_size = n->slot_size;
-  c->slot_stride = n->slot_stride;
-  c->slot_headers = n->slot_headers;
-  c->slot_header_stride = n->slot_header_stride;
-  c->slots = n->slots;
-  free(c->slot_state);
-  free(c->slot_want_crc);
-  free(c->slot_lent);
-  free(c->slot_gap);
-  free(c->free_list);
-  c->slot_state = n->slot_state;
-  c->slot_want_crc = n->slot_want_crc;
-  c->slot_lent = n->slot_lent;
-  c->slot_gap = n->slot_gap;
-  c->free_list = n->free_list;
-  c->free_count = n->free_count;
-  n->slot_state = NULL;
-  n->slot_want_crc = NULL;
-  n->slot_lent = NULL;
-  n->slot_gap = NULL;
-  n->free_list = NULL;
+  flx_adopt_segments_locked(c, n);
+  flx_adopt_slot_state_locked(c, n);
   __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
   c->armed = 0; /* the new doorbell is rung once a call finds nothing again */
   c->corrupt = 0;

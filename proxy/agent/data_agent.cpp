@@ -12,16 +12,13 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <map>
 #include <span>
 #include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "agent/agent_stats.h"
 #include "agent/idle_strategy.h"
-#include "agent/peer_messages.h"
 #include "common/log_fields.h"
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
@@ -559,163 +556,6 @@ void DataAgent::cutOverdueSessions(uint64_t now_ns) {
                            l.id, l.peer_name, kFinGraceNs / 1'000'000);
     if (l.session.cancel) l.session.cancel();
   }
-}
-
-void DataAgent::onControlRecord(AgentLink& l, const std::string& record) {
-  if (l.violated) return;
-  metrics_.counters.control_records_received.fetch_add(1, std::memory_order_relaxed);
-  v1::ControlBatch batch;
-  if (!batch.ParseFromString(record)) {
-    protocolError(l, "a control record of " + std::to_string(record.size()) + " bytes is not a ControlBatch");
-    return;
-  }
-  if (std::string why = peer::checkRecord(batch); !why.empty()) {
-    protocolError(l, why);
-    return;
-  }
-  for (const v1::PeerMessage& m : batch.messages()) {
-    if (!isPerFrameMessage(m)) {
-      protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +
-                           "; only credit grants, revokes and lows, ACKs, NACKs and offers travel there");
-      return;
-    }
-    // A closing link takes no new credits or streams, but the answers about
-    // frames it carried still settle them: a peer that shuts down cleanly
-    // sends its last ACKs just before its Fin, and the Session may overtake
-    // them.
-    if (l.closing && !m.has_ack() && !m.has_nack()) continue;
-    onPeerMessage(l, m);
-    if (l.violated) return;
-  }
-}
-
-void DataAgent::onPeerMessage(AgentLink& l, const v1::PeerMessage& message) {
-  std::visit(
-      [&](const auto& m) {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, peer::Violation>) {
-          protocolError(l, m.why);
-        } else if constexpr (std::is_same_v<T, peer::StreamOpen>) {
-          if (std::string why = inbound_.onStreamOpen(l, m); !why.empty()) protocolError(l, why);
-        } else if constexpr (std::is_same_v<T, peer::StreamClose>) {
-          inbound_.onStreamClose(l, m.stream_id);
-        } else if constexpr (std::is_same_v<T, peer::CreditGrant>) {
-          if (std::string why = outbound_.onCreditGrant(l, m); !why.empty()) protocolError(l, why);
-        } else if constexpr (std::is_same_v<T, peer::CreditRevoke>) {
-          if (m.returned) {
-            inbound_.onCreditsReturned(l, m);
-          } else {
-            outbound_.onCreditRevoke(l, m);
-          }
-        } else if constexpr (std::is_same_v<T, peer::CreditLow>) {
-          inbound_.onCreditLow(l, m);
-        } else if constexpr (std::is_same_v<T, peer::Ack>) {
-          for (uint64_t sequence : m.sequences) {
-            outbound_.onAck(l.peer, m.stream_id, sequence, FL_OK, {}, m.readers, m.readers - m.skipped);
-          }
-        } else if constexpr (std::is_same_v<T, peer::Nack>) {
-          outbound_.onAck(l.peer, m.stream_id, m.sequence, m.code,
-                          "peer " + l.peer_name + " refused it: " + m.message, m.readers, m.released, l.id);
-        } else if constexpr (std::is_same_v<T, peer::Offer>) {
-          if (std::string why = inbound_.onOffer(l, m); !why.empty()) protocolError(l, why);
-        } else if constexpr (std::is_same_v<T, peer::Fin>) {
-          log_link_closing_.info("link {}: peer {} closes the link: {} ({})", l.id, l.peer_name, m.reason,
-                                 v1::ErrorCode_IsValid(m.code)
-                                     ? v1::ErrorCode_Name(static_cast<v1::ErrorCode>(m.code))
-                                     : "code " + std::to_string(m.code));
-          l.closing = true;
-          if (l.session.cancel) l.session.cancel();
-        } else {
-          static_assert(std::is_same_v<T, peer::Keepalive>);
-        }
-      },
-      peer::decode(message));
-}
-
-// ---------------------------------------------------------------- stats
-
-void DataAgent::publishStats() {
-  AgentStats stats;
-  Metrics::Gauges gauges;
-  for (const auto& [id, c] : clients_.all()) {
-    const ClientSession& s = *c.session;
-    ClientStats cs;
-    cs.id = id;
-    cs.pid = int64_t{s.pid};
-    cs.uid = uint64_t{s.uid};
-    cs.gid = uint64_t{s.gid};
-    cs.name = s.name;
-    cs.producer = s.role == FL_ROLE_PRODUCER;
-    cs.subscriber = s.subscriber;
-    cs.pull = !cs.producer && inbound_.pullsStream(s.stream);
-    cs.stream = s.stream;
-    cs.slots = s.slots.size();
-    cs.slot_size = s.segments ? s.segments->slotSize() : 0;
-    size_t held = 0;  // consumer: delivered, not yet released
-    for (const auto& e : s.slots) {
-      cs.slots_busy += e.state != SlotState::kFree ? 1 : 0;
-      held += e.state == SlotState::kDelivered ? 1 : 0;
-    }
-    cs.in_flight = cs.producer ? cs.slots_busy : held;
-    if (s.subscriber && !s.gone) cs.waiting = local_.waitingFor(s);
-    (cs.producer ? gauges.frames_in_flight : gauges.frames_held) += cs.in_flight;
-    if (!s.gone) {
-      Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;
-      ++role.clients;
-      role.slots += cs.slots;
-    }
-    cs.frames = s.frames;
-    cs.bytes = s.bytes;
-    cs.errors = s.errors;
-    cs.dropped = s.dropped;
-    cs.gone = s.gone;
-    stats.clients.push_back(std::move(cs));
-  }
-  std::map<std::string, Metrics::LinkGauge>
-      by_peer;  // one series per peer, also while a link replaces another
-  transport::TransportCounters transport_totals = closed_links_transport_;
-  for (const auto& [id, l] : links_) {
-    if (l.transport) transport_totals += l.transport->counters();
-    LinkStats ls;
-    ls.id = id;
-    ls.identity = l;
-    ls.closing = l.closing;
-    ls.up_since_ns = l.up_since_ns;
-    ls.rtt_ns = l.rtt_ns;
-    ls.frames_in = l.frames_in;
-    ls.frames_out = l.frames_out;
-    const OutboundStreams::PeerTraffic t = outbound_.traffic(l.peer);
-    ls.replayed = t.replayed;
-    if (l.peer != kNoPeer && peers_[l.peer].link_id == id) {
-      ls.in_flight = t.in_flight;
-      ls.pending = t.pending;
-      ls.pulled_out = t.pulled;
-    }
-    ls.in_streams = l.in_streams.size();
-    for (const auto& [sid, in] : l.in_streams) ls.pulled_in += inbound_.pulls(l, in.name) ? 1 : 0;
-    Metrics::LinkGauge& g = by_peer[l.peer_name];
-    g.peer = l.peer_name;
-    if (!l.closing || g.transport.empty()) g.transport = l.transport_name;
-    if (l.rtt_ns != 0) g.rtt_ns = l.rtt_ns;
-    g.in_flight += ls.in_flight;
-    g.replayed = t.replayed;
-    stats.links.push_back(std::move(ls));
-  }
-  for (const auto& peer : config_.peers) {
-    if (by_peer.count(peer.name) != 0) continue;
-    Metrics::LinkGauge& g = by_peer[peer.name];
-    g.peer = peer.name;
-    g.replayed = outbound_.traffic(peers_.resolve(peer.name)).replayed;
-  }
-  for (auto& [name, g] : by_peer) gauges.links.push_back(std::move(g));
-  gauges.pull_reads_in_flight = inbound_.readsInFlight();
-  gauges.pull_reads_peak = inbound_.readsPeakPerLink();
-  metrics_.setGauges(std::move(gauges));
-  metrics_.setTransportCounters(transport_totals);
-  outbound_.collectStats(stats.streams);
-  stats.credits_outstanding = inbound_.creditsOutstanding();
-  stats.frames_held_by_consumers = inbound_.framesHeld();
-  metrics_.setDetail(toJson(std::move(stats)));
 }
 
 }  // namespace framelink

@@ -20,6 +20,7 @@
 #include "agent/agent_clock.h"
 #include "agent/agent_heartbeat.h"
 #include "agent/agent_state.h"
+#include "agent/agent_stats.h"
 #include "agent/client_table.h"
 #include "agent/command_queue.h"
 #include "agent/inbound_streams.h"
@@ -31,12 +32,11 @@
 #include "common/unique_fd.h"
 #include "config/config.h"
 #include "framelink/v1/link.pb.h"
+#include "metrics/metrics.h"
 #include "transport/link_bookkeeping.h"
 #include "transport/transport.h"
 
 namespace framelink {
-
-class Metrics;
 
 struct CmdClientAttached {
   std::shared_ptr<ClientSession> client;
@@ -156,13 +156,18 @@ class DataAgent {
   size_t drainCommands();
   size_t pollLinks();
   void sleep();
+  // The stats snapshot and the gauges, to metrics_ (stats_snapshot.cpp).
   void publishStats();
+  void collectClientStats(AgentStats& stats, Metrics::Gauges& gauges);
+  // Also fills gauges.links; returns the transport counters of every link so far.
+  transport::TransportCounters collectLinkStats(AgentStats& stats, Metrics::Gauges& gauges);
   void shutdown();
 
   void onClientAttached(std::shared_ptr<ClientSession> client);
   void onClientGone(uint64_t client_id);
   void onLinkUp(CmdLinkUp& command);
   void onLinkDown(uint64_t link_id, const std::string& reason);
+  // What a peer sent, to the part that owns it (peer_dispatch.cpp).
   void onPeerMessage(AgentLink& link, const v1::PeerMessage& message);
   // A control record from the link's transport: a ControlBatch of per-frame messages.
   void onControlRecord(AgentLink& link, const std::string& record);

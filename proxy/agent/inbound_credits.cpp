@@ -2,8 +2,9 @@
 // credit per free consumer slot, shared fairly among the stream's senders
 // (recalled beyond a share), the regions slot credits name, and the ACKs and
 // grants held back to go together (a quarter of the sender's window,
-// ack_delay, or CreditLow).  The rest of InboundStreams -- arrival, release,
-// what is remembered per sender stream -- is in inbound_streams.cpp.
+// ack_delay, or CreditLow).  The rest of InboundStreams -- arrival, release --
+// is in inbound_streams.cpp, what is remembered per sender stream in
+// inbound_answers.cpp.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>

@@ -6,7 +6,8 @@
 // credit's slot -- at most Limits::reads_per_link reads in flight per link,
 // the rest of the offers waiting in order -- then treats the frame as one
 // that arrived there (CRC32C, duplicates, delivery, ACK on release).  The
-// rest of InboundStreams is in inbound_streams.cpp and inbound_credits.cpp.
+// rest of InboundStreams is in inbound_streams.cpp, inbound_answers.cpp and
+// inbound_credits.cpp.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>

@@ -15,22 +15,7 @@
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 
-#ifdef FRAMELINK_HAVE_HTTPLIB
-#include <httplib.h>
-#endif
-
 namespace framelink {
-
-struct Metrics::Server {
-#ifdef FRAMELINK_HAVE_HTTPLIB
-  httplib::Server http;
-#endif
-};
-
-Metrics::Metrics()
-    : start_time_s_(
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()) {}
-Metrics::~Metrics() { stop(); }
 
 void Metrics::recordDeliveryLatency(uint64_t micros) noexcept {
   size_t bucket = 0;
@@ -574,44 +559,6 @@ std::string Metrics::json() const {
   // The agent's snapshot (agent_stats.cpp, written with nlohmann too), kept in its order.
   out["detail"] = nlohmann::ordered_json::parse(detail, nullptr, /*allow_exceptions=*/false);
   return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
-Status Metrics::serve(const std::string& listen) {
-#ifdef FRAMELINK_HAVE_HTTPLIB
-  auto colon = listen.rfind(':');
-  if (colon == std::string::npos) {
-    return makeError(FL_EINVAL, "metrics listen address '" + listen + "' must be HOST:PORT");
-  }
-  std::string host = listen.substr(0, colon);
-  int port = std::stoi(listen.substr(colon + 1));
-  server_ = std::make_unique<Server>();
-  server_->http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus(), "text/plain; version=0.0.4");
-  });
-  server_->http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json(), "application/json");
-  });
-  server_->http.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
-    const Health h = health();
-    res.status = h.ok ? 200 : 503;
-    res.set_content(h.text, "text/plain");
-  });
-  int bound =
-      port == 0 ? server_->http.bind_to_any_port(host) : (server_->http.bind_to_port(host, port) ? port : -1);
-  if (bound < 0) return makeError(FL_ERR_RESOURCES, "cannot listen for metrics on " + listen);
-  port_ = static_cast<uint16_t>(bound);
-  thread_ = std::thread([this] { server_->http.listen_after_bind(); });
-  return {};
-#else
-  return makeError(FL_EINVAL, "metrics endpoint not built (cpp-httplib missing); remove --metrics " + listen);
-#endif
-}
-
-void Metrics::stop() {
-#ifdef FRAMELINK_HAVE_HTTPLIB
-  if (server_) server_->http.stop();
-#endif
-  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace framelink

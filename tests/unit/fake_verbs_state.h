@@ -1,5 +1,5 @@
-// FakeVerbs' private objects and helpers, shared by its two source files
-// (fake_verbs.cpp: devices, memory, CQs and QPs; fake_verbs_cm.cpp: rdma_cm).
+// FakeVerbs' private objects and helpers, shared by its source files
+// (fake_verbs.cpp: devices, memory and QPs; fake_verbs_cq.cpp: CQs; fake_verbs_cm.cpp: rdma_cm).
 #pragma once
 
 #include <arpa/inet.h>

@@ -228,7 +228,8 @@ class RdmaTransport final : public Transport {
   static constexpr uint64_t kWindowTag = uint64_t{1} << 61;  // BIND_MW and LOCAL_INV
   static void signalEventFd(int fd) noexcept;
 
-  // The verbs resources, fds and buffers, in the steps below (in this order).
+  // The verbs resources, fds and buffers, in the steps below (in this order;
+  // rdma_setup.cpp, with create()).
   Status setUp();
   // Neither queue deeper than the device's max_qp_wr.
   Status checkQueueDepths() const;
@@ -249,6 +250,10 @@ class RdmaTransport final : public Transport {
   // Posts every receive WR, arms the CQ and asks the device for this QP's errors.
   Status startReceiving();
   void flushChain() noexcept;
+  // After ibv_post_send of a chain of `nwin` window, `nctl` control and the
+  // unposted frame WRs: advances the posted counters past what the queue
+  // took (all when rc is 0, else the WRs before `bad`), fails the link if rc.
+  void settlePosted(int rc, const ibv_send_wr* bad, uint32_t nwin, uint32_t nctl) noexcept;
   // Copies queued control records into free send chunks (at most `room`
   // WRs) and links their WRs in posting order; returns how many it built.
   uint32_t buildControlWrs(uint32_t room) noexcept;

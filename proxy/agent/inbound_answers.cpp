@@ -1,0 +1,130 @@
+// What InboundStreams remembers per sender stream (InState: a peer instance's
+// stream, across its links): the answers it gave, so that a replayed frame is
+// dropped and answered again (ACK, NACK or "unknown"), never delivered twice,
+// and the bound on how many sender streams a peer may leave behind.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+
+#include "agent/inbound_streams.h"
+#include "framelink/framelink.h"
+#include "transport/frame_header.h"
+
+namespace framelink {
+
+uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
+  const InStateKey key{l.peer, l.peer_instance, stream_id};
+  auto it = in_state_ids_.find(key);
+  if (it != in_state_ids_.end()) return it->second;
+  const uint64_t id = next_in_state_id_++;
+  in_state_ids_.emplace(key, id);
+  InState& in = in_states_[id];
+  in.peer = l.peer;
+  in.instance = l.peer_instance;
+  in.stream_id = stream_id;
+  in.used_ns = clock_.nowNs();
+  return id;
+}
+
+bool InboundStreams::roomForInState(const AgentLink& l, uint64_t sid) {
+  if (in_state_ids_.count(InStateKey{l.peer, l.peer_instance, sid}) != 0) return true;
+  auto first = in_state_ids_.lower_bound(InStateKey{l.peer, 0, 0});
+  auto last = in_state_ids_.lower_bound(InStateKey{l.peer + 1, 0, 0});
+  if (static_cast<size_t>(std::distance(first, last)) < limits_.max_in_states_per_peer) return true;
+  auto oldest = in_states_.end();
+  for (auto it = first; it != last; ++it) {
+    auto ist = in_states_.find(it->second);
+    if (ist == in_states_.end() || ist->second.open_links != 0 || !ist->second.held.empty()) continue;
+    if (oldest == in_states_.end() || ist->second.used_ns < oldest->second.used_ns) oldest = ist;
+  }
+  if (oldest == in_states_.end()) return false;
+  metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
+  forgetInState(oldest);
+  return true;
+}
+
+void InboundStreams::countOpen(const AgentLink& l, uint64_t sid, int change) {
+  InState& in = in_states_[inStateId(l, sid)];
+  if (change > 0) {
+    ++in.open_links;
+  } else if (in.open_links > 0) {
+    --in.open_links;
+  }
+  in.used_ns = clock_.nowNs();
+}
+
+void InboundStreams::forgetInState(std::map<uint64_t, InState>::iterator it) {
+  in_state_ids_.erase(InStateKey{it->second.peer, it->second.instance, it->second.stream_id});
+  in_states_.erase(it);
+}
+
+bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, const char* refused_note) {
+  auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
+  if (id == in_state_ids_.end()) return false;
+  InState& in = in_states_[id->second];
+  if (in.resend.count(h.sequence) != 0) return false;  // asked for again: not answered yet
+  if (in.held.count(h.sequence) != 0) {
+    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("[peer {} stream {} seq {}] replay of a frame the consumer still holds: dropped",
+                  l.peer_name, h.stream_id, h.sequence);
+    return true;  // its consumer still holds it: the ACK or NACK comes with the release
+  }
+  if (auto refused = in.refused.find(h.sequence); refused != in.refused.end()) {
+    metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+    sendNack(l, h.stream_id, h.sequence, refused->second, refused_note);
+    return true;
+  }
+  auto released = std::find_if(in.released.begin(), in.released.end(),
+                               [&](const ReleasedFrame& r) { return r.sequence == h.sequence; });
+  if (released != in.released.end()) {
+    ackAgain(l, h, *released);
+    return true;
+  }
+  return false;
+}
+
+void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, const ReleasedFrame& answer) {
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("[peer {} stream {} seq {}] replay of a delivered frame: dropped, ACK sent again",
+                l.peer_name, h.stream_id, h.sequence);
+  // At once: the sender is replaying, and waits for this answer.
+  HeldBack& held = held_back_[{l.id, h.stream_id}];
+  held.acks.push_back(answer);
+  held.this_round = true;
+}
+
+void InboundStreams::markAnswered(InState& in, uint64_t sequence) {
+  if (sequence <= in.answered_to) return;
+  in.answered_above.insert(sequence);
+  if (in.answered_above.size() > kMaxRemembered) {
+    // A gap that stayed open for kMaxRemembered answers: its sender gave up
+    // on those frames (they ended TIMEOUT) or never sent them.  The
+    // watermark passes it; a late replay of one is answered "unknown".
+    metrics_.counters.answer_gaps_forgotten.fetch_add(*in.answered_above.begin() - in.answered_to - 1,
+                                                      std::memory_order_relaxed);
+    in.answered_to = *in.answered_above.begin();
+    in.answered_above.erase(in.answered_above.begin());
+  }
+  while (!in.answered_above.empty() && *in.answered_above.begin() == in.answered_to + 1) {
+    ++in.answered_to;
+    in.answered_above.erase(in.answered_above.begin());
+  }
+}
+
+bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
+  InState& in = in_states_[inStateId(l, h.stream_id)];
+  if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
+  if (!answered(in, h.sequence)) return false;         // new, or its first copy never arrived
+  if (answerKnown(l, h, "refused before the link broke")) return true;
+  // Answered once, but how is no longer remembered (released or refused
+  // longer ago than the memory bounds reach): the sender is told the
+  // outcome is unknown, never DELIVERED on a guess.
+  metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
+  sendNack(l, h.stream_id, h.sequence, FL_ERR_TIMEOUT,
+           "replay of a frame answered too long ago to remember how (it may have been delivered)");
+  return true;
+}
+
+}  // namespace framelink
