@@ -9,7 +9,7 @@
 #include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 #include "transport/frame_header.h"
-#include "transport/grpc/grpc_wire.h"
+#include "transport/frame_header_proto.h"
 
 namespace framelink {
 

@@ -2,7 +2,7 @@
 
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
-#include "transport/grpc/grpc_wire.h"
+#include "transport/frame_header_proto.h"
 
 namespace framelink::peer {
 

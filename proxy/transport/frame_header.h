@@ -6,7 +6,8 @@
 //   shared memory   fl_slot_header          toSlotHeader / fromSlotHeader (here)
 //   tcp             tcp::TcpFrameHeader     tcp::toWire / tcp::fromWire (tcp/tcp_wire.h)
 //   rdma            fl_slot_header itself   rdma::toWire / rdma::fromWire (rdma/rdma_wire.h)
-//   grpc            framelink.v1.FrameHeader  toProto / fromProto (grpc/grpc_wire.h)
+//   grpc            framelink.v1.FrameHeader  toProto / fromProto (frame_header_proto.h,
+//                                             in grpc/grpc_wire.cpp; peer messages use them too)
 // The loopback transport hands the struct itself to the other end.
 #pragma once
 

@@ -33,16 +33,9 @@
 
 #include "framelink/v1/link.pb.h"
 #include "transport/frame_header.h"
+#include "transport/frame_header_proto.h"  // toProto / fromProto, defined in grpc_wire.cpp
 
 namespace framelink::transport {
-
-// Sends the first attr_length attribute bytes (at most FL_MAX_ATTR_BYTES).
-void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p);
-
-// Refuses (false, `h` untouched) a header whose attributes exceed
-// FL_MAX_ATTR_BYTES: the receiver fails the link on it.  Otherwise fills
-// every field of `h`; the attribute bytes past attr_length are zero.
-bool fromProto(const framelink::v1::FrameHeader& p, FrameHeader* h) noexcept;
 
 // The full name of the Link.Data method.
 inline constexpr char kDataMethod[] = "/framelink.v1.Link/Data";
