@@ -81,6 +81,46 @@ static framelink::AgentHeartbeat systemdWatchdog() {
   return {};
 }
 
+// Warnings about what the configuration leaves open or unencrypted: token
+// files others can read, unauthenticated or clear-text links, a CA file with
+// no peer in it, transports TLS does not encrypt.
+static void warnAboutSecurity(const framelink::Config& config) {
+  for (const auto& exposed : framelink::exposedTokenFiles(config)) spdlog::warn("{}", exposed);
+  if (config.unauthenticatedFromNetwork()) {
+    spdlog::warn(
+        "peers are not authenticated (no token, no TLS) and link.listen {} / data_listen {} are reachable "
+        "from the network: any host that reaches them can link and push frames to local consumers "
+        "(allowed by allow_unauthenticated)",
+        config.listen, config.data_listen);
+  }
+  if (const std::string at = config.tokenInClearAt(); !at.empty()) {
+    spdlog::warn(
+        "the peer token crosses the network in clear ({}): TLS is off, and the token travels as it is in "
+        "each link's call metadata and Hello, so whoever can capture traffic between the hosts can pass for "
+        "a peer.  Turn on mutual TLS (link.tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth: the "
+        "packaged configuration does), or keep the links on a network only the daemons' hosts reach",
+        at);
+  }
+  if (config.tls_no_peer_certs) {
+    spdlog::warn(
+        "link.tls_ca_file {} holds no peer certificate yet: no peer can link with this daemon, which serves "
+        "local clients only.  To link with another host, append its certificate (its "
+        "/etc/framelink/tls/host.crt) to {}, give it this host's certificate ({}) the same way, and "
+        "restart both daemons",
+        config.tls_ca_file, config.tls_ca_file, config.tls_cert_file);
+  }
+  if (config.tlsEnabled()) {
+    for (const auto& t : config.transports) {
+      if (t == "tcp" || t == "rdma") {
+        spdlog::warn(
+            "TLS protects the gRPC link and the grpc data transport; frames sent over '{}' are "
+            "authenticated but not encrypted (list only grpc in transports to encrypt them)",
+            t);
+      }
+    }
+  }
+}
+
 // An exception that gets here (a logger that cannot be created, out of
 // memory while starting) ends the daemon with its message, not with a bare
 // std::terminate.
@@ -98,40 +138,7 @@ int main(int argc, char** argv) try {
   spdlog::set_default_logger(makeLogger(config.value()));
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
-  for (const auto& exposed : framelink::exposedTokenFiles(config.value())) spdlog::warn("{}", exposed);
-  if (config->unauthenticatedFromNetwork()) {
-    spdlog::warn(
-        "peers are not authenticated (no token, no TLS) and link.listen {} / data_listen {} are reachable "
-        "from the network: any host that reaches them can link and push frames to local consumers "
-        "(allowed by allow_unauthenticated)",
-        config->listen, config->data_listen);
-  }
-  if (const std::string at = config->tokenInClearAt(); !at.empty()) {
-    spdlog::warn(
-        "the peer token crosses the network in clear ({}): TLS is off, and the token travels as it is in "
-        "each link's call metadata and Hello, so whoever can capture traffic between the hosts can pass for "
-        "a peer.  Turn on mutual TLS (link.tls_cert_file, tls_key_file, tls_ca_file, tls_client_auth: the "
-        "packaged configuration does), or keep the links on a network only the daemons' hosts reach",
-        at);
-  }
-  if (config->tls_no_peer_certs) {
-    spdlog::warn(
-        "link.tls_ca_file {} holds no peer certificate yet: no peer can link with this daemon, which serves "
-        "local clients only.  To link with another host, append its certificate (its "
-        "/etc/framelink/tls/host.crt) to {}, give it this host's certificate ({}) the same way, and "
-        "restart both daemons",
-        config->tls_ca_file, config->tls_ca_file, config->tls_cert_file);
-  }
-  if (config->tlsEnabled()) {
-    for (const auto& t : config->transports) {
-      if (t == "tcp" || t == "rdma") {
-        spdlog::warn(
-            "TLS protects the gRPC link and the grpc data transport; frames sent over '{}' are "
-            "authenticated but not encrypted (list only grpc in transports to encrypt them)",
-            t);
-      }
-    }
-  }
+  warnAboutSecurity(config.value());
 
   // Signals are taken synchronously by this thread; every other thread
   // inherits the blocked mask.

@@ -13,6 +13,29 @@
 
 namespace framelink {
 
+namespace {
+
+// The link's data transport, wrapped in the faulty decorator when the
+// configuration asks for injected faults ([link] fault_inject, tests only).
+std::shared_ptr<transport::Transport> withInjectedFaults(const Config& config, const LinkSessionInfo& info,
+                                                         std::shared_ptr<transport::Transport> t) {
+  if (config.fault_inject.empty()) return t;
+  const uint64_t link_id = info.link_id;
+  // Validated at start-up (parseConfig).
+  auto spec = transport::parseFaultSpec(config.fault_inject);
+  auto faulty = transport::FaultyTransport::wrap(t, spec.value(), link_id);
+  if (faulty) {
+    spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, info.identity.peer_name,
+                 transport::describe(spec.value()));
+    return std::move(faulty).value();
+  }
+  spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, info.identity.peer_name,
+                faulty.error().message);
+  return t;
+}
+
+}  // namespace
+
 template <typename Stream>
 void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
                     std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel) {
@@ -32,20 +55,7 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
   CmdLinkUp up;
   up.link_id = link_id;
   up.identity = info.identity;
-  if (!config.fault_inject.empty()) {
-    // Validated at start-up (parseConfig).
-    auto spec = transport::parseFaultSpec(config.fault_inject);
-    auto faulty = transport::FaultyTransport::wrap(t, spec.value(), link_id);
-    if (faulty) {
-      spdlog::warn("link {} to peer {}: injecting faults ({})", link_id, info.identity.peer_name,
-                   transport::describe(spec.value()));
-      t = std::move(faulty).value();
-    } else {
-      spdlog::error("link {} to peer {}: cannot inject faults: {}", link_id, info.identity.peer_name,
-                    faulty.error().message);
-    }
-  }
-  up.transport = std::move(t);
+  up.transport = withInjectedFaults(config, info, std::move(t));
   up.session = PeerSession{writer, [guard] { guard->fire(); }};
   agent.post(std::move(up));
   auto backlog = std::make_shared<SessionBacklog>();

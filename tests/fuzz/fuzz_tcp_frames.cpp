@@ -74,6 +74,33 @@ bool tcpPair(int out[2]) {
   return out[0] >= 0;
 }
 
+// The peer: everything, then a close (the socket buffer holds it all for
+// the sizes libFuzzer generates; -max_len keeps it that way).
+void sendThenClose(int fd, const uint8_t* data, size_t size) {
+  size_t off = 0;
+  while (off < size) {
+    const ssize_t n = ::send(fd, data + off, size - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the transport already closed on a protocol error
+    off += static_cast<size_t>(n);
+  }
+  ::shutdown(fd, SHUT_WR);
+}
+
+// The link failed: its events came with its LinkError, in the same polls.
+// Counts the reads they complete into reads_done (read ids 1 and 2).
+void countReadsAfterLinkError(Transport& t, int reads_done[2]) {
+  TransportEvent rest[8];
+  for (size_t n; (n = t.poll(rest, 8)) > 0;) {
+    for (size_t i = 0; i < n; ++i) {
+      if (rest[i].kind == TransportEvent::Kind::kReadComplete &&
+          (rest[i].cookie == 1 || rest[i].cookie == 2)) {
+        if (++reads_done[rest[i].cookie - 1] > 1) fail("a read completed twice");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -116,16 +143,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   int reads_done[2] = {0, 0};
 
-  // The peer: everything, then a close (the socket buffer holds it all for
-  // the sizes libFuzzer generates; -max_len keeps it that way).
-  size_t off = 0;
-  while (off < size) {
-    const ssize_t n = ::send(fds[1], data + off, size - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // the transport already closed on a protocol error
-    off += static_cast<size_t>(n);
-  }
-  ::shutdown(fds[1], SHUT_WR);
+  sendThenClose(fds[1], data, size);
 
   bool link_error = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -152,16 +170,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ::poll(&p, 1, 10);
     }
   }
-  // The link failed: its events came with its LinkError, in the same polls.
-  TransportEvent rest[8];
-  for (size_t n; (n = t->poll(rest, 8)) > 0;) {
-    for (size_t i = 0; i < n; ++i) {
-      if (rest[i].kind == TransportEvent::Kind::kReadComplete &&
-          (rest[i].cookie == 1 || rest[i].cookie == 2)) {
-        if (++reads_done[rest[i].cookie - 1] > 1) fail("a read completed twice");
-      }
-    }
-  }
+  countReadsAfterLinkError(*t, reads_done);
   if (reads_done[0] != 1 || reads_done[1] != 1) fail("a read never completed");
   t->shutdown();
   ::close(fds[1]);

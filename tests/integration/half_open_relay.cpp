@@ -47,7 +47,43 @@ struct HalfOpenRelay::Pair {
       if (f >= 0) ::close(f);
     }
   }
+
+  // Moves what it can over direction d without blocking: reads from side d
+  // into its buffer, writes the buffer to the other side and passes the end
+  // of the stream on.  True when anything changed (bytes, an end, a failure).
+  bool carry(int d);
 };
+
+bool HalfOpenRelay::Pair::carry(int d) {
+  bool moved = false;
+  const int src = d, dst = 1 - d;
+  if (!failed[src] && !eof[d] && buf[d].size() < kMaxBuffered) {
+    char chunk[64 * 1024];
+    ssize_t n = ::recv(fd[src], chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n > 0) {
+      buf[d].append(chunk, size_t(n));
+      moved = true;
+    } else if (n == 0) {
+      eof[d] = moved = true;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      failed[src] = moved = true;
+    }
+  }
+  if (!failed[dst] && !buf[d].empty()) {
+    ssize_t n = ::send(fd[dst], buf[d].data(), buf[d].size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      buf[d].erase(0, size_t(n));
+      moved = true;
+    } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      failed[dst] = moved = true;
+    }
+  }
+  if (eof[d] && buf[d].empty() && !shut[d] && !failed[dst]) {
+    ::shutdown(fd[dst], SHUT_WR);
+    shut[d] = moved = true;
+  }
+  return moved;
+}
 
 HalfOpenRelay::HalfOpenRelay(std::string listen_host, std::string target_host, int ports)
     : listen_host_(std::move(listen_host)), target_host_(std::move(target_host)) {
@@ -120,32 +156,7 @@ void HalfOpenRelay::run() {
       bool moved = false;
       for (int d = 0; d < 2; ++d) {
         if (blocked[d]) continue;
-        const int src = d, dst = 1 - d;
-        if (!p.failed[src] && !p.eof[d] && p.buf[d].size() < kMaxBuffered) {
-          char chunk[64 * 1024];
-          ssize_t n = ::recv(p.fd[src], chunk, sizeof chunk, MSG_DONTWAIT);
-          if (n > 0) {
-            p.buf[d].append(chunk, size_t(n));
-            moved = true;
-          } else if (n == 0) {
-            p.eof[d] = moved = true;
-          } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            p.failed[src] = moved = true;
-          }
-        }
-        if (!p.failed[dst] && !p.buf[d].empty()) {
-          ssize_t n = ::send(p.fd[dst], p.buf[d].data(), p.buf[d].size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-          if (n > 0) {
-            p.buf[d].erase(0, size_t(n));
-            moved = true;
-          } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            p.failed[dst] = moved = true;
-          }
-        }
-        if (p.eof[d] && p.buf[d].empty() && !p.shut[d] && !p.failed[dst]) {
-          ::shutdown(p.fd[dst], SHUT_WR);
-          p.shut[d] = moved = true;
-        }
+        if (p.carry(d)) moved = true;
       }
       if (moved) p.hung_up = false;
     }

@@ -69,27 +69,42 @@ struct Traffic {
       done += n;
     }
   }
+
+  // Once every frame completed: a second completion for any frame would
+  // show up now.
+  void collectLateCompletions() {
+    for (const auto& c : collectCompletions(producer.get(), 1, Millis(300))) {
+      completed[c.frame_id].push_back(c.status);
+    }
+  }
 };
+
+// The daemons' counters of link failures, replays and dropped duplicates, read once all frames ended.
+struct LinkCounters {
+  int64_t a_failures, b_failures, replayed, acks_for_replays, dup_dropped;
+};
+
+LinkCounters readCounters(const DaemonProcess& a, const DaemonProcess& b) {
+  LinkCounters c;
+  c.a_failures = a.metric("framelink_link_failures_total");
+  c.b_failures = b.metric("framelink_link_failures_total");
+  c.replayed = a.metric("framelink_frames_replayed_total");
+  c.acks_for_replays = a.metric("framelink_acks_for_replays_total");
+  c.dup_dropped = b.metric("framelink_duplicates_dropped_total");
+  return c;
+}
 
 const char* name(HalfOpenRelay::Direction d) {
   return d == HalfOpenRelay::Direction::kForward ? "A->B blocked (frames held)"
                                                  : "B->A blocked (ACKs and credits held)";
 }
 
-// Runs the scenario; `long_block`: hold the direction until A has given
-// the link up (the side that hears nothing does after link_timeout_ms and
-// ends the call; B's end reaches A when B->A still works), else for half
-// of link_timeout_ms.
-void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked, bool long_block) {
-  INFO("transport " << transport << ", " << name(blocked) << (long_block ? ", past" : ", within")
-                    << " the link's liveness check");
-  HalfOpenRelay relay("127.0.0.2", "127.0.0.3", 2);
-  const uint16_t grpc_port = relay.port(0), data_port = relay.port(1);
-
-  // A daemon that hears nothing from its peer for link_timeout gives the
-  // link up (and ends its call, which the other side hears of when its
-  // direction still works).  The ACK and credit deadlines outlast that and
-  // the relink, so that only an ACK lost for good can time a frame out.
+// Daemon B, behind the relay: it listens on 127.0.0.3 with the relay's port
+// numbers.  A daemon that hears nothing from its peer for link_timeout gives
+// the link up (and ends its call, which the other side hears of when its
+// direction still works).  The ACK and credit deadlines outlast that and
+// the relink, so that only an ACK lost for good can time a frame out.
+DaemonProcess::Options optionsForB(const std::string& transport, uint16_t grpc_port, uint16_t data_port) {
   const std::vector<std::string> common = {
       "--metrics",          "127.0.0.1:0", "--keepalive-ms",      "200",   "--link-timeout-ms",    "2000",
       "--ack-timeout-ms",   "10000",       "--credit-timeout-ms", "10000", "--connect-timeout-ms", "1000",
@@ -102,15 +117,78 @@ void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked
   bo.data_listen = "127.0.0.3:" + std::to_string(data_port);
   bo.extra_args = common;
   bo.log_level = "debug";  // printed only when the test fails
-  DaemonProcess b(bo);
-  REQUIRE(b.grpcPort() == grpc_port);
+  return bo;
+}
 
+// Daemon A: B's settings, its own ports, and B as its peer through the relay.
+DaemonProcess::Options optionsForA(const DaemonProcess::Options& bo, const HalfOpenRelay& relay) {
   DaemonProcess::Options ao = bo;
   ao.id = "hostA";
   ao.listen = "127.0.0.1:0";
   ao.data_listen = "127.0.0.1:0";
-  ao.peers = {"hostB=" + relay.listenHost() + ":" + std::to_string(grpc_port)};
-  DaemonProcess a(ao);
+  ao.peers = {"hostB=" + relay.listenHost() + ":" + std::to_string(relay.port(0))};
+  return ao;
+}
+
+// Keeps frames coming while the relay holds a direction: for a long block
+// until A has given the link up and a little longer (A tries to relink into
+// the partition), else for half of link_timeout_ms.
+void pumpWhileBlocked(Traffic& t, const DaemonProcess& a, bool long_block, int64_t a_failures_before) {
+  if (long_block) {
+    t.pump(true, Millis(15000),
+           [&] { return a.metric("framelink_link_failures_total") > a_failures_before; });
+    INFO("A must give the half-open link up");
+    CHECK(a.metric("framelink_link_failures_total") > a_failures_before);
+    t.pump(true, Millis(500));  // and try to relink into the partition
+  } else {
+    t.pump(true, Millis(1000));
+  }
+}
+
+// Every frame ended exactly once, the consumer got none twice, and DELIVERED
+// is what ended exactly the frames it got; returns how many were delivered.
+uint64_t checkEachFrameEndedOnce(Traffic& t) {
+  uint64_t delivered = 0;
+  for (uint64_t id = 0; id < t.next; ++id) {
+    const auto& st = t.completed[id];
+    std::string statuses;
+    for (int s : st) statuses += statusName(s) + " ";
+    INFO("frame " << id << ": completions [" << statuses << "], received " << t.received[id] << " time(s)");
+    REQUIRE(st.size() == 1);
+    CHECK(t.received[id] <= 1);
+    // DELIVERED exactly for the frames the consumer got and released: a
+    // released frame that ends in FL_ERR_TIMEOUT is an ACK lost for good.
+    CHECK((st[0] == FL_OK) == (t.received[id] == 1));
+    if (st[0] == FL_OK) ++delivered;
+  }
+  return delivered;
+}
+
+// Once the clients are gone: neither daemon leaked anything, both still run.
+void checkIdleAndAlive(DaemonProcess& a, DaemonProcess& b) {
+  CHECK(waitUntil([&] { return a.idle() && b.idle(); }, Millis(15000), Millis(100)));
+  INFO("A /stats " << a.httpGet("/stats"));
+  INFO("B /stats " << b.httpGet("/stats"));
+  CHECK(a.idle());
+  CHECK(b.idle());
+  REQUIRE(a.alive());
+  REQUIRE(b.alive());
+}
+
+// Runs the scenario; `long_block`: hold the direction until A has given
+// the link up (the side that hears nothing does after link_timeout_ms and
+// ends the call; B's end reaches A when B->A still works), else for half
+// of link_timeout_ms.
+void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked, bool long_block) {
+  INFO("transport " << transport << ", " << name(blocked) << (long_block ? ", past" : ", within")
+                    << " the link's liveness check");
+  HalfOpenRelay relay("127.0.0.2", "127.0.0.3", 2);
+  const uint16_t grpc_port = relay.port(0), data_port = relay.port(1);
+
+  const DaemonProcess::Options bo = optionsForB(transport, grpc_port, data_port);
+  DaemonProcess b(bo);
+  REQUIRE(b.grpcPort() == grpc_port);
+  DaemonProcess a(optionsForA(bo, relay));
 
   const std::string stream = "half-open-" + transport;
   Traffic t;
@@ -128,15 +206,7 @@ void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked
 
   const auto block_start = Clock::now();
   relay.block(blocked);
-  if (long_block) {
-    t.pump(true, Millis(15000),
-           [&] { return a.metric("framelink_link_failures_total") > a_failures_before; });
-    INFO("A must give the half-open link up");
-    CHECK(a.metric("framelink_link_failures_total") > a_failures_before);
-    t.pump(true, Millis(500));  // and try to relink into the partition
-  } else {
-    t.pump(true, Millis(1000));
-  }
+  pumpWhileBlocked(t, a, long_block, a_failures_before);
   const auto blocked_for = std::chrono::duration_cast<Millis>(Clock::now() - block_start);
   const uint64_t received_in_block = t.receivedCount();
   relay.heal();
@@ -148,67 +218,43 @@ void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked
                       << " completed");
   REQUIRE(t.done == t.next);
   CHECK(t.receivedCount() > received_in_block);
-  // A second completion for any frame would show up now.
-  for (const auto& c : collectCompletions(t.producer.get(), 1, Millis(300))) {
-    t.completed[c.frame_id].push_back(c.status);
-  }
+  t.collectLateCompletions();
 
-  uint64_t delivered = 0;
-  for (uint64_t id = 0; id < t.next; ++id) {
-    const auto& st = t.completed[id];
-    std::string statuses;
-    for (int s : st) statuses += statusName(s) + " ";
-    INFO("frame " << id << ": completions [" << statuses << "], received " << t.received[id] << " time(s)");
-    REQUIRE(st.size() == 1);
-    CHECK(t.received[id] <= 1);
-    // DELIVERED exactly for the frames the consumer got and released: a
-    // released frame that ends in FL_ERR_TIMEOUT is an ACK lost for good.
-    CHECK((st[0] == FL_OK) == (t.received[id] == 1));
-    if (st[0] == FL_OK) ++delivered;
-  }
+  const uint64_t delivered = checkEachFrameEndedOnce(t);
   // Both daemons stayed up and only the path failed: every frame gets through.
   CHECK(delivered == t.next);
 
-  const int64_t a_failures = a.metric("framelink_link_failures_total");
-  const int64_t b_failures = b.metric("framelink_link_failures_total");
-  const int64_t replayed = a.metric("framelink_frames_replayed_total");
-  const int64_t acks_for_replays = a.metric("framelink_acks_for_replays_total");
-  const int64_t dup_dropped = b.metric("framelink_duplicates_dropped_total");
+  const LinkCounters after = readCounters(a, b);
   std::printf(
       "half-open %s, %s, %s: blocked %lld ms, %llu frames, delivered %llu; link failures A %lld B %lld, "
       "relay connections %llu, replayed %lld, ACKs for replays %lld, duplicates dropped %lld\n",
       transport.c_str(), name(blocked), long_block ? "long" : "short",
       static_cast<long long>(blocked_for.count()), static_cast<unsigned long long>(t.next),
-      static_cast<unsigned long long>(delivered), static_cast<long long>(a_failures - a_failures_before),
-      static_cast<long long>(b_failures - b_failures_before),
-      static_cast<unsigned long long>(relay.accepted()), static_cast<long long>(replayed),
-      static_cast<long long>(acks_for_replays), static_cast<long long>(dup_dropped));
+      static_cast<unsigned long long>(delivered),
+      static_cast<long long>(after.a_failures - a_failures_before),
+      static_cast<long long>(after.b_failures - b_failures_before),
+      static_cast<unsigned long long>(relay.accepted()), static_cast<long long>(after.replayed),
+      static_cast<long long>(after.acks_for_replays), static_cast<long long>(after.dup_dropped));
   if (long_block) {
     // A relinked over new connections through the relay.
     CHECK(relay.accepted() > connections_before);
-    CHECK(replayed > 0);
+    CHECK(after.replayed > 0);
     if (blocked == HalfOpenRelay::Direction::kBack) {
       // B had delivered the frames whose ACKs the partition held: it sends
       // those ACKs again on the new link, where they settle the frames A
       // was about to replay -- no duplicate needed for an answer.
-      CHECK(acks_for_replays > 0);
+      CHECK(after.acks_for_replays > 0);
     }
   } else {
     // Nothing noticed: the old link carried on.
-    CHECK(a_failures == a_failures_before);
-    CHECK(b_failures == b_failures_before);
+    CHECK(after.a_failures == a_failures_before);
+    CHECK(after.b_failures == b_failures_before);
     CHECK(relay.accepted() == connections_before);
   }
 
   t.producer.reset();
   t.consumer.reset();
-  CHECK(waitUntil([&] { return a.idle() && b.idle(); }, Millis(15000), Millis(100)));
-  INFO("A /stats " << a.httpGet("/stats"));
-  INFO("B /stats " << b.httpGet("/stats"));
-  CHECK(a.idle());
-  CHECK(b.idle());
-  REQUIRE(a.alive());
-  REQUIRE(b.alive());
+  checkIdleAndAlive(a, b);
 }
 
 }  // namespace

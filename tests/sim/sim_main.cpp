@@ -15,6 +15,65 @@
 
 #include "sim_world.h"
 
+namespace {
+
+// Adds one passed schedule's counts to the totals.
+void addToTotal(framelink::sim::SimResult& total, const framelink::sim::SimResult& r) {
+  total.frames += r.frames;
+  total.delivered += r.delivered;
+  total.failed += r.failed;
+  total.unknown += r.unknown;
+  total.redelivered += r.redelivered;
+  total.lent += r.lent;
+  total.skipped += r.skipped;
+  total.link_breaks += r.link_breaks;
+  total.crashes += r.crashes;
+  total.damaged += r.damaged;
+  total.released_then_lost += r.released_then_lost;
+  total.owed_delivered += r.owed_delivered;
+  total.forged += r.forged;
+  total.two_receivers += r.two_receivers;
+  total.pulled += r.pulled;
+}
+
+// The broken invariant of a failed schedule, and the command that replays it.
+void printFailure(const framelink::sim::SimOptions& options, const framelink::sim::SimResult& r) {
+  std::printf("SIMULATION FAILED at seed %llu (%d daemons, %d receiving): %s\n",
+              static_cast<unsigned long long>(options.seed), options.daemons, options.receivers,
+              r.failure.c_str());
+  std::printf(
+      "replay: framelink_sim --seed %llu --schedules 1 --daemons %d --receivers %d --adversary %s "
+      "--trace\n",
+      static_cast<unsigned long long>(options.seed), options.daemons, options.receivers,
+      options.adversary ? "on" : "off");
+}
+
+// The summary of a run in which every schedule passed: `ran` schedules from
+// seed `seed` on, in `took` seconds.
+void printPassed(const framelink::sim::SimResult& total, uint64_t seed, uint64_t ran, double took) {
+  std::printf(
+      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers, %llu pulled) in %.1f s, "
+      "%.0f "
+      "schedules/s; frames %llu: "
+      "delivered "
+      "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
+      "damaged payloads %llu, released on a crashed daemon %llu; "
+      "released frames a healthy period saw DELIVERED %llu, forged records %llu, lent to a local reader "
+      "%llu, skipped for a slow subscriber %llu\n",
+      static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
+      static_cast<unsigned long long>(seed + ran - 1), static_cast<unsigned long long>(total.two_receivers),
+      static_cast<unsigned long long>(total.pulled), took, took > 0 ? ran / took : 0.0,
+      static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
+      static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
+      static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
+      static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
+      static_cast<unsigned long long>(total.released_then_lost),
+      static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
+      static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Deterministic simulation of the framelink frame protocol"};
   uint64_t seed = 1, schedules = 0;
@@ -71,31 +130,11 @@ int main(int argc, char** argv) {
     }
     if (!r.ok) {
       ++failed;
-      std::printf("SIMULATION FAILED at seed %llu (%d daemons, %d receiving): %s\n",
-                  static_cast<unsigned long long>(s), options.daemons, options.receivers, r.failure.c_str());
-      std::printf(
-          "replay: framelink_sim --seed %llu --schedules 1 --daemons %d --receivers %d --adversary %s "
-          "--trace\n",
-          static_cast<unsigned long long>(s), options.daemons, options.receivers,
-          options.adversary ? "on" : "off");
+      printFailure(options, r);
       if (!keep_going) return 1;
       continue;
     }
-    total.frames += r.frames;
-    total.delivered += r.delivered;
-    total.failed += r.failed;
-    total.unknown += r.unknown;
-    total.redelivered += r.redelivered;
-    total.lent += r.lent;
-    total.skipped += r.skipped;
-    total.link_breaks += r.link_breaks;
-    total.crashes += r.crashes;
-    total.damaged += r.damaged;
-    total.released_then_lost += r.released_then_lost;
-    total.owed_delivered += r.owed_delivered;
-    total.forged += r.forged;
-    total.two_receivers += r.two_receivers;
-    total.pulled += r.pulled;
+    addToTotal(total, r);
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   if (failed > 0) {
@@ -103,24 +142,6 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(failed), static_cast<unsigned long long>(ran));
     return 1;
   }
-  std::printf(
-      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers, %llu pulled) in %.1f s, "
-      "%.0f "
-      "schedules/s; frames %llu: "
-      "delivered "
-      "%llu, failed %llu, unknown %llu, redelivered (flagged) %llu; link breaks %llu, daemon crashes %llu, "
-      "damaged payloads %llu, released on a crashed daemon %llu; "
-      "released frames a healthy period saw DELIVERED %llu, forged records %llu, lent to a local reader "
-      "%llu, skipped for a slow subscriber %llu\n",
-      static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
-      static_cast<unsigned long long>(seed + ran - 1), static_cast<unsigned long long>(total.two_receivers),
-      static_cast<unsigned long long>(total.pulled), took, took > 0 ? ran / took : 0.0,
-      static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
-      static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
-      static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
-      static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
-      static_cast<unsigned long long>(total.released_then_lost),
-      static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
-      static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));
+  printPassed(total, seed, ran, took);
   return 0;
 }

@@ -164,6 +164,111 @@ bool same(const uint8_t* p, const std::vector<uint8_t>& before) {
   return std::memcmp(p, before.data(), before.size()) == 0;
 }
 
+// The two devices and the address B listens on.
+struct Devices {
+  std::shared_ptr<rdma::RdmaDevice> a, b;
+  std::string b_ip;
+};
+
+// The consumer's slots on B (one registration each, written through credit windows) and the
+// writer's source on A.  Slot 1 as it was is kept: each case starts from it, so that one write
+// that lands does not hide the next.
+struct Slots {
+  Buffer dst, src;
+  uint64_t next_id = 1;
+  std::vector<uint8_t> slot1;
+
+  Slots(rdma::RdmaDevice& dev_b, rdma::RdmaDevice& dev_a)
+      : dst(dev_b, kSlots * kStride, kStride, rdma::MemoryAccess::kCreditWindows, kFill),
+        src(dev_a, 2 * kStride, 2 * kStride, rdma::MemoryAccess::kLocalRead, 0x42),
+        slot1(dst.slot(1), dst.slot(1) + kStride) {}
+
+  // A credit for `slot`, exposed by l's receiving side.
+  transport::RemoteCredit expose(Link& l, size_t slot) {
+    auto c = l.b.t->exposeCredit({next_id++, dst.slot(slot) + rdma::kWireHeaderBytes, kCapacity, nullptr});
+    if (!c) std::printf("exposeCredit: %s\n", c.error().message.c_str());
+    l.b.t->flush();  // binds its window, as the grant's chain would
+    return c ? c.value() : transport::RemoteCredit{};
+  }
+  void resetSlot1() { std::memcpy(dst.slot(1), slot1.data(), kStride); }
+};
+
+// An honest frame lands; its credit's key is refused once the frame arrived.  False when the
+// link does not come up.
+bool honestFrameThenConsumedKey(const Devices& d, Slots& s) {
+  Link l = connect(d.a, d.b, d.b_ip);
+  check(l.ok, "link up");
+  if (!l.ok) return false;
+  auto c = s.expose(l, 0);
+  check(c.rkey != s.dst.mrs[0]->rkey(), "the credit's key is a window's, not its slot registration's");
+  l.a.t->post(frame(c, s.src, 4096, 1));
+  l.a.t->flush();
+  const bool arrived = until(l, [&] { return !l.b.arrivals.empty(); });
+  check(arrived && l.b.arrivals[0].status == FL_OK, "a frame through its credit's window arrives");
+  std::vector<uint8_t> slot0(s.dst.slot(0), s.dst.slot(0) + kStride);
+  std::memset(s.src.data, 0x77, 4096);
+  l.a.t->post(frame(c, s.src, 4096, 2));
+  l.a.t->flush();
+  refused(l, "the same key after its frame arrived");
+  check(same(s.dst.slot(0), slot0), "slot 0 unchanged after the consumed credit's key was used");
+  return true;
+}
+
+// Plain writes with no credit for the slot: under another slot's credit key, and under the
+// slot registration's own key.
+void plainWrites(const Devices& d, Slots& s) {
+  {
+    s.resetSlot1();
+    Link l = connect(d.a, d.b, d.b_ip);
+    auto c = s.expose(l, 0);
+    check(rawWrite(l, s.src, reinterpret_cast<uint64_t>(s.dst.slot(1) + 256), c.rkey, 4096), "posted");
+    refused(l, "plain RDMA_WRITE into slot 1 under slot 0's key");
+    check(same(s.dst.slot(1), s.slot1), "slot 1 unchanged");
+  }
+  {
+    s.resetSlot1();
+    Link l = connect(d.a, d.b, d.b_ip);
+    check(rawWrite(l, s.src, reinterpret_cast<uint64_t>(s.dst.slot(1) + 256), s.dst.mrs[1]->rkey(), 4096),
+          "posted");
+    refused(l, "plain RDMA_WRITE into slot 1 under its registration's own key");
+    check(same(s.dst.slot(1), s.slot1), "slot 1 unchanged");
+  }
+}
+
+void frameLongerThanSlot(const Devices& d, Slots& s) {
+  s.resetSlot1();
+  Link l = connect(d.a, d.b, d.b_ip);
+  auto c = s.expose(l, 0);
+  c.length = kStride + 4096;
+  l.a.t->post(frame(c, s.src, kStride + 4096 - rdma::kWireHeaderBytes, 1));
+  l.a.t->flush();
+  refused(l, "a frame running 4 KiB past its slot");
+  check(same(s.dst.slot(1), s.slot1), "slot 1 (the neighbour) unchanged");
+}
+
+void keyFromAnotherLink(const Devices& d, Slots& s) {
+  s.resetSlot1();
+  Link l1 = connect(d.a, d.b, d.b_ip);
+  Link l2 = connect(d.a, d.b, d.b_ip);
+  auto c = s.expose(l1, 1);
+  l2.a.t->post(frame(c, s.src, 4096, 1));
+  l2.a.t->flush();
+  refused(l2, "link 1's key used on link 2");
+  check(same(s.dst.slot(1), s.slot1), "slot 1 unchanged");
+}
+
+void retractedCreditKey(const Devices& d, Slots& s) {
+  s.resetSlot1();
+  Link l = connect(d.a, d.b, d.b_ip);
+  auto c = s.expose(l, 1);
+  l.b.t->retractCredit(c.credit_id);
+  l.b.pump();
+  l.a.t->post(frame(c, s.src, 4096, 1));
+  l.a.t->flush();
+  refused(l, "a retracted credit's key");
+  check(same(s.dst.slot(1), s.slot1), "slot 1 unchanged");
+}
+
 }  // namespace
 
 int main() {
@@ -179,83 +284,13 @@ int main() {
     std::printf("FAIL: %s\n", (!dev_a ? dev_a.error() : dev_b.error()).message.c_str());
     return 1;
   }
-  Buffer dst(**dev_b, kSlots * kStride, kStride, rdma::MemoryAccess::kCreditWindows, kFill);
-  Buffer src(**dev_a, 2 * kStride, 2 * kStride, rdma::MemoryAccess::kLocalRead, 0x42);
-  uint64_t next_id = 1;
-  auto expose = [&](Link& l, size_t slot) {
-    auto c = l.b.t->exposeCredit({next_id++, dst.slot(slot) + rdma::kWireHeaderBytes, kCapacity, nullptr});
-    if (!c) std::printf("exposeCredit: %s\n", c.error().message.c_str());
-    l.b.t->flush();  // binds its window, as the grant's chain would
-    return c ? c.value() : transport::RemoteCredit{};
-  };
-  std::vector<uint8_t> slot1(dst.slot(1), dst.slot(1) + kStride);
-  // Each case starts from slot 1 as it was, so that one write that lands does not hide the next.
-  auto reset1 = [&] { std::memcpy(dst.slot(1), slot1.data(), kStride); };
-
-  {  // an honest frame lands; its credit's key is refused once the frame arrived
-    Link l = connect(*dev_a, *dev_b, b_ip);
-    check(l.ok, "link up");
-    if (!l.ok) return 1;
-    auto c = expose(l, 0);
-    check(c.rkey != dst.mrs[0]->rkey(), "the credit's key is a window's, not its slot registration's");
-    l.a.t->post(frame(c, src, 4096, 1));
-    l.a.t->flush();
-    const bool arrived = until(l, [&] { return !l.b.arrivals.empty(); });
-    check(arrived && l.b.arrivals[0].status == FL_OK, "a frame through its credit's window arrives");
-    std::vector<uint8_t> slot0(dst.slot(0), dst.slot(0) + kStride);
-    std::memset(src.data, 0x77, 4096);
-    l.a.t->post(frame(c, src, 4096, 2));
-    l.a.t->flush();
-    refused(l, "the same key after its frame arrived");
-    check(same(dst.slot(0), slot0), "slot 0 unchanged after the consumed credit's key was used");
-  }
-  {  // plain writes with no credit for the slot
-    reset1();
-    Link l = connect(*dev_a, *dev_b, b_ip);
-    auto c = expose(l, 0);
-    check(rawWrite(l, src, reinterpret_cast<uint64_t>(dst.slot(1) + 256), c.rkey, 4096), "posted");
-    refused(l, "plain RDMA_WRITE into slot 1 under slot 0's key");
-    check(same(dst.slot(1), slot1), "slot 1 unchanged");
-  }
-  {
-    reset1();
-    Link l = connect(*dev_a, *dev_b, b_ip);
-    check(rawWrite(l, src, reinterpret_cast<uint64_t>(dst.slot(1) + 256), dst.mrs[1]->rkey(), 4096),
-          "posted");
-    refused(l, "plain RDMA_WRITE into slot 1 under its registration's own key");
-    check(same(dst.slot(1), slot1), "slot 1 unchanged");
-  }
-  {  // a frame longer than its slot
-    reset1();
-    Link l = connect(*dev_a, *dev_b, b_ip);
-    auto c = expose(l, 0);
-    c.length = kStride + 4096;
-    l.a.t->post(frame(c, src, kStride + 4096 - rdma::kWireHeaderBytes, 1));
-    l.a.t->flush();
-    refused(l, "a frame running 4 KiB past its slot");
-    check(same(dst.slot(1), slot1), "slot 1 (the neighbour) unchanged");
-  }
-  {  // a key granted on another link
-    reset1();
-    Link l1 = connect(*dev_a, *dev_b, b_ip);
-    Link l2 = connect(*dev_a, *dev_b, b_ip);
-    auto c = expose(l1, 1);
-    l2.a.t->post(frame(c, src, 4096, 1));
-    l2.a.t->flush();
-    refused(l2, "link 1's key used on link 2");
-    check(same(dst.slot(1), slot1), "slot 1 unchanged");
-  }
-  {  // a retracted credit
-    reset1();
-    Link l = connect(*dev_a, *dev_b, b_ip);
-    auto c = expose(l, 1);
-    l.b.t->retractCredit(c.credit_id);
-    l.b.pump();
-    l.a.t->post(frame(c, src, 4096, 1));
-    l.a.t->flush();
-    refused(l, "a retracted credit's key");
-    check(same(dst.slot(1), slot1), "slot 1 unchanged");
-  }
+  const Devices devices{*dev_a, *dev_b, b_ip};
+  Slots slots(**dev_b, **dev_a);
+  if (!honestFrameThenConsumedKey(devices, slots)) return 1;
+  plainWrites(devices, slots);
+  frameLongerThanSlot(devices, slots);
+  keyFromAnotherLink(devices, slots);
+  retractedCreditKey(devices, slots);
   std::printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

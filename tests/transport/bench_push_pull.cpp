@@ -271,6 +271,26 @@ double rereadUs(TransportPair& pair, uint64_t size, uint64_t reads) {
   return run.us_per_frame;
 }
 
+// --sizes: sizes separated by commas, e.g. 4K,64K,1M.
+std::vector<uint64_t> parseSizeList(const std::string& list) {
+  std::vector<uint64_t> sizes;
+  for (size_t pos = 0; pos <= list.size();) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    sizes.push_back(parseSize(list.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return sizes;
+}
+
+// --transport: tcp, grpc, loopback or rdma.
+TransportKind parseTransportKind(const std::string& transport) {
+  if (transport == "loopback") return TransportKind::kLoopback;
+  if (transport == "rdma") return TransportKind::kRdma;
+  if (transport == "grpc") return TransportKind::kGrpc;
+  if (transport != "tcp") die("--transport must be tcp, grpc, loopback or rdma");
+  return TransportKind::kTcp;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -288,13 +308,7 @@ int main(int argc, char** argv) {
     if (arg == "--transport") {
       transport = value();
     } else if (arg == "--sizes") {
-      sizes.clear();
-      std::string list = value();
-      for (size_t pos = 0; pos <= list.size();) {
-        const size_t comma = std::min(list.find(',', pos), list.size());
-        sizes.push_back(parseSize(list.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
+      sizes = parseSizeList(value());
     } else if (arg == "--bytes-per-size") {
       bytes_per_size = parseSize(value());
     } else if (arg == "--window") {
@@ -307,17 +321,7 @@ int main(int argc, char** argv) {
           "[--window 16] [--latency-samples 300])");
     }
   }
-  TransportKind kind = TransportKind::kTcp;
-  if (transport == "loopback") {
-    kind = TransportKind::kLoopback;
-  } else if (transport == "rdma") {
-    kind = TransportKind::kRdma;
-  } else if (transport == "grpc") {
-    kind = TransportKind::kGrpc;
-  } else if (transport != "tcp") {
-    die("--transport must be tcp, grpc, loopback or rdma");
-  }
-  auto made = TransportPair::make(kind);
+  auto made = TransportPair::make(parseTransportKind(transport));
   if (!made) die("cannot make a " + transport + " pair: " + made.error().message);
   std::unique_ptr<TransportPair> pair = std::move(made).value();
   if (!pair->a->readable() || !pair->b->readable()) die(transport + " links cannot be read");

@@ -292,38 +292,12 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
   }
   if (m.has_read_request) {
     if (chunk_data) return violation("a read request shares its message with frame data");
-    const framelink::v1::ReadRequest& q = m.read_request;
-    const int status = core_->answerRead(ReadAsk{q.source_id(), q.read_id(), q.length()});
-    if (status == FL_ERR_PROTOCOL) {
-      return violation("peer has more than " + std::to_string(kMaxReadsOutstanding) + " reads unanswered");
-    }
-    if (status != FL_OK) {
-      abandonFrame();
-      failLink(status, "grpc data link with " + peer_name_ + ": out of memory for a read response");
-      return false;
-    }
-    return true;
+    return handleReadRequest(m.read_request);
   }
   if (in_response_ || (!in_frame_ && m.has_read_response)) return handleResponseChunk(m);
   if (!in_frame_) {
     if (!m.has_header) return violation("chunk without a frame header");
-    const auto& p = m.header;
-    if (!fromProto(p, &frame_)) {
-      return violation("attributes of " + std::to_string(p.attributes().size()) + " bytes exceed " +
-                       std::to_string(FL_MAX_ATTR_BYTES));
-    }
-    offset_ = 0;
-    in_frame_ = true;
-    credit_ = core_->beginReceive(frame_.credit_id);
-    if (credit_ && frame_.length > credit_->capacity) {
-      return violation("frame of " + std::to_string(frame_.length) + " bytes exceeds credit " +
-                       std::to_string(frame_.credit_id) + " of " + std::to_string(credit_->capacity) +
-                       " bytes");
-    }
-    if (!credit_ && frame_.length > options_.max_frame_bytes) {
-      return violation("frame of " + std::to_string(frame_.length) + " bytes for unknown credit " +
-                       std::to_string(frame_.credit_id) + " exceeds max_frame_bytes");
-    }
+    if (!beginFrame(m.header)) return false;
   } else if (m.has_header) {
     return violation("frame header in the middle of frame " + std::to_string(frame_.sequence));
   } else if (m.has_read_response) {
@@ -362,6 +336,39 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
     core_->frameArrived(
         frame_, FL_ERR_UNKNOWN_CREDIT,
         "credit " + std::to_string(frame_.credit_id) + " was retracted while the frame landed");
+  }
+  return true;
+}
+
+bool GrpcTransport::handleReadRequest(const framelink::v1::ReadRequest& q) noexcept {
+  const int status = core_->answerRead(ReadAsk{q.source_id(), q.read_id(), q.length()});
+  if (status == FL_ERR_PROTOCOL) {
+    return violation("peer has more than " + std::to_string(kMaxReadsOutstanding) + " reads unanswered");
+  }
+  if (status != FL_OK) {
+    abandonFrame();
+    failLink(status, "grpc data link with " + peer_name_ + ": out of memory for a read response");
+    return false;
+  }
+  return true;
+}
+
+bool GrpcTransport::beginFrame(const framelink::v1::FrameHeader& p) noexcept {
+  if (!fromProto(p, &frame_)) {
+    return violation("attributes of " + std::to_string(p.attributes().size()) + " bytes exceed " +
+                     std::to_string(FL_MAX_ATTR_BYTES));
+  }
+  offset_ = 0;
+  in_frame_ = true;
+  credit_ = core_->beginReceive(frame_.credit_id);
+  if (credit_ && frame_.length > credit_->capacity) {
+    return violation("frame of " + std::to_string(frame_.length) + " bytes exceeds credit " +
+                     std::to_string(frame_.credit_id) + " of " + std::to_string(credit_->capacity) +
+                     " bytes");
+  }
+  if (!credit_ && frame_.length > options_.max_frame_bytes) {
+    return violation("frame of " + std::to_string(frame_.length) + " bytes for unknown credit " +
+                     std::to_string(frame_.credit_id) + " exceeds max_frame_bytes");
   }
   return true;
 }

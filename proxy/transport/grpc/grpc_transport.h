@@ -182,6 +182,10 @@ class GrpcTransport : public Transport {
   // Writes the answer to a peer's read, all its chunks; false when a write failed.
   bool writeAnswer(const ReadAnswer& answer, std::string* prefix) noexcept;
   bool handleMessage(const ReceivedDataMessage& message) noexcept;
+  // Answers a peer's read request; false when the link failed over it.
+  bool handleReadRequest(const framelink::v1::ReadRequest& request) noexcept;
+  // Starts reassembling the frame this header opens; false after a protocol violation.
+  bool beginFrame(const framelink::v1::FrameHeader& header) noexcept;
   // A chunk of a read response (the first one names the read).
   bool handleResponseChunk(const ReceivedDataMessage& message) noexcept;
   // Fails the link for a protocol violation; returns false.
