@@ -14,7 +14,7 @@ bool isEcho(const v1::PeerMessage& message) {
   return message.has_keepalive() && message.keepalive().echo_ns() != 0;
 }
 
-int64_t steadyNs() {
+int64_t sessionClockNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -31,7 +31,7 @@ SessionWriter::SessionWriter(WriteFn write, std::chrono::milliseconds keepalive,
       keepalive_(keepalive),
       silence_(silence),
       cut_(std::move(cut)),
-      heard_ns_(steadyNs()) {
+      heard_ns_(sessionClockNs()) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -88,7 +88,7 @@ bool SessionWriter::sendLast(v1::PeerMessage message) {
   return cuts;
 }
 
-void SessionWriter::heard() noexcept { heard_ns_.store(steadyNs(), std::memory_order_relaxed); }
+void SessionWriter::heard() noexcept { heard_ns_.store(sessionClockNs(), std::memory_order_relaxed); }
 
 void SessionWriter::fail(std::string why) {
   if (failed_) return;
@@ -131,7 +131,7 @@ void SessionWriter::run() {
       return closing_ || failed_ || cut_when_written_ || !queue_.empty() || echo_ns_ != 0;
     });
     if (failed_) return;
-    const int64_t quiet_ns = steadyNs() - heard_ns_.load(std::memory_order_relaxed);
+    const int64_t quiet_ns = sessionClockNs() - heard_ns_.load(std::memory_order_relaxed);
     if (silence_.count() > 0 && !closing_ && quiet_ns > int64_t{silence_.count()} * 1'000'000) {
       // Our writes may still go (flow control has room, or the path carries
       // them): only the peer's silence says that the link is gone.
