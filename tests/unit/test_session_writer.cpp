@@ -156,9 +156,10 @@ TEST_CASE("session writer: a peer heard from nothing for link_timeout is given u
   StalledCall call;
   call.open(true);
   std::atomic<int> cuts{0};
+  // Taken before the writer starts its silence clock: a slow thread here cannot make it early.
+  const auto start = std::chrono::steady_clock::now();
   SessionWriter writer([&call](const v1::PeerMessage& m, bool) { return call.write(m); }, 5ms, 60ms,
                        [&cuts] { cuts.fetch_add(1); });
-  const auto start = std::chrono::steady_clock::now();
   const auto end = start + 5s;
   while (cuts.load() == 0 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
   const auto took = std::chrono::steady_clock::now() - start;
