@@ -7,7 +7,7 @@
 #                   "skip" when a stage it needs failed
 #   <slug>.times    its start and end, in seconds since the run began, and its name
 #   <slug>.summary  the line the summary prints for it (a test count, a PASSED line, ...)
-# Needs: $logs, $start_all, $budget_min, $limit_min.
+# Needs: $logs, $start_all, $budget_min, $limit_min, and expected_stages (every stage's name).
 
 # What the summary line of a stage is: a pattern its log's last matching line is taken from.
 declare -A summary_pattern=(
@@ -79,11 +79,14 @@ lane_stage() {
   local name=$1 nice=$2 prereq=$3 fn=$4 p
   if [[ -n "$prereq" ]]; then
     p=$logs/$(slug "$prereq").status
-    while [[ ! -s "$p" ]]; do sleep 2; done
+    # Bounded: a lane that died without ending its stage must not hold this one up past the limit.
+    while [[ ! -s "$p" ]] && (($(now) < limit_min * 60)); do sleep 2; done
     if ! stage_passed "$prereq"; then
-      printf '[%s] %s: not run (%s failed)\n' "$(clock)" "$name" "$prereq"
+      local why="$prereq failed"
+      [[ -s "$p" ]] || why="$prereq did not end within ${limit_min} minutes"
+      printf '[%s] %s: not run (%s)\n' "$(clock)" "$name" "$why"
       echo "$(now) $(now) $name" >"$logs/$(slug "$name").times"
-      echo "not run: $prereq failed" >"$logs/$(slug "$name").summary"
+      echo "not run: $why" >"$logs/$(slug "$name").summary"
       echo skip >"$logs/$(slug "$name").status"
       return 0
     fi
@@ -117,6 +120,13 @@ finish() {
     printf '%-18s %6s %8s  %s\n' "$name" "$(mmss "$b")" "$(mmss $((e - b)))" "$result"
     rows+=("$((e - b)) $name")
   done < <(cat "$logs"/*.times 2>/dev/null | sort -n)
+  # A stage that never ran (its lane died, or the run stopped before it) fails the run too.
+  local st
+  for st in "${expected_stages[@]}"; do
+    [[ -s "$logs/$(slug "$st").status" ]] && continue
+    printf '%-18s %6s %8s  %s\n' "$st" - - "never ran"
+    failed+=("$st")
+  done
   printf '%-18s %6s %8s\n' total "" "$(mmss "$total")"
   slowest=$(printf '%s\n' "${rows[@]}" | sort -rn | head -3 |
     awk '{t=$1; $1=""; sub(/^ /, ""); printf "%s%s %dm%02ds", (NR>1?", ":""), $0, t/60, t%60}')
