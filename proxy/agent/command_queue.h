@@ -46,6 +46,25 @@ class CommandQueue {
     return count;
   }
 
+  // Moves the queued commands for which `take(const T&)` is true into
+  // `out`, in order; the others stay queued, in order (and the eventfd
+  // readable).  Returns how many it moved.
+  template <typename Take>
+  size_t drainIf(Take&& take, std::deque<T>& out) {
+    MutexLock lock(mutex_);
+    size_t count = 0;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (!take(*it)) {
+        ++it;
+        continue;
+      }
+      out.push_back(std::move(*it));
+      it = queue_.erase(it);
+      ++count;
+    }
+    return count;
+  }
+
   int eventFd() const noexcept { return event_fd_.get(); }
 
  private:

@@ -308,9 +308,19 @@ size_t DataAgent::drainCommands() {
   return n;
 }
 
+void DataAgent::takeAttaches() {
+  std::deque<AgentCommand> attaches;
+  commands_.drainIf([](const AgentCommand& c) { return std::holds_alternative<CmdClientAttached>(c); },
+                    attaches);
+  for (auto& command : attaches) onClientAttached(std::move(std::get<CmdClientAttached>(command).client));
+}
+
 void DataAgent::onDescriptor(AgentClient& c, const fl_submit_desc& desc) {
   const LogScope scope(LogFields{.client = c.session->id, .stream = c.session->stream});
   if (c.session->role == FL_ROLE_PRODUCER) {
+    // Where the frame goes depends on the readers attached here: those whose
+    // attach came before the frame count (map nodes stay put: `c` survives).
+    if (attaches_posted_.load(std::memory_order_acquire) != attaches_taken_) takeAttaches();
     outbound_.onSubmit(c, desc);
   } else {
     inbound_.onRelease(c, desc);
@@ -320,6 +330,7 @@ void DataAgent::onDescriptor(AgentClient& c, const fl_submit_desc& desc) {
 // ---------------------------------------------------------------- clients
 
 void DataAgent::onClientAttached(std::shared_ptr<ClientSession> session) {
+  ++attaches_taken_;
   const LogScope scope(LogFields{.client = session->id, .stream = session->stream});
   epoll_event ev{};
   ev.events = EPOLLIN;

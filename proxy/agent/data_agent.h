@@ -134,7 +134,14 @@ class DataAgent {
   DataAgent(const DataAgent&) = delete;
   DataAgent& operator=(const DataAgent&) = delete;
 
-  void post(AgentCommand command) { commands_.push(std::move(command)); }
+  void post(AgentCommand command) {
+    // Counted before it is queued: the agent sees the count at least as soon
+    // as the command (takeAttaches).
+    if (std::holds_alternative<CmdClientAttached>(command)) {
+      attaches_posted_.fetch_add(1, std::memory_order_release);
+    }
+    commands_.push(std::move(command));
+  }
   void start();
   // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.
   void stop();
@@ -154,6 +161,12 @@ class DataAgent {
   // messages, posts, deadlines, stats.  Returns the work it found.
   size_t doWork();
   size_t drainCommands();
+  // Handles the client attaches queued so far, ahead of the other commands:
+  // a producer's frame is routed only after every attach posted before it
+  // was submitted (the attach reply goes out after the post, and the
+  // consumer's fl_attach returns after the reply), so a reader whose
+  // fl_attach returned is among the frame's readers.
+  void takeAttaches();
   size_t pollLinks();
   void sleep();
   // The stats snapshot and the gauges, to metrics_ (stats_snapshot.cpp).
@@ -197,6 +210,8 @@ class DataAgent {
   Metrics& metrics_;
   const AgentClock& clock_;
   CommandQueue<AgentCommand> commands_;
+  std::atomic<uint64_t> attaches_posted_{0};  // CmdClientAttached posted ...
+  uint64_t attaches_taken_ = 0;               // ... and handled (the agent's thread)
   std::thread thread_;
   std::atomic<bool> running_{false};
   UniqueFd epoll_fd_;

@@ -217,6 +217,7 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
         if (!(f.landed && f.source_member)) members.push_back(&r);
         continue;
       }
+      if (f.member_only) continue;  // the subscribers have it already
       const int slot = freeSlot(r);
       if (slot >= 0) {
         readers.emplace_back(&r, slot);
@@ -237,12 +238,14 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
     }
     // Nobody reads it (yet): it waits for its deadline.  A frame every
     // reader of which was skipped ends delivered to none.
-    if (readers.empty() && skipped.empty() && !f.landed) return false;
+    if (readers.empty() && skipped.empty() && (!f.landed || f.member_only)) return false;
+    const FrameKey key = s.waiting.front();
     s.waiting.pop_front();
     f.waiting = false;
+    f.member_only = false;
     for (ClientSession* r : skipped) skip(f, *source, *r);
     for (auto& [r, slot] : readers) deliverTo(f, *source, *r, static_cast<uint32_t>(slot));
-    endIfDone({f.producer, f.slot});
+    endIfDone(key);
     return true;
   }
   return false;
@@ -299,6 +302,7 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   e.frame_id = f.header.frame_id;
   e.local_from = p.id;
   e.local_slot = f.slot;
+  e.completion_at = __atomic_load_n(&r.segments->completionRing()->tail, __ATOMIC_RELAXED);
   ++f.readers_out;
   ++r.frames;
   r.bytes += f.length;
@@ -366,10 +370,6 @@ bool LocalDelivery::lend(ClientSession& r, const ClientSession& p) {
 
 void LocalDelivery::released(ClientSession& consumer, uint32_t slot) {
   readerDone(consumer, slot, FL_OK, "");
-}
-
-void LocalDelivery::readerGone(ClientSession& consumer, uint32_t slot) {
-  readerDone(consumer, slot, FL_ERR_NO_CONSUMER, "a local consumer died before releasing the frame");
 }
 
 void LocalDelivery::readerDone(ClientSession& consumer, uint32_t slot, int status, const std::string& why) {

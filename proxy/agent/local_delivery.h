@@ -101,6 +101,9 @@ class LocalDelivery {
   size_t pump();
   // A consumer released, or died holding, the local frame in its `slot`.
   void released(ClientSession& consumer, uint32_t slot);
+  // A reader that went before it took the frame's completion off its ring
+  // never saw it: it is not counted among the frame's readers, and a frame
+  // meant for a member of the queue group goes to another member.
   void readerGone(ClientSession& consumer, uint32_t slot);
   // After a consumer's slots were let go: its lends are forgotten, its own
   // segment retired with the readers that hold nothing of it, and the frames
@@ -137,6 +140,7 @@ class LocalDelivery {
     bool beside = false;         // a producer's frame that goes to a peer too
     uint64_t slot_sequence = 0;  // the producer's slot entry's sequence while the frame is its
     bool source_member = false;  // landed in a member of the queue group (no other member gets it)
+    bool member_only = false;    // waits again for a member: the one it went to left before reading it
     Landed from;
     int failure = FL_OK;  // the first reader's failure
     std::string why;
@@ -183,6 +187,10 @@ class LocalDelivery {
   void retireSegmentOf(uint64_t client_id);
   void forgetStreamIfIdle(const std::string& stream);
   void readerDone(ClientSession& consumer, uint32_t slot, int status, const std::string& why);
+  // A reader that went had been given the frame in `slot` and never took it:
+  // false when that frame ended meanwhile.
+  bool handOn(ClientSession& consumer, uint32_t slot);
+  static bool tookCompletion(const ClientSession& consumer, const SlotEntry& e);
   static int freeSlot(const ClientSession& c);
 
   const Config& config_;
