@@ -245,6 +245,7 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
     f.member_only = false;
     for (ClientSession* r : skipped) skip(f, *source, *r);
     for (auto& [r, slot] : readers) deliverTo(f, *source, *r, static_cast<uint32_t>(slot));
+    if (!readers.empty()) startHold(key, f);
     endIfDone(key);
     return true;
   }
@@ -386,6 +387,7 @@ void LocalDelivery::readerDone(ClientSession& consumer, uint32_t slot, int statu
       }
     }
   }
+  if (e.taken_back) return;  // the frame ended for it already
   auto fit = frames_.find(key);
   if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0) return;
   Frame& f = fit->second;
@@ -403,6 +405,7 @@ void LocalDelivery::endIfDone(const FrameKey& key) {
   if (fit == frames_.end() || fit->second.readers_out > 0 || fit->second.waiting) return;
   const Frame f = std::move(fit->second);
   frames_.erase(fit);
+  if (f.hold_deadline_ns != 0) holds_.erase({f.hold_deadline_ns, key});
   if (f.landed) {
     if (end_landed_) end_landed_(f.from, f.producer, f.slot, f.failure, f.why, f.readers, f.released);
     return;
@@ -477,6 +480,7 @@ void LocalDelivery::forgetStreamIfIdle(const std::string& stream) {
 }
 
 void LocalDelivery::checkDeadlines() {
+  checkHolds();
   const uint64_t now = clock_.nowNs();
   for (auto& [name, s] : streams_) {
     while (!s.waiting.empty()) {

@@ -7,6 +7,12 @@
 // frame went to released it.  Then the producer gets one completion:
 // DELIVERED, or the first failure (a reader that died holding it).
 //
+// Every frame ends: a reader that holds one longer than ack_timeout_ms
+// loses it as a dead reader does (the producer's completion says
+// FL_ERR_TIMEOUT: it may have read it), so a reader that never releases, or
+// never reads, pins none of the producer's slots for longer.  Its own slot
+// stays its own until it releases it.
+//
 // Readers: every subscriber of the stream gets each frame; the queue group
 // (the consumers that did not subscribe) shares them, each frame to one
 // member, round-robin among those with a free slot.  A frame waits, in
@@ -27,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -113,7 +120,8 @@ class LocalDelivery {
   // nothing of it (the others retire it when they release the last frame),
   // and its stream, when it was the last producer of it here.
   void producerGone(const ClientSession& producer);
-  // Fails the frames that waited for a reader longer than credit_timeout_ms.
+  // Fails the frames that waited for a reader longer than credit_timeout_ms,
+  // and ends the frames for the readers that held them longer than ack_timeout_ms.
   void checkDeadlines();
 
   size_t waitingFrames() const;
@@ -130,17 +138,18 @@ class LocalDelivery {
     uint64_t length = 0;
     uint64_t sequence = 0;
     uint64_t deadline_ns = 0;
-    uint32_t readers_out = 0;    // readers holding it
-    uint32_t readers = 0;        // readers it went to, and subscribers skipped for it
-    uint32_t released = 0;       // readers that released it
-    bool copy = false;           // its stream is in copy_streams: copied into each reader's slot
-    bool drop = false;           // its stream is in drop_streams: a subscriber far behind is skipped
-    bool waiting = true;         // not yet delivered to its readers
-    bool landed = false;         // from a peer: `producer` is the consumer it landed in
-    bool beside = false;         // a producer's frame that goes to a peer too
-    uint64_t slot_sequence = 0;  // the producer's slot entry's sequence while the frame is its
-    bool source_member = false;  // landed in a member of the queue group (no other member gets it)
-    bool member_only = false;    // waits again for a member: the one it went to left before reading it
+    uint64_t hold_deadline_ns = 0;  // delivered: when it ends for the readers still holding it (0: none)
+    uint32_t readers_out = 0;       // readers holding it
+    uint32_t readers = 0;           // readers it went to, and subscribers skipped for it
+    uint32_t released = 0;          // readers that released it
+    bool copy = false;              // its stream is in copy_streams: copied into each reader's slot
+    bool drop = false;              // its stream is in drop_streams: a subscriber far behind is skipped
+    bool waiting = true;            // not yet delivered to its readers
+    bool landed = false;            // from a peer: `producer` is the consumer it landed in
+    bool beside = false;            // a producer's frame that goes to a peer too
+    uint64_t slot_sequence = 0;     // the producer's slot entry's sequence while the frame is its
+    bool source_member = false;     // landed in a member of the queue group (no other member gets it)
+    bool member_only = false;       // waits again for a member: the one it went to left before reading it
     Landed from;
     int failure = FL_OK;  // the first reader's failure
     std::string why;
@@ -187,6 +196,11 @@ class LocalDelivery {
   void retireSegmentOf(uint64_t client_id);
   void forgetStreamIfIdle(const std::string& stream);
   void readerDone(ClientSession& consumer, uint32_t slot, int status, const std::string& why);
+  // The frame's hold deadline starts (again) now.
+  void startHold(const FrameKey& key, Frame& f);
+  // Ends the frames whose readers held them past ack_timeout_ms for those readers.
+  void checkHolds();
+  void takeBack(const FrameKey& key);
   // A reader that went had been given the frame in `slot` and never took it:
   // false when that frame ended meanwhile.
   bool handOn(ClientSession& consumer, uint32_t slot);
@@ -203,8 +217,10 @@ class LocalDelivery {
   std::unordered_map<std::string, Stream> streams_;
   std::unordered_map<uint64_t, Lends> lends_;         // by consumer
   std::unordered_map<std::string, Readers> readers_;  // by stream
+  std::set<std::pair<uint64_t, FrameKey>> holds_;     // delivered frames by hold deadline
   LogLimiter log_{std::chrono::seconds(1), 5};
   LogLimiter log_skips_{std::chrono::seconds(1), 5};  // a slow subscriber of a drop stream
+  LogLimiter log_holds_{std::chrono::seconds(1), 5};  // a reader that held a frame too long
 };
 
 }  // namespace framelink

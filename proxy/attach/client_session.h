@@ -87,6 +87,9 @@ struct SlotEntry {
   uint32_t readers = 0;            // producer: readers its frame reached, as its end said (completion)
   uint32_t released = 0;           // producer: of those, that released it
   bool shared = false;  // consumer: a frame from a peer that landed here, lent to the other readers here too
+  // consumer, a local frame: it ended for this reader (held past
+  // ack_timeout_ms); its release only frees the slot.
+  bool taken_back = false;
   // consumer, a local frame: the completion ring's tail before its
   // completion was pushed (the reader took it once the ring's head is past).
   uint64_t completion_at = 0;

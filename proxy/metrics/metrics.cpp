@@ -130,6 +130,10 @@ constexpr CounterInfo kFrameCounters[] = {
     {"lends_retired_for_room",
      "Lent segments a consumer held nothing of, retired to lend it another (it holds at most 64).",
      &Metrics::Counters::lends_retired_for_room},
+    {"local_frames_taken_back",
+     "Frames a local reader held unreleased past ack_timeout_ms: the frame ended for it (FL_ERR_TIMEOUT) and "
+     "the producer's slot came back.",
+     &Metrics::Counters::local_frames_taken_back},
     {"local_frames_handed_on",
      "Frames given to a local reader that had left before it read them: a queue member's go to another "
      "member, and one that reached nobody else waits for the readers attached.",
@@ -533,6 +537,7 @@ std::string Metrics::json() const {
       {"local_frames_copied", &counters.local_frames_copied},
       {"frames_dropped_slow_reader", &counters.frames_dropped_slow_reader},
       {"lends_retired_for_room", &counters.lends_retired_for_room},
+      {"local_frames_taken_back", &counters.local_frames_taken_back},
       {"local_frames_handed_on", &counters.local_frames_handed_on},
       {"bytes_sent", &counters.bytes_sent},
       {"bytes_received", &counters.bytes_received},

@@ -34,7 +34,8 @@ class Metrics {
     std::atomic<uint64_t> local_frames_copied{0};         // to a consumer on this host, copied into its slot
     std::atomic<uint64_t> frames_dropped_slow_reader{0};  // a drop stream's subscriber skipped for a frame
     std::atomic<uint64_t> lends_retired_for_room{0};  // a consumer's idle lent segment retired at FL_LEND_MAX
-    std::atomic<uint64_t> local_frames_handed_on{0};  // a reader left before reading it: handed on
+    std::atomic<uint64_t> local_frames_taken_back{0};  // a local reader held a frame past ack_timeout_ms
+    std::atomic<uint64_t> local_frames_handed_on{0};   // a reader left before reading it: handed on
     std::atomic<uint64_t> bad_descriptors{0};
     std::atomic<uint64_t> credits_granted{0};
     std::atomic<uint64_t> credits_granted_whole{0};  // of those, not as a slot credit (design §4)
