@@ -164,3 +164,33 @@ TEST_CASE(
   b.restart(b_options);
   requireServing(a, b, "twin-restarted");
 }
+
+TEST_CASE(
+    "identity: when the newer of two links of a peer id goes down, its frames go on the older one still up",
+    "[integration][security][identity]") {
+  // A dials B; C holds b's own token (a copy of B's credentials: a second
+  // instance A cannot tell from a restart) and dials A as "b" too.
+  TempDir dir("fl-ident");
+  auto b_options = listening("b", {"--config", configFile(dir, "b.toml", peerTable("a", kTokenB))});
+  DaemonProcess b(b_options);
+  auto a_options = listening(
+      "a", {"--config",
+            configFile(dir, "a.toml", peerTable("b", kTokenB) + "address = \"" + b.grpcAddress() + "\"\n")});
+  DaemonProcess a(a_options);
+  Client consumer = attachConsumer(b, "newer-down", 4, 256 * 1024);
+  Client producer = attachProducer(a, "newer-down", 4, 256 * 1024);
+  requireFrame(producer, consumer, 1);
+
+  auto c_options = daemonOptions(
+      "b", "tcp",
+      {"--config",
+       configFile(dir, "c.toml", peerTable("a", kTokenB) + "address = \"" + a.grpcAddress() + "\"\n")});
+  DaemonProcess c(c_options);
+  CHECK(waitUntil([&] { return a.metric(kConflicts) >= 1; }, Millis(10000), Millis(50)));
+  CHECK(a.waitForLog("replaces link", Millis(5000)));
+  c.terminate();
+  INFO("C's link is down; B's, older, is still up and takes the frames");
+  CHECK(a.waitForLog("moves back to link", Millis(5000)));
+  for (uint64_t id = 2; id <= 21; ++id) requireFrame(producer, consumer, id);
+  CHECK(a.metric("framelink_links_up") == 1);
+}
