@@ -4,6 +4,7 @@
 // a consumer's slots as one sender, so an honest peer's frames still land.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -47,6 +48,15 @@ size_t giveBackRecalled(HostilePeer& peer, size_t done) {
     }
   }
   return seen;
+}
+
+bool granted(const PeerInbox& in) {
+  for (const auto* list : {&in.session, &in.control}) {
+    for (const auto& m : *list) {
+      if (m.has_credit_grant()) return true;
+    }
+  }
+  return false;
 }
 
 // Sends `frames` frames from A's producer to `consumer` on B one at a time;
@@ -128,14 +138,11 @@ TEST_CASE(
     }
   } join{stop, giver};
   for (auto& peer : peers) CHECK(peer->sendSession(streamOpen(1, "cam")));
-  REQUIRE(peers.front()->waitFor(
-      [](const PeerInbox& in) {
-        for (const auto* list : {&in.session, &in.control}) {
-          for (const auto& m : *list) {
-            if (m.has_credit_grant()) return true;
-          }
-        }
-        return false;
+  // The first of the links whose StreamOpen the daemon takes is granted the slots.
+  REQUIRE(waitUntil(
+      [&] {
+        return std::any_of(peers.begin(), peers.end(),
+                           [](const auto& peer) { return granted(peer->inbox()); });
       },
       Millis(5000)));
   requireEveryFrame(pair, consumer, "cam", 20);
