@@ -186,6 +186,14 @@ class LinkTable {
     });
     return it == links_.rend() ? nullptr : &it->second;
   }
+  // The newest usable link to a peer, of any instance, other than `except`.
+  AgentLink* usableToPeer(PeerId peer, uint64_t except) {
+    auto it = std::find_if(links_.rbegin(), links_.rend(), [&](const auto& entry) {
+      const AgentLink& l = entry.second;
+      return l.id != except && l.usable() && l.peer == peer;
+    });
+    return it == links_.rend() ? nullptr : &it->second;
+  }
   std::map<uint64_t, AgentLink>::iterator begin() { return links_.begin(); }
   std::map<uint64_t, AgentLink>::iterator end() { return links_.end(); }
   std::map<uint64_t, AgentLink>::const_iterator begin() const { return links_.begin(); }

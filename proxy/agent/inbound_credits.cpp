@@ -108,7 +108,14 @@ std::vector<InboundStreams::Target> InboundStreams::creditTargets(NameKey stream
 }
 
 void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
-  const size_t senders = round.targets.size();
+  std::set<PeerId> peers;
+  for (const Target& target : round.targets) {
+    const PeerId peer = links_.find(target.first)->peer;
+    round.sender[target] = peer;
+    peers.insert(peer);
+  }
+  round.senders = peers.size();
+  const size_t senders = round.senders;
   size_t window = 0;  // what each sender may hold: its share of every consumer
   for (auto& [cid, ac] : clients_.all()) {
     const ClientSession& c = *ac.session;
@@ -119,7 +126,8 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
   }
   for (const auto& target : round.targets) windows_[target] = window;
   for (const auto& [generation, entry] : credits_) {
-    if (!entry.recalled) ++round.held[{{entry.link_id, entry.stream_id}, entry.client_id}];
+    const Target owner{entry.link_id, entry.stream_id};
+    if (!entry.recalled && round.sender.count(owner) != 0) ++round.heldBy(owner, entry.client_id);
   }
 }
 
@@ -143,7 +151,7 @@ void InboundStreams::grantCredits(NameKey stream) {
       continue;
     }
     if (moving) continue;
-    const size_t share = (c.slots.size() + round.targets.size() - 1) / round.targets.size();
+    const size_t share = (c.slots.size() + round.senders - 1) / round.senders;
     grantFreeSlots(round, cid, c, share);
     recallBeyondShares(round, cid, share);
   }
@@ -169,7 +177,7 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     Target target{0, 0};
     for (size_t tries = 0; tries < round.targets.size() && target.first == 0; ++tries) {
       const Target candidate = round.targets[grant_cursor_++ % round.targets.size()];
-      if (round.held[{candidate, cid}] < share && round.refusing.count(candidate.first) == 0) {
+      if (round.heldBy(candidate, cid) < share && round.refusing.count(candidate.first) == 0) {
         target = candidate;
       }
     }
@@ -204,7 +212,7 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
       round.refusing.insert(l.id);
       continue;
     }
-    ++round.held[{target, cid}];
+    ++round.heldBy(target, cid);
     CreditEntry& entry = credits_[generation];
     entry = CreditEntry{cid, s, l.id, target.second, remote->credit_id};
     entry.pull = pull;
@@ -262,17 +270,17 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
   // they have not used (onCreditsReturned), and only then are those slots
   // granted again.
   const bool starving = std::any_of(round.targets.begin(), round.targets.end(), [&](const Target& t) {
-    return round.held[{t, cid}] < share && round.refusing.count(t.first) == 0;
+    return round.heldBy(t, cid) < share && round.refusing.count(t.first) == 0;
   });
   if (!starving) return;
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
-    if (entry.client_id != cid || entry.recalled || round.held[{owner, cid}] <= share) continue;
-    if (std::find(round.targets.begin(), round.targets.end(), owner) == round.targets.end()) continue;
+    if (entry.client_id != cid || entry.recalled || round.sender.count(owner) == 0) continue;
+    if (round.heldBy(owner, cid) <= share) continue;
     entry.recalled = true;
     entry.recalled_ns = now;
-    --round.held[{owner, cid}];
+    --round.heldBy(owner, cid);
     auto* revoke = round.recalls[owner].mutable_credit_revoke();
     revoke->set_stream_id(owner.second);
     revoke->add_credit_ids(entry.credit_id);

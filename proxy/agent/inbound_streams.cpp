@@ -395,6 +395,13 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
     return "stream " + std::to_string(so.stream_id) + " re-opened as '" + so.name + "' while open as '" +
            existing->second.name + "'";
   }
+  if (existing != l.in_streams.end()) {
+    // Announced again on this link: the sender's route left it and came
+    // back (the link that replaced it went down), dropping the credits it
+    // held here.  They go back to the consumers, to be granted anew.
+    names_.release(closeOnLink(l, so.stream_id));
+    existing = l.in_streams.end();
+  }
   if (existing == l.in_streams.end()) {
     if (l.in_streams.size() >= peer::kMaxStreamsPerLink) return "too many streams opened";
     // A sender sends a name as one stream: a name under many ids would

@@ -241,10 +241,15 @@ class InboundStreams {
   // Nothing waits for a link that is going: its releases' slots are granted again now.
   void dropHeldBack(uint64_t link_id);
   // One round of granting a stream's free consumer slots.
+  // Shares are a sending peer's, whatever number of links it has: one with
+  // many links (or many instances claiming its id) is one sender.
   struct GrantRound {
-    std::vector<Target> targets;  // every usable (link, sender stream) of the stream's name
-    uint64_t largest_slot = 0;    // of any consumer of the stream: each sender sees it
-    std::map<std::pair<Target, uint64_t>, size_t> held;  // credits out per (target, consumer)
+    std::vector<Target> targets;      // every usable (link, sender stream) of the stream's name
+    std::map<Target, PeerId> sender;  // each target's peer
+    size_t senders = 0;               // the peers among the targets
+    uint64_t largest_slot = 0;        // of any consumer of the stream: each sender sees it
+    std::map<std::pair<PeerId, uint64_t>, size_t> held;  // credits out per (sending peer, consumer)
+    size_t& heldBy(const Target& target, uint64_t client_id) { return held[{sender[target], client_id}]; }
     std::map<Target, v1::PeerMessage> grants;
     std::map<Target, v1::PeerMessage> recalls;
     std::set<uint64_t> refusing;  // links that refused a slot as they went down: none of theirs gets more

@@ -404,7 +404,8 @@ void OutboundStreams::onLinkUp(AgentLink& l) {
 
 void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) {
   PeerEntry& p = peers_[l.peer];
-  if (p.link_id == l.id) {
+  const bool was_route = p.link_id == l.id;
+  if (was_route) {
     p.link_id = 0;
     for (auto& [id, s] : peerOut(l.peer).streams) {
       dropCredits(s);
@@ -414,6 +415,14 @@ void OutboundStreams::onLinkDown(const AgentLink& l, const std::string& reason) 
   // Nothing sent on this link is lost: what the peer did not acknowledge
   // goes again on the next link, and the peer drops what it already had.
   requeueUnacked(l.id, reason);
+  // This link had replaced another that is still up: the route goes back
+  // to that one, as to a new link, rather than wait for a link that may
+  // never come.
+  AgentLink* older = was_route ? links_.usableToPeer(l.peer, l.id) : nullptr;
+  if (older == nullptr) return;
+  spdlog::info("peer {}: link {} is down; the route moves back to link {}, still up", p.name, l.id,
+               older->id);
+  onLinkUp(*older);
 }
 
 void OutboundStreams::requeueUnacked(uint64_t link_id, const std::string& reason) {

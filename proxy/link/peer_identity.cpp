@@ -132,26 +132,75 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
                                                    "': it must name '" + name + "'; it names " + names};
 }
 
+bool PeerIdentity::provenAlone(const std::string& id) const {
+  return &config_.peerToken(id) != &config_.token || !config_.certNameFor(id).empty();
+}
+
+uint64_t PeerInstances::otherInstance(const std::string& peer, uint64_t instance) const {
+  auto it = up_.find(peer);
+  if (it == up_.end()) return 0;
+  for (const auto& [i, links] : it->second) {
+    if (i != instance) return i;
+  }
+  return 0;
+}
+
 PeerInstances::Up PeerInstances::up(const std::string& peer, uint64_t instance, const std::string& from) {
   uint64_t other = 0;
   {
     MutexLock lock(mutex_);
-    auto& instances = up_[peer];
-    for (const auto& [i, links] : instances) {
-      if (i != instance) other = i;
-    }
-    ++instances[instance];
+    other = otherInstance(peer, instance);
+    ++up_[peer][instance];
   }
-  if (other != 0) {
-    metrics_.counters.peer_instance_conflicts.fetch_add(1, std::memory_order_relaxed);
-    log_.warn(
-        "peer {} at {}: another instance ({:016x}) comes up while the link from instance {:016x} is up: {} "
-        "restarted and its old link has not ended yet, or another daemon uses the id '{}' (give each "
-        "[[peer]] "
-        "a token of its own, or set tls_require_cert_name, so that an id must be proven)",
-        peer, from, instance, other, peer, peer);
-  }
+  if (other != 0) conflict(peer, instance, other, from);
   return Up(this, peer, instance);
+}
+
+::grpc::Status PeerInstances::admit(const std::string& peer, uint64_t instance, bool proven,
+                                    const std::string& from, std::unique_ptr<Up>& up) {
+  uint64_t other = 0;
+  uint32_t links = 0;
+  {
+    MutexLock lock(mutex_);
+    other = otherInstance(peer, instance);
+    if (auto it = up_.find(peer); it != up_.end()) {
+      for (const auto& [i, n] : it->second) links += n;
+    }
+    if (links < kMaxLinksPerPeer && (other == 0 || proven)) ++up_[peer][instance];
+  }
+  if (links >= kMaxLinksPerPeer) {
+    metrics_.counters.peer_links_over_limit.fetch_add(1, std::memory_order_relaxed);
+    log_.warn("peer {} at {} refused: it has {} links up already, the most one peer id may have", peer, from,
+              links);
+    return {::grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "daemon id '" + peer + "' has " + std::to_string(links) +
+                " links up already, the most one id may have: close one first"};
+  }
+  if (other != 0 && !proven) {
+    metrics_.counters.peer_instance_refused.fetch_add(1, std::memory_order_relaxed);
+    log_.warn(
+        "peer at {} refused: it claims to be '{}' (instance {:016x}) while '{}' is linked from instance "
+        "{:016x}; only the shared token proves that id, so the linked daemon keeps it until its link ends "
+        "(a restarted daemon's old link ends with it; give each [[peer]] a token of its own, or set "
+        "tls_require_cert_name)",
+        from, peer, instance, peer, other);
+    return {::grpc::StatusCode::ALREADY_EXISTS,
+            "daemon id '" + peer +
+                "' is linked from another daemon; the shared token does not prove you are that one: try "
+                "again once its link has ended, or give each daemon a token or certificate of its own"};
+  }
+  if (other != 0) conflict(peer, instance, other, from);
+  up = std::make_unique<Up>(this, peer, instance);
+  return ::grpc::Status::OK;
+}
+
+void PeerInstances::conflict(const std::string& peer, uint64_t instance, uint64_t other,
+                             const std::string& from) {
+  metrics_.counters.peer_instance_conflicts.fetch_add(1, std::memory_order_relaxed);
+  log_.warn(
+      "peer {} at {}: another instance ({:016x}) comes up while the link from instance {:016x} is up: {} "
+      "restarted and its old link has not ended yet, or another daemon holds the credentials of '{}'",
+      peer, from, instance, other, peer, peer);
 }
 
 void PeerInstances::down(const std::string& peer, uint64_t instance) {

@@ -11,15 +11,25 @@
 //     TLS client certificate must carry it (common name or a DNS name).
 // A refusal is logged (rate-limited: strangers can cause it) and counted.
 //
-// PeerInstances notices a second instance of one id while the first one's
-// link is up: a restart this daemon has not seen end yet, or another daemon
-// using that id where nothing tells them apart (one shared token).
+// PeerInstances counts the links of each peer id, by instance (the random
+// id each daemon process draws at start), and admits a dialer's link:
+//   * no more than kMaxLinksPerPeer links of one id are up at once, whatever
+//     their instances: each is a socket or queue pair, buffers, and a
+//     sender the receiving streams share their slots with;
+//   * an id that nothing but the shared token proves (no token of its own,
+//     no certificate name required) keeps the instance it linked from while
+//     that link is up: another daemon claiming the id is refused until that
+//     link has ended.  A restarted peer's old link ends with its process
+//     (its sockets close), or is given up after link_timeout_ms.
+// A second instance of an id proven on its own is admitted (the same
+// credentials: a restart not seen yet), logged and counted.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -49,6 +59,10 @@ class PeerIdentity {
   // After the Hello: OK when the call's token and certificate prove the id
   // the Hello claims; else the status to refuse the Session with.
   ::grpc::Status prove(const ::grpc::ServerContext& ctx, const v1::Hello& hello, const std::string& from);
+  // Whether a dialer that passed prove() for `id` holds credentials of that
+  // id alone (its [[peer]]'s own token, or a certificate that must name it),
+  // not only the token every peer shares.
+  bool provenAlone(const std::string& id) const;
 
  private:
   // Whether `token` is one this daemon accepts from some id.
@@ -61,6 +75,10 @@ class PeerIdentity {
   Metrics& metrics_;
   LogLimiter log_;
 };
+
+// Links of one peer id up at once, from any instances: a dialer and a
+// listener each way, and a restart overlapping its old link.
+inline constexpr uint32_t kMaxLinksPerPeer = 4;
 
 class PeerInstances {
  public:
@@ -81,9 +99,18 @@ class PeerInstances {
     std::string peer_;
     uint64_t instance_;
   };
+  // A link this daemon dialed: counted, never refused.
   Up up(const std::string& peer, uint64_t instance, const std::string& from);
+  // A link a dialer opens: OK and `up` set, or the status it is refused with
+  // (logged, rate-limited, and counted).  `proven`: the dialer's credentials
+  // prove `peer` on their own (its own token, or a certificate name).
+  ::grpc::Status admit(const std::string& peer, uint64_t instance, bool proven, const std::string& from,
+                       std::unique_ptr<Up>& up);
 
  private:
+  // Another instance of `peer` with a link up (0: none).
+  uint64_t otherInstance(const std::string& peer, uint64_t instance) const FL_REQUIRES(mutex_);
+  void conflict(const std::string& peer, uint64_t instance, uint64_t other, const std::string& from);
   void down(const std::string& peer, uint64_t instance);
 
   Metrics& metrics_;

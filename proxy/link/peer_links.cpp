@@ -252,6 +252,13 @@ void PeerLinksImpl::stop() {
   TransportRegistry::Choice choice;
   if (::grpc::Status refused = admitHello(*ctx, from, first, choice); !refused.ok()) return refused;
   const v1::Hello& hello = first.hello();
+  // Counted from here, before the HelloAck: links being set up take their place too.
+  std::unique_ptr<PeerInstances::Up> up;
+  if (::grpc::Status refused = instances_.admit(hello.daemon_id(), hello.instance(),
+                                                identity_.provenAlone(hello.daemon_id()), from, up);
+      !refused.ok()) {
+    return refused;
+  }
   // Only now: a name the peer's credentials did not prove would file its
   // lines under a peer it is not.
   const LogScope scope(LogFields{.peer = hello.daemon_id()});
@@ -291,7 +298,6 @@ void PeerLinksImpl::stop() {
   LinkSessionInfo info{link_id,
                        {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
                         std::string(chosen->name()), reason}};
-  const auto up = instances_.up(hello.daemon_id(), hello.instance(), from);
   runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
 }

@@ -7,8 +7,10 @@
 // in the call metadata and sends Hello (version, id, transports in preference
 // order, token, a random session id); the listener checks the version and that
 // the token (and, where required, the certificate) proves the id the Hello
-// claims (peer_identity.h), picks the first of the dialer's transports it also
-// allows and can run with that peer,
+// claims (peer_identity.h), admits the link (PeerInstances: links per id
+// bounded, and an id only the shared token proves kept by the instance linked
+// from it), picks the first of the dialer's transports it also allows and can
+// run with that peer,
 // answers HelloAck, and both sides open the data channel under that session
 // id with the chosen transport's registry entry (transport_registry.h,
 // peer_transports.cpp).  When the dialer's first choice was not taken, the

@@ -167,6 +167,12 @@ constexpr CounterInfo kLinkCounters[] = {
      "Links of a peer id from a new instance while one from another instance was up (a restart not yet "
      "noticed, or another daemon using that id).",
      &Metrics::Counters::peer_instance_conflicts},
+    {"peer_instance_refused",
+     "Peers refused for claiming a linked daemon id from another instance while only the shared token proves "
+     "that id (another daemon using it; a restart waits for its old link to end).",
+     &Metrics::Counters::peer_instance_refused},
+    {"peer_links_over_limit", "Peers refused because their daemon id had the most links one id may have up.",
+     &Metrics::Counters::peer_links_over_limit},
     {"frames_replayed", "Unacknowledged frames sent again after a link broke.",
      &Metrics::Counters::frames_replayed},
     {"frames_offered", "Frames offered to a peer that takes its stream by pull, for it to read.",

@@ -47,9 +47,13 @@ class Metrics {
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
     std::atomic<uint64_t> peer_identity_refused{0};  // Hellos whose credentials do not prove their daemon id
-    std::atomic<uint64_t> peer_instance_conflicts{
-        0};                                    // a second instance of a peer id linked while one was up
-    std::atomic<uint64_t> frames_replayed{0};  // sent again on a new link after a link broke
+    // a second instance of a peer id linked while one was up
+    std::atomic<uint64_t> peer_instance_conflicts{0};
+    // Hellos refused: a second instance of a linked id that only the shared token proves
+    std::atomic<uint64_t> peer_instance_refused{0};
+    // Hellos refused: their id had kMaxLinksPerPeer links up
+    std::atomic<uint64_t> peer_links_over_limit{0};
+    std::atomic<uint64_t> frames_replayed{0};           // sent again on a new link after a link broke
     std::atomic<uint64_t> frames_maybe_redelivered{0};  // replayed to a restarted receiving daemon
     std::atomic<uint64_t> frames_offered{0};            // pull: offered to a peer, for it to read
     std::atomic<uint64_t> frames_pulled{0};             // pull: read from a peer's offer into a slot here

@@ -50,10 +50,16 @@ HostilePeer::HostilePeer(Options options) : options_(std::move(options)) {
   h->add_transports(options_.transport);
   h->set_token(options_.token);
   h->set_session_id(options_.session_id);
-  h->set_instance(1);
+  h->set_instance(options_.instance);
   REQUIRE(session_->Write(hello));
   v1::PeerMessage ack;
-  REQUIRE(session_->Read(&ack));
+  const bool answered = session_->Read(&ack);
+  if (!answered && options_.may_be_refused) {
+    refusal_ = session_->Finish();
+    REQUIRE_FALSE(refusal_.ok());
+    return;
+  }
+  REQUIRE(answered);
   REQUIRE(ack.has_hello_ack());
   hello_ack_ = ack.hello_ack();
   REQUIRE(hello_ack_.transport() == options_.transport);

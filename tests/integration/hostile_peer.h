@@ -46,6 +46,10 @@ class HostilePeer {
     uint64_t session_id = 0x4057113;
     uint32_t protocol_version = 3;
     std::string transport = "grpc";  // or "tcp": the only one the Hello offers
+    uint64_t instance = 1;           // the daemon instance its Hello claims
+    // The daemon may refuse the Hello: then admitted() is false and
+    // refusal() says why, and nothing else is done.
+    bool may_be_refused = false;
   };
 
   // Completes Hello/HelloAck (the daemon must choose options.transport) and
@@ -57,6 +61,8 @@ class HostilePeer {
   HostilePeer& operator=(const HostilePeer&) = delete;
 
   const v1::HelloAck& helloAck() const noexcept { return hello_ack_; }
+  bool admitted() const noexcept { return refusal_.ok(); }
+  const grpc::Status& refusal() const noexcept { return refusal_; }
 
   // Sending; false once the call is broken.
   bool sendSession(const v1::PeerMessage& message);
@@ -96,6 +102,7 @@ class HostilePeer {
   std::unique_ptr<transport::RawClientDataStream> data_;  // grpc
   int tcp_fd_ = -1;                                       // tcp
   v1::HelloAck hello_ack_;
+  grpc::Status refusal_;  // OK: the daemon answered the Hello
 
   mutable std::mutex mutex_;
   PeerInbox inbox_;

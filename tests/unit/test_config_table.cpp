@@ -387,6 +387,8 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
     CHECK_FALSE(installed->allow_unauthenticated);
     CHECK(installed->tlsEnabled());
     CHECK(installed->tls_client_auth);
+    // A dialer's certificate must name the id it claims: the shared token alone proves none.
+    CHECK(installed->tls_require_cert_name);
     CHECK(installed->tls_no_peer_certs);
     CHECK(installed->tls_ca_pem == cert);
   }

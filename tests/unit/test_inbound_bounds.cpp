@@ -200,6 +200,33 @@ TEST_CASE("inbound bounds: one in-stream per (link, name)", "[agent][inbound][fa
   }
 }
 
+TEST_CASE("inbound bounds: a peer's links hold one share of a consumer together, however many they are",
+          "[agent][inbound][fan-in]") {
+  InboundRig rig;
+  rig.consumer(1, "cam");
+  // Three links of one peer id (instances of its choosing), each opening the name.
+  std::vector<AgentLink*> many;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    many.push_back(&rig.linkUp(i, "many", 100 + i));
+    REQUIRE(rig.open(*many.back(), 1, "cam").empty());
+  }
+  CHECK(rig.inbound.creditsOutstanding() == 4);
+  AgentLink& honest = rig.linkUp(9, "honest");
+  REQUIRE(rig.open(honest, 7, "cam").empty());
+  // Two senders: half of the slots are asked back from the three links together.
+  std::vector<uint64_t> recalled;
+  for (AgentLink* l : many) {
+    for (uint64_t id : rig.revoked(*l)) {
+      rig.inbound.onCreditsReturned(*l, peer::CreditRevoke{1, {id}, true, {}});
+      recalled.push_back(id);
+    }
+  }
+  CHECK(recalled.size() == 2);
+  size_t honest_holds = 0;
+  for (const SlotEntry& e : rig.consumers[0].session->slots) honest_holds += e.link_id == 9 ? 1 : 0;
+  CHECK(honest_holds == 2);
+}
+
 TEST_CASE("inbound bounds: a recalled credit neither returned nor used by its deadline fails the link",
           "[agent][inbound][fan-in]") {
   InboundStreams::Limits limits;

@@ -139,3 +139,33 @@ TEST_CASE("outbound streams: a replay whose send fails ends TIMEOUT, not FAILED:
   REQUIRE(rig.completed(&d));
   CHECK(d.status == FL_ERR_TIMEOUT);
 }
+
+TEST_CASE(
+    "outbound streams: when the link that replaced another goes down, the route moves back to the older one, "
+    "still up",
+    "[agent][outbound][lifetime]") {
+  OutboundRig rig;
+  // Link 2 replaces link 1, which stays up (another daemon of the peer's
+  // id, or the other direction of a pair of links).
+  TcpPair second = makeTcpPair();
+  auto landing2 = exposeLanding(*second.b, 8, 4096);
+  AgentLink& l2 = rig.addLink(2, std::move(second.a));
+  rig.capture.next([](auto& m) { return m.has_stream_open(); });  // on link 2
+  rig.submit(0, 10);
+  rig.grantAndPump(l2, 8);
+  rig.completeSends(l2, 1);  // sent, not acknowledged
+  rig.out.onLinkDown(l2, "the newer link went down");
+
+  CHECK(rig.peers[rig.link->peer].link_id == 1);
+  INFO("the stream is announced again on link 1, and its frame goes there");
+  CHECK(rig.capture.next([](auto& m) { return m.has_stream_open(); }).stream_open().stream_id() ==
+        rig.stream_id);
+  auto landing = exposeLanding(*rig.pair.b, 7, 4096);
+  rig.grantAndPump(*rig.link, 7);
+  waitEvent(*rig.pair.b, transport::TransportEvent::Kind::kFrameArrived);
+  rig.completeSends(*rig.link, 1);
+  rig.out.onAck(rig.link->peer, rig.stream_id, 1, FL_OK, {});
+  fl_completion_desc d{};
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_OK);
+}
