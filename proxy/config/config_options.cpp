@@ -45,7 +45,7 @@ const std::vector<Option>& options() {
       {"link",   "tls_client_auth",    Switch{&Config::tls_client_auth},                       "Mutual TLS: a dialing peer must present a certificate signed by tls_ca_file"},
       {"link",   "tls_server_name",    Text{&Config::tls_server_name, "NAME", "peer-host"},    "Name to verify in the peer's certificate; peer-host: the host of its address"},
       {"link",   "tls_require_cert_name", Switch{&Config::tls_require_cert_name},              "Mutual TLS: a dialing peer's certificate (common name or a DNS name) must name the daemon id it claims, or its [[peer]]'s cert_name"},
-      {"link",   "ack_timeout_ms",     Number{&Config::ack_timeout_ms, 1, UINT32_MAX, "MS"},   "A frame not acknowledged by the remote consumer in time fails with FL_ERR_TIMEOUT"},
+      {"link",   "ack_timeout_ms",     Number{&Config::ack_timeout_ms, 1, UINT32_MAX, "MS"},   "A frame not acknowledged by the remote consumer, or not released by a local one, in time fails with FL_ERR_TIMEOUT"},
       {"link",   "ack_delay_us",       Number{&Config::ack_delay_us, 0, 1'000'000, "US"},      "A released frame's ACK and its slot's credit wait at most this long to go back to the sender with others (sooner once a quarter of the sender's window waits or the sender is low on credits; 0 = at once)"},
       {"link",   "credit_timeout_ms",  Number{&Config::credit_timeout_ms, 1, UINT32_MAX, "MS"}, "A frame that gets no receive credit (or no link) in time fails"},
       {"link",   "connect_timeout_ms", Number{&Config::connect_timeout_ms, 1, UINT32_MAX, "MS"}, "Dialling a peer gives up after this long"},
