@@ -6,6 +6,8 @@
 // rest of OutboundStreams is in outbound_streams.cpp and outbound_credits.cpp.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,8 @@ namespace {
 // sent this many more times before it fails with that code (a CRC mismatch is
 // then in the producer's slot).
 constexpr uint32_t kMaxResends = 3;
+
+uint32_t saturatingAdd(uint32_t a, uint32_t b) { return b > UINT32_MAX - a ? UINT32_MAX : a + b; }
 
 }  // namespace
 
@@ -64,8 +68,10 @@ bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, i
       sides.status = status;
       sides.why = why;
     }
-    sides.readers += readers;
-    sides.released += released;
+    // Saturated: one route's peer may claim any count, and must neither
+    // wrap the frame's to 0 nor push released past readers.
+    sides.readers = saturatingAdd(sides.readers, readers);
+    sides.released = std::min(saturatingAdd(sides.released, released), sides.readers);
     if (sides.waiting != 0) return false;
   }
   if (sides.status != FL_OK || !again) {

@@ -56,6 +56,17 @@ Message decodeGrant(const v1::CreditGrant& g) {
   return out;
 }
 
+// The codes a receiving daemon may refuse a frame with: a frame's own
+// failures, the peer protocol's, and its transport's.  The rest (a call's
+// outcome, a client's attachment, this host's device) would tell the producer
+// something of its own host that a peer cannot know; they, an unknown value
+// and 0 become PEER_REJECTED.
+int frameFailureFromPeer(int code) {
+  const bool frame = code >= FL_ERR_BAD_SLOT && code <= FL_ERR_NO_LINK;
+  const bool protocol = code >= FL_ERR_PROTOCOL && code <= FL_ERR_UNKNOWN_CREDIT;
+  return frame || protocol || code == FL_ERR_TRANSPORT ? code : FL_ERR_PEER_REJECTED;
+}
+
 Message decodeAck(const v1::Ack& a) {
   auto too_many = [] {
     return Violation{"ACK of more than " + std::to_string(kMaxAcksPerMessage) + " frames"};
@@ -115,8 +126,7 @@ Message decode(const v1::PeerMessage& msg) {
       return decodeAck(msg.ack());
     case v1::PeerMessage::kNack: {
       const auto& n = msg.nack();
-      int code = static_cast<int>(n.code());
-      if (code == FL_OK) code = FL_ERR_PEER_REJECTED;
+      const int code = frameFailureFromPeer(static_cast<int>(n.code()));
       return Nack{n.stream_id(), n.sequence(),
                   code,          n.message().substr(0, kMaxTextBytes),
                   n.readers(),   std::min(n.released(), n.readers())};

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,10 +42,17 @@ using Clock = std::chrono::steady_clock;
 using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
 using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
 
+// From the kernel's CSPRNG: a session id crosses the network in clear, and
+// one id must tell nothing of the next (a generator seeded once would, from
+// a few of its outputs).
 uint64_t randomSessionId() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
   uint64_t id = 0;
-  while (id == 0) id = rng();
+  while (id == 0) {
+    if (::getrandom(&id, sizeof id, 0) != static_cast<ssize_t>(sizeof id)) {
+      std::random_device device;  // getrandom(2) failing at all: the same source by another way
+      id = (uint64_t{device()} << 32) | device();
+    }
+  }
   return id;
 }
 

@@ -219,7 +219,8 @@ class RdmaEntry final : public TransportEntry {
         {}, std::chrono::milliseconds(config.connect_timeout_ms) * (kRdmaHandshakeFactor - 1),
         transport::rdma::RdmaListenerCounters{&ctx.metrics.counters.handshakes_timed_out_rdma,
                                               &ctx.metrics.counters.handshakes_refused_rdma,
-                                              &ctx.metrics.counters.auth_failures});
+                                              &ctx.metrics.counters.auth_failures},
+        hooks.token);
     MutexLock lock(mutex_);
     if (!listener) {
       unavailable_ = "cannot listen for rdma connections on " + host + ": " + listener.error().message;
@@ -241,7 +242,8 @@ class RdmaEntry final : public TransportEntry {
       return makeError(FL_ERR_TRANSPORT, "the peer chose rdma but announced no rdma port");
     }
     return shared(transport::rdma::dialRdma(device_, ctx.host, static_cast<uint16_t>(ctx.ack.rdma_port()),
-                                            ctx.session_id, handshakeTimeout(ctx.config), {}, ctx.stop_fd));
+                                            ctx.session_id, handshakeTimeout(ctx.config), {}, ctx.stop_fd,
+                                            ctx.token));
 #else
     (void)ctx;
     return makeError(FL_ERR_TRANSPORT, "this framelinkd was built without rdma");

@@ -89,7 +89,7 @@ void HostilePeer::openTcp() {
   std::memcpy(hello.magic, tcp::kTcpHelloMagic, sizeof hello.magic);
   hello.version = tcp::kTcpWireVersion;
   hello.session_id = options_.session_id;
-  tcp::tokenDigest(options_.token, options_.session_id, hello.token);
+  transport::tokenDigest(options_.token, options_.session_id, hello.token);
   REQUIRE(sendAll(tcp_fd_, &hello, sizeof hello));
   tcp::TcpHelloReply reply{};
   REQUIRE(recvAll(tcp_fd_, &reply, sizeof reply));

@@ -56,7 +56,7 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
 // proxy/transport/tcp/tcp_wire.h kTcpWireVersion): a bump must change these
 // tests too, on purpose.
 constexpr uint32_t kPeerProtocolVersion = 3;
-constexpr uint8_t kTcpWireVersion = 3;
+constexpr uint8_t kTcpWireVersion = 4;
 
 // A Hello as a daemon of `version` sends it, with the right token.
 static v1::PeerMessage helloOf(uint32_t version, const std::string& daemon_id, uint64_t session_id) {

@@ -91,7 +91,8 @@ bool stallHandshake(const char* a_ip, const char* b_ip, uint16_t port, StalledDi
                     nextEvent(channel, 5s) == RDMA_CM_EVENT_ADDR_RESOLVED &&
                     rdma_resolve_route(id, 2000) == 0 &&
                     nextEvent(channel, 5s) == RDMA_CM_EVENT_ROUTE_RESOLVED;
-  rdma::RdmaConnectData data{rdma::kRdmaConnectMagic, rdma::kRdmaProtocolVersion, 0, kSession};
+  rdma::RdmaConnectData data{rdma::kRdmaConnectMagic, rdma::kRdmaProtocolVersion, 0, kSession, {}};
+  framelink::transport::tokenDigest("", kSession, data.token);
   rdma_conn_param param{};
   param.private_data = &data;
   param.private_data_len = sizeof data;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <string>
@@ -196,10 +197,11 @@ TEST_CASE("tcp receiver reports a connection cut in the middle of a frame", "[tr
   CHECK(ev.status == FL_ERR_LINK_LOST);
 }
 
-TEST_CASE("tcp wire 3: a version 2 peer is refused, and the read records have their bytes",
+TEST_CASE("tcp wire 4: a version 2 peer is refused, and the read records have their bytes",
           "[transport][tcp]") {
   // Version 3 added reads: a version 2 peer would close the link on the first read record.
-  CHECK(kTcpWireVersion == 3u);
+  // Version 4 proves the token with HMAC-SHA256: a version 3 peer's proof would not match.
+  CHECK(kTcpWireVersion == 4u);
   // The magics are what peers and the fuzz corpus depend on, byte for byte on the wire.
   uint8_t bytes[4];
   std::memcpy(bytes, &kTcpReadRequestMagic, 4);
@@ -218,7 +220,7 @@ TEST_CASE("tcp wire 3: a version 2 peer is refused, and the read records have th
   TcpHelloReply reply{};
   REQUIRE(::recv(fd.get(), &reply, sizeof reply, MSG_WAITALL) == sizeof reply);
   CHECK(reply.status == FL_ERR_PEER_VERSION);
-  CHECK(reply.version == 3u);
+  CHECK(reply.version == kTcpWireVersion);
   CHECK(listener.accepted == 0);
 }
 
@@ -236,6 +238,26 @@ TEST_CASE("token digest depends on token and session", "[transport][tcp]") {
   tokenDigest(long1, 1, a);
   tokenDigest(long2, 1, b);
   CHECK_FALSE(digestEqual(a, b));
+}
+
+TEST_CASE("token digest is HMAC-SHA256 of the session id, keyed by the token", "[transport][tcp]") {
+  // Known answers, from Python's hmac module:
+  //   hmac.new(b'token', struct.pack('<Q', 0x0123456789abcdef), hashlib.sha256)
+  //   hmac.new(b'', struct.pack('<Q', 1), hashlib.sha256)
+  const auto hex = [](const uint8_t* d) {
+    std::string s;
+    char two[3];
+    for (size_t i = 0; i < kTokenDigestBytes; ++i) {
+      std::snprintf(two, sizeof two, "%02x", d[i]);
+      s += two;
+    }
+    return s;
+  };
+  uint8_t d[kTokenDigestBytes];
+  tokenDigest("token", 0x0123456789abcdefull, d);
+  CHECK(hex(d) == "af0b97f1fd344e1532c86e1b522fcb11508e7d695c8a0c759bd40c728dbee370");
+  tokenDigest("", 1, d);
+  CHECK(hex(d) == "45642932870525261935930d25eabf7cb0212dd40d3acf965a6b6efa65a0fd26");
 }
 
 TEST_CASE("parseHostPort", "[transport][tcp]") {

@@ -175,6 +175,20 @@ TEST_CASE("routes: a route with no consumer fails the frame with its reason, cou
   CHECK(rig.link[1]->frames_out == 1);
 }
 
+TEST_CASE("routes: one route's reader count cannot wrap the frame's, nor hide another route's",
+          "[agent][outbound][routes]") {
+  TwoRoutes rig;
+  rig.sendOnBoth();
+  rig.ack(0, 1, FL_OK, UINT32_MAX);  // a route's peer may claim any count of readers
+  rig.ack(1, 1, FL_OK, 1);
+  fl_completion_desc d{};
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_OK);
+  CHECK(d.readers == UINT32_MAX);  // saturated, not 0
+  CHECK(d.released == UINT32_MAX);
+  CHECK(d.released <= d.readers);
+}
+
 TEST_CASE("routes: a NACKed frame is sent again on its route only", "[agent][outbound][routes]") {
   TwoRoutes rig;
   rig.sendOnBoth();

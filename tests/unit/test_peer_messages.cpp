@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <variant>
 
@@ -278,6 +279,31 @@ TEST_CASE("peer messages: ACKs are bounded, NACKs always carry a failure", "[pee
   CHECK(std::get<peer::Nack>(decoded).message.size() == peer::kMaxTextBytes);
   nack.mutable_nack()->set_code(v1::ERROR_CODE_CRC_MISMATCH);
   CHECK(std::get<peer::Nack>(peer::decode(nack)).code == FL_ERR_CRC_MISMATCH);
+}
+
+TEST_CASE("peer messages: a NACK's code is one a frame may fail with, or PEER_REJECTED", "[peer_messages]") {
+  v1::PeerMessage nack;
+  nack.mutable_nack()->set_stream_id(5);
+  nack.mutable_nack()->set_sequence(9);
+  const auto codeOf = [&](int code) {
+    nack.mutable_nack()->set_code(static_cast<v1::ErrorCode>(code));
+    return std::get<peer::Nack>(peer::decode(nack)).code;
+  };
+  // What a receiving daemon refuses a frame with reaches the producer as it is.
+  for (int code :
+       {FL_ERR_TOO_LARGE, FL_ERR_NO_CONSUMER, FL_ERR_TIMEOUT, FL_ERR_CRC_MISMATCH, FL_ERR_LINK_LOST,
+        FL_ERR_SHUTDOWN, FL_ERR_PROTOCOL, FL_ERR_UNKNOWN_STREAM, FL_ERR_UNKNOWN_CREDIT, FL_ERR_TRANSPORT}) {
+    CHECK(codeOf(code) == code);
+  }
+  // A call's outcome, this client's attachment, the local device, or no
+  // status at all would tell the producer something about its own host
+  // that a peer cannot know.
+  for (int code :
+       std::initializer_list<int>{FL_EAGAIN, FL_ETIMEDOUT, FL_ERR_DAEMON_GONE, FL_ERR_RING_CORRUPT,
+                                  FL_ERR_QUOTA, FL_ERR_AUTH, FL_ERR_DEVICE, 114, 199, 305, 999, -1}) {
+    INFO("code " << code);
+    CHECK(codeOf(code) == FL_ERR_PEER_REJECTED);
+  }
 }
 
 TEST_CASE("peer messages: the ACKs of one control record name at most the per-record budget of frames",

@@ -146,13 +146,23 @@ sockaddr_in ipv4(const std::string& ip, uint16_t port) {
   return a;
 }
 
-// A dialer that sends a well-formed connect request (naming a session the
-// listener accepts) from `ip` and then does nothing: no QP, no RTU.
+// Connect data naming kSession, with the proof of `token`.
+RdmaConnectData connectData(const std::string& token = {}) {
+  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, kSession, {}};
+  tokenDigest(token, kSession, data.token);
+  return data;
+}
+
+// A dialer that sends a connect request -- by default well-formed, naming a
+// session the listener accepts -- from `ip` and then does nothing: no QP, no
+// RTU.  `length` bytes of `data` are sent.
 struct StalledDialer {
   std::shared_ptr<FakeVerbs> fake;
   rdma_event_channel* channel = nullptr;
   rdma_cm_id* id = nullptr;
-  StalledDialer(std::shared_ptr<FakeVerbs> f, const std::string& ip, uint16_t port) : fake(std::move(f)) {
+  StalledDialer(std::shared_ptr<FakeVerbs> f, const std::string& ip, uint16_t port,
+                RdmaConnectData data = connectData(), size_t length = sizeof(RdmaConnectData))
+      : fake(std::move(f)) {
     channel = fake->createEventChannel();
     REQUIRE(fake->createId(channel, &id, nullptr, RDMA_PS_TCP) == 0);
     sockaddr_in src = ipv4(ip, 0), dst = ipv4("10.0.0.2", port);
@@ -160,10 +170,9 @@ struct StalledDialer {
                               100) == 0);
     REQUIRE(fake->resolveRoute(id, 100) == 0);
     REQUIRE(fake->setAckTimeout(id, 14) == 0);
-    RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, kSession};
     rdma_conn_param param{};
     param.private_data = &data;
-    param.private_data_len = sizeof data;
+    param.private_data_len = static_cast<uint8_t>(length);
     param.rnr_retry_count = 7;
     REQUIRE(fake->connect(id, &param) == 0);
   }
@@ -196,18 +205,20 @@ struct Watched {
   std::atomic<uint64_t> timed_out{0}, refused{0};
   std::mutex mu;
   std::vector<std::unique_ptr<Transport>> accepted;
-  RdmaListenerCounters counters() { return {&timed_out, &refused}; }
+  std::atomic<uint64_t> auth_failures{0};
+  RdmaListenerCounters counters() { return {&timed_out, &refused, &auth_failures}; }
 };
 
 std::unique_ptr<RdmaListener> watchedListener(const std::shared_ptr<RdmaDevice>& device, Watched& w,
-                                              std::chrono::milliseconds handshake_timeout) {
+                                              std::chrono::milliseconds handshake_timeout,
+                                              const std::string& token = {}) {
   auto l = RdmaListener::listen(
       device, "10.0.0.2", 0, [](uint64_t s) { return s == kSession; },
       [&w](uint64_t, std::unique_ptr<Transport> t) {
         std::lock_guard<std::mutex> lock(w.mu);
         w.accepted.push_back(std::move(t));
       },
-      {}, handshake_timeout, w.counters());
+      {}, handshake_timeout, w.counters(), [token](uint64_t) { return token; });
   REQUIRE(l.ok());
   return std::move(l).value();
 }
@@ -328,6 +339,44 @@ TEST_CASE("rdma listener: handshakes are bounded in all and per address; beyond,
   CHECK(waitForQps(*fake, 2));
   good.value().reset();
   w.accepted.clear();
+  CHECK(fake->errors().empty());
+}
+
+TEST_CASE("rdma listener: knowing a session id is not enough; the dialer proves the Session's token",
+          "[rdma]") {
+  auto fake = manyHosts();
+  auto dev_a = RdmaDevice::open({"", "10.0.0.1"}, fake).value();
+  auto dev_b = RdmaDevice::open({"fake_b", "10.0.0.2"}, fake).value();
+  Watched w;
+  auto listener = watchedListener(dev_b, w, 60s, "secret");
+  for (int host = 3; host <= 5; ++host) fake->stallDialersFrom("10.0.0." + std::to_string(host), true);
+
+  // Another host that learnt the pending session id (it crosses the network
+  // in clear) and names it, as version 2 did, without a proof: refused.
+  StalledDialer bare(fake, "10.0.0.3", listener->port(), connectData(), kRdmaConnectPrefixBytes);
+  CHECK(bare.rejected(5s) == FL_ERR_PROTOCOL);
+  // With a proof of a guessed token: refused and counted as an auth failure.
+  StalledDialer guessed(fake, "10.0.0.4", listener->port(), connectData("guess"));
+  CHECK(guessed.rejected(5s) == FL_ERR_AUTH);
+  CHECK(w.auth_failures.load() == 1);
+  // A daemon of the previous version is told so.
+  RdmaConnectData old = connectData("secret");
+  old.version = 2;
+  StalledDialer previous(fake, "10.0.0.5", listener->port(), old, kRdmaConnectPrefixBytes);
+  CHECK(previous.rejected(5s) == FL_ERR_PEER_VERSION);
+  CHECK(fake->stats().live_qps == 0);  // none of them got a QP
+
+  auto wrong = dialRdma(dev_a, "10.0.0.2", listener->port(), kSession, 2s, {}, -1, "Secret");
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(wrong.error().code == FL_ERR_AUTH);
+  CHECK_THAT(wrong.error().message, Catch::Contains("the token is wrong"));
+  auto good = dialRdma(dev_a, "10.0.0.2", listener->port(), kSession, 2s, {}, -1, "secret");
+  if (!good) FAIL("dial: " << good.error().message);
+  REQUIRE(waitForAccepted(w, 1));
+  CHECK(w.auth_failures.load() == 2);
+  good.value().reset();
+  w.accepted.clear();
+  listener.reset();
   CHECK(fake->errors().empty());
 }
 

@@ -160,11 +160,12 @@ Error rejection(const CmEvent& ev, const std::string& where) {
   if (ev.private_data.size() >= sizeof why) std::memcpy(&why, ev.private_data.data(), sizeof why);
   if (why.magic == kRdmaConnectMagic) {
     int status = why.status != 0 ? why.status : FL_ERR_TRANSPORT;
-    const char* why_text = status == FL_ERR_AUTH           ? "it does not know this session"
-                           : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
-                           : status == FL_ERR_RESOURCES
-                               ? "it has too many rdma handshakes in progress (try again)"
-                               : "see its log";
+    const char* why_text =
+        status == FL_ERR_AUTH
+            ? "it does not know this session, or the token is wrong (check both daemons' tokens)"
+        : status == FL_ERR_PEER_VERSION ? "it speaks another rdma protocol version"
+        : status == FL_ERR_RESOURCES    ? "it has too many rdma handshakes in progress (try again)"
+                                        : "see its log";
     return makeError(status, where + ": the peer refused the connection: " + why_text + " (status " +
                                  std::to_string(status) + ")");
   }
@@ -172,11 +173,12 @@ Error rejection(const CmEvent& ev, const std::string& where) {
                                          "): is a framelinkd listening for rdma on that address and port?");
 }
 
-// rdma_connect with private data {magic, version, session id}, then waits
-// until `deadline` for ESTABLISHED on the transport's channel.
-Status connectSession(VerbsApi& api, RdmaTransport& t, uint64_t session_id, int wake_fd,
-                      Clock::time_point deadline, const std::string& where) {
-  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, session_id};
+// rdma_connect with private data {magic, version, session id, token proof},
+// then waits until `deadline` for ESTABLISHED on the transport's channel.
+Status connectSession(VerbsApi& api, RdmaTransport& t, uint64_t session_id, const std::string& token,
+                      int wake_fd, Clock::time_point deadline, const std::string& where) {
+  RdmaConnectData data{kRdmaConnectMagic, kRdmaProtocolVersion, 0, session_id, {}};
+  tokenDigest(token, session_id, data.token);
   rdma_conn_param param{};
   param.private_data = &data;
   param.private_data_len = sizeof data;
@@ -212,7 +214,7 @@ Status connectSession(VerbsApi& api, RdmaTransport& t, uint64_t session_id, int 
 Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, const std::string& host,
                                             uint16_t port, uint64_t session_id,
                                             std::chrono::milliseconds timeout, RdmaTransportOptions options,
-                                            int wake_fd) {
+                                            int wake_fd, const std::string& token) {
   if (!device) return makeError(FL_EINVAL, "dialRdma: no device");
   const std::string where = "rdma connect to " + host + ":" + std::to_string(port);
   const auto deadline = Clock::now() + timeout;
@@ -236,7 +238,7 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
   auto created = RdmaTransport::create(device, std::move(cm).value(), options);
   if (!created) return std::move(created).error().context(where);
   std::unique_ptr<RdmaTransport> t = std::move(created).value();
-  if (Status s = connectSession(api, *t, session_id, wake_fd, deadline, where); !s) {
+  if (Status s = connectSession(api, *t, session_id, token, wake_fd, deadline, where); !s) {
     return std::move(s).error();
   }
   t->established(host + ":" + std::to_string(port));
@@ -245,12 +247,10 @@ Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, 
 
 // ---------------------------------------------------------------- listener
 
-Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaDevice> device,
-                                                           const std::string& host, uint16_t port,
-                                                           Authorize authorize, OnConnected on_connected,
-                                                           RdmaTransportOptions options,
-                                                           std::chrono::milliseconds handshake_timeout,
-                                                           RdmaListenerCounters counters) {
+Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(
+    std::shared_ptr<RdmaDevice> device, const std::string& host, uint16_t port, Authorize authorize,
+    OnConnected on_connected, RdmaTransportOptions options, std::chrono::milliseconds handshake_timeout,
+    RdmaListenerCounters counters, TokenFor token_for) {
   if (!device) return makeError(FL_EINVAL, "RdmaListener: no device");
   const std::string where = "rdma listen on " + host + ":" + std::to_string(port);
   auto addr = parseIp(host, port);
@@ -272,9 +272,9 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
   const uint16_t bound = api.getSrcPort(cm->id());
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return makeError(FL_ERR_RESOURCES, where + ": eventfd: " + std::strerror(errno));
-  std::unique_ptr<RdmaListener> l(new RdmaListener(std::move(device), std::move(cm).value(), UniqueFd(wake),
-                                                   bound, std::move(authorize), std::move(on_connected),
-                                                   options, handshake_timeout, counters));
+  std::unique_ptr<RdmaListener> l(
+      new RdmaListener(std::move(device), std::move(cm).value(), UniqueFd(wake), bound, std::move(authorize),
+                       std::move(on_connected), options, handshake_timeout, counters, std::move(token_for)));
   try {
     l->thread_ = std::thread([p = l.get()] { p->loop(); });
   } catch (const std::system_error& e) {
@@ -287,7 +287,7 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::listen(std::shared_ptr<RdmaD
 RdmaListener::RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, UniqueFd wake_fd,
                            uint16_t port, Authorize authorize, OnConnected on_connected,
                            RdmaTransportOptions options, std::chrono::milliseconds handshake_timeout,
-                           RdmaListenerCounters counters)
+                           RdmaListenerCounters counters, TokenFor token_for)
     : device_(std::move(device)),
       listen_id_(std::move(listen_id)),
       wake_fd_(std::move(wake_fd)),
@@ -296,7 +296,8 @@ RdmaListener::RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, U
       on_connected_(std::move(on_connected)),
       options_(options),
       handshake_timeout_(handshake_timeout),
-      counters_(counters) {}
+      counters_(counters),
+      token_for_(std::move(token_for)) {}
 
 RdmaListener::~RdmaListener() {
   if (thread_.joinable()) {
@@ -408,11 +409,11 @@ std::optional<uint64_t> RdmaListener::checkRequest(rdma_cm_id* id, const std::st
                                                    const std::vector<uint8_t>& private_data) noexcept {
   VerbsApi& api = device_->api();
   RdmaConnectData data{};
-  if (private_data.size() < sizeof data) {
+  if (private_data.size() < kRdmaConnectPrefixBytes) {
     reject(id, FL_ERR_PROTOCOL, peer, "no framelink connect data (not a framelinkd?)", log_refused_);
     return std::nullopt;
   }
-  std::memcpy(&data, private_data.data(), sizeof data);
+  std::memcpy(&data, private_data.data(), std::min(private_data.size(), sizeof data));
   if (data.magic != kRdmaConnectMagic) {
     reject(id, FL_ERR_PROTOCOL, peer, "bad connect magic", log_refused_);
     return std::nullopt;
@@ -424,6 +425,10 @@ std::optional<uint64_t> RdmaListener::checkRequest(rdma_cm_id* id, const std::st
            log_refused_);
     return std::nullopt;
   }
+  if (private_data.size() < sizeof data) {
+    reject(id, FL_ERR_PROTOCOL, peer, "connect data without its token proof", log_refused_);
+    return std::nullopt;
+  }
   if (id->verbs != device_->context()) {
     const char* other = id->verbs ? api.deviceName(id->verbs) : "no device";
     reject(id, FL_ERR_TRANSPORT, peer,
@@ -432,16 +437,21 @@ std::optional<uint64_t> RdmaListener::checkRequest(rdma_cm_id* id, const std::st
            log_refused_);
     return std::nullopt;
   }
-  bool ok = false;
+  const char* why = nullptr;
   try {
-    ok = authorize_ && authorize_(data.session_id);
+    if (!authorize_ || !authorize_(data.session_id)) {
+      why = " is not known here";
+    } else {
+      uint8_t expected[kTokenDigestBytes];
+      tokenDigest(token_for_ ? token_for_(data.session_id) : std::string(), data.session_id, expected);
+      if (!digestEqual(expected, data.token)) why = ": wrong token (check the peer tokens on both daemons)";
+    }
   } catch (...) {
-    ok = false;
+    why = " is not known here";
   }
-  if (!ok) {
+  if (why != nullptr) {
     if (counters_.auth_failures != nullptr) counters_.auth_failures->fetch_add(1, std::memory_order_relaxed);
-    reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + " is not known here",
-           log_refused_);
+    reject(id, FL_ERR_AUTH, peer, "session " + std::to_string(data.session_id) + why, log_refused_);
     return std::nullopt;
   }
   return data.session_id;

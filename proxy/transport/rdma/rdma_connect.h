@@ -30,14 +30,17 @@ namespace framelink::transport::rdma {
 
 // What a listener counts (pointers into the daemon's metrics; null: not counted).
 struct RdmaListenerCounters {
-  std::atomic<uint64_t>* timed_out = nullptr;      // accepted requests not ESTABLISHED before their deadline
-  std::atomic<uint64_t>* refused = nullptr;        // requests rejected: too many handshakes at once
-  std::atomic<uint64_t>* auth_failures = nullptr;  // requests for a session the daemon does not know
+  std::atomic<uint64_t>* timed_out = nullptr;  // accepted requests not ESTABLISHED before their deadline
+  std::atomic<uint64_t>* refused = nullptr;    // requests rejected: too many handshakes at once
+  std::atomic<uint64_t>* auth_failures =
+      nullptr;  // requests for a session not known here, or its token not proven
 };
 
 class RdmaListener {
  public:
   using Authorize = std::function<bool(uint64_t session_id)>;
+  // The token the dialer of `session_id` must prove (empty: no token).
+  using TokenFor = std::function<std::string(uint64_t session_id)>;
   using OnConnected = std::function<void(uint64_t session_id, std::unique_ptr<Transport> transport)>;
 
   // Handshakes in progress at once, and from one address: requests beyond
@@ -61,7 +64,7 @@ class RdmaListener {
       std::shared_ptr<RdmaDevice> device, const std::string& host, uint16_t port, Authorize authorize,
       OnConnected on_connected, RdmaTransportOptions options = {},
       std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5),
-      RdmaListenerCounters counters = {});
+      RdmaListenerCounters counters = {}, TokenFor token_for = {});
 
   RdmaListener(const RdmaListener&) = delete;
   RdmaListener& operator=(const RdmaListener&) = delete;
@@ -75,7 +78,8 @@ class RdmaListener {
   struct Pending;
   RdmaListener(std::shared_ptr<RdmaDevice> device, CmId listen_id, UniqueFd wake_fd, uint16_t port,
                Authorize authorize, OnConnected on_connected, RdmaTransportOptions options,
-               std::chrono::milliseconds handshake_timeout, RdmaListenerCounters counters);
+               std::chrono::milliseconds handshake_timeout, RdmaListenerCounters counters,
+               TokenFor token_for);
   void loop() noexcept;
   // Drains the listening channel; false when the listener cannot go on.
   bool drainListenChannel(std::vector<Pending>& pending) noexcept;
@@ -110,19 +114,21 @@ class RdmaListener {
   const RdmaTransportOptions options_;
   const std::chrono::milliseconds handshake_timeout_;
   const RdmaListenerCounters counters_;
+  const TokenFor token_for_;
   LogLimiter log_refused_, log_busy_, log_failed_;
   std::thread thread_;
 };
 
 // Connects to an RdmaListener: rdma_resolve_addr (from the device's bind IP,
 // so the connection leaves through that device) / rdma_resolve_route /
-// rdma_connect with private data {magic, version, session id}; `timeout`
-// bounds the whole thing.  Errors: FL_ERR_TRANSPORT (unreachable, no
+// rdma_connect with private data {magic, version, session id, proof of
+// `token`}; `timeout` bounds the whole thing.  Errors: FL_ERR_TRANSPORT (unreachable, no
 // listener, timed out, wrong device), FL_ERR_AUTH (session refused),
 // FL_ERR_PEER_VERSION.
 Result<std::unique_ptr<Transport>> dialRdma(std::shared_ptr<RdmaDevice> device, const std::string& host,
                                             uint16_t port, uint64_t session_id,
                                             std::chrono::milliseconds timeout,
-                                            RdmaTransportOptions options = {}, int wake_fd = -1);
+                                            RdmaTransportOptions options = {}, int wake_fd = -1,
+                                            const std::string& token = {});
 
 }  // namespace framelink::transport::rdma

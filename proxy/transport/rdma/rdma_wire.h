@@ -35,6 +35,7 @@
 
 #include "framelink/shm_layout.h"
 #include "transport/frame_header.h"
+#include "transport/token_digest.h"
 
 namespace framelink::transport::rdma {
 
@@ -75,16 +76,22 @@ inline constexpr uint32_t kControlImmMore = 0x464C4301;  // "FLC" 1: more fragme
 inline constexpr uint32_t kControlImmLast = 0x464C4302;  // "FLC" 2: the record ends here
 
 inline constexpr uint32_t kRdmaConnectMagic = 0x4D44524C;  // "LRDM"
-inline constexpr uint16_t kRdmaProtocolVersion = 2;
+inline constexpr uint16_t kRdmaProtocolVersion = 3;        // 3: the token proof in RdmaConnectData
 
-// Private data of rdma_connect (at most 56 bytes for RC).
+// Private data of rdma_connect (at most 56 bytes for RC).  `token` proves
+// the token the Session of `session_id` proved (transport/token_digest.h),
+// so that knowing a session id -- it crosses the network in clear -- is not
+// enough to take that Session's data channel.
 struct RdmaConnectData {
   uint32_t magic;
   uint16_t version;
   uint16_t reserved;
   uint64_t session_id;
+  uint8_t token[kTokenDigestBytes];
 };
-static_assert(sizeof(RdmaConnectData) == 16);
+static_assert(sizeof(RdmaConnectData) == 48);
+// What every version has: enough to say which version a request speaks.
+inline constexpr size_t kRdmaConnectPrefixBytes = 16;
 
 // Private data of rdma_reject, so the dialer can say why.
 struct RdmaRejectData {

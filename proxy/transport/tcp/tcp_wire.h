@@ -17,16 +17,12 @@
 //      version      4  the listener's kTcpWireVersion
 //    On a non-OK status the listener closes the connection.
 //
-//    Token field: a 32-byte digest of (session_id, token), never the token
-//    itself, so the plaintext data connection does not leak the secret that
-//    the (possibly TLS-protected) gRPC Session carries.  The digest is four
-//    FNV-1a-64 lanes, lane i hashing (i, session_id, token).  It is NOT a
-//    cryptographic MAC: it stops misdirected and stale connections and casual
-//    misuse.  Authentication proper happens on the gRPC Session (token +
-//    optional mTLS); the listener additionally accepts a data connection only
-//    for a session_id that Session negotiated (the daemon checks that in its
-//    on_connection callback).  Empty token: all-zero digest field is not
-//    special, the digest of the empty token is compared like any other.
+//    Token field: HMAC-SHA256 of the session id keyed by the token
+//    (transport/token_digest.h), never the token itself, so the plaintext
+//    data connection neither leaks the secret that the (possibly
+//    TLS-protected) gRPC Session carries nor proves it for another session.
+//    The listener accepts a data connection only for a session_id that a
+//    Session negotiated, with the token that Session proved.
 //
 // 2. Frames, in both directions after a successful handshake: a TcpFrameHeader
 //    (256 bytes) followed by exactly `length` payload bytes, which land in the
@@ -66,6 +62,7 @@
 
 #include "framelink/shm_layout.h"
 #include "transport/frame_header.h"
+#include "transport/token_digest.h"
 
 namespace framelink::transport::tcp {
 
@@ -73,13 +70,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the tcp wire format is little-endian; add byte swapping for this host");
 
 inline constexpr char kTcpHelloMagic[8] = {'F', 'L', 'T', 'C', 'P', 'D', 'A', 'T'};
-inline constexpr uint32_t kTcpWireVersion = 3;                 // 2: control records; 3: reads
+inline constexpr uint32_t kTcpWireVersion = 4;  // 2: control records; 3: reads; 4: HMAC-SHA256 token proof
 inline constexpr uint32_t kTcpFrameMagic = 0x46524D31;         // bytes 31 4D 52 46 on the wire
 inline constexpr uint32_t kTcpControlMagic = 0x4C544331;       // bytes 31 43 54 4C on the wire
 inline constexpr uint32_t kTcpReadRequestMagic = 0x51524C46;   // "FLRQ"
 inline constexpr uint32_t kTcpReadResponseMagic = 0x53524C46;  // "FLRS"
 inline constexpr uint32_t kTcpReadNoSource = 1u << 0;          // response flags
-inline constexpr size_t kTokenDigestBytes = 32;
 
 struct TcpHello {
   char magic[8];
@@ -119,12 +115,6 @@ static_assert(offsetof(TcpFrameHeader, stream_id) == 8);
 static_assert(offsetof(TcpFrameHeader, length) == 56);
 static_assert(offsetof(TcpFrameHeader, crc32c) == 64);
 static_assert(offsetof(TcpFrameHeader, attrs) == 72);
-
-// 32-byte digest of (token, session_id) for TcpHello::token.
-void tokenDigest(const std::string& token, uint64_t session_id, uint8_t out[kTokenDigestBytes]) noexcept;
-
-// Compares two digests in time independent of where they differ.
-bool digestEqual(const uint8_t a[kTokenDigestBytes], const uint8_t b[kTokenDigestBytes]) noexcept;
 
 inline constexpr uint32_t kTcpFrameCrc32c = 1u << 0;
 inline constexpr uint32_t kTcpFrameMaybeRedelivered = 1u << 1;
