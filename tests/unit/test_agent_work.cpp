@@ -19,6 +19,43 @@ using namespace framelink;
 using namespace framelink::agent_test;
 using namespace std::chrono_literals;
 
+namespace {
+
+constexpr uint64_t kStreams = peer::kMaxStreamsPerLink;
+
+// A link with every stream it may have open, each of its own name.
+AgentLink& linkWithAllStreams(InboundRig& rig) {
+  AgentLink& l = rig.linkUp(1, "flooder");
+  for (uint64_t sid = 1; sid <= kStreams; ++sid) REQUIRE(rig.open(l, sid, "s" + std::to_string(sid)).empty());
+  rig.inbound.flushControl();
+  return l;
+}
+
+uint64_t grantRoundsAfterCreditLows(InboundRig& rig, AgentLink& l) {
+  const uint64_t before = rig.inbound.grantRoundsForTest();
+  for (uint64_t sid = 1; sid <= kStreams; ++sid) rig.inbound.onCreditLow(l, peer::CreditLow{sid});
+  rig.inbound.flushControl();
+  return rig.inbound.grantRoundsForTest() - before;
+}
+
+}  // namespace
+
+TEST_CASE("agent work: a CreditLow starts no grant round when there is nothing to grant",
+          "[agent][inbound][security]") {
+  InboundRig rig;
+  SECTION("no consumer of any of the streams") {
+    AgentLink& l = linkWithAllStreams(rig);
+    CHECK(grantRoundsAfterCreditLows(rig, l) == 0);
+  }
+  SECTION("a consumer whose every slot is granted already") {
+    rig.consumer(1, "s1");
+    AgentLink& l = linkWithAllStreams(rig);
+    REQUIRE(rig.credited(0) == 4);
+    CHECK(grantRoundsAfterCreditLows(rig, l) == 0);
+    CHECK(rig.credited(0) == 4);
+  }
+}
+
 TEST_CASE("agent work: a transport reading on a thread of its own stops reading while the agent is behind",
           "[agent][security]") {
   auto made = transport::LockedLinkBookkeeping::create();
@@ -45,4 +82,64 @@ TEST_CASE("agent work: a transport reading on a thread of its own stops reading 
   std::thread late([&] { book.controlArrived("record"); });
   CHECK(book.fail(FL_ERR_LINK_LOST, "gone"));
   late.join();
+}
+
+namespace {
+
+// Refuses `n` frames of stream `sid` on `l` for good: each lands in a slot
+// credited to it with a length no slot has (a PROTOCOL NACK, remembered).
+void refuseFrames(InboundRig& rig, AgentLink& l, uint64_t sid, uint64_t n) {
+  for (uint64_t seq = 1; seq <= n; ++seq) {
+    bool landed = false;
+    for (const TestClient& c : rig.consumers) {
+      for (const SlotEntry& e : c.session->slots) {
+        if (landed || e.state != SlotState::kCredited || e.link_id != l.id || e.stream_id != sid) continue;
+        transport::TransportEvent ev;
+        ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+        ev.header.stream_id = sid;
+        ev.header.sequence = seq;
+        ev.header.credit_id = e.credit_id;
+        ev.header.length = c.session->segments->slotSize() + 1;
+        rig.inbound.onFrameArrived(l, ev);
+        landed = true;
+      }
+    }
+    REQUIRE(landed);
+  }
+}
+
+size_t nacksQueued(const AgentLink& l) {
+  size_t n = 0;
+  for (const auto& m : l.control.messages()) n += m.has_nack() ? 1 : 0;
+  for (const std::string& record : l.controlQueued()) {
+    v1::ControlBatch batch;
+    REQUIRE(batch.ParseFromString(record));
+    for (const auto& m : batch.messages()) n += m.has_nack() ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("agent work: the refusals sent again on a new link go a bounded part per round",
+          "[agent][inbound][security]") {
+  InboundRig rig;
+  constexpr uint64_t kPerStream = 3000;
+  constexpr uint64_t kStreamsRefused = 3;
+  AgentLink& first = rig.linkUp(1, "sender", 9);
+  for (uint64_t sid = 1; sid <= kStreamsRefused; ++sid) {
+    rig.consumer(sid, "r" + std::to_string(sid));
+    REQUIRE(rig.open(first, sid, "r" + std::to_string(sid)).empty());
+    refuseFrames(rig, first, sid, kPerStream);
+  }
+  rig.linkDown(1);
+  AgentLink& again = rig.linkUp(2, "sender", 9);
+  const size_t at_link_up = nacksQueued(again);
+  INFO("NACKs sent again at link-up: " << at_link_up);
+  CHECK(at_link_up > 0);
+  CHECK(at_link_up <= InboundStreams::kAnswersAgainPerRound + 2 * InboundStreams::kMaxRemembered);
+  CHECK(at_link_up < kPerStream * kStreamsRefused);
+  // The rest in the rounds that follow, each NACK once.
+  for (int round = 0; round < 10; ++round) rig.inbound.flushControl();
+  CHECK(nacksQueued(again) == kPerStream * kStreamsRefused);
 }
