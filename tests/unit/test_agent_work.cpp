@@ -56,6 +56,115 @@ TEST_CASE("agent work: a CreditLow starts no grant round when there is nothing t
   }
 }
 
+namespace {
+
+// A data agent run by the test's thread, its links over loopback transports
+// whose other ends the test plays; each link's Session records what the
+// agent wrote on it.
+struct LoopbackAgent {
+  Config config;
+  Metrics metrics;
+  ManualClock clock;
+  std::unique_ptr<DataAgent> agent;
+  std::vector<transport::loopback::LoopbackPair> pairs;
+  std::vector<std::shared_ptr<std::vector<v1::PeerMessage>>> sessions;
+
+  explicit LoopbackAgent(uint32_t link_timeout_ms = 10000) {
+    config.id = "local";
+    config.idle_spin_us = 0;
+    config.link_timeout_ms = link_timeout_ms;
+    agent = std::make_unique<DataAgent>(config, metrics, clock);
+  }
+  // Link `id` (1, 2, ...) from peer `peer`; its peer end is ends(id).
+  void linkUp(uint64_t id, const std::string& peer) {
+    auto pair = transport::loopback::makePair();
+    REQUIRE(pair.ok());
+    pairs.push_back(std::move(pair).value());
+    auto said = std::make_shared<std::vector<v1::PeerMessage>>();
+    sessions.push_back(said);
+    CmdLinkUp up;
+    up.link_id = id;
+    up.identity.peer_name = peer;
+    up.identity.transport_name = "loopback";
+    up.transport = pairs.back().a;
+    auto writer = std::make_shared<SessionWriter>(
+        [said](const v1::PeerMessage& m, bool) {
+          said->push_back(m);
+          return true;
+        },
+        SessionWriter::Inline{});
+    up.session = PeerSession{writer, [] {}};
+    agent->post(std::move(up));
+    REQUIRE(agent->runUntilIdle(50));
+  }
+  transport::Transport& peerEnd(uint64_t id) { return *pairs[id - 1].b; }
+  // The peer of link `id` sends the record; it waits in the agent's
+  // transport once this returns.
+  void peerSends(uint64_t id, const v1::ControlBatch& record) {
+    REQUIRE(peerEnd(id).postControl(record.SerializeAsString()) == transport::PostResult::kOk);
+    for (int i = 0; i < 4; ++i) peerEnd(id).flush();
+  }
+  bool finSentOn(uint64_t id) const {
+    for (const auto& m : *sessions[id - 1]) {
+      if (m.has_fin()) return true;
+    }
+    return false;
+  }
+  uint64_t messagesHandled() const { return metrics.counters.peer_messages_received.load(); }
+};
+
+// A record of `n` CreditLows for a stream the link does not have open: each
+// costs the agent a lookup, and the record is within every bound.
+v1::ControlBatch creditLows(size_t n) {
+  v1::ControlBatch record;
+  for (size_t i = 0; i < n; ++i) record.add_messages()->mutable_credit_low()->set_stream_id(7);
+  return record;
+}
+
+constexpr size_t kHugeRecord = 40000;
+
+}  // namespace
+
+TEST_CASE("agent work: one link's huge control record waits for later rounds, another link's goes now",
+          "[agent][security]") {
+  LoopbackAgent rig;
+  rig.linkUp(1, "flooder");
+  rig.linkUp(2, "honest");
+  rig.peerSends(1, creditLows(kHugeRecord));
+  // Link 2's record holds a Session message, which a control record must
+  // not carry: the agent answers it with a Fin at once, which shows when
+  // link 2's record was handled.
+  v1::ControlBatch misplaced;
+  misplaced.add_messages()->mutable_keepalive()->set_timestamp_ns(1);
+  rig.peerSends(2, misplaced);
+  CHECK_FALSE(rig.agent->runUntilIdle(1));  // one round, with work left
+  INFO("messages handled in the first round: " << rig.messagesHandled());
+  CHECK(rig.finSentOn(2));
+  CHECK(rig.messagesHandled() < kHugeRecord);
+  CHECK_FALSE(rig.finSentOn(1));
+  // The rest of link 1's record, in the rounds that follow.
+  CHECK(rig.agent->runUntilIdle(1000));
+  CHECK(rig.messagesHandled() == kHugeRecord);
+  CHECK_FALSE(rig.finSentOn(1));
+}
+
+TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout_ms is cut, and says why",
+          "[agent][security]") {
+  LoopbackAgent rig(1000);
+  rig.linkUp(1, "flooder");
+  rig.linkUp(2, "honest");
+  // Huge records back to back, for twice link_timeout_ms on the agent's clock.
+  for (int step = 0; step < 40 && !rig.finSentOn(1); ++step) {
+    rig.peerSends(1, creditLows(kHugeRecord));
+    rig.agent->runUntilIdle(4);
+    rig.clock.advanceMs(50);
+    rig.agent->runUntilIdle(1);
+  }
+  REQUIRE(rig.finSentOn(1));
+  CHECK(rig.metrics.counters.links_cut_busy.load() == 1);
+  CHECK_FALSE(rig.finSentOn(2));
+}
+
 TEST_CASE("agent work: a transport reading on a thread of its own stops reading while the agent is behind",
           "[agent][security]") {
   auto made = transport::LockedLinkBookkeeping::create();
