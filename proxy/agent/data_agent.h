@@ -137,7 +137,7 @@ class DataAgent {
   // What one link's peer may make one round handle: its frames and events
   // count one each, a control record one for each message in it.  The rest
   // waits for the next round, after the other links had their turn.
-  static constexpr size_t kMessagesPerLinkRound = 256;
+  static constexpr size_t kMessagesPerLinkRound = 64;
 
   void post(AgentCommand command) { commands_.push(std::move(command)); }
   void start();

@@ -79,11 +79,13 @@ uint64_t InboundStreams::nextControlDeadlineNs() const {
 void InboundStreams::onCreditLow(AgentLink& l, const peer::CreditLow& low) {
   auto in = l.in_streams.find(low.stream_id);
   if (in == l.in_streams.end()) return;  // not open on this link: nothing waits for it
-  HeldBack& held = held_back_[{l.id, low.stream_id}];
-  if (held.acks.empty()) {
-    held.sender_low = true;
+  // Nothing held back: remembered apart, so that a sender saying so for
+  // each of its streams adds nothing to what every round walks.
+  auto held = held_back_.find({l.id, low.stream_id});
+  if (held == held_back_.end() || held->second.acks.empty()) {
+    senders_low_.insert({l.id, low.stream_id});
   } else {
-    held.this_round = true;
+    held->second.this_round = true;
   }
   // Slots released by the stream's other senders, still waiting, may go to
   // this one now.  With none free a grant round would give nothing, and a
@@ -129,6 +131,7 @@ void InboundStreams::dropHeldBack(uint64_t link_id) {
     it = held_back_.erase(it);
   }
   windows_.erase(windows_.lower_bound({link_id, 0}), windows_.lower_bound({link_id + 1, 0}));
+  senders_low_.erase(senders_low_.lower_bound({link_id, 0}), senders_low_.lower_bound({link_id + 1, 0}));
   answering_again_.erase(link_id);
 }
 

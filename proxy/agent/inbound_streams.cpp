@@ -173,6 +173,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
+      if (senders_low_.erase({target->id, in.stream_id}) != 0) held.sender_low = true;
       held.acks.push_back(ReleasedFrame{from.sequence, readers, skipped});
       if (stream != kNoName) held.stream = stream;
       return;
@@ -459,6 +460,7 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
+  senders_low_.erase({l.id, sid});
   // The stream's credits go back to their consumers, for other streams.
   for (auto cit = credits_.begin(); cit != credits_.end();) {
     if (cit->second.link_id != l.id || cit->second.stream_id != sid) {

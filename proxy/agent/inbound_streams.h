@@ -402,6 +402,7 @@ class InboundStreams {
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
   std::set<NameKey> low_checked_;
+  std::set<Target> senders_low_;  // said CreditLow with nothing held back: their next release goes at once
   std::map<uint64_t, uint64_t> answering_again_;  // link -> the InState id its answers go on from   //
                                                   // streams a CreditLow this round found no free slot of
   // What a grant round of a stream walks, by its name: the (link, sender
