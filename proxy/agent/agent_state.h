@@ -112,6 +112,16 @@ struct AgentLink : LinkIdentity {
   uint64_t unconfirmed_since_ns = 0;  // agent clock; 0: nothing waits for the peer's word
   // The slot regions the peer announced on this link (it receives, we send).
   peer::SlotRegions peer_regions;
+  // What the peer sent and the agent has not handled yet: a round handles a
+  // bounded part of each link's messages (DataAgent::kMessagesPerLinkRound),
+  // so one peer's records never keep the others waiting.  The rest of a
+  // control record begun (from message `record_next`), then the events
+  // taken off the transport after it, in order.
+  std::shared_ptr<const v1::ControlBatch> record_rest;
+  int record_next = 0;
+  std::deque<transport::TransportEvent> events_waiting;
+  bool busy = false;           // the last round left some of what the peer sent for the next
+  uint64_t busy_since_ns = 0;  // agent clock: the first of those rounds in a row
 
   // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
   // this round.

@@ -169,7 +169,7 @@ size_t DataAgent::doWork() {
   size_t work = 0;
   work += clients_.drainRings([this](AgentClient& c, const fl_submit_desc& d) { onDescriptor(c, d); });
   work += pollLinks();
-  inbound_.flushControl();
+  work += inbound_.flushControl();
   work += outbound_.pumpAll();
   work += local_.pump();
   const uint64_t now = clock_.nowNs();
@@ -425,7 +425,13 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
   if (l->transport) {
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, l->transport->eventFd(), nullptr);
     l->transport->shutdown();
-    // Sends still posted complete with FL_ERR_LINK_LOST; deliver those events.
+    // Sends still posted complete with FL_ERR_LINK_LOST; deliver those
+    // events, and those taken off the transport before that waited for
+    // the link's turn.
+    for (transport::TransportEvent& ev : l->events_waiting) {
+      if (ev.kind == transport::TransportEvent::Kind::kSendComplete) outbound_.onSendComplete(ev);
+    }
+    l->events_waiting.clear();
     transport::TransportEvent* events = events_.get();
     size_t n;
     while ((n = l->transport->poll(events, kMaxEventsPerRound)) > 0) {
@@ -451,29 +457,6 @@ void DataAgent::onLinkDown(uint64_t link_id, const std::string& reason) {
   for (uint64_t id : gone) {
     if (AgentClient* c = clients_.find(id)) outbound_.maybeForget(*c);
   }
-}
-
-size_t DataAgent::pollLinks() {
-  size_t work = 0;
-  transport::TransportEvent* events = events_.get();
-  // By id: handling an event may close a link (and erase it from links_).
-  link_ids_.clear();
-  for (auto& [id, l] : links_) link_ids_.push_back(id);
-  for (uint64_t id : link_ids_) {
-    AgentLink* l = links_.find(id);
-    if (l == nullptr || !l->transport) continue;
-    // The name outlives the scope: only onLinkDown erases a link, and
-    // commands bring that, not the link's events.
-    const LogScope scope(LogFields{.peer = l->peer_name});
-    const size_t n = l->transport->poll(events, kMaxEventsPerRound);
-    for (size_t i = 0; i < n; ++i) {
-      l = links_.find(id);
-      if (l == nullptr) break;
-      onTransportEvent(*l, events[i]);
-    }
-    work += n;
-  }
-  return work;
 }
 
 void DataAgent::onTransportEvent(AgentLink& l, transport::TransportEvent& ev) {

@@ -134,6 +134,11 @@ class DataAgent {
   DataAgent(const DataAgent&) = delete;
   DataAgent& operator=(const DataAgent&) = delete;
 
+  // What one link's peer may make one round handle: its frames and events
+  // count one each, a control record one for each message in it.  The rest
+  // waits for the next round, after the other links had their turn.
+  static constexpr size_t kMessagesPerLinkRound = 64;
+
   void post(AgentCommand command) {
     // Counted before it is queued: the agent sees the count at least as soon
     // as the command (takeAttaches).
@@ -167,7 +172,19 @@ class DataAgent {
   // consumer's fl_attach returns after the reply), so a reader whose
   // fl_attach returned is among the frame's readers.
   void takeAttaches();
+  // Each link's events, within kMessagesPerLinkRound a link (peer_dispatch.cpp).
   size_t pollLinks();
+  // One link's turn: what it left in earlier rounds, then new events.
+  size_t pollLink(uint64_t link_id);
+  // Handles events of the link in order (events[0..n)) while its turn
+  // lasts; keeps those after it in the link's events_waiting.
+  void handleEvents(uint64_t link_id, transport::TransportEvent* events, size_t n);
+  // Handles the rest of the link's control record while its turn lasts.
+  void continueRecord(AgentLink& link);
+  // A link whose turn ended with some of its peer's messages left, round
+  // after round for link_timeout_ms, is cut: its peer sends more than the
+  // agent can handle while serving the others.
+  void checkBusy(AgentLink& link, uint64_t now_ns);
   void sleep();
   // The stats snapshot and the gauges, to metrics_ (stats_snapshot.cpp).
   void publishStats();
@@ -236,6 +253,7 @@ class DataAgent {
   static constexpr size_t kMaxEventsPerRound = 64;
   std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
   std::vector<uint64_t> link_ids_;
+  size_t turn_left_ = 0;        // of kMessagesPerLinkRound, for the link being polled
   std::vector<uint64_t> rang_;  // sleep(): the clients whose submit doorbell rang
   // A holder of the peer token can open and close links as fast as
   // handshakes finish: the lines about links coming up, and going down or

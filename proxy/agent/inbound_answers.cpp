@@ -1,12 +1,15 @@
 // What InboundStreams remembers per sender stream (InState: a peer instance's
 // stream, across its links): the answers it gave, so that a replayed frame is
 // dropped and answered again (ACK, NACK or "unknown"), never delivered twice,
-// and the bound on how many sender streams a peer may leave behind.
+// and the bound on how many sender streams a peer may leave behind; and
+// those answers sent again on a sender's new link, a bounded part a round.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <tuple>
+#include <vector>
 
 #include "agent/inbound_streams.h"
 #include "framelink/framelink.h"
@@ -125,6 +128,60 @@ bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h
   sendNack(l, h.stream_id, h.sequence, FL_ERR_TIMEOUT,
            "replay of a frame answered too long ago to remember how (it may have been delivered)");
   return true;
+}
+
+void InboundStreams::answerAgain(AgentLink& to) {
+  uint64_t next = 0;
+  bool done = false;
+  answerSomeAgain(to, &next, &done);
+  if (!done) answering_again_[to.id] = next;
+}
+
+size_t InboundStreams::answerSomeAgain(AgentLink& to, uint64_t* next, bool* done) {
+  std::vector<std::tuple<uint64_t, uint64_t, int>> refusals;  // (stream, sequence, code)
+  size_t answers = 0;
+  *done = true;
+  for (auto it = in_states_.lower_bound(*next); it != in_states_.end(); ++it) {
+    if (answers >= kAnswersAgainPerRound) {
+      *next = it->first;
+      *done = false;
+      break;
+    }
+    const InState& in = it->second;
+    if (in.peer != to.peer || in.instance != to.peer_instance) continue;
+    if (!in.released.empty()) {
+      HeldBack& held = held_back_[{to.id, in.stream_id}];
+      held.acks.insert(held.acks.end(), in.released.begin(), in.released.end());
+      held.this_round = true;
+    }
+    for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
+    answers += in.released.size() + in.refused.size();
+  }
+  for (const auto& [stream_id, sequence, code] : refusals) {
+    sendNack(to, stream_id, sequence, code, "refused before the link broke");
+  }
+  return answers;
+}
+
+size_t InboundStreams::continueAnswersAgain() {
+  size_t answers = 0;
+  for (auto it = answering_again_.begin(); it != answering_again_.end();) {
+    AgentLink* l = links_.find(it->first);
+    if (l == nullptr || !l->usable()) {
+      it = answering_again_.erase(it);
+      continue;
+    }
+    // The peer reads what went before first: the records waiting for its
+    // transport stay far below what fails the link.
+    if (l->controlQueuedBytes() > kMaxControlQueueBytes / 4) {
+      ++it;
+      continue;
+    }
+    bool done = false;
+    answers += answerSomeAgain(*l, &it->second, &done);
+    it = done ? answering_again_.erase(it) : std::next(it);
+  }
+  return answers;
 }
 
 }  // namespace framelink

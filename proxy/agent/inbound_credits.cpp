@@ -44,7 +44,8 @@ void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vecto
   }
 }
 
-void InboundStreams::flushControl() {
+size_t InboundStreams::flushControl() {
+  const size_t answered = continueAnswersAgain();
   const uint64_t now = held_back_.empty() ? 0 : clock_.nowNs();
   for (auto it = held_back_.begin(); it != held_back_.end();) {
     HeldBack& held = it->second;
@@ -61,6 +62,8 @@ void InboundStreams::flushControl() {
   // need not.
   for (NameKey stream : dirty_grants_) grantCredits(stream);
   dirty_grants_.clear();
+  low_checked_.clear();
+  return answered;
 }
 
 uint64_t InboundStreams::nextControlDeadlineNs() const {
@@ -76,14 +79,48 @@ uint64_t InboundStreams::nextControlDeadlineNs() const {
 void InboundStreams::onCreditLow(AgentLink& l, const peer::CreditLow& low) {
   auto in = l.in_streams.find(low.stream_id);
   if (in == l.in_streams.end()) return;  // not open on this link: nothing waits for it
-  HeldBack& held = held_back_[{l.id, low.stream_id}];
-  if (held.acks.empty()) {
-    held.sender_low = true;
+  // Nothing held back: remembered apart, so that a sender saying so for
+  // each of its streams adds nothing to what every round walks.
+  auto held = held_back_.find({l.id, low.stream_id});
+  if (held == held_back_.end() || held->second.acks.empty()) {
+    senders_low_.insert({l.id, low.stream_id});
   } else {
-    held.this_round = true;
+    held->second.this_round = true;
   }
-  // Slots released by the stream's other senders, still waiting, may go to this one now.
-  dirty_grants_.insert(in->second.key);
+  // Slots released by the stream's other senders, still waiting, may go to
+  // this one now.  With none free a grant round would give nothing, and a
+  // peer could make every round walk the stream's credits for nothing.
+  const NameKey key = in->second.key;
+  if (dirty_grants_.count(key) != 0 || low_checked_.count(key) != 0) return;
+  if (slotFree(key)) {
+    dirty_grants_.insert(key);
+  } else {
+    low_checked_.insert(key);
+  }
+}
+
+bool InboundStreams::slotFree(NameKey stream) {
+  auto consumers = consumers_by_name_.find(stream);
+  if (consumers == consumers_by_name_.end()) return false;
+  for (uint64_t cid : consumers->second) {
+    const AgentClient* ac = clients_.find(cid);
+    if (ac == nullptr || ac->session->gone || !lands(*ac->session)) continue;
+    for (const SlotEntry& e : ac->session->slots) {
+      if (e.state == SlotState::kFree) return true;
+    }
+  }
+  return false;
+}
+
+void InboundStreams::indexTarget(NameKey stream, uint64_t link_id, uint64_t sid, bool open) {
+  if (open) {
+    targets_by_name_[stream].emplace(link_id, sid);
+    return;
+  }
+  auto it = targets_by_name_.find(stream);
+  if (it == targets_by_name_.end()) return;
+  it->second.erase({link_id, sid});
+  if (it->second.empty()) targets_by_name_.erase(it);
 }
 
 void InboundStreams::dropHeldBack(uint64_t link_id) {
@@ -94,15 +131,17 @@ void InboundStreams::dropHeldBack(uint64_t link_id) {
     it = held_back_.erase(it);
   }
   windows_.erase(windows_.lower_bound({link_id, 0}), windows_.lower_bound({link_id + 1, 0}));
+  senders_low_.erase(senders_low_.lower_bound({link_id, 0}), senders_low_.lower_bound({link_id + 1, 0}));
+  answering_again_.erase(link_id);
 }
 
-std::vector<InboundStreams::Target> InboundStreams::creditTargets(NameKey stream) const {
+std::vector<InboundStreams::Target> InboundStreams::creditTargets(NameKey stream) {
   std::vector<Target> targets;
-  for (const auto& [id, l] : links_) {
-    if (!l.usable()) continue;
-    for (const auto& [sid, in] : l.in_streams) {
-      if (in.key == stream) targets.emplace_back(id, sid);
-    }
+  auto open = targets_by_name_.find(stream);
+  if (open == targets_by_name_.end()) return targets;
+  for (const Target& target : open->second) {
+    const AgentLink* l = links_.find(target.first);
+    if (l != nullptr && l->usable()) targets.push_back(target);
   }
   return targets;
 }
@@ -117,9 +156,11 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
   round.senders = peers.size();
   const size_t senders = round.senders;
   size_t window = 0;  // what each sender may hold: its share of every consumer
-  for (auto& [cid, ac] : clients_.all()) {
-    const ClientSession& c = *ac.session;
-    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream || !lands(c)) continue;
+  for (uint64_t cid : consumers_by_name_[stream]) {
+    const AgentClient* ac = clients_.find(cid);
+    if (ac == nullptr) continue;
+    const ClientSession& c = *ac->session;
+    if (c.gone || !lands(c)) continue;
     window += (c.slots.size() + senders - 1) / senders;
     // Each sender sees every consumer's slot size.
     round.largest_slot = std::max<uint64_t>(round.largest_slot, c.segments->slotSize());
@@ -132,18 +173,27 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
 }
 
 void InboundStreams::grantCredits(NameKey stream) {
+  ++grant_rounds_;
   if (stream == kNoName) return;
   GrantRound round;
   round.targets = creditTargets(stream);
   if (round.targets.empty()) return;
+  auto consumers = consumers_by_name_.find(stream);
+  if (consumers == consumers_by_name_.end() || consumers->second.empty()) {
+    // No consumer: nothing to grant or recall, and each sender may hold nothing.
+    for (const Target& target : round.targets) windows_[target] = 0;
+    return;
+  }
   // Fair shares: when several peers send this stream, none holds more than
   // its share of each consumer's slots, or one with nothing to send would sit
   // on them while another starves.
   reckonShares(stream, round);
   const bool moving = landingMoves(stream);
-  for (auto& [cid, ac] : clients_.all()) {
-    ClientSession& c = *ac.session;
-    if (c.gone || c.role != FL_ROLE_CONSUMER || ac.stream != stream) continue;
+  for (uint64_t cid : consumers->second) {
+    AgentClient* ac = clients_.find(cid);
+    if (ac == nullptr) continue;
+    ClientSession& c = *ac->session;
+    if (c.gone) continue;
     if (!lands(c)) {
       // A subscriber attached: frames land in it alone, and are lent to the
       // rest here.  What this one was granted before goes back.

@@ -32,6 +32,7 @@ void InboundStreams::setLocalDelivery(LocalDelivery* local) {
 
 void InboundStreams::onConsumerAttached(AgentClient& c) {
   c.stream = names_.acquire(c.session->stream);
+  consumers_by_name_[c.stream].insert(c.session->id);
   // Asked before its slots are granted: they, and the stream's later grants, are pull credits.
   if (c.session->pull) ++pull_consumers_[c.session->stream];
   if (local_ != nullptr) {
@@ -43,6 +44,10 @@ void InboundStreams::onConsumerAttached(AgentClient& c) {
 
 void InboundStreams::onConsumerGone(AgentClient& ac) {
   ClientSession& c = *ac.session;
+  if (auto named = consumers_by_name_.find(ac.stream); named != consumers_by_name_.end()) {
+    named->second.erase(c.id);
+    if (named->second.empty()) consumers_by_name_.erase(named);
+  }
   if (c.pull) {
     // The stream's later grants are pushed again, unless another consumer asked or the configuration says.
     auto asked = pull_consumers_.find(c.stream);
@@ -168,6 +173,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
       // The slot is granted again with the ACK.
       HeldBack& held = held_back_[{target->id, in.stream_id}];
       if (held.acks.empty()) held.since_ns = clock_.nowNs();
+      if (senders_low_.erase({target->id, in.stream_id}) != 0) held.sender_low = true;
       held.acks.push_back(ReleasedFrame{from.sequence, readers, skipped});
       if (stream != kNoName) held.stream = stream;
       return;
@@ -417,6 +423,7 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
     countOpen(l, so.stream_id, +1);
   }
   const NameKey key = l.in_streams.at(so.stream_id).key;
+  indexTarget(key, l.id, so.stream_id, true);
   log_streams_.info("link {} to peer {}: stream '{}' opened (id {})", l.id, l.peer_name, so.name,
                     so.stream_id);
   // A sender has a stream open on one link at a time, its newest: on an
@@ -455,10 +462,12 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   if (it == l.in_streams.end()) return kNoName;
   const NameKey key = it->second.key;  // still held: the caller releases it
   l.in_streams.erase(it);
+  indexTarget(key, l.id, sid, false);
   countOpen(l, sid, -1);
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
+  senders_low_.erase({l.id, sid});
   // The stream's credits go back to their consumers, for other streams.
   for (auto cit = credits_.begin(); cit != credits_.end();) {
     if (cit->second.link_id != l.id || cit->second.stream_id != sid) {
@@ -504,22 +513,6 @@ void InboundStreams::onLinkUp(AgentLink& l) {
   answerAgain(l);
 }
 
-void InboundStreams::answerAgain(AgentLink& to) {
-  std::vector<std::tuple<uint64_t, uint64_t, int>> refusals;  // (stream, sequence, code)
-  for (const auto& [id, in] : in_states_) {
-    if (in.peer != to.peer || in.instance != to.peer_instance) continue;
-    if (!in.released.empty()) {
-      HeldBack& held = held_back_[{to.id, in.stream_id}];
-      held.acks.insert(held.acks.end(), in.released.begin(), in.released.end());
-      held.this_round = true;
-    }
-    for (const auto& [sequence, code] : in.refused) refusals.emplace_back(in.stream_id, sequence, code);
-  }
-  for (const auto& [stream_id, sequence, code] : refusals) {
-    sendNack(to, stream_id, sequence, code, "refused before the link broke");
-  }
-}
-
 bool InboundStreams::remembers(PeerId peer) const {
   auto first = in_state_ids_.lower_bound(InStateKey{peer, 0, 0});
   return first != in_state_ids_.end() && std::get<0>(first->first) == peer;
@@ -536,6 +529,7 @@ AgentLink* InboundStreams::answerLink(uint64_t came_on, PeerId peer, uint64_t in
 void InboundStreams::onLinkDown(AgentLink& l) {
   dropHeldBack(l.id);
   for (auto& [sid, in] : l.in_streams) {
+    indexTarget(in.key, l.id, sid, false);
     names_.release(in.key);
     countOpen(l, sid, -1);
   }

@@ -61,6 +61,11 @@ class InboundStreams {
   // Released sequences remembered per sender stream (their ACKs are sent
   // again on every new link), and NACKs repeated to a replay.
   static constexpr size_t kMaxRemembered = 4096;
+  // What is sent again on a new link in one round (answerAgain): the ACKs
+  // and NACKs of sender streams until this many went, the rest in later
+  // rounds, once the link's control records left (a sender stream's go
+  // together: at most 2 * kMaxRemembered more).
+  static constexpr size_t kAnswersAgainPerRound = 4096;
 
   // `ack_delay_ns`: the longest a release's ACK and its slot's credit wait
   // to go back to the sender with others (0: at the end of the round); the
@@ -79,7 +84,9 @@ class InboundStreams {
   // the releases waiting reach a quarter of that sender's window, once the
   // oldest has waited ack_delay, or at once when the sender is low on
   // credits (and whatever must not wait: answers to replays, link up).
-  void flushControl();
+  // Returns the answers it sent again on new links (answerAgain): while
+  // some are left, the agent has work.
+  size_t flushControl();
   // When the oldest ACK still held back is due (on the agent's clock); 0:
   // none waits.  The agent does not sleep past it.
   uint64_t nextControlDeadlineNs() const;
@@ -140,6 +147,8 @@ class InboundStreams {
   // Sender streams remembered (open or not).
   size_t senderStreamsKept() const { return in_states_.size(); }
 
+  // Rounds of granting a stream's slots so far (what a peer's messages cost).
+  uint64_t grantRoundsForTest() const { return grant_rounds_; }
   // Tests reach the 32-bit generation's wrap through this.
   void setNextGenerationForTest(uint32_t generation) { next_generation_ = generation; }
 
@@ -257,7 +266,13 @@ class InboundStreams {
   // Grants every free slot of the stream's consumers, a fair share to each
   // sender, and recalls credits held beyond a share.
   void grantCredits(NameKey stream);
-  std::vector<Target> creditTargets(NameKey stream) const;
+  // The usable (link, sender stream) pairs with the stream open, from targets_by_name_.
+  std::vector<Target> creditTargets(NameKey stream);
+  // The stream is open on the link as the sender's `sid` (`open`), or not any more.
+  void indexTarget(NameKey stream, uint64_t link_id, uint64_t sid, bool open);
+  // Whether a consumer of the stream has a slot free that frames may land
+  // in: only then can a grant round give a sender more (CreditLow).
+  bool slotFree(NameKey stream);
   // Each sender's window (windows_), the largest slot, and the credits out.
   void reckonShares(NameKey stream, GrantRound& round);
   void grantFreeSlots(GrantRound& round, uint64_t client_id, ClientSession& consumer, size_t share);
@@ -345,8 +360,16 @@ class InboundStreams {
   AgentLink* answerLink(uint64_t came_on, PeerId peer, uint64_t instance);
   // The ACKs of recently released frames and the recent refusals of that
   // sender instance go (again) on `to`: the link that carried them may have
-  // lost them.
+  // lost them.  kAnswersAgainPerRound go now, the rest in later rounds
+  // (answering_again_).
   void answerAgain(AgentLink& to);
+  // Sends again the answers of the sender streams from `*next` (an InState
+  // id) on, until kAnswersAgainPerRound went; `*next` is where the next
+  // round goes on.  Returns the answers sent; `*done` when none is left.
+  size_t answerSomeAgain(AgentLink& to, uint64_t* next, bool* done);
+  // Goes on with the answers left for new links, on each whose control
+  // records left; returns the answers sent.
+  size_t continueAnswersAgain();
   // The sequence was delivered or refused for good: it moves the watermark.
   void markAnswered(InState& in, uint64_t sequence);
   static bool answered(const InState& in, uint64_t sequence) {
@@ -376,12 +399,22 @@ class InboundStreams {
   uint32_t next_generation_ = 1;
   std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)
   size_t grant_cursor_ = 0;
+  uint64_t grant_rounds_ = 0;
   std::map<Target, HeldBack> held_back_;
   // Credits each sender may hold (its share of every consumer of the
   // stream), as the last grant reckoned it: a quarter of it is what is worth
   // a control record.
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
+  std::set<NameKey> low_checked_;
+  std::set<Target> senders_low_;  // said CreditLow with nothing held back: their next release goes at once
+  std::map<uint64_t, uint64_t> answering_again_;  // link -> the InState id its answers go on from   //
+                                                  // streams a CreditLow this round found no free slot of
+  // What a grant round of a stream walks, by its name: the (link, sender
+  // stream) pairs with it open, and the consumers attached to it.  A round
+  // costs what its name has, not what the daemon has.
+  std::map<NameKey, std::set<Target>> targets_by_name_;
+  std::map<NameKey, std::set<uint64_t>> consumers_by_name_;
   std::vector<std::string> pull_streams_;
   std::unordered_map<std::string, size_t> pull_consumers_;  // stream -> consumers attached with pull
   std::map<uint64_t, PullRead> reads_;                      // by cookie: offers taken, read or to be read

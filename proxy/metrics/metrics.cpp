@@ -150,6 +150,9 @@ constexpr CounterInfo kFrameCounters[] = {
      &Metrics::Counters::control_records_sent},
     {"control_records_received", "Control records received on data transports.",
      &Metrics::Counters::control_records_received},
+    {"peer_messages_received",
+     "Per-frame messages (credit grants, revokes and lows, ACKs, NACKs, offers) of those records handled.",
+     &Metrics::Counters::peer_messages_received},
     {"nacks_sent", "Frames this daemon refused.", &Metrics::Counters::nacks_sent},
 };
 constexpr CounterInfo kLinksUp = {
@@ -187,6 +190,10 @@ constexpr CounterInfo kLinkCounters[] = {
      "keepalives: what was handed to it link_timeout_ms ago had not reached the peer, or reads of offers "
      "were in flight and none completed; their frames go again on the next link.",
      &Metrics::Counters::links_stalled},
+    {"links_cut_busy",
+     "Links closed because their peer sent more than the data agent handles for one link in a round, round "
+     "after round, for link_timeout_ms: the other links keep their turn.",
+     &Metrics::Counters::links_cut_busy},
     {"frames_maybe_redelivered",
      "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
      &Metrics::Counters::frames_maybe_redelivered},

@@ -42,6 +42,7 @@ class Metrics {
     std::atomic<uint64_t> credits_recalled{0};       // recalled to share a stream's slots among its senders
     std::atomic<uint64_t> control_records_sent{0};   // per-frame protocol records to peers' transports
     std::atomic<uint64_t> control_records_received{0};  // and from them
+    std::atomic<uint64_t> peer_messages_received{0};    // per-frame messages of those records, handled
     std::atomic<uint64_t> nacks_sent{0};
     std::atomic<uint64_t> links_up{0};
     std::atomic<uint64_t> link_failures{0};
@@ -59,6 +60,7 @@ class Metrics {
     std::atomic<uint64_t> frames_pulled{0};             // pull: read from a peer's offer into a slot here
     std::atomic<uint64_t> pull_reads_failed{0};         // pull: reads of an offer that failed
     std::atomic<uint64_t> links_stalled{0};             // links closed: their data path stopped delivering
+    std::atomic<uint64_t> links_cut_busy{0};  // links closed: their peer's records kept the agent busy too long
     std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
     // Sequences a receiving stream stopped waiting for: its sender never
     // resent them while kMaxRemembered later frames were answered.

@@ -107,7 +107,8 @@ size_t LockedLinkBookkeeping::poll(TransportEvent* out, size_t max) noexcept {
     taken = book_.events().take(out, max);
     more = !book_.events().empty();
   }
-  if (more) signal();  // level-triggered for the caller: still readable
+  if (taken > 0) room_cv_.notify_all();  // a reader waiting for room reads on
+  if (more) signal();                    // level-triggered for the caller: still readable
   return taken;
 }
 
@@ -190,10 +191,16 @@ bool LockedLinkBookkeeping::endReceive() noexcept {
   return book_.credits().endLanding();
 }
 
+void LockedLinkBookkeeping::awaitRoom(MutexLock& lock) noexcept {
+  lock.wait(room_cv_,
+            [&]() FL_REQUIRES(mu_) { return book_.failed() || book_.events().size() < kMaxQueuedEvents; });
+}
+
 void LockedLinkBookkeeping::frameArrived(const FrameHeader& header, int status,
                                          std::string message) noexcept {
   {
     MutexLock lock(mu_);
+    awaitRoom(lock);
     book_.frameArrived(header, status, std::move(message));
   }
   signal();
@@ -202,6 +209,7 @@ void LockedLinkBookkeeping::frameArrived(const FrameHeader& header, int status,
 void LockedLinkBookkeeping::controlArrived(std::string record) noexcept {
   {
     MutexLock lock(mu_);
+    awaitRoom(lock);
     book_.controlArrived(record);
   }
   signal();
@@ -269,6 +277,7 @@ bool LockedLinkBookkeeping::fail(int status, std::string message) noexcept {
     dropped.swap(answers_);
   }
   send_cv_.notify_all();
+  room_cv_.notify_all();
   signal();
   return true;
 }

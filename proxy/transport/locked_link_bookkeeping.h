@@ -48,6 +48,14 @@
 
 namespace framelink::transport {
 
+// Frames and control records the reader queues for the caller of poll() at
+// most: it stops reading until poll() takes some, and the peer's writes
+// wait in flow control.  A peer that sends faster than the data agent
+// handles it costs this many events here (control records of at most
+// kMaxControlBytes), not its whole send rate.  tcp stops reading at the
+// `max` of poll() the same way.
+inline constexpr size_t kMaxQueuedEvents = 64;
+
 // A read on the wire: the source the reader asks for, the id its answer
 // echoes (the tag LinkBookkeeping::postRead gave the read) and the bytes
 // asked for.
@@ -138,7 +146,9 @@ class LockedLinkBookkeeping {
   }
   // True if the credit taken by beginReceive was not retracted meanwhile.
   bool endReceive() noexcept;
-  // A frame arrived: counted as received when `status` is FL_OK.
+  // A frame arrived: counted as received when `status` is FL_OK.  This and
+  // controlArrived wait while kMaxQueuedEvents frames and records wait for
+  // poll(), or until the link fails: the reader reads no more meanwhile.
   void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
   void controlArrived(std::string record) noexcept;
 
@@ -182,6 +192,8 @@ class LockedLinkBookkeeping {
  private:
   LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth);
   void signal() noexcept;
+  // Until fewer than kMaxQueuedEvents events wait for poll(), or the link failed.
+  void awaitRoom(MutexLock& lock) noexcept FL_REQUIRES(mu_);
   bool landingValid() const noexcept FL_EXCLUDES(mu_);
   bool readOutstanding(uint64_t tag) const noexcept FL_EXCLUDES(mu_);
 
@@ -193,6 +205,7 @@ class LockedLinkBookkeeping {
   Mutex copy_mu_ FL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
   std::condition_variable send_cv_;  // nextSend() waits on it
+  std::condition_variable room_cv_;  // frameArrived() and controlArrived() wait on it (kMaxQueuedEvents)
   LinkBookkeeping book_ FL_GUARDED_BY(mu_);
   bool stopped_ FL_GUARDED_BY(mu_) = false;
   bool in_flight_ FL_GUARDED_BY(mu_) = false;

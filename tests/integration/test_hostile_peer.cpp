@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "client_util.h"
+#include "flood_util.h"
 #include "harness.h"
 #include "hostile_peer.h"
 #include "hostile_util.h"
@@ -20,21 +21,6 @@ using namespace framelink::integ;
 namespace v1 = framelink::v1;
 
 namespace {
-
-// Under a sanitizer the daemon keeps freed memory in quarantine and runs
-// several times slower: its VmRSS says nothing of what it holds for a peer,
-// and a flood takes longer to reach the bound.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 DaemonPair::Options pairOf(const std::string& transport, std::vector<std::string> extra_b = {}) {
   DaemonPair::Options o = pairOptions();
@@ -130,34 +116,6 @@ HostilePeer::Options peerOf(DaemonPair& pair, const std::string& id, int n, cons
   o.session_id = helloSession(n);
   o.transport = transport;
   return o;
-}
-
-// What a flood did to the daemon it was aimed at.
-struct Flood {
-  uint64_t rounds = 0;
-  bool cut = false;  // a send failed: the daemon cut the peer
-  Millis took{0};
-  int64_t rss_before = 0;  // the daemon's VmRSS, KiB
-  int64_t rss_peak = 0;
-};
-
-// Runs `round(1)`, `round(2)`, ... until one returns false (the daemon cut
-// the peer) or `limit` passes, sampling `pid`'s VmRSS every `sample_every`
-// rounds.
-Flood floodUntilCut(pid_t pid, Millis limit, uint64_t sample_every,
-                    const std::function<bool(uint64_t)>& round) {
-  Flood flood;
-  flood.rss_before = residentKiB(pid);
-  REQUIRE(flood.rss_before > 0);
-  flood.rss_peak = flood.rss_before;
-  const auto start = Clock::now();
-  while (!flood.cut && Clock::now() - start < limit) {
-    ++flood.rounds;
-    flood.cut = !round(flood.rounds);
-    if (flood.rounds % sample_every == 0) flood.rss_peak = std::max(flood.rss_peak, residentKiB(pid));
-  }
-  flood.took = std::chrono::duration_cast<Millis>(Clock::now() - start);
-  return flood;
 }
 
 }  // namespace

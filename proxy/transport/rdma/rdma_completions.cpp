@@ -20,6 +20,9 @@ namespace framelink::transport::rdma {
 namespace {
 
 constexpr unsigned int kCqEventAckBatch = 64;
+// Receives are reposted only while fewer events than this wait for the
+// caller: the data agent takes at most 64 a poll.
+constexpr size_t kRepostBelowEvents = 64;
 
 void drainEventFd(int fd) {
   uint64_t v;
@@ -351,11 +354,17 @@ size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
       flush_failure_.reset();
     }
     completeUnpostedIfDrained();
-    // Receives the peer used up, and WRs a caller forgot to flush.
-    if (recvs_posted_ < options_.recv_queue_depth / 2 + 1) replenishRecvs();
-    flushChain();
+    flushChain();  // WRs a caller forgot to flush
   }
   const size_t taken = book_.events().take(out, max);
+  // Receives the peer used up go back only while few events wait for the
+  // caller: a peer that sends faster than the data agent takes its records
+  // waits (receiver not ready, retried for ever: rnr_retry 7) instead of
+  // filling the event queue a whole receive queue per poll.
+  if (!torn_down_ && recvs_posted_ < options_.recv_queue_depth / 2 + 1 &&
+      book_.events().size() < kRepostBelowEvents) {
+    replenishRecvs();
+  }
   if (book_.events().empty()) {
     // Signalled during this poll, it stays readable until the next: one
     // spurious wake-up at most.

@@ -1,0 +1,254 @@
+// What one peer may cost the data agent, and the bounds that keep it from
+// stalling the other links: what a transport queues for the agent, a
+// CreditLow that starts no grant round when nothing could be granted, a
+// huge control record handled over several rounds while the other links
+// get theirs, a peer whose records keep the agent busy cut, and the answers
+// repeated on a new link sent a bounded part per round.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "inbound_fixture.h"
+#include "transport/locked_link_bookkeeping.h"
+#include "transport/loopback/loopback_transport.h"
+
+using namespace framelink;
+using namespace framelink::agent_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t kStreams = peer::kMaxStreamsPerLink;
+
+// A link with every stream it may have open, each of its own name.
+AgentLink& linkWithAllStreams(InboundRig& rig) {
+  AgentLink& l = rig.linkUp(1, "flooder");
+  for (uint64_t sid = 1; sid <= kStreams; ++sid) REQUIRE(rig.open(l, sid, "s" + std::to_string(sid)).empty());
+  rig.inbound.flushControl();
+  return l;
+}
+
+uint64_t grantRoundsAfterCreditLows(InboundRig& rig, AgentLink& l) {
+  const uint64_t before = rig.inbound.grantRoundsForTest();
+  for (uint64_t sid = 1; sid <= kStreams; ++sid) rig.inbound.onCreditLow(l, peer::CreditLow{sid});
+  rig.inbound.flushControl();
+  return rig.inbound.grantRoundsForTest() - before;
+}
+
+}  // namespace
+
+TEST_CASE("agent work: a CreditLow starts no grant round when there is nothing to grant",
+          "[agent][inbound][security]") {
+  InboundRig rig;
+  SECTION("no consumer of any of the streams") {
+    AgentLink& l = linkWithAllStreams(rig);
+    CHECK(grantRoundsAfterCreditLows(rig, l) == 0);
+  }
+  SECTION("a consumer whose every slot is granted already") {
+    rig.consumer(1, "s1");
+    AgentLink& l = linkWithAllStreams(rig);
+    REQUIRE(rig.credited(0) == 4);
+    CHECK(grantRoundsAfterCreditLows(rig, l) == 0);
+    CHECK(rig.credited(0) == 4);
+  }
+}
+
+namespace {
+
+// A data agent run by the test's thread, its links over loopback transports
+// whose other ends the test plays; each link's Session records what the
+// agent wrote on it.
+struct LoopbackAgent {
+  Config config;
+  Metrics metrics;
+  ManualClock clock;
+  std::unique_ptr<DataAgent> agent;
+  std::vector<transport::loopback::LoopbackPair> pairs;
+  std::vector<std::shared_ptr<std::vector<v1::PeerMessage>>> sessions;
+
+  explicit LoopbackAgent(uint32_t link_timeout_ms = 10000) {
+    config.id = "local";
+    config.idle_spin_us = 0;
+    config.link_timeout_ms = link_timeout_ms;
+    agent = std::make_unique<DataAgent>(config, metrics, clock);
+  }
+  // Link `id` (1, 2, ...) from peer `peer`; its peer end is ends(id).
+  void linkUp(uint64_t id, const std::string& peer) {
+    auto pair = transport::loopback::makePair();
+    REQUIRE(pair.ok());
+    pairs.push_back(std::move(pair).value());
+    auto said = std::make_shared<std::vector<v1::PeerMessage>>();
+    sessions.push_back(said);
+    CmdLinkUp up;
+    up.link_id = id;
+    up.identity.peer_name = peer;
+    up.identity.transport_name = "loopback";
+    up.transport = pairs.back().a;
+    auto writer = std::make_shared<SessionWriter>(
+        [said](const v1::PeerMessage& m, bool) {
+          said->push_back(m);
+          return true;
+        },
+        SessionWriter::Inline{});
+    up.session = PeerSession{writer, [] {}};
+    agent->post(std::move(up));
+    REQUIRE(agent->runUntilIdle(50));
+  }
+  transport::Transport& peerEnd(uint64_t id) { return *pairs[id - 1].b; }
+  // The peer of link `id` sends the record; it waits in the agent's
+  // transport once this returns.
+  void peerSends(uint64_t id, const v1::ControlBatch& record) {
+    REQUIRE(peerEnd(id).postControl(record.SerializeAsString()) == transport::PostResult::kOk);
+    for (int i = 0; i < 4; ++i) peerEnd(id).flush();
+  }
+  bool finSentOn(uint64_t id) const {
+    for (const auto& m : *sessions[id - 1]) {
+      if (m.has_fin()) return true;
+    }
+    return false;
+  }
+  uint64_t messagesHandled() const { return metrics.counters.peer_messages_received.load(); }
+};
+
+// A record of `n` CreditLows for a stream the link does not have open: each
+// costs the agent a lookup, and the record is within every bound.
+v1::ControlBatch creditLows(size_t n) {
+  v1::ControlBatch record;
+  for (size_t i = 0; i < n; ++i) record.add_messages()->mutable_credit_low()->set_stream_id(7);
+  return record;
+}
+
+constexpr size_t kHugeRecord = 40000;
+
+}  // namespace
+
+TEST_CASE("agent work: one link's huge control record waits for later rounds, another link's goes now",
+          "[agent][security]") {
+  LoopbackAgent rig;
+  rig.linkUp(1, "flooder");
+  rig.linkUp(2, "honest");
+  rig.peerSends(1, creditLows(kHugeRecord));
+  // Link 2's record holds a Session message, which a control record must
+  // not carry: the agent answers it with a Fin at once, which shows when
+  // link 2's record was handled.
+  v1::ControlBatch misplaced;
+  misplaced.add_messages()->mutable_keepalive()->set_timestamp_ns(1);
+  rig.peerSends(2, misplaced);
+  CHECK_FALSE(rig.agent->runUntilIdle(1));  // one round, with work left
+  INFO("messages handled in the first round: " << rig.messagesHandled());
+  CHECK(rig.finSentOn(2));
+  CHECK(rig.messagesHandled() < kHugeRecord);
+  CHECK_FALSE(rig.finSentOn(1));
+  // The rest of link 1's record, in the rounds that follow.
+  CHECK(rig.agent->runUntilIdle(1000));
+  CHECK(rig.messagesHandled() == kHugeRecord);
+  CHECK_FALSE(rig.finSentOn(1));
+}
+
+TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout_ms is cut, and says why",
+          "[agent][security]") {
+  LoopbackAgent rig(1000);
+  rig.linkUp(1, "flooder");
+  rig.linkUp(2, "honest");
+  // Huge records back to back, for twice link_timeout_ms on the agent's clock.
+  for (int step = 0; step < 40 && !rig.finSentOn(1); ++step) {
+    rig.peerSends(1, creditLows(kHugeRecord));
+    rig.agent->runUntilIdle(4);
+    rig.clock.advanceMs(50);
+    rig.agent->runUntilIdle(1);
+  }
+  REQUIRE(rig.finSentOn(1));
+  CHECK(rig.metrics.counters.links_cut_busy.load() == 1);
+  CHECK_FALSE(rig.finSentOn(2));
+}
+
+TEST_CASE("agent work: a transport reading on a thread of its own stops reading while the agent is behind",
+          "[agent][security]") {
+  auto made = transport::LockedLinkBookkeeping::create();
+  REQUIRE(made.ok());
+  transport::LockedLinkBookkeeping& book = *made.value();
+  constexpr size_t kMore = 8;
+  std::atomic<size_t> arrived{0};
+  std::thread reader([&] {
+    for (size_t i = 0; i < transport::kMaxQueuedEvents + kMore; ++i) {
+      book.controlArrived("record");
+      ++arrived;
+    }
+  });
+  waitUntil([&] { return arrived.load() >= transport::kMaxQueuedEvents; }, "the reader queued to the bound");
+  // It reads no more until events are taken (a wait for something that must
+  // not happen: a sleep, not an event).
+  std::this_thread::sleep_for(50ms);
+  CHECK(arrived.load() == transport::kMaxQueuedEvents);
+  std::vector<transport::TransportEvent> out(kMore);
+  CHECK(book.poll(out.data(), kMore) == kMore);
+  waitUntil([&] { return arrived.load() == transport::kMaxQueuedEvents + kMore; }, "the reader read on");
+  reader.join();
+  // A link that fails lets a waiting reader go.
+  std::thread late([&] { book.controlArrived("record"); });
+  CHECK(book.fail(FL_ERR_LINK_LOST, "gone"));
+  late.join();
+}
+
+namespace {
+
+// Refuses `n` frames of stream `sid` on `l` for good: each lands in a slot
+// credited to it with a length no slot has (a PROTOCOL NACK, remembered).
+void refuseFrames(InboundRig& rig, AgentLink& l, uint64_t sid, uint64_t n) {
+  for (uint64_t seq = 1; seq <= n; ++seq) {
+    bool landed = false;
+    for (const TestClient& c : rig.consumers) {
+      for (const SlotEntry& e : c.session->slots) {
+        if (landed || e.state != SlotState::kCredited || e.link_id != l.id || e.stream_id != sid) continue;
+        transport::TransportEvent ev;
+        ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+        ev.header.stream_id = sid;
+        ev.header.sequence = seq;
+        ev.header.credit_id = e.credit_id;
+        ev.header.length = c.session->segments->slotSize() + 1;
+        rig.inbound.onFrameArrived(l, ev);
+        landed = true;
+      }
+    }
+    REQUIRE(landed);
+  }
+}
+
+size_t nacksQueued(const AgentLink& l) {
+  size_t n = 0;
+  for (const auto& m : l.control.messages()) n += m.has_nack() ? 1 : 0;
+  for (const std::string& record : l.controlQueued()) {
+    v1::ControlBatch batch;
+    REQUIRE(batch.ParseFromString(record));
+    for (const auto& m : batch.messages()) n += m.has_nack() ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("agent work: the refusals sent again on a new link go a bounded part per round",
+          "[agent][inbound][security]") {
+  InboundRig rig;
+  constexpr uint64_t kPerStream = 3000;
+  constexpr uint64_t kStreamsRefused = 3;
+  AgentLink& first = rig.linkUp(1, "sender", 9);
+  for (uint64_t sid = 1; sid <= kStreamsRefused; ++sid) {
+    rig.consumer(sid, "r" + std::to_string(sid));
+    REQUIRE(rig.open(first, sid, "r" + std::to_string(sid)).empty());
+    refuseFrames(rig, first, sid, kPerStream);
+  }
+  rig.linkDown(1);
+  AgentLink& again = rig.linkUp(2, "sender", 9);
+  const size_t at_link_up = nacksQueued(again);
+  INFO("NACKs sent again at link-up: " << at_link_up);
+  CHECK(at_link_up > 0);
+  CHECK(at_link_up <= InboundStreams::kAnswersAgainPerRound + 2 * InboundStreams::kMaxRemembered);
+  CHECK(at_link_up < kPerStream * kStreamsRefused);
+  // The rest in the rounds that follow, each NACK once.
+  for (int round = 0; round < 10; ++round) rig.inbound.flushControl();
+  CHECK(nacksQueued(again) == kPerStream * kStreamsRefused);
+}
