@@ -119,7 +119,7 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
   }
   for (const auto& target : round.targets) windows_[target] = window;
   for (const auto& [generation, entry] : credits_) {
-    if (!entry.recalled) ++round.held[{{entry.link_id, entry.stream_id}, entry.client_id}];
+    if (!entry.recalled && !entry.closing) ++round.held[{{entry.link_id, entry.stream_id}, entry.client_id}];
   }
 }
 
@@ -268,7 +268,9 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
-    if (entry.client_id != cid || entry.recalled || round.held[{owner, cid}] <= share) continue;
+    if (entry.client_id != cid || entry.recalled || entry.closing || round.held[{owner, cid}] <= share) {
+      continue;
+    }
     if (std::find(round.targets.begin(), round.targets.end(), owner) == round.targets.end()) continue;
     entry.recalled = true;
     entry.recalled_ns = now;
@@ -291,7 +293,7 @@ bool InboundStreams::landingMoves(NameKey stream) const {
 void InboundStreams::recallAll(GrantRound& round, uint64_t cid) {
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
-    if (entry.client_id != cid || entry.recalled) continue;
+    if (entry.client_id != cid || entry.recalled || entry.closing) continue;
     const Target owner{entry.link_id, entry.stream_id};
     entry.recalled = true;
     entry.recalled_ns = now;

@@ -465,3 +465,70 @@ TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "churn-after", 2);
 }
+
+TEST_CASE(
+    "hostile peer: an offer it answers after closing its stream lands in no slot granted since; the honest "
+    "sender's frames all verify",
+    "[integration][hostile_peer]") {
+  // The peer offers into both of the consumer's slots, and before it answers
+  // the reads it closes the stream.  A's producer sends the same stream.
+  // A late answer still lands in the slot its read was posted for: had that
+  // slot gone to A, the answer would replace A's frame, delivered and
+  // checked already, and A would be told DELIVERED.
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport, {"--pull-stream", "hp-late"}));
+  Client consumer = attachConsumer(pair.b(), "hp-late", 2);
+  HostilePeer peer(peerOf(pair, "hostile-late", 20, transport));
+  peer.readSession();
+  peer.readData();
+  REQUIRE(peer.sendSession(streamOpen(7, "hp-late")));
+  std::vector<uint64_t> credits;
+  REQUIRE(peer.waitFor(
+      [&](const PeerInbox& in) {
+        credits = grantedCredits(in, 7);
+        return credits.size() == 2;
+      },
+      Millis(5000)));
+  constexpr uint64_t kOffered = 64 * 1024;
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 1, credits[0], kOffered), 1)));
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 2, credits[1], kOffered), 2)));
+  REQUIRE(peer.waitFor([](const PeerInbox& in) { return in.reads.size() == 2; }, Millis(5000)));
+  v1::PeerMessage close;
+  close.mutable_stream_close()->set_stream_id(7);
+  REQUIRE(peer.sendSession(close));
+  // The daemon took the close: both reads are still out, their slots kept.
+  CHECK(pair.b().waitForLog("the stream left the link while its offer was read", Millis(5000)));
+
+  Client producer = attachProducer(pair.a(), "hp-late");
+  const uint64_t lengths[2] = {kOffered, kOffered + 4099};
+  for (uint64_t i = 0; i < 2; ++i) submitFrame(producer.get(), 500 + i, lengths[i], true);
+  // Nothing of A's can land while the reads are out (both slots are theirs);
+  // what arrives is held, so that the late answers would hit it.
+  std::vector<fl_frame> got;
+  for (fl_frame f{}; got.size() < 2 && fl_receive(consumer.get(), &f, 1000) == FL_OK;) got.push_back(f);
+  CHECK(got.empty());
+  for (const ReadAsked& read : peer.inbox().reads) {
+    REQUIRE(peer.answerRead(read.read_id, read.source_id, std::string(read.length, 'x')));
+  }
+  CHECK(peer.waitFor(
+      [](const PeerInbox& in) {
+        return nacksOf(in, 7, 1, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1 &&
+               nacksOf(in, 7, 2, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1;
+      },
+      Millis(5000)));
+  while (got.size() < 2) got.push_back(receiveFrame(consumer.get(), Millis(10000)));
+  for (const fl_frame& f : got) {
+    INFO("frame " << f.frame_id << " in slot " << f.slot);
+    REQUIRE(f.frame_id >= 500);
+    REQUIRE(f.frame_id < 502);
+    checkSyntheticFrame(f, f.frame_id, lengths[f.frame_id - 500]);
+    CHECK(fl_release(consumer.get(), f.slot) == FL_OK);
+  }
+  const std::vector<fl_completion> done = collectCompletions(producer.get(), 2, Millis(10000));
+  CHECK(done.size() == 2);
+  for (const fl_completion& c : done) CHECK(c.status == FL_OK);
+  CHECK(waitForMetric(pair.b(), "framelink_pull_reads_failed_total", 2) == 2);
+  v1::Fin fin;
+  CHECK_FALSE(peer.finReceived(&fin));  // late, not hostile enough to lose its link
+  requireServing(pair.a(), pair.b(), "good", 2);
+}

@@ -1,5 +1,7 @@
-// Pull on the consumer side: reads of offers that stall, and reads whose
-// source the sender took back.
+// Pull on the consumer side: reads of offers that stall or whose source the
+// sender took back, and a slot a read is still landing in, which is granted
+// to no other sender -- whatever its stream does meanwhile -- until the read
+// has ended.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -170,3 +172,114 @@ TEST_CASE("inbound bounds: a read whose source the sender took back frees its sl
   CHECK(std::find(p.credits.begin(), p.credits.end(), again[0]) == p.credits.end());
 }
 
+namespace {
+
+// The slot of `consumer` that `credit` names; REQUIREs one.
+uint32_t slotOf(const ClientSession& consumer, uint64_t credit) {
+  for (uint32_t s = 0; s < consumer.slots.size(); ++s) {
+    const SlotEntry& e = consumer.slots[s];
+    if (e.state == SlotState::kCredited && e.credit_id == credit) return s;
+  }
+  FAIL("no slot holds credit " << credit);
+  return 0;
+}
+
+// Offers `bytes` as the next frames of stream 42 (from `*seq` on) into every
+// pull credit granted on `l` since they were last taken, and serves and
+// completes each read.
+void pullInto(InboundRig& rig, AgentLink& l, transport::Transport& sender, uint64_t* seq,
+              const std::vector<uint8_t>& bytes) {
+  for (uint64_t credit : pullCredits(rig, l)) {
+    offer(rig, l, sender, credit, (*seq)++, bytes);
+    completeOneRead(rig, l, sender);
+  }
+}
+
+// The slots consumer `index` was delivered frames in since last asked.
+std::vector<uint32_t> deliveredSlots(InboundRig& rig, size_t index = 0) {
+  std::vector<uint32_t> slots;
+  fl_completion_desc d{};
+  TestClient& c = rig.consumers[index];
+  while (fl_ring_pop(c.completion(), c.cap(), sizeof d, &d) == FL_RING_OK) slots.push_back(d.slot);
+  return slots;
+}
+
+bool holds(const ClientSession& consumer, uint32_t slot, const std::vector<uint8_t>& bytes) {
+  return std::equal(bytes.begin(), bytes.end(), consumer.segments->slot(slot));
+}
+
+}  // namespace
+
+TEST_CASE("inbound pull: a slot a read is landing in goes to no other sender until the read ended",
+          "[agent][inbound][pull]") {
+  // P offers a frame and, before it answers the read, closes its stream (a
+  // Session message any peer may send at any time), opens it on a newer
+  // link, or loses its link.  Q sends the same stream.  The answer P still
+  // owes lands in the slot whenever it comes: were the slot Q's by then,
+  // P's bytes would replace a frame of Q's delivered and checked already.
+  InboundRig rig;
+  rig.inbound.setPullStreams({"cam"});
+  AgentLink& p = rig.linkUp(1, "p");
+  transport::Transport& p_end = *rig.peer_ends.back();
+  AgentLink& q = rig.linkUp(2, "q");
+  transport::Transport& q_end = *rig.peer_ends.back();
+  REQUIRE(rig.open(p, 42, "cam").empty());
+  REQUIRE(rig.open(q, 42, "cam").empty());
+  rig.consumer(1, "cam");  // 4 slots: 2 to each
+  const ClientSession& c = *rig.consumers[0].session;
+  const std::vector<uint64_t> p_credits = pullCredits(rig, p);
+  REQUIRE(p_credits.size() == 2);
+  uint64_t q_seq = 1;
+  const std::vector<uint8_t> late(1000, 0xBA), mine(1000, 0x51);
+  pullInto(rig, q, q_end, &q_seq, mine);  // Q's first two frames, held by the consumer
+  const uint32_t k = slotOf(c, p_credits[0]);
+  offer(rig, p, p_end, p_credits[0], 1, late);  // P's end is not served: the read stays out
+  REQUIRE(rig.inbound.readsInFlight() == 1);
+
+  AgentLink* other = nullptr;  // a newer link of P's, when the stream moved there
+  transport::Transport* other_end = nullptr;
+  SECTION("P closes the stream") { rig.inbound.onStreamClose(p, 42); }
+  SECTION("P opens the stream on a newer link") {
+    other = &rig.linkUp(3, "p");
+    other_end = rig.peer_ends.back().get();
+    REQUIRE(rig.open(*other, 42, "cam").empty());
+  }
+  SECTION("P's link goes down: the slot comes back once the link is gone") {
+    CHECK(c.slots[k].state == SlotState::kCredited);
+    rig.linkDown(1);
+    CHECK(rig.inbound.readsInFlight() == 0);
+    rig.inbound.flushControl();
+    CHECK(c.slots[k].state == SlotState::kCredited);
+    CHECK(c.slots[k].link_id == q.id);
+    return;
+  }
+  rig.inbound.flushControl();
+  // While the read is out, the slot is still P's credit's: no grant names it.
+  CHECK(rig.inbound.readsInFlight() == 1);
+  CHECK(c.slots[k].state == SlotState::kCredited);
+  CHECK(c.slots[k].link_id == p.id);
+  CHECK(c.slots[k].credit_id == p_credits[0]);
+
+  // Q (and P's newer link) fill every slot granted to them meanwhile.
+  pullInto(rig, q, q_end, &q_seq, mine);
+  uint64_t p_seq = 10;
+  if (other != nullptr) pullInto(rig, *other, *other_end, &p_seq, mine);
+  std::vector<uint32_t> delivered = deliveredSlots(rig);
+  // P answers, late: its frame is refused, and every frame delivered holds its own bytes.
+  completeOneRead(rig, p, p_end);
+  CHECK(rig.inbound.readsInFlight() == 0);
+  for (uint32_t s : delivered) {
+    INFO("slot " << s << " (P's read went into slot " << k << ")");
+    CHECK(holds(c, s, mine));
+  }
+  const auto said = rig.said(p);
+  CHECK(std::count(said.nacked.begin(), said.nacked.end(),
+                   std::make_pair(uint64_t{1}, int{FL_ERR_UNKNOWN_CREDIT})) == 1);
+  CHECK(rig.metrics.counters.pull_reads_failed.load() == 1);
+  // Only now is the slot granted again, and Q's frame lands in it whole.
+  pullInto(rig, q, q_end, &q_seq, mine);
+  if (other != nullptr) pullInto(rig, *other, *other_end, &p_seq, mine);
+  const std::vector<uint32_t> after = deliveredSlots(rig);
+  CHECK(std::find(after.begin(), after.end(), k) != after.end());
+  CHECK(holds(c, k, mine));
+}
