@@ -168,7 +168,9 @@ void InboundStreams::reckonShares(NameKey stream, GrantRound& round) {
   for (const auto& target : round.targets) windows_[target] = window;
   for (const auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
-    if (!entry.recalled && round.sender.count(owner) != 0) ++round.heldBy(owner, entry.client_id);
+    if (!entry.recalled && !entry.closing && round.sender.count(owner) != 0) {
+      ++round.heldBy(owner, entry.client_id);
+    }
   }
 }
 
@@ -326,7 +328,7 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
-    if (entry.client_id != cid || entry.recalled || round.sender.count(owner) == 0) continue;
+    if (entry.client_id != cid || entry.recalled || entry.closing || round.sender.count(owner) == 0) continue;
     if (round.heldBy(owner, cid) <= share) continue;
     entry.recalled = true;
     entry.recalled_ns = now;
@@ -349,7 +351,7 @@ bool InboundStreams::landingMoves(NameKey stream) const {
 void InboundStreams::recallAll(GrantRound& round, uint64_t cid) {
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
-    if (entry.client_id != cid || entry.recalled) continue;
+    if (entry.client_id != cid || entry.recalled || entry.closing) continue;
     const Target owner{entry.link_id, entry.stream_id};
     entry.recalled = true;
     entry.recalled_ns = now;

@@ -126,9 +126,18 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
   if (link_reads.out > 0) --link_reads.out;
   link_reads.moved_ns = clock_.nowNs();
   if (reads_posted_ > 0) --reads_posted_;
+  auto cit = findCredit(read.header.credit_id);
   if (read.abandoned) {
     // Its consumer went and the frame was refused then; the bytes landed in
     // a segment kept for them, and go with it.
+  } else if (cit != credits_.end() && cit->second.link_id == l.id && cit->second.closing) {
+    // Its stream left the link while the read was out, and the slot waited
+    // for it: now no byte of it can land any more, and the slot is free.
+    // The frame is refused as one into a credit the link no longer holds.
+    // FL_ERR_LINK_LOST: the slot goes with the link (retractCreditsOfLink).
+    if (ev.status != FL_ERR_LINK_LOST) {
+      refuseRead(l, read, "its stream closed on this link while its offer was read", ev.status == FL_OK);
+    }
   } else if (ev.status == FL_OK) {
     metrics_.counters.frames_pulled.fetch_add(1, std::memory_order_relaxed);
     arrive(l, transport::TransportEvent::frameArrived(read.header), true);
@@ -141,6 +150,34 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
   // FL_ERR_LINK_LOST: the link goes, and its credits with it; the sender
   // offers the frame again on its next link.
   startReads(l);
+}
+
+void InboundStreams::keepReadSlots(AgentLink& l, uint64_t sid) {
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    PullRead& read = it->second;
+    auto cit = read.link_id == l.id && !read.abandoned ? findCredit(read.header.credit_id) : credits_.end();
+    if (cit == credits_.end() || cit->second.link_id != l.id || cit->second.stream_id != sid) {
+      ++it;
+      continue;
+    }
+    if (read.posted) {
+      // Whatever the peer says now, its answer may still come, and lands in
+      // the slot: another sender's frame must not be there by then.
+      cit->second.closing = true;
+      log_pull_.info(
+          "link {} (peer {}) stream {} seq {}: the stream left the link while its offer was read; "
+          "the slot is granted again once the read ends",
+          l.id, l.peer_name, read.header.stream_id, read.header.sequence);
+      ++it;
+      continue;
+    }
+    // Not read yet: nothing lands, and the credit goes with the stream's
+    // others.  Its cookie in reads_waiting_ is skipped.
+    const transport::FrameHeader h = read.header;
+    it = reads_.erase(it);
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "its stream closed on this link before the offer was read");
+  }
 }
 
 void InboundStreams::dropReadsInto(const ClientSession& consumer) {

@@ -468,9 +468,11 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
   senders_low_.erase({l.id, sid});
-  // The stream's credits go back to their consumers, for other streams.
+  // The stream's credits go back to their consumers, for other streams --
+  // but for those whose reads are out: their slots wait for the answers.
+  keepReadSlots(l, sid);
   for (auto cit = credits_.begin(); cit != credits_.end();) {
-    if (cit->second.link_id != l.id || cit->second.stream_id != sid) {
+    if (cit->second.link_id != l.id || cit->second.stream_id != sid || cit->second.closing) {
       ++cit;
       continue;
     }

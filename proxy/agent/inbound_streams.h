@@ -164,6 +164,11 @@ class InboundStreams {
     uint64_t recalled_ns = 0;  // when (agent clock): past recall_deadline_ns the link fails
     bool pull = false;         // exposed to no write: the sender offers into it, this end reads
     bool offered = false;      // pull: an offer into it is being read, or waits to be
+    // Pull: its stream left the link while the read of its offer was out.
+    // The answer may still land in the slot (tcp and grpc copy it into the
+    // read's buffer, rdma reads into the slot's own registration), so the
+    // slot stays this credit's until the read ends or the link is gone.
+    bool closing = false;
   };
   // By generation, the low 32 bits of the credit id: no two live credits
   // share one (nextGeneration), so that no two links' credits have the same
@@ -322,6 +327,10 @@ class InboundStreams {
   // sender offers them again ahead of its later frames (reads in flight
   // land unused).
   void dropReadsInto(const ClientSession& consumer);
+  // Stream `stream_id` leaves the link: the credits whose offers are being
+  // read are kept, closing (onReadComplete or retractCreditsOfLink frees
+  // their slots); the offers not read yet are refused.
+  void keepReadSlots(AgentLink& link, uint64_t stream_id);
   // Posts the reads waiting on the link while it has room for them.
   void startReads(AgentLink& link);
   // The read of that offer did not land: its credit's slot is free again,

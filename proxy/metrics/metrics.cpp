@@ -183,7 +183,9 @@ constexpr CounterInfo kLinkCounters[] = {
     {"frames_pulled", "Frames read from a peer's offer into a consumer's slot here (pull).",
      &Metrics::Counters::frames_pulled},
     {"pull_reads_failed",
-     "Reads of a peer's offer that failed (its source gone: the frame was answered or offered anew).",
+     "Reads of a peer's offer that failed (its source gone: the frame was answered or offered anew), or "
+     "that ended after their stream closed on the link or moved to another (the frame refused; its slot "
+     "waited for the read to end).",
      &Metrics::Counters::pull_reads_failed},
     {"links_stalled",
      "Links closed because their data transport stopped delivering while the Session still carried "

@@ -141,6 +141,24 @@ bool HostilePeer::sendFrame(const v1::FrameHeader& header, const std::string& pa
   return data_->Write(buffer, options);
 }
 
+bool HostilePeer::answerRead(uint64_t read_id, uint64_t source_id, const std::string& bytes) {
+  if (tcp_fd_ >= 0) {
+    transport::FrameHeader h;
+    h.credit_id = source_id;
+    h.frame_id = read_id;
+    return sendTcp(tcp::kTcpReadResponseMagic, &h, bytes);
+  }
+  v1::ReadResponse response;
+  response.set_source_id(source_id);
+  response.set_read_id(read_id);
+  response.set_length(bytes.size());
+  std::string message;
+  transport::encodeReadResponsePrefix(&response, 0, true, bytes.size(), &message);
+  message += bytes;
+  grpc::Slice slice(message);
+  return data_->Write(grpc::ByteBuffer(&slice, 1));
+}
+
 void HostilePeer::readSession() {
   if (!session_reader_.joinable()) session_reader_ = std::thread([this] { sessionLoop(); });
 }
@@ -176,6 +194,11 @@ void HostilePeer::controlArrived(const std::string& bytes) {
   for (const auto& message : record.messages()) inbox_.control.push_back(message);
 }
 
+void HostilePeer::readAsked(const ReadAsked& read) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inbox_.reads.push_back(read);
+}
+
 void HostilePeer::dataLoop() {
   grpc::ByteBuffer buffer;
   transport::ReceivedDataMessage m;
@@ -186,6 +209,10 @@ void HostilePeer::dataLoop() {
     if (!transport::parseDataMessage(&buffer, &m).empty()) break;
     if (!m.control.empty()) {
       controlArrived(m.control);
+      continue;
+    }
+    if (m.has_read_request) {
+      readAsked(ReadAsked{m.read_request.source_id(), m.read_request.read_id(), m.read_request.length()});
       continue;
     }
     if (m.has_header) {
@@ -203,6 +230,10 @@ void HostilePeer::tcpLoop() {
   tcp::TcpFrameHeader w{};
   std::string bytes;
   while (recvAll(tcp_fd_, &w, sizeof w)) {
+    if (w.magic == tcp::kTcpReadRequestMagic) {  // no body: `length` is what is asked for
+      readAsked(ReadAsked{w.credit_id, w.frame_id, w.length});
+      continue;
+    }
     if (w.length > (uint64_t{1} << 30)) break;
     bytes.resize(w.length);
     if (!recvAll(tcp_fd_, bytes.data(), bytes.size())) break;

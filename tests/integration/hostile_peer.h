@@ -1,8 +1,9 @@
 // A peer daemon a test scripts: it dials a real framelinkd's Link service
-// with a token and a claimed daemon id, says Hello (protocol 2), opens the
+// with a token and a claimed daemon id, says Hello (protocol 3), opens the
 // data channel (`grpc`: Link.Data; `tcp`: the daemon's tcp data port), and
 // from then on sends only what the test tells it to -- Session messages,
-// in-band control records, frames into any credit -- and reads nothing until
+// in-band control records, frames into any credit, answers to the daemon's
+// reads of its offers, whenever the test likes -- and reads nothing until
 // the test asks it to.  Frames and control records are encoded by the
 // daemon's own wire helpers (grpc_wire.h, tcp_wire.h), so what the daemon
 // sees is byte for byte what a peer daemon could send.
@@ -26,12 +27,20 @@
 
 namespace framelink::integ {
 
+// A read of an offer the daemon asked the peer for (pull).
+struct ReadAsked {
+  uint64_t source_id = 0;  // the offer's
+  uint64_t read_id = 0;    // the daemon's, for the answer to echo
+  uint64_t length = 0;
+};
+
 // What the peer received, in order of arrival per channel.
 struct PeerInbox {
   std::vector<v1::PeerMessage> session;   // messages on the Session after the HelloAck
   std::vector<v1::PeerMessage> control;   // the messages of in-band control records, flattened
   std::vector<v1::FrameHeader> frames;    // a frame's header, once its last chunk arrived
   std::vector<int64_t> frame_arrival_ns;  // steady clock, per entry of `frames`
+  std::vector<ReadAsked> reads;           // read requests, on the data channel
   uint64_t payload_bytes = 0;
   bool session_ended = false;
   bool data_ended = false;
@@ -71,6 +80,9 @@ class HostilePeer {
   // A frame as one chunk: header first, payload, last set.  `more`: others
   // follow at once, so gRPC may hold this one back and send them together.
   bool sendFrame(const v1::FrameHeader& header, const std::string& payload, bool more = false);
+  // The answer to a read the daemon asked for (or to none): `bytes` as the
+  // contents of source `source_id`, for read `read_id`.
+  bool answerRead(uint64_t read_id, uint64_t source_id, const std::string& bytes);
 
   // Reading starts only when asked: until then the daemon's writes pile up
   // in its own buffers and the flow-control windows.
@@ -92,6 +104,7 @@ class HostilePeer {
   void tcpLoop();
   void frameArrived(const v1::FrameHeader& header, uint64_t payload_bytes);
   void controlArrived(const std::string& record);
+  void readAsked(const ReadAsked& read);
 
   Options options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -15,69 +15,13 @@
 #include "flood_util.h"
 #include "harness.h"
 #include "hostile_peer.h"
+#include "hostile_script.h"
 #include "hostile_util.h"
 
 using namespace framelink::integ;
 namespace v1 = framelink::v1;
 
 namespace {
-
-DaemonPair::Options pairOf(const std::string& transport, std::vector<std::string> extra_b = {}) {
-  DaemonPair::Options o = pairOptions();
-  o.transport = transport;
-  o.extra_args_b = std::move(extra_b);
-  return o;
-}
-
-v1::PeerMessage streamOpen(uint64_t stream_id, const std::string& name) {
-  v1::PeerMessage m;
-  m.mutable_stream_open()->set_stream_id(stream_id);
-  m.mutable_stream_open()->set_name(name);
-  return m;
-}
-
-// The credit ids the daemon granted the peer on `stream_id` so far.
-std::vector<uint64_t> grantedCredits(const PeerInbox& inbox, uint64_t stream_id) {
-  std::vector<uint64_t> ids;
-  auto collect = [&](const v1::PeerMessage& m) {
-    if (!m.has_credit_grant() || m.credit_grant().stream_id() != stream_id) return;
-    for (const auto& c : m.credit_grant().credits()) ids.push_back(c.credit_id());
-    for (uint64_t id : m.credit_grant().slot_credits()) ids.push_back(id);
-  };
-  for (const auto& m : inbox.session) collect(m);
-  for (const auto& m : inbox.control) collect(m);
-  return ids;
-}
-
-// Opens `name` as stream `stream_id` from the peer and waits for credits.
-std::vector<uint64_t> openAndAwaitCredits(HostilePeer& peer, uint64_t stream_id, const std::string& name) {
-  REQUIRE(peer.sendSession(streamOpen(stream_id, name)));
-  std::vector<uint64_t> ids;
-  REQUIRE(peer.waitFor(
-      [&](const PeerInbox& in) {
-        ids = grantedCredits(in, stream_id);
-        return !ids.empty();
-      },
-      Millis(5000)));
-  return ids;
-}
-
-v1::FrameHeader frameHeader(uint64_t stream_id, uint64_t sequence, uint64_t credit_id, uint64_t length) {
-  v1::FrameHeader h;
-  h.set_stream_id(stream_id);
-  h.set_sequence(sequence);
-  h.set_credit_id(credit_id);
-  h.set_frame_id(1000 + sequence);
-  h.set_length(length);
-  return h;
-}
-
-size_t nacksOf(const PeerInbox& in, uint64_t stream_id, uint64_t sequence, v1::ErrorCode code) {
-  return countMessages(in, [&](const v1::PeerMessage& m) {
-    return m.has_nack() && m.nack().stream_id() == stream_id && m.nack().sequence() == sequence &&
-           m.nack().code() == code;
-  });
-}
 
 // Waits for the daemon to cut the peer's link for breaking the protocol:
 // the Session ends and the daemon logs why.  A Fin that got through must
@@ -104,18 +48,6 @@ v1::ControlBatch oversizedAckRecord() {
     ack->add_runs(4096);
   }
   return record;
-}
-
-uint64_t helloSession(int n) { return 0x40571130 + n; }
-
-// A peer that dials B of `pair` over `transport`.
-HostilePeer::Options peerOf(DaemonPair& pair, const std::string& id, int n, const std::string& transport) {
-  HostilePeer::Options o;
-  o.address = pair.b().grpcAddress();
-  o.daemon_id = id;
-  o.session_id = helloSession(n);
-  o.transport = transport;
-  return o;
 }
 
 }  // namespace
@@ -218,24 +150,6 @@ TEST_CASE("hostile peer: frames for a stream it did not open or a credit it was 
   CHECK_FALSE(peer.inbox().session_ended);
   requireServing(pair.a(), pair.b(), "good", 2);
 }
-
-namespace {
-
-v1::PeerMessage offer(const v1::FrameHeader& header, uint64_t source_id) {
-  v1::PeerMessage m;
-  *m.mutable_offer()->mutable_header() = header;
-  m.mutable_offer()->set_source_id(source_id);
-  return m;
-}
-
-bool grantsSay(const PeerInbox& in, uint64_t stream_id, bool pull) {
-  return countMessages(in, [&](const v1::PeerMessage& m) {
-           return m.has_credit_grant() && m.credit_grant().stream_id() == stream_id &&
-                  m.credit_grant().pull() == pull;
-         }) > 0;
-}
-
-}  // namespace
 
 TEST_CASE(
     "hostile peer: pull credits take no write, offers into credits it does not hold are NACKed, and an offer "
@@ -508,4 +422,71 @@ TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of
   CHECK(pair.b().waitForLog("more lines like the next were suppressed", Millis(1000)));
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "churn-after", 2);
+}
+
+TEST_CASE(
+    "hostile peer: an offer it answers after closing its stream lands in no slot granted since; the honest "
+    "sender's frames all verify",
+    "[integration][hostile_peer]") {
+  // The peer offers into both of the consumer's slots, and before it answers
+  // the reads it closes the stream.  A's producer sends the same stream.
+  // A late answer still lands in the slot its read was posted for: had that
+  // slot gone to A, the answer would replace A's frame, delivered and
+  // checked already, and A would be told DELIVERED.
+  const std::string transport = GENERATE(as<std::string>{}, "grpc", "tcp");
+  DaemonPair pair(pairOf(transport, {"--pull-stream", "hp-late"}));
+  Client consumer = attachConsumer(pair.b(), "hp-late", 2);
+  HostilePeer peer(peerOf(pair, "hostile-late", 20, transport));
+  peer.readSession();
+  peer.readData();
+  REQUIRE(peer.sendSession(streamOpen(7, "hp-late")));
+  std::vector<uint64_t> credits;
+  REQUIRE(peer.waitFor(
+      [&](const PeerInbox& in) {
+        credits = grantedCredits(in, 7);
+        return credits.size() == 2;
+      },
+      Millis(5000)));
+  constexpr uint64_t kOffered = 64 * 1024;
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 1, credits[0], kOffered), 1)));
+  REQUIRE(peer.sendControl(offer(frameHeader(7, 2, credits[1], kOffered), 2)));
+  REQUIRE(peer.waitFor([](const PeerInbox& in) { return in.reads.size() == 2; }, Millis(5000)));
+  v1::PeerMessage close;
+  close.mutable_stream_close()->set_stream_id(7);
+  REQUIRE(peer.sendSession(close));
+  // The daemon took the close: both reads are still out, their slots kept.
+  CHECK(pair.b().waitForLog("the stream left the link while its offer was read", Millis(5000)));
+
+  Client producer = attachProducer(pair.a(), "hp-late");
+  const uint64_t lengths[2] = {kOffered, kOffered + 4099};
+  for (uint64_t i = 0; i < 2; ++i) submitFrame(producer.get(), 500 + i, lengths[i], true);
+  // Nothing of A's can land while the reads are out (both slots are theirs);
+  // what arrives is held, so that the late answers would hit it.
+  std::vector<fl_frame> got;
+  for (fl_frame f{}; got.size() < 2 && fl_receive(consumer.get(), &f, 1000) == FL_OK;) got.push_back(f);
+  CHECK(got.empty());
+  for (const ReadAsked& read : peer.inbox().reads) {
+    REQUIRE(peer.answerRead(read.read_id, read.source_id, std::string(read.length, 'x')));
+  }
+  CHECK(peer.waitFor(
+      [](const PeerInbox& in) {
+        return nacksOf(in, 7, 1, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1 &&
+               nacksOf(in, 7, 2, v1::ERROR_CODE_UNKNOWN_CREDIT) == 1;
+      },
+      Millis(5000)));
+  while (got.size() < 2) got.push_back(receiveFrame(consumer.get(), Millis(10000)));
+  for (const fl_frame& f : got) {
+    INFO("frame " << f.frame_id << " in slot " << f.slot);
+    REQUIRE(f.frame_id >= 500);
+    REQUIRE(f.frame_id < 502);
+    checkSyntheticFrame(f, f.frame_id, lengths[f.frame_id - 500]);
+    CHECK(fl_release(consumer.get(), f.slot) == FL_OK);
+  }
+  const std::vector<fl_completion> done = collectCompletions(producer.get(), 2, Millis(10000));
+  CHECK(done.size() == 2);
+  for (const fl_completion& c : done) CHECK(c.status == FL_OK);
+  CHECK(waitForMetric(pair.b(), "framelink_pull_reads_failed_total", 2) == 2);
+  v1::Fin fin;
+  CHECK_FALSE(peer.finReceived(&fin));  // late, not hostile enough to lose its link
+  requireServing(pair.a(), pair.b(), "good", 2);
 }

@@ -34,6 +34,7 @@ void addToTotal(framelink::sim::SimResult& total, const framelink::sim::SimResul
   total.forged += r.forged;
   total.two_receivers += r.two_receivers;
   total.pulled += r.pulled;
+  total.pulled_adversary += r.pulled_adversary;
 }
 
 // The broken invariant of a failed schedule, and the command that replays it.
@@ -52,7 +53,8 @@ void printFailure(const framelink::sim::SimOptions& options, const framelink::si
 // seed `seed` on, in `took` seconds.
 void printPassed(const framelink::sim::SimResult& total, uint64_t seed, uint64_t ran, double took) {
   std::printf(
-      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers, %llu pulled) in %.1f s, "
+      "SIMULATION PASSED: %llu schedules (seeds %llu..%llu, %llu with two receivers, %llu pulled, %llu of "
+      "them with the adversary) in %.1f s, "
       "%.0f "
       "schedules/s; frames %llu: "
       "delivered "
@@ -62,11 +64,12 @@ void printPassed(const framelink::sim::SimResult& total, uint64_t seed, uint64_t
       "%llu, skipped for a slow subscriber %llu\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(seed + ran - 1), static_cast<unsigned long long>(total.two_receivers),
-      static_cast<unsigned long long>(total.pulled), took, took > 0 ? ran / took : 0.0,
-      static_cast<unsigned long long>(total.frames), static_cast<unsigned long long>(total.delivered),
-      static_cast<unsigned long long>(total.failed), static_cast<unsigned long long>(total.unknown),
-      static_cast<unsigned long long>(total.redelivered), static_cast<unsigned long long>(total.link_breaks),
-      static_cast<unsigned long long>(total.crashes), static_cast<unsigned long long>(total.damaged),
+      static_cast<unsigned long long>(total.pulled), static_cast<unsigned long long>(total.pulled_adversary),
+      took, took > 0 ? ran / took : 0.0, static_cast<unsigned long long>(total.frames),
+      static_cast<unsigned long long>(total.delivered), static_cast<unsigned long long>(total.failed),
+      static_cast<unsigned long long>(total.unknown), static_cast<unsigned long long>(total.redelivered),
+      static_cast<unsigned long long>(total.link_breaks), static_cast<unsigned long long>(total.crashes),
+      static_cast<unsigned long long>(total.damaged),
       static_cast<unsigned long long>(total.released_then_lost),
       static_cast<unsigned long long>(total.owed_delivered), static_cast<unsigned long long>(total.forged),
       static_cast<unsigned long long>(total.lent), static_cast<unsigned long long>(total.skipped));
@@ -95,7 +98,8 @@ int main(int argc, char** argv) {
          "or mixed (two in schedules whose seed is 3 or 6 modulo 8)")
       ->check(CLI::IsMember({"1", "2", "mixed"}));
   app.add_option("--adversary", adversary,
-                 "forged and duplicated control records: on, off, or mixed (every fifth schedule)")
+                 "forged and duplicated control records (and, in the half of its schedules that pull, read "
+                 "answers late or twice): on, off, or mixed (every fifth schedule)")
       ->check(CLI::IsMember({"on", "off", "mixed"}));
   app.add_flag("--trace", trace, "print every schedule's events");
   app.add_flag("--keep-going", keep_going, "do not stop at the first failing seed: list every one");

@@ -13,7 +13,9 @@
 // replaces can stay half-open: the listener keeps it, its writes vanish,
 // and it learns of the death only at a later step (its keepalive).  In
 // every fifth schedule an adversary puts forged, duplicated and
-// out-of-order control records on the links (world_adversary.cpp).
+// out-of-order control records on the links, and, in half of those, which
+// pull the stream, answers reads late -- after the stream closed or moved
+// to a newer link -- or twice (world_adversary.cpp).
 //
 // Most worlds have one receiving daemon, d1.  In a two-receiver world
 // (SimOptions::receivers, a quarter of the seeds in framelink_sim) one more
@@ -43,7 +45,8 @@
 //     new instance of the receiving daemon;
 //   * frames without that flag reach each consumer in submission order;
 //   * payloads arrive intact (a damaged one never reaches a consumer when it
-//     carries a CRC32C);
+//     carries a CRC32C), and stay so until the consumer releases them:
+//     nothing lands in a slot whose frame a consumer holds;
 //   * at the end, with the links healed and a consumer attached, the world
 //     goes idle: every frame has ended, nothing is held, and fresh frames are
 //     still delivered (no credit or slot leaked), with the agents idle.
@@ -85,6 +88,7 @@ struct SimResult {
   uint64_t skipped = 0;             // frames a subscriber of a drop stream was skipped for (told the gap)
   uint64_t two_receivers = 0;       // schedules of a world with two receiving daemons
   uint64_t pulled = 0;              // schedules of a world whose receivers pull the stream
+  uint64_t pulled_adversary = 0;    // of those, with the adversary (late and repeated read answers)
 };
 
 SimResult runSchedule(const SimOptions& options);

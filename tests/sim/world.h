@@ -107,7 +107,8 @@ struct App {
   bool alive = true;
   bool subscriber = false;  // consumer: every frame of the stream (else a queue group member)
   std::shared_ptr<ClientSession> session;
-  std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);  // frame per slot (0: free)
+  std::vector<uint64_t> in_slot = std::vector<uint64_t>(kSlots, 0);    // frame per slot (0: free)
+  std::vector<uint64_t> in_length = std::vector<uint64_t>(kSlots, 0);  // consumer: of the frame in each slot
   std::map<int, uint64_t> last_plain;  // consumer: the last frame in order, per sender
   // Consumer: its end of the attach socket, where lent segments arrive, and
   // the lend ids it was sent (the producers' client ids).
@@ -137,6 +138,7 @@ struct Link {
   std::unique_ptr<Capture> capture[2];  // what each end's agent writes
   std::deque<std::shared_ptr<v1::PeerMessage>> in_flight[2];  // written by end i, not yet read
   bool cancelled = false;
+  uint64_t stream_id = 0;  // the sender's stream, as its last StreamOpen on the session said (0: none yet)
 };
 
 // A consumer's release of a frame: on which daemon, and which instance of it.
@@ -223,6 +225,15 @@ class World {
 
   // ---------------------------------------------------------------- adversary (world_adversary.cpp)
   void forge();
+  // Pull: answers to reads come late (after the stream closed, or moved to
+  // a newer link) or twice.  False when the link offers no occasion for it.
+  bool forgeRead(Link& link, uint64_t kind);
+  // The sender lies that it closed its stream on the link (with reads out),
+  // and opens it again at once.
+  void closeAndReopen(Link& link);
+  // A frame of `sender` released on the live `receiver` waits for its ACK:
+  // what the receiver remembers of the stream must not be forgotten now.
+  bool ackOwed(int sender, int receiver) const;
 
   // ---------------------------------------------------------------- settling (world_checks.cpp)
   void settle();
@@ -231,6 +242,10 @@ class World {
   static bool unknownOutcome(int status) { return status == FL_ERR_DAEMON_GONE || status == FL_ERR_TIMEOUT; }
   void endFrame(uint64_t frame, int status);
   void onDelivery(App& c, const fl_completion_desc& d);
+  // The frame in the consumer's slot still holds the sender's bytes (checked
+  // when it is delivered and again when it is released: nothing may land in
+  // a slot while a consumer holds its frame).
+  void checkIntact(App& c, uint32_t slot, uint64_t frame, uint64_t length, const char* when);
   // Where a frame the daemon lent `c` is: the producer's slot, after its
   // lend message was read from the socket.
   const uint8_t* lentPayload(App& c, const fl_slot_header& h);

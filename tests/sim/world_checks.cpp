@@ -178,12 +178,16 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
   if (h->frame_id != frame) throw Broken{"a delivered slot header names another frame than its completion"};
   const bool lent = (h->flags & FL_SLOT_LENT) != 0;
   if (lent) ++result_.lent;
-  const uint8_t* bytes = lent ? lentPayload(c, *h) : seg.slot(d.slot);
-  for (uint64_t i = 0; i < d.length; ++i) {
-    if (bytes[i] != patternByte(frame, i)) {
-      throw Broken{"frame " + std::to_string(frame) + " reached consumer #" + std::to_string(c.id) +
-                   " with byte " + std::to_string(i) + " damaged"};
+  if (lent) {
+    const uint8_t* bytes = lentPayload(c, *h);
+    for (uint64_t i = 0; i < d.length; ++i) {
+      if (bytes[i] != patternByte(frame, i)) {
+        throw Broken{"frame " + std::to_string(frame) + " reached consumer #" + std::to_string(c.id) +
+                     " with byte " + std::to_string(i) + " damaged"};
+      }
     }
+  } else {
+    checkIntact(c, d.slot, frame, d.length, "reached");
   }
   const bool flagged = (h->flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
   // A gap notice: the flag and its count (the consumer's `readers`) go together, on a drop stream only.
@@ -231,8 +235,25 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
     last = frame;
   }
   c.in_slot[d.slot] = frame;
+  c.in_length[d.slot] = lent ? 0 : d.length;  // a lent frame lies in its producer's slot
   ++rec.held;
   if (c.daemon == rec.sender) rec.read_beside = true;
+}
+
+void World::checkIntact(App& c, uint32_t slot, uint64_t frame, uint64_t length, const char* when) {
+  const ClientSegments& seg = *c.session->segments;
+  const uint8_t* bytes = seg.slot(slot);
+  for (uint64_t i = 0; i < length; ++i) {
+    if (bytes[i] != patternByte(frame, i)) {
+      throw Broken{"frame " + std::to_string(frame) + " " + when + " consumer #" + std::to_string(c.id) +
+                   " with byte " + std::to_string(i) + " of slot " + std::to_string(slot) +
+                   " not the sender's (damaged, or written over)"};
+    }
+  }
+  if (seg.slotHeader(slot)->frame_id != frame) {
+    throw Broken{"the header of slot " + std::to_string(slot) + " of consumer #" + std::to_string(c.id) +
+                 " no longer names frame " + std::to_string(frame) + " " + when + " it"};
+  }
 }
 
 const uint8_t* World::lentPayload(App& c, const fl_slot_header& h) {
@@ -358,6 +379,8 @@ void World::drain(bool release_held) {
           deliverData(*live, 1, false);
           moved = true;
         }
+        // The adversary's late answers to reads land last.
+        while (live->pair.link->deliverLate(1)) moved = true;
       }
     }
     for (auto& app : apps_) {

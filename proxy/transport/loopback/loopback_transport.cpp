@@ -18,10 +18,12 @@ namespace {
 
 // A frame, a control record or a read on its way, in the order they were posted.
 struct Outgoing {
-  SendRequest request;                         // a frame, unless `control` or `read_tag` is set
-  std::string control;                         // a control record (never empty)
-  std::shared_ptr<std::vector<uint8_t>> kept;  // the payload, when keepPayloads took it
-  uint64_t read_tag = 0;                       // a read (book.reads()), when not 0
+  SendRequest request;  // a frame, unless `control` or `read_tag` is set
+  std::string control;  // a control record (never empty)
+  std::shared_ptr<std::vector<uint8_t>>
+      kept;               // the payload (or a read's source) when keepPayloads (keepReads) took it
+  uint64_t read_tag = 0;  // a read (book.reads()), when not 0
+  bool again = false;     // a read's answer sent again (answerAgain)
 
   bool isFrame() const noexcept { return control.empty() && read_tag == 0; }
 };
@@ -36,6 +38,8 @@ struct EndState {
   // rules, failing once and its counters.  Its send ring is unused: frames
   // and records wait in `outgoing`, in the order they were posted.
   LinkBookkeeping book{0};
+  uint64_t last_answered = 0;  // the read of this end answered last
+  std::deque<Outgoing> late;   // reads answered late (keepReads), each with its source's copy
 };
 
 class Shared final : public LoopbackLink {
@@ -77,6 +81,53 @@ class Shared final : public LoopbackLink {
                                                       o.request.payload + o.request.header.length);
       o.request.payload = o.kept->data();
     }
+  }
+  size_t keepReads(int end, bool late) override {
+    MutexLock lock(mu_);
+    EndState& self = ends_[end & 1];
+    LinkBookkeeping& from = ends_[(end & 1) ^ 1].book;
+    size_t kept = 0;
+    for (auto it = self.outgoing.begin(); it != self.outgoing.end();) {
+      const ReadRequest* read =
+          it->read_tag != 0 && !it->again ? self.book.reads().lookup(it->read_tag) : nullptr;
+      const LocalSource* source = read != nullptr ? from.sources().lookup(read->source.source_id) : nullptr;
+      if (source == nullptr || source->length != read->source.length) {
+        ++it;
+        continue;
+      }
+      it->kept = std::make_shared<std::vector<uint8_t>>(source->payload, source->payload + source->length);
+      ++kept;
+      if (!late) {
+        ++it;
+        continue;
+      }
+      self.late.push_back(std::move(*it));
+      it = self.outgoing.erase(it);
+    }
+    return kept;
+  }
+  bool deliverLate(int end) noexcept override {
+    MutexLock lock(mu_);
+    EndState& self = ends_[end & 1];
+    if (!upLocked() || self.late.empty()) return false;
+    const Outgoing read = std::move(self.late.front());
+    self.late.pop_front();
+    readLocked(end & 1, read.read_tag, Damage::kNone, read.kept.get());
+    return true;
+  }
+  size_t lateWaiting(int end) const noexcept override {
+    MutexLock lock(mu_);
+    return ends_[end & 1].late.size();
+  }
+  bool answerAgain(int end) override {
+    MutexLock lock(mu_);
+    EndState& self = ends_[end & 1];
+    if (!upLocked() || self.last_answered == 0) return false;
+    Outgoing o;
+    o.read_tag = self.last_answered;
+    o.again = true;
+    self.outgoing.push_back(std::move(o));
+    return true;
   }
   bool up() const noexcept override {
     MutexLock lock(mu_);
@@ -244,8 +295,17 @@ class Shared final : public LoopbackLink {
       return true;
     }
     if (const uint64_t tag = self.outgoing.front().read_tag; tag != 0) {
+      const Outgoing read = std::move(self.outgoing.front());
       self.outgoing.pop_front();
-      readLocked(end, tag, damage);
+      if (read.again) {
+        const std::string why =
+            "an answer came for read " + std::to_string(tag) + ", which is not outstanding";
+        const std::string lost = "the loopback peer failed the link: " + why;
+        failLocked(end == 0 ? FL_ERR_PROTOCOL : FL_ERR_LINK_LOST, end == 0 ? why : lost,
+                   end == 0 ? FL_ERR_LINK_LOST : FL_ERR_PROTOCOL, end == 0 ? lost : why);
+        return true;
+      }
+      readLocked(end, tag, damage, read.kept.get());
       return true;
     }
     SendRequest request = self.outgoing.front().request;
@@ -272,12 +332,22 @@ class Shared final : public LoopbackLink {
   }
 
   // `end`'s read `tag` is served by the peer, as its adapter would answer an
-  // RDMA READ: from the source's memory straight into the reader's buffer.
-  void readLocked(int end, uint64_t tag, Damage damage) noexcept FL_REQUIRES(mu_) {
+  // RDMA READ: from the source's memory straight into the reader's buffer
+  // (from `kept`, a copy of it keepReads took, when given).
+  void readLocked(int end, uint64_t tag, Damage damage, const std::vector<uint8_t>* kept) noexcept
+      FL_REQUIRES(mu_) {
     EndState& self = ends_[end];
     LinkBookkeeping& from = ends_[end ^ 1].book;
     const ReadRequest* read = self.book.reads().lookup(tag);
     if (read == nullptr) return;
+    self.last_answered = tag;
+    if (kept != nullptr) {
+      if (!kept->empty()) std::memcpy(read->buffer, kept->data(), kept->size());
+      from.countReadServed(true);
+      self.book.readDone(tag, FL_OK, kept->size());
+      signalLocked(end);
+      return;
+    }
     const LocalSource* source = from.sources().lookup(read->source.source_id);
     if (source == nullptr || source->length != read->source.length) {
       from.countReadServed(false);
@@ -313,6 +383,7 @@ class Shared final : public LoopbackLink {
             end, TransportEvent::sendComplete(self.outgoing.front().request.cookie, FL_ERR_LINK_LOST,
                                               "the loopback link went down before the frame was delivered"));
       }
+      self.late.clear();  // those reads complete in book.fail too
       self.frames_waiting = 0;
       self.control_bytes = 0;
       self.book.fail(statuses[end], *whys[end]);

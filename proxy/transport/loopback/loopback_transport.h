@@ -84,6 +84,23 @@ class LoopbackLink {
   // sender may let its memory go (a tcp link its dialer gave up on, whose
   // last bytes still reach the listener).
   virtual void keepPayloads(int end) = 0;
+  // The reads `end` posted and not yet delivered are answered from a copy of
+  // their sources taken now, as answers a peer has begun to write are,
+  // whatever the peer retracts meanwhile: in their turn, or with `late` only
+  // when deliverLate says, after whatever else the link carries (a peer
+  // that holds its answers back; reads on one link otherwise complete in
+  // order).  Returns how many were taken.
+  virtual size_t keepReads(int end, bool late) = 0;
+  // The oldest of those late answers lands in its read's buffer; false when
+  // none waits or the link is down (its reads then ended FL_ERR_LINK_LOST).
+  virtual bool deliverLate(int end) noexcept = 0;
+  virtual size_t lateWaiting(int end) const noexcept = 0;
+  // The peer answers the read `end` was answered last once more (behind
+  // what `end` posted so far): when delivered, that answer is for a read not
+  // outstanding, and the link fails with FL_ERR_PROTOCOL before a byte of it
+  // lands, as it does on tcp and grpc.  False when no read was answered yet
+  // or the link is down.
+  virtual bool answerAgain(int end) = 0;
   virtual bool up() const noexcept = 0;
 };
 
