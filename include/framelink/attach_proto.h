@@ -17,9 +17,9 @@
  *
  * After the reply the daemon sends a consumer nothing but fl_lend_message:
  *   FL_LEND_SEGMENT  carries one fd with SCM_RIGHTS, a read-only file of a
- *                    local producer's data segment (mapping it writable
- *                    fails), named by lend_id in the FL_SLOT_LENT frames that
- *                    point into it;
+ *                    local producer's data segment (mapping it writable, or
+ *                    opening it again for writing, fails), named by lend_id
+ *                    in the FL_SLOT_LENT frames that point into it;
  *   FL_LEND_RETIRE   no fd: lend_id names nothing any more, unmap it once no
  *                    frame of it is held.
  * Each goes before the completion entry of the frame that needs it, so a

@@ -213,7 +213,7 @@ typedef struct fl_completion {
   uint32_t slot;
   int32_t status; /* FL_OK = delivered, else why the frame failed */
   uint64_t sequence;
-  uint64_t frame_id;
+  uint64_t frame_id; /* the frame's fl_frame_meta.frame_id, whatever the status (refused at submit too) */
   uint64_t length;
   /* Filled when fl_client_options.completion_size covers them. */
   uint32_t readers; /* readers the frame was meant for, on every host (0: none, or not known) */

@@ -154,7 +154,7 @@ typedef struct fl_completion_desc {
   int32_t status; /* enum fl_status from framelink.h */
   uint64_t sequence;
   uint64_t length;
-  uint64_t frame_id;
+  uint64_t frame_id; /* producer: its slot header's at submit, whatever the status (0: FL_ERR_BAD_SLOT) */
   /* Producer: the readers the frame was meant for on every host, and how
    * many of them released it (when status is FL_OK, all but the subscribers
    * of a drop stream skipped for it).  Consumer: `readers` is

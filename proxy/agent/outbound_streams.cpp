@@ -13,6 +13,18 @@
 
 namespace framelink {
 
+namespace {
+
+// The id of the frame `desc` submits, from the slot header the producer
+// wrote: a completion echoes it whatever its status, refusals at submit
+// included.  Only echoed, so read unvalidated; 0 when the descriptor names
+// no slot of the client (no header to read it from).
+uint64_t submittedFrameId(const ClientSession& c, const fl_submit_desc& desc) {
+  return desc.slot < c.slots.size() ? c.segments->slotHeader(desc.slot)->frame_id : 0;
+}
+
+}  // namespace
+
 OutboundStreams::OutboundStreams(const Config& config, Metrics& metrics, const AgentClock& clock,
                                  ClientTable& clients, PeerTable& peers, LinkTable& links)
     : config_(config), metrics_(metrics), clock_(clock), clients_(clients), peers_(peers), links_(links) {}
@@ -80,9 +92,10 @@ void OutboundStreams::rejectSubmit(ClientSession& c, const fl_submit_desc& desc,
   metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
   metrics_.recordFailure(status);
   ++c.errors;
-  log_client_errors_.warn("client {} stream '{}' slot {}: {}: {}", c.id, c.stream, desc.slot,
-                          statusName(status), why);
-  clients_.complete(c, desc.slot, status, 0, desc.length, 0);
+  const uint64_t frame_id = submittedFrameId(c, desc);
+  log_client_errors_.warn("client {} stream '{}' slot {} frame {}: {}: {}", c.id, c.stream, desc.slot,
+                          frame_id, statusName(status), why);
+  clients_.complete(c, desc.slot, status, 0, desc.length, frame_id);
 }
 
 bool OutboundStreams::deliversLocally(const AgentClient& ac) const {
@@ -135,9 +148,7 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   if (shutting_down_ && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(FL_ERR_SHUTDOWN);
-    // frame_id is only echoed back to the client, so reading it unvalidated is harmless.
-    uint64_t frame_id = c.segments->slotHeader(desc.slot)->frame_id;
-    clients_.complete(c, desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, frame_id);
+    clients_.complete(c, desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, submittedFrameId(c, desc));
     return;
   }
   fl_slot_header sh;

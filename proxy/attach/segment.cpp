@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -39,14 +40,30 @@ struct Memfd {
   bool huge = false;
 };
 
+// memfd_create() makes a file of mode 0777: whoever holds any fd of it -- a
+// reader lent a read-only one -- could open it again for writing through
+// /proc/self/fd/N.  Made 0400 and owned by the daemon's uid, it can be opened
+// by name only for reading, and only by the daemon (keepReadOnlyDataFd);
+// nobody else may change that mode, and clients get their fds over the socket.
+constexpr mode_t kSegmentFileMode = 0400;
+
+// Invalid, with errno set, when the memfd cannot be made or given that mode.
+UniqueFd createMemfd(const char* name, unsigned int flags) {
+  UniqueFd fd(::memfd_create(name, flags));
+  if (fd.valid() && ::fchmod(fd.get(), kSegmentFileMode) != 0) {
+    const int err = errno;
+    fd.reset();
+    errno = err;
+  }
+  return fd;
+}
+
 Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool require_huge) {
   if (try_huge) {
-    int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
-    if (fd >= 0) {
-      UniqueFd owned(fd);
-      if (::ftruncate(fd, static_cast<off_t>(roundUp(size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE)))) == 0) {
-        return Memfd{std::move(owned), true};
-      }
+    UniqueFd owned = createMemfd(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
+    if (owned.valid()) {
+      const off_t huge_size = static_cast<off_t>(roundUp(size, static_cast<uint64_t>(FL_HUGE_PAGE_SIZE)));
+      if (::ftruncate(owned.get(), huge_size) == 0) return Memfd{std::move(owned), true};
       if (require_huge) {
         return makeError(FL_ERR_RESOURCES, "cannot size a hugepage memfd of " + std::to_string(size) +
                                                " bytes: " + errnoText(errno) +
@@ -57,10 +74,11 @@ Result<Memfd> makeMemfd(const char* name, uint64_t size, bool try_huge, bool req
                                              "; is hugetlbfs available? or set hugepages = \"auto\"");
     }
   }
-  int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return makeError(FL_ERR_RESOURCES, std::string("memfd_create failed: ") + errnoText(errno));
-  UniqueFd owned(fd);
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  UniqueFd owned = createMemfd(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (!owned.valid()) {
+    return makeError(FL_ERR_RESOURCES, std::string("memfd_create failed: ") + errnoText(errno));
+  }
+  if (::ftruncate(owned.get(), static_cast<off_t>(size)) != 0) {
     return makeError(FL_ERR_RESOURCES,
                      "cannot size a memfd of " + std::to_string(size) + " bytes: " + errnoText(errno));
   }

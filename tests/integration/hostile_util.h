@@ -8,6 +8,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,22 +67,52 @@ inline int stalledTcp(uint16_t port, size_t bytes) {
 inline constexpr uid_t kNobody = 65534;
 inline constexpr gid_t kNogroup = 65534;
 
-// Runs `body` in a child process as nobody:nogroup (a second local user;
-// the tests run as root, as CI does); returns its exit code.  `body` runs
-// in a forked child: no Catch macros there.  -1 when it did not exit normally.
+// A forked child that runs `body` as uid:gid with no supplementary groups
+// (another local user; the tests run as root, as CI does), dumpable as a
+// process that user started would be (the setuid made it not).  Killed and
+// reaped when it goes while still running.  `body` runs in the child: no
+// Catch macros there.
+class ChildAsUser {
+ public:
+  template <typename Body>
+  ChildAsUser(uid_t uid, gid_t gid, Body body) {
+    REQUIRE(::geteuid() == 0);  // "needs root to switch to another user"
+    ::fflush(nullptr);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(250);
+      if (::prctl(PR_SET_DUMPABLE, 1) != 0) ::_exit(249);
+      ::_exit(body());
+    }
+  }
+  ~ChildAsUser() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  ChildAsUser(const ChildAsUser&) = delete;
+  ChildAsUser& operator=(const ChildAsUser&) = delete;
+
+  // Its exit code; -1 when it did not exit normally, or not within `timeout` (then it is killed).
+  int wait(Millis timeout) {
+    int status = 0;
+    pid_t reaped = 0;
+    waitUntil([&] { return (reaped = ::waitpid(pid_, &status, WNOHANG)) != 0; }, timeout, Millis(5));
+    if (reaped != pid_) return -1;  // the destructor kills it
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Runs `body` in a child process as nobody:nogroup and returns its exit
+// code (-1 when it did not exit normally, or not within two minutes).
 template <typename Body>
 int runAsNobody(Body body) {
-  REQUIRE(::geteuid() == 0);  // "needs root to switch to a second user"
-  ::fflush(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(kNogroup) != 0 || ::setuid(kNobody) != 0) ::_exit(250);
-    ::_exit(body());
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return ChildAsUser(kNobody, kNogroup, body).wait(Millis(120000));
 }
 
 }  // namespace framelink::integ

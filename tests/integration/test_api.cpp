@@ -267,11 +267,12 @@ TEST_CASE("api: a stream with no route fails with FL_ERR_NO_ROUTE", "[integratio
     o.transports = transport;
     DaemonProcess d(o);
     Client producer = attachProducer(d, "nowhere", 2, 64 * 1024);
-    submitFrame(producer.get(), 1, 100);
+    submitFrame(producer.get(), 41, 100);
     auto done = collectCompletions(producer.get(), 1, Millis(10000));
     REQUIRE(done.size() == 1);
     INFO("completion " << statusName(done[0].status));
     CHECK(done[0].status == FL_ERR_NO_ROUTE);
+    CHECK(done[0].frame_id == 41);  // a refusal at submit echoes the id as any completion does
     REQUIRE(d.alive());
   }
   SECTION("peer with explicit routes that do not name the stream") {
@@ -280,11 +281,12 @@ TEST_CASE("api: a stream with no route fails with FL_ERR_NO_ROUTE", "[integratio
     opt.extra_args_a = {"--route", "routed=hostB"};
     DaemonPair pair(opt);
     Client producer = attachProducer(pair.a(), "unrouted", 2, 64 * 1024);
-    submitFrame(producer.get(), 1, 100);
+    submitFrame(producer.get(), 42, 100);
     auto done = collectCompletions(producer.get(), 1, Millis(10000));
     REQUIRE(done.size() == 1);
     INFO("completion " << statusName(done[0].status));
     CHECK(done[0].status == FL_ERR_NO_ROUTE);
+    CHECK(done[0].frame_id == 42);
     requireServing(pair.a(), pair.b(), "routed");
   }
 }

@@ -23,14 +23,15 @@ namespace {
 constexpr uint64_t kSlot = 256 * 1024;
 constexpr auto kCompletionWait = Millis(10000);
 
-// Expects the next completion of `raw` to carry `status` (and `slot` when >= 0).
-void expectCompletion(RawClient& raw, int status, int64_t slot = -1) {
+// Expects the next completion of `raw` to carry `status` (and `slot` when >= 0); returns it.
+fl_completion_desc expectCompletion(RawClient& raw, int status, int64_t slot = -1) {
   auto c = raw.waitCompletion(kCompletionWait);
   INFO("expected completion " << statusName(status));
   REQUIRE(c.has_value());
   INFO("got completion status " << statusName(c->status) << " slot " << c->slot);
   CHECK(c->status == status);
   if (slot >= 0) CHECK(c->slot == uint32_t(slot));
+  return *c;
 }
 
 // One good frame from `raw` (slot `slot`) through to `consumer`, verified, DELIVERED.
@@ -67,9 +68,9 @@ TEST_CASE("raw ABI: a bad producer descriptor fails that frame only", "[integrat
   SECTION("slot index out of range -> FL_ERR_BAD_SLOT") {
     raw.writeMeta(0, 1);
     raw.submit(raw.slotCount(), 100);
-    expectCompletion(raw, FL_ERR_BAD_SLOT);
+    CHECK(expectCompletion(raw, FL_ERR_BAD_SLOT).frame_id == 0);  // no slot: no header to take an id from
     raw.submit(0xFFFFFFFFu, 100);
-    expectCompletion(raw, FL_ERR_BAD_SLOT);
+    CHECK(expectCompletion(raw, FL_ERR_BAD_SLOT).frame_id == 0);
   }
   SECTION("same slot submitted twice before its completion -> FL_ERR_SLOT_NOT_OWNED") {
     // The consumer holds the first frame, so it stays in flight while the
@@ -78,7 +79,7 @@ TEST_CASE("raw ABI: a bad producer descriptor fails that frame only", "[integrat
     framelink::pattern::fillPattern(7, raw.slot(0), 5000);
     raw.submit(0, 5000);
     raw.submit(0, 5000);
-    expectCompletion(raw, FL_ERR_SLOT_NOT_OWNED, 0);
+    CHECK(expectCompletion(raw, FL_ERR_SLOT_NOT_OWNED, 0).frame_id == 7);
     fl_frame f = receiveFrame(consumer.get(), Millis(15000));
     checkSyntheticFrame(f, 7, 5000);
     REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
@@ -93,20 +94,20 @@ TEST_CASE("raw ABI: a bad producer descriptor fails that frame only", "[integrat
   SECTION("length > slot_size -> FL_ERR_TOO_LARGE") {
     raw.writeMeta(1, 2);
     raw.submit(1, raw.slotSize() + 1);
-    expectCompletion(raw, FL_ERR_TOO_LARGE, 1);
+    CHECK(expectCompletion(raw, FL_ERR_TOO_LARGE, 1).frame_id == 2);  // echoed, as by any completion
     raw.submit(1, ~uint64_t{0});
-    expectCompletion(raw, FL_ERR_TOO_LARGE, 1);
+    CHECK(expectCompletion(raw, FL_ERR_TOO_LARGE, 1).frame_id == 2);
   }
   SECTION("attr_length 9999 in the slot header -> FL_ERR_BAD_METADATA") {
     raw.writeMeta(2, 3);
     raw.slotHeader(2)->attr_length = 9999;
     raw.submit(2, 100);
-    expectCompletion(raw, FL_ERR_BAD_METADATA, 2);
+    CHECK(expectCompletion(raw, FL_ERR_BAD_METADATA, 2).frame_id == 3);
   }
   SECTION("nonzero reserved descriptor flags -> FL_ERR_BAD_DESCRIPTOR") {
     raw.writeMeta(3, 4);
     raw.submit(3, 100, 0x80u);
-    expectCompletion(raw, FL_ERR_BAD_DESCRIPTOR, 3);
+    CHECK(expectCompletion(raw, FL_ERR_BAD_DESCRIPTOR, 3).frame_id == 4);
   }
 
   // The offending client keeps its attachment and can still send a good

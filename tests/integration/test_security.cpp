@@ -1,11 +1,13 @@
 // Local security rules, checked with a second local user: a forked child
 // that drops to nobody/nogroup (65534) and tries what another user on the
-// host could try.  (The tests run as root, as CI does; without root they fail
-// and say so.)  And the peer token is the daemon's secret: a token file other
-// users can read is named at start.
+// host could try, among it every way to write a producer's segment lent to
+// it (hostile_reader.h).  (The tests run as root, as CI does; without root
+// they fail and say so.)  And the peer token is the daemon's secret: a token
+// file other users can read is named at start.
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,17 +17,22 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client_util.h"
+#include "frame_pattern.h"
 #include "framelink/framelink.h"
 #include "harness.h"
+#include "hostile_reader.h"
 #include "hostile_util.h"
 
 using namespace framelink::integ;
 
 namespace {
+
+constexpr uid_t kThirdUser = 65533;  // a user that is neither the daemon's nor nobody
 
 std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
 
@@ -43,6 +50,22 @@ int attachStatus(const std::string& socket) {
   if (rc == FL_OK) fl_detach(c);
   if (rc != FL_OK && std::strlen(fl_last_error()) == 0) return 251;  // a refusal must say why
   return rc;
+}
+
+// The next frame id the hostile reader says it is done with (0: it
+// attached); nothing when it said nothing within `timeout` or is gone.
+std::optional<uint64_t> readProgress(int fd, Millis timeout) {
+  pollfd pfd{fd, POLLIN, 0};
+  uint64_t id = 0;
+  if (::poll(&pfd, 1, static_cast<int>(timeout.count())) != 1) return std::nullopt;
+  if (::read(fd, &id, sizeof id) != sizeof id) return std::nullopt;
+  return id;
+}
+
+std::string outcomeText(int32_t outcome) {
+  if (outcome == kAttackWrote) return "IT WROTE THE SEGMENT";
+  if (outcome == kAttackNotTried) return "not tried";
+  return std::strerror(outcome);
 }
 
 }  // namespace
@@ -155,5 +178,102 @@ TEST_CASE("security: the daemon warns at start when its peer token would cross t
     REQUIRE(warning != std::string::npos);
     CHECK(log.find(k.expect, warning) != std::string::npos);
     CHECK(log.find("Turn on mutual TLS", warning) != std::string::npos);
+  }
+}
+
+// A producer's segment is lent to every local reader of its stream (design.md
+// section 4a).  A reader of another user gets a read-only fd of it; nothing
+// the kernel offers turns that into a way to write the producer's memory,
+// and while it tries them all on every frame, the honest reader of the same
+// stream sees every frame intact and the producer gets DELIVERED for each.
+TEST_CASE("security: a reader of another user cannot write, punch, seal or re-open a lent segment",
+          "[security]") {
+  const uid_t producer_uid = GENERATE(kThirdUser, kNobody);
+  const bool same_uid = producer_uid == kNobody;
+  INFO("producer uid " << producer_uid << ", hostile reader uid " << kNobody
+                       << ", daemon and honest reader root");
+  constexpr uint32_t kFrames = 300;
+  constexpr uint64_t kLength = 64 * 1024;
+  DaemonProcess::Options o;
+  o.id = "lend";
+  // Anyone may open the socket; SO_PEERCRED admits the daemon's own uid and
+  // these two (every client that may attach may read any stream).
+  o.extra_args = {"--metrics", "127.0.0.1:0", "--socket-mode", "0666"};
+  for (const uid_t uid : {kThirdUser, kNobody}) {
+    o.extra_args.insert(o.extra_args.end(), {"--allow-uid", std::to_string(uid)});
+  }
+  DaemonProcess d(o);
+  REQUIRE(::chmod(dirOf(d.socketPath()).c_str(), 0711) == 0);
+
+  LendTrialPtr trial = makeLendTrial();
+  int progress[2];
+  REQUIRE(::pipe2(progress, O_CLOEXEC) == 0);
+  HostileReaderOptions ro;
+  ro.socket = d.socketPath();
+  ro.stream = "lend";
+  ro.frames = kFrames;
+  ro.slot_size = kLength;
+  ro.spare_producer_process = same_uid;
+  ro.progress_fd = progress[1];
+  ro.trial = trial.get();
+  ChildAsUser reader(kNobody, kNogroup, [&] { return runHostileReader(ro); });
+  ::close(progress[1]);
+  struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } progress_read{progress[0]};
+  {
+    const std::optional<uint64_t> attached = readProgress(progress[0], Millis(15000));
+    INFO("hostile reader: " << trial->reader_failure);
+    REQUIRE(attached == uint64_t{0});
+  }
+
+  Client honest = attachWith(d, FL_CONSUMER, "lend", true, 4, kLength);
+  const gid_t producer_gid = same_uid ? kNogroup : kThirdUser;
+  ChildAsUser producer(producer_uid, producer_gid, [&] {
+    return runLendProducer(d.socketPath(), "lend", kFrames, kLength, trial.get());
+  });
+  uint32_t intact = 0;
+  std::string first_bad;
+  for (uint64_t id = 1; id <= kFrames; ++id) {
+    fl_frame f = receiveFrame(honest.get(), Millis(20000));
+    // The hostile reader has tried everything on this frame before it is checked.
+    const std::optional<uint64_t> attacked = readProgress(progress[0], Millis(20000));
+    INFO("hostile reader: " << trial->reader_failure);
+    REQUIRE(attacked == id);
+    const size_t bad = framelink::pattern::verifyPattern(id, f.data, f.length);
+    if (f.frame_id == id && f.length == kLength && bad == framelink::pattern::kNpos) {
+      ++intact;
+    } else if (first_bad.empty()) {
+      first_bad = "frame " + std::to_string(id) + " (got id " + std::to_string(f.frame_id) + ", " +
+                  std::to_string(f.length) + " bytes): first wrong byte at " + std::to_string(bad);
+    }
+    REQUIRE(fl_release(honest.get(), f.slot) == FL_OK);
+  }
+  INFO("first corrupt frame: " << first_bad);
+  CHECK(intact == kFrames);
+  const int producer_exit = producer.wait(Millis(20000));
+  INFO("producer: " << trial->producer_failure);
+  CHECK(producer_exit == 0);
+  CHECK(trial->delivered == kFrames);
+  const int reader_exit = reader.wait(Millis(20000));
+  INFO("hostile reader: " << trial->reader_failure);
+  CHECK(reader_exit == 0);
+  CHECK(trial->lent_frames == kFrames);
+  CHECK(waitForMetric(d, "framelink_local_frames_lent_total", 2 * kFrames) == 2 * kFrames);
+
+  // What the reader holds: a read-only fd of a file that only the daemon's
+  // uid owns, and may open only for reading.
+  CHECK(trial->lent_access_mode == O_RDONLY);
+  CHECK(trial->lent_file_mode == 0400);
+  CHECK(trial->lent_file_uid == 0);  // the daemon's (root here)
+  for (uint32_t i = 0; i < kLendAttacks; ++i) {
+    const auto attack = static_cast<LendAttack>(i);
+    INFO(lendAttackName(attack) << ": " << outcomeText(trial->outcome[i]));
+    if (same_uid && throughProducerProcess(attack)) {
+      CHECK(trial->outcome[i] == kAttackNotTried);  // ptrace rights over the producer: its own uid has them
+    } else {
+      CHECK(trial->outcome[i] > 0);  // tried on every frame, refused every time
+    }
   }
 }

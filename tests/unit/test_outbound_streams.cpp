@@ -120,23 +120,31 @@ TEST_CASE("producer side: credits, ACK, NACK and validation", "[agent][producer]
     CHECK(arrived.header.credit_id == 500);
   }
 
-  SECTION("bad descriptors get specific statuses and do not disturb good frames") {
+  SECTION("bad descriptors get specific statuses, echo the frame id and do not disturb good frames") {
+    // Each refusal's completion carries the id in the slot's header, as any completion does.
+    auto refused = [&](int status, uint64_t frame_id) {
+      INFO("refused with status " << status);
+      fl_completion_desc d = producer.pop();
+      CHECK(d.status == status);
+      CHECK(d.frame_id == frame_id);
+      return d;
+    };
     producer.push(9, 10);
-    CHECK(producer.pop().status == FL_ERR_BAD_SLOT);
+    refused(FL_ERR_BAD_SLOT, 0);  // no slot, so no header to read an id from
+    fill(0, 21, 10);
     producer.push(0, 64 * 1024 + 1);
-    CHECK(producer.pop().status == FL_ERR_TOO_LARGE);
+    refused(FL_ERR_TOO_LARGE, 21);
     producer.push(0, 10, 1);
-    CHECK(producer.pop().status == FL_ERR_BAD_DESCRIPTOR);
+    refused(FL_ERR_BAD_DESCRIPTOR, 21);
     fill(2, 15, 10);
     producer.session->segments->slotHeader(2)->attr_length = 9999;
     producer.push(2, 10);
-    CHECK(producer.pop().status == FL_ERR_BAD_METADATA);
+    refused(FL_ERR_BAD_METADATA, 15);
     fill(3, 16, 10);
     producer.push(3, 10);
     producer.push(3, 10);
-    fl_completion_desc twice = producer.pop();
+    fl_completion_desc twice = refused(FL_ERR_SLOT_NOT_OWNED, 16);
     CHECK(twice.slot == 3);
-    CHECK(twice.status == FL_ERR_SLOT_NOT_OWNED);
     grantOne(500, landing.size());
     auto arrived = waitEvent(*f.pair.b, transport::TransportEvent::Kind::kFrameArrived);
     CHECK(arrived.header.frame_id == 16);
@@ -451,8 +459,12 @@ TEST_CASE("producer side: a stream with no route fails NO_ROUTE", "[agent][route
   AgentFixture f([](Config& c) { c.peers.clear(); });
   TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 2, 4096);
   f.agent->post(CmdClientAttached{producer.session});
-  producer.push(0, 10);
-  CHECK(producer.pop().status == FL_ERR_NO_ROUTE);
+  producer.session->segments->slotHeader(1)->frame_id = 77;
+  producer.push(1, 10);
+  fl_completion_desc d = producer.pop();
+  CHECK(d.status == FL_ERR_NO_ROUTE);
+  CHECK(d.slot == 1);
+  CHECK(d.frame_id == 77);
 }
 
 // ---------------------------------------------------------------- on its own (OutboundRig)
