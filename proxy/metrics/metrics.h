@@ -60,8 +60,9 @@ class Metrics {
     std::atomic<uint64_t> frames_pulled{0};             // pull: read from a peer's offer into a slot here
     std::atomic<uint64_t> pull_reads_failed{0};         // pull: reads of an offer that failed
     std::atomic<uint64_t> links_stalled{0};             // links closed: their data path stopped delivering
-    std::atomic<uint64_t> links_cut_busy{0};  // links closed: their peer's records kept the agent busy too long
-    std::atomic<uint64_t> duplicates_dropped{0};        // replays of frames this daemon already had
+    std::atomic<uint64_t> links_cut_busy{
+        0};  // links closed: their peer's records kept the agent busy too long
+    std::atomic<uint64_t> duplicates_dropped{0};  // replays of frames this daemon already had
     // Sequences a receiving stream stopped waiting for: its sender never
     // resent them while kMaxRemembered later frames were answered.
     std::atomic<uint64_t> answer_gaps_forgotten{0};
