@@ -83,8 +83,9 @@ bool LocalDelivery::handOn(ClientSession& consumer, uint32_t slot) {
   const SlotEntry& e = consumer.slots[slot];
   const FrameKey key{e.local_from, e.local_slot};
   auto fit = frames_.find(key);
-  if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0)
+  if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0) {
     return false;
+  }
   Frame& f = fit->second;
   // It was given the frame as it left (the agent heard of it after routing
   // the frame): not one of its readers.
