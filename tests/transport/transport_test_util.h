@@ -141,15 +141,18 @@ class Payload {
 
 inline Payload pattern(uint64_t seed, size_t length) {
   Payload v(length);
+  uint8_t* out = v.data();  // once: under a sanitizer every call is checked
   for (size_t i = 0; i < length; i += 8) {
     uint64_t w = splitmix64(seed * 0x9E3779B97F4A7C15ull + i / 8);
-    std::memcpy(v.data() + i, &w, std::min<size_t>(8, length - i));
+    std::memcpy(out + i, &w, std::min<size_t>(8, length - i));
   }
   return v;
 }
 
-// First differing byte, or -1.
+// First differing byte, or -1.  memcmp first: a sanitizer checks it as one range, where the
+// byte loop costs a check per byte (256 MiB a test under ThreadSanitizer).
 inline long firstMismatch(const uint8_t* got, const Payload& want) {
+  if (std::memcmp(got, want.data(), want.size()) == 0) return -1;
   for (size_t i = 0; i < want.size(); ++i) {
     if (got[i] != want[i]) return static_cast<long>(i);
   }
