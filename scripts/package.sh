@@ -2,10 +2,11 @@
 # Builds the deb and rpm packages from a source tarball and checks them.
 #   scripts/package.sh [OUTPUT_DIR]      default OUTPUT_DIR: <build>/packages
 # Environment:
-#   FRAMELINK_BUILD_DIR  build tree (default: build/ at the top of the repository); the packages
-#                        are built in <build>/pkgwork, the same path on every run so that ccache
-#                        finds the same compiler arguments again (dpkg-buildflags names the
-#                        source directory in -ffile-prefix-map)
+#   FRAMELINK_BUILD_DIR  build tree (default: build/ at the top of the repository)
+#   FRAMELINK_PKGWORK    where the packages are built (default: ${TMPDIR:-/var/tmp}/framelink-pkgwork-UID),
+#                        the same path on every run and in every clone, so that ccache finds the
+#                        same compiler arguments again (dpkg-buildflags names the source directory
+#                        in -ffile-prefix-map); a lock beside it lets one run at a time use it
 #   FRAMELINK_JOBS       parallel compile jobs of each package build (default 2)
 #
 # Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
@@ -80,7 +81,10 @@ if command -v ccache >/dev/null && [[ -z "${CCACHE_DIR:-}" ]]; then
   CCACHE_DIR=$(ccache -k cache_dir)
   export CCACHE_DIR
 fi
-pw=$build/pkgwork
+pw=${FRAMELINK_PKGWORK:-${TMPDIR:-/var/tmp}/framelink-pkgwork-$(id -u)}
+mkdir -p "$(dirname "$pw")"
+exec 9>"$pw.lock"
+flock -w 3600 9 || fail "$pw is in use by another scripts/package.sh for an hour (lock $pw.lock)"
 rm -rf "$pw"
 mkdir -p "$pw/rpm/SOURCES"
 
@@ -105,8 +109,18 @@ step "rpms: rpmbuild -ba packaging/rpm/framelink.spec (log: $pw/rpmbuild.log)"
 # --nodeps: BuildRequires names Fedora's packages and the rpm database here is empty;
 # dpkg-checkbuilddeps above checked the same needs by their Debian names.
 cp "$tarball" "$root/packaging/systemd/sysusers.d/framelinkd.conf" "$root/packaging/scripts/framelinkd-secrets.sh" "$pw/rpm/SOURCES/"
+# The same sources as the debs, compiled with the same flags (dpkg-buildflags, read in the deb's
+# source directory: they name it) in the same directory (_builddir: the source unpacks where the
+# deb's did, which goes first): ccache answers this compile from the debs' instead of compiling
+# everything a second time.  The spec's own default (Fedora's %optflags plus -DNDEBUG) is for
+# rpmbuild anywhere else.
+deb_flag() { (cd "$pw/framelink-$upstream" && DEB_BUILD_MAINT_OPTIONS=hardening=+all dpkg-buildflags --get "$1"); }
+optflags="$(deb_flag CXXFLAGS) $(deb_flag CPPFLAGS)"
+ldflags=$(deb_flag LDFLAGS)
+rm -rf "$pw/framelink-$upstream"
 status=0
-rpmbuild -ba --nodeps --define "_topdir $pw/rpm" --define "_smp_mflags -j$jobs" \
+rpmbuild -ba --nodeps --define "_topdir $pw/rpm" --define "_builddir $pw" --define "_smp_mflags -j$jobs" \
+  --define "optflags $optflags" --define "build_ldflags $ldflags" --define "fl_config_flags %{nil}" \
   "$root/packaging/rpm/framelink.spec" >"$pw/rpmbuild.log" 2>&1 || status=$?
 if ((status != 0)); then
   tail -n 60 "$pw/rpmbuild.log"
