@@ -61,19 +61,67 @@ header_filter='.*/(proxy|client/cli|tests)/([a-z0-9_]+/)*[a-z0-9_]+\.(h|cpp)$'
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/fl-tidy.XXXXXX")
 trap 'rm -rf "$out"' EXIT
-echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#candidates[@]} files in ${#units[@]} translation units, $jobs at a time"
+# Units that passed before are not read again: a unit's key is the hash of what clang-tidy would
+# read -- its preprocessed text (with this checkout's path taken out, so another clone finds it),
+# its compile flags, .clang-tidy, the header filter and clang-tidy's version -- and a clean run
+# leaves the key in the cache (TIDY_CACHE, default ~/.cache/framelink-tidy; TIDY_CACHE=off: none).
+# A unit whose preprocessed text cannot be made is run.
+cache=${TIDY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/framelink-tidy}
+declare -A key_of=()
+if [[ "$cache" != off ]]; then
+  mkdir -p "$cache"
+  while read -r unit key; do key_of[$unit]=$key; done < <(
+    /usr/bin/python3 - "$build" "$root" "$($tidy --version | tr '\n' ' ')" "$header_filter" "${units[@]}" <<'PY'
+import hashlib, json, shlex, subprocess, sys
+build, root, version, header_filter, units = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+commands = {e["file"]: e for e in json.load(open(f"{build}/compile_commands.json"))}
+config = open(f"{root}/.clang-tidy", "rb").read()
+for unit in units:
+    entry = commands.get(unit)
+    if entry is None:
+        continue
+    args = shlex.split(entry["command"])
+    # The compile without its output: -E -P (no line markers), to stdout.
+    pre, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "-o":
+            skip = True
+        elif a != "-c":
+            pre.append(a)
+    run = subprocess.run(pre + ["-E", "-P", "-o", "-"], cwd=entry["directory"], capture_output=True)
+    if run.returncode != 0:
+        continue
+    h = hashlib.sha256()
+    for part in (version.encode(), config, header_filter.encode(),
+                 " ".join(pre).replace(root, "@ROOT@").encode(), run.stdout.replace(root.encode(), b"@ROOT@")):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    print(unit, h.hexdigest())
+PY
+  )
+fi
+to_run=()
+for u in "${units[@]}"; do
+  if [[ -n "${key_of[$u]:-}" && -e "$cache/${key_of[$u]}" ]]; then continue; fi
+  to_run+=("$u")
+done
+echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#candidates[@]} files in ${#units[@]} translation units ($((${#units[@]} - ${#to_run[@]})) unchanged since a clean run: $cache), $jobs at a time"
 start=$SECONDS
 # Each file's output to its own log (parallel runs would interleave lines);
 # the exit status of each run goes into the log's name.
-printf '%s\n' "${units[@]}" |
-  xargs -P "$jobs" -I{} sh -c 'log="$1/$(echo "$2" | tr / _)"; if "$3" -p "$4" --config-file="$5/.clang-tidy" --header-filter="$6" --quiet "$2" >"$log.log" 2>&1; then :; else mv "$log.log" "$log.failed"; fi' \
-    sh "$out" {} "$tidy" "$build" "$root" "$header_filter"
+if ((${#to_run[@]} > 0)); then
+  printf '%s\n' "${to_run[@]}" |
+    xargs -P "$jobs" -I{} sh -c 'log="$1/$(echo "$2" | tr / _)"; if "$3" -p "$4" --config-file="$5/.clang-tidy" --header-filter="$6" --quiet "$2" >"$log.log" 2>&1; then :; else mv "$log.log" "$log.failed"; fi' \
+      sh "$out" {} "$tidy" "$build" "$root" "$header_filter"
+fi
 took=$((SECONDS - start))
 
 # A finding is a diagnostic naming its check; the same header finding comes
 # from every file including the header, so each is printed once.
 # The batches themselves #include .cpp files (bugprone-suspicious-include): not a finding of ours.
-mapfile -t findings < <(cat "$out"/* | grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' | grep -v '/Unity/unity_' | sort -u)
+mapfile -t findings < <(find "$out" -type f -exec cat {} + | grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' | grep -v '/Unity/unity_' | sort -u)
 mapfile -t crashed < <(cd "$out" && for f in *.failed; do
   [[ -e "$f" ]] || continue
   grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' "$f" | grep -qv '/Unity/unity_' || echo "${f%.failed}"
@@ -90,4 +138,8 @@ if ((${#findings[@]} > 0 || ${#crashed[@]} > 0)); then
   echo "TIDY FAILED: ${#findings[@]} findings in ${#candidates[@]} files (${took} s)"
   exit 1
 fi
-echo "TIDY PASSED: ${#candidates[@]} files in ${#units[@]} translation units, no findings (${took} s)"
+# Every unit run here was clean: remember it.
+for u in "${to_run[@]}"; do
+  if [[ -n "${key_of[$u]:-}" ]]; then touch "$cache/${key_of[$u]}"; fi
+done
+echo "TIDY PASSED: ${#candidates[@]} files in ${#units[@]} translation units ($((${#units[@]} - ${#to_run[@]})) unchanged since a clean run), no findings (${took} s)"
