@@ -315,7 +315,7 @@ in_root 'dpkg -P framelink-tools libframelink-dev framelinkd libframelink0' >"$F
 left=$(cd "$ov/upper" && find . -name '*framelink*' | sort)
 [[ -z "$left" ]] || bad "the purge left files behind: $left"
 in_root 'getent passwd framelink' >/dev/null || bad "the purge removed the framelink user, which it should keep"
-echo "ok: purged: no file named *framelink* left, /etc/framelink gone; the framelink user and group are kept (see README)"
+echo "ok: purged: no file named *framelink* left, /etc/framelink gone; the framelink user and group are kept (see docs/operations/service.md)"
 IN_NAMESPACE
 fi
 

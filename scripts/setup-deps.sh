@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that building, testing and CI need.
 # Idempotent: when everything is already installed it touches nothing (no apt
-# at all), so the README commands and .ci/run can call it on every run.
+# at all), so the set-up commands and .ci/run can call it on every run.
 #
 #   scripts/setup-deps.sh              build + tests + CI
 #   scripts/setup-deps.sh --softroce   also the QEMU guests: the Soft-RoCE lane (rdma_rxe) and the
@@ -61,6 +61,8 @@ packages=(
   # the Python client as a wheel, built offline (setuptools backend + wheel, pip without build
   # isolation) and installed into a venv for its tests; mypy checks its type hints (py.typed)
   python3-venv python3-pip python3-setuptools python3-wheel mypy
+  # the documentation site (mkdocs.yml, docs/): scripts/check-docs.sh builds it with --strict
+  mkdocs
 )
 if ((softroce)); then
   packages+=(

@@ -2,7 +2,7 @@
 # Writes framelinkd.toml(5) from the daemon's own option table, so that the page lists
 # exactly the keys the daemon reads:
 #   framelinkd-toml-man.sh FRAMELINKD VERSION OUTPUT
-# FRAMELINKD --print-config-reference prints the markdown table the README carries
+# FRAMELINKD --print-config-reference prints the markdown table docs/reference/configuration.md carries
 # (key | flag | default | meaning); each row becomes an entry under its section.
 set -euo pipefail
 daemon=$1 version=$2 out=$3

@@ -191,7 +191,7 @@ bool given(const Flags& f, std::string_view key) {
 void addFlags(CLI::App& app, Flags& f) {
   app.add_option("--config", f.config, "TOML file, loaded first; flags override it")->type_name("FILE");
   app.add_flag("--print-config-reference", f.print_reference,
-               "Print the table of settings (markdown, as in the README) and exit");
+               "Print the table of settings (markdown, as in the configuration reference) and exit");
   f.values.resize(options().size());
   for (size_t i = 0; i < options().size(); ++i) {
     const Option& option = options()[i];

@@ -195,7 +195,7 @@ struct Config {
 // Every setting is a row of the option table (config_options.h): its TOML
 // key, its flag, its help text and its checks are written once, there.
 //
-// Parses the framelinkd command line (see README "framelinkd").  With
+// Parses the framelinkd command line (see docs/reference/configuration.md).  With
 // --config FILE the TOML file is loaded first and flags given on the command
 // line override it: scalar flags replace the file's value, --allowed-uids /
 // --allowed-gids / --transports replace the file's list, --peer adds a peer (or
@@ -209,7 +209,7 @@ Result<Config> parseConfig(int argc, const char* const* argv);
 //  [limits] ... [metrics] listen=off [[peer]] {b=h:1[cam0]}".
 std::string describe(const Config& config);
 
-// The README's configuration table (markdown), one row per setting; printed
+// The configuration table of docs/reference/configuration.md (markdown), one row per setting; printed
 // by framelinkd --print-config-reference.
 std::string configReference();
 

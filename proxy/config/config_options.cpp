@@ -11,7 +11,7 @@
 namespace framelink::config {
 
 // One row per setting.  Defaults live in Config's member initialisers; the
-// help, describe() and the README read them from there.
+// help, describe() and the configuration reference read them from there.
 const std::vector<Option>& options() {
   static const std::vector<Option> kOptions{
       // clang-format off

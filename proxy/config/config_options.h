@@ -1,7 +1,7 @@
 // framelinkd's settings as one table: each row is a TOML key, its command-line
 // flag, its help text, how its value is written and checked, and the Config
 // member it sets.  The TOML reader, the flag parser, --help, describe() and
-// the README's configuration table (--print-config-reference) all walk this
+// the configuration reference's table (--print-config-reference) all walk this
 // table, so a setting is added by adding its row to options() in
 // config_options.cpp (and its member, with its default, to Config).
 //
@@ -37,7 +37,7 @@ struct Origin {
 
 // Free text.  `path`: a file name (relative to the config file in the file).
 // `secret`: never printed.  `unset`: what an empty value means, for --help,
-// describe() and the README.
+// describe() and the configuration reference.
 struct Text {
   std::string Config::*field;
   const char* placeholder = "NAME";
@@ -117,7 +117,7 @@ struct Option {
   bool in_file = true;                         // false: a command-line flag only
 };
 
-// Every setting, in the order of --help, describe() and the README.
+// Every setting, in the order of --help, describe() and the configuration reference.
 const std::vector<Option>& options();
 // The row of [section] key, or nullptr.
 const Option* findOption(std::string_view section, std::string_view key);
@@ -132,7 +132,7 @@ bool typo(std::string_view typed, size_t distance);
 std::string flagName(const Option& option);
 // "link.keepalive_ms"
 std::string keyName(const Option& option);
-// The flag's value placeholder for --help and the README: "MS", "HOST:PORT", ...
+// The flag's value placeholder for --help and the configuration reference: "MS", "HOST:PORT", ...
 std::string placeholder(const Option& option);
 // Whether the flag takes no value (a switch) or may be repeated (a list).
 bool isSwitch(const Option& option);
@@ -150,7 +150,7 @@ std::string show(const Option& option, const Config& config);
 // The value as a TOML literal ("\"4MiB\"", "8", "[\"tcp\", \"grpc\"]"), or ""
 // when it is empty (the option's default is then its `unset` text).
 std::string tomlValue(const Option& option, const Config& config);
-// The default for --help and the README: the TOML literal of a default Config,
+// The default for --help and the configuration reference: the TOML literal of a default Config,
 // or the `unset` text.
 std::string defaultText(const Option& option);
 

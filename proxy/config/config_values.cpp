@@ -18,8 +18,9 @@ namespace framelink {
 Error invalidSetting(std::string message) { return makeError(FL_EINVAL, std::move(message)); }
 
 Error unknownKey(const std::string& key, const std::string& where, const std::string& guess) {
-  return invalidSetting("unknown key '" + key + "' " + where + guess + (guess.empty() ? "; the" : " The") +
-                        " README section \"Configuration\" lists every key");
+  return invalidSetting(
+      "unknown key '" + key + "' " + where + guess + (guess.empty() ? "; the" : " The") +
+      " configuration reference (man 5 framelinkd.toml, docs/reference/configuration.md) lists every key");
 }
 
 namespace {

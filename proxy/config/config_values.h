@@ -15,7 +15,7 @@
 namespace framelink {
 
 Error invalidSetting(std::string message);
-// "unknown key 'daemon.sokcet' (line 2 of f.toml); did you mean 'daemon.socket'? The README ...":
+// "unknown key 'daemon.sokcet' (line 2 of f.toml); did you mean 'daemon.socket'? The configuration ...":
 // `where` says where it was written, `guess` is "; did you mean ...?" or "".
 Error unknownKey(const std::string& key, const std::string& where, const std::string& guess);
 

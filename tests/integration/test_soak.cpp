@@ -4,7 +4,7 @@
 // processes keep a journal (one write(2) per event, so it survives SIGKILL):
 // every frame about to be submitted, every completion with its status, every
 // frame received.  The audit at the end holds the product to its promises
-// (README "Failure semantics and security"):
+// (docs/guide/failure-semantics.md):
 //   * no frame has more than one completion;
 //   * a frame completed DELIVERED was received by a consumer;
 //   * nothing is received that was not submitted, and every payload verifies;

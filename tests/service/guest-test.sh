@@ -147,7 +147,7 @@ fi
 # ---- 3. a second daemon in the same guest, as a transient unit: its own config, socket and
 # ports, the packaged token, its own TLS key made as the package makes one (it listens on
 # 127.0.0.1, so its certificate names that address).  The two trust each other's certificate
-# as the README's two-host set-up says, and the packaged daemon dials it with its packaged TLS
+# as docs/start/install.md ("Linking two hosts") says, and the packaged daemon dials it with its packaged TLS
 # settings (a [[peer]] added to its conffile, as an operator would).
 mkdir -p /etc/framelink-second/tls
 (umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 -subj /CN=second \

@@ -1,5 +1,5 @@
 // framelinkd's configuration: TOML keys and flags, validation, routing.  The
-// option table row by row, the shipped example and the README's table are
+// option table row by row, the shipped example and the documentation's table are
 // tested in test_config_table.cpp; secrets, TLS and the security defaults in
 // test_config_security.cpp.
 #include <catch2/catch.hpp>

@@ -1,6 +1,6 @@
 // The option table (proxy/config/config_options.cpp): every row reaches the TOML
 // file, the flags, describe(), the defaults, --help, the shipped example
-// (packaging/framelinkd.toml) and the README's configuration table.
+// (packaging/framelinkd.toml) and the configuration table of docs/reference/configuration.md.
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <functional>
@@ -475,19 +475,20 @@ TEST_CASE("packaging/framelinkd.toml shows every key with its default", "[config
   }
 }
 
-TEST_CASE("the README's configuration table is the option table", "[config][table]") {
-  const std::string readme = readFile(std::string(FRAMELINK_SOURCE_DIR) + "/README.md");
+TEST_CASE("the documentation's configuration table is the option table", "[config][table]") {
+  const std::string page = readFile(std::string(FRAMELINK_SOURCE_DIR) + "/docs/reference/configuration.md");
   const std::string begin = "<!-- BEGIN config-reference";
   const std::string end = "<!-- END config-reference -->";
-  const size_t from = readme.find(begin);
+  const size_t from = page.find(begin);
   REQUIRE(from != std::string::npos);
-  const size_t body = readme.find('\n', from) + 1;
-  const size_t to = readme.find(end, body);
+  const size_t body = page.find('\n', from) + 1;
+  const size_t to = page.find(end, body);
   REQUIRE(to != std::string::npos);
   INFO(
-      "README.md's configuration table differs from the option table (proxy/config/config_options.cpp); "
+      "docs/reference/configuration.md's table differs from the option table "
+      "(proxy/config/config_options.cpp); "
       "regenerate it: scripts/update-config-reference.sh build/proxy/framelinkd");
-  CHECK(readme.substr(body, to - body) == fl::configReference());
+  CHECK(page.substr(body, to - body) == fl::configReference());
 
   auto printed = parse({"--print-config-reference"});
   REQUIRE(printed.ok());

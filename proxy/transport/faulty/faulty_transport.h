@@ -24,7 +24,7 @@
 // more, and arrivals still coming from the wrapped transport are not reported.
 //
 // The daemon wraps every link's transport in it when started with
-// --fault-inject SPEC (for tests only; see README "Failure semantics").
+// --fault-inject SPEC (for tests only; see docs/guide/failure-semantics.md).
 #pragma once
 
 #include <cstdint>
