@@ -368,7 +368,9 @@ TEST_CASE(
   // credit never granted (a NACK), closes the stream and sends a keepalive,
   // over and over.
   const std::string payload(16, 'x');
-  const Flood flood = floodUntilCut(pair.b().pid(), Millis(5000), 100, [&](uint64_t round) {
+  // It is cut after about 50,000 rounds (3 s on an idle machine); 20 s leaves room for a loaded
+  // machine and a sanitizer build.
+  const Flood flood = floodUntilCut(pair.b().pid(), Millis(20000), 100, [&](uint64_t round) {
     v1::PeerMessage close;
     close.mutable_stream_close()->set_stream_id(round);
     v1::PeerMessage keepalive;
