@@ -45,6 +45,7 @@ void InboundStreams::sendAcks(AgentLink& l, uint64_t stream_id, const std::vecto
 }
 
 size_t InboundStreams::flushControl() {
+  settleFences();
   const size_t answered = continueAnswersAgain();
   const uint64_t now = held_back_.empty() ? 0 : clock_.nowNs();
   for (auto it = held_back_.begin(); it != held_back_.end();) {
@@ -105,11 +106,40 @@ bool InboundStreams::slotFree(NameKey stream) {
   for (uint64_t cid : consumers->second) {
     const AgentClient* ac = clients_.find(cid);
     if (ac == nullptr || ac->session->gone || !lands(*ac->session)) continue;
-    for (const SlotEntry& e : ac->session->slots) {
-      if (e.state == SlotState::kFree) return true;
+    const auto& slots = ac->session->slots;
+    for (uint32_t s = 0; s < slots.size(); ++s) {
+      if (slots[s].state == SlotState::kFree && !fenced(cid, s)) return true;
     }
   }
   return false;
+}
+
+// A peer on rdma that stops taking this end's sends holds every invalidation queued behind them:
+// its old keys still write into the slots.  Granted to another sender, a slot would take that
+// peer's writes over the other's frames; so it waits until the window has shut (or the link went,
+// and its queue pair with it, or the link's send-queue watchdog failed it).
+void InboundStreams::fenceSlot(AgentLink& l, uint64_t consumer, uint32_t slot, uint64_t credit_id,
+                               NameKey stream) {
+  if (!l.transport || !l.transport->windowOpen(credit_id)) return;
+  fences_[{consumer, slot}] = WindowFence{l.id, credit_id, stream};
+}
+
+bool InboundStreams::fenced(uint64_t consumer, uint32_t slot) {
+  auto it = fences_.find({consumer, slot});
+  if (it == fences_.end()) return false;
+  const AgentLink* l = links_.find(it->second.link_id);
+  if (l != nullptr && l->transport && l->transport->windowOpen(it->second.credit_id)) return true;
+  fences_.erase(it);
+  return false;
+}
+
+void InboundStreams::settleFences() {
+  for (auto it = fences_.begin(); it != fences_.end();) {
+    const auto [consumer, slot] = it->first;
+    const NameKey stream = it->second.stream;
+    ++it;  // fenced() erases a fence whose window shut
+    if (!fenced(consumer, slot) && stream != kNoName) dirty_grants_.insert(stream);
+  }
 }
 
 void InboundStreams::indexTarget(NameKey stream, uint64_t link_id, uint64_t sid, bool open) {
@@ -219,7 +249,7 @@ void InboundStreams::grantCredits(NameKey stream) {
 
 void InboundStreams::grantFreeSlots(GrantRound& round, uint64_t cid, ClientSession& c, size_t share) {
   for (uint32_t s = 0; s < c.slots.size(); ++s) {
-    if (c.slots[s].state != SlotState::kFree) continue;
+    if (c.slots[s].state != SlotState::kFree || fenced(cid, s)) continue;
     if (!grantSlot(round, cid, c, share, s)) return;  // every sender holds its share of this consumer
   }
 }
@@ -413,7 +443,12 @@ void InboundStreams::onCreditsReturned(AgentLink& l, const peer::CreditRevoke& r
       continue;
     }
     if (l.transport) l.transport->retractCredit(id);
-    releaseCredit(it, &stream);
+    const uint64_t consumer = it->second.client_id;
+    const uint32_t slot = it->second.slot;
+    NameKey of = kNoName;
+    releaseCredit(it, &of);
+    if (of != kNoName) stream = of;
+    fenceSlot(l, consumer, slot, id, of);
   }
   if (stream != kNoName) grantCredits(stream);
 }

@@ -265,6 +265,8 @@ void InboundStreams::arrive(AgentLink& l, const transport::TransportEvent& ev, b
   CreditEntry credit;
   AgentClient* ac = takeCredit(l, ev, &credit, pulled);
   if (ac == nullptr) return;  // answered already
+  // Consumed: on rdma the credit's window shuts when its invalidation has executed.
+  fenceSlot(l, credit.client_id, credit.slot, credit.credit_id, ac->stream);
   ClientSession& c = *ac->session;
   const LogScope consumer(LogFields{.client = c.id, .stream = c.stream});
   if (!acceptFrame(l, c, credit, h)) {
@@ -477,6 +479,7 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
       continue;
     }
     if (l.transport) l.transport->retractCredit(cit->second.credit_id);
+    fenceSlot(l, cit->second.client_id, cit->second.slot, cit->second.credit_id, key);
     cit = releaseCredit(cit);
   }
   return key;

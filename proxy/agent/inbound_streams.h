@@ -182,6 +182,14 @@ class InboundStreams {
   // stream (to grant again) unless its consumer went.  Returns the credit
   // after it.
   Credits::iterator releaseCredit(Credits::iterator credit, NameKey* stream = nullptr);
+  // The credit of `consumer`'s `slot` ended on `l` (retracted, or consumed by a frame) and
+  // its transport may still let the peer write there (Transport::windowOpen: rdma, until
+  // the window's invalidation executed): the slot is granted on no link until then.
+  void fenceSlot(AgentLink& l, uint64_t consumer, uint32_t slot, uint64_t credit_id, NameKey stream);
+  // Whether the slot waits on such a window (a fence whose window has shut goes).
+  bool fenced(uint64_t consumer, uint32_t slot);
+  // Fences whose window shut go; their streams get a grant round.
+  void settleFences();
   // A frame released by every reader it reached here: what its ACK says.
   struct ReleasedFrame {
     uint64_t sequence = 0;
@@ -415,6 +423,12 @@ class InboundStreams {
   // a control record.
   std::map<Target, size_t> windows_;
   std::set<NameKey> dirty_grants_;  // streams with slots to grant again this round
+  struct WindowFence {
+    uint64_t link_id = 0;
+    uint64_t credit_id = 0;
+    NameKey stream = kNoName;
+  };
+  std::map<std::pair<uint64_t, uint32_t>, WindowFence> fences_;  // by (consumer, slot)
   std::set<NameKey> low_checked_;
   std::set<Target> senders_low_;  // said CreditLow with nothing held back: their next release goes at once
   std::map<uint64_t, uint64_t> answering_again_;  // link -> the InState id its answers go on from   //

@@ -161,6 +161,14 @@ constexpr int kRdmaHandshakeFactor = 3;
 
 class RdmaEntry final : public TransportEntry {
  public:
+#ifdef FRAMELINK_HAVE_RDMA
+  // A link whose send queue completes nothing for link_timeout_ms goes (RdmaTransportOptions).
+  static transport::rdma::RdmaTransportOptions linkOptions(const Config& config) {
+    transport::rdma::RdmaTransportOptions options;
+    options.send_stall_ms = config.link_timeout_ms;
+    return options;
+  }
+#endif
   explicit RdmaEntry(RdmaSupport support)
       : device_(std::move(support.device)), unavailable_(std::move(support.unavailable)) {}
 
@@ -216,7 +224,8 @@ class RdmaEntry final : public TransportEntry {
         // Shorter than the dialer's whole dial (kRdmaHandshakeFactor connect
         // timeouts), long enough for one lost REP to be sent again: a stalled
         // stranger goes before a genuine peer would give up.
-        {}, std::chrono::milliseconds(config.connect_timeout_ms) * (kRdmaHandshakeFactor - 1),
+        linkOptions(config),
+        std::chrono::milliseconds(config.connect_timeout_ms) * (kRdmaHandshakeFactor - 1),
         transport::rdma::RdmaListenerCounters{&ctx.metrics.counters.handshakes_timed_out_rdma,
                                               &ctx.metrics.counters.handshakes_refused_rdma,
                                               &ctx.metrics.counters.auth_failures},
@@ -242,8 +251,8 @@ class RdmaEntry final : public TransportEntry {
       return makeError(FL_ERR_TRANSPORT, "the peer chose rdma but announced no rdma port");
     }
     return shared(transport::rdma::dialRdma(device_, ctx.host, static_cast<uint16_t>(ctx.ack.rdma_port()),
-                                            ctx.session_id, handshakeTimeout(ctx.config), {}, ctx.stop_fd,
-                                            ctx.token));
+                                            ctx.session_id, handshakeTimeout(ctx.config),
+                                            linkOptions(ctx.config), ctx.stop_fd, ctx.token));
 #else
     (void)ctx;
     return makeError(FL_ERR_TRANSPORT, "this framelinkd was built without rdma");

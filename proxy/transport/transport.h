@@ -256,6 +256,18 @@ class Transport {
   // Credit ids are unique per link; exposeCredit after the link went down
   // fails with FL_ERR_LINK_LOST.
   virtual void retractCredit(uint64_t credit_id) = 0;
+  // Whether the peer may still write into the buffer of a credit that was
+  // retracted or consumed (its FrameArrived polled): true on rdma until the
+  // invalidation of the credit's memory window has executed, which waits
+  // behind everything queued before it on this link's send queue -- a peer
+  // that stops taking our sends keeps it waiting.  The slot must not be
+  // granted on another link until this is false.  False once the link
+  // failed (no write reaches a queue pair in error) and on every transport
+  // whose writes end with retractCredit.
+  virtual bool windowOpen(uint64_t credit_id) const noexcept {
+    (void)credit_id;
+    return false;
+  }
 
   // Send side.  Non-blocking.  kInvalid when header.credit_id differs from
   // credit.credit_id, the length exceeds the credit, attr_length exceeds

@@ -390,3 +390,93 @@ TEST_CASE("inbound bounds: a sender that keeps a departed consumer's credits los
   REQUIRE(failed.size() == 1);
   CHECK(failed[0].link_id == l.id);
 }
+
+namespace {
+
+// Forwards to a tcp transport; like rdma behind a send queue the peer stalls, the window of a
+// credit it exposed stays open once the credit ended -- until the test shuts them all.
+class WindowKeeper final : public transport::Transport {
+ public:
+  explicit WindowKeeper(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  bool shut = false;
+
+  const char* name() const noexcept override { return "window-keeper"; }
+  bool connected() const noexcept override { return inner_->connected(); }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
+    exposed_.insert(credit.credit_id);
+    return inner_->exposeCredit(std::move(credit));
+  }
+  void retractCredit(uint64_t credit_id) override { inner_->retractCredit(credit_id); }
+  bool windowOpen(uint64_t credit_id) const noexcept override {
+    return !shut && exposed_.count(credit_id) != 0;
+  }
+  transport::PostResult post(const transport::SendRequest& r) noexcept override { return inner_->post(r); }
+  transport::PostResult postControl(std::string record) noexcept override {
+    return inner_->postControl(std::move(record));
+  }
+  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
+  int eventFd() const noexcept override { return inner_->eventFd(); }
+  void shutdown() noexcept override { inner_->shutdown(); }
+  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  std::set<uint64_t> exposed_;
+};
+
+}  // namespace
+
+TEST_CASE("inbound bounds: a slot whose window the peer may still write is granted on no link until it shuts",
+          "[agent][inbound][credits][hostile]") {
+  // One slot, two senders of "cam": p1's link keeps its windows open after a credit ends (an
+  // rdma peer that stalls this end's send queue), p2's is honest.
+  InboundRig rig;
+  rig.consumer(1, "cam", 1);
+  WindowKeeper* keeper = nullptr;
+  AgentLink& l1 = rig.linkUp(1, "p1", 9, [&](std::unique_ptr<transport::Transport> inner) {
+    auto k = std::make_unique<WindowKeeper>(std::move(inner));
+    keeper = k.get();
+    return std::unique_ptr<transport::Transport>(std::move(k));
+  });
+  REQUIRE(rig.open(l1, 42, "cam").empty());
+  const SlotEntry& slot = rig.consumers[0].session->slots[0];
+  REQUIRE(slot.state == SlotState::kCredited);
+  REQUIRE(slot.link_id == 1);
+  AgentLink& l2 = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(l2, 43, "cam").empty());
+
+  SECTION("retracted: p1 gives the credit back") {
+    rig.inbound.onCreditsReturned(l1, peer::CreditRevoke{42, {slot.credit_id}, true, {}});
+  }
+  SECTION("consumed: p1's frame lands and the consumer releases it") {
+    REQUIRE(rig.land(l1, 42, 1));
+    REQUIRE(rig.takeAndRelease() == 1);
+  }
+  rig.inbound.flushControl();
+  CHECK(rig.credited(0) == 0);  // the window is open: p1's old key still writes there
+  rig.inbound.flushControl();
+  CHECK(rig.credited(0) == 0);
+  keeper->shut = true;  // its invalidation executed
+  rig.inbound.flushControl();
+  CHECK(rig.credited(0) == 1);
+}
+
+TEST_CASE("inbound bounds: a slot held for a window goes on when the link that had it goes",
+          "[agent][inbound][credits]") {
+  InboundRig rig;
+  rig.consumer(1, "cam", 1);
+  AgentLink& l1 = rig.linkUp(1, "p1", 9, [](std::unique_ptr<transport::Transport> inner) {
+    return std::unique_ptr<transport::Transport>(std::make_unique<WindowKeeper>(std::move(inner)));
+  });
+  REQUIRE(rig.open(l1, 42, "cam").empty());
+  AgentLink& l2 = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(l2, 43, "cam").empty());
+  rig.inbound.onCreditsReturned(
+      l1, peer::CreditRevoke{42, {rig.consumers[0].session->slots[0].credit_id}, true, {}});
+  rig.inbound.flushControl();
+  CHECK(rig.credited(0) == 0);
+  rig.linkDown(1);  // its queue pair goes, and every window on it
+  rig.inbound.flushControl();
+  REQUIRE(rig.credited(0) == 1);
+  CHECK(rig.consumers[0].session->slots[0].link_id == 2);
+}

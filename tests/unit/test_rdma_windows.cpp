@@ -5,6 +5,7 @@
 // else the adapter refuses (IBV_WC_REM_ACCESS_ERR) and the slot's bytes
 // stay as they were.
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <vector>
@@ -290,6 +291,53 @@ TEST_CASE("rdma binds a credit's window in the chain of its grant, before the gr
     CHECK(p->b->connected());
   }
   CHECK(p->fake->errors().empty());
+}
+
+// A peer that stops taking b's sends holds b's send queue -- and every window invalidation queued
+// behind what is on it.  windowOpen says so (the data agent grants such a slot on no other link
+// until it is false), and the queue's watchdog ends the link when nothing completes for
+// send_stall_ms (link_timeout_ms in the daemon): a queue pair in error takes no write.
+TEST_CASE(
+    "rdma: a retracted credit's window stays open behind a stalled send queue, until it executes or the "
+    "watchdog ends the link",
+    "[rdma][hostile][windows]") {
+  RdmaTransportOptions options;
+  options.send_stall_ms = 300;
+  auto p = makeDataPath(options);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  auto c = p->credit(9, 4096 - 256, 0);
+  ibv_qp* b_qp = p->fake->qpOnDevice("fake_b");
+  REQUIRE(b_qp != nullptr);
+  const std::vector<uint8_t> hostile(16, kHostile);
+  CHECK_FALSE(p->b->windowOpen(9));  // live, not ending: the agent asks only of ended ones
+  // b's next SEND waits (the peer posts no receive); the retraction's invalidation waits behind it.
+  p->fake->pauseDelivery(true);
+  REQUIRE(p->b->postControl("ahead of the invalidation") == PostResult::kOk);
+  p->rb()->flush();
+  p->b->retractCredit(9);
+  rx.pump();
+  CHECK(p->b->windowOpen(9));
+  // What the agent's fence is for: the old key still writes into the slot.
+  CHECK(p->fake->peerWrite(b_qp, c.rkey, c.remote_addr, hostile, std::nullopt) == IBV_WC_SUCCESS);
+  std::memset(p->dst.data, kFill, 4096);
+
+  SECTION("the queue moves: the invalidation executes and the window shuts") {
+    p->fake->pauseDelivery(false);
+    until(tx, rx, [&] { return !p->b->windowOpen(9); });
+    CHECK(p->fake->peerWrite(b_qp, c.rkey, c.remote_addr, hostile, std::nullopt) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(untouched(p->dst.data, 4096));
+    CHECK(rx.errors.empty());
+  }
+  SECTION("the queue stays stalled: the watchdog ends the link after send_stall_ms") {
+    const auto start = std::chrono::steady_clock::now();
+    until(tx, rx, [&] { return !rx.errors.empty(); });
+    CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
+    CHECK(rx.errors[0].status == FL_ERR_LINK_LOST);
+    CHECK_THAT(rx.errors[0].message, Catch::Contains("completed in") && Catch::Contains("link_timeout_ms"));
+    CHECK(p->fake->qpState(b_qp) == IBV_QPS_ERR);
+    CHECK_FALSE(p->b->windowOpen(9));
+    p->fake->pauseDelivery(false);
+  }
 }
 
 }  // namespace framelink::transport::rdma::testing

@@ -9,6 +9,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -341,6 +342,30 @@ RdmaTransport::ReadyChannels RdmaTransport::readyChannels() noexcept {
   return r;
 }
 
+void RdmaTransport::watchSendQueue() noexcept {
+  if (options_.send_stall_ms == 0 || book_.failed()) return;
+  const uint64_t posted = sendQueueUsed() + (window_posted_seq_ - window_done_seq_);
+  if (posted == 0) {
+    sq_waiting_since_ns_ = 0;
+    return;
+  }
+  const uint64_t progress = done_seq_ + ctl_done_seq_ + window_done_seq_;
+  const auto now_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now().time_since_epoch())
+                                                .count());
+  if (sq_waiting_since_ns_ == 0 || progress != sq_progress_) {
+    sq_progress_ = progress;
+    sq_waiting_since_ns_ = now_ns;
+    return;
+  }
+  if (now_ns - sq_waiting_since_ns_ < uint64_t{options_.send_stall_ms} * 1'000'000) return;
+  fail(FL_ERR_LINK_LOST, "rdma link to " + peer_name_ + ": none of the " + std::to_string(posted) +
+                             " work requests on the send queue completed in " +
+                             std::to_string((now_ns - sq_waiting_since_ns_) / 1'000'000) +
+                             " ms (link_timeout_ms): the peer takes none of this end's sends (its receive "
+                             "queue runs dry); the link ends, and with it every window its credits had");
+}
+
 size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
   // A channel that turns readable after this look is read by the next poll
   // (the CQ itself is polled every time).
@@ -355,6 +380,7 @@ size_t RdmaTransport::poll(TransportEvent* out, size_t max) noexcept {
     }
     completeUnpostedIfDrained();
     flushChain();  // WRs a caller forgot to flush
+    watchSendQueue();
   }
   const size_t taken = book_.events().take(out, max);
   // Receives the peer used up go back only while few events wait for the

@@ -75,6 +75,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
@@ -122,6 +123,12 @@ struct RdmaTransportOptions {
   // of four 1 MiB reads, and stalls with several in flight; UCX caps its gets
   // the same way (max_get_zcopy).
   uint32_t read_piece_bytes = 1u << 20;
+  // The send queue's watchdog: work requests posted and none of them completed for this long
+  // fails the link (0: never).  A peer that stops replenishing its receive queue holds our next
+  // SEND on RNR for ever (rnr_retry 7), and every WR behind it -- the invalidations of the
+  // windows of its credits too, which then stay writable for it.  The daemon gives it its
+  // link_timeout_ms.
+  uint32_t send_stall_ms = 0;
 };
 
 // The most RDMA_READ WRs one read is split into (read_piece_bytes).
@@ -176,14 +183,16 @@ class RdmaTransport final : public Transport {
   // send queue ahead of what is posted after this call: the grant that
   // carries its key.  A peer that had the key sooner finds it refused.
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override;
-  // Its window ends at once (the invalidation is posted before this returns).
+  // Its window's invalidation is posted before this returns; it executes after everything posted
+  // before it on the send queue (windowOpen is true until then).
   void retractCredit(uint64_t credit_id) override;
+  bool windowOpen(uint64_t credit_id) const noexcept override;
   PostResult post(const SendRequest& request) noexcept override;
   PostResult postControl(std::string record) noexcept override;
   bool readable() const noexcept override { return read_depth_ > 0; }
   // The read's window is bound by the next flush() (or poll()), like a credit's.
   Result<RemoteSource> exposeSource(LocalSource source) override;
-  // Its window ends at once (the invalidation is posted before this returns).
+  // Its window's invalidation is posted before this returns (and executes in the queue's order).
   void retractSource(uint64_t source_id) override;
   PostResult postRead(const ReadRequest& request) noexcept override;
   // RDMA READs in flight at once, each way: what the connection asks for
@@ -294,6 +303,7 @@ class RdmaTransport final : public Transport {
   void handleControlSendWc(const ibv_wc& wc) noexcept;
   void controlArrived(const ibv_wc& wc) noexcept;
   void completeUnpostedIfDrained() noexcept;
+  void watchSendQueue() noexcept;
   void replenishRecvs() noexcept;
   // What a window WR holds until it has executed: the memory of the
   // credit whose window an invalidation ends (a write the peer posted may
@@ -302,6 +312,9 @@ class RdmaTransport final : public Transport {
   struct WindowHold {
     std::shared_ptr<void> memory;
     uint64_t retracted_credit = 0;  // 0: none (a bind, or a consumed credit)
+    // The invalidation of a credit's window: counted in ending_windows_ until it executed.
+    bool ending_credit = false;
+    uint32_t ending_key = 0;
   };
   // The window of credit key `key` ends (consumed or retracted): its
   // LOCAL_INV joins the window backlog, for the next flushChain().
@@ -379,6 +392,9 @@ class RdmaTransport final : public Transport {
   // Windows of a failed link that were never invalidated: bound until
   // tearDown() deallocates them, and their memory with them.
   std::vector<WindowHold> unended_windows_;
+  // Credit keys whose window's invalidation is queued or posted and has not executed (windowOpen),
+  // with how many such invalidations each has.
+  std::unordered_map<uint32_t, uint32_t> ending_windows_;
   uint64_t watch_id_ = 0;
   bool torn_down_ = false;
   bool cq_armed_ = false;
@@ -394,7 +410,9 @@ class RdmaTransport final : public Transport {
   uint64_t posted_seq_ = 0;
   uint64_t done_seq_ = 0;
   uint32_t since_signal_ = 0;
-  uint32_t max_inline_ = 0;  // inline room the queue pair got
+  uint64_t sq_progress_ = 0;          // the completions counted when the watchdog last saw one
+  uint64_t sq_waiting_since_ns_ = 0;  // since then, with WRs on the send queue (0: none)
+  uint32_t max_inline_ = 0;           // inline room the queue pair got
 
   // Control fragments: control sequence c uses send chunk c % chunks.
   // [ctl_done_seq_, ctl_posted_seq_) are on the send queue; each remembers

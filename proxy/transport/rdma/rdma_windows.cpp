@@ -126,9 +126,10 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
   return remote;
 }
 
-// The window ends at once: a write the peer posted after it gave the credit
-// back, or that races this retraction, fails on its side with
-// REM_ACCESS_ERR instead of landing in a slot that may be granted again.
+// The window ends when its invalidation, posted now, has executed -- after
+// everything posted before it on this send queue (windowOpen until then);
+// from then a write the peer posts under its key fails on its side with
+// REM_ACCESS_ERR.  The data agent grants the slot again only after that.
 // The credit's memory is kept (and its header readable for a frame that
 // landed just before) until the invalidation has executed.
 void RdmaTransport::retractCredit(uint64_t credit_id) {
@@ -236,6 +237,12 @@ void RdmaTransport::endWindow(CreditWindows& windows, uint32_t key, WindowHold h
     return;
   }
   try {
+    if (&windows == &windows_) {
+      // A credit's: its slot is not granted on another link until this has executed (windowOpen).
+      ++ending_windows_[key];
+      hold.ending_credit = true;
+      hold.ending_key = key;
+    }
     window_backlog_.push_back(PendingWindowWr{inv, std::move(hold), &windows});
   } catch (...) {
     fail(FL_ERR_RESOURCES, "rdma link to " + peer_name_ + ": out of memory ending a memory window");
@@ -244,7 +251,17 @@ void RdmaTransport::endWindow(CreditWindows& windows, uint32_t key, WindowHold h
 
 void RdmaTransport::releaseHold(WindowHold& hold) noexcept {
   if (hold.retracted_credit != 0) book_.credits().forgetRetracted(hold.retracted_credit);
+  if (hold.ending_credit) {
+    auto it = ending_windows_.find(hold.ending_key);
+    if (it != ending_windows_.end() && --it->second == 0) ending_windows_.erase(it);
+  }
   hold = WindowHold{};
+}
+
+bool RdmaTransport::windowOpen(uint64_t credit_id) const noexcept {
+  // A queue pair in error takes no write: every window on it is shut.
+  if (book_.failed() || torn_down_) return false;
+  return ending_windows_.count(static_cast<uint32_t>(credit_id)) != 0;
 }
 
 uint32_t RdmaTransport::buildWindowWrs() noexcept {
