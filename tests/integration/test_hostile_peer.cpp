@@ -405,13 +405,21 @@ TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of
   REQUIRE(waitUntil([&] { return pair.b().metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
   const auto churn_s = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
   const std::string log = pair.b().log();
+  int64_t down_lines = 0;
   for (const char* what : {" connected (session ", " is up over ", " is down: "}) {
     int64_t lines = 0;
     for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++lines;
     INFO("'" << what << "' lines: " << lines << " for " << kLinks << " links in " << churn_s << " s");
     CHECK(lines >= 1);
     CHECK(lines <= 20 * (churn_s + 2));
+    down_lines = lines;
   }
+  // Each link that went down counts once and is one line unless the limit left it out.  On a
+  // loaded machine most churners are gone before their link is up, and too few go down to reach
+  // the limit: then there is nothing to say was left out.
+  const int64_t downs = pair.b().metric("framelink_link_failures_total");
+  INFO(downs << " links down, " << down_lines << " lines say so");
+  CHECK(down_lines <= downs);
   // A link after a quiet second is logged again, and its lines say how many
   // were left out.
   std::this_thread::sleep_for(Millis(1100));
@@ -421,7 +429,9 @@ TEST_CASE("hostile peer: a token holder churning links costs a bounded amount of
     CHECK(pair.b().waitForLog("to peer churn-late is up", Millis(5000)));
   }
   CHECK(pair.b().waitForLog("peer churn-late is down", Millis(5000)));
-  CHECK(pair.b().waitForLog("more lines like the next were suppressed", Millis(1000)));
+  if (downs > down_lines) {
+    CHECK(pair.b().waitForLog("more lines like the next were suppressed", Millis(1000)));
+  }
   CHECK(pair.b().alive());
   requireServing(pair.a(), pair.b(), "churn-after", 2);
 }
