@@ -251,6 +251,7 @@ void World::killApp(uint32_t role) {
     frames_[frame].reader_died_holding = true;
     --frames_[frame].held;
   }
+  if (role == FL_ROLE_CONSUMER) markLanderGone(*app);
   daemons_[app->daemon].agent->post(CmdClientGone{app->id});
 }
 
@@ -312,7 +313,7 @@ void World::release(App& c, uint32_t slot) {
   const bool other_route_failed = std::any_of(rec.may_have_failed.begin(), rec.may_have_failed.end(),
                                               [&](int r) { return r != c.daemon; });
   if (rec.outcome_known && rec.status != FL_OK && !unknownOutcome(rec.status) && !rec.reader_died_holding &&
-      !other_route_failed) {
+      !rec.lander_went_first && !other_route_failed) {
     throw Broken{"frame " + std::to_string(frame) + " is released by consumer #" + std::to_string(c.id) +
                  " after its producer was told it FAILED (" + std::to_string(rec.status) + ")"};
   }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,7 +162,12 @@ struct FrameRecord {
   std::map<int, int> member_receptions;           // by each daemon's queue group
   std::map<uint64_t, int> subscriber_receptions;  // by each subscriber
   bool reader_died_holding = false;               // a reader was killed holding it: it may fail
-  int held = 0;                                   // live readers holding it now: its ACK waits for each
+  // A consumer it landed in was killed (holding it or not) while a subscriber on that daemon had
+  // not got it yet: that subscriber never can (the lend was of the lander's slot), and the frame
+  // may fail FL_ERR_NO_CONSUMER, as one that no reader's free slot came for in time.
+  bool lander_went_first = false;
+  std::set<uint64_t> got_by;  // the consumers (and subscribers) it reached, by app id
+  int held = 0;               // live readers holding it now: its ACK waits for each
   // A reader on the sender's own daemon got it beside the receiver's: its
   // completion waits for that reader too, so the peer's outcome may have
   // been decided long before the completion says it.
@@ -192,6 +198,7 @@ class World {
   static int daemonAt(const Link& link, int end) { return end == 0 ? link.sender : link.receiver; }
   App* pickApp(uint32_t role);
   void killApp(uint32_t role);
+  void markLanderGone(const App& app);
   void submit();
   void submitFrom(App& producer);
   void consume(uint64_t n);

@@ -149,7 +149,8 @@ void World::endFrame(uint64_t frame, int status) {
   // One reader released it, another died holding it: the first failure
   // counts.  A route fails on its own: with two receivers, one live
   // receiver's release says nothing of the other's route.
-  if (releasedOnEveryLiveReceiver(rec) && !rec.reader_died_holding) {
+  if (releasedOnEveryLiveReceiver(rec) && !rec.reader_died_holding &&
+      !(rec.lander_went_first && status == FL_ERR_NO_CONSUMER)) {
     throw Broken{"frame " + std::to_string(frame) + " completed FAILED (" + std::to_string(status) +
                  ") but a consumer of every live receiving daemon released it"};
   }
@@ -211,6 +212,7 @@ void World::onDelivery(App& c, const fl_completion_desc& d) {
                  " has not restarted since it was submitted"};
   }
   ++rec.receptions_on[c.instance];
+  rec.got_by.insert(c.id);
   // Once to each subscriber, and once to the queue group.
   const int receptions = c.subscriber ? ++rec.subscriber_receptions[c.id] : ++rec.member_receptions[c.daemon];
   note((c.subscriber ? "subscriber #" : "consumer #") + std::to_string(c.id) + " gets frame " +

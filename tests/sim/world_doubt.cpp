@@ -134,4 +134,19 @@ void World::requireReleasedDelivered(const char* when) {
   }
 }
 
+// The frames `app` got on its daemon that a live subscriber there has not got: they were lent
+// from `app`'s slot, and that subscriber waits for them in vain now.
+void World::markLanderGone(const App& app) {
+  for (auto& [frame, rec] : frames_) {
+    if (rec.outcome_known || rec.got_by.count(app.id) == 0) continue;
+    for (const auto& other : apps_) {
+      if (other->alive && other->subscriber && other->daemon == app.daemon && other->id != app.id &&
+          rec.got_by.count(other->id) == 0) {
+        rec.lander_went_first = true;
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace framelink::sim
