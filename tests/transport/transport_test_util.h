@@ -152,7 +152,7 @@ inline Payload pattern(uint64_t seed, size_t length) {
 // First differing byte, or -1.  memcmp first: a sanitizer checks it as one range, where the
 // byte loop costs a check per byte (256 MiB a test under ThreadSanitizer).
 inline long firstMismatch(const uint8_t* got, const Payload& want) {
-  if (std::memcmp(got, want.data(), want.size()) == 0) return -1;
+  if (want.empty() || std::memcmp(got, want.data(), want.size()) == 0) return -1;  // empty: data() is null
   for (size_t i = 0; i < want.size(); ++i) {
     if (got[i] != want[i]) return static_cast<long>(i);
   }
