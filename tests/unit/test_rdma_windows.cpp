@@ -4,7 +4,10 @@
 // granted on, only until the credit is consumed or retracted.  Anything
 // else the adapter refuses (IBV_WC_REM_ACCESS_ERR) and the slot's bytes
 // stay as they were.
+#include <arpa/inet.h>
+
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -23,8 +26,13 @@ namespace {
 constexpr uint8_t kHostile = 0x42;  // what the peer's source memory holds
 constexpr uint8_t kFill = 0xEE;     // what the receiving slots hold
 
+// Slots of 4096 bytes from p as the consumer left them (kFill), but for the
+// header's length, which holds the poison once the slot's credit is exposed.
 bool untouched(const uint8_t* p, size_t n) {
+  constexpr size_t kLength = offsetof(RdmaWireHeader, length);
   for (size_t i = 0; i < n; ++i) {
+    const size_t at = i % 4096;
+    if (at >= kLength && at < kLength + sizeof(uint64_t) && p[i] == 0xFF) continue;
     if (p[i] != kFill) return false;
   }
   return true;
@@ -76,6 +84,30 @@ TEST_CASE("rdma refuses a plain write into a slot the peer holds no credit for",
   }
   CHECK(p->fake->qpState(qp) == IBV_QPS_ERR);
   CHECK(untouched(slot1, 4096));
+}
+
+TEST_CASE("rdma takes a frame's header only from a write into the slot its immediate names",
+          "[rdma][hostile]") {
+  auto p = makeDataPath({}, 2 * 4096, kHostile);
+  Endpoint tx{p->a.get()}, rx{p->b.get()};
+  // An honest frame leaves its header in slot 1.
+  auto earlier = p->credit(1, 4096 - 256, 1);
+  REQUIRE(p->a->post(request(0, earlier, p->src, 1024, 7)) == PostResult::kOk);
+  p->ra()->flush();
+  until(tx, rx, [&] { return rx.arrivals.size() == 1; });
+  REQUIRE(rx.arrivals[0].status == FL_OK);
+  // Both slots are granted again; the peer writes a frame's worth into slot 0's window and names
+  // slot 1's credit, whose slot still holds the old header (length 1024, sequence 7, its CRC).
+  auto a = p->credit(2, 4096 - 256, 0);
+  p->credit(3, 4096 - 256, 1);
+  ibv_qp* b_qp = p->fake->qpOnDevice("fake_b");
+  REQUIRE(b_qp != nullptr);
+  const std::vector<uint8_t> frame(kWireHeaderBytes + 1024, kHostile);
+  REQUIRE(p->fake->peerWrite(b_qp, a.rkey, a.remote_addr, frame, htonl(3)) == IBV_WC_SUCCESS);
+  until(tx, rx, [&] { return !rx.errors.empty(); });
+  CHECK(rx.arrivals.size() == 1);  // the old frame is not delivered again
+  CHECK(rx.errors[0].status == FL_ERR_PROTOCOL);
+  CHECK_THAT(rx.errors[0].message, Catch::Contains("named credit 3 but wrote no header into its slot"));
 }
 
 TEST_CASE("rdma refuses a frame longer than its slot; the next slot is untouched", "[rdma][hostile]") {

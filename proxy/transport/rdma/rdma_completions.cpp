@@ -253,6 +253,12 @@ void RdmaTransport::handleRecvWc(const ibv_wc& wc) noexcept {
                        "frame for retracted credit " + std::to_string(credit_id));
     return;
   }
+  if (wire.length == kPoisonedLength) {
+    fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": a frame named credit " +
+                              std::to_string(credit_id) +
+                              " but wrote no header into its slot (the write landed in another window)");
+    return;
+  }
   if (wire.attr_length > FL_MAX_ATTR_BYTES || wire.length > capacity ||
       wc.byte_len != kWireHeaderBytes + wire.length) {
     fail(FL_ERR_PROTOCOL, "rdma link to " + peer_name_ + ": frame for credit " + std::to_string(credit_id) +

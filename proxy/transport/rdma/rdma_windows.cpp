@@ -114,6 +114,7 @@ Result<RemoteCredit> RdmaTransport::exposeCredit(LocalCredit credit) {
                                     "one receive registration on " +
                                     device_->name());
   }
+  poisonHeader(landing);  // before the peer can learn the key
   const auto key = static_cast<uint32_t>(credit.credit_id);
   const uint64_t id = credit.credit_id;
   auto rkey = bindWindow(windows_, key, mr, landing, landing_length, "exposeCredit", id);

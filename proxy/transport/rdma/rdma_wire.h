@@ -48,6 +48,19 @@ static_assert(sizeof(fl_slot_header::reserved1) == sizeof(FrameHeader::stream_id
 
 inline constexpr size_t kWireHeaderBytes = sizeof(RdmaWireHeader);  // 256
 
+// The immediate data names the credit a frame consumed, not the slot its
+// write landed in, and the receiver reads the header from the named credit's
+// slot.  A slot header left by an earlier frame would pass for a header the
+// peer never wrote there (a write into credit A's window naming credit B
+// would deliver B's old frame again), so the transport poisons the header's
+// length when it exposes a credit: a frame must bring its own header, and
+// one that finds the poison was written somewhere else.
+inline constexpr uint64_t kPoisonedLength = ~uint64_t{0};
+
+inline void poisonHeader(uint8_t* landing) noexcept {
+  std::memcpy(landing + offsetof(RdmaWireHeader, length), &kPoisonedLength, sizeof kPoisonedLength);
+}
+
 inline void toWire(const FrameHeader& h, RdmaWireHeader* w) noexcept {
   toSlotHeader(h, w);
   // The send-header buffers are reused across the link's streams: the bytes
