@@ -183,8 +183,9 @@ int AttachServer::expireHandshakes() {
   }
   std::vector<int> expired;
   auto next = std::chrono::steady_clock::time_point::max();
+  const int parked_ms = retryParked();
   for (const auto& [fd, c] : connections_) {
-    if (c.client_id != 0) continue;
+    if (c.client_id != 0 || c.parked) continue;
     if (c.deadline <= now) {
       expired.push_back(fd);
     } else {
@@ -201,9 +202,10 @@ int AttachServer::expireHandshakes() {
     dropConnection(fd);
   }
   if (accept_paused_) next = std::min(next, accept_resume_);
-  if (next == std::chrono::steady_clock::time_point::max()) return -1;
+  if (next == std::chrono::steady_clock::time_point::max()) return parked_ms;
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
-  return static_cast<int>(std::clamp<long long>(ms, 1, kHandshakeMs));
+  const int until_next = static_cast<int>(std::clamp<long long>(ms, 1, kHandshakeMs));
+  return parked_ms < 0 ? until_next : std::min(until_next, parked_ms);
 }
 
 void AttachServer::run() {
@@ -224,6 +226,10 @@ void AttachServer::run() {
       }
       auto it = connections_.find(fd);
       if (it == connections_.end()) continue;
+      if (it->second.parked) {  // it sends nothing while it waits: any event is its close
+        dropConnection(fd);
+        continue;
+      }
       if (it->second.client_id == 0 && (events[i].events & EPOLLIN)) {
         handleRequest(fd);
         continue;
@@ -312,7 +318,8 @@ void AttachServer::dropConnection(int fd) {
   auto& by_uid = client_id == 0 ? pending_by_uid_ : attached_by_uid_;
   auto p = by_uid.find(it->second.uid);
   if (p != by_uid.end() && --p->second == 0) by_uid.erase(p);
-  if (client_id != 0) quota_.release(it->second.uid, it->second.segment_bytes);
+  // Its segments' bytes stay charged until whatever holds them lets go.
+  if (auto charge = it->second.charge.lock()) charge->detached();
   connections_.erase(it);
   if (client_id != 0) on_detach_(client_id);
 }
@@ -442,7 +449,10 @@ void AttachServer::handleRequest(int fd) {
 }
 
 void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, const ucred& cred) {
-  if (!admitAttach(fd, req, size, cred)) return;
+  if (admitAttach(fd, req, size, cred)) attachAdmitted(fd, req, cred);
+}
+
+void AttachServer::attachAdmitted(int fd, const fl_attach_request& req, const ucred& cred) {
   // Admitted, so the stream name is terminated within its array.
   const LogScope scope(LogFields{.client = next_client_id_, .stream = req.stream});
   uint64_t client_id = next_client_id_++;
@@ -484,7 +494,7 @@ void AttachServer::handleAttach(int fd, fl_attach_request& req, ssize_t size, co
   session->socket = std::move(socket_dup);
   session->ring_capacity = segments->geometry().ring_capacity;
   session->slots.resize(req.slot_count);
-  markAttached(fd, client_id, segmentBytes(segments->geometry()));
+  markAttached(fd, client_id, *segments);
   // The data agent hears of the client before the client hears it is
   // attached: a subscriber whose fl_attach returned gets every frame from
   // then on, also one a producer elsewhere sends the next moment.  What the
@@ -557,11 +567,12 @@ bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegme
   return sendWithFds(fd, &reply, sizeof(reply), fds, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 
-void AttachServer::markAttached(int fd, uint64_t client_id, uint64_t segment_bytes) {
+void AttachServer::markAttached(int fd, uint64_t client_id, ClientSegments& segments) {
   Connection& conn = connections_[fd];
   conn.client_id = client_id;
-  conn.segment_bytes = segment_bytes;
-  quota_.charge(conn.uid, segment_bytes);
+  auto charge = quota_.charge(conn.uid, segmentBytes(segments.geometry()));
+  conn.charge = charge;
+  segments.holdCharge(std::move(charge));
   if (auto p = pending_by_uid_.find(conn.uid); p != pending_by_uid_.end() && --p->second == 0) {
     pending_by_uid_.erase(p);
   }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +43,12 @@ class AttachServer {
   // Idle connections are bounded by their deadline, not a burst by a count:
   // a service that starts all its workers at once is served whole.
   static constexpr int kHandshakeMs = 2000;
+  // An attach over a memory cap waits this long at most for the segments of
+  // clients that detached (held by their frames in flight) to go, if that
+  // would make room: a client that restarts at once is not refused for the
+  // memory of its own previous run.  Looked at every kQuotaPollMs.
+  static constexpr int kQuotaWaitMs = 2000;
+  static constexpr int kQuotaPollMs = 10;
   // Out of file descriptors: accepting pauses this long instead of spinning.
   static constexpr int kAcceptBackoffMs = 100;
   // Descriptors kept free for links, logs and the daemon's own work: new
@@ -107,8 +114,17 @@ class AttachServer {
   bool sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments, const Doorbell& submit,
                        const Doorbell& completion);
   // The connection's client is attached: it counts against the per-uid
-  // limit, no longer as pending, and its segments' bytes against the caps.
-  void markAttached(int fd, uint64_t client_id, uint64_t segment_bytes);
+  // limit, no longer as pending, and its segments' bytes against the caps
+  // for as long as the segments live.
+  void markAttached(int fd, uint64_t client_id, ClientSegments& segments);
+  // The rest of an admitted attach: segments, doorbells, the reply.
+  void attachAdmitted(int fd, const fl_attach_request& request, const ucred& cred);
+  // A request over a memory cap that the segments of clients that detached
+  // still hold waits for them (at most kQuotaWaitMs); false: not parked.
+  bool parkForQuota(int fd, const fl_attach_request& request, const ucred& cred);
+  // Parked requests that fit now are attached, those past their wait
+  // refused; the epoll timeout until the next look (-1: none parked).
+  int retryParked();
   void handleAdmin(int fd, const fl_admin_request& request, ssize_t size, const ucred& cred);
   void sendAdminReply(int fd, int status, const std::string& message, int json_fd, uint64_t json_size);
   void sendRefusal(int fd, int status, const std::string& message);
@@ -144,7 +160,12 @@ class AttachServer {
     uint64_t client_id = 0;  // 0 until attached
     uid_t uid = 0;
     std::chrono::steady_clock::time_point deadline{};  // for the request, while not attached
-    uint64_t segment_bytes = 0;                        // charged to quota_ while attached
+    // Its segments' charge to quota_ (they hold it): told when the client goes.
+    std::weak_ptr<SegmentQuota::Charge> charge;
+    // An attach request waiting for detached clients' segments to go
+    // (parkForQuota); `deadline` is then the end of that wait.
+    std::optional<fl_attach_request> parked;
+    ucred parked_cred{};
   };
   // Owned by the attach thread.
   std::map<int, Connection> connections_;

@@ -108,6 +108,10 @@ class ClientSegments {
     local_key_ = registration.local_key;
     registration_ = std::move(registration.handle);
   }
+  // What the segments count against the daemon's memory caps
+  // (SegmentQuota::Charge), given back when the last holder of the segments
+  // lets go -- on whatever thread that is.
+  void holdCharge(std::shared_ptr<void> charge) noexcept { charge_ = std::move(charge); }
   // The registration's key for sends from this segment (SendRequest::local_key);
   // none without a registration.
   std::optional<uint32_t> localKey() const noexcept { return local_key_; }
@@ -129,6 +133,7 @@ class ClientSegments {
   // Sizes sealed on both memfds; a consumer's data also against new writable mappings.
   Status seal(uint32_t role);
 
+  std::shared_ptr<void> charge_;  // first member: released last, once the memory is gone
   UniqueFd control_fd_;
   UniqueFd data_fd_;
   UniqueFd read_only_data_fd_;

@@ -36,45 +36,104 @@ uint64_t physicalRam() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
 }
 
+SegmentQuota::SegmentQuota(SegmentCaps caps) : caps_(caps), ledger_(std::make_shared<Ledger>()) {}
+
+uint64_t SegmentQuota::total() const {
+  MutexLock lock(ledger_->mu);
+  return ledger_->total;
+}
+
+uint64_t SegmentQuota::draining() const {
+  MutexLock lock(ledger_->mu);
+  return ledger_->draining;
+}
+
 uint64_t SegmentQuota::ofUid(uid_t uid) const {
-  auto it = by_uid_.find(uid);
-  return it != by_uid_.end() ? it->second : 0;
+  MutexLock lock(ledger_->mu);
+  auto it = ledger_->by_uid.find(uid);
+  return it != ledger_->by_uid.end() ? it->second : 0;
 }
 
 Status SegmentQuota::admit(uid_t uid, uint64_t bytes) const {
+  MutexLock lock(ledger_->mu);
+  const Ledger& l = *ledger_;
+  auto it = l.by_uid.find(uid);
+  const uint64_t held = it != l.by_uid.end() ? it->second : 0;
+  auto d = l.draining_by_uid.find(uid);
+  const uint64_t held_draining = d != l.draining_by_uid.end() ? d->second : 0;
+  // What to do: where detached clients' segments are part of it, time lifts
+  // it (the message must fit an attach reply, so this replaces the advice).
+  auto advice = [](uint64_t draining, const char* detach) {
+    return draining == 0 ? std::string("; ") + detach +
+                               ", ask for fewer or smaller slots, or have the operator raise it"
+                         : "; " + std::to_string(draining) +
+                               " of them are of detached clients, held until their frames end";
+  };
   // The user's own cap first: that refusal is the one its own clients can fix.
-  const uint64_t held = ofUid(uid);
   if (bytes > caps_.per_uid || held > caps_.per_uid - bytes) {
     return makeError(FL_ERR_QUOTA,
                      "this user's clients hold " + std::to_string(held) +
                          " bytes of segments, this attach needs " + std::to_string(bytes) + " more: " +
                          capText("max_uid_bytes", caps_.per_uid, caps_.per_uid_auto, "--max-uid-bytes") +
-                         "; detach a client, ask for fewer or smaller slots, or have the "
-                         "operator raise it");
+                         advice(held_draining, "detach a client"));
   }
-  if (bytes > caps_.total || total_ > caps_.total - bytes) {
+  if (bytes > caps_.total || l.total > caps_.total - bytes) {
     return makeError(FL_ERR_QUOTA,
-                     "all clients hold " + std::to_string(total_) + " bytes of segments, this attach needs " +
-                         std::to_string(bytes) + " more: " +
+                     "all clients hold " + std::to_string(l.total) +
+                         " bytes of segments, this attach needs " + std::to_string(bytes) + " more: " +
                          capText("max_total_bytes", caps_.total, caps_.total_auto, "--max-total-bytes") +
-                         "; detach idle clients, ask for fewer or smaller slots, or have the "
-                         "operator raise it");
+                         advice(l.draining, "detach idle clients"));
   }
   return {};
 }
 
-void SegmentQuota::charge(uid_t uid, uint64_t bytes) {
-  total_ += bytes;
-  by_uid_[uid] += bytes;
+bool SegmentQuota::fitsOnceDrained(uid_t uid, uint64_t bytes) const {
+  MutexLock lock(ledger_->mu);
+  const Ledger& l = *ledger_;
+  if (l.draining == 0) return false;
+  auto it = l.by_uid.find(uid);
+  auto d = l.draining_by_uid.find(uid);
+  const uint64_t held =
+      (it != l.by_uid.end() ? it->second : 0) - (d != l.draining_by_uid.end() ? d->second : 0);
+  const uint64_t all = l.total - l.draining;
+  return bytes <= caps_.per_uid && held <= caps_.per_uid - bytes && bytes <= caps_.total &&
+         all <= caps_.total - bytes;
 }
 
-void SegmentQuota::release(uid_t uid, uint64_t bytes) {
-  auto it = by_uid_.find(uid);
-  if (it == by_uid_.end()) return;
+std::shared_ptr<SegmentQuota::Charge> SegmentQuota::charge(uid_t uid, uint64_t bytes) {
+  {
+    MutexLock lock(ledger_->mu);
+    ledger_->total += bytes;
+    ledger_->by_uid[uid] += bytes;
+  }
+  return std::make_shared<Charge>(ledger_, uid, bytes);
+}
+
+void SegmentQuota::Charge::detached() {
+  MutexLock lock(ledger_->mu);
+  if (detached_) return;
+  detached_ = true;
+  ledger_->draining += bytes_;
+  ledger_->draining_by_uid[uid_] += bytes_;
+}
+
+namespace {
+
+void giveBack(std::map<uid_t, uint64_t>& by_uid, uint64_t& total, uid_t uid, uint64_t bytes) {
+  auto it = by_uid.find(uid);
+  if (it == by_uid.end()) return;
   const uint64_t given_back = std::min(bytes, it->second);
   it->second -= given_back;
-  total_ -= std::min(given_back, total_);
-  if (it->second == 0) by_uid_.erase(it);
+  total -= std::min(given_back, total);
+  if (it->second == 0) by_uid.erase(it);
+}
+
+}  // namespace
+
+SegmentQuota::Charge::~Charge() {
+  MutexLock lock(ledger_->mu);
+  giveBack(ledger_->by_uid, ledger_->total, uid_, bytes_);
+  if (detached_) giveBack(ledger_->draining_by_uid, ledger_->draining, uid_, bytes_);
 }
 
 }  // namespace framelink

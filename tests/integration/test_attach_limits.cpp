@@ -2,7 +2,8 @@
 // refused: segment memory is capped for all clients together
 // (limits.max_total_bytes) and per uid (limits.max_uid_bytes), each refusal
 // saying which limit, the numbers and what to do, and a detach gives the
-// bytes back; a burst of attaches from one uid (a service starting its
+// bytes back once its segments are gone (a frame a reader holds keeps them);
+// a burst of attaches from one uid (a service starting its
 // workers) is served whole while it stays under limits.max_clients_per_uid.
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -102,6 +103,48 @@ TEST_CASE("limits: an attach over limits.max_total_bytes is refused, saying so; 
       [&] { return tryAttach(d.socketPath(), FL_CONSUMER, "mem-x", kSlots, kSlotSize).status == FL_OK; },
       Millis(5000), Millis(50)));
   held.clear();
+  requireQuickCleanStop(d);
+}
+
+TEST_CASE(
+    "limits: a detached producer's segments count while a reader holds its frame; a restart at the "
+    "cap is not refused for its own last run",
+    "[integration][limits]") {
+  // Room for two clients of this size, not three (see the first case).
+  DaemonProcess d(limitedDaemon(
+      {"--max-total-bytes", "2560KiB", "--max-uid-bytes", "16MiB", "--ack-timeout-ms", "60000"}));
+  Client reader = attachConsumer(d, "held", kSlots, kSlotSize);
+
+  // A producer that goes and comes back at once is attached again: its
+  // segments go with the detach, and the new attach waits for that.
+  for (int i = 0; i < 5; ++i) {
+    Client producer = attachProducer(d, "held", kSlots, kSlotSize);
+    producer.reset();
+    AttachResult again = tryAttach(d.socketPath(), FL_PRODUCER, "held", kSlots, kSlotSize);
+    INFO("restart " << i << ": " << statusName(again.status) << ": " << again.message);
+    REQUIRE(again.status == FL_OK);
+  }
+
+  // This one's frame is lent to the reader, which holds it: the producer's
+  // segment stays (mapped by the daemon and the reader) after it detached.
+  Client producer = attachProducer(d, "held", kSlots, kSlotSize);
+  submitFrame(producer.get(), 1, 4096);
+  const fl_frame held = receiveFrame(reader.get(), Millis(5000));
+  REQUIRE(held.frame_id == 1);
+  producer.reset();
+  AttachResult refused = tryAttach(d.socketPath(), FL_PRODUCER, "held", kSlots, kSlotSize);
+  INFO("fl_attach: " << statusName(refused.status) << ": " << refused.message);
+  CHECK(refused.status == FL_ERR_QUOTA);
+  CHECK(contains(refused.message, "of them are of detached clients, held until their frames end"));
+  CHECK(d.metric("framelink_attach_rejected_total{reason=\"memory_limit\"}") == 1);
+
+  // The reader lets the frame go: so does the daemon the segment, and the bytes.
+  REQUIRE(fl_release(reader.get(), held.slot) == FL_OK);
+  AttachResult admitted = tryAttach(d.socketPath(), FL_PRODUCER, "held", kSlots, kSlotSize);
+  INFO("fl_attach: " << statusName(admitted.status) << ": " << admitted.message);
+  CHECK(admitted.status == FL_OK);
+  admitted.client.reset();
+  reader.reset();
   requireQuickCleanStop(d);
 }
 
