@@ -139,6 +139,7 @@ int main(int argc, char** argv) try {
   spdlog::set_level(spdlog::level::from_str(config->log_level));
   spdlog::info("starting: {}", framelink::describe(config.value()));
   warnAboutSecurity(config.value());
+  for (const auto& warning : config->routeWarnings()) spdlog::warn("{}", warning);
 
   // Signals are taken synchronously by this thread; every other thread
   // inherits the blocked mask.

@@ -170,6 +170,7 @@ struct FlagValue {
 struct Flags {
   std::string config;
   bool print_reference = false;
+  bool check_only = false;
   std::vector<FlagValue> values;  // parallel to options()
   std::vector<std::string> peer, route;
 };
@@ -192,6 +193,10 @@ void addFlags(CLI::App& app, Flags& f) {
   app.add_option("--config", f.config, "TOML file, loaded first; flags override it")->type_name("FILE");
   app.add_flag("--print-config-reference", f.print_reference,
                "Print the table of settings (markdown, as in the configuration reference) and exit");
+  app.add_flag(
+      "--check-config", f.check_only,
+      "Check the configuration (the file and the flags) as a start would, print what it sets and its "
+      "warnings, and exit without starting: 0 valid, 2 invalid (the error says what and where)");
   f.values.resize(options().size());
   for (size_t i = 0; i < options().size(); ++i) {
     const Option& option = options()[i];
@@ -463,6 +468,11 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
   }
   if (auto st = applyFlags(f, config); !st) return std::move(st).error();
   if (auto st = validate(config); !st) return std::move(st).error();
+  if (f.check_only) {
+    config.exit_now = true;
+    config.exit_message = "framelinkd: the configuration is valid: " + describe(config) + "\n";
+    for (const auto& warning : config.routeWarnings()) config.exit_message += "warning: " + warning + "\n";
+  }
   return config;
 }
 

@@ -190,6 +190,12 @@ struct Config {
   // anywhere names this stream or "*"): a consumer of the stream attached to
   // this daemon then takes its frames instead (local delivery).
   bool routeIsImplicit(const std::string& stream) const;
+  // What the peers' routes leave out although it is no error: a stream that
+  // worked with one peer and no routes goes nowhere once a second peer
+  // without a streams list is added (rule 3 needs exactly one).  One line
+  // each, naming the peers and what to write; logged at start and printed
+  // by --check-config.
+  std::vector<std::string> routeWarnings() const;
 };
 
 // Every setting is a row of the option table (config_options.h): its TOML

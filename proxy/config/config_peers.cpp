@@ -257,6 +257,22 @@ std::vector<std::string> Config::routesFor(const std::string& stream) const {
   return {fallback->name};
 }
 
+std::vector<std::string> Config::routeWarnings() const {
+  std::vector<std::string> unrouted, starred;
+  for (const auto& peer : peers) {
+    if (peer.streams.empty()) unrouted.push_back(peer.name);
+    if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) {
+      starred.push_back(peer.name);
+    }
+  }
+  if (unrouted.size() < 2 || !starred.empty()) return {};
+  return {"peers " + join(unrouted, ", ") +
+          " have no streams list: a stream that no peer's streams list names goes to none of them (only a "
+          "single peer without a list takes every other stream), and fails FL_ERR_NO_ROUTE unless a consumer "
+          "of it is attached here.  Give each peer its streams (streams = [\"cam0\"], or --route cam0=" +
+          unrouted.front() + "), or \"*\" to the one that takes the rest"};
+}
+
 bool Config::routeIsImplicit(const std::string& stream) const {
   for (const auto& peer : peers) {
     for (const auto& s : peer.streams) {

@@ -182,3 +182,58 @@ TEST_CASE("token files that others than the daemon's user can read are named at 
   REQUIRE(inline_token.ok());
   CHECK(fl::exposedTokenFiles(*inline_token).empty());
 }
+
+TEST_CASE(
+    "a second peer without a streams list is warned about: the streams that went to the first go nowhere",
+    "[config][routes]") {
+  auto one = parse({"--peer", "hostb=10.0.0.2:7700"});
+  REQUIRE(one.ok());
+  CHECK(one->routesFor("cam0") == std::vector<std::string>{"hostb"});
+  CHECK(one->routeWarnings().empty());
+
+  auto two = parse({"--peer", "hostb=10.0.0.2:7700", "--peer", "hostc=10.0.0.3:7700"});
+  REQUIRE(two.ok());
+  CHECK(two->routesFor("cam0").empty());
+  REQUIRE(two->routeWarnings().size() == 1);
+  const std::string warning = two->routeWarnings()[0];
+  INFO(warning);
+  CHECK(warning.find("peers hostb, hostc have no streams list") != std::string::npos);
+  CHECK(warning.find("FL_ERR_NO_ROUTE") != std::string::npos);
+  CHECK(warning.find("--route cam0=hostb") != std::string::npos);
+
+  // Routed, or one takes the rest: nothing to say.
+  auto routed =
+      parse({"--peer", "hostb=10.0.0.2:7700", "--peer", "hostc=10.0.0.3:7700", "--route", "*=hostc"});
+  REQUIRE(routed.ok());
+  CHECK(routed->routesFor("cam0") == std::vector<std::string>{"hostc"});
+  CHECK(routed->routeWarnings().empty());
+}
+
+TEST_CASE("--check-config checks as a start would and says so, without starting", "[config]") {
+  TempDir dir;
+  const std::string good = dir.write("good.toml", R"(
+[daemon]
+id = "hosta"
+[[peer]]
+name = "hostb"
+address = "10.0.0.2:7700"
+[[peer]]
+name = "hostc"
+address = "10.0.0.3:7700"
+)");
+  auto checked = parse({"--config", good, "--check-config"});
+  REQUIRE(checked.ok());
+  CHECK(checked->exit_now);
+  INFO(checked->exit_message);
+  CHECK(checked->exit_message.rfind("framelinkd: the configuration is valid: config=" + good, 0) == 0);
+  CHECK(checked->exit_message.find("\nwarning: peers hostb, hostc have no streams list") !=
+        std::string::npos);
+
+  // An invalid file is refused with the message a start would give.
+  const std::string bad = dir.write("bad.toml", "[daemon]\nid = \"hosta\"\nsocket_mode = \"rw\"\n");
+  auto refused = parse({"--config", bad, "--check-config"});
+  auto started = parse({"--config", bad});
+  REQUIRE_FALSE(refused.ok());
+  REQUIRE_FALSE(started.ok());
+  CHECK(refused.error().message == started.error().message);
+}
