@@ -24,6 +24,7 @@ uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
   const uint64_t id = next_in_state_id_++;
   in_state_ids_.emplace(key, id);
   InState& in = in_states_[id];
+  ++in_states_of_peer_[l.peer];
   in.peer = l.peer;
   in.instance = l.peer_instance;
   in.stream_id = stream_id;
@@ -59,6 +60,9 @@ void InboundStreams::countOpen(const AgentLink& l, uint64_t sid, int change) {
 }
 
 void InboundStreams::forgetInState(std::map<uint64_t, InState>::iterator it) {
+  if (auto n = in_states_of_peer_.find(it->second.peer); n != in_states_of_peer_.end() && --n->second == 0) {
+    in_states_of_peer_.erase(n);
+  }
   in_state_ids_.erase(InStateKey{it->second.peer, it->second.instance, it->second.stream_id});
   in_states_.erase(it);
 }
@@ -98,11 +102,27 @@ void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, con
   held.this_round = true;
 }
 
+size_t InboundStreams::rememberCap(uint64_t peer) const {
+  auto it = in_states_of_peer_.find(peer);
+  const size_t streams = it != in_states_of_peer_.end() && it->second > 0 ? it->second : 1;
+  return std::clamp(limits_.remembered_per_peer / streams, kMinRemembered, kMaxRemembered);
+}
+
+size_t InboundStreams::answersKept(uint64_t peer) const {
+  size_t n = 0;
+  for (const auto& [id, in] : in_states_) {
+    if (in.peer == peer)
+      n += in.released.size() + in.refused.size() + in.resend.size() + in.answered_above.size();
+  }
+  return n;
+}
+
 void InboundStreams::markAnswered(InState& in, uint64_t sequence) {
   if (sequence <= in.answered_to) return;
   in.answered_above.insert(sequence);
-  if (in.answered_above.size() > kMaxRemembered) {
-    // A gap that stayed open for kMaxRemembered answers: its sender gave up
+  const size_t cap = rememberCap(in.peer);
+  while (in.answered_above.size() > cap) {
+    // A gap that stayed open for as many answers as the stream keeps: its sender gave up
     // on those frames (they ended TIMEOUT) or never sent them.  The
     // watermark passes it; a late replay of one is answered "unknown".
     metrics_.counters.answer_gaps_forgotten.fetch_add(*in.answered_above.begin() - in.answered_to - 1,

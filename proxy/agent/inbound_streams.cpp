@@ -161,7 +161,7 @@ void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey st
     InState& in = ist->second;
     in.held.erase(from.sequence);
     in.released.push_back(ReleasedFrame{from.sequence, readers, skipped});
-    if (in.released.size() > kMaxRemembered) in.released.pop_front();
+    for (const size_t cap = rememberCap(in.peer); in.released.size() > cap;) in.released.pop_front();
     in.used_ns = clock_.nowNs();
     // The ACK goes on the link the frame came on, else on the newest link
     // from its sender (the one it sends on).  With no link up it is not
@@ -235,12 +235,13 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
     // later frames arrived meanwhile.
     InState& in = in_states_[inStateId(l, stream_id)];
     in.resend.insert(sequence);
-    if (in.resend.size() > kMaxRemembered) in.resend.erase(in.resend.begin());
+    for (const size_t cap = rememberCap(in.peer); in.resend.size() > cap;) in.resend.erase(in.resend.begin());
   } else if (l.in_streams.count(stream_id) != 0) {
     // Remembered so that a replay of this frame gets the same answer.
     InState& in = in_states_[inStateId(l, stream_id)];
     in.refused[sequence] = code;
-    if (in.refused.size() > kMaxRemembered) in.refused.erase(in.refused.begin());
+    for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;)
+      in.refused.erase(in.refused.begin());
     markAnswered(in, sequence);
   }
   v1::PeerMessage msg;

@@ -38,6 +38,12 @@ struct InboundLimits {
   // Sender streams remembered per peer (all its instances): room for a
   // full link of open streams twice over, the rest idle.
   size_t max_in_states_per_peer = 2 * peer::kMaxStreamsPerLink;
+  // Answers remembered per peer, of each kind (released, refused, to be
+  // sent again, answered above the watermark), over all its sender streams:
+  // each stream keeps InboundStreams::kMaxRemembered while the peer has few,
+  // fewer (never under kMinRemembered) when it has many -- a peer with
+  // thousands of streams cannot make this end keep gigabytes.
+  size_t remembered_per_peer = size_t{1} << 18;
   // A recalled credit neither given back nor used by then fails its link:
   // the sender would sit on a slot another sender of the stream waits for.
   uint64_t recall_deadline_ns = 30'000'000'000ULL;
@@ -61,6 +67,7 @@ class InboundStreams {
   // Released sequences remembered per sender stream (their ACKs are sent
   // again on every new link), and NACKs repeated to a replay.
   static constexpr size_t kMaxRemembered = 4096;
+  static constexpr size_t kMinRemembered = 32;
   // What is sent again on a new link in one round (answerAgain): the ACKs
   // and NACKs of sender streams until this many went, the rest in later
   // rounds, once the link's control records left (a sender stream's go
@@ -118,6 +125,8 @@ class InboundStreams {
   size_t readsInFlight() const { return reads_posted_; }
   // The most reads one link had in flight at once.
   size_t readsPeakPerLink() const { return reads_peak_; }
+  // Consumers' slots granted to no sender while a peer's rdma window into them may still be written.
+  size_t slotsFenced() const { return fences_.size(); }
   // A stream opened on `link`; a peer over its stream bound gets the violation back.
   std::string onStreamOpen(AgentLink& link, const peer::StreamOpen& open);
   void onStreamClose(AgentLink& link, uint64_t stream_id);
@@ -146,6 +155,8 @@ class InboundStreams {
   size_t framesHeld() const;
   // Sender streams remembered (open or not).
   size_t senderStreamsKept() const { return in_states_.size(); }
+  // Answers kept for replays of `peer`'s frames, every kind summed (walks its streams).
+  size_t answersKept(uint64_t peer) const;
 
   // Rounds of granting a stream's slots so far (what a peer's messages cost).
   uint64_t grantRoundsForTest() const { return grant_rounds_; }
@@ -401,6 +412,9 @@ class InboundStreams {
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
   // Answers a replay of a frame delivered and released before: its ACK again.
   void ackAgain(AgentLink& link, const transport::FrameHeader& header, const ReleasedFrame& answer);
+  // How many answers of one kind a sender stream of `peer` keeps
+  // (Limits::remembered_per_peer shared by its streams).
+  size_t rememberCap(uint64_t peer) const;
 
   Metrics& metrics_;
   ClientTable& clients_;
@@ -412,6 +426,7 @@ class InboundStreams {
   Credits credits_;
   std::map<uint64_t, InState> in_states_;  // by id
   std::map<InStateKey, uint64_t> in_state_ids_;
+  std::map<uint64_t, size_t> in_states_of_peer_;  // how many of in_states_ each peer has
   uint64_t next_in_state_id_ = 1;
   uint32_t next_generation_ = 1;
   std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)

@@ -19,6 +19,7 @@ void DataAgent::publishStats() {
   const transport::TransportCounters transport_totals = collectLinkStats(stats, gauges);
   gauges.pull_reads_in_flight = inbound_.readsInFlight();
   gauges.pull_reads_peak = inbound_.readsPeakPerLink();
+  gauges.slots_fenced = inbound_.slotsFenced();
   metrics_.setGauges(std::move(gauges));
   metrics_.setTransportCounters(transport_totals);
   outbound_.collectStats(stats.streams);

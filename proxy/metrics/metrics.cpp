@@ -425,6 +425,10 @@ void addGauges(Families& out, const Metrics::Gauges& gauges) {
               "The most reads of peers' offers one link had in flight at once since the daemon started "
               "(at most pull_reads_per_link).",
               MetricType::Gauge, static_cast<double>(gauges.pull_reads_peak));
+  plainFamily(out, "slots_fenced",
+              "Consumers' slots granted to no sender until the rdma window through which a peer could still "
+              "write into them has shut (its invalidation waits on a send queue the peer does not drain).",
+              MetricType::Gauge, static_cast<double>(gauges.slots_fenced));
   const std::pair<const char*, const Metrics::RoleGauge*> roles[] = {{"producer", &gauges.producers},
                                                                      {"consumer", &gauges.consumers}};
   auto byRole = [&](std::string_view name, std::string_view help, uint64_t Metrics::RoleGauge::*value) {

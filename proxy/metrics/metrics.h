@@ -133,6 +133,7 @@ class Metrics {
     uint64_t frames_held = 0;           // delivered to local consumers, not yet released
     uint64_t pull_reads_in_flight = 0;  // pull: reads of peers' offers posted, not yet complete
     uint64_t pull_reads_peak = 0;       // pull: the most one link ever had in flight at once
+    uint64_t slots_fenced = 0;          // rdma: slots held back until a peer's window into them shut
   };
   void setGauges(Gauges gauges);
   // What the links' transports did, summed over every link the agent had

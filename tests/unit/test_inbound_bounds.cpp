@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "forwarding_transport.h"
 #include "inbound_fixture.h"
 
 using namespace framelink;
@@ -25,38 +26,27 @@ namespace {
 // Forwards to a tcp transport; refuses to expose what the test says, and,
 // like rdma (whose peer names a credit by the low 32 bits of its id, the
 // immediate data), a credit whose low 32 bits a live one has.
-class PickyTransport final : public transport::Transport {
+class PickyTransport final : public framelink::testing::ForwardingTransport {
  public:
-  explicit PickyTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  using ForwardingTransport::ForwardingTransport;
   const uint8_t* refuse_buffer = nullptr;  // exposing this slot fails
+  std::vector<uint64_t> retracted;         // credit ids, in order
 
   const char* name() const noexcept override { return "picky"; }
-  bool connected() const noexcept override { return inner_->connected(); }
   Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
     if (credit.buffer == refuse_buffer) return makeError(FL_EINVAL, "the test refuses this slot");
     const auto immediate = static_cast<uint32_t>(credit.credit_id);
     if (live_.count(immediate) != 0) return makeError(FL_EINVAL, "same low 32 bits as a live credit");
     live_.insert(immediate);
-    return inner_->exposeCredit(std::move(credit));
+    return ForwardingTransport::exposeCredit(std::move(credit));
   }
-  std::vector<uint64_t> retracted;  // credit ids, in order
-
   void retractCredit(uint64_t credit_id) override {
     retracted.push_back(credit_id);
     live_.erase(static_cast<uint32_t>(credit_id));
-    inner_->retractCredit(credit_id);
+    ForwardingTransport::retractCredit(credit_id);
   }
-  transport::PostResult post(const transport::SendRequest& r) noexcept override { return inner_->post(r); }
-  transport::PostResult postControl(std::string record) noexcept override {
-    return inner_->postControl(std::move(record));
-  }
-  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
-  int eventFd() const noexcept override { return inner_->eventFd(); }
-  void shutdown() noexcept override { inner_->shutdown(); }
-  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   std::set<uint32_t> live_;
 };
 
@@ -329,6 +319,40 @@ TEST_CASE("inbound bounds: sender streams remembered per peer are capped", "[age
   CHECK(rig.metrics.counters.sender_streams_forgotten.load() == 1);
 }
 
+TEST_CASE("inbound bounds: what is kept to answer a peer's replays is bounded per peer, not per stream",
+          "[agent][inbound][memory]") {
+  InboundStreams::Limits limits;
+  limits.remembered_per_peer = 1024;
+  InboundRig rig(limits);
+  // Frames naming credits this end never granted: each is refused "send it again" and remembered
+  // (a copy sent again is no duplicate) -- with no credit spent, as often as the peer likes.
+  auto flood = [&](AgentLink& l, uint64_t sid, uint64_t frames) {
+    transport::TransportEvent ev;
+    ev.kind = transport::TransportEvent::Kind::kFrameArrived;
+    ev.status = FL_ERR_UNKNOWN_CREDIT;
+    ev.header.stream_id = sid;
+    ev.header.length = 10;
+    for (uint64_t seq = 1; seq <= frames; ++seq) {
+      ev.header.sequence = seq;
+      ev.header.credit_id = 1'000'000 + seq;
+      rig.inbound.onFrameArrived(l, ev);
+    }
+  };
+  AgentLink& many = rig.linkUp(1, "many");
+  constexpr uint64_t kStreams = 64;
+  for (uint64_t sid = 1; sid <= kStreams; ++sid)
+    REQUIRE(rig.open(many, sid, "s" + std::to_string(sid)).empty());
+  for (uint64_t sid = 1; sid <= kStreams; ++sid) flood(many, sid, 100);
+  // 64 streams share 1024: each keeps the least, kMinRemembered, not its 100.
+  CHECK(rig.inbound.answersKept(many.peer) == kStreams * InboundStreams::kMinRemembered);
+  // A peer with one stream keeps what the peer may: all 200 of them.
+  AgentLink& one = rig.linkUp(2, "one");
+  REQUIRE(rig.open(one, 1, "s1").empty());
+  flood(one, 1, 200);
+  CHECK(rig.inbound.answersKept(one.peer) == 200);
+  CHECK(rig.metrics.counters.nacks_sent.load() == kStreams * 100 + 200);  // each was answered all the same
+}
+
 TEST_CASE("inbound bounds: a consumer that leaves has its credits recalled, retracted only when given back",
           "[agent][inbound][credits]") {
   // The sender may have posted a write into a credit before it hears the
@@ -395,32 +419,21 @@ namespace {
 
 // Forwards to a tcp transport; like rdma behind a send queue the peer stalls, the window of a
 // credit it exposed stays open once the credit ended -- until the test shuts them all.
-class WindowKeeper final : public transport::Transport {
+class WindowKeeper final : public framelink::testing::ForwardingTransport {
  public:
-  explicit WindowKeeper(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  using ForwardingTransport::ForwardingTransport;
   bool shut = false;
 
   const char* name() const noexcept override { return "window-keeper"; }
-  bool connected() const noexcept override { return inner_->connected(); }
   Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
     exposed_.insert(credit.credit_id);
-    return inner_->exposeCredit(std::move(credit));
+    return ForwardingTransport::exposeCredit(std::move(credit));
   }
-  void retractCredit(uint64_t credit_id) override { inner_->retractCredit(credit_id); }
   bool windowOpen(uint64_t credit_id) const noexcept override {
     return !shut && exposed_.count(credit_id) != 0;
   }
-  transport::PostResult post(const transport::SendRequest& r) noexcept override { return inner_->post(r); }
-  transport::PostResult postControl(std::string record) noexcept override {
-    return inner_->postControl(std::move(record));
-  }
-  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
-  int eventFd() const noexcept override { return inner_->eventFd(); }
-  void shutdown() noexcept override { inner_->shutdown(); }
-  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   std::set<uint64_t> exposed_;
 };
 
@@ -456,9 +469,11 @@ TEST_CASE("inbound bounds: a slot whose window the peer may still write is grant
   CHECK(rig.credited(0) == 0);  // the window is open: p1's old key still writes there
   rig.inbound.flushControl();
   CHECK(rig.credited(0) == 0);
-  keeper->shut = true;  // its invalidation executed
+  CHECK(rig.inbound.slotsFenced() == 1);  // framelink_slots_fenced
+  keeper->shut = true;                    // its invalidation executed
   rig.inbound.flushControl();
   CHECK(rig.credited(0) == 1);
+  CHECK(rig.inbound.slotsFenced() == 0);
 }
 
 TEST_CASE("inbound bounds: a slot held for a window goes on when the link that had it goes",

@@ -10,6 +10,7 @@
 #include "agent/outbound_streams.h"
 #include "agent/peer_messages.h"
 #include "agent_fixture.h"
+#include "forwarding_transport.h"
 #include "outbound_fixture.h"
 
 using namespace framelink;
@@ -259,33 +260,16 @@ namespace {
 
 // Forwards to a real transport and remembers the memory key of the last post
 // (kNoKey for a request without one).
-class KeyRecorder final : public transport::Transport {
+class KeyRecorder final : public framelink::testing::ForwardingTransport {
  public:
   static constexpr uint64_t kNoKey = ~uint64_t{0};
-  explicit KeyRecorder(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  using ForwardingTransport::ForwardingTransport;
   std::shared_ptr<std::atomic<uint64_t>> last_key = std::make_shared<std::atomic<uint64_t>>(0);
 
-  const char* name() const noexcept override { return inner_->name(); }
-  bool connected() const noexcept override { return inner_->connected(); }
-  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit c) override {
-    return inner_->exposeCredit(std::move(c));
-  }
-  void retractCredit(uint64_t id) override { inner_->retractCredit(id); }
   transport::PostResult post(const transport::SendRequest& r) noexcept override {
     last_key->store(r.local_key ? *r.local_key : kNoKey);
-    return inner_->post(r);
+    return ForwardingTransport::post(r);
   }
-  transport::PostResult postControl(std::string record) noexcept override {
-    return inner_->postControl(std::move(record));
-  }
-  void flush() noexcept override { inner_->flush(); }
-  size_t poll(transport::TransportEvent* out, size_t max) noexcept override { return inner_->poll(out, max); }
-  int eventFd() const noexcept override { return inner_->eventFd(); }
-  void shutdown() noexcept override { inner_->shutdown(); }
-  transport::TransportCounters counters() const noexcept override { return inner_->counters(); }
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
 };
 
 }  // namespace
