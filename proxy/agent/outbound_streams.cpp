@@ -136,21 +136,8 @@ bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& d
                                            " > " + std::to_string(FL_MAX_ATTR_BYTES) + " or unknown flags)");
   }
   if (ac.route == kNoPeer && !deliversLocally(ac)) {
-    if (config_.peers.empty()) {
-      return refuse(FL_ERR_NO_ROUTE, "no peer is configured for stream '" + c.stream +
-                                         "' and no consumer of it is attached to this daemon (add --peer / "
-                                         "--route, or attach a consumer here)");
-    }
-    const auto unlisted = std::count_if(config_.peers.begin(), config_.peers.end(),
-                                        [](const PeerConfig& p) { return p.streams.empty(); });
-    return refuse(FL_ERR_NO_ROUTE, "none of the " + std::to_string(config_.peers.size()) +
-                                       " configured peers takes stream '" + c.stream +
-                                       "' (no peer's streams list names it or \"*\"" +
-                                       (unlisted > 1 ? ", and " + std::to_string(unlisted) +
-                                                           " peers have no list, so none takes "
-                                                           "the rest"
-                                                     : std::string()) +
-                                       ") and no consumer of it is attached to this daemon (add --route " +
+    return refuse(FL_ERR_NO_ROUTE, config_.whyNoRoute(c.stream) +
+                                       " and no consumer of it is attached to this daemon (add --route " +
                                        c.stream + "=PEER, or attach a consumer here)");
   }
   return true;

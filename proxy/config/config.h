@@ -196,6 +196,9 @@ struct Config {
   // each, naming the peers and what to write; logged at start and printed
   // by --check-config.
   std::vector<std::string> routeWarnings() const;
+  // Why routesFor(stream) is empty, for a refusal: "no peer is configured
+  // for stream 'x'", or which rule left it out.
+  std::string whyNoRoute(const std::string& stream) const;
 };
 
 // Every setting is a row of the option table (config_options.h): its TOML

@@ -273,6 +273,17 @@ std::vector<std::string> Config::routeWarnings() const {
           unrouted.front() + "), or \"*\" to the one that takes the rest"};
 }
 
+std::string Config::whyNoRoute(const std::string& stream) const {
+  if (peers.empty()) return "no peer is configured for stream '" + stream + "'";
+  const auto unlisted =
+      std::count_if(peers.begin(), peers.end(), [](const PeerConfig& p) { return p.streams.empty(); });
+  return "none of the " + std::to_string(peers.size()) + " configured peers takes stream '" + stream +
+         "' (no peer's streams list names it or \"*\"" +
+         (unlisted > 1 ? ", and " + std::to_string(unlisted) + " peers have no list, so none takes the rest"
+                       : std::string()) +
+         ")";
+}
+
 bool Config::routeIsImplicit(const std::string& stream) const {
   for (const auto& peer : peers) {
     for (const auto& s : peer.streams) {

@@ -200,6 +200,10 @@ TEST_CASE(
   CHECK(warning.find("peers hostb, hostc have no streams list") != std::string::npos);
   CHECK(warning.find("FL_ERR_NO_ROUTE") != std::string::npos);
   CHECK(warning.find("--route cam0=hostb") != std::string::npos);
+  CHECK(two->whyNoRoute("cam0") ==
+        "none of the 2 configured peers takes stream 'cam0' (no peer's streams list names it or \"*\", and 2 "
+        "peers have no list, so none takes the rest)");
+  CHECK(parse({})->whyNoRoute("cam0") == "no peer is configured for stream 'cam0'");
 
   // Routed, or one takes the rest: nothing to say.
   auto routed =
