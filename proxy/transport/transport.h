@@ -268,6 +268,13 @@ class Transport {
     (void)credit_id;
     return false;
   }
+  // Whether every credit exposed so far takes the peer's writes now.  A
+  // grant sent on this link follows what made its credit writable (rdma: the
+  // bind of its window goes ahead of it on the same send queue, which
+  // executes in order), so the protocol never asks; a peer told of a credit
+  // some other way (a test handing RemoteCredits across in-process) waits
+  // until this is true.  Always true where exposing is immediate.
+  virtual bool creditsWritable() const noexcept { return true; }
 
   // Send side.  Non-blocking.  kInvalid when header.credit_id differs from
   // credit.credit_id, the length exceeds the credit, attr_length exceeds

@@ -45,8 +45,11 @@ class CreditWindow {
   }
 
   // The credit the "control link" told the sender for `frame`, or null while
-  // there is none.
+  // there is none.  That link is this process: a grant is told once the
+  // receiver's credits take writes (rdma: the window's bind has executed,
+  // which a grant on the link itself would have waited for).
   const RemoteCredit* granted(size_t frame) const {
+    if (!receiver_.creditsWritable()) return nullptr;
     auto it = granted_.find(frame + 1);
     return it == granted_.end() ? nullptr : &it->second;
   }

@@ -23,6 +23,7 @@ class ForwardingTransport : public transport::Transport {
   }
   void retractCredit(uint64_t credit_id) override { inner_->retractCredit(credit_id); }
   bool windowOpen(uint64_t credit_id) const noexcept override { return inner_->windowOpen(credit_id); }
+  bool creditsWritable() const noexcept override { return inner_->creditsWritable(); }
   transport::PostResult post(const transport::SendRequest& request) noexcept override {
     return inner_->post(request);
   }

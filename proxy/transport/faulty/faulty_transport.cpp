@@ -82,6 +82,7 @@ class FaultyTransportImpl final : public FaultyTransport {
     inner_->retractCredit(credit_id);
   }
   bool windowOpen(uint64_t credit_id) const noexcept override { return inner_->windowOpen(credit_id); }
+  bool creditsWritable() const noexcept override { return inner_->creditsWritable(); }
 
   // Pull passes through: reads are neither dropped nor doubled (a read
   // completes exactly once), only held back by `delay` like a send

@@ -187,6 +187,8 @@ class RdmaTransport final : public Transport {
   // before it on the send queue (windowOpen is true until then).
   void retractCredit(uint64_t credit_id) override;
   bool windowOpen(uint64_t credit_id) const noexcept override;
+  // True once every window bind queued so far has executed.
+  bool creditsWritable() const noexcept override;
   PostResult post(const SendRequest& request) noexcept override;
   PostResult postControl(std::string record) noexcept override;
   bool readable() const noexcept override { return read_depth_ > 0; }

@@ -265,6 +265,10 @@ bool RdmaTransport::windowOpen(uint64_t credit_id) const noexcept {
   return ending_windows_.count(static_cast<uint32_t>(credit_id)) != 0;
 }
 
+bool RdmaTransport::creditsWritable() const noexcept {
+  return window_backlog_.empty() && window_done_seq_ == window_posted_seq_;
+}
+
 uint32_t RdmaTransport::buildWindowWrs() noexcept {
   const uint32_t depth = options_.window_queue_depth;
   uint32_t built = 0;
