@@ -2,6 +2,7 @@
 // agent fills an AgentStats (agent_stats.h) and the metrics' gauges from its
 // own tables and hands both to Metrics, which serves them.
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -25,7 +26,8 @@ void DataAgent::publishStats() {
   outbound_.collectStats(stats.streams);
   stats.credits_outstanding = inbound_.creditsOutstanding();
   stats.frames_held_by_consumers = inbound_.framesHeld();
-  metrics_.setDetail(toJson(std::move(stats)));
+  metrics_.setDetail(
+      [snapshot = std::make_shared<const AgentStats>(std::move(stats))] { return toJson(*snapshot); });
 }
 
 void DataAgent::collectClientStats(AgentStats& stats, Metrics::Gauges& gauges) {

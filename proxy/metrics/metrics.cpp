@@ -60,10 +60,14 @@ uint64_t steadyNs() {
 
 }  // namespace
 
-void Metrics::setDetail(std::string json) {
+void Metrics::setDetail(DetailRenderer render) {
   MutexLock lock(detail_mutex_);
-  detail_ = std::move(json);
+  detail_ = std::move(render);
   detail_at_ns_ = steadyNs();
+}
+
+void Metrics::setDetail(std::string json) {
+  setDetail([json = std::move(json)] { return json; });
 }
 
 Metrics::Health Metrics::health() const {
@@ -539,12 +543,13 @@ std::string Metrics::summary() const {
 
 std::string Metrics::json() const {
   transport::TransportCounters transport;
-  std::string detail;
+  DetailRenderer render;
   {
     MutexLock lock(detail_mutex_);
     transport = transport_;
-    detail = detail_;
+    render = detail_;
   }
+  const std::string detail = render();
   nlohmann::ordered_json out;
   const std::pair<const char*, const std::atomic<uint64_t>*> totals[] = {
       {"frames_submitted", &counters.frames_submitted},

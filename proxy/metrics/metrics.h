@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -110,7 +111,13 @@ class Metrics {
 
   void recordDeliveryLatency(uint64_t micros) noexcept;
   void recordFailure(int status) noexcept;
-  void setDetail(std::string json);  // per client / stream / link, from the agent
+  // Per client / stream / link, from the agent: what renders the JSON of
+  // /stats and the admin snapshot.  The agent hands over its snapshot and
+  // this renderer; the JSON is made only when asked for, on the asker's
+  // thread, not every publish period on the agent's.
+  using DetailRenderer = std::function<std::string()>;
+  void setDetail(DetailRenderer render);
+  void setDetail(std::string json);
 
   // Gauges per link and of frames in flight, from the agent (with the detail).
   struct LinkGauge {
@@ -174,7 +181,7 @@ class Metrics {
   std::array<std::atomic<uint64_t>, 512> failures_by_status_{};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(AttachReject::kCount)> attach_rejected_{};
   mutable Mutex detail_mutex_;
-  std::string detail_ FL_GUARDED_BY(detail_mutex_) = "{}";
+  DetailRenderer detail_ FL_GUARDED_BY(detail_mutex_) = [] { return std::string("{}"); };
   uint64_t detail_at_ns_ FL_GUARDED_BY(detail_mutex_) = 0;  // steady clock; 0: never published
   std::atomic<uint64_t> health_window_ns_{5'000'000'000};
   Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
