@@ -188,6 +188,9 @@ struct Slots {
     auto c = l.b.t->exposeCredit({next_id++, dst.slot(slot) + rdma::kWireHeaderBytes, kCapacity, nullptr});
     if (!c) std::printf("exposeCredit: %s\n", c.error().message.c_str());
     l.b.t->flush();  // binds its window, as the grant's chain would
+    // What slot 1 holds once granted (the transport poisons its header's length): the bytes a
+    // refused write must leave as they are.
+    if (slot == 1) slot1.assign(dst.slot(1), dst.slot(1) + kStride);
     return c ? c.value() : transport::RemoteCredit{};
   }
   void resetSlot1() { std::memcpy(dst.slot(1), slot1.data(), kStride); }
