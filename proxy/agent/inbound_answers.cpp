@@ -111,8 +111,8 @@ size_t InboundStreams::rememberCap(uint64_t peer) const {
 size_t InboundStreams::answersKept(uint64_t peer) const {
   size_t n = 0;
   for (const auto& [id, in] : in_states_) {
-    if (in.peer == peer)
-      n += in.released.size() + in.refused.size() + in.resend.size() + in.answered_above.size();
+    if (in.peer != peer) continue;
+    n += in.released.size() + in.refused.size() + in.resend.size() + in.answered_above.size();
   }
   return n;
 }

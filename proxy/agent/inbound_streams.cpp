@@ -240,8 +240,9 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
     // Remembered so that a replay of this frame gets the same answer.
     InState& in = in_states_[inStateId(l, stream_id)];
     in.refused[sequence] = code;
-    for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;)
+    for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;) {
       in.refused.erase(in.refused.begin());
+    }
     markAnswered(in, sequence);
   }
   v1::PeerMessage msg;

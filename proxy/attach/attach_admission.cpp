@@ -74,8 +74,9 @@ bool AttachServer::parkForQuota(int fd, const fl_attach_request& req, const ucre
   auto it = connections_.find(fd);
   // Once: a request whose wait is over is refused.
   if (it == connections_.end() || it->second.parked ||
-      !quota_.fitsOnceDrained(cred.uid, requestBytes(config_, req)))
+      !quota_.fitsOnceDrained(cred.uid, requestBytes(config_, req))) {
     return false;
+  }
   it->second.parked = req;
   it->second.parked_cred = cred;
   it->second.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kQuotaWaitMs);
