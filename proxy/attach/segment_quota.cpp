@@ -56,11 +56,10 @@ uint64_t SegmentQuota::ofUid(uid_t uid) const {
 
 Status SegmentQuota::admit(uid_t uid, uint64_t bytes) const {
   MutexLock lock(ledger_->mu);
-  const Ledger& l = *ledger_;
-  auto it = l.by_uid.find(uid);
-  const uint64_t held = it != l.by_uid.end() ? it->second : 0;
-  auto d = l.draining_by_uid.find(uid);
-  const uint64_t held_draining = d != l.draining_by_uid.end() ? d->second : 0;
+  auto it = ledger_->by_uid.find(uid);
+  const uint64_t held = it != ledger_->by_uid.end() ? it->second : 0;
+  auto d = ledger_->draining_by_uid.find(uid);
+  const uint64_t held_draining = d != ledger_->draining_by_uid.end() ? d->second : 0;
   // What to do: where detached clients' segments are part of it, time lifts
   // it (the message must fit an attach reply, so this replaces the advice).
   auto advice = [](uint64_t draining, const char* detach) {
@@ -77,25 +76,24 @@ Status SegmentQuota::admit(uid_t uid, uint64_t bytes) const {
                          capText("max_uid_bytes", caps_.per_uid, caps_.per_uid_auto, "--max-uid-bytes") +
                          advice(held_draining, "detach a client"));
   }
-  if (bytes > caps_.total || l.total > caps_.total - bytes) {
+  if (bytes > caps_.total || ledger_->total > caps_.total - bytes) {
     return makeError(FL_ERR_QUOTA,
-                     "all clients hold " + std::to_string(l.total) +
+                     "all clients hold " + std::to_string(ledger_->total) +
                          " bytes of segments, this attach needs " + std::to_string(bytes) + " more: " +
                          capText("max_total_bytes", caps_.total, caps_.total_auto, "--max-total-bytes") +
-                         advice(l.draining, "detach idle clients"));
+                         advice(ledger_->draining, "detach idle clients"));
   }
   return {};
 }
 
 bool SegmentQuota::fitsOnceDrained(uid_t uid, uint64_t bytes) const {
   MutexLock lock(ledger_->mu);
-  const Ledger& l = *ledger_;
-  if (l.draining == 0) return false;
-  auto it = l.by_uid.find(uid);
-  auto d = l.draining_by_uid.find(uid);
+  if (ledger_->draining == 0) return false;
+  auto it = ledger_->by_uid.find(uid);
+  auto d = ledger_->draining_by_uid.find(uid);
   const uint64_t held =
-      (it != l.by_uid.end() ? it->second : 0) - (d != l.draining_by_uid.end() ? d->second : 0);
-  const uint64_t all = l.total - l.draining;
+      (it != ledger_->by_uid.end() ? it->second : 0) - (d != ledger_->draining_by_uid.end() ? d->second : 0);
+  const uint64_t all = ledger_->total - ledger_->draining;
   return bytes <= caps_.per_uid && held <= caps_.per_uid - bytes && bytes <= caps_.total &&
          all <= caps_.total - bytes;
 }
