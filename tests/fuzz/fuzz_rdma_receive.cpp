@@ -17,6 +17,7 @@
 #include <arpa/inet.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +98,13 @@ class Link {
     if (s.live || failed()) return;
     const uint64_t id = ++last_id_;
     auto c = b_->exposeCredit({id, mem_ + slot * kSlotBytes + kWireHeaderBytes, capacity, nullptr});
+    // The receiver's own write: it poisons the header's length (a frame must bring its own header;
+    // one exposure that fails later may have done so too).
+    uint8_t* length = mem_ + slot * kSlotBytes + offsetof(RdmaWireHeader, length);
+    uint64_t poison = 0;
+    std::memcpy(&poison, length, sizeof poison);
+    if (c.ok() && poison != kPoisonedLength) fail("an exposed credit's slot header is not poisoned");
+    std::memcpy(shadow_.data() + (length - mem_), length, sizeof poison);
     if (!c.ok()) return;  // refused (e.g. the link went down): nothing exposed
     b_->flush();          // its window is bound with b's next chain
     s.live = true;
