@@ -53,6 +53,11 @@ run_stage() {
   local pattern=${summary_pattern[$name]:-}
   if [[ -n "$pattern" ]]; then
     { grep -E "$pattern" "$s.log" || true; } | tail -1 | cut -c1-160 >"$s.summary"
+    # ctest's list of the tests that failed, so that the closing line names them.
+    local failed
+    failed=$(sed -n '/^The following tests FAILED:/,/^[^[:space:]]/s/^[[:space:]]*[0-9]* - \([^ ]*\).*/\1/p' \
+      "$s.log" | sort -u | paste -sd, - | cut -c1-200)
+    [[ -z "$failed" ]] || sed -i "s|\$| (failed: ${failed//,/, })|" "$s.summary"
   fi
   echo "$begin $(now) $name" >"$s.times"
   echo "$rc" >"$s.status"
@@ -74,13 +79,19 @@ serial_stage() {
   stage_passed "$1" || exit 1
 }
 
+# Waits until stage NAME has ended, whatever its result.  Bounded: a lane that died without ending
+# its stage must not hold another up past the limit.
+wait_stage_end() {
+  local p=$logs/$(slug "$1").status
+  while [[ ! -s "$p" ]] && (($(now) < limit_min * 60)); do sleep 2; done
+}
+
 # A stage of a lane: waits for the stage PREREQ (when given) and is not run when that failed.
 lane_stage() {
   local name=$1 nice=$2 prereq=$3 fn=$4 p
   if [[ -n "$prereq" ]]; then
     p=$logs/$(slug "$prereq").status
-    # Bounded: a lane that died without ending its stage must not hold this one up past the limit.
-    while [[ ! -s "$p" ]] && (($(now) < limit_min * 60)); do sleep 2; done
+    wait_stage_end "$prereq"
     if ! stage_passed "$prereq"; then
       local why="$prereq failed"
       [[ -s "$p" ]] || why="$prereq did not end within ${limit_min} minutes"
