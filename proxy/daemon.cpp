@@ -125,9 +125,10 @@ class DaemonImpl final : public Daemon {
   void stop() override {
     if (stopped_) return;
     stopped_ = true;
-    // Stop taking new clients, fail what is in flight, then end the links.
+    // Stop taking new clients, let what is in flight end (drain_timeout_ms at
+    // most: the links still run), fail the rest, then end the links.
     if (attach_) attach_->stop();
-    if (agent_) agent_->stop();
+    if (agent_) agent_->stop(config_.drain_timeout_ms);
     if (links_) links_->stop();
     attach_.reset();  // closes the client sockets: clients see the hang-up last
     metrics_.stop();

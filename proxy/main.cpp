@@ -186,7 +186,7 @@ int main(int argc, char** argv) try {
   }
   spdlog::info("signal {}: shutting down", sig);
 #ifdef FRAMELINK_HAVE_SYSTEMD
-  sd_notify(0, "STOPPING=1");
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");
 #endif
   daemon.value()->stop();
   spdlog::info("stopped");

@@ -111,10 +111,49 @@ void DataAgent::start() {
   thread_ = std::thread([this] { run(); });
 }
 
-void DataAgent::stop() {
+void DataAgent::stop(uint64_t drain_ms) {
   if (!thread_.joinable()) return;
-  post(CmdStop{});
+  post(CmdStop{drain_ms});
   thread_.join();
+}
+
+uint64_t DataAgent::framesInProgress() {
+  uint64_t n = 0;
+  for (auto& [id, c] : clients_.all()) {
+    if (c.session->role == FL_ROLE_PRODUCER) n += c.session->in_progress;
+  }
+  return n;
+}
+
+void DataAgent::beginStop(uint64_t drain_ms) {
+  const uint64_t n = framesInProgress();
+  if (drain_ms == 0 || n == 0 || drain_until_ns_ != 0) {
+    running_ = false;
+    return;
+  }
+  drain_from_ns_ = clock_.nowNs();
+  drain_until_ns_ = drain_from_ns_ + drain_ms * 1'000'000;
+  outbound_.startDraining();
+  spdlog::info(
+      "stopping: draining {} frame{} in progress for {} ms at most; new frames are refused "
+      "(FL_ERR_SHUTDOWN)",
+      n, n == 1 ? "" : "s", drain_ms);
+}
+
+void DataAgent::checkDrain(uint64_t now_ns) {
+  if (drain_until_ns_ == 0 || !running_) return;
+  const uint64_t left = framesInProgress();
+  if (left != 0 && now_ns < drain_until_ns_) return;
+  const uint64_t ms = (now_ns - drain_from_ns_) / 1'000'000;
+  if (left == 0) {
+    spdlog::info("stopping: every frame in progress ended within {} ms", ms);
+  } else {
+    spdlog::warn(
+        "stopping: {} frame{} still in progress after {} ms (drain_timeout_ms): they end "
+        "FL_ERR_SHUTDOWN, and may have reached their consumers",
+        left, left == 1 ? "" : "s", ms);
+  }
+  running_ = false;
 }
 
 void DataAgent::run() {
@@ -134,6 +173,8 @@ void DataAgent::run() {
     uint64_t work = drainCommands();
     if (!running_) break;
     work += doWork();
+    checkDrain(clock_.nowNs());
+    if (!running_) break;
     // After a sleep that brought no work, sleep again at once: only work
     // re-arms the spin phase.
     if (idle.idle(work, clock_.nowNs())) sleep();
@@ -300,7 +341,7 @@ size_t DataAgent::drainCommands() {
               l->peer_data_received = said.data_received;
             }
           } else if constexpr (std::is_same_v<T, CmdStop>) {
-            running_ = false;
+            beginStop(cmd.drain_ms);
           }
         },
         command);

@@ -118,7 +118,11 @@ struct CmdPeerMessage {
   std::shared_ptr<SessionBacklog> backlog;
   uint64_t bytes = 0;
 };
-struct CmdStop {};
+// Stop; with drain_ms > 0, first drain: new frames are refused (FL_ERR_SHUTDOWN)
+// and those in progress are given that long to end with their true status.
+struct CmdStop {
+  uint64_t drain_ms = 0;
+};
 
 using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
                                   CmdLinkKeepalive, CmdStop>;
@@ -148,8 +152,10 @@ class DataAgent {
     commands_.push(std::move(command));
   }
   void start();
-  // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.
-  void stop();
+  // Fails everything still in progress with FL_ERR_SHUTDOWN and stops.  With
+  // `drain_ms`, first lets the frames in progress end (delivered, or failed for
+  // what they failed of) for that long at most, refusing new ones meanwhile.
+  void stop(uint64_t drain_ms = 0);
 
   // Test hook, for an agent that was never start()ed (fuzzers): runs the
   // agent's rounds on the calling thread until one finds no work -- every
@@ -207,6 +213,11 @@ class DataAgent {
   // A descriptor from a client's submit ring: a producer's frame or a
   // consumer's release.
   void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
+  // Frames of local producers not yet ended.
+  uint64_t framesInProgress();
+  // CmdStop: stops at once, or starts the drain; ends a drain that is over.
+  void beginStop(uint64_t drain_ms);
+  void checkDrain(uint64_t now_ns);
   // Closes the link with a Fin(PROTOCOL) saying why (logged once a link).
   void protocolError(AgentLink& link, const std::string& why);
   // Closes the link with a Fin(code) saying why; a cause other than the
@@ -231,6 +242,9 @@ class DataAgent {
   uint64_t attaches_taken_ = 0;               // ... and handled (the agent's thread)
   std::thread thread_;
   std::atomic<bool> running_{false};
+  // Stopping with a drain (CmdStop::drain_ms): from when, and until when.
+  uint64_t drain_from_ns_ = 0;
+  uint64_t drain_until_ns_ = 0;
   UniqueFd epoll_fd_;
 
   // The parts, in the order they depend on each other.

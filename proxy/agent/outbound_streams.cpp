@@ -145,7 +145,7 @@ bool OutboundStreams::checkSubmit(const AgentClient& ac, const fl_submit_desc& d
 
 void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   ClientSession& c = *ac.session;
-  if (shutting_down_ && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
+  if (refusingFrames() && desc.slot < c.slots.size() && c.slots[desc.slot].state == SlotState::kFree) {
     metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
     metrics_.recordFailure(FL_ERR_SHUTDOWN);
     clients_.complete(c, desc.slot, FL_ERR_SHUTDOWN, 0, desc.length, submittedFrameId(c, desc));

@@ -70,6 +70,10 @@ class OutboundStreams {
   void maybeForget(AgentClient& c);
   // The daemon is stopping: frames end FAILED(shutdown) from here.
   void startShutdown() { shutting_down_ = true; }
+  // The daemon is draining before it stops: new frames are refused
+  // (FL_ERR_SHUTDOWN); those in progress go on.
+  void startDraining() { draining_ = true; }
+  bool refusingFrames() const { return shutting_down_ || draining_; }
   void failAllInProgress(const ClientSession& c, int status, const std::string& why);
   // Frames of a stream with no route go to the consumers attached here.
   void setLocalDelivery(LocalDelivery* local) { local_ = local; }
@@ -261,6 +265,7 @@ class OutboundStreams {
   uint64_t next_cookie_ = 1;
   std::string offer_refusal_;  // why the last offer could not be made
   bool shutting_down_ = false;
+  bool draining_ = false;
   LocalDelivery* local_ = nullptr;
   LogLimiter log_client_errors_, log_failed_, log_resent_;
 };

@@ -55,6 +55,9 @@ struct Config {
   // The data agent spins this long after its last work, yields as long again,
   // then sleeps in epoll; 0: sleep at once (least CPU, more latency).
   uint32_t idle_spin_us = 50;
+  // On SIGTERM the daemon refuses new frames and gives those in progress this
+  // long to end with their true status before it stops; 0: stop at once.
+  uint32_t drain_timeout_ms = 5000;
 
   // [link]
   std::string listen = "0.0.0.0:7700";

@@ -193,6 +193,11 @@ void DaemonProcess::start() {
     args.push_back(p);
   }
   args.insert(args.end(), options_.extra_args.begin(), options_.extra_args.end());
+  // The destructor's SIGTERM waits 5 s: a test that leaves frames in flight
+  // gets a drain well within it, unless it chose its own.
+  if (std::find(args.begin(), args.end(), "--drain-timeout-ms") == args.end()) {
+    args.insert(args.end(), {"--drain-timeout-ms", "1000"});
+  }
 
   {
     std::ofstream cmd(log_path_, std::ios::app);  // a restart adds to the log

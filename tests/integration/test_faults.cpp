@@ -321,6 +321,65 @@ TEST_CASE("faults: SIGTERM fails pending frames with FL_ERR_SHUTDOWN", "[integra
   REQUIRE(b_alive);
 }
 
+// A stop tells the truth: what a consumer received ends DELIVERED, not FAILED,
+// when its producer's daemon takes SIGTERM while the frames are in flight.
+TEST_CASE("faults: SIGTERM drains: frames in flight end delivered, new ones are refused",
+          "[integration][faults]") {
+  const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
+  INFO("transport " << transport);
+  constexpr uint64_t kLen = 1000;
+  DaemonPair::Options po;
+  po.transport = transport;
+  const bool expire = GENERATE(false, true);  // the consumer never releases: the drain's bound ends it
+  po.extra_args_a = {"--drain-timeout-ms", expire ? "700" : "20000"};
+  DaemonPair pair(po);
+  Client consumer = attachConsumer(pair.b(), "drain", 4, 64 * 1024);
+  Client producer = attachProducer(pair.a(), "drain", 4, 64 * 1024);
+  // The consumer holds the frames: their ACKs wait for its releases.
+  std::vector<fl_frame> held;
+  for (uint64_t id = 1; id <= 3; ++id) submitFrame(producer.get(), id, kLen);
+  for (int i = 0; i < 3; ++i) held.push_back(receiveFrame(consumer.get(), Millis(10000)));
+  REQUIRE(::kill(pair.a().pid(), SIGTERM) == 0);
+  REQUIRE(pair.a().waitForLog("draining 3 frames in progress", Millis(5000)));
+
+  // A frame submitted while the daemon drains is refused at once, never sent.
+  submitFrame(producer.get(), 4, kLen);
+  std::map<uint64_t, int> status;
+  auto collect = [&](size_t want, Millis timeout) {
+    waitUntil(
+        [&] {
+          fl_completion buf[8];
+          size_t n = 0;
+          if (fl_poll_completions(producer.get(), buf, 8, &n) != FL_OK) return true;
+          for (size_t i = 0; i < n; ++i) status[buf[i].frame_id] = buf[i].status;
+          return status.size() >= want;
+        },
+        timeout, Millis(5));
+  };
+  collect(1, Millis(5000));
+  INFO("completions so far: " << status.size());
+  REQUIRE(status.count(4) == 1);
+  CHECK(status[4] == FL_ERR_SHUTDOWN);
+  CHECK(status.size() == 1);  // 1-3 wait for their consumer
+  fl_frame none{};
+  CHECK(fl_receive(consumer.get(), &none, 300) == FL_ETIMEDOUT);
+
+  if (!expire) {
+    for (const auto& f : held) REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  }
+  collect(4, Millis(10000));
+  for (uint64_t id = 1; id <= 3; ++id) {
+    INFO("frame " << id << ": " << (status.count(id) ? statusName(status[id]) : "no completion"));
+    REQUIRE(status.count(id) == 1);
+    CHECK(status[id] == (expire ? FL_ERR_SHUTDOWN : FL_OK));
+  }
+  const int wstatus = pair.a().terminate(Millis(10000));
+  CHECK((WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
+  CHECK(pair.a().log().find(expire ? "3 frames still in progress after"
+                                   : "every frame in progress ended within") != std::string::npos);
+  CHECK(pair.b().alive());
+}
+
 TEST_CASE("faults: the peer daemon is killed and restarted on the same port", "[integration][faults]") {
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
