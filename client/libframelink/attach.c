@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -35,12 +36,28 @@
 FL_STATIC_ASSERT((int)FL_PRODUCER == (int)FL_ROLE_PRODUCER && (int)FL_CONSUMER == (int)FL_ROLE_CONSUMER,
                  "fl_client_role and fl_role must have the same values");
 
+/* $FRAMELINK_AUTO_REATTACH: 1 when unset; 0 for "0", "off", "no" or "false";
+ * 1 for "1", "on", "yes" or "true"; -1 for anything else (fl_attach says so). */
+static int flx_env_auto_reattach(void) {
+  const char* env = getenv("FRAMELINK_AUTO_REATTACH");
+  if (env == NULL || *env == '\0') return 1;
+  static const char* const off[] = {"0", "off", "no", "false"};
+  static const char* const on[] = {"1", "on", "yes", "true"};
+  for (size_t i = 0; i < sizeof(off) / sizeof(off[0]); ++i) {
+    if (strcasecmp(env, off[i]) == 0) return 0;
+    if (strcasecmp(env, on[i]) == 0) return 1;
+  }
+  return -1;
+}
+
 FL_API void fl_client_options_init_size(fl_client_options* options, size_t size) {
   if (!options || size < FL_CLIENT_OPTIONS_SIZE_V1) return;
   if (size > sizeof(*options)) size = sizeof(*options);
   memset(options, 0, size);
   options->struct_size = (uint32_t)size;
   options->role = FL_PRODUCER;
+  /* On unless $FRAMELINK_AUTO_REATTACH turns it off: a daemon restart is a pause. */
+  if (size >= FL_CLIENT_OPTIONS_SIZE_V2) options->auto_reattach = flx_env_auto_reattach() != 0;
 }
 
 /* The name in parentheses: the header's macro of the same name wraps
@@ -388,6 +405,11 @@ static int flx_check_options(const fl_client_options* options) {
   if (options->role != FL_PRODUCER && options->role != FL_CONSUMER)
     return flx_error(FL_EINVAL, "fl_attach: role %u is neither FL_PRODUCER (1) nor FL_CONSUMER (2)",
                      options->role);
+  if (flx_env_auto_reattach() < 0)
+    return flx_error(FL_EINVAL,
+                     "fl_attach: FRAMELINK_AUTO_REATTACH='%.40s' is neither on (1, on, yes, true) nor off "
+                     "(0, off, no, false)",
+                     getenv("FRAMELINK_AUTO_REATTACH"));
   if (!options->stream ||
       !fl_stream_name_valid(options->stream, strnlen(options->stream, FL_STREAM_NAME_MAX)))
     return flx_error(FL_EINVAL,
@@ -455,7 +477,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   c->request = req;
   c->attach_timeout_ms = options->attach_timeout_ms;
   c->wait_spin_ns = (int64_t)spin_us * 1000;
-  c->auto_reattach = has_v2 && options->auto_reattach;
+  /* An application built before the option gets the default: on, unless the environment says off. */
+  c->auto_reattach = has_v2 ? options->auto_reattach != 0 : flx_env_auto_reattach() != 0;
   c->completion_size =
       completion_size >= sizeof(fl_completion) ? (uint32_t)sizeof(fl_completion) : FL_COMPLETION_SIZE_V1;
   c->reattach_interval_ms =

@@ -109,7 +109,9 @@ typedef struct fl_client_options {
   /* Read only when struct_size covers them: an application built against the
    * header before them (FL_CLIENT_OPTIONS_SIZE_V1) gets their defaults. */
   /*
-   * Nonzero: a call that waits for work (fl_acquire, fl_poll_completions,
+   * On by default (fl_client_options_init sets 1 unless $FRAMELINK_AUTO_REATTACH
+   * is 0, off, no or false; an application built before this field gets the
+   * same default).  Nonzero: a call that waits for work (fl_acquire, fl_poll_completions,
    * fl_wait_completions, fl_receive) and finds the daemon gone calls
    * fl_reattach itself, at most once every reattach_interval_ms (an attempt
    * may take up to attach_timeout_ms), and carries on with the new attachment

@@ -52,12 +52,13 @@ inline bool checkWait(int status, const char* what) {
 
 struct Options {
   std::string stream;
-  std::string socket_path;            // empty: $FRAMELINK_SOCKET, else the default socket
-  std::string client_name;            // empty: the program name
-  uint32_t slot_count = 0;            // 0: the daemon's default
-  uint64_t slot_size = 0;             // 0: the daemon's default
-  uint32_t attach_timeout_ms = 0;     // 0: 10 s (connect and the daemon's answer)
-  bool auto_reattach = false;         // see fl_client_options.auto_reattach
+  std::string socket_path;         // empty: $FRAMELINK_SOCKET, else the default socket
+  std::string client_name;         // empty: the program name
+  uint32_t slot_count = 0;         // 0: the daemon's default
+  uint64_t slot_size = 0;          // 0: the daemon's default
+  uint32_t attach_timeout_ms = 0;  // 0: 10 s (connect and the daemon's answer)
+  bool auto_reattach =
+      true;  // see fl_client_options.auto_reattach (on unless $FRAMELINK_AUTO_REATTACH is off)
   uint32_t reattach_interval_ms = 0;  // 0: 200 ms between automatic attempts
   bool subscribe = false;             // consumer: every frame of the stream, not a queue group's share
 };
@@ -117,7 +118,8 @@ class Client {
     o.slot_count = options.slot_count;
     o.slot_size = options.slot_size;
     o.attach_timeout_ms = options.attach_timeout_ms;
-    o.auto_reattach = options.auto_reattach ? 1 : 0;
+    if (!options.auto_reattach)
+      o.auto_reattach = 0;  // else as initialised: on unless $FRAMELINK_AUTO_REATTACH is off
     o.reattach_interval_ms = options.reattach_interval_ms;
     o.subscribe = options.subscribe ? 1 : 0;
     detail::check(fl_attach(&o, &client_), "fl_attach");

@@ -20,6 +20,9 @@ AttachResult tryAttach(const std::string& socket, uint32_t role, const std::stri
                        uint32_t slot_count, uint64_t slot_size) {
   fl_client_options opt;
   fl_client_options_init(&opt);
+  // These clients see a daemon that went away as the tests expect it: FL_ERR_DAEMON_GONE.  The
+  // tests of auto_reattach (on by default) attach with fl_client_options_init's defaults.
+  opt.auto_reattach = 0;
   opt.role = role;
   opt.socket_path = socket.c_str();
   opt.stream = stream.c_str();
@@ -69,6 +72,7 @@ Client attachWith(const DaemonProcess& d, uint32_t role, const std::string& stre
                   uint32_t slot_count, uint64_t slot_size, bool pull) {
   fl_client_options opt;
   fl_client_options_init(&opt);
+  opt.auto_reattach = 0;  // as in tryAttach
   opt.role = role;
   opt.socket_path = d.socketPath().c_str();
   opt.stream = stream.c_str();

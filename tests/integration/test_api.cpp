@@ -467,7 +467,7 @@ TEST_CASE("api: auto_reattach and the doorbell fd carry a producer over a daemon
   o.socket_path = socket.c_str();
   o.slot_count = 4;
   o.slot_size = 64 * 1024;
-  o.auto_reattach = 1;
+  REQUIRE(o.auto_reattach == 1);  // on by default: the application did not ask for it
   o.reattach_interval_ms = 50;
   fl_client* raw = nullptr;
   REQUIRE(fl_attach(&o, &raw) == FL_OK);

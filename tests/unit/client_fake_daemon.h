@@ -107,6 +107,9 @@ class FakeDaemon {
   fl_client_options options(uint32_t role, const char* stream = "cam0") const {
     fl_client_options o;
     fl_client_options_init(&o);
+    // The tests of the library's own answers to a daemon that went away; the
+    // ones of auto_reattach (on by default) turn it on.
+    o.auto_reattach = 0;
     o.role = role;
     o.socket_path = path_.c_str();
     o.stream = stream;

@@ -3,6 +3,7 @@
 // shorter fl_client_options is read and written only as far as its struct
 // goes, and the options it cannot have are not read.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 
 #include "client_fake_daemon.h"
@@ -11,16 +12,32 @@ using client_test::attach;
 using client_test::contains;
 using client_test::FakeDaemon;
 
-TEST_CASE("producer: old options structs are accepted, without auto_reattach", "[client]") {
+// $FRAMELINK_AUTO_REATTACH for the life of one test (Catch runs the tests on one thread).
+struct AutoReattachEnv {
+  explicit AutoReattachEnv(const char* value) {
+    if (value != nullptr) ::setenv("FRAMELINK_AUTO_REATTACH", value, 1);
+  }
+  ~AutoReattachEnv() { ::unsetenv("FRAMELINK_AUTO_REATTACH"); }
+  AutoReattachEnv(const AutoReattachEnv&) = delete;
+  AutoReattachEnv& operator=(const AutoReattachEnv&) = delete;
+};
+
+TEST_CASE("producer: old options structs are accepted, with auto_reattach's default", "[client]") {
+  const bool env_off = GENERATE(false, true);
+  INFO("FRAMELINK_AUTO_REATTACH " << (env_off ? "off" : "unset"));
+  AutoReattachEnv env(env_off ? "off" : nullptr);
   FakeDaemon d;
   fl_client_options o = d.options(FL_PRODUCER);
   o.struct_size = FL_CLIENT_OPTIONS_SIZE_V1;  // an application built against the header before auto_reattach
-  o.auto_reattach = 1;                        // beyond its struct: not read
+  o.auto_reattach = 0;                        // beyond its struct: not read
   fl_client* c = attach(d, o);
   d.die();
   fl_slot s{};
   for (int i = 0; i < 4; ++i) REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
-  CHECK(fl_acquire(c, 1000, &s) == FL_ERR_DAEMON_GONE);
+  // On by default: the wait finds no slot while the daemon is away, and says why.
+  const int rc = fl_acquire(c, 300, &s);
+  INFO(fl_last_error());
+  CHECK(rc == (env_off ? FL_ERR_DAEMON_GONE : FL_ETIMEDOUT));
   fl_detach(c);
   o.struct_size = FL_CLIENT_OPTIONS_SIZE_V1 - 8;
   fl_client* none = nullptr;
@@ -53,6 +70,30 @@ TEST_CASE("options: init writes no more than the application's struct holds", "[
   fl_client_options_init(&here);
   CHECK(here.struct_size == sizeof(fl_client_options));
   CHECK(here.pull == 0);
+}
+
+TEST_CASE("options: auto_reattach is on by default; $FRAMELINK_AUTO_REATTACH turns it off", "[client]") {
+  for (const char* off : {"0", "off", "No", "FALSE"}) {
+    AutoReattachEnv env(off);
+    fl_client_options o;
+    fl_client_options_init(&o);
+    CHECK(o.auto_reattach == 0);
+  }
+  for (const char* on : {static_cast<const char*>(nullptr), "", "1", "on", "yes", "True"}) {
+    AutoReattachEnv env(on);
+    fl_client_options o;
+    fl_client_options_init(&o);
+    CHECK(o.auto_reattach == 1);
+  }
+  // A value that is neither is refused at attach, naming it, before the daemon is asked.
+  AutoReattachEnv env("sometimes");
+  fl_client_options o;
+  fl_client_options_init(&o);
+  o.stream = "cam0";
+  o.socket_path = "/nonexistent/framelinkd.sock";  // never reached
+  fl_client* none = nullptr;
+  CHECK(fl_attach(&o, &none) == FL_EINVAL);
+  CHECK(contains(fl_last_error(), "FRAMELINK_AUTO_REATTACH='sometimes'"));
 }
 
 TEST_CASE("consumer: the pull option goes in the attach request, from a struct that has it", "[client]") {

@@ -229,14 +229,16 @@ class _Client:
         slot_count: int = 0,
         slot_size: int = 0,
         client_name: Optional[str] = None,
-        auto_reattach: bool = False,
+        auto_reattach: bool = True,
         attach_timeout_ms: int = 0,
         reattach_interval_ms: int = 0,
         wait_spin_us: int = 0,
     ):
-        """auto_reattach: when the daemon goes away, attach again by itself once it is back (libframelink's
-        auto_reattach option, tried at most every reattach_interval_ms, 0: 200 ms); until then calls find no
-        slot / no frame instead of raising ERR_DAEMON_GONE.
+        """auto_reattach (on by default, unless $FRAMELINK_AUTO_REATTACH is 0/off): when the daemon goes away,
+        attach again by itself once it is back (libframelink's auto_reattach option, tried at most every
+        reattach_interval_ms, 0: 200 ms); until then calls find no slot / no frame instead of raising
+        ERR_DAEMON_GONE, so a daemon restart is a pause.  False: raise ERR_DAEMON_GONE and let the caller
+        reattach().
         attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE.
         wait_spin_us: how long a blocking call that finds nothing keeps looking before it sleeps, yielding the
         CPU between looks (0: 20 us, or $FRAMELINK_WAIT_SPIN_US when set; -1: sleep at once; at most 1000000)."""
@@ -253,7 +255,8 @@ class _Client:
         opts.slot_count = slot_count
         opts.slot_size = slot_size
         opts.attach_timeout_ms = attach_timeout_ms
-        opts.auto_reattach = 1 if auto_reattach else 0
+        if not auto_reattach:
+            opts.auto_reattach = 0  # else as fl_client_options_init_size set it: on unless the environment says off
         opts.reattach_interval_ms = reattach_interval_ms
         opts.subscribe = 1 if self._subscribe else 0
         opts.pull = 1 if self._pull else 0
@@ -266,7 +269,7 @@ class _Client:
             raise _error(rc, f"cannot attach {self._role_name} to stream '{stream}'")
         self._h: Optional[ctypes.c_void_p] = handle
         self.stream = stream
-        self.auto_reattach = auto_reattach
+        self.auto_reattach = bool(opts.auto_reattach)
         self._fd = lib.fl_doorbell_fd(self._h)
         self._waiters: Set["asyncio.Future[None]"] = set()
         self._reader_loop: Optional[asyncio.AbstractEventLoop] = None

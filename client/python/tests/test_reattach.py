@@ -40,8 +40,8 @@ def kill_a(pair, client):
 def test_auto_reattach_carries_on_after_the_daemon_restarts(own_pair):
     pair = own_pair
     with Consumer("py-auto", socket_path=pair.b.socket, slot_count=4, slot_size=SIZE) as consumer, \
-            Producer("py-auto", socket_path=pair.a.socket, slot_count=4, slot_size=SIZE,
-                     auto_reattach=True) as producer:
+            Producer("py-auto", socket_path=pair.a.socket, slot_count=4, slot_size=SIZE) as producer:
+        assert producer.auto_reattach  # on by default: the application did not ask for it
         pid_before = producer.info.daemon_pid
         send(producer, 1, 1000)  # in flight: the consumer holds it
         held = consumer.receive(timeout=10)
@@ -87,7 +87,7 @@ def test_auto_reattach_carries_on_after_the_daemon_restarts(own_pair):
 
 def test_reattach_with_one_call(own_pair):
     pair = own_pair
-    with Consumer("py-manual", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as consumer:
+    with Consumer("py-manual", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE, auto_reattach=False) as consumer:
         consumer.reattach()  # still served: nothing changes
         assert consumer.generation == 0
         kill_a(pair, consumer)
@@ -107,7 +107,7 @@ def test_reattach_with_one_call(own_pair):
 def test_an_asyncio_waiter_learns_of_the_daemons_loss_from_the_doorbell(own_pair):
     # No polling of the daemon: the doorbell fd itself becomes readable when the daemon dies.
     pair = own_pair
-    with Consumer("py-loss", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE) as consumer:
+    with Consumer("py-loss", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE, auto_reattach=False) as consumer:
         fd = consumer.fileno()
 
         async def receive_while_the_daemon_dies():

@@ -28,7 +28,7 @@ public abstract unsafe class FrameLinkClient : IDisposable
         o.SlotCount = (uint)options.SlotCount;
         o.SlotSize = (ulong)options.SlotSize;
         o.AttachTimeoutMs = (uint)options.AttachTimeoutMs;
-        o.AutoReattach = options.AutoReattach ? 1u : 0u;
+        if (!options.AutoReattach) o.AutoReattach = 0;  // else as initialised: on unless $FRAMELINK_AUTO_REATTACH is off
         o.ReattachIntervalMs = (uint)options.ReattachIntervalMs;
         o.Subscribe = options.Subscribe ? 1u : 0u;
         o.Pull = options.Pull ? 1u : 0u;

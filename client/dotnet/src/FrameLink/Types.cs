@@ -66,8 +66,10 @@ public sealed record FrameLinkOptions
     /// frame are available. Leases and frames from before become unusable; a frame that was in flight
     /// completes with DaemonGone (it may or may not have been delivered). This is libframelink's
     /// auto_reattach option: the library makes the attempts, at most one per <see cref="ReattachIntervalMs"/>.
+    /// On by default, so that a daemon restart is a pause (the environment variable FRAMELINK_AUTO_REATTACH=0
+    /// turns the default off); false: calls throw DaemonGone and the caller reattaches.
     /// </summary>
-    public bool AutoReattach { get; init; }
+    public bool AutoReattach { get; init; } = true;
     /// <summary>With AutoReattach, the least time between two attempts; 0: the library default (200 ms).</summary>
     public int ReattachIntervalMs { get; init; }
     /// <summary>

@@ -35,7 +35,7 @@ public sealed class ReattachTests
         using var cts = new CancellationTokenSource(TimeSpan.FromSeconds(60));
         using var consumer = new FrameLinkConsumer("cs-auto", new() { SocketPath = pair.SocketB, SlotCount = 4, SlotSize = Size });
         using var producer = new FrameLinkProducer("cs-auto",
-            new() { SocketPath = pair.SocketA, SlotCount = 4, SlotSize = Size, AutoReattach = true });
+            new() { SocketPath = pair.SocketA, SlotCount = 4, SlotSize = Size }); // AutoReattach is on by default
         ulong pidBefore = producer.Info.DaemonPid;
 
         Send(producer, 1, 1000);                                   // in flight: the consumer holds it
@@ -88,7 +88,7 @@ public sealed class ReattachTests
     public void WithoutAutoReattachTheCallerReattachesWithOneCall()
     {
         using var pair = new DaemonPair();
-        using var consumer = new FrameLinkConsumer("cs-manual", new() { SocketPath = pair.SocketA, SlotCount = 2, SlotSize = Size });
+        using var consumer = new FrameLinkConsumer("cs-manual", new() { SocketPath = pair.SocketA, SlotCount = 2, SlotSize = Size, AutoReattach = false });
         consumer.Reattach(); // still served: nothing changes
         Assert.Equal(0, consumer.Generation);
         KillA(pair, consumer);
