@@ -12,12 +12,14 @@
 #include "commands.h"
 #include "consumer.h"
 #include "frame_pattern.h"
+#include "producer.h"
 
 namespace framelink::cli {
 namespace {
 
 struct RecvOptions {
   std::string socket;
+  bool reattach = defaultReattach();
   std::string stream;
   uint64_t count = 0;
   bool verify = false;
@@ -168,6 +170,7 @@ int runRecv(const RecvOptions& o) {
   co.slot_size = slot_size;
   co.subscribe = o.subscribe;
   co.pull = o.pull;
+  co.reattach = o.reattach;
   std::string err;
   auto consumer = Consumer::attach(co, err);
   if (!consumer) {
@@ -227,6 +230,9 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
                 "writing them");
   cmd->add_option("--slot-size", o->slot_size,
                   "bytes per receive slot (default: --expect-* max, else the daemon's default_slot_size)");
+  cmd->add_flag("--reattach,!--no-reattach", o->reattach,
+                "when the daemon goes away (restart), wait for it and attach again (default; or "
+                "$FRAMELINK_AUTO_REATTACH=0); --no-reattach: exit with an error");
   cmd->add_flag("--quiet,-q", o->quiet, "print nothing unless something failed");
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
   cmd->add_option("--journal", o->journal,

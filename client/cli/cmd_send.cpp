@@ -62,7 +62,7 @@ struct SendOptions {
   bool quiet = false;
   bool json = false;
   std::string journal;
-  bool reattach = false;
+  bool reattach = defaultReattach();
 };
 
 // A slot holds at least a page, even when every frame is empty.
@@ -287,9 +287,10 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", o->json, "print the summary as one JSON object");
   cmd->add_option("--journal", o->journal,
                   "append '<monotonic ns> S|C <frame id> <status>' per frame submitted / completed to FILE");
-  cmd->add_flag("--reattach", o->reattach,
-                "when the daemon goes away (restart), attach again once it is back and go on; frames "
-                "in flight then fail FL_ERR_DAEMON_GONE (outcome unknown)");
+  cmd->add_flag("--reattach,!--no-reattach", o->reattach,
+                "when the daemon goes away (restart), attach again once it is back and go on (default, "
+                "unless $FRAMELINK_AUTO_REATTACH=0); frames in flight then fail FL_ERR_DAEMON_GONE "
+                "(outcome unknown); --no-reattach: stop with an error");
   cmd->add_option("files", o->files,
                   "send each FILE as one frame (frame_id = index, attrs = name=<basename>)");
   cmd->callback([o, &exit_code] { exit_code = runSend(*o); });

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cli_util.h"
+#include "framelink/shm_layout.h"
 #include "producer.h"
 
 namespace framelink::cli {
@@ -23,6 +24,7 @@ std::unique_ptr<Consumer> Consumer::attach(const ConsumerOptions& options, std::
   o.slot_size = options.slot_size;
   o.subscribe = options.subscribe ? 1 : 0;
   o.pull = options.pull ? 1 : 0;
+  if (!options.reattach) o.auto_reattach = 0;
   fl_client* client = nullptr;
   const int rc = fl_attach(&o, &client);
   if (rc != FL_OK) {
@@ -31,6 +33,7 @@ std::unique_ptr<Consumer> Consumer::attach(const ConsumerOptions& options, std::
     return nullptr;
   }
   std::unique_ptr<Consumer> c(new Consumer(client));
+  c->auto_reattach_ = o.auto_reattach != 0;
   if (fl_client_get_info(client, &c->info_) != FL_OK) {
     err = std::string("attached, but cannot read the attachment info: ") + fl_last_error();
     return nullptr;
@@ -43,8 +46,10 @@ Consumer::~Consumer() { fl_detach(client_); }
 std::string FrameChecker::check(const fl_frame& f) {
   std::string why;
   const std::string id = std::to_string(f.frame_id);
+  // A frame the daemon may have delivered before (a restart caught it) may come again, flagged.
+  const bool again = (f.flags & FL_SLOT_MAYBE_REDELIVERED) != 0;
   if (options_.expect_order) {
-    if (have_prev_ && f.frame_id != prev_id_ + 1) {
+    if (have_prev_ && f.frame_id != prev_id_ + 1 && !(again && f.frame_id <= prev_id_)) {
       if (f.frame_id <= prev_id_) {
         why = "frame " + id + " arrived after frame " + std::to_string(prev_id_) +
               " (duplicate or out of order)";
@@ -57,7 +62,7 @@ std::string FrameChecker::check(const fl_frame& f) {
     if (!have_prev_ || f.frame_id > prev_id_) prev_id_ = f.frame_id;
     have_prev_ = true;
   }
-  if (why.empty() && !options_.expect_order && !seen_.insert(f.frame_id).second) {
+  if (why.empty() && !options_.expect_order && !seen_.insert(f.frame_id).second && !again) {
     why = "frame " + id + " arrived twice (duplicate)";
   }
   if (why.empty() && options_.sizes) {
@@ -178,6 +183,9 @@ ReceiveLoopStats receiveLoop(Consumer& consumer, const ReceiveLoopOptions& optio
     std::string err;
     const bool keep_going = on_frame ? on_frame(f, rx_real, err) : true;
     const int rel = fl_release(consumer.handle(), f.slot);
+    // The daemon went away while this frame was held: its slot went with it, and the next
+    // receive attaches again once the daemon is back.
+    if (rel == FL_ERR_DAEMON_GONE && consumer.autoReattach()) continue;
     if (rel != FL_OK) {
       st.error = "cannot release frame " + std::to_string(f.frame_id) + " (slot " + std::to_string(f.slot) +
                  "): " + fl_last_error();

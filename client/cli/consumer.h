@@ -23,6 +23,9 @@ struct ConsumerOptions {
   uint64_t slot_size = 0;
   bool subscribe = false;  // every frame of the stream, not a queue group member's share
   bool pull = false;       // the stream's frames from other hosts are pulled to this host
+  // libframelink's auto_reattach (on unless $FRAMELINK_AUTO_REATTACH is off): a daemon
+  // restart is a pause, not an error.
+  bool reattach = true;
 };
 
 class Consumer {
@@ -34,11 +37,14 @@ class Consumer {
 
   fl_client* handle() const { return client_; }
   const fl_client_info& info() const { return info_; }
+  // The library attaches again by itself when the daemon comes back.
+  bool autoReattach() const { return auto_reattach_; }
 
  private:
   explicit Consumer(fl_client* client) : client_(client) {}
   fl_client* client_;
   fl_client_info info_{};
+  bool auto_reattach_ = false;
 };
 
 // What `recv --verify/--expect-*` checks about each frame.

@@ -41,6 +41,8 @@ std::unique_ptr<Producer> Producer::attach(const ProducerOptions& options, std::
   o.client_name = "framelink";
   o.slot_count = options.slot_count;
   o.slot_size = options.slot_size;
+  // The producer reattaches itself (mended), so that it knows to send again what the restart caught.
+  o.auto_reattach = 0;
   fl_client* client = nullptr;
   const int rc = fl_attach(&o, &client);
   if (rc != FL_OK) {

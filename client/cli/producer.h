@@ -22,6 +22,14 @@ struct FrameSpec {
   std::string attrs;
 };
 
+// Whether a client attaches again after a daemon restart unless told: libframelink's default
+// (on, unless $FRAMELINK_AUTO_REATTACH is off).
+inline bool defaultReattach() {
+  fl_client_options o;
+  fl_client_options_init(&o);
+  return o.auto_reattach != 0;
+}
+
 struct ProducerOptions {
   std::string socket_path;
   std::string stream;

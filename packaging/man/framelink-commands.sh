@@ -19,7 +19,9 @@ options_of() {
   "$1" "$2" --help | awk '
     /^[A-Za-z].*:$/ { opts = ($0 == "Options:"); next }
     opts && /^  -/ { spec = substr($0, 3); sub(/  .*/, "", spec); split(spec, w, " ")
-                     n = split(w[1], names, ","); for (i = 1; i <= n; i++) print names[i] }'
+                     n = split(w[1], names, ",")
+                     # CLI11 writes a negated flag as --no-NAME{false}: the word is --no-NAME.
+                     for (i = 1; i <= n; i++) { sub(/\{.*/, "", names[i]); print names[i] } }'
 }
 
 mapfile -t subs < <(subcommands)
