@@ -185,7 +185,7 @@ ReceiveLoopStats receiveLoop(Consumer& consumer, const ReceiveLoopOptions& optio
     const int rel = fl_release(consumer.handle(), f.slot);
     // The daemon went away while this frame was held: its slot went with it, and the next
     // receive attaches again once the daemon is back.
-    if (rel == FL_ERR_DAEMON_GONE && consumer.autoReattach()) continue;
+    if (rel == FL_ERR_DAEMON_GONE && consumer.autoReattach() && keep_going) continue;
     if (rel != FL_OK) {
       st.error = "cannot release frame " + std::to_string(f.frame_id) + " (slot " + std::to_string(f.slot) +
                  "): " + fl_last_error();
