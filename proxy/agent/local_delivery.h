@@ -204,6 +204,8 @@ class LocalDelivery {
   // A reader that went had been given the frame in `slot` and never took it:
   // false when that frame ended meanwhile.
   bool handOn(ClientSession& consumer, uint32_t slot);
+  // A member of `stream`'s queue group here other than `except`, not gone.
+  bool otherMember(const std::string& stream, uint64_t except);
   static bool tookCompletion(const ClientSession& consumer, const SlotEntry& e);
   static int freeSlot(const ClientSession& c);
 

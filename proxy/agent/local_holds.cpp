@@ -79,6 +79,16 @@ void LocalDelivery::readerGone(ClientSession& consumer, uint32_t slot) {
   readerDone(consumer, slot, FL_ERR_NO_CONSUMER, "a local consumer died before releasing the frame");
 }
 
+bool LocalDelivery::otherMember(const std::string& stream, uint64_t except) {
+  auto rit = readers_.find(stream);
+  if (rit == readers_.end()) return false;
+  for (const uint64_t id : rit->second.consumers) {
+    const AgentClient* c = clients_.find(id);
+    if (c != nullptr && id != except && !c->session->gone && !c->session->subscriber) return true;
+  }
+  return false;
+}
+
 bool LocalDelivery::handOn(ClientSession& consumer, uint32_t slot) {
   const SlotEntry& e = consumer.slots[slot];
   const FrameKey key{e.local_from, e.local_slot};
@@ -92,6 +102,12 @@ bool LocalDelivery::handOn(ClientSession& consumer, uint32_t slot) {
   --f.readers_out;
   if (f.readers > 0) --f.readers;
   if (consumer.subscriber && f.readers > 0) {
+    endIfDone(key);
+    return true;
+  }
+  // A member's frame that the subscribers here have, and no other member
+  // to take it: it ends with them, as one routed while the group was empty.
+  if (f.readers > 0 && !otherMember(f.stream, consumer.id)) {
     endIfDone(key);
     return true;
   }
