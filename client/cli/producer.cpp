@@ -20,8 +20,13 @@ std::string attachError(const char* role, const std::string& socket, const std::
     case FL_ERR_ATTACH_REFUSED:
       msg += " -- the daemon's --allow-uid/--allow-gid policy refused this user";
       break;
-    case FL_ERR_QUOTA:
+    case FL_ERR_LIMIT:
       msg += " -- ask for fewer/smaller slots (--slots, --slot-size) or raise the daemon's limits";
+      break;
+    case FL_ERR_QUOTA:
+      msg +=
+          " -- the daemon's memory or this user's clients are taken now: try again later, or raise "
+          "the daemon's [limits]";
       break;
     case FL_ERR_VERSION:
       msg += " -- libframelink and framelinkd are from different releases; upgrade one of them";

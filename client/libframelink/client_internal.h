@@ -116,6 +116,7 @@ struct fl_client {
   int socket_watched;            /* [mu] the attach socket is in epoll_fd (not while parked) */
   int64_t next_reattach_ms;      /* [mu] CLOCK_MONOTONIC: no automatic attempt before */
   char reattach_error[256];      /* [mu] why the last automatic attempt failed */
+  int refused;                   /* [mu] the final refusal that ended the automatic attempts, or 0 */
   uint32_t generation;           /* [mu] reattachments so far */
   /* Segments of earlier attachments, replaced by anonymous memory so that a
    * stale pointer into them cannot fault; unmapped by fl_detach. [mu] */
@@ -209,8 +210,14 @@ int flx_watch_init(fl_client* client);
 /* reattach.c, for a call that found the daemon gone, with auto_reattach, mu
  * held (dropped while it connects): FL_OK when the client is attached again
  * (try again), FL_EAGAIN when not now: the daemon is not back, or the next
- * attempt is not due (*retry_ms: when it is, CLOCK_MONOTONIC). */
+ * attempt is not due (*retry_ms: when it is, CLOCK_MONOTONIC); or the daemon's
+ * final refusal (flx_refusal_is_final), which ends the attempts: it is kept
+ * in client->refused and its reason in reattach_error. */
 int flx_auto_reattach_locked(fl_client* client, int64_t* retry_ms);
+/* A refusal that asking again gets unchanged (a per-client limit, the uid
+ * policy, a version, a malformed request), as opposed to a daemon that is
+ * not back yet or whose shared caps are taken now. */
+int flx_refusal_is_final(int status);
 
 /* producer.c: drain the completion ring into the local queue (mu held).
  * It stops at a full queue the application reads (see completions_wanted)

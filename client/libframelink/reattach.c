@@ -81,6 +81,19 @@ static void flx_park_locked(fl_client* c, int64_t at_ms) {
   flx_set_retry_timer(c, at_ms);
 }
 
+/* Refused for good (mu held): no more attempts; the dead socket goes back
+ * into the set, so fl_doorbell_fd stays readable and an event loop learns of
+ * the end from its next call. */
+static void flx_unpark_locked(fl_client* c) {
+  flx_set_retry_timer(c, 0);
+  if (!c->socket_watched && flx_epoll_add(c->epoll_fd, c->sock, EPOLLRDHUP) == 0) c->socket_watched = 1;
+}
+
+int flx_refusal_is_final(int status) {
+  return status == FL_ERR_LIMIT || status == FL_ERR_ATTACH_REFUSED || status == FL_ERR_VERSION ||
+         status == FL_ERR_BAD_REQUEST;
+}
+
 /*
  * A segment of an earlier attachment: replaced in place by private anonymous
  * memory, so that the daemon's memfd (maybe hugepages) is freed while a
@@ -190,6 +203,7 @@ static int flx_reattach_serialized(fl_client* c) {
   c->socket_watched = watch_err == 0;
   c->next_reattach_ms = 0;
   c->reattach_error[0] = '\0';
+  c->refused = 0;
   flx_set_retry_timer(c, 0);
   flx_adopt_segments_locked(c, n);
   flx_adopt_slot_state_locked(c, n);
@@ -245,6 +259,11 @@ int flx_auto_reattach_locked(fl_client* c, int64_t* retry_ms) {
   if (c->followers > 0) pthread_cond_broadcast(&c->cv);
   if (rc == FL_OK && !flx_gone_locked(c)) return FL_OK;
   if (rc != FL_OK) memcpy(c->reattach_error, why, sizeof(why));
+  if (flx_refusal_is_final(rc)) {
+    c->refused = rc;
+    flx_unpark_locked(c);
+    return rc;
+  }
   *retry_ms = c->next_reattach_ms;
   flx_park_locked(c, *retry_ms);
   return FL_EAGAIN;

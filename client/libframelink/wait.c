@@ -168,6 +168,34 @@ static int flx_awaiting_daemon_error(fl_client* c, int status, const char* head)
                    head, c->reattach_interval_ms, c->reattach_error[0] ? c->reattach_error : "none yet");
 }
 
+/* The error of a call after auto_reattach's attempts ended at a final
+ * refusal: the call that saw it gets that status, later ones
+ * FL_ERR_DAEMON_GONE, both with the daemon's reason. */
+static const char* flx_refusal_name(int status) {
+  switch (status) {
+    case FL_ERR_LIMIT:
+      return "FL_ERR_LIMIT";
+    case FL_ERR_ATTACH_REFUSED:
+      return "FL_ERR_ATTACH_REFUSED";
+    case FL_ERR_VERSION:
+      return "FL_ERR_VERSION";
+    default:
+      return "FL_ERR_BAD_REQUEST";
+  }
+}
+
+static int flx_refused_error(fl_client* c, int status) {
+  if (status != FL_ERR_DAEMON_GONE)
+    return flx_error(status,
+                     "framelinkd is back but refuses this client for good: %s; auto_reattach stopped "
+                     "(fl_reattach tries again once the daemon's configuration changed, fl_detach ends)",
+                     c->reattach_error);
+  return flx_error(FL_ERR_DAEMON_GONE,
+                   "framelinkd dropped this attachment and refused it again for good (%s: %s); "
+                   "fl_reattach tries again once the daemon's configuration changed, fl_detach ends",
+                   flx_refusal_name(c->refused), c->reattach_error);
+}
+
 /* The error of a wait that ended empty-handed; says so when the cause is
  * completions the application has not read (flx_queue_backlogged_locked). */
 static int flx_backlogged_error(fl_client* c, int status, const char* head) {
@@ -198,7 +226,12 @@ struct flx_wait_call {
 static int flx_wait_reattach_locked(const struct flx_wait_call* w, int* rc) {
   fl_client* c = w->c;
   int64_t retry_ms = 0;
-  if (flx_auto_reattach_locked(c, &retry_ms) == FL_OK) return 1; /* attached again: try there */
+  const int attempt = flx_auto_reattach_locked(c, &retry_ms);
+  if (attempt == FL_OK) return 1; /* attached again: try there */
+  if (attempt != FL_EAGAIN) {
+    *rc = flx_refused_error(c, attempt);
+    return 0;
+  }
   char head[256];
   if (w->timeout_ms == 0) {
     snprintf(head, sizeof(head), "no %s available now (non-blocking call)", w->what);
@@ -368,6 +401,10 @@ int flx_wait(fl_client* c, int timeout_ms, flx_try_fn try_fn, void* arg, const c
     if (rc != FL_EAGAIN && !(gone && c->auto_reattach)) break;
     if (gone && !c->auto_reattach) {
       rc = flx_gone_error();
+      break;
+    }
+    if (gone && c->refused) {
+      rc = flx_refused_error(c, FL_ERR_DAEMON_GONE);
       break;
     }
     int again;

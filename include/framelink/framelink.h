@@ -70,12 +70,13 @@ typedef enum fl_status {
   /* 200..299: this client's attachment */
   FL_ERR_DAEMON_UNREACHABLE = 200, /* cannot connect to the daemon socket */
   FL_ERR_ATTACH_REFUSED = 201,     /* policy refused this uid/gid */
-  FL_ERR_QUOTA = 202,              /* slot count/size or bytes over the configured quota */
+  FL_ERR_QUOTA = 202,              /* the daemon's memory or client caps are taken now: may pass later */
   FL_ERR_VERSION = 203,            /* attach protocol or layout version mismatch */
   FL_ERR_BAD_REQUEST = 204,        /* malformed attach request (role, stream name, sizes) */
   FL_ERR_DAEMON_GONE = 205,        /* the daemon went away: reattach */
   FL_ERR_RESOURCES = 206,          /* the daemon could not allocate memory or fds */
   FL_ERR_RING_CORRUPT = 207,       /* the client's rings were corrupted: detached */
+  FL_ERR_LIMIT = 208,              /* slot count/size or bytes over a per-client limit: final */
 
   /* 300..399: a peer link */
   FL_ERR_AUTH = 300,           /* peer presented a wrong or no token */
@@ -124,6 +125,12 @@ typedef struct fl_client_options {
    * gone, and fl_check_daemon, still report FL_ERR_DAEMON_GONE.  Slots and
    * frames of an earlier attachment are void after a reattach:
    * fl_client_get_info's generation says which attachment is current.
+   * A daemon that is back but refuses this client for good (FL_ERR_LIMIT,
+   * FL_ERR_ATTACH_REFUSED, FL_ERR_VERSION, FL_ERR_BAD_REQUEST: asking again
+   * gets the same answer) ends the attempts: the call that saw the refusal
+   * returns it, once, with the daemon's reason; later calls report
+   * FL_ERR_DAEMON_GONE naming it, and fl_doorbell_fd stays readable.
+   * fl_reattach tries again (after the daemon's configuration changed).
    */
   uint32_t auto_reattach;
   uint32_t reattach_interval_ms; /* 0: 200; the least time between two automatic attempts */

@@ -58,16 +58,16 @@ Status AttachServer::validateRequest(const Config& config, fl_attach_request& re
   if (req.slot_count == 0) req.slot_count = config.default_slot_count;
   if (req.slot_size == 0) req.slot_size = config.default_slot_size;
   if (req.slot_count > config.max_slots) {
-    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots requested, the limit is " +
+    return makeError(FL_ERR_LIMIT, std::to_string(req.slot_count) + " slots requested, the limit is " +
                                        std::to_string(config.max_slots) + " (max_slots)");
   }
   if (req.slot_size > config.max_slot_size) {
-    return makeError(FL_ERR_QUOTA, "slot size " + std::to_string(req.slot_size) +
+    return makeError(FL_ERR_LIMIT, "slot size " + std::to_string(req.slot_size) +
                                        " bytes requested, the limit is " +
                                        std::to_string(config.max_slot_size) + " (max_slot_size)");
   }
   if (req.slot_count * req.slot_size > config.max_client_bytes) {
-    return makeError(FL_ERR_QUOTA, std::to_string(req.slot_count) + " slots of " +
+    return makeError(FL_ERR_LIMIT, std::to_string(req.slot_count) + " slots of " +
                                        std::to_string(req.slot_size) +
                                        " bytes exceed the per-client limit of " +
                                        std::to_string(config.max_client_bytes) + " bytes (max_client_bytes)");

@@ -310,14 +310,14 @@ TEST_CASE("api: attach refusals carry a specific status and message", "[integrat
   {
     AttachResult r = tryAttach(sock, FL_PRODUCER, "q", 2, 4 * kMiB + 4096);
     INFO("slot size over --max-slot-size: " << statusName(r.status) << " '" << r.message << "'");
-    CHECK(r.status == FL_ERR_QUOTA);
+    CHECK(r.status == FL_ERR_LIMIT);
     CHECK_FALSE(r.message.empty());
     CHECK_THAT(r.message, Catch::Contains("slot", Catch::CaseSensitive::No));
   }
   {
     AttachResult r = tryAttach(sock, FL_PRODUCER, "q", 32, 64 * 1024);
     INFO("slot count over --max-slots: " << statusName(r.status) << " '" << r.message << "'");
-    CHECK(r.status == FL_ERR_QUOTA);
+    CHECK(r.status == FL_ERR_LIMIT);
     CHECK_FALSE(r.message.empty());
   }
   {

@@ -5,6 +5,7 @@
 // bytes back once its segments are gone (a frame a reader holds keeps them);
 // a burst of attaches from one uid (a service starting its
 // workers) is served whole while it stays under limits.max_clients_per_uid.
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -218,4 +219,58 @@ TEST_CASE("limits: a burst of 200 attaches of one user, all at once, is served w
   CHECK(d.metric("framelink_attach_rejected_total{reason=\"too_many_pending\"}") == 0);
   for (fl_client* c : clients) fl_detach(c);
   requireQuickCleanStop(d);
+}
+
+TEST_CASE(
+    "limits: a daemon back with a smaller max_slot_size refuses a client once, for good, and "
+    "auto_reattach stops asking",
+    "[integration][limits][reattach]") {
+  DaemonProcess d(limitedDaemon({}));
+  fl_client_options o;
+  fl_client_options_init(&o);
+  REQUIRE(o.auto_reattach == 1);
+  o.role = FL_PRODUCER;
+  o.stream = "shrunk";
+  o.socket_path = d.socketPath().c_str();
+  o.slot_count = kSlots;
+  o.slot_size = kSlotSize;
+  o.reattach_interval_ms = 20;
+  fl_client* raw = nullptr;
+  REQUIRE(fl_attach(&o, &raw) == FL_OK);
+  Client producer(raw);
+  fl_client* p = producer.get();
+
+  d.kill9();
+  REQUIRE(waitUntil([&] { return fl_check_daemon(p) == FL_ERR_DAEMON_GONE; }, Millis(5000), Millis(10)));
+  d.restart(limitedDaemon({"--max-slot-size", "65536"}));
+  // The call that meets the refusal returns it, with the daemon's reason,
+  // instead of waiting its timeout out as for a daemon not back yet.
+  fl_slot s{};
+  const auto asked = Clock::now();
+  const int first = fl_acquire(p, 20000, &s);
+  const std::string why = fl_last_error();
+  INFO(statusName(first) << ": " << why);
+  CHECK(first == FL_ERR_LIMIT);
+  CHECK(contains(why, "max_slot_size"));
+  CHECK(contains(why, "for good"));
+  CHECK(Clock::now() - asked < Millis(10000));
+
+  // Later calls end at once with DAEMON_GONE naming the refusal, the doorbell
+  // stays readable for an event loop, and no attempt reaches the daemon again.
+  for (int i = 0; i < 5; ++i) {
+    const int rc = fl_acquire(p, 100, &s);
+    INFO(statusName(rc) << ": " << fl_last_error());
+    CHECK(rc == FL_ERR_DAEMON_GONE);
+    CHECK(contains(fl_last_error(), "FL_ERR_LIMIT"));
+  }
+  pollfd pf{fl_doorbell_fd(p), POLLIN, 0};
+  CHECK(::poll(&pf, 1, 0) == 1);
+  ::usleep(200 * 1000);  // ten reattach intervals
+  CHECK(d.metric("framelink_attach_rejected_total{reason=\"invalid\"}") == 1);
+
+  // Once the daemon's limits admit it again, fl_reattach brings the same handle back.
+  d.kill9();
+  d.restart(limitedDaemon({}));
+  REQUIRE(fl_reattach(p) == FL_OK);
+  CHECK(fl_acquire(p, 5000, &s) == FL_OK);
 }

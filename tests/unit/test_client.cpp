@@ -45,6 +45,7 @@ TEST_CASE("version and status strings", "[client]") {
                        FL_ERR_DAEMON_GONE,
                        FL_ERR_RESOURCES,
                        FL_ERR_RING_CORRUPT,
+                       FL_ERR_LIMIT,
                        FL_ERR_AUTH,
                        FL_ERR_PEER_VERSION,
                        FL_ERR_PROTOCOL,

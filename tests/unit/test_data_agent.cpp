@@ -446,14 +446,14 @@ TEST_CASE("attach request validation", "[attach]") {
   check(r, FL_ERR_BAD_REQUEST);
   r = request();
   r.slot_count = 17;
-  check(r, FL_ERR_QUOTA);
+  check(r, FL_ERR_LIMIT);
   r = request();
   r.slot_size = (1 << 20) + 1;
-  check(r, FL_ERR_QUOTA);
+  check(r, FL_ERR_LIMIT);
   r = request();
   r.slot_count = 16;
   r.slot_size = 1 << 20;
-  check(r, FL_ERR_QUOTA);  // 16 MiB > max_client_bytes
+  check(r, FL_ERR_LIMIT);  // 16 MiB > max_client_bytes
   r = request();
   r.slot_count = 0;
   r.slot_size = 0;

@@ -69,6 +69,7 @@ class Status(enum.IntEnum):
     ERR_DAEMON_GONE = 205
     ERR_RESOURCES = 206
     ERR_RING_CORRUPT = 207
+    ERR_LIMIT = 208
     ERR_AUTH = 300
     ERR_PEER_VERSION = 301
     ERR_PROTOCOL = 302

@@ -33,6 +33,7 @@ public enum FrameLinkStatus
     DaemonGone = 205,
     Resources = 206,
     RingCorrupt = 207,
+    Limit = 208,
     Auth = 300,
     PeerVersion = 301,
     Protocol = 302,

@@ -34,7 +34,7 @@ public sealed class AbiTests
         ["FL_ERR_ATTACH_REFUSED"] = FrameLinkStatus.AttachRefused, ["FL_ERR_QUOTA"] = FrameLinkStatus.Quota,
         ["FL_ERR_VERSION"] = FrameLinkStatus.Version, ["FL_ERR_BAD_REQUEST"] = FrameLinkStatus.BadRequest,
         ["FL_ERR_DAEMON_GONE"] = FrameLinkStatus.DaemonGone, ["FL_ERR_RESOURCES"] = FrameLinkStatus.Resources,
-        ["FL_ERR_RING_CORRUPT"] = FrameLinkStatus.RingCorrupt, ["FL_ERR_AUTH"] = FrameLinkStatus.Auth,
+        ["FL_ERR_RING_CORRUPT"] = FrameLinkStatus.RingCorrupt, ["FL_ERR_LIMIT"] = FrameLinkStatus.Limit, ["FL_ERR_AUTH"] = FrameLinkStatus.Auth,
         ["FL_ERR_PEER_VERSION"] = FrameLinkStatus.PeerVersion, ["FL_ERR_PROTOCOL"] = FrameLinkStatus.Protocol,
         ["FL_ERR_UNKNOWN_STREAM"] = FrameLinkStatus.UnknownStream, ["FL_ERR_UNKNOWN_CREDIT"] = FrameLinkStatus.UnknownCredit,
         ["FL_ERR_TRANSPORT"] = FrameLinkStatus.Transport, ["FL_ERR_DEVICE"] = FrameLinkStatus.Device,
