@@ -124,8 +124,8 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
 
   // Checks the Hello (and that the call's credentials prove the id it claims) and picks the first
   // transport it offers that this daemon allows and can run.
-  ::grpc::Status admitHello(const ::grpc::ServerContext& ctx, const std::string& from,
-                            const v1::PeerMessage& first, TransportRegistry::Choice& choice);
+  ::grpc::Status admitHello(::grpc::ServerContext& ctx, const std::string& from, const v1::PeerMessage& first,
+                            TransportRegistry::Choice& choice);
 
   void dialLoop(const PeerConfig& peer);
   bool dialOnce(const PeerConfig& peer, DialState& state);
@@ -279,7 +279,9 @@ void PeerLinksImpl::stop() {
 
   v1::PeerMessage reply;
   auto* ack = reply.mutable_hello_ack();
-  ack->set_protocol_version(kProtocolVersion);
+  ack->set_protocol_version(
+      agreedVersion(kSpokenVersions, helloRange(hello.protocol_version(), hello.min_protocol_version()))
+          .value_or(kProtocolVersion));
   ack->set_daemon_id(config_.id);
   ack->set_transport(std::string(chosen->name()));
   ack->set_session_id(hello.session_id());
@@ -301,8 +303,9 @@ void PeerLinksImpl::stop() {
   std::shared_ptr<transport::Transport> t = future->get();
   if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
   uint64_t link_id = next_link_id_++;
-  log_accepted_.info("peer {} at {} connected (session {:016x}, transport {}{})", hello.daemon_id(), from,
-                     hello.session_id(), chosen->name(), reason.empty() ? "" : "; " + reason);
+  log_accepted_.info("peer {} at {} connected (session {:016x}, protocol {}, transport {}{})",
+                     hello.daemon_id(), from, hello.session_id(), reply.hello_ack().protocol_version(),
+                     chosen->name(), reason.empty() ? "" : "; " + reason);
   LinkSessionInfo info{link_id,
                        {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
                         std::string(chosen->name()), reason}};
@@ -310,21 +313,19 @@ void PeerLinksImpl::stop() {
   return ::grpc::Status::OK;
 }
 
-::grpc::Status PeerLinksImpl::admitHello(const ::grpc::ServerContext& ctx, const std::string& from,
+::grpc::Status PeerLinksImpl::admitHello(::grpc::ServerContext& ctx, const std::string& from,
                                          const v1::PeerMessage& first, TransportRegistry::Choice& choice) {
   if (!first.has_hello()) {
     log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);
     return {::grpc::StatusCode::INVALID_ARGUMENT, "the first message of a Session must be Hello"};
   }
   const v1::Hello& hello = first.hello();
-  if (hello.protocol_version() != kProtocolVersion) {
-    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    log_protocol_.warn("peer at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION)",
-                       from, hello.protocol_version(), kProtocolVersion);
-    return {::grpc::StatusCode::FAILED_PRECONDITION,
-            "protocol version " + std::to_string(hello.protocol_version()) +
-                " is not supported; this daemon speaks " + std::to_string(kProtocolVersion) +
-                ": upgrade the older daemon"};
+  const VersionRange theirs = helloRange(hello.protocol_version(), hello.min_protocol_version());
+  if (!agreedVersion(kSpokenVersions, theirs)) {
+    metrics_.counters.peer_version_mismatches.fetch_add(1, std::memory_order_relaxed);
+    log_protocol_.warn("peer at {}: {}", from, mismatchText(kSpokenVersions, theirs));
+    ctx.AddTrailingMetadata(std::string(kVersionsKey), describe(kSpokenVersions));
+    return {::grpc::StatusCode::FAILED_PRECONDITION, mismatchText(theirs, kSpokenVersions)};
   }
   // A daemon id names the peer in routes and [[peer]] tables: the stream-name rule.
   if (!fl_stream_name_valid(hello.daemon_id().data(), hello.daemon_id().size())) {
@@ -414,8 +415,9 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   if (!ack.transport_reason().empty()) {
     reason += (reason.empty() ? "" : "; ") + ack.transport_reason().substr(0, 512);
   }
-  spdlog::info("connected to peer {} at {} (session {:016x}, transport {}{})", peer.name, peer.address,
-               session_id, ack.transport(), reason.empty() ? "" : "; " + reason);
+  spdlog::info("connected to peer {} at {} (session {:016x}, protocol {}, transport {}{})", peer.name,
+               peer.address, session_id, ack.protocol_version(), ack.transport(),
+               reason.empty() ? "" : "; " + reason);
   runDialedLink(peer, chosen, ack, reason, std::move(made).value(), ctx, *stream, state);
   return true;
 }
@@ -470,6 +472,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   v1::PeerMessage hello_msg;
   auto* hello = hello_msg.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
+  hello->set_min_protocol_version(kMinProtocolVersion);
   hello->set_daemon_id(config_.id);
   for (const TransportEntry* t : offer.transports) hello->add_transports(std::string(t->name()));
   hello->set_token(config_.peerToken(peer.name));
@@ -478,6 +481,13 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   hello->set_instance(instance_);
   if (!stream.Write(hello_msg) || !stream.Read(&reply)) {
     ::grpc::Status status = stream.Finish();
+    if (const std::optional<VersionRange> theirs = refusedVersions(ctx)) {
+      metrics_.counters.peer_version_mismatches.fetch_add(1, std::memory_order_relaxed);
+      const std::string why = mismatchText(kSpokenVersions, *theirs);
+      spdlog::error("peer {} at {} refused the session: {}", peer.name, peer.address, why);
+      metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion, why);
+      return false;
+    }
     if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
       metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     }
@@ -494,15 +504,13 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
                                       std::to_string(static_cast<int>(status.error_code())) + ")");
     return false;
   }
-  if (reply.has_hello_ack() && reply.hello_ack().protocol_version() != kProtocolVersion) {
-    spdlog::error(
-        "peer {} at {} speaks protocol version {}, this daemon speaks {} (FL_ERR_PEER_VERSION): "
-        "run the same framelink version on both hosts",
-        peer.name, peer.address, reply.hello_ack().protocol_version(), kProtocolVersion);
-    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion,
-                                  "speaks protocol version " +
-                                      std::to_string(reply.hello_ack().protocol_version()) +
-                                      ", this daemon " + std::to_string(kProtocolVersion));
+  const uint32_t agreed = reply.hello_ack().protocol_version();
+  if (reply.has_hello_ack() && !agreedVersion(kSpokenVersions, {agreed, agreed})) {
+    const std::string why =
+        "answered with protocol version " + std::to_string(agreed) +
+        ", which this daemon does not speak: " + mismatchText(kSpokenVersions, {agreed, agreed});
+    spdlog::error("peer {} at {} {}", peer.name, peer.address, why);
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion, why);
   } else if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
     spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
     metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kProtocol,

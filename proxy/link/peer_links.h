@@ -31,14 +31,12 @@
 #include "common/result.h"
 #include "config/config.h"
 #include "link/peer_transports.h"
+#include "link/protocol_versions.h"
 
 namespace framelink {
 
 class DataAgent;
 class Metrics;
-
-inline constexpr uint32_t kProtocolVersion =
-    3;  // 2: per-frame protocol on the data transport; 3: pull (Offer)
 
 class PeerLinks {
  public:

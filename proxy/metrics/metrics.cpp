@@ -166,7 +166,9 @@ constexpr CounterInfo kLinksUp = {
     &Metrics::Counters::links_up};
 constexpr CounterInfo kLinkCounters[] = {
     {"link_failures", "Peer sessions that ended.", &Metrics::Counters::link_failures},
-    {"auth_failures", "Peers refused for a wrong token or version.", &Metrics::Counters::auth_failures},
+    {"auth_failures", "Peers refused for a wrong token or certificate.", &Metrics::Counters::auth_failures},
+    {"peer_version_mismatches", "Peer sessions refused: no protocol version in common (the log names both).",
+     &Metrics::Counters::peer_version_mismatches},
     {"peer_identity_refused",
      "Peers refused for claiming a daemon id their token or certificate does not prove (another peer's).",
      &Metrics::Counters::peer_identity_refused},

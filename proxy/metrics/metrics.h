@@ -48,6 +48,7 @@ class Metrics {
     std::atomic<uint64_t> links_up{0};
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
+    std::atomic<uint64_t> peer_version_mismatches{0};  // Sessions refused: no protocol version in common
     std::atomic<uint64_t> peer_identity_refused{0};  // Hellos whose credentials do not prove their daemon id
     // a second instance of a peer id linked while one was up
     std::atomic<uint64_t> peer_instance_conflicts{0};

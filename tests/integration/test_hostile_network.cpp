@@ -52,9 +52,9 @@ TEST_CASE("hostile: strangers that stall tcp handshakes do not keep a peer from 
   requireQuickCleanStop(pair.b());
 }
 
-// The versions this build speaks (proxy/link/peer_links.h kProtocolVersion,
+// The versions this build speaks (proxy/link/protocol_versions.h kProtocolVersion,
 // proxy/transport/tcp/tcp_wire.h kTcpWireVersion): a bump must change these
-// tests too, on purpose.
+// tests too, on purpose (test_peer_versions.cpp tests the version range).
 constexpr uint32_t kPeerProtocolVersion = 3;
 constexpr uint8_t kTcpWireVersion = 4;
 
@@ -68,28 +68,6 @@ static v1::PeerMessage helloOf(uint32_t version, const std::string& daemon_id, u
   hello.mutable_hello()->set_session_id(session_id);
   hello.mutable_hello()->set_instance(1);
   return hello;
-}
-
-TEST_CASE("hostile: a daemon of protocol version 1 is refused, and told both versions",
-          "[integration][hostile]") {
-  DaemonPair pair(pairOptions());
-  auto channel = grpc::CreateChannel(pair.b().grpcAddress(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Link::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("x-framelink-token", "integ-secret");
-  auto stream = stub->Session(&ctx);
-  REQUIRE(stream->Write(helloOf(1, "old-peer", 0x01d)));
-  v1::PeerMessage reply;
-  CHECK_FALSE(stream->Read(&reply));
-  const grpc::Status status = stream->Finish();
-  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
-  CHECK_THAT(status.error_message(), Catch::Contains("protocol version 1 is not supported") &&
-                                         Catch::Contains("speaks " + std::to_string(kPeerProtocolVersion)));
-  CHECK(pair.b().waitForLog(
-      "speaks protocol version 1, this daemon speaks " + std::to_string(kPeerProtocolVersion),
-      std::chrono::seconds(5)));
-  // The daemon goes on serving peers of its own version.
-  requireServing(pair.a(), pair.b(), "after-old-peer", 2);
 }
 
 TEST_CASE("hostile: a Session that never opens its data channel does not delay SIGTERM",
