@@ -103,9 +103,9 @@ class DaemonPair:
             self.b.stop()
             raise
 
-    def restart_a(self) -> None:
-        """Start a again (after a.kill()) with the same socket and arguments."""
-        self.a = Daemon(self.dir, "a", self._args_a)
+    def restart_a(self, extra_args: Optional[List[str]] = None) -> None:
+        """Start a again (after a.kill()) with the same socket and arguments, and `extra_args` after them."""
+        self.a = Daemon(self.dir, "a", self._args_a + (extra_args or []))
 
     def stop(self) -> List[Optional[int]]:
         codes = [d.stop() for d in (self.a, self.b) if d is not None]

@@ -124,3 +124,24 @@ def test_an_asyncio_waiter_learns_of_the_daemons_loss_from_the_doorbell(own_pair
         consumer.reattach()
         assert consumer.fileno() == fd  # the same fd, watching the new attachment
         assert consumer.generation == 1
+
+
+def test_a_daemon_back_refusing_for_good_ends_auto_reattach(own_pair):
+    pair = own_pair
+    with Producer("py-shrunk", socket_path=pair.a.socket, slot_count=2, slot_size=SIZE,
+                  reattach_interval_ms=20) as producer:
+        assert producer.auto_reattach
+        kill_a(pair, producer)
+        pair.restart_a(["--max-slot-size", "4096"])  # smaller than the slots this producer asks for
+        # The call that meets the refusal raises it once, with the daemon's reason...
+        with pytest.raises(FrameLinkError) as e:
+            producer.acquire(timeout=20)
+        assert e.value.status == Status.ERR_LIMIT
+        assert "max_slot_size" in str(e.value)
+        # ...and later calls say the daemon dropped it for good, at once.
+        started = time.monotonic()
+        with pytest.raises(FrameLinkError) as e:
+            producer.acquire(timeout=5)
+        assert e.value.status == Status.ERR_DAEMON_GONE
+        assert "FL_ERR_LIMIT" in str(e.value)
+        assert time.monotonic() - started < 4

@@ -111,8 +111,8 @@ public sealed class DaemonPair : IDisposable
         A = new Daemon(dir, "a", argsA);
     }
 
-    /// <summary>Starts A again (after <see cref="Daemon.Kill"/>) on the same socket.</summary>
-    internal void RestartA() => A = new Daemon(dir, "a", argsA);
+    /// <summary>Starts A again (after <see cref="Daemon.Kill"/>) on the same socket, with more arguments if given.</summary>
+    internal void RestartA(params string[] extra) => A = new Daemon(dir, "a", [.. argsA, .. extra]);
 
     public string SocketA => A.Socket;
     public string SocketB => B.Socket;

@@ -102,4 +102,25 @@ public sealed class ReattachTests
         consumer.CheckDaemon();
         Assert.False(consumer.TryReceive(out _));
     }
+
+    [Fact]
+    public void ADaemonBackRefusingForGoodEndsAutoReattach()
+    {
+        using var pair = new DaemonPair();
+        using var producer = new FrameLinkProducer("cs-shrunk",
+            new() { SocketPath = pair.SocketA, SlotCount = 2, SlotSize = Size, ReattachIntervalMs = 20 });
+        KillA(pair, producer);
+        pair.RestartA("--max-slot-size", "4096"); // smaller than the slots this producer asks for
+
+        // The call that meets the refusal throws it once, with the daemon's reason...
+        var first = Assert.Throws<FrameLinkException>(() => producer.Acquire(TimeSpan.FromSeconds(20)));
+        Assert.Equal(FrameLinkStatus.Limit, first.Status);
+        Assert.Contains("max_slot_size", first.Message);
+        // ...and later calls say the daemon dropped it for good, at once.
+        var started = DateTime.UtcNow;
+        var later = Assert.Throws<FrameLinkException>(() => producer.Acquire(TimeSpan.FromSeconds(5)));
+        Assert.Equal(FrameLinkStatus.DaemonGone, later.Status);
+        Assert.Contains("FL_ERR_LIMIT", later.Message);
+        Assert.True(DateTime.UtcNow - started < TimeSpan.FromSeconds(4));
+    }
 }
