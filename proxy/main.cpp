@@ -121,6 +121,37 @@ static void warnAboutSecurity(const framelink::Config& config) {
   }
 }
 
+// SIGHUP (systemctl reload): the configuration read again, as at start.  One
+// that does not parse is refused with the message a start would give, and the
+// running one stays; log_level takes effect at once; every other change is
+// named, with the restart it needs -- the daemon keeps its running values.
+static void reload(int argc, char** argv, framelink::Config& running) {
+  auto next = framelink::parseConfig(argc, argv);
+  if (!next) {
+    spdlog::error("reload: the configuration is refused, the running one stays: {}", next.error().message);
+    return;
+  }
+  for (const auto& warning : next->routeWarnings()) spdlog::warn("reload: {}", warning);
+  std::string pending;
+  for (const std::string& key : framelink::changedOptions(running, next.value())) {
+    if (key == "[daemon] log_level") {
+      spdlog::set_level(spdlog::level::from_str(next->log_level));
+      spdlog::info("reload: log_level {} -> {}", running.log_level, next->log_level);
+      running.log_level = next->log_level;
+    } else {
+      pending += (pending.empty() ? "" : ", ") + key;
+    }
+  }
+  if (pending.empty()) {
+    spdlog::info("reload: applied ({})", framelink::describe(running));
+    return;
+  }
+  spdlog::warn(
+      "reload: {} changed and take effect at the next restart (systemctl restart framelinkd); "
+      "until then the daemon keeps its running values",
+      pending);
+}
+
 // An exception that gets here (a logger that cannot be created, out of
 // memory while starting) ends the daemon with its message, not with a bare
 // std::terminate.
@@ -155,6 +186,7 @@ int main(int argc, char** argv) try {
   if (watchdog.enabled()) {
     spdlog::info("systemd watchdog on: the data agent reports every {} ms", watchdog.period_ns / 1'000'000);
   }
+  framelink::Config running = config.value();  // what a reload compares with
   auto daemon = framelink::Daemon::start(std::move(config.value()), std::move(watchdog));
   if (!daemon) {
     spdlog::critical("cannot start: {}", daemon.error().message);
@@ -179,7 +211,7 @@ int main(int argc, char** argv) try {
       continue;
     }
     if (sig == SIGHUP) {
-      spdlog::info("SIGHUP: configuration reload is not supported; restart the service to apply changes");
+      reload(argc, argv, running);
       continue;
     }
     break;

@@ -493,6 +493,19 @@ std::string describe(const Config& c) {
   return out;
 }
 
+std::vector<std::string> changedOptions(const Config& running, const Config& next) {
+  std::vector<std::string> changed;
+  for (const auto& option : options()) {
+    if (config::show(option, running) == config::show(option, next)) continue;
+    if (std::holds_alternative<config::Peers>(option.value)) {
+      changed.push_back("[[" + std::string(option.section) + "]]");
+    } else {
+      changed.push_back("[" + std::string(option.section) + "] " + std::string(option.key));
+    }
+  }
+  return changed;
+}
+
 std::string configReference() {
   std::string out =
       "| key | flag | default | |\n"

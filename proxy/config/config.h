@@ -220,6 +220,11 @@ Result<Config> parseConfig(int argc, const char* const* argv);
 // "config=FILE [daemon] id=a socket=... [link] listen=... token=<redacted> ...
 //  [limits] ... [metrics] listen=off [[peer]] {b=h:1[cam0]}".
 std::string describe(const Config& config);
+// The options whose shown values (describe's) differ between two
+// configurations, as "[section] key" ("[[peer]]" for the peers): what a
+// reload would change.  Secrets show redacted: a token changed within the
+// same file or flag is not seen here.
+std::vector<std::string> changedOptions(const Config& running, const Config& next);
 
 // The configuration table of docs/reference/configuration.md (markdown), one row per setting; printed
 // by framelinkd --print-config-reference.

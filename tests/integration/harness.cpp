@@ -178,15 +178,13 @@ void DaemonProcess::start() {
 
   std::vector<std::string> args = {"--id",          options_.id,          "--socket",    socket_path_,
                                    "--ready-file",  ready_path_,          "--listen",    options_.listen,
-                                   "--data-listen", options_.data_listen, "--hugepages", "off",
-                                   "--log-level",   options_.log_level};
-  if (!options_.token.empty()) {
-    args.push_back("--token");
-    args.push_back(options_.token);
-  }
-  if (!options_.transports.empty()) {
-    args.push_back("--transports");
-    args.push_back(options_.transports);
+                                   "--data-listen", options_.data_listen, "--hugepages", "off"};
+  // Empty: not passed (the log level then comes from a --config file, or is the default).
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"--log-level", options_.log_level},
+        {"--token", options_.token},
+        {"--transports", options_.transports}}) {
+    if (!value.empty()) args.insert(args.end(), {flag, value});
   }
   for (const auto& p : options_.peers) {
     args.push_back("--peer");

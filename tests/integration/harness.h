@@ -61,11 +61,11 @@ class DaemonProcess {
  public:
   struct Options {
     std::string id;
-    std::string token;                    // empty: no --token
-    std::string transports;               // empty: the daemon's default
-    std::vector<std::string> peers;       // NAME=HOST:PORT
-    std::vector<std::string> extra_args;  // anything else, e.g. {"--credit-timeout-ms", "1000"}
-    std::string log_level = "info";
+    std::string token;                        // empty: no --token
+    std::string transports;                   // empty: the daemon's default
+    std::vector<std::string> peers;           // NAME=HOST:PORT
+    std::vector<std::string> extra_args;      // anything else, e.g. {"--credit-timeout-ms", "1000"}
+    std::string log_level = "info";           // empty: no --log-level (the --config file's, or the default)
     std::string listen = "127.0.0.1:0";       // gRPC listener; a fixed port to restart "the same" peer
     std::string data_listen = "127.0.0.1:0";  // tcp data listener (its port goes to peers in Hello)
     Millis ready_timeout = Millis(15000);
@@ -139,7 +139,7 @@ class DaemonPair {
     std::vector<std::string> extra_args;    // both daemons
     std::vector<std::string> extra_args_a;  // A only
     std::vector<std::string> extra_args_b;  // B only
-    std::string log_level = "info";
+    std::string log_level = "info";         // empty: no --log-level (the --config file's, or the default)
   };
 
   explicit DaemonPair(Options options);
