@@ -398,6 +398,35 @@ else
     "$work/bad-config.log" "$work/journal-bad-config.log" "$(journal framelinkd)"
 fi
 
+# ---- 7d. systemctl reload reads the configuration again: log_level applies at once, a file that
+# does not parse is refused and the daemon serves on -- the same process throughout
+pid_before=$(main_pid framelinkd)
+since=$(date '+%Y-%m-%d %H:%M:%S')
+# Up to 10 s for the journal to show the line the reload should have written.
+reload_said() {
+  for _ in $(seq 1 20); do
+    journalctl -u framelinkd --since "$since" --no-pager -o cat >"$work/journal-reload.log" 2>&1
+    grep -q "$1" "$work/journal-reload.log" && return 0
+    sleep 0.5
+  done
+  return 1
+}
+sed -i -E 's/^#log_level = "info"/log_level = "debug"/' /etc/framelink/framelinkd.toml
+systemctl reload framelinkd >"$work/reload.log" 2>&1
+reload_said 'reload: log_level info -> debug' || true
+printf '\n[no_such_section]\nno_such_option = 1\n' >>/etc/framelink/framelinkd.toml
+systemctl reload framelinkd >>"$work/reload.log" 2>&1
+reload_said 'reload: the configuration is refused' || true
+cp "$work/framelinkd.toml.good" /etc/framelink/framelinkd.toml
+if grep -q 'reload: log_level info -> debug' "$work/journal-reload.log" &&
+  grep -q 'reload: the configuration is refused, the running one stays' "$work/journal-reload.log" &&
+  is_active framelinkd && [[ "$(main_pid framelinkd)" == "$pid_before" ]]; then
+  pass reload "systemctl reload: $(grep -m1 'reload: log_level' "$work/journal-reload.log"); a bad file: $(grep -m1 -o 'reload: the configuration is refused[^:]*' "$work/journal-reload.log"); still pid $pid_before, active"
+else
+  fail reload "after two reloads: $(systemctl is-active framelinkd), pid $(main_pid framelinkd) (was $pid_before)" \
+    "$work/reload.log" "$work/journal-reload.log"
+fi
+
 # ---- 7d. a peer whose token differs: framelink links shows the refusal with the link's last error,
 # and framelink doctor fails that peer with the fix, though its port answers
 (umask 077 && echo "not-the-packaged-token" >/etc/framelink-second/wrong.token)
