@@ -102,6 +102,8 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
   ev.events = EPOLLIN;
   ev.data.u64 = kTagCommands;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, commands_.eventFd(), &ev);
+  // A retracted offer's slot read no more wakes the agent as a command does.
+  ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, outbound_.sourcesFd(), &ev);
 }
 
 DataAgent::~DataAgent() { stop(); }

@@ -265,13 +265,45 @@ void OutboundStreams::forgetPostsOf(uint64_t link_id) {
   for (const auto& [cookie, p] : posted_) {
     if (p.link_id == link_id) cookies.push_back(cookie);
   }
-  AgentLink* l = links_.find(link_id);
   for (uint64_t cookie : cookies) {
-    // An offer's source is retracted, not only let go: whatever the
-    // transport still answers, the producer's slot is read no more.
-    if (posted_[cookie].offered && l != nullptr && l->transport) l->transport->retractSource(cookie);
+    // An offer's source is retracted, not only let go, and its post stays
+    // out while an answer the transport still holds may read the slot.
+    auto it = posted_.find(cookie);
+    if (it == posted_.end()) continue;
+    if (it->second.offered && !retractOffer(it->second, cookie)) continue;
     onSendComplete(transport::TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST, "link closed"));
   }
+}
+
+void OutboundStreams::endOffer(SlotEntry& e) {
+  auto it = posted_.find(e.post_cookie);
+  if (e.post_cookie == 0 || it == posted_.end() || !it->second.offered || it->second.retracted) return;
+  if (!retractOffer(it->second, e.post_cookie)) return;  // settleSources lets it go
+  posted_.erase(it);
+  if (e.posts_out > 0) --e.posts_out;
+}
+
+bool OutboundStreams::retractOffer(Posted& posted, uint64_t cookie) {
+  if (!posted.retracted) {
+    posted.retracted = true;
+    if (AgentLink* l = links_.find(posted.link_id); l != nullptr && l->transport) {
+      l->transport->retractSource(cookie);
+    }
+  }
+  return posted.pin.expired();
+}
+
+size_t OutboundStreams::settleSources() {
+  size_t settled = 0;
+  for (uint64_t cookie : pins_->take()) {
+    auto it = posted_.find(cookie);
+    // Let go already (endOffer saw its pin gone), or never posted.
+    if (it == posted_.end() || !it->second.offered || !it->second.retracted) continue;
+    // As a post's completion: the frame settling on it ends with its last.
+    onSendComplete(transport::TransportEvent::sendComplete(cookie, FL_OK, {}));
+    ++settled;
+  }
+  return settled;
 }
 
 }  // namespace framelink

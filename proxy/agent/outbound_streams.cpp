@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "agent/agent_stats.h"
 #include "framelink/framelink.h"
@@ -238,8 +239,10 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   // Pull: the payload is exposed to this link's reads, exactly this frame's
   // bytes, and named in an offer into the credit.  On rdma the window's bind
   // is on the send queue ahead of the control record that carries the offer.
+  std::shared_ptr<void> pin = SourcePins::pin(pins_, cookie, c.segments);
+  last_pin_ = pin;
   auto remote =
-      l.transport->exposeSource(transport::LocalSource{cookie, req.payload, req.header.length, c.segments});
+      l.transport->exposeSource(transport::LocalSource{cookie, req.payload, req.header.length, pin});
   if (!remote) {
     offer_refusal_ = remote.error().message;
     switch (remote.error().code) {
@@ -260,16 +263,6 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   l.send(std::move(msg));
   metrics_.counters.frames_offered.fetch_add(1, std::memory_order_relaxed);
   return transport::PostResult::kOk;
-}
-
-void OutboundStreams::endOffer(SlotEntry& e) {
-  auto it = posted_.find(e.post_cookie);
-  if (e.post_cookie == 0 || it == posted_.end() || !it->second.offered) return;
-  if (AgentLink* l = links_.find(it->second.link_id); l != nullptr && l->transport) {
-    l->transport->retractSource(e.post_cookie);
-  }
-  posted_.erase(it);
-  if (e.posts_out > 0) --e.posts_out;
 }
 
 void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, FrameRef f, SlotEntry& e,
@@ -363,6 +356,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       // Offered: nothing more of it goes out, and no send completes it; the
       // source stays until the answer (endOffer).
       posted_[cookie].offered = true;
+      posted_[cookie].pin = last_pin_;
       e.state = SlotState::kSent;
       e.deadline_ns = ackDeadline(clock_.nowNs());
     }
@@ -373,7 +367,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
 }
 
 size_t OutboundStreams::pumpAll() {
-  size_t work = 0;
+  size_t work = settleSources();
   for (PeerId peer = 0; peer < out_.size(); ++peer) {
     // A link that is closing takes no posts until it is down: frames and
     // credits waiting for it are no work (counting them would spin the agent).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 #include "agent/client_table.h"
 #include "agent/local_delivery.h"
 #include "agent/peer_messages.h"
+#include "agent/source_pins.h"
 #include "common/log_limit.h"
 #include "config/config.h"
 #include "metrics/metrics.h"
@@ -38,6 +40,13 @@ class OutboundStreams {
   void onSubmit(AgentClient& c, const fl_submit_desc& desc);
   // Posts what each stream's credits allow; returns the work done.
   size_t pumpAll();
+  // Readable when a retracted offer's slot is read no more (settleSources
+  // has work): the agent waits on it with its other fds.
+  int sourcesFd() const noexcept { return pins_->eventFd(); }
+  // Lets go the posts of retracted offers that nothing reads any more (their
+  // pins went): a frame that ended meanwhile (kSettling) ends now.  Returns
+  // how many it let go.
+  size_t settleSources();
 
   // Control messages of the peer at the other end of `link`.  A grant that
   // overflows the stream's bound returns the violation (the link is closed).
@@ -153,9 +162,12 @@ class OutboundStreams {
     uint64_t stream_id = 0;
     uint64_t sequence = 0;
     uint64_t link_id = 0;
-    // An offer (pull): its source stays exposed, and the post out, until the
-    // frame's answer or the link's end (endOffer); no transport reports it.
+    // An offer (pull): its source stays exposed until the frame's answer or
+    // the link's end (endOffer), and the post out until its pin goes
+    // (settleSources): no transport reports an offer.
     bool offered = false;
+    bool retracted = false;
+    std::weak_ptr<void> pin;  // the source's keepalive (SourcePins)
   };
   // The outcome of a frame that ended while a post of it was still out
   // (kSettling): it is said when the last post completes.
@@ -222,8 +234,12 @@ class OutboundStreams {
   transport::PostResult post(AgentLink& link, AgentClient& c, Leg leg, uint32_t slot,
                              const transport::RemoteCredit& credit, uint64_t cookie);
   // The frame's offer (if its current post is one) is over: its source is
-  // retracted and the post let go.  Before the frame ends or goes again.
+  // retracted, and the post let go once nothing reads the slot (at once,
+  // unless an answer is still being written or a window invalidated).
+  // Before the frame ends or goes again.
   void endOffer(SlotEntry& e);
+  // Retracts the offer posted under `cookie`; whether it is let go already.
+  bool retractOffer(Posted& posted, uint64_t cookie);
   // The frame is on the link now (kPosted): its SendComplete and ACK are awaited.
   void markPosted(const AgentLink& link, PeerId peer, OutStream& s, FrameRef frame, SlotEntry& e,
                   uint64_t cookie);
@@ -264,6 +280,8 @@ class OutboundStreams {
   uint64_t next_stream_id_ = 1;
   uint64_t next_cookie_ = 1;
   std::string offer_refusal_;  // why the last offer could not be made
+  std::shared_ptr<SourcePins> pins_ = std::make_shared<SourcePins>();
+  std::weak_ptr<void> last_pin_;  // of the offer post() made last
   bool shutting_down_ = false;
   bool draining_ = false;
   LocalDelivery* local_ = nullptr;

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "framelink/framelink.h"
@@ -39,7 +40,11 @@ bool recvAll(int fd, void* data, size_t n) {
 }  // namespace
 
 HostilePeer::HostilePeer(Options options) : options_(std::move(options)) {
-  channel_ = grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials());
+  // A chunk of a frame or a read's answer is up to grpc_chunk_bytes, as a peer daemon takes it.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(
+      static_cast<int>(transport::kMaxGrpcChunkBytes + transport::kGrpcMessageSlack));
+  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::Link::NewStub(channel_);
   session_ctx_.AddMetadata(transport::kTokenMetadataKey, options_.token);
   session_ = stub_->Session(&session_ctx_);
@@ -105,6 +110,11 @@ bool HostilePeer::sendTcp(uint32_t magic, const transport::FrameHeader* header, 
 }
 
 HostilePeer::~HostilePeer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  resumed_.notify_all();
   session_ctx_.TryCancel();
   data_ctx_.TryCancel();
   if (tcp_fd_ >= 0) ::shutdown(tcp_fd_, SHUT_RDWR);
@@ -159,6 +169,23 @@ bool HostilePeer::answerRead(uint64_t read_id, uint64_t source_id, const std::st
   return data_->Write(grpc::ByteBuffer(&slice, 1));
 }
 
+bool HostilePeer::askRead(uint64_t source_id, uint64_t read_id, uint64_t length) {
+  if (tcp_fd_ >= 0) {
+    transport::FrameHeader h;
+    h.credit_id = source_id;
+    h.frame_id = read_id;
+    tcp::TcpFrameHeader w = tcp::toWire(h);
+    w.magic = tcp::kTcpReadRequestMagic;
+    w.length = length;  // what is asked for: a request has no body
+    return sendAll(tcp_fd_, &w, sizeof w);
+  }
+  v1::ReadRequest request;
+  request.set_source_id(source_id);
+  request.set_read_id(read_id);
+  request.set_length(length);
+  return data_->Write(transport::encodeReadRequest(request));
+}
+
 void HostilePeer::readSession() {
   if (!session_reader_.joinable()) session_reader_ = std::thread([this] { sessionLoop(); });
 }
@@ -166,6 +193,31 @@ void HostilePeer::readSession() {
 void HostilePeer::readData() {
   if (data_reader_.joinable()) return;
   data_reader_ = std::thread([this] { tcp_fd_ >= 0 ? tcpLoop() : dataLoop(); });
+}
+
+void HostilePeer::readDataUntil(std::function<bool(const PeerInbox&)> pause) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pause_when_ = std::move(pause);
+  }
+  readData();
+}
+
+void HostilePeer::resumeData() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    paused_ = false;
+  }
+  resumed_.notify_all();
+}
+
+void HostilePeer::holdIfPaused() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (pause_when_ && pause_when_(inbox_)) {
+    pause_when_ = nullptr;
+    paused_ = true;
+  }
+  resumed_.wait(lock, [this] { return !paused_ || stopping_; });
 }
 
 void HostilePeer::sessionLoop() {
@@ -199,12 +251,20 @@ void HostilePeer::readAsked(const ReadAsked& read) {
   inbox_.reads.push_back(read);
 }
 
+void HostilePeer::readAnswered(ReadAnswered answer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inbox_.answers.push_back(std::move(answer));
+}
+
 void HostilePeer::dataLoop() {
   grpc::ByteBuffer buffer;
   transport::ReceivedDataMessage m;
   v1::FrameHeader current;
   uint64_t bytes = 0;
-  while (data_->Read(&buffer)) {
+  // The answer whose chunks arrive (a read response's first chunk says so).
+  std::optional<ReadAnswered> answer;
+  std::string answer_bytes;
+  while ((holdIfPaused(), data_->Read(&buffer))) {
     // A malformed message from the daemon is recorded as the end of the channel.
     if (!transport::parseDataMessage(&buffer, &m).empty()) break;
     if (!m.control.empty()) {
@@ -215,9 +275,24 @@ void HostilePeer::dataLoop() {
       readAsked(ReadAsked{m.read_request.source_id(), m.read_request.read_id(), m.read_request.length()});
       continue;
     }
-    if (m.has_header) {
+    if (m.has_read_response) {
+      answer = ReadAnswered{m.read_response.read_id(), !m.read_response.no_source(), nullptr};
+      answer_bytes.clear();
+    } else if (m.has_header) {
+      answer.reset();
       current = m.header;
       bytes = 0;
+    }
+    if (answer) {
+      const size_t at = answer_bytes.size();
+      answer_bytes.resize(at + m.payload_bytes);
+      m.copyPayload(reinterpret_cast<uint8_t*>(answer_bytes.data() + at));
+      if (!m.last) continue;
+      answer->bytes = std::make_shared<const std::string>(std::move(answer_bytes));
+      readAnswered(std::move(*answer));
+      answer.reset();
+      answer_bytes = std::string();
+      continue;
     }
     bytes += m.payload_bytes;
     if (m.last) frameArrived(current, bytes);
@@ -229,7 +304,7 @@ void HostilePeer::dataLoop() {
 void HostilePeer::tcpLoop() {
   tcp::TcpFrameHeader w{};
   std::string bytes;
-  while (recvAll(tcp_fd_, &w, sizeof w)) {
+  while ((holdIfPaused(), recvAll(tcp_fd_, &w, sizeof w))) {
     if (w.magic == tcp::kTcpReadRequestMagic) {  // no body: `length` is what is asked for
       readAsked(ReadAsked{w.credit_id, w.frame_id, w.length});
       continue;
@@ -237,7 +312,10 @@ void HostilePeer::tcpLoop() {
     if (w.length > (uint64_t{1} << 30)) break;
     bytes.resize(w.length);
     if (!recvAll(tcp_fd_, bytes.data(), bytes.size())) break;
-    if (w.magic == tcp::kTcpControlMagic) {
+    if (w.magic == tcp::kTcpReadResponseMagic) {
+      const bool known = (w.flags & tcp::kTcpReadNoSource) == 0;
+      readAnswered(ReadAnswered{w.frame_id, known, std::make_shared<const std::string>(bytes)});
+    } else if (w.magic == tcp::kTcpControlMagic) {
       controlArrived(bytes);
     } else {
       v1::FrameHeader header;

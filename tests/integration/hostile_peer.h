@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,13 @@ struct ReadAsked {
   uint64_t length = 0;
 };
 
+// The daemon's answer to a read the peer asked for (askRead).
+struct ReadAnswered {
+  uint64_t read_id = 0;
+  bool known = false;  // false: the daemon exposes no such source
+  std::shared_ptr<const std::string> bytes;
+};
+
 // What the peer received, in order of arrival per channel.
 struct PeerInbox {
   std::vector<v1::PeerMessage> session;   // messages on the Session after the HelloAck
@@ -41,6 +49,7 @@ struct PeerInbox {
   std::vector<v1::FrameHeader> frames;    // a frame's header, once its last chunk arrived
   std::vector<int64_t> frame_arrival_ns;  // steady clock, per entry of `frames`
   std::vector<ReadAsked> reads;           // read requests, on the data channel
+  std::vector<ReadAnswered> answers;      // answers to askRead, once whole
   uint64_t payload_bytes = 0;
   bool session_ended = false;
   bool data_ended = false;
@@ -83,11 +92,19 @@ class HostilePeer {
   // The answer to a read the daemon asked for (or to none): `bytes` as the
   // contents of source `source_id`, for read `read_id`.
   bool answerRead(uint64_t read_id, uint64_t source_id, const std::string& bytes);
+  // Asks the daemon for `length` bytes of its offer's source `source_id`,
+  // as read `read_id` (the answer lands in the inbox's `answers`).
+  bool askRead(uint64_t source_id, uint64_t read_id, uint64_t length);
 
   // Reading starts only when asked: until then the daemon's writes pile up
   // in its own buffers and the flow-control windows.
   void readSession();
   void readData();
+  // Reads the data channel until `pause(inbox)` holds after a message it
+  // took, then nothing more until resumeData(): what the daemon writes after
+  // that waits in the socket (or the flow-control windows).
+  void readDataUntil(std::function<bool(const PeerInbox&)> pause);
+  void resumeData();
 
   // A copy of what arrived so far.
   PeerInbox inbox() const;
@@ -105,6 +122,9 @@ class HostilePeer {
   void frameArrived(const v1::FrameHeader& header, uint64_t payload_bytes);
   void controlArrived(const std::string& record);
   void readAsked(const ReadAsked& read);
+  void readAnswered(ReadAnswered answer);
+  // Between messages of the data channel: holds the reader while paused.
+  void holdIfPaused();
 
   Options options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -119,6 +139,10 @@ class HostilePeer {
 
   mutable std::mutex mutex_;
   PeerInbox inbox_;
+  std::function<bool(const PeerInbox&)> pause_when_;  // readDataUntil's
+  bool paused_ = false;
+  bool stopping_ = false;
+  std::condition_variable resumed_;
   std::thread session_reader_;
   std::thread data_reader_;
 };

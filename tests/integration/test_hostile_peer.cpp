@@ -216,49 +216,6 @@ TEST_CASE(
 
 namespace {
 
-// B with the hostile peer as its only configured peer: every stream a
-// producer on B opens goes to it.  The address is never dialed successfully;
-// the peer dials in under that id.
-DaemonPair::Options pairRoutingTo(const std::string& transport, const std::string& peer_id) {
-  return pairOf(transport, {"--peer", peer_id + "=127.0.0.1:1"});
-}
-
-// Waits for the daemon to open `name` to the peer; its stream id.
-uint64_t awaitStreamOpen(HostilePeer& peer, const std::string& name) {
-  uint64_t id = 0;
-  REQUIRE(peer.waitFor(
-      [&](const PeerInbox& in) {
-        for (const auto& m : in.session) {
-          if (m.has_stream_open() && m.stream_open().name() == name) id = m.stream_open().stream_id();
-        }
-        return id != 0;
-      },
-      Millis(5000)));
-  return id;
-}
-
-// Grants `count` whole credits of `bytes` each, ids first..first+count-1.
-v1::PeerMessage grant(uint64_t stream_id, uint64_t first, size_t count, uint64_t bytes) {
-  v1::PeerMessage m;
-  auto* g = m.mutable_credit_grant();
-  g->set_stream_id(stream_id);
-  g->set_largest_slot(bytes);
-  for (size_t i = 0; i < count; ++i) {
-    auto* c = g->add_credits();
-    c->set_credit_id(first + i);
-    c->set_length(bytes);
-  }
-  return m;
-}
-
-v1::PeerMessage ackRun(uint64_t stream_id, uint64_t first, uint64_t count) {
-  v1::PeerMessage m;
-  m.mutable_ack()->set_stream_id(stream_id);
-  m.mutable_ack()->add_runs(first);
-  m.mutable_ack()->add_runs(count);
-  return m;
-}
-
 constexpr uint64_t kFrameBytes = 1 << 20;
 constexpr size_t kFrames = 8;
 

@@ -4,9 +4,11 @@
 // not reused and a producer that left keeps its segment mapped until then.
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "agent/outbound_streams.h"
 #include "agent_fixture.h"
+#include "forwarding_transport.h"
 #include "outbound_fixture.h"
 
 using namespace framelink;
@@ -168,4 +170,73 @@ TEST_CASE(
   fl_completion_desc d{};
   REQUIRE(rig.completed(&d));
   CHECK(d.status == FL_OK);
+}
+
+namespace {
+
+// Keeps a copy of each exposed source's keepalive, as a transport does
+// while it writes an answer from the source (tcp's queue, a gRPC slice) or
+// while a window over it is not yet invalidated (rdma).
+class AnsweringTransport : public testing::ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  Result<transport::RemoteSource> exposeSource(transport::LocalSource source) override {
+    answering.push_back(source.keepalive);
+    return ForwardingTransport::exposeSource(std::move(source));
+  }
+  std::vector<std::shared_ptr<void>> answering;
+};
+
+// An offer of slot 0 into pull credit 9 on a link over `t`; the link.
+AgentLink& offerOnLink(OutboundRig& rig, std::shared_ptr<AnsweringTransport> t) {
+  AgentLink& l = rig.addLink(2, std::move(t));
+  peer::CreditGrant grant;
+  grant.stream_id = rig.stream_id;
+  grant.pull = true;
+  grant.credits.push_back(transport::RemoteCredit{9, 4096, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(l, grant).empty());
+  rig.submit(0, 1000);
+  REQUIRE(rig.out.pumpAll() > 0);
+  REQUIRE(rig.producer.session->slots[0].state == SlotState::kSent);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "outbound streams: an offer whose ACK deadline passes while its answer is written gives its slot back "
+    "only once the answer is out",
+    "[agent][outbound][lifetime][pull]") {
+  OutboundRig rig;
+  auto t = std::make_shared<AnsweringTransport>(std::move(rig.pair.b));
+  offerOnLink(rig, t);
+  REQUIRE(t->answering.size() == 1);
+
+  rig.clock.advanceMs(rig.config.ack_timeout_ms + 1);
+  rig.out.checkDeadlines();
+  fl_completion_desc d{};
+  // The source is retracted, but the answer still reads the slot.
+  CHECK_FALSE(rig.completed(&d));
+  CHECK(rig.producer.session->slots[0].state == SlotState::kSettling);
+  CHECK(rig.out.settleSources() == 0);
+  CHECK_FALSE(rig.completed(&d));
+
+  t->answering.clear();  // the answer is out
+  CHECK(rig.out.settleSources() == 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_TIMEOUT);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kFree);
+}
+
+TEST_CASE("outbound streams: an offer answered and ACKed ends at the ACK, its source let go at once",
+          "[agent][outbound][lifetime][pull]") {
+  OutboundRig rig;
+  auto t = std::make_shared<AnsweringTransport>(std::move(rig.pair.b));
+  AgentLink& l = offerOnLink(rig, t);
+  t->answering.clear();  // answered: only the transport's sources table holds it
+  rig.out.onAck(l.peer, rig.stream_id, 1, FL_OK, {}, 1, 1, l.id);
+  fl_completion_desc d{};
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_OK);
+  CHECK(rig.out.settleSources() == 0);  // nothing was waiting
 }
