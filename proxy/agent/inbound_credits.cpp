@@ -358,7 +358,11 @@ void InboundStreams::recallBeyondShares(GrantRound& round, uint64_t cid, size_t 
   const uint64_t now = clock_.nowNs();
   for (auto& [generation, entry] : credits_) {
     const Target owner{entry.link_id, entry.stream_id};
-    if (entry.client_id != cid || entry.recalled || entry.closing || round.sender.count(owner) == 0) continue;
+    // An offered credit is used (its read may wait behind others): not held.
+    if (entry.client_id != cid || entry.recalled || entry.closing || entry.offered ||
+        round.sender.count(owner) == 0) {
+      continue;
+    }
     if (round.heldBy(owner, cid) <= share) continue;
     entry.recalled = true;
     entry.recalled_ns = now;
@@ -474,7 +478,10 @@ std::vector<InboundStreams::FailedLink> InboundStreams::checkDeadlines() {
   // the credits with it.
   std::set<uint64_t> late;
   for (const auto& [generation, entry] : credits_) {
-    if (entry.recalled && now - entry.recalled_ns >= limits_.recall_deadline_ns) late.insert(entry.link_id);
+    // One offered into is used: its read may wait behind the link's others.
+    if (entry.recalled && !entry.offered && now - entry.recalled_ns >= limits_.recall_deadline_ns) {
+      late.insert(entry.link_id);
+    }
   }
   for (uint64_t link_id : late) {
     const AgentLink* l = links_.find(link_id);

@@ -283,3 +283,30 @@ TEST_CASE("inbound pull: a slot a read is landing in goes to no other sender unt
   CHECK(std::find(after.begin(), after.end(), k) != after.end());
   CHECK(holds(c, k, mine));
 }
+
+TEST_CASE("inbound pull: a recalled credit the sender offered into is used, whatever its read waits for",
+          "[agent][inbound][pull][fan-in]") {
+  // A pulled link whose reads wait: the sender offered into credits this end
+  // then recalled, and their reads are not done when the recall deadline
+  // passes (behind pull_reads_per_link, or a slow link).  Used, not kept:
+  // the link stays.
+  InboundStreams::Limits limits;
+  limits.recall_deadline_ns = 10'000'000'000ULL;
+  limits.read_stall_ns = 0;
+  InboundRig rig(limits);
+  rig.inbound.setPullStreams({"cam"});
+  rig.consumer(1, "cam");
+  AgentLink& hog = rig.linkUp(1, "p1");
+  transport::Transport& hog_end = *rig.peer_ends.back();
+  REQUIRE(rig.open(hog, 42, "cam").empty());
+  pullCredits(rig, hog);
+  AgentLink& other = rig.linkUp(2, "p2");
+  REQUIRE(rig.open(other, 7, "cam").empty());
+  const std::vector<uint64_t> recalled = rig.revoked(hog);
+  REQUIRE(recalled.size() == 2);
+  const std::vector<uint8_t> payload(100, 0x5a);
+  offer(rig, hog, hog_end, recalled[0], 1, payload);
+  offer(rig, hog, hog_end, recalled[1], 2, payload);
+  rig.clock.advanceNs(11'000'000'000ULL);
+  CHECK(rig.inbound.checkDeadlines().empty());
+}
