@@ -35,6 +35,7 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
     }
     at->second = s.credits.insert(s.credits.end(), rc);
     s.largest_credit = std::max(s.largest_credit, rc.length);
+    s.unfit_from = UINT64_MAX;  // a frame that fitted none may fit this one
     return {};
   };
   for (const auto& rc : g.credits) {
@@ -59,6 +60,7 @@ void OutboundStreams::dropCredits(OutStream& s) {
   s.credits.clear();
   s.by_credit_id.clear();
   s.largest_credit = 0;
+  s.unfit_from = UINT64_MAX;
   s.credit_peak = 0;
   s.said_low = false;
   s.pull = false;

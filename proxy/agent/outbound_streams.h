@@ -129,6 +129,9 @@ class OutboundStreams {
     std::list<transport::RemoteCredit> credits;
     std::unordered_map<uint64_t, std::list<transport::RemoteCredit>::iterator> by_credit_id;
     uint64_t largest_credit = 0;  // the largest credit granted on the current link
+    // The shortest frame that no credit held fits: the credits are scanned
+    // again only after a grant, not each round while such frames wait.
+    uint64_t unfit_from = UINT64_MAX;
     // Submitted or to be sent again, waiting for a credit; by sequence, so a
     // stream always leaves in sequence order -- also when NACKed frames and
     // a broken link's unacknowledged ones go back into it, so replays go

@@ -223,3 +223,32 @@ TEST_CASE(
   CHECK(returnedIds(*rig.link) == returned);
   CHECK(heldCredits() == 0);
 }
+
+TEST_CASE(
+    "outbound streams: a frame that no held credit fits waits, and takes the first one granted that fits",
+    "[agent][outbound]") {
+  // The credits it does not fit are not scanned for it again each round
+  // (review N10d: 65535 of them per stream), only once a grant came.
+  OutboundRig rig;
+  peer::CreditGrant small;
+  small.stream_id = rig.stream_id;
+  small.largest_slot = 4096;  // a consumer with larger slots exists
+  for (uint64_t id = 1; id <= 1000; ++id) small.credits.push_back(transport::RemoteCredit{id, 64, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(*rig.link, small).empty());
+  rig.submit(0, 1000);
+  for (int round = 0; round < 3; ++round) CHECK(rig.out.pumpAll() == 0);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPending);
+  // A shorter frame behind it does not pass it: a stream leaves in order.
+  rig.submit(1, 10);
+  CHECK(rig.out.pumpAll() == 0);
+  CHECK(rig.producer.session->slots[1].state == SlotState::kPending);
+
+  auto landing = exposeLanding(*rig.pair.b, 2000, 4096);
+  peer::CreditGrant large;
+  large.stream_id = rig.stream_id;
+  large.credits.push_back(transport::RemoteCredit{2000, 4096, 0, 0});
+  REQUIRE(rig.out.onCreditGrant(*rig.link, large).empty());
+  CHECK(rig.out.pumpAll() > 0);
+  CHECK(rig.producer.session->slots[0].state == SlotState::kPosted);
+  CHECK(rig.producer.session->slots[1].state == SlotState::kPosted);  // into a 64-byte credit
+}
