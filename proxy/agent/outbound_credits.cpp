@@ -56,6 +56,19 @@ std::string OutboundStreams::onCreditGrant(AgentLink& l, const peer::CreditGrant
   return {};
 }
 
+std::list<transport::RemoteCredit>::iterator OutboundStreams::fittingCredit(OutStream& s, uint64_t length) {
+  // The oldest credit the frame fits: consumers of one stream may have
+  // slots of different sizes, and a small one must not block a frame that
+  // a larger one can take.  A receiver may hold many credits none of which
+  // fits (review N10d): a length that found none is not scanned for again
+  // until a grant.
+  if (length >= s.unfit_from) return s.credits.end();
+  auto fit = std::find_if(s.credits.begin(), s.credits.end(),
+                          [length](const transport::RemoteCredit& cr) { return cr.length >= length; });
+  if (fit == s.credits.end()) s.unfit_from = length;
+  return fit;
+}
+
 void OutboundStreams::dropCredits(OutStream& s) {
   s.credits.clear();
   s.by_credit_id.clear();

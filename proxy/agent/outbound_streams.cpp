@@ -313,17 +313,8 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       continue;
     }
     SlotEntry& e = legSlot(*ac, f.leg, f.slot);
-    // The oldest credit the frame fits: consumers of one stream may have
-    // slots of different sizes, and a small one must not block a frame that
-    // a larger one can take.
-    // A receiver may hold many credits none of which fits (review N10d):
-    // a frame that found none is not scanned for again until a grant.
-    auto fit = e.length >= s.unfit_from
-                   ? s.credits.end()
-                   : std::find_if(s.credits.begin(), s.credits.end(),
-                                  [&](const transport::RemoteCredit& cr) { return cr.length >= e.length; });
+    auto fit = fittingCredit(s, e.length);
     if (fit == s.credits.end()) {
-      s.unfit_from = std::min(s.unfit_from, e.length);
       // A consumer with such slots exists: wait for its credit.  So does a
       // frame sent before (a replay): it fitted a credit of this stream, and
       // it may already be at that consumer, so it is never refused here.

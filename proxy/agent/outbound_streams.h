@@ -231,6 +231,8 @@ class OutboundStreams {
   void maybeSayLow(AgentLink& link, OutStream& s);
   // The link's credits are gone (link up or down).
   static void dropCredits(OutStream& s);
+  // The oldest of the stream's credits that `length` bytes fit, or end.
+  static std::list<transport::RemoteCredit>::iterator fittingCredit(OutStream& s, uint64_t length);
   size_t pump(PeerId peer, OutStream& s);
   // Posts the frame in that slot of `c` into `credit` on the link, or, for a
   // pull credit, exposes its payload and offers it into `credit`.
