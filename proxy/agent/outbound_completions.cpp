@@ -266,11 +266,12 @@ void OutboundStreams::forgetPostsOf(uint64_t link_id) {
     if (p.link_id == link_id) cookies.push_back(cookie);
   }
   for (uint64_t cookie : cookies) {
-    // An offer's source is retracted, not only let go, and its post stays
-    // out while an answer the transport still holds may read the slot.
+    // An offer's source is retracted, not only let go.  The transport was
+    // shut down: nothing it holds reads the slot any more, so the post goes
+    // now, whatever copies of its pin the transport keeps until its end.
     auto it = posted_.find(cookie);
     if (it == posted_.end()) continue;
-    if (it->second.offered && !retractOffer(it->second, cookie)) continue;
+    if (it->second.offered) retractOffer(it->second, cookie);
     onSendComplete(transport::TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST, "link closed"));
   }
 }
