@@ -8,6 +8,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <fstream>
 
@@ -17,6 +19,8 @@
 
 #include "agent/data_agent.h"
 #include "attach/attach_server.h"
+#include "common/thread_annotations.h"
+#include "config/config_reload.h"
 #include "framelink/framelink.h"
 #include "link/peer_links.h"
 #include "metrics/metrics.h"
@@ -57,6 +61,12 @@ int numaNodeOfCpu(int cpu) {
   return -1;
 }
 
+uint64_t realtimeNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
+}
+
 Status writeReadyFile(const std::string& path, const std::string& content) {
   std::string tmp = path + ".tmp";
   {
@@ -74,7 +84,7 @@ Status writeReadyFile(const std::string& path, const std::string& content) {
 class DaemonImpl final : public Daemon {
  public:
   DaemonImpl(Config config, AgentHeartbeat heartbeat)
-      : config_(std::move(config)), heartbeat_(std::move(heartbeat)) {}
+      : config_(std::move(config)), live_(config_), heartbeat_(std::move(heartbeat)) {}
   ~DaemonImpl() override { stop(); }
 
   Status init() {
@@ -91,7 +101,9 @@ class DaemonImpl final : public Daemon {
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
     start_ns_ = identity.start_ns;
+    metrics_.setConfigInfo({configHash(config_), realtimeNs(), 0});
     attach_->setAdminSnapshot([this] { return adminSnapshot(); });
+    attach_->setAdminReload([this] { return reload().json(); });
     RdmaSupport rdma = openRdma();
     auto links = PeerLinks::start(config_, *agent_, metrics_, identity.start_ns, std::move(rdma));
     if (!links) return std::move(links).error();
@@ -122,9 +134,56 @@ class DaemonImpl final : public Daemon {
   std::string statusLine() const override { return metrics_.summary(); }
   const Config& config() const noexcept override { return config_; }
 
+  void setConfigSource(std::function<Result<Config>()> source) override {
+    MutexLock lock(reload_mutex_);
+    source_ = std::move(source);
+  }
+
+  ReloadOutcome reload() override {
+    MutexLock lock(reload_mutex_);
+    ReloadOutcome out;
+    const std::shared_ptr<const Config> running = live_.get();
+    out.hash = configHash(*running);
+    Result<Config> read = source_ ? source_()
+                                  : makeError(FL_EINVAL,
+                                              "this daemon was started without a configuration to "
+                                              "read again");
+    if (!read) {
+      out.refused = true;
+      out.error = read.error().message;
+      spdlog::error("reload: the configuration is refused, the running one stays: {}", out.error);
+      return out;
+    }
+    out.warnings = read->routeWarnings();
+    for (const auto& warning : out.warnings) spdlog::warn("reload: {}", warning);
+    ReloadPlan plan = planReload(*running, read.value());
+    out.applied = std::move(plan.applied);
+    out.restart = std::move(plan.restart);
+    if (!out.applied.empty() && !stopped_) {
+      auto next = std::make_shared<const Config>(std::move(plan.next));
+      spdlog::set_level(spdlog::level::from_str(next->log_level));
+      live_.set(next);
+      if (links_) links_->reconfigure(next);
+      if (agent_) agent_->post(CmdReconfigure{next});
+      out.hash = configHash(*next);
+      metrics_.setConfigInfo({out.hash, realtimeNs(), metrics_.configInfo().reloads + 1});
+      for (const auto& line : out.applied) spdlog::info("reload: {}", line);
+    }
+    if (!out.restart.empty()) {
+      std::string pending;
+      for (const auto& key : out.restart) pending += (pending.empty() ? "" : ", ") + key;
+      spdlog::warn(
+          "reload: {} changed and take effect at the next restart (systemctl restart framelinkd); until then "
+          "the daemon keeps its running values",
+          pending);
+    }
+    if (out.applied.empty() && out.restart.empty())
+      spdlog::info("reload: nothing changed (config {})", out.hash);
+    return out;
+  }
+
   void stop() override {
-    if (stopped_) return;
-    stopped_ = true;
+    if (stopped_.exchange(true)) return;
     // Stop taking new clients, let what is in flight end (drain_timeout_ms at
     // most: the links still run), fail the rest, then end the links.
     if (attach_) attach_->stop();
@@ -160,9 +219,10 @@ class DaemonImpl final : public Daemon {
       out += (i ? "," : "") + quoted(config_.transports[i]);
     }
     out += "]},\"peers\":[";
-    for (size_t i = 0; i < config_.peers.size(); ++i) {
-      out += std::string(i ? "," : "") + "{\"name\":" + quoted(config_.peers[i].name) +
-             ",\"address\":" + quoted(config_.peers[i].address) + "}";
+    const std::shared_ptr<const Config> live = live_.get();  // a reload changes the peers
+    for (size_t i = 0; i < live->peers.size(); ++i) {
+      out += std::string(i ? "," : "") + "{\"name\":" + quoted(live->peers[i].name) +
+             ",\"address\":" + quoted(live->peers[i].address) + "}";
     }
     return out + "],\"metrics\":" + metrics_.json() + "}";
   }
@@ -213,17 +273,32 @@ class DaemonImpl final : public Daemon {
     return rdma;
   }
 
-  Config config_;
+  Config config_;  // as started; what a reload changes is in live_
+  LiveConfig live_;
+  Mutex
+      reload_mutex_;  // one reload at a time (SIGHUP on the main thread, admin requests on the attach thread)
+  std::function<Result<Config>()> source_ FL_GUARDED_BY(reload_mutex_);
   AgentHeartbeat heartbeat_;
   Metrics metrics_;
   std::unique_ptr<DataAgent> agent_;
   std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<PeerLinks> links_;
-  bool stopped_ = false;
+  std::atomic<bool> stopped_{false};
   uint64_t start_ns_ = 0;
 };
 
 }  // namespace
+
+std::string Daemon::ReloadOutcome::json() const {
+  nlohmann::ordered_json out;
+  out["result"] = refused ? "refused" : "applied";
+  if (refused) out["error"] = error;
+  out["config_hash"] = hash;
+  out["applied"] = applied;
+  out["restart"] = restart;
+  out["warnings"] = warnings;
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
 
 Result<std::unique_ptr<Daemon>> Daemon::start(Config config, AgentHeartbeat heartbeat) {
   auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(heartbeat));

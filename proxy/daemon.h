@@ -3,7 +3,10 @@
 // in-process (port 0, socket in a temp dir).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "agent/agent_heartbeat.h"
 #include "common/result.h"
@@ -25,6 +28,24 @@ class Daemon {
   // What it serves now, in one line (Metrics::summary): for systemctl status.
   virtual std::string statusLine() const = 0;
   virtual void stop() = 0;
+
+  // Where a reload reads the configuration again (framelinkd: its command
+  // line, and the file that names); none: a reload is refused.
+  virtual void setConfigSource(std::function<Result<Config>()> source) = 0;
+  // What a reload did.
+  struct ReloadOutcome {
+    bool refused = false;
+    std::string error;                  // refused: why, as a start would say it
+    std::string hash;                   // of the configuration running after it
+    std::vector<std::string> applied;   // what changed now (planReload)
+    std::vector<std::string> restart;   // changed options that wait for a restart
+    std::vector<std::string> warnings;  // the new routes' (Config::routeWarnings)
+    std::string json() const;
+  };
+  // SIGHUP, `systemctl reload`, `framelink reload`: reads the configuration
+  // again and applies what can change while it runs (config_reload.h); one
+  // that does not parse is refused and the running one stays.  Logged.
+  virtual ReloadOutcome reload() = 0;
 };
 
 }  // namespace framelink

@@ -121,35 +121,32 @@ static void warnAboutSecurity(const framelink::Config& config) {
   }
 }
 
-// SIGHUP (systemctl reload): the configuration read again, as at start.  One
-// that does not parse is refused with the message a start would give, and the
-// running one stays; log_level takes effect at once; every other change is
-// named, with the restart it needs -- the daemon keeps its running values.
-static void reload(int argc, char** argv, framelink::Config& running) {
-  auto next = framelink::parseConfig(argc, argv);
-  if (!next) {
-    spdlog::error("reload: the configuration is refused, the running one stays: {}", next.error().message);
-    return;
-  }
-  for (const auto& warning : next->routeWarnings()) spdlog::warn("reload: {}", warning);
-  std::string pending;
-  for (const std::string& key : framelink::changedOptions(running, next.value())) {
-    if (key == "[daemon] log_level") {
-      spdlog::set_level(spdlog::level::from_str(next->log_level));
-      spdlog::info("reload: log_level {} -> {}", running.log_level, next->log_level);
-      running.log_level = next->log_level;
-    } else {
-      pending += (pending.empty() ? "" : ", ") + key;
+// Takes the signals until one stops the daemon (returned): SIGHUP reloads
+// the configuration; every 5 s without a signal, `systemctl status` gets what
+// is served now.
+static int serveUntilStopped(framelink::Daemon& daemon, const sigset_t& signals) {
+  std::string status = "serving";
+  for (;;) {
+    const timespec every{5, 0};
+    const int sig = sigtimedwait(&signals, nullptr, &every);
+    if (sig < 0) {
+#ifdef FRAMELINK_HAVE_SYSTEMD
+      if (std::string now = daemon.statusLine(); now != status) {
+        status = std::move(now);
+        sd_notify(0, ("STATUS=" + status).c_str());
+      }
+#endif
+      continue;
     }
+    if (sig != SIGHUP) return sig;
+#ifdef FRAMELINK_HAVE_SYSTEMD
+    sd_notify(0, "RELOADING=1\nSTATUS=reloading the configuration");
+#endif
+    daemon.reload();
+#ifdef FRAMELINK_HAVE_SYSTEMD
+    sd_notify(0, ("READY=1\nSTATUS=" + status).c_str());
+#endif
   }
-  if (pending.empty()) {
-    spdlog::info("reload: applied ({})", framelink::describe(running));
-    return;
-  }
-  spdlog::warn(
-      "reload: {} changed and take effect at the next restart (systemctl restart framelinkd); "
-      "until then the daemon keeps its running values",
-      pending);
 }
 
 // An exception that gets here (a logger that cannot be created, out of
@@ -186,36 +183,18 @@ int main(int argc, char** argv) try {
   if (watchdog.enabled()) {
     spdlog::info("systemd watchdog on: the data agent reports every {} ms", watchdog.period_ns / 1'000'000);
   }
-  framelink::Config running = config.value();  // what a reload compares with
   auto daemon = framelink::Daemon::start(std::move(config.value()), std::move(watchdog));
   if (!daemon) {
     spdlog::critical("cannot start: {}", daemon.error().message);
     return 1;
   }
+  // SIGHUP (systemctl reload) and `framelink reload`: the command line, and
+  // the file it names, read again as at start.
+  daemon.value()->setConfigSource([argc, argv] { return framelink::parseConfig(argc, argv); });
 #ifdef FRAMELINK_HAVE_SYSTEMD
   sd_notify(0, "READY=1\nSTATUS=serving");
 #endif
-  int sig = 0;
-  std::string status = "serving";
-  for (;;) {
-    // Every 5 s without a signal, `systemctl status` gets what is served now.
-    const timespec every{5, 0};
-    sig = sigtimedwait(&signals, nullptr, &every);
-    if (sig < 0) {
-#ifdef FRAMELINK_HAVE_SYSTEMD
-      if (std::string now = daemon.value()->statusLine(); now != status) {
-        status = std::move(now);
-        sd_notify(0, ("STATUS=" + status).c_str());
-      }
-#endif
-      continue;
-    }
-    if (sig == SIGHUP) {
-      reload(argc, argv, running);
-      continue;
-    }
-    break;
-  }
+  const int sig = serveUntilStopped(*daemon.value(), signals);
   spdlog::info("signal {}: shutting down", sig);
 #ifdef FRAMELINK_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");

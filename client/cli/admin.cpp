@@ -187,12 +187,12 @@ std::optional<AdminReply> connectAdmin(int fd, const sockaddr_un& addr, const st
                  "FRAMELINK_SOCKET");
 }
 
-// Sends the FL_ADMIN_SNAPSHOT request; the failure, if any.
-std::optional<AdminReply> sendSnapshotRequest(int fd, const std::string& socket) {
+// Sends the request (FL_ADMIN_SNAPSHOT, FL_ADMIN_RELOAD); the failure, if any.
+std::optional<AdminReply> sendAdminRequest(int fd, const std::string& socket, uint32_t command) {
   fl_admin_request req{};
   req.magic = FL_ADMIN_MAGIC;
   req.version = FL_ADMIN_VERSION;
-  req.command = FL_ADMIN_SNAPSHOT;
+  req.command = command;
   if (::send(fd, &req, sizeof(req), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(req))) return std::nullopt;
   return failure(FL_ERR_DAEMON_UNREACHABLE,
                  "cannot send the admin request to framelinkd at " + socket + ": " + strerror(errno));
@@ -302,7 +302,7 @@ AdminReply readSnapshot(int memfd, uint64_t size) {
 
 }  // namespace
 
-AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
+AdminReply fetchSnapshot(const std::string& socket, int timeout_ms, uint32_t command) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket.empty() || socket.size() >= sizeof(addr.sun_path)) {
@@ -315,7 +315,7 @@ AdminReply fetchSnapshot(const std::string& socket, int timeout_ms) {
     return failure(FL_ERR_RESOURCES, std::string("cannot create a Unix socket: ") + strerror(errno));
   }
   if (auto f = connectAdmin(fd.get(), addr, socket, timeout_ms)) return std::move(*f);
-  if (auto f = sendSnapshotRequest(fd.get(), socket)) return std::move(*f);
+  if (auto f = sendAdminRequest(fd.get(), socket, command)) return std::move(*f);
   RawReply raw;
   receiveReply(fd.get(), raw);
   if (auto f = noAnswerFailure(raw, socket, timeout_ms)) return std::move(*f);

@@ -5,6 +5,7 @@
 #ifndef FRAMELINK_CLI_ADMIN_H
 #define FRAMELINK_CLI_ADMIN_H
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -24,8 +25,10 @@ struct AdminReply {   // NOLINT(bugprone-exception-escape)
   Json snapshot;
 };
 
-// Connects to `socket`, asks for a snapshot and waits at most `timeout_ms`.
-AdminReply fetchSnapshot(const std::string& socket, int timeout_ms = 5000);
+// Connects to `socket`, sends `command` (FL_ADMIN_SNAPSHOT: the counters,
+// clients and links; FL_ADMIN_RELOAD: reload, the outcome) and waits at most
+// `timeout_ms` for the JSON.
+AdminReply fetchSnapshot(const std::string& socket, int timeout_ms = 5000, uint32_t command = 1);
 
 // "1h02m03s", "45.2s".
 std::string formatDuration(double seconds);

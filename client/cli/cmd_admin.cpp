@@ -1,11 +1,13 @@
 // `framelink stats`, `framelink clients`, `framelink links`: what the daemon
-// is doing, from an admin request over the attach socket.
+// is doing, from an admin request over the attach socket; `framelink reload`.
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+
+#include <framelink/attach_proto.h>
 
 #include "admin.h"
 #include "cli_util.h"
@@ -74,6 +76,37 @@ int runStats(const AdminOptions& o) {
   }
 }
 
+// `framelink reload`: the daemon reads its configuration again (as on
+// SIGHUP) and says what it applied, what waits for a restart, or why it
+// refused the file.  Exit status 1 when refused.
+int runReload(const AdminOptions& o) {
+  AdminReply r = fetchSnapshot(resolveSocket(o.socket), o.timeout_ms, FL_ADMIN_RELOAD);
+  if (r.status != 0) {
+    std::fprintf(stderr, "framelink reload: %s\n", r.message().c_str());
+    return 1;
+  }
+  const Json& out = r.snapshot;
+  const bool refused = out.value("result", "") == "refused";
+  if (o.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return refused ? 1 : 0;
+  }
+  if (refused) {
+    std::fprintf(stderr, "framelink reload: refused, the running configuration stays: %s\n",
+                 out.value("error", "").c_str());
+    return 1;
+  }
+  auto lines = [&out](const char* key) { return out.contains(key) ? out[key] : Json::array(); };
+  for (const auto& line : lines("applied")) std::printf("applied: %s\n", line.get<std::string>().c_str());
+  for (const auto& key : lines("restart")) {
+    std::printf("at the next restart: %s (systemctl restart framelinkd)\n", key.get<std::string>().c_str());
+  }
+  for (const auto& w : lines("warnings")) std::printf("warning: %s\n", w.get<std::string>().c_str());
+  if (lines("applied").empty() && lines("restart").empty()) std::printf("nothing changed\n");
+  std::printf("configuration %s running\n", out.value("config_hash", "?").c_str());
+  return 0;
+}
+
 }  // namespace
 
 void addAdminCommands(CLI::App& app, int& exit_code) {
@@ -103,6 +136,12 @@ void addAdminCommands(CLI::App& app, int& exit_code) {
     }
     exit_code = 0;
   });
+
+  auto ro = std::make_shared<AdminOptions>();
+  auto* reload = app.add_subcommand(
+      "reload", "Have the local framelinkd read its configuration again and apply it (as systemctl reload)");
+  addCommon(reload, *ro);
+  reload->callback([ro, &exit_code] { exit_code = runReload(*ro); });
 
   auto lo = std::make_shared<AdminOptions>();
   auto* links =

@@ -182,6 +182,14 @@ Check checkDaemon(const std::string& socket, const AdminReply& reply) {
     const Json& d = reply.snapshot["daemon"];
     c.what = "framelinkd '" + d.value("id", std::string()) + "' (pid " + std::to_string(d.value("pid", 0)) +
              ", version " + d.value("version", std::string()) + ") answers on " + socket;
+    // Which configuration runs: compare with `framelinkd --check-config` of the file.
+    const Json& config = reply.snapshot["metrics"]["config"];
+    if (config.is_object()) {
+      const uint64_t reloads = config.value("reloads", uint64_t{0});
+      c.what +=
+          "; configuration " + config.value("hash", std::string("?")) +
+          (reloads == 0 ? std::string(" (as started)") : " (reloaded " + std::to_string(reloads) + "x)");
+    }
     return c;
   }
   if (reply.status == FL_ERR_ATTACH_REFUSED) {

@@ -133,6 +133,7 @@ FL_STATIC_ASSERT(offsetof(fl_lend_message, slot_count) == 48, "lend slot_count o
 
 enum fl_admin_command {
   FL_ADMIN_SNAPSHOT = 1, /* counters, clients and links, as JSON */
+  FL_ADMIN_RELOAD = 2,   /* read the configuration again and apply it (as SIGHUP); the outcome as JSON */
 };
 
 typedef struct fl_admin_request {

@@ -86,10 +86,10 @@ DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& c
       clock_(clock),
       epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)),
       clients_(metrics, names_),
-      outbound_(config, metrics, clock, clients_, peers_, links_),
+      outbound_(config_, metrics, clock, clients_, peers_, links_),
       inbound_(metrics, clients_, links_, names_, clock, uint64_t{config.ack_delay_us} * 1000,
                inboundLimits(config)),
-      local_(config, metrics, clock, clients_,
+      local_(config_, metrics, clock, clients_,
              [this](AgentClient& producer, uint32_t slot, int status, const std::string& why,
                     uint32_t readers, uint32_t released) {
                outbound_.endLocalFrame(producer, slot, status, why, readers, released);
@@ -344,6 +344,8 @@ size_t DataAgent::drainCommands() {
             }
           } else if constexpr (std::is_same_v<T, CmdStop>) {
             beginStop(cmd.drain_ms);
+          } else if constexpr (std::is_same_v<T, CmdReconfigure>) {
+            reconfigure(*cmd.config);
           }
         },
         command);

@@ -124,8 +124,16 @@ struct CmdStop {
   uint64_t drain_ms = 0;
 };
 
+// A reload: the routes, peers and frame timeouts of `config` apply from now
+// (its other settings are the running ones).  Producers attached before keep
+// the routes they attached with; one whose stream the new routes send
+// elsewhere is named in the log.
+struct CmdReconfigure {
+  std::shared_ptr<const Config> config;
+};
+
 using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
-                                  CmdLinkKeepalive, CmdStop>;
+                                  CmdLinkKeepalive, CmdStop, CmdReconfigure>;
 
 class DataAgent {
  public:
@@ -233,8 +241,12 @@ class DataAgent {
   // Forgets the peers nothing refers to: not configured, no link, no stream
   // to them, nothing kept to answer their replays.  Returns how many.
   size_t forgetIdlePeers();
+  // CmdReconfigure (agent_reload.cpp).
+  void reconfigure(const Config& next);
 
-  const Config& config_;
+  // The agent's own copy, which only its thread reads: a reload
+  // (CmdReconfigure) changes it between rounds.
+  Config config_;
   Metrics& metrics_;
   const AgentClock& clock_;
   CommandQueue<AgentCommand> commands_;

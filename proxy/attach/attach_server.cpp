@@ -385,7 +385,7 @@ void AttachServer::handleAdmin(int fd, const fl_admin_request& req, ssize_t size
                                       ", this framelinkd speaks " + std::to_string(FL_ADMIN_VERSION) +
                                       ": install matching versions of framelink and framelinkd");
   }
-  if (req.command != FL_ADMIN_SNAPSHOT || req.flags != 0) {
+  if ((req.command != FL_ADMIN_SNAPSHOT && req.command != FL_ADMIN_RELOAD) || req.flags != 0) {
     return refuse(FL_ERR_BAD_REQUEST, "unknown admin command " + std::to_string(req.command) + " (flags " +
                                           std::to_string(req.flags) + "); use a matching framelink tool");
   }
@@ -401,7 +401,8 @@ void AttachServer::handleAdmin(int fd, const fl_admin_request& req, ssize_t size
   if (std::string why = adminRefusal(cred.uid, cred.gid, groups); !why.empty()) {
     return refuse(FL_ERR_ATTACH_REFUSED, why);
   }
-  const std::string json = admin_snapshot_ ? admin_snapshot_() : std::string("{}");
+  const AdminSnapshot& make = req.command == FL_ADMIN_RELOAD ? admin_reload_ : admin_snapshot_;
+  const std::string json = make ? make() : std::string("{}");
   if (json.size() > FL_ADMIN_JSON_MAX) {
     return refuse(FL_ERR_RESOURCES, "the snapshot is " + std::to_string(json.size()) + " bytes, more than " +
                                         std::to_string(FL_ADMIN_JSON_MAX) + "; read /stats with --metrics");
@@ -421,8 +422,9 @@ void AttachServer::handleAdmin(int fd, const fl_admin_request& req, ssize_t size
     return refuse(FL_ERR_RESOURCES, "the daemon cannot make the snapshot: " + errnoText());
   }
   if (metrics_ != nullptr) metrics_->counters.admin_requests.fetch_add(1, std::memory_order_relaxed);
-  spdlog::debug("admin: pid {} uid {}: snapshot of {} bytes", cred.pid, cred.uid, json.size());
-  sendAdminReply(fd, FL_OK, "snapshot", mem.get(), json.size());
+  const char* what = req.command == FL_ADMIN_RELOAD ? "reload" : "snapshot";
+  spdlog::debug("admin: pid {} uid {}: {} of {} bytes", cred.pid, cred.uid, what, json.size());
+  sendAdminReply(fd, FL_OK, what, mem.get(), json.size());
   dropConnection(fd);
 }
 

@@ -75,6 +75,8 @@ class AttachServer {
   // on the attach thread.  Call before start().
   using AdminSnapshot = std::function<std::string()>;
   void setAdminSnapshot(AdminSnapshot snapshot) { admin_snapshot_ = std::move(snapshot); }
+  // Reloads the configuration (FL_ADMIN_RELOAD) and returns the outcome as JSON.
+  void setAdminReload(AdminSnapshot reload) { admin_reload_ = std::move(reload); }
 
   void start();
   void stop();
@@ -150,6 +152,7 @@ class AttachServer {
   uint64_t next_client_id_ = 1;
   Metrics* metrics_ = nullptr;  // may be null (tests)
   AdminSnapshot admin_snapshot_;
+  AdminSnapshot admin_reload_;
   uid_t own_uid_ = 0;
   gid_t own_gid_ = 0;
   gid_t admin_gid_ = 0;

@@ -13,6 +13,7 @@
 
 #include "config/config_options.h"
 #include "config/config_peers.h"
+#include "config/config_reload.h"
 #include "config/config_values.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
@@ -472,6 +473,8 @@ Result<Config> parseConfig(int argc, const char* const* argv) {
     config.exit_now = true;
     config.exit_message = "framelinkd: the configuration is valid: " + describe(config) + "\n";
     for (const auto& warning : config.routeWarnings()) config.exit_message += "warning: " + warning + "\n";
+    config.exit_message +=
+        "configuration " + configHash(config) + " (framelink doctor shows the running one's)\n";
   }
   return config;
 }

@@ -51,22 +51,23 @@ std::string callToken(const ::grpc::ServerContext& ctx) {
   return it != md.end() ? std::string(it->second.data(), it->second.size()) : std::string();
 }
 
-bool PeerIdentity::known(std::string_view token) const {
+bool PeerIdentity::known(const Config& config, std::string_view token) {
   // Every configured token is compared, so that the time says nothing of which one matched.
-  bool match = !config_.token.empty() && secretEquals(token, config_.token);
-  for (const auto& peer : config_.peers) {
+  bool match = !config.token.empty() && secretEquals(token, config.token);
+  for (const auto& peer : config.peers) {
     match = (!peer.token.empty() && secretEquals(token, peer.token)) || match;
   }
   return match;
 }
 
 bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
-  if (config_.token.empty() && !config_.peerTokens()) return true;  // peers are not authenticated by token
+  const std::shared_ptr<const Config> config = config_.get();
+  if (config->token.empty() && !config->peerTokens()) return true;  // peers are not authenticated by token
   const std::string token = callToken(ctx);
-  if (known(token)) return true;
+  if (known(*config, token)) return true;
   // A dialer without a token may still prove its id by its certificate.
   const bool names_checked =
-      config_.tls_require_cert_name || std::any_of(config_.peers.begin(), config_.peers.end(),
+      config->tls_require_cert_name || std::any_of(config->peers.begin(), config->peers.end(),
                                                    [](const PeerConfig& p) { return !p.cert_name.empty(); });
   return token.empty() && names_checked;
 }
@@ -74,16 +75,17 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
 ::grpc::Status PeerIdentity::prove(const ::grpc::ServerContext& ctx, const v1::Hello& hello,
                                    const std::string& from) {
   const std::string& id = hello.daemon_id();
-  const std::string& expected = config_.peerToken(id);
-  const std::string cert_name = config_.certNameFor(id);
+  const std::shared_ptr<const Config> config = config_.get();
+  const std::string& expected = config->peerToken(id);
+  const std::string cert_name = config->certNameFor(id);
   if (!expected.empty()) {
     // Both are compared, whatever the first one says.
     const bool hello_ok = secretEquals(hello.token(), expected);
     const bool call_ok = secretEquals(callToken(ctx), expected);
     if (!hello_ok || !call_ok) {
-      return refuseToken(hello, from);
+      return refuseToken(*config, hello, from);
     }
-  } else if (config_.peerTokens() && cert_name.empty()) {
+  } else if (config->peerTokens() && cert_name.empty()) {
     metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
     log_.warn(
         "peer at {} refused: it claims to be '{}', which has no token of its own here, and link.token is not "
@@ -102,9 +104,10 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
   return refuseCertificate(ctx, id, cert_name, from);
 }
 
-::grpc::Status PeerIdentity::refuseToken(const v1::Hello& hello, const std::string& from) {
+::grpc::Status PeerIdentity::refuseToken(const Config& config, const v1::Hello& hello,
+                                         const std::string& from) {
   const std::string& id = hello.daemon_id();
-  if (!known(hello.token())) {
+  if (!known(config, hello.token())) {
     metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
     log_.warn("peer at {} refused: wrong token in Hello (FL_ERR_AUTH)", from);
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token: configure the same token on both daemons"};
@@ -133,7 +136,8 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
 }
 
 bool PeerIdentity::provenAlone(const std::string& id) const {
-  return &config_.peerToken(id) != &config_.token || !config_.certNameFor(id).empty();
+  const std::shared_ptr<const Config> config = config_.get();
+  return &config->peerToken(id) != &config->token || !config->certNameFor(id).empty();
 }
 
 uint64_t PeerInstances::otherInstance(const std::string& peer, uint64_t instance) const {

@@ -36,6 +36,7 @@
 #include "common/log_limit.h"
 #include "common/thread_annotations.h"
 #include "config/config.h"
+#include "config/config_reload.h"
 #include "framelink/v1/link.pb.h"
 
 namespace framelink {
@@ -51,7 +52,8 @@ std::string callToken(const ::grpc::ServerContext& ctx);
 
 class PeerIdentity {
  public:
-  PeerIdentity(const Config& config, Metrics& metrics) : config_(config), metrics_(metrics) {}
+  // Reads the running configuration at each call: a reload changes who is accepted.
+  PeerIdentity(const LiveConfig& config, Metrics& metrics) : config_(config), metrics_(metrics) {}
 
   // Before the Hello: whether the call's token could prove some id here.  One
   // that cannot is a stranger (the caller refuses and counts it).
@@ -66,12 +68,12 @@ class PeerIdentity {
 
  private:
   // Whether `token` is one this daemon accepts from some id.
-  bool known(std::string_view token) const;
-  ::grpc::Status refuseToken(const v1::Hello& hello, const std::string& from);
+  static bool known(const Config& config, std::string_view token);
+  ::grpc::Status refuseToken(const Config& config, const v1::Hello& hello, const std::string& from);
   ::grpc::Status refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
                                    const std::string& name, const std::string& from);
 
-  const Config& config_;
+  const LiveConfig& config_;
   Metrics& metrics_;
   LogLimiter log_;
 };

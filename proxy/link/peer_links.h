@@ -30,6 +30,7 @@
 
 #include "common/result.h"
 #include "config/config.h"
+#include "config/config_reload.h"
 #include "link/peer_transports.h"
 #include "link/protocol_versions.h"
 
@@ -52,6 +53,14 @@ class PeerLinks {
   virtual uint16_t listenPort(std::string_view transport) const noexcept = 0;
   // Stops dialers, ends every session, shuts the gRPC server down.
   virtual void stop() = 0;
+  // A reload: the peers, their addresses, tokens and certificate names, and
+  // link.token of `next` apply from now (its other settings must be the
+  // running ones).  A peer removed or moved stops being dialed and its dialed
+  // links end (a moved one is dialed at its new address); a removed peer that
+  // proved its id with credentials of its own (its token or certificate name)
+  // has its links ended too.  Every other link runs on; new sessions use the
+  // new tokens.
+  virtual void reconfigure(std::shared_ptr<const Config> next) = 0;
 };
 
 }  // namespace framelink

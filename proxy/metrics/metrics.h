@@ -147,6 +147,14 @@ class Metrics {
   // What the links' transports did, summed over every link the agent had
   // (closed ones included, so the totals never go down), from the agent.
   void setTransportCounters(const transport::TransportCounters& totals);
+  // The configuration running (framelinkd: set at start and by each reload), for /stats.
+  struct ConfigInfo {
+    std::string hash;        // configHash()
+    uint64_t loaded_ns = 0;  // wall clock, when it was read
+    uint64_t reloads = 0;    // reloads applied since start
+  };
+  void setConfigInfo(ConfigInfo info);
+  ConfigInfo configInfo() const;
 
   std::string prometheus() const;
   std::string json() const;
@@ -187,6 +195,7 @@ class Metrics {
   std::atomic<uint64_t> health_window_ns_{5'000'000'000};
   Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
   transport::TransportCounters transport_ FL_GUARDED_BY(detail_mutex_);
+  ConfigInfo config_ FL_GUARDED_BY(detail_mutex_);
   struct Server;
   std::unique_ptr<Server> server_;
   std::thread thread_;

@@ -1,7 +1,8 @@
-// SIGHUP (systemctl reload) reads the configuration again: log_level takes
-// effect at once, every other change is named with the restart it needs, and
-// a file that does not parse is refused with the message a start would give
-// while the daemon keeps serving with its running configuration.
+// SIGHUP (systemctl reload) and `framelink reload` read the configuration
+// again: log_level, the peers (added, moved, removed), their routes and
+// tokens take effect at once, every other change is named with the restart it
+// needs, and a file that does not parse is refused with the message a start
+// would give while the daemon keeps serving with its running configuration.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -42,7 +43,7 @@ TEST_CASE(
   // A changed level applies at once; a changed limit is named, not applied.
   writeConfig(file, "[daemon]\nlog_level = \"debug\"\n[limits]\nmax_slots = 32\n");
   REQUIRE(::kill(d.pid(), SIGHUP) == 0);
-  CHECK(d.waitForLog("reload: log_level info -> debug", Millis(5000)));
+  CHECK(d.waitForLog("reload: [daemon] log_level info -> debug", Millis(5000)));
   CHECK(d.waitForLog("reload: [limits] max_slots changed and take effect at the next restart", Millis(5000)));
   AttachResult r = tryAttach(d.socketPath(), FL_CONSUMER, "kept", 48, 4096);
   INFO(statusName(r.status) << ": " << r.message);
@@ -57,4 +58,107 @@ TEST_CASE(
   CHECK(fl_check_daemon(before.get()) == FL_OK);
   Client after = attachProducer(d, "after-reload", 2, 4096);
   CHECK(fl_check_daemon(after.get()) == FL_OK);
+}
+
+namespace {
+
+std::string peerTable(const std::string& name, const DaemonProcess& d, const std::string& stream) {
+  return "[[peer]]\nname = \"" + name + "\"\naddress = \"" + d.grpcAddress() + "\"\nstreams = [\"" + stream +
+         "\"]\n";
+}
+
+// `framelink reload` against `d`: its exit code, its output in `out`.
+int reloadWithCli(const DaemonProcess& d, std::string& out) {
+  ChildProcess cli("reload", {"reload", "--socket", d.socketPath()});
+  const int code = cli.wait(Millis(10000));
+  out = cli.output();
+  return code;
+}
+
+}  // namespace
+
+TEST_CASE("reload: framelink reload adds and removes a peer while frames flow on a link it does not touch",
+          "[integration][admin]") {
+  const std::string token = "[link]\ntoken = \"reload-secret\"\n";
+  DaemonProcess::Options ob;
+  ob.token = "reload-secret";
+  ob.id = "b";
+  DaemonProcess b(ob);
+  DaemonProcess::Options oc = ob;
+  oc.id = "c";
+  DaemonProcess c(oc);
+  TempDir dir("fl-reload-peers");
+  const std::string file = dir.file("framelinkd.toml");
+  writeConfig(file, token + peerTable("b", b, "kept"));
+  DaemonProcess::Options oa;
+  oa.id = "a";
+  oa.extra_args = {"--config", file, "--metrics", "127.0.0.1:0"};
+  DaemonProcess a(oa);
+
+  Client kept_consumer = attachConsumer(b, "kept", 4, 64 * 1024);
+  Client kept = attachProducer(a, "kept", 4, 64 * 1024);
+  auto sendKept = [&](uint64_t first, uint64_t count) {
+    for (uint64_t id = first; id < first + count; ++id) {
+      submitFrame(kept.get(), id, 4096);
+      fl_frame f = receiveFrame(kept_consumer.get(), Millis(10000));
+      checkSyntheticFrame(f, id, 4096);
+      fl_release(kept_consumer.get(), f.slot);
+      auto done = collectCompletions(kept.get(), 1, Millis(10000));
+      REQUIRE(done.size() == 1);
+      CHECK(done[0].status == FL_OK);
+    }
+  };
+  sendKept(1, 5);
+  REQUIRE(waitUntil([&] { return a.metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
+
+  // A producer of a stream no peer takes yet is refused.
+  {
+    Client early = attachProducer(a, "added", 2, 64 * 1024);
+    submitFrame(early.get(), 1, 4096);
+    auto done = collectCompletions(early.get(), 1, Millis(10000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_ERR_NO_ROUTE);
+  }
+
+  // c is added: the file gains its table, and the CLI reloads.
+  writeConfig(file, token + peerTable("b", b, "kept") + peerTable("c", c, "added"));
+  std::string out;
+  REQUIRE(reloadWithCli(a, out) == 0);
+  INFO(out);
+  CHECK(out.find("applied: [[peer]] c added (dials " + c.grpcAddress() + ")") != std::string::npos);
+  CHECK(out.find("configuration ") != std::string::npos);
+  Client added_consumer = attachConsumer(c, "added", 4, 64 * 1024);
+  Client added = attachProducer(a, "added", 4, 64 * 1024);
+  submitFrame(added.get(), 1, 4096);
+  fl_frame f = receiveFrame(added_consumer.get(), Millis(15000));
+  checkSyntheticFrame(f, 1, 4096);
+  fl_release(added_consumer.get(), f.slot);
+  // The link to b was not touched: the same producer goes on, and only c's link came up.
+  sendKept(6, 5);
+  CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 2; }, Millis(15000), Millis(50)));
+  CHECK(a.metric("framelink_link_failures_total") == 0);
+  CHECK(a.httpGet("/stats").find("\"reloads\":1") != std::string::npos);
+
+  // b is removed: its link ends, and the stream it took now goes nowhere (named in the log).
+  writeConfig(file, token + peerTable("c", c, "added"));
+  REQUIRE(reloadWithCli(a, out) == 0);
+  CHECK(out.find("applied: [[peer]] b removed") != std::string::npos);
+  CHECK(a.waitForLog("peer b at " + b.grpcAddress() + ": no longer dialed", Millis(10000)));
+  CHECK(a.waitForLog("reload: stream 'kept' is now routed to nowhere", Millis(5000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
+  Client late = attachProducer(a, "kept", 2, 64 * 1024);
+  submitFrame(late.get(), 1, 4096);
+  auto refused = collectCompletions(late.get(), 1, Millis(10000));
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].status == FL_ERR_NO_ROUTE);
+
+  // A file that does not parse: refused by the CLI with the reason, exit 1; the running one stays.
+  writeConfig(file, "[daemon]\nlog_level = \"loud\"\n" + token + peerTable("c", c, "added"));
+  CHECK(reloadWithCli(a, out) == 1);
+  CHECK(out.find("refused, the running configuration stays") != std::string::npos);
+  CHECK(out.find("loud") != std::string::npos);
+  submitFrame(added.get(), 2, 4096);
+  f = receiveFrame(added_consumer.get(), Millis(15000));
+  checkSyntheticFrame(f, 2, 4096);
+  fl_release(added_consumer.get(), f.slot);
 }

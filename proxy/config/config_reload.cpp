@@ -1,0 +1,103 @@
+#include "config/config_reload.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+namespace framelink {
+namespace {
+
+const PeerConfig* findPeer(const std::vector<PeerConfig>& peers, const std::string& name) {
+  auto it = std::find_if(peers.begin(), peers.end(), [&](const PeerConfig& p) { return p.name == name; });
+  return it != peers.end() ? &*it : nullptr;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out.empty() ? "-" : out;
+}
+
+// One line per peer added, removed or changed, and what changed.
+void comparePeers(const Config& running, const Config& read, std::vector<std::string>& applied) {
+  for (const PeerConfig& old : running.peers) {
+    if (findPeer(read.peers, old.name) == nullptr) {
+      applied.push_back("[[peer]] " + old.name + " removed (its links end)");
+    }
+  }
+  for (const PeerConfig& p : read.peers) {
+    const PeerConfig* old = findPeer(running.peers, p.name);
+    if (old == nullptr) {
+      applied.push_back("[[peer]] " + p.name + " added" +
+                        (p.address.empty() ? " (dials in)" : " (dials " + p.address + ")"));
+      continue;
+    }
+    if (old->address != p.address) {
+      applied.push_back("[[peer]] " + p.name + " address " + (old->address.empty() ? "-" : old->address) +
+                        " -> " + (p.address.empty() ? "-" : p.address) + " (its dialed link moves)");
+    }
+    if (old->streams != p.streams) {
+      applied.push_back("[[peer]] " + p.name + " streams " + joined(old->streams) + " -> " +
+                        joined(p.streams));
+    }
+    if (old->token != p.token) applied.push_back("[[peer]] " + p.name + " token rotated (new links use it)");
+    if (old->cert_name != p.cert_name) {
+      applied.push_back("[[peer]] " + p.name + " cert_name '" + old->cert_name + "' -> '" + p.cert_name +
+                        "'");
+    }
+  }
+}
+
+}  // namespace
+
+ReloadPlan planReload(const Config& running, const Config& read) {
+  ReloadPlan plan{running, {}, {}};
+  Config& next = plan.next;
+  if (running.log_level != read.log_level) {
+    plan.applied.push_back("[daemon] log_level " + running.log_level + " -> " + read.log_level);
+  }
+  comparePeers(running, read, plan.applied);
+  if (running.token != read.token) plan.applied.push_back("[link] token rotated (new links use it)");
+  if (running.ack_timeout_ms != read.ack_timeout_ms) {
+    plan.applied.push_back("[link] ack_timeout_ms " + std::to_string(running.ack_timeout_ms) + " -> " +
+                           std::to_string(read.ack_timeout_ms) + " (frames sent from now)");
+  }
+  if (running.credit_timeout_ms != read.credit_timeout_ms) {
+    plan.applied.push_back("[link] credit_timeout_ms " + std::to_string(running.credit_timeout_ms) + " -> " +
+                           std::to_string(read.credit_timeout_ms) + " (frames sent from now)");
+  }
+  next.log_level = read.log_level;
+  next.peers = read.peers;
+  next.token = read.token;
+  next.token_file = read.token_file;
+  next.ack_timeout_ms = read.ack_timeout_ms;
+  next.credit_timeout_ms = read.credit_timeout_ms;
+  // What is left different needs a restart.
+  for (std::string& key : changedOptions(next, read)) plan.restart.push_back(std::move(key));
+  return plan;
+}
+
+std::string configHash(const Config& config) {
+  // FNV-1a over the described settings and the secrets describe() redacts.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char ch : s) {
+      h ^= ch;
+      h *= 0x100000001b3ULL;
+    }
+    h ^= 0xff;  // a separator no text holds
+    h *= 0x100000001b3ULL;
+  };
+  Config shown = config;
+  shown.config_file.clear();  // the same settings from another path are the same configuration
+  mix(describe(shown));
+  mix(config.token);
+  for (const PeerConfig& p : config.peers) mix(p.token);
+  mix(config.tls_cert_pem);  // a certificate renewed in place
+  mix(config.tls_ca_pem);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016" PRIx64, h);
+  return out;
+}
+
+}  // namespace framelink

@@ -1,0 +1,298 @@
+// The dialers: one thread per configured peer that keeps a session to it up.
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <type_traits>
+
+#include "agent/data_agent.h"
+#include "common/log_fields.h"
+#include "common/log_limit.h"
+#include "common/thread_annotations.h"
+#include "framelink/shm_layout.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "link/peer_grpc_options.h"
+#include "link/peer_identity.h"
+#include "link/peer_links_impl.h"
+#include "link/pending_channels.h"
+#include "link/session_reader.h"
+#include "metrics/metrics.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/link_bookkeeping.h"
+#include "transport/tcp/tcp_connect.h"
+
+namespace framelink {
+
+using transport::kTokenMetadataKey;
+
+namespace {
+
+using Clock = PeerLinksImpl::Clock;
+using ClientStream = PeerLinksImpl::ClientStream;
+
+// From the kernel's CSPRNG: a session id crosses the network in clear, and
+// one id must tell nothing of the next (a generator seeded once would, from
+// a few of its outputs).
+uint64_t randomSessionId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (::getrandom(&id, sizeof id, 0) != static_cast<ssize_t>(sizeof id)) {
+      std::random_device device;  // getrandom(2) failing at all: the same source by another way
+      id = (uint64_t{device()} << 32) | device();
+    }
+  }
+  return id;
+}
+
+}  // namespace
+
+bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
+  auto host_port = transport::tcp::parseHostPort(peer.address);
+  if (!host_port) {
+    spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kBadAddress,
+                                  "bad address '" + peer.address + "': " + host_port.error().message);
+    return false;
+  }
+  auto channel = connectChannel(peer, host_port->first, state);
+  if (!channel) return false;
+  ::grpc::ClientContext ctx;
+  const std::string token = live_.get()->peerToken(peer.name);  // a reload may have rotated it
+  if (!token.empty()) ctx.AddMetadata(kTokenMetadataKey, token);
+  {
+    MutexLock lock(mutex_);
+    if (ending(state)) return false;
+    client_contexts_.emplace(&ctx, peer.name);
+  }
+  Unregister<::grpc::ClientContext> unregister{this, &ctx};
+
+  auto stub = v1::Link::NewStub(channel);
+  std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
+  uint64_t session_id = randomSessionId();
+  // What this side leaves out, and why, is part of the link's reason.
+  const auto offer = TransportRegistry::offer(configured_, [&state](const TransportEntry& t) -> std::string {
+    auto it = state.fallbacks.find(&t);
+    if (it == state.fallbacks.end() || Clock::now() >= it->second.until) return {};
+    auto left = std::chrono::duration_cast<std::chrono::seconds>(it->second.until - Clock::now());
+    return it->second.failure + " (tried again in " + std::to_string(left.count() + 1) + " s)";
+  });
+  v1::PeerMessage reply;
+  if (!exchangeHello(peer, offer, session_id, ctx, *stream, reply)) return false;
+  const v1::HelloAck& ack = reply.hello_ack();
+  if (ack.daemon_id() != peer.name) {
+    spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
+  }
+  auto chosen_it = std::find_if(offer.transports.begin(), offer.transports.end(),
+                                [&ack](const TransportEntry* t) { return t->name() == ack.transport(); });
+  TransportEntry* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
+  Result<std::shared_ptr<transport::Transport>> made =
+      chosen != nullptr ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id,
+                                                   channel, stop_fd_.get(), token})
+                        : makeError(FL_ERR_PROTOCOL, "peer chose transport '" + ack.transport() +
+                                                         "' that this daemon did not offer");
+  if (!made) {
+    dialFailed(peer, chosen, ack, made.error().message, state);
+    ctx.TryCancel();
+    stream->Finish();
+    return false;
+  }
+  state.fallbacks.erase(chosen);
+  std::string reason = offer.reason;
+  if (!ack.transport_reason().empty()) {
+    reason += (reason.empty() ? "" : "; ") + ack.transport_reason().substr(0, 512);
+  }
+  spdlog::info("connected to peer {} at {} (session {:016x}, protocol {}, transport {}{})", peer.name,
+               peer.address, session_id, ack.protocol_version(), ack.transport(),
+               reason.empty() ? "" : "; " + reason);
+  runDialedLink(peer, chosen, ack, reason, std::move(made).value(), ctx, *stream, state);
+  return true;
+}
+
+std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig& peer,
+                                                               const std::string& host, DialState& state) {
+  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_),
+                                             peerChannelArguments(config_));
+  // In slices, so that a shutdown does not wait out the connect timeout (a
+  // failing TLS handshake keeps gRPC retrying until the deadline).
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  bool connected = false;
+  while (!connected && !ending(state)) {
+    const auto now = std::chrono::system_clock::now();
+    if (now >= deadline) break;
+    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
+  }
+  if (ending(state)) return nullptr;
+  if (!connected) {
+    metrics_.peer_problems.record(
+        peer.name,
+        config_.tlsEnabled() ? PeerProblems::Cause::kUnreachableOrTls : PeerProblems::Cause::kUnreachable,
+        "no connection within " + std::to_string(config_.connect_timeout_ms) + " ms" +
+            (config_.tlsEnabled() ? " (peer down, a firewall, or a TLS handshake that failed)"
+                                  : " (peer down, wrong address or port, or a firewall)"));
+    if (config_.tlsEnabled() && !state.unreachable_logged) {
+      // A refused handshake looks like an unreachable peer from here.
+      spdlog::warn(
+          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
+          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
+          "ours must be signed by its CA); retrying",
+          peer.name, peer.address, config_.tls_server_name.empty() ? host : config_.tls_server_name);
+      state.unreachable_logged = true;
+    } else if (!state.unreachable_logged) {
+      // Once an outage: the dialler retries with back-off, and says when it links.
+      spdlog::warn(
+          "peer {} at {}: no connection within {} ms (the peer's framelinkd is down, or the address, "
+          "port or a firewall between the hosts keeps it out); retrying",
+          peer.name, peer.address, config_.connect_timeout_ms);
+      state.unreachable_logged = true;
+    }
+    return nullptr;
+  }
+  state.unreachable_logged = false;
+  return channel;
+}
+
+bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer,
+                                  uint64_t session_id, ::grpc::ClientContext& ctx, ClientStream& stream,
+                                  v1::PeerMessage& reply) {
+  v1::PeerMessage hello_msg;
+  auto* hello = hello_msg.mutable_hello();
+  hello->set_protocol_version(kProtocolVersion);
+  hello->set_min_protocol_version(kMinProtocolVersion);
+  hello->set_daemon_id(config_.id);
+  for (const TransportEntry* t : offer.transports) hello->add_transports(std::string(t->name()));
+  hello->set_token(live_.get()->peerToken(peer.name));
+  for (const auto& t : transports_.entries()) t->announce(*hello);
+  hello->set_session_id(session_id);
+  hello->set_instance(instance_);
+  if (!stream.Write(hello_msg) || !stream.Read(&reply)) {
+    ::grpc::Status status = stream.Finish();
+    if (const std::optional<VersionRange> theirs = refusedVersions(ctx)) {
+      metrics_.counters.peer_version_mismatches.fetch_add(1, std::memory_order_relaxed);
+      const std::string why = mismatchText(kSpokenVersions, *theirs);
+      spdlog::error("peer {} at {} refused the session: {}", peer.name, peer.address, why);
+      metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion, why);
+      return false;
+    }
+    if (status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED) {
+      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    spdlog::error("peer {} at {} refused the session: {} (gRPC {}); fix the configuration of one side",
+                  peer.name, peer.address, status.error_message(), static_cast<int>(status.error_code()));
+    // The peer refuses a token and a certificate alike (UNAUTHENTICATED):
+    // with TLS on, either may be the one.
+    const PeerProblems::Cause cause = status.error_code() != ::grpc::StatusCode::UNAUTHENTICATED
+                                          ? PeerProblems::Cause::kRefused
+                                      : config_.tlsEnabled() ? PeerProblems::Cause::kCredentials
+                                                             : PeerProblems::Cause::kToken;
+    metrics_.peer_problems.record(peer.name, cause,
+                                  "refused the session: " + status.error_message() + " (gRPC " +
+                                      std::to_string(static_cast<int>(status.error_code())) + ")");
+    return false;
+  }
+  const uint32_t agreed = reply.hello_ack().protocol_version();
+  if (reply.has_hello_ack() && !agreedVersion(kSpokenVersions, {agreed, agreed})) {
+    const std::string why =
+        "answered with protocol version " + std::to_string(agreed) +
+        ", which this daemon does not speak: " + mismatchText(kSpokenVersions, {agreed, agreed});
+    spdlog::error("peer {} at {} {}", peer.name, peer.address, why);
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kVersion, why);
+  } else if (!reply.has_hello_ack() || reply.hello_ack().session_id() != session_id) {
+    spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kProtocol,
+                                  "bad HelloAck (FL_ERR_PROTOCOL)");
+  } else {
+    return true;
+  }
+  ctx.TryCancel();
+  stream.Finish();
+  return false;
+}
+
+// Logs a data channel that did not open; a transport with a fallback interval
+// is not offered for that long.
+void PeerLinksImpl::dialFailed(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
+                               const std::string& error, DialState& state) {
+  if (chosen != nullptr && chosen->fallbackFor(config_).count() > 0) {
+    // Offer the next transport at once; this one again after its interval.
+    state.fallbacks[chosen] = DialState::Fallback{Clock::now() + chosen->fallbackFor(config_), error};
+    spdlog::warn(
+        "peer {}: {} connection failed ({}); falling back to the next transport, {} is tried again in {} "
+        "ms",
+        peer.name, chosen->name(), error, chosen->name(), chosen->fallbackFor(config_).count());
+  }
+  spdlog::error("peer {} at {}: cannot open the {} data channel: {}", peer.name, peer.address,
+                ack.transport(), error);
+  metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kDataChannel,
+                                "cannot open the " + ack.transport() + " data channel: " + error);
+}
+
+// Runs the link until the Session call ends, then finishes the call.  A link that fell back from a
+// transport it prefers, while both sides have that one, moves back: at a deadline (an alarm on gRPC's
+// timer, no thread) the session is ended, and the next dial offers that transport first again.
+// Frames in flight are replayed by the data agent.
+void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* chosen,
+                                  const v1::HelloAck& ack, const std::string& reason,
+                                  std::shared_ptr<transport::Transport> data, ::grpc::ClientContext& ctx,
+                                  ClientStream& stream, DialState& state) {
+  const TransportEntry* preferred = nullptr;
+  Clock::time_point move_back_at = Clock::time_point::max();
+  for (const TransportEntry* t : configured_) {
+    if (t == chosen) break;
+    const auto interval = t->fallbackFor(config_);
+    if (interval.count() == 0 || !t->usable(0, nullptr) || !t->peerListens(ack)) continue;
+    auto at = Clock::now() + interval;
+    if (auto it = state.fallbacks.find(t); it != state.fallbacks.end()) at = std::max(at, it->second.until);
+    if (at < move_back_at) {
+      move_back_at = at;
+      preferred = t;
+    }
+  }
+  auto move_back = std::make_shared<CancelGuard>([&ctx] { ctx.TryCancel(); });
+  auto moved_back = std::make_shared<std::atomic<bool>>(false);
+  ::grpc::Alarm alarm;
+  if (preferred != nullptr) {
+    alarm.Set(std::chrono::system_clock::now() + (move_back_at - Clock::now()),
+              [move_back, moved_back, name = peer.name, to = std::string(preferred->name())](bool fired) {
+                if (!fired) return;  // cancelled: the session ended first
+                spdlog::info("peer {}: trying {} again; the link moves back to it if it works", name, to);
+                moved_back->store(true);
+                move_back->fire();
+              });
+  }
+  LinkSessionInfo info{next_link_id_++, {peer.name, peer.address, ack.instance(), ack.transport(), reason}};
+  const auto up = instances_.up(peer.name, ack.instance(), peer.address);
+  runLinkSession(agent_, config_, info, std::move(data), &stream, [&ctx] { ctx.TryCancel(); });
+  alarm.Cancel();
+  move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more
+  if (moved_back->load()) state.fallbacks.erase(preferred);
+  stream.Finish();
+}
+
+void PeerLinksImpl::dialLoop(const PeerConfig& peer, DialState state) {
+  const LogScope scope(LogFields{.peer = peer.name});
+  uint32_t backoff_ms = config_.reconnect_min_ms;
+  while (!ending(state)) {
+    bool was_up = dialOnce(peer, state);
+    if (ending(state)) break;
+    backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
+    MutexLock lock(mutex_);
+    lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this, &state] { return ending(state); });
+  }
+  if (!stopping_)
+    spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name, peer.address);
+}
+
+}  // namespace framelink

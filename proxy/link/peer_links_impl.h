@@ -1,0 +1,155 @@
+// The peer links' implementation, shared by peer_links.cpp (the listener:
+// sessions peers open, init, stop, reload) and peer_dialer.cpp (the dialers:
+// sessions this daemon opens).  Internal to link/.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <sys/eventfd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "common/log_limit.h"
+#include "common/thread_annotations.h"
+#include "common/unique_fd.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "link/peer_identity.h"
+#include "link/peer_links.h"
+#include "link/pending_channels.h"
+#include "transport/grpc/grpc_transport.h"
+
+namespace framelink {
+
+class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkService {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+  using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
+
+  PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance,
+                TransportRegistry transports)
+      : config_(config),
+        agent_(agent),
+        metrics_(metrics),
+        instance_(instance),
+        transports_(std::move(transports)),
+        live_(config),
+        identity_(live_, metrics),
+        instances_(metrics),
+        pending_(config.token) {}
+  ~PeerLinksImpl() override { stop(); }
+
+  Status init();
+  uint16_t grpcPort() const noexcept override { return static_cast<uint16_t>(grpc_port_); }
+  uint16_t listenPort(std::string_view transport) const noexcept override {
+    const TransportEntry* t = transports_.find(transport);
+    return t != nullptr ? t->port() : 0;
+  }
+  void stop() override;
+  void reconfigure(std::shared_ptr<const Config> next) override;
+
+  ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
+  ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
+
+ private:
+  // Per configured peer, kept by its dialer across sessions.
+  struct DialState {
+    // Transports whose dial failed: not offered before `until` (while
+    // another can run), and why they failed.
+    struct Fallback {
+      Clock::time_point until{};
+      std::string failure;
+    };
+    std::map<const TransportEntry*, Fallback> fallbacks;
+    bool unreachable_logged = false;  // the warning for this streak of failed connects is out
+    // Set when a reload removed or moved the peer: the dialer ends.
+    std::shared_ptr<std::atomic<bool>> quit = std::make_shared<std::atomic<bool>>(false);
+  };
+  // One per configured peer with an address.
+  struct Dialer {
+    std::string address;
+    std::shared_ptr<std::atomic<bool>> quit;
+    std::thread thread;
+  };
+
+  // Takes a call's context off the list of those stop() cancels, when the call ends.
+  template <typename Context>
+  struct Unregister {
+    PeerLinksImpl* self;
+    Context* ctx;
+    ~Unregister() {
+      MutexLock lock(self->mutex_);
+      if constexpr (std::is_same_v<Context, ::grpc::ServerContext>) {
+        self->server_contexts_.erase(ctx);
+      } else {
+        self->client_contexts_.erase(ctx);
+      }
+    }
+  };
+
+  // Checks the Hello (and that the call's credentials prove the id it claims) and picks the first
+  // transport it offers that this daemon allows and can run.
+  ::grpc::Status admitHello(::grpc::ServerContext& ctx, const std::string& from, const v1::PeerMessage& first,
+                            TransportRegistry::Choice& choice);
+
+  // Whether the dialer of `state` is to end (the daemon stops, or a reload took its peer).
+  bool ending(const DialState& state) const { return stopping_ || state.quit->load(); }
+  void startDialer(const PeerConfig& peer) FL_REQUIRES(dialers_mutex_);
+  void dialLoop(const PeerConfig& peer, DialState state);
+  bool dialOnce(const PeerConfig& peer, DialState& state);
+  // A connected channel to `peer`; null when it was not reachable in time (logged) or the daemon stops.
+  std::shared_ptr<::grpc::Channel> connectChannel(const PeerConfig& peer, const std::string& host,
+                                                  DialState& state);
+  // Sends the Hello, reads the HelloAck; false (logged, the call ended): refused or a bad answer.
+  bool exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer, uint64_t session_id,
+                     ::grpc::ClientContext& ctx, ClientStream& stream, v1::PeerMessage& reply);
+  void dialFailed(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
+                  const std::string& error, DialState& state);
+  void runDialedLink(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
+                     const std::string& reason, std::shared_ptr<transport::Transport> data,
+                     ::grpc::ClientContext& ctx, ClientStream& stream, DialState& state);
+
+  const Config& config_;
+  DataAgent& agent_;
+  Metrics& metrics_;
+  uint64_t instance_;
+  TransportRegistry transports_;
+  // What a reload changes (peers, tokens, certificate names); config_ keeps the rest.
+  LiveConfig live_;
+  PeerIdentity identity_;
+  PeerInstances instances_;
+  PendingChannels pending_;
+  std::vector<TransportEntry*> configured_;  // config_.transports, in its order; set by init()
+  std::unique_ptr<::grpc::Server> server_;
+  int grpc_port_ = 0;
+  std::atomic<uint64_t> next_link_id_{1};
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+  // Readable once stop() began: wakes dials and handshakes blocked in poll().
+  UniqueFd stop_fd_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+
+  Mutex mutex_;
+  std::condition_variable stop_cv_;
+  // The calls stop() cancels, and a reload those of a peer it removes: by
+  // peer id (a server call's is "" until its Hello is admitted).
+  std::map<::grpc::ServerContext*, std::string> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::map<::grpc::ClientContext*, std::string> client_contexts_ FL_GUARDED_BY(mutex_);
+  // Taken by init, reconfigure and stop only: the dialers by peer name, and
+  // those a reload ended (joined by stop()).
+  Mutex dialers_mutex_;
+  std::map<std::string, Dialer> dialers_ FL_GUARDED_BY(dialers_mutex_);
+  std::vector<std::thread> retired_ FL_GUARDED_BY(dialers_mutex_);
+  // What strangers on the network can make this daemon log, per cause; and
+  // a holder of the token, by opening links as fast as handshakes finish.
+  LogLimiter log_auth_, log_protocol_, log_data_timeout_;
+  LogLimiter log_accepted_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
+};
+
+}  // namespace framelink
