@@ -177,8 +177,9 @@ class DaemonImpl final : public Daemon {
           "the daemon keeps its running values",
           pending);
     }
-    if (out.applied.empty() && out.restart.empty())
+    if (out.applied.empty() && out.restart.empty()) {
       spdlog::info("reload: nothing changed (config {})", out.hash);
+    }
     return out;
   }
 

@@ -57,7 +57,7 @@ ReloadPlan planReload(const Config& running, const Config& read) {
     plan.applied.push_back("[daemon] log_level " + running.log_level + " -> " + read.log_level);
   }
   comparePeers(running, read, plan.applied);
-  if (running.token != read.token) plan.applied.push_back("[link] token rotated (new links use it)");
+  if (running.token != read.token) plan.applied.emplace_back("[link] token rotated (new links use it)");
   if (running.ack_timeout_ms != read.ack_timeout_ms) {
     plan.applied.push_back("[link] ack_timeout_ms " + std::to_string(running.ack_timeout_ms) + " -> " +
                            std::to_string(read.ack_timeout_ms) + " (frames sent from now)");

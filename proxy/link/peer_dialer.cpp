@@ -291,8 +291,9 @@ void PeerLinksImpl::dialLoop(const PeerConfig& peer, DialState state) {
     MutexLock lock(mutex_);
     lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this, &state] { return ending(state); });
   }
-  if (!stopping_)
+  if (!stopping_) {
     spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name, peer.address);
+  }
 }
 
 }  // namespace framelink

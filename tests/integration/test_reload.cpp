@@ -7,8 +7,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "client_util.h"
 #include "framelink/framelink.h"
@@ -67,6 +74,78 @@ std::string peerTable(const std::string& name, const DaemonProcess& d, const std
          "\"]\n";
 }
 
+using SteadyClock = std::chrono::steady_clock;
+
+// One frame at a time from `producer` to `consumer` on its own thread (no
+// Catch macro there), each round -- submit, receive, release, completion --
+// timed, until stopped.
+class Steady {
+ public:
+  struct Round {
+    SteadyClock::time_point start;
+    SteadyClock::duration took;
+  };
+  Steady(fl_client* producer, fl_client* consumer, uint64_t first_id)
+      : producer_(producer), consumer_(consumer), next_id_(first_id), thread_([this] { run(); }) {}
+  ~Steady() { stop(); }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  uint64_t nextId() const { return next_id_; }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+  // The rounds that ran, whole or in part, between `from` and `to`.
+  std::vector<Round> during(SteadyClock::time_point from, SteadyClock::time_point to) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Round> out;
+    for (const Round& r : rounds_) {
+      if (r.start <= to && r.start + r.took >= from) out.push_back(r);
+    }
+    return out;
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      const auto start = SteadyClock::now();
+      const uint64_t id = next_id_;
+      std::string why = trySubmitFrame(producer_, id, 4096);
+      fl_frame f{};
+      if (why.empty() && fl_receive(consumer_, &f, 10000) != FL_OK) why = "no frame " + std::to_string(id);
+      if (why.empty() && f.frame_id != id)
+        why = "frame " + std::to_string(f.frame_id) + " for " + std::to_string(id);
+      if (why.empty()) fl_release(consumer_, f.slot);
+      fl_completion c{};
+      size_t n = 0;
+      if (why.empty() &&
+          (fl_wait_completions(producer_, &c, 1, &n, 10000) != FL_OK || n != 1 || c.status != FL_OK)) {
+        why = "frame " + std::to_string(id) + " did not complete FL_OK";
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!why.empty()) {
+        error_ = why;
+        return;
+      }
+      rounds_.push_back({start, SteadyClock::now() - start});
+      next_id_ = id + 1;
+    }
+  }
+
+  fl_client* producer_;
+  fl_client* consumer_;
+  std::atomic<uint64_t> next_id_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mutex_;
+  std::vector<Round> rounds_;
+  std::string error_;
+  std::thread thread_;
+};
+
+double ms(SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
 // `framelink reload` against `d`: its exit code, its output in `out`.
 int reloadWithCli(const DaemonProcess& d, std::string& out) {
   ChildProcess cli("reload", {"reload", "--socket", d.socketPath()});
@@ -122,9 +201,36 @@ TEST_CASE("reload: framelink reload adds and removes a peer while frames flow on
 
   // c is added: the file gains its table, and the CLI reloads.
   writeConfig(file, token + peerTable("b", b, "kept") + peerTable("c", c, "added"));
+  // Frames keep moving on the link to b, one at a time, while the reload runs.
+  Steady steady(kept.get(), kept_consumer.get(), 6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto reload_from = SteadyClock::now();
   std::string out;
-  REQUIRE(reloadWithCli(a, out) == 0);
+  const int reloaded = reloadWithCli(a, out);
+  // What the daemon does after it answered (the agent's part, the new dialer) counts too.
+  const auto reload_to = SteadyClock::now() + std::chrono::milliseconds(500);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  steady.stop();
+  REQUIRE(reloaded == 0);
   INFO(out);
+  CHECK(steady.error().empty());
+  const auto before = steady.during(reload_from - std::chrono::milliseconds(500), reload_from);
+  const auto during = steady.during(reload_from, reload_to);
+  auto slowest = [](const std::vector<Steady::Round>& rounds) {
+    SteadyClock::duration m{};
+    for (const auto& r : rounds) m = std::max(m, r.took);
+    return m;
+  };
+  const auto slow = std::count_if(during.begin(), during.end(), [](const Steady::Round& r) {
+    return r.took > std::chrono::milliseconds(100);
+  });
+  std::printf(
+      "reload: %zu frames on the untouched link while the reload ran (%.0f ms), the slowest %.2f ms, %ld "
+      "past 100 ms; before it: %zu frames, the slowest %.2f ms\n",
+      during.size(), ms(reload_to - reload_from), ms(slowest(during)), static_cast<long>(slow), before.size(),
+      ms(slowest(before)));
+  CHECK(during.size() > 0);
+  CHECK(slow == 0);
   CHECK(out.find("applied: [[peer]] c added (dials " + c.grpcAddress() + ")") != std::string::npos);
   CHECK(out.find("configuration ") != std::string::npos);
   Client added_consumer = attachConsumer(c, "added", 4, 64 * 1024);
@@ -134,7 +240,7 @@ TEST_CASE("reload: framelink reload adds and removes a peer while frames flow on
   checkSyntheticFrame(f, 1, 4096);
   fl_release(added_consumer.get(), f.slot);
   // The link to b was not touched: the same producer goes on, and only c's link came up.
-  sendKept(6, 5);
+  sendKept(steady.nextId(), 5);
   CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 2; }, Millis(15000), Millis(50)));
   CHECK(a.metric("framelink_link_failures_total") == 0);
   CHECK(a.httpGet("/stats").find("\"reloads\":1") != std::string::npos);

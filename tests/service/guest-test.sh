@@ -185,13 +185,17 @@ systemd-run --unit=framelinkd-second --property=Type=notify --property=WatchdogS
   --property=RuntimeDirectory=framelink-second --property=RuntimeDirectoryMode=0750 \
   /usr/sbin/framelinkd --config /etc/framelink-second/framelinkd.toml >"$work/second.log" 2>&1
 rc=$?
-systemctl restart framelinkd >>"$work/second.log" 2>&1
+# The new [[peer]] applies without a restart: framelink reload, as the operator runs it.
+pid_before=$(main_pid framelinkd)
+framelink reload >"$work/reload-peer.log" 2>&1
 rc2=$?
-if ((rc == 0 && rc2 == 0)) && is_active framelinkd-second && is_active framelinkd && [[ -S $socket_b ]]; then
-  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7710, $socket_b) active; framelinkd restarted with it as [[peer]] in $((SECONDS - t)) s"
+if ((rc == 0 && rc2 == 0)) && is_active framelinkd-second && is_active framelinkd && [[ -S $socket_b ]] &&
+  grep -q 'applied: \[\[peer\]\] second added (dials 127.0.0.1:7710)' "$work/reload-peer.log" &&
+  [[ "$(main_pid framelinkd)" == "$pid_before" ]]; then
+  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7710, $socket_b) active; framelink reload gave framelinkd (still pid $pid_before) it as [[peer]] in $((SECONDS - t)) s: $(head -1 "$work/reload-peer.log")"
 else
-  fail second-daemon "systemd-run exited $rc, restart $rc2; framelinkd-second $(systemctl is-active framelinkd-second), framelinkd $(systemctl is-active framelinkd)" \
-    "$work/second.log" "$(journal framelinkd-second)" "$(journal framelinkd)"
+  fail second-daemon "systemd-run exited $rc, framelink reload $rc2; framelinkd-second $(systemctl is-active framelinkd-second), framelinkd $(systemctl is-active framelinkd), pid $pid_before -> $(main_pid framelinkd)" \
+    "$work/second.log" "$work/reload-peer.log" "$(journal framelinkd-second)" "$(journal framelinkd)"
   finish
 fi
 
@@ -413,15 +417,15 @@ reload_said() {
 }
 sed -i -E 's/^#log_level = "info"/log_level = "debug"/' /etc/framelink/framelinkd.toml
 systemctl reload framelinkd >"$work/reload.log" 2>&1
-reload_said 'reload: log_level info -> debug' || true
+reload_said 'reload: \[daemon\] log_level info -> debug' || true
 printf '\n[no_such_section]\nno_such_option = 1\n' >>/etc/framelink/framelinkd.toml
 systemctl reload framelinkd >>"$work/reload.log" 2>&1
 reload_said 'reload: the configuration is refused' || true
 cp "$work/framelinkd.toml.good" /etc/framelink/framelinkd.toml
-if grep -q 'reload: log_level info -> debug' "$work/journal-reload.log" &&
+if grep -q 'reload: \[daemon\] log_level info -> debug' "$work/journal-reload.log" &&
   grep -q 'reload: the configuration is refused, the running one stays' "$work/journal-reload.log" &&
   is_active framelinkd && [[ "$(main_pid framelinkd)" == "$pid_before" ]]; then
-  pass reload "systemctl reload: $(grep -m1 'reload: log_level' "$work/journal-reload.log"); a bad file: $(grep -m1 -o 'reload: the configuration is refused[^:]*' "$work/journal-reload.log"); still pid $pid_before, active"
+  pass reload "systemctl reload: $(grep -m1 'reload: \[daemon\] log_level' "$work/journal-reload.log"); a bad file: $(grep -m1 -o 'reload: the configuration is refused[^:]*' "$work/journal-reload.log"); still pid $pid_before, active"
 else
   fail reload "after two reloads: $(systemctl is-active framelinkd), pid $(main_pid framelinkd) (was $pid_before)" \
     "$work/reload.log" "$work/journal-reload.log"
