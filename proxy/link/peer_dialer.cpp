@@ -294,6 +294,7 @@ void PeerLinksImpl::dialLoop(const PeerConfig& peer, DialState state) {
   if (!stopping_) {
     spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name, peer.address);
   }
+  state.ended->store(true);
 }
 
 }  // namespace framelink

@@ -101,6 +101,7 @@ void PeerLinksImpl::startDialer(const PeerConfig& peer) {
   Dialer& d = dialers_[peer.name];
   d.address = peer.address;
   d.quit = state.quit;
+  d.ended = state.ended;
   d.thread =
       std::thread([this, peer, state = std::move(state)]() mutable { dialLoop(peer, std::move(state)); });
 }
@@ -115,6 +116,13 @@ void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
     return nullptr;
   };
   MutexLock dialers(dialers_mutex_);
+  // Those an earlier reload ended and that returned since: however many
+  // reloads come, the threads kept are those still winding down.
+  std::erase_if(retired_, [](Dialer& d) {
+    if (!d.ended->load()) return false;
+    d.thread.join();
+    return true;
+  });
   std::set<std::string> undialed;  // their dialed links end
   std::set<std::string> revoked;   // their links end, whoever dialed
   for (auto it = dialers_.begin(); it != dialers_.end();) {
@@ -125,7 +133,7 @@ void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
     }
     it->second.quit->store(true);
     undialed.insert(it->first);
-    retired_.push_back(std::move(it->second.thread));
+    retired_.push_back(std::move(it->second));
     it = dialers_.erase(it);
   }
   for (const auto& old : running->peers) {
@@ -169,8 +177,8 @@ void PeerLinksImpl::stop() {
     for (auto& [name, d] : dialers_) {
       if (d.thread.joinable()) d.thread.join();
     }
-    for (auto& t : retired_) {
-      if (t.joinable()) t.join();
+    for (auto& d : retired_) {
+      if (d.thread.joinable()) d.thread.join();
     }
   }
   for (TransportEntry* t : configured_) t->stop();

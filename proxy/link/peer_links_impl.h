@@ -71,11 +71,13 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     bool unreachable_logged = false;  // the warning for this streak of failed connects is out
     // Set when a reload removed or moved the peer: the dialer ends.
     std::shared_ptr<std::atomic<bool>> quit = std::make_shared<std::atomic<bool>>(false);
+    // Set by the dialer as it returns: its thread may be joined without waiting.
+    std::shared_ptr<std::atomic<bool>> ended = std::make_shared<std::atomic<bool>>(false);
   };
   // One per configured peer with an address.
   struct Dialer {
     std::string address;
-    std::shared_ptr<std::atomic<bool>> quit;
+    std::shared_ptr<std::atomic<bool>> quit, ended;
     std::thread thread;
   };
 
@@ -145,7 +147,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   // those a reload ended (joined by stop()).
   Mutex dialers_mutex_;
   std::map<std::string, Dialer> dialers_ FL_GUARDED_BY(dialers_mutex_);
-  std::vector<std::thread> retired_ FL_GUARDED_BY(dialers_mutex_);
+  std::vector<Dialer> retired_ FL_GUARDED_BY(dialers_mutex_);
   // What strangers on the network can make this daemon log, per cause; and
   // a holder of the token, by opening links as fast as handshakes finish.
   LogLimiter log_auth_, log_protocol_, log_data_timeout_;

@@ -51,7 +51,6 @@ World::World(const SimOptions& options, SimResult& result)
       daemons_[d].config.pull_streams = {kStream};
       daemons_[d].config.pull_reads_per_link = 1 + static_cast<uint32_t>(options.seed % 4);
     }
-    boot(d);
   }
   // Every third seed routes the stream by name: a reader on a sender's own
   // host then reads its frames beside the receiver's, from the same slot.
@@ -67,6 +66,8 @@ World::World(const SimOptions& options, SimResult& result)
           PeerConfig{daemons_[r].id, "127.0.0.1:" + std::to_string(r), routed});
     }
   }
+  // Booted with the whole configuration: a data agent keeps its own copy of it.
+  for (int d = 0; d < static_cast<int>(daemons_.size()); ++d) boot(d);
   damage_on_ = rng_.chance(50);  // then every frame carries a CRC32C
 }
 
