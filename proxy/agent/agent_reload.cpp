@@ -28,26 +28,40 @@ void DataAgent::reconfigure(const Config& next) {
   config_.token_file = next.token_file;
   config_.ack_timeout_ms = next.ack_timeout_ms;
   config_.credit_timeout_ms = next.credit_timeout_ms;
-  // A producer keeps the routes it attached with (its frames in flight are
-  // on them); one whose stream now goes elsewhere is named, once a stream.
+  // An attached producer's stream goes where the new routes send it, from
+  // its next frame -- unless a frame of it is in flight, on the routes it had
+  // (then it keeps them until it attaches again; named once a stream).
   std::set<std::string> named;
-  for (const auto& [id, c] : clients_.all()) {
-    if (c.session->role != FL_ROLE_PRODUCER || named.count(c.session->stream) != 0) continue;
+  for (auto& [id, c] : clients_.all()) {
+    if (c.session->role != FL_ROLE_PRODUCER) continue;
     std::vector<std::string> had;
     if (c.route != kNoPeer) had.push_back(peers_[c.route].name);
     for (const auto& leg : c.more_routes) had.push_back(peers_[leg.peer].name);
-    const std::vector<std::string> now = config_.routesFor(c.session->stream);
+    const std::string& stream = c.session->stream;
+    const std::vector<std::string> now = config_.routesFor(stream);
     if (now == had) continue;
-    named.insert(c.session->stream);
+    const std::string none = now.empty() ? " (FL_ERR_NO_ROUTE unless a consumer of it is attached here: " +
+                                               config_.whyNoRoute(stream) + ")"
+                                         : "";
+    if (outbound_.reroute(c)) {
+      if (now.empty()) {
+        spdlog::warn(
+            "reload: stream '{}' is now routed to nowhere (was {}): producer client {}'s next frame goes "
+            "there{}",
+            stream, listed(had), id, none);
+      } else {
+        spdlog::info(
+            "reload: stream '{}' is now routed to {} (was {}): producer client {}'s next frame goes there",
+            stream, listed(now), listed(had), id);
+      }
+      continue;
+    }
+    if (!named.insert(stream).second) continue;
     spdlog::warn(
-        "reload: stream '{}' is now routed to {}; its producer (client {}) attached before and keeps sending "
-        "to "
-        "{} until it attaches again{}",
-        c.session->stream, listed(now), id, listed(had),
-        now.empty()
-            ? " (a producer that attaches now gets FL_ERR_NO_ROUTE unless a consumer is attached here: " +
-                  config_.whyNoRoute(c.session->stream) + ")"
-            : "");
+        "reload: stream '{}' is now routed to {}; its producer (client {}) has frames in flight and keeps "
+        "sending "
+        "to {} until it attaches again{}",
+        stream, listed(now), id, listed(had), none);
   }
   spdlog::debug("data agent: configuration reloaded ({} peers)", config_.peers.size());
 }

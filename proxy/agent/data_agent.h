@@ -125,9 +125,9 @@ struct CmdStop {
 };
 
 // A reload: the routes, peers and frame timeouts of `config` apply from now
-// (its other settings are the running ones).  Producers attached before keep
-// the routes they attached with; one whose stream the new routes send
-// elsewhere is named in the log.
+// (its other settings are the running ones).  An attached producer's stream
+// follows the new routes from its next frame; one with frames in flight
+// keeps its routes until it attaches again, and is named in the log.
 struct CmdReconfigure {
   std::shared_ptr<const Config> config;
 };

@@ -57,36 +57,6 @@ void OutboundStreams::announce(AgentLink& l, OutStream& s) {
   s.announced = true;
 }
 
-uint64_t OutboundStreams::openStream(PeerId peer, const std::string& name) {
-  PeerOut& po = peerOut(peer);
-  auto it = po.by_name.find(name);
-  if (it != po.by_name.end()) return it->second;
-  const uint64_t id = next_stream_id_++;
-  OutStream& s = po.streams[id];
-  s.id = id;
-  s.name = name;
-  po.by_name[name] = id;
-  if (AgentLink* l = links_.find(peers_[peer].link_id)) announce(*l, s);
-  return id;
-}
-
-void OutboundStreams::onProducerAttached(AgentClient& c) {
-  const size_t slots = c.session->slots.size();
-  c.headers.resize(slots);
-  const std::vector<std::string> peers = config_.routesFor(c.session->stream);
-  if (peers.empty()) return;  // its frames go to the consumers attached here (NO_ROUTE without one)
-  c.route = peers_.resolve(peers.front());
-  c.route_implicit = config_.routeIsImplicit(c.session->stream);
-  c.out_stream = openStream(c.route, c.session->stream);
-  for (size_t i = 1; i < peers.size(); ++i) {
-    AgentClient::Leg& leg = c.more_routes.emplace_back();
-    leg.peer = peers_.resolve(peers[i]);
-    leg.out_stream = openStream(leg.peer, c.session->stream);
-    leg.headers.resize(slots);
-    leg.slots.resize(slots);
-  }
-}
-
 void OutboundStreams::rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status,
                                    const std::string& why) {
   metrics_.counters.bad_descriptors.fetch_add(1, std::memory_order_relaxed);

@@ -37,6 +37,11 @@ class OutboundStreams {
   // A producer attached: its route is resolved and its stream opened (and
   // announced, when its peer's link is up) once, here.
   void onProducerAttached(AgentClient& c);
+  // A reload changed the routes: the producer's stream goes where it would
+  // for a producer attaching now, and a stream to a peer it left is closed
+  // once unused.  Only while no frame of it is in flight (every slot free):
+  // false, and nothing changed, otherwise.  (outbound_routes.cpp)
+  bool reroute(AgentClient& c);
   void onSubmit(AgentClient& c, const fl_submit_desc& desc);
   // Posts what each stream's credits allow; returns the work done.
   size_t pumpAll();

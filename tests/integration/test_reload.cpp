@@ -245,21 +245,38 @@ TEST_CASE("reload: framelink reload adds and removes a peer while frames flow on
   CHECK(a.metric("framelink_link_failures_total") == 0);
   CHECK(a.httpGet("/stats").find("\"reloads\":1") != std::string::npos);
 
-  // b is removed: its link ends, and the stream it took now goes nowhere (named in the log).
+  // b is removed: its link ends, and the stream it took goes nowhere (named in the log).  The
+  // producer of it, attached all along, follows: its next frame fails FL_ERR_NO_ROUTE.
   writeConfig(file, token + peerTable("c", c, "added"));
   REQUIRE(reloadWithCli(a, out) == 0);
   CHECK(out.find("applied: [[peer]] b removed") != std::string::npos);
   CHECK(a.waitForLog("peer b at " + b.grpcAddress() + ": no longer dialed", Millis(10000)));
-  CHECK(a.waitForLog("reload: stream 'kept' is now routed to nowhere", Millis(5000)));
+  CHECK(a.waitForLog("reload: stream 'kept' is now routed to nowhere (was b)", Millis(5000)));
   CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
-  Client late = attachProducer(a, "kept", 2, 64 * 1024);
-  submitFrame(late.get(), 1, 4096);
-  auto refused = collectCompletions(late.get(), 1, Millis(10000));
+  const uint64_t next = steady.nextId() + 5;
+  submitFrame(kept.get(), next, 4096);
+  auto refused = collectCompletions(kept.get(), 1, Millis(10000));
   REQUIRE(refused.size() == 1);
   CHECK(refused[0].status == FL_ERR_NO_ROUTE);
 
+  // c takes the stream too: the same producer, never reattached, sends there from its next frame.
+  const std::string c_both =
+      "[[peer]]\nname = \"c\"\naddress = \"" + c.grpcAddress() + "\"\nstreams = [\"added\", \"kept\"]\n";
+  writeConfig(file, token + c_both);
+  Client kept_on_c = attachConsumer(c, "kept", 4, 64 * 1024);
+  REQUIRE(reloadWithCli(a, out) == 0);
+  CHECK(out.find("applied: [[peer]] c streams added -> added,kept") != std::string::npos);
+  CHECK(a.waitForLog("reload: stream 'kept' is now routed to c (was nowhere)", Millis(5000)));
+  submitFrame(kept.get(), next + 1, 4096);
+  f = receiveFrame(kept_on_c.get(), Millis(15000));
+  checkSyntheticFrame(f, next + 1, 4096);
+  fl_release(kept_on_c.get(), f.slot);
+  auto delivered = collectCompletions(kept.get(), 1, Millis(10000));
+  REQUIRE(delivered.size() == 1);
+  CHECK(delivered[0].status == FL_OK);
+
   // A file that does not parse: refused by the CLI with the reason, exit 1; the running one stays.
-  writeConfig(file, "[daemon]\nlog_level = \"loud\"\n" + token + peerTable("c", c, "added"));
+  writeConfig(file, "[daemon]\nlog_level = \"loud\"\n" + token + c_both);
   CHECK(reloadWithCli(a, out) == 1);
   CHECK(out.find("refused, the running configuration stays") != std::string::npos);
   CHECK(out.find("loud") != std::string::npos);
