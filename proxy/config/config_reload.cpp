@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <utility>
 
 namespace framelink {
 namespace {
@@ -74,6 +75,21 @@ ReloadPlan planReload(const Config& running, const Config& read) {
   next.credit_timeout_ms = read.credit_timeout_ms;
   // What is left different needs a restart.
   for (std::string& key : changedOptions(next, read)) plan.restart.push_back(std::move(key));
+  // The same TLS files with other contents: gRPC's credentials are made from
+  // them at start (a peer's certificate appended to tls_ca_file included).
+  const std::pair<const std::string*, const std::string*> files[] = {
+      {&running.tls_ca_pem, &read.tls_ca_pem},
+      {&running.tls_cert_pem, &read.tls_cert_pem},
+      {&running.tls_key_pem, &read.tls_key_pem}};
+  const char* names[] = {"[link] tls_ca_file (the certificates in it)",
+                         "[link] tls_cert_file (the certificate in it)",
+                         "[link] tls_key_file (the key in it)"};
+  const bool same_files = running.tls_ca_file == read.tls_ca_file &&
+                          running.tls_cert_file == read.tls_cert_file &&
+                          running.tls_key_file == read.tls_key_file;
+  for (size_t i = 0; i < 3 && same_files; ++i) {
+    if (*files[i].first != *files[i].second) plan.restart.emplace_back(names[i]);
+  }
   return plan;
 }
 

@@ -107,3 +107,20 @@ TEST_CASE("a reload of the same file changes nothing, and a rotated peer token i
   CHECK(configHash(read) != configHash(running));
   CHECK(configHash(read).size() == 16);
 }
+
+TEST_CASE("a certificate added to tls_ca_file is named for the restart it needs", "[config][reload]") {
+  TempDir dir;
+  const std::string pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  dir.write("host.pem", pem);
+  dir.write("peers.pem", pem);
+  std::string base = kBase;
+  base.insert(base.find("token = \"one\"\n") + 14,
+              "tls_cert_file = \"host.pem\"\ntls_key_file = \"host.pem\"\n"
+              "tls_ca_file = \"peers.pem\"\ntls_client_auth = true\n");
+  const Config running = parsed(dir, base);
+  dir.write("peers.pem", pem + pem);  // the new peer's certificate appended, as docs/start/install.md says
+  const ReloadPlan plan = planReload(running, parsed(dir, base));
+  CHECK(plan.applied.empty());
+  CHECK(plan.restart == std::vector<std::string>{"[link] tls_ca_file (the certificates in it)"});
+  CHECK(plan.next.tls_ca_pem == running.tls_ca_pem);  // the running trust stays until then
+}
