@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "agent/data_agent.h"
+#include "config/config_reload.h"
 
 namespace framelink {
 
@@ -20,14 +21,9 @@ std::string listed(const std::vector<std::string>& peers) {
 }  // namespace
 
 void DataAgent::reconfigure(const Config& next) {
-  // Only what a reload may change (planReload): the rest stays, and with it
-  // what the parts hold of it.
-  config_.log_level = next.log_level;
-  config_.peers = next.peers;
-  config_.token = next.token;
-  config_.token_file = next.token_file;
-  config_.ack_timeout_ms = next.ack_timeout_ms;
-  config_.credit_timeout_ms = next.credit_timeout_ms;
+  // Only what a reload may change: the rest stays, and with it what the
+  // parts hold of it.
+  copyReloadable(next, config_);
   // An attached producer's stream goes where the new routes send it, from
   // its next frame -- unless a frame of it is in flight, on the routes it had
   // (then it keeps them until it attaches again; named once a stream).

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <utility>
 
 namespace framelink {
 namespace {
@@ -51,6 +50,15 @@ void comparePeers(const Config& running, const Config& read, std::vector<std::st
 
 }  // namespace
 
+void copyReloadable(const Config& from, Config& into) {
+  into.log_level = from.log_level;
+  into.peers = from.peers;
+  into.token = from.token;
+  into.token_file = from.token_file;
+  into.ack_timeout_ms = from.ack_timeout_ms;
+  into.credit_timeout_ms = from.credit_timeout_ms;
+}
+
 ReloadPlan planReload(const Config& running, const Config& read) {
   ReloadPlan plan{running, {}, {}};
   Config& next = plan.next;
@@ -67,28 +75,24 @@ ReloadPlan planReload(const Config& running, const Config& read) {
     plan.applied.push_back("[link] credit_timeout_ms " + std::to_string(running.credit_timeout_ms) + " -> " +
                            std::to_string(read.credit_timeout_ms) + " (frames sent from now)");
   }
-  next.log_level = read.log_level;
-  next.peers = read.peers;
-  next.token = read.token;
-  next.token_file = read.token_file;
-  next.ack_timeout_ms = read.ack_timeout_ms;
-  next.credit_timeout_ms = read.credit_timeout_ms;
+  copyReloadable(read, next);
   // What is left different needs a restart.
   for (std::string& key : changedOptions(next, read)) plan.restart.push_back(std::move(key));
   // The same TLS files with other contents: gRPC's credentials are made from
   // them at start (a peer's certificate appended to tls_ca_file included).
-  const std::pair<const std::string*, const std::string*> files[] = {
-      {&running.tls_ca_pem, &read.tls_ca_pem},
-      {&running.tls_cert_pem, &read.tls_cert_pem},
-      {&running.tls_key_pem, &read.tls_key_pem}};
-  const char* names[] = {"[link] tls_ca_file (the certificates in it)",
-                         "[link] tls_cert_file (the certificate in it)",
-                         "[link] tls_key_file (the key in it)"};
+  struct TlsContents {
+    const std::string Config::*pem;
+    const char* name;
+  };
+  static constexpr TlsContents kTlsContents[] = {
+      {&Config::tls_ca_pem, "[link] tls_ca_file (the certificates in it)"},
+      {&Config::tls_cert_pem, "[link] tls_cert_file (the certificate in it)"},
+      {&Config::tls_key_pem, "[link] tls_key_file (the key in it)"}};
   const bool same_files = running.tls_ca_file == read.tls_ca_file &&
                           running.tls_cert_file == read.tls_cert_file &&
                           running.tls_key_file == read.tls_key_file;
-  for (size_t i = 0; i < 3 && same_files; ++i) {
-    if (*files[i].first != *files[i].second) plan.restart.emplace_back(names[i]);
+  for (const TlsContents& t : kTlsContents) {
+    if (same_files && running.*t.pem != read.*t.pem) plan.restart.emplace_back(t.name);
   }
   return plan;
 }

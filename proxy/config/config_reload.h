@@ -28,6 +28,10 @@ struct ReloadPlan {
 // `read`: the configuration as parseConfig gave it now; `running`: the one in effect.
 ReloadPlan planReload(const Config& running, const Config& read);
 
+// Copies what a reload changes while the daemon runs from `from` into
+// `into`, and nothing else: planReload and the data agent's copy share it.
+void copyReloadable(const Config& from, Config& into);
+
 // A short digest (16 hex digits) of everything that configures the daemon,
 // secrets included, so that a rotated token changes it too: doctor and
 // /stats show the running one's, `framelinkd --check-config` the file's.
