@@ -132,6 +132,8 @@ struct Config {
   // first; empty when there is no token, TLS is on, or every link stays on
   // this host.
   std::string tokenInClearAt() const;
+  // The [[peer]] named `name`; nullptr when none is.
+  const PeerConfig* peer(std::string_view name) const;
   // The token this daemon and the daemon `id` share: its [[peer]]'s own, else
   // link.token (empty: none).
   const std::string& peerToken(std::string_view id) const;

@@ -293,11 +293,14 @@ bool Config::routeIsImplicit(const std::string& stream) const {
   return !routesFor(stream).empty();
 }
 
+const PeerConfig* Config::peer(std::string_view name) const {
+  auto it = std::find_if(peers.begin(), peers.end(), [&](const PeerConfig& p) { return p.name == name; });
+  return it != peers.end() ? &*it : nullptr;
+}
+
 const std::string& Config::peerToken(std::string_view id) const {
-  for (const auto& peer : peers) {
-    if (peer.name == id && !peer.token.empty()) return peer.token;
-  }
-  return token;
+  const PeerConfig* p = peer(id);
+  return p != nullptr && !p->token.empty() ? p->token : token;
 }
 
 bool Config::peerTokens() const {
@@ -305,9 +308,7 @@ bool Config::peerTokens() const {
 }
 
 std::string Config::certNameFor(std::string_view id) const {
-  for (const auto& peer : peers) {
-    if (peer.name == id && !peer.cert_name.empty()) return peer.cert_name;
-  }
+  if (const PeerConfig* p = peer(id); p != nullptr && !p->cert_name.empty()) return p->cert_name;
   return tls_require_cert_name ? std::string(id) : std::string();
 }
 

@@ -7,11 +7,6 @@
 namespace framelink {
 namespace {
 
-const PeerConfig* findPeer(const std::vector<PeerConfig>& peers, const std::string& name) {
-  auto it = std::find_if(peers.begin(), peers.end(), [&](const PeerConfig& p) { return p.name == name; });
-  return it != peers.end() ? &*it : nullptr;
-}
-
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
@@ -21,12 +16,16 @@ std::string joined(const std::vector<std::string>& names) {
 // One line per peer added, removed or changed, and what changed.
 void comparePeers(const Config& running, const Config& read, std::vector<std::string>& applied) {
   for (const PeerConfig& old : running.peers) {
-    if (findPeer(read.peers, old.name) == nullptr) {
-      applied.push_back("[[peer]] " + old.name + " removed (its links end)");
-    }
+    if (read.peer(old.name) != nullptr) continue;
+    // Only a token of its own is a credential the removal takes away: one
+    // that proves its id with link.token or a certificate may dial in again.
+    applied.push_back("[[peer]] " + old.name + " removed" +
+                      (old.token.empty()
+                           ? " (no longer dialed; it may still dial in with link.token or its certificate)"
+                           : " (its links end and its token is refused)"));
   }
   for (const PeerConfig& p : read.peers) {
-    const PeerConfig* old = findPeer(running.peers, p.name);
+    const PeerConfig* old = running.peer(p.name);
     if (old == nullptr) {
       applied.push_back("[[peer]] " + p.name + " added" +
                         (p.address.empty() ? " (dials in)" : " (dials " + p.address + ")"));

@@ -109,12 +109,6 @@ void PeerLinksImpl::startDialer(const PeerConfig& peer) {
 void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
   const std::shared_ptr<const Config> running = live_.get();
   live_.set(next);
-  auto find = [](const Config& c, const std::string& name) -> const PeerConfig* {
-    for (const auto& p : c.peers) {
-      if (p.name == name) return &p;
-    }
-    return nullptr;
-  };
   MutexLock dialers(dialers_mutex_);
   // Those an earlier reload ended and that returned since: however many
   // reloads come, the threads kept are those still winding down.
@@ -126,7 +120,7 @@ void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
   std::set<std::string> undialed;  // their dialed links end
   std::set<std::string> revoked;   // their links end, whoever dialed
   for (auto it = dialers_.begin(); it != dialers_.end();) {
-    const PeerConfig* now = find(*next, it->first);
+    const PeerConfig* now = next->peer(it->first);
     if (now != nullptr && now->address == it->second.address) {
       ++it;
       continue;
@@ -136,10 +130,11 @@ void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
     retired_.push_back(std::move(it->second));
     it = dialers_.erase(it);
   }
+  // A removed peer's accepted sessions end only when it proved its id with
+  // a token of its own, the one credential its removal takes away: one that
+  // holds link.token or a certificate naming it would only dial in again.
   for (const auto& old : running->peers) {
-    const bool own_credentials =
-        &running->peerToken(old.name) != &running->token || !running->certNameFor(old.name).empty();
-    if (find(*next, old.name) == nullptr && own_credentials) revoked.insert(old.name);
+    if (!old.token.empty() && next->peer(old.name) == nullptr) revoked.insert(old.name);
   }
   {
     MutexLock lock(mutex_);

@@ -56,9 +56,9 @@ class PeerLinks {
   // A reload: the peers, their addresses, tokens and certificate names, and
   // link.token of `next` apply from now (its other settings must be the
   // running ones).  A peer removed or moved stops being dialed and its dialed
-  // links end (a moved one is dialed at its new address); a removed peer that
-  // proved its id with credentials of its own (its token or certificate name)
-  // has its links ended too.  Every other link runs on; new sessions use the
+  // links end (a moved one is dialed at its new address); a removed peer with
+  // a token of its own has the links it dialed ended too, and that token is
+  // refused from then on.  Every other link runs on; new sessions use the
   // new tokens.
   virtual void reconfigure(std::shared_ptr<const Config> next) = 0;
 };

@@ -285,3 +285,49 @@ TEST_CASE("reload: framelink reload adds and removes a peer while frames flow on
   checkSyntheticFrame(f, 2, 4096);
   fl_release(added_consumer.get(), f.slot);
 }
+
+TEST_CASE("reload: a removed peer with a token of its own is cut and refused; one holding link.token is left",
+          "[integration][admin]") {
+  TempDir dir("fl-reload-revoke");
+  const std::string file = dir.file("framelinkd.toml");
+  const std::string shared = "[link]\ntoken = \"shared-secret\"\n";
+  const std::string b_table = "[[peer]]\nname = \"b\"\ntoken = \"b-own-secret\"\n";
+  writeConfig(file, shared + b_table);
+  DaemonProcess::Options oa;
+  oa.id = "a";
+  oa.extra_args = {"--config", file, "--metrics", "127.0.0.1:0"};
+  DaemonProcess a(oa);
+  // b proves its id with a token of its own, c with link.token; both dial a.
+  DaemonProcess::Options ob;
+  ob.id = "b";
+  ob.token = "b-own-secret";
+  ob.peers = {"a=" + a.grpcAddress()};
+  ob.extra_args = {"--metrics", "127.0.0.1:0"};
+  DaemonProcess b(ob);
+  DaemonProcess::Options oc = ob;
+  oc.id = "c";
+  oc.token = "shared-secret";
+  DaemonProcess c(oc);
+  REQUIRE(waitUntil([&] { return a.metric("framelink_links_up") >= 2; }, Millis(15000), Millis(50)));
+  // a dials c too, once c is a [[peer]] of its own.
+  writeConfig(file, shared + b_table + "[[peer]]\nname = \"c\"\naddress = \"" + c.grpcAddress() + "\"\n");
+  std::string out;
+  REQUIRE(reloadWithCli(a, out) == 0);
+  REQUIRE(a.metric("framelink_auth_failures_total") == 0);
+
+  // Both removed: b's link ends and its token is refused from then on.  a no
+  // longer dials c, but c holds the token any peer may use: cutting the link
+  // c dialed would only make it dial again, so it is left.
+  writeConfig(file, shared);
+  REQUIRE(reloadWithCli(a, out) == 0);
+  INFO(out);
+  CHECK(out.find("[[peer]] b removed (its links end and its token is refused)") != std::string::npos);
+  CHECK(out.find("[[peer]] c removed (no longer dialed; it may still dial in") != std::string::npos);
+  CHECK(a.waitForLog("peer c at " + c.grpcAddress() + ": no longer dialed", Millis(10000)));
+  // b keeps dialing and is refused each time; the link c dialed is the one left.
+  CHECK(
+      waitUntil([&] { return a.metric("framelink_auth_failures_total") >= 2; }, Millis(20000), Millis(100)));
+  CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 1; }, Millis(15000), Millis(50)));
+  CHECK(b.metric("framelink_links_up") == 0);
+  CHECK(c.metric("framelink_links_up") == 1);
+}

@@ -3,9 +3,11 @@
 // the listener's CA did not sign, a plaintext peer, and a dialer that expects
 // another name in the listener's certificate get nothing through, and the
 // listener keeps serving a peer with the right certificate.
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -183,4 +185,39 @@ TEST_CASE("tls: a dialer whose certificate names another daemon than it claims i
   CHECK(b.waitForLog("claims to be '" + claimed + "'", Millis(5000)));
   requireServing(a, b, "tls-id-still");
   CHECK(b.metric("framelink_links_up") == 1);
+}
+
+TEST_CASE("tls: a peer removed by a reload whose certificate still proves its id keeps its link",
+          "[integration][tls][admin]") {
+  // Its certificate (and the shared token) would let it dial straight in
+  // again: cutting its session would only make the link flap.
+  TestPki pki;
+  TempDir dir("fl-tls-reload");
+  const std::string file = dir.file("b.toml");
+  std::ofstream(file) << "[[peer]]\nname = \"hostA\"\ncert_name = \"hostA\"\n";
+  DaemonProcess::Options listener;
+  listener.id = "hostB";
+  listener.token = "integ-secret";
+  listener.transports = "grpc";
+  listener.extra_args =
+      concat(pki.args("hostB"), {"--metrics", "127.0.0.1:0", "--tls-require-cert-name", "--config", file});
+  DaemonProcess b(listener);
+  DaemonProcess::Options dialer;
+  dialer.id = "hostA";
+  dialer.token = "integ-secret";
+  dialer.transports = "grpc";
+  dialer.peers = {"hostB=" + b.grpcAddress()};
+  dialer.extra_args = concat(pki.args("hostA"), {"--metrics", "127.0.0.1:0"});
+  DaemonProcess a(dialer);
+  requireServing(a, b, "tls-reload-before");
+  REQUIRE(a.metric("framelink_link_failures_total") == 0);
+
+  std::ofstream(file, std::ios::trunc) << "# hostA removed\n";
+  REQUIRE(::kill(b.pid(), SIGHUP) == 0);
+  CHECK(
+      b.waitForLog("reload: [[peer]] hostA removed (no longer dialed; it may still dial in", Millis(10000)));
+  std::this_thread::sleep_for(Millis(1500));
+  CHECK(a.metric("framelink_link_failures_total") == 0);
+  CHECK(b.metric("framelink_links_up") == 1);
+  requireServing(a, b, "tls-reload-after");
 }
