@@ -122,6 +122,7 @@ struct AgentLink : LinkIdentity {
   std::deque<transport::TransportEvent> events_waiting;
   bool busy = false;           // the last round left some of what the peer sent for the next
   uint64_t busy_since_ns = 0;  // agent clock: the first of those rounds in a row
+  uint64_t next_turn_ns = 0;   // agent clock: throttled, no turn before it (DataAgent::kBusyTurnGap)
 
   // Per-frame messages (credit grants and revokes, ACKs, NACKs) gathered in
   // this round.

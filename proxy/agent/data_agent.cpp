@@ -268,7 +268,7 @@ bool DataAgent::runUntilIdle(size_t max_rounds) {
   for (size_t i = 0; i < max_rounds; ++i) {
     size_t work = drainCommands();
     work += doWork();
-    if (work == 0) return true;
+    if (work == 0 && nextBusyTurnNs() == 0) return true;
   }
   return false;
 }
@@ -278,11 +278,12 @@ void DataAgent::sleep() {
   // pushed meanwhile sees the flag and rings the doorbell, or we see its entry.
   if (clients_.prepareSleep()) {
     // Bounded so that credit and ACK deadlines are noticed, and never past
-    // the moment the oldest ACK held back for coalescing is due.
+    // the moment the oldest ACK held back for coalescing is due, nor a
+    // throttled link's next turn (what it left no event announces).
     uint64_t timeout_ns = kMaxSleepNs;
-    if (const uint64_t due = inbound_.nextControlDeadlineNs(); due != 0) {
-      const uint64_t now = clock_.nowNs();
-      timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);
+    const uint64_t now = clock_.nowNs();
+    for (const uint64_t due : {inbound_.nextControlDeadlineNs(), nextBusyTurnNs()}) {
+      if (due != 0) timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);
     }
     std::array<epoll_event, 32> events{};
     const int n = waitEvents(epoll_fd_.get(), timeout_ns, events);
@@ -290,9 +291,8 @@ void DataAgent::sleep() {
       if ((events[i].data.u64 & kTagMask) == kTagClient) rang_.push_back(events[i].data.u64 & ~kTagMask);
     }
   }
-  // Only the doorbells that rang are read: one read per attached client
-  // after every sleep made each frame of a slow stream wait for all of them.
-  // One that rings after the wait is read after the next.
+  // Only the doorbells that rang are read (reading all after every sleep made
+  // a slow stream's frames wait for them all); a later one after the next.
   clients_.endSleep(rang_);
   rang_.clear();
 }

@@ -150,6 +150,12 @@ class DataAgent {
   // count one each, a control record one for each message in it.  The rest
   // waits for the next round, after the other links had their turn.
   static constexpr size_t kMessagesPerLinkRound = 64;
+  // A link whose turn its control records filled, and that left more for
+  // the next, waits this many times its last turn's length before its next:
+  // at most an eighth of the agent's time goes to one peer's backlog of
+  // them, and the rest to the other links and clients -- or, on a small
+  // host, to the CPU they need.
+  static constexpr uint64_t kBusyTurnGap = 7;
 
   void post(AgentCommand command) {
     // Counted before it is queued: the agent sees the count at least as soon
@@ -171,7 +177,7 @@ class DataAgent {
   // transport events, ACKs and grants to send) too.  No thread, no sleep: the
   // same commands and events give the same rounds (deadlines aside, which
   // follow the clock).  False when there was still work after `max_rounds`
-  // (the agent would spin).
+  // (the agent would spin); a throttled link's backlog is work left too.
   bool runUntilIdle(size_t max_rounds);
 
  private:
@@ -199,6 +205,8 @@ class DataAgent {
   // after round for link_timeout_ms, is cut: its peer sends more than the
   // agent can handle while serving the others.
   void checkBusy(AgentLink& link, uint64_t now_ns);
+  // The earliest turn a busy link waits for (agent clock); 0: none waits.
+  uint64_t nextBusyTurnNs() const;
   void sleep();
   // The stats snapshot and the gauges, to metrics_ (stats_snapshot.cpp).
   void publishStats();
@@ -280,6 +288,7 @@ class DataAgent {
   std::unique_ptr<transport::TransportEvent[]> events_{new transport::TransportEvent[kMaxEventsPerRound]};
   std::vector<uint64_t> link_ids_;
   size_t turn_left_ = 0;        // of kMessagesPerLinkRound, for the link being polled
+  size_t turn_control_ = 0;     // of those, the messages of control records
   std::vector<uint64_t> rang_;  // sleep(): the clients whose submit doorbell rang
   // A holder of the peer token can open and close links as fast as
   // handshakes finish: the lines about links coming up, and going down or

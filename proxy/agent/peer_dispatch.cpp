@@ -22,17 +22,38 @@ size_t DataAgent::pollLinks() {
   // By id: handling an event may close a link (and erase it from links_).
   link_ids_.clear();
   for (auto& [id, l] : links_) link_ids_.push_back(id);
-  const uint64_t now = clock_.nowNs();
   for (uint64_t id : link_ids_) {
     AgentLink* l = links_.find(id);
     if (l == nullptr || !l->transport) continue;
+    const uint64_t began = clock_.nowNs();
+    if (began < l->next_turn_ns) continue;  // its share of the agent's time is used
     // The name outlives the scope: only onLinkDown erases a link, and
     // commands bring that, not the link's events.
     const LogScope scope(LogFields{.peer = l->peer_name});
-    work += pollLink(id);
-    if ((l = links_.find(id)) != nullptr) checkBusy(*l, now);
+    // A throttled link's turn is not work that keeps the agent spinning for
+    // more: between its turns the agent sleeps, unless the others bring work.
+    const bool throttled = l->next_turn_ns != 0;
+    turn_control_ = 0;
+    const size_t done = pollLink(id);
+    if (!throttled) work += done;
+    if ((l = links_.find(id)) == nullptr) continue;
+    const uint64_t ended = clock_.nowNs();
+    checkBusy(*l, ended);
+    // Control records are what no credit bounds: a link whose turn they
+    // filled and that left more waits (kBusyTurnGap).  Frames are bounded
+    // by the credits this end granted, and a link busy with them is not held.
+    const bool control_backlog = l->busy && turn_control_ >= kMessagesPerLinkRound / 2;
+    l->next_turn_ns = control_backlog ? ended + kBusyTurnGap * (ended - began) : 0;
   }
   return work;
+}
+
+uint64_t DataAgent::nextBusyTurnNs() const {
+  uint64_t next = 0;
+  for (const auto& [id, l] : links_) {
+    if (l.next_turn_ns != 0 && (next == 0 || l.next_turn_ns < next)) next = l.next_turn_ns;
+  }
+  return next;
 }
 
 size_t DataAgent::pollLink(uint64_t id) {
@@ -125,6 +146,7 @@ void DataAgent::continueRecord(AgentLink& l) {
   while (l.record_next < batch.messages_size() && !l.violated) {
     if (turn_left_ == 0) return;  // the rest in the link's next turn
     --turn_left_;
+    ++turn_control_;
     const v1::PeerMessage& m = batch.messages(l.record_next++);
     if (!isPerFrameMessage(m)) {
       protocolError(l, "a control record carries a message of kind " + std::to_string(m.body_case()) +

@@ -218,10 +218,13 @@ TEST_CASE(
   CHECK(honest.error().empty());
   // Memory: the transport's event queue and what gRPC buffers, not every record sent.
   if (!kSanitized) CHECK(flood.rss_peak - flood.rss_before < 100 * 1024);
-  // The honest pair keeps moving.  Generous: the flooder's process shares
-  // the CPU with both daemons here, and on a loaded host the pair kept 0.09
-  // to 0.2 of its rate; a daemon that handled each record whole kept 0.01.
-  CHECK(flood_rate >= 0.05 * alone_rate);
+  // The honest pair keeps moving.  The flooder's link gets at most an eighth
+  // of the agent's time (DataAgent::kBusyTurnGap): on an idle 2-core host the
+  // pair keeps 0.85 of its rate (0.48-0.58 when a turn followed a turn), on
+  // one loaded with two niced busy loops 0.21-0.47.  Generous, as the
+  // flooder, both daemons and the pair share two cores: a daemon that
+  // handled each record whole kept 0.01.
+  CHECK(flood_rate >= (kSanitized ? 0.05 : 0.1) * alone_rate);
   // The flooder is cut, and the daemon says why.
   CHECK_FALSE(runaway);
   // A daemon that queued every record takes minutes to work through them:
