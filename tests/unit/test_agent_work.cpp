@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "agent_link_rig.h"
 #include "inbound_fixture.h"
 #include "transport/locked_link_bookkeeping.h"
-#include "transport/loopback/loopback_transport.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
@@ -58,76 +58,13 @@ TEST_CASE("agent work: a CreditLow starts no grant round when there is nothing t
 
 namespace {
 
-// A data agent run by the test's thread, its links over loopback transports
-// whose other ends the test plays; each link's Session records what the
-// agent wrote on it.
-struct LoopbackAgent {
-  Config config;
-  Metrics metrics;
-  ManualClock clock;
-  std::unique_ptr<DataAgent> agent;
-  std::vector<transport::loopback::LoopbackPair> pairs;
-  std::vector<std::shared_ptr<std::vector<v1::PeerMessage>>> sessions;
-
-  explicit LoopbackAgent(uint32_t link_timeout_ms = 10000) {
-    config.id = "local";
-    config.idle_spin_us = 0;
-    config.link_timeout_ms = link_timeout_ms;
-    agent = std::make_unique<DataAgent>(config, metrics, clock);
-  }
-  // Link `id` (1, 2, ...) from peer `peer`; its peer end is ends(id).
-  void linkUp(uint64_t id, const std::string& peer) {
-    auto pair = transport::loopback::makePair();
-    REQUIRE(pair.ok());
-    pairs.push_back(std::move(pair).value());
-    auto said = std::make_shared<std::vector<v1::PeerMessage>>();
-    sessions.push_back(said);
-    CmdLinkUp up;
-    up.link_id = id;
-    up.identity.peer_name = peer;
-    up.identity.transport_name = "loopback";
-    up.transport = pairs.back().a;
-    auto writer = std::make_shared<SessionWriter>(
-        [said](const v1::PeerMessage& m, bool) {
-          said->push_back(m);
-          return true;
-        },
-        SessionWriter::Inline{});
-    up.session = PeerSession{writer, [] {}};
-    agent->post(std::move(up));
-    REQUIRE(agent->runUntilIdle(50));
-  }
-  transport::Transport& peerEnd(uint64_t id) { return *pairs[id - 1].b; }
-  // The peer of link `id` sends the record; it waits in the agent's
-  // transport once this returns.
-  void peerSends(uint64_t id, const v1::ControlBatch& record) {
-    REQUIRE(peerEnd(id).postControl(record.SerializeAsString()) == transport::PostResult::kOk);
-    for (int i = 0; i < 4; ++i) peerEnd(id).flush();
-  }
-  bool finSentOn(uint64_t id) const {
-    for (const auto& m : *sessions[id - 1]) {
-      if (m.has_fin()) return true;
-    }
-    return false;
-  }
-  uint64_t messagesHandled() const { return metrics.counters.peer_messages_received.load(); }
-};
-
-// A record of `n` CreditLows for a stream the link does not have open: each
-// costs the agent a lookup, and the record is within every bound.
-v1::ControlBatch creditLows(size_t n) {
-  v1::ControlBatch record;
-  for (size_t i = 0; i < n; ++i) record.add_messages()->mutable_credit_low()->set_stream_id(7);
-  return record;
-}
-
 constexpr size_t kHugeRecord = 40000;
 
 }  // namespace
 
 TEST_CASE("agent work: one link's huge control record waits for later rounds, another link's goes now",
           "[agent][security]") {
-  LoopbackAgent rig;
+  AgentLinkRig rig;
   rig.linkUp(1, "flooder");
   rig.linkUp(2, "honest");
   rig.peerSends(1, creditLows(kHugeRecord));
@@ -150,7 +87,7 @@ TEST_CASE("agent work: one link's huge control record waits for later rounds, an
 
 TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout_ms is cut, and says why",
           "[agent][security]") {
-  LoopbackAgent rig(1000);
+  AgentLinkRig rig(1000);
   rig.linkUp(1, "flooder");
   rig.linkUp(2, "honest");
   // Huge records back to back, for twice link_timeout_ms on the agent's clock.
