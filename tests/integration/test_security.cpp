@@ -1,7 +1,8 @@
 // Local security rules, checked with a second local user: a forked child
 // that drops to nobody/nogroup (65534) and tries what another user on the
 // host could try, among it every way to write a producer's segment lent to
-// it (hostile_reader.h).  (The tests run as root, as CI does; without root
+// it (hostile_reader.h), and a subscriber that keeps every frame it is given.
+// (The tests run as root, as CI does; without root
 // they fail and say so.)  And the peer token is the daemon's secret: a token
 // file other users can read is named at start.
 #include <dirent.h>
@@ -276,4 +277,72 @@ TEST_CASE("security: a reader of another user cannot write, punch, seal or re-op
       CHECK(trial->outcome[i] > 0);  // tried on every frame, refused every time
     }
   }
+}
+
+TEST_CASE(
+    "security: a subscriber of another user that keeps every frame holds the producer's slots no longer "
+    "than ack_timeout_ms",
+    "[security]") {
+  constexpr uint64_t kFrames = 40;
+  constexpr uint32_t kSlots = 8;
+  constexpr uint64_t kLength = 64 * 1024;
+  DaemonProcess::Options o;
+  o.id = "hoard";
+  o.extra_args = {"--metrics",     "127.0.0.1:0", "--socket-mode",    "0666", "--allow-uid",         "65534",
+                  "--drop-stream", "cam",         "--ack-timeout-ms", "300",  "--credit-timeout-ms", "1000"};
+  DaemonProcess d(o);
+  REQUIRE(::chmod(dirOf(d.socketPath()).c_str(), 0711) == 0);
+  int progress[2];
+  REQUIRE(::pipe2(progress, O_CLOEXEC) == 0);
+  // nobody subscribes, takes every frame it is given and releases none; it
+  // says how many it holds after each.
+  ChildAsUser hoarder(kNobody, kNogroup, [&] {
+    fl_client_options opt;
+    fl_client_options_init(&opt);
+    opt.socket_path = d.socketPath().c_str();
+    opt.role = FL_CONSUMER;
+    opt.stream = "cam";
+    opt.subscribe = 1;
+    opt.slot_count = kSlots;
+    opt.slot_size = kLength;
+    fl_client* c = nullptr;
+    if (fl_attach(&opt, &c) != FL_OK) return 10;
+    for (uint64_t held = 0;; ++held) {
+      if (::write(progress[1], &held, sizeof held) != sizeof held) return 11;
+      fl_frame f{};
+      while (fl_receive(c, &f, 1000) != FL_OK) {
+      }
+    }
+  });
+  ::close(progress[1]);
+  struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() { ::close(fd); }
+  } progress_read{progress[0]};
+  REQUIRE(readProgress(progress[0], Millis(15000)) == uint64_t{0});
+
+  Client honest = attachWith(d, FL_CONSUMER, "cam", true, kSlots, kLength);
+  Client producer = attachProducer(d, "cam", kSlots, kLength);
+  uint64_t received = 0;
+  for (uint64_t id = 1; id <= kFrames; ++id) {
+    // Each acquire waits at most 10 s: with the eight slots held for good,
+    // the ninth would never come.
+    submitFrame(producer.get(), id, 1000 + id);
+    fl_frame f = receiveFrame(honest.get(), Millis(10000));
+    received += f.frame_id == id ? 1 : 0;
+    REQUIRE(fl_release(honest.get(), f.slot) == FL_OK);
+  }
+  CHECK(received == kFrames);
+  auto done = collectCompletions(producer.get(), kFrames, Millis(20000));
+  REQUIRE(done.size() == kFrames);
+  for (const fl_completion& c : done) {
+    INFO("frame " << c.frame_id << ": " << statusName(c.status));
+    // The hoarder's eight end for it at ack_timeout_ms; it is skipped for the rest (no free slot).
+    CHECK(c.status == (c.frame_id <= kSlots ? FL_ERR_TIMEOUT : FL_OK));
+  }
+  // It took the eight and holds them; they are taken back all the same.
+  std::optional<uint64_t> held;
+  while (std::optional<uint64_t> more = readProgress(progress[0], Millis(200))) held = more;
+  CHECK(held == uint64_t{kSlots});
+  CHECK(waitForMetric(d, "framelink_local_frames_taken_back_total", kSlots) == kSlots);
 }

@@ -188,7 +188,7 @@ TEST_CASE("tls: a dialer whose certificate names another daemon than it claims i
 }
 
 TEST_CASE("tls: a peer removed by a reload whose certificate still proves its id keeps its link",
-          "[integration][tls][admin]") {
+          "[integration][tls]") {
   // Its certificate (and the shared token) would let it dial straight in
   // again: cutting its session would only make the link flap.
   TestPki pki;
