@@ -2,9 +2,9 @@
 // that drops to nobody/nogroup (65534) and tries what another user on the
 // host could try, among it every way to write a producer's segment lent to
 // it (hostile_reader.h), and a subscriber that keeps every frame it is given.
-// (The tests run as root, as CI does; without root
-// they fail and say so.)  And the peer token is the daemon's secret: a token
-// file other users can read is named at start.
+// (The tests run as root, as CI does; without root they fail and say so.)
+// And the peer token is the daemon's secret: a token file other users can
+// read is named at start.
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
