@@ -203,7 +203,7 @@ for f in grafana/framelink.json prometheus/framelink-alerts.yml; do
 done
 echo "ok: framelinkd ships /usr/share/framelink/grafana/framelink.json and prometheus/framelink-alerts.yml as in packaging/"
 
-step "the packaged libframelink-dev builds examples/c"
+step "the packaged libframelink-dev builds examples/c and examples/cpp"
 # Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is
 # relocatable), pkg-config through PKG_CONFIG_SYSROOT_DIR (framelink.pc says prefix=/usr).
 sysroot=$work/sysroot
@@ -215,6 +215,10 @@ cmake -S "$root/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$sysroot/usr
   { cat "$work/example.log"; fail "examples/c does not build against the unpacked libframelink-dev"; }
 grep -qxF "framelink_DIR:PATH=$libpath/cmake/framelink" "$work/example/CMakeCache.txt" ||
   fail "examples/c found another framelink package than the unpacked one"
+cmake -S "$root/examples/cpp" -B "$work/example-cpp" -DCMAKE_PREFIX_PATH="$sysroot/usr" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$work/example-cpp.log" 2>&1 &&
+  cmake --build "$work/example-cpp" >>"$work/example-cpp.log" 2>&1 ||
+  { cat "$work/example-cpp.log"; fail "examples/cpp does not build against the unpacked libframelink-dev"; }
 pc_flags=$(PKG_CONFIG_SYSROOT_DIR=$sysroot PKG_CONFIG_LIBDIR=$libpath/pkgconfig pkg-config --cflags --libs framelink)
 # shellcheck disable=SC2086  # a list of compiler arguments
 "${CC:-cc}" -std=c11 -Wall -Werror -o "$work/example/pc_attach_info" "$root/examples/c/attach_info.c" $pc_flags ||

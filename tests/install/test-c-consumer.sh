@@ -50,6 +50,14 @@ found_dir=$(sed -n 's/^framelink_DIR:PATH=//p' "$tmp/cmake-build/CMakeCache.txt"
 [[ "$found_dir" == "$prefix/$libdir/cmake/framelink" ]] ||
   fail "find_package found framelink in '$found_dir', not in $prefix/$libdir/cmake/framelink"
 "$cmake" --build "$tmp/cmake-build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building examples/c"; }
+
+step "find_package(framelink CONFIG) build of examples/cpp (framelink.hpp)"
+"$cmake" -S "$src/examples/cpp" -B "$tmp/cmake-build-cpp" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=Release >"$tmp/configure-cpp.log" 2>&1 ||
+  { cat "$tmp/configure-cpp.log"; fail "configuring examples/cpp against $prefix"; }
+"$cmake" --build "$tmp/cmake-build-cpp" >"$tmp/build-cpp.log" 2>&1 ||
+  { cat "$tmp/build-cpp.log"; fail "building examples/cpp"; }
+cpp_bin=$tmp/cmake-build-cpp/framelink_roundtrip
 shared_bin=$tmp/cmake-build/framelink_attach_info
 static_bin=$tmp/cmake-build/framelink_attach_info_static
 lib_used=$(ldd "$shared_bin" | awk '$1 == "libframelink.so.0" { print $3 }')
@@ -102,4 +110,13 @@ for bin in "$shared_bin" "$static_bin" "$pc_bin"; do
     fail "$bin printed: $(cat "$tmp/out")"
   sed -n 2p "$tmp/out"
 done
-echo "PASS: installed libframelink builds and runs examples/c via find_package and pkg-config"
+status=0
+run "$cpp_bin" example-cpp "$tmp/nobody-listens.sock" >"$tmp/out" 2>"$tmp/err" || status=$?
+[[ $status -eq 2 ]] && grep -q "cannot connect to framelinkd" "$tmp/err" ||
+  fail "$cpp_bin without a daemon exited $status, expected 2 with the reason (stderr: $(cat "$tmp/err"))"
+run "$cpp_bin" example-cpp "$socket" 50 65536 >"$tmp/out" 2>"$tmp/err" ||
+  fail "$cpp_bin against framelinkd: $(cat "$tmp/err") $(cat "$tmp/out")"
+grep -q "^stream 'example-cpp': 50 frames of 65536 bytes, 50 intact, 50 delivered" "$tmp/out" ||
+  fail "$cpp_bin printed: $(cat "$tmp/out")"
+cat "$tmp/out"
+echo "PASS: installed libframelink builds and runs examples/c via find_package and pkg-config, and examples/cpp"
