@@ -1,4 +1,5 @@
-// A reload on the data agent's thread (CmdReconfigure).
+// A reload on the data agent's thread (CmdReconfigure), and the inbound
+// deadlines it recomputes.
 #include <spdlog/spdlog.h>
 
 #include <set>
@@ -20,10 +21,27 @@ std::string listed(const std::vector<std::string>& peers) {
 
 }  // namespace
 
+// A sender gives up on a frame ack_timeout after sending it: what this end
+// remembers to answer its replays is of no use a few of those later, and a
+// recall it neither answers nor serves by then is not coming back.
+InboundLimits DataAgent::inboundLimits(const Config& config) {
+  const uint64_t ack_timeout_ns = uint64_t{config.ack_timeout_ms} * 1'000'000;
+  InboundLimits limits;
+  limits.forget_idle_ns = 4 * ack_timeout_ns;
+  limits.recall_deadline_ns = ack_timeout_ns;
+  limits.reads_per_link = config.pull_reads_per_link;
+  // The bytes of a read come from the peer: a read that makes no progress
+  // for as long as the link may stay silent is as dead as a silent link.
+  limits.read_stall_ns = uint64_t{config.link_timeout_ms} * 1'000'000;
+  return limits;
+}
+
 void DataAgent::reconfigure(const Config& next) {
   // Only what a reload may change: the rest stays, and with it what the
-  // parts hold of it.
+  // parts hold of it -- but for the inbound deadlines, which follow
+  // ack_timeout_ms.
   copyReloadable(next, config_);
+  inbound_.setLimits(inboundLimits(config_));
   // An attached producer's stream goes where the new routes send it, from
   // its next frame -- unless a frame of it is in flight, on the routes it had
   // (then it keeps them until it attaches again; named once a stream).

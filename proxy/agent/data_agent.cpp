@@ -62,21 +62,6 @@ int waitEvents(int epoll_fd, uint64_t timeout_ns, std::span<epoll_event> events)
   return n > 0 ? n : 0;
 }
 
-// A sender gives up on a frame ack_timeout after sending it: what this end
-// remembers to answer its replays is of no use a few of those later, and a
-// recall it neither answers nor serves by then is not coming back.
-InboundLimits inboundLimits(const Config& config) {
-  const uint64_t ack_timeout_ns = uint64_t{config.ack_timeout_ms} * 1'000'000;
-  InboundLimits limits;
-  limits.forget_idle_ns = 4 * ack_timeout_ns;
-  limits.recall_deadline_ns = ack_timeout_ns;
-  limits.reads_per_link = config.pull_reads_per_link;
-  // The bytes of a read come from the peer: a read that makes no progress
-  // for as long as the link may stay silent is as dead as a silent link.
-  limits.read_stall_ns = uint64_t{config.link_timeout_ms} * 1'000'000;
-  return limits;
-}
-
 }  // namespace
 
 DataAgent::DataAgent(const Config& config, Metrics& metrics, const AgentClock& clock,

@@ -150,12 +150,13 @@ class DataAgent {
   // count one each, a control record one for each message in it.  The rest
   // waits for the next round, after the other links had their turn.
   static constexpr size_t kMessagesPerLinkRound = 64;
-  // A link whose turn its control records filled, and that left more for
-  // the next, waits this many times its last turn's length before its next:
-  // at most an eighth of the agent's time goes to one peer's backlog of
-  // them, and the rest to the other links and clients -- or, on a small
-  // host, to the CPU they need.
+  // A link whose turns its control records have filled for kThrottleAfterNs,
+  // leaving more each time, waits this many times its last turn's length
+  // before its next: at most an eighth of the agent's time goes to one
+  // peer's backlog of them, and the rest to the other links and clients --
+  // or, on a small host, to the CPU they need.
   static constexpr uint64_t kBusyTurnGap = 7;
+  static constexpr uint64_t kThrottleAfterNs = 2'000'000;  // of such turns in a row
 
   void post(AgentCommand command) {
     // Counted before it is queued: the agent sees the count at least as soon
@@ -179,6 +180,8 @@ class DataAgent {
   // follow the clock).  False when there was still work after `max_rounds`
   // (the agent would spin); a throttled link's backlog is work left too.
   bool runUntilIdle(size_t max_rounds);
+  // The inbound side's deadlines and bounds in force (tests).
+  const InboundLimits& inboundLimitsForTest() const { return inbound_.limits(); }
 
  private:
   void run();
@@ -205,7 +208,7 @@ class DataAgent {
   // after round for link_timeout_ms, is cut: its peer sends more than the
   // agent can handle while serving the others.
   void checkBusy(AgentLink& link, uint64_t now_ns);
-  // The earliest turn a busy link waits for (agent clock); 0: none waits.
+  // The earliest turn a throttled link waits for (agent clock); 0: none waits.
   uint64_t nextBusyTurnNs() const;
   void sleep();
   // The stats snapshot and the gauges, to metrics_ (stats_snapshot.cpp).
@@ -251,6 +254,8 @@ class DataAgent {
   size_t forgetIdlePeers();
   // CmdReconfigure (agent_reload.cpp).
   void reconfigure(const Config& next);
+  // The inbound side's deadlines, from ack_timeout_ms and link_timeout_ms.
+  static InboundLimits inboundLimits(const Config& config);
 
   // The agent's own copy, which only its thread reads: a reload
   // (CmdReconfigure) changes it between rounds.

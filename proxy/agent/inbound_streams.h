@@ -158,6 +158,10 @@ class InboundStreams {
   // Answers kept for replays of `peer`'s frames, every kind summed (walks its streams).
   size_t answersKept(uint64_t peer) const;
 
+  // A reload: the deadlines derived from ack_timeout_ms apply from the next
+  // check on (what is remembered or recalled already included).
+  void setLimits(const Limits& limits) { limits_ = limits; }
+  const Limits& limits() const { return limits_; }
   // Rounds of granting a stream's slots so far (what a peer's messages cost).
   uint64_t grantRoundsForTest() const { return grant_rounds_; }
   // Tests reach the 32-bit generation's wrap through this.
@@ -422,7 +426,7 @@ class InboundStreams {
   NameTable& names_;
   const AgentClock& clock_;
   const uint64_t ack_delay_ns_;
-  const Limits limits_;
+  Limits limits_;
   Credits credits_;
   std::map<uint64_t, InState> in_states_;  // by id
   std::map<InStateKey, uint64_t> in_state_ids_;

@@ -39,10 +39,13 @@ size_t DataAgent::pollLinks() {
     if ((l = links_.find(id)) == nullptr) continue;
     const uint64_t ended = clock_.nowNs();
     checkBusy(*l, ended);
-    // Control records are what no credit bounds: a link whose turn they
-    // filled and that left more waits (kBusyTurnGap).  Frames are bounded
-    // by the credits this end granted, and a link busy with them is not held.
-    const bool control_backlog = l->busy && turn_control_ >= kMessagesPerLinkRound / 2;
+    // Control records are what no credit bounds: a link whose turns they
+    // have filled for kThrottleAfterNs, leaving more each time, waits
+    // (kBusyTurnGap); an honest burst (grants, ACKs of many streams) is over
+    // before that.  Frames are bounded by the credits this end granted, and
+    // a link busy with them is not held.
+    const bool control_backlog =
+        l->busy && turn_control_ >= kMessagesPerLinkRound / 2 && ended - l->busy_since_ns >= kThrottleAfterNs;
     l->next_turn_ns = control_backlog ? ended + kBusyTurnGap * (ended - began) : 0;
   }
   return work;
@@ -51,7 +54,11 @@ size_t DataAgent::pollLinks() {
 uint64_t DataAgent::nextBusyTurnNs() const {
   uint64_t next = 0;
   for (const auto& [id, l] : links_) {
-    if (l.next_turn_ns != 0 && (next == 0 || l.next_turn_ns < next)) next = l.next_turn_ns;
+    // Only a link still polled and still busy: one closed or cut since keeps
+    // the mark of its last turn, but waits for nothing.
+    if (l.transport && l.busy && l.next_turn_ns != 0 && (next == 0 || l.next_turn_ns < next)) {
+      next = l.next_turn_ns;
+    }
   }
   return next;
 }

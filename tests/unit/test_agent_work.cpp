@@ -189,3 +189,22 @@ TEST_CASE("agent work: the refusals sent again on a new link go a bounded part p
   for (int round = 0; round < 10; ++round) rig.inbound.flushControl();
   CHECK(nacksQueued(again) == kPerStream * kStreamsRefused);
 }
+
+TEST_CASE(
+    "agent reload: the inbound deadlines follow a new ack_timeout_ms; link_timeout_ms waits for a restart",
+    "[agent][reload]") {
+  AgentLinkRig rig;
+  const InboundLimits before = rig.agent->inboundLimitsForTest();
+  REQUIRE(before.recall_deadline_ns == uint64_t{rig.config.ack_timeout_ms} * 1'000'000);
+  REQUIRE(rig.config.ack_timeout_ms != 2000);
+  auto next = std::make_shared<Config>(rig.config);
+  next->ack_timeout_ms = 2000;
+  next->link_timeout_ms = rig.config.link_timeout_ms + 5000;
+  rig.agent->post(CmdReconfigure{next});
+  REQUIRE(rig.agent->runUntilIdle(10));
+  const InboundLimits& after = rig.agent->inboundLimitsForTest();
+  CHECK(after.recall_deadline_ns == 2'000'000'000);
+  CHECK(after.forget_idle_ns == 8'000'000'000);
+  CHECK(after.read_stall_ns == before.read_stall_ns);
+  CHECK(after.reads_per_link == before.reads_per_link);
+}
