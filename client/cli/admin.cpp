@@ -24,8 +24,6 @@ namespace framelink::cli {
 
 namespace {
 
-constexpr const char* kDefaultSocket = "/run/framelink/framelinkd.sock";
-
 AdminReply failure(int status, std::string message, std::string hint = {}) {
   AdminReply r;
   r.status = status;
@@ -121,7 +119,7 @@ std::string resolveSocket(const std::string& flag) {
   if (!flag.empty()) return flag;
   const char* env = std::getenv("FRAMELINK_SOCKET");
   if (env != nullptr && *env != '\0') return env;
-  return kDefaultSocket;
+  return FL_DEFAULT_SOCKET_PATH;
 }
 
 namespace {

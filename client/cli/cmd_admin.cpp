@@ -8,6 +8,7 @@
 #include <string>
 
 #include <framelink/attach_proto.h>
+#include <framelink/framelink.h>
 
 #include "admin.h"
 #include "cli_util.h"
@@ -27,7 +28,7 @@ struct AdminOptions {
 
 void addCommon(CLI::App* cmd, AdminOptions& o) {
   cmd->add_option("--socket", o.socket,
-                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or " FL_DEFAULT_SOCKET_PATH ")");
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
   cmd->add_option("--timeout-ms", o.timeout_ms, "how long to wait for the daemon (default 5000)")
       ->check(CLI::Range(1, 600000));

@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "consumer.h"
 #include "frame_pattern.h"
+#include "framelink/framelink.h"
 #include "producer.h"
 
 namespace framelink::cli {
@@ -205,7 +206,7 @@ void addRecvCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<RecvOptions>();
   auto* cmd = app.add_subcommand("recv", "Receive frames as a consumer; verify and/or save them");
   cmd->add_option("--socket", o->socket,
-                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or " FL_DEFAULT_SOCKET_PATH ")");
   cmd->add_option("--stream", o->stream, "stream name")->required();
   cmd->add_option("--count", o->count, "frames to receive before exiting (default 0 = until Ctrl-C)");
   cmd->add_flag("--verify", o->verify,

@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "frame_pattern.h"
+#include "framelink/framelink.h"
 #include "framelink/status_name.hpp"
 #include "pattern_clients.h"
 #include "producer.h"
@@ -269,7 +270,7 @@ void addSendCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<SendOptions>();
   auto* cmd = app.add_subcommand("send", "Send synthetic frames or files as a producer");
   cmd->add_option("--socket", o->socket,
-                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or /run/framelink/framelinkd.sock)");
+                  "framelinkd attach socket (default: $FRAMELINK_SOCKET or " FL_DEFAULT_SOCKET_PATH ")");
   cmd->add_option("--stream", o->stream, "stream name")->required();
   cmd->add_option("--count", o->count, "number of synthetic frames (default 100; 0 = until Ctrl-C)")
       ->each([o](const std::string&) { o->count_set = true; });

@@ -565,9 +565,10 @@ void addDoctorCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<DoctorOptions>();
   auto* cmd = app.add_subcommand(
       "doctor", "Preflight checks for framelinkd on this host (exit status 1 when a check FAILs)");
-  cmd->add_option("--socket", o->socket,
-                  "framelinkd attach socket (default: $FRAMELINK_SOCKET, the config's socket, or "
-                  "/run/framelink/framelinkd.sock)");
+  cmd->add_option(
+      "--socket", o->socket,
+      "framelinkd attach socket (default: $FRAMELINK_SOCKET, the config's socket, or " FL_DEFAULT_SOCKET_PATH
+      ")");
   cmd->add_option("--config", o->config,
                   "framelinkd's configuration, read for its socket and peers when the daemon does not answer "
                   "(default /etc/framelink/framelinkd.toml)");

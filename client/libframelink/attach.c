@@ -24,7 +24,6 @@
 #include "client_internal.h"
 #include "framelink/attach_proto.h"
 
-#define FLX_DEFAULT_SOCKET "/run/framelink/framelinkd.sock"
 #define FLX_ATTACH_TIMEOUT_MS \
   10000 /* default: connect, then the reply (the daemon may be locking a large segment) */
 #define FLX_REATTACH_INTERVAL_MS 200 /* default least time between two automatic reattach attempts */
@@ -430,7 +429,7 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
 
   const char* path = options->socket_path;
   if (!path || !*path) path = getenv("FRAMELINK_SOCKET");
-  if (!path || !*path) path = FLX_DEFAULT_SOCKET;
+  if (!path || !*path) path = FL_DEFAULT_SOCKET_PATH;
 
   fl_attach_request req;
   memset(&req, 0, sizeof(req));

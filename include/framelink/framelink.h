@@ -37,6 +37,10 @@ extern "C" {
 #define FL_VERSION_MINOR 1
 #define FL_VERSION_PATCH 0
 
+/* Where framelinkd listens for attaches unless configured otherwise ([daemon] socket_path), and
+ * where a client looks when neither its options nor $FRAMELINK_SOCKET name a socket. */
+#define FL_DEFAULT_SOCKET_PATH "/run/framelink/framelinkd.sock"
+
 /*
  * Status codes, grouped by blast radius.  Also used as completion statuses
  * in the shared-memory rings and as reasons in peer NACKs.
@@ -100,7 +104,7 @@ typedef struct fl_client fl_client;
 typedef struct fl_client_options {
   uint32_t struct_size;    /* set by fl_client_options_init */
   uint32_t role;           /* FL_PRODUCER or FL_CONSUMER */
-  const char* socket_path; /* NULL: $FRAMELINK_SOCKET, else /run/framelink/framelinkd.sock */
+  const char* socket_path; /* NULL: $FRAMELINK_SOCKET, else FL_DEFAULT_SOCKET_PATH */
   const char* stream;      /* stream name, [A-Za-z0-9._-]{1,63} */
   const char* client_name; /* informational; NULL: the program name */
   uint32_t slot_count;     /* 0: the daemon's [limits] default_slot_count (8 unless configured) */

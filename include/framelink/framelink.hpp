@@ -61,6 +61,11 @@ struct Options {
       true;  // see fl_client_options.auto_reattach (on unless $FRAMELINK_AUTO_REATTACH is off)
   uint32_t reattach_interval_ms = 0;  // 0: 200 ms between automatic attempts
   bool subscribe = false;             // consumer: every frame of the stream, not a queue group's share
+  // Consumer: pull this stream's frames from other hosts (fl_client_options.pull).
+  bool pull = false;
+  // Microseconds a blocking call looks at its ring before it sleeps (fl_client_options.wait_spin_us):
+  // 0, $FRAMELINK_WAIT_SPIN_US or FL_WAIT_SPIN_DEFAULT_US; FL_WAIT_SPIN_OFF, sleep at once.
+  uint32_t wait_spin_us = 0;
 };
 
 struct FrameMeta {
@@ -122,6 +127,8 @@ class Client {
       o.auto_reattach = 0;  // else as initialised: on unless $FRAMELINK_AUTO_REATTACH is off
     o.reattach_interval_ms = options.reattach_interval_ms;
     o.subscribe = options.subscribe ? 1 : 0;
+    o.pull = options.pull ? 1 : 0;
+    o.wait_spin_us = options.wait_spin_us;
     detail::check(fl_attach(&o, &client_), "fl_attach");
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "framelink/framelink.h"
 
 namespace framelink {
 
@@ -41,7 +42,7 @@ inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 struct Config {
   // [daemon]
   std::string id;  // default: gethostname()
-  std::string socket_path = "/run/framelink/framelinkd.sock";
+  std::string socket_path = FL_DEFAULT_SOCKET_PATH;
   uint32_t socket_mode = 0660;
   std::string socket_group;  // empty: leave the group the socket was created with
   // Members of this group (besides root and the daemon's own uid and gid) may

@@ -204,6 +204,26 @@ TEST_CASE("C++ wrapper: RAII leases and frames", "[client]") {
       CHECK(contains(e.what(), "/nonexistent.sock"));
     }
   }
+  SECTION("every option reaches fl_client_options: pull and wait_spin_us too") {
+    framelink::Options o;
+    o.stream = "cam0";
+    o.wait_spin_us = FL_WAIT_SPIN_MAX_US + 1;  // refused by fl_attach before it connects
+    o.socket_path = "/nonexistent.sock";
+    try {
+      framelink::Consumer c(o);
+      FAIL("no exception");
+    } catch (const framelink::Error& e) {
+      CHECK(e.status() == FL_EINVAL);
+      CHECK(contains(e.what(), "wait_spin_us"));
+    }
+    FakeDaemon d;
+    o.socket_path = d.path();
+    o.wait_spin_us = FL_WAIT_SPIN_OFF;
+    o.pull = true;
+    framelink::Consumer c(o);
+    d.join();
+    CHECK((d.request().flags & FL_ATTACH_PULL) != 0);
+  }
   SECTION("producer") {
     FakeDaemon d;
     framelink::Options o;
