@@ -122,6 +122,11 @@ constexpr CounterInfo kLinkCounters[] = {
      "Links closed because their peer sent more than the data agent handles for one link in a round, round "
      "after round, for link_timeout_ms: the other links keep their turn.",
      &Metrics::Counters::links_cut_busy},
+    {"links_throttled",
+     "Times the data agent began to space out a link's turns: its peer's control records had filled them "
+     "for 2 ms, leaving more each time, so it waits seven times its last turn before the next (an eighth "
+     "of the agent); the turns come back as soon as a turn leaves none. Frames are never held back.",
+     &Metrics::Counters::links_throttled},
     {"frames_maybe_redelivered",
      "Frames sent again to a restarted receiving daemon, flagged to the consumer as possible redeliveries.",
      &Metrics::Counters::frames_maybe_redelivered},

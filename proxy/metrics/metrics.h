@@ -64,6 +64,8 @@ class Metrics {
     std::atomic<uint64_t> links_stalled{0};             // links closed: their data path stopped delivering
     std::atomic<uint64_t> links_cut_busy{
         0};  // links closed: their peer's records kept the agent busy too long
+    // times a link's turns were spaced out: its peer's control records had filled them for 2 ms
+    std::atomic<uint64_t> links_throttled{0};
     std::atomic<uint64_t> duplicates_dropped{0};  // replays of frames this daemon already had
     // Sequences a receiving stream stopped waiting for: its sender never
     // resent them while kMaxRemembered later frames were answered.

@@ -233,6 +233,7 @@ TEST_CASE(
   CHECK(flood.cut);
   CHECK(pair.b().waitForLog("kept the data agent busy", Millis(5000)));
   CHECK(pair.b().metric("framelink_links_cut_busy_total") == 1);
+  CHECK(pair.b().metric("framelink_links_throttled_total") >= 1);  // held back before it was cut
   honest.stop();
   CHECK(honest.error().empty());
   CHECK(pair.b().alive());

@@ -83,6 +83,8 @@ TEST_CASE("agent work: one link's huge control record waits for later rounds, an
   CHECK(rig.agent->runUntilIdle(1000));
   CHECK(rig.messagesHandled() == kHugeRecord);
   CHECK_FALSE(rig.finSentOn(1));
+  // A burst over within kThrottleAfterNs (here: no time passes on the agent's clock) is not held.
+  CHECK(rig.metrics.counters.links_throttled.load() == 0);
 }
 
 TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout_ms is cut, and says why",
@@ -99,6 +101,8 @@ TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout
   }
   REQUIRE(rig.finSentOn(1));
   CHECK(rig.metrics.counters.links_cut_busy.load() == 1);
+  // Before the cut, its turns were spaced out: its records had filled them for more than 2 ms.
+  CHECK(rig.metrics.counters.links_throttled.load() >= 1);
   CHECK_FALSE(rig.finSentOn(2));
 }
 
