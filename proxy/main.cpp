@@ -29,7 +29,7 @@
 // glibc's defaults those pages went back to the kernel and were faulted in
 // again for the next message, which cost a daemon receiving 1 MiB frames
 // on `grpc` half of its CPU.  What is kept is bounded by what the daemon
-// had in use at its peak.  (`framelink bench` runs its plain TCP and gRPC
+// had in use at its peak.  (`framelink-bench run` runs its plain TCP and gRPC
 // baselines with the same setting.)
 static void keepFreedMemory() {
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);

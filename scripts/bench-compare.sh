@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Before/after: `framelink bench` of another revision against this tree's build, run in
+# Before/after: `framelink-bench run` of another revision against this tree's build, run in
 # turns on the same machine, with the median of each case and the ratio (this / base).
 #   scripts/bench-compare.sh REV [ROUNDS] [-- BENCH-ARGS...]
 #     REV         a git revision (built once into build/bench-compare/<commit>/, a detached worktree)
 #     ROUNDS      turns per side (default 3); each side's binaries drive their own daemons
-#     BENCH-ARGS  passed to both `framelink bench` runs (default: --transports tcp,grpc
+#     BENCH-ARGS  passed to both `framelink-bench run` runs (default: --transports tcp,grpc
 #                 --sizes 64K,1M,4M --seconds 3)
 # Throughput cases compare GB/s (higher is better), latency cases p50 (lower is better);
 # a ratio above 1 means this tree is faster.  Needs an idle machine: it is a measurement.
@@ -29,9 +29,10 @@ if [[ ! -d $base_tree ]]; then
   git -C "$root" worktree add --detach "$base_tree" "$commit" >/dev/null
 fi
 echo "bench-compare: building $rev ($commit) in $base_tree"
-FRAMELINK_SKIP_DEPS=1 FRAMELINK_BUILD_DIR="$base_tree/build" "$base_tree/scripts/build.sh" framelinkd framelink >/dev/null
+FRAMELINK_SKIP_DEPS=1 FRAMELINK_BUILD_DIR="$base_tree/build" "$base_tree/scripts/build.sh" framelinkd framelink_bench >/dev/null 2>&1 ||
+  FRAMELINK_SKIP_DEPS=1 FRAMELINK_BUILD_DIR="$base_tree/build" "$base_tree/scripts/build.sh" framelinkd framelink_cli >/dev/null
 echo "bench-compare: building this tree in $build"
-FRAMELINK_SKIP_DEPS=1 FRAMELINK_BUILD_DIR="$build" "$root/scripts/build.sh" framelinkd framelink >/dev/null
+FRAMELINK_SKIP_DEPS=1 FRAMELINK_BUILD_DIR="$build" "$root/scripts/build.sh" framelinkd framelink_bench >/dev/null
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -39,7 +40,9 @@ for ((i = 1; i <= rounds; ++i)); do
   for side in base this; do
     if [[ $side == base ]]; then dir=$base_tree/build; else dir=$build; fi
     echo "bench-compare: round $i of $rounds, $side"
-    "$dir/client/cli/framelink" bench --framelinkd "$dir/proxy/framelinkd" --idle-seconds 0 \
+    bench=("$dir/client/bench/framelink-bench" run) # before it was a program of its own: `framelink bench`
+    [[ -x "${bench[0]}" ]] || bench=("$dir/client/cli/framelink" bench)
+    "${bench[@]}" --framelinkd "$dir/proxy/framelinkd" --idle-seconds 0 \
       "${bench_args[@]}" >"$out/$side.$i" 2>"$out/$side.$i.err" || {
       cat "$out/$side.$i.err" >&2
       exit 1

@@ -10,7 +10,7 @@
 #   FRAMELINK_JOBS       parallel compile jobs of each package build (default 2)
 #
 # Packages (packaging/CMakeLists.txt): framelinkd, libframelink0, libframelink-dev,
-# framelink-tools, each as .deb and .rpm in OUTPUT_DIR (the debs there are the ones to install:
+# framelink-tools, framelink-bench, each as .deb and .rpm in OUTPUT_DIR (the debs there are the ones to install:
 # `apt install ./*.deb`), their -dbgsym debs and -debuginfo rpms in OUTPUT_DIR/debug,
 # the source package (.dsc, tarballs, .changes) and the source rpm in OUTPUT_DIR/source.
 # Made the way a distribution makes them:
@@ -21,8 +21,8 @@
 #     file installed into no package).
 # Both build the daemon, the library and the CLI only (FRAMELINK_BUILD_TESTS=OFF), through
 # ccache when it is installed.  Then the checks:
-#   * the manual pages (framelink.1, framelinkd.8, framelinkd.toml.5) and the bash completion
-#     are in their packages and list every option and key of the packaged binaries;
+#   * the manual pages (framelink.1, framelink-bench.1, framelinkd.8, framelinkd.toml.5) and the
+#     bash completions are in their packages; framelink (framelink-tools) links no gRPC and list every option and key of the packaged binaries;
 #   * framelinkd ships packaging/grafana/framelink.json and packaging/prometheus/framelink-alerts.yml;
 #   * libframelink0 + libframelink-dev, unpacked, build and run examples/c (find_package, pkg-config);
 #   * the debs installed, reinstalled, removed and purged with dpkg in a chroot over a throw-away
@@ -43,9 +43,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(realpath -m "${FRAMELINK_BUILD_DIR:-$root/build}")
 out=$(realpath -m "${1:-$build/packages}")
 jobs=${FRAMELINK_JOBS:-2}
-packages=(framelinkd libframelink0 libframelink-dev framelink-tools)
+packages=(framelinkd libframelink0 libframelink-dev framelink-tools framelink-bench)
 # The packages with ELF files, which get -dbgsym / -debuginfo packages.
-with_debug=(framelinkd libframelink0 framelink-tools)
+with_debug=(framelinkd libframelink0 framelink-tools framelink-bench)
 
 fail() {
   echo "scripts/package.sh: FAILED: $*" >&2
@@ -183,7 +183,8 @@ step "the packaged manual pages and bash completion"
 # Each in its package, and, unpacked, against the packaged binaries (tests/install/test-manpages.sh).
 declare -A doc_files=(
   [framelinkd]="./usr/share/man/man8/framelinkd.8.gz ./usr/share/man/man5/framelinkd.toml.5.gz ./usr/share/bash-completion/completions/framelinkd"
-  [framelink-tools]="./usr/share/man/man1/framelink.1.gz ./usr/share/bash-completion/completions/framelink")
+  [framelink-tools]="./usr/share/man/man1/framelink.1.gz ./usr/share/bash-completion/completions/framelink"
+  [framelink-bench]="./usr/share/man/man1/framelink-bench.1.gz ./usr/share/bash-completion/completions/framelink-bench")
 mkdir -p "$work/docs"
 for p in "${!doc_files[@]}"; do
   for f in ${doc_files[$p]}; do
@@ -193,8 +194,13 @@ for p in "${!doc_files[@]}"; do
 done
 LD_LIBRARY_PATH=$work/bin-libframelink0/usr/lib/$multiarch \
   bash "$root/tests/install/test-manpages.sh" "$work/bin-framelink-tools/usr/bin/framelink" \
-  "$work/bin-framelinkd/usr/sbin/framelinkd" "$work/docs" ||
+  "$work/bin-framelinkd/usr/sbin/framelinkd" "$work/docs" "$work/bin-framelink-bench/usr/bin/framelink-bench" ||
   fail "the packaged manual pages or completion do not match the packaged binaries (above)"
+# The operator's tool links libframelink and the C++ runtime, not gRPC: the benchmark, which
+# measures plain gRPC, is framelink-bench.
+tool_needs=$(readelf -d "$work/bin-framelink-tools/usr/bin/framelink" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p' | tr '\n' ' ')
+[[ "$tool_needs" != *grpc* && "$tool_needs" != *protobuf* ]] || fail "/usr/bin/framelink links gRPC or protobuf: $tool_needs"
+echo "ok: /usr/bin/framelink needs only: $tool_needs"
 
 step "the packaged Grafana dashboard and Prometheus alert rules"
 for f in grafana/framelink.json prometheus/framelink-alerts.yml; do
@@ -287,8 +293,9 @@ host_key=$(in_root 'sha256sum /etc/framelink/tls/host.key')
 ld_cache=$(in_root 'ldconfig -p')
 grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not register libframelink.so.0"
 [[ "$(in_root 'framelink --version')" == "framelink $FL_UPSTREAM" ]] || bad "/usr/bin/framelink --version: $(in_root 'framelink --version' 2>&1)"
+[[ "$(in_root 'framelink-bench --version')" == "framelink-bench $FL_UPSTREAM" ]] || bad "/usr/bin/framelink-bench --version: $(in_root 'framelink-bench --version' 2>&1)"
 [[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
-in_root 'man -w framelinkd framelink framelinkd.toml' >/dev/null || bad "man -w framelinkd framelink framelinkd.toml"
+in_root 'man -w framelinkd framelink framelink-bench framelinkd.toml' >/dev/null || bad "man -w framelinkd framelink framelink-bench framelinkd.toml"
 echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
@@ -300,11 +307,11 @@ in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "
   bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 echo "ok: reinstalled: the peer token and the TLS key are kept, the token taken from the group an older package gave it to"
 
-in_root 'dpkg -r framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+in_root 'dpkg -r framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
 # The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
 # keeps the unit enabled or disabled as the admin left it.
-for gone in /usr/sbin/framelinkd /usr/bin/framelink "/usr/lib/$FL_MULTIARCH/libframelink.so.0"; do
+for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/bin/framelink-bench "/usr/lib/$FL_MULTIARCH/libframelink.so.0"; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
 for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
@@ -312,7 +319,7 @@ for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framel
 done
 echo "ok: removed: binaries and libraries gone, conffile, token and TLS files kept"
 
-in_root 'dpkg -P framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+in_root 'dpkg -P framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
 [[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
 [[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"
@@ -407,7 +414,7 @@ for p in "${packages[@]}"; do
   echo "  requires: all ${#needed[@]} needed shared libraries (${needed[*]:-none})"
   deps=$(dpkg-deb -f "${deb[$p]}" Depends)
   case $p in
-    libframelink-dev | framelink-tools)
+    libframelink-dev | framelink-tools | framelink-bench)
       grep -qE "^libframelink0(\(x86-64\))? = $version\$" <<<"$requires" || fail "$p: the rpm does not require libframelink0 = $version"
       [[ "$deps" == *"libframelink0 (= $version)"* ]] || fail "$p: the deb does not depend on libframelink0 (= $version)"
       echo "  requires: libframelink0 = $version (deb: libframelink0 (= $version))" ;;

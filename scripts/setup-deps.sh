@@ -34,7 +34,7 @@ packages=(
   prometheus-cpp-dev
   # the framelink tool: parsing the daemon's admin snapshots (JSON)
   nlohmann-json3-dev
-  # `framelink bench` and tests/softroce/bench.sh: UCX's ucx_perftest (tag_bw / tag_lat), the UCX
+  # `framelink-bench run` and tests/softroce/bench.sh: UCX's ucx_perftest (tag_bw / tag_lat), the UCX
   # baseline beside framelink (UCX_TLS=tcp on loopback; rc_verbs on the Soft-RoCE devices)
   ucx-utils
   # rdma transport (rdma-core): headers, libraries and the user-space providers (rxe, mlx5, ...)

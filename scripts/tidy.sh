@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # clang-tidy (Debian's clang-tidy-14) with the repository's .clang-tidy over the daemon (proxy/)
-# and the CLI (client/cli/), using the compile database of the clang tree (build-clang/, made by
-# scripts/clang-build.sh; this script generates the protobuf headers the sources include when they
+# and the tools (client/cli/, client/bench/), using the compile database of the clang tree
+# (build-clang/, made by scripts/clang-build.sh; this script generates the protobuf headers the sources include when they
 # are missing).  That tree compiles the daemon and the CLI in unity batches, and clang-tidy reads
 # each batch as one translation unit: every header is read once per batch instead of once per file
 # (a third of the time), and a finding is reported at its line in the .cpp of the batch.  Runs one
 # clang-tidy per batch, TIDY_JOBS at a time (default: the number of cores), prints every finding
 # once and fails when there is any.
 #
-#   scripts/tidy.sh [FILE...]     default: every .cpp of proxy/ and client/cli/ (FILE: the batches
-#                                 that hold these files)
+#   scripts/tidy.sh [FILE...]     default: every .cpp of proxy/, client/cli/ and client/bench/
+#                                 (FILE: the batches that hold these files)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,7 +30,7 @@ cd "$root"
 if (($# > 0)); then
   candidates=("$@")
 else
-  mapfile -t candidates < <(git ls-files 'proxy/*.cpp' 'client/cli/*.cpp')
+  mapfile -t candidates < <(git ls-files 'proxy/*.cpp' 'client/cli/*.cpp' 'client/bench/*.cpp')
 fi
 # The translation units that hold the candidates: the unity batch of the daemon's or the CLI's
 # targets that includes the file, else the file itself when it is compiled alone (the fuzzers'
@@ -41,7 +41,7 @@ import json, re, sys
 build, root, wanted = sys.argv[1], sys.argv[2], [f"{sys.argv[2]}/{f}" for f in sys.argv[3:]]
 entries = [e["file"] for e in json.load(open(f"{build}/compile_commands.json"))]
 batches = {e: open(e).read() for e in entries
-           if "/Unity/" in e and e.startswith((f"{build}/proxy/", f"{build}/client/cli/"))}
+           if "/Unity/" in e and e.startswith((f"{build}/proxy/", f"{build}/client/cli/", f"{build}/client/bench/"))}
 units = set()
 for path in wanted:
     holders = [b for b, text in batches.items() if f'#include "{path}"' in text]
@@ -57,7 +57,7 @@ if ((${#units[@]} == 0)); then
   exit 2
 fi
 # Findings in our headers and, for the batches, in the .cpp files they include.
-header_filter='.*/(proxy|client/cli|tests)/([a-z0-9_]+/)*[a-z0-9_]+\.(h|cpp)$'
+header_filter='.*/(proxy|client/cli|client/bench|tests)/([a-z0-9_]+/)*[a-z0-9_]+\.(h|cpp)$'
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/fl-tidy.XXXXXX")
 trap 'rm -rf "$out"' EXIT

@@ -9,10 +9,6 @@ namespace framelink::cli {
 
 void addSendCommand(CLI::App& app, int& exit_code);
 void addRecvCommand(CLI::App& app, int& exit_code);
-void addDemoCommand(CLI::App& app, int& exit_code);
-void addBenchCommand(CLI::App& app, int& exit_code);
-// Hidden helpers that `bench` starts as separate processes (gRPC must not be used across fork).
-void addBenchHelperCommands(CLI::App& app, int& exit_code);
 // Operator commands: stats, clients, links (admin requests to the daemon) and doctor (preflight).
 void addAdminCommands(CLI::App& app, int& exit_code);
 void addDoctorCommand(CLI::App& app, int& exit_code);

@@ -1,4 +1,5 @@
-// `framelink`: the command-line tool (send, recv, demo, bench, stats, clients, links, doctor).
+// `framelink`: the operator's command-line tool (send, recv, stats, clients, links, reload, doctor).
+// The demo and the benchmark are `framelink-bench` (client/bench).
 #include <framelink/framelink.h>
 
 #include <CLI/CLI.hpp>
@@ -16,9 +17,6 @@ int main(int argc, char** argv) try {
   int exit_code = 0;
   framelink::cli::addSendCommand(app, exit_code);
   framelink::cli::addRecvCommand(app, exit_code);
-  framelink::cli::addDemoCommand(app, exit_code);
-  framelink::cli::addBenchCommand(app, exit_code);
-  framelink::cli::addBenchHelperCommands(app, exit_code);
   framelink::cli::addAdminCommands(app, exit_code);
   framelink::cli::addDoctorCommand(app, exit_code);
   try {

@@ -1,4 +1,4 @@
-// The producer and consumer processes `framelink demo` and `bench` fork: attached with page-rounded
+// The producer and consumer processes `framelink-bench demo` and `bench` fork: attached with page-rounded
 // slots for frames of one size that carry the synthetic pattern (frame_pattern.h), and checked the
 // same way on the consumer side.
 #ifndef FRAMELINK_CLI_PATTERN_CLIENTS_H

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Writes what framelink(1) and the bash completion of framelink need from the tool's own
-# --help, so that both follow the options as they change:
-#   framelink-commands.sh man FRAMELINK OUTPUT          help2man include file: a COMMANDS
-#                                                       section, one subsection per subcommand
-#                                                       with every option of its --help
-#   framelink-commands.sh completion FRAMELINK OUTPUT   bash completion of framelink
-# The subcommands are those `framelink --help` lists (CLI11 hides the internal ones).
+# Writes what the manual page and the bash completion of a tool with subcommands (framelink(1),
+# framelink-bench(1)) need from the tool's own --help, so that both follow the options as they
+# change:
+#   framelink-commands.sh man TOOL OUTPUT          help2man include file: a COMMANDS section,
+#                                                  one subsection per subcommand with every
+#                                                  option of its --help
+#   framelink-commands.sh completion TOOL OUTPUT   bash completion of the tool
+# The subcommands are those `TOOL --help` lists (CLI11 hides the internal ones); the tool's
+# name is TOOL's file name.
 set -euo pipefail
 mode=$1 tool=$2 out=$3
+name=$(basename "$tool")
+func=_${name//-/_}
 
 # The subcommands: the "Subcommands:" block of `framelink --help`.
 subcommands() {
@@ -35,11 +39,11 @@ case $mode in
         # CLI11's help: the description, "Usage: PATH sub [OPTIONS] ...", then blocks
         # ("Positionals:", "Options:") of "  SPEC  DESCRIPTION" lines, a SPEC longer than its
         # column alone on its line with the description on the next.
-        "$tool" "$s" --help | awk -v sub_="$s" '
+        "$tool" "$s" --help | awk -v sub_="$s" -v tool="$name" '
           function roff(t) { gsub(/\\/, "\\e", t); gsub(/-/, "\\-", t); sub(/^[.'"'"']/, "\\&&", t); return t }
           NR == 1 { desc = $0; next }
           /^Usage:/ { u = $0; sub(/^Usage: [^ ]* /, "", u)
-                      printf ".SS \"framelink %s\"\n%s\n.PP\n.B framelink\n%s\n", sub_, roff(desc), roff(u); next }
+                      printf ".SS \"%s %s\"\n%s\n.PP\n.B %s\n%s\n", tool, sub_, roff(desc), tool, roff(u); next }
           /^[A-Za-z].*:$/ { printf ".PP\n%s\n", roff($0); next }
           /^    / { t = $0; sub(/^ +/, "", t); printf "%s\n", roff(t); next }
           /^  [^ ]/ { spec = substr($0, 3); text = ""
@@ -50,9 +54,9 @@ case $mode in
     } >"$out.tmp" ;;
   completion)
     {
+      printf '# bash completion of %s, generated from `%s <subcommand> --help` at build time.\n%s() {\n' \
+        "$name" "$name" "$func"
       cat <<'HEAD'
-# bash completion of framelink, generated from `framelink <subcommand> --help` at build time.
-_framelink() {
   local cur prev words cword
   _init_completion || return
   local sub="" i
@@ -86,9 +90,9 @@ HEAD
     _filedir
   fi
 }
-complete -F _framelink framelink
+complete -F $func $name
 TAIL
     } >"$out.tmp" ;;
-  *) echo "usage: $0 man|completion FRAMELINK OUTPUT" >&2; exit 2 ;;
+  *) echo "usage: $0 man|completion TOOL OUTPUT" >&2; exit 2 ;;
 esac
 mv "$out.tmp" "$out"

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The manual pages and the bash completion against the binaries they describe:
-#   test-manpages.sh FRAMELINK FRAMELINKD DIR
-# DIR holds framelink.1, framelinkd.8, framelinkd.toml.5 (each may be gzipped) and the
-# completions (framelink.bash and framelinkd.bash, or framelink and framelinkd), as the target framelink_manpages writes them
+# The manual pages and the bash completions against the binaries they describe:
+#   test-manpages.sh FRAMELINK FRAMELINKD DIR FRAMELINK_BENCH
+# DIR holds framelink.1, framelink-bench.1, framelinkd.8, framelinkd.toml.5 (each may be gzipped)
+# and the completions (framelink.bash, framelink-bench.bash and framelinkd.bash, or framelink,
+# framelink-bench and framelinkd), as the target framelink_manpages writes them
 # (build/packaging/man) or as the packages install them.  Fails when
-#   * framelink.1 lacks a subcommand of `framelink --help`, or an option of a subcommand's
-#     --help in that subcommand's part, or ENVIRONMENT, EXIT STATUS, FILES, SEE ALSO;
+#   * framelink.1 or framelink-bench.1 lacks a subcommand of the tool's --help, or an option of
+#     a subcommand's --help in that subcommand's part, or one of its sections (ENVIRONMENT,
+#     EXIT STATUS, SEE ALSO; framelink.1 also FILES);
 #   * framelinkd.8 lacks an option of `framelinkd --help` or FILES, EXIT STATUS, SEE ALSO;
 #   * framelinkd.toml.5 lacks a key of `framelinkd --print-config-reference` in its section,
 #     or one of its flags;
-#   * the completion's words for a subcommand are not the options of its --help, or completing
-#     `framelink <sub> --` does not offer them; completing `framelinkd --` does not offer every
-#     option of `framelinkd --help`.
+#   * a tool's completion words for a subcommand are not the options of its --help, or
+#     completing `TOOL <sub> --` does not offer them; completing `framelinkd --` does not offer
+#     every option of `framelinkd --help`.
 set -euo pipefail
-cli=$1 daemon=$2 dir=$3
+cli=$1 daemon=$2 dir=$3 bench=${4:?usage: test-manpages.sh FRAMELINK FRAMELINKD DIR FRAMELINK_BENCH}
 failures=0
 bad() { echo "FAILED: $*" >&2; failures=$((failures + 1)); }
 
@@ -29,26 +31,40 @@ help_options() {
     sed 's/^[ ,]//' | sort -u
 }
 
-cli_page=$(page framelink.1)
-mapfile -t subs < <("$cli" --help | awk '/^Subcommands:/ { on = 1; next } on && /^  [a-z]/ { print $1 }')
-((${#subs[@]} >= 8)) || bad "framelink --help lists ${#subs[@]} subcommands, expected send, recv, demo, bench, stats, clients, links, doctor"
-checked=0
-for s in "${subs[@]}"; do
-  # The subcommand's part: from its .SS to the next .SS or .SH.
-  part=$(awk -v h=".SS \"framelink $s\"" '$0 == h { on = 1; next } on && /^\.S[SH] / { on = 0 } on' <<<"$cli_page")
-  [[ -n "$part" ]] || { bad "framelink.1 has no part for 'framelink $s'"; continue; }
-  while read -r opt; do
-    grep -qE -- "(^|[^-A-Za-z0-9])$opt([^-A-Za-z0-9]|\$)" <<<"$part" || bad "framelink.1: 'framelink $s' lacks $opt (in 'framelink $s --help')"
-    checked=$((checked + 1))
-  done < <("$cli" "$s" --help | help_options)
+# tool_page TOOL MIN_SUBCOMMANDS SECTIONS...: the page NAME.1 of TOOL (NAME its file name) has a
+# part for each subcommand of `TOOL --help` with each option of the subcommand's --help, and the
+# sections named.
+tool_page() {
+  local tool=$1 least=$2 name text part s opt section checked=0
+  name=$(basename "$tool")
+  shift 2
+  text=$(page "$name.1") || { bad "no $name.1"; return; }
+  mapfile -t subs < <("$tool" --help | awk '/^Subcommands:/ { on = 1; next } on && /^  [a-z]/ { print $1 }')
+  ((${#subs[@]} >= least)) || bad "$name --help lists ${#subs[@]} subcommands (${subs[*]}), expected $least or more"
+  for s in "${subs[@]}"; do
+    # The subcommand's part: from its .SS to the next .SS or .SH.
+    part=$(awk -v h=".SS \"$name $s\"" '$0 == h { on = 1; next } on && /^\.S[SH] / { on = 0 } on' <<<"$text")
+    [[ -n "$part" ]] || { bad "$name.1 has no part for '$name $s'"; continue; }
+    while read -r opt; do
+      grep -qE -- "(^|[^-A-Za-z0-9])$opt([^-A-Za-z0-9]|\$)" <<<"$part" || bad "$name.1: '$name $s' lacks $opt (in '$name $s --help')"
+      checked=$((checked + 1))
+    done < <("$tool" "$s" --help | help_options)
+  done
+  for section in "$@"; do
+    grep -qE "^\.SH \"?$section\"?\$" <<<"$text" || bad "$name.1 has no $section section"
+  done
+  echo "$name.1: ${#subs[@]} subcommands, $checked options checked"
+  page_text=$text
+}
+
+# framelink: send, recv, stats, clients, links, reload, doctor; framelink-bench: demo, run.
+tool_page "$cli" 7 ENVIRONMENT 'EXIT STATUS' FILES 'SEE ALSO'
+cli_subs=("${subs[@]}")
+for word in FRAMELINK_SOCKET /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/ /run/framelink/framelinkd.sock 'framelinkd.toml (5)' 'framelink-bench (1)'; do
+  grep -qF -- "$word" <<<"$page_text" || bad "framelink.1 does not mention $word"
 done
-for section in ENVIRONMENT 'EXIT STATUS' FILES 'SEE ALSO'; do
-  grep -qE "^\.SH \"?$section\"?\$" <<<"$cli_page" || bad "framelink.1 has no $section section"
-done
-for word in FRAMELINK_SOCKET /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/ /run/framelink/framelinkd.sock 'framelinkd.toml (5)'; do
-  grep -qF -- "$word" <<<"$cli_page" || bad "framelink.1 does not mention $word"
-done
-echo "framelink.1: ${#subs[@]} subcommands, $checked options checked"
+tool_page "$bench" 2 ENVIRONMENT 'EXIT STATUS' 'SEE ALSO'
+bench_subs=("${subs[@]}")
 
 daemon_page=$(page framelinkd.8)
 n=0
@@ -84,30 +100,41 @@ done < <("$daemon" --print-config-reference | grep -E '^\| ' | grep -vE '^\| key
 ((keys >= 40)) || bad "framelinkd --print-config-reference gave $keys keys; the table's format changed?"
 echo "framelinkd.toml.5: $keys keys checked"
 
-completion=$dir/framelink.bash
-[[ -f $completion ]] || completion=$dir/framelink
-[[ -f $completion ]] || { bad "no completion (framelink.bash or framelink) in $dir"; exit 1; }
-bash -n "$completion" || bad "the completion does not parse"
-for s in "${subs[@]}"; do
-  want=$("$cli" "$s" --help | help_options | tr '\n' ' ')
-  words=$(sed -nE "s/^ +$s\) opts=\"([^\"]*)\" ;;\$/\1/p" "$completion" | tr ' ' '\n' | sort -u | tr '\n' ' ')
-  [[ "$words" == "$want" ]] || bad "completion of 'framelink $s': '$words', its --help: '$want'"
-  # Completing `framelink <sub> --` offers every long option (bash-completion's helpers stubbed).
-  offered=$(COMPLETION=$completion SUB=$s bash -c '
+# tool_completion TOOL SUBCOMMAND...: the completion of TOOL offers each subcommand's options and,
+# with no subcommand yet, the subcommands.
+tool_completion() {
+  local tool=$1 name func completion s want words offered want_long
+  shift
+  name=$(basename "$tool")
+  func=_${name//-/_}
+  completion=$dir/$name.bash
+  [[ -f $completion ]] || completion=$dir/$name
+  [[ -f $completion ]] || { bad "no completion ($name.bash or $name) in $dir"; return; }
+  bash -n "$completion" || bad "the completion of $name does not parse"
+  for s in "$@"; do
+    want=$("$tool" "$s" --help | help_options | tr '\n' ' ')
+    words=$(sed -nE "s/^ +$s\) opts=\"([^\"]*)\" ;;\$/\1/p" "$completion" | tr ' ' '\n' | sort -u | tr '\n' ' ')
+    [[ "$words" == "$want" ]] || bad "completion of '$name $s': '$words', its --help: '$want'"
+    # Completing `TOOL <sub> --` offers every long option (bash-completion's helpers stubbed).
+    offered=$(COMPLETION=$completion NAME=$name FUNC=$func SUB=$s bash -c '
+      _init_completion() { words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; cur=${words[cword]}; prev=${words[cword-1]}; }
+      _filedir() { :; }
+      source "$COMPLETION"
+      COMP_WORDS=("$NAME" "$SUB" --); COMP_CWORD=2
+      "$FUNC"
+      printf "%s\n" "${COMPREPLY[@]}"' | sort -u | tr '\n' ' ')
+    want_long=$(tr ' ' '\n' <<<"$want" | grep -E '^--' | sort -u | tr '\n' ' ')
+    [[ "$offered" == "$want_long" ]] || bad "completing '$name $s --' offers '$offered', expected '$want_long'"
+  done
+  offered=$(COMPLETION=$completion NAME=$name FUNC=$func bash -c '
     _init_completion() { words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; cur=${words[cword]}; prev=${words[cword-1]}; }
-    _filedir() { :; }
-    source "$COMPLETION"
-    COMP_WORDS=(framelink "$SUB" --); COMP_CWORD=2
-    _framelink
-    printf "%s\n" "${COMPREPLY[@]}"' | sort -u | tr '\n' ' ')
-  want_long=$(tr ' ' '\n' <<<"$want" | grep -E '^--' | sort -u | tr '\n' ' ')
-  [[ "$offered" == "$want_long" ]] || bad "completing 'framelink $s --' offers '$offered', expected '$want_long'"
-done
-offered=$(COMPLETION=$completion bash -c '
-  _init_completion() { words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; cur=${words[cword]}; prev=${words[cword-1]}; }
-  source "$COMPLETION"; COMP_WORDS=(framelink ""); COMP_CWORD=1; _framelink; printf "%s\n" "${COMPREPLY[@]}"' | sort | tr '\n' ' ')
-[[ "$offered" == "$(printf '%s\n' "${subs[@]}" | sort | tr '\n' ' ')" ]] || bad "completing 'framelink ' offers '$offered', not the subcommands ${subs[*]}"
-echo "completion: the options of ${#subs[@]} subcommands"
+    source "$COMPLETION"; COMP_WORDS=("$NAME" ""); COMP_CWORD=1; "$FUNC"; printf "%s\n" "${COMPREPLY[@]}"' | sort | tr '\n' ' ')
+  [[ "$offered" == "$(printf '%s\n' "$@" | sort | tr '\n' ' ')" ]] || bad "completing '$name ' offers '$offered', not the subcommands $*"
+  echo "completion of $name: the options of $# subcommands"
+}
+
+tool_completion "$cli" "${cli_subs[@]}"
+tool_completion "$bench" "${bench_subs[@]}"
 
 # framelinkd's completion: every option of its --help, offered when completing `framelinkd --`.
 completion=$dir/framelinkd.bash

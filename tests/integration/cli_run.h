@@ -17,8 +17,9 @@ struct CliRun {
   std::string output;
 };
 
-inline CliRun runCli(const std::string& label, const std::vector<std::string>& args) {
-  ChildProcess p(label, args);
+inline CliRun runCli(const std::string& label, const std::vector<std::string>& args,
+                     const std::string& program = cliBinary()) {
+  ChildProcess p(label, args, {}, program);
   CliRun r;
   r.code = p.wait(Millis(20000));
   r.output = p.output();

@@ -31,6 +31,9 @@
 #ifndef FRAMELINK_CLI_BIN
 #define FRAMELINK_CLI_BIN ""
 #endif
+#ifndef FRAMELINK_BENCH_BIN
+#define FRAMELINK_BENCH_BIN ""
+#endif
 
 namespace framelink::integ {
 
@@ -115,6 +118,7 @@ bool currentTestFailed() { return g_test_failed; }
 
 std::string daemonBinary() { return FRAMELINK_DAEMON_BIN; }
 std::string cliBinary() { return FRAMELINK_CLI_BIN; }
+std::string benchBinary() { return FRAMELINK_BENCH_BIN; }
 
 bool waitUntil(const std::function<bool()>& condition, Millis timeout, Millis interval) {
   const auto deadline = Clock::now() + timeout;

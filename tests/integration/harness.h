@@ -25,6 +25,7 @@ using Millis = std::chrono::milliseconds;
 // Paths of the binaries under test (compile definitions set by CMake).
 std::string daemonBinary();
 std::string cliBinary();
+std::string benchBinary();  // framelink-bench: the demo and the benchmark
 
 // Polls `condition` every `interval` until it is true or `timeout` expires.
 // Returns the last value of the condition.

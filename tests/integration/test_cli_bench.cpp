@@ -1,4 +1,4 @@
-// `framelink bench` as an operator runs it: its own daemons (three with --hosts 2), the tables it
+// `framelink-bench run` as an operator runs it: its own daemons (three with --hosts 2), the tables it
 // prints.  Short cases; what is checked is the shape and the byte counts, not the speed (the machine
 // running the tests may be busy).
 #include <algorithm>
@@ -59,14 +59,15 @@ void checkCpuPerFrame(const std::string& cell) {
 
 }  // namespace
 
-TEST_CASE("cli: bench --subscribers: every subscriber on daemon B gets each frame, the link carries it once",
+TEST_CASE("bench: run --subscribers: every subscriber on daemon B gets each frame, the link carries it once",
           "[integration][cli][bench]") {
   const std::string transport = GENERATE(as<std::string>{}, "tcp", "grpc");
   INFO("transport " << transport);
   ChildProcess bench("bench-" + transport,
-                     {"bench", "--framelinkd", daemonBinary(), "--transports", transport, "--sizes", "4K",
+                     {"run", "--framelinkd", daemonBinary(), "--transports", transport, "--sizes", "4K",
                       "--seconds", "0.5", "--subscribers", "3", "--no-baselines", "--pairs", "0",
-                      "--latency-samples", "0", "--idle-seconds", "0"});
+                      "--latency-samples", "0", "--idle-seconds", "0"},
+                     {}, benchBinary());
   const int code = bench.wait(Millis(60000));
   const std::string out = bench.output();
   INFO(out);
@@ -95,29 +96,31 @@ TEST_CASE("cli: bench --subscribers: every subscriber on daemon B gets each fram
 }
 
 TEST_CASE(
-    "cli: bench --hosts 2: one stream to hostB and hostC, each host gets every frame, the link carries "
+    "bench: run --hosts 2: one stream to hostB and hostC, each host gets every frame, the link carries "
     "it once per host",
     "[integration][cli][bench]") {
-  ChildProcess bench("bench-hosts", {"bench",
-                                     "--framelinkd",
-                                     daemonBinary(),
-                                     "--transports",
-                                     "tcp",
-                                     "--sizes",
-                                     "4K",
-                                     "--seconds",
-                                     "0.5",
-                                     "--hosts",
-                                     "2",
-                                     "--subscribers",
-                                     "0",
-                                     "--no-baselines",
-                                     "--pairs",
-                                     "0",
-                                     "--latency-samples",
-                                     "0",
-                                     "--idle-seconds",
-                                     "0"});
+  ChildProcess bench("bench-hosts",
+                     {"run",
+                      "--framelinkd",
+                      daemonBinary(),
+                      "--transports",
+                      "tcp",
+                      "--sizes",
+                      "4K",
+                      "--seconds",
+                      "0.5",
+                      "--hosts",
+                      "2",
+                      "--subscribers",
+                      "0",
+                      "--no-baselines",
+                      "--pairs",
+                      "0",
+                      "--latency-samples",
+                      "0",
+                      "--idle-seconds",
+                      "0"},
+                     {}, benchBinary());
   const int code = bench.wait(Millis(60000));
   const std::string out = bench.output();
   INFO(out);

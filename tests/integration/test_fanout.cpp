@@ -232,7 +232,7 @@ TEST_CASE("fanout: a stream routed to a peer is read by the readers on the produ
 
 TEST_CASE("fanout: the demo shows a viewer beside the producer and the consumer on the other host",
           "[fanout]") {
-  CliRun demo = runCli("demo", {"demo", "--frames", "60", "--size", "64K"});
+  CliRun demo = runCli("demo", {"demo", "--frames", "60", "--size", "64K"}, benchBinary());
   INFO(demo.output);
   REQUIRE(demo.code == 0);
   CHECK(demo.output.find("delivered  60 / 60") != std::string::npos);

@@ -9,7 +9,7 @@
 #                           [--pairs 16] [--pairs-size 1M] [--latency-samples 300] [--out FILE]
 #                           [--baseline-build DIR] [--rounds 2]
 #
-# framelink = `framelink bench --transports rdma --host-a A --host-b B --no-baselines`: producer
+# framelink = `framelink-bench run --transports rdma --host-a A --host-b B --no-baselines`: producer
 # app -> framelinkd A -> framelinkd B -> consumer app, GB/s of delivered (consumer-released) frames,
 # frames/s and each daemon's CPU microseconds per frame; --pairs N pairs on N streams at once at
 # --pairs-size (0: skip); 4 KiB latency submit -> receive.  ib_write_bw / ib_write_lat = server on
@@ -65,7 +65,7 @@ done
 for v in a_dev b_dev a_ip b_ip; do
   [[ -n "${!v}" ]] || { echo "bench: --${v//_/-} is required" >&2; exit 2; }
 done
-cli=$build/client/cli/framelink
+cli=$build/client/bench/framelink-bench
 daemon=$build/proxy/framelinkd
 
 bytes_of() { # 64K -> 65536
@@ -179,8 +179,8 @@ for sz in "${size_list[@]}"; do
     more=(--latency-samples 0 --pairs 0)
     ((first)) && more[1]=$lat_samples
     ((n == pairs_bytes && pairs > 1)) && more[3]=$pairs && more+=(--pairs-size "$sz")
-    echo "== framelink bench rdma $sz (${seconds}s) ${more[*]}"
-    res=$(timeout 180 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+    echo "== framelink-bench run rdma $sz (${seconds}s) ${more[*]}"
+    res=$(timeout 180 "$cli" run --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
       --sizes "$sz" --seconds "$seconds" --idle-seconds 0 "${more[@]}" "${daemon_args[@]}" 2>&1)
     rc=$?
     row=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$res" | head -1)
@@ -296,15 +296,15 @@ fi
 pp_sizes=64K,1M
 pp_rows=()
 sp_rows=() # the same sizes through two daemons, the stream pushed and pulled
-# stream_pull_row SIZE IB_READ_GBS [LABEL [framelink bench args]]: the whole path with the stream
+# stream_pull_row SIZE IB_READ_GBS [LABEL [framelink-bench run args]]: the whole path with the stream
 # pulled (daemon B lists the bench's stream in pull_streams), a row of sp_rows beside the pushed run
 # of the same size.
 stream_pull_row() {
   local sz=$1 rd=$2 label=${3:-$1} sres srow spull="" scpu="-"
   shift 3 2>/dev/null || shift $#
   if [[ -x "$cli" ]]; then
-    echo "== framelink bench rdma $sz, the stream pulled (${seconds}s) $*"
-    sres=$(timeout 120 "$cli" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
+    echo "== framelink-bench run rdma $sz, the stream pulled (${seconds}s) $*"
+    sres=$(timeout 120 "$cli" run --transports rdma --host-a "$a_ip" --host-b "$b_ip" --no-baselines \
       --sizes "$sz" --seconds "$seconds" --idle-seconds 0 --latency-samples 0 --pairs 0 \
       --daemon-arg=--pull-stream=bench0 "$@" "${daemon_args[@]}" 2>&1)
     srow=$(grep -E '^\| rdma [0-9.]+ [KMG]?i?B \|' <<<"$sres" | head -1)
@@ -378,7 +378,9 @@ if [[ -n "$baseline_build" ]]; then
   # gbs_of BUILD SIZE: framelink's GB/s at SIZE with BUILD's CLI and daemon, "" when it failed.
   gbs_of() {
     local res
-    res=$(timeout 180 "$1/client/cli/framelink" bench --transports rdma --host-a "$a_ip" --host-b "$b_ip" \
+    local bench=("$1/client/bench/framelink-bench" run) # an older build: `framelink bench`
+    [[ -x "${bench[0]}" ]] || bench=("$1/client/cli/framelink" bench)
+    res=$(timeout 180 "${bench[@]}" --transports rdma --host-a "$a_ip" --host-b "$b_ip" \
       --no-baselines --framelinkd "$1/proxy/framelinkd" --sizes "$2" --seconds "$seconds" --idle-seconds 0 \
       --latency-samples 0 --pairs 0 "${daemon_args[@]}" 2>&1)
     local row
@@ -415,7 +417,7 @@ fi
   printf '%s\n' "${rows[@]}"
   ((${#extra_rows[@]})) && printf '%s\n' "${extra_rows[@]}"
   echo
-  echo "framelink: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds"
+  echo "framelink: framelink-bench run --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds"
   echo "  (--pairs $pairs at $pairs_size: ratio = aggregate / one pair, then slowest / fastest pair; --latency-samples $lat_samples)"
   echo "ib_write_bw: server ib_write_bw -d $b_dev -x $gid -F --report_gbits -s SIZE -n ITERS; client the same with -d $a_dev ... $b_ip"
   echo "ib_write_lat: the same with -s 4096 -n 1000 (one-way: half the round trip; typical = median)"
@@ -437,7 +439,7 @@ fi
     echo "| frame size | push | pull | pull / push | daemon CPU per frame A / B, push | the same, pull | ib_read_bw | pull / ib_read_bw |"
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${sp_rows[@]}"
-    echo "pull: framelink bench --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds --daemon-arg=--pull-stream=bench0"
+    echo "pull: framelink-bench run --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds --daemon-arg=--pull-stream=bench0"
   fi
   if ((${#ab_rows[@]})); then
     echo

@@ -66,13 +66,13 @@ if [[ "${FRAMELINK_SKIP_DEPS:-0}" != 1 ]] || ! "$root/scripts/setup-deps.sh" --s
 fi
 
 # ---- the build tree: the guest runs these binaries as they are
-need=("$build/proxy/framelinkd" "$build/client/cli/framelink")
+need=("$build/proxy/framelinkd" "$build/client/cli/framelink" "$build/client/bench/framelink-bench")
 [[ ",$steps," == *,hugepage,* ]] && need+=("$build/tests/softroce/framelink_rdma_hugepage_mr")
 missing=()
 for f in "${need[@]}"; do [[ -x "$f" ]] || missing+=("$f"); done
 if ((${#missing[@]})); then
   echo "run-lane: not built: ${missing[*]}"
-  echo "run-lane: build first: cmake --build $build --target framelinkd framelink_cli framelink_rdma_hugepage_mr"
+  echo "run-lane: build first: cmake --build $build --target framelinkd framelink_cli framelink_bench framelink_rdma_hugepage_mr"
   echo "SOFT-ROCE LANE FAILED: the build tree is incomplete"
   exit 1
 fi

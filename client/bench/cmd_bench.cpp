@@ -1,4 +1,4 @@
-// `framelink bench`: end-to-end throughput and latency through two framelinkd on this machine,
+// `framelink-bench run`: end-to-end throughput and latency through two framelinkd on this machine,
 // next to plain TCP, plain gRPC and UCX (ucx_perftest, UCX_TLS=tcp) baselines measured in the same
 // run, plus daemon CPU (share of a core, and microseconds per frame), N pairs at once, and one
 // against N subscribers of a stream on daemon B (frames delivered over all readers, and the bytes
@@ -16,11 +16,11 @@
 
 #include "bench_baselines.h"
 #include "bench_case.h"
+#include "bench_commands.h"
 #include "bench_report.h"
 #include "bench_ucx.h"
 #include "child_process.h"
 #include "cli_util.h"
-#include "commands.h"
 #include "daemon_pair.h"
 
 namespace framelink::cli {
@@ -42,46 +42,48 @@ void status(const char* fmt_str, const std::string& a) {
 int checkOptions(const BenchOptions& o, BenchPlan& plan) {
   auto sizes = parseSizeList(o.sizes);
   if (!sizes) {
-    std::fprintf(stderr, "framelink bench: --sizes '%s' is not a comma list of sizes (e.g. 4K,64K,1M,4M)\n",
+    std::fprintf(stderr,
+                 "framelink-bench run: --sizes '%s' is not a comma list of sizes (e.g. 4K,64K,1M,4M)\n",
                  o.sizes.c_str());
     return 2;
   }
   const auto pairs_size = parseSize(o.pairs_size);
   if (!pairs_size || *pairs_size == 0) {
-    std::fprintf(stderr, "framelink bench: --pairs-size '%s' is not a size (e.g. 1M)\n",
+    std::fprintf(stderr, "framelink-bench run: --pairs-size '%s' is not a size (e.g. 1M)\n",
                  o.pairs_size.c_str());
     return 2;
   }
   if (o.pairs == 1 || o.pairs > 64) {
-    std::fprintf(stderr,
-                 "framelink bench: --pairs %u: give 2 to 64 pairs for the many-pairs case, or 0 to skip it "
-                 "(one pair is every other case)\n",
-                 o.pairs);
+    std::fprintf(
+        stderr,
+        "framelink-bench run: --pairs %u: give 2 to 64 pairs for the many-pairs case, or 0 to skip it "
+        "(one pair is every other case)\n",
+        o.pairs);
     return 2;
   }
   plan.transports = splitList(o.transports, ',');
   for (const auto& t : plan.transports) {
     if (t != "tcp" && t != "grpc" && t != "rdma") {
-      std::fprintf(stderr, "framelink bench: unknown transport '%s' in --transports (tcp, grpc, rdma)\n",
+      std::fprintf(stderr, "framelink-bench run: unknown transport '%s' in --transports (tcp, grpc, rdma)\n",
                    t.c_str());
       return 2;
     }
   }
   if (o.baselines_only && o.no_baselines) {
-    std::fprintf(stderr, "framelink bench: --baselines-only and --no-baselines exclude each other\n");
+    std::fprintf(stderr, "framelink-bench run: --baselines-only and --no-baselines exclude each other\n");
     return 2;
   }
   if (o.hosts != 0 && o.hosts != 2) {
-    std::fprintf(stderr, "framelink bench: --hosts %u: give 2 for the two-hosts case, or 0 to skip it\n",
+    std::fprintf(stderr, "framelink-bench run: --hosts %u: give 2 for the two-hosts case, or 0 to skip it\n",
                  o.hosts);
     return 2;
   }
   if (o.hosts != 0 && o.local) {
-    std::fprintf(stderr, "framelink bench: --hosts sends to other daemons: drop it or --local\n");
+    std::fprintf(stderr, "framelink-bench run: --hosts sends to other daemons: drop it or --local\n");
     return 2;
   }
   if (plan.transports.empty() || o.seconds <= 0) {
-    std::fprintf(stderr, "framelink bench: need at least one transport and --seconds > 0\n");
+    std::fprintf(stderr, "framelink-bench run: need at least one transport and --seconds > 0\n");
     return 2;
   }
   plan.sizes = std::move(*sizes);
@@ -95,7 +97,7 @@ bool planDaemons(const BenchOptions& o, DaemonPair::Options& dopt) {
   std::string err;
   if (!o.baselines_only) dopt.framelinkd = findFramelinkd(o.framelinkd, err);
   if (!o.baselines_only && dopt.framelinkd.empty()) {
-    std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+    std::fprintf(stderr, "framelink-bench run: %s\n", err.c_str());
     return false;
   }
   dopt.temp_prefix = "framelink-bench";
@@ -162,7 +164,7 @@ class BenchRunner {
   static std::unique_ptr<DaemonPair> startDaemons(const DaemonPair::Options& dopt) {
     std::string err;
     auto daemons = DaemonPair::start(dopt, err);
-    if (!daemons) std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+    if (!daemons) std::fprintf(stderr, "framelink-bench run: %s\n", err.c_str());
     return daemons;
   }
 
@@ -329,14 +331,14 @@ int runBench(const BenchOptions& o) {
   if (o.local) return runLocalBench(o, plan.sizes, daemons);
   const bool have_ucx = !ucxPerftestPath().empty();
   if (!o.no_baselines && !have_ucx) {
-    std::fprintf(stderr, "framelink bench: UCX column: %s\n", kUcxMissing);
+    std::fprintf(stderr, "framelink-bench run: UCX column: %s\n", kUcxMissing);
   }
   BenchResults res(plan.sizes.size());
   BenchRunner runner(o, plan, daemons, have_ucx, res);
   if (!runner.runTransports()) return 1;
   if (o.baselines_only) runner.runBaselinesOnly();
   printBenchTable(o, plan, res);
-  for (const auto& e : res.errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
+  for (const auto& e : res.errors) std::fprintf(stderr, "framelink-bench run: %s\n", e.c_str());
   if (g_interrupted.load()) return 130;
   return res.errors.empty() ? 0 : 1;
 }
@@ -346,7 +348,7 @@ int runBench(const BenchOptions& o) {
 void addBenchCommand(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<BenchOptions>();
   auto* cmd =
-      app.add_subcommand("bench", "Throughput, latency and daemon CPU vs plain TCP / gRPC / UCX baselines");
+      app.add_subcommand("run", "Throughput, latency and daemon CPU vs plain TCP / gRPC / UCX baselines");
   cmd->add_option("--transports", o->transports, "comma list of transports (default tcp,grpc)");
   cmd->add_option("--sizes", o->sizes, "comma list of frame sizes (default 4K,64K,1M,4M)");
   cmd->add_option(

@@ -1,4 +1,4 @@
-// `framelink demo`: two framelinkd on this machine, a consumer app attached to hostB, a
+// `framelink-bench demo`: two framelinkd on this machine, a consumer app attached to hostB, a
 // producer app attached to hostA, and a viewer on hostA beside the producer that subscribes to
 // the same stream (separate processes): N verified frames to each reader, a throughput and
 // latency summary.
@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
+#include "bench_commands.h"
 #include "child_process.h"
 #include "cli_util.h"
-#include "commands.h"
 #include "consumer.h"
 #include "daemon_pair.h"
 #include "frame_pattern.h"
@@ -156,15 +156,17 @@ void drawProgress(bool tty, uint64_t done, uint64_t total, double gbps, double e
 int checkDemoOptions(const DemoOptions& o, uint64_t& size) {
   const auto parsed = parseSize(o.size);
   if (!parsed || *parsed == 0) {
-    std::fprintf(stderr, "framelink demo: --size '%s' is not a size (e.g. 64K, 1M, 4M)\n", o.size.c_str());
+    std::fprintf(stderr, "framelink-bench demo: --size '%s' is not a size (e.g. 64K, 1M, 4M)\n",
+                 o.size.c_str());
     return 2;
   }
   if (o.transport != "tcp" && o.transport != "grpc") {
-    std::fprintf(stderr, "framelink demo: --transport must be tcp or grpc, not '%s'\n", o.transport.c_str());
+    std::fprintf(stderr, "framelink-bench demo: --transport must be tcp or grpc, not '%s'\n",
+                 o.transport.c_str());
     return 2;
   }
   if (o.frames == 0) {
-    std::fprintf(stderr, "framelink demo: --frames must be at least 1\n");
+    std::fprintf(stderr, "framelink-bench demo: --frames must be at least 1\n");
     return 2;
   }
   size = *parsed;
@@ -177,7 +179,7 @@ std::unique_ptr<DaemonPair> startDaemons(const DemoOptions& o) {
   DaemonPair::Options dopt;
   dopt.framelinkd = findFramelinkd(o.framelinkd, err);
   if (dopt.framelinkd.empty()) {
-    std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
+    std::fprintf(stderr, "framelink-bench demo: %s\n", err.c_str());
     return nullptr;
   }
   dopt.transport = o.transport;
@@ -188,7 +190,7 @@ std::unique_ptr<DaemonPair> startDaemons(const DemoOptions& o) {
                o.transport.c_str());
   auto pair = DaemonPair::start(dopt, err);
   if (!pair) {
-    std::fprintf(stderr, "framelink demo: %s\n", err.c_str());
+    std::fprintf(stderr, "framelink-bench demo: %s\n", err.c_str());
     return nullptr;
   }
   if (o.keep) pair->keepDir();
@@ -236,12 +238,12 @@ bool startReader(DemoRun& run, DemoReader& me, pid_t& pid, bool viewer) {
     return readerMain(*run.sh, me, lat, sock, viewer, run.frames, run.bytes, run.o.slots);
   });
   if (pid < 0) {
-    std::fprintf(stderr, "framelink demo: fork failed: %s\n", std::strerror(errno));
+    std::fprintf(stderr, "framelink-bench demo: fork failed: %s\n", std::strerror(errno));
     return false;
   }
   if (waitForAttach(me.state, monotonicNs() + 10'000'000'000ull)) return true;
-  std::fprintf(stderr, "framelink demo: the %s could not attach to %s: %s\n", viewer ? "viewer" : "consumer",
-               viewer ? "hostA" : "hostB",
+  std::fprintf(stderr, "framelink-bench demo: the %s could not attach to %s: %s\n",
+               viewer ? "viewer" : "consumer", viewer ? "hostA" : "hostB",
                me.error.get().empty() ? "it did not attach within 10 s" : me.error.get().c_str());
   run.sh->abort.store(true);
   stopChild(pid, 2000);
@@ -329,8 +331,9 @@ bool printSummary(const DemoRun& run) {
                   bad == 0 && failed == 0 && viewer_ok && sh.readers_min.load() == readers &&
                   run.daemon_problem.empty() && !g_interrupted.load();
 
-  std::printf("framelink demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
-              (unsigned long long)frames, formatBytes(run.bytes).c_str(), run.o.transport.c_str());
+  std::printf(
+      "framelink-bench demo: %llu frames x %s over %s (hostA -> hostB, two framelinkd on this machine)\n",
+      (unsigned long long)frames, formatBytes(run.bytes).c_str(), run.o.transport.c_str());
   std::printf("  delivered  %llu / %llu   failed %llu   received %llu   verified %llu (bad %llu)\n",
               (unsigned long long)delivered, (unsigned long long)frames, (unsigned long long)failed,
               (unsigned long long)received, (unsigned long long)(received - bad), (unsigned long long)bad);
@@ -358,7 +361,7 @@ bool printSummary(const DemoRun& run) {
 // their directory kept.
 void explainFailure(DemoRun& run) {
   const DemoShared& sh = *run.sh;
-  if (g_interrupted.load()) std::fprintf(stderr, "framelink demo: interrupted\n");
+  if (g_interrupted.load()) std::fprintf(stderr, "framelink-bench demo: interrupted\n");
   if (!sh.producer_error.get().empty()) {
     std::fprintf(stderr, "  producer: %s\n", sh.producer_error.get().c_str());
   }

@@ -1,4 +1,4 @@
-// The report of `framelink bench`: what it was asked for (BenchOptions), what it measured
+// The report of `framelink-bench run`: what it was asked for (BenchOptions), what it measured
 // (BenchResults), and the table it prints of them once every case has run.
 #ifndef FRAMELINK_CLI_BENCH_REPORT_H
 #define FRAMELINK_CLI_BENCH_REPORT_H

@@ -1,4 +1,4 @@
-// One case of `framelink bench`: producer and consumer processes attached to the two daemons of a
+// One case of `framelink-bench run`: producer and consumer processes attached to the two daemons of a
 // DaemonPair (one pair, or N pairs on N streams at once), frames checked byte-for-byte and then
 // timed (or one at a time, for latency), with the daemons' CPU over the timed part; and the
 // daemons' CPU while idle.

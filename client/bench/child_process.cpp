@@ -20,7 +20,7 @@ pid_t forkChild(const std::function<int()>& body) {
   try {
     code = body();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "framelink: %s\n", e.what());
+    std::fprintf(stderr, "framelink-bench: %s\n", e.what());
   }
   std::fflush(stdout);
   std::fflush(stderr);

@@ -1,4 +1,4 @@
-// The fan-out cases of `framelink bench`: one stream with one subscriber
+// The fan-out cases of `framelink-bench run`: one stream with one subscriber
 // against one with N (runSubscribers), on one host or two (runTwoHosts), each
 // measured in halves by runCase and combined.
 #include <string>

@@ -96,8 +96,9 @@ std::string ucxLatencyCell(const LatencyResult& u) {
 void printHeader(const BenchOptions& o) {
   utsname u{};
   uname(&u);
-  std::printf("\nframelink bench: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
-              sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
+  std::printf(
+      "\nframelink-bench run: %ld CPUs, Linux %s, %.0f s per throughput case, same machine, same run\n",
+      sysconf(_SC_NPROCESSORS_ONLN), u.release, o.seconds);
   if (o.host_a != "127.0.0.1" || o.host_b != "127.0.0.1") {
     std::printf("daemon A on %s, daemon B on %s\n", o.host_a.c_str(), o.host_b.c_str());
   }

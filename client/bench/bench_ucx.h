@@ -1,4 +1,4 @@
-// The UCX baseline of `framelink bench`: UCX's own `ucx_perftest` (Debian ucx-utils), server and
+// The UCX baseline of `framelink-bench run`: UCX's own `ucx_perftest` (Debian ucx-utils), server and
 // client as two processes on this machine, tag-matching bandwidth and latency over the transports
 // named by UCX_TLS.  UCX is what a user would link into both applications instead of running a
 // sidecar, so it is the figure framelink's per-frame overhead is judged against.

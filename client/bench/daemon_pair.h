@@ -1,5 +1,5 @@
 // Two framelinkd processes on this machine, "hostA" (dials) and "hostB" (listens), wired to each
-// other over loopback with a random token: the setup `framelink demo` and `bench` run on.  On
+// other over loopback with a random token: the setup `framelink-bench demo` and `bench` run on.  On
 // request a third, "hostC", listens beside hostB as hostA's second peer (bench --hosts).
 #ifndef FRAMELINK_CLI_DAEMON_PAIR_H
 #define FRAMELINK_CLI_DAEMON_PAIR_H

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "bench.grpc.pb.h"
+#include "bench_commands.h"
 #include "child_process.h"
 #include "cli_util.h"
-#include "commands.h"
 
 namespace framelink::cli {
 namespace {
@@ -232,7 +232,7 @@ int grpcServerMain() {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::fprintf(stderr, "framelink bench: cannot start the gRPC baseline server on 127.0.0.1:0\n");
+    std::fprintf(stderr, "framelink-bench run: cannot start the gRPC baseline server on 127.0.0.1:0\n");
     return 1;
   }
   std::printf("port=%d\n", port);

@@ -267,7 +267,7 @@ void DaemonPair::stop() {
         break;
       }
       if (monotonicNs() > deadline) {
-        std::fprintf(stderr, "framelink: framelinkd %s did not exit 5 s after SIGTERM; killing it\n",
+        std::fprintf(stderr, "framelink-bench: framelinkd %s did not exit 5 s after SIGTERM; killing it\n",
                      d->id.c_str());
         ::kill(d->pid, SIGKILL);
         waitpid(d->pid, &status, 0);

@@ -1,4 +1,4 @@
-// Baselines for `framelink bench`, measured by the same program on the same machine: a plain TCP
+// Baselines for `framelink-bench run`, measured by the same program on the same machine: a plain TCP
 // socket pair over loopback and a plain gRPC bidi stream of `bytes`, each sender and receiver in
 // its own process, like the producer and the daemons on framelink's path.
 #ifndef FRAMELINK_CLI_BENCH_BASELINES_H
@@ -11,7 +11,7 @@ namespace framelink::cli {
 
 // The daemon's malloc setting (proxy/main.cpp, keepFreedMemory): freed heap
 // memory is kept, not handed back to the kernel at once.  The baselines run
-// with it too, so that a ratio compares like with like; `framelink bench`
+// with it too, so that a ratio compares like with like; `framelink-bench run`
 // sets it before it forks the plain TCP ends, the gRPC helpers at start.
 void keepFreedMemoryLikeTheDaemon();
 

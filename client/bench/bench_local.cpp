@@ -1,4 +1,4 @@
-// `framelink bench --local`: producer and consumers attached to one framelinkd (no peer, no
+// `framelink-bench run --local`: producer and consumers attached to one framelinkd (no peer, no
 // network): the consumers read the producer's slots where they are (lent read-only), so bytes per
 // second grow with the frame size.  Next to it, in the same run: the memcpy bandwidth of this
 // machine at the largest size (what a copying local path could at best do), and one subscriber
@@ -84,7 +84,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
   std::string err;
   auto pair = DaemonPair::start(daemons, err);
   if (!pair) {
-    std::fprintf(stderr, "framelink bench: %s\n", err.c_str());
+    std::fprintf(stderr, "framelink-bench run: %s\n", err.c_str());
     return 1;
   }
   std::vector<std::string> errors;
@@ -154,7 +154,7 @@ int runLocalBench(const BenchOptions& o, const std::vector<uint64_t>& sizes, Dae
         o.subscribers, formatBytes(sub_size).c_str(), subs.many.gbps, subs.many.gbps * o.subscribers,
         subs.aggregateRatio(), subs.one.gbps);
   }
-  for (const auto& e : errors) std::fprintf(stderr, "framelink bench: %s\n", e.c_str());
+  for (const auto& e : errors) std::fprintf(stderr, "framelink-bench run: %s\n", e.c_str());
   if (g_interrupted.load()) return 130;
   return errors.empty() ? 0 : 1;
 }
