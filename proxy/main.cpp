@@ -101,13 +101,19 @@ static void warnAboutSecurity(const framelink::Config& config) {
         "packaged configuration does), or keep the links on a network only the daemons' hosts reach",
         at);
   }
-  if (config.tls_no_peer_certs) {
+  if (config.tls_no_peer_certs && ::access(config.tls_ca_file.c_str(), F_OK) != 0) {
+    spdlog::warn(
+        "link.tls_ca_file {} does not exist: no peer can link with this daemon, which serves local clients "
+        "only.  Create it with the certificates of the peers to trust (their /etc/framelink/tls/host.crt) "
+        "and restart the daemon; from then on it is read again every {} s",
+        config.tls_ca_file, framelink::kTlsFilesRefreshSeconds);
+  } else if (config.tls_no_peer_certs) {
     spdlog::warn(
         "link.tls_ca_file {} holds no peer certificate yet: no peer can link with this daemon, which serves "
         "local clients only.  To link with another host, append its certificate (its "
-        "/etc/framelink/tls/host.crt) to {}, give it this host's certificate ({}) the same way, and "
-        "restart both daemons",
-        config.tls_ca_file, config.tls_ca_file, config.tls_cert_file);
+        "/etc/framelink/tls/host.crt) to {} and give it this host's certificate ({}) the same way: both "
+        "daemons read the file again within {} s, no restart needed",
+        config.tls_ca_file, config.tls_ca_file, config.tls_cert_file, framelink::kTlsFilesRefreshSeconds);
   }
   if (config.tlsEnabled()) {
     for (const auto& t : config.transports) {

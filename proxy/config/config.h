@@ -39,6 +39,12 @@ struct PeerConfig {
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 inline constexpr uint64_t kGiB = uint64_t{1} << 30;
 
+// How often the daemon reads its TLS files (tls_cert_file, tls_key_file,
+// tls_ca_file) again: what changed in them -- a peer's certificate appended,
+// a certificate renewed in place -- applies to the handshakes that follow
+// (link/peer_grpc_options.cpp), without a restart.
+inline constexpr unsigned kTlsFilesRefreshSeconds = 5;
+
 struct Config {
   // [daemon]
   std::string id;  // default: gethostname()
@@ -114,12 +120,14 @@ struct Config {
   // id its Hello claims (or its [[peer]]'s cert_name), so that a certificate
   // the CA signed for one host cannot pass for another.
   bool tls_require_cert_name = false;
-  std::string tls_cert_pem, tls_key_pem, tls_ca_pem;
+  std::string tls_cert_pem, tls_key_pem, tls_ca_pem;  // as read at start or by the last reload
   // tls_ca_file is missing or holds no certificate (the packaged peers.pem
-  // before the operator copies a peer's certificate into it): the daemon
-  // trusts only its own certificate, so it links with no peer but still
-  // serves local clients.  An empty trust set is no choice: gRPC would
-  // take the system's CA store for it.
+  // before the operator copies a peer's certificate into it): gRPC's watcher
+  // reads no root from it, so the daemon trusts no one (not the system's CA
+  // store) and links with no peer, but still serves local clients; a
+  // certificate appended later is read within kTlsFilesRefreshSeconds.
+  // tls_ca_pem then holds the daemon's own certificate, for the reload's
+  // comparison only.
   bool tls_no_peer_certs = false;
   // Listening for peers on a non-loopback address with neither a token nor
   // TLS lets any host that reaches the port link and push frames: refused

@@ -77,22 +77,26 @@ ReloadPlan planReload(const Config& running, const Config& read) {
   copyReloadable(read, next);
   // What is left different needs a restart.
   for (std::string& key : changedOptions(next, read)) plan.restart.push_back(std::move(key));
-  // The same TLS files with other contents: gRPC's credentials are made from
-  // them at start (a peer's certificate appended to tls_ca_file included).
+  // The same TLS files with other contents: applied, as the listener and the
+  // dialers watch the files (peer_grpc_options.cpp) -- each handshake after
+  // the next read uses them.  Other files are a restart (the paths are options).
   struct TlsContents {
-    const std::string Config::*pem;
+    std::string Config::*pem;
     const char* name;
   };
   static constexpr TlsContents kTlsContents[] = {
-      {&Config::tls_ca_pem, "[link] tls_ca_file (the certificates in it)"},
-      {&Config::tls_cert_pem, "[link] tls_cert_file (the certificate in it)"},
-      {&Config::tls_key_pem, "[link] tls_key_file (the key in it)"}};
+      {&Config::tls_ca_pem, "[link] tls_ca_file: the certificates in it"},
+      {&Config::tls_cert_pem, "[link] tls_cert_file: the certificate in it"},
+      {&Config::tls_key_pem, "[link] tls_key_file: the key in it"}};
   const bool same_files = running.tls_ca_file == read.tls_ca_file &&
                           running.tls_cert_file == read.tls_cert_file &&
                           running.tls_key_file == read.tls_key_file;
   for (const TlsContents& t : kTlsContents) {
-    if (same_files && running.*t.pem != read.*t.pem) plan.restart.emplace_back(t.name);
+    if (!same_files || running.*t.pem == read.*t.pem) continue;
+    plan.applied.push_back(std::string(t.name) + " changed (links set up from now use it; links up run on)");
+    next.*t.pem = read.*t.pem;
   }
+  if (same_files) next.tls_no_peer_certs = read.tls_no_peer_certs;
   return plan;
 }
 

@@ -1,5 +1,15 @@
 #include "link/peer_grpc_options.h"
 
+#include <unistd.h>
+
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
 #include "config/config.h"
 #include "transport/grpc/grpc_limits.h"
 
@@ -20,23 +30,57 @@ namespace framelink {
   return args;
 }
 
+namespace {
+
+// The TLS files, watched: gRPC's provider reads them now and again every
+// kTlsFilesRefreshSeconds, and each handshake from then on uses what it read
+// last -- a peer's certificate appended to tls_ca_file, a host certificate
+// renewed in place -- while the connections up run on.  One provider per set
+// of files, shared by the listener and every dial (each holds a thread).
+std::shared_ptr<::grpc::experimental::FileWatcherCertificateProvider> watchedTlsFiles(const Config& config) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<::grpc::experimental::FileWatcherCertificateProvider>>
+      providers;
+  // A tls_ca_file missing at start gives no roots -- no peer is trusted --
+  // and is not read again (gRPC would log its absence every refresh): main.cpp
+  // says to create it and restart.  One that holds no certificate yet is read.
+  const std::string roots = ::access(config.tls_ca_file.c_str(), F_OK) == 0 ? config.tls_ca_file : "";
+  const std::string key = config.tls_key_file + '\n' + config.tls_cert_file + '\n' + roots;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto& provider = providers[key];
+  if (!provider) {
+    provider = std::make_shared<::grpc::experimental::FileWatcherCertificateProvider>(
+        config.tls_key_file, config.tls_cert_file, roots, kTlsFilesRefreshSeconds);
+  }
+  return provider;
+}
+
+}  // namespace
+
 std::shared_ptr<::grpc::ServerCredentials> peerServerCredentials(const Config& config) {
   if (!config.tlsEnabled()) return ::grpc::InsecureServerCredentials();
-  ::grpc::SslServerCredentialsOptions options(config.tls_client_auth
-                                                  ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  options.pem_root_certs = config.tls_ca_pem;
-  options.pem_key_cert_pairs.push_back({config.tls_key_pem, config.tls_cert_pem});
-  return ::grpc::SslServerCredentials(options);
+  ::grpc::experimental::TlsServerCredentialsOptions options(watchedTlsFiles(config));
+  options.watch_identity_key_cert_pairs();
+  if (config.tls_client_auth) {
+    // parseConfig refuses tls_client_auth without tls_ca_file.
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return ::grpc::experimental::TlsServerCredentials(options);
 }
 
 std::shared_ptr<::grpc::ChannelCredentials> peerChannelCredentials(const Config& config) {
   if (!config.tlsEnabled()) return ::grpc::InsecureChannelCredentials();
-  ::grpc::SslCredentialsOptions options;
-  options.pem_root_certs = config.tls_ca_pem;  // empty: the system's CA store
-  options.pem_private_key = config.tls_key_pem;
-  options.pem_cert_chain = config.tls_cert_pem;
-  return ::grpc::SslCredentials(options);
+  ::grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(watchedTlsFiles(config));
+  options.watch_identity_key_cert_pairs();
+  if (!config.tls_ca_file.empty()) options.watch_root_certs();  // else the system's CA store
+  options.set_verify_server_certs(true);
+  // The peer's certificate must name the host dialed (or tls_server_name).
+  options.set_certificate_verifier(std::make_shared<::grpc::experimental::HostNameCertificateVerifier>());
+  return ::grpc::experimental::TlsCredentials(options);
 }
 
 void configurePeerServer(::grpc::ServerBuilder& builder, const Config& config) {

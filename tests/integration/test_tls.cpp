@@ -221,3 +221,72 @@ TEST_CASE("tls: a peer removed by a reload whose certificate still proves its id
   CHECK(b.metric("framelink_links_up") == 1);
   requireServing(a, b, "tls-reload-after");
 }
+
+TEST_CASE("tls: a CA appended to tls_ca_file is trusted within seconds, without a restart or a reload",
+          "[integration][tls]") {
+  // B starts as the package leaves it: a tls_ca_file with no certificate in
+  // it.  Its gRPC's default roots hold the CA that signed A (as if it were in
+  // the system's store): an empty trust file must still trust no one.
+  TestPki pki;
+  TempDir dir("fl-tls-watch");
+  const std::string trust = dir.file("peers.pem");
+  std::ofstream(trust) << "# the certificates of the peers this daemon trusts\n";
+  REQUIRE(::setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", pki.file("ca.pem").c_str(), 1) == 0);
+  DaemonProcess::Options listener;
+  listener.id = "hostB";
+  listener.token = "integ-secret";
+  listener.transports = "grpc";
+  listener.extra_args = {"--tls-cert", pki.file("hostB.pem"), "--tls-key", pki.file("hostB.key"), "--tls-ca",
+                         trust,        "--tls-client-auth",   "--metrics", "127.0.0.1:0"};
+  DaemonProcess b(listener);
+  ::unsetenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH");
+  CHECK(b.waitForLog("holds no peer certificate yet", Millis(5000)));
+  DaemonProcess::Options dialer;
+  dialer.id = "hostA";
+  dialer.token = "integ-secret";
+  dialer.transports = "grpc";
+  dialer.peers = {"hostB=" + b.grpcAddress()};
+  dialer.extra_args = concat(pki.args("hostA"), {"--metrics", "127.0.0.1:0", "--reconnect-max-ms", "500"});
+  DaemonProcess a(dialer);
+  // Refused while B trusts no one: A's dials fail for twice the files' refresh.
+  CHECK(a.waitForLog("no TLS connection yet", Millis(10000)));
+  std::this_thread::sleep_for(Millis(2 * 5000));
+  CHECK(b.metric("framelink_links_up") == 0);
+
+  // The operator appends the CA (for a self-signed host certificate: the host's certificate).
+  std::ofstream(trust, std::ios::app) << readFile(pki.file("ca.pem"));
+  INFO("B's log:\n" << b.log());
+  REQUIRE(waitUntil([&] { return b.metric("framelink_links_up") == 1; }, Millis(15000), Millis(100)));
+  requireServing(a, b, "tls-watch");
+  // A reload reports the change as applied, not as one for the next restart.
+  REQUIRE(::kill(b.pid(), SIGHUP) == 0);
+  CHECK(b.waitForLog("reload: [link] tls_ca_file: the certificates in it changed", Millis(10000)));
+  CHECK(b.log().find("at the next restart") == std::string::npos);
+
+  // A dialer whose trust file is empty trusts no listener either, though its
+  // default roots would.
+  const std::string none = dir.file("c-peers.pem");
+  std::ofstream(none) << "";
+  REQUIRE(::setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", pki.file("ca.pem").c_str(), 1) == 0);
+  DaemonProcess::Options lonely;
+  lonely.id = "hostC";
+  lonely.token = "integ-secret";
+  lonely.transports = "grpc";
+  lonely.peers = {"hostB=" + b.grpcAddress()};
+  lonely.extra_args = {
+      "--tls-cert",        pki.file("hostC.pem"), "--tls-key", pki.file("hostC.key"), "--tls-ca", none,
+      "--tls-client-auth", "--reconnect-max-ms",  "500"};
+  DaemonProcess c(lonely);
+  ::unsetenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH");
+  CHECK(c.waitForLog("no TLS connection yet", Millis(10000)));
+  std::this_thread::sleep_for(Millis(3000));
+  CHECK(b.metric("framelink_links_up") == 1);  // A's alone
+  // The control: with no tls_ca_file at all, those default roots are what a
+  // dialer trusts (the system's store, as documented), and it links.
+  REQUIRE(::setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", pki.file("ca.pem").c_str(), 1) == 0);
+  lonely.id = "hostD";
+  lonely.extra_args = {"--tls-cert", pki.file("hostC.pem"), "--tls-key", pki.file("hostC.key")};
+  DaemonProcess d(lonely);
+  ::unsetenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH");
+  CHECK(waitUntil([&] { return b.metric("framelink_links_up") == 2; }, Millis(15000), Millis(100)));
+}

@@ -109,11 +109,13 @@ TEST_CASE("a reload of the same file changes nothing, and a rotated peer token i
   CHECK(configHash(read).size() == 16);
 }
 
-TEST_CASE("a certificate added to tls_ca_file is named for the restart it needs", "[config][reload]") {
+TEST_CASE("a certificate added to tls_ca_file applies at once; other TLS files wait for a restart",
+          "[config][reload]") {
   TempDir dir;
   const std::string pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
   dir.write("host.pem", pem);
   dir.write("peers.pem", pem);
+  dir.write("other.pem", pem);
   std::string base = kBase;
   base.insert(base.find("token = \"one\"\n") + 14,
               "tls_cert_file = \"host.pem\"\ntls_key_file = \"host.pem\"\n"
@@ -121,7 +123,16 @@ TEST_CASE("a certificate added to tls_ca_file is named for the restart it needs"
   const Config running = parsed(dir, base);
   dir.write("peers.pem", pem + pem);  // the new peer's certificate appended, as docs/start/install.md says
   const ReloadPlan plan = planReload(running, parsed(dir, base));
-  CHECK(plan.applied.empty());
-  CHECK(plan.restart == std::vector<std::string>{"[link] tls_ca_file (the certificates in it)"});
-  CHECK(plan.next.tls_ca_pem == running.tls_ca_pem);  // the running trust stays until then
+  CHECK(plan.applied ==
+        std::vector<std::string>{"[link] tls_ca_file: the certificates in it changed (links set "
+                                 "up from now use it; links up run on)"});
+  CHECK(plan.restart.empty());
+  CHECK(plan.next.tls_ca_pem == pem + pem);
+  // Another file is another option: the running one stays until a restart.
+  std::string moved = base;
+  moved.replace(moved.find("\"peers.pem\""), 11, "\"other.pem\"");
+  const ReloadPlan later = planReload(running, parsed(dir, moved));
+  CHECK(later.applied.empty());
+  CHECK(later.restart == std::vector<std::string>{"[link] tls_ca_file"});
+  CHECK(later.next.tls_ca_pem == running.tls_ca_pem);
 }
