@@ -208,6 +208,12 @@ for f in grafana/framelink.json prometheus/framelink-alerts.yml; do
     cmp -s - "$root/packaging/$f" || fail "framelinkd: the deb lacks /usr/share/framelink/$f or it differs from packaging/$f"
 done
 echo "ok: framelinkd ships /usr/share/framelink/grafana/framelink.json and prometheus/framelink-alerts.yml as in packaging/"
+dpkg-deb --fsys-tarfile "${deb[framelinkd]}" | tar -xO ./usr/share/framelink/framelink-site-ca.sh 2>/dev/null |
+  cmp -s - "$root/packaging/scripts/framelink-site-ca.sh" ||
+  fail "framelinkd: the deb lacks /usr/share/framelink/framelink-site-ca.sh or it differs from packaging/scripts/"
+dpkg-deb -c "${deb[framelinkd]}" | grep -qE '^-rwxr-xr-x .* \./usr/share/framelink/framelink-site-ca\.sh$' ||
+  fail "framelinkd: /usr/share/framelink/framelink-site-ca.sh is not 0755 in the deb"
+echo "ok: framelinkd ships the site CA script /usr/share/framelink/framelink-site-ca.sh (0755)"
 
 step "the packaged libframelink-dev builds examples/c and examples/cpp"
 # Unpacked, not installed: find_package through CMAKE_PREFIX_PATH (the CMake package is

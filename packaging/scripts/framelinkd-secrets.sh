@@ -35,6 +35,6 @@ fi
 if [ ! -e /etc/framelink/tls/peers.pem ]; then
   mkdir -p /etc/framelink/tls
   printf '%s\n' "# The certificates (PEM) of the framelink hosts this one links with: append each" \
-    "# peer's /etc/framelink/tls/host.crt here, then restart framelinkd." >/etc/framelink/tls/peers.pem
+    "# peer's /etc/framelink/tls/host.crt here: framelinkd reads this file again every 5 s." >/etc/framelink/tls/peers.pem
   chmod 0644 /etc/framelink/tls/peers.pem
 fi

@@ -290,3 +290,53 @@ TEST_CASE("tls: a CA appended to tls_ca_file is trusted within seconds, without 
   ::unsetenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH");
   CHECK(waitUntil([&] { return b.metric("framelink_links_up") == 2; }, Millis(15000), Millis(100)));
 }
+
+TEST_CASE(
+    "tls: hosts with certificates from the site CA link as the ids they name; a new host touches only itself",
+    "[integration][tls]") {
+  TempDir dir("fl-site-ca");
+  const std::string script = FRAMELINK_SITE_CA_SCRIPT;
+  auto run = [&](const std::string& args) {
+    const std::string line = "sh '" + script + "' " + args + " >>'" + dir.file("ca.log") + "' 2>&1";
+    INFO(line << "\n" << readFile(dir.file("ca.log")));
+    REQUIRE(std::system(line.c_str()) == 0);
+  };
+  run("init '" + dir.file("ca") + "'");
+  for (const char* host : {"hostA", "hostB", "hostC"}) {
+    run("issue '" + dir.file("ca") + "' " + host + " '" + dir.file(host) + "' 127.0.0.1");
+  }
+  // Every host trusts the CA alone and takes a peer only as the id its certificate names.
+  auto tls = [&](const std::string& host) {
+    return std::vector<std::string>{
+        "--tls-cert", dir.file(host + "/host.crt"), "--tls-key",         dir.file(host + "/host.key"),
+        "--tls-ca",   dir.file("ca/ca.crt"),        "--tls-client-auth", "--tls-require-cert-name"};
+  };
+  DaemonProcess::Options listener;
+  listener.id = "hostB";
+  listener.token = "integ-secret";
+  listener.transports = "grpc";
+  listener.extra_args = concat(tls("hostB"), {"--metrics", "127.0.0.1:0"});
+  DaemonProcess b(listener);  // no [[peer]]: it names none of the hosts that dial it
+  DaemonProcess::Options dialer;
+  dialer.token = "integ-secret";
+  dialer.transports = "grpc";
+  dialer.peers = {"hostB=" + b.grpcAddress()};
+  dialer.id = "hostA";
+  dialer.extra_args = tls("hostA");
+  DaemonProcess a(dialer);
+  requireServing(a, b, "site-ca-a");
+  // A host added later: its own certificate and configuration, nothing changed on B.
+  dialer.id = "hostC";
+  dialer.extra_args = tls("hostC");
+  DaemonProcess c(dialer);
+  requireServing(c, b, "site-ca-c");
+  CHECK(b.metric("framelink_links_up") == 2);
+  // A certificate the CA issued to another host does not pass for hostD.
+  dialer.id = "hostD";
+  dialer.extra_args = tls("hostA");
+  DaemonProcess impostor(dialer);
+  CHECK(waitUntil([&] { return b.metric("framelink_peer_identity_refused_total") >= 1; }, Millis(10000),
+                  Millis(50)));
+  CHECK(b.waitForLog("claims to be 'hostD'", Millis(5000)));
+  CHECK(b.metric("framelink_links_up") == 2);
+}
