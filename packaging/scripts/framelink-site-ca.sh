@@ -13,13 +13,16 @@
 #       names ID (CN and subjectAltName DNS:ID) and each NAME the host is dialed by (a DNS name,
 #       or an IPv4/IPv6 address).  Copy both to /etc/framelink/tls/ on the host (host.key 0600,
 #       owned by framelink); with tls_require_cert_name a peer accepts the host only as ID.
+#   framelink-site-ca.sh revoke CA_DIR ID
+#       revokes the certificates issued to ID and writes CA_DIR/crl.pem anew: copy it to every
+#       host's tls_crl_file and `systemctl reload framelinkd` there; ID is refused when it links.
 #
 # Keys are EC P-256; certificates are valid for FRAMELINK_CERT_DAYS days (default 825), the CA for
 # FRAMELINK_CA_DAYS (default 3650).  Exit status: 0 done, 1 openssl failed, 2 wrong usage.
 set -eu
 
 usage() {
-  sed -n '7,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '7,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 fail() {
@@ -27,6 +30,20 @@ fail() {
   exit 1
 }
 command -v openssl >/dev/null 2>&1 || fail "needs openssl (apt-get install openssl)"
+# openssl ca's configuration for the CA in $ca (the revocations and the CRL), written beside it.
+cnf() {
+  printf '%s\n' "[ca]" "default_ca = site" "[site]" "database = $ca/index.txt" "crlnumber = $ca/crlnumber" \
+    "certificate = $ca/ca.crt" "private_key = $ca/ca.key" "default_md = sha256" \
+    "default_crl_days = ${FRAMELINK_CRL_DAYS:-30}" >"$ca/openssl-ca.cnf"
+  echo "$ca/openssl-ca.cnf"
+}
+# CA_DIR/crl.pem from the revocations so far.
+gencrl() {
+  openssl ca -config "$(cnf)" -gencrl -out "$ca/crl.pem" >"$ca/openssl.log" 2>&1 ||
+    fail "openssl ca -gencrl: $(cat "$ca/openssl.log")"
+  rm -f "$ca/openssl.log"
+  chmod 0644 "$ca/crl.pem"
+}
 [ $# -ge 2 ] || usage
 cmd=$1 ca=$2
 shift 2
@@ -43,7 +60,12 @@ case $cmd in
       -keyout "$ca/ca.key" -out "$ca/ca.crt" 2>"$ca/openssl.log") || fail "openssl req: $(cat "$ca/openssl.log")"
     rm -f "$ca/openssl.log"
     chmod 0644 "$ca/ca.crt"
-    echo "framelink-site-ca: the CA is $ca/ca.crt (trust it on every host: tls_ca_file); keep $ca/ca.key secret"
+    mkdir -p "$ca/issued"
+    : >"$ca/index.txt"
+    echo 01 >"$ca/crlnumber"
+    gencrl
+    echo "framelink-site-ca: the CA is $ca/ca.crt (trust it on every host: tls_ca_file), its CRL $ca/crl.pem" \
+      "(tls_crl_file); keep $ca/ca.key secret"
     ;;
   issue)
     [ $# -ge 2 ] || usage
@@ -73,7 +95,24 @@ case $cmd in
       2>"$out/openssl.log" || fail "openssl x509: $(cat "$out/openssl.log")"
     rm -f "$out/openssl.log"
     chmod 0644 "$out/host.crt"
+    mkdir -p "$ca/issued"
+    cat "$out/host.crt" >>"$ca/issued/$id.crt"
     echo "framelink-site-ca: $out/host.crt names $id ($san), signed by $ca/ca.crt; $out/host.key is its key"
+    ;;
+  revoke)
+    [ $# -eq 1 ] || usage
+    id=$1
+    [ -s "$ca/issued/$id.crt" ] || fail "$ca/issued/$id.crt: no certificate was issued to '$id' by this CA"
+    each=$(mktemp -d)
+    trap 'rm -rf "$each"' EXIT
+    # One certificate a file: every one issued to the id (re-issues included).
+    awk -v dir="$each" '/-----BEGIN CERTIFICATE-----/ { n++ } { print > (dir "/" n ".crt") }' "$ca/issued/$id.crt"
+    for c in "$each"/*.crt; do
+      openssl ca -config "$(cnf)" -revoke "$c" >"$ca/openssl.log" 2>&1 ||
+        grep -qi 'already revoked' "$ca/openssl.log" || fail "openssl ca -revoke: $(cat "$ca/openssl.log")"
+    done
+    gencrl
+    echo "framelink-site-ca: '$id' revoked; give every host $ca/crl.pem as its tls_crl_file and reload it"
     ;;
   *) usage ;;
 esac

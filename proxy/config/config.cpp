@@ -15,6 +15,7 @@
 #include "config/config_peers.h"
 #include "config/config_reload.h"
 #include "config/config_values.h"
+#include "config/tls_crl.h"
 #include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
 
@@ -289,9 +290,11 @@ Status loadTls(Config& c) {
         "give this daemon's certificate chain and its private key, or neither");
   }
   if (!cert) {
-    if (!c.tls_ca_file.empty() || !c.tls_server_name.empty() || c.tls_client_auth) {
+    if (!c.tls_ca_file.empty() || !c.tls_crl_file.empty() || !c.tls_server_name.empty() ||
+        c.tls_client_auth) {
       return invalid(
-          "TLS settings without a certificate: tls_ca_file, tls_server_name and tls_client_auth "
+          "TLS settings without a certificate: tls_ca_file, tls_crl_file, tls_server_name and "
+          "tls_client_auth "
           "apply only when link.tls_cert_file and link.tls_key_file (--tls-cert-file, --tls-key-file) are "
           "set");
     }
@@ -317,6 +320,18 @@ Status loadTls(Config& c) {
                !st) {
       return st;
     }
+  }
+  if (!c.tls_crl_file.empty()) {
+    if (c.tls_ca_file.empty() || c.tls_no_peer_certs) {
+      return invalid("link.tls_crl_file (--tls-crl) needs link.tls_ca_file with the CA that signed the CRLs");
+    }
+    if (auto st = assign(readPem(c.tls_crl_file, "link.tls_crl_file", "certificate revocation lists"),
+                         c.tls_crl_pem);
+        !st) {
+      return st;
+    }
+    size_t revoked = 0;
+    if (auto st = checkCrls(c.tls_crl_pem, c.tls_ca_pem, revoked); !st) return st;
   }
   return {};
 }

@@ -115,6 +115,10 @@ struct Config {
   // the peer address or by tls_server_name.  parseConfig reads the files into
   // the *_pem fields.
   std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
+  // CRLs of tls_ca_file's CAs (config/tls_crl.h): a peer whose certificate
+  // they list is refused when it links, either way (link/peer_identity.h);
+  // read at start and at each reload into tls_crl_pem.
+  std::string tls_crl_file, tls_crl_pem;
   bool tls_client_auth = false;
   // With tls_client_auth: a dialing peer's certificate must name the daemon
   // id its Hello claims (or its [[peer]]'s cert_name), so that a certificate

@@ -44,6 +44,7 @@ const std::vector<Option>& options() {
       {"link",   "tls_key_file",       Text{&Config::tls_key_file, "FILE", "-", true},         "The private key of tls_cert_file (PEM)", {"--tls-key"}},
       {"link",   "tls_ca_file",        Text{&Config::tls_ca_file, "FILE", "system", true},     "CA certificates that sign the peers' certificates (PEM); system: the system's CA store; a file that holds none (yet): no peer is trusted", {"--tls-ca"}},
       {"link",   "tls_client_auth",    Switch{&Config::tls_client_auth},                       "Mutual TLS: a dialing peer must present a certificate signed by tls_ca_file"},
+      {"link",   "tls_crl_file",       Text{&Config::tls_crl_file, "FILE", "-", true},         "Certificate revocation lists (PEM) of the CAs in tls_ca_file: a peer whose certificate they list is refused when it links; read at start and at each reload", {"--tls-crl"}},
       {"link",   "tls_server_name",    Text{&Config::tls_server_name, "NAME", "peer-host"},    "Name to verify in the peer's certificate; peer-host: the host of its address"},
       {"link",   "tls_require_cert_name", Switch{&Config::tls_require_cert_name},              "Mutual TLS: a dialing peer's certificate (common name or a DNS name) must name the daemon id it claims, or its [[peer]]'s cert_name"},
       {"link",   "ack_timeout_ms",     Number{&Config::ack_timeout_ms, 1, UINT32_MAX, "MS"},   "A frame not acknowledged by the remote consumer, or not released by a local one, in time fails with FL_ERR_TIMEOUT"},

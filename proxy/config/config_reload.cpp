@@ -4,6 +4,8 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "config/tls_crl.h"
+
 namespace framelink {
 namespace {
 
@@ -56,6 +58,8 @@ void copyReloadable(const Config& from, Config& into) {
   into.token_file = from.token_file;
   into.ack_timeout_ms = from.ack_timeout_ms;
   into.credit_timeout_ms = from.credit_timeout_ms;
+  into.tls_crl_file = from.tls_crl_file;
+  into.tls_crl_pem = from.tls_crl_pem;
 }
 
 ReloadPlan planReload(const Config& running, const Config& read) {
@@ -73,6 +77,16 @@ ReloadPlan planReload(const Config& running, const Config& read) {
   if (running.credit_timeout_ms != read.credit_timeout_ms) {
     plan.applied.push_back("[link] credit_timeout_ms " + std::to_string(running.credit_timeout_ms) + " -> " +
                            std::to_string(read.credit_timeout_ms) + " (frames sent from now)");
+  }
+  if (running.tls_crl_file != read.tls_crl_file || running.tls_crl_pem != read.tls_crl_pem) {
+    size_t revoked = 0;
+    if (!read.tls_crl_pem.empty())
+      (void)checkCrls(read.tls_crl_pem, read.tls_ca_pem, revoked);  // parseConfig checked
+    plan.applied.push_back(
+        read.tls_crl_file.empty()
+            ? std::string("[link] tls_crl_file removed (no certificate is refused as revoked)")
+            : "[link] tls_crl_file " + read.tls_crl_file + ": " + std::to_string(revoked) +
+                  " certificates revoked (checked when a peer links from now)");
   }
   copyReloadable(read, next);
   // What is left different needs a restart.

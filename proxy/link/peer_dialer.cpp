@@ -213,6 +213,10 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
     spdlog::error("peer {} at {}: bad HelloAck (FL_ERR_PROTOCOL)", peer.name, peer.address);
     metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kProtocol,
                                   "bad HelloAck (FL_ERR_PROTOCOL)");
+  } else if (const std::string why = revokedPeer(*live_.get(), ctx.auth_context().get()); !why.empty()) {
+    metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("peer {} at {}: not linked: {} (link.tls_crl_file)", peer.name, peer.address, why);
+    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kCredentials, why + " (link.tls_crl_file)");
   } else {
     return true;
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "config/tls_crl.h"
 #include "metrics/metrics.h"
 #include "transport/grpc/grpc_limits.h"
 
@@ -24,6 +25,12 @@ std::vector<std::string> certificateNames(const ::grpc::ServerContext& ctx) {
     }
   }
   return names;
+}
+
+std::string firstValue(const ::grpc::AuthContext* auth, const char* property) {
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return {};
+  const auto values = auth->FindPropertyValues(property);
+  return values.empty() ? std::string() : std::string(values.front().data(), values.front().size());
 }
 
 std::string listed(const std::vector<std::string>& names) {
@@ -49,6 +56,11 @@ std::string callToken(const ::grpc::ServerContext& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(transport::kTokenMetadataKey);
   return it != md.end() ? std::string(it->second.data(), it->second.size()) : std::string();
+}
+
+std::string revokedPeer(const Config& config, const ::grpc::AuthContext* auth) {
+  if (config.tls_crl_pem.empty()) return {};
+  return revocation(config.tls_crl_pem, firstValue(auth, GRPC_X509_PEM_CERT_PROPERTY_NAME));
 }
 
 bool PeerIdentity::known(const Config& config, std::string_view token) {
@@ -96,6 +108,9 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
         "daemon id '" + id +
             "' is not accepted here: give it a [[peer]] with its own token (or cert_name) on this daemon"};
   }
+  if (const std::string why = revokedPeer(*config, ctx.auth_context().get()); !why.empty()) {
+    return refuseRevoked(id, why, from);
+  }
   if (cert_name.empty()) return ::grpc::Status::OK;
   const std::vector<std::string> names = certificateNames(ctx);
   for (const auto& name : names) {
@@ -133,6 +148,14 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
             from, id, names, name);
   return {::grpc::StatusCode::UNAUTHENTICATED, "the certificate does not prove daemon id '" + id +
                                                    "': it must name '" + name + "'; it names " + names};
+}
+
+::grpc::Status PeerIdentity::refuseRevoked(const std::string& id, const std::string& why,
+                                           const std::string& from) {
+  metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+  log_.warn("peer at {} refused: it claims to be '{}', but {} (link.tls_crl_file; FL_ERR_AUTH)", from, id,
+            why);
+  return {::grpc::StatusCode::UNAUTHENTICATED, "daemon id '" + id + "' is not accepted here: " + why};
 }
 
 bool PeerIdentity::provenAlone(const std::string& id) const {

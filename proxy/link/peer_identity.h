@@ -8,7 +8,9 @@
 //     its certificate, or is refused.
 //   * the certificate: where a name is required for the id ([[peer]]
 //     cert_name, or the id itself under tls_require_cert_name), the verified
-//     TLS client certificate must carry it (common name or a DNS name).
+//     TLS client certificate must carry it (common name or a DNS name); and
+//     no CRL of link.tls_crl_file may list it (the dialer checks the
+//     listener's the same way: revokedPeer).
 // A refusal is logged (rate-limited: strangers can cause it) and counted.
 //
 // PeerInstances counts the links of each peer id, by instance (the random
@@ -50,6 +52,10 @@ bool secretEquals(std::string_view presented, std::string_view expected) noexcep
 // The token a gRPC call carries in its metadata ("" when none).
 std::string callToken(const ::grpc::ServerContext& ctx);
 
+// Why the peer's verified certificate on this call is revoked by a CRL of
+// link.tls_crl_file; "" when it is not (or there is no CRL, or no TLS).
+std::string revokedPeer(const Config& config, const ::grpc::AuthContext* auth);
+
 class PeerIdentity {
  public:
   // Reads the running configuration at each call: a reload changes who is accepted.
@@ -72,6 +78,7 @@ class PeerIdentity {
   ::grpc::Status refuseToken(const Config& config, const v1::Hello& hello, const std::string& from);
   ::grpc::Status refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
                                    const std::string& name, const std::string& from);
+  ::grpc::Status refuseRevoked(const std::string& id, const std::string& why, const std::string& from);
 
   const LiveConfig& config_;
   Metrics& metrics_;

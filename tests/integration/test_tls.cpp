@@ -340,3 +340,68 @@ TEST_CASE(
   CHECK(b.waitForLog("claims to be 'hostD'", Millis(5000)));
   CHECK(b.metric("framelink_links_up") == 2);
 }
+
+TEST_CASE("tls: a certificate the site CA revoked is refused at its next link, either way, after a reload",
+          "[integration][tls]") {
+  TempDir dir("fl-site-crl");
+  const std::string script = FRAMELINK_SITE_CA_SCRIPT;
+  auto run = [&](const std::string& args) {
+    const std::string line = "sh '" + script + "' " + args + " >>'" + dir.file("ca.log") + "' 2>&1";
+    INFO(line << "\n" << readFile(dir.file("ca.log")));
+    REQUIRE(std::system(line.c_str()) == 0);
+  };
+  run("init '" + dir.file("ca") + "'");
+  for (const char* host : {"hostA", "hostB", "hostC"}) {
+    run("issue '" + dir.file("ca") + "' " + host + " '" + dir.file(host) + "' 127.0.0.1");
+  }
+  const std::string crl = dir.file("crl.pem");  // what the hosts read: the CA's CRL, copied
+  REQUIRE(std::system(("cp '" + dir.file("ca/crl.pem") + "' '" + crl + "'").c_str()) == 0);
+  auto tls = [&](const std::string& host) {
+    return std::vector<std::string>{"--tls-cert",        dir.file(host + "/host.crt"),
+                                    "--tls-key",         dir.file(host + "/host.key"),
+                                    "--tls-ca",          dir.file("ca/ca.crt"),
+                                    "--tls-client-auth", "--tls-require-cert-name",
+                                    "--tls-crl",         crl};
+  };
+  DaemonProcess::Options options;
+  options.token = "integ-secret";
+  options.transports = "grpc";
+  options.id = "hostB";
+  options.extra_args = concat(tls("hostB"), {"--metrics", "127.0.0.1:0"});
+  DaemonProcess b(options);
+  options.peers = {"hostB=" + b.grpcAddress()};
+  options.id = "hostA";
+  options.extra_args = concat(tls("hostA"), {"--reconnect-max-ms", "500"});
+  DaemonProcess a(options);
+  requireServing(a, b, "crl-before");
+
+  // hostA's key is lost: the CA revokes it, B gets the new CRL and reloads.
+  run("revoke '" + dir.file("ca") + "' hostA");
+  REQUIRE(std::system(("cp '" + dir.file("ca/crl.pem") + "' '" + crl + "'").c_str()) == 0);
+  REQUIRE(::kill(b.pid(), SIGHUP) == 0);
+  CHECK(b.waitForLog("certificates revoked (checked when a peer links from now)", Millis(10000)));
+  CHECK(b.log().find("at the next restart") == std::string::npos);
+  // The link up runs on; hostA's next link (its daemon restarted) is refused, and B says why.
+  const int64_t refused = b.metric("framelink_peer_identity_refused_total");
+  DaemonProcess a_again(options);
+  CHECK(waitUntil([&] { return b.metric("framelink_peer_identity_refused_total") > refused; }, Millis(10000),
+                  Millis(50)));
+  CHECK(b.waitForLog("is revoked by the CRL of", Millis(5000)));
+
+  // A dialer with the CRL refuses a listener whose certificate it lists.
+  options.peers = {"hostA=" + a_again.grpcAddress()};
+  options.id = "hostC";
+  options.extra_args = concat(tls("hostC"), {"--metrics", "127.0.0.1:0"});
+  DaemonProcess c(options);
+  CHECK(c.waitForLog("not linked: its certificate", Millis(10000)));
+  CHECK(c.metric("framelink_links_up") == 0);
+  CHECK(c.metric("framelink_peer_identity_refused_total") >= 1);
+
+  // A CRL that another CA signed counts for nothing: the configuration is refused, saying why.
+  run("init '" + dir.file("other-ca") + "'");
+  std::vector<std::string> check = {"--check-config"};
+  for (std::string arg : tls("hostB")) check.push_back(arg == crl ? dir.file("other-ca/crl.pem") : arg);
+  ChildProcess checked("check-other-crl", check, {}, daemonBinary());
+  CHECK(checked.wait(Millis(10000)) == 2);
+  CHECK(checked.output().find("is not signed by a CA of link.tls_ca_file") != std::string::npos);
+}

@@ -30,6 +30,26 @@ template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
 const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+// A real CA and the CRL it signed (framelink-site-ca.sh init), for tls_crl_file, which checks it.
+const std::string kCaPem =
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIBoDCCAUWgAwIBAgIUa5K2n9SGAY+KHc4vgUb/fM8FwrswCgYIKoZIzj0EAwIw\n"
+    "HDEaMBgGA1UEAwwRZnJhbWVsaW5rIHNpdGUgQ0EwIBcNMjYxMjA0MTc1MTAwWhgP\n"
+    "MjEyNjExMTAxNzUxMDBaMBwxGjAYBgNVBAMMEWZyYW1lbGluayBzaXRlIENBMFkw\n"
+    "EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE2fYUMxDVAsUbvnV0iBcVbDjCPPqJgI0q\n"
+    "J8vTj3c/PkdJirXTl2d4oTiklUJTZYeuFeNCaG2CKISyoco0CiZCQaNjMGEwHQYD\n"
+    "VR0OBBYEFLdfvRHOm0JTFONABa8kdl49Go1HMB8GA1UdIwQYMBaAFLdfvRHOm0JT\n"
+    "FONABa8kdl49Go1HMA8GA1UdEwEB/wQFMAMBAf8wDgYDVR0PAQH/BAQDAgEGMAoG\n"
+    "CCqGSM49BAMCA0kAMEYCIQC/zpHLJdcRbyISWaul4jU+QwaaebXOgCX8oNVQwuWC\n"
+    "2AIhANjxfbAFOIdAhDudp/RqUWanOQMs+QE003HMaBJyepYv\n"
+    "-----END CERTIFICATE-----\n";
+const std::string kCrlPem =
+    "-----BEGIN X509 CRL-----\n"
+    "MIG0MF0CAQEwCgYIKoZIzj0EAwIwHDEaMBgGA1UEAwwRZnJhbWVsaW5rIHNpdGUg\n"
+    "Q0EXDTI2MTIwNDE3NTEwMFoYDzIxMjYxMTEwMTc1MTAwWqAOMAwwCgYDVR0UBAMC\n"
+    "AQEwCgYIKoZIzj0EAwIDRwAwRAIgblPoZTBSyF0uhhcipvcVCEGrpl56umoFj9Zp\n"
+    "r0htS+4CIFfc/1ZZBGQ+o+/QwJsWntb8DuMd4NCOaVFShqQ3AbRR\n"
+    "-----END X509 CRL-----\n";
 
 // A non-default value for one option: as a TOML literal, as flag arguments
 // (one per repetition), as describe() prints it, and a check on Config.
@@ -69,7 +89,8 @@ Sample quoted(std::string fl::Config::*field, const std::string& value) {
 
 Sample textSample(const cfg::Text& t, const std::string& v, const TempDir& dir) {
   if (t.path) {
-    const std::string file = dir.write("sample" + v + ".pem", kPem);
+    const bool crl = t.field == &fl::Config::tls_crl_file;
+    const std::string file = dir.write("sample" + v + ".pem", crl ? kCrlPem : kPem);
     return {quote("sample" + v + ".pem"), {file}, file, fieldEquals(t.field, file)};
   }
   const std::string value = "sample-" + v;
@@ -165,8 +186,10 @@ std::string fileWith(const cfg::Option& option, const std::string& literal, cons
   std::map<std::string, std::string> sections;
   if (option.key.rfind("tls_", 0) == 0) {
     const std::string base = dir.write("base.pem", kPem);
+    const std::string ca = dir.write("ca.pem", kCaPem);  // the CA of kCrlPem
     for (const char* key : {"tls_cert_file", "tls_key_file", "tls_ca_file"}) {
-      if (option.key != key) sections["link"] += std::string(key) + " = " + quote(base) + "\n";
+      const bool crl_ca = option.key == "tls_crl_file" && std::string(key) == "tls_ca_file";
+      if (option.key != key) sections["link"] += std::string(key) + " = " + quote(crl_ca ? ca : base) + "\n";
     }
   }
   if (option.key == "tls_require_cert_name") sections["link"] += "tls_client_auth = true\n";
@@ -433,7 +456,7 @@ TEST_CASE("packaging/framelinkd.toml documents valid keys", "[config]") {
     }
     no_tls += line + "\n";
   }
-  CHECK(tls_keys == 6);
+  CHECK(tls_keys == 7);
   auto c = parse({"--config", dir.write("one.toml", no_tls)});
   INFO((c.ok() ? std::string() : c.error().message));
   REQUIRE(c.ok());
