@@ -211,7 +211,9 @@ echo "ok: framelinkd ships /usr/share/framelink/grafana/framelink.json and prome
 dpkg-deb --fsys-tarfile "${deb[framelinkd]}" | tar -xO ./usr/share/framelink/framelink-site-ca.sh 2>/dev/null |
   cmp -s - "$root/packaging/scripts/framelink-site-ca.sh" ||
   fail "framelinkd: the deb lacks /usr/share/framelink/framelink-site-ca.sh or it differs from packaging/scripts/"
-dpkg-deb -c "${deb[framelinkd]}" | grep -qE '^-rwxr-xr-x .* \./usr/share/framelink/framelink-site-ca\.sh$' ||
+# Captured first: grep -q stopping early would fail the pipeline (pipefail).
+listing=$(dpkg-deb -c "${deb[framelinkd]}")
+grep -qE '^-rwxr-xr-x .* \./usr/share/framelink/framelink-site-ca\.sh$' <<<"$listing" ||
   fail "framelinkd: /usr/share/framelink/framelink-site-ca.sh is not 0755 in the deb"
 echo "ok: framelinkd ships the site CA script /usr/share/framelink/framelink-site-ca.sh (0755)"
 
