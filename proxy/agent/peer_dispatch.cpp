@@ -46,8 +46,9 @@ size_t DataAgent::pollLinks() {
     // a link busy with them is not held.
     const bool control_backlog =
         l->busy && turn_control_ >= kMessagesPerLinkRound / 2 && ended - l->busy_since_ns >= kThrottleAfterNs;
-    if (control_backlog && !throttled)
+    if (control_backlog && !throttled) {
       metrics_.counters.links_throttled.fetch_add(1, std::memory_order_relaxed);
+    }
     l->next_turn_ns = control_backlog ? ended + kBusyTurnGap * (ended - began) : 0;
   }
   return work;

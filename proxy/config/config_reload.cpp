@@ -80,8 +80,9 @@ ReloadPlan planReload(const Config& running, const Config& read) {
   }
   if (running.tls_crl_file != read.tls_crl_file || running.tls_crl_pem != read.tls_crl_pem) {
     size_t revoked = 0;
-    if (!read.tls_crl_pem.empty())
+    if (!read.tls_crl_pem.empty()) {
       (void)checkCrls(read.tls_crl_pem, read.tls_ca_pem, revoked);  // parseConfig checked
+    }
     plan.applied.push_back(
         read.tls_crl_file.empty()
             ? std::string("[link] tls_crl_file removed (no certificate is refused as revoked)")

@@ -185,8 +185,9 @@ systemd-run --unit=framelinkd-second --property=Type=notify --property=WatchdogS
   --property=RuntimeDirectory=framelink-second --property=RuntimeDirectoryMode=0750 \
   /usr/sbin/framelinkd --config /etc/framelink-second/framelinkd.toml >"$work/second.log" 2>&1
 rc=$?
-# framelink reload, as the operator runs it: the [[peer]] applies at once, and the certificate
-# appended to peers.pem is named for the restart it needs (gRPC reads the TLS files at start).
+# framelink reload, as the operator runs it: the [[peer]] applies at once, and so does the
+# certificate appended to peers.pem (the daemon's gRPC watches the TLS files); the restart after
+# it is the one the checks below start from.
 pid_before=$(main_pid framelinkd)
 framelink reload >"$work/reload-peer.log" 2>&1
 rc2=$?
@@ -195,8 +196,8 @@ systemctl restart framelinkd >>"$work/second.log" 2>&1
 rc3=$?
 if ((rc == 0 && rc2 == 0 && rc3 == 0)) && is_active framelinkd-second && is_active framelinkd && [[ -S $socket_b ]] &&
   grep -q 'applied: \[\[peer\]\] second added (dials 127.0.0.1:7710)' "$work/reload-peer.log" &&
-  grep -q 'at the next restart: \[link\] tls_ca_file (the certificates in it)' "$work/reload-peer.log"; then
-  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7710, $socket_b) active; framelink reload (pid $pid_before) applied it as [[peer]] and named peers.pem for a restart; framelinkd restarted in $((SECONDS - t)) s"
+  grep -q 'applied: \[link\] tls_ca_file: the certificates in it changed' "$work/reload-peer.log"; then
+  pass second-daemon "framelinkd-second (systemd-run, 127.0.0.1:7710, $socket_b) active; framelink reload (pid $pid_before) applied it as [[peer]] and the certificate appended to peers.pem; framelinkd restarted in $((SECONDS - t)) s"
 else
   fail second-daemon "systemd-run exited $rc, framelink reload $rc2, restart $rc3; framelinkd-second $(systemctl is-active framelinkd-second), framelinkd $(systemctl is-active framelinkd)" \
     "$work/second.log" "$work/reload-peer.log" "$(journal framelinkd-second)" "$(journal framelinkd)"
