@@ -44,6 +44,9 @@ build=$(realpath -m "${FRAMELINK_BUILD_DIR:-$root/build}")
 out=$(realpath -m "${1:-$build/packages}")
 jobs=${FRAMELINK_JOBS:-2}
 packages=(framelinkd libframelink0 libframelink-dev framelink-tools framelink-bench)
+# Debian only: the Python client as Debian's Python policy packages it (dh-python); the rpm spec has
+# no python3 subpackage yet (pip users take the wheel).
+deb_only_packages=(python3-framelink)
 # The packages with ELF files, which get -dbgsym / -debuginfo packages.
 with_debug=(framelinkd libframelink0 framelink-tools framelink-bench)
 
@@ -97,7 +100,9 @@ cp "$tarball" "$pw/framelink_$upstream.orig.tar.gz"
 tar -C "$pw" -xzf "$tarball"
 cp -a "$root/debian" "$pw/framelink-$upstream/"  # not in the upstream tarball
 status=0
-(cd "$pw/framelink-$upstream" && DEB_BUILD_OPTIONS="parallel=$jobs ${DEB_BUILD_OPTIONS:-}" \
+# The system's PATH, as a build root has it: pybuild runs the python3.X first on PATH, which must be
+# Debian's (with its setuptools and build modules), never a user's own interpreter.
+(cd "$pw/framelink-$upstream" && PATH=/usr/sbin:/usr/bin:/sbin:/bin DEB_BUILD_OPTIONS="parallel=$jobs ${DEB_BUILD_OPTIONS:-}" \
   dpkg-buildpackage -us -uc) >"$pw/dpkg-buildpackage.log" 2>&1 || status=$?
 if ((status != 0)); then
   tail -n 60 "$pw/dpkg-buildpackage.log"
@@ -141,6 +146,12 @@ for p in "${packages[@]}"; do
   deb[$p]=$out/$(basename "${d[0]}")
   rpmf[$p]=$out/$(basename "${r[0]}")
 done
+for p in "${deb_only_packages[@]}"; do
+  d=("$pw/${p}_${version}_"*.deb)
+  [[ -f "${d[0]}" && ${#d[@]} == 1 ]] || fail "expected one deb of $p, got: ${d[*]}"
+  cp "${d[0]}" "$out/"
+  deb[$p]=$out/$(basename "${d[0]}")
+done
 for p in "${with_debug[@]}"; do
   d=("$pw/${p}-dbgsym_${version}_"*.deb)
   [[ -f "${d[0]}" ]] || fail "no ${p}-dbgsym package: dh_strip made none"
@@ -157,7 +168,7 @@ extra=$({ find "$pw" -maxdepth 1 -name '*.deb' -printf '%f\n'
 multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 
 step "debs"
-for p in "${packages[@]}"; do
+for p in "${packages[@]}" "${deb_only_packages[@]}"; do
   echo "== $(basename "${deb[$p]}") ($(du -k "${deb[$p]}" | cut -f1) KiB)"
   dpkg-deb -f "${deb[$p]}" Package Version Section Depends Recommends Suggests | sed 's/^/  /'
   dpkg-deb -c "${deb[$p]}" | awk '$1 !~ /^d/ { print "  " $1, $6, $7, $8 }'
@@ -304,6 +315,11 @@ grep -q 'libframelink.so.0 ' <<<"$ld_cache" || bad "the ldconfig trigger did not
 [[ "$(in_root 'framelink-bench --version')" == "framelink-bench $FL_UPSTREAM" ]] || bad "/usr/bin/framelink-bench --version: $(in_root 'framelink-bench --version' 2>&1)"
 [[ "$(in_root 'framelinkd --version')" == "framelinkd $FL_UPSTREAM" ]] || bad "/usr/sbin/framelinkd --version: $(in_root 'framelinkd --version' 2>&1)"
 in_root 'man -w framelinkd framelink framelink-bench framelinkd.toml' >/dev/null || bad "man -w framelinkd framelink framelink-bench framelinkd.toml"
+# python3-framelink: the system's python3 imports it from dist-packages and loads the packaged library.
+py_check='import framelink, os; print(framelink.__version__, framelink.version(), os.path.dirname(framelink.__file__))'
+py_out=$(in_root "cd / && /usr/bin/python3 -c '$py_check'" 2>&1) || bad "python3 -c 'import framelink': $py_out"
+[[ "$py_out" == "$FL_UPSTREAM $FL_UPSTREAM /usr/lib/python3/dist-packages/framelink" ]] ||
+  bad "python3-framelink: expected '$FL_UPSTREAM $FL_UPSTREAM /usr/lib/python3/dist-packages/framelink', got: $py_out"
 echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
@@ -315,11 +331,12 @@ in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "
   bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 echo "ok: reinstalled: the peer token and the TLS key are kept, the token taken from the group an older package gave it to"
 
-in_root 'dpkg -r framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+in_root 'dpkg -r python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
 # The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
 # keeps the unit enabled or disabled as the admin left it.
-for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/bin/framelink-bench "/usr/lib/$FL_MULTIARCH/libframelink.so.0"; do
+for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/bin/framelink-bench "/usr/lib/$FL_MULTIARCH/libframelink.so.0" \
+  /usr/lib/python3/dist-packages/framelink; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
 for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
@@ -327,7 +344,7 @@ for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framel
 done
 echo "ok: removed: binaries and libraries gone, conffile, token and TLS files kept"
 
-in_root 'dpkg -P framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+in_root 'dpkg -P python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
 [[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
 [[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"
@@ -466,5 +483,5 @@ done
 
 took=$((SECONDS - start))
 echo
-echo "PACKAGES OK: ${#packages[@]} debs (+ dbgsym, source package) + ${#packages[@]} rpms (+ debuginfo, src.rpm) in $out," \
+echo "PACKAGES OK: $((${#packages[@]} + ${#deb_only_packages[@]})) debs (+ dbgsym, source package) + ${#packages[@]} rpms (+ debuginfo, src.rpm) in $out," \
   "lintian and rpmlint clean; rpms checked against the debs by metadata only (not installed: no Fedora/Rocky root here) (${took}s)"

@@ -54,7 +54,7 @@ echo "== python: wheel, venv, mypy, pytest client/python/tests tests/clients"
 py=$FRAMELINK_BUILD_DIR/python
 rm -rf "$py" && mkdir -p "$py/src"
 # Built from a copy, so that setuptools leaves no build/ or egg-info in the source tree.
-cp -r "$root/client/python/pyproject.toml" "$root/client/python/framelink" "$py/src/"
+cp -r "$root/client/python/pyproject.toml" "$root/client/python/README.md" "$root/client/python/framelink" "$py/src/"
 "$python" -m venv --system-site-packages --without-pip "$py/venv"  # pip: Debian's, seen through the system site
 venv_python=$py/venv/bin/python
 if "$venv_python" -m pip wheel -q --no-build-isolation --no-deps --no-index -w "$py/dist" "$py/src" &&

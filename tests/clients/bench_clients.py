@@ -16,6 +16,8 @@ import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The daemons for tests (framelink_daemons.DaemonPair) live beside the client's tests, not in the package.
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 BUILD = os.environ.get("FRAMELINK_BUILD_DIR") or os.path.join(ROOT, "build")
 os.environ.setdefault("FRAMELINKD", os.path.join(BUILD, "proxy", "framelinkd"))
 os.environ.setdefault("FRAMELINK_LIBRARY", os.path.join(BUILD, "client", "libframelink.so.0"))
@@ -105,7 +107,7 @@ def main():
         mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
         return int(s[:-1] if mult > 1 else s) * mult
 
-    from framelink.testing import DaemonPair
+    from framelink_daemons import DaemonPair
 
     rows = []
     with DaemonPair() as pair:

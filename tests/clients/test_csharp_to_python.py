@@ -14,13 +14,15 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The daemons for tests (framelink_daemons.DaemonPair) live beside the client's tests, not in the package.
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 BUILD = os.environ.get("FRAMELINK_BUILD_DIR") or os.path.join(ROOT, "build")
 os.environ.setdefault("FRAMELINKD", os.path.join(BUILD, "proxy", "framelinkd"))
 os.environ.setdefault("FRAMELINK_LIBRARY", os.path.join(BUILD, "client", "libframelink.so.0"))
 
 import framelink  # noqa: E402
 from framelink import pattern  # noqa: E402
-from framelink.testing import DaemonPair  # noqa: E402
+from framelink_daemons import DaemonPair  # noqa: E402
 
 assert os.path.abspath(framelink.__file__).startswith(sys.prefix + os.sep), (
     f"framelink was imported from {framelink.__file__}, not from an installed package under {sys.prefix}: "

@@ -260,6 +260,34 @@ else
   fail frames "send exited $src, recv exited $rrc" "$work/send1.log" "$work/recv1.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
 fi
 
+# ---- 5c. the Python client as a user installs it (python3-framelink, no pip, no build tree): a consumer
+# of five lines on the second daemon, the packaged producer on the first; every frame's CRC checked
+cat >"$work/consumer.py" <<'EOF'
+import framelink, sys
+with framelink.Consumer("svc-py", socket_path=sys.argv[1]) as consumer:
+    for _ in range(int(sys.argv[2])):
+        with consumer.receive(timeout=60) as frame:
+            print(frame.frame_id, frame.length, frame.has_crc32c and framelink.crc32c(frame.buffer()) == frame.crc32c)
+EOF
+chmod 0644 "$work/consumer.py"
+t=$SECONDS
+"${as_member[@]}" python3 "$work/consumer.py" "$socket_b" 40 >"$work/py-consumer.log" 2>&1 &
+rpid=$!
+for _ in $(seq 60); do  # python3 starts slower than framelink recv: send once the consumer is attached
+  framelink clients --socket "$socket_b" --json 2>/dev/null | grep -q 'svc-py' && break
+  sleep 0.5
+done
+as "$member" framelink send --stream svc-py --count 40 --size 64K --crc >"$work/send-py.log" 2>&1
+src=$?
+wait "$rpid"
+rrc=$?
+py_ok=$(grep -c ' 65536 True$' "$work/py-consumer.log")
+if ((src == 0 && rrc == 0 && py_ok == 40)); then
+  pass python-consumer "python3-framelink $(dpkg-query -W -f='${Version}' python3-framelink): a five-line consumer received 40 frames of 64 KiB, every CRC32C matched, in $((SECONDS - t)) s"
+else
+  fail python-consumer "send exited $src, the consumer exited $rrc, $py_ok of 40 frames verified" "$work/send-py.log" "$work/py-consumer.log"
+fi
+
 # ---- 5a. systemctl status says what the daemon serves: it sends STATUS= every 5 s while it changes
 status_text=""
 for _ in $(seq 1 30); do

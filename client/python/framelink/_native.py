@@ -160,8 +160,8 @@ def _load() -> ctypes.CDLL:
         tried.insert(0, "$FRAMELINK_LIBRARY: not set")
     raise ImportError(
         "framelink: cannot load libframelink; tried " + "; ".join(tried) + ". Install the system library "
-        "(the libframelink0 package provides " + SONAME + ") or set FRAMELINK_LIBRARY to the path of "
-        + SONAME + " (in a build tree: build/client/" + SONAME + ")"
+        "(apt install libframelink0: the package that provides " + SONAME + ") or set FRAMELINK_LIBRARY "
+        "to the path of " + SONAME + " (in a build tree: build/client/" + SONAME + ")"
     )
 
 

@@ -18,7 +18,7 @@ os.environ.setdefault("FRAMELINKD", os.path.join(BUILD, "proxy", "framelinkd"))
 os.environ.setdefault("FRAMELINK_LIBRARY", os.path.join(BUILD, "client", "libframelink.so.0"))
 
 import framelink  # noqa: E402
-from framelink.testing import DaemonPair  # noqa: E402
+from framelink_daemons import DaemonPair  # noqa: E402
 
 INSTALLED = os.path.dirname(os.path.abspath(framelink.__file__))
 SOURCE_PACKAGE = os.path.join(ROOT, "client", "python", "framelink")

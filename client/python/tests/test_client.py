@@ -13,7 +13,7 @@ import pytest
 
 import framelink
 from framelink import Consumer, FrameLinkError, Producer, Status, pattern
-from framelink.testing import DaemonPair
+from framelink_daemons import DaemonPair
 
 
 SIZE = 64 * 1024

@@ -33,7 +33,9 @@ def test_installed_version_metadata_and_type_marker_match_the_project():
     assert framelink.__version__ == project_version()
     assert importlib.metadata.version("framelink") == project_version()
     files = [str(f) for f in importlib.metadata.files("framelink")]
-    assert "framelink/py.typed" in files and "framelink/testing.py" in files
+    assert "framelink/py.typed" in files
+    # The package is what an application needs: the daemons for tests stay beside the tests.
+    assert not [f for f in files if "testing" in f or "daemons" in f], files
     assert os.path.isfile(os.path.join(INSTALLED, "py.typed"))
 
 
@@ -69,7 +71,16 @@ def test_when_nothing_loads_the_error_names_both_places():
         assert r.returncode != 0
         assert "ImportError: framelink: cannot load libframelink" in r.stderr
         assert "$FRAMELINK_LIBRARY=/nonexistent/libframelink.so.0" in r.stderr
-        assert "the system's libframelink.so.0" in r.stderr and "libframelink0 package" in r.stderr
+        assert "the system's libframelink.so.0" in r.stderr and "apt install libframelink0" in r.stderr
     r = run_child({})
     if not ctypes.util.find_library("framelink"):
         assert "$FRAMELINK_LIBRARY: not set; the system's libframelink.so.0: " in r.stderr
+
+
+def test_the_metadata_names_the_terms_and_carries_the_readme():
+    meta = importlib.metadata.metadata("framelink").json
+    assert meta["license"].startswith("Proprietary"), meta.get("license")
+    assert "License :: Other/Proprietary License" in meta["classifier"]
+    assert meta["description_content_type"] == "text/markdown"
+    assert "apt install python3-framelink" in meta["description"]
+    assert meta["author"] == "framelink maintainers"

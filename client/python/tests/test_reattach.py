@@ -6,7 +6,7 @@ import time
 import pytest
 
 from framelink import Consumer, FrameLinkError, Producer, Status, pattern
-from framelink.testing import DaemonPair
+from framelink_daemons import DaemonPair
 
 SIZE = 64 * 1024
 

@@ -1,4 +1,4 @@
-"""Two real framelinkd processes on loopback, for tests, examples and benchmarks.
+"""Two real framelinkd processes on loopback for the tests and benchmarks (not part of the installed package).
 
     with DaemonPair() as pair:          # daemon "a" (producer side) dials daemon "b"
         Producer("s", socket_path=pair.a.socket) ...
