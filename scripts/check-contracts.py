@@ -12,6 +12,9 @@ include/framelink/framelink.h is the source of each:
   * FL_DEFAULT_SOCKET_PATH: no source outside framelink.h (tests aside) spells its path as a
     string literal.
 
+debian/control is the source of the build dependencies: scripts/setup-deps.sh installs them from
+there (apt-get build-dep), and its own list (the test and CI tools) repeats none of them.
+
   scripts/check-contracts.py     exit 0 when all hold, 1 naming each that does not
 """
 import pathlib
@@ -82,6 +85,21 @@ def check_socket_path(header):
                 failures.append(f"{f}:{number}: spells the default socket; use FL_DEFAULT_SOCKET_PATH")
 
 
+def check_setup_deps():
+    control = (ROOT / "debian/control").read_text()
+    field = re.search(r"^Build-Depends:(.*?)^\S", control, re.S | re.M).group(1)
+    build = {re.sub(r"\s*[(\[].*", "", dep).strip() for dep in field.split(",") if dep.strip()}
+    script = (ROOT / "scripts/setup-deps.sh").read_text()
+    listed = block(script, "\npackages=(", "\n)\n")
+    words = set()
+    for line in listed.splitlines()[1:]:
+        words.update(line.split("#", 1)[0].split())
+    for name in sorted(words & build):
+        failures.append(f"scripts/setup-deps.sh: lists {name}, which debian/control's Build-Depends has already")
+    if len(build) < 10 or len(words) < 10:
+        failures.append(f"read {len(build)} build dependencies and {len(words)} tools: is the parse stale?")
+
+
 def main():
     header = HEADER.read_text()
     codes = statuses(header)
@@ -91,12 +109,13 @@ def main():
     check_proto(codes)
     check_cpp_options(header)
     check_socket_path(header)
+    check_setup_deps()
     for f in failures:
         print("check-contracts: " + f)
     if failures:
         return 1
     print(f"check-contracts: {len(codes)} status codes, the proto's ErrorCode, the C++ options and the "
-          "default socket agree with framelink.h")
+          "default socket agree with framelink.h; setup-deps.sh repeats no build dependency")
     return 0
 
 
