@@ -83,7 +83,7 @@ if ((softroce)); then
   )
 fi
 
-# The .NET client needs the .NET SDK (10.0 or later: FrameLink builds for net8.0 and net10.0), which is
+# The .NET client needs the .NET SDK (10.0 or later: FrameLink builds for net10.0), which is
 # not a Debian package: say so loudly.
 if ! command -v dotnet >/dev/null 2>&1; then
   echo "setup-deps: WARNING: dotnet (the .NET SDK) is not installed; client/dotnet and its tests need it" >&2

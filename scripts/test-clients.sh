@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests of the .NET and Python clients against real daemons:
 #   1. dotnet test client/dotnet/tests/FrameLink.Tests   (xunit, FrameLink by project reference)
-#   2. dotnet pack client/dotnet/src/FrameLink (net8.0 + net10.0) into $FRAMELINK_BUILD_DIR/dotnet/feed, then
+#   2. dotnet pack client/dotnet/src/FrameLink (net10.0, with its .snupkg) into $FRAMELINK_BUILD_DIR/dotnet/feed, then
 #      dotnet test client/dotnet/tests/FrameLink.PackageTests (FrameLink from that feed, as an application)
 #   3. pytest client/python/tests tests/clients            (Python client; C# producer -> Python ingestor),
 #      against the installed package: the wheel is built into $FRAMELINK_BUILD_DIR/python/dist and
@@ -21,7 +21,7 @@ for f in "$FRAMELINK_BUILD_DIR/proxy/framelinkd" "$FRAMELINK_BUILD_DIR/client/li
   [[ -e "$f" ]] || { echo "test-clients: $f is missing: run scripts/build.sh first" >&2; exit 1; }
 done
 if ! command -v dotnet >/dev/null 2>&1; then
-  echo "test-clients: dotnet (the .NET SDK, 10.0 or later: FrameLink builds for net8.0 and net10.0) is not installed." >&2
+  echo "test-clients: dotnet (the .NET SDK, 10.0 or later: FrameLink builds for net10.0) is not installed." >&2
   echo "  Install it (Debian: the dotnet-sdk package from Microsoft's repository) and run again." >&2
   exit 1
 fi

@@ -3,7 +3,7 @@ using System.Runtime.InteropServices;
 namespace FrameLink;
 
 /// <summary>What producer and consumer share: attach, info, the doorbell, bounded blocking waits.</summary>
-public abstract unsafe class FrameLinkClient : IDisposable
+public abstract unsafe class FrameLinkClient : IDisposable, IAsyncDisposable
 {
     // Blocking calls wait in slices of at most this long so that a CancellationToken is seen promptly.
     private protected const int WaitSliceMs = 100;
@@ -113,10 +113,20 @@ public abstract unsafe class FrameLinkClient : IDisposable
         }
     }
 
+    /// <summary>Detaches: slots in flight end as the daemon decides (see the guide); pending async waits
+    /// fail with <see cref="ObjectDisposedException"/>.</summary>
     public void Dispose()
     {
         if (doorbell.IsValueCreated) doorbell.Value.Dispose();
         handle.Dispose();
         GC.SuppressFinalize(this);
+    }
+
+    /// <summary>The same as <see cref="Dispose"/>, for <c>await using</c>: detaching does not block on the
+    /// daemon (the doorbell has no thread of its own to join).</summary>
+    public ValueTask DisposeAsync()
+    {
+        Dispose();
+        return ValueTask.CompletedTask;
     }
 }

@@ -1,3 +1,4 @@
+using System.Diagnostics.CodeAnalysis;
 using System.Reflection;
 using System.Runtime.CompilerServices;
 using System.Runtime.InteropServices;
@@ -154,6 +155,9 @@ internal static unsafe partial class Native
             "installed with framelinkd), or set FRAMELINK_LIBRARY to the path of libframelink.so.0.");
     }
 
+    // Location is empty in a single-file or native AOT application (IL3000): then only
+    // AppContext.BaseDirectory is looked in, which is what such an application has.
+    [UnconditionalSuppressMessage("SingleFile", "IL3000", Justification = "an empty Location is skipped; AppContext.BaseDirectory follows")]
     internal static IEnumerable<string> Candidates(Assembly assembly)
     {
         var dirs = new List<string>();
@@ -175,25 +179,19 @@ internal static unsafe partial class Native
     }
 }
 
-/// <summary>The few libc calls the doorbell thread needs (poll on the doorbell fd; no protocol logic).</summary>
+/// <summary>The few libc calls the doorbell poller needs (epoll on the doorbell fds; no protocol logic).</summary>
 internal static unsafe partial class Libc
 {
     internal const string Library = "libc";
-    internal const short POLLIN = 0x001;
-    internal const int EFD_CLOEXEC = 0x80000;
-    internal const int EFD_NONBLOCK = 0x800;
+    internal const uint EPOLLIN = 0x001;
+    internal const uint EPOLLONESHOT = 1u << 30;
+    internal const int EPOLL_CTL_ADD = 1;
+    internal const int EPOLL_CTL_DEL = 2;
+    internal const int EPOLL_CTL_MOD = 3;
+    internal const int EPOLL_CLOEXEC = 0x80000;
 
-    [StructLayout(LayoutKind.Sequential)]
-    internal struct PollFd
-    {
-        public int Fd;
-        public short Events;
-        public short Revents;
-    }
-
-    [LibraryImport(Library, SetLastError = true)] internal static partial int poll(PollFd* fds, nuint nfds, int timeout);
-    [LibraryImport(Library, SetLastError = true)] internal static partial int eventfd(uint initval, int flags);
-    [LibraryImport(Library, SetLastError = true)] internal static partial nint read(int fd, void* buf, nuint count);
-    [LibraryImport(Library, SetLastError = true)] internal static partial nint write(int fd, void* buf, nuint count);
-    [LibraryImport(Library, SetLastError = true)] internal static partial int close(int fd);
+    // event: struct epoll_event, laid out by DoorbellPoller (packed on x86-64).
+    [LibraryImport(Library, SetLastError = true)] internal static partial int epoll_create1(int flags);
+    [LibraryImport(Library, SetLastError = true)] internal static partial int epoll_ctl(int epfd, int op, int fd, void* ev);
+    [LibraryImport(Library, SetLastError = true)] internal static partial int epoll_wait(int epfd, void* events, int maxevents, int timeout);
 }

@@ -34,28 +34,48 @@ internal static class Package
     }
 }
 
-/// <summary>What the .nupkg holds: both target frameworks, compiled against their own reference assemblies.</summary>
+/// <summary>What the .nupkg holds: the net10.0 build, its terms, readme and symbols, and no native library.</summary>
 public sealed class PackageContentsTests
 {
     [Fact]
-    public void ThePackageHoldsTheNet8AndNet10BuildsAndNoNativeLibrary()
+    public void ThePackageHoldsTheNet10BuildItsTermsAndReadmeAndNoNativeLibrary()
     {
         using var zip = ZipFile.OpenRead(Package.Nupkg);
         var names = zip.Entries.Select(e => e.FullName).ToList();
-        foreach (var tfm in new[] { "net8.0", "net10.0" })
-        {
-            Assert.Contains($"lib/{tfm}/FrameLink.dll", names);
-            Assert.Contains($"lib/{tfm}/FrameLink.xml", names); // IntelliSense docs
-        }
+        Assert.Contains("lib/net10.0/FrameLink.dll", names);
+        Assert.Contains("lib/net10.0/FrameLink.xml", names); // IntelliSense docs
+        Assert.DoesNotContain(names, n => n.StartsWith("lib/") && !n.StartsWith("lib/net10.0/")); // no framework it is not tested on
         Assert.DoesNotContain(names, n => n.StartsWith("runtimes/") || n.Contains("libframelink"));
+        Assert.Contains("LICENSE", names);
+        Assert.Contains("README.md", names);
 
         using var nuspec = new StreamReader(zip.GetEntry("FrameLink.nuspec")!.Open());
         string text = nuspec.ReadToEnd();
         Assert.Contains($"<version>{Package.Version}</version>", text);
         Assert.Contains("<id>FrameLink</id>", text);
+        Assert.Contains("<license type=\"file\">LICENSE</license>", text);
+        Assert.Contains("<readme>README.md</readme>", text);
+        Assert.Contains("<authors>framelink maintainers</authors>", text);
 
-        Assert.Equal((8, ".NETCoreApp,Version=v8.0"), Framework(zip, "lib/net8.0/FrameLink.dll"));
         Assert.Equal((10, ".NETCoreApp,Version=v10.0"), Framework(zip, "lib/net10.0/FrameLink.dll"));
+    }
+
+    [Fact]
+    public void TheSymbolsPackageHoldsThePortablePdb()
+    {
+        string snupkg = Path.ChangeExtension(Package.Nupkg, ".snupkg");
+        Assert.True(File.Exists(snupkg), $"{snupkg} is missing: dotnet pack writes it beside the .nupkg (IncludeSymbols)");
+        using var zip = ZipFile.OpenRead(snupkg);
+        Assert.Contains("lib/net10.0/FrameLink.pdb", zip.Entries.Select(e => e.FullName));
+    }
+
+    [Fact]
+    public void TheAssemblySaysItIsTrimmable()
+    {
+        // IsTrimmable stamps this on the assembly; the trimmer and the AOT compiler read it.
+        var trimmable = typeof(FrameLinkProducer).Assembly.GetCustomAttributes<AssemblyMetadataAttribute>()
+            .SingleOrDefault(a => a.Key == "IsTrimmable");
+        Assert.Equal("True", trimmable?.Value);
     }
 
     /// <summary>The major version of System.Runtime the assembly was compiled against, and its TargetFramework.</summary>
