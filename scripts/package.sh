@@ -46,7 +46,7 @@ jobs=${FRAMELINK_JOBS:-2}
 packages=(framelinkd libframelink0 libframelink-dev framelink-tools framelink-bench)
 # Debian only: the Python client as Debian's Python policy packages it (dh-python); the rpm spec has
 # no python3 subpackage yet (pip users take the wheel).
-deb_only_packages=(python3-framelink)
+deb_only_packages=(python3-framelink framelink-nuget)
 # The packages with ELF files, which get -dbgsym / -debuginfo packages.
 with_debug=(framelinkd libframelink0 framelink-tools framelink-bench)
 
@@ -57,9 +57,9 @@ fail() {
 step() { printf '\n---- [%3ds] %s\n' $((SECONDS - start)) "$*"; }
 start=$SECONDS
 
-for tool in dpkg-buildpackage dpkg-checkbuilddeps dh dpkg-deb lintian rpmbuild rpmlint rpm readelf help2man pkg-config "${CC:-cc}"; do
+for tool in dpkg-buildpackage dpkg-checkbuilddeps dh dpkg-deb lintian rpmbuild rpmlint rpm readelf help2man pkg-config dotnet "${CC:-cc}"; do
   command -v "$tool" >/dev/null ||
-    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages debhelper, rpm, rpmlint, lintian, help2man, dpkg-dev, binutils)"
+    fail "$tool is not installed: scripts/setup-deps.sh installs it (packages debhelper, rpm, rpmlint, lintian, help2man, dpkg-dev, binutils; dotnet: the .NET SDK, which packs framelink-nuget)"
 done
 
 # One version everywhere: CMakeLists.txt's, debian/changelog's upstream part, the spec's.
@@ -109,6 +109,9 @@ if ((status != 0)); then
   fail "dpkg-buildpackage (the last lines of $pw/dpkg-buildpackage.log above)"
 fi
 echo "ok: $(cd "$pw" && ls -- *.dsc *.deb | tr '\n' ' ')"
+
+step "framelink-nuget: packaging/nuget/build-feed-deb.sh (dotnet pack of the same source)"
+"$root/packaging/nuget/build-feed-deb.sh" "$pw/framelink-$upstream" "$pw" || fail "packaging/nuget/build-feed-deb.sh"
 
 step "rpms: rpmbuild -ba packaging/rpm/framelink.spec (log: $pw/rpmbuild.log)"
 # --nodeps: BuildRequires names Fedora's packages and the rpm database here is empty;
@@ -320,6 +323,8 @@ py_check='import framelink, os; print(framelink.__version__, framelink.version()
 py_out=$(in_root "cd / && /usr/bin/python3 -c '$py_check'" 2>&1) || bad "python3 -c 'import framelink': $py_out"
 [[ "$py_out" == "$FL_UPSTREAM $FL_UPSTREAM /usr/lib/python3/dist-packages/framelink" ]] ||
   bad "python3-framelink: expected '$FL_UPSTREAM $FL_UPSTREAM /usr/lib/python3/dist-packages/framelink', got: $py_out"
+[[ -f "$ov/root/usr/share/framelink/nuget/FrameLink.$FL_UPSTREAM.nupkg" && -f "$ov/root/usr/share/framelink/nuget/FrameLink.$FL_UPSTREAM.snupkg" ]] ||
+  bad "framelink-nuget: /usr/share/framelink/nuget lacks FrameLink.$FL_UPSTREAM.nupkg or .snupkg"
 echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
@@ -331,12 +336,12 @@ in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "
   bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 echo "ok: reinstalled: the peer token and the TLS key are kept, the token taken from the group an older package gave it to"
 
-in_root 'dpkg -r python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+in_root 'dpkg -r framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
 # The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
 # keeps the unit enabled or disabled as the admin left it.
 for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/bin/framelink-bench "/usr/lib/$FL_MULTIARCH/libframelink.so.0" \
-  /usr/lib/python3/dist-packages/framelink; do
+  /usr/lib/python3/dist-packages/framelink /usr/share/framelink/nuget; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
 for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
@@ -344,7 +349,7 @@ for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framel
 done
 echo "ok: removed: binaries and libraries gone, conffile, token and TLS files kept"
 
-in_root 'dpkg -P python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+in_root 'dpkg -P framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
 [[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
 [[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"
@@ -362,12 +367,13 @@ status=0
 # The maintainer address is a placeholder (framelink@localhost) until the packages have a
 # public one: bogus-mail-host is suppressed here rather than overridden, since the -dbgsym
 # packages and the .changes cannot carry overrides.
+# framelink-nuget is not in the .changes (dpkg-deb made it): named beside it.
 lintian --pedantic --fail-on error,warning --suppress-tags bogus-mail-host,bogus-mail-host-in-debian-changelog \
-  "$changes" >"$lintian_log" 2>&1 || status=$?
+  "$changes" "${deb[framelink-nuget]}" >"$lintian_log" 2>&1 || status=$?
 grep -v 'running with root privileges is not recommended' "$lintian_log" || true
-overridden=$(lintian --show-overrides "$changes" 2>/dev/null | grep -c '^O:' || true)
+overridden=$(lintian --show-overrides "$changes" "${deb[framelink-nuget]}" 2>/dev/null | grep -c '^O:' || true)
 ((status == 0)) || fail "lintian found errors or warnings (above)"
-echo "ok: lintian --pedantic $(basename "$changes") (source, debs, dbgsym): no errors or warnings ($overridden tags overridden, reasons in debian/*.lintian-overrides)"
+echo "ok: lintian --pedantic $(basename "$changes") $(basename "${deb[framelink-nuget]}") (source, debs, dbgsym): no errors or warnings ($overridden tags overridden, reasons in debian/*.lintian-overrides)"
 
 step "rpmlint (spec and rpms)"
 rpmlint_log=$work/rpmlint.log
