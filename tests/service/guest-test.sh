@@ -264,7 +264,7 @@ fi
 # of five lines on the second daemon, the packaged producer on the first; every frame's CRC checked
 cat >"$work/consumer.py" <<'EOF'
 import framelink, sys
-with framelink.Consumer("svc-py", socket_path=sys.argv[1]) as consumer:
+with framelink.Consumer(sys.argv[3] if len(sys.argv) > 3 else "svc-py", socket_path=sys.argv[1]) as consumer:
     for _ in range(int(sys.argv[2])):
         with consumer.receive(timeout=60) as frame:
             print(frame.frame_id, frame.length, frame.has_crc32c and framelink.crc32c(frame.buffer()) == frame.crc32c)
@@ -286,6 +286,30 @@ if ((src == 0 && rrc == 0 && py_ok == 40)); then
   pass python-consumer "python3-framelink $(dpkg-query -W -f='${Version}' python3-framelink): a five-line consumer received 40 frames of 64 KiB, every CRC32C matched, in $((SECONDS - t)) s"
 else
   fail python-consumer "send exited $src, the consumer exited $rrc, $py_ok of 40 frames verified" "$work/send-py.log" "$work/py-consumer.log"
+fi
+
+# ---- 5d. the C# producer of the packaged feed (run-guest.sh built it with `dotnet add package FrameLink`
+# from framelink-nuget, native AOT) on the packaged daemon, to the same Python consumer on the second
+t=$SECONDS
+if [[ ! -x "$payload/producer" ]]; then
+  fail csharp-producer "no C# producer in the payload: framelink-nuget was not among the debs, or it did not build"
+else
+  "${as_member[@]}" python3 "$work/consumer.py" "$socket_b" 40 svc-cs >"$work/cs-consumer.log" 2>&1 &
+  rpid=$!
+  for _ in $(seq 60); do
+    framelink clients --socket "$socket_b" --json 2>/dev/null | grep -q 'svc-cs' && break
+    sleep 0.5
+  done
+  as "$member" "$payload/producer" svc-cs 40 >"$work/cs-producer.log" 2>&1
+  src=$?
+  wait "$rpid"
+  rrc=$?
+  cs_ok=$(grep -c ' 65536 True$' "$work/cs-consumer.log")
+  if ((src == 0 && rrc == 0 && cs_ok == 40)) && grep -q '40 frames sent, 40 delivered' "$work/cs-producer.log"; then
+    pass csharp-producer "C# (FrameLink from /usr/share/framelink/nuget, native AOT) -> framelinkd -> framelinkd-second -> Python: 40 frames of 64 KiB, every CRC32C matched, all 40 delivered, in $((SECONDS - t)) s"
+  else
+    fail csharp-producer "producer exited $src, consumer exited $rrc, $cs_ok of 40 frames verified" "$work/cs-producer.log" "$work/cs-consumer.log"
+  fi
 fi
 
 # ---- 5a. systemctl status says what the daemon serves: it sends STATUS= every 5 s while it changes

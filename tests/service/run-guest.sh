@@ -154,6 +154,21 @@ trap 'echo "run-guest: interrupted"; exit 130' INT TERM
 mkdir -p "$run/payload/debs"
 cp "${deb_files[@]}" "$run/payload/debs/"
 cp "$here/guest-test.sh" "$here/guest-runner.sh" "$run/payload/"
+# The C# producer: an application of the packaged NuGet feed (framelink-nuget), built here as a native
+# AOT executable (the guest has no .NET); the guest runs it against the packaged daemon.
+shopt -s nullglob
+nuget_debs=("$debs"/framelink-nuget_*.deb)
+shopt -u nullglob
+if ((${#nuget_debs[@]} == 1)); then
+  command -v dotnet >/dev/null || did_not_run "dotnet (the .NET SDK) is missing: it builds the C# producer from framelink-nuget"
+  mkdir -p "$cache/nuget-packages"
+  "$here/build-producer.sh" "${nuget_debs[0]}" "$run/payload/producer" "$cache/nuget-packages" || {
+    echo "run-guest: FAILED: the C# producer does not build from ${nuget_debs[0]##*/} (above)" >&2
+    exit 1
+  }
+else
+  echo "run-guest: no framelink-nuget deb in $debs: the guest's C# producer check will fail"
+fi
 echo "$timeout_s" >"$run/payload/timeout"
 mb=$(du -sm "$run/payload" | cut -f1)
 truncate -s "$((mb + 32))M" "$run/payload.img"
