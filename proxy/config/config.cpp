@@ -330,8 +330,7 @@ Status loadTls(Config& c) {
         !st) {
       return st;
     }
-    size_t revoked = 0;
-    if (auto st = checkCrls(c.tls_crl_pem, c.tls_ca_pem, revoked); !st) return st;
+    if (auto st = checkCrls(c.tls_crl_pem, c.tls_ca_pem, c.tls_crl_revoked); !st) return st;
   }
   return {};
 }

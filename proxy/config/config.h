@@ -117,8 +117,10 @@ struct Config {
   std::string tls_cert_file, tls_key_file, tls_ca_file, tls_server_name;
   // CRLs of tls_ca_file's CAs (config/tls_crl.h): a peer whose certificate
   // they list is refused when it links, either way (link/peer_identity.h);
-  // read at start and at each reload into tls_crl_pem.
+  // read at start and at each reload into tls_crl_pem; tls_crl_revoked: how
+  // many serials they list in all (checkCrls counted them).
   std::string tls_crl_file, tls_crl_pem;
+  size_t tls_crl_revoked = 0;
   bool tls_client_auth = false;
   // With tls_client_auth: a dialing peer's certificate must name the daemon
   // id its Hello claims (or its [[peer]]'s cert_name), so that a certificate

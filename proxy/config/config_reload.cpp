@@ -4,8 +4,6 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "config/tls_crl.h"
-
 namespace framelink {
 namespace {
 
@@ -60,6 +58,7 @@ void copyReloadable(const Config& from, Config& into) {
   into.credit_timeout_ms = from.credit_timeout_ms;
   into.tls_crl_file = from.tls_crl_file;
   into.tls_crl_pem = from.tls_crl_pem;
+  into.tls_crl_revoked = from.tls_crl_revoked;
 }
 
 ReloadPlan planReload(const Config& running, const Config& read) {
@@ -79,15 +78,12 @@ ReloadPlan planReload(const Config& running, const Config& read) {
                            std::to_string(read.credit_timeout_ms) + " (frames sent from now)");
   }
   if (running.tls_crl_file != read.tls_crl_file || running.tls_crl_pem != read.tls_crl_pem) {
-    size_t revoked = 0;
-    if (!read.tls_crl_pem.empty()) {
-      (void)checkCrls(read.tls_crl_pem, read.tls_ca_pem, revoked);  // parseConfig checked
-    }
     plan.applied.push_back(
         read.tls_crl_file.empty()
             ? std::string("[link] tls_crl_file removed (no certificate is refused as revoked)")
-            : "[link] tls_crl_file " + read.tls_crl_file + ": " + std::to_string(revoked) +
-                  " certificates revoked (checked when a peer links from now)");
+            : "[link] tls_crl_file " + read.tls_crl_file + ": " + std::to_string(read.tls_crl_revoked) +
+                  " certificates revoked (links of those peers are cut; they are refused when they link "
+                  "again)");
   }
   copyReloadable(read, next);
   // What is left different needs a restart.

@@ -74,7 +74,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   {
     MutexLock lock(mutex_);
     if (ending(state)) return false;
-    client_contexts_.emplace(&ctx, peer.name);
+    client_contexts_.emplace(&ctx, CallPeer{peer.name, {}});
   }
   Unregister<::grpc::ClientContext> unregister{this, &ctx};
 
@@ -90,6 +90,10 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   });
   v1::PeerMessage reply;
   if (!exchangeHello(peer, offer, session_id, ctx, *stream, reply)) return false;
+  {
+    MutexLock lock(mutex_);
+    client_contexts_[&ctx].cert_pem = peerCertificate(ctx.auth_context().get());
+  }
   const v1::HelloAck& ack = reply.hello_ack();
   if (ack.daemon_id() != peer.name) {
     spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());

@@ -60,7 +60,11 @@ std::string callToken(const ::grpc::ServerContext& ctx) {
 
 std::string revokedPeer(const Config& config, const ::grpc::AuthContext* auth) {
   if (config.tls_crl_pem.empty()) return {};
-  return revocation(config.tls_crl_pem, firstValue(auth, GRPC_X509_PEM_CERT_PROPERTY_NAME));
+  return revocation(config.tls_crl_pem, peerCertificate(auth));
+}
+
+std::string peerCertificate(const ::grpc::AuthContext* auth) {
+  return firstValue(auth, GRPC_X509_PEM_CERT_PROPERTY_NAME);
 }
 
 bool PeerIdentity::known(const Config& config, std::string_view token) {

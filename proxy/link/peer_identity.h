@@ -56,6 +56,10 @@ std::string callToken(const ::grpc::ServerContext& ctx);
 // link.tls_crl_file; "" when it is not (or there is no CRL, or no TLS).
 std::string revokedPeer(const Config& config, const ::grpc::AuthContext* auth);
 
+// The peer's verified certificate on this call (PEM); "" without TLS or a
+// certificate.  Kept per link, so that a reload can check it against new CRLs.
+std::string peerCertificate(const ::grpc::AuthContext* auth);
+
 class PeerIdentity {
  public:
   // Reads the running configuration at each call: a reload changes who is accepted.

@@ -21,6 +21,7 @@
 #include "common/log_fields.h"
 #include "common/log_limit.h"
 #include "common/thread_annotations.h"
+#include "config/tls_crl.h"
 #include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "link/peer_grpc_options.h"
@@ -139,17 +140,38 @@ void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
   {
     MutexLock lock(mutex_);
     if (stopping_) return;
-    for (auto& [ctx, peer] : client_contexts_) {
-      if (undialed.count(peer) != 0 || revoked.count(peer) != 0) ctx->TryCancel();
+    const std::set<const void*> revoked_certs = revokedCalls(*running, *next);
+    for (auto& [ctx, call] : client_contexts_) {
+      if (undialed.count(call.id) != 0 || revoked.count(call.id) != 0 || revoked_certs.count(ctx) != 0) {
+        ctx->TryCancel();
+      }
     }
-    for (auto& [ctx, peer] : server_contexts_) {
-      if (revoked.count(peer) != 0) ctx->TryCancel();
+    for (auto& [ctx, call] : server_contexts_) {
+      if (revoked.count(call.id) != 0 || revoked_certs.count(ctx) != 0) ctx->TryCancel();
     }
   }
   stop_cv_.notify_all();
   for (const auto& peer : next->peers) {
     if (dialers_.count(peer.name) == 0) startDialer(peer);
   }
+}
+
+std::set<const void*> PeerLinksImpl::revokedCalls(const Config& running, const Config& next) {
+  std::set<const void*> out;
+  if (next.tls_crl_pem.empty() || next.tls_crl_pem == running.tls_crl_pem) return out;
+  auto check = [&](const void* ctx, const CallPeer& call) {
+    if (call.cert_pem.empty()) return;
+    const std::string why = revocation(next.tls_crl_pem, call.cert_pem);
+    if (why.empty()) return;
+    out.insert(ctx);
+    metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
+    metrics_.peer_problems.record(call.id, PeerProblems::Cause::kCredentials,
+                                  "link cut at a reload: " + why + " (link.tls_crl_file)");
+    spdlog::warn("peer {}: link cut: {} (link.tls_crl_file, read again by a reload)", call.id, why);
+  };
+  for (const auto& [ctx, call] : client_contexts_) check(ctx, call);
+  for (const auto& [ctx, call] : server_contexts_) check(ctx, call);
+  return out;
 }
 
 void PeerLinksImpl::stop() {
@@ -198,7 +220,7 @@ void PeerLinksImpl::stop() {
   {
     MutexLock lock(mutex_);
     if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
-    server_contexts_.emplace(ctx, std::string());
+    server_contexts_.emplace(ctx, CallPeer{});
   }
   Unregister<::grpc::ServerContext> unregister{this, ctx};
 
@@ -219,7 +241,8 @@ void PeerLinksImpl::stop() {
   const LogScope scope(LogFields{.peer = hello.daemon_id()});
   {
     MutexLock lock(mutex_);
-    server_contexts_[ctx] = hello.daemon_id();  // a reload that revokes its credentials ends it
+    // A reload that revokes its credentials (its token, its certificate) ends it.
+    server_contexts_[ctx] = CallPeer{hello.daemon_id(), peerCertificate(ctx->auth_context().get())};
   }
   const auto& [chosen, reason] = choice;
   auto future = pending_.add(hello.session_id(), chosen, live_.get()->peerToken(hello.daemon_id()));

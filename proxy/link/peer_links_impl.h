@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -81,6 +82,14 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     std::thread thread;
   };
 
+  // Who is at the other end of a call: the peer's id ("" until a server
+  // call's Hello is admitted), and its verified certificate (PEM; "" without
+  // TLS), which a reload checks against new CRLs.
+  struct CallPeer {
+    std::string id;
+    std::string cert_pem;
+  };
+
   // Takes a call's context off the list of those stop() cancels, when the call ends.
   template <typename Context>
   struct Unregister {
@@ -104,6 +113,9 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   // Whether the dialer of `state` is to end (the daemon stops, or a reload took its peer).
   bool ending(const DialState& state) const { return stopping_ || state.quit->load(); }
   void startDialer(const PeerConfig& peer) FL_REQUIRES(dialers_mutex_);
+  // The calls of peers whose certificate a CRL of `next` lists (logged); empty
+  // when `next` brings no new CRLs.
+  std::set<const void*> revokedCalls(const Config& running, const Config& next) FL_REQUIRES(mutex_);
   void dialLoop(const PeerConfig& peer, DialState state);
   bool dialOnce(const PeerConfig& peer, DialState& state);
   // A connected channel to `peer`; null when it was not reachable in time (logged) or the daemon stops.
@@ -141,8 +153,8 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   std::condition_variable stop_cv_;
   // The calls stop() cancels, and a reload those of a peer it removes: by
   // peer id (a server call's is "" until its Hello is admitted).
-  std::map<::grpc::ServerContext*, std::string> server_contexts_ FL_GUARDED_BY(mutex_);
-  std::map<::grpc::ClientContext*, std::string> client_contexts_ FL_GUARDED_BY(mutex_);
+  std::map<::grpc::ServerContext*, CallPeer> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::map<::grpc::ClientContext*, CallPeer> client_contexts_ FL_GUARDED_BY(mutex_);
   // Taken by init, reconfigure and stop only: the dialers by peer name, and
   // those a reload ended (joined by stop()).
   Mutex dialers_mutex_;
