@@ -511,6 +511,73 @@ else
     "$work/links-wrong-token.json" "$work/doctor-wrong-token.log" "$(journal framelinkd)"
 fi
 
+# ---- 7f. two more hosts of one site, trusting only a CA made by the packaged script
+# (/usr/share/framelink/framelink-site-ca.sh), link as the ids their certificates name; the CA
+# revokes site-a, site-b reloads with the new CRL: the link is cut and site-a refused from then on
+ca=/root/framelink-site-ca
+sca=/usr/share/framelink/framelink-site-ca.sh
+t=$SECONDS
+site_rc=0
+{
+  sh $sca init $ca && sh $sca issue $ca site-a /etc/framelink-site-a/tls 127.0.0.1 &&
+    sh $sca issue $ca site-b /etc/framelink-site-b/tls 127.0.0.1
+} >"$work/site-ca.log" 2>&1 || site_rc=$?
+for h in site-a site-b; do
+  d=/etc/framelink-$h
+  [[ -f $d/tls/host.key ]] || continue
+  chown framelink:framelink $d/tls/host.key
+  install -m 0644 $ca/ca.crt $d/tls/site-ca.crt
+  install -m 0644 $ca/crl.pem $d/tls/site-ca.crl
+  cat >$d/framelinkd.toml <<EOF
+[daemon]
+id = "$h"
+socket = "/run/framelink-$h/framelinkd.sock"
+[link]
+listen = "127.0.0.1:$([[ $h == site-a ]] && echo 7721 || echo 7722)"
+data_listen = "127.0.0.1:0"
+token_file = "/etc/framelink/peer.token"
+reconnect_max_ms = 500
+tls_cert_file = "tls/host.crt"
+tls_key_file = "tls/host.key"
+tls_ca_file = "tls/site-ca.crt"
+tls_crl_file = "tls/site-ca.crl"
+tls_client_auth = true
+tls_require_cert_name = true
+EOF
+  [[ $h == site-a ]] && printf '\n[[peer]]\nname = "site-b"\naddress = "127.0.0.1:7722"\n' >>$d/framelinkd.toml
+  systemd-run --unit=framelinkd-$h --property=Type=notify --property=User=framelink --property=Group=framelink \
+    --property=RuntimeDirectory=framelink-$h --property=RuntimeDirectoryMode=0750 \
+    /usr/sbin/framelinkd --config $d/framelinkd.toml >>"$work/site-ca.log" 2>&1 || site_rc=$?
+done
+site_up=0
+for _ in $(seq 1 60); do
+  framelink links --socket /run/framelink-site-b/framelinkd.sock --json 2>/dev/null | grep -q '"state": *"up"' &&
+    { site_up=1; break; }
+  sleep 0.5
+done
+# site-a's key is lost: the CA revokes it; site-b takes the new CRL and reloads (SIGHUP).
+cut="" refused=""
+if ((site_up)); then
+  { sh $sca revoke $ca site-a && install -m 0644 $ca/crl.pem /etc/framelink-site-b/tls/site-ca.crl &&
+    systemctl kill -s HUP --kill-whom=main framelinkd-site-b; } >>"$work/site-ca.log" 2>&1 || site_rc=$?
+  for _ in $(seq 1 60); do
+    cut=$(journalctl -u framelinkd-site-b --no-pager -o cat | grep -m1 'peer site-a: link cut: ')
+    refused=$(journalctl -u framelinkd-site-b --no-pager -o cat | grep -m1 "refused: it claims to be 'site-a', but its certificate")
+    [[ -n "$cut" && -n "$refused" ]] && break
+    sleep 0.5
+  done
+fi
+sleep 1
+b_links=$(framelink links --socket /run/framelink-site-b/framelinkd.sock --json 2>&1)
+if ((site_rc == 0 && site_up)) && [[ -n "$cut" && -n "$refused" ]] && ! grep -q '"state": *"up"' <<<"$b_links"; then
+  pass site-ca "site-a and site-b, trusting only the site CA, linked; after the revocation and a reload site-b says: $cut; at site-a's redial: ${refused:0:120}... ($((SECONDS - t)) s)"
+else
+  fail site-ca "exit $site_rc, linked $site_up, cut '${cut:0:80}', refused '${refused:0:80}'" "$work/site-ca.log" \
+    "$(journal framelinkd-site-a)" "$(journal framelinkd-site-b)"
+fi
+systemctl stop framelinkd-site-a framelinkd-site-b >/dev/null 2>&1
+rm -rf /etc/framelink-site-a /etc/framelink-site-b $ca
+
 # ---- 8. purge: nothing of the packages may be left
 systemctl stop framelinkd-second >/dev/null 2>&1
 rm -rf /etc/framelink-second
