@@ -11,6 +11,11 @@
 #   debian_mirror
 #       prints the Debian mirror to debootstrap from: $FRAMELINK_DEBIAN_MIRROR, else the first
 #       URI of a bookworm source of apt here, else http://deb.debian.org/debian.
+#   unmount_under DIR
+#       unmounts, deepest first, whatever is mounted under DIR: debootstrap mounts proc and sys
+#       in its tree while it works (and may bind /dev), and a failed run leaves them there.
+#   remove_scratch DIR
+#       unmount_under DIR, then removes DIR without crossing a mount: never deletes through one.
 
 debs_root_packages() {
   local fields=$1
@@ -50,4 +55,14 @@ debian_mirror() {
            /^URIs:/ { uri = $2 } /^Suites:/ && / bookworm( |$)/ && uri ~ /^https?:/ { print uri; exit }')
   fi
   echo "${mirror:-http://deb.debian.org/debian}"
+}
+
+unmount_under() {
+  local m
+  findmnt -rn -o TARGET | { grep -E "^$1/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
+}
+
+remove_scratch() {
+  unmount_under "$1"
+  rm -rf --one-file-system "$1"
 }

@@ -86,14 +86,7 @@ exec 9>"$cache/lock"
 flock 9
 ((rebuild)) && rm -f "$base"
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-image.XXXXXX")
-unmount_all() {
-  findmnt -rn -o TARGET | { grep -E "^$work/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
-}
-cleanup() {
-  unmount_all
-  rm -rf --one-file-system "$work"
-}
-trap cleanup EXIT
+trap 'remove_scratch "$work"' EXIT
 tree=$work/root
 if [[ -s "$base" ]]; then
   say "base $base (cached: minbase + ${#pkgs[@]} packages)"
@@ -107,7 +100,7 @@ else
     echo "build-image: debootstrap failed" >&2
     exit 1
   }
-  unmount_all
+  unmount_under "$work"
   printf 'deb %s bookworm main\n' "$mirror" >"$tree/etc/apt/sources.list"
   # What a container does not use: package lists and caches, documentation (copyrights kept),
   # manual pages, translations, logs.

@@ -47,14 +47,7 @@ mkdir -p "$cache"
 exec 9>"$cache/lock"
 flock 9
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-minroot.XXXXXX")
-unmount_all() {
-  findmnt -rn -o TARGET | { grep -E "^$work/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
-}
-cleanup() {
-  unmount_all
-  rm -rf --one-file-system "$work"
-}
-trap cleanup EXIT
+trap 'remove_scratch "$work"' EXIT
 tree=$work/root
 t=$SECONDS
 if [[ -s "$base" ]]; then
@@ -69,7 +62,7 @@ else
     tail -n 30 "$work/debootstrap.log" >&2
     fail "debootstrap"
   }
-  unmount_all
+  unmount_under "$work"
   rm -rf "$tree"/var/lib/apt/lists/* "$tree"/var/cache/apt/* "$tree"/debootstrap
   tar --numeric-owner -C "$tree" -cf "$base.tmp" .
   mv -f "$base.tmp" "$base"

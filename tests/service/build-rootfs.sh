@@ -11,6 +11,8 @@
 # needs no network and no package lists.  The guest keeps no lists: its apt knows only what is
 # installed and the local debs.
 set -euo pipefail
+# shellcheck source=../../scripts/debian-root.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/debian-root.sh"
 
 if (($# < 2)); then
   echo "usage: $0 IMAGE MIRROR [PACKAGE...]" >&2
@@ -23,16 +25,8 @@ include=systemd-sysv,dbus
 for p in "$@"; do include+=",$p"; done
 
 work=$(mktemp -d "${image%/*}/rootfs-build.XXXXXX")
-# debootstrap mounts proc and sys in the tree while it works (and may bind /dev): never delete
-# through a mount, whatever state a failed run left behind.
-unmount_all() {
-  findmnt -rn -o TARGET | { grep -E "^$work/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
-}
-cleanup() {
-  unmount_all
-  rm -rf --one-file-system "$work"
-}
-trap cleanup EXIT
+# debootstrap's mounts in the tree, whatever state a failed run left them in, are never deleted through.
+trap 'remove_scratch "$work"' EXIT
 trap 'echo "build-rootfs: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 root=$work/root
 
@@ -86,7 +80,7 @@ for u in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.
   ln -sf /dev/null "$root/etc/systemd/system/$u"
 done
 
-unmount_all
+unmount_under "$work"
 # ---- the image: the tree's size plus room for the debs, logs and the journal
 mb=$(du -sxm "$root" | cut -f1)
 size=$((mb + 768))
