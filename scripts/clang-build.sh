@@ -3,11 +3,13 @@
 # the sources once for all of them instead of once each:
 #   * ASan+UBSan: the daemon, the library, the CLI and every test (FRAMELINK_SANITIZE), run by
 #     `ctest --test-dir build-clang -L 'unit|transport|integration|sim'`;
-#   * the libFuzzer targets of tests/fuzz (FRAMELINK_BUILD_FUZZERS), run by scripts/fuzz.sh;
+#   * the libFuzzer targets of tests/fuzz (FRAMELINK_BUILD_FUZZERS), run by scripts/fuzz.sh: the
+#     daemon's libraries carry the fuzzers' coverage instrumentation, and the fuzzers link them;
 #   * the lock annotations, -Wthread-safety as errors on every file (FRAMELINK_THREAD_SAFETY);
 #   * the compile database scripts/tidy.sh runs clang-tidy with.
 # The daemon, the library and the CLI compile in unity batches of 16 (clang-tidy then also reads
-# each batch's headers once); the tests' own code is -O0 (FRAMELINK_TEST_CODE).
+# each batch's headers once), the tests in batches of 8 (tests/CMakeLists.txt); the tests' own code
+# is -O0 (FRAMELINK_TEST_CODE).
 #
 #   scripts/clang-build.sh [TARGET...]     default: every target
 # FRAMELINK_CLANG_BUILD_DIR selects the tree (default build-clang/ at the top of the repository).

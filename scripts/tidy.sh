@@ -10,7 +10,15 @@
 #
 #   scripts/tidy.sh [FILE...]     default: every .cpp of proxy/, client/cli/ and client/bench/
 #                                 (FILE: the batches that hold these files)
+#   scripts/tidy.sh --record      every file, then .ci/tidy-clean lists the key of every unit (below)
 set -euo pipefail
+
+record=0
+if [[ "${1:-}" == --record ]]; then
+  record=1
+  shift
+  (($# == 0)) || { echo "tidy: --record runs over every file; no FILE with it" >&2; exit 2; }
+fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FRAMELINK_CLANG_BUILD_DIR:-$root/build-clang}
@@ -66,8 +74,18 @@ trap 'rm -rf "$out"' EXIT
 # its compile flags, .clang-tidy, the header filter and clang-tidy's version -- and a clean run
 # leaves the key in the cache (TIDY_CACHE, default ~/.cache/framelink-tidy; TIDY_CACHE=off: none).
 # A unit whose preprocessed text cannot be made is run.
+# The repository carries the keys of the units as they were at a clean run too: .ci/tidy-clean,
+# written by `scripts/tidy.sh --record` before a commit.  The key holds every byte clang-tidy reads
+# (system headers included), so on a machine of another kind, or after any change a unit sees, its
+# key differs and it is read again; on a fresh clone only what changed since the record is read.
 cache=${TIDY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/framelink-tidy}
-declare -A key_of=()
+recorded=$root/.ci/tidy-clean
+declare -A key_of=() clean_key=()
+if [[ -f "$recorded" && "$cache" != off ]] && ((!record)); then
+  while read -r key _; do
+    [[ "$key" =~ ^[0-9a-f]{64}$ ]] && clean_key[$key]=1
+  done <"$recorded"
+fi
 if [[ "$cache" != off ]]; then
   mkdir -p "$cache"
   while read -r unit key; do key_of[$unit]=$key; done < <(
@@ -103,11 +121,17 @@ PY
   )
 fi
 to_run=()
+from_record=0
 for u in "${units[@]}"; do
-  if [[ -n "${key_of[$u]:-}" && -e "$cache/${key_of[$u]}" ]]; then continue; fi
+  key=${key_of[$u]:-}
+  if [[ -n "$key" && -e "$cache/$key" ]]; then continue; fi
+  if [[ -n "$key" && -n "${clean_key[$key]:-}" ]]; then
+    from_record=$((from_record + 1))
+    continue
+  fi
   to_run+=("$u")
 done
-echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#candidates[@]} files in ${#units[@]} translation units ($((${#units[@]} - ${#to_run[@]})) unchanged since a clean run: $cache), $jobs at a time"
+echo "tidy: $($tidy --version | sed -n 's/.*LLVM version /clang-tidy /p') over ${#candidates[@]} files in ${#units[@]} translation units ($((${#units[@]} - ${#to_run[@]})) unchanged since a clean run: $from_record as .ci/tidy-clean records, the others in $cache), $jobs at a time"
 start=$SECONDS
 # Each file's output to its own log (parallel runs would interleave lines);
 # the exit status of each run goes into the log's name.
@@ -142,4 +166,14 @@ fi
 for u in "${to_run[@]}"; do
   if [[ -n "${key_of[$u]:-}" ]]; then touch "$cache/${key_of[$u]}"; fi
 done
+if ((record)); then
+  {
+    echo "# scripts/tidy.sh --record: the key of each translation unit clang-tidy found clean (see the"
+    echo "# script), so that a fresh clone reads only the units that changed since.  Generated."
+    for u in "${units[@]}"; do
+      if [[ -n "${key_of[$u]:-}" ]]; then echo "${key_of[$u]} ${u#"$build"/}"; fi
+    done
+  } >"$recorded"
+  echo "tidy: recorded $(grep -c '^[0-9a-f]' "$recorded") clean units in $recorded"
+fi
 echo "TIDY PASSED: ${#candidates[@]} files in ${#units[@]} translation units ($((${#units[@]} - ${#to_run[@]})) unchanged since a clean run), no findings (${took} s)"

@@ -354,13 +354,6 @@ void DaemonProcess::printLog() const {
 
 // ---------------------------------------------------------------- DaemonPair
 
-namespace {
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-}  // namespace
-
 DaemonPair::DaemonPair(const std::string& transport) : DaemonPair(Options{transport}) {}
 
 DaemonPair::DaemonPair(Options options) {

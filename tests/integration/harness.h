@@ -49,6 +49,15 @@ class TempDir {
 
 std::string readFile(const std::string& path);
 
+// `a` followed by `b` (command lines put together from parts).
+inline std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The directory part of `path` (up to its last '/').
+inline std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
 // True once any assertion of the running test case has failed (maintained
 // by a Catch2 listener in harness.cpp).
 bool currentTestFailed();

@@ -66,8 +66,6 @@ CliRun runCliAsNobody(const TempDir& dir, const std::vector<std::string>& args) 
   return r;
 }
 
-std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
-
 // Sends `length` bytes of `message` on a fresh connection and reads the admin
 // reply (bounded); bytes is 0 when none came.
 struct RawAdmin {

@@ -21,7 +21,7 @@ using namespace framelink::integ;
 
 namespace {
 
-constexpr uint64_t kFrameBytes = 64 * 1024;
+constexpr uint64_t kFanoutFrameBytes = 64 * 1024;
 
 DaemonPair::Options pairOptions(const std::string& transport) {
   DaemonPair::Options o;
@@ -51,7 +51,7 @@ std::vector<std::vector<uint64_t>> readAll(std::vector<Client*> readers, std::ve
       done = false;
       fl_frame f{};
       if (fl_receive(readers[i]->get(), &f, 5) != FL_OK) continue;
-      checkSyntheticFrame(f, f.frame_id, kFrameBytes);
+      checkSyntheticFrame(f, f.frame_id, kFanoutFrameBytes);
       got[i].push_back(f.frame_id);
       REQUIRE(fl_release(readers[i]->get(), f.slot) == FL_OK);
     }
@@ -72,13 +72,13 @@ TEST_CASE("fanout: each subscriber on the receiving host gets every frame, the l
   for (int i = 0; i < 3; ++i) subscribers.push_back(attachWith(pair.b(), FL_CONSUMER, "cam", true));
   Client member1 = attachWith(pair.b(), FL_CONSUMER, "cam", false);
   Client member2 = attachWith(pair.b(), FL_CONSUMER, "cam", false);
-  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFanoutFrameBytes);
 
   constexpr size_t kFrames = 12;
   std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
     for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+      send_error = trySubmitFrame(producer.get(), id, kFanoutFrameBytes, true);
     }
   });
   auto got = readAll({&subscribers[0], &subscribers[1], &subscribers[2], &member1, &member2},
@@ -122,12 +122,12 @@ TEST_CASE("fanout: the sender hears DELIVERED only when the last reader released
   DaemonPair pair(pairOptions("tcp"));
   Client first = attachWith(pair.b(), FL_CONSUMER, "cam", true);
   Client second = attachWith(pair.b(), FL_CONSUMER, "cam", true);
-  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
-  submitFrame(producer.get(), 1, kFrameBytes, true);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFanoutFrameBytes);
+  submitFrame(producer.get(), 1, kFanoutFrameBytes, true);
   fl_frame a = receiveFrame(first.get(), Millis(10000));
   fl_frame b = receiveFrame(second.get(), Millis(10000));
-  checkSyntheticFrame(a, 1, kFrameBytes);
-  checkSyntheticFrame(b, 1, kFrameBytes);
+  checkSyntheticFrame(a, 1, kFanoutFrameBytes);
+  checkSyntheticFrame(b, 1, kFanoutFrameBytes);
   // The frame landed in one of them; the other reads that same memory.
   CHECK(a.data != b.data);
   REQUIRE(fl_release(first.get(), a.slot) == FL_OK);
@@ -146,14 +146,14 @@ TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, t
   // The first subscriber is the one frames land in: its death hands that to the second.
   Client lander = attachWith(pair.b(), FL_CONSUMER, "cam", true);
   Client other = attachWith(pair.b(), FL_CONSUMER, "cam", true);
-  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
-  submitFrame(producer.get(), 1, kFrameBytes, true);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFanoutFrameBytes);
+  submitFrame(producer.get(), 1, kFanoutFrameBytes, true);
   receiveFrame(lander.get(), Millis(10000));
   fl_frame f = receiveFrame(other.get(), Millis(10000));
-  checkSyntheticFrame(f, 1, kFrameBytes);
+  checkSyntheticFrame(f, 1, kFanoutFrameBytes);
   lander = Client();  // detaches holding frame 1
   // What the other reader holds stays readable: it is mapped in its own process.
-  checkSyntheticFrame(f, 1, kFrameBytes);
+  checkSyntheticFrame(f, 1, kFanoutFrameBytes);
   REQUIRE(fl_release(other.get(), f.slot) == FL_OK);
   auto failed = collectCompletions(producer.get(), 1, Millis(10000));
   REQUIRE(failed.size() == 1);
@@ -162,9 +162,9 @@ TEST_CASE("fanout: a reader that dies holding a frame fails it for the sender, t
   CHECK(failed[0].released == 1);
 
   for (uint64_t id = 2; id <= 5; ++id) {
-    submitFrame(producer.get(), id, kFrameBytes, true);
+    submitFrame(producer.get(), id, kFanoutFrameBytes, true);
     fl_frame g = receiveFrame(other.get(), Millis(10000));
-    checkSyntheticFrame(g, id, kFrameBytes);
+    checkSyntheticFrame(g, id, kFanoutFrameBytes);
     REQUIRE(fl_release(other.get(), g.slot) == FL_OK);
     auto done = collectCompletions(producer.get(), 1, Millis(10000));
     REQUIRE(done.size() == 1);
@@ -186,16 +186,16 @@ TEST_CASE("fanout: a stream routed to a peer is read by the readers on the produ
   DaemonPair pair(o);
   Client remote = attachWith(pair.b(), FL_CONSUMER, "cam", false);
   Client viewer = attachWith(pair.a(), FL_CONSUMER, "cam", true);  // beside the producer
-  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFanoutFrameBytes);
   requireServing(pair.a(), pair.b(), "warmup", 1);
   const int64_t sent_before = waitForMetric(pair.a(), "framelink_transport_frames_sent_total", 1);
 
   // The local reader holds frame 1: the producer hears nothing until it lets go.
-  submitFrame(producer.get(), 1, kFrameBytes, true);
+  submitFrame(producer.get(), 1, kFanoutFrameBytes, true);
   fl_frame here = receiveFrame(viewer.get(), Millis(10000));
   fl_frame there = receiveFrame(remote.get(), Millis(10000));
-  checkSyntheticFrame(here, 1, kFrameBytes);
-  checkSyntheticFrame(there, 1, kFrameBytes);
+  checkSyntheticFrame(here, 1, kFanoutFrameBytes);
+  checkSyntheticFrame(there, 1, kFanoutFrameBytes);
   REQUIRE(fl_release(remote.get(), there.slot) == FL_OK);
   CHECK(collectCompletions(producer.get(), 1, Millis(500)).empty());
   REQUIRE(fl_release(viewer.get(), here.slot) == FL_OK);
@@ -209,7 +209,7 @@ TEST_CASE("fanout: a stream routed to a peer is read by the readers on the produ
   std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
     for (uint64_t id = 2; id < 2 + kMore && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+      send_error = trySubmitFrame(producer.get(), id, kFanoutFrameBytes, true);
     }
   });
   auto got = readAll({&viewer, &remote}, {kMore, kMore});
@@ -276,7 +276,7 @@ void sendToEveryReader(Client& producer, std::vector<Client*> readers, size_t fr
   std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
     for (uint64_t id = 1; id <= frames && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes, true);
+      send_error = trySubmitFrame(producer.get(), id, kFanoutFrameBytes, true);
     }
   });
   auto got = readAll(readers, std::vector<size_t>(readers.size(), frames));
@@ -311,7 +311,7 @@ TEST_CASE(
   Client sub2 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
   Client member = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
   Client viewer = attachWith(*hosts.a, FL_CONSUMER, "cam", true);  // beside the producer
-  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFanoutFrameBytes);
 
   constexpr size_t kFrames = 10;
   // Two readers on hostB, one on hostC, the viewer here.
@@ -334,7 +334,7 @@ TEST_CASE(
   Client sub1 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
   Client sub2 = attachWith(*hosts.b, FL_CONSUMER, "cam", true);
   Client member = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
-  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFanoutFrameBytes);
   constexpr size_t kFrames = 10;
   // The slot comes back once both hosts released the frame.
   sendToEveryReader(producer, {&sub1, &sub2, &member}, kFrames, 3);
@@ -351,10 +351,10 @@ TEST_CASE("fanout: one route without a reader fails the frame with its reason; t
   ThreeHosts hosts("tcp", {"--credit-timeout-ms", "1500"});
   requireServing(*hosts.a, *hosts.c, "warmc", 1);
   Client reader = attachWith(*hosts.b, FL_CONSUMER, "cam", false);  // nobody reads cam on hostC
-  Client producer = attachProducer(*hosts.a, "cam", 4, kFrameBytes);
-  submitFrame(producer.get(), 1, kFrameBytes, true);
+  Client producer = attachProducer(*hosts.a, "cam", 4, kFanoutFrameBytes);
+  submitFrame(producer.get(), 1, kFanoutFrameBytes, true);
   fl_frame f = receiveFrame(reader.get(), Millis(10000));
-  checkSyntheticFrame(f, 1, kFrameBytes);
+  checkSyntheticFrame(f, 1, kFanoutFrameBytes);
   REQUIRE(fl_release(reader.get(), f.slot) == FL_OK);
   // hostB's side is done; hostC's waits for a consumer until its credit deadline.
   CHECK(collectCompletions(producer.get(), 1, Millis(500)).empty());
@@ -367,10 +367,10 @@ TEST_CASE("fanout: one route without a reader fails the frame with its reason; t
   // A consumer on hostC comes: the next frames reach both.
   Client late = attachWith(*hosts.c, FL_CONSUMER, "cam", false);
   for (uint64_t id = 2; id <= 4; ++id) {
-    submitFrame(producer.get(), id, kFrameBytes, true);
+    submitFrame(producer.get(), id, kFanoutFrameBytes, true);
     for (Client* r : {&reader, &late}) {
       fl_frame g = receiveFrame(r->get(), Millis(10000));
-      checkSyntheticFrame(g, id, kFrameBytes);
+      checkSyntheticFrame(g, id, kFanoutFrameBytes);
       REQUIRE(fl_release(r->get(), g.slot) == FL_OK);
     }
     auto ok = collectCompletions(producer.get(), 1, Millis(10000));
@@ -410,13 +410,13 @@ TEST_CASE("fanout: on a drop stream a stalled subscriber is skipped for frames t
   // The lander has the larger slots; the stalled one takes two frames and keeps them.
   Client lander = attachWith(pair.b(), FL_CONSUMER, "cam", true, 8, 256 * 1024);
   Client stalled = attachWith(pair.b(), FL_CONSUMER, "cam", true, 2, 128 * 1024);
-  Client producer = attachProducer(pair.a(), "cam", 4, kFrameBytes);
+  Client producer = attachProducer(pair.a(), "cam", 4, kFanoutFrameBytes);
 
   constexpr uint64_t kFrames = 10;
   std::string send_error;  // Catch is not thread-safe: the sender only records what failed
   std::thread send([&] {
     for (uint64_t id = 1; id <= kFrames && send_error.empty(); ++id) {
-      send_error = trySubmitFrame(producer.get(), id, kFrameBytes);
+      send_error = trySubmitFrame(producer.get(), id, kFanoutFrameBytes);
     }
   });
   auto got = readAll({&lander}, {kFrames});

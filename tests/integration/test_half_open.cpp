@@ -28,7 +28,7 @@ using namespace framelink::integ;
 
 namespace {
 
-constexpr uint32_t kSlots = 8;
+constexpr uint32_t kHalfOpenSlots = 8;
 constexpr uint64_t kLength = 16 * 1024;
 
 // A producer on A and a consumer on B that releases everything, and what
@@ -48,7 +48,7 @@ struct Traffic {
   void pump(bool submit, Millis duration, const std::function<bool()>& until = {}) {
     const auto end = Clock::now() + duration;
     while (Clock::now() < end && !(until && until())) {
-      while (submit && next - done < kSlots) {
+      while (submit && next - done < kHalfOpenSlots) {
         submitFrame(producer.get(), next, kLength);
         ++next;
       }
@@ -192,8 +192,8 @@ void runPartition(const std::string& transport, HalfOpenRelay::Direction blocked
 
   const std::string stream = "half-open-" + transport;
   Traffic t;
-  t.consumer = attachConsumer(b, stream, kSlots, 64 * 1024);
-  t.producer = attachProducer(a, stream, kSlots, 64 * 1024);
+  t.consumer = attachConsumer(b, stream, kHalfOpenSlots, 64 * 1024);
+  t.producer = attachProducer(a, stream, kHalfOpenSlots, 64 * 1024);
 
   // Frames flow (and, for tcp, through the relay's second port).
   t.pump(true, Millis(15000), [&] { return t.receivedCount() >= 200; });

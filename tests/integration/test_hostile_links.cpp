@@ -14,6 +14,7 @@
 #include "client_util.h"
 #include "harness.h"
 #include "hostile_peer.h"
+#include "hostile_script.h"
 #include "hostile_util.h"
 
 using namespace framelink::integ;
@@ -23,13 +24,6 @@ namespace {
 
 constexpr size_t kLinks = 8;
 constexpr uint32_t kConsumerSlots = 4;
-
-v1::PeerMessage streamOpen(uint64_t stream_id, const std::string& name) {
-  v1::PeerMessage m;
-  m.mutable_stream_open()->set_stream_id(stream_id);
-  m.mutable_stream_open()->set_name(name);
-  return m;
-}
 
 // Gives back every credit the daemon recalls from `peer`, as a sender that
 // has nothing to send does, from the `done`-th recall on; returns how many

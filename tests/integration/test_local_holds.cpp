@@ -23,8 +23,8 @@ using namespace framelink::integ;
 
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint32_t kSlots = 8;
+constexpr uint64_t kHoldKiB = 1024;
+constexpr uint32_t kHoldSlots = 8;
 
 DaemonProcess::Options holdOptions(std::vector<std::string> extra) {
   DaemonProcess::Options o;
@@ -124,9 +124,9 @@ TEST_CASE("local: on a drop stream a reader that keeps its frames loses them; th
   INFO((takes ? "the hoarder takes its frames" : "the hoarder never reads"));
   DaemonProcess d(
       holdOptions({"--drop-stream", "cam", "--ack-timeout-ms", "300", "--credit-timeout-ms", "1000"}));
-  Client hoarding = attachWith(d, FL_CONSUMER, "cam", true, kSlots, 64 * kKiB);
-  Client honest = attachWith(d, FL_CONSUMER, "cam", true, kSlots, 64 * kKiB);
-  Client producer = attachProducer(d, "cam", kSlots, 64 * kKiB);
+  Client hoarding = attachWith(d, FL_CONSUMER, "cam", true, kHoldSlots, 64 * kHoldKiB);
+  Client honest = attachWith(d, FL_CONSUMER, "cam", true, kHoldSlots, 64 * kHoldKiB);
+  Client producer = attachProducer(d, "cam", kHoldSlots, 64 * kHoldKiB);
   HonestReader reader(honest.get(), kFrames);
   std::optional<Hoarder> hoarder;
   if (takes) hoarder.emplace(hoarding.get());
@@ -139,19 +139,19 @@ TEST_CASE("local: on a drop stream a reader that keeps its frames loses them; th
   for (const fl_completion& c : done) {
     INFO("frame " << c.frame_id << ": " << statusName(c.status));
     // The hoarder's eight end for it at ack_timeout_ms; it is skipped for the others (no free slot).
-    CHECK(c.status == (c.frame_id <= kSlots ? FL_ERR_TIMEOUT : FL_OK));
+    CHECK(c.status == (c.frame_id <= kHoldSlots ? FL_ERR_TIMEOUT : FL_OK));
     CHECK(c.readers == 2);
     CHECK(c.released == 1);
   }
   CHECK(waitUntil([&] { return reader.finished(); }, Millis(10000)));
   INFO(reader.error());
   CHECK(reader.ids() == idsFrom(1, kFrames));
-  CHECK(waitForMetric(d, "framelink_local_frames_taken_back_total", kSlots) == kSlots);
-  CHECK(d.metric("framelink_frames_dropped_slow_reader_total") == int64_t{kFrames - kSlots});
+  CHECK(waitForMetric(d, "framelink_local_frames_taken_back_total", kHoldSlots) == kHoldSlots);
+  CHECK(d.metric("framelink_frames_dropped_slow_reader_total") == int64_t{kFrames - kHoldSlots});
 
   if (takes) {
     hoarder->stop();
-    REQUIRE(hoarder->held().size() == kSlots);
+    REQUIRE(hoarder->held().size() == kHoldSlots);
     // What it still maps of the producer's slots it can read, never write.
     const fl_frame& f = hoarder->held().front();
     const uintptr_t page = reinterpret_cast<uintptr_t>(f.data) & ~uintptr_t{4095};
@@ -176,12 +176,12 @@ TEST_CASE("local: on a drop stream a reader that keeps its frames loses them; th
 
 TEST_CASE("local: on a block stream a hoarder's frames end at ack_timeout_ms, the next at credit_timeout_ms",
           "[integration][local]") {
-  constexpr uint64_t kFrames = 2 * kSlots;
+  constexpr uint64_t kFrames = 2 * kHoldSlots;
   DaemonProcess d(holdOptions({"--ack-timeout-ms", "300", "--credit-timeout-ms", "300"}));
-  Client hoarding = attachWith(d, FL_CONSUMER, "cam", true, kSlots, 64 * kKiB);  // never reads
-  Client honest = attachWith(d, FL_CONSUMER, "cam", true, kSlots, 64 * kKiB);
-  Client producer = attachProducer(d, "cam", kSlots, 64 * kKiB);
-  HonestReader reader(honest.get(), kSlots);
+  Client hoarding = attachWith(d, FL_CONSUMER, "cam", true, kHoldSlots, 64 * kHoldKiB);  // never reads
+  Client honest = attachWith(d, FL_CONSUMER, "cam", true, kHoldSlots, 64 * kHoldKiB);
+  Client producer = attachProducer(d, "cam", kHoldSlots, 64 * kHoldKiB);
+  HonestReader reader(honest.get(), kHoldSlots);
 
   // The producer gets its slots back: none waits for the hoarder for ever.
   for (uint64_t id = 1; id <= kFrames; ++id) submitFrame(producer.get(), id, 1000);
@@ -189,7 +189,7 @@ TEST_CASE("local: on a block stream a hoarder's frames end at ack_timeout_ms, th
   REQUIRE(done.size() == kFrames);
   for (const fl_completion& c : done) {
     INFO("frame " << c.frame_id << ": " << statusName(c.status));
-    if (c.frame_id <= kSlots) {
+    if (c.frame_id <= kHoldSlots) {
       // Given to both; the hoarder kept it past ack_timeout_ms.
       CHECK(c.status == FL_ERR_TIMEOUT);
       CHECK(c.readers == 2);
@@ -201,15 +201,15 @@ TEST_CASE("local: on a block stream a hoarder's frames end at ack_timeout_ms, th
   }
   CHECK(waitUntil([&] { return reader.finished(); }, Millis(10000)));
   INFO(reader.error());
-  CHECK(reader.ids() == idsFrom(1, kSlots));
-  CHECK(waitForMetric(d, "framelink_local_frames_taken_back_total", kSlots) == kSlots);
+  CHECK(reader.ids() == idsFrom(1, kHoldSlots));
+  CHECK(waitForMetric(d, "framelink_local_frames_taken_back_total", kHoldSlots) == kHoldSlots);
 }
 
 TEST_CASE("local: a queue member that keeps a copied frame loses it; the group goes on",
           "[integration][local]") {
   DaemonProcess d(holdOptions({"--copy-stream", "line", "--ack-timeout-ms", "300"}));
-  Client keeper = attachWith(d, FL_CONSUMER, "line", false, 1, 64 * kKiB);
-  Client producer = attachProducer(d, "line", 2, 64 * kKiB);
+  Client keeper = attachWith(d, FL_CONSUMER, "line", false, 1, 64 * kHoldKiB);
+  Client producer = attachProducer(d, "line", 2, 64 * kHoldKiB);
   submitFrame(producer.get(), 1, 500);
   fl_frame kept = receiveFrame(keeper.get(), Millis(5000));
   CHECK(kept.frame_id == 1);
@@ -219,7 +219,7 @@ TEST_CASE("local: a queue member that keeps a copied frame loses it; the group g
   CHECK(done[0].readers == 1);
   CHECK(done[0].released == 0);
   // A copy is the reader's own: it stays intact after the producer's slot is reused.
-  Client other = attachWith(d, FL_CONSUMER, "line", false, 4, 64 * kKiB);
+  Client other = attachWith(d, FL_CONSUMER, "line", false, 4, 64 * kHoldKiB);
   submitFrame(producer.get(), 2, 500);
   fl_frame f = receiveFrame(other.get(), Millis(5000));
   checkSyntheticFrame(f, 2, 500);

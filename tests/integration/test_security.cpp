@@ -35,8 +35,6 @@ namespace {
 
 constexpr uid_t kThirdUser = 65533;  // a user that is neither the daemon's nor nobody
 
-std::string dirOf(const std::string& path) { return path.substr(0, path.rfind('/')); }
-
 // fl_attach as the calling user; the status as an exit code (statuses fit in 0..255).
 int attachStatus(const std::string& socket) {
   fl_client_options opt;

@@ -61,11 +61,6 @@ class TestPki {
   TempDir dir_{"fl-tls"};
 };
 
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // A site CA made by the packaged script (packaging/scripts/framelink-site-ca.sh) in
 // its own directory, with a certificate issued for each host (naming it and 127.0.0.1).
 class SiteCa {

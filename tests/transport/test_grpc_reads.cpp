@@ -28,8 +28,8 @@ using framelink::v1::DataMessage;
 
 // A GrpcServerTransport on one end of a Link.Data call, the call's raw
 // client stream (typed DataMessages) on the other.
-struct RawPeer {
-  explicit RawPeer(size_t chunk_bytes) {
+struct GrpcRawPeer {
+  explicit GrpcRawPeer(size_t chunk_bytes) {
     auto started = GrpcTestServer::start("tok", chunk_bytes);
     REQUIRE(started.ok());
     server = std::move(started).value();
@@ -48,7 +48,7 @@ struct RawPeer {
     t = adopted.get();
   }
 
-  ~RawPeer() {
+  ~GrpcRawPeer() {
     t->shutdown();  // cancels the call
     DataMessage ignored;
     while (stream->Read(&ignored)) {
@@ -93,7 +93,7 @@ DataMessage responseChunk(uint64_t source_id, uint64_t read_id, uint64_t length,
 
 // Polls until the transport reported its link error and `more` events
 // after it; returns everything from the link error on.
-std::vector<TransportEvent> awaitLinkError(Transport& t, size_t more = 0) {
+std::vector<TransportEvent> awaitGrpcLinkError(Transport& t, size_t more = 0) {
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
   std::vector<TransportEvent> seen;
   TransportEvent ev[8];
@@ -112,16 +112,16 @@ std::vector<TransportEvent> awaitLinkError(Transport& t, size_t more = 0) {
 
 TEST_CASE("grpc: a read response for a read that is not outstanding closes the link",
           "[transport][grpc][read]") {
-  RawPeer p(kDefaultGrpcChunkBytes);
+  GrpcRawPeer p(kDefaultGrpcChunkBytes);
   REQUIRE(p.stream->Write(responseChunk(0, 42, 0, 0, true)));
-  const std::vector<TransportEvent> seen = awaitLinkError(*p.t);
+  const std::vector<TransportEvent> seen = awaitGrpcLinkError(*p.t);
   CHECK(seen[0].status == FL_ERR_PROTOCOL);
   CHECK_THAT(seen[0].message, Catch::Contains("read 42, which is not outstanding"));
 }
 
 TEST_CASE("grpc: read messages mixed with frame data close the link", "[transport][grpc][read]") {
   std::vector<uint8_t> buf(100);  // a credit's: outlives the transport
-  RawPeer p(kDefaultGrpcChunkBytes);
+  GrpcRawPeer p(kDefaultGrpcChunkBytes);
   DataMessage m;
   std::string reason;
   SECTION("a read request with a payload") {
@@ -151,7 +151,7 @@ TEST_CASE("grpc: read messages mixed with frame data close the link", "[transpor
     reason = "read response in the middle of frame";
   }
   REQUIRE(p.stream->Write(m));
-  const std::vector<TransportEvent> seen = awaitLinkError(*p.t);
+  const std::vector<TransportEvent> seen = awaitGrpcLinkError(*p.t);
   CHECK(seen[0].status == FL_ERR_PROTOCOL);
   CHECK_THAT(seen[0].message, Catch::Contains(reason));
 }
@@ -159,7 +159,7 @@ TEST_CASE("grpc: read messages mixed with frame data close the link", "[transpor
 TEST_CASE("grpc: a read response that does not match its read closes the link and fails the read",
           "[transport][grpc][read]") {
   std::vector<uint8_t> buf(1001, 0xEE);  // a read's (1000 bytes): outlives the transport
-  RawPeer p(kDefaultGrpcChunkBytes);
+  GrpcRawPeer p(kDefaultGrpcChunkBytes);
   ReadRequest r;
   r.cookie = 5;
   r.source = RemoteSource{9, 1000, 0, 0};
@@ -231,7 +231,7 @@ TEST_CASE("grpc: a read response that does not match its read closes the link an
     reason = "read response in the middle of the response to read";
   }
   for (const DataMessage& m : answer) REQUIRE(p.stream->Write(m));
-  const std::vector<TransportEvent> seen = awaitLinkError(*p.t, 1);
+  const std::vector<TransportEvent> seen = awaitGrpcLinkError(*p.t, 1);
   REQUIRE(seen.size() == 2);
   CHECK(seen[0].status == FL_ERR_PROTOCOL);
   CHECK_THAT(seen[0].message, Catch::Contains(reason));
@@ -244,7 +244,7 @@ TEST_CASE("grpc: a read response that does not match its read closes the link an
 
 TEST_CASE("grpc: a read response of the peer's making completes the read", "[transport][grpc][read]") {
   std::vector<uint8_t> buf(1001, 0xEE);  // a read's (1000 bytes): outlives the transport
-  RawPeer p(kDefaultGrpcChunkBytes);
+  GrpcRawPeer p(kDefaultGrpcChunkBytes);
   ReadRequest r;
   r.cookie = 6;
   r.source = RemoteSource{9, 1000, 0, 0};
@@ -293,7 +293,7 @@ TEST_CASE("grpc: a read response of the peer's making completes the read", "[tra
 
 TEST_CASE("grpc: a peer asking for more reads than the bound without taking the answers closes the link",
           "[transport][grpc][read]") {
-  RawPeer p(kDefaultGrpcChunkBytes);
+  GrpcRawPeer p(kDefaultGrpcChunkBytes);
   auto payload = std::make_shared<std::vector<uint8_t>>(1 << 20, 0xAB);
   REQUIRE(p.t->exposeSource(LocalSource{1, payload->data(), payload->size(), payload}).ok());
   // Every request is for the 1 MiB source; the raw peer never reads, so
@@ -304,7 +304,7 @@ TEST_CASE("grpc: a peer asking for more reads than the bound without taking the 
     if (i + 1 < kAsked) options.set_buffer_hint();
     if (!p.stream->Write(readRequest(1, i + 1, 1 << 20), options)) break;  // the call ended first
   }
-  const std::vector<TransportEvent> seen = awaitLinkError(*p.t);
+  const std::vector<TransportEvent> seen = awaitGrpcLinkError(*p.t);
   CHECK(seen[0].status == FL_ERR_PROTOCOL);
   CHECK_THAT(seen[0].message, Catch::Contains("more than 256 reads unanswered"));
   // 256 answers waiting, and the few the sender took before gRPC held it up.
@@ -315,7 +315,7 @@ TEST_CASE("grpc: a peer asking for more reads than the bound without taking the 
 TEST_CASE("grpc: a source retracted while its answer is written goes out whole from its keepalive",
           "[transport][grpc][read]") {
   constexpr size_t kChunk = 64 << 10;
-  RawPeer p(kChunk);
+  GrpcRawPeer p(kChunk);
   constexpr size_t kSize = 4 << 20;
   auto bytes = std::make_shared<std::vector<uint8_t>>(kSize);
   for (size_t i = 0; i < kSize; ++i) (*bytes)[i] = static_cast<uint8_t>(i * 31 + 7);

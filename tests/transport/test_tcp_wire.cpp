@@ -57,11 +57,11 @@ struct Listener {
 };
 
 // A transport on the listener side, fed by a raw socket on the dialer side.
-struct RawPeer {
+struct WirePeer {
   Listener listener{"t"};
   UniqueFd raw;
   std::unique_ptr<Transport> t;
-  RawPeer() {
+  WirePeer() {
     auto fd = dialData("127.0.0.1", listener.l->port(), kSession, "t", 5s);
     REQUIRE(fd.ok());
     raw = std::move(fd).value();
@@ -155,7 +155,7 @@ TEST_CASE("tcp dial to a closed port fails with FL_ERR_TRANSPORT", "[transport][
 }
 
 TEST_CASE("tcp receiver treats malformed frames as protocol violations", "[transport][tcp]") {
-  RawPeer peer;
+  WirePeer peer;
   std::vector<uint8_t> buf(10);
   auto keep = std::make_shared<int>(0);
   REQUIRE(peer.t->exposeCredit(LocalCredit{5, buf.data(), buf.size(), keep}).ok());
@@ -181,7 +181,7 @@ TEST_CASE("tcp receiver treats malformed frames as protocol violations", "[trans
 }
 
 TEST_CASE("tcp receiver reports a connection cut in the middle of a frame", "[transport][tcp]") {
-  RawPeer peer;
+  WirePeer peer;
   std::vector<uint8_t> buf(100);
   REQUIRE(peer.t->exposeCredit(LocalCredit{5, buf.data(), buf.size(), nullptr}).ok());
   TcpFrameHeader h{};

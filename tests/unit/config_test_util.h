@@ -17,6 +17,10 @@
 namespace framelink {
 namespace config_test {
 
+// The text of a certificate file as far as the configuration reads it (the files
+// exist and look like PEM; nothing verifies them).
+inline const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
 // A private directory for the files one test writes; removed afterwards.
 class TempDir {
  public:

@@ -15,8 +15,6 @@ using namespace framelink::config_test;
 
 namespace {
 
-const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-
 // A [link] table with mutual TLS, its files in `dir`.
 std::string mutualTls(const TempDir& dir) {
   const std::string pem = dir.write("tls.pem", kPem);

@@ -29,7 +29,6 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
-const std::string kPem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 // A real CA and the CRL it signed (framelink-site-ca.sh init), for tls_crl_file, which checks it.
 const std::string kCaPem =
     "-----BEGIN CERTIFICATE-----\n"
