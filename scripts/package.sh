@@ -45,8 +45,9 @@ out=$(realpath -m "${1:-$build/packages}")
 jobs=${FRAMELINK_JOBS:-2}
 packages=(framelinkd libframelink0 libframelink-dev framelink-tools framelink-bench)
 # Debian only: the Python client as Debian's Python policy packages it (dh-python); the rpm spec has
-# no python3 subpackage yet (pip users take the wheel).
-deb_only_packages=(python3-framelink framelink-nuget)
+# no python3 subpackage yet (pip users take the wheel).  The documentation site, whose theme's
+# libraries and fonts are links to Debian's packages of them (packaging/doc/link-assets.sh).
+deb_only_packages=(python3-framelink framelink-nuget framelink-doc)
 # The packages with ELF files, which get -dbgsym / -debuginfo packages.
 with_debug=(framelinkd libframelink0 framelink-tools framelink-bench)
 
@@ -103,7 +104,7 @@ status=0
 # The system's PATH, as a build root has it: pybuild runs the python3.X first on PATH, which must be
 # Debian's (with its setuptools and build modules), never a user's own interpreter.
 (cd "$pw/framelink-$upstream" && PATH=/usr/sbin:/usr/bin:/sbin:/bin DEB_BUILD_OPTIONS="parallel=$jobs ${DEB_BUILD_OPTIONS:-}" \
-  dpkg-buildpackage -us -uc) >"$pw/dpkg-buildpackage.log" 2>&1 || status=$?
+  LANG=C dpkg-buildpackage -us -uc) >"$pw/dpkg-buildpackage.log" 2>&1 || status=$?
 if ((status != 0)); then
   tail -n 60 "$pw/dpkg-buildpackage.log"
   fail "dpkg-buildpackage (the last lines of $pw/dpkg-buildpackage.log above)"
@@ -127,7 +128,10 @@ optflags="$(deb_flag CXXFLAGS) $(deb_flag CPPFLAGS)"
 ldflags=$(deb_flag LDFLAGS)
 rm -rf "$pw/framelink-$upstream"
 status=0
-rpmbuild -ba --nodeps --define "_topdir $pw/rpm" --define "_builddir $pw" --define "_smp_mflags -j$jobs" \
+# The locale the debs were compiled in: ccache hashes LANG and LC_ALL, and in another locale every
+# compile of the rpms missed the debs' objects (4 minutes on a cold cache).  debhelper (compat 13)
+# sets LC_ALL=C.UTF-8 for its builds, rpmbuild sets LANG=C; the debs get LANG=C above.
+LC_ALL=C.UTF-8 rpmbuild -ba --nodeps --define "_topdir $pw/rpm" --define "_builddir $pw" --define "_smp_mflags -j$jobs" \
   --define "optflags $optflags" --define "build_ldflags $ldflags" --define "fl_config_flags %{nil}" \
   "$root/packaging/rpm/framelink.spec" >"$pw/rpmbuild.log" 2>&1 || status=$?
 if ((status != 0)); then
@@ -325,6 +329,22 @@ py_out=$(in_root "cd / && /usr/bin/python3 -c '$py_check'" 2>&1) || bad "python3
   bad "python3-framelink: expected '$FL_UPSTREAM $FL_UPSTREAM /usr/lib/python3/dist-packages/framelink', got: $py_out"
 [[ -f "$ov/root/usr/share/framelink/nuget/FrameLink.$FL_UPSTREAM.nupkg" && -f "$ov/root/usr/share/framelink/nuget/FrameLink.$FL_UPSTREAM.snupkg" ]] ||
   bad "framelink-nuget: /usr/share/framelink/nuget lacks FrameLink.$FL_UPSTREAM.nupkg or .snupkg"
+# framelink-doc: the site's start page, and every link in it resolved to a file of a package that
+# framelink-doc depends on (the theme's jQuery, fonts, ...).
+html=/usr/share/doc/framelink/html
+[[ -f "$ov/root$html/index.html" && -f "$ov/root$html/start/install.html" ]] || bad "framelink-doc: no $html/index.html or start/install.html"
+doc_depends=$(in_root "dpkg-query -W -f='\${Depends}' framelink-doc")
+doc_links=0
+while read -r link; do
+  target=$(in_root "realpath -s -m \"\$(dirname '$link')/\$(readlink '$link')\"")
+  [[ -f "$ov/root$target" ]] || bad "framelink-doc: $link points at $target, which is missing"
+  owner=$(in_root "dpkg -S '$target'" 2>/dev/null | cut -d: -f1 | head -1)
+  [[ -n "$owner" && ", $doc_depends," == *", $owner"[,\ ]* ]] ||
+    bad "framelink-doc: $link points at $target of package '${owner:-none}', which framelink-doc does not depend on ($doc_depends)"
+  doc_links=$((doc_links + 1))
+done < <(in_root "find $html -type l")
+((doc_links > 0)) || bad "framelink-doc: no links to Debian's packages in $html (packaging/doc/link-assets.sh did nothing?)"
+echo "ok: framelink-doc: $html/index.html, $doc_links links to files of the packages it depends on"
 echo "ok: installed: user framelink, peer.token 600 framelink:framelink, TLS key 600 framelink:framelink with its self-signed certificate for $(uname -n), unit enabled, libframelink.so.0 in ld.so.cache, framelink and framelinkd run"
 
 # As older packages left it: readable by group framelink, whose members are the applications.
@@ -336,12 +356,12 @@ in_root 'dpkg -i /tmp/debs/*.deb' >"$FL_WORK/dpkg-reinstall.log" 2>&1 || { cat "
   bad "reinstalling left peer.token $(in_root 'stat -c "%a %U %G" /etc/framelink/peer.token'), expected 600 framelink framelink"
 echo "ok: reinstalled: the peer token and the TLS key are kept, the token taken from the group an older package gave it to"
 
-in_root 'dpkg -r framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
+in_root 'dpkg -r framelink-doc framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-remove.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-remove.log"; bad "dpkg -r"; }
 # The enablement symlink stays until the purge, as with dh_installsystemd: a reinstall
 # keeps the unit enabled or disabled as the admin left it.
 for gone in /usr/sbin/framelinkd /usr/bin/framelink /usr/bin/framelink-bench "/usr/lib/$FL_MULTIARCH/libframelink.so.0" \
-  /usr/lib/python3/dist-packages/framelink /usr/share/framelink/nuget; do
+  /usr/lib/python3/dist-packages/framelink /usr/share/framelink/nuget /usr/share/doc/framelink; do
   [[ ! -e "$ov/root$gone" && ! -L "$ov/root$gone" ]] || bad "$gone is still there after dpkg -r"
 done
 for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framelink/tls/host.key /etc/framelink/tls/peers.pem; do
@@ -349,7 +369,7 @@ for kept in /etc/framelink/framelinkd.toml /etc/framelink/peer.token /etc/framel
 done
 echo "ok: removed: binaries and libraries gone, conffile, token and TLS files kept"
 
-in_root 'dpkg -P framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
+in_root 'dpkg -P framelink-doc framelink-nuget python3-framelink framelink-bench framelink-tools libframelink-dev framelinkd libframelink0' >"$FL_WORK/dpkg-purge.log" 2>&1 ||
   { cat "$FL_WORK/dpkg-purge.log"; bad "dpkg -P"; }
 [[ ! -L "$ov/root$wants" ]] || bad "$wants is still there after the purge"
 [[ ! -e "$ov/root/etc/framelink" ]] || bad "/etc/framelink is still there after the purge: $(ls -la "$ov/root/etc/framelink")"

@@ -64,8 +64,7 @@ packages=(
   # the Python client as a wheel, built offline (setuptools backend + wheel, pip without build
   # isolation) and installed into a venv for its tests; mypy checks its type hints (py.typed)
   python3-venv python3-pip python3-wheel mypy
-  # the documentation site (mkdocs.yml, docs/): scripts/check-docs.sh builds it with --strict
-  mkdocs
+  # (mkdocs, which scripts/check-docs.sh runs, is a build dependency: framelink-doc is the site)
 )
 ((build_only)) && packages=()
 if ((softroce)); then
