@@ -7,6 +7,8 @@
 #                   "skip" when a stage it needs failed
 #   <slug>.times    its start and end, in seconds since the run began, and its name
 #   <slug>.summary  the line the summary prints for it (a test count, a PASSED line, ...)
+#   <slug>.cpu      the CPU time its processes used (bash's `times`: its own, then that of the
+#                   children it waited for -- compilers, tests, guests -- user and system)
 # Needs: $logs, $start_all, $budget_min, $limit_min, and expected_stages (every stage's name).
 
 # What the summary line of a stage is: a pattern its log's last matching line is taken from.
@@ -21,10 +23,11 @@ declare -A summary_pattern=(
   ["container image"]='^CONTAINER IMAGE:'
   ["service guest"]='^SERVICE GUEST:'
   [house]='^HOUSE (PASSED|FAILED)'
+  ["previous release"]='^PREVIOUS RELEASE:'
 )
 # The stages whose summaries make the closing line, in this order.
 summary_order=(tests simulation "asan+ubsan tests" "tsan tests" fuzz tidy soft-roce "service guest"
-  "container image" house)
+  "container image" "previous release" house)
 
 slug() { local s=${1// /-}; echo "${s//+/}"; }
 now() { echo $((SECONDS - start_all)); }
@@ -40,14 +43,16 @@ run_stage() {
   s=$logs/$(slug "$name")
   begin=$(now)
   printf '[%s] %s: started\n' "$(clock)" "$name"
+  # The stage's CPU time, however it ends: `times`' second line, its children's user and system.
+  local cpu_trap="times >'$s.cpu'"
   if ((show)); then
     set +e +o pipefail
-    (set -Eeuo pipefail; "$fn") 2>&1 | tee "$s.log"
+    (set -Eeuo pipefail; trap "$cpu_trap" EXIT; "$fn") 2>&1 | tee "$s.log"
     rc=${PIPESTATUS[0]}
     set -e -o pipefail
   else
     # A negative niceness needs root (CI runs as root); elsewhere the stage keeps its parent's.
-    (set -Eeuo pipefail; renice -n "$nice" -p "$BASHPID" >/dev/null 2>&1 || true; "$fn") >"$s.log" 2>&1 &
+    (set -Eeuo pipefail; trap "$cpu_trap" EXIT; renice -n "$nice" -p "$BASHPID" >/dev/null 2>&1 || true; "$fn") >"$s.log" 2>&1 &
     wait $! || rc=$?
   fi
   local pattern=${summary_pattern[$name]:-}
@@ -116,26 +121,33 @@ run_lanes() {
   wait "${pids[@]}" || true
 }
 
-# The summary: every stage with its start, its time and its result; the total against the
+# Seconds of CPU in a <slug>.cpu file (`times`: "0m0.01s 0m0.00s" then "12m3.40s 0m20.10s"): the
+# children's user and system time; "-" without the file.
+cpu_of() {
+  [[ -s "$1" ]] || { echo -; return; }
+  tail -1 "$1" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] } printf "%dm%02ds", t / 60, t % 60 }'
+}
+
+# The summary: every stage with its start, its time, its CPU time and its result; the total against the
 # budget; the closing line.  Exits non-zero when a stage failed or the run passed the limit.
 finish() {
   local status=$? total b e f name rc result failed=() rows=() slowest
   total=$(now)
   trap - EXIT
   printf '\n==================== summary ====================\n'
-  printf '%-18s %6s %8s  %s\n' stage start took result
+  printf '%-18s %6s %8s %8s  %s\n' stage start took cpu result
   while read -r b e name; do
     rc=$(cat "$logs/$(slug "$name").status" 2>/dev/null || echo "?")
     case "$rc" in 0) result=passed ;; skip) result="not run" ;; *) result="FAILED ($rc)"; failed+=("$name") ;; esac
     [[ "$rc" == skip ]] && failed+=("$name")
-    printf '%-18s %6s %8s  %s\n' "$name" "$(mmss "$b")" "$(mmss $((e - b)))" "$result"
+    printf '%-18s %6s %8s %8s  %s\n' "$name" "$(mmss "$b")" "$(mmss $((e - b)))" "$(cpu_of "$logs/$(slug "$name").cpu")" "$result"
     rows+=("$((e - b)) $name")
   done < <(cat "$logs"/*.times 2>/dev/null | sort -n)
   # A stage that never ran (its lane died, or the run stopped before it) fails the run too.
   local st
   for st in "${expected_stages[@]}"; do
     [[ -s "$logs/$(slug "$st").status" ]] && continue
-    printf '%-18s %6s %8s  %s\n' "$st" - - "never ran"
+    printf '%-18s %6s %8s %8s  %s\n' "$st" - - - "never ran"
     failed+=("$st")
   done
   printf '%-18s %6s %8s\n' total "" "$(mmss "$total")"
