@@ -2,7 +2,10 @@
 // clients, each resolved to an integer id once -- a peer when a link comes up
 // or a producer attaches (its route), a stream name when a consumer attaches
 // or a peer opens a stream -- so that the per-frame path compares integers
-// and builds no string.  All of it is owned by the agent thread.
+// and builds no string.  All of it is owned by the agent thread.  A link
+// (AgentLink) also batches the control records the parts send on it
+// (send/flushControl): a round's per-frame messages leave together, as control
+// records on the transport.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // Result<T> for the setup and control path: a value or an Error with a code
 // (fl_status), a message that says what was wrong and what to do, and context
-// added on the way up.  The data path does not use this (see STYLE.md).
+// added on the way up.  The data path does not use this: a frame's failure is the
+// fl_status in its completion, with no message to allocate.
 #pragma once
 
 #include <cassert>

@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -93,7 +92,7 @@ class FakeDaemon {
     join();
     if (control_) munmap(control_, control_size_);
     if (data_) munmap(data_, data_size_);
-    for (int fd : {conn_, listen_fd_, control_fd_, data_fd_, submit_efd_, completion_efd_})
+    for (int fd : {conn_, listen_fd_, control_fd_, data_fd_, submit_doorbell_, completion_doorbell_})
       if (fd >= 0) close(fd);
     unlink(path_.c_str());
     if (!dir_.empty()) rmdir(dir_.c_str());
@@ -128,10 +127,8 @@ class FakeDaemon {
   bool ringIfAsleep() {
     if (!fl_ring_reader_needs_wake(completion_)) return false;
     uint64_t one = 1;
-    // A full doorbell queue is a doorbell already ringing, as in framelinkd.
-    if (send(completion_efd_, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof(one) &&
-        errno != EAGAIN)
-      std::abort();
+    // A full pipe is a doorbell already ringing, as in framelinkd.
+    if (write(completion_doorbell_, &one, sizeof(one)) != sizeof(one) && errno != EAGAIN) std::abort();
     wakes_++;
     return true;
   }
@@ -177,7 +174,7 @@ class FakeDaemon {
   fl_ring_header* submitRing() { return submit_; }
   const fl_attach_request& request() const { return req_; }
   int wakes() const { return wakes_.load(); }
-  int submitEventfd() const { return submit_efd_; }
+  int submitDoorbell() const { return submit_doorbell_; }
 
  private:
   void serve() {
@@ -239,14 +236,15 @@ class FakeDaemon {
 
     control_fd_ = memfd_create("framelink-control", MFD_CLOEXEC);
     data_fd_ = memfd_create("framelink-data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    // Doorbells as framelinkd makes them: datagram socket pairs, one end each.
+    // Doorbells as framelinkd makes them (proxy/attach/client_session.cpp): the submit
+    // doorbell a datagram socket pair, the completion doorbell a pipe the client reads.
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) std::abort();
-    submit_efd_ = sv[0];
+    submit_doorbell_ = sv[0];
     client_submit_.reset(sv[1]);
-    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) std::abort();
-    completion_efd_ = sv[0];
-    client_completion_.reset(sv[1]);
+    if (pipe2(sv, O_CLOEXEC | O_NONBLOCK) != 0) std::abort();
+    completion_doorbell_ = sv[1];
+    client_completion_.reset(sv[0]);
     if (ftruncate(control_fd_, static_cast<off_t>(control_size_)) != 0) std::abort();
     if (ftruncate(data_fd_, static_cast<off_t>(data_size_)) != 0) std::abort();
     control_ = static_cast<uint8_t*>(
@@ -292,7 +290,7 @@ class FakeDaemon {
   int conn_ = -1;
   std::thread thread_;
   fl_attach_request req_{};
-  int control_fd_ = -1, data_fd_ = -1, submit_efd_ = -1, completion_efd_ = -1;  // the daemon's ends
+  int control_fd_ = -1, data_fd_ = -1, submit_doorbell_ = -1, completion_doorbell_ = -1;  // the daemon's ends
   struct OwnedFd {
     int fd = -1;
     ~OwnedFd() { reset(); }

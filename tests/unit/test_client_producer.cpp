@@ -167,11 +167,11 @@ TEST_CASE("producer: the daemon is woken only while it sleeps", "[client]") {
   uint64_t v = 0;
   REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
   REQUIRE(fl_submit(c, s.index, 1) == FL_OK);
-  CHECK(read(d.submitEventfd(), &v, sizeof(v)) < 0);  // awake daemon: no system call
+  CHECK(read(d.submitDoorbell(), &v, sizeof(v)) < 0);  // awake daemon: no system call
   fl_ring_prepare_sleep(d.submitRing());
   REQUIRE(fl_acquire(c, 0, &s) == FL_OK);
   REQUIRE(fl_submit(c, s.index, 1) == FL_OK);
-  CHECK(read(d.submitEventfd(), &v, sizeof(v)) == sizeof(v));
+  CHECK(read(d.submitDoorbell(), &v, sizeof(v)) == sizeof(v));
   CHECK(v == 1);
   fl_detach(c);
 }
@@ -245,7 +245,7 @@ TEST_CASE("producer: several threads share one client", "[client]") {
   std::atomic<int> daemon_errors{0};
   std::atomic<int> completed{0};
   std::thread daemon([&] {
-    pollfd p{d.submitEventfd(), POLLIN, 0};
+    pollfd p{d.submitDoorbell(), POLLIN, 0};
     while (completed.load() < kThreads * kPerThread) {
       fl_submit_desc sd{};
       if (d.popSubmit(sd)) {
@@ -264,7 +264,7 @@ TEST_CASE("producer: several threads share one client", "[client]") {
           break;
         }
         uint64_t v;
-        (void)!read(d.submitEventfd(), &v, sizeof(v));
+        (void)!read(d.submitDoorbell(), &v, sizeof(v));
       }
       fl_ring_end_sleep(d.submitRing());
     }

@@ -1,4 +1,4 @@
-// The transport registry (proxy/transport_registry.*) and the daemon's table
+// The transport registry (proxy/link/transport_registry.*) and the daemon's table
 // of transports (proxy/link/peer_transports.cpp): how a transport is chosen, what
 // a refused one says, and the loopback transport between two daemons.
 #include <catch2/catch.hpp>
