@@ -300,7 +300,7 @@ bool InboundStreams::grantSlot(GrantRound& round, uint64_t cid, ClientSession& c
     entry.pull = pull;
     SlotEntry& e = c.slots[s];
     e.state = SlotState::kCredited;
-    e.credit_id = remote->credit_id;
+    e.consumer.credit_id = remote->credit_id;
     e.link_id = l.id;
     e.stream_id = target.second;
     auto* grant = round.grants[target].mutable_credit_grant();
@@ -430,7 +430,7 @@ InboundStreams::Credits::iterator InboundStreams::findCredit(uint64_t credit_id)
 InboundStreams::Credits::iterator InboundStreams::releaseCredit(Credits::iterator credit, NameKey* stream) {
   if (AgentClient* ac = clients_.find(credit->second.client_id)) {
     SlotEntry& e = ac->session->slots[credit->second.slot];
-    if (e.state == SlotState::kCredited && e.credit_id == credit->second.credit_id) e = SlotEntry{};
+    if (e.state == SlotState::kCredited && e.consumer.credit_id == credit->second.credit_id) e = SlotEntry{};
     if (stream != nullptr) *stream = ac->stream;
   }
   return credits_.erase(credit);

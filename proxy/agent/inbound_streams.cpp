@@ -58,13 +58,13 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
   const uint64_t now = clock_.nowNs();
   for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
     SlotEntry& e = c.slots[slot];
-    if (e.shared) {
+    if (e.consumer.shared) {
       // Its frame is the other readers' here too: it ends when they are done.
       if (e.state == SlotState::kDelivered && local_ != nullptr) local_->landedGone(c, slot);
-    } else if (e.state == SlotState::kDelivered && e.local_from != 0) {
+    } else if (e.state == SlotState::kDelivered && e.consumer.local_from != 0) {
       if (local_ != nullptr) local_->readerGone(c, slot);
     } else if (e.state == SlotState::kCredited) {
-      auto it = findCredit(e.credit_id);
+      auto it = findCredit(e.consumer.credit_id);
       if (it != credits_.end()) {
         if (AgentLink* l = links_.find(it->second.link_id)) {
           // Recalled, not retracted: the sender may have posted a write into
@@ -77,13 +77,13 @@ void InboundStreams::onConsumerGone(AgentClient& ac) {
           it->second.recalled_ns = now;
           auto& msg = revokes[{l->id, it->second.stream_id}];
           msg.mutable_credit_revoke()->set_stream_id(it->second.stream_id);
-          msg.mutable_credit_revoke()->add_credit_ids(e.credit_id);
+          msg.mutable_credit_revoke()->add_credit_ids(e.consumer.credit_id);
         } else {
           credits_.erase(it);
         }
       }
     } else if (e.state == SlotState::kDelivered) {
-      refuseDelivered({e.link_id, e.stream_id, e.in_state, e.sequence}, FL_ERR_NO_CONSUMER,
+      refuseDelivered({e.link_id, e.stream_id, e.consumer.in_state, e.sequence}, FL_ERR_NO_CONSUMER,
                       "the consumer died before releasing the frame", 1, 0);
     }
     e = SlotEntry{};
@@ -137,19 +137,19 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
     return;
   }
   metrics_.counters.frames_released.fetch_add(1, std::memory_order_relaxed);
-  if (e.shared) {  // landed here from a peer, and lent to the other readers here
+  if (e.consumer.shared) {  // landed here from a peer, and lent to the other readers here
     e.state = SlotState::kLent;
     if (local_ != nullptr) local_->landedReleased(c, desc.slot);  // the last one answers the sender
     return;
   }
-  if (e.local_from != 0) {  // a frame of a producer here
+  if (e.consumer.local_from != 0) {  // a frame of a producer here
     if (local_ != nullptr) local_->released(c, desc.slot);
     e = SlotEntry{};
     if (local_ != nullptr) local_->pump();
     grantCredits(ac.stream);
     return;
   }
-  const LocalDelivery::Landed from{e.link_id, e.stream_id, e.in_state, e.sequence};
+  const LocalDelivery::Landed from{e.link_id, e.stream_id, e.consumer.in_state, e.sequence};
   e = SlotEntry{};
   answerRelease(from, ac.stream, c.id);
 }
@@ -191,8 +191,8 @@ void InboundStreams::endShared(const LocalDelivery::Landed& from, uint64_t landi
   AgentClient* ac = clients_.find(landing);
   if (ac != nullptr && !ac->session->gone && slot < ac->session->slots.size()) {
     SlotEntry& e = ac->session->slots[slot];
-    if (e.shared && e.state == SlotState::kLent && e.sequence == from.sequence &&
-        e.in_state == from.in_state) {
+    if (e.consumer.shared && e.state == SlotState::kLent && e.sequence == from.sequence &&
+        e.consumer.in_state == from.in_state) {
       e = SlotEntry{};
       stream = ac->stream;
     }
@@ -361,7 +361,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   e.frame_id = h.frame_id;
   e.link_id = l.id;
   e.stream_id = h.stream_id;
-  e.in_state = in_state;
+  e.consumer.in_state = in_state;
   ++c.frames;
   c.bytes += h.length;
   metrics_.counters.frames_received.fetch_add(1, std::memory_order_relaxed);
@@ -370,7 +370,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
   clients_.complete(c, credit.slot, FL_OK, h.sequence, h.length, h.frame_id);
   if (local_ != nullptr && local_->othersRead(c)) {
     // One copy per host: the stream's other readers here are lent this one.
-    e.shared = true;
+    e.consumer.shared = true;
     fl_slot_header header{};
     transport::toSlotHeader(h, &header);
     local_->shareLanded(c, credit.slot, header,

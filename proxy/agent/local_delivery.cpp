@@ -301,9 +301,9 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   e.sequence = f.sequence;
   e.length = f.length;
   e.frame_id = f.header.frame_id;
-  e.local_from = p.id;
-  e.local_slot = f.slot;
-  e.completion_at = __atomic_load_n(&r.segments->completionRing()->tail, __ATOMIC_RELAXED);
+  e.consumer.local_from = p.id;
+  e.consumer.local_slot = f.slot;
+  e.consumer.completion_at = __atomic_load_n(&r.segments->completionRing()->tail, __ATOMIC_RELAXED);
   ++f.readers_out;
   ++r.frames;
   r.bytes += f.length;
@@ -375,19 +375,19 @@ void LocalDelivery::released(ClientSession& consumer, uint32_t slot) {
 
 void LocalDelivery::readerDone(ClientSession& consumer, uint32_t slot, int status, const std::string& why) {
   const SlotEntry& e = consumer.slots[slot];
-  const FrameKey key{e.local_from, e.local_slot};
+  const FrameKey key{e.consumer.local_from, e.consumer.local_slot};
   auto lit = lends_.find(consumer.id);
   if (lit != lends_.end()) {
-    auto hit = lit->second.holds.find(e.local_from);
+    auto hit = lit->second.holds.find(e.consumer.local_from);
     if (hit != lit->second.holds.end() && hit->second > 0 && --hit->second == 0) {
-      const AgentClient* p = clients_.find(e.local_from);
+      const AgentClient* p = clients_.find(e.consumer.local_from);
       if (p == nullptr || p->session->gone) {
         lit->second.holds.erase(hit);
-        lit->second.to_retire.push_back(e.local_from);
+        lit->second.to_retire.push_back(e.consumer.local_from);
       }
     }
   }
-  if (e.taken_back) return;  // the frame ended for it already
+  if (e.consumer.taken_back) return;  // the frame ended for it already
   auto fit = frames_.find(key);
   if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0) return;
   Frame& f = fit->second;

@@ -45,11 +45,11 @@ void LocalDelivery::takeBack(const FrameKey& key) {
     ClientSession& r = *c->session;
     for (uint32_t slot = 0; slot < r.slots.size(); ++slot) {
       SlotEntry& e = r.slots[slot];
-      if (e.state != SlotState::kDelivered || e.taken_back || e.local_from != f.producer ||
-          e.local_slot != f.slot || e.sequence != f.sequence || f.readers_out == 0) {
+      if (e.state != SlotState::kDelivered || e.consumer.taken_back || e.consumer.local_from != f.producer ||
+          e.consumer.local_slot != f.slot || e.sequence != f.sequence || f.readers_out == 0) {
         continue;
       }
-      e.taken_back = true;
+      e.consumer.taken_back = true;
       --f.readers_out;
       if (f.failure == FL_OK) {
         f.failure = FL_ERR_TIMEOUT;
@@ -70,12 +70,12 @@ void LocalDelivery::takeBack(const FrameKey& key) {
 bool LocalDelivery::tookCompletion(const ClientSession& c, const SlotEntry& e) {
   // The ring's head is the client's word: one that lies about it gets its
   // frame counted as read (it failed for it), or handed to another member.
-  return __atomic_load_n(&c.segments->completionRing()->head, __ATOMIC_ACQUIRE) > e.completion_at;
+  return __atomic_load_n(&c.segments->completionRing()->head, __ATOMIC_ACQUIRE) > e.consumer.completion_at;
 }
 
 void LocalDelivery::readerGone(ClientSession& consumer, uint32_t slot) {
   const SlotEntry& e = consumer.slots[slot];
-  if (!e.taken_back && !tookCompletion(consumer, e) && handOn(consumer, slot)) return;
+  if (!e.consumer.taken_back && !tookCompletion(consumer, e) && handOn(consumer, slot)) return;
   readerDone(consumer, slot, FL_ERR_NO_CONSUMER, "a local consumer died before releasing the frame");
 }
 
@@ -91,7 +91,7 @@ bool LocalDelivery::otherMember(const std::string& stream, uint64_t except) {
 
 bool LocalDelivery::handOn(ClientSession& consumer, uint32_t slot) {
   const SlotEntry& e = consumer.slots[slot];
-  const FrameKey key{e.local_from, e.local_slot};
+  const FrameKey key{e.consumer.local_from, e.consumer.local_slot};
   auto fit = frames_.find(key);
   if (fit == frames_.end() || fit->second.sequence != e.sequence || fit->second.readers_out == 0) {
     return false;

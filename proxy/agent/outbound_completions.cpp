@@ -36,13 +36,13 @@ void OutboundStreams::finishFrame(AgentClient& ac, Leg leg, uint32_t slot, int s
   SlotEntry& e = legSlot(ac, leg, slot);
   if (e.state == SlotState::kFree || e.state == SlotState::kSettling) return;
   endOffer(e);  // answered, failed or timed out: its source is read no more
-  if (e.posts_out > 0 && !shutting_down_) {
+  if (e.producer.posts_out > 0 && !shutting_down_) {
     // A transport still holds a post of the payload (an ACK came before the
     // send's completion, or the frame went again on a new link while the old
     // one still has it): the slot stays the frame's, and the producer's
     // segment stays mapped, until the last post completes.
     e.state = SlotState::kSettling;
-    e.deadline_ns = 0;
+    e.producer.deadline_ns = 0;
     settling_[{ac.session->id, slot, leg}] = Outcome{status, why};
     return;
   }
@@ -54,8 +54,8 @@ bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, i
   SlotEntry& e = c.slots[slot];
   auto it = sides_.find({c.id, slot});
   if (it == sides_.end()) {  // its only side
-    e.readers = readers;
-    e.released = released;
+    e.producer.readers = readers;
+    e.producer.released = released;
     return true;
   }
   Sides& sides = it->second;
@@ -78,8 +78,8 @@ bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, i
     status = sides.status;
     why = sides.why;
   }
-  e.readers = sides.readers;
-  e.released = sides.released;
+  e.producer.readers = sides.readers;
+  e.producer.released = sides.released;
   sides_.erase(it);
   return true;
 }
@@ -87,8 +87,8 @@ bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, i
 void OutboundStreams::endFrame(AgentClient& ac, Leg leg, uint32_t slot, int status, const std::string& why) {
   ClientSession& c = *ac.session;
   SlotEntry& e = legSlot(ac, leg, slot);
-  const uint32_t readers = e.readers;
-  const uint32_t released = e.released;
+  const uint32_t readers = e.producer.readers;
+  const uint32_t released = e.producer.released;
   if (leg != 0) {
     // This route's part is over; the frame itself is the session slot's.
     e = SlotEntry{};
@@ -122,8 +122,8 @@ void OutboundStreams::completeFrame(ClientSession& c, uint32_t slot, int status,
   const SlotEntry ended = e;
   e = SlotEntry{};
   if (c.in_progress > 0) --c.in_progress;
-  clients_.complete(c, slot, status, ended.sequence, ended.length, ended.frame_id, ended.readers,
-                    ended.released);
+  clients_.complete(c, slot, status, ended.sequence, ended.length, ended.frame_id, ended.producer.readers,
+                    ended.producer.released);
 }
 
 void OutboundStreams::endLocalFrame(AgentClient& producer, uint32_t slot, int status, const std::string& why,
@@ -168,11 +168,11 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
       AgentClient* ac = clients_.find(f.client_id);
       if (ac != nullptr) {
         SlotEntry& e = legSlot(*ac, f.leg, f.slot);
-        if (e.state == SlotState::kPending && e.sequence == sequence && e.was_posted) {
+        if (e.state == SlotState::kPending && e.sequence == sequence && e.producer.was_posted) {
           s.pending.erase(pit);
           metrics_.counters.acks_for_replays.fetch_add(1, std::memory_order_relaxed);
-          e.readers = readers;
-          e.released = released;
+          e.producer.readers = readers;
+          e.producer.released = released;
           finishFrame(*ac, f.leg, f.slot, status, status == FL_OK ? std::string() : why);
           maybeForget(*ac);
           return;
@@ -199,12 +199,12 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
     return;
   }
   s.unacked.erase(it);
-  if (peer::resendable(status) && e.resends < kMaxResends && !shutting_down_ &&
+  if (peer::resendable(status) && e.producer.resends < kMaxResends && !shutting_down_ &&
       (e.state == SlotState::kPosted || e.state == SlotState::kSent)) {
     // Not delivered (damaged on the way, or its credit was withdrawn): the
     // payload is still in the producer's slot, so send it again, ahead of
     // the frames that never left.
-    ++e.resends;
+    ++e.producer.resends;
     unpost(e, creditDeadline(clock_.nowNs()));
     s.pending.emplace(e.sequence, f);
     (status == FL_ERR_CRC_MISMATCH ? metrics_.counters.frames_resent_crc
@@ -212,11 +212,11 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
         .fetch_add(1, std::memory_order_relaxed);
     const LogScope scope(LogFields{.client = c.id, .stream = c.stream, .sequence = e.sequence});
     log_resent_.warn("[client {} stream '{}' seq {} frame {}] {}; sending it again (attempt {} of {})", c.id,
-                     c.stream, e.sequence, e.frame_id, why, e.resends + 1, kMaxResends + 1);
+                     c.stream, e.sequence, e.frame_id, why, e.producer.resends + 1, kMaxResends + 1);
     return;
   }
-  e.readers = readers;
-  e.released = released;
+  e.producer.readers = readers;
+  e.producer.released = released;
   finishFrame(*ac, f.leg, f.slot, status, why);
   maybeForget(*ac);
 }
@@ -230,9 +230,9 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
   if (ac == nullptr) return;
   const FrameRef f = posted.frame;
   SlotEntry& e = legSlot(*ac, f.leg, f.slot);
-  if (e.posts_out > 0) --e.posts_out;
+  if (e.producer.posts_out > 0) --e.producer.posts_out;
   if (e.state == SlotState::kSettling) {
-    if (e.posts_out == 0) {
+    if (e.producer.posts_out == 0) {
       auto oit = settling_.find({f.client_id, f.slot, f.leg});
       Outcome outcome = oit != settling_.end() ? std::move(oit->second) : Outcome{FL_ERR_TIMEOUT, {}};
       if (oit != settling_.end()) settling_.erase(oit);
@@ -242,10 +242,10 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
     return;
   }
   // A post the frame no longer waits for (it went again on another link).
-  if (e.state != SlotState::kPosted || e.post_cookie != ev.cookie) return;
+  if (e.state != SlotState::kPosted || e.producer.post_cookie != ev.cookie) return;
   if (ev.status == FL_OK) {
     e.state = SlotState::kSent;
-    e.deadline_ns = ackDeadline(clock_.nowNs());
+    e.producer.deadline_ns = ackDeadline(clock_.nowNs());
   } else if (ev.status == FL_ERR_LINK_LOST || ev.status == FL_ERR_DEVICE) {
     // The link broke, not the frame: it stays unacknowledged and is
     // replayed on the next link (requeueUnacked, when the link is down).
@@ -253,7 +253,7 @@ void OutboundStreams::onSendComplete(const transport::TransportEvent& ev) {
     if (OutStream* s = stream(posted.peer, posted.stream_id)) s->unacked.erase(posted.sequence);
     // This copy failed; one posted before (on a link that broke, or before
     // a NACK) may be at the consumer, so the frame's fate is unknown.
-    const bool earlier = e.posts > 1;
+    const bool earlier = e.producer.posts > 1;
     finishFrame(*ac, f.leg, f.slot, earlier ? FL_ERR_TIMEOUT : ev.status,
                 "send failed: " + ev.message + (earlier ? " (an earlier copy may have been delivered)" : ""));
   }
@@ -277,11 +277,12 @@ void OutboundStreams::forgetPostsOf(uint64_t link_id) {
 }
 
 void OutboundStreams::endOffer(SlotEntry& e) {
-  auto it = posted_.find(e.post_cookie);
-  if (e.post_cookie == 0 || it == posted_.end() || !it->second.offered || it->second.retracted) return;
-  if (!retractOffer(it->second, e.post_cookie)) return;  // settleSources lets it go
+  auto it = posted_.find(e.producer.post_cookie);
+  if (e.producer.post_cookie == 0 || it == posted_.end() || !it->second.offered || it->second.retracted)
+    return;
+  if (!retractOffer(it->second, e.producer.post_cookie)) return;  // settleSources lets it go
   posted_.erase(it);
-  if (e.posts_out > 0) --e.posts_out;
+  if (e.producer.posts_out > 0) --e.producer.posts_out;
 }
 
 bool OutboundStreams::retractOffer(Posted& posted, uint64_t cookie) {

@@ -179,7 +179,7 @@ void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl
   e.frame_id = sh.frame_id;
   e.stream_id = s.id;
   e.submitted_ns = now;
-  e.deadline_ns = creditDeadline(now);
+  e.producer.deadline_ns = creditDeadline(now);
   s.pending.emplace(h.sequence, FrameRef{c.id, slot, leg});
 }
 
@@ -189,15 +189,16 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
   SlotEntry& e = legSlot(ac, leg, slot);
   // The receiving daemon restarted since this frame was last sent: the one
   // before may have delivered it, and the new one cannot know.
-  if (e.sent_to_instance != 0 && e.sent_to_instance != l.peer_instance && !e.maybe_redelivered) {
-    e.maybe_redelivered = true;
+  if (e.producer.sent_to_instance != 0 && e.producer.sent_to_instance != l.peer_instance &&
+      !e.producer.maybe_redelivered) {
+    e.producer.maybe_redelivered = true;
     metrics_.counters.frames_maybe_redelivered.fetch_add(1, std::memory_order_relaxed);
   }
   transport::SendRequest req;
   req.cookie = cookie;
   req.header = legHeader(ac, leg, slot);
   req.header.credit_id = credit.credit_id;
-  req.header.maybe_redelivered = e.maybe_redelivered ? 1 : 0;
+  req.header.maybe_redelivered = e.producer.maybe_redelivered ? 1 : 0;
   req.payload = c.segments->slot(slot);
   req.local_key = c.segments->localKey();  // from the registration made at attach
   req.credit = credit;
@@ -238,12 +239,12 @@ transport::PostResult OutboundStreams::post(AgentLink& l, AgentClient& ac, Leg l
 void OutboundStreams::markPosted(const AgentLink& l, PeerId peer, OutStream& s, FrameRef f, SlotEntry& e,
                                  uint64_t cookie) {
   e.state = SlotState::kPosted;
-  e.post_cookie = cookie;
+  e.producer.post_cookie = cookie;
   e.link_id = l.id;
-  e.sent_to_instance = l.peer_instance;
-  e.was_posted = true;
-  ++e.posts_out;
-  ++e.posts;
+  e.producer.sent_to_instance = l.peer_instance;
+  e.producer.was_posted = true;
+  ++e.producer.posts_out;
+  ++e.producer.posts;
   s.unacked[e.sequence] = f;
   posted_[cookie] = Posted{f, peer, s.id, e.sequence, l.id};
 }
@@ -254,9 +255,9 @@ void OutboundStreams::unpost(SlotEntry& e, uint64_t deadline_ns) {
   // retracted now: a frame goes again as a new offer.
   endOffer(e);
   e.state = SlotState::kPending;
-  e.post_cookie = 0;
+  e.producer.post_cookie = 0;
   e.link_id = 0;
-  e.deadline_ns = deadline_ns;
+  e.producer.deadline_ns = deadline_ns;
 }
 
 size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
@@ -288,7 +289,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       // A consumer with such slots exists: wait for its credit.  So does a
       // frame sent before (a replay): it fitted a credit of this stream, and
       // it may already be at that consumer, so it is never refused here.
-      if (e.length <= s.largest_credit || e.was_posted) break;
+      if (e.length <= s.largest_credit || e.producer.was_posted) break;
       s.pending.erase(first);
       ++work;
       finishFrame(*ac, f.leg, f.slot, FL_ERR_TOO_LARGE,
@@ -311,10 +312,10 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
     ++work;
     if (r == transport::PostResult::kInvalid) {
       // A copy posted before may be at the consumer: its fate is unknown.
-      finishFrame(*ac, f.leg, f.slot, e.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
+      finishFrame(*ac, f.leg, f.slot, e.producer.was_posted ? FL_ERR_TIMEOUT : FL_ERR_TRANSPORT,
                   "the transport refused the frame: " +
                       (credit.pull ? offer_refusal_ : std::string(l->transport->lastRefusal())) +
-                      (e.was_posted ? " (an earlier copy may have been delivered)" : ""));
+                      (e.producer.was_posted ? " (an earlier copy may have been delivered)" : ""));
       continue;
     }
     markPosted(*l, peer, s, f, e, cookie);
@@ -324,7 +325,7 @@ size_t OutboundStreams::pump(PeerId peer, OutStream& s) {
       posted_[cookie].offered = true;
       posted_[cookie].pin = last_pin_;
       e.state = SlotState::kSent;
-      e.deadline_ns = ackDeadline(clock_.nowNs());
+      e.producer.deadline_ns = ackDeadline(clock_.nowNs());
     }
     ++l->frames_out;
     ++posted;
@@ -451,7 +452,7 @@ void OutboundStreams::checkDeadlines(AgentClient& ac, Leg leg, uint64_t now) {
   const PeerId route = legPeer(ac, leg);
   for (uint32_t slot = 0; slot < c.slots.size(); ++slot) {
     SlotEntry& e = legSlot(ac, leg, slot);
-    if (e.deadline_ns == 0 || now < e.deadline_ns) continue;
+    if (e.producer.deadline_ns == 0 || now < e.producer.deadline_ns) continue;
     OutStream* s = route != kNoPeer ? stream(route, e.stream_id) : nullptr;
     const std::string& peer_name = route != kNoPeer ? peers_[route].name : kNoPeerName;
     if (e.state == SlotState::kPending) {
@@ -463,7 +464,7 @@ void OutboundStreams::checkDeadlines(AgentClient& ac, Leg leg, uint64_t now) {
           s->pending.erase(f);
         }
       }
-      if (e.was_posted) {
+      if (e.producer.was_posted) {
         // Sent before and waiting to be sent again: the consumer may have
         // it, so its fate is unknown -- never a FAILED that says nobody did.
         finishFrame(ac, leg, slot, FL_ERR_TIMEOUT,

@@ -64,35 +64,49 @@ void ringDoorbell(int daemon_end) noexcept;
 // one that rings once).
 void drainDoorbell(int daemon_end, int max = 64) noexcept;
 
+// What a producer's daemon keeps of a frame in one of its slots, from its
+// submit to its completion.
+struct ProducerSlot {
+  uint64_t post_cookie = 0;        // the cookie of its post (SendComplete names it)
+  uint64_t deadline_ns = 0;        // credit or ACK deadline (the agent's clock)
+  uint64_t sent_to_instance = 0;   // the receiving daemon's instance it was last posted to
+  uint32_t resends = 0;            // times the peer refused the frame undelivered and it was sent again
+  uint32_t posts_out = 0;          // posts of it a transport has not reported complete (any link)
+  uint32_t posts = 0;              // times it was posted (any link)
+  uint32_t readers = 0;            // readers its frame reached, as its end said (completion)
+  uint32_t released = 0;           // of those, that released it
+  bool was_posted = false;         // posted to a link at least once (an ACK may come for it)
+  bool maybe_redelivered = false;  // posted to more than one instance of the receiving daemon
+};
+
+// What a consumer's daemon keeps of one of its slots: the credit it is
+// exposed under, and the frame delivered into it until its release.
+struct ConsumerSlot {
+  uint64_t credit_id = 0;   // the credit this slot is exposed under
+  uint64_t in_state = 0;    // id of the (peer, instance, stream) the frame came from
+  uint64_t local_from = 0;  // the local producer whose frame it holds (0: from a link)
+  uint32_t local_slot = 0;  // that producer's slot
+  bool shared = false;      // a frame from a peer that landed here, lent to the other readers here too
+  // A local frame: it ended for this reader (held past ack_timeout_ms); its
+  // release only frees the slot.
+  bool taken_back = false;
+  // A local frame: the completion ring's tail before its completion was
+  // pushed (the reader took it once the ring's head is past).
+  uint64_t completion_at = 0;
+};
+
+// One slot of a client: its state and frame, and what its client's role
+// keeps of it (a session has one role: the other part stays empty).
 struct SlotEntry {
   SlotState state = SlotState::kFree;
   uint64_t sequence = 0;
   uint64_t length = 0;
   uint64_t frame_id = 0;
-  uint64_t link_id = 0;      // producer: link it was posted on; consumer: link its credit went to
-  uint64_t stream_id = 0;    // producer: out-stream id; consumer: the sender's stream id
-  uint64_t credit_id = 0;    // consumer: credit this slot is exposed under
-  uint64_t post_cookie = 0;  // producer: the cookie of its post (SendComplete names it)
-  uint64_t in_state = 0;     // consumer: id of the (peer, instance, stream) the frame came from
-  uint64_t deadline_ns = 0;  // producer: credit or ACK deadline (the agent's clock)
+  uint64_t link_id = 0;    // producer: link it was posted on; consumer: link its credit went to
+  uint64_t stream_id = 0;  // producer: out-stream id; consumer: the sender's stream id
   uint64_t submitted_ns = 0;
-  uint32_t resends = 0;    // producer: times the peer refused the frame undelivered and it was sent again
-  uint32_t posts_out = 0;  // producer: posts of it a transport has not reported complete (any link)
-  uint32_t posts = 0;      // producer: times it was posted (any link)
-  uint64_t sent_to_instance = 0;   // producer: the receiving daemon's instance it was last posted to
-  bool was_posted = false;         // producer: posted to a link at least once (an ACK may come for it)
-  bool maybe_redelivered = false;  // producer: posted to more than one instance of the receiving daemon
-  uint64_t local_from = 0;         // consumer: the local producer whose frame it holds (0: from a link)
-  uint32_t local_slot = 0;         // consumer: that producer's slot
-  uint32_t readers = 0;            // producer: readers its frame reached, as its end said (completion)
-  uint32_t released = 0;           // producer: of those, that released it
-  bool shared = false;  // consumer: a frame from a peer that landed here, lent to the other readers here too
-  // consumer, a local frame: it ended for this reader (held past
-  // ack_timeout_ms); its release only frees the slot.
-  bool taken_back = false;
-  // consumer, a local frame: the completion ring's tail before its
-  // completion was pushed (the reader took it once the ring's head is past).
-  uint64_t completion_at = 0;
+  ProducerSlot producer;
+  ConsumerSlot consumer;
 };
 
 struct ClientSession {

@@ -526,7 +526,7 @@ class Run {
       if (d.slot >= kSlots) fail("the consumer got a frame in a slot it does not have");
       // The producer's own frames reach it too, from the producer's slot
       // beside the peer (the stream is routed there by name): not the peer's.
-      if (consumer_->slots[d.slot].local_from != 0) continue;
+      if (consumer_->slots[d.slot].consumer.local_from != 0) continue;
       bool landed = false;
       for (const auto& key : ledger_.landed) landed = landed || key.second == d.sequence;
       if (!landed) fail("the consumer got a frame that never landed");

@@ -32,7 +32,7 @@ inline int landFrame(InboundStreams& inbound, const TestClient& consumer, AgentL
     ev.kind = transport::TransportEvent::Kind::kFrameArrived;
     ev.header.stream_id = sid != 0 ? sid : 42;
     ev.header.sequence = seq;
-    ev.header.credit_id = e.credit_id;
+    ev.header.credit_id = e.consumer.credit_id;
     ev.header.length = 10;
     inbound.onFrameArrived(l, ev);
     return static_cast<int>(s);
@@ -55,8 +55,9 @@ struct InboundRig {
   std::deque<TestClient> consumers;
   std::vector<std::unique_ptr<transport::Transport>> peer_ends;
 
-  explicit InboundRig(InboundStreams::Limits limits = {})
-      : inbound(metrics, clients, links, names, clock, 0, limits) {}
+  // `ack_delay_ns`: how long a release's ACK and credit may wait (0: the end of the round).
+  explicit InboundRig(InboundStreams::Limits limits = {}, uint64_t ack_delay_ns = 0)
+      : inbound(metrics, clients, links, names, clock, ack_delay_ns, limits) {}
   ~InboundRig() {
     for (auto& [id, l] : links) {
       if (l.session.writer) l.session.writer->close();

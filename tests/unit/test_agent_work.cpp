@@ -148,7 +148,7 @@ void refuseFrames(InboundRig& rig, AgentLink& l, uint64_t sid, uint64_t n) {
         ev.kind = transport::TransportEvent::Kind::kFrameArrived;
         ev.header.stream_id = sid;
         ev.header.sequence = seq;
-        ev.header.credit_id = e.credit_id;
+        ev.header.credit_id = e.consumer.credit_id;
         ev.header.length = c.session->segments->slotSize() + 1;
         rig.inbound.onFrameArrived(l, ev);
         landed = true;

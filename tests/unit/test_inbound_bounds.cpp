@@ -115,7 +115,7 @@ TEST_CASE("inbound bounds: after the generation wraps, a live credit's generatio
     rig.consumer(3, "b");
     CHECK(rig.credited(2) == 4);
     for (const SlotEntry& e : rig.consumers[2].session->slots) {
-      const auto generation = static_cast<uint32_t>(e.credit_id);
+      const auto generation = static_cast<uint32_t>(e.consumer.credit_id);
       CHECK(generation != 0);
       CHECK((generation == 0xFFFFFFFFu || generation > 4));  // 1..4 are "a"'s, still live
     }
@@ -366,7 +366,7 @@ TEST_CASE("inbound bounds: a consumer that leaves has its credits recalled, retr
   REQUIRE(rig.open(l, 42, "a").empty());
   const std::vector<uint64_t> granted = [&] {
     std::vector<uint64_t> ids;
-    for (const SlotEntry& e : rig.consumers[0].session->slots) ids.push_back(e.credit_id);
+    for (const SlotEntry& e : rig.consumers[0].session->slots) ids.push_back(e.consumer.credit_id);
     return ids;
   }();
   rig.consumers[0].session->gone = true;
@@ -459,7 +459,7 @@ TEST_CASE("inbound bounds: a slot whose window the peer may still write is grant
   REQUIRE(rig.open(l2, 43, "cam").empty());
 
   SECTION("retracted: p1 gives the credit back") {
-    rig.inbound.onCreditsReturned(l1, peer::CreditRevoke{42, {slot.credit_id}, true, {}});
+    rig.inbound.onCreditsReturned(l1, peer::CreditRevoke{42, {slot.consumer.credit_id}, true, {}});
   }
   SECTION("consumed: p1's frame lands and the consumer releases it") {
     REQUIRE(rig.land(l1, 42, 1));
@@ -487,7 +487,7 @@ TEST_CASE("inbound bounds: a slot held for a window goes on when the link that h
   AgentLink& l2 = rig.linkUp(2, "p2");
   REQUIRE(rig.open(l2, 43, "cam").empty());
   rig.inbound.onCreditsReturned(
-      l1, peer::CreditRevoke{42, {rig.consumers[0].session->slots[0].credit_id}, true, {}});
+      l1, peer::CreditRevoke{42, {rig.consumers[0].session->slots[0].consumer.credit_id}, true, {}});
   rig.inbound.flushControl();
   CHECK(rig.credited(0) == 0);
   rig.linkDown(1);  // its queue pair goes, and every window on it

@@ -178,7 +178,7 @@ namespace {
 uint32_t slotOf(const ClientSession& consumer, uint64_t credit) {
   for (uint32_t s = 0; s < consumer.slots.size(); ++s) {
     const SlotEntry& e = consumer.slots[s];
-    if (e.state == SlotState::kCredited && e.credit_id == credit) return s;
+    if (e.state == SlotState::kCredited && e.consumer.credit_id == credit) return s;
   }
   FAIL("no slot holds credit " << credit);
   return 0;
@@ -258,7 +258,7 @@ TEST_CASE("inbound pull: a slot a read is landing in goes to no other sender unt
   CHECK(rig.inbound.readsInFlight() == 1);
   CHECK(c.slots[k].state == SlotState::kCredited);
   CHECK(c.slots[k].link_id == p.id);
-  CHECK(c.slots[k].credit_id == p_credits[0]);
+  CHECK(c.slots[k].consumer.credit_id == p_credits[0]);
 
   // Q (and P's newer link) fill every slot granted to them meanwhile.
   pullInto(rig, q, q_end, &q_seq, mine);
