@@ -1,8 +1,7 @@
-// What InboundStreams remembers per sender stream (InState: a peer instance's
-// stream, across its links): the answers it gave, so that a replayed frame is
-// dropped and answered again (ACK, NACK or "unknown"), never delivered twice,
-// and the bound on how many sender streams a peer may leave behind; and
-// those answers sent again on a sender's new link, a bounded part a round.
+// How InboundStreams answers from what it remembers per sender stream
+// (SenderMemory): a replayed frame is dropped and answered again (ACK, NACK
+// or "unknown"), never delivered twice; and those answers are sent again on
+// a sender's new link, a bounded part a round.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,60 +16,10 @@
 
 namespace framelink {
 
-uint64_t InboundStreams::inStateId(const AgentLink& l, uint64_t stream_id) {
-  const InStateKey key{l.peer, l.peer_instance, stream_id};
-  auto it = in_state_ids_.find(key);
-  if (it != in_state_ids_.end()) return it->second;
-  const uint64_t id = next_in_state_id_++;
-  in_state_ids_.emplace(key, id);
-  InState& in = in_states_[id];
-  ++in_states_of_peer_[l.peer];
-  in.peer = l.peer;
-  in.instance = l.peer_instance;
-  in.stream_id = stream_id;
-  in.used_ns = clock_.nowNs();
-  return id;
-}
-
-bool InboundStreams::roomForInState(const AgentLink& l, uint64_t sid) {
-  if (in_state_ids_.count(InStateKey{l.peer, l.peer_instance, sid}) != 0) return true;
-  auto first = in_state_ids_.lower_bound(InStateKey{l.peer, 0, 0});
-  auto last = in_state_ids_.lower_bound(InStateKey{l.peer + 1, 0, 0});
-  if (static_cast<size_t>(std::distance(first, last)) < limits_.max_in_states_per_peer) return true;
-  auto oldest = in_states_.end();
-  for (auto it = first; it != last; ++it) {
-    auto ist = in_states_.find(it->second);
-    if (ist == in_states_.end() || ist->second.open_links != 0 || !ist->second.held.empty()) continue;
-    if (oldest == in_states_.end() || ist->second.used_ns < oldest->second.used_ns) oldest = ist;
-  }
-  if (oldest == in_states_.end()) return false;
-  metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
-  forgetInState(oldest);
-  return true;
-}
-
-void InboundStreams::countOpen(const AgentLink& l, uint64_t sid, int change) {
-  InState& in = in_states_[inStateId(l, sid)];
-  if (change > 0) {
-    ++in.open_links;
-  } else if (in.open_links > 0) {
-    --in.open_links;
-  }
-  in.used_ns = clock_.nowNs();
-}
-
-void InboundStreams::forgetInState(std::map<uint64_t, InState>::iterator it) {
-  if (auto n = in_states_of_peer_.find(it->second.peer); n != in_states_of_peer_.end() && --n->second == 0) {
-    in_states_of_peer_.erase(n);
-  }
-  in_state_ids_.erase(InStateKey{it->second.peer, it->second.instance, it->second.stream_id});
-  in_states_.erase(it);
-}
-
 bool InboundStreams::answerKnown(AgentLink& l, const transport::FrameHeader& h, const char* refused_note) {
-  auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
-  if (id == in_state_ids_.end()) return false;
-  InState& in = in_states_[id->second];
+  const InState* found = senders_.find(l.peer, l.peer_instance, h.stream_id);
+  if (found == nullptr) return false;
+  const InState& in = *found;
   if (in.resend.count(h.sequence) != 0) return false;  // asked for again: not answered yet
   if (in.held.count(h.sequence) != 0) {
     metrics_.counters.duplicates_dropped.fetch_add(1, std::memory_order_relaxed);
@@ -102,44 +51,10 @@ void InboundStreams::ackAgain(AgentLink& l, const transport::FrameHeader& h, con
   held.this_round = true;
 }
 
-size_t InboundStreams::rememberCap(uint64_t peer) const {
-  auto it = in_states_of_peer_.find(peer);
-  const size_t streams = it != in_states_of_peer_.end() && it->second > 0 ? it->second : 1;
-  return std::clamp(limits_.remembered_per_peer / streams, kMinRemembered, kMaxRemembered);
-}
-
-size_t InboundStreams::answersKept(uint64_t peer) const {
-  size_t n = 0;
-  for (const auto& [id, in] : in_states_) {
-    if (in.peer != peer) continue;
-    n += in.released.size() + in.refused.size() + in.resend.size() + in.answered_above.size();
-  }
-  return n;
-}
-
-void InboundStreams::markAnswered(InState& in, uint64_t sequence) {
-  if (sequence <= in.answered_to) return;
-  in.answered_above.insert(sequence);
-  const size_t cap = rememberCap(in.peer);
-  while (in.answered_above.size() > cap) {
-    // A gap that stayed open for as many answers as the stream keeps: its sender gave up
-    // on those frames (they ended TIMEOUT) or never sent them.  The
-    // watermark passes it; a late replay of one is answered "unknown".
-    metrics_.counters.answer_gaps_forgotten.fetch_add(*in.answered_above.begin() - in.answered_to - 1,
-                                                      std::memory_order_relaxed);
-    in.answered_to = *in.answered_above.begin();
-    in.answered_above.erase(in.answered_above.begin());
-  }
-  while (!in.answered_above.empty() && *in.answered_above.begin() == in.answered_to + 1) {
-    ++in.answered_to;
-    in.answered_above.erase(in.answered_above.begin());
-  }
-}
-
 bool InboundStreams::dropDuplicate(AgentLink& l, const transport::FrameHeader& h) {
-  InState& in = in_states_[inStateId(l, h.stream_id)];
-  if (in.resend.erase(h.sequence) != 0) return false;  // the copy asked for after a CRC mismatch
-  if (!answered(in, h.sequence)) return false;         // new, or its first copy never arrived
+  InState& in = senders_.at(senders_.idOf(l.peer, l.peer_instance, h.stream_id));
+  if (in.resend.erase(h.sequence) != 0) return false;         // the copy asked for after a CRC mismatch
+  if (!SenderMemory::answered(in, h.sequence)) return false;  // new, or its first copy never arrived
   if (answerKnown(l, h, "refused before the link broke")) return true;
   // Answered once, but how is no longer remembered (released or refused
   // longer ago than the memory bounds reach): the sender is told the
@@ -161,7 +76,7 @@ size_t InboundStreams::answerSomeAgain(AgentLink& to, uint64_t* next, bool* done
   std::vector<std::tuple<uint64_t, uint64_t, int>> refusals;  // (stream, sequence, code)
   size_t answers = 0;
   *done = true;
-  for (auto it = in_states_.lower_bound(*next); it != in_states_.end(); ++it) {
+  for (auto it = senders_.streams().lower_bound(*next); it != senders_.streams().end(); ++it) {
     if (answers >= kAnswersAgainPerRound) {
       *next = it->first;
       *done = false;

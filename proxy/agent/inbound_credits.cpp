@@ -462,15 +462,7 @@ std::vector<InboundStreams::FailedLink> InboundStreams::checkDeadlines() {
   // A sender stream open on no link with no frame held, unused for long:
   // its sender forgot it (while no link was up, so no StreamClose came) or
   // gave up on every frame it could replay.
-  for (auto it = in_states_.begin(); it != in_states_.end();) {
-    const InState& in = it->second;
-    if (in.open_links == 0 && in.held.empty() && now - in.used_ns >= limits_.forget_idle_ns) {
-      metrics_.counters.sender_streams_forgotten.fetch_add(1, std::memory_order_relaxed);
-      forgetInState(it++);
-    } else {
-      ++it;
-    }
-  }
+  senders_.forgetIdle(now);
   std::vector<FailedLink> failed;
   // A sender answers a recall at once, giving back what it has not used;
   // what it used lands within its frames' deadlines.  One that keeps them
@@ -494,17 +486,14 @@ std::vector<InboundStreams::FailedLink> InboundStreams::checkDeadlines() {
   // Reads in flight and none done for read_stall_ns: the transport lost one
   // and will not say so.  Closing the link ends them all; the sender offers
   // the frames again on the next.
-  for (const auto& [link_id, reads] : link_reads_) {
-    if (limits_.read_stall_ns == 0 || reads.out == 0 || now - reads.moved_ns < limits_.read_stall_ns) {
-      continue;
-    }
+  for (const auto& [link_id, out] : pull_.stalled(now, limits_.read_stall_ns)) {
     const AgentLink* l = links_.find(link_id);
     if (l == nullptr || l->closing) continue;
     metrics_.counters.links_stalled.fetch_add(1, std::memory_order_relaxed);
     failed.push_back(
         {link_id,
          "no read of an offered frame completed in " + std::to_string(limits_.read_stall_ns / 1'000'000) +
-             " ms (link_timeout_ms) with " + std::to_string(reads.out) +
+             " ms (link_timeout_ms) with " + std::to_string(out) +
              " in flight: the transport stalled, and the sender offers those frames again on the next link",
          false});
   }
@@ -514,16 +503,7 @@ std::vector<InboundStreams::FailedLink> InboundStreams::checkDeadlines() {
 void InboundStreams::retractCreditsOfLink(uint64_t link_id) {
   // Its reads ended with it (the transport completed them FL_ERR_LINK_LOST);
   // the offers not read yet go: the sender offers them again on its next link.
-  for (auto it = reads_.begin(); it != reads_.end();) {
-    if (it->second.link_id != link_id) {
-      ++it;
-      continue;
-    }
-    if (it->second.posted && reads_posted_ > 0) --reads_posted_;
-    it = reads_.erase(it);
-  }
-  reads_waiting_.erase(link_id);
-  link_reads_.erase(link_id);
+  pull_.dropLink(link_id);
   // The link's regions die with it: a new link announces them again.
   regions_.erase(regions_.lower_bound({link_id, 0}), regions_.lower_bound({link_id + 1, 0}));
   std::set<NameKey> streams;

@@ -10,7 +10,7 @@
 // inbound_credits.cpp.
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
+#include <optional>
 
 #include "agent/inbound_streams.h"
 #include "common/log_fields.h"
@@ -28,11 +28,7 @@ bool InboundStreams::pulls(const AgentLink& l, const std::string& stream) const 
 }
 
 bool InboundStreams::replayOfAnswered(const AgentLink& l, const transport::FrameHeader& h) const {
-  auto id = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, h.stream_id});
-  if (id == in_state_ids_.end()) return false;
-  auto in = in_states_.find(id->second);
-  return in != in_states_.end() && in->second.resend.count(h.sequence) == 0 &&
-         answered(in->second, h.sequence);
+  return senders_.answeredBefore(l.peer, l.peer_instance, h.stream_id, h.sequence);
 }
 
 std::string InboundStreams::onOffer(AgentLink& l, const peer::Offer& offer) {
@@ -52,25 +48,15 @@ std::string InboundStreams::onOffer(AgentLink& l, const peer::Offer& offer) {
            ") into credit " + std::to_string(h.credit_id) + ", which an earlier offer has taken";
   }
   credit.offered = true;
-  const uint64_t cookie = next_read_cookie_++;
-  reads_[cookie] = PullRead{l.id, h, offer.source, false};
-  reads_waiting_[l.id].push_back(cookie);
+  pull_.queue(l.id, h, offer.source);
   startReads(l);
   return {};
 }
 
 void InboundStreams::startReads(AgentLink& l) {
-  auto waiting = reads_waiting_.find(l.id);
-  if (waiting == reads_waiting_.end()) return;
-  LinkReads& link_reads = link_reads_[l.id];
-  size_t& out = link_reads.out;
-  while (!waiting->second.empty() && out < limits_.reads_per_link) {
-    const uint64_t cookie = waiting->second.front();
-    auto rit = reads_.find(cookie);
-    if (rit == reads_.end()) {
-      waiting->second.pop_front();
-      continue;
-    }
+  for (auto rit = pull_.next(l.id, limits_.reads_per_link); rit != pull_.end();
+       rit = pull_.next(l.id, limits_.reads_per_link)) {
+    const uint64_t cookie = rit->first;
     PullRead& read = rit->second;
     const transport::FrameHeader& h = read.header;
     auto cit = findCredit(h.credit_id);
@@ -80,9 +66,9 @@ void InboundStreams::startReads(AgentLink& l) {
       // Nothing to read: the credit is taken and the frame answered as it
       // would be had it landed (its consumer went, it does not fit, or it
       // is a replay of a frame answered already).
-      waiting->second.pop_front();
+      pull_.leaveLine(l.id);
       const transport::FrameHeader header = h;
-      reads_.erase(rit);
+      pull_.erase(rit);
       arrive(l, transport::TransportEvent::frameArrived(header), true);
       continue;
     }
@@ -96,36 +82,25 @@ void InboundStreams::startReads(AgentLink& l) {
     // the transport finds the one that holds this slot.
     const transport::PostResult r = l.transport->postRead(req);
     if (r == transport::PostResult::kBackpressure) break;  // tried again as reads complete
-    waiting->second.pop_front();
+    pull_.leaveLine(l.id);
     if (r == transport::PostResult::kNotConnected) {
-      reads_.erase(rit);  // the link is going: its credits go with it
+      pull_.erase(rit);  // the link is going: its credits go with it
       continue;
     }
     if (r == transport::PostResult::kInvalid) {
       const PullRead refused = read;
-      reads_.erase(rit);
+      pull_.erase(rit);
       refuseRead(l, refused, "the offer cannot be read: " + std::string(l.transport->lastRefusal()), true);
       continue;
     }
-    read.posted = true;
-    read.keepalive = consumer.segments;
-    if (out == 0) link_reads.moved_ns = clock_.nowNs();
-    ++out;
-    reads_peak_ = std::max(reads_peak_, out);
-    ++reads_posted_;
+    pull_.posted(rit, consumer.segments, clock_.nowNs());
   }
-  if (waiting->second.empty()) reads_waiting_.erase(waiting);
 }
 
 void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEvent& ev) {
-  auto it = reads_.find(ev.cookie);
-  if (it == reads_.end() || it->second.link_id != l.id || !it->second.posted) return;
-  const PullRead read = it->second;
-  reads_.erase(it);
-  LinkReads& link_reads = link_reads_[l.id];
-  if (link_reads.out > 0) --link_reads.out;
-  link_reads.moved_ns = clock_.nowNs();
-  if (reads_posted_ > 0) --reads_posted_;
+  const std::optional<PullRead> done = pull_.complete(l.id, ev.cookie, clock_.nowNs());
+  if (!done) return;
+  const PullRead& read = *done;
   auto cit = findCredit(read.header.credit_id);
   if (read.abandoned) {
     // Its consumer went and the frame was refused then; the bytes landed in
@@ -153,7 +128,7 @@ void InboundStreams::onReadComplete(AgentLink& l, const transport::TransportEven
 }
 
 void InboundStreams::keepReadSlots(AgentLink& l, uint64_t sid) {
-  for (auto it = reads_.begin(); it != reads_.end();) {
+  for (auto it = pull_.reads().begin(); it != pull_.end();) {
     PullRead& read = it->second;
     auto cit = read.link_id == l.id && !read.abandoned ? findCredit(read.header.credit_id) : credits_.end();
     if (cit == credits_.end() || cit->second.link_id != l.id || cit->second.stream_id != sid) {
@@ -172,16 +147,16 @@ void InboundStreams::keepReadSlots(AgentLink& l, uint64_t sid) {
       continue;
     }
     // Not read yet: nothing lands, and the credit goes with the stream's
-    // others.  Its cookie in reads_waiting_ is skipped.
+    // others.  Its cookie in the link's line is skipped.
     const transport::FrameHeader h = read.header;
-    it = reads_.erase(it);
+    it = pull_.erase(it);
     sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
              "its stream closed on this link before the offer was read");
   }
 }
 
 void InboundStreams::dropReadsInto(const ClientSession& consumer) {
-  for (auto it = reads_.begin(); it != reads_.end();) {
+  for (auto it = pull_.reads().begin(); it != pull_.end();) {
     PullRead& read = it->second;
     const transport::FrameHeader& h = read.header;
     auto cit = findCredit(h.credit_id);
@@ -198,7 +173,7 @@ void InboundStreams::dropReadsInto(const ClientSession& consumer) {
       read.abandoned = true;
       ++it;
     } else {
-      it = reads_.erase(it);  // its cookie in reads_waiting_ is skipped
+      it = pull_.erase(it);  // its cookie in the link's line is skipped
     }
   }
 }

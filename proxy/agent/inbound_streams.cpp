@@ -156,13 +156,9 @@ void InboundStreams::onRelease(AgentClient& ac, const fl_submit_desc& desc) {
 
 void InboundStreams::answerRelease(const LocalDelivery::Landed& from, NameKey stream, uint64_t client_id,
                                    uint32_t readers, uint32_t skipped) {
-  auto ist = in_states_.find(from.in_state);
-  if (ist != in_states_.end()) {
-    InState& in = ist->second;
-    in.held.erase(from.sequence);
-    in.released.push_back(ReleasedFrame{from.sequence, readers, skipped});
-    for (const size_t cap = rememberCap(in.peer); in.released.size() > cap;) in.released.pop_front();
-    in.used_ns = clock_.nowNs();
+  if (InState* found = senders_.find(from.in_state)) {
+    InState& in = *found;
+    senders_.released(in, ReleasedFrame{from.sequence, readers, skipped});
     // The ACK goes on the link the frame came on, else on the newest link
     // from its sender (the one it sends on).  With no link up it is not
     // sent: the sender replays the frame on its next link and gets the ACK
@@ -210,12 +206,11 @@ void InboundStreams::refuseDelivered(const LocalDelivery::Landed& from, int stat
                                      uint32_t readers, uint32_t released) {
   // Not held any more; a replay of it (the NACK may be lost with the link)
   // gets the same refusal instead of waiting for a release.
-  auto ist = in_states_.find(from.in_state);
   AgentLink* to = links_.find(from.link_id);
-  if (ist != in_states_.end()) {
-    InState& in = ist->second;
+  if (InState* found = senders_.find(from.in_state)) {
+    InState& in = *found;
     in.held.erase(from.sequence);
-    in.refused[from.sequence] = status;
+    senders_.refused(in, from.sequence, status);
     // The link it came on may be gone; the sender hears it on the one that
     // replaced it (and on every later one: onLinkUp).
     to = answerLink(from.link_id, in.peer, in.instance);
@@ -233,17 +228,12 @@ void InboundStreams::sendNack(AgentLink& l, uint64_t stream_id, uint64_t sequenc
     // Not delivered (damaged in transit, or its credit was withdrawn): the
     // sender sends it again, and that copy is not a duplicate even when
     // later frames arrived meanwhile.
-    InState& in = in_states_[inStateId(l, stream_id)];
-    in.resend.insert(sequence);
-    for (const size_t cap = rememberCap(in.peer); in.resend.size() > cap;) in.resend.erase(in.resend.begin());
+    senders_.askedAgain(senders_.at(senders_.idOf(l.peer, l.peer_instance, stream_id)), sequence);
   } else if (l.in_streams.count(stream_id) != 0) {
     // Remembered so that a replay of this frame gets the same answer.
-    InState& in = in_states_[inStateId(l, stream_id)];
-    in.refused[sequence] = code;
-    for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;) {
-      in.refused.erase(in.refused.begin());
-    }
-    markAnswered(in, sequence);
+    InState& in = senders_.at(senders_.idOf(l.peer, l.peer_instance, stream_id));
+    senders_.refused(in, sequence, code);
+    senders_.markAnswered(in, sequence);
   }
   v1::PeerMessage msg;
   auto* nack = msg.mutable_nack();
@@ -349,9 +339,9 @@ bool InboundStreams::acceptFrame(AgentLink& l, ClientSession& c, const CreditEnt
 void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& credit,
                              const transport::FrameHeader& h) {
   transport::toSlotHeader(h, c.segments->slotHeader(credit.slot));
-  const uint64_t in_state = inStateId(l, h.stream_id);
-  InState& in = in_states_[in_state];
-  markAnswered(in, h.sequence);
+  const uint64_t in_state = senders_.idOf(l.peer, l.peer_instance, h.stream_id);
+  InState& in = senders_.at(in_state);
+  senders_.markAnswered(in, h.sequence);
   in.held.insert(h.sequence);
   in.used_ns = clock_.nowNs();
   SlotEntry& e = c.slots[credit.slot];
@@ -422,9 +412,10 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
                std::to_string(sid);
       }
     }
-    if (!roomForInState(l, so.stream_id)) return "too many streams of this peer remembered, none unused";
+    if (!senders_.makeRoom(l.peer, l.peer_instance, so.stream_id))
+      return "too many streams of this peer remembered, none unused";
     l.in_streams.emplace(so.stream_id, InStream{so.name, names_.acquire(so.name)});
-    countOpen(l, so.stream_id, +1);
+    senders_.countOpen(l.peer, l.peer_instance, so.stream_id, +1);
   }
   const NameKey key = l.in_streams.at(so.stream_id).key;
   indexTarget(key, l.id, so.stream_id, true);
@@ -467,7 +458,7 @@ NameKey InboundStreams::closeOnLink(AgentLink& l, uint64_t sid) {
   const NameKey key = it->second.key;  // still held: the caller releases it
   l.in_streams.erase(it);
   indexTarget(key, l.id, sid, false);
-  countOpen(l, sid, -1);
+  senders_.countOpen(l.peer, l.peer_instance, sid, -1);
   // What was held back for the stream goes now; the sender may be gone.
   if (auto held = held_back_.find({l.id, sid}); held != held_back_.end()) held->second.this_round = true;
   windows_.erase({l.id, sid});
@@ -492,16 +483,7 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
   if (key == kNoName) return;
   // The sender closes a stream with nothing in flight: what was kept to
   // answer its replays can go, unless a consumer still holds a frame.
-  if (auto idit = in_state_ids_.find(InStateKey{l.peer, l.peer_instance, sid}); idit != in_state_ids_.end()) {
-    auto ist = in_states_.find(idit->second);
-    if (ist == in_states_.end() || ist->second.held.empty()) {
-      if (ist != in_states_.end()) {
-        forgetInState(ist);
-      } else {
-        in_state_ids_.erase(idit);
-      }
-    }
-  }
+  senders_.closed(l.peer, l.peer_instance, sid);
   grantCredits(key);
   names_.release(key);
 }
@@ -509,20 +491,8 @@ void InboundStreams::onStreamClose(AgentLink& l, uint64_t sid) {
 void InboundStreams::onLinkUp(AgentLink& l) {
   // What was kept for an earlier instance of this peer (a restarted daemon)
   // is of no use any more, unless a consumer still holds such a frame.
-  for (auto it = in_states_.begin(); it != in_states_.end();) {
-    const InState& in = it->second;
-    if (in.peer == l.peer && in.instance != l.peer_instance && in.held.empty()) {
-      forgetInState(it++);
-    } else {
-      ++it;
-    }
-  }
+  senders_.forgetOtherInstances(l.peer, l.peer_instance);
   answerAgain(l);
-}
-
-bool InboundStreams::remembers(PeerId peer) const {
-  auto first = in_state_ids_.lower_bound(InStateKey{peer, 0, 0});
-  return first != in_state_ids_.end() && std::get<0>(first->first) == peer;
 }
 
 AgentLink* InboundStreams::linkOf(PeerId peer, uint64_t instance) { return links_.usableTo(peer, instance); }
@@ -538,7 +508,7 @@ void InboundStreams::onLinkDown(AgentLink& l) {
   for (auto& [sid, in] : l.in_streams) {
     indexTarget(in.key, l.id, sid, false);
     names_.release(in.key);
-    countOpen(l, sid, -1);
+    senders_.countOpen(l.peer, l.peer_instance, sid, -1);
   }
   l.in_streams.clear();
   // Another link from the same sender is up (the sender replaced this one
@@ -554,12 +524,6 @@ void InboundStreams::onLinkDown(AgentLink& l) {
       break;
     }
   }
-}
-
-size_t InboundStreams::framesHeld() const {
-  size_t held = 0;
-  for (const auto& [id, in] : in_states_) held += in.held.size();
-  return held;
 }
 
 }  // namespace framelink

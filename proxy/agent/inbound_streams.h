@@ -1,10 +1,9 @@
 // The consumer side of the frame protocol: the streams peers open towards
 // local consumers, a credit per free consumer slot granted to them, frames
 // arriving into those credits (checked, CRC32C included, then delivered),
-// replays dropped by sequence, releases ACKed, and what is remembered per
-// sender stream across links -- held and released sequences and refusals --
-// so that a frame replayed after a link broke is answered the way the first
-// copy was, never delivered twice.
+// replays dropped by sequence and answered from what SenderMemory keeps of
+// their sender stream (never delivered twice), releases ACKed, and pulled
+// frames read from their offers (PullReads books the reads).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +22,8 @@
 #include "agent/client_table.h"
 #include "agent/local_delivery.h"
 #include "agent/peer_messages.h"
+#include "agent/pull_reads.h"
+#include "agent/sender_memory.h"
 #include "common/log_limit.h"
 #include "metrics/metrics.h"
 #include "transport/transport.h"
@@ -64,10 +65,9 @@ class InboundStreams {
  public:
   using Limits = InboundLimits;
 
-  // Released sequences remembered per sender stream (their ACKs are sent
-  // again on every new link), and NACKs repeated to a replay.
-  static constexpr size_t kMaxRemembered = 4096;
-  static constexpr size_t kMinRemembered = 32;
+  // Released sequences remembered per sender stream, and NACKs repeated to a replay (SenderMemory).
+  static constexpr size_t kMaxRemembered = SenderMemory::kMaxRemembered;
+  static constexpr size_t kMinRemembered = SenderMemory::kMinRemembered;
   // What is sent again on a new link in one round (answerAgain): the ACKs
   // and NACKs of sender streams until this many went, the rest in later
   // rounds, once the link's control records left (a sender stream's go
@@ -119,12 +119,12 @@ class InboundStreams {
   // A read of an offer ended: the frame arrived (and is checked and
   // delivered as any), or it is refused for the sender to offer again.
   void onReadComplete(AgentLink& link, const transport::TransportEvent& event);
-  // Whether anything is kept to answer `peer`'s replays (an InState of it).
-  bool remembers(PeerId peer) const;
+  // Whether anything is kept to answer `peer`'s replays (a sender stream of it).
+  bool remembers(PeerId peer) const { return senders_.remembers(peer); }
   // Reads posted and not completed, on every link.
-  size_t readsInFlight() const { return reads_posted_; }
+  size_t readsInFlight() const { return pull_.inFlight(); }
   // The most reads one link had in flight at once.
-  size_t readsPeakPerLink() const { return reads_peak_; }
+  size_t readsPeakPerLink() const { return pull_.peakPerLink(); }
   // Consumers' slots granted to no sender while a peer's rdma window into them may still be written.
   size_t slotsFenced() const { return fences_.size(); }
   // A stream opened on `link`; a peer over its stream bound gets the violation back.
@@ -152,11 +152,11 @@ class InboundStreams {
   std::vector<FailedLink> checkDeadlines();
 
   size_t creditsOutstanding() const { return credits_.size(); }
-  size_t framesHeld() const;
+  size_t framesHeld() const { return senders_.framesHeld(); }
   // Sender streams remembered (open or not).
-  size_t senderStreamsKept() const { return in_states_.size(); }
+  size_t senderStreamsKept() const { return senders_.size(); }
   // Answers kept for replays of `peer`'s frames, every kind summed (walks its streams).
-  size_t answersKept(uint64_t peer) const;
+  size_t answersKept(PeerId peer) const { return senders_.answersKept(peer); }
 
   // A reload: the deadlines derived from ack_timeout_ms apply from the next
   // check on (what is remembered or recalled already included).
@@ -205,37 +205,8 @@ class InboundStreams {
   bool fenced(uint64_t consumer, uint32_t slot);
   // Fences whose window shut go; their streams get a grant round.
   void settleFences();
-  // A frame released by every reader it reached here: what its ACK says.
-  struct ReleasedFrame {
-    uint64_t sequence = 0;
-    uint32_t readers = 1;  // it was meant for
-    uint32_t skipped = 0;  // of those, skipped (a drop stream)
-  };
-  // Receive side of one sender stream, kept across links so that frames
-  // replayed after a link broke are recognised: per (peer, peer instance,
-  // sender's stream id).  What was answered is kept as a contiguous
-  // watermark and the answered sequences above it: a frame whose first copy
-  // never arrived (lost with a link, or written into a withdrawn credit) is
-  // above the watermark and not among them, so its replay is new -- however
-  // many later frames arrived meanwhile.
-  struct InState {
-    PeerId peer = kNoPeer;
-    uint64_t instance = 0;
-    uint64_t stream_id = 0;
-    uint64_t answered_to = 0;           // every sequence up to here was delivered or refused
-    std::set<uint64_t> answered_above;  // answered sequences above answered_to (bounded)
-    std::set<uint64_t> held;            // delivered, not yet released by the consumer
-    std::map<uint64_t, int> refused;    // recent NACKs, repeated to a replay (bounded)
-    std::set<uint64_t> resend;          // CRC mismatches: the sender sends these again (bounded)
-    // Recently released sequences (bounded): their ACKs are sent again on
-    // every new link from this peer instance, since an ACK can be lost with
-    // the link that carried it, and the sender must learn of the release
-    // even when it gets no credit to replay the frame before its deadline.
-    std::deque<ReleasedFrame> released;
-    size_t open_links = 0;  // links it is open on (one, but two while it moves)
-    uint64_t used_ns = 0;   // last opened, closed, delivered into or released (agent clock)
-  };
-  using InStateKey = std::tuple<PeerId, uint64_t, uint64_t>;
+  using ReleasedFrame = SenderMemory::ReleasedFrame;
+  using InState = SenderMemory::Stream;
 
   // A consumer's slots as one region announced on one link (link.proto
   // SlotRegion); its addressing is known once its first credit is exposed.
@@ -336,15 +307,7 @@ class InboundStreams {
                           bool pulled);
   // A frame landed in its credit, written by the sender or read from its offer.
   void arrive(AgentLink& link, const transport::TransportEvent& event, bool pulled);
-  // Pull: one offer taken, to be read.
-  struct PullRead {
-    uint64_t link_id = 0;
-    transport::FrameHeader header;
-    transport::RemoteSource source;
-    bool posted = false;
-    bool abandoned = false;           // its consumer went: answered already, the read lands unused
-    std::shared_ptr<void> keepalive;  // posted: the consumer's segments, until the read completes
-  };
+  using PullRead = PullReads::Read;
   // The consumer went: the offers into its slots are refused now, before any
   // credit of the consumer that takes its place is granted, so that the
   // sender offers them again ahead of its later frames (reads in flight
@@ -377,13 +340,6 @@ class InboundStreams {
   // `readers`, `released`: the readers here it reached, and that released it.
   void sendNack(AgentLink& link, uint64_t stream_id, uint64_t sequence, int code, const std::string& message,
                 uint32_t readers = 0, uint32_t released = 0);
-  uint64_t inStateId(const AgentLink& link, uint64_t stream_id);
-  // Makes room for one more sender stream of the link's peer, forgetting
-  // its oldest unused one when at the cap; false when every one is in use.
-  bool roomForInState(const AgentLink& link, uint64_t stream_id);
-  // The stream opened on (+1) or left (-1) a link.
-  void countOpen(const AgentLink& link, uint64_t stream_id, int change);
-  void forgetInState(std::map<uint64_t, InState>::iterator it);
   // The newest usable link from that instance of a peer (the one its sender
   // uses), or null.
   AgentLink* linkOf(PeerId peer, uint64_t instance);
@@ -395,18 +351,13 @@ class InboundStreams {
   // lost them.  kAnswersAgainPerRound go now, the rest in later rounds
   // (answering_again_).
   void answerAgain(AgentLink& to);
-  // Sends again the answers of the sender streams from `*next` (an InState
+  // Sends again the answers of the sender streams from `*next` (a SenderMemory
   // id) on, until kAnswersAgainPerRound went; `*next` is where the next
   // round goes on.  Returns the answers sent; `*done` when none is left.
   size_t answerSomeAgain(AgentLink& to, uint64_t* next, bool* done);
   // Goes on with the answers left for new links, on each whose control
   // records left; returns the answers sent.
   size_t continueAnswersAgain();
-  // The sequence was delivered or refused for good: it moves the watermark.
-  void markAnswered(InState& in, uint64_t sequence);
-  static bool answered(const InState& in, uint64_t sequence) {
-    return sequence <= in.answered_to || in.answered_above.count(sequence) != 0;
-  }
   // Whether the frame is one this daemon answered and still remembers (held,
   // refused, released recently); answers it again.  Assumes nothing from the
   // order of sequences, so it may answer a frame that came in no credit.
@@ -416,9 +367,6 @@ class InboundStreams {
   bool dropDuplicate(AgentLink& link, const transport::FrameHeader& header);
   // Answers a replay of a frame delivered and released before: its ACK again.
   void ackAgain(AgentLink& link, const transport::FrameHeader& header, const ReleasedFrame& answer);
-  // How many answers of one kind a sender stream of `peer` keeps
-  // (Limits::remembered_per_peer shared by its streams).
-  size_t rememberCap(uint64_t peer) const;
 
   Metrics& metrics_;
   ClientTable& clients_;
@@ -428,10 +376,7 @@ class InboundStreams {
   const uint64_t ack_delay_ns_;
   Limits limits_;
   Credits credits_;
-  std::map<uint64_t, InState> in_states_;  // by id
-  std::map<InStateKey, uint64_t> in_state_ids_;
-  std::map<uint64_t, size_t> in_states_of_peer_;  // how many of in_states_ each peer has
-  uint64_t next_in_state_id_ = 1;
+  SenderMemory senders_{metrics_, clock_, limits_};
   uint32_t next_generation_ = 1;
   std::map<std::pair<uint64_t, uint64_t>, Region> regions_;  // by (link, consumer)
   size_t grant_cursor_ = 0;
@@ -448,10 +393,9 @@ class InboundStreams {
     NameKey stream = kNoName;
   };
   std::map<std::pair<uint64_t, uint32_t>, WindowFence> fences_;  // by (consumer, slot)
-  std::set<NameKey> low_checked_;
-  std::set<Target> senders_low_;  // said CreditLow with nothing held back: their next release goes at once
-  std::map<uint64_t, uint64_t> answering_again_;  // link -> the InState id its answers go on from   //
-                                                  // streams a CreditLow this round found no free slot of
+  std::set<NameKey> low_checked_;  // streams a CreditLow this round found no free slot of
+  std::set<Target> senders_low_;   // said CreditLow with nothing held back: their next release goes at once
+  std::map<uint64_t, uint64_t> answering_again_;  // link -> the sender stream id its answers go on from
   // What a grant round of a stream walks, by its name: the (link, sender
   // stream) pairs with it open, and the consumers attached to it.  A round
   // costs what its name has, not what the daemon has.
@@ -459,16 +403,7 @@ class InboundStreams {
   std::map<NameKey, std::set<uint64_t>> consumers_by_name_;
   std::vector<std::string> pull_streams_;
   std::unordered_map<std::string, size_t> pull_consumers_;  // stream -> consumers attached with pull
-  std::map<uint64_t, PullRead> reads_;                      // by cookie: offers taken, read or to be read
-  std::map<uint64_t, std::deque<uint64_t>> reads_waiting_;  // per link: cookies of offers not yet read
-  struct LinkReads {
-    size_t out = 0;         // posted, not yet complete
-    uint64_t moved_ns = 0;  // when one last completed, or the first of `out` was posted (agent clock)
-  };
-  std::map<uint64_t, LinkReads> link_reads_;  // per link
-  size_t reads_posted_ = 0;
-  size_t reads_peak_ = 0;
-  uint64_t next_read_cookie_ = 1;
+  PullReads pull_;                                          // the offers taken, read or to be read
   LogLimiter log_pull_;
   LogLimiter log_client_errors_, log_refused_, log_expose_;
   // Streams a peer opens, closes and moves: a peer can send these as fast as

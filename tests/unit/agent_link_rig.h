@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "agent/agent_clock.h"
 #include "agent/data_agent.h"
 #include "agent/session_writer.h"
+#include "agent_fixture.h"
 #include "config/config.h"
 #include "metrics/metrics.h"
 #include "transport/loopback/loopback_transport.h"
@@ -80,6 +82,61 @@ struct AgentLinkRig {
   }
   uint64_t messagesHandled() const { return metrics.counters.peer_messages_received.load(); }
 };
+
+// The agent with links from two peers: link 1 from "b", which is sent
+// stream "cam", and link 2 from "c" ("dish"); no credit deadline within a test.
+struct TwoPeerRig : AgentLinkRig {
+  explicit TwoPeerRig(const std::function<void(Config&)>& tweak = {}) {
+    config.peers = {PeerConfig{"b", "127.0.0.1:1", {"cam"}}, PeerConfig{"c", "127.0.0.1:2", {"dish"}}};
+    config.credit_timeout_ms = 60000;
+    config.ack_delay_us = 0;
+    if (tweak) tweak(config);
+    agent = std::make_unique<DataAgent>(config, metrics, clock);
+    linkUp(1, "b");
+    linkUp(2, "c");
+  }
+  void settle() { REQUIRE(agent->runUntilIdle(50)); }
+  TestClient attach(uint64_t id, uint32_t role, const std::string& stream, uint32_t slots = 4) {
+    TestClient c = makeClient(id, role, stream, slots, 4096);
+    agent->post(CmdClientAttached{c.session});
+    settle();
+    return c;
+  }
+  // Link `id`'s peer sends `messages` in one control record.
+  void record(uint64_t id, const std::vector<v1::PeerMessage>& messages) {
+    v1::ControlBatch batch;
+    for (const auto& m : messages) *batch.add_messages() = m;
+    peerSends(id, batch);
+    settle();
+  }
+  // ... or `m` on its Session.
+  void session(uint64_t id, v1::PeerMessage m) {
+    agent->post(CmdPeerMessage{id, std::make_shared<v1::PeerMessage>(std::move(m)), true});
+    settle();
+  }
+  // The id of the stream the agent opened on link `id` for `name`.
+  uint64_t opened(uint64_t id, const std::string& name) const {
+    for (const auto& m : *sessions[id - 1]) {
+      if (m.has_stream_open() && m.stream_open().name() == name) return m.stream_open().stream_id();
+    }
+    FAIL("no StreamOpen for " << name << " on link " << id);
+    return 0;
+  }
+};
+
+inline v1::PeerMessage streamOpenMessage(uint64_t sid, const std::string& name) {
+  v1::PeerMessage m;
+  m.mutable_stream_open()->set_stream_id(sid);
+  m.mutable_stream_open()->set_name(name);
+  return m;
+}
+
+inline v1::PeerMessage ackMessage(uint64_t sid, uint64_t sequence) {
+  v1::PeerMessage m;
+  m.mutable_ack()->set_stream_id(sid);
+  m.mutable_ack()->add_sequences(sequence);
+  return m;
+}
 
 // A record of `n` CreditLows for stream 7, which the link does not have
 // open: each costs the agent a lookup, and the record is within every bound.

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -15,6 +16,7 @@
 #include "agent/inbound_streams.h"
 #include "agent/peer_messages.h"
 #include "agent_fixture.h"
+#include "forwarding_transport.h"
 
 namespace framelink {
 namespace agent_test {
@@ -39,6 +41,26 @@ inline int landFrame(InboundStreams& inbound, const TestClient& consumer, AgentL
   }
   return -1;
 }
+
+// Forwards to a tcp transport; like rdma behind a send queue the peer stalls, the window of a
+// credit it exposed stays open once the credit ended -- until the test shuts them all.
+class WindowKeeper final : public framelink::testing::ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  bool shut = false;
+
+  const char* name() const noexcept override { return "window-keeper"; }
+  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
+    exposed_.insert(credit.credit_id);
+    return ForwardingTransport::exposeCredit(std::move(credit));
+  }
+  bool windowOpen(uint64_t credit_id) const noexcept override {
+    return !shut && exposed_.count(credit_id) != 0;
+  }
+
+ private:
+  std::set<uint64_t> exposed_;
+};
 
 struct InboundRig {
   using WrapTransport =

@@ -415,30 +415,6 @@ TEST_CASE("inbound bounds: a sender that keeps a departed consumer's credits los
   CHECK(failed[0].link_id == l.id);
 }
 
-namespace {
-
-// Forwards to a tcp transport; like rdma behind a send queue the peer stalls, the window of a
-// credit it exposed stays open once the credit ended -- until the test shuts them all.
-class WindowKeeper final : public framelink::testing::ForwardingTransport {
- public:
-  using ForwardingTransport::ForwardingTransport;
-  bool shut = false;
-
-  const char* name() const noexcept override { return "window-keeper"; }
-  Result<transport::RemoteCredit> exposeCredit(transport::LocalCredit credit) override {
-    exposed_.insert(credit.credit_id);
-    return ForwardingTransport::exposeCredit(std::move(credit));
-  }
-  bool windowOpen(uint64_t credit_id) const noexcept override {
-    return !shut && exposed_.count(credit_id) != 0;
-  }
-
- private:
-  std::set<uint64_t> exposed_;
-};
-
-}  // namespace
-
 TEST_CASE("inbound bounds: a slot whose window the peer may still write is granted on no link until it shuts",
           "[agent][inbound][credits][hostile]") {
   // One slot, two senders of "cam": p1's link keeps its windows open after a credit ends (an
