@@ -412,8 +412,9 @@ std::string InboundStreams::onStreamOpen(AgentLink& l, const peer::StreamOpen& s
                std::to_string(sid);
       }
     }
-    if (!senders_.makeRoom(l.peer, l.peer_instance, so.stream_id))
+    if (!senders_.makeRoom(l.peer, l.peer_instance, so.stream_id)) {
       return "too many streams of this peer remembered, none unused";
+    }
     l.in_streams.emplace(so.stream_id, InStream{so.name, names_.acquire(so.name)});
     senders_.countOpen(l.peer, l.peer_instance, so.stream_id, +1);
   }

@@ -278,8 +278,9 @@ void OutboundStreams::forgetPostsOf(uint64_t link_id) {
 
 void OutboundStreams::endOffer(SlotEntry& e) {
   auto it = posted_.find(e.producer.post_cookie);
-  if (e.producer.post_cookie == 0 || it == posted_.end() || !it->second.offered || it->second.retracted)
+  if (e.producer.post_cookie == 0 || it == posted_.end() || !it->second.offered || it->second.retracted) {
     return;
+  }
   if (!retractOffer(it->second, e.producer.post_cookie)) return;  // settleSources lets it go
   posted_.erase(it);
   if (e.producer.posts_out > 0) --e.producer.posts_out;

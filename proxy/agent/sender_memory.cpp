@@ -140,8 +140,9 @@ void SenderMemory::released(Stream& in, const ReleasedFrame& frame) {
 
 void SenderMemory::refused(Stream& in, uint64_t sequence, int code) {
   in.refused[sequence] = code;
-  for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;)
+  for (const size_t cap = rememberCap(in.peer); in.refused.size() > cap;) {
     in.refused.erase(in.refused.begin());
+  }
 }
 
 void SenderMemory::askedAgain(Stream& in, uint64_t sequence) {
