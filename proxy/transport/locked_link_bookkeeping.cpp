@@ -98,8 +98,14 @@ std::string_view LockedLinkBookkeeping::lastRefusal() const noexcept {
 }
 
 size_t LockedLinkBookkeeping::poll(TransportEvent* out, size_t max) noexcept {
-  uint64_t value = 0;
-  [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &value, sizeof value);
+  // The eventfd is read only when signal() wrote it since the last read: the
+  // agent polls on every turn, and a read of a quiet eventfd is a system call
+  // for nothing.  signal() sets the flag after its write, so a write the
+  // exchange missed is read on the next turn (the eventfd stays readable).
+  if (signalled_.exchange(false, std::memory_order_acq_rel)) {
+    uint64_t value = 0;
+    [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &value, sizeof value);
+  }
   size_t taken = 0;
   bool more = false;
   {
@@ -291,6 +297,7 @@ void LockedLinkBookkeeping::signal() noexcept {
   uint64_t one = 1;
   // EAGAIN only when the counter would overflow: it is readable then anyway.
   [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
+  signalled_.store(true, std::memory_order_release);
 }
 
 }  // namespace framelink::transport

@@ -198,6 +198,8 @@ class LockedLinkBookkeeping {
   bool readOutstanding(uint64_t tag) const noexcept FL_EXCLUDES(mu_);
 
   UniqueFd event_fd_;
+  // signal() wrote event_fd_ and poll() has not read it since (poll's read).
+  std::atomic<bool> signalled_{false};
 
   // Held by the receiver while it copies a chunk, and by retractCredit and
   // fail: a retraction never overlaps a copy into the buffer it takes back,

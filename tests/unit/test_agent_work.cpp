@@ -4,6 +4,10 @@
 // huge control record handled over several rounds while the other links
 // get theirs, a peer whose records keep the agent busy cut, and the answers
 // repeated on a new link sent a bounded part per round.
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -132,6 +136,57 @@ TEST_CASE("agent work: a transport reading on a thread of its own stops reading 
   std::thread late([&] { book.controlArrived("record"); });
   CHECK(book.fail(FL_ERR_LINK_LOST, "gone"));
   late.join();
+}
+
+static bool bookEventFdReadable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+TEST_CASE("agent work: a transport's eventfd is readable while it has events, and a quiet poll reads nothing",
+          "[agent]") {
+  auto made = transport::LockedLinkBookkeeping::create();
+  REQUIRE(made.ok());
+  transport::LockedLinkBookkeeping& book = *made.value();
+  std::vector<transport::TransportEvent> out(4);
+  CHECK_FALSE(bookEventFdReadable(book.eventFd()));
+  CHECK(book.poll(out.data(), out.size()) == 0);
+  for (int i = 0; i < 6; ++i) book.controlArrived("record");
+  CHECK(bookEventFdReadable(book.eventFd()));
+  CHECK(book.poll(out.data(), out.size()) == 4);
+  CHECK(bookEventFdReadable(book.eventFd()));  // two still wait: level-triggered
+  CHECK(book.poll(out.data(), out.size()) == 2);
+  CHECK(book.poll(out.data(), out.size()) == 0);
+  CHECK_FALSE(bookEventFdReadable(book.eventFd()));
+}
+
+TEST_CASE("agent work: events from a transport's thread all reach an agent sleeping on its eventfd",
+          "[agent]") {
+  auto made = transport::LockedLinkBookkeeping::create();
+  REQUIRE(made.ok());
+  transport::LockedLinkBookkeeping& book = *made.value();
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  REQUIRE(ep >= 0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  REQUIRE(::epoll_ctl(ep, EPOLL_CTL_ADD, book.eventFd(), &ev) == 0);
+  constexpr size_t kRecords = 20000;
+  std::thread reader([&] {
+    for (size_t i = 0; i < kRecords; ++i) book.controlArrived("record");
+  });
+  std::vector<transport::TransportEvent> out(16);
+  size_t got = 0;
+  const auto give_up = std::chrono::steady_clock::now() + 30s;
+  while (got < kRecords && std::chrono::steady_clock::now() < give_up) {
+    epoll_event fired{};
+    if (::epoll_wait(ep, &fired, 1, 1000) <= 0) break;  // a lost wakeup: no wait lasts a second
+    got += book.poll(out.data(), out.size());
+  }
+  reader.join();
+  ::close(ep);
+  CHECK(got == kRecords);
+  CHECK(book.poll(out.data(), out.size()) == 0);
+  CHECK_FALSE(bookEventFdReadable(book.eventFd()));
 }
 
 namespace {

@@ -31,6 +31,7 @@ struct Outgoing {
 // One direction's state, owned by the end that posts into it.
 struct EndState {
   UniqueFd event_fd;
+  bool signalled = false;         // event_fd written and not read since: one write, one read a wakeup
   std::deque<Outgoing> outgoing;  // posted, not yet delivered
   size_t frames_waiting = 0;      // of `outgoing`, bounded by send_queue_depth (reads: by book.reads())
   size_t control_bytes = 0;       // of `outgoing`, bounded by kMaxControlBacklogBytes
@@ -206,7 +207,8 @@ class Shared final : public LoopbackLink {
     EndState& self = ends_[end];
     const size_t n = self.book.events().take(out, max);
     const bool more = !self.book.events().empty() || (!options_.manual && !self.outgoing.empty());
-    if (!more) {
+    if (!more && self.signalled) {
+      self.signalled = false;
       uint64_t drained = 0;
       (void)!::read(self.event_fd.get(), &drained, sizeof drained);
     }
@@ -264,6 +266,8 @@ class Shared final : public LoopbackLink {
   bool upLocked() const noexcept FL_REQUIRES(mu_) { return !ends_[0].book.failed(); }
 
   void signalLocked(int end) noexcept FL_REQUIRES(mu_) {
+    if (ends_[end].signalled) return;
+    ends_[end].signalled = true;
     const uint64_t one = 1;
     (void)!::write(ends_[end].event_fd.get(), &one, sizeof one);
   }
