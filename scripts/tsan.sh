@@ -22,7 +22,7 @@ build=${FRAMELINK_TSAN_BUILD_DIR:-$root/build-tsan}
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   # Unity batches for the daemon and its libraries (the tests stay per file): half their compile time.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFRAMELINK_SANITIZE=thread \
-    -DCMAKE_UNITY_BUILD=ON -DFRAMELINK_BUILD_EXAMPLES=OFF >/dev/null
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 -DFRAMELINK_BUILD_EXAMPLES=OFF >/dev/null
 fi
 # halt_on_error: the first race ends the test with a failure and its report.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:history_size=4}

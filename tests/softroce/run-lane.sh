@@ -13,6 +13,7 @@
 # (bench.sh --baseline-build).
 # FRAMELINK_BUILD_DIR selects the build tree (default build/); it must already be built.
 # LANE_BENCH_SECONDS: seconds of each framelink case of the bench (default 5; CI runs 2).
+# LANE_BENCH_SIZES: the bench's frame sizes (default 64K,1M,4M; CI runs 64K,1M).
 # Exit status: 0 every step passed (the bench is informational); 1 a step failed, or the guest
 # could not run while CI=true; 3 the lane DID NOT RUN (no qemu/kernel, guest did not boot) on a
 # machine outside CI; 2 usage errors.
@@ -90,7 +91,7 @@ start=$SECONDS
 (cd "$root" && "$here/vm/softroce-vm.sh" --pair --mtu 9000 --hugepages 64 -t "$timeout_s" --boot-allowance 90 \
   -w "$build" -o "$out" \
   -e "FRAMELINK_BUILD_DIR=$build" -e "LANE_STEPS=$steps" -e "LANE_BENCH_BASELINE=$baseline" -e "LANE_BENCH_ROUNDS=$rounds" \
-  -e "LANE_BENCH_SECONDS=${LANE_BENCH_SECONDS:-5}" \
+  -e "LANE_BENCH_SECONDS=${LANE_BENCH_SECONDS:-5}" -e "LANE_BENCH_SIZES=${LANE_BENCH_SIZES:-64K,1M,4M}" \
   -e "LANE_E2E_CASES=${LANE_E2E_CASES:-}" -e "LANE_TIMEOUT=$timeout_s" \
   -e FRAMELINK_RDMA_A_IP=10.77.1.1 -e FRAMELINK_RDMA_B_IP=10.77.1.2 \
   -- bash "$here/guest-lane.sh") 2> >(tee "$out/vm-stderr.log" >&2)
