@@ -332,7 +332,7 @@ std::vector<std::shared_ptr<void>> SourceTable::takeMemory() {
   return memory;
 }
 
-bool LinkBookkeeping::fail(int status, std::string message, std::optional<uint64_t> writing) noexcept {
+bool LinkBookkeeping::fail(int status, std::string message, std::span<const uint64_t> writing) noexcept {
   if (failed_) return false;
   failed_ = true;
   TransportEvent link;
@@ -340,7 +340,7 @@ bool LinkBookkeeping::fail(int status, std::string message, std::optional<uint64
   link.status = status;
   link.message = std::move(message);
   events_.push(std::move(link));
-  if (writing) events_.push(TransportEvent::sendComplete(*writing, FL_ERR_LINK_LOST));
+  for (uint64_t cookie : writing) events_.push(TransportEvent::sendComplete(cookie, FL_ERR_LINK_LOST));
   for (; !ring_.empty(); ring_.pop()) {
     events_.push(TransportEvent::sendComplete(ring_.front().cookie, FL_ERR_LINK_LOST));
   }

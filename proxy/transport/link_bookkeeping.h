@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -298,11 +299,11 @@ class LinkBookkeeping {
   void countControlSent(uint64_t records) noexcept { counters_.control_sent += records; }
 
   // The first call reports LinkError(status, message), completes `writing`
-  // (a frame taken off the ring whose payload is no longer read), every
+  // (frames taken off the ring whose payloads are no longer read), every
   // queued frame and every outstanding read with FL_ERR_LINK_LOST, drops the
   // queued control records and the exposed sources and returns true.  Later
   // calls do nothing and return false.
-  bool fail(int status, std::string message, std::optional<uint64_t> writing = std::nullopt) noexcept;
+  bool fail(int status, std::string message, std::span<const uint64_t> writing = {}) noexcept;
 
  private:
   PostResult refuse(const char* why) noexcept {

@@ -330,10 +330,10 @@ class Transport {
   }
 
   // Hands everything accepted by post() and postControl() since the last flush to the
-  // hardware (rdma: one chained ibv_post_send).  The agent calls it after
-  // each round of posts; a transport may also flush on its own when its
-  // batch is full.  Byte-stream transports hand requests over in post()
-  // (tcp writes them to its socket there when nothing is queued ahead).
+  // hardware (rdma: one chained ibv_post_send; tcp: one sendmsg for the
+  // round's frames).  The agent calls it after each round of posts; a
+  // transport may also flush on its own when its batch is full, and poll()
+  // hands over what a caller posted without a flush().
   virtual void flush() noexcept {}
 
   // Fills up to `max` events; returns how many.  A transport that does its

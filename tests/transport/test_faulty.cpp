@@ -51,6 +51,7 @@ void postEach(Endpoint& tx, Endpoint& rx, const Buffer& buf, uint64_t n, const P
     c.capacity = 4096;
     REQUIRE(tx.post(request(i, expose(*rx.t, c), payload, i + 1)) == PostResult::kOk);
   }
+  tx.t->flush();  // as the data agent does after a round of posts
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ std::string record(size_t index, size_t size) {
 
 }  // namespace
 
-TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before any poll",
+TEST_CASE("tcp: a frame the socket takes whole completes inside flush(), before any poll",
           "[transport][tcp]") {
   Pair p = makePair(0);
   Buffer buf(4096);
@@ -83,8 +83,11 @@ TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before a
   auto payload = pattern(1, 4096);
   CHECK_FALSE(readable(p.a->eventFd(), 0));
   REQUIRE(p.a->post(request(7, c, payload, 1)) == PostResult::kOk);
-  // Nothing else ran: the write happened on this thread, in post().
+  CHECK(p.a->counters().frames_sent == 0);  // queued: the round's frames go together
+  p.a->flush();
+  // Nothing else ran: the write happened on this thread, in flush().
   CHECK(p.a->counters().frames_sent == 1);
+  CHECK(p.a->socketCounters().writes == 1);
   CHECK(p.a->socketCounters().send_blocked == 0);
   REQUIRE(readable(p.a->eventFd(), 0));
   TransportEvent ev;
@@ -104,6 +107,64 @@ TEST_CASE("tcp: a frame the socket takes whole completes inside post(), before a
   CHECK(b.arrivals[0].status == FL_OK);
   CHECK(firstMismatch(buf.data(), payload) == -1);
   CHECK(b.controls[0] == "grant");
+}
+
+TEST_CASE("tcp: a round of small frames goes out in one sendmsg, a large frame in a write of its own",
+          "[transport][tcp]") {
+  Pair p = makePair(1 << 20);  // room for the whole round in the socket
+  constexpr uint64_t kSmall = 32;
+  std::vector<Buffer> bufs;
+  std::vector<Payload> payloads;
+  std::vector<RemoteCredit> credits;
+  bufs.reserve(kSmall + 1);
+  for (uint64_t i = 0; i < kSmall; ++i) {
+    bufs.emplace_back(4096);
+    payloads.push_back(pattern(i + 1, 4096));
+    credits.push_back(testing::expose(*p.b, bufs.back().credit(i + 1)));
+  }
+  for (uint64_t i = 0; i < kSmall; ++i)
+    REQUIRE(p.a->post(request(i, credits[i], payloads[i], i + 1)) == PostResult::kOk);
+  CHECK(p.a->socketCounters().writes == 0);
+  p.a->flush();
+  CHECK(p.a->socketCounters().writes == 1);
+  CHECK(p.a->socketCounters().frames_written == kSmall);
+  CHECK(p.a->socketCounters().send_blocked == 0);
+  Endpoint a{p.a.get()};
+  Endpoint b{p.b.get()};
+  waitFor(
+      a, b, [&] { return a.sends.size() == kSmall && b.arrivals.size() == kSmall; },
+      "the round of 4 KiB frames");
+  for (uint64_t i = 0; i < kSmall; ++i) {
+    CHECK(a.sends[i].cookie == i);  // completed in the order posted
+    CHECK(a.sends[i].status == FL_OK);
+    CHECK(firstMismatch(bufs[i].data(), payloads[i]) == -1);
+  }
+
+  // 512 KiB is over a write unit's 256 KiB: it goes alone, the small frames behind it together.
+  bufs.emplace_back(512 * 1024);
+  Payload big = pattern(99, 512 * 1024);
+  RemoteCredit big_credit = testing::expose(*p.b, bufs.back().credit(100));
+  for (uint64_t i = 0; i < 4; ++i) credits[i] = testing::expose(*p.b, bufs[i].credit(200 + i));
+  REQUIRE(p.a->post(request(100, big_credit, big, 100)) == PostResult::kOk);
+  for (uint64_t i = 0; i < 4; ++i) {
+    REQUIRE(p.a->post(request(200 + i, credits[i], payloads[i], 200 + i)) == PostResult::kOk);
+  }
+  const uint64_t writes = p.a->socketCounters().writes;
+  p.a->flush();
+  if (p.a->socketCounters().send_blocked == 0) {
+    // The socket took everything: two write units, two calls.
+    CHECK(p.a->socketCounters().writes - writes == 2);
+    CHECK(p.a->socketCounters().frames_written == kSmall + 5);
+  }
+  a.sends.clear();
+  b.arrivals.clear();
+  waitFor(
+      a, b, [&] { return a.sends.size() == 5 && b.arrivals.size() == 5; },
+      "the large frame and four small ones");
+  CHECK(p.a->socketCounters().frames_written == kSmall + 5);
+  CHECK(p.a->socketCounters().writes - writes >= 2);
+  CHECK(a.sends[0].cookie == 100u);
+  CHECK(firstMismatch(bufs.back().data(), big) == -1);
 }
 
 TEST_CASE("tcp: partial writes under a full socket buffer and a slow reader keep every frame whole",
@@ -175,6 +236,7 @@ TEST_CASE("tcp: eventFd wakes a sender whose write waits once the socket has roo
   RemoteCredit c = testing::expose(*p.b, buf.credit(1));
   auto payload = pattern(3, 4 << 20);
   REQUIRE(p.a->post(request(1, c, payload, 1)) == PostResult::kOk);
+  p.a->flush();
   REQUIRE(p.a->socketCounters().send_blocked == 1);
   // Until the reader reads, the socket fills up and stays full: nothing is
   // pending and eventFd() is quiet, so a caller may sleep.
@@ -231,6 +293,7 @@ TEST_CASE("tcp: control records posted behind a half-written frame go ahead of q
     out[s].big_payload = pattern(50 + s, kBig);
     RemoteCredit c = testing::expose(*rx.t, out[s].big.credit(1));
     REQUIRE(tx.post(request(1, c, out[s].big_payload, 1)) == PostResult::kOk);
+    tx.t->flush();  // the big frame is being written when the rest is posted
     uint64_t sequence = 1;
     for (size_t i = 0; i < kRecords; ++i) {
       if (i % 500 == 499) {
@@ -294,6 +357,7 @@ TEST_CASE("tcp: the link failing while a frame is half written completes every s
   RemoteCredit c = testing::expose(*rx.t, big.credit(1));
   auto big_payload = std::make_unique<Payload>(pattern(1, 4 << 20));
   REQUIRE(tx.post(request(0, c, *big_payload, 1)) == PostResult::kOk);
+  tx.t->flush();
   std::vector<Buffer> small;
   std::vector<Payload> small_payloads;
   for (uint64_t i = 1; i <= 3; ++i) {
@@ -347,6 +411,38 @@ TEST_CASE("tcp: the link failing while a frame is half written completes every s
   tx.t->shutdown();
   tx.pump();
   CHECK(tx.errors.size() == 1);
+}
+
+TEST_CASE("tcp: the link failing while a round of small frames is half written completes each once",
+          "[transport][tcp]") {
+  Pair p = makePair(16 * 1024);
+  Endpoint tx{p.a.get()};
+  Endpoint rx{p.b.get()};
+  constexpr uint64_t kFrames = 48;  // 48 x 4 KiB: one write unit, far more than the socket takes
+  std::vector<Buffer> bufs;
+  std::vector<Payload> payloads;
+  bufs.reserve(kFrames);
+  for (uint64_t i = 0; i < kFrames; ++i) {
+    bufs.emplace_back(4096);
+    payloads.push_back(pattern(i + 7, 4096));
+    RemoteCredit c = testing::expose(*rx.t, bufs.back().credit(i + 1));
+    REQUIRE(tx.post(request(i, c, payloads.back(), i + 1)) == PostResult::kOk);
+  }
+  tx.t->flush();
+  REQUIRE(p.a->socketCounters().send_blocked == 1);
+  REQUIRE(p.a->socketCounters().writes == 1);
+  tx.t->shutdown();
+  tx.pump();
+  // Every frame of the unit, written in part or not at all, completes once, none OK: the unit
+  // was not finished, and what of it the peer got it may never read.
+  std::vector<int> seen(kFrames, 0);
+  for (const auto& ev : tx.sends) {
+    REQUIRE(ev.cookie < kFrames);
+    ++seen[ev.cookie];
+    CHECK(ev.status == FL_ERR_LINK_LOST);
+  }
+  CHECK(seen == std::vector<int>(kFrames, 1));
+  CHECK(p.a->socketCounters().frames_written == 0);
 }
 
 TEST_CASE("tcp: a peer cut in the middle of a control record fails the link", "[transport][tcp]") {
@@ -411,6 +507,7 @@ TEST_CASE("tcp: one poll() reads at most its budget and its max events", "[trans
     RemoteCredit sc = testing::expose(*p.b, small.back().credit(10 + i));
     REQUIRE(p.a->post(request(10 + i, sc, small_payloads.back(), 2 + i)) == PostResult::kOk);
   }
+  p.a->flush();
   while (queued(p.b_fd) < static_cast<int>(10 * (sizeof(TcpFrameHeader) + 16))) {
     if (std::chrono::steady_clock::now() > deadline) FAIL("the small frames never arrived in the socket");
     readable(p.b->eventFd(), 10);

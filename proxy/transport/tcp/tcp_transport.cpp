@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <span>
 
 namespace framelink::transport::tcp {
 
@@ -20,6 +21,10 @@ namespace {
 // A write unit holds two iovecs per control record, read request and read
 // response, and two for its frame; sendmsg takes at most IOV_MAX of them.
 constexpr size_t kMaxRecordsPerWrite = (IOV_MAX - 2) / 2;
+// The frames of one write unit: at most this many, and beyond the first only while the unit stays
+// within kMaxWriteBytes -- a round of small frames is one sendmsg, a large frame goes alone.
+constexpr size_t kMaxFramesPerWrite = 64;
+constexpr uint64_t kMaxWriteBytes = uint64_t{256} * 1024;
 constexpr size_t kScratchBytes = size_t{256} * 1024;
 
 std::string errnoText(int err) { return std::strerror(err); }
@@ -81,9 +86,12 @@ TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, st
       peer_name_(std::move(peer_name)),
       options_(options),
       book_(options.send_queue_depth) {
-  // The largest write unit's iovecs: startWrite() then never allocates for them.
-  tx_iov_.reserve(2 * kMaxRecordsPerWrite + 2);
+  // The largest write unit's iovecs and frames: startWrite() then never allocates for them.
+  tx_iov_.reserve(IOV_MAX);
   tx_pulls_.reserve(kMaxRecordsPerWrite);
+  tx_frame_headers_.reserve(kMaxFramesPerWrite);
+  tx_cookies_.reserve(kMaxFramesPerWrite);
+  tx_lengths_.reserve(kMaxFramesPerWrite);
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
@@ -95,14 +103,16 @@ void TcpTransport::shutdown() noexcept {
 
 void TcpTransport::failLink(int status, const std::string& message) noexcept {
   // Nothing is being written now (every write happens on this thread), so
-  // the frame of the write in progress completes here with the queued ones,
-  // and its payload is never read again.
-  std::optional<uint64_t> writing;
-  if (tx_active_ && tx_has_frame_) writing = tx_cookie_;
+  // the frames of the write in progress complete here with the queued ones,
+  // and their payloads are never read again.
+  const std::span<const uint64_t> writing =
+      tx_active_ ? std::span<const uint64_t>(tx_cookies_) : std::span<const uint64_t>();
   if (!book_.fail(status, message, writing)) return;
   warnLinkFailed(status, message);
   tx_active_ = false;
-  tx_has_frame_ = false;
+  tx_frame_headers_.clear();
+  tx_cookies_.clear();
+  tx_lengths_.clear();
   tx_records_.clear();
   tx_pulls_.clear();
   pull_queue_.clear();
@@ -204,7 +214,15 @@ void TcpTransport::answerRead() noexcept {
 
 // ---------------------------------------------------------------- sending
 
-PostResult TcpTransport::post(const SendRequest& request) noexcept { return sendQueued(book_.post(request)); }
+// Queued only: flush() -- the agent's, after each round of posts -- or the next poll() writes the
+// round's frames together, as many as one write unit holds (kMaxFramesPerWrite, kMaxWriteBytes).
+PostResult TcpTransport::post(const SendRequest& request) noexcept { return book_.post(request); }
+
+void TcpTransport::flush() noexcept {
+  if (book_.failed() || tx_active_) return;  // a waiting write goes on in poll()
+  drainSends();
+  syncSignal();
+}
 
 PostResult TcpTransport::postControl(std::string record) noexcept {
   return sendQueued(book_.postControl(std::move(record)));
@@ -259,21 +277,30 @@ bool TcpTransport::startWrite() noexcept {
       }
     }
   }
-  tx_has_frame_ = false;
-  // Control first: a frame joins the write only once no record and no read waits.
-  if (!ring.empty() && control.empty() && pull_queue_.empty()) {
-    const SendRequest& r = ring.front();
-    tx_frame_header_ = toWire(r.header);
-    tx_iov_.push_back({&tx_frame_header_, sizeof tx_frame_header_});
-    // sendmsg does not write through iov_base; the cast only satisfies its type.
-    if (r.header.length > 0) {
-      tx_iov_.push_back({const_cast<uint8_t*>(r.payload),  // NOLINT
-                         static_cast<size_t>(r.header.length)});
+  tx_frame_headers_.clear();
+  tx_cookies_.clear();
+  tx_lengths_.clear();
+  // Control first: frames join the write only once no record and no read waits.  Then as many
+  // frames as the write holds: the first whatever its size, the others while the write stays
+  // within kMaxWriteBytes (small frames go together, a large one goes alone as before).
+  if (control.empty() && pull_queue_.empty()) {
+    uint64_t bytes = 0;
+    while (!ring.empty() && tx_cookies_.size() < kMaxFramesPerWrite && tx_iov_.size() + 2 <= IOV_MAX) {
+      const SendRequest& r = ring.front();
+      const uint64_t size = sizeof(TcpFrameHeader) + r.header.length;
+      if (!tx_cookies_.empty() && bytes + size > kMaxWriteBytes) break;
+      bytes += size;
+      tx_frame_headers_.push_back(toWire(r.header));  // reserved: does not move
+      tx_iov_.push_back({&tx_frame_headers_.back(), sizeof(TcpFrameHeader)});
+      // sendmsg does not write through iov_base; the cast only satisfies its type.
+      if (r.header.length > 0) {
+        tx_iov_.push_back({const_cast<uint8_t*>(r.payload),  // NOLINT
+                           static_cast<size_t>(r.header.length)});
+      }
+      tx_cookies_.push_back(r.cookie);
+      tx_lengths_.push_back(r.header.length);
+      ring.pop();
     }
-    tx_has_frame_ = true;
-    tx_cookie_ = r.cookie;
-    tx_length_ = r.header.length;
-    ring.pop();
   }
   tx_next_ = 0;
   tx_active_ = true;
@@ -287,9 +314,11 @@ void TcpTransport::finishWrite() noexcept {
     if (w.header.magic == kTcpReadResponseMagic) --responses_queued_;
   }
   tx_pulls_.clear();  // a response's source may go now
-  if (!tx_has_frame_) return;
-  tx_has_frame_ = false;
-  book_.sendDone(tx_cookie_, FL_OK, tx_length_);
+  for (size_t i = 0; i < tx_cookies_.size(); ++i) book_.sendDone(tx_cookies_[i], FL_OK, tx_lengths_[i]);
+  socket_counters_.frames_written += tx_cookies_.size();
+  tx_frame_headers_.clear();
+  tx_cookies_.clear();
+  tx_lengths_.clear();
 }
 
 void TcpTransport::drainSends() noexcept {
@@ -309,6 +338,7 @@ void TcpTransport::drainSends() noexcept {
       failLink(FL_ERR_LINK_LOST, "tcp data link to " + peer_name_ + ": send failed: " + errnoText(errno));
       return;
     }
+    ++socket_counters_.writes;
     auto left = static_cast<size_t>(n);
     while (tx_next_ < tx_iov_.size() && left >= tx_iov_[tx_next_].iov_len) {
       left -= tx_iov_[tx_next_].iov_len;
@@ -338,7 +368,8 @@ void TcpTransport::watchWritable(bool on) noexcept {
 // ---------------------------------------------------------------- receiving
 
 size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
-  if (!book_.failed() && tx_active_) drainSends();
+  // A write the socket did not take whole goes on, and frames posted without a flush() go.
+  if (!book_.failed()) drainSends();
   if (!book_.failed()) receive(max);
   // Answers to the reads just received go out now.
   if (!book_.failed() && !tx_active_ && !pull_queue_.empty()) drainSends();

@@ -3,16 +3,19 @@
 //
 // No threads of its own: every byte moves on the calling thread (the data
 // agent), so a frame costs no hand-off and no wake-up beyond the agent's own.
-//   * post() and postControl() write straight to the socket with one
-//     non-blocking sendmsg() (control records queued so far first, then the
-//     frame's header and its payload from the caller's memory) when nothing
-//     is queued ahead.  A frame the socket takes whole completes at once: its
-//     SendComplete is queued and eventFd() is readable.  What the socket does
-//     not take waits in order (the rest of the write in progress, then queued
-//     control records, then queued frames); poll() continues it, and while
-//     it waits eventFd() also watches the socket for writability.  Frames are
-//     never interleaved: one write unit (records + at most one frame) is
-//     finished before the next starts.
+//   * post() queues a frame; flush() (the agent's, after each round of posts)
+//     or the next poll() writes what is queued with one non-blocking
+//     sendmsg() per write unit: the control records queued so far, then the
+//     frames' headers and payloads from the callers' memory -- up to 64
+//     frames, beyond the first only within 256 KiB, so a round of small
+//     frames is one system call and a large frame goes alone.
+//     postControl() writes at once when nothing is queued ahead.  Frames the
+//     socket takes whole complete at once: their SendCompletes are queued
+//     and eventFd() is readable.  What the socket does not take waits in
+//     order (the rest of the write in progress, then queued control records,
+//     then queued frames); poll() continues it, and while it waits eventFd()
+//     also watches the socket for writability.  One write unit is finished
+//     before the next starts.
 //   * poll() reads with non-blocking recvmsg(): a frame header, then the
 //     payload straight into the credited buffer (the next header in the same
 //     call), a control record into its event, or a frame for an unknown
@@ -87,6 +90,7 @@ class TcpTransport final : public Transport {
   PostResult post(const SendRequest& request) noexcept override;
   std::string_view lastRefusal() const noexcept override { return book_.lastRefusal(); }
   PostResult postControl(std::string record) noexcept override;
+  void flush() noexcept override;
   size_t poll(TransportEvent* out, size_t max) noexcept override;
   int eventFd() const noexcept override { return epoll_fd_.get(); }
   void shutdown() noexcept override;
@@ -96,7 +100,10 @@ class TcpTransport final : public Transport {
   // What only a byte stream on the calling thread counts (calling thread
   // only; for benchmarks and tests).
   struct SocketCounters {
-    uint64_t send_blocked = 0;      // times the socket took less than offered (a write then waits)
+    uint64_t send_blocked = 0;  // times the socket took less than offered (a write then waits)
+    uint64_t writes = 0;        // sendmsg() calls that wrote something
+    uint64_t frames_written =
+        0;  // frames in write units written whole (frames_written / writes: the batching)
     uint64_t read_budget_hits = 0;  // poll() calls that returned with the budget spent
   };
   const SocketCounters& socketCounters() const noexcept { return socket_counters_; }
@@ -157,18 +164,19 @@ class TcpTransport final : public Transport {
   SocketCounters socket_counters_;
   bool signalled_ = false;  // event_fd_ is set
   bool watch_out_ = false;  // EPOLLOUT is in epoll_fd_'s interest
-  // The write in progress: control records and at most one frame, as iovecs
-  // into tx_records_, tx_headers_, tx_frame_header_ and the caller's payload.
+  // The write in progress: control records, reads and frames, as iovecs into
+  // tx_records_, tx_headers_, tx_pulls_, tx_frame_headers_ and the callers'
+  // payloads.  Its frames' cookies and lengths complete when it is written
+  // whole (capacity reserved: the headers never move while iovecs point at them).
   bool tx_active_ = false;
-  bool tx_has_frame_ = false;
-  uint64_t tx_cookie_ = 0;
-  uint64_t tx_length_ = 0;
+  std::vector<TcpFrameHeader> tx_frame_headers_;
+  std::vector<uint64_t> tx_cookies_;
+  std::vector<uint64_t> tx_lengths_;
   std::vector<std::string> tx_records_;
   std::vector<TcpFrameHeader> tx_headers_;
   std::deque<PullWrite> pull_queue_;  // requests and responses not yet in a write
   size_t responses_queued_ = 0;       // of pull_queue_ and tx_pulls_ (bounded: kMaxReadsOutstanding)
   std::vector<PullWrite> tx_pulls_;   // in the write in progress
-  TcpFrameHeader tx_frame_header_{};
   std::vector<iovec> tx_iov_;
   size_t tx_next_ = 0;  // first iovec not yet written whole
 
