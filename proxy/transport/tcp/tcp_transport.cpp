@@ -91,7 +91,6 @@ TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, st
   tx_pulls_.reserve(kMaxRecordsPerWrite);
   tx_frame_headers_.reserve(kMaxFramesPerWrite);
   tx_cookies_.reserve(kMaxFramesPerWrite);
-  tx_lengths_.reserve(kMaxFramesPerWrite);
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
@@ -110,9 +109,7 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   if (!book_.fail(status, message, writing)) return;
   warnLinkFailed(status, message);
   tx_active_ = false;
-  tx_frame_headers_.clear();
-  tx_cookies_.clear();
-  tx_lengths_.clear();
+  clearFrames();
   tx_records_.clear();
   tx_pulls_.clear();
   pull_queue_.clear();
@@ -277,9 +274,7 @@ bool TcpTransport::startWrite() noexcept {
       }
     }
   }
-  tx_frame_headers_.clear();
-  tx_cookies_.clear();
-  tx_lengths_.clear();
+  clearFrames();
   // Control first: frames join the write only once no record and no read waits.  Then as many
   // frames as the write holds: the first whatever its size, the others while the write stays
   // within kMaxWriteBytes (small frames go together, a large one goes alone as before).
@@ -298,7 +293,6 @@ bool TcpTransport::startWrite() noexcept {
                            static_cast<size_t>(r.header.length)});
       }
       tx_cookies_.push_back(r.cookie);
-      tx_lengths_.push_back(r.header.length);
       ring.pop();
     }
   }
@@ -314,11 +308,16 @@ void TcpTransport::finishWrite() noexcept {
     if (w.header.magic == kTcpReadResponseMagic) --responses_queued_;
   }
   tx_pulls_.clear();  // a response's source may go now
-  for (size_t i = 0; i < tx_cookies_.size(); ++i) book_.sendDone(tx_cookies_[i], FL_OK, tx_lengths_[i]);
+  for (size_t i = 0; i < tx_cookies_.size(); ++i) {
+    book_.sendDone(tx_cookies_[i], FL_OK, tx_frame_headers_[i].length);
+  }
   socket_counters_.frames_written += tx_cookies_.size();
+  clearFrames();
+}
+
+void TcpTransport::clearFrames() noexcept {
   tx_frame_headers_.clear();
   tx_cookies_.clear();
-  tx_lengths_.clear();
 }
 
 void TcpTransport::drainSends() noexcept {

@@ -123,6 +123,8 @@ class TcpTransport final : public Transport {
   // write in progress; false when nothing is queued.
   bool startWrite() noexcept;
   void finishWrite() noexcept;
+  // Empties the write unit's frames (tx_frame_headers_, tx_cookies_).
+  void clearFrames() noexcept;
   void watchWritable(bool on) noexcept;
 
   // A read request or response waiting to be written (`payload`: a
@@ -166,12 +168,11 @@ class TcpTransport final : public Transport {
   bool watch_out_ = false;  // EPOLLOUT is in epoll_fd_'s interest
   // The write in progress: control records, reads and frames, as iovecs into
   // tx_records_, tx_headers_, tx_pulls_, tx_frame_headers_ and the callers'
-  // payloads.  Its frames' cookies and lengths complete when it is written
+  // payloads.  Its frames (cookie i, header i) complete when it is written
   // whole (capacity reserved: the headers never move while iovecs point at them).
   bool tx_active_ = false;
   std::vector<TcpFrameHeader> tx_frame_headers_;
   std::vector<uint64_t> tx_cookies_;
-  std::vector<uint64_t> tx_lengths_;
   std::vector<std::string> tx_records_;
   std::vector<TcpFrameHeader> tx_headers_;
   std::deque<PullWrite> pull_queue_;  // requests and responses not yet in a write
