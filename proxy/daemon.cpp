@@ -83,8 +83,11 @@ Status writeReadyFile(const std::string& path, const std::string& content) {
 
 class DaemonImpl final : public Daemon {
  public:
-  DaemonImpl(Config config, AgentHeartbeat heartbeat)
-      : config_(std::move(config)), live_(config_), heartbeat_(std::move(heartbeat)) {}
+  DaemonImpl(Config config, AgentHeartbeat heartbeat, std::vector<NamedFd> inherited)
+      : config_(std::move(config)),
+        live_(config_),
+        heartbeat_(std::move(heartbeat)),
+        inherited_(std::move(inherited)) {}
   ~DaemonImpl() override { stop(); }
 
   Status init() {
@@ -94,10 +97,11 @@ class DaemonImpl final : public Daemon {
                             uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec)};
     agent_ = std::make_unique<DataAgent>(config_, metrics_, steadyClock(), std::move(heartbeat_));
     agent_->start();
+    Inherited inherited = unpackHandOver(std::move(inherited_), config_.socket_path);
     auto attach = AttachServer::create(
         config_, identity,
         [this](std::shared_ptr<ClientSession> c) { agent_->post(CmdClientAttached{std::move(c)}); },
-        [this](uint64_t id) { agent_->post(CmdClientGone{id}); }, &metrics_);
+        [this](uint64_t id) { agent_->post(CmdClientGone{id}); }, &metrics_, std::move(inherited.listener));
     if (!attach) return std::move(attach).error();
     attach_ = std::move(attach.value());
     start_ns_ = identity.start_ns;
@@ -105,6 +109,7 @@ class DaemonImpl final : public Daemon {
     attach_->setAdminSnapshot([this] { return adminSnapshot(); });
     attach_->setAdminReload([this] { return reload().json(); });
     RdmaSupport rdma = openRdma();
+    takeOver(inherited);
     auto links = PeerLinks::start(config_, *agent_, metrics_, identity.start_ns, std::move(rdma));
     if (!links) return std::move(links).error();
     links_ = std::move(links.value());
@@ -183,6 +188,34 @@ class DaemonImpl final : public Daemon {
     return out;
   }
 
+  size_t stopAndHandOver(const HandOverStore& store) override {
+    if (stopped_.exchange(true)) return 0;
+    if (attach_) attach_->stop(true);
+    if (agent_) agent_->stopForHandOver(config_.drain_timeout_ms);
+    if (links_) links_->stop();
+    size_t handed = 0;
+    if (attach_ && agent_) {
+      const auto clients = agent_->handOverClients();
+      auto packed = packHandOver(attach_->listenFd(), config_.socket_path, attach_->nextClientId(), clients);
+      if (!packed) {
+        spdlog::error("hot restart: nothing handed over ({}): the clients attach again to the next daemon",
+                      packed.error().message);
+      } else if (!store(packed.value())) {
+        spdlog::error(
+            "hot restart: the file descriptor store took nothing: the clients attach again to the next "
+            "daemon (FileDescriptorStoreMax= in the unit?)");
+      } else {
+        handed = clients.size();
+        spdlog::info("hot restart: the attach listener and {} client{} handed over to the next framelinkd",
+                     handed, handed == 1 ? "" : "s");
+      }
+    }
+    attach_.reset();
+    metrics_.stop();
+    if (!config_.ready_file.empty()) ::unlink(config_.ready_file.c_str());
+    return handed;
+  }
+
   void stop() override {
     if (stopped_.exchange(true)) return;
     // Stop taking new clients, let what is in flight end (drain_timeout_ms at
@@ -196,6 +229,31 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // The clients of the daemon before this one (hot restart), adopted after
+  // the rdma device (if any) registers segments.
+  void takeOver(Inherited& inherited) {
+    if (attach_->inheritedListener()) spdlog::info("hot restart: the attach listener is the daemon before's");
+    attach_->continueClientIds(inherited.next_client_id);
+    size_t taken = 0;
+    for (auto& client : inherited.clients) {
+      const uint64_t id = client.session->id;
+      const pid_t pid = client.session->pid;
+      const std::string stream = client.session->stream;
+      if (Status s = attach_->adopt(std::move(client.socket), std::move(client.session)); !s) {
+        inherited.left.push_back("client " + std::to_string(id) + " (pid " + std::to_string(pid) +
+                                 ", stream '" + stream + "'): " + s.error().message);
+        continue;
+      }
+      ++taken;
+    }
+    for (const auto& why : inherited.left)
+      spdlog::warn("hot restart: not taken over, attaches again: {}", why);
+    if (taken != 0 || !inherited.left.empty()) {
+      spdlog::info("hot restart: {} client{} taken over from the daemon before", taken,
+                   taken == 1 ? "" : "s");
+    }
+  }
+
   // What `framelink stats / clients / links` get over the attach socket: who
   // this daemon is, its configured peers, and the counters and per-client /
   // per-link detail the data agent publishes (Metrics::json, as on /stats).
@@ -284,6 +342,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<DataAgent> agent_;
   std::unique_ptr<AttachServer> attach_;
   std::unique_ptr<PeerLinks> links_;
+  std::vector<NamedFd> inherited_;  // until init() takes them
   std::atomic<bool> stopped_{false};
   uint64_t start_ns_ = 0;
 };
@@ -301,8 +360,9 @@ std::string Daemon::ReloadOutcome::json() const {
   return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::start(Config config, AgentHeartbeat heartbeat) {
-  auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(heartbeat));
+Result<std::unique_ptr<Daemon>> Daemon::start(Config config, AgentHeartbeat heartbeat,
+                                              std::vector<NamedFd> inherited) {
+  auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(heartbeat), std::move(inherited));
   Status s = daemon->init();
   if (!s) {
     daemon->stop();

@@ -11,6 +11,7 @@
 #include "agent/agent_heartbeat.h"
 #include "common/result.h"
 #include "config/config.h"
+#include "hand_over.h"
 
 namespace framelink {
 
@@ -18,7 +19,10 @@ class Daemon {
  public:
   // `heartbeat`: beaten by the data agent while it runs (systemd's watchdog
   // in framelinkd; none in tests).
-  static Result<std::unique_ptr<Daemon>> start(Config config, AgentHeartbeat heartbeat = {});
+  // `inherited`: what the daemon before this one handed over (hot restart,
+  // hand_over.h): its attach listener and clients are taken over.
+  static Result<std::unique_ptr<Daemon>> start(Config config, AgentHeartbeat heartbeat = {},
+                                               std::vector<NamedFd> inherited = {});
   virtual ~Daemon() = default;
 
   virtual uint16_t grpcPort() const noexcept = 0;
@@ -28,6 +32,14 @@ class Daemon {
   // What it serves now, in one line (Metrics::summary): for systemctl status.
   virtual std::string statusLine() const = 0;
   virtual void stop() = 0;
+  // Stops for a hot restart: the frames in progress end within
+  // drain_timeout_ms, new ones stay in their producers' rings, and the
+  // attach listener and every client go to `store` (systemd's file
+  // descriptor store in framelinkd) for the next daemon, the clients still
+  // attached.  `store` returns false when they could not be kept: then the
+  // clients see this daemon go and attach again.  Returns the clients handed over.
+  using HandOverStore = std::function<bool(std::vector<NamedFd>& fds)>;
+  virtual size_t stopAndHandOver(const HandOverStore& store) = 0;
 
   // Where a reload reads the configuration again (framelinkd: its command
   // line, and the file that names); none: a reload is refused.

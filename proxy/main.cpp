@@ -23,6 +23,7 @@
 #include "common/journal_stream.h"
 #include "config/config.h"
 #include "daemon.h"
+#include "fd_store.h"
 
 // Keep freed heap memory instead of handing it back to the kernel at once.
 // gRPC allocates a receive buffer per message and frees it after; with
@@ -189,11 +190,18 @@ int main(int argc, char** argv) try {
   if (watchdog.enabled()) {
     spdlog::info("systemd watchdog on: the data agent reports every {} ms", watchdog.period_ns / 1'000'000);
   }
-  auto daemon = framelink::Daemon::start(std::move(config.value()), std::move(watchdog));
+  // A hot restart: what the daemon before handed over waits in systemd's
+  // file descriptor store; the store lets go of it once this daemon holds it.
+  std::vector<framelink::NamedFd> inherited = framelink::takeStoredFds();
+  std::vector<std::string> inherited_names;
+  for (const auto& named : inherited) inherited_names.push_back(named.name);
+  auto daemon =
+      framelink::Daemon::start(std::move(config.value()), std::move(watchdog), std::move(inherited));
   if (!daemon) {
     spdlog::critical("cannot start: {}", daemon.error().message);
     return 1;
   }
+  framelink::forgetStoredFds(inherited_names);
   // SIGHUP (systemctl reload) and `framelink reload`: the command line, and
   // the file it names, read again as at start.
   daemon.value()->setConfigSource([argc, argv] { return framelink::parseConfig(argc, argv); });
@@ -205,7 +213,14 @@ int main(int argc, char** argv) try {
 #ifdef FRAMELINK_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");
 #endif
-  daemon.value()->stop();
+  // Under systemd the clients wait in the file descriptor store for the next
+  // daemon (systemctl restart, a package upgrade); a stop discards the store,
+  // which tells them this daemon is gone.
+  if (sig == SIGTERM && framelink::fdStoreAvailable()) {
+    daemon.value()->stopAndHandOver(framelink::storeFds);
+  } else {
+    daemon.value()->stop();
+  }
   spdlog::info("stopped");
   return 0;
 } catch (const std::exception& e) {

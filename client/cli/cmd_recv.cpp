@@ -126,10 +126,12 @@ void printRecvSummary(const RecvOptions& o, const ReceiveLoopStats& st, const Fr
   if (o.json) {
     std::printf(
         "{\"received\":%llu,\"expected\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
-        "\"bad\":%llu,\"first_error\":\"%s\",\"timed_out\":%s,\"error\":\"%s\",\"ok\":%s}\n",
+        "\"longest_gap_ms\":%.1f,\"bad\":%llu,\"first_error\":\"%s\",\"timed_out\":%s,\"error\":\"%s\","
+        "\"ok\":%s}\n",
         (unsigned long long)st.received, (unsigned long long)o.count, (unsigned long long)st.bytes, secs,
-        gbps, (unsigned long long)checker.bad(), jsonEscape(checker.firstError()).c_str(),
-        st.timed_out ? "true" : "false", jsonEscape(st.error).c_str(), ok ? "true" : "false");
+        gbps, st.longest_gap_ns / 1e6, (unsigned long long)checker.bad(),
+        jsonEscape(checker.firstError()).c_str(), st.timed_out ? "true" : "false",
+        jsonEscape(st.error).c_str(), ok ? "true" : "false");
   } else if (!o.quiet || !ok) {
     std::printf("received %llu frames, %s in %.3f s = %.3f GB/s", (unsigned long long)st.received,
                 formatBytes(st.bytes).c_str(), secs, gbps);

@@ -177,6 +177,7 @@ ReceiveLoopStats receiveLoop(Consumer& consumer, const ReceiveLoopOptions& optio
     const uint64_t now = monotonicNs();
     last_activity = now;
     if (st.received == 0) st.first_ns = now;
+    if (st.received != 0 && now - st.last_ns > st.longest_gap_ns) st.longest_gap_ns = now - st.last_ns;
     st.last_ns = now;
     ++st.received;
     st.bytes += f.length;

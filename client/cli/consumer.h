@@ -80,8 +80,9 @@ struct ReceiveLoopOptions {
 struct ReceiveLoopStats {
   uint64_t received = 0;
   uint64_t bytes = 0;
-  uint64_t first_ns = 0;  // monotonic, first frame
-  uint64_t last_ns = 0;   // monotonic, last frame
+  uint64_t first_ns = 0;        // monotonic, first frame
+  uint64_t last_ns = 0;         // monotonic, last frame
+  uint64_t longest_gap_ns = 0;  // the longest time between two frames (a daemon restart shows here)
   bool timed_out = false;
   bool interrupted = false;
   std::string error;  // fatal: the attachment broke or a callback failed

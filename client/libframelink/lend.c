@@ -68,6 +68,11 @@ static int flx_lent_read_one(fl_client* c) {
              (m.data_size - m.slots_offset) / m.slot_stride < m.slot_count) {
     (void)flx_corrupt_locked(c, "lent segment %llu has impossible geometry", (unsigned long long)m.lend_id);
     rc = -1;
+  } else if (flx_lent_find(c, m.lend_id)) {
+    /* Lent again: a daemon that took this attachment over from another (a hot
+     * restart) does not know what was lent before.  A lend id is its
+     * producer's client id, one segment for that producer's life: the
+     * mapping we have is that segment. */
   } else {
     struct flx_lent* free_entry = NULL;
     for (uint32_t i = 0; i < FL_LEND_MAX && !free_entry; ++i) {

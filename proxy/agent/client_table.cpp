@@ -29,7 +29,9 @@ bool ClientTable::prepareSleep() {
   bool ready = false;
   for (auto& [id, c] : clients_) {
     if (c.session->gone) continue;
-    if (!fl_ring_prepare_sleep(c.session->segments->submitRing())) ready = true;
+    // A paused producer's frames are not this daemon's work any more.
+    const bool paused = producers_paused_ && c.session->role == FL_ROLE_PRODUCER;
+    if (!fl_ring_prepare_sleep(c.session->segments->submitRing()) && !paused) ready = true;
   }
   return !ready;
 }

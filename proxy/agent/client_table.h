@@ -48,6 +48,10 @@ class ClientTable {
   template <typename Handle>
   void drainAll(AgentClient& c, Handle&& handle);
 
+  // From now on producers' rings are left as they are (a hot restart: the
+  // next daemon takes what they hold); consumers' are still drained.
+  void pauseProducers() { producers_paused_ = true; }
+
   // Announces sleep on every submit ring; false when one has work after all
   // (a client pushed before it saw the flag).
   bool prepareSleep();
@@ -82,6 +86,7 @@ class ClientTable {
   // costs a pointer per client, not a lookup.
   std::vector<AgentClient*> polled_;
   bool polled_stale_ = false;
+  bool producers_paused_ = false;
 };
 
 template <typename Handle>
@@ -97,6 +102,7 @@ size_t ClientTable::drainRings(Handle&& handle) {
   for (size_t k = 0; k < polled_.size() && !polled_stale_; ++k) {
     AgentClient* c = polled_[k];
     if (c->session->gone) continue;
+    if (producers_paused_ && c->session->role == FL_ROLE_PRODUCER) continue;
     ClientSession& s = *c->session;
     fl_ring_header* ring = s.segments->submitRing();
     for (size_t i = 0; i < kMaxSubmitsPerRound; ++i) {

@@ -98,51 +98,6 @@ void DataAgent::start() {
   thread_ = std::thread([this] { run(); });
 }
 
-void DataAgent::stop(uint64_t drain_ms) {
-  if (!thread_.joinable()) return;
-  post(CmdStop{drain_ms});
-  thread_.join();
-}
-
-uint64_t DataAgent::framesInProgress() {
-  uint64_t n = 0;
-  for (auto& [id, c] : clients_.all()) {
-    if (c.session->role == FL_ROLE_PRODUCER) n += c.session->in_progress;
-  }
-  return n;
-}
-
-void DataAgent::beginStop(uint64_t drain_ms) {
-  const uint64_t n = framesInProgress();
-  if (drain_ms == 0 || n == 0 || drain_until_ns_ != 0) {
-    running_ = false;
-    return;
-  }
-  drain_from_ns_ = clock_.nowNs();
-  drain_until_ns_ = drain_from_ns_ + drain_ms * 1'000'000;
-  outbound_.startDraining();
-  spdlog::info(
-      "stopping: draining {} frame{} in progress for {} ms at most; new frames are refused "
-      "(FL_ERR_SHUTDOWN)",
-      n, n == 1 ? "" : "s", drain_ms);
-}
-
-void DataAgent::checkDrain(uint64_t now_ns) {
-  if (drain_until_ns_ == 0 || !running_) return;
-  const uint64_t left = framesInProgress();
-  if (left != 0 && now_ns < drain_until_ns_) return;
-  const uint64_t ms = (now_ns - drain_from_ns_) / 1'000'000;
-  if (left == 0) {
-    spdlog::info("stopping: every frame in progress ended within {} ms", ms);
-  } else {
-    spdlog::warn(
-        "stopping: {} frame{} still in progress after {} ms (drain_timeout_ms): they end "
-        "FL_ERR_SHUTDOWN, and may have reached their consumers",
-        left, left == 1 ? "" : "s", ms);
-  }
-  running_ = false;
-}
-
 void DataAgent::run() {
   ::pthread_setname_np(::pthread_self(), "fl-data-agent");
   if (config_.cpu >= 0) {
@@ -167,30 +122,6 @@ void DataAgent::run() {
     if (idle.idle(work, clock_.nowNs())) sleep();
   }
   shutdown();
-}
-
-void DataAgent::shutdown() {
-  // Every frame still in progress ends FAILED(shutdown), also those still in
-  // a ring and those of a client attached at the last moment.
-  outbound_.startShutdown();
-  drainCommands();
-  clients_.drainRings([this](AgentClient& c, const fl_submit_desc& d) { onDescriptor(c, d); });
-  for (auto& [id, c] : clients_.all()) {
-    if (c.session->role == FL_ROLE_PRODUCER) {
-      outbound_.failAllInProgress(*c.session, FL_ERR_SHUTDOWN, "the daemon is shutting down");
-    }
-    // After the last completion: from here the client fails whatever it
-    // still has in flight itself.
-    __atomic_store_n(&c.session->segments->header()->daemon_state, uint32_t{FL_DAEMON_DETACHED},
-                     __ATOMIC_RELEASE);
-  }
-  for (auto& [id, l] : links_) {
-    v1::PeerMessage fin;
-    fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);
-    fin.mutable_fin()->set_reason("daemon shutting down");
-    if (l.session.writer) l.session.writer->send(std::move(fin));
-    if (l.transport) l.transport->shutdown();
-  }
 }
 
 size_t DataAgent::doWork() {
@@ -328,7 +259,7 @@ size_t DataAgent::drainCommands() {
               l->peer_data_received = said.data_received;
             }
           } else if constexpr (std::is_same_v<T, CmdStop>) {
-            beginStop(cmd.drain_ms);
+            beginStop(cmd);
           } else if constexpr (std::is_same_v<T, CmdReconfigure>) {
             reconfigure(*cmd.config);
           }

@@ -120,8 +120,12 @@ struct CmdPeerMessage {
 };
 // Stop; with drain_ms > 0, first drain: new frames are refused (FL_ERR_SHUTDOWN)
 // and those in progress are given that long to end with their true status.
+// `hand_over` (a hot restart): new frames are not refused but left in their
+// producers' rings for the next daemon, and the clients stay attached
+// (handOverClients).
 struct CmdStop {
   uint64_t drain_ms = 0;
+  bool hand_over = false;
 };
 
 // A reload: the routes, peers and frame timeouts of `config` apply from now
@@ -171,6 +175,18 @@ class DataAgent {
   // `drain_ms`, first lets the frames in progress end (delivered, or failed for
   // what they failed of) for that long at most, refusing new ones meanwhile.
   void stop(uint64_t drain_ms = 0);
+  // A stop for a hot restart: the frames in progress get `drain_ms` to end,
+  // the frames producers submit meanwhile stay in their rings, and every
+  // client stays attached -- its segment still says SERVING -- for the next
+  // daemon to take over (hand_over.h).
+  void stopForHandOver(uint64_t drain_ms);
+  // After stopForHandOver: each client still attached, and of a consumer the
+  // slots whose frame its application holds.
+  struct HandedClient {
+    std::shared_ptr<ClientSession> session;
+    std::vector<uint32_t> held_slots;
+  };
+  std::vector<HandedClient> handOverClients() const;
 
   // Test hook, for an agent that was never start()ed (fuzzers): runs the
   // agent's rounds on the calling thread until one finds no work -- every
@@ -232,10 +248,11 @@ class DataAgent {
   // A descriptor from a client's submit ring: a producer's frame or a
   // consumer's release.
   void onDescriptor(AgentClient& client, const fl_submit_desc& desc);
-  // Frames of local producers not yet ended.
+  // Frames of local producers not yet ended (and, handing over, frames landed
+  // here still lent to other readers).
   uint64_t framesInProgress();
   // CmdStop: stops at once, or starts the drain; ends a drain that is over.
-  void beginStop(uint64_t drain_ms);
+  void beginStop(const CmdStop& stop);
   void checkDrain(uint64_t now_ns);
   // Closes the link with a Fin(PROTOCOL) saying why (logged once a link).
   void protocolError(AgentLink& link, const std::string& why);
@@ -270,6 +287,7 @@ class DataAgent {
   // Stopping with a drain (CmdStop::drain_ms): from when, and until when.
   uint64_t drain_from_ns_ = 0;
   uint64_t drain_until_ns_ = 0;
+  bool hand_over_ = false;  // stopping for a hot restart (CmdStop::hand_over)
   UniqueFd epoll_fd_;
 
   // The parts, in the order they depend on each other.

@@ -63,92 +63,6 @@ AttachServer::AttachServer(const Config& config, DaemonIdentity identity, OnAtta
 
 AttachServer::~AttachServer() { stop(); }
 
-Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config, DaemonIdentity identity,
-                                                           OnAttach on_attach, OnDetach on_detach,
-                                                           Metrics* metrics) {
-  std::unique_ptr<AttachServer> server(
-      new AttachServer(config, identity, std::move(on_attach), std::move(on_detach)));
-  server->metrics_ = metrics;
-  rlimit nofile{};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) server->fd_limit_ = nofile.rlim_cur;
-  sockaddr_un addr{.sun_family = AF_UNIX, .sun_path = {}};
-  if (config.socket_path.size() >= sizeof(addr.sun_path)) {
-    return makeError(FL_EINVAL, "socket path '" + config.socket_path + "' is longer than " +
-                                    std::to_string(sizeof(addr.sun_path) - 1) +
-                                    " bytes; choose a shorter one");
-  }
-  std::strncpy(addr.sun_path, config.socket_path.c_str(), sizeof(addr.sun_path) - 1);
-
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "socket(AF_UNIX) failed: " + errnoText());
-  // A stale socket file from a crashed daemon: remove it if nobody answers.
-  struct stat st {};
-  if (::lstat(config.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      return makeError(FL_EBUSY, "another framelinkd already serves " + config.socket_path +
-                                     "; stop it or choose another --socket");
-    }
-    ::unlink(config.socket_path.c_str());
-  }
-  mode_t old_umask = ::umask(0177);
-  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::umask(old_umask);
-  if (rc != 0) {
-    return makeError(FL_ERR_RESOURCES, "cannot bind " + config.socket_path + ": " + errnoText() +
-                                           " (does the directory exist and is it writable?)");
-  }
-  if (!config.socket_group.empty()) {
-    group* g = ::getgrnam(config.socket_group.c_str());
-    if (g == nullptr) {
-      return makeError(FL_EINVAL, "socket group '" + config.socket_group +
-                                      "' does not exist; create it or change socket_group");
-    }
-    if (::chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " +
-                                             config.socket_group + " failed: " + errnoText());
-    }
-  }
-  if (Status admin = server->resolveAdminGroup(); !admin) return admin.error();
-  if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
-    return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + errnoText());
-  }
-  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "listen failed: " + errnoText());
-
-  server->listen_fd_ = std::move(fd);
-  server->epoll_fd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
-  server->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  epoll_event ev{.events = EPOLLIN, .data = {}};
-  ev.data.fd = server->listen_fd_.get();
-  ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->listen_fd_.get(), &ev);
-  ev.data.fd = server->stop_fd_.get();
-  ::epoll_ctl(server->epoll_fd_.get(), EPOLL_CTL_ADD, server->stop_fd_.get(), &ev);
-  return server;
-}
-
-Status AttachServer::resolveAdminGroup() {
-  own_uid_ = ::geteuid();
-  own_gid_ = ::getegid();
-  if (!config_.admin_group.empty()) {
-    group* g = ::getgrnam(config_.admin_group.c_str());
-    if (g == nullptr) {
-      return makeError(FL_EINVAL, "admin group '" + config_.admin_group +
-                                      "' does not exist; create it or change admin_group (--admin-group)");
-    }
-    admin_gid_ = g->gr_gid;
-    admin_group_ = config_.admin_group;
-  } else {
-    struct stat sock_st {};
-    if (::stat(config_.socket_path.c_str(), &sock_st) != 0) {
-      return makeError(FL_ERR_RESOURCES, "stat of " + config_.socket_path + " failed: " + errnoText());
-    }
-    admin_gid_ = sock_st.st_gid;
-    group* g = ::getgrgid(sock_st.st_gid);
-    admin_group_ = g != nullptr ? g->gr_name : std::to_string(sock_st.st_gid);
-  }
-  return {};
-}
-
 void AttachServer::start() {
   spdlog::info("attach: clients' segments may hold {} bytes in all{}, {} per uid{}", quota_.caps().total,
                quota_.caps().total_auto ? " (auto: half of RAM)" : "", quota_.caps().per_uid,
@@ -157,7 +71,8 @@ void AttachServer::start() {
   thread_ = std::thread([this] { run(); });
 }
 
-void AttachServer::stop() {
+void AttachServer::stop(bool keep_listener) {
+  if (keep_listener) keep_listener_ = true;
   if (!running_.exchange(false)) return;
   uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(stop_fd_.get(), &one, sizeof(one));
@@ -165,7 +80,9 @@ void AttachServer::stop() {
   // The client sockets stay open until the server is destroyed: the daemon
   // first lets the data agent finish (and mark every attachment DETACHED),
   // so a client never sees a hang-up while its frames are still completed.
-  ::unlink(config_.socket_path.c_str());
+  // A listener handed to the next daemon keeps its file: clients that
+  // connect meanwhile wait in its backlog.
+  if (!keep_listener_) ::unlink(config_.socket_path.c_str());
 }
 
 void AttachServer::reject(Metrics::AttachReject reason) {
@@ -471,8 +388,15 @@ void AttachServer::attachAdmitted(int fd, const fl_attach_request& req, const uc
   }
   // A producer's segment may be lent to consumers on this host, and so may
   // a consumer's, where frames from a peer land for every reader here: a
-  // read-only file of it is kept for them (the client's own fds go).
+  // read-only file of it is kept for them.  A consumer gets one too, and
+  // cannot attach without it: it must never hold a writable file.
   if (!segments->keepReadOnlyDataFd()) {
+    if (req.role == FL_ROLE_CONSUMER) {
+      sendRefusal(fd, FL_ERR_RESOURCES,
+                  "the daemon cannot open a read-only file of the segment: " + errnoText());
+      dropConnection(fd);
+      return;
+    }
     spdlog::warn(
         "attach: pid {}: no read-only file of its data segment ({}); its frames are copied to "
         "the other readers on this host",
@@ -503,13 +427,12 @@ void AttachServer::attachAdmitted(int fd, const fl_attach_request& req, const uc
   // agent writes meanwhile waits in the rings and the doorbell's queue.
   const std::shared_ptr<ClientSession> attached = session;
   on_attach_(std::move(session));
-  if (!sendAttachReply(fd, client_id, *segments, submit_doorbell, completion_doorbell)) {
+  if (!sendAttachReply(fd, client_id, req.role, *segments, submit_doorbell, completion_doorbell)) {
     spdlog::warn("attach: pid {}: sending the reply failed: {}", cred.pid, errnoText());
     dropConnection(fd);  // the agent lets the client go
     return;
   }
   attached->replied.store(true, std::memory_order_release);
-  segments->closeFds();
   log_attached_.info("client {} attached: pid {} uid {} '{}' {} stream '{}' {} x {} bytes{}", client_id,
                      cred.pid, cred.uid, req.client_name,
                      req.role == FL_ROLE_PRODUCER ? "producer" : "consumer", req.stream, req.slot_count,
@@ -552,7 +475,7 @@ std::shared_ptr<ClientSegments> AttachServer::makeSegments(int fd, const fl_atta
   return std::move(segments.value());
 }
 
-bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments,
+bool AttachServer::sendAttachReply(int fd, uint64_t client_id, uint32_t role, const ClientSegments& segments,
                                    const Doorbell& submit, const Doorbell& completion) {
   fl_attach_reply reply{};
   reply.magic = FL_ATTACH_MAGIC;
@@ -564,8 +487,8 @@ bool AttachServer::sendAttachReply(int fd, uint64_t client_id, const ClientSegme
   reply.data_size = segments.geometry().data_size;
   std::snprintf(reply.message, sizeof(reply.message), "attached as client %llu",
                 static_cast<unsigned long long>(client_id));
-  const int fds[FL_ATTACH_FD_COUNT] = {segments.controlFd(), segments.dataFd(), submit.client_end.get(),
-                                       completion.client_end.get()};
+  const int fds[FL_ATTACH_FD_COUNT] = {segments.controlFd(), segments.clientDataFd(role),
+                                       submit.client_end.get(), completion.client_end.get()};
   return sendWithFds(fd, &reply, sizeof(reply), fds, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(reply));
 }
 

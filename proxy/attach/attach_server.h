@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -58,9 +59,13 @@ class AttachServer {
   // in a "suppressed" line.
   static constexpr uint32_t kLoggedAttachesPerSecond = 20;
 
+  // `inherited_listener`: the attach listener of the daemon before this one
+  // (hot restart, hand_over.h), used when it listens on config.socket_path;
+  // else the socket is bound anew.
   static Result<std::unique_ptr<AttachServer>> create(const Config& config, DaemonIdentity identity,
                                                       OnAttach on_attach, OnDetach on_detach,
-                                                      Metrics* metrics = nullptr);
+                                                      Metrics* metrics = nullptr,
+                                                      UniqueFd inherited_listener = UniqueFd());
   ~AttachServer();
 
   // Registers each client's data segment with the rdma device (producer:
@@ -78,8 +83,26 @@ class AttachServer {
   // Reloads the configuration (FL_ADMIN_RELOAD) and returns the outcome as JSON.
   void setAdminReload(AdminSnapshot reload) { admin_reload_ = std::move(reload); }
 
+  // A client the daemon before this one attached (hot restart): its attach
+  // socket, and its session rebuilt from the hand-over, segments and
+  // doorbells included.  Registered with the rdma device, charged to the
+  // memory caps and counted against its uid as an attach is, then handed to
+  // on_attach.  Call before start().  An error: the client is not taken
+  // over (closing `socket` tells it so: it attaches again).
+  Status adopt(UniqueFd socket, std::shared_ptr<ClientSession> session);
+  // Whether the listener came from the daemon before this one.
+  bool inheritedListener() const noexcept { return inherited_listener_; }
+  // The listener, for the hand-over to the next daemon (after stop(true)).
+  int listenFd() const noexcept { return listen_fd_.get(); }
+  // The id the next attach gets (the hand-over carries it on).
+  uint64_t nextClientId() const noexcept { return next_client_id_; }
+  // Ids go on from those of the daemon before (call before start()).
+  void continueClientIds(uint64_t next) noexcept { next_client_id_ = std::max(next_client_id_, next); }
+
   void start();
-  void stop();
+  // Stops accepting.  `keep_listener`: the listener goes to the next daemon
+  // (hot restart), so its socket file stays.
+  void stop(bool keep_listener = false);
 
   // Whether a peer with these credentials may send admin requests: root, the
   // daemon's own uid or gid, or a member (primary or supplementary group) of
@@ -113,8 +136,8 @@ class AttachServer {
                                                uint64_t client_id);
   // The success reply with the segments' and doorbells' client ends; false
   // (errno set) when it did not go out whole.
-  bool sendAttachReply(int fd, uint64_t client_id, const ClientSegments& segments, const Doorbell& submit,
-                       const Doorbell& completion);
+  bool sendAttachReply(int fd, uint64_t client_id, uint32_t role, const ClientSegments& segments,
+                       const Doorbell& submit, const Doorbell& completion);
   // The connection's client is attached: it counts against the per-uid
   // limit, no longer as pending, and its segments' bytes against the caps
   // for as long as the segments live.
@@ -149,6 +172,8 @@ class AttachServer {
   UniqueFd stop_fd_;
   std::thread thread_;
   std::atomic<bool> running_{false};
+  bool inherited_listener_ = false;
+  bool keep_listener_ = false;
   uint64_t next_client_id_ = 1;
   Metrics* metrics_ = nullptr;  // may be null (tests)
   AdminSnapshot admin_snapshot_;

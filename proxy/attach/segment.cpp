@@ -254,20 +254,76 @@ void ClientSegments::initControl(const SegmentRequest& request) {
 
 Status ClientSegments::seal(uint32_t role) {
   // Seal the sizes so a client cannot truncate memory under the daemon (a
-  // SIGBUS in the daemon otherwise).  A consumer may only map its data
-  // read-only: F_SEAL_FUTURE_WRITE keeps the daemon's existing writable
-  // mapping but refuses new writable ones.
+  // SIGBUS in the daemon otherwise), and the seals themselves.  A consumer
+  // may only map its data read-only: it gets a read-only file of it
+  // (clientDataFd), not a seal against writable mappings, which would also
+  // keep the next daemon of a hot restart from mapping it again.
   int control_seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   if (::fcntl(control_fd_.get(), F_ADD_SEALS, control_seals) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("sealing the control memfd failed: ") + errnoText(errno));
   }
-  int data_seals = F_SEAL_SHRINK | F_SEAL_GROW;
-  if (role == FL_ROLE_CONSUMER) data_seals |= F_SEAL_FUTURE_WRITE;
-  data_seals |= F_SEAL_SEAL;
-  if (::fcntl(data_fd_.get(), F_ADD_SEALS, data_seals) != 0) {
+  (void)role;
+  if (::fcntl(data_fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return makeError(FL_ERR_RESOURCES, std::string("sealing the data memfd failed: ") + errnoText(errno));
   }
   return {};
+}
+
+namespace {
+
+// The memfd is what a hand-over says: sealed as this daemon seals, of the size given.
+Status checkAdoptedFd(int fd, uint64_t size, const char* what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != size) {
+    return makeError(FL_ERR_BAD_REQUEST,
+                     std::string("the ") + what + " memfd is not " + std::to_string(size) + " bytes long");
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    return makeError(FL_ERR_BAD_REQUEST,
+                     std::string("the ") + what + " memfd is not sealed against resizing");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ClientSegments>> ClientSegments::adopt(UniqueFd control, UniqueFd data,
+                                                              const Adopted& expect) {
+  if (expect.slot_count == 0 || expect.slot_count > (1u << 20) || expect.slot_size == 0) {
+    return makeError(FL_ERR_BAD_REQUEST, "the hand-over names no slots");
+  }
+  std::shared_ptr<ClientSegments> seg(new ClientSegments());
+  seg->slot_count_ = expect.slot_count;
+  seg->slot_size_ = expect.slot_size;
+  seg->hugepages_ = expect.hugepages;
+  seg->geometry_ = computeGeometry(expect.slot_count, expect.slot_size, expect.hugepages);
+  const SegmentGeometry& g = seg->geometry_;
+  if (Status s = checkAdoptedFd(control.get(), g.control_size, "control"); !s) return std::move(s).error();
+  if (Status s = checkAdoptedFd(data.get(), g.data_size, "data"); !s) return std::move(s).error();
+  auto control_map = mapShared(control.get(), g.control_size, false, "control");
+  if (!control_map) return std::move(control_map).error();
+  auto data_map = mapShared(data.get(), g.data_size, expect.hugepages, "data");
+  if (!data_map) return std::move(data_map).error();
+  seg->control_fd_ = std::move(control);
+  seg->data_fd_ = std::move(data);
+  seg->control_ = std::move(control_map.value());
+  seg->data_ = std::move(data_map.value());
+  const fl_segment_header* h = seg->header();
+  if (h->magic != FL_SEGMENT_MAGIC || h->layout_version != FL_LAYOUT_VERSION || h->role != expect.role ||
+      h->client_id != expect.client_id || h->slot_count != expect.slot_count ||
+      h->slot_size != expect.slot_size || h->ring_capacity != g.ring_capacity ||
+      h->submit_ring_offset != g.submit_ring_offset ||
+      h->completion_ring_offset != g.completion_ring_offset) {
+    return makeError(FL_ERR_BAD_REQUEST,
+                     "the control segment's header does not match the hand-over (another layout version?)");
+  }
+  if (!seg->keepReadOnlyDataFd()) {
+    return makeError(FL_ERR_RESOURCES,
+                     std::string("no read-only file of the data segment: ") + errnoText(errno));
+  }
+  return seg;
 }
 
 bool ClientSegments::keepReadOnlyDataFd() noexcept {

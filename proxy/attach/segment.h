@@ -74,6 +74,18 @@ SegmentGeometry computeGeometry(uint32_t slot_count, uint64_t slot_size, bool hu
 class ClientSegments {
  public:
   static Result<std::shared_ptr<ClientSegments>> create(const SegmentRequest& request);
+  // The segments of a client another daemon attached (a hot restart), from
+  // its memfds: mapped again and checked against what the hand-over says of
+  // them -- sizes, seals, the control header -- before they are trusted.
+  struct Adopted {
+    uint32_t role = FL_ROLE_PRODUCER;
+    uint32_t slot_count = 0;
+    uint64_t slot_size = 0;
+    bool hugepages = false;
+    uint64_t client_id = 0;
+  };
+  static Result<std::shared_ptr<ClientSegments>> adopt(UniqueFd control, UniqueFd data,
+                                                       const Adopted& expect);
 
   fl_segment_header* header() const noexcept { return reinterpret_cast<fl_segment_header*>(control_.data()); }
   fl_ring_header* submitRing() const noexcept {
@@ -99,9 +111,17 @@ class ClientSegments {
   uint32_t slotCount() const noexcept { return slot_count_; }
   uint64_t slotSize() const noexcept { return slot_size_; }
   bool onHugepages() const noexcept { return hugepages_; }
+  // The daemon keeps both memfds for the segments' life: a hot restart
+  // hands them to the next daemon (hand_over.h), which maps them again.
   int controlFd() const noexcept { return control_fd_.get(); }
   int dataFd() const noexcept { return data_fd_.get(); }
-  // Keeps the segment's rdma registration until the segment goes:
+  // The data segment's fd the client gets: a producer's own, writable one; a
+  // consumer's read-only file (keepReadOnlyDataFd), which it can never map
+  // writable; -1 when a consumer has none.
+  int clientDataFd(uint32_t role) const noexcept {
+    return role == FL_ROLE_PRODUCER ? data_fd_.get() : read_only_data_fd_.get();
+  }
+  // Holds the segment's rdma registration until the segment goes:
   // deregistered before the memory is unmapped.  Called once, before the
   // client reaches the data agent.
   void holdRegistration(SegmentRegistration registration) noexcept {
@@ -115,14 +135,9 @@ class ClientSegments {
   // The registration's key for sends from this segment (SendRequest::local_key);
   // none without a registration.
   std::optional<uint32_t> localKey() const noexcept { return local_key_; }
-  // The daemon keeps the fds only until they were passed to the client.
-  void closeFds() noexcept {
-    control_fd_.reset();
-    data_fd_.reset();
-  }
-  // A new, read-only file of the data segment (before closeFds): what the
-  // daemon lends consumers of a producer on the same host, who cannot map it
-  // writable.  False (errno set) when it cannot be opened.
+  // A new, read-only file of the data segment: what the daemon lends readers
+  // on this host and gives a consumer, who cannot map it writable.  False
+  // (errno set) when it cannot be opened.
   bool keepReadOnlyDataFd() noexcept;
   int readOnlyDataFd() const noexcept { return read_only_data_fd_.get(); }
 

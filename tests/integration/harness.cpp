@@ -1,6 +1,8 @@
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include "harness.h"
 
+#include "fd_keeper.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -86,6 +88,27 @@ std::string lower(std::string s) {
   ::execv(program.c_str(), argv.data());
   dprintf(STDERR_FILENO, "exec %s failed: %s\n", program.c_str(), strerror(errno));
   ::_exit(127);
+}
+
+// Child side of fork(), as systemd starts a unit with a file descriptor
+// store: the kept descriptors at 3, 4, ... (first moved out of the way, above
+// them all), and the environment that names them for this process.
+std::vector<std::string> passKeptFds(const FdKeeper& keeper) {
+  std::vector<std::string> env{"NOTIFY_SOCKET=" + keeper.notifySocket()};
+  const auto kept = keeper.entries();
+  if (kept.empty()) return env;
+  std::vector<int> high;
+  for (const auto& [name, fd] : kept) high.push_back(::fcntl(fd, F_DUPFD, 1000));
+  std::string names;
+  for (size_t i = 0; i < high.size(); ++i) {
+    ::dup2(high[i], 3 + static_cast<int>(i));  // dup2 leaves FD_CLOEXEC clear
+    ::close(high[i]);
+    names += (i != 0 ? ":" : "") + kept[i].first;
+  }
+  env.push_back("LISTEN_FDS=" + std::to_string(kept.size()));
+  env.push_back("LISTEN_FDNAMES=" + names);
+  env.push_back("LISTEN_PID=" + std::to_string(::getpid()));
+  return env;
 }
 
 int decodeWaitStatus(int status) {
@@ -215,7 +238,9 @@ void DaemonProcess::start() {
       rlimit nofile{options_.max_fds, options_.max_fds};
       if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) ::_exit(126);
     }
-    execChild(bin, args, {}, log_path_);
+    std::vector<std::string> env;
+    if (options_.fd_keeper != nullptr) env = passKeptFds(*options_.fd_keeper);
+    execChild(bin, args, env, log_path_);
   }
 
   // Ready = the ready file exists with a grpc_port line (the daemon writes it

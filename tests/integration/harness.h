@@ -80,6 +80,10 @@ class DaemonProcess {
     std::string data_listen = "127.0.0.1:0";  // tcp data listener (its port goes to peers in Hello)
     Millis ready_timeout = Millis(15000);
     uint64_t max_fds = 0;  // non-zero: the daemon's RLIMIT_NOFILE
+    // Non-null: the daemon runs as under systemd with a file descriptor store
+    // -- $NOTIFY_SOCKET names the keeper, and what the keeper holds is
+    // passed to the daemon at start (a hot restart).  Must outlive the daemon.
+    class FdKeeper* fd_keeper = nullptr;
   };
 
   explicit DaemonProcess(Options options);

@@ -388,7 +388,9 @@ TEST_CASE("a consumer's data segment cannot be mapped writable by the client", "
   req.hugepages = HugepageMode::kOff;
   auto seg = ClientSegments::create(req);
   REQUIRE(seg.ok());
-  int fd = seg.value()->dataFd();
+  REQUIRE(seg.value()->keepReadOnlyDataFd());
+  // What the client gets: a read-only file (the daemon keeps its writable one).
+  int fd = seg.value()->clientDataFd(FL_ROLE_CONSUMER);
   void* rw = ::mmap(nullptr, seg.value()->geometry().data_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   CHECK(rw == MAP_FAILED);
   void* ro = ::mmap(nullptr, seg.value()->geometry().data_size, PROT_READ, MAP_SHARED, fd, 0);
