@@ -1,6 +1,7 @@
 #include "fd_store.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -68,7 +69,55 @@ bool storeFds(std::vector<NamedFd>& fds) {
   return true;
 }
 
+namespace {
+std::string g_executable;  // rememberExecutable
+}
+
+void rememberExecutable() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) g_executable.assign(path, static_cast<size_t>(n));
+}
+
+bool reexecAvailable() { return !g_executable.empty(); }
+
+bool reexecWithFds(std::vector<NamedFd>& fds, char** argv) {
+  // Out of the way first (above every number they go to), then in place:
+  // dup2 leaves the copies without FD_CLOEXEC, so they alone cross the exec.
+  std::vector<int> high;
+  for (auto& named : fds) {
+    const int fd = ::fcntl(named.fd.get(), F_DUPFD_CLOEXEC, 3 + static_cast<int>(fds.size()));
+    if (fd < 0) {
+      spdlog::error("restart in place: out of descriptors");
+      for (int h : high) ::close(h);
+      return false;
+    }
+    high.push_back(fd);
+  }
+  std::string names;
+  for (size_t i = 0; i < high.size(); ++i) {
+    ::dup2(high[i], SD_LISTEN_FDS_START + static_cast<int>(i));
+    ::close(high[i]);
+    names += (i != 0 ? ":" : "") + fds[i].name;
+  }
+  // Nothing else crosses: a listener or device a library opened without
+  // O_CLOEXEC would keep its port or device from the next image.
+  ::close_range(SD_LISTEN_FDS_START + static_cast<unsigned>(fds.size()), ~0U, CLOSE_RANGE_CLOEXEC);
+  ::setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
+  ::setenv("LISTEN_FDNAMES", names.c_str(), 1);
+  ::setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);
+  spdlog::info("restart in place: {} descriptors to the next image of {}", fds.size(), g_executable);
+  spdlog::default_logger()->flush();
+  ::execv(g_executable.c_str(), argv);
+  spdlog::error("restart in place: exec of {} failed: {}", g_executable, std::strerror(errno));
+  return false;
+}
+
 #else
+
+void rememberExecutable() {}
+bool reexecAvailable() { return false; }
+bool reexecWithFds(std::vector<NamedFd>&, char**) { return false; }
 
 std::vector<NamedFd> takeStoredFds() { return {}; }
 void forgetStoredFds(const std::vector<std::string>&) {}

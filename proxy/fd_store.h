@@ -1,7 +1,9 @@
-// systemd's file descriptor store (FDSTORE=1, sd_listen_fds_with_names), the
-// keeper of a hot restart's descriptors between the daemon that stops and
-// the one systemd starts next (hand_over.h).  Without systemd (or built
-// without libsystemd) nothing is stored and nothing comes back.
+// Where a hot restart's descriptors wait between the daemon that stops and
+// the next (hand_over.h): systemd's file descriptor store (FDSTORE=1, given
+// back as LISTEN_FDS by sd_listen_fds_with_names), or -- a restart in place
+// (SIGUSR2), under any supervisor or none -- the daemon's own next image,
+// which execve(2) hands them to the same way.  Built without libsystemd,
+// nothing is handed over.
 #pragma once
 
 #include <string>
@@ -23,5 +25,16 @@ bool fdStoreAvailable();
 // client's socket it holds must stay even when the client hangs up).
 // False when one was not sent.
 bool storeFds(std::vector<NamedFd>& fds);
+
+// Notes the executable this process runs (call at start): a restart in
+// place runs what that path holds then -- the new binary after an upgrade.
+void rememberExecutable();
+// Whether a restart in place can hand anything over (built with libsystemd,
+// the executable known).
+bool reexecAvailable();
+// Execs the executable again with `argv`, `fds` at 3, 4, ... and LISTEN_FDS,
+// LISTEN_FDNAMES and LISTEN_PID saying so (the pid stays).  Returns only when
+// the exec failed (logged): false.
+bool reexecWithFds(std::vector<NamedFd>& fds, char** argv);
 
 }  // namespace framelink

@@ -183,6 +183,7 @@ int main(int argc, char** argv) try {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -192,6 +193,7 @@ int main(int argc, char** argv) try {
   }
   // A hot restart: what the daemon before handed over waits in systemd's
   // file descriptor store; the store lets go of it once this daemon holds it.
+  framelink::rememberExecutable();
   std::vector<framelink::NamedFd> inherited = framelink::takeStoredFds();
   std::vector<std::string> inherited_names;
   for (const auto& named : inherited) inherited_names.push_back(named.name);
@@ -209,6 +211,19 @@ int main(int argc, char** argv) try {
   sd_notify(0, "READY=1\nSTATUS=serving");
 #endif
   const int sig = serveUntilStopped(*daemon.value(), signals);
+  if (sig == SIGUSR2 && framelink::reexecAvailable()) {
+    // A restart in place (nginx's binary upgrade): the same process runs the
+    // executable again -- the new binary after an upgrade -- and takes its
+    // clients over, under any supervisor or none.
+    spdlog::info("signal {}: restarting in place; the clients are handed to the next image", sig);
+#ifdef FRAMELINK_HAVE_SYSTEMD
+    sd_notify(0, "STATUS=restarting in place: draining the frames in progress");
+#endif
+    daemon.value()->stopAndHandOver(
+        [argv](std::vector<framelink::NamedFd>& fds) { return framelink::reexecWithFds(fds, argv); });
+    spdlog::error("restart in place failed: stopped (the clients attach again to the next daemon)");
+    return 1;
+  }
   spdlog::info("signal {}: shutting down", sig);
 #ifdef FRAMELINK_HAVE_SYSTEMD
   sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");
