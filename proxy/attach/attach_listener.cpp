@@ -22,11 +22,7 @@ namespace framelink {
 
 namespace {
 
-std::string errnoText() { return std::strerror(errno); }
-
-}  // namespace
-
-namespace {
+std::string listenErrnoText() { return std::strerror(errno); }
 
 sockaddr_un socketAddress(const std::string& path) {
   sockaddr_un addr{.sun_family = AF_UNIX, .sun_path = {}};
@@ -64,7 +60,7 @@ UniqueFd takeInheritedListener(UniqueFd fd, const std::string& path) {
 Result<UniqueFd> bindListener(const std::string& path) {
   sockaddr_un addr = socketAddress(path);
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "socket(AF_UNIX) failed: " + errnoText());
+  if (!fd.valid()) return makeError(FL_ERR_RESOURCES, "socket(AF_UNIX) failed: " + listenErrnoText());
   // A stale socket file from a crashed daemon: remove it if nobody answers.
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
@@ -79,7 +75,7 @@ Result<UniqueFd> bindListener(const std::string& path) {
   int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old_umask);
   if (rc != 0) {
-    return makeError(FL_ERR_RESOURCES, "cannot bind " + path + ": " + errnoText() +
+    return makeError(FL_ERR_RESOURCES, "cannot bind " + path + ": " + listenErrnoText() +
                                            " (does the directory exist and is it writable?)");
   }
   return fd;
@@ -115,14 +111,14 @@ Result<std::unique_ptr<AttachServer>> AttachServer::create(const Config& config,
     }
     if (::chown(config.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
       return makeError(FL_ERR_RESOURCES, "chown of " + config.socket_path + " to group " +
-                                             config.socket_group + " failed: " + errnoText());
+                                             config.socket_group + " failed: " + listenErrnoText());
     }
   }
   if (Status admin = server->resolveAdminGroup(); !admin) return admin.error();
   if (::chmod(config.socket_path.c_str(), config.socket_mode) != 0) {
-    return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + errnoText());
+    return makeError(FL_ERR_RESOURCES, "chmod of " + config.socket_path + " failed: " + listenErrnoText());
   }
-  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "listen failed: " + errnoText());
+  if (::listen(fd.get(), 64) != 0) return makeError(FL_ERR_RESOURCES, "listen failed: " + listenErrnoText());
 
   server->listen_fd_ = std::move(fd);
   server->epoll_fd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
@@ -149,7 +145,7 @@ Status AttachServer::resolveAdminGroup() {
   } else {
     struct stat sock_st {};
     if (::stat(config_.socket_path.c_str(), &sock_st) != 0) {
-      return makeError(FL_ERR_RESOURCES, "stat of " + config_.socket_path + " failed: " + errnoText());
+      return makeError(FL_ERR_RESOURCES, "stat of " + config_.socket_path + " failed: " + listenErrnoText());
     }
     admin_gid_ = sock_st.st_gid;
     group* g = ::getgrgid(sock_st.st_gid);

@@ -243,6 +243,16 @@ void DaemonProcess::start() {
     execChild(bin, args, env, log_path_);
   }
 
+  awaitReady();
+}
+
+void DaemonProcess::restartInPlace() {
+  ::unlink(ready_path_.c_str());
+  REQUIRE(::kill(pid_, SIGUSR2) == 0);
+  awaitReady();
+}
+
+void DaemonProcess::awaitReady() {
   // Ready = the ready file exists with a grpc_port line (the daemon writes it
   // atomically, so a partial file is never seen).
   bool ready = waitUntil(

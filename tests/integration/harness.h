@@ -119,6 +119,9 @@ class DaemonProcess {
   void restart();
   // The same, with other options (e.g. the fixed port it first got from the kernel).
   void restart(Options options);
+  // SIGUSR2: the daemon restarts in place (the same process execs its binary
+  // again and takes its clients over); waits until it is ready again.
+  void restartInPlace();
   // SIGTERM and a bounded wait; SIGKILL after `timeout`.  Returns the wait status.
   int terminate(Millis timeout = Millis(5000));
 
@@ -130,6 +133,8 @@ class DaemonProcess {
 
  private:
   void start();
+  // Waits (bounded) for the ready file and reads the ports from it.
+  void awaitReady();
 
   Options options_;
   TempDir dir_;
