@@ -183,6 +183,7 @@ t=$SECONDS
 systemd-run --unit=framelinkd-second --property=Type=notify --property=WatchdogSec=10s \
   --property=User=framelink --property=Group=framelink \
   --property=RuntimeDirectory=framelink-second --property=RuntimeDirectoryMode=0750 \
+  --property=RuntimeDirectoryPreserve=restart --property=FileDescriptorStoreMax=1024 \
   /usr/sbin/framelinkd --config /etc/framelink-second/framelinkd.toml >"$work/second.log" 2>&1
 rc=$?
 # framelink reload, as the operator runs it: the [[peer]] applies at once, and so does the
@@ -261,13 +262,16 @@ else
 fi
 
 # ---- 5c. the Python client as a user installs it (python3-framelink, no pip, no build tree): a consumer
-# of five lines on the second daemon, the packaged producer on the first; every frame's CRC checked
+# of a few lines on the second daemon, the packaged producer on the first; every frame's CRC checked
+# (it stops after COUNT different frames: a frame redelivered after a restart is printed twice)
 cat >"$work/consumer.py" <<'EOF'
 import framelink, sys
+seen = set()
 with framelink.Consumer(sys.argv[3] if len(sys.argv) > 3 else "svc-py", socket_path=sys.argv[1]) as consumer:
-    for _ in range(int(sys.argv[2])):
+    while len(seen) < int(sys.argv[2]):
         with consumer.receive(timeout=60) as frame:
-            print(frame.frame_id, frame.length, frame.has_crc32c and framelink.crc32c(frame.buffer()) == frame.crc32c)
+            seen.add(frame.frame_id)
+            print(frame.frame_id, frame.length, frame.has_crc32c and framelink.crc32c(frame.buffer()) == frame.crc32c, flush=True)
 EOF
 chmod 0644 "$work/consumer.py"
 t=$SECONDS
@@ -283,32 +287,48 @@ wait "$rpid"
 rrc=$?
 py_ok=$(grep -c ' 65536 True$' "$work/py-consumer.log")
 if ((src == 0 && rrc == 0 && py_ok == 40)); then
-  pass python-consumer "python3-framelink $(dpkg-query -W -f='${Version}' python3-framelink): a five-line consumer received 40 frames of 64 KiB, every CRC32C matched, in $((SECONDS - t)) s"
+  pass python-consumer "python3-framelink $(dpkg-query -W -f='${Version}' python3-framelink): a consumer of seven lines received 40 frames of 64 KiB, every CRC32C matched, in $((SECONDS - t)) s"
 else
   fail python-consumer "send exited $src, the consumer exited $rrc, $py_ok of 40 frames verified" "$work/send-py.log" "$work/py-consumer.log"
 fi
 
 # ---- 5d. the C# producer of the packaged feed (run-guest.sh built it with `dotnet add package FrameLink`
-# from framelink-nuget, native AOT) on the packaged daemon, to the same Python consumer on the second
+# from framelink-nuget, native AOT) on the packaged daemon, to the same Python consumer on the second;
+# both daemons restart under them (a hot restart each): neither application sees an error or attaches
+# again, every frame is delivered and received.
 t=$SECONDS
+cs_count=300
+lines() { grep -c ' 65536 True$' "$1" 2>/dev/null; }
 if [[ ! -x "$payload/producer" ]]; then
   fail csharp-producer "no C# producer in the payload: framelink-nuget was not among the debs, or it did not build"
 else
-  "${as_member[@]}" python3 "$work/consumer.py" "$socket_b" 40 svc-cs >"$work/cs-consumer.log" 2>&1 &
+  "${as_member[@]}" python3 "$work/consumer.py" "$socket_b" "$cs_count" svc-cs >"$work/cs-consumer.log" 2>&1 &
   rpid=$!
   for _ in $(seq 60); do
     framelink clients --socket "$socket_b" --json 2>/dev/null | grep -q 'svc-cs' && break
     sleep 0.5
   done
-  as "$member" "$payload/producer" svc-cs 40 >"$work/cs-producer.log" 2>&1
+  # 20 ms between frames: both restarts happen while it sends.
+  "${as_member[@]}" "$payload/producer" svc-cs "$cs_count" 20 >"$work/cs-producer.log" 2>&1 &
+  ppid=$!
+  for _ in $(seq 300); do (($(lines "$work/cs-consumer.log") >= 30)) && break; sleep 0.1; done
+  systemctl restart framelinkd >"$work/cs-restart.log" 2>&1
+  r1=$?
+  at1=$(lines "$work/cs-consumer.log")
+  for _ in $(seq 300); do (($(lines "$work/cs-consumer.log") >= at1 + 30)) && break; sleep 0.1; done
+  systemctl restart framelinkd-second >>"$work/cs-restart.log" 2>&1
+  r2=$?
+  at2=$(lines "$work/cs-consumer.log")
+  wait "$ppid"
   src=$?
   wait "$rpid"
   rrc=$?
-  cs_ok=$(grep -c ' 65536 True$' "$work/cs-consumer.log")
-  if ((src == 0 && rrc == 0 && cs_ok == 40)) && grep -q '40 frames sent, 40 delivered' "$work/cs-producer.log"; then
-    pass csharp-producer "C# (FrameLink from /usr/share/framelink/nuget, native AOT) -> framelinkd -> framelinkd-second -> Python: 40 frames of 64 KiB, every CRC32C matched, all 40 delivered, in $((SECONDS - t)) s"
+  cs_ok=$(grep ' 65536 True$' "$work/cs-consumer.log" | cut -d' ' -f1 | sort -un | wc -l)
+  if ((src == 0 && rrc == 0 && r1 == 0 && r2 == 0 && cs_ok == cs_count && at1 < cs_count && at2 < cs_count)) &&
+    grep -q "$cs_count frames sent, $cs_count delivered" "$work/cs-producer.log"; then
+    pass csharp-producer "C# (FrameLink from /usr/share/framelink/nuget, native AOT) -> framelinkd -> framelinkd-second -> Python: $cs_count frames of 64 KiB, both daemons restarted under them (after $at1 and $at2 frames), every CRC32C matched, all $cs_count delivered, in $((SECONDS - t)) s"
   else
-    fail csharp-producer "producer exited $src, consumer exited $rrc, $cs_ok of 40 frames verified" "$work/cs-producer.log" "$work/cs-consumer.log"
+    fail csharp-producer "producer exited $src, consumer exited $rrc, restarts exited $r1/$r2 (after $at1 and $at2 frames), $cs_ok of $cs_count frames verified" "$work/cs-producer.log" "$work/cs-consumer.log" "$work/cs-restart.log" "$(journal framelinkd)" "$(journal framelinkd-second)"
   fi
 fi
 
@@ -411,7 +431,10 @@ stream_through() {
   [[ "${reattaches:-x}" == 0 ]] || why+="the producer attached again ${reattaches:-?} times (the hand-over did not reach it); "
   [[ "${received:-}" == "$count" && "${bad:-x}" == 0 && -z "$recv_error" ]] ||
     why+="the consumer received ${received:-?} of $count, ${bad:-?} bad (${recv_error:-}); "
-  ((${gap:-99999} <= 1000)) || why+="delivery paused ${gap:-?} ms (1000 allowed); "
+  # The guest's CPU is emulated (TCG), some twenty times slower than the host's: the daemon's
+  # exit and start take most of the pause here (1.5 s), 60-120 ms on the host, where
+  # tests/integration/test_hot_restart.cpp holds the same restart to 1 s.
+  ((${gap:-99999} <= 3000)) || why+="delivery paused ${gap:-?} ms (3000 allowed in the emulated guest); "
   if [[ -z "$why" ]]; then
     pass "$name" "'$*' under a producer (pid $pid_before -> $pid_after, $taken take-overs in the journal): $count frames delivered, 0 failed, 0 reattaches; the consumer received $received, verified; longest pause in delivery ${gap} ms ($((SECONDS - t)) s)"
   else
