@@ -184,3 +184,24 @@ TEST_CASE_METHOD(TableFixture, "client table: a consumer's claim on its stream n
   CHECK(table.find(1) == nullptr);
   CHECK(names.size() == 0);
 }
+
+TEST_CASE_METHOD(
+    TableFixture,
+    "client table: paused producers keep their frames in their rings; consumers are still drained",
+    "[client_table][hand_over]") {
+  TestClient producer = makeClient(1, FL_ROLE_PRODUCER, "cam", 4, 4096);
+  TestClient consumer = makeClient(2, FL_ROLE_CONSUMER, "cam", 4, 4096);
+  table.add(producer.session);
+  table.add(consumer.session);
+  table.pauseProducers();  // a hot restart: the next daemon takes the producers' frames
+  pushRaw(producer, 0);
+  pushRaw(producer, 1);
+  pushRaw(consumer, 3);  // a release
+  std::vector<uint64_t> from;
+  CHECK(table.drainRings([&](AgentClient& c, const fl_submit_desc&) { from.push_back(c.session->id); }) == 1);
+  CHECK(from == std::vector<uint64_t>{2});
+  CHECK(fl_ring_readable(producer.submit()) == 2);  // still there, for the next daemon
+  // Their frames are not this daemon's work: it may sleep.
+  CHECK(table.prepareSleep());
+  table.endSleep({});
+}
