@@ -246,8 +246,9 @@ class DaemonImpl final : public Daemon {
       }
       ++taken;
     }
-    for (const auto& why : inherited.left)
+    for (const auto& why : inherited.left) {
       spdlog::warn("hot restart: not taken over, attaches again: {}", why);
+    }
     if (taken != 0 || !inherited.left.empty()) {
       spdlog::info("hot restart: {} client{} taken over from the daemon before", taken,
                    taken == 1 ? "" : "s");

@@ -172,7 +172,7 @@ Inherited unpackHandOver(std::vector<NamedFd> fds, const std::string& socket_pat
   v1::HandOver state;
   auto bytes = readState(state_fd->second.get());
   if (!bytes || !state.ParseFromString(bytes.value())) {
-    out.left.push_back("the hand-over state cannot be read: every client attaches again");
+    out.left.emplace_back("the hand-over state cannot be read: every client attaches again");
     return out;
   }
   if (state.format() == 0 || state.format() > kHandOverFormat) {

@@ -196,6 +196,7 @@ int main(int argc, char** argv) try {
   framelink::rememberExecutable();
   std::vector<framelink::NamedFd> inherited = framelink::takeStoredFds();
   std::vector<std::string> inherited_names;
+  inherited_names.reserve(inherited.size());
   for (const auto& named : inherited) inherited_names.push_back(named.name);
   auto daemon =
       framelink::Daemon::start(std::move(config.value()), std::move(watchdog), std::move(inherited));
