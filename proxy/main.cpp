@@ -156,6 +156,38 @@ static int serveUntilStopped(framelink::Daemon& daemon, const sigset_t& signals)
   }
 }
 
+// Stops the daemon for the signal that ended serveUntilStopped: SIGUSR2
+// restarts it in place; under systemd SIGTERM hands the clients to the next
+// daemon; anything else stops it.  Returns the exit status.
+static int stopOnSignal(framelink::Daemon& daemon, int sig, char** argv) {
+  if (sig == SIGUSR2 && framelink::reexecAvailable()) {
+    // A restart in place (nginx's binary upgrade): the same process runs the
+    // executable again -- the new binary after an upgrade -- and takes its
+    // clients over, under any supervisor or none.
+    spdlog::info("signal {}: restarting in place; the clients are handed to the next image", sig);
+#ifdef FRAMELINK_HAVE_SYSTEMD
+    sd_notify(0, "STATUS=restarting in place: draining the frames in progress");
+#endif
+    daemon.stopAndHandOver(
+        [argv](std::vector<framelink::NamedFd>& fds) { return framelink::reexecWithFds(fds, argv); });
+    spdlog::error("restart in place failed: stopped (the clients attach again to the next daemon)");
+    return 1;
+  }
+  spdlog::info("signal {}: shutting down", sig);
+#ifdef FRAMELINK_HAVE_SYSTEMD
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");
+#endif
+  // Under systemd the clients wait in the file descriptor store for the next
+  // daemon (systemctl restart, a package upgrade); a stop discards the store,
+  // which tells them this daemon is gone.
+  if (sig == SIGTERM && framelink::fdStoreAvailable()) {
+    daemon.stopAndHandOver(framelink::storeFds);
+  } else {
+    daemon.stop();
+  }
+  return 0;
+}
+
 // An exception that gets here (a logger that cannot be created, out of
 // memory while starting) ends the daemon with its message, not with a bare
 // std::terminate.
@@ -212,33 +244,9 @@ int main(int argc, char** argv) try {
   sd_notify(0, "READY=1\nSTATUS=serving");
 #endif
   const int sig = serveUntilStopped(*daemon.value(), signals);
-  if (sig == SIGUSR2 && framelink::reexecAvailable()) {
-    // A restart in place (nginx's binary upgrade): the same process runs the
-    // executable again -- the new binary after an upgrade -- and takes its
-    // clients over, under any supervisor or none.
-    spdlog::info("signal {}: restarting in place; the clients are handed to the next image", sig);
-#ifdef FRAMELINK_HAVE_SYSTEMD
-    sd_notify(0, "STATUS=restarting in place: draining the frames in progress");
-#endif
-    daemon.value()->stopAndHandOver(
-        [argv](std::vector<framelink::NamedFd>& fds) { return framelink::reexecWithFds(fds, argv); });
-    spdlog::error("restart in place failed: stopped (the clients attach again to the next daemon)");
-    return 1;
-  }
-  spdlog::info("signal {}: shutting down", sig);
-#ifdef FRAMELINK_HAVE_SYSTEMD
-  sd_notify(0, "STOPPING=1\nSTATUS=stopping: draining the frames in progress");
-#endif
-  // Under systemd the clients wait in the file descriptor store for the next
-  // daemon (systemctl restart, a package upgrade); a stop discards the store,
-  // which tells them this daemon is gone.
-  if (sig == SIGTERM && framelink::fdStoreAvailable()) {
-    daemon.value()->stopAndHandOver(framelink::storeFds);
-  } else {
-    daemon.value()->stop();
-  }
-  spdlog::info("stopped");
-  return 0;
+  const int status = stopOnSignal(*daemon.value(), sig, argv);
+  if (status == 0) spdlog::info("stopped");
+  return status;
 } catch (const std::exception& e) {
   printError(e.what());
   return 1;
