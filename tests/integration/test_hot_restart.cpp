@@ -113,7 +113,7 @@ uint32_t generation(fl_client* c) {
 void streamThroughRestart(DaemonProcess& a, DaemonProcess& b, DaemonProcess& restarted,
                           const std::string& stream, const std::function<void()>& restart) {
   constexpr uint64_t kFrames = 240;
-  constexpr uint64_t kLength = 256 * 1024;
+  constexpr uint64_t kLength = 1024 * 1024;
   constexpr uint64_t kRestartAfter = 80;
   Client consumer = attachConsumer(b, stream, 8, kLength);
   Client producer = attachProducer(a, stream, 8, kLength);

@@ -386,18 +386,19 @@ fi
 # producer.  The stopping daemon hands its attach listener and its clients to systemd's file
 # descriptor store and the next one takes them over: every frame delivered, none failed, the
 # producer never attaches again, and the consumer on the second daemon sees every frame once.
-# stream_through NAME COUNT COMMAND...: COUNT frames of 64 KiB at 30/s from a producer on
-# framelinkd to a consumer on framelinkd-second, COMMAND run 3 s in; the figures in one line.
+# stream_through NAME COUNT SAME_PID COMMAND...: COUNT frames of 1 MiB at 30/s from a producer on
+# framelinkd to a consumer on framelinkd-second, COMMAND run 3 s in (SAME_PID: 1 when the daemon's
+# process stays, a reload); the figures in one line.
 stream_through() {
-  local name=$1 count=$2
-  shift 2
+  local name=$1 count=$2 same_pid=$3
+  shift 3
   local t=$SECONDS
   "${as_member[@]}" framelink recv --socket "$socket_b" --stream "svc-$name" --verify --json \
     >"$work/recv-$name.json" 2>"$work/recv-$name.err" &
   local rpid=$!
   # SIGINT after 150 s at most: the producer then stops and still prints its summary.
   timeout -s INT -k 10 150 "${as_member[@]}" framelink send --stream "svc-$name" --count "$count" --rate 30 \
-    --size 64K --json >"$work/send-$name.json" 2>"$work/send-$name.err" &
+    --size 1M --json >"$work/send-$name.json" 2>"$work/send-$name.err" &
   local spid=$!
   sleep 3
   local pid_before pid_after rc src
@@ -424,7 +425,11 @@ stream_through() {
   taken=$(journalctl -u framelinkd --no-pager -o cat | grep -c 'taken over from the daemon before')
   ((rc == 0)) || why+="'$*' exited $rc; "
   is_active framelinkd || why+="framelinkd is $(systemctl is-active framelinkd); "
-  [[ -n "$pid_before" && "$pid_before" != "$pid_after" ]] || why+="the daemon's pid stayed $pid_before; "
+  if ((same_pid)); then
+    [[ -n "$pid_before" && "$pid_before" == "$pid_after" ]] || why+="the daemon's pid went $pid_before -> $pid_after; "
+  else
+    [[ -n "$pid_before" && "$pid_before" != "$pid_after" ]] || why+="the daemon's pid stayed $pid_before; "
+  fi
   [[ "${submitted:-}" == "$count" && "${delivered:-}" == "$count" ]] ||
     why+="submitted ${submitted:-?}, delivered ${delivered:-?} of $count; "
   [[ "${failed:-x}" == 0 ]] || why+="${failed:-?} frames failed ($(grep -o '"failures":{[^}]*}' "$work/send-$name.json")); "
@@ -436,13 +441,13 @@ stream_through() {
   # tests/integration/test_hot_restart.cpp holds the same restart to 1 s.
   ((${gap:-99999} <= 3000)) || why+="delivery paused ${gap:-?} ms (3000 allowed in the emulated guest); "
   if [[ -z "$why" ]]; then
-    pass "$name" "'$*' under a producer (pid $pid_before -> $pid_after, $taken take-overs in the journal): $count frames delivered, 0 failed, 0 reattaches; the consumer received $received, verified; longest pause in delivery ${gap} ms ($((SECONDS - t)) s)"
+    pass "$name" "'$*' under a producer of 1 MiB frames (pid $pid_before -> $pid_after, $taken take-overs in the journal so far): $count frames delivered, 0 failed, 0 reattaches; the consumer received $received, verified; longest pause in delivery ${gap} ms ($((SECONDS - t)) s)"
   else
     fail "$name" "${why%; } (send exit $src)" "$work/$name.log" "$work/send-$name.json" "$work/send-$name.err" \
       "$work/recv-$name.json" "$work/recv-$name.err" "$(journal framelinkd)" "$(journal framelinkd-second)"
   fi
 }
-stream_through hot-restart 300 systemctl restart framelinkd
+stream_through hot-restart 300 0 systemctl restart framelinkd
 
 # The same through a package upgrade: the installed framelinkd deb again, as version +upgrade1
 # (dpkg-deb unpacked, its version raised, built again), installed with apt; the package's
@@ -454,7 +459,10 @@ dpkg-deb -R /srv/debs/framelinkd_*.deb "$work/next/root" &&
   sed -i "s/^Version: .*/Version: $next/" "$work/next/root/DEBIAN/control" &&
   dpkg-deb -b "$work/next/root" "$work/next/framelinkd_${next}_$(dpkg --print-architecture).deb" >/dev/null
 upgrade() { (cd "$work/next" && apt install -y ./framelinkd_*.deb) && [[ "$(dpkg-query -W -f='${Version}' framelinkd)" == "$next" ]]; }
-stream_through package-upgrade 450 upgrade
+stream_through package-upgrade 450 0 upgrade
+# And a reload of both daemons (nothing changed: the links and clients are left alone).
+reload_both() { systemctl reload framelinkd && framelink reload --socket "$socket_b"; }
+stream_through reload 300 1 reload_both
 
 # ---- 7b. the watchdog: the packaged unit has one and the data agent feeds it (systemd stamps
 # each WATCHDOG=1); neither daemon was killed by it, nor restarted by systemd, during the test

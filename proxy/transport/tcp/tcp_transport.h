@@ -16,10 +16,14 @@
 //     then queued frames); poll() continues it, and while it waits eventFd()
 //     also watches the socket for writability.  One write unit is finished
 //     before the next starts.
-//   * poll() reads with non-blocking recvmsg(): a frame header, then the
-//     payload straight into the credited buffer (the next header in the same
-//     call), a control record into its event, or a frame for an unknown
-//     credit into a scratch buffer.  Each call reads at most
+//   * poll() reads with non-blocking recvmsg().  Between frames, and in a
+//     body with less than stage_bytes left, it reads up to stage_bytes into a
+//     staging buffer and copies from there -- headers, small payloads into
+//     their credited buffers, control records, the first bytes of a large
+//     payload -- so a burst of small frames costs one call, not one each.
+//     The rest of a large payload is read straight into the credited buffer
+//     (the next header in the same call); a frame for an unknown credit is
+//     read and dropped.  Each call reads at most
 //     read_budget_bytes and stops once `max` events wait, so one busy link
 //     cannot starve the agent's other links; eventFd() stays readable while
 //     the socket holds more.
@@ -30,8 +34,11 @@
 //     buffer.  Requests and responses join a write unit after its control
 //     records and before its frame.
 //   * eventFd() is an epoll descriptor over the socket (readable; writable
-//     while a write waits) and an eventfd that is set while events wait.
-// No user-space copy of a payload on either side.
+//     while a write waits) and an eventfd that is set while events wait
+//     (or staged bytes that the next poll() turns into events).
+// No user-space copy of a large payload on either side (a small one is
+// copied once, from the staging buffer: a copy of a few KiB costs less than
+// the system call it saves).
 #pragma once
 
 #include <sys/uio.h>
@@ -63,6 +70,10 @@ struct TcpTransportOptions {
   // Bytes one poll() reads at most before it returns (the agent polls every
   // link each round; the rest is read in the next).  At least 1.
   size_t read_budget_bytes = size_t{2} << 20;
+  // The staging buffer's size: a read between frames takes up to this much
+  // (several small frames at once); a payload with more than this left is
+  // read straight into its buffer.  0: no staging (a call per frame).
+  size_t stage_bytes = size_t{32} << 10;
 };
 
 class TcpTransport final : public Transport {
@@ -105,6 +116,8 @@ class TcpTransport final : public Transport {
     uint64_t frames_written =
         0;  // frames in write units written whole (frames_written / writes: the batching)
     uint64_t read_budget_hits = 0;  // poll() calls that returned with the budget spent
+    uint64_t reads = 0;             // recvmsg() calls that read something
+    uint64_t staged_reads = 0;      // of those, into the staging buffer
   };
   const SocketCounters& socketCounters() const noexcept { return socket_counters_; }
 
@@ -143,6 +156,24 @@ class TcpTransport final : public Transport {
 
   // ---- receiving ----
   void receive(size_t max_events) noexcept;
+  // One read into the staging buffer (at most `budget` bytes; `got` says how
+  // many).  False: nothing to read now, or the link failed.
+  bool readStaged(size_t budget, size_t& got) noexcept;
+  // One read of the body's rest straight into its buffer, and the next
+  // header behind it (at most `budget` bytes); false as readStaged.
+  bool readDirect(size_t budget, size_t& got) noexcept;
+  // A read that failed (errno): true to try again (EINTR), else false, the
+  // link failed unless it would only have blocked.
+  bool readFailed() noexcept;
+  // The peer closed the connection: the link fails, saying where in the
+  // stream it was.  Returns false.
+  bool peerClosed() noexcept;
+  // Feeds staged bytes through the receive state (headers, bodies) until
+  // they are used up or `max_events` events wait.
+  void consumeStaged(size_t max_events) noexcept;
+  // Whether the body being read goes straight into its buffer (a large rest
+  // of a frame or read response whose buffer is valid).
+  bool directBody() const noexcept;
   // The header in rx_header_ is complete: checks it and sets up its body.
   void beginBody() noexcept;
   // The body is complete: reports it.
@@ -194,6 +225,10 @@ class TcpTransport final : public Transport {
   uint64_t rx_read_tag_ = 0;      // kRead: the read (book_.reads())
   std::string rx_record_;         // kControl
   std::vector<uint8_t> scratch_;  // kDiscard, and a retracted frame's rest
+  // Bytes read ahead (stage_bytes at most): [stage_pos_, stage_len_) not yet consumed.
+  std::vector<uint8_t> stage_;
+  size_t stage_pos_ = 0;
+  size_t stage_len_ = 0;
 };
 
 }  // namespace framelink::transport::tcp
