@@ -5,6 +5,7 @@
 #include <framelink/framelink.h>
 #include <framelink/shm_layout.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -264,4 +265,42 @@ TEST_CASE("hot restart in place: SIGUSR2 execs the daemon again, which takes its
   streamThroughRestart(a, b, a, "in-place-" + transport, [&] { a.restartInPlace(); });
   CHECK(a.pid() == pid);
   CHECK(a.waitForLog("restart in place:", std::chrono::milliseconds(100)));
+}
+
+TEST_CASE("hot restart: a frame the consumer holds across its daemon's restart is released to the next one",
+          "[integration][hot_restart]") {
+  FdKeeper keeper;
+  DaemonProcess::Options bo = hotOptions("b", "tcp");
+  bo.fd_keeper = &keeper;
+  DaemonProcess b(bo);
+  bo.listen = b.grpcAddress();
+  DaemonProcess::Options ao = hotOptions("a", "tcp");
+  ao.peers = {"b=" + b.grpcAddress()};
+  DaemonProcess a(ao);
+  constexpr uint64_t kLen = 64 * 1024;
+  Client consumer = attachConsumer(b, "held", 4, kLen);
+  Client producer = attachProducer(a, "held", 4, kLen);
+  submitFrame(producer.get(), 1, kLen);
+  const fl_frame held = receiveFrame(consumer.get(), std::chrono::milliseconds(10000));
+  REQUIRE(held.frame_id == 1);
+  keeperRestart(b, keeper, [&] { b.restart(bo); })();
+  INFO("b's log:\n" << b.log());
+  // Unacknowledged, the frame is sent again to the next daemon, flagged, into another slot.
+  const fl_frame again = receiveFrame(consumer.get(), std::chrono::milliseconds(10000));
+  CHECK(again.frame_id == 1);
+  CHECK((again.flags & FL_SLOT_MAYBE_REDELIVERED) != 0);
+  CHECK(again.slot != held.slot);
+  CHECK(fl_release(consumer.get(), held.slot) == FL_OK);
+  CHECK(fl_release(consumer.get(), again.slot) == FL_OK);
+  const auto done = collectCompletions(producer.get(), 1, std::chrono::milliseconds(10000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].status == FL_OK);
+  CHECK(generation(consumer.get()) == 0);
+  // Every slot serves again, the one held across the restart too.
+  std::vector<uint32_t> slots;
+  for (uint64_t id = 2; id < 6; ++id) {
+    submitFrame(producer.get(), id, kLen);
+    slots.push_back(receiveFrame(consumer.get(), std::chrono::milliseconds(10000)).slot);
+  }
+  CHECK(std::find(slots.begin(), slots.end(), held.slot) != slots.end());
 }
