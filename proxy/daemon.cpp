@@ -192,7 +192,9 @@ class DaemonImpl final : public Daemon {
     if (stopped_.exchange(true)) return 0;
     if (attach_) attach_->stop(true);
     if (agent_) agent_->stopForHandOver(config_.drain_timeout_ms);
-    if (links_) links_->stop();
+    // Handed over before the links stop (their gRPC server waits a grace for
+    // its calls): the next daemon starts that much sooner, and a restart in
+    // place execs here.  The agent has sent every link its Fin already.
     size_t handed = 0;
     if (attach_ && agent_) {
       const auto clients = agent_->handOverClients();
@@ -210,6 +212,7 @@ class DaemonImpl final : public Daemon {
                      handed, handed == 1 ? "" : "s");
       }
     }
+    if (links_) links_->stop();
     attach_.reset();
     metrics_.stop();
     if (!config_.ready_file.empty()) ::unlink(config_.ready_file.c_str());
