@@ -463,7 +463,7 @@ upgrade() { (cd "$work/next" && apt install -y ./framelinkd_*.deb) && [[ "$(dpkg
 stream_through package-upgrade 450 0 upgrade
 # And a reload of both daemons (nothing changed: the links and clients are left alone).
 reload_both() { systemctl reload framelinkd && framelink reload --socket "$socket_b"; }
-stream_through reload 300 1 reload_both
+stream_through reload-streaming 300 1 reload_both
 
 # ---- 7b. the watchdog: the packaged unit has one and the data agent feeds it (systemd stamps
 # each WATCHDOG=1); neither daemon was killed by it, nor restarted by systemd, during the test
