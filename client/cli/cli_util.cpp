@@ -244,4 +244,14 @@ std::string findInPath(const std::string& name) {
   return {};
 }
 
+bool RecentFrameIds::seenBefore(uint64_t id) {
+  if (!ids_.insert(id).second) return true;
+  order_.push_back(id);
+  if (order_.size() > kRemembered) {
+    ids_.erase(order_.front());
+    order_.pop_front();
+  }
+  return false;
+}
+
 }  // namespace framelink::cli

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 namespace framelink::cli {
@@ -61,6 +63,18 @@ std::string selfDir();
 std::string selfExe();
 // First executable `name` in $PATH, or "".
 std::string findInPath(const std::string& name);
+
+// The ids of the last frames received, to tell a flagged redelivery from a first delivery.
+class RecentFrameIds {
+ public:
+  static constexpr size_t kRemembered = 4096;
+  // true when id is one of the last kRemembered ids; remembers it either way.
+  bool seenBefore(uint64_t id);
+
+ private:
+  std::deque<uint64_t> order_;
+  std::unordered_set<uint64_t> ids_;
+};
 
 }  // namespace framelink::cli
 

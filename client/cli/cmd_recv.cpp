@@ -125,16 +125,20 @@ void printRecvSummary(const RecvOptions& o, const ReceiveLoopStats& st, const Fr
   const double gbps = secs > 0 ? st.bytes / secs / 1e9 : 0.0;
   if (o.json) {
     std::printf(
-        "{\"received\":%llu,\"expected\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
+        "{\"received\":%llu,\"expected\":%llu,\"redelivered\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"gb_per_"
+        "s\":%.4f,"
         "\"longest_gap_ms\":%.1f,\"bad\":%llu,\"first_error\":\"%s\",\"timed_out\":%s,\"error\":\"%s\","
         "\"ok\":%s}\n",
-        (unsigned long long)st.received, (unsigned long long)o.count, (unsigned long long)st.bytes, secs,
-        gbps, st.longest_gap_ns / 1e6, (unsigned long long)checker.bad(),
+        (unsigned long long)st.received, (unsigned long long)o.count, (unsigned long long)st.redelivered,
+        (unsigned long long)st.bytes, secs, gbps, st.longest_gap_ns / 1e6, (unsigned long long)checker.bad(),
         jsonEscape(checker.firstError()).c_str(), st.timed_out ? "true" : "false",
         jsonEscape(st.error).c_str(), ok ? "true" : "false");
   } else if (!o.quiet || !ok) {
     std::printf("received %llu frames, %s in %.3f s = %.3f GB/s", (unsigned long long)st.received,
                 formatBytes(st.bytes).c_str(), secs, gbps);
+    if (st.redelivered != 0) {
+      std::printf(" (and %llu delivered again after a daemon restart)", (unsigned long long)st.redelivered);
+    }
     if (checking) {
       if (checker.bad() == 0) {
         std::printf("; all passed the checks");

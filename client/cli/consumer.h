@@ -78,7 +78,8 @@ struct ReceiveLoopOptions {
 };
 
 struct ReceiveLoopStats {
-  uint64_t received = 0;
+  uint64_t received = 0;     // distinct frames: a flagged redelivery of a frame received before is not one
+  uint64_t redelivered = 0;  // frames a restarted daemon delivered again (FL_SLOT_MAYBE_REDELIVERED, seen)
   uint64_t bytes = 0;
   uint64_t first_ns = 0;        // monotonic, first frame
   uint64_t last_ns = 0;         // monotonic, last frame

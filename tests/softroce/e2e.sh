@@ -102,7 +102,10 @@ cleanup() {
 trap 'cleanup; ((keep)) || rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 
-log() { printf '[e2e %6.1fs] %s\n' "$(awk -v s="$start_ns" -v e="$(date +%s%N)" 'BEGIN{print (e-s)/1e9}')" "$*"; }
+log() {
+  printf '[e2e %6.1fs] %s\n' "$(awk -v s="$start_ns" -v e="$(date +%s%N)" 'BEGIN{print (e-s)/1e9}')" "$*"
+  [[ -n "${work:-}" && -d "$work" ]] && printf '%s\n' "$*" >"$work/last_step" # a hung case's summary names it
+}
 start_ns=$(date +%s%N)
 
 # key=value from a ready file
@@ -328,8 +331,9 @@ case_restart() {
   log "B restarted in place in $((($(date +%s%N) - t0) / 1000000)) ms"
   finish_transfer restart
   check_transfer || why+="frames lost, failed, duplicated or corrupted; "
-  local reattaches gap
+  local reattaches gap again
   reattaches=$(json_num "$send_json" reattaches)
+  again=$(json_num "$recv_json" redelivered)
   gap=$(grep -o '"longest_gap_ms":[0-9]*' <<<"$recv_json" | cut -d: -f2)
   [[ "${reattaches:-x}" == 0 ]] || why+="the producer attached again ${reattaches:-?} times; "
   grep -q 'taken over from the daemon before' "$work/a/log" || why+="A's log names no take-over; "
@@ -341,7 +345,7 @@ case_restart() {
   # there.  Here the pause is a figure, bounded only by what a start can take.
   ((${gap:-99999} <= 10000)) || why+="delivery paused ${gap:-?} ms (10 s allowed in the emulated guest); "
   if [[ -z "$why" ]]; then
-    result restart PASS "A and B restarted in place mid-stream; $frames frames verified, exactly once, in order, none failed, no reattach; longest pause in delivery ${gap} ms"
+    result restart PASS "A and B restarted in place mid-stream; $frames frames verified, exactly once, in order, none failed, no reattach; longest pause in delivery ${gap} ms; ${again:-?} delivered again, flagged"
   else
     show_logs
     result restart FAIL "${why%; }"
@@ -700,7 +704,10 @@ run_case() {
       show_state
       kill -TERM "$cpid" 2>/dev/null
       wait "$cpid" 2>/dev/null
-      result "$name" FAIL "did not finish in ${budget}s (the daemons' state is in the log above)"
+      local where progress=""
+      where=$(cat "$work/last_step" 2>/dev/null)
+      [[ -s "$work/b/ready" ]] && progress="; B has received $(json_num "$(stats b)" frames_received) frames"
+      result "$name" FAIL "did not finish in ${budget}s; last step: ${where:-none}${progress} (the daemons' state is in the log above)"
       return
     fi
     sleep 0.2

@@ -153,3 +153,16 @@ TEST_CASE("bench: ucx_perftest's progress and final lines (ucx-utils 1.13), noth
     CHECK_FALSE(cli::parseUcxReport(other, r));
   }
 }
+
+TEST_CASE("recv: a frame id is known again until 4096 others came after it") {
+  framelink::cli::RecentFrameIds recent;
+  REQUIRE_FALSE(recent.seenBefore(7));
+  REQUIRE(recent.seenBefore(7));  // a restarted daemon's redelivery of frame 7
+  for (uint64_t id = 100; id < 100 + framelink::cli::RecentFrameIds::kRemembered - 1; ++id) {
+    REQUIRE_FALSE(recent.seenBefore(id));
+  }
+  REQUIRE(recent.seenBefore(7));         // the 4095 later ones leave it remembered
+  REQUIRE_FALSE(recent.seenBefore(99));  // the 4096th pushes frame 7 out
+  REQUIRE_FALSE(recent.seenBefore(7));
+  REQUIRE(recent.seenBefore(99));
+}
