@@ -10,6 +10,8 @@
 #endif
 
 #include <algorithm>
+#include <charconv>
+#include <string>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,7 +19,43 @@ namespace framelink {
 
 #ifdef FRAMELINK_HAVE_SYSTEMD
 
+namespace {
+
+constexpr const char* kInheritedFdsEnv = "FRAMELINK_INHERITED_FDS";  // FD=NAME:FD=NAME...
+constexpr const char* kInheritedPidEnv = "FRAMELINK_INHERITED_PID";
+
+// What reexecWithFds left this image: the descriptors at the numbers named.
+std::vector<NamedFd> takeReexecFds() {
+  std::vector<NamedFd> out;
+  const char* list = std::getenv(kInheritedFdsEnv);
+  const char* pid = std::getenv(kInheritedPidEnv);
+  const bool ours = list != nullptr && pid != nullptr && std::to_string(::getpid()) == pid;
+  const std::string text = ours ? list : "";
+  ::unsetenv(kInheritedFdsEnv);
+  ::unsetenv(kInheritedPidEnv);
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find(':', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = item.find('=');
+    int fd = -1;
+    if (eq == std::string::npos ||
+        std::from_chars(item.data(), item.data() + eq, fd).ec != std::errc{} || fd < 3 ||
+        ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+      spdlog::warn("hot restart: '{}' in {} is not a descriptor of this process: left out", item,
+                   kInheritedFdsEnv);
+      continue;
+    }
+    out.push_back(NamedFd{item.substr(eq + 1), UniqueFd(fd)});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<NamedFd> takeStoredFds() {
+  if (std::getenv(kInheritedFdsEnv) != nullptr) return takeReexecFds();
   std::vector<NamedFd> out;
   char** names = nullptr;
   const int n = ::sd_listen_fds_with_names(1, &names);
@@ -82,30 +120,25 @@ void rememberExecutable() {
 bool reexecAvailable() { return !g_executable.empty(); }
 
 bool reexecWithFds(std::vector<NamedFd>& fds, char** argv) {
-  // Out of the way first (above every number they go to), then in place:
-  // dup2 leaves the copies without FD_CLOEXEC, so they alone cross the exec.
-  std::vector<int> high;
-  for (auto& named : fds) {
-    const int fd = ::fcntl(named.fd.get(), F_DUPFD_CLOEXEC, 3 + static_cast<int>(fds.size()));
-    if (fd < 0) {
-      spdlog::error("restart in place: out of descriptors");
-      for (int h : high) ::close(h);
-      return false;
-    }
-    high.push_back(fd);
-  }
-  std::string names;
-  for (size_t i = 0; i < high.size(); ++i) {
-    ::dup2(high[i], SD_LISTEN_FDS_START + static_cast<int>(i));
-    ::close(high[i]);
-    names += (i != 0 ? ":" : "") + fds[i].name;
-  }
   // Nothing else crosses: a listener or device a library opened without
   // O_CLOEXEC would keep its port or device from the next image.
-  ::close_range(SD_LISTEN_FDS_START + static_cast<unsigned>(fds.size()), ~0U, CLOSE_RANGE_CLOEXEC);
-  ::setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
-  ::setenv("LISTEN_FDNAMES", names.c_str(), 1);
-  ::setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);
+  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  // Each at a number of its own, which no other thread of this process knows
+  // (F_DUPFD: without FD_CLOEXEC, so it alone crosses the exec).  Not moved
+  // to 3, 4, ... as systemd would pass them: dup2 onto a number another
+  // thread still uses (gRPC's until the exec) would close its descriptor
+  // under it, and its next write would land in ours -- the state's memfd.
+  std::string list;
+  for (auto& named : fds) {
+    const int fd = ::fcntl(named.fd.get(), F_DUPFD, 3);
+    if (fd < 0) {
+      spdlog::error("restart in place: out of descriptors");
+      return false;
+    }
+    list += (list.empty() ? "" : ":") + std::to_string(fd) + "=" + named.name;
+  }
+  ::setenv(kInheritedFdsEnv, list.c_str(), 1);
+  ::setenv(kInheritedPidEnv, std::to_string(::getpid()).c_str(), 1);
   spdlog::info("restart in place: {} descriptors to the next image of {}", fds.size(), g_executable);
   spdlog::default_logger()->flush();
   ::execv(g_executable.c_str(), argv);

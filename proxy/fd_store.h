@@ -13,7 +13,8 @@
 
 namespace framelink {
 
-// The descriptors the store gave this process (LISTEN_FDS), by name; those
+// The descriptors the store gave this process (LISTEN_FDS), or the image
+// before this one (FRAMELINK_INHERITED_FDS, reexecWithFds), by name; those
 // not named "framelink.*" are closed and removed from the store.
 std::vector<NamedFd> takeStoredFds();
 // Removes these names from the store (once the daemon holds what it took:
@@ -32,8 +33,9 @@ void rememberExecutable();
 // Whether a restart in place can hand anything over (built with libsystemd,
 // the executable known).
 bool reexecAvailable();
-// Execs the executable again with `argv`, `fds` at 3, 4, ... and LISTEN_FDS,
-// LISTEN_FDNAMES and LISTEN_PID saying so (the pid stays).  Returns only when
+// Execs the executable again with `argv` and `fds`, at numbers of their own,
+// which FRAMELINK_INHERITED_FDS names (FD=NAME:...) for takeStoredFds, and
+// FRAMELINK_INHERITED_PID (the pid stays).  Returns only when
 // the exec failed (logged): false.
 bool reexecWithFds(std::vector<NamedFd>& fds, char** argv);
 
