@@ -21,6 +21,7 @@
 #include "attach/attach_server.h"
 #include "common/thread_annotations.h"
 #include "config/config_reload.h"
+#include "discovery/discovery.h"
 #include "framelink/framelink.h"
 #include "link/peer_links.h"
 #include "metrics/metrics.h"
@@ -117,6 +118,7 @@ class DaemonImpl final : public Daemon {
       Status s = metrics_.serve(config_.metrics_listen);
       if (!s) return s;
     }
+    if (!config_.discovery_etcd.empty()) startDiscovery(identity.start_ns);
     attach_->start();
     if (!config_.ready_file.empty()) {
       std::string content =
@@ -159,6 +161,7 @@ class DaemonImpl final : public Daemon {
       spdlog::error("reload: the configuration is refused, the running one stays: {}", out.error);
       return out;
     }
+    *read = withFoundPeers(std::move(read.value()), found_);  // the registry's peers stay
     out.warnings = read->routeWarnings();
     for (const auto& warning : out.warnings) spdlog::warn("reload: {}", warning);
     ReloadPlan plan = planReload(*running, read.value());
@@ -190,6 +193,7 @@ class DaemonImpl final : public Daemon {
 
   size_t stopAndHandOver(const HandOverStore& store) override {
     if (stopped_.exchange(true)) return 0;
+    if (discovery_) discovery_->stop(false);  // the entry lives on: the next daemon publishes it again
     if (attach_) attach_->stop(true);
     if (agent_) agent_->stopForHandOver(config_.drain_timeout_ms);
     // Handed over before the links stop (their gRPC server waits a grace for
@@ -221,6 +225,7 @@ class DaemonImpl final : public Daemon {
 
   void stop() override {
     if (stopped_.exchange(true)) return;
+    if (discovery_) discovery_->stop(true);  // the other daemons forget this one at once
     // Stop taking new clients, let what is in flight end (drain_timeout_ms at
     // most: the links still run), fail the rest, then end the links.
     if (attach_) attach_->stop();
@@ -232,6 +237,42 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // [discovery]: this daemon's entry (its address: discovery.advertise, else
+  // link.listen with the port the listener took), and the others as peers.
+  void startDiscovery(uint64_t instance) {
+    std::string address = config_.discovery_advertise;
+    if (address.empty()) {
+      std::string host = config_.listen.substr(0, config_.listen.rfind(':'));
+      if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+        char name[256] = {};
+        host = ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+      }
+      address = host + ":" + std::to_string(grpcPort());
+    }
+    discovery_ =
+        std::make_unique<Discovery>(config_, RegistryEntry{config_.id, address, {}, instance}, metrics_,
+                                    [this](const std::vector<RegistryEntry>& found) { applyFound(found); });
+  }
+
+  // The registry's daemons changed: they become this daemon's peers as a
+  // reload's would, the written ones untouched.
+  void applyFound(const std::vector<RegistryEntry>& found) {
+    MutexLock lock(reload_mutex_);
+    found_ = found;
+    const std::shared_ptr<const Config> running = live_.get();
+    auto next = std::make_shared<const Config>(withFoundPeers(*running, found_));
+    const std::vector<std::string> changes = foundChanges(*running, *next);
+    metrics_.counters.discovery_peers.store(
+        static_cast<uint64_t>(std::count_if(next->peers.begin(), next->peers.end(),
+                                            [](const PeerConfig& p) { return p.discovered; })),
+        std::memory_order_relaxed);
+    if (changes.empty() || stopped_) return;
+    for (const auto& line : changes) spdlog::info("discovery: {}", line);
+    live_.set(next);
+    if (links_) links_->reconfigure(next);
+    if (agent_) agent_->post(CmdReconfigure{next});
+  }
+
   // The clients of the daemon before this one (hot restart), adopted after
   // the rdma device (if any) registers segments.
   void takeOver(Inherited& inherited) {
@@ -341,6 +382,8 @@ class DaemonImpl final : public Daemon {
   Mutex
       reload_mutex_;  // one reload at a time (SIGHUP on the main thread, admin requests on the attach thread)
   std::function<Result<Config>()> source_ FL_GUARDED_BY(reload_mutex_);
+  std::vector<RegistryEntry> found_ FL_GUARDED_BY(reload_mutex_);  // the registry's other daemons
+  std::unique_ptr<Discovery> discovery_;
   AgentHeartbeat heartbeat_;
   Metrics metrics_;
   std::unique_ptr<DataAgent> agent_;

@@ -1,6 +1,7 @@
 // DataAgent's stats snapshot: every period (Metrics::kPublishPeriodNs) the
 // agent fills an AgentStats (agent_stats.h) and the metrics' gauges from its
 // own tables and hands both to Metrics, which serves them.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,9 @@ void DataAgent::publishStats() {
   AgentStats stats;
   Metrics::Gauges gauges;
   collectClientStats(stats, gauges);
+  std::sort(gauges.reader_streams.begin(), gauges.reader_streams.end());
+  gauges.reader_streams.erase(std::unique(gauges.reader_streams.begin(), gauges.reader_streams.end()),
+                              gauges.reader_streams.end());
   const transport::TransportCounters transport_totals = collectLinkStats(stats, gauges);
   gauges.pull_reads_in_flight = inbound_.readsInFlight();
   gauges.pull_reads_peak = inbound_.readsPeakPerLink();
@@ -57,6 +61,7 @@ void DataAgent::collectClientStats(AgentStats& stats, Metrics::Gauges& gauges) {
       Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;
       ++role.clients;
       role.slots += cs.slots;
+      if (!cs.producer) gauges.reader_streams.push_back(s.stream);
     }
     cs.frames = s.frames;
     cs.bytes = s.bytes;

@@ -380,6 +380,7 @@ Status validate(Config& c) {
                    " bytes; a Unix socket path must be at most " + std::to_string(kMaxSocketPath));
   }
   if (auto st = config::checkPeers(c); !st) return st;
+  if (auto st = config::checkDiscovery(c); !st) return st;
   if (c.data_listen.empty()) {
     // A fixed port by default, the one after the gRPC port, so that a
     // firewall rule can be written before the daemon first runs.

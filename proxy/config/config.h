@@ -34,6 +34,12 @@ struct PeerConfig {
   // must carry when it dials in.  Empty: its id under tls_require_cert_name,
   // else the certificate's names are not checked.
   std::string cert_name;
+  // Found in the registry ([discovery]), not written in the configuration:
+  // `streams` are the streams it has readers for, routed there unless a
+  // written peer's streams name them (Config::routesFor), and its id is a
+  // claim its certificate (under TLS) and its HelloAck must prove.
+  bool discovered = false;
+  bool operator==(const PeerConfig&) const = default;
 };
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -184,6 +190,13 @@ struct Config {
 
   // [metrics]
   std::string metrics_listen;  // empty: no metrics endpoint
+
+  // [discovery]: the daemons find each other in etcd (discovery/registry.h).
+  std::string discovery_etcd;                    // http://HOST:PORT[,...]; empty: no registry
+  std::string discovery_prefix = "/framelink/";  // this fleet's keys: PREFIX daemons/ID
+  std::string discovery_advertise;               // HOST:PORT peers dial; empty: link.listen
+  uint32_t discovery_lease_ttl_s = 10;           // an entry outlives its daemon by this at most
+  uint32_t discovery_poll_ms = 1000;             // how often the registry is read
 
   // [[peer]]
   std::vector<PeerConfig> peers;

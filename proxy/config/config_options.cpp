@@ -69,6 +69,11 @@ const std::vector<Option>& options() {
       {"limits", "default_slot_count", Count{&Config::default_slot_count},                     "Slots of a client that asks for 0", {"--default-slots"}},
       {"limits", "default_slot_size",  Bytes{&Config::default_slot_size},                      "Slot size of a client that asks for 0"},
       {"metrics", "listen",            Address{&Config::metrics_listen, true},                 "Prometheus text at /metrics, JSON at /stats, a health probe at /healthz", {"--metrics"}},
+      {"discovery", "etcd",            Text{&Config::discovery_etcd, "URLS", "off"},          "etcd endpoints (http://HOST:PORT, comma-separated) where the daemons of a fleet find each other: each publishes its id, address and the streams it has readers for under a lease it keeps alive, and links to the others it finds (docs/guide/fleet.md)"},
+      {"discovery", "etcd_prefix",     Text{&Config::discovery_prefix, "KEY"},                 "The fleet's keys in etcd: PREFIXdaemons/ID"},
+      {"discovery", "advertise",       Text{&Config::discovery_advertise, "HOST:PORT", "link.listen"}, "The address other daemons dial this one at, as published; link.listen: its host (this host's name when it is a wildcard) and the port the listener took"},
+      {"discovery", "lease_ttl_s",     Number{&Config::discovery_lease_ttl_s, 2, 3600, "S"},   "This daemon's entry lives this long after its last keep-alive (a crashed host is forgotten within it)"},
+      {"discovery", "poll_ms",         Number{&Config::discovery_poll_ms, 100, 600'000, "MS"}, "How often the registry is read (and this daemon's entry published again when its readers changed)"},
       {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it (a stream listed on several peers goes to each), and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
       // clang-format on
   };

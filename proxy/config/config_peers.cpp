@@ -236,10 +236,36 @@ Status checkPeers(const Config& c) {
 
 }  // namespace config
 
-std::vector<std::string> Config::routesFor(const std::string& stream) const {
-  std::vector<std::string> named, starred;
+Status config::checkDiscovery(const Config& config) {
+  if (config.discovery_etcd.empty()) return {};
+  size_t start = 0;
+  while (start <= config.discovery_etcd.size()) {
+    const size_t comma = std::min(config.discovery_etcd.find(',', start), config.discovery_etcd.size());
+    const std::string url = config.discovery_etcd.substr(start, comma - start);
+    if (url.rfind("http://", 0) != 0 || url.size() <= 7 || url.find(':', 7) == std::string::npos) {
+      return invalidSetting("discovery.etcd: '" + url +
+                            "' is not an etcd endpoint; write http://HOST:PORT (several: comma-separated)");
+    }
+    start = comma + 1;
+  }
+  if (config.discovery_prefix.empty() || config.discovery_prefix.front() != '/') {
+    return invalidSetting("discovery.etcd_prefix '" + config.discovery_prefix +
+                          "' must start with '/' (the default is /framelink/)");
+  }
+  return {};
+}
+
+namespace {
+
+// Rules 1-3 of Config::routesFor (the written peers' routes, then the
+// readers the registry announced); `implicit` is rule 4, apart.
+std::vector<std::string> explicitRoutes(const std::vector<PeerConfig>& peers, const std::string& stream) {
+  std::vector<std::string> named, starred, readers;
   for (const auto& peer : peers) {
-    if (std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end()) {
+    const bool names = std::find(peer.streams.begin(), peer.streams.end(), stream) != peer.streams.end();
+    if (peer.discovered) {
+      if (names && readers.size() < kMaxRoutesPerStream) readers.push_back(peer.name);
+    } else if (names) {
       named.push_back(peer.name);
     } else if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) {
       starred.push_back(peer.name);
@@ -247,19 +273,32 @@ std::vector<std::string> Config::routesFor(const std::string& stream) const {
   }
   if (!named.empty()) return named;
   if (!starred.empty()) return starred;
+  return readers;
+}
+
+const PeerConfig* implicitRoute(const std::vector<PeerConfig>& peers) {
   const PeerConfig* fallback = nullptr;
   for (const auto& peer : peers) {
-    if (!peer.streams.empty()) continue;
-    if (fallback != nullptr) return {};  // two peers without routes: ambiguous
+    if (peer.discovered || !peer.streams.empty()) continue;
+    if (fallback != nullptr) return nullptr;  // two peers without routes: ambiguous
     fallback = &peer;
   }
-  if (fallback == nullptr) return {};
-  return {fallback->name};
+  return fallback;
+}
+
+}  // namespace
+
+std::vector<std::string> Config::routesFor(const std::string& stream) const {
+  std::vector<std::string> routes = explicitRoutes(peers, stream);
+  if (!routes.empty()) return routes;
+  if (const PeerConfig* fallback = implicitRoute(peers)) return {fallback->name};
+  return {};
 }
 
 std::vector<std::string> Config::routeWarnings() const {
   std::vector<std::string> unrouted, starred;
   for (const auto& peer : peers) {
+    if (peer.discovered) continue;
     if (peer.streams.empty()) unrouted.push_back(peer.name);
     if (std::find(peer.streams.begin(), peer.streams.end(), "*") != peer.streams.end()) {
       starred.push_back(peer.name);
@@ -274,23 +313,25 @@ std::vector<std::string> Config::routeWarnings() const {
 }
 
 std::string Config::whyNoRoute(const std::string& stream) const {
-  if (peers.empty()) return "no peer is configured for stream '" + stream + "'";
-  const auto unlisted =
-      std::count_if(peers.begin(), peers.end(), [](const PeerConfig& p) { return p.streams.empty(); });
-  return "none of the " + std::to_string(peers.size()) + " configured peers takes stream '" + stream +
+  const auto found =
+      std::count_if(peers.begin(), peers.end(), [](const PeerConfig& p) { return p.discovered; });
+  const std::string registry =
+      discovery_etcd.empty()
+          ? std::string()
+          : "; of the " + std::to_string(found) + " daemons found in the registry, none has a reader of it";
+  const auto written = static_cast<long>(peers.size()) - found;
+  if (written == 0) return "no peer is configured for stream '" + stream + "'" + registry;
+  const auto unlisted = std::count_if(peers.begin(), peers.end(),
+                                      [](const PeerConfig& p) { return !p.discovered && p.streams.empty(); });
+  return "none of the " + std::to_string(written) + " configured peers takes stream '" + stream +
          "' (no peer's streams list names it or \"*\"" +
          (unlisted > 1 ? ", and " + std::to_string(unlisted) + " peers have no list, so none takes the rest"
                        : std::string()) +
-         ")";
+         ")" + registry;
 }
 
 bool Config::routeIsImplicit(const std::string& stream) const {
-  for (const auto& peer : peers) {
-    for (const auto& s : peer.streams) {
-      if (s == stream || s == "*") return false;
-    }
-  }
-  return !routesFor(stream).empty();
+  return explicitRoutes(peers, stream).empty() && implicitRoute(peers) != nullptr;
 }
 
 const PeerConfig* Config::peer(std::string_view name) const {

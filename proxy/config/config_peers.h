@@ -29,4 +29,8 @@ Status applyPeerFlags(const std::vector<std::string>& peer_flags, const std::vec
 // certificate names only where mutual TLS makes a dialer show a certificate.
 Status checkPeers(const Config& config);
 
+// [discovery]: etcd endpoints of the form http://HOST:PORT, a prefix that
+// starts with '/'.
+Status checkDiscovery(const Config& config);
+
 }  // namespace framelink::config

@@ -96,6 +96,18 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   }
   const v1::HelloAck& ack = reply.hello_ack();
   if (ack.daemon_id() != peer.name) {
+    if (peer.discovered) {
+      // A registry entry is a claim: the daemon at its address must be the one it names.
+      metrics_.counters.discovery_entries_refused.fetch_add(1, std::memory_order_relaxed);
+      const std::string why = "the registry's entry for '" + peer.name + "' points at " + peer.address +
+                              ", where daemon '" + ack.daemon_id().substr(0, 64) + "' answers: not linked";
+      metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kRefused, why);
+      if (!state.unreachable_logged) spdlog::warn("discovery: {}", why);
+      state.unreachable_logged = true;  // once per streak, as an unreachable peer
+      ctx.TryCancel();
+      stream->Finish();
+      return false;
+    }
     spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
   }
   auto chosen_it = std::find_if(offer.transports.begin(), offer.transports.end(),
@@ -126,8 +138,10 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
 
 std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig& peer,
                                                                const std::string& host, DialState& state) {
-  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_),
-                                             peerChannelArguments(config_));
+  // A daemon found in the registry proves its id with its certificate: the name checked is the id.
+  ::grpc::ChannelArguments args = peerChannelArguments(config_);
+  if (peer.discovered && config_.tlsEnabled()) args.SetSslTargetNameOverride(peer.name);
+  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_), args);
   // In slices, so that a shutdown does not wait out the connect timeout (a
   // failing TLS handshake keeps gRPC retrying until the deadline).
   const auto deadline =

@@ -84,8 +84,20 @@ constexpr CounterInfo kLinksUp = {
     "Peer link sessions open now, to any peer (two for one peer while a new link replaces the old). A "
     "peer's own state is framelink_link_up.",
     &Metrics::Counters::links_up};
+constexpr CounterInfo kDiscoveryGauges[] = {
+    {"discovery_registry_up",
+     "1 while the registry ([discovery] etcd) answers, 0 while it does not (or none).",
+     &Metrics::Counters::discovery_registry_up},
+    {"discovery_peers", "Daemons found in the registry and linked to as peers (the written [[peer]]s apart).",
+     &Metrics::Counters::discovery_peers},
+};
 constexpr CounterInfo kLinkCounters[] = {
     {"link_failures", "Peer sessions that ended.", &Metrics::Counters::link_failures},
+    {"discovery_registry_errors", "Requests to the registry that failed (it keeps the daemons it found).",
+     &Metrics::Counters::discovery_registry_errors},
+    {"discovery_entries_refused",
+     "Registry entries whose daemon proved another id (its HelloAck or its certificate): not linked.",
+     &Metrics::Counters::discovery_entries_refused},
     {"auth_failures", "Peers refused for a wrong token or certificate.", &Metrics::Counters::auth_failures},
     {"peer_version_mismatches", "Peer sessions refused: no protocol version in common (the log names both).",
      &Metrics::Counters::peer_version_mismatches},
@@ -273,6 +285,10 @@ void addCounters(Families& out, const Metrics::Counters& counters) {
   addCounterGroup(out, kResentCounters, counters);
   plainFamily(out, kLinksUp.name, kLinksUp.help, prometheus::MetricType::Gauge,
               static_cast<double>(load(counters, kLinksUp.value)));
+  for (const auto& g : kDiscoveryGauges) {
+    plainFamily(out, g.name, g.help, prometheus::MetricType::Gauge,
+                static_cast<double>(load(counters, g.value)));
+  }
   for (const auto& h : kHandshakeCounters) {
     auto& f = family(out, std::string(h.name) + "_total", h.help, prometheus::MetricType::Counter);
     sample(f, static_cast<double>(load(counters, h.tcp)), {{"transport", "tcp"}});
@@ -421,6 +437,7 @@ nlohmann::ordered_json jsonCounters(const Metrics::Counters& counters,
   };
   group(kFrameCounters);
   out[kLinksUp.name] = load(counters, kLinksUp.value);
+  group(kDiscoveryGauges);
   group(kLinkCounters);
   group(kResentCounters);
   for (const auto& h : kHandshakeCounters) {

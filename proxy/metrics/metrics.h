@@ -46,6 +46,12 @@ class Metrics {
     std::atomic<uint64_t> peer_messages_received{0};    // per-frame messages of those records, handled
     std::atomic<uint64_t> nacks_sent{0};
     std::atomic<uint64_t> links_up{0};
+    // [discovery]: gauges (whether the registry answered its last request;
+    // the daemons found there), and what went wrong with it.
+    std::atomic<uint64_t> discovery_registry_up{0};
+    std::atomic<uint64_t> discovery_peers{0};
+    std::atomic<uint64_t> discovery_registry_errors{0};  // requests to the registry that failed
+    std::atomic<uint64_t> discovery_entries_refused{0};  // entries whose daemon was not who they named
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
     std::atomic<uint64_t> peer_version_mismatches{0};  // Sessions refused: no protocol version in common
@@ -139,13 +145,16 @@ class Metrics {
     std::vector<LinkGauge> links;
     RoleGauge producers;
     RoleGauge consumers;
-    uint64_t frames_in_flight = 0;      // producers' frames submitted and not yet DELIVERED or FAILED
-    uint64_t frames_held = 0;           // delivered to local consumers, not yet released
-    uint64_t pull_reads_in_flight = 0;  // pull: reads of peers' offers posted, not yet complete
-    uint64_t pull_reads_peak = 0;       // pull: the most one link ever had in flight at once
-    uint64_t slots_fenced = 0;          // rdma: slots held back until a peer's window into them shut
+    uint64_t frames_in_flight = 0;            // producers' frames submitted and not yet DELIVERED or FAILED
+    uint64_t frames_held = 0;                 // delivered to local consumers, not yet released
+    uint64_t pull_reads_in_flight = 0;        // pull: reads of peers' offers posted, not yet complete
+    uint64_t pull_reads_peak = 0;             // pull: the most one link ever had in flight at once
+    uint64_t slots_fenced = 0;                // rdma: slots held back until a peer's window into them shut
+    std::vector<std::string> reader_streams;  // sorted, once each: the streams consumers here read
   };
   void setGauges(Gauges gauges);
+  // Gauges::reader_streams as the agent published them last (the registry announces them).
+  std::vector<std::string> readerStreams() const;
   // What the links' transports did, summed over every link the agent had
   // (closed ones included, so the totals never go down), from the agent.
   void setTransportCounters(const transport::TransportCounters& totals);

@@ -81,6 +81,11 @@ void Metrics::setGauges(Gauges gauges) {
   gauges_ = std::move(gauges);
 }
 
+std::vector<std::string> Metrics::readerStreams() const {
+  MutexLock lock(detail_mutex_);
+  return gauges_.reader_streams;
+}
+
 void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
   MutexLock lock(detail_mutex_);
   transport_ = totals;

@@ -92,7 +92,9 @@ Sample textSample(const cfg::Text& t, const std::string& v, const TempDir& dir) 
     const std::string file = dir.write("sample" + v + ".pem", crl ? kCrlPem : kPem);
     return {quote("sample" + v + ".pem"), {file}, file, fieldEquals(t.field, file)};
   }
-  const std::string value = "sample-" + v;
+  // discovery.etcd holds URLs: a bare word is refused.
+  const std::string value =
+      t.field == &fl::Config::discovery_etcd ? "http://sample-" + v + ":2379" : "sample-" + v;
   return {quote(value), {value}, t.secret ? "<redacted>" : value, fieldEquals(t.field, value)};
 }
 

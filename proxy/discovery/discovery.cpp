@@ -1,0 +1,176 @@
+#include "discovery/discovery.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "metrics/metrics.h"
+
+namespace framelink {
+
+namespace {
+
+std::vector<std::string> splitEndpoints(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    if (comma > start) out.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string readersText(const std::vector<std::string>& readers) {
+  if (readers.empty()) return "no readers";
+  std::string out = "readers: ";
+  for (size_t i = 0; i < readers.size(); ++i) out += (i ? ", " : "") + readers[i];
+  return out;
+}
+
+}  // namespace
+
+Config withFoundPeers(Config config, const std::vector<RegistryEntry>& found) {
+  std::erase_if(config.peers, [](const PeerConfig& p) { return p.discovered; });
+  const size_t written = config.peers.size();
+  for (const auto& e : found) {
+    if (e.id == config.id) continue;
+    const auto same = std::find_if(config.peers.begin(), config.peers.begin() + static_cast<long>(written),
+                                   [&](const PeerConfig& p) { return p.name == e.id; });
+    if (same != config.peers.begin() + static_cast<long>(written)) continue;
+    PeerConfig p;
+    p.name = e.id;
+    p.address = config.id < e.id ? e.address : "";
+    p.streams = e.readers;
+    p.cert_name = config.tlsEnabled() ? e.id : "";
+    p.discovered = true;
+    config.peers.push_back(std::move(p));
+  }
+  return config;
+}
+
+std::vector<std::string> foundChanges(const Config& before, const Config& after) {
+  std::vector<std::string> out;
+  auto find = [](const Config& c, const std::string& name) -> const PeerConfig* {
+    for (const auto& p : c.peers) {
+      if (p.discovered && p.name == name) return &p;
+    }
+    return nullptr;
+  };
+  for (const auto& p : after.peers) {
+    if (!p.discovered) continue;
+    const PeerConfig* was = find(before, p.name);
+    const std::string how = p.address.empty() ? "it dials this daemon" : "dialed at " + p.address;
+    if (was == nullptr) {
+      out.push_back(p.name + " found (" + how + "; " + readersText(p.streams) + ")");
+    } else if (!(*was == p)) {
+      out.push_back(p.name + " changed (" + how + "; " + readersText(p.streams) + ")");
+    }
+  }
+  for (const auto& p : before.peers) {
+    if (p.discovered && find(after, p.name) == nullptr) out.push_back(p.name + " gone from the registry");
+  }
+  return out;
+}
+
+Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found)
+    : registry_(splitEndpoints(config.discovery_etcd), config.discovery_prefix, config.discovery_lease_ttl_s),
+      self_(std::move(self)),
+      metrics_(metrics),
+      found_(std::move(found)),
+      poll_(config.discovery_poll_ms),
+      keepalive_every_(std::chrono::milliseconds(config.discovery_lease_ttl_s * 1000 / 3)) {
+  spdlog::info("discovery: publishing '{}' at {} in etcd {} ({}daemons/), lease {} s", self_.id,
+               self_.address, config.discovery_etcd, config.discovery_prefix, config.discovery_lease_ttl_s);
+  thread_ = std::thread([this] { run(); });
+}
+
+Discovery::~Discovery() { stop(false); }
+
+void Discovery::stop(bool withdraw) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    withdraw_ = withdraw;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Discovery::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    round();
+    lock.lock();
+    wake_.wait_for(lock, poll_, [this] { return stopping_; });
+  }
+  if (withdraw_) {
+    lock.unlock();
+    registry_.withdraw();
+    spdlog::info("discovery: '{}' withdrawn from the registry", self_.id);
+  }
+}
+
+void Discovery::round() {
+  RegistryEntry self = self_;
+  self.readers = metrics_.readerStreams();
+  const auto now = std::chrono::steady_clock::now();
+  if (published_ && now - kept_alive_ >= keepalive_every_) {
+    if (Status kept = registry_.keepAlive(); !kept) {
+      if (registry_.leased()) return registryFailed("keeping this daemon's lease alive", kept.error());
+      spdlog::warn("discovery: {}; publishing '{}' again under a new lease", kept.error().message, self.id);
+      published_ = false;  // the lease is gone, and the entry with it
+    } else {
+      kept_alive_ = now;
+    }
+  }
+  if (!published_ || !(self == published_entry_)) {
+    if (Status put = registry_.publish(self); !put) {
+      return registryFailed("publishing this daemon", put.error());
+    }
+    published_ = true;
+    published_entry_ = self;
+    kept_alive_ = now;
+  }
+  std::vector<std::string> refused;
+  auto listed = registry_.list(refused);
+  if (!listed) return registryFailed("reading the registry", listed.error());
+  if (!answered_) {
+    spdlog::info("discovery: etcd answers again ({}); {} daemons in the registry", registry_.endpoint(),
+                 listed->size());
+    answered_ = true;
+  }
+  metrics_.counters.discovery_registry_up.store(1, std::memory_order_relaxed);
+  std::string refused_now;
+  for (const auto& why : refused) refused_now += (refused_now.empty() ? "" : "; ") + why;
+  if (!refused_now.empty() && refused_now != refused_before_) {
+    spdlog::warn("discovery: {} registry entries left out: {}", refused.size(), refused_now);
+  }
+  refused_before_ = std::move(refused_now);
+  std::vector<RegistryEntry> others;
+  for (auto& e : *listed) {
+    if (e.id != self.id) others.push_back(std::move(e));
+  }
+  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  if (have_found_ && others == last_found_) return;
+  have_found_ = true;
+  last_found_ = others;
+  found_(others);
+}
+
+void Discovery::registryFailed(const std::string& what, const Error& error) {
+  metrics_.counters.discovery_registry_errors.fetch_add(1, std::memory_order_relaxed);
+  metrics_.counters.discovery_registry_up.store(0, std::memory_order_relaxed);
+  if (answered_) {
+    spdlog::warn(
+        "discovery: {} failed: {}.  The links and routes up stay as they are, and daemons not yet found wait "
+        "until etcd answers again",
+        what, error.message);
+    answered_ = false;
+  }
+}
+
+}  // namespace framelink

@@ -1,0 +1,80 @@
+// [discovery]: this daemon's entry in the fleet's registry (etcd_registry.h),
+// kept alive and up to date, and the other daemons' entries, read every
+// poll_ms on a thread of its own.  What it finds goes to `found` when it
+// changed: the daemon turns it into peers (DaemonImpl::applyFound).
+//
+// A registry that stops answering changes nothing that runs: the last
+// entries found stay, the daemon says so once (log, the gauge
+// framelink_discovery_registry_up, doctor), and this daemon's entry is
+// published again, under a new lease if etcd lost the old one, once it answers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "discovery/etcd_registry.h"
+
+namespace framelink {
+
+class Metrics;
+
+// `config` with the daemons found in the registry as its peers beside the
+// written ones (PeerConfig::discovered; those found before are replaced).  A
+// written [[peer]] of the same id wins.  One link per pair of daemons: the
+// one whose id sorts first dials, the other takes the link it is dialed on
+// (its peer has no address).  Their streams are the readers they announced;
+// under TLS a found daemon's certificate must name its id.
+Config withFoundPeers(Config config, const std::vector<RegistryEntry>& found);
+// What changed between the found peers of two configurations, a line each:
+// "hostc found at 10.0.0.3:7700 (readers: cam0)", "hostd gone from the registry".
+std::vector<std::string> foundChanges(const Config& before, const Config& after);
+
+class Discovery {
+ public:
+  using Found = std::function<void(const std::vector<RegistryEntry>& others)>;
+  // `self`: this daemon's entry but its readers, which come from `metrics`
+  // (Metrics::readerStreams) each round.
+  Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found);
+  ~Discovery();
+  Discovery(const Discovery&) = delete;
+  Discovery& operator=(const Discovery&) = delete;
+
+  // Stops the thread.  `withdraw`: the entry goes from the registry at once (a
+  // daemon that stops for good); else it lives out its lease (a hot restart:
+  // the next daemon publishes it again).
+  void stop(bool withdraw);
+
+ private:
+  void run();
+  void round();
+  void registryFailed(const std::string& what, const Error& error);
+
+  EtcdRegistry registry_;
+  RegistryEntry self_;
+  Metrics& metrics_;
+  Found found_;
+  const std::chrono::milliseconds poll_;
+  const std::chrono::milliseconds keepalive_every_;
+  std::chrono::steady_clock::time_point kept_alive_{};
+  bool published_ = false;
+  RegistryEntry published_entry_;
+  bool answered_ = true;  // the registry answered the last request (no outage to report)
+  bool have_found_ = false;
+  std::vector<RegistryEntry> last_found_;
+  std::string refused_before_;  // what the last list refused, logged when it changes
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool withdraw_ = false;
+  std::thread thread_;
+};
+
+}  // namespace framelink

@@ -1,0 +1,202 @@
+#include "discovery/etcd_registry.h"
+
+#include <httplib.h>
+#include <openssl/evp.h>
+
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "config/config_values.h"
+#include "framelink/framelink.h"
+
+namespace framelink {
+
+namespace {
+
+using nlohmann::json;
+
+std::string base64(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// etcd's keys and values; nullopt when `in` is not base64.
+std::optional<std::string> unbase64(const std::string& in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::string out(in.size() / 4 * 3, '\0');
+  const int n =
+      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  if (n < 0) return std::nullopt;
+  size_t pad = 0;  // EVP_DecodeBlock counts the padding's bytes as zeros
+  for (size_t i = in.size(); i > 0 && in[i - 1] == '='; --i) ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+// The int64 fields of etcd's JSON come as strings ("ID":"7587..."), 0 as absent.
+int64_t jsonInt(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    try {
+      return std::stoll(it->get<std::string>());
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+// The end of the key range that holds every key starting with `prefix`.
+std::string rangeEnd(std::string prefix) {
+  prefix.back() = static_cast<char>(prefix.back() + 1);
+  return prefix;
+}
+
+constexpr size_t kMaxEntryBytes = size_t{64} * 1024;
+
+}  // namespace
+
+std::string formatEntry(const RegistryEntry& entry) {
+  return json{{"id", entry.id},
+              {"address", entry.address},
+              {"readers", entry.readers},
+              {"instance", std::to_string(entry.instance)}}
+      .dump();
+}
+
+Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& value) {
+  if (value.size() > kMaxEntryBytes) return makeError(FL_ERR_PROTOCOL, "entry larger than 64 KiB");
+  const json j = json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return makeError(FL_ERR_PROTOCOL, "not a JSON object");
+  RegistryEntry e;
+  try {
+    e.id = j.at("id").get<std::string>();
+    e.address = j.at("address").get<std::string>();
+    for (const auto& r : j.value("readers", json::array())) e.readers.push_back(r.get<std::string>());
+    e.instance = static_cast<uint64_t>(jsonInt(j, "instance"));
+  } catch (const json::exception& ex) {
+    return makeError(FL_ERR_PROTOCOL, std::string("a field is missing or of the wrong type: ") + ex.what());
+  }
+  if (e.id != key_id) {
+    return makeError(FL_ERR_PROTOCOL, "it names daemon '" + e.id + "' under the key of '" + key_id + "'");
+  }
+  if (auto st = checkStreamName(e.id, "its id", false); !st) return st.error();
+  const size_t colon = e.address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size()) {
+    return makeError(FL_ERR_PROTOCOL, "address '" + e.address + "' is not HOST:PORT");
+  }
+  for (const auto& r : e.readers) {
+    if (auto st = checkStreamName(r, "a reader's stream", false); !st) return st.error();
+  }
+  std::sort(e.readers.begin(), e.readers.end());
+  e.readers.erase(std::unique(e.readers.begin(), e.readers.end()), e.readers.end());
+  return e;
+}
+
+EtcdRegistry::EtcdRegistry(std::vector<std::string> endpoints, std::string prefix, uint32_t lease_ttl_s)
+    : endpoints_(std::move(endpoints)), prefix_(std::move(prefix)), ttl_s_(lease_ttl_s) {}
+
+Result<std::string> EtcdRegistry::call(const std::string& path, const std::string& body) {
+  std::string why;
+  for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
+    const size_t i = (current_ + tried) % endpoints_.size();
+    httplib::Client client(endpoints_[i]);
+    client.set_connection_timeout(std::chrono::seconds(1));
+    client.set_read_timeout(std::chrono::seconds(2));
+    client.set_write_timeout(std::chrono::seconds(2));
+    auto res = client.Post(path, body, "application/json");
+    if (!res) {
+      why += (why.empty() ? "" : "; ") + endpoints_[i] + ": " + httplib::to_string(res.error());
+      continue;
+    }
+    current_ = i;
+    if (res->status != 200) {
+      // etcd answered, and refused: {"error": "...", "code": N}
+      const json j = json::parse(res->body, nullptr, false);
+      const std::string message = !j.is_discarded() && j.is_object()
+                                      ? j.value("message", j.value("error", ""))
+                                      : res->body.substr(0, 200);
+      return makeError(FL_ERR_PEER_REJECTED, endpoints_[i] + path + ": HTTP " + std::to_string(res->status) +
+                                                 (message.empty() ? "" : ": " + message));
+    }
+    return std::move(res->body);
+  }
+  return makeError(FL_ERR_DAEMON_UNREACHABLE, "no etcd endpoint answered (" + why + ")");
+}
+
+Status EtcdRegistry::publish(const RegistryEntry& self) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (lease_ == 0) {
+      auto granted = call("/v3/lease/grant", json{{"TTL", ttl_s_}, {"ID", 0}}.dump());
+      if (!granted) return granted.error();
+      const json j = json::parse(*granted, nullptr, false);
+      lease_ = j.is_discarded() ? 0 : jsonInt(j, "ID");
+      if (lease_ == 0) return makeError(FL_ERR_PROTOCOL, "etcd granted no lease: " + granted->substr(0, 200));
+    }
+    auto put = call("/v3/kv/put", json{{"key", base64(prefix_ + "daemons/" + self.id)},
+                                       {"value", base64(formatEntry(self))},
+                                       {"lease", std::to_string(lease_)}}
+                                      .dump());
+    if (put) return {};
+    if (put.error().code != FL_ERR_PEER_REJECTED) return put.error();
+    lease_ = 0;  // "requested lease not found": etcd lost it (restarted empty, or it expired); grant another
+  }
+  return makeError(FL_ERR_PEER_REJECTED, "etcd refused this daemon's entry under a new lease");
+}
+
+Status EtcdRegistry::keepAlive() {
+  if (lease_ == 0) return makeError(FL_ERR_NO_LINK, "no lease to keep alive");
+  auto kept = call("/v3/lease/keepalive", json{{"ID", std::to_string(lease_)}}.dump());
+  if (!kept) return kept.error();
+  // The gateway answers a stream of one message: {"result":{"ID":..,"TTL":..}}.
+  const json j = json::parse(*kept, nullptr, false);
+  const json result = !j.is_discarded() && j.is_object() ? j.value("result", json::object()) : json::object();
+  if (jsonInt(result, "TTL") <= 0) {
+    lease_ = 0;
+    return makeError(FL_ERR_PEER_REJECTED, "etcd no longer knows this daemon's lease (it expired)");
+  }
+  return {};
+}
+
+Result<std::vector<RegistryEntry>> EtcdRegistry::list(std::vector<std::string>& refused) {
+  const std::string prefix = prefix_ + "daemons/";
+  auto listed =
+      call("/v3/kv/range", json{{"key", base64(prefix)}, {"range_end", base64(rangeEnd(prefix))}}.dump());
+  if (!listed) return listed.error();
+  const json j = json::parse(*listed, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return makeError(FL_ERR_PROTOCOL, "etcd's range answer is not JSON");
+  }
+  std::vector<RegistryEntry> out;
+  for (const auto& kv : j.value("kvs", json::array())) {
+    const auto key = unbase64(kv.value("key", ""));
+    const auto value = unbase64(kv.value("value", ""));
+    if (!key || !value || key->rfind(prefix, 0) != 0) {
+      refused.push_back("a key that is not base64 under " + prefix);
+      continue;
+    }
+    const std::string id = key->substr(prefix.size());
+    auto entry = parseEntry(id, *value);
+    if (!entry) {
+      refused.push_back(*key + ": " + entry.error().message);
+      continue;
+    }
+    out.push_back(std::move(entry.value()));
+  }
+  return out;
+}
+
+void EtcdRegistry::withdraw() {
+  if (lease_ == 0) return;
+  (void)call("/v3/lease/revoke", json{{"ID", std::to_string(lease_)}}.dump());
+  lease_ = 0;
+}
+
+}  // namespace framelink

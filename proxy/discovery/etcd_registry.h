@@ -1,0 +1,64 @@
+// The fleet's registry in etcd: each daemon's entry (its id, the address
+// other daemons dial, the streams it has readers for) under a key of its
+// own, attached to a lease it keeps alive, so that the entry of a daemon
+// that died goes after lease_ttl_s.  Spoken through etcd's JSON gateway
+// (/v3/..., keys and values base64), which Debian's etcd-server 3.4 serves
+// on its client port: one HTTP request each, no etcd client library.
+//
+// Keys: PREFIX daemons/ID -> {"id", "address", "readers", "instance"}.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace framelink {
+
+struct RegistryEntry {
+  std::string id;
+  std::string address;               // HOST:PORT of its gRPC listener
+  std::vector<std::string> readers;  // the streams consumers attached to it read, sorted
+  uint64_t instance = 0;             // which run of the daemon published it
+  bool operator==(const RegistryEntry&) const = default;
+};
+
+// An entry as the registry holds it (JSON) and back.  parseEntry refuses,
+// with the reason, one that is not well formed or that its key does not name.
+std::string formatEntry(const RegistryEntry& entry);
+Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& value);
+
+class EtcdRegistry {
+ public:
+  // `endpoints`: http://HOST:PORT, tried in turn until one answers.
+  EtcdRegistry(std::vector<std::string> endpoints, std::string prefix, uint32_t lease_ttl_s);
+
+  // Puts `self` under this daemon's lease, granting one first (and again
+  // when etcd no longer knows the last one).
+  Status publish(const RegistryEntry& self);
+  // Renews the lease.  An error when etcd did not answer, or lost the lease
+  // (then the next publish grants another).
+  Status keepAlive();
+  // Every entry under the prefix, this daemon's included.  Those that are not
+  // well formed are left out and named in `refused` ("key: why").
+  Result<std::vector<RegistryEntry>> list(std::vector<std::string>& refused);
+  // Revokes the lease: the entry goes at once (a daemon that stops for good).
+  void withdraw();
+
+  bool leased() const noexcept { return lease_ != 0; }
+  // The endpoint that answered last, for messages.
+  const std::string& endpoint() const { return endpoints_[current_]; }
+
+ private:
+  // POSTs `body` (JSON) to PATH on an endpoint that answers; the reply's JSON text.
+  Result<std::string> call(const std::string& path, const std::string& body);
+
+  std::vector<std::string> endpoints_;
+  std::string prefix_;
+  uint32_t ttl_s_;
+  int64_t lease_ = 0;
+  size_t current_ = 0;
+};
+
+}  // namespace framelink

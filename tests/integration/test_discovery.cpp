@@ -1,0 +1,208 @@
+// [discovery]: daemons with no [[peer]] find each other in a real etcd
+// (Debian's etcd-server, started here on ports of its own), link once per
+// pair, route a stream to the daemons that announced readers of it, refuse an
+// entry whose address answers with another id, and keep what runs while etcd
+// is away.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <httplib.h>
+#include <openssl/evp.h>
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client_util.h"
+#include "framelink/framelink.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+uint16_t freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string base64(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+// One etcd member on loopback, its data in a temp dir that outlives a kill
+// (start() again brings the same store back).
+class Etcd {
+ public:
+  Etcd() : client_port_(freePort()), peer_port_(freePort()) { start(); }
+
+  void start() {
+    const std::string binary = "/usr/bin/etcd";
+    INFO("the discovery tests need etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)");
+    REQUIRE(::access(binary.c_str(), X_OK) == 0);
+    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    process_ = std::make_unique<ChildProcess>(
+        "etcd",
+        std::vector<std::string>{"--name", "fl", "--data-dir", dir_.file("data"), "--listen-client-urls",
+                                 client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                                 "--initial-advertise-peer-urls", peer, "--initial-cluster", "fl=" + peer,
+                                 "--log-level", "warn"},
+        std::vector<std::string>{}, binary);
+    REQUIRE(waitUntil(
+        [&] { return post("/v3/kv/range", R"({"key":"Lw=="})").find("header") != std::string::npos; },
+        Millis(20000), Millis(100)));
+  }
+  void kill9() { process_->kill9(); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+
+  // The reply's body, "" when etcd did not answer.
+  std::string post(const std::string& path, const std::string& body) const {
+    httplib::Client c(url());
+    c.set_connection_timeout(std::chrono::seconds(1));
+    auto res = c.Post(path, body, "application/json");
+    return res ? res->body : std::string();
+  }
+  void put(const std::string& key, const std::string& value) const {
+    REQUIRE(post("/v3/kv/put", R"({"key":")" + base64(key) + R"(","value":")" + base64(value) + "\"}")
+                .find("header") != std::string::npos);
+  }
+
+ private:
+  TempDir dir_{"fl-etcd"};
+  uint16_t client_port_, peer_port_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+DaemonProcess::Options fleetMember(const std::string& id, const Etcd& etcd) {
+  DaemonProcess::Options o;
+  o.id = id;
+  o.token = "fleet-secret";
+  o.transports = "tcp";
+  o.extra_args = {"--etcd", etcd.url(), "--poll-ms", "200", "--lease-ttl-s", "3", "--metrics", "127.0.0.1:0"};
+  return o;
+}
+
+// One frame from `producer` to `consumer`, verified, DELIVERED.
+void sendOne(fl_client* producer, fl_client* consumer, uint64_t id) {
+  const uint64_t length = 4096 + id * 17;
+  submitFrame(producer, id, length, true);
+  fl_frame f = receiveFrame(consumer, Millis(15000));
+  checkSyntheticFrame(f, id, length);
+  REQUIRE(fl_release(consumer, f.slot) == FL_OK);
+  auto done = collectCompletions(producer, 1, Millis(15000));
+  REQUIRE(done.size() == 1);
+  INFO("completion of frame " << id << ": " << statusName(done[0].status));
+  CHECK(done[0].status == FL_OK);
+}
+
+}  // namespace
+
+TEST_CASE("discovery: daemons with no [[peer]] find each other in etcd and frames go where their readers are",
+          "[integration][discovery]") {
+  Etcd etcd;
+  DaemonProcess a(fleetMember("disc-a", etcd));
+  DaemonProcess b(fleetMember("disc-b", etcd));
+  DaemonProcess c(fleetMember("disc-c", etcd));
+  // Each finds the other two; one link per pair (the id that sorts first dials).
+  for (DaemonProcess* d : {&a, &b, &c}) {
+    INFO(d->id());
+    CHECK(waitForMetric(*d, "framelink_discovery_peers", 2) == 2);
+    CHECK(waitForMetric(*d, "framelink_links_up", 2) == 2);
+    CHECK(d->metric("framelink_discovery_registry_up") == 1);
+  }
+  CHECK(a.waitForLog("discovery: disc-c found (dialed at", Millis(1000)));
+  CHECK(c.waitForLog("discovery: disc-a found (it dials this daemon", Millis(1000)));
+
+  // A reader on C: A learns it from the registry and routes the stream there.
+  Client on_c = attachConsumer(c, "inspect", 4, 256 * 1024);
+  REQUIRE(a.waitForLog(
+      "disc-c changed (dialed at 127.0.0.1:" + std::to_string(c.grpcPort()) + "; readers: inspect)",
+      Millis(10000)));
+  Client producer = attachProducer(a, "inspect", 4, 256 * 1024);
+  for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_c.get(), id);
+
+  // A second host reads it too: each frame goes to both (B is dialed by A).
+  Client on_b = attachConsumer(b, "inspect", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("readers: inspect)", Millis(10000)));
+  REQUIRE(waitUntil([&] { return a.log().find("disc-b changed (dialed at") != std::string::npos; },
+                    Millis(10000)));
+  REQUIRE(a.waitForLog("is now routed to disc-b, disc-c", Millis(10000)));
+  for (uint64_t id = 4; id <= 6; ++id) {
+    submitFrame(producer.get(), id, 4096, true);
+    for (fl_client* reader : {on_b.get(), on_c.get()}) {
+      fl_frame f = receiveFrame(reader, Millis(15000));
+      checkSyntheticFrame(f, id, 4096);
+      REQUIRE(fl_release(reader, f.slot) == FL_OK);
+    }
+    auto done = collectCompletions(producer.get(), 1, Millis(15000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_OK);
+  }
+  CHECK(a.metric("framelink_links_up") == 2);  // no link more for it
+}
+
+TEST_CASE(
+    "discovery: an entry whose address answers with another id is refused and counted; a malformed one "
+    "is left out",
+    "[integration][discovery]") {
+  Etcd etcd;
+  DaemonProcess a(fleetMember("disc-a", etcd));
+  DaemonProcess b(fleetMember("disc-b", etcd));
+  REQUIRE(waitForMetric(a, "framelink_links_up", 1) == 1);
+  // "ghost" sorts after disc-a, which dials it -- at B's address, where disc-b answers.
+  etcd.put("/framelink/daemons/ghost",
+           R"({"id":"ghost","address":")" + b.grpcAddress() + R"(","readers":[],"instance":"1"})");
+  etcd.put("/framelink/daemons/junk", "not json at all");
+  CHECK(waitForMetric(a, "framelink_discovery_entries_refused_total", 1) >= 1);
+  CHECK(a.waitForLog("the registry's entry for 'ghost' points at " + b.grpcAddress() +
+                         ", where daemon 'disc-b' answers: not linked",
+                     Millis(10000)));
+  CHECK(a.waitForLog("registry entries left out: /framelink/daemons/junk: not a JSON object", Millis(10000)));
+  CHECK(a.metric("framelink_links_up") == 1);  // B's one link, not a second for "ghost"
+  Client consumer = attachConsumer(b, "after-ghost", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("readers: after-ghost)", Millis(10000)));
+  Client producer = attachProducer(a, "after-ghost", 4, 256 * 1024);
+  sendOne(producer.get(), consumer.get(), 1);
+}
+
+TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon that crashed is forgotten",
+          "[integration][discovery]") {
+  Etcd etcd;
+  DaemonProcess a(fleetMember("disc-a", etcd));
+  DaemonProcess b(fleetMember("disc-b", etcd));
+  auto c = std::make_unique<DaemonProcess>(fleetMember("disc-c", etcd));
+  Client consumer = attachConsumer(b, "line", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("readers: line)", Millis(10000)));
+  Client producer = attachProducer(a, "line", 4, 256 * 1024);
+  sendOne(producer.get(), consumer.get(), 1);
+
+  etcd.kill9();
+  CHECK(a.waitForLog("failed: no etcd endpoint answered", Millis(10000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
+  for (uint64_t id = 2; id <= 4; ++id)
+    sendOne(producer.get(), consumer.get(), id);  // nothing that runs changed
+  CHECK(a.metric("framelink_discovery_peers") == 2);
+
+  c->kill9();  // its entry outlives it by its lease (3 s), then goes
+  etcd.start();
+  CHECK(a.waitForLog("discovery: etcd answers again", Millis(15000)));
+  CHECK(a.waitForLog("discovery: disc-c gone from the registry", Millis(20000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_discovery_peers") == 1; }, Millis(5000)));
+  sendOne(producer.get(), consumer.get(), 5);
+}

@@ -1,0 +1,112 @@
+// [discovery] without etcd: an entry's JSON and what is refused of it, the
+// found daemons as peers beside the written ones, and where a stream goes
+// then (tests/integration/test_discovery.cpp runs it against a real etcd).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "discovery/discovery.h"
+#include "discovery/etcd_registry.h"
+
+namespace fl = framelink;
+
+namespace {
+
+fl::PeerConfig written(const std::string& name, std::vector<std::string> streams = {}) {
+  fl::PeerConfig p;
+  p.name = name;
+  p.address = name + ".example:7700";
+  p.streams = std::move(streams);
+  return p;
+}
+
+fl::RegistryEntry entry(const std::string& id, std::vector<std::string> readers = {}) {
+  return fl::RegistryEntry{id, id + ".example:7700", std::move(readers), 7};
+}
+
+}  // namespace
+
+TEST_CASE("discovery: an entry goes to JSON and back; one that is malformed or names another id is refused",
+          "[discovery]") {
+  const fl::RegistryEntry e{"line-3", "10.0.0.3:7700", {"cam0", "thumbs"}, 1234};
+  auto back = fl::parseEntry("line-3", fl::formatEntry(e));
+  REQUIRE(back.ok());
+  CHECK(back.value() == e);
+
+  auto refused = [](const std::string& id, const std::string& value) {
+    auto r = fl::parseEntry(id, value);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message;
+  };
+  CHECK(refused("line-3", "not json") == "not a JSON object");
+  CHECK(refused("line-4", fl::formatEntry(e)) == "it names daemon 'line-3' under the key of 'line-4'");
+  CHECK(refused("line-3", R"({"id":"line-3"})").find("a field is missing") == 0);
+  CHECK(refused("line-3", R"({"id":"line-3","address":"nowhere"})") == "address 'nowhere' is not HOST:PORT");
+  CHECK(refused("bad id", R"({"id":"bad id","address":"h:1"})").find("its id") != std::string::npos);
+  CHECK(refused("line-3", R"({"id":"line-3","address":"h:1","readers":["no spaces"]})")
+            .find("a reader's stream") != std::string::npos);
+  CHECK(refused("line-3", std::string(70000, ' ')) == "entry larger than 64 KiB");
+}
+
+TEST_CASE("discovery: found daemons become peers beside the written ones, one dialer per pair",
+          "[discovery]") {
+  fl::Config c;
+  c.id = "host-m";
+  c.peers = {written("host-a", {"cam0"})};
+  const fl::Config found = fl::withFoundPeers(
+      c, {entry("host-a", {"x"}), entry("host-b", {"cam1"}), entry("host-z"), entry("host-m")});
+  REQUIRE(found.peers.size() == 3);
+  CHECK(found.peers[0] == c.peers[0]);  // the written one wins over its entry
+  const fl::PeerConfig& b = found.peers[1];
+  CHECK(b.name == "host-b");
+  CHECK(b.discovered);
+  CHECK(b.address.empty());  // host-b sorts first: it dials host-m
+  CHECK(b.streams == std::vector<std::string>{"cam1"});
+  CHECK(b.cert_name.empty());  // without TLS
+  const fl::PeerConfig& z = found.peers[2];
+  CHECK(z.address == "host-z.example:7700");  // host-m sorts first: it dials
+
+  // Found again: the earlier finds are replaced, not added to.
+  const fl::Config again = fl::withFoundPeers(found, {entry("host-z", {"cam1"})});
+  REQUIRE(again.peers.size() == 2);
+  CHECK(again.peers[1].streams == std::vector<std::string>{"cam1"});
+  const auto changes = fl::foundChanges(found, again);
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[0] == "host-z changed (dialed at host-z.example:7700; readers: cam1)");
+  CHECK(changes[1] == "host-b gone from the registry");
+  CHECK(fl::foundChanges(again, again).empty());
+
+  // Under TLS a found daemon's certificate must name its id.
+  c.tls_cert_file = "/etc/framelink/host.pem";
+  CHECK(fl::withFoundPeers(c, {entry("host-z")}).peers[1].cert_name == "host-z");
+}
+
+TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a written peer takes it",
+          "[discovery][routes]") {
+  fl::Config c;
+  c.id = "producer";
+  c.discovery_etcd = "http://etcd:2379";
+  c.peers = {written("archive", {"raw"})};
+  c = fl::withFoundPeers(c, {entry("insp-1", {"cam0", "raw"}), entry("insp-2", {"cam0"}), entry("idle")});
+  CHECK(c.routesFor("cam0") == std::vector<std::string>{"insp-1", "insp-2"});
+  CHECK_FALSE(c.routeIsImplicit("cam0"));
+  CHECK(c.routesFor("raw") == std::vector<std::string>{"archive"});  // written routes override
+  CHECK(c.routesFor("thumbs").empty());
+  CHECK(c.whyNoRoute("thumbs") ==
+        "none of the 1 configured peers takes stream 'thumbs' (no peer's streams list names it or \"*\"); of "
+        "the 3 daemons found in the registry, none has a reader of it");
+  CHECK(c.routeWarnings().empty());  // found daemons without readers are no ambiguous peers
+
+  // A single written peer without a list still takes the rest; found readers come first.
+  c.peers[0].streams.clear();
+  CHECK(c.routesFor("thumbs") == std::vector<std::string>{"archive"});
+  CHECK(c.routeIsImplicit("thumbs"));
+  CHECK(c.routesFor("cam0") == std::vector<std::string>{"insp-1", "insp-2"});
+
+  // At most kMaxRoutesPerStream found readers of one stream.
+  std::vector<fl::RegistryEntry> many;
+  for (int i = 0; i < 12; ++i) many.push_back(entry("r" + std::to_string(10 + i), {"wide"}));
+  CHECK(fl::withFoundPeers(c, many).routesFor("wide").size() == fl::kMaxRoutesPerStream);
+}
