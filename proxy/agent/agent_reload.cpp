@@ -44,40 +44,56 @@ void DataAgent::reconfigure(const Config& next) {
   inbound_.setLimits(inboundLimits(config_));
   // An attached producer's stream goes where the new routes send it, from
   // its next frame -- unless a frame of it is in flight, on the routes it had
-  // (then it keeps them until it attaches again; named once a stream).
+  // (then it keeps them until none is: retryReroutes; named once a stream).
   std::set<std::string> named;
   for (auto& [id, c] : clients_.all()) {
     if (c.session->role != FL_ROLE_PRODUCER) continue;
-    std::vector<std::string> had;
-    if (c.route != kNoPeer) had.push_back(peers_[c.route].name);
-    for (const auto& leg : c.more_routes) had.push_back(peers_[leg.peer].name);
-    const std::string& stream = c.session->stream;
-    const std::vector<std::string> now = config_.routesFor(stream);
-    if (now == had) continue;
-    const std::string none = now.empty() ? " (FL_ERR_NO_ROUTE unless a consumer of it is attached here: " +
-                                               config_.whyNoRoute(stream) + ")"
-                                         : "";
-    if (outbound_.reroute(c)) {
-      if (now.empty()) {
-        spdlog::warn(
-            "reload: stream '{}' is now routed to nowhere (was {}): producer client {}'s next frame goes "
-            "there{}",
-            stream, listed(had), id, none);
-      } else {
-        spdlog::info(
-            "reload: stream '{}' is now routed to {} (was {}): producer client {}'s next frame goes there",
-            stream, listed(now), listed(had), id);
-      }
-      continue;
-    }
-    if (!named.insert(stream).second) continue;
+    if (rerouteProducer(c, "reload")) continue;
+    reroute_waiting_.insert(id);
+    if (!named.insert(c.session->stream).second) continue;
     spdlog::warn(
         "reload: stream '{}' is now routed to {}; its producer (client {}) has frames in flight and keeps "
-        "sending "
-        "to {} until it attaches again{}",
-        stream, listed(now), id, listed(had), none);
+        "sending to {} until none is",
+        c.session->stream, listed(config_.routesFor(c.session->stream)), id, listed(routesOf(c)));
   }
   spdlog::debug("data agent: configuration reloaded ({} peers)", config_.peers.size());
+}
+
+std::vector<std::string> DataAgent::routesOf(const AgentClient& c) const {
+  std::vector<std::string> had;
+  if (c.route != kNoPeer) had.push_back(peers_[c.route].name);
+  for (const auto& leg : c.more_routes) had.push_back(peers_[leg.peer].name);
+  return had;
+}
+
+bool DataAgent::rerouteProducer(AgentClient& c, const char* why) {
+  const std::vector<std::string> had = routesOf(c);
+  const std::string& stream = c.session->stream;
+  const std::vector<std::string> now = config_.routesFor(stream);
+  if (now == had) return true;
+  if (!outbound_.reroute(c)) return false;
+  if (now.empty()) {
+    spdlog::warn(
+        "{}: stream '{}' is now routed to nowhere (was {}): producer client {}'s next frame goes there "
+        "(FL_ERR_NO_ROUTE "
+        "unless a consumer of it is attached here: {})",
+        why, stream, listed(had), c.session->id, config_.whyNoRoute(stream));
+  } else {
+    spdlog::info("{}: stream '{}' is now routed to {} (was {}): producer client {}'s next frame goes there",
+                 why, stream, listed(now), listed(had), c.session->id);
+  }
+  return true;
+}
+
+void DataAgent::retryReroutes() {
+  for (auto it = reroute_waiting_.begin(); it != reroute_waiting_.end();) {
+    AgentClient* c = clients_.find(*it);
+    if (c == nullptr || c->session->gone || rerouteProducer(*c, "reload")) {
+      it = reroute_waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace framelink

@@ -146,6 +146,7 @@ size_t DataAgent::doWork() {
     }
     cutOverdueSessions(now);
     checkDataPaths(now);
+    if (!reroute_waiting_.empty()) retryReroutes();
     next_deadline_check_ns_ = now + kDeadlineCheckNs;
     // Here, not on a timer of its own: a beat costs the busy loop nothing
     // more than this check, and it comes only from rounds that get this far.

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <variant>
@@ -271,6 +272,13 @@ class DataAgent {
   size_t forgetIdlePeers();
   // CmdReconfigure (agent_reload.cpp).
   void reconfigure(const Config& next);
+  // A producer's stream onto the routes the configuration gives it now,
+  // unless a frame of it is in flight (false); logged with `why`.
+  bool rerouteProducer(AgentClient& c, const char* why);
+  std::vector<std::string> routesOf(const AgentClient& c) const;
+  // The producers a reload could not reroute yet, tried again each deadline check.
+  void retryReroutes();
+  std::set<uint64_t> reroute_waiting_;
   // The inbound side's deadlines, from ack_timeout_ms and link_timeout_ms.
   static InboundLimits inboundLimits(const Config& config);
 
