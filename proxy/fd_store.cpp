@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <string>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace framelink {
 
@@ -40,9 +40,8 @@ std::vector<NamedFd> takeReexecFds() {
     start = end + 1;
     const size_t eq = item.find('=');
     int fd = -1;
-    if (eq == std::string::npos ||
-        std::from_chars(item.data(), item.data() + eq, fd).ec != std::errc{} || fd < 3 ||
-        ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+    if (eq == std::string::npos || std::from_chars(item.data(), item.data() + eq, fd).ec != std::errc{} ||
+        fd < 3 || ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
       spdlog::warn("hot restart: '{}' in {} is not a descriptor of this process: left out", item,
                    kInheritedFdsEnv);
       continue;
