@@ -250,13 +250,13 @@ class DaemonImpl final : public Daemon {
       address = host + ":" + std::to_string(grpcPort());
     }
     discovery_ =
-        std::make_unique<Discovery>(config_, RegistryEntry{config_.id, address, {}, instance}, metrics_,
-                                    [this](const std::vector<RegistryEntry>& found) { applyFound(found); });
+        std::make_unique<Discovery>(config_, RegistryEntry{config_.id, address, {}, {}, instance}, metrics_,
+                                    [this](const std::vector<FoundDaemon>& found) { applyFound(found); });
   }
 
   // The registry's daemons changed: they become this daemon's peers as a
   // reload's would, the written ones untouched.
-  void applyFound(const std::vector<RegistryEntry>& found) {
+  void applyFound(const std::vector<FoundDaemon>& found) {
     MutexLock lock(reload_mutex_);
     found_ = found;
     const std::shared_ptr<const Config> running = live_.get();
@@ -382,7 +382,7 @@ class DaemonImpl final : public Daemon {
   Mutex
       reload_mutex_;  // one reload at a time (SIGHUP on the main thread, admin requests on the attach thread)
   std::function<Result<Config>()> source_ FL_GUARDED_BY(reload_mutex_);
-  std::vector<RegistryEntry> found_ FL_GUARDED_BY(reload_mutex_);  // the registry's other daemons
+  std::vector<FoundDaemon> found_ FL_GUARDED_BY(reload_mutex_);  // the registry's other daemons
   std::unique_ptr<Discovery> discovery_;
   AgentHeartbeat heartbeat_;
   Metrics metrics_;

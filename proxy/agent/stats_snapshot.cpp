@@ -18,9 +18,10 @@ void DataAgent::publishStats() {
   AgentStats stats;
   Metrics::Gauges gauges;
   collectClientStats(stats, gauges);
-  std::sort(gauges.reader_streams.begin(), gauges.reader_streams.end());
-  gauges.reader_streams.erase(std::unique(gauges.reader_streams.begin(), gauges.reader_streams.end()),
-                              gauges.reader_streams.end());
+  for (auto* streams : {&gauges.reader_streams, &gauges.producer_streams}) {
+    std::sort(streams->begin(), streams->end());
+    streams->erase(std::unique(streams->begin(), streams->end()), streams->end());
+  }
   const transport::TransportCounters transport_totals = collectLinkStats(stats, gauges);
   gauges.pull_reads_in_flight = inbound_.readsInFlight();
   gauges.pull_reads_peak = inbound_.readsPeakPerLink();
@@ -61,7 +62,7 @@ void DataAgent::collectClientStats(AgentStats& stats, Metrics::Gauges& gauges) {
       Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;
       ++role.clients;
       role.slots += cs.slots;
-      if (!cs.producer) gauges.reader_streams.push_back(s.stream);
+      (cs.producer ? gauges.producer_streams : gauges.reader_streams).push_back(s.stream);
     }
     cs.frames = s.frames;
     cs.bytes = s.bytes;

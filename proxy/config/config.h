@@ -197,6 +197,7 @@ struct Config {
   std::string discovery_advertise;               // HOST:PORT peers dial; empty: link.listen
   uint32_t discovery_lease_ttl_s = 10;           // an entry outlives its daemon by this at most
   uint32_t discovery_poll_ms = 1000;             // how often the registry is read
+  uint32_t discovery_link_idle_s = 30;           // a found daemon's link no stream needs ends after this
 
   // [[peer]]
   std::vector<PeerConfig> peers;

@@ -31,17 +31,37 @@ std::string readersText(const std::vector<std::string>& readers) {
 
 }  // namespace
 
-Config withFoundPeers(Config config, const std::vector<RegistryEntry>& found) {
+bool needsLink(const RegistryEntry& self, const RegistryEntry& other) {
+  // Both sorted: one walk.
+  auto p = self.producers.begin();
+  auto r = other.readers.begin();
+  while (p != self.producers.end() && r != other.readers.end()) {
+    if (*p == *r) return true;
+    if (*p < *r) {
+      ++p;
+    } else {
+      ++r;
+    }
+  }
+  return false;
+}
+
+bool dialsFor(const RegistryEntry& self, const RegistryEntry& other) {
+  return !(needsLink(other, self) && other.id < self.id);
+}
+
+Config withFoundPeers(Config config, const std::vector<FoundDaemon>& found) {
   std::erase_if(config.peers, [](const PeerConfig& p) { return p.discovered; });
   const size_t written = config.peers.size();
-  for (const auto& e : found) {
+  for (const FoundDaemon& f : found) {
+    const RegistryEntry& e = f.entry;  // a name, not a binding: the lambda below captures it
     if (e.id == config.id) continue;
     const auto same = std::find_if(config.peers.begin(), config.peers.begin() + static_cast<long>(written),
                                    [&](const PeerConfig& p) { return p.name == e.id; });
     if (same != config.peers.begin() + static_cast<long>(written)) continue;
     PeerConfig p;
     p.name = e.id;
-    p.address = config.id < e.id ? e.address : "";
+    p.address = f.dial ? e.address : "";
     p.streams = e.readers;
     p.cert_name = config.tlsEnabled() ? e.id : "";
     p.discovered = true;
@@ -61,7 +81,7 @@ std::vector<std::string> foundChanges(const Config& before, const Config& after)
   for (const auto& p : after.peers) {
     if (!p.discovered) continue;
     const PeerConfig* was = find(before, p.name);
-    const std::string how = p.address.empty() ? "it dials this daemon" : "dialed at " + p.address;
+    const std::string how = p.address.empty() ? "not dialed from here" : "dialed at " + p.address;
     if (was == nullptr) {
       out.push_back(p.name + " found (" + how + "; " + readersText(p.streams) + ")");
     } else if (!(*was == p)) {
@@ -80,7 +100,8 @@ Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics,
       metrics_(metrics),
       found_(std::move(found)),
       poll_(config.discovery_poll_ms),
-      keepalive_every_(std::chrono::milliseconds(config.discovery_lease_ttl_s * 1000 / 3)) {
+      keepalive_every_(std::chrono::milliseconds(config.discovery_lease_ttl_s * 1000 / 3)),
+      link_idle_(config.discovery_link_idle_s) {
   spdlog::info("discovery: publishing '{}' at {} in etcd {} ({}daemons/), lease {} s", self_.id,
                self_.address, config.discovery_etcd, config.discovery_prefix, config.discovery_lease_ttl_s);
   thread_ = std::thread([this] { run(); });
@@ -117,6 +138,7 @@ void Discovery::run() {
 void Discovery::round() {
   RegistryEntry self = self_;
   self.readers = metrics_.readerStreams();
+  self.producers = metrics_.producerStreams();
   const auto now = std::chrono::steady_clock::now();
   if (published_ && now - kept_alive_ >= keepalive_every_) {
     if (Status kept = registry_.keepAlive(); !kept) {
@@ -150,11 +172,24 @@ void Discovery::round() {
     spdlog::warn("discovery: {} registry entries left out: {}", refused.size(), refused_now);
   }
   refused_before_ = std::move(refused_now);
-  std::vector<RegistryEntry> others;
+  std::vector<FoundDaemon> others;
+  std::map<std::string, std::chrono::steady_clock::time_point> needed;
   for (auto& e : *listed) {
-    if (e.id != self.id) others.push_back(std::move(e));
+    if (e.id == self.id) continue;
+    // Dialed while a stream needs it, and link_idle_s after: a producer that
+    // comes back soon finds its link up.
+    auto until = needed_until_.find(e.id);
+    if (needsLink(self, e) && dialsFor(self, e)) {
+      needed[e.id] = now + link_idle_;
+    } else if (until != needed_until_.end() && now < until->second && dialsFor(self, e)) {
+      needed[e.id] = until->second;
+    }
+    const bool dial = needed.count(e.id) != 0;
+    others.push_back(FoundDaemon{std::move(e), dial});
   }
-  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  needed_until_ = std::move(needed);
+  std::sort(others.begin(), others.end(),
+            [](const auto& a, const auto& b) { return a.entry.id < b.entry.id; });
   if (have_found_ && others == last_found_) return;
   have_found_ = true;
   last_found_ = others;

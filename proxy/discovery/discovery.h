@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,22 +26,36 @@ namespace framelink {
 
 class Metrics;
 
+// A daemon found in the registry, and whether this one links to it now.
+struct FoundDaemon {
+  RegistryEntry entry;
+  bool dial = false;
+  bool operator==(const FoundDaemon&) const = default;
+};
+
+// Whether this daemon (`self`, with the streams its clients read and write)
+// needs a link to `other`: it has a producer of a stream `other` reads.
+bool needsLink(const RegistryEntry& self, const RegistryEntry& other);
+// Whether it dials `other` when it needs a link: unless `other` needs one to
+// it too and dials (its id sorts first) -- one link per pair.
+bool dialsFor(const RegistryEntry& self, const RegistryEntry& other);
+
 // `config` with the daemons found in the registry as its peers beside the
 // written ones (PeerConfig::discovered; those found before are replaced).  A
-// written [[peer]] of the same id wins.  One link per pair of daemons: the
-// one whose id sorts first dials, the other takes the link it is dialed on
-// (its peer has no address).  Their streams are the readers they announced;
-// under TLS a found daemon's certificate must name its id.
-Config withFoundPeers(Config config, const std::vector<RegistryEntry>& found);
+// written [[peer]] of the same id wins.  Those it dials have their address;
+// the others none (a link they dial is taken).  Their streams are the readers
+// they announced; under TLS a found daemon's certificate must name its id.
+Config withFoundPeers(Config config, const std::vector<FoundDaemon>& found);
 // What changed between the found peers of two configurations, a line each:
 // "hostc found at 10.0.0.3:7700 (readers: cam0)", "hostd gone from the registry".
 std::vector<std::string> foundChanges(const Config& before, const Config& after);
 
 class Discovery {
  public:
-  using Found = std::function<void(const std::vector<RegistryEntry>& others)>;
-  // `self`: this daemon's entry but its readers, which come from `metrics`
-  // (Metrics::readerStreams) each round.
+  using Found = std::function<void(const std::vector<FoundDaemon>& others)>;
+  // `self`: this daemon's entry but its readers and producers, which come
+  // from `metrics` (Metrics::readerStreams, producerStreams) each round.  A
+  // link is dialed while a stream needs it and link_idle_s after (dialsFor).
   Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found);
   ~Discovery();
   Discovery(const Discovery&) = delete;
@@ -67,7 +82,9 @@ class Discovery {
   RegistryEntry published_entry_;
   bool answered_ = true;  // the registry answered the last request (no outage to report)
   bool have_found_ = false;
-  std::vector<RegistryEntry> last_found_;
+  std::vector<FoundDaemon> last_found_;
+  const std::chrono::seconds link_idle_;
+  std::map<std::string, std::chrono::steady_clock::time_point> needed_until_;  // by id, while dialed
   std::string refused_before_;  // what the last list refused, logged when it changes
 
   std::mutex mutex_;

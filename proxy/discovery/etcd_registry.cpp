@@ -67,6 +67,7 @@ std::string formatEntry(const RegistryEntry& entry) {
   return json{{"id", entry.id},
               {"address", entry.address},
               {"readers", entry.readers},
+              {"producers", entry.producers},
               {"instance", std::to_string(entry.instance)}}
       .dump();
 }
@@ -80,6 +81,7 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
     e.id = j.at("id").get<std::string>();
     e.address = j.at("address").get<std::string>();
     for (const auto& r : j.value("readers", json::array())) e.readers.push_back(r.get<std::string>());
+    for (const auto& p : j.value("producers", json::array())) e.producers.push_back(p.get<std::string>());
     e.instance = static_cast<uint64_t>(jsonInt(j, "instance"));
   } catch (const json::exception& ex) {
     return makeError(FL_ERR_PROTOCOL, std::string("a field is missing or of the wrong type: ") + ex.what());
@@ -92,11 +94,17 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
   if (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size()) {
     return makeError(FL_ERR_PROTOCOL, "address '" + e.address + "' is not HOST:PORT");
   }
-  for (const auto& r : e.readers) {
-    if (auto st = checkStreamName(r, "a reader's stream", false); !st) return st.error();
+  for (auto* streams : {&e.readers, &e.producers}) {
+    for (const auto& name : *streams) {
+      if (auto st = checkStreamName(name, streams == &e.readers ? "a reader's stream" : "a producer's stream",
+                                    false);
+          !st) {
+        return st.error();
+      }
+    }
+    std::sort(streams->begin(), streams->end());
+    streams->erase(std::unique(streams->begin(), streams->end()), streams->end());
   }
-  std::sort(e.readers.begin(), e.readers.end());
-  e.readers.erase(std::unique(e.readers.begin(), e.readers.end()), e.readers.end());
   return e;
 }
 

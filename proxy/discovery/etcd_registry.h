@@ -5,7 +5,7 @@
 // (/v3/..., keys and values base64), which Debian's etcd-server 3.4 serves
 // on its client port: one HTTP request each, no etcd client library.
 //
-// Keys: PREFIX daemons/ID -> {"id", "address", "readers", "instance"}.
+// Keys: PREFIX daemons/ID -> {"id", "address", "readers", "producers", "instance"}.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +18,10 @@ namespace framelink {
 
 struct RegistryEntry {
   std::string id;
-  std::string address;               // HOST:PORT of its gRPC listener
-  std::vector<std::string> readers;  // the streams consumers attached to it read, sorted
-  uint64_t instance = 0;             // which run of the daemon published it
+  std::string address;                 // HOST:PORT of its gRPC listener
+  std::vector<std::string> readers;    // the streams consumers attached to it read, sorted
+  std::vector<std::string> producers;  // the streams producers attached to it write, sorted
+  uint64_t instance = 0;               // which run of the daemon published it
   bool operator==(const RegistryEntry&) const = default;
 };
 

@@ -145,16 +145,18 @@ class Metrics {
     std::vector<LinkGauge> links;
     RoleGauge producers;
     RoleGauge consumers;
-    uint64_t frames_in_flight = 0;            // producers' frames submitted and not yet DELIVERED or FAILED
-    uint64_t frames_held = 0;                 // delivered to local consumers, not yet released
-    uint64_t pull_reads_in_flight = 0;        // pull: reads of peers' offers posted, not yet complete
-    uint64_t pull_reads_peak = 0;             // pull: the most one link ever had in flight at once
-    uint64_t slots_fenced = 0;                // rdma: slots held back until a peer's window into them shut
-    std::vector<std::string> reader_streams;  // sorted, once each: the streams consumers here read
+    uint64_t frames_in_flight = 0;              // producers' frames submitted and not yet DELIVERED or FAILED
+    uint64_t frames_held = 0;                   // delivered to local consumers, not yet released
+    uint64_t pull_reads_in_flight = 0;          // pull: reads of peers' offers posted, not yet complete
+    uint64_t pull_reads_peak = 0;               // pull: the most one link ever had in flight at once
+    uint64_t slots_fenced = 0;                  // rdma: slots held back until a peer's window into them shut
+    std::vector<std::string> reader_streams;    // sorted, once each: the streams consumers here read
+    std::vector<std::string> producer_streams;  // and those producers here write
   };
   void setGauges(Gauges gauges);
   // Gauges::reader_streams as the agent published them last (the registry announces them).
   std::vector<std::string> readerStreams() const;
+  std::vector<std::string> producerStreams() const;
   // What the links' transports did, summed over every link the agent had
   // (closed ones included, so the totals never go down), from the agent.
   void setTransportCounters(const transport::TransportCounters& totals);

@@ -86,6 +86,11 @@ std::vector<std::string> Metrics::readerStreams() const {
   return gauges_.reader_streams;
 }
 
+std::vector<std::string> Metrics::producerStreams() const {
+  MutexLock lock(detail_mutex_);
+  return gauges_.producer_streams;
+}
+
 void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
   MutexLock lock(detail_mutex_);
   transport_ = totals;

@@ -94,7 +94,8 @@ DaemonProcess::Options fleetMember(const std::string& id, const Etcd& etcd) {
   o.id = id;
   o.token = "fleet-secret";
   o.transports = "tcp";
-  o.extra_args = {"--etcd", etcd.url(), "--poll-ms", "200", "--lease-ttl-s", "3", "--metrics", "127.0.0.1:0"};
+  o.extra_args = {"--etcd", etcd.url(),      "--poll-ms", "200",       "--lease-ttl-s",
+                  "3",      "--link-idle-s", "2",         "--metrics", "127.0.0.1:0"};
   return o;
 }
 
@@ -113,35 +114,38 @@ void sendOne(fl_client* producer, fl_client* consumer, uint64_t id) {
 
 }  // namespace
 
-TEST_CASE("discovery: daemons with no [[peer]] find each other in etcd and frames go where their readers are",
-          "[integration][discovery]") {
+TEST_CASE(
+    "discovery: daemons with no [[peer]] find each other in etcd; links and frames go where readers are",
+    "[integration][discovery]") {
   Etcd etcd;
   DaemonProcess a(fleetMember("disc-a", etcd));
   DaemonProcess b(fleetMember("disc-b", etcd));
   DaemonProcess c(fleetMember("disc-c", etcd));
-  // Each finds the other two; one link per pair (the id that sorts first dials).
+  // Each finds the other two, and links to none: no stream needs it.
   for (DaemonProcess* d : {&a, &b, &c}) {
     INFO(d->id());
     CHECK(waitForMetric(*d, "framelink_discovery_peers", 2) == 2);
-    CHECK(waitForMetric(*d, "framelink_links_up", 2) == 2);
     CHECK(d->metric("framelink_discovery_registry_up") == 1);
+    CHECK(d->metric("framelink_links_up") == 0);
   }
-  CHECK(a.waitForLog("discovery: disc-c found (dialed at", Millis(1000)));
-  CHECK(c.waitForLog("discovery: disc-a found (it dials this daemon", Millis(1000)));
+  CHECK(a.waitForLog("discovery: disc-c found (not dialed from here; no readers)", Millis(1000)));
 
-  // A reader on C: A learns it from the registry and routes the stream there.
+  // A reader on C, then a producer of its stream on A: A dials C and the frames go there.
   Client on_c = attachConsumer(c, "inspect", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: inspect)", Millis(10000)));
+  Client producer = attachProducer(a, "inspect", 4, 256 * 1024);
   REQUIRE(a.waitForLog(
       "disc-c changed (dialed at 127.0.0.1:" + std::to_string(c.grpcPort()) + "; readers: inspect)",
       Millis(10000)));
-  Client producer = attachProducer(a, "inspect", 4, 256 * 1024);
   for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_c.get(), id);
+  CHECK(a.metric("framelink_links_up") == 1);
+  CHECK(b.metric("framelink_links_up") == 0);
 
-  // A second host reads it too: each frame goes to both (B is dialed by A).
+  // A second host reads it too: A dials B as well, and each frame goes to both.
   Client on_b = attachConsumer(b, "inspect", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("readers: inspect)", Millis(10000)));
-  REQUIRE(waitUntil([&] { return a.log().find("disc-b changed (dialed at") != std::string::npos; },
-                    Millis(10000)));
+  REQUIRE(a.waitForLog(
+      "disc-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) + "; readers: inspect)",
+      Millis(10000)));
   REQUIRE(a.waitForLog("is now routed to disc-b, disc-c", Millis(10000)));
   for (uint64_t id = 4; id <= 6; ++id) {
     submitFrame(producer.get(), id, 4096, true);
@@ -154,7 +158,13 @@ TEST_CASE("discovery: daemons with no [[peer]] find each other in etcd and frame
     REQUIRE(done.size() == 1);
     CHECK(done[0].status == FL_OK);
   }
-  CHECK(a.metric("framelink_links_up") == 2);  // no link more for it
+  CHECK(waitForMetric(a, "framelink_links_up", 2) == 2);
+  CHECK(b.metric("framelink_links_up") == 1);  // the link A dialed, no second one B-C
+
+  // The producer leaves: its links end link_idle_s (2 s) later.
+  producer.reset();
+  CHECK(a.waitForLog("disc-c changed (not dialed from here; readers: inspect)", Millis(15000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 0; }, Millis(10000), Millis(100)));
 }
 
 TEST_CASE(
@@ -164,17 +174,18 @@ TEST_CASE(
   Etcd etcd;
   DaemonProcess a(fleetMember("disc-a", etcd));
   DaemonProcess b(fleetMember("disc-b", etcd));
-  REQUIRE(waitForMetric(a, "framelink_links_up", 1) == 1);
-  // "ghost" sorts after disc-a, which dials it -- at B's address, where disc-b answers.
+  REQUIRE(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
+  // "ghost" reads what a producer on A writes: A dials it -- at B's address, where disc-b answers.
   etcd.put("/framelink/daemons/ghost",
-           R"({"id":"ghost","address":")" + b.grpcAddress() + R"(","readers":[],"instance":"1"})");
+           R"({"id":"ghost","address":")" + b.grpcAddress() + R"(","readers":["to-ghost"],"instance":"1"})");
+  Client to_ghost = attachProducer(a, "to-ghost", 4, 256 * 1024);
   etcd.put("/framelink/daemons/junk", "not json at all");
   CHECK(waitForMetric(a, "framelink_discovery_entries_refused_total", 1) >= 1);
   CHECK(a.waitForLog("the registry's entry for 'ghost' points at " + b.grpcAddress() +
                          ", where daemon 'disc-b' answers: not linked",
                      Millis(10000)));
   CHECK(a.waitForLog("registry entries left out: /framelink/daemons/junk: not a JSON object", Millis(10000)));
-  CHECK(a.metric("framelink_links_up") == 1);  // B's one link, not a second for "ghost"
+  CHECK(a.metric("framelink_links_up") == 0);  // none for "ghost"
   Client consumer = attachConsumer(b, "after-ghost", 4, 256 * 1024);
   REQUIRE(a.waitForLog("readers: after-ghost)", Millis(10000)));
   Client producer = attachProducer(a, "after-ghost", 4, 256 * 1024);

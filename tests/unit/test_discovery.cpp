@@ -22,15 +22,21 @@ fl::PeerConfig written(const std::string& name, std::vector<std::string> streams
   return p;
 }
 
-fl::RegistryEntry entry(const std::string& id, std::vector<std::string> readers = {}) {
-  return fl::RegistryEntry{id, id + ".example:7700", std::move(readers), 7};
+fl::RegistryEntry entry(const std::string& id, std::vector<std::string> readers = {},
+                        std::vector<std::string> producers = {}) {
+  return fl::RegistryEntry{id, id + ".example:7700", std::move(readers), std::move(producers), 7};
+}
+
+// Found, and dialed or not.
+fl::FoundDaemon found(const std::string& id, std::vector<std::string> readers = {}, bool dial = false) {
+  return fl::FoundDaemon{entry(id, std::move(readers)), dial};
 }
 
 }  // namespace
 
 TEST_CASE("discovery: an entry goes to JSON and back; one that is malformed or names another id is refused",
           "[discovery]") {
-  const fl::RegistryEntry e{"line-3", "10.0.0.3:7700", {"cam0", "thumbs"}, 1234};
+  const fl::RegistryEntry e{"line-3", "10.0.0.3:7700", {"cam0", "thumbs"}, {"raw"}, 1234};
   auto back = fl::parseEntry("line-3", fl::formatEntry(e));
   REQUIRE(back.ok());
   CHECK(back.value() == e);
@@ -47,40 +53,61 @@ TEST_CASE("discovery: an entry goes to JSON and back; one that is malformed or n
   CHECK(refused("bad id", R"({"id":"bad id","address":"h:1"})").find("its id") != std::string::npos);
   CHECK(refused("line-3", R"({"id":"line-3","address":"h:1","readers":["no spaces"]})")
             .find("a reader's stream") != std::string::npos);
+  CHECK(refused("line-3", R"({"id":"line-3","address":"h:1","producers":["a/b"]})")
+            .find("a producer's stream") != std::string::npos);
   CHECK(refused("line-3", std::string(70000, ' ')) == "entry larger than 64 KiB");
 }
 
-TEST_CASE("discovery: found daemons become peers beside the written ones, one dialer per pair",
+TEST_CASE(
+    "discovery: a link is needed where a producer here writes a stream a found daemon reads; one per pair",
+    "[discovery]") {
+  const fl::RegistryEntry cam = entry("cam-1", {}, {"raw", "thumbs"});
+  const fl::RegistryEntry insp = entry("insp-1", {"raw"});
+  const fl::RegistryEntry idle = entry("idle-1");
+  CHECK(fl::needsLink(cam, insp));
+  CHECK_FALSE(fl::needsLink(insp, cam));
+  CHECK_FALSE(fl::needsLink(cam, idle));
+  CHECK(fl::dialsFor(cam, insp));
+  // Each writes what the other reads: the one whose id sorts first dials, the other does not.
+  const fl::RegistryEntry a = entry("a", {"back"}, {"forth"});
+  const fl::RegistryEntry b = entry("b", {"forth"}, {"back"});
+  CHECK(fl::needsLink(a, b));
+  CHECK(fl::needsLink(b, a));
+  CHECK(fl::dialsFor(a, b));
+  CHECK_FALSE(fl::dialsFor(b, a));
+}
+
+TEST_CASE("discovery: found daemons become peers beside the written ones; those dialed have their address",
           "[discovery]") {
   fl::Config c;
   c.id = "host-m";
   c.peers = {written("host-a", {"cam0"})};
-  const fl::Config found = fl::withFoundPeers(
-      c, {entry("host-a", {"x"}), entry("host-b", {"cam1"}), entry("host-z"), entry("host-m")});
-  REQUIRE(found.peers.size() == 3);
-  CHECK(found.peers[0] == c.peers[0]);  // the written one wins over its entry
-  const fl::PeerConfig& b = found.peers[1];
+  const fl::Config with = fl::withFoundPeers(c, {found("host-a", {"x"}, true), found("host-b", {"cam1"}),
+                                                 found("host-z", {}, true), found("host-m")});
+  REQUIRE(with.peers.size() == 3);
+  CHECK(with.peers[0] == c.peers[0]);  // the written one wins over its entry
+  const fl::PeerConfig& b = with.peers[1];
   CHECK(b.name == "host-b");
   CHECK(b.discovered);
-  CHECK(b.address.empty());  // host-b sorts first: it dials host-m
+  CHECK(b.address.empty());  // not dialed: no producer here writes what it reads
   CHECK(b.streams == std::vector<std::string>{"cam1"});
   CHECK(b.cert_name.empty());  // without TLS
-  const fl::PeerConfig& z = found.peers[2];
-  CHECK(z.address == "host-z.example:7700");  // host-m sorts first: it dials
+  CHECK(with.peers[2].address == "host-z.example:7700");
 
   // Found again: the earlier finds are replaced, not added to.
-  const fl::Config again = fl::withFoundPeers(found, {entry("host-z", {"cam1"})});
+  const fl::Config again = fl::withFoundPeers(with, {found("host-z", {"cam1"}, true)});
   REQUIRE(again.peers.size() == 2);
   CHECK(again.peers[1].streams == std::vector<std::string>{"cam1"});
-  const auto changes = fl::foundChanges(found, again);
+  const auto changes = fl::foundChanges(with, again);
   REQUIRE(changes.size() == 2);
   CHECK(changes[0] == "host-z changed (dialed at host-z.example:7700; readers: cam1)");
   CHECK(changes[1] == "host-b gone from the registry");
   CHECK(fl::foundChanges(again, again).empty());
+  CHECK(fl::foundChanges(c, with)[0] == "host-b found (not dialed from here; readers: cam1)");
 
   // Under TLS a found daemon's certificate must name its id.
   c.tls_cert_file = "/etc/framelink/host.pem";
-  CHECK(fl::withFoundPeers(c, {entry("host-z")}).peers[1].cert_name == "host-z");
+  CHECK(fl::withFoundPeers(c, {found("host-z")}).peers[1].cert_name == "host-z");
 }
 
 TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a written peer takes it",
@@ -89,7 +116,7 @@ TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a 
   c.id = "producer";
   c.discovery_etcd = "http://etcd:2379";
   c.peers = {written("archive", {"raw"})};
-  c = fl::withFoundPeers(c, {entry("insp-1", {"cam0", "raw"}), entry("insp-2", {"cam0"}), entry("idle")});
+  c = fl::withFoundPeers(c, {found("insp-1", {"cam0", "raw"}), found("insp-2", {"cam0"}), found("idle")});
   CHECK(c.routesFor("cam0") == std::vector<std::string>{"insp-1", "insp-2"});
   CHECK_FALSE(c.routeIsImplicit("cam0"));
   CHECK(c.routesFor("raw") == std::vector<std::string>{"archive"});  // written routes override
@@ -106,7 +133,7 @@ TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a 
   CHECK(c.routesFor("cam0") == std::vector<std::string>{"insp-1", "insp-2"});
 
   // At most kMaxRoutesPerStream found readers of one stream.
-  std::vector<fl::RegistryEntry> many;
-  for (int i = 0; i < 12; ++i) many.push_back(entry("r" + std::to_string(10 + i), {"wide"}));
+  std::vector<fl::FoundDaemon> many;
+  for (int i = 0; i < 12; ++i) many.push_back(found("r" + std::to_string(10 + i), {"wide"}));
   CHECK(fl::withFoundPeers(c, many).routesFor("wide").size() == fl::kMaxRoutesPerStream);
 }
