@@ -126,7 +126,12 @@ void Discovery::run() {
     lock.unlock();
     round();
     lock.lock();
-    wake_.wait_for(lock, poll_, [this] { return stopping_; });
+    // Awake for the next of: the lease's keep-alive (a third of its TTL, however long poll_ms is)
+    // and the next read of the registry.
+    // After a failure, not before retry_at_: a registry that does not answer is not hammered.
+    const auto now = std::chrono::steady_clock::now();
+    const auto next = published_ ? std::min(next_list_, kept_alive_ + keepalive_every_) : now + poll_;
+    wake_.wait_until(lock, std::max({next, now, retry_at_}), [this] { return stopping_; });
   }
   if (withdraw_) {
     lock.unlock();
@@ -157,6 +162,8 @@ void Discovery::round() {
     published_entry_ = self;
     kept_alive_ = now;
   }
+  if (now < next_list_ && answered_) return;
+  next_list_ = now + poll_;
   std::vector<std::string> refused;
   auto listed = registry_.list(refused);
   if (!listed) return registryFailed("reading the registry", listed.error());
@@ -197,6 +204,8 @@ void Discovery::round() {
 }
 
 void Discovery::registryFailed(const std::string& what, const Error& error) {
+  retry_at_ =
+      std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(poll_, std::chrono::seconds(1));
   metrics_.counters.discovery_registry_errors.fetch_add(1, std::memory_order_relaxed);
   metrics_.counters.discovery_registry_up.store(0, std::memory_order_relaxed);
   if (answered_) {

@@ -78,6 +78,8 @@ class Discovery {
   const std::chrono::milliseconds poll_;
   const std::chrono::milliseconds keepalive_every_;
   std::chrono::steady_clock::time_point kept_alive_{};
+  std::chrono::steady_clock::time_point next_list_{};  // the next read of the registry
+  std::chrono::steady_clock::time_point retry_at_{};   // after a failed request: the next one
   bool published_ = false;
   RegistryEntry published_entry_;
   bool answered_ = true;  // the registry answered the last request (no outage to report)
