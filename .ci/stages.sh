@@ -24,10 +24,11 @@ declare -A summary_pattern=(
   ["service guest"]='^SERVICE GUEST:'
   [house]='^HOUSE (PASSED|FAILED)'
   ["previous release"]='^PREVIOUS RELEASE:'
+  [fleet]='^FLEET:'
 )
 # The stages whose summaries make the closing line, in this order.
 summary_order=(tests simulation "asan+ubsan tests" "tsan tests" fuzz tidy soft-roce "service guest"
-  "container image" "previous release" house)
+  "container image" fleet "previous release" house)
 
 slug() { local s=${1// /-}; echo "${s//+/}"; }
 now() { echo $((SECONDS - start_all)); }

@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# A fleet on one machine: N framelinkd (64 by default), each in a network namespace of its own on
+# one bridge, with no [[peer]] at all -- they find each other in a real etcd (Debian's
+# etcd-server) and link only where a stream needs it.  Then, every frame verified:
+#   1. converge   every daemon finds the N-1 others (its framelink_discovery_peers)
+#   2. fan-out    a producer on host 1 reaches readers on 8 other hosts: four with a subscriber,
+#                 four with a queue group of two consumers (each frame to one of the two)
+#   3. replace    a reader host is killed and a new one, with a new address, starts: it is found
+#                 and its reader gets frames of the running stream
+#   4. etcd down  etcd is killed mid-stream: delivery goes on
+# The figures (time to converge, memory, threads and descriptors per daemon, links held, the idle
+# fleet's CPU) are printed as a benchmark, never asserted against a time.  Needs root (ip netns).
+# The last line is "FLEET: PASSED ..." or "FLEET: FAILED ...".
+#
+#   tests/fleet/run-fleet.sh [--daemons N] [--poll-ms MS] [--build DIR] [--keep]
+#     --poll-ms  how often each daemon reads the registry (default 1000, the daemon's own default)
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${FRAMELINK_BUILD_DIR:-$root/build}
+n=64
+poll_ms=1000
+keep=0
+while (($#)); do
+  case "$1" in
+    --daemons) n=$2; shift 2 ;;
+    --poll-ms) poll_ms=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+    *) echo "fleet: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+daemon=$build/proxy/framelinkd
+cli=$build/client/cli/framelink
+fail() {
+  echo "FLEET: FAILED -- $*"
+  exit 1
+}
+((n >= 10)) || fail "--daemons must be at least 10 (a producer, 8 reader hosts and a spare)"
+[[ $(id -u) == 0 ]] || fail "needs root for ip netns (run as root, as CI does)"
+[[ -x $daemon && -x $cli ]] || fail "no $daemon or $cli: build first (cmake --build $build)"
+command -v etcd >/dev/null || fail "no etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fl-fleet.XXXXXX")
+tag=fl$$ # names of this run's namespaces and links: two runs do not meet
+bridge=${tag}br
+etcd_ip=10.88.0.1
+etcd_url=http://$etcd_ip:2379
+start_ns=$(date +%s%N)
+log() { printf '[fleet %6.1fs] %s\n' "$(awk -v s="$start_ns" -v e="$(date +%s%N)" 'BEGIN{print (e-s)/1e9}')" "$*"; }
+declare -A daemon_pid=() # host index -> pid
+declare -A host_ip=()    # host index -> its address
+pids=()
+etcd_pid=""
+
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${daemon_pid[@]}"; do kill "$p" 2>/dev/null; done
+  [[ -n $etcd_pid ]] && kill "$etcd_pid" 2>/dev/null
+  sleep 0.5
+  for p in "${pids[@]}" "${daemon_pid[@]}" $etcd_pid; do kill -9 "$p" 2>/dev/null; done
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${tag}-"); do ip netns delete "$ns"; done
+  ip link delete "$bridge" 2>/dev/null
+  ((keep)) && echo "fleet: work dir kept: $work" || rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---- the network: a bridge, one namespace per host (10.88.1.I, or 10.88.2.I for a replacement)
+ip link add "$bridge" type bridge || fail "cannot create a bridge"
+ip addr add $etcd_ip/16 dev "$bridge"
+ip link set "$bridge" up
+add_host() { # INDEX IP
+  local ns=$tag-$1
+  ip netns add "$ns" || return 1
+  ip link add "${tag}h$1" type veth peer name eth0 netns "$ns" || return 1
+  ip link set "${tag}h$1" master "$bridge" up
+  ip -n "$ns" addr add "$2/16" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+}
+
+# ---- etcd, in the root namespace on the bridge's address
+start_etcd() {
+  etcd --name fleet --data-dir "$work/etcd" --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
+    --listen-peer-urls http://$etcd_ip:2380 --initial-advertise-peer-urls http://$etcd_ip:2380 \
+    --initial-cluster fleet=http://$etcd_ip:2380 --log-level warn >>"$work/etcd.log" 2>&1 &
+  etcd_pid=$!
+  local _
+  for _ in $(seq 100); do
+    python3 -c "import urllib.request as u; u.urlopen(u.Request('$etcd_url/v3/kv/range', b'{\"key\":\"Lw==\"}'), timeout=1)" \
+      2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+start_etcd || fail "etcd did not start (see $work/etcd.log)"
+
+# ---- the daemons
+start_daemon() { # INDEX IP
+  local i=$1 dir=$work/h$1
+  mkdir -p "$dir"
+  ip netns exec "$tag-$i" "$daemon" --id "host-$i" --socket "$dir/sock" --ready-file "$dir/ready" \
+    --listen "$2:7700" --data-listen "$2:7701" --token fleet-token --transports tcp --hugepages off \
+    --etcd "$etcd_url" --poll-ms "$poll_ms" --lease-ttl-s 4 --link-idle-s 10 --ack-timeout-ms 5000 \
+    --credit-timeout-ms 5000 --metrics "$2:9464" --log-level info >"$dir/log" 2>&1 &
+  daemon_pid[$i]=$!
+  host_ip[$i]=$2
+}
+wait_ready() { # INDEX
+  local _
+  for _ in $(seq 300); do
+    [[ -s $work/h$1/ready ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# metric NAME I...: "I VALUE" for each host, from its /metrics on its own address (the bridge
+# reaches every namespace); VALUE is empty when the host did not answer.
+metric() {
+  local name=$1 i
+  shift
+  for i in "$@"; do echo "$i ${host_ip[$i]}"; done | python3 -c '
+import sys, urllib.request
+name = sys.argv[1]
+for line in sys.stdin:
+    i, ip = line.split()
+    value = ""
+    try:
+        text = urllib.request.urlopen("http://%s:9464/metrics" % ip, timeout=2).read().decode()
+        for row in text.splitlines():
+            if row.startswith(name + " "):
+                value = str(int(float(row.split()[1])))
+    except Exception:
+        pass
+    print(i, value)
+' "framelink_$name"
+}
+counter() { metric "$2" "$1" | awk '{print $2}'; }
+
+log "starting etcd and $n daemons, each in its own network namespace on bridge $bridge"
+t0=$(date +%s%N)
+for i in $(seq "$n"); do
+  add_host "$i" "10.88.1.$i" || fail "cannot create namespace $i"
+  start_daemon "$i" "10.88.1.$i"
+done
+for i in $(seq "$n"); do wait_ready "$i" || fail "host-$i did not get ready: $(tail -3 "$work/h$i/log")"; done
+t_ready=$(date +%s%N)
+log "$n daemons ready in $(((t_ready - t0) / 1000000)) ms"
+
+# 1. converge
+converged=0
+for _ in $(seq 600); do
+  converged=$(metric discovery_peers $(seq "$n") | awk -v want=$((n - 1)) '$2 == want' | wc -l)
+  ((converged == n)) && break
+  sleep 0.5
+done
+t_conv=$(date +%s%N)
+((converged == n)) || fail "only $converged of $n daemons found the $((n - 1)) others"
+converge_ms=$(((t_conv - t_ready) / 1000000))
+log "every daemon found the $((n - 1)) others $converge_ms ms after the last was ready"
+
+# The idle fleet: links, memory, threads, descriptors, CPU over 10 s.
+figures() { # -> "rss_kb threads fds" summed over the daemons
+  local rss=0 thr=0 fds=0 p
+  for p in "${daemon_pid[@]}"; do
+    rss=$((rss + $(awk '/^VmRSS/{print $2}' "/proc/$p/status")))
+    thr=$((thr + $(awk '/^Threads/{print $2}' "/proc/$p/status")))
+    fds=$((fds + $(ls "/proc/$p/fd" | wc -l)))
+  done
+  echo "$rss $thr $fds"
+}
+cpu_ticks() {
+  local sum=0 p
+  for p in "${daemon_pid[@]}"; do sum=$((sum + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$sum"
+}
+links_total() { metric links_up "$@" | awk '{s += $2} END {print s + 0}'; }
+idle_links=$(links_total $(seq "$n"))
+c0=$(cpu_ticks)
+sleep 10
+c1=$(cpu_ticks)
+hz=$(getconf CLK_TCK)
+idle_cpu=$(awk -v t=$((c1 - c0)) -v hz="$hz" 'BEGIN{printf "%.2f", t / hz / 10 * 100}')
+read -r rss threads fds < <(figures)
+log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together; per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
+
+# 2. fan-out: hosts 2-5 one subscriber each, hosts 6-9 a queue group of two
+frames=200
+for i in 2 3 4 5; do
+  "$cli" recv --socket "$work/h$i/sock" --stream fleet --subscribe --count $frames --verify --expect-order \
+    --timeout-ms 30000 --json >"$work/recv-$i" 2>&1 &
+  pids+=($!)
+done
+for i in 6 7 8 9; do
+  for m in a b; do
+    "$cli" recv --socket "$work/h$i/sock" --stream fleet --verify --timeout-ms 8000 --json >"$work/recv-$i$m" 2>&1 &
+    pids+=($!)
+  done
+done
+# the readers reach host 1 through the registry (each host publishes them within a second)
+for _ in $(seq 100); do
+  grep -q 'is now routed to\|readers: fleet' "$work/h1/log" && [[ $(grep -c 'readers: fleet)' "$work/h1/log") -ge 8 ]] && break
+  sleep 0.2
+done
+t_send=$(date +%s%N)
+"$cli" send --socket "$work/h1/sock" --stream fleet --count $frames --size 64K --rate 100 --json >"$work/send" 2>&1
+send_rc=$?
+t_sent=$(date +%s%N)
+wait "${pids[@]}" 2>/dev/null
+pids=()
+num() { grep -o "\"$2\":[0-9]*" "$1" | tail -1 | cut -d: -f2; }
+why=""
+[[ $send_rc == 0 && $(num "$work/send" delivered) == "$frames" ]] ||
+  why+="producer: $(grep '^{' "$work/send" | tail -1); "
+for i in 2 3 4 5; do
+  [[ $(num "$work/recv-$i" received) == "$frames" && $(num "$work/recv-$i" bad) == 0 ]] ||
+    why+="subscriber on host-$i: $(tail -1 "$work/recv-$i"); "
+done
+for i in 6 7 8 9; do
+  got=$(($(num "$work/recv-${i}a" received) + $(num "$work/recv-${i}b" received)))
+  bad=$(($(num "$work/recv-${i}a" bad) + $(num "$work/recv-${i}b" bad)))
+  ((got == frames && bad == 0)) || why+="queue group on host-$i: $got frames, $bad bad; "
+done
+[[ -z $why ]] || fail "fan-out: ${why%; }"
+fan_links=$(counter 1 links_up)
+log "fan-out: $frames frames of 64 KiB from host-1 to 8 hosts (4 subscribers, 4 queue groups of 2), every one verified, in $(((t_sent - t_send) / 1000000)) ms; host-1 holds $fan_links links"
+
+# 3. replace: host-9 dies, host-$((n + 1)) comes at a new address with a reader; the stream runs on
+"$cli" send --socket "$work/h1/sock" --stream fleet2 --count 0 --size 16K --rate 50 --json >"$work/send2" 2>&1 &
+send2=$!
+"$cli" recv --socket "$work/h2/sock" --stream fleet2 --subscribe --verify --timeout-ms 30000 --json >"$work/recv2-2" 2>&1 &
+pids+=($!)
+sleep 2
+kill -9 "${daemon_pid[9]}"
+unset 'daemon_pid[9]'
+ip netns delete "$tag-9"
+new=$((n + 1))
+add_host "$new" "10.88.2.1" || fail "cannot create the replacement's namespace"
+t_new=$(date +%s%N)
+start_daemon "$new" "10.88.2.1"
+wait_ready "$new" || fail "the replacement did not get ready"
+# (it keeps reading: a reader host whose last reader left would hold the stream's frames until
+# credit_timeout_ms, as a written route to a host without readers does)
+"$cli" recv --socket "$work/h$new/sock" --stream fleet2 --subscribe --verify --timeout-ms 30000 --json \
+  >"$work/recv2-new" 2>&1 &
+pids+=($!)
+got=0
+for _ in $(seq 300); do
+  got=$(counter "$new" frames_received_total)
+  ((${got:-0} >= 20)) && break
+  sleep 0.1
+done
+t_got=$(date +%s%N)
+((${got:-0} >= 20)) || fail "replace: the new host's reader got ${got:-0} frames in 30 s: $(tail -2 "$work/recv2-new")"
+replace_ms=$(((t_got - t_new) / 1000000))
+log "replace: host-9 killed; host-$new at 10.88.2.1 started, found, and its reader had 20 frames $replace_ms ms after its start"
+
+# 4. etcd down mid-stream: the running stream goes on
+before=$(counter 2 frames_received_total)
+kill -9 "$etcd_pid"
+etcd_pid=""
+sleep 5
+after=$(counter 2 frames_received_total)
+((after > before + 50)) || fail "etcd down: host-2 received $((after - before)) frames in 5 s (the stream stopped)"
+up=$(counter 1 discovery_registry_up)
+log "etcd down: host-2 received $((after - before)) frames in 5 s; host-1's discovery_registry_up = $up"
+kill -INT "$send2" 2>/dev/null
+wait "$send2" 2>/dev/null
+for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null; done
+wait "${pids[@]}" 2>/dev/null
+pids=()
+for f in "$work/recv2-2" "$work/recv2-new"; do
+  [[ $(num "$f" bad) == 0 ]] || fail "a reader of the replaced host's stream found bad frames: $(tail -2 "$f")"
+done
+
+echo
+echo "fleet of $n daemons (tcp, one network namespace each, etcd 3.4 registry), one machine of $(nproc) CPUs"
+echo
+echo "| figure | value |"
+echo "|---|---|"
+echo "| daemons ready (start of all) | $(((t_ready - t0) / 1000000)) ms |"
+echo "| every daemon found the $((n - 1)) others | $converge_ms ms after the last was ready |"
+echo "| links held, idle fleet | $idle_links |"
+echo "| CPU of all $n idle daemons | ${idle_cpu} % of one core |"
+echo "| per idle daemon | $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors |"
+echo "| links held by the producer's daemon, 8 reader hosts | $fan_links |"
+echo "| replacement host: start to 20 frames at its reader | $replace_ms ms |"
+echo "| etcd down: frames at host-2 in 5 s (50 frames/s sent) | $((after - before)) |"
+echo
+echo "FLEET: PASSED -- $n daemons converged in $converge_ms ms; $frames frames to 8 hosts verified; a replaced host served in $replace_ms ms; delivery went on without etcd"
