@@ -40,6 +40,11 @@ constexpr uint64_t kFinGraceNs = 1'000'000'000;
 constexpr uint64_t kStatsNs = Metrics::kPublishPeriodNs;
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
+// With no client and no link: what it publishes cannot change but by a
+// command, which wakes it (and the stats are published at their next period),
+// so an idle agent wakes only to show it is alive -- well within the health
+// window (5 s).
+constexpr uint64_t kIdleSleepNs = 2'000'000'000;
 
 // Waits for epoll events at most `timeout_ns`; returns how many of `events`
 // it filled.  epoll_pwait2 (Linux 5.11) takes nanoseconds, so an ACK held
@@ -114,6 +119,9 @@ void DataAgent::run() {
   while (running_) {
     uint64_t work = drainCommands();
     if (!running_) break;
+    // A command changed what the stats show: an idle agent publishes them at
+    // the next period, not kIdleSleepNs later.
+    if (work != 0) stats_changed_ = true;
     work += doWork();
     checkDrain(clock_.nowNs());
     if (!running_) break;
@@ -158,6 +166,7 @@ size_t DataAgent::doWork() {
   if (now >= next_stats_ns_) {
     forgetIdlePeers();
     publishStats();
+    stats_changed_ = false;
     next_stats_ns_ = now + kStatsNs;
   }
   // Last: whatever this round decided for a peer (ACKs, grants, NACKs) goes
@@ -199,10 +208,14 @@ void DataAgent::sleep() {
     // throttled link's next turn (what it left no event announces).
     uint64_t timeout_ns = kMaxSleepNs;
     const uint64_t now = clock_.nowNs();
-    // With no client and no link nothing can come due but the stats: an idle
-    // daemon wakes twice a second, not twenty times (a fleet of them idles).
+    // With no client and no link nothing can come due but the stats (kIdleSleepNs)
+    // and the watchdog's beat: an idle daemon wakes every 2 s, not 20 times a
+    // second (a fleet of them idles).
     if (clients_.all().empty() && links_.size() == 0) {
-      timeout_ns = next_stats_ns_ > now ? next_stats_ns_ - now : 0;
+      timeout_ns = stats_changed_ ? (next_stats_ns_ > now ? next_stats_ns_ - now : 0) : kIdleSleepNs;
+      if (heartbeat_.enabled()) {
+        timeout_ns = next_heartbeat_ns_ > now ? std::min(timeout_ns, next_heartbeat_ns_ - now) : 0;
+      }
     }
     for (const uint64_t due : {inbound_.nextControlDeadlineNs(), nextBusyTurnNs()}) {
       if (due != 0) timeout_ns = due <= now ? 0 : std::min(timeout_ns, due - now);

@@ -311,6 +311,7 @@ class DataAgent {
   LocalDelivery local_;
   uint64_t next_deadline_check_ns_ = 0;
   uint64_t next_stats_ns_ = 0;
+  bool stats_changed_ = true;  // by a command since the stats were published last
   AgentHeartbeat heartbeat_;
   uint64_t next_heartbeat_ns_ = 0;
   // What pollLinks() reuses each round: the event array (a few hundred bytes
