@@ -49,7 +49,7 @@ void OutboundStreams::finishFrame(AgentClient& ac, Leg leg, uint32_t slot, int s
   endFrame(ac, leg, slot, status, why);
 }
 
-bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint32_t side, int& status, std::string& why,
+bool OutboundStreams::sideDone(ClientSession& c, uint32_t slot, uint64_t side, int& status, std::string& why,
                                uint32_t readers, uint32_t released) {
   SlotEntry& e = c.slots[slot];
   auto it = sides_.find({c.id, slot});

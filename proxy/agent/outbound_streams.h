@@ -187,14 +187,15 @@ class OutboundStreams {
   // and readers here -- completes once each side is done, with the first
   // failure and every side's readers counted.
   struct Sides {
-    uint32_t waiting = 0;  // a bit per side not done yet: sideBit(leg), kLocalSide
+    uint64_t waiting = 0;  // a bit per side not done yet: sideBit(leg), kLocalSide
     int status = FL_OK;    // the first failure
     std::string why;
     uint32_t readers = 0;  // of the sides done
     uint32_t released = 0;
   };
-  static constexpr uint32_t kLocalSide = 1U << 31;
-  static uint32_t sideBit(Leg leg) { return 1U << leg; }
+  static constexpr uint64_t kLocalSide = uint64_t{1} << 63;
+  static uint64_t sideBit(Leg leg) { return uint64_t{1} << leg; }
+  static_assert(kMaxRoutesPerStream < 64, "a bit of Sides::waiting per route, and one for the readers here");
 
   // How many routes the producer has (at most kMaxRoutesPerStream).
   static Leg legs(const AgentClient& ac) {
@@ -222,7 +223,7 @@ class OutboundStreams {
   // One side of a frame is done: true when it was the last (or the frame has
   // one side only), and then `status`, `why` and the slot's reader counts are
   // the frame's.
-  bool sideDone(ClientSession& c, uint32_t slot, uint32_t side, int& status, std::string& why,
+  bool sideDone(ClientSession& c, uint32_t slot, uint64_t side, int& status, std::string& why,
                 uint32_t readers, uint32_t released);
   // Submits the frame in `slot` on one of the producer's routes.
   void submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl_slot_header& sh, uint64_t length,

@@ -16,7 +16,7 @@
 namespace framelink {
 
 // The most peers one stream may be routed to (each gets every frame).
-inline constexpr size_t kMaxRoutesPerStream = 8;
+inline constexpr size_t kMaxRoutesPerStream = 63;
 
 struct PeerConfig {
   std::string name;

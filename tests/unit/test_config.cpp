@@ -443,7 +443,9 @@ TEST_CASE("routing", "[config][routing]") {
       list += (i == 0 ? "" : ",") + std::string("p") + std::to_string(i);
     }
     args.insert(args.end(), {"--route", "cam0=" + list});
-    requireError(args, {"stream 'cam0' is routed to 9 peers", "at most 8"});
+    requireError(args,
+                 {"stream 'cam0' is routed to " + std::to_string(fl::kMaxRoutesPerStream + 1) + " peers",
+                  "at most " + std::to_string(fl::kMaxRoutesPerStream)});
   }
 }
 

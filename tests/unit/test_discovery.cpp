@@ -134,6 +134,7 @@ TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a 
 
   // At most kMaxRoutesPerStream found readers of one stream.
   std::vector<fl::FoundDaemon> many;
-  for (int i = 0; i < 12; ++i) many.push_back(found("r" + std::to_string(10 + i), {"wide"}));
+  for (size_t i = 0; i < fl::kMaxRoutesPerStream + 4; ++i)
+    many.push_back(found("r" + std::to_string(100 + i), {"wide"}));
   CHECK(fl::withFoundPeers(c, many).routesFor("wide").size() == fl::kMaxRoutesPerStream);
 }
