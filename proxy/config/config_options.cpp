@@ -74,7 +74,7 @@ const std::vector<Option>& options() {
       {"discovery", "advertise",       Text{&Config::discovery_advertise, "HOST:PORT", "link.listen"}, "The address other daemons dial this one at, as published; link.listen: its host (this host's name when it is a wildcard) and the port the listener took"},
       {"discovery", "lease_ttl_s",     Number{&Config::discovery_lease_ttl_s, 2, 3600, "S"},   "This daemon's entry lives this long after its last keep-alive (a crashed host is forgotten within it)"},
       {"discovery", "link_idle_s",     Number{&Config::discovery_link_idle_s, 1, 86'400, "S"},  "A link to a daemon found in the registry is made when a producer here writes a stream it reads, and ended this long after none does"},
-      {"discovery", "poll_ms",         Number{&Config::discovery_poll_ms, 100, 600'000, "MS"}, "How often the registry is read (and this daemon's entry published again when its readers changed)"},
+      {"discovery", "poll_ms",         Number{&Config::discovery_poll_ms, 100, 600'000, "MS"}, "How often this daemon looks at its own readers and producers, and publishes its entry again when they changed (the other daemons' entries are watched, not read on a timer)"},
       {"peer",   "",                   Peers{},                                                "A peer daemon: where this daemon dials it (no address: it only dials in), the streams routed to it (a stream listed on several peers goes to each), and how it proves its id when it dials in: its own token or token_file instead of link.token, the cert_name its certificate must carry"},
       // clang-format on
   };

@@ -1,5 +1,6 @@
 #include "discovery/discovery.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -105,6 +106,7 @@ Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics,
   spdlog::info("discovery: publishing '{}' at {} in etcd {} ({}daemons/), lease {} s", self_.id,
                self_.address, config.discovery_etcd, config.discovery_prefix, config.discovery_lease_ttl_s);
   thread_ = std::thread([this] { run(); });
+  watch_thread_ = std::thread([this] { watch(); });
 }
 
 Discovery::~Discovery() { stop(false); }
@@ -117,27 +119,72 @@ void Discovery::stop(bool withdraw) {
     withdraw_ = withdraw;
   }
   wake_.notify_all();
+  // Again until the watch thread is out: a watch stopped just before its
+  // connection was made would otherwise wait on it for good.
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (watch_thread_.joinable() && !watch_exited_) {
+    lock.unlock();
+    registry_.stopWatch();
+    lock.lock();
+    wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return watch_exited_; });
+  }
+  lock.unlock();
+  if (watch_thread_.joinable()) watch_thread_.join();
   if (thread_.joinable()) thread_.join();
 }
 
 void Discovery::run() {
+  ::pthread_setname_np(::pthread_self(), "fl-discovery");
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     lock.unlock();
     round();
     lock.lock();
-    // Awake for the next of: the lease's keep-alive (a third of its TTL, however long poll_ms is)
-    // and the next read of the registry.
+    // Awake for the next of: the lease's keep-alive (a third of its TTL), the
+    // next look at this daemon's own readers and producers (poll_ms, no
+    // request unless they changed), and a change the watch saw.
     // After a failure, not before retry_at_: a registry that does not answer is not hammered.
     const auto now = std::chrono::steady_clock::now();
-    const auto next = published_ ? std::min(next_list_, kept_alive_ + keepalive_every_) : now + poll_;
-    wake_.wait_until(lock, std::max({next, now, retry_at_}), [this] { return stopping_; });
+    auto next = now + poll_;
+    if (published_) next = std::min(next, kept_alive_ + keepalive_every_);
+    wake_.wait_until(lock, std::max({next, now, retry_at_}), [this] {
+      return stopping_ || (changed_ && std::chrono::steady_clock::now() >= retry_at_);
+    });
   }
   if (withdraw_) {
     lock.unlock();
     registry_.withdraw();
     spdlog::info("discovery: '{}' withdrawn from the registry", self_.id);
   }
+}
+
+void Discovery::watch() {
+  ::pthread_setname_np(::pthread_self(), "fl-disc-watch");
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    // From the revision after the last read: every change since is seen.
+    wake_.wait(lock, [this] { return stopping_ || revision_ > 0; });
+    if (stopping_) break;
+    const int64_t from = revision_ + 1;
+    lock.unlock();
+    const Status watched = registry_.watch(from, [this] {
+      {
+        std::lock_guard<std::mutex> changed(mutex_);
+        changed_ = true;
+      }
+      wake_.notify_all();
+    });
+    lock.lock();
+    if (stopping_) break;
+    // Whatever the stream missed while it was down is read again.
+    spdlog::debug("discovery: the registry's watch ended ({}); reading it again",
+                  watched ? std::string("no error") : watched.error().message);
+    changed_ = true;
+    wake_.notify_all();
+    wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
+  }
+  watch_exited_ = true;
+  wake_.notify_all();
 }
 
 void Discovery::round() {
@@ -147,6 +194,8 @@ void Discovery::round() {
   const auto now = std::chrono::steady_clock::now();
   if (published_ && now - kept_alive_ >= keepalive_every_) {
     if (Status kept = registry_.keepAlive(); !kept) {
+      // A watch on a server that vanished without closing would wait for good: it starts again.
+      registry_.interruptWatch();
       if (registry_.leased()) return registryFailed("keeping this daemon's lease alive", kept.error());
       spdlog::warn("discovery: {}; publishing '{}' again under a new lease", kept.error().message, self.id);
       published_ = false;  // the lease is gone, and the entry with it
@@ -162,14 +211,33 @@ void Discovery::round() {
     published_entry_ = self;
     kept_alive_ = now;
   }
-  if (now < next_list_ && answered_) return;
-  next_list_ = now + poll_;
+  bool relist = !listed_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    relist = relist || changed_;
+    changed_ = false;
+  }
+  if (relist && !readRegistry()) return;
+  // Nothing to decide again unless the registry, this daemon's streams, or a
+  // link's idle time changed: the round of an idle daemon ends here.
+  if (!relist && self == decided_for_ && now < next_expiry_) return;
+  decide(self, now);
+}
+
+bool Discovery::readRegistry() {
   std::vector<std::string> refused;
   auto listed = registry_.list(refused);
-  if (!listed) return registryFailed("reading the registry", listed.error());
+  if (!listed) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      changed_ = true;  // read again after retry_at_
+    }
+    registryFailed("reading the registry", listed.error());
+    return false;
+  }
   if (!answered_) {
     spdlog::info("discovery: etcd answers again ({}); {} daemons in the registry", registry_.endpoint(),
-                 listed->size());
+                 listed->entries.size());
     answered_ = true;
   }
   metrics_.counters.discovery_registry_up.store(1, std::memory_order_relaxed);
@@ -179,20 +247,36 @@ void Discovery::round() {
     spdlog::warn("discovery: {} registry entries left out: {}", refused.size(), refused_now);
   }
   refused_before_ = std::move(refused_now);
+  listed_ = true;
+  entries_ = std::move(listed->entries);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    revision_ = listed->revision;
+  }
+  wake_.notify_all();
+  return true;
+}
+
+void Discovery::decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now) {
+  decided_for_ = self;
+  next_expiry_ = std::chrono::steady_clock::time_point::max();
   std::vector<FoundDaemon> others;
   std::map<std::string, std::chrono::steady_clock::time_point> needed;
-  for (auto& e : *listed) {
+  for (const auto& e : entries_) {
     if (e.id == self.id) continue;
-    // Dialed while a stream needs it, and link_idle_s after: a producer that
-    // comes back soon finds its link up.
+    // Dialed while a stream needs it (until: max), and link_idle_s after (a
+    // producer that comes back soon finds its link up).
+    constexpr auto kNeeded = std::chrono::steady_clock::time_point::max();
     auto until = needed_until_.find(e.id);
     if (needsLink(self, e) && dialsFor(self, e)) {
-      needed[e.id] = now + link_idle_;
-    } else if (until != needed_until_.end() && now < until->second && dialsFor(self, e)) {
-      needed[e.id] = until->second;
+      needed[e.id] = kNeeded;
+    } else if (until != needed_until_.end() && dialsFor(self, e)) {
+      const auto idle_end = until->second == kNeeded ? now + link_idle_ : until->second;
+      if (now < idle_end) needed[e.id] = idle_end;
     }
-    const bool dial = needed.count(e.id) != 0;
-    others.push_back(FoundDaemon{std::move(e), dial});
+    const auto need = needed.find(e.id);
+    if (need != needed.end() && need->second != kNeeded) next_expiry_ = std::min(next_expiry_, need->second);
+    others.push_back(FoundDaemon{e, need != needed.end()});
   }
   needed_until_ = std::move(needed);
   std::sort(others.begin(), others.end(),

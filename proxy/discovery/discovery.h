@@ -1,7 +1,10 @@
 // [discovery]: this daemon's entry in the fleet's registry (etcd_registry.h),
-// kept alive and up to date, and the other daemons' entries, read every
-// poll_ms on a thread of its own.  What it finds goes to `found` when it
-// changed: the daemon turns it into peers (DaemonImpl::applyFound).
+// kept alive and up to date (its readers and producers looked at every
+// poll_ms), and the other daemons' entries, read at start and again when a
+// watch of the registry says one changed; a thread for each.  What it finds
+// goes to `found` when it changed: the daemon turns it into peers
+// (DaemonImpl::applyFound).  An idle fleet makes no request but the
+// keep-alives, one per daemon every third of the lease's TTL.
 //
 // A registry that stops answering changes nothing that runs: the last
 // entries found stay, the daemon says so once (log, the gauge
@@ -69,6 +72,11 @@ class Discovery {
  private:
   void run();
   void round();
+  // Reads every entry (entries_, revision_); false when etcd did not answer.
+  bool readRegistry();
+  // Which found daemons this one dials now, from entries_; `found_` when it changed.
+  void decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now);
+  void watch();
   void registryFailed(const std::string& what, const Error& error);
 
   EtcdRegistry registry_;
@@ -78,22 +86,29 @@ class Discovery {
   const std::chrono::milliseconds poll_;
   const std::chrono::milliseconds keepalive_every_;
   std::chrono::steady_clock::time_point kept_alive_{};
-  std::chrono::steady_clock::time_point next_list_{};  // the next read of the registry
-  std::chrono::steady_clock::time_point retry_at_{};   // after a failed request: the next one
+  std::chrono::steady_clock::time_point retry_at_{};  // after a failed request: the next one
   bool published_ = false;
   RegistryEntry published_entry_;
   bool answered_ = true;  // the registry answered the last request (no outage to report)
   bool have_found_ = false;
   std::vector<FoundDaemon> last_found_;
+  bool listed_ = false;                 // entries_ was read
+  std::vector<RegistryEntry> entries_;  // the registry, as last read
   const std::chrono::seconds link_idle_;
   std::map<std::string, std::chrono::steady_clock::time_point> needed_until_;  // by id, while dialed
-  std::string refused_before_;  // what the last list refused, logged when it changes
+  RegistryEntry decided_for_;                            // the entry `last_found_` was decided for
+  std::chrono::steady_clock::time_point next_expiry_{};  // the first of needed_until_
+  std::string refused_before_;                           // what the last list refused, logged when it changes
 
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
   bool withdraw_ = false;
+  bool changed_ = false;  // the watch saw a change (or ended): the registry is read again
+  int64_t revision_ = 0;  // the registry's, when read last; the watch goes on from the next
+  bool watch_exited_ = false;
   std::thread thread_;
+  std::thread watch_thread_;
 };
 
 }  // namespace framelink

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -109,17 +110,29 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
 }
 
 EtcdRegistry::EtcdRegistry(std::vector<std::string> endpoints, std::string prefix, uint32_t lease_ttl_s)
-    : endpoints_(std::move(endpoints)), prefix_(std::move(prefix)), ttl_s_(lease_ttl_s) {}
+    : endpoints_(std::move(endpoints)), prefix_(std::move(prefix)), ttl_s_(lease_ttl_s) {
+  clients_.resize(endpoints_.size());
+}
+
+EtcdRegistry::~EtcdRegistry() = default;
+
+httplib::Client& EtcdRegistry::client(size_t endpoint) {
+  auto& c = clients_[endpoint];
+  if (!c) {
+    c = std::make_unique<httplib::Client>(endpoints_[endpoint]);
+    c->set_keep_alive(true);  // one connection for every call: no connect per keep-alive
+    c->set_connection_timeout(std::chrono::seconds(1));
+    c->set_read_timeout(std::chrono::seconds(2));
+    c->set_write_timeout(std::chrono::seconds(2));
+  }
+  return *c;
+}
 
 Result<std::string> EtcdRegistry::call(const std::string& path, const std::string& body) {
   std::string why;
   for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
     const size_t i = (current_ + tried) % endpoints_.size();
-    httplib::Client client(endpoints_[i]);
-    client.set_connection_timeout(std::chrono::seconds(1));
-    client.set_read_timeout(std::chrono::seconds(2));
-    client.set_write_timeout(std::chrono::seconds(2));
-    auto res = client.Post(path, body, "application/json");
+    auto res = client(i).Post(path, body, "application/json");
     if (!res) {
       why += (why.empty() ? "" : "; ") + endpoints_[i] + ": " + httplib::to_string(res.error());
       continue;
@@ -173,7 +186,7 @@ Status EtcdRegistry::keepAlive() {
   return {};
 }
 
-Result<std::vector<RegistryEntry>> EtcdRegistry::list(std::vector<std::string>& refused) {
+Result<Listing> EtcdRegistry::list(std::vector<std::string>& refused) {
   const std::string prefix = prefix_ + "daemons/";
   auto listed =
       call("/v3/kv/range", json{{"key", base64(prefix)}, {"range_end", base64(rangeEnd(prefix))}}.dump());
@@ -182,7 +195,9 @@ Result<std::vector<RegistryEntry>> EtcdRegistry::list(std::vector<std::string>& 
   if (j.is_discarded() || !j.is_object()) {
     return makeError(FL_ERR_PROTOCOL, "etcd's range answer is not JSON");
   }
-  std::vector<RegistryEntry> out;
+  Listing out;
+  out.revision = jsonInt(j.value("header", json::object()), "revision");
+  if (out.revision <= 0) return makeError(FL_ERR_PROTOCOL, "etcd's range answer has no revision");
   for (const auto& kv : j.value("kvs", json::array())) {
     const auto key = unbase64(kv.value("key", ""));
     const auto value = unbase64(kv.value("value", ""));
@@ -196,9 +211,86 @@ Result<std::vector<RegistryEntry>> EtcdRegistry::list(std::vector<std::string>& 
       refused.push_back(*key + ": " + entry.error().message);
       continue;
     }
-    out.push_back(std::move(entry.value()));
+    out.entries.push_back(std::move(entry.value()));
   }
   return out;
+}
+
+Status EtcdRegistry::watch(int64_t revision, const std::function<void()>& changed) {
+  const size_t i = watch_endpoint_++ % endpoints_.size();
+  auto client = std::make_shared<httplib::Client>(endpoints_[i]);
+  client->set_connection_timeout(std::chrono::seconds(1));
+  client->set_write_timeout(std::chrono::seconds(2));
+  // An idle watch carries nothing: its end is the server's (a closed
+  // connection), stopWatch's, or, for a server that vanished without a word,
+  // the keep-alive's failure, on which the daemon stops it.
+  client->set_read_timeout(std::chrono::hours(24));
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    if (watch_stopped_) return makeError(FL_ERR_SHUTDOWN, "the watch was stopped");
+    watching_ = client;
+  }
+  const std::string prefix = prefix_ + "daemons/";
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v3/watch";
+  req.body = json{{"create_request",
+                   {{"key", base64(prefix)},
+                    {"range_end", base64(rangeEnd(prefix))},
+                    {"start_revision", std::to_string(revision)}}}}
+                 .dump();
+  req.set_header("Content-Type", "application/json");
+  std::string pending, why;
+  bool created = false;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    pending.append(data, n);
+    if (pending.size() > kMaxEntryBytes * 64) {
+      why = "a watch message larger than 4 MiB";
+      return false;
+    }
+    for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+      const json j = json::parse(pending.substr(0, nl), nullptr, false);
+      const json result = !j.is_discarded() && j.is_object() ? j.value("result", json::object()) : json();
+      if (!result.is_object()) {
+        why = "a watch message that is not etcd's: " + pending.substr(0, std::min<size_t>(nl, 200));
+        return false;
+      }
+      if (result.value("canceled", false) || jsonInt(result, "compact_revision") > 0) {
+        why =
+            "etcd ended the watch (" + result.value("cancel_reason", std::string("revision compacted")) + ")";
+        return false;
+      }
+      created = created || result.value("created", false);
+      if (!result.value("events", json::array()).empty()) changed();
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent = client->send(req, res, error);
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    watching_.reset();
+  }
+  if (!why.empty()) return makeError(FL_ERR_PROTOCOL, endpoints_[i] + "/v3/watch: " + why);
+  if (!sent)
+    return makeError(FL_ERR_DAEMON_UNREACHABLE, endpoints_[i] + "/v3/watch: " + httplib::to_string(error));
+  if (res.status != 200) {
+    return makeError(FL_ERR_PEER_REJECTED, endpoints_[i] + "/v3/watch: HTTP " + std::to_string(res.status));
+  }
+  return makeError(FL_ERR_NO_LINK, endpoints_[i] + "/v3/watch: the stream ended" +
+                                       std::string(created ? "" : " before the watch was made"));
+}
+
+void EtcdRegistry::stopWatch() {
+  std::lock_guard<std::mutex> lock(watch_mutex_);
+  watch_stopped_ = true;
+  if (watching_) watching_->stop();
+}
+
+void EtcdRegistry::interruptWatch() {
+  std::lock_guard<std::mutex> lock(watch_mutex_);
+  if (watching_) watching_->stop();
 }
 
 void EtcdRegistry::withdraw() {
