@@ -13,6 +13,7 @@
 #       names ID (CN and subjectAltName DNS:ID) and each NAME the host is dialed by (a DNS name,
 #       or an IPv4/IPv6 address).  Copy both to /etc/framelink/tls/ on the host (host.key 0600,
 #       owned by framelink); with tls_require_cert_name a peer accepts the host only as ID.
+#       OUT_DIR/ca.crt is the CA's certificate, for a host that does not trust it yet.
 #   framelink-site-ca.sh revoke CA_DIR ID
 #       revokes the certificates issued to ID and writes CA_DIR/crl.pem anew: copy it to every
 #       host's tls_crl_file and `systemctl reload framelinkd` there; ID is refused when it links.
@@ -97,7 +98,8 @@ case $cmd in
     chmod 0644 "$out/host.crt"
     mkdir -p "$ca/issued"
     cat "$out/host.crt" >>"$ca/issued/$id.crt"
-    echo "framelink-site-ca: $out/host.crt names $id ($san), signed by $ca/ca.crt; $out/host.key is its key"
+    cp "$ca/ca.crt" "$out/ca.crt"
+    echo "framelink-site-ca: $out/host.crt names $id ($san), signed by $ca/ca.crt (copied to $out/ca.crt); $out/host.key is its key"
     ;;
   revoke)
     [ $# -eq 1 ] || usage

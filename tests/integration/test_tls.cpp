@@ -79,10 +79,11 @@ class SiteCa {
     INFO(line << "\n" << readFile(file("ca.log")));
     REQUIRE(std::system(line.c_str()) == 0);
   }
-  // Every host trusts the CA alone and takes a peer only as the id its certificate names.
+  // Every host trusts the CA alone (the copy `issue` gave it) and takes a peer
+  // only as the id its certificate names.
   std::vector<std::string> tls(const std::string& host) const {
     return {"--tls-cert", file(host + "/host.crt"), "--tls-key",         file(host + "/host.key"),
-            "--tls-ca",   file("ca/ca.crt"),        "--tls-client-auth", "--tls-require-cert-name"};
+            "--tls-ca",   file(host + "/ca.crt"),   "--tls-client-auth", "--tls-require-cert-name"};
   }
 
  private:
