@@ -3,8 +3,8 @@
 # one bridge, with no [[peer]] at all -- they find each other in a real etcd (Debian's
 # etcd-server) and link only where a stream needs it.  Then, every frame verified:
 #   1. converge   every daemon finds the N-1 others (its framelink_discovery_peers)
-#   2. fan-out    a producer on host 1 reaches readers on 8 other hosts: four with a subscriber,
-#                 four with a queue group of two consumers (each frame to one of the two)
+#   2. fan-out    a producer on host 1 reaches readers on 12 other hosts: six with a subscriber,
+#                 six with a queue group of two consumers (each frame to one of the two)
 #   3. replace    a reader host is killed and a new one, with a new address, starts: it is found
 #                 and its reader gets frames of the running stream
 #   4. etcd down  etcd is killed mid-stream: delivery goes on
@@ -38,7 +38,7 @@ fail() {
   echo "FLEET: FAILED -- $*"
   exit 1
 }
-((n >= 10)) || fail "--daemons must be at least 10 (a producer, 8 reader hosts and a spare)"
+((n >= 14)) || fail "--daemons must be at least 14 (a producer, 12 reader hosts and a spare)"
 [[ $(id -u) == 0 ]] || fail "needs root for ip netns (run as root, as CI does)"
 [[ -x $daemon && -x $cli ]] || fail "no $daemon or $cli: build first (cmake --build $build)"
 command -v etcd >/dev/null || fail "no etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)"
@@ -105,7 +105,7 @@ start_daemon() { # INDEX IP
   mkdir -p "$dir"
   ip netns exec "$tag-$i" "$daemon" --id "host-$i" --socket "$dir/sock" --ready-file "$dir/ready" \
     --listen "$2:7700" --data-listen "$2:7701" --token fleet-token --transports tcp --hugepages off \
-    --etcd "$etcd_url" --poll-ms "$poll_ms" --lease-ttl-s 4 --link-idle-s 10 --ack-timeout-ms 5000 \
+    --etcd "$etcd_url" --poll-ms "$poll_ms" --link-idle-s 10 --ack-timeout-ms 5000 \
     --credit-timeout-ms 5000 --metrics "$2:9464" --log-level info >"$dir/log" 2>&1 &
   daemon_pid[$i]=$!
   host_ip[$i]=$2
@@ -173,29 +173,45 @@ figures() { # -> "rss_kb threads fds" summed over the daemons
   done
   echo "$rss $thr $fds"
 }
-cpu_ticks() {
-  local sum=0 p
-  for p in "${daemon_pid[@]}"; do sum=$((sum + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  echo "$sum"
+# Each thread's time on a CPU in ns (schedstat: exact, where /proc/PID/stat's
+# ticks are sampled), as "NAME NS" lines summed by thread name.
+cpu_by_thread() {
+  local p t
+  for p in "${daemon_pid[@]}"; do
+    for t in /proc/"$p"/task/*; do
+      echo "$(cat "$t/comm" 2>/dev/null) $(awk '{print $1}' "$t/schedstat" 2>/dev/null)"
+    done
+  done | awk 'NF == 2 {ns[$1] += $2} END {for (k in ns) print k, ns[k]}' | sort
 }
 links_total() { metric links_up "$@" | awk '{s += $2} END {print s + 0}'; }
 idle_links=$(links_total $(seq "$n"))
-c0=$(cpu_ticks)
+cpu_by_thread > "$work/cpu0"
 sleep 10
-c1=$(cpu_ticks)
-hz=$(getconf CLK_TCK)
-idle_cpu=$(awk -v t=$((c1 - c0)) -v hz="$hz" 'BEGIN{printf "%.2f", t / hz / 10 * 100}')
+cpu_by_thread > "$work/cpu1"
+# Per thread name: % of one core for the whole fleet over the 10 s.
+idle_threads=$(join "$work/cpu0" "$work/cpu1" | awk '{d = ($3 - $2) / 1e8; if (d >= 0.005) {printf "%s%s %.2f%%", sep, $1, d; sep = ", "}}')
+idle_cpu=$(join "$work/cpu0" "$work/cpu1" | awk '{s += $3 - $2} END {printf "%.2f", s / 1e8}')
 read -r rss threads fds < <(figures)
-log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together; per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
+log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together ($idle_threads); per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
 
-# 2. fan-out: hosts 2-5 one subscriber each, hosts 6-9 a queue group of two
+# host-1's own figures, idle and then with a link to each reader host: what a link costs
+figures_of() { # PID -> "rss_kb threads fds"
+  echo "$(awk '/^VmRSS/{print $2}' "/proc/$1/status") $(awk '/^Threads/{print $2}' "/proc/$1/status") $(ls "/proc/$1/fd" | wc -l)"
+}
+read -r h1_rss0 h1_thr0 h1_fds0 < <(figures_of "${daemon_pid[1]}")
+
+# 2. fan-out to 12 hosts (more than the 8 routes a stream once had): hosts 2-7 one subscriber
+# each, hosts 8-13 a queue group of two
 frames=200
-for i in 2 3 4 5; do
+subscriber_hosts=(2 3 4 5 6 7)
+group_hosts=(8 9 10 11 12 13)
+reader_hosts=$((${#subscriber_hosts[@]} + ${#group_hosts[@]}))
+for i in "${subscriber_hosts[@]}"; do
   "$cli" recv --socket "$work/h$i/sock" --stream fleet --subscribe --count $frames --verify --expect-order \
     --timeout-ms 30000 --json >"$work/recv-$i" 2>&1 &
   pids+=($!)
 done
-for i in 6 7 8 9; do
+for i in "${group_hosts[@]}"; do
   for m in a b; do
     "$cli" recv --socket "$work/h$i/sock" --stream fleet --verify --timeout-ms 8000 --json >"$work/recv-$i$m" 2>&1 &
     pids+=($!)
@@ -203,7 +219,7 @@ for i in 6 7 8 9; do
 done
 # the readers reach host 1 through the registry (each host publishes them within a second)
 for _ in $(seq 100); do
-  grep -q 'is now routed to\|readers: fleet' "$work/h1/log" && [[ $(grep -c 'readers: fleet)' "$work/h1/log") -ge 8 ]] && break
+  grep -q 'is now routed to\|readers: fleet' "$work/h1/log" && [[ $(grep -c 'readers: fleet)' "$work/h1/log") -ge $reader_hosts ]] && break
   sleep 0.2
 done
 t_send=$(date +%s%N)
@@ -216,18 +232,21 @@ num() { grep -o "\"$2\":[0-9]*" "$1" | tail -1 | cut -d: -f2; }
 why=""
 [[ $send_rc == 0 && $(num "$work/send" delivered) == "$frames" ]] ||
   why+="producer: $(grep '^{' "$work/send" | tail -1); "
-for i in 2 3 4 5; do
+for i in "${subscriber_hosts[@]}"; do
   [[ $(num "$work/recv-$i" received) == "$frames" && $(num "$work/recv-$i" bad) == 0 ]] ||
     why+="subscriber on host-$i: $(tail -1 "$work/recv-$i"); "
 done
-for i in 6 7 8 9; do
+for i in "${group_hosts[@]}"; do
   got=$(($(num "$work/recv-${i}a" received) + $(num "$work/recv-${i}b" received)))
   bad=$(($(num "$work/recv-${i}a" bad) + $(num "$work/recv-${i}b" bad)))
   ((got == frames && bad == 0)) || why+="queue group on host-$i: $got frames, $bad bad; "
 done
 [[ -z $why ]] || fail "fan-out: ${why%; }"
 fan_links=$(counter 1 links_up)
-log "fan-out: $frames frames of 64 KiB from host-1 to 8 hosts (4 subscribers, 4 queue groups of 2), every one verified, in $(((t_sent - t_send) / 1000000)) ms; host-1 holds $fan_links links"
+read -r h1_rss1 h1_thr1 h1_fds1 < <(figures_of "${daemon_pid[1]}")
+per_link=$(awk -v l="${fan_links:-0}" -v r=$((h1_rss1 - h1_rss0)) -v t=$((h1_thr1 - h1_thr0)) -v f=$((h1_fds1 - h1_fds0)) \
+  'BEGIN {if (l > 0) printf "%.0f KiB resident, %.1f threads, %.1f descriptors", r / l, t / l, f / l; else print "no link"}')
+log "fan-out: $frames frames of 64 KiB from host-1 to $reader_hosts hosts (${#subscriber_hosts[@]} subscribers, ${#group_hosts[@]} queue groups of 2), every one verified, in $(((t_sent - t_send) / 1000000)) ms; host-1 holds $fan_links links ($per_link each)"
 
 # 3. replace: host-9 dies, host-$((n + 1)) comes at a new address with a reader; the stream runs on
 "$cli" send --socket "$work/h1/sock" --stream fleet2 --count 0 --size 16K --rate 50 --json >"$work/send2" 2>&1 &
@@ -286,9 +305,11 @@ echo "| daemons ready (start of all) | $(((t_ready - t0) / 1000000)) ms |"
 echo "| every daemon found the $((n - 1)) others | $converge_ms ms after the last was ready |"
 echo "| links held, idle fleet | $idle_links |"
 echo "| CPU of all $n idle daemons | ${idle_cpu} % of one core |"
+echo "| ... by thread | $idle_threads |"
 echo "| per idle daemon | $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors |"
-echo "| links held by the producer's daemon, 8 reader hosts | $fan_links |"
+echo "| links held by the producer's daemon, $reader_hosts reader hosts | $fan_links |"
+echo "| per link held (the producer's daemon, its growth over idle) | $per_link |"
 echo "| replacement host: start to 20 frames at its reader | $replace_ms ms |"
 echo "| etcd down: frames at host-2 in 5 s (50 frames/s sent) | $((after - before)) |"
 echo
-echo "FLEET: PASSED -- $n daemons converged in $converge_ms ms; $frames frames to 8 hosts verified; a replaced host served in $replace_ms ms; delivery went on without etcd"
+echo "FLEET: PASSED -- $n daemons converged in $converge_ms ms; $frames frames to $reader_hosts hosts verified; a replaced host served in $replace_ms ms; delivery went on without etcd"
