@@ -273,8 +273,9 @@ Status EtcdRegistry::watch(int64_t revision, const std::function<void()>& change
     watching_.reset();
   }
   if (!why.empty()) return makeError(FL_ERR_PROTOCOL, endpoints_[i] + "/v3/watch: " + why);
-  if (!sent)
+  if (!sent) {
     return makeError(FL_ERR_DAEMON_UNREACHABLE, endpoints_[i] + "/v3/watch: " + httplib::to_string(error));
+  }
   if (res.status != 200) {
     return makeError(FL_ERR_PEER_REJECTED, endpoints_[i] + "/v3/watch: HTTP " + std::to_string(res.status));
   }
