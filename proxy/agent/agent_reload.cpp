@@ -2,6 +2,7 @@
 // deadlines it recomputes.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,11 @@ std::string listed(const std::vector<std::string>& peers) {
   std::string out;
   for (const auto& p : peers) out += (out.empty() ? "" : ", ") + p;
   return out.empty() ? "nowhere" : out;
+}
+
+std::vector<std::string> sortedCopy(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace
@@ -70,8 +76,17 @@ bool DataAgent::rerouteProducer(AgentClient& c, const char* why) {
   const std::vector<std::string> had = routesOf(c);
   const std::string& stream = c.session->stream;
   const std::vector<std::string> now = config_.routesFor(stream);
-  if (now == had) return true;
-  if (!outbound_.reroute(c)) return false;
+  // As sets: routes added while frames were in flight come after the others.
+  if (sortedCopy(now) == sortedCopy(had)) return true;
+  if (!outbound_.reroute(c)) {
+    if (!outbound_.addRoutes(c, now)) return false;
+    spdlog::info(
+        "{}: stream '{}' is now routed to {} (was {}): producer client {}'s next frame goes there; its "
+        "frames in "
+        "flight keep the routes they had",
+        why, stream, listed(now), listed(had), c.session->id);
+    return true;
+  }
   if (now.empty()) {
     spdlog::warn(
         "{}: stream '{}' is now routed to nowhere (was {}): producer client {}'s next frame goes there "

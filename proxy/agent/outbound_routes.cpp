@@ -1,5 +1,6 @@
 // Where a producer's frames go: its routes, resolved when it attaches and
 // again by a reload (OutboundStreams::reroute).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,31 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
     leg.headers.resize(slots);
     leg.slots.resize(slots);
   }
+}
+
+bool OutboundStreams::addRoutes(AgentClient& c, const std::vector<std::string>& routes) {
+  if (c.route == kNoPeer || c.route_implicit) return false;
+  std::vector<PeerId> had;
+  for (Leg leg = 0; leg < legs(c); ++leg) had.push_back(legPeer(c, leg));
+  std::vector<std::string> added;
+  for (const PeerId peer : had) {
+    if (std::find(routes.begin(), routes.end(), peers_[peer].name) == routes.end()) return false;
+  }
+  for (const std::string& name : routes) {
+    if (std::none_of(had.begin(), had.end(), [&](PeerId p) { return peers_[p].name == name; })) {
+      added.push_back(name);
+    }
+  }
+  if (added.empty() || had.size() + added.size() > kMaxRoutesPerStream) return false;
+  const size_t slots = c.session->slots.size();
+  for (const std::string& name : added) {
+    AgentClient::Leg& leg = c.more_routes.emplace_back();
+    leg.peer = peers_.resolve(name);
+    leg.out_stream = openStream(leg.peer, c.session->stream);
+    leg.headers.resize(slots);
+    leg.slots.resize(slots);
+  }
+  return true;
 }
 
 bool OutboundStreams::reroute(AgentClient& c) {

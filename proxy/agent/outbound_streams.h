@@ -42,6 +42,12 @@ class OutboundStreams {
   // once unused.  Only while no frame of it is in flight (every slot free):
   // false, and nothing changed, otherwise.  (outbound_routes.cpp)
   bool reroute(AgentClient& c);
+  // With frames in flight, routes can still be added: when `routes` holds
+  // every route the producer has (hosts joined, none left), the others become
+  // routes of its next frame -- the frames in flight keep the sides they
+  // have.  False, and nothing changed, otherwise (a route left: reroute()
+  // once none is in flight), or for a producer with no route or the implicit one.
+  bool addRoutes(AgentClient& c, const std::vector<std::string>& routes);
   void onSubmit(AgentClient& c, const fl_submit_desc& desc);
   // Posts what each stream's credits allow; returns the work done.
   size_t pumpAll();

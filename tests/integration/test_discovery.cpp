@@ -168,6 +168,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "discovery: a host whose reader comes while the producer's frames are in flight gets its next frame",
+    "[integration][discovery]") {
+  Etcd etcd;
+  DaemonProcess a(fleetMember("disc-a", etcd));
+  DaemonProcess b(fleetMember("disc-b", etcd));
+  DaemonProcess c(fleetMember("disc-c", etcd));
+  Client on_c = attachConsumer(c, "busy", 8, 256 * 1024);
+  REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: busy)", Millis(10000)));
+  Client producer = attachProducer(a, "busy", 8, 256 * 1024);
+  // C holds frames 1-3: they stay in flight (no ACK before C's release).
+  std::vector<fl_frame> held;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    submitFrame(producer.get(), id, 4096, true);
+    held.push_back(receiveFrame(on_c.get(), Millis(15000)));
+    checkSyntheticFrame(held.back(), id, 4096);
+  }
+  // A reader on B: the producer's next frame goes to B too, its frames in flight notwithstanding.
+  Client on_b = attachConsumer(b, "busy", 8, 256 * 1024);
+  REQUIRE(a.waitForLog("stream 'busy' is now routed to disc-b, disc-c (was disc-c)", Millis(10000)));
+  CHECK(a.waitForLog("its frames in flight keep the routes they had", Millis(1000)));
+  submitFrame(producer.get(), 4, 4096, true);
+  for (fl_client* reader : {on_b.get(), on_c.get()}) {
+    fl_frame f = receiveFrame(reader, Millis(15000));
+    checkSyntheticFrame(f, 4, 4096);
+    REQUIRE(fl_release(reader, f.slot) == FL_OK);
+  }
+  for (const fl_frame& f : held) REQUIRE(fl_release(on_c.get(), f.slot) == FL_OK);
+  // Frames 1-3 went to C alone, and frame 4 to both: each is DELIVERED, with its readers.
+  auto done = collectCompletions(producer.get(), 4, Millis(15000));
+  REQUIRE(done.size() == 4);
+  for (const fl_completion& d : done) {
+    INFO("frame " << d.frame_id << ": " << statusName(d.status));
+    CHECK(d.status == FL_OK);
+    CHECK(d.readers == (d.frame_id == 4 ? 2U : 1U));
+  }
+}
+
+TEST_CASE(
     "discovery: an entry whose address answers with another id is refused and counted; a malformed one "
     "is left out",
     "[integration][discovery]") {
