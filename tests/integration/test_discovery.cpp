@@ -112,15 +112,30 @@ void sendOne(fl_client* producer, fl_client* consumer, uint64_t id) {
   CHECK(done[0].status == FL_OK);
 }
 
+// Three daemons of one fleet, and its etcd.
+struct ThreeHosts {
+  Etcd etcd;
+  DaemonProcess a{fleetMember("disc-a", etcd)};
+  DaemonProcess b{fleetMember("disc-b", etcd)};
+  DaemonProcess c{fleetMember("disc-c", etcd)};
+
+  // A consumer of `stream` on C, once A has seen it in the registry.
+  Client readerOnC(const std::string& stream, uint32_t slots) {
+    Client on_c = attachConsumer(c, stream, slots, 256 * 1024);
+    REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: " + stream + ")", Millis(10000)));
+    return on_c;
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
     "discovery: daemons with no [[peer]] find each other in etcd; links and frames go where readers are",
     "[integration][discovery]") {
-  Etcd etcd;
-  DaemonProcess a(fleetMember("disc-a", etcd));
-  DaemonProcess b(fleetMember("disc-b", etcd));
-  DaemonProcess c(fleetMember("disc-c", etcd));
+  ThreeHosts fleet;
+  DaemonProcess& a = fleet.a;
+  DaemonProcess& b = fleet.b;
+  DaemonProcess& c = fleet.c;
   // Each finds the other two, and links to none: no stream needs it.
   for (DaemonProcess* d : {&a, &b, &c}) {
     INFO(d->id());
@@ -131,8 +146,7 @@ TEST_CASE(
   CHECK(a.waitForLog("discovery: disc-c found (not dialed from here; no readers)", Millis(1000)));
 
   // A reader on C, then a producer of its stream on A: A dials C and the frames go there.
-  Client on_c = attachConsumer(c, "inspect", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: inspect)", Millis(10000)));
+  Client on_c = fleet.readerOnC("inspect", 4);
   Client producer = attachProducer(a, "inspect", 4, 256 * 1024);
   REQUIRE(a.waitForLog(
       "disc-c changed (dialed at 127.0.0.1:" + std::to_string(c.grpcPort()) + "; readers: inspect)",
@@ -170,12 +184,9 @@ TEST_CASE(
 TEST_CASE(
     "discovery: a host whose reader comes while the producer's frames are in flight gets its next frame",
     "[integration][discovery]") {
-  Etcd etcd;
-  DaemonProcess a(fleetMember("disc-a", etcd));
-  DaemonProcess b(fleetMember("disc-b", etcd));
-  DaemonProcess c(fleetMember("disc-c", etcd));
-  Client on_c = attachConsumer(c, "busy", 8, 256 * 1024);
-  REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: busy)", Millis(10000)));
+  ThreeHosts fleet;
+  DaemonProcess& a = fleet.a;
+  Client on_c = fleet.readerOnC("busy", 8);
   Client producer = attachProducer(a, "busy", 8, 256 * 1024);
   // C holds frames 1-3: they stay in flight (no ACK before C's release).
   std::vector<fl_frame> held;
@@ -185,7 +196,7 @@ TEST_CASE(
     checkSyntheticFrame(held.back(), id, 4096);
   }
   // A reader on B: the producer's next frame goes to B too, its frames in flight notwithstanding.
-  Client on_b = attachConsumer(b, "busy", 8, 256 * 1024);
+  Client on_b = attachConsumer(fleet.b, "busy", 8, 256 * 1024);
   REQUIRE(a.waitForLog("stream 'busy' is now routed to disc-b, disc-c (was disc-c)", Millis(10000)));
   CHECK(a.waitForLog("its frames in flight keep the routes they had", Millis(1000)));
   submitFrame(producer.get(), 4, 4096, true);
