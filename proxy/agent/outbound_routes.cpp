@@ -30,13 +30,16 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
   c.route = peers_.resolve(peers.front());
   c.route_implicit = config_.routeIsImplicit(c.session->stream);
   c.out_stream = openStream(c.route, c.session->stream);
-  for (size_t i = 1; i < peers.size(); ++i) {
-    AgentClient::Leg& leg = c.more_routes.emplace_back();
-    leg.peer = peers_.resolve(peers[i]);
-    leg.out_stream = openStream(leg.peer, c.session->stream);
-    leg.headers.resize(slots);
-    leg.slots.resize(slots);
-  }
+  for (size_t i = 1; i < peers.size(); ++i) appendLeg(c, peers[i]);
+}
+
+void OutboundStreams::appendLeg(AgentClient& c, const std::string& peer) {
+  const size_t slots = c.session->slots.size();
+  AgentClient::Leg& leg = c.more_routes.emplace_back();
+  leg.peer = peers_.resolve(peer);
+  leg.out_stream = openStream(leg.peer, c.session->stream);
+  leg.headers.resize(slots);
+  leg.slots.resize(slots);
 }
 
 bool OutboundStreams::addRoutes(AgentClient& c, const std::vector<std::string>& routes) {
@@ -53,14 +56,7 @@ bool OutboundStreams::addRoutes(AgentClient& c, const std::vector<std::string>& 
     }
   }
   if (added.empty() || had.size() + added.size() > kMaxRoutesPerStream) return false;
-  const size_t slots = c.session->slots.size();
-  for (const std::string& name : added) {
-    AgentClient::Leg& leg = c.more_routes.emplace_back();
-    leg.peer = peers_.resolve(name);
-    leg.out_stream = openStream(leg.peer, c.session->stream);
-    leg.headers.resize(slots);
-    leg.slots.resize(slots);
-  }
+  for (const std::string& name : added) appendLeg(c, name);
   return true;
 }
 

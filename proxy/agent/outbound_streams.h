@@ -237,6 +237,8 @@ class OutboundStreams {
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
+  // A further route of the producer, to `peer` (onProducerAttached, addRoutes).
+  void appendLeg(AgentClient& c, const std::string& peer);
   void announce(AgentLink& link, OutStream& s);
   // After a credit was spent: tells the receiver when the stream's credits
   // fell to a quarter of what it held (CreditLow), once until they rise again.

@@ -164,14 +164,12 @@ converge_ms=$(((t_conv - t_ready) / 1000000))
 log "every daemon found the $((n - 1)) others $converge_ms ms after the last was ready"
 
 # The idle fleet: links, memory, threads, descriptors, CPU over 10 s.
+figures_of() { # PID -> "rss_kb threads fds"
+  echo "$(awk '/^VmRSS/{print $2}' "/proc/$1/status") $(awk '/^Threads/{print $2}' "/proc/$1/status") $(ls "/proc/$1/fd" | wc -l)"
+}
 figures() { # -> "rss_kb threads fds" summed over the daemons
-  local rss=0 thr=0 fds=0 p
-  for p in "${daemon_pid[@]}"; do
-    rss=$((rss + $(awk '/^VmRSS/{print $2}' "/proc/$p/status")))
-    thr=$((thr + $(awk '/^Threads/{print $2}' "/proc/$p/status")))
-    fds=$((fds + $(ls "/proc/$p/fd" | wc -l)))
-  done
-  echo "$rss $thr $fds"
+  local p
+  for p in "${daemon_pid[@]}"; do figures_of "$p"; done | awk '{r += $1; t += $2; f += $3} END {print r, t, f}'
 }
 # Each thread's time on a CPU in ns (schedstat: exact, where /proc/PID/stat's
 # ticks are sampled), as "NAME NS" lines summed by thread name.
@@ -195,9 +193,6 @@ read -r rss threads fds < <(figures)
 log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together ($idle_threads); per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
 
 # host-1's own figures, idle and then with a link to each reader host: what a link costs
-figures_of() { # PID -> "rss_kb threads fds"
-  echo "$(awk '/^VmRSS/{print $2}' "/proc/$1/status") $(awk '/^Threads/{print $2}' "/proc/$1/status") $(ls "/proc/$1/fd" | wc -l)"
-}
 read -r h1_rss0 h1_thr0 h1_fds0 < <(figures_of "${daemon_pid[1]}")
 
 # 2. fan-out to 12 hosts (more than the 8 routes a stream once had): hosts 2-7 one subscriber
