@@ -23,6 +23,7 @@
 #include "config/config_reload.h"
 #include "discovery/discovery.h"
 #include "framelink/framelink.h"
+#include "link/peer_describe.h"
 #include "link/peer_links.h"
 #include "metrics/metrics.h"
 #include "transport/tcp/tcp_connect.h"
@@ -118,7 +119,7 @@ class DaemonImpl final : public Daemon {
       Status s = metrics_.serve(config_.metrics_listen);
       if (!s) return s;
     }
-    if (!config_.discovery_etcd.empty()) startDiscovery(identity.start_ns);
+    if (config_.discoveryEnabled()) startDiscovery(identity.start_ns);
     attach_->start();
     if (!config_.ready_file.empty()) {
       std::string content =
@@ -249,9 +250,37 @@ class DaemonImpl final : public Daemon {
       }
       address = host + ":" + std::to_string(grpcPort());
     }
-    discovery_ =
-        std::make_unique<Discovery>(config_, RegistryEntry{config_.id, address, {}, {}, instance}, metrics_,
-                                    [this](const std::vector<FoundDaemon>& found) { applyFound(found); });
+    discovery_ = std::make_unique<Discovery>(
+        config_, RegistryEntry{config_.id, address, {}, {}, instance}, metrics_,
+        [this](const std::vector<FoundDaemon>& found) { applyFound(found); },
+        [this](const std::vector<SrvTarget>& targets, const Said& self) { return describe(targets, self); });
+    // What a daemon that asks this one says of itself (dns_srv): as its own answer would.
+    links_->onDescribed([d = discovery_.get()](const Described& asker) {
+      d->heard(
+          Said{RegistryEntry{asker.id, {}, asker.readers, asker.producers, asker.instance}, asker.as_of_ns});
+    });
+  }
+
+  // dns_srv: what the daemons at `targets` say they are, saying `self`.
+  std::vector<Result<Said>> describe(const std::vector<SrvTarget>& targets, const Said& self) const {
+    std::vector<DescribeTarget> asked;
+    for (const auto& t : targets) asked.push_back(DescribeTarget{t.address, t.host});
+    const auto timeout = std::chrono::milliseconds(std::min<uint32_t>(config_.connect_timeout_ms, 2000));
+    const Described me{self.entry.id, self.entry.instance, self.entry.readers, self.entry.producers,
+                       self.as_of_ns};
+    std::vector<Result<Described>> answers = describePeers(*live_.get(), asked, me, timeout);
+    std::vector<Result<Said>> out;
+    for (size_t i = 0; i < answers.size(); ++i) {
+      if (!answers[i]) {
+        out.emplace_back(std::move(answers[i]).error());
+        continue;
+      }
+      Described& d = answers[i].value();
+      out.emplace_back(Said{RegistryEntry{std::move(d.id), targets[i].address, std::move(d.readers),
+                                          std::move(d.producers), d.instance},
+                            d.as_of_ns});
+    }
+    return out;
   }
 
   // The registry's daemons changed: they become this daemon's peers as a

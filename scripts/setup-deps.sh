@@ -55,6 +55,8 @@ packages=(
   # the fleet's registry in the discovery tests: a real etcd (its JSON gateway; the daemon speaks
   # it over cpp-httplib), started by the tests themselves (the package's own service is not used)
   etcd-server
+  # the fleet's other registry, DNS SRV records: dnsmasq (its --srv-host), run by the tests themselves
+  dnsmasq-base
   # the Python client's tests and its optional numpy views (/usr/bin/python3)
   python3 python3-numpy python3-pytest
   # unit.metrics_exposition: /metrics read by Prometheus' own parser, the alert rules as YAML

@@ -191,13 +191,17 @@ struct Config {
   // [metrics]
   std::string metrics_listen;  // empty: no metrics endpoint
 
-  // [discovery]: the daemons find each other in etcd (discovery/registry.h).
+  // [discovery]: the daemons find each other in etcd or DNS SRV records (discovery/).
   std::string discovery_etcd;                    // http://HOST:PORT[,...]; empty: no registry
   std::string discovery_prefix = "/framelink/";  // this fleet's keys: PREFIX daemons/ID
   std::string discovery_advertise;               // HOST:PORT peers dial; empty: link.listen
   uint32_t discovery_lease_ttl_s = 10;           // an entry outlives its daemon by this at most
   uint32_t discovery_poll_ms = 1000;             // how often the registry is read
   uint32_t discovery_link_idle_s = 30;           // a found daemon's link no stream needs ends after this
+  std::string discovery_dns_srv;                 // or: the fleet is the SRV records of this name
+  std::string discovery_dns_server;              // IP[:PORT] asked for them; empty: resolv.conf's
+  uint32_t discovery_dns_refresh_s = 5;          // how often the SRV records are read
+  bool discoveryEnabled() const noexcept { return !discovery_etcd.empty() || !discovery_dns_srv.empty(); }
 
   // [[peer]]
   std::vector<PeerConfig> peers;

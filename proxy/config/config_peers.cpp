@@ -1,5 +1,6 @@
 #include "config/config_peers.h"
 
+#include <arpa/inet.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -237,6 +238,32 @@ Status checkPeers(const Config& c) {
 }  // namespace config
 
 Status config::checkDiscovery(const Config& config) {
+  if (!config.discovery_dns_srv.empty()) {
+    if (!config.discovery_etcd.empty()) {
+      return invalidSetting(
+          "discovery.etcd and discovery.dns_srv are both set: a fleet has one registry; "
+          "keep the one its daemons use");
+    }
+    const std::string& name = config.discovery_dns_srv;
+    if (name.size() > 253 ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") !=
+            std::string::npos) {
+      return invalidSetting(
+          "discovery.dns_srv '" + name +
+          "' is not a DNS name; write the SRV records' name, e.g. _framelink._tcp.line1.example");
+    }
+  }
+  if (!config.discovery_dns_server.empty()) {
+    const std::string& s = config.discovery_dns_server;
+    const size_t colon = s.rfind(':');
+    in_addr ip{};
+    const std::string host = colon == std::string::npos ? s : s.substr(0, colon);
+    const long port = colon == std::string::npos ? 53 : std::strtol(s.c_str() + colon + 1, nullptr, 10);
+    if (::inet_pton(AF_INET, host.c_str(), &ip) != 1 || port <= 0 || port > 65535) {
+      return invalidSetting("discovery.dns_server '" + s +
+                            "' is not IPv4[:PORT] (e.g. 10.0.0.2 or 127.0.0.1:5353)");
+    }
+  }
   if (config.discovery_etcd.empty()) return {};
   size_t start = 0;
   while (start <= config.discovery_etcd.size()) {
@@ -316,7 +343,7 @@ std::string Config::whyNoRoute(const std::string& stream) const {
   const auto found =
       std::count_if(peers.begin(), peers.end(), [](const PeerConfig& p) { return p.discovered; });
   const std::string registry =
-      discovery_etcd.empty()
+      !discoveryEnabled()
           ? std::string()
           : "; of the " + std::to_string(found) + " daemons found in the registry, none has a reader of it";
   const auto written = static_cast<long>(peers.size()) - found;

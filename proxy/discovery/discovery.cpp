@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "metrics/metrics.h"
@@ -11,6 +12,9 @@
 namespace framelink {
 
 namespace {
+
+// The most daemons whose word (heard()) is kept between two reads of the records.
+constexpr size_t kMaxHeard = 4096;
 
 std::vector<std::string> splitEndpoints(const std::string& list) {
   std::vector<std::string> out;
@@ -95,18 +99,32 @@ std::vector<std::string> foundChanges(const Config& before, const Config& after)
   return out;
 }
 
-Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found)
-    : registry_(splitEndpoints(config.discovery_etcd), config.discovery_prefix, config.discovery_lease_ttl_s),
+Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found,
+                     Describe describe)
+    : registry_(config.discovery_etcd.empty()
+                    ? nullptr
+                    : std::make_unique<EtcdRegistry>(splitEndpoints(config.discovery_etcd),
+                                                     config.discovery_prefix, config.discovery_lease_ttl_s)),
+      registry_name_(registry_ ? "etcd " + config.discovery_etcd : "DNS SRV " + config.discovery_dns_srv),
       self_(std::move(self)),
       metrics_(metrics),
       found_(std::move(found)),
       poll_(config.discovery_poll_ms),
       keepalive_every_(std::chrono::milliseconds(config.discovery_lease_ttl_s * 1000 / 3)),
-      link_idle_(config.discovery_link_idle_s) {
-  spdlog::info("discovery: publishing '{}' at {} in etcd {} ({}daemons/), lease {} s", self_.id,
-               self_.address, config.discovery_etcd, config.discovery_prefix, config.discovery_lease_ttl_s);
+      link_idle_(config.discovery_link_idle_s),
+      srv_name_(config.discovery_dns_srv),
+      dns_server_(config.discovery_dns_server),
+      describe_(std::move(describe)),
+      dns_refresh_(config.discovery_dns_refresh_s) {
+  if (registry_) {
+    spdlog::info("discovery: publishing '{}' at {} in etcd {} ({}daemons/), lease {} s", self_.id,
+                 self_.address, config.discovery_etcd, config.discovery_prefix, config.discovery_lease_ttl_s);
+  } else {
+    spdlog::info("discovery: the fleet is the SRV records of {} (read every {} s{}{})", srv_name_,
+                 dns_refresh_.count(), dns_server_.empty() ? "" : ", from the DNS server at ", dns_server_);
+  }
   thread_ = std::thread([this] { run(); });
-  watch_thread_ = std::thread([this] { watch(); });
+  if (registry_) watch_thread_ = std::thread([this] { watch(); });
 }
 
 Discovery::~Discovery() { stop(false); }
@@ -124,7 +142,7 @@ void Discovery::stop(bool withdraw) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (watch_thread_.joinable() && !watch_exited_) {
     lock.unlock();
-    registry_.stopWatch();
+    registry_->stopWatch();
     lock.lock();
     wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return watch_exited_; });
   }
@@ -147,13 +165,14 @@ void Discovery::run() {
     const auto now = std::chrono::steady_clock::now();
     auto next = now + poll_;
     if (published_) next = std::min(next, kept_alive_ + keepalive_every_);
+    if (!registry_) next = std::min(next, next_resolve_);
     wake_.wait_until(lock, std::max({next, now, retry_at_}), [this] {
       return stopping_ || (changed_ && std::chrono::steady_clock::now() >= retry_at_);
     });
   }
-  if (withdraw_) {
+  if (withdraw_ && registry_) {
     lock.unlock();
-    registry_.withdraw();
+    registry_->withdraw();
     spdlog::info("discovery: '{}' withdrawn from the registry", self_.id);
   }
 }
@@ -167,7 +186,7 @@ void Discovery::watch() {
     if (stopping_) break;
     const int64_t from = revision_ + 1;
     lock.unlock();
-    const Status watched = registry_.watch(from, [this] {
+    const Status watched = registry_->watch(from, [this] {
       {
         std::lock_guard<std::mutex> changed(mutex_);
         changed_ = true;
@@ -192,11 +211,12 @@ void Discovery::round() {
   self.readers = metrics_.readerStreams();
   self.producers = metrics_.producerStreams();
   const auto now = std::chrono::steady_clock::now();
+  if (!registry_) return roundDns(self, now);
   if (published_ && now - kept_alive_ >= keepalive_every_) {
-    if (Status kept = registry_.keepAlive(); !kept) {
+    if (Status kept = registry_->keepAlive(); !kept) {
       // A watch on a server that vanished without closing would wait for good: it starts again.
-      registry_.interruptWatch();
-      if (registry_.leased()) return registryFailed("keeping this daemon's lease alive", kept.error());
+      registry_->interruptWatch();
+      if (registry_->leased()) return registryFailed("keeping this daemon's lease alive", kept.error());
       spdlog::warn("discovery: {}; publishing '{}' again under a new lease", kept.error().message, self.id);
       published_ = false;  // the lease is gone, and the entry with it
     } else {
@@ -204,7 +224,7 @@ void Discovery::round() {
     }
   }
   if (!published_ || !(self == published_entry_)) {
-    if (Status put = registry_.publish(self); !put) {
+    if (Status put = registry_->publish(self); !put) {
       return registryFailed("publishing this daemon", put.error());
     }
     published_ = true;
@@ -226,35 +246,169 @@ void Discovery::round() {
 
 bool Discovery::readRegistry() {
   std::vector<std::string> refused;
-  auto listed = registry_.list(refused);
-  if (!listed) {
+  auto read = registry_->list(refused);
+  if (!read) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       changed_ = true;  // read again after retry_at_
     }
-    registryFailed("reading the registry", listed.error());
+    registryFailed("reading the registry", read.error());
     return false;
   }
+  listed(std::move(read->entries), refused);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    revision_ = read->revision;
+  }
+  wake_.notify_all();
+  return true;
+}
+
+void Discovery::roundDns(const RegistryEntry& self, std::chrono::steady_clock::time_point now) {
+  bool heard_new = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    heard_new = changed_;
+    changed_ = false;
+  }
+  const bool mine_changed =
+      told_.id.empty() || self.readers != told_.readers || self.producers != told_.producers;
+  if (now >= next_resolve_ || mine_changed) {
+    if (!readDns(self, mine_changed || !self.producers.empty())) return;
+  } else if (heard_new) {
+    listDescribed();
+  } else if (self == decided_for_ && now < next_expiry_) {
+    return;  // nothing new: the round of an idle daemon ends here
+  }
+  decide(self, now);
+}
+
+bool Discovery::readDns(const RegistryEntry& self, bool all) {
+  const auto now = std::chrono::steady_clock::now();
+  auto records = resolveSrv(srv_name_, dns_server_);
+  if (!records) {
+    next_resolve_ = now + std::min<std::chrono::milliseconds>(poll_, std::chrono::seconds(1));
+    registryFailed("reading the SRV records", records.error());
+    return false;
+  }
+  next_resolve_ = now + dns_refresh_;
+  std::vector<SrvTarget> ask;
+  for (const SrvTarget& t : *records) {
+    if (all || described_.count(t.address) == 0) ask.push_back(t);
+  }
+  std::vector<std::string> refused;
+  const Said me{self, static_cast<uint64_t>(now.time_since_epoch().count())};
+  std::vector<Result<Said>> answers = ask.empty() ? std::vector<Result<Said>>{} : describe_(ask, me);
+  if (all) told_ = self;  // a daemon the call missed hears it at its next call here, or asks
+  for (size_t i = 0; i < ask.size() && i < answers.size(); ++i) {
+    Result<Said>& answer = answers[i];
+    Result<RegistryEntry> checked =
+        answer ? checkEntry(answer->entry) : Result<RegistryEntry>(std::move(answer).error());
+    if (checked) {
+      described_[ask[i].address] = Said{std::move(checked).value(), answer->as_of_ns};
+    } else {
+      // One that answered before keeps what it said: a daemon that does not
+      // answer for a while keeps its links and routes, as under etcd.
+      refused.push_back(ask[i].host + " (" + ask[i].address + "): " + checked.error().message);
+    }
+  }
+  std::map<std::string, Said> named;              // the records' daemons, by the address they are at now
+  std::map<std::string, std::string> address_of;  // by id: the first record's daemon of each id
+  for (const SrvTarget& t : *records) {
+    auto d = described_.find(t.address);
+    if (d == described_.end()) continue;
+    auto [first, fresh] = address_of.emplace(d->second.entry.id, t.address);
+    if (!fresh && first->second != t.address) {
+      refused.push_back(t.host + " (" + t.address + "): it says it is '" + d->second.entry.id + "', as " +
+                        first->second + " does: the first record's is taken");
+      continue;
+    }
+    named.emplace(t.address, d->second);
+  }
+  described_ = std::move(named);  // an address gone from the records is forgotten
+  {
+    // What daemons no record names told this one is dropped with them, and
+    // what an instance that is not the one a record's address answered for said.
+    std::set<std::pair<std::string, uint64_t>> answering;
+    for (const auto& [address, said] : described_) answering.emplace(said.entry.id, said.entry.instance);
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(heard_, [&](const auto& h) { return answering.count(h.first) == 0; });
+  }
+  dns_refused_ = std::move(refused);
+  listDescribed();
+  return true;
+}
+
+void Discovery::listDescribed() {
+  std::map<std::pair<std::string, uint64_t>, Said> heard;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    heard = heard_;
+  }
+  std::vector<RegistryEntry> entries;
+  for (auto& [address, said] : described_) {
+    // Only the word of the process the record's address answered for: another
+    // that gives the same id (a twin, a restart not asked yet) is not it.
+    auto h = heard.find({said.entry.id, said.entry.instance});
+    if (h != heard.end() && h->second.as_of_ns > said.as_of_ns) {
+      said.entry.readers = h->second.entry.readers;
+      said.entry.producers = h->second.entry.producers;
+      said.as_of_ns = h->second.as_of_ns;
+    }
+    entries.push_back(said.entry);
+  }
+  listed(std::move(entries), dns_refused_);
+}
+
+void Discovery::heard(Said said) {
+  said.entry.address = "heard:0";  // checked as an entry; its address is the record's
+  auto checked = checkEntry(std::move(said.entry));
+  if (!checked) {
+    spdlog::debug("discovery: a daemon's word left out: {}", checked.error().message);
+    return;
+  }
+  said.entry = std::move(checked).value();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ || registry_) return;
+    const std::pair<std::string, uint64_t> key{said.entry.id, said.entry.instance};
+    auto known = heard_.find(key);
+    if (known == heard_.end()) {
+      // Bounded: one word per daemon of the records, which readDns keeps to.
+      if (heard_.size() >= kMaxHeard) return;
+      heard_.emplace(key, std::move(said));
+    } else if (said.as_of_ns > known->second.as_of_ns) {
+      known->second = std::move(said);
+    } else {
+      return;
+    }
+    changed_ = true;
+  }
+  wake_.notify_all();
+}
+
+void Discovery::listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused) {
   if (!answered_) {
-    spdlog::info("discovery: etcd answers again ({}); {} daemons in the registry", registry_.endpoint(),
-                 listed->entries.size());
+    spdlog::info("discovery: {} answers again{}; {} daemons in the registry",
+                 registry_ ? "etcd" : registry_name_, registry_ ? " (" + registry_->endpoint() + ")" : "",
+                 entries.size());
     answered_ = true;
   }
   metrics_.counters.discovery_registry_up.store(1, std::memory_order_relaxed);
   std::string refused_now;
-  for (const auto& why : refused) refused_now += (refused_now.empty() ? "" : "; ") + why;
+  for (const auto& why : refused) {
+    refused_now += (refused_now.empty() ? "" : "; ") + why;
+    // Counted once while it stays: each read that finds it again is not a new one.
+    if (refused_before_.find(why) == std::string::npos) {
+      metrics_.counters.discovery_entries_refused.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   if (!refused_now.empty() && refused_now != refused_before_) {
     spdlog::warn("discovery: {} registry entries left out: {}", refused.size(), refused_now);
   }
   refused_before_ = std::move(refused_now);
   listed_ = true;
-  entries_ = std::move(listed->entries);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    revision_ = listed->revision;
-  }
-  wake_.notify_all();
-  return true;
+  entries_ = std::move(entries);
 }
 
 void Discovery::decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now) {
@@ -295,8 +449,8 @@ void Discovery::registryFailed(const std::string& what, const Error& error) {
   if (answered_) {
     spdlog::warn(
         "discovery: {} failed: {}.  The links and routes up stay as they are, and daemons not yet found wait "
-        "until etcd answers again",
-        what, error.message);
+        "until {} answers again",
+        what, error.message, registry_name_);
     answered_ = false;
   }
 }

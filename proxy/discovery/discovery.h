@@ -1,7 +1,17 @@
 // [discovery]: this daemon's entry in the fleet's registry (etcd_registry.h),
 // kept alive and up to date (its readers and producers looked at every
 // poll_ms), and the other daemons' entries, read at start and again when a
-// watch of the registry says one changed; a thread for each.  What it finds
+// watch of the registry says one changed; a thread for each.
+//
+// Or, where the fleet is the SRV records of a name (dns_srv.h): the records
+// read every dns_refresh_s, and each daemon they name asked what it is
+// (Describe, link/peer_describe.h) when its address is new.  Each call says
+// what this daemon is too, so when its readers or producers change it asks
+// every daemon at once -- they hear of it (heard()) as an etcd watch would
+// tell them -- and while it has producers, whose routes follow the others'
+// readers, it asks every daemon again at each read (what a call missed).
+// Nothing is published: the DNS server's records are the operator's (or
+// Kubernetes').  One thread.  What it finds
 // goes to `found` when it changed: the daemon turns it into peers
 // (DaemonImpl::applyFound).  An idle fleet makes no request but the
 // keep-alives, one per daemon every third of the lease's TTL.
@@ -20,14 +30,24 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
+#include "discovery/dns_srv.h"
 #include "discovery/etcd_registry.h"
 
 namespace framelink {
 
 class Metrics;
+
+// What a daemon said of itself (its entry: a Describe answer, or a call it
+// made), and when, on its own monotonic clock: of two words of one instance
+// (one process) the later counts.
+struct Said {
+  RegistryEntry entry;
+  uint64_t as_of_ns = 0;
+};
 
 // A daemon found in the registry, and whether this one links to it now.
 struct FoundDaemon {
@@ -56,10 +76,15 @@ std::vector<std::string> foundChanges(const Config& before, const Config& after)
 class Discovery {
  public:
   using Found = std::function<void(const std::vector<FoundDaemon>& others)>;
+  // Asks the daemons at `targets` what they are, saying `self` (the daemon's
+  // describePeers): what each said, in their order, or why not.
+  using Describe =
+      std::function<std::vector<Result<Said>>(const std::vector<SrvTarget>& targets, const Said& self)>;
   // `self`: this daemon's entry but its readers and producers, which come
   // from `metrics` (Metrics::readerStreams, producerStreams) each round.  A
   // link is dialed while a stream needs it and link_idle_s after (dialsFor).
-  Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found);
+  // `describe`: used under dns_srv only.
+  Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found, Describe describe);
   ~Discovery();
   Discovery(const Discovery&) = delete;
   Discovery& operator=(const Discovery&) = delete;
@@ -69,17 +94,37 @@ class Discovery {
   // the next daemon publishes it again).
   void stop(bool withdraw);
 
+  // dns_srv: a daemon that asked this one said what it is (its id proven by
+  // the call's credentials): taken at the next round, where it is the
+  // instance a record's address answered for and later than what it said
+  // then.  From a gRPC thread; never blocks on the registry.
+  void heard(Said said);
+
  private:
   void run();
   void round();
   // Reads every entry (entries_, revision_); false when etcd did not answer.
   bool readRegistry();
+  // dns_srv: a round.  The records read again when due, or at once when this
+  // daemon's own streams changed (every daemon then is asked, and so told).
+  void roundDns(const RegistryEntry& self, std::chrono::steady_clock::time_point now);
+  // The records, and what the daemons they name say they are (described_);
+  // false when no DNS server answered.  `all`: every daemon is asked, else
+  // only those at an address not asked before.
+  bool readDns(const RegistryEntry& self, bool all);
+  // entries_ from described_, each updated by what its daemon told this one
+  // since; the last read's refusals (dns_refused_) stand.
+  void listDescribed();
+  // What a read found and left out (`refused`: "what: why"), logged when it
+  // changed and counted; the registry answered.
+  void listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused);
   // Which found daemons this one dials now, from entries_; `found_` when it changed.
   void decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now);
   void watch();
   void registryFailed(const std::string& what, const Error& error);
 
-  EtcdRegistry registry_;
+  std::unique_ptr<EtcdRegistry> registry_;  // null under dns_srv
+  const std::string registry_name_;         // "etcd URLS" or "DNS SRV NAME", for messages
   RegistryEntry self_;
   Metrics& metrics_;
   Found found_;
@@ -99,6 +144,18 @@ class Discovery {
   RegistryEntry decided_for_;                            // the entry `last_found_` was decided for
   std::chrono::steady_clock::time_point next_expiry_{};  // the first of needed_until_
   std::string refused_before_;                           // what the last list refused, logged when it changes
+
+  // dns_srv
+  const std::string srv_name_;
+  const std::string dns_server_;
+  Describe describe_;
+  const std::chrono::seconds dns_refresh_;
+  std::chrono::steady_clock::time_point next_resolve_{};  // the records' next read
+  std::map<std::string, Said> described_;                 // by the address asked: what it said last
+  std::vector<std::string> dns_refused_;                  // what the last read left out, and why
+  RegistryEntry told_;  // this daemon's streams as it last told every daemon
+  // By id and instance: what daemons told this one (under mutex_).
+  std::map<std::pair<std::string, uint64_t>, Said> heard_;
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -90,6 +90,10 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
   if (e.id != key_id) {
     return makeError(FL_ERR_PROTOCOL, "it names daemon '" + e.id + "' under the key of '" + key_id + "'");
   }
+  return checkEntry(std::move(e));
+}
+
+Result<RegistryEntry> checkEntry(RegistryEntry e) {
   if (auto st = checkStreamName(e.id, "its id", false); !st) return st.error();
   const size_t colon = e.address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size()) {

@@ -38,6 +38,9 @@ struct RegistryEntry {
 // with the reason, one that is not well formed or that its key does not name.
 std::string formatEntry(const RegistryEntry& entry);
 Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& value);
+// An entry however it came (the registry, a Describe answer): its id and
+// streams well formed (then sorted, each once), its address HOST:PORT.
+Result<RegistryEntry> checkEntry(RegistryEntry e);
 
 // The registry's entries, and its revision when they were read (a watch
 // from the next one misses no change).

@@ -13,20 +13,6 @@ namespace framelink {
 
 namespace {
 
-// The names a verified client certificate carries: its common name and its
-// DNS names.  None without TLS or without a certificate.
-std::vector<std::string> certificateNames(const ::grpc::ServerContext& ctx) {
-  std::vector<std::string> names;
-  const auto auth = ctx.auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return names;
-  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME}) {
-    for (const auto& value : auth->FindPropertyValues(property)) {
-      names.emplace_back(value.data(), value.size());
-    }
-  }
-  return names;
-}
-
 std::string firstValue(const ::grpc::AuthContext* auth, const char* property) {
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return {};
   const auto values = auth->FindPropertyValues(property);
@@ -41,6 +27,17 @@ std::string listed(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+std::vector<std::string> certificateNames(const ::grpc::AuthContext* auth) {
+  std::vector<std::string> names;
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_PEER_DNS_PROPERTY_NAME}) {
+    for (const auto& value : auth->FindPropertyValues(property)) {
+      names.emplace_back(value.data(), value.size());
+    }
+  }
+  return names;
+}
 
 bool secretEquals(std::string_view presented, std::string_view expected) noexcept {
   unsigned char diff = presented.size() == expected.size() ? 0 : 1;
@@ -116,7 +113,7 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
     return refuseRevoked(id, why, from);
   }
   if (cert_name.empty()) return ::grpc::Status::OK;
-  const std::vector<std::string> names = certificateNames(ctx);
+  const std::vector<std::string> names = certificateNames(ctx.auth_context().get());
   for (const auto& name : names) {
     if (name == cert_name) return ::grpc::Status::OK;
   }
@@ -147,7 +144,7 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
 ::grpc::Status PeerIdentity::refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
                                                const std::string& name, const std::string& from) {
   metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
-  const std::string names = listed(certificateNames(ctx));
+  const std::string names = listed(certificateNames(ctx.auth_context().get()));
   log_.warn("peer at {} refused: it claims to be '{}', but its certificate names {}, not '{}' (FL_ERR_AUTH)",
             from, id, names, name);
   return {::grpc::StatusCode::UNAUTHENTICATED, "the certificate does not prove daemon id '" + id +

@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/log_limit.h"
 #include "common/thread_annotations.h"
@@ -55,6 +56,10 @@ std::string callToken(const ::grpc::ServerContext& ctx);
 // Why the peer's verified certificate on this call is revoked by a CRL of
 // link.tls_crl_file; "" when it is not (or there is no CRL, or no TLS).
 std::string revokedPeer(const Config& config, const ::grpc::AuthContext* auth);
+
+// The names the peer's verified certificate on a call carries: its common
+// name and its DNS names.  None without TLS or without a certificate.
+std::vector<std::string> certificateNames(const ::grpc::AuthContext* auth);
 
 // The peer's verified certificate on this call (PEM); "" without TLS or a
 // certificate.  Kept per link, so that a reload can check it against new CRLs.

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@
 #include "common/result.h"
 #include "config/config.h"
 #include "config/config_reload.h"
+#include "link/peer_describe.h"
 #include "link/peer_transports.h"
 #include "link/protocol_versions.h"
 
@@ -61,6 +63,11 @@ class PeerLinks {
   // refused from then on.  Every other link runs on; new sessions use the
   // new tokens.
   virtual void reconfigure(std::shared_ptr<const Config> next) = 0;
+  // Where the word of a daemon that asked this one what it is goes (its id
+  // proven, its streams not yet checked; peer_describe.h): a gRPC thread
+  // calls `heard`, which must not block.
+  using Heard = std::function<void(const Described& asker)>;
+  virtual void onDescribed(Heard heard) = 0;
 };
 
 }  // namespace framelink

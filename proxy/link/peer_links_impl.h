@@ -57,7 +57,11 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   void reconfigure(std::shared_ptr<const Config> next) override;
 
   ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
+  // peer_describe.cpp: this daemon's id, instance and streams, to a daemon with the token.
+  ::grpc::Status Describe(::grpc::ServerContext* ctx, const v1::DescribeRequest* request,
+                          v1::DescribeReply* reply) override;
   ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
+  void onDescribed(Heard heard) override;
 
  private:
   // Per configured peer, kept by its dialer across sessions.
@@ -163,6 +167,8 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   // What strangers on the network can make this daemon log, per cause; and
   // a holder of the token, by opening links as fast as handshakes finish.
   LogLimiter log_auth_, log_protocol_, log_data_timeout_;
+  Mutex heard_mutex_;
+  Heard heard_ FL_GUARDED_BY(heard_mutex_);
   LogLimiter log_accepted_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
 };
 

@@ -86,7 +86,7 @@ constexpr CounterInfo kLinksUp = {
     &Metrics::Counters::links_up};
 constexpr CounterInfo kDiscoveryGauges[] = {
     {"discovery_registry_up",
-     "1 while the registry ([discovery] etcd) answers, 0 while it does not (or none).",
+     "1 while the registry ([discovery] etcd or dns_srv) answers, 0 while it does not (or none).",
      &Metrics::Counters::discovery_registry_up},
     {"discovery_peers", "Daemons found in the registry and linked to as peers (the written [[peer]]s apart).",
      &Metrics::Counters::discovery_peers},
@@ -96,7 +96,8 @@ constexpr CounterInfo kLinkCounters[] = {
     {"discovery_registry_errors", "Requests to the registry that failed (it keeps the daemons it found).",
      &Metrics::Counters::discovery_registry_errors},
     {"discovery_entries_refused",
-     "Registry entries whose daemon proved another id (its HelloAck or its certificate): not linked.",
+     "Registry entries left out: not well formed, or their daemon proved another id (its HelloAck, its "
+     "certificate, its Describe answer): not linked.",
      &Metrics::Counters::discovery_entries_refused},
     {"auth_failures", "Peers refused for a wrong token or certificate.", &Metrics::Counters::auth_failures},
     {"peer_version_mismatches", "Peer sessions refused: no protocol version in common (the log names both).",

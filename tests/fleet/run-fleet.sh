@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # A fleet on one machine: N framelinkd (64 by default), each in a network namespace of its own on
 # one bridge, with no [[peer]] at all -- they find each other in a real etcd (Debian's
-# etcd-server) and link only where a stream needs it.  Then, every frame verified:
+# etcd-server), or in the DNS SRV records a real dnsmasq serves (--registry dns), and link only
+# where a stream needs it.  Then, every frame verified:
 #   1. converge   every daemon finds the N-1 others (its framelink_discovery_peers)
 #   2. fan-out    a producer on host 1 reaches readers on 12 other hosts: six with a subscriber,
 #                 six with a queue group of two consumers (each frame to one of the two)
 #   3. replace    a reader host is killed and a new one, with a new address, starts: it is found
 #                 and its reader gets frames of the running stream
-#   4. etcd down  etcd is killed mid-stream: delivery goes on
+#   4. registry down  etcd (or dnsmasq) is killed mid-stream: delivery goes on
 # The figures (time to converge, memory, threads and descriptors per daemon, links held, the idle
 # fleet's CPU) are printed as a benchmark, never asserted against a time.  Needs root (ip netns).
 # The last line is "FLEET: PASSED ..." or "FLEET: FAILED ...".
 #
-#   tests/fleet/run-fleet.sh [--daemons N] [--poll-ms MS] [--build DIR] [--keep]
-#     --poll-ms  how often each daemon reads the registry (default 1000, the daemon's own default)
+#   tests/fleet/run-fleet.sh [--daemons N] [--registry etcd|dns] [--poll-ms MS] [--build DIR] [--keep]
+#     --registry  etcd (default): the daemons publish themselves under leases and watch the others;
+#                 dns: the records of _framelink._tcp.fleet.test (dnsmasq --srv-host), read every 3 s
+#     --poll-ms   how often each daemon looks at its own streams (default 1000, the daemon's own)
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,11 +24,13 @@ root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 n=64
 poll_ms=1000
+registry=etcd
 keep=0
 while (($#)); do
   case "$1" in
     --daemons) n=$2; shift 2 ;;
     --poll-ms) poll_ms=$2; shift 2 ;;
+    --registry) registry=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
@@ -41,7 +46,12 @@ fail() {
 ((n >= 14)) || fail "--daemons must be at least 14 (a producer, 12 reader hosts and a spare)"
 [[ $(id -u) == 0 ]] || fail "needs root for ip netns (run as root, as CI does)"
 [[ -x $daemon && -x $cli ]] || fail "no $daemon or $cli: build first (cmake --build $build)"
-command -v etcd >/dev/null || fail "no etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)"
+[[ $registry == etcd || $registry == dns ]] || fail "--registry is etcd or dns, not $registry"
+if [[ $registry == etcd ]]; then
+  command -v etcd >/dev/null || fail "no etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)"
+else
+  command -v dnsmasq >/dev/null || fail "no dnsmasq: apt-get install dnsmasq-base (scripts/setup-deps.sh installs it)"
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fl-fleet.XXXXXX")
 tag=fl$$ # names of this run's namespaces and links: two runs do not meet
@@ -54,22 +64,38 @@ declare -A daemon_pid=() # host index -> pid
 declare -A host_ip=()    # host index -> its address
 pids=()
 etcd_pid=""
+dns_pid=""
+srv_name=_framelink._tcp.fleet.test
 
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${daemon_pid[@]}"; do kill "$p" 2>/dev/null; done
   [[ -n $etcd_pid ]] && kill "$etcd_pid" 2>/dev/null
+  [[ -n $dns_pid ]] && kill "$dns_pid" 2>/dev/null
   sleep 0.5
-  for p in "${pids[@]}" "${daemon_pid[@]}" $etcd_pid; do kill -9 "$p" 2>/dev/null; done
+  for p in "${pids[@]}" "${daemon_pid[@]}" $etcd_pid $dns_pid; do kill -9 "$p" 2>/dev/null; done
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${tag}-"); do ip netns delete "$ns"; done
   ip link delete "$bridge" 2>/dev/null
+  if [[ -n ${neigh_was:-} ]]; then
+    read -r t1 t2 t3 <<<"$neigh_was"
+    echo "$t1" >$neigh/gc_thresh1
+    echo "$t2" >$neigh/gc_thresh2
+    echo "$t3" >$neigh/gc_thresh3
+  fi
   ((keep)) && echo "fleet: work dir kept: $work" || rm -rf "$work"
 }
 trap cleanup EXIT
 
-# ---- the network: a bridge, one namespace per host (10.88.1.I, or 10.88.2.I for a replacement)
+# ---- the network: a bridge, one namespace per host (10.88.1.I, or 10.88.2.I for a replacement).
+# The kernel's ARP table is one for every namespace (gc_thresh3: 1024 entries): 64 hosts that each
+# reach the 63 others (dns: each asks each what it is) need 4096, so it grows for the run.
+neigh=/proc/sys/net/ipv4/neigh/default
+neigh_was=$(cat $neigh/gc_thresh1 $neigh/gc_thresh2 $neigh/gc_thresh3 | tr '\n' ' ')
+echo $((4 * n * n)) >$neigh/gc_thresh3
+echo $((2 * n * n)) >$neigh/gc_thresh2
+echo $((n * n)) >$neigh/gc_thresh1
 ip link add "$bridge" type bridge || fail "cannot create a bridge"
 ip addr add $etcd_ip/16 dev "$bridge"
 ip link set "$bridge" up
@@ -97,7 +123,25 @@ start_etcd() {
   done
   return 1
 }
-start_etcd || fail "etcd did not start (see $work/etcd.log)"
+# ---- or dnsmasq on the same address: an SRV record and an A record per host of host_ip, served
+# again (restarted: it reads its command line once) when the hosts change.  The answer of 64 records
+# comes over TCP (too large for a datagram), a connection per query: more than dnsmasq's default 20 at once.
+start_dns() {
+  [[ -n $dns_pid ]] && kill "$dns_pid" 2>/dev/null && wait "$dns_pid" 2>/dev/null
+  local args=() i
+  for i in "${!host_ip[@]}"; do
+    args+=("--srv-host=$srv_name,host-$i.fleet.test,7700" "--host-record=host-$i.fleet.test,${host_ip[$i]}")
+  done
+  dnsmasq --keep-in-foreground --conf-file=/dev/null --listen-address=$etcd_ip --bind-interfaces --no-resolv \
+    --no-hosts --pid-file= --user=root --log-facility=- --max-tcp-connections=256 "${args[@]}" >>"$work/dnsmasq.log" 2>&1 &
+  dns_pid=$!
+}
+if [[ $registry == etcd ]]; then
+  start_etcd || fail "etcd did not start (see $work/etcd.log)"
+  registry_args=(--etcd "$etcd_url")
+else
+  registry_args=(--dns-srv "$srv_name" --dns-server "$etcd_ip" --dns-refresh-s 3)
+fi
 
 # ---- the daemons
 start_daemon() { # INDEX IP
@@ -105,7 +149,7 @@ start_daemon() { # INDEX IP
   mkdir -p "$dir"
   ip netns exec "$tag-$i" "$daemon" --id "host-$i" --socket "$dir/sock" --ready-file "$dir/ready" \
     --listen "$2:7700" --data-listen "$2:7701" --token fleet-token --transports tcp --hugepages off \
-    --etcd "$etcd_url" --poll-ms "$poll_ms" --link-idle-s 10 --ack-timeout-ms 5000 \
+    "${registry_args[@]}" --poll-ms "$poll_ms" --link-idle-s 10 --ack-timeout-ms 5000 \
     --credit-timeout-ms 5000 --metrics "$2:9464" --log-level info >"$dir/log" 2>&1 &
   daemon_pid[$i]=$!
   host_ip[$i]=$2
@@ -141,8 +185,12 @@ for line in sys.stdin:
 }
 counter() { metric "$2" "$1" | awk '{print $2}'; }
 
-log "starting etcd and $n daemons, each in its own network namespace on bridge $bridge"
+log "starting $registry and $n daemons, each in its own network namespace on bridge $bridge"
 t0=$(date +%s%N)
+if [[ $registry == dns ]]; then
+  for i in $(seq "$n"); do host_ip[$i]=10.88.1.$i; done
+  start_dns
+fi
 for i in $(seq "$n"); do
   add_host "$i" "10.88.1.$i" || fail "cannot create namespace $i"
   start_daemon "$i" "10.88.1.$i"
@@ -250,12 +298,13 @@ send2=$!
 pids+=($!)
 sleep 2
 kill -9 "${daemon_pid[9]}"
-unset 'daemon_pid[9]'
+unset 'daemon_pid[9]' 'host_ip[9]'
 ip netns delete "$tag-9"
 new=$((n + 1))
 add_host "$new" "10.88.2.1" || fail "cannot create the replacement's namespace"
 t_new=$(date +%s%N)
 start_daemon "$new" "10.88.2.1"
+[[ $registry == dns ]] && start_dns # the DNS server's records change with the host (as a headless service's do)
 wait_ready "$new" || fail "the replacement did not get ready"
 # (it keeps reading: a reader host whose last reader left would hold the stream's frames until
 # credit_timeout_ms, as a written route to a host without readers does)
@@ -273,15 +322,22 @@ t_got=$(date +%s%N)
 replace_ms=$(((t_got - t_new) / 1000000))
 log "replace: host-9 killed; host-$new at 10.88.2.1 started, found, and its reader had 20 frames $replace_ms ms after its start"
 
-# 4. etcd down mid-stream: the running stream goes on
+# 4. the registry down mid-stream: the running stream goes on
 before=$(counter 2 frames_received_total)
-kill -9 "$etcd_pid"
-etcd_pid=""
+server=etcd
+if [[ $registry == etcd ]]; then
+  kill -9 "$etcd_pid"
+  etcd_pid=""
+else
+  server=dnsmasq
+  kill -9 "$dns_pid"
+  dns_pid=""
+fi
 sleep 5
 after=$(counter 2 frames_received_total)
-((after > before + 50)) || fail "etcd down: host-2 received $((after - before)) frames in 5 s (the stream stopped)"
+((after > before + 50)) || fail "$server down: host-2 received $((after - before)) frames in 5 s (the stream stopped)"
 up=$(counter 1 discovery_registry_up)
-log "etcd down: host-2 received $((after - before)) frames in 5 s; host-1's discovery_registry_up = $up"
+log "$server down: host-2 received $((after - before)) frames in 5 s; host-1's discovery_registry_up = $up"
 kill -INT "$send2" 2>/dev/null
 wait "$send2" 2>/dev/null
 for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null; done
@@ -292,7 +348,9 @@ for f in "$work/recv2-2" "$work/recv2-new"; do
 done
 
 echo
-echo "fleet of $n daemons (tcp, one network namespace each, etcd 3.4 registry), one machine of $(nproc) CPUs"
+what="etcd 3.4 registry"
+[[ $registry == dns ]] && what="DNS SRV records of dnsmasq, read every 3 s"
+echo "fleet of $n daemons (tcp, one network namespace each, $what), one machine of $(nproc) CPUs"
 echo
 echo "| figure | value |"
 echo "|---|---|"
@@ -305,6 +363,6 @@ echo "| per idle daemon | $((rss / n)) KiB resident, $((threads / n)) threads, $
 echo "| links held by the producer's daemon, $reader_hosts reader hosts | $fan_links |"
 echo "| per link held (the producer's daemon, its growth over idle) | $per_link |"
 echo "| replacement host: start to 20 frames at its reader | $replace_ms ms |"
-echo "| etcd down: frames at host-2 in 5 s (50 frames/s sent) | $((after - before)) |"
+echo "| $server down: frames at host-2 in 5 s (50 frames/s sent) | $((after - before)) |"
 echo
-echo "FLEET: PASSED -- $n daemons converged in $converge_ms ms; $frames frames to $reader_hosts hosts verified; a replaced host served in $replace_ms ms; delivery went on without etcd"
+echo "FLEET: PASSED -- $n daemons converged in $converge_ms ms; $frames frames to $reader_hosts hosts verified; a replaced host served in $replace_ms ms; delivery went on without $server"

@@ -2,7 +2,7 @@
 // (Debian's etcd-server, started here on ports of its own), link once per
 // pair, route a stream to the daemons that announced readers of it, refuse an
 // entry whose address answers with another id, and keep what runs while etcd
-// is away.
+// is away.  The same through DNS SRV records, served by a real dnsmasq.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -88,6 +88,65 @@ class Etcd {
   uint16_t client_port_, peer_port_;
   std::unique_ptr<ChildProcess> process_;
 };
+
+// dnsmasq on a loopback port of its own, serving _framelink._tcp.fl.test: an
+// SRV record per daemon (its host NAME.fl.test, its gRPC port) and the
+// host's A record.  serve() again replaces the records (dnsmasq reads its
+// command line once: it is started again, as a DNS server's update would be).
+class DnsMasq {
+ public:
+  static constexpr const char* kName = "_framelink._tcp.fl.test";
+  struct Record {
+    std::string host;
+    std::string ip;
+    uint16_t port;
+  };
+
+  DnsMasq() : port_(freePort()) {}
+  void serve(const std::vector<Record>& records) {
+    const std::string binary = "/usr/sbin/dnsmasq";
+    INFO("the DNS SRV tests need dnsmasq: apt-get install dnsmasq-base (scripts/setup-deps.sh installs it)");
+    REQUIRE(::access(binary.c_str(), X_OK) == 0);
+    stop();
+    std::vector<std::string> args{"--keep-in-foreground",
+                                  "--conf-file=/dev/null",
+                                  "--port=" + std::to_string(port_),
+                                  "--listen-address=127.0.0.1",
+                                  "--bind-interfaces",
+                                  "--no-resolv",
+                                  "--no-hosts",
+                                  "--pid-file=",
+                                  "--log-facility=-"};
+    if (::getuid() == 0) args.push_back("--user=root");  // else it would drop to nobody
+    for (const Record& r : records) {
+      args.push_back("--srv-host=" + std::string(kName) + "," + r.host + ".fl.test," +
+                     std::to_string(r.port));
+      args.push_back("--host-record=" + r.host + ".fl.test," + r.ip);
+    }
+    process_ = std::make_unique<ChildProcess>("dnsmasq", args, std::vector<std::string>{}, binary);
+    REQUIRE(waitUntil([&] { return process_->output().find("started") != std::string::npos; }, Millis(5000)));
+  }
+  void stop() {
+    if (process_) process_->kill9();
+    process_.reset();
+  }
+  std::string server() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  uint16_t port_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+DaemonProcess::Options srvMember(const std::string& id, const DnsMasq& dns, const std::string& token) {
+  DaemonProcess::Options o;
+  o.id = id;
+  o.token = token;
+  o.transports = "tcp";
+  o.extra_args = {"--dns-srv", DnsMasq::kName, "--dns-server", dns.server(),    "--dns-refresh-s",
+                  "1",         "--poll-ms",    "200",          "--link-idle-s", "2",
+                  "--metrics", "127.0.0.1:0"};
+  return o;
+}
 
 DaemonProcess::Options fleetMember(const std::string& id, const Etcd& etcd) {
   DaemonProcess::Options o;
@@ -265,4 +324,53 @@ TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon t
   CHECK(a.waitForLog("discovery: disc-c gone from the registry", Millis(20000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_peers") == 1; }, Millis(5000)));
   sendOne(producer.get(), consumer.get(), 5);
+}
+
+TEST_CASE(
+    "discovery (DNS SRV): daemons named by SRV records ask each other what they are; frames go where "
+    "readers are; one that claims a taken id or has the wrong token is left out",
+    "[integration][discovery]") {
+  DnsMasq dns;
+  DaemonProcess a(srvMember("srv-a", dns, "fleet-secret"));
+  DaemonProcess b(srvMember("srv-b", dns, "fleet-secret"));
+  DaemonProcess twin(srvMember("srv-b", dns, "fleet-secret"));      // says it is srv-b too
+  DaemonProcess stranger(srvMember("srv-x", dns, "other-secret"));  // not of this fleet
+  dns.serve({{"a", "127.0.0.1", a.grpcPort()},
+             {"b", "127.0.0.1", b.grpcPort()},
+             {"twin", "127.0.0.1", twin.grpcPort()},
+             {"x", "127.0.0.1", stranger.grpcPort()}});
+  CHECK(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
+  CHECK(a.metric("framelink_discovery_registry_up") == 1);
+  CHECK(a.waitForLog("discovery: srv-b found (not dialed from here; no readers)", Millis(10000)));
+  // Records sort by host: b's comes before twin's, and takes the id.
+  CHECK(a.waitForLog("twin.fl.test (127.0.0.1:" + std::to_string(twin.grpcPort()) +
+                         "): it says it is 'srv-b', as 127.0.0.1:" + std::to_string(b.grpcPort()) + " does",
+                     Millis(10000)));
+  CHECK(a.waitForLog(
+      "x.fl.test (127.0.0.1:" + std::to_string(stranger.grpcPort()) + "): wrong or missing token",
+      Millis(10000)));
+  CHECK(waitForMetric(a, "framelink_discovery_entries_refused_total", 2) >= 2);
+  CHECK(a.metric("framelink_links_up") == 0);
+
+  // A reader on B: B tells the others at once (A, with no producer, asks no one again), then a
+  // producer on A: A dials B, and its first frame goes there.
+  Client on_b = attachConsumer(b, "srv-line", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("srv-b changed (not dialed from here; readers: srv-line)", Millis(5000)));
+  Client producer = attachProducer(a, "srv-line", 4, 256 * 1024);
+  REQUIRE(a.waitForLog(
+      "srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) + "; readers: srv-line)",
+      Millis(10000)));
+  for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
+  CHECK(a.metric("framelink_links_up") == 1);
+  CHECK(twin.metric("framelink_links_up") == 0);
+
+  // The DNS server goes: what runs stays.  Back with B's record alone: the others are forgotten.
+  dns.stop();
+  CHECK(a.waitForLog("reading the SRV records failed", Millis(10000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
+  for (uint64_t id = 4; id <= 5; ++id) sendOne(producer.get(), on_b.get(), id);
+  dns.serve({{"a", "127.0.0.1", a.grpcPort()}, {"b", "127.0.0.1", b.grpcPort()}});
+  CHECK(a.waitForLog("discovery: DNS SRV " + std::string(DnsMasq::kName) + " answers again", Millis(10000)));
+  CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 1; }, Millis(10000)));
+  sendOne(producer.get(), on_b.get(), 6);
 }

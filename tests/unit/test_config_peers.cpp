@@ -239,3 +239,16 @@ address = "10.0.0.3:7700"
   REQUIRE_FALSE(started.ok());
   CHECK(refused.error().message == started.error().message);
 }
+
+TEST_CASE("[discovery] dns_srv: what is refused, and why", "[config][discovery]") {
+  auto ok = parse({"--dns-srv", "_framelink._tcp.line1.example", "--dns-server", "127.0.0.1:5353"});
+  REQUIRE(ok.ok());
+  CHECK(ok->discoveryEnabled());
+  CHECK(ok->discovery_dns_refresh_s == 5);
+  requireError({"--dns-srv", "_framelink._tcp.line1.example", "--etcd", "http://10.0.0.10:2379"},
+               {"discovery.etcd and discovery.dns_srv are both set"});
+  requireError({"--dns-srv", "line one"}, {"discovery.dns_srv 'line one' is not a DNS name"});
+  requireError({"--dns-srv", "_framelink._tcp.x", "--dns-server", "dns.example"},
+               {"discovery.dns_server 'dns.example' is not IPv4[:PORT]"});
+  requireError({"--dns-srv", "_framelink._tcp.x", "--dns-server", "10.0.0.2:70000"}, {"is not IPv4[:PORT]"});
+}

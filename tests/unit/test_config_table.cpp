@@ -92,9 +92,10 @@ Sample textSample(const cfg::Text& t, const std::string& v, const TempDir& dir) 
     const std::string file = dir.write("sample" + v + ".pem", crl ? kCrlPem : kPem);
     return {quote("sample" + v + ".pem"), {file}, file, fieldEquals(t.field, file)};
   }
-  // discovery.etcd holds URLs: a bare word is refused.
-  const std::string value =
-      t.field == &fl::Config::discovery_etcd ? "http://sample-" + v + ":2379" : "sample-" + v;
+  // discovery.etcd holds URLs, discovery.dns_server an IPv4 address: a bare word is refused.
+  std::string value = "sample-" + v;
+  if (t.field == &fl::Config::discovery_etcd) value = "http://sample-" + v + ":2379";
+  if (t.field == &fl::Config::discovery_dns_server) value = "127.0.0." + v + ":5353";
   return {quote(value), {value}, t.secret ? "<redacted>" : value, fieldEquals(t.field, value)};
 }
 

@@ -1,0 +1,168 @@
+#include "link/peer_describe.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "config/config.h"
+#include "framelink/v1/link.grpc.pb.h"
+#include "link/peer_grpc_options.h"
+#include "link/peer_identity.h"
+#include "link/peer_links_impl.h"
+#include "metrics/metrics.h"
+#include "transport/grpc/grpc_limits.h"
+
+namespace framelink {
+
+namespace {
+
+// An answer holds an id and stream names: far less than this.
+constexpr int kMaxDescribeBytes = 64 * 1024;
+// Calls in flight at once, at most.
+constexpr size_t kDescribeWindow = 8;
+
+// One call under way: its channel, context and answer live until it completes.
+struct Asking {
+  std::shared_ptr<::grpc::Channel> channel;
+  ::grpc::ClientContext ctx;
+  v1::DescribeReply reply;
+  ::grpc::Status status;
+  std::unique_ptr<::grpc::ClientAsyncResponseReader<v1::DescribeReply>> call;
+};
+
+Described fromMessage(const v1::DaemonStreams& m) {
+  return Described{m.daemon_id(),
+                   m.instance(),
+                   {m.readers().begin(), m.readers().end()},
+                   {m.producers().begin(), m.producers().end()},
+                   m.as_of_ns()};
+}
+
+void toMessage(const Described& d, v1::DaemonStreams& m) {
+  m.set_daemon_id(d.id);
+  m.set_instance(d.instance);
+  for (const auto& r : d.readers) m.add_readers(r);
+  for (const auto& p : d.producers) m.add_producers(p);
+  m.set_as_of_ns(d.as_of_ns);
+}
+
+Result<Described> answered(const Config& config, Asking& a) {
+  if (!a.status.ok()) {
+    std::string why = a.status.error_message();
+    if (a.status.error_code() == ::grpc::StatusCode::UNIMPLEMENTED) {
+      why = "it does not answer Describe (a release older than this one): give it a [[peer]]";
+    } else if (a.status.error_code() == ::grpc::StatusCode::DEADLINE_EXCEEDED) {
+      why = "no answer in time (its daemon down, or busy)";
+    }
+    return makeError(FL_ERR_LINK_LOST, why);
+  }
+  Described d = fromMessage(a.reply.answerer());
+  if (config.tlsEnabled()) {
+    // The host name was checked in the handshake; the id it claims must be named too.
+    const auto auth = a.ctx.auth_context();
+    const std::vector<std::string> names = certificateNames(auth.get());
+    if (std::find(names.begin(), names.end(), d.id) == names.end()) {
+      return makeError(FL_ERR_AUTH, "it says it is '" + d.id +
+                                        "', but its certificate does not name it (it names " +
+                                        std::to_string(names.size()) + " other names)");
+    }
+  }
+  return d;
+}
+
+// Starts the call to `target` on `cq`, its deadline `timeout` from now.
+void startAsking(const Config& config, const DescribeTarget& target, const v1::DescribeRequest& request,
+                 std::chrono::milliseconds timeout, ::grpc::CompletionQueue& cq, Asking& a) {
+  ::grpc::ChannelArguments args = peerChannelArguments(config);
+  args.SetMaxReceiveMessageSize(kMaxDescribeBytes);
+  if (config.tlsEnabled() && config.tls_server_name.empty()) args.SetSslTargetNameOverride(target.host);
+  a.channel = ::grpc::CreateCustomChannel(target.address, peerChannelCredentials(config), args);
+  a.ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  a.ctx.set_wait_for_ready(true);  // a connection being made is waited for, up to the deadline
+  if (!config.token.empty()) a.ctx.AddMetadata(transport::kTokenMetadataKey, config.token);
+  a.call = v1::Link::NewStub(a.channel)->AsyncDescribe(&a.ctx, request, &cq);
+  a.call->Finish(&a.reply, &a.status, &a);
+}
+
+}  // namespace
+
+std::vector<Result<Described>> describePeers(const Config& config, const std::vector<DescribeTarget>& targets,
+                                             const Described& self, std::chrono::milliseconds timeout) {
+  ::grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Asking>> asking;
+  v1::DescribeRequest request;
+  toMessage(self, *request.mutable_asker());
+  // A window of calls in flight, the next started as one ends: a fleet that
+  // starts at once asks each daemon N-1 times, and a daemon asked by all at
+  // once would answer none in time.
+  size_t started = 0;
+  for (size_t done = 0; done < targets.size(); ++done) {
+    while (started < targets.size() && started - done < kDescribeWindow) {
+      asking.push_back(std::make_unique<Asking>());
+      startAsking(config, targets[started], request, timeout, cq, *asking.back());
+      ++started;
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok)) break;
+  }
+  std::vector<Result<Described>> out;
+  out.reserve(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (i < asking.size()) {
+      out.push_back(answered(config, *asking[i]));
+    } else {
+      out.emplace_back(makeError(FL_ERR_SHUTDOWN, "not asked: gRPC is shutting down"));
+    }
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return out;
+}
+
+::grpc::Status PeerLinksImpl::Describe(::grpc::ServerContext* ctx, const v1::DescribeRequest* request,
+                                       v1::DescribeReply* reply) {
+  const std::string from = ctx->peer();
+  if (!identity_.tokenAccepted(*ctx)) {
+    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+    log_auth_.warn("Describe from {} refused: wrong or missing token", from);
+    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
+  }
+  const v1::DaemonStreams& asker = request->asker();
+  if (static_cast<size_t>(asker.readers_size()) + static_cast<size_t>(asker.producers_size()) >
+      kMaxDescribedStreams) {
+    log_protocol_.warn("Describe from {}: more than {} streams (FL_ERR_PROTOCOL)", from,
+                       kMaxDescribedStreams);
+    return {::grpc::StatusCode::INVALID_ARGUMENT,
+            "more than " + std::to_string(kMaxDescribedStreams) + " streams"};
+  }
+  // The asker's word is heard only when its credentials prove the id it gives, as a Hello's.
+  v1::Hello claim;
+  claim.set_daemon_id(asker.daemon_id());
+  claim.set_token(callToken(*ctx));
+  if (::grpc::Status refused = identity_.prove(*ctx, claim, from); !refused.ok()) return refused;
+  Heard heard;
+  {
+    MutexLock lock(heard_mutex_);
+    heard = heard_;
+  }
+  if (heard) heard(fromMessage(asker));
+  // Asked every dns_refresh_s by each daemon with producers: not worth a line each.
+  spdlog::debug("described this daemon to '{}' at {}", asker.daemon_id(), from);
+  toMessage(Described{config_.id, instance_, metrics_.readerStreams(), metrics_.producerStreams(),
+                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())},
+            *reply->mutable_answerer());
+  return ::grpc::Status::OK;
+}
+
+void PeerLinksImpl::onDescribed(Heard heard) {
+  MutexLock lock(heard_mutex_);
+  heard_ = std::move(heard);
+}
+
+}  // namespace framelink

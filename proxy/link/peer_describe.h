@@ -1,0 +1,48 @@
+// Describe: a daemon asks another what it is -- its id, its instance, the
+// streams its clients read and write -- where a DNS SRV record gave nothing
+// but an address ([discovery] dns_srv; discovery/dns_srv.h), and says the
+// same of itself: a daemon whose readers change tells the others so by
+// asking them again.  The answer is a claim, as a registry entry is: under
+// TLS the answerer's certificate must name the host dialed and the id it
+// gives, and the link made later proves the id again (peer_identity.h).  The
+// asker's word is proven as a Hello's daemon id is, before it is heard.  The
+// answering side is PeerLinksImpl::Describe (peer_describe.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace framelink {
+
+struct Config;
+
+struct DescribeTarget {
+  std::string address;  // IP:PORT (or HOST:PORT) of its gRPC listener
+  std::string host;     // the name its certificate must carry under TLS (the SRV record's target)
+};
+
+struct Described {
+  std::string id;
+  uint64_t instance = 0;
+  std::vector<std::string> readers;    // sorted
+  std::vector<std::string> producers;  // sorted
+  uint64_t as_of_ns = 0;               // on the describing daemon's monotonic clock
+};
+
+// A Describe call's readers and producers together, at most: more is refused.
+inline constexpr size_t kMaxDescribedStreams = 4096;
+
+// Asks every target at once (one channel each, closed after), each within
+// `timeout`; the answers in the order of `targets`.  An error says what went
+// wrong with that one: unreachable, refused (a wrong token: UNAUTHENTICATED),
+// a release without Describe, an answer not well formed or a certificate
+// that does not name the id it gave.
+// `self`: what this daemon says of itself in each call.
+std::vector<Result<Described>> describePeers(const Config& config, const std::vector<DescribeTarget>& targets,
+                                             const Described& self, std::chrono::milliseconds timeout);
+
+}  // namespace framelink
