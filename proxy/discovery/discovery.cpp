@@ -15,6 +15,8 @@ namespace {
 
 // The most daemons whose word (heard()) is kept between two reads of the records.
 constexpr size_t kMaxHeard = 4096;
+// The most SRV records asked (by priority, weight, host): the rest are left out.
+constexpr size_t kMaxRecords = 1024;
 
 std::vector<std::string> splitEndpoints(const std::string& list) {
   std::vector<std::string> out;
@@ -292,11 +294,17 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
     return false;
   }
   next_resolve_ = now + dns_refresh_;
+  std::vector<std::string> refused;
+  if (records->size() > kMaxRecords) {
+    // A name the DNS server lets anyone fill would otherwise have this daemon ask without end.
+    refused.push_back(std::to_string(records->size() - kMaxRecords) + " records past the first " +
+                      std::to_string(kMaxRecords) + " (a fleet of more daemons is not asked)");
+    records->resize(kMaxRecords);
+  }
   std::vector<SrvTarget> ask;
   for (const SrvTarget& t : *records) {
     if (all || described_.count(t.address) == 0) ask.push_back(t);
   }
-  std::vector<std::string> refused;
   const Said me{self, static_cast<uint64_t>(now.time_since_epoch().count())};
   std::vector<Result<Said>> answers = ask.empty() ? std::vector<Result<Said>>{} : describe_(ask, me);
   if (all) told_ = self;  // a daemon the call missed hears it at its next call here, or asks
