@@ -264,12 +264,14 @@ class DaemonImpl final : public Daemon {
   // dns_srv: what the daemons at `targets` say they are, saying `self`.
   std::vector<Result<Said>> describe(const std::vector<SrvTarget>& targets, const Said& self) const {
     std::vector<DescribeTarget> asked;
+    asked.reserve(targets.size());
     for (const auto& t : targets) asked.push_back(DescribeTarget{t.address, t.host});
     const auto timeout = std::chrono::milliseconds(std::min<uint32_t>(config_.connect_timeout_ms, 2000));
     const Described me{self.entry.id, self.entry.instance, self.entry.readers, self.entry.producers,
                        self.as_of_ns};
     std::vector<Result<Described>> answers = describePeers(*live_.get(), asked, me, timeout);
     std::vector<Result<Said>> out;
+    out.reserve(answers.size());
     for (size_t i = 0; i < answers.size(); ++i) {
       if (!answers[i]) {
         out.emplace_back(std::move(answers[i]).error());

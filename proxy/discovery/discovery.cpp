@@ -311,7 +311,7 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
   for (size_t i = 0; i < ask.size() && i < answers.size(); ++i) {
     Result<Said>& answer = answers[i];
     Result<RegistryEntry> checked =
-        answer ? checkEntry(answer->entry) : Result<RegistryEntry>(std::move(answer).error());
+        answer ? checkEntry(answer->entry) : Result<RegistryEntry>(answer.error());
     if (checked) {
       described_[ask[i].address] = Said{std::move(checked).value(), answer->as_of_ns};
     } else {

@@ -127,8 +127,9 @@ Result<std::vector<SrvTarget>> resolveSrv(const std::string& name, const std::st
   std::vector<Record> records;
   for (int i = 0; i < *count; ++i) {
     ns_rr rr;
-    if (::ns_parserr(&msg, ns_s_an, i, &rr) != 0 || ns_rr_type(rr) != ns_t_srv || ns_rr_rdlen(rr) < 7)
+    if (::ns_parserr(&msg, ns_s_an, i, &rr) != 0 || ns_rr_type(rr) != ns_t_srv || ns_rr_rdlen(rr) < 7) {
       continue;
+    }
     const unsigned char* rd = ns_rr_rdata(rr);
     Record rec{static_cast<uint16_t>(ns_get16(rd)), static_cast<uint16_t>(ns_get16(rd + 2)), {}};
     rec.target.port = static_cast<uint16_t>(ns_get16(rd + 4));

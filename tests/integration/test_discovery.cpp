@@ -19,6 +19,7 @@
 #include "client_util.h"
 #include "framelink/framelink.h"
 #include "harness.h"
+#include "site_ca.h"
 
 using namespace framelink::integ;
 
@@ -373,4 +374,35 @@ TEST_CASE(
   CHECK(a.waitForLog("discovery: DNS SRV " + std::string(DnsMasq::kName) + " answers again", Millis(10000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 1; }, Millis(10000)));
   sendOne(producer.get(), on_b.get(), 6);
+}
+
+TEST_CASE(
+    "discovery (DNS SRV) under mutual TLS: an answer counts when the certificate names the record's host "
+    "and the id given",
+    "[integration][discovery][tls]") {
+  const SiteCa site("fl-srv-ca", {});
+  site.issue("srv-a", {"a.fl.test"});
+  site.issue("srv-b", {"b.fl.test"});
+  site.issue("srv-c", {"liar.fl.test"});  // a host of the site, whose daemon says it is srv-b
+  DnsMasq dns;
+  auto member = [&](const std::string& id, const std::string& cert) {
+    DaemonProcess::Options o = srvMember(id, dns, "fleet-secret");
+    o.extra_args = concat(o.extra_args, site.tls(cert));
+    return o;
+  };
+  DaemonProcess a(member("srv-a", "srv-a"));
+  DaemonProcess b(member("srv-b", "srv-b"));
+  DaemonProcess liar(member("srv-b", "srv-c"));
+  dns.serve({{"a", "127.0.0.1", a.grpcPort()},
+             {"b", "127.0.0.1", b.grpcPort()},
+             {"liar", "127.0.0.1", liar.grpcPort()}});
+  CHECK(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
+  CHECK(a.waitForLog("liar.fl.test (127.0.0.1:" + std::to_string(liar.grpcPort()) +
+                         "): it says it is 'srv-b', but its certificate does not name it",
+                     Millis(10000)));
+  Client on_b = attachConsumer(b, "srv-tls", 4, 256 * 1024);
+  REQUIRE(a.waitForLog("srv-b changed (not dialed from here; readers: srv-tls)", Millis(10000)));
+  Client producer = attachProducer(a, "srv-tls", 4, 256 * 1024);
+  for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
+  CHECK(liar.metric("framelink_links_up") == 0);
 }

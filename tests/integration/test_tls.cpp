@@ -16,6 +16,7 @@
 #include "client_util.h"
 #include "framelink/framelink.h"
 #include "harness.h"
+#include "site_ca.h"
 
 using namespace framelink::integ;
 
@@ -59,35 +60,6 @@ class TestPki {
   }
 
   TempDir dir_{"fl-tls"};
-};
-
-// A site CA made by the packaged script (packaging/scripts/framelink-site-ca.sh) in
-// its own directory, with a certificate issued for each host (naming it and 127.0.0.1).
-class SiteCa {
- public:
-  SiteCa(const char* name, std::initializer_list<const char*> hosts) : dir_(name) {
-    run("init '" + file("ca") + "'");
-    for (const char* host : hosts)
-      run("issue '" + file("ca") + "' " + host + " '" + file(host) + "' 127.0.0.1");
-  }
-
-  std::string file(const std::string& name) const { return dir_.file(name); }
-  // The script with ARGS (its output in ca.log, shown when it fails).
-  void run(const std::string& args) const {
-    const std::string line =
-        "sh '" + std::string(FRAMELINK_SITE_CA_SCRIPT) + "' " + args + " >>'" + file("ca.log") + "' 2>&1";
-    INFO(line << "\n" << readFile(file("ca.log")));
-    REQUIRE(std::system(line.c_str()) == 0);
-  }
-  // Every host trusts the CA alone (the copy `issue` gave it) and takes a peer
-  // only as the id its certificate names.
-  std::vector<std::string> tls(const std::string& host) const {
-    return {"--tls-cert", file(host + "/host.crt"), "--tls-key",         file(host + "/host.key"),
-            "--tls-ca",   file(host + "/ca.crt"),   "--tls-client-auth", "--tls-require-cert-name"};
-  }
-
- private:
-  TempDir dir_;
 };
 
 }  // namespace
