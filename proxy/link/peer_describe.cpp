@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "config/config.h"
+#include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
 #include "link/peer_grpc_options.h"
 #include "link/peer_identity.h"
@@ -56,6 +57,7 @@ Result<Described> answered(const Config& config, Asking& a) {
     } else if (a.status.error_code() == ::grpc::StatusCode::DEADLINE_EXCEEDED) {
       why = "no answer in time (its daemon down, or busy)";
     }
+    why.resize(std::min<size_t>(why.size(), 256));  // the answerer's words: bounded in the log
     return makeError(FL_ERR_LINK_LOST, why);
   }
   Described d = fromMessage(a.reply.answerer());
@@ -64,7 +66,7 @@ Result<Described> answered(const Config& config, Asking& a) {
     const auto auth = a.ctx.auth_context();
     const std::vector<std::string> names = certificateNames(auth.get());
     if (std::find(names.begin(), names.end(), d.id) == names.end()) {
-      return makeError(FL_ERR_AUTH, "it says it is '" + d.id +
+      return makeError(FL_ERR_AUTH, "it says it is '" + d.id.substr(0, 64) +
                                         "', but its certificate does not name it (it names " +
                                         std::to_string(names.size()) + " other names)");
     }
@@ -140,6 +142,11 @@ std::vector<Result<Described>> describePeers(const Config& config, const std::ve
                        kMaxDescribedStreams);
     return {::grpc::StatusCode::INVALID_ARGUMENT,
             "more than " + std::to_string(kMaxDescribedStreams) + " streams"};
+  }
+  if (!fl_stream_name_valid(asker.daemon_id().data(), asker.daemon_id().size())) {
+    return {
+        ::grpc::StatusCode::INVALID_ARGUMENT,
+        "daemon id must be 1-" + std::to_string(FL_STREAM_NAME_LEN_MAX) + " characters of [A-Za-z0-9._-]"};
   }
   // The asker's word is heard only when its credentials prove the id it gives, as a Hello's.
   v1::Hello claim;
