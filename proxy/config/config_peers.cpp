@@ -1,6 +1,5 @@
 #include "config/config_peers.h"
 
-#include <arpa/inet.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -255,11 +254,7 @@ Status config::checkDiscovery(const Config& config) {
   }
   if (!config.discovery_dns_server.empty()) {
     const std::string& s = config.discovery_dns_server;
-    const size_t colon = s.rfind(':');
-    in_addr ip{};
-    const std::string host = colon == std::string::npos ? s : s.substr(0, colon);
-    const long port = colon == std::string::npos ? 53 : std::strtol(s.c_str() + colon + 1, nullptr, 10);
-    if (::inet_pton(AF_INET, host.c_str(), &ip) != 1 || port <= 0 || port > 65535) {
+    if (!ipv4WithPort(s, 53)) {
       return invalidSetting("discovery.dns_server '" + s +
                             "' is not IPv4[:PORT] (e.g. 10.0.0.2 or 127.0.0.1:5353)");
     }

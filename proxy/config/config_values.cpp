@@ -1,5 +1,7 @@
 #include "config/config_values.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -238,6 +240,24 @@ Result<std::string> readPem(const std::string& path, const std::string& label, c
                           " (-----BEGIN ...----- blocks)");
   }
   return pem;
+}
+
+}  // namespace framelink
+
+namespace framelink {
+
+Result<sockaddr_in> ipv4WithPort(const std::string& text, uint16_t default_port) {
+  const size_t colon = text.rfind(':');
+  const std::string host = colon == std::string::npos ? text : text.substr(0, colon);
+  const long port =
+      colon == std::string::npos ? default_port : std::strtol(text.c_str() + colon + 1, nullptr, 10);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1 || port <= 0 || port > 65535) {
+    return makeError(FL_EINVAL, "'" + text + "' is not IPv4[:PORT]");
+  }
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  return sa;
 }
 
 }  // namespace framelink

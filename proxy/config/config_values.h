@@ -5,6 +5,8 @@
 // message also quotes the value that was refused.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -49,6 +51,11 @@ Status checkHostPort(const std::string& value, const std::string& label, bool al
 // A stream name ([A-Za-z0-9._-], 1-63 characters, fl_stream_name_valid) or,
 // with allow_star, "*".
 Status checkStreamName(const std::string& name, const std::string& label, bool allow_star);
+
+// "IPv4[:PORT]" (discovery.dns_server) as an address; `default_port` when no
+// port is written.  An error when it is not a numeric IPv4 address and a port
+// of 1-65535.
+Result<sockaddr_in> ipv4WithPort(const std::string& text, uint16_t default_port);
 
 // The data transports framelinkd registers (kTransportNames), in registry order.
 const std::vector<std::string_view>& knownTransports();

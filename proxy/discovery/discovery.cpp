@@ -289,12 +289,12 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
   const auto now = std::chrono::steady_clock::now();
   auto records = resolveSrv(srv_name_, dns_server_);
   if (!records) {
-    next_resolve_ = now + std::min<std::chrono::milliseconds>(poll_, std::chrono::seconds(1));
+    // Read again at retry_at_ (registryFailed), when the thread wakes next.
     registryFailed("reading the SRV records", records.error());
     return false;
   }
   next_resolve_ = now + dns_refresh_;
-  std::vector<std::string> refused;
+  std::vector<std::string> refused, unanswered;
   if (records->size() > kMaxRecords) {
     // A name the DNS server lets anyone fill would otherwise have this daemon ask without end.
     refused.push_back(std::to_string(records->size() - kMaxRecords) + " records past the first " +
@@ -316,8 +316,10 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
       described_[ask[i].address] = Said{std::move(checked).value(), answer->as_of_ns};
     } else {
       // One that answered before keeps what it said: a daemon that does not
-      // answer for a while keeps its links and routes, as under etcd.
-      refused.push_back(ask[i].host + " (" + ask[i].address + "): " + checked.error().message);
+      // answer for a while keeps its links and routes, as under etcd.  Only a
+      // refusal (its credentials, its id, its answer) counts as a refused entry.
+      (checked.error().code == FL_ERR_LINK_LOST ? unanswered : refused)
+          .push_back(ask[i].host + " (" + ask[i].address + "): " + checked.error().message);
     }
   }
   std::map<std::string, Said> named;              // the records' daemons, by the address they are at now
@@ -343,6 +345,7 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
     std::erase_if(heard_, [&](const auto& h) { return answering.count(h.first) == 0; });
   }
   dns_refused_ = std::move(refused);
+  dns_unanswered_ = std::move(unanswered);
   listDescribed();
   return true;
 }
@@ -365,12 +368,11 @@ void Discovery::listDescribed() {
     }
     entries.push_back(said.entry);
   }
-  listed(std::move(entries), dns_refused_);
+  listed(std::move(entries), dns_refused_, dns_unanswered_);
 }
 
 void Discovery::heard(Said said) {
-  said.entry.address = "heard:0";  // checked as an entry; its address is the record's
-  auto checked = checkEntry(std::move(said.entry));
+  auto checked = checkEntry(std::move(said.entry), false);
   if (!checked) {
     spdlog::debug("discovery: a daemon's word left out: {}", checked.error().message);
     return;
@@ -395,7 +397,8 @@ void Discovery::heard(Said said) {
   wake_.notify_all();
 }
 
-void Discovery::listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused) {
+void Discovery::listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused,
+                       const std::vector<std::string>& unanswered) {
   if (!answered_) {
     spdlog::info("discovery: {} answers again{}; {} daemons in the registry",
                  registry_ ? "etcd" : registry_name_, registry_ ? " (" + registry_->endpoint() + ")" : "",
@@ -411,8 +414,10 @@ void Discovery::listed(std::vector<RegistryEntry> entries, const std::vector<std
       metrics_.counters.discovery_entries_refused.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  for (const auto& why : unanswered) refused_now += (refused_now.empty() ? "" : "; ") + why;
   if (!refused_now.empty() && refused_now != refused_before_) {
-    spdlog::warn("discovery: {} registry entries left out: {}", refused.size(), refused_now);
+    spdlog::warn("discovery: {} registry entries left out: {}", refused.size() + unanswered.size(),
+                 refused_now);
   }
   refused_before_ = std::move(refused_now);
   listed_ = true;

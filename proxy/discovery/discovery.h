@@ -115,9 +115,11 @@ class Discovery {
   // entries_ from described_, each updated by what its daemon told this one
   // since; the last read's refusals (dns_refused_) stand.
   void listDescribed();
-  // What a read found and left out (`refused`: "what: why"), logged when it
-  // changed and counted; the registry answered.
-  void listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused);
+  // What a read found and left out ("what: why"), logged when it changed;
+  // `refused` counted (discovery_entries_refused), `unanswered` not (a daemon
+  // down or busy is no false claim); the registry answered.
+  void listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused,
+              const std::vector<std::string>& unanswered = {});
   // Which found daemons this one dials now, from entries_; `found_` when it changed.
   void decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now);
   void watch();
@@ -152,7 +154,8 @@ class Discovery {
   const std::chrono::seconds dns_refresh_;
   std::chrono::steady_clock::time_point next_resolve_{};  // the records' next read
   std::map<std::string, Said> described_;                 // by the address asked: what it said last
-  std::vector<std::string> dns_refused_;                  // what the last read left out, and why
+  std::vector<std::string> dns_refused_;                  // what the last read refused, and why
+  std::vector<std::string> dns_unanswered_;               // who did not answer it
   RegistryEntry told_;  // this daemon's streams as it last told every daemon
   // By id and instance: what daemons told this one (under mutex_).
   std::map<std::pair<std::string, uint64_t>, Said> heard_;

@@ -11,6 +11,8 @@
 #include <memory>
 #include <tuple>
 
+#include "config/config_values.h"
+
 namespace framelink {
 
 namespace {
@@ -39,17 +41,10 @@ Result<std::unique_ptr<Resolver>> openResolver(const std::string& server) {
   r->state.retrans = std::min(r->state.retrans, 2);
   r->state.retry = std::min(r->state.retry, 2);
   if (server.empty()) return r;
-  const size_t colon = server.rfind(':');
-  const std::string ip = colon == std::string::npos ? server : server.substr(0, colon);
-  const int port = colon == std::string::npos ? 53 : std::atoi(server.c_str() + colon + 1);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, ip.c_str(), &sa.sin_addr) != 1 || port <= 0 || port > 65535) {
-    return makeError(FL_ERR_BAD_REQUEST, "dns_server '" + server + "' is not IPv4[:PORT]");
-  }
+  auto sa = ipv4WithPort(server, 53);  // checked with the configuration
+  if (!sa) return std::move(sa).error();
   r->state.nscount = 1;
-  r->state.nsaddr_list[0] = sa;
+  r->state.nsaddr_list[0] = *sa;
   return r;
 }
 

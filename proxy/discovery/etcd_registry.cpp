@@ -93,10 +93,10 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
   return checkEntry(std::move(e));
 }
 
-Result<RegistryEntry> checkEntry(RegistryEntry e) {
+Result<RegistryEntry> checkEntry(RegistryEntry e, bool with_address) {
   if (auto st = checkStreamName(e.id, "its id", false); !st) return st.error();
   const size_t colon = e.address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size()) {
+  if (with_address && (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size())) {
     return makeError(FL_ERR_PROTOCOL, "address '" + e.address + "' is not HOST:PORT");
   }
   for (auto* streams : {&e.readers, &e.producers}) {

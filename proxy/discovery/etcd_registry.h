@@ -39,8 +39,10 @@ struct RegistryEntry {
 std::string formatEntry(const RegistryEntry& entry);
 Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& value);
 // An entry however it came (the registry, a Describe answer): its id and
-// streams well formed (then sorted, each once), its address HOST:PORT.
-Result<RegistryEntry> checkEntry(RegistryEntry e);
+// streams well formed (then sorted, each once), its address HOST:PORT --
+// unless `with_address` is false (a daemon's word of itself, Discovery::heard,
+// whose address is its record's).
+Result<RegistryEntry> checkEntry(RegistryEntry e, bool with_address = true);
 
 // The registry's entries, and its revision when they were read (a watch
 // from the next one misses no change).

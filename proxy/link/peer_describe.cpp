@@ -52,13 +52,17 @@ void toMessage(const Described& d, v1::DaemonStreams& m) {
 Result<Described> answered(const Config& config, Asking& a) {
   if (!a.status.ok()) {
     std::string why = a.status.error_message();
-    if (a.status.error_code() == ::grpc::StatusCode::UNIMPLEMENTED) {
+    int code = FL_ERR_LINK_LOST;  // not answered: down, busy, unreachable
+    if (a.status.error_code() == ::grpc::StatusCode::UNAUTHENTICATED ||
+        a.status.error_code() == ::grpc::StatusCode::PERMISSION_DENIED) {
+      code = FL_ERR_AUTH;  // it refused this daemon's token or certificate
+    } else if (a.status.error_code() == ::grpc::StatusCode::UNIMPLEMENTED) {
       why = "it does not answer Describe (a release older than this one): give it a [[peer]]";
     } else if (a.status.error_code() == ::grpc::StatusCode::DEADLINE_EXCEEDED) {
       why = "no answer in time (its daemon down, or busy)";
     }
     why.resize(std::min<size_t>(why.size(), 256));  // the answerer's words: bounded in the log
-    return makeError(FL_ERR_LINK_LOST, why);
+    return makeError(code, why);
   }
   Described d = fromMessage(a.reply.answerer());
   if (config.tlsEnabled()) {

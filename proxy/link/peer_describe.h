@@ -38,9 +38,9 @@ inline constexpr size_t kMaxDescribedStreams = 4096;
 
 // Asks every target at once (one channel each, closed after), each within
 // `timeout`; the answers in the order of `targets`.  An error says what went
-// wrong with that one: unreachable, refused (a wrong token: UNAUTHENTICATED),
-// a release without Describe, an answer not well formed or a certificate
-// that does not name the id it gave.
+// wrong with that one: FL_ERR_AUTH when it refused this daemon's credentials
+// or its certificate does not name the id it gave, FL_ERR_LINK_LOST when it
+// did not answer (unreachable, busy, a release without Describe).
 // `self`: what this daemon says of itself in each call.
 std::vector<Result<Described>> describePeers(const Config& config, const std::vector<DescribeTarget>& targets,
                                              const Described& self, std::chrono::milliseconds timeout);

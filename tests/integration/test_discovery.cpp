@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_util.h"
@@ -336,8 +337,10 @@ TEST_CASE(
   DaemonProcess b(srvMember("srv-b", dns, "fleet-secret"));
   DaemonProcess twin(srvMember("srv-b", dns, "fleet-secret"));      // says it is srv-b too
   DaemonProcess stranger(srvMember("srv-x", dns, "other-secret"));  // not of this fleet
+  const uint16_t nobody = freePort();                               // a host whose daemon is down
   dns.serve({{"a", "127.0.0.1", a.grpcPort()},
              {"b", "127.0.0.1", b.grpcPort()},
+             {"down", "127.0.0.1", nobody},
              {"twin", "127.0.0.1", twin.grpcPort()},
              {"x", "127.0.0.1", stranger.grpcPort()}});
   CHECK(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
@@ -350,7 +353,12 @@ TEST_CASE(
   CHECK(a.waitForLog(
       "x.fl.test (127.0.0.1:" + std::to_string(stranger.grpcPort()) + "): wrong or missing token",
       Millis(10000)));
+  CHECK(a.waitForLog("down.fl.test (127.0.0.1:" + std::to_string(nobody) + "): ", Millis(10000)));
+  // The twin and the stranger are refused claims, counted once each however often they are read;
+  // a daemon that does not answer is left out, not counted.
   CHECK(waitForMetric(a, "framelink_discovery_entries_refused_total", 2) >= 2);
+  std::this_thread::sleep_for(Millis(2500));  // two more reads of the records
+  CHECK(a.metric("framelink_discovery_entries_refused_total") == 2);
   CHECK(a.metric("framelink_links_up") == 0);
 
   // A reader on B: B tells the others at once (A, with no producer, asks no one again), then a
@@ -365,7 +373,7 @@ TEST_CASE(
   CHECK(a.metric("framelink_links_up") == 1);
   CHECK(twin.metric("framelink_links_up") == 0);
 
-  // The DNS server goes: what runs stays.  Back with B's record alone: the others are forgotten.
+  // The DNS server goes: what runs stays.  Back (with A's and B's records), A reads it again.
   dns.stop();
   CHECK(a.waitForLog("reading the SRV records failed", Millis(10000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
