@@ -256,8 +256,10 @@ class DaemonImpl final : public Daemon {
         [this](const std::vector<SrvTarget>& targets, const Said& self) { return describe(targets, self); });
     // What a daemon that asks this one says of itself (dns_srv): as its own answer would.
     links_->onDescribed([d = discovery_.get()](const Described& asker) {
-      d->heard(
-          Said{RegistryEntry{asker.id, {}, asker.readers, asker.producers, asker.instance}, asker.as_of_ns});
+      d->heard(Said{
+          RegistryEntry{
+              asker.id, {}, asker.readers, asker.producers, asker.instance, asker.subscribed, asker.grouped},
+          asker.as_of_ns});
     });
   }
 
@@ -267,8 +269,8 @@ class DaemonImpl final : public Daemon {
     asked.reserve(targets.size());
     for (const auto& t : targets) asked.push_back(DescribeTarget{t.address, t.host});
     const auto timeout = std::chrono::milliseconds(std::min<uint32_t>(config_.connect_timeout_ms, 2000));
-    const Described me{self.entry.id, self.entry.instance, self.entry.readers, self.entry.producers,
-                       self.as_of_ns};
+    const Described me{self.entry.id, self.entry.instance,   self.entry.readers, self.entry.producers,
+                       self.as_of_ns, self.entry.subscribed, self.entry.grouped};
     std::vector<Result<Described>> answers = describePeers(*live_.get(), asked, me, timeout);
     std::vector<Result<Said>> out;
     out.reserve(answers.size());
@@ -278,9 +280,10 @@ class DaemonImpl final : public Daemon {
         continue;
       }
       Described& d = answers[i].value();
-      out.emplace_back(Said{RegistryEntry{std::move(d.id), targets[i].address, std::move(d.readers),
-                                          std::move(d.producers), d.instance},
-                            d.as_of_ns});
+      out.emplace_back(Said{
+          RegistryEntry{std::move(d.id), targets[i].address, std::move(d.readers), std::move(d.producers),
+                        d.instance, std::move(d.subscribed), std::move(d.grouped)},
+          d.as_of_ns});
     }
     return out;
   }

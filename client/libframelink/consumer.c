@@ -57,7 +57,8 @@ static int flx_try_receive(fl_client* c, void* arg) {
   c->slot_state[d.slot] = FLX_SLOT_HELD;
   memset(out, 0, sizeof(*out));
   out->slot = d.slot;
-  out->flags = h.flags & (uint32_t)(FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED | FL_SLOT_GAP);
+  out->flags = h.flags & (uint32_t)(FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED | FL_SLOT_GAP |
+                                    FL_SLOT_GROUP_ELSEWHERE);
   out->sequence = h.sequence;
   out->data = data;
   out->length = h.length;

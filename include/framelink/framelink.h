@@ -242,6 +242,7 @@ typedef struct fl_completion {
 typedef struct fl_frame {
   uint32_t slot;
   /* FL_SLOT_HAS_CRC32C when crc32c was sent and checked; FL_SLOT_MAYBE_REDELIVERED;
+   * FL_SLOT_GROUP_ELSEWHERE when a queue group member on another host got the frame;
    * FL_SLOT_GAP when frames of the stream were skipped for this subscriber before this one
    * (a drop stream: fl_frame_gap says how many) */
   uint32_t flags;

@@ -101,6 +101,9 @@ enum fl_slot_flags {
    * before this one (a stream in the daemon's drop_streams, while it was
    * too far behind).  The completion's `readers` says how many. */
   FL_SLOT_GAP = 1u << 3,
+  /* Consumer (a subscriber): a member of the stream's queue group on another
+   * host got this frame; it came to this host for its subscribers only. */
+  FL_SLOT_GROUP_ELSEWHERE = 1u << 4,
 };
 
 /*

@@ -54,6 +54,7 @@ void DataAgent::reconfigure(const Config& next) {
   std::set<std::string> named;
   for (auto& [id, c] : clients_.all()) {
     if (c.session->role != FL_ROLE_PRODUCER) continue;
+    outbound_.refreshRouteReaders(c);
     if (rerouteProducer(c, "reload")) continue;
     reroute_waiting_.insert(id);
     if (!named.insert(c.session->stream).second) continue;

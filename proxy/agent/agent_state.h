@@ -21,6 +21,7 @@
 #include "agent/peer_messages.h"
 #include "agent/session_writer.h"
 #include "attach/client_session.h"
+#include "config/config.h"
 #include "framelink/v1/link.pb.h"
 #include "transport/transport.h"
 
@@ -224,7 +225,12 @@ struct AgentClient {
   PeerId route = kNoPeer;       // producer: the peer its stream goes to (kNoPeer: no route)
   bool route_implicit = false;  // producer: route is the single unrouted peer: local consumers come first
   uint64_t out_stream = 0;      // producer: its stream's id towards that peer
-  NameKey stream = kNoName;     // consumer: its stream name
+  // Producer: which of its frames `route` carries (each leg its own, below).
+  RouteReaders route_readers = RouteReaders::kEvery;
+  // Producer: where the next frame of a queue group that spans hosts starts
+  // looking for its host (round-robin among those that wait least).
+  uint32_t next_group = 0;
+  NameKey stream = kNoName;  // consumer: its stream name
   // Producer: each slot's frame header, copied out of the segment at submit.
   std::vector<transport::FrameHeader> headers;
   // Producer: a further peer its stream goes to (it is routed to several),
@@ -233,6 +239,7 @@ struct AgentClient {
   struct Leg {
     PeerId peer = kNoPeer;
     uint64_t out_stream = 0;
+    RouteReaders readers = RouteReaders::kEvery;
     std::vector<transport::FrameHeader> headers;
     std::vector<SlotEntry> slots;
   };

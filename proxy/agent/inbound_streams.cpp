@@ -261,7 +261,7 @@ void InboundStreams::arrive(AgentLink& l, const transport::TransportEvent& ev, b
   fenceSlot(l, credit.client_id, credit.slot, credit.credit_id, ac->stream);
   ClientSession& c = *ac->session;
   const LogScope consumer(LogFields{.client = c.id, .stream = c.stream});
-  if (!acceptFrame(l, c, credit, h)) {
+  if (!acceptFrame(l, c, credit, h) || !forSubscribers(l, c, h)) {
     // Refused or a duplicate: the slot is free for another frame.
     c.slots[credit.slot] = SlotEntry{};
     grantCredits(ac->stream);
@@ -336,6 +336,21 @@ bool InboundStreams::acceptFrame(AgentLink& l, ClientSession& c, const CreditEnt
   return true;
 }
 
+bool InboundStreams::forSubscribers(AgentLink& l, const ClientSession& c, const transport::FrameHeader& h) {
+  if (!h.subscribers_only || c.subscriber) return true;
+  // It landed in a member of the queue group (a credit granted before a
+  // subscriber came), but another host's member has it.
+  if (local_ != nullptr && local_->hasSubscribers(c.stream)) {
+    sendNack(l, h.stream_id, h.sequence, FL_ERR_UNKNOWN_CREDIT,
+             "a frame for the subscribers here landed in a queue group member's slot");
+  } else {
+    sendNack(
+        l, h.stream_id, h.sequence, FL_ERR_NO_CONSUMER,
+        "a frame for the subscribers here, and none is attached (a queue group member elsewhere has it)");
+  }
+  return false;
+}
+
 void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& credit,
                              const transport::FrameHeader& h) {
   transport::toSlotHeader(h, c.segments->slotHeader(credit.slot));
@@ -364,7 +379,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
     fl_slot_header header{};
     transport::toSlotHeader(h, &header);
     local_->shareLanded(c, credit.slot, header,
-                        LocalDelivery::Landed{l.id, h.stream_id, in_state, h.sequence});
+                        LocalDelivery::Landed{l.id, h.stream_id, in_state, h.sequence}, !h.subscribers_only);
   }
 }
 

@@ -328,6 +328,11 @@ class InboundStreams {
   // duplicate) when not.
   bool acceptFrame(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
                    const transport::FrameHeader& header);
+  // A frame for the subscribers here only (a queue group member on another
+  // host has it) that landed in a member is refused: sent again (into a
+  // subscriber's slot), or, with no subscriber here, answered
+  // FL_ERR_NO_CONSUMER, which its sender takes as delivered to none here.
+  bool forSubscribers(AgentLink& link, const ClientSession& consumer, const transport::FrameHeader& header);
   void deliver(AgentLink& link, ClientSession& consumer, const CreditEntry& credit,
                const transport::FrameHeader& header);
   // The stream leaves the link: its held-back answers go this round and its

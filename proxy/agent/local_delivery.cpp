@@ -36,6 +36,21 @@ bool LocalDelivery::hasReaders(const std::string& stream) const {
   return it != readers_.end() && (!it->second.subscribers.empty() || it->second.members > 0);
 }
 
+bool LocalDelivery::hasSubscribers(const std::string& stream) const {
+  auto it = readers_.find(stream);
+  return it != readers_.end() && !it->second.subscribers.empty();
+}
+
+bool LocalDelivery::hasMembers(const std::string& stream) const {
+  auto it = readers_.find(stream);
+  return it != readers_.end() && it->second.members > 0;
+}
+
+size_t LocalDelivery::waitingOf(const std::string& stream) const {
+  auto it = streams_.find(stream);
+  return it == streams_.end() ? 0 : it->second.waiting.size();
+}
+
 bool LocalDelivery::lands(const ClientSession& c) const {
   auto it = readers_.find(c.stream);
   if (it == readers_.end() || it->second.subscribers.empty()) return true;
@@ -87,12 +102,16 @@ LocalDelivery::Frame& LocalDelivery::newFrame(Stream& s, const ClientSession& so
 }
 
 void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header,
-                           uint64_t length, bool beside) {
+                           uint64_t length, bool beside, bool members) {
   ClientSession& p = *producer.session;
   Stream& s = streams_[p.stream];
   Frame& f = newFrame(s, p, slot, header, length);
   SlotEntry& e = p.slots[slot];
   f.beside = beside;
+  f.no_member = !members;
+  // The producer's header has no say in it: its readers here are told when a member elsewhere has it.
+  f.header.flags &= ~uint32_t{FL_SLOT_GROUP_ELSEWHERE};
+  if (!members) f.header.flags |= FL_SLOT_GROUP_ELSEWHERE;
   if (!beside) {
     e.state = SlotState::kLent;
     e.sequence = f.sequence;
@@ -134,11 +153,12 @@ bool LocalDelivery::landedElsewhereWaits(const std::string& stream) const {
 }
 
 void LocalDelivery::shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header,
-                                const Landed& from) {
+                                const Landed& from, bool members) {
   Stream& s = streams_[landing.stream];
   Frame& f = newFrame(s, landing, slot, header, header.length);
   f.landed = true;
   f.source_member = !landing.subscriber;
+  f.no_member = !members;
   f.from = from;
   f.readers = 1;  // the landing consumer has it
   f.readers_out = 1;
@@ -214,7 +234,7 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
       if (r.gone) continue;
       if (f.landed && r.id == f.producer) continue;
       if (!r.subscriber) {
-        if (!(f.landed && f.source_member)) members.push_back(&r);
+        if (!(f.landed && f.source_member) && !f.no_member) members.push_back(&r);
         continue;
       }
       if (f.member_only) continue;  // the subscribers have it already
@@ -272,7 +292,8 @@ void LocalDelivery::deliverTo(Frame& f, AgentClient& producer, ClientSession& r,
   fl_slot_header h = f.header;
   h.length = f.length;
   h.sequence = f.sequence;
-  h.flags = f.header.flags & (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED);  // CRC checked already
+  h.flags = f.header.flags & (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED |
+                              FL_SLOT_GROUP_ELSEWHERE);  // CRC checked already
   if (r.gap > 0) h.flags |= FL_SLOT_GAP;
   h.reserved0 = 0;
   std::memset(h.reserved1, 0, sizeof h.reserved1);

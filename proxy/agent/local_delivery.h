@@ -78,6 +78,11 @@ class LocalDelivery {
   void consumerAttached(const ClientSession& consumer);
   // A consumer of `stream` is attached here.
   bool hasReaders(const std::string& stream) const;
+  bool hasSubscribers(const std::string& stream) const;
+  // A member of the stream's queue group is attached here.
+  bool hasMembers(const std::string& stream) const;
+  // The stream's frames waiting here for their readers.
+  size_t waitingOf(const std::string& stream) const;
   // Whether frames from peers may land in this consumer's slots: all of the
   // stream's consumers while it has no subscriber here, else the subscriber
   // with the largest slots (the oldest of those) alone.
@@ -91,8 +96,10 @@ class LocalDelivery {
   // `beside`: the frame goes to a peer too (its stream is routed there), and
   // its slot is the outbound side's: only the readers here are this side's
   // part, ended through EndFrame like any other.
+  // `members`: false when the queue group's share of the frame went to
+  // another host (the subscribers here get it, no member).
   void submit(AgentClient& producer, uint32_t slot, const fl_slot_header& header, uint64_t length,
-              bool beside = false);
+              bool beside = false, bool members = true);
   // A frame from a peer that landed in a consumer that is not the stream's
   // lander waits for its other readers.
   bool landedElsewhereWaits(const std::string& stream) const;
@@ -100,7 +107,9 @@ class LocalDelivery {
   // already (`header` as it was given it): it goes to the stream's other
   // readers here, and ends (EndLanded) once each of them and the landing
   // consumer released it (landedReleased) or failed.
-  void shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header, const Landed& from);
+  // `members`: as for submit (a frame sent for the subscribers here only).
+  void shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header, const Landed& from,
+                   bool members = true);
   void landedReleased(const ClientSession& landing, uint32_t slot);
   // The landing consumer died holding it.
   void landedGone(const ClientSession& landing, uint32_t slot);
@@ -150,6 +159,7 @@ class LocalDelivery {
     uint64_t slot_sequence = 0;     // the producer's slot entry's sequence while the frame is its
     bool source_member = false;     // landed in a member of the queue group (no other member gets it)
     bool member_only = false;       // waits again for a member: the one it went to left before reading it
+    bool no_member = false;         // for the subscribers here only: a member on another host has it
     Landed from;
     int failure = FL_OK;  // the first reader's failure
     std::string why;

@@ -147,6 +147,12 @@ void OutboundStreams::failAllInProgress(const ClientSession& c, int status, cons
   }
 }
 
+int OutboundStreams::subscribersAnswer(AgentClient& ac, FrameRef f, int status) {
+  if (status != FL_ERR_NO_CONSUMER || legHeader(ac, f.leg, f.slot).subscribers_only == 0) return status;
+  metrics_.counters.frames_no_subscriber.fetch_add(1, std::memory_order_relaxed);
+  return FL_OK;
+}
+
 void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, int status,
                             const std::string& why, uint32_t readers, uint32_t released, uint64_t link_id) {
   OutStream* sp = stream(peer, stream_id);
@@ -167,6 +173,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
       FrameRef f = pit->second;
       AgentClient* ac = clients_.find(f.client_id);
       if (ac != nullptr) {
+        status = subscribersAnswer(*ac, f, status);
         SlotEntry& e = legSlot(*ac, f.leg, f.slot);
         if (e.state == SlotState::kPending && e.sequence == sequence && e.producer.was_posted) {
           s.pending.erase(pit);
@@ -189,6 +196,7 @@ void OutboundStreams::onAck(PeerId peer, uint64_t stream_id, uint64_t sequence, 
     s.unacked.erase(it);
     return;
   }
+  status = subscribersAnswer(*ac, f, status);
   ClientSession& c = *ac->session;
   SlotEntry& e = legSlot(*ac, f.leg, f.slot);
   if (peer::resendable(status) && link_id != 0 && e.link_id != 0 && e.link_id != link_id) {

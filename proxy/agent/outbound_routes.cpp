@@ -1,6 +1,8 @@
 // Where a producer's frames go: its routes, resolved when it attaches and
-// again by a reload (OutboundStreams::reroute).
+// again by a reload (OutboundStreams::reroute), and which of them each frame
+// takes (a queue group that spans hosts gets it on one: waysOf).
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,14 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
   c.route_implicit = config_.routeIsImplicit(c.session->stream);
   c.out_stream = openStream(c.route, c.session->stream);
   for (size_t i = 1; i < peers.size(); ++i) appendLeg(c, peers[i]);
+  refreshRouteReaders(c);
+}
+
+void OutboundStreams::refreshRouteReaders(AgentClient& c) {
+  if (c.route == kNoPeer) return;
+  const std::string& stream = c.session->stream;
+  c.route_readers = config_.routeReaders(peers_[c.route].name, stream);
+  for (auto& leg : c.more_routes) leg.readers = config_.routeReaders(peers_[leg.peer].name, stream);
 }
 
 void OutboundStreams::appendLeg(AgentClient& c, const std::string& peer) {
@@ -57,6 +67,7 @@ bool OutboundStreams::addRoutes(AgentClient& c, const std::vector<std::string>& 
   }
   if (added.empty() || had.size() + added.size() > kMaxRoutesPerStream) return false;
   for (const std::string& name : added) appendLeg(c, name);
+  refreshRouteReaders(c);
   return true;
 }
 
@@ -76,6 +87,66 @@ bool OutboundStreams::reroute(AgentClient& c) {
   // A stream to a peer it left goes once nothing else sends on it.
   for (const auto& [peer, stream_id] : before) forgetStreamIfUnused(peer, stream_id);
   return true;
+}
+
+OutboundStreams::Ways OutboundStreams::waysOf(AgentClient& ac) {
+  const Leg n = legs(ac);
+  const std::string& name = ac.session->stream;
+  const bool here = alsoLocally(ac);
+  const bool members_here = here && local_->hasMembers(name);
+  // Candidates for the queue group's share: its routes that carry it, and
+  // this host (index n) when members of it are here.
+  uint32_t best = UINT32_MAX;
+  size_t least = SIZE_MAX;
+  for (uint32_t i = 0; i <= n; ++i) {
+    const uint32_t k = (ac.next_group + i) % (n + 1u);
+    size_t waiting = 0;
+    if (k == n) {
+      if (!members_here) continue;
+      waiting = local_->waitingOf(name);
+    } else {
+      const RouteReaders r = legReaders(ac, static_cast<Leg>(k));
+      if (r != RouteReaders::kGroup && r != RouteReaders::kBoth) continue;
+      waiting = backlog(ac, static_cast<Leg>(k));
+    }
+    if (waiting < least) {
+      best = k;
+      least = waiting;
+    }
+  }
+  if (best != UINT32_MAX) ac.next_group = (best + 1) % (n + 1u);
+  Ways w;
+  for (Leg leg = 0; leg < n; ++leg) {
+    const uint64_t bit = sideBit(leg);
+    switch (legReaders(ac, leg)) {
+      case RouteReaders::kEvery:
+        w.legs |= bit;
+        break;
+      case RouteReaders::kSubscribers:
+        w.legs |= bit;
+        w.subscribers_only |= bit;
+        break;
+      case RouteReaders::kGroup:
+        if (leg == best) w.legs |= bit;
+        break;
+      case RouteReaders::kBoth:
+        w.legs |= bit;
+        if (leg != best) w.subscribers_only |= bit;
+        break;
+    }
+  }
+  // No group across hosts (best is n or none): the readers here as ever.
+  w.here_members = best == UINT32_MAX || best == n;
+  w.here = here && (w.here_members || local_->hasSubscribers(name));
+  return w;
+}
+
+size_t OutboundStreams::backlog(const AgentClient& ac, Leg leg) {
+  const PeerId peer = legPeer(ac, leg);
+  const uint64_t stream_id = leg == 0 ? ac.out_stream : ac.more_routes[leg - 1].out_stream;
+  const OutStream* s = stream(peer, stream_id);
+  const size_t waiting = s == nullptr ? 0 : s->pending.size();
+  return peers_[peer].link_id == 0 ? waiting + (size_t{1} << 20) : waiting;
 }
 
 }  // namespace framelink

@@ -134,24 +134,43 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
     local_->submit(ac, desc.slot, sh, desc.length);
     return;
   }
-  const uint64_t now = clock_.nowNs();
-  for (Leg leg = 0; leg < legs(ac); ++leg) submitOn(ac, leg, desc.slot, sh, desc.length, now);
-  ++c.in_progress;
+  const Ways ways = waysOf(ac);
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
+  if (ways.legs == 0) {  // the queue group's share is here, and no host has a subscriber
+    local_->submit(ac, desc.slot, sh, desc.length);
+    return;
+  }
+  const uint64_t now = clock_.nowNs();
+  Leg first = static_cast<Leg>(kMaxRoutesPerStream);
+  for (Leg leg = 0; leg < legs(ac); ++leg) {
+    if ((ways.legs & sideBit(leg)) == 0) continue;
+    submitOn(ac, leg, desc.slot, sh, desc.length, now, (ways.subscribers_only & sideBit(leg)) != 0);
+    first = std::min(first, leg);
+  }
+  if (first != 0) {
+    // The frame is the session slot's, though its first route does not
+    // carry it: the slot is lent to the routes that do until they are done.
+    SlotEntry& e = c.slots[desc.slot];
+    e = SlotEntry{};
+    e.state = SlotState::kLent;
+    e.sequence = legSlot(ac, first, desc.slot).sequence;
+    e.length = desc.length;
+    e.frame_id = sh.frame_id;
+    e.submitted_ns = now;
+  }
+  ++c.in_progress;
   // Posted by pumpAll() at the end of this round, with every other stream's.
-  const bool here = alsoLocally(ac);
-  if (here || legs(ac) > 1) {
+  if (ways.here || ways.legs != sideBit(0)) {
     Sides& sides = sides_[{c.id, desc.slot}];
     sides = Sides{};
-    for (Leg leg = 0; leg < legs(ac); ++leg) sides.waiting |= sideBit(leg);
-    if (here) sides.waiting |= kLocalSide;
+    sides.waiting = ways.legs | (ways.here ? kLocalSide : 0);
   }
   // The readers here read the same slot meanwhile (lent, no copy).
-  if (here) local_->submit(ac, desc.slot, sh, desc.length, true);
+  if (ways.here) local_->submit(ac, desc.slot, sh, desc.length, true, ways.here_members);
 }
 
 void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl_slot_header& sh,
-                               uint64_t length, uint64_t now) {
+                               uint64_t length, uint64_t now, bool subscribers_only) {
   ClientSession& c = *ac.session;
   const PeerId peer = legPeer(ac, leg);
   // Opened at attach, and kept while a producer of it is attached.
@@ -170,6 +189,8 @@ void OutboundStreams::submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl
   h.stream_id = s.id;
   h.sequence = s.next_sequence++;
   h.length = length;
+  h.subscribers_only = subscribers_only ? 1 : 0;
+  if (subscribers_only) metrics_.counters.frames_subscribers_only.fetch_add(1, std::memory_order_relaxed);
 
   SlotEntry& e = legSlot(ac, leg, slot);
   e = SlotEntry{};

@@ -49,6 +49,9 @@ class OutboundStreams {
   // once none is in flight), or for a producer with no route or the implicit one.
   bool addRoutes(AgentClient& c, const std::vector<std::string>& routes);
   void onSubmit(AgentClient& c, const fl_submit_desc& desc);
+  // Which of the producer's frames each of its routes carries, as the
+  // configuration (the registry's readers) says now: from its next frame.
+  void refreshRouteReaders(AgentClient& c);
   // Posts what each stream's credits allow; returns the work done.
   size_t pumpAll();
   // Readable when a retracted offer's slot is read no more (settleSources
@@ -219,6 +222,25 @@ class OutboundStreams {
   static transport::FrameHeader& legHeader(AgentClient& ac, Leg leg, uint32_t slot) {
     return leg == 0 ? ac.headers[slot] : ac.more_routes[leg - 1].headers[slot];
   }
+  static RouteReaders legReaders(const AgentClient& ac, Leg leg) {
+    return leg == 0 ? ac.route_readers : ac.more_routes[leg - 1].readers;
+  }
+  // Where one frame goes: a bit per route (sideBit) that carries it, a bit
+  // per route that carries it for the subscribers there only, and whether
+  // the readers here get it (all of them, or the subscribers only).
+  struct Ways {
+    uint64_t legs = 0;
+    uint64_t subscribers_only = 0;
+    bool here = false;
+    bool here_members = true;
+  };
+  // A stream whose queue group spans hosts (routes kGroup or kBoth, and
+  // members here) gives each frame to one host of the group: the one whose
+  // route has the fewest frames waiting for a credit, round-robin among equals.
+  Ways waysOf(AgentClient& ac);
+  // How long the frames of route `leg` wait: its frames waiting for a credit,
+  // and many more while its peer has no link.
+  size_t backlog(const AgentClient& ac, Leg leg);
 
   // The producer's next frame goes to the consumers attached here: its stream
   // has no route, or only the implicit one, and a consumer of it is attached.
@@ -233,7 +255,7 @@ class OutboundStreams {
                 uint32_t readers, uint32_t released);
   // Submits the frame in `slot` on one of the producer's routes.
   void submitOn(AgentClient& ac, Leg leg, uint32_t slot, const fl_slot_header& sh, uint64_t length,
-                uint64_t now);
+                uint64_t now, bool subscribers_only);
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
@@ -268,6 +290,9 @@ class OutboundStreams {
   // `sh` (never read again from shared memory), else says what is wrong.
   bool checkSubmit(const AgentClient& c, const fl_submit_desc& desc, fl_slot_header* sh, int* status,
                    std::string* why) const;
+  // A frame sent to a host for its subscribers only, refused there for want
+  // of one (they left), was delivered to none there: FL_OK, counted.
+  int subscribersAnswer(AgentClient& ac, FrameRef f, int status);
   void rejectSubmit(ClientSession& c, const fl_submit_desc& desc, int status, const std::string& why);
   // Ends the frame with `status`, or, while a transport still holds a post
   // of it, settles it (kSettling) and ends it when the last post completes.

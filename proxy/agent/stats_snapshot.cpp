@@ -18,7 +18,8 @@ void DataAgent::publishStats() {
   AgentStats stats;
   Metrics::Gauges gauges;
   collectClientStats(stats, gauges);
-  for (auto* streams : {&gauges.reader_streams, &gauges.producer_streams}) {
+  for (auto* streams : {&gauges.reader_streams, &gauges.producer_streams, &gauges.subscribed_streams,
+                        &gauges.grouped_streams}) {
     std::sort(streams->begin(), streams->end());
     streams->erase(std::unique(streams->begin(), streams->end()), streams->end());
   }
@@ -63,6 +64,9 @@ void DataAgent::collectClientStats(AgentStats& stats, Metrics::Gauges& gauges) {
       ++role.clients;
       role.slots += cs.slots;
       (cs.producer ? gauges.producer_streams : gauges.reader_streams).push_back(s.stream);
+      if (!cs.producer) {
+        (s.subscriber ? gauges.subscribed_streams : gauges.grouped_streams).push_back(s.stream);
+      }
     }
     cs.frames = s.frames;
     cs.bytes = s.bytes;

@@ -39,7 +39,22 @@ struct PeerConfig {
   // written peer's streams name them (Config::routesFor), and its id is a
   // claim its certificate (under TLS) and its HelloAck must prove.
   bool discovered = false;
+  // Discovered: of `streams`, those a subscriber reads there, and those a
+  // member of a queue group reads there (RegistryEntry).
+  std::vector<std::string> subscribed;
+  std::vector<std::string> grouped;
   bool operator==(const PeerConfig&) const = default;
+};
+
+// Which of a stream's frames a route carries: every frame (a written peer,
+// or a daemon of an earlier release), or -- the readers a registry
+// announced -- those of the subscribers there, and one frame in N for a
+// queue group that spans N hosts (a frame goes to one of them).
+enum class RouteReaders : uint8_t {
+  kEvery,        // every frame, to every reader there
+  kSubscribers,  // every frame, to the subscribers there only
+  kGroup,        // the frames its queue group gets here
+  kBoth,         // every frame to its subscribers, and the queue group's share
 };
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
@@ -224,6 +239,9 @@ struct Config {
   //   4. else none (the frame goes to the consumers attached to this daemon,
   //      and fails with FL_ERR_NO_ROUTE when there is none).
   std::vector<std::string> routesFor(const std::string& stream) const;
+  // Which of the stream's frames its route to `peer` carries (kEvery: a
+  // written peer, one not found, or a daemon that did not say).
+  RouteReaders routeReaders(const std::string& peer, const std::string& stream) const;
   // True when routesFor() names a peer by rule 3 only (no streams list
   // anywhere names this stream or "*"): a consumer of the stream attached to
   // this daemon then takes its frames instead (local delivery).

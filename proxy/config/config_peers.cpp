@@ -317,6 +317,22 @@ std::vector<std::string> Config::routesFor(const std::string& stream) const {
   return {};
 }
 
+RouteReaders Config::routeReaders(const std::string& peer, const std::string& stream) const {
+  auto named = [&](const std::vector<std::string>& streams) {
+    return std::binary_search(streams.begin(), streams.end(), stream);  // sorted (checkEntry)
+  };
+  for (const auto& p : peers) {
+    if (p.name != peer) continue;
+    if (!p.discovered) return RouteReaders::kEvery;
+    const bool subscribed = named(p.subscribed);
+    const bool grouped = named(p.grouped);
+    if (subscribed && grouped) return RouteReaders::kBoth;
+    if (grouped) return RouteReaders::kGroup;
+    return subscribed ? RouteReaders::kSubscribers : RouteReaders::kEvery;
+  }
+  return RouteReaders::kEvery;
+}
+
 std::vector<std::string> Config::routeWarnings() const {
   std::vector<std::string> unrouted, starred;
   for (const auto& peer : peers) {

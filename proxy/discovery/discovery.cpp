@@ -29,10 +29,21 @@ std::vector<std::string> splitEndpoints(const std::string& list) {
   return out;
 }
 
-std::string readersText(const std::vector<std::string>& readers) {
-  if (readers.empty()) return "no readers";
+// "readers: cam0 [subscribers, queue group], cam1 [queue group]" (no
+// brackets: a release that does not say which).
+std::string readersText(const PeerConfig& p) {
+  if (p.streams.empty()) return "no readers";
   std::string out = "readers: ";
-  for (size_t i = 0; i < readers.size(); ++i) out += (i ? ", " : "") + readers[i];
+  for (size_t i = 0; i < p.streams.size(); ++i) {
+    const std::string& name = p.streams[i];
+    const bool subscribed = std::binary_search(p.subscribed.begin(), p.subscribed.end(), name);
+    const bool grouped = std::binary_search(p.grouped.begin(), p.grouped.end(), name);
+    out += (i ? ", " : "") + name;
+    if (subscribed || grouped) {
+      out += std::string(" [") + (subscribed ? "subscribers" : "") + (subscribed && grouped ? ", " : "") +
+             (grouped ? "queue group" : "") + "]";
+    }
+  }
   return out;
 }
 
@@ -70,6 +81,8 @@ Config withFoundPeers(Config config, const std::vector<FoundDaemon>& found) {
     p.name = e.id;
     p.address = f.dial ? e.address : "";
     p.streams = e.readers;
+    p.subscribed = e.subscribed;
+    p.grouped = e.grouped;
     p.cert_name = config.tlsEnabled() ? e.id : "";
     p.discovered = true;
     config.peers.push_back(std::move(p));
@@ -90,9 +103,9 @@ std::vector<std::string> foundChanges(const Config& before, const Config& after)
     const PeerConfig* was = find(before, p.name);
     const std::string how = p.address.empty() ? "not dialed from here" : "dialed at " + p.address;
     if (was == nullptr) {
-      out.push_back(p.name + " found (" + how + "; " + readersText(p.streams) + ")");
+      out.push_back(p.name + " found (" + how + "; " + readersText(p) + ")");
     } else if (!(*was == p)) {
-      out.push_back(p.name + " changed (" + how + "; " + readersText(p.streams) + ")");
+      out.push_back(p.name + " changed (" + how + "; " + readersText(p) + ")");
     }
   }
   for (const auto& p : before.peers) {
@@ -212,6 +225,8 @@ void Discovery::round() {
   RegistryEntry self = self_;
   self.readers = metrics_.readerStreams();
   self.producers = metrics_.producerStreams();
+  self.subscribed = metrics_.subscribedStreams();
+  self.grouped = metrics_.groupedStreams();
   const auto now = std::chrono::steady_clock::now();
   if (!registry_) return roundDns(self, now);
   if (published_ && now - kept_alive_ >= keepalive_every_) {
@@ -273,8 +288,9 @@ void Discovery::roundDns(const RegistryEntry& self, std::chrono::steady_clock::t
     heard_new = changed_;
     changed_ = false;
   }
-  const bool mine_changed =
-      told_.id.empty() || self.readers != told_.readers || self.producers != told_.producers;
+  const bool mine_changed = told_.id.empty() || self.readers != told_.readers ||
+                            self.producers != told_.producers || self.subscribed != told_.subscribed ||
+                            self.grouped != told_.grouped;
   if (now >= next_resolve_ || mine_changed) {
     if (!readDns(self, mine_changed || !self.producers.empty())) return;
   } else if (heard_new) {
@@ -364,6 +380,8 @@ void Discovery::listDescribed() {
     if (h != heard.end() && h->second.as_of_ns > said.as_of_ns) {
       said.entry.readers = h->second.entry.readers;
       said.entry.producers = h->second.entry.producers;
+      said.entry.subscribed = h->second.entry.subscribed;
+      said.entry.grouped = h->second.entry.grouped;
       said.as_of_ns = h->second.as_of_ns;
     }
     entries.push_back(said.entry);

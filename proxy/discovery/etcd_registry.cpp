@@ -69,7 +69,9 @@ std::string formatEntry(const RegistryEntry& entry) {
               {"address", entry.address},
               {"readers", entry.readers},
               {"producers", entry.producers},
-              {"instance", std::to_string(entry.instance)}}
+              {"instance", std::to_string(entry.instance)},
+              {"subscribed", entry.subscribed},
+              {"grouped", entry.grouped}}
       .dump();
 }
 
@@ -84,6 +86,8 @@ Result<RegistryEntry> parseEntry(const std::string& key_id, const std::string& v
     for (const auto& r : j.value("readers", json::array())) e.readers.push_back(r.get<std::string>());
     for (const auto& p : j.value("producers", json::array())) e.producers.push_back(p.get<std::string>());
     e.instance = static_cast<uint64_t>(jsonInt(j, "instance"));
+    for (const auto& s : j.value("subscribed", json::array())) e.subscribed.push_back(s.get<std::string>());
+    for (const auto& g : j.value("grouped", json::array())) e.grouped.push_back(g.get<std::string>());
   } catch (const json::exception& ex) {
     return makeError(FL_ERR_PROTOCOL, std::string("a field is missing or of the wrong type: ") + ex.what());
   }
@@ -99,16 +103,25 @@ Result<RegistryEntry> checkEntry(RegistryEntry e, bool with_address) {
   if (with_address && (colon == std::string::npos || colon == 0 || colon + 1 == e.address.size())) {
     return makeError(FL_ERR_PROTOCOL, "address '" + e.address + "' is not HOST:PORT");
   }
-  for (auto* streams : {&e.readers, &e.producers}) {
+  for (auto* streams : {&e.readers, &e.producers, &e.subscribed, &e.grouped}) {
     for (const auto& name : *streams) {
-      if (auto st = checkStreamName(name, streams == &e.readers ? "a reader's stream" : "a producer's stream",
-                                    false);
+      if (auto st = checkStreamName(
+              name, streams == &e.producers ? "a producer's stream" : "a reader's stream", false);
           !st) {
         return st.error();
       }
     }
     std::sort(streams->begin(), streams->end());
     streams->erase(std::unique(streams->begin(), streams->end()), streams->end());
+  }
+  for (auto* kind : {&e.subscribed, &e.grouped}) {
+    for (const auto& name : *kind) {
+      if (!std::binary_search(e.readers.begin(), e.readers.end(), name)) {
+        return makeError(FL_ERR_PROTOCOL, "stream '" + name + "' is " +
+                                              (kind == &e.subscribed ? "subscribed" : "grouped") +
+                                              " but not among its readers");
+      }
+    }
   }
   return e;
 }

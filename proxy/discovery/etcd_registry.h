@@ -7,7 +7,7 @@
 // (one long response, a JSON message a line) that says when an entry
 // changed; no etcd client library.
 //
-// Keys: PREFIX daemons/ID -> {"id", "address", "readers", "producers", "instance"}.
+// Keys: PREFIX daemons/ID -> {"id", "address", "readers", "producers", "instance", "subscribed", "grouped"}.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,12 @@ struct RegistryEntry {
   std::vector<std::string> readers;    // the streams consumers attached to it read, sorted
   std::vector<std::string> producers;  // the streams producers attached to it write, sorted
   uint64_t instance = 0;               // which run of the daemon published it
+  // Of `readers`: the streams a subscriber reads there (each frame to every
+  // such host), and those a member of a queue group reads there (each frame
+  // to one such host).  Both empty but for `readers`: a release before queue
+  // groups spanned hosts, which gets every frame.
+  std::vector<std::string> subscribed;
+  std::vector<std::string> grouped;
   bool operator==(const RegistryEntry&) const = default;
 };
 

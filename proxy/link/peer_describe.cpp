@@ -38,7 +38,9 @@ Described fromMessage(const v1::DaemonStreams& m) {
                    m.instance(),
                    {m.readers().begin(), m.readers().end()},
                    {m.producers().begin(), m.producers().end()},
-                   m.as_of_ns()};
+                   m.as_of_ns(),
+                   {m.subscribed().begin(), m.subscribed().end()},
+                   {m.grouped().begin(), m.grouped().end()}};
 }
 
 void toMessage(const Described& d, v1::DaemonStreams& m) {
@@ -47,6 +49,8 @@ void toMessage(const Described& d, v1::DaemonStreams& m) {
   for (const auto& r : d.readers) m.add_readers(r);
   for (const auto& p : d.producers) m.add_producers(p);
   m.set_as_of_ns(d.as_of_ns);
+  for (const auto& s : d.subscribed) m.add_subscribed(s);
+  for (const auto& g : d.grouped) m.add_grouped(g);
 }
 
 Result<Described> answered(const Config& config, Asking& a) {
@@ -140,7 +144,8 @@ std::vector<Result<Described>> describePeers(const Config& config, const std::ve
     return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
   }
   const v1::DaemonStreams& asker = request->asker();
-  if (static_cast<size_t>(asker.readers_size()) + static_cast<size_t>(asker.producers_size()) >
+  if (static_cast<size_t>(asker.readers_size()) + static_cast<size_t>(asker.producers_size()) +
+          static_cast<size_t>(asker.subscribed_size()) + static_cast<size_t>(asker.grouped_size()) >
       kMaxDescribedStreams) {
     log_protocol_.warn("Describe from {}: more than {} streams (FL_ERR_PROTOCOL)", from,
                        kMaxDescribedStreams);
@@ -166,7 +171,8 @@ std::vector<Result<Described>> describePeers(const Config& config, const std::ve
   // Asked every dns_refresh_s by each daemon with producers: not worth a line each.
   spdlog::debug("described this daemon to '{}' at {}", asker.daemon_id(), from);
   toMessage(Described{config_.id, instance_, metrics_.readerStreams(), metrics_.producerStreams(),
-                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())},
+                      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                      metrics_.subscribedStreams(), metrics_.groupedStreams()},
             *reply->mutable_answerer());
   return ::grpc::Status::OK;
 }

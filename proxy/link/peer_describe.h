@@ -28,9 +28,11 @@ struct DescribeTarget {
 struct Described {
   std::string id;
   uint64_t instance = 0;
-  std::vector<std::string> readers;    // sorted
-  std::vector<std::string> producers;  // sorted
-  uint64_t as_of_ns = 0;               // on the describing daemon's monotonic clock
+  std::vector<std::string> readers;     // sorted
+  std::vector<std::string> producers;   // sorted
+  uint64_t as_of_ns = 0;                // on the describing daemon's monotonic clock
+  std::vector<std::string> subscribed;  // of readers: read by a subscriber there (RegistryEntry)
+  std::vector<std::string> grouped;     // of readers: read by a queue group member there
 };
 
 // A Describe call's readers and producers together, at most: more is refused.

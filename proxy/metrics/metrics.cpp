@@ -51,6 +51,14 @@ constexpr CounterInfo kFrameCounters[] = {
      "Frames a subscriber of a drop stream was skipped for, too far behind with no free slot (it is told the "
      "gap).",
      &Metrics::Counters::frames_dropped_slow_reader},
+    {"frames_subscribers_only",
+     "Frames sent to a daemon for its subscribers only: a member of the stream's queue group on another "
+     "daemon got them.",
+     &Metrics::Counters::frames_subscribers_only},
+    {"frames_no_subscriber",
+     "Frames sent to a daemon for its subscribers only that found none there (they left): delivered to none "
+     "there.",
+     &Metrics::Counters::frames_no_subscriber},
     {"lends_retired_for_room",
      "Lent segments a consumer held nothing of, retired to lend it another (it holds at most 64).",
      &Metrics::Counters::lends_retired_for_room},
@@ -505,6 +513,8 @@ std::string Metrics::json() const {
       {"local_frames_lent", &counters.local_frames_lent},
       {"local_frames_copied", &counters.local_frames_copied},
       {"frames_dropped_slow_reader", &counters.frames_dropped_slow_reader},
+      {"frames_subscribers_only", &counters.frames_subscribers_only},
+      {"frames_no_subscriber", &counters.frames_no_subscriber},
       {"lends_retired_for_room", &counters.lends_retired_for_room},
       {"local_frames_taken_back", &counters.local_frames_taken_back},
       {"local_frames_handed_on", &counters.local_frames_handed_on},

@@ -34,6 +34,8 @@ class Metrics {
     std::atomic<uint64_t> local_frames_lent{0};           // to a consumer on this host, without a copy
     std::atomic<uint64_t> local_frames_copied{0};         // to a consumer on this host, copied into its slot
     std::atomic<uint64_t> frames_dropped_slow_reader{0};  // a drop stream's subscriber skipped for a frame
+    std::atomic<uint64_t> frames_subscribers_only{0};     // sent to a host for its subscribers only
+    std::atomic<uint64_t> frames_no_subscriber{0};        // of those, refused there: no subscriber left
     std::atomic<uint64_t> lends_retired_for_room{0};  // a consumer's idle lent segment retired at FL_LEND_MAX
     std::atomic<uint64_t> local_frames_taken_back{0};  // a local reader held a frame past ack_timeout_ms
     std::atomic<uint64_t> local_frames_handed_on{0};   // a reader left before reading it: handed on
@@ -152,11 +154,17 @@ class Metrics {
     uint64_t slots_fenced = 0;                  // rdma: slots held back until a peer's window into them shut
     std::vector<std::string> reader_streams;    // sorted, once each: the streams consumers here read
     std::vector<std::string> producer_streams;  // and those producers here write
+    // Of reader_streams, those a subscriber here reads, and those a member of
+    // a queue group here reads (a stream may be in both).
+    std::vector<std::string> subscribed_streams;
+    std::vector<std::string> grouped_streams;
   };
   void setGauges(Gauges gauges);
   // Gauges::reader_streams as the agent published them last (the registry announces them).
   std::vector<std::string> readerStreams() const;
   std::vector<std::string> producerStreams() const;
+  std::vector<std::string> subscribedStreams() const;
+  std::vector<std::string> groupedStreams() const;
   // What the links' transports did, summed over every link the agent had
   // (closed ones included, so the totals never go down), from the agent.
   void setTransportCounters(const transport::TransportCounters& totals);

@@ -91,6 +91,16 @@ std::vector<std::string> Metrics::producerStreams() const {
   return gauges_.producer_streams;
 }
 
+std::vector<std::string> Metrics::subscribedStreams() const {
+  MutexLock lock(detail_mutex_);
+  return gauges_.subscribed_streams;
+}
+
+std::vector<std::string> Metrics::groupedStreams() const {
+  MutexLock lock(detail_mutex_);
+  return gauges_.grouped_streams;
+}
+
 void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
   MutexLock lock(detail_mutex_);
   transport_ = totals;

@@ -32,11 +32,14 @@ struct FrameHeader {
   // Sent again to a new instance of the receiving daemon: the instance before
   // it may have delivered the frame (FL_SLOT_MAYBE_REDELIVERED for the consumer).
   uint32_t maybe_redelivered = 0;
+  // For the subscribers on the receiving host only: a member of the stream's
+  // queue group on another host has it (FL_SLOT_GROUP_ELSEWHERE).
+  uint32_t subscribers_only = 0;
   uint8_t attrs[FL_MAX_ATTR_BYTES] = {};
 };
 
 // Writes what a slot header holds of a frame: ids, timestamp, length,
-// sequence, CRC32C, flags (FL_SLOT_HAS_CRC32C, FL_SLOT_MAYBE_REDELIVERED),
+// sequence, CRC32C, flags (FL_SLOT_HAS_CRC32C, FL_SLOT_MAYBE_REDELIVERED, FL_SLOT_GROUP_ELSEWHERE),
 // attr_length and the first attr_length attribute bytes (never more than
 // FL_MAX_ATTR_BYTES).  The reserved fields and the attribute bytes past
 // attr_length are left as they are: the rdma wire carries data in the
@@ -50,7 +53,8 @@ inline void toSlotHeader(const FrameHeader& h, fl_slot_header* s) noexcept {
   s->sequence = h.sequence;
   s->crc32c = h.crc32c;
   s->flags = (h.has_crc32c ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
-             (h.maybe_redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u);
+             (h.maybe_redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u) |
+             (h.subscribers_only ? uint32_t{FL_SLOT_GROUP_ELSEWHERE} : 0u);
   s->attr_length = h.attr_length;
   std::memcpy(s->attrs, h.attrs, h.attr_length <= FL_MAX_ATTR_BYTES ? h.attr_length : FL_MAX_ATTR_BYTES);
 }
@@ -69,6 +73,7 @@ inline void fromSlotHeader(const fl_slot_header& s, FrameHeader* h) noexcept {
   h->crc32c = s.crc32c;
   h->has_crc32c = (s.flags & FL_SLOT_HAS_CRC32C) ? 1 : 0;
   h->maybe_redelivered = (s.flags & FL_SLOT_MAYBE_REDELIVERED) ? 1 : 0;
+  h->subscribers_only = (s.flags & FL_SLOT_GROUP_ELSEWHERE) ? 1 : 0;
   h->attr_length = s.attr_length <= FL_MAX_ATTR_BYTES ? s.attr_length : 0;
   std::memcpy(h->attrs, s.attrs, h->attr_length);
 }

@@ -13,8 +13,10 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "client_util.h"
@@ -183,7 +185,8 @@ struct ThreeHosts {
   // A consumer of `stream` on C, once A has seen it in the registry.
   Client readerOnC(const std::string& stream, uint32_t slots) {
     Client on_c = attachConsumer(c, stream, slots, 256 * 1024);
-    REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: " + stream + ")", Millis(10000)));
+    REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: " + stream + " [queue group])",
+                         Millis(10000)));
     return on_c;
   }
 };
@@ -209,18 +212,18 @@ TEST_CASE(
   // A reader on C, then a producer of its stream on A: A dials C and the frames go there.
   Client on_c = fleet.readerOnC("inspect", 4);
   Client producer = attachProducer(a, "inspect", 4, 256 * 1024);
-  REQUIRE(a.waitForLog(
-      "disc-c changed (dialed at 127.0.0.1:" + std::to_string(c.grpcPort()) + "; readers: inspect)",
-      Millis(10000)));
+  REQUIRE(a.waitForLog("disc-c changed (dialed at 127.0.0.1:" + std::to_string(c.grpcPort()) +
+                           "; readers: inspect [queue group])",
+                       Millis(10000)));
   for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_c.get(), id);
   CHECK(a.metric("framelink_links_up") == 1);
   CHECK(b.metric("framelink_links_up") == 0);
 
-  // A second host reads it too: A dials B as well, and each frame goes to both.
-  Client on_b = attachConsumer(b, "inspect", 4, 256 * 1024);
-  REQUIRE(a.waitForLog(
-      "disc-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) + "; readers: inspect)",
-      Millis(10000)));
+  // A subscriber on a second host: A dials B as well, and each frame goes to both.
+  Client on_b = attachWith(b, FL_ROLE_CONSUMER, "inspect", true, 4, 256 * 1024);
+  REQUIRE(a.waitForLog("disc-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) +
+                           "; readers: inspect [subscribers])",
+                       Millis(10000)));
   REQUIRE(a.waitForLog("is now routed to disc-b, disc-c", Millis(10000)));
   for (uint64_t id = 4; id <= 6; ++id) {
     submitFrame(producer.get(), id, 4096, true);
@@ -238,7 +241,7 @@ TEST_CASE(
 
   // The producer leaves: its links end link_idle_s (2 s) later.
   producer.reset();
-  CHECK(a.waitForLog("disc-c changed (not dialed from here; readers: inspect)", Millis(15000)));
+  CHECK(a.waitForLog("disc-c changed (not dialed from here; readers: inspect [queue group])", Millis(15000)));
   CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 0; }, Millis(10000), Millis(100)));
 }
 
@@ -256,8 +259,8 @@ TEST_CASE(
     held.push_back(receiveFrame(on_c.get(), Millis(15000)));
     checkSyntheticFrame(held.back(), id, 4096);
   }
-  // A reader on B: the producer's next frame goes to B too, its frames in flight notwithstanding.
-  Client on_b = attachConsumer(fleet.b, "busy", 8, 256 * 1024);
+  // A subscriber on B: the producer's next frame goes to B too, its frames in flight notwithstanding.
+  Client on_b = attachWith(fleet.b, FL_ROLE_CONSUMER, "busy", true, 8, 256 * 1024);
   REQUIRE(a.waitForLog("stream 'busy' is now routed to disc-b, disc-c (was disc-c)", Millis(10000)));
   CHECK(a.waitForLog("its frames in flight keep the routes they had", Millis(1000)));
   submitFrame(producer.get(), 4, 4096, true);
@@ -275,6 +278,83 @@ TEST_CASE(
     CHECK(d.status == FL_OK);
     CHECK(d.readers == (d.frame_id == 4 ? 2U : 1U));
   }
+}
+
+namespace {
+
+// Takes the frame waiting for `reader`, if one comes within `wait`: checked, released, its flags.
+std::optional<uint32_t> takeFrame(fl_client* reader, uint64_t id, Millis wait) {
+  fl_frame f{};
+  if (fl_receive(reader, &f, static_cast<int>(wait.count())) != FL_OK) return std::nullopt;
+  checkSyntheticFrame(f, id, 4096);
+  const uint32_t flags = f.flags;
+  REQUIRE(fl_release(reader, f.slot) == FL_OK);
+  return flags;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "discovery: a queue group on three hosts gets each frame once, on one of them; a subscriber gets every "
+    "frame",
+    "[integration][discovery][groups]") {
+  ThreeHosts fleet;
+  DaemonProcess& a = fleet.a;
+  // The group "line": a member on each host, the producer's own included; a subscriber on A and on B.
+  Client a_sub = attachWith(a, FL_ROLE_CONSUMER, "line", true, 8, 256 * 1024);
+  Client b_sub = attachWith(fleet.b, FL_ROLE_CONSUMER, "line", true, 8, 256 * 1024);
+  Client b_member = attachConsumer(fleet.b, "line", 8, 256 * 1024);
+  Client c_member = attachConsumer(fleet.c, "line", 8, 256 * 1024);
+  Client a_member = attachConsumer(a, "line", 8, 256 * 1024);
+  REQUIRE(a.waitForLog("disc-b changed (not dialed from here; readers: line [subscribers, queue group])",
+                       Millis(10000)));
+  REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: line [queue group])", Millis(10000)));
+  Client producer = attachProducer(a, "line", 8, 256 * 1024);
+  CHECK(a.waitForLog("readers: line [subscribers, queue group])", Millis(10000)));
+
+  constexpr uint64_t kFrames = 30;
+  std::vector<fl_client*> members{a_member.get(), b_member.get(), c_member.get()};
+  std::vector<uint64_t> got(members.size(), 0);
+  // Frames each subscriber was told a member on another host had.
+  uint64_t flagged_a = 0;
+  uint64_t flagged_b = 0;
+  for (uint64_t id = 1; id <= kFrames; ++id) {
+    submitFrame(producer.get(), id, 4096, true);
+    for (auto [reader, flagged] : {std::pair{a_sub.get(), &flagged_a}, std::pair{b_sub.get(), &flagged_b}}) {
+      auto flags = takeFrame(reader, id, Millis(15000));
+      REQUIRE(flags.has_value());
+      *flagged += (*flags & FL_SLOT_GROUP_ELSEWHERE) != 0 ? 1 : 0;
+    }
+    // One member has it: each is looked at in turn until one does.
+    bool taken = false;
+    for (int round = 0; round < 1500 && !taken; ++round) {
+      for (size_t m = 0; m < members.size() && !taken; ++m) {
+        if (takeFrame(members[m], id, Millis(0))) {
+          ++got[m];
+          taken = true;
+        }
+      }
+      if (!taken) std::this_thread::sleep_for(Millis(10));
+    }
+    INFO("frame " << id);
+    REQUIRE(taken);
+    auto done = collectCompletions(producer.get(), 1, Millis(15000));
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status == FL_OK);
+    CHECK(done[0].readers == 3);  // the two subscribers and one member
+  }
+  // No member got a frame twice, nor one another had.
+  for (fl_client* m : members) {
+    fl_frame extra{};
+    CHECK(fl_receive(m, &extra, 300) != FL_OK);
+  }
+  INFO("frames on A, B, C: " << got[0] << ", " << got[1] << ", " << got[2]);
+  CHECK(got[0] + got[1] + got[2] == kFrames);
+  for (uint64_t n : got) CHECK(n > 0);
+  // Each frame whose share went to another host's member went to each subscriber for it alone.
+  CHECK(flagged_a == kFrames - got[0]);
+  CHECK(flagged_b == kFrames - got[1]);
+  CHECK(a.metric("framelink_frames_subscribers_only_total") == static_cast<int64_t>(kFrames - got[1]));
 }
 
 TEST_CASE(
@@ -297,7 +377,7 @@ TEST_CASE(
   CHECK(a.waitForLog("registry entries left out: /framelink/daemons/junk: not a JSON object", Millis(10000)));
   CHECK(a.metric("framelink_links_up") == 0);  // none for "ghost"
   Client consumer = attachConsumer(b, "after-ghost", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("readers: after-ghost)", Millis(10000)));
+  REQUIRE(a.waitForLog("readers: after-ghost [queue group])", Millis(10000)));
   Client producer = attachProducer(a, "after-ghost", 4, 256 * 1024);
   sendOne(producer.get(), consumer.get(), 1);
 }
@@ -309,7 +389,7 @@ TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon t
   DaemonProcess b(fleetMember("disc-b", etcd));
   auto c = std::make_unique<DaemonProcess>(fleetMember("disc-c", etcd));
   Client consumer = attachConsumer(b, "line", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("readers: line)", Millis(10000)));
+  REQUIRE(a.waitForLog("readers: line [queue group])", Millis(10000)));
   Client producer = attachProducer(a, "line", 4, 256 * 1024);
   sendOne(producer.get(), consumer.get(), 1);
 
@@ -364,11 +444,12 @@ TEST_CASE(
   // A reader on B: B tells the others at once (A, with no producer, asks no one again), then a
   // producer on A: A dials B, and its first frame goes there.
   Client on_b = attachConsumer(b, "srv-line", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("srv-b changed (not dialed from here; readers: srv-line)", Millis(5000)));
+  REQUIRE(
+      a.waitForLog("srv-b changed (not dialed from here; readers: srv-line [queue group])", Millis(5000)));
   Client producer = attachProducer(a, "srv-line", 4, 256 * 1024);
-  REQUIRE(a.waitForLog(
-      "srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) + "; readers: srv-line)",
-      Millis(10000)));
+  REQUIRE(a.waitForLog("srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) +
+                           "; readers: srv-line [queue group])",
+                       Millis(10000)));
   for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
   CHECK(a.metric("framelink_links_up") == 1);
   CHECK(twin.metric("framelink_links_up") == 0);
@@ -409,7 +490,8 @@ TEST_CASE(
                          "): it says it is 'srv-b', but its certificate does not name it",
                      Millis(10000)));
   Client on_b = attachConsumer(b, "srv-tls", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("srv-b changed (not dialed from here; readers: srv-tls)", Millis(10000)));
+  REQUIRE(
+      a.waitForLog("srv-b changed (not dialed from here; readers: srv-tls [queue group])", Millis(10000)));
   Client producer = attachProducer(a, "srv-tls", 4, 256 * 1024);
   for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
   CHECK(liar.metric("framelink_links_up") == 0);

@@ -138,3 +138,42 @@ TEST_CASE("discovery: a stream goes to the daemons with readers of it, unless a 
     many.push_back(found("r" + std::to_string(100 + i), {"wide"}));
   CHECK(fl::withFoundPeers(c, many).routesFor("wide").size() == fl::kMaxRoutesPerStream);
 }
+
+TEST_CASE(
+    "discovery: which of a stream's frames a found daemon gets follows its readers' kind; an older release "
+    "gets every frame",
+    "[discovery][routes]") {
+  // Announced and read back: the kinds travel with the readers, each a reader's stream.
+  fl::RegistryEntry e = entry("insp-1", {"cam0", "cam1", "cam2"});
+  e.subscribed = {"cam0", "cam2"};
+  e.grouped = {"cam1", "cam2"};
+  auto back = fl::parseEntry("insp-1", fl::formatEntry(e));
+  REQUIRE(back.ok());
+  CHECK(back.value() == e);
+  fl::RegistryEntry lying = e;
+  lying.grouped.push_back("cam9");
+  auto refused = fl::checkEntry(lying);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message == "stream 'cam9' is grouped but not among its readers");
+
+  fl::Config c;
+  c.id = "producer";
+  c.discovery_etcd = "http://etcd:2379";
+  c.peers = {written("archive", {"raw"})};
+  fl::RegistryEntry old = entry("insp-old", {"cam0"});  // a release that does not say which
+  c = fl::withFoundPeers(c, {fl::FoundDaemon{e, true}, fl::FoundDaemon{old, true}});
+  using R = fl::RouteReaders;
+  CHECK(c.routeReaders("insp-1", "cam0") == R::kSubscribers);
+  CHECK(c.routeReaders("insp-1", "cam1") == R::kGroup);
+  CHECK(c.routeReaders("insp-1", "cam2") == R::kBoth);
+  CHECK(c.routeReaders("insp-old", "cam0") == R::kEvery);
+  CHECK(c.routeReaders("archive", "raw") == R::kEvery);  // a written peer: every frame, as configured
+  CHECK(c.routeReaders("nobody", "cam0") == R::kEvery);
+
+  const auto changes = fl::foundChanges(fl::Config{}, c);
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[0] ==
+        "insp-1 found (dialed at insp-1.example:7700; readers: cam0 [subscribers], cam1 [queue group], cam2 "
+        "[subscribers, queue group])");
+  CHECK(changes[1] == "insp-old found (dialed at insp-old.example:7700; readers: cam0)");
+}

@@ -223,3 +223,148 @@ TEST_CASE("routes: the daemon stopping ends a half-done frame once, with SHUTDOW
   CHECK(rig.client->more_routes[0].slots[0].state == SlotState::kFree);
   CHECK(rig.producer.session->in_progress == 0);
 }
+
+namespace {
+
+// Peers b and c as a registry announced them: which of the stream's readers each has.
+void announce(TwoRoutes& rig, RouteReaders b, RouteReaders c) {
+  for (PeerConfig& p : rig.config.peers) {
+    const RouteReaders r = p.name == "b" ? b : c;
+    p.discovered = true;
+    p.subscribed.clear();
+    p.grouped.clear();
+    if (r == RouteReaders::kSubscribers || r == RouteReaders::kBoth) p.subscribed = {"cam"};
+    if (r == RouteReaders::kGroup || r == RouteReaders::kBoth) p.grouped = {"cam"};
+  }
+  rig.out.refreshRouteReaders(*rig.client);
+}
+
+// Whether route r's stream has a frame waiting for a credit, and its
+// header's subscribers-only flag.
+bool waits(TwoRoutes& rig, int r, uint32_t slot) {
+  const SlotEntry& e = r == 0 ? rig.producer.session->slots[slot] : rig.client->more_routes[0].slots[slot];
+  return e.state == SlotState::kPending;
+}
+bool forSubscribersOnly(TwoRoutes& rig, int r, uint32_t slot) {
+  return (r == 0 ? rig.client->headers[slot] : rig.client->more_routes[0].headers[slot]).subscribers_only !=
+         0;
+}
+
+}  // namespace
+
+TEST_CASE("routes: a queue group on two hosts gets each frame on one of them, in turn",
+          "[agent][outbound][routes][groups]") {
+  TwoRoutes rig;
+  announce(rig, RouteReaders::kGroup, RouteReaders::kGroup);
+  rig.submit(0, 100);
+  CHECK(waits(rig, 0, 0));
+  CHECK_FALSE(waits(rig, 1, 0));
+  CHECK_FALSE(forSubscribersOnly(rig, 0, 0));
+  rig.submit(1, 100);
+  // b's frame still waits for a credit: c, which has none waiting, takes the next.
+  CHECK(rig.client->more_routes[0].slots[1].state == SlotState::kPending);
+  CHECK(rig.producer.session->slots[1].state == SlotState::kLent);  // the frame's, on route c alone
+  fl_completion_desc d{};
+  rig.submit(1, 100);  // the slot is taken until c is done
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_SLOT_NOT_OWNED);
+  rig.grant(0, 7);
+  rig.grant(1, 9);
+  rig.sendCompletes(0);
+  rig.sendCompletes(1);
+  CHECK(rig.link[0]->frames_out == 1);
+  CHECK(rig.link[1]->frames_out == 1);
+  rig.ack(1, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.slot == 1);
+  CHECK(d.status == FL_OK);
+  CHECK(d.readers == 1);
+  rig.ack(0, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.slot == 0);
+  CHECK(d.readers == 1);
+  // Both idle again: they take turns.
+  rig.submit(2, 100);
+  rig.submit(3, 100);
+  CHECK(waits(rig, 0, 2) != waits(rig, 1, 2));
+  CHECK(waits(rig, 0, 3) != waits(rig, 1, 3));
+  CHECK(waits(rig, 0, 2) != waits(rig, 0, 3));
+  CHECK(rig.metrics.counters.frames_subscribers_only.load() == 0);
+}
+
+TEST_CASE(
+    "routes: a host with subscribers gets every frame, for its subscribers only when the group's share went "
+    "elsewhere; none left there is no failure",
+    "[agent][outbound][routes][groups]") {
+  TwoRoutes rig;
+  announce(rig, RouteReaders::kBoth, RouteReaders::kGroup);
+  rig.submit(0, 100);  // the group's share to b (first in turn): c gets nothing
+  CHECK(waits(rig, 0, 0));
+  CHECK_FALSE(forSubscribersOnly(rig, 0, 0));
+  CHECK_FALSE(waits(rig, 1, 0));
+  rig.submit(1, 100);  // to c: b gets it for its subscribers
+  CHECK(waits(rig, 0, 1));
+  CHECK(forSubscribersOnly(rig, 0, 1));
+  CHECK(waits(rig, 1, 1));
+  CHECK_FALSE(forSubscribersOnly(rig, 1, 1));
+  CHECK(rig.metrics.counters.frames_subscribers_only.load() == 1);
+  rig.grant(0, 7);
+  rig.grant(0, 8);
+  rig.grant(1, 9);
+  for (int i = 0; i < 2; ++i) rig.sendCompletes(0);
+  rig.sendCompletes(1);
+  rig.ack(0, 1, FL_OK, 2);
+  fl_completion_desc d{};
+  REQUIRE(rig.completed(&d));
+  CHECK(d.slot == 0);
+  CHECK(d.readers == 2);
+  // b's subscribers left before frame 2 came: refused there for want of one, delivered to c's member.
+  rig.ack(0, 2, FL_ERR_NO_CONSUMER, 0);
+  rig.ack(1, 1, FL_OK, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.slot == 1);
+  CHECK(d.status == FL_OK);
+  CHECK(d.readers == 1);
+  CHECK(rig.metrics.counters.frames_no_subscriber.load() == 1);
+  CHECK(rig.metrics.counters.frames_failed.load() == 0);
+
+  // A route for subscribers only carries every frame, each for its subscribers.
+  announce(rig, RouteReaders::kSubscribers, RouteReaders::kGroup);
+  rig.submit(2, 100);
+  rig.submit(3, 100);
+  for (uint32_t slot : {2u, 3u}) {
+    CHECK(waits(rig, 0, slot));
+    CHECK(forSubscribersOnly(rig, 0, slot));
+    CHECK(waits(rig, 1, slot));
+  }
+  // A NO_CONSUMER for a frame meant for every reader there is the failure it says.
+  announce(rig, RouteReaders::kEvery, RouteReaders::kEvery);
+  rig.grant(0, 10);
+  rig.grant(0, 11);
+  rig.grant(1, 12);
+  rig.grant(1, 13);
+  for (int i = 0; i < 2; ++i) {
+    rig.sendCompletes(0);
+    rig.sendCompletes(1);
+  }
+  rig.ack(0, 3, FL_OK, 1);
+  rig.ack(1, 2, FL_OK, 1);
+  rig.ack(0, 4, FL_OK, 1);
+  rig.ack(1, 3, FL_OK, 1);
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(rig.completed(&d));
+    CHECK(d.status == FL_OK);
+    CHECK(d.readers == 2);
+  }
+  rig.submit(0, 100);
+  CHECK_FALSE(forSubscribersOnly(rig, 0, 0));
+  rig.grant(0, 14);
+  rig.sendCompletes(0);
+  rig.ack(0, 5, FL_ERR_NO_CONSUMER);
+  rig.grant(1, 15);
+  rig.sendCompletes(1);
+  rig.ack(1, 4, FL_OK, 1);
+  REQUIRE(rig.completed(&d));
+  CHECK(d.status == FL_ERR_NO_CONSUMER);
+  CHECK(rig.metrics.counters.frames_no_subscriber.load() == 1);
+}

@@ -34,6 +34,8 @@ class Frame:
         self.has_crc32c = bool(f.flags & _native.SLOT_HAS_CRC32C)
         # Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.
         self.maybe_redelivered = bool(f.flags & _native.SLOT_MAYBE_REDELIVERED)
+        # A subscriber: a member of the stream's queue group on another host got this frame.
+        self.group_elsewhere = bool(f.flags & _native.SLOT_GROUP_ELSEWHERE)
         # A subscriber of a drop stream: the frames it missed just before this one (it was too far behind).
         self.gap = lib.fl_frame_gap(consumer._handle(), f.slot) if f.flags & _native.SLOT_GAP else 0
         self.crc32c = f.crc32c

@@ -122,6 +122,7 @@ void toProto(const FrameHeader& h, framelink::v1::FrameHeader* p) {
   p->set_length(h.length);
   p->set_has_crc32c(h.has_crc32c != 0);
   p->set_maybe_redelivered(h.maybe_redelivered != 0);
+  p->set_subscribers_only(h.subscribers_only != 0);
   p->set_crc32c(h.crc32c);
   p->set_attributes(reinterpret_cast<const char*>(h.attrs),
                     h.attr_length <= FL_MAX_ATTR_BYTES ? h.attr_length : FL_MAX_ATTR_BYTES);
@@ -140,6 +141,7 @@ bool fromProto(const framelink::v1::FrameHeader& p, FrameHeader* h) noexcept {
   h->crc32c = p.crc32c();
   h->has_crc32c = p.has_crc32c() ? 1 : 0;
   h->maybe_redelivered = p.maybe_redelivered() ? 1 : 0;
+  h->subscribers_only = p.subscribers_only() ? 1 : 0;
   h->attr_length = static_cast<uint32_t>(p.attributes().size());
   std::memcpy(h->attrs, p.attributes().data(), h->attr_length);
   return true;

@@ -97,7 +97,7 @@ static_assert(sizeof(TcpHelloReply) == 8);
 
 struct TcpFrameHeader {
   uint32_t magic;  // kTcpFrameMagic
-  uint32_t flags;  // kTcpFrameCrc32c | kTcpFrameMaybeRedelivered
+  uint32_t flags;  // kTcpFrameCrc32c | kTcpFrameMaybeRedelivered | kTcpFrameSubscribersOnly
   uint64_t stream_id;
   uint64_t sequence;
   uint64_t credit_id;
@@ -118,11 +118,13 @@ static_assert(offsetof(TcpFrameHeader, attrs) == 72);
 
 inline constexpr uint32_t kTcpFrameCrc32c = 1u << 0;
 inline constexpr uint32_t kTcpFrameMaybeRedelivered = 1u << 1;
+inline constexpr uint32_t kTcpFrameSubscribersOnly = 1u << 2;
 
 inline TcpFrameHeader toWire(const FrameHeader& h) noexcept {
   TcpFrameHeader w{};
   w.magic = kTcpFrameMagic;
-  w.flags = (h.has_crc32c ? kTcpFrameCrc32c : 0u) | (h.maybe_redelivered ? kTcpFrameMaybeRedelivered : 0u);
+  w.flags = (h.has_crc32c ? kTcpFrameCrc32c : 0u) | (h.maybe_redelivered ? kTcpFrameMaybeRedelivered : 0u) |
+            (h.subscribers_only ? kTcpFrameSubscribersOnly : 0u);
   w.stream_id = h.stream_id;
   w.sequence = h.sequence;
   w.credit_id = h.credit_id;
@@ -151,6 +153,7 @@ inline FrameHeader fromWire(const TcpFrameHeader& w) noexcept {
   h.crc32c = w.crc32c;
   h.has_crc32c = (w.flags & kTcpFrameCrc32c) ? 1 : 0;
   h.maybe_redelivered = (w.flags & kTcpFrameMaybeRedelivered) ? 1 : 0;
+  h.subscribers_only = (w.flags & kTcpFrameSubscribersOnly) ? 1 : 0;
   h.attr_length = w.attr_length <= FL_MAX_ATTR_BYTES ? w.attr_length : 0;
   std::memcpy(h.attrs, w.attrs, h.attr_length);
   return h;

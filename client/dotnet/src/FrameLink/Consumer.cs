@@ -95,6 +95,7 @@ public sealed unsafe class ReceivedFrame : IDisposable
         TimestampNs = f.TimestampNs;
         HasCrc32c = (f.Flags & Native.SlotHasCrc32c) != 0;
         MaybeRedelivered = (f.Flags & Native.SlotMaybeRedelivered) != 0;
+        GroupElsewhere = (f.Flags & Native.SlotGroupElsewhere) != 0;
         Gap = (f.Flags & Native.SlotGap) != 0 ? Native.fl_frame_gap(consumer.NativeHandle, f.Slot) : 0;
         Crc32c = f.Crc32c;
         attributes = new ReadOnlySpan<byte>(f.Attrs, (int)f.AttrLength).ToArray(); // <= 192 bytes of header
@@ -108,6 +109,8 @@ public sealed unsafe class ReceivedFrame : IDisposable
     public bool HasCrc32c { get; }
     /// <summary>Sent again after the receiving daemon restarted: the consumer before it may have seen this frame.</summary>
     public bool MaybeRedelivered { get; }
+    /// <summary>A subscriber: a member of the stream's queue group on another host got this frame.</summary>
+    public bool GroupElsewhere { get; }
     /// <summary>A subscriber of a drop stream: the frames it missed just before this one (it was too far behind).</summary>
     public uint Gap { get; }
     public uint Crc32c { get; }

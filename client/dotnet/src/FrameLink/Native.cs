@@ -94,6 +94,7 @@ internal static unsafe partial class Native
     internal const uint SlotHasCrc32c = 1;
     internal const uint SlotMaybeRedelivered = 2;
     internal const uint SlotGap = 8;
+    internal const uint SlotGroupElsewhere = 16;
     internal const uint RoleProducer = 1;
     internal const uint RoleConsumer = 2;
     internal const uint WaitSpinOff = 0xFFFFFFFF;  // FL_WAIT_SPIN_OFF
