@@ -58,10 +58,16 @@ void DataAgent::reconfigure(const Config& next) {
     if (rerouteProducer(c, "reload")) continue;
     reroute_waiting_.insert(id);
     if (!named.insert(c.session->stream).second) continue;
+    // Routes to found daemons whose readers left carry nothing from here on.
+    std::vector<std::string> sending;
+    if (c.route != kNoPeer && c.route_readers != RouteReaders::kNone) sending.push_back(peers_[c.route].name);
+    for (const auto& leg : c.more_routes) {
+      if (leg.readers != RouteReaders::kNone) sending.push_back(peers_[leg.peer].name);
+    }
     spdlog::warn(
         "reload: stream '{}' is now routed to {}; its producer (client {}) has frames in flight and keeps "
         "sending to {} until none is",
-        c.session->stream, listed(config_.routesFor(c.session->stream)), id, listed(routesOf(c)));
+        c.session->stream, listed(config_.routesFor(c.session->stream)), id, listed(sending));
   }
   spdlog::debug("data agent: configuration reloaded ({} peers)", config_.peers.size());
 }
@@ -86,7 +92,11 @@ bool DataAgent::rerouteProducer(AgentClient& c, const char* why) {
         "frames in "
         "flight keep the routes they had",
         why, stream, listed(now), listed(had), c.session->id);
-    return true;
+    // A route it left (a found daemon whose readers went) carries no new
+    // frame meanwhile, and closes once none is in flight.
+    return std::all_of(had.begin(), had.end(), [&](const std::string& p) {
+      return std::find(now.begin(), now.end(), p) != now.end();
+    });
   }
   if (now.empty()) {
     spdlog::warn(

@@ -36,11 +36,23 @@ void OutboundStreams::onProducerAttached(AgentClient& c) {
   refreshRouteReaders(c);
 }
 
+bool OutboundStreams::routeLeft(const std::string& peer, const std::vector<std::string>& routes) const {
+  if (std::find(routes.begin(), routes.end(), peer) != routes.end()) return false;
+  // A written peer a reload took the stream from keeps its frames until none is in flight.
+  return std::none_of(config_.peers.begin(), config_.peers.end(),
+                      [&](const PeerConfig& p) { return p.name == peer && !p.discovered; });
+}
+
 void OutboundStreams::refreshRouteReaders(AgentClient& c) {
   if (c.route == kNoPeer) return;
   const std::string& stream = c.session->stream;
-  c.route_readers = config_.routeReaders(peers_[c.route].name, stream);
-  for (auto& leg : c.more_routes) leg.readers = config_.routeReaders(peers_[leg.peer].name, stream);
+  const std::vector<std::string> routes = config_.routesFor(stream);
+  auto readers = [&](PeerId peer) {
+    const std::string& name = peers_[peer].name;
+    return routeLeft(name, routes) ? RouteReaders::kNone : config_.routeReaders(name, stream);
+  };
+  c.route_readers = readers(c.route);
+  for (auto& leg : c.more_routes) leg.readers = readers(leg.peer);
 }
 
 void OutboundStreams::appendLeg(AgentClient& c, const std::string& peer) {
@@ -56,17 +68,40 @@ bool OutboundStreams::addRoutes(AgentClient& c, const std::vector<std::string>& 
   if (c.route == kNoPeer || c.route_implicit) return false;
   std::vector<PeerId> had;
   for (Leg leg = 0; leg < legs(c); ++leg) had.push_back(legPeer(c, leg));
-  std::vector<std::string> added;
-  for (const PeerId peer : had) {
-    if (std::find(routes.begin(), routes.end(), peers_[peer].name) == routes.end()) return false;
+  // A route that is no longer one: a found daemon whose readers left carries
+  // no new frame (kNone), and its place, once none of its frames is in
+  // flight, takes a route added now; a written peer's waits for reroute().
+  std::vector<Leg> free_places;
+  for (Leg leg = 0; leg < legs(c); ++leg) {
+    if (std::find(routes.begin(), routes.end(), peers_[had[leg]].name) != routes.end()) continue;
+    if (!routeLeft(peers_[had[leg]].name, routes)) return false;
+    bool idle = leg != 0;  // the first route's slots are the frames'
+    for (uint32_t slot = 0; idle && slot < c.session->slots.size(); ++slot) {
+      idle = legSlot(c, leg, slot).state == SlotState::kFree;
+    }
+    if (idle) free_places.push_back(leg);
   }
+  std::vector<std::string> added;
   for (const std::string& name : routes) {
     if (std::none_of(had.begin(), had.end(), [&](PeerId p) { return peers_[p].name == name; })) {
       added.push_back(name);
     }
   }
-  if (added.empty() || had.size() + added.size() > kMaxRoutesPerStream) return false;
-  for (const std::string& name : added) appendLeg(c, name);
+  if (added.empty() ||
+      had.size() + added.size() - std::min(added.size(), free_places.size()) > kMaxRoutesPerStream) {
+    return false;
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (i >= free_places.size()) {
+      appendLeg(c, added[i]);
+      continue;
+    }
+    AgentClient::Leg& place = c.more_routes[free_places[i] - 1];
+    const std::pair<PeerId, uint64_t> left{place.peer, place.out_stream};
+    place.peer = peers_.resolve(added[i]);
+    place.out_stream = openStream(place.peer, c.session->stream);
+    forgetStreamIfUnused(left.first, left.second);
+  }
   refreshRouteReaders(c);
   return true;
 }
@@ -132,6 +167,8 @@ OutboundStreams::Ways OutboundStreams::waysOf(AgentClient& ac) {
       case RouteReaders::kBoth:
         w.legs |= bit;
         if (leg != best) w.subscribers_only |= bit;
+        break;
+      case RouteReaders::kNone:
         break;
     }
   }

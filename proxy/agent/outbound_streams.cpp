@@ -136,8 +136,16 @@ void OutboundStreams::onSubmit(AgentClient& ac, const fl_submit_desc& desc) {
   }
   const Ways ways = waysOf(ac);
   metrics_.counters.frames_submitted.fetch_add(1, std::memory_order_relaxed);
-  if (ways.legs == 0) {  // the queue group's share is here, and no host has a subscriber
-    local_->submit(ac, desc.slot, sh, desc.length);
+  if (ways.legs == 0) {
+    // The queue group's share is here and no other host has a subscriber,
+    // or no host has readers now: the readers here, or the first to come.
+    if (local_ != nullptr) {
+      local_->submit(ac, desc.slot, sh, desc.length);
+    } else {
+      metrics_.counters.frames_failed.fetch_add(1, std::memory_order_relaxed);
+      metrics_.recordFailure(FL_ERR_NO_CONSUMER);
+      clients_.complete(c, desc.slot, FL_ERR_NO_CONSUMER, 0, desc.length, sh.frame_id);
+    }
     return;
   }
   const uint64_t now = clock_.nowNs();

@@ -42,11 +42,14 @@ class OutboundStreams {
   // once unused.  Only while no frame of it is in flight (every slot free):
   // false, and nothing changed, otherwise.  (outbound_routes.cpp)
   bool reroute(AgentClient& c);
-  // With frames in flight, routes can still be added: when `routes` holds
-  // every route the producer has (hosts joined, none left), the others become
-  // routes of its next frame -- the frames in flight keep the sides they
-  // have.  False, and nothing changed, otherwise (a route left: reroute()
-  // once none is in flight), or for a producer with no route or the implicit one.
+  // With frames in flight, routes can still be added: the routes in `routes`
+  // the producer does not have become routes of its next frame -- the frames
+  // in flight keep the sides they have -- when every route it has is in
+  // `routes` or went to a found daemon whose readers left (that one carries
+  // no new frame, and once none of its frames is in flight an added route
+  // takes its place).  False, and nothing changed, when none is added, when
+  // a written peer's route left (reroute() once none is in flight), or for a
+  // producer with no route or the implicit one.
   bool addRoutes(AgentClient& c, const std::vector<std::string>& routes);
   void onSubmit(AgentClient& c, const fl_submit_desc& desc);
   // Which of the producer's frames each of its routes carries, as the
@@ -259,6 +262,9 @@ class OutboundStreams {
   PeerOut& peerOut(PeerId peer);
   OutStream* stream(PeerId peer, uint64_t stream_id);
   uint64_t openStream(PeerId peer, const std::string& name);
+  // `peer` is no route of the stream now (not in `routes`) and not a
+  // written peer: a found daemon whose readers left, or one gone.
+  bool routeLeft(const std::string& peer, const std::vector<std::string>& routes) const;
   // A further route of the producer, to `peer` (onProducerAttached, addRoutes).
   void appendLeg(AgentClient& c, const std::string& peer);
   void announce(AgentLink& link, OutStream& s);

@@ -55,6 +55,7 @@ enum class RouteReaders : uint8_t {
   kSubscribers,  // every frame, to the subscribers there only
   kGroup,        // the frames its queue group gets here
   kBoth,         // every frame to its subscribers, and the queue group's share
+  kNone,         // none: a found daemon whose readers of it left (or that left the registry)
 };
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;

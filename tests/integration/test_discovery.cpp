@@ -278,6 +278,29 @@ TEST_CASE(
     CHECK(d.status == FL_OK);
     CHECK(d.readers == (d.frame_id == 4 ? 2U : 1U));
   }
+
+  // B's subscriber leaves while C holds frame 5: the next frame goes to C alone, at once (not to B,
+  // where it would wait credit_timeout_ms for a reader), though frame 5 is in flight.
+  submitFrame(producer.get(), 5, 4096, true);
+  fl_frame on_b_5 = receiveFrame(on_b.get(), Millis(15000));
+  REQUIRE(fl_release(on_b.get(), on_b_5.slot) == FL_OK);
+  fl_frame held_5 = receiveFrame(on_c.get(), Millis(15000));
+  on_b.reset();
+  REQUIRE(a.waitForLog(
+      "disc-b changed (dialed at 127.0.0.1:" + std::to_string(fleet.b.grpcPort()) + "; no readers)",
+      Millis(10000)));
+  submitFrame(producer.get(), 6, 4096, true);
+  fl_frame f6 = receiveFrame(on_c.get(), Millis(15000));
+  checkSyntheticFrame(f6, 6, 4096);
+  REQUIRE(fl_release(on_c.get(), held_5.slot) == FL_OK);
+  REQUIRE(fl_release(on_c.get(), f6.slot) == FL_OK);
+  done = collectCompletions(producer.get(), 2, Millis(10000));
+  REQUIRE(done.size() == 2);
+  for (const fl_completion& d : done) {
+    INFO("frame " << d.frame_id << ": " << statusName(d.status));
+    CHECK(d.status == FL_OK);
+    CHECK(d.readers == (d.frame_id == 5 ? 2U : 1U));
+  }
 }
 
 namespace {

@@ -31,6 +31,7 @@ FrameHeader sample(uint32_t attr_length, bool crc, bool redelivered) {
   h.crc32c = 0xA1B2C3D4u;
   h.has_crc32c = crc ? 1 : 0;
   h.maybe_redelivered = redelivered ? 1 : 0;
+  h.subscribers_only = redelivered ? 0 : 1;
   h.attr_length = attr_length;
   for (uint32_t i = 0; i < attr_length; ++i) h.attrs[i] = static_cast<uint8_t>(i * 7 + 3);
   return h;
@@ -48,6 +49,7 @@ void checkSame(const FrameHeader& a, const FrameHeader& b, bool stream_id = true
   CHECK(a.crc32c == b.crc32c);
   CHECK(a.has_crc32c == b.has_crc32c);
   CHECK(a.maybe_redelivered == b.maybe_redelivered);
+  CHECK(a.subscribers_only == b.subscribers_only);
   REQUIRE(a.attr_length == b.attr_length);
   CHECK(std::memcmp(a.attrs, b.attrs, sizeof a.attrs) == 0);
 }
@@ -84,8 +86,9 @@ TEST_CASE("slot header round trip keeps every field a slot header carries", "[tr
   CHECK(s.length == h.length);
   CHECK(s.sequence == h.sequence);
   CHECK(s.crc32c == h.crc32c);
-  CHECK(s.flags == ((f.crc ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
-                    (f.redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : 0u)));
+  CHECK(s.flags ==
+        ((f.crc ? uint32_t{FL_SLOT_HAS_CRC32C} : 0u) |
+         (f.redelivered ? uint32_t{FL_SLOT_MAYBE_REDELIVERED} : uint32_t{FL_SLOT_GROUP_ELSEWHERE})));
   CHECK(s.attr_length == attr_length);
   CHECK(std::memcmp(s.attrs, h.attrs, attr_length) == 0);
 
@@ -136,11 +139,12 @@ TEST_CASE("slot header bounds: attr_length above FL_MAX_ATTR_BYTES", "[transport
   }
   SECTION("unknown flag bits are not read as anything") {
     fl_slot_header s{};
-    s.flags = ~uint32_t{FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED};
+    s.flags = ~uint32_t{FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED | FL_SLOT_GROUP_ELSEWHERE};
     FrameHeader h;
     fromSlotHeader(s, &h);
     CHECK(h.has_crc32c == 0);
     CHECK(h.maybe_redelivered == 0);
+    CHECK(h.subscribers_only == 0);
   }
 }
 
@@ -161,8 +165,8 @@ TEST_CASE("tcp wire header is laid out byte for byte as documented", "[transport
   uint8_t b[sizeof w];
   std::memcpy(b, &w, sizeof w);
   REQUIRE(sizeof b == 264);
-  CHECK(std::memcmp(b, "\x31\x4D\x52\x46", 4) == 0);  // magic
-  CHECK(le(b, 4, 4) == ((f.crc ? 1u : 0u) | (f.redelivered ? 2u : 0u)));
+  CHECK(std::memcmp(b, "\x31\x4D\x52\x46", 4) == 0);                      // magic
+  CHECK(le(b, 4, 4) == ((f.crc ? 1u : 0u) | (f.redelivered ? 2u : 4u)));  // 4: subscribers only
   CHECK(le(b, 8, 8) == h.stream_id);
   CHECK(le(b, 16, 8) == h.sequence);
   CHECK(le(b, 24, 8) == h.credit_id);
@@ -219,7 +223,7 @@ TEST_CASE("rdma wire header is the slot header, with has_crc32c and stream_id in
   CHECK(le(b, 24, 8) == h.length);
   CHECK(le(b, 32, 8) == h.sequence);
   CHECK(le(b, 40, 4) == h.crc32c);
-  CHECK(le(b, 44, 4) == ((f.crc ? 1u : 0u) | (f.redelivered ? 2u : 0u)));
+  CHECK(le(b, 44, 4) == ((f.crc ? 1u : 0u) | (f.redelivered ? 2u : 16u)));  // 16: FL_SLOT_GROUP_ELSEWHERE
   CHECK(le(b, 48, 4) == 37);
   CHECK(le(b, 52, 4) == (f.crc ? 1u : 0u));  // reserved0: has_crc32c
   CHECK(le(b, 56, 8) == h.stream_id);        // reserved1: stream_id
@@ -286,6 +290,7 @@ TEST_CASE("grpc wire round trip keeps every field", "[transport][frame_header][g
   CHECK(p.attributes().size() == attr_length);
   CHECK(p.has_crc32c() == f.crc);
   CHECK(p.maybe_redelivered() == f.redelivered);
+  CHECK(p.subscribers_only() == !f.redelivered);
   // Through the bytes that go on the wire, not just the message object.
   framelink::v1::FrameHeader parsed;
   REQUIRE(parsed.ParseFromString(p.SerializeAsString()));

@@ -74,6 +74,7 @@ FrameHeader sampleHeader(uint64_t seed) {
   h.crc32c = static_cast<uint32_t>(seed * 2654435761u);
   h.has_crc32c = seed & 1;
   h.maybe_redelivered = (seed >> 1) & 1;
+  h.subscribers_only = (seed >> 2) & 1;
   h.attr_length = static_cast<uint32_t>(seed % (FL_MAX_ATTR_BYTES + 1));
   for (uint32_t i = 0; i < h.attr_length; ++i) h.attrs[i] = static_cast<uint8_t>(i + seed);
   return h;

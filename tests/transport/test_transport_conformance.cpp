@@ -39,6 +39,7 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     r.header.crc32c = 0xDEADBEEF;
     r.header.has_crc32c = 1;
     r.header.maybe_redelivered = 1;
+    r.header.subscribers_only = 1;
     r.header.attr_length = FL_MAX_ATTR_BYTES;
     for (uint32_t i = 0; i < FL_MAX_ATTR_BYTES; ++i) r.header.attrs[i] = static_cast<uint8_t>(i * 7 + 1);
     REQUIRE(tx.post(r) == PostResult::kOk);
@@ -61,6 +62,7 @@ TEMPLATE_TEST_CASE("single frame round trip carries every header field", "[trans
     CHECK(ev.header.crc32c == 0xDEADBEEFu);
     CHECK(ev.header.has_crc32c == 1u);
     CHECK(ev.header.maybe_redelivered == 1u);
+    CHECK(ev.header.subscribers_only == 1u);
     CHECK(ev.header.attr_length == FL_MAX_ATTR_BYTES);
     CHECK(std::memcmp(ev.header.attrs, r.header.attrs, FL_MAX_ATTR_BYTES) == 0);
     CHECK(firstMismatch(buf.data(), payload) == -1);
@@ -86,6 +88,7 @@ TEMPLATE_TEST_CASE("short attributes and no crc round trip", "[transport]", FL_T
       tx, rx, [&] { return !rx.arrivals.empty(); }, "arrival");
   CHECK(rx.arrivals[0].header.has_crc32c == 0u);
   CHECK(rx.arrivals[0].header.maybe_redelivered == 0u);
+  CHECK(rx.arrivals[0].header.subscribers_only == 0u);
   CHECK(rx.arrivals[0].header.attr_length == sizeof attrs - 1);
   CHECK(std::string(reinterpret_cast<const char*>(rx.arrivals[0].header.attrs),
                     rx.arrivals[0].header.attr_length) == "frame=0;wafer=0");

@@ -368,3 +368,55 @@ TEST_CASE(
   CHECK(d.status == FL_ERR_NO_CONSUMER);
   CHECK(rig.metrics.counters.frames_no_subscriber.load() == 1);
 }
+
+TEST_CASE(
+    "routes: a found host whose readers left gets no new frame while others are in flight; a host added "
+    "takes its place once its frames are done",
+    "[agent][outbound][routes][groups]") {
+  TwoRoutes rig;
+  announce(rig, RouteReaders::kSubscribers, RouteReaders::kSubscribers);
+  rig.submit(0, 100);  // to b and c, each waiting for a credit: in flight
+  // c's readers leave: it is no route of "cam" any more, but frame 0 is still on it.
+  rig.config.peers[1].streams.clear();
+  rig.config.peers[1].subscribed.clear();
+  rig.out.refreshRouteReaders(*rig.client);
+  CHECK(rig.client->more_routes[0].readers == RouteReaders::kNone);
+  rig.submit(1, 100);
+  CHECK(waits(rig, 0, 1));
+  CHECK_FALSE(waits(rig, 1, 1));
+  CHECK(waits(rig, 1, 0));  // frame 0 keeps the side it has
+
+  auto found = [&](const std::string& name) {
+    PeerConfig p{name, "127.0.0.1:9", {"cam"}};
+    p.discovered = true;
+    p.subscribed = {"cam"};
+    rig.config.peers.push_back(p);
+  };
+  // d comes with a reader: its route is added at once, after c's, which still has frame 0.
+  found("d");
+  CHECK(rig.out.addRoutes(*rig.client, {"b", "d"}));
+  REQUIRE(rig.client->more_routes.size() == 2);
+  CHECK(rig.client->more_routes[1].peer == rig.peers.resolve("d"));
+  CHECK_FALSE(rig.out.addRoutes(*rig.client, {"b", "d"}));  // nothing to add
+  // c answers frame 0; then e comes, and takes c's place: the routes do not grow.
+  rig.grant(1, 9);
+  rig.sendCompletes(1);
+  rig.ack(1, 1);
+  found("e");
+  CHECK(rig.out.addRoutes(*rig.client, {"b", "d", "e"}));
+  REQUIRE(rig.client->more_routes.size() == 2);
+  CHECK(rig.client->more_routes[0].peer == rig.peers.resolve("e"));
+  CHECK(rig.client->more_routes[0].readers == RouteReaders::kSubscribers);
+  rig.submit(2, 100);
+  CHECK(waits(rig, 0, 2));
+  CHECK(waits(rig, 1, 2));  // on e's route now
+
+  // A written peer's route that left keeps the frames until none is in flight: nothing is added.
+  TwoRoutes written;
+  written.submit(0, 100);
+  written.config.peers[1].streams.clear();
+  written.config.peers.push_back(PeerConfig{"d", "127.0.0.1:9", {"cam"}});
+  CHECK_FALSE(written.out.addRoutes(*written.client, {"b", "d"}));
+  written.out.refreshRouteReaders(*written.client);
+  CHECK(written.client->more_routes[0].readers == RouteReaders::kEvery);
+}

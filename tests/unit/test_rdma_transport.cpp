@@ -49,6 +49,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   r.header.crc32c = 0xC0FFEE;
   r.header.has_crc32c = 1;
   r.header.maybe_redelivered = 1;
+  r.header.subscribers_only = 1;
   r.header.stream_id = 0x5555'6666'7777'8888ull;
   r.header.attr_length = 3;
   std::memcpy(r.header.attrs, "abc", 3);
@@ -65,6 +66,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   CHECK(ev.header.length == 1000u);
   CHECK(ev.header.has_crc32c == 1u);
   CHECK(ev.header.maybe_redelivered == 1u);
+  CHECK(ev.header.subscribers_only == 1u);
   CHECK(ev.header.attr_length == 3u);
   CHECK(std::memcmp(slot.data + 256, p->src.data, 1000) == 0);
   CHECK(slot.data[256 + 1000] == 0xEE);
@@ -77,7 +79,7 @@ TEST_CASE("rdma write lands header and payload in the credited slot", "[rdma]") 
   CHECK(landed.length == 1000u);
   CHECK(landed.sequence == 77u);
   CHECK(landed.crc32c == 0xC0FFEEu);
-  CHECK(landed.flags == (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED));
+  CHECK(landed.flags == (FL_SLOT_HAS_CRC32C | FL_SLOT_MAYBE_REDELIVERED | FL_SLOT_GROUP_ELSEWHERE));
   CHECK(landed.attr_length == 3u);
   CHECK(std::memcmp(landed.attrs, "abc", 3) == 0);
   CHECK(p->fake->errors().empty());
