@@ -211,6 +211,7 @@ void Discovery::watch() {
     lock.lock();
     if (stopping_) break;
     // Whatever the stream missed while it was down is read again.
+    metrics_.counters.discovery_watch_restarts.fetch_add(1, std::memory_order_relaxed);
     spdlog::debug("discovery: the registry's watch ended ({}); reading it again",
                   watched ? std::string("no error") : watched.error().message);
     changed_ = true;
@@ -292,7 +293,16 @@ void Discovery::roundDns(const RegistryEntry& self, std::chrono::steady_clock::t
                             self.producers != told_.producers || self.subscribed != told_.subscribed ||
                             self.grouped != told_.grouped;
   if (now >= next_resolve_ || mine_changed) {
-    if (!readDns(self, mine_changed || !self.producers.empty())) return;
+    if (!readDns(self, mine_changed || !self.producers.empty())) {
+      // The DNS server is away: what runs stays, and the daemons it named
+      // last go on telling each other what changes.
+      if (mine_changed && !described_.empty()) {
+        tellKnown(self);
+      } else if (!heard_new) {
+        return;
+      }
+      listDescribed(false);
+    }
   } else if (heard_new) {
     listDescribed();
   } else if (self == decided_for_ && now < next_expiry_) {
@@ -321,23 +331,9 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
   for (const SrvTarget& t : *records) {
     if (all || described_.count(t.address) == 0) ask.push_back(t);
   }
-  const Said me{self, static_cast<uint64_t>(now.time_since_epoch().count())};
-  std::vector<Result<Said>> answers = ask.empty() ? std::vector<Result<Said>>{} : describe_(ask, me);
+  askRecords(ask, self, refused, unanswered);
   if (all) told_ = self;  // a daemon the call missed hears it at its next call here, or asks
-  for (size_t i = 0; i < ask.size() && i < answers.size(); ++i) {
-    Result<Said>& answer = answers[i];
-    Result<RegistryEntry> checked =
-        answer ? checkEntry(answer->entry) : Result<RegistryEntry>(answer.error());
-    if (checked) {
-      described_[ask[i].address] = Said{std::move(checked).value(), answer->as_of_ns};
-    } else {
-      // One that answered before keeps what it said: a daemon that does not
-      // answer for a while keeps its links and routes, as under etcd.  Only a
-      // refusal (its credentials, its id, its answer) counts as a refused entry.
-      (checked.error().code == FL_ERR_LINK_LOST ? unanswered : refused)
-          .push_back(ask[i].host + " (" + ask[i].address + "): " + checked.error().message);
-    }
-  }
+  records_ = *records;
   std::map<std::string, Said> named;              // the records' daemons, by the address they are at now
   std::map<std::string, std::string> address_of;  // by id: the first record's daemon of each id
   for (const SrvTarget& t : *records) {
@@ -366,7 +362,45 @@ bool Discovery::readDns(const RegistryEntry& self, bool all) {
   return true;
 }
 
-void Discovery::listDescribed() {
+void Discovery::askRecords(const std::vector<SrvTarget>& ask, const RegistryEntry& self,
+                           std::vector<std::string>& refused, std::vector<std::string>& unanswered) {
+  if (ask.empty()) return;
+  const Said me{self, static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::vector<Result<Said>> answers = describe_(ask, me);
+  for (size_t i = 0; i < ask.size() && i < answers.size(); ++i) {
+    Result<Said>& answer = answers[i];
+    Result<RegistryEntry> checked =
+        answer ? checkEntry(answer->entry) : Result<RegistryEntry>(answer.error());
+    if (checked) {
+      described_[ask[i].address] = Said{std::move(checked).value(), answer->as_of_ns};
+    } else {
+      // One that answered before keeps what it said: a daemon that does not
+      // answer for a while keeps its links and routes, as under etcd.  Only a
+      // refusal (its credentials, its id, its answer) counts as a refused entry.
+      (checked.error().code == FL_ERR_LINK_LOST ? unanswered : refused)
+          .push_back(ask[i].host + " (" + ask[i].address + "): " + checked.error().message);
+    }
+  }
+}
+
+void Discovery::tellKnown(const RegistryEntry& self) {
+  std::vector<SrvTarget> ask;
+  for (const SrvTarget& t : records_) {
+    // Only those it knows: a record whose daemon never answered was no daemon of the fleet then.
+    if (described_.count(t.address) != 0) ask.push_back(t);
+  }
+  std::vector<std::string> refused, unanswered;
+  const std::map<std::string, Said> before = described_;
+  askRecords(ask, self, refused, unanswered);
+  // Not read from the records: an answer that now names another id is left for the next read to judge.
+  for (auto& [address, said] : described_) {
+    auto was = before.find(address);
+    if (was != before.end() && was->second.entry.id != said.entry.id) said = was->second;
+  }
+  told_ = self;
+}
+
+void Discovery::listDescribed(bool answered) {
   std::map<std::pair<std::string, uint64_t>, Said> heard;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -386,12 +420,13 @@ void Discovery::listDescribed() {
     }
     entries.push_back(said.entry);
   }
-  listed(std::move(entries), dns_refused_, dns_unanswered_);
+  listed(std::move(entries), dns_refused_, dns_unanswered_, answered);
 }
 
 void Discovery::heard(Said said) {
   auto checked = checkEntry(std::move(said.entry), false);
   if (!checked) {
+    metrics_.counters.discovery_words_dropped.fetch_add(1, std::memory_order_relaxed);
     spdlog::debug("discovery: a daemon's word left out: {}", checked.error().message);
     return;
   }
@@ -403,7 +438,10 @@ void Discovery::heard(Said said) {
     auto known = heard_.find(key);
     if (known == heard_.end()) {
       // Bounded: one word per daemon of the records, which readDns keeps to.
-      if (heard_.size() >= kMaxHeard) return;
+      if (heard_.size() >= kMaxHeard) {
+        metrics_.counters.discovery_words_dropped.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
       heard_.emplace(key, std::move(said));
     } else if (said.as_of_ns > known->second.as_of_ns) {
       known->second = std::move(said);
@@ -416,14 +454,14 @@ void Discovery::heard(Said said) {
 }
 
 void Discovery::listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused,
-                       const std::vector<std::string>& unanswered) {
-  if (!answered_) {
+                       const std::vector<std::string>& unanswered, bool answered) {
+  if (!answered_ && answered) {
     spdlog::info("discovery: {} answers again{}; {} daemons in the registry",
                  registry_ ? "etcd" : registry_name_, registry_ ? " (" + registry_->endpoint() + ")" : "",
                  entries.size());
     answered_ = true;
   }
-  metrics_.counters.discovery_registry_up.store(1, std::memory_order_relaxed);
+  if (answered) metrics_.counters.discovery_registry_up.store(1, std::memory_order_relaxed);
   std::string refused_now;
   for (const auto& why : refused) {
     refused_now += (refused_now.empty() ? "" : "; ") + why;

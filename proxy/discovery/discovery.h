@@ -112,14 +112,22 @@ class Discovery {
   // false when no DNS server answered.  `all`: every daemon is asked, else
   // only those at an address not asked before.
   bool readDns(const RegistryEntry& self, bool all);
+  // Asks the daemons at `ask`, saying `self`: what each answers goes in
+  // described_, a refusal or silence in `refused` or `unanswered`.
+  void askRecords(const std::vector<SrvTarget>& ask, const RegistryEntry& self,
+                  std::vector<std::string>& refused, std::vector<std::string>& unanswered);
+  // The DNS server is away, and this daemon's streams changed: the daemons
+  // of the records it last read are told (and asked) all the same.
+  void tellKnown(const RegistryEntry& self);
   // entries_ from described_, each updated by what its daemon told this one
-  // since; the last read's refusals (dns_refused_) stand.
-  void listDescribed();
+  // since; the last read's refusals (dns_refused_) stand.  `answered`: from
+  // a read the DNS server answered (else it is still away).
+  void listDescribed(bool answered = true);
   // What a read found and left out ("what: why"), logged when it changed;
   // `refused` counted (discovery_entries_refused), `unanswered` not (a daemon
-  // down or busy is no false claim); the registry answered.
+  // down or busy is no false claim); the registry answered, unless `answered` is false.
   void listed(std::vector<RegistryEntry> entries, const std::vector<std::string>& refused,
-              const std::vector<std::string>& unanswered = {});
+              const std::vector<std::string>& unanswered = {}, bool answered = true);
   // Which found daemons this one dials now, from entries_; `found_` when it changed.
   void decide(const RegistryEntry& self, std::chrono::steady_clock::time_point now);
   void watch();
@@ -154,6 +162,7 @@ class Discovery {
   const std::chrono::seconds dns_refresh_;
   std::chrono::steady_clock::time_point next_resolve_{};  // the records' next read
   std::map<std::string, Said> described_;                 // by the address asked: what it said last
+  std::vector<SrvTarget> records_;                        // as the DNS server last gave them
   std::vector<std::string> dns_refused_;                  // what the last read refused, and why
   std::vector<std::string> dns_unanswered_;               // who did not answer it
   RegistryEntry told_;  // this daemon's streams as it last told every daemon

@@ -147,6 +147,7 @@ std::vector<Result<Described>> describePeers(const Config& config, const std::ve
   if (static_cast<size_t>(asker.readers_size()) + static_cast<size_t>(asker.producers_size()) +
           static_cast<size_t>(asker.subscribed_size()) + static_cast<size_t>(asker.grouped_size()) >
       kMaxDescribedStreams) {
+    metrics_.counters.discovery_words_dropped.fetch_add(1, std::memory_order_relaxed);
     log_protocol_.warn("Describe from {}: more than {} streams (FL_ERR_PROTOCOL)", from,
                        kMaxDescribedStreams);
     return {::grpc::StatusCode::INVALID_ARGUMENT,

@@ -107,6 +107,14 @@ constexpr CounterInfo kLinkCounters[] = {
      "Registry entries left out: not well formed, or their daemon proved another id (its HelloAck, its "
      "certificate, its Describe answer): not linked.",
      &Metrics::Counters::discovery_entries_refused},
+    {"discovery_words_dropped",
+     "dns_srv: what daemons said of themselves in Describe calls and was not kept: malformed, more than "
+     "4096 streams, or past the 4096 daemons kept between two reads of the records.",
+     &Metrics::Counters::discovery_words_dropped},
+    {"discovery_watch_restarts",
+     "etcd: watches of the registry that ended (etcd restarted, a keep-alive failed) and were started "
+     "again, the registry read again first.",
+     &Metrics::Counters::discovery_watch_restarts},
     {"auth_failures", "Peers refused for a wrong token or certificate.", &Metrics::Counters::auth_failures},
     {"peer_version_mismatches", "Peer sessions refused: no protocol version in common (the log names both).",
      &Metrics::Counters::peer_version_mismatches},

@@ -54,6 +54,8 @@ class Metrics {
     std::atomic<uint64_t> discovery_peers{0};
     std::atomic<uint64_t> discovery_registry_errors{0};  // requests to the registry that failed
     std::atomic<uint64_t> discovery_entries_refused{0};  // entries whose daemon was not who they named
+    std::atomic<uint64_t> discovery_words_dropped{0};    // dns_srv: daemons' words of themselves not kept
+    std::atomic<uint64_t> discovery_watch_restarts{0};   // etcd: watches that ended and were started again
     std::atomic<uint64_t> link_failures{0};
     std::atomic<uint64_t> auth_failures{0};
     std::atomic<uint64_t> peer_version_mismatches{0};  // Sessions refused: no protocol version in common

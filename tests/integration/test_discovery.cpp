@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <openssl/evp.h>
 #include <catch2/catch.hpp>
@@ -21,6 +22,7 @@
 
 #include "client_util.h"
 #include "framelink/framelink.h"
+#include "framelink/v1/link.grpc.pb.h"
 #include "harness.h"
 #include "site_ca.h"
 
@@ -416,6 +418,7 @@ TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon t
   Client producer = attachProducer(a, "line", 4, 256 * 1024);
   sendOne(producer.get(), consumer.get(), 1);
 
+  CHECK(a.metric("framelink_discovery_watch_restarts_total") == 0);
   etcd.kill9();
   CHECK(a.waitForLog("failed: no etcd endpoint answered", Millis(10000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
@@ -426,6 +429,7 @@ TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon t
   c->kill9();  // its entry outlives it by its lease (3 s), then goes
   etcd.start();
   CHECK(a.waitForLog("discovery: etcd answers again", Millis(15000)));
+  CHECK(a.metric("framelink_discovery_watch_restarts_total") >= 1);  // the watch ended with etcd
   CHECK(a.waitForLog("discovery: disc-c gone from the registry", Millis(20000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_peers") == 1; }, Millis(5000)));
   sendOne(producer.get(), consumer.get(), 5);
@@ -482,6 +486,12 @@ TEST_CASE(
   CHECK(a.waitForLog("reading the SRV records failed", Millis(10000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
   for (uint64_t id = 4; id <= 5; ++id) sendOne(producer.get(), on_b.get(), id);
+  // Meanwhile B's readers change: B tells the daemons it knows all the same.
+  Client more_on_b = attachConsumer(b, "srv-more", 4, 256 * 1024);
+  CHECK(a.waitForLog("srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) +
+                         "; readers: srv-line [queue group], srv-more [queue group])",
+                     Millis(5000)));
+  CHECK(a.metric("framelink_discovery_registry_up") == 0);  // the DNS server is still away
   dns.serve({{"a", "127.0.0.1", a.grpcPort()}, {"b", "127.0.0.1", b.grpcPort()}});
   CHECK(a.waitForLog("discovery: DNS SRV " + std::string(DnsMasq::kName) + " answers again", Millis(10000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 1; }, Millis(10000)));
@@ -518,4 +528,62 @@ TEST_CASE(
   Client producer = attachProducer(a, "srv-tls", 4, 256 * 1024);
   for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
   CHECK(liar.metric("framelink_links_up") == 0);
+}
+
+TEST_CASE(
+    "discovery (DNS SRV): Describe answers with the daemon's readers and their kinds; a call with a wrong "
+    "token, too many streams or a malformed word is refused or left out, and counted",
+    "[integration][discovery]") {
+  DnsMasq dns;
+  DaemonProcess a(srvMember("srv-a", dns, "fleet-secret"));
+  Client member = attachConsumer(a, "cam0", 4, 256 * 1024);
+  Client subscriber = attachWith(a, FL_ROLE_CONSUMER, "cam1", true, 4, 256 * 1024);
+  auto stub =
+      framelink::v1::Link::NewStub(grpc::CreateChannel(a.grpcAddress(), grpc::InsecureChannelCredentials()));
+  auto describe = [&](const std::string& token, const framelink::v1::DaemonStreams& asker,
+                      framelink::v1::DescribeReply* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("x-framelink-token", token);
+    framelink::v1::DescribeRequest request;
+    *request.mutable_asker() = asker;
+    return stub->Describe(&ctx, request, reply);
+  };
+  framelink::v1::DaemonStreams me;
+  me.set_daemon_id("srv-z");
+  me.set_instance(5);
+  me.set_as_of_ns(1);
+
+  // Its readers, each with its kind (published within poll_ms of the consumers attaching).
+  framelink::v1::DescribeReply reply;
+  REQUIRE(waitUntil(
+      [&] {
+        reply.Clear();
+        return describe("fleet-secret", me, &reply).ok() && reply.answerer().readers_size() == 2;
+      },
+      Millis(5000), Millis(100)));
+  CHECK(reply.answerer().daemon_id() == "srv-a");
+  REQUIRE(reply.answerer().grouped_size() == 1);
+  CHECK(reply.answerer().grouped(0) == "cam0");
+  REQUIRE(reply.answerer().subscribed_size() == 1);
+  CHECK(reply.answerer().subscribed(0) == "cam1");
+  CHECK(a.metric("framelink_discovery_words_dropped_total") == 0);
+
+  CHECK(describe("wrong-secret", me, &reply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(a.metric("framelink_auth_failures_total") == 1);
+
+  framelink::v1::DaemonStreams wordy = me;
+  for (int i = 0; i < 4097; ++i) wordy.add_readers("s" + std::to_string(i));
+  const grpc::Status refused = describe("fleet-secret", wordy, &reply);
+  CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(refused.error_message() == "more than 4096 streams");
+  CHECK(a.metric("framelink_discovery_words_dropped_total") == 1);
+
+  // A word whose subscribed stream is none of its readers: answered, but not kept.
+  framelink::v1::DaemonStreams lying = me;
+  lying.set_as_of_ns(2);
+  lying.add_readers("cam0");
+  lying.add_subscribed("cam9");
+  CHECK(describe("fleet-secret", lying, &reply).ok());
+  CHECK(a.metric("framelink_discovery_words_dropped_total") == 2);
 }
