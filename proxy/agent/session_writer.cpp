@@ -124,10 +124,17 @@ size_t SessionWriter::queuedBytes() const {
 }
 
 void SessionWriter::run() {
+  using Clock = std::chrono::steady_clock;
   MutexLock lock(mutex_);
   const auto wait = silence_.count() > 0 ? std::min(keepalive_, silence_) : keepalive_;
+  // This end's own keepalive goes a period after the last message it wrote
+  // that was not an echo: echoes of the peer's keepalives, which may come
+  // more often than this end's period, do not put it off (it would never go,
+  // and this end never measure the round trip).
+  Clock::time_point next_keepalive = Clock::now() + keepalive_;
   for (;;) {
-    bool woke = lock.waitFor(cv_, wait, [this]() FL_REQUIRES(mutex_) {
+    const auto now = Clock::now();
+    lock.waitUntil(cv_, std::min(next_keepalive, now + wait), [this]() FL_REQUIRES(mutex_) {
       return closing_ || failed_ || cut_when_written_ || !queue_.empty() || echo_ns_ != 0;
     });
     if (failed_) return;
@@ -142,7 +149,9 @@ void SessionWriter::run() {
       if (cut_) cut_();
       return;
     }
-    if (!woke) {
+    const bool due = Clock::now() >= next_keepalive;
+    if (due) next_keepalive = Clock::now() + keepalive_;
+    if (due && !closing_ && !cut_when_written_ && !last_queued_) {
       v1::PeerMessage keepalive;
       timespec ts{};
       ::clock_gettime(CLOCK_REALTIME, &ts);
@@ -164,6 +173,7 @@ void SessionWriter::run() {
         queue_.pop_front();
       }
       const bool more = echo_ns_ != 0 || !queue_.empty();
+      if (message.keepalive().echo_ns() == 0) next_keepalive = Clock::now() + keepalive_;
       lock.unlock();
       const bool ok = write_(message, more);
       lock.lock();

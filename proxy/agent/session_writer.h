@@ -22,7 +22,8 @@
 namespace framelink {
 
 // Serialises writes to one gRPC stream on a thread of its own, so the data
-// agent never blocks on the network.  Sends a Keepalive when idle.
+// agent never blocks on the network.  Sends a Keepalive a period after the
+// last message it wrote that was not an echo of the peer's.
 class SessionWriter {
  public:
   // `more`: further messages follow at once, so the stream may hold this one

@@ -219,3 +219,34 @@ TEST_CASE("session writer: nothing is written after sendLast's message, not even
   CHECK(written[0].stream_close().stream_id() == 1);
   CHECK(written[1].fin().reason() == "protocol error");
 }
+
+TEST_CASE(
+    "session writer: its own keepalive goes every period, though the peer's keepalives wake it more often",
+    "[session_writer]") {
+  // The peer's keepalives come every 30 ms, each answered with an echo at once; this end's own
+  // keepalive (50 ms) must not wait for a quiet period that never comes: without it this end
+  // never measures the round trip.
+  StalledCall call;
+  call.open(true);
+  SessionWriter writer([&call](const v1::PeerMessage& m, bool) { return call.write(m); }, 50ms);
+  auto own = [&call] {
+    int n = 0;
+    for (const auto& m : call.written()) n += m.keepalive().timestamp_ns() != 0 ? 1 : 0;
+    return n;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 1; i <= 20; ++i) {
+    v1::PeerMessage echo;
+    echo.mutable_keepalive()->set_echo_ns(static_cast<uint64_t>(i));
+    writer.send(std::move(echo));
+    std::this_thread::sleep_for(30ms);
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  writer.close();
+  const int echoes = static_cast<int>(call.written().size()) - own();
+  INFO("own keepalives " << own() << ", echoes " << echoes << " in "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms");
+  CHECK(echoes == 20);
+  // One a period (50 ms) over at least 600 ms: some 12, and at least a few under load.
+  CHECK(own() >= 4);
+}
