@@ -58,24 +58,23 @@ void DataAgent::reconfigure(const Config& next) {
     if (rerouteProducer(c, "reload")) continue;
     reroute_waiting_.insert(id);
     if (!named.insert(c.session->stream).second) continue;
-    // Routes to found daemons whose readers left carry nothing from here on.
-    std::vector<std::string> sending;
-    if (c.route != kNoPeer && c.route_readers != RouteReaders::kNone) sending.push_back(peers_[c.route].name);
-    for (const auto& leg : c.more_routes) {
-      if (leg.readers != RouteReaders::kNone) sending.push_back(peers_[leg.peer].name);
-    }
     spdlog::warn(
         "reload: stream '{}' is now routed to {}; its producer (client {}) has frames in flight and keeps "
         "sending to {} until none is",
-        c.session->stream, listed(config_.routesFor(c.session->stream)), id, listed(sending));
+        c.session->stream, listed(config_.routesFor(c.session->stream)), id, listed(routesOf(c, true)));
   }
   spdlog::debug("data agent: configuration reloaded ({} peers)", config_.peers.size());
 }
 
-std::vector<std::string> DataAgent::routesOf(const AgentClient& c) const {
+std::vector<std::string> DataAgent::routesOf(const AgentClient& c, bool carrying) const {
+  // A route to a found daemon whose readers left carries nothing (kNone).
   std::vector<std::string> had;
-  if (c.route != kNoPeer) had.push_back(peers_[c.route].name);
-  for (const auto& leg : c.more_routes) had.push_back(peers_[leg.peer].name);
+  if (c.route != kNoPeer && !(carrying && c.route_readers == RouteReaders::kNone)) {
+    had.push_back(peers_[c.route].name);
+  }
+  for (const auto& leg : c.more_routes) {
+    if (!(carrying && leg.readers == RouteReaders::kNone)) had.push_back(peers_[leg.peer].name);
+  }
   return had;
 }
 

@@ -275,7 +275,8 @@ class DataAgent {
   // A producer's stream onto the routes the configuration gives it now,
   // unless a frame of it is in flight (false); logged with `why`.
   bool rerouteProducer(AgentClient& c, const char* why);
-  std::vector<std::string> routesOf(const AgentClient& c) const;
+  // `carrying`: only those that carry its next frame.
+  std::vector<std::string> routesOf(const AgentClient& c, bool carrying = false) const;
   // The producers a reload could not reroute yet, tried again each deadline check.
   void retryReroutes();
   std::set<uint64_t> reroute_waiting_;

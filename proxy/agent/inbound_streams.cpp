@@ -379,7 +379,7 @@ void InboundStreams::deliver(AgentLink& l, ClientSession& c, const CreditEntry& 
     fl_slot_header header{};
     transport::toSlotHeader(h, &header);
     local_->shareLanded(c, credit.slot, header,
-                        LocalDelivery::Landed{l.id, h.stream_id, in_state, h.sequence}, !h.subscribers_only);
+                        LocalDelivery::Landed{l.id, h.stream_id, in_state, h.sequence});
   }
 }
 

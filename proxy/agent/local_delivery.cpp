@@ -108,8 +108,8 @@ void LocalDelivery::submit(AgentClient& producer, uint32_t slot, const fl_slot_h
   Frame& f = newFrame(s, p, slot, header, length);
   SlotEntry& e = p.slots[slot];
   f.beside = beside;
-  f.no_member = !members;
-  // The producer's header has no say in it: its readers here are told when a member elsewhere has it.
+  // The producer's header has no say in it: its readers here are told when
+  // a member elsewhere has it, and then no member here gets it.
   f.header.flags &= ~uint32_t{FL_SLOT_GROUP_ELSEWHERE};
   if (!members) f.header.flags |= FL_SLOT_GROUP_ELSEWHERE;
   if (!beside) {
@@ -153,12 +153,11 @@ bool LocalDelivery::landedElsewhereWaits(const std::string& stream) const {
 }
 
 void LocalDelivery::shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header,
-                                const Landed& from, bool members) {
+                                const Landed& from) {
   Stream& s = streams_[landing.stream];
   Frame& f = newFrame(s, landing, slot, header, header.length);
   f.landed = true;
   f.source_member = !landing.subscriber;
-  f.no_member = !members;
   f.from = from;
   f.readers = 1;  // the landing consumer has it
   f.readers_out = 1;
@@ -234,7 +233,8 @@ bool LocalDelivery::deliverOne(Stream& s, bool at_deadline) {
       if (r.gone) continue;
       if (f.landed && r.id == f.producer) continue;
       if (!r.subscriber) {
-        if (!(f.landed && f.source_member) && !f.no_member) members.push_back(&r);
+        const bool group_elsewhere = (f.header.flags & FL_SLOT_GROUP_ELSEWHERE) != 0;
+        if (!(f.landed && f.source_member) && !group_elsewhere) members.push_back(&r);
         continue;
       }
       if (f.member_only) continue;  // the subscribers have it already

@@ -107,9 +107,9 @@ class LocalDelivery {
   // already (`header` as it was given it): it goes to the stream's other
   // readers here, and ends (EndLanded) once each of them and the landing
   // consumer released it (landedReleased) or failed.
-  // `members`: as for submit (a frame sent for the subscribers here only).
-  void shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header, const Landed& from,
-                   bool members = true);
+  // A header with FL_SLOT_GROUP_ELSEWHERE (a frame sent for the subscribers
+  // here only) goes to no member.
+  void shareLanded(ClientSession& landing, uint32_t slot, const fl_slot_header& header, const Landed& from);
   void landedReleased(const ClientSession& landing, uint32_t slot);
   // The landing consumer died holding it.
   void landedGone(const ClientSession& landing, uint32_t slot);
@@ -143,7 +143,7 @@ class LocalDelivery {
     uint64_t producer = 0;
     uint32_t slot = 0;
     std::string stream;
-    fl_slot_header header{};
+    fl_slot_header header{};  // FL_SLOT_GROUP_ELSEWHERE: for the subscribers here only
     uint64_t length = 0;
     uint64_t sequence = 0;
     uint64_t deadline_ns = 0;
@@ -159,7 +159,6 @@ class LocalDelivery {
     uint64_t slot_sequence = 0;     // the producer's slot entry's sequence while the frame is its
     bool source_member = false;     // landed in a member of the queue group (no other member gets it)
     bool member_only = false;       // waits again for a member: the one it went to left before reading it
-    bool no_member = false;         // for the subscribers here only: a member on another host has it
     Landed from;
     int failure = FL_OK;  // the first reader's failure
     std::string why;

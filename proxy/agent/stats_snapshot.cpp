@@ -18,8 +18,8 @@ void DataAgent::publishStats() {
   AgentStats stats;
   Metrics::Gauges gauges;
   collectClientStats(stats, gauges);
-  for (auto* streams : {&gauges.reader_streams, &gauges.producer_streams, &gauges.subscribed_streams,
-                        &gauges.grouped_streams}) {
+  Metrics::StreamsHere& here = gauges.streams;
+  for (auto* streams : {&here.readers, &here.producers, &here.subscribed, &here.grouped}) {
     std::sort(streams->begin(), streams->end());
     streams->erase(std::unique(streams->begin(), streams->end()), streams->end());
   }
@@ -63,9 +63,10 @@ void DataAgent::collectClientStats(AgentStats& stats, Metrics::Gauges& gauges) {
       Metrics::RoleGauge& role = cs.producer ? gauges.producers : gauges.consumers;
       ++role.clients;
       role.slots += cs.slots;
-      (cs.producer ? gauges.producer_streams : gauges.reader_streams).push_back(s.stream);
+      Metrics::StreamsHere& here = gauges.streams;
+      (cs.producer ? here.producers : here.readers).push_back(s.stream);
       if (!cs.producer) {
-        (s.subscriber ? gauges.subscribed_streams : gauges.grouped_streams).push_back(s.stream);
+        (s.subscriber ? here.subscribed : here.grouped).push_back(s.stream);
       }
     }
     cs.frames = s.frames;

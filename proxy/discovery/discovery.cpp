@@ -224,10 +224,11 @@ void Discovery::watch() {
 
 void Discovery::round() {
   RegistryEntry self = self_;
-  self.readers = metrics_.readerStreams();
-  self.producers = metrics_.producerStreams();
-  self.subscribed = metrics_.subscribedStreams();
-  self.grouped = metrics_.groupedStreams();
+  Metrics::StreamsHere here = metrics_.streamsHere();
+  self.readers = std::move(here.readers);
+  self.producers = std::move(here.producers);
+  self.subscribed = std::move(here.subscribed);
+  self.grouped = std::move(here.grouped);
   const auto now = std::chrono::steady_clock::now();
   if (!registry_) return roundDns(self, now);
   if (published_ && now - kept_alive_ >= keepalive_every_) {
@@ -289,9 +290,7 @@ void Discovery::roundDns(const RegistryEntry& self, std::chrono::steady_clock::t
     heard_new = changed_;
     changed_ = false;
   }
-  const bool mine_changed = told_.id.empty() || self.readers != told_.readers ||
-                            self.producers != told_.producers || self.subscribed != told_.subscribed ||
-                            self.grouped != told_.grouped;
+  const bool mine_changed = told_.id.empty() || self != told_;  // told_: a `self` of an earlier round
   if (now >= next_resolve_ || mine_changed) {
     if (!readDns(self, mine_changed || !self.producers.empty())) {
       // The DNS server is away: what runs stays, and the daemons it named
@@ -412,10 +411,9 @@ void Discovery::listDescribed(bool answered) {
     // that gives the same id (a twin, a restart not asked yet) is not it.
     auto h = heard.find({said.entry.id, said.entry.instance});
     if (h != heard.end() && h->second.as_of_ns > said.as_of_ns) {
-      said.entry.readers = h->second.entry.readers;
-      said.entry.producers = h->second.entry.producers;
-      said.entry.subscribed = h->second.entry.subscribed;
-      said.entry.grouped = h->second.entry.grouped;
+      // Its word, of the same id and instance, at the record's address.
+      said.entry = h->second.entry;
+      said.entry.address = address;
       said.as_of_ns = h->second.as_of_ns;
     }
     entries.push_back(said.entry);

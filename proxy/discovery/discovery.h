@@ -81,7 +81,7 @@ class Discovery {
   using Describe =
       std::function<std::vector<Result<Said>>(const std::vector<SrvTarget>& targets, const Said& self)>;
   // `self`: this daemon's entry but its readers and producers, which come
-  // from `metrics` (Metrics::readerStreams, producerStreams) each round.  A
+  // from `metrics` (Metrics::streamsHere) each round.  A
   // link is dialed while a stream needs it and link_idle_s after (dialsFor).
   // `describe`: used under dns_srv only.
   Discovery(const Config& config, RegistryEntry self, Metrics& metrics, Found found, Describe describe);

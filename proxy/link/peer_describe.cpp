@@ -171,9 +171,10 @@ std::vector<Result<Described>> describePeers(const Config& config, const std::ve
   if (heard) heard(fromMessage(asker));
   // Asked every dns_refresh_s by each daemon with producers: not worth a line each.
   spdlog::debug("described this daemon to '{}' at {}", asker.daemon_id(), from);
-  toMessage(Described{config_.id, instance_, metrics_.readerStreams(), metrics_.producerStreams(),
+  Metrics::StreamsHere here = metrics_.streamsHere();
+  toMessage(Described{config_.id, instance_, std::move(here.readers), std::move(here.producers),
                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
-                      metrics_.subscribedStreams(), metrics_.groupedStreams()},
+                      std::move(here.subscribed), std::move(here.grouped)},
             *reply->mutable_answerer());
   return ::grpc::Status::OK;
 }

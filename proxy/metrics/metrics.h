@@ -145,28 +145,29 @@ class Metrics {
     uint64_t clients = 0;
     uint64_t slots = 0;
   };
+  // The streams of the clients attached here, each list sorted, a stream once.
+  struct StreamsHere {
+    std::vector<std::string> readers;    // the streams consumers here read
+    std::vector<std::string> producers;  // and those producers here write
+    // Of readers, those a subscriber here reads, and those a member of a
+    // queue group here reads (a stream may be in both).
+    std::vector<std::string> subscribed;
+    std::vector<std::string> grouped;
+  };
   struct Gauges {
     std::vector<LinkGauge> links;
     RoleGauge producers;
     RoleGauge consumers;
-    uint64_t frames_in_flight = 0;              // producers' frames submitted and not yet DELIVERED or FAILED
-    uint64_t frames_held = 0;                   // delivered to local consumers, not yet released
-    uint64_t pull_reads_in_flight = 0;          // pull: reads of peers' offers posted, not yet complete
-    uint64_t pull_reads_peak = 0;               // pull: the most one link ever had in flight at once
-    uint64_t slots_fenced = 0;                  // rdma: slots held back until a peer's window into them shut
-    std::vector<std::string> reader_streams;    // sorted, once each: the streams consumers here read
-    std::vector<std::string> producer_streams;  // and those producers here write
-    // Of reader_streams, those a subscriber here reads, and those a member of
-    // a queue group here reads (a stream may be in both).
-    std::vector<std::string> subscribed_streams;
-    std::vector<std::string> grouped_streams;
+    uint64_t frames_in_flight = 0;      // producers' frames submitted and not yet DELIVERED or FAILED
+    uint64_t frames_held = 0;           // delivered to local consumers, not yet released
+    uint64_t pull_reads_in_flight = 0;  // pull: reads of peers' offers posted, not yet complete
+    uint64_t pull_reads_peak = 0;       // pull: the most one link ever had in flight at once
+    uint64_t slots_fenced = 0;          // rdma: slots held back until a peer's window into them shut
+    StreamsHere streams;
   };
   void setGauges(Gauges gauges);
-  // Gauges::reader_streams as the agent published them last (the registry announces them).
-  std::vector<std::string> readerStreams() const;
-  std::vector<std::string> producerStreams() const;
-  std::vector<std::string> subscribedStreams() const;
-  std::vector<std::string> groupedStreams() const;
+  // Gauges::streams as the agent published them last (the registry announces them).
+  StreamsHere streamsHere() const;
   // What the links' transports did, summed over every link the agent had
   // (closed ones included, so the totals never go down), from the agent.
   void setTransportCounters(const transport::TransportCounters& totals);

@@ -81,24 +81,9 @@ void Metrics::setGauges(Gauges gauges) {
   gauges_ = std::move(gauges);
 }
 
-std::vector<std::string> Metrics::readerStreams() const {
+Metrics::StreamsHere Metrics::streamsHere() const {
   MutexLock lock(detail_mutex_);
-  return gauges_.reader_streams;
-}
-
-std::vector<std::string> Metrics::producerStreams() const {
-  MutexLock lock(detail_mutex_);
-  return gauges_.producer_streams;
-}
-
-std::vector<std::string> Metrics::subscribedStreams() const {
-  MutexLock lock(detail_mutex_);
-  return gauges_.subscribed_streams;
-}
-
-std::vector<std::string> Metrics::groupedStreams() const {
-  MutexLock lock(detail_mutex_);
-  return gauges_.grouped_streams;
+  return gauges_.streams;
 }
 
 void Metrics::setTransportCounters(const transport::TransportCounters& totals) {
