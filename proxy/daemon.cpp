@@ -99,6 +99,7 @@ class DaemonImpl final : public Daemon {
                             uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec)};
     agent_ = std::make_unique<DataAgent>(config_, metrics_, steadyClock(), std::move(heartbeat_));
     agent_->start();
+    metrics_.setPublishRequest([agent = agent_.get()] { agent->post(CmdPublishStats{}); });
     Inherited inherited = unpackHandOver(std::move(inherited_), config_.socket_path);
     auto attach = AttachServer::create(
         config_, identity,
@@ -220,6 +221,7 @@ class DaemonImpl final : public Daemon {
     if (links_) links_->stop();
     attach_.reset();
     metrics_.stop();
+    metrics_.setPublishRequest({});
     if (!config_.ready_file.empty()) ::unlink(config_.ready_file.c_str());
     return handed;
   }
@@ -234,6 +236,7 @@ class DaemonImpl final : public Daemon {
     if (links_) links_->stop();
     attach_.reset();  // closes the client sockets: clients see the hang-up last
     metrics_.stop();
+    metrics_.setPublishRequest({});
     if (!config_.ready_file.empty()) ::unlink(config_.ready_file.c_str());
   }
 

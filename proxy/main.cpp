@@ -129,13 +129,15 @@ static void warnAboutSecurity(const framelink::Config& config) {
 }
 
 // Takes the signals until one stops the daemon (returned): SIGHUP reloads
-// the configuration; every 5 s without a signal, `systemctl status` gets what
-// is served now.
+// the configuration; under systemd (NOTIFY_SOCKET), every 5 s without a
+// signal, `systemctl status` gets what is served now -- elsewhere it sleeps
+// until a signal comes.
 static int serveUntilStopped(framelink::Daemon& daemon, const sigset_t& signals) {
   std::string status = "serving";
+  const bool notify = std::getenv("NOTIFY_SOCKET") != nullptr;
   for (;;) {
     const timespec every{5, 0};
-    const int sig = sigtimedwait(&signals, nullptr, &every);
+    const int sig = sigtimedwait(&signals, nullptr, notify ? &every : nullptr);
     if (sig < 0) {
 #ifdef FRAMELINK_HAVE_SYSTEMD
       if (std::string now = daemon.statusLine(); now != status) {

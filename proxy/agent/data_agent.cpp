@@ -41,10 +41,10 @@ constexpr uint64_t kStatsNs = Metrics::kPublishPeriodNs;
 // The longest sleep: credit and ACK deadlines are checked at least this often.
 constexpr uint64_t kMaxSleepNs = 50'000'000;  // 50 ms
 // With no client and no link: what it publishes cannot change but by a
-// command, which wakes it (and the stats are published at their next period),
-// so an idle agent wakes only to show it is alive -- well within the health
-// window (5 s).
-constexpr uint64_t kIdleSleepNs = 2'000'000'000;
+// command, which wakes it (and the stats are published at their next
+// period), so an idle agent sleeps until one comes; a health probe that finds
+// its state old asks it for a new one (CmdPublishStats).
+constexpr uint64_t kForeverNs = UINT64_MAX;
 
 // Waits for epoll events at most `timeout_ns`; returns how many of `events`
 // it filled.  epoll_pwait2 (Linux 5.11) takes nanoseconds, so an ACK held
@@ -53,17 +53,18 @@ constexpr uint64_t kIdleSleepNs = 2'000'000'000;
 int waitEvents(int epoll_fd, uint64_t timeout_ns, std::span<epoll_event> events) {
   static std::atomic<bool> no_pwait2{false};
   const int max = static_cast<int>(events.size());
+  const bool forever = timeout_ns == kForeverNs;
   if (!no_pwait2.load(std::memory_order_relaxed)) {
     timespec timeout{};
     timeout.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000ULL);
     timeout.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000ULL);
-    const int n = ::epoll_pwait2(epoll_fd, events.data(), max, &timeout, nullptr);
+    const int n = ::epoll_pwait2(epoll_fd, events.data(), max, forever ? nullptr : &timeout, nullptr);
     if (n >= 0) return n;
     if (errno != ENOSYS) return 0;
     no_pwait2.store(true, std::memory_order_relaxed);
   }
-  const int n =
-      ::epoll_wait(epoll_fd, events.data(), max, static_cast<int>((timeout_ns + 999'999) / 1'000'000));
+  const int n = ::epoll_wait(epoll_fd, events.data(), max,
+                             forever ? -1 : static_cast<int>((timeout_ns + 999'999) / 1'000'000));
   return n > 0 ? n : 0;
 }
 
@@ -208,11 +209,11 @@ void DataAgent::sleep() {
     // throttled link's next turn (what it left no event announces).
     uint64_t timeout_ns = kMaxSleepNs;
     const uint64_t now = clock_.nowNs();
-    // With no client and no link nothing can come due but the stats (kIdleSleepNs)
-    // and the watchdog's beat: an idle daemon wakes every 2 s, not 20 times a
-    // second (a fleet of them idles).
+    // With no client and no link nothing can come due but the stats and the
+    // watchdog's beat: an idle daemon sleeps until a command comes, not 20
+    // times a second (a fleet of them idles).
     if (clients_.all().empty() && links_.size() == 0) {
-      timeout_ns = stats_changed_ ? (next_stats_ns_ > now ? next_stats_ns_ - now : 0) : kIdleSleepNs;
+      timeout_ns = stats_changed_ ? (next_stats_ns_ > now ? next_stats_ns_ - now : 0) : kForeverNs;
       if (heartbeat_.enabled()) {
         timeout_ns = next_heartbeat_ns_ > now ? std::min(timeout_ns, next_heartbeat_ns_ - now) : 0;
       }
@@ -281,6 +282,8 @@ size_t DataAgent::drainCommands() {
             beginStop(cmd);
           } else if constexpr (std::is_same_v<T, CmdReconfigure>) {
             reconfigure(*cmd.config);
+          } else if constexpr (std::is_same_v<T, CmdPublishStats>) {
+            next_stats_ns_ = 0;
           }
         },
         command);

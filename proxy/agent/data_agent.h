@@ -137,8 +137,12 @@ struct CmdReconfigure {
   std::shared_ptr<const Config> config;
 };
 
+// Publish the stats now (Metrics::health asks an idle agent, which
+// publishes only what changed, whether it still runs).
+struct CmdPublishStats {};
+
 using AgentCommand = std::variant<CmdClientAttached, CmdClientGone, CmdLinkUp, CmdLinkDown, CmdPeerMessage,
-                                  CmdLinkKeepalive, CmdStop, CmdReconfigure>;
+                                  CmdLinkKeepalive, CmdStop, CmdReconfigure, CmdPublishStats>;
 
 class DataAgent {
  public:

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -153,6 +154,7 @@ class Metrics {
     // queue group here reads (a stream may be in both).
     std::vector<std::string> subscribed;
     std::vector<std::string> grouped;
+    bool operator==(const StreamsHere&) const = default;
   };
   struct Gauges {
     std::vector<LinkGauge> links;
@@ -165,7 +167,12 @@ class Metrics {
     uint64_t slots_fenced = 0;          // rdma: slots held back until a peer's window into them shut
     StreamsHere streams;
   };
+  // Calls the streams watcher when Gauges::streams differ from the last.
   void setGauges(Gauges gauges);
+  // Called when the streams here change (discovery publishes them at once,
+  // not at its next poll); runs under the metrics' lock, so it must not call
+  // back into Metrics.  Empty: none.
+  void setStreamsWatcher(std::function<void()> watcher);
   // Gauges::streams as the agent published them last (the registry announces them).
   StreamsHere streamsHere() const;
   // What the links' transports did, summed over every link the agent had
@@ -192,7 +199,11 @@ class Metrics {
     bool ok = false;
     std::string text;
   };
+  // An idle agent publishes only what changed, so a state older than the
+  // window first asks it for a fresh one (`ask`, which wakes it) and waits
+  // up to a second: only an agent that does not answer is unhealthy.
   Health health() const;
+  void setPublishRequest(std::function<void()> ask);
   void setHealthWindow(uint64_t window_ns) noexcept { health_window_ns_ = window_ns; }
 
   // One line for `systemctl status` (sd_notify STATUS=): "serving: 1 producer
@@ -216,6 +227,9 @@ class Metrics {
   mutable Mutex detail_mutex_;
   DetailRenderer detail_ FL_GUARDED_BY(detail_mutex_) = [] { return std::string("{}"); };
   uint64_t detail_at_ns_ FL_GUARDED_BY(detail_mutex_) = 0;  // steady clock; 0: never published
+  mutable std::condition_variable published_;               // detail_at_ns_ moved
+  std::function<void()> ask_publish_ FL_GUARDED_BY(detail_mutex_);
+  std::function<void()> streams_watcher_ FL_GUARDED_BY(detail_mutex_);
   std::atomic<uint64_t> health_window_ns_{5'000'000'000};
   Gauges gauges_ FL_GUARDED_BY(detail_mutex_);
   transport::TransportCounters transport_ FL_GUARDED_BY(detail_mutex_);

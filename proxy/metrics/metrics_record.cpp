@@ -53,6 +53,17 @@ void Metrics::setDetail(DetailRenderer render) {
   MutexLock lock(detail_mutex_);
   detail_ = std::move(render);
   detail_at_ns_ = steadyNs();
+  published_.notify_all();
+}
+
+void Metrics::setPublishRequest(std::function<void()> ask) {
+  MutexLock lock(detail_mutex_);
+  ask_publish_ = std::move(ask);
+}
+
+void Metrics::setStreamsWatcher(std::function<void()> watcher) {
+  MutexLock lock(detail_mutex_);
+  streams_watcher_ = std::move(watcher);
 }
 
 void Metrics::setDetail(std::string json) {
@@ -60,25 +71,41 @@ void Metrics::setDetail(std::string json) {
 }
 
 Metrics::Health Metrics::health() const {
+  const uint64_t window_ns = health_window_ns_.load();
   uint64_t at = 0;
+  std::function<void()> ask;
   {
     MutexLock lock(detail_mutex_);
+    at = detail_at_ns_;
+    if (at != 0 && steadyNs() - at > window_ns) ask = ask_publish_;
+  }
+  if (ask) {
+    // Outside the lock: the agent publishes under it.
+    ask();
+    const uint64_t before = at;
+    MutexLock lock(detail_mutex_);
+    lock.waitFor(published_, std::chrono::seconds(1),
+                 [&]() FL_REQUIRES(detail_mutex_) { return detail_at_ns_ != before; });
     at = detail_at_ns_;
   }
   if (at == 0) return {false, "starting: the data agent has not published its state yet\n"};
   const uint64_t age_ms = (steadyNs() - at) / 1'000'000;
-  const uint64_t window_ms = health_window_ns_.load() / 1'000'000;
+  const uint64_t window_ms = window_ns / 1'000'000;
   if (age_ms > window_ms) {
     return {false, "unhealthy: the data agent last published its state " + std::to_string(age_ms) +
-                       " ms ago (it does every " + std::to_string(kPublishPeriodNs / 1'000'000) +
-                       " ms; more than " + std::to_string(window_ms) + " ms means its loop is stuck)\n"};
+                       " ms ago and did not when asked (it does every " +
+                       std::to_string(kPublishPeriodNs / 1'000'000) +
+                       " ms while anything changes; more than " + std::to_string(window_ms) +
+                       " ms and no answer means its loop is stuck)\n"};
   }
   return {true, "ok: the data agent published its state " + std::to_string(age_ms) + " ms ago\n"};
 }
 
 void Metrics::setGauges(Gauges gauges) {
   MutexLock lock(detail_mutex_);
+  const bool streams_changed = !(gauges.streams == gauges_.streams);
   gauges_ = std::move(gauges);
+  if (streams_changed && streams_watcher_) streams_watcher_();
 }
 
 Metrics::StreamsHere Metrics::streamsHere() const {

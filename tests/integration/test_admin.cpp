@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -236,6 +237,52 @@ TEST_CASE("admin: stats, clients and links show a producer and a consumer that m
   REQUIRE(text.code == 0);
   CHECK(text.output.find("framelinkd '" + pair.a().id() + "'") != std::string::npos);
   CHECK(text.output.find("frames delivered") != std::string::npos);
+}
+
+namespace {
+
+// How many times the daemon's threads named `name` were put on a CPU
+// (/proc/PID/task/TID/schedstat, its third field), summed.
+uint64_t timesScheduled(pid_t pid, const std::string& name) {
+  uint64_t sum = 0;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread_name;
+    std::getline(comm, thread_name);
+    if (thread_name != name) continue;
+    std::ifstream stat(task.path() / "schedstat");
+    uint64_t run_ns = 0, wait_ns = 0, slices = 0;
+    stat >> run_ns >> wait_ns >> slices;
+    sum += slices;
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("admin: an idle daemon's agent sleeps until something comes, and its health probe still says ok",
+          "[admin]") {
+  DaemonProcess::Options o;
+  o.id = "idle";
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  DaemonProcess d(o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // its start-up published
+  const uint64_t before = timesScheduled(d.pid(), "fl-data-agent");
+  REQUIRE(before > 0);
+  // Past the health window (5 s): the agent has published nothing since.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5500));
+  // It used to wake every 2 s with nothing to do (2 or 3 times here).
+  CHECK(timesScheduled(d.pid(), "fl-data-agent") - before == 0);
+  // The probe finds its state old, asks, and the agent answers at once.
+  const std::string health = d.httpGet("/healthz");
+  INFO(health);
+  CHECK(health.rfind("ok: ", 0) == 0);
+  CHECK(timesScheduled(d.pid(), "fl-data-agent") - before >= 1);
+  // An attached client wakes it too, and it serves as before.
+  Client producer = attachProducer(d, "idle-cam", 2, 64 * 1024);
+  CHECK(waitUntil([&] { return d.metric("framelink_clients_attached_total") >= 1; }, Millis(5000),
+                  Millis(100)));
 }
 
 TEST_CASE("admin: a user outside the admin rule is refused, the admin group is answered",

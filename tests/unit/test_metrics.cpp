@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "framelink/framelink.h"
 #include "metrics/metrics.h"
@@ -136,6 +137,61 @@ TEST_CASE("healthz: healthy while the agent publishes its state, and says how lo
   CHECK(stale.text.find("stuck") != std::string::npos);
   m.setDetail("{}");  // the agent again
   CHECK(m.health().ok);
+}
+
+TEST_CASE(
+    "healthz: an idle agent whose state is old is asked for a new one; one that does not answer is stuck",
+    "[metrics]") {
+  Metrics m;
+  m.setHealthWindow(100'000'000);  // 100 ms
+  m.setDetail("{}");
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  // An agent that answers (as DataAgent does to CmdPublishStats, from its thread).
+  std::vector<std::thread> answers;
+  int asked = 0;
+  m.setPublishRequest([&] {
+    ++asked;
+    answers.emplace_back([&m] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      m.setDetail("{}");
+    });
+  });
+  const Metrics::Health answered = m.health();
+  for (auto& t : answers) t.join();
+  CHECK(asked == 1);
+  CHECK(answered.ok);
+  CHECK(m.health().ok);  // fresh: not asked again
+  CHECK(asked == 1);
+  // One that never answers: unhealthy after the wait (a second at most).
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  m.setPublishRequest([&] { ++asked; });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Metrics::Health stuck = m.health();
+  CHECK(asked == 2);
+  CHECK_FALSE(stuck.ok);
+  CHECK(stuck.text.find("did not when asked") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+}
+
+TEST_CASE("the streams watcher is called when the streams here change, not on every publish", "[metrics]") {
+  Metrics m;
+  int calls = 0;
+  m.setStreamsWatcher([&] { ++calls; });
+  Metrics::Gauges g;
+  g.streams.readers = {"cam0"};
+  m.setGauges(g);
+  CHECK(calls == 1);
+  g.frames_in_flight = 3;  // another gauge only
+  m.setGauges(g);
+  CHECK(calls == 1);
+  g.streams.grouped = {"cam0"};
+  m.setGauges(g);
+  CHECK(calls == 2);
+  m.setStreamsWatcher({});
+  g.streams = {};
+  m.setGauges(g);
+  CHECK(calls == 2);
+  CHECK(m.streamsHere().readers.empty());
 }
 
 TEST_CASE("the status line counts clients by role, links up of the peers, frames delivered and failed",
