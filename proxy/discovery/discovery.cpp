@@ -138,6 +138,15 @@ Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics,
     spdlog::info("discovery: the fleet is the SRV records of {} (read every {} s{}{})", srv_name_,
                  dns_refresh_.count(), dns_server_.empty() ? "" : ", from the DNS server at ", dns_server_);
   }
+  // Whatever changes here is told at once, not at the next poll: an idle
+  // fleet's daemons then need not look often (poll_ms is the safety net).
+  metrics_.setStreamsWatcher([this] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mine_changed_ = true;
+    }
+    wake_.notify_all();
+  });
   thread_ = std::thread([this] { run(); });
   if (registry_) watch_thread_ = std::thread([this] { watch(); });
 }
@@ -145,6 +154,7 @@ Discovery::Discovery(const Config& config, RegistryEntry self, Metrics& metrics,
 Discovery::~Discovery() { stop(false); }
 
 void Discovery::stop(bool withdraw) {
+  metrics_.setStreamsWatcher({});  // before mutex_: the watcher runs under the metrics' lock and takes it
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
@@ -170,19 +180,22 @@ void Discovery::run() {
   ::pthread_setname_np(::pthread_self(), "fl-discovery");
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
+    mine_changed_ = false;  // round() reads them
     lock.unlock();
     round();
     lock.lock();
-    // Awake for the next of: the lease's keep-alive (a third of its TTL), the
-    // next look at this daemon's own readers and producers (poll_ms, no
-    // request unless they changed), and a change the watch saw.
+    // Awake for the next of: the lease's keep-alive (a third of its TTL), a
+    // change of this daemon's own readers and producers (the streams
+    // watcher; poll_ms at the latest), a change the watch saw, and the end
+    // of a link's idle time.
     // After a failure, not before retry_at_: a registry that does not answer is not hammered.
     const auto now = std::chrono::steady_clock::now();
     auto next = now + poll_;
     if (published_) next = std::min(next, kept_alive_ + keepalive_every_);
     if (!registry_) next = std::min(next, next_resolve_);
+    if (next_expiry_ != std::chrono::steady_clock::time_point{}) next = std::min(next, next_expiry_);
     wake_.wait_until(lock, std::max({next, now, retry_at_}), [this] {
-      return stopping_ || (changed_ && std::chrono::steady_clock::now() >= retry_at_);
+      return stopping_ || ((changed_ || mine_changed_) && std::chrono::steady_clock::now() >= retry_at_);
     });
   }
   if (withdraw_ && registry_) {

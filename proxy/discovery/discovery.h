@@ -171,6 +171,7 @@ class Discovery {
 
   std::mutex mutex_;
   std::condition_variable wake_;
+  bool mine_changed_ = false;  // this daemon's readers or producers changed (Metrics' streams watcher)
   bool stopping_ = false;
   bool withdraw_ = false;
   bool changed_ = false;  // the watch saw a change (or ended): the registry is read again

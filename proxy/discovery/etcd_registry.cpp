@@ -138,6 +138,9 @@ httplib::Client& EtcdRegistry::client(size_t endpoint) {
   if (!c) {
     c = std::make_unique<httplib::Client>(endpoints_[endpoint]);
     c->set_keep_alive(true);  // one connection for every call: no connect per keep-alive
+    // A request goes as two writes (head, body): with Nagle the body waited
+    // for the server's delayed ACK, and every call took 40 ms.
+    c->set_tcp_nodelay(true);
     c->set_connection_timeout(std::chrono::seconds(1));
     c->set_read_timeout(std::chrono::seconds(2));
     c->set_write_timeout(std::chrono::seconds(2));
@@ -238,6 +241,7 @@ Status EtcdRegistry::watch(int64_t revision, const std::function<void()>& change
   auto client = std::make_shared<httplib::Client>(endpoints_[i]);
   client->set_connection_timeout(std::chrono::seconds(1));
   client->set_write_timeout(std::chrono::seconds(2));
+  client->set_tcp_nodelay(true);
   // An idle watch carries nothing: its end is the server's (a closed
   // connection), stopWatch's, or, for a server that vanished without a word,
   // the keep-alive's failure, on which the daemon stops it.

@@ -17,14 +17,14 @@
 #   tests/fleet/run-fleet.sh [--daemons N] [--registry etcd|dns] [--poll-ms MS] [--build DIR] [--keep]
 #     --registry  etcd (default): the daemons publish themselves under leases and watch the others;
 #                 dns: the records of _framelink._tcp.fleet.test (dnsmasq --srv-host), read every 3 s
-#     --poll-ms   how often each daemon looks at its own streams (default 1000, the daemon's own)
+#     --poll-ms   how often each daemon looks at its own streams all the same (default 30000, the daemon's own)
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${FRAMELINK_BUILD_DIR:-$root/build}
 n=64
-poll_ms=1000
+poll_ms=30000
 registry=etcd
 keep=0
 while (($#)); do

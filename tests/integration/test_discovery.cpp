@@ -2,18 +2,9 @@
 // (Debian's etcd-server, started here on ports of its own), link once per
 // pair, route a stream to the daemons that announced readers of it, refuse an
 // entry whose address answers with another id, and keep what runs while etcd
-// is away.  The same through DNS SRV records, served by a real dnsmasq.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <grpcpp/grpcpp.h>
-#include <httplib.h>
-#include <openssl/evp.h>
+// is away.  The same through DNS SRV records: test_discovery_srv.cpp.
 #include <catch2/catch.hpp>
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,161 +12,13 @@
 #include <vector>
 
 #include "client_util.h"
+#include "discovery_rig.h"
 #include "framelink/framelink.h"
-#include "framelink/v1/link.grpc.pb.h"
 #include "harness.h"
-#include "site_ca.h"
 
 using namespace framelink::integ;
 
 namespace {
-
-uint16_t freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  const int n =
-      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-// One etcd member on loopback, its data in a temp dir that outlives a kill
-// (start() again brings the same store back).
-class Etcd {
- public:
-  Etcd() : client_port_(freePort()), peer_port_(freePort()) { start(); }
-
-  void start() {
-    const std::string binary = "/usr/bin/etcd";
-    INFO("the discovery tests need etcd: apt-get install etcd-server (scripts/setup-deps.sh installs it)");
-    REQUIRE(::access(binary.c_str(), X_OK) == 0);
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-    process_ = std::make_unique<ChildProcess>(
-        "etcd",
-        std::vector<std::string>{"--name", "fl", "--data-dir", dir_.file("data"), "--listen-client-urls",
-                                 client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-                                 "--initial-advertise-peer-urls", peer, "--initial-cluster", "fl=" + peer,
-                                 "--log-level", "warn"},
-        std::vector<std::string>{}, binary);
-    REQUIRE(waitUntil(
-        [&] { return post("/v3/kv/range", R"({"key":"Lw=="})").find("header") != std::string::npos; },
-        Millis(20000), Millis(100)));
-  }
-  void kill9() { process_->kill9(); }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
-
-  // The reply's body, "" when etcd did not answer.
-  std::string post(const std::string& path, const std::string& body) const {
-    httplib::Client c(url());
-    c.set_connection_timeout(std::chrono::seconds(1));
-    auto res = c.Post(path, body, "application/json");
-    return res ? res->body : std::string();
-  }
-  void put(const std::string& key, const std::string& value) const {
-    REQUIRE(post("/v3/kv/put", R"({"key":")" + base64(key) + R"(","value":")" + base64(value) + "\"}")
-                .find("header") != std::string::npos);
-  }
-
- private:
-  TempDir dir_{"fl-etcd"};
-  uint16_t client_port_, peer_port_;
-  std::unique_ptr<ChildProcess> process_;
-};
-
-// dnsmasq on a loopback port of its own, serving _framelink._tcp.fl.test: an
-// SRV record per daemon (its host NAME.fl.test, its gRPC port) and the
-// host's A record.  serve() again replaces the records (dnsmasq reads its
-// command line once: it is started again, as a DNS server's update would be).
-class DnsMasq {
- public:
-  static constexpr const char* kName = "_framelink._tcp.fl.test";
-  struct Record {
-    std::string host;
-    std::string ip;
-    uint16_t port;
-  };
-
-  DnsMasq() : port_(freePort()) {}
-  void serve(const std::vector<Record>& records) {
-    const std::string binary = "/usr/sbin/dnsmasq";
-    INFO("the DNS SRV tests need dnsmasq: apt-get install dnsmasq-base (scripts/setup-deps.sh installs it)");
-    REQUIRE(::access(binary.c_str(), X_OK) == 0);
-    stop();
-    std::vector<std::string> args{"--keep-in-foreground",
-                                  "--conf-file=/dev/null",
-                                  "--port=" + std::to_string(port_),
-                                  "--listen-address=127.0.0.1",
-                                  "--bind-interfaces",
-                                  "--no-resolv",
-                                  "--no-hosts",
-                                  "--pid-file=",
-                                  "--log-facility=-"};
-    if (::getuid() == 0) args.push_back("--user=root");  // else it would drop to nobody
-    for (const Record& r : records) {
-      args.push_back("--srv-host=" + std::string(kName) + "," + r.host + ".fl.test," +
-                     std::to_string(r.port));
-      args.push_back("--host-record=" + r.host + ".fl.test," + r.ip);
-    }
-    process_ = std::make_unique<ChildProcess>("dnsmasq", args, std::vector<std::string>{}, binary);
-    REQUIRE(waitUntil([&] { return process_->output().find("started") != std::string::npos; }, Millis(5000)));
-  }
-  void stop() {
-    if (process_) process_->kill9();
-    process_.reset();
-  }
-  std::string server() const { return "127.0.0.1:" + std::to_string(port_); }
-
- private:
-  uint16_t port_;
-  std::unique_ptr<ChildProcess> process_;
-};
-
-DaemonProcess::Options srvMember(const std::string& id, const DnsMasq& dns, const std::string& token) {
-  DaemonProcess::Options o;
-  o.id = id;
-  o.token = token;
-  o.transports = "tcp";
-  o.extra_args = {"--dns-srv", DnsMasq::kName, "--dns-server", dns.server(),    "--dns-refresh-s",
-                  "1",         "--poll-ms",    "200",          "--link-idle-s", "2",
-                  "--metrics", "127.0.0.1:0"};
-  return o;
-}
-
-DaemonProcess::Options fleetMember(const std::string& id, const Etcd& etcd) {
-  DaemonProcess::Options o;
-  o.id = id;
-  o.token = "fleet-secret";
-  o.transports = "tcp";
-  o.extra_args = {"--etcd", etcd.url(),      "--poll-ms", "200",       "--lease-ttl-s",
-                  "3",      "--link-idle-s", "2",         "--metrics", "127.0.0.1:0"};
-  return o;
-}
-
-// One frame from `producer` to `consumer`, verified, DELIVERED.
-void sendOne(fl_client* producer, fl_client* consumer, uint64_t id) {
-  const uint64_t length = 4096 + id * 17;
-  submitFrame(producer, id, length, true);
-  fl_frame f = receiveFrame(consumer, Millis(15000));
-  checkSyntheticFrame(f, id, length);
-  REQUIRE(fl_release(consumer, f.slot) == FL_OK);
-  auto done = collectCompletions(producer, 1, Millis(15000));
-  REQUIRE(done.size() == 1);
-  INFO("completion of frame " << id << ": " << statusName(done[0].status));
-  CHECK(done[0].status == FL_OK);
-}
 
 // Three daemons of one fleet, and its etcd.
 struct ThreeHosts {
@@ -245,6 +88,24 @@ TEST_CASE(
   producer.reset();
   CHECK(a.waitForLog("disc-c changed (not dialed from here; readers: inspect [queue group])", Millis(15000)));
   CHECK(waitUntil([&] { return a.metric("framelink_links_up") == 0; }, Millis(10000), Millis(100)));
+}
+
+TEST_CASE(
+    "discovery: a reader that attaches is published at once, not at the daemon's next keep-alive or poll",
+    "[integration][discovery]") {
+  // A lease of 60 s is kept alive every 20 s, and poll_ms is 30 s: neither
+  // comes in the 5 s this waits, so only the agent's news of its streams
+  // (Metrics' streams watcher) can tell A of B's reader in time.
+  Etcd etcd;
+  DaemonProcess a(fleetMember("disc-a", etcd, "60"));
+  DaemonProcess b(fleetMember("disc-b", etcd, "60"));
+  REQUIRE(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
+  REQUIRE(a.waitForLog("discovery: disc-b found (not dialed from here; no readers)", Millis(10000)));
+  Client on_b = attachConsumer(b, "prompt", 4, 256 * 1024);
+  CHECK(a.waitForLog("disc-b changed (not dialed from here; readers: prompt [queue group])", Millis(5000)));
+  // ... and one that leaves, as soon.
+  on_b.reset();
+  CHECK(a.waitForLog("disc-b changed (not dialed from here; no readers)", Millis(5000)));
 }
 
 TEST_CASE(
@@ -433,157 +294,4 @@ TEST_CASE("discovery: with etcd gone the links and routes stay; back, a daemon t
   CHECK(a.waitForLog("discovery: disc-c gone from the registry", Millis(20000)));
   CHECK(waitUntil([&] { return a.metric("framelink_discovery_peers") == 1; }, Millis(5000)));
   sendOne(producer.get(), consumer.get(), 5);
-}
-
-TEST_CASE(
-    "discovery (DNS SRV): daemons named by SRV records ask each other what they are; frames go where "
-    "readers are; one that claims a taken id or has the wrong token is left out",
-    "[integration][discovery]") {
-  DnsMasq dns;
-  DaemonProcess a(srvMember("srv-a", dns, "fleet-secret"));
-  DaemonProcess b(srvMember("srv-b", dns, "fleet-secret"));
-  DaemonProcess twin(srvMember("srv-b", dns, "fleet-secret"));      // says it is srv-b too
-  DaemonProcess stranger(srvMember("srv-x", dns, "other-secret"));  // not of this fleet
-  const uint16_t nobody = freePort();                               // a host whose daemon is down
-  dns.serve({{"a", "127.0.0.1", a.grpcPort()},
-             {"b", "127.0.0.1", b.grpcPort()},
-             {"down", "127.0.0.1", nobody},
-             {"twin", "127.0.0.1", twin.grpcPort()},
-             {"x", "127.0.0.1", stranger.grpcPort()}});
-  CHECK(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
-  CHECK(a.metric("framelink_discovery_registry_up") == 1);
-  CHECK(a.waitForLog("discovery: srv-b found (not dialed from here; no readers)", Millis(10000)));
-  // Records sort by host: b's comes before twin's, and takes the id.
-  CHECK(a.waitForLog("twin.fl.test (127.0.0.1:" + std::to_string(twin.grpcPort()) +
-                         "): it says it is 'srv-b', as 127.0.0.1:" + std::to_string(b.grpcPort()) + " does",
-                     Millis(10000)));
-  CHECK(a.waitForLog(
-      "x.fl.test (127.0.0.1:" + std::to_string(stranger.grpcPort()) + "): wrong or missing token",
-      Millis(10000)));
-  CHECK(a.waitForLog("down.fl.test (127.0.0.1:" + std::to_string(nobody) + "): ", Millis(10000)));
-  // The twin and the stranger are refused claims, counted once each however often they are read;
-  // a daemon that does not answer is left out, not counted.
-  CHECK(waitForMetric(a, "framelink_discovery_entries_refused_total", 2) >= 2);
-  std::this_thread::sleep_for(Millis(2500));  // two more reads of the records
-  CHECK(a.metric("framelink_discovery_entries_refused_total") == 2);
-  CHECK(a.metric("framelink_links_up") == 0);
-
-  // A reader on B: B tells the others at once (A, with no producer, asks no one again), then a
-  // producer on A: A dials B, and its first frame goes there.
-  Client on_b = attachConsumer(b, "srv-line", 4, 256 * 1024);
-  REQUIRE(
-      a.waitForLog("srv-b changed (not dialed from here; readers: srv-line [queue group])", Millis(5000)));
-  Client producer = attachProducer(a, "srv-line", 4, 256 * 1024);
-  REQUIRE(a.waitForLog("srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) +
-                           "; readers: srv-line [queue group])",
-                       Millis(10000)));
-  for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
-  CHECK(a.metric("framelink_links_up") == 1);
-  CHECK(twin.metric("framelink_links_up") == 0);
-
-  // The DNS server goes: what runs stays.  Back (with A's and B's records), A reads it again.
-  dns.stop();
-  CHECK(a.waitForLog("reading the SRV records failed", Millis(10000)));
-  CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 0; }, Millis(10000)));
-  for (uint64_t id = 4; id <= 5; ++id) sendOne(producer.get(), on_b.get(), id);
-  // Meanwhile B's readers change: B tells the daemons it knows all the same.
-  Client more_on_b = attachConsumer(b, "srv-more", 4, 256 * 1024);
-  CHECK(a.waitForLog("srv-b changed (dialed at 127.0.0.1:" + std::to_string(b.grpcPort()) +
-                         "; readers: srv-line [queue group], srv-more [queue group])",
-                     Millis(5000)));
-  CHECK(a.metric("framelink_discovery_registry_up") == 0);  // the DNS server is still away
-  dns.serve({{"a", "127.0.0.1", a.grpcPort()}, {"b", "127.0.0.1", b.grpcPort()}});
-  CHECK(a.waitForLog("discovery: DNS SRV " + std::string(DnsMasq::kName) + " answers again", Millis(10000)));
-  CHECK(waitUntil([&] { return a.metric("framelink_discovery_registry_up") == 1; }, Millis(10000)));
-  sendOne(producer.get(), on_b.get(), 6);
-}
-
-TEST_CASE(
-    "discovery (DNS SRV) under mutual TLS: an answer counts when the certificate names the record's host "
-    "and the id given",
-    "[integration][discovery][tls]") {
-  const SiteCa site("fl-srv-ca", {});
-  site.issue("srv-a", {"a.fl.test"});
-  site.issue("srv-b", {"b.fl.test"});
-  site.issue("srv-c", {"liar.fl.test"});  // a host of the site, whose daemon says it is srv-b
-  DnsMasq dns;
-  auto member = [&](const std::string& id, const std::string& cert) {
-    DaemonProcess::Options o = srvMember(id, dns, "fleet-secret");
-    o.extra_args = concat(o.extra_args, site.tls(cert));
-    return o;
-  };
-  DaemonProcess a(member("srv-a", "srv-a"));
-  DaemonProcess b(member("srv-b", "srv-b"));
-  DaemonProcess liar(member("srv-b", "srv-c"));
-  dns.serve({{"a", "127.0.0.1", a.grpcPort()},
-             {"b", "127.0.0.1", b.grpcPort()},
-             {"liar", "127.0.0.1", liar.grpcPort()}});
-  CHECK(waitForMetric(a, "framelink_discovery_peers", 1) == 1);
-  CHECK(a.waitForLog("liar.fl.test (127.0.0.1:" + std::to_string(liar.grpcPort()) +
-                         "): it says it is 'srv-b', but its certificate does not name it",
-                     Millis(10000)));
-  Client on_b = attachConsumer(b, "srv-tls", 4, 256 * 1024);
-  REQUIRE(
-      a.waitForLog("srv-b changed (not dialed from here; readers: srv-tls [queue group])", Millis(10000)));
-  Client producer = attachProducer(a, "srv-tls", 4, 256 * 1024);
-  for (uint64_t id = 1; id <= 3; ++id) sendOne(producer.get(), on_b.get(), id);
-  CHECK(liar.metric("framelink_links_up") == 0);
-}
-
-TEST_CASE(
-    "discovery (DNS SRV): Describe answers with the daemon's readers and their kinds; a call with a wrong "
-    "token, too many streams or a malformed word is refused or left out, and counted",
-    "[integration][discovery]") {
-  DnsMasq dns;
-  DaemonProcess a(srvMember("srv-a", dns, "fleet-secret"));
-  Client member = attachConsumer(a, "cam0", 4, 256 * 1024);
-  Client subscriber = attachWith(a, FL_ROLE_CONSUMER, "cam1", true, 4, 256 * 1024);
-  auto stub =
-      framelink::v1::Link::NewStub(grpc::CreateChannel(a.grpcAddress(), grpc::InsecureChannelCredentials()));
-  auto describe = [&](const std::string& token, const framelink::v1::DaemonStreams& asker,
-                      framelink::v1::DescribeReply* reply) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    ctx.AddMetadata("x-framelink-token", token);
-    framelink::v1::DescribeRequest request;
-    *request.mutable_asker() = asker;
-    return stub->Describe(&ctx, request, reply);
-  };
-  framelink::v1::DaemonStreams me;
-  me.set_daemon_id("srv-z");
-  me.set_instance(5);
-  me.set_as_of_ns(1);
-
-  // Its readers, each with its kind (published within poll_ms of the consumers attaching).
-  framelink::v1::DescribeReply reply;
-  REQUIRE(waitUntil(
-      [&] {
-        reply.Clear();
-        return describe("fleet-secret", me, &reply).ok() && reply.answerer().readers_size() == 2;
-      },
-      Millis(5000), Millis(100)));
-  CHECK(reply.answerer().daemon_id() == "srv-a");
-  REQUIRE(reply.answerer().grouped_size() == 1);
-  CHECK(reply.answerer().grouped(0) == "cam0");
-  REQUIRE(reply.answerer().subscribed_size() == 1);
-  CHECK(reply.answerer().subscribed(0) == "cam1");
-  CHECK(a.metric("framelink_discovery_words_dropped_total") == 0);
-
-  CHECK(describe("wrong-secret", me, &reply).error_code() == grpc::StatusCode::UNAUTHENTICATED);
-  CHECK(a.metric("framelink_auth_failures_total") == 1);
-
-  framelink::v1::DaemonStreams wordy = me;
-  for (int i = 0; i < 4097; ++i) wordy.add_readers("s" + std::to_string(i));
-  const grpc::Status refused = describe("fleet-secret", wordy, &reply);
-  CHECK(refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  CHECK(refused.error_message() == "more than 4096 streams");
-  CHECK(a.metric("framelink_discovery_words_dropped_total") == 1);
-
-  // A word whose subscribed stream is none of its readers: answered, but not kept.
-  framelink::v1::DaemonStreams lying = me;
-  lying.set_as_of_ns(2);
-  lying.add_readers("cam0");
-  lying.add_subscribed("cam9");
-  CHECK(describe("fleet-secret", lying, &reply).ok());
-  CHECK(a.metric("framelink_discovery_words_dropped_total") == 2);
 }
