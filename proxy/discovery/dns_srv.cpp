@@ -76,10 +76,20 @@ void collectAddresses(ns_msg& msg, ns_sect section, std::map<std::string, std::s
 // error) when the name or the record does not exist.
 Result<int> query(Resolver& r, const std::string& name, ns_type type, std::vector<unsigned char>& answer,
                   ns_msg& msg) {
-  answer.resize(kMaxAnswerBytes);
+  answer.assign(kMaxAnswerBytes, 0);
   const int n = ::res_nquery(&r.state, name.c_str(), ns_c_in, type, answer.data(), kMaxAnswerBytes);
+  // What came back must be an answer (its QR bit set): the resolver takes a
+  // datagram that is the query itself, as a socket whose ephemeral port is
+  // the server's own (a server that is down, on this host) receives, for an
+  // answer of no records -- and the whole fleet would be gone.
+  constexpr unsigned char kQrBit = 0x80;  // of the header's third byte
+  const int why = n < 0 ? r.state.res_h_errno : 0;
+  const bool received = n >= 0 || why == HOST_NOT_FOUND || why == NO_DATA;
+  if (received && (answer[2] & kQrBit) == 0) {
+    return makeError(FL_ERR_LINK_LOST,
+                     "no DNS server answered for " + name + " (the query itself came back)");
+  }
   if (n < 0) {
-    const int why = r.state.res_h_errno;
     if (why == HOST_NOT_FOUND || why == NO_DATA) return 0;
     return makeError(FL_ERR_LINK_LOST, why == TRY_AGAIN ? "no DNS server answered for " + name
                                                         : "the DNS server refused the query for " + name);

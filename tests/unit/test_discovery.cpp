@@ -1,13 +1,21 @@
 // [discovery] without etcd: an entry's JSON and what is refused of it, the
 // found daemons as peers beside the written ones, and where a stream goes
 // then (tests/integration/test_discovery.cpp runs it against a real etcd).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/config.h"
 #include "discovery/discovery.h"
+#include "discovery/dns_srv.h"
 #include "discovery/etcd_registry.h"
 
 namespace fl = framelink;
@@ -176,4 +184,60 @@ TEST_CASE(
         "insp-1 found (dialed at insp-1.example:7700; readers: cam0 [subscribers], cam1 [queue group], cam2 "
         "[subscribers, queue group])");
   CHECK(changes[1] == "insp-old found (dialed at insp-old.example:7700; readers: cam0)");
+}
+
+namespace {
+
+// A "server" that sends each datagram back as it came: what a resolver whose
+// ephemeral port is the server's own receives when that server is down.
+class EchoServer {
+ public:
+  EchoServer() : fd_(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+    REQUIRE(fd_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    socklen_t len = sizeof addr;
+    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      unsigned char buf[4096];
+      for (;;) {
+        sockaddr_in from{};
+        socklen_t from_len = sizeof from;
+        const ssize_t n = ::recvfrom(fd_, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &from_len);
+        if (n <= 0 || stop_) return;
+        ++echoed_;
+        ::sendto(fd_, buf, static_cast<size_t>(n), 0, reinterpret_cast<sockaddr*>(&from), from_len);
+      }
+    });
+  }
+  ~EchoServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int echoed() const { return echoed_; }
+
+ private:
+  int fd_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> echoed_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("DNS SRV: a datagram that is the query itself is no answer (no records would drop the fleet)",
+          "[discovery]") {
+  EchoServer echo;
+  auto found = fl::resolveSrv("_framelink._tcp.fleet.test", echo.address());
+  CHECK(echo.echoed() >= 1);
+  REQUIRE_FALSE(found);
+  INFO(found.error().message);
+  CHECK(found.error().message.find("the query itself came back") != std::string::npos);
 }
