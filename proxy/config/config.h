@@ -122,6 +122,7 @@ struct Config {
   // sender says it is low on credits.  0: at the end of the round.
   uint32_t ack_delay_us = 20;
   uint64_t grpc_chunk_bytes = 4 * kMiB;
+  uint64_t tcp_zerocopy_bytes = kMiB / 4;  // a tcp frame this large goes with MSG_ZEROCOPY; 0: never
   // rdma: the device (empty: the one that owns the host of `listen`, or the
   // address a peer link resolves to), the rdma_cm port this daemon listens
   // on (0: ephemeral; either way announced to peers in the HelloAck), and how

@@ -56,6 +56,7 @@ const std::vector<Option>& options() {
       {"link",   "reconnect_min_ms",   Number{&Config::reconnect_min_ms, 1, UINT32_MAX, "MS"}, "Reconnect back-off, doubling from this"},
       {"link",   "reconnect_max_ms",   Number{&Config::reconnect_max_ms, 1, UINT32_MAX, "MS"}, "... up to this"},
       {"link",   "grpc_chunk_bytes",   Bytes{&Config::grpc_chunk_bytes},                       "Chunk size of the grpc data transport"},
+      {"link",   "tcp_zerocopy_bytes", Bytes{&Config::tcp_zerocopy_bytes, "never"},            "tcp: a frame of at least this many bytes is sent from its slot with MSG_ZEROCOPY (no copy into the socket; the slot is finished when the kernel lets its pages go); a link on which the kernel copies anyway (loopback, veth) stops after its first 64; never: every frame is copied into the socket"},
       {"link",   "rdma_device",        Text{&Config::rdma_device, "NAME", "auto"},             "RDMA device (ibv_devices lists them); auto: the one that owns the listen address"},
       {"link",   "rdma_port",          Number{&Config::rdma_port, 0, 65535, "PORT"},           "rdma_cm listen port, announced to peers (0 = any)"},
       {"link",   "rdma_retry_ms",      Number{&Config::rdma_retry_ms, 1, UINT32_MAX, "MS"},    "How often a link that fell back from rdma tries it again"},

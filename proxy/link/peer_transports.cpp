@@ -26,6 +26,12 @@ namespace {
 
 using Made = Result<std::shared_ptr<transport::Transport>>;
 
+transport::tcp::TcpTransportOptions tcpOptions(const Config& config) {
+  transport::tcp::TcpTransportOptions options;
+  options.zerocopy_min_bytes = config.tcp_zerocopy_bytes;
+  return options;
+}
+
 template <typename T>
 Made shared(Result<std::unique_ptr<T>> made) {
   if (!made) return std::move(made).error();
@@ -55,12 +61,13 @@ class TcpEntry final : public TransportEntry {
     const uint16_t grpc_port = grpc_host_port ? grpc_host_port->second : 0;
     std::vector<std::unique_ptr<transport::tcp::TcpDataListener>> collided;
     AcceptHooks hooks = ctx.hooks;
+    const transport::tcp::TcpTransportOptions options = tcpOptions(config);
     while (!listener_) {
       auto listener = transport::tcp::TcpDataListener::listen(
           config.data_listen, hooks.token,
-          [this, hooks](uint64_t session_id, UniqueFd fd) {
-            auto t =
-                transport::tcp::TcpTransport::create(std::move(fd), "session " + std::to_string(session_id));
+          [this, hooks, options](uint64_t session_id, UniqueFd fd) {
+            auto t = transport::tcp::TcpTransport::create(std::move(fd),
+                                                          "session " + std::to_string(session_id), options);
             if (!t) {
               log_session_.warn("tcp data channel for session {:016x}: {}", session_id, t.error().message);
               return;
@@ -92,7 +99,8 @@ class TcpEntry final : public TransportEntry {
         ctx.host, static_cast<uint16_t>(ctx.ack.tcp_data_port()), ctx.session_id, ctx.token,
         std::chrono::milliseconds(ctx.config.connect_timeout_ms), {}, ctx.stop_fd);
     if (!fd) return std::move(fd).error();
-    return shared(transport::tcp::TcpTransport::create(std::move(fd.value()), ctx.peer));
+    return shared(
+        transport::tcp::TcpTransport::create(std::move(fd.value()), ctx.peer, tcpOptions(ctx.config)));
   }
 
  private:

@@ -250,6 +250,12 @@ constexpr TransportCounterInfo kTransportCounters[] = {
      &transport::TransportCounters::reads_served},
     {"unknown_source_reads", "Peers' reads of a source this daemon did not expose (answered with an error).",
      &transport::TransportCounters::unknown_source_reads},
+    {"zerocopy_sends", "tcp: sendmsg calls that sent a frame's payload from its slot with MSG_ZEROCOPY.",
+     &transport::TransportCounters::zerocopy_sends},
+    {"zerocopy_copied",
+     "tcp: of those the kernel has notified, the calls it copied all the same (a local path: loopback, "
+     "veth).",
+     &transport::TransportCounters::zerocopy_copied},
 };
 
 uint64_t load(const Metrics::Counters& counters, Counter counter) {

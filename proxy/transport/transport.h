@@ -169,6 +169,8 @@ struct TransportCounters {
   uint64_t bytes_read = 0;             // payload bytes of those
   uint64_t reads_served = 0;           // reads of an exposed source answered (tcp, grpc, loopback)
   uint64_t unknown_source_reads = 0;   // reads of an unknown or retracted source (answered with an error)
+  uint64_t zerocopy_sends = 0;         // tcp: payload sendmsg calls with MSG_ZEROCOPY
+  uint64_t zerocopy_copied = 0;        // tcp: of those notified, the calls the kernel copied all the same
 
   TransportCounters& operator+=(const TransportCounters& o) noexcept {
     frames_sent += o.frames_sent;
@@ -183,6 +185,8 @@ struct TransportCounters {
     bytes_read += o.bytes_read;
     reads_served += o.reads_served;
     unknown_source_reads += o.unknown_source_reads;
+    zerocopy_sends += o.zerocopy_sends;
+    zerocopy_copied += o.zerocopy_copied;
     return *this;
   }
 };

@@ -467,3 +467,70 @@ TEST_CASE("faults: a peer that cannot be reached is a warning once per outage, n
   CHECK(count == 1);
   CHECK(log.find("warning [lonely] " + warning) != std::string::npos);
 }
+
+TEST_CASE(
+    "faults: a producer killed right after submitting large zero-copy frames (tcp): what arrives is whole, "
+    "nothing leaks",
+    "[integration][faults]") {
+  DaemonPair::Options opt;
+  opt.transport = "tcp";
+  opt.extra_args = {"--metrics", "127.0.0.1:0", "--tcp-zerocopy-bytes", "256K"};
+  DaemonPair pair(opt);
+  constexpr uint64_t kLen = 4 << 20;
+  Client consumer = attachConsumer(pair.b(), "zc-victim", 4, kLen);
+
+  // The producer is a forked copy of this process: it submits four 4 MiB
+  // frames (sent from its slots with MSG_ZEROCOPY), says so, and is killed
+  // while they are on their way.
+  int to_parent[2];
+  REQUIRE(::pipe(to_parent) == 0);
+  const std::string a_socket = pair.a().socketPath();
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(to_parent[0]);
+    AttachResult r = tryAttach(a_socket, FL_PRODUCER, "zc-victim", 4, kLen);
+    if (r.status != FL_OK) ::_exit(2);
+    for (uint64_t id = 0; id < 4; ++id) {
+      if (!trySubmitFrame(r.client.get(), id, kLen).empty()) ::_exit(3);
+    }
+    (void)!::write(to_parent[1], "S", 1);
+    for (;;) ::pause();
+  }
+  ::close(to_parent[1]);
+  REQUIRE(readByte(to_parent[0], Millis(15000)) == 'S');
+  REQUIRE(::kill(child, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  ::close(to_parent[0]);
+
+  // What arrives of the dead producer's frames arrives whole.
+  fl_frame f{};
+  uint64_t arrived = 0;
+  while (fl_receive(consumer.get(), &f, 3000) == FL_OK) {
+    checkSyntheticFrame(f, f.frame_id, kLen);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+    ++arrived;
+  }
+  INFO(arrived << " of the dead producer's 4 frames arrived");
+  CHECK(arrived <= 4);
+  CHECK(pair.a().metric("framelink_transport_zerocopy_sends_total") > 0);
+  // Its slots are let go once the kernel let their pages go: A holds nothing
+  // of it (no client, no frame in flight), B no frame.
+  CHECK(waitUntil([&] { return pair.a().idle(); }, Millis(15000), Millis(200)));
+  INFO("A /stats " << pair.a().httpGet("/stats"));
+  CHECK(pair.b().httpGet("/stats").find("\"frames_held_by_consumers\":0") != std::string::npos);
+  // The link serves the next producer, large frames intact.
+  Client producer = attachProducer(pair.a(), "zc-victim", 4, kLen);
+  for (uint64_t id = 10; id < 13; ++id) {
+    submitFrame(producer.get(), id, kLen);
+    fl_frame g = receiveFrame(consumer.get(), Millis(15000));
+    checkSyntheticFrame(g, id, kLen);
+    REQUIRE(fl_release(consumer.get(), g.slot) == FL_OK);
+  }
+  auto done = collectCompletions(producer.get(), 3, Millis(15000));
+  REQUIRE(done.size() == 3);
+  for (const auto& c : done) CHECK(c.status == FL_OK);
+  CHECK(pair.a().alive());
+  CHECK(pair.b().alive());
+}

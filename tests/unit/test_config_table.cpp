@@ -63,6 +63,7 @@ struct Sample {
 std::string humanBytes(uint64_t n) {
   if (n % fl::kGiB == 0) return std::to_string(n / fl::kGiB) + "GiB";
   if (n % fl::kMiB == 0) return std::to_string(n / fl::kMiB) + "MiB";
+  if (n % 1024 == 0) return std::to_string(n / 1024) + "KiB";
   return std::to_string(n);
 }
 

@@ -25,6 +25,8 @@ constexpr size_t kMaxRecordsPerWrite = (IOV_MAX - 2) / 2;
 // within kMaxWriteBytes -- a round of small frames is one sendmsg, a large frame goes alone.
 constexpr size_t kMaxFramesPerWrite = 64;
 constexpr uint64_t kMaxWriteBytes = uint64_t{256} * 1024;
+// Notified ranges held past a gap (TCP notifies in order: none, in practice).
+constexpr size_t kMaxZerocopyEarly = 64;
 
 std::string errnoText(int err) { return std::strerror(err); }
 
@@ -44,6 +46,10 @@ Result<std::unique_ptr<TcpTransport>> TcpTransport::make(UniqueFd fd, std::strin
   if (::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
     return makeError(FL_ERR_TRANSPORT,
                      std::string("TCP_NODELAY on data socket to ") + peer_name + ": " + errnoText(errno));
+  }
+  if (options.zerocopy_min_bytes > 0 &&
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_ZEROCOPY, &one, sizeof one) != 0) {
+    options.zerocopy_min_bytes = 0;  // a kernel before 4.14: every send copies, as before
   }
   UniqueFd epoll_fd(::epoll_create1(EPOLL_CLOEXEC));
   UniqueFd event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -84,12 +90,16 @@ TcpTransport::TcpTransport(UniqueFd fd, UniqueFd epoll_fd, UniqueFd event_fd, st
       event_fd_(std::move(event_fd)),
       peer_name_(std::move(peer_name)),
       options_(options),
-      book_(options.send_queue_depth) {
+      book_(options.send_queue_depth),
+      zc_on_(options.zerocopy_min_bytes > 0) {
   // The largest write unit's iovecs and frames: startWrite() then never allocates for them.
   tx_iov_.reserve(IOV_MAX);
   tx_pulls_.reserve(kMaxRecordsPerWrite);
   tx_frame_headers_.reserve(kMaxFramesPerWrite);
   tx_cookies_.reserve(kMaxFramesPerWrite);
+  // A write's frames and those waiting for the kernel's pages (startWrite bounds them by the queue).
+  fail_cookies_.reserve(kMaxFramesPerWrite + options.send_queue_depth);
+  zc_early_.reserve(kMaxZerocopyEarly);
 }
 
 TcpTransport::~TcpTransport() { shutdown(); }
@@ -103,9 +113,12 @@ void TcpTransport::failLink(int status, const std::string& message) noexcept {
   // Nothing is being written now (every write happens on this thread), so
   // the frames of the write in progress complete here with the queued ones,
   // and their payloads are never read again.
-  const std::span<const uint64_t> writing =
-      tx_active_ ? std::span<const uint64_t>(tx_cookies_) : std::span<const uint64_t>();
-  if (!book_.fail(status, message, writing)) return;
+  // So do the frames whose pages the kernel still holds (the connection is
+  // reset first: it drops them).
+  fail_cookies_.clear();
+  if (tx_active_) fail_cookies_.assign(tx_cookies_.begin(), tx_cookies_.end());
+  abortZerocopy(fail_cookies_);
+  if (!book_.fail(status, message, fail_cookies_)) return;
   warnLinkFailed(status, message);
   tx_active_ = false;
   clearFrames();
@@ -276,25 +289,32 @@ bool TcpTransport::startWrite() noexcept {
     }
   }
   clearFrames();
+  tx_zc_iov_ = kNoZerocopy;
+  tx_zc_used_ = false;
   // Control first: frames join the write only once no record and no read waits.  Then as many
   // frames as the write holds: the first whatever its size, the others while the write stays
-  // within kMaxWriteBytes (small frames go together, a large one goes alone as before).
+  // within kMaxWriteBytes (small frames go together, a large one goes alone as before).  A
+  // zero-copy frame goes alone, while no more than a queue's worth wait for their pages.
   if (control.empty() && pull_queue_.empty()) {
     uint64_t bytes = 0;
     while (!ring.empty() && tx_cookies_.size() < kMaxFramesPerWrite && tx_iov_.size() + 2 <= IOV_MAX) {
       const SendRequest& r = ring.front();
       const uint64_t size = sizeof(TcpFrameHeader) + r.header.length;
-      if (!tx_cookies_.empty() && bytes + size > kMaxWriteBytes) break;
+      const bool zero_copy = zc_on_ && r.header.length >= options_.zerocopy_min_bytes &&
+                             zc_waiting_.size() < options_.send_queue_depth;
+      if (!tx_cookies_.empty() && (zero_copy || bytes + size > kMaxWriteBytes)) break;
       bytes += size;
       tx_frame_headers_.push_back(toWire(r.header));  // reserved: does not move
       tx_iov_.push_back({&tx_frame_headers_.back(), sizeof(TcpFrameHeader)});
       // sendmsg does not write through iov_base; the cast only satisfies its type.
       if (r.header.length > 0) {
+        if (zero_copy) tx_zc_iov_ = tx_iov_.size();
         tx_iov_.push_back({const_cast<uint8_t*>(r.payload),  // NOLINT
                            static_cast<size_t>(r.header.length)});
       }
       tx_cookies_.push_back(r.cookie);
       ring.pop();
+      if (zero_copy) break;
     }
   }
   tx_next_ = 0;
@@ -309,9 +329,7 @@ void TcpTransport::finishWrite() noexcept {
     if (w.header.magic == kTcpReadResponseMagic) --responses_queued_;
   }
   tx_pulls_.clear();  // a response's source may go now
-  for (size_t i = 0; i < tx_cookies_.size(); ++i) {
-    book_.sendDone(tx_cookies_[i], FL_OK, tx_frame_headers_[i].length);
-  }
+  completeWritten();
   socket_counters_.frames_written += tx_cookies_.size();
   clearFrames();
 }
@@ -327,7 +345,28 @@ void TcpTransport::drainSends() noexcept {
     msghdr msg{};
     msg.msg_iov = tx_iov_.data() + tx_next_;
     msg.msg_iovlen = tx_iov_.size() - tx_next_;
-    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    int flags = MSG_DONTWAIT | MSG_NOSIGNAL;
+    bool zero_copy = false;
+    if (tx_zc_iov_ != kNoZerocopy) {
+      if (tx_next_ < tx_zc_iov_) {
+        // What goes before a zero-copy payload goes with copies, in a call of its own.
+        msg.msg_iovlen = tx_zc_iov_ - tx_next_;
+        flags |= MSG_MORE;
+      } else {
+        zero_copy = zc_on_;
+      }
+    }
+    const size_t end = tx_next_ + msg.msg_iovlen;
+    ssize_t n = ::sendmsg(fd_.get(), &msg, flags | (zero_copy ? MSG_ZEROCOPY : 0));
+    if (n < 0 && zero_copy && errno == ENOBUFS) {
+      zero_copy = false;  // past optmem_max of pinned pages: this call copies
+      n = ::sendmsg(fd_.get(), &msg, flags);
+    }
+    if (n > 0 && zero_copy) {
+      tx_zc_last_ = zc_next_id_++;  // the kernel's id of this call
+      tx_zc_used_ = true;
+      ++zc_calls_;
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -340,11 +379,11 @@ void TcpTransport::drainSends() noexcept {
     }
     ++socket_counters_.writes;
     auto left = static_cast<size_t>(n);
-    while (tx_next_ < tx_iov_.size() && left >= tx_iov_[tx_next_].iov_len) {
+    while (tx_next_ < end && left >= tx_iov_[tx_next_].iov_len) {
       left -= tx_iov_[tx_next_].iov_len;
       ++tx_next_;
     }
-    if (tx_next_ < tx_iov_.size()) {
+    if (tx_next_ < end) {
       // The socket is full: the rest waits for EPOLLOUT (or the next poll).
       tx_iov_[tx_next_].iov_base = static_cast<uint8_t*>(tx_iov_[tx_next_].iov_base) + left;
       tx_iov_[tx_next_].iov_len -= left;
@@ -352,7 +391,7 @@ void TcpTransport::drainSends() noexcept {
       watchWritable(true);
       return;
     }
-    finishWrite();
+    if (tx_next_ == tx_iov_.size()) finishWrite();  // else: a zero-copy payload's call is next
   }
   watchWritable(false);
 }
@@ -370,6 +409,7 @@ void TcpTransport::watchWritable(bool on) noexcept {
 size_t TcpTransport::poll(TransportEvent* out, size_t max) noexcept {
   // A write the socket did not take whole goes on, and frames posted without a flush() go.
   if (!book_.failed()) drainSends();
+  if (!book_.failed() && (zc_done_ != zc_next_id_ || !zc_waiting_.empty())) takeZerocopyNotes();
   if (!book_.failed()) receive(max);
   // Answers to the reads just received go out now.
   if (!book_.failed() && !tx_active_ && !pull_queue_.empty()) drainSends();

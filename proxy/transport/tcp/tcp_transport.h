@@ -33,6 +33,16 @@
 //     and this side's poll() lands the response straight in the read's
 //     buffer.  Requests and responses join a write unit after its control
 //     records and before its frame.
+//   * Zero-copy send (zerocopy_min_bytes; tcp_zerocopy.cpp): a frame at least
+//     that large goes alone in its write unit, its header and the records
+//     before it as usual, its payload with MSG_ZEROCOPY: the kernel sends
+//     from the caller's pages, and the frame's SendComplete waits for the
+//     kernel's notification that it let them go (on the socket's error
+//     queue), as an rdma write's waits for its completion.  A link whose
+//     first notifications all say the kernel copied anyway (loopback, veth:
+//     a packet delivered to a local socket is copied) sends with copies from
+//     then on.  A link that fails with such pages out resets the connection,
+//     so the kernel drops them before their frames complete.
 //   * eventFd() is an epoll descriptor over the socket (readable; writable
 //     while a write waits) and an eventfd that is set while events wait
 //     (or staged bytes that the next poll() turns into events).
@@ -48,6 +58,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -74,6 +85,9 @@ struct TcpTransportOptions {
   // (several small frames at once); a payload with more than this left is
   // read straight into its buffer.  0: no staging (a call per frame).
   size_t stage_bytes = size_t{32} << 10;
+  // A frame payload of at least this many bytes is sent with MSG_ZEROCOPY
+  // (see above).  0: never.
+  uint64_t zerocopy_min_bytes = 0;
 };
 
 class TcpTransport final : public Transport {
@@ -106,7 +120,7 @@ class TcpTransport final : public Transport {
   int eventFd() const noexcept override { return epoll_fd_.get(); }
   void shutdown() noexcept override;
 
-  TransportCounters counters() const noexcept override { return book_.counters(); }
+  TransportCounters counters() const noexcept override;
 
   // What only a byte stream on the calling thread counts (calling thread
   // only; for benchmarks and tests).
@@ -118,7 +132,11 @@ class TcpTransport final : public Transport {
     uint64_t read_budget_hits = 0;  // poll() calls that returned with the budget spent
     uint64_t reads = 0;             // recvmsg() calls that read something
     uint64_t staged_reads = 0;      // of those, into the staging buffer
+    uint64_t zerocopy_notes = 0;    // notifications taken off the error queue
   };
+  // Whether frames from zerocopy_min_bytes up still go with MSG_ZEROCOPY
+  // (false: never asked, the kernel refused SO_ZEROCOPY, or it only copied).
+  bool zerocopyOn() const noexcept { return zc_on_; }
   const SocketCounters& socketCounters() const noexcept { return socket_counters_; }
 
  private:
@@ -179,6 +197,19 @@ class TcpTransport final : public Transport {
   // The body is complete: reports it.
   void endBody() noexcept;
 
+  // ---- zero-copy send (tcp_zerocopy.cpp) ----
+  // Takes the kernel's notifications off the error queue and completes the
+  // frames whose pages it let go.
+  void takeZerocopyNotes() noexcept;
+  void noteZerocopy(uint32_t first, uint32_t last, bool copied) noexcept;
+  // Whether every zero-copy call up to `id` was notified.
+  bool zerocopyDone(uint32_t id) const noexcept { return static_cast<int32_t>(zc_done_ - id) > 0; }
+  // The frames of the write just finished: complete now, or when the kernel let their pages go.
+  void completeWritten() noexcept;
+  // failLink: with pages still the kernel's, the connection is reset (its
+  // queue dropped); the cookies of the frames waiting for them.
+  void abortZerocopy(std::vector<uint64_t>& waiting) noexcept;
+
   void failLink(int status, const std::string& message) noexcept;
   // eventfd set exactly while events wait (the epoll fd then is readable).
   void syncSignal() noexcept;
@@ -211,6 +242,29 @@ class TcpTransport final : public Transport {
   std::vector<PullWrite> tx_pulls_;   // in the write in progress
   std::vector<iovec> tx_iov_;
   size_t tx_next_ = 0;  // first iovec not yet written whole
+
+  // Zero-copy send.  The kernel numbers each sendmsg() with MSG_ZEROCOPY that
+  // sent something, from 0 (ids wrap: compared by difference).
+  static constexpr size_t kNoZerocopy = SIZE_MAX;
+  // The first notifications of a link: all copied, and it stops.
+  static constexpr uint64_t kZerocopyProbeCalls = 64;
+  struct ZerocopyFrame {
+    uint32_t last_id = 0;  // its payload's last zero-copy call
+    uint64_t cookie = 0;
+    uint64_t length = 0;
+  };
+  bool zc_on_ = false;
+  size_t tx_zc_iov_ = kNoZerocopy;  // the write's payload iovec that goes with MSG_ZEROCOPY
+  bool tx_zc_used_ = false;         // a call of the write in progress went zero-copy
+  uint32_t tx_zc_last_ = 0;         // ... the last of them
+  uint32_t zc_next_id_ = 0;         // the id of the next zero-copy call
+  uint32_t zc_done_ = 0;            // every call before it was notified
+  std::vector<std::pair<uint32_t, uint32_t>> zc_early_;  // notified ranges past a gap
+  std::deque<ZerocopyFrame> zc_waiting_;                 // written whole, pages still the kernel's
+  std::vector<uint64_t> fail_cookies_;                   // failLink's, reserved: it allocates nothing
+  uint64_t zc_calls_ = 0;                                // zero-copy calls made
+  uint64_t zc_copied_ = 0;                               // of those notified, the calls the kernel copied
+  uint64_t zc_notified_ = 0;                             // calls notified
 
   // Receive state: a header (rx_header_got_ bytes of it so far), then a body
   // of rx_body_length_ bytes.
