@@ -42,6 +42,8 @@ packages=(
   # `framelink-bench run` and tests/softroce/bench.sh: UCX's ucx_perftest (tag_bw / tag_lat), the UCX
   # baseline beside framelink (UCX_TLS=tcp on loopback; rc_verbs on the Soft-RoCE devices)
   ucx-utils
+  # `framelink-bench run`: sockperf's ping-pong, the raw-TCP one-way latency beside framelink's
+  sockperf
   # tests, the style check in CI and the libFuzzer targets (scripts/fuzz.sh, whose clang
   # build also runs the thread-safety analysis)
   catch2 clang-format clang-14 libclang-rt-14-dev

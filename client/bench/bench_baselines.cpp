@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,10 +88,19 @@ void noDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// User + system CPU time of the calling thread (`who` RUSAGE_THREAD) or process, in microseconds.
+double cpuUs(int who) {
+  rusage ru{};
+  getrusage(who, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 struct TcpShared {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> messages{0};
   std::atomic<uint64_t> end_ns{0};
+  std::atomic<double> recv_cpu_us{0};
   std::atomic<bool> failed{false};
 };
 
@@ -109,6 +119,7 @@ ThroughputResult plainTcpThroughput(uint64_t size, double seconds) {
     uint64_t n = 0;
     while (recvAll(fd, buf.data(), buf.size())) ++n;
     sh->end_ns.store(monotonicNs());
+    sh->recv_cpu_us.store(cpuUs(RUSAGE_SELF));  // a forked child counts from zero
     sh->messages.store(n);
     sh->bytes.store(n * size);
     ::close(fd);
@@ -122,6 +133,7 @@ ThroughputResult plainTcpThroughput(uint64_t size, double seconds) {
   }
   std::vector<char> buf(size, 'x');
   const uint64_t t0 = monotonicNs();
+  const double cpu0 = cpuUs(RUSAGE_THREAD);
   const uint64_t deadline = t0 + static_cast<uint64_t>(seconds * 1e9);
   while (monotonicNs() < deadline && !g_interrupted.load()) {
     if (!sendAll(fd, buf.data(), buf.size())) {
@@ -129,6 +141,7 @@ ThroughputResult plainTcpThroughput(uint64_t size, double seconds) {
       break;
     }
   }
+  const double send_cpu_us = cpuUs(RUSAGE_THREAD) - cpu0;
   ::shutdown(fd, SHUT_WR);
   const int rc = waitChild(child, 30000);
   ::close(fd);
@@ -140,6 +153,10 @@ ThroughputResult plainTcpThroughput(uint64_t size, double seconds) {
   res.bytes = sh->bytes.load();
   res.messages = sh->messages.load();
   res.seconds = (sh->end_ns.load() - t0) / 1e9;
+  if (res.messages > 0) {
+    res.send_cpu_us_per_msg = send_cpu_us / static_cast<double>(res.messages);
+    res.recv_cpu_us_per_msg = sh->recv_cpu_us.load() / static_cast<double>(res.messages);
+  }
   return res;
 }
 

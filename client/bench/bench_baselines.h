@@ -20,6 +20,10 @@ struct ThroughputResult {
   uint64_t messages = 0;
   double seconds = 0;
   std::string error;
+  // Plain TCP: the CPU time (user + system) of the sending and the receiving process per message,
+  // the kernel's price of a message of this size on this machine; -1 when not measured.
+  double send_cpu_us_per_msg = -1;
+  double recv_cpu_us_per_msg = -1;
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   double fps() const { return seconds > 0 ? messages / seconds : 0; }
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "bench_sockperf.h"
 #include "bench_ucx.h"
 #include "cli_util.h"
 
@@ -90,6 +91,13 @@ std::string ucxLatencyCell(const LatencyResult& u) {
   return u.samples > 0            ? fmt("tag_lat p50 %.1f us", u.p50_us) + fmt(" / p99 %.1f us", u.p99_us)
          : u.error == kUcxMissing ? kUcxMissing
                                   : "failed";
+}
+
+// sockperf's one-way latency, or why there is none.
+std::string sockperfCell(const LatencyResult& s) {
+  return s.samples > 0 ? fmt("sockperf p50 %.1f us", s.p50_us) + fmt(" / p99 %.1f us", s.p99_us)
+         : s.error == kSockperfMissing ? kSockperfMissing
+                                       : "sockperf failed";
 }
 
 // The machine, the path a frame takes, and the column headers.
@@ -205,15 +213,18 @@ void printBaselineRows(const BenchOptions& o, const BenchPlan& plan, const Bench
       row.baseline = "TCP (RTT/2, " + std::to_string(res.tcp_lat.samples) + " samples) " +
                      fmt("p50 %.1f us", res.tcp_lat.p50_us) + fmt(" / p99 %.1f us", res.tcp_lat.p99_us);
     }
+    if (res.sockperf_done) row.baseline += "; " + sockperfCell(res.sockperf_lat);
     if (res.ucx_lat_done) row.ucx = ucxLatencyCell(res.ucx_lat);
     printRow(row);
   }
 }
 
-// A latency case next to plain TCP's one-way time (and UCX's for tcp).
+// A latency case next to sockperf's one-way time (and plain TCP's ping-pong, and UCX's for tcp);
+// the ratio is to sockperf's when there is one.
 Row latencyRow(const BenchOptions& o, const BenchResults& res, const std::string& t, const CaseResult& r) {
   const LatencyResult& tcp = res.tcp_lat;
   const LatencyResult& ucx = res.ucx_lat;
+  const LatencyResult& sp = res.sockperf_lat;
   Row row;
   row.what = t + " latency 4 KiB submit->receive (" + std::to_string(r.samples) + " samples)";
   row.ours = r.samples > 0 ? fmt("p50 %.1f us", r.p50_us) + fmt(" / p99 %.1f us", r.p99_us) : "failed";
@@ -221,9 +232,12 @@ Row latencyRow(const BenchOptions& o, const BenchResults& res, const std::string
     row.baseline = tcp.samples > 0
                        ? fmt("TCP one-way p50 %.1f us", tcp.p50_us) + fmt(" / p99 %.1f us", tcp.p99_us)
                        : "n/a";
+    if (res.sockperf_done) row.baseline = sockperfCell(sp) + "; " + row.baseline;
   }
-  if (r.samples > 0 && tcp.samples > 0 && tcp.p50_us > 0) {
-    row.ratio = fmt("%.1f", r.p50_us / tcp.p50_us) + " (p50)";
+  if (r.samples > 0 && sp.samples > 0 && sp.p50_us > 0) {
+    row.ratio = fmt("%.1f", r.p50_us / sp.p50_us) + " (p50, sockperf)";
+  } else if (r.samples > 0 && tcp.samples > 0 && tcp.p50_us > 0) {
+    row.ratio = fmt("%.1f", r.p50_us / tcp.p50_us) + " (p50, TCP)";
   }
   if (t == "tcp" && res.ucx_lat_done) {
     row.ucx = ucxLatencyCell(ucx);
@@ -389,6 +403,7 @@ void printBenchTable(const BenchOptions& o, const BenchPlan& plan, const BenchRe
   printSubscriberTable(o, res);
   printTwoHostsTable(o, res);
   printNotes(o, plan, res);
+  printTargetsTable(o, plan, res);
   std::fflush(stdout);
 }
 

@@ -78,6 +78,8 @@ struct BenchResults {
   LatencyResult tcp_lat;
   LatencyResult ucx_lat;
   bool ucx_lat_done = false;
+  LatencyResult sockperf_lat;  // sockperf ping-pong, the raw-TCP one-way latency
+  bool sockperf_done = false;
   std::vector<std::string> errors;
 };
 
@@ -86,6 +88,10 @@ std::string fmt(const char* f, double v);
 
 // The table on stdout: the machine, one row per case next to its baselines, what the columns mean.
 void printBenchTable(const BenchOptions& o, const BenchPlan& plan, const BenchResults& res);
+
+// The targets of small frames at wire speed (bench_targets.cpp): each with its figure when the work
+// began and this run's, from the cases above.  Nothing without daemons or baselines.
+void printTargetsTable(const BenchOptions& o, const BenchPlan& plan, const BenchResults& res);
 
 }  // namespace framelink::cli
 

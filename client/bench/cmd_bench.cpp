@@ -18,6 +18,7 @@
 #include "bench_case.h"
 #include "bench_commands.h"
 #include "bench_report.h"
+#include "bench_sockperf.h"
 #include "bench_ucx.h"
 #include "child_process.h"
 #include "cli_util.h"
@@ -135,6 +136,7 @@ class BenchRunner {
     }
     if (!g_interrupted.load() && o_.latency_samples > 0) {
       runPingPong();
+      runSockperf();
       runUcxLatency();
     }
   }
@@ -258,6 +260,7 @@ class BenchRunner {
     if (!r.error.empty()) caseFailed(t + " latency: " + r.error);
     res_.lat.emplace_back(t, r);
     if (!g_interrupted.load() && res_.tcp_lat.samples == 0) runPingPong();
+    if (!g_interrupted.load() && t == "tcp") runSockperf();
     if (!g_interrupted.load() && t == "tcp") runUcxLatency();
   }
 
@@ -299,6 +302,17 @@ class BenchRunner {
     if (!res_.tcp_lat.error.empty()) res_.errors.push_back("plain TCP ping-pong: " + res_.tcp_lat.error);
   }
 
+  // sockperf ping-pong over TCP, once per run: the raw-TCP latency a user would measure.
+  void runSockperf() {
+    if (o_.no_baselines || res_.sockperf_done) return;
+    res_.sockperf_done = true;
+    status("  %s ...\n", std::string("sockperf ping-pong --tcp 4 KiB"));
+    res_.sockperf_lat = sockperfOneWay(4096, std::max(2.0, o_.seconds));
+    if (!res_.sockperf_lat.error.empty() && res_.sockperf_lat.error != kSockperfMissing) {
+      res_.errors.push_back("sockperf: " + res_.sockperf_lat.error);
+    }
+  }
+
   // UCX tag_lat over tcp, once per run: the UCX latency cell.
   void runUcxLatency() {
     if (o_.no_baselines || res_.ucx_lat_done) return;
@@ -332,6 +346,9 @@ int runBench(const BenchOptions& o) {
   const bool have_ucx = !ucxPerftestPath().empty();
   if (!o.no_baselines && !have_ucx) {
     std::fprintf(stderr, "framelink-bench run: UCX column: %s\n", kUcxMissing);
+  }
+  if (!o.no_baselines && sockperfPath().empty()) {
+    std::fprintf(stderr, "framelink-bench run: latency baseline: %s\n", kSockperfMissing);
   }
   BenchResults res(plan.sizes.size());
   BenchRunner runner(o, plan, daemons, have_ucx, res);

@@ -111,6 +111,7 @@ void DataAgent::shutdown() {
                        __ATOMIC_RELEASE);
     }
   }
+  clients_.wakeReaders();
   for (auto& [id, l] : links_) {
     v1::PeerMessage fin;
     fin.mutable_fin()->set_code(v1::ERROR_CODE_SHUTDOWN);

@@ -65,11 +65,29 @@ class ClientTable {
   void detach(ClientSession& c, int status, const std::string& why);
   // Pushes a completion; a client whose completion ring is full or corrupt
   // is detached.
+  // The client hears of it at wakeReaders(), once for every completion
+  // pushed to it before.
   void complete(ClientSession& c, uint32_t slot, int status, uint64_t sequence, uint64_t length,
                 uint64_t frame_id, uint32_t readers = 0, uint32_t released = 0) {
+    const bool first = !c.completions_unannounced;
     if (!c.complete(slot, status, sequence, length, frame_id, readers, released)) {
       detach(c, FL_ERR_RING_CORRUPT, "its completion ring is full or corrupt");
+      return;
     }
+    if (!first || !c.completions_unannounced) return;
+    auto it = clients_.find(c.id);
+    if (it != clients_.end() && it->second.session.get() == &c) {
+      unannounced_.push_back(it->second.session);
+    } else {
+      c.wakeIfAsleep();  // not (or no longer) in the table: at once
+    }
+  }
+  // Rings the completion doorbell of every client that got completions since
+  // the last call and sleeps on them: the agent calls it at the end of each
+  // round, before it may sleep, and before it stops.
+  void wakeReaders() {
+    for (const auto& s : unannounced_) s->wakeIfAsleep();
+    unannounced_.clear();
   }
 
   // Detach lines, at most as many per second as the attach server logs
@@ -85,6 +103,9 @@ class ClientTable {
   // added or forgotten (map nodes stay put until then), so that a round
   // costs a pointer per client, not a lookup.
   std::vector<AgentClient*> polled_;
+  // Sessions with completions not yet announced (wakeReaders); shared so
+  // that one forgotten meanwhile is still safe to look at.
+  std::vector<std::shared_ptr<ClientSession>> unannounced_;
   bool polled_stale_ = false;
   bool producers_paused_ = false;
 };

@@ -125,6 +125,7 @@ void DataAgent::run() {
     if (work != 0) stats_changed_ = true;
     work += doWork();
     checkDrain(clock_.nowNs());
+    clients_.wakeReaders();
     if (!running_) break;
     // After a sleep that brought no work, sleep again at once: only work
     // re-arms the spin phase.
@@ -195,6 +196,7 @@ bool DataAgent::runUntilIdle(size_t max_rounds) {
   for (size_t i = 0; i < max_rounds; ++i) {
     size_t work = drainCommands();
     work += doWork();
+    clients_.wakeReaders();
     if (work == 0 && nextBusyTurnNs() == 0) return true;
   }
   return false;

@@ -76,8 +76,14 @@ bool ClientSession::complete(uint32_t slot, int32_t status, uint64_t sequence, u
   desc.released = released;
   fl_ring_header* ring = segments->completionRing();
   if (fl_ring_push(ring, ring_capacity, sizeof(fl_completion_desc), &desc) != FL_RING_OK) return false;
-  if (fl_ring_reader_needs_wake(ring)) ringDoorbell(completion_doorbell.get());
+  completions_unannounced = true;
   return true;
+}
+
+void ClientSession::wakeIfAsleep() noexcept {
+  if (!completions_unannounced) return;
+  completions_unannounced = false;
+  if (!gone && fl_ring_reader_needs_wake(segments->completionRing())) ringDoorbell(completion_doorbell.get());
 }
 
 }  // namespace framelink

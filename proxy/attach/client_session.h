@@ -143,11 +143,19 @@ struct ClientSession {
   uint64_t dropped = 0;
   uint32_t gap = 0;  // subscriber: frames skipped since the last one it was given
 
-  // Push one completion and ring the doorbell when the client sleeps.  Returns
-  // false when the ring is full or corrupt (the client misbehaves).
-  // A producer's says how many readers the frame reached and released it.
+  // Completions pushed since the doorbell was last looked at (wakeIfAsleep).
+  bool completions_unannounced = false;
+
+  // Push one completion; the doorbell is wakeIfAsleep's, once for all the
+  // completions of a round.  Returns false when the ring is full or corrupt
+  // (the client misbehaves).  A producer's says how many readers the frame
+  // reached and released it.
   bool complete(uint32_t slot, int32_t status, uint64_t sequence, uint64_t length, uint64_t frame_id,
                 uint32_t readers = 0, uint32_t released = 0) noexcept;
+  // After one or more complete(): rings the completion doorbell when the
+  // client sleeps on it.  One write for a round's completions, where a write
+  // per completion woke a client waiting for one slot again for every frame.
+  void wakeIfAsleep() noexcept;
 };
 
 }  // namespace framelink

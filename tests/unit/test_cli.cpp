@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_sockperf.h"
 #include "bench_ucx.h"
 #include "cli_util.h"
 #include "frame_pattern.h"
@@ -152,6 +153,33 @@ TEST_CASE("bench: ucx_perftest's progress and final lines (ucx-utils 1.13), noth
     CAPTURE(other);
     CHECK_FALSE(cli::parseUcxReport(other, r));
   }
+}
+
+TEST_CASE("bench: sockperf's percentile lines (sockperf 3.7), nothing else") {
+  double pct = 0, us = 0;
+  REQUIRE(cli::parseSockperfPercentile("sockperf: ---> percentile 50.000 =   40.745", pct, us));
+  CHECK(pct == 50);
+  CHECK(us == Approx(40.745));
+  REQUIRE(cli::parseSockperfPercentile("sockperf: ---> percentile 99.000 =   68.863", pct, us));
+  CHECK(pct == 99);
+  CHECK(us == Approx(68.863));
+  for (const char* other :
+       {"sockperf: ---> <MAX> observation = 1486.584", "sockperf: ---> <MIN> observation =    8.250",
+        "sockperf: Summary: Latency is 43.456 usec", "sockperf: ---> percentile (truncated)",
+        "sockperf: \x1b[2;35m====> avg-latency=43.456 (std-dev=20.119)\x1b[0m", ""}) {
+    CAPTURE(other);
+    CHECK_FALSE(cli::parseSockperfPercentile(other, pct, us));
+  }
+}
+
+TEST_CASE("bench: sockperf against its own server on 127.0.0.1 gives a one-way latency") {
+  if (cli::sockperfPath().empty()) FAIL(cli::kSockperfMissing);
+  const cli::LatencyResult r = cli::sockperfOneWay(4096, 1);
+  INFO(r.error);
+  REQUIRE(r.error.empty());
+  CHECK(r.samples > 100);
+  CHECK(r.p50_us > 0);
+  CHECK(r.p99_us >= r.p50_us);
 }
 
 TEST_CASE("recv: a frame id is known again until 4096 others came after it") {

@@ -127,6 +127,47 @@ TEST_CASE_METHOD(TableFixture, "client table: a full completion ring detaches it
   CHECK(c.session->gone);
 }
 
+namespace {
+
+// Bytes waiting in a completion doorbell (a pipe): 8 for each time the daemon rang it.
+int bellBytes(const TestClient& c) {
+  char buf[256];
+  const ssize_t n = ::read(c.completion_bell.get(), buf, sizeof buf);
+  return n < 0 ? 0 : static_cast<int>(n);
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(TableFixture,
+                 "client table: a round's completions ring a sleeping client's doorbell once, at wakeReaders",
+                 "[client_table]") {
+  TestClient asleep = makeClient(1, FL_ROLE_PRODUCER, "cam", 8, 4096);
+  TestClient awake = makeClient(2, FL_ROLE_CONSUMER, "cam", 8, 4096);
+  TestClient leaving = makeClient(3, FL_ROLE_PRODUCER, "cam2", 8, 4096);
+  table.add(asleep.session);
+  table.add(awake.session);
+  table.add(leaving.session);
+  REQUIRE(fl_ring_prepare_sleep(asleep.completion()) == 1);
+  REQUIRE(fl_ring_prepare_sleep(leaving.completion()) == 1);
+  for (uint32_t i = 0; i < 5; ++i) {
+    table.complete(*asleep.session, i, FL_OK, i + 1, 10, 0);
+    table.complete(*awake.session, i, FL_OK, i + 1, 10, 0);
+  }
+  table.complete(*leaving.session, 0, FL_OK, 1, 10, 0);
+  table.erase(3);  // forgotten before the round ended: still told, nothing dangles
+  CHECK(bellBytes(asleep) == 0);  // nothing rung before the round's end
+  table.wakeReaders();
+  CHECK(bellBytes(asleep) == 8);  // once for five completions (was five times)
+  CHECK(bellBytes(awake) == 0);   // a client that does not sleep is not rung
+  CHECK(bellBytes(leaving) == 8);
+  CHECK(fl_ring_readable(asleep.completion()) == 5);
+  table.wakeReaders();  // nothing new: nothing rung
+  CHECK(bellBytes(asleep) == 0);
+  table.complete(*asleep.session, 5, FL_OK, 6, 10, 0);
+  table.wakeReaders();
+  CHECK(bellBytes(asleep) == 8);
+}
+
 TEST_CASE_METHOD(TableFixture,
                  "client table: sleep is announced on every ring, and refused when one has work",
                  "[client_table]") {
