@@ -27,6 +27,7 @@ void TcpTransport::receive(size_t max_events) noexcept {
   while (!book_.failed() && book_.events().size() < max_events) {
     if (stage_pos_ < stage_len_) {
       consumeStaged(max_events);
+      if (stage_pos_ == stage_len_ && stage_short_) return;
       continue;
     }
     if (budget == 0) {
@@ -55,9 +56,11 @@ bool TcpTransport::readStaged(size_t budget, size_t& got) noexcept {
       return false;
     }
   }
-  const ssize_t n = ::recv(fd_.get(), stage_.data(), std::min(stage_.size(), budget), MSG_DONTWAIT);
+  const size_t want = std::min(stage_.size(), budget);
+  const ssize_t n = ::recv(fd_.get(), stage_.data(), want, MSG_DONTWAIT);
   if (n < 0) return readFailed();
   if (n == 0) return peerClosed();
+  stage_short_ = static_cast<size_t>(n) < want;
   ++socket_counters_.reads;
   ++socket_counters_.staged_reads;
   stage_pos_ = 0;

@@ -283,6 +283,11 @@ class TcpTransport final : public Transport {
   std::vector<uint8_t> stage_;
   size_t stage_pos_ = 0;
   size_t stage_len_ = 0;
+  // The last staged read got less than it asked for: the socket was empty
+  // then, and receive() stops once those bytes are consumed rather than
+  // spend a call on EAGAIN (the socket's EPOLLIN is level-triggered: what
+  // came meanwhile wakes the caller, or its next poll() reads it).
+  bool stage_short_ = false;
 };
 
 }  // namespace framelink::transport::tcp
