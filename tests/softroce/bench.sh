@@ -163,6 +163,7 @@ extra_rows=()
 declare -A ib_write_gbs
 declare -A fl_push_gbs # framelink's GB/s (push) per size, for the stream-level pull rows
 declare -A fl_push_cpu # and its daemons' CPU per frame, A / B
+declare -A fl_push_fps # and its frames/s
 unmeasured=0
 IFS=, read -r -a size_list <<<"$sizes"
 pairs_bytes=$(bytes_of "$pairs_size")
@@ -190,6 +191,7 @@ for sz in "${size_list[@]}"; do
       fl="$fl_gbs GB/s"
       grep -q UNVERIFIED <<<"$row" && fl="$fl UNVERIFIED"
       fl_fps=$(cell "$row" 3)
+      fl_push_fps[$sz]=$fl_fps
       fl_cpu=$(cell "$row" 9)
       fl_push_cpu[$sz]=$fl_cpu
     else
@@ -417,6 +419,10 @@ fi
   printf '%s\n' "${rows[@]}"
   ((${#extra_rows[@]})) && printf '%s\n' "${extra_rows[@]}"
   echo
+  if [[ -n "${fl_push_fps[4K]:-}" && -n "${ib_write_gbs[4K]:-}" ]]; then
+    ib_fps=$(awk -v g="${ib_write_gbs[4K]}" 'BEGIN{printf "%.0f", g * 1e9 / 4096}')
+    echo "target of small frames: rdma 4 KiB frames/s / ib_write_bw 4 KiB messages/s = ${fl_push_fps[4K]} / $ib_fps = $(ratio_of "${fl_push_fps[4K]}" "$ib_fps") (target >= 0.8; not measured when it was set)"
+  fi
   echo "framelink: framelink-bench run --transports rdma --host-a $a_ip --host-b $b_ip --no-baselines --sizes SIZE --seconds $seconds"
   echo "  (--pairs $pairs at $pairs_size: ratio = aggregate / one pair, then slowest / fastest pair; --latency-samples $lat_samples)"
   echo "ib_write_bw: server ib_write_bw -d $b_dev -x $gid -F --report_gbits -s SIZE -n ITERS; client the same with -d $a_dev ... $b_ip"

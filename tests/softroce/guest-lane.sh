@@ -9,7 +9,7 @@
 # Environment: FRAMELINK_BUILD_DIR (the build tree), LANE_STEPS (comma list), LANE_E2E_CASES (e2e.sh
 # --cases; empty: all), LANE_TIMEOUT (the guest command's limit: the bench gets what is left), LANE_BENCH_BASELINE
 # (a build tree the bench compares with; empty: none), LANE_BENCH_ROUNDS (runs of each), LANE_BENCH_SECONDS
-# (seconds of each framelink case, default 5), LANE_BENCH_SIZES (default 64K,1M,4M), SOFTROCE_*
+# (seconds of each framelink case, default 5), LANE_BENCH_SIZES (default 4K,64K,1M,4M), SOFTROCE_*
 # from the VM.
 # Exit status: number of failed steps among ctest, hugepage, e2e.
 set -uo pipefail
@@ -99,8 +99,8 @@ for s in "${want[@]}"; do
         ${LANE_E2E_CASES:+--cases "$LANE_E2E_CASES"}
       ;;
     bench)
-      # Under TCG: throughput at the sizes of the rdma targets only (4 KiB frames are the latency
-      # case), a short latency run.
+      # Under TCG: throughput at the sizes of the rdma targets only (4 KiB against ib_write_bw is
+      # the small-frame target), a short latency run.
       baseline=()
       limit=320
       [[ -n "${LANE_BENCH_BASELINE:-}" ]] && baseline=(--baseline-build "$LANE_BENCH_BASELINE" --rounds "${LANE_BENCH_ROUNDS:-2}") &&
@@ -113,7 +113,7 @@ for s in "${want[@]}"; do
       fi
       ((limit > left)) && limit=$left
       step bench 0 "$limit" bash "$here/bench.sh" --build "$build" --a-dev "$a_dev" --a-ip "$FRAMELINK_RDMA_A_IP" \
-        --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds "${LANE_BENCH_SECONDS:-5}" --sizes "${LANE_BENCH_SIZES:-64K,1M,4M}" --latency-samples 200 \
+        --b-dev "$b_dev" --b-ip "$FRAMELINK_RDMA_B_IP" --seconds "${LANE_BENCH_SECONDS:-5}" --sizes "${LANE_BENCH_SIZES:-4K,64K,1M,4M}" --latency-samples 200 \
         --out "$out/bench-table.md" "${baseline[@]}"
       ;;
     *) echo "lane: unknown step $s" | tee -a "$summary"; failed=$((failed + 1)) ;;

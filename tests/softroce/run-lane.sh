@@ -13,7 +13,7 @@
 # (bench.sh --baseline-build).
 # FRAMELINK_BUILD_DIR selects the build tree (default build/); it must already be built.
 # LANE_BENCH_SECONDS: seconds of each framelink case of the bench (default 5; CI runs 2).
-# LANE_BENCH_SIZES: the bench's frame sizes (default 64K,1M,4M; CI runs 64K,1M).
+# LANE_BENCH_SIZES: the bench's frame sizes (default 4K,64K,1M,4M; CI runs 4K,1M).
 # Exit status: 0 every step passed (the bench is informational); 1 a step failed, or the guest
 # could not run while CI=true; 3 the lane DID NOT RUN (no qemu/kernel, guest did not boot) on a
 # machine outside CI; 2 usage errors.
