@@ -1,12 +1,12 @@
 #include "discovery/etcd_registry.h"
 
 #include <httplib.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/base64.h"
 #include "config/config_values.h"
 #include "framelink/framelink.h"
 
@@ -15,29 +15,6 @@ namespace framelink {
 namespace {
 
 using nlohmann::json;
-
-std::string base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  const int n =
-      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-// etcd's keys and values; nullopt when `in` is not base64.
-std::optional<std::string> unbase64(const std::string& in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  std::string out(in.size() / 4 * 3, '\0');
-  const int n =
-      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  if (n < 0) return std::nullopt;
-  size_t pad = 0;  // EVP_DecodeBlock counts the padding's bytes as zeros
-  for (size_t i = in.size(); i > 0 && in[i - 1] == '='; --i) ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
 
 // The int64 fields of etcd's JSON come as strings ("ID":"7587..."), 0 as absent.
 int64_t jsonInt(const json& j, const char* key) {
@@ -181,8 +158,8 @@ Status EtcdRegistry::publish(const RegistryEntry& self) {
       lease_ = j.is_discarded() ? 0 : jsonInt(j, "ID");
       if (lease_ == 0) return makeError(FL_ERR_PROTOCOL, "etcd granted no lease: " + granted->substr(0, 200));
     }
-    auto put = call("/v3/kv/put", json{{"key", base64(prefix_ + "daemons/" + self.id)},
-                                       {"value", base64(formatEntry(self))},
+    auto put = call("/v3/kv/put", json{{"key", base64Encode(prefix_ + "daemons/" + self.id)},
+                                       {"value", base64Encode(formatEntry(self))},
                                        {"lease", std::to_string(lease_)}}
                                       .dump());
     if (put) return {};
@@ -209,7 +186,8 @@ Status EtcdRegistry::keepAlive() {
 Result<Listing> EtcdRegistry::list(std::vector<std::string>& refused) {
   const std::string prefix = prefix_ + "daemons/";
   auto listed =
-      call("/v3/kv/range", json{{"key", base64(prefix)}, {"range_end", base64(rangeEnd(prefix))}}.dump());
+      call("/v3/kv/range",
+           json{{"key", base64Encode(prefix)}, {"range_end", base64Encode(rangeEnd(prefix))}}.dump());
   if (!listed) return listed.error();
   const json j = json::parse(*listed, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
@@ -219,8 +197,8 @@ Result<Listing> EtcdRegistry::list(std::vector<std::string>& refused) {
   out.revision = jsonInt(j.value("header", json::object()), "revision");
   if (out.revision <= 0) return makeError(FL_ERR_PROTOCOL, "etcd's range answer has no revision");
   for (const auto& kv : j.value("kvs", json::array())) {
-    const auto key = unbase64(kv.value("key", ""));
-    const auto value = unbase64(kv.value("value", ""));
+    const auto key = base64Decode(kv.value("key", ""));
+    const auto value = base64Decode(kv.value("value", ""));
     if (!key || !value || key->rfind(prefix, 0) != 0) {
       refused.push_back("a key that is not base64 under " + prefix);
       continue;
@@ -256,8 +234,8 @@ Status EtcdRegistry::watch(int64_t revision, const std::function<void()>& change
   req.method = "POST";
   req.path = "/v3/watch";
   req.body = json{{"create_request",
-                   {{"key", base64(prefix)},
-                    {"range_end", base64(rangeEnd(prefix))},
+                   {{"key", base64Encode(prefix)},
+                    {"range_end", base64Encode(rangeEnd(prefix))},
                     {"start_revision", std::to_string(revision)}}}}
                  .dump();
   req.set_header("Content-Type", "application/json");

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <httplib.h>
-#include <openssl/evp.h>
 #include <catch2/catch.hpp>
 
 #include <memory>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "client_util.h"
+#include "common/base64.h"
 #include "framelink/framelink.h"
 #include "harness.h"
 
@@ -31,15 +31,6 @@ inline uint16_t freePort() {
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-inline std::string base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  const int n =
-      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
 }
 
 // One etcd member on loopback, its data in a temp dir that outlives a kill
@@ -76,7 +67,8 @@ class Etcd {
     return res ? res->body : std::string();
   }
   void put(const std::string& key, const std::string& value) const {
-    REQUIRE(post("/v3/kv/put", R"({"key":")" + base64(key) + R"(","value":")" + base64(value) + "\"}")
+    REQUIRE(post("/v3/kv/put", R"({"key":")" + framelink::base64Encode(key) + R"(","value":")" +
+                                   framelink::base64Encode(value) + "\"}")
                 .find("header") != std::string::npos);
   }
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/base64.h"
 #include "config/config.h"
 #include "discovery/discovery.h"
 #include "discovery/dns_srv.h"
@@ -240,4 +241,22 @@ TEST_CASE("DNS SRV: a datagram that is the query itself is no answer (no records
   REQUIRE_FALSE(found);
   INFO(found.error().message);
   CHECK(found.error().message.find("the query itself came back") != std::string::npos);
+}
+
+TEST_CASE("base64: RFC 4648's vectors both ways, and what is not base64", "[discovery]") {
+  const std::pair<const char*, const char*> vectors[] = {{"", ""},
+                                                         {"f", "Zg=="},
+                                                         {"fo", "Zm8="},
+                                                         {"foo", "Zm9v"},
+                                                         {"foob", "Zm9vYg=="},
+                                                         {"fooba", "Zm9vYmE="},
+                                                         {"foobar", "Zm9vYmFy"}};
+  for (const auto& [plain, encoded] : vectors) {
+    CAPTURE(plain);
+    CHECK(framelink::base64Encode(plain) == encoded);
+    CHECK(framelink::base64Decode(encoded) == std::optional<std::string>(plain));
+  }
+  CHECK(framelink::base64Decode(std::string("\0\xff", 2) + "ab") == std::nullopt);
+  CHECK(framelink::base64Decode("Zm9") == std::nullopt);  // not a multiple of 4
+  CHECK(framelink::base64Decode("Zm9v!!==") == std::nullopt);
 }
