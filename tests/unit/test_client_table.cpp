@@ -154,7 +154,7 @@ TEST_CASE_METHOD(TableFixture,
     table.complete(*awake.session, i, FL_OK, i + 1, 10, 0);
   }
   table.complete(*leaving.session, 0, FL_OK, 1, 10, 0);
-  table.erase(3);  // forgotten before the round ended: still told, nothing dangles
+  table.erase(3);                 // forgotten before the round ended: still told, nothing dangles
   CHECK(bellBytes(asleep) == 0);  // nothing rung before the round's end
   table.wakeReaders();
   CHECK(bellBytes(asleep) == 8);  // once for five completions (was five times)
