@@ -1,7 +1,5 @@
 #include "bench_sockperf.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -10,7 +8,6 @@
 #include <vector>
 
 #include "bench_tool.h"
-#include "child_process.h"
 #include "cli_util.h"
 
 namespace framelink::cli {
@@ -56,20 +53,16 @@ LatencyResult sockperfOneWay(uint64_t size, double seconds) {
   std::vector<std::string> server_args = {"server"};
   server_args.insert(server_args.end(), where.begin(), where.end());
   const uint64_t deadline = monotonicNs() + static_cast<uint64_t>((seconds + 30) * 1e9);
-  const Spawned server = startToolServer(path, server_args, "", port, deadline, "sockperf server", res.error);
-  if (server.pid < 0) return res;
   std::vector<std::string> client_args = {"ping-pong"};
   client_args.insert(client_args.end(), where.begin(), where.end());
   const int secs = std::max(1, static_cast<int>(std::lround(seconds)));
   client_args.insert(client_args.end(), {"-m", std::to_string(size), "-t", std::to_string(secs)});
-  const Spawned client = spawnTool(path, client_args, "");
-  if (client.pid < 0) {
-    stopChild(server.pid, 1000);
-    ::close(server.fd);
-    res.error = "cannot start " + path + ": " + std::strerror(errno);
+  ToolPair pair;
+  if (!startToolPair(path, server_args, client_args, "", port, deadline, "sockperf server", pair,
+                     res.error)) {
     return res;
   }
-  LineReader out(client.fd);
+  LineReader out(pair.client.fd);
   std::string line;
   double p50 = -1, p99 = -1;
   while (out.next(line, deadline) == 1) {
@@ -80,10 +73,7 @@ LatencyResult sockperfOneWay(uint64_t size, double seconds) {
     }
     parseReceived(line, res.samples);
   }
-  if (waitChild(client.pid, 3000) < 0) stopChild(client.pid, 1000);
-  stopChild(server.pid, 1000);
-  ::close(client.fd);
-  ::close(server.fd);
+  endToolPair(pair, 3000, 0);  // sockperf's server never ends by itself
   if (p50 < 0 || p99 < 0 || res.samples == 0) {
     res.samples = 0;
     res.error = "sockperf ping-pong gave no percentiles:" + out.tail();

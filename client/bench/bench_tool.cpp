@@ -129,6 +129,28 @@ Spawned startToolServer(const std::string& path, const std::vector<std::string>&
   return Spawned{};
 }
 
+bool startToolPair(const std::string& path, const std::vector<std::string>& server_args,
+                   const std::vector<std::string>& client_args, const std::string& env, uint16_t port,
+                   uint64_t deadline, const std::string& what, ToolPair& pair, std::string& error) {
+  pair.server = startToolServer(path, server_args, env, port, deadline, what, error);
+  if (pair.server.pid < 0) return false;
+  pair.client = spawnTool(path, client_args, env);
+  if (pair.client.pid >= 0) return true;
+  error = "cannot start " + path + ": " + std::strerror(errno);
+  stopChild(pair.server.pid, 1000);
+  ::close(pair.server.fd);
+  pair.server = Spawned{};
+  return false;
+}
+
+void endToolPair(ToolPair& pair, int client_grace_ms, int server_grace_ms) {
+  if (waitChild(pair.client.pid, client_grace_ms) < 0) stopChild(pair.client.pid, 1000);
+  if (waitChild(pair.server.pid, server_grace_ms) < 0) stopChild(pair.server.pid, 1000);
+  ::close(pair.client.fd);
+  ::close(pair.server.fd);
+  pair = ToolPair{};
+}
+
 int LineReader::next(std::string& line, uint64_t deadline_ns) {
   while (true) {
     const size_t nl = buf_.find('\n');

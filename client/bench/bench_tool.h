@@ -35,6 +35,22 @@ Spawned spawnTool(const std::string& path, const std::vector<std::string>& args,
 Spawned startToolServer(const std::string& path, const std::vector<std::string>& args, const std::string& env,
                         uint16_t port, uint64_t deadline, const std::string& what, std::string& error);
 
+// A tool's server and its client, each with its output on a pipe.
+struct ToolPair {
+  Spawned server;
+  Spawned client;
+};
+
+// startToolServer, then the client (`client_args`, the same `env`): false with `error` set, and
+// nothing left running, when either did not start.
+bool startToolPair(const std::string& path, const std::vector<std::string>& server_args,
+                   const std::vector<std::string>& client_args, const std::string& env, uint16_t port,
+                   uint64_t deadline, const std::string& what, ToolPair& pair, std::string& error);
+
+// Waits up to client_grace_ms for the client to exit by itself and up to server_grace_ms for the
+// server, stops either that did not, and closes their output.
+void endToolPair(ToolPair& pair, int client_grace_ms, int server_grace_ms);
+
 // Lines of a child's output as they come, each wait bounded by a deadline.
 class LineReader {
  public:

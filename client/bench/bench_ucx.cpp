@@ -1,7 +1,5 @@
 #include "bench_ucx.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -10,7 +8,6 @@
 #include <vector>
 
 #include "bench_tool.h"
-#include "child_process.h"
 #include "cli_util.h"
 
 namespace framelink::cli {
@@ -56,26 +53,18 @@ UcxRun runPerftest(const std::string& tls, std::vector<std::string> args, int st
   args.emplace_back("-p");
   args.push_back(std::to_string(port));
   const uint64_t deadline = monotonicNs() + static_cast<uint64_t>(timeout_s * 1e9);
-  const Spawned server = startToolServer(path, args, "UCX_TLS=" + tls, port, deadline,
-                                         "ucx_perftest server (UCX_TLS=" + tls + ")", run.error);
-  if (server.pid < 0) return run;
   std::vector<std::string> client_args = {"127.0.0.1"};
   client_args.insert(client_args.end(), args.begin(), args.end());
-  const Spawned client = spawnTool(path, client_args, "UCX_TLS=" + tls);
-  if (client.pid < 0) {
-    stopChild(server.pid, 1000);
-    ::close(server.fd);
-    run.error = "cannot start " + path + ": " + std::strerror(errno);
+  ToolPair pair;
+  if (!startToolPair(path, args, client_args, "UCX_TLS=" + tls, port, deadline,
+                     "ucx_perftest server (UCX_TLS=" + tls + ")", pair, run.error)) {
     return run;
   }
-  LineReader cli(client.fd);
+  LineReader cli(pair.client.fd);
   const bool timed_out = readReports(cli, stop_after_reports, deadline, run);
   // After its final line a client exits by itself, and so does the server; a timed run is cut.
   const int grace = run.got && run.last.final ? 3000 : 0;
-  if (waitChild(client.pid, grace) < 0) stopChild(client.pid, 1000);
-  if (waitChild(server.pid, grace) < 0) stopChild(server.pid, 1000);
-  ::close(client.fd);
-  ::close(server.fd);
+  endToolPair(pair, grace, grace);
   if (!run.got) {
     run.error = timed_out ? "ucx_perftest (UCX_TLS=" + tls + ") gave no result within " +
                                 std::to_string(static_cast<int>(timeout_s)) + " s:" + cli.tail()
