@@ -125,6 +125,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     return false;
   }
   state.fallbacks.erase(chosen);
+  if (ack.frame_batches()) made.value()->enableFrameBatches();
   std::string reason = offer.reason;
   if (!ack.transport_reason().empty()) {
     reason += (reason.empty() ? "" : "; ") + ack.transport_reason().substr(0, 512);
@@ -189,6 +190,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   auto* hello = hello_msg.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
   hello->set_min_protocol_version(kMinProtocolVersion);
+  hello->set_frame_batches(true);
   hello->set_daemon_id(config_.id);
   for (const TransportEntry* t : offer.transports) hello->add_transports(std::string(t->name()));
   hello->set_token(live_.get()->peerToken(peer.name));

@@ -251,17 +251,7 @@ void PeerLinksImpl::stop() {
     return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
   }
 
-  v1::PeerMessage reply;
-  auto* ack = reply.mutable_hello_ack();
-  ack->set_protocol_version(
-      agreedVersion(kSpokenVersions, helloRange(hello.protocol_version(), hello.min_protocol_version()))
-          .value_or(kProtocolVersion));
-  ack->set_daemon_id(config_.id);
-  ack->set_transport(std::string(chosen->name()));
-  ack->set_session_id(hello.session_id());
-  ack->set_instance(instance_);
-  for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
-  ack->set_transport_reason(reason);
+  const v1::PeerMessage reply = helloAck(hello, choice);
   if (!stream->Write(reply)) {
     pending_.remove(hello.session_id());
     return {::grpc::StatusCode::CANCELLED, "peer went away"};
@@ -276,6 +266,7 @@ void PeerLinksImpl::stop() {
   }
   std::shared_ptr<transport::Transport> t = future->get();
   if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
+  if (reply.hello_ack().frame_batches()) t->enableFrameBatches();
   uint64_t link_id = next_link_id_++;
   log_accepted_.info("peer {} at {} connected (session {:016x}, protocol {}, transport {}{})",
                      hello.daemon_id(), from, hello.session_id(), reply.hello_ack().protocol_version(),
@@ -285,6 +276,24 @@ void PeerLinksImpl::stop() {
                         std::string(chosen->name()), reason}};
   runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
   return ::grpc::Status::OK;
+}
+
+v1::PeerMessage PeerLinksImpl::helloAck(const v1::Hello& hello,
+                                        const TransportRegistry::Choice& choice) const {
+  const auto& [chosen, reason] = choice;
+  v1::PeerMessage reply;
+  auto* ack = reply.mutable_hello_ack();
+  ack->set_protocol_version(
+      agreedVersion(kSpokenVersions, helloRange(hello.protocol_version(), hello.min_protocol_version()))
+          .value_or(kProtocolVersion));
+  ack->set_daemon_id(config_.id);
+  ack->set_transport(std::string(chosen->name()));
+  ack->set_session_id(hello.session_id());
+  ack->set_instance(instance_);
+  for (const auto& t : transports_.entries()) t->announce(*ack, t.get() == chosen);
+  ack->set_transport_reason(reason);
+  ack->set_frame_batches(hello.frame_batches());  // this daemon reads them too
+  return reply;
 }
 
 ::grpc::Status PeerLinksImpl::admitHello(::grpc::ServerContext& ctx, const std::string& from,

@@ -109,6 +109,8 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     }
   };
 
+  // The listener's answer to `hello` on the transport `choice` picked.
+  v1::PeerMessage helloAck(const v1::Hello& hello, const TransportRegistry::Choice& choice) const;
   // Checks the Hello (and that the call's credentials prove the id it claims) and picks the first
   // transport it offers that this daemon allows and can run.
   ::grpc::Status admitHello(::grpc::ServerContext& ctx, const std::string& from, const v1::PeerMessage& first,

@@ -256,6 +256,10 @@ constexpr TransportCounterInfo kTransportCounters[] = {
      "tcp: of those the kernel has notified, the calls it copied all the same (a local path: loopback, "
      "veth).",
      &transport::TransportCounters::zerocopy_copied},
+    {"batched_sends", "grpc: messages that carried several small frames at once (both daemons read batches).",
+     &transport::TransportCounters::batched_sends},
+    {"batched_frames", "grpc: the frames those messages carried.",
+     &transport::TransportCounters::batched_frames},
 };
 
 uint64_t load(const Metrics::Counters& counters, Counter counter) {

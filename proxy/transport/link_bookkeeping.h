@@ -297,6 +297,11 @@ class LinkBookkeeping {
   // A frame was written: FL_OK (counted) unless the link failed meanwhile.
   void sendDone(uint64_t cookie, int status, uint64_t bytes) noexcept;
   void countControlSent(uint64_t records) noexcept { counters_.control_sent += records; }
+  // One message carries `frames` frames (grpc batches).
+  void countBatch(uint64_t frames) noexcept {
+    ++counters_.batched_sends;
+    counters_.batched_frames += frames;
+  }
 
   // The first call reports LinkError(status, message), completes `writing`
   // (frames taken off the ring whose payloads are no longer read), every

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -127,11 +128,11 @@ TransportCounters LockedLinkBookkeeping::counters() const noexcept {
 
 // ---------------------------------------------------------------- sender thread
 
-bool LockedLinkBookkeeping::nextSend(Outgoing* out) noexcept {
+bool LockedLinkBookkeeping::nextSend(Outgoing* out, const SendBatching& batching) noexcept {
   out->control.clear();
   out->has_answer = false;
   out->answer = ReadAnswer{};  // lets the last answer's source go
-  out->has_frame = false;
+  out->frames.clear();
   MutexLock lock(mu_);
   lock.wait(send_cv_, [&]() FL_REQUIRES(mu_) {
     return book_.failed() || stopped_ || !book_.ring().empty() || !book_.control().empty() ||
@@ -150,14 +151,37 @@ bool LockedLinkBookkeeping::nextSend(Outgoing* out) noexcept {
     out->answer = std::move(answers_.front());
     out->has_answer = true;
     answers_.pop_front();
-  } else if (!book_.ring().empty()) {
-    out->frame = book_.ring().front();
-    out->has_frame = true;
-    book_.ring().pop();
-    in_flight_ = true;
-    in_flight_cookie_ = out->frame.cookie;
+  } else {
+    takeFrames(out, batching);
   }
   return true;
+}
+
+void LockedLinkBookkeeping::takeFrames(Outgoing* out, const SendBatching& batching) noexcept {
+  SendRing& ring = book_.ring();
+  const size_t most = std::max<size_t>(batching.max_frames, 1);
+  try {
+    out->frames.reserve(most);
+    in_flight_.reserve(in_flight_.size() + most);
+  } catch (...) {  // bad_alloc: nothing taken; the sender's next nextSend() tries again
+    return;
+  }
+  uint64_t bytes = 0;
+  while (!ring.empty() && out->frames.size() < most) {
+    const SendRequest& next = ring.front();
+    if (!out->frames.empty()) {
+      const bool fits =
+          next.header.length <= batching.max_frame_bytes && bytes + next.header.length <= batching.max_bytes;
+      if (!fits) break;
+    }
+    bytes += next.header.length;
+    out->frames.push_back(next);  // within the capacity reserved above
+    in_flight_.push_back(next.cookie);
+    ring.pop();
+    // A first frame too large to share a message goes alone.
+    if (out->frames.size() == 1 && out->frames[0].header.length > batching.max_frame_bytes) break;
+  }
+  if (out->frames.size() > 1) book_.countBatch(out->frames.size());
 }
 
 void LockedLinkBookkeeping::stopSending() noexcept {
@@ -171,8 +195,9 @@ void LockedLinkBookkeeping::stopSending() noexcept {
 void LockedLinkBookkeeping::completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept {
   {
     MutexLock lock(mu_);
-    if (!in_flight_ || in_flight_cookie_ != cookie) return;  // not the request nextSend() gave out
-    in_flight_ = false;
+    const auto it = std::find(in_flight_.begin(), in_flight_.end(), cookie);
+    if (it == in_flight_.end()) return;  // not a frame nextSend() gave out
+    in_flight_.erase(it);
     book_.sendDone(cookie, status, bytes);
   }
   signal();

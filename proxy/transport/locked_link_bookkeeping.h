@@ -76,6 +76,16 @@ struct ReadAnswer {
   std::shared_ptr<void> keepalive;
 };
 
+// Which queued frames one unit of LockedLinkBookkeeping::nextSend() may take
+// together: while the first frame and each next one have at most
+// max_frame_bytes of payload, up to max_frames frames and max_bytes of
+// payload in all.  The default takes one frame a unit.
+struct SendBatching {
+  size_t max_frames = 1;
+  uint64_t max_frame_bytes = 0;
+  uint64_t max_bytes = 0;
+};
+
 class LockedLinkBookkeeping {
  public:
   static Result<std::unique_ptr<LockedLinkBookkeeping>> create(
@@ -108,28 +118,28 @@ class LockedLinkBookkeeping {
   // ---- sender thread ----
   // What the sender writes next: the control records and read requests
   // queued so far (written first, they are small and someone waits for
-  // them), then one unit: the answer to a peer's read, or else one frame.
-  // A unit is written whole before the next one starts.
+  // them), then one unit: the answer to a peer's read, or else frames: one,
+  // or several small ones queued one after the other, to be written as one
+  // batch (Batching).  A unit is written whole before the next one starts.
   struct Outgoing {
     std::deque<std::string> control;
     std::vector<ReadAsk> asks;
     bool has_answer = false;
     ReadAnswer answer;
-    bool has_frame = false;
-    SendRequest frame;
+    std::vector<SendRequest> frames;  // in the order they were posted
   };
   // Blocks until something is queued (true) or the link failed (false).  A
-  // frame stays "in flight" until completeSend(); an answer no longer
+  // frame stays "in flight" until its completeSend(); an answer no longer
   // counts against the peer's bound once it is handed out (see answerRead).
-  bool nextSend(Outgoing* out) noexcept;
+  bool nextSend(Outgoing* out, const SendBatching& batching = {}) noexcept;
   // Makes nextSend() return false from now on without failing the link:
   // the transport stops writing (its stream is gone) and fails the link
   // afterwards, once it knows why.  Queued requests stay queued until fail().
   void stopSending() noexcept;
-  // The in-flight request was written (FL_OK), or failed with `status`; its
+  // An in-flight frame was written (FL_OK), or failed with `status`; its
   // payload is not read any more.  Reports FL_ERR_LINK_LOST instead of FL_OK
-  // if the link failed meanwhile.  Must be called for every nextSend() that
-  // returned true, also when the write failed.
+  // if the link failed meanwhile.  Must be called for every frame nextSend()
+  // handed out, also when the write failed.
   void completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept;
 
   // ---- receiver thread ----
@@ -194,6 +204,8 @@ class LockedLinkBookkeeping {
   void signal() noexcept;
   // Until fewer than kMaxQueuedEvents events wait for poll(), or the link failed.
   void awaitRoom(MutexLock& lock) noexcept FL_REQUIRES(mu_);
+  // nextSend()'s frames: the ring's first, and the ones after it `batching` lets share its unit.
+  void takeFrames(Outgoing* out, const SendBatching& batching) noexcept FL_REQUIRES(mu_);
   bool landingValid() const noexcept FL_EXCLUDES(mu_);
   bool readOutstanding(uint64_t tag) const noexcept FL_EXCLUDES(mu_);
 
@@ -210,8 +222,8 @@ class LockedLinkBookkeeping {
   std::condition_variable room_cv_;  // frameArrived() and controlArrived() wait on it (kMaxQueuedEvents)
   LinkBookkeeping book_ FL_GUARDED_BY(mu_);
   bool stopped_ FL_GUARDED_BY(mu_) = false;
-  bool in_flight_ FL_GUARDED_BY(mu_) = false;
-  uint64_t in_flight_cookie_ FL_GUARDED_BY(mu_) = 0;
+  // Frames handed out by nextSend() whose completeSend() has not come yet.
+  std::vector<uint64_t> in_flight_ FL_GUARDED_BY(mu_);
   std::vector<ReadAsk> asks_ FL_GUARDED_BY(mu_);       // read requests not yet handed out
   std::deque<ReadAnswer> answers_ FL_GUARDED_BY(mu_);  // answers not yet handed out
 };

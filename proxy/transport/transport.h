@@ -171,6 +171,8 @@ struct TransportCounters {
   uint64_t unknown_source_reads = 0;   // reads of an unknown or retracted source (answered with an error)
   uint64_t zerocopy_sends = 0;         // tcp: payload sendmsg calls with MSG_ZEROCOPY
   uint64_t zerocopy_copied = 0;        // tcp: of those notified, the calls the kernel copied all the same
+  uint64_t batched_sends = 0;          // grpc: messages that carried several frames
+  uint64_t batched_frames = 0;         // grpc: the frames those carried
 
   TransportCounters& operator+=(const TransportCounters& o) noexcept {
     frames_sent += o.frames_sent;
@@ -187,6 +189,8 @@ struct TransportCounters {
     unknown_source_reads += o.unknown_source_reads;
     zerocopy_sends += o.zerocopy_sends;
     zerocopy_copied += o.zerocopy_copied;
+    batched_sends += o.batched_sends;
+    batched_frames += o.batched_frames;
     return *this;
   }
 };
@@ -246,6 +250,10 @@ class Transport {
 
   virtual const char* name() const noexcept = 0;
   virtual bool connected() const noexcept = 0;
+  // Both daemons of the link read several frames in one message (their
+  // Hello and HelloAck said frame_batches): called before the link carries
+  // frames; a transport that can batch (grpc) does so from then on.
+  virtual void enableFrameBatches() noexcept {}
 
   // Receive side.  After exposeCredit the peer may write one frame into the
   // buffer; the credit is consumed by that frame's FrameArrived event.

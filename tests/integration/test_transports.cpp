@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <thread>
 
 #include "client_util.h"
 #include "harness.h"
@@ -70,4 +71,43 @@ TEST_CASE("transports: the frames a link carries show in both daemons' transport
   // some, and A's received them.
   CHECK(pair.b().metric("framelink_transport_control_sent_total") > 0);
   CHECK(pair.a().metric("framelink_transport_control_received_total") > 0);
+}
+
+TEST_CASE("transports: small frames on grpc travel several to a message between daemons that both read that",
+          "[transports]") {
+  DaemonPair::Options o;
+  o.transport = "grpc";
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  DaemonPair pair(o);
+  requireServing(pair.a(), pair.b(), "batched-warmup", 1);
+  Client consumer = attachConsumer(pair.b(), "batched", 64, 4096);
+  Client producer = attachProducer(pair.a(), "batched", 64, 4096);
+  constexpr uint64_t kFrames = 2000;
+  constexpr uint64_t kLength = 1000;
+  // The producer keeps its 64 slots full from a thread of its own, so that
+  // frames queue behind the one A's grpc sender writes.
+  std::string failed;
+  std::thread sender([&] {
+    for (uint64_t i = 0; i < kFrames && failed.empty(); ++i)
+      failed = trySubmitFrame(producer.get(), i, kLength);
+  });
+  for (uint64_t i = 0; i < kFrames; ++i) {
+    fl_frame f{};
+    const int rc = fl_receive(consumer.get(), &f, 15000);
+    if (rc != FL_OK) {
+      sender.join();
+      FAIL("frame " << i << ": fl_receive " << statusName(rc) << " " << fl_last_error()
+                    << "; sender: " << failed);
+    }
+    checkSyntheticFrame(f, i, kLength);
+    REQUIRE(fl_release(consumer.get(), f.slot) == FL_OK);
+  }
+  sender.join();
+  REQUIRE(failed.empty());
+  const int64_t batches = waitForMetric(pair.a(), "framelink_transport_batched_sends_total", 1);
+  const int64_t batched = pair.a().metric("framelink_transport_batched_frames_total");
+  INFO("A sent " << batched << " frames in " << batches << " batches");
+  CHECK(batches > 0);
+  CHECK(batched >= 2 * batches);
+  CHECK(batched <= static_cast<int64_t>(kFrames) + 1);
 }

@@ -188,9 +188,9 @@ TEST_CASE("grpc wire: what protobuf serializes parses the same, in any slicing",
 }
 
 TEST_CASE("grpc wire: unknown fields are skipped as protobuf skips them", "[grpc][grpc_wire]") {
-  // Field 9 varint 5, field 10 fixed64, field 11 bytes "ab", field 12 fixed32, then offset 3.
+  // Field 13 varint 5, field 10 fixed64, field 11 bytes "ab", field 12 fixed32, then offset 3.
   const std::string bytes(
-      "\x48\x05\x51\x01\x02\x03\x04\x05\x06\x07\x08\x5a\x02\x61\x62\x65\x01\x02\x03\x04\x10\x03", 22);
+      "\x68\x05\x51\x01\x02\x03\x04\x05\x06\x07\x08\x5a\x02\x61\x62\x65\x01\x02\x03\x04\x10\x03", 22);
   std::mt19937_64 rng(1);
   grpc::ByteBuffer buffer = sliced(bytes, rng, 3);
   ReceivedDataMessage got;
@@ -226,11 +226,12 @@ TEST_CASE("grpc wire: malformed messages are refused with the reason", "[grpc][g
       {std::string("\x12\x01x", 3), "field 2 has wire type 2"},
       {std::string("\x18\x01", 2), "field 3 has wire type 0"},
       {std::string("\x0b", 1), "field 1 has wire type 3"},
-      {std::string("\x4b", 1), "groups are not used"},
+      {std::string("\x6b", 1), "groups are not used"},
       {std::string("\x38\x01", 2), "field 7 has wire type 0"},
       {std::string("\x45\x01\x02\x03\x04", 5), "field 8 has wire type 5"},
       {std::string("\x00\x00", 2), "field number 0"},
-      {std::string("\x49\x01\x02", 3), "truncated fixed64"},
+      {std::string("\x69\x01\x02", 3), "truncated fixed64"},
+      {std::string("\x48\x01", 2), "field 9 has wire type 0"},
       {std::string("\x0a\x02\x08\x80", 4), "frame header does not parse"},
       {std::string("\x0a\x00\x0a\x00", 4), "two frame headers"},
       {std::string("\x3a\x02\x08\x80", 4), "read request does not parse"},
@@ -246,6 +247,70 @@ TEST_CASE("grpc wire: malformed messages are refused with the reason", "[grpc][g
     const std::string why = parseDataMessage(&buffer, &got);
     CHECK_THAT(why, Catch::Contains(c.reason));
   }
+}
+
+TEST_CASE("grpc wire: a batch the sender encodes is the DataMessage protobuf expects", "[grpc][grpc_wire]") {
+  std::mt19937_64 rng(41);
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    CAPTURE(seed);
+    DataMessage want;
+    std::string bytes;
+    std::vector<std::string> payloads;
+    const size_t frames = 1 + seed % 9;
+    for (size_t i = 0; i < frames; ++i) {
+      FrameHeader h = sampleHeader(seed * 16 + i);
+      std::string payload(i % 4 == 0 ? 0 : rng() % 5000, '\0');
+      for (auto& c : payload) c = static_cast<char>(rng());
+      h.length = payload.size();
+      encodeBatchedFramePrefix(h, payload.size(), &bytes);
+      bytes += payload;
+      DataMessage* entry = want.add_frames();
+      toProto(h, entry->mutable_header());
+      entry->set_last(true);
+      entry->set_payload(payload);
+      payloads.push_back(std::move(payload));
+    }
+    DataMessage by_protobuf;
+    REQUIRE(by_protobuf.ParseFromString(bytes));
+    CHECK(by_protobuf.SerializeAsString() == want.SerializeAsString());
+
+    grpc::ByteBuffer buffer = sliced(bytes, rng, seed % 7);
+    ReceivedDataMessage got;
+    REQUIRE(parseDataMessage(&buffer, &got).empty());
+    REQUIRE(got.frame_count == frames);
+    CHECK_FALSE(got.has_header);
+    CHECK(got.payload_bytes == 0);
+    for (size_t i = 0; i < frames; ++i) {
+      CHECK(got.frames[i].header.SerializeAsString() == want.frames(i).header().SerializeAsString());
+      std::string payload(got.frames[i].payload_bytes, '\0');
+      if (!payload.empty()) got.copyFramePayload(i, reinterpret_cast<uint8_t*>(payload.data()));
+      CHECK(payload == payloads[i]);
+    }
+  }
+}
+
+TEST_CASE("grpc wire: a batched frame that is not one whole frame is refused", "[grpc][grpc_wire]") {
+  DataMessage entry;
+  toProto(sampleHeader(3), entry.mutable_header());
+  entry.set_last(true);
+  entry.set_payload("abc");
+  DataMessage m;
+  const char* reason = "is not one whole frame";
+  SECTION("no header") { entry.clear_header(); }
+  SECTION("not the last chunk") { entry.set_last(false); }
+  SECTION("a chunk at an offset") { entry.set_offset(4096); }
+  SECTION("a control record in it") { entry.set_control("x"); }
+  SECTION("a read response in it") { entry.mutable_read_response()->set_read_id(1); }
+  SECTION("a batch in it") {
+    *entry.add_frames() = entry;
+    reason = "holds a batch of its own";
+  }
+  *m.add_frames() = entry;
+  const std::string bytes = m.SerializeAsString();
+  grpc::Slice slice(bytes.data(), bytes.size());
+  grpc::ByteBuffer buffer(&slice, 1);
+  ReceivedDataMessage got;
+  CHECK_THAT(parseDataMessage(&buffer, &got), Catch::Contains(reason));
 }
 
 TEST_CASE("grpc wire: mutated and random bytes never crash the parser", "[grpc][grpc_wire]") {

@@ -107,6 +107,10 @@ Result<std::unique_ptr<TransportPair>> makeGrpc(const TransportPairOptions& opti
     return makeError(FL_ERR_TIMEOUT, "grpc pair: the server never adopted the Data stream");
   }
   pair->b = adopted.get();
+  if (options.grpc_frame_batches) {
+    pair->a->enableFrameBatches();
+    pair->b->enableFrameBatches();
+  }
   return std::unique_ptr<TransportPair>(std::move(pair));
 }
 

@@ -32,6 +32,10 @@ struct TransportPairOptions {
   // small budget lets a test act between two parts of one frame.
   size_t tcp_read_budget_bytes = 0;
   std::string token = "conformance-token";
+  // Both grpc transports are told their peer reads batches, as a daemon
+  // tells them when both Hellos said frame_batches: small frames queued
+  // together share a message.
+  bool grpc_frame_batches = true;
 };
 
 class TransportPair {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "transport/grpc/grpc_wire.h"
@@ -52,17 +53,19 @@ class GrpcTransport::SliceRelease {
     return grpc::Slice(const_cast<uint8_t*>(data), n, &SliceRelease::onDestroy, ref);
   }
 
-  // Called by the sender after the frame's last write.  True once gRPC
-  // released every slice: the caller reports the completion.  False when the
-  // sender was stopped first: the last release reports it then.
-  bool waitReleased(uint64_t cookie, int status, uint64_t bytes) noexcept {
+  // Called by the sender after the last write of a unit's frames.  True once
+  // gRPC released every slice: the caller reports their completions, with
+  // `status`.  False when the sender was stopped first: the last release
+  // reports them then (`frames` is taken).
+  bool waitReleased(std::vector<SendRequest>* frames, int status) noexcept {
     MutexLock lock(mu_);
     lock.wait(cv_, [&]() FL_REQUIRES(mu_) { return outstanding_ == 0 || stopped_; });
     if (outstanding_ == 0) {
-      ++frames_released_;
+      frames_released_ += frames->size();
       return true;
     }
-    deferred_ = Deferred{cookie, status, bytes};
+    deferred_.swap(*frames);
+    deferred_status_ = status;
     return false;
   }
 
@@ -85,12 +88,6 @@ class GrpcTransport::SliceRelease {
   }
 
  private:
-  struct Deferred {
-    uint64_t cookie = 0;
-    int status = FL_OK;
-    uint64_t bytes = 0;
-  };
-
   static void onDestroy(void* user_data) {
     auto* ref = static_cast<std::shared_ptr<SliceRelease>*>(user_data);
     (*ref)->released();
@@ -98,17 +95,18 @@ class GrpcTransport::SliceRelease {
   }
 
   void released() noexcept {
-    std::optional<Deferred> done;
+    std::vector<SendRequest> done;
+    int status = FL_OK;
     {
       MutexLock lock(mu_);
-      if (--outstanding_ == 0 && deferred_) {
-        done = deferred_;
-        deferred_.reset();
-        ++frames_released_;
+      if (--outstanding_ == 0 && !deferred_.empty()) {
+        done.swap(deferred_);
+        status = deferred_status_;
+        frames_released_ += done.size();
       }
     }
     cv_.notify_all();
-    if (done) core_->completeSend(done->cookie, done->status, done->bytes);
+    for (const SendRequest& r : done) core_->completeSend(r.cookie, status, r.header.length);
   }
 
   const std::shared_ptr<LockedLinkBookkeeping> core_;
@@ -116,7 +114,8 @@ class GrpcTransport::SliceRelease {
   std::condition_variable cv_;
   size_t outstanding_ FL_GUARDED_BY(mu_) = 0;
   bool stopped_ FL_GUARDED_BY(mu_) = false;
-  std::optional<Deferred> deferred_ FL_GUARDED_BY(mu_);
+  std::vector<SendRequest> deferred_ FL_GUARDED_BY(mu_);  // frames whose completion waits for a release
+  int deferred_status_ FL_GUARDED_BY(mu_) = FL_OK;
   uint64_t frames_released_ FL_GUARDED_BY(mu_) = 0;
 };
 
@@ -151,17 +150,22 @@ void GrpcTransport::settleReleases() noexcept {
 
 // ---------------------------------------------------------------- sending
 
+SendBatching GrpcTransport::batching() const noexcept {
+  if (!batch_frames_.load(std::memory_order_acquire)) return {};
+  return {kMaxBatchFrames, std::min<uint64_t>(kMaxBatchedFrameBytes, options_.chunk_bytes), kMaxBatchBytes};
+}
+
 void GrpcTransport::senderLoop() noexcept {
   LockedLinkBookkeeping::Outgoing out;
   std::string prefix;  // reused: keeps its capacity
-  while (core_->nextSend(&out)) {
+  while (core_->nextSend(&out, batching())) {
     bool ok = true;
     try {
       // Control records, then read requests: small, each held back while
       // more follows at once, so that they share a write.
       const size_t records = out.control.size();
       const size_t small = records + out.asks.size();
-      const bool unit = out.has_answer || out.has_frame;
+      const bool unit = out.has_answer || !out.frames.empty();
       for (size_t i = 0; ok && i < small; ++i) {
         const bool more = unit || i + 1 < small;
         if (i < records) {
@@ -179,38 +183,66 @@ void GrpcTransport::senderLoop() noexcept {
       ok = false;
     }
     if (out.has_answer) ok = ok && writeAnswer(out.answer, &prefix);
-    if (!out.has_frame) {
+    if (out.frames.empty()) {
       if (!ok) return;
       continue;
     }
-    const SendRequest& r = out.frame;
-    const uint64_t length = r.header.length;
-    uint64_t offset = 0;
-    try {
-      while (ok) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
-        prefix.clear();
-        encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, offset + n == length, n, &prefix);
-        {
-          // This scope's references go before waitReleased: gRPC's are what it waits for.
-          grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice()};
-          if (n > 0) slices[1] = SliceRelease::payloadSlice(release_, r.payload + offset, n);
-          grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
-          ok = writeMessage(message, false);
-        }
-        offset += n;
-        if (offset >= length) break;
-      }
-    } catch (...) {  // bad_alloc
-      ok = false;
-    }
+    if (ok)
+      ok = out.frames.size() == 1 ? writeFrame(out.frames[0], &prefix) : writeBatch(out.frames, &prefix);
     const int status = ok ? FL_OK : FL_ERR_LINK_LOST;
-    if (!release_->waitReleased(r.cookie, status, length)) return;  // completed by the last release
-    core_->completeSend(r.cookie, status, length);
+    if (!release_->waitReleased(&out.frames, status)) return;  // completed by the last release
+    for (const SendRequest& r : out.frames) core_->completeSend(r.cookie, status, r.header.length);
     // A failed write means the call is over; the reader sees that too and
     // fails the link with the call's status.
     if (!ok) return;
   }
+}
+
+bool GrpcTransport::writeFrame(const SendRequest& r, std::string* prefix) noexcept {
+  const uint64_t length = r.header.length;
+  uint64_t offset = 0;
+  bool ok = true;
+  try {
+    while (ok) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
+      prefix->clear();
+      encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, offset + n == length, n, prefix);
+      {
+        // This scope's references go before waitReleased: gRPC's are what it waits for.
+        grpc::Slice slices[2] = {grpc::Slice(*prefix), grpc::Slice()};
+        if (n > 0) slices[1] = SliceRelease::payloadSlice(release_, r.payload + offset, n);
+        grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
+        ok = writeMessage(message, false);
+      }
+      offset += n;
+      if (offset >= length) break;
+    }
+  } catch (...) {  // bad_alloc
+    ok = false;
+  }
+  return ok;
+}
+
+bool GrpcTransport::writeBatch(const std::vector<SendRequest>& frames, std::string* prefix) noexcept {
+  bool ok = false;
+  try {
+    // A prefix slice (copied) and a payload slice (the producer's slot) a frame.
+    batch_slices_.clear();
+    for (const SendRequest& r : frames) {
+      prefix->clear();
+      encodeBatchedFramePrefix(r.header, r.header.length, prefix);
+      batch_slices_.emplace_back(*prefix);
+      if (r.header.length > 0) {
+        batch_slices_.push_back(SliceRelease::payloadSlice(release_, r.payload, r.header.length));
+      }
+    }
+    grpc::ByteBuffer message(batch_slices_.data(), batch_slices_.size());
+    ok = writeMessage(message, false);
+  } catch (...) {  // bad_alloc
+    ok = false;
+  }
+  batch_slices_.clear();  // before waitReleased: gRPC's references are what it waits for
+  return ok;
 }
 
 bool GrpcTransport::writeAnswer(const ReadAnswer& a, std::string* prefix) noexcept {
@@ -277,6 +309,7 @@ bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
 }
 
 bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
+  if (m.frame_count > 0) return handleBatch(m);
   const bool chunk_data =
       m.has_header || m.has_read_response || m.payload_bytes != 0 || m.offset != 0 || m.last;
   if (!m.control.empty()) {
@@ -303,22 +336,48 @@ bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
   } else if (m.has_read_response) {
     return violation("read response in the middle of frame " + std::to_string(frame_.sequence));
   }
-  if (m.offset != offset_) {
-    return violation("chunk at offset " + std::to_string(m.offset) + ", expected " + std::to_string(offset_));
+  return landChunk(m, SIZE_MAX, m.offset, m.payload_bytes, m.last);
+}
+
+bool GrpcTransport::handleBatch(const ReceivedDataMessage& m) noexcept {
+  if (m.has_header || m.has_read_response || m.payload_bytes != 0 || m.offset != 0 || m.last ||
+      !m.control.empty() || m.has_read_request) {
+    return violation("batched frames share their message with other fields");
   }
-  if (m.payload_bytes > frame_.length - offset_) {
+  if (in_frame_ || in_response_) {
+    return violation("batched frames in the middle of " +
+                     (in_frame_ ? "frame " + std::to_string(frame_.sequence)
+                                : "the response to read " + std::to_string(response_read_)));
+  }
+  for (size_t i = 0; i < m.frame_count; ++i) {
+    if (!beginFrame(m.frames[i].header)) return false;
+    if (!landChunk(m, i, 0, m.frames[i].payload_bytes, true)) return false;
+  }
+  return true;
+}
+
+bool GrpcTransport::landChunk(const ReceivedDataMessage& m, size_t frame, uint64_t offset, uint64_t bytes,
+                              bool last) noexcept {
+  if (offset != offset_) {
+    return violation("chunk at offset " + std::to_string(offset) + ", expected " + std::to_string(offset_));
+  }
+  if (bytes > frame_.length - offset_) {
     return violation("chunk runs past the frame length " + std::to_string(frame_.length));
   }
   // The one copy on this side: from gRPC's receive slices into the slot.
   // A credit retracted in the middle of the frame may already stand for
   // another frame in that slot: the rest of this one is read and dropped,
   // and endReceive reports it as for a retracted credit.
-  if (credit_ && m.payload_bytes > 0) {
+  if (credit_ && bytes > 0) {
     uint8_t* dst = credit_->buffer + offset_;
-    core_->copyIntoLanding([&m, dst] { m.copyPayload(dst); });
+    if (frame == SIZE_MAX) {
+      core_->copyIntoLanding([&m, dst] { m.copyPayload(dst); });
+    } else {
+      core_->copyIntoLanding([&m, frame, dst] { m.copyFramePayload(frame, dst); });
+    }
   }
-  offset_ += m.payload_bytes;
-  if (!m.last) return true;
+  offset_ += bytes;
+  if (!last) return true;
   if (offset_ != frame_.length) {
     return violation("last chunk at " + std::to_string(offset_) + " of " + std::to_string(frame_.length) +
                      " bytes");

@@ -17,6 +17,16 @@
 // Chunking stays: gRPC's message size limits apply to every message, and a
 // chunk bounds what one Write holds of the slot.
 //
+// Batches (once enableFrameBatches() said the peer reads them: both Hellos
+// said frame_batches): the sender takes the small frames queued behind the one it takes
+// (SendBatching: kMaxBatchedFrameBytes each, kMaxBatchFrames and
+// kMaxBatchBytes in all) and writes them as one DataMessage whose `frames`
+// entries are whole frames, their payload slices again pointing into the
+// slots; their SendCompletes come once gRPC released every slice of the
+// message.  The reader lands them one after the other as if each had come
+// alone.  One Write and one Read for a batch, not for each frame: small
+// frames cost gRPC's hand-offs between threads once a batch.
+//
 // Reads (pull) travel the same way.  postRead() sends a DataMessage with a
 // ReadRequest (source id, read id, length) of its own, like a control
 // record; the owner's reader thread looks the source up and queues the
@@ -53,12 +63,14 @@
 // ::grpc inside it).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -120,6 +132,8 @@ class GrpcTransport : public Transport {
 
   const char* name() const noexcept override { return "grpc"; }
   bool connected() const noexcept override { return core_->connected(); }
+  // Small frames queued together share a message from now on.
+  void enableFrameBatches() noexcept override { batch_frames_.store(true, std::memory_order_release); }
   Result<RemoteCredit> exposeCredit(LocalCredit credit) override {
     return core_->exposeCredit(std::move(credit));
   }
@@ -181,7 +195,19 @@ class GrpcTransport : public Transport {
  private:
   // Writes the answer to a peer's read, all its chunks; false when a write failed.
   bool writeAnswer(const ReadAnswer& answer, std::string* prefix) noexcept;
+  // Writes a frame in chunks; false when a write failed.
+  bool writeFrame(const SendRequest& frame, std::string* prefix) noexcept;
+  // Writes several whole frames as one message (`frames`); false when the write failed.
+  bool writeBatch(const std::vector<SendRequest>& frames, std::string* prefix) noexcept;
+  // What nextSend() may take at once: one frame until enableFrameBatches().
+  SendBatching batching() const noexcept;
   bool handleMessage(const ReceivedDataMessage& message) noexcept;
+  // The frames of a batch, one after the other; false after a protocol violation.
+  bool handleBatch(const ReceivedDataMessage& message) noexcept;
+  // Lands the next `bytes` of the frame begun, at `offset` (the whole frame
+  // when `last`): the message's payload, or frames[frame] of its batch.
+  bool landChunk(const ReceivedDataMessage& message, size_t frame, uint64_t offset, uint64_t bytes,
+                 bool last) noexcept;
   // Answers a peer's read request; false when the link failed over it.
   bool handleReadRequest(const framelink::v1::ReadRequest& request) noexcept;
   // Starts reassembling the frame this header opens; false after a protocol violation.
@@ -190,7 +216,9 @@ class GrpcTransport : public Transport {
   bool handleResponseChunk(const ReceivedDataMessage& message) noexcept;
   // Fails the link for a protocol violation; returns false.
   bool violation(const std::string& what) noexcept;
-  ReceivedDataMessage received_;  // reader thread only
+  std::atomic<bool> batch_frames_{false};  // enableFrameBatches() was called
+  std::vector<grpc::Slice> batch_slices_;  // sender thread only: keeps its capacity
+  ReceivedDataMessage received_;           // reader thread only
   // Reassembly state, reader thread only: a frame or a read response (they
   // do not interleave) and the offset the next chunk of it must have.
   bool in_frame_ = false;

@@ -18,6 +18,7 @@ constexpr uint32_t kFieldSessionId = 5;
 constexpr uint32_t kFieldControl = 6;
 constexpr uint32_t kFieldReadRequest = 7;
 constexpr uint32_t kFieldReadResponse = 8;
+constexpr uint32_t kFieldFrames = 9;
 
 constexpr uint32_t kWireVarint = 0;
 constexpr uint32_t kWireFixed64 = 1;
@@ -84,6 +85,16 @@ class SliceCursor {
       n -= here;
     }
   }
+
+  // Narrows the cursor to its next n bytes (n <= remaining()), as if the
+  // message ended there; returns what widen() takes to undo it once they
+  // are read.
+  uint64_t narrow(uint64_t n) noexcept {
+    const uint64_t rest = remaining_ - n;
+    remaining_ = n;
+    return rest;
+  }
+  void widen(uint64_t rest) noexcept { remaining_ += rest; }
 
   // The next n bytes if they lie in one slice, else null.
   const uint8_t* contiguous(uint64_t n) const noexcept {
@@ -200,6 +211,15 @@ void encodeReadResponsePrefix(const framelink::v1::ReadResponse* response, uint6
   putChunkTail(offset, last, payload_bytes, out);
 }
 
+void encodeBatchedFramePrefix(const FrameHeader& header, uint64_t payload_bytes, std::string* out) {
+  thread_local std::string entry;  // the sender thread's: keeps its capacity
+  entry.clear();
+  encodeChunkPrefix(&header, 0, true, payload_bytes, &entry);
+  putTag(kFieldFrames, kWireLength, out);
+  putVarint(entry.size() + payload_bytes, out);
+  out->append(entry);
+}
+
 grpc::ByteBuffer encodeControl(const std::string& record) {
   std::string bytes;
   bytes.reserve(record.size() + 11);
@@ -225,10 +245,11 @@ grpc::ByteBuffer encodeSessionId(uint64_t session_id) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-void ReceivedDataMessage::copyPayload(uint8_t* dst) const noexcept {
-  uint64_t n = payload_bytes;
-  size_t s = payload_slice;
-  size_t pos = payload_pos;
+namespace {
+
+// Copies n bytes that start at `pos` in slices[s] to `dst`.
+void copyFromSlices(const std::vector<grpc::Slice>& slices, size_t s, size_t pos, uint64_t n,
+                    uint8_t* dst) noexcept {
   while (n > 0) {
     const size_t here = std::min<uint64_t>(n, slices[s].size() - pos);
     std::memcpy(dst, slices[s].begin() + pos, here);
@@ -237,6 +258,17 @@ void ReceivedDataMessage::copyPayload(uint8_t* dst) const noexcept {
     ++s;
     pos = 0;
   }
+}
+
+}  // namespace
+
+void ReceivedDataMessage::copyPayload(uint8_t* dst) const noexcept {
+  copyFromSlices(slices, payload_slice, payload_pos, payload_bytes, dst);
+}
+
+void ReceivedDataMessage::copyFramePayload(size_t i, uint8_t* dst) const noexcept {
+  const BatchedFrame& f = frames[i];
+  copyFromSlices(slices, f.payload_slice, f.payload_pos, f.payload_bytes, dst);
 }
 
 namespace {
@@ -256,7 +288,42 @@ void clearMessage(ReceivedDataMessage* out) {
   out->payload_bytes = 0;
   out->payload_slice = 0;
   out->payload_pos = 0;
+  out->frame_count = 0;
   out->slices.clear();
+}
+
+std::string parseField(SliceCursor& in, ReceivedDataMessage* out, std::string* scratch);
+
+// A `frames` entry of `length` bytes at the cursor: a DataMessage that is one
+// whole frame (header, last, its payload; nothing else).
+std::string parseBatchedFrame(SliceCursor& in, uint64_t length, ReceivedDataMessage* out,
+                              std::string* scratch) {
+  if (out->is_entry) return "a batched frame holds a batch of its own";
+  if (!out->entry) {
+    out->entry = std::make_unique<ReceivedDataMessage>();
+    out->entry->is_entry = true;
+  }
+  ReceivedDataMessage& e = *out->entry;
+  clearMessage(&e);
+  const uint64_t rest = in.narrow(length);
+  while (in.remaining() > 0) {
+    std::string error = parseField(in, &e, scratch);
+    if (!error.empty()) return "batched frame " + std::to_string(out->frame_count) + ": " + error;
+  }
+  in.widen(rest);
+  const bool whole_frame = e.has_header && e.last && e.offset == 0 && e.session_id == 0 &&
+                           e.control.empty() && !e.has_read_request && !e.has_read_response;
+  if (!whole_frame) {
+    return "batched frame " + std::to_string(out->frame_count) +
+           " is not one whole frame (header, last and its payload only)";
+  }
+  if (out->frame_count == out->frames.size()) out->frames.emplace_back();
+  BatchedFrame& f = out->frames[out->frame_count++];
+  f.header.Swap(&e.header);
+  f.payload_bytes = e.payload_bytes;
+  f.payload_slice = e.payload_slice;
+  f.payload_pos = e.payload_pos;
+  return {};
 }
 
 // A submessage (the frame header, a read request or response) of `length`
@@ -302,6 +369,7 @@ std::string parseLengthField(SliceCursor& in, uint64_t field, ReceivedDataMessag
   if (field == kFieldReadResponse) {
     return parseSubmessage(in, value, &out->read_response, &out->has_read_response, "read response", scratch);
   }
+  if (field == kFieldFrames) return parseBatchedFrame(in, value, out, scratch);
   if (field == kFieldPayload) {
     // The last occurrence counts, as in protobuf.
     out->payload_bytes = value;
@@ -326,9 +394,10 @@ std::string parseField(SliceCursor& in, ReceivedDataMessage* out, std::string* s
   const uint64_t field = tag >> 3;
   const uint32_t wire = static_cast<uint32_t>(tag & 7);
   if (field == 0) return "field number 0 is invalid";
-  const bool known = field >= kFieldHeader && field <= kFieldReadResponse;
+  const bool known = field >= kFieldHeader && field <= kFieldFrames;
   const bool length_field = field == kFieldHeader || field == kFieldPayload || field == kFieldControl ||
-                            field == kFieldReadRequest || field == kFieldReadResponse;
+                            field == kFieldReadRequest || field == kFieldReadResponse ||
+                            field == kFieldFrames;
   if (known && wire != (length_field ? kWireLength : kWireVarint)) {
     return "field " + std::to_string(field) + " has wire type " + std::to_string(wire);
   }

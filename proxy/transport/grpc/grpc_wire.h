@@ -40,6 +40,13 @@ namespace framelink::transport {
 // The full name of the Link.Data method.
 inline constexpr char kDataMethod[] = "/framelink.v1.Link/Data";
 
+// What one batch holds at most: frames of up to kMaxBatchedFrameBytes each,
+// kMaxBatchFrames of them, kMaxBatchBytes of payload in all (well inside
+// the 4 MiB any receiver accepts, grpc_limits.h).
+inline constexpr size_t kMaxBatchFrames = 256;
+inline constexpr uint64_t kMaxBatchedFrameBytes = uint64_t{256} << 10;
+inline constexpr uint64_t kMaxBatchBytes = uint64_t{1} << 20;
+
 using RawClientDataStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // Starts a Link.Data call whose messages are raw ByteBuffers.  gRPC 1.51's
@@ -62,12 +69,26 @@ void encodeChunkPrefix(const FrameHeader* header, uint64_t offset, bool last, ui
 void encodeReadResponsePrefix(const framelink::v1::ReadResponse* response, uint64_t offset, bool last,
                               uint64_t payload_bytes, std::string* out);
 
+// The bytes before the payload of one frame in a batch: the
+// tag and length of a `frames` entry, then the entry's fields header, last
+// and the tag and length of its `payload`.  Appends to `out`; the payload
+// follows, then the next frame's prefix.
+void encodeBatchedFramePrefix(const FrameHeader& header, uint64_t payload_bytes, std::string* out);
+
 // A DataMessage with only `control` set.
 grpc::ByteBuffer encodeControl(const std::string& record);
 // A DataMessage with only `read_request` set.
 grpc::ByteBuffer encodeReadRequest(const framelink::v1::ReadRequest& request);
 // A DataMessage with only `session_id` set (the first message of a call).
 grpc::ByteBuffer encodeSessionId(uint64_t session_id);
+
+// One frame of a batch: its header and where its payload lies.
+struct BatchedFrame {
+  framelink::v1::FrameHeader header;
+  uint64_t payload_bytes = 0;
+  size_t payload_slice = 0;
+  size_t payload_pos = 0;
+};
 
 // One received DataMessage.  Holds references to the received slices; reuse
 // one for every message of a stream (it keeps its capacity).
@@ -83,20 +104,29 @@ struct ReceivedDataMessage {
   bool has_read_response = false;
   framelink::v1::ReadResponse read_response;
   uint64_t payload_bytes = 0;
+  // The batch (`frames`): its first frame_count entries.
+  size_t frame_count = 0;
+  std::vector<BatchedFrame> frames;
 
   // Copies the payload (payload_bytes) to `dst`.
   void copyPayload(uint8_t* dst) const noexcept;
+  // Copies the payload of frames[i] to `dst`.
+  void copyFramePayload(size_t i, uint8_t* dst) const noexcept;
 
   // Where the payload lies, for copyPayload.
   std::vector<grpc::Slice> slices;
   size_t payload_slice = 0;
   size_t payload_pos = 0;
+
+  // Where a batched frame's fields are parsed (a DataMessage in a DataMessage).
+  std::unique_ptr<ReceivedDataMessage> entry;
+  bool is_entry = false;  // this is such an entry: it holds no batch of its own
 };
 
 // Parses `buffer` into `out`.  Returns an empty string, or what is wrong with
 // the bytes (truncated field, length past the end, a known field with the
 // wrong wire type, an unparsable header or read request or response, two of
-// one of those).  Unknown fields are
+// one of those, a batched frame that is not one whole frame).  Unknown fields are
 // skipped, as protobuf does.  `buffer` is left empty (its slices move to
 // `out`).
 std::string parseDataMessage(grpc::ByteBuffer* buffer, ReceivedDataMessage* out);
