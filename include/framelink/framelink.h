@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 #define FL_VERSION_MAJOR 0
-#define FL_VERSION_MINOR 1
+#define FL_VERSION_MINOR 2
 #define FL_VERSION_PATCH 0
 
 /* Where framelinkd listens for attaches unless configured otherwise ([daemon] socket_path), and

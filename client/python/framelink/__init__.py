@@ -14,7 +14,7 @@ checks, asyncio.  The protocol itself lives in the C library.
 # The package's version: project(framelink VERSION ...) in the top-level CMakeLists.txt, whose
 # configure stops while this differs (pyproject.toml reads it from here); version() is the version
 # of the libframelink that was loaded.
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from ._client import (
     ClientInfo,
