@@ -359,8 +359,10 @@ fail:
   return rc;
 }
 
-/* fl_client_options.wait_spin_us (0: $FRAMELINK_WAIT_SPIN_US, else the
- * default) in microseconds, or an error that says what was wrong. */
+/* The wait spin the application chose, in microseconds: fl_client_options.
+ * wait_spin_us, else $FRAMELINK_WAIT_SPIN_US, else FLX_WAIT_SPIN_ADVISED (the
+ * daemon's advice, see flx_resolve_wait_spin); or an error that says what was
+ * wrong. */
 static int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
   if (option == FL_WAIT_SPIN_OFF) {
     *spin_us = 0;
@@ -376,7 +378,7 @@ static int flx_wait_spin_us(uint32_t option, uint32_t* spin_us) {
   }
   const char* env = getenv("FRAMELINK_WAIT_SPIN_US");
   if (!env || !*env) {
-    *spin_us = FL_WAIT_SPIN_DEFAULT_US;
+    *spin_us = FLX_WAIT_SPIN_ADVISED;
     return FL_OK;
   }
   char* end = NULL;
@@ -475,7 +477,8 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   if (rc != FL_OK) return rc;
   c->request = req;
   c->attach_timeout_ms = options->attach_timeout_ms;
-  c->wait_spin_ns = (int64_t)spin_us * 1000;
+  c->wait_spin_choice = spin_us;
+  flx_resolve_wait_spin(c);
   /* An application built before the option gets the default: on, unless the environment says off. */
   c->auto_reattach = has_v2 ? options->auto_reattach != 0 : flx_env_auto_reattach() != 0;
   c->completion_size =
@@ -490,6 +493,22 @@ FL_API int fl_attach(const fl_client_options* options, fl_client** out) {
   }
   *out = c;
   return FL_OK;
+}
+
+void flx_resolve_wait_spin(fl_client* c) {
+  uint32_t us = c->wait_spin_choice;
+  if (us == FLX_WAIT_SPIN_ADVISED) {
+    /* Zero flags: a daemon from before the advice, which zero-filled it. */
+    const int advised = (c->geo.spin_advice_flags & FL_SPIN_ADVICE_SET) != 0;
+    us = advised ? c->geo.client_wait_spin_us : FL_WAIT_SPIN_DEFAULT_US;
+    if (us > FL_WAIT_SPIN_MAX_US) us = FL_WAIT_SPIN_MAX_US;
+  }
+  __atomic_store_n(&c->wait_spin_ns, (int64_t)us * 1000, __ATOMIC_RELAXED);
+}
+
+FL_API uint32_t fl_wait_spin_us(const fl_client* c) {
+  if (!c) return 0;
+  return (uint32_t)(__atomic_load_n(&c->wait_spin_ns, __ATOMIC_RELAXED) / 1000);
 }
 
 FL_API void fl_detach(fl_client* c) {

@@ -110,14 +110,19 @@ struct fl_client {
   int auto_reattach;             /* from the options */
   uint32_t completion_size;      /* bytes of each fl_completion the application reads (its header's) */
   uint32_t reattach_interval_ms; /* from the options (0 replaced by the default) */
-  int64_t wait_spin_ns;          /* from the options: a blocking wait looks this long before it sleeps */
-  pthread_mutex_t reattach_mu;   /* one reattach at a time; taken before mu, never while holding it */
-  int reattaching;               /* [mu] a call is inside an automatic reattach */
-  int socket_watched;            /* [mu] the attach socket is in epoll_fd (not while parked) */
-  int64_t next_reattach_ms;      /* [mu] CLOCK_MONOTONIC: no automatic attempt before */
-  char reattach_error[256];      /* [mu] why the last automatic attempt failed */
-  int refused;                   /* [mu] the final refusal that ended the automatic attempts, or 0 */
-  uint32_t generation;           /* [mu] reattachments so far */
+  /* What the application chose (options, environment), in microseconds, or
+   * FLX_WAIT_SPIN_ADVISED: what the daemon's segment header advises. */
+  uint32_t wait_spin_choice;
+  /* atomic: a blocking wait looks this long before it sleeps; the choice
+   * resolved against each attachment's header (flx_resolve_wait_spin). */
+  int64_t wait_spin_ns;
+  pthread_mutex_t reattach_mu; /* one reattach at a time; taken before mu, never while holding it */
+  int reattaching;             /* [mu] a call is inside an automatic reattach */
+  int socket_watched;          /* [mu] the attach socket is in epoll_fd (not while parked) */
+  int64_t next_reattach_ms;    /* [mu] CLOCK_MONOTONIC: no automatic attempt before */
+  char reattach_error[256];    /* [mu] why the last automatic attempt failed */
+  int refused;                 /* [mu] the final refusal that ended the automatic attempts, or 0 */
+  uint32_t generation;         /* [mu] reattachments so far */
   /* Segments of earlier attachments, replaced by anonymous memory so that a
    * stale pointer into them cannot fault; unmapped by fl_detach. [mu] */
   struct flx_region {
@@ -192,6 +197,11 @@ void flx_retire_locked(fl_client* client, uint8_t* addr, size_t len);
  * out, into a new client (no epoll fd: fl_attach adds it, fl_reattach keeps
  * its own). */
 int flx_attach_at(const char* path, const fl_attach_request* req, uint32_t timeout_ms, fl_client** out);
+/* attach.c: sets wait_spin_ns from wait_spin_choice and, when that is
+ * FLX_WAIT_SPIN_ADVISED, the attachment's segment header (again after each
+ * reattach: another daemon may advise otherwise). */
+#define FLX_WAIT_SPIN_ADVISED 0xFFFFFFFEu
+void flx_resolve_wait_spin(fl_client* client);
 /* attach.c: frees a client that flx_attach_at made and nobody adopted. */
 void flx_free_shell(fl_client* client);
 int64_t flx_mono_ms(void);

@@ -207,6 +207,7 @@ static int flx_reattach_serialized(fl_client* c) {
   flx_set_retry_timer(c, 0);
   flx_adopt_segments_locked(c, n);
   flx_adopt_slot_state_locked(c, n);
+  flx_resolve_wait_spin(c);
   __atomic_store_n(&c->in_flight, 0, __ATOMIC_RELAXED);
   c->armed = 0; /* the new doorbell is rung once a call finds nothing again */
   c->corrupt = 0;

@@ -346,9 +346,10 @@ static int flx_poll_locked(const struct flx_wait_call* w, int wait_ms, int* rc) 
  * nothing.  Returns 1 to try again, 0 when the time is up. */
 static int flx_spin_locked(struct flx_wait_call* w) {
   fl_client* c = w->c;
-  if (c->wait_spin_ns <= 0) return 0;
+  const int64_t spin_ns = __atomic_load_n(&c->wait_spin_ns, __ATOMIC_RELAXED);
+  if (spin_ns <= 0) return 0;
   const int64_t now = flx_now_ns();
-  if (w->spin_until == 0) w->spin_until = now + c->wait_spin_ns;
+  if (w->spin_until == 0) w->spin_until = now + spin_ns;
   if (now >= w->spin_until) return 0;
   pthread_mutex_unlock(&c->mu);
   sched_yield();

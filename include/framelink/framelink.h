@@ -173,7 +173,11 @@ typedef struct fl_client_options {
    * daemon's wake-up (a pipe write) and this thread's (a context switch);
    * while frames flow that is most of each frame's cost.  At most
    * FL_WAIT_SPIN_MAX_US.  0: $FRAMELINK_WAIT_SPIN_US when set (0 there: no
-   * spin), else FL_WAIT_SPIN_DEFAULT_US.  FL_WAIT_SPIN_OFF: sleep at once.
+   * spin), else what the daemon advises for its host (its
+   * client_wait_spin_us, 0 there: no spin), else -- a daemon too old to
+   * advise -- FL_WAIT_SPIN_DEFAULT_US.  FL_WAIT_SPIN_OFF: sleep at once.
+   * fl_wait_spin_us says what it came to; the .NET and Python bindings'
+   * async calls spin as long before they await fl_doorbell_fd.
    */
   uint32_t wait_spin_us;
 } fl_client_options;
@@ -279,6 +283,16 @@ static inline void flx_client_options_init_here(fl_client_options* options) {
 FL_API int fl_attach(const fl_client_options* options, fl_client** out);
 FL_API void fl_detach(fl_client* client); /* NULL is fine */
 FL_API int fl_client_get_info(const fl_client* client, fl_client_info* out);
+/*
+ * How long, in microseconds, the client's waits spin before they sleep: the
+ * wait_spin_us of fl_client_options resolved (the option, the environment,
+ * the daemon's advice, the default; see there) -- again after each
+ * reattach, as another daemon may advise otherwise.  0: no spin (and for a
+ * NULL client).  A binding that waits on fl_doorbell_fd itself spins this
+ * long first, calling the non-blocking function, so that it waits as
+ * fl_receive does.
+ */
+FL_API uint32_t fl_wait_spin_us(const fl_client* client);
 /* FL_OK while the daemon that served the attach still serves it, FL_ERR_DAEMON_GONE otherwise. */
 FL_API int fl_check_daemon(fl_client* client);
 /*

@@ -4,7 +4,9 @@
  * This header is a wire protocol between framelinkd and every client library
  * (C, .NET, Python).  Fixed-width fields, explicit padding, offsets (never
  * pointers), a static assertion on every size and offset.  Bump
- * FL_LAYOUT_VERSION whenever anything here changes.
+ * FL_LAYOUT_VERSION whenever anything here changes, but for a field carved
+ * from reserved bytes whose zero means what older peers did (they write
+ * zeros there and never read them).
  *
  * Each attached client gets two memfd segments:
  *
@@ -240,11 +242,23 @@ typedef struct fl_segment_header {
   uint32_t data_on_hugepages;      /* 1 when the data segment uses 2 MiB pages */
   char stream_name[FL_STREAM_NAME_MAX];
   uint64_t slot_header_stride; /* distance between consecutive slot headers */
-  /* Pads the header to 256 bytes: 128 is the bytes of the fields other than
-   * stream_name (120 before it, 8 after), so reserved starts at
-   * 128 + FL_STREAM_NAME_MAX (asserted below). */
-  uint8_t reserved[256 - 128 - FL_STREAM_NAME_MAX];
+  /* The host's advice on how long a client's blocking wait spins before it
+   * sleeps (the daemon's client_wait_spin_us), valid when spin_advice_flags
+   * has FL_SPIN_ADVICE_SET.  A daemon from before these fields leaves both
+   * zero (it zero-fills the header): no advice, the client's own default.
+   * Carved from what was reserved, so the layout version stays. */
+  uint32_t spin_advice_flags;   /* enum fl_spin_advice_flags */
+  uint32_t client_wait_spin_us; /* microseconds; 0: do not spin */
+  /* Pads the header to 256 bytes: 136 is the bytes of the fields other than
+   * stream_name (120 before it, 16 after), so reserved starts at
+   * 136 + FL_STREAM_NAME_MAX (asserted below). */
+  uint8_t reserved[256 - 136 - FL_STREAM_NAME_MAX];
 } fl_segment_header;
+
+/* fl_segment_header.spin_advice_flags */
+enum fl_spin_advice_flags {
+  FL_SPIN_ADVICE_SET = 1u << 0, /* client_wait_spin_us holds the daemon's advice */
+};
 
 FL_STATIC_ASSERT(sizeof(fl_segment_header) == 256, "fl_segment_header size");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, magic) == 0, "magic offset");
@@ -267,7 +281,9 @@ FL_STATIC_ASSERT(offsetof(fl_segment_header, daemon_state) == 112, "daemon_state
 FL_STATIC_ASSERT(offsetof(fl_segment_header, data_on_hugepages) == 116, "data_on_hugepages offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, stream_name) == 120, "stream_name offset");
 FL_STATIC_ASSERT(offsetof(fl_segment_header, slot_header_stride) == 184, "slot_header_stride offset");
-FL_STATIC_ASSERT(offsetof(fl_segment_header, reserved) == 128 + FL_STREAM_NAME_MAX, "reserved offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, spin_advice_flags) == 192, "spin_advice_flags offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, client_wait_spin_us) == 196, "client_wait_spin_us offset");
+FL_STATIC_ASSERT(offsetof(fl_segment_header, reserved) == 136 + FL_STREAM_NAME_MAX, "reserved offset");
 
 /* Sizes of a ring with `capacity` entries of `entry_size` bytes. */
 static inline uint64_t fl_ring_bytes(uint32_t capacity, uint32_t entry_size) {

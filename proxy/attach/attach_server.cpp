@@ -451,6 +451,7 @@ std::shared_ptr<ClientSegments> AttachServer::makeSegments(int fd, const fl_atta
   sreq.numa_node = numa_node_ >= 0 ? numa_node_ : numaNodeForSegments(config_);
   sreq.daemon_pid = identity_.pid;
   sreq.daemon_start_ns = identity_.start_ns;
+  sreq.client_wait_spin_us = config_.client_wait_spin_us;
   auto segments = ClientSegments::create(sreq);
   if (!segments) {
     spdlog::error("attach: pid {} stream '{}': {}", cred.pid, req.stream, segments.error().message);

@@ -247,6 +247,8 @@ void ClientSegments::initControl(const SegmentRequest& request) {
   h->slots_offset = geometry.slots_offset;
   h->data_on_hugepages = hugepages_ ? 1 : 0;
   std::strncpy(h->stream_name, request.stream.c_str(), FL_STREAM_NAME_MAX - 1);
+  h->spin_advice_flags = FL_SPIN_ADVICE_SET;
+  h->client_wait_spin_us = request.client_wait_spin_us;
   fl_ring_init(submitRing(), geometry.ring_capacity, sizeof(fl_submit_desc));
   fl_ring_init(completionRing(), geometry.ring_capacity, sizeof(fl_completion_desc));
   __atomic_store_n(&h->daemon_state, static_cast<uint32_t>(FL_DAEMON_SERVING), __ATOMIC_RELEASE);

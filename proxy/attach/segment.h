@@ -11,6 +11,7 @@
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "framelink/framelink.h"
 #include "framelink/shm_layout.h"
 
 namespace framelink {
@@ -55,6 +56,8 @@ struct SegmentRequest {
   int numa_node = -1;  // bind the data segment here when >= 0
   uint64_t daemon_pid = 0;
   uint64_t daemon_start_ns = 0;
+  // The host's wait spin for clients that set none (config client_wait_spin_us).
+  uint32_t client_wait_spin_us = FL_WAIT_SPIN_DEFAULT_US;
 };
 
 // Sizes and offsets of both segments for a request (pure function, testable).

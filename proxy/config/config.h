@@ -84,6 +84,10 @@ struct Config {
   // The data agent spins this long after its last work, yields as long again,
   // then sleeps in epoll; 0: sleep at once (least CPU, more latency).
   uint32_t idle_spin_us = 50;
+  // Written into each client's segment header: how long a client that sets
+  // no wait_spin_us of its own looks at its ring before it sleeps, so that
+  // one file sets both ends' spin; 0: the clients sleep at once.
+  uint32_t client_wait_spin_us = FL_WAIT_SPIN_DEFAULT_US;
   // On SIGTERM the daemon refuses new frames and gives those in progress this
   // long to end with their true status before it stops; 0: stop at once.
   uint32_t drain_timeout_ms = 5000;

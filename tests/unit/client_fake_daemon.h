@@ -117,6 +117,11 @@ class FakeDaemon {
     return o;
   }
 
+  // The segment header advises this wait spin (client_wait_spin_us), as
+  // framelinkd does; without a call it advises nothing, as a daemon from
+  // before the advice.  Call before the client attaches.
+  void adviseWaitSpin(uint32_t us) { advised_spin_us_ = us; }
+
   // ---- the daemon's side ----
   bool popSubmit(fl_submit_desc& d) { return fl_ring_pop(submit_, cap_, sizeof(d), &d) == FL_RING_OK; }
   void pushCompletion(const fl_completion_desc& d) {
@@ -273,6 +278,10 @@ class FakeDaemon {
     hdr_->slot_header_stride = sizeof(fl_slot_header);
     hdr_->slots_offset = fault_ == Fault::kSlotsOutOfBounds ? slots_off + FL_PAGE_SIZE : slots_off;
     std::snprintf(hdr_->stream_name, sizeof(hdr_->stream_name), "%.63s", req_.stream);
+    if (const int64_t advised = advised_spin_us_.load(); advised >= 0) {
+      hdr_->spin_advice_flags = FL_SPIN_ADVICE_SET;
+      hdr_->client_wait_spin_us = static_cast<uint32_t>(advised);
+    }
     submit_ = reinterpret_cast<fl_ring_header*>(control_ + sub_off);
     completion_ = reinterpret_cast<fl_ring_header*>(control_ + comp_off);
     fl_ring_init(submit_, cap_, sizeof(fl_submit_desc));
@@ -308,6 +317,7 @@ class FakeDaemon {
   fl_ring_header* submit_ = nullptr;
   fl_ring_header* completion_ = nullptr;
   std::atomic<int> wakes_{0};
+  std::atomic<int64_t> advised_spin_us_{-1};  // -1: no advice
 };
 
 // fl_attach against `d`, with the fake's thread joined afterwards.

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "client_fake_daemon.h"
 
@@ -117,5 +119,61 @@ TEST_CASE("consumer: the pull option goes in the attach request, from a struct t
   o.pull = 1;                                 // beyond its struct: not read
   fl_client* c = attach(d, o);
   CHECK((d.request().flags & FL_ATTACH_PULL) == 0);
+  fl_detach(c);
+}
+
+// $FRAMELINK_WAIT_SPIN_US for the life of one test.
+struct WaitSpinEnv {
+  explicit WaitSpinEnv(const char* value) {
+    if (value != nullptr) ::setenv("FRAMELINK_WAIT_SPIN_US", value, 1);
+  }
+  ~WaitSpinEnv() { ::unsetenv("FRAMELINK_WAIT_SPIN_US"); }
+  WaitSpinEnv(const WaitSpinEnv&) = delete;
+  WaitSpinEnv& operator=(const WaitSpinEnv&) = delete;
+};
+
+// The spin fl_attach resolves against a fake daemon that advises `advice`
+// (-1: advises nothing, a daemon from before the advice).
+static uint32_t resolvedSpin(int64_t advice, uint32_t option, const char* env_value) {
+  WaitSpinEnv env(env_value);
+  FakeDaemon d;
+  if (advice >= 0) d.adviseWaitSpin(static_cast<uint32_t>(advice));
+  fl_client_options o = d.options(FL_CONSUMER);
+  o.wait_spin_us = option;
+  fl_client* c = attach(d, o);
+  const uint32_t spin = fl_wait_spin_us(c);
+  fl_detach(c);
+  return spin;
+}
+
+TEST_CASE("wait spin: the option, then the environment, then the daemon's advice, then 20 us", "[client]") {
+  CHECK(resolvedSpin(333, 0, nullptr) == 333);
+  CHECK(resolvedSpin(0, 0, nullptr) == 0);  // the host says: do not spin
+  CHECK(resolvedSpin(333, 0, "7") == 7);
+  CHECK(resolvedSpin(333, 0, "0") == 0);
+  CHECK(resolvedSpin(333, 5, "7") == 5);
+  CHECK(resolvedSpin(333, FL_WAIT_SPIN_OFF, nullptr) == 0);
+  // Zero advice flags: a daemon too old to advise; the built-in default.
+  CHECK(resolvedSpin(-1, 0, nullptr) == FL_WAIT_SPIN_DEFAULT_US);
+  CHECK(resolvedSpin(-1, 0, "7") == 7);
+  // More than a client may ask for is capped, not trusted.
+  CHECK(resolvedSpin(FL_WAIT_SPIN_MAX_US + 1, 0, nullptr) == FL_WAIT_SPIN_MAX_US);
+  CHECK(fl_wait_spin_us(nullptr) == 0);
+}
+
+TEST_CASE("wait spin: a reattach takes the new daemon's advice", "[client]") {
+  auto first = std::make_unique<FakeDaemon>();
+  first->adviseWaitSpin(333);
+  fl_client* c = attach(*first, first->options(FL_CONSUMER));
+  REQUIRE(fl_wait_spin_us(c) == 333);
+  const std::string path = first->path();
+  first->die();
+  FakeDaemon second(client_test::Fault::kNone, path);
+  second.adviseWaitSpin(44);
+  const int rc = fl_reattach(c);
+  second.join();
+  INFO(fl_last_error());
+  REQUIRE(rc == FL_OK);
+  CHECK(fl_wait_spin_us(c) == 44);
   fl_detach(c);
 }

@@ -76,7 +76,9 @@ TEST_CASE("segment header layout", "[layout]") {
   CHECK(offsetof(fl_segment_header, data_on_hugepages) == 116);
   CHECK(offsetof(fl_segment_header, stream_name) == 120);
   CHECK(offsetof(fl_segment_header, slot_header_stride) == 120 + FL_STREAM_NAME_MAX);
-  CHECK(offsetof(fl_segment_header, reserved) == 128 + FL_STREAM_NAME_MAX);
+  CHECK(offsetof(fl_segment_header, spin_advice_flags) == 128 + FL_STREAM_NAME_MAX);
+  CHECK(offsetof(fl_segment_header, client_wait_spin_us) == 132 + FL_STREAM_NAME_MAX);
+  CHECK(offsetof(fl_segment_header, reserved) == 136 + FL_STREAM_NAME_MAX);
 }
 
 TEST_CASE("magic numbers spell their names in memory", "[layout]") {

@@ -241,8 +241,10 @@ class _Client:
         ERR_DAEMON_GONE, so a daemon restart is a pause.  False: raise ERR_DAEMON_GONE and let the caller
         reattach().
         attach_timeout_ms: bounds connecting and the daemon's answer (0: 10 s); past it ERR_DAEMON_UNREACHABLE.
-        wait_spin_us: how long a blocking call that finds nothing keeps looking before it sleeps, yielding the
-        CPU between looks (0: 20 us, or $FRAMELINK_WAIT_SPIN_US when set; -1: sleep at once; at most 1000000)."""
+        wait_spin_us: how long a blocking or async call that finds nothing keeps looking before it sleeps,
+        yielding the CPU between looks (0: $FRAMELINK_WAIT_SPIN_US when set, else what the daemon advises for
+        its host -- its client_wait_spin_us --, else 20 us; -1: sleep at once; at most 1000000).  The resolved
+        value is the wait_spin_us property."""
         if not isinstance(stream, str) or not stream:
             raise ValueError("stream must be a non-empty name, [A-Za-z0-9._-]{1,63}")
         opts = _native.ClientOptions()
@@ -273,6 +275,7 @@ class _Client:
         self.auto_reattach = bool(opts.auto_reattach)
         self._fd = lib.fl_doorbell_fd(self._h)
         self._waiters: Set["asyncio.Future[None]"] = set()
+        self._doorbell_waits = 0  # how often an *_async call awaited the doorbell (the tests look)
         self._reader_loop: Optional[asyncio.AbstractEventLoop] = None
 
     @property
@@ -305,6 +308,31 @@ class _Client:
     @property
     def slot_count(self) -> int:
         return self.info.slot_count
+
+    @property
+    def wait_spin_us(self) -> int:
+        """How long, in microseconds, a call that finds nothing looks again before it sleeps (0: not at all):
+        the wait_spin_us argument, else $FRAMELINK_WAIT_SPIN_US, else the daemon's advice, else 20; after a
+        reattach, the new daemon's.  The *_async calls spin on the event loop's thread before they await the
+        doorbell, as the blocking calls do.  0 with a libframelink older than 0.2, which cannot say."""
+        fn = getattr(lib, "fl_wait_spin_us", None)
+        return 0 if fn is None else int(fn(self._handle()))
+
+    def _spin(self, attempt: Callable[[], Optional[_T]]) -> Optional[_T]:
+        """After a try found nothing: try again for wait_spin_us, yielding the CPU between tries, so that
+        what comes meanwhile is taken without the daemon ringing the doorbell and the event loop waking up
+        (most of a small frame's cost).  None when the spin ran out or is 0."""
+        us = self.wait_spin_us
+        if us <= 0:
+            return None
+        until = time.perf_counter_ns() + us * 1000
+        while True:
+            os.sched_yield()
+            result = attempt()
+            if result is not None:
+                return result
+            if time.perf_counter_ns() >= until:
+                return None
 
     def _handle(self) -> ctypes.c_void_p:
         h = self._h
@@ -380,6 +408,7 @@ class _Client:
     async def _doorbell(self) -> None:
         """Wait until the doorbell fd is readable: work, or the daemon's loss (then the next call says so)."""
         loop = asyncio.get_running_loop()
+        self._doorbell_waits += 1
         fut: "asyncio.Future[None]" = loop.create_future()
         if not self._waiters:
             loop.add_reader(self._fd, self._ring)

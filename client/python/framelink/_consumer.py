@@ -136,11 +136,15 @@ class Consumer(_Client):
         return self._blocking(self._try_receive, timeout, "frame")
 
     async def receive_async(self) -> Frame:
-        while True:
-            frame = self._try_receive(0)
-            if frame is not None:
-                return frame
+        """The next frame: one there, or one that comes within wait_spin_us, without awaiting; else the
+        doorbell is awaited in the running event loop."""
+        frame = self._try_receive(0)
+        if frame is None:
+            frame = self._spin(lambda: self._try_receive(0))
+        while frame is None:
             await self._doorbell()
+            frame = self._try_receive(0)
+        return frame
 
     async def frames(self) -> AsyncIterator[Frame]:
         """Every frame, forever; release each one."""

@@ -131,10 +131,19 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "fl_frame_gap": (c_uint32, [h, c_uint32]),
         "fl_crc32c": (c_uint32, [c_uint32, c_void_p, c_size_t]),
     }
+    # Functions a library older than this package may lack (fl_wait_spin_us: 0.2): declared when present.
+    optional = {
+        "fl_wait_spin_us": (c_uint32, [h]),
+    }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    for name, (restype, argtypes) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
     return lib
 
 

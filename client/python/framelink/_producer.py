@@ -201,11 +201,15 @@ class Producer(_Client):
         return loan
 
     async def acquire_async(self) -> Loan:
-        while True:
-            loan = self._try_acquire(0)
-            if loan is not None:
-                return loan
+        """A free slot: one free now, or one that frees within wait_spin_us, without awaiting; else the
+        doorbell is awaited in the running event loop."""
+        loan = self._try_acquire(0)
+        if loan is None:
+            loan = self._spin(lambda: self._try_acquire(0))
+        while loan is None:
             await self._doorbell()
+            loan = self._try_acquire(0)
+        return loan
 
     def _take(self, ms: Optional[int], max_count: int) -> Optional[List[Completion]]:
         max_count = max(1, min(max_count, len(self._comps)))
@@ -237,12 +241,15 @@ class Producer(_Client):
         return self._blocking(lambda ms: self._take(ms, max_count), timeout, "completion") or []
 
     async def completions_async(self, max_count: int = 64) -> List[Completion]:
-        """At least one completion, waiting on the doorbell in the running event loop."""
-        while True:
-            got = self._take(None, max_count)
-            if got:
-                return got
+        """At least one completion: those there, or those that come within wait_spin_us, without awaiting;
+        else the doorbell is awaited in the running event loop."""
+        got = self._take(None, max_count)  # None when there are none
+        if got is None:
+            got = self._spin(lambda: self._take(None, max_count))
+        while got is None:
             await self._doorbell()
+            got = self._take(None, max_count)
+        return got
 
     async def completions(self) -> AsyncIterator[Completion]:
         """Every completion, forever (break out or cancel the task to stop)."""

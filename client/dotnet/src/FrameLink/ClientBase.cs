@@ -1,3 +1,4 @@
+using System.Diagnostics;
 using System.Runtime.InteropServices;
 
 namespace FrameLink;
@@ -10,6 +11,7 @@ public abstract unsafe class FrameLinkClient : IDisposable, IAsyncDisposable
 
     private protected readonly SafeClientHandle handle;
     private readonly Lazy<Doorbell> doorbell;
+    private long doorbellWaits;
 
     private protected FrameLinkClient(string stream, FrameLinkOptions? options, uint role, string roleName)
     {
@@ -72,6 +74,35 @@ public abstract unsafe class FrameLinkClient : IDisposable, IAsyncDisposable
     /// <summary>How often this client attached again (<see cref="Reattach"/>); leases and frames belong to one generation.</summary>
     public int Generation => Info.Generation;
 
+    /// <summary>
+    /// How long, in microseconds, a wait of this client that finds nothing looks again before it sleeps
+    /// (0: it sleeps at once): <see cref="FrameLinkOptions.WaitSpinMicroseconds"/>, else
+    /// $FRAMELINK_WAIT_SPIN_US, else what the daemon advises for its host (its client_wait_spin_us), else 20.
+    /// The async calls spin on the calling thread, before they return their task, as the blocking ones do;
+    /// after a reattach the new daemon's advice applies. 0 with a libframelink older than 0.2, which cannot say.
+    /// </summary>
+    public int WaitSpinMicroseconds => (int)ResolvedSpin();
+
+    // A libframelink older than 0.2 has no fl_wait_spin_us: with it the async calls do not spin, as before.
+    private static volatile bool noSpinExport;
+
+    private uint ResolvedSpin()
+    {
+        if (noSpinExport) return 0;
+        try
+        {
+            return Native.fl_wait_spin_us(Handle);
+        }
+        catch (EntryPointNotFoundException)
+        {
+            noSpinExport = true;
+            return 0;
+        }
+    }
+
+    /// <summary>How often this client's async calls awaited the doorbell: a frame taken within the spin adds none.</summary>
+    internal long DoorbellWaits => Interlocked.Read(ref doorbellWaits);
+
     /// <summary>Throws FrameLinkException(DaemonGone) when the daemon that served the attach is gone.</summary>
     public void CheckDaemon() => Native.Check(Native.fl_check_daemon(Handle), "framelinkd");
 
@@ -96,7 +127,29 @@ public abstract unsafe class FrameLinkClient : IDisposable, IAsyncDisposable
     private protected Task WaitDoorbellAsync(CancellationToken ct)
     {
         ObjectDisposedException.ThrowIf(handle.IsClosed, this);
+        Interlocked.Increment(ref doorbellWaits);
         return doorbell.Value.WaitAsync(ct);
+    }
+
+    /// <summary>
+    /// After a try found nothing: tries again for <see cref="WaitSpinMicroseconds"/>, yielding between tries, so
+    /// that what comes meanwhile is taken without the daemon ringing the doorbell and this thread waking up
+    /// (most of a small frame's cost). True when a try succeeded; false when the spin ran out, is 0, or
+    /// <paramref name="ct"/> fired.
+    /// </summary>
+    private protected bool SpinFor(Func<bool> attempt, CancellationToken ct)
+    {
+        uint us = ResolvedSpin();
+        if (us == 0) return false;
+        long until = Stopwatch.GetTimestamp() + (long)(us * (double)Stopwatch.Frequency / 1_000_000);
+        var spinner = new SpinWait();
+        while (!ct.IsCancellationRequested)
+        {
+            spinner.SpinOnce(sleep1Threshold: -1);  // spins, then yields; never sleeps a millisecond
+            if (attempt()) return true;
+            if (Stopwatch.GetTimestamp() >= until) return false;
+        }
+        return false;
     }
 
     /// <summary>Runs attempt(ms) in slices until it returns true, the timeout passes (false) or ct fires.</summary>

@@ -48,9 +48,13 @@ public sealed class FrameLinkConsumer : FrameLinkClient
         return frame;
     }
 
+    /// <summary>The next frame; completes synchronously when one is there or comes within
+    /// <see cref="FrameLinkClient.WaitSpinMicroseconds"/>, else awaits the doorbell.</summary>
     public ValueTask<ReceivedFrame> ReceiveAsync(CancellationToken cancellationToken = default)
     {
         if (TryReceive(out var frame)) return new ValueTask<ReceivedFrame>(frame);
+        ReceivedFrame? spun = null;
+        if (SpinFor(() => TryReceive(out spun), cancellationToken)) return new ValueTask<ReceivedFrame>(spun!);
         return ReceiveSlowAsync(cancellationToken);
     }
 

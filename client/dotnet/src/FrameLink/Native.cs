@@ -109,6 +109,7 @@ internal static unsafe partial class Native
     [LibraryImport(Library)] internal static partial int fl_check_daemon(SafeClientHandle client);
     [LibraryImport(Library)] internal static partial int fl_reattach(SafeClientHandle client);
     [LibraryImport(Library)] internal static partial int fl_doorbell_fd(SafeClientHandle client);
+    [LibraryImport(Library)] internal static partial uint fl_wait_spin_us(SafeClientHandle client);
     [LibraryImport(Library)] internal static partial int fl_acquire(SafeClientHandle client, int timeoutMs, FlSlot* slot);
     [LibraryImport(Library)] internal static partial int fl_set_meta(SafeClientHandle client, uint slot, FlFrameMeta* meta);
     [LibraryImport(Library)] internal static partial int fl_submit(SafeClientHandle client, uint slot, ulong length);

@@ -53,10 +53,13 @@ public sealed class FrameLinkProducer : FrameLinkClient
         return lease!;
     }
 
-    /// <summary>A free slot; completes synchronously when one is free, else awaits the doorbell.</summary>
+    /// <summary>A free slot; completes synchronously when one is free or frees within
+    /// <see cref="FrameLinkClient.WaitSpinMicroseconds"/>, else awaits the doorbell.</summary>
     public ValueTask<ProducerLease> AcquireAsync(CancellationToken cancellationToken = default)
     {
         if (TryAcquire(out var lease)) return new ValueTask<ProducerLease>(lease);
+        ProducerLease? spun = null;
+        if (SpinFor(() => TryAcquire(out spun), cancellationToken)) return new ValueTask<ProducerLease>(spun!);
         return AcquireSlowAsync(cancellationToken);
     }
 
@@ -92,15 +95,20 @@ public sealed class FrameLinkProducer : FrameLinkClient
         return n == 1;
     }
 
-    /// <summary>Waits for at least one completion; returns how many were written into <paramref name="into"/>.</summary>
+    /// <summary>Waits for at least one completion; returns how many were written into <paramref name="into"/>.
+    /// Completes synchronously when one is there or comes within
+    /// <see cref="FrameLinkClient.WaitSpinMicroseconds"/>, else awaits the doorbell.</summary>
     public async ValueTask<int> WaitCompletionsAsync(Memory<Completion> into, CancellationToken cancellationToken = default)
     {
         if (into.IsEmpty) throw new ArgumentException("needs room for at least one completion", nameof(into));
+        int n = PollCompletions(into.Span);
+        if (n > 0) return n;
+        if (SpinFor(() => (n = PollCompletions(into.Span)) > 0, cancellationToken)) return n;
         while (true)
         {
-            int n = PollCompletions(into.Span);
-            if (n > 0) return n;
             await WaitDoorbellAsync(cancellationToken).ConfigureAwait(false);
+            n = PollCompletions(into.Span);
+            if (n > 0) return n;
         }
     }
 
