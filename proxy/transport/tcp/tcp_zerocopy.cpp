@@ -1,6 +1,8 @@
 // TcpTransport's zero-copy send: the kernel's notifications (MSG_ZEROCOPY,
 // Documentation/networking/msg_zerocopy.rst) that it let a frame's pages go,
 // and the frames that wait for them.  See tcp_transport.h.
+#include <time.h>  // before linux/errqueue.h, which uses struct timespec without declaring it
+
 #include <linux/errqueue.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
