@@ -187,8 +187,9 @@ void GrpcTransport::senderLoop() noexcept {
       if (!ok) return;
       continue;
     }
-    if (ok)
+    if (ok) {
       ok = out.frames.size() == 1 ? writeFrame(out.frames[0], &prefix) : writeBatch(out.frames, &prefix);
+    }
     const int status = ok ? FL_OK : FL_ERR_LINK_LOST;
     if (!release_->waitReleased(&out.frames, status)) return;  // completed by the last release
     for (const SendRequest& r : out.frames) core_->completeSend(r.cookie, status, r.header.length);
