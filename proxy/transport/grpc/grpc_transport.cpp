@@ -199,19 +199,20 @@ void GrpcTransport::senderLoop() noexcept {
   }
 }
 
-bool GrpcTransport::writeFrame(const SendRequest& r, std::string* prefix) noexcept {
-  const uint64_t length = r.header.length;
+template <typename EncodePrefix, typename PayloadSlice>
+bool GrpcTransport::writeChunked(uint64_t length, std::string* prefix, EncodePrefix&& encode,
+                                 PayloadSlice&& payload) noexcept {
   uint64_t offset = 0;
   bool ok = true;
   try {
     while (ok) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
       prefix->clear();
-      encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, offset + n == length, n, prefix);
+      encode(offset, offset + n == length, n, prefix);
       {
-        // This scope's references go before waitReleased: gRPC's are what it waits for.
+        // This scope's references go before the caller waits for gRPC's to go (waitReleased).
         grpc::Slice slices[2] = {grpc::Slice(*prefix), grpc::Slice()};
-        if (n > 0) slices[1] = SliceRelease::payloadSlice(release_, r.payload + offset, n);
+        if (n > 0) slices[1] = payload(offset, n);
         grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
         ok = writeMessage(message, false);
       }
@@ -222,6 +223,17 @@ bool GrpcTransport::writeFrame(const SendRequest& r, std::string* prefix) noexce
     ok = false;
   }
   return ok;
+}
+
+bool GrpcTransport::writeFrame(const SendRequest& r, std::string* prefix) noexcept {
+  return writeChunked(
+      r.header.length, prefix,
+      [&r](uint64_t offset, bool last, size_t n, std::string* out) {
+        encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, last, n, out);
+      },
+      [this, &r](uint64_t offset, size_t n) {
+        return SliceRelease::payloadSlice(release_, r.payload + offset, n);
+      });
 }
 
 bool GrpcTransport::writeBatch(const std::vector<SendRequest>& frames, std::string* prefix) noexcept {
@@ -253,25 +265,13 @@ bool GrpcTransport::writeAnswer(const ReadAnswer& a, std::string* prefix) noexce
   const uint64_t length = a.known ? a.asked.length : 0;
   response.set_length(length);
   response.set_no_source(!a.known);
-  uint64_t offset = 0;
-  bool ok = true;
-  try {
-    // Chunked as a frame's payload is; the first chunk names the read.
-    while (ok) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
-      prefix->clear();
-      encodeReadResponsePrefix(offset == 0 ? &response : nullptr, offset, offset + n == length, n, prefix);
-      grpc::Slice slices[2] = {grpc::Slice(*prefix), grpc::Slice()};
-      if (n > 0) slices[1] = sourceSlice(a.keepalive, a.payload + offset, n);
-      grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
-      ok = writeMessage(message, false);
-      offset += n;
-      if (offset >= length) break;
-    }
-  } catch (...) {  // bad_alloc
-    ok = false;
-  }
-  return ok;
+  // Chunked as a frame's payload is; the first chunk names the read.
+  return writeChunked(
+      length, prefix,
+      [&response](uint64_t offset, bool last, size_t n, std::string* out) {
+        encodeReadResponsePrefix(offset == 0 ? &response : nullptr, offset, last, n, out);
+      },
+      [&a](uint64_t offset, size_t n) { return sourceSlice(a.keepalive, a.payload + offset, n); });
 }
 
 // ---------------------------------------------------------------- receiving

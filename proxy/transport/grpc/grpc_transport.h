@@ -197,6 +197,12 @@ class GrpcTransport : public Transport {
   bool writeAnswer(const ReadAnswer& answer, std::string* prefix) noexcept;
   // Writes a frame in chunks; false when a write failed.
   bool writeFrame(const SendRequest& frame, std::string* prefix) noexcept;
+  // Writes `length` bytes as chunks of at most chunk_bytes, a message each:
+  // encode(offset, last, n, prefix) writes a chunk's fields, payload(offset,
+  // n) makes the slice of its bytes.  False when a write failed.
+  template <typename EncodePrefix, typename PayloadSlice>
+  bool writeChunked(uint64_t length, std::string* prefix, EncodePrefix&& encode,
+                    PayloadSlice&& payload) noexcept;
   // Writes several whole frames as one message (`frames`); false when the write failed.
   bool writeBatch(const std::vector<SendRequest>& frames, std::string* prefix) noexcept;
   // What nextSend() may take at once: one frame until enableFrameBatches().
