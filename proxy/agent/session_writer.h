@@ -1,9 +1,9 @@
 // What the data agent holds of one live peer session: a non-blocking way to
-// send control messages and a way to end the session.  The session's writer
-// is SessionWriter's own thread (session_writer.cpp); its reader is
-// runLinkSession (link/session_reader.cpp), which starts the writer and runs
-// on the thread that owns the gRPC call (a dialer's or a gRPC handler's,
-// link/peer_links.cpp).
+// send control messages and a way to end the session.  On a call of gRPC's
+// callback API (link/session_reactor.h) the writer starts each write and the
+// call reports it done (writeDone); keepalives and the silence check run on
+// the daemon's SessionTimers: no thread of the session's own.  On a blocking
+// call the writer has a thread of its own (session_writer.cpp).
 #pragma once
 
 #include <atomic>
@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
+#include "agent/session_timers.h"
 #include "common/thread_annotations.h"
 #include "framelink/v1/link.pb.h"
 
@@ -48,6 +50,13 @@ class SessionWriter {
   // protocol simulator drives two agents and their sessions this way).
   struct Inline {};
   SessionWriter(WriteFn write, Inline);
+  // Starts a write on the call and returns at once, the message kept alive
+  // until the call reports it done through writeDone(); false: the call
+  // ended, nothing was started.  At most one write is out at a time.
+  using StartFn = std::function<bool(const v1::PeerMessage&, bool more)>;
+  static std::shared_ptr<SessionWriter> makeAsync(StartFn start, std::chrono::milliseconds keepalive,
+                                                  std::chrono::milliseconds silence,
+                                                  std::function<void()> cut, SessionTimers& timers);
   ~SessionWriter();
   SessionWriter(const SessionWriter&) = delete;
   SessionWriter& operator=(const SessionWriter&) = delete;
@@ -67,6 +76,8 @@ class SessionWriter {
   bool sendLast(v1::PeerMessage message);
   // Stops the thread after what is queued was written (or writing failed).
   void close();
+  // The write started last (StartFn) is done; `ok` false: the call broke.
+  void writeDone(bool ok);
   // Something (a message, a keepalive) arrived from the peer.
   void heard() noexcept;
   // What the keepalives say this end took off the link's data transport
@@ -82,7 +93,25 @@ class SessionWriter {
     v1::PeerMessage message;
     size_t bytes = 0;
   };
+  struct AsyncTag {};
+
+ public:
+  SessionWriter(AsyncTag, StartFn start, std::chrono::milliseconds keepalive,
+                std::chrono::milliseconds silence, std::function<void()> cut, SessionTimers& timers);
+
+ private:
   void run();
+  // Async: starts the next write unless one is out; cuts once the last is written.
+  void pump();
+  // Async: the keepalive and silence check, on the timers' thread; arms the next.
+  void tick(const std::weak_ptr<SessionWriter>& self);
+  void arm(const std::weak_ptr<SessionWriter>& self, std::chrono::steady_clock::time_point now)
+      FL_REQUIRES(mutex_);
+  // Takes the next message to write off the queue (the echo first).
+  v1::PeerMessage takeNext() FL_REQUIRES(mutex_);
+  v1::PeerMessage keepaliveMessage() const;
+  // The peer said nothing for longer than silence_: why, or "".
+  std::string silenceFailure() const;
   // Stops writing for good: what waits is dropped.
   void fail(std::string why) FL_REQUIRES(mutex_);
 
@@ -104,6 +133,14 @@ class SessionWriter {
   std::string failure_ FL_GUARDED_BY(mutex_);
   bool inline_ = false;  // set once, at construction
   std::thread thread_;
+  // Async mode (set once, at construction): no thread_.
+  StartFn start_;
+  SessionTimers* timers_ = nullptr;
+  v1::PeerMessage in_flight_ FL_GUARDED_BY(mutex_);  // what the call writes now
+  bool writing_ FL_GUARDED_BY(mutex_) = false;
+  bool cut_done_ FL_GUARDED_BY(mutex_) = false;
+  SessionTimers::Id timer_ FL_GUARDED_BY(mutex_) = 0;
+  std::chrono::steady_clock::time_point next_keepalive_ FL_GUARDED_BY(mutex_);
 };
 
 // The agent's handle on a session.

@@ -1,4 +1,5 @@
-// The dialers: one thread per configured peer that keeps a session to it up.
+// The dialers: a thread per configured peer while it dials; a linked session
+// holds none (DialedSession), and its end starts the next dialer.
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
@@ -23,6 +24,7 @@
 #include "common/thread_annotations.h"
 #include "framelink/shm_layout.h"
 #include "framelink/v1/link.grpc.pb.h"
+#include "link/dialed_session.h"
 #include "link/peer_grpc_options.h"
 #include "link/peer_identity.h"
 #include "link/peer_links_impl.h"
@@ -40,7 +42,6 @@ using transport::kTokenMetadataKey;
 namespace {
 
 using Clock = PeerLinksImpl::Clock;
-using ClientStream = PeerLinksImpl::ClientStream;
 
 // From the kernel's CSPRNG: a session id crosses the network in clear, and
 // one id must tell nothing of the next (a generator seeded once would, from
@@ -58,28 +59,144 @@ uint64_t randomSessionId() {
 
 }  // namespace
 
-bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
+std::unique_ptr<PeerLinksImpl::DialedSession> PeerLinksImpl::DialedSession::open(
+    PeerLinksImpl& links, const PeerConfig& peer, const DialState& state,
+    std::shared_ptr<::grpc::Channel> channel, const std::string& token) {
+  std::unique_ptr<DialedSession> session(new DialedSession(links, std::move(channel)));
+  if (!token.empty()) session->ctx_.AddMetadata(kTokenMetadataKey, token);
+  MutexLock lock(links.mutex_);
+  if (links.ending(state)) return nullptr;
+  links.client_contexts_.emplace(&session->ctx_, CallPeer{peer.name, {}});
+  return session;
+}
+
+PeerLinksImpl::DialedSession::DialedSession(PeerLinksImpl& links, std::shared_ptr<::grpc::Channel> channel)
+    : links_(links), channel_(std::move(channel)), stub_(v1::Link::NewStub(channel_)) {}
+
+PeerLinksImpl::DialedSession::~DialedSession() {
+  bool handed_over = false;
+  {
+    MutexLock lock(mutex_);
+    handed_over = handed_over_;
+  }
+  MutexLock lock(links_.mutex_);
+  links_.client_contexts_.erase(&ctx_);
+  if (handed_over && --links_.dialed_sessions_ == 0) links_.stop_cv_.notify_all();
+}
+
+bool PeerLinksImpl::DialedSession::exchange(const v1::PeerMessage& hello, v1::PeerMessage& reply,
+                                            ::grpc::Status& status) {
+  hello_ = hello;
+  stub_->async()->Session(&ctx_, this);
+  StartWrite(&hello_);
+  StartRead(&reply_);
+  StartCall();
+  MutexLock lock(mutex_);
+  // Both complete, whether they worked or the call ended.
+  lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return hello_written_ && ack_read_; });
+  if (ack_ok_) {
+    reply = reply_;
+    return true;
+  }
+  lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return done_; });
+  status = status_;
+  return false;
+}
+
+void PeerLinksImpl::DialedSession::abandon() {
+  ctx_.TryCancel();
+  MutexLock lock(mutex_);
+  lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return done_; });
+}
+
+void PeerLinksImpl::DialedSession::handshakeRead(bool ok) {
+  MutexLock lock(mutex_);
+  ack_read_ = true;
+  ack_ok_ = ok;
+  cv_.notify_all();
+}
+
+void PeerLinksImpl::DialedSession::handshakeWritten(bool ok) {
+  MutexLock lock(mutex_);
+  hello_written_ = true;
+  if (!ok) ctx_.TryCancel();  // the read then fails too
+  cv_.notify_all();
+}
+
+bool PeerLinksImpl::DialedSession::launch(DialState& state, const PeerConfig& peer,
+                                          const LinkSessionInfo& info,
+                                          std::shared_ptr<transport::Transport> t,
+                                          const TransportEntry* preferred, Clock::time_point move_back_at,
+                                          std::unique_ptr<PeerInstances::Up> up) {
+  peer_ = peer;
+  up_ = std::move(up);
+  preferred_ = preferred;
+  if (preferred != nullptr) {
+    // A link that fell back from a transport it prefers moves back: the
+    // session ends at the deadline, and the next dial offers that one first.
+    move_back_ = links_.timers_.at(move_back_at, [this, to = std::string(preferred->name())] {
+      spdlog::info("peer {}: trying {} again; the link moves back to it if it works", peer_->name, to);
+      moved_back_.store(true);
+      ctx_.TryCancel();
+    });
+  }
+  {
+    // Counted before the link can end: stop() waits for every handed-over session.
+    MutexLock lock(links_.mutex_);
+    ++links_.dialed_sessions_;
+  }
+  beginLink(links_.agent_, links_.config_, links_.timers_, info, std::move(t));
+  MutexLock lock(mutex_);
+  if (done_) {
+    MutexLock links(links_.mutex_);
+    --links_.dialed_sessions_;
+    return false;
+  }
+  state_.emplace(std::move(state));
+  handed_over_ = true;
+  return true;
+}
+
+void PeerLinksImpl::DialedSession::settle(DialState& state) {
+  if (move_back_ != 0) links_.timers_.cancel(move_back_);
+  if (moved_back_.load()) state.fallbacks.erase(preferred_);
+  up_.reset();
+}
+
+void PeerLinksImpl::DialedSession::OnDone(const ::grpc::Status& status) {
+  std::optional<DialState> state;
+  {
+    MutexLock lock(mutex_);
+    done_ = true;
+    status_ = status;
+    if (!handed_over_) {
+      cv_.notify_all();  // the dialer's thread deletes the session once it sees done_
+      return;
+    }
+    state = std::move(state_);
+  }
+  const LogScope scope(LogFields{.peer = peer_->name});
+  settle(*state);
+  // The channel goes on the timers' thread, not on one of its own callbacks
+  // (its callback queue would be shut down from inside).
+  links_.redial(*peer_, std::move(*state), channel_);
+  delete this;
+}
+
+PeerLinksImpl::Dialed PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   auto host_port = transport::tcp::parseHostPort(peer.address);
   if (!host_port) {
     spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
     metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kBadAddress,
                                   "bad address '" + peer.address + "': " + host_port.error().message);
-    return false;
+    return Dialed::kFailed;
   }
   auto channel = connectChannel(peer, host_port->first, state);
-  if (!channel) return false;
-  ::grpc::ClientContext ctx;
+  if (!channel) return Dialed::kFailed;
   const std::string token = live_.get()->peerToken(peer.name);  // a reload may have rotated it
-  if (!token.empty()) ctx.AddMetadata(kTokenMetadataKey, token);
-  {
-    MutexLock lock(mutex_);
-    if (ending(state)) return false;
-    client_contexts_.emplace(&ctx, CallPeer{peer.name, {}});
-  }
-  Unregister<::grpc::ClientContext> unregister{this, &ctx};
-
-  auto stub = v1::Link::NewStub(channel);
-  std::unique_ptr<ClientStream> stream = stub->Session(&ctx);
+  std::unique_ptr<DialedSession> session = DialedSession::open(*this, peer, state, channel, token);
+  if (!session) return Dialed::kFailed;
+  ::grpc::ClientContext& ctx = session->context();
   uint64_t session_id = randomSessionId();
   // What this side leaves out, and why, is part of the link's reason.
   const auto offer = TransportRegistry::offer(configured_, [&state](const TransportEntry& t) -> std::string {
@@ -89,7 +206,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
     return it->second.failure + " (tried again in " + std::to_string(left.count() + 1) + " s)";
   });
   v1::PeerMessage reply;
-  if (!exchangeHello(peer, offer, session_id, ctx, *stream, reply)) return false;
+  if (!exchangeHello(peer, offer, session_id, *session, reply)) return Dialed::kFailed;
   {
     MutexLock lock(mutex_);
     client_contexts_[&ctx].cert_pem = peerCertificate(ctx.auth_context().get());
@@ -104,9 +221,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
       metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kRefused, why);
       if (!state.unreachable_logged) spdlog::warn("discovery: {}", why);
       state.unreachable_logged = true;  // once per streak, as an unreachable peer
-      ctx.TryCancel();
-      stream->Finish();
-      return false;
+      session->abandon();
+      return Dialed::kFailed;
     }
     spdlog::info("peer {} at {} calls itself '{}'", peer.name, peer.address, ack.daemon_id());
   }
@@ -120,9 +236,8 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
                                                          "' that this daemon did not offer");
   if (!made) {
     dialFailed(peer, chosen, ack, made.error().message, state);
-    ctx.TryCancel();
-    stream->Finish();
-    return false;
+    session->abandon();
+    return Dialed::kFailed;
   }
   state.fallbacks.erase(chosen);
   if (ack.frame_batches()) made.value()->enableFrameBatches();
@@ -133,8 +248,7 @@ bool PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
   spdlog::info("connected to peer {} at {} (session {:016x}, protocol {}, transport {}{})", peer.name,
                peer.address, session_id, ack.protocol_version(), ack.transport(),
                reason.empty() ? "" : "; " + reason);
-  runDialedLink(peer, chosen, ack, reason, std::move(made).value(), ctx, *stream, state);
-  return true;
+  return launchLink(peer, chosen, ack, reason, std::move(made).value(), std::move(session), state);
 }
 
 std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig& peer,
@@ -184,8 +298,8 @@ std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig&
 }
 
 bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer,
-                                  uint64_t session_id, ::grpc::ClientContext& ctx, ClientStream& stream,
-                                  v1::PeerMessage& reply) {
+                                  uint64_t session_id, DialedSession& session, v1::PeerMessage& reply) {
+  ::grpc::ClientContext& ctx = session.context();
   v1::PeerMessage hello_msg;
   auto* hello = hello_msg.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
@@ -197,8 +311,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   for (const auto& t : transports_.entries()) t->announce(*hello);
   hello->set_session_id(session_id);
   hello->set_instance(instance_);
-  if (!stream.Write(hello_msg) || !stream.Read(&reply)) {
-    ::grpc::Status status = stream.Finish();
+  if (::grpc::Status status; !session.exchange(hello_msg, reply, status)) {
     if (const std::optional<VersionRange> theirs = refusedVersions(ctx)) {
       metrics_.counters.peer_version_mismatches.fetch_add(1, std::memory_order_relaxed);
       const std::string why = mismatchText(kSpokenVersions, *theirs);
@@ -240,8 +353,7 @@ bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistr
   } else {
     return true;
   }
-  ctx.TryCancel();
-  stream.Finish();
+  session.abandon();
   return false;
 }
 
@@ -263,14 +375,13 @@ void PeerLinksImpl::dialFailed(const PeerConfig& peer, const TransportEntry* cho
                                 "cannot open the " + ack.transport() + " data channel: " + error);
 }
 
-// Runs the link until the Session call ends, then finishes the call.  A link that fell back from a
-// transport it prefers, while both sides have that one, moves back: at a deadline (an alarm on gRPC's
-// timer, no thread) the session is ended, and the next dial offers that transport first again.
-// Frames in flight are replayed by the data agent.
-void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* chosen,
-                                  const v1::HelloAck& ack, const std::string& reason,
-                                  std::shared_ptr<transport::Transport> data, ::grpc::ClientContext& ctx,
-                                  ClientStream& stream, DialState& state) {
+// Hands the link over to its session; a link that fell back from a transport it prefers, while both
+// sides have that one, moves back: at a deadline the session is ended, and the next dial offers that
+// transport first again.  Frames in flight are replayed by the data agent.
+PeerLinksImpl::Dialed PeerLinksImpl::launchLink(const PeerConfig& peer, const TransportEntry* chosen,
+                                                const v1::HelloAck& ack, const std::string& reason,
+                                                std::shared_ptr<transport::Transport> data,
+                                                std::unique_ptr<DialedSession> session, DialState& state) {
   const TransportEntry* preferred = nullptr;
   Clock::time_point move_back_at = Clock::time_point::max();
   for (const TransportEntry* t : configured_) {
@@ -284,34 +395,46 @@ void PeerLinksImpl::runDialedLink(const PeerConfig& peer, const TransportEntry* 
       preferred = t;
     }
   }
-  auto move_back = std::make_shared<CancelGuard>([&ctx] { ctx.TryCancel(); });
-  auto moved_back = std::make_shared<std::atomic<bool>>(false);
-  ::grpc::Alarm alarm;
-  if (preferred != nullptr) {
-    alarm.Set(std::chrono::system_clock::now() + (move_back_at - Clock::now()),
-              [move_back, moved_back, name = peer.name, to = std::string(preferred->name())](bool fired) {
-                if (!fired) return;  // cancelled: the session ended first
-                spdlog::info("peer {}: trying {} again; the link moves back to it if it works", name, to);
-                moved_back->store(true);
-                move_back->fire();
-              });
-  }
   LinkSessionInfo info{next_link_id_++, {peer.name, peer.address, ack.instance(), ack.transport(), reason}};
-  const auto up = instances_.up(peer.name, ack.instance(), peer.address);
-  runLinkSession(agent_, config_, info, std::move(data), &stream, [&ctx] { ctx.TryCancel(); });
-  alarm.Cancel();
-  move_back->disarm();  // the alarm's callback may still run, but reaches ctx no more
-  if (moved_back->load()) state.fallbacks.erase(preferred);
-  stream.Finish();
+  std::unique_ptr<PeerInstances::Up> up(
+      new PeerInstances::Up(instances_.up(peer.name, ack.instance(), peer.address)));
+  if (session->launch(state, peer, info, std::move(data), preferred, move_back_at, std::move(up))) {
+    [[maybe_unused]] DialedSession* owned_by_its_call = session.release();  // deleted in its OnDone
+    return Dialed::kHandedOver;
+  }
+  session->settle(state);
+  return Dialed::kEnded;
+}
+
+void PeerLinksImpl::redial(const PeerConfig& peer, DialState state,
+                           std::shared_ptr<::grpc::Channel> channel) {
+  auto next = std::make_shared<DialState>(std::move(state));
+  timers_.at(Clock::now() + std::chrono::milliseconds(config_.reconnect_min_ms), [this, peer, next, channel] {
+    MutexLock dialers(dialers_mutex_);
+    auto it = dialers_.find(peer.name);
+    if (ending(*next) || it == dialers_.end() || it->second.quit != next->quit) {
+      if (!stopping_) {
+        spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name,
+                     peer.address);
+      }
+      next->ended->store(true);
+      return;
+    }
+    // The thread that handed the link over has returned, or is about to.
+    if (it->second.thread.joinable()) it->second.thread.join();
+    it->second.thread = std::thread([this, peer, next]() mutable { dialLoop(peer, std::move(*next)); });
+  });
 }
 
 void PeerLinksImpl::dialLoop(const PeerConfig& peer, DialState state) {
   const LogScope scope(LogFields{.peer = peer.name});
   uint32_t backoff_ms = config_.reconnect_min_ms;
   while (!ending(state)) {
-    bool was_up = dialOnce(peer, state);
+    const Dialed dialed = dialOnce(peer, state);
+    if (dialed == Dialed::kHandedOver) return;  // the link's end starts the next dialer
     if (ending(state)) break;
-    backoff_ms = was_up ? config_.reconnect_min_ms : std::min(backoff_ms * 2, config_.reconnect_max_ms);
+    backoff_ms = dialed == Dialed::kEnded ? config_.reconnect_min_ms
+                                          : std::min(backoff_ms * 2, config_.reconnect_max_ms);
     MutexLock lock(mutex_);
     lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this, &state] { return ending(state); });
   }

@@ -49,7 +49,7 @@ bool secretEquals(std::string_view presented, std::string_view expected) noexcep
   return diff == 0;
 }
 
-std::string callToken(const ::grpc::ServerContext& ctx) {
+std::string callToken(const ::grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(transport::kTokenMetadataKey);
   return it != md.end() ? std::string(it->second.data(), it->second.size()) : std::string();
@@ -73,7 +73,7 @@ bool PeerIdentity::known(const Config& config, std::string_view token) {
   return match;
 }
 
-bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
+bool PeerIdentity::tokenAccepted(const ::grpc::ServerContextBase& ctx) const {
   const std::shared_ptr<const Config> config = config_.get();
   if (config->token.empty() && !config->peerTokens()) return true;  // peers are not authenticated by token
   const std::string token = callToken(ctx);
@@ -85,7 +85,7 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
   return token.empty() && names_checked;
 }
 
-::grpc::Status PeerIdentity::prove(const ::grpc::ServerContext& ctx, const v1::Hello& hello,
+::grpc::Status PeerIdentity::prove(const ::grpc::ServerContextBase& ctx, const v1::Hello& hello,
                                    const std::string& from) {
   const std::string& id = hello.daemon_id();
   const std::shared_ptr<const Config> config = config_.get();
@@ -141,7 +141,7 @@ bool PeerIdentity::tokenAccepted(const ::grpc::ServerContext& ctx) const {
                                                    "': present the token of its [[peer]] on this daemon"};
 }
 
-::grpc::Status PeerIdentity::refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
+::grpc::Status PeerIdentity::refuseCertificate(const ::grpc::ServerContextBase& ctx, const std::string& id,
                                                const std::string& name, const std::string& from) {
   metrics_.counters.peer_identity_refused.fetch_add(1, std::memory_order_relaxed);
   const std::string names = listed(certificateNames(ctx.auth_context().get()));

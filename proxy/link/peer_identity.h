@@ -51,7 +51,7 @@ class Metrics;
 bool secretEquals(std::string_view presented, std::string_view expected) noexcept;
 
 // The token a gRPC call carries in its metadata ("" when none).
-std::string callToken(const ::grpc::ServerContext& ctx);
+std::string callToken(const ::grpc::ServerContextBase& ctx);
 
 // Why the peer's verified certificate on this call is revoked by a CRL of
 // link.tls_crl_file; "" when it is not (or there is no CRL, or no TLS).
@@ -72,10 +72,10 @@ class PeerIdentity {
 
   // Before the Hello: whether the call's token could prove some id here.  One
   // that cannot is a stranger (the caller refuses and counts it).
-  bool tokenAccepted(const ::grpc::ServerContext& ctx) const;
+  bool tokenAccepted(const ::grpc::ServerContextBase& ctx) const;
   // After the Hello: OK when the call's token and certificate prove the id
   // the Hello claims; else the status to refuse the Session with.
-  ::grpc::Status prove(const ::grpc::ServerContext& ctx, const v1::Hello& hello, const std::string& from);
+  ::grpc::Status prove(const ::grpc::ServerContextBase& ctx, const v1::Hello& hello, const std::string& from);
   // Whether a dialer that passed prove() for `id` holds credentials of that
   // id alone (its [[peer]]'s own token, or a certificate that must name it),
   // not only the token every peer shares.
@@ -85,7 +85,7 @@ class PeerIdentity {
   // Whether `token` is one this daemon accepts from some id.
   static bool known(const Config& config, std::string_view token);
   ::grpc::Status refuseToken(const Config& config, const v1::Hello& hello, const std::string& from);
-  ::grpc::Status refuseCertificate(const ::grpc::ServerContext& ctx, const std::string& id,
+  ::grpc::Status refuseCertificate(const ::grpc::ServerContextBase& ctx, const std::string& id,
                                    const std::string& name, const std::string& from);
   ::grpc::Status refuseRevoked(const std::string& id, const std::string& why, const std::string& from);
 

@@ -38,24 +38,6 @@ namespace framelink {
 
 using transport::kTokenMetadataKey;
 
-namespace {
-
-using Clock = PeerLinksImpl::Clock;
-using ServerStream = PeerLinksImpl::ServerStream;
-
-// Waits for the data channel in slices: stop() fulfils the promise with nothing,
-// and a dialer that gave up cancels its call; neither waits out the deadline.
-bool dataChannelReady(std::future<std::shared_ptr<transport::Transport>>& future, Clock::time_point deadline,
-                      const ::grpc::ServerContext& ctx) {
-  bool ready = false;
-  while (!ready && Clock::now() < deadline && !ctx.IsCancelled()) {
-    ready = future.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
-  }
-  return ready;
-}
-
-}  // namespace
-
 Result<std::unique_ptr<PeerLinks>> PeerLinks::start(const Config& config, DataAgent& agent, Metrics& metrics,
                                                     uint64_t instance, RdmaSupport rdma) {
   return start(config, agent, metrics, instance, makeDaemonTransports(std::move(rdma)));
@@ -198,84 +180,17 @@ void PeerLinksImpl::stop() {
       if (d.thread.joinable()) d.thread.join();
     }
   }
+  {
+    // The links dialers handed over end as their cancelled calls do.
+    MutexLock lock(mutex_);
+    lock.wait(stop_cv_, [this]() FL_REQUIRES(mutex_) { return dialed_sessions_ == 0; });
+  }
   for (TransportEntry* t : configured_) t->stop();
   // Every handler has returned by now (their contexts are cancelled, pending
   // data channels failed); what is left are calls whose peer has not closed
   // its side -- a stranger that stalls must not hold the shutdown, so they are
   // cancelled after a short grace (the Fins already went out).
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
-}
-
-::grpc::Status PeerLinksImpl::Session(::grpc::ServerContext* ctx, ServerStream* stream) {
-  const std::string from = ctx->peer();
-  if (!identity_.tokenAccepted(*ctx)) {
-    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    log_auth_.warn(
-        "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
-        "daemons",
-        from);
-    return {::grpc::StatusCode::UNAUTHENTICATED,
-            "wrong or missing token: configure the same token on both daemons"};
-  }
-  {
-    MutexLock lock(mutex_);
-    if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
-    server_contexts_.emplace(ctx, CallPeer{});
-  }
-  Unregister<::grpc::ServerContext> unregister{this, ctx};
-
-  v1::PeerMessage first;
-  if (!stream->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no Hello"};
-  TransportRegistry::Choice choice;
-  if (::grpc::Status refused = admitHello(*ctx, from, first, choice); !refused.ok()) return refused;
-  const v1::Hello& hello = first.hello();
-  // Counted from here, before the HelloAck: links being set up take their place too.
-  std::unique_ptr<PeerInstances::Up> up;
-  if (::grpc::Status refused = instances_.admit(hello.daemon_id(), hello.instance(),
-                                                identity_.provenAlone(hello.daemon_id()), from, up);
-      !refused.ok()) {
-    return refused;
-  }
-  // Only now: a name the peer's credentials did not prove would file its
-  // lines under a peer it is not.
-  const LogScope scope(LogFields{.peer = hello.daemon_id()});
-  {
-    MutexLock lock(mutex_);
-    // A reload that revokes its credentials (its token, its certificate) ends it.
-    server_contexts_[ctx] = CallPeer{hello.daemon_id(), peerCertificate(ctx->auth_context().get())};
-  }
-  const auto& [chosen, reason] = choice;
-  auto future = pending_.add(hello.session_id(), chosen, live_.get()->peerToken(hello.daemon_id()));
-  if (!future) {
-    if (stopping_) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
-    return {::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"};
-  }
-
-  const v1::PeerMessage reply = helloAck(hello, choice);
-  if (!stream->Write(reply)) {
-    pending_.remove(hello.session_id());
-    return {::grpc::StatusCode::CANCELLED, "peer went away"};
-  }
-  const auto data_timeout = chosen->handshakeTimeout(config_);
-  if (!dataChannelReady(*future, Clock::now() + data_timeout, *ctx)) {
-    pending_.remove(hello.session_id());
-    if (ctx->IsCancelled()) return {::grpc::StatusCode::CANCELLED, "the session was cancelled"};
-    log_data_timeout_.warn("peer {} at {}: the {} data channel did not come up within {} ms",
-                           hello.daemon_id(), from, chosen->name(), data_timeout.count());
-    return {::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"};
-  }
-  std::shared_ptr<transport::Transport> t = future->get();
-  if (!t) return {::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"};
-  if (reply.hello_ack().frame_batches()) t->enableFrameBatches();
-  uint64_t link_id = next_link_id_++;
-  log_accepted_.info("peer {} at {} connected (session {:016x}, protocol {}, transport {}{})",
-                     hello.daemon_id(), from, hello.session_id(), reply.hello_ack().protocol_version(),
-                     chosen->name(), reason.empty() ? "" : "; " + reason);
-  LinkSessionInfo info{link_id,
-                       {hello.daemon_id(), from.substr(from.find(':') + 1), hello.instance(),
-                        std::string(chosen->name()), reason}};
-  runLinkSession(agent_, config_, info, std::move(t), stream, [ctx] { ctx->TryCancel(); });
-  return ::grpc::Status::OK;
 }
 
 v1::PeerMessage PeerLinksImpl::helloAck(const v1::Hello& hello,
@@ -296,7 +211,7 @@ v1::PeerMessage PeerLinksImpl::helloAck(const v1::Hello& hello,
   return reply;
 }
 
-::grpc::Status PeerLinksImpl::admitHello(::grpc::ServerContext& ctx, const std::string& from,
+::grpc::Status PeerLinksImpl::admitHello(::grpc::ServerContextBase& ctx, const std::string& from,
                                          const v1::PeerMessage& first, TransportRegistry::Choice& choice) {
   if (!first.has_hello()) {
     log_protocol_.warn("peer at {}: first message is not Hello (FL_ERR_PROTOCOL)", from);

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "agent/session_timers.h"
 #include "common/log_limit.h"
 #include "common/thread_annotations.h"
 #include "common/unique_fd.h"
@@ -28,11 +29,10 @@
 
 namespace framelink {
 
-class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkService {
+class PeerLinksImpl final : public PeerLinks,
+                            public v1::Link::WithCallbackMethod_Session<transport::RawDataLinkService> {
  public:
   using Clock = std::chrono::steady_clock;
-  using ServerStream = ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>;
-  using ClientStream = ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>;
 
   PeerLinksImpl(const Config& config, DataAgent& agent, Metrics& metrics, uint64_t instance,
                 TransportRegistry transports)
@@ -56,7 +56,9 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   void stop() override;
   void reconfigure(std::shared_ptr<const Config> next) override;
 
-  ::grpc::Status Session(::grpc::ServerContext* ctx, ServerStream* stream) override;
+  // peer_accept.cpp: a Session a peer opens, on gRPC's callback API (no thread of its own).
+  ::grpc::ServerBidiReactor<v1::PeerMessage, v1::PeerMessage>* Session(
+      ::grpc::CallbackServerContext* ctx) override;
   // peer_describe.cpp: this daemon's id, instance and streams, to a daemon with the token.
   ::grpc::Status Describe(::grpc::ServerContext* ctx, const v1::DescribeRequest* request,
                           v1::DescribeReply* reply) override;
@@ -64,6 +66,11 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   void onDescribed(Heard heard) override;
 
  private:
+  class AcceptedSession;
+  class DialedSession;
+  // How a dial ended: no link, a link that ended before it was handed over,
+  // or a link handed over to its session (whose end starts the next dialer).
+  enum class Dialed { kFailed, kEnded, kHandedOver };
   // Per configured peer, kept by its dialer across sessions.
   struct DialState {
     // Transports whose dial failed: not offered before `until` (while
@@ -101,7 +108,7 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
     Context* ctx;
     ~Unregister() {
       MutexLock lock(self->mutex_);
-      if constexpr (std::is_same_v<Context, ::grpc::ServerContext>) {
+      if constexpr (std::is_same_v<Context, ::grpc::CallbackServerContext>) {
         self->server_contexts_.erase(ctx);
       } else {
         self->client_contexts_.erase(ctx);
@@ -113,8 +120,8 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   v1::PeerMessage helloAck(const v1::Hello& hello, const TransportRegistry::Choice& choice) const;
   // Checks the Hello (and that the call's credentials prove the id it claims) and picks the first
   // transport it offers that this daemon allows and can run.
-  ::grpc::Status admitHello(::grpc::ServerContext& ctx, const std::string& from, const v1::PeerMessage& first,
-                            TransportRegistry::Choice& choice);
+  ::grpc::Status admitHello(::grpc::ServerContextBase& ctx, const std::string& from,
+                            const v1::PeerMessage& first, TransportRegistry::Choice& choice);
 
   // Whether the dialer of `state` is to end (the daemon stops, or a reload took its peer).
   bool ending(const DialState& state) const { return stopping_ || state.quit->load(); }
@@ -123,18 +130,21 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   // when `next` brings no new CRLs.
   std::set<const void*> revokedCalls(const Config& running, const Config& next) FL_REQUIRES(mutex_);
   void dialLoop(const PeerConfig& peer, DialState state);
-  bool dialOnce(const PeerConfig& peer, DialState& state);
+  Dialed dialOnce(const PeerConfig& peer, DialState& state);
+  // After a handed-over link ended: the peer's next dialer, a reconnect_min_ms
+  // later.  `channel`, the ended call's, is let go there.
+  void redial(const PeerConfig& peer, DialState state, std::shared_ptr<::grpc::Channel> channel);
   // A connected channel to `peer`; null when it was not reachable in time (logged) or the daemon stops.
   std::shared_ptr<::grpc::Channel> connectChannel(const PeerConfig& peer, const std::string& host,
                                                   DialState& state);
   // Sends the Hello, reads the HelloAck; false (logged, the call ended): refused or a bad answer.
   bool exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer, uint64_t session_id,
-                     ::grpc::ClientContext& ctx, ClientStream& stream, v1::PeerMessage& reply);
+                     DialedSession& session, v1::PeerMessage& reply);
   void dialFailed(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
                   const std::string& error, DialState& state);
-  void runDialedLink(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
-                     const std::string& reason, std::shared_ptr<transport::Transport> data,
-                     ::grpc::ClientContext& ctx, ClientStream& stream, DialState& state);
+  Dialed launchLink(const PeerConfig& peer, const TransportEntry* chosen, const v1::HelloAck& ack,
+                    const std::string& reason, std::shared_ptr<transport::Transport> data,
+                    std::unique_ptr<DialedSession> session, DialState& state);
 
   const Config& config_;
   DataAgent& agent_;
@@ -159,8 +169,9 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   std::condition_variable stop_cv_;
   // The calls stop() cancels, and a reload those of a peer it removes: by
   // peer id (a server call's is "" until its Hello is admitted).
-  std::map<::grpc::ServerContext*, CallPeer> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::map<::grpc::CallbackServerContext*, CallPeer> server_contexts_ FL_GUARDED_BY(mutex_);
   std::map<::grpc::ClientContext*, CallPeer> client_contexts_ FL_GUARDED_BY(mutex_);
+  size_t dialed_sessions_ FL_GUARDED_BY(mutex_) = 0;  // handed over and not yet ended (stop() waits)
   // Taken by init, reconfigure and stop only: the dialers by peer name, and
   // those a reload ended (joined by stop()).
   Mutex dialers_mutex_;
@@ -172,6 +183,10 @@ class PeerLinksImpl final : public PeerLinks, public transport::RawDataLinkServi
   Mutex heard_mutex_;
   Heard heard_ FL_GUARDED_BY(heard_mutex_);
   LogLimiter log_accepted_{std::chrono::seconds(1), transport::kLoggedLinkEventsPerSecond};
+  // Keepalives, silence checks, data-channel deadlines and redials of every
+  // session.  Last: it goes first, after stop() ended every session, while
+  // what its callbacks reach is still there.
+  SessionTimers timers_;
 };
 
 }  // namespace framelink

@@ -2,20 +2,20 @@
 
 namespace framelink {
 
-std::optional<std::future<PendingChannels::Channel>> PendingChannels::add(uint64_t session_id,
-                                                                          const TransportEntry* transport,
-                                                                          std::string token) {
+bool PendingChannels::add(uint64_t session_id, const TransportEntry* transport, std::string token,
+                          Ready ready) {
   MutexLock lock(mutex_);
-  if (stopped_ || pending_.count(session_id) != 0) return std::nullopt;
+  if (stopped_ || pending_.count(session_id) != 0) return false;
   Pending& p = pending_[session_id];
   p.transport = transport;
   p.token = std::move(token);
-  return p.promise.get_future();
+  p.ready = std::move(ready);
+  return true;
 }
 
-void PendingChannels::remove(uint64_t session_id) {
+bool PendingChannels::remove(uint64_t session_id) {
   MutexLock lock(mutex_);
-  pending_.erase(session_id);
+  return pending_.erase(session_id) != 0;
 }
 
 AcceptHooks PendingChannels::hooks(const TransportEntry* t) {
@@ -34,7 +34,7 @@ AcceptHooks PendingChannels::hooks(const TransportEntry* t) {
 }
 
 void PendingChannels::fulfil(uint64_t session_id, const TransportEntry* transport, Channel channel) {
-  std::promise<Channel> promise;
+  Ready ready;
   {
     MutexLock lock(mutex_);
     auto it = pending_.find(session_id);
@@ -42,10 +42,10 @@ void PendingChannels::fulfil(uint64_t session_id, const TransportEntry* transpor
       log_.warn("a {} data channel for unknown session {:016x} was refused", transport->name(), session_id);
       return;
     }
-    promise = std::move(it->second.promise);
+    ready = std::move(it->second.ready);
     pending_.erase(it);
   }
-  promise.set_value(std::move(channel));
+  ready(std::move(channel));
 }
 
 void PendingChannels::stop() {
@@ -56,7 +56,7 @@ void PendingChannels::stop() {
     ended.swap(pending_);
   }
   // A Session waiting for its data channel ends now, not at its timeout.
-  for (auto& [id, p] : ended) p.promise.set_value(nullptr);
+  for (auto& [id, p] : ended) p.ready(nullptr);
 }
 
 }  // namespace framelink

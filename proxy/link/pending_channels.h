@@ -5,7 +5,7 @@
 #pragma once
 
 #include <cstdint>
-#include <future>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,12 +25,15 @@ class PendingChannels {
   // checked against (it is refused either way, once its handshake is done).
   explicit PendingChannels(std::string fallback_token) : fallback_token_(std::move(fallback_token)) {}
 
-  // Waits for the channel of `session_id` on `transport`; the future yields
-  // null when stop() ends the wait.  Nothing when the id is taken or stop() ran.
-  std::optional<std::future<Channel>> add(uint64_t session_id, const TransportEntry* transport,
-                                          std::string token);
-  // The Session stopped waiting (timed out, or its peer went away).
-  void remove(uint64_t session_id);
+  using Ready = std::function<void(Channel)>;
+
+  // Waits for the channel of `session_id` on `transport`: `ready` gets it,
+  // once, on the thread of the listener that accepted it, or null when
+  // stop() ends the wait.  False when the id is taken or stop() ran.
+  bool add(uint64_t session_id, const TransportEntry* transport, std::string token, Ready ready);
+  // The Session stopped waiting (timed out, or its peer went away).  False:
+  // its `ready` was called or is being called (it must be waited for).
+  bool remove(uint64_t session_id);
   // The hooks through which `t`'s listener hands over the channels it accepts.
   AcceptHooks hooks(const TransportEntry* t);
   void stop();
@@ -39,7 +42,7 @@ class PendingChannels {
   struct Pending {
     const TransportEntry* transport = nullptr;
     std::string token;
-    std::promise<Channel> promise;
+    Ready ready;
   };
   void fulfil(uint64_t session_id, const TransportEntry* transport, Channel channel);
 

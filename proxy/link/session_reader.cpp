@@ -36,10 +36,77 @@ std::shared_ptr<transport::Transport> withInjectedFaults(const Config& config, c
 
 }  // namespace
 
+SessionInbox::SessionInbox(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
+                           std::shared_ptr<transport::Transport> t, std::shared_ptr<SessionWriter> writer,
+                           std::shared_ptr<CancelGuard> guard)
+    : agent_(agent),
+      link_id_(info.link_id),
+      writer_(std::move(writer)),
+      guard_(std::move(guard)),
+      backlog_(std::make_shared<SessionBacklog>()),
+      news_(std::make_shared<KeepaliveNews>()) {
+  CmdLinkUp up;
+  up.link_id = link_id_;
+  up.identity = info.identity;
+  up.transport = withInjectedFaults(config, info, std::move(t));
+  up.session = PeerSession{writer_, [guard = guard_] { guard->fire(); }};
+  agent_.post(std::move(up));
+}
+
+bool SessionInbox::take(std::shared_ptr<v1::PeerMessage>& msg) {
+  writer_->heard();
+  if (msg->has_keepalive()) {
+    // The round trip, for framelink links: each side sends its keepalive
+    // time back once (echo_ns), and measures when its own comes back.
+    // Older daemons ignore the field; their links show no RTT.
+    const auto& keepalive = msg->keepalive();
+    if (keepalive.echo_ns() != 0) {
+      timespec ts{};
+      ::clock_gettime(CLOCK_REALTIME, &ts);
+      const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
+      if (now > keepalive.echo_ns() && news_->rtt(now - keepalive.echo_ns())) {
+        agent_.post(CmdLinkKeepalive{link_id_, news_});
+      }
+    } else if (keepalive.timestamp_ns() != 0) {
+      // One echo waits at most (SessionWriter::send): a peer that floods
+      // keepalives and reads nothing does not grow the queue.
+      v1::PeerMessage echo;
+      echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
+      writer_->send(std::move(echo));
+    }
+    // What the peer took off the data transport (its keepalives and its
+    // echoes say): the agent's check that the data path still delivers.
+    if (keepalive.has_data_received() && news_->dataReceived(keepalive.data_received())) {
+      agent_.post(CmdLinkKeepalive{link_id_, news_});
+    }
+    return true;
+  }
+  const uint64_t bytes = msg->ByteSizeLong();
+  const uint64_t waiting = backlog_->messages.load(std::memory_order_relaxed);
+  if (waiting >= SessionBacklog::kMaxMessages ||
+      backlog_->bytes.load(std::memory_order_relaxed) + bytes > SessionBacklog::kMaxBytes) {
+    why_ = "the peer sends Session messages faster than they are handled (" + std::to_string(waiting) +
+           " messages wait; at most " + std::to_string(SessionBacklog::kMaxMessages) + ")";
+    return false;
+  }
+  backlog_->messages.fetch_add(1, std::memory_order_relaxed);
+  backlog_->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  agent_.post(CmdPeerMessage{link_id_, std::move(msg), /*from_session=*/true, backlog_, bytes});
+  msg = std::make_shared<v1::PeerMessage>();
+  return true;
+}
+
+void SessionInbox::down() {
+  guard_->fire();  // a Write blocked on flow control fails now
+  writer_->close();
+  guard_->disarm();
+  std::string why = why_.empty() ? writer_->failure() : why_;
+  agent_.post(CmdLinkDown{link_id_, why.empty() ? "the session ended" : std::move(why)});
+}
+
 template <typename Stream>
 void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
                     std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel) {
-  const uint64_t link_id = info.link_id;
   // The agent may ask to cancel at any time, also after this call ended and
   // its context is gone: the guard turns such late calls into no-ops.  So
   // may the writer, when the peer stops reading.
@@ -52,62 +119,11 @@ void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInf
       },
       std::chrono::milliseconds(config.keepalive_ms), std::chrono::milliseconds(config.link_timeout_ms),
       [guard] { guard->fire(); });
-  CmdLinkUp up;
-  up.link_id = link_id;
-  up.identity = info.identity;
-  up.transport = withInjectedFaults(config, info, std::move(t));
-  up.session = PeerSession{writer, [guard] { guard->fire(); }};
-  agent.post(std::move(up));
-  auto backlog = std::make_shared<SessionBacklog>();
-  auto news = std::make_shared<KeepaliveNews>();
-  std::string why;  // why this side ended the call, if it did
+  SessionInbox inbox(agent, config, info, std::move(t), writer, guard);
   auto msg = std::make_shared<v1::PeerMessage>();
-  while (stream->Read(msg.get())) {
-    writer->heard();
-    if (msg->has_keepalive()) {
-      // The round trip, for framelink links: each side sends its keepalive
-      // time back once (echo_ns), and measures when its own comes back.
-      // Older daemons ignore the field; their links show no RTT.
-      const auto& keepalive = msg->keepalive();
-      if (keepalive.echo_ns() != 0) {
-        timespec ts{};
-        ::clock_gettime(CLOCK_REALTIME, &ts);
-        const uint64_t now = uint64_t(ts.tv_sec) * 1'000'000'000ULL + uint64_t(ts.tv_nsec);
-        if (now > keepalive.echo_ns() && news->rtt(now - keepalive.echo_ns())) {
-          agent.post(CmdLinkKeepalive{link_id, news});
-        }
-      } else if (keepalive.timestamp_ns() != 0) {
-        // One echo waits at most (SessionWriter::send): a peer that floods
-        // keepalives and reads nothing does not grow the queue.
-        v1::PeerMessage echo;
-        echo.mutable_keepalive()->set_echo_ns(keepalive.timestamp_ns());
-        writer->send(std::move(echo));
-      }
-      // What the peer took off the data transport (its keepalives and its
-      // echoes say): the agent's check that the data path still delivers.
-      if (keepalive.has_data_received() && news->dataReceived(keepalive.data_received())) {
-        agent.post(CmdLinkKeepalive{link_id, news});
-      }
-      continue;
-    }
-    const uint64_t bytes = msg->ByteSizeLong();
-    const uint64_t waiting = backlog->messages.load(std::memory_order_relaxed);
-    if (waiting >= SessionBacklog::kMaxMessages ||
-        backlog->bytes.load(std::memory_order_relaxed) + bytes > SessionBacklog::kMaxBytes) {
-      why = "the peer sends Session messages faster than they are handled (" + std::to_string(waiting) +
-            " messages wait; at most " + std::to_string(SessionBacklog::kMaxMessages) + ")";
-      break;
-    }
-    backlog->messages.fetch_add(1, std::memory_order_relaxed);
-    backlog->bytes.fetch_add(bytes, std::memory_order_relaxed);
-    agent.post(CmdPeerMessage{link_id, std::move(msg), /*from_session=*/true, backlog, bytes});
-    msg = std::make_shared<v1::PeerMessage>();
+  while (stream->Read(msg.get()) && inbox.take(msg)) {
   }
-  guard->fire();  // a Write blocked on flow control fails now
-  writer->close();
-  guard->disarm();
-  if (why.empty()) why = writer->failure();
-  agent.post(CmdLinkDown{link_id, why.empty() ? "the session ended" : std::move(why)});
+  inbox.down();
 }
 
 template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,

@@ -11,6 +11,7 @@
 
 #include "agent/link_identity.h"
 #include "common/thread_annotations.h"
+#include "framelink/v1/link.pb.h"
 #include "transport/transport.h"
 
 namespace framelink {
@@ -42,6 +43,34 @@ class CancelGuard {
 struct LinkSessionInfo {
   uint64_t link_id = 0;
   LinkIdentity identity;
+};
+
+class SessionWriter;
+class KeepaliveNews;
+struct SessionBacklog;
+
+// What a live session keeps between the peer's messages, whatever the call
+// it runs on.  Made as the link comes up: posts CmdLinkUp to the agent.
+class SessionInbox {
+ public:
+  SessionInbox(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
+               std::shared_ptr<transport::Transport> t, std::shared_ptr<SessionWriter> writer,
+               std::shared_ptr<CancelGuard> guard);
+  // Takes the message the peer sent (`msg` is then a fresh one to read the
+  // next into).  False: the session is to end (the peer floods it), why().
+  bool take(std::shared_ptr<v1::PeerMessage>& msg);
+  const std::string& why() const { return why_; }
+  // The call ended: the writer stops, the agent gets CmdLinkDown.
+  void down();
+
+ private:
+  DataAgent& agent_;
+  const uint64_t link_id_;
+  std::shared_ptr<SessionWriter> writer_;
+  std::shared_ptr<CancelGuard> guard_;
+  std::shared_ptr<SessionBacklog> backlog_;
+  std::shared_ptr<KeepaliveNews> news_;
+  std::string why_;  // why this side ended the call, if it did
 };
 
 // `Stream`: the client or server side of the Session call; `cancel` ends

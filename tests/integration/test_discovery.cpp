@@ -197,6 +197,10 @@ TEST_CASE(
   REQUIRE(a.waitForLog("disc-c changed (not dialed from here; readers: line [queue group])", Millis(10000)));
   Client producer = attachProducer(a, "line", 8, 256 * 1024);
   CHECK(a.waitForLog("readers: line [subscribers, queue group])", Millis(10000)));
+  // The producer's daemon dials B and C now; a frame sent before a link is
+  // up goes to the members that are (each frame is one member's, not one
+  // host's in turn), so the shares are checked once both links are up.
+  REQUIRE(waitForMetric(a, "framelink_links_up", 2) == 2);
 
   constexpr uint64_t kFrames = 30;
   std::vector<fl_client*> members{a_member.get(), b_member.get(), c_member.get()};

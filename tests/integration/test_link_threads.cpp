@@ -1,0 +1,97 @@
+// A link costs no thread of its own: a Session runs on gRPC's callback API
+// on either side, its keepalives on the daemon's one timer thread, and a
+// dialer's thread ends once it handed its link over.  Counted on a hub that
+// dials some peers and is dialed by others, before and after more links come.
+// Over tcp: the grpc transport's Data call still has a reader and a writer
+// thread a side (GrpcTransport).
+#include <sys/types.h>
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client_util.h"
+#include "discovery_rig.h"
+#include "harness.h"
+
+using namespace framelink::integ;
+
+namespace {
+
+int threadsOf(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+DaemonProcess::Options spoke(const std::string& id, const std::string& transports) {
+  DaemonProcess::Options o;
+  o.id = id;
+  o.token = "integ-secret";
+  o.transports = transports;
+  o.extra_args = {"--metrics", "127.0.0.1:0"};
+  return o;
+}
+
+// Polls until the hub's thread count settles (a dialer's thread ends just
+// after its hand-over); the last count read.
+int settledThreads(pid_t pid) {
+  int last = threadsOf(pid);
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(Millis(100));
+    const int now = threadsOf(pid);
+    if (now == last && i >= 4) break;
+    last = now;
+  }
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("links: more links, dialed or accepted, take no more threads", "[transports]") {
+  const std::string transports = "tcp";
+  // The hub dials four peers; two listen from the start, two come later at
+  // ports the hub already knows.  Peers dial the hub: one at first, two later.
+  std::vector<uint16_t> late_ports = {freePort(), freePort()};
+  auto d1 = std::make_unique<DaemonProcess>(spoke("dialed-1", transports));
+  auto d2 = std::make_unique<DaemonProcess>(spoke("dialed-2", transports));
+  DaemonProcess::Options hub_options = spoke("hub", transports);
+  hub_options.peers = {"dialed-1=" + d1->grpcAddress(), "dialed-2=" + d2->grpcAddress(),
+                       "dialed-3=127.0.0.1:" + std::to_string(late_ports[0]),
+                       "dialed-4=127.0.0.1:" + std::to_string(late_ports[1])};
+  hub_options.extra_args.insert(hub_options.extra_args.end(), {"--reconnect-max-ms", "300"});
+  DaemonProcess hub(hub_options);
+  auto dialing = [&hub, &transports](const std::string& id) {
+    DaemonProcess::Options o = spoke(id, transports);
+    o.peers = {"hub=" + hub.grpcAddress()};
+    return std::make_unique<DaemonProcess>(o);
+  };
+  auto a1 = dialing("accepted-1");
+  REQUIRE(waitForMetric(hub, "framelink_links_up", 3) == 3);
+  const int before = settledThreads(hub.pid());
+
+  DaemonProcess::Options o3 = spoke("dialed-3", transports);
+  o3.listen = "127.0.0.1:" + std::to_string(late_ports[0]);
+  DaemonProcess d3(o3);
+  DaemonProcess::Options o4 = spoke("dialed-4", transports);
+  o4.listen = "127.0.0.1:" + std::to_string(late_ports[1]);
+  DaemonProcess d4(o4);
+  auto a2 = dialing("accepted-2");
+  auto a3 = dialing("accepted-3");
+  REQUIRE(waitForMetric(hub, "framelink_links_up", 7) == 7);
+  const int after = settledThreads(hub.pid());
+  INFO("hub threads: " << before << " with 3 links, " << after << " with 7");
+  // Four more links: two the hub dialed (their dialers, which were retrying,
+  // end), two it accepted.  Each cost two threads before (a Session reader
+  // and a writer; a dialer's thread was its reader).
+  CHECK(after <= before + 1);
+  // And a link that came meanwhile carries frames (a peer with one
+  // [[peer]] routes its streams there; the hub, with six, would need routes).
+  requireServing(*a3, hub, "threads-accepted");
+}
