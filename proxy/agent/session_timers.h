@@ -1,7 +1,7 @@
 // One thread that runs the timed work of every live session: keepalives
 // due, a peer silent for too long, a data channel that did not come in time.
-// A session on gRPC's callback API has no thread of its own; what it must do
-// at a time it asks of these timers.  A callback runs on the timers' thread
+// A Session call has no thread of its own (link/session_call.h); what it
+// must do at a time it asks of these timers.  A callback runs on the timers' thread
 // and must not block.
 #pragma once
 

@@ -1,6 +1,6 @@
 // What the data agent holds of one live peer session: a non-blocking way to
-// send control messages and a way to end the session.  On a call of gRPC's
-// callback API (link/session_reactor.h) the writer starts each write and the
+// send control messages and a way to end the session.  On the daemon's
+// Session calls (link/session_reactor.h) the writer starts each write and the
 // call reports it done (writeDone); keepalives and the silence check run on
 // the daemon's SessionTimers: no thread of the session's own.  On a blocking
 // call the writer has a thread of its own (session_writer.cpp).
@@ -23,8 +23,9 @@
 
 namespace framelink {
 
-// Serialises writes to one gRPC stream on a thread of its own, so the data
-// agent never blocks on the network.  Sends a Keepalive a period after the
+// Serialises writes to one gRPC stream, so the data agent never blocks on
+// the network: started one at a time on an asynchronous call (makeAsync),
+// or on a thread of its own.  Sends a Keepalive a period after the
 // last message it wrote that was not an echo of the peer's.
 class SessionWriter {
  public:

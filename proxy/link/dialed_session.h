@@ -1,4 +1,4 @@
-// The dialer's side of a Session, on gRPC's callback API.  The dialer's
+// The dialer's side of a Session, on the daemon's session queue (session_call.h).  The dialer's
 // thread runs the handshake (the Hello, the HelloAck, the data channel) and
 // hands the link over (launch): from then on no thread holds it, and its end
 // starts the peer's next dialer (PeerLinksImpl::redial).  A call that ended
@@ -43,7 +43,8 @@ class PeerLinksImpl::DialedSession final : public ClientSessionReactor {
   // A launch() that returned false: what the link's end leaves to the next dial.
   void settle(DialState& state);
 
-  void OnDone(const ::grpc::Status& status) override;
+  void onStarted(bool ok) override;
+  void onDone(const ::grpc::Status& status) override;
 
  private:
   DialedSession(PeerLinksImpl& links, std::shared_ptr<::grpc::Channel> channel);
@@ -51,7 +52,7 @@ class PeerLinksImpl::DialedSession final : public ClientSessionReactor {
   void handshakeRead(bool ok) override;
   void handshakeWritten(bool ok) override;
   void cancelCall() override { ctx_.TryCancel(); }
-  void linkEnded() override {}  // the cancelled call's OnDone follows
+  void linkEnded() override { finishWhenIdle(); }
 
   PeerLinksImpl& links_;
   std::shared_ptr<::grpc::Channel> channel_;
@@ -66,6 +67,8 @@ class PeerLinksImpl::DialedSession final : public ClientSessionReactor {
   std::atomic<bool> moved_back_{false};
   Mutex mutex_;
   std::condition_variable cv_;
+  bool started_ FL_GUARDED_BY(mutex_) = false;
+  bool start_ok_ FL_GUARDED_BY(mutex_) = false;
   bool hello_written_ FL_GUARDED_BY(mutex_) = false;
   bool ack_read_ FL_GUARDED_BY(mutex_) = false;
   bool ack_ok_ FL_GUARDED_BY(mutex_) = false;

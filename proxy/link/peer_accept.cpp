@@ -1,5 +1,5 @@
-// The listener's side of a Session, on gRPC's callback API: no thread holds
-// a session, from its Hello to its end.  The steps: the token, the Hello
+// The listener's side of a Session, on the daemon's session queue
+// (session_call.h): no thread holds a session, from its Hello to its end.  The steps: the token, the Hello
 // (admitHello), the peer's instance, the HelloAck; then the data channel,
 // which the transport's listener hands over (PendingChannels) or which does
 // not come within the transport's handshake timeout (SessionTimers); then
@@ -22,52 +22,69 @@ namespace framelink {
 
 class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
  public:
-  AcceptedSession(PeerLinksImpl& links, ::grpc::CallbackServerContext* ctx)
-      : links_(links), ctx_(ctx), from_(ctx->peer()) {
-    if (!links_.identity_.tokenAccepted(*ctx_)) {
+  // Waits for the next Session a peer opens.
+  static void awaitNext(PeerLinksImpl& links) {
+    auto* next = new AcceptedSession(links);
+    next->await(links, links.session_queue_->cq());
+  }
+
+  void onStart(bool ok) override {
+    if (!ok) {  // the server shuts down
+      delete this;
+      return;
+    }
+    awaitNext(links_);  // the next one meanwhile
+    from_ = ctx_.peer();
+    if (!links_.identity_.tokenAccepted(ctx_)) {
       links_.metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
       links_.log_auth_.warn(
           "peer at {} refused: wrong or missing token (FL_ERR_AUTH); configure the same token on both "
           "daemons",
           from_);
-      Finish({::grpc::StatusCode::UNAUTHENTICATED,
+      finish({::grpc::StatusCode::UNAUTHENTICATED,
               "wrong or missing token: configure the same token on both daemons"});
       return;
     }
     {
       MutexLock lock(links_.mutex_);
       if (links_.stopping_) {
-        Finish({::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"});
+        finish({::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"});
         return;
       }
-      links_.server_contexts_.emplace(ctx_, CallPeer{});
+      links_.server_contexts_.emplace(&ctx_, CallPeer{});
       registered_ = true;
     }
-    StartRead(&first_);
+    startRead(&first_);
   }
 
-  void OnDone() override {
+  void onDone() override {
     if (timeout_ != 0) links_.timers_.cancel(timeout_);
     if (registered_) {
       MutexLock lock(links_.mutex_);
-      links_.server_contexts_.erase(ctx_);
+      links_.server_contexts_.erase(&ctx_);
     }
     delete this;
   }
 
+  ~AcceptedSession() override {
+    MutexLock lock(links_.mutex_);
+    if (--links_.accepted_sessions_ == 0) links_.stop_cv_.notify_all();
+  }
+
   // Only the wait for the data channel has no read or write out that the
   // cancellation fails: it ends here.
-  void OnCancel() override { failWait({::grpc::StatusCode::CANCELLED, "the session was cancelled"}); }
+  // (The call's end is onCancel too, once it was cancelled.)
+  void onCancel() override { failWait({::grpc::StatusCode::CANCELLED, "the session was cancelled"}); }
 
  private:
   // The Hello.
   void handshakeRead(bool ok) override {
     if (!ok) {
-      Finish({::grpc::StatusCode::CANCELLED, "no Hello"});
+      finish({::grpc::StatusCode::CANCELLED, "no Hello"});
       return;
     }
-    if (::grpc::Status refused = links_.admitHello(*ctx_, from_, first_, choice_); !refused.ok()) {
-      Finish(refused);
+    if (::grpc::Status refused = links_.admitHello(ctx_, from_, first_, choice_); !refused.ok()) {
+      finish(refused);
       return;
     }
     const v1::Hello& hello = first_.hello();
@@ -75,20 +92,23 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
     if (::grpc::Status refused = links_.instances_.admit(
             hello.daemon_id(), hello.instance(), links_.identity_.provenAlone(hello.daemon_id()), from_, up_);
         !refused.ok()) {
-      Finish(refused);
+      finish(refused);
       return;
     }
     {
       MutexLock lock(links_.mutex_);
       // A reload that revokes its credentials (its token, its certificate) ends it.
-      links_.server_contexts_[ctx_] =
-          CallPeer{hello.daemon_id(), peerCertificate(ctx_->auth_context().get())};
+      links_.server_contexts_[&ctx_] =
+          CallPeer{hello.daemon_id(), peerCertificate(ctx_.auth_context().get())};
     }
+    // The listener's thread and the deadline's may reach the call until the wait settles (advance()).
+    hold();
     const bool waiting = links_.pending_.add(hello.session_id(), choice_.transport,
                                              links_.live_.get()->peerToken(hello.daemon_id()),
                                              [this](std::shared_ptr<transport::Transport> t) { arrived(t); });
     if (!waiting) {
-      Finish(links_.stopping_
+      unhold();  // nothing outside this thread reaches the call
+      finish(links_.stopping_
                  ? ::grpc::Status{::grpc::StatusCode::UNAVAILABLE, "daemon shutting down"}
                  : ::grpc::Status{::grpc::StatusCode::ALREADY_EXISTS, "session id already in use"});
       return;
@@ -101,7 +121,7 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
       failWait({::grpc::StatusCode::DEADLINE_EXCEEDED, "the data channel did not come up in time"});
     });
     reply_ = links_.helloAck(hello, choice_);
-    StartWrite(&reply_);
+    startWrite(&reply_);
   }
 
   // The HelloAck.
@@ -159,10 +179,11 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
     }
     if (timeout_ != 0) links_.timers_.cancel(timeout_);  // not under mutex_: its callback takes it
     if (!channel) {
-      Finish(failure);
-      return;
+      finish(failure);
+    } else {
+      begin(std::move(channel));
     }
-    begin(std::move(channel));
+    unhold();
   }
 
   void begin(std::shared_ptr<transport::Transport> t) {
@@ -181,12 +202,16 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
     beginLink(links_.agent_, links_.config_, links_.timers_, info, std::move(t));
   }
 
-  void cancelCall() override { ctx_->TryCancel(); }
-  void linkEnded() override { Finish(::grpc::Status::OK); }
+  explicit AcceptedSession(PeerLinksImpl& links) : links_(links) {
+    MutexLock lock(links_.mutex_);
+    ++links_.accepted_sessions_;
+  }
+
+  void cancelCall() override { ctx_.TryCancel(); }
+  void linkEnded() override { finish(::grpc::Status::OK); }
 
   PeerLinksImpl& links_;
-  ::grpc::CallbackServerContext* const ctx_;
-  const std::string from_;
+  std::string from_;
   v1::PeerMessage first_;  // the Hello
   v1::PeerMessage reply_;  // the HelloAck
   TransportRegistry::Choice choice_;
@@ -203,9 +228,6 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
   std::shared_ptr<transport::Transport> channel_ FL_GUARDED_BY(mutex_);
 };
 
-::grpc::ServerBidiReactor<v1::PeerMessage, v1::PeerMessage>* PeerLinksImpl::Session(
-    ::grpc::CallbackServerContext* ctx) {
-  return new AcceptedSession(*this, ctx);
-}
+void PeerLinksImpl::awaitSessions() { AcceptedSession::awaitNext(*this); }
 
 }  // namespace framelink

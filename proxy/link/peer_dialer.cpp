@@ -87,10 +87,18 @@ PeerLinksImpl::DialedSession::~DialedSession() {
 bool PeerLinksImpl::DialedSession::exchange(const v1::PeerMessage& hello, v1::PeerMessage& reply,
                                             ::grpc::Status& status) {
   hello_ = hello;
-  stub_->async()->Session(&ctx_, this);
-  StartWrite(&hello_);
-  StartRead(&reply_);
-  StartCall();
+  startCallOn(*stub_, ctx_, links_.session_queue_->cq());
+  {
+    MutexLock lock(mutex_);
+    lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return started_; });
+    if (!start_ok_) {
+      lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return done_; });
+      status = status_;
+      return false;
+    }
+  }
+  startWrite(&hello_);
+  startRead(&reply_);
   MutexLock lock(mutex_);
   // Both complete, whether they worked or the call ended.
   lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return hello_written_ && ack_read_; });
@@ -105,8 +113,16 @@ bool PeerLinksImpl::DialedSession::exchange(const v1::PeerMessage& hello, v1::Pe
 
 void PeerLinksImpl::DialedSession::abandon() {
   ctx_.TryCancel();
+  finishWhenIdle();
   MutexLock lock(mutex_);
   lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return done_; });
+}
+
+void PeerLinksImpl::DialedSession::onStarted(bool ok) {
+  MutexLock lock(mutex_);
+  started_ = true;
+  start_ok_ = ok;
+  cv_.notify_all();
 }
 
 void PeerLinksImpl::DialedSession::handshakeRead(bool ok) {
@@ -116,10 +132,9 @@ void PeerLinksImpl::DialedSession::handshakeRead(bool ok) {
   cv_.notify_all();
 }
 
-void PeerLinksImpl::DialedSession::handshakeWritten(bool ok) {
+void PeerLinksImpl::DialedSession::handshakeWritten(bool /*ok*/) {
   MutexLock lock(mutex_);
-  hello_written_ = true;
-  if (!ok) ctx_.TryCancel();  // the read then fails too
+  hello_written_ = true;  // a failed write: the call is over, and the read fails too
   cv_.notify_all();
 }
 
@@ -163,7 +178,7 @@ void PeerLinksImpl::DialedSession::settle(DialState& state) {
   up_.reset();
 }
 
-void PeerLinksImpl::DialedSession::OnDone(const ::grpc::Status& status) {
+void PeerLinksImpl::DialedSession::onDone(const ::grpc::Status& status) {
   std::optional<DialState> state;
   {
     MutexLock lock(mutex_);
@@ -177,8 +192,6 @@ void PeerLinksImpl::DialedSession::OnDone(const ::grpc::Status& status) {
   }
   const LogScope scope(LogFields{.peer = peer_->name});
   settle(*state);
-  // The channel goes on the timers' thread, not on one of its own callbacks
-  // (its callback queue would be shut down from inside).
   links_.redial(*peer_, std::move(*state), channel_);
   delete this;
 }
@@ -399,7 +412,7 @@ PeerLinksImpl::Dialed PeerLinksImpl::launchLink(const PeerConfig& peer, const Tr
   std::unique_ptr<PeerInstances::Up> up(
       new PeerInstances::Up(instances_.up(peer.name, ack.instance(), peer.address)));
   if (session->launch(state, peer, info, std::move(data), preferred, move_back_at, std::move(up))) {
-    [[maybe_unused]] DialedSession* owned_by_its_call = session.release();  // deleted in its OnDone
+    [[maybe_unused]] DialedSession* owned_by_its_call = session.release();  // deleted in its onDone
     return Dialed::kHandedOver;
   }
   session->settle(state);

@@ -66,13 +66,21 @@ Status PeerLinksImpl::init() {
   builder.AddListeningPort(config_.listen, peerServerCredentials(config_), &grpc_port_);
   builder.RegisterService(this);
   configurePeerServer(builder, config_);
+  std::unique_ptr<::grpc::ServerCompletionQueue> cq = builder.AddCompletionQueue();
   server_ = builder.BuildAndStart();
   if (!server_ || grpc_port_ == 0) {
+    cq->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq->Next(&tag, &ok)) {
+    }
     return makeError(FL_ERR_RESOURCES,
                      "cannot listen for peers on " + config_.listen +
                          " (address in use? choose another --listen" +
                          (config_.tlsEnabled() ? "; or the TLS certificate and key do not match)" : ")"));
   }
+  session_queue_ = std::make_unique<SessionQueue>(std::move(cq));
+  awaitSessions();
   MutexLock lock(dialers_mutex_);
   for (const auto& peer : config_.peers) startDialer(peer);
   return {};
@@ -191,6 +199,14 @@ void PeerLinksImpl::stop() {
   // its side -- a stranger that stalls must not hold the shutdown, so they are
   // cancelled after a short grace (the Fins already went out).
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(250));
+  if (session_queue_) {
+    {
+      // The Sessions peers opened end as the server cancels them, and the one awaited fails.
+      MutexLock lock(mutex_);
+      lock.wait(stop_cv_, [this]() FL_REQUIRES(mutex_) { return accepted_sessions_ == 0; });
+    }
+    session_queue_->shutdown();
+  }
 }
 
 v1::PeerMessage PeerLinksImpl::helloAck(const v1::Hello& hello,

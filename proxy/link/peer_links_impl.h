@@ -25,12 +25,12 @@
 #include "link/peer_identity.h"
 #include "link/peer_links.h"
 #include "link/pending_channels.h"
+#include "link/session_call.h"
 #include "transport/grpc/grpc_transport.h"
 
 namespace framelink {
 
-class PeerLinksImpl final : public PeerLinks,
-                            public v1::Link::WithCallbackMethod_Session<transport::RawDataLinkService> {
+class PeerLinksImpl final : public PeerLinks, public SessionService {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -56,9 +56,8 @@ class PeerLinksImpl final : public PeerLinks,
   void stop() override;
   void reconfigure(std::shared_ptr<const Config> next) override;
 
-  // peer_accept.cpp: a Session a peer opens, on gRPC's callback API (no thread of its own).
-  ::grpc::ServerBidiReactor<v1::PeerMessage, v1::PeerMessage>* Session(
-      ::grpc::CallbackServerContext* ctx) override;
+  // peer_accept.cpp: waits for the Sessions peers open, on the session queue (no thread of their own).
+  void awaitSessions();
   // peer_describe.cpp: this daemon's id, instance and streams, to a daemon with the token.
   ::grpc::Status Describe(::grpc::ServerContext* ctx, const v1::DescribeRequest* request,
                           v1::DescribeReply* reply) override;
@@ -108,7 +107,7 @@ class PeerLinksImpl final : public PeerLinks,
     Context* ctx;
     ~Unregister() {
       MutexLock lock(self->mutex_);
-      if constexpr (std::is_same_v<Context, ::grpc::CallbackServerContext>) {
+      if constexpr (std::is_same_v<Context, ::grpc::ServerContext>) {
         self->server_contexts_.erase(ctx);
       } else {
         self->client_contexts_.erase(ctx);
@@ -157,6 +156,8 @@ class PeerLinksImpl final : public PeerLinks,
   PeerInstances instances_;
   PendingChannels pending_;
   std::vector<TransportEntry*> configured_;  // config_.transports, in its order; set by init()
+  // Every Session call's completions; before server_, which goes first.
+  std::unique_ptr<SessionQueue> session_queue_;
   std::unique_ptr<::grpc::Server> server_;
   int grpc_port_ = 0;
   std::atomic<uint64_t> next_link_id_{1};
@@ -169,9 +170,10 @@ class PeerLinksImpl final : public PeerLinks,
   std::condition_variable stop_cv_;
   // The calls stop() cancels, and a reload those of a peer it removes: by
   // peer id (a server call's is "" until its Hello is admitted).
-  std::map<::grpc::CallbackServerContext*, CallPeer> server_contexts_ FL_GUARDED_BY(mutex_);
+  std::map<::grpc::ServerContext*, CallPeer> server_contexts_ FL_GUARDED_BY(mutex_);
   std::map<::grpc::ClientContext*, CallPeer> client_contexts_ FL_GUARDED_BY(mutex_);
-  size_t dialed_sessions_ FL_GUARDED_BY(mutex_) = 0;  // handed over and not yet ended (stop() waits)
+  size_t dialed_sessions_ FL_GUARDED_BY(mutex_) = 0;    // handed over and not yet ended (stop() waits)
+  size_t accepted_sessions_ FL_GUARDED_BY(mutex_) = 0;  // accepted or awaited, not yet deleted (stop() waits)
   // Taken by init, reconfigure and stop only: the dialers by peer name, and
   // those a reload ended (joined by stop()).
   Mutex dialers_mutex_;

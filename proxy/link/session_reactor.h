@@ -1,5 +1,6 @@
-// The Session call on gRPC's callback API: no thread holds it.  gRPC calls
-// the reactor as a read or a write completes; a read hands the peer's
+// The Session call as a reactor (session_call.h: gRPC's asynchronous API,
+// one completion-queue thread for every call): no thread holds it.  A
+// reaction runs as a read or a write completes; a read hands the peer's
 // message to the agent and starts the next, a write done lets the session's
 // writer start the next (SessionWriter::makeAsync), and keepalives and the
 // silence check run on the daemon's SessionTimers.  The handshake before
@@ -8,8 +9,6 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/client_callback.h>
-#include <grpcpp/support/server_callback.h>
 
 #include <condition_variable>
 #include <memory>
@@ -20,15 +19,16 @@
 #include "common/thread_annotations.h"
 #include "config/config.h"
 #include "framelink/v1/link.pb.h"
+#include "link/session_call.h"
 #include "link/session_reader.h"
 
 namespace framelink {
 
-// `Base`: the server's or the client's bidi reactor of PeerMessages.
+// `Base`: ServerSessionCall or ClientSessionCall.
 template <typename Base>
 class SessionReactor : public Base {
  public:
-  void OnReadDone(bool ok) override {
+  void onReadDone(bool ok) override {
     if (!inbox_) {
       handshakeRead(ok);
       return;
@@ -37,10 +37,10 @@ class SessionReactor : public Base {
       endLink();
       return;
     }
-    Base::StartRead(message_.get());
+    Base::startRead(message_.get());
   }
 
-  void OnWriteDone(bool ok) override {
+  void onWriteDone(bool ok) override {
     if (!writer_) {
       handshakeWritten(ok);
       return;
@@ -79,7 +79,7 @@ class SessionReactor : public Base {
         [guard] { guard->fire(); }, timers);
     message_ = std::make_shared<v1::PeerMessage>();
     inbox_ = std::make_unique<SessionInbox>(agent, config, info, std::move(t), writer_, std::move(guard));
-    Base::StartRead(message_.get());
+    Base::startRead(message_.get());
   }
 
  private:
@@ -91,7 +91,7 @@ class SessionReactor : public Base {
     std::condition_variable cv;
     bool writing FL_GUARDED_BY(mutex) = false;  // a write of the writer's is out
     bool ended FL_GUARDED_BY(mutex) = false;    // no write starts any more
-    int starting FL_GUARDED_BY(mutex) = 0;      // StartWrite calls under way
+    int starting FL_GUARDED_BY(mutex) = 0;      // startWrite calls under way
 
     bool start(SessionReactor* reactor, const v1::PeerMessage& m, bool more) {
       {
@@ -102,7 +102,7 @@ class SessionReactor : public Base {
       }
       ::grpc::WriteOptions options;
       if (more) options.set_buffer_hint();
-      reactor->Base::StartWrite(&m, options);
+      reactor->Base::startWrite(&m, options);
       MutexLock lock(mutex);
       if (--starting == 0) cv.notify_all();
       return true;
@@ -130,7 +130,7 @@ class SessionReactor : public Base {
   bool finished_ FL_GUARDED_BY(gate_->mutex) = false;  // linkEnded() was called
 };
 
-using ServerSessionReactor = SessionReactor<::grpc::ServerBidiReactor<v1::PeerMessage, v1::PeerMessage>>;
-using ClientSessionReactor = SessionReactor<::grpc::ClientBidiReactor<v1::PeerMessage, v1::PeerMessage>>;
+using ServerSessionReactor = SessionReactor<ServerSessionCall>;
+using ClientSessionReactor = SessionReactor<ClientSessionCall>;
 
 }  // namespace framelink
