@@ -57,7 +57,6 @@ class PeerLinksImpl::DialedSession final : public ClientSessionReactor {
   PeerLinksImpl& links_;
   std::shared_ptr<::grpc::Channel> channel_;
   std::unique_ptr<v1::Link::Stub> stub_;
-  ::grpc::ClientContext ctx_;
   v1::PeerMessage hello_, reply_;
   // The link's, once launched.
   std::optional<PeerConfig> peer_;

@@ -87,7 +87,7 @@ PeerLinksImpl::DialedSession::~DialedSession() {
 bool PeerLinksImpl::DialedSession::exchange(const v1::PeerMessage& hello, v1::PeerMessage& reply,
                                             ::grpc::Status& status) {
   hello_ = hello;
-  startCallOn(*stub_, ctx_, links_.session_queue_->cq());
+  startCallOn(*stub_, links_.session_queue_->cq());
   {
     MutexLock lock(mutex_);
     lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return started_; });

@@ -174,11 +174,15 @@ class ClientSessionCall {
   virtual void onDone(const ::grpc::Status& status) = 0;
 
  protected:
-  void startCallOn(v1::Link::Stub& stub, ::grpc::ClientContext& ctx, ::grpc::CompletionQueue* cq) {
-    stream_ = stub.PrepareAsyncSession(&ctx, cq);
+  void startCallOn(v1::Link::Stub& stub, ::grpc::CompletionQueue* cq) {
+    stream_ = stub.PrepareAsyncSession(&ctx_, cq);
     ops_.store(2);  // the start, and a hold the Finish releases
     stream_->StartCall(&start_tag_);
   }
+  // The call's context.  Declared before stream_, which lives in the call's
+  // memory (its arena) and so must go first.
+  ::grpc::ClientContext ctx_;
+
   // For a call with no read out that is to end (cancelled, say): its status now.
   void finishWhenIdle() {
     {
