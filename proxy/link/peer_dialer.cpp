@@ -1,7 +1,6 @@
 // The dialers: a thread per configured peer while it dials; a linked session
 // holds none (DialedSession), and its end starts the next dialer.
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
@@ -11,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <future>
 #include <map>
 #include <random>
 #include <set>

@@ -1,6 +1,5 @@
 #include "link/peer_links.h"
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
@@ -10,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <future>
 #include <map>
 #include <random>
 #include <set>

@@ -14,7 +14,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "agent/session_timers.h"
@@ -98,21 +97,6 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
   struct CallPeer {
     std::string id;
     std::string cert_pem;
-  };
-
-  // Takes a call's context off the list of those stop() cancels, when the call ends.
-  template <typename Context>
-  struct Unregister {
-    PeerLinksImpl* self;
-    Context* ctx;
-    ~Unregister() {
-      MutexLock lock(self->mutex_);
-      if constexpr (std::is_same_v<Context, ::grpc::ServerContext>) {
-        self->server_contexts_.erase(ctx);
-      } else {
-        self->client_contexts_.erase(ctx);
-      }
-    }
   };
 
   // The listener's answer to `hello` on the transport `choice` picked.

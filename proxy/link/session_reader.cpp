@@ -1,7 +1,6 @@
 #include "link/session_reader.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/sync_stream.h>
 #include <spdlog/spdlog.h>
 #include <time.h>
 
@@ -103,36 +102,5 @@ void SessionInbox::down() {
   std::string why = why_.empty() ? writer_->failure() : why_;
   agent_.post(CmdLinkDown{link_id_, why.empty() ? "the session ended" : std::move(why)});
 }
-
-template <typename Stream>
-void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
-                    std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel) {
-  // The agent may ask to cancel at any time, also after this call ended and
-  // its context is gone: the guard turns such late calls into no-ops.  So
-  // may the writer, when the peer stops reading.
-  auto guard = std::make_shared<CancelGuard>(std::move(cancel));
-  auto writer = std::make_shared<SessionWriter>(
-      [stream](const v1::PeerMessage& m, bool more) {
-        ::grpc::WriteOptions options;
-        if (more) options.set_buffer_hint();
-        return stream->Write(m, options);
-      },
-      std::chrono::milliseconds(config.keepalive_ms), std::chrono::milliseconds(config.link_timeout_ms),
-      [guard] { guard->fire(); });
-  SessionInbox inbox(agent, config, info, std::move(t), writer, guard);
-  auto msg = std::make_shared<v1::PeerMessage>();
-  while (stream->Read(msg.get()) && inbox.take(msg)) {
-  }
-  inbox.down();
-}
-
-template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,
-                             std::shared_ptr<transport::Transport>,
-                             ::grpc::ServerReaderWriter<v1::PeerMessage, v1::PeerMessage>*,
-                             std::function<void()>);
-template void runLinkSession(DataAgent&, const Config&, const LinkSessionInfo&,
-                             std::shared_ptr<transport::Transport>,
-                             ::grpc::ClientReaderWriter<v1::PeerMessage, v1::PeerMessage>*,
-                             std::function<void()>);
 
 }  // namespace framelink

@@ -1,8 +1,8 @@
 // One live peer session, from the moment its data channel is up: the data
 // agent gets the link (CmdLinkUp, with fault injection wrapped around the
 // transport when configured), every message the peer sends on the Session
-// call (keepalives answered here), and CmdLinkDown when the call ends.  Runs
-// on the thread that owns the call (a dialer, or a gRPC handler) until then.
+// call (keepalives answered here), and CmdLinkDown when the call ends.  Fed
+// by the call's reactor (session_reactor.h) on the session queue's thread.
 #pragma once
 
 #include <functional>
@@ -72,11 +72,5 @@ class SessionInbox {
   std::shared_ptr<KeepaliveNews> news_;
   std::string why_;  // why this side ended the call, if it did
 };
-
-// `Stream`: the client or server side of the Session call; `cancel` ends
-// that call.  Returns when the call ended.
-template <typename Stream>
-void runLinkSession(DataAgent& agent, const Config& config, const LinkSessionInfo& info,
-                    std::shared_ptr<transport::Transport> t, Stream* stream, std::function<void()> cancel);
 
 }  // namespace framelink
