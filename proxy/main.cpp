@@ -24,6 +24,7 @@
 #include "config/config.h"
 #include "daemon.h"
 #include "fd_store.h"
+#include "link/grpc_engine.h"
 
 // Keep freed heap memory instead of handing it back to the kernel at once.
 // gRPC allocates a receive buffer per message and frees it after; with
@@ -220,6 +221,12 @@ int main(int argc, char** argv) try {
   sigaddset(&signals, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+
+  // gRPC's timers on an engine that sleeps while none is due (link/grpc_engine.h).
+  if (!framelink::installQuietEventEngine()) {
+    spdlog::info(
+        "GRPC_EXPERIMENTS is set: gRPC keeps its own event engine (a timer thread that wakes every second)");
+  }
 
   framelink::AgentHeartbeat watchdog = systemdWatchdog();
   if (watchdog.enabled()) {

@@ -1,11 +1,14 @@
-// A link costs no thread of its own: a Session runs on gRPC's callback API
-// on either side, its keepalives on the daemon's one timer thread, and a
-// dialer's thread ends once it handed its link over.  Counted on a hub that
-// dials some peers and is dialed by others, before and after more links come.
-// Over tcp: the grpc transport's Data call still has a reader and a writer
-// thread a side (GrpcTransport).
+// A link costs no thread of its own: a Session runs on gRPC's asynchronous
+// API on either side (the daemon's one session queue), its keepalives on the
+// daemon's one timer thread, and a dialer's thread ends once it handed its
+// link over.  Counted on a hub that dials some peers and is dialed by others,
+// before and after more links come.  Over tcp: the grpc transport's Data
+// call still has a reader and a writer thread a side (GrpcTransport).
+// And gRPC's own timers run on the daemon's engine, not on gRPC's.
 #include <sys/types.h>
 #include <catch2/catch.hpp>
+
+#include <dirent.h>
 
 #include <fstream>
 #include <memory>
@@ -37,6 +40,22 @@ DaemonProcess::Options spoke(const std::string& id, const std::string& transport
   o.transports = transports;
   o.extra_args = {"--metrics", "127.0.0.1:0"};
   return o;
+}
+
+// How many threads of `pid` have the name `name`.
+int threadsNamed(pid_t pid, const std::string& name) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* dir = ::opendir(tasks.c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::string comm;
+    std::getline(std::ifstream(tasks + "/" + entry->d_name + "/comm"), comm);
+    n += comm == name ? 1 : 0;
+  }
+  ::closedir(dir);
+  return n;
 }
 
 // Polls until the hub's thread count settles (a dialer's thread ends just
@@ -94,4 +113,23 @@ TEST_CASE("links: more links, dialed or accepted, take no more threads", "[trans
   // And a link that came meanwhile carries frames (a peer with one
   // [[peer]] routes its streams there; the hub, with six, would need routes).
   requireServing(*a3, hub, "threads-accepted");
+}
+
+TEST_CASE("links: gRPC's timers run on the daemon's engine, which has no timer thread that wakes each second",
+          "[transports]") {
+  DaemonProcess listener(spoke("engine-listener", "tcp"));
+  DaemonProcess::Options o = spoke("engine-dialer", "tcp");
+  o.peers = {"engine-listener=" + listener.grpcAddress()};
+  DaemonProcess dialer(o);
+  REQUIRE(waitForMetric(listener, "framelink_links_up", 1) == 1);
+  requireServing(dialer, listener, "engine");
+  for (const DaemonProcess* d : {&listener, &dialer}) {
+    INFO("daemon pid " << d->pid());
+    // gRPC 1.51's own engine: a "timer_manager" thread that wakes every
+    // second and two "event_engine" threads.  None here.
+    CHECK(threadsNamed(d->pid(), "timer_manager") == 0);
+    CHECK(threadsNamed(d->pid(), "event_engine") == 0);
+  }
+  // gRPC set its timers (a connection's idle timer) on the listener's engine, which started its thread.
+  CHECK(threadsNamed(listener.pid(), "fl-grpc-engine") >= 1);
 }
