@@ -216,7 +216,7 @@ struct Config {
   std::string discovery_etcd;                    // http://HOST:PORT[,...]; empty: no registry
   std::string discovery_prefix = "/framelink/";  // this fleet's keys: PREFIX daemons/ID
   std::string discovery_advertise;               // HOST:PORT peers dial; empty: link.listen
-  uint32_t discovery_lease_ttl_s = 10;           // an entry outlives its daemon by this at most
+  uint32_t discovery_lease_ttl_s = 30;           // an entry outlives its daemon by this at most
   uint32_t discovery_poll_ms = 30000;            // own streams looked at, at the latest (changes: at once)
   uint32_t discovery_link_idle_s = 30;           // a found daemon's link no stream needs ends after this
   std::string discovery_dns_srv;                 // or: the fleet is the SRV records of this name
