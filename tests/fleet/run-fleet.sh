@@ -220,26 +220,45 @@ figures() { # -> "rss_kb threads fds" summed over the daemons
   local p
   for p in "${daemon_pid[@]}"; do figures_of "$p"; done | awk '{r += $1; t += $2; f += $3} END {print r, t, f}'
 }
-# Each thread's time on a CPU in ns (schedstat: exact, where /proc/PID/stat's
-# ticks are sampled), as "NAME NS" lines summed by thread name.
+# Each thread's time on a CPU in ns and how often it was put on one (schedstat: exact, where
+# /proc/PID/stat's ticks are sampled), as "NAME NS RUNS" lines summed by thread name.
 cpu_by_thread() {
   local p t
-  for p in "${daemon_pid[@]}"; do
+  for p in "$@"; do
     for t in /proc/"$p"/task/*; do
-      echo "$(cat "$t/comm" 2>/dev/null) $(awk '{print $1}' "$t/schedstat" 2>/dev/null)"
+      echo "$(cat "$t/comm" 2>/dev/null) $(awk '{print $1, $3}' "$t/schedstat" 2>/dev/null)"
     done
-  done | awk 'NF == 2 {ns[$1] += $2} END {for (k in ns) print k, ns[k]}' | sort
+  done | awk 'NF == 3 {ns[$1] += $2; runs[$1] += $3} END {for (k in ns) print k, ns[k], runs[k]}' | sort
 }
 links_total() { metric links_up "$@" | awk '{s += $2} END {print s + 0}'; }
+# measure_idle: the fleet's CPU over 10 s (% of one core, all daemons together), by thread, and
+# its wakes a second per daemon; beside it the baseline, a process that only sleeps a second at a
+# time, measured the same way: what one wake costs this machine.
+measure_idle() {
+  python3 -c 'import time
+while True: time.sleep(1)' &
+  local sleeper=$!
+  sleep 0.5
+  cpu_by_thread "${daemon_pid[@]}" >"$work/cpu0"
+  cpu_by_thread "$sleeper" >"$work/base0"
+  sleep 10
+  cpu_by_thread "${daemon_pid[@]}" >"$work/cpu1"
+  cpu_by_thread "$sleeper" >"$work/base1"
+  kill "$sleeper"
+  wait "$sleeper" 2>/dev/null
+  # Per thread name: % of one core for the whole fleet over the 10 s.
+  idle_threads=$(join "$work/cpu0" "$work/cpu1" | awk '{d = ($4 - $2) / 1e8; if (d >= 0.005) {printf "%s%s %.2f%%", sep, $1, d; sep = ", "}}')
+  idle_cpu=$(join "$work/cpu0" "$work/cpu1" | awk '{s += $4 - $2} END {printf "%.2f", s / 1e8}')
+  idle_wakes=$(join "$work/cpu0" "$work/cpu1" | awk -v n="$n" '{w += $5 - $3} END {printf "%.2f", w / 10 / n}')
+  base_us=$(join "$work/base0" "$work/base1" | awk '{ns += $4 - $2; w += $5 - $3} END {printf "%.0f", w ? ns / w / 1000 : 0}')
+  idle_ratio=$(awk -v c="$idle_cpu" -v n="$n" -v b="$base_us" 'BEGIN {printf "%.1f", b ? c * 1e4 / n / b : 0}')
+}
 idle_links=$(links_total $(seq "$n"))
-cpu_by_thread > "$work/cpu0"
-sleep 10
-cpu_by_thread > "$work/cpu1"
-# Per thread name: % of one core for the whole fleet over the 10 s.
-idle_threads=$(join "$work/cpu0" "$work/cpu1" | awk '{d = ($3 - $2) / 1e8; if (d >= 0.005) {printf "%s%s %.2f%%", sep, $1, d; sep = ", "}}')
-idle_cpu=$(join "$work/cpu0" "$work/cpu1" | awk '{s += $3 - $2} END {printf "%.2f", s / 1e8}')
+measure_idle
 read -r rss threads fds < <(figures)
-log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together ($idle_threads); per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
+log "idle: $idle_links links held; ${idle_cpu}% of one core for all $n daemons together ($idle_threads), $idle_wakes wakes a second each, each as much CPU as $idle_ratio processes waking once a second ($base_us us a wake here); per daemon $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors"
+first_idle="${idle_cpu} % of one core; $idle_wakes wakes a second per daemon, each as much CPU as $idle_ratio processes that wake once a second ($base_us µs a wake on this machine)"
+first_threads=$idle_threads
 
 # host-1's own figures, idle and then with a link to each reader host: what a link costs
 read -r h1_rss0 h1_thr0 h1_fds0 < <(figures_of "${daemon_pid[1]}")
@@ -299,6 +318,17 @@ read -r h1_rss1 h1_thr1 h1_fds1 < <(figures_of "${daemon_pid[1]}")
 per_link=$(awk -v l="${fan_links:-0}" -v r=$((h1_rss1 - h1_rss0)) -v t=$((h1_thr1 - h1_thr0)) -v f=$((h1_fds1 - h1_fds0)) \
   'BEGIN {if (l > 0) printf "%.0f KiB resident, %.1f threads, %.1f descriptors", r / l, t / l, f / l; else print "no link"}')
 log "fan-out: $frames frames of 64 KiB from host-1 to $reader_hosts hosts (${#subscriber_hosts[@]} subscribers; a queue group on ${#group_hosts[@]} hosts, shares $shares), every one verified, in $(((t_sent - t_send) / 1000000)) ms; host-1 holds $fan_links links ($per_link each)"
+
+# Idle again once the fan-out's links have ended (link_idle_s 10): what a fleet that has carried
+# frames costs at rest.
+for _ in $(seq 60); do
+  (($(links_total $(seq "$n")) == 0)) && break
+  sleep 0.5
+done
+after_links=$(links_total $(seq "$n"))
+measure_idle
+after_idle="${idle_cpu} % of one core with $after_links links held; $idle_wakes wakes a second per daemon, each as much CPU as $idle_ratio processes that wake once a second"
+log "idle after the fan-out: $after_idle; by thread: $idle_threads"
 
 # 3. replace: host-9 dies, host-$((n + 1)) comes at a new address with a reader; the stream runs on
 "$cli" send --socket "$work/h1/sock" --stream fleet2 --count 0 --size 16K --rate 50 --json >"$work/send2" 2>&1 &
@@ -366,8 +396,9 @@ echo "|---|---|"
 echo "| daemons ready (start of all) | $(((t_ready - t0) / 1000000)) ms |"
 echo "| every daemon found the $((n - 1)) others | $converge_ms ms after the last was ready |"
 echo "| links held, idle fleet | $idle_links |"
-echo "| CPU of all $n idle daemons | ${idle_cpu} % of one core |"
-echo "| ... by thread | $idle_threads |"
+echo "| CPU of all $n idle daemons | $first_idle |"
+echo "| ... by thread | $first_threads |"
+echo "| the same, once the fan-out's links ended | $after_idle |"
 echo "| per idle daemon | $((rss / n)) KiB resident, $((threads / n)) threads, $((fds / n)) descriptors |"
 echo "| links held by the producer's daemon, $reader_hosts reader hosts | $fan_links |"
 echo "| per link held (the producer's daemon, its growth over idle) | $per_link |"
