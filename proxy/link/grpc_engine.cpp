@@ -3,6 +3,7 @@
 #include <absl/functional/any_invocable.h>
 #include <absl/status/status.h>
 #include <pthread.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -31,8 +34,16 @@ constexpr size_t kMaxThreads = 16;
 constexpr EventEngine::Duration kLongest = std::chrono::hours(24 * 365 * 100);
 
 constexpr const char* kRefused =
-    "framelinkd's gRPC engine runs timers and callbacks only; connections, listeners and names "
-    "are gRPC's own while GRPC_EXPERIMENTS is unset (unset it, or the daemon keeps gRPC's engine)";
+    "framelinkd's gRPC engine runs timers and callbacks only, and gRPC asked it for a connection, a "
+    "listener or a name (gRPC 1.51 does only under an experiment): start framelinkd with "
+    "GRPC_EXPERIMENTS set (to any experiment) and it keeps gRPC's own engine";
+
+// Said once a run: what gRPC was refused.
+absl::Status refused(const char* what) {
+  static std::once_flag said;
+  std::call_once(said, [what] { spdlog::error("gRPC asked for {}: {}", what, kRefused); });
+  return absl::UnimplementedError(kRefused);
+}
 
 // What the engine and its threads share.  A thread holds it, not the engine:
 // an engine let go of by one of its own callbacks goes while that thread
@@ -60,7 +71,12 @@ void wakeOrStartLocked(const std::shared_ptr<Core>& core) FL_REQUIRES(core->mute
     core->cv.notify_one();
     return;
   }
-  core->threads.emplace_back([core] { work(core); });
+  try {
+    core->threads.emplace_back([core] { work(core); });
+  } catch (const std::system_error&) {
+    // No thread to be had: the work waits for one the engine has (or the next that starts).
+    core->cv.notify_one();
+  }
 }
 
 // Moves every timer that is due to the work that waits.
@@ -126,7 +142,7 @@ class RefusingResolver final : public EventEngine::DNSResolver {
  private:
   template <typename Callback>
   LookupTaskHandle refuse(Callback on_resolve) {
-    engine_.Run([cb = std::move(on_resolve)]() mutable { cb(absl::UnimplementedError(kRefused)); });
+    engine_.Run([cb = std::move(on_resolve)]() mutable { cb(refused("a name lookup")); });
     return {{0, 0}};
   }
   EventEngine& engine_;
@@ -200,13 +216,13 @@ class QuietEventEngine final : public EventEngine {
       Listener::AcceptCallback /*on_accept*/, absl::AnyInvocable<void(absl::Status)> /*on_shutdown*/,
       const grpc_event_engine::experimental::EndpointConfig& /*config*/,
       std::unique_ptr<grpc_event_engine::experimental::MemoryAllocatorFactory> /*factory*/) override {
-    return absl::UnimplementedError(kRefused);
+    return refused("a listener");
   }
   ConnectionHandle Connect(OnConnectCallback on_connect, const ResolvedAddress& /*addr*/,
                            const grpc_event_engine::experimental::EndpointConfig& /*args*/,
                            grpc_event_engine::experimental::MemoryAllocator /*allocator*/,
                            Duration /*timeout*/) override {
-    Run([cb = std::move(on_connect)]() mutable { cb(absl::UnimplementedError(kRefused)); });
+    Run([cb = std::move(on_connect)]() mutable { cb(refused("a connection")); });
     return {{0, 0}};
   }
   bool CancelConnect(ConnectionHandle /*handle*/) override { return false; }

@@ -10,7 +10,7 @@
 // gRPC 1.51 asks an engine for nothing else while its experiments are off:
 // connections, listeners and names stay with its iomgr.  So the daemon puts
 // this engine in only then (GRPC_EXPERIMENTS unset), and what it cannot do
-// it refuses with a status that says so.
+// it refuses with a status that says so (and says once in the log).
 #pragma once
 
 #include <grpc/event_engine/event_engine.h>
