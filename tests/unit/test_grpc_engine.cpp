@@ -127,6 +127,7 @@ TEST_CASE("grpc engine: callbacks run on the engine's threads, and one that bloc
     release = true;
   }
   cv.notify_all();
+  engine.reset();  // joins its threads: the blocked callback is out before what it waits on goes
 }
 
 TEST_CASE("grpc engine: an engine let go of by its own callback ends cleanly", "[grpc_engine]") {
