@@ -25,6 +25,7 @@
 #include "daemon.h"
 #include "fd_store.h"
 #include "link/grpc_engine.h"
+#include "link/grpc_timers.h"
 
 // Keep freed heap memory instead of handing it back to the kernel at once.
 // gRPC allocates a receive buffer per message and frees it after; with
@@ -222,7 +223,11 @@ int main(int argc, char** argv) try {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // gRPC's timers on an engine that sleeps while none is due (link/grpc_engine.h).
+  // gRPC's timer thread asleep until a timer is due (link/grpc_timers.h), and
+  // its engine's timers on one that sleeps while none is (link/grpc_engine.h).
+  if (const std::string why = framelink::installQuietGrpcTimers(); !why.empty()) {
+    spdlog::info("gRPC keeps its own timer thread, which wakes every second: {}", why);
+  }
   if (!framelink::installQuietEventEngine()) {
     spdlog::info(
         "GRPC_EXPERIMENTS is set: gRPC keeps its own event engine (a timer thread that wakes every second)");

@@ -8,8 +8,6 @@
 #include <sys/types.h>
 #include <catch2/catch.hpp>
 
-#include <dirent.h>
-
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,6 +17,7 @@
 #include "client_util.h"
 #include "discovery_rig.h"
 #include "harness.h"
+#include "thread_census.h"
 
 using namespace framelink::integ;
 
@@ -44,18 +43,7 @@ DaemonProcess::Options spoke(const std::string& id, const std::string& transport
 
 // How many threads of `pid` have the name `name`.
 int threadsNamed(pid_t pid, const std::string& name) {
-  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-  DIR* dir = ::opendir(tasks.c_str());
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    std::string comm;
-    std::getline(std::ifstream(tasks + "/" + entry->d_name + "/comm"), comm);
-    n += comm == name ? 1 : 0;
-  }
-  ::closedir(dir);
-  return n;
+  return framelink::test::threadsNamed(pid, name).threads;
 }
 
 // Polls until the hub's thread count settles (a dialer's thread ends just
@@ -132,4 +120,29 @@ TEST_CASE("links: gRPC's timers run on the daemon's engine, which has no timer t
   }
   // gRPC set its timers (a connection's idle timer) on the listener's engine, which started its thread.
   CHECK(threadsNamed(listener.pid(), "fl-grpc-engine") >= 1);
+}
+
+// gRPC's iomgr timer thread sleeps until a timer is due (proxy/link/grpc_timers.h).  gRPC's own
+// timing (GRPC_EXPERIMENTS set keeps it) wakes it at least once a second: this fails with it.
+TEST_CASE("links: an idle daemon's gRPC timer thread does not wake, after a link came and went",
+          "[transports]") {
+  DaemonProcess listener(spoke("timers-listener", "tcp"));
+  {
+    DaemonProcess::Options o = spoke("timers-dialer", "tcp");
+    o.peers = {"timers-listener=" + listener.grpcAddress()};
+    DaemonProcess dialer(o);
+    REQUIRE(waitForMetric(listener, "framelink_links_up", 1) == 1);
+    requireServing(dialer, listener, "timers");
+  }
+  for (int i = 0; i < 100 && listener.metric("framelink_links_up") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(listener.metric("framelink_links_up") == 0);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // what the link's end armed runs out
+  const auto before = framelink::test::threadsNamed(listener.pid(), "grpc_global_tim");
+  REQUIRE(before.threads >= 1);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const uint64_t woke = framelink::test::threadsNamed(listener.pid(), "grpc_global_tim").runs - before.runs;
+  INFO("in 3 s the idle listener's gRPC timer threads woke " << woke << " times");
+  CHECK(woke <= 1);
 }

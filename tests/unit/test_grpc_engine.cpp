@@ -2,14 +2,12 @@
 // time order, a cancelled one never runs, a callback that blocks holds up no
 // other, the engine may be let go of from its own callback, and an idle
 // engine does not wake (gRPC's own, measured the same way, wakes every second).
-#include <dirent.h>
 #include <grpc/grpc.h>
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "link/grpc_engine.h"
+#include "thread_census.h"
 
 using namespace framelink;
 using namespace std::chrono_literals;
@@ -27,37 +26,9 @@ using grpc_event_engine::experimental::EventEngine;
 namespace {
 
 // Every thread of this process named `name`: how often each has been put on a CPU, summed.
-uint64_t timesRun(const std::string& name) {
-  uint64_t total = 0;
-  DIR* dir = ::opendir("/proc/self/task");
-  REQUIRE(dir != nullptr);
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    const std::string task = std::string("/proc/self/task/") + entry->d_name;
-    std::string comm;
-    std::getline(std::ifstream(task + "/comm"), comm);
-    if (comm != name) continue;
-    uint64_t on_cpu = 0, waited = 0, runs = 0;
-    std::ifstream(task + "/schedstat") >> on_cpu >> waited >> runs;
-    total += runs;
-  }
-  ::closedir(dir);
-  return total;
-}
+uint64_t timesRun(const std::string& name) { return test::ownThreadsNamed(name).runs; }
 
-int threadsNamed(const std::string& name) {
-  int n = 0;
-  DIR* dir = ::opendir("/proc/self/task");
-  REQUIRE(dir != nullptr);
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    std::string comm;
-    std::getline(std::ifstream(std::string("/proc/self/task/") + entry->d_name + "/comm"), comm);
-    n += comm == name ? 1 : 0;
-  }
-  ::closedir(dir);
-  return n;
-}
+int threadsNamed(const std::string& name) { return test::ownThreadsNamed(name).threads; }
 
 }  // namespace
 
