@@ -112,6 +112,60 @@ TEST_CASE("grpc timers: cancelled alarms are told so, and the rest still run", "
   CHECK(cancelled == kAlarms / 3);
 }
 
+TEST_CASE("grpc timers: alarms armed and cancelled from many threads at once all end, none a sleep late",
+          "[grpc_timers]") {
+  auto settle = settledQueue();
+  constexpr int kThreads = 4;
+  constexpr int kAlarms = 150;
+  std::vector<int> ran(kThreads), cancelled(kThreads), late(kThreads), lost(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      grpc::CompletionQueue cq;
+      std::mt19937 random(100 + t);
+      std::uniform_int_distribution<int> after(0, 300);
+      std::vector<std::unique_ptr<grpc::Alarm>> alarms;
+      std::vector<Clock::time_point> due;
+      for (int i = 0; i < kAlarms; ++i) {
+        due.push_back(Clock::now() + std::chrono::milliseconds(after(random)));
+        alarms.push_back(std::make_unique<grpc::Alarm>());
+        alarms.back()->Set(&cq, due.back(), reinterpret_cast<void*>(intptr_t{i}));
+        if (i % 3 == 2) alarms[i - 1]->Cancel();  // one armed just before, perhaps already run
+        if (i % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(after(random) / 10));
+      }
+      for (int i = 0; i < kAlarms; ++i) {
+        void* tag = nullptr;
+        bool ok = false;
+        if (cq.AsyncNext(&tag, &ok, Clock::now() + 5s) != grpc::CompletionQueue::GOT_EVENT) {
+          lost[t] = kAlarms - i;
+          break;
+        }
+        if (!ok) {
+          ++cancelled[t];
+          continue;
+        }
+        ++ran[t];
+        const auto index = static_cast<size_t>(reinterpret_cast<intptr_t>(tag));
+        if (Clock::now() > due[index] + 1500ms) ++late[t];
+      }
+      cq.Shutdown();
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq.Next(&tag, &ok)) {
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    INFO("thread " << t << ": " << ran[t] << " ran, " << cancelled[t] << " cancelled, " << late[t]
+                   << " late");
+    CHECK(lost[t] == 0);
+    CHECK(ran[t] + cancelled[t] == kAlarms);
+    CHECK(ran[t] >= kAlarms - kAlarms / 3);  // a cancel may come after its alarm ran
+    CHECK(late[t] == 0);
+  }
+}
+
 TEST_CASE("grpc timers: a call's deadline ends it while the timer thread sleeps", "[grpc_timers]") {
   // A listener that takes connections and never says a word: only the deadline ends the call.
   const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
