@@ -1,5 +1,6 @@
-// The dialers: a thread per configured peer while it dials; a linked session
-// holds none (DialedSession), and its end starts the next dialer.
+// A dial's handshake on a connected channel (peer_connect.cpp connects it):
+// the Hello, the transport's dial, the link handed to its DialedSession,
+// which holds no thread; its end starts the next connect.
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -194,16 +195,10 @@ void PeerLinksImpl::DialedSession::onDone(const ::grpc::Status& status) {
   delete this;
 }
 
-PeerLinksImpl::Dialed PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state) {
+PeerLinksImpl::Dialed PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState& state,
+                                              std::shared_ptr<::grpc::Channel> channel) {
   auto host_port = transport::tcp::parseHostPort(peer.address);
-  if (!host_port) {
-    spdlog::error("peer {}: bad address '{}': {}", peer.name, peer.address, host_port.error().message);
-    metrics_.peer_problems.record(peer.name, PeerProblems::Cause::kBadAddress,
-                                  "bad address '" + peer.address + "': " + host_port.error().message);
-    return Dialed::kFailed;
-  }
-  auto channel = connectChannel(peer, host_port->first, state);
-  if (!channel) return Dialed::kFailed;
+  if (!host_port) return Dialed::kFailed;  // connectNow said why, and dials no such address
   const std::string token = live_.get()->peerToken(peer.name);  // a reload may have rotated it
   std::unique_ptr<DialedSession> session = DialedSession::open(*this, peer, state, channel, token);
   if (!session) return Dialed::kFailed;
@@ -260,52 +255,6 @@ PeerLinksImpl::Dialed PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState&
                peer.address, session_id, ack.protocol_version(), ack.transport(),
                reason.empty() ? "" : "; " + reason);
   return launchLink(peer, chosen, ack, reason, std::move(made).value(), std::move(session), state);
-}
-
-std::shared_ptr<::grpc::Channel> PeerLinksImpl::connectChannel(const PeerConfig& peer,
-                                                               const std::string& host, DialState& state) {
-  // A daemon found in the registry proves its id with its certificate: the name checked is the id.
-  ::grpc::ChannelArguments args = peerChannelArguments(config_);
-  if (peer.discovered && config_.tlsEnabled()) args.SetSslTargetNameOverride(peer.name);
-  auto channel = ::grpc::CreateCustomChannel(peer.address, peerChannelCredentials(config_), args);
-  // In slices, so that a shutdown does not wait out the connect timeout (a
-  // failing TLS handshake keeps gRPC retrying until the deadline).
-  const auto deadline =
-      std::chrono::system_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
-  bool connected = false;
-  while (!connected && !ending(state)) {
-    const auto now = std::chrono::system_clock::now();
-    if (now >= deadline) break;
-    connected = channel->WaitForConnected(std::min(deadline, now + std::chrono::milliseconds(200)));
-  }
-  if (ending(state)) return nullptr;
-  if (!connected) {
-    metrics_.peer_problems.record(
-        peer.name,
-        config_.tlsEnabled() ? PeerProblems::Cause::kUnreachableOrTls : PeerProblems::Cause::kUnreachable,
-        "no connection within " + std::to_string(config_.connect_timeout_ms) + " ms" +
-            (config_.tlsEnabled() ? " (peer down, a firewall, or a TLS handshake that failed)"
-                                  : " (peer down, wrong address or port, or a firewall)"));
-    if (config_.tlsEnabled() && !state.unreachable_logged) {
-      // A refused handshake looks like an unreachable peer from here.
-      spdlog::warn(
-          "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
-          "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
-          "ours must be signed by its CA); retrying",
-          peer.name, peer.address, config_.tls_server_name.empty() ? host : config_.tls_server_name);
-      state.unreachable_logged = true;
-    } else if (!state.unreachable_logged) {
-      // Once an outage: the dialler retries with back-off, and says when it links.
-      spdlog::warn(
-          "peer {} at {}: no connection within {} ms (the peer's framelinkd is down, or the address, "
-          "port or a firewall between the hosts keeps it out); retrying",
-          peer.name, peer.address, config_.connect_timeout_ms);
-      state.unreachable_logged = true;
-    }
-    return nullptr;
-  }
-  state.unreachable_logged = false;
-  return channel;
 }
 
 bool PeerLinksImpl::exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer,
@@ -415,44 +364,6 @@ PeerLinksImpl::Dialed PeerLinksImpl::launchLink(const PeerConfig& peer, const Tr
   }
   session->settle(state);
   return Dialed::kEnded;
-}
-
-void PeerLinksImpl::redial(const PeerConfig& peer, DialState state,
-                           std::shared_ptr<::grpc::Channel> channel) {
-  auto next = std::make_shared<DialState>(std::move(state));
-  timers_.at(Clock::now() + std::chrono::milliseconds(config_.reconnect_min_ms), [this, peer, next, channel] {
-    MutexLock dialers(dialers_mutex_);
-    auto it = dialers_.find(peer.name);
-    if (ending(*next) || it == dialers_.end() || it->second.quit != next->quit) {
-      if (!stopping_) {
-        spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name,
-                     peer.address);
-      }
-      next->ended->store(true);
-      return;
-    }
-    // The thread that handed the link over has returned, or is about to.
-    if (it->second.thread.joinable()) it->second.thread.join();
-    it->second.thread = std::thread([this, peer, next]() mutable { dialLoop(peer, std::move(*next)); });
-  });
-}
-
-void PeerLinksImpl::dialLoop(const PeerConfig& peer, DialState state) {
-  const LogScope scope(LogFields{.peer = peer.name});
-  uint32_t backoff_ms = config_.reconnect_min_ms;
-  while (!ending(state)) {
-    const Dialed dialed = dialOnce(peer, state);
-    if (dialed == Dialed::kHandedOver) return;  // the link's end starts the next dialer
-    if (ending(state)) break;
-    backoff_ms = dialed == Dialed::kEnded ? config_.reconnect_min_ms
-                                          : std::min(backoff_ms * 2, config_.reconnect_max_ms);
-    MutexLock lock(mutex_);
-    lock.waitFor(stop_cv_, std::chrono::milliseconds(backoff_ms), [this, &state] { return ending(state); });
-  }
-  if (!stopping_) {
-    spdlog::info("peer {} at {}: no longer dialed (the configuration was reloaded)", peer.name, peer.address);
-  }
-  state.ended->store(true);
 }
 
 }  // namespace framelink

@@ -91,8 +91,7 @@ void PeerLinksImpl::startDialer(const PeerConfig& peer) {
   d.address = peer.address;
   d.quit = state.quit;
   d.ended = state.ended;
-  d.thread =
-      std::thread([this, peer, state = std::move(state)]() mutable { dialLoop(peer, std::move(state)); });
+  connectNow(peer, std::move(state));  // no thread until it connected
 }
 
 void PeerLinksImpl::reconfigure(std::shared_ptr<const Config> next) {
@@ -189,7 +188,9 @@ void PeerLinksImpl::stop() {
   {
     // The links dialers handed over end as their cancelled calls do.
     MutexLock lock(mutex_);
-    lock.wait(stop_cv_, [this]() FL_REQUIRES(mutex_) { return dialed_sessions_ == 0; });
+    // And the connects in progress end at their next change or wait's end (half a second at most).
+    lock.wait(stop_cv_,
+              [this]() FL_REQUIRES(mutex_) { return dialed_sessions_ == 0 && connect_watches_ == 0; });
   }
   for (TransportEntry* t : configured_) t->stop();
   // Every handler has returned by now (their contexts are cancelled, pending

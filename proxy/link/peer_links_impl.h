@@ -66,6 +66,7 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
  private:
   class AcceptedSession;
   class DialedSession;
+  class ConnectWatch;
   // How a dial ended: no link, a link that ended before it was handed over,
   // or a link handed over to its session (whose end starts the next dialer).
   enum class Dialed { kFailed, kEnded, kHandedOver };
@@ -79,6 +80,7 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
     };
     std::map<const TransportEntry*, Fallback> fallbacks;
     bool unreachable_logged = false;  // the warning for this streak of failed connects is out
+    uint32_t backoff_ms = 0;          // before the next connect after a failed one (0: none failed yet)
     // Set when a reload removed or moved the peer: the dialer ends.
     std::shared_ptr<std::atomic<bool>> quit = std::make_shared<std::atomic<bool>>(false);
     // Set by the dialer as it returns: its thread may be joined without waiting.
@@ -112,14 +114,25 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
   // The calls of peers whose certificate a CRL of `next` lists (logged); empty
   // when `next` brings no new CRLs.
   std::set<const void*> revokedCalls(const Config& running, const Config& next) FL_REQUIRES(mutex_);
-  void dialLoop(const PeerConfig& peer, DialState state);
-  Dialed dialOnce(const PeerConfig& peer, DialState& state);
+  // A dial holds no thread while it connects or waits to try again: its channel's
+  // connection is watched from the session queue (ConnectWatch), the wait is a timer,
+  // and a thread runs only the handshake on a connected channel.
+  void connectNow(const PeerConfig& peer, DialState state);
+  void connectLater(const PeerConfig& peer, DialState state, std::chrono::milliseconds after);
+  // On the timers' thread: the handshake's thread, unless the dialer is to end.
+  void startHandshake(const PeerConfig& peer, std::shared_ptr<DialState> next,
+                      std::shared_ptr<::grpc::Channel> channel);
+  void handshake(const PeerConfig& peer, DialState state, std::shared_ptr<::grpc::Channel> channel);
+  Dialed dialOnce(const PeerConfig& peer, DialState& state, std::shared_ptr<::grpc::Channel> channel);
+  // No connection within connect_timeout_ms: counted, and said once a streak.
+  void connectFailed(const PeerConfig& peer, DialState& state);
+  // The next connect after a back-off (from reconnect_min_ms, doubling while dials fail), or the end.
+  void retry(const PeerConfig& peer, DialState state, Dialed dialed);
+  // A reload took the peer, or the daemon stops: said (the former), and the dialer may be joined.
+  void dialerEnded(const PeerConfig& peer, DialState& state);
   // After a handed-over link ended: the peer's next dialer, a reconnect_min_ms
   // later.  `channel`, the ended call's, is let go there.
   void redial(const PeerConfig& peer, DialState state, std::shared_ptr<::grpc::Channel> channel);
-  // A connected channel to `peer`; null when it was not reachable in time (logged) or the daemon stops.
-  std::shared_ptr<::grpc::Channel> connectChannel(const PeerConfig& peer, const std::string& host,
-                                                  DialState& state);
   // Sends the Hello, reads the HelloAck; false (logged, the call ended): refused or a bad answer.
   bool exchangeHello(const PeerConfig& peer, const TransportRegistry::Offer& offer, uint64_t session_id,
                      DialedSession& session, v1::PeerMessage& reply);
@@ -158,6 +171,7 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
   std::map<::grpc::ClientContext*, CallPeer> client_contexts_ FL_GUARDED_BY(mutex_);
   size_t dialed_sessions_ FL_GUARDED_BY(mutex_) = 0;    // handed over and not yet ended (stop() waits)
   size_t accepted_sessions_ FL_GUARDED_BY(mutex_) = 0;  // accepted or awaited, not yet deleted (stop() waits)
+  size_t connect_watches_ FL_GUARDED_BY(mutex_) = 0;    // channels being connected (stop() waits)
   // Taken by init, reconfigure and stop only: the dialers by peer name, and
   // those a reload ended (joined by stop()).
   Mutex dialers_mutex_;

@@ -146,3 +146,23 @@ TEST_CASE("links: an idle daemon's gRPC timer thread does not wake, after a link
   INFO("in 3 s the idle listener's gRPC timer threads woke " << woke << " times");
   CHECK(woke <= 1);
 }
+
+// A configured peer that does not answer is retried with no thread of its own: its connect is
+// watched from the session queue and its back-off is a timer (proxy/link/peer_connect.cpp).
+// Before, each such peer held a dialer thread (unnamed: "framelinkd") while it was retried.
+TEST_CASE("links: configured peers that do not answer hold no thread while they are retried",
+          "[transports]") {
+  DaemonProcess alone(spoke("retry-alone", "tcp"));
+  DaemonProcess::Options o = spoke("retry-six", "tcp");
+  for (int port = 1; port <= 6; ++port) {
+    o.peers.push_back("nobody-" + std::to_string(port) + "=127.0.0.1:" + std::to_string(port));
+  }
+  DaemonProcess retrying(o);
+  // Within the first connect (connect_timeout_ms 5000: connection refused until then), and after it.
+  for (int second = 0; second < 7; ++second) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    INFO("after " << second + 1 << " s");
+    CHECK(threadsNamed(retrying.pid(), "framelinkd") == threadsNamed(alone.pid(), "framelinkd"));
+  }
+  CHECK(retrying.log().find("nobody-3 at 127.0.0.1:3: no connection within 5000 ms") != std::string::npos);
+}
