@@ -59,6 +59,16 @@ int settledThreads(pid_t pid) {
   return last;
 }
 
+// A daemon `id` that dials `listener`, linked and carrying frames.
+std::unique_ptr<DaemonProcess> linkedDialer(const DaemonProcess& listener, const std::string& id) {
+  DaemonProcess::Options o = spoke(id, "tcp");
+  o.peers = {listener.id() + "=" + listener.grpcAddress()};
+  auto dialer = std::make_unique<DaemonProcess>(o);
+  REQUIRE(waitForMetric(listener, "framelink_links_up", 1) == 1);
+  requireServing(*dialer, listener, id);
+  return dialer;
+}
+
 }  // namespace
 
 TEST_CASE("links: more links, dialed or accepted, take no more threads", "[transports]") {
@@ -106,12 +116,8 @@ TEST_CASE("links: more links, dialed or accepted, take no more threads", "[trans
 TEST_CASE("links: gRPC's timers run on the daemon's engine, which has no timer thread that wakes each second",
           "[transports]") {
   DaemonProcess listener(spoke("engine-listener", "tcp"));
-  DaemonProcess::Options o = spoke("engine-dialer", "tcp");
-  o.peers = {"engine-listener=" + listener.grpcAddress()};
-  DaemonProcess dialer(o);
-  REQUIRE(waitForMetric(listener, "framelink_links_up", 1) == 1);
-  requireServing(dialer, listener, "engine");
-  for (const DaemonProcess* d : {&listener, &dialer}) {
+  const auto dialer = linkedDialer(listener, "engine-dialer");
+  for (const DaemonProcess* d : {&listener, dialer.get()}) {
     INFO("daemon pid " << d->pid());
     // gRPC 1.51's own engine: a "timer_manager" thread that wakes every
     // second and two "event_engine" threads.  None here.
@@ -127,13 +133,7 @@ TEST_CASE("links: gRPC's timers run on the daemon's engine, which has no timer t
 TEST_CASE("links: an idle daemon's gRPC timer thread does not wake, after a link came and went",
           "[transports]") {
   DaemonProcess listener(spoke("timers-listener", "tcp"));
-  {
-    DaemonProcess::Options o = spoke("timers-dialer", "tcp");
-    o.peers = {"timers-listener=" + listener.grpcAddress()};
-    DaemonProcess dialer(o);
-    REQUIRE(waitForMetric(listener, "framelink_links_up", 1) == 1);
-    requireServing(dialer, listener, "timers");
-  }
+  linkedDialer(listener, "timers-dialer");  // linked, then gone (the pointer is not kept)
   for (int i = 0; i < 100 && listener.metric("framelink_links_up") != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
