@@ -5,9 +5,6 @@
 // to another instance of the receiving daemon, and a frame whose outcome is
 // known while posts of it are still out.  The deadlines: test_outbound_streams.cpp;
 // the producer that leaves meanwhile: test_outbound_lifetime.cpp.
-#include <spdlog/sinks/ringbuffer_sink.h>
-#include <spdlog/spdlog.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,37 +12,13 @@
 
 #include "agent/outbound_streams.h"
 #include "agent_fixture.h"
+#include "captured_log.h"
 #include "outbound_fixture.h"
 
 using namespace framelink;
 using namespace framelink::agent_test;
 
 namespace {
-
-// The daemon's log lines (the default logger's), as written, from its
-// construction to its end.
-class CapturedLog {
- public:
-  CapturedLog() : previous_(spdlog::default_logger()) {
-    sink_->set_pattern("%v");
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("framelinkd", sink_));
-  }
-  ~CapturedLog() { spdlog::set_default_logger(previous_); }
-  CapturedLog(const CapturedLog&) = delete;
-  CapturedLog& operator=(const CapturedLog&) = delete;
-
-  bool has(const std::string& text) const {
-    for (const std::string& line : sink_->last_formatted()) {
-      if (line.find(text) != std::string::npos) return true;
-    }
-    return false;
-  }
-
- private:
-  std::shared_ptr<spdlog::logger> previous_;
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_ =
-      std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
-};
 
 // The peer's answer for `sequence` of the rig's stream (a NACK when `status`
 // is not FL_OK), on the link `link_id` (0: not said).
@@ -111,7 +84,7 @@ TEST_CASE("outbound completions: an ACK completes the frame DELIVERED with the c
 TEST_CASE(
     "outbound completions: a final refusal fails the frame with the peer's code; the log says its reason",
     "[agent][outbound][outbound_completions]") {
-  CapturedLog log;
+  test::CapturedLog log;
   OutboundRig rig;
   auto landing = exposeLanding(*rig.pair.b, 7, 4096);
   rig.submit(2, 10);
