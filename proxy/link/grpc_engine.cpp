@@ -238,9 +238,13 @@ class QuietEventEngine final : public EventEngine {
 
 std::unique_ptr<EventEngine> makeQuietEventEngine() { return std::make_unique<QuietEventEngine>(); }
 
-bool installQuietEventEngine() {
+bool grpcExperimentsSet() {
   const char* experiments = std::getenv("GRPC_EXPERIMENTS");
-  if (experiments != nullptr && *experiments != '\0') return false;
+  return experiments != nullptr && *experiments != '\0';
+}
+
+bool installQuietEventEngine() {
+  if (grpcExperimentsSet()) return false;
   grpc_event_engine::experimental::SetEventEngineFactory([] { return makeQuietEventEngine(); });
   return true;
 }

@@ -22,6 +22,9 @@ namespace framelink {
 // An engine of its own (tests); gRPC gets its engines from the factory below.
 std::unique_ptr<grpc_event_engine::experimental::EventEngine> makeQuietEventEngine();
 
+// Whether GRPC_EXPERIMENTS names any: gRPC then keeps its own engine and its own timing.
+bool grpcExperimentsSet();
+
 // Makes every engine gRPC creates from now on one of ours, unless
 // GRPC_EXPERIMENTS is set.  Before the first channel or server; true when
 // it did.

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <unordered_map>
 
 #include "common/thread_annotations.h"
+#include "link/grpc_engine.h"
 
 namespace framelink {
 
@@ -149,8 +149,7 @@ T symbol(const char* name, std::string& missing) {
 }  // namespace
 
 std::string installQuietGrpcTimers() {
-  const char* experiments = std::getenv("GRPC_EXPERIMENTS");
-  if (experiments != nullptr && *experiments != '\0') return "GRPC_EXPERIMENTS is set";
+  if (grpcExperimentsSet()) return "GRPC_EXPERIMENTS is set";
   const std::string version = grpc::Version();
   if (version.rfind("1.51.", 0) != 0) {
     return "gRPC is " + version + ", and its timer table is known here for 1.51 only";

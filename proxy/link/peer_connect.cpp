@@ -36,10 +36,11 @@ constexpr auto kWatchSlice = std::chrono::milliseconds(500);
 // handshake's thread, the next try) is handed to the timers' thread.
 class PeerLinksImpl::ConnectWatch final : public SessionTag {
  public:
-  ConnectWatch(PeerLinksImpl& links, PeerConfig peer, DialState state,
+  ConnectWatch(PeerLinksImpl& links, PeerConfig peer, std::string host, DialState state,
                std::shared_ptr<::grpc::Channel> channel)
       : links_(links),
         peer_(std::move(peer)),
+        host_(std::move(host)),
         state_(std::move(state)),
         channel_(std::move(channel)),
         deadline_(std::chrono::system_clock::now() +
@@ -71,7 +72,7 @@ class PeerLinksImpl::ConnectWatch final : public SessionTag {
       });
     } else {
       const LogScope scope(LogFields{.peer = peer_.name});
-      links.connectFailed(peer_, state_);
+      links.connectFailed(peer_, host_, state_);
       links.retry(peer_, std::move(state_), Dialed::kFailed);
     }
     delete this;
@@ -81,6 +82,7 @@ class PeerLinksImpl::ConnectWatch final : public SessionTag {
 
   PeerLinksImpl& links_;
   const PeerConfig peer_;
+  const std::string host_;
   DialState state_;
   std::shared_ptr<::grpc::Channel> channel_;
   const std::chrono::system_clock::time_point deadline_;
@@ -109,12 +111,13 @@ void PeerLinksImpl::connectNow(const PeerConfig& peer, DialState state) {
     dialerEnded(peer, state);
     return;
   }
-  (new ConnectWatch(*this, peer, std::move(state), std::move(channel)))->start();
+  (new ConnectWatch(*this, peer, host_port->first, std::move(state), std::move(channel)))->start();
 }
 
-void PeerLinksImpl::connectLater(const PeerConfig& peer, DialState state, std::chrono::milliseconds after) {
+void PeerLinksImpl::connectLater(const PeerConfig& peer, DialState state, std::chrono::milliseconds after,
+                                 std::shared_ptr<::grpc::Channel> let_go) {
   auto next = std::make_shared<DialState>(std::move(state));
-  timers_.at(Clock::now() + after, [this, peer, next] {
+  timers_.at(Clock::now() + after, [this, peer, next, let_go = std::move(let_go)] {
     if (ending(*next)) return dialerEnded(peer, *next);
     connectNow(peer, std::move(*next));
   });
@@ -156,7 +159,7 @@ void PeerLinksImpl::dialerEnded(const PeerConfig& peer, DialState& state) {
   state.ended->store(true);
 }
 
-void PeerLinksImpl::connectFailed(const PeerConfig& peer, DialState& state) {
+void PeerLinksImpl::connectFailed(const PeerConfig& peer, const std::string& host, DialState& state) {
   metrics_.peer_problems.record(
       peer.name,
       config_.tlsEnabled() ? PeerProblems::Cause::kUnreachableOrTls : PeerProblems::Cause::kUnreachable,
@@ -167,8 +170,6 @@ void PeerLinksImpl::connectFailed(const PeerConfig& peer, DialState& state) {
   state.unreachable_logged = true;
   if (config_.tlsEnabled()) {
     // A refused handshake looks like an unreachable peer from here.
-    auto host_port = transport::tcp::parseHostPort(peer.address);
-    const std::string host = host_port ? host_port->first : peer.address;
     spdlog::warn(
         "peer {} at {}: no TLS connection yet (peer down, or a TLS handshake that failed: its "
         "certificate must be signed by tls_ca_file and name '{}'; with tls_client_auth on its side, "
@@ -184,9 +185,9 @@ void PeerLinksImpl::connectFailed(const PeerConfig& peer, DialState& state) {
 
 void PeerLinksImpl::redial(const PeerConfig& peer, DialState state,
                            std::shared_ptr<::grpc::Channel> channel) {
-  channel.reset();  // the ended call's: the next connect makes its own
   state.backoff_ms = 0;
-  connectLater(peer, std::move(state), std::chrono::milliseconds(config_.reconnect_min_ms));
+  connectLater(peer, std::move(state), std::chrono::milliseconds(config_.reconnect_min_ms),
+               std::move(channel));
 }
 
 }  // namespace framelink

@@ -118,14 +118,16 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
   // connection is watched from the session queue (ConnectWatch), the wait is a timer,
   // and a thread runs only the handshake on a connected channel.
   void connectNow(const PeerConfig& peer, DialState state);
-  void connectLater(const PeerConfig& peer, DialState state, std::chrono::milliseconds after);
+  // `let_go`, a channel to release there (on the timers' thread, not in a completion).
+  void connectLater(const PeerConfig& peer, DialState state, std::chrono::milliseconds after,
+                    std::shared_ptr<::grpc::Channel> let_go = nullptr);
   // On the timers' thread: the handshake's thread, unless the dialer is to end.
   void startHandshake(const PeerConfig& peer, std::shared_ptr<DialState> next,
                       std::shared_ptr<::grpc::Channel> channel);
   void handshake(const PeerConfig& peer, DialState state, std::shared_ptr<::grpc::Channel> channel);
   Dialed dialOnce(const PeerConfig& peer, DialState& state, std::shared_ptr<::grpc::Channel> channel);
   // No connection within connect_timeout_ms: counted, and said once a streak.
-  void connectFailed(const PeerConfig& peer, DialState& state);
+  void connectFailed(const PeerConfig& peer, const std::string& host, DialState& state);
   // The next connect after a back-off (from reconnect_min_ms, doubling while dials fail), or the end.
   void retry(const PeerConfig& peer, DialState state, Dialed dialed);
   // A reload took the peer, or the daemon stops: said (the former), and the dialer may be joined.
