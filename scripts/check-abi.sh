@@ -98,7 +98,9 @@ EOF
     baseline=${2:-$root/client/abi/libframelink.so.0.abi}
     [[ -f "$library" ]] || { echo "check-abi: no library $library: build it first" >&2; exit 2; }
     [[ -f "$baseline" ]] || { echo "check-abi: no baseline $baseline" >&2; exit 2; }
-    readelf -S "$library" | grep -q '\.debug_info' ||
+    # grep reads to the end (no -q): with pipefail, grep -q quitting at the first match could leave
+    # readelf writing to a closed pipe (SIGPIPE), and the check failed on a library with debug information.
+    readelf -S "$library" | grep '\.debug_info' >/dev/null ||
       { echo "check-abi: $library has no debug information: build with -g (RelWithDebInfo or Debug)" >&2; exit 2; }
     echo "check-abi: $library against ${baseline#"$root"/}"
     compare "$baseline" "$library"

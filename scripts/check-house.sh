@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 file_limit=600
 function_limit=80
 
-if ! ctags --list-features 2>/dev/null | grep -q '^json'; then
+if ! ctags --list-features 2>/dev/null | grep '^json' >/dev/null; then
   echo "check-house: needs universal-ctags with JSON output (scripts/setup-deps.sh installs it)" >&2
   exit 2
 fi

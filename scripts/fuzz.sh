@@ -29,7 +29,7 @@ if ((build_only)); then exec "$root/scripts/clang-build.sh"; fi
 [[ -f "$build/CMakeCache.txt" ]] || "$root/scripts/clang-build.sh" "${targets[@]}"
 mapfile -t known < <(cmake --build "$build" --target help | sed -nE 's/^([A-Za-z0-9_.+-]+): .*/\1/p')
 for t in "${optional_targets[@]}"; do
-  if printf '%s\n' "${known[@]}" | grep -qx "$t"; then targets+=("$t"); fi
+  if printf '%s\n' "${known[@]}" | grep -x "$t" >/dev/null; then targets+=("$t"); fi
 done
 "$root/scripts/clang-build.sh" "${targets[@]}"
 

@@ -206,7 +206,7 @@ declare -A doc_files=(
 mkdir -p "$work/docs"
 for p in "${!doc_files[@]}"; do
   for f in ${doc_files[$p]}; do
-    dpkg-deb -c "${deb[$p]}" | awk '{ print $6 }' | grep -qxF "$f" || fail "$p: the deb lacks ${f#.}"
+    dpkg-deb -c "${deb[$p]}" | awk '{ print $6 }' | grep -xF "$f" >/dev/null || fail "$p: the deb lacks ${f#.}"
     dpkg-deb --fsys-tarfile "${deb[$p]}" | tar -xO "$f" >"$work/docs/$(basename "$f")"
   done
 done
@@ -439,7 +439,7 @@ for p in "${packages[@]}"; do
     <(rpm_files "$r" | grep -vxF -f <(rpm_only "$p" | sed 's/^/-rw-r--r-- /') || true) || true)
   [[ -z "$diff_out" ]] || { echo "$diff_out"; fail "$p: the rpm's files differ from the deb's (< deb, > rpm)"; }
   for f in $(rpm_only "$p"); do
-    rpm_files "$r" | grep -q " $f\$" || fail "$p: the rpm lacks $f"
+    rpm_files "$r" | grep " $f\$" >/dev/null || fail "$p: the rpm lacks $f"
   done
   echo "  files: same as the deb (libdir /usr/lib64 for /usr/lib/$multiarch, unit in /usr/lib/systemd/system, licenses/ for doc/copyright)"
   [[ "$(rpm -qp --qf '%{NAME} %{VERSION}-%{RELEASE}' "$r" 2>/dev/null)" == "$p $version" ]] ||
@@ -475,9 +475,9 @@ for p in "${packages[@]}"; do
       echo "  depends: systemd-sysusers (deb: $deps)" ;;
   esac
   if [[ $p == libframelink0 ]]; then
-    rpm -qp --provides "$r" 2>/dev/null | grep -qxF 'libframelink.so.0()(64bit)' ||
+    rpm -qp --provides "$r" 2>/dev/null | grep -xF 'libframelink.so.0()(64bit)' >/dev/null ||
       fail "libframelink0: the rpm does not provide libframelink.so.0()(64bit)"
-    dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -xO ./shlibs | grep -q '^libframelink 0 libframelink0' ||
+    dpkg-deb --ctrl-tarfile "${deb[$p]}" | tar -xO ./shlibs | grep '^libframelink 0 libframelink0' >/dev/null ||
       fail "libframelink0: the deb has no shlibs entry for libframelink.so.0"
     grep -qx 'activate-noawait ldconfig' "$work/ctrl-$p/triggers" || fail "libframelink0: the deb has no ldconfig trigger"
     echo "  provides: libframelink.so.0()(64bit) (deb: shlibs 'libframelink 0 libframelink0', ldconfig trigger)"

@@ -148,7 +148,7 @@ took=$((SECONDS - start))
 mapfile -t findings < <(find "$out" -type f -exec cat {} + | grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' | grep -v '/Unity/unity_' | sort -u)
 mapfile -t crashed < <(cd "$out" && for f in *.failed; do
   [[ -e "$f" ]] || continue
-  grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' "$f" | grep -qv '/Unity/unity_' || echo "${f%.failed}"
+  grep -E '(warning|error): .*\[[A-Za-z0-9.,-]+\]$' "$f" | grep -v '/Unity/unity_' >/dev/null || echo "${f%.failed}"
 done)
 if ((${#findings[@]} > 0)); then
   printf '%s\n' "${findings[@]}"

@@ -75,7 +75,7 @@ bytes_of() { # 64K -> 65536
 }
 
 daemon_args=()
-if [[ -x "$daemon" ]] && "$daemon" --help 2>&1 | grep -q -- '--rdma-port'; then
+if [[ -x "$daemon" ]] && "$daemon" --help 2>&1 | grep -- '--rdma-port' >/dev/null; then
   daemon_args+=(--daemon-arg=--rdma-port=0)
 fi
 

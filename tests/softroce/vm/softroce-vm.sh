@@ -95,7 +95,7 @@ command -v ibv_devinfo >/dev/null || need+=(ibverbs-utils)
 if [ -z "$KVER" ]; then
     for d in $(ls -1d /lib/modules/* 2>/dev/null | sort -rV); do
         v=$(basename "$d")
-        if [ -e "/boot/vmlinuz-$v" ] && find "$d" -name 'rdma_rxe.ko*' | grep -q .; then KVER=$v; break; fi
+        if [ -e "/boot/vmlinuz-$v" ] && find "$d" -name 'rdma_rxe.ko*' | grep . >/dev/null; then KVER=$v; break; fi
     done
     [ -n "$KVER" ] || need+=(linux-image-amd64)
 fi
