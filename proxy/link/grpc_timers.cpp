@@ -33,6 +33,7 @@ struct TimerTable {
   void (*consume_kick)();
 };
 constexpr int64_t kInfFuture = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInfPast = std::numeric_limits<int64_t>::min();
 // A timer due this long ago has run: every check runs all that is due (its
 // shards look ahead at least 10 ms, at most a second).
 constexpr int64_t kRanAfterMs = 1000;
@@ -71,6 +72,16 @@ Quiet& quiet() {
 
 void timerInit(GrpcTimer* timer, int64_t deadline, GrpcClosure* closure) {
   Quiet& q = quiet();
+  // Due before any clock: gRPC runs it at once, and nothing waits (a grpc
+  // transport's wake, a grpc::Alarm set to gpr_inf_past, thousands a second).
+  if (deadline == kInfPast) {
+    {
+      MutexLock lock(q.mutex);
+      q.forgetLocked(timer);
+    }
+    q.grpc.init(timer, deadline, closure);
+    return;
+  }
   bool kick = false;
   {
     MutexLock lock(q.mutex);
