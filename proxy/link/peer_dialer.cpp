@@ -236,10 +236,11 @@ PeerLinksImpl::Dialed PeerLinksImpl::dialOnce(const PeerConfig& peer, DialState&
                                 [&ack](const TransportEntry* t) { return t->name() == ack.transport(); });
   TransportEntry* chosen = chosen_it != offer.transports.end() ? *chosen_it : nullptr;
   Result<std::shared_ptr<transport::Transport>> made =
-      chosen != nullptr ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id,
-                                                   channel, stop_fd_.get(), token})
-                        : makeError(FL_ERR_PROTOCOL, "peer chose transport '" + ack.transport() +
-                                                         "' that this daemon did not offer");
+      chosen != nullptr
+          ? chosen->dial(DialContext{config_, peer.name, host_port->first, ack, session_id, channel,
+                                     stop_fd_.get(), token, session_queue_->cq(), &data_calls_})
+          : makeError(FL_ERR_PROTOCOL,
+                      "peer chose transport '" + ack.transport() + "' that this daemon did not offer");
   if (!made) {
     dialFailed(peer, chosen, ack, made.error().message, state);
     session->abandon();

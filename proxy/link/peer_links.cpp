@@ -79,6 +79,7 @@ Status PeerLinksImpl::init() {
   }
   session_queue_ = std::make_unique<SessionQueue>(std::move(cq));
   awaitSessions();
+  if (Status s = awaitDataCalls(); !s) return s;
   MutexLock lock(dialers_mutex_);
   for (const auto& peer : config_.peers) startDialer(peer);
   return {};
@@ -204,6 +205,9 @@ void PeerLinksImpl::stop() {
       MutexLock lock(mutex_);
       lock.wait(stop_cv_, [this]() FL_REQUIRES(mutex_) { return accepted_sessions_ == 0; });
     }
+    // The Data calls still running (a transport nobody shut down: a channel
+    // that came as its session gave up, one dialed as the daemon stopped).
+    data_calls_.endAll();
     session_queue_->shutdown();
   }
 }
@@ -261,16 +265,33 @@ v1::PeerMessage PeerLinksImpl::helloAck(const v1::Hello& hello,
   return ::grpc::Status::OK;
 }
 
-::grpc::Status PeerLinksImpl::serveRawData(::grpc::ServerContext* ctx, DataCall* stream) {
-  if (!identity_.tokenAccepted(*ctx)) {
-    metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
-    log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx->peer());
-    return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
-  }
+Status PeerLinksImpl::awaitDataCalls() {
+  TransportEntry* serving = nullptr;
   for (const auto& t : transports_.entries()) {
-    if (t->servesDataCalls()) return t->serveDataCall(ctx, stream);
+    if (t->servesDataCalls()) serving = t.get();
   }
-  return {::grpc::StatusCode::UNIMPLEMENTED, "no transport of this daemon uses the Data call"};
+  auto hooks = std::make_shared<transport::DataCallHooks>();
+  hooks->first = [this, serving](::grpc::ServerContext& ctx) -> ::grpc::Status {
+    if (!identity_.tokenAccepted(ctx)) {
+      metrics_.counters.auth_failures.fetch_add(1, std::memory_order_relaxed);
+      log_auth_.warn("grpc data channel from {} refused: wrong or missing token", ctx.peer());
+      return {::grpc::StatusCode::UNAUTHENTICATED, "wrong or missing token"};
+    }
+    if (serving == nullptr) {
+      return {::grpc::StatusCode::UNIMPLEMENTED, "no transport of this daemon uses the Data call"};
+    }
+    return ::grpc::Status::OK;
+  };
+  hooks->admit = [serving](::grpc::ServerContext& ctx, uint64_t session_id) {
+    return serving->admitDataCall(ctx, session_id);
+  };
+  hooks->accepted = [serving](uint64_t session_id, std::shared_ptr<transport::GrpcTransport> t) {
+    serving->dataCallAccepted(session_id, std::move(t));
+  };
+  hooks->options.chunk_bytes = config_.grpc_chunk_bytes;
+  // A stranger's call that never says which session it is for ends as its handshake would.
+  hooks->first_message_timeout = std::chrono::milliseconds(config_.connect_timeout_ms);
+  return transport::GrpcTransport::awaitDataCall(*this, session_queue_->cq(), &data_calls_, std::move(hooks));
 }
 
 }  // namespace framelink

@@ -57,10 +57,11 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
 
   // peer_accept.cpp: waits for the Sessions peers open, on the session queue (no thread of their own).
   void awaitSessions();
+  // Waits for the Data calls of grpc-transport links, on the session queue too.
+  Status awaitDataCalls();
   // peer_describe.cpp: this daemon's id, instance and streams, to a daemon with the token.
   ::grpc::Status Describe(::grpc::ServerContext* ctx, const v1::DescribeRequest* request,
                           v1::DescribeReply* reply) override;
-  ::grpc::Status serveRawData(::grpc::ServerContext* ctx, DataCall* stream) override;
   void onDescribed(Heard heard) override;
 
  private:
@@ -155,7 +156,9 @@ class PeerLinksImpl final : public PeerLinks, public SessionService {
   PeerInstances instances_;
   PendingChannels pending_;
   std::vector<TransportEntry*> configured_;  // config_.transports, in its order; set by init()
-  // Every Session call's completions; before server_, which goes first.
+  // The grpc transport's Data calls not yet ended: stop() ends them before the queue.
+  transport::DataCalls data_calls_;
+  // Every Session call's and Data call's completions; before server_, which goes first.
   std::unique_ptr<SessionQueue> session_queue_;
   std::unique_ptr<::grpc::Server> server_;
   int grpc_port_ = 0;

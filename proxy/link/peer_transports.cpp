@@ -116,46 +116,38 @@ class GrpcEntry final : public TransportEntry {
   bool usable(uint64_t, std::string*) const override { return true; }
   Status listen(const ListenContext& ctx) override {
     hooks_ = ctx.hooks;
-    chunk_bytes_ = ctx.config.grpc_chunk_bytes;
     auth_failures_ = &ctx.metrics.counters.auth_failures;
     return {};
   }
   Made dial(const DialContext& ctx) override {
-    return shared(transport::GrpcTransport::connect(ctx.channel, ctx.session_id, ctx.token,
-                                                    ctx.config.grpc_chunk_bytes));
+    transport::GrpcTransportOptions options;
+    options.chunk_bytes = ctx.config.grpc_chunk_bytes;
+    return transport::GrpcTransport::connect(ctx.channel, {ctx.call_queue, ctx.data_calls}, ctx.session_id,
+                                             ctx.token, options);
   }
 
   bool servesDataCalls() const noexcept override { return true; }
-  ::grpc::Status serveDataCall(::grpc::ServerContext* ctx, DataCall* call) override {
-    ::grpc::ByteBuffer first;
-    if (!call->Read(&first)) return {::grpc::StatusCode::CANCELLED, "no first message"};
-    transport::ReceivedDataMessage parsed;
-    if (std::string why = transport::parseDataMessage(&first, &parsed); !why.empty()) {
-      return {::grpc::StatusCode::INVALID_ARGUMENT, "malformed first DataMessage: " + why};
-    }
-    const uint64_t session_id = parsed.session_id;
+  ::grpc::Status admitDataCall(::grpc::ServerContext& ctx, uint64_t session_id) override {
     if (!hooks_.expected || !hooks_.expected(session_id)) {
-      log_session_.warn("grpc data channel from {} for unknown session {:016x} refused", ctx->peer(),
+      log_session_.warn("grpc data channel from {} for unknown session {:016x} refused", ctx.peer(),
                         session_id);
       return {::grpc::StatusCode::NOT_FOUND, "unknown session"};
     }
     // The channel proves the token its Session proved the peer's id with.
-    if (!secretEquals(callToken(*ctx), hooks_.token(session_id))) {
+    if (!secretEquals(callToken(ctx), hooks_.token(session_id))) {
       auth_failures_->fetch_add(1, std::memory_order_relaxed);
       log_session_.warn("grpc data channel from {} for session {:016x} refused: not that session's token",
-                        ctx->peer(), session_id);
+                        ctx.peer(), session_id);
       return {::grpc::StatusCode::UNAUTHENTICATED, "wrong token for this session"};
     }
-    auto t = transport::GrpcTransport::adoptServerStream(ctx, call, chunk_bytes_);
-    if (!t) return {::grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
-    std::shared_ptr<transport::GrpcServerTransport> server_transport = t.value();
-    hooks_.accepted(session_id, server_transport);
-    return server_transport->runUntilClosed();
+    return ::grpc::Status::OK;
+  }
+  void dataCallAccepted(uint64_t session_id, std::shared_ptr<transport::Transport> t) override {
+    hooks_.accepted(session_id, std::move(t));
   }
 
  private:
-  AcceptHooks hooks_;  // set once, by listen(), before the gRPC server starts
-  size_t chunk_bytes_ = 0;
+  AcceptHooks hooks_;                               // set once, by listen(), before the gRPC server starts
   std::atomic<uint64_t>* auth_failures_ = nullptr;  // set by listen()
   LogLimiter log_session_;
 };

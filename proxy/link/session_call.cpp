@@ -7,6 +7,7 @@ namespace framelink {
 SessionQueue::SessionQueue(std::unique_ptr<::grpc::ServerCompletionQueue> cq) : cq_(std::move(cq)) {
   thread_ = std::thread([this] {
     ::pthread_setname_np(::pthread_self(), "fl-session-cq");
+    const transport::QueueThreadScope queue_thread;
     void* tag = nullptr;
     bool ok = false;
     while (cq_->Next(&tag, &ok)) static_cast<SessionTag*>(tag)->complete(ok);

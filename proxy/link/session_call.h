@@ -20,25 +20,12 @@
 
 namespace framelink {
 
-// One completion's handler: a member function of its call.
-class SessionTag {
- public:
-  virtual ~SessionTag() = default;
-  virtual void complete(bool ok) = 0;
-};
+// One completion's handler (the grpc transport's Data calls share the queue).
+using SessionTag = transport::QueueTag;
+using transport::MemberTag;
 
-template <typename Owner>
-class MemberTag final : public SessionTag {
- public:
-  MemberTag(Owner* owner, void (Owner::*fn)(bool)) : owner_(owner), fn_(fn) {}
-  void complete(bool ok) override { (owner_->*fn_)(ok); }
-
- private:
-  Owner* owner_;
-  void (Owner::*fn_)(bool);
-};
-
-// The completion queue of the daemon's Session calls, and its thread.
+// The completion queue of the daemon's Session calls and grpc-transport
+// Data calls, and its thread.
 class SessionQueue {
  public:
   explicit SessionQueue(std::unique_ptr<::grpc::ServerCompletionQueue> cq);
@@ -55,8 +42,8 @@ class SessionQueue {
   std::thread thread_;
 };
 
-// The service: Session asynchronous, Data (the grpc transport's) as before.
-using SessionService = v1::Link::WithAsyncMethod_Session<transport::RawDataLinkService>;
+// The service: Session asynchronous, Data (the grpc transport's) asynchronous and raw.
+using SessionService = v1::Link::WithAsyncMethod_Session<transport::RawDataService>;
 
 // The listener's side.  A call object waits for the next Session (await);
 // it ends, onDone, once everything it started completed and the call is over.

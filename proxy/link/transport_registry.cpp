@@ -24,9 +24,14 @@ std::chrono::milliseconds TransportEntry::handshakeTimeout(const Config& config)
   return std::chrono::milliseconds(config.connect_timeout_ms);
 }
 
-::grpc::Status TransportEntry::serveDataCall(::grpc::ServerContext* ctx, DataCall* call) {
-  (void)ctx, (void)call;
+::grpc::Status TransportEntry::admitDataCall(::grpc::ServerContext& ctx, uint64_t session_id) {
+  (void)ctx, (void)session_id;
   return {::grpc::StatusCode::UNIMPLEMENTED, std::string(name()) + " does not use the Data call"};
+}
+
+void TransportEntry::dataCallAccepted(uint64_t session_id, std::shared_ptr<transport::Transport> t) {
+  (void)session_id;
+  if (t) t->shutdown();
 }
 
 TransportRegistry::TransportRegistry(std::vector<std::unique_ptr<TransportEntry>> entries)

@@ -12,8 +12,6 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include <chrono>
 #include <cstdint>
@@ -28,6 +26,10 @@
 #include "transport/transport.h"
 
 namespace framelink {
+
+namespace transport {
+class DataCalls;
+}  // namespace transport
 
 struct Config;
 class Metrics;
@@ -61,10 +63,11 @@ struct DialContext {
   std::shared_ptr<::grpc::Channel> channel;  // the Session's channel
   int stop_fd = -1;                          // readable once the daemon stops: a dial in progress gives up
   std::string token;                         // what this daemon presents to the peer (Config::peerToken)
+  // Where a call the data channel makes completes (the session queue), and
+  // the calls the daemon ends before that queue shuts down.
+  ::grpc::CompletionQueue* call_queue = nullptr;
+  transport::DataCalls* data_calls = nullptr;
 };
-
-// A Link.Data call, its DataMessages as raw bytes (transport/grpc/grpc_wire.h).
-using DataCall = ::grpc::ServerReaderWriter<::grpc::ByteBuffer, ::grpc::ByteBuffer>;
 
 // One registered transport.  Called from the peer-link threads (dialers and
 // gRPC handlers) at once: an entry guards whatever it changes after listen().
@@ -107,9 +110,12 @@ class TransportEntry {
   }
 
   // The Link service's Data call carries this transport's channels (grpc):
-  // the service hands each call to serveDataCall() once the token checked out.
+  // a call whose token checked out is admitted here by the session its first
+  // message names (OK, or the status that ends it), and once admitted its
+  // transport is handed over.  On the session queue's thread: neither blocks.
   virtual bool servesDataCalls() const noexcept { return false; }
-  virtual ::grpc::Status serveDataCall(::grpc::ServerContext* ctx, DataCall* call);
+  virtual ::grpc::Status admitDataCall(::grpc::ServerContext& ctx, uint64_t session_id);
+  virtual void dataCallAccepted(uint64_t session_id, std::shared_ptr<transport::Transport> t);
 };
 
 class TransportRegistry {

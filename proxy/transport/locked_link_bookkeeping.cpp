@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace framelink::transport {
 
@@ -43,23 +44,33 @@ void LockedLinkBookkeeping::retractCredit(uint64_t credit_id) {
   book_.retractCredit(credit_id);
 }
 
+void LockedLinkBookkeeping::setWake(std::function<void()> wake) { wake_ = std::move(wake); }
+
+void LockedLinkBookkeeping::wakeIfWaited(bool sender_waits, bool reader_waits) noexcept {
+  if ((sender_waits || reader_waits) && wake_) wake_();
+}
+
 PostResult LockedLinkBookkeeping::post(const SendRequest& request) noexcept {
   PostResult result;
+  bool waits = false;
   {
     MutexLock lock(mu_);
     result = book_.post(request);
+    if (result == PostResult::kOk) waits = std::exchange(sender_waits_, false);
   }
-  if (result == PostResult::kOk) send_cv_.notify_one();
+  wakeIfWaited(waits, false);
   return result;
 }
 
 PostResult LockedLinkBookkeeping::postControl(std::string record) noexcept {
   PostResult result;
+  bool waits = false;
   {
     MutexLock lock(mu_);
     result = book_.postControl(std::move(record));
+    if (result == PostResult::kOk) waits = std::exchange(sender_waits_, false);
   }
-  if (result == PostResult::kOk) send_cv_.notify_one();
+  wakeIfWaited(waits, false);
   return result;
 }
 
@@ -76,6 +87,7 @@ void LockedLinkBookkeeping::retractSource(uint64_t source_id) noexcept {
 
 PostResult LockedLinkBookkeeping::postRead(const ReadRequest& request) noexcept {
   PostResult result;
+  bool waits = false;
   {
     MutexLock lock(mu_);
     uint64_t tag = 0;
@@ -88,8 +100,9 @@ PostResult LockedLinkBookkeeping::postRead(const ReadRequest& request) noexcept 
         result = PostResult::kBackpressure;
       }
     }
+    if (result == PostResult::kOk) waits = std::exchange(sender_waits_, false);
   }
-  if (result == PostResult::kOk) send_cv_.notify_one();
+  wakeIfWaited(waits, false);
   return result;
 }
 
@@ -109,13 +122,16 @@ size_t LockedLinkBookkeeping::poll(TransportEvent* out, size_t max) noexcept {
   }
   size_t taken = 0;
   bool more = false;
+  bool reader_waits = false;
   {
     MutexLock lock(mu_);
     taken = book_.events().take(out, max);
     more = !book_.events().empty();
+    // A reader waiting for room reads on.
+    if (book_.events().size() < kMaxQueuedEvents) reader_waits = std::exchange(reader_waits_, false);
   }
-  if (taken > 0) room_cv_.notify_all();  // a reader waiting for room reads on
-  if (more) signal();                    // level-triggered for the caller: still readable
+  if (more) signal();  // level-triggered for the caller: still readable
+  wakeIfWaited(false, reader_waits);
   return taken;
 }
 
@@ -126,19 +142,20 @@ TransportCounters LockedLinkBookkeeping::counters() const noexcept {
   return book_.counters();
 }
 
-// ---------------------------------------------------------------- sender thread
+// ---------------------------------------------------------------- sender
 
-bool LockedLinkBookkeeping::nextSend(Outgoing* out, const SendBatching& batching) noexcept {
+LockedLinkBookkeeping::Take LockedLinkBookkeeping::takeSend(Outgoing* out,
+                                                            const SendBatching& batching) noexcept {
   out->control.clear();
   out->has_answer = false;
   out->answer = ReadAnswer{};  // lets the last answer's source go
   out->frames.clear();
   MutexLock lock(mu_);
-  lock.wait(send_cv_, [&]() FL_REQUIRES(mu_) {
-    return book_.failed() || stopped_ || !book_.ring().empty() || !book_.control().empty() ||
-           !asks_.empty() || !answers_.empty();
-  });
-  if (book_.failed() || stopped_) return false;
+  if (book_.failed() || stopped_) return Take::kStopped;
+  if (book_.ring().empty() && book_.control().empty() && asks_.empty() && answers_.empty()) {
+    sender_waits_ = true;
+    return Take::kNothing;
+  }
   if (!book_.control().empty()) {
     book_.countControlSent(book_.control().size());
     book_.control().takeAll(&out->control);
@@ -154,7 +171,7 @@ bool LockedLinkBookkeeping::nextSend(Outgoing* out, const SendBatching& batching
   } else {
     takeFrames(out, batching);
   }
-  return true;
+  return Take::kTaken;
 }
 
 void LockedLinkBookkeeping::takeFrames(Outgoing* out, const SendBatching& batching) noexcept {
@@ -163,7 +180,7 @@ void LockedLinkBookkeeping::takeFrames(Outgoing* out, const SendBatching& batchi
   try {
     out->frames.reserve(most);
     in_flight_.reserve(in_flight_.size() + most);
-  } catch (...) {  // bad_alloc: nothing taken; the sender's next nextSend() tries again
+  } catch (...) {  // bad_alloc: nothing taken; the sender's next takeSend() tries again
     return;
   }
   uint64_t bytes = 0;
@@ -185,25 +202,27 @@ void LockedLinkBookkeeping::takeFrames(Outgoing* out, const SendBatching& batchi
 }
 
 void LockedLinkBookkeeping::stopSending() noexcept {
+  bool waits = false;
   {
     MutexLock lock(mu_);
     stopped_ = true;
+    waits = std::exchange(sender_waits_, false);
   }
-  send_cv_.notify_all();
+  wakeIfWaited(waits, false);
 }
 
 void LockedLinkBookkeeping::completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept {
   {
     MutexLock lock(mu_);
     const auto it = std::find(in_flight_.begin(), in_flight_.end(), cookie);
-    if (it == in_flight_.end()) return;  // not a frame nextSend() gave out
+    if (it == in_flight_.end()) return;  // not a frame takeSend() gave out
     in_flight_.erase(it);
     book_.sendDone(cookie, status, bytes);
   }
   signal();
 }
 
-// ---------------------------------------------------------------- receiver thread
+// ---------------------------------------------------------------- receiver
 
 std::optional<LocalCredit> LockedLinkBookkeeping::beginReceive(uint64_t credit_id) noexcept {
   MutexLock lock(mu_);
@@ -222,16 +241,17 @@ bool LockedLinkBookkeeping::endReceive() noexcept {
   return book_.credits().endLanding();
 }
 
-void LockedLinkBookkeeping::awaitRoom(MutexLock& lock) noexcept {
-  lock.wait(room_cv_,
-            [&]() FL_REQUIRES(mu_) { return book_.failed() || book_.events().size() < kMaxQueuedEvents; });
+bool LockedLinkBookkeeping::roomForEvents() noexcept {
+  MutexLock lock(mu_);
+  if (book_.failed() || book_.events().size() < kMaxQueuedEvents) return true;
+  reader_waits_ = true;
+  return false;
 }
 
 void LockedLinkBookkeeping::frameArrived(const FrameHeader& header, int status,
                                          std::string message) noexcept {
   {
     MutexLock lock(mu_);
-    awaitRoom(lock);
     book_.frameArrived(header, status, std::move(message));
   }
   signal();
@@ -240,13 +260,13 @@ void LockedLinkBookkeeping::frameArrived(const FrameHeader& header, int status,
 void LockedLinkBookkeeping::controlArrived(std::string record) noexcept {
   {
     MutexLock lock(mu_);
-    awaitRoom(lock);
     book_.controlArrived(record);
   }
   signal();
 }
 
 int LockedLinkBookkeeping::answerRead(const ReadAsk& asked) noexcept {
+  bool waits = false;
   {
     MutexLock lock(mu_);
     if (book_.failed()) return FL_OK;  // nothing goes out any more
@@ -265,8 +285,9 @@ int LockedLinkBookkeeping::answerRead(const ReadAsk& asked) noexcept {
       return FL_ERR_RESOURCES;
     }
     book_.countReadServed(answers_.back().known);
+    waits = std::exchange(sender_waits_, false);
   }
-  send_cv_.notify_one();
+  wakeIfWaited(waits, false);
   return FL_OK;
 }
 
@@ -297,6 +318,8 @@ bool LockedLinkBookkeeping::fail(int status, std::string message) noexcept {
   // Dropped once the locks are released: an answer's keepalive may be the
   // last reference to its source's memory.
   std::deque<ReadAnswer> dropped;
+  bool sender_waits = false;
+  bool reader_waits = false;
   {
     // After a chunk being copied into a read's buffer: the read's
     // completion gives the buffer back.
@@ -306,10 +329,11 @@ bool LockedLinkBookkeeping::fail(int status, std::string message) noexcept {
     if (!book_.fail(status, std::move(message))) return false;
     asks_.clear();
     dropped.swap(answers_);
+    sender_waits = std::exchange(sender_waits_, false);
+    reader_waits = std::exchange(reader_waits_, false);
   }
-  send_cv_.notify_all();
-  room_cv_.notify_all();
   signal();
+  wakeIfWaited(sender_waits, reader_waits);
   return true;
 }
 

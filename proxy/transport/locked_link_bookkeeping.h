@@ -1,21 +1,28 @@
-// The bookkeeping of a byte-stream transport that moves its bytes on threads
-// of its own (grpc's reader and writer): one LinkBookkeeping (the bounded
-// send queue, the credit table, the sources and reads of pull, the event
-// queue, the admission rules and the "link failed exactly once" rule,
-// link_bookkeeping.h) shared between those threads and the calling thread
+// The bookkeeping of a byte-stream transport that moves its bytes on
+// another thread than the data agent's (grpc's: the completions of its call,
+// on the daemon's call queue): one LinkBookkeeping (the bounded send queue,
+// the credit table, the sources and reads of pull, the event queue, the
+// admission rules and the "link failed exactly once" rule,
+// link_bookkeeping.h) shared between that thread and the calling thread
 // under one mutex, plus the eventfd and the hand-over to the writer (frames,
 // control records, read requests and the answers to the peer's).  Such a
 // transport owns one LockedLinkBookkeeping and adds only the code that moves
 // bytes.  tcp, rdma and loopback do their I/O on the calling thread and use
 // LinkBookkeeping without a lock.
 //
+// Nothing here blocks the transport's thread: the sender takes what is
+// queued (takeSend) and, when nothing is, is woken (the wake given to
+// setWake) once something is; the reader asks roomForEvents() before its
+// next read and is woken once poll() made room.
+//
 // Threads:
 //   * data agent (one thread): exposeCredit, retractCredit, post, postControl, exposeSource,
 //                              retractSource, postRead, poll, eventFd, counters, lastRefusal
-//   * sender thread (one):     nextSend, completeSend
-//   * receiver thread (one):   beginReceive, copyIntoLanding, endReceive, frameArrived,
-//                              controlArrived, answerRead, findRead, copyIntoRead, readDone
-//   * any thread:              fail, connected
+//   * sender (one at a time):  takeSend, completeSend
+//   * receiver (one at a time): beginReceive, copyIntoLanding, endReceive, frameArrived,
+//                              controlArrived, roomForEvents, answerRead, findRead,
+//                              copyIntoRead, readDone
+//   * any thread:              fail, connected, setWake (before the first post)
 //
 // Ordering guarantees the daemon relies on (every transport keeps them, with
 // or without this class):
@@ -30,10 +37,10 @@
 //     (peer closed, I/O error, protocol violation, local shutdown).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,12 +55,12 @@
 
 namespace framelink::transport {
 
-// Frames and control records the reader queues for the caller of poll() at
-// most: it stops reading until poll() takes some, and the peer's writes
-// wait in flow control.  A peer that sends faster than the data agent
-// handles it costs this many events here (control records of at most
-// kMaxControlBytes), not its whole send rate.  tcp stops reading at the
-// `max` of poll() the same way.
+// Frames and control records the reader queues for the caller of poll()
+// before it stops reading (roomForEvents), until poll() takes some; the
+// peer's writes wait in flow control meanwhile.  A peer that sends faster
+// than the data agent handles it costs this many events here, and those of
+// the one message being read (a batch: kMaxBatchFrames), not its whole send
+// rate.  tcp stops reading at the `max` of poll() the same way.
 inline constexpr size_t kMaxQueuedEvents = 64;
 
 // A read on the wire: the source the reader asks for, the id its answer
@@ -76,7 +83,7 @@ struct ReadAnswer {
   std::shared_ptr<void> keepalive;
 };
 
-// Which queued frames one unit of LockedLinkBookkeeping::nextSend() may take
+// Which queued frames one unit of LockedLinkBookkeeping::takeSend() may take
 // together: while the first frame and each next one have at most
 // max_frame_bytes of payload, up to max_frames frames and max_bytes of
 // payload in all.  The default takes one frame a unit.
@@ -115,7 +122,13 @@ class LockedLinkBookkeeping {
   bool connected() const noexcept;
   TransportCounters counters() const noexcept;
 
-  // ---- sender thread ----
+  // What wakes the transport's sender (takeSend found nothing) once something
+  // is queued or the link failed, and its reader (roomForEvents said no) once
+  // poll() made room.  Called with no lock held, from the thread that queued,
+  // polled or failed; it must not block.  Set before the first post().
+  void setWake(std::function<void()> wake);
+
+  // ---- sender ----
   // What the sender writes next: the control records and read requests
   // queued so far (written first, they are small and someone waits for
   // them), then one unit: the answer to a peer's read, or else frames: one,
@@ -128,21 +141,24 @@ class LockedLinkBookkeeping {
     ReadAnswer answer;
     std::vector<SendRequest> frames;  // in the order they were posted
   };
-  // Blocks until something is queued (true) or the link failed (false).  A
-  // frame stays "in flight" until its completeSend(); an answer no longer
-  // counts against the peer's bound once it is handed out (see answerRead).
-  bool nextSend(Outgoing* out, const SendBatching& batching = {}) noexcept;
-  // Makes nextSend() return false from now on without failing the link:
+  // kTaken: `out` holds what goes next.  kNothing: nothing is queued; the
+  // wake comes once something is.  kStopped: the link failed or stopSending()
+  // was called.  A frame stays "in flight" until its completeSend(); an
+  // answer no longer counts against the peer's bound once it is handed out
+  // (see answerRead).
+  enum class Take { kTaken, kNothing, kStopped };
+  Take takeSend(Outgoing* out, const SendBatching& batching = {}) noexcept;
+  // Makes takeSend() return kStopped from now on without failing the link:
   // the transport stops writing (its stream is gone) and fails the link
   // afterwards, once it knows why.  Queued requests stay queued until fail().
   void stopSending() noexcept;
   // An in-flight frame was written (FL_OK), or failed with `status`; its
   // payload is not read any more.  Reports FL_ERR_LINK_LOST instead of FL_OK
-  // if the link failed meanwhile.  Must be called for every frame nextSend()
+  // if the link failed meanwhile.  Must be called for every frame takeSend()
   // handed out, also when the write failed.
   void completeSend(uint64_t cookie, int status, uint64_t bytes) noexcept;
 
-  // ---- receiver thread ----
+  // ---- receiver ----
   // Takes the credit out of the table (it is consumed by this frame).
   std::optional<LocalCredit> beginReceive(uint64_t credit_id) noexcept;
   // Runs `copy`, which writes one chunk into the buffer of the credit taken
@@ -156,11 +172,13 @@ class LockedLinkBookkeeping {
   }
   // True if the credit taken by beginReceive was not retracted meanwhile.
   bool endReceive() noexcept;
-  // A frame arrived: counted as received when `status` is FL_OK.  This and
-  // controlArrived wait while kMaxQueuedEvents frames and records wait for
-  // poll(), or until the link fails: the reader reads no more meanwhile.
+  // A frame arrived: counted as received when `status` is FL_OK.
   void frameArrived(const FrameHeader& header, int status, std::string message = {}) noexcept;
   void controlArrived(std::string record) noexcept;
+  // Whether the reader may read on: fewer than kMaxQueuedEvents events wait
+  // for poll(), or the link failed.  When not, the wake comes once poll()
+  // took some.
+  bool roomForEvents() noexcept;
 
   // Pull, this side the owner: the peer asks for a source.  Queues the
   // answer for the sender (the source's bytes, or "no source"), counted as
@@ -202,9 +220,9 @@ class LockedLinkBookkeeping {
  private:
   LockedLinkBookkeeping(UniqueFd event_fd, size_t send_queue_depth);
   void signal() noexcept;
-  // Until fewer than kMaxQueuedEvents events wait for poll(), or the link failed.
-  void awaitRoom(MutexLock& lock) noexcept FL_REQUIRES(mu_);
-  // nextSend()'s frames: the ring's first, and the ones after it `batching` lets share its unit.
+  // The wake, if the sender or the reader waits for it (the flags are cleared).
+  void wakeIfWaited(bool sender_waits, bool reader_waits) noexcept;
+  // takeSend()'s frames: the ring's first, and the ones after it `batching` lets share its unit.
   void takeFrames(Outgoing* out, const SendBatching& batching) noexcept FL_REQUIRES(mu_);
   bool landingValid() const noexcept FL_EXCLUDES(mu_);
   bool readOutstanding(uint64_t tag) const noexcept FL_EXCLUDES(mu_);
@@ -218,11 +236,12 @@ class LockedLinkBookkeeping {
   // nor a read's completion one into the read's buffer.
   Mutex copy_mu_ FL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
-  std::condition_variable send_cv_;  // nextSend() waits on it
-  std::condition_variable room_cv_;  // frameArrived() and controlArrived() wait on it (kMaxQueuedEvents)
+  std::function<void()> wake_;  // set before the first post, then only read
   LinkBookkeeping book_ FL_GUARDED_BY(mu_);
   bool stopped_ FL_GUARDED_BY(mu_) = false;
-  // Frames handed out by nextSend() whose completeSend() has not come yet.
+  bool sender_waits_ FL_GUARDED_BY(mu_) = false;  // takeSend() found nothing since the last wake
+  bool reader_waits_ FL_GUARDED_BY(mu_) = false;  // roomForEvents() said no since the last wake
+  // Frames handed out by takeSend() whose completeSend() has not come yet.
   std::vector<uint64_t> in_flight_ FL_GUARDED_BY(mu_);
   std::vector<ReadAsk> asks_ FL_GUARDED_BY(mu_);       // read requests not yet handed out
   std::deque<ReadAnswer> answers_ FL_GUARDED_BY(mu_);  // answers not yet handed out

@@ -66,7 +66,7 @@ constexpr uint64_t kSources = 4;           // source ids 1..kSources
 constexpr size_t kSourceBytes = 255 * 16;  // the longest source a byte scales to
 
 // The reader half of a grpc transport with no call under it: messages go in
-// through handleBuffer, as the reader thread hands them over.
+// through handleBuffer, as each read's completion hands them over.
 class ReaderOnly final : public GrpcTransport {
  public:
   explicit ReaderOnly(std::unique_ptr<LockedLinkBookkeeping> core)
@@ -75,8 +75,11 @@ class ReaderOnly final : public GrpcTransport {
   void shutdown() noexcept override { core_->fail(FL_ERR_LINK_LOST, "shutdown"); }
 
  private:
-  bool writeMessage(const grpc::ByteBuffer&, bool) noexcept override { return false; }
-  void cancelStream() noexcept override {}
+  void startRead(grpc::ByteBuffer*, QueueTag*) noexcept override {}
+  void startWrite(const grpc::ByteBuffer&, grpc::WriteOptions, QueueTag*) noexcept override {}
+  void startFinish(QueueTag*) noexcept override {}
+  void cancelCall() noexcept override {}
+  void callOver() noexcept override {}
 };
 
 class Harness {

@@ -2,9 +2,9 @@
 // API on either side (the daemon's one session queue), its keepalives on the
 // daemon's one timer thread, and a dialer's thread ends once it handed its
 // link over.  Counted on a hub that dials some peers and is dialed by others,
-// before and after more links come.  Over tcp: the grpc transport's Data
-// call still has a reader and a writer thread a side (GrpcTransport).
-// And gRPC's own timers run on the daemon's engine, not on gRPC's.
+// before and after more links come, over tcp and over the grpc transport
+// (its Data call on the same queue as the Session).  And gRPC's own timers
+// run on the daemon's engine, not on gRPC's.
 #include <sys/types.h>
 #include <catch2/catch.hpp>
 
@@ -72,7 +72,8 @@ std::unique_ptr<DaemonProcess> linkedDialer(const DaemonProcess& listener, const
 }  // namespace
 
 TEST_CASE("links: more links, dialed or accepted, take no more threads", "[transports]") {
-  const std::string transports = "tcp";
+  const std::string transports = GENERATE(as<std::string>(), "tcp", "grpc");
+  CAPTURE(transports);
   // The hub dials four peers; two listen from the start, two come later at
   // ports the hub already knows.  Peers dial the hub: one at first, two later.
   std::vector<uint16_t> late_ports = {freePort(), freePort()};
@@ -106,7 +107,8 @@ TEST_CASE("links: more links, dialed or accepted, take no more threads", "[trans
   INFO("hub threads: " << before << " with 3 links, " << after << " with 7");
   // Four more links: two the hub dialed (their dialers, which were retrying,
   // end), two it accepted.  Each cost two threads before (a Session reader
-  // and a writer; a dialer's thread was its reader).
+  // and a writer; a dialer's thread was its reader), and over grpc two more
+  // (the Data call's reader and writer).
   CHECK(after <= before + 1);
   // And a link that came meanwhile carries frames (a peer with one
   // [[peer]] routes its streams there; the hub, with six, would need routes).

@@ -26,7 +26,7 @@ namespace {
 using namespace std::chrono_literals;
 using framelink::v1::DataMessage;
 
-// A GrpcServerTransport on one end of a Link.Data call, the call's raw
+// A listening GrpcTransport on one end of a Link.Data call, the call's raw
 // client stream (typed DataMessages) on the other.
 struct GrpcRawPeer {
   explicit GrpcRawPeer(size_t chunk_bytes) {
@@ -68,7 +68,7 @@ struct GrpcRawPeer {
   std::unique_ptr<framelink::v1::Link::Stub> stub;
   grpc::ClientContext ctx;
   std::unique_ptr<grpc::ClientReaderWriter<DataMessage, DataMessage>> stream;
-  std::shared_ptr<GrpcServerTransport> t;
+  std::shared_ptr<GrpcTransport> t;
 };
 
 DataMessage readRequest(uint64_t source_id, uint64_t read_id, uint64_t length) {

@@ -39,7 +39,7 @@ TEST_CASE("grpc dial with a wrong token ends in LinkError FL_ERR_AUTH", "[transp
   REQUIRE(server.ok());
   auto channel = grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(),
                                            channelArguments(kDefaultGrpcChunkBytes));
-  auto t = GrpcTransport::connect(channel, GrpcTestServer::kSessionId, "wrong");
+  auto t = GrpcTransport::connect(channel, (*server)->queue(), GrpcTestServer::kSessionId, "wrong");
   REQUIRE(t.ok());
   TransportEvent ev = waitEvent(**t);
   CHECK(ev.kind == TransportEvent::Kind::kLinkError);
@@ -62,7 +62,7 @@ TEST_CASE("grpc receiver treats malformed chunk sequences as protocol violations
   REQUIRE(stream->Write(first));
   auto& adopted = (*server)->adopted();
   REQUIRE(adopted.wait_for(10s) == std::future_status::ready);
-  std::shared_ptr<GrpcServerTransport> t = adopted.get();
+  std::shared_ptr<GrpcTransport> t = adopted.get();
 
   std::vector<uint8_t> buf(10);
   REQUIRE(t->exposeCredit(LocalCredit{5, buf.data(), buf.size(), nullptr}).ok());
@@ -114,11 +114,12 @@ TEST_CASE("grpc reports a frame's SendComplete only after gRPC released its payl
   auto channel = grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(), args);
   GrpcTransportOptions options;
   options.chunk_bytes = chunk;
-  auto client = GrpcTransport::connect(channel, GrpcTestServer::kSessionId, "tok", options);
+  auto client =
+      GrpcTransport::connect(channel, (*server)->queue(), GrpcTestServer::kSessionId, "tok", options);
   REQUIRE(client.ok());
   auto& adopted = (*server)->adopted();
   REQUIRE(adopted.wait_for(10s) == std::future_status::ready);
-  std::shared_ptr<GrpcServerTransport> server_side = adopted.get();
+  std::shared_ptr<GrpcTransport> server_side = adopted.get();
   auto* client_side = dynamic_cast<GrpcTransport*>(client->get());
   REQUIRE(client_side != nullptr);
 
@@ -127,7 +128,7 @@ TEST_CASE("grpc reports a frame's SendComplete only after gRPC released its payl
   constexpr size_t kFrame = 100'000;
   for (int dir = 0; dir < 2; ++dir) {
     CAPTURE(dir);
-    GrpcTransport* tx = dir == 0 ? client_side : static_cast<GrpcTransport*>(server_side.get());
+    GrpcTransport* tx = dir == 0 ? client_side : server_side.get();
     Transport* rx = dir == 0 ? static_cast<Transport*>(server_side.get()) : client->get();
     const uint64_t released_before = tx->payloadsReleased();
     std::vector<uint8_t> slot(kFrame);
@@ -176,7 +177,7 @@ TEST_CASE("grpc receiver fails the link on a malformed DataMessage and says what
   REQUIRE(stream->Write(encodeSessionId(GrpcTestServer::kSessionId)));
   auto& adopted = (*server)->adopted();
   REQUIRE(adopted.wait_for(10s) == std::future_status::ready);
-  std::shared_ptr<GrpcServerTransport> t = adopted.get();
+  std::shared_ptr<GrpcTransport> t = adopted.get();
   std::vector<uint8_t> buf(64);
   REQUIRE(t->exposeCredit(LocalCredit{5, buf.data(), buf.size(), nullptr}).ok());
 
@@ -213,6 +214,28 @@ TEST_CASE("grpc receiver fails the link on a malformed DataMessage and says what
   while (stream->Read(&ignored)) {
   }
   CHECK_FALSE(stream->Finish().ok());
+}
+
+TEST_CASE("grpc listener ends a Data call that does not name its session in time", "[transport][grpc]") {
+  auto server = GrpcTestServer::start("tok", kDefaultGrpcChunkBytes, 300ms);
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(),
+                                           channelArguments(kDefaultGrpcChunkBytes));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kTokenMetadataKey, "tok");
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);  // the test's own bound
+  auto stream = openRawDataCall(channel, &ctx);
+  const auto began = std::chrono::steady_clock::now();
+  grpc::ByteBuffer ignored;
+  CHECK_FALSE(stream->Read(&ignored));  // no first message: the listener cancels the call
+  const auto took = std::chrono::steady_clock::now() - began;
+  const grpc::Status status = stream->Finish();
+  INFO("status " << status.error_code() << " " << status.error_message());
+  CHECK(status.error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(took >= 250ms);
+  CHECK(took < 5s);
+  // Nothing was handed over.
+  CHECK((*server)->adopted().wait_for(0ms) == std::future_status::timeout);
 }
 
 TEST_CASE("grpc message limits cover a chunk", "[transport][grpc]") {

@@ -168,7 +168,7 @@ class GrpcMidFrame {
   std::shared_ptr<grpc::Channel> channel_;
   grpc::ClientContext context_;
   std::unique_ptr<RawClientDataStream> stream_;
-  std::shared_ptr<GrpcServerTransport> receiver_;
+  std::shared_ptr<GrpcTransport> receiver_;
   FrameHeader header_;
   const Payload* payload_ = nullptr;
 

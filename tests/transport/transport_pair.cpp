@@ -3,6 +3,9 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <thread>
+
+#include <pthread.h>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -100,7 +103,9 @@ Result<std::unique_ptr<TransportPair>> makeGrpc(const TransportPairOptions& opti
   auto& adopted = pair->server->adopted();
   auto channel = grpc::CreateCustomChannel(pair->server->address(), grpc::InsecureChannelCredentials(),
                                            channelArguments(chunk));
-  auto a = GrpcTransport::connect(channel, kSessionId, options.token, chunk);
+  GrpcTransportOptions grpc_options;
+  grpc_options.chunk_bytes = chunk;
+  auto a = GrpcTransport::connect(channel, pair->server->queue(), kSessionId, options.token, grpc_options);
   if (!a) return std::move(a).error();
   pair->a = std::move(a).value();
   if (adopted.wait_for(kSetupTimeout) != std::future_status::ready) {
@@ -191,77 +196,85 @@ Result<std::unique_ptr<TransportPair>> makeRdma() {
 
 // ---------------------------------------------------------------- grpc test server
 
-namespace {
-
-class DataOnlyService final : public RawDataLinkService {
- public:
-  DataOnlyService(std::string token, size_t chunk_bytes)
-      : token_(std::move(token)), chunk_bytes_(chunk_bytes) {}
-
-  grpc::Status serveRawData(grpc::ServerContext* context, DataStream* stream) override {
-    auto md = context->client_metadata().find(kTokenMetadataKey);
-    if (md == context->client_metadata().end() ||
-        std::string(md->second.data(), md->second.size()) != token_) {
-      return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
-    }
-    grpc::ByteBuffer first;
-    if (!stream->Read(&first)) return {grpc::StatusCode::CANCELLED, "no first message"};
-    ReceivedDataMessage parsed;
-    if (!parseDataMessage(&first, &parsed).empty() || parsed.session_id != GrpcTestServer::kSessionId) {
-      return {grpc::StatusCode::FAILED_PRECONDITION, "unknown session"};
-    }
-    auto t = GrpcTransport::adoptServerStream(context, stream, chunk_bytes_);
-    if (!t) return {grpc::StatusCode::RESOURCE_EXHAUSTED, t.error().message};
-    {
-      std::lock_guard lock(mu_);
-      if (handed_over_) return {grpc::StatusCode::ALREADY_EXISTS, "one data stream per test server"};
-      handed_over_ = true;
-      adopted_.set_value(*t);
-    }
-    return (*t)->runUntilClosed();
-  }
-
-  std::promise<std::shared_ptr<GrpcServerTransport>>& promise() { return adopted_; }
-
- private:
-  const std::string token_;
-  const size_t chunk_bytes_;
-  std::mutex mu_;
-  bool handed_over_ = false;
-  std::promise<std::shared_ptr<GrpcServerTransport>> adopted_;
-};
-
-}  // namespace
-
 struct GrpcTestServer::Impl {
-  std::unique_ptr<DataOnlyService> service;
+  std::string token;
+  std::mutex mu;
+  bool handed_over = false;
+  std::promise<std::shared_ptr<GrpcTransport>> promise;
+  std::future<std::shared_ptr<GrpcTransport>> adopted = promise.get_future();
+  RawDataService service;
+  DataCalls calls;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq;
   std::unique_ptr<grpc::Server> server;
-  std::future<std::shared_ptr<GrpcServerTransport>> adopted;
+  std::thread thread;
+
+  std::shared_ptr<const DataCallHooks> hooks(size_t chunk_bytes, std::chrono::milliseconds first_timeout) {
+    auto h = std::make_shared<DataCallHooks>();
+    h->first = [this](grpc::ServerContext& ctx) -> grpc::Status {
+      auto md = ctx.client_metadata().find(kTokenMetadataKey);
+      if (md == ctx.client_metadata().end() || std::string(md->second.data(), md->second.size()) != token) {
+        return {grpc::StatusCode::UNAUTHENTICATED, "bad token"};
+      }
+      return grpc::Status::OK;
+    };
+    h->admit = [this](grpc::ServerContext&, uint64_t session_id) -> grpc::Status {
+      if (session_id != GrpcTestServer::kSessionId)
+        return {grpc::StatusCode::FAILED_PRECONDITION, "unknown session"};
+      std::lock_guard lock(mu);
+      if (handed_over) return {grpc::StatusCode::ALREADY_EXISTS, "one data stream per test server"};
+      return grpc::Status::OK;
+    };
+    h->accepted = [this](uint64_t, std::shared_ptr<GrpcTransport> t) {
+      std::lock_guard lock(mu);
+      if (handed_over) return t->shutdown();
+      handed_over = true;
+      promise.set_value(std::move(t));
+    };
+    h->options.chunk_bytes = chunk_bytes;
+    h->first_message_timeout = first_timeout;
+    return h;
+  }
 };
 
-Result<std::unique_ptr<GrpcTestServer>> GrpcTestServer::start(const std::string& token, size_t chunk_bytes) {
+Result<std::unique_ptr<GrpcTestServer>> GrpcTestServer::start(
+    const std::string& token, size_t chunk_bytes, std::chrono::milliseconds first_message_timeout) {
   std::unique_ptr<GrpcTestServer> s(new GrpcTestServer());
   s->impl_ = std::make_unique<Impl>();
-  s->impl_->service = std::make_unique<DataOnlyService>(token, chunk_bytes);
-  s->impl_->adopted = s->impl_->service->promise().get_future();
+  Impl& impl = *s->impl_;
+  impl.token = token;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &s->port_);
-  builder.RegisterService(s->impl_->service.get());
+  builder.RegisterService(&impl.service);
   configureServerBuilder(builder, chunk_bytes);
-  s->impl_->server = builder.BuildAndStart();
-  if (!s->impl_->server || s->port_ == 0)
-    return makeError(FL_ERR_RESOURCES, "grpc test server: cannot start");
+  impl.cq = builder.AddCompletionQueue();
+  impl.server = builder.BuildAndStart();
+  if (!impl.server || s->port_ == 0) return makeError(FL_ERR_RESOURCES, "grpc test server: cannot start");
+  impl.thread = std::thread([&impl] {
+    ::pthread_setname_np(::pthread_self(), kQueueThreadName);
+    const QueueThreadScope queue_thread;
+    void* tag = nullptr;
+    bool ok = false;
+    while (impl.cq->Next(&tag, &ok)) static_cast<QueueTag*>(tag)->complete(ok);
+  });
+  if (Status st = GrpcTransport::awaitDataCall(impl.service, impl.cq.get(), &impl.calls,
+                                               impl.hooks(chunk_bytes, first_message_timeout));
+      !st) {
+    return std::move(st).error();
+  }
   return s;
 }
 
 GrpcTestServer::~GrpcTestServer() {
-  if (impl_ && impl_->server)
-    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!impl_) return;
+  if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  impl_->calls.endAll();
+  if (impl_->cq) impl_->cq->Shutdown();
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-std::future<std::shared_ptr<GrpcServerTransport>>& GrpcTestServer::adopted() noexcept {
-  return impl_->adopted;
-}
+std::future<std::shared_ptr<GrpcTransport>>& GrpcTestServer::adopted() noexcept { return impl_->adopted; }
+
+GrpcCallQueue GrpcTestServer::queue() const noexcept { return {impl_->cq.get(), &impl_->calls}; }
 
 Result<std::unique_ptr<TransportPair>> TransportPair::make(TransportKind kind,
                                                            const TransportPairOptions& options) {

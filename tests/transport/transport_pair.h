@@ -10,6 +10,7 @@
 // both devices (a no-op for the other kinds).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <future>
 #include <memory>
@@ -72,19 +73,28 @@ class TransportPair {
 };
 
 // An in-process gRPC server implementing only Link.Data the way the daemon
-// does: checks the token metadata and the session id, adopts the stream,
-// hands the transport over and runs it until it closes.
+// does: its calls on one completion queue and one thread, each call checked
+// (the token metadata, the session id) and its transport handed over.
 class GrpcTestServer {
  public:
   static constexpr uint64_t kSessionId = 0x5e55'1011'0000'0001ull;
 
-  static Result<std::unique_ptr<GrpcTestServer>> start(const std::string& token, size_t chunk_bytes);
-  ~GrpcTestServer();  // Shutdown with a 2 s grace period
+  // `first_message_timeout`: how long a call may take to name its session.
+  static Result<std::unique_ptr<GrpcTestServer>> start(
+      const std::string& token, size_t chunk_bytes,
+      std::chrono::milliseconds first_message_timeout = std::chrono::seconds(10));
+  // Shutdown with a 2 s grace period, then every Data call still running
+  // (the dialers' too) ends before the queue does.
+  ~GrpcTestServer();
 
   int port() const noexcept { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   // The transport of the first Data call that passed the checks.
-  std::future<std::shared_ptr<GrpcServerTransport>>& adopted() noexcept;
+  std::future<std::shared_ptr<GrpcTransport>>& adopted() noexcept;
+  // Where a dialer's call runs: the server's queue, as in the daemon.
+  GrpcCallQueue queue() const noexcept;
+  // Threads whose name starts with "fl-test-cq": the queue's one.
+  static constexpr const char* kQueueThreadName = "fl-test-cq";
 
  private:
   GrpcTestServer() = default;

@@ -110,32 +110,57 @@ TEST_CASE("agent work: a peer whose records keep the agent busy for link_timeout
   CHECK_FALSE(rig.finSentOn(2));
 }
 
-TEST_CASE("agent work: a transport reading on a thread of its own stops reading while the agent is behind",
-          "[agent][security]") {
+TEST_CASE(
+    "agent work: a transport's reader stops reading while the agent is behind, and is woken once it polled",
+    "[agent][security]") {
   auto made = transport::LockedLinkBookkeeping::create();
   REQUIRE(made.ok());
   transport::LockedLinkBookkeeping& book = *made.value();
-  constexpr size_t kMore = 8;
-  std::atomic<size_t> arrived{0};
-  std::thread reader([&] {
-    for (size_t i = 0; i < transport::kMaxQueuedEvents + kMore; ++i) {
-      book.controlArrived("record");
-      ++arrived;
-    }
-  });
-  waitUntil([&] { return arrived.load() >= transport::kMaxQueuedEvents; }, "the reader queued to the bound");
-  // It reads no more until events are taken (a wait for something that must
-  // not happen: a sleep, not an event).
-  std::this_thread::sleep_for(50ms);
-  CHECK(arrived.load() == transport::kMaxQueuedEvents);
-  std::vector<transport::TransportEvent> out(kMore);
-  CHECK(book.poll(out.data(), kMore) == kMore);
-  waitUntil([&] { return arrived.load() == transport::kMaxQueuedEvents + kMore; }, "the reader read on");
-  reader.join();
-  // A link that fails lets a waiting reader go.
-  std::thread late([&] { book.controlArrived("record"); });
+  std::atomic<int> wakes{0};
+  book.setWake([&] { ++wakes; });
+  // The reader reads while there is room: up to the bound.
+  size_t arrived = 0;
+  while (book.roomForEvents()) {
+    book.controlArrived("record");
+    REQUIRE(++arrived <= transport::kMaxQueuedEvents);
+  }
+  CHECK(arrived == transport::kMaxQueuedEvents);
+  CHECK(wakes.load() == 0);
+  // The agent takes one: the reader that waits is woken, once.
+  std::vector<transport::TransportEvent> out(2);
+  CHECK(book.poll(out.data(), 1) == 1);
+  CHECK(wakes.load() == 1);
+  CHECK(book.roomForEvents());
+  CHECK(book.poll(out.data(), 1) == 1);
+  CHECK(wakes.load() == 1);  // nobody waited
+  // A link that fails lets a waiting reader go (and read to its end).
+  while (book.roomForEvents()) book.controlArrived("record");
   CHECK(book.fail(FL_ERR_LINK_LOST, "gone"));
-  late.join();
+  CHECK(wakes.load() == 2);
+  CHECK(book.roomForEvents());
+}
+
+TEST_CASE("agent work: a transport's sender is woken once something is queued, and not again until it waits",
+          "[agent]") {
+  auto made = transport::LockedLinkBookkeeping::create();
+  REQUIRE(made.ok());
+  transport::LockedLinkBookkeeping& book = *made.value();
+  std::atomic<int> wakes{0};
+  book.setWake([&] { ++wakes; });
+  using Take = transport::LockedLinkBookkeeping::Take;
+  transport::LockedLinkBookkeeping::Outgoing out;
+  CHECK(book.takeSend(&out) == Take::kNothing);
+  CHECK(wakes.load() == 0);
+  CHECK(book.postControl("a") == transport::PostResult::kOk);
+  CHECK(wakes.load() == 1);
+  CHECK(book.postControl("b") == transport::PostResult::kOk);
+  CHECK(wakes.load() == 1);  // the sender was woken already and has not taken anything since
+  REQUIRE(book.takeSend(&out) == Take::kTaken);
+  CHECK(out.control.size() == 2);
+  CHECK(book.takeSend(&out) == Take::kNothing);
+  book.stopSending();
+  CHECK(wakes.load() == 2);
+  CHECK(book.takeSend(&out) == Take::kStopped);
 }
 
 static bool bookEventFdReadable(int fd) {

@@ -1,8 +1,6 @@
 // The dialing side of the grpc transport: owns the ClientContext and the
-// Link.Data call; a reader thread and a sender thread.
+// Link.Data call, whose operations complete on the daemon's call queue.
 #include <spdlog/spdlog.h>
-
-#include <system_error>
 
 #include "transport/grpc/grpc_transport.h"
 
@@ -25,121 +23,86 @@ int statusToFl(const grpc::Status& s) {
 
 class GrpcClientTransport final : public GrpcTransport {
  public:
-  GrpcClientTransport(std::shared_ptr<grpc::Channel> channel, const GrpcTransportOptions& options,
-                      std::unique_ptr<LockedLinkBookkeeping> core)
-      : GrpcTransport("the dialed peer", options, std::move(core)),
-        channel_(std::move(channel)),
-        context_(std::make_unique<grpc::ClientContext>()) {}
+  GrpcClientTransport(const GrpcTransportOptions& options, std::unique_ptr<LockedLinkBookkeeping> core,
+                      const GrpcCallQueue& queue)
+      : GrpcTransport("the dialed peer", options, std::move(core), queue) {}
 
-  ~GrpcClientTransport() override { shutdown(); }
-
-  Status start(uint64_t session_id, const std::string& token) {
-    grpc::ClientContext* context = nullptr;
+  // Starts the call; its first message names the session.
+  Status start(std::shared_ptr<GrpcClientTransport> self, const std::shared_ptr<grpc::Channel>& channel,
+               uint64_t session_id, const std::string& token) {
+    if (!joinCalls()) {
+      neverStarted();
+      return makeError(FL_ERR_SHUTDOWN, "grpc data link: the daemon is stopping");
+    }
+    holdUntilOver(std::move(self));
     {
       MutexLock lock(context_mu_);
-      context = context_.get();
+      context_ = std::make_unique<grpc::ClientContext>();
+      context_->AddMetadata(kTokenMetadataKey, token);
+      stream_ = prepareRawDataCall(channel, context_.get(), cq());
+      if (cancelled_) context_->TryCancel();  // the daemon ends its calls, or shutdown() came first
     }
-    context->AddMetadata(kTokenMetadataKey, token);
-    stream_ = openRawDataCall(channel_, context);
-    if (!stream_) return makeError(FL_ERR_TRANSPORT, "grpc data link: cannot open the Data call");
-    // A failed first write means the call is already over; the reader then
-    // reports why (e.g. UNAUTHENTICATED) as the LinkError.
-    stream_->Write(encodeSessionId(session_id));
-    try {
-      // Sender first: the reader joins it, so it must exist before the reader runs.
-      sender_ = std::thread([this] { senderLoop(); });
-      MutexLock lock(join_mu_);
-      reader_ = std::thread([this] { readerLoop(); });
-    } catch (const std::system_error& e) {
-      shutdown();
-      return makeError(FL_ERR_RESOURCES, std::string("grpc data link: cannot start threads: ") + e.what());
-    }
+    first_ = encodeSessionId(session_id);
+    beginOp();
+    stream_->StartCall(&start_tag_);
     return {};
   }
 
-  void shutdown() noexcept override {
-    failLink(FL_ERR_SHUTDOWN, "grpc data link shut down locally");
-    MutexLock lock(join_mu_);
-    if (reader_.joinable()) {
-      reader_.join();  // joins the sender and finishes the call
-    } else if (stream_ && !finished_) {
-      // start() failed before the reader ran.
-      stopSender();
-      if (sender_.joinable()) sender_.join();
-      stream_->Finish();
-      finished_ = true;
-      releaseCall();
-    }
-    settleReleases();
-  }
-
  private:
-  bool writeMessage(const grpc::ByteBuffer& message, bool more) noexcept override {
-    grpc::WriteOptions options;
-    if (more) options.set_buffer_hint();
-    return stream_->Write(message, options);
+  void startRead(grpc::ByteBuffer* into, QueueTag* tag) noexcept override { stream_->Read(into, tag); }
+  void startWrite(const grpc::ByteBuffer& message, grpc::WriteOptions options,
+                  QueueTag* tag) noexcept override {
+    stream_->Write(message, options, tag);
   }
-  void cancelStream() noexcept override {
+  void startFinish(QueueTag* tag) noexcept override { stream_->Finish(&status_, tag); }
+  void cancelCall() noexcept override {
     MutexLock lock(context_mu_);
+    cancelled_ = true;
     if (context_) context_->TryCancel();
   }
-
-  // Frees the finished call.  gRPC may hold payload slices of a frame whose
-  // write failed until then (in the call's stream), and that frame's
-  // SendComplete waits for them.
-  void releaseCall() noexcept {
-    stream_.reset();
-    MutexLock lock(context_mu_);
-    context_.reset();  // the context holds the call's last reference
+  void callOver() noexcept override {
+    failLink(status_.ok() ? FL_ERR_LINK_LOST : statusToFl(status_),
+             "grpc data link: stream ended: " + std::to_string(status_.error_code()) + " " +
+                 status_.error_message());
+    // Frees the call.  gRPC may hold payload slices of a frame whose write
+    // failed until then, and that frame's SendComplete waits for them.  The
+    // stream lives in the call's memory: it goes first.
+    std::unique_ptr<grpc::ClientContext> context;
+    {
+      MutexLock lock(context_mu_);
+      stream_.reset();
+      context.swap(context_);
+    }
+  }
+  // On the queue's thread, as every reaction.  A call that did not start
+  // fails its read, and its status is the LinkError.
+  void started(bool /*ok*/) {
+    goLive(&first_);
+    endOp();
   }
 
-  void readerLoop() noexcept {
-    grpc::ByteBuffer msg;
-    bool protocol_ok = true;
-    while (protocol_ok && stream_->Read(&msg)) protocol_ok = handleBuffer(&msg);
-    abandonFrame();
-    // Finish() may not overlap a Write(): stop the sender first.  Once Read
-    // returned false the call is over, so a Write in progress returns soon;
-    // after a protocol violation failLink() cancelled the call.
-    stopSender();
-    if (sender_.joinable()) sender_.join();
-    grpc::Status status = stream_->Finish();
-    finished_ = true;
-    std::string text =
-        "grpc data link: stream ended: " + std::to_string(status.error_code()) + " " + status.error_message();
-    failLink(status.ok() ? FL_ERR_LINK_LOST : statusToFl(status), text);
-    releaseCall();
-  }
-
-  std::shared_ptr<grpc::Channel> channel_;
-  Mutex context_mu_;  // cancelStream() may run on any thread while the reader frees the call
+  Mutex context_mu_;  // cancelCall() may come from any thread while the call is freed
   std::unique_ptr<grpc::ClientContext> context_ FL_GUARDED_BY(context_mu_);
-  std::unique_ptr<RawClientDataStream> stream_;  // freed before context_
-  Mutex join_mu_;          // one shutdown() joins the reader, a concurrent one waits for that
-  bool finished_ = false;  // reader thread, then shutdown() after joining it
-  std::thread reader_ FL_GUARDED_BY(join_mu_);
-  std::thread sender_;  // joined by the reader thread
+  bool cancelled_ FL_GUARDED_BY(context_mu_) = false;
+  std::unique_ptr<RawAsyncClientDataStream> stream_;  // freed before context_
+  grpc::Status status_;                               // set by the finish
+  grpc::ByteBuffer first_;                            // the session id, written first
+  MemberTag<GrpcClientTransport> start_tag_{this, &GrpcClientTransport::started};
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel,
-                                                          uint64_t session_id, const std::string& token,
-                                                          size_t chunk_bytes) {
-  GrpcTransportOptions options;
-  options.chunk_bytes = chunk_bytes;
-  return connect(std::move(channel), session_id, token, options);
-}
-
-Result<std::unique_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel,
-                                                          uint64_t session_id, const std::string& token,
+Result<std::shared_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::Channel> channel,
+                                                          const GrpcCallQueue& queue, uint64_t session_id,
+                                                          const std::string& token,
                                                           const GrpcTransportOptions& options) {
-  if (!channel) return makeError(FL_EINVAL, "GrpcTransport::connect: null channel");
+  if (!channel || queue.cq == nullptr)
+    return makeError(FL_EINVAL, "GrpcTransport::connect: no channel or queue");
   auto core = LockedLinkBookkeeping::create(options.send_queue_depth);
   if (!core) return std::move(core).error().context("grpc data link");
-  auto t = std::make_unique<GrpcClientTransport>(std::move(channel), options, std::move(core).value());
-  if (Status s = t->start(session_id, token); !s) return std::move(s).error();
-  return std::unique_ptr<Transport>(std::move(t));
+  auto t = std::make_shared<GrpcClientTransport>(options, std::move(core).value(), queue);
+  if (Status s = t->start(t, channel, session_id, token); !s) return std::move(s).error();
+  return std::shared_ptr<Transport>(ownerHandle(std::move(t)));
 }
 
 }  // namespace framelink::transport

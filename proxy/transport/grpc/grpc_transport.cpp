@@ -1,6 +1,8 @@
 // Parts of the grpc transport shared by the dialing and the serving side:
-// chunking on send (payload slices that point into the slot or the source),
-// reassembly on receive (into the credited buffer or the read's).
+// the call's operations on the queue (reads, writes, the finish, the wakes,
+// and the last completion that ends the call), and chunking on send
+// (payload slices that point into the slot or the source).  Reassembly on
+// receive is grpc_receive.cpp.
 #include "transport/grpc/grpc_transport.h"
 
 #include <algorithm>
@@ -39,7 +41,8 @@ grpc::Slice sourceSlice(const std::shared_ptr<void>& keepalive, const uint8_t* d
 // gRPC's threads, possibly after the transport is gone).
 class GrpcTransport::SliceRelease {
  public:
-  explicit SliceRelease(std::shared_ptr<LockedLinkBookkeeping> core) : core_(std::move(core)) {}
+  SliceRelease(std::shared_ptr<LockedLinkBookkeeping> core, GrpcTransport* owner)
+      : core_(std::move(core)), owner_(owner) {}
 
   // A slice over `n` payload bytes at `data` (the producer's slot), counted
   // until gRPC drops its last reference.
@@ -53,13 +56,12 @@ class GrpcTransport::SliceRelease {
     return grpc::Slice(const_cast<uint8_t*>(data), n, &SliceRelease::onDestroy, ref);
   }
 
-  // Called by the sender after the last write of a unit's frames.  True once
-  // gRPC released every slice: the caller reports their completions, with
-  // `status`.  False when the sender was stopped first: the last release
-  // reports them then (`frames` is taken).
-  bool waitReleased(std::vector<SendRequest>* frames, int status) noexcept {
+  // After the last write of a unit's frames: true when gRPC released every
+  // slice already (the caller reports their completions, with `status`);
+  // false when the last release reports them (`frames` is taken) and then
+  // wakes the transport.
+  bool releasedOrDefer(std::vector<SendRequest>* frames, int status) noexcept {
     MutexLock lock(mu_);
-    lock.wait(cv_, [&]() FL_REQUIRES(mu_) { return outstanding_ == 0 || stopped_; });
     if (outstanding_ == 0) {
       frames_released_ += frames->size();
       return true;
@@ -68,13 +70,14 @@ class GrpcTransport::SliceRelease {
     deferred_status_ = status;
     return false;
   }
-
-  void stop() noexcept {
-    {
-      MutexLock lock(mu_);
-      stopped_ = true;
-    }
-    cv_.notify_all();
+  bool deferred() const noexcept {
+    MutexLock lock(mu_);
+    return !deferred_.empty();
+  }
+  // The transport goes: a later release wakes nobody.
+  void detach() noexcept {
+    MutexLock lock(mu_);
+    owner_ = nullptr;
   }
 
   void settle(std::chrono::milliseconds limit) noexcept {
@@ -106,46 +109,212 @@ class GrpcTransport::SliceRelease {
       }
     }
     cv_.notify_all();
+    if (done.empty()) return;
     for (const SendRequest& r : done) core_->completeSend(r.cookie, status, r.header.length);
+    MutexLock lock(mu_);
+    if (owner_ != nullptr) owner_->wake();  // the sender goes on
   }
 
   const std::shared_ptr<LockedLinkBookkeeping> core_;
   mutable Mutex mu_;
   std::condition_variable cv_;
+  GrpcTransport* owner_ FL_GUARDED_BY(mu_);
   size_t outstanding_ FL_GUARDED_BY(mu_) = 0;
-  bool stopped_ FL_GUARDED_BY(mu_) = false;
   std::vector<SendRequest> deferred_ FL_GUARDED_BY(mu_);  // frames whose completion waits for a release
   int deferred_status_ FL_GUARDED_BY(mu_) = FL_OK;
   uint64_t frames_released_ FL_GUARDED_BY(mu_) = 0;
 };
 
 GrpcTransport::GrpcTransport(std::string peer_name, const GrpcTransportOptions& options,
-                             std::unique_ptr<LockedLinkBookkeeping> core)
+                             std::unique_ptr<LockedLinkBookkeeping> core, const GrpcCallQueue& queue)
     : peer_name_(std::move(peer_name)),
       options_(clampOptions(options)),
       core_(std::move(core)),
-      release_(std::make_shared<SliceRelease>(core_)) {}
+      release_(std::make_shared<SliceRelease>(core_, this)),
+      queue_(queue) {
+  core_->setWake([this] { wake(); });
+}
 
-GrpcTransport::~GrpcTransport() = default;
+GrpcTransport::~GrpcTransport() {
+  // Nothing of the call is left (the call's own reference kept the transport
+  // until its last completion); a frame whose slices gRPC still holds
+  // completes on their release.
+  if (core_->fail(FL_ERR_SHUTDOWN, "grpc data link with " + peer_name_ + " shut down locally")) {
+    warnLinkFailed(FL_ERR_SHUTDOWN, "grpc data link with " + peer_name_ + " shut down locally");
+  }
+  release_->detach();
+}
 
 uint64_t GrpcTransport::payloadsReleased() const noexcept { return release_->framesReleased(); }
 
 void GrpcTransport::failLink(int status, const std::string& message) noexcept {
-  release_->stop();
   if (!core_->fail(status, message)) return;
   warnLinkFailed(status, message);
-  cancelStream();
-}
-
-void GrpcTransport::stopSender() noexcept {
-  core_->stopSending();
-  release_->stop();
+  cancelCall();
 }
 
 void GrpcTransport::settleReleases() noexcept {
-  // gRPC frees a finished call's stream on its own threads, right after the
-  // call: a second is plenty, and a shutdown never hangs on it.
+  // gRPC frees a finished call's stream right after the call: a second is
+  // plenty, and a shutdown never hangs on it.
   release_->settle(std::chrono::seconds(1));
+}
+
+void GrpcTransport::shutdown() noexcept {
+  failLink(FL_ERR_SHUTDOWN, "grpc data link with " + peer_name_ + " shut down locally");
+  // The call's completions come on the queue's thread: there, it ends after this returns.
+  if (QueueThreadScope::current()) return;
+  {
+    MutexLock lock(call_mu_);
+    lock.wait(call_cv_, [this]() FL_REQUIRES(call_mu_) { return over_; });
+  }
+  settleReleases();
+}
+
+// ---------------------------------------------------------------- the call
+
+void GrpcTransport::holdUntilOver(std::shared_ptr<GrpcTransport> self) noexcept {
+  MutexLock lock(call_mu_);
+  self_ = std::move(self);
+}
+
+std::shared_ptr<GrpcTransport> GrpcTransport::ownerHandle(std::shared_ptr<GrpcTransport> t) {
+  GrpcTransport* raw = t.get();
+  return std::shared_ptr<GrpcTransport>(raw, [keep = std::move(t)](GrpcTransport* p) mutable {
+    p->shutdown();
+    keep.reset();
+  });
+}
+
+bool GrpcTransport::joinCalls() noexcept {
+  return queue_.calls == nullptr || queue_.calls->join(this, [this] { cancelCall(); });
+}
+
+void GrpcTransport::neverStarted() noexcept {
+  std::shared_ptr<GrpcTransport> self;
+  {
+    MutexLock lock(call_mu_);
+    over_ = true;
+    self.swap(self_);
+  }
+  call_cv_.notify_all();
+}
+
+void GrpcTransport::beginOp() noexcept {
+  MutexLock lock(call_mu_);
+  ++ops_;
+}
+
+void GrpcTransport::endOp() noexcept {
+  {
+    MutexLock lock(call_mu_);
+    if (--ops_ > 0) return;
+  }
+  // The last completion: nothing of the call is out any more.
+  callOver();
+  if (queue_.calls != nullptr) queue_.calls->leave(this);
+  std::shared_ptr<GrpcTransport> self;
+  {
+    MutexLock lock(call_mu_);
+    over_ = true;
+    self.swap(self_);
+  }
+  call_cv_.notify_all();
+  // `self` may be the last reference: nothing follows.
+}
+
+void GrpcTransport::goLive(const grpc::ByteBuffer* write_first) noexcept {
+  {
+    MutexLock lock(call_mu_);
+    live_ = true;
+    ++ops_;  // a hold until the finish completes: a paused read has no operation out
+  }
+  if (write_first != nullptr) {
+    writing_ = true;
+    beginOp();
+    startWrite(*write_first, grpc::WriteOptions(), &write_tag_);
+  }
+  read();
+  pump();
+}
+
+void GrpcTransport::wake() noexcept {
+  {
+    MutexLock lock(call_mu_);
+    if (!live_ || waking_ || finishing_ || over_) return;
+    waking_ = true;
+    ++ops_;
+  }
+  // Due at once: the completion comes on the queue's thread.
+  alarm_.Set(queue_.cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), &wake_tag_);
+}
+
+void GrpcTransport::wakeDone(bool /*ok*/) {
+  {
+    MutexLock lock(call_mu_);
+    waking_ = false;
+  }
+  if (awaiting_release_ && !release_->deferred()) awaiting_release_ = false;
+  if (read_paused_ && core_->roomForEvents()) {
+    read_paused_ = false;
+    read();
+  }
+  pump();
+  maybeFinish();
+  endOp();
+}
+
+void GrpcTransport::read() noexcept {
+  if (want_finish_ || reading_) return;
+  reading_ = true;
+  beginOp();
+  startRead(&read_buffer_, &read_tag_);
+}
+
+void GrpcTransport::readDone(bool ok) {
+  reading_ = false;
+  if (!ok) {
+    // The call is over (the peer ended it, or it broke or was cancelled).
+    abandonFrame();
+    want_finish_ = true;
+    readsEnded();
+  } else if (!handleBuffer(&read_buffer_)) {
+    want_finish_ = true;  // the link failed; the call is cancelled
+  } else if (core_->roomForEvents()) {
+    read();
+  } else {
+    read_paused_ = true;  // poll() wakes it
+  }
+  read_buffer_.Clear();
+  if (want_finish_) core_->stopSending();
+  maybeFinish();
+  endOp();
+}
+
+void GrpcTransport::finishWhenIdle() noexcept {
+  want_finish_ = true;
+  core_->stopSending();
+  maybeFinish();
+}
+
+void GrpcTransport::maybeFinish() noexcept {
+  if (!want_finish_ || reading_ || writing_) return;
+  // A unit cut short: its frames complete once gRPC let their slices go (the call's release).
+  if (have_unit_) endUnit(FL_ERR_LINK_LOST);
+  {
+    MutexLock lock(call_mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    ++ops_;
+  }
+  startFinish(&finish_tag_);
+}
+
+void GrpcTransport::finishDone(bool /*ok*/) {
+  {
+    MutexLock lock(call_mu_);
+    if (live_) --ops_;  // goLive's hold; the finish's own goes below
+  }
+  endOp();
 }
 
 // ---------------------------------------------------------------- sending
@@ -155,338 +324,156 @@ SendBatching GrpcTransport::batching() const noexcept {
   return {kMaxBatchFrames, std::min<uint64_t>(kMaxBatchedFrameBytes, options_.chunk_bytes), kMaxBatchBytes};
 }
 
-void GrpcTransport::senderLoop() noexcept {
-  LockedLinkBookkeeping::Outgoing out;
-  std::string prefix;  // reused: keeps its capacity
-  while (core_->nextSend(&out, batching())) {
+void GrpcTransport::pump() noexcept {
+  while (!writing_ && !awaiting_release_ && !send_over_ && !want_finish_) {
+    if (!have_unit_) {
+      const auto taken = core_->takeSend(&cursor_.out, batching());
+      if (taken == LockedLinkBookkeeping::Take::kNothing) return;  // wake() comes once something is
+      if (taken == LockedLinkBookkeeping::Take::kStopped) {
+        send_over_ = true;
+        return;
+      }
+      have_unit_ = true;
+      cursor_.small = 0;
+      cursor_.answer_done = false;
+      cursor_.frames_done = false;
+      cursor_.offset = 0;
+    }
+    grpc::ByteBuffer message;
+    bool more = false;
+    bool got = false;
     bool ok = true;
     try {
-      // Control records, then read requests: small, each held back while
-      // more follows at once, so that they share a write.
-      const size_t records = out.control.size();
-      const size_t small = records + out.asks.size();
-      const bool unit = out.has_answer || !out.frames.empty();
-      for (size_t i = 0; ok && i < small; ++i) {
-        const bool more = unit || i + 1 < small;
-        if (i < records) {
-          ok = writeMessage(encodeControl(out.control[i]), more);
-        } else {
-          const ReadAsk& ask = out.asks[i - records];
-          framelink::v1::ReadRequest request;
-          request.set_source_id(ask.source_id);
-          request.set_read_id(ask.read_id);
-          request.set_length(ask.length);
-          ok = writeMessage(encodeReadRequest(request), more);
-        }
-      }
+      got = nextMessage(&message, &more);
     } catch (...) {  // bad_alloc
       ok = false;
     }
-    if (out.has_answer) ok = ok && writeAnswer(out.answer, &prefix);
-    if (out.frames.empty()) {
-      if (!ok) return;
-      continue;
+    if (got && ok) {
+      grpc::WriteOptions options;
+      if (more) options.set_buffer_hint();
+      writing_ = true;
+      beginOp();
+      startWrite(message, options, &write_tag_);
+      return;  // `message` goes now: gRPC holds its own references
     }
-    if (ok) {
-      ok = out.frames.size() == 1 ? writeFrame(out.frames[0], &prefix) : writeBatch(out.frames, &prefix);
+    if (!ok) {
+      failLink(FL_ERR_RESOURCES, "grpc data link with " + peer_name_ + ": out of memory for a message");
+      send_over_ = true;
     }
-    const int status = ok ? FL_OK : FL_ERR_LINK_LOST;
-    if (!release_->waitReleased(&out.frames, status)) return;  // completed by the last release
-    for (const SendRequest& r : out.frames) core_->completeSend(r.cookie, status, r.header.length);
-    // A failed write means the call is over; the reader sees that too and
-    // fails the link with the call's status.
-    if (!ok) return;
+    if (!endUnit(ok ? FL_OK : FL_ERR_LINK_LOST)) return;  // the release wakes the sender
   }
 }
 
-template <typename EncodePrefix, typename PayloadSlice>
-bool GrpcTransport::writeChunked(uint64_t length, std::string* prefix, EncodePrefix&& encode,
-                                 PayloadSlice&& payload) noexcept {
-  uint64_t offset = 0;
-  bool ok = true;
-  try {
-    while (ok) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
-      prefix->clear();
-      encode(offset, offset + n == length, n, prefix);
-      {
-        // This scope's references go before the caller waits for gRPC's to go (waitReleased).
-        grpc::Slice slices[2] = {grpc::Slice(*prefix), grpc::Slice()};
-        if (n > 0) slices[1] = payload(offset, n);
-        grpc::ByteBuffer message(slices, n > 0 ? 2 : 1);
-        ok = writeMessage(message, false);
-      }
-      offset += n;
-      if (offset >= length) break;
-    }
-  } catch (...) {  // bad_alloc
-    ok = false;
+void GrpcTransport::writeDone(bool ok) {
+  writing_ = false;
+  if (!ok) {
+    // The call is over; the reader sees that too and fails the link with the call's status.
+    send_over_ = true;
+    if (have_unit_) endUnit(FL_ERR_LINK_LOST);
   }
-  return ok;
+  pump();
+  maybeFinish();
+  endOp();
 }
 
-bool GrpcTransport::writeFrame(const SendRequest& r, std::string* prefix) noexcept {
-  return writeChunked(
-      r.header.length, prefix,
-      [&r](uint64_t offset, bool last, size_t n, std::string* out) {
-        encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, last, n, out);
+bool GrpcTransport::endUnit(int status) noexcept {
+  have_unit_ = false;
+  std::vector<SendRequest>& frames = cursor_.out.frames;
+  if (frames.empty()) return true;
+  if (!release_->releasedOrDefer(&frames, status)) {
+    awaiting_release_ = true;
+    return false;
+  }
+  for (const SendRequest& r : frames) core_->completeSend(r.cookie, status, r.header.length);
+  frames.clear();
+  return true;
+}
+
+bool GrpcTransport::nextMessage(grpc::ByteBuffer* message, bool* more) {
+  LockedLinkBookkeeping::Outgoing& out = cursor_.out;
+  // Control records, then read requests: small, each held back while more
+  // follows at once, so that they share a write.
+  const size_t records = out.control.size();
+  const size_t small = records + out.asks.size();
+  const bool unit = out.has_answer || !out.frames.empty();
+  if (cursor_.small < small) {
+    const size_t i = cursor_.small++;
+    *more = unit || i + 1 < small;
+    if (i < records) {
+      *message = encodeControl(out.control[i]);
+    } else {
+      const ReadAsk& ask = out.asks[i - records];
+      framelink::v1::ReadRequest request;
+      request.set_source_id(ask.source_id);
+      request.set_read_id(ask.read_id);
+      request.set_length(ask.length);
+      *message = encodeReadRequest(request);
+    }
+    return true;
+  }
+  if (out.has_answer && !cursor_.answer_done) {
+    const ReadAnswer& a = out.answer;
+    framelink::v1::ReadResponse response;
+    response.set_source_id(a.asked.source_id);
+    response.set_read_id(a.asked.read_id);
+    const uint64_t length = a.known ? a.asked.length : 0;
+    response.set_length(length);
+    response.set_no_source(!a.known);
+    // Chunked as a frame's payload is; the first chunk names the read.
+    cursor_.answer_done = nextChunk(
+        length, message,
+        [&response](uint64_t offset, bool last, size_t n, std::string* prefix) {
+          encodeReadResponsePrefix(offset == 0 ? &response : nullptr, offset, last, n, prefix);
+        },
+        [&a](uint64_t offset, size_t n) { return sourceSlice(a.keepalive, a.payload + offset, n); });
+    return true;
+  }
+  if (out.frames.empty() || cursor_.frames_done) return false;
+  if (out.frames.size() > 1) {
+    batchMessage(out.frames, message);
+    cursor_.frames_done = true;
+    return true;
+  }
+  const SendRequest& r = out.frames[0];
+  cursor_.frames_done = nextChunk(
+      r.header.length, message,
+      [&r](uint64_t offset, bool last, size_t n, std::string* prefix) {
+        encodeChunkPrefix(offset == 0 ? &r.header : nullptr, offset, last, n, prefix);
       },
       [this, &r](uint64_t offset, size_t n) {
         return SliceRelease::payloadSlice(release_, r.payload + offset, n);
       });
-}
-
-bool GrpcTransport::writeBatch(const std::vector<SendRequest>& frames, std::string* prefix) noexcept {
-  bool ok = false;
-  try {
-    // A prefix slice (copied) and a payload slice (the producer's slot) a frame.
-    batch_slices_.clear();
-    for (const SendRequest& r : frames) {
-      prefix->clear();
-      encodeBatchedFramePrefix(r.header, r.header.length, prefix);
-      batch_slices_.emplace_back(*prefix);
-      if (r.header.length > 0) {
-        batch_slices_.push_back(SliceRelease::payloadSlice(release_, r.payload, r.header.length));
-      }
-    }
-    grpc::ByteBuffer message(batch_slices_.data(), batch_slices_.size());
-    ok = writeMessage(message, false);
-  } catch (...) {  // bad_alloc
-    ok = false;
-  }
-  batch_slices_.clear();  // before waitReleased: gRPC's references are what it waits for
-  return ok;
-}
-
-bool GrpcTransport::writeAnswer(const ReadAnswer& a, std::string* prefix) noexcept {
-  framelink::v1::ReadResponse response;
-  response.set_source_id(a.asked.source_id);
-  response.set_read_id(a.asked.read_id);
-  const uint64_t length = a.known ? a.asked.length : 0;
-  response.set_length(length);
-  response.set_no_source(!a.known);
-  // Chunked as a frame's payload is; the first chunk names the read.
-  return writeChunked(
-      length, prefix,
-      [&response](uint64_t offset, bool last, size_t n, std::string* out) {
-        encodeReadResponsePrefix(offset == 0 ? &response : nullptr, offset, last, n, out);
-      },
-      [&a](uint64_t offset, size_t n) { return sourceSlice(a.keepalive, a.payload + offset, n); });
-}
-
-// ---------------------------------------------------------------- receiving
-
-void GrpcTransport::abandonFrame() noexcept {
-  if (credit_) {
-    core_->endReceive();
-    credit_.reset();
-  }
-  in_frame_ = false;
-  in_response_ = false;
-  response_buffer_ = nullptr;
-}
-
-bool GrpcTransport::violation(const std::string& what) noexcept {
-  abandonFrame();
-  failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": " + what);
-  return false;
-}
-
-bool GrpcTransport::handleBuffer(grpc::ByteBuffer* buffer) noexcept {
-  std::string malformed;
-  try {
-    malformed = parseDataMessage(buffer, &received_);
-  } catch (...) {  // bad_alloc
-    malformed = "out of memory while parsing a message";
-  }
-  if (malformed.empty()) {
-    const bool ok = handleMessage(received_);
-    received_.slices.clear();  // gRPC's receive buffers go back now, not with the next message
-    return ok;
-  }
-  abandonFrame();
-  failLink(FL_ERR_PROTOCOL, "grpc data link with " + peer_name_ + ": malformed DataMessage: " + malformed);
-  return false;
-}
-
-bool GrpcTransport::handleMessage(const ReceivedDataMessage& m) noexcept {
-  if (m.frame_count > 0) return handleBatch(m);
-  const bool chunk_data =
-      m.has_header || m.has_read_response || m.payload_bytes != 0 || m.offset != 0 || m.last;
-  if (!m.control.empty()) {
-    if (chunk_data || m.has_read_request) {
-      return violation("a control record shares its message with frame data");
-    }
-    if (m.control.size() > kMaxControlBytes) {
-      return violation("control record of " + std::to_string(m.control.size()) + " bytes exceeds " +
-                       std::to_string(kMaxControlBytes));
-    }
-    core_->controlArrived(m.control);
-    return true;
-  }
-  if (m.has_read_request) {
-    if (chunk_data) return violation("a read request shares its message with frame data");
-    return handleReadRequest(m.read_request);
-  }
-  if (in_response_ || (!in_frame_ && m.has_read_response)) return handleResponseChunk(m);
-  if (!in_frame_) {
-    if (!m.has_header) return violation("chunk without a frame header");
-    if (!beginFrame(m.header)) return false;
-  } else if (m.has_header) {
-    return violation("frame header in the middle of frame " + std::to_string(frame_.sequence));
-  } else if (m.has_read_response) {
-    return violation("read response in the middle of frame " + std::to_string(frame_.sequence));
-  }
-  return landChunk(m, SIZE_MAX, m.offset, m.payload_bytes, m.last);
-}
-
-bool GrpcTransport::handleBatch(const ReceivedDataMessage& m) noexcept {
-  if (m.has_header || m.has_read_response || m.payload_bytes != 0 || m.offset != 0 || m.last ||
-      !m.control.empty() || m.has_read_request) {
-    return violation("batched frames share their message with other fields");
-  }
-  if (in_frame_ || in_response_) {
-    return violation("batched frames in the middle of " +
-                     (in_frame_ ? "frame " + std::to_string(frame_.sequence)
-                                : "the response to read " + std::to_string(response_read_)));
-  }
-  for (size_t i = 0; i < m.frame_count; ++i) {
-    if (!beginFrame(m.frames[i].header)) return false;
-    if (!landChunk(m, i, 0, m.frames[i].payload_bytes, true)) return false;
-  }
   return true;
 }
 
-bool GrpcTransport::landChunk(const ReceivedDataMessage& m, size_t frame, uint64_t offset, uint64_t bytes,
-                              bool last) noexcept {
-  if (offset != offset_) {
-    return violation("chunk at offset " + std::to_string(offset) + ", expected " + std::to_string(offset_));
-  }
-  if (bytes > frame_.length - offset_) {
-    return violation("chunk runs past the frame length " + std::to_string(frame_.length));
-  }
-  // The one copy on this side: from gRPC's receive slices into the slot.
-  // A credit retracted in the middle of the frame may already stand for
-  // another frame in that slot: the rest of this one is read and dropped,
-  // and endReceive reports it as for a retracted credit.
-  if (credit_ && bytes > 0) {
-    uint8_t* dst = credit_->buffer + offset_;
-    if (frame == SIZE_MAX) {
-      core_->copyIntoLanding([&m, dst] { m.copyPayload(dst); });
-    } else {
-      core_->copyIntoLanding([&m, frame, dst] { m.copyFramePayload(frame, dst); });
-    }
-  }
-  offset_ += bytes;
-  if (!last) return true;
-  if (offset_ != frame_.length) {
-    return violation("last chunk at " + std::to_string(offset_) + " of " + std::to_string(frame_.length) +
-                     " bytes");
-  }
-  in_frame_ = false;
-  if (!credit_) {
-    core_->frameArrived(frame_, FL_ERR_UNKNOWN_CREDIT,
-                        "frame for unknown or retracted credit " + std::to_string(frame_.credit_id));
-    return true;
-  }
-  credit_.reset();
-  if (core_->endReceive()) {
-    core_->frameArrived(frame_, FL_OK);
-  } else {
-    core_->frameArrived(
-        frame_, FL_ERR_UNKNOWN_CREDIT,
-        "credit " + std::to_string(frame_.credit_id) + " was retracted while the frame landed");
-  }
-  return true;
+template <typename EncodePrefix, typename PayloadSlice>
+bool GrpcTransport::nextChunk(uint64_t length, grpc::ByteBuffer* message, EncodePrefix&& encode,
+                              PayloadSlice&& payload) {
+  const uint64_t offset = cursor_.offset;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk_bytes, length - offset));
+  const bool last = offset + n == length;
+  prefix_.clear();
+  encode(offset, last, n, &prefix_);
+  grpc::Slice slices[2] = {grpc::Slice(prefix_), grpc::Slice()};
+  if (n > 0) slices[1] = payload(offset, n);
+  *message = grpc::ByteBuffer(slices, n > 0 ? 2 : 1);
+  cursor_.offset = last ? 0 : offset + n;
+  return last;
 }
 
-bool GrpcTransport::handleReadRequest(const framelink::v1::ReadRequest& q) noexcept {
-  const int status = core_->answerRead(ReadAsk{q.source_id(), q.read_id(), q.length()});
-  if (status == FL_ERR_PROTOCOL) {
-    return violation("peer has more than " + std::to_string(kMaxReadsOutstanding) + " reads unanswered");
-  }
-  if (status != FL_OK) {
-    abandonFrame();
-    failLink(status, "grpc data link with " + peer_name_ + ": out of memory for a read response");
-    return false;
-  }
-  return true;
-}
-
-bool GrpcTransport::beginFrame(const framelink::v1::FrameHeader& p) noexcept {
-  if (!fromProto(p, &frame_)) {
-    return violation("attributes of " + std::to_string(p.attributes().size()) + " bytes exceed " +
-                     std::to_string(FL_MAX_ATTR_BYTES));
-  }
-  offset_ = 0;
-  in_frame_ = true;
-  credit_ = core_->beginReceive(frame_.credit_id);
-  if (credit_ && frame_.length > credit_->capacity) {
-    return violation("frame of " + std::to_string(frame_.length) + " bytes exceeds credit " +
-                     std::to_string(frame_.credit_id) + " of " + std::to_string(credit_->capacity) +
-                     " bytes");
-  }
-  if (!credit_ && frame_.length > options_.max_frame_bytes) {
-    return violation("frame of " + std::to_string(frame_.length) + " bytes for unknown credit " +
-                     std::to_string(frame_.credit_id) + " exceeds max_frame_bytes");
-  }
-  return true;
-}
-
-bool GrpcTransport::handleResponseChunk(const ReceivedDataMessage& m) noexcept {
-  if (!in_response_) {
-    const framelink::v1::ReadResponse& r = m.read_response;
-    if (m.has_header) return violation("a read response shares its message with a frame header");
-    const std::optional<ReadRequest> read = core_->findRead(r.read_id());
-    if (!read) {
-      return violation("read response for read " + std::to_string(r.read_id()) +
-                       ", which is not outstanding");
+void GrpcTransport::batchMessage(const std::vector<SendRequest>& frames, grpc::ByteBuffer* message) {
+  // A prefix slice (copied) and a payload slice (the producer's slot) a frame.
+  batch_slices_.clear();
+  for (const SendRequest& r : frames) {
+    prefix_.clear();
+    encodeBatchedFramePrefix(r.header, r.header.length, &prefix_);
+    batch_slices_.emplace_back(prefix_);
+    if (r.header.length > 0) {
+      batch_slices_.push_back(SliceRelease::payloadSlice(release_, r.payload, r.header.length));
     }
-    if (r.no_source() && r.length() == 0 && m.payload_bytes == 0 && m.offset == 0 && m.last) {
-      core_->readDone(r.read_id(), FL_ERR_UNKNOWN_CREDIT, 0,
-                      "the peer has no source " + std::to_string(read->source.source_id) + " of " +
-                          std::to_string(read->source.length) +
-                          " bytes (retracted, never offered, or offered with another length)");
-      return true;
-    }
-    // Checked before a byte lands: the buffer holds exactly the asked length.
-    if (r.no_source() || r.length() != read->source.length || r.source_id() != read->source.source_id) {
-      return violation("read response for read " + std::to_string(r.read_id()) +
-                       " does not match its request (source " + std::to_string(r.source_id()) + ", " +
-                       std::to_string(r.length()) + " bytes" + (r.no_source() ? ", no source" : "") + ")");
-    }
-    in_response_ = true;
-    response_read_ = r.read_id();
-    response_length_ = r.length();
-    response_buffer_ = read->buffer;
-    offset_ = 0;
-  } else if (m.has_header || m.has_read_response) {
-    return violation(std::string(m.has_header ? "frame header" : "read response") +
-                     " in the middle of the response to read " + std::to_string(response_read_));
   }
-  if (m.offset != offset_) {
-    return violation("read response chunk at offset " + std::to_string(m.offset) + ", expected " +
-                     std::to_string(offset_));
-  }
-  if (m.payload_bytes > response_length_ - offset_) {
-    return violation("read response chunk runs past the length " + std::to_string(response_length_));
-  }
-  // The one copy on this side, as for a frame: gRPC's receive slices into
-  // the read's buffer, unless the link failed meanwhile and gave it back.
-  if (m.payload_bytes > 0) {
-    uint8_t* dst = response_buffer_ + offset_;
-    core_->copyIntoRead(response_read_, [&m, dst] { m.copyPayload(dst); });
-  }
-  offset_ += m.payload_bytes;
-  if (!m.last) return true;
-  if (offset_ != response_length_) {
-    return violation("last read response chunk at " + std::to_string(offset_) + " of " +
-                     std::to_string(response_length_) + " bytes");
-  }
-  in_response_ = false;
-  response_buffer_ = nullptr;
-  core_->readDone(response_read_, FL_OK, response_length_);
-  return true;
+  *message = grpc::ByteBuffer(batch_slices_.data(), batch_slices_.size());
+  batch_slices_.clear();  // the message holds its own references
 }
 
 }  // namespace framelink::transport

@@ -166,6 +166,15 @@ std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc:
                                                                                             method, context));
 }
 
+std::unique_ptr<RawAsyncClientDataStream> prepareRawDataCall(const std::shared_ptr<grpc::Channel>& channel,
+                                                             grpc::ClientContext* context,
+                                                             grpc::CompletionQueue* cq) {
+  const grpc::internal::RpcMethod method(kDataMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  return std::unique_ptr<RawAsyncClientDataStream>(
+      grpc::internal::ClientAsyncReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), cq, method, context, /*start=*/false, /*tag=*/nullptr));
+}
+
 namespace {
 
 // A submessage field: tag, length, bytes.

@@ -27,6 +27,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/support/async_stream.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 #include <grpcpp/support/sync_stream.h>
@@ -48,6 +49,7 @@ inline constexpr uint64_t kMaxBatchedFrameBytes = uint64_t{256} << 10;
 inline constexpr uint64_t kMaxBatchBytes = uint64_t{1} << 20;
 
 using RawClientDataStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+using RawAsyncClientDataStream = grpc::ClientAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // Starts a Link.Data call whose messages are raw ByteBuffers.  gRPC 1.51's
 // generated stub offers ByteBuffers only on its async and callback APIs; the
@@ -55,6 +57,12 @@ using RawClientDataStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::Byt
 // reaches it.  Add the call metadata to `context` first.
 std::unique_ptr<RawClientDataStream> openRawDataCall(const std::shared_ptr<grpc::Channel>& channel,
                                                      grpc::ClientContext* context);
+// The same call on the asynchronous API, its completions on `cq`; not
+// started (StartCall).  The stream lives in the call's memory: free it
+// before `context`.
+std::unique_ptr<RawAsyncClientDataStream> prepareRawDataCall(const std::shared_ptr<grpc::Channel>& channel,
+                                                             grpc::ClientContext* context,
+                                                             grpc::CompletionQueue* cq);
 
 // The bytes of a DataMessage that carries one chunk, except its payload:
 // fields header (only when `header` is set), offset, last, then the tag and
