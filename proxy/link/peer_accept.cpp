@@ -159,6 +159,10 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
   // the call finishes when the wait failed and no channel is on its way.
   void advance() {
     std::shared_ptr<transport::Transport> channel;
+    // A channel that came too late closes, once mutex_ is released: its
+    // shutdown waits for its call to end on the session queue, whose thread
+    // may be waiting for mutex_.
+    std::shared_ptr<transport::Transport> too_late;
     ::grpc::Status failure;
     {
       MutexLock lock(mutex_);
@@ -174,7 +178,7 @@ class PeerLinksImpl::AcceptedSession final : public ServerSessionReactor {
       } else {
         done_ = true;
         failure = failure_;
-        channel_.reset();  // a channel that came too late closes
+        too_late = std::move(channel_);
       }
     }
     if (timeout_ != 0) links_.timers_.cancel(timeout_);  // not under mutex_: its callback takes it

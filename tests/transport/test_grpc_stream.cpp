@@ -238,6 +238,31 @@ TEST_CASE("grpc listener ends a Data call that does not name its session in time
   CHECK((*server)->adopted().wait_for(0ms) == std::future_status::timeout);
 }
 
+TEST_CASE("grpc: a transport whose owner lets go of it ends its call, either side", "[transport][grpc]") {
+  const bool drop_listener = GENERATE(false, true);
+  CAPTURE(drop_listener);
+  auto server = GrpcTestServer::start("tok", kDefaultGrpcChunkBytes);
+  REQUIRE(server.ok());
+  auto channel = grpc::CreateCustomChannel((*server)->address(), grpc::InsecureChannelCredentials(),
+                                           channelArguments(kDefaultGrpcChunkBytes));
+  auto client = GrpcTransport::connect(channel, (*server)->queue(), GrpcTestServer::kSessionId, "tok");
+  REQUIRE(client.ok());
+  auto& adopted = (*server)->adopted();
+  REQUIRE(adopted.wait_for(10s) == std::future_status::ready);
+  std::shared_ptr<Transport> listener = adopted.get();
+  std::shared_ptr<Transport> dialer = std::move(client).value();
+  // The call keeps the transport it runs until its last completion, but not
+  // the link: the last handle shuts it down, and the other side sees the end.
+  std::shared_ptr<Transport>& dropped = drop_listener ? listener : dialer;
+  std::shared_ptr<Transport>& kept = drop_listener ? dialer : listener;
+  dropped.reset();
+  TransportEvent ev = waitEvent(*kept);
+  CHECK(ev.kind == TransportEvent::Kind::kLinkError);
+  CHECK(ev.status == FL_ERR_LINK_LOST);
+  INFO(ev.message);
+  CHECK_FALSE(kept->connected());
+}
+
 TEST_CASE("grpc message limits cover a chunk", "[transport][grpc]") {
   CHECK(grpcMaxMessageBytes(kDefaultGrpcChunkBytes) > kDefaultGrpcChunkBytes);
   CHECK(grpcMaxMessageBytes(16 << 20) >= (16u << 20) + kGrpcMessageSlack);
