@@ -96,8 +96,9 @@ Result<std::shared_ptr<Transport>> GrpcTransport::connect(std::shared_ptr<grpc::
                                                           const GrpcCallQueue& queue, uint64_t session_id,
                                                           const std::string& token,
                                                           const GrpcTransportOptions& options) {
-  if (!channel || queue.cq == nullptr)
+  if (!channel || queue.cq == nullptr) {
     return makeError(FL_EINVAL, "GrpcTransport::connect: no channel or queue");
+  }
   auto core = LockedLinkBookkeeping::create(options.send_queue_depth);
   if (!core) return std::move(core).error().context("grpc data link");
   auto t = std::make_shared<GrpcClientTransport>(options, std::move(core).value(), queue);
