@@ -95,9 +95,10 @@ void configurePeerServer(::grpc::ServerBuilder& builder, const Config& config) {
                              static_cast<int>(config.connect_timeout_ms));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
-  // The threads that wait for the synchronous calls (a grpc-transport
-  // link's Data) looked up every 10 s by default, to retire the second one;
-  // an idle daemon then woke for nothing.  Shutdown wakes them all the same.
+  // The threads that wait for the synchronous calls (Describe; Session and
+  // Data are on the session queue) looked up every 10 s by default, to
+  // retire the second one; an idle daemon then woke for nothing.  Shutdown
+  // wakes them all the same.
   builder.SetSyncServerOption(::grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 3600 * 1000);
 }
 

@@ -10,14 +10,38 @@
 
 namespace framelink::transport {
 
-Result<std::unique_ptr<LockedLinkBookkeeping>> LockedLinkBookkeeping::create(size_t send_queue_depth) {
-  if (send_queue_depth == 0) return makeError(FL_EINVAL, "send queue depth must be at least 1");
+namespace {
+
+Result<UniqueFd> makeEventFd() {
   int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0) {
     return makeError(FL_ERR_RESOURCES,
                      std::string("eventfd failed: ") + std::strerror(errno) + " (raise the fd limit?)");
   }
-  UniqueFd event_fd(fd);
+  return UniqueFd(fd);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LockedLinkBookkeeping>> LockedLinkBookkeeping::create(size_t send_queue_depth) {
+  auto made = createWithoutEventFd(send_queue_depth);
+  if (!made) return made;
+  if (Status s = made.value()->openEventFd(); !s) return std::move(s).error();
+  return made;
+}
+
+Status LockedLinkBookkeeping::openEventFd() {
+  if (event_fd_.get() >= 0) return {};
+  auto fd = makeEventFd();
+  if (!fd) return std::move(fd).error();
+  event_fd_ = std::move(fd).value();
+  return {};
+}
+
+Result<std::unique_ptr<LockedLinkBookkeeping>> LockedLinkBookkeeping::createWithoutEventFd(
+    size_t send_queue_depth) {
+  if (send_queue_depth == 0) return makeError(FL_EINVAL, "send queue depth must be at least 1");
+  UniqueFd event_fd;
   try {
     return std::unique_ptr<LockedLinkBookkeeping>(
         new LockedLinkBookkeeping(std::move(event_fd), send_queue_depth));
@@ -343,6 +367,7 @@ bool LockedLinkBookkeeping::failed() const noexcept {
 }
 
 void LockedLinkBookkeeping::signal() noexcept {
+  if (event_fd_.get() < 0) return;  // not opened yet: nobody polls
   uint64_t one = 1;
   // EAGAIN only when the counter would overflow: it is readable then anyway.
   [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);

@@ -97,6 +97,13 @@ class LockedLinkBookkeeping {
  public:
   static Result<std::unique_ptr<LockedLinkBookkeeping>> create(
       size_t send_queue_depth = kDefaultSendQueueDepth);
+  // Without its eventfd until openEventFd(): a listener's call not yet
+  // admitted (a stranger's, or the one a daemon waits for) holds no
+  // descriptor.  Nothing is signalled meanwhile.
+  static Result<std::unique_ptr<LockedLinkBookkeeping>> createWithoutEventFd(
+      size_t send_queue_depth = kDefaultSendQueueDepth);
+  // Before the transport is handed to anyone (eventFd() is read unlocked).
+  Status openEventFd();
 
   LockedLinkBookkeeping(const LockedLinkBookkeeping&) = delete;
   LockedLinkBookkeeping& operator=(const LockedLinkBookkeeping&) = delete;

@@ -140,6 +140,26 @@ TEST_CASE(
   CHECK(book.roomForEvents());
 }
 
+static bool bookEventFdReadable(int fd);
+
+TEST_CASE("agent work: a listener's bookkeeping holds no descriptor until its call is admitted", "[agent]") {
+  auto made = transport::LockedLinkBookkeeping::createWithoutEventFd();
+  REQUIRE(made.ok());
+  transport::LockedLinkBookkeeping& book = *made.value();
+  CHECK(book.eventFd() < 0);
+  // A refused call fails its bookkeeping: nothing is signalled, nothing breaks.
+  book.controlArrived("early");
+  REQUIRE(book.openEventFd().ok());
+  const int fd = book.eventFd();
+  CHECK(fd >= 0);
+  REQUIRE(book.openEventFd().ok());  // once
+  CHECK(book.eventFd() == fd);
+  book.controlArrived("record");
+  CHECK(bookEventFdReadable(fd));
+  std::vector<transport::TransportEvent> out(4);
+  CHECK(book.poll(out.data(), out.size()) == 2);
+}
+
 TEST_CASE("agent work: a transport's sender is woken once something is queued, and not again until it waits",
           "[agent]") {
   auto made = transport::LockedLinkBookkeeping::create();

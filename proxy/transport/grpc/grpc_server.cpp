@@ -104,6 +104,9 @@ class GrpcServerTransport final : public GrpcTransport {
     first_.Clear();
     session_id_ = parsed.session_id;
     if (grpc::Status s = hooks_->admit(*ctx_, session_id_); !s.ok()) return refuseAndEnd(s);
+    if (Status s = core_->openEventFd(); !s) {
+      return refuseAndEnd({grpc::StatusCode::RESOURCE_EXHAUSTED, s.error().message});
+    }
     // The headers commit the call on the dialing side: until then a channel
     // with retries on keeps a reference to every message (payload slices
     // included), and a frame's SendComplete waits for gRPC to drop those.
@@ -193,7 +196,8 @@ class GrpcServerTransport final : public GrpcTransport {
 Status GrpcTransport::awaitDataCall(RawDataService& service, grpc::ServerCompletionQueue* cq,
                                     DataCalls* calls, std::shared_ptr<const DataCallHooks> hooks) {
   if (cq == nullptr || !hooks) return makeError(FL_EINVAL, "GrpcTransport::awaitDataCall: no queue or hooks");
-  auto core = LockedLinkBookkeeping::create(hooks->options.send_queue_depth);
+  // Its eventfd once the call is admitted: the call waited for holds none.
+  auto core = LockedLinkBookkeeping::createWithoutEventFd(hooks->options.send_queue_depth);
   if (!core) return std::move(core).error().context("grpc data link");
   auto t =
       std::make_shared<GrpcServerTransport>(service, cq, calls, std::move(hooks), std::move(core).value());
