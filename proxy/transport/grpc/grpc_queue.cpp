@@ -1,7 +1,6 @@
 #include "transport/grpc/grpc_queue.h"
 
 #include <utility>
-#include <vector>
 
 namespace framelink::transport {
 
@@ -29,15 +28,12 @@ void DataCalls::leave(const void* call) {
 }
 
 void DataCalls::endAll() {
-  std::vector<Cancel> cancels;
-  {
-    MutexLock lock(mutex_);
-    ending_ = true;
-    for (auto& [call, cancel] : calls_) cancels.push_back(cancel);
-  }
-  // Outside the lock: a cancel may complete an operation that leaves at once.
-  for (const Cancel& cancel : cancels) cancel();
   MutexLock lock(mutex_);
+  ending_ = true;
+  // Under the lock: a call that left may be gone.  A cancel completes nothing
+  // here (completions come on the queue's thread), so it never leaves from
+  // inside this loop.
+  for (auto& [call, cancel] : calls_) cancel();
   lock.wait(cv_, [this]() FL_REQUIRES(mutex_) { return calls_.empty(); });
 }
 
