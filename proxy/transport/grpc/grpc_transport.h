@@ -25,11 +25,11 @@
 // slots; their SendCompletes come once gRPC released every slice of the
 // message.  The reader lands them one after the other as if each had come
 // alone.  One Write and one Read for a batch, not for each frame: small
-// frames cost gRPC's hand-offs between threads once a batch.
+// frames cost a write's and a read's completion once a batch.
 //
 // Reads (pull) travel the same way.  postRead() sends a DataMessage with a
 // ReadRequest (source id, read id, length) of its own, like a control
-// record; the owner's reader thread looks the source up and queues the
+// record; the owner's reader looks the source up and queues the
 // answer: a ReadResponse on the first of chunks exactly like a frame's,
 // their payload slices pointing into the source (zero copy, the source's
 // keepalive held until gRPC released them), or one "no source" message.
